@@ -1,0 +1,388 @@
+"""The on-host agent: runs one job inside tmux and keeps its job directory truthful.
+
+Standard library only, Python 3.8+: it is copied to whatever host runs the job and started
+with that host's python3, as the command of a tmux session:
+
+    tmux -L cloudtrain new-session -d -s ct-<job> 'python3 agent.py run <jobdir>'
+
+It knows nothing but its job directory:
+
+    job.json        settings written by the orchestrator (max runtime, grace, shutdown, env)
+    run.sh          the job's command (uploaded; never typed into tmux)
+    status.json     state, pid, started_at, ended_at, exit_code, heartbeat_at, reason
+    output.log      stdout + stderr of the job (also echoed to the tmux pane)
+    metrics.jsonl   written by the job itself
+    cancel          written by `agent.py stop`: the next SIGTERM is a user's cancel
+
+Subcommands:
+    run JOBDIR      start run.sh, pump its output, heartbeat, enforce the max runtime,
+                    forward SIGTERM/SIGINT/SIGHUP to the job's process group, record the end
+    probe JOBDIR    print one JSON object: status, the host's clock, the latest metrics row;
+                    a job whose agent is gone is recorded as failed and its processes killed
+    stop JOBDIR     ask the agent to stop the job (SIGTERM, then SIGKILL after the grace
+                    period), wait for it, and print the final status
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+# Agent states as written to status.json. "starting" is before run.sh has a pid.
+STARTING, RUNNING = "starting", "running"
+SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
+ACTIVE = (STARTING, RUNNING)
+
+POLL_S = 0.1
+METRICS_TAIL_BYTES = 65536
+PR_SET_PDEATHSIG = 1
+
+
+def now():
+    return time.time()
+
+
+def read_json(path, default=None):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def write_json(path, data):
+    """Write atomically: a reader sees the old file or the new one, never half of one."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def pid_alive(pid, needle=None):
+    """Whether `pid` exists (and, on Linux, runs a command line containing `needle`)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    if needle:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            return True  # no /proc (macOS): trust the pid
+        if "zombie" in _proc_state(pid) or needle not in cmdline:
+            return False
+    return True
+
+
+def _proc_state(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return line.lower()
+    except OSError:
+        pass
+    return ""
+
+
+def group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def signal_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def describe_exit(returncode):
+    """(exit_code, reason) in shell terms: a signal-killed job exits 128+N."""
+    if returncode < 0:
+        sig = -returncode
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "signal %d" % sig
+        return 128 + sig, "killed by %s" % name
+    if returncode == 0:
+        return 0, None
+    return returncode, "exited with code %d" % returncode
+
+
+def fmt_duration(seconds):
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return "%dh%02dm%02ds" % (h, m, s) if h else ("%dm%02ds" % (m, s) if m else "%ds" % s)
+
+
+def _set_pdeathsig():
+    """In the child: die with the agent (Linux), so a killed agent leaves no orphan job."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:  # not Linux, or no libc: the probe's reaping still covers it
+        pass
+
+
+class Agent:
+    def __init__(self, jobdir):
+        self.jobdir = os.path.abspath(jobdir)
+        self.settings = read_json(self.path("job.json"), {}) or {}
+        self.heartbeat_s = float(self.settings.get("heartbeat_s", 2.0))
+        self.grace_s = float(self.settings.get("grace_s", 30.0))
+        self.max_runtime_s = self.settings.get("max_runtime_s")
+        self.status = {}
+        self.stop_reason = None  # why we are stopping the job, once we are
+        self.stop_state = None
+        self.kill_at = None
+        self.proc = None
+        self.lock = threading.Lock()
+
+    def path(self, name):
+        return os.path.join(self.jobdir, name)
+
+    def write_status(self, **fields):
+        with self.lock:
+            self.status.update(fields)
+            self.status["heartbeat_at"] = now()
+            write_json(self.path("status.json"), self.status)
+
+    # -- signals --------------------------------------------------------------------------
+
+    def on_signal(self, signum, frame):
+        if self.stop_reason is None:
+            if os.path.exists(self.path("cancel")):
+                self.request_stop(CANCELLED, "cancelled by user")
+            else:
+                self.request_stop(CANCELLED, "agent received %s" % signal.Signals(signum).name)
+        elif signum == signal.SIGINT:
+            self.kill_at = now()  # a second Ctrl-C in the pane: no more grace
+
+    def request_stop(self, state, reason):
+        self.stop_state, self.stop_reason = state, reason
+        if self.proc is not None:
+            signal_group(self.proc.pid, signal.SIGTERM)
+        self.kill_at = now() + self.grace_s
+
+    # -- output -----------------------------------------------------------------------------
+
+    def pump(self, stream, log):
+        """Copy the job's output to output.log and to the tmux pane, as it comes."""
+        out = getattr(sys.stdout, "buffer", None)
+        while True:
+            try:
+                chunk = os.read(stream.fileno(), 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            log.write(chunk)
+            log.flush()
+            if out is not None:
+                try:
+                    out.write(chunk)
+                    out.flush()
+                except (OSError, ValueError):
+                    out = None  # the pane is gone; the log still gets everything
+
+    # -- run ----------------------------------------------------------------------------------
+
+    def run(self):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self.on_signal)
+        self.write_status(state=STARTING, agent_pid=os.getpid(), pid=None, started_at=None,
+                          ended_at=None, exit_code=None, reason=None)
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in (self.settings.get("env") or {}).items()})
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env["CLOUDTRAIN_JOB_DIR"] = self.jobdir
+        log = open(self.path("output.log"), "ab")
+        try:
+            self.proc = subprocess.Popen(
+                ["bash", self.path("run.sh")], cwd=self.jobdir, env=env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_set_pdeathsig)
+        except OSError as exc:
+            log.write(("cloudtrain agent: could not start run.sh: %s\n" % exc).encode())
+            log.close()
+            self.write_status(state=FAILED, ended_at=now(), exit_code=127,
+                              reason="could not start run.sh: %s" % exc)
+            return 1
+        started = now()
+        self.write_status(state=RUNNING, pid=self.proc.pid, pgid=self.proc.pid, started_at=started)
+        pump = threading.Thread(target=self.pump, args=(self.proc.stdout, log), daemon=True)
+        pump.start()
+        if self.stop_reason is not None:  # a signal arrived before the job existed
+            self.request_stop(self.stop_state, self.stop_reason)
+
+        next_beat = started + self.heartbeat_s
+        while self.proc.poll() is None:
+            t = now()
+            if (self.max_runtime_s and self.stop_reason is None
+                    and t - started > float(self.max_runtime_s)):
+                self.request_stop(FAILED, "exceeded the maximum runtime of %s"
+                                  % fmt_duration(float(self.max_runtime_s)))
+            if self.kill_at is not None and t >= self.kill_at:
+                signal_group(self.proc.pid, signal.SIGKILL)
+                self.kill_at = t + self.grace_s  # keep trying, in case of a stubborn group
+            if t >= next_beat:
+                self.write_status()
+                next_beat = t + self.heartbeat_s
+            time.sleep(POLL_S)
+
+        # run.sh ended; whatever it left behind in its group goes too (no orphans).
+        signal_group(self.proc.pid, signal.SIGKILL)
+        pump.join(timeout=5)
+        log.close()
+        exit_code, exit_reason = describe_exit(self.proc.returncode)
+        if self.stop_reason is not None:
+            state, reason = self.stop_state, self.stop_reason
+        elif exit_code == 0:
+            state, reason = SUCCEEDED, None
+        else:
+            state, reason = FAILED, exit_reason
+        self.write_status(state=state, ended_at=now(), exit_code=exit_code, reason=reason)
+        self.maybe_shutdown()
+        return 0
+
+    def maybe_shutdown(self):
+        """Cloud hosts power themselves off after the job (shutdown behaviour: terminate)."""
+        command = self.settings.get("shutdown_command")
+        if not command:
+            return
+        delay = float(self.settings.get("shutdown_delay_s", 60))
+        time.sleep(delay)
+        if os.path.exists(self.path("keep")):
+            return  # `--keep` was asked for after launch
+        self.write_status(shutdown_requested_at=now())
+        subprocess.call(command, shell=True)
+
+
+# -- probe and stop (run by the orchestrator, on the host) --------------------------------------
+
+
+def metrics_tail(jobdir):
+    """The latest metrics row (not an event row) and the first target_reached event seen."""
+    path = os.path.join(jobdir, "metrics.jsonl")
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - METRICS_TAIL_BYTES))
+            data = f.read()
+    except OSError:
+        return None, None
+    latest, target = None, None
+    for line in data.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line cut by the tail window or being written
+        if not isinstance(row, dict):
+            continue
+        if row.get("event") == "target_reached":
+            target = target or row
+        elif "event" not in row:
+            latest = row
+    return latest, target
+
+
+def reap(jobdir, status, reason):
+    """The agent is gone: kill what is left of the job and record the failure."""
+    pgid = status.get("pgid") or status.get("pid")
+    if pgid and group_alive(pgid):
+        signal_group(pgid, signal.SIGKILL)
+    status.update(state=FAILED, ended_at=now(), reason=reason)
+    write_json(os.path.join(jobdir, "status.json"), status)
+    return status
+
+
+def probe(jobdir, stale_after_s=30.0):
+    """Everything the orchestrator needs to know about the job, in one round trip."""
+    jobdir = os.path.abspath(jobdir)
+    status = read_json(os.path.join(jobdir, "status.json"))
+    t = now()
+    if status is not None and status.get("state") in ACTIVE:
+        if not pid_alive(status.get("agent_pid"), "agent.py"):
+            status = reap(jobdir, status, "the agent process died (killed or host restarted)")
+        elif t - float(status.get("heartbeat_at") or 0) > stale_after_s:
+            status = reap(jobdir, status, "no heartbeat from the agent for %s"
+                          % fmt_duration(t - float(status.get("heartbeat_at") or 0)))
+    latest, target = metrics_tail(jobdir)
+    return {"status": status, "now": t, "metrics": latest, "target": target}
+
+
+def stop(jobdir, grace_s=None, wait_s=None):
+    """Cancel the job: the agent forwards SIGTERM, then SIGKILLs after the grace period."""
+    jobdir = os.path.abspath(jobdir)
+    status_path = os.path.join(jobdir, "status.json")
+    status = read_json(status_path)
+    if status is None or status.get("state") not in ACTIVE:
+        return status
+    settings = read_json(os.path.join(jobdir, "job.json"), {}) or {}
+    grace_s = float(settings.get("grace_s", 30.0) if grace_s is None else grace_s)
+    wait_s = grace_s + 10.0 if wait_s is None else wait_s
+    with open(os.path.join(jobdir, "cancel"), "w") as f:
+        f.write(str(now()))
+    agent_pid = status.get("agent_pid")
+    if pid_alive(agent_pid, "agent.py"):
+        os.kill(agent_pid, signal.SIGTERM)
+        deadline = now() + wait_s
+        while now() < deadline:
+            status = read_json(status_path, status)
+            if status.get("state") not in ACTIVE:
+                return status
+            if not pid_alive(agent_pid, "agent.py"):
+                break
+            time.sleep(POLL_S)
+    # The agent did not finish the job in time (or was already gone): do it here.
+    status = read_json(status_path, status)
+    if status.get("state") in ACTIVE:
+        if pid_alive(agent_pid, "agent.py"):
+            os.kill(agent_pid, signal.SIGKILL)
+        status = reap(jobdir, status, "cancelled by user")
+        status["state"] = CANCELLED
+        write_json(status_path, status)
+    return status
+
+
+def main(argv):
+    usage = "usage: agent.py run|probe|stop JOBDIR [--stale S] [--grace S]"
+    if len(argv) < 2 or argv[0] not in ("run", "probe", "stop"):
+        print(usage, file=sys.stderr)
+        return 2
+    command, jobdir, rest = argv[0], argv[1], argv[2:]
+    opts = dict(zip(rest[::2], rest[1::2]))
+    if command == "run":
+        return Agent(jobdir).run()
+    if command == "probe":
+        result = probe(jobdir, float(opts.get("--stale", 30.0)))
+    else:
+        grace = opts.get("--grace")
+        result = stop(jobdir, None if grace is None else float(grace))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

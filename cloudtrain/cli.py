@@ -1,0 +1,244 @@
+"""The `cloudtrain` command: parse, call one library function, render. No logic here."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from . import config, errors, render
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _store():
+    from .state import open_store
+
+    return open_store(config.home())
+
+
+def _echo_bytes(data: bytes) -> None:
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+
+
+@click.group(context_settings=CONTEXT)
+@click.option("--debug", is_flag=True, help="Show tracebacks for unexpected errors.")
+@click.version_option(package_name="cloudtrain")
+def cli(debug: bool) -> None:
+    """Run fast training recipes and your own training code on cheap GPUs.
+
+    \b
+    Example:
+      cloudtrain launch --recipe resnet9 --profile smoke --follow
+    """
+
+
+@cli.command()
+@click.argument("name", required=False)
+def recipes(name: str | None) -> None:
+    """List the bundled recipes, or show one recipe's arguments and sources.
+
+    \b
+    Examples:
+      cloudtrain recipes
+      cloudtrain recipes resnet9
+    """
+    from . import recipes as recipes_module
+
+    if name:
+        click.echo(render.recipe_detail(recipes_module.load(name)))
+    else:
+        click.echo(render.recipes_table(recipes_module.load_all()))
+
+
+@cli.command(context_settings={**CONTEXT, "ignore_unknown_options": False})
+@click.option("--recipe", "-r", metavar="NAME", help="A bundled recipe (see `cloudtrain recipes`).")
+@click.option("--profile", "-p", metavar="NAME", help="A recipe profile, e.g. smoke.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Set a recipe argument (repeatable); checked against the recipe.")
+@click.option("--name", "-n", help="A name to refer to the job by.")
+@click.option("--backend", "-b", help="Where to run: local (default when no cloud is configured).")
+@click.option("--workdir", "-w", type=click.Path(), help="Directory synced into the job "
+              "(honours .gitignore); your command runs there.")
+@click.option("--max-runtime", type=float, metavar="MINUTES",
+              help="Stop the job after this long (default: the recipe's, else config).")
+@click.option("--follow", "-f", is_flag=True, help="Stream the log; exit with the job's outcome.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the job id.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def launch(recipe, profile, sets, name, backend, workdir, max_runtime, follow, quiet, command):
+    """Launch a recipe, or your own command after --, and return with its job id.
+
+    \b
+    Examples:
+      cloudtrain launch --recipe resnet9 --profile smoke --follow
+      cloudtrain launch --recipe resnet9 --set variant=dawn --set epochs=30
+      cloudtrain launch --workdir . -- python train.py --lr 0.1
+    """
+    from . import jobs
+
+    settings = config.Settings.load()
+    spec = jobs.build_spec(recipe=recipe, command=command, workdir=workdir, profile=profile,
+                           sets=sets, name=name, backend=backend,
+                           max_runtime_minutes=max_runtime, settings=settings)
+    with _store() as store:
+        job = jobs.launch(store, settings, spec)
+        if quiet:
+            click.echo(job.id)
+        else:
+            click.echo(f"launched job {job.id}: {job.command} on {job.backend}", err=follow)
+        if not follow:
+            if not quiet:
+                click.echo(f"  follow:  cloudtrain logs {job.id} --follow\n"
+                           f"  attach:  cloudtrain attach {job.id}\n"
+                           f"  stop:    cloudtrain down {job.id}")
+            return
+        _follow(store, settings, job)
+
+
+def _follow(store, settings, job, offset: int = 0) -> None:
+    from . import jobs
+
+    try:
+        for chunk in jobs.follow(store, settings, job, offset):
+            _echo_bytes(chunk)
+    except KeyboardInterrupt:
+        click.echo(f"\ndetached; job {job.id} keeps running. "
+                   f"Stop it with: cloudtrain down {job.id}", err=True)
+        raise SystemExit(errors.EXIT_INTERRUPTED)
+    job = store.job(job.id)
+    summary = f"job {job.id} {job.state}"
+    if job.reason:
+        summary += f": {job.reason}"
+    click.echo(summary, err=True)
+    if job.state != "succeeded":
+        raise errors.JobFailed(f"job {job.id} {job.state}" + (f" (exit code {job.exit_code})"
+                                                              if job.exit_code else ""),
+                               hint=f"cloudtrain status {job.id} shows its timeline and last lines")
+
+
+@cli.command()
+@click.argument("job", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--limit", type=int, default=None, help="Show at most this many jobs.")
+def status(job: str | None, as_json: bool, limit: int | None) -> None:
+    """Show all jobs, or one job in detail with its timeline.
+
+    \b
+    Examples:
+      cloudtrain status
+      cloudtrain status 3f2a1b9c --json
+    """
+    from . import jobs
+
+    settings = config.Settings.load()
+    with _store() as store:
+        if job:
+            d = jobs.detail(store, settings, job)
+            if as_json:
+                click.echo(render.detail_json(d.job, d.phases, d.log_tail, d.target))
+            else:
+                click.echo(render.job_detail(d.job, d.phases, d.log_tail, d.target))
+            return
+        all_jobs = jobs.refresh_all(store, settings)
+        if limit:
+            all_jobs = all_jobs[:limit]
+        click.echo(render.jobs_json(all_jobs) if as_json else render.status_table(all_jobs))
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+@click.option("--tail", "-n", type=click.IntRange(min=0), default=None,
+              help="Only the last N lines (then follow from there with -f).")
+def logs(job: str, follow: bool, tail: int | None) -> None:
+    """Print a job's output.
+
+    \b
+    Examples:
+      cloudtrain logs 3f2a1b9c --tail 20
+      cloudtrain logs 3f2a1b9c --follow
+    """
+    from . import jobs
+
+    settings = config.Settings.load()
+    with _store() as store:
+        record = store.find_job(job)
+        offset = 0
+        if tail is not None:
+            data, offset = jobs.tail_log(record, tail)
+            _echo_bytes(data)
+        elif not follow:
+            _echo_bytes(jobs.read_log(record))
+        if follow:
+            for chunk in jobs.follow(store, settings, record, offset):
+                _echo_bytes(chunk)
+
+
+@cli.command()
+@click.argument("job")
+def attach(job: str) -> None:
+    """Attach to a running job's tmux session (detach with Ctrl-b d).
+
+    \b
+    Example:
+      cloudtrain attach 3f2a1b9c
+    """
+    from . import jobs
+
+    with _store() as store:
+        argv = jobs.attach_argv(store.find_job(job))
+    os.execvp(argv[0], argv)
+
+
+@cli.command()
+@click.argument("jobs_", metavar="JOB...", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Stop every active job.")
+@click.option("--grace", type=float, default=None, metavar="SECONDS",
+              help="Time between SIGTERM and SIGKILL (default from config, 30 s).")
+def down(jobs_: tuple[str, ...], every: bool, grace: float | None) -> None:
+    """Stop jobs: SIGTERM to the job, SIGKILL after a grace period; release their hosts.
+
+    \b
+    Examples:
+      cloudtrain down 3f2a1b9c
+      cloudtrain down --all
+    """
+    from . import jobs
+
+    settings = config.Settings.load()
+    with _store() as store:
+        outcomes = jobs.cancel(store, settings, jobs_, every, grace)
+    if not outcomes:
+        click.echo("no active jobs")
+    for o in outcomes:
+        click.echo(f"{o.job.id}: {o.note}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: one place where errors become a line of text and an exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        cli.main(args=argv, prog_name="cloudtrain", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(errors.EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("\ninterrupted", err=True)
+        sys.exit(errors.EXIT_INTERRUPTED)
+    except errors.CloudtrainError as exc:
+        click.echo(f"Error: {exc.message}", err=True)
+        if exc.hint:
+            click.echo(f"Hint: {exc.hint}", err=True)
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # a bug of ours: one line, and the traceback on request
+        if debug:
+            raise
+        click.echo(f"Error: internal error: {type(exc).__name__}: {exc} "
+                   "(run again with --debug for the traceback)", err=True)
+        sys.exit(errors.EXIT_FAILED)
+    sys.exit(errors.EXIT_OK)

@@ -1,0 +1,59 @@
+"""Where cloudtrain keeps its state, and the settings in force.
+
+Three layers, later wins: built-in defaults (below), `$CLOUDTRAIN_HOME/config.yaml`, then
+environment variables and command-line flags (applied by the caller).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from .errors import ConfigError
+
+
+def home() -> Path:
+    """The state directory: `$CLOUDTRAIN_HOME`, default `~/.cloudtrain`."""
+    env = os.environ.get("CLOUDTRAIN_HOME")
+    return Path(env).expanduser().resolve() if env else Path.home() / ".cloudtrain"
+
+
+@dataclasses.dataclass
+class Settings:
+    backend: str = "local"  # where `launch` runs a job when --backend is not given
+    max_runtime_minutes: float = 720.0  # for jobs whose recipe does not state one
+    stop_grace_seconds: float = 30.0  # SIGTERM, then SIGKILL after this long (`down`)
+    heartbeat_seconds: float = 2.0  # how often the agent rewrites status.json
+    stale_after_seconds: float = 30.0  # a running job whose heartbeat is older is failed
+    python: str = ""  # interpreter that runs jobs on the local backend ("" = this Python)
+
+    @classmethod
+    def load(cls) -> "Settings":
+        path = home() / "config.yaml"
+        values: dict = {}
+        if path.exists():
+            import yaml  # only when there is a file to read: keeps `status` fast
+
+            try:
+                values = yaml.safe_load(path.read_text()) or {}
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+            if not isinstance(values, dict):
+                raise ConfigError(f"{path} must be a mapping of setting: value")
+        settings = cls()
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for key, value in values.items():
+            key = key.replace("-", "_")
+            if key not in fields:
+                known = ", ".join(sorted(fields))
+                raise ConfigError(f"{path}: unknown setting '{key}' (known: {known})")
+            default = getattr(settings, key)
+            try:
+                value = type(default)(value)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{path}: '{key}' must be a {type(default).__name__}, got {value!r}") from exc
+            setattr(settings, key, value)
+        if os.environ.get("CLOUDTRAIN_BACKEND"):
+            settings.backend = os.environ["CLOUDTRAIN_BACKEND"]
+        return settings

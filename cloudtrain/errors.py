@@ -1,0 +1,52 @@
+"""The one user-facing error type, caught once in the CLI.
+
+Every error carries a message for humans, an optional hint (usually the command to run
+next) and the exit code the process ends with.
+"""
+
+from __future__ import annotations
+
+# Exit codes, named once.
+EXIT_OK = 0
+EXIT_FAILED = 1  # a job failed, or an operation could not be done
+EXIT_USAGE = 2  # the user asked for something that cannot be (bad flag, unknown id, ...)
+EXIT_INTERRUPTED = 130
+
+
+class CloudtrainError(Exception):
+    """An error to show as `Error: <message>` (plus `hint`) and exit with `exit_code`."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, hint: str | None = None, exit_code: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(CloudtrainError):
+    """Bad input: unknown recipe, job id or argument, a wrong type."""
+
+    exit_code = EXIT_USAGE
+
+
+class NotFound(UsageError):
+    """A named thing (job, recipe) does not exist."""
+
+
+class ConfigError(UsageError):
+    """config.yaml or a recipe.yaml is invalid."""
+
+
+class MissingDependency(CloudtrainError):
+    """A program or module the job needs is not installed where it runs."""
+
+
+class HostError(CloudtrainError):
+    """A command on a host failed or the host could not be reached."""
+
+
+class JobFailed(CloudtrainError):
+    """The job ended in a state other than succeeded (used by `launch --follow`)."""

@@ -1,0 +1,233 @@
+"""Host: the one thing the lifecycle talks to for running a job somewhere.
+
+    run(cmd) -> Result            a shell command; check=True raises CommandFailed
+    put(local, remote)            one file
+    get(remote, local)            one file
+    sync(local_dir, remote_dir)   a directory, honouring .gitignore
+    read(path, offset, end)       bytes [offset, end) of a (growing) file
+
+and, built on those, what every host does the same way: start the agent in tmux, probe and
+stop a job through the agent. `LocalHost` is this machine through subprocess; an SSH host
+implements the same verbs over one connection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import agent as agent_module
+from .errors import HostError, MissingDependency
+from .gitignore import list_files
+
+AGENT_SOURCE = Path(agent_module.__file__)
+TMUX_INSTALL_HINT = ("install tmux: `apt-get install tmux` (Debian/Ubuntu), `dnf install tmux` "
+                     "(Fedora/Amazon Linux) or `brew install tmux` (macOS)")
+
+
+@dataclass
+class Result:
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class CommandFailed(HostError):
+    def __init__(self, host: "Host", result: Result):
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
+        message = f"on {host.name}: `{result.command}` exited with {result.exit_code}"
+        super().__init__(message + (f"\n{tail}" if tail else ""))
+        self.result = result
+
+
+TAIL_WINDOW = 1 << 20  # `logs --tail` looks at most this far back
+
+
+def last_lines(data: bytes, lines: int) -> bytes:
+    if lines <= 0:
+        return b""
+    parts = data.splitlines(keepends=True)
+    return b"".join(parts[-lines:])
+
+
+def session_name(job_id: str) -> str:
+    return f"ct-{job_id}"
+
+
+class Host(ABC):
+    """The verbs every host has; subclasses implement run/put/get/sync/read."""
+
+    name = "host"
+    python = "python3"  # the interpreter that runs the agent on this host
+
+    def __init__(self, tmux_socket: str = "cloudtrain"):
+        self.tmux_socket = tmux_socket
+
+    # -- the primitive verbs ------------------------------------------------------------------
+
+    @abstractmethod
+    def run(self, command: str, check: bool = True, timeout: float | None = None) -> Result:
+        ...
+
+    @abstractmethod
+    def put(self, local: Path, remote: str) -> None:
+        ...
+
+    @abstractmethod
+    def get(self, remote: str, local: Path) -> None:
+        ...
+
+    @abstractmethod
+    def sync(self, local_dir: Path, remote_dir: str) -> int:
+        ...
+
+    @abstractmethod
+    def read(self, path: str, offset: int = 0, end: int | None = None) -> bytes:
+        ...
+
+    @abstractmethod
+    def write_text(self, remote: str, text: str) -> None:
+        ...
+
+    # -- built on them ----------------------------------------------------------------------------
+
+    def tmux(self, *args: str) -> str:
+        return shlex.join(["tmux", "-L", self.tmux_socket, *args])
+
+    def require_tmux(self) -> None:
+        if not self.run("command -v tmux", check=False).ok:
+            raise MissingDependency(f"tmux is not installed on {self.name}", hint=TMUX_INSTALL_HINT)
+
+    def tail(self, path: str, lines: int) -> tuple[bytes, int]:
+        """The last `lines` lines of a file, and the file's size at that moment."""
+        size = int(self.run(f"stat -c %s {shlex.quote(path)} 2>/dev/null || echo 0").stdout or 0)
+        return last_lines(self.read(path, max(0, size - TAIL_WINDOW), size), lines), size
+
+    def missing_modules(self, modules: list[str]) -> list[str]:
+        """Which of `modules` the host's Python cannot import (found without importing)."""
+        check = ("import importlib.util as u, sys; "
+                 "print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))")
+        result = self.run(shlex.join([self.python, "-c", check, *modules]))
+        return result.stdout.split()
+
+    def start_agent(self, job_id: str, jobdir: str) -> None:
+        """Start `agent.py run <jobdir>` as the command of a new detached tmux session."""
+        agent_cmd = shlex.join([self.python, f"{jobdir}/agent.py", "run", jobdir])
+        self.run(self.tmux("new-session", "-d", "-s", session_name(job_id), "-x", "200",
+                           "-y", "50", agent_cmd))
+
+    def session_alive(self, job_id: str) -> bool:
+        return self.run(self.tmux("has-session", "-t", session_name(job_id)), check=False).ok
+
+    def attach_argv(self, job_id: str) -> list[str]:
+        return ["tmux", "-L", self.tmux_socket, "attach-session", "-t", session_name(job_id)]
+
+    def probe_job(self, jobdir: str, stale_after_s: float) -> dict:
+        result = self.run(shlex.join([self.python, f"{jobdir}/agent.py", "probe", jobdir,
+                                      "--stale", str(stale_after_s)]))
+        return json.loads(result.stdout)
+
+    def stop_job(self, jobdir: str, grace_s: float) -> dict | None:
+        result = self.run(shlex.join([self.python, f"{jobdir}/agent.py", "stop", jobdir,
+                                      "--grace", str(grace_s)]), timeout=grace_s + 60)
+        return json.loads(result.stdout)
+
+    def describe(self) -> dict:
+        """What the state store keeps to reach this host again."""
+        return {"kind": type(self).__name__, "tmux_socket": self.tmux_socket}
+
+
+class LocalHost(Host):
+    """This machine. Commands run through bash; files are copied directly."""
+
+    name = "this machine"
+
+    def __init__(self, tmux_socket: str = "cloudtrain", python: str | None = None):
+        super().__init__(tmux_socket)
+        self.python = python or sys.executable
+
+    def run(self, command: str, check: bool = True, timeout: float | None = None) -> Result:
+        try:
+            proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                                  timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            raise HostError(f"on {self.name}: `{command}` did not finish in {timeout:.0f} s") from exc
+        result = Result(command, proc.returncode, proc.stdout, proc.stderr)
+        if check and not result.ok:
+            raise CommandFailed(self, result)
+        return result
+
+    def require_tmux(self) -> None:
+        if shutil.which("tmux") is None:
+            raise MissingDependency("tmux is not installed on this machine", hint=TMUX_INSTALL_HINT)
+
+    def put(self, local: Path, remote: str) -> None:
+        Path(remote).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(local, remote)
+
+    def get(self, remote: str, local: Path) -> None:
+        if Path(remote).resolve() != Path(local).resolve():
+            Path(local).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(remote, local)
+
+    def write_text(self, remote: str, text: str) -> None:
+        Path(remote).parent.mkdir(parents=True, exist_ok=True)
+        Path(remote).write_text(text)
+
+    def sync(self, local_dir: Path, remote_dir: str) -> int:
+        """Copy the files git would keep; unchanged files (size and mtime) are skipped."""
+        copied = 0
+        for rel in list_files(local_dir):
+            src, dst = Path(local_dir) / rel, Path(remote_dir) / rel
+            if src.is_symlink():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                if dst.is_symlink() or dst.exists():
+                    dst.unlink()
+                os.symlink(os.readlink(src), dst)
+                continue
+            st = src.stat()
+            if dst.exists():
+                dt = dst.stat()
+                if dt.st_size == st.st_size and int(dt.st_mtime) == int(st.st_mtime):
+                    continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+            copied += 1
+        return copied
+
+    def read(self, path: str, offset: int = 0, end: int | None = None) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read() if end is None else f.read(max(end - offset, 0))
+        except FileNotFoundError:
+            return b""
+
+    def tail(self, path: str, lines: int) -> tuple[bytes, int]:
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:
+            return b"", 0
+        return last_lines(self.read(path, max(0, size - TAIL_WINDOW), size), lines), size
+
+    def probe_job(self, jobdir: str, stale_after_s: float) -> dict:
+        # Same code the agent runs on remote hosts, without a process per job.
+        return agent_module.probe(jobdir, stale_after_s)
+
+    def stop_job(self, jobdir: str, grace_s: float) -> dict | None:
+        return agent_module.stop(jobdir, grace_s)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "python": self.python}

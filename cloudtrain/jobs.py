@@ -1,0 +1,341 @@
+"""The job lifecycle, the same for every backend:
+
+    launch ─► provision ─► sync ─► setup ─► run (agent in tmux) ─► collect ─► release
+
+Every transition is an event row in the state store; that timeline is what `status` shows.
+This module talks to hosts only through `Host` and to clouds only through a provider; it
+never imports boto3 or paramiko.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from . import config, providers, state
+from .errors import CloudtrainError, UsageError
+from .hosts import AGENT_SOURCE, Host
+from .spec import COMMAND, RECIPE, JobSpec
+from .state import Job, Store
+
+FOLLOW_POLL_S = 0.2
+REFRESH_EVERY_S = 1.0
+
+
+# -- specs ---------------------------------------------------------------------------------------
+
+
+def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | None,
+               profile: str | None, sets: tuple[str, ...], name: str | None,
+               backend: str | None, max_runtime_minutes: float | None,
+               settings: config.Settings) -> JobSpec:
+    """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise)."""
+    backend = backend or settings.backend
+    providers.get(backend)  # unknown backend: error now, before anything else
+    if recipe and command:
+        raise UsageError("give either --recipe or a command after --, not both")
+    if not recipe and not command:
+        raise UsageError("nothing to run: give --recipe NAME or a command after --",
+                         hint="cloudtrain launch --recipe resnet9 --profile smoke --follow")
+    if (profile or sets) and not recipe:
+        raise UsageError("--profile and --set apply to recipes; pass your own arguments after --")
+    workdir_path = None
+    if workdir is not None:
+        path = Path(workdir).expanduser()
+        if not path.is_dir():
+            raise UsageError(f"--workdir {workdir}: not a directory")
+        workdir_path = str(path.resolve())
+    if max_runtime_minutes is not None and max_runtime_minutes <= 0:
+        raise UsageError("--max-runtime must be a positive number of minutes")
+
+    if recipe:
+        from . import recipes
+
+        rec = recipes.load(recipe)
+        args = rec.resolve(profile, sets)
+        minutes = max_runtime_minutes or rec.resources.get("max_runtime_minutes") \
+            or settings.max_runtime_minutes
+        return JobSpec(kind=RECIPE, backend=backend, name=name, recipe=rec.name, profile=profile,
+                       args=args, workdir=workdir_path, max_runtime_s=float(minutes) * 60,
+                       resources=dict(rec.resources), requires=list(rec.requires))
+    minutes = max_runtime_minutes or settings.max_runtime_minutes
+    return JobSpec(kind=COMMAND, backend=backend, name=name, command=list(command),
+                   workdir=workdir_path, max_runtime_s=float(minutes) * 60)
+
+
+def run_script(spec: JobSpec, jobdir: str, python: str) -> str:
+    """The job's run.sh: cd into place and exec the command (no shell quoting games in tmux)."""
+    lines = ["#!/usr/bin/env bash", f"# cloudtrain job: {spec.display()}", "set -e"]
+    if spec.kind == RECIPE:
+        from . import recipes
+
+        rec = recipes.load(spec.recipe)
+        lines.append(f"cd {shlex.quote(jobdir)}")
+        lines.append("exec " + shlex.join([python, rec.entry_path(), *rec.script_args(spec.args)]))
+    else:
+        lines.append(f"cd {shlex.quote(jobdir + '/work')}")
+        if len(spec.command) == 1:
+            lines.append(spec.command[0])  # one string: the user's shell code, as written
+        else:
+            lines.append("exec " + shlex.join(spec.command))
+    return "\n".join(lines) + "\n"
+
+
+def job_environment(job_id: str, data_dir: str) -> dict:
+    """Environment for the job. The tmux server may be older than this shell, so what the
+    job needs from the launching environment (PATH with its virtualenv) is passed here."""
+    env = {"CLOUDTRAIN_JOB_ID": job_id, "CLOUDTRAIN_DATA_DIR": data_dir}
+    for key in ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+# -- launch --------------------------------------------------------------------------------------
+
+
+def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
+    """Start the job and return once its agent runs it. On any failure or Ctrl-C the job is
+    recorded as failed or cancelled and its host released: nothing is left running."""
+    provider = providers.get(spec.backend)
+    provider.preflight(spec)
+    job = store.create_job(name=spec.name, kind=spec.kind, recipe=spec.recipe,
+                           command=spec.display(), backend=spec.backend, spec=spec.to_dict())
+    host: Host | None = None
+    agent_started = False
+    try:
+        store.set_state(job.id, state.PROVISIONING)
+        host = provider.acquire(store, job, spec)
+        jobdir = provider.jobdir(job.id)
+        store.update_job(job.id, host=host.describe(), jobdir=jobdir)
+
+        store.set_state(job.id, state.SYNCING)
+        host.run(f"mkdir -p {shlex.quote(jobdir)}/checkpoints")
+        host.put(AGENT_SOURCE, f"{jobdir}/agent.py")
+        if spec.kind == RECIPE:
+            from . import recipes
+
+            rec = recipes.load(spec.recipe)
+            host.sync(rec.path, f"{jobdir}/recipes/{rec.name}")
+            shared = rec.path.parent / recipes.SHARED_DIR
+            if shared.is_dir():
+                host.sync(shared, f"{jobdir}/recipes/{recipes.SHARED_DIR}")
+        if spec.workdir:
+            host.sync(Path(spec.workdir), f"{jobdir}/work")
+        else:
+            host.run(f"mkdir -p {shlex.quote(jobdir)}/work")
+
+        store.set_state(job.id, state.SETTING_UP)
+        data_dir = provider.data_dir()
+        host.run(f"mkdir -p {shlex.quote(data_dir)}")
+        host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python))
+        host.write_text(f"{jobdir}/job.json", json.dumps({
+            "job_id": job.id,
+            "max_runtime_s": spec.max_runtime_s,
+            "grace_s": settings.stop_grace_seconds,
+            "heartbeat_s": settings.heartbeat_seconds,
+            "shutdown_command": None,
+            "env": job_environment(job.id, data_dir),
+        }, indent=1))
+
+        host.start_agent(job.id, jobdir)
+        agent_started = True
+        store.set_state(job.id, state.RUNNING)
+    except BaseException as exc:
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        _abort_launch(store, settings, provider, job, host if agent_started else None, exc)
+        if interrupted:
+            raise
+        if isinstance(exc, CloudtrainError):
+            raise
+        raise CloudtrainError(f"launch of job {job.id} failed: {exc}") from exc
+    return store.job(job.id)
+
+
+def _abort_launch(store, settings, provider, job, host, exc) -> None:
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    reason = "interrupted during launch" if interrupted else f"launch failed: {exc}"
+    try:
+        if host is not None:
+            host.stop_job(store.job(job.id).jobdir, settings.stop_grace_seconds)
+    finally:
+        provider.release(store, store.job(job.id))
+        store.set_state(job.id, state.CANCELLED if interrupted else state.FAILED,
+                        reason=reason.splitlines()[0])
+
+
+# -- observing -----------------------------------------------------------------------------------
+
+
+def host_of(job: Job) -> Host:
+    return providers.get(job.backend).host_for(job)
+
+
+def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
+    """Bring an active job's record up to date from its host (one probe round trip)."""
+    if not job.active or job.state != state.RUNNING or not job.jobdir:
+        return job
+    report = host_of(job).probe_job(job.jobdir, settings.stale_after_seconds)
+    fields = {}
+    if report.get("metrics"):
+        fields["metrics"] = report["metrics"]
+    status = report.get("status") or {}
+    if status.get("started_at") and not job.started_at:
+        fields["started_at"] = status["started_at"]
+    agent_state = status.get("state")
+    if agent_state in state.TERMINAL_STATES:
+        store.set_state(job.id, agent_state, at=status.get("ended_at") or time.time(),
+                        detail=status.get("reason"), exit_code=status.get("exit_code"),
+                        reason=status.get("reason"), **fields)
+        _finish(store, job)
+    elif fields:
+        store.update_job(job.id, **fields)
+    return store.job(job.id)
+
+
+def _finish(store: Store, job: Job) -> None:
+    """After the job: give the host back and settle the cost (nothing bills locally)."""
+    providers.get(job.backend).release(store, store.job(job.id))
+    total = 0.0
+    for inst in store.instances(job.id):
+        if inst.launched_at and inst.price_per_hour is not None:
+            end = inst.terminated_at or time.time()
+            total += inst.price_per_hour * max(end - inst.launched_at, 0) / 3600
+    store.update_job(job.id, cost=total)
+
+
+def refresh_all(store: Store, settings: config.Settings) -> list[Job]:
+    """Refresh every active job; return all jobs, newest first."""
+    for job in store.jobs(active_only=True):
+        refresh(store, settings, job)
+    return store.jobs()
+
+
+def read_log(job: Job, offset: int = 0) -> bytes:
+    if not job.jobdir:
+        return b""
+    return host_of(job).read(f"{job.jobdir}/output.log", offset)
+
+
+def tail_log(job: Job, lines: int) -> tuple[bytes, int]:
+    """The last `lines` lines of the job's output and the offset where the file ended."""
+    if not job.jobdir:
+        return b"", 0
+    return host_of(job).tail(f"{job.jobdir}/output.log", lines)
+
+
+def follow(store: Store, settings: config.Settings, job: Job, offset: int = 0
+           ) -> Iterator[bytes]:
+    """Yield the job's output as it is written, until the job has ended and all is read."""
+    host = None
+    next_refresh = 0.0
+    while True:
+        job = store.job(job.id)
+        if job.jobdir and host is None:
+            host = host_of(job)
+        if host is not None:
+            chunk = host.read(f"{job.jobdir}/output.log", offset)
+            if chunk:
+                offset += len(chunk)
+                yield chunk
+                continue
+        if not job.active:
+            return
+        if time.monotonic() >= next_refresh:
+            job = refresh(store, settings, job)
+            next_refresh = time.monotonic() + REFRESH_EVERY_S
+            if not job.active:
+                continue  # read what the job wrote last, then stop
+        time.sleep(FOLLOW_POLL_S)
+
+
+# -- stopping ------------------------------------------------------------------------------------
+
+
+@dataclass
+class StopOutcome:
+    job: Job
+    stopped: bool  # False: it had already ended
+    note: str
+
+
+def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every: bool,
+           grace_s: float | None = None) -> list[StopOutcome]:
+    """Stop jobs: SIGTERM to the job, SIGKILL after the grace period; mark them cancelled."""
+    if every and refs:
+        raise UsageError("give job ids or --all, not both")
+    if not every and not refs:
+        raise UsageError("which jobs? give job ids, or --all", hint="cloudtrain status")
+    grace = settings.stop_grace_seconds if grace_s is None else grace_s
+    jobs = store.jobs(active_only=True) if every else [store.find_job(r) for r in refs]
+    outcomes = []
+    for job in jobs:
+        job = refresh(store, settings, job)
+        if not job.active:
+            outcomes.append(StopOutcome(job, False, f"already {job.state}: nothing to stop"))
+            continue
+        status = None
+        if job.jobdir and job.state == state.RUNNING:
+            status = host_of(job).stop_job(job.jobdir, grace)
+        exit_code = (status or {}).get("exit_code")
+        store.set_state(job.id, state.CANCELLED, detail="cancelled by user",
+                        reason="cancelled by user", exit_code=exit_code)
+        _finish(store, job)
+        outcomes.append(StopOutcome(store.job(job.id), True, "cancelled"))
+    return outcomes
+
+
+# -- reading the record -------------------------------------------------------------------------
+
+
+@dataclass
+class Phase:
+    name: str
+    start: float
+    duration: float | None  # None: still in this phase
+
+
+def timeline(store: Store, job: Job) -> list[Phase]:
+    events = store.events(job.id)
+    phases = []
+    for i, ev in enumerate(events):
+        if ev.phase in state.TERMINAL_STATES:
+            phases.append(Phase(ev.phase, ev.at, 0.0))
+            continue
+        end = events[i + 1].at if i + 1 < len(events) else None
+        phases.append(Phase(ev.phase, ev.at, None if end is None else max(end - ev.at, 0.0)))
+    return phases
+
+
+def attach_argv(job: Job) -> list[str]:
+    if not job.active:
+        raise UsageError(f"job {job.id} has ended ({job.state}): there is no session to attach to",
+                         hint=f"cloudtrain logs {job.id}")
+    host = host_of(job)
+    if not host.session_alive(job.id):
+        raise UsageError(f"job {job.id} has no tmux session any more",
+                         hint=f"cloudtrain status {job.id}")
+    return host.attach_argv(job.id)
+
+
+@dataclass
+class Detail:
+    job: Job
+    phases: list[Phase]
+    log_tail: bytes  # the last lines of output
+    target: dict | None  # the recipe's target_reached row, if it was reached
+
+
+def detail(store: Store, settings: config.Settings, ref: str, tail_lines: int = 10) -> Detail:
+    job = refresh(store, settings, store.find_job(ref))
+    target, log_tail = None, b""
+    if job.jobdir:
+        host = host_of(job)
+        target = host.probe_job(job.jobdir, settings.stale_after_seconds).get("target")
+        log_tail, _ = host.tail(f"{job.jobdir}/output.log", tail_lines)
+    return Detail(job, timeline(store, job), log_tail, target)

@@ -1,0 +1,61 @@
+"""The embedded default: this machine, no cloud account, nothing that bills."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .. import config
+from ..errors import MissingDependency
+from ..hosts import LocalHost
+from ..state import Instance, Job, Store
+
+
+def tmux_socket() -> str:
+    """The tmux server jobs run under; tests set their own to keep out of a user's way."""
+    return os.environ.get("CLOUDTRAIN_TMUX_SOCKET", "cloudtrain")
+
+
+class LocalProvider:
+    name = "local"
+
+    def __init__(self):
+        self.settings = config.Settings.load()
+
+    def _host(self, tmux: str | None = None, python: str | None = None) -> LocalHost:
+        return LocalHost(tmux or tmux_socket(), python or self.settings.python or None)
+
+    def preflight(self, spec) -> None:
+        host = self._host()
+        host.require_tmux()
+        if spec.requires:
+            missing = host.missing_modules(spec.requires)
+            if missing:
+                raise MissingDependency(
+                    f"{spec.display()} needs the Python modules {', '.join(missing)}, "
+                    f"which {host.python} lacks",
+                    hint="pip install 'cloudtrain[recipes]' (torch and torchvision) into this "
+                         "environment, or set `python:` in config.yaml to one that has them")
+
+    def acquire(self, store: Store, job: Job, spec) -> LocalHost:
+        host = self._host()
+        store.add_instance(Instance(
+            id=f"local-{job.id}", job_id=job.id, provider=self.name, region=None, zone=None,
+            instance_type="local", market="local", state="running", launched_at=time.time(),
+            terminated_at=None, price_per_hour=0.0, details=None))
+        return host
+
+    def host_for(self, job: Job) -> LocalHost:
+        info = job.host or {}
+        return self._host(info.get("tmux_socket"), info.get("python"))
+
+    def jobdir(self, job_id: str) -> str:
+        return str(config.home() / "jobs" / job_id)
+
+    def data_dir(self) -> str:
+        return str(config.home() / "data")
+
+    def release(self, store: Store, job: Job) -> None:
+        for inst in store.instances(job.id):
+            if inst.state != "terminated":
+                store.update_instance(inst.id, state="terminated", terminated_at=time.time())

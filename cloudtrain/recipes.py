@@ -1,0 +1,217 @@
+"""Bundled recipes: find `recipes/*/recipe.yaml`, validate them, and turn a recipe plus the
+user's `--profile` and `--set key=value` into the exact arguments its script receives.
+
+recipe.yaml:
+    name, description, entry (the script, relative to the recipe folder),
+    requires (Python modules the job imports), arguments (each: type int|float|bool|str|choice,
+    default (null = not passed), help, choices for `choice`), profiles (each: description,
+    set: {argument: value}), resources (gpus_per_node, nodes, disk_gb, max_runtime_minutes),
+    data (name, source, size_mb), target (metric, value), published (result, time, hardware,
+    source, and which variant).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError, NotFound, UsageError
+
+BUNDLED = Path(__file__).resolve().parent.parent / "recipes"
+SHARED_DIR = "common"  # recipes/common: helpers every recipe may import
+TYPES = ("int", "float", "bool", "str", "choice")
+TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+
+
+def search_path() -> list[Path]:
+    """Where recipes are looked for: `$CLOUDTRAIN_RECIPES` (os.pathsep-separated), then ours."""
+    extra = [Path(p) for p in os.environ.get("CLOUDTRAIN_RECIPES", "").split(os.pathsep) if p]
+    return extra + [BUNDLED]
+
+
+@dataclass
+class Argument:
+    name: str
+    type: str
+    default: object
+    help: str = ""
+    choices: list | None = None
+
+    def parse(self, raw: object, source: str) -> object:
+        """The typed value of `raw` (a string from --set, or a YAML value), or a UsageError."""
+        def bad(expected: str) -> UsageError:
+            return UsageError(f"{source}: {self.name} must be {expected}, got {raw!r}")
+
+        if raw is None:
+            return None
+        text = str(raw).strip()
+        if self.type == "bool":
+            if isinstance(raw, bool):
+                return raw
+            if text.lower() in TRUE:
+                return True
+            if text.lower() in FALSE:
+                return False
+            raise bad("true or false")
+        if self.type == "int":
+            if isinstance(raw, bool):
+                raise bad("an integer")
+            try:
+                return int(text)
+            except ValueError:
+                raise bad("an integer") from None
+        if self.type == "float":
+            if isinstance(raw, bool):
+                raise bad("a number")
+            try:
+                return float(text)
+            except ValueError:
+                raise bad("a number") from None
+        if self.type == "choice":
+            if text not in [str(c) for c in self.choices or []]:
+                raise bad("one of " + ", ".join(str(c) for c in self.choices or []))
+            return text
+        return text
+
+    def render(self, value: object) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return str(value)
+
+
+@dataclass
+class Recipe:
+    name: str
+    path: Path
+    description: str
+    entry: str
+    requires: list[str]
+    arguments: dict[str, Argument]
+    profiles: dict[str, dict]
+    resources: dict
+    data: list[dict] = field(default_factory=list)
+    target: dict | None = None
+    published: list[dict] = field(default_factory=list)
+
+    @property
+    def gpus(self) -> int:
+        return int(self.resources.get("gpus_per_node", 1)) * int(self.resources.get("nodes", 1))
+
+    def resolve(self, profile: str | None = None, sets: tuple[str, ...] = ()) -> dict:
+        """The arguments the script gets: defaults, then the profile, then each --set."""
+        values = {name: arg.default for name, arg in self.arguments.items()}
+        if profile is not None:
+            if profile not in self.profiles:
+                known = ", ".join(sorted(self.profiles)) or "none"
+                raise UsageError(f"recipe {self.name} has no profile '{profile}' (profiles: {known})")
+            values.update(self.profiles[profile].get("set") or {})
+        for item in sets:
+            key, sep, raw = item.partition("=")
+            key = key.strip().replace("-", "_")
+            if not sep or not key:
+                raise UsageError(f"--set {item!r}: expected key=value")
+            if key not in self.arguments:
+                close = difflib.get_close_matches(key, self.arguments, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                known = ", ".join(sorted(self.arguments))
+                raise UsageError(f"--set {key}: recipe {self.name} has no argument '{key}'{hint}; "
+                                 f"its arguments: {known}")
+            values[key] = self.arguments[key].parse(raw, f"--set {key}")
+        return {k: v for k, v in values.items() if v is not None}
+
+    def script_args(self, values: dict) -> list[str]:
+        """`--name value` for every argument that has a value, in declaration order."""
+        out: list[str] = []
+        for name, arg in self.arguments.items():
+            if name in values:
+                out += [f"--{name}", arg.render(values[name])]
+        return out
+
+    def entry_path(self) -> str:
+        """The script's path relative to a job directory the recipe was synced into."""
+        return f"recipes/{self.name}/{self.entry}"
+
+
+def _require(doc: dict, key: str, kind: type, path: Path):
+    if key not in doc:
+        raise ConfigError(f"{path}: missing '{key}'")
+    if not isinstance(doc[key], kind):
+        raise ConfigError(f"{path}: '{key}' must be a {kind.__name__}")
+    return doc[key]
+
+
+def parse_recipe(path: Path) -> Recipe:
+    """Read and validate one recipe.yaml (ConfigError naming the file on any problem)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: must be a mapping")
+    name = _require(doc, "name", str, path)
+    if name != path.parent.name:
+        raise ConfigError(f"{path}: name '{name}' differs from its folder '{path.parent.name}'")
+    entry = _require(doc, "entry", str, path)
+    if not (path.parent / entry).is_file():
+        raise ConfigError(f"{path}: entry '{entry}' does not exist")
+    arguments = {}
+    for arg_name, spec in (_require(doc, "arguments", dict, path)).items():
+        if not isinstance(spec, dict) or spec.get("type") not in TYPES:
+            raise ConfigError(f"{path}: argument '{arg_name}' needs a type, one of {', '.join(TYPES)}")
+        if spec["type"] == "choice" and not spec.get("choices"):
+            raise ConfigError(f"{path}: argument '{arg_name}' is a choice without choices")
+        arg = Argument(arg_name, spec["type"], None, str(spec.get("help", "")), spec.get("choices"))
+        try:
+            arg.default = arg.parse(spec.get("default"), f"{path}: default of")
+        except UsageError as exc:
+            raise ConfigError(exc.message) from None
+        arguments[arg_name] = arg
+    profiles = doc.get("profiles") or {}
+    for prof_name, prof in profiles.items():
+        sets = (prof or {}).get("set") or {}
+        for key, value in sets.items():
+            if key not in arguments:
+                raise ConfigError(f"{path}: profile '{prof_name}' sets unknown argument '{key}'")
+            try:
+                sets[key] = arguments[key].parse(value, f"{path}: profile {prof_name}:")
+            except UsageError as exc:
+                raise ConfigError(exc.message) from None
+    resources = doc.get("resources") or {}
+    if not isinstance(resources, dict):
+        raise ConfigError(f"{path}: 'resources' must be a mapping")
+    return Recipe(
+        name=name, path=path.parent, description=_require(doc, "description", str, path),
+        entry=entry, requires=list(doc.get("requires") or []), arguments=arguments,
+        profiles=profiles, resources=resources, data=list(doc.get("data") or []),
+        target=doc.get("target"), published=list(doc.get("published") or []))
+
+
+def _candidates() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for root in search_path():
+        if not root.is_dir():
+            continue
+        for yml in sorted(root.glob("*/recipe.yaml")):
+            found.setdefault(yml.parent.name, yml)  # earlier search-path entries win
+    return found
+
+
+def names() -> list[str]:
+    return sorted(_candidates())
+
+
+def load(name: str) -> Recipe:
+    found = _candidates()
+    if name not in found:
+        known = ", ".join(sorted(found)) or "none"
+        raise NotFound(f"unknown recipe '{name}'; known recipes: {known}",
+                       hint="cloudtrain recipes lists them with what they reproduce")
+    return parse_recipe(found[name])
+
+
+def load_all() -> list[Recipe]:
+    return [parse_recipe(path) for _, path in sorted(_candidates().items())]

@@ -1,0 +1,199 @@
+"""Text and JSON for what the commands return. Pure functions: data in, strings out."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+from .agent import fmt_duration
+from .state import Job
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.2f}s"
+    return fmt_duration(seconds)
+
+
+def age(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "-"
+    s = max(now - ts, 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{int(s // size)}{unit}"
+    return f"{int(s)}s"
+
+
+def clock(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) + f".{int(ts % 1 * 100):02d}"
+
+
+def money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+def pct(value) -> str:
+    return "-" if value is None else f"{float(value) * 100:.2f}%"
+
+
+def number(value) -> str:
+    return "-" if value is None else f"{float(value):.4g}"
+
+
+def runtime(job: Job, now: float) -> float | None:
+    if job.started_at is None:
+        return None
+    return (job.ended_at or now) - job.started_at
+
+
+def state_text(job: Job) -> str:
+    if job.state == "failed" and job.exit_code not in (None, 0):
+        return f"failed ({job.exit_code})"
+    return job.state
+
+
+def epoch_text(metrics: dict | None) -> str:
+    if not metrics or metrics.get("epoch") is None:
+        return "-"
+    total = metrics.get("epochs")
+    return f"{metrics['epoch']}/{total}" if total else str(metrics["epoch"])
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
+             for row in [header, *rows]]
+    return "\n".join(lines)
+
+
+STATUS_HEADER = ["ID", "NAME", "WHAT", "BACKEND", "STATE", "AGE", "RUNTIME", "EPOCH", "LOSS",
+                 "ACC", "COST"]
+
+
+def status_table(jobs: list[Job], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    if not jobs:
+        return "no jobs yet: cloudtrain launch --recipe resnet9 --profile smoke --follow"
+    rows = []
+    for job in jobs:
+        m = job.metrics or {}
+        what = job.command if len(job.command) <= 40 else job.command[:37] + "..."
+        rows.append([job.id, job.name or "-", what, job.backend, state_text(job),
+                     age(job.created_at, now), duration(runtime(job, now)), epoch_text(m),
+                     number(m.get("train_loss", m.get("loss"))),
+                     pct(m.get("test_acc", m.get("accuracy"))), money(job.cost)])
+    return table(rows, STATUS_HEADER)
+
+
+def job_json(job: Job, now: float | None = None) -> dict:
+    now = time.time() if now is None else now
+    data = dataclasses.asdict(job)
+    data["runtime_s"] = runtime(job, now)
+    return data
+
+
+def jobs_json(jobs: list[Job]) -> str:
+    now = time.time()
+    return json.dumps([job_json(j, now) for j in jobs], indent=1)
+
+
+def detail_json(job: Job, phases, log_tail: bytes, target: dict | None) -> str:
+    data = job_json(job)
+    data["timeline"] = [dataclasses.asdict(p) for p in phases]
+    data["target"] = target
+    data["log_tail"] = log_tail.decode("utf-8", "replace")
+    return json.dumps(data, indent=1)
+
+
+def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
+               now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    out = [f"job {job.id}" + (f" ({job.name})" if job.name else ""),
+           f"  what      {job.command}",
+           f"  backend   {job.backend}",
+           f"  state     {job.state}" + (f": {job.reason}" if job.reason else ""),
+           ]
+    if job.exit_code is not None:
+        out.append(f"  exit code {job.exit_code}")
+    out += [f"  created   {clock(job.created_at)} ({age(job.created_at, now)} ago)",
+            f"  runtime   {duration(runtime(job, now))}",
+            f"  cost      {money(job.cost)}" + (" (this machine: nothing billed)"
+                                                if job.backend == "local" else "")]
+    if job.metrics:
+        shown = ", ".join(f"{k} {_metric(k, v)}" for k, v in job.metrics.items()
+                          if k not in ("time",))
+        out.append(f"  metrics   {shown}")
+    if target:
+        out.append(f"  target    reached at epoch {target.get('epoch')}: test_acc "
+                   f"{pct(target.get('test_acc'))}, train time {duration(target.get('train_time'))}")
+    if job.jobdir:
+        out.append(f"  jobdir    {job.jobdir}")
+    out.append("  timeline")
+    for ph in phases:
+        took = "" if ph.name in ("succeeded", "failed", "cancelled", "preempted") else (
+            duration(ph.duration) if ph.duration is not None else "(now)")
+        out.append(f"    {ph.name:<13} {clock(ph.start)}  {took}".rstrip())
+    if log_tail:
+        title = "last output" if job.state != "failed" else "last output (failed)"
+        out.append(f"  {title}:")
+        text = log_tail.decode("utf-8", "replace").rstrip("\n")
+        out += ["    " + line for line in text.splitlines()]
+    return "\n".join(out)
+
+
+def _metric(key: str, value) -> str:
+    if isinstance(value, float):
+        if key.endswith("_acc") or key.endswith("accuracy"):
+            return pct(value)
+        if key.endswith("_time"):
+            return duration(value)
+        return f"{value:.4g}"
+    return str(value)
+
+
+def recipes_table(recipes) -> str:
+    rows = []
+    for r in recipes:
+        pub = r.published[0] if r.published else {}
+        result = " ".join(x for x in (pub.get("result"), pub.get("time"), pub.get("hardware"))
+                          if x)
+        rows.append([r.name, str(r.gpus), r.description, result or "-"])
+    return table(rows, ["RECIPE", "GPUS", "DESCRIPTION", "PUBLISHED RESULT"])
+
+
+def recipe_detail(r) -> str:
+    out = [f"{r.name}: {r.description}", f"  entry      {r.path / r.entry}",
+           f"  resources  " + ", ".join(f"{k} {v}" for k, v in r.resources.items())]
+    if r.target:
+        out.append(f"  target     {r.target.get('metric')} >= {r.target.get('value')}")
+    out.append("  arguments  (--set name=value)")
+    for a in r.arguments.values():
+        kind = a.type if a.type != "choice" else "|".join(str(c) for c in a.choices or [])
+        default = "-" if a.default is None else a.render(a.default)
+        out.append(f"    {a.name:<16} {kind:<24} default {default:<14} {a.help}".rstrip())
+    if r.profiles:
+        out.append("  profiles   (--profile name)")
+        for name, prof in r.profiles.items():
+            sets = " ".join(f"{k}={v}" for k, v in ((prof or {}).get("set") or {}).items())
+            out.append(f"    {name:<10} {(prof or {}).get('description', '')}")
+            if sets:
+                out.append(f"               sets {sets}")
+    if r.data:
+        out.append("  data")
+        for d in r.data:
+            out.append(f"    {d.get('name')}: {d.get('source', '')} ({d.get('size_mb', '?')} MB)")
+    if r.published:
+        out.append("  published results")
+        for p in r.published:
+            head = f"    [{p['variant']}] " if p.get("variant") else "    "
+            out.append(head + " / ".join(str(p[k]) for k in ("result", "time", "hardware")
+                                          if p.get(k)))
+            if p.get("source"):
+                out.append(f"      source: {p['source']}")
+    return "\n".join(out)

@@ -1,0 +1,40 @@
+"""JobSpec: what to run (a recipe, or your own command) and where (backend, resources)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass, field
+
+RECIPE, COMMAND = "recipe", "command"
+
+
+@dataclass
+class JobSpec:
+    kind: str  # RECIPE or COMMAND
+    backend: str  # a provider name: "local", ...
+    name: str | None = None
+    recipe: str | None = None
+    profile: str | None = None
+    args: dict = field(default_factory=dict)  # recipe arguments after profile and --set
+    command: list[str] = field(default_factory=list)  # the user's command (kind COMMAND)
+    workdir: str | None = None  # absolute path on this machine, synced into the job
+    max_runtime_s: float = 12 * 3600.0  # the agent stops the job after this long
+    resources: dict = field(default_factory=dict)  # gpus_per_node, nodes, disk_gb
+    requires: list[str] = field(default_factory=list)  # Python modules the job imports
+
+    def display(self) -> str:
+        """One line saying what runs: `resnet9 (smoke)` or the command."""
+        if self.kind == RECIPE:
+            return f"{self.recipe} ({self.profile})" if self.profile else str(self.recipe)
+        if len(self.command) == 1:
+            return self.command[0]
+        return shlex.join(self.command)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "JobSpec":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

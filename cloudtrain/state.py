@@ -1,0 +1,341 @@
+"""The SQLite store: jobs, instances and events (each job's timeline).
+
+The database is the ledger of what happened; the hosts (and, for clouds, the provider's
+tags) are the truth about what runs. One file, `$CLOUDTRAIN_HOME/state.db`, in WAL mode so
+that many `cloudtrain` processes can read while one writes; every write is a short
+`BEGIN IMMEDIATE` transaction with a generous busy timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+import sqlite3
+import time
+from pathlib import Path
+
+from .errors import NotFound, UsageError
+
+# Job states, in lifecycle order. A job is "active" until it reaches a terminal state.
+PENDING, PROVISIONING, SYNCING, SETTING_UP, RUNNING = (
+    "pending", "provisioning", "syncing", "setting-up", "running")
+SUCCEEDED, FAILED, PREEMPTED, CANCELLED = "succeeded", "failed", "preempted", "cancelled"
+ACTIVE_STATES = (PENDING, PROVISIONING, SYNCING, SETTING_UP, RUNNING)
+TERMINAL_STATES = (SUCCEEDED, FAILED, PREEMPTED, CANCELLED)
+
+BUSY_TIMEOUT_S = 30.0
+
+
+def _execute_script(db: sqlite3.Connection, script: str) -> None:
+    """Run statements one by one: executescript() would COMMIT the migration's transaction."""
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def _migration_1(db: sqlite3.Connection) -> None:
+    _execute_script(db,
+        """
+        CREATE TABLE jobs (
+            id          TEXT PRIMARY KEY,
+            name        TEXT,
+            kind        TEXT NOT NULL,      -- 'recipe' or 'command'
+            recipe      TEXT,
+            command     TEXT NOT NULL,      -- what runs, for display
+            backend     TEXT NOT NULL,
+            state       TEXT NOT NULL,
+            created_at  REAL NOT NULL,
+            started_at  REAL,               -- the job's command started (agent clock)
+            ended_at    REAL,
+            exit_code   INTEGER,
+            reason      TEXT,
+            spec        TEXT NOT NULL,      -- JobSpec as JSON
+            host        TEXT,               -- how to reach the host again, JSON
+            jobdir      TEXT,               -- the job directory on that host
+            metrics     TEXT,               -- the latest metrics row, JSON (a cache)
+            cost        REAL                -- dollars, NULL until known
+        );
+        CREATE INDEX jobs_created_at ON jobs(created_at);
+        CREATE INDEX jobs_state ON jobs(state);
+        CREATE TABLE instances (
+            id              TEXT PRIMARY KEY,
+            job_id          TEXT NOT NULL REFERENCES jobs(id),
+            provider        TEXT NOT NULL,
+            region          TEXT,
+            zone            TEXT,
+            instance_type   TEXT,
+            market          TEXT,           -- 'on-demand', 'spot' or 'local'
+            state           TEXT NOT NULL,  -- requested | running | terminated
+            launched_at     REAL,
+            terminated_at   REAL,
+            price_per_hour  REAL,
+            details         TEXT            -- provider-specific JSON
+        );
+        CREATE INDEX instances_job ON instances(job_id);
+        CREATE TABLE events (
+            id      INTEGER PRIMARY KEY AUTOINCREMENT,
+            job_id  TEXT NOT NULL REFERENCES jobs(id),
+            phase   TEXT NOT NULL,
+            at      REAL NOT NULL,
+            detail  TEXT
+        );
+        CREATE INDEX events_job ON events(job_id, id);
+        """
+    )
+
+
+# Schema migrations, applied in order; the schema version is PRAGMA user_version.
+MIGRATIONS = [_migration_1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclasses.dataclass
+class Job:
+    id: str
+    name: str | None
+    kind: str
+    recipe: str | None
+    command: str
+    backend: str
+    state: str
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+    reason: str | None
+    spec: dict
+    host: dict | None
+    jobdir: str | None
+    metrics: dict | None
+    cost: float | None
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> "Job":
+        values = dict(row)
+        for key in ("spec", "host", "metrics"):
+            values[key] = json.loads(values[key]) if values[key] else ({} if key == "spec" else None)
+        return cls(**values)
+
+
+@dataclasses.dataclass
+class Event:
+    job_id: str
+    phase: str
+    at: float
+    detail: str | None
+
+
+@dataclasses.dataclass
+class Instance:
+    id: str
+    job_id: str
+    provider: str
+    region: str | None
+    zone: str | None
+    instance_type: str | None
+    market: str | None
+    state: str
+    launched_at: float | None
+    terminated_at: float | None
+    price_per_hour: float | None
+    details: dict | None
+
+
+class Store:
+    """One connection to the state database. Cheap to open; open one per command."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        if self.db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+            self._migrate()
+        self.db.execute("PRAGMA foreign_keys = ON")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _migrate(self) -> None:
+        # WAL is a property of the file; setting it needs no transaction and is idempotent.
+        self.db.execute("PRAGMA journal_mode = WAL")
+        with self.transaction():
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise UsageError(
+                    f"{self.path} has schema version {version}, newer than this cloudtrain "
+                    f"understands ({SCHEMA_VERSION})",
+                    hint="upgrade cloudtrain: pip install -U cloudtrain")
+            for migration in MIGRATIONS[version:]:
+                migration(self.db)
+            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    # -- transactions -------------------------------------------------------------------
+
+    class _Transaction:
+        def __init__(self, db: sqlite3.Connection):
+            self.db = db
+
+        def __enter__(self):
+            self.db.execute("BEGIN IMMEDIATE")
+            return self.db
+
+        def __exit__(self, exc_type, exc, tb):
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+    def transaction(self) -> "Store._Transaction":
+        """A write transaction that takes the write lock up front (no upgrade deadlocks)."""
+        return Store._Transaction(self.db)
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    def create_job(self, *, name: str | None, kind: str, recipe: str | None, command: str,
+                   backend: str, spec: dict, at: float | None = None) -> Job:
+        at = time.time() if at is None else at
+        for _ in range(10):
+            job_id = secrets.token_hex(4)
+            try:
+                with self.transaction() as db:
+                    db.execute(
+                        "INSERT INTO jobs (id, name, kind, recipe, command, backend, state,"
+                        " created_at, spec) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (job_id, name, kind, recipe, command, backend, PENDING, at,
+                         json.dumps(spec)))
+                    db.execute("INSERT INTO events (job_id, phase, at) VALUES (?, ?, ?)",
+                               (job_id, PENDING, at))
+                return self.job(job_id)
+            except sqlite3.IntegrityError:
+                continue  # an id collision: draw again
+        raise RuntimeError("could not allocate a unique job id")
+
+    def job(self, job_id: str) -> Job:
+        row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no job '{job_id}'", hint="cloudtrain status lists the jobs")
+        return Job.from_row(row)
+
+    def find_job(self, ref: str) -> Job:
+        """A job by id, unique id prefix, or name (the newest job of that name)."""
+        row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (ref,)).fetchone()
+        if row is not None:
+            return Job.from_row(row)
+        rows = self.db.execute(
+            "SELECT * FROM jobs WHERE id LIKE ? ESCAPE '\\' ORDER BY created_at DESC",
+            (ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",),
+        ).fetchall()
+        if len(rows) > 1:
+            ids = ", ".join(r["id"] for r in rows[:5])
+            raise UsageError(f"job id prefix '{ref}' is ambiguous: {ids}")
+        if not rows:
+            rows = self.db.execute(
+                "SELECT * FROM jobs WHERE name = ? ORDER BY created_at DESC LIMIT 1", (ref,)
+            ).fetchall()
+        if not rows:
+            raise NotFound(f"no job '{ref}'", hint="cloudtrain status lists the jobs")
+        return Job.from_row(rows[0])
+
+    def jobs(self, *, active_only: bool = False, limit: int | None = None) -> list[Job]:
+        sql = "SELECT * FROM jobs"
+        if active_only:
+            sql += " WHERE state IN (%s)" % ",".join("?" * len(ACTIVE_STATES))
+        sql += " ORDER BY created_at DESC, id"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        rows = self.db.execute(sql, ACTIVE_STATES if active_only else ()).fetchall()
+        return [Job.from_row(r) for r in rows]
+
+    def update_job(self, job_id: str, **fields) -> None:
+        """Set columns of a job (dicts are stored as JSON)."""
+        if not fields:
+            return
+        with self.transaction() as db:
+            self._update(db, job_id, fields)
+
+    def set_state(self, job_id: str, state: str, *, at: float | None = None,
+                  detail: str | None = None, only_if_active: bool = True, **fields) -> bool:
+        """Move a job to `state` and record the event, atomically.
+
+        With `only_if_active`, a job that has already ended is left as it is (two processes
+        may notice the same end; the first one wins). Returns whether the job changed.
+        """
+        at = time.time() if at is None else at
+        with self.transaction() as db:
+            row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no job '{job_id}'")
+            if only_if_active and row["state"] in TERMINAL_STATES:
+                return False
+            if row["state"] == state:
+                if fields:
+                    self._update(db, job_id, fields)
+                return False
+            fields["state"] = state
+            if state in TERMINAL_STATES and "ended_at" not in fields:
+                fields["ended_at"] = at
+            self._update(db, job_id, fields)
+            db.execute("INSERT INTO events (job_id, phase, at, detail) VALUES (?, ?, ?, ?)",
+                       (job_id, state, at, detail))
+        return True
+
+    @staticmethod
+    def _update(db: sqlite3.Connection, job_id: str, fields: dict) -> None:
+        columns = ", ".join(f"{key} = ?" for key in fields)
+        values = [json.dumps(v) if isinstance(v, dict) else v for v in fields.values()]
+        db.execute(f"UPDATE jobs SET {columns} WHERE id = ?", (*values, job_id))
+
+    # -- events -------------------------------------------------------------------------
+
+    def add_event(self, job_id: str, phase: str, *, at: float | None = None,
+                  detail: str | None = None) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO events (job_id, phase, at, detail) VALUES (?, ?, ?, ?)",
+                       (job_id, phase, time.time() if at is None else at, detail))
+
+    def events(self, job_id: str) -> list[Event]:
+        rows = self.db.execute(
+            "SELECT job_id, phase, at, detail FROM events WHERE job_id = ? ORDER BY id",
+            (job_id,)).fetchall()
+        return [Event(**dict(r)) for r in rows]
+
+    # -- instances ----------------------------------------------------------------------
+
+    def add_instance(self, instance: Instance) -> None:
+        values = dataclasses.asdict(instance)
+        values["details"] = json.dumps(values["details"]) if values["details"] else None
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO instances (%s) VALUES (%s)"
+                % (", ".join(values), ", ".join("?" * len(values))), tuple(values.values()))
+
+    def update_instance(self, instance_id: str, **fields) -> None:
+        columns = ", ".join(f"{key} = ?" for key in fields)
+        with self.transaction() as db:
+            db.execute(f"UPDATE instances SET {columns} WHERE id = ?",
+                       (*fields.values(), instance_id))
+
+    def instances(self, job_id: str) -> list[Instance]:
+        rows = self.db.execute(
+            "SELECT * FROM instances WHERE job_id = ? ORDER BY launched_at", (job_id,)).fetchall()
+        out = []
+        for r in rows:
+            values = dict(r)
+            values["details"] = json.loads(values["details"]) if values["details"] else None
+            out.append(Instance(**values))
+        return out
+
+
+def open_store(home: Path) -> Store:
+    return Store(Path(home) / "state.db")
+

@@ -1,0 +1,71 @@
+"""Checkpoints that survive being killed mid-write, and the RNG states that go in them.
+
+`save_atomic` writes to a temporary file in the same folder, fsyncs it and renames it over the
+target with os.replace, which is atomic on POSIX: a reader (or a resumed run) sees either the
+old checkpoint or the new one, never half of one, even if SIGKILL lands mid-save.
+"""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CHECKPOINT_DIR = "checkpoints"
+LAST = "last.pt"
+
+
+def last_checkpoint_path(job_dir: str | os.PathLike) -> Path:
+    return Path(job_dir) / CHECKPOINT_DIR / LAST
+
+
+def save_atomic(obj, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    # Make the rename itself durable (the directory entry), where the platform allows it.
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return path
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return path
+
+
+def load(path: str | os.PathLike, map_location="cpu"):
+    # weights_only=False: the file holds numpy/python RNG states, and we wrote it ourselves.
+    return torch.load(path, map_location=map_location, weights_only=False)
+
+
+def rng_states() -> dict:
+    """Every RNG a training script may touch: python, numpy, torch CPU and all CUDA devices."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def restore_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])

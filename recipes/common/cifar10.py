@@ -1,0 +1,166 @@
+"""CIFAR-10 in its on-disk python format: a reader, a writer, and a learnable synthetic stand-in.
+
+The format (https://www.cs.toronto.edu/~kriz/cifar.html), folder `cifar-10-batches-py/`:
+  data_batch_1 .. data_batch_5, test_batch   pickles of dicts with bytes keys:
+      b'data'        uint8 (N, 3072): per image the red, green, blue 32x32 planes, each row-major
+      b'labels'      list of N ints in 0..9
+      b'batch_label' bytes, e.g. b'training batch 1 of 5'
+      b'filenames'   list of N bytes
+  batches.meta      {b'label_names': [10 bytes], b'num_cases_per_batch': int, b'num_vis': 3072}
+
+`read_cifar10` returns uint8 images as NHWC numpy arrays plus int64 labels. Real data comes
+through torchvision's downloader (which checks the archive's md5) into the data dir and is then
+read with the same reader; synthetic data is *written* in the same format first, so both paths
+exercise the same code.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+DATA_DIR_ENV = "CLOUDTRAIN_DATA_DIR"
+DEFAULT_DATA_DIR = "~/.cloudtrain/data"
+FOLDER = "cifar-10-batches-py"
+TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+TEST_FILE = "test_batch"
+META_FILE = "batches.meta"
+LABEL_NAMES = ("airplane", "automobile", "bird", "cat", "deer",
+               "dog", "frog", "horse", "ship", "truck")
+
+
+def data_dir(override: str | os.PathLike | None = None) -> Path:
+    """The dataset cache: the flag if given, else $CLOUDTRAIN_DATA_DIR, else ~/.cloudtrain/data."""
+    return Path(override or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR).expanduser()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reader and writer
+
+def _get(d: dict, key: str):
+    # The real files are Python 2 pickles: loaded with encoding='bytes' their keys are bytes.
+    return d[key.encode()] if key.encode() in d else d[key]
+
+
+def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with open(path, "rb") as f:
+        d = pickle.load(f, encoding="bytes")
+    flat = np.asarray(_get(d, "data"), dtype=np.uint8)
+    if flat.ndim != 2 or flat.shape[1] != 3 * 32 * 32:
+        raise ValueError(f"{path}: data has shape {flat.shape}, expected (N, 3072)")
+    images = flat.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # planes -> NHWC
+    labels = np.asarray(_get(d, "labels"), dtype=np.int64)
+    if len(labels) != len(images):
+        raise ValueError(f"{path}: {len(images)} images but {len(labels)} labels")
+    return np.ascontiguousarray(images), labels
+
+
+def read_cifar10(folder: str | os.PathLike) -> dict:
+    """Read a `cifar-10-batches-py` folder: {'train': (x, y), 'test': (x, y), 'classes': [...]}."""
+    folder = Path(folder)
+    parts = [_read_batch(folder / name) for name in TRAIN_FILES]
+    x_train = np.concatenate([x for x, _ in parts])
+    y_train = np.concatenate([y for _, y in parts])
+    x_test, y_test = _read_batch(folder / TEST_FILE)
+    with open(folder / META_FILE, "rb") as f:
+        meta = pickle.load(f, encoding="bytes")
+    classes = [n.decode() if isinstance(n, bytes) else n for n in _get(meta, "label_names")]
+    return {"train": (x_train, y_train), "test": (x_test, y_test), "classes": classes}
+
+
+def _write_batch(path: Path, images: np.ndarray, labels: np.ndarray, batch_label: str, first: int):
+    flat = np.ascontiguousarray(images.transpose(0, 3, 1, 2)).reshape(len(images), -1)  # NHWC -> planes
+    d = {
+        b"batch_label": batch_label.encode(),
+        b"labels": [int(v) for v in labels],
+        b"data": flat.astype(np.uint8),
+        b"filenames": [f"synthetic_{first + i:06d}.png".encode() for i in range(len(images))],
+    }
+    with open(path, "wb") as f:
+        pickle.dump(d, f, protocol=2)
+
+
+def write_cifar10(folder: str | os.PathLike, train: tuple, test: tuple,
+                  classes=LABEL_NAMES) -> Path:
+    """Write NHWC uint8 images + labels as a `cifar-10-batches-py` folder (train split in 5)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    x_train, y_train = train
+    bounds = np.linspace(0, len(x_train), len(TRAIN_FILES) + 1).round().astype(int)
+    for i, name in enumerate(TRAIN_FILES):
+        a, b = bounds[i], bounds[i + 1]
+        _write_batch(folder / name, x_train[a:b], y_train[a:b],
+                     f"training batch {i + 1} of {len(TRAIN_FILES)}", first=a)
+    _write_batch(folder / TEST_FILE, test[0], test[1], "testing batch 1 of 1", first=len(x_train))
+    meta = {b"label_names": [c.encode() for c in classes],
+            b"num_cases_per_batch": int(bounds[1] - bounds[0]), b"num_vis": 3 * 32 * 32}
+    with open(folder / META_FILE, "wb") as f:
+        pickle.dump(meta, f, protocol=2)
+    return folder
+
+
+def _complete(folder: Path) -> bool:
+    return all((folder / n).is_file() for n in (*TRAIN_FILES, TEST_FILE, META_FILE))
+
+
+# ---------------------------------------------------------------------------------------------
+# Real CIFAR-10
+
+def load_cifar10(root: str | os.PathLike) -> dict:
+    """Download CIFAR-10 into `root` on first use (torchvision checks the md5), then read it."""
+    import torchvision  # only the real-data path needs it; it takes seconds to import
+
+    torchvision.datasets.CIFAR10(root=str(root), train=True, download=True)
+    return read_cifar10(Path(root) / FOLDER)
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic CIFAR-10: class-dependent colour + oriented stripes + noise, learnable in an epoch
+
+def make_synthetic(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """n labelled 32x32 RGB images. Class c has a mean colour and a stripe orientation and
+    frequency of its own; every image adds a random stripe phase, a brightness jitter and pixel
+    noise, so a small convnet separates the classes but not instantly."""
+    proto = np.random.default_rng(12345)  # class prototypes: the same for every seed and split
+    colours = proto.uniform(50, 205, size=(10, 3)).astype(np.float32)
+    angles = np.arange(10) * np.pi / 10
+    freqs = 2.0 + (np.arange(10) % 3)
+
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, size=n).astype(np.int64)
+    yy, xx = np.mgrid[0:32, 0:32].astype(np.float32)
+    images = np.empty((n, 32, 32, 3), dtype=np.uint8)
+    for a in range(0, n, 4096):  # chunked to bound memory for large n
+        lab = labels[a:a + 4096]
+        m = len(lab)
+        phase = rng.uniform(0, 2 * np.pi, size=(m, 1, 1)).astype(np.float32)
+        u = (xx * np.cos(angles[lab])[:, None, None] + yy * np.sin(angles[lab])[:, None, None])
+        stripes = np.sin(2 * np.pi * freqs[lab][:, None, None] * u / 32 + phase)
+        img = (colours[lab][:, None, None, :] + 40.0 * stripes[..., None]
+               + rng.normal(0, 15, size=(m, 1, 1, 3)) + rng.normal(0, 25, size=(m, 32, 32, 3)))
+        images[a:a + m] = np.clip(img, 0, 255).round().astype(np.uint8)
+    return images, labels
+
+
+def synthetic_folder(root: str | os.PathLike, n_train: int, n_test: int, seed: int) -> Path:
+    return Path(root) / f"synthetic-cifar10-{n_train}-{n_test}-{seed}" / FOLDER
+
+
+def load_synthetic(root: str | os.PathLike, n_train: int, n_test: int, seed: int) -> dict:
+    """Write a synthetic set in the real on-disk format (once per size and seed), then read it."""
+    folder = synthetic_folder(root, n_train, n_test, seed)
+    if not _complete(folder):
+        x, y = make_synthetic(n_train + n_test, seed)
+        # Write into a sibling temp folder and rename: a killed run never leaves half a dataset.
+        tmp = folder.parent.with_name(folder.parent.name + f".tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_cifar10(tmp / FOLDER, (x[:n_train], y[:n_train]), (x[n_train:], y[n_train:]))
+        try:
+            shutil.rmtree(folder.parent, ignore_errors=True)  # an incomplete earlier attempt
+            os.replace(tmp, folder.parent)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
+    return read_cifar10(folder)
