@@ -19,6 +19,13 @@ def home() -> Path:
     return Path(env).expanduser().resolve() if env else Path.home() / ".cloudtrain"
 
 
+def yaml_problem(exc) -> str:
+    """A YAML parse error in one line: where, and what."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    return where + str(getattr(exc, "problem", None) or exc).splitlines()[0]
+
+
 @dataclasses.dataclass
 class Settings:
     backend: str = "local"  # where `launch` runs a job when --backend is not given
@@ -38,7 +45,7 @@ class Settings:
             try:
                 values = yaml.safe_load(path.read_text()) or {}
             except yaml.YAMLError as exc:
-                raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+                raise ConfigError(f"{path} is not valid YAML: {yaml_problem(exc)}") from exc
             if not isinstance(values, dict):
                 raise ConfigError(f"{path} must be a mapping of setting: value")
         settings = cls()

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .config import yaml_problem
 from .errors import ConfigError, NotFound, UsageError
 
 BUNDLED = Path(__file__).resolve().parent.parent / "recipes"
@@ -149,7 +150,7 @@ def parse_recipe(path: Path) -> Recipe:
     try:
         doc = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: invalid YAML at {yaml_problem(exc)}") from exc
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: must be a mapping")
     name = _require(doc, "name", str, path)

@@ -1,0 +1,205 @@
+"""Bad input and missing pieces: one clear line, the right exit code, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+TOY_RECIPE = """\
+name: toy
+description: "A tiny recipe for tests: prints its arguments and writes metrics."
+entry: train.py
+requires: [json]
+arguments:
+  epochs: {type: int, default: 2, help: epochs to run}
+  lr: {type: float, default: 0.5, help: learning rate}
+  mode: {type: choice, choices: [fast, slow], default: fast, help: how}
+  resume: {type: bool, default: false, help: continue}
+  tag: {type: str, default: null, help: optional tag}
+profiles:
+  smoke:
+    description: one epoch
+    set: {epochs: 1}
+resources: {gpus_per_node: 1, nodes: 1, disk_gb: 10, max_runtime_minutes: 5}
+target: {metric: test_acc, value: 0.5}
+published:
+  - {result: "50% test accuracy", time: "1 s", hardware: "any CPU", source: "this test"}
+"""
+
+TOY_TRAIN = """\
+import argparse, json, os
+p = argparse.ArgumentParser()
+p.add_argument('--epochs', type=int); p.add_argument('--lr', type=float)
+p.add_argument('--mode'); p.add_argument('--resume'); p.add_argument('--tag')
+a = p.parse_args()
+print('args', vars(a))
+with open(os.path.join(os.environ['CLOUDTRAIN_JOB_DIR'], 'metrics.jsonl'), 'a') as f:
+    for e in range(1, a.epochs + 1):
+        f.write(json.dumps({'epoch': e, 'epochs': a.epochs, 'train_loss': 1.0 / e,
+                            'test_acc': 0.3 * e}) + '\\n')
+"""
+
+
+@pytest.fixture
+def toy_recipes(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "recipes"
+    (root / "toy").mkdir(parents=True)
+    (root / "toy" / "recipe.yaml").write_text(TOY_RECIPE)
+    (root / "toy" / "train.py").write_text(TOY_TRAIN)
+    monkeypatch.setenv("CLOUDTRAIN_RECIPES", str(root))
+    return root
+
+
+def _no_jobs(cli) -> bool:
+    return json.loads(cli.ok("status", "--json").stdout) == []
+
+
+def test_unknown_recipe_lists_the_known_ones(cli, toy_recipes):
+    proc = cli("launch", "--recipe", "resnet99")
+    assert proc.returncode == 2
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("Error: unknown recipe 'resnet99'; known recipes: ")
+    assert set(first.split("known recipes: ")[1].split(", ")) >= {"toy", "resnet9"}
+    assert _no_jobs(cli)
+
+
+def test_unknown_job_id(cli):
+    for command in (["status", "nope"], ["logs", "nope"], ["down", "nope"], ["attach", "nope"]):
+        proc = cli(*command)
+        assert proc.returncode == 2, command
+        assert proc.stderr.splitlines()[0] == "Error: no job 'nope'"
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("epochz=3", "--set epochz: recipe toy has no argument 'epochz' (did you mean epochs?)"),
+    ("epochs=three", "--set epochs: epochs must be an integer, got 'three'"),
+    ("lr=fast", "--set lr: lr must be a number, got 'fast'"),
+    ("mode=medium", "--set mode: mode must be one of fast, slow, got 'medium'"),
+    ("resume=maybe", "--set resume: resume must be true or false, got 'maybe'"),
+    ("epochs", "--set 'epochs': expected key=value"),
+])
+def test_invalid_set_is_refused_before_anything_starts(cli, toy_recipes, setting, message):
+    proc = cli("launch", "--recipe", "toy", "--set", setting)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0].startswith("Error: " + message), proc.stderr
+    assert _no_jobs(cli)
+
+
+def test_unknown_profile(cli, toy_recipes):
+    proc = cli("launch", "--recipe", "toy", "--profile", "huge")
+    assert proc.returncode == 2
+    assert "recipe toy has no profile 'huge' (profiles: smoke)" in proc.stderr
+
+
+def test_recipe_arguments_reach_the_script_with_profile_and_set(cli, toy_recipes):
+    proc = cli("launch", "--recipe", "toy", "--profile", "smoke", "--set", "lr=0.25",
+               "--set", "resume=yes", "--set", "tag=a b", "--follow")
+    assert proc.returncode == 0, proc.stderr
+    assert ("args {'epochs': 1, 'lr': 0.25, 'mode': 'fast', 'resume': 'true', 'tag': 'a b'}"
+            in proc.stdout)
+    job = json.loads(cli.ok("status", "--json").stdout)[0]
+    assert job["recipe"] == "toy" and job["command"] == "toy (smoke)"
+    assert job["metrics"]["epoch"] == 1
+    assert job["spec"]["max_runtime_s"] == 300
+
+
+def test_recipe_target_reached_shows_in_detail(cli, toy_recipes):
+    cli.ok("launch", "--recipe", "toy", "--follow")
+    job_id = json.loads(cli.ok("status", "--json").stdout)[0]["id"]
+    detail = cli.ok("status", job_id).stdout
+    assert "metrics   epoch 2, epochs 2, train_loss 0.5, test_acc 60.00%" in detail
+
+
+def test_recipe_needing_a_missing_module_is_refused(cli, toy_recipes):
+    text = (toy_recipes / "toy" / "recipe.yaml").read_text()
+    (toy_recipes / "toy" / "recipe.yaml").write_text(
+        text.replace("requires: [json]", "requires: [json, no_such_module_xyz]"))
+    proc = cli("launch", "--recipe", "toy")
+    assert proc.returncode == 1
+    assert "needs the Python modules no_such_module_xyz" in proc.stderr.splitlines()[0]
+    assert "Hint: pip install 'cloudtrain[recipes]'" in proc.stderr
+    assert _no_jobs(cli)
+
+
+def test_broken_recipe_yaml_is_named(cli, toy_recipes):
+    (toy_recipes / "toy" / "recipe.yaml").write_text(TOY_RECIPE.replace("type: int", "type: integer"))
+    proc = cli("launch", "--recipe", "toy")
+    assert proc.returncode == 2
+    assert "toy/recipe.yaml: argument 'epochs' needs a type" in proc.stderr
+
+
+def test_missing_tmux_says_how_to_install_it(cli, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "mkdir", "cp", "cat", "env"):
+        os.symlink(shutil.which(tool), bin_dir / tool)
+    proc = cli("launch", "--", "true", env={"PATH": str(bin_dir)})
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[0] == "Error: tmux is not installed on this machine"
+    assert "apt-get install tmux" in proc.stderr
+    assert _no_jobs(cli)
+
+
+def test_usage_errors_exit_2(cli, tmp_path):
+    cases = [
+        (["launch"], "nothing to run"),
+        (["launch", "--recipe", "x", "--", "true"], "either --recipe or a command"),
+        (["launch", "--set", "a=1", "--", "true"], "--profile and --set apply to recipes"),
+        (["launch", "--workdir", str(tmp_path / "missing"), "--", "true"], "not a directory"),
+        (["launch", "--backend", "gcp", "--", "true"], "unknown backend 'gcp'; known backends: local"),
+        (["launch", "--max-runtime", "-1", "--", "true"], "--max-runtime must be a positive"),
+        (["down"], "which jobs?"),
+        (["frobnicate"], "No such command"),
+        (["status", "--limit", "x"], "is not a valid integer"),
+    ]
+    for args, message in cases:
+        proc = cli(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert message in proc.stderr, (args, proc.stderr)
+    assert _no_jobs(cli)
+
+
+def test_corrupt_config_is_one_line(cli, ct_home):
+    (ct_home / "config.yaml").write_text("stop_grace_seconds: [unclosed\n")
+    proc = cli("status")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("Error: ") and "config.yaml is not valid YAML: line 2" in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1
+    (ct_home / "config.yaml").write_text("no_such_setting: 1\n")
+    proc = cli("status")
+    assert "unknown setting 'no_such_setting'" in proc.stderr and proc.returncode == 2
+
+
+def test_status_and_help_never_import_heavy_modules(ct_home):
+    code = textwrap.dedent("""
+        import sys
+        from cloudtrain.cli import main
+        try:
+            main(sys.argv[1:])
+        except SystemExit:
+            pass
+        heavy = sorted(m for m in ("torch", "boto3", "botocore", "paramiko", "numpy")
+                       if m in sys.modules)
+        print("HEAVY", heavy, file=sys.stderr)
+    """)
+    for args in (["--help"], ["status"], ["status", "--json"]):
+        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                              text=True, cwd=REPO, env=os.environ)
+        assert "HEAVY []" in proc.stderr, (args, proc.stderr)
+
+
+def test_every_command_help_has_an_example(cli):
+    from cloudtrain.cli import cli as group
+
+    for name in group.commands:
+        out = cli.ok(name, "--help").stdout
+        assert "Example" in out and f"cloudtrain {name}" in out, name

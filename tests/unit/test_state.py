@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from cloudtrain import state
+from cloudtrain.errors import NotFound, UsageError
+from cloudtrain.state import Store
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    s = Store(tmp_path / "state.db")
+    yield s
+    s.close()
+
+
+def _job(store, name=None, at=None):
+    return store.create_job(name=name, kind="command", recipe=None, command="true",
+                            backend="local", spec={"kind": "command"}, at=at)
+
+
+def test_new_store_has_schema_and_wal(tmp_path):
+    Store(tmp_path / "s.db").close()
+    db = sqlite3.connect(tmp_path / "s.db")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"jobs", "instances", "events"} <= tables
+
+
+def test_a_newer_schema_is_refused(tmp_path):
+    Store(tmp_path / "s.db").close()
+    db = sqlite3.connect(tmp_path / "s.db")
+    db.execute("PRAGMA user_version = 99")
+    db.commit()
+    db.close()
+    with pytest.raises(UsageError, match="schema version 99, newer"):
+        Store(tmp_path / "s.db")
+
+
+def test_state_changes_record_events_and_end_once(store):
+    job = _job(store)
+    assert store.set_state(job.id, state.RUNNING, at=10.0)
+    assert store.set_state(job.id, state.SUCCEEDED, at=20.0, exit_code=0)
+    # A second observer noticing a different end does not rewrite history.
+    assert not store.set_state(job.id, state.FAILED, at=30.0)
+    job = store.job(job.id)
+    assert job.state == state.SUCCEEDED and job.ended_at == 20.0 and job.exit_code == 0
+    assert [e.phase for e in store.events(job.id)] == ["pending", "running", "succeeded"]
+
+
+def test_find_job_by_id_prefix_and_name(store):
+    a = _job(store, name="exp", at=1.0)
+    b = _job(store, name="exp", at=2.0)
+    assert store.find_job(a.id).id == a.id
+    assert store.find_job("exp").id == b.id  # the newest of that name
+    assert store.find_job(a.id[:6]).id == a.id if a.id[:6] != b.id[:6] else True
+    with pytest.raises(NotFound):
+        store.find_job("zzzz-none")
+    with pytest.raises(NotFound):
+        store.find_job("%")  # LIKE wildcards are literal
+
+
+def test_ambiguous_prefix(store):
+    ids = {_job(store).id for _ in range(40)}
+    common = next(p for p in "0123456789abcdef" if sum(i.startswith(p) for i in ids) > 1)
+    with pytest.raises(UsageError, match="ambiguous"):
+        store.find_job(common)
+
+
+def test_jobs_newest_first_and_active_filter(store):
+    old, new = _job(store, at=1.0), _job(store, at=2.0)
+    store.set_state(old.id, state.SUCCEEDED)
+    assert [j.id for j in store.jobs()] == [new.id, old.id]
+    assert [j.id for j in store.jobs(active_only=True)] == [new.id]
+
+
+def test_metrics_and_host_round_trip_as_json(store):
+    job = _job(store)
+    store.update_job(job.id, metrics={"epoch": 3, "loss": 0.5}, host={"kind": "LocalHost"})
+    job = store.job(job.id)
+    assert job.metrics == {"epoch": 3, "loss": 0.5} and job.host == {"kind": "LocalHost"}
