@@ -64,16 +64,20 @@ def recipes(name: str | None) -> None:
               "(honours .gitignore); your command runs there.")
 @click.option("--max-runtime", type=float, metavar="MINUTES",
               help="Stop the job after this long (default: the recipe's, else config).")
+@click.option("--resume-from", metavar="JOB", help="Start from that job's last checkpoint "
+              "(same recipe; sets resume=true).")
 @click.option("--follow", "-f", is_flag=True, help="Stream the log; exit with the job's outcome.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the job id.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(recipe, profile, sets, name, backend, workdir, max_runtime, follow, quiet, command):
+def launch(recipe, profile, sets, name, backend, workdir, max_runtime, resume_from, follow, quiet,
+           command):
     """Launch a recipe, or your own command after --, and return with its job id.
 
     \b
     Examples:
       cloudtrain launch --recipe resnet9 --profile smoke --follow
       cloudtrain launch --recipe resnet9 --set variant=dawn --set epochs=30
+      cloudtrain launch --recipe resnet9 --resume-from 3f2a1b9c
       cloudtrain launch --workdir . -- python train.py --lr 0.1
     """
     from . import jobs
@@ -81,7 +85,8 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, follow, q
     settings = config.Settings.load()
     spec = jobs.build_spec(recipe=recipe, command=command, workdir=workdir, profile=profile,
                            sets=sets, name=name, backend=backend,
-                           max_runtime_minutes=max_runtime, settings=settings)
+                           max_runtime_minutes=max_runtime, settings=settings,
+                           resume_from=resume_from)
     with _store() as store:
         job = jobs.launch(store, settings, spec)
         if quiet:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from . import config, providers, state
+from .agent import pid_alive
 from .errors import CloudtrainError, UsageError
 from .hosts import AGENT_SOURCE, Host
 from .spec import COMMAND, RECIPE, JobSpec
@@ -33,7 +35,7 @@ REFRESH_EVERY_S = 1.0
 def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | None,
                profile: str | None, sets: tuple[str, ...], name: str | None,
                backend: str | None, max_runtime_minutes: float | None,
-               settings: config.Settings) -> JobSpec:
+               settings: config.Settings, resume_from: str | None = None) -> JobSpec:
     """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise)."""
     backend = backend or settings.backend
     providers.get(backend)  # unknown backend: error now, before anything else
@@ -52,17 +54,24 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
         workdir_path = str(path.resolve())
     if max_runtime_minutes is not None and max_runtime_minutes <= 0:
         raise UsageError("--max-runtime must be a positive number of minutes")
+    if resume_from and not recipe:
+        raise UsageError("--resume-from continues a recipe's training; give --recipe too")
 
     if recipe:
         from . import recipes
 
         rec = recipes.load(recipe)
+        if resume_from:
+            if "resume" not in rec.arguments:
+                raise UsageError(f"recipe {rec.name} cannot resume (it has no resume argument)")
+            sets = (*sets, "resume=true")
         args = rec.resolve(profile, sets)
         minutes = max_runtime_minutes or rec.resources.get("max_runtime_minutes") \
             or settings.max_runtime_minutes
         return JobSpec(kind=RECIPE, backend=backend, name=name, recipe=rec.name, profile=profile,
                        args=args, workdir=workdir_path, max_runtime_s=float(minutes) * 60,
-                       resources=dict(rec.resources), requires=list(rec.requires))
+                       resources=dict(rec.resources), requires=list(rec.requires),
+                       resume_from=resume_from)
     minutes = max_runtime_minutes or settings.max_runtime_minutes
     return JobSpec(kind=COMMAND, backend=backend, name=name, command=list(command),
                    workdir=workdir_path, max_runtime_s=float(minutes) * 60)
@@ -104,17 +113,19 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
     recorded as failed or cancelled and its host released: nothing is left running."""
     provider = providers.get(spec.backend)
     provider.preflight(spec)
+    source = _resume_source(store, spec)
     job = store.create_job(name=spec.name, kind=spec.kind, recipe=spec.recipe,
-                           command=spec.display(), backend=spec.backend, spec=spec.to_dict())
+                           command=spec.display(), backend=spec.backend, spec=spec.to_dict(),
+                           launcher=f"{socket.gethostname()}:{os.getpid()}")
     host: Host | None = None
     agent_started = False
     try:
-        store.set_state(job.id, state.PROVISIONING)
+        _advance(store, job.id, state.PROVISIONING)
         host = provider.acquire(store, job, spec)
         jobdir = provider.jobdir(job.id)
         store.update_job(job.id, host=host.describe(), jobdir=jobdir)
 
-        store.set_state(job.id, state.SYNCING)
+        _advance(store, job.id, state.SYNCING)
         host.run(f"mkdir -p {shlex.quote(jobdir)}/checkpoints")
         host.put(AGENT_SOURCE, f"{jobdir}/agent.py")
         if spec.kind == RECIPE:
@@ -129,8 +140,10 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
             host.sync(Path(spec.workdir), f"{jobdir}/work")
         else:
             host.run(f"mkdir -p {shlex.quote(jobdir)}/work")
+        if source is not None:
+            _copy_checkpoints(source, host, jobdir)
 
-        store.set_state(job.id, state.SETTING_UP)
+        _advance(store, job.id, state.SETTING_UP)
         data_dir = provider.data_dir()
         host.run(f"mkdir -p {shlex.quote(data_dir)}")
         host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python))
@@ -145,7 +158,7 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
 
         host.start_agent(job.id, jobdir)
         agent_started = True
-        store.set_state(job.id, state.RUNNING)
+        _advance(store, job.id, state.RUNNING)
     except BaseException as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
         _abort_launch(store, settings, provider, job, host if agent_started else None, exc)
@@ -155,6 +168,42 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
             raise
         raise CloudtrainError(f"launch of job {job.id} failed: {exc}") from exc
     return store.job(job.id)
+
+
+class LaunchCancelled(CloudtrainError):
+    """The job was stopped (`down`) while it was being launched."""
+
+
+def _advance(store: Store, job_id: str, new_state: str) -> None:
+    if not store.set_state(job_id, new_state) and not store.job(job_id).active:
+        raise LaunchCancelled(f"job {job_id} was stopped during launch")
+
+
+def _resume_source(store: Store, spec: JobSpec) -> Job | None:
+    if not spec.resume_from:
+        return None
+    source = store.find_job(spec.resume_from)
+    if source.active:
+        raise UsageError(f"--resume-from {source.id}: the job is still {source.state}",
+                         hint=f"cloudtrain down {source.id}")
+    if source.recipe != spec.recipe:
+        raise UsageError(f"--resume-from {source.id}: that job ran {source.command}, "
+                         f"not recipe {spec.recipe}")
+    if not source.jobdir:
+        raise UsageError(f"--resume-from {source.id}: the job never started, so it has no checkpoint")
+    return source
+
+
+def _copy_checkpoints(source: Job, host: Host, jobdir: str) -> None:
+    source_host = host_of(source)
+    if source_host.describe() != host.describe():
+        raise UsageError(f"--resume-from {source.id}: its checkpoints are on another host "
+                         f"({source.backend}); resume it on the same backend")
+    src = shlex.quote(f"{source.jobdir}/checkpoints")
+    found = host.run(f"test -d {src} && ls -A {src}", check=False).stdout.split()
+    if not found:
+        raise UsageError(f"--resume-from {source.id}: it saved no checkpoint")
+    host.run(f"cp -a {src}/. {shlex.quote(jobdir)}/checkpoints/")
 
 
 def _abort_launch(store, settings, provider, job, host, exc) -> None:
@@ -178,7 +227,9 @@ def host_of(job: Job) -> Host:
 
 def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
     """Bring an active job's record up to date from its host (one probe round trip)."""
-    if not job.active or job.state != state.RUNNING or not job.jobdir:
+    if job.active and job.state != state.RUNNING:
+        return _check_launcher(store, job)
+    if not job.active or not job.jobdir:
         return job
     report = host_of(job).probe_job(job.jobdir, settings.stale_after_seconds)
     fields = {}
@@ -196,6 +247,17 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
     elif fields:
         store.update_job(job.id, **fields)
     return store.job(job.id)
+
+
+def _check_launcher(store: Store, job: Job) -> Job:
+    """A job still being launched whose launching process is gone will never start."""
+    hostname, _, pid = (job.launcher or "").rpartition(":")
+    if hostname == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid)):
+        reason = f"the launching process died during {job.state}"
+        if store.set_state(job.id, state.FAILED, reason=reason, detail=reason):
+            _finish(store, job)
+        return store.job(job.id)
+    return job
 
 
 def _finish(store: Store, job: Job) -> None:
@@ -279,14 +341,19 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
         if not job.active:
             outcomes.append(StopOutcome(job, False, f"already {job.state}: nothing to stop"))
             continue
-        status = None
+        status = {}
         if job.jobdir and job.state == state.RUNNING:
-            status = host_of(job).stop_job(job.jobdir, grace)
-        exit_code = (status or {}).get("exit_code")
-        store.set_state(job.id, state.CANCELLED, detail="cancelled by user",
-                        reason="cancelled by user", exit_code=exit_code)
+            status = host_of(job).stop_job(job.jobdir, grace) or {}
+        if status.get("state") in (state.SUCCEEDED, state.FAILED):  # it ended on its own first
+            store.set_state(job.id, status["state"], at=status.get("ended_at"),
+                            reason=status.get("reason"), exit_code=status.get("exit_code"))
+            note = f"already {status['state']}: nothing to stop"
+        else:
+            store.set_state(job.id, state.CANCELLED, detail="cancelled by user",
+                            reason="cancelled by user", exit_code=status.get("exit_code"))
+            note = "cancelled"
         _finish(store, job)
-        outcomes.append(StopOutcome(store.job(job.id), True, "cancelled"))
+        outcomes.append(StopOutcome(store.job(job.id), note == "cancelled", note))
     return outcomes
 
 

@@ -22,6 +22,7 @@ class JobSpec:
     max_runtime_s: float = 12 * 3600.0  # the agent stops the job after this long
     resources: dict = field(default_factory=dict)  # gpus_per_node, nodes, disk_gb
     requires: list[str] = field(default_factory=list)  # Python modules the job imports
+    resume_from: str | None = None  # a job id whose checkpoints this job starts from
 
     def display(self) -> str:
         """One line saying what runs: `resnet9 (smoke)` or the command."""

@@ -85,8 +85,14 @@ def _migration_1(db: sqlite3.Connection) -> None:
     )
 
 
+def _migration_2(db: sqlite3.Connection) -> None:
+    # Which process is launching the job ("hostname:pid"): a launch whose process died
+    # half-way is then shown as failed instead of "syncing" for ever.
+    db.execute("ALTER TABLE jobs ADD COLUMN launcher TEXT")
+
+
 # Schema migrations, applied in order; the schema version is PRAGMA user_version.
-MIGRATIONS = [_migration_1]
+MIGRATIONS = [_migration_1, _migration_2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -109,6 +115,7 @@ class Job:
     jobdir: str | None
     metrics: dict | None
     cost: float | None
+    launcher: str | None = None
 
     @property
     def active(self) -> bool:
@@ -202,7 +209,8 @@ class Store:
     # -- jobs ---------------------------------------------------------------------------
 
     def create_job(self, *, name: str | None, kind: str, recipe: str | None, command: str,
-                   backend: str, spec: dict, at: float | None = None) -> Job:
+                   backend: str, spec: dict, at: float | None = None,
+                   launcher: str | None = None) -> Job:
         at = time.time() if at is None else at
         for _ in range(10):
             job_id = secrets.token_hex(4)
@@ -210,9 +218,9 @@ class Store:
                 with self.transaction() as db:
                     db.execute(
                         "INSERT INTO jobs (id, name, kind, recipe, command, backend, state,"
-                        " created_at, spec) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        " created_at, spec, launcher) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (job_id, name, kind, recipe, command, backend, PENDING, at,
-                         json.dumps(spec)))
+                         json.dumps(spec), launcher))
                     db.execute("INSERT INTO events (job_id, phase, at) VALUES (?, ?, ?)",
                                (job_id, PENDING, at))
                 return self.job(job_id)

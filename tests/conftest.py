@@ -41,6 +41,59 @@ def ct_home(tmp_path, monkeypatch) -> Path:
     return home
 
 
+TOY_RECIPE = """\
+name: toy
+description: "A tiny recipe for tests: prints its arguments and writes metrics."
+entry: train.py
+requires: [json]
+arguments:
+  epochs: {type: int, default: 2, help: epochs to run}
+  lr: {type: float, default: 0.5, help: learning rate}
+  mode: {type: choice, choices: [fast, slow], default: fast, help: how}
+  resume: {type: bool, default: false, help: continue}
+  tag: {type: str, default: null, help: optional tag}
+profiles:
+  smoke:
+    description: one epoch
+    set: {epochs: 1}
+resources: {gpus_per_node: 1, nodes: 1, disk_gb: 10, max_runtime_minutes: 5}
+target: {metric: test_acc, value: 0.5}
+published:
+  - {result: "50% test accuracy", time: "1 s", hardware: "any CPU", source: "this test"}
+"""
+
+TOY_TRAIN = """\
+import argparse, json, os
+p = argparse.ArgumentParser()
+p.add_argument('--epochs', type=int); p.add_argument('--lr', type=float)
+p.add_argument('--mode'); p.add_argument('--resume'); p.add_argument('--tag')
+a = p.parse_args()
+print('args', vars(a))
+job = os.environ['CLOUDTRAIN_JOB_DIR']
+ckpt = os.path.join(job, 'checkpoints', 'last.json')
+start = 1
+if a.resume == 'true' and os.path.exists(ckpt):
+    start = json.load(open(ckpt))['epoch'] + 1
+    print('resuming from epoch', start - 1)
+with open(os.path.join(job, 'metrics.jsonl'), 'a') as f:
+    for e in range(start, a.epochs + 1):
+        f.write(json.dumps({'epoch': e, 'epochs': a.epochs, 'train_loss': 1.0 / e,
+                            'test_acc': 0.3 * e}) + '\\n')
+        json.dump({'epoch': e}, open(ckpt, 'w'))
+"""
+
+
+@pytest.fixture
+def toy_recipes(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "recipes"
+    (root / "toy").mkdir(parents=True)
+    (root / "toy" / "recipe.yaml").write_text(TOY_RECIPE)
+    (root / "toy" / "train.py").write_text(TOY_TRAIN)
+    monkeypatch.setenv("CLOUDTRAIN_RECIPES", str(root))
+    return root
+
+
+
 class CLI:
     """The real `cloudtrain` command, run as a separate process."""
 

@@ -12,52 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
-
-TOY_RECIPE = """\
-name: toy
-description: "A tiny recipe for tests: prints its arguments and writes metrics."
-entry: train.py
-requires: [json]
-arguments:
-  epochs: {type: int, default: 2, help: epochs to run}
-  lr: {type: float, default: 0.5, help: learning rate}
-  mode: {type: choice, choices: [fast, slow], default: fast, help: how}
-  resume: {type: bool, default: false, help: continue}
-  tag: {type: str, default: null, help: optional tag}
-profiles:
-  smoke:
-    description: one epoch
-    set: {epochs: 1}
-resources: {gpus_per_node: 1, nodes: 1, disk_gb: 10, max_runtime_minutes: 5}
-target: {metric: test_acc, value: 0.5}
-published:
-  - {result: "50% test accuracy", time: "1 s", hardware: "any CPU", source: "this test"}
-"""
-
-TOY_TRAIN = """\
-import argparse, json, os
-p = argparse.ArgumentParser()
-p.add_argument('--epochs', type=int); p.add_argument('--lr', type=float)
-p.add_argument('--mode'); p.add_argument('--resume'); p.add_argument('--tag')
-a = p.parse_args()
-print('args', vars(a))
-with open(os.path.join(os.environ['CLOUDTRAIN_JOB_DIR'], 'metrics.jsonl'), 'a') as f:
-    for e in range(1, a.epochs + 1):
-        f.write(json.dumps({'epoch': e, 'epochs': a.epochs, 'train_loss': 1.0 / e,
-                            'test_acc': 0.3 * e}) + '\\n')
-"""
-
-
-@pytest.fixture
-def toy_recipes(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "recipes"
-    (root / "toy").mkdir(parents=True)
-    (root / "toy" / "recipe.yaml").write_text(TOY_RECIPE)
-    (root / "toy" / "train.py").write_text(TOY_TRAIN)
-    monkeypatch.setenv("CLOUDTRAIN_RECIPES", str(root))
-    return root
-
+from conftest import REPO, TOY_RECIPE
 
 def _no_jobs(cli) -> bool:
     return json.loads(cli.ok("status", "--json").stdout) == []
@@ -203,3 +158,33 @@ def test_every_command_help_has_an_example(cli):
     for name in group.commands:
         out = cli.ok(name, "--help").stdout
         assert "Example" in out and f"cloudtrain {name}" in out, name
+
+
+def test_resume_from_continues_from_the_last_checkpoint(cli, toy_recipes, ct_home):
+    first = cli("launch", "--recipe", "toy", "--set", "epochs=2", "--follow", "--quiet")
+    assert first.returncode == 0, first.stderr
+    first_id = first.stdout.splitlines()[0]
+    proc = cli("launch", "--recipe", "toy", "--set", "epochs=4", "--resume-from", first_id,
+               "--follow")
+    assert proc.returncode == 0, proc.stderr
+    assert "'resume': 'true'" in proc.stdout and "resuming from epoch 2" in proc.stdout
+    second = json.loads(cli.ok("status", "--json").stdout)[0]
+    lines = (ct_home / "jobs" / second["id"] / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [3, 4]
+    # The first job's checkpoint was copied, not moved.
+    assert (ct_home / "jobs" / first_id / "checkpoints" / "last.json").exists()
+
+
+def test_resume_from_refuses_what_cannot_resume(cli, toy_recipes):
+    running = cli.launch("--", "sleep", "30")
+    cases = [
+        (["--recipe", "toy", "--resume-from", "nope"], "no job 'nope'"),
+        (["--resume-from", running, "--", "true"], "give --recipe too"),
+        (["--recipe", "toy", "--resume-from", running], f"the job is still running"),
+    ]
+    for args, message in cases:
+        proc = cli("launch", *args)
+        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+    cli.ok("down", running)
+    proc = cli("launch", "--recipe", "toy", "--resume-from", running)
+    assert proc.returncode == 2 and "not recipe toy" in proc.stderr

@@ -82,3 +82,18 @@ def test_metrics_and_host_round_trip_as_json(store):
     store.update_job(job.id, metrics={"epoch": 3, "loss": 0.5}, host={"kind": "LocalHost"})
     job = store.job(job.id)
     assert job.metrics == {"epoch": 3, "loss": 0.5} and job.host == {"kind": "LocalHost"}
+
+
+def test_migrating_a_version_1_store_keeps_its_jobs(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    state.MIGRATIONS[0](db)
+    db.execute("PRAGMA user_version = 1")
+    db.execute("INSERT INTO jobs (id, kind, command, backend, state, created_at, spec) "
+               "VALUES ('abcd1234', 'command', 'true', 'local', 'succeeded', 1.0, '{}')")
+    db.close()
+    store = Store(path)
+    job = store.job("abcd1234")
+    assert job.state == "succeeded" and job.launcher is None
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION
+    store.close()

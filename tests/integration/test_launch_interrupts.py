@@ -1,0 +1,110 @@
+"""Interrupting a launch at any phase leaves nothing running and nothing unexplained.
+
+The launch is slowed down for real (a work directory of many files takes a while to sync),
+and the real CLI process is interrupted while the store says it is syncing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, TMUX_SOCKET, wait_for
+
+
+@pytest.fixture
+def big_workdir(tmp_path):
+    work = tmp_path / "big"
+    for d in range(40):
+        sub = work / f"d{d}"
+        sub.mkdir(parents=True)
+        for f in range(250):
+            (sub / f"f{f}.txt").write_text("x")
+    return work
+
+
+def _start_launch(big_workdir, *extra):
+    return subprocess.Popen(
+        [sys.executable, "-m", "cloudtrain", "launch", "--workdir", str(big_workdir), *extra,
+         "--", "sleep", "60"],
+        cwd=REPO, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_state(ct_home, wanted):
+    def current():
+        try:
+            db = sqlite3.connect(ct_home / "state.db")
+            row = db.execute("SELECT id, state FROM jobs").fetchone()
+            db.close()
+        except sqlite3.OperationalError:
+            return None
+        return row if row and row[1] == wanted else None
+
+    return wait_for(current, timeout=30, interval=0.01, what=f"job in state {wanted}")[0]
+
+
+def _no_session(job_id):
+    proc = subprocess.run(["tmux", "-L", TMUX_SOCKET, "has-session", "-t", f"ct-{job_id}"],
+                          capture_output=True)
+    return proc.returncode != 0
+
+
+def test_ctrl_c_during_sync_cancels_the_job(cli, ct_home, big_workdir):
+    proc = _start_launch(big_workdir)
+    job_id = _wait_for_state(ct_home, "syncing")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    job = cli.job(job_id)
+    assert job["state"] == "cancelled" and job["reason"] == "interrupted during launch"
+    assert _no_session(job_id)
+    db = sqlite3.connect(ct_home / "state.db")
+    assert db.execute("SELECT state FROM instances WHERE job_id = ?", (job_id,)).fetchone()[0] \
+        == "terminated"
+
+
+def test_a_launcher_killed_mid_launch_shows_as_failed(cli, ct_home, big_workdir):
+    proc = _start_launch(big_workdir)
+    job_id = _wait_for_state(ct_home, "syncing")
+    proc.kill()
+    proc.wait()
+    job = cli.job(job_id)
+    assert job["state"] == "failed"
+    assert job["reason"] == "the launching process died during syncing"
+    assert _no_session(job_id)
+
+
+def test_down_during_launch_stops_the_launch(cli, ct_home, big_workdir):
+    proc = _start_launch(big_workdir)
+    job_id = _wait_for_state(ct_home, "syncing")
+    assert f"{job_id}: cancelled" in cli.ok("down", job_id).stdout
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert f"Error: job {job_id} was stopped during launch" in err
+    assert cli.job(job_id)["state"] == "cancelled"
+    assert _no_session(job_id)
+
+
+def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(cli, ct_home):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cloudtrain", "launch", "--follow", "--", "bash", "-c",
+         "echo started; sleep 60"],
+        cwd=REPO, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job_id = _wait_for_state(ct_home, "running")
+    assert proc.stdout.readline() == "started\n"  # streamed through the follow
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert out == ""
+    assert f"detached; job {job_id} keeps running" in err and "Traceback" not in err
+    assert cli.job(job_id)["state"] == "running"
+    cli.ok("down", job_id)
+    status = json.loads((ct_home / "jobs" / job_id / "status.json").read_text())
+    assert status["state"] == "cancelled"

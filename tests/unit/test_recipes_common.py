@@ -1,0 +1,204 @@
+"""recipes/common: the metrics log, atomic checkpoints, and CIFAR-10 in its on-disk format."""
+import json
+import pickle
+import random
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes"))
+from common import checkpoint, cifar10, metrics  # noqa: E402
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics
+
+def test_job_dir_flag_then_env_then_default(monkeypatch, tmp_path):
+    monkeypatch.delenv("CLOUDTRAIN_JOB_DIR", raising=False)
+    assert metrics.job_dir() == Path("./cloudtrain-run")
+    monkeypatch.setenv("CLOUDTRAIN_JOB_DIR", str(tmp_path / "env"))
+    assert metrics.job_dir() == tmp_path / "env"
+    assert metrics.job_dir(tmp_path / "flag") == tmp_path / "flag"
+
+
+def test_metrics_rows_are_flushed_json_lines_with_time(tmp_path):
+    path = tmp_path / "job" / "metrics.jsonl"
+    writer = metrics.MetricsWriter(path)
+    writer.write(epoch=1, test_acc=np.float32(0.5), step=torch.tensor(7))
+    # Readable before close: every line is flushed as it is written.
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 1 and abs(rows[0].pop("time") - time.time()) < 60
+    assert rows == [{"epoch": 1, "test_acc": 0.5, "step": 7}]
+    writer.close()
+    with metrics.MetricsWriter(path) as again:  # appends, never truncates
+        again.write(epoch=2)
+    assert [r["epoch"] for r in metrics.read_metrics(path)] == [1, 2]
+
+
+def test_read_metrics_skips_a_partial_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"epoch": 1}\n{"epoch": 2}\n{"epo')
+    assert metrics.read_metrics(path) == [{"epoch": 1}, {"epoch": 2}]
+
+
+def test_metrics_refuses_what_json_cannot_hold(tmp_path):
+    with metrics.MetricsWriter(tmp_path / "m.jsonl") as writer, pytest.raises(TypeError):
+        writer.write(bad=object())
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoint
+
+def test_save_atomic_round_trip_leaves_no_temp_files(tmp_path):
+    path = checkpoint.last_checkpoint_path(tmp_path)
+    assert path == tmp_path / "checkpoints" / "last.pt"
+    checkpoint.save_atomic({"w": torch.arange(5.0), "epoch": 3}, path)
+    checkpoint.save_atomic({"w": torch.arange(6.0), "epoch": 4}, path)
+    loaded = checkpoint.load(path)
+    assert loaded["epoch"] == 4 and torch.equal(loaded["w"], torch.arange(6.0))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["last.pt"]
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "checkpoints" / "last.pt"
+    checkpoint.save_atomic({"epoch": 1}, path)
+    with pytest.raises(Exception):
+        checkpoint.save_atomic({"epoch": 2, "bad": lambda: None}, path)  # lambdas do not pickle
+    assert checkpoint.load(path) == {"epoch": 1}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["last.pt"]
+
+
+def test_rng_states_restore_every_generator(tmp_path):
+    states = checkpoint.rng_states()
+    path = checkpoint.save_atomic({"rng": states}, tmp_path / "rng.pt")
+    first = (random.random(), np.random.rand(), torch.rand(3))
+    checkpoint.restore_rng_states(checkpoint.load(path)["rng"])
+    second = (random.random(), np.random.rand(), torch.rand(3))
+    assert first[0] == second[0] and first[1] == second[1] and torch.equal(first[2], second[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# cifar10: the real on-disk format
+
+def _random_set(n, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8),
+            rng.integers(0, 10, size=n).astype(np.int64))
+
+
+def test_data_dir_flag_then_env_then_default(monkeypatch, tmp_path):
+    monkeypatch.delenv("CLOUDTRAIN_DATA_DIR", raising=False)
+    assert cifar10.data_dir() == Path("~/.cloudtrain/data").expanduser()
+    monkeypatch.setenv("CLOUDTRAIN_DATA_DIR", str(tmp_path))
+    assert cifar10.data_dir() == tmp_path
+    assert cifar10.data_dir(tmp_path / "x") == tmp_path / "x"
+
+
+def test_writer_produces_the_real_pickle_layout(tmp_path):
+    train, test = _random_set(23, 0), _random_set(7, 1)
+    folder = cifar10.write_cifar10(tmp_path / "cifar-10-batches-py", train, test)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["batches.meta", "test_batch"] + [f"data_batch_{i}" for i in range(1, 6)])
+
+    with open(folder / "data_batch_1", "rb") as f:
+        d = pickle.load(f, encoding="bytes")
+    assert set(d) == {b"data", b"labels", b"batch_label", b"filenames"}
+    assert d[b"batch_label"] == b"training batch 1 of 5"
+    data = d[b"data"]
+    assert data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == 3072
+    n = len(data)
+    assert isinstance(d[b"labels"], list) and d[b"labels"] == train[1][:n].tolist()
+    assert len(d[b"filenames"]) == n and all(isinstance(x, bytes) for x in d[b"filenames"])
+    # Row layout: red plane, green plane, blue plane, each 32x32 row-major.
+    img = train[0][0]
+    for c, y, x in [(0, 0, 0), (0, 3, 17), (1, 31, 2), (2, 5, 31)]:
+        assert data[0, c * 1024 + y * 32 + x] == img[y, x, c]
+
+    sizes = []
+    for i in range(1, 6):
+        with open(folder / f"data_batch_{i}", "rb") as f:
+            sizes.append(len(pickle.load(f, encoding="bytes")[b"labels"]))
+    assert sum(sizes) == 23 and max(sizes) - min(sizes) <= 1
+
+    with open(folder / "batches.meta", "rb") as f:
+        meta = pickle.load(f, encoding="bytes")
+    assert meta[b"label_names"][0] == b"airplane" and len(meta[b"label_names"]) == 10
+    assert meta[b"num_vis"] == 3072
+
+
+def test_write_then_read_round_trip(tmp_path):
+    train, test = _random_set(23, 0), _random_set(7, 1)
+    folder = cifar10.write_cifar10(tmp_path / "cifar-10-batches-py", train, test)
+    ds = cifar10.read_cifar10(folder)
+    for split, (x, y) in (("train", train), ("test", test)):
+        x2, y2 = ds[split]
+        assert x2.shape == x.shape and x2.dtype == np.uint8 and np.array_equal(x2, x)
+        assert y2.dtype == np.int64 and np.array_equal(y2, y)
+    assert ds["classes"] == list(cifar10.LABEL_NAMES)
+
+
+def test_reader_accepts_str_keys_too(tmp_path):
+    folder = cifar10.write_cifar10(tmp_path / "c", _random_set(10, 0), _random_set(3, 1))
+    with open(folder / "test_batch", "rb") as f:
+        d = pickle.load(f, encoding="bytes")
+    with open(folder / "test_batch", "wb") as f:
+        pickle.dump({k.decode(): v for k, v in d.items()}, f)
+    x, _ = cifar10.read_cifar10(folder)["test"]
+    assert x.shape == (3, 32, 32, 3)
+
+
+def test_reader_rejects_a_malformed_batch(tmp_path):
+    folder = cifar10.write_cifar10(tmp_path / "c", _random_set(10, 0), _random_set(3, 1))
+    with open(folder / "test_batch", "wb") as f:
+        pickle.dump({b"data": np.zeros((3, 100), np.uint8), b"labels": [0, 1, 2]}, f)
+    with pytest.raises(ValueError, match="3072"):
+        cifar10.read_cifar10(folder)
+
+
+def test_synthetic_is_written_once_in_the_real_format(tmp_path):
+    root = tmp_path / "data"
+    ds = cifar10.load_synthetic(root, 300, 100, seed=3)
+    folder = root / "synthetic-cifar10-300-100-3" / "cifar-10-batches-py"
+    assert (folder / "data_batch_5").is_file() and (folder / "batches.meta").is_file()
+    assert ds["train"][0].shape == (300, 32, 32, 3) and ds["test"][0].shape == (100, 32, 32, 3)
+    assert np.array_equal(cifar10.read_cifar10(folder)["train"][0], ds["train"][0])
+    stamp = (folder / "test_batch").stat().st_mtime_ns
+    again = cifar10.load_synthetic(root, 300, 100, seed=3)
+    assert (folder / "test_batch").stat().st_mtime_ns == stamp  # reused, not rewritten
+    assert np.array_equal(again["test"][0], ds["test"][0])
+    assert [p.name for p in root.iterdir()] == ["synthetic-cifar10-300-100-3"]  # no temp left
+    other = cifar10.load_synthetic(root, 300, 100, seed=4)
+    assert not np.array_equal(other["train"][0], ds["train"][0])
+
+
+def test_synthetic_classes_are_learnable():
+    # A nearest-class-mean classifier on raw pixels must beat chance (10%) by far, so a small
+    # convnet has something to learn in an epoch; pixel noise keeps it from being trivial.
+    x, y = cifar10.make_synthetic(2000, seed=0)
+    x = x.reshape(len(x), -1).astype(np.float32)
+    means = np.stack([x[:1000][y[:1000] == c].mean(0) for c in range(10)])
+    pred = ((x[1000:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
+    assert (pred == y[1000:]).mean() > 0.5
+    assert np.bincount(y, minlength=10).min() > 100
+
+
+def test_real_cifar10_goes_through_torchvision_download_then_our_reader(tmp_path, monkeypatch):
+    calls = []
+
+    class FakeCIFAR10:  # stands in for torchvision.datasets.CIFAR10 (no network here)
+        def __init__(self, root, train=True, download=False):
+            calls.append((root, train, download))
+            cifar10.write_cifar10(Path(root) / "cifar-10-batches-py",
+                                  _random_set(20, 0), _random_set(5, 1))
+
+    fake = types.ModuleType("torchvision")
+    fake.datasets = types.SimpleNamespace(CIFAR10=FakeCIFAR10)
+    monkeypatch.setitem(sys.modules, "torchvision", fake)
+    ds = cifar10.load_cifar10(tmp_path)
+    assert calls == [(str(tmp_path), True, True)]
+    assert ds["train"][0].shape == (20, 32, 32, 3)

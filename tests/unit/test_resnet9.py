@@ -1,0 +1,435 @@
+"""recipes/resnet9/train.py: the facts of spec section 1A, checked on the CPU.
+
+Schedules at named steps, parameter counts, the layers that differ from stock PyTorch
+(GhostBatchNorm, whitening, label smoothing, Page's Nesterov update, EMA), the augmentation
+invariants, and training end to end: the smoke profile as the orchestrator runs it, resume,
+SIGTERM.
+"""
+import importlib.util
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "resnet9"
+
+
+def _import_train():
+    spec = importlib.util.spec_from_file_location("resnet9_train", RECIPE / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train = _import_train()
+BOT, DAWN = train.HYP["bag-of-tricks"], train.HYP["dawn"]
+SPE = 50_000 // 512  # steps per epoch on CIFAR-10 at batch 512 (drop_last): 97
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules
+
+def test_bag_of_tricks_lr_at_named_steps():
+    lr = lambda step, epochs=10: train.lr_at(step, SPE, BOT, epochs, 512)  # noqa: E731
+    assert lr(0) == 0.0
+    assert lr(1) == pytest.approx(1.0 / 2 / SPE / 512)  # CF: the first update already moves
+    assert lr(SPE) == pytest.approx(0.5 / 512)
+    assert lr(2 * SPE) == 1.0 / 512                     # the peak, exactly
+    assert lr(5 * SPE) == pytest.approx(0.55 / 512)     # halfway down 1.0 -> 0.1
+    for step in (8 * SPE, 8 * SPE + 1, 9 * SPE, 10 * SPE):
+        assert lr(step) == 0.1 / 512                    # held flat for the last 2 epochs
+    # The knots scale with --epochs: at 20 epochs the peak moves to epoch 4.
+    assert lr(4 * SPE, epochs=20) == 1.0 / 512 and lr(2 * SPE, epochs=20) == 0.5 / 512
+
+
+def test_dawn_lr_at_named_steps():
+    lr = lambda step: train.lr_at(step, SPE, DAWN, 24, 512)  # noqa: E731
+    assert lr(0) == 0.0
+    assert lr(5 * SPE) == 0.4 / 512
+    assert lr(24 * SPE) == 0.0
+    assert lr(int(14.5 * SPE) + 1) == pytest.approx(0.4 * (24 - (int(14.5 * SPE) + 1) / SPE)
+                                                    / 19 / 512)
+    up = [lr(s) for s in range(0, 5 * SPE + 1)]
+    down = [lr(s) for s in range(5 * SPE, 24 * SPE + 1)]
+    assert up == sorted(up) and down == sorted(down, reverse=True)
+
+
+def test_ema_steps_and_bias_groups():
+    assert [s for s in range(1, 17) if train.is_ema_step(s, 5)] == [1, 6, 11, 16]
+    assert not any(train.is_ema_step(s, 0) for s in range(1, 10))
+    model = train.build_model("bag-of-tricks", width_div=16, ghost_splits=4)
+    weights, biases = train.param_groups(model, BOT, 512)
+    assert weights["lr_mult"] == 1 and weights["wd"] == 5e-4 * 512
+    assert biases["lr_mult"] == 64 and biases["wd"] == 5e-4 * 512 / 64
+    assert len(biases["params"]) == 8  # the bias of each of the 8 BNs, nothing else
+    assert all(p.dim() == 1 for p in biases["params"])
+    assert all(p.dim() > 1 for p in weights["params"])  # conv and linear weights only
+    (only,) = train.param_groups(train.build_model("dawn", 16), DAWN, 512)
+    assert len(only["params"]) == 8 + 2 * 8 + 1  # dawn: convs, BN weight and bias, linear
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+def test_parameter_counts_full_width():
+    dawn = train.count_params(train.build_model("dawn"))
+    assert dawn == (6_573_120, 6_573_120)  # 6,568,640 weights + 4,480 BN (spec 1A)
+    total, trainable = train.count_params(train.build_model("bag-of-tricks"))
+    # 3x3x3x27 frozen whitening (+729); 1x1 27->64 (1,728) replaces 3x3 3->64 (also 1,728);
+    # the 2,240 BN weights are frozen at 1.
+    assert total == 6_573_120 + 729 == 6_573_849
+    assert trainable == 6_573_849 - 729 - 2_240 == 6_570_880
+
+
+@pytest.mark.parametrize("variant", ["bag-of-tricks", "dawn"])
+def test_logits_shape_and_dtype(variant):
+    model = train.build_model(variant)
+    x = torch.randn(32, 3, 32, 32)
+    for mode in (True, False):
+        model.train(mode)
+        with torch.no_grad():
+            logits = model(x)
+        assert logits.shape == (32, 10) and logits.dtype == torch.float32
+
+
+def test_block_order_and_head_scale():
+    torch.manual_seed(0)
+    x = torch.randn(8, 4, 8, 8)
+    bot = train.ConvBN(4, 8, BOT, ghost_splits=2, pool=True).train()
+    manual = F.celu(F.batch_norm(F.max_pool2d(bot.conv(x), 2).reshape(4, 16, 4, 4), None, None,
+                                 torch.ones(16), bot.bn.bias.repeat(2), True, 0.1, 1e-5)
+                    .view(8, 8, 4, 4), 0.3)
+    assert torch.allclose(bot(x), manual, atol=1e-6)
+    dawn = train.ConvBN(4, 8, DAWN, ghost_splits=1, pool=True).train()
+    manual = F.max_pool2d(F.relu(F.batch_norm(dawn.conv(x), None, None, dawn.bn.weight,
+                                              dawn.bn.bias, True, 0.1, 1e-5)), 2)
+    assert torch.allclose(dawn(x), manual, atol=1e-6)
+    assert train.build_model("dawn", 16).scale == 0.125
+    assert train.build_model("bag-of-tricks", 16, 4).scale == 1 / 16
+
+
+def test_ghost_batchnorm_train_splits_and_eval_averages():
+    torch.manual_seed(0)
+    bn = train.GhostBatchNorm(3, splits=4)
+    assert not bn.weight.requires_grad and bn.bias.requires_grad
+    with torch.no_grad():
+        bn.bias.copy_(torch.tensor([0.5, -1.0, 2.0]))
+    # Each ghost batch (images i % 4 == s) gets its own offset so the split stats differ.
+    x = torch.randn(16, 3, 5, 5) + torch.arange(16).remainder(4).view(16, 1, 1, 1).float()
+    out = bn.train()(x)
+    means, varis = [], []
+    for s in range(4):
+        xs = x[s::4]
+        mean = xs.mean(dim=(0, 2, 3))
+        var = xs.var(dim=(0, 2, 3), unbiased=False)
+        expected = (xs - mean.view(1, 3, 1, 1)) / torch.sqrt(var.view(1, 3, 1, 1) + 1e-5)
+        assert torch.allclose(out[s::4], expected + bn.bias.view(1, 3, 1, 1), atol=1e-5)
+        means.append(mean)
+        varis.append(xs.var(dim=(0, 2, 3), unbiased=True))
+    running_mean = 0.1 * torch.stack(means)
+    running_var = 0.9 + 0.1 * torch.stack(varis)
+    assert torch.allclose(bn.running_mean.view(4, 3), running_mean, atol=1e-6)
+    assert torch.allclose(bn.running_var.view(4, 3), running_var, atol=1e-6)
+    y = torch.randn(6, 3, 5, 5)  # eval: any batch size, averaged split stats
+    m, v = running_mean.mean(0).view(1, 3, 1, 1), running_var.mean(0).view(1, 3, 1, 1)
+    expected = (y - m) / torch.sqrt(v + 1e-5) + bn.bias.view(1, 3, 1, 1)
+    assert torch.allclose(bn.eval()(y), expected, atol=1e-5)
+    assert torch.allclose(bn.running_mean.view(4, 3), running_mean)  # eval does not rewrite them
+
+
+def test_whitening_filters_whiten_their_source_patches():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 3, 32, 32, generator=gen)
+    x = F.avg_pool2d(F.pad(x, (1, 1, 1, 1), mode="reflect"), 3, stride=1)  # correlated patches
+    x[:, 2] = x[:, 1] + 0.01 * x[:, 2]  # and a few near-zero directions for eps to damp
+    eps = 1e-2
+    filters, evals = train.whitening_filters(x, eps)
+    assert filters.shape == (27, 3, 3, 3) and list(evals) == sorted(evals, reverse=True)
+    z = F.conv2d(x, filters).permute(0, 2, 3, 1).reshape(-1, 27).double()  # each 3x3 patch
+    cov = z.T @ z / (len(z) - 1)  # uncentred, normalised by n - 1, as the filters were made
+    big = evals > 100 * eps
+    assert 0 < big.sum() < 27 and (evals < eps).any()
+    assert torch.allclose(cov, torch.diag(evals / (evals + eps)).double(), atol=1e-4)
+    assert torch.allclose(cov[big][:, big], torch.eye(int(big.sum())).double(), atol=1.1e-2)
+    assert (torch.diagonal(cov)[evals < eps] < 0.5).all()  # damped, not blown up
+
+
+def test_half_precision_keeps_batchnorm_in_float32():
+    model = train.to_half_keep_bn_float(train.build_model("bag-of-tricks", 16, 4))
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if ".bn." in name and tensor.is_floating_point():
+            assert tensor.dtype == torch.float32, name
+        elif tensor.is_floating_point():
+            assert tensor.dtype == torch.float16, name
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss, optimiser, EMA
+
+def test_label_smoothing_formula():
+    torch.manual_seed(0)
+    logits, targets = torch.randn(32, 10) * 3, torch.randint(0, 10, (32,))
+    log_p = F.log_softmax(logits, -1)
+    ce = -log_p[torch.arange(32), targets]
+    expected = 0.8 * ce + 0.2 * (-log_p.mean(-1))
+    assert torch.allclose(train.per_sample_loss(logits, targets, 0.2), expected, atol=1e-6)
+    assert torch.allclose(train.per_sample_loss(logits, targets, 0.2),
+                          F.cross_entropy(logits, targets, label_smoothing=0.2, reduction="none"),
+                          atol=1e-5)
+    assert torch.allclose(train.per_sample_loss(logits, targets, 0.0), ce, atol=1e-6)
+
+
+def test_nesterov_update_is_pages_not_torch_sgd():
+    torch.manual_seed(0)
+    w0, g1, g2 = torch.randn(5), torch.randn(5), torch.randn(5)
+    w = torch.nn.Parameter(w0.clone())
+    opt = train.NesterovSGD([{"params": [w], "lr_mult": 2.0, "wd": 0.1}], momentum=0.9)
+    ref_w, ref_v = w0.clone(), torch.zeros(5)
+    for g, lr in ((g1, 0.5), (g2, 0.25)):  # the lr changes between steps
+        w.grad = g.clone()
+        opt.step(lr)
+        d = -(lr * 2.0) * (g + 0.1 * ref_w)
+        ref_v = 0.9 * ref_v + d
+        ref_w = ref_w + d + 0.9 * ref_v
+        assert torch.allclose(w.detach(), ref_w, atol=1e-6)
+    torch_w = torch.nn.Parameter(w0.clone())
+    sgd = torch.optim.SGD([torch_w], lr=1.0, momentum=0.9, nesterov=True, weight_decay=0.1)
+    for g, lr in ((g1, 0.5), (g2, 0.25)):
+        sgd.param_groups[0]["lr"] = lr * 2.0
+        torch_w.grad = g.clone()
+        sgd.step()
+    assert not torch.allclose(torch_w.detach(), ref_w, atol=1e-4)  # differs once lr moves
+
+
+def test_ema_update_covers_weights_and_bn_buffers():
+    torch.manual_seed(0)
+    ema = train.build_model("bag-of-tricks", 16, 4)
+    model = train.build_model("bag-of-tricks", 16, 4)
+    model.train()(torch.randn(8, 3, 32, 32))  # move the running stats away from their init
+    before = {k: v.clone() for k, v in ema.state_dict().items()}
+    train.ema_update(ema, model, 0.99 ** 5)
+    rho = 0.99 ** 5
+    for k, v in ema.state_dict().items():
+        if v.is_floating_point():
+            assert torch.allclose(v, rho * before[k] + (1 - rho) * model.state_dict()[k],
+                                  atol=1e-6), k
+        else:
+            assert torch.equal(v, before[k]), k  # num_batches_tracked: left alone
+    assert not torch.equal(ema.state_dict()["layer2.bn.running_mean"],
+                           before["layer2.bn.running_mean"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Augmentation
+
+def test_per_sample_crop_flip_cutout_invariants():
+    gen = torch.Generator().manual_seed(0)
+    offsets, flips, corners = train.per_sample_choices(5000, gen, pad=4, cutout=8)
+    translation = offsets - 4
+    assert translation.min() == -4 and translation.max() == 4  # +-4 px, all reached
+    assert len(torch.unique(offsets[:, 0] * 9 + offsets[:, 1])) == 81
+    assert corners.min() == 0 and corners.max() == 32 - 8  # windows fully inside
+    assert 0.45 < flips.float().mean() < 0.55
+
+    n = 40
+    x_pad = torch.randn(n, 3, 40, 40) + 10  # no zeros of its own
+    out = train.augment(x_pad, offsets[:n], flips[:n], corners[:n], cutout=8)
+    assert out.shape == (n, 3, 32, 32)
+    for i in range(n):
+        dy, dx = offsets[i].tolist()
+        expected = x_pad[i, :, dy:dy + 32, dx:dx + 32]
+        if flips[i]:
+            expected = expected.flip(-1)
+        cy, cx = corners[i].tolist()
+        expected = expected.clone()
+        expected[:, cy:cy + 8, cx:cx + 8] = 0
+        assert torch.equal(out[i], expected), i
+        assert (out[i] == 0).sum() == 3 * 8 * 8  # exactly one 8x8 window, all channels
+
+
+def test_grouped_choices_give_each_option_an_evenly_sized_group():
+    gen = torch.Generator().manual_seed(0)
+    offsets, flips, corners = train.grouped_choices(512, gen, pad=4, max_options=200)
+    assert corners is None
+    keys, counts = torch.unique(offsets[:, 0] * 9 + offsets[:, 1], return_counts=True)
+    assert len(keys) == 81 and set(counts.tolist()) == {6, 7}  # 512 = 26*7 + 55*6
+    assert offsets.min() == 0 and offsets.max() == 8
+    assert flips.sum() == 256
+    offsets, flips, _ = train.grouped_choices(513, gen, pad=4, max_options=10)
+    _, counts = torch.unique(offsets[:, 0] * 9 + offsets[:, 1], return_counts=True)
+    assert len(counts) == 10 and set(counts.tolist()) <= {51, 52}  # at most max_options groups
+    assert flips.sum() in (256, 257)
+
+
+def test_epoch_batches_depend_only_on_seed_and_epoch():
+    x = torch.randn(300, 3, 40, 40)
+    y = torch.arange(300)
+
+    def labels(epoch, seed=0, hyp=BOT):
+        batches = train.epoch_batches(x, y, epoch, hyp, seed, 64, torch.device("cpu"),
+                                      torch.float32)
+        return torch.cat([yb for _, yb in batches])
+
+    assert len(labels(0)) == 256  # 4 full batches, the rest dropped
+    assert torch.equal(labels(3), labels(3)) and not torch.equal(labels(3), labels(4))
+    assert not torch.equal(labels(3), labels(3, seed=1))
+    assert len(labels(0, hyp=DAWN)) == 256  # the DataLoader path
+
+
+# ---------------------------------------------------------------------------------------------
+# Training, end to end
+
+TINY = ["--data", "synthetic", "--synthetic_train", "256", "--synthetic_test", "64",
+        "--width_div", "16", "--ghost_splits", "4", "--batch_size", "64", "--epochs", "2",
+        "--device", "cpu"]  # 4 steps per epoch
+
+
+def _run(tmp_path, job, *extra):
+    return train.main(TINY + ["--job-dir", str(tmp_path / job),
+                              "--data-dir", str(tmp_path / "data"), *extra])
+
+
+def _final(tmp_path, job):
+    return torch.load(tmp_path / job / "checkpoints" / "last.pt", weights_only=False)
+
+
+def _rows(tmp_path, job):
+    return [r for r in train.metrics.read_metrics(tmp_path / job / "metrics.jsonl")
+            if "event" not in r]
+
+
+@pytest.mark.parametrize("variant", ["bag-of-tricks", "dawn"])
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, variant):
+    assert _run(tmp_path, "straight", "--variant", variant) == 0
+    reference = _final(tmp_path, "straight")
+    assert reference["step"] == 8 and reference["epoch"] == 2
+    # Stopped after epoch 1 (step 4), and in the middle of epoch 2 (step 6), then resumed.
+    for job, stop in (("epoch-boundary", 4), ("mid-epoch", 6)):
+        assert _run(tmp_path, job, "--variant", variant, "--stop-at-step", str(stop)) == 143
+        assert _final(tmp_path, job)["step"] == stop
+        assert _run(tmp_path, job, "--variant", variant, "--resume", "true") == 0
+        resumed = _final(tmp_path, job)
+        assert resumed["step"] == 8 and resumed["epoch"] == 2
+        for part in ("model", "ema"):
+            if reference[part] is None:
+                assert resumed[part] is None and variant == "dawn"
+                continue
+            for k, v in reference[part].items():
+                assert torch.equal(v, resumed[part][k]), (job, part, k)
+        for a, b in zip(reference["optimizer"]["velocity"], resumed["optimizer"]["velocity"]):
+            assert all(torch.equal(u, w) for u, w in zip(a, b)), job
+        ref_rows, rows = _rows(tmp_path, "straight"), _rows(tmp_path, job)
+        assert [r["epoch"] for r in rows] == [1, 2]
+        for key in ("step", "lr", "train_loss", "train_acc", "test_acc"):
+            assert [r[key] for r in rows] == [r[key] for r in ref_rows], (job, key)
+    assert reference["train_time"] > 0
+
+
+def test_resume_without_a_checkpoint_starts_fresh_with_a_warning(tmp_path, capsys):
+    assert _run(tmp_path, "j", "--epochs", "1", "--resume", "true") == 0
+    err = capsys.readouterr().err
+    assert "warning" in err and "no checkpoint" in err and "starting from scratch" in err
+    assert _final(tmp_path, "j")["epoch"] == 1
+
+
+def test_resume_refuses_a_checkpoint_from_other_arguments(tmp_path):
+    assert _run(tmp_path, "j", "--stop-at-step", "1") == 143
+    with pytest.raises(SystemExit, match="width_div=16, this run has 8"):
+        train.main(TINY + ["--width_div", "8", "--resume", "true", "--job-dir",
+                           str(tmp_path / "j"), "--data-dir", str(tmp_path / "data")])
+
+
+def _smoke_command(job: Path) -> list:
+    """The command line the orchestrator builds: every declared argument with a non-null value
+    after the smoke profile, bools as true/false, in declaration order."""
+    doc = yaml.safe_load((RECIPE / "recipe.yaml").read_text())
+    values = {k: spec["default"] for k, spec in doc["arguments"].items()}
+    values.update(doc["profiles"]["smoke"]["set"])
+    argv = []
+    for key, value in values.items():
+        if value is not None:
+            argv += [f"--{key}", ("true" if value else "false") if isinstance(value, bool)
+                     else str(value)]
+    return [sys.executable, "recipes/resnet9/train.py", *argv]
+
+
+def _job_dir(tmp_path) -> Path:
+    job = tmp_path / "job"
+    for part in ("resnet9", "common"):
+        shutil.copytree(REPO / "recipes" / part, job / "recipes" / part,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return job
+
+
+def _env(tmp_path, job):
+    return {**os.environ, "CLOUDTRAIN_JOB_DIR": str(job),
+            "CLOUDTRAIN_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
+
+
+def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
+    job = _job_dir(tmp_path)
+    started = time.time()
+    proc = subprocess.run(_smoke_command(job), cwd=job, env=_env(tmp_path, job),
+                          capture_output=True, text=True, timeout=120)
+    elapsed = time.time() - started
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("resnet9: starting (variant=bag-of-tricks")
+    assert elapsed < 60
+
+    rows = train.metrics.read_metrics(job / "metrics.jsonl")
+    epochs = [r for r in rows if "event" not in r]
+    required = {"time", "epoch", "epochs", "step", "lr", "train_loss", "train_acc", "test_acc",
+                "train_time", "wall_time"}
+    assert [r["epoch"] for r in epochs] == [1, 2]
+    for r in epochs:
+        assert required <= set(r), set(r)
+        assert r["epochs"] == 2 and r["step"] == 4 * r["epoch"]
+        assert 0 <= r["train_acc"] <= 1 and 0 <= r["test_acc"] <= 1
+        assert 0 < r["train_time"] < r["wall_time"]
+    assert epochs[1]["train_time"] > epochs[0]["train_time"]
+    # The loss must clearly fall: ln(10) = 2.30 at the start; no learning keeps both near it.
+    assert epochs[0]["train_loss"] < math.log(10) + 0.05
+    assert epochs[1]["train_loss"] < epochs[0]["train_loss"] - 0.03, epochs
+    for line in ("       epoch", "           1", "           2"):
+        assert any(out.startswith(line) for out in proc.stdout.splitlines()), proc.stdout
+
+    ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
+    assert {"model", "ema", "optimizer", "epoch", "step", "train_time", "target_reached", "rng",
+            "args"} <= set(ckpt)
+    assert ckpt["epoch"] == 2 and ckpt["step"] == 8 and ckpt["args"]["width_div"] == 8
+    assert {"python", "numpy", "torch", "cuda"} <= set(ckpt["rng"])
+    assert (tmp_path / "data" / "synthetic-cifar10-512-256-0" / "cifar-10-batches-py"
+            / "data_batch_1").is_file()
+
+
+def test_sigterm_checkpoints_at_a_step_boundary_and_exits_143(tmp_path):
+    job = _job_dir(tmp_path)
+    command = _smoke_command(job)
+    command[command.index("--epochs") + 1] = "50"
+    proc = subprocess.Popen(command, cwd=job, env=_env(tmp_path, job), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:  # wait until epoch 1 is done: training is under way
+            if line.startswith("           1 "):
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out
+    assert "SIGTERM" in out and "checkpoint saved" in out
+    ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
+    assert 4 <= ckpt["step"] < 200 and ckpt["epoch"] >= 1
+    assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["last.pt"]
