@@ -231,3 +231,113 @@ class LocalHost(Host):
 
     def describe(self) -> dict:
         return {**super().describe(), "python": self.python}
+
+
+class SSHHost(Host):
+    """A machine reached over SSH: every verb goes through one paramiko connection."""
+
+    def __init__(self, endpoint, tmux_socket: str = "cloudtrain", python: str = "python3"):
+        super().__init__(tmux_socket)
+        self.endpoint = endpoint
+        self.python = python
+        self.name = endpoint.label()
+        self._conn = None
+        self._home: str | None = None
+        self._has_rsync: bool | None = None
+
+    @property
+    def conn(self):
+        if self._conn is None:
+            from .ssh import Connection
+
+            self._conn = Connection(self.endpoint)
+            self.endpoint.host_key = self._conn.host_key  # pinned from now on
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def home(self) -> str:
+        if self._home is None:
+            self._home = self.run('printf %s "$HOME"').stdout
+        return self._home
+
+    def run(self, command: str, check: bool = True, timeout: float | None = None) -> Result:
+        code, out, err = self.conn.exec(command, timeout=timeout)
+        result = Result(command, code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+        if check and not result.ok:
+            raise CommandFailed(self, result)
+        return result
+
+    def put(self, local: Path, remote: str) -> None:
+        self.run(f"mkdir -p {shlex.quote(str(Path(remote).parent))}")
+        self.conn.sftp.put(str(local), remote)
+        self.conn.sftp.chmod(remote, os.stat(local).st_mode & 0o777)
+
+    def get(self, remote: str, local: Path) -> None:
+        Path(local).parent.mkdir(parents=True, exist_ok=True)
+        self.conn.sftp.get(remote, str(local))
+
+    def write_text(self, remote: str, text: str) -> None:
+        self.run(f"mkdir -p {shlex.quote(str(Path(remote).parent))}")
+        with self.conn.sftp.open(remote, "w") as f:
+            f.write(text.encode())
+
+    def read(self, path: str, offset: int = 0, end: int | None = None) -> bytes:
+        try:
+            with self.conn.sftp.open(path, "rb") as f:
+                f.seek(offset)
+                return f.read() if end is None else f.read(max(end - offset, 0))
+        except FileNotFoundError:
+            return b""
+
+    def sync(self, local_dir: Path, remote_dir: str) -> int:
+        """rsync over this connection where both ends have rsync, else a tar stream."""
+        files = list_files(local_dir)
+        self.run(f"mkdir -p {shlex.quote(remote_dir)}")
+        if not files:
+            return 0
+        if self._has_rsync is None:
+            self._has_rsync = (shutil.which("rsync") is not None
+                               and self.run("command -v rsync", check=False).ok)
+        if self._has_rsync:
+            return self._rsync(Path(local_dir), remote_dir, files)
+        return self._tar(Path(local_dir), remote_dir, files)
+
+    def _rsync(self, local_dir: Path, remote_dir: str, files: list[str]) -> int:
+        relay = self.conn.relay()
+        try:
+            proc = subprocess.run(
+                ["rsync", "-a", "--files-from=-", "--out-format=%n", "-e", relay.rsh(),
+                 f"{local_dir}/", f"remote:{remote_dir}/"],
+                input="\n".join(files) + "\n", capture_output=True, text=True, timeout=3600)
+        finally:
+            relay.close()
+        if proc.returncode != 0:
+            raise HostError(f"rsync to {self.name}:{remote_dir} failed ({proc.returncode}): "
+                            + (proc.stderr.strip().splitlines() or ["no output"])[-1])
+        return sum(1 for line in proc.stdout.splitlines() if line and not line.endswith("/"))
+
+    def _tar(self, local_dir: Path, remote_dir: str, files: list[str]) -> int:
+        import tarfile
+
+        chan = self.conn.open_exec(f"tar -x -C {shlex.quote(remote_dir)}")
+        writer = chan.makefile("wb")
+        with tarfile.open(fileobj=writer, mode="w|") as tar:
+            for rel in files:
+                tar.add(local_dir / rel, arcname=rel, recursive=False)
+        writer.flush()
+        chan.shutdown_write()
+        code = chan.recv_exit_status()
+        err = chan.makefile_stderr("rb").read().decode("utf-8", "replace")
+        chan.close()
+        if code != 0:
+            raise HostError(f"tar into {self.name}:{remote_dir} failed ({code}): {err.strip()}")
+        return len(files)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "host": self.endpoint.host, "port": self.endpoint.port,
+                "user": self.endpoint.user, "key_path": self.endpoint.key_path,
+                "host_key": self.endpoint.host_key, "python": self.python}

@@ -72,7 +72,8 @@ def read_cifar10(folder: str | os.PathLike) -> dict:
 
 
 def _write_batch(path: Path, images: np.ndarray, labels: np.ndarray, batch_label: str, first: int):
-    flat = np.ascontiguousarray(images.transpose(0, 3, 1, 2)).reshape(len(images), -1)  # NHWC -> planes
+    planes = np.ascontiguousarray(images.transpose(0, 3, 1, 2))  # NHWC -> N, RGB planes
+    flat = planes.reshape(len(images), -1)
     d = {
         b"batch_label": batch_label.encode(),
         b"labels": [int(v) for v in labels],
@@ -158,9 +159,12 @@ def load_synthetic(root: str | os.PathLike, n_train: int, n_test: int, seed: int
         tmp = folder.parent.with_name(folder.parent.name + f".tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         write_cifar10(tmp / FOLDER, (x[:n_train], y[:n_train]), (x[n_train:], y[n_train:]))
-        try:
+        if _complete(folder):  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
             shutil.rmtree(folder.parent, ignore_errors=True)  # an incomplete earlier attempt
-            os.replace(tmp, folder.parent)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
+            try:
+                os.replace(tmp, folder.parent)
+            except OSError:  # lost a race to another writer: theirs is as good as ours
+                shutil.rmtree(tmp, ignore_errors=True)
     return read_cifar10(folder)

@@ -17,7 +17,7 @@ METRICS_FILE = "metrics.jsonl"
 
 
 def job_dir(override: str | os.PathLike | None = None) -> Path:
-    """Where a job's outputs go: the flag if given, else $CLOUDTRAIN_JOB_DIR, else ./cloudtrain-run."""
+    """Where a job's outputs go: the flag, else $CLOUDTRAIN_JOB_DIR, else ./cloudtrain-run."""
     return Path(override or os.environ.get(JOB_DIR_ENV) or DEFAULT_JOB_DIR)
 
 

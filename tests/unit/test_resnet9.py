@@ -163,6 +163,12 @@ def test_whitening_filters_whiten_their_source_patches():
     assert torch.allclose(cov, torch.diag(evals / (evals + eps)).double(), atol=1e-4)
     assert torch.allclose(cov[big][:, big], torch.eye(int(big.sum())).double(), atol=1.1e-2)
     assert (torch.diagonal(cov)[evals < eps] < 0.5).all()  # damped, not blown up
+    # Few patches (2 images of 4x4: 8 patches), where n - 1 and n differ by 14%.
+    x = torch.randn(2, 3, 4, 4, generator=gen)
+    filters, evals = train.whitening_filters(x, eps)
+    z = F.conv2d(x, filters).permute(0, 2, 3, 1).reshape(-1, 27).double()
+    cov = z.T @ z / (len(z) - 1)
+    assert torch.allclose(cov, torch.diag(evals / (evals + eps)).double(), atol=1e-4)
 
 
 def test_half_precision_keeps_batchnorm_in_float32():

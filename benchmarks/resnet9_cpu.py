@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""ResNet9 on the CPU: parameter counts and training throughput of the full-size model.
+
+For both variants of recipes/resnet9/train.py: build the full-width model in float32, take one
+warm-up training step on a random batch, then time --steps more (forward, summed loss,
+backward, Page's Nesterov update, and the EMA update on its steps for bag-of-tricks).
+Data loading and augmentation are not timed. Prints images per second.
+
+    python benchmarks/resnet9_cpu.py              # batch 512, 3 timed steps per variant
+    python benchmarks/resnet9_cpu.py --steps 5 --threads 2
+"""
+import argparse
+import importlib.util
+import time
+from pathlib import Path
+
+import torch
+
+TRAIN_PY = Path(__file__).resolve().parent.parent / "recipes" / "resnet9" / "train.py"
+
+
+def load_recipe():
+    spec = importlib.util.spec_from_file_location("resnet9_train", TRAIN_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def throughput(train, variant: str, batch_size: int, steps: int) -> float:
+    hyp = train.HYP[variant]
+    torch.manual_seed(0)
+    model = train.build_model(variant, width_div=1, ghost_splits=16).train()
+    ema = train.build_model(variant, width_div=1, ghost_splits=16) if hyp["ema_every"] else None
+    opt = train.NesterovSGD(train.param_groups(model, hyp, batch_size), hyp["momentum"])
+    x = torch.randn(batch_size, 3, 32, 32)
+    y = torch.randint(0, 10, (batch_size,))
+    lr = train.lr_at(2, 97, hyp, hyp["epochs"], batch_size)
+
+    def step(n):
+        train.train_step(model, opt, x, y, lr, hyp["label_smoothing"])
+        if ema is not None and train.is_ema_step(n, hyp["ema_every"]):
+            train.ema_update(ema, model, hyp["ema_momentum"] ** hyp["ema_every"])
+
+    step(1)  # warm-up: allocations, oneDNN kernel selection
+    start = time.perf_counter()
+    for n in range(2, steps + 2):
+        step(n)
+    return steps * batch_size / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up")
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    train = load_recipe()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, "
+          f"batch {args.batch_size}, {args.steps} timed steps after 1 warm-up step")
+    print(f"{'variant':<15}{'params':>12}{'trainable':>12}{'images/s':>12}{'s/step':>10}")
+    for variant in ("bag-of-tricks", "dawn"):
+        total, trainable = train.count_params(train.build_model(variant))
+        rate = throughput(train, variant, args.batch_size, args.steps)
+        print(f"{variant:<15}{total:>12,}{trainable:>12,}{rate:>12.1f}"
+              f"{args.batch_size / rate:>10.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

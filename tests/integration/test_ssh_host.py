@@ -1,0 +1,126 @@
+"""SSHHost against a real sshd on loopback: every verb over one connection."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.errors import HostError
+from cloudtrain.hosts import CommandFailed, SSHHost
+from cloudtrain.ssh import Endpoint, HostKeyMismatch
+from conftest import TMUX_SOCKET, wait_for
+from sshd import SSHD
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
+
+
+@pytest.fixture
+def sshd(tmp_path):
+    server = SSHD(tmp_path / "sshd").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def host(sshd):
+    h = SSHHost(Endpoint(sshd.host, sshd.port, sshd.user, str(sshd.client_key)), TMUX_SOCKET,
+                python=shutil.which("python3") or "python3")
+    yield h
+    h.close()
+
+
+def test_run_put_get_read_on_one_connection(host, sshd, tmp_path):
+    assert host.run("echo hi; echo err >&2").stdout == "hi\n"
+    with pytest.raises(CommandFailed) as info:
+        host.run("echo last words >&2; exit 4")
+    assert "exited with 4" in info.value.message and "last words" in info.value.message
+    assert host.run("exit 4", check=False).exit_code == 4
+    src = tmp_path / "f.bin"
+    src.write_bytes(b"0123456789")
+    remote = str(tmp_path / "remote" / "deep" / "f.bin")
+    host.put(src, remote)
+    assert host.read(remote, 3, 7) == b"3456"
+    assert host.read(remote + ".missing") == b""
+    host.get(remote, tmp_path / "back.bin")
+    assert (tmp_path / "back.bin").read_bytes() == b"0123456789"
+    host.write_text(str(tmp_path / "remote" / "t.txt"), "text\n")
+    assert host.tail(str(tmp_path / "remote" / "t.txt"), 5) == (b"text\n", 5)
+    assert sshd.connections() == 1
+
+
+@pytest.mark.parametrize("use_rsync", [True, False])
+def test_sync_honours_gitignore_with_rsync_or_tar(host, sshd, tmp_path, use_rsync):
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "a.py").write_text("A = 1\n")
+    (src / "run.sh").write_text("echo run\n")
+    os.chmod(src / "run.sh", 0o755)
+    (src / "big.ckpt").write_text("ignored")
+    (src / ".gitignore").write_text("*.ckpt\n")
+    host._has_rsync = use_rsync
+    dest = tmp_path / "dest"
+    assert host.sync(src, str(dest)) == 3
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == \
+        [".gitignore", "pkg/a.py", "run.sh"]
+    assert os.stat(dest / "run.sh").st_mode & 0o111
+    if use_rsync:  # unchanged files are not sent again
+        assert host.sync(src, str(dest)) == 0
+        (src / "pkg" / "a.py").write_text("A = 2\n")
+        assert host.sync(src, str(dest)) == 1
+    assert sshd.connections() == 1
+
+
+def test_host_key_is_pinned(sshd, tmp_path):
+    ep = Endpoint(sshd.host, sshd.port, sshd.user, str(sshd.client_key))
+    first = SSHHost(ep)
+    first.run("true")
+    pinned = first.describe()["host_key"]
+    assert pinned.startswith("ssh-ed25519 ")
+    first.close()
+    again = SSHHost(Endpoint(sshd.host, sshd.port, sshd.user, str(sshd.client_key), pinned))
+    assert again.run("echo ok").stdout == "ok\n"
+    again.close()
+    # The server's key changes (a different machine answers at that address): refused.
+    sshd.stop()
+    sshd.host_key.unlink()
+    Path(str(sshd.host_key) + ".pub").unlink()
+    replaced = SSHD(sshd.dir, sshd.host, sshd.port, sshd.client_key).start()
+    try:
+        with pytest.raises(HostKeyMismatch, match="changed since first contact"):
+            SSHHost(Endpoint(sshd.host, sshd.port, sshd.user, str(sshd.client_key), pinned)).run("true")
+    finally:
+        replaced.stop()
+
+
+def test_unreachable_and_bad_key(tmp_path, sshd):
+    from sshd import free_port
+
+    with pytest.raises(HostError, match="cannot reach"):
+        SSHHost(Endpoint("127.0.0.1", free_port(), "root", str(sshd.client_key))).run("true")
+    other = tmp_path / "other_key"
+    os.system(f"ssh-keygen -q -t ed25519 -N '' -f {other}")
+    with pytest.raises(HostError, match="SSH to .* failed"):
+        SSHHost(Endpoint(sshd.host, sshd.port, sshd.user, str(other))).run("true")
+
+
+def test_agent_in_tmux_over_ssh(host, sshd, tmp_path):
+    from cloudtrain.hosts import AGENT_SOURCE
+
+    jobdir = str(tmp_path / "job")
+    host.put(AGENT_SOURCE, f"{jobdir}/agent.py")
+    host.write_text(f"{jobdir}/run.sh", "echo remote-$((6 * 7)); sleep 30\n")
+    host.write_text(f"{jobdir}/job.json", json.dumps({"heartbeat_s": 0.2, "grace_s": 1}))
+    host.start_agent("sshjob", jobdir)
+    wait_for(lambda: b"remote-42" in host.read(f"{jobdir}/output.log"), what="remote output")
+    report = host.probe_job(jobdir, 10)
+    assert report["status"]["state"] == "running"
+    assert host.session_alive("sshjob")
+    final = host.stop_job(jobdir, 1)
+    assert final["state"] == "cancelled"
+    wait_for(lambda: not host.session_alive("sshjob"), what="session gone")
+    assert sshd.connections() == 1

@@ -1,0 +1,85 @@
+"""A throwaway real sshd for tests (see shared/test-infra.md): its own host key, one
+authorised client key, listening on an address and port of the test's choosing."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+SSHD_BIN = "/usr/sbin/sshd"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class SSHD:
+    def __init__(self, workdir: Path, host: str = "127.0.0.1", port: int | None = None,
+                 client_key: Path | None = None, netns: str | None = None):
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.host, self.port = host, port or free_port(host)
+        self.user = getpass.getuser()
+        self.netns = netns
+        self.host_key = self.dir / "host_ed25519"
+        self.client_key = client_key or self.dir / "client_ed25519"
+        if not self.host_key.exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.host_key)],
+                           check=True)
+        if not self.client_key.exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                            str(self.client_key)], check=True)
+        pub = Path(str(self.client_key) + ".pub")
+        self.authorized = self.dir / "authorized_keys"
+        self.authorized.write_text(pub.read_text() if pub.exists() else "")
+        self.config = self.dir / "sshd_config"
+        self.config.write_text("\n".join([
+            f"Port {self.port}", f"ListenAddress {self.host}", f"HostKey {self.host_key}",
+            f"PidFile {self.dir / 'sshd.pid'}", f"AuthorizedKeysFile {self.authorized}",
+            "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
+            "StrictModes no", "PermitRootLogin prohibit-password", "Subsystem sftp internal-sftp",
+            "MaxSessions 50", "MaxStartups 50", "LogLevel VERBOSE", ""]))
+        self.proc: subprocess.Popen | None = None
+
+    def authorize(self, public_line: str) -> None:
+        with open(self.authorized, "a") as f:
+            f.write(public_line.strip() + "\n")
+
+    def start(self) -> "SSHD":
+        os.makedirs("/run/sshd", exist_ok=True)
+        cmd = [SSHD_BIN, "-D", "-e", "-f", str(self.config)]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns, *cmd]
+        self.log = open(self.dir / "sshd.log", "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("sshd exited: " + (self.dir / "sshd.log").read_text())
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("sshd did not start listening")
+
+    def connections(self) -> int:
+        """How many SSH logins this server accepted (from its log)."""
+        return (self.dir / "sshd.log").read_text().count("Accepted publickey")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc:
+            self.log.close()
