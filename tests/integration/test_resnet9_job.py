@@ -1,0 +1,56 @@
+"""The README's first command, as a test: ResNet9's smoke profile through the real CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import wait_for
+
+pytest.importorskip("torch")
+
+
+def test_resnet9_smoke_job_then_resume(cli, ct_home):
+    proc = cli("launch", "--recipe", "resnet9", "--profile", "smoke", "--follow", "--quiet",
+               timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    assert proc.stdout.splitlines()[1].startswith("resnet9: starting")
+    job = cli.job(job_id)
+    assert job["state"] == "succeeded"
+    assert job["metrics"]["epoch"] == 2 and job["metrics"]["epochs"] == 2
+    jobdir = ct_home / "jobs" / job_id
+    rows = [json.loads(line) for line in (jobdir / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in rows if "event" not in r]
+    assert [r["epoch"] for r in epochs] == [1, 2]
+    assert epochs[1]["train_loss"] < epochs[0]["train_loss"]
+    assert (jobdir / "checkpoints" / "last.pt").exists()
+    # The dataset went to the shared data dir, not into the job.
+    assert any((ct_home / "data").iterdir())
+    row = [line for line in cli.ok("status").stdout.splitlines() if job_id in line][0]
+    assert "resnet9 (smoke)" in row and "2/2" in row and "succeeded" in row
+
+
+
+def test_resnet9_cancelled_mid_training_resumes_where_it_stopped(cli, ct_home):
+    sets = ["--set", "epochs=4", "--set", "synthetic_train=2048"]
+    job_id = cli.launch("--recipe", "resnet9", "--profile", "smoke", *sets)
+    wait_for(lambda: (cli.job(job_id).get("metrics") or {}).get("epoch", 0) >= 1,
+             timeout=120, what="first epoch")
+    cli.ok("down", job_id)
+    stopped = cli.job(job_id)
+    assert stopped["state"] == "cancelled"
+    assert stopped["exit_code"] == 143  # the recipe saved a checkpoint on SIGTERM, then left
+    done = stopped["metrics"]["epoch"]
+    assert done < 4
+
+    proc = cli("launch", "--recipe", "resnet9", "--profile", "smoke", *sets,
+               "--resume-from", job_id, "--follow", "--quiet", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resuming from" in proc.stdout
+    resumed = cli.job(proc.stdout.splitlines()[0])
+    assert resumed["metrics"]["epoch"] == 4
+    rows = [json.loads(line) for line in
+            (ct_home / "jobs" / resumed["id"] / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows if "event" not in r][0] >= done
