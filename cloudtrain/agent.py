@@ -275,7 +275,7 @@ class Agent:
         if os.path.exists(self.path("keep")):
             return  # `--keep` was asked for after launch
         self.write_status(shutdown_requested_at=now())
-        subprocess.call(command, shell=True)
+        subprocess.call(command, shell=True, env=dict(os.environ, CLOUDTRAIN_JOB_DIR=self.jobdir))
 
 
 # -- probe and stop (run by the orchestrator, on the host) --------------------------------------

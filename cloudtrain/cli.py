@@ -64,12 +64,25 @@ def recipes(name: str | None) -> None:
               "(honours .gitignore); your command runs there.")
 @click.option("--max-runtime", type=float, metavar="MINUTES",
               help="Stop the job after this long (default: the recipe's, else config).")
+@click.option("--instance", "-i", "instance_type", metavar="TYPE",
+              help="EC2 instance type, e.g. g5.xlarge (implies --backend aws).")
+@click.option("--spot/--on-demand", "spot", default=None,
+              help="Spot (one-time, terminated on interruption) or on-demand (default).")
+@click.option("--region", help="AWS region (default: the AWS configuration's).")
+@click.option("--ami", help="AMI id (default: the current AWS Deep Learning PyTorch AMI).")
+@click.option("--disk-gb", type=click.IntRange(min=8), help="Root volume size (default: the recipe's).")
+@click.option("--max-price", type=float, metavar="USD", help="Spot: the most to pay per hour.")
+@click.option("--keep", is_flag=True, default=None, help="Keep the instance after the job (stop it "
+              "with `cloudtrain down`).")
+@click.option("--idle-minutes", type=float, help="Power the instance off this long after the job.")
+@click.option("--dry-run", is_flag=True, help="Show the plan and its price; create nothing.")
 @click.option("--resume-from", metavar="JOB", help="Start from that job's last checkpoint "
               "(same recipe; sets resume=true).")
 @click.option("--follow", "-f", is_flag=True, help="Stream the log; exit with the job's outcome.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the job id.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(recipe, profile, sets, name, backend, workdir, max_runtime, resume_from, follow, quiet,
+def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, spot, region,
+           ami, disk_gb, max_price, keep, idle_minutes, dry_run, resume_from, follow, quiet,
            command):
     """Launch a recipe, or your own command after --, and return with its job id.
 
@@ -79,14 +92,22 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, resume_fr
       cloudtrain launch --recipe resnet9 --set variant=dawn --set epochs=30
       cloudtrain launch --recipe resnet9 --resume-from 3f2a1b9c
       cloudtrain launch --workdir . -- python train.py --lr 0.1
+      cloudtrain launch --recipe resnet9 --instance g5.xlarge --spot --dry-run
     """
     from . import jobs
 
     settings = config.Settings.load()
+    market = None if spot is None else ("spot" if spot else "on-demand")
     spec = jobs.build_spec(recipe=recipe, command=command, workdir=workdir, profile=profile,
                            sets=sets, name=name, backend=backend,
                            max_runtime_minutes=max_runtime, settings=settings,
-                           resume_from=resume_from)
+                           resume_from=resume_from, placement=dict(
+                               instance_type=instance_type, market=market, region=region, ami=ami,
+                               disk_gb=disk_gb, max_price=max_price, keep=keep,
+                               idle_minutes=idle_minutes))
+    if dry_run:
+        click.echo(render.plan(jobs.plan(spec)))
+        return
     with _store() as store:
         job = jobs.launch(store, settings, spec)
         if quiet:
@@ -127,18 +148,25 @@ def _follow(store, settings, job, offset: int = 0) -> None:
 @click.argument("job", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--limit", type=int, default=None, help="Show at most this many jobs.")
-def status(job: str | None, as_json: bool, limit: int | None) -> None:
+@click.option("--refresh", is_flag=True, help="Also ask the cloud for every instance tagged as "
+              "ours (one call per region) and show any the local store does not know.")
+def status(job: str | None, as_json: bool, limit: int | None, refresh: bool) -> None:
     """Show all jobs, or one job in detail with its timeline.
 
     \b
     Examples:
       cloudtrain status
       cloudtrain status 3f2a1b9c --json
+      cloudtrain status --refresh
     """
     from . import jobs
 
     settings = config.Settings.load()
     with _store() as store:
+        if refresh:
+            found = jobs.reconcile(store)
+            if not as_json:
+                click.echo(render.cloud_instances(found))
         if job:
             d = jobs.detail(store, settings, job)
             if as_json:
@@ -194,6 +222,22 @@ def attach(job: str) -> None:
 
     with _store() as store:
         argv = jobs.attach_argv(store.find_job(job))
+    os.execvp(argv[0], argv)
+
+
+@cli.command()
+@click.argument("job")
+def ssh(job: str) -> None:
+    """Open a shell on a job's instance (with its pinned host key).
+
+    \b
+    Example:
+      cloudtrain ssh 3f2a1b9c
+    """
+    from . import jobs
+
+    with _store() as store:
+        argv = jobs.ssh_argv(store.find_job(job))
     os.execvp(argv[0], argv)
 
 

@@ -35,6 +35,26 @@ class Settings:
     stale_after_seconds: float = 30.0  # a running job whose heartbeat is older is failed
     python: str = ""  # interpreter that runs jobs on the local backend ("" = this Python)
 
+    # AWS backend
+    region: str = ""  # "" = the AWS chain's (AWS_REGION, ~/.aws/config)
+    aws_profile: str = ""  # a profile of ~/.aws/config ("" = AWS_PROFILE or the default)
+    instance_type: str = "g5.xlarge"  # when --instance is not given
+    market: str = "on-demand"  # or "spot"
+    subnet_id: str = ""  # launch only into this subnet ("" = the default VPC, every AZ)
+    vpc_id: str = ""  # "" = the subnet's VPC, or the default VPC
+    connect: str = "public"  # reach instances at their "public" or "private" IP
+    ssh_user: str = "ubuntu"
+    ssh_port: int = 22
+    ssh_cidr: str = ""  # who may reach port 22 ("" = this machine's public address /32)
+    remote_python: str = ""  # "" = /opt/pytorch/bin/python where the AMI has it, else python3
+    remote_root: str = "~/.cloudtrain"  # job and data directories on instances
+    shutdown_command: str = "sudo shutdown -h now"  # how an instance powers itself off
+    shutdown_delay_seconds: float = 60.0  # after the job, before powering off
+    instance_wait_seconds: float = 300.0  # bounded wait for "running"
+    ssh_wait_seconds: float = 300.0  # bounded wait for SSH to answer
+    poll_seconds: float = 2.0  # how often those waits ask
+    disk_gb: int = 0  # root volume ("" = the recipe's disk_gb, else 100)
+
     @classmethod
     def load(cls) -> "Settings":
         path = home() / "config.yaml"

@@ -337,6 +337,28 @@ class SSHHost(Host):
             raise HostError(f"tar into {self.name}:{remote_dir} failed ({code}): {err.strip()}")
         return len(files)
 
+    def ssh_argv(self, *remote: str) -> list[str]:
+        """The system ssh client, for interactive use, trusting only the pinned host key."""
+        from .config import home
+
+        ep = self.endpoint
+        known = home() / "known_hosts"
+        known.parent.mkdir(parents=True, exist_ok=True)
+        name = ep.host if ep.port == 22 else f"[{ep.host}]:{ep.port}"
+        lines = [l for l in (known.read_text().splitlines() if known.exists() else [])
+                 if not l.startswith(name + " ")]
+        if ep.host_key:
+            lines.append(f"{name} {ep.host_key}")
+        known.write_text("\n".join(lines) + "\n")
+        argv = ["ssh", "-t", "-p", str(ep.port), "-o", f"UserKnownHostsFile={known}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes"]
+        if ep.key_path:
+            argv += ["-i", ep.key_path]
+        return argv + [f"{ep.user}@{ep.host}", *remote]
+
+    def attach_argv(self, job_id: str) -> list[str]:
+        return self.ssh_argv(self.tmux("attach-session", "-t", session_name(job_id)))
+
     def describe(self) -> dict:
         return {**super().describe(), "host": self.endpoint.host, "port": self.endpoint.port,
                 "user": self.endpoint.user, "key_path": self.endpoint.key_path,

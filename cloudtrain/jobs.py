@@ -20,8 +20,8 @@ from typing import Iterator
 
 from . import config, providers, state
 from .agent import pid_alive
-from .errors import CloudtrainError, UsageError
-from .hosts import AGENT_SOURCE, Host
+from .errors import CloudtrainError, HostError, UsageError
+from .hosts import AGENT_SOURCE, Host, LocalHost
 from .spec import COMMAND, RECIPE, JobSpec
 from .state import Job, Store
 
@@ -35,9 +35,18 @@ REFRESH_EVERY_S = 1.0
 def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | None,
                profile: str | None, sets: tuple[str, ...], name: str | None,
                backend: str | None, max_runtime_minutes: float | None,
-               settings: config.Settings, resume_from: str | None = None) -> JobSpec:
-    """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise)."""
-    backend = backend or settings.backend
+               settings: config.Settings, resume_from: str | None = None,
+               placement: dict | None = None) -> JobSpec:
+    """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise).
+    `placement`: instance_type, market, region, ami, disk_gb, max_price, keep, idle_minutes."""
+    placement = {k: v for k, v in (placement or {}).items() if v is not None}
+    backend = backend or ("aws" if placement.get("instance_type") else settings.backend)
+    if backend == "aws":
+        placement.setdefault("instance_type", settings.instance_type)
+        placement.setdefault("market", settings.market)
+    elif set(placement) - {"keep"} or placement.get("keep"):
+        raise UsageError(f"--{sorted(placement)[0].replace('_', '-')} applies to cloud backends, "
+                         f"not {backend}")
     providers.get(backend)  # unknown backend: error now, before anything else
     if recipe and command:
         raise UsageError("give either --recipe or a command after --, not both")
@@ -71,10 +80,15 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
         return JobSpec(kind=RECIPE, backend=backend, name=name, recipe=rec.name, profile=profile,
                        args=args, workdir=workdir_path, max_runtime_s=float(minutes) * 60,
                        resources=dict(rec.resources), requires=list(rec.requires),
-                       resume_from=resume_from)
+                       resume_from=resume_from, **placement)
     minutes = max_runtime_minutes or settings.max_runtime_minutes
     return JobSpec(kind=COMMAND, backend=backend, name=name, command=list(command),
-                   workdir=workdir_path, max_runtime_s=float(minutes) * 60)
+                   workdir=workdir_path, max_runtime_s=float(minutes) * 60, **placement)
+
+
+def plan(spec: JobSpec) -> list[tuple[str, str]]:
+    """What `launch` would do for this spec (`--dry-run`): nothing is created or billed."""
+    return [("job", spec.display()), *providers.get(spec.backend).plan(spec)]
 
 
 def run_script(spec: JobSpec, jobdir: str, python: str) -> str:
@@ -95,13 +109,15 @@ def run_script(spec: JobSpec, jobdir: str, python: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def job_environment(job_id: str, data_dir: str) -> dict:
-    """Environment for the job. The tmux server may be older than this shell, so what the
-    job needs from the launching environment (PATH with its virtualenv) is passed here."""
+def job_environment(job_id: str, data_dir: str, host: Host) -> dict:
+    """Environment for the job. On this machine the tmux server may be older than this
+    shell, so what the job needs from the launching environment (PATH with its virtualenv)
+    is passed here; a remote host keeps its own."""
     env = {"CLOUDTRAIN_JOB_ID": job_id, "CLOUDTRAIN_DATA_DIR": data_dir}
-    for key in ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX"):
-        if key in os.environ:
-            env[key] = os.environ[key]
+    if isinstance(host, LocalHost):
+        for key in ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX"):
+            if key in os.environ:
+                env[key] = os.environ[key]
     return env
 
 
@@ -122,7 +138,7 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
     try:
         _advance(store, job.id, state.PROVISIONING)
         host = provider.acquire(store, job, spec)
-        jobdir = provider.jobdir(job.id)
+        jobdir = provider.jobdir(job.id, host)
         store.update_job(job.id, host=host.describe(), jobdir=jobdir)
 
         _advance(store, job.id, state.SYNCING)
@@ -144,16 +160,20 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
             _copy_checkpoints(source, host, jobdir)
 
         _advance(store, job.id, state.SETTING_UP)
-        data_dir = provider.data_dir()
+        provider.setup(host)
+        store.update_job(job.id, host=host.describe())
+        data_dir = provider.data_dir(host)
         host.run(f"mkdir -p {shlex.quote(data_dir)}")
         host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python))
+        shutdown_command, shutdown_delay = provider.shutdown(spec)
         host.write_text(f"{jobdir}/job.json", json.dumps({
             "job_id": job.id,
             "max_runtime_s": spec.max_runtime_s,
             "grace_s": settings.stop_grace_seconds,
             "heartbeat_s": settings.heartbeat_seconds,
-            "shutdown_command": None,
-            "env": job_environment(job.id, data_dir),
+            "shutdown_command": shutdown_command,
+            "shutdown_delay_s": shutdown_delay,
+            "env": job_environment(job.id, data_dir, host),
         }, indent=1))
 
         host.start_agent(job.id, jobdir)
@@ -207,21 +227,32 @@ def _copy_checkpoints(source: Job, host: Host, jobdir: str) -> None:
 
 
 def _abort_launch(store, settings, provider, job, host, exc) -> None:
+    """Undo a launch that cannot finish: stop the agent if it started, release the host
+    (terminating any instance), and record why. A failure to release is recorded too."""
     interrupted = isinstance(exc, KeyboardInterrupt)
-    reason = "interrupted during launch" if interrupted else f"launch failed: {exc}"
+    message = exc.message if isinstance(exc, CloudtrainError) else str(exc)
+    reason = "interrupted during launch" if interrupted else f"launch failed: {message}"
     try:
         if host is not None:
             host.stop_job(store.job(job.id).jobdir, settings.stop_grace_seconds)
-    finally:
-        provider.release(store, store.job(job.id))
-        store.set_state(job.id, state.CANCELLED if interrupted else state.FAILED,
-                        reason=reason.splitlines()[0])
+    except Exception:  # the host may be the thing that failed; releasing it is what matters
+        pass
+    try:
+        provider.release(store, store.job(job.id), force=True)
+    except Exception as release_exc:
+        reason += f"; RELEASE FAILED, check `cloudtrain status --refresh`: {release_exc}"
+    store.set_state(job.id, state.CANCELLED if interrupted else state.FAILED,
+                    reason=reason.splitlines()[0])
 
 
 # -- observing -----------------------------------------------------------------------------------
 
 
 def host_of(job: Job) -> Host:
+    """The host that has the job's directory: its instance, or this machine once the job's
+    files were collected here."""
+    if (job.host or {}).get("kind") == "LocalHost" and job.backend != "local":
+        return LocalHost((job.host or {}).get("tmux_socket", "cloudtrain"))
     return providers.get(job.backend).host_for(job)
 
 
@@ -231,7 +262,10 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
         return _check_launcher(store, job)
     if not job.active or not job.jobdir:
         return job
-    report = host_of(job).probe_job(job.jobdir, settings.stale_after_seconds)
+    try:
+        report = host_of(job).probe_job(job.jobdir, settings.stale_after_seconds)
+    except HostError as exc:
+        return _host_lost(store, job, exc)
     fields = {}
     if report.get("metrics"):
         fields["metrics"] = report["metrics"]
@@ -249,6 +283,26 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
     return store.job(job.id)
 
 
+def _host_lost(store: Store, job: Job, exc: HostError) -> Job:
+    """The job's host does not answer. If the cloud says its instance is gone, so is the job
+    (preempted when a spot interruption took it); otherwise it is only unreachable now."""
+    provider = providers.get(job.backend)
+    if not hasattr(provider, "instance_states"):
+        raise exc
+    states = provider.instance_states(store, job)
+    if states and all(s["state"] in ("shutting-down", "terminated") for s in states.values()):
+        spot = any("Spot" in s["reason"] or "Spot" in s["message"] for s in states.values())
+        reason = "spot instance interrupted" if spot else \
+            "instance terminated before the job's end was seen: " + \
+            "; ".join(f"{i}: {s['message'] or s['state']}" for i, s in states.items())
+        store.set_state(job.id, state.PREEMPTED if spot else state.FAILED, reason=reason,
+                        detail=reason)
+        _finish(store, store.job(job.id), collect=False)
+        return store.job(job.id)
+    store.update_job(job.id, reason=f"host unreachable: {exc.message}")
+    return store.job(job.id)
+
+
 def _check_launcher(store: Store, job: Job) -> Job:
     """A job still being launched whose launching process is gone will never start."""
     hostname, _, pid = (job.launcher or "").rpartition(":")
@@ -260,9 +314,30 @@ def _check_launcher(store: Store, job: Job) -> Job:
     return job
 
 
-def _finish(store: Store, job: Job) -> None:
-    """After the job: give the host back and settle the cost (nothing bills locally)."""
-    providers.get(job.backend).release(store, store.job(job.id))
+def collect_files(store: Store, job: Job) -> bool:
+    """Copy a remote job's log, metrics and status to $CLOUDTRAIN_HOME/jobs/<id>/ (before its
+    host goes away); from then on the job is read from there."""
+    local = config.home() / "jobs" / job.id
+    if not job.jobdir or Path(job.jobdir) == local or isinstance(host_of(job), LocalHost):
+        return False
+    host = host_of(job)
+    try:
+        for name in ("output.log", "metrics.jsonl", "status.json", "job.json", "run.sh"):
+            data = host.read(f"{job.jobdir}/{name}")
+            local.mkdir(parents=True, exist_ok=True)
+            (local / name).write_bytes(data)
+    except HostError:
+        return False
+    store.update_job(job.id, jobdir=str(local), host={"kind": "LocalHost", "collected_from":
+                                                       job.host, "remote_jobdir": job.jobdir})
+    return True
+
+
+def _finish(store: Store, job: Job, collect: bool = True, force: bool = False) -> None:
+    """After the job: bring its files home, give the host back, settle the cost."""
+    if collect:
+        collect_files(store, store.job(job.id))
+    providers.get(job.backend).release(store, store.job(job.id), force=force)
     total = 0.0
     for inst in store.instances(job.id):
         if inst.launched_at and inst.price_per_hour is not None:
@@ -335,8 +410,15 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
         raise UsageError("which jobs? give job ids, or --all", hint="cloudtrain status")
     grace = settings.stop_grace_seconds if grace_s is None else grace_s
     jobs = store.jobs(active_only=True) if every else [store.find_job(r) for r in refs]
+    if every:  # --keep jobs that ended still hold an instance: stop those too
+        jobs += [j for j in store.jobs() if not j.active and _holds_instance(store, j)]
     outcomes = []
     for job in jobs:
+        if not job.active and _holds_instance(store, job):
+            _finish(store, job, force=True)
+            outcomes.append(StopOutcome(store.job(job.id), True,
+                                        f"{job.state}; its kept instance terminated"))
+            continue
         job = refresh(store, settings, job)
         if not job.active:
             outcomes.append(StopOutcome(job, False, f"already {job.state}: nothing to stop"))
@@ -352,9 +434,28 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
             store.set_state(job.id, state.CANCELLED, detail="cancelled by user",
                             reason="cancelled by user", exit_code=status.get("exit_code"))
             note = "cancelled"
-        _finish(store, job)
+        _finish(store, job, force=True)
         outcomes.append(StopOutcome(store.job(job.id), note == "cancelled", note))
+    _cleanup_clouds(store, [o.job for o in outcomes])
     return outcomes
+
+
+def _holds_instance(store: Store, job: Job) -> bool:
+    return any(i.state != "terminated" and i.provider != "local" for i in store.instances(job.id))
+
+
+def _cleanup_clouds(store: Store, jobs: list[Job]) -> None:
+    """After `down`: per cloud, remove the shared resources (security group, key pair) that
+    no instance uses any more."""
+    by_backend: dict[str, set[str]] = {}
+    for job in jobs:
+        for inst in store.instances(job.id):
+            if inst.region:
+                by_backend.setdefault(job.backend, set()).add(inst.region)
+    for backend, regions in by_backend.items():
+        provider = providers.get(backend)
+        if hasattr(provider, "cleanup"):
+            provider.cleanup(store, regions)
 
 
 # -- reading the record -------------------------------------------------------------------------
@@ -388,6 +489,21 @@ def attach_argv(job: Job) -> list[str]:
         raise UsageError(f"job {job.id} has no tmux session any more",
                          hint=f"cloudtrain status {job.id}")
     return host.attach_argv(job.id)
+
+
+def ssh_argv(job: Job) -> list[str]:
+    host = host_of(job)
+    if isinstance(host, LocalHost):
+        raise UsageError(f"job {job.id} " + ("runs on this machine: use cloudtrain attach"
+                                              if job.backend == "local" else
+                                              "has ended and its instance is gone"),
+                         hint=f"cloudtrain logs {job.id}")
+    return host.ssh_argv()
+
+
+def reconcile(store: Store) -> list[dict]:
+    """Every instance the cloud has tagged as ours, and whether the store knows it."""
+    return providers.get("aws").reconcile(store)
 
 
 @dataclass

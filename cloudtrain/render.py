@@ -197,3 +197,21 @@ def recipe_detail(r) -> str:
             if p.get("source"):
                 out.append(f"      source: {p['source']}")
     return "\n".join(out)
+
+
+def plan(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "dry run: nothing created, nothing billed\n" + "\n".join(
+        f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def cloud_instances(found: list[dict], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    live = [f for f in found if f["state"] != "terminated"]
+    if not live:
+        return "cloud: no instance tagged cloudtrain is running"
+    rows = [[f["instance"], f["region"], f["type"] or "-", f["state"], f["job"] or "-",
+             age(f["launched_at"], now), "yes" if f["tracked"] else "NO: not in the local store"]
+            for f in live]
+    return "instances tagged cloudtrain in the cloud:\n" + table(
+        rows, ["INSTANCE", "REGION", "TYPE", "STATE", "JOB", "AGE", "KNOWN"])

@@ -23,6 +23,15 @@ class JobSpec:
     resources: dict = field(default_factory=dict)  # gpus_per_node, nodes, disk_gb
     requires: list[str] = field(default_factory=list)  # Python modules the job imports
     resume_from: str | None = None  # a job id whose checkpoints this job starts from
+    # Cloud placement (ignored by the local backend)
+    instance_type: str | None = None
+    market: str = "on-demand"  # "on-demand" or "spot" (one-time request, terminate on interruption)
+    region: str | None = None
+    ami: str | None = None  # None: the current AWS Deep Learning PyTorch AMI
+    disk_gb: int | None = None
+    max_price: float | None = None  # spot only, USD/h
+    keep: bool = False  # leave the instance running after the job
+    idle_minutes: float | None = None  # power off this long after the job ends
 
     def display(self) -> str:
         """One line saying what runs: `resnet9 (smoke)` or the command."""

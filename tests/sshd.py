@@ -47,6 +47,12 @@ class SSHD:
             "MaxSessions 50", "MaxStartups 50", "LogLevel VERBOSE", ""]))
         self.proc: subprocess.Popen | None = None
 
+    def listen_on(self, addresses: list[str]) -> None:
+        """Listen on each of these addresses (same port), e.g. every IP a subnet can hand out."""
+        lines = [l for l in self.config.read_text().splitlines() if not l.startswith("ListenAddress")]
+        lines[1:1] = [f"ListenAddress {a}" for a in addresses]
+        self.config.write_text("\n".join(lines) + "\n")
+
     def authorize(self, public_line: str) -> None:
         with open(self.authorized, "a") as f:
             f.write(public_line.strip() + "\n")

@@ -3,18 +3,21 @@
 Contract, the same for every provider:
     name                        the backend's name, as `--backend` takes it
     preflight(spec)             refuse early (MissingDependency, UsageError) what cannot run
+    plan(spec)                  what launch would do, as (what, value) rows; creates nothing
     acquire(store, job, spec)   get a host for the job, recording its instances; -> Host
+    setup(host)                 make the host ready for the agent (python3, tmux)
     host_for(job)               the host of a job launched earlier (from the store's record)
-    jobdir(job_id)              where the job's directory is on that host
-    data_dir()                  where datasets are cached on that host
-    release(store, job)         give the host back: nothing may keep billing afterwards
+    jobdir(job_id, host)        where the job's directory is on that host
+    data_dir(host)              where datasets are cached on that host
+    shutdown(spec)              (command, delay): how the host powers itself off after the job
+    release(store, job, force)  give the host back: nothing may keep billing afterwards
 """
 
 from __future__ import annotations
 
 from ..errors import UsageError
 
-BACKENDS = ("local",)
+BACKENDS = ("local", "aws")
 
 
 def get(name: str):
@@ -22,4 +25,8 @@ def get(name: str):
         from .local import LocalProvider
 
         return LocalProvider()
+    if name == "aws":
+        from .aws import AWSProvider
+
+        return AWSProvider()
     raise UsageError(f"unknown backend '{name}'; known backends: {', '.join(BACKENDS)}")

@@ -49,13 +49,24 @@ class LocalProvider:
         info = job.host or {}
         return self._host(info.get("tmux_socket"), info.get("python"))
 
-    def jobdir(self, job_id: str) -> str:
+    def setup(self, host: LocalHost) -> None:
+        """Nothing to install here: preflight checked tmux and the Python modules."""
+
+    def jobdir(self, job_id: str, host: LocalHost | None = None) -> str:
         return str(config.home() / "jobs" / job_id)
 
-    def data_dir(self) -> str:
+    def data_dir(self, host: LocalHost | None = None) -> str:
         return str(config.home() / "data")
 
-    def release(self, store: Store, job: Job) -> None:
+    def shutdown(self, spec) -> tuple[str | None, float]:
+        return None, 0.0  # never power off the user's own machine
+
+    def plan(self, spec) -> list[tuple[str, str]]:
+        self.preflight(spec)
+        return [("backend", "local (this machine)"), ("runs", spec.display()),
+                ("max runtime", f"{spec.max_runtime_s / 60:g} min"), ("cost", "$0.00")]
+
+    def release(self, store: Store, job: Job, force: bool = False) -> None:
         for inst in store.instances(job.id):
             if inst.state != "terminated":
                 store.update_instance(inst.id, state="terminated", terminated_at=time.time())

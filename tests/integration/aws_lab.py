@@ -1,0 +1,162 @@
+"""An AWS stand-in for integration tests: moto's EC2/SSM/STS server in this process, a VPC
+whose subnets are loopback ranges, and one real sshd listening on every address those
+subnets can hand out, so the instance moto "starts" answers SSH at its private IP.
+
+Faults are injected by patching moto's backend (it runs in this process, in a thread).
+"""
+
+from __future__ import annotations
+
+import getpass
+import ipaddress
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+import requests
+from botocore.config import Config
+from moto.server import ThreadedMotoServer
+
+from cloudtrain.ssh import generate_ed25519
+from sshd import SSHD, free_port
+
+REGION = "us-east-1"
+SUBNETS = {"us-east-1a": "127.0.1.0/28", "us-east-1b": "127.0.2.0/28"}
+DLAMI_PARAMETER = ("/aws/service/deeplearning/ami/x86_64/"
+                   "oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id")
+
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
+           "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+
+SHUTDOWN_RECORDER = """#!{python}
+# Stands in for `sudo shutdown -h now` on an instance launched with shutdown behaviour
+# terminate: records the request, then terminates the instance in moto, as EC2 would.
+import json, os, sys, time
+import boto3
+job = json.load(open(os.path.join(os.environ["CLOUDTRAIN_JOB_DIR"], "job.json")))["job_id"]
+with open({log!r}, "a") as f:
+    f.write(json.dumps({{"job": job, "at": time.time()}}) + "\\n")
+ec2 = boto3.client("ec2", endpoint_url={endpoint!r}, region_name={region!r},
+                   aws_access_key_id="testing", aws_secret_access_key="testing")
+ids = [i["InstanceId"] for r in ec2.describe_instances(Filters=[
+    {{"Name": "tag:cloudtrain:job", "Values": [job]}}])["Reservations"] for i in r["Instances"]]
+if ids:
+    ec2.terminate_instances(InstanceIds=ids)
+"""
+
+
+class AWSLab:
+    def __init__(self, endpoint: str, home: Path, work: Path):
+        self.endpoint = endpoint
+        self.home = home
+        self.work = work
+        self.ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name=REGION,
+                                config=Config(retries={"max_attempts": 1}), **_creds())
+        self.shutdown_log = work / "shutdowns.jsonl"
+        self.sshd: SSHD | None = None
+
+    def build(self, ssh_port: int) -> None:
+        vpc = self.ec2.create_vpc(CidrBlock="127.0.0.0/16")["Vpc"]["VpcId"]
+        self.vpc = vpc
+        self.subnets = {}
+        for zone, cidr in SUBNETS.items():
+            self.subnets[zone] = self.ec2.create_subnet(
+                VpcId=vpc, CidrBlock=cidr, AvailabilityZone=zone)["Subnet"]["SubnetId"]
+        image = self.ec2.register_image(
+            Name="Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.9 (Ubuntu 24.04) 20261101",
+            RootDeviceName="/dev/sda1")["ImageId"]
+        self.ami = image
+        # AWS's public /aws/service/... parameters cannot be put through the API (moto refuses
+        # reserved names as AWS does), so the DLAMI's parameter goes into moto's backend.
+        import datetime
+
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ssm.models import Parameter, ssm_backends
+
+        ssm_backends[DEFAULT_ACCOUNT_ID][REGION]._parameters[DLAMI_PARAMETER].append(Parameter(
+            account_id=DEFAULT_ACCOUNT_ID, name=DLAMI_PARAMETER, value=image,
+            parameter_type="String", description=None, allowed_pattern=None, keyid=None,
+            last_modified_date=datetime.datetime.now(), version=1, data_type="text"))
+        # cloudtrain's own key, made where it looks for it, so the sshd can trust it.
+        key = self.home / "keys" / REGION / "cloudtrain_ed25519"
+        key.parent.mkdir(parents=True, exist_ok=True)
+        public = generate_ed25519(str(key))
+        Path(f"{key}.pub").write_text(public + "\n")
+        # moto hands out a subnet's addresses in order after the 3 AWS reserves (.4 first);
+        # sshd takes at most 16 listen addresses: the first 8 of each subnet.
+        listen = [str(ip) for cidr in SUBNETS.values()
+                  for ip in list(ipaddress.ip_network(cidr).hosts())[3:11]]
+        self.sshd = SSHD(self.work / "sshd", host=listen[0], port=ssh_port)
+        self.sshd.authorize(public)
+        self.sshd.listen_on(listen)
+        self.sshd.start()
+        recorder = self.work / "fake-shutdown"
+        recorder.write_text(SHUTDOWN_RECORDER.format(
+            python=sys.executable, log=str(self.shutdown_log), endpoint=self.endpoint,
+            region=REGION))
+        recorder.chmod(recorder.stat().st_mode | stat.S_IXUSR)
+        self.recorder = recorder
+
+    def config(self, **overrides) -> dict:
+        values = {
+            "stop_grace_seconds": 2.0, "heartbeat_seconds": 0.5, "stale_after_seconds": 10.0,
+            "region": REGION, "vpc_id": self.vpc, "connect": "private",
+            "ssh_port": self.sshd.port, "ssh_user": getpass.getuser(), "ssh_cidr": "127.0.0.1/32",
+            "remote_python": sys.executable, "remote_root": str(self.work / "remote"),
+            "shutdown_command": str(self.recorder), "shutdown_delay_seconds": 0.0,
+            "instance_wait_seconds": 10.0, "ssh_wait_seconds": 5.0, "poll_seconds": 0.1,
+        }
+        values.update(overrides)
+        return values
+
+    def write_config(self, **overrides) -> None:
+        (self.home / "config.yaml").write_text(
+            "".join(f"{k}: {json.dumps(v)}\n" for k, v in self.config(**overrides).items()))
+
+    def instances(self, **filters) -> list[dict]:
+        f = [{"Name": k, "Values": [v]} for k, v in filters.items()]
+        out = []
+        for res in self.ec2.describe_instances(Filters=f)["Reservations"]:
+            out.extend(res["Instances"])
+        return out
+
+    def tags(self, raw: dict) -> dict:
+        return {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+
+    def shutdowns(self) -> list[dict]:
+        if not self.shutdown_log.exists():
+            return []
+        return [json.loads(l) for l in self.shutdown_log.read_text().splitlines()]
+
+
+def _creds() -> dict:
+    return {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws(moto_endpoint, ct_home, tmp_path, monkeypatch):
+    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    for k, v in AWS_ENV.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    lab = AWSLab(moto_endpoint, ct_home, tmp_path / "lab")
+    lab.work.mkdir()
+    lab.build(free_port())
+    lab.write_config()
+    yield lab
+    lab.sshd.stop()
+    os.environ.pop("AWS_ENDPOINT_URL", None)

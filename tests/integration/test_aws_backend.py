@@ -1,0 +1,231 @@
+"""The AWS backend end to end against moto, with a real sshd at the instance's private IP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from moto.ec2.exceptions import EC2ClientError
+from moto.ec2.models.instances import InstanceBackend
+
+from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
+from conftest import REPO, wait_for
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
+
+
+def _instance_rows(ct_home, job_id):
+    db = sqlite3.connect(ct_home / "state.db")
+    db.row_factory = sqlite3.Row
+    return [dict(r) for r in db.execute("SELECT * FROM instances WHERE job_id = ?", (job_id,))]
+
+
+def test_recipe_runs_on_an_instance_and_nothing_is_left(cli, aws, ct_home, toy_recipes):
+    proc = cli("launch", "--recipe", "toy", "--instance", "g5.xlarge", "--name", "cloudy",
+               "--follow", "--quiet", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    assert "args {'epochs': 2" in proc.stdout
+
+    job = cli.job(job_id)
+    assert job["state"] == "succeeded" and job["backend"] == "aws"
+    assert job["metrics"]["epoch"] == 2
+    phases = [p["name"] for p in job["timeline"]]
+    assert phases[:3] == ["pending", "provisioning", "instance"] and phases[-1] == "succeeded"
+    # Logs and metrics came home before the instance went.
+    local = ct_home / "jobs" / job_id
+    assert "args {" in (local / "output.log").read_text()
+    assert len((local / "metrics.jsonl").read_text().splitlines()) == 2
+    assert cli.ok("logs", job_id).stdout.startswith("args {")
+
+    (raw,) = aws.instances(**{"tag:cloudtrain:job": job_id})
+    assert raw["State"]["Name"] == "terminated"
+    tags = aws.tags(raw)
+    assert tags["cloudtrain:recipe"] == "toy" and tags["Name"] == f"cloudtrain-{job_id}-cloudy"
+    assert tags["cloudtrain:owner"].startswith("arn:aws:")
+    assert raw["MetadataOptions"]["HttpTokens"] == "required"
+    assert raw["ImageId"] == aws.ami  # the DLAMI, resolved through its SSM parameter
+    assert raw["PrivateIpAddress"].startswith("127.0.1.")  # the first AZ had capacity
+    attr = aws.ec2.describe_instance_attribute(InstanceId=raw["InstanceId"],
+                                               Attribute="instanceInitiatedShutdownBehavior")
+    assert attr["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+    # The agent powered the host off after the job (the shutdown behaviour terminated it).
+    assert [s["job"] for s in aws.shutdowns()] == [job_id]
+    (row,) = _instance_rows(ct_home, job_id)
+    assert row["state"] == "terminated" and row["zone"] == "us-east-1a"
+    assert row["market"] == "on-demand" and row["price_per_hour"] == pytest.approx(1.006)
+
+
+def test_spot_launch(cli, aws, toy_recipes, ct_home):
+    proc = cli("launch", "--recipe", "toy", "--instance", "g5.xlarge", "--spot",
+               "--max-price", "0.5", "--follow", "--quiet", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    (raw,) = aws.instances(**{"tag:cloudtrain:job": job_id})
+    assert raw.get("InstanceLifecycle") == "spot"
+    (row,) = _instance_rows(ct_home, job_id)
+    assert row["market"] == "spot"
+
+
+def _fail_in(zones, code, message="no"):
+    original = InstanceBackend.run_instances
+
+    def run_instances(self, image_id, count, user_data, security_group_names, **kwargs):
+        subnet = kwargs.get("subnet_id")
+        zone = self.get_subnet(subnet).availability_zone if subnet else None
+        if zone in zones or zones == "all":
+            raise EC2ClientError(code, message)
+        return original(self, image_id, count, user_data, security_group_names, **kwargs)
+
+    return run_instances
+
+
+def test_capacity_error_in_first_az_then_success_in_the_second(cli, aws, ct_home, monkeypatch):
+    monkeypatch.setattr(InstanceBackend, "run_instances",
+                        _fail_in({"us-east-1a"}, "InsufficientInstanceCapacity",
+                                 "We currently do not have sufficient g5.xlarge capacity"))
+    proc = cli("launch", "--instance", "g5.xlarge", "--follow", "--quiet", "--", "echo", "hi")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    (row,) = _instance_rows(ct_home, job_id)
+    assert row["zone"] == "us-east-1b"
+    assert json.loads(row["details"])["attempts"][0]["zone"] == "us-east-1a"
+    (raw,) = aws.instances(**{"tag:cloudtrain:job": job_id})
+    assert raw["PrivateIpAddress"].startswith("127.0.2.")
+
+
+def test_no_capacity_anywhere_names_every_az(cli, aws, monkeypatch):
+    monkeypatch.setattr(InstanceBackend, "run_instances",
+                        _fail_in("all", "InsufficientInstanceCapacity", "no capacity"))
+    proc = cli("launch", "--instance", "g5.xlarge", "--", "true")
+    assert proc.returncode == 1
+    first = proc.stderr.splitlines()[0]
+    assert "no capacity for g5.xlarge (on-demand) in us-east-1, every AZ tried" in first
+    assert "us-east-1a: InsufficientInstanceCapacity" in first and "us-east-1b:" in first
+    assert "--spot" in proc.stderr
+    assert aws.instances() == []
+    job = json.loads(cli.ok("status", "--json").stdout)[0]
+    assert job["state"] == "failed" and "no capacity" in job["reason"]
+
+
+def test_quota_error_stops_at_once(cli, aws, monkeypatch):
+    monkeypatch.setattr(InstanceBackend, "run_instances",
+                        _fail_in("all", "VcpuLimitExceeded", "You have requested more vCPU"))
+    proc = cli("launch", "--instance", "g5.xlarge", "--spot", "--", "true")
+    assert proc.returncode == 1
+    assert "VcpuLimitExceeded" in proc.stderr and "AZs tried: us-east-1a)" in proc.stderr
+    assert "Service Quotas" in proc.stderr
+
+
+def test_throttling_is_retried(cli, aws, monkeypatch):
+    from moto.ec2.models.instances import InstanceBackend as IB
+
+    original = IB.describe_instances
+    state = {"left": 2}
+
+    def flaky(self, *args, **kwargs):
+        if state["left"] > 0:
+            state["left"] -= 1
+            raise EC2ClientError("RequestLimitExceeded", "Request limit exceeded.")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(IB, "describe_instances", flaky)
+    proc = cli("launch", "--instance", "g5.xlarge", "--follow", "--", "echo", "ok")
+    assert proc.returncode == 0, proc.stderr
+    assert state["left"] == 0
+
+
+def test_ssh_never_answering_terminates_the_instance(cli, aws, ct_home):
+    aws.sshd.stop()
+    proc = cli("launch", "--instance", "g5.xlarge", "--", "true", timeout=60)
+    assert proc.returncode == 1
+    first = proc.stderr.splitlines()[0]
+    assert "SSH to i-" in first and "did not answer in 5 s" in first
+    assert "get-console-output --instance-id i-" in proc.stderr
+    (raw,) = aws.instances()
+    assert raw["State"]["Name"] == "terminated"
+    job = json.loads(cli.ok("status", "--json").stdout)[0]
+    assert job["state"] == "failed"
+    assert all(r["state"] == "terminated" for r in _instance_rows(ct_home, job["id"]))
+
+
+def test_failing_job_is_failed_and_its_instance_gone(cli, aws):
+    proc = cli("launch", "--instance", "g5.xlarge", "--follow", "--", "bash", "-c",
+               "echo about to fail; exit 3", timeout=60)
+    assert proc.returncode == 1
+    assert "about to fail" in proc.stdout and "exit code 3" in proc.stderr
+    (raw,) = aws.instances()
+    assert raw["State"]["Name"] == "terminated"
+
+
+def test_ctrl_c_while_waiting_for_ssh_leaves_no_instance(cli, aws, ct_home):
+    aws.sshd.stop()
+    aws.write_config(ssh_wait_seconds=60.0)
+    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "launch", "--instance",
+                             "g5.xlarge", "--", "true"], cwd=REPO, env=os.environ,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: aws.instances(), timeout=30, what="instance started")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    (raw,) = aws.instances()
+    assert raw["State"]["Name"] == "terminated"
+    job = json.loads(cli.ok("status", "--json").stdout)[0]
+    assert job["state"] == "cancelled" and job["reason"] == "interrupted during launch"
+
+
+def test_keep_then_down_terminates_and_cleans_up(cli, aws, ct_home):
+    job_id = cli.launch("--instance", "g5.xlarge", "--keep", "--", "bash", "-c",
+                        "echo kept; sleep 60")
+    wait_for(lambda: "kept" in cli.ok("logs", job_id).stdout, timeout=30, what="remote output")
+    assert cli.job(job_id)["state"] == "running"
+    assert len(aws.ec2.describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": ["cloudtrain"]}])["SecurityGroups"]) == 1
+    out = cli.ok("down", job_id).stdout
+    assert f"{job_id}: cancelled" in out
+    (raw,) = aws.instances()
+    assert raw["State"]["Name"] == "terminated"
+    assert aws.ec2.describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": ["cloudtrain"]}])["SecurityGroups"] == []
+    assert aws.ec2.describe_key_pairs()["KeyPairs"] == []
+    assert aws.shutdowns() == []  # --keep: the agent did not power the host off
+    assert "kept" in (ct_home / "jobs" / job_id / "output.log").read_text()
+
+
+def test_status_refresh_shows_instances_the_store_does_not_know(cli, aws):
+    aws.ec2.run_instances(ImageId=aws.ami, MinCount=1, MaxCount=1, InstanceType="g5.xlarge",
+                          TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                              {"Key": "cloudtrain:job", "Value": "lostjob1"}]}])
+    out = cli.ok("status", "--refresh").stdout
+    line = [l for l in out.splitlines() if "lostjob1" in l][0]
+    assert "NO: not in the local store" in line and "g5.xlarge" in line
+
+
+def test_dry_run_creates_nothing_and_checks_permissions(cli, aws):
+    out = cli.ok("launch", "--recipe", "toy", "--instance", "g5.xlarge", "--spot", "--dry-run",
+                 env={"CLOUDTRAIN_RECIPES": ""}).stdout if False else None
+    proc = cli("launch", "--instance", "g5.xlarge", "--spot", "--dry-run", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "g5.xlarge: 1x A10G" in out and "market       spot" in out
+    assert "AZs to try   us-east-1a, us-east-1b" in out
+    assert f"AMI          {aws.ami}" in out
+    assert "RunInstances allowed (EC2 DryRun)" in out
+    assert aws.instances() == []
+    assert json.loads(cli.ok("status", "--json").stdout) == []
+
+
+def test_missing_credentials_is_one_line(cli, aws):
+    env = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+    proc = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", "--instance",
+                           "g5.xlarge", "--", "true"], cwd=REPO, capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items()
+                               if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[0] == "Error: no AWS credentials found"
+    assert "aws configure" in proc.stderr and "Traceback" not in proc.stderr

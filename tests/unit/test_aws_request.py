@@ -1,0 +1,59 @@
+"""The RunInstances request cloudtrain sends (checked whole: this is what bills)."""
+
+from __future__ import annotations
+
+from cloudtrain.config import Settings
+from cloudtrain.providers.aws import AWSProvider
+from cloudtrain.spec import JobSpec
+from cloudtrain.state import Job
+
+
+def _job():
+    return Job(id="abcd1234", name="exp", kind="recipe", recipe="resnet9", command="resnet9",
+               backend="aws", state="provisioning", created_at=0.0, started_at=None,
+               ended_at=None, exit_code=None, reason=None, spec={}, host=None, jobdir=None,
+               metrics=None, cost=None)
+
+
+def _request(**spec_fields):
+    spec = JobSpec(kind="recipe", backend="aws", recipe="resnet9", instance_type="g5.xlarge",
+                   max_runtime_s=3600, **spec_fields)
+    provider = AWSProvider(Settings(shutdown_command="sudo shutdown -h now"))
+    return provider.run_request(_job(), spec, "subnet-1", "sg-1", "ami-1", "key-1",
+                                "arn:aws:iam::1:user/me", 60, "/dev/sda1")
+
+
+def test_on_demand_request():
+    r = _request()
+    assert r["InstanceInitiatedShutdownBehavior"] == "terminate"
+    assert r["MetadataOptions"]["HttpTokens"] == "required"
+    assert "InstanceMarketOptions" not in r
+    (bdm,) = r["BlockDeviceMappings"]
+    assert bdm["DeviceName"] == "/dev/sda1"
+    assert bdm["Ebs"] == {"VolumeSize": 60, "VolumeType": "gp3", "Encrypted": True,
+                          "DeleteOnTermination": True}
+    tags = {s["ResourceType"]: {t["Key"]: t["Value"] for t in s["Tags"]}
+            for s in r["TagSpecifications"]}
+    assert set(tags) == {"instance", "volume"}
+    assert tags["instance"] == tags["volume"] == {
+        "cloudtrain:job": "abcd1234", "cloudtrain:owner": "arn:aws:iam::1:user/me",
+        "cloudtrain:recipe": "resnet9", "Name": "cloudtrain-abcd1234-exp"}
+    assert (r["SubnetId"], r["SecurityGroupIds"], r["KeyName"], r["ImageId"]) == \
+        ("subnet-1", ["sg-1"], "key-1", "ami-1")
+
+
+def test_spot_request_is_one_time_and_terminates():
+    r = _request(market="spot", max_price=0.5)
+    assert r["InstanceMarketOptions"] == {"MarketType": "spot", "SpotOptions": {
+        "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate",
+        "MaxPrice": "0.5000"}}
+
+
+def test_user_data_powers_off_after_the_max_runtime_plus_margin():
+    r = _request()
+    ud = r["UserData"]
+    for placeholder in ("@@JOB_ID@@", "@@MAX_RUNTIME_MINUTES@@", "@@SHUTDOWN_COMMAND@@"):
+        assert placeholder not in ud
+    assert "\n75\n" in ud  # 60 min runtime + 15 min margin
+    assert "\nabcd1234\n" in ud
+    assert "\nshutdown -h now\n" in ud and "sudo shutdown" not in ud  # user-data runs as root
