@@ -62,6 +62,12 @@ def last_lines(data: bytes, lines: int) -> bytes:
     return b"".join(parts[-lines:])
 
 
+def default_tmux_socket() -> str:
+    """The tmux server (`tmux -L`) jobs run under; tests set their own so as to keep out of
+    a user's way (and, on namespace hosts, out of each other's)."""
+    return os.environ.get("CLOUDTRAIN_TMUX_SOCKET", "cloudtrain")
+
+
 def session_name(job_id: str) -> str:
     return f"ct-{job_id}"
 

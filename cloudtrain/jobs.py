@@ -138,6 +138,7 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
     try:
         _advance(store, job.id, state.PROVISIONING)
         host = provider.acquire(store, job, spec)
+        _open_hosts[job.id] = host
         jobdir = provider.jobdir(job.id, host)
         store.update_job(job.id, host=host.describe(), jobdir=jobdir)
 
@@ -248,12 +249,23 @@ def _abort_launch(store, settings, provider, job, host, exc) -> None:
 # -- observing -----------------------------------------------------------------------------------
 
 
+# Hosts this process has opened, by job: one SSH connection per host for every step.
+_open_hosts: dict[str, Host] = {}
+
+
 def host_of(job: Job) -> Host:
     """The host that has the job's directory: its instance, or this machine once the job's
     files were collected here."""
-    if (job.host or {}).get("kind") == "LocalHost" and job.backend != "local":
-        return LocalHost((job.host or {}).get("tmux_socket", "cloudtrain"))
-    return providers.get(job.backend).host_for(job)
+    kind = (job.host or {}).get("kind")
+    cached = _open_hosts.get(job.id)
+    if cached is not None and type(cached).__name__ == kind:
+        return cached
+    if kind == "LocalHost" and job.backend != "local":
+        host: Host = LocalHost((job.host or {}).get("tmux_socket", "cloudtrain"))
+    else:
+        host = providers.get(job.backend).host_for(job)
+    _open_hosts[job.id] = host
+    return host
 
 
 def refresh(store: Store, settings: config.Settings, job: Job) -> Job:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .. import catalog, config
 from ..errors import CloudtrainError, HostError, MissingDependency, UsageError
-from ..hosts import SSHHost
+from ..hosts import SSHHost, default_tmux_socket
 from ..ssh import Endpoint, generate_ed25519
 from ..state import Instance, Job, Store
 
@@ -423,7 +423,8 @@ class AWSProvider:
         deadline = time.monotonic() + self.settings.ssh_wait_seconds
         last = None
         while time.monotonic() < deadline:
-            host = SSHHost(endpoint, python=self.settings.remote_python or "python3")
+            host = SSHHost(endpoint, default_tmux_socket(),
+                           python=self.settings.remote_python or "python3")
             try:
                 host.run("true", timeout=30)
                 return host

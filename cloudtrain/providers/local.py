@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 from .. import config
 from ..errors import MissingDependency
-from ..hosts import LocalHost
+from ..hosts import LocalHost, default_tmux_socket
 from ..state import Instance, Job, Store
-
-
-def tmux_socket() -> str:
-    """The tmux server jobs run under; tests set their own to keep out of a user's way."""
-    return os.environ.get("CLOUDTRAIN_TMUX_SOCKET", "cloudtrain")
 
 
 class LocalProvider:
@@ -23,7 +17,7 @@ class LocalProvider:
         self.settings = config.Settings.load()
 
     def _host(self, tmux: str | None = None, python: str | None = None) -> LocalHost:
-        return LocalHost(tmux or tmux_socket(), python or self.settings.python or None)
+        return LocalHost(tmux or default_tmux_socket(), python or self.settings.python or None)
 
     def preflight(self, spec) -> None:
         host = self._host()

@@ -10,6 +10,7 @@ import pytest
 
 from cloudtrain.hosts import SSHHost
 from cloudtrain.ssh import Endpoint
+from conftest import wait_for
 from netns import NetnsLab, cleanup_stale, netns_available
 
 REASON = netns_available()
@@ -51,8 +52,10 @@ def test_two_hosts_each_with_its_own_sshd(tmp_path):
         assert refused.returncode != 0 and "ConnectionRefused" in refused.stderr
         # A background process in a namespace is killed at exit.
         sleeper = b.popen(["sleep", "60"])
-        assert str(sleeper.pid) in subprocess.run(["ip", "netns", "pids", b.name],
-                                                  capture_output=True, text=True).stdout
+        # `ip netns exec` joins the namespace just after it starts: wait for that.
+        wait_for(lambda: str(sleeper.pid) in subprocess.run(
+            ["ip", "netns", "pids", b.name], capture_output=True, text=True).stdout.split(),
+            timeout=5, what="process in the namespace")
         assert leftovers(lab.prefix)
         with pytest.raises(ValueError):
             lab.add_host("10.201.0.5")

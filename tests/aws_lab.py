@@ -61,10 +61,24 @@ class AWSLab:
         self.sshd: SSHD | None = None
 
     def build(self, ssh_port: int) -> None:
-        vpc = self.ec2.create_vpc(CidrBlock="127.0.0.0/16")["Vpc"]["VpcId"]
+        """Loopback subnets, one sshd answering at every address they hand out."""
+        public = self.build_cloud("127.0.0.0/16", SUBNETS)
+        # moto hands out a subnet's addresses in order after the 3 AWS reserves (.4 first);
+        # sshd takes at most 16 listen addresses: the first 8 of each subnet.
+        listen = [str(ip) for cidr in SUBNETS.values()
+                  for ip in list(ipaddress.ip_network(cidr).hosts())[3:11]]
+        self.sshd = SSHD(self.work / "sshd", host=listen[0], port=ssh_port)
+        self.sshd.authorize(public)
+        self.sshd.listen_on(listen)
+        self.sshd.start()
+
+    def build_cloud(self, vpc_cidr: str, subnets: dict[str, str]) -> str:
+        """VPC, subnets, the DLAMI (image + SSM parameter), cloudtrain's key and the shutdown
+        recorder. Returns the public key line an sshd must trust."""
+        vpc = self.ec2.create_vpc(CidrBlock=vpc_cidr)["Vpc"]["VpcId"]
         self.vpc = vpc
         self.subnets = {}
-        for zone, cidr in SUBNETS.items():
+        for zone, cidr in subnets.items():
             self.subnets[zone] = self.ec2.create_subnet(
                 VpcId=vpc, CidrBlock=cidr, AvailabilityZone=zone)["Subnet"]["SubnetId"]
         image = self.ec2.register_image(
@@ -87,26 +101,20 @@ class AWSLab:
         key.parent.mkdir(parents=True, exist_ok=True)
         public = generate_ed25519(str(key))
         Path(f"{key}.pub").write_text(public + "\n")
-        # moto hands out a subnet's addresses in order after the 3 AWS reserves (.4 first);
-        # sshd takes at most 16 listen addresses: the first 8 of each subnet.
-        listen = [str(ip) for cidr in SUBNETS.values()
-                  for ip in list(ipaddress.ip_network(cidr).hosts())[3:11]]
-        self.sshd = SSHD(self.work / "sshd", host=listen[0], port=ssh_port)
-        self.sshd.authorize(public)
-        self.sshd.listen_on(listen)
-        self.sshd.start()
+        self.key = key
         recorder = self.work / "fake-shutdown"
         recorder.write_text(SHUTDOWN_RECORDER.format(
             python=sys.executable, log=str(self.shutdown_log), endpoint=self.endpoint,
             region=REGION))
         recorder.chmod(recorder.stat().st_mode | stat.S_IXUSR)
         self.recorder = recorder
+        return public
 
     def config(self, **overrides) -> dict:
         values = {
             "stop_grace_seconds": 2.0, "heartbeat_seconds": 0.5, "stale_after_seconds": 10.0,
             "region": REGION, "vpc_id": self.vpc, "connect": "private",
-            "ssh_port": self.sshd.port, "ssh_user": getpass.getuser(), "ssh_cidr": "127.0.0.1/32",
+            "ssh_port": self.sshd.port if self.sshd else 22, "ssh_user": getpass.getuser(), "ssh_cidr": "127.0.0.1/32",
             "remote_python": sys.executable, "remote_root": str(self.work / "remote"),
             "shutdown_command": str(self.recorder), "shutdown_delay_seconds": 0.0,
             "instance_wait_seconds": 10.0, "ssh_wait_seconds": 5.0, "poll_seconds": 0.1,
@@ -159,4 +167,3 @@ def aws(moto_endpoint, ct_home, tmp_path, monkeypatch):
     lab.write_config()
     yield lab
     lab.sshd.stop()
-    os.environ.pop("AWS_ENDPOINT_URL", None)

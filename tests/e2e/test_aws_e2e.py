@@ -1,0 +1,72 @@
+"""End to end through the real AWS code path: moto for EC2, an instance that is a network
+namespace whose sshd listens on the private IP moto assigned, ResNet9's smoke profile run to
+`succeeded`, the host asking to power itself off, and `down` leaving nothing running."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import requests
+from moto.server import ThreadedMotoServer
+
+from aws_lab import AWS_ENV, AWSLab
+from netns import NetnsLab, netns_available
+from sshd import free_port
+
+reason = netns_available()
+pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
+              pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs sshd")]
+pytest.importorskip("torch")
+
+HOST_IP = "10.200.0.4"  # the first address moto hands out in 10.200.0.0/24
+
+
+def test_resnet9_smoke_through_the_aws_path_on_a_namespace_host(cli, ct_home, tmp_path,
+                                                                monkeypatch):
+    tmux_socket = f"ct-e2e-{os.getpid()}"
+    monkeypatch.setenv("CLOUDTRAIN_TMUX_SOCKET", tmux_socket)
+    with NetnsLab(tmp_path / "netns") as net:
+        host = net.add_host(HOST_IP)
+        # moto listens on the bridge, so the host's shutdown shim can reach it too.
+        port = free_port("10.200.0.1")
+        server = ThreadedMotoServer(ip_address="10.200.0.1", port=port, verbose=False)
+        server.start()
+        try:
+            endpoint = f"http://10.200.0.1:{port}"
+            requests.post(f"{endpoint}/moto-api/reset", timeout=10)
+            for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
+                monkeypatch.setenv(k, v)
+            lab = AWSLab(endpoint, ct_home, tmp_path / "lab")
+            lab.work.mkdir()
+            lab.build_cloud("10.200.0.0/16", {"us-east-1a": "10.200.0.0/24"})
+            sshd = host.start_sshd(client_key=lab.key)
+            lab.write_config(ssh_port=22, ssh_wait_seconds=20.0)
+
+            proc = cli("launch", "--recipe", "resnet9", "--profile", "smoke", "--instance",
+                       "g5.xlarge", "--spot", "--follow", "--quiet", timeout=300)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            job_id = proc.stdout.splitlines()[0]
+            assert "resnet9: done, 2 epochs" in proc.stdout
+            job = cli.job(job_id)
+            assert job["state"] == "succeeded" and job["metrics"]["epoch"] == 2
+
+            (raw,) = lab.instances(**{"tag:cloudtrain:job": job_id})
+            assert raw["PrivateIpAddress"] == HOST_IP
+            assert raw["State"]["Name"] == "terminated"
+            # The host itself asked to power off (the shim terminated it in moto).
+            assert [s["job"] for s in lab.shutdowns()] == [job_id]
+            # The job ran inside the namespace: its sshd logged cloudtrain's one login.
+            assert sshd.connections() == 1
+            remote = json.loads((lab.work / "remote" / "jobs" / job_id / "status.json").read_text())
+            assert remote["state"] == "succeeded"
+            assert "resnet9: done" in (ct_home / "jobs" / job_id / "output.log").read_text()
+
+            cli.ok("down", "--all")
+            running = [i for i in lab.instances() if i["State"]["Name"] != "terminated"]
+            assert running == []
+        finally:
+            subprocess.run(["tmux", "-L", tmux_socket, "kill-server"], capture_output=True)
+            server.stop()
