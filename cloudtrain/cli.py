@@ -75,6 +75,8 @@ def recipes(name: str | None) -> None:
 @click.option("--keep", is_flag=True, default=None, help="Keep the instance after the job (stop it "
               "with `cloudtrain down`).")
 @click.option("--idle-minutes", type=float, help="Power the instance off this long after the job.")
+@click.option("--on", "on_job", metavar="JOB", help="Run on that job's kept instance (--keep): "
+              "no provisioning, only changed files synced.")
 @click.option("--dry-run", is_flag=True, help="Show the plan and its price; create nothing.")
 @click.option("--resume-from", metavar="JOB", help="Start from that job's last checkpoint "
               "(same recipe; sets resume=true).")
@@ -82,8 +84,8 @@ def recipes(name: str | None) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="Print only the job id.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, spot, region,
-           ami, disk_gb, max_price, keep, idle_minutes, dry_run, resume_from, follow, quiet,
-           command):
+           ami, disk_gb, max_price, keep, idle_minutes, on_job, dry_run, resume_from, follow,
+           quiet, command):
     """Launch a recipe, or your own command after --, and return with its job id.
 
     \b
@@ -104,7 +106,7 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
                            resume_from=resume_from, placement=dict(
                                instance_type=instance_type, market=market, region=region, ami=ami,
                                disk_gb=disk_gb, max_price=max_price, keep=keep,
-                               idle_minutes=idle_minutes))
+                               idle_minutes=idle_minutes, on_job=on_job))
     if dry_run:
         click.echo(render.plan(jobs.plan(spec)))
         return

@@ -96,8 +96,9 @@ class Host(ABC):
         ...
 
     @abstractmethod
-    def sync(self, local_dir: Path, remote_dir: str) -> int:
-        ...
+    def sync(self, local_dir: Path, remote_dir: str, like: str | None = None) -> int:
+        """Copy local_dir's files (as git would keep them) to remote_dir; files unchanged
+        since `like` (an earlier copy on the host) are not sent again."""
 
     @abstractmethod
     def read(self, path: str, offset: int = 0, end: int | None = None) -> bytes:
@@ -192,7 +193,7 @@ class LocalHost(Host):
         Path(remote).parent.mkdir(parents=True, exist_ok=True)
         Path(remote).write_text(text)
 
-    def sync(self, local_dir: Path, remote_dir: str) -> int:
+    def sync(self, local_dir: Path, remote_dir: str, like: str | None = None) -> int:
         """Copy the files git would keep; unchanged files (size and mtime) are skipped."""
         copied = 0
         for rel in list_files(local_dir):
@@ -299,8 +300,9 @@ class SSHHost(Host):
         except FileNotFoundError:
             return b""
 
-    def sync(self, local_dir: Path, remote_dir: str) -> int:
-        """rsync over this connection where both ends have rsync, else a tar stream."""
+    def sync(self, local_dir: Path, remote_dir: str, like: str | None = None) -> int:
+        """rsync over this connection where both ends have rsync (hard-linking what is
+        unchanged since `like`), else a tar stream."""
         files = list_files(local_dir)
         self.run(f"mkdir -p {shlex.quote(remote_dir)}")
         if not files:
@@ -309,14 +311,16 @@ class SSHHost(Host):
             self._has_rsync = (shutil.which("rsync") is not None
                                and self.run("command -v rsync", check=False).ok)
         if self._has_rsync:
-            return self._rsync(Path(local_dir), remote_dir, files)
+            return self._rsync(Path(local_dir), remote_dir, files, like)
         return self._tar(Path(local_dir), remote_dir, files)
 
-    def _rsync(self, local_dir: Path, remote_dir: str, files: list[str]) -> int:
+    def _rsync(self, local_dir: Path, remote_dir: str, files: list[str],
+               like: str | None = None) -> int:
         relay = self.conn.relay()
+        extra = [f"--link-dest={like}"] if like else []
         try:
             proc = subprocess.run(
-                ["rsync", "-a", "--files-from=-", "--out-format=%n", "-e", relay.rsh(),
+                ["rsync", "-a", *extra, "--files-from=-", "--out-format=%n", "-e", relay.rsh(),
                  f"{local_dir}/", f"remote:{remote_dir}/"],
                 input="\n".join(files) + "\n", capture_output=True, text=True, timeout=3600)
         finally:

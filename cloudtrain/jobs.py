@@ -40,13 +40,19 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
     """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise).
     `placement`: instance_type, market, region, ami, disk_gb, max_price, keep, idle_minutes."""
     placement = {k: v for k, v in (placement or {}).items() if v is not None}
-    backend = backend or ("aws" if placement.get("instance_type") else settings.backend)
+    on_job = placement.pop("on_job", None)
+    if on_job and set(placement) - {"keep", "idle_minutes"}:
+        raise UsageError("--on JOB reuses that job's instance: leave out --instance, --spot, "
+                         "--region, --ami, --disk-gb and --max-price")
+    backend = backend or ("aws" if placement.get("instance_type") or on_job else settings.backend)
     if backend == "aws":
         placement.setdefault("instance_type", settings.instance_type)
         placement.setdefault("market", settings.market)
-    elif set(placement) - {"keep"} or placement.get("keep"):
-        raise UsageError(f"--{sorted(placement)[0].replace('_', '-')} applies to cloud backends, "
-                         f"not {backend}")
+        if on_job:
+            placement["on_job"] = on_job
+    elif on_job or set(placement) - {"keep"} or placement.get("keep"):
+        flag = "on" if on_job else sorted(placement)[0].replace("_", "-")
+        raise UsageError(f"--{flag} applies to cloud backends, not {backend}")
     providers.get(backend)  # unknown backend: error now, before anything else
     if recipe and command:
         raise UsageError("give either --recipe or a command after --, not both")
@@ -130,6 +136,7 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
     provider = providers.get(spec.backend)
     provider.preflight(spec)
     source = _resume_source(store, spec)
+    kept = _kept_source(store, spec)
     job = store.create_job(name=spec.name, kind=spec.kind, recipe=spec.recipe,
                            command=spec.display(), backend=spec.backend, spec=spec.to_dict(),
                            launcher=f"{socket.gethostname()}:{os.getpid()}")
@@ -137,30 +144,38 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
     agent_started = False
     try:
         _advance(store, job.id, state.PROVISIONING)
-        host = provider.acquire(store, job, spec)
+        if kept is not None:
+            host = provider.adopt(store, kept, job)
+            _open_hosts.pop(kept.id, None)
+        else:
+            host = provider.acquire(store, job, spec)
         _open_hosts[job.id] = host
         jobdir = provider.jobdir(job.id, host)
         store.update_job(job.id, host=host.describe(), jobdir=jobdir)
+        like = _remote_jobdir(kept) if kept is not None else None
 
         _advance(store, job.id, state.SYNCING)
+        sent = 0
         host.run(f"mkdir -p {shlex.quote(jobdir)}/checkpoints")
         host.put(AGENT_SOURCE, f"{jobdir}/agent.py")
         if spec.kind == RECIPE:
             from . import recipes
 
             rec = recipes.load(spec.recipe)
-            host.sync(rec.path, f"{jobdir}/recipes/{rec.name}")
+            sent += host.sync(rec.path, f"{jobdir}/recipes/{rec.name}",
+                              like and f"{like}/recipes/{rec.name}")
             shared = rec.path.parent / recipes.SHARED_DIR
             if shared.is_dir():
-                host.sync(shared, f"{jobdir}/recipes/{recipes.SHARED_DIR}")
+                sent += host.sync(shared, f"{jobdir}/recipes/{recipes.SHARED_DIR}",
+                                  like and f"{like}/recipes/{recipes.SHARED_DIR}")
         if spec.workdir:
-            host.sync(Path(spec.workdir), f"{jobdir}/work")
+            sent += host.sync(Path(spec.workdir), f"{jobdir}/work", like and f"{like}/work")
         else:
             host.run(f"mkdir -p {shlex.quote(jobdir)}/work")
         if source is not None:
             _copy_checkpoints(source, host, jobdir)
 
-        _advance(store, job.id, state.SETTING_UP)
+        _advance(store, job.id, state.SETTING_UP, detail=f"{sent} files sent")
         provider.setup(host)
         store.update_job(job.id, host=host.describe())
         data_dir = provider.data_dir(host)
@@ -195,9 +210,30 @@ class LaunchCancelled(CloudtrainError):
     """The job was stopped (`down`) while it was being launched."""
 
 
-def _advance(store: Store, job_id: str, new_state: str) -> None:
-    if not store.set_state(job_id, new_state) and not store.job(job_id).active:
+def _advance(store: Store, job_id: str, new_state: str, detail: str | None = None) -> None:
+    if not store.set_state(job_id, new_state, detail=detail) and not store.job(job_id).active:
         raise LaunchCancelled(f"job {job_id} was stopped during launch")
+
+
+def _kept_source(store: Store, spec: JobSpec) -> Job | None:
+    """The job whose kept instance `--on` reuses: ended, with its instance still running."""
+    if not spec.on_job:
+        return None
+    source = store.find_job(spec.on_job)
+    if source.backend != spec.backend:
+        raise UsageError(f"--on {source.id}: that job ran on {source.backend}, not {spec.backend}")
+    if source.active:
+        raise UsageError(f"--on {source.id}: the job is still {source.state}; wait for it, or "
+                         f"`cloudtrain down {source.id}`")
+    if not any(i.state != "terminated" for i in store.instances(source.id)):
+        raise UsageError(f"--on {source.id}: its instance is gone (launch it with --keep to reuse "
+                         "it)")
+    return source
+
+
+def _remote_jobdir(job: Job) -> str | None:
+    """Where a job's directory is on its host, also after its files were collected home."""
+    return (job.host or {}).get("remote_jobdir") or job.jobdir
 
 
 def _resume_source(store: Store, spec: JobSpec) -> Job | None:
@@ -478,6 +514,7 @@ class Phase:
     name: str
     start: float
     duration: float | None  # None: still in this phase
+    detail: str | None = None
 
 
 def timeline(store: Store, job: Job) -> list[Phase]:
@@ -485,10 +522,11 @@ def timeline(store: Store, job: Job) -> list[Phase]:
     phases = []
     for i, ev in enumerate(events):
         if ev.phase in state.TERMINAL_STATES:
-            phases.append(Phase(ev.phase, ev.at, 0.0))
+            phases.append(Phase(ev.phase, ev.at, 0.0, ev.detail))
             continue
         end = events[i + 1].at if i + 1 < len(events) else None
-        phases.append(Phase(ev.phase, ev.at, None if end is None else max(end - ev.at, 0.0)))
+        phases.append(Phase(ev.phase, ev.at, None if end is None else max(end - ev.at, 0.0),
+                            ev.detail))
     return phases
 
 
@@ -531,6 +569,9 @@ def detail(store: Store, settings: config.Settings, ref: str, tail_lines: int = 
     target, log_tail = None, b""
     if job.jobdir:
         host = host_of(job)
-        target = host.probe_job(job.jobdir, settings.stale_after_seconds).get("target")
-        log_tail, _ = host.tail(f"{job.jobdir}/output.log", tail_lines)
+        try:
+            target = host.probe_job(job.jobdir, settings.stale_after_seconds).get("target")
+            log_tail, _ = host.tail(f"{job.jobdir}/output.log", tail_lines)
+        except HostError as exc:  # the instance is gone and its files were not collected
+            log_tail = f"(output not available: {exc.message})\n".encode()
     return Detail(job, timeline(store, job), log_tail, target)

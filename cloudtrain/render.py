@@ -138,7 +138,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
     for ph in phases:
         took = "" if ph.name in ("succeeded", "failed", "cancelled", "preempted") else (
             duration(ph.duration) if ph.duration is not None else "(now)")
-        out.append(f"    {ph.name:<13} {clock(ph.start)}  {took}".rstrip())
+        out.append(f"    {ph.name:<13} {clock(ph.start)}  {took:<8} {ph.detail or ''}".rstrip())
     if log_tail:
         title = "last output" if job.state != "failed" else "last output (failed)"
         out.append(f"  {title}:")

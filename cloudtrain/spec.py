@@ -32,6 +32,7 @@ class JobSpec:
     max_price: float | None = None  # spot only, USD/h
     keep: bool = False  # leave the instance running after the job
     idle_minutes: float | None = None  # power off this long after the job ends
+    on_job: str | None = None  # run on that (kept) job's instance instead of a new one
 
     def display(self) -> str:
         """One line saying what runs: `resnet9 (smoke)` or the command."""

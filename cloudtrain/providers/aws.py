@@ -456,6 +456,19 @@ class AWSProvider:
             text = out
         return " | ".join(text.strip().splitlines()[-3:])
 
+    def adopt(self, store: Store, kept: Job, job: Job) -> SSHHost:
+        """`launch --on`: the new job takes over the kept job's instance (and from now on
+        its billing) without provisioning anything; the host is reached the same way."""
+        info = (kept.host or {}).get("collected_from") or kept.host or {}
+        host = self.host_for(Job(**{**kept.__dict__, "host": info}))
+        host.run("true")  # still there, and still the machine whose host key we pinned
+        for inst in store.instances(kept.id):
+            if inst.state != "terminated":
+                store.db.execute("UPDATE instances SET job_id = ? WHERE id = ?", (job.id, inst.id))
+                store.add_event(job.id, "instance", detail=f"{inst.id} taken over from job {kept.id}")
+                store.add_event(kept.id, "handover", detail=f"{inst.id} to job {job.id}")
+        return host
+
     def host_for(self, job: Job) -> SSHHost:
         info = job.host or {}
         endpoint = Endpoint(info["host"], info.get("port", 22), info.get("user", "ubuntu"),

@@ -229,3 +229,75 @@ def test_missing_credentials_is_one_line(cli, aws):
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[0] == "Error: no AWS credentials found"
     assert "aws configure" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_keep_then_launch_on_reuses_the_instance(cli, aws, ct_home, tmp_path):
+    work = tmp_path / "proj"
+    work.mkdir()
+    for i in range(5):
+        (work / f"m{i}.py").write_text(f"X = {i}\n")
+    first = cli("launch", "--instance", "g5.xlarge", "--keep", "--workdir", str(work),
+                "--follow", "--quiet", "--", "python", "m0.py")
+    assert first.returncode == 0, first.stderr
+    first_id = first.stdout.splitlines()[0]
+    (raw,) = aws.instances()
+    assert raw["State"]["Name"] == "running"  # kept after the job
+    assert aws.shutdowns() == []
+    assert _timeline_detail(cli, first_id, "setting-up") == "5 files sent"
+
+    (work / "m4.py").write_text("X = 'changed'\n")
+    proc = cli("launch", "--on", first_id, "--workdir", str(work), "--follow", "--quiet", "--",
+               "python", "-c", "import m4; print('second', m4.X)")
+    assert proc.returncode == 0, proc.stderr
+    second_id = proc.stdout.splitlines()[0]
+    assert "second changed" in proc.stdout
+    assert len(aws.instances()) == 1  # no new instance
+    assert _timeline_detail(cli, second_id, "setting-up") == "1 files sent"
+    rows = _instance_rows(ct_home, second_id)
+    assert [r["id"] for r in rows] == [raw["InstanceId"]] and rows[0]["state"] == "terminated"
+    assert aws.instances()[0]["State"]["Name"] == "terminated"  # the second job was not kept
+
+    proc = cli("launch", "--on", first_id, "--", "true")
+    assert proc.returncode == 2 and "its instance is gone" in proc.stderr
+
+
+def _timeline_detail(cli, job_id, phase):
+    return [p for p in cli.job(job_id)["timeline"] if p["name"] == phase][0].get("detail")
+
+
+def test_spot_interruption_shows_as_preempted(cli, aws, ct_home):
+    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--", "bash", "-c",
+                        "echo working; sleep 60")
+    wait_for(lambda: "working" in cli.ok("logs", job_id).stdout, timeout=30, what="job output")
+    # EC2 takes the spot instance back: the host vanishes, EC2 says why.
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ec2.models import ec2_backends
+
+    backend = ec2_backends[DEFAULT_ACCOUNT_ID]["us-east-1"]
+    (raw,) = aws.instances()
+    instance = backend.get_instance(raw["InstanceId"])
+    aws.sshd.stop()
+    subprocess.run(["tmux", "-L", os.environ["CLOUDTRAIN_TMUX_SOCKET"], "kill-session", "-t",
+                    f"ct-{job_id}"], capture_output=True)
+    backend.terminate_instances([raw["InstanceId"]])
+    from moto.ec2.models.instances import StateReason
+
+    instance.state_reason = StateReason("Server.SpotInstanceTermination: Spot instance "
+                                        "termination", "Server.SpotInstanceTermination")
+    job = cli.job(job_id)
+    assert job["state"] == "preempted" and job["reason"] == "spot instance interrupted"
+    assert all(r["state"] == "terminated" for r in _instance_rows(ct_home, job_id))
+
+
+def test_expired_credentials_say_what_to_do(cli, aws, monkeypatch):
+    from moto.ec2.models.key_pairs import KeyPairBackend
+
+    def expired(self, *args, **kwargs):
+        raise EC2ClientError("AuthFailure", "AWS was not able to validate the provided access "
+                                            "credentials")
+
+    monkeypatch.setattr(KeyPairBackend, "describe_key_pairs", expired)
+    proc = cli("launch", "--instance", "g5.xlarge", "--", "true")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[0].startswith("Error: AWS refused the credentials (AuthFailure)")
+    assert "aws sso login" in proc.stderr
