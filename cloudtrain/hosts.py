@@ -278,19 +278,31 @@ class SSHHost(Host):
             raise CommandFailed(self, result)
         return result
 
+    def _into_dir(self, remote: str, write) -> None:
+        """Write over SFTP; create the directory (one more round trip) only if missing."""
+        try:
+            write()
+        except FileNotFoundError:
+            self.run(f"mkdir -p {shlex.quote(str(Path(remote).parent))}")
+            write()
+
     def put(self, local: Path, remote: str) -> None:
-        self.run(f"mkdir -p {shlex.quote(str(Path(remote).parent))}")
-        self.conn.sftp.put(str(local), remote)
-        self.conn.sftp.chmod(remote, os.stat(local).st_mode & 0o777)
+        def write():
+            self.conn.sftp.put(str(local), remote)
+            self.conn.sftp.chmod(remote, os.stat(local).st_mode & 0o777)
+
+        self._into_dir(remote, write)
 
     def get(self, remote: str, local: Path) -> None:
         Path(local).parent.mkdir(parents=True, exist_ok=True)
         self.conn.sftp.get(remote, str(local))
 
     def write_text(self, remote: str, text: str) -> None:
-        self.run(f"mkdir -p {shlex.quote(str(Path(remote).parent))}")
-        with self.conn.sftp.open(remote, "w") as f:
-            f.write(text.encode())
+        def write():
+            with self.conn.sftp.open(remote, "w") as f:
+                f.write(text.encode())
+
+        self._into_dir(remote, write)
 
     def read(self, path: str, offset: int = 0, end: int | None = None) -> bytes:
         try:

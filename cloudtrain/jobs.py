@@ -156,7 +156,9 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
 
         _advance(store, job.id, state.SYNCING)
         sent = 0
-        host.run(f"mkdir -p {shlex.quote(jobdir)}/checkpoints")
+        data_dir = provider.data_dir(host)
+        host.run("mkdir -p " + " ".join(shlex.quote(d) for d in (
+            f"{jobdir}/checkpoints", f"{jobdir}/work", data_dir)))
         host.put(AGENT_SOURCE, f"{jobdir}/agent.py")
         if spec.kind == RECIPE:
             from . import recipes
@@ -170,16 +172,12 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
                                   like and f"{like}/recipes/{recipes.SHARED_DIR}")
         if spec.workdir:
             sent += host.sync(Path(spec.workdir), f"{jobdir}/work", like and f"{like}/work")
-        else:
-            host.run(f"mkdir -p {shlex.quote(jobdir)}/work")
         if source is not None:
             _copy_checkpoints(source, host, jobdir)
 
         _advance(store, job.id, state.SETTING_UP, detail=f"{sent} files sent")
         provider.setup(host)
         store.update_job(job.id, host=host.describe())
-        data_dir = provider.data_dir(host)
-        host.run(f"mkdir -p {shlex.quote(data_dir)}")
         host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python))
         shutdown_command, shutdown_delay = provider.shutdown(spec)
         host.write_text(f"{jobdir}/job.json", json.dumps({
@@ -345,7 +343,7 @@ def _host_lost(store: Store, job: Job, exc: HostError) -> Job:
             "; ".join(f"{i}: {s['message'] or s['state']}" for i, s in states.items())
         store.set_state(job.id, state.PREEMPTED if spot else state.FAILED, reason=reason,
                         detail=reason)
-        _finish(store, store.job(job.id), collect=False)
+        _finish(store, store.job(job.id), collect=False, force=True)  # it is gone anyway
         return store.job(job.id)
     store.update_job(job.id, reason=f"host unreachable: {exc.message}")
     return store.job(job.id)

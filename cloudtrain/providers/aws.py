@@ -49,7 +49,11 @@ QUOTA_ERRORS = {"VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLi
                 "PendingVerification"}
 AUTH_ERRORS = {"AuthFailure", "UnrecognizedClientException", "InvalidClientTokenId",
                "ExpiredToken", "ExpiredTokenException", "RequestExpired", "SignatureDoesNotMatch"}
+# A cached key pair, group, subnet or AMI that is gone: bootstrap the region again.
+STALE_ERRORS = {"InvalidKeyPair.NotFound", "InvalidGroup.NotFound", "InvalidAMIID.NotFound",
+                "InvalidAMIID.Unavailable", "InvalidSubnetID.NotFound"}
 RUNTIME_MARGIN_MIN = 15  # user-data powers off this long after the job's max runtime
+CACHE_TTL_S = 24 * 3600  # how long a resolved AMI and the subnet list are reused
 
 
 class AWSError(CloudtrainError):
@@ -62,6 +66,43 @@ def _code(exc) -> str:
 
 def _message(exc) -> str:
     return getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
+
+
+class StaleCache(Exception):
+    """RunInstances named a cached resource that no longer exists."""
+
+
+class RegionCache:
+    """What bootstrap found per (profile, region), in $CLOUDTRAIN_HOME/aws-cache.json."""
+
+    def __init__(self, profile: str, region: str):
+        self.path = config.home() / "aws-cache.json"
+        self.key = f"{profile or 'default'}|{region}"
+
+    def _all(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def load(self) -> dict:
+        return self._all().get(self.key, {})
+
+    def save(self, entry: dict) -> None:
+        data = self._all()
+        data[self.key] = entry
+        self._write(data)
+
+    def clear(self) -> None:
+        data = self._all()
+        if data.pop(self.key, None) is not None:
+            self._write(data)
+
+    def _write(self, data: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, self.path)
 
 
 @dataclass
@@ -284,14 +325,58 @@ class AWSProvider:
         if spec.max_price is not None and spec.market != "spot":
             raise UsageError("--max-price applies to --spot")
 
+    def bootstrap(self, region: str, ami: str | None, cached: bool = True) -> dict:
+        """Owner, key pair, subnets, security group, AMI and its root device for a region.
+        What was set up before is taken from $CLOUDTRAIN_HOME/aws-cache.json (AMI and subnets
+        for a day), so a warm launch makes no describe calls; a stale entry shows up as a
+        *.NotFound from RunInstances, and the caller bootstraps again uncached."""
+        cache = RegionCache(self.settings.aws_profile, region)
+        entry = cache.load() if cached else {}
+        credentials = self.session(region).get_credentials()
+        access_key = credentials.access_key if credentials else None
+        if entry.get("access_key") == access_key and entry.get("owner"):
+            self._owner = entry["owner"]
+        owner = self.owner(region)
+        key_path = self.key_path(region)
+        if entry.get("key_name") and key_path.exists():
+            key_name = entry["key_name"]
+        else:
+            key_name, key_path = self.ensure_key(region, owner)
+        now = time.time()
+        if now - entry.get("zones_at", 0) < CACHE_TTL_S and entry.get("zones"):
+            zones = [tuple(z) for z in entry["zones"]]
+        else:
+            zones = self.subnets(region)
+            entry.update(zones=[list(z) for z in zones], zones_at=now)
+        group_key = f"{zones[0][2]}|{self.ssh_cidr()}|{self.settings.ssh_port}"
+        if entry.get("group_key") == group_key:
+            group = entry["group"]
+        else:
+            group = self.ensure_group(region, zones[0][2], owner)
+            entry.update(group_key=group_key, group=group)
+        if ami is not None:  # the user's own: resolved each time, never cached as the default
+            root_device = self.root_device(region, ami)
+        elif now - entry.get("ami_at", 0) < CACHE_TTL_S and entry.get("ami"):
+            ami, root_device = entry["ami"], entry["root_device"]
+        else:
+            ami = self.resolve_ami(region, None)
+            root_device = self.root_device(region, ami)
+            entry.update(ami=ami, root_device=root_device, ami_at=now)
+        entry.update(access_key=access_key, owner=owner, key_name=key_name)
+        cache.save(entry)
+        return {"owner": owner, "key_name": key_name, "key_path": key_path, "zones": zones,
+                "group": group, "ami": ami, "root_device": root_device}
+
     def acquire(self, store: Store, job: Job, spec) -> SSHHost:
         region = self.region(spec)
-        owner = self.owner(region)
-        key_name, key_path = self.ensure_key(region, owner)
-        zones = self.subnets(region)
-        group = self.ensure_group(region, zones[0][2], owner)
-        ami = self.resolve_ami(region, spec.ami)
-        instance = self._run(store, job, spec, region, zones, group, ami, key_name, owner)
+        boot = self.bootstrap(region, spec.ami)
+        try:
+            instance = self._run(store, job, spec, region, boot)
+        except StaleCache:
+            RegionCache(self.settings.aws_profile, region).clear()
+            boot = self.bootstrap(region, spec.ami, cached=False)
+            instance = self._run(store, job, spec, region, boot)
+        key_path = boot["key_path"]
         address = self._wait_running(region, instance)
         endpoint = Endpoint(address, self.settings.ssh_port, self.settings.ssh_user, str(key_path))
         host = self._wait_ssh(region, instance, endpoint)
@@ -339,11 +424,13 @@ class AWSProvider:
             request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
         return request
 
-    def _run(self, store, job, spec, region, zones, group, ami, key_name, owner) -> str:
+    def _run(self, store, job, spec, region, boot: dict) -> str:
         import botocore.exceptions
 
+        zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
+                                              boot["key_name"], boot["owner"])
+        root_device = boot["root_device"]
         disk = spec.disk_gb or self.settings.disk_gb or int(spec.resources.get("disk_gb", 100))
-        root_device = self.root_device(region, ami)
         attempts: list[Attempt] = []
         for n, (zone, subnet, _vpc) in enumerate(zones):
             request = self.run_request(job, spec, subnet, group, ami, key_name, owner, disk,
@@ -354,6 +441,8 @@ class AWSProvider:
                                      ClientToken=f"{job.id}-{n}", **request)
             except botocore.exceptions.ClientError as exc:
                 code = _code(exc)
+                if code in STALE_ERRORS and not attempts:
+                    raise StaleCache(code) from exc
                 if code in CAPACITY_ERRORS:
                     attempts.append(Attempt(zone, subnet, f"{code}: {_message(exc)}"))
                     continue
@@ -426,7 +515,7 @@ class AWSProvider:
             host = SSHHost(endpoint, default_tmux_socket(),
                            python=self.settings.remote_python or "python3")
             try:
-                host.run("true", timeout=30)
+                host.home()  # the first round trip; later steps need it anyway
                 return host
             except HostError as exc:
                 last = exc
@@ -477,13 +566,19 @@ class AWSProvider:
 
     def setup(self, host: SSHHost) -> None:
         """The host has what the agent needs: python3 (3.8+) and tmux."""
-        if not self.settings.remote_python:
-            found = host.run("command -v /opt/pytorch/bin/python || command -v python3",
-                             check=False).stdout.strip().splitlines()
-            if not found:
-                raise MissingDependency(f"{host.name} has no python3")
-            host.python = found[0]
-        host.require_tmux()
+        found = host.run("command -v /opt/pytorch/bin/python || command -v python3; "
+                         "printf 'tmux:'; command -v tmux", check=False).stdout.splitlines()
+        pythons = [line for line in found if not line.startswith("tmux:")]
+        if self.settings.remote_python:
+            host.python = self.settings.remote_python
+        elif pythons:
+            host.python = pythons[0]
+        else:
+            raise MissingDependency(f"{host.name} has no python3")
+        if "tmux:" in found:  # `command -v tmux` printed nothing
+            from ..hosts import TMUX_INSTALL_HINT
+
+            raise MissingDependency(f"tmux is not installed on {host.name}", hint=TMUX_INSTALL_HINT)
 
     def root(self, host: SSHHost) -> str:
         root = self.settings.remote_root
@@ -616,6 +711,7 @@ class AWSProvider:
             for k in keys:
                 self.call(region, "delete_key_pair", KeyName=k["KeyName"])
                 removed.append(k["KeyName"])
+            RegionCache(self.settings.aws_profile, region).clear()
         return removed
 
     # -- dry run ---------------------------------------------------------------------------------

@@ -266,7 +266,8 @@ def _timeline_detail(cli, job_id, phase):
 
 
 def test_spot_interruption_shows_as_preempted(cli, aws, ct_home):
-    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--", "bash", "-c",
+    # --keep: the agent must not power the host off itself when its session is killed below.
+    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--keep", "--", "bash", "-c",
                         "echo working; sleep 60")
     wait_for(lambda: "working" in cli.ok("logs", job_id).stdout, timeout=30, what="job output")
     # EC2 takes the spot instance back: the host vanishes, EC2 says why.

@@ -1,0 +1,131 @@
+"""The AWS path on loopback: moto for EC2 (in this process) and a real sshd standing in for
+the instance. Prints, per launch: time from `cloudtrain launch` to the training script's
+first output, with and without the instance wait; EC2 API calls by operation; SSH
+connections. And EC2 API calls per `cloudtrain status --refresh`.
+
+Goals (issue 3): first output under 1.5 s excluding the instance wait; 1 SSH connection
+per host; one DescribeInstances per region for status --refresh.
+Usage: python benchmarks/aws_launch.py [--runs R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import botocore.client  # noqa: E402
+import requests  # noqa: E402
+from moto.server import ThreadedMotoServer  # noqa: E402
+
+from aws_lab import AWS_ENV, AWSLab  # noqa: E402
+from sshd import free_port  # noqa: E402
+
+CALLS: collections.Counter = collections.Counter()
+_original = botocore.client.BaseClient._make_api_call
+
+
+def _counting(self, operation, params):
+    if self.meta.service_model.service_name == "ec2":
+        CALLS[operation] += 1
+    return _original(self, operation, params)
+
+
+botocore.client.BaseClient._make_api_call = _counting
+
+
+def cli(*args: str) -> None:
+    from cloudtrain import cli as cli_module
+
+    try:
+        cli_module.main(list(args))
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise RuntimeError(f"cloudtrain {' '.join(args)} exited {exc.code}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    tmp = Path(tempfile.mkdtemp(prefix="ct-bench-aws-"))
+    os.environ.update(AWS_ENV, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+                      CLOUDTRAIN_HOME=str(tmp / "home"),
+                      CLOUDTRAIN_TMUX_SOCKET=f"ct-bench-{os.getpid()}")
+    (tmp / "home").mkdir()
+    (tmp / "lab").mkdir()
+    requests.post(f"http://127.0.0.1:{port}/moto-api/reset", timeout=10)
+    lab = AWSLab(os.environ["AWS_ENDPOINT_URL"], tmp / "home", tmp / "lab")
+    lab.build(free_port())
+    lab.write_config(shutdown_delay_seconds=0.0)
+    from cloudtrain import jobs as jobs_module
+    from cloudtrain.ssh import Connection
+    from cloudtrain.state import open_store
+
+    firsts, without_wait, per_launch, ssh = [], [], [], []
+    try:
+        for _ in range(args.runs):
+            CALLS.clear()
+            before_ssh, before_logins = Connection.opened, lab.sshd.connections()
+            t0 = time.perf_counter()
+            cli("launch", "--quiet", "--instance", "g5.xlarge", "--", sys.executable, "-c",
+                "print('first', flush=True)")
+            with open_store(tmp / "home") as store:
+                job = store.jobs()[0]
+                log = Path(job.jobdir) / "output.log"
+                while not (log.exists() and log.read_bytes()):
+                    time.sleep(0.002)
+                took = time.perf_counter() - t0
+                phases = {p.name: p for p in jobs_module.timeline(store, job)}
+            firsts.append(took)
+            print("  run: %.3f s; phases: %s" % (took, ", ".join(
+                f"{n} {p.duration:.3f}" for n, p in phases.items() if p.duration is not None)))
+            without_wait.append(took - (phases["instance"].duration or 0.0))
+            per_launch.append(dict(CALLS))
+            ssh.append((Connection.opened - before_ssh, lab.sshd.connections() - before_logins))
+            # Let the job end on its own (the agent powers the host off), so that the next
+            # launch finds the region's key pair and security group in place, as in daily use.
+            from cloudtrain.config import Settings
+
+            with open_store(tmp / "home") as store:
+                while store.job(job.id).active:
+                    jobs_module.refresh(store, Settings.load(), store.job(job.id))
+                    time.sleep(0.05)
+            jobs_module._open_hosts.clear()
+        CALLS.clear()
+        cli("status", "--refresh")
+        refresh_calls = dict(CALLS)
+        cli("down", "--all")
+    finally:
+        lab.sshd.stop()
+        os.system(f"tmux -L {os.environ['CLOUDTRAIN_TMUX_SOCKET']} kill-server 2>/dev/null")
+        server.stop()
+    print(f"launch -> first output (loopback, moto): median {statistics.median(firsts):.3f} s; "
+          f"excluding the instance wait {statistics.median(without_wait):.3f} s "
+          f"(goal < 1.5 s; {args.runs} runs)")
+    first = per_launch[0]
+    print(f"EC2 API calls per launch (first, region bootstrap included): {sum(first.values())} "
+          f"{dict(sorted(first.items()))}")
+    if len(per_launch) > 1:
+        later = per_launch[-1]
+        print(f"EC2 API calls per later launch: {sum(later.values())} {dict(sorted(later.items()))}")
+    print(f"SSH connections per launch (client count, sshd logins): {ssh} (goal: 1 per host)")
+    print(f"EC2 API calls per `status --refresh`: {sum(refresh_calls.values())} {refresh_calls}")
+
+
+if __name__ == "__main__":
+    main()
