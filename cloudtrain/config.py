@@ -53,7 +53,8 @@ class Settings:
     instance_wait_seconds: float = 300.0  # bounded wait for "running"
     ssh_wait_seconds: float = 300.0  # bounded wait for SSH to answer
     poll_seconds: float = 2.0  # how often those waits ask
-    disk_gb: int = 0  # root volume ("" = the recipe's disk_gb, else 100)
+    disk_gb: int = 0  # root volume (0 = the recipe's disk_gb, else 100)
+    instance_profile: str = ""  # e.g. cloudtrain-instance (infra/README.md); "" = none
 
     @classmethod
     def load(cls) -> "Settings":

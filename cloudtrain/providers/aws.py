@@ -417,6 +417,8 @@ class AWSProvider:
                                {"ResourceType": "volume", "Tags": tags}],
             UserData=self.user_data(job, spec),
         )
+        if self.settings.instance_profile:
+            request["IamInstanceProfile"] = {"Name": self.settings.instance_profile}
         if spec.market == "spot":
             options = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
             if spec.max_price is not None:
