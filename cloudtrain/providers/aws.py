@@ -16,6 +16,7 @@ cloud itself can always tell what is ours, even with the local database lost.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -66,6 +67,27 @@ def _code(exc) -> str:
 
 def _message(exc) -> str:
     return getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
+
+
+@contextlib.contextmanager
+def aws_errors(region: str):
+    """Credentials and endpoint failures, said once, in words that say what to do."""
+    import botocore.exceptions
+
+    try:
+        yield
+    except botocore.exceptions.NoCredentialsError as exc:
+        raise MissingDependency(
+            "no AWS credentials found",
+            hint="run `aws configure`, or set AWS_PROFILE (or AWS_ACCESS_KEY_ID and "
+                 "AWS_SECRET_ACCESS_KEY); `cloudtrain launch --dry-run` works without") from exc
+    except botocore.exceptions.ClientError as exc:
+        if _code(exc) in AUTH_ERRORS:
+            raise AWSError(f"AWS refused the credentials ({_code(exc)}): {_message(exc)}",
+                           hint="refresh them (aws sso login, or new access keys)") from exc
+        raise
+    except botocore.exceptions.EndpointConnectionError as exc:
+        raise AWSError(f"cannot reach AWS in {region}: {exc}") from exc
 
 
 class StaleCache(Exception):
@@ -119,7 +141,6 @@ class AWSProvider:
         self.settings = settings or config.Settings.load()
         self._sessions: dict[str, object] = {}
         self._clients: dict[tuple, object] = {}
-        self.calls = 0  # EC2 API calls made (benchmarks read it)
 
     # -- sessions and clients ------------------------------------------------------------------
 
@@ -155,51 +176,23 @@ class AWSProvider:
 
             retries = {"max_attempts": 1} if fail_fast else {"max_attempts": 6, "mode": "standard"}
             cfg = Config(retries=retries, connect_timeout=10, read_timeout=60)
-            client = self.session(region).client(service, region_name=region, config=cfg)
-            if service == "ec2":
-                client.meta.events.register("before-call.ec2", self._count)
-            self._clients[key] = client
+            self._clients[key] = self.session(region).client(service, region_name=region,
+                                                             config=cfg)
         return self._clients[key]
-
-    def _count(self, **_):
-        self.calls += 1
 
     def call(self, region: str, method: str, fail_fast: bool = False, **kwargs):
         """One EC2 call, with AWS's errors turned into ours where we know what to say."""
-        import botocore.exceptions
-
-        try:
+        with aws_errors(region):
             return getattr(self.client("ec2", region, fail_fast), method)(**kwargs)
-        except botocore.exceptions.NoCredentialsError as exc:
-            raise MissingDependency(
-                "no AWS credentials found",
-                hint="run `aws configure`, or set AWS_PROFILE (or AWS_ACCESS_KEY_ID and "
-                     "AWS_SECRET_ACCESS_KEY); `cloudtrain launch --dry-run` works without") from exc
-        except botocore.exceptions.ClientError as exc:
-            if _code(exc) in AUTH_ERRORS:
-                raise AWSError(f"AWS refused the credentials ({_code(exc)}): {_message(exc)}",
-                               hint="refresh them (aws sso login, or new access keys)") from exc
-            raise
-        except botocore.exceptions.EndpointConnectionError as exc:
-            raise AWSError(f"cannot reach EC2 in {region}: {exc}") from exc
 
     # -- identity and bootstrap ------------------------------------------------------------------
 
     def owner(self, region: str) -> str:
-        import botocore.exceptions
-
+        """The caller's ARN: the cloudtrain:owner tag of everything this user creates."""
         if not hasattr(self, "_owner"):
-            try:
-                arn = self.session(region).client("sts", region_name=region) \
-                    .get_caller_identity()["Arn"]
-            except botocore.exceptions.NoCredentialsError as exc:
-                raise MissingDependency(
-                    "no AWS credentials found",
-                    hint="run `aws configure`, or set AWS_PROFILE") from exc
-            except botocore.exceptions.ClientError as exc:
-                raise AWSError(f"AWS refused the credentials ({_code(exc)}): {_message(exc)}",
-                               hint="refresh them (aws sso login, or new access keys)") from exc
-            self._owner = arn
+            with aws_errors(region):
+                sts = self.session(region).client("sts", region_name=region)
+                self._owner = sts.get_caller_identity()["Arn"]
         return self._owner
 
     def key_path(self, region: str) -> Path:
@@ -615,18 +608,10 @@ class AWSProvider:
                    for k, v in tags.items()]
         out = []
         paginator = self.client("ec2", region).get_paginator("describe_instances")
-        self.calls += 0  # counted by the event hook, per page
-        try:
+        with aws_errors(region):
             for page in paginator.paginate(Filters=filters):
                 for res in page["Reservations"]:
                     out.extend(res["Instances"])
-        except Exception as exc:  # credentials and endpoint errors, said once
-            import botocore.exceptions
-
-            if isinstance(exc, botocore.exceptions.NoCredentialsError):
-                raise MissingDependency("no AWS credentials found",
-                                        hint="run `aws configure`, or set AWS_PROFILE") from exc
-            raise
         return out
 
     def release(self, store: Store, job: Job, force: bool = False) -> None:
