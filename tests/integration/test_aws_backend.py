@@ -302,3 +302,36 @@ def test_expired_credentials_say_what_to_do(cli, aws, monkeypatch):
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[0].startswith("Error: AWS refused the credentials (AuthFailure)")
     assert "aws sso login" in proc.stderr
+
+
+def test_ssh_and_attach_reach_the_instance_with_the_pinned_key(cli, aws, ct_home):
+    """`cloudtrain ssh` and `attach` run the system ssh client in an outer tmux (a terminal)."""
+    from conftest import TMUX_SOCKET
+
+    job_id = cli.launch("--instance", "g5.xlarge", "--", "bash", "-c", "echo on-instance; sleep 60")
+    wait_for(lambda: "on-instance" in cli.ok("logs", job_id).stdout, timeout=30, what="output")
+    outer = f"{TMUX_SOCKET}-ssh"
+    env = {**os.environ, "TMUX": ""}
+
+    def pane():
+        return subprocess.run(["tmux", "-L", outer, "capture-pane", "-p", "-t", "o"],
+                              capture_output=True, text=True).stdout
+
+    try:
+        subprocess.run(["tmux", "-L", outer, "new-session", "-d", "-s", "o", "-x", "150", "-y",
+                        "40", f"cd {REPO} && {sys.executable} -m cloudtrain ssh {job_id}"],
+                       check=True, env=env)
+        subprocess.run(["tmux", "-L", outer, "send-keys", "-t", "o",
+                        "echo via-ssh-$((6*7))", "Enter"], check=True)
+        wait_for(lambda: "via-ssh-42" in pane(), timeout=20, what="a shell over ssh")
+        assert "Host key verification failed" not in pane()
+        subprocess.run(["tmux", "-L", outer, "kill-server"], capture_output=True)
+        subprocess.run(["tmux", "-L", outer, "new-session", "-d", "-s", "o", "-x", "150", "-y",
+                        "40", f"cd {REPO} && {sys.executable} -m cloudtrain attach {job_id}"],
+                       check=True, env=env)
+        wait_for(lambda: "on-instance" in pane(), timeout=20, what="the job's pane over ssh")
+    finally:
+        subprocess.run(["tmux", "-L", outer, "kill-server"], capture_output=True)
+        cli.ok("down", job_id)
+    known = (ct_home / "known_hosts").read_text()
+    assert f"[{aws.sshd.host}]" in known or "127.0." in known
