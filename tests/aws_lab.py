@@ -31,7 +31,8 @@ DLAMI_PARAMETER = ("/aws/service/deeplearning/ami/x86_64/"
 
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
-           "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+           "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+           "AWS_EC2_METADATA_DISABLED": "true"}
 
 SHUTDOWN_RECORDER = """#!{python}
 # Stands in for `sudo shutdown -h now` on an instance launched with shutdown behaviour

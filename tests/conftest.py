@@ -38,6 +38,9 @@ def ct_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(home))
     monkeypatch.delenv("CLOUDTRAIN_BACKEND", raising=False)
     monkeypatch.delenv("CLOUDTRAIN_RECIPES", raising=False)
+    # botocore looks for credentials at the EC2 metadata address (169.254.169.254) when it
+    # finds none: tests never send traffic off this machine.
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     return home
 
 

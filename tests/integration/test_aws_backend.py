@@ -335,3 +335,22 @@ def test_ssh_and_attach_reach_the_instance_with_the_pinned_key(cli, aws, ct_home
         cli.ok("down", job_id)
     known = (ct_home / "known_hosts").read_text()
     assert f"[{aws.sshd.host}]" in known or "127.0." in known
+
+
+def test_dry_run_with_no_aws_account_at_all(cli, tmp_path):
+    """No credentials, no config, no endpoint: the plan still comes, priced from the catalog;
+    p3.2xlarge is accepted (moto lacks it, real AWS has it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"))
+    proc = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", "--recipe", "resnet9",
+                           "--instance", "p3.2xlarge", "--region", "us-east-1", "--dry-run"],
+                          cwd=REPO, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "p3.2xlarge: 1x V100, 8 vCPU, 61 GiB" in proc.stdout
+    assert "$3.0600/h (on-demand list price" in proc.stdout
+    assert "at most      $3.06 if it runs its whole max runtime of 60 min" in proc.stdout
+    assert "not checked: no AWS credentials" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", "--instance",
+                           "p3.2xlarge", "--dry-run", "--", "true"], cwd=REPO, capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and "no AWS region" in proc.stderr
