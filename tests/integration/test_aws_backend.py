@@ -310,28 +310,31 @@ def test_ssh_and_attach_reach_the_instance_with_the_pinned_key(cli, aws, ct_home
 
     job_id = cli.launch("--instance", "g5.xlarge", "--", "bash", "-c", "echo on-instance; sleep 60")
     wait_for(lambda: "on-instance" in cli.ok("logs", job_id).stdout, timeout=30, what="output")
-    outer = f"{TMUX_SOCKET}-ssh"
     env = {**os.environ, "TMUX": ""}
+    terminals = {name: f"{TMUX_SOCKET}-{name}" for name in ("ssh", "attach")}
 
-    def pane():
-        return subprocess.run(["tmux", "-L", outer, "capture-pane", "-p", "-t", "o"],
+    def open_terminal(name):
+        subprocess.run(["tmux", "-L", terminals[name], "new-session", "-d", "-s", "o", "-x",
+                        "150", "-y", "40",
+                        f"cd {REPO} && {sys.executable} -m cloudtrain {name} {job_id}"],
+                       check=True, env=env)
+
+    def pane(name):
+        return subprocess.run(["tmux", "-L", terminals[name], "capture-pane", "-p", "-t", "o"],
                               capture_output=True, text=True).stdout
 
     try:
-        subprocess.run(["tmux", "-L", outer, "new-session", "-d", "-s", "o", "-x", "150", "-y",
-                        "40", f"cd {REPO} && {sys.executable} -m cloudtrain ssh {job_id}"],
-                       check=True, env=env)
-        subprocess.run(["tmux", "-L", outer, "send-keys", "-t", "o",
+        open_terminal("ssh")
+        subprocess.run(["tmux", "-L", terminals["ssh"], "send-keys", "-t", "o",
                         "echo via-ssh-$((6*7))", "Enter"], check=True)
-        wait_for(lambda: "via-ssh-42" in pane(), timeout=20, what="a shell over ssh")
-        assert "Host key verification failed" not in pane()
-        subprocess.run(["tmux", "-L", outer, "kill-server"], capture_output=True)
-        subprocess.run(["tmux", "-L", outer, "new-session", "-d", "-s", "o", "-x", "150", "-y",
-                        "40", f"cd {REPO} && {sys.executable} -m cloudtrain attach {job_id}"],
-                       check=True, env=env)
-        wait_for(lambda: "on-instance" in pane(), timeout=20, what="the job's pane over ssh")
+        wait_for(lambda: "via-ssh-42" in pane("ssh"), timeout=20, what="a shell over ssh")
+        assert "Host key verification failed" not in pane("ssh")
+        open_terminal("attach")
+        wait_for(lambda: "on-instance" in pane("attach"), timeout=20,
+                 what="the job's pane over ssh")
     finally:
-        subprocess.run(["tmux", "-L", outer, "kill-server"], capture_output=True)
+        for socket_name in terminals.values():
+            subprocess.run(["tmux", "-L", socket_name, "kill-server"], capture_output=True)
         cli.ok("down", job_id)
     known = (ct_home / "known_hosts").read_text()
     assert f"[{aws.sshd.host}]" in known or "127.0." in known

@@ -1,0 +1,351 @@
+"""Cost integration: hand-computed cases, then properties (hypothesis)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cloudtrain.cost import (
+    GP3_PRICE_PER_GB_MONTH, InstanceRun, Phase, PricePoint, billed_seconds, cost_by_phase,
+    cost_to_target, ebs_cost, gp3_price, instance_cost, job_cost, on_demand_cost, spot_cost,
+)
+
+T = 1_767_225_600.0          # 2026-01-01 00:00:00 UTC
+H = 3600.0
+GP3_HOURLY_100GB = 100 * 0.08 / 730    # USD per hour of a 100 GB gp3 volume
+
+
+# --- billed seconds, on-demand ----------------------------------------------------------
+
+def test_billed_seconds_minimum_and_per_second():
+    assert billed_seconds(T, T + 30) == 60
+    assert billed_seconds(T, T) == 60
+    assert billed_seconds(T, T + 90.5) == 90.5
+    with pytest.raises(ValueError):
+        billed_seconds(T, T - 1)
+
+
+def test_on_demand_90_seconds_g5_xlarge():
+    b = on_demand_cost(T, T + 90, 1.006)
+    assert b.dollars == pytest.approx(90 / 3600 * 1.006, abs=1e-12)
+    assert b.billed_seconds == 90
+    assert b.settled and b.notes == ()
+
+
+def test_on_demand_30_seconds_billed_as_60():
+    b = on_demand_cost(T, T + 30, 1.006)
+    assert b.dollars == pytest.approx(60 / 3600 * 1.006, abs=1e-12)
+    assert b.billed_seconds == 60
+    assert b.settled
+
+
+def test_still_running_billed_to_now_not_settled():
+    b = on_demand_cost(T, None, 1.0, now=T + 1800)
+    assert b.dollars == pytest.approx(0.5, abs=1e-12)
+    assert b.billed_seconds == 1800
+    assert not b.settled
+    assert any("still running" in n for n in b.notes)
+    with pytest.raises(ValueError):
+        on_demand_cost(T, None, 1.0)             # no `now`
+
+
+def test_now_is_ignored_once_the_run_has_ended():
+    assert on_demand_cost(T, T + H, 1.0, now=T + 10 * H).dollars == pytest.approx(1.0)
+
+
+def test_end_before_start_rejected():
+    with pytest.raises(ValueError):
+        on_demand_cost(T, T - 5, 1.0)
+    with pytest.raises(ValueError):
+        spot_cost(T, T - 5, [PricePoint(T - 10, 1.0)])
+
+
+# --- spot -------------------------------------------------------------------------------
+
+def test_spot_price_change_inside_the_interval():
+    history = [PricePoint(T - 600, 0.40), PricePoint(T + 20 * 60, 0.55)]
+    b = spot_cost(T, T + H, history)
+    assert b.dollars == pytest.approx(0.40 / 3 + 0.55 * 2 / 3, abs=1e-12)
+    assert b.settled and b.notes == ()
+    # a single constant price is not what was billed
+    assert abs(b.dollars - 0.40) > 0.01 and abs(b.dollars - 0.55) > 0.01
+
+
+def test_spot_change_exactly_at_start_and_at_end():
+    history = [PricePoint(T - 600, 0.30), PricePoint(T, 0.50), PricePoint(T + H, 9.0)]
+    b = spot_cost(T, T + H, history)
+    assert b.dollars == pytest.approx(0.50, abs=1e-12)
+    assert b.settled
+
+
+def test_spot_history_only_after_start_is_an_estimate():
+    history = [PricePoint(T + 600, 0.40), PricePoint(T + 1800, 0.60)]
+    b = spot_cost(T, T + H, history)
+    # the uncovered first 10 minutes use the first known price
+    assert b.dollars == pytest.approx((1800 * 0.40 + 1800 * 0.60) / 3600, abs=1e-12)
+    assert not b.settled
+    assert any("no spot price at or before" in n for n in b.notes)
+
+
+def test_spot_unsorted_history_is_sorted():
+    ordered = [PricePoint(T - 60, 0.40), PricePoint(T + 1200, 0.55), PricePoint(T + 2400, 0.35)]
+    shuffled = [ordered[2], ordered[0], ordered[1]]
+    expected = (1200 * 0.40 + 1200 * 0.55 + 1200 * 0.35) / 3600
+    assert spot_cost(T, T + H, shuffled).dollars == pytest.approx(expected, abs=1e-12)
+    assert spot_cost(T, T + H, shuffled) == spot_cost(T, T + H, ordered)
+
+
+def test_spot_short_run_billed_for_its_first_minute():
+    b = spot_cost(T, T + 30, [PricePoint(T - 60, 0.36)])
+    assert b.dollars == pytest.approx(60 * 0.36 / 3600, abs=1e-12)
+    assert b.billed_seconds == 60
+    # a price drop within the minimum minute: billed as if it ran [start, start + 60]
+    history = [PricePoint(T - 60, 0.60), PricePoint(T + 40, 0.30)]
+    b = spot_cost(T, T + 30, history)
+    assert b.dollars == pytest.approx((40 * 0.60 + 20 * 0.30) / 3600, abs=1e-12)
+    assert b.dollars <= spot_cost(T, T + 61, history).dollars     # so cost stays monotone
+
+
+def test_spot_still_running():
+    b = spot_cost(T, None, [PricePoint(T - 60, 0.72)], now=T + H / 2)
+    assert b.dollars == pytest.approx(0.36, abs=1e-12)
+    assert not b.settled and any("still running" in n for n in b.notes)
+
+
+def test_spot_without_history_rejected():
+    with pytest.raises(ValueError):
+        spot_cost(T, T + H, [])
+
+
+# --- EBS ---------------------------------------------------------------------------------
+
+def test_ebs_gp3_month_is_730_hours_with_60s_minimum():
+    assert ebs_cost(T, T + 730 * H, 100, 0.08).dollars == pytest.approx(8.0, abs=1e-12)
+    assert ebs_cost(T, T + H, 100, 0.08).dollars == pytest.approx(8.0 / 730, abs=1e-12)
+    short = ebs_cost(T, T + 10, 100, 0.08)
+    assert short.billed_seconds == 60
+    assert short.dollars == pytest.approx(8.0 / 730 / 60, abs=1e-15)
+    # AWS prorates over the billing month's own length; callers may say which
+    assert ebs_cost(T, T + 24 * H, 31, 1.0, hours_per_month=744).dollars == pytest.approx(1.0)
+
+
+def test_gp3_price_known_and_approximated_regions():
+    assert GP3_PRICE_PER_GB_MONTH["us-east-1"] == 0.08
+    known = gp3_price("us-east-1")
+    assert known.per_gb_month == 0.08 and not known.approximate
+    other = gp3_price("ap-south-1")
+    assert other.per_gb_month == 0.08 and other.approximate
+    assert "ap-south-1" in other.note and "us-east-1" in other.note
+
+
+# --- instances and jobs -----------------------------------------------------------------
+
+def _retry_job() -> list[InstanceRun]:
+    """Attempt 1: spot, failed after 45 s. Attempt 2: spot for 2 h, price 0.40 then 0.55 after
+    the first hour. Both with a 100 GB gp3 root volume at $0.08/GB-month."""
+    history = (PricePoint(T + 3700, 0.55), PricePoint(T - 3600, 0.40))    # unsorted on purpose
+    return [
+        InstanceRun("i-first", "spot", T, T + 45, None, history, 100, 0.08),
+        InstanceRun("i-second", "spot", T + 100, T + 7300, None, history, 100, 0.08),
+    ]
+
+
+def test_job_with_retry_exact_figure():
+    b = job_cost(_retry_job())
+    compute = 60 * 0.40 / 3600 + (3600 * 0.40 + 3600 * 0.55) / 3600
+    volumes = GP3_HOURLY_100GB * (60 + 7200) / 3600
+    assert b.dollars == pytest.approx(compute + volumes, abs=1e-9)
+    assert abs(b.dollars - 1429 / 1460) < 1e-9          # exact rational: 0.97876712...
+    assert round(b.dollars, 2) == 0.98
+    assert b.billed_seconds == 60 + 7200
+    assert b.settled and b.notes == ()
+
+
+def test_instance_cost_parts():
+    first, second = _retry_job()
+    assert instance_cost(first).dollars == pytest.approx(
+        60 * 0.40 / 3600 + GP3_HOURLY_100GB / 60, abs=1e-12)
+    assert instance_cost(second).billed_seconds == 7200
+    local = InstanceRun("local-1", "local", T, None, None)
+    assert instance_cost(local) == instance_cost(local, now=T + 5)
+    assert instance_cost(local).dollars == 0 and instance_cost(local).settled
+
+
+def test_job_still_running_is_an_estimate_with_instance_notes():
+    first, second = _retry_job()
+    running = InstanceRun("i-second", "spot", T + 100, None, None, second.spot_history, 100, 0.08)
+    b = job_cost([first, running], now=T + 100 + H)
+    assert not b.settled
+    assert any(n.startswith("i-second: still running") for n in b.notes)
+    assert b.dollars == pytest.approx(instance_cost(first).dollars + 0.40 + GP3_HOURLY_100GB,
+                                      abs=1e-12)
+
+
+def test_missing_prices():
+    no_gp3 = InstanceRun("i-a", "on-demand", T, T + H, 1.0, disk_gb=100)
+    b = instance_cost(no_gp3)
+    assert b.dollars == pytest.approx(1.0 + GP3_HOURLY_100GB, abs=1e-12)
+    assert not b.settled and any("gp3" in n for n in b.notes)
+    spot_recorded = InstanceRun("i-b", "spot", T, T + H, 0.5)
+    b = instance_cost(spot_recorded)
+    assert b.dollars == pytest.approx(0.5) and not b.settled
+    with pytest.raises(ValueError):
+        instance_cost(InstanceRun("i-c", "on-demand", T, T + H, None))
+    with pytest.raises(ValueError):
+        instance_cost(InstanceRun("i-d", "reserved", T, T + H, 1.0))
+
+
+# --- phases and cost to target -----------------------------------------------------------
+
+def test_cost_by_phase_splits_the_retry_job():
+    phases = [
+        Phase("provisioning", T, T + 160),
+        Phase("setup", T + 160, T + 400),
+        Phase("training", T + 400, T + 7000),
+        Phase("teardown", T + 7000, T + 7300),
+    ]
+    runs = _retry_job()
+    split = cost_by_phase(runs, phases)
+    assert set(split) == {"provisioning", "setup", "training", "teardown", "other"}
+    assert math.fsum(split.values()) == pytest.approx(job_cost(runs).dollars, abs=1e-9)
+    # training: 3300 s at 0.40 then 3300 s at 0.55, plus the volume for 6600 s
+    assert split["training"] == pytest.approx(
+        3300 * (0.40 + 0.55) / 3600 + GP3_HOURLY_100GB * 6600 / 3600, abs=1e-12)
+    # other: only the 15 s of the first attempt's 60 s minimum (compute and volume)
+    assert split["other"] == pytest.approx(15 * 0.40 / 3600 + GP3_HOURLY_100GB * 15 / 3600,
+                                           abs=1e-12)
+
+
+def test_cost_by_phase_time_outside_phases_and_overlaps():
+    runs = [InstanceRun("i-a", "on-demand", T, T + 2 * H, 1.0)]
+    split = cost_by_phase(runs, [Phase("training", T + H, None)])
+    assert split == pytest.approx({"training": 1.0, "other": 1.0}, abs=1e-12)
+    with pytest.raises(ValueError):
+        cost_by_phase(runs, [Phase("a", T, T + 100), Phase("b", T + 50, T + 200)])
+
+
+def test_cost_to_target():
+    runs = _retry_job()
+    at_one_hour = T + 100 + H
+    expected = (instance_cost(runs[0]).dollars            # short run: its minimum in full
+                + 0.40 + GP3_HOURLY_100GB)
+    assert cost_to_target(runs, at_one_hour) == pytest.approx(expected, abs=1e-12)
+    # truncation to 30 s adds no minimum for a run that lasted longer
+    assert cost_to_target(runs, T + 130) == pytest.approx(
+        instance_cost(runs[0]).dollars + 30 * (0.40 + GP3_HOURLY_100GB) / 3600, abs=1e-12)
+    assert cost_to_target(runs, T) == 0.0
+    assert cost_to_target(runs, T + 10 * H) == pytest.approx(job_cost(runs).dollars, abs=1e-12)
+
+
+# --- properties --------------------------------------------------------------------------
+
+PROPS = settings(max_examples=200, deadline=None)
+
+offsets = st.one_of(st.integers(0, 100_000).map(float),
+                    st.floats(0, 100_000, allow_nan=False, allow_infinity=False))
+prices = st.one_of(st.sampled_from([0.0, 0.4, 0.55, 1.006]),
+                   st.floats(0, 100, allow_nan=False, allow_infinity=False))
+histories = st.lists(
+    st.builds(lambda o, p: PricePoint(T - 10_000 + o, p), offsets, prices), min_size=1, max_size=6)
+
+
+@st.composite
+def runs_(draw):
+    market = draw(st.sampled_from(["on-demand", "spot", "local"]))
+    start = T + draw(offsets)
+    end = None if draw(st.booleans()) and draw(st.booleans()) else start + draw(offsets)
+    return InstanceRun(
+        f"i-{draw(st.integers(0, 10**6))}", market, start, end,
+        draw(prices) if market != "spot" or draw(st.booleans()) else None,
+        tuple(draw(histories)) if market == "spot" else (),
+        draw(st.sampled_from([0.0, 8.0, 100.0])), draw(st.sampled_from([None, 0.08, 0.1])))
+
+
+NOW = T + 250_000        # after every generated end
+jobs = st.lists(runs_(), max_size=5)
+
+
+@st.composite
+def phases_(draw):
+    cuts = sorted(T + draw(offsets) for _ in range(2 * draw(st.integers(0, 4))))
+    phases = [Phase(f"p{i}", a, b) for i, (a, b) in enumerate(zip(cuts[::2], cuts[1::2]))]
+    if draw(st.booleans()):
+        phases.append(Phase("open", (cuts[-1] if cuts else T) + draw(offsets), None))
+    return phases
+
+
+def _cost(kind, a, b, price, history):
+    if kind == "spot":
+        return spot_cost(a, b, history).dollars
+    if kind == "ebs":
+        return ebs_cost(a, b, 100, 0.08).dollars
+    return on_demand_cost(a, b, price).dollars
+
+
+kinds = st.sampled_from(["on-demand", "spot", "ebs"])
+
+
+@PROPS
+@given(kind=kinds, a=offsets, d=offsets, price=prices, history=histories)
+def test_prop_cost_never_negative(kind, a, d, price, history):
+    assert _cost(kind, T + a, T + a + d, price, history) >= 0
+
+
+@PROPS
+@given(kind=kinds, a=offsets, d1=offsets, d2=offsets, price=prices, history=histories)
+def test_prop_monotone_in_end(kind, a, d1, d2, price, history):
+    lo, hi = sorted((d1, d2))
+    start = T + a
+    assert (_cost(kind, start, start + lo, price, history)
+            <= _cost(kind, start, start + hi, price, history) + 1e-9)
+
+
+@PROPS
+@given(kind=kinds, a=offsets, d1=offsets, d2=offsets, price=prices, history=histories)
+def test_prop_additive_over_split(kind, a, d1, d2, price, history):
+    d1, d2 = 60 + d1, 60 + d2                     # both halves at least 60 s
+    s, m = T + a, T + a + d1
+    e = m + d2
+    whole = _cost(kind, s, e, price, history)
+    parts = _cost(kind, s, m, price, history) + _cost(kind, m, e, price, history)
+    assert whole == pytest.approx(parts, abs=1e-9, rel=0)
+
+
+@PROPS
+@given(a=offsets, d=offsets)
+def test_prop_billed_seconds(a, d):
+    b = billed_seconds(T + a, T + a + d)
+    assert b >= 60 and b >= (T + a + d) - (T + a)
+
+
+@PROPS
+@given(runs=jobs)
+def test_prop_job_cost_is_fsum_of_instances(runs):
+    job = job_cost(runs, now=NOW)
+    parts = [instance_cost(r, now=NOW) for r in runs]
+    assert job.dollars == math.fsum(p.dollars for p in parts)
+    assert job.settled == all(p.settled for p in parts)
+    assert job.dollars >= 0
+
+
+@PROPS
+@given(runs=jobs, phases=phases_())
+def test_prop_cost_by_phase_adds_up(runs, phases):
+    split = cost_by_phase(runs, phases, now=NOW)
+    assert all(v >= 0 for v in split.values())
+    total = job_cost(runs, now=NOW).dollars
+    assert math.fsum(split.values()) == pytest.approx(total, abs=1e-9, rel=0)
+
+
+@PROPS
+@given(runs=jobs, t1=offsets, t2=offsets)
+def test_prop_cost_to_target_monotone_and_bounded(runs, t1, t2):
+    lo, hi = sorted((T + t1, T + t2))
+    c_lo, c_hi = cost_to_target(runs, lo, now=NOW), cost_to_target(runs, hi, now=NOW)
+    total = job_cost(runs, now=NOW).dollars
+    assert 0 <= c_lo <= c_hi + 1e-9
+    assert c_hi <= total + 1e-9
+    assert cost_to_target(runs, NOW + 1, now=NOW) == pytest.approx(total, abs=1e-9, rel=0)
