@@ -54,6 +54,7 @@ class Settings:
     ssh_wait_seconds: float = 300.0  # bounded wait for SSH to answer
     poll_seconds: float = 2.0  # how often those waits ask
     disk_gb: int = 0  # root volume (0 = the recipe's disk_gb, else 100)
+    collect_checkpoints_mb: float = 2048.0  # bring a cloud job's checkpoints home up to this
     instance_profile: str = ""  # e.g. cloudtrain-instance (infra/README.md); "" = none
 
     @classmethod

@@ -165,7 +165,7 @@ def _spot_segments(t0: float, t1: float, ats: list[float], prices: list[float]):
     a = t0
     while a < t1:
         i = bisect.bisect_right(ats, a) - 1         # last point at or before a
-        b = min(t1, ats[i + 1]) if i + 1 < len(ats) else t1
+        b = t1
         out.append((a, b, prices[max(i, 0)]))
         a = b
     return out
@@ -181,7 +181,8 @@ def _spot_charge(start, end, history: Iterable[PricePoint], now) -> _Charge:
     segments = _spot_segments(start, stop, ats, prices)
     extra = 0.0
     if stop - start < MIN_BILLED_SECONDS:
-        extra = prices[max(0, bisect.bisect_right(ats, start) - 1)] * 60 / 3600 - math.fsum(_dollars(r, a, b) for a, b, r in segments)
+        extra = math.fsum(_dollars(r, a, b) for a, b, r in
+                          _spot_segments(stop, start + MIN_BILLED_SECONDS, ats, prices))
     settled = not notes
     if start < ats[0]:
         settled = False

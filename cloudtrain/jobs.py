@@ -250,15 +250,23 @@ def _resume_source(store: Store, spec: JobSpec) -> Job | None:
 
 
 def _copy_checkpoints(source: Job, host: Host, jobdir: str) -> None:
+    """The source job's checkpoints into the new job: copied on the host they share, or
+    sent from this machine where they were collected (a cloud job's, after it ended)."""
     source_host = host_of(source)
-    if source_host.describe() != host.describe():
-        raise UsageError(f"--resume-from {source.id}: its checkpoints are on another host "
-                         f"({source.backend}); resume it on the same backend")
-    src = shlex.quote(f"{source.jobdir}/checkpoints")
-    found = host.run(f"test -d {src} && ls -A {src}", check=False).stdout.split()
+    src = f"{source.jobdir}/checkpoints"
+    found = source_host.run(f"test -d {shlex.quote(src)} && ls -A {shlex.quote(src)}",
+                            check=False).stdout.split()
     if not found:
-        raise UsageError(f"--resume-from {source.id}: it saved no checkpoint")
-    host.run(f"cp -a {src}/. {shlex.quote(jobdir)}/checkpoints/")
+        raise UsageError(f"--resume-from {source.id}: it saved no checkpoint"
+                         + ("" if source.backend == "local" else
+                            " that was brought home (its instance is gone)"))
+    if source_host.describe() == host.describe():
+        host.run(f"cp -a {shlex.quote(src)}/. {shlex.quote(jobdir)}/checkpoints/")
+    elif isinstance(source_host, LocalHost):
+        host.sync(Path(src), f"{jobdir}/checkpoints")
+    else:
+        raise UsageError(f"--resume-from {source.id}: its checkpoints are still on its own "
+                         f"instance; wait until it ends (they are brought home then)")
 
 
 def _abort_launch(store, settings, provider, job, host, exc) -> None:
@@ -367,16 +375,30 @@ def collect_files(store: Store, job: Job) -> bool:
     if not job.jobdir or Path(job.jobdir) == local or isinstance(host_of(job), LocalHost):
         return False
     host = host_of(job)
+    settings = config.Settings.load()
     try:
         for name in ("output.log", "metrics.jsonl", "status.json", "job.json", "run.sh"):
             data = host.read(f"{job.jobdir}/{name}")
             local.mkdir(parents=True, exist_ok=True)
             (local / name).write_bytes(data)
+        _collect_checkpoints(host, f"{job.jobdir}/checkpoints", local / "checkpoints",
+                             settings.collect_checkpoints_mb)
     except HostError:
         return False
     store.update_job(job.id, jobdir=str(local), host={"kind": "LocalHost", "collected_from":
                                                        job.host, "remote_jobdir": job.jobdir})
     return True
+
+
+def _collect_checkpoints(host: Host, remote: str, local: Path, limit_mb: float) -> None:
+    """Bring the checkpoints home too, unless together they exceed limit_mb."""
+    listing = host.run(f"cd {shlex.quote(remote)} 2>/dev/null && find . -type f -printf '%s %P\\n'",
+                       check=False).stdout.splitlines()
+    files = [(int(size), name) for size, _, name in (l.partition(" ") for l in listing) if name]
+    if not files or sum(size for size, _ in files) > limit_mb * 1e6:
+        return
+    for _, name in files:
+        host.get(f"{remote}/{name}", local / name)
 
 
 def _finish(store: Store, job: Job, collect: bool = True, force: bool = False) -> None:

@@ -357,3 +357,19 @@ def test_dry_run_with_no_aws_account_at_all(cli, tmp_path):
                            "p3.2xlarge", "--dry-run", "--", "true"], cwd=REPO, capture_output=True,
                           text=True, env=env, timeout=60)
     assert proc.returncode == 2 and "no AWS region" in proc.stderr
+
+
+def test_checkpoints_come_home_and_resume_on_a_new_instance(cli, aws, ct_home, toy_recipes):
+    first = cli("launch", "--recipe", "toy", "--set", "epochs=2", "--instance", "g5.xlarge",
+                "--follow", "--quiet", timeout=120)
+    assert first.returncode == 0, first.stderr
+    first_id = first.stdout.splitlines()[0]
+    local = ct_home / "jobs" / first_id / "checkpoints" / "last.json"
+    assert json.loads(local.read_text()) == {"epoch": 2}
+    assert aws.instances()[0]["State"]["Name"] == "terminated"
+
+    proc = cli("launch", "--recipe", "toy", "--set", "epochs=3", "--instance", "g5.xlarge",
+               "--resume-from", first_id, "--follow", "--quiet", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming from epoch 2" in proc.stdout
+    assert len(aws.instances()) == 2
