@@ -55,3 +55,59 @@ def load() -> dict[str, InstanceType]:
 
 def get(name: str) -> InstanceType | None:
     return load().get(name)
+
+
+def parse_gpus(request: str) -> tuple[str, float]:
+    """`V100:1` -> ("V100", 1); `A100` -> ("A100", 1). Names as the catalog spells them."""
+    from .errors import UsageError
+
+    name, _, count = request.partition(":")
+    try:
+        n = float(count) if count else 1.0
+    except ValueError:
+        raise UsageError(f"--gpus {request}: expected NAME:COUNT, e.g. V100:1") from None
+    if n <= 0:
+        raise UsageError(f"--gpus {request}: the count must be positive")
+    return name.strip(), n
+
+
+def matching(gpu: str | None = None, count: float | None = None,
+             region: str | None = None) -> list[InstanceType]:
+    """Types with that GPU (case-insensitive) and exactly that many, offered in `region`."""
+    out = []
+    for t in load().values():
+        if gpu and t.gpu.lower() != gpu.lower():
+            continue
+        if count is not None and t.gpus != count:
+            continue
+        if region and region not in t.on_demand and region not in t.spot_snapshot:
+            continue
+        out.append(t)
+    return sorted(out, key=lambda t: (t.gpu, t.gpus, t.price(region or "us-east-1") or 1e9, t.name))
+
+
+def cheapest(gpu: str, count: float, regions: list[str], market: str = "on-demand"
+             ) -> tuple[InstanceType, str, str | None]:
+    """The cheapest type with `count` x `gpu` in `regions`: (type, region, spot AZ id or None).
+    An impossible request is a UsageError that lists what exists."""
+    from .errors import UsageError
+
+    best = None
+    for t in matching(gpu, count):
+        for region in regions:
+            if market == "spot":
+                zones = t.spot_snapshot.get(region) or {}
+                for zone, price in zones.items():
+                    if best is None or price < best[0]:
+                        best = (price, t, region, zone)
+            else:
+                price = t.on_demand.get(region)
+                if price is not None and (best is None or price < best[0]):
+                    best = (price, t, region, None)
+    if best is None:
+        have = sorted({f"{t.gpu}:{t.gpus:g}" for t in load().values()
+                       if any(r in t.on_demand for r in regions)})
+        raise UsageError(f"no instance type with {count:g}x {gpu} ({market}) in "
+                         f"{', '.join(regions)}; there are: {', '.join(have)}",
+                         hint="cloudtrain catalog --gpu NAME lists the types")
+    return best[1], best[2], best[3]

@@ -66,6 +66,8 @@ def recipes(name: str | None) -> None:
               help="Stop the job after this long (default: the recipe's, else config).")
 @click.option("--instance", "-i", "instance_type", metavar="TYPE",
               help="EC2 instance type, e.g. g5.xlarge (implies --backend aws).")
+@click.option("--gpus", metavar="GPU:N", help="Instead of --instance: the cheapest type with N of "
+              "that GPU (e.g. V100:1, A100:8) in the allowed regions.")
 @click.option("--spot/--on-demand", "spot", default=None,
               help="Spot (one-time, terminated on interruption) or on-demand (default).")
 @click.option("--region", help="AWS region (default: the AWS configuration's).")
@@ -83,7 +85,7 @@ def recipes(name: str | None) -> None:
 @click.option("--follow", "-f", is_flag=True, help="Stream the log; exit with the job's outcome.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the job id.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, spot, region,
+def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, gpus, spot, region,
            ami, disk_gb, max_price, keep, idle_minutes, on_job, dry_run, resume_from, follow,
            quiet, command):
     """Launch a recipe, or your own command after --, and return with its job id.
@@ -104,7 +106,8 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
                            sets=sets, name=name, backend=backend,
                            max_runtime_minutes=max_runtime, settings=settings,
                            resume_from=resume_from, placement=dict(
-                               instance_type=instance_type, market=market, region=region, ami=ami,
+                               instance_type=instance_type, gpus=gpus, market=market,
+                               region=region, ami=ami,
                                disk_gb=disk_gb, max_price=max_price, keep=keep,
                                idle_minutes=idle_minutes, on_job=on_job))
     if dry_run:
@@ -225,6 +228,32 @@ def attach(job: str) -> None:
     with _store() as store:
         argv = jobs.attach_argv(store.find_job(job))
     os.execvp(argv[0], argv)
+
+
+@cli.command()
+@click.option("--gpu", help="Only types with this GPU (V100, A100, H100, A10G, T4, L4, ...).")
+@click.option("--region", default="us-east-1", show_default=True, help="Prices of this region.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def catalog(gpu: str | None, region: str, as_json: bool) -> None:
+    """AWS GPU instance types with on-demand and spot prices (bundled snapshot).
+
+    \b
+    Examples:
+      cloudtrain catalog --gpu V100
+      cloudtrain catalog --region eu-west-1 --json
+    """
+    import dataclasses
+    import json
+
+    from . import catalog as catalog_module
+
+    types = catalog_module.matching(gpu, None, region)
+    if as_json:
+        click.echo(json.dumps({"snapshot": catalog_module.SNAPSHOT, "region": region,
+                               "types": [dataclasses.asdict(t) for t in types]}, indent=1))
+    else:
+        click.echo(render.catalog_table(types, region))
+        click.echo(f"prices: {catalog_module.SNAPSHOT}; spot is a one-time snapshot, not a quote")
 
 
 @cli.command()

@@ -37,6 +37,7 @@ class Settings:
 
     # AWS backend
     region: str = ""  # "" = the AWS chain's (AWS_REGION, ~/.aws/config)
+    regions: str = ""  # where --gpus may look, comma-separated ("" = just `region`)
     aws_profile: str = ""  # a profile of ~/.aws/config ("" = AWS_PROFILE or the default)
     instance_type: str = "g5.xlarge"  # when --instance is not given
     market: str = "on-demand"  # or "spot"

@@ -165,7 +165,7 @@ def _spot_segments(t0: float, t1: float, ats: list[float], prices: list[float]):
     a = t0
     while a < t1:
         i = bisect.bisect_right(ats, a) - 1         # last point at or before a
-        b = t1
+        b = min(t1, ats[i + 1]) if i + 1 < len(ats) else t1
         out.append((a, b, prices[max(i, 0)]))
         a = b
     return out

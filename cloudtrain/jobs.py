@@ -40,6 +40,11 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
     """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise).
     `placement`: instance_type, market, region, ami, disk_gb, max_price, keep, idle_minutes."""
     placement = {k: v for k, v in (placement or {}).items() if v is not None}
+    gpus = placement.pop("gpus", None)
+    if gpus:
+        if placement.get("instance_type"):
+            raise UsageError("give --instance or --gpus, not both")
+        placement.update(_resolve_gpus(gpus, placement, settings))
     on_job = placement.pop("on_job", None)
     if on_job and set(placement) - {"keep", "idle_minutes"}:
         raise UsageError("--on JOB reuses that job's instance: leave out --instance, --spot, "
@@ -90,6 +95,23 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
     minutes = max_runtime_minutes or settings.max_runtime_minutes
     return JobSpec(kind=COMMAND, backend=backend, name=name, command=list(command),
                    workdir=workdir_path, max_runtime_s=float(minutes) * 60, **placement)
+
+
+def _resolve_gpus(request: str, placement: dict, settings: config.Settings) -> dict:
+    """`--gpus V100:1`: the cheapest matching type (and region) among the allowed regions:
+    --region, else `regions:` from config.yaml, else the configured region."""
+    from . import catalog
+
+    gpu, count = catalog.parse_gpus(request)
+    regions = [placement["region"]] if placement.get("region") else \
+        [r.strip() for r in settings.regions.split(",") if r.strip()] or \
+        ([settings.region] if settings.region else [])
+    if not regions:
+        raise UsageError("--gpus needs a region to look in: pass --region, or set `region:` "
+                         "or `regions:` in config.yaml")
+    market = placement.get("market") or settings.market
+    chosen, region, _ = catalog.cheapest(gpu, count, regions, market)
+    return {"instance_type": chosen.name, "region": region}
 
 
 def plan(spec: JobSpec) -> list[tuple[str, str]]:

@@ -215,3 +215,21 @@ def cloud_instances(found: list[dict], now: float | None = None) -> str:
             for f in live]
     return "instances tagged cloudtrain in the cloud:\n" + table(
         rows, ["INSTANCE", "REGION", "TYPE", "STATE", "JOB", "AGE", "KNOWN"])
+
+
+def catalog_table(types, region: str) -> str:
+    if not types:
+        return f"no instance types match in {region}"
+    rows = []
+    for t in types:
+        spot = t.spot_snapshot.get(region) or {}
+        rows.append([t.name, t.gpu, f"{t.gpus:g}", f"{t.vcpus:g}", f"{t.memory_gib:g}",
+                     money4(t.on_demand.get(region)),
+                     money4(min(spot.values())) if spot else "-",
+                     f"{len(spot)}" if spot else "0"])
+    return table(rows, ["TYPE", "GPU", "GPUS", "VCPUS", "MEM GIB", f"ON-DEMAND/H ({region})",
+                        "SPOT/H (lowest AZ)", "SPOT AZS"])
+
+
+def money4(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.4f}"

@@ -289,12 +289,16 @@ class AWSProvider:
                            hint="check --ami, or leave it out for the Deep Learning AMI")
         return images[0].get("RootDeviceName") or "/dev/sda1"
 
-    def subnets(self, region: str) -> list[tuple[str, str, str]]:
-        """(zone, subnet, vpc) to try, one per AZ: the configured subnet, or the default VPC's."""
+    def subnets(self, region: str) -> list[tuple[str, str, str, str]]:
+        """(zone, subnet, vpc, zone id) to try, one per AZ: the configured subnet, or the
+        default VPC's (or `vpc_id`'s)."""
+        def row(s):
+            return (s["AvailabilityZone"], s["SubnetId"], s["VpcId"], s.get("AvailabilityZoneId", ""))
+
         if self.settings.subnet_id:
             found = self.call(region, "describe_subnets",
                               SubnetIds=[self.settings.subnet_id])["Subnets"]
-            return [(s["AvailabilityZone"], s["SubnetId"], s["VpcId"]) for s in found]
+            return [row(s) for s in found]
         filters = [{"Name": "default-for-az", "Values": ["true"]}]
         if self.settings.vpc_id:
             filters = [{"Name": "vpc-id", "Values": [self.settings.vpc_id]}]
@@ -302,11 +306,20 @@ class AWSProvider:
         if not found:
             raise AWSError(f"no default VPC subnets in {region}",
                            hint="set `subnet_id:` (and `vpc_id:`) in config.yaml")
-        by_zone: dict[str, tuple[str, str, str]] = {}
+        by_zone: dict[str, tuple[str, str, str, str]] = {}
         for s in sorted(found, key=lambda s: (s["AvailabilityZone"], s["SubnetId"])):
-            by_zone.setdefault(s["AvailabilityZone"], (s["AvailabilityZone"], s["SubnetId"],
-                                                       s["VpcId"]))
+            by_zone.setdefault(s["AvailabilityZone"], row(s))
         return list(by_zone.values())
+
+    @staticmethod
+    def order_zones(zones: list[tuple], instance_type: str, region: str, market: str) -> list:
+        """Spot: the AZ the catalog's snapshot prices lowest first (AZ ids, which differ from
+        AZ names per account); AZs without a known price keep their order, after those."""
+        t = catalog.get(instance_type)
+        prices = (t.spot_snapshot.get(region) or {}) if t and market == "spot" else {}
+        if not prices:
+            return list(zones)
+        return sorted(zones, key=lambda z: (z[3] not in prices, prices.get(z[3], 0.0)))
 
     # -- the provider contract -------------------------------------------------------------------
 
@@ -337,7 +350,7 @@ class AWSProvider:
             key_name, key_path = self.ensure_key(region, owner)
         now = time.time()
         if now - entry.get("zones_at", 0) < CACHE_TTL_S and entry.get("zones"):
-            zones = [tuple(z) for z in entry["zones"]]
+            zones = [tuple(z) + ("",) * (4 - len(z)) for z in entry["zones"]]
         else:
             zones = self.subnets(region)
             entry.update(zones=[list(z) for z in zones], zones_at=now)
@@ -424,10 +437,11 @@ class AWSProvider:
 
         zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
                                               boot["key_name"], boot["owner"])
+        zones = self.order_zones(zones, spec.instance_type, region, spec.market)
         root_device = boot["root_device"]
         disk = spec.disk_gb or self.settings.disk_gb or int(spec.resources.get("disk_gb", 100))
         attempts: list[Attempt] = []
-        for n, (zone, subnet, _vpc) in enumerate(zones):
+        for n, (zone, subnet, _vpc, _zone_id) in enumerate(zones):
             request = self.run_request(job, spec, subnet, group, ami, key_name, owner, disk,
                                        root_device)
             try:
@@ -744,7 +758,8 @@ class AWSProvider:
             return rows
         try:
             zones = self.subnets(region)
-            rows.append(("AZs to try", ", ".join(z for z, _, _ in zones)))
+            zones = self.order_zones(zones, spec.instance_type, region, spec.market)
+            rows.append(("AZs to try", ", ".join(z[0] for z in zones)))
             ami = self.resolve_ami(region, spec.ami)
             rows.append(("AMI", ami))
             request = dict(ImageId=ami, InstanceType=spec.instance_type, MinCount=1, MaxCount=1,

@@ -57,3 +57,32 @@ def test_user_data_powers_off_after_the_max_runtime_plus_margin():
     assert "\n75\n" in ud  # 60 min runtime + 15 min margin
     assert "\nabcd1234\n" in ud
     assert "\nshutdown -h now\n" in ud and "sudo shutdown" not in ud  # user-data runs as root
+
+
+def test_spot_tries_the_cheapest_az_of_the_snapshot_first():
+    # g5.xlarge spot in us-east-1 (catalog snapshot): use1-az2 is not the first by name.
+    from cloudtrain import catalog
+
+    prices = catalog.get("g5.xlarge").spot_snapshot["us-east-1"]
+    zones = [(f"us-east-1{c}", f"subnet-{c}", "vpc-1", zid)
+             for c, zid in zip("abcdef", sorted(prices))] + [("us-east-1z", "subnet-z", "vpc-1", "")]
+    ordered = AWSProvider.order_zones(zones, "g5.xlarge", "us-east-1", "spot")
+    got = [prices[z[3]] for z in ordered if z[3]]
+    assert got == sorted(got) and ordered[-1][0] == "us-east-1z"
+    assert AWSProvider.order_zones(zones, "g5.xlarge", "us-east-1", "on-demand") == zones
+
+
+def test_gpus_request_resolves_to_the_cheapest_type():
+    from cloudtrain import catalog
+    from cloudtrain.errors import UsageError
+
+    t, region, _ = catalog.cheapest("V100", 1, ["us-east-1", "us-west-2"])
+    assert t.name == "p3.2xlarge" and t.on_demand[region] == 3.06
+    t, region, zone = catalog.cheapest("a10g", 1, ["us-east-1"], "spot")
+    assert t.gpu == "A10G" and zone in t.spot_snapshot["us-east-1"]
+    assert t.spot_snapshot["us-east-1"][zone] == min(
+        p for c in catalog.matching("A10G", 1) for p in c.spot_snapshot.get("us-east-1", {}).values())
+    import pytest
+
+    with pytest.raises(UsageError, match="no instance type with 3x A100 .* there are: .*A100:8"):
+        catalog.cheapest("A100", 3, ["us-east-1"])

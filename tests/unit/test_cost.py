@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cloudtrain.cost import (
@@ -243,24 +244,32 @@ def test_cost_to_target():
 # --- properties --------------------------------------------------------------------------
 
 PROPS = settings(max_examples=200, deadline=None)
+JOB_PROPS = settings(max_examples=100, deadline=None)     # whole jobs: slower to generate
 
 offsets = st.one_of(st.integers(0, 100_000).map(float),
                     st.floats(0, 100_000, allow_nan=False, allow_infinity=False))
 prices = st.one_of(st.sampled_from([0.0, 0.4, 0.55, 1.006]),
                    st.floats(0, 100, allow_nan=False, allow_infinity=False))
-histories = st.lists(
-    st.builds(lambda o, p: PricePoint(T - 10_000 + o, p), offsets, prices), min_size=1, max_size=6)
+durations = st.one_of(st.integers(0, 120).map(float), offsets)    # short runs are common
+# Spot history relative to a run's start (`_at`), often inside its first minutes.
+rel_times = st.one_of(st.integers(-120, 240).map(float),
+                      st.floats(-10_000, 100_000, allow_nan=False, allow_infinity=False))
+histories = st.lists(st.builds(PricePoint, rel_times, prices), min_size=1, max_size=6)
+
+
+def _at(start, history):
+    return tuple(PricePoint(start + p.at, p.price) for p in history)
 
 
 @st.composite
 def runs_(draw):
     market = draw(st.sampled_from(["on-demand", "spot", "local"]))
     start = T + draw(offsets)
-    end = None if draw(st.booleans()) and draw(st.booleans()) else start + draw(offsets)
+    end = None if draw(st.booleans()) and draw(st.booleans()) else start + draw(durations)
     return InstanceRun(
         f"i-{draw(st.integers(0, 10**6))}", market, start, end,
         draw(prices) if market != "spot" or draw(st.booleans()) else None,
-        tuple(draw(histories)) if market == "spot" else (),
+        _at(start, draw(histories)) if market == "spot" else (),
         draw(st.sampled_from([0.0, 8.0, 100.0])), draw(st.sampled_from([None, 0.08, 0.1])))
 
 
@@ -289,25 +298,28 @@ kinds = st.sampled_from(["on-demand", "spot", "ebs"])
 
 
 @PROPS
-@given(kind=kinds, a=offsets, d=offsets, price=prices, history=histories)
+@given(kind=kinds, a=offsets, d=durations, price=prices, history=histories)
 def test_prop_cost_never_negative(kind, a, d, price, history):
+    history = _at(T + a, history)
     assert _cost(kind, T + a, T + a + d, price, history) >= 0
 
 
 @PROPS
-@given(kind=kinds, a=offsets, d1=offsets, d2=offsets, price=prices, history=histories)
+@given(kind=kinds, a=offsets, d1=durations, d2=durations, price=prices, history=histories)
 def test_prop_monotone_in_end(kind, a, d1, d2, price, history):
     lo, hi = sorted((d1, d2))
     start = T + a
+    history = _at(start, history)
     assert (_cost(kind, start, start + lo, price, history)
             <= _cost(kind, start, start + hi, price, history) + 1e-9)
 
 
 @PROPS
-@given(kind=kinds, a=offsets, d1=offsets, d2=offsets, price=prices, history=histories)
+@given(kind=kinds, a=offsets, d1=durations, d2=durations, price=prices, history=histories)
 def test_prop_additive_over_split(kind, a, d1, d2, price, history):
     d1, d2 = 60 + d1, 60 + d2                     # both halves at least 60 s
     s, m = T + a, T + a + d1
+    history = _at(s, history)
     e = m + d2
     whole = _cost(kind, s, e, price, history)
     parts = _cost(kind, s, m, price, history) + _cost(kind, m, e, price, history)
@@ -315,13 +327,13 @@ def test_prop_additive_over_split(kind, a, d1, d2, price, history):
 
 
 @PROPS
-@given(a=offsets, d=offsets)
+@given(a=offsets, d=durations)
 def test_prop_billed_seconds(a, d):
     b = billed_seconds(T + a, T + a + d)
     assert b >= 60 and b >= (T + a + d) - (T + a)
 
 
-@PROPS
+@JOB_PROPS
 @given(runs=jobs)
 def test_prop_job_cost_is_fsum_of_instances(runs):
     job = job_cost(runs, now=NOW)
@@ -331,7 +343,7 @@ def test_prop_job_cost_is_fsum_of_instances(runs):
     assert job.dollars >= 0
 
 
-@PROPS
+@JOB_PROPS
 @given(runs=jobs, phases=phases_())
 def test_prop_cost_by_phase_adds_up(runs, phases):
     split = cost_by_phase(runs, phases, now=NOW)
@@ -340,7 +352,7 @@ def test_prop_cost_by_phase_adds_up(runs, phases):
     assert math.fsum(split.values()) == pytest.approx(total, abs=1e-9, rel=0)
 
 
-@PROPS
+@JOB_PROPS
 @given(runs=jobs, t1=offsets, t2=offsets)
 def test_prop_cost_to_target_monotone_and_bounded(runs, t1, t2):
     lo, hi = sorted((T + t1, T + t2))
@@ -349,3 +361,43 @@ def test_prop_cost_to_target_monotone_and_bounded(runs, t1, t2):
     assert 0 <= c_lo <= c_hi + 1e-9
     assert c_hi <= total + 1e-9
     assert cost_to_target(runs, NOW + 1, now=NOW) == pytest.approx(total, abs=1e-9, rel=0)
+
+
+@JOB_PROPS
+@given(runs=jobs, t=offsets)
+def test_prop_cost_to_target_is_the_truncated_job(runs, t):
+    target = T + t
+    expected = []
+    for r in runs:
+        if r.market == "local" or r.start >= target:
+            continue
+        stop = NOW if r.end is None else r.end
+        if stop - r.start < 60:                      # short run: its minimum in full
+            expected.append(instance_cost(r, now=NOW).dollars)
+            continue
+        cut = min(stop, target)
+        assume(cut - r.start >= 60)                  # else no minimum applies: not comparable
+        expected.append(instance_cost(replace(r, end=cut)).dollars)
+    assert cost_to_target(runs, target, now=NOW) == pytest.approx(math.fsum(expected),
+                                                                  abs=1e-9, rel=0)
+
+
+@PROPS
+@given(a=st.integers(0, 10_000), d=st.integers(0, 300),
+       history=st.lists(st.builds(PricePoint, st.integers(-120, 400).map(float), prices),
+                        min_size=1, max_size=6))
+def test_prop_spot_matches_a_second_by_second_reference(a, d, history):
+    """Oracle: with whole-second times, sum the price in force second by second over the
+    billed seconds (at least the first 60)."""
+    start = T + a
+    history = _at(start, history)
+    ordered = sorted(history, key=lambda p: p.at)
+
+    def in_force(t):
+        before = [p for p in ordered if p.at <= t]
+        return (before[-1] if before else ordered[0]).price
+
+    reference = math.fsum(in_force(start + s) for s in range(max(d, 60))) / 3600
+    b = spot_cost(start, start + d, history)
+    assert b.dollars == pytest.approx(reference, abs=1e-9, rel=0)
+    assert b.settled == (ordered[0].at <= start)
