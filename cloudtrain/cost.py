@@ -13,8 +13,8 @@ AWS rules relied on (Linux instances, the only kind cloudtrain launches):
 * EBS volumes (gp3 root volume): priced per GB-month, billed per second with a 60-second
   minimum. AWS prorates a GB-month over the hours of the actual billing month (672 h in a
   28-day month ... 744 h in a 31-day month); we use the yearly average of 730 h
-  (``HOURS_PER_MONTH``), so a figure can differ from the invoice by -2 % (31-day month) to
-  +8.6 % (February). Pass ``hours_per_month`` to ``ebs_cost`` to use the exact month.
+  (``HOURS_PER_MONTH``), so our volume figure is ~1.9 % above the invoice's in a 31-day month
+  and ~7.9 % below it in February. Pass ``hours_per_month`` to ``ebs_cost`` for the exact month.
 
 Choices of ours, where AWS does not say:
 
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 MIN_BILLED_SECONDS = 60.0
-HOURS_PER_MONTH = 730.0          # 365 * 24 / 12: AWS's usual "month" in its price examples
+HOURS_PER_MONTH = 730.0          # 365 * 24 / 12, the month of AWS's pricing calculator
 GP3_PRICE_PER_GB_MONTH: dict[str, float] = {
     # Only figures with a source we trust (see shared/data/README.md, "EBS gp3"): AWS's own
     # reference gives $0.08 in us-east-1, "approximate as of early 2026".
