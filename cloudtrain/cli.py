@@ -256,6 +256,40 @@ def catalog(gpu: str | None, region: str, as_json: bool) -> None:
         click.echo(f"prices: {catalog_module.SNAPSHOT}; spot is a one-time snapshot, not a quote")
 
 
+@cli.command("cost-report")
+@click.option("--since", metavar="AGE", help="Only jobs created in this period: 30d, 12h, 2w.")
+@click.option("--by", type=click.Choice(["job", "recipe", "instance", "day", "month"]),
+              default="job", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV output.")
+@click.option("--refresh", is_flag=True, help="Settle estimates first (asks EC2 for termination "
+              "times and spot price history).")
+def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh: bool) -> None:
+    """What jobs cost: per job, recipe, instance, day or month, with totals. Offline.
+
+    \b
+    Examples:
+      cloudtrain cost-report --since 30d
+      cloudtrain cost-report --by recipe --csv
+    """
+    from . import jobs, ledger
+
+    with _store() as store:
+        if refresh:
+            jobs.settle_all(store)
+        rows, total = ledger.report(store, by, since)
+    if as_json:
+        import dataclasses
+        import json
+
+        click.echo(json.dumps({"by": by, "rows": [dataclasses.asdict(r) for r in rows],
+                               "total": dataclasses.asdict(total)}, indent=1))
+    elif as_csv:
+        click.echo(ledger.report_csv(rows, total, by), nl=False)
+    else:
+        click.echo(render.cost_report(rows, total, by))
+
+
 @cli.command()
 @click.argument("job")
 def ssh(job: str) -> None:

@@ -428,12 +428,37 @@ def _finish(store: Store, job: Job, collect: bool = True, force: bool = False) -
     if collect:
         collect_files(store, store.job(job.id))
     providers.get(job.backend).release(store, store.job(job.id), force=force)
-    total = 0.0
-    for inst in store.instances(job.id):
-        if inst.launched_at and inst.price_per_hour is not None:
-            end = inst.terminated_at or time.time()
-            total += inst.price_per_hour * max(end - inst.launched_at, 0) / 3600
-    store.update_job(job.id, cost=total)
+    settle_cost(store, store.job(job.id))
+
+
+def settle_cost(store: Store, job: Job) -> None:
+    """Record the job's cost (settled once every instance is terminated and priced), with
+    the cost at which it first reached its target."""
+    from . import ledger
+
+    target_time = None
+    if job.jobdir:
+        try:
+            target = host_of(job).probe_job(job.jobdir, 1e9).get("target") or {}
+            target_time = target.get("time")
+        except HostError:
+            pass
+    ledger.settle(store, job, target_time)
+
+
+def settle_all(store: Store) -> int:
+    """Settle every job whose cost is still an estimate: EC2 termination times and spot
+    price history where the provider can give them. Returns how many are now settled."""
+    done = 0
+    for job in store.jobs():
+        if job.cost_settled or job.active:
+            continue
+        provider = providers.get(job.backend)
+        if hasattr(provider, "record_ends"):
+            provider.record_ends(store, job)
+        settle_cost(store, store.job(job.id))
+        done += store.job(job.id).cost_settled
+    return done
 
 
 def refresh_all(store: Store, settings: config.Settings) -> list[Job]:

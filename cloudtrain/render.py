@@ -38,6 +38,13 @@ def money(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
 
 
+def job_cost(job: Job) -> str:
+    """Settled costs as they are; estimates (still running, prices not yet known) with ~."""
+    if job.cost is None:
+        return "-"
+    return money(job.cost) if job.cost_settled else "~" + money(job.cost)
+
+
 def pct(value) -> str:
     return "-" if value is None else f"{float(value) * 100:.2f}%"
 
@@ -87,7 +94,7 @@ def status_table(jobs: list[Job], now: float | None = None) -> str:
         rows.append([job.id, job.name or "-", what, job.backend, state_text(job),
                      age(job.created_at, now), duration(runtime(job, now)), epoch_text(m),
                      number(m.get("train_loss", m.get("loss"))),
-                     pct(m.get("test_acc", m.get("accuracy"))), money(job.cost)])
+                     pct(m.get("test_acc", m.get("accuracy"))), job_cost(job)])
     return table(rows, STATUS_HEADER)
 
 
@@ -123,8 +130,17 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
         out.append(f"  exit code {job.exit_code}")
     out += [f"  created   {clock(job.created_at)} ({age(job.created_at, now)} ago)",
             f"  runtime   {duration(runtime(job, now))}",
-            f"  cost      {money(job.cost)}" + (" (this machine: nothing billed)"
-                                                if job.backend == "local" else "")]
+            f"  cost      {job_cost(job)}" + (" (this machine: nothing billed)"
+                                                  if job.backend == "local" else
+                                                  ("" if job.cost_settled else " (estimate)"))]
+    detail = job.cost_detail or {}
+    if detail.get("phases"):
+        out.append("  by phase  " + ", ".join(f"{k} {money4(v)}" for k, v in
+                                             detail["phases"].items() if v))
+    if detail.get("to_target") is not None:
+        out.append(f"  to target {money4(detail['to_target'])}")
+    for note in detail.get("notes") or []:
+        out.append(f"  cost note {note}")
     if job.metrics:
         shown = ", ".join(f"{k} {_metric(k, v)}" for k, v in job.metrics.items()
                           if k not in ("time",))
@@ -233,3 +249,13 @@ def catalog_table(types, region: str) -> str:
 
 def money4(value: float | None) -> str:
     return "-" if value is None else f"${value:,.4f}"
+
+
+def cost_report(rows, total, by: str) -> str:
+    if not rows:
+        return "no jobs in that period"
+    body = [[r.key, str(r.jobs), money4(r.dollars), "" if r.settled else "estimate",
+             money4(r.to_target) if r.to_target is not None else ""] for r in rows]
+    body.append(["TOTAL", str(total.jobs), money4(total.dollars),
+                 "" if total.settled else "includes estimates", ""])
+    return table(body, [by.upper(), "JOBS", "COST", "", "TO TARGET"])

@@ -91,8 +91,15 @@ def _migration_2(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE jobs ADD COLUMN launcher TEXT")
 
 
+def _migration_3(db: sqlite3.Connection) -> None:
+    # Whether `cost` is final (every instance terminated, its prices known) and how it
+    # breaks down (per phase, to the target, notes), so reports work offline.
+    db.execute("ALTER TABLE jobs ADD COLUMN cost_settled INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE jobs ADD COLUMN cost_detail TEXT")
+
+
 # Schema migrations, applied in order; the schema version is PRAGMA user_version.
-MIGRATIONS = [_migration_1, _migration_2]
+MIGRATIONS = [_migration_1, _migration_2, _migration_3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -116,6 +123,8 @@ class Job:
     metrics: dict | None
     cost: float | None
     launcher: str | None = None
+    cost_settled: int = 0
+    cost_detail: dict | None = None
 
     @property
     def active(self) -> bool:
@@ -124,7 +133,7 @@ class Job:
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> "Job":
         values = dict(row)
-        for key in ("spec", "host", "metrics"):
+        for key in ("spec", "host", "metrics", "cost_detail"):
             values[key] = json.loads(values[key]) if values[key] else ({} if key == "spec" else None)
         return cls(**values)
 

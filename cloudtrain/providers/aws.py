@@ -90,6 +90,18 @@ def aws_errors(region: str):
         raise AWSError(f"cannot reach AWS in {region}: {exc}") from exc
 
 
+def ec2_transition_time(reason: str) -> float | None:
+    """EC2 puts the time of a stop or termination in StateTransitionReason:
+    'User initiated (2026-11-22 03:00:00 GMT)'."""
+    import calendar
+    import re
+
+    m = re.search(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)", reason or "")
+    if not m:
+        return None
+    return float(calendar.timegm(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")))
+
+
 class StaleCache(Exception):
     """RunInstances named a cached resource that no longer exists."""
 
@@ -652,10 +664,52 @@ class AWSProvider:
                         instance_type=raw.get("InstanceType"), market=(job.spec or {}).get("market"),
                         state="requested", launched_at=raw["LaunchTime"].timestamp(),
                         terminated_at=None, price_per_hour=None, details={"found_by_tag": True}))
-        now = time.time()
+        self.record_ends(store, job)
+
+    def record_ends(self, store: Store, job: Job) -> None:
+        """Termination times from EC2 (its state-transition reason carries the time), and for
+        spot instances the price history of their AZ over their life: what the bill uses."""
         for inst in store.instances(job.id):
-            if inst.state != "terminated":
-                store.update_instance(inst.id, state="terminated", terminated_at=now)
+            if inst.state == "terminated" and inst.terminated_at and not (
+                    inst.market == "spot" and not (inst.details or {}).get("spot_history")):
+                continue
+            raw = {}
+            try:
+                raw = self._describe(inst.region, inst.id)
+            except Exception:  # gone from EC2's view (about an hour after termination)
+                pass
+            ended = ec2_transition_time(raw.get("StateTransitionReason", "")) or time.time()
+            fields = {"state": "terminated", "terminated_at": inst.terminated_at or ended}
+            if inst.market == "spot":
+                import botocore.exceptions
+
+                details = dict(inst.details or {})
+                try:
+                    details["spot_history"] = self.spot_history(
+                        inst.region, raw.get("Placement", {}).get("AvailabilityZone") or inst.zone,
+                        inst.instance_type, inst.launched_at, fields["terminated_at"])
+                except (CloudtrainError, botocore.exceptions.ClientError):
+                    pass  # the cost stays an estimate; `cost-report --refresh` asks again
+                fields["details"] = json.dumps(details)
+            store.update_instance(inst.id, **fields)
+
+    def spot_history(self, region: str, zone: str, instance_type: str, start: float,
+                     end: float) -> list[list[float]]:
+        """[(at, USD/h)] for Linux/UNIX in that AZ, from the last change before `start`."""
+        import datetime
+
+        def ts(t):
+            return datetime.datetime.fromtimestamp(t, datetime.timezone.utc)
+
+        points = []
+        paginator = self.client("ec2", region).get_paginator("describe_spot_price_history")
+        with aws_errors(region):
+            for page in paginator.paginate(
+                    AvailabilityZone=zone, InstanceTypes=[instance_type],
+                    ProductDescriptions=["Linux/UNIX"], StartTime=ts(start), EndTime=ts(end)):
+                for p in page["SpotPriceHistory"]:
+                    points.append([p["Timestamp"].timestamp(), float(p["SpotPrice"])])
+        return sorted(points)
 
     def region_of(self, job: Job) -> str:
         return (job.spec or {}).get("region") or self.region()

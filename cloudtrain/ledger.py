@@ -1,0 +1,175 @@
+"""What each job cost, from the store: the bridge between the ledger of what happened
+(instances with EC2's launch and termination times, the timeline, the target event) and the
+pure cost arithmetic in cost.py. Reports read only the store, so they work offline.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from dataclasses import dataclass
+
+from . import cost
+from .state import Instance, Job, Store
+
+# Timeline phases -> the cost phases a user reads.
+COST_PHASES = (("boot", ("provisioning", "instance")), ("setup", ("syncing", "setting-up")),
+               ("training", ("running",)))
+
+
+def runs_of(store: Store, job: Job) -> list[cost.InstanceRun]:
+    return [run_of(i) for i in store.instances(job.id)]
+
+
+def run_of(inst: Instance) -> cost.InstanceRun:
+    details = inst.details or {}
+    history = tuple(cost.PricePoint(float(at), float(price))
+                    for at, price in details.get("spot_history") or [])
+    gp3 = details.get("gp3_per_gb_month")
+    if gp3 is None and details.get("disk_gb") and inst.region:
+        gp3 = cost.gp3_price(inst.region).per_gb_month
+    price = inst.price_per_hour
+    if price is None and inst.instance_type and inst.region:
+        # No price recorded (spot whose history is not fetched yet): the catalog's figure,
+        # as an estimate (cost.py marks a spot run without history unsettled).
+        from . import catalog
+
+        t = catalog.get(inst.instance_type)
+        price = t.price(inst.region, inst.market or "on-demand") if t else None
+        if price is None and t is not None:
+            price = t.price(inst.region, "on-demand")
+    market = inst.market or "on-demand"
+    if market not in ("on-demand", "spot", "local"):
+        market = "on-demand"
+    return cost.InstanceRun(
+        instance_id=inst.id, market=market,
+        start=inst.launched_at or 0.0, end=inst.terminated_at,
+        price_per_hour=price, spot_history=history,
+        disk_gb=float(details.get("disk_gb") or 0.0), gp3_per_gb_month=gp3)
+
+
+def phases_of(store: Store, job: Job) -> list[cost.Phase]:
+    events = store.events(job.id)
+    starts: dict[str, float] = {}
+    for ev in events:
+        starts.setdefault(ev.phase, ev.at)
+    marks = []
+    for name, phases in COST_PHASES:
+        at = min((starts[p] for p in phases if p in starts), default=None)
+        if at is not None:
+            marks.append((name, at))
+    if job.ended_at is not None:
+        marks.append(("teardown", job.ended_at))
+    out = []
+    for i, (name, at) in enumerate(marks):
+        end = marks[i + 1][1] if i + 1 < len(marks) else None
+        if end is not None and end < at:
+            end = at
+        out.append(cost.Phase(name, at, end))
+    return out
+
+
+def settle(store: Store, job: Job, target_time: float | None = None,
+           now: float | None = None) -> cost.Billed:
+    """Compute the job's cost from its instances and record it (settled or an estimate)."""
+    now = time.time() if now is None else now
+    runs = runs_of(store, job)
+    billed = cost.job_cost(runs, now=now)
+    detail = {"notes": list(billed.notes), "billed_seconds": billed.billed_seconds}
+    if runs:
+        detail["phases"] = cost.cost_by_phase(runs, phases_of(store, job), now=now)
+        if target_time is not None:
+            detail["to_target"] = cost.cost_to_target(runs, target_time, now=now)
+            detail["target_time"] = target_time
+    store.update_job(job.id, cost=billed.dollars, cost_settled=int(billed.settled),
+                     cost_detail=detail)
+    return billed
+
+
+# -- reports -----------------------------------------------------------------------------------
+
+GROUPINGS = ("job", "recipe", "instance", "day", "month")
+
+
+@dataclass
+class Row:
+    key: str
+    jobs: int
+    dollars: float
+    settled: bool  # every contribution settled
+    to_target: float | None = None
+
+
+def parse_since(text: str | None, now: float) -> float | None:
+    from .errors import UsageError
+
+    if not text:
+        return None
+    units = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    try:
+        return now - float(text[:-1]) * units[text[-1]]
+    except (KeyError, ValueError):
+        raise UsageError(f"--since {text}: expected a number and a unit, e.g. 30d, 12h, 2w") from None
+
+
+def report(store: Store, by: str = "job", since: str | None = None,
+           now: float | None = None) -> tuple[list[Row], Row]:
+    """Rows and the total, newest first (job) or by key."""
+    now = time.time() if now is None else now
+    start = parse_since(since, now)
+    where, params = ("WHERE created_at >= ?", (start,)) if start is not None else ("", ())
+    jobs = store.db.execute(
+        f"SELECT id, name, recipe, command, created_at, cost, cost_settled, cost_detail "
+        f"FROM jobs {where} ORDER BY created_at DESC, id", params).fetchall()
+    rows: dict[str, Row] = {}
+    if by == "instance":
+        ids = [j["id"] for j in jobs]
+        inst = store.db.execute(
+            f"SELECT i.*, j.cost_settled FROM instances i JOIN jobs j ON j.id = i.job_id "
+            f"{'WHERE j.created_at >= ?' if start is not None else ''}", params).fetchall() \
+            if ids else []
+        for r in inst:
+            i = Instance(**{k: r[k] for k in Instance.__dataclass_fields__ if k != "details"},
+                         details=_json(r["details"]))
+            billed = cost.instance_cost(run_of(i), now=now)
+            key = f"{i.id} ({i.instance_type}, {i.market})"
+            rows[key] = Row(key, 1, billed.dollars, billed.settled)
+    else:
+        for j in jobs:
+            if by == "job":
+                key = j["id"] + (f" {j['name']}" if j["name"] else "")
+            elif by == "recipe":
+                key = j["recipe"] or "(own command)"
+            elif by == "day":
+                key = time.strftime("%Y-%m-%d", time.localtime(j["created_at"]))
+            else:
+                key = time.strftime("%Y-%m", time.localtime(j["created_at"]))
+            row = rows.setdefault(key, Row(key, 0, 0.0, True))
+            row.jobs += 1
+            row.dollars += j["cost"] or 0.0
+            row.settled = row.settled and bool(j["cost_settled"])
+            if by == "job":
+                detail = _json(j["cost_detail"]) or {}
+                row.to_target = detail.get("to_target")
+    ordered = list(rows.values()) if by in ("job", "instance") else \
+        sorted(rows.values(), key=lambda r: r.key, reverse=by in ("day", "month"))
+    total = Row("total", sum(r.jobs for r in ordered),
+                sum(r.dollars for r in ordered), all(r.settled for r in ordered))
+    return ordered, total
+
+
+def _json(text):
+    import json
+
+    return json.loads(text) if text else None
+
+
+def report_csv(rows: list[Row], total: Row, by: str) -> str:
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow([by, "jobs", "usd", "settled", "usd_to_target"])
+    for r in [*rows, total]:
+        w.writerow([r.key, r.jobs, f"{r.dollars:.6f}", "yes" if r.settled else "estimate",
+                    "" if r.to_target is None else f"{r.to_target:.6f}"])
+    return out.getvalue()

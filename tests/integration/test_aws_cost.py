@@ -1,0 +1,99 @@
+"""What a job on the AWS path cost, end to end against moto: EC2's own launch and
+termination times, the spot price history of the instance's AZ (moto's placeholder prices
+replaced by real-looking ones), the root volume, and `cost-report` to the cent."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sqlite3
+import time
+
+import pytest
+from moto.core.responses import ActionResult
+from moto.ec2.responses.spot_instances import SpotInstances
+
+from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
+
+GP3 = 0.08 / (730 * 3600)  # USD per GB-second, us-east-1
+
+
+def _instance(ct_home, job_id):
+    db = sqlite3.connect(ct_home / "state.db")
+    db.row_factory = sqlite3.Row
+    (row,) = db.execute("SELECT * FROM instances WHERE job_id = ?", (job_id,)).fetchall()
+    return dict(row)
+
+
+def _report(cli):
+    return json.loads(cli.ok("cost-report", "--json").stdout)
+
+
+def test_on_demand_job_costs_price_times_billed_seconds(cli, aws, ct_home):
+    proc = cli("launch", "--instance", "g5.xlarge", "--disk-gb", "100", "--follow", "--quiet",
+               "--", "echo", "hi")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    inst = _instance(ct_home, job_id)
+    raw = aws.instances()[0]
+    assert inst["launched_at"] == raw["LaunchTime"].timestamp()  # EC2's clock, not ours
+    assert inst["terminated_at"] >= inst["launched_at"]
+    billed = max(60.0, inst["terminated_at"] - inst["launched_at"])  # a short run: 60 s
+    expected = 1.006 * billed / 3600 + 100 * GP3 * billed
+    report = _report(cli)
+    assert report["total"]["settled"] is True
+    assert report["rows"][0]["dollars"] == pytest.approx(expected, abs=1e-9)
+    assert round(report["total"]["dollars"], 2) == round(expected, 2)
+    detail = cli.job(job_id)
+    assert detail["cost_settled"] == 1
+    phases = detail["cost_detail"]["phases"]
+    assert sum(phases.values()) == pytest.approx(expected, abs=1e-9)
+    assert cli.ok("status").stdout.splitlines()[1].endswith("$0.02")
+
+
+def test_spot_job_pays_the_price_history_including_a_change(cli, aws, ct_home, monkeypatch):
+    change = time.time() + 3  # the price rises while the instance runs
+    history = [(change - 3600, "0.4000"), (change, "0.5500")]
+
+    def spot_price_history(self):
+        zone = self._get_param("AvailabilityZone")
+        return ActionResult({"SpotPriceHistory": [
+            {"InstanceType": "g5.xlarge", "ProductDescription": "Linux/UNIX", "SpotPrice": price,
+             "AvailabilityZone": zone,
+             "Timestamp": datetime.datetime.fromtimestamp(at, datetime.timezone.utc)}
+            for at, price in history]})
+
+    monkeypatch.setattr(SpotInstances, "describe_spot_price_history", spot_price_history)
+    proc = cli("launch", "--instance", "g5.xlarge", "--spot", "--disk-gb", "50", "--follow",
+               "--quiet", "--", "sleep", "5")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    inst = _instance(ct_home, job_id)
+    stored = json.loads(inst["details"])["spot_history"]
+    assert [p[1] for p in stored] == [0.40, 0.55]
+    change = stored[1][0]  # as EC2 (moto) reported it, to the second
+    start, end = inst["launched_at"], inst["terminated_at"]
+    assert start < change < start + 60
+    # Under a minute: the first 60 s are billed, at the prices in force over them.
+    expected = (0.40 * (change - start) + 0.55 * (start + 60 - change)) / 3600 + 50 * GP3 * 60
+    assert end - start < 60
+    report = _report(cli)
+    assert report["total"]["settled"] is True
+    assert report["total"]["dollars"] == pytest.approx(expected, abs=1e-9)
+    assert round(report["total"]["dollars"], 2) == round(expected, 2)
+    by_instance = json.loads(cli.ok("cost-report", "--by", "instance", "--json").stdout)
+    assert by_instance["rows"][0]["key"].startswith(inst["id"])
+
+
+def test_cost_report_groupings_and_csv(cli, aws, ct_home):
+    for _ in range(2):
+        assert cli("launch", "--instance", "g5.xlarge", "--follow", "--", "true").returncode == 0
+    by_recipe = json.loads(cli.ok("cost-report", "--by", "recipe", "--json").stdout)
+    assert [r["key"] for r in by_recipe["rows"]] == ["(own command)"]
+    assert by_recipe["rows"][0]["jobs"] == 2
+    csv_text = cli.ok("cost-report", "--by", "month", "--csv").stdout.splitlines()
+    assert csv_text[0] == "month,jobs,usd,settled,usd_to_target"
+    assert csv_text[-1].startswith("total,2,")
+    assert "no jobs in that period" in cli.ok("cost-report", "--since", "0m").stdout
+    proc = cli("cost-report", "--since", "3x")
+    assert proc.returncode == 2 and "--since 3x" in proc.stderr
