@@ -19,6 +19,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,9 @@ class CommandFailed(HostError):
 
 
 TAIL_WINDOW = 1 << 20  # `logs --tail` looks at most this far back
+TMUX_START_TRIES = 5
+TMUX_TRANSIENT = ("server exited unexpectedly", "lost server", "Connection refused",
+                  "error connecting to")
 
 
 def last_lines(data: bytes, lines: int) -> bytes:
@@ -130,10 +134,25 @@ class Host(ABC):
         return result.stdout.split()
 
     def start_agent(self, job_id: str, jobdir: str) -> None:
-        """Start `agent.py run <jobdir>` as the command of a new detached tmux session."""
+        """Start `agent.py run <jobdir>` as the command of a new detached tmux session.
+
+        The tmux server exits when its last session ends; a new-session that reaches it while
+        it is exiting fails with "server exited unexpectedly" (seen with many jobs launched
+        at once). That, and only that kind of failure, is tried again."""
         agent_cmd = shlex.join([self.python, f"{jobdir}/agent.py", "run", jobdir])
-        self.run(self.tmux("new-session", "-d", "-s", session_name(job_id), "-x", "200",
-                           "-y", "50", agent_cmd))
+        command = self.tmux("new-session", "-d", "-s", session_name(job_id), "-x", "200",
+                            "-y", "50", agent_cmd)
+        for attempt in range(TMUX_START_TRIES):
+            result = self.run(command, check=False)
+            if result.ok:
+                return
+            transient = any(m in result.stderr for m in TMUX_TRANSIENT)
+            if not transient or attempt == TMUX_START_TRIES - 1:
+                break
+            if self.session_alive(job_id):
+                return
+            time.sleep(0.05 * (attempt + 1))
+        raise CommandFailed(self, result)
 
     def session_alive(self, job_id: str) -> bool:
         return self.run(self.tmux("has-session", "-t", session_name(job_id)), check=False).ok
