@@ -362,10 +362,7 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
 def _host_lost(store: Store, job: Job, exc: HostError) -> Job:
     """The job's host does not answer. If the cloud says its instance is gone, so is the job
     (preempted when a spot interruption took it); otherwise it is only unreachable now."""
-    provider = providers.get(job.backend)
-    if not hasattr(provider, "instance_states"):
-        raise exc
-    states = provider.instance_states(store, job)
+    states = providers.get(job.backend).instance_states(store, job)
     if states and all(s["state"] in ("shutting-down", "terminated") for s in states.values()):
         spot = any("Spot" in s["reason"] or "Spot" in s["message"] for s in states.values())
         reason = "spot instance interrupted" if spot else \
@@ -453,9 +450,7 @@ def settle_all(store: Store) -> int:
     for job in store.jobs():
         if job.cost_settled or job.active:
             continue
-        provider = providers.get(job.backend)
-        if hasattr(provider, "record_ends"):
-            provider.record_ends(store, job)
+        providers.get(job.backend).record_ends(store, job)
         settle_cost(store, store.job(job.id))
         done += store.job(job.id).cost_settled
     return done
@@ -568,9 +563,7 @@ def _cleanup_clouds(store: Store, jobs: list[Job]) -> None:
             if inst.region:
                 by_backend.setdefault(job.backend, set()).add(inst.region)
     for backend, regions in by_backend.items():
-        provider = providers.get(backend)
-        if hasattr(provider, "cleanup"):
-            provider.cleanup(store, regions)
+        providers.get(backend).cleanup(store, regions)
 
 
 # -- reading the record -------------------------------------------------------------------------

@@ -11,6 +11,10 @@ Contract, the same for every provider:
     data_dir(host)              where datasets are cached on that host
     shutdown(spec)              (command, delay): how the host powers itself off after the job
     release(store, job, force)  give the host back: nothing may keep billing afterwards
+    instance_states(store, job) the cloud's view of the job's instances (when its host is lost)
+    record_ends(store, job)     termination times and prices from the cloud, for the bill
+    cleanup(store, regions)     remove shared resources (group, key pair) nothing uses
+    reconcile(store)            every instance the cloud has tagged as ours (aws only)
 """
 
 from __future__ import annotations

@@ -60,6 +60,15 @@ class LocalProvider:
         return [("backend", "local (this machine)"), ("runs", spec.display()),
                 ("max runtime", f"{spec.max_runtime_s / 60:g} min"), ("cost", "$0.00")]
 
+    def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
+        return {}  # this machine is always there
+
+    def record_ends(self, store: Store, job: Job) -> None:
+        """Nothing to ask: release() recorded the end, and nothing here is billed."""
+
+    def cleanup(self, store: Store, regions: set[str]) -> list[str]:
+        return []  # no shared cloud resources
+
     def release(self, store: Store, job: Job, force: bool = False) -> None:
         for inst in store.instances(job.id):
             if inst.state != "terminated":
