@@ -9,6 +9,7 @@ on-demand price and a one-time spot price snapshot (not a history).
 from __future__ import annotations
 
 import csv
+import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -35,8 +36,29 @@ class InstanceType:
         return self.on_demand.get(region)
 
 
+def live_spot_path() -> Path:
+    from .config import home
+
+    return home() / "spot-prices.json"
+
+
 @lru_cache(maxsize=1)
 def load() -> dict[str, InstanceType]:
+    """The bundled snapshot, with spot prices replaced by those `catalog --refresh` fetched
+    (per region, where fetched)."""
+    types = _load_bundled()
+    try:
+        live = json.loads(live_spot_path().read_text())
+    except (OSError, ValueError):
+        return types
+    for region, by_type in (live.get("regions") or {}).items():
+        for name, zones in by_type.items():
+            if name in types:
+                types[name].spot_snapshot[region] = {z: float(p) for z, p in zones.items()}
+    return types
+
+
+def _load_bundled() -> dict[str, InstanceType]:
     types: dict[str, InstanceType] = {}
     with open(CATALOG, newline="") as f:
         for row in csv.DictReader(f):
@@ -111,3 +133,35 @@ def cheapest(gpu: str, count: float, regions: list[str], market: str = "on-deman
                          f"{', '.join(regions)}; there are: {', '.join(have)}",
                          hint="cloudtrain catalog --gpu NAME lists the types")
     return best[1], best[2], best[3]
+
+
+def save_live_spot(region: str, prices: dict[str, dict[str, float]], fetched_at: float) -> Path:
+    """Keep what `catalog --refresh` fetched: region -> type -> AZ -> USD/h."""
+    import os
+
+    path = live_spot_path()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data.setdefault("regions", {})[region] = prices
+    data.setdefault("fetched_at", {})[region] = fetched_at
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+    load.cache_clear()
+    return path
+
+
+def spot_source(region: str) -> str:
+    """Where the spot prices for `region` come from, for whoever reads a figure."""
+    try:
+        fetched = json.loads(live_spot_path().read_text()).get("fetched_at", {}).get(region)
+    except (OSError, ValueError):
+        fetched = None
+    if fetched:
+        import time
+
+        return "EC2 spot price fetched " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(fetched))
+    return f"the catalog's one-time spot snapshot ({SNAPSHOT}), not a live quote"

@@ -234,18 +234,26 @@ def attach(job: str) -> None:
 @click.option("--gpu", help="Only types with this GPU (V100, A100, H100, A10G, T4, L4, ...).")
 @click.option("--region", default="us-east-1", show_default=True, help="Prices of this region.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def catalog(gpu: str | None, region: str, as_json: bool) -> None:
+@click.option("--refresh", is_flag=True, help="Fetch the region's current spot prices from EC2 "
+              "(kept in $CLOUDTRAIN_HOME/spot-prices.json).")
+def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool) -> None:
     """AWS GPU instance types with on-demand and spot prices (bundled snapshot).
 
     \b
     Examples:
       cloudtrain catalog --gpu V100
       cloudtrain catalog --region eu-west-1 --json
+      cloudtrain catalog --refresh --region us-east-1
     """
     import dataclasses
     import json
 
     from . import catalog as catalog_module
+
+    if refresh:
+        from . import pricing
+
+        click.echo(pricing.refresh_spot(region), err=True)
 
     types = catalog_module.matching(gpu, None, region)
     if as_json:

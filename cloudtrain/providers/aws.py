@@ -693,6 +693,23 @@ class AWSProvider:
                 fields["details"] = json.dumps(details)
             store.update_instance(inst.id, **fields)
 
+    def current_spot_prices(self, region: str, instance_types: list[str]) -> dict[str, dict[str, float]]:
+        """The spot price now, per type and AZ (Linux/UNIX): the newest history row of each."""
+        import datetime
+
+        latest: dict[str, dict[str, tuple[float, float]]] = {}
+        paginator = self.client("ec2", region).get_paginator("describe_spot_price_history")
+        with aws_errors(region):
+            for page in paginator.paginate(
+                    InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"],
+                    StartTime=datetime.datetime.now(datetime.timezone.utc)):
+                for p in page["SpotPriceHistory"]:
+                    at = p["Timestamp"].timestamp()
+                    zones = latest.setdefault(p["InstanceType"], {})
+                    if p["AvailabilityZone"] not in zones or zones[p["AvailabilityZone"]][0] < at:
+                        zones[p["AvailabilityZone"]] = (at, float(p["SpotPrice"]))
+        return {t: {z: price for z, (_, price) in zones.items()} for t, zones in latest.items()}
+
     def spot_history(self, region: str, zone: str, instance_type: str, start: float,
                      end: float) -> list[list[float]]:
         """[(at, USD/h)] for Linux/UNIX in that AZ, from the last change before `start`."""
@@ -791,10 +808,10 @@ class AWSProvider:
                                               if spec.max_price is not None else "")))
         price = t.price(region, spec.market) if t else None
         if price is not None:
-            basis = "on-demand list price" if spec.market == "on-demand" else \
-                "cheapest AZ in the catalog's spot snapshot, not a live quote"
+            basis = f"on-demand list price, {catalog.SNAPSHOT}" if spec.market == "on-demand" \
+                else f"cheapest AZ: {catalog.spot_source(region)}"
             cap = price * spec.max_runtime_s / 3600
-            rows.append(("price", f"${price:.4f}/h ({basis}, {catalog.SNAPSHOT})"))
+            rows.append(("price", f"${price:.4f}/h ({basis})"))
             rows.append(("at most", f"${cap:.2f} if it runs its whole max runtime of "
                                     f"{spec.max_runtime_s / 60:g} min"))
         elif t is not None:

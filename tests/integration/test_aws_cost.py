@@ -97,3 +97,26 @@ def test_cost_report_groupings_and_csv(cli, aws, ct_home):
     assert "no jobs in that period" in cli.ok("cost-report", "--since", "0m").stdout
     proc = cli("cost-report", "--since", "3x")
     assert proc.returncode == 2 and "--since 3x" in proc.stderr
+
+
+def test_catalog_refresh_takes_current_spot_prices_from_ec2(cli, aws, monkeypatch):
+    now = time.time()
+    rows = [("us-east-1a", now - 7200, "0.6100"), ("us-east-1a", now - 60, "0.3900"),
+            ("us-east-1b", now - 300, "0.4700")]
+
+    def spot_price_history(self):
+        return ActionResult({"SpotPriceHistory": [
+            {"InstanceType": "g5.xlarge", "ProductDescription": "Linux/UNIX", "SpotPrice": price,
+             "AvailabilityZone": zone,
+             "Timestamp": datetime.datetime.fromtimestamp(at, datetime.timezone.utc)}
+            for zone, at, price in rows]})
+
+    monkeypatch.setattr(SpotInstances, "describe_spot_price_history", spot_price_history)
+    proc = cli("catalog", "--refresh", "--region", "us-east-1", "--gpu", "A10G", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "from EC2 now" in proc.stderr
+    g5 = [t for t in json.loads(proc.stdout)["types"] if t["name"] == "g5.xlarge"][0]
+    assert g5["spot_snapshot"]["us-east-1"] == {"us-east-1a": 0.39, "us-east-1b": 0.47}
+    # The dry run now quotes the live price.
+    out = cli.ok("launch", "--instance", "g5.xlarge", "--spot", "--dry-run", "--", "true").stdout
+    assert "$0.3900/h (cheapest AZ: EC2 spot price fetched " in out
