@@ -51,6 +51,7 @@ class Settings:
     remote_root: str = "~/.cloudtrain"  # job and data directories on instances
     shutdown_command: str = "sudo shutdown -h now"  # how an instance powers itself off
     shutdown_delay_seconds: float = 60.0  # after the job, before powering off
+    imds_url: str = "http://169.254.169.254"  # where spot hosts hear of their interruption
     instance_wait_seconds: float = 300.0  # bounded wait for "running"
     ssh_wait_seconds: float = 300.0  # bounded wait for SSH to answer
     poll_seconds: float = 2.0  # how often those waits ask

@@ -210,6 +210,7 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
             "shutdown_command": shutdown_command,
             "shutdown_delay_s": shutdown_delay,
             "env": job_environment(job.id, data_dir, host),
+            **provider.agent_settings(spec),
         }, indent=1))
 
         host.start_agent(job.id, jobdir)

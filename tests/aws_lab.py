@@ -119,6 +119,8 @@ class AWSLab:
             "remote_python": sys.executable, "remote_root": str(self.work / "remote"),
             "shutdown_command": str(self.recorder), "shutdown_delay_seconds": 0.0,
             "instance_wait_seconds": 10.0, "ssh_wait_seconds": 5.0, "poll_seconds": 0.1,
+            # No metadata service here: never let an agent ask 169.254.169.254.
+            "imds_url": "",
         }
         values.update(overrides)
         return values

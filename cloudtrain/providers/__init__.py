@@ -10,6 +10,7 @@ Contract, the same for every provider:
     jobdir(job_id, host)        where the job's directory is on that host
     data_dir(host)              where datasets are cached on that host
     shutdown(spec)              (command, delay): how the host powers itself off after the job
+    agent_settings(spec)        extra job.json settings for the agent (spot notice watch)
     release(store, job, force)  give the host back: nothing may keep billing afterwards
     instance_states(store, job) the cloud's view of the job's instances (when its host is lost)
     record_ends(store, job)     termination times and prices from the cloud, for the bill

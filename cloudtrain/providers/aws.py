@@ -611,6 +611,10 @@ class AWSProvider:
     def data_dir(self, host: SSHHost | None = None) -> str:
         return f"{self.root(host)}/data"
 
+    def agent_settings(self, spec) -> dict:
+        """What the agent on this host watches: the spot interruption notice (spot only)."""
+        return {"imds_url": self.settings.imds_url} if spec.market == "spot" else {}
+
     def shutdown(self, spec) -> tuple[str | None, float]:
         """What the agent runs after the job, and after how long."""
         if spec.keep:

@@ -52,6 +52,9 @@ class LocalProvider:
     def data_dir(self, host: LocalHost | None = None) -> str:
         return str(config.home() / "data")
 
+    def agent_settings(self, spec) -> dict:
+        return {}
+
     def shutdown(self, spec) -> tuple[str | None, float]:
         return None, 0.0  # never power off the user's own machine
 

@@ -108,3 +108,78 @@ def test_agent_runs_under_python38_syntax():
     imported |= {n.module.split(".")[0] for n in ast.walk(tree)
                  if isinstance(n, ast.ImportFrom) and n.module}
     assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+
+
+class _FakeIMDS:
+    """A metadata service on loopback that announces a spot interruption once told to."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        self.announce = False
+        self.tokens_seen = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_PUT(self):
+                assert self.path == "/latest/api/token"
+                assert self.headers["X-aws-ec2-metadata-token-ttl-seconds"]
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"tok123")
+
+            def do_GET(self):
+                outer.tokens_seen.append(self.headers.get("X-aws-ec2-metadata-token"))
+                if self.path != "/latest/meta-data/spot/instance-action" or not outer.announce:
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b'{"action": "terminate", "time": "2026-11-22T04:00:00Z"}')
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def test_spot_interruption_notice_stops_the_job_as_preempted(tmp_path):
+    imds = _FakeIMDS()
+    try:
+        (tmp_path / "run.sh").write_text(
+            "trap 'echo checkpoint-saved; exit 143' TERM\necho training\n"
+            "while true; do sleep 0.05; done\n")
+        (tmp_path / "job.json").write_text(json.dumps(
+            {"imds_url": imds.url, "spot_poll_s": 0.1, "heartbeat_s": 0.1, "grace_s": 5}))
+        proc = subprocess.Popen([sys.executable, agent.__file__, "run", str(tmp_path)],
+                                stdout=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while b"training" not in (tmp_path / "output.log").read_bytes() if (
+                tmp_path / "output.log").exists() else True:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)
+        running = json.loads((tmp_path / "status.json").read_text())
+        assert running["state"] == "running" and "interruption" not in running
+        imds.announce = True
+        assert proc.wait(timeout=10) == 0
+        status = json.loads((tmp_path / "status.json").read_text())
+        assert status["state"] == "preempted"
+        assert status["reason"] == "spot interruption notice: terminate at 2026-11-22T04:00:00Z"
+        assert status["exit_code"] == 143
+        assert status["interruption"]["action"] == "terminate"
+        assert "checkpoint-saved" in (tmp_path / "output.log").read_text()
+        assert set(imds.tokens_seen) == {"tok123"}  # IMDSv2: every read carries the token
+    finally:
+        imds.close()
+
+
+def test_no_metadata_service_means_no_notice():
+    assert agent.spot_notice("http://127.0.0.1:9", timeout=0.2) is None
