@@ -355,8 +355,13 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
                         detail=status.get("reason"), exit_code=status.get("exit_code"),
                         reason=status.get("reason"), **fields)
         _finish(store, job)
-    elif fields:
+        return store.job(job.id)
+    if fields:
         store.update_job(job.id, **fields)
+    if job.backend != "local":  # what it has cost so far (an estimate until it ends)
+        from . import ledger
+
+        ledger.settle(store, store.job(job.id))
     return store.job(job.id)
 
 

@@ -120,3 +120,17 @@ def test_catalog_refresh_takes_current_spot_prices_from_ec2(cli, aws, monkeypatc
     # The dry run now quotes the live price.
     out = cli.ok("launch", "--instance", "g5.xlarge", "--spot", "--dry-run", "--", "true").stdout
     assert "$0.3900/h (cheapest AZ: EC2 spot price fetched " in out
+
+
+def test_a_running_job_shows_its_cost_so_far_as_an_estimate(cli, aws, ct_home):
+    from conftest import wait_for
+
+    job_id = cli.launch("--instance", "g5.xlarge", "--", "bash", "-c", "echo up; sleep 60")
+    wait_for(lambda: "up" in cli.ok("logs", job_id).stdout, timeout=30, what="job output")
+    job = cli.job(job_id)
+    assert job["state"] == "running" and job["cost_settled"] == 0
+    assert job["cost"] > 0  # the 60 s minimum is already due
+    row = [line for line in cli.ok("status").stdout.splitlines() if job_id in line][0]
+    assert row.endswith("~$0.02")
+    cli.ok("down", job_id)
+    assert cli.job(job_id)["cost_settled"] == 1
