@@ -70,7 +70,7 @@ def test_sync_honours_gitignore_with_rsync_or_tar(host, sshd, tmp_path, use_rsyn
     assert os.stat(dest / "run.sh").st_mode & 0o111
     if use_rsync:  # unchanged files are not sent again
         assert host.sync(src, str(dest)) == 0
-        (src / "pkg" / "a.py").write_text("A = 2\n")
+        (src / "pkg" / "a.py").write_text("A = 222\n")  # rsync quick check: size or mtime
         assert host.sync(src, str(dest)) == 1
     assert sshd.connections() == 1
 
