@@ -61,13 +61,13 @@ def phases_of(store: Store, job: Job) -> list[cost.Phase]:
             marks.append((name, at))
     if job.ended_at is not None:
         marks.append(("teardown", job.ended_at))
-    out = []
-    for i, (name, at) in enumerate(marks):
-        end = marks[i + 1][1] if i + 1 < len(marks) else None
-        if end is not None and end < at:
-            end = at
-        out.append(cost.Phase(name, at, end))
-    return out
+    # The marks come from two clocks (the launching process's events, the agent's end), and
+    # a short job can end before its launcher records "running": keep them in order.
+    ordered = []
+    for name, at in marks:
+        ordered.append((name, max(at, ordered[-1][1]) if ordered else at))
+    return [cost.Phase(name, at, ordered[i + 1][1] if i + 1 < len(ordered) else None)
+            for i, (name, at) in enumerate(ordered)]
 
 
 def settle(store: Store, job: Job, target_time: float | None = None,
@@ -78,7 +78,10 @@ def settle(store: Store, job: Job, target_time: float | None = None,
     billed = cost.job_cost(runs, now=now)
     detail = {"notes": list(billed.notes), "billed_seconds": billed.billed_seconds}
     if runs:
-        detail["phases"] = cost.cost_by_phase(runs, phases_of(store, job), now=now)
+        try:
+            detail["phases"] = cost.cost_by_phase(runs, phases_of(store, job), now=now)
+        except ValueError as exc:  # a timeline we cannot split: the total still stands
+            detail["notes"].append(f"no split per phase: {exc}")
         if target_time is not None:
             detail["to_target"] = cost.cost_to_target(runs, target_time, now=now)
             detail["target_time"] = target_time

@@ -97,3 +97,30 @@ def test_migrating_a_version_1_store_keeps_its_jobs(tmp_path):
     assert job.state == "succeeded" and job.launcher is None
     assert store.db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION
     store.close()
+
+
+def test_cost_phases_stay_in_order_when_a_job_ends_before_its_running_event(store):
+    """The agent's end can precede the launcher's 'running' event for a job that exits at
+    once (two clocks): the split per phase must still work, and add up."""
+    from cloudtrain import ledger
+    from cloudtrain.state import Instance
+
+    job = _job(store, at=100.0)
+    store.set_state(job.id, state.PROVISIONING, at=100.5)
+    store.set_state(job.id, state.SYNCING, at=101.0)
+    store.set_state(job.id, state.SETTING_UP, at=101.5)
+    store.set_state(job.id, state.RUNNING, at=102.2)
+    store.update_job(job.id, started_at=102.0)
+    store.set_state(job.id, state.SUCCEEDED, at=102.1, only_if_active=False)
+    store.update_job(job.id, ended_at=102.1)
+    store.add_instance(Instance(id="i-1", job_id=job.id, provider="aws", region="us-east-1",
+                                zone="us-east-1a", instance_type="g5.xlarge", market="on-demand",
+                                state="terminated", launched_at=100.6, terminated_at=200.0,
+                                price_per_hour=1.006, details={"disk_gb": 0}))
+    phases = ledger.phases_of(store, store.job(job.id))
+    starts = [p.start for p in phases]
+    assert starts == sorted(starts)
+    billed = ledger.settle(store, store.job(job.id), now=300.0)
+    detail = store.job(job.id).cost_detail
+    assert sum(detail["phases"].values()) == pytest.approx(billed.dollars, abs=1e-12)
+    assert billed.dollars == pytest.approx(1.006 * (200.0 - 100.6) / 3600)
