@@ -75,7 +75,12 @@ def settle(store: Store, job: Job, target_time: float | None = None,
     """Compute the job's cost from its instances and record it (settled or an estimate)."""
     now = time.time() if now is None else now
     runs = runs_of(store, job)
-    billed = cost.job_cost(runs, now=now)
+    try:
+        billed = cost.job_cost(runs, now=now)
+    except ValueError as exc:  # e.g. a type the catalog has no price for: say so, not fail
+        store.update_job(job.id, cost=None, cost_settled=0,
+                         cost_detail={"notes": [f"cost unknown: {exc}"]})
+        return cost.Billed(0.0, 0.0, False, (f"cost unknown: {exc}",))
     detail = {"notes": list(billed.notes), "billed_seconds": billed.billed_seconds}
     if runs:
         try:

@@ -124,3 +124,18 @@ def test_cost_phases_stay_in_order_when_a_job_ends_before_its_running_event(stor
     detail = store.job(job.id).cost_detail
     assert sum(detail["phases"].values()) == pytest.approx(billed.dollars, abs=1e-12)
     assert billed.dollars == pytest.approx(1.006 * (200.0 - 100.6) / 3600)
+
+
+def test_an_unpriced_instance_type_leaves_the_cost_unknown_not_an_error(store):
+    from cloudtrain import ledger
+    from cloudtrain.state import Instance
+
+    job = _job(store, at=100.0)
+    store.add_instance(Instance(id="i-2", job_id=job.id, provider="aws", region="us-east-1",
+                                zone="us-east-1a", instance_type="x9.nonexistent",
+                                market="on-demand", state="terminated", launched_at=100.0,
+                                terminated_at=200.0, price_per_hour=None, details={}))
+    billed = ledger.settle(store, store.job(job.id), now=300.0)
+    assert not billed.settled
+    recorded = store.job(job.id)
+    assert recorded.cost is None and recorded.cost_detail["notes"][0].startswith("cost unknown")
