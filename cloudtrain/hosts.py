@@ -117,10 +117,6 @@ class Host(ABC):
     def tmux(self, *args: str) -> str:
         return shlex.join(["tmux", "-L", self.tmux_socket, *args])
 
-    def require_tmux(self) -> None:
-        if not self.run("command -v tmux", check=False).ok:
-            raise MissingDependency(f"tmux is not installed on {self.name}", hint=TMUX_INSTALL_HINT)
-
     def tail(self, path: str, lines: int) -> tuple[bytes, int]:
         """The last `lines` lines of a file, and the file's size at that moment."""
         size = int(self.run(f"stat -c %s {shlex.quote(path)} 2>/dev/null || echo 0").stdout or 0)

@@ -11,7 +11,6 @@ for and pumps the bytes. No second SSH connection, no `ssh` binary needed.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import socket
@@ -174,11 +173,6 @@ def generate_ed25519(path: str) -> str:
     return public.decode()
 
 
-def public_key_line(path: str) -> str:
-    key = load_private_key(path)
-    return f"{key.get_name()} {key.get_base64()}"
-
-
 class Relay:
     """Serves `python -m cloudtrain.ssh relay SOCKET` processes (rsync's remote shell)."""
 
@@ -272,13 +266,6 @@ def _relay_main(sock_path: str, argv: list[str]) -> int:
         if not data:
             return 0
         os.write(1, data)
-
-
-def key_fingerprint(host_key: str) -> str:
-    import hashlib
-
-    blob = base64.b64decode(host_key.split()[1])
-    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
 if __name__ == "__main__":
