@@ -1,0 +1,105 @@
+"""One process per GPU under torchrun, or a single process: the same recipe code for both.
+
+`setup(device)` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
+Without it (plain `python train.py`) it returns a world of one and creates no process group, so
+a single-process run pays nothing. With it, rank r uses cuda:LOCAL_RANK and NCCL on GPUs, or
+the CPU and gloo (tests, 2 processes on 2 cores).
+
+The recipes average or sum gradients themselves where the source did (see each train.py); the
+helpers here are the collective primitives they need.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as td
+
+
+@dataclass
+class World:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    backend: str | None = None  # None: single process, no process group
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            td.barrier()
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if it is True on any rank."""
+        if self.world_size == 1:
+            return bool(flag)
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self._comm_device())
+        td.all_reduce(t, op=td.ReduceOp.MAX)
+        return bool(t.item())
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """In place, and returned: the sum over ranks."""
+        if self.world_size > 1:
+            td.all_reduce(tensor, op=td.ReduceOp.SUM)
+        return tensor
+
+    def broadcast_module(self, module: torch.nn.Module, src: int = 0) -> None:
+        """Every parameter and buffer takes rank src's values (identical initial weights)."""
+        if self.world_size == 1:
+            return
+        with torch.no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                td.broadcast(t.data, src=src)
+
+    def broadcast_object(self, obj, src: int = 0):
+        if self.world_size == 1:
+            return obj
+        box = [obj]
+        td.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def _comm_device(self) -> torch.device:
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+    def close(self) -> None:
+        if self.backend is not None and td.is_initialized():
+            td.destroy_process_group()
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def pick_device(requested: str, local_rank: int = 0) -> torch.device:
+    """auto: cuda:LOCAL_RANK when CUDA is available, else the CPU."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda but torch sees no CUDA device")
+        if local_rank >= torch.cuda.device_count():
+            raise SystemExit(f"LOCAL_RANK {local_rank} but this host has "
+                             f"{torch.cuda.device_count()} GPU(s)")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def setup(requested_device: str = "auto", timeout_s: float = 600) -> World:
+    """The world this process is in. Under torchrun: init the process group (NCCL on CUDA,
+    gloo on CPU) from the env:// rendezvous torchrun set up."""
+    if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        return World(device=pick_device(requested_device, local))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    device = pick_device(requested_device, local)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    td.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world,
+                          timeout=timedelta(seconds=timeout_s))
+    return World(rank=rank, world_size=world, local_rank=local, device=device, backend=backend)

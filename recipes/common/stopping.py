@@ -1,0 +1,66 @@
+"""Stop requests for training loops: SIGTERM (cloudtrain `down`, the agent's max runtime, a
+spot interruption notice) and SIGUSR1 (a checkpoint-and-stop request) set a flag that the loop
+reads at step boundaries; the recipe then checkpoints and exits with 143.
+
+In a multi-process run every rank must stop at the *same* step, or the survivors hang in the
+next collective. `StopRequest.agreed(dist)` all-reduces the flag (max over ranks), so if any
+rank was signalled, all of them see it at the same step. Stdlib only, apart from that call.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+EXIT_STOPPED = 143  # 128 + SIGTERM, what a shell reports for a job stopped by SIGTERM
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequest:
+    """Install with `with StopRequest(name) as stop:`; read `stop.requested` (the signal
+    number, or None) or `stop.agreed(dist)` in multi-process runs."""
+
+    def __init__(self, name: str, signals=SIGNALS):
+        self.name, self.signals = name, tuple(signals)
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def _handler(self, signum, frame) -> None:
+        first = self.signum is None
+        self.signum = signum
+        if first:
+            # os.write, not print: a signal handler must not re-enter buffered IO.
+            msg = (f"{self.name}: {signal.Signals(signum).name} received; checkpointing at the "
+                   f"next step boundary\n")
+            os.write(2, msg.encode())
+
+    def install(self) -> "StopRequest":
+        self.signum = None
+        for sig in self.signals:
+            try:
+                self._previous[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread: no handlers, nothing to restore
+                pass
+        return self
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def __enter__(self) -> "StopRequest":
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+    @property
+    def requested(self) -> int | None:
+        return self.signum
+
+    def agreed(self, dist=None, extra: bool = False) -> bool:
+        """True on every rank if any rank was signalled (or passed extra=True, e.g. a
+        --stop_at_step testing aid). One all-reduce of a scalar when world_size > 1."""
+        local = bool(self.signum is not None or extra)
+        if dist is None or dist.world_size == 1:
+            return local
+        return dist.any(local)
