@@ -68,6 +68,8 @@ def recipes(name: str | None) -> None:
               help="EC2 instance type, e.g. g5.xlarge (implies --backend aws).")
 @click.option("--gpus", metavar="GPU:N", help="Instead of --instance: the cheapest type with N of "
               "that GPU (e.g. V100:1, A100:8) in the allowed regions.")
+@click.option("--procs", type=int, metavar="N", help="Processes per host for torchrun recipes "
+              "(default: one per GPU on the host, one without GPUs).")
 @click.option("--spot/--on-demand", "spot", default=None,
               help="Spot (one-time, terminated on interruption) or on-demand (default).")
 @click.option("--region", help="AWS region (default: the AWS configuration's).")
@@ -85,8 +87,8 @@ def recipes(name: str | None) -> None:
 @click.option("--follow", "-f", is_flag=True, help="Stream the log; exit with the job's outcome.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the job id.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, gpus, spot, region,
-           ami, disk_gb, max_price, keep, idle_minutes, on_job, dry_run, resume_from, follow,
+def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, gpus, procs,
+           spot, region, ami, disk_gb, max_price, keep, idle_minutes, on_job, dry_run, resume_from, follow,
            quiet, command):
     """Launch a recipe, or your own command after --, and return with its job id.
 
@@ -97,6 +99,7 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
       cloudtrain launch --recipe resnet9 --resume-from 3f2a1b9c
       cloudtrain launch --workdir . -- python train.py --lr 0.1
       cloudtrain launch --recipe resnet9 --instance g5.xlarge --spot --dry-run
+      cloudtrain launch --recipe resnet9 --set gpus=8 --gpus V100:8
     """
     from . import jobs
 
@@ -105,7 +108,7 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
     spec = jobs.build_spec(recipe=recipe, command=command, workdir=workdir, profile=profile,
                            sets=sets, name=name, backend=backend,
                            max_runtime_minutes=max_runtime, settings=settings,
-                           resume_from=resume_from, placement=dict(
+                           resume_from=resume_from, procs=procs, placement=dict(
                                instance_type=instance_type, gpus=gpus, market=market,
                                region=region, ami=ami,
                                disk_gb=disk_gb, max_price=max_price, keep=keep,

@@ -122,6 +122,12 @@ class Host(ABC):
         size = int(self.run(f"stat -c %s {shlex.quote(path)} 2>/dev/null || echo 0").stdout or 0)
         return last_lines(self.read(path, max(0, size - TAIL_WINDOW), size), lines), size
 
+    def gpu_count(self) -> int:
+        """NVIDIA GPUs this host sees (`nvidia-smi -L`: one `GPU n: ...` line each); 0 when
+        there is no driver or no GPU."""
+        out = self.run("nvidia-smi -L 2>/dev/null", check=False).stdout
+        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
     def missing_modules(self, modules: list[str]) -> list[str]:
         """Which of `modules` the host's Python cannot import (found without importing)."""
         check = ("import importlib.util as u, sys; "

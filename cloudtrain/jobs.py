@@ -36,7 +36,7 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
                profile: str | None, sets: tuple[str, ...], name: str | None,
                backend: str | None, max_runtime_minutes: float | None,
                settings: config.Settings, resume_from: str | None = None,
-               placement: dict | None = None) -> JobSpec:
+               placement: dict | None = None, procs: int | None = None) -> JobSpec:
     """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise).
     `placement`: instance_type, market, region, ami, disk_gb, max_price, keep, idle_minutes."""
     placement = {k: v for k, v in (placement or {}).items() if v is not None}
@@ -51,7 +51,6 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
                          "--region, --ami, --disk-gb and --max-price")
     backend = backend or ("aws" if placement.get("instance_type") or on_job else settings.backend)
     if backend == "aws":
-        placement.setdefault("instance_type", settings.instance_type)
         placement.setdefault("market", settings.market)
         if on_job:
             placement["on_job"] = on_job
@@ -72,6 +71,8 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
         if not path.is_dir():
             raise UsageError(f"--workdir {workdir}: not a directory")
         workdir_path = str(path.resolve())
+    if procs is not None and procs < 1:
+        raise UsageError("--procs must be at least 1")
     if max_runtime_minutes is not None and max_runtime_minutes <= 0:
         raise UsageError("--max-runtime must be a positive number of minutes")
     if resume_from and not recipe:
@@ -86,15 +87,46 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
                 raise UsageError(f"recipe {rec.name} cannot resume (it has no resume argument)")
             sets = (*sets, "resume=true")
         args = rec.resolve(profile, sets)
+        needed = rec.gpus_needed(args)
+        if procs is not None and procs > 1 and rec.launcher != "torchrun":
+            raise UsageError(f"--procs: recipe {rec.name} runs as one process")
+        if backend == "aws" and not on_job:
+            _place_recipe(rec, args, placement, settings)
         minutes = max_runtime_minutes or rec.resources.get("max_runtime_minutes") \
             or settings.max_runtime_minutes
         return JobSpec(kind=RECIPE, backend=backend, name=name, recipe=rec.name, profile=profile,
                        args=args, workdir=workdir_path, max_runtime_s=float(minutes) * 60,
                        resources=dict(rec.resources), requires=list(rec.requires),
-                       resume_from=resume_from, **placement)
+                       resume_from=resume_from, procs=procs, gpus_needed=needed, **placement)
+    if procs is not None:
+        raise UsageError("--procs applies to recipes started under torchrun; your own command "
+                         "can read $CLOUDTRAIN_GPUS and start torchrun itself")
+    if backend == "aws" and not on_job:
+        placement.setdefault("instance_type", settings.instance_type)
     minutes = max_runtime_minutes or settings.max_runtime_minutes
     return JobSpec(kind=COMMAND, backend=backend, name=name, command=list(command),
                    workdir=workdir_path, max_runtime_s=float(minutes) * 60, **placement)
+
+
+def _place_recipe(rec, args: dict, placement: dict, settings: config.Settings) -> None:
+    """A cloud recipe job's instance: the one asked for, which must have the GPUs the recipe's
+    arguments need; else, for a multi-GPU recipe, the cheapest type with them; else the
+    configured default type."""
+    from . import catalog
+
+    needed = rec.gpus_needed(args)
+    if placement.get("instance_type"):
+        t = catalog.get(placement["instance_type"])
+        if t is not None and needed > t.gpus:
+            raise UsageError(f"recipe {rec.name} with gpus={needed} needs {needed} GPUs on one "
+                             f"host; {t.name} has {t.gpus:g}",
+                             hint=f"use --gpus {rec.gpu_request(args)}, or --set gpus={t.gpus:g}")
+        return
+    request = rec.gpu_request(args)
+    if catalog.parse_gpus(request)[1] > 1:
+        placement.update(_resolve_gpus(request, placement, settings))
+    else:
+        placement["instance_type"] = settings.instance_type
 
 
 def _resolve_gpus(request: str, placement: dict, settings: config.Settings) -> dict:
@@ -119,15 +151,22 @@ def plan(spec: JobSpec) -> list[tuple[str, str]]:
     return [("job", spec.display()), *providers.get(spec.backend).plan(spec)]
 
 
-def run_script(spec: JobSpec, jobdir: str, python: str) -> str:
-    """The job's run.sh: cd into place and exec the command (no shell quoting games in tmux)."""
+def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1) -> str:
+    """The job's run.sh: cd into place and exec the command (no shell quoting games in tmux).
+    A torchrun recipe on `procs` > 1 processes starts under torchrun, one process per GPU
+    (`--standalone`: a private rendezvous on a free local port)."""
     lines = ["#!/usr/bin/env bash", f"# cloudtrain job: {spec.display()}", "set -e"]
     if spec.kind == RECIPE:
         from . import recipes
 
         rec = recipes.load(spec.recipe)
         lines.append(f"cd {shlex.quote(jobdir)}")
-        lines.append("exec " + shlex.join([python, rec.entry_path(), *rec.script_args(spec.args)]))
+        starter = [python]
+        if procs > 1:
+            starter = [python, "-m", "torch.distributed.run", "--standalone",
+                       f"--nproc_per_node={procs}"]
+        lines.append("exec " + shlex.join([*starter, rec.entry_path(),
+                                           *rec.script_args(spec.args)]))
     else:
         lines.append(f"cd {shlex.quote(jobdir + '/work')}")
         if len(spec.command) == 1:
@@ -137,11 +176,13 @@ def run_script(spec: JobSpec, jobdir: str, python: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def job_environment(job_id: str, data_dir: str, host: Host) -> dict:
+def job_environment(job_id: str, data_dir: str, host: Host, gpus: int = 0, procs: int = 1
+                    ) -> dict:
     """Environment for the job. On this machine the tmux server may be older than this
     shell, so what the job needs from the launching environment (PATH with its virtualenv)
     is passed here; a remote host keeps its own."""
-    env = {"CLOUDTRAIN_JOB_ID": job_id, "CLOUDTRAIN_DATA_DIR": data_dir}
+    env = {"CLOUDTRAIN_JOB_ID": job_id, "CLOUDTRAIN_DATA_DIR": data_dir,
+           "CLOUDTRAIN_GPUS": str(gpus), "CLOUDTRAIN_PROCS": str(procs)}
     if isinstance(host, LocalHost):
         for key in ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX"):
             if key in os.environ:
@@ -200,7 +241,9 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
         _advance(store, job.id, state.SETTING_UP, detail=f"{sent} files sent")
         provider.setup(host)
         store.update_job(job.id, host=host.describe())
-        host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python))
+        gpus = host.gpu_count()
+        procs = spec.processes(gpus)
+        host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python, procs))
         shutdown_command, shutdown_delay = provider.shutdown(spec)
         host.write_text(f"{jobdir}/job.json", json.dumps({
             "job_id": job.id,
@@ -209,13 +252,14 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
             "heartbeat_s": settings.heartbeat_seconds,
             "shutdown_command": shutdown_command,
             "shutdown_delay_s": shutdown_delay,
-            "env": job_environment(job.id, data_dir, host),
+            "env": job_environment(job.id, data_dir, host, gpus, procs),
             **provider.agent_settings(spec),
         }, indent=1))
 
         host.start_agent(job.id, jobdir)
         agent_started = True
-        _advance(store, job.id, state.RUNNING)
+        _advance(store, job.id, state.RUNNING,
+                 detail=f"{procs} processes under torchrun" if procs > 1 else None)
     except BaseException as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
         _abort_launch(store, settings, provider, job, host if agent_started else None, exc)

@@ -5,9 +5,13 @@ recipe.yaml:
     name, description, entry (the script, relative to the recipe folder),
     requires (Python modules the job imports), arguments (each: type int|float|bool|str|choice,
     default (null = not passed), help, choices for `choice`), profiles (each: description,
-    set: {argument: value}), resources (gpus_per_node, nodes, disk_gb, max_runtime_minutes),
+    set: {argument: value}), resources (gpus_per_node, nodes, gpu (the GPU model its published
+    results used, for picking a default instance), launcher (python | torchrun: one process
+    per GPU on the host), disk_gb, max_runtime_minutes),
     data (name, source, size_mb), target (metric, value), published (result, time, hardware,
-    source, and which variant).
+    source, and which variant; for estimates: gpu, gpus, seconds, accuracy, runs).
+An argument named `gpus` is the number of GPUs (processes) the recipe's arguments are set
+up for: a job then needs exactly that many on one host.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from .errors import ConfigError, NotFound, UsageError
 BUNDLED = Path(__file__).resolve().parent.parent / "recipes"
 SHARED_DIR = "common"  # recipes/common: helpers every recipe may import
 TYPES = ("int", "float", "bool", "str", "choice")
+LAUNCHERS = ("python", "torchrun")
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
@@ -99,6 +104,20 @@ class Recipe:
     @property
     def gpus(self) -> int:
         return int(self.resources.get("gpus_per_node", 1)) * int(self.resources.get("nodes", 1))
+
+    @property
+    def launcher(self) -> str:
+        return self.resources.get("launcher", "python")
+
+    def gpus_needed(self, values: dict) -> int:
+        """GPUs on one host these arguments require: the `gpus` argument's value, if the
+        recipe has one (0: no requirement)."""
+        return int(values["gpus"]) if "gpus" in self.arguments and "gpus" in values else 0
+
+    def gpu_request(self, values: dict) -> str:
+        """`V100:8`: what a cloud job of this recipe asks for when no instance is given."""
+        count = max(self.gpus_needed(values), int(self.resources.get("gpus_per_node", 1)))
+        return f"{self.resources.get('gpu', 'V100')}:{count}"
 
     def resolve(self, profile: str | None = None, sets: tuple[str, ...] = ()) -> dict:
         """The arguments the script gets: defaults, then the profile, then each --set."""
@@ -184,6 +203,8 @@ def parse_recipe(path: Path) -> Recipe:
     resources = doc.get("resources") or {}
     if not isinstance(resources, dict):
         raise ConfigError(f"{path}: 'resources' must be a mapping")
+    if resources.get("launcher", "python") not in LAUNCHERS:
+        raise ConfigError(f"{path}: resources.launcher must be one of {', '.join(LAUNCHERS)}")
     return Recipe(
         name=name, path=path.parent, description=_require(doc, "description", str, path),
         entry=entry, requires=list(doc.get("requires") or []), arguments=arguments,

@@ -6,6 +6,8 @@ import dataclasses
 import shlex
 from dataclasses import dataclass, field
 
+from .errors import UsageError
+
 RECIPE, COMMAND = "recipe", "command"
 
 
@@ -23,6 +25,8 @@ class JobSpec:
     resources: dict = field(default_factory=dict)  # gpus_per_node, nodes, disk_gb
     requires: list[str] = field(default_factory=list)  # Python modules the job imports
     resume_from: str | None = None  # a job id whose checkpoints this job starts from
+    procs: int | None = None  # processes per host (torchrun recipes); None: the host's GPUs
+    gpus_needed: int = 0  # GPUs on one host the recipe's arguments require (0: no requirement)
     # Cloud placement (ignored by the local backend)
     instance_type: str | None = None
     market: str = "on-demand"  # "on-demand" or "spot" (one-time request, terminate on interruption)
@@ -41,6 +45,20 @@ class JobSpec:
         if len(self.command) == 1:
             return self.command[0]
         return shlex.join(self.command)
+
+    def processes(self, gpus: int) -> int:
+        """How many processes the job starts on a host with `gpus` GPUs: --procs if given, else
+        one per GPU for torchrun recipes (one on a host without GPUs), else one. A recipe whose
+        arguments are set up for N GPUs gets exactly N, or the launch stops here."""
+        torchrun = self.kind == RECIPE and self.resources.get("launcher") == "torchrun"
+        procs = self.procs or (max(gpus, 1) if torchrun else 1)
+        if self.gpus_needed > 1 and procs != self.gpus_needed:
+            n = self.gpus_needed
+            raise UsageError(f"recipe {self.recipe} with gpus={n} runs one process per GPU, but "
+                             f"this host has {gpus} GPU(s)",
+                             hint=f"launch on an instance with {n} GPUs (--gpus V100:{n}), or "
+                                  f"pass --procs {n} to run {n} processes anyway (gloo on CPU)")
+        return procs
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -336,7 +336,7 @@ class AWSProvider:
     # -- the provider contract -------------------------------------------------------------------
 
     def preflight(self, spec) -> None:
-        if not spec.instance_type:
+        if not spec.instance_type and not spec.on_job:  # --on: the kept job's instance
             raise UsageError("which instance? pass --instance (e.g. g5.xlarge)")
         if spec.market not in ("on-demand", "spot"):
             raise UsageError(f"market must be on-demand or spot, not {spec.market!r}")
@@ -808,6 +808,10 @@ class AWSProvider:
         else:
             rows.append(("instance", f"{t.name}: {t.gpus:g}x {t.gpu}, {t.vcpus:g} vCPU, "
                                      f"{t.memory_gib:g} GiB"))
+        if spec.kind == "recipe" and t is not None:
+            procs = spec.processes(int(t.gpus))
+            rows.append(("processes", f"{procs}" + (" (torchrun, one per GPU)" if procs > 1
+                                                    else "")))
         rows.append(("market", spec.market + (f", max price ${spec.max_price}/h"
                                               if spec.max_price is not None else "")))
         price = t.price(region, spec.market) if t else None

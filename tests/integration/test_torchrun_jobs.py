@@ -1,0 +1,145 @@
+"""Multi-process recipes: a `launcher: torchrun` recipe starts one process per GPU on its host
+(here `--procs 2`, gloo on the CPU), every rank gets the job's environment, `down` reaches
+every rank, and a recipe set up for N GPUs refuses a host that cannot run N processes.
+
+The toy recipe is a real torch.distributed program: it all-reduces its rank numbers, so the
+test fails unless both processes really joined one process group.
+"""
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+
+DIST_RECIPE = """\
+name: dist
+description: all-reduce over the ranks torchrun starts
+entry: train.py
+requires: [torch]
+arguments:
+  gpus: {type: int, default: 1, help: "ranks the arguments are set up for"}
+  seconds: {type: float, default: 0, help: "stay alive this long after the all-reduce"}
+resources: {gpus_per_node: 1, gpu: V100, launcher: torchrun}
+"""
+
+DIST_TRAIN = """\
+import json, os, signal, sys, time
+import torch
+import torch.distributed as td
+
+seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 0
+rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+stopped = []
+signal.signal(signal.SIGTERM, lambda s, f: stopped.append(s))
+if world > 1:
+    td.init_process_group("gloo")
+t = torch.tensor([rank + 1.0])
+if world > 1:
+    td.all_reduce(t)
+print(f"rank {rank}/{world}: sum {t.item():g}", flush=True)
+deadline = time.time() + seconds
+while time.time() < deadline and not stopped:
+    time.sleep(0.05)
+with open(f"rank{rank}.json", "w") as f:
+    json.dump({"rank": rank, "world": world, "sum": t.item(), "stopped": bool(stopped),
+               "procs": os.environ.get("CLOUDTRAIN_PROCS"),
+               "job": os.environ.get("CLOUDTRAIN_JOB_ID")}, f)
+sys.exit(143 if stopped else 0)
+"""
+
+
+@pytest.fixture
+def dist_recipe(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "recipes"
+    (root / "dist").mkdir(parents=True)
+    (root / "dist" / "recipe.yaml").write_text(DIST_RECIPE)
+    (root / "dist" / "train.py").write_text(DIST_TRAIN)
+    monkeypatch.setenv("CLOUDTRAIN_RECIPES", str(root))
+    return root
+
+
+def _jobdir(cli, job_id) -> Path:
+    return Path(cli.job(job_id)["jobdir"])
+
+
+def test_procs_2_runs_two_ranks_in_one_process_group(cli, dist_recipe):
+    job_id = cli.launch("--recipe", "dist", "--set", "gpus=2", "--procs", "2")
+    job = cli.wait(job_id, timeout=90)
+    jobdir = _jobdir(cli, job_id)
+    assert job["state"] == "succeeded", (jobdir / "output.log").read_text()
+    run_sh = (jobdir / "run.sh").read_text()
+    assert "-m torch.distributed.run --standalone --nproc_per_node=2" in run_sh
+    ranks = [json.loads((jobdir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["world"] == 2 and r["sum"] == 3.0 for r in ranks)  # 1 + 2: both joined
+    assert all(r["procs"] == "2" and r["job"] == job_id for r in ranks)
+    log = (jobdir / "output.log").read_text()
+    assert "rank 0/2: sum 3" in log and "rank 1/2: sum 3" in log
+    running = [p for p in cli.job(job_id)["timeline"] if p["name"] == "running"]
+    assert running and running[0].get("detail") == "2 processes under torchrun"
+
+
+def test_without_gpus_a_torchrun_recipe_runs_one_plain_process(cli, dist_recipe):
+    job_id = cli.launch("--recipe", "dist")
+    assert cli.wait(job_id, timeout=60)["state"] == "succeeded"
+    jobdir = _jobdir(cli, job_id)
+    assert "torch.distributed.run" not in (jobdir / "run.sh").read_text()
+    assert json.loads((jobdir / "rank0.json").read_text())["world"] == 1
+    assert not (jobdir / "rank1.json").exists()
+
+
+def test_down_reaches_every_rank(cli, dist_recipe):
+    job_id = cli.launch("--recipe", "dist", "--set", "gpus=2", "--set", "seconds=60",
+                        "--procs", "2")
+    jobdir = _jobdir(cli, job_id)
+    wait_for(lambda: "rank 1/2" in (jobdir / "output.log").read_text()
+             and "rank 0/2" in (jobdir / "output.log").read_text(),
+             timeout=60, what="both ranks running")
+    started = time.monotonic()
+    cli.ok("down", job_id)
+    assert cli.wait(job_id, timeout=30)["state"] == "cancelled"
+    assert time.monotonic() - started < 20  # stopped by SIGTERM, not by the 60 s sleep
+    for r in (0, 1):
+        result = json.loads((jobdir / f"rank{r}.json").read_text())
+        assert result["stopped"], f"rank {r} never saw SIGTERM"
+
+
+def test_a_recipe_set_up_for_more_gpus_than_the_host_runs_is_refused(cli, dist_recipe):
+    proc = cli("launch", "--recipe", "dist", "--set", "gpus=4")
+    assert proc.returncode == 2
+    assert "gpus=4 runs one process per GPU, but this host has 0 GPU(s)" in proc.stderr
+    assert "--procs 4" in proc.stderr
+    job = cli.ok("status", "--json").stdout
+    assert json.loads(job)[0]["state"] == "failed"  # recorded, and nothing left running
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--procs", "0", "--", "true"), "--procs must be at least 1"),
+    (("--procs", "2", "--", "true"), "--procs applies to recipes started under torchrun"),
+])
+def test_procs_errors(cli, args, message):
+    proc = cli("launch", *args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_procs_on_a_single_process_recipe_is_refused(cli, toy_recipes):
+    proc = cli("launch", "--recipe", "toy", "--procs", "2")
+    assert proc.returncode == 2 and "recipe toy runs as one process" in proc.stderr
+
+
+def test_cloud_placement_follows_the_recipes_gpus(cli, dist_recipe):
+    """No --instance: a recipe set up for 8 GPUs gets the cheapest type with 8 of its GPU;
+    an instance with too few GPUs is refused before anything is created."""
+    plan = cli.ok("launch", "--recipe", "dist", "--set", "gpus=8", "--backend", "aws",
+                  "--region", "us-east-1", "--dry-run").stdout
+    assert "p3.16xlarge: 8x V100" in plan
+    assert "processes" in plan and "8 (torchrun, one per GPU)" in plan
+    proc = cli("launch", "--recipe", "dist", "--set", "gpus=8", "--instance", "g5.xlarge",
+               "--dry-run")
+    assert proc.returncode == 2
+    assert "needs 8 GPUs on one host; g5.xlarge has 1" in proc.stderr
+    assert "--gpus V100:8" in proc.stderr
+    assert os.environ.get("AWS_EC2_METADATA_DISABLED") == "true"
