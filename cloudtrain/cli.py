@@ -113,10 +113,13 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
                                region=region, ami=ami,
                                disk_gb=disk_gb, max_price=max_price, keep=keep,
                                idle_minutes=idle_minutes, on_job=on_job))
-    if dry_run:
-        click.echo(render.plan(jobs.plan(spec)))
-        return
     with _store() as store:
+        if dry_run:
+            click.echo(render.plan(jobs.plan(spec, store)))
+            return
+        row = jobs.expected(spec, store)
+        if row is not None and not quiet:
+            click.echo(render.estimate_line(row, spec.market), err=True)
         job = jobs.launch(store, settings, spec)
         if quiet:
             click.echo(job.id)
@@ -265,6 +268,42 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool) -> None:
     else:
         click.echo(render.catalog_table(types, region))
         click.echo(f"prices: {catalog_module.SNAPSHOT}; spot is a one-time snapshot, not a quote")
+
+
+@cli.command()
+@click.option("--recipe", "-r", required=True, metavar="NAME", help="A bundled recipe.")
+@click.option("--profile", "-p", metavar="NAME", help="A recipe profile.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="A recipe argument.")
+@click.option("--instance", "-i", "types", multiple=True, metavar="TYPE",
+              help="Only these instance types (repeatable).")
+@click.option("--gpus", metavar="GPU:N", help="Only types with N of this GPU, e.g. A100:1.")
+@click.option("--spot", is_flag=True, help="Mark the cheapest by spot price.")
+@click.option("--region", help="Prices of this region (default: config, else us-east-1).")
+@click.option("--disk-gb", type=click.IntRange(min=8), help="Root volume (default: the recipe's).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, as_json) -> None:
+    """Expected time and cost of a recipe on each instance type, before launching.
+
+    \b
+    Examples:
+      cloudtrain estimate --recipe resnet9
+      cloudtrain estimate --recipe airbench94 --gpus A100:1 --spot
+      cloudtrain estimate --recipe resnet9 --instance p3.2xlarge --instance g5.xlarge
+    """
+    from . import estimate as estimate_module
+
+    with _store() as store:
+        est = estimate_module.for_recipe(recipe, profile, sets, region,
+                                         market="spot" if spot else "on-demand",
+                                         types=list(types), gpu_request=gpus, disk_gb=disk_gb,
+                                         store=store)
+    if as_json:
+        import dataclasses
+        import json
+
+        click.echo(json.dumps(dataclasses.asdict(est), indent=1))
+    else:
+        click.echo(render.estimate_table(est))
 
 
 @cli.command("cost-report")

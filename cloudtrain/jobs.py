@@ -146,9 +146,29 @@ def _resolve_gpus(request: str, placement: dict, settings: config.Settings) -> d
     return {"instance_type": chosen.name, "region": region}
 
 
-def plan(spec: JobSpec) -> list[tuple[str, str]]:
+def plan(spec: JobSpec, store: Store | None = None) -> list[tuple[str, str]]:
     """What `launch` would do for this spec (`--dry-run`): nothing is created or billed."""
-    return [("job", spec.display()), *providers.get(spec.backend).plan(spec)]
+    rows = [("job", spec.display()), *providers.get(spec.backend).plan(spec)]
+    row = expected(spec, store)
+    if row is not None:
+        from .render import estimate_line
+
+        rows.append(("estimate", estimate_line(row, spec.market)[len("estimate: "):]))
+    return rows
+
+
+def expected(spec: JobSpec, store: Store | None = None):
+    """The estimate (time and cost) of a cloud recipe job on its instance type, from the
+    recipe's published result (estimate.py); None where there is no basis for one."""
+    if spec.backend != "aws" or spec.on_job:
+        return None
+    from . import estimate
+
+    try:
+        region = providers.get(spec.backend).region(spec)
+    except CloudtrainError:
+        return None
+    return estimate.for_spec(spec, region, store)
 
 
 def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1) -> str:

@@ -259,3 +259,32 @@ def cost_report(rows, total, by: str) -> str:
     body.append(["TOTAL", str(total.jobs), money4(total.dollars),
                  "" if total.settled else "includes estimates", ""])
     return table(body, [by.upper(), "JOBS", "COST", "", "TO TARGET"])
+
+
+def estimate_table(est) -> str:
+    """`cloudtrain estimate`: one row per instance type, then the basis and the overheads."""
+    rows = []
+    for r in est.rows:
+        rows.append([r.instance_type, f"{r.gpus:g}x {r.gpu}", duration(r.train_s),
+                     duration(r.total_s), money4(r.on_demand), money4(r.spot),
+                     ", ".join(r.marks), r.scaling])
+    out = [f"{est.recipe} in {est.region}: expected time and cost per instance type "
+           f"({est.market} decides 'cheapest')",
+           table(rows, ["TYPE", "GPUS", "TRAINING", "TOTAL", "ON-DEMAND", "SPOT", "", "BASIS"]),
+           f"training: published {est.basis.text}",
+           "  scaled to other GPUs by peak dense FP16 tensor TFLOPS (NVIDIA datasheets): an "
+           "optimistic bound; small models gain less",
+           "overheads (in TOTAL and billed): " + ", ".join(
+               f"{k} {duration(v)} ({est.overheads.source[k]})"
+               for k, v in est.overheads.seconds.items()),
+           f"cost: per-second billing (60 s minimum) + {est.disk_gb} GB gp3 root volume"]
+    out += [f"note: {n}" for n in est.notes]
+    return "\n".join(out)
+
+
+def estimate_line(row, market: str) -> str:
+    """The line `launch` prints for what it is about to start."""
+    price = row.spot if market == "spot" else row.on_demand
+    return (f"estimate: training {duration(row.train_s)} ({row.scaling}), about "
+            f"{duration(row.total_s)} billed with boot and setup, {money(price)} {market}; "
+            f"`cloudtrain estimate` compares instance types")

@@ -1,0 +1,253 @@
+"""What a recipe will take and cost on each instance type, before anything is launched.
+
+The training time comes from the recipe's published result (recipe.yaml `published`: gpu,
+gpus, seconds), scaled to another GPU by the ratio of peak dense FP16/BF16 tensor-core
+throughput. That ratio is an *optimistic* bound: small CIFAR models are limited by memory
+bandwidth, kernel launches and the input pipeline long before tensor cores, so a faster GPU
+gains less than the ratio says. Each row says which basis it used.
+
+Around the training come overheads a published time never includes, each either measured
+from your own past jobs (median per phase of the AWS jobs in the store) or an assumed
+default, and labelled as which:
+  boot      RunInstances until SSH answers (the timeline's provisioning phase)
+  setup     sync, checks and the agent start (syncing + setting-up)
+  startup   imports, data download, cuDNN warm-up: inside the job but outside the recipe's
+            timer (assumed; the published timers exclude it)
+  teardown  from the job's end until EC2 stops billing (the agent powers off)
+Cost = per-second billing with the 60 s minimum over boot..teardown at the on-demand price
+(or the cheapest AZ's spot price), plus the gp3 root volume, with the same arithmetic
+(cost.py) as the settled cost of a real job.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from . import catalog, cost
+from .errors import UsageError
+
+# Peak dense (no sparsity) FP16/BF16 tensor-core TFLOPS per GPU, from NVIDIA's datasheets.
+GPU_TFLOPS: dict[str, float] = {
+    "V100": 125.0,       # V100 SXM2 (p3): 125
+    "V100-32GB": 125.0,  # V100 SXM2 32 GB (p3dn): 125
+    "T4": 65.0,          # T4 (g4dn): 65
+    "A10G": 70.0,        # AWS's A10 variant (g5). Sources disagree: 70 is quoted for the A10G,
+                         # 125 for the A10; we take the lower one (see TFLOPS_NOTES)
+    "L4": 121.0,         # L4 (g6): 121
+    "L40S": 362.0,       # L40S (g6e): 362
+    "A100": 312.0,       # A100 40 GB SXM (p4d): 312
+    "A100-80GB": 312.0,  # A100 80 GB SXM (p4de): 312
+    "H100": 989.0,       # H100 SXM (p5): 989
+    "H200": 989.0,       # H200 SXM (p5e/p5en): 989, same compute as H100, more memory
+    "B200": 2250.0,      # B200 (p6): 2,250
+}
+TFLOPS_NOTES = {
+    "A10G": "A10G figure uncertain (70 vs 125 TFLOPS quoted); the estimate uses 70",
+}
+TFLOPS_BASIS = "peak dense FP16 tensor TFLOPS (NVIDIA datasheets): an optimistic bound"
+
+# Assumed overheads (seconds) when the store has no AWS job to measure them from.
+ASSUMED = {"boot": 150.0, "setup": 45.0, "startup": 30.0, "teardown": 30.0}
+
+
+@dataclass
+class Basis:
+    """The published result an estimate scales from."""
+    gpu: str
+    gpus: int
+    seconds: float
+    accuracy: float | None
+    text: str  # "26 s on 1x V100 (94.1%; davidcpage/cifar10-fast ...)"
+
+
+@dataclass
+class Overheads:
+    seconds: dict[str, float]  # boot, setup, startup, teardown
+    source: dict[str, str]  # phase -> "measured: median of N jobs" | "assumed"
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+
+@dataclass
+class Row:
+    instance_type: str
+    gpu: str
+    gpus: float
+    train_s: float | None  # None: no throughput figure for this GPU
+    total_s: float | None
+    on_demand: float | None  # USD for the whole job, None where no price
+    spot: float | None
+    scaling: str  # how train_s was obtained
+    marks: list[str] = field(default_factory=list)  # "cheapest", "fastest"
+
+
+@dataclass
+class Estimate:
+    recipe: str
+    region: str
+    market: str
+    basis: Basis
+    overheads: Overheads
+    disk_gb: int
+    rows: list[Row]
+    notes: list[str]
+
+
+def published_basis(recipe, args: dict) -> Basis:
+    """The recipe's published entry for these arguments: the entry whose `variant` (if it has
+    one) equals the `variant` argument and whose `gpus` equals the GPUs the arguments need,
+    among those with a structured time (`gpu`, `gpus`, `seconds`)."""
+    needed = recipe.gpus_needed(args)
+    usable = [p for p in recipe.published if p.get("seconds") and p.get("gpu")]
+    if not usable:
+        raise UsageError(f"recipe {recipe.name} has no published time to estimate from "
+                         f"(recipe.yaml `published` needs gpu, gpus and seconds)")
+    variant = args.get("variant")
+    fits = [p for p in usable if variant is None or p.get("variant") in (None, variant)]
+    if needed:
+        fits = [p for p in fits if int(p.get("gpus", 1)) == needed] or fits
+    if not fits:
+        known = ", ".join(sorted({str(p.get("variant")) for p in usable}))
+        raise UsageError(f"recipe {recipe.name} has no published time for variant "
+                         f"{variant!r} (published: {known})")
+    p = fits[0]
+    acc = p.get("accuracy")
+    text = (f"{p['seconds']:g} s on {int(p.get('gpus', 1))}x {p['gpu']}"
+            + (f" ({acc:.2%})" if acc else "") + (f"; {p['source']}" if p.get("source") else ""))
+    return Basis(p["gpu"], int(p.get("gpus", 1)), float(p["seconds"]),
+                 float(acc) if acc else None, text)
+
+
+def scaled_seconds(basis: Basis, gpu: str) -> tuple[float | None, str]:
+    """Training seconds on `gpu` (same GPU count as the basis) and how they were obtained."""
+    if gpu == basis.gpu:
+        return basis.seconds, "published"
+    mine, theirs = GPU_TFLOPS.get(gpu), GPU_TFLOPS.get(basis.gpu)
+    if not mine or not theirs:
+        return None, f"no throughput figure for {gpu if not mine else basis.gpu}"
+    return basis.seconds * theirs / mine, f"x{theirs:g}/{mine:g} TFLOPS from {basis.gpu}"
+
+
+def overheads(store=None) -> Overheads:
+    """Boot and setup: the median over past AWS jobs in the store where there are any;
+    startup and teardown: assumed."""
+    seconds, source = dict(ASSUMED), {k: "assumed" for k in ASSUMED}
+    if store is None:
+        return Overheads(seconds, source)
+    from .ledger import phases_of
+
+    samples: dict[str, list[float]] = {"boot": [], "setup": []}
+    for job in store.jobs(limit=200):
+        if job.backend != "aws" or job.state != "succeeded":
+            continue
+        for phase in phases_of(store, job):
+            if phase.name in samples and phase.end is not None:
+                samples[phase.name].append(phase.end - phase.start)
+    for name, values in samples.items():
+        if values:
+            seconds[name] = statistics.median(values)
+            source[name] = f"measured: median of {len(values)} of your AWS jobs"
+    return Overheads(seconds, source)
+
+
+def candidates(basis: Basis, region: str, types: list[str] | None, gpu_request: str | None
+               ) -> list[catalog.InstanceType]:
+    """--instance types as given; --gpus: the matching types; else every x86 type in the
+    region with the basis's GPU count."""
+    if types:
+        out = []
+        for name in types:
+            t = catalog.get(name)
+            if t is None:
+                raise UsageError(f"--instance {name}: not in the catalog",
+                                 hint="cloudtrain catalog lists the types")
+            out.append(t)
+        return out
+    if gpu_request:
+        gpu, count = catalog.parse_gpus(gpu_request)
+        found = catalog.matching(gpu, count, region)
+        if not found:
+            raise UsageError(f"no instance type with {count:g}x {gpu} in {region}",
+                             hint="cloudtrain catalog --gpu NAME lists the types")
+        return found
+    return [t for t in catalog.matching(None, basis.gpus, region) if t.arch == "x86_64"]
+
+
+def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
+             types: list[str] | None = None, gpu_request: str | None = None,
+             disk_gb: int | None = None, store=None) -> Estimate:
+    basis = published_basis(recipe, args)
+    over = overheads(store)
+    disk = int(disk_gb or recipe.resources.get("disk_gb", 100))
+    gp3 = cost.gp3_price(region)
+    notes = [] if not gp3.approximate else [gp3.note]
+    rows = []
+    for t in candidates(basis, region, types, gpu_request):
+        if t.gpus != basis.gpus:
+            rows.append(Row(t.name, t.gpu, t.gpus, None, None, None, None,
+                            f"published on {basis.gpus} GPUs, {t.name} has {t.gpus:g}"))
+            continue
+        train_s, scaling = scaled_seconds(basis, t.gpu)
+        if train_s is None:
+            rows.append(Row(t.name, t.gpu, t.gpus, None, None, None, None, scaling))
+            continue
+        total = train_s + over.total
+        disk_usd = cost.ebs_cost(0.0, total, disk, gp3.per_gb_month).dollars
+
+        def dollars(price):
+            return None if price is None else cost.on_demand_cost(0.0, total, price).dollars \
+                + disk_usd
+
+        rows.append(Row(t.name, t.gpu, t.gpus, train_s, total,
+                        dollars(t.price(region, "on-demand")), dollars(t.price(region, "spot")),
+                        scaling))
+        if t.gpu in TFLOPS_NOTES and TFLOPS_NOTES[t.gpu] not in notes:
+            notes.append(TFLOPS_NOTES[t.gpu])
+    priced = [r for r in rows if (r.spot if market == "spot" else r.on_demand) is not None]
+    if priced:
+        key = (lambda r: r.spot) if market == "spot" else (lambda r: r.on_demand)
+        min(priced, key=key).marks.append("cheapest")
+    timed = [r for r in rows if r.total_s is not None]
+    if timed:
+        min(timed, key=lambda r: r.total_s).marks.append("fastest")
+    rows.sort(key=lambda r: (r.total_s is None, (r.spot if market == "spot" else r.on_demand)
+                             if (r.spot if market == "spot" else r.on_demand) is not None
+                             else float("inf"), r.instance_type))
+    if market == "spot":
+        notes.append(f"spot: the cheapest AZ's price, {catalog.spot_source(region)}")
+    return Estimate(recipe.name, region, market, basis, over, disk, rows, notes)
+
+
+def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: str | None,
+               *, market: str = "on-demand", types: list[str] | None = None,
+               gpu_request: str | None = None, disk_gb: int | None = None,
+               store=None) -> Estimate:
+    """`cloudtrain estimate`: the recipe's arguments as launch would resolve them."""
+    from . import config, recipes
+
+    if types and gpu_request:
+        raise UsageError("give --instance or --gpus, not both")
+    rec = recipes.load(name)
+    args = rec.resolve(profile, sets)
+    settings = config.Settings.load()
+    return estimate(rec, args, region or settings.region or "us-east-1", market=market,
+                    types=types, gpu_request=gpu_request, disk_gb=disk_gb, store=store)
+
+
+def for_spec(spec, region: str, store=None) -> Row | None:
+    """The estimate for what a cloud launch is about to start, or None where there is no
+    basis (your own command, a recipe without a published time, an unknown GPU)."""
+    from . import recipes
+
+    if spec.kind != "recipe" or not spec.instance_type:
+        return None
+    try:
+        est = estimate(recipes.load(spec.recipe), spec.args, region, market=spec.market,
+                       types=[spec.instance_type], disk_gb=spec.disk_gb, store=store)
+    except UsageError:
+        return None
+    row = est.rows[0]
+    return row if row.total_s is not None else None

@@ -1,0 +1,133 @@
+"""estimate.py: expected time and cost per instance type from a recipe's published result,
+checked against hand-computed figures; overheads measured from the store's AWS jobs; the
+`estimate` command and the estimate line of `launch`."""
+import json
+
+import pytest
+
+from cloudtrain import estimate, recipes, state
+from cloudtrain.errors import UsageError
+
+RECIPE = """\
+name: pub
+description: a recipe with two published results
+entry: train.py
+arguments:
+  variant: {type: choice, choices: [fast, slow], default: fast}
+  gpus: {type: int, default: 1}
+resources: {gpus_per_node: 1, disk_gb: 60}
+published:
+  - {variant: fast, result: "94%", time: "26 s", gpu: V100, gpus: 1, seconds: 26, accuracy: 0.941,
+     source: "a notebook"}
+  - {variant: slow, result: "94%", time: "74 s", gpu: V100, gpus: 1, seconds: 74}
+  - {variant: fast, result: "94%", time: "9.43 s", gpu: V100, gpus: 8, seconds: 9.43}
+"""
+
+
+@pytest.fixture
+def pub(tmp_path, monkeypatch):
+    root = tmp_path / "recipes"
+    (root / "pub").mkdir(parents=True)
+    (root / "pub" / "recipe.yaml").write_text(RECIPE)
+    (root / "pub" / "train.py").write_text("print('hi')\n")
+    monkeypatch.setenv("CLOUDTRAIN_RECIPES", str(root))
+    return recipes.load("pub")
+
+
+def test_the_published_entry_follows_variant_and_gpus(pub):
+    assert estimate.published_basis(pub, {"variant": "fast", "gpus": 1}).seconds == 26
+    assert estimate.published_basis(pub, {"variant": "slow", "gpus": 1}).seconds == 74
+    assert estimate.published_basis(pub, {"variant": "fast", "gpus": 8}).seconds == 9.43
+    basis = estimate.published_basis(pub, {"variant": "fast", "gpus": 1})
+    assert basis.text == "26 s on 1x V100 (94.10%); a notebook"
+
+
+def test_a_recipe_without_a_structured_published_time_is_a_clear_error(toy_recipes):
+    with pytest.raises(UsageError, match="no published time to estimate from"):
+        estimate.published_basis(recipes.load("toy"), {})
+
+
+def test_scaling_by_tensor_throughput():
+    basis = estimate.Basis("V100", 1, 26.0, None, "")
+    assert estimate.scaled_seconds(basis, "V100") == (26.0, "published")
+    seconds, how = estimate.scaled_seconds(basis, "A100")
+    assert seconds == pytest.approx(26 * 125 / 312) and how == "x125/312 TFLOPS from V100"
+    assert estimate.scaled_seconds(basis, "RTXPRO6000")[0] is None
+
+
+def test_cost_rows_equal_hand_computed_figures(pub):
+    est = estimate.estimate(pub, {"variant": "fast", "gpus": 1}, "us-east-1",
+                            types=["p3.2xlarge", "g4dn.xlarge", "p3.8xlarge"])
+    rows = {r.instance_type: r for r in est.rows}
+    over = sum(estimate.ASSUMED.values())  # 255 s: nothing measured in an empty store
+    disk = 60 * 0.08 / 730  # gp3 $0.08/GB-month in us-east-1, per hour
+    p3 = rows["p3.2xlarge"]
+    assert p3.train_s == 26 and p3.total_s == 26 + over
+    assert p3.on_demand == pytest.approx((3.06 + disk) * (26 + over) / 3600)
+    t4 = rows["g4dn.xlarge"]
+    assert t4.train_s == pytest.approx(50.0)  # 26 s x 125/65
+    assert t4.on_demand == pytest.approx((0.526 + disk) * (50 + over) / 3600)
+    assert rows["p3.8xlarge"].total_s is None  # 4 GPUs: the basis ran on 1
+    assert "cheapest" in t4.marks and "fastest" in p3.marks
+
+
+def test_the_60_second_minimum_applies(pub, monkeypatch):
+    monkeypatch.setattr(estimate, "ASSUMED", {"boot": 1.0, "setup": 1.0, "startup": 1.0,
+                                              "teardown": 1.0})
+    row = estimate.estimate(pub, {"variant": "fast", "gpus": 1}, "us-east-1",
+                            types=["p3.2xlarge"]).rows[0]
+    assert row.total_s == 30
+    assert row.on_demand == pytest.approx(3.06 * 60 / 3600 + 60 * 0.08 / 730 * 60 / 3600)
+
+
+def test_overheads_are_measured_from_past_aws_jobs(ct_home):
+    with state.Store(ct_home / "state.db") as store:
+        for boot, setup in ((100, 20), (140, 40), (120, 30)):
+            job = store.create_job(name=None, kind="recipe", recipe="pub", command="pub",
+                                   backend="aws", spec={})
+            t = 1_000_000.0
+            for phase, at in (("provisioning", t), ("syncing", t + boot),
+                              ("setting-up", t + boot + setup / 2),
+                              ("running", t + boot + setup)):
+                store.set_state(job.id, phase, at=at)
+            store.set_state(job.id, "succeeded", at=t + boot + setup + 50)
+        over = estimate.overheads(store)
+    assert over.seconds["boot"] == 120 and over.seconds["setup"] == 30
+    assert over.source["boot"] == "measured: median of 3 of your AWS jobs"
+    assert over.source["startup"] == "assumed"
+
+
+def test_estimate_command(cli, pub):
+    out = cli.ok("estimate", "--recipe", "pub", "--region", "us-east-1",
+                 "--gpus", "V100:1").stdout
+    assert "p3.2xlarge" in out and "published" in out
+    assert "training: published 26 s on 1x V100" in out
+    assert "boot 2m30s (assumed)" in out
+    data = json.loads(cli.ok("estimate", "--recipe", "pub", "--set", "variant=slow",
+                             "--instance", "g5.xlarge", "--spot", "--json").stdout)
+    assert data["market"] == "spot" and data["basis"]["seconds"] == 74
+    [row] = data["rows"]
+    assert row["instance_type"] == "g5.xlarge" and row["train_s"] == pytest.approx(74 * 125 / 70)
+    assert row["marks"] == ["cheapest", "fastest"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--instance", "p9.huge"), "--instance p9.huge: not in the catalog"),
+    (("--instance", "g5.xlarge", "--gpus", "A10G:1"), "give --instance or --gpus, not both"),
+    (("--gpus", "V100:3"), "no instance type with 3x V100 in us-east-1"),
+    (("--set", "variant=medium"), "--set variant"),
+])
+def test_estimate_errors(cli, pub, args, message):
+    proc = cli("estimate", "--recipe", "pub", "--region", "us-east-1", *args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_launch_shows_the_estimate_of_what_it_starts(cli, pub):
+    plan = cli.ok("launch", "--recipe", "pub", "--instance", "p3.2xlarge", "--region",
+                  "us-east-1", "--dry-run").stdout
+    line = [l for l in plan.splitlines() if l.strip().startswith("estimate")][0]
+    assert "training 26s (published)" in line and "$0.24 on-demand" in line
+    # No basis (your own command): no estimate row rather than a made-up one.
+    plan = cli.ok("launch", "--instance", "p3.2xlarge", "--region", "us-east-1", "--dry-run",
+                  "--", "python", "train.py").stdout
+    assert "estimate" not in plan
