@@ -44,9 +44,13 @@ def live_spot_path() -> Path:
 
 @lru_cache(maxsize=1)
 def load() -> dict[str, InstanceType]:
-    """The bundled snapshot, with spot prices replaced by those `catalog --refresh` fetched
-    (per region, where fetched)."""
+    """The bundled snapshot, with on-demand and spot prices replaced by those `catalog
+    --refresh` fetched (per region, where fetched)."""
     types = _load_bundled()
+    for region, by_type in (_live_list().get("on_demand") or {}).items():
+        for name, price in by_type.items():
+            if name in types:
+                types[name].on_demand[region] = float(price)
     try:
         live = json.loads(live_spot_path().read_text())
     except (OSError, ValueError):
@@ -135,23 +139,75 @@ def cheapest(gpu: str, count: float, regions: list[str], market: str = "on-deman
     return best[1], best[2], best[3]
 
 
-def save_live_spot(region: str, prices: dict[str, dict[str, float]], fetched_at: float) -> Path:
-    """Keep what `catalog --refresh` fetched: region -> type -> AZ -> USD/h."""
+def _update_json(path: Path, change) -> Path:
+    """Read-modify-write a small JSON file, replaced atomically."""
     import os
 
-    path = live_spot_path()
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         data = {}
-    data.setdefault("regions", {})[region] = prices
-    data.setdefault("fetched_at", {})[region] = fetched_at
+    change(data)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
     load.cache_clear()
     return path
+
+
+def save_live_spot(region: str, prices: dict[str, dict[str, float]], fetched_at: float) -> Path:
+    """Keep what `catalog --refresh` fetched: region -> type -> AZ -> USD/h."""
+    def change(data):
+        data.setdefault("regions", {})[region] = prices
+        data.setdefault("fetched_at", {})[region] = fetched_at
+    return _update_json(live_spot_path(), change)
+
+
+def live_list_path() -> Path:
+    from .config import home
+
+    return home() / "list-prices.json"
+
+
+def save_list_prices(region: str, on_demand: dict[str, float], gp3: float | None,
+                     fetched_at: float) -> Path:
+    """Keep the on-demand and gp3 list prices `catalog --refresh` fetched for a region."""
+    def change(data):
+        data.setdefault("on_demand", {})[region] = on_demand
+        if gp3 is not None:
+            data.setdefault("gp3", {})[region] = gp3
+        data.setdefault("fetched_at", {})[region] = fetched_at
+    return _update_json(live_list_path(), change)
+
+
+def _live_list() -> dict:
+    try:
+        return json.loads(live_list_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def gp3_price(region: str):
+    """gp3 USD per GB-month: the price list's figure if `catalog --refresh` fetched one for
+    the region, else cost.py's (which flags regions it only approximates)."""
+    from . import cost
+
+    live = (_live_list().get("gp3") or {}).get(region)
+    if live:
+        return cost.Gp3Price(float(live), approximate=False)
+    return cost.gp3_price(region)
+
+
+def on_demand_source(region: str) -> str:
+    """Where the on-demand prices for `region` come from, for whoever reads a figure."""
+    fetched = (_live_list().get("fetched_at") or {}).get(region)
+    if fetched:
+        import time
+
+        return "AWS price list fetched " + time.strftime("%Y-%m-%d %H:%M UTC",
+                                                        time.gmtime(fetched))
+    return f"on-demand list price, {SNAPSHOT}"
 
 
 def spot_source(region: str) -> str:

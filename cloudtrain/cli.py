@@ -240,8 +240,8 @@ def attach(job: str) -> None:
 @click.option("--gpu", help="Only types with this GPU (V100, A100, H100, A10G, T4, L4, ...).")
 @click.option("--region", default="us-east-1", show_default=True, help="Prices of this region.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--refresh", is_flag=True, help="Fetch the region's current spot prices from EC2 "
-              "(kept in $CLOUDTRAIN_HOME/spot-prices.json).")
+@click.option("--refresh", is_flag=True, help="Fetch the region's on-demand and gp3 prices from "
+              "the AWS price list and its spot prices from EC2 (kept under $CLOUDTRAIN_HOME).")
 def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool) -> None:
     """AWS GPU instance types with on-demand and spot prices (bundled snapshot).
 
@@ -259,15 +259,19 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool) -> None:
     if refresh:
         from . import pricing
 
+        click.echo(pricing.refresh_list_prices(region), err=True)
         click.echo(pricing.refresh_spot(region), err=True)
 
     types = catalog_module.matching(gpu, None, region)
     if as_json:
         click.echo(json.dumps({"snapshot": catalog_module.SNAPSHOT, "region": region,
+                               "on_demand_source": catalog_module.on_demand_source(region),
+                               "spot_source": catalog_module.spot_source(region),
                                "types": [dataclasses.asdict(t) for t in types]}, indent=1))
     else:
         click.echo(render.catalog_table(types, region))
-        click.echo(f"prices: {catalog_module.SNAPSHOT}; spot is a one-time snapshot, not a quote")
+        click.echo(f"on-demand: {catalog_module.on_demand_source(region)}\n"
+                   f"spot: {catalog_module.spot_source(region)}")
 
 
 @cli.command()

@@ -182,7 +182,7 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     basis = published_basis(recipe, args)
     over = overheads(store)
     disk = int(disk_gb or recipe.resources.get("disk_gb", 100))
-    gp3 = cost.gp3_price(region)
+    gp3 = catalog.gp3_price(region)
     notes = [] if not gp3.approximate else [gp3.note]
     rows = []
     for t in candidates(basis, region, types, gpu_request):

@@ -28,7 +28,9 @@ def run_of(inst: Instance) -> cost.InstanceRun:
                     for at, price in details.get("spot_history") or [])
     gp3 = details.get("gp3_per_gb_month")
     if gp3 is None and details.get("disk_gb") and inst.region:
-        gp3 = cost.gp3_price(inst.region).per_gb_month
+        from . import catalog
+
+        gp3 = catalog.gp3_price(inst.region).per_gb_month
     price = inst.price_per_hour
     if price is None and inst.instance_type and inst.region:
         # No price recorded (spot whose history is not fetched yet): the catalog's figure,

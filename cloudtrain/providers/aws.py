@@ -90,6 +90,31 @@ def aws_errors(region: str):
         raise AWSError(f"cannot reach AWS in {region}: {exc}") from exc
 
 
+# The Price List Query API answers from us-east-1 (also eu-central-1, ap-south-1) for every
+# region; the region asked about is a filter.
+PRICING_REGION = "us-east-1"
+EC2_PRICE_FILTERS = {"operatingSystem": "Linux", "tenancy": "Shared", "preInstalledSw": "NA",
+                     "capacitystatus": "Used"}
+
+
+def price_per_unit(item: str, unit: str) -> float | None:
+    """The on-demand USD price per `unit` ("Hrs", "GB-Mo") in one PriceList item: a JSON
+    document whose terms.OnDemand.<offer>.priceDimensions.<rate> has unit and pricePerUnit.
+    Zero-priced dimensions (reserved-capacity placeholders) do not count."""
+    doc = json.loads(item)
+    prices = []
+    for offer in ((doc.get("terms") or {}).get("OnDemand") or {}).values():
+        for dim in (offer.get("priceDimensions") or {}).values():
+            if dim.get("unit") == unit:
+                try:
+                    usd = float((dim.get("pricePerUnit") or {}).get("USD", "nan"))
+                except ValueError:
+                    continue
+                if usd > 0:
+                    prices.append(usd)
+    return min(prices) if prices else None
+
+
 def ec2_transition_time(reason: str) -> float | None:
     """EC2 puts the time of a stop or termination in StateTransitionReason:
     'User initiated (2026-11-22 03:00:00 GMT)'."""
@@ -697,6 +722,42 @@ class AWSProvider:
                 fields["details"] = json.dumps(details)
             store.update_instance(inst.id, **fields)
 
+    # -- list prices (the Price List Query API) --------------------------------------------------
+
+    def _products(self, filters: dict[str, str]) -> list[str]:
+        """GetProducts for AmazonEC2 with TERM_MATCH filters: the PriceList items (JSON text)."""
+        items: list[str] = []
+        paginator = self.client("pricing", PRICING_REGION).get_paginator("get_products")
+        with aws_errors(PRICING_REGION):
+            for page in paginator.paginate(
+                    ServiceCode="AmazonEC2", FormatVersion="aws_v1", Filters=[
+                        {"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in filters.items()]):
+                items.extend(page.get("PriceList") or [])
+        return items
+
+    def on_demand_prices(self, region: str, instance_types: list[str]) -> dict[str, float]:
+        """Linux on-demand USD/h per type in `region`, from AWS's public price list: shared
+        tenancy, no pre-installed software, capacity "Used" (the rows a plain RunInstances is
+        billed at). One query per type, a few at a time."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(name: str) -> tuple[str, float | None]:
+            items = self._products({**EC2_PRICE_FILTERS, "regionCode": region,
+                                    "instanceType": name})
+            prices = [p for p in (price_per_unit(item, "Hrs") for item in items) if p]
+            return name, (min(prices) if prices else None)
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            found = dict(pool.map(one, instance_types))
+        return {name: price for name, price in found.items() if price is not None}
+
+    def gp3_price(self, region: str) -> float | None:
+        """gp3 storage, USD per GB-month in `region`, from the price list."""
+        items = self._products({"productFamily": "Storage", "volumeApiName": "gp3",
+                                "regionCode": region})
+        prices = [p for p in (price_per_unit(item, "GB-Mo") for item in items) if p]
+        return min(prices) if prices else None
+
     def current_spot_prices(self, region: str, instance_types: list[str]) -> dict[str, dict[str, float]]:
         """The spot price now, per type and AZ (Linux/UNIX): the newest history row of each."""
         import datetime
@@ -816,7 +877,7 @@ class AWSProvider:
                                               if spec.max_price is not None else "")))
         price = t.price(region, spec.market) if t else None
         if price is not None:
-            basis = f"on-demand list price, {catalog.SNAPSHOT}" if spec.market == "on-demand" \
+            basis = catalog.on_demand_source(region) if spec.market == "on-demand" \
                 else f"cheapest AZ: {catalog.spot_source(region)}"
             cap = price * spec.max_runtime_s / 3600
             rows.append(("price", f"${price:.4f}/h ({basis})"))

@@ -14,6 +14,7 @@ from moto.core.responses import ActionResult
 from moto.ec2.responses.spot_instances import SpotInstances
 
 from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
+from pricing_lab import price_list  # noqa: F401  (fixture)
 
 GP3 = 0.08 / (730 * 3600)  # USD per GB-second, us-east-1
 
@@ -99,7 +100,7 @@ def test_cost_report_groupings_and_csv(cli, aws, ct_home):
     assert proc.returncode == 2 and "--since 3x" in proc.stderr
 
 
-def test_catalog_refresh_takes_current_spot_prices_from_ec2(cli, aws, monkeypatch):
+def test_catalog_refresh_takes_current_spot_prices_from_ec2(cli, aws, price_list, monkeypatch):
     now = time.time()
     rows = [("us-east-1a", now - 7200, "0.6100"), ("us-east-1a", now - 60, "0.3900"),
             ("us-east-1b", now - 300, "0.4700")]
@@ -134,3 +135,41 @@ def test_a_running_job_shows_its_cost_so_far_as_an_estimate(cli, aws, ct_home):
     assert row.endswith("~$0.02")
     cli.ok("down", job_id)
     assert cli.job(job_id)["cost_settled"] == 1
+
+
+def test_catalog_refresh_takes_on_demand_and_gp3_prices_from_the_price_list(
+        cli, aws, price_list, ct_home):
+    """A price change on AWS's list reaches the catalog, the dry run, estimates and the cost
+    of the next job, to the cent."""
+    price_list.instance("us-east-1", "g5.xlarge", "1.1000000000")
+    price_list.instance("us-east-1", "p3.2xlarge", "3.0600000000")
+    price_list.instance("eu-west-1", "g5.xlarge", "9.9900000000")  # another region: ignored
+    price_list.gp3("us-east-1", "0.0900000000")
+    proc = cli("catalog", "--refresh", "--region", "us-east-1", "--gpu", "A10G", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "on-demand prices for 2 of" in proc.stderr and "(1 differ from before)" in proc.stderr
+    assert "gp3 $0.09/GB-month" in proc.stderr
+    data = json.loads(proc.stdout)
+    g5 = [t for t in data["types"] if t["name"] == "g5.xlarge"][0]
+    assert g5["on_demand"]["us-east-1"] == 1.10
+    assert data["on_demand_source"].startswith("AWS price list fetched ")
+    # Every query asked for Linux, shared tenancy, no pre-installed software, used capacity.
+    for asked in price_list.requests:
+        if "instanceType" in asked:
+            assert asked["operatingSystem"] == "Linux" and asked["tenancy"] == "Shared"
+            assert asked["preInstalledSw"] == "NA" and asked["capacitystatus"] == "Used"
+            assert asked["regionCode"] == "us-east-1"
+
+    out = cli.ok("launch", "--instance", "g5.xlarge", "--dry-run", "--", "true").stdout
+    assert "$1.1000/h (AWS price list fetched " in out
+
+    proc = cli("launch", "--instance", "g5.xlarge", "--disk-gb", "100", "--follow", "--quiet",
+               "--", "echo", "hi")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    inst = _instance(ct_home, job_id)
+    seconds = max(60.0, inst["terminated_at"] - inst["launched_at"])
+    expected = 1.10 * seconds / 3600 + 100 * 0.09 * seconds / (730 * 3600)
+    assert inst["price_per_hour"] == 1.10
+    assert round(_report(cli)["total"]["dollars"], 2) == round(expected, 2)
+    assert _report(cli)["total"]["dollars"] == pytest.approx(expected, rel=1e-9)
