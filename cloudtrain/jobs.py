@@ -168,7 +168,12 @@ def expected(spec: JobSpec, store: Store | None = None):
         region = providers.get(spec.backend).region(spec)
     except CloudtrainError:
         return None
-    return estimate.for_spec(spec, region, store)
+    row = estimate.for_spec(spec, region, store)
+    if row is not None:  # kept with the job, so `status JOB` can set it against the bill
+        spec.expected = {"train_s": row.train_s, "total_s": row.total_s, "market": spec.market,
+                         "usd": row.spot if spec.market == "spot" else row.on_demand,
+                         "basis": row.scaling}
+    return row
 
 
 def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1) -> str:

@@ -139,6 +139,11 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                                              detail["phases"].items() if v))
     if detail.get("to_target") is not None:
         out.append(f"  to target {money4(detail['to_target'])}")
+    expected = (job.spec or {}).get("expected")
+    if expected:
+        out.append(f"  estimated {money4(expected.get('usd'))} before launch: training "
+                   f"{duration(expected.get('train_s'))} ({expected.get('basis')}), "
+                   f"{duration(expected.get('total_s'))} billed")
     for note in detail.get("notes") or []:
         out.append(f"  cost note {note}")
     if job.metrics:

@@ -37,6 +37,7 @@ class JobSpec:
     keep: bool = False  # leave the instance running after the job
     idle_minutes: float | None = None  # power off this long after the job ends
     on_job: str | None = None  # run on that (kept) job's instance instead of a new one
+    expected: dict | None = None  # the estimate shown before launch: train_s, total_s, usd
 
     def display(self) -> str:
         """One line saying what runs: `resnet9 (smoke)` or the command."""

@@ -173,3 +173,25 @@ def test_catalog_refresh_takes_on_demand_and_gp3_prices_from_the_price_list(
     assert inst["price_per_hour"] == 1.10
     assert round(_report(cli)["total"]["dollars"], 2) == round(expected, 2)
     assert _report(cli)["total"]["dollars"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_estimate_shown_before_launch_is_kept_beside_the_bill(cli, aws, tmp_path,
+                                                                   monkeypatch):
+    root = tmp_path / "recipes"
+    (root / "pub").mkdir(parents=True)
+    (root / "pub" / "recipe.yaml").write_text(
+        "name: pub\ndescription: published\nentry: train.py\narguments: {}\n"
+        "resources: {disk_gb: 50}\n"
+        "published:\n  - {result: '94%', time: '26 s', gpu: V100, gpus: 1, seconds: 26}\n")
+    (root / "pub" / "train.py").write_text("print('trained')\n")
+    monkeypatch.setenv("CLOUDTRAIN_RECIPES", str(root))
+    proc = cli("launch", "--recipe", "pub", "--instance", "g5.xlarge", "--follow")
+    assert proc.returncode == 0, proc.stderr
+    line = [l for l in proc.stderr.splitlines() if l.startswith("estimate:")][0]
+    assert "training 46s (x125/70 TFLOPS from V100)" in line and "on-demand" in line
+    job_id = json.loads(cli.ok("status", "--json").stdout)[0]["id"]
+    expected = cli.job(job_id)["spec"]["expected"]
+    assert expected["train_s"] == pytest.approx(26 * 125 / 70)
+    assert expected["market"] == "on-demand" and expected["usd"] > 0
+    shown = cli.ok("status", job_id).stdout
+    assert f"estimated ${expected['usd']:,.4f} before launch: training 46s" in shown
