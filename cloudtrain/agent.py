@@ -38,6 +38,7 @@ ACTIVE = (STARTING, RUNNING)
 
 POLL_S = 0.1
 METRICS_TAIL_BYTES = 65536
+METRICS_SCAN_BYTES = 16 << 20
 PR_SET_PDEATHSIG = 1
 SPOT_POLL_S = 5.0  # AWS gives two minutes' notice; checking every 5 s leaves the job ~115 s
 
@@ -316,29 +317,38 @@ class Agent:
 
 
 def metrics_tail(jobdir):
-    """The latest metrics row (not an event row) and the first target_reached event seen."""
+    """The latest metrics row (not an event row), the first target_reached event and the
+    last runs_summary event. Rows come from the tail; the events from the whole file (up to
+    METRICS_SCAN_BYTES), since a target reached early in a long run is far from the end."""
     path = os.path.join(jobdir, "metrics.jsonl")
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - METRICS_TAIL_BYTES))
+            f.seek(max(0, size - METRICS_SCAN_BYTES))
             data = f.read()
     except OSError:
-        return None, None
-    latest, target = None, None
-    for line in data.splitlines():
+        return None, None, None
+    latest, target, summary = None, None, None
+    tail_from = len(data) - METRICS_TAIL_BYTES
+    offset = 0
+    for line in data.splitlines(True):
+        start, offset = offset, offset + len(line)
+        if start < tail_from and b'"event"' not in line:
+            continue  # an old plain row: only the newest matters
         try:
             row = json.loads(line)
         except ValueError:
-            continue  # a line cut by the tail window or being written
+            continue  # a line cut by the window or being written
         if not isinstance(row, dict):
             continue
         if row.get("event") == "target_reached":
             target = target or row
+        elif row.get("event") == "runs_summary":
+            summary = row
         elif "event" not in row:
             latest = row
-    return latest, target
+    return latest, target, summary
 
 
 def reap(jobdir, status, reason):
@@ -362,8 +372,8 @@ def probe(jobdir, stale_after_s=30.0):
         elif t - float(status.get("heartbeat_at") or 0) > stale_after_s:
             status = reap(jobdir, status, "no heartbeat from the agent for %s"
                           % fmt_duration(t - float(status.get("heartbeat_at") or 0)))
-    latest, target = metrics_tail(jobdir)
-    return {"status": status, "now": t, "metrics": latest, "target": target}
+    latest, target, summary = metrics_tail(jobdir)
+    return {"status": status, "now": t, "metrics": latest, "target": target, "runs": summary}
 
 
 def stop(jobdir, grace_s=None, wait_s=None):

@@ -181,9 +181,10 @@ def status(job: str | None, as_json: bool, limit: int | None, refresh: bool) -> 
         if job:
             d = jobs.detail(store, settings, job)
             if as_json:
-                click.echo(render.detail_json(d.job, d.phases, d.log_tail, d.target))
+                click.echo(render.detail_json(d.job, d.phases, d.log_tail, d.target, d.runs))
             else:
-                click.echo(render.job_detail(d.job, d.phases, d.log_tail, d.target))
+                click.echo(render.job_detail(d.job, d.phases, d.log_tail, d.target,
+                                             runs=d.runs))
             return
         all_jobs = jobs.refresh_all(store, settings)
         if limit:

@@ -697,16 +697,17 @@ class Detail:
     phases: list[Phase]
     log_tail: bytes  # the last lines of output
     target: dict | None  # the recipe's target_reached row, if it was reached
+    runs: dict | None = None  # the recipe's runs_summary row (`--set runs=N`), once written
 
 
 def detail(store: Store, settings: config.Settings, ref: str, tail_lines: int = 10) -> Detail:
     job = refresh(store, settings, store.find_job(ref))
-    target, log_tail = None, b""
+    probe, log_tail = {}, b""
     if job.jobdir:
         host = host_of(job)
         try:
-            target = host.probe_job(job.jobdir, settings.stale_after_seconds).get("target")
+            probe = host.probe_job(job.jobdir, settings.stale_after_seconds)
             log_tail, _ = host.tail(f"{job.jobdir}/output.log", tail_lines)
         except HostError as exc:  # the instance is gone and its files were not collected
             log_tail = f"(output not available: {exc.message})\n".encode()
-    return Detail(job, timeline(store, job), log_tail, target)
+    return Detail(job, timeline(store, job), log_tail, probe.get("target"), probe.get("runs"))

@@ -110,16 +110,18 @@ def jobs_json(jobs: list[Job]) -> str:
     return json.dumps([job_json(j, now) for j in jobs], indent=1)
 
 
-def detail_json(job: Job, phases, log_tail: bytes, target: dict | None) -> str:
+def detail_json(job: Job, phases, log_tail: bytes, target: dict | None,
+                runs: dict | None = None) -> str:
     data = job_json(job)
     data["timeline"] = [dataclasses.asdict(p) for p in phases]
     data["target"] = target
+    data["runs"] = runs
     data["log_tail"] = log_tail.decode("utf-8", "replace")
     return json.dumps(data, indent=1)
 
 
 def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
-               now: float | None = None) -> str:
+               now: float | None = None, runs: dict | None = None) -> str:
     now = time.time() if now is None else now
     out = [f"job {job.id}" + (f" ({job.name})" if job.name else ""),
            f"  what      {job.command}",
@@ -153,6 +155,10 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
     if target:
         out.append(f"  target    reached at epoch {target.get('epoch')}: test_acc "
                    f"{pct(target.get('test_acc'))}, train time {duration(target.get('train_time'))}")
+    if runs:
+        out.append(f"  runs      {runs.get('runs')}: mean {pct(runs.get('mean_acc'))} (sd "
+                   f"{pct(runs.get('std_acc'))}), {runs.get('reached')} of {runs.get('runs')} "
+                   f"reached {pct(runs.get('target'))}")
     if job.jobdir:
         out.append(f"  jobdir    {job.jobdir}")
     out.append("  timeline")

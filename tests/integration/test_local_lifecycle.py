@@ -60,6 +60,25 @@ def test_last_metrics_appear_in_status(cli, tmp_path):
     assert "2/5" in row and "1.25" in row and "80.00%" in row
 
 
+def test_target_and_runs_summary_appear_in_status_of_the_job(cli, tmp_path):
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "train.py").write_text(
+        "import json, os\n"
+        "rows = [{'event': 'target_reached', 'epoch': 9, 'test_acc': 0.9402, 'train_time': 3.8},\n"
+        "        {'epoch': 10, 'epochs': 10, 'run': 1, 'test_acc': 0.93},\n"
+        "        {'event': 'runs_summary', 'runs': 2, 'mean_acc': 0.9351, 'std_acc': 0.007,\n"
+        "         'reached': 1, 'target': 0.94}]\n"
+        "with open(os.path.join(os.environ['CLOUDTRAIN_JOB_DIR'], 'metrics.jsonl'), 'a') as f:\n"
+        "    f.write(''.join(json.dumps(r) + '\\n' for r in rows))\n")
+    job_id = cli.launch("--workdir", str(work), "--", "python", "train.py")
+    job = cli.wait(job_id)
+    assert job["runs"]["mean_acc"] == 0.9351 and job["target"]["epoch"] == 9
+    shown = cli.ok("status", job_id).stdout
+    assert "runs      2: mean 93.51% (sd 0.70%), 1 of 2 reached 94.00%" in shown
+    assert "target    reached at epoch 9: test_acc 94.02%, train time 3.80s" in shown
+
+
 def test_own_code_is_synced_honouring_gitignore(cli, ct_home, tmp_path):
     work = tmp_path / "proj"
     (work / "data").mkdir(parents=True)

@@ -68,9 +68,25 @@ def test_metrics_tail_returns_latest_row_and_first_target(tmp_path):
             {"epoch": 2, "test_acc": 0.95}, {"event": "target_reached", "epoch": 3}]
     text = "".join(json.dumps(r) + "\n" for r in rows) + '{"epoch": 3, "test_'  # torn last line
     (tmp_path / "metrics.jsonl").write_text(text)
-    latest, target = agent.metrics_tail(str(tmp_path))
+    latest, target, summary = agent.metrics_tail(str(tmp_path))
     assert latest == {"epoch": 2, "test_acc": 0.95}
     assert target == {"event": "target_reached", "epoch": 2}
+    assert summary is None
+
+
+def test_metrics_tail_finds_events_far_from_the_end(tmp_path, monkeypatch):
+    """A long multi-run job: the first target event is megabytes before the tail window, the
+    runs summary comes last; only the newest plain row counts."""
+    monkeypatch.setattr(agent, "METRICS_TAIL_BYTES", 4096)
+    lines = [json.dumps({"event": "target_reached", "epoch": 7, "run": 0})]
+    lines += [json.dumps({"epoch": i % 10 + 1, "run": i // 10, "test_acc": 0.9})
+              for i in range(20000)]
+    lines.append(json.dumps({"event": "runs_summary", "runs": 2000, "mean_acc": 0.9401}))
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    latest, target, summary = agent.metrics_tail(str(tmp_path))
+    assert target == {"event": "target_reached", "epoch": 7, "run": 0}
+    assert summary == {"event": "runs_summary", "runs": 2000, "mean_acc": 0.9401}
+    assert latest == {"epoch": 10, "run": 1999, "test_acc": 0.9}
 
 
 def test_agent_run_records_success_and_output(tmp_path):
