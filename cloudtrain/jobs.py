@@ -266,7 +266,7 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
         _advance(store, job.id, state.SETTING_UP, detail=f"{sent} files sent")
         provider.setup(host)
         store.update_job(job.id, host=host.describe())
-        gpus = host.gpu_count()
+        gpus = provider.gpus(spec, host)
         procs = spec.processes(gpus)
         host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python, procs))
         shutdown_command, shutdown_delay = provider.shutdown(spec)

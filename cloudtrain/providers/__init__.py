@@ -6,6 +6,7 @@ Contract, the same for every provider:
     plan(spec)                  what launch would do, as (what, value) rows; creates nothing
     acquire(store, job, spec)   get a host for the job, recording its instances; -> Host
     setup(host)                 make the host ready for the agent (python3, tmux)
+    gpus(spec, host)            GPUs the job's host has (torchrun starts one process each)
     host_for(job)               the host of a job launched earlier (from the store's record)
     jobdir(job_id, host)        where the job's directory is on that host
     data_dir(host)              where datasets are cached on that host

@@ -626,6 +626,13 @@ class AWSProvider:
 
             raise MissingDependency(f"tmux is not installed on {host.name}", hint=TMUX_INSTALL_HINT)
 
+    def gpus(self, spec, host: SSHHost) -> int:
+        """The instance type's GPU count (what is paid for), not what the driver shows now:
+        a driver still loading must not quietly turn an 8-GPU job into one process. A type
+        the catalog does not know (or `--on` a kept instance): ask the host."""
+        t = catalog.get(spec.instance_type) if spec.instance_type else None
+        return int(t.gpus) if t is not None else host.gpu_count()
+
     def root(self, host: SSHHost) -> str:
         root = self.settings.remote_root
         return host.home() + root[1:] if root.startswith("~") else root

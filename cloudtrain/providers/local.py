@@ -46,6 +46,9 @@ class LocalProvider:
     def setup(self, host: LocalHost) -> None:
         """Nothing to install here: preflight checked tmux and the Python modules."""
 
+    def gpus(self, spec, host: LocalHost) -> int:
+        return host.gpu_count()
+
     def jobdir(self, job_id: str, host: LocalHost | None = None) -> str:
         return str(config.home() / "jobs" / job_id)
 

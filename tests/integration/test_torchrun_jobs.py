@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
 from conftest import wait_for
 
 DIST_RECIPE = """\
@@ -143,3 +144,13 @@ def test_cloud_placement_follows_the_recipes_gpus(cli, dist_recipe):
     assert "needs 8 GPUs on one host; g5.xlarge has 1" in proc.stderr
     assert "--gpus V100:8" in proc.stderr
     assert os.environ.get("AWS_EC2_METADATA_DISABLED") == "true"
+
+
+def test_on_aws_the_process_count_comes_from_the_instance_type(cli, dist_recipe, aws):
+    """p3.8xlarge has 4 V100s: torchrun starts 4 ranks (on the lab's CPU-only host, whose
+    nvidia-smi sees nothing: the type, not the driver, decides), and they all join."""
+    proc = cli("launch", "--recipe", "dist", "--instance", "p3.8xlarge", "--follow", "--quiet",
+               timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert all(f"rank {r}/4: sum 10" in out for r in range(4)), out  # 1+2+3+4
