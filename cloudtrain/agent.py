@@ -40,6 +40,7 @@ POLL_S = 0.1
 METRICS_TAIL_BYTES = 65536
 METRICS_SCAN_BYTES = 16 << 20
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 SPOT_POLL_S = 5.0  # AWS gives two minutes' notice; checking every 5 s leaves the job ~115 s
 
 
@@ -154,15 +155,45 @@ def fmt_duration(seconds):
     return "%dh%02dm%02ds" % (h, m, s) if h else ("%dm%02ds" % (m, s) if m else "%ds" % s)
 
 
-def _set_pdeathsig():
-    """In the child: die with the agent (Linux), so a killed agent leaves no orphan job."""
+def _prctl(option, arg):
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except Exception:  # not Linux, or no libc: the probe's reaping still covers it
-        pass
+        return libc.prctl(option, arg, 0, 0, 0) == 0
+    except Exception:  # not Linux, or no libc
+        return False
+
+
+def descendants(root):
+    """Every process below `root` in the process tree (from /proc; [] without it)."""
+    children = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name) as f:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _set_pdeathsig():
+    """In the child: die with the agent (Linux), so a killed agent leaves no orphan job
+    (elsewhere the probe's reaping still covers it)."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class Agent:
@@ -199,10 +230,32 @@ class Agent:
         elif signum == signal.SIGINT:
             self.kill_at = now()  # a second Ctrl-C in the pane: no more grace
 
+    def signal_job(self, sig):
+        """The job's process group, and every process below the agent that left it: torchrun
+        starts each rank in a session of its own, and an orphan whose parent died is
+        re-parented to the agent (a child subreaper), so none escapes."""
+        if self.proc is None:
+            return
+        signal_group(self.proc.pid, sig)
+        for pid in descendants(os.getpid()):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def reap_orphans(self):
+        """Collect the exit status of re-parented orphans (not the job's own bash, which
+        Popen waits for), so none stays a zombie."""
+        for pid in descendants(os.getpid()):
+            if pid != self.proc.pid and "zombie" in _proc_state(pid):
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+
     def request_stop(self, state, reason):
         self.stop_state, self.stop_reason = state, reason
-        if self.proc is not None:
-            signal_group(self.proc.pid, signal.SIGTERM)
+        self.signal_job(signal.SIGTERM)
         self.kill_at = now() + self.grace_s
 
     def watch_spot(self):
@@ -244,6 +297,7 @@ class Agent:
     def run(self):
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self.on_signal)
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the job come to us, not to init
         self.write_status(state=STARTING, agent_pid=os.getpid(), pid=None, started_at=None,
                           ended_at=None, exit_code=None, reason=None)
         env = dict(os.environ)
@@ -278,15 +332,21 @@ class Agent:
                 self.request_stop(FAILED, "exceeded the maximum runtime of %s"
                                   % fmt_duration(float(self.max_runtime_s)))
             if self.kill_at is not None and t >= self.kill_at:
-                signal_group(self.proc.pid, signal.SIGKILL)
+                self.signal_job(signal.SIGKILL)
                 self.kill_at = t + self.grace_s  # keep trying, in case of a stubborn group
             if t >= next_beat:
                 self.write_status()
                 next_beat = t + self.heartbeat_s
             time.sleep(POLL_S)
 
-        # run.sh ended; whatever it left behind in its group goes too (no orphans).
-        signal_group(self.proc.pid, signal.SIGKILL)
+        # run.sh ended; whatever it left behind, in its group or not, goes too (no orphans).
+        self.signal_job(signal.SIGKILL)
+        deadline = now() + 5
+        while now() < deadline:
+            self.reap_orphans()
+            if not [p for p in descendants(os.getpid()) if p != self.proc.pid]:
+                break
+            time.sleep(POLL_S)
         pump.join(timeout=5)
         log.close()
         exit_code, exit_reason = describe_exit(self.proc.returncode)

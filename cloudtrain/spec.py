@@ -48,17 +48,26 @@ class JobSpec:
         return shlex.join(self.command)
 
     def processes(self, gpus: int) -> int:
-        """How many processes the job starts on a host with `gpus` GPUs: --procs if given, else
-        one per GPU for torchrun recipes (one on a host without GPUs), else one. A recipe whose
-        arguments are set up for N GPUs gets exactly N, or the launch stops here."""
-        torchrun = self.kind == RECIPE and self.resources.get("launcher") == "torchrun"
-        procs = self.procs or (max(gpus, 1) if torchrun else 1)
-        if self.gpus_needed > 1 and procs != self.gpus_needed:
-            n = self.gpus_needed
-            raise UsageError(f"recipe {self.recipe} with gpus={n} runs one process per GPU, but "
-                             f"this host has {gpus} GPU(s)",
-                             hint=f"launch on an instance with {n} GPUs (--gpus V100:{n}), or "
-                                  f"pass --procs {n} to run {n} processes anyway (gloo on CPU)")
+        """How many processes the job starts on a host with `gpus` GPUs: --procs if given;
+        else, for a recipe whose arguments are set up for N GPUs, N (refused on a host with
+        fewer); else one per GPU for torchrun recipes (one on a host without GPUs); else one."""
+        n = self.gpus_needed
+        if self.procs:
+            procs = self.procs
+        elif n:
+            procs = n
+            if n > max(gpus, 1):
+                raise UsageError(f"recipe {self.recipe} with gpus={n} runs one process per GPU, "
+                                 f"but this host has {gpus} GPU(s)",
+                                 hint=f"launch on an instance with {n} GPUs (--gpus V100:{n}), "
+                                      f"or pass --procs {n} to run {n} processes anyway (gloo "
+                                      f"on CPU)")
+        else:
+            torchrun = self.kind == RECIPE and self.resources.get("launcher") == "torchrun"
+            procs = max(gpus, 1) if torchrun else 1
+        if n > 1 and procs != n:
+            raise UsageError(f"recipe {self.recipe} with gpus={n} needs {n} processes, not "
+                             f"--procs {procs}", hint=f"pass --procs {n}, or --set gpus={procs}")
         return procs
 
     def to_dict(self) -> dict:

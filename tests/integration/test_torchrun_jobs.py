@@ -21,8 +21,9 @@ description: all-reduce over the ranks torchrun starts
 entry: train.py
 requires: [torch]
 arguments:
-  gpus: {type: int, default: 1, help: "ranks the arguments are set up for"}
+  gpus: {type: int, default: null, help: "ranks the arguments are set up for (null: any)"}
   seconds: {type: float, default: 0, help: "stay alive this long after the all-reduce"}
+  stubborn: {type: bool, default: false, help: "ignore SIGTERM (be killed after the grace)"}
 resources: {gpus_per_node: 1, gpu: V100, launcher: torchrun}
 """
 
@@ -34,7 +35,12 @@ import torch.distributed as td
 seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 0
 rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 stopped = []
-signal.signal(signal.SIGTERM, lambda s, f: stopped.append(s))
+if "--stubborn" in sys.argv and sys.argv[sys.argv.index("--stubborn") + 1] == "true":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(f"rank{rank}.pid", "w") as f:
+        f.write(str(os.getpid()))
+else:
+    signal.signal(signal.SIGTERM, lambda s, f: stopped.append(s))
 if world > 1:
     td.init_process_group("gloo")
 t = torch.tensor([rank + 1.0])
@@ -108,6 +114,27 @@ def test_down_reaches_every_rank(cli, dist_recipe):
         assert result["stopped"], f"rank {r} never saw SIGTERM"
 
 
+def test_ranks_that_ignore_sigterm_are_killed_after_the_grace_not_orphaned(cli, dist_recipe):
+    """torchrun starts every rank in a session of its own, so killing the job's process
+    group alone would leave them running: the agent kills every process below it."""
+    job_id = cli.launch("--recipe", "dist", "--set", "gpus=2", "--set", "seconds=120",
+                        "--set", "stubborn=true", "--procs", "2")
+    jobdir = _jobdir(cli, job_id)
+    wait_for(lambda: (jobdir / "rank0.pid").exists() and (jobdir / "rank1.pid").exists(),
+             timeout=60, what="both ranks running")
+    pids = [int((jobdir / f"rank{r}.pid").read_text()) for r in (0, 1)]
+    cli.ok("down", job_id, "--grace", "1")
+    assert cli.wait(job_id, timeout=30)["state"] == "cancelled"
+
+    def gone(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return True
+    wait_for(lambda: all(gone(p) for p in pids), timeout=15, what="ranks killed")
+
+
 def test_a_recipe_set_up_for_more_gpus_than_the_host_runs_is_refused(cli, dist_recipe):
     proc = cli("launch", "--recipe", "dist", "--set", "gpus=4")
     assert proc.returncode == 2
@@ -115,6 +142,20 @@ def test_a_recipe_set_up_for_more_gpus_than_the_host_runs_is_refused(cli, dist_r
     assert "--procs 4" in proc.stderr
     job = cli.ok("status", "--json").stdout
     assert json.loads(job)[0]["state"] == "failed"  # recorded, and nothing left running
+
+
+def test_a_recipe_set_up_for_fewer_gpus_than_the_host_has_runs_that_many(cli, dist_recipe, aws):
+    """gpus=2 on a 4-GPU type: 2 ranks, as the arguments say (not 4 that would all fail)."""
+    proc = cli("launch", "--recipe", "dist", "--set", "gpus=2", "--instance", "p3.8xlarge",
+               "--follow", "--quiet", timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert "rank 1/2: sum 3" in proc.stdout and "/4" not in proc.stdout
+
+
+def test_procs_must_match_the_recipes_gpus(cli, dist_recipe):
+    proc = cli("launch", "--recipe", "dist", "--set", "gpus=2", "--procs", "3")
+    assert proc.returncode == 2
+    assert "with gpus=2 needs 2 processes, not --procs 3" in proc.stderr
 
 
 @pytest.mark.parametrize("args, message", [
