@@ -25,6 +25,7 @@ class World:
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     backend: str | None = None  # None: single process, no process group
+    control: object = None  # under NCCL: a gloo group for small CPU-side agreements
 
     @property
     def main(self) -> bool:
@@ -35,12 +36,21 @@ class World:
             td.barrier()
 
     def any(self, flag: bool) -> bool:
-        """True on every rank if it is True on any rank."""
+        """True on every rank if it is True on any rank. On the CPU (gloo; under NCCL the
+        `control` group), so asking at every step never waits for the GPU's queue."""
         if self.world_size == 1:
             return bool(flag)
-        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self._comm_device())
-        td.all_reduce(t, op=td.ReduceOp.MAX)
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        td.all_reduce(t, op=td.ReduceOp.MAX, group=self.control)
         return bool(t.item())
+
+    def gather_objects(self, obj) -> list:
+        """Every rank's `obj` (picklable, small), in rank order, on every rank."""
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size
+        td.all_gather_object(out, obj, group=self.control)
+        return out
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """In place, and returned: the sum over ranks."""
@@ -62,9 +72,6 @@ class World:
         box = [obj]
         td.broadcast_object_list(box, src=src)
         return box[0]
-
-    def _comm_device(self) -> torch.device:
-        return self.device if self.backend == "nccl" else torch.device("cpu")
 
     def close(self) -> None:
         if self.backend is not None and td.is_initialized():
@@ -102,4 +109,6 @@ def setup(requested_device: str = "auto", timeout_s: float = 600) -> World:
     backend = "nccl" if device.type == "cuda" else "gloo"
     td.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world,
                           timeout=timedelta(seconds=timeout_s))
-    return World(rank=rank, world_size=world, local_rank=local, device=device, backend=backend)
+    control = td.new_group(backend="gloo") if backend == "nccl" else None
+    return World(rank=rank, world_size=world, local_rank=local, device=device, backend=backend,
+                 control=control)

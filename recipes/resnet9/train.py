@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""ResNet9 on CIFAR-10: David Page's (myrtle.ai) two single-GPU recipes, in one file.
+"""ResNet9 on CIFAR-10: David Page's (myrtle.ai) two single-GPU recipes and Apple's 8-GPU
+version of the bag of tricks, in one file.
 
 Read it top to bottom: hyperparameters, command line, schedules, data, model, optimiser and
-EMA, evaluation, the training loop. CF below is davidcpage/cifar10-fast; the facts this file
-must match are in shared/recipes-spec.md section 1A.
+EMA, evaluation, the training loop. CF below is davidcpage/cifar10-fast, AP is
+apple/ml-cifar-10-faster; the facts this file must match are in shared/recipes-spec.md
+sections 1A and 1C.
 
 Provenance
   --variant dawn            CF@d31ad8d dawn.py, the DAWNBench entry. 24 epochs, batch 512.
@@ -11,25 +13,45 @@ Provenance
                             DAWNBench terms (preprocessing in, validation out) on 1x V100
                             (AWS p3.2xlarge, GPU clocks pinned with nvidia-smi -ac 877,1530).
   --variant bag-of-tricks   CF@f79e8b8 bag_of_tricks.ipynb cells 63-85 (and new_dawn.py), the
-  (default)                 final 10-epoch recipe of "How to train your ResNet 8: Bag of tricks".
+  (default with gpus=1)     final 10-epoch recipe of "How to train your ResNet 8: Bag of tricks".
                             Published: 94.1% mean test accuracy (flip TTA) in 26 s on 1x V100.
+  --variant apple-8gpu      AP@0b8962a fast_cifar_10_distributed.py + utils.py (launched by
+  (default with gpus>1)     train_cifar_parallel.sh, 8 workers): the bag-of-tricks network
+                            without the EMA, 256 images per GPU x 8 = 2048, 18 epochs, lr x1.5.
+                            Published: 50 runs, 41 >= 94%, median 94.19%, min 93.74%; median
+                            7.82 s, max 10.32 s (the first run: no warm-up); DAWNBench: 94.2% at
+                            row 15, 9.43 s, on 8x V100-SXM2 32 GB (no price given).
   This file                 Not yet timed on a GPU. CPU float32 throughput of the full-size
                             model: benchmarks/resnet9_cpu.py.
 
+How the multi-GPU variant is selected and started
+  `gpus` is the number of processes (one per GPU) the arguments are set up for: the shard
+  count, and with it the global batch gpus x batch_size. gpus=1 (the default) selects
+  bag-of-tricks unless --variant says otherwise; gpus > 1 selects apple-8gpu, the only
+  multi-GPU recipe here (dawn and bag-of-tricks refuse gpus > 1). The published recipe is
+  gpus=8. The job must be started with exactly `gpus` processes:
+      python recipes/resnet9/train.py ...                                            (gpus=1)
+      python -m torch.distributed.run --standalone --nproc_per_node=8 \\
+          recipes/resnet9/train.py --gpus 8 ...                                      (gpus=8)
+  Any other WORLD_SIZE stops at once with a one-line message and exit status 2. Under torchrun
+  rank r uses cuda:LOCAL_RANK and NCCL (gloo on the CPU: the tests run gpus=2 that way).
+
 Where this file had to choose (each is equivalent to the source or says how it is not)
   * lr knots scale with --epochs: knot_epochs * epochs / default_epochs. At the default epochs
-    they are exactly CF's ([0, 2, 8] of 10; [0, 5, 24] of 24). CF's own notebook writes
-    [0, epochs/5, epochs-2], which agrees at 10 epochs only.
-  * CF's optimiser increments its step counter before reading the schedule, so update k
-    (1-based) uses lr(k / steps_per_epoch): the first step has a small non-zero lr and the last
-    dawn step has lr 0. We do the same, with Page's update written out in `NesterovSGD`.
+    they are exactly CF's ([0, 2, 8] of 10; [0, 5, 24] of 24) and AP's ([0, 3.6, 16] of 18).
+    CF's notebook writes [0, epochs/5, epochs-2] and AP [0, epochs/5, epochs-2] too, which
+    agree with ours at the default epochs only.
+  * CF's and AP's optimisers increment the step counter before reading the schedule, so update
+    k (1-based) uses lr(k / steps_per_epoch): the first step has a small non-zero lr and the
+    last dawn step has lr 0. We do the same, with Page's update written out in `NesterovSGD`.
   * The EMA counter is CF's: an update after steps 1, 6, 11, ... (0-based batch count % 5 == 0).
   * GhostBatchNorm splits a batch into interleaved ghost batches (sample i in split i % splits),
     as CF's reshape does. Eval uses the running stats averaged over the splits (spec 1A), at
     every evaluation, without writing them back. CF instead averages them in place on a
     train->eval switch and then reads split 0; its EMA model switches to eval once, so from the
     second evaluation on CF reads split 0 of the EMA stats (still blended with the first
-    average). We follow the documented intent, not that quirk.
+    average). AP's per-epoch eval model has the same quirk (from epoch 2 on it reads split 0
+    of rank 0's stats). We follow the documented intent, not that quirk.
   * GPUBatches-style augmentation: for each transform, shuffle the dataset, split it into
     min(#options, 200) groups whose sizes differ by at most one, give each group one option
     (81 crop offsets, 2 flip choices) drawn in shuffled order, then shuffle for batching. We
@@ -37,28 +59,67 @@ Where this file had to choose (each is equivalent to the source or says how it i
     distribution over augmented epochs as CF's sequence of torch.cat's.
   * The whitening covariance (CF: uncentred X^T X / (n-1) of 3x3 patches of the first 10,000
     training images, centre 32x32) is accumulated in float64 chunks and eigendecomposed in
-    float64; CF used float32 `symeig`. Whitening counts as timed preprocessing.
+    float64; CF used float32 `symeig`. Whitening counts as timed preprocessing for Page's
+    variants; AP does not time it (see the timer below).
+  * apple-8gpu whitening comes from rank 0's shard: AP computes it on each rank from the first
+    10,000 images of that rank's shard (all 6,250 of them at 8 GPUs: images 0, 8, 16, ...),
+    and rank 0's filters reach every rank with its initial state_dict. So do we (the spec's
+    summary says "10k images"; the code gives 6,250).
   * The loss is computed in float32 from the (fp16 on CUDA) logits; CF computed it in fp16.
   * dawn: the per-image random choices for a whole epoch are drawn and applied up front on the
     CPU (CF: per image inside Dataset.__getitem__); batches then come from a DataLoader with
     num_workers=0 and pinned memory, as in CF.
   * Randomness of an epoch's augmentation and order comes from a generator seeded with
-    (seed, epoch), so a resumed run sees the same batches as an uninterrupted one.
+    (seed, epoch, rank), so a resumed run sees the same batches as an uninterrupted one.
   * On resume, train_time continues from the checkpoint; the repeated preprocessing is not
     added again (wall_time, which restarts with the process, shows it).
+  * apple-8gpu, distributed: rank r seeds torch with seed + r (AP: seed = rank; the same at
+    seed 0), then every rank takes rank 0's initial weights by broadcast (AP saves rank 0's
+    state_dict to initialized.model and every rank loads it). Rank r trains on the fixed
+    strided shard range(r, 50000, gpus) (6,250 images, 24 steps of 256 at gpus=8), shuffled and
+    augmented on the rank, the same shard every epoch. The steps per epoch come from the
+    smallest shard (n // gpus), so every rank takes the same number.
+  * Gradients are averaged by an explicit all-reduce after backward, not torch DDP: each
+    gradient is divided by world_size and summed over ranks (DDP's arithmetic), one flat
+    buffer per dtype in a fixed order. Same update as AP's DDP; it gives up DDP's overlap of
+    communication with backward (about 13 MB of fp16 gradients per step, a fraction of a
+    millisecond on NVLink), and gains the same reduction layout at every step, so a resumed
+    run reduces exactly as the uninterrupted one did (DDP rebuilds its buckets after the first
+    step of each process, which can change NCCL's summation order). DDP's per-step
+    broadcast of rank 0's BN buffers is not needed: rank 0's running stats, the only ones
+    evaluated, see rank 0's batches either way.
+  * apple-8gpu timer (AP's): the upload of the raw train and test sets to the device and, per
+    run, the initial weight broadcast and the training steps. Not timed: normalise/pad/fp16 and
+    the whitening statistics (AP times neither), evaluation, checkpoints. Rank 0's clock is
+    reported. Page's variants keep CF's timer (preprocessing and whitening in). AP reports the
+    upload time in every run's time; with runs=N every run's train_time likewise starts from
+    the one preprocessing (Page) or upload (AP) time of the job.
+  * apple-8gpu evaluation runs on rank 0 only, on its own weights (identical on every rank),
+    with flip TTA; AP evaluates the whole test set on every rank and prints rank 0's.
+  * No cuDNN warm-up for apple-8gpu (AP has none: its first run is the slowest).
+  * Stop requests (SIGTERM, SIGUSR1: common.stopping) are agreed across ranks at every step
+    boundary over the CPU (common.distributed's gloo control group under NCCL), so the check
+    never waits for the GPU. Rank 0 writes the checkpoint; every rank's RNG states and partial-epoch sums are
+    gathered into it (one file, one atomic rename) and each rank restores its own on resume.
+  * runs=N repeats the training in one process with the data loaded and preprocessed once; run
+    r uses seed common.runs.run_seed(seed, r) for its weights, augmentation and order.
 
-Outputs, under $CLOUDTRAIN_JOB_DIR (default ./cloudtrain-run) or --job-dir
-  metrics.jsonl           one row per epoch: epoch, epochs, step, lr (non-bias group, on the
-                          batch-mean loss: 1.0 at the bag-of-tricks peak), train_loss,
-                          train_acc, test_acc, test_loss (fractions / per image), train_time,
-                          wall_time (seconds) and time; once, an {"event": "target_reached"}
-                          row when test_acc first reaches 0.94
+Outputs, under $CLOUDTRAIN_JOB_DIR (default ./cloudtrain-run) or --job-dir (rank 0 writes)
+  metrics.jsonl           one row per epoch: run, epoch, epochs, step, lr (non-bias group, on
+                          the batch-mean loss: 1.0 at the bag-of-tricks peak, 1.5 for
+                          apple-8gpu), train_loss, train_acc (over every rank's images),
+                          test_acc, test_loss (fractions / per image), train_time, wall_time
+                          (seconds) and time; an {"event": "target_reached"} row when a run's
+                          test_acc first reaches 0.94; with runs > 1 a final
+                          {"event": "runs_summary"} row (common.runs.summarise of the runs'
+                          final test_acc, plus their median and max train_time)
   checkpoints/last.pt     written atomically after every epoch, and at a step boundary on
-                          SIGTERM (then exit 143); --resume true continues from it
+                          SIGTERM or SIGUSR1 (then exit 143); --resume true continues from it,
+                          bit-for-bit, also across runs and ranks
 Data is cached under $CLOUDTRAIN_DATA_DIR (default ~/.cloudtrain/data) or --data-dir.
 
 Example (the smoke profile: a few seconds on 2 CPU cores):
-  python recipes/resnet9/train.py --data synthetic --synthetic_train 512 --synthetic_test 256 \
+  python recipes/resnet9/train.py --data synthetic --synthetic_train 512 --synthetic_test 256 \\
       --width_div 8 --ghost_splits 4 --batch_size 128 --epochs 2
 """
 import argparse
@@ -70,8 +131,10 @@ T_START = time.time()  # wall_time is measured from here
 
 # =============================================================================================
 # Hyperparameters. lr and weight decay are given on the batch-*mean* loss, as papers state
-# them; the loss below is *summed* over the batch (as in CF), so the update divides lr by the
-# batch size and multiplies the weight decay by it: lr/512 and 5e-4*512 at batch 512.
+# them; the loss below is *summed* over the (per-GPU) batch, as in CF and AP, so the update
+# divides lr by the batch size and multiplies the weight decay by it: lr/512 and 5e-4*512 at
+# batch 512. With several GPUs the gradients are then averaged over ranks, so the lr applies
+# to the mean loss over the global batch (AP: 1.5 on 2048 images).
 
 CIFAR_MEAN = (125.31, 122.95, 113.87)  # per channel, 0-255 scale (CF)
 CIFAR_STD = (62.99, 62.09, 66.70)
@@ -81,10 +144,12 @@ WIDTHS = (64, 128, 256, 512)           # channels of prep, layer1, layer2, layer
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.1                      # PyTorch convention: weight of the newest batch's stats
 TARGET_ACC = 0.94                      # DAWNBench CIFAR-10 target, top-1 on the 10k test set
+APPLE_LR_SCALER = 1.5                  # AP --lr_scaler: Page's lr values (and wd) x1.5
 
 HYP = {
     "dawn": {
         "epochs": 24,
+        "batch_size": 512,
         "lr_knots": (0, 5, 24),        # epochs
         "lr_vals": (0.0, 0.4, 0.0),    # lr on the batch-mean loss at the knots (linear between)
         "momentum": 0.9,               # Nesterov, CF's update
@@ -104,9 +169,12 @@ HYP = {
         "augment": "per-sample",       # independent crop, flip, cutout choice per image
         "cutout": 8,                   # px square, fully inside the image, filled with 0
         "data_on_device": False,       # CPU tensors through a DataLoader, pinned memory
+        "timed_prep": "preprocess",    # the clock covers preprocessing (CF)
+        "cuda_warmup": True,           # CF warms cuDNN up off the clock
     },
     "bag-of-tricks": {
         "epochs": 10,
+        "batch_size": 512,
         "lr_knots": (0, 2, 8),         # epochs; held at the last value until the end (8 -> 10)
         "lr_vals": (0.0, 1.0, 0.1),
         "momentum": 0.9,
@@ -129,8 +197,39 @@ HYP = {
         "max_options": 200,            # at most 200 groups per transform per epoch
         "cutout": 0,
         "data_on_device": True,        # whole dataset preprocessed on the GPU (fp16)
+        "timed_prep": "preprocess",
+        "cuda_warmup": True,
+    },
+    "apple-8gpu": {                    # the bag of tricks as AP changed it (spec 1C)
+        "epochs": 18,
+        "batch_size": 256,             # per GPU; x gpus (8) = 2048 per step
+        "lr_knots": (0, 3.6, 16),      # epochs: [0, epochs/5, epochs-2]; flat 16 -> 18
+        "lr_vals": tuple(APPLE_LR_SCALER * v for v in (0.0, 1.0, 0.1)),  # 0, 1.5, 0.15
+        "momentum": 0.9,
+        "weight_decay": 5e-4 * APPLE_LR_SCALER,  # x256 per GPU = 0.192; lr*wd peaks at 1.125e-3
+        "bias_lr_mult": 64,            # peak 96/256
+        "bias_wd_div": 64,             # 0.192/64 = 0.003
+        "block": "conv-pool-bn-act",
+        "act": "celu",
+        "celu_alpha": 0.3,
+        "ghost_bn": True,              # 16 splits of 256: 16-image ghost batches
+        "whiten": True,
+        "whiten_eps": 1e-2,
+        "whiten_images": 10_000,       # first N images of the rank's shard; rank 0's are used
+        "head_scale": 1 / 16,
+        "label_smoothing": 0.2,
+        "ema_every": 0,                # AP removed the EMA model
+        "ema_momentum": None,
+        "tta_flip": True,
+        "augment": "grouped",
+        "max_options": 200,
+        "cutout": 0,
+        "data_on_device": True,
+        "timed_prep": "upload",        # the clock covers the upload only (AP)
+        "cuda_warmup": False,          # AP: none
     },
 }
+SINGLE_GPU_VARIANTS = ("bag-of-tricks", "dawn")
 
 # =============================================================================================
 # Command line. Every argument recipe.yaml declares, plus --job-dir / --data-dir (override the
@@ -149,7 +248,8 @@ def parse_bool(text: str) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="recipes/resnet9/train.py",
-        description="ResNet9 on CIFAR-10 (David Page): the bag-of-tricks or the DAWNBench recipe.",
+        description="ResNet9 on CIFAR-10: Page's bag-of-tricks or DAWNBench recipe (1 GPU), or "
+                    "Apple's 8-GPU version (--gpus 8, under torchrun).",
         epilog="example: python recipes/resnet9/train.py --data synthetic --width_div 8 "
                "--ghost_splits 4 --batch_size 128 --epochs 2",
     )
@@ -158,32 +258,83 @@ def build_parser() -> argparse.ArgumentParser:
         flags = [f"--{name.replace('_', '-')}"] + ([f"--{name}"] if "_" in name else [])
         p.add_argument(*flags, dest=name, **kw)
 
-    arg("variant", choices=sorted(HYP), default="bag-of-tricks")
-    arg("epochs", type=int, default=None, help="default: 10 (bag-of-tricks) or 24 (dawn)")
-    arg("batch_size", type=int, default=512)
+    arg("variant", choices=sorted(HYP), default=None,
+        help="default: bag-of-tricks with --gpus 1, apple-8gpu with --gpus > 1")
+    arg("gpus", type=int, default=1,
+        help="processes (one per GPU) the run is set up for: the shard count; must equal "
+             "torchrun's WORLD_SIZE (1 without torchrun)")
+    arg("epochs", type=int, default=None, help="default: 10 (bag-of-tricks), 24 (dawn), 18 (apple)")
+    arg("batch_size", type=int, default=None,
+        help="images per step per GPU; default: 512 (Page), 256 (apple-8gpu)")
     arg("width_div", type=int, default=1, help="divide every channel count by this (smoke: 8)")
-    arg("ghost_splits", type=int, default=16, help="ghost batches per batch (bag-of-tricks)")
+    arg("ghost_splits", type=int, default=16, help="ghost batches per batch (bag-of-tricks, apple)")
     arg("data", choices=["cifar10", "synthetic"], default="cifar10")
     arg("synthetic_train", type=int, default=5000, help="images (with --data synthetic)")
     arg("synthetic_test", type=int, default=1000, help="images (with --data synthetic)")
     arg("seed", type=int, default=0)
+    arg("runs", type=int, default=1, help="train this many times (run r: seed + r), data once")
     arg("resume", type=parse_bool, default=False, help="continue from checkpoints/last.pt")
     arg("device", choices=["auto", "cpu", "cuda"], default="auto")
     arg("job_dir", default=None, help="default: $CLOUDTRAIN_JOB_DIR or ./cloudtrain-run")
     arg("data_dir", default=None, help="default: $CLOUDTRAIN_DATA_DIR or ~/.cloudtrain/data")
     arg("stop_at_step", type=int, default=None,
-        help="testing aid: act as if SIGTERM arrived after this many steps")
+        help="testing aid: act as if SIGTERM arrived after this many steps (of a run)")
     return p
 
 
+def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """In place: the variant from gpus, the batch size from the variant."""
+    if args.variant is None:
+        args.variant = "apple-8gpu" if args.gpus > 1 else "bag-of-tricks"
+    if args.batch_size is None:
+        args.batch_size = HYP[args.variant]["batch_size"]
+    return args
+
+
+def environment_world_size(env) -> int:
+    """The number of processes torchrun started (common.distributed's rule), else 1."""
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return int(env["WORLD_SIZE"])
+    return 1
+
+
+def launch_problem(args: argparse.Namespace, env) -> str | None:
+    """One line saying why these arguments cannot run in this launch, or None."""
+    if args.gpus < 1 or args.runs < 1:
+        return f"resnet9: gpus and runs must be at least 1 (gpus={args.gpus}, runs={args.runs})"
+    if args.gpus > 1 and args.variant in SINGLE_GPU_VARIANTS:
+        return (f"resnet9: variant {args.variant} is a single-GPU recipe; gpus={args.gpus} is "
+                f"apple-8gpu (leave variant unset, or set it to apple-8gpu)")
+    world = environment_world_size(env)
+    if world == args.gpus:
+        return None
+    if args.gpus == 1:
+        return (f"resnet9: {world} processes were started but gpus=1: run one process "
+                f"(python recipes/resnet9/train.py ...), or set gpus={world} for apple-8gpu "
+                f"on {world} GPUs")
+    return (f"resnet9: gpus={args.gpus} needs {args.gpus} processes but {world} "
+            f"{'was' if world == 1 else 'were'} started: run python -m torch.distributed.run "
+            f"--standalone --nproc_per_node={args.gpus} recipes/resnet9/train.py "
+            f"--gpus {args.gpus} ...")
+
+
+def is_rank0(env=os.environ) -> bool:
+    return env.get("RANK", "0") == "0"
+
+
 if __name__ == "__main__":
-    ARGS = build_parser().parse_args()
+    ARGS = resolve_defaults(build_parser().parse_args())
+    _PROBLEM = launch_problem(ARGS, os.environ)
+    if _PROBLEM:  # before the slow imports, and no traceback: one line, exit status 2
+        if is_rank0():
+            print(_PROBLEM, file=sys.stderr, flush=True)
+        sys.exit(2)
     # First line out before the slow imports: the orchestrator times launch-to-first-output.
-    print(f"resnet9: starting (variant={ARGS.variant}, device={ARGS.device}, data={ARGS.data})",
-          flush=True)
+    if is_rank0():
+        print(f"resnet9: starting (variant={ARGS.variant}, gpus={ARGS.gpus}, "
+              f"device={ARGS.device}, data={ARGS.data})", flush=True)
 
 import copy  # noqa: E402
-import signal  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -192,7 +343,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the recipes/ folder
-from common import checkpoint, cifar10, metrics  # noqa: E402
+from common import checkpoint, cifar10, distributed, metrics, runs, stopping  # noqa: E402
 
 # =============================================================================================
 # Schedules: pure functions of the step.
@@ -218,8 +369,9 @@ def is_ema_step(step: int, every: int) -> bool:
 # Data: preprocessing (normalise, reflect-pad, NCHW) and augmentation.
 
 
-def preprocess(images_nhwc: np.ndarray, device, dtype, pad: int) -> torch.Tensor:
-    x = torch.from_numpy(images_nhwc).to(device).permute(0, 3, 1, 2).float()
+def preprocess(images_nhwc, device, dtype, pad: int) -> torch.Tensor:
+    """uint8 NHWC (numpy or tensor) -> normalised, reflect-padded NCHW in dtype on device."""
+    x = torch.as_tensor(images_nhwc).to(device).permute(0, 3, 1, 2).float()
     mean = torch.tensor(CIFAR_MEAN, device=device).view(1, 3, 1, 1)
     std = torch.tensor(CIFAR_STD, device=device).view(1, 3, 1, 1)
     x = (x - mean) / std
@@ -228,8 +380,23 @@ def preprocess(images_nhwc: np.ndarray, device, dtype, pad: int) -> torch.Tensor
     return x.to(dtype).contiguous()
 
 
-def epoch_generator(seed: int, epoch: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+def epoch_generator(seed: int, epoch: int, rank: int = 0) -> torch.Generator:
+    """Rank 0 seeds as a single-process run always has; other ranks mix (seed, epoch, rank)
+    into 32 bits (torch's CPU generator keeps only the low 32 bits of a seed)."""
+    if rank == 0:
+        return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    mixed = np.random.SeedSequence([seed % 2 ** 32, epoch, rank]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(mixed))
+
+
+def shard_indices(n: int, rank: int, world_size: int) -> range:
+    """AP: rank r trains on the fixed strided shard r, r + world_size, r + 2 world_size, ..."""
+    return range(rank, n, world_size)
+
+
+def epoch_steps(n: int, world_size: int, batch_size: int) -> int:
+    """Full batches per epoch, the same on every rank: those of the smallest shard."""
+    return (n // world_size) // batch_size
 
 
 def even_splits(n: int, k: int) -> list:
@@ -292,9 +459,11 @@ def augment(x_pad: torch.Tensor, offsets, flips, corners=None, cutout: int = 0) 
     return out
 
 
-def epoch_batches(x_pad, y, epoch: int, hyp: dict, seed: int, batch_size: int, device, dtype):
-    """This epoch's augmented batches (drop_last), fully determined by (seed, epoch)."""
-    gen = epoch_generator(seed, epoch)
+def epoch_batches(x_pad, y, epoch: int, hyp: dict, seed: int, batch_size: int, device, dtype,
+                  rank: int = 0, steps: int | None = None):
+    """This epoch's augmented batches (drop_last; at most `steps` of them) of a rank's shard,
+    fully determined by (seed, epoch, rank)."""
+    gen = epoch_generator(seed, epoch, rank)
     n = len(x_pad)
     if hyp["augment"] == "grouped":
         offsets, flips, corners = grouped_choices(n, gen, max_options=hyp["max_options"])
@@ -302,7 +471,7 @@ def epoch_batches(x_pad, y, epoch: int, hyp: dict, seed: int, batch_size: int, d
         offsets, flips, corners = per_sample_choices(n, gen, cutout=hyp["cutout"])
     x_aug = augment(x_pad, offsets, flips, corners, hyp["cutout"])
     order = torch.randperm(n, generator=gen)
-    steps = n // batch_size
+    steps = n // batch_size if steps is None else min(steps, n // batch_size)
     if hyp["data_on_device"]:
         order = order.to(x_aug.device)
         for i in range(steps):
@@ -310,7 +479,8 @@ def epoch_batches(x_pad, y, epoch: int, hyp: dict, seed: int, batch_size: int, d
             yield x_aug[idx], y[idx]
         return
     # CF dawn.py: a DataLoader with num_workers=0 and pinned memory feeds the GPU.
-    sampler = torch.utils.data.BatchSampler(order.tolist(), batch_size, drop_last=True)
+    sampler = torch.utils.data.BatchSampler(order[:steps * batch_size].tolist(), batch_size,
+                                            drop_last=True)
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(x_aug, y), sampler=sampler, batch_size=None,
         num_workers=0, pin_memory=device.type == "cuda")
@@ -518,11 +688,52 @@ def ema_update(ema: nn.Module, model: nn.Module, rho: float) -> None:
             e.mul_(rho).add_(v, alpha=1 - rho)
 
 
-def train_step(model, opt: NesterovSGD, xb, yb, lr: float, alpha: float):
-    """One update on a batch; returns (per-image losses, number correct), both detached."""
+# =============================================================================================
+# Distributed: gradient averaging, the stop flag, gathering per-rank state
+
+
+def average_gradients(params, world) -> None:
+    """Every rank ends with the mean of the ranks' gradients: each gradient is divided by
+    world_size, then summed over ranks (DDP's arithmetic), through one flat buffer per dtype
+    whose layout is the same at every step."""
+    if world.world_size == 1:
+        return
+    by_dtype = {}
+    for p in params:
+        by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+    for grads in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in grads]).div_(world.world_size)
+        world.all_reduce_sum(flat)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def init_model(variant: str, width_div: int, ghost_splits: int, seed: int, world, device,
+               filters=None, half: bool = False) -> nn.Module:
+    """Rank r seeds torch with seed + r and builds the model; then every rank takes rank 0's
+    parameters and buffers (AP: rank 0's initialized.model, loaded by every rank)."""
+    torch.manual_seed(seed + world.rank)
+    np.random.seed(seed)
+    model = build_model(variant, width_div, ghost_splits).to(device)
+    if half:
+        to_half_keep_bn_float(model)
+    if filters is not None:
+        model.set_whitening(filters.to(device))
+    world.broadcast_module(model)
+    return model
+
+
+def train_step(model, opt: NesterovSGD, xb, yb, lr: float, alpha: float, world=None):
+    """One update on a batch (a rank's share of it, when world has several ranks: the gradients
+    are then averaged over ranks before the update); returns (per-image losses, number
+    correct) of this rank's images, both detached."""
     logits = model(xb)
     losses = per_sample_loss(logits, yb, alpha)
     losses.sum().backward()
+    if world is not None and world.world_size > 1:
+        average_gradients([p for g in opt.groups for p in g["params"]], world)
     opt.step(lr)
     opt.zero_grad()
     return losses.detach(), (logits.detach().argmax(1) == yb).sum()
@@ -576,14 +787,6 @@ class TrainClock:
         self._t0 = None
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("resnet9: --device cuda but torch sees no CUDA device")
-    return torch.device(name)
-
-
 def cuda_warmup(model, hyp, batch_size: int, device, dtype) -> None:
     """CF warms cuDNN up on random data before the clock starts; cudnn.benchmark then has its
     algorithms picked. A throwaway copy of the model keeps the real one untouched."""
@@ -600,16 +803,10 @@ def cuda_warmup(model, hyp, batch_size: int, device, dtype) -> None:
     torch.cuda.empty_cache()
 
 
-# A checkpoint may only be resumed by a run that would have produced it.
-MUST_MATCH_ON_RESUME = ("variant", "batch_size", "width_div", "ghost_splits", "data",
+# A checkpoint may only be resumed by a run that would have produced it (runs may change).
+MUST_MATCH_ON_RESUME = ("variant", "gpus", "batch_size", "width_div", "ghost_splits", "data",
                         "synthetic_train", "synthetic_test", "seed")
-
-STOP = {"signal": None}  # set by the SIGTERM handler, read at step boundaries
-
-
-def _on_sigterm(signum, frame):
-    STOP["signal"] = signum
-    os.write(1, b"resnet9: SIGTERM received; checkpointing at the next step boundary\n")
+SAVED_DEFAULTS = {"gpus": 1}  # what a checkpoint from before an argument existed meant
 
 
 def _print_row(values, header=False):
@@ -619,25 +816,25 @@ def _print_row(values, header=False):
 
 
 def main(argv=None, args=None) -> int:
-    args = args or build_parser().parse_args(argv)
-    previous_handler = None
-    try:
-        previous_handler = signal.signal(signal.SIGTERM, _on_sigterm)
-    except ValueError:  # not the main thread (e.g. imported into a worker): no handler
-        pass
-    STOP["signal"] = None
-    try:
-        return _train(args)
-    finally:
-        if previous_handler is not None:
-            signal.signal(signal.SIGTERM, previous_handler)
+    args = resolve_defaults(args or build_parser().parse_args(argv))
+    problem = launch_problem(args, os.environ)
+    if problem:
+        if is_rank0():
+            print(problem, file=sys.stderr, flush=True)
+        return 2
+    with stopping.StopRequest("resnet9") as stop:
+        world = distributed.setup(args.device)
+        try:
+            return _train(args, world, stop)
+        finally:
+            world.close()
 
 
-def _train(args) -> int:
+def _train(args, world, stop: stopping.StopRequest) -> int:
     hyp = HYP[args.variant]
     epochs = args.epochs or hyp["epochs"]
-    bs = args.batch_size
-    device = pick_device(args.device)
+    bs, gpus, rank = args.batch_size, args.gpus, world.rank
+    device = world.device
     cuda = device.type == "cuda"
     dtype = torch.float16 if cuda else torch.float32
     job_dir = metrics.job_dir(args.job_dir)
@@ -646,26 +843,23 @@ def _train(args) -> int:
         raise SystemExit(f"resnet9: --ghost_splits {args.ghost_splits} must divide "
                          f"--batch_size {bs}")
 
-    # Read the raw data (download / disk: not timed, as in CF and DAWNBench).
+    # Read the raw data (download / disk: not timed, as in CF, AP and DAWNBench). Rank 0 first:
+    # it may download or write the files the others then read.
     data_root = cifar10.data_dir(args.data_dir)
+    if not world.main:
+        world.barrier()
     if args.data == "synthetic":
         ds = cifar10.load_synthetic(data_root, args.synthetic_train, args.synthetic_test, args.seed)
     else:
         ds = cifar10.load_cifar10(data_root)
+    if world.main:
+        world.barrier()
     (x_train_u8, y_train_np), (x_test_u8, y_test_np) = ds["train"], ds["test"]
-    steps_per_epoch = len(x_train_u8) // bs
-    if steps_per_epoch == 0:
-        raise SystemExit(f"resnet9: {len(x_train_u8)} training images < one batch of {bs}")
-
-    # The model, seeded. CUDA: fp16 with fp32 BN, cuDNN autotuned and warmed up off the clock.
-    torch.manual_seed(args.seed)
-    np.random.seed(args.seed)
-    model = build_model(args.variant, args.width_div, args.ghost_splits).to(device)
-    if cuda:
-        to_half_keep_bn_float(model)
-        torch.backends.cudnn.benchmark = True
-        cuda_warmup(model, hyp, bs, device, dtype)
-    total_params, trainable_params = count_params(model)
+    spe = epoch_steps(len(x_train_u8), gpus, bs)
+    if spe == 0:
+        per = f"{len(x_train_u8) // gpus} training images per GPU" if gpus > 1 else \
+            f"{len(x_train_u8)} training images"
+        raise SystemExit(f"resnet9: {per} < one batch of {bs}")
 
     ckpt = None
     if args.resume:
@@ -673,94 +867,155 @@ def _train(args) -> int:
             ckpt = checkpoint.load(ckpt_path)  # on the CPU; state_dicts copy to the device
             saved = ckpt["args"]
             for key in MUST_MATCH_ON_RESUME:
-                if saved.get(key) != getattr(args, key):
+                value = saved.get(key, SAVED_DEFAULTS.get(key))
+                if value != getattr(args, key):
                     raise SystemExit(f"resnet9: {ckpt_path} was written with {key}="
-                                     f"{saved.get(key)!r}, this run has {getattr(args, key)!r}; "
+                                     f"{value!r}, this run has {getattr(args, key)!r}; "
                                      f"rerun with the same arguments or remove the checkpoint")
             if ckpt["epochs"] != epochs:
                 raise SystemExit(f"resnet9: {ckpt_path} is for {ckpt['epochs']} epochs, "
                                  f"this run asks for {epochs}")
-            print(f"resnet9: resuming from epoch {ckpt['epoch']} (step {ckpt['step']}) "
-                  f"of {ckpt_path}", flush=True)
-        else:
+            if world.main:
+                print(f"resnet9: resuming from run {ckpt.get('run', 0)}, epoch {ckpt['epoch']} "
+                      f"(step {ckpt['step']}) of {ckpt_path}", flush=True)
+        elif world.main:
             print(f"resnet9: warning: --resume true but no checkpoint at {ckpt_path}; "
                   f"starting from scratch", file=sys.stderr, flush=True)
 
-    # Timed preprocessing: normalise, pad, NCHW (and the whitening filters).
-    clock = TrainClock(ckpt["train_time"] if ckpt else 0.0, cuda)
+    # Preprocessing, once for all runs. Page: the clock covers normalise, pad, NCHW and the
+    # whitening filters. AP: it covers the upload of the raw sets to the device only.
+    upload_only = hyp["timed_prep"] == "upload"
+    clock = TrainClock(0.0, cuda)
+    world.barrier()  # AP: all ranks start timing together
     clock.start()
     data_device = device if hyp["data_on_device"] else torch.device("cpu")
-    x_train = preprocess(x_train_u8, data_device, dtype if hyp["data_on_device"] else torch.float32,
-                         PAD)
+    x_train_raw = torch.from_numpy(x_train_u8).to(data_device)
     y_train = torch.from_numpy(y_train_np).to(data_device)
-    if hyp["whiten"]:
+    x_test_raw = torch.from_numpy(x_test_u8).to(device) if upload_only else x_test_u8
+    if upload_only:
+        prep_time = clock.stop()
+    shard = shard_indices(len(x_train_raw), rank, gpus)
+    shard = slice(shard.start, shard.stop, shard.step)
+    x_train = preprocess(x_train_raw[shard], data_device,
+                         dtype if hyp["data_on_device"] else torch.float32, PAD)
+    y_train = y_train[shard]
+    del x_train_raw
+    filters = None
+    if hyp["whiten"]:  # from this rank's shard; rank 0's reach every rank with its weights
         n = min(hyp["whiten_images"], len(x_train))
         filters, _ = whitening_filters(x_train[:n, :, PAD:-PAD, PAD:-PAD], hyp["whiten_eps"])
-        model.set_whitening(filters.to(device))
-    if ckpt:
-        clock.discard()  # the run that wrote the checkpoint already counted preprocessing
-    else:
-        clock.stop()
-    x_test = preprocess(x_test_u8, device, dtype, 0)
-    y_test = torch.from_numpy(y_test_np).to(device)
+    if not upload_only:
+        prep_time = clock.stop()
+    x_test = y_test = None
+    if world.main:  # only rank 0 evaluates
+        x_test = preprocess(x_test_raw, device, dtype, 0)
+        y_test = torch.from_numpy(y_test_np).to(device)
+    del x_test_raw
 
-    ema = copy.deepcopy(model) if hyp["ema_every"] else None
-    opt = NesterovSGD(param_groups(model, hyp, bs), hyp["momentum"])
-    step, target_reached = 0, False
-    partial = {"loss_sum": 0.0, "correct": 0, "seen": 0}
-    if ckpt:
-        model.load_state_dict(ckpt["model"])
-        if ema is not None:
-            ema.load_state_dict(ckpt["ema"])
-        opt.load_state_dict(ckpt["optimizer"])
-        checkpoint.restore_rng_states(ckpt["rng"])
-        step, target_reached = ckpt["step"], ckpt["target_reached"]
-        partial = ckpt["partial"]
+    params_total = params_trainable = None
+    if world.main:
+        params_total, params_trainable = count_params(
+            build_model(args.variant, args.width_div, args.ghost_splits))
+        global_batch = f"{bs} per GPU x {gpus} = {bs * gpus}" if gpus > 1 else f"{bs}"
+        print(f"resnet9: variant={args.variant} device={device.type} dtype={str(dtype)[6:]} "
+              f"params={params_total:,} (trainable {params_trainable:,}) "
+              f"train={len(x_train_u8)}{f' ({len(x_train)} per GPU)' if gpus > 1 else ''} "
+              f"test={len(x_test)} batch={global_batch} steps/epoch={spe} epochs={epochs}"
+              f"{f' runs={args.runs}' if args.runs > 1 else ''}", flush=True)
 
-    def save(epoch_done: int) -> None:
-        checkpoint.save_atomic({
-            "recipe": "resnet9", "args": vars(args), "epochs": epochs,
-            "epoch": epoch_done, "step": step, "train_time": clock.total,
-            "target_reached": target_reached, "partial": partial,
-            "model": model.state_dict(), "ema": ema.state_dict() if ema is not None else None,
-            "optimizer": opt.state_dict(), "rng": checkpoint.rng_states(),
-        }, ckpt_path)
+    writer = metrics.MetricsWriter(job_dir / metrics.METRICS_FILE) if world.main else None
+    run_accs = list(ckpt.get("run_accs", [])) if ckpt else []
+    run_times = list(ckpt.get("run_times", [])) if ckpt else []
+    first_run = len(run_accs)
+    # A checkpoint of an unfinished run resumes it; one written at the end of run r starts r + 1.
+    resume_from = ckpt if ckpt is not None and ckpt.get("run", 0) == first_run else None
 
-    def stop_requested() -> bool:
-        return STOP["signal"] is not None or (args.stop_at_step is not None
-                                             and step >= args.stop_at_step)
+    def stop_agreed(step: int) -> bool:
+        return stop.agreed(world, extra=args.stop_at_step is not None
+                           and step >= args.stop_at_step)
 
-    print(f"resnet9: variant={args.variant} device={device.type} dtype={str(dtype)[6:]} "
-          f"params={total_params:,} (trainable {trainable_params:,}) train={len(x_train)} "
-          f"test={len(x_test)} batch={bs} steps/epoch={steps_per_epoch} epochs={epochs}",
-          flush=True)
-    columns = ("epoch", "lr", "train time", "train loss", "train acc", "test acc", "wall time")
-    _print_row(columns, header=True)
+    def one_run(run: int, ckpt) -> int:
+        seed = runs.run_seed(args.seed, run)
+        if cuda:
+            torch.backends.cudnn.benchmark = True
+        model = init_model(args.variant, args.width_div, args.ghost_splits, seed, world, device,
+                           filters, half=cuda)  # untimed: AP builds its model off the clock
+        if cuda and hyp["cuda_warmup"] and run == first_run:
+            cuda_warmup(model, hyp, bs, device, dtype)
+        # AP times its DDP wrap and the broadcast of rank 0's weights; ours was just done, and
+        # takes its time again on the clock (a second broadcast changes nothing).
+        clock = TrainClock(ckpt["train_time"] if ckpt else prep_time, cuda)
+        world.barrier()
+        clock.start()
+        world.broadcast_module(model)
+        if ckpt:
+            clock.discard()
+        else:
+            clock.stop()
 
-    writer = metrics.MetricsWriter(job_dir / metrics.METRICS_FILE)
-    rho = hyp["ema_momentum"] ** hyp["ema_every"] if hyp["ema_every"] else None
-    try:
-        for epoch in range(step // steps_per_epoch, epochs):
-            skip = step - epoch * steps_per_epoch  # > 0 only when resuming mid-epoch
+        ema = copy.deepcopy(model) if hyp["ema_every"] else None
+        opt = NesterovSGD(param_groups(model, hyp, bs), hyp["momentum"])
+        step, target_reached = 0, False
+        partial = {"loss_sum": 0.0, "correct": 0, "seen": 0}
+        if ckpt:
+            model.load_state_dict(ckpt["model"])
+            if ema is not None:
+                ema.load_state_dict(ckpt["ema"])
+            opt.load_state_dict(ckpt["optimizer"])
+            mine = ckpt["ranks"][rank] if "ranks" in ckpt else ckpt
+            checkpoint.restore_rng_states(mine["rng"])
+            step, target_reached = ckpt["step"], ckpt["target_reached"]
+            partial = mine["partial"]
+
+        def save(epoch_done: int) -> None:
+            """Rank 0 writes one file holding every rank's RNG states and partial sums."""
+            ranks = world.gather_objects({"rng": checkpoint.rng_states(), "partial": partial})
+            if world.main:
+                checkpoint.save_atomic({
+                    "recipe": "resnet9", "args": vars(args), "epochs": epochs,
+                    "run": run, "run_accs": run_accs, "run_times": run_times,
+                    "world_size": world.world_size,
+                    "epoch": epoch_done, "step": step, "train_time": clock.total,
+                    "target_reached": target_reached, "partial": partial,
+                    "model": model.state_dict(),
+                    "ema": ema.state_dict() if ema is not None else None,
+                    "optimizer": opt.state_dict(), "rng": ranks[0]["rng"], "ranks": ranks,
+                }, ckpt_path)
+
+        def stopped(message: str) -> int:
+            world.barrier()  # the checkpoint is on disk before any rank leaves
+            if world.main:
+                print(f"resnet9: stopped {message}; checkpoint saved to {ckpt_path}", flush=True)
+            return stopping.EXIT_STOPPED
+
+        if world.main:
+            if args.runs > 1:
+                print(f"resnet9: run {run + 1} of {args.runs} (seed {seed})", flush=True)
+            _print_row(("epoch", "lr", "train time", "train loss", "train acc", "test acc",
+                        "wall time"), header=True)
+        rho = hyp["ema_momentum"] ** hyp["ema_every"] if hyp["ema_every"] else None
+        for epoch in range(step // spe, epochs):
+            skip = step - epoch * spe  # > 0 only when resuming mid-epoch
             loss_sum = torch.tensor(partial["loss_sum"], dtype=torch.float64, device=device)
             correct = torch.tensor(partial["correct"], dtype=torch.int64, device=device)
             seen = partial["seen"]
             clock.start()
-            batches = epoch_batches(x_train, y_train, epoch, hyp, args.seed, bs, device, dtype)
+            batches = epoch_batches(x_train, y_train, epoch, hyp, seed, bs, device, dtype,
+                                    rank=rank, steps=spe)
             for i, (xb, yb) in enumerate(batches):
                 if i < skip:
                     continue
-                if stop_requested():
+                if stop_agreed(step):
                     clock.stop()
                     partial = {"loss_sum": loss_sum.item(), "correct": int(correct.item()),
                                "seen": seen}
                     save(epoch)
-                    print(f"resnet9: stopped at step {step} (epoch {epoch + 1}, batch {i}); "
-                          f"checkpoint saved to {ckpt_path}", flush=True)
-                    return 143
+                    return stopped(f"at step {step} (epoch {epoch + 1}, batch {i}"
+                                   f"{f', run {run + 1}' if args.runs > 1 else ''})")
                 step += 1
-                lr = lr_at(step, steps_per_epoch, hyp, epochs, bs)
-                losses, n_correct = train_step(model, opt, xb, yb, lr, hyp["label_smoothing"])
+                lr = lr_at(step, spe, hyp, epochs, bs)
+                losses, n_correct = train_step(model, opt, xb, yb, lr, hyp["label_smoothing"],
+                                               world)
                 loss_sum += losses.sum().double()
                 correct += n_correct
                 seen += len(yb)
@@ -768,32 +1023,66 @@ def _train(args) -> int:
                     ema_update(ema, model, rho)
             train_time = clock.stop()
 
-            # Off the clock: evaluation, metrics, checkpoint.
-            test_acc, test_loss = evaluate(ema if ema is not None else model, x_test, y_test,
-                                           bs, hyp["tta_flip"])
-            row = writer.write(
-                epoch=epoch + 1, epochs=epochs, step=step, lr=lr * bs,
-                train_loss=loss_sum.item() / seen, train_acc=correct.item() / seen,
-                test_acc=test_acc, test_loss=test_loss,
-                train_time=round(train_time, 4), wall_time=round(time.time() - T_START, 4))
-            _print_row((row["epoch"], row["lr"], row["train_time"], row["train_loss"],
-                        row["train_acc"], row["test_acc"], row["wall_time"]))
+            # Off the clock: the sums over ranks, evaluation (rank 0), metrics, checkpoint.
+            totals = world.all_reduce_sum(torch.stack([
+                loss_sum, correct.double(), torch.tensor(float(seen), dtype=torch.float64,
+                                                         device=device)]))
+            loss_total, correct_total, seen_total = totals.tolist()
+            test_acc = None
+            if world.main:
+                test_acc, test_loss = evaluate(ema if ema is not None else model, x_test,
+                                               y_test, bs, hyp["tta_flip"])
+                row = writer.write(
+                    run=run, epoch=epoch + 1, epochs=epochs, step=step, lr=lr * bs,
+                    train_loss=loss_total / seen_total, train_acc=correct_total / seen_total,
+                    test_acc=test_acc, test_loss=test_loss,
+                    train_time=round(train_time, 4), wall_time=round(time.time() - T_START, 4))
+                _print_row((row["epoch"], row["lr"], row["train_time"], row["train_loss"],
+                            row["train_acc"], row["test_acc"], row["wall_time"]))
+            test_acc = world.broadcast_object(test_acc)
             if test_acc >= TARGET_ACC and not target_reached:
                 target_reached = True
-                writer.write(event="target_reached", epoch=epoch + 1, test_acc=test_acc,
-                             train_time=row["train_time"], wall_time=row["wall_time"])
-                print(f"resnet9: reached {TARGET_ACC:.0%} test accuracy at epoch {epoch + 1}, "
-                      f"train time {train_time:.2f} s", flush=True)
+                if world.main:
+                    writer.write(event="target_reached", run=run, epoch=epoch + 1,
+                                 test_acc=test_acc, train_time=row["train_time"],
+                                 wall_time=row["wall_time"])
+                    print(f"resnet9: reached {TARGET_ACC:.0%} test accuracy at epoch "
+                          f"{epoch + 1}, train time {train_time:.2f} s", flush=True)
             partial = {"loss_sum": 0.0, "correct": 0, "seen": 0}
+            last_epoch = epoch + 1 == epochs
+            if last_epoch:
+                run_accs.append(test_acc)
+                run_times.append(round(train_time, 4))
             save(epoch + 1)
-            if stop_requested() and epoch + 1 < epochs:
-                print(f"resnet9: stopped after epoch {epoch + 1}; checkpoint saved to "
-                      f"{ckpt_path}", flush=True)
-                return 143
+            if (not last_epoch or run + 1 < args.runs) and stop_agreed(step):
+                where = f"after epoch {epoch + 1}" + (f" of run {run + 1}" if args.runs > 1
+                                                      else "")
+                return stopped(where)
+        if world.main and args.runs > 1 and len(run_accs) > run:
+            print(f"resnet9: run {run + 1} done: test acc {run_accs[run]:.4f}, train time "
+                  f"{run_times[run]:.2f} s", flush=True)
+        return 0
+
+    try:
+        for run in range(first_run, args.runs):
+            code = one_run(run, resume_from if run == first_run else None)
+            if code:
+                return code
+        if world.main and args.runs > 1:
+            summary = runs.summarise(run_accs, TARGET_ACC)
+            writer.write(event="runs_summary", **summary,
+                         median_train_time=float(np.median(run_times)),
+                         max_train_time=float(max(run_times)))
+            print(f"resnet9: {runs.describe(summary)}; train time median "
+                  f"{np.median(run_times):.2f} s, max {max(run_times):.2f} s", flush=True)
     finally:
-        writer.close()
-    print(f"resnet9: done, {epochs} epochs, train time {clock.total:.2f} s, "
-          f"wall time {time.time() - T_START:.2f} s", flush=True)
+        if writer is not None:
+            writer.close()
+    if world.main:
+        total = run_times[-1] if run_times else 0.0
+        print(f"resnet9: done, {epochs} epochs{f' x {args.runs} runs' if args.runs > 1 else ''}"
+              f", train time {total:.2f} s{' (last run)' if args.runs > 1 else ''}, "
+              f"wall time {time.time() - T_START:.2f} s", flush=True)
     return 0
 
 

@@ -54,3 +54,21 @@ def test_resnet9_cancelled_mid_training_resumes_where_it_stopped(cli, ct_home):
     rows = [json.loads(line) for line in
             (ct_home / "jobs" / resumed["id"] / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows if "event" not in r][0] >= done
+
+
+def test_resnet9_apple_variant_on_two_processes_under_torchrun(cli, ct_home):
+    """gpus=2 with --procs 2 on a host without GPUs: the orchestrator starts torchrun with two
+    gloo ranks; the recipe runs Apple's variant on two strided shards."""
+    proc = cli("launch", "--recipe", "resnet9", "--profile", "smoke", "--set", "gpus=2",
+               "--procs", "2", "--follow", "--quiet", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    assert proc.stdout.count("resnet9: starting (variant=apple-8gpu, gpus=2") == 1  # rank 0 only
+    assert "train=512 (256 per GPU)" in proc.stdout and "batch=128 per GPU x 2 = 256" in proc.stdout
+    job = cli.job(job_id)
+    assert job["state"] == "succeeded" and job["metrics"]["epoch"] == 2
+    rows = [json.loads(line) for line in
+            (ct_home / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in rows if "event" not in r]
+    assert [(r["epoch"], r["step"]) for r in epochs] == [(1, 2), (2, 4)]  # 2 steps of 2 x 128
+    assert epochs[1]["lr"] == pytest.approx(0.15)  # apple-8gpu's floor, on the global mean loss

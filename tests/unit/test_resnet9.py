@@ -15,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -34,7 +33,9 @@ def _import_train():
 
 train = _import_train()
 BOT, DAWN = train.HYP["bag-of-tricks"], train.HYP["dawn"]
+APPLE = train.HYP["apple-8gpu"]
 SPE = 50_000 // 512  # steps per epoch on CIFAR-10 at batch 512 (drop_last): 97
+AP_SPE = 24          # apple-8gpu: 6,250 images per GPU at 256 per GPU (drop_last)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,6 +78,122 @@ def test_ema_steps_and_bias_groups():
     assert all(p.dim() > 1 for p in weights["params"])  # conv and linear weights only
     (only,) = train.param_groups(train.build_model("dawn", 16), DAWN, 512)
     assert len(only["params"]) == 8 + 2 * 8 + 1  # dawn: convs, BN weight and bias, linear
+
+
+def test_apple_lr_at_named_steps():
+    lr = lambda step: train.lr_at(step, AP_SPE, APPLE, 18, 256)  # noqa: E731
+    assert train.epoch_steps(50_000, 8, 256) == AP_SPE and 18 * AP_SPE == 432
+    assert lr(0) == 0.0
+    assert lr(1) == pytest.approx(1.5 / 86.4 / 256)       # AP's counter: the first step moves
+    assert lr(72) == pytest.approx(1.5 * 3 / 3.6 / 256)   # epoch 3, on the way up
+    # The peak knot is epoch 3.6 = step 86.4, between two steps: neither reaches 1.5/256.
+    assert lr(86) < lr(87) < 1.5 / 256 and lr(88) < lr(87)
+    assert max(lr(s) for s in range(433)) == lr(87)
+    assert train.lr_at(86.4, AP_SPE, APPLE, 18, 256) == pytest.approx(1.5 / 256)
+    assert lr(240) == pytest.approx((1.5 - 1.35 * (10 - 3.6) / 12.4) / 256)  # epoch 10
+    floor = 1.5 * 0.1 / 256
+    for step in (384, 385, 17 * AP_SPE, 431, 432):      # epochs 16-18: held at 0.15
+        assert lr(step) == pytest.approx(floor, rel=1e-12)
+    assert lr(383) > floor
+    # On the global mean loss (8 x 256, gradients averaged) the peak is 1.5: lr * 256.
+    assert train.lr_at(86.4, AP_SPE, APPLE, 18, 256) * 256 == pytest.approx(1.5)
+
+
+def test_apple_weight_decay_and_bias_groups():
+    model = train.build_model("apple-8gpu", width_div=16, ghost_splits=16)
+    weights, biases = train.param_groups(model, APPLE, 256)
+    assert weights["wd"] == pytest.approx(0.192) and weights["lr_mult"] == 1
+    assert biases["wd"] == pytest.approx(0.003) and biases["lr_mult"] == 64
+    assert len(biases["params"]) == 8 and all(p.dim() == 1 for p in biases["params"])
+    assert all(p.dim() > 1 for p in weights["params"])
+    peak = train.lr_at(86.4, AP_SPE, APPLE, 18, 256)
+    assert peak * weights["wd"] == pytest.approx(1.125e-3)            # lr * wd per step
+    assert peak * biases["lr_mult"] == pytest.approx(96 / 256)        # bias lr peak
+    assert peak * biases["lr_mult"] * biases["wd"] == pytest.approx(1.125e-3)  # x64, /64
+    # The rest of Page's network, without the EMA.
+    assert APPLE["ema_every"] == 0 and APPLE["tta_flip"] and APPLE["label_smoothing"] == 0.2
+    assert APPLE["whiten_eps"] == 1e-2 and APPLE["head_scale"] == 1 / 16 and APPLE["cutout"] == 0
+    assert APPLE["max_options"] == 200 and APPLE["momentum"] == 0.9
+    assert model.scale == 1 / 16 and isinstance(model.layer2.bn, train.GhostBatchNorm)
+    assert train.count_params(train.build_model("apple-8gpu")) == \
+        train.count_params(train.build_model("bag-of-tricks"))
+
+
+def test_apple_strided_shards_for_8_gpus():
+    shards = [train.shard_indices(50_000, r, 8) for r in range(8)]
+    assert [len(s) for s in shards] == [6_250] * 8
+    flat = [i for s in shards for i in s]
+    assert len(set(flat)) == 50_000 == len(flat) and set(flat) == set(range(50_000))
+    assert list(shards[3][:3]) == [3, 11, 19]
+    assert all(len(s) // 256 == 24 for s in shards)  # 24 steps of 256, 106 images dropped
+    # Shards of unequal size still give every rank the same number of steps.
+    assert [len(train.shard_indices(1000, r, 3)) for r in range(3)] == [334, 333, 333]
+    assert train.epoch_steps(1000, 3, 111) == 3
+
+
+def test_epoch_batches_of_each_rank_are_their_own():
+    x = torch.randn(128, 3, 40, 40)
+    y = torch.arange(128)
+    kw = dict(hyp=APPLE, seed=0, batch_size=32, device=torch.device("cpu"), dtype=torch.float32)
+    order = lambda rank, epoch=0, steps=None: torch.cat([  # noqa: E731
+        yb for _, yb in train.epoch_batches(x, y, epoch, rank=rank, steps=steps, **kw)])
+    assert torch.equal(order(0), order(0)) and not torch.equal(order(0), order(1))
+    assert torch.equal(order(0), torch.cat([yb for _, yb in train.epoch_batches(x, y, 0, **kw)]))
+    assert len(order(1, steps=2)) == 64 and torch.equal(order(1, steps=2), order(1)[:64])
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line: variant from gpus, launch checks
+
+
+def _args(*argv):
+    return train.resolve_defaults(train.build_parser().parse_args(list(argv)))
+
+
+def test_gpus_selects_the_variant_and_its_batch():
+    a = _args()
+    assert (a.variant, a.batch_size, a.gpus, a.runs) == ("bag-of-tricks", 512, 1, 1)
+    a = _args("--gpus", "8")
+    assert (a.variant, a.batch_size) == ("apple-8gpu", 256)
+    assert _args("--variant", "dawn").batch_size == 512
+    assert _args("--variant", "apple-8gpu").batch_size == 256
+    assert _args("--gpus", "8", "--batch_size", "128").batch_size == 128
+
+
+def test_launch_problem_names_what_to_run():
+    env1, env8 = {}, {"RANK": "0", "WORLD_SIZE": "8"}
+    assert train.launch_problem(_args(), env1) is None
+    assert train.launch_problem(_args("--gpus", "8"), env8) is None
+    msg = train.launch_problem(_args("--gpus", "8"), env1)
+    assert "gpus=8" in msg and "--nproc_per_node=8" in msg and "\n" not in msg
+    msg = train.launch_problem(_args(), env8)
+    assert "8 processes" in msg and "gpus=8" in msg and "\n" not in msg
+    assert "single-GPU" in train.launch_problem(_args("--variant", "dawn", "--gpus", "2"),
+                                               {"RANK": "0", "WORLD_SIZE": "2"})
+    assert train.launch_problem(_args("--runs", "0"), env1)
+
+
+def test_wrong_world_size_exits_2_with_one_line(tmp_path, capsys):
+    base = [sys.executable, str(RECIPE / "train.py"), "--device", "cpu", "--job-dir",
+            str(tmp_path / "j"), "--data-dir", str(tmp_path / "d")]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    cases = [(["--gpus", "2"], {}, "--nproc_per_node=2"),
+             ([], {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "gpus=1")]
+    for argv, extra, needle in cases:
+        proc = subprocess.run(base + argv, env={**env, **extra}, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("resnet9: ")
+        assert proc.stdout == ""  # not even the "starting" line
+    # Ranks other than 0 leave quietly: one line per job, not one per process.
+    proc = subprocess.run(base, env={**env, "RANK": "1", "WORLD_SIZE": "2"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr == "" and proc.stdout == ""
+    # In-process callers get the same: status 2, nothing trained.
+    assert train.main(["--gpus", "2", "--job-dir", str(tmp_path / "j")]) == 2
+    assert "--nproc_per_node=2" in capsys.readouterr().err
+    assert not (tmp_path / "j").exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,6 +457,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, variant):
         for key in ("step", "lr", "train_loss", "train_acc", "test_acc"):
             assert [r[key] for r in rows] == [r[key] for r in ref_rows], (job, key)
     assert reference["train_time"] > 0
+    assert _summary(tmp_path, "straight") == []  # one run: no runs_summary row
 
 
 def test_resume_without_a_checkpoint_starts_fresh_with_a_warning(tmp_path, capsys):
@@ -354,6 +472,46 @@ def test_resume_refuses_a_checkpoint_from_other_arguments(tmp_path):
     with pytest.raises(SystemExit, match="width_div=16, this run has 8"):
         train.main(TINY + ["--width_div", "8", "--resume", "true", "--job-dir",
                            str(tmp_path / "j"), "--data-dir", str(tmp_path / "data")])
+
+
+def _summary(tmp_path, job):
+    return [r for r in train.metrics.read_metrics(tmp_path / job / "metrics.jsonl")
+            if r.get("event") == "runs_summary"]
+
+
+def test_runs_summarise_and_compose_with_resume(tmp_path, capsys):
+    assert _run(tmp_path, "straight", "--runs", "2") == 0
+    rows = _rows(tmp_path, "straight")
+    assert [(r["run"], r["epoch"]) for r in rows] == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    finals = [rows[1]["test_acc"], rows[3]["test_acc"]]
+    (summary,) = _summary(tmp_path, "straight")
+    assert summary["runs"] == 2 and summary["mean_acc"] == pytest.approx(sum(finals) / 2)
+    assert summary["min_acc"] == min(finals) and summary["max_acc"] == max(finals)
+    assert summary["target"] == 0.94 and summary["reached"] == sum(a >= 0.94 for a in finals)
+    assert 0 < summary["median_train_time"] <= summary["max_train_time"]
+    out = capsys.readouterr().out
+    assert train.runs.describe(summary) in out
+    assert rows[1]["train_loss"] != rows[3]["train_loss"]  # run 1 has seed + 1: its own run
+    reference = _final(tmp_path, "straight")
+    assert reference["run"] == 1 and reference["run_accs"] == finals
+    assert len(reference["run_times"]) == 2
+
+    # Stopped inside run 0 (step 6), and between run 0 and run 1 (step 8, the end of run 0),
+    # then resumed: the same runs, the same summary, the same final weights.
+    for job, stop in (("in-run-0", 6), ("between", 8)):
+        assert _run(tmp_path, job, "--runs", "2", "--stop-at-step", str(stop)) == 143
+        stopped = _final(tmp_path, job)
+        assert stopped["run"] == 0 and stopped["step"] == stop
+        assert stopped["run_accs"] == finals[:1 if stop == 8 else 0]
+        assert _run(tmp_path, job, "--runs", "2", "--resume", "true") == 0
+        resumed = _final(tmp_path, job)
+        assert resumed["run"] == 1 and resumed["run_accs"] == finals
+        for k, v in reference["model"].items():
+            assert torch.equal(v, resumed["model"][k]), (job, k)
+        assert _summary(tmp_path, job)[0]["mean_acc"] == summary["mean_acc"]
+        assert [(r["run"], r["step"], r["train_loss"], r["test_acc"])
+                for r in _rows(tmp_path, job)] == \
+            [(r["run"], r["step"], r["train_loss"], r["test_acc"]) for r in rows]
 
 
 def _smoke_command(job: Path) -> list:
@@ -419,7 +577,8 @@ def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
             / "data_batch_1").is_file()
 
 
-def test_sigterm_checkpoints_at_a_step_boundary_and_exits_143(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_signal_checkpoints_at_a_step_boundary_and_exits_143(tmp_path, sig):
     job = _job_dir(tmp_path)
     command = _smoke_command(job)
     command[command.index("--epochs") + 1] = "50"
@@ -429,13 +588,13 @@ def test_sigterm_checkpoints_at_a_step_boundary_and_exits_143(tmp_path):
         for line in proc.stdout:  # wait until epoch 1 is done: training is under way
             if line.startswith("           1 "):
                 break
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 143, out
-    assert "SIGTERM" in out and "checkpoint saved" in out
+    assert f"{sig.name} received" in out and "checkpoint saved" in out
     ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
     assert 4 <= ckpt["step"] < 200 and ckpt["epoch"] >= 1
     assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["last.pt"]
