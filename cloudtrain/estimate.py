@@ -186,7 +186,7 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     notes = [] if not gp3.approximate else [gp3.note]
     rows = []
     for t in candidates(basis, region, types, gpu_request):
-        if t.gpus != basis.gpus:
+        if t.gpus < basis.gpus:
             rows.append(Row(t.name, t.gpu, t.gpus, None, None, None, None,
                             f"published on {basis.gpus} GPUs, {t.name} has {t.gpus:g}"))
             continue
@@ -194,6 +194,8 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
         if train_s is None:
             rows.append(Row(t.name, t.gpu, t.gpus, None, None, None, None, scaling))
             continue
+        if t.gpus > basis.gpus:  # the rest sit idle, and are paid for
+            scaling += f"; uses {basis.gpus} of {t.gpus:g} GPUs"
         total = train_s + over.total
         disk_usd = cost.ebs_cost(0.0, total, disk, gp3.per_gb_month).dollars
 

@@ -196,7 +196,7 @@ def recipes_table(recipes) -> str:
 
 def recipe_detail(r) -> str:
     out = [f"{r.name}: {r.description}", f"  entry      {r.path / r.entry}",
-           f"  resources  " + ", ".join(f"{k} {v}" for k, v in r.resources.items())]
+           "  resources  " + ", ".join(f"{k} {v}" for k, v in r.resources.items())]
     if r.target:
         out.append(f"  target     {r.target.get('metric')} >= {r.target.get('value')}")
     out.append("  arguments  (--set name=value)")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import getpass
 import ipaddress
 import json
-import os
 import stat
 import sys
 from pathlib import Path

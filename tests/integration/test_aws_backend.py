@@ -225,7 +225,6 @@ def test_dry_run_creates_nothing_and_checks_permissions(cli, aws):
 
 
 def test_missing_credentials_is_one_line(cli, aws):
-    env = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
     proc = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", "--instance",
                            "g5.xlarge", "--", "true"], cwd=REPO, capture_output=True, text=True,
                           env={k: v for k, v in os.environ.items()

@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -180,7 +179,7 @@ def test_resume_from_refuses_what_cannot_resume(cli, toy_recipes):
     cases = [
         (["--recipe", "toy", "--resume-from", "nope"], "no job 'nope'"),
         (["--resume-from", running, "--", "true"], "give --recipe too"),
-        (["--recipe", "toy", "--resume-from", running], f"the job is still running"),
+        (["--recipe", "toy", "--resume-from", running], "the job is still running"),
     ]
     for args, message in cases:
         proc = cli("launch", *args)

@@ -67,8 +67,19 @@ def test_cost_rows_equal_hand_computed_figures(pub):
     t4 = rows["g4dn.xlarge"]
     assert t4.train_s == pytest.approx(50.0)  # 26 s x 125/65
     assert t4.on_demand == pytest.approx((0.526 + disk) * (50 + over) / 3600)
-    assert rows["p3.8xlarge"].total_s is None  # 4 GPUs: the basis ran on 1
+    p38 = rows["p3.8xlarge"]  # 4 GPUs: the recipe uses one, all four are billed
+    assert p38.train_s == 26 and p38.scaling == "published; uses 1 of 4 GPUs"
+    assert p38.on_demand == pytest.approx((12.24 + disk) * (26 + over) / 3600)
     assert "cheapest" in t4.marks and "fastest" in p3.marks
+
+
+def test_an_instance_with_fewer_gpus_than_the_published_run_gets_no_figure(pub):
+    est = estimate.estimate(pub, {"variant": "fast", "gpus": 8}, "us-east-1",
+                            types=["p3.8xlarge", "p3.16xlarge"])
+    rows = {r.instance_type: r for r in est.rows}
+    assert rows["p3.8xlarge"].total_s is None
+    assert rows["p3.8xlarge"].scaling == "published on 8 GPUs, p3.8xlarge has 4"
+    assert rows["p3.16xlarge"].train_s == 9.43
 
 
 def test_the_60_second_minimum_applies(pub, monkeypatch):
