@@ -97,7 +97,8 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
         return JobSpec(kind=RECIPE, backend=backend, name=name, recipe=rec.name, profile=profile,
                        args=args, workdir=workdir_path, max_runtime_s=float(minutes) * 60,
                        resources=dict(rec.resources), requires=list(rec.requires),
-                       resume_from=resume_from, procs=procs, gpus_needed=needed, **placement)
+                       resume_from=resume_from, procs=procs, gpus_needed=needed,
+                       gpus_exact=rec.gpus_exact(args), **placement)
     if procs is not None:
         raise UsageError("--procs applies to recipes started under torchrun; your own command "
                          "can read $CLOUDTRAIN_GPUS and start torchrun itself")

@@ -11,7 +11,8 @@ recipe.yaml:
     data (name, source, size_mb), target (metric, value), published (result, time, hardware,
     source, and which variant; for estimates: gpu, gpus, seconds, accuracy, runs).
 An argument named `gpus` is the number of GPUs (processes) the recipe's arguments are set
-up for: a job then needs exactly that many on one host.
+up for: a job then needs exactly that many on one host. `resources.gpus_per_variant`
+({variant: N}) gives the default count per variant (`--procs` overrides it).
 """
 
 from __future__ import annotations
@@ -110,9 +111,19 @@ class Recipe:
         return self.resources.get("launcher", "python")
 
     def gpus_needed(self, values: dict) -> int:
-        """GPUs on one host these arguments require: the `gpus` argument's value, if the
-        recipe has one (0: no requirement)."""
-        return int(values["gpus"]) if "gpus" in self.arguments and "gpus" in values else 0
+        """GPUs (one process each) on one host these arguments are set up for: the `gpus`
+        argument's value if the recipe has one and it is set, else `resources.gpus_per_variant`
+        for the `variant` argument (0: no requirement)."""
+        if "gpus" in self.arguments and values.get("gpus") is not None:
+            return int(values["gpus"])
+        per_variant = self.resources.get("gpus_per_variant") or {}
+        return int(per_variant.get(values.get("variant"), 0))
+
+    def gpus_exact(self, values: dict) -> bool:
+        """Whether the process count must equal gpus_needed (a `gpus` argument: the recipe
+        shards its data that many ways) or is only the default (a variant's, which --procs
+        may override: data-parallel recipes run on any count, with another global batch)."""
+        return "gpus" in self.arguments and values.get("gpus") is not None
 
     def gpu_request(self, values: dict) -> str:
         """`V100:8`: what a cloud job of this recipe asks for when no instance is given."""

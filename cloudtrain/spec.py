@@ -27,6 +27,7 @@ class JobSpec:
     resume_from: str | None = None  # a job id whose checkpoints this job starts from
     procs: int | None = None  # processes per host (torchrun recipes); None: the host's GPUs
     gpus_needed: int = 0  # GPUs on one host the recipe's arguments require (0: no requirement)
+    gpus_exact: bool = True  # False: gpus_needed is a default that --procs may override
     # Cloud placement (ignored by the local backend)
     instance_type: str | None = None
     market: str = "on-demand"  # "on-demand" or "spot" (one-time request, terminate on interruption)
@@ -57,15 +58,19 @@ class JobSpec:
         elif n:
             procs = n
             if n > max(gpus, 1):
-                raise UsageError(f"recipe {self.recipe} with gpus={n} runs one process per GPU, "
-                                 f"but this host has {gpus} GPU(s)",
-                                 hint=f"launch on an instance with {n} GPUs (--gpus V100:{n}), "
-                                      f"or pass --procs {n} to run {n} processes anyway (gloo "
-                                      f"on CPU)")
+                what = f"with gpus={n}" if self.gpus_exact else \
+                    f"variant {self.args.get('variant')}"
+                other = f"pass --procs {n} to run {n} processes anyway (gloo on CPU)" \
+                    if self.gpus_exact else "pass --procs N to run it on N processes (a " \
+                                            "different global batch from the published run)"
+                raise UsageError(f"recipe {self.recipe} {what} runs one process per GPU on {n} "
+                                 f"GPUs, but this host has {gpus} GPU(s)",
+                                 hint=f"launch on an instance with {n} GPUs (--gpus "
+                                      f"{self.resources.get('gpu', 'V100')}:{n}), or {other}")
         else:
             torchrun = self.kind == RECIPE and self.resources.get("launcher") == "torchrun"
             procs = max(gpus, 1) if torchrun else 1
-        if n > 1 and procs != n:
+        if n > 1 and procs != n and self.gpus_exact:
             raise UsageError(f"recipe {self.recipe} with gpus={n} needs {n} processes, not "
                              f"--procs {procs}", hint=f"pass --procs {n}, or --set gpus={procs}")
         return procs

@@ -54,6 +54,8 @@ with open(f"rank{rank}.json", "w") as f:
     json.dump({"rank": rank, "world": world, "sum": t.item(), "stopped": bool(stopped),
                "procs": os.environ.get("CLOUDTRAIN_PROCS"),
                "job": os.environ.get("CLOUDTRAIN_JOB_ID")}, f)
+if world > 1 and not stopped:
+    td.destroy_process_group()  # gloo aborts at exit ("terminate called ...") without it
 sys.exit(143 if stopped else 0)
 """
 
@@ -138,7 +140,8 @@ def test_ranks_that_ignore_sigterm_are_killed_after_the_grace_not_orphaned(cli, 
 def test_a_recipe_set_up_for_more_gpus_than_the_host_runs_is_refused(cli, dist_recipe):
     proc = cli("launch", "--recipe", "dist", "--set", "gpus=4")
     assert proc.returncode == 2
-    assert "gpus=4 runs one process per GPU, but this host has 0 GPU(s)" in proc.stderr
+    assert "with gpus=4 runs one process per GPU on 4 GPUs, but this host has 0 GPU(s)" \
+        in proc.stderr
     assert "--procs 4" in proc.stderr
     job = cli.ok("status", "--json").stdout
     assert json.loads(job)[0]["state"] == "failed"  # recorded, and nothing left running
@@ -148,7 +151,8 @@ def test_a_recipe_set_up_for_fewer_gpus_than_the_host_has_runs_that_many(cli, di
     """gpus=2 on a 4-GPU type: 2 ranks, as the arguments say (not 4 that would all fail)."""
     proc = cli("launch", "--recipe", "dist", "--set", "gpus=2", "--instance", "p3.8xlarge",
                "--follow", "--quiet", timeout=180)
-    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    assert proc.returncode == 0, cli("logs", job_id).stdout + proc.stderr
     assert "rank 1/2: sum 3" in proc.stdout and "/4" not in proc.stdout
 
 
@@ -192,6 +196,27 @@ def test_on_aws_the_process_count_comes_from_the_instance_type(cli, dist_recipe,
     nvidia-smi sees nothing: the type, not the driver, decides), and they all join."""
     proc = cli("launch", "--recipe", "dist", "--instance", "p3.8xlarge", "--follow", "--quiet",
                timeout=180)
-    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    assert proc.returncode == 0, cli("logs", job_id).stdout + proc.stderr
     out = proc.stdout
     assert all(f"rank {r}/4: sum 10" in out for r in range(4)), out  # 1+2+3+4
+
+
+def test_a_variants_gpu_count_is_the_default_that_procs_may_override(cli, tmp_path, monkeypatch):
+    root = tmp_path / "recipes"
+    (root / "dp").mkdir(parents=True)
+    (root / "dp" / "recipe.yaml").write_text(
+        "name: dp\ndescription: data-parallel\nentry: train.py\n"
+        "arguments:\n  variant: {type: choice, choices: [eight, one], default: eight}\n"
+        "resources: {gpu: V100, launcher: torchrun, gpus_per_variant: {eight: 8, one: 1}}\n")
+    (root / "dp" / "train.py").write_text(DIST_TRAIN)
+    monkeypatch.setenv("CLOUDTRAIN_RECIPES", str(root))
+    proc = cli("launch", "--recipe", "dp")
+    assert proc.returncode == 2
+    assert "variant eight runs one process per GPU on 8 GPUs, but this host has 0" in proc.stderr
+    assert "--procs N" in proc.stderr
+    job_id = cli.launch("--recipe", "dp", "--procs", "2")  # a default, not a requirement
+    assert cli.wait(job_id, timeout=90)["state"] == "succeeded"
+    assert "--nproc_per_node=2" in (_jobdir(cli, job_id) / "run.sh").read_text()
+    job_id = cli.launch("--recipe", "dp", "--set", "variant=one")
+    assert cli.wait(job_id, timeout=60)["state"] == "succeeded"
