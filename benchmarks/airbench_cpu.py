@@ -18,25 +18,16 @@ For airbench94, airbench95 and airbench96 (recipes/common/airbench.py) at full s
 """
 import argparse
 import sys
-import time
-from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes"))
+from cpu_figures import RECIPES, forward_flops_per_image, images_per_second
+
+sys.path.insert(0, str(RECIPES))
 from common import airbench as ab  # noqa: E402
 
 PUBLISHED_TRAIN_PFLOPS = {"airbench94": 0.36, "airbench95": 1.39, "airbench96": 4.91}
 README_FWD_GFLOPS = {"airbench94": 0.28}
-
-
-def forward_flops_per_image(net, images: int = 8) -> float:
-    net.eval()
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        net(torch.randn(images, 3, 32, 32))
-    net.train()
-    return counter.get_total_flops() / images
 
 
 def throughput(variant: str, batch_size: int, steps: int) -> float:
@@ -55,11 +46,7 @@ def throughput(variant: str, batch_size: int, steps: int) -> float:
         if n % hyp["ema_every"] == 0:
             lookahead.update(net, ab.lookahead_alpha(n, total, hyp))
 
-    step(1)  # warm-up: allocations, oneDNN kernel selection
-    start = time.perf_counter()
-    for n in range(2, steps + 2):
-        step(n)
-    return steps * batch_size / (time.perf_counter() - start)
+    return images_per_second(step, batch_size, steps)
 
 
 def main() -> None:

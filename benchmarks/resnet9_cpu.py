@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ResNet9 on the CPU: parameter counts and training throughput of the full-size model.
+"""ResNet9 on the CPU: parameter counts, forward FLOPs and training throughput at full size.
 
 For every variant of recipes/resnet9/train.py: build the full-width model in float32, take one
 warm-up training step on a random batch, then time --steps more (forward, summed loss,
@@ -13,20 +13,10 @@ without the gradient all-reduce (there is no second rank), i.e. per-GPU throughp
     python benchmarks/resnet9_cpu.py --steps 5 --threads 2
 """
 import argparse
-import importlib.util
-import time
-from pathlib import Path
 
 import torch
 
-TRAIN_PY = Path(__file__).resolve().parent.parent / "recipes" / "resnet9" / "train.py"
-
-
-def load_recipe():
-    spec = importlib.util.spec_from_file_location("resnet9_train", TRAIN_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from cpu_figures import forward_flops_per_image, images_per_second, load_recipe
 
 
 def throughput(train, variant: str, batch_size: int, steps: int) -> float:
@@ -44,11 +34,7 @@ def throughput(train, variant: str, batch_size: int, steps: int) -> float:
         if ema is not None and train.is_ema_step(n, hyp["ema_every"]):
             train.ema_update(ema, model, hyp["ema_momentum"] ** hyp["ema_every"])
 
-    step(1)  # warm-up: allocations, oneDNN kernel selection
-    start = time.perf_counter()
-    for n in range(2, steps + 2):
-        step(n)
-    return steps * batch_size / (time.perf_counter() - start)
+    return images_per_second(step, batch_size, steps)
 
 
 def main() -> None:
@@ -60,17 +46,19 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    train = load_recipe()
+    train = load_recipe("resnet9")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, "
           f"{args.steps} timed steps after 1 warm-up step")
-    print(f"{'variant':<15}{'batch':>7}{'params':>12}{'trainable':>12}{'images/s':>12}"
-          f"{'s/step':>10}")
+    print(f"{'variant':<15}{'batch':>7}{'params':>12}{'trainable':>12}{'GFLOPs/fwd':>12}"
+          f"{'images/s':>10}{'s/step':>8}")
     for variant in ("bag-of-tricks", "dawn", "apple-8gpu"):
         batch = args.batch_size or train.HYP[variant]["batch_size"]
-        total, trainable = train.count_params(train.build_model(variant))
+        model = train.build_model(variant)
+        total, trainable = train.count_params(model)
+        fwd = forward_flops_per_image(model)
         rate = throughput(train, variant, batch, args.steps)
-        print(f"{variant:<15}{batch:>7}{total:>12,}{trainable:>12,}{rate:>12.1f}"
-              f"{batch / rate:>10.2f}", flush=True)
+        print(f"{variant:<15}{batch:>7}{total:>12,}{trainable:>12,}{fwd / 1e9:>12.3f}"
+              f"{rate:>10.1f}{batch / rate:>8.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,22 +12,13 @@ train_step). Data loading and augmentation are not timed. Prints images per seco
     python benchmarks/wide_resnet_cpu.py --steps 5 --threads 2 --depth 34
 """
 import argparse
-import importlib.util
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-TRAIN_PY = Path(__file__).resolve().parent.parent / "recipes" / "wide-resnet34" / "train.py"
-
-
-def load_recipe():
-    spec = importlib.util.spec_from_file_location("wide_resnet34_train", TRAIN_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from cpu_figures import load_recipe
 
 
 def flops_per_image(train, depth: int, widen: int) -> tuple:
@@ -70,8 +61,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    train = load_recipe()
-    params = train.count_params(train.build_model(args.depth, args.widen))
+    train = load_recipe("wide-resnet34")
+    params = train.count_params(train.build_model(args.depth, args.widen))[0]
     fwd, fwd_bwd = flops_per_image(train, args.depth, args.widen)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, "
           f"WRN-{args.depth}-{args.widen}")

@@ -87,6 +87,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import checkpoint, cifar10, distributed, metrics, runs, stopping
+from .arguments import adder, parse_bool
+from .training import count_params, to_half_keep_bn_float
 
 # =============================================================================================
 # Hyperparameters, one dict per variant. lr and weight decay are AB's "decoupled" values per
@@ -169,15 +171,6 @@ HYP = {
 # both work.
 
 
-def parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
 def parse_widths(text: str) -> tuple:
     try:
         widths = tuple(int(w) for w in text.replace("/", ",").split(","))
@@ -200,10 +193,7 @@ def build_parser(variant: str) -> argparse.ArgumentParser:
                f"--epochs 2 --tta_level 0",
     )
 
-    def arg(name, **kw):
-        flags = [f"--{name.replace('_', '-')}"] + ([f"--{name}"] if "_" in name else [])
-        p.add_argument(*flags, dest=name, **kw)
-
+    arg = adder(p)
     arg("epochs", type=float, default=None,
         help=f"passes over the training set, may be fractional (default {hyp['epochs']})")
     arg("batch_size", type=int, default=hyp["batch_size"])
@@ -462,17 +452,8 @@ def build_net(hyp: dict) -> AirbenchNet:
 def to_training_precision(net: nn.Module, half: bool) -> nn.Module:
     """CUDA (half=True): fp16 and channels_last, BatchNorm kept in fp32 (AB). CPU: float32."""
     if half:
-        net.half().to(memory_format=torch.channels_last)
-        for m in net.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.float()
+        to_half_keep_bn_float(net.to(memory_format=torch.channels_last))
     return net
-
-
-def count_params(net: nn.Module) -> tuple:
-    """(all parameters, frozen whitening weights and BN scales included; trainable ones)."""
-    params = list(net.parameters())
-    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
 
 
 def whitening_filters(x: torch.Tensor, kernel: int, eps: float) -> tuple:

@@ -54,12 +54,17 @@ def load(path: str | os.PathLike, map_location="cpu"):
 
 
 def rng_states() -> dict:
-    """Every RNG a training script may touch: python, numpy, torch CPU and all CUDA devices."""
+    """Every RNG a training script may touch: python, numpy, torch CPU and the current CUDA
+    device's (only that one: under torchrun each rank owns one GPU, and reading the others'
+    generators would open a CUDA context on every GPU from every rank)."""
+    cuda = None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda = torch.cuda.get_rng_state()
     return {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "cuda": cuda,
     }
 
 
@@ -67,5 +72,9 @@ def restore_rng_states(states: dict) -> None:
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
-    if states.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    cuda = states.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, (list, tuple)):  # checkpoints from before: one state per device
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            torch.cuda.set_rng_state(cuda)

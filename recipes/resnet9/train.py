@@ -126,6 +126,11 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the recipes/ folder
+from common import arguments  # noqa: E402  (stdlib only: before the slow imports)
+from common.arguments import parse_bool  # noqa: E402
 
 T_START = time.time()  # wall_time is measured from here
 
@@ -236,15 +241,6 @@ SINGLE_GPU_VARIANTS = ("bag-of-tricks", "dawn")
 # environment) and --stop-at-step (a testing aid). Both --batch_size and --batch-size work.
 
 
-def parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="recipes/resnet9/train.py",
@@ -254,10 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
                "--ghost_splits 4 --batch_size 128 --epochs 2",
     )
 
-    def arg(name, **kw):
-        flags = [f"--{name.replace('_', '-')}"] + ([f"--{name}"] if "_" in name else [])
-        p.add_argument(*flags, dest=name, **kw)
-
+    arg = arguments.adder(p)
     arg("variant", choices=sorted(HYP), default=None,
         help="default: bag-of-tricks with --gpus 1, apple-8gpu with --gpus > 1")
     arg("gpus", type=int, default=1,
@@ -335,15 +328,14 @@ if __name__ == "__main__":
               f"device={ARGS.device}, data={ARGS.data})", flush=True)
 
 import copy  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the recipes/ folder
 from common import checkpoint, cifar10, distributed, metrics, runs, stopping  # noqa: E402
+from common.training import TrainClock, count_params, to_half_keep_bn_float  # noqa: E402
 
 # =============================================================================================
 # Schedules: pure functions of the step.
@@ -604,21 +596,6 @@ def build_model(variant: str, width_div: int = 1, ghost_splits: int = 16) -> Res
     return ResNet9(hyp, width_div, ghost_splits if hyp["ghost_bn"] else 1)
 
 
-def to_half_keep_bn_float(model: nn.Module) -> nn.Module:
-    """CF `Network.half`: fp16 everywhere except BatchNorm, which stays fp32."""
-    model.half()
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.float()
-    return model
-
-
-def count_params(model: nn.Module) -> tuple:
-    """(all parameters, trainable parameters); buffers such as running stats are not counted."""
-    params = list(model.parameters())
-    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
-
-
 # =============================================================================================
 # Loss, optimiser, EMA
 
@@ -761,30 +738,6 @@ def evaluate(model, x, y, batch_size: int, tta_flip: bool) -> tuple:
 
 # =============================================================================================
 # Training
-
-
-class TrainClock:
-    """Seconds of training, DAWNBench style: timed preprocessing and training steps count,
-    evaluation and checkpoints do not. Synchronises CUDA before every reading."""
-
-    def __init__(self, total: float, cuda: bool):
-        self.total, self.cuda, self._t0 = total, cuda, None
-
-    def _now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def start(self) -> None:
-        self._t0 = self._now()
-
-    def stop(self) -> float:
-        self.total += self._now() - self._t0
-        self._t0 = None
-        return self.total
-
-    def discard(self) -> None:
-        self._t0 = None
 
 
 def cuda_warmup(model, hyp, batch_size: int, device, dtype) -> None:

@@ -114,10 +114,14 @@ import argparse
 import inspect
 import math
 import os
-import random
 import signal
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the recipes/ folder
+from common import arguments  # noqa: E402  (stdlib only: before the slow imports)
+from common.arguments import parse_bool  # noqa: E402
 
 T_START = time.time()  # wall_time is measured from here
 NAME = "wide-resnet34"
@@ -162,15 +166,6 @@ WORKERS = 8                          # DataLoader processes (FI -j 8)
 # environment) and --stop-at-step (a testing aid). Both --batch_size and --batch-size work.
 
 
-def parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
 def parse_clr(text: str) -> tuple:
     """'div,pct,mom_max,mom_min' (FI --use-clr) -> a tuple of 4 floats."""
     try:
@@ -190,10 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                "--widen 2 --batch_size 64 --epochs 2 --workers 0",
     )
 
-    def arg(name, **kw):
-        flags = [f"--{name.replace('_', '-')}"] + ([f"--{name}"] if "_" in name else [])
-        p.add_argument(*flags, dest=name, **kw)
-
+    arg = arguments.adder(p)
     arg("variant", choices=sorted(HYP), default="8gpu")
     arg("depth", type=int, default=DEPTH, help="WRN depth, 6n+4 (10, 16, 22, 28, 34, ...)")
     arg("widen", type=int, default=WIDEN, help="WRN widening factor k")
@@ -244,8 +236,6 @@ if __name__ == "__main__":
         print(f"{NAME}: starting (variant={ARGS.variant}, WRN-{ARGS.depth}-{ARGS.widen}, "
               f"device={ARGS.device}, data={ARGS.data})", flush=True)
 
-from pathlib import Path  # noqa: E402
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -253,8 +243,8 @@ from PIL import Image  # noqa: E402
 from torch import nn  # noqa: E402
 from torchvision import transforms  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the recipes/ folder
 from common import checkpoint, cifar10, distributed, metrics, runs, stopping  # noqa: E402
+from common.training import TrainClock, count_params, to_half_keep_bn_float  # noqa: E402
 
 # =============================================================================================
 # Schedule: FA CircularLR_beta as pure functions of the iteration. One cycle of nb iterations:
@@ -468,19 +458,6 @@ def build_model(depth: int = DEPTH, widen: int = WIDEN) -> WideResNet:
     return WideResNet(depth, widen)
 
 
-def to_half_keep_bn_float(model: nn.Module) -> nn.Module:
-    """FA Learner.half (fp16.FP16 + batchnorm_to_fp32): fp16 except BatchNorm."""
-    model.half()
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.float()
-    return model
-
-
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def wrap(model: nn.Module, world) -> nn.Module:
     """DDP over the world (rank 0's parameters and buffers broadcast to every rank here), or
     the model itself in a world of one. BatchNorm buffers are not synchronised after that, as
@@ -571,36 +548,6 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
 # Training
 
 
-def rng_states() -> dict:
-    """The CPU generators (python, numpy, torch), in common.checkpoint's layout. Not
-    common.checkpoint.rng_states(): it reads every visible GPU's generator, which from one
-    process per GPU would open a CUDA context on all of them. Training draws nothing from
-    these after the seeded initialisation (augmentation and order are seeded per epoch and
-    image); they are saved so that anything added later resumes too."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state(), "cuda": None}
-
-
-class TrainClock:
-    """Seconds of training steps (DAWNBench's train time); synchronises CUDA at each reading."""
-
-    def __init__(self, total: float, cuda: bool):
-        self.total, self.cuda, self._t0 = total, cuda, None
-
-    def _now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def start(self) -> None:
-        self._t0 = self._now()
-
-    def stop(self) -> float:
-        self.total += self._now() - self._t0
-        self._t0 = None
-        return self.total
-
-
 # A checkpoint may only be resumed by a run that would have produced it (the resolved
 # hyperparameters and the world size are checked too).
 MUST_MATCH_ON_RESUME = ("variant", "depth", "widen", "fp16", "loss_scale", "data",
@@ -678,7 +625,7 @@ def _train(args, world, stop) -> int:
         raise SystemExit(f"{NAME}: {nb} steps are too few for the lr cycle (pct "
                          f"{hyp['clr'][1]:g}); train longer or on more images")
     if world.main:
-        params = count_params(build_model(args.depth, args.widen))
+        params = count_params(build_model(args.depth, args.widen))[0]
         precision = (f"float16 (fp32 BatchNorm and master weights, loss scale {loss_scale:g})"
                      if half else "float32")
         print(f"{NAME}: variant={args.variant} WRN-{args.depth}-{args.widen} params={params:,} "
@@ -765,7 +712,7 @@ def _train_run(args, hyp, world, stop, run, ckpt, accs_before, writer, train_dat
                 "steps": nb, "train_time": clock.total, "fastai_time": fastai_time(),
                 "target_reached": target_reached, "test_acc": test_acc, "partial": table,
                 "model": model.state_dict(), "master": [p.detach() for p in master.params],
-                "optimizer": opt.state_dict(), "rng": rng_states(),
+                "optimizer": opt.state_dict(), "rng": checkpoint.rng_states(),
             }, ckpt_path)
         world.barrier()  # nobody exits (and gets its siblings killed) before the file is there
 

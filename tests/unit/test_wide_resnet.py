@@ -127,7 +127,7 @@ def test_wrn_22_6_parameter_count_and_logits():
     args = _defaults()
     assert (args.depth, args.widen) == (22, 6)
     model = train.build_model(args.depth, args.widen)
-    assert train.count_params(model) == 9_658_458          # spec section 4
+    assert train.count_params(model) == (9_658_458, 9_658_458)         # spec section 4
     assert model.fc.in_features == 384 and model.fc.bias is not None
     with torch.no_grad():
         logits = model.eval()(torch.randn(32, 3, 32, 32))
