@@ -24,7 +24,8 @@ The recipe
 Outputs, under $CLOUDTRAIN_JOB_DIR (default ./cloudtrain-run) or --job-dir
   metrics.jsonl        per epoch: epoch, epochs, step, lr, lr_factor, train_loss, train_acc,
                        test_acc (TTA level 0), train_time (AB's timer), wall_time (+ run when
-                       runs > 1); per run a final row with final_test_acc and tta_level; an
+                       runs > 1); per run a final row with final_test_acc (= its test_acc:
+                       the TTA accuracy the records report) and tta_level; an
                        {"event": "target_reached"} row the first time an accuracy reaches 0.94;
                        an {"event": "runs_summary"} row at the end
   checkpoints/last.pt  written atomically after every epoch and run, and at a step boundary on

@@ -774,6 +774,7 @@ def train_run(job: Job, r: int, saved: dict | None = None) -> float | None:
         return job.stop.agreed(None, extra=args.stop_at_step is not None
                                and r * total + step >= args.stop_at_step)
 
+    row = {}  # the last epoch's metrics row
     for epoch in range(first_epoch, n_epochs):
         set_whiten_bias_trainable(net, epoch < hyp["whiten_bias_epochs"])
         clock.start()
@@ -833,9 +834,11 @@ def train_run(job: Job, r: int, saved: dict | None = None) -> float | None:
     clock.start()
     acc = evaluate(fwd, net, job.x_test, job.y_test, level, hyp["eval_batch"])
     train_time = clock.stop()
+    # The run's result row: test_acc is the final (TTA) accuracy, the figure the records
+    # report; the last epoch's training loss is repeated so the row reads on its own.
     job.writer.write(**job.run_key(r), epoch=n_epochs, epochs=n_epochs, step=step,
-                     final_test_acc=acc, tta_level=level, train_time=round(train_time, 4),
-                     wall_time=job.wall())
+                     train_loss=row.get("train_loss"), test_acc=acc, final_test_acc=acc,
+                     tta_level=level, train_time=round(train_time, 4), wall_time=job.wall())
     job.check_target(r, acc, level, n_epochs, train_time)
     job.accs.append(acc)
     save(n_epochs, data.get_state(), done=True)
