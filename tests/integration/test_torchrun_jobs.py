@@ -220,3 +220,17 @@ def test_a_variants_gpu_count_is_the_default_that_procs_may_override(cli, tmp_pa
     assert "--nproc_per_node=2" in (_jobdir(cli, job_id) / "run.sh").read_text()
     job_id = cli.launch("--recipe", "dp", "--set", "variant=one")
     assert cli.wait(job_id, timeout=60)["state"] == "succeeded"
+
+
+def test_resnet9_on_two_gpus_runs_under_torchrun_through_the_aws_path(cli, aws):
+    """The real recipe, Apple's multi-GPU form at gpus=2, on a 4-GPU type: two ranks (gloo on
+    the lab's CPU), one process group, rank 0's metrics and checkpoint come home."""
+    proc = cli("launch", "--recipe", "resnet9", "--profile", "smoke", "--set", "gpus=2",
+               "--instance", "p3.8xlarge", "--follow", "--quiet", timeout=300)
+    job_id = proc.stdout.splitlines()[0]
+    assert proc.returncode == 0, cli("logs", job_id).stdout[-3000:] + proc.stderr
+    job = cli.job(job_id)
+    assert job["metrics"]["epoch"] == 2
+    run_sh = (aws.home / "jobs" / job_id / "run.sh").read_text()
+    assert "--nproc_per_node=2" in run_sh and "--gpus 2" in run_sh
+    assert (aws.home / "jobs" / job_id / "checkpoints" / "last.pt").exists()
