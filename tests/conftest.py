@@ -148,3 +148,23 @@ def wait_for(predicate, timeout=20.0, interval=0.1, what="condition"):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def recipe_command(recipe: str, profile: str = "smoke") -> list[str]:
+    """A bundled recipe's command line exactly as `cloudtrain launch` writes it into run.sh
+    (the project's own resolve/script_args), run from a job dir made by recipe_job_dir."""
+    from cloudtrain import recipes
+
+    rec = recipes.load(recipe)
+    return [sys.executable, rec.entry_path(), *rec.script_args(rec.resolve(profile))]
+
+
+def recipe_job_dir(tmp_path: Path, recipe: str) -> Path:
+    """A job dir as launch syncs it: recipes/<recipe> and recipes/common."""
+    import shutil
+
+    job = tmp_path / "job"
+    for part in (recipe, "common"):
+        shutil.copytree(REPO / "recipes" / part, job / "recipes" / part,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return job

@@ -8,7 +8,6 @@ the whitening bias freezing after 3 epochs, and runs=2.
 """
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import recipe_command, recipe_job_dir
 import torch
 import torch.nn.functional as F
 import yaml
@@ -522,40 +522,19 @@ def test_smoke_configuration_learns(tmp_path, variant, data_dir):
 # The smoke profile exactly as the orchestrator runs it: recipe and common copied into a job
 # dir, every declared argument with a value after the profile, from the job dir.
 
-def _command(variant: str, job: Path, **override) -> list:
-    doc = yaml.safe_load((REPO / "recipes" / variant / "recipe.yaml").read_text())
-    values = {k: spec["default"] for k, spec in doc["arguments"].items()}
-    values.update(doc["profiles"]["smoke"]["set"])
-    values.update(override)
-    argv = []
-    for key, value in values.items():
-        if value is not None:
-            argv += [f"--{key}", ("true" if value else "false") if isinstance(value, bool)
-                     else str(value)]
-    return [sys.executable, f"recipes/{variant}/train.py", *argv]
-
-
-def _job_dir(tmp_path, variant="airbench94") -> Path:
-    job = tmp_path / "job"
-    for part in (variant, "common"):
-        shutil.copytree(REPO / "recipes" / part, job / "recipes" / part,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    return job
-
-
 def _env(job, data_dir):
     return {**os.environ, "CLOUDTRAIN_JOB_DIR": str(job), "CLOUDTRAIN_DATA_DIR": str(data_dir),
             "PYTHONUNBUFFERED": "1"}
 
 
 def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path, data_dir):
-    job = _job_dir(tmp_path)
+    job = recipe_job_dir(tmp_path, "airbench94")
     started = time.time()
-    proc = subprocess.run(_command("airbench94", job), cwd=job, env=_env(job, data_dir),
+    proc = subprocess.run(recipe_command("airbench94"), cwd=job, env=_env(job, data_dir),
                           capture_output=True, text=True, timeout=120)
     elapsed = time.time() - started
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.splitlines()[0].startswith("airbench94: starting (--epochs 2 --batch")
+    assert proc.stdout.splitlines()[0].startswith("airbench94: starting (--epochs 2")
     assert elapsed < 60
 
     rows = metrics.read_metrics(job / "metrics.jsonl")
@@ -603,7 +582,7 @@ def long_reference(tmp_path_factory, data_dir):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_signal_checkpoints_at_a_step_boundary_and_resumes_bit_for_bit(tmp_path, sig, data_dir,
                                                                         long_reference):
-    job = _job_dir(tmp_path)
+    job = recipe_job_dir(tmp_path, "airbench94")
     command = [sys.executable, "recipes/airbench94/train.py", *TINY, "--epochs", LONG]
     proc = subprocess.Popen(command, cwd=job, env=_env(job, data_dir), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -8,7 +8,6 @@ SIGTERM.
 import importlib.util
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import recipe_command, recipe_job_dir
 import torch
 import torch.nn.functional as F
-import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "resnet9"
@@ -514,37 +513,15 @@ def test_runs_summarise_and_compose_with_resume(tmp_path, capsys):
             [(r["run"], r["step"], r["train_loss"], r["test_acc"]) for r in rows]
 
 
-def _smoke_command(job: Path) -> list:
-    """The command line the orchestrator builds: every declared argument with a non-null value
-    after the smoke profile, bools as true/false, in declaration order."""
-    doc = yaml.safe_load((RECIPE / "recipe.yaml").read_text())
-    values = {k: spec["default"] for k, spec in doc["arguments"].items()}
-    values.update(doc["profiles"]["smoke"]["set"])
-    argv = []
-    for key, value in values.items():
-        if value is not None:
-            argv += [f"--{key}", ("true" if value else "false") if isinstance(value, bool)
-                     else str(value)]
-    return [sys.executable, "recipes/resnet9/train.py", *argv]
-
-
-def _job_dir(tmp_path) -> Path:
-    job = tmp_path / "job"
-    for part in ("resnet9", "common"):
-        shutil.copytree(REPO / "recipes" / part, job / "recipes" / part,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    return job
-
-
 def _env(tmp_path, job):
     return {**os.environ, "CLOUDTRAIN_JOB_DIR": str(job),
             "CLOUDTRAIN_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
 
 
 def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
-    job = _job_dir(tmp_path)
+    job = recipe_job_dir(tmp_path, "resnet9")
     started = time.time()
-    proc = subprocess.run(_smoke_command(job), cwd=job, env=_env(tmp_path, job),
+    proc = subprocess.run(recipe_command("resnet9"), cwd=job, env=_env(tmp_path, job),
                           capture_output=True, text=True, timeout=120)
     elapsed = time.time() - started
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -579,8 +556,8 @@ def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
 def test_signal_checkpoints_at_a_step_boundary_and_exits_143(tmp_path, sig):
-    job = _job_dir(tmp_path)
-    command = _smoke_command(job)
+    job = recipe_job_dir(tmp_path, "resnet9")
+    command = recipe_command("resnet9")
     command[command.index("--epochs") + 1] = "50"
     proc = subprocess.Popen(command, cwd=job, env=_env(tmp_path, job), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -12,7 +12,6 @@ import importlib.util
 import math
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import recipe_command, recipe_job_dir
 import torch
 import torch.nn.functional as F
-import yaml
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[2]
@@ -506,37 +505,15 @@ def test_runs_repeat_with_their_own_seeds_and_summarise(tmp_path, capsys):
     assert _rows(tmp_path, "single")[0]["train_loss"] == rows[0]["train_loss"]
 
 
-def _smoke_command() -> list:
-    """The command line the orchestrator builds: every declared argument with a non-null value
-    after the smoke profile, bools as true/false, in declaration order."""
-    doc = yaml.safe_load((RECIPE / "recipe.yaml").read_text())
-    values = {k: spec["default"] for k, spec in doc["arguments"].items()}
-    values.update(doc["profiles"]["smoke"]["set"])
-    argv = []
-    for key, value in values.items():
-        if value is not None:
-            argv += [f"--{key}", ("true" if value else "false") if isinstance(value, bool)
-                     else str(value)]
-    return [sys.executable, "recipes/wide-resnet34/train.py", *argv]
-
-
-def _job_dir(tmp_path) -> Path:
-    job = tmp_path / "job"
-    for part in ("wide-resnet34", "common"):
-        shutil.copytree(REPO / "recipes" / part, job / "recipes" / part,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    return job
-
-
 def _env(tmp_path, job):
     return {**os.environ, "CLOUDTRAIN_JOB_DIR": str(job), "OMP_NUM_THREADS": "1",
             "CLOUDTRAIN_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
 
 
 def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
-    job = _job_dir(tmp_path)
+    job = recipe_job_dir(tmp_path, "wide-resnet34")
     started = time.time()
-    proc = subprocess.run(_smoke_command(), cwd=job, env=_env(tmp_path, job),
+    proc = subprocess.run(recipe_command("wide-resnet34"), cwd=job, env=_env(tmp_path, job),
                           capture_output=True, text=True, timeout=120)
     elapsed = time.time() - started
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -567,8 +544,8 @@ def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
 
 
 def test_sigusr1_checkpoints_at_a_step_boundary_and_exits_143(tmp_path):
-    job = _job_dir(tmp_path)
-    command = _smoke_command()
+    job = recipe_job_dir(tmp_path, "wide-resnet34")
+    command = recipe_command("wide-resnet34")
     command[command.index("--epochs") + 1] = "50"
     proc = subprocess.Popen(command, cwd=job, env=_env(tmp_path, job), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
