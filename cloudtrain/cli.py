@@ -102,13 +102,14 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
       cloudtrain launch --recipe resnet9 --set gpus=8 --gpus V100:8
     """
     from . import jobs
+    from .spec import build_spec
 
     settings = config.Settings.load()
     market = None if spot is None else ("spot" if spot else "on-demand")
-    spec = jobs.build_spec(recipe=recipe, command=command, workdir=workdir, profile=profile,
-                           sets=sets, name=name, backend=backend,
-                           max_runtime_minutes=max_runtime, settings=settings,
-                           resume_from=resume_from, procs=procs, placement=dict(
+    spec = build_spec(recipe=recipe, command=command, workdir=workdir, profile=profile,
+                      sets=sets, name=name, backend=backend,
+                      max_runtime_minutes=max_runtime, settings=settings,
+                      resume_from=resume_from, procs=procs, placement=dict(
                                instance_type=instance_type, gpus=gpus, market=market,
                                region=region, ami=ami,
                                disk_gb=disk_gb, max_price=max_price, keep=keep,

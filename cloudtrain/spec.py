@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from . import config, providers
 from .errors import UsageError
 
 RECIPE, COMMAND = "recipe", "command"
@@ -82,3 +84,121 @@ class JobSpec:
     def from_dict(cls, data: dict) -> "JobSpec":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+# -- from what the user typed ----------------------------------------------------------------
+
+
+def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | None,
+               profile: str | None, sets: tuple[str, ...], name: str | None,
+               backend: str | None, max_runtime_minutes: float | None,
+               settings: config.Settings, resume_from: str | None = None,
+               placement: dict | None = None, procs: int | None = None) -> JobSpec:
+    """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise).
+    `placement`: instance_type, market, region, ami, disk_gb, max_price, keep, idle_minutes."""
+    placement = {k: v for k, v in (placement or {}).items() if v is not None}
+    gpus = placement.pop("gpus", None)
+    if gpus:
+        if placement.get("instance_type"):
+            raise UsageError("give --instance or --gpus, not both")
+        placement.update(_resolve_gpus(gpus, placement, settings))
+    on_job = placement.pop("on_job", None)
+    if on_job and set(placement) - {"keep", "idle_minutes"}:
+        raise UsageError("--on JOB reuses that job's instance: leave out --instance, --spot, "
+                         "--region, --ami, --disk-gb and --max-price")
+    backend = backend or ("aws" if placement.get("instance_type") or on_job else settings.backend)
+    if backend == "aws":
+        placement.setdefault("market", settings.market)
+        if on_job:
+            placement["on_job"] = on_job
+    elif on_job or set(placement) - {"keep"} or placement.get("keep"):
+        flag = "on" if on_job else sorted(placement)[0].replace("_", "-")
+        raise UsageError(f"--{flag} applies to cloud backends, not {backend}")
+    providers.get(backend)  # unknown backend: error now, before anything else
+    if recipe and command:
+        raise UsageError("give either --recipe or a command after --, not both")
+    if not recipe and not command:
+        raise UsageError("nothing to run: give --recipe NAME or a command after --",
+                         hint="cloudtrain launch --recipe resnet9 --profile smoke --follow")
+    if (profile or sets) and not recipe:
+        raise UsageError("--profile and --set apply to recipes; pass your own arguments after --")
+    workdir_path = None
+    if workdir is not None:
+        path = Path(workdir).expanduser()
+        if not path.is_dir():
+            raise UsageError(f"--workdir {workdir}: not a directory")
+        workdir_path = str(path.resolve())
+    if procs is not None and procs < 1:
+        raise UsageError("--procs must be at least 1")
+    if max_runtime_minutes is not None and max_runtime_minutes <= 0:
+        raise UsageError("--max-runtime must be a positive number of minutes")
+    if resume_from and not recipe:
+        raise UsageError("--resume-from continues a recipe's training; give --recipe too")
+
+    if recipe:
+        from . import recipes
+
+        rec = recipes.load(recipe)
+        if resume_from:
+            if "resume" not in rec.arguments:
+                raise UsageError(f"recipe {rec.name} cannot resume (it has no resume argument)")
+            sets = (*sets, "resume=true")
+        args = rec.resolve(profile, sets)
+        needed = rec.gpus_needed(args)
+        if procs is not None and procs > 1 and rec.launcher != "torchrun":
+            raise UsageError(f"--procs: recipe {rec.name} runs as one process")
+        if backend == "aws" and not on_job:
+            _place_recipe(rec, args, placement, settings)
+        minutes = max_runtime_minutes or rec.resources.get("max_runtime_minutes") \
+            or settings.max_runtime_minutes
+        return JobSpec(kind=RECIPE, backend=backend, name=name, recipe=rec.name, profile=profile,
+                       args=args, workdir=workdir_path, max_runtime_s=float(minutes) * 60,
+                       resources=dict(rec.resources), requires=list(rec.requires),
+                       resume_from=resume_from, procs=procs, gpus_needed=needed,
+                       gpus_exact=rec.gpus_exact(args), **placement)
+    if procs is not None:
+        raise UsageError("--procs applies to recipes started under torchrun; your own command "
+                         "can read $CLOUDTRAIN_GPUS and start torchrun itself")
+    if backend == "aws" and not on_job:
+        placement.setdefault("instance_type", settings.instance_type)
+    minutes = max_runtime_minutes or settings.max_runtime_minutes
+    return JobSpec(kind=COMMAND, backend=backend, name=name, command=list(command),
+                   workdir=workdir_path, max_runtime_s=float(minutes) * 60, **placement)
+
+
+def _place_recipe(rec, args: dict, placement: dict, settings: config.Settings) -> None:
+    """A cloud recipe job's instance: the one asked for, which must have the GPUs the recipe's
+    arguments need; else, for a multi-GPU recipe, the cheapest type with them; else the
+    configured default type."""
+    from . import catalog
+
+    needed = rec.gpus_needed(args)
+    if placement.get("instance_type"):
+        t = catalog.get(placement["instance_type"])
+        if t is not None and needed > t.gpus:
+            raise UsageError(f"recipe {rec.name} with gpus={needed} needs {needed} GPUs on one "
+                             f"host; {t.name} has {t.gpus:g}",
+                             hint=f"use --gpus {rec.gpu_request(args)}, or --set gpus={t.gpus:g}")
+        return
+    request = rec.gpu_request(args)
+    if catalog.parse_gpus(request)[1] > 1:
+        placement.update(_resolve_gpus(request, placement, settings))
+    else:
+        placement["instance_type"] = settings.instance_type
+
+
+def _resolve_gpus(request: str, placement: dict, settings: config.Settings) -> dict:
+    """`--gpus V100:1`: the cheapest matching type (and region) among the allowed regions:
+    --region, else `regions:` from config.yaml, else the configured region."""
+    from . import catalog
+
+    gpu, count = catalog.parse_gpus(request)
+    regions = [placement["region"]] if placement.get("region") else \
+        [r.strip() for r in settings.regions.split(",") if r.strip()] or \
+        ([settings.region] if settings.region else [])
+    if not regions:
+        raise UsageError("--gpus needs a region to look in: pass --region, or set `region:` "
+                         "or `regions:` in config.yaml")
+    market = placement.get("market") or settings.market
+    chosen, region, _ = catalog.cheapest(gpu, count, regions, market)
+    return {"instance_type": chosen.name, "region": region}

@@ -98,8 +98,16 @@ def _migration_3(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE jobs ADD COLUMN cost_detail TEXT")
 
 
+def _migration_4(db: sqlite3.Connection) -> None:
+    # The launch lease: the launching process renews it while it works; a job still being
+    # launched whose lease ran out was abandoned (its launcher was killed), whichever machine
+    # or container notices. Replaces the hostname + pid check, which only the launching
+    # machine could make.
+    db.execute("ALTER TABLE jobs ADD COLUMN lease_until REAL")
+
+
 # Schema migrations, applied in order; the schema version is PRAGMA user_version.
-MIGRATIONS = [_migration_1, _migration_2, _migration_3]
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -125,6 +133,7 @@ class Job:
     launcher: str | None = None
     cost_settled: int = 0
     cost_detail: dict | None = None
+    lease_until: float | None = None  # launch lease (see _migration_4)
 
     @property
     def active(self) -> bool:
@@ -281,11 +290,14 @@ class Store:
             self._update(db, job_id, fields)
 
     def set_state(self, job_id: str, state: str, *, at: float | None = None,
-                  detail: str | None = None, only_if_active: bool = True, **fields) -> bool:
+                  detail: str | None = None, only_if_active: bool = True,
+                  expect: str | None = None, **fields) -> bool:
         """Move a job to `state` and record the event, atomically.
 
         With `only_if_active`, a job that has already ended is left as it is (two processes
-        may notice the same end; the first one wins). Returns whether the job changed.
+        may notice the same end; the first one wins). With `expect`, the change is made only
+        if the job is still in that state (compare-and-set: a decision taken on a snapshot
+        never overrides what happened since). Returns whether the job changed.
         """
         at = time.time() if at is None else at
         with self.transaction() as db:
@@ -293,6 +305,8 @@ class Store:
             if row is None:
                 raise NotFound(f"no job '{job_id}'")
             if only_if_active and row["state"] in TERMINAL_STATES:
+                return False
+            if expect is not None and row["state"] != expect:
                 return False
             if row["state"] == state:
                 if fields:
