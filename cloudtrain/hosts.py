@@ -135,6 +135,23 @@ class Host(ABC):
         result = self.run(shlex.join([self.python, "-c", check, *modules]))
         return result.stdout.split()
 
+    def install_agent(self, jobdir: str) -> None:
+        """Put the agent where `start_agent`, `probe_job` and `stop_job` run it from."""
+        self.put(AGENT_SOURCE, f"{jobdir}/agent.py")
+
+    def pull_tree(self, remote: str, local: Path, limit_bytes: float) -> int:
+        """Copy the files below `remote` into `local`, unless together they exceed
+        limit_bytes; returns the bytes copied."""
+        listing = self.run(f"cd {shlex.quote(remote)} 2>/dev/null && find . -type f -printf '%s %P\\n'",
+                           check=False).stdout.splitlines()
+        files = [(int(size), name) for size, _, name in (l.partition(" ") for l in listing) if name]
+        total = sum(size for size, _ in files)
+        if not files or total > limit_bytes:
+            return 0
+        for _, name in files:
+            self.get(f"{remote}/{name}", local / name)
+        return total
+
     def start_agent(self, job_id: str, jobdir: str) -> None:
         """Start `agent.py run <jobdir>` as the command of a new detached tmux session.
 

@@ -21,7 +21,7 @@ from typing import Iterator
 from . import config, providers, state
 from .agent import pid_alive
 from .errors import CloudtrainError, HostError, UsageError
-from .hosts import AGENT_SOURCE, Host, LocalHost
+from .hosts import Host, LocalHost
 from .spec import COMMAND, RECIPE, JobSpec
 from .state import Job, Store
 
@@ -130,7 +130,7 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
         data_dir = provider.data_dir(host)
         host.run("mkdir -p " + " ".join(shlex.quote(d) for d in (
             f"{jobdir}/checkpoints", f"{jobdir}/work", data_dir)))
-        host.put(AGENT_SOURCE, f"{jobdir}/agent.py")
+        host.install_agent(jobdir)
         if spec.kind == RECIPE:
             from . import recipes
 
@@ -358,24 +358,13 @@ def collect_files(store: Store, job: Job) -> bool:
             data = host.read(f"{job.jobdir}/{name}")
             local.mkdir(parents=True, exist_ok=True)
             (local / name).write_bytes(data)
-        _collect_checkpoints(host, f"{job.jobdir}/checkpoints", local / "checkpoints",
-                             settings.collect_checkpoints_mb)
+        host.pull_tree(f"{job.jobdir}/checkpoints", local / "checkpoints",
+                       settings.collect_checkpoints_mb * 1e6)
     except HostError:
         return False
     store.update_job(job.id, jobdir=str(local), host={"kind": "LocalHost", "collected_from":
                                                        job.host, "remote_jobdir": job.jobdir})
     return True
-
-
-def _collect_checkpoints(host: Host, remote: str, local: Path, limit_mb: float) -> None:
-    """Bring the checkpoints home too, unless together they exceed limit_mb."""
-    listing = host.run(f"cd {shlex.quote(remote)} 2>/dev/null && find . -type f -printf '%s %P\\n'",
-                       check=False).stdout.splitlines()
-    files = [(int(size), name) for size, _, name in (l.partition(" ") for l in listing) if name]
-    if not files or sum(size for size, _ in files) > limit_mb * 1e6:
-        return
-    for _, name in files:
-        host.get(f"{remote}/{name}", local / name)
 
 
 def _finish(store: Store, job: Job, collect: bool = True, force: bool = False) -> None:
