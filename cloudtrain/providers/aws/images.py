@@ -1,0 +1,43 @@
+"""The AMI: the Deep Learning AMI by its SSM parameter (or newest by name), and its root device."""
+
+from __future__ import annotations
+
+from .errors import AWSError
+
+# The AWS Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.9 (Ubuntu 24.04) by its SSM public
+# parameter; its Python is /opt/pytorch/bin/python (DLAMI release notes). The newest image
+# matching the name is the fallback when SSM is not reachable.
+DLAMI_PARAMETER = ("/aws/service/deeplearning/ami/x86_64/"
+                   "oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id")
+DLAMI_NAME = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 24.04) *"
+
+
+class ImagesMixin:
+    """AWSProvider's AMI lookups (needs self.session and self.call)."""
+
+    def resolve_ami(self, region: str, ami: str | None = None) -> str:
+        if ami:
+            return ami
+        import botocore.exceptions
+
+        try:
+            ssm = self.session(region).client("ssm", region_name=region)
+            return ssm.get_parameter(Name=DLAMI_PARAMETER)["Parameter"]["Value"]
+        except botocore.exceptions.ClientError:
+            pass  # not published in this region or not allowed: fall back to the name
+        images = self.call(region, "describe_images", Owners=["amazon"], Filters=[
+            {"Name": "name", "Values": [DLAMI_NAME]}, {"Name": "state", "Values": ["available"]}
+        ])["Images"]
+        if not images:
+            raise AWSError(f"no AWS Deep Learning PyTorch AMI found in {region}",
+                           hint="pass --ami ami-... (an Ubuntu image with NVIDIA drivers and PyTorch)")
+        return max(images, key=lambda i: i.get("CreationDate", ""))["ImageId"]
+
+    def root_device(self, region: str, ami: str) -> str:
+        """The AMI's root device name (/dev/sda1 on Ubuntu, /dev/xvda on Amazon Linux): the
+        volume size and type only apply when the mapping names the real root device."""
+        images = self.call(region, "describe_images", ImageIds=[ami])["Images"]
+        if not images:
+            raise AWSError(f"AMI {ami} does not exist in {region}",
+                           hint="check --ami, or leave it out for the Deep Learning AMI")
+        return images[0].get("RootDeviceName") or "/dev/sda1"

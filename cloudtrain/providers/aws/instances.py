@@ -1,0 +1,311 @@
+"""Instances: the RunInstances request, each AZ in turn, waiting for running and SSH,
+finding them by tag, terminating them, and their end times for the bill."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ... import catalog
+from ...errors import CloudtrainError, HostError, UsageError
+from ...hosts import SSHHost, default_tmux_socket
+from ...ssh import Endpoint
+from ...state import Instance, Job, Store
+from .errors import CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, StaleCache, _code, \
+    _message, aws_errors
+from .tags import TAG_JOB, TAG_OWNER, TAG_RECIPE
+
+USER_DATA = Path(__file__).resolve().parents[3] / "infra" / "user-data.sh"
+RUNTIME_MARGIN_MIN = 15  # user-data powers off this long after the job's max runtime
+
+
+def ec2_transition_time(reason: str) -> float | None:
+    """EC2 puts the time of a stop or termination in StateTransitionReason:
+    'User initiated (2026-11-22 03:00:00 GMT)'."""
+    import calendar
+    import re
+
+    m = re.search(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)", reason or "")
+    if not m:
+        return None
+    return float(calendar.timegm(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")))
+
+
+
+@dataclass
+class Attempt:
+    zone: str
+    subnet: str
+    error: str | None  # None: it worked
+
+
+
+class InstancesMixin:
+    """AWSProvider's instances (needs self.call, self.client, self.settings, self.region and
+    the price lookups)."""
+
+    def _details(self, store: Store, instance_id: str) -> dict:
+        row = store.db.execute("SELECT details FROM instances WHERE id = ?",
+                               (instance_id,)).fetchone()
+        return json.loads(row["details"]) if row and row["details"] else {}
+
+    def _tags(self, job: Job, spec, owner: str) -> list[dict]:
+        return [{"Key": TAG_JOB, "Value": job.id}, {"Key": TAG_OWNER, "Value": owner},
+                {"Key": TAG_RECIPE, "Value": spec.recipe or "command"},
+                {"Key": "Name", "Value": f"cloudtrain-{job.id}" + (f"-{job.name}" if job.name else "")}]
+
+    def user_data(self, job: Job, spec) -> str:
+        minutes = int(spec.max_runtime_s // 60) + RUNTIME_MARGIN_MIN
+        command = self.settings.shutdown_command.replace("sudo ", "")  # user-data runs as root
+        return (USER_DATA.read_text().replace("@@JOB_ID@@", job.id)
+                .replace("@@MAX_RUNTIME_MINUTES@@", str(minutes))
+                .replace("@@SHUTDOWN_COMMAND@@", command))
+
+    def run_request(self, job: Job, spec, subnet: str, group: str, ami: str, key_name: str,
+                    owner: str, disk_gb: int, root_device: str) -> dict:
+        tags = self._tags(job, spec, owner)
+        request = dict(
+            ImageId=ami, InstanceType=spec.instance_type, MinCount=1, MaxCount=1,
+            KeyName=key_name, SubnetId=subnet, SecurityGroupIds=[group],
+            InstanceInitiatedShutdownBehavior="terminate",
+            MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled",
+                             "HttpPutResponseHopLimit": 2},
+            BlockDeviceMappings=[{"DeviceName": root_device, "Ebs": {
+                "VolumeSize": disk_gb, "VolumeType": "gp3", "Encrypted": True,
+                "DeleteOnTermination": True}}],
+            TagSpecifications=[{"ResourceType": "instance", "Tags": tags},
+                               {"ResourceType": "volume", "Tags": tags}],
+            UserData=self.user_data(job, spec),
+        )
+        if self.settings.instance_profile:
+            request["IamInstanceProfile"] = {"Name": self.settings.instance_profile}
+        if spec.market == "spot":
+            options = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+            if spec.max_price is not None:
+                options["MaxPrice"] = f"{spec.max_price:.4f}"
+            request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
+        return request
+
+    def _run(self, store, job, spec, region, boot: dict) -> str:
+        import botocore.exceptions
+
+        zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
+                                              boot["key_name"], boot["owner"])
+        zones = self.order_zones(zones, spec.instance_type, region, spec.market)
+        root_device = boot["root_device"]
+        disk = spec.disk_gb or self.settings.disk_gb or int(spec.resources.get("disk_gb", 100))
+        attempts: list[Attempt] = []
+        for n, (zone, subnet, _vpc, _zone_id) in enumerate(zones):
+            request = self.run_request(job, spec, subnet, group, ami, key_name, owner, disk,
+                                       root_device)
+            try:
+                # ClientToken: a retried request can never start a second instance.
+                response = self.call(region, "run_instances", fail_fast=True,
+                                     ClientToken=f"{job.id}-{n}", **request)
+            except botocore.exceptions.ClientError as exc:
+                code = _code(exc)
+                if code in STALE_ERRORS and not attempts:
+                    raise StaleCache(code) from exc
+                if code in CAPACITY_ERRORS:
+                    attempts.append(Attempt(zone, subnet, f"{code}: {_message(exc)}"))
+                    continue
+                tried = ", ".join(a.zone for a in attempts + [Attempt(zone, subnet, code)])
+                if code in QUOTA_ERRORS:
+                    raise AWSError(f"{spec.instance_type} ({spec.market}) in {region}: {code}: "
+                                   f"{_message(exc)} (AZs tried: {tried})",
+                                   hint="ask AWS for a higher quota (Service Quotas console: "
+                                        "'Running On-Demand G and VT instances' / 'All G and VT "
+                                        "Spot Instance Requests'), or use a smaller instance") from exc
+                if code in ("InvalidParameterValue", "InvalidInstanceType") and \
+                        spec.instance_type in _message(exc):
+                    raise AWSError(f"{spec.instance_type} is not offered in {region}: "
+                                   f"{_message(exc)}", hint="cloudtrain catalog lists types and "
+                                                            "regions") from exc
+                raise AWSError(f"run_instances failed in {zone}: {code}: {_message(exc)}") from exc
+            raw = response["Instances"][0]
+            instance_id = raw["InstanceId"]
+            price = (catalog.get(spec.instance_type).price(region, "on-demand")
+                     if catalog.get(spec.instance_type) else None)
+            # Recorded before any waiting: from here on, every failure path can terminate it.
+            store.add_instance(Instance(
+                id=instance_id, job_id=job.id, provider=self.name, region=region, zone=zone,
+                instance_type=spec.instance_type, market=spec.market, state="requested",
+                launched_at=raw["LaunchTime"].timestamp() if raw.get("LaunchTime") else time.time(),
+                terminated_at=None, price_per_hour=price if spec.market == "on-demand" else None,
+                details={"subnet": subnet, "ami": ami, "key_name": key_name, "group": group,
+                         "disk_gb": disk, "attempts": [a.__dict__ for a in attempts]}))
+            store.add_event(job.id, "instance", detail=f"{instance_id} in {zone}")
+            return instance_id
+        tried = "; ".join(f"{a.zone}: {a.error}" for a in attempts)
+        what = f"{spec.instance_type} ({spec.market})"
+        hint = ("try --spot / --on-demand, another --instance or --region, or later"
+                if spec.market == "on-demand" else
+                "try --on-demand, a higher --max-price, another --instance or --region")
+        raise AWSError(f"no capacity for {what} in {region}, every AZ tried: {tried}", hint=hint)
+
+    def _describe(self, region: str, instance_id: str) -> dict:
+        reservations = self.call(region, "describe_instances",
+                                 InstanceIds=[instance_id])["Reservations"]
+        return reservations[0]["Instances"][0]
+
+    def _wait_running(self, region: str, instance_id: str) -> str:
+        deadline = time.monotonic() + self.settings.instance_wait_seconds
+        while True:
+            raw = self._describe(region, instance_id)
+            state = raw["State"]["Name"]
+            if state == "running":
+                key = "PrivateIpAddress" if self.settings.connect == "private" else "PublicIpAddress"
+                if raw.get(key):
+                    return raw[key]
+                if self.settings.connect != "private":
+                    raise AWSError(f"{instance_id} has no public IP address",
+                                   hint="set `connect: private` (VPN, peering) or use a subnet "
+                                        "that maps public IPs")
+            if state in ("shutting-down", "terminated", "stopping", "stopped"):
+                reason = raw.get("StateReason", {}).get("Message", state)
+                raise AWSError(f"{instance_id} went {state} while starting: {reason}")
+            if time.monotonic() > deadline:
+                raise AWSError(f"{instance_id} is still {state} after "
+                               f"{self.settings.instance_wait_seconds:.0f} s",
+                               hint=f"aws ec2 describe-instances --instance-ids {instance_id} "
+                                    f"--region {region}")
+            time.sleep(self.settings.poll_seconds)
+
+    def _wait_ssh(self, region: str, instance_id: str, endpoint: Endpoint) -> SSHHost:
+        deadline = time.monotonic() + self.settings.ssh_wait_seconds
+        last = None
+        while time.monotonic() < deadline:
+            host = SSHHost(endpoint, default_tmux_socket(),
+                           python=self.settings.remote_python or "python3")
+            try:
+                host.home()  # the first round trip; later steps need it anyway
+                return host
+            except HostError as exc:
+                last = exc
+                host.close()
+                time.sleep(self.settings.poll_seconds)
+        console = self.console_tail(region, instance_id)
+        raise AWSError(f"SSH to {instance_id} ({endpoint.label()}) did not answer in "
+                       f"{self.settings.ssh_wait_seconds:.0f} s: {last.message if last else ''}"
+                       + (f"; console output ends: {console}" if console else ""),
+                       hint=f"aws ec2 get-console-output --instance-id {instance_id} --region "
+                            f"{region} --latest; check the security group allows {self.ssh_cidr()}")
+
+    def console_tail(self, region: str, instance_id: str) -> str:
+        import base64
+
+        import botocore.exceptions
+
+        try:
+            out = self.call(region, "get_console_output", InstanceId=instance_id).get("Output")
+        except (botocore.exceptions.ClientError, CloudtrainError):
+            return ""
+        if not out:
+            return ""
+        try:
+            text = base64.b64decode(out).decode("utf-8", "replace")
+        except ValueError:
+            text = out
+        return " | ".join(text.strip().splitlines()[-3:])
+
+    def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
+        """EC2's view of the job's instances: id -> {state, reason, terminated}."""
+        out = {}
+        for region in {i.region for i in store.instances(job.id) if i.region}:
+            for raw in self._query(region, {TAG_JOB: job.id}):
+                out[raw["InstanceId"]] = {"state": raw["State"]["Name"],
+                                          "reason": raw.get("StateReason", {}).get("Code", ""),
+                                          "message": raw.get("StateReason", {}).get("Message", "")}
+        return out
+
+    def _query(self, region: str, tags: dict[str, str | None]) -> list[dict]:
+        filters = [{"Name": f"tag:{k}", "Values": [v]} if v else {"Name": "tag-key", "Values": [k]}
+                   for k, v in tags.items()]
+        out = []
+        paginator = self.client("ec2", region).get_paginator("describe_instances")
+        with aws_errors(region):
+            for page in paginator.paginate(Filters=filters):
+                for res in page["Reservations"]:
+                    out.extend(res["Instances"])
+        return out
+
+    def release(self, store: Store, job: Job, force: bool = False) -> None:
+        """Terminate what the job has: the recorded instances and anything tagged with its id
+        (a request whose answer was lost still started an instance). A --keep job's instance
+        stays until `cloudtrain down` (force)."""
+        if (job.spec or {}).get("keep") and not force and job.state != "cancelled":
+            return
+        recorded = store.instances(job.id)
+        regions = {i.region for i in recorded if i.region} or {self.region_of(job)}
+        for region in regions:
+            ids = {i.id for i in recorded if i.region == region and i.state != "terminated"}
+            tagged = {r["InstanceId"] for r in self._query(region, {TAG_JOB: job.id})
+                      if r["State"]["Name"] not in ("terminated",)}
+            ids |= tagged
+            if ids:
+                self.call(region, "terminate_instances", InstanceIds=sorted(ids))
+            for raw in self._query(region, {TAG_JOB: job.id}) if ids else []:
+                known = {i.id for i in store.instances(job.id)}
+                if raw["InstanceId"] not in known:  # found by tag only: record it now
+                    store.add_instance(Instance(
+                        id=raw["InstanceId"], job_id=job.id, provider=self.name, region=region,
+                        zone=raw.get("Placement", {}).get("AvailabilityZone"),
+                        instance_type=raw.get("InstanceType"), market=(job.spec or {}).get("market"),
+                        state="requested", launched_at=raw["LaunchTime"].timestamp(),
+                        terminated_at=None, price_per_hour=None, details={"found_by_tag": True}))
+        self.record_ends(store, job)
+
+    def record_ends(self, store: Store, job: Job) -> None:
+        """Termination times from EC2 (its state-transition reason carries the time), and for
+        spot instances the price history of their AZ over their life: what the bill uses."""
+        for inst in store.instances(job.id):
+            if inst.state == "terminated" and inst.terminated_at and not (
+                    inst.market == "spot" and not (inst.details or {}).get("spot_history")):
+                continue
+            raw = {}
+            try:
+                raw = self._describe(inst.region, inst.id)
+            except Exception:  # gone from EC2's view (about an hour after termination)
+                pass
+            ended = ec2_transition_time(raw.get("StateTransitionReason", "")) or time.time()
+            fields = {"state": "terminated", "terminated_at": inst.terminated_at or ended}
+            if inst.market == "spot":
+                import botocore.exceptions
+
+                details = dict(inst.details or {})
+                try:
+                    details["spot_history"] = self.spot_history(
+                        inst.region, raw.get("Placement", {}).get("AvailabilityZone") or inst.zone,
+                        inst.instance_type, inst.launched_at, fields["terminated_at"])
+                except (CloudtrainError, botocore.exceptions.ClientError):
+                    pass  # the cost stays an estimate; `cost-report --refresh` asks again
+                fields["details"] = json.dumps(details)
+            store.update_instance(inst.id, **fields)
+
+    def reconcile(self, store: Store) -> list[dict]:
+        """Every instance tagged as ours in the regions we use, one DescribeInstances each;
+        marks whether the store knows it. Updates the store's instance states."""
+        regions = {r["region"] for r in store.db.execute(
+            "SELECT DISTINCT region FROM instances WHERE provider = 'aws' AND region IS NOT NULL")}
+        try:
+            regions.add(self.region())
+        except UsageError:
+            pass
+        known = {r["id"]: r["job_id"] for r in store.db.execute(
+            "SELECT id, job_id FROM instances WHERE provider = 'aws'")}
+        found = []
+        for region in sorted(regions):
+            for raw in self._query(region, {TAG_JOB: None}):
+                tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+                state = raw["State"]["Name"]
+                found.append({"instance": raw["InstanceId"], "region": region, "state": state,
+                              "type": raw.get("InstanceType"), "job": tags.get(TAG_JOB),
+                              "tracked": raw["InstanceId"] in known,
+                              "launched_at": raw["LaunchTime"].timestamp()})
+                if raw["InstanceId"] in known and state == "terminated":
+                    store.db.execute(
+                        "UPDATE instances SET state = 'terminated', terminated_at = "
+                        "COALESCE(terminated_at, ?) WHERE id = ?", (time.time(), raw["InstanceId"]))
+        return found

@@ -1,0 +1,105 @@
+"""Prices: the Price List Query API (on-demand, gp3) and EC2's spot price history."""
+
+from __future__ import annotations
+
+import json
+
+from .errors import aws_errors
+
+# The Price List Query API answers from us-east-1 (also eu-central-1, ap-south-1) for every
+# region; the region asked about is a filter.
+PRICING_REGION = "us-east-1"
+EC2_PRICE_FILTERS = {"operatingSystem": "Linux", "tenancy": "Shared", "preInstalledSw": "NA",
+                     "capacitystatus": "Used"}
+
+
+def price_per_unit(item: str, unit: str) -> float | None:
+    """The on-demand USD price per `unit` ("Hrs", "GB-Mo") in one PriceList item: a JSON
+    document whose terms.OnDemand.<offer>.priceDimensions.<rate> has unit and pricePerUnit.
+    Zero-priced dimensions (reserved-capacity placeholders) do not count."""
+    doc = json.loads(item)
+    prices = []
+    for offer in ((doc.get("terms") or {}).get("OnDemand") or {}).values():
+        for dim in (offer.get("priceDimensions") or {}).values():
+            if dim.get("unit") == unit:
+                try:
+                    usd = float((dim.get("pricePerUnit") or {}).get("USD", "nan"))
+                except ValueError:
+                    continue
+                if usd > 0:
+                    prices.append(usd)
+    return min(prices) if prices else None
+
+
+
+class PricingMixin:
+    """AWSProvider's price lookups (needs self.client)."""
+
+    def _products(self, filters: dict[str, str]) -> list[str]:
+        """GetProducts for AmazonEC2 with TERM_MATCH filters: the PriceList items (JSON text)."""
+        items: list[str] = []
+        paginator = self.client("pricing", PRICING_REGION).get_paginator("get_products")
+        with aws_errors(PRICING_REGION):
+            for page in paginator.paginate(
+                    ServiceCode="AmazonEC2", FormatVersion="aws_v1", Filters=[
+                        {"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in filters.items()]):
+                items.extend(page.get("PriceList") or [])
+        return items
+
+    def on_demand_prices(self, region: str, instance_types: list[str]) -> dict[str, float]:
+        """Linux on-demand USD/h per type in `region`, from AWS's public price list: shared
+        tenancy, no pre-installed software, capacity "Used" (the rows a plain RunInstances is
+        billed at). One query per type, a few at a time."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(name: str) -> tuple[str, float | None]:
+            items = self._products({**EC2_PRICE_FILTERS, "regionCode": region,
+                                    "instanceType": name})
+            prices = [p for p in (price_per_unit(item, "Hrs") for item in items) if p]
+            return name, (min(prices) if prices else None)
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            found = dict(pool.map(one, instance_types))
+        return {name: price for name, price in found.items() if price is not None}
+
+    def gp3_price(self, region: str) -> float | None:
+        """gp3 storage, USD per GB-month in `region`, from the price list."""
+        items = self._products({"productFamily": "Storage", "volumeApiName": "gp3",
+                                "regionCode": region})
+        prices = [p for p in (price_per_unit(item, "GB-Mo") for item in items) if p]
+        return min(prices) if prices else None
+
+    def current_spot_prices(self, region: str, instance_types: list[str]) -> dict[str, dict[str, float]]:
+        """The spot price now, per type and AZ (Linux/UNIX): the newest history row of each."""
+        import datetime
+
+        latest: dict[str, dict[str, tuple[float, float]]] = {}
+        paginator = self.client("ec2", region).get_paginator("describe_spot_price_history")
+        with aws_errors(region):
+            for page in paginator.paginate(
+                    InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"],
+                    StartTime=datetime.datetime.now(datetime.timezone.utc)):
+                for p in page["SpotPriceHistory"]:
+                    at = p["Timestamp"].timestamp()
+                    zones = latest.setdefault(p["InstanceType"], {})
+                    if p["AvailabilityZone"] not in zones or zones[p["AvailabilityZone"]][0] < at:
+                        zones[p["AvailabilityZone"]] = (at, float(p["SpotPrice"]))
+        return {t: {z: price for z, (_, price) in zones.items()} for t, zones in latest.items()}
+
+    def spot_history(self, region: str, zone: str, instance_type: str, start: float,
+                     end: float) -> list[list[float]]:
+        """[(at, USD/h)] for Linux/UNIX in that AZ, from the last change before `start`."""
+        import datetime
+
+        def ts(t):
+            return datetime.datetime.fromtimestamp(t, datetime.timezone.utc)
+
+        points = []
+        paginator = self.client("ec2", region).get_paginator("describe_spot_price_history")
+        with aws_errors(region):
+            for page in paginator.paginate(
+                    AvailabilityZone=zone, InstanceTypes=[instance_type],
+                    ProductDescriptions=["Linux/UNIX"], StartTime=ts(start), EndTime=ts(end)):
+                for p in page["SpotPriceHistory"]:
+                    points.append([p["Timestamp"].timestamp(), float(p["SpotPrice"])])
+        return sorted(points)

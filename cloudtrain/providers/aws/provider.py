@@ -1,0 +1,299 @@
+"""EC2 through boto3: the cloud as a handful of verbs.
+
+    preflight(spec)             credentials and instance type, before anything is created
+    bootstrap(region)           key pair, security group and AMI, reused across jobs
+    acquire(store, job, spec)   run_instances in each AZ in turn, record, wait, SSH -> SSHHost
+    host_for(job)               SSHHost from the stored endpoint (host key pinned)
+    release(store, job)         terminate by record and by tag: nothing bills afterwards
+    reconcile(store)            one DescribeInstances per region: every instance tagged ours
+    cleanup(region)             delete the security group and key pair no instance uses
+    plan(spec)                  what launch would do (dry run), without creating anything
+
+Raw boto dicts stay inside this package. Every resource is tagged at creation
+(TagSpecifications) with cloudtrain:job, cloudtrain:owner, cloudtrain:recipe and Name, so the
+cloud itself can always tell what is ours, even with the local database lost.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ... import catalog, config
+from ...errors import CloudtrainError, MissingDependency, UsageError
+from ...hosts import SSHHost
+from ...ssh import Endpoint
+from ...state import Job, Store
+from .cache import CACHE_TTL_S, RegionCache
+from .errors import StaleCache, _code, _message, aws_errors
+from .images import DLAMI_PARAMETER, ImagesMixin
+from .instances import RUNTIME_MARGIN_MIN, InstancesMixin
+from .network import NetworkMixin
+from .pricing import PricingMixin
+
+
+class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin):
+    name = "aws"
+
+    def __init__(self, settings: config.Settings | None = None):
+        self.settings = settings or config.Settings.load()
+        self._sessions: dict[str, object] = {}
+        self._clients: dict[tuple, object] = {}
+
+    # -- sessions and clients ------------------------------------------------------------------
+
+    def session(self, region: str | None = None):
+        import boto3
+        import botocore.exceptions
+
+        key = region or ""
+        if key not in self._sessions:
+            try:
+                self._sessions[key] = boto3.Session(
+                    profile_name=self.settings.aws_profile or None,
+                    region_name=region or self.settings.region or None)
+            except botocore.exceptions.ProfileNotFound as exc:
+                raise UsageError(f"AWS profile not found: {exc}",
+                                 hint="list yours with: aws configure list-profiles") from exc
+        return self._sessions[key]
+
+    def region(self, spec=None) -> str:
+        region = (spec.region if spec is not None and spec.region else None) \
+            or self.settings.region or self.session().region_name
+        if not region:
+            raise UsageError("no AWS region: pass --region, set `region:` in config.yaml, "
+                             "or AWS_REGION", hint="cloudtrain launch --region us-east-1 ...")
+        return region
+
+    def client(self, service: str, region: str, fail_fast: bool = False):
+        """A client; fail_fast for run_instances (capacity errors are not retried, the next
+        AZ is tried instead). Others retry throttling and 5xx with backoff (standard mode)."""
+        key = (service, region, fail_fast)
+        if key not in self._clients:
+            from botocore.config import Config
+
+            retries = {"max_attempts": 1} if fail_fast else {"max_attempts": 6, "mode": "standard"}
+            cfg = Config(retries=retries, connect_timeout=10, read_timeout=60)
+            self._clients[key] = self.session(region).client(service, region_name=region,
+                                                             config=cfg)
+        return self._clients[key]
+
+    def call(self, region: str, method: str, fail_fast: bool = False, **kwargs):
+        """One EC2 call, with AWS's errors turned into ours where we know what to say."""
+        with aws_errors(region):
+            return getattr(self.client("ec2", region, fail_fast), method)(**kwargs)
+
+    # -- identity and bootstrap ------------------------------------------------------------------
+
+    def owner(self, region: str) -> str:
+        """The caller's ARN: the cloudtrain:owner tag of everything this user creates."""
+        if not hasattr(self, "_owner"):
+            with aws_errors(region):
+                sts = self.session(region).client("sts", region_name=region)
+                self._owner = sts.get_caller_identity()["Arn"]
+        return self._owner
+
+
+    def preflight(self, spec) -> None:
+        if not spec.instance_type and not spec.on_job:  # --on: the kept job's instance
+            raise UsageError("which instance? pass --instance (e.g. g5.xlarge)")
+        if spec.market not in ("on-demand", "spot"):
+            raise UsageError(f"market must be on-demand or spot, not {spec.market!r}")
+        if spec.max_price is not None and spec.market != "spot":
+            raise UsageError("--max-price applies to --spot")
+
+    def bootstrap(self, region: str, ami: str | None, cached: bool = True) -> dict:
+        """Owner, key pair, subnets, security group, AMI and its root device for a region.
+        What was set up before is taken from $CLOUDTRAIN_HOME/aws-cache.json (AMI and subnets
+        for a day), so a warm launch makes no describe calls; a stale entry shows up as a
+        *.NotFound from RunInstances, and the caller bootstraps again uncached."""
+        cache = RegionCache(self.settings.aws_profile, region)
+        entry = cache.load() if cached else {}
+        credentials = self.session(region).get_credentials()
+        access_key = credentials.access_key if credentials else None
+        if entry.get("access_key") == access_key and entry.get("owner"):
+            self._owner = entry["owner"]
+        owner = self.owner(region)
+        key_path = self.key_path(region)
+        if entry.get("key_name") and key_path.exists():
+            key_name = entry["key_name"]
+        else:
+            key_name, key_path = self.ensure_key(region, owner)
+        now = time.time()
+        if now - entry.get("zones_at", 0) < CACHE_TTL_S and entry.get("zones"):
+            zones = [tuple(z) + ("",) * (4 - len(z)) for z in entry["zones"]]
+        else:
+            zones = self.subnets(region)
+            entry.update(zones=[list(z) for z in zones], zones_at=now)
+        group_key = f"{zones[0][2]}|{self.ssh_cidr()}|{self.settings.ssh_port}"
+        if entry.get("group_key") == group_key:
+            group = entry["group"]
+        else:
+            group = self.ensure_group(region, zones[0][2], owner)
+            entry.update(group_key=group_key, group=group)
+        if ami is not None:  # the user's own: resolved each time, never cached as the default
+            root_device = self.root_device(region, ami)
+        elif now - entry.get("ami_at", 0) < CACHE_TTL_S and entry.get("ami"):
+            ami, root_device = entry["ami"], entry["root_device"]
+        else:
+            ami = self.resolve_ami(region, None)
+            root_device = self.root_device(region, ami)
+            entry.update(ami=ami, root_device=root_device, ami_at=now)
+        entry.update(access_key=access_key, owner=owner, key_name=key_name)
+        cache.save(entry)
+        return {"owner": owner, "key_name": key_name, "key_path": key_path, "zones": zones,
+                "group": group, "ami": ami, "root_device": root_device}
+
+    def acquire(self, store: Store, job: Job, spec) -> SSHHost:
+        region = self.region(spec)
+        boot = self.bootstrap(region, spec.ami)
+        try:
+            instance = self._run(store, job, spec, region, boot)
+        except StaleCache:
+            RegionCache(self.settings.aws_profile, region).clear()
+            boot = self.bootstrap(region, spec.ami, cached=False)
+            instance = self._run(store, job, spec, region, boot)
+        key_path = boot["key_path"]
+        address = self._wait_running(region, instance)
+        endpoint = Endpoint(address, self.settings.ssh_port, self.settings.ssh_user, str(key_path))
+        host = self._wait_ssh(region, instance, endpoint)
+        store.update_instance(instance, state="running", details=json.dumps(
+            {**self._details(store, instance), "address": address, "host_key": endpoint.host_key}))
+        return host
+
+    def adopt(self, store: Store, kept: Job, job: Job) -> SSHHost:
+        """`launch --on`: the new job takes over the kept job's instance (and from now on
+        its billing) without provisioning anything; the host is reached the same way."""
+        info = (kept.host or {}).get("collected_from") or kept.host or {}
+        host = self.host_for(Job(**{**kept.__dict__, "host": info}))
+        host.run("true")  # still there, and still the machine whose host key we pinned
+        for inst in store.instances(kept.id):
+            if inst.state != "terminated":
+                store.db.execute("UPDATE instances SET job_id = ? WHERE id = ?", (job.id, inst.id))
+                store.add_event(job.id, "instance", detail=f"{inst.id} taken over from job {kept.id}")
+                store.add_event(kept.id, "handover", detail=f"{inst.id} to job {job.id}")
+        return host
+
+    def host_for(self, job: Job) -> SSHHost:
+        info = job.host or {}
+        endpoint = Endpoint(info["host"], info.get("port", 22), info.get("user", "ubuntu"),
+                            info.get("key_path"), info.get("host_key"))
+        return SSHHost(endpoint, info.get("tmux_socket", "cloudtrain"), info.get("python", "python3"))
+
+    def setup(self, host: SSHHost) -> None:
+        """The host has what the agent needs: python3 (3.8+) and tmux."""
+        found = host.run("command -v /opt/pytorch/bin/python || command -v python3; "
+                         "printf 'tmux:'; command -v tmux", check=False).stdout.splitlines()
+        pythons = [line for line in found if not line.startswith("tmux:")]
+        if self.settings.remote_python:
+            host.python = self.settings.remote_python
+        elif pythons:
+            host.python = pythons[0]
+        else:
+            raise MissingDependency(f"{host.name} has no python3")
+        if "tmux:" in found:  # `command -v tmux` printed nothing
+            from ..hosts import TMUX_INSTALL_HINT
+
+            raise MissingDependency(f"tmux is not installed on {host.name}", hint=TMUX_INSTALL_HINT)
+
+    def gpus(self, spec, host: SSHHost) -> int:
+        """The instance type's GPU count (what is paid for), not what the driver shows now:
+        a driver still loading must not quietly turn an 8-GPU job into one process. A type
+        the catalog does not know (or `--on` a kept instance): ask the host."""
+        t = catalog.get(spec.instance_type) if spec.instance_type else None
+        return int(t.gpus) if t is not None else host.gpu_count()
+
+    def root(self, host: SSHHost) -> str:
+        root = self.settings.remote_root
+        return host.home() + root[1:] if root.startswith("~") else root
+
+    def jobdir(self, job_id: str, host: SSHHost | None = None) -> str:
+        return f"{self.root(host)}/jobs/{job_id}"
+
+    def data_dir(self, host: SSHHost | None = None) -> str:
+        return f"{self.root(host)}/data"
+
+    def agent_settings(self, spec) -> dict:
+        """What the agent on this host watches: the spot interruption notice (spot only)."""
+        return {"imds_url": self.settings.imds_url} if spec.market == "spot" else {}
+
+    def shutdown(self, spec) -> tuple[str | None, float]:
+        """What the agent runs after the job, and after how long."""
+        if spec.keep:
+            return None, 0.0
+        delay = spec.idle_minutes * 60 if spec.idle_minutes is not None \
+            else self.settings.shutdown_delay_seconds
+        return self.settings.shutdown_command, delay
+
+    def region_of(self, job: Job) -> str:
+        return (job.spec or {}).get("region") or self.region()
+
+    # -- dry run ---------------------------------------------------------------------------------
+
+    def plan(self, spec) -> list[tuple[str, str]]:
+        """What launch would do, as (what, value) rows; creates nothing, bills nothing. With
+        credentials it also resolves AZs and AMI and asks EC2 (DryRun=True) whether
+        RunInstances would be allowed."""
+        import botocore.exceptions
+
+        self.preflight(spec)
+        region = self.region(spec)
+        rows = [("backend", "aws"), ("region", region)]
+        t = catalog.get(spec.instance_type)
+        if t is None:
+            rows.append(("instance", f"{spec.instance_type} (not in the bundled catalog: "
+                                     "price unknown)"))
+        else:
+            rows.append(("instance", f"{t.name}: {t.gpus:g}x {t.gpu}, {t.vcpus:g} vCPU, "
+                                     f"{t.memory_gib:g} GiB"))
+        if spec.kind == "recipe" and t is not None:
+            procs = spec.processes(int(t.gpus))
+            rows.append(("processes", f"{procs}" + (" (torchrun, one per GPU)" if procs > 1
+                                                    else "")))
+        rows.append(("market", spec.market + (f", max price ${spec.max_price}/h"
+                                              if spec.max_price is not None else "")))
+        price = t.price(region, spec.market) if t else None
+        if price is not None:
+            basis = catalog.on_demand_source(region) if spec.market == "on-demand" \
+                else f"cheapest AZ: {catalog.spot_source(region)}"
+            cap = price * spec.max_runtime_s / 3600
+            rows.append(("price", f"${price:.4f}/h ({basis})"))
+            rows.append(("at most", f"${cap:.2f} if it runs its whole max runtime of "
+                                    f"{spec.max_runtime_s / 60:g} min"))
+        elif t is not None:
+            rows.append(("price", f"no {spec.market} price for {t.name} in {region} in the catalog"))
+        disk = spec.disk_gb or self.settings.disk_gb or int(spec.resources.get("disk_gb", 100))
+        rows.append(("disk", f"{disk} GB gp3, encrypted, deleted with the instance"))
+        rows.append(("shutdown", "the agent powers the instance off after the job "
+                     + ("(no: --keep)" if spec.keep else f"(after {self.shutdown(spec)[1]:g} s)")
+                     + f"; user-data after {int(spec.max_runtime_s // 60) + RUNTIME_MARGIN_MIN} min"
+                     " regardless"))
+        if self.session(region).get_credentials() is None:
+            rows.append(("AMI", f"resolved at launch from SSM {DLAMI_PARAMETER}"
+                         if not spec.ami else spec.ami))
+            rows.append(("permissions", "not checked: no AWS credentials (this plan needs none)"))
+            return rows
+        try:
+            zones = self.subnets(region)
+            zones = self.order_zones(zones, spec.instance_type, region, spec.market)
+            rows.append(("AZs to try", ", ".join(z[0] for z in zones)))
+            ami = self.resolve_ami(region, spec.ami)
+            rows.append(("AMI", ami))
+            request = dict(ImageId=ami, InstanceType=spec.instance_type, MinCount=1, MaxCount=1,
+                           SubnetId=zones[0][1], DryRun=True)
+            if spec.market == "spot":
+                request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+                    "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+            try:
+                self.call(region, "run_instances", fail_fast=True, **request)
+                rows.append(("permissions", "RunInstances: EC2 answered without DryRunOperation"))
+            except botocore.exceptions.ClientError as exc:
+                if _code(exc) == "DryRunOperation":
+                    rows.append(("permissions", "RunInstances allowed (EC2 DryRun)"))
+                elif _code(exc) == "UnauthorizedOperation":
+                    rows.append(("permissions", "RunInstances DENIED: attach infra/iam-policy-cli.json"))
+                else:
+                    rows.append(("permissions", f"RunInstances: {_code(exc)}: {_message(exc)}"))
+        except CloudtrainError as exc:
+            rows.append(("credentials", exc.message))
+        return rows

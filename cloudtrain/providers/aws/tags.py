@@ -1,0 +1,4 @@
+"""The tags every cloudtrain resource carries, and the shared security group's name."""
+
+TAG_JOB, TAG_OWNER, TAG_RECIPE = "cloudtrain:job", "cloudtrain:owner", "cloudtrain:recipe"
+GROUP_NAME = "cloudtrain"
