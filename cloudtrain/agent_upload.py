@@ -1,0 +1,286 @@
+"""Upload a finished job's directory to the S3 job store, before the instance powers off.
+
+Standard library only, Python 3.8+: copied onto the host beside agent.py and imported by it.
+The host holds no AWS keys. The orchestrator hands it a *grant*: an S3 presigned POST
+(cloudtrain/jobstore.py: upload_grant) that lets anyone holding it write objects under one
+job's key prefix, each at most `max_bytes`, until it expires. A POST carries one object, so
+each file is its own request:
+
+    multipart/form-data: the grant's fields, then key = prefix + relative path, then the
+    file (last: S3 ignores fields after it), streamed from disk
+
+Order: the small files first (status.json, job.json, metrics.jsonl, output.log), then
+checkpoints/** (regular files, no symlinks), so that a spot notice or the time limit cutting
+a multi-GB checkpoint short still leaves the status and the log readable; and LAST
+manifest.json, which lists every file uploaded with its size and sha256 (and every file
+skipped, with why). The reader takes the manifest as "the upload is complete" and trusts
+nothing without it.
+
+`upload_job` never raises: the agent calls it on its way to powering the machine off.
+"""
+
+import hashlib
+import http.client
+import io
+import json
+import os
+import re
+import stat
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+# Uploaded in this order (checkpoints after them, the manifest last).
+JOB_FILES = ("status.json", "job.json", "metrics.jsonl", "output.log")
+CHECKPOINTS = "checkpoints"
+# "The maximum allowed object size for a POST upload is 5 GB" (S3 POST Object docs); larger
+# objects need a multipart upload, which a presigned POST cannot do.
+POST_MAX_BYTES = 5 * 1024 ** 3
+TRIES = 3  # per file, on connection errors and 5xx only
+BACKOFF_S = 1.0  # 1 s, then 2 s
+CHUNK = 1 << 20
+ERROR_BODY_BYTES = 65536
+
+
+def safe_relpath(rel):
+    """`rel` (a '/'-separated path below a job directory) if it is safe to write below a
+    local directory on any OS, else None: relative, no empty, '.' or '..' components, no
+    control characters or backslashes. The uploader skips what the reader would refuse."""
+    if not rel or len(rel) > 1024 or rel.startswith("/"):
+        return None
+    if any(ord(c) < 32 or ord(c) == 127 or c == "\\" for c in rel):
+        return None
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") or len(p.encode("utf-8", "surrogatepass")) > 255
+           for p in parts):
+        return None
+    if ":" in parts[0]:  # "C:" would be a drive on Windows
+        return None
+    return rel
+
+
+def job_files(jobdir):
+    """[(relative path, absolute path)] in upload order, and [(relative path, reason)] for
+    what cannot be uploaded. Only regular files: a symlink could point anywhere on the host."""
+    files, skipped = [], []
+
+    def consider(rel, path):
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            skipped.append((rel, "cannot stat: %s" % exc.strerror))
+            return
+        if not stat.S_ISREG(st.st_mode):
+            skipped.append((rel, "not a regular file"))
+        elif safe_relpath(rel) is None or not _utf8(rel):
+            skipped.append((rel, "name not portable"))
+        else:
+            files.append((rel, path))
+
+    for name in JOB_FILES:
+        if os.path.lexists(os.path.join(jobdir, name)):
+            consider(name, os.path.join(jobdir, name))
+    root = os.path.join(jobdir, CHECKPOINTS)
+    if os.path.isdir(root) and not os.path.islink(root):
+        for top, dirs, names in os.walk(root):  # followlinks=False: linked dirs are not entered
+            dirs.sort()
+            for name in dirs:
+                if os.path.islink(os.path.join(top, name)):
+                    skipped.append((_rel(jobdir, os.path.join(top, name)), "not a regular file"))
+            for name in sorted(names):
+                path = os.path.join(top, name)
+                consider(_rel(jobdir, path), path)
+    return files, skipped
+
+
+def _rel(jobdir, path):
+    return os.path.relpath(path, jobdir).replace(os.sep, "/")
+
+
+def _utf8(text):
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:  # a name that is not UTF-8 on disk (surrogateescape)
+        return False
+
+
+class UploadError(Exception):
+    """A POST failed. `retry`: worth another try (connection error, 5xx)."""
+
+    def __init__(self, message, retry):
+        Exception.__init__(self, message)
+        self.retry = retry
+
+
+class FileUnreadable(Exception):
+    """A file could not be read, or shrank while it was being sent: skip it."""
+
+
+class _Body(object):
+    """The multipart body as a file object: head bytes, then `size` bytes of `source` (hashed
+    on the way), then the tail. http.client reads it in blocks, so a multi-GB checkpoint is
+    never held in memory. Past `deadline` it stops the request."""
+
+    def __init__(self, head, source, size, tail, deadline):
+        self.head, self.source, self.size, self.tail = head, source, size, tail
+        self.deadline = deadline
+        self.left = size
+        self.sha256 = hashlib.sha256()
+        self.length = len(head) + size + len(tail)
+
+    def __len__(self):
+        return self.length
+
+    def read(self, n=-1):
+        if time.time() > self.deadline:
+            raise UploadError("ran out of time", retry=False)
+        if n is None or n < 0:
+            n = CHUNK
+        if self.head:
+            out, self.head = self.head[:n], self.head[n:]
+            return out
+        if self.left:
+            try:
+                data = self.source.read(min(n, self.left, CHUNK))
+            except OSError as exc:
+                raise FileUnreadable("cannot read: %s" % exc)
+            if not data:
+                raise FileUnreadable("shrank while it was uploaded")
+            self.left -= len(data)
+            self.sha256.update(data)
+            return data
+        out, self.tail = self.tail[:n], self.tail[n:]
+        return out
+
+
+def _form(fields, filename, boundary):
+    """(head, tail) of a multipart/form-data body whose last part is the file."""
+    head = []
+    for name, value in fields:
+        head.append("--%s\r\nContent-Disposition: form-data; name=\"%s\"\r\n\r\n%s\r\n"
+                    % (boundary, name, value))
+    # S3 uses the file part's filename only for ${filename} in the key, which we replace.
+    safe = re.sub(r'[^A-Za-z0-9._-]', "_", filename)[:100] or "file"
+    head.append("--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"%s\"\r\n"
+                "Content-Type: application/octet-stream\r\n\r\n" % (boundary, safe))
+    return "".join(head).encode("utf-8"), ("\r\n--%s--\r\n" % boundary).encode("ascii")
+
+
+def _s3_error(body):
+    """'Code: Message' from an S3 XML error body (read with a regex: never parse XML from
+    the network with a full parser here)."""
+    text = body.decode("utf-8", "replace")
+    code = re.search(r"<Code>([^<]{1,200})</Code>", text)
+    message = re.search(r"<Message>([^<]{1,500})</Message>", text)
+    parts = [m.group(1) for m in (code, message) if m]
+    return ": ".join(parts) if parts else text[:200].strip()
+
+
+def post_file(grant, key, source, size, deadline):
+    """POST `size` bytes of the file object `source` to the grant's URL under `key`; returns
+    their sha256 (hex), computed on the bytes as they were sent."""
+    boundary = "cloudtrain" + uuid.uuid4().hex
+    fields = list((grant.get("fields") or {}).items()) + [("key", key)]
+    head, tail = _form(fields, key.rsplit("/", 1)[-1], boundary)
+    body = _Body(head, source, size, tail, deadline)
+    request = urllib.request.Request(grant["url"], data=body, method="POST", headers={
+        "Content-Type": "multipart/form-data; boundary=%s" % boundary,
+        "Content-Length": str(len(body))})
+    try:
+        with urllib.request.urlopen(request, timeout=_socket_timeout(deadline)) as resp:
+            resp.read(ERROR_BODY_BYTES)
+    except urllib.error.HTTPError as exc:
+        detail = _s3_error(exc.read(ERROR_BODY_BYTES) or b"")
+        if exc.code == 403:
+            raise UploadError(
+                "S3 refused the upload grant (403 %s): it has expired or does not cover %s"
+                % (detail, key), retry=False)
+        raise UploadError("HTTP %d from S3 for %s: %s" % (exc.code, key, detail),
+                          retry=exc.code >= 500)
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        # URLError wraps refused and reset connections; socket.timeout is an OSError.
+        reason = getattr(exc, "reason", None) or exc
+        raise UploadError("cannot reach %s: %s" % (grant["url"], reason), retry=True)
+    return body.sha256.hexdigest()
+
+
+def _socket_timeout(deadline):
+    """Seconds one blocking socket operation may take: the time left, within [1, 60]."""
+    return max(1.0, min(60.0, deadline - time.time()))
+
+
+def _post_with_retries(grant, key, path, size, deadline):
+    """post_file from the start of the file, up to TRIES times while the error is transient
+    and time is left (1 s, then 2 s between tries)."""
+    for attempt in range(TRIES):
+        try:
+            source = open(path, "rb") if isinstance(path, str) else path
+        except OSError as exc:
+            raise FileUnreadable("cannot read: %s" % exc.strerror)
+        try:
+            source.seek(0)
+            return post_file(grant, key, source, size, deadline)
+        except UploadError as exc:
+            delay = BACKOFF_S * 2 ** attempt
+            if not exc.retry or attempt == TRIES - 1 or time.time() + delay > deadline:
+                raise
+            time.sleep(delay)
+        finally:
+            if isinstance(path, str):
+                source.close()
+
+
+def upload_job(jobdir, grant, timeout_s=60.0):
+    """Upload `jobdir` through `grant` ({"url", "fields", "prefix", "max_bytes"?}) within
+    `timeout_s` seconds. Returns {"ok", "files", "bytes", "error", "seconds"}: ok only when
+    every file that could be sent was sent and the manifest went up last. Never raises."""
+    started = time.time()
+    result = {"ok": False, "files": 0, "bytes": 0, "error": None, "seconds": 0.0}
+    try:
+        _upload(jobdir, grant, started + float(timeout_s), result)
+    except Exception as exc:  # the agent is powering off: report, never raise
+        result["error"] = "upload failed: %s: %s" % (type(exc).__name__, exc)
+    result["seconds"] = round(time.time() - started, 3)
+    return result
+
+
+def _upload(jobdir, grant, deadline, result):
+    prefix = grant["prefix"]
+    limit = min(POST_MAX_BYTES, int(grant.get("max_bytes") or POST_MAX_BYTES))
+    files, not_sent = job_files(jobdir)
+    manifest = {"version": MANIFEST_VERSION, "files": [],
+                "skipped": [{"path": rel, "reason": why} for rel, why in not_sent]}
+    for rel, path in files:
+        try:
+            size = os.stat(path).st_size
+        except OSError as exc:
+            manifest["skipped"].append({"path": rel, "reason": "cannot stat: %s" % exc.strerror})
+            continue
+        if size > limit:
+            manifest["skipped"].append({"path": rel, "size": size, "reason":
+                                        "larger than the %d-byte upload limit" % limit})
+            continue
+        try:
+            digest = _post_with_retries(grant, prefix + rel, path, size, deadline)
+        except FileUnreadable as exc:
+            manifest["skipped"].append({"path": rel, "size": size, "reason": str(exc)})
+            continue
+        except UploadError as exc:
+            result["error"] = "%s (%d of %d files sent, no manifest)" % (
+                exc, result["files"], len(files))
+            return
+        manifest["files"].append({"path": rel, "size": size, "sha256": digest})
+        result["files"] += 1
+        result["bytes"] += size
+    manifest["uploaded_at"] = time.time()
+    data = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
+    try:
+        _post_with_retries(grant, prefix + MANIFEST, io.BytesIO(data), len(data), deadline)
+    except UploadError as exc:
+        result["error"] = "%s (all %d files sent, but not the manifest)" % (exc, result["files"])
+        return
+    result["ok"] = True
