@@ -23,6 +23,27 @@ def _echo_bytes(data: bytes) -> None:
     sys.stdout.flush()
 
 
+def _region(ctx, param, value: str | None) -> str | None:
+    """--region of commands that only read prices: refused early if it is not a region name."""
+    return None if value is None else config.check_region(value, "--region")
+
+
+def _since(ctx, param, value: str | None) -> str | None:
+    """--since: a finite, non-negative age (`nan` would match nothing and say "no jobs")."""
+    if value is not None:
+        import time
+
+        from .ledger import parse_since
+
+        now = time.time()
+        config.finite(now - parse_since(value, now), f"--since {config.shown(value)}", low=0)
+    return value
+
+
+def _grace(ctx, param, value: float | None) -> float | None:
+    return None if value is None else config.finite(value, "--grace (seconds)", low=0, high=3600)
+
+
 @click.group(context_settings=CONTEXT)
 @click.option("--debug", is_flag=True, help="Show tracebacks for unexpected errors.")
 @click.version_option(package_name="cloudtrain")
@@ -49,8 +70,12 @@ def recipes(name: str | None) -> None:
 
     if name:
         click.echo(render.recipe_detail(recipes_module.load(name)))
-    else:
-        click.echo(render.recipes_table(recipes_module.load_all()))
+        return
+    found, broken = recipes_module.survey()
+    click.echo(render.recipes_table(found))
+    if broken:
+        click.echo("\nbroken (fix or remove them):\n" + "\n".join(f"  {exc.message}"
+                                                               for exc in broken))
 
 
 @cli.command(context_settings={**CONTEXT, "ignore_unknown_options": False})
@@ -74,13 +99,17 @@ def recipes(name: str | None) -> None:
               help="Spot (one-time, terminated on interruption) or on-demand (default).")
 @click.option("--region", help="AWS region (default: the AWS configuration's).")
 @click.option("--ami", help="AMI id (default: the current AWS Deep Learning PyTorch AMI).")
-@click.option("--disk-gb", type=click.IntRange(min=8), help="Root volume size (default: the recipe's).")
+@click.option("--disk-gb", type=click.IntRange(min=8, max=65536),
+              help="Root volume size (default: the recipe's).")
 @click.option("--max-price", type=float, metavar="USD", help="Spot: the most to pay per hour.")
 @click.option("--keep", is_flag=True, default=None, help="Keep the instance after the job (stop it "
               "with `cloudtrain down`).")
 @click.option("--idle-minutes", type=float, help="Power the instance off this long after the job.")
 @click.option("--on", "on_job", metavar="JOB", help="Run on that job's kept instance (--keep): "
               "no provisioning, only changed files synced.")
+@click.option("--include", "include", multiple=True, metavar="PATTERN", help="Sync these workdir "
+              "paths too, though they look like credentials (.aws/, .ssh/, .env, *.pem), which "
+              "are otherwise never synced (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Show the plan and its price; create nothing.")
 @click.option("--resume-from", metavar="JOB", help="Start from that job's last checkpoint "
               "(same recipe; sets resume=true).")
@@ -88,8 +117,8 @@ def recipes(name: str | None) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="Print only the job id.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, gpus, procs,
-           spot, region, ami, disk_gb, max_price, keep, idle_minutes, on_job, dry_run, resume_from, follow,
-           quiet, command):
+           spot, region, ami, disk_gb, max_price, keep, idle_minutes, on_job, include, dry_run,
+           resume_from, follow, quiet, command):
     """Launch a recipe, or your own command after --, and return with its job id.
 
     \b
@@ -109,7 +138,7 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
     spec = build_spec(recipe=recipe, command=command, workdir=workdir, profile=profile,
                       sets=sets, name=name, backend=backend,
                       max_runtime_minutes=max_runtime, settings=settings,
-                      resume_from=resume_from, procs=procs, placement=dict(
+                      resume_from=resume_from, procs=procs, include=include, placement=dict(
                                instance_type=instance_type, gpus=gpus, market=market,
                                region=region, ami=ami,
                                disk_gb=disk_gb, max_price=max_price, keep=keep,
@@ -159,7 +188,8 @@ def _follow(store, settings, job, offset: int = 0) -> None:
 @cli.command()
 @click.argument("job", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--limit", type=int, default=None, help="Show at most this many jobs.")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Show at most this many jobs.")
 @click.option("--refresh", is_flag=True, help="Also ask the cloud for every instance tagged as "
               "ours (one call per region) and show any the local store does not know.")
 def status(job: str | None, as_json: bool, limit: int | None, refresh: bool) -> None:
@@ -240,7 +270,8 @@ def attach(job: str) -> None:
 
 @cli.command()
 @click.option("--gpu", help="Only types with this GPU (V100, A100, H100, A10G, T4, L4, ...).")
-@click.option("--region", default="us-east-1", show_default=True, help="Prices of this region.")
+@click.option("--region", default="us-east-1", show_default=True, callback=_region,
+              help="Prices of this region.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--refresh", is_flag=True, help="Fetch the region's on-demand and gp3 prices from "
               "the AWS price list and its spot prices from EC2 (kept under $CLOUDTRAIN_HOME).")
@@ -284,8 +315,10 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool) -> None:
               help="Only these instance types (repeatable).")
 @click.option("--gpus", metavar="GPU:N", help="Only types with N of this GPU, e.g. A100:1.")
 @click.option("--spot", is_flag=True, help="Mark the cheapest by spot price.")
-@click.option("--region", help="Prices of this region (default: config, else us-east-1).")
-@click.option("--disk-gb", type=click.IntRange(min=8), help="Root volume (default: the recipe's).")
+@click.option("--region", callback=_region,
+              help="Prices of this region (default: config, else us-east-1).")
+@click.option("--disk-gb", type=click.IntRange(min=8, max=65536),
+              help="Root volume (default: the recipe's).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, as_json) -> None:
     """Expected time and cost of a recipe on each instance type, before launching.
@@ -313,7 +346,8 @@ def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, as_json)
 
 
 @cli.command("cost-report")
-@click.option("--since", metavar="AGE", help="Only jobs created in this period: 30d, 12h, 2w.")
+@click.option("--since", metavar="AGE", callback=_since,
+              help="Only jobs created in this period: 30d, 12h, 2w.")
 @click.option("--by", type=click.Choice(["job", "recipe", "instance", "day", "month"]),
               default="job", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -365,7 +399,7 @@ def ssh(job: str) -> None:
 @cli.command()
 @click.argument("jobs_", metavar="JOB...", nargs=-1)
 @click.option("--all", "every", is_flag=True, help="Stop every active job.")
-@click.option("--grace", type=float, default=None, metavar="SECONDS",
+@click.option("--grace", type=float, default=None, metavar="SECONDS", callback=_grace,
               help="Time between SIGTERM and SIGKILL (default from config, 30 s).")
 def down(jobs_: tuple[str, ...], every: bool, grace: float | None) -> None:
     """Stop jobs: SIGTERM to the job, SIGKILL after a grace period; release their hosts.
@@ -383,7 +417,9 @@ def down(jobs_: tuple[str, ...], every: bool, grace: float | None) -> None:
     if not outcomes:
         click.echo("no active jobs")
     for o in outcomes:
-        click.echo(f"{o.job.id}: {o.note}")
+        click.echo(f"{o.ref}: {o.note}")
+    if any(not o.ok for o in outcomes):  # something may still be running: say so in the code
+        raise SystemExit(errors.EXIT_FAILED)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -401,14 +437,50 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("\ninterrupted", err=True)
         sys.exit(errors.EXIT_INTERRUPTED)
     except errors.CloudtrainError as exc:
-        click.echo(f"Error: {exc.message}", err=True)
-        if exc.hint:
-            click.echo(f"Hint: {exc.hint}", err=True)
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # a bug of ours: one line, and the traceback on request
+        _fail(exc)
+    except Exception as exc:
         if debug:
             raise
-        click.echo(f"Error: internal error: {type(exc).__name__}: {exc} "
+        known = _environment_error(exc)
+        if known is not None:
+            _fail(known)
+        # a bug of ours: one line, and the traceback on request
+        text = (str(exc).splitlines() or [""])[0][:300]
+        click.echo(f"Error: internal error: {type(exc).__name__}: {text} "
                    "(run again with --debug for the traceback)", err=True)
         sys.exit(errors.EXIT_FAILED)
     sys.exit(errors.EXIT_OK)
+
+
+def _fail(exc: errors.CloudtrainError) -> None:
+    click.echo(f"Error: {exc.message}", err=True)
+    if exc.hint:
+        click.echo(f"Hint: {exc.hint}", err=True)
+    sys.exit(exc.exit_code)
+
+
+def _environment_error(exc: Exception) -> errors.CloudtrainError | None:
+    """Failures that are the environment's, not a bug of ours, as designed errors: the state
+    database unusable mid-command, the disk full or a file of ours not ours to write, input
+    nested too deeply to read."""
+    import errno
+    import sqlite3
+
+    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.ProgrammingError):
+        from .state import database_error
+
+        try:
+            path = config.home() / "state.db"
+        except errors.CloudtrainError as home_error:
+            return home_error
+        return database_error(path, exc)
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS,
+                                                  errno.EACCES, errno.EPERM):
+        where = f": {exc.filename}" if exc.filename else ""
+        return errors.CloudtrainError(f"{exc.strerror or exc}{where}",
+                                      hint="free some space or fix the permissions, then run "
+                                           "the command again")
+    if isinstance(exc, RecursionError):
+        return errors.UsageError("an input is nested too deeply to read (a YAML or JSON file, "
+                                 "or an argument)")
+    return None

@@ -7,16 +7,43 @@ environment variables and command-line flags (applied by the caller).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
+import reprlib
+import stat
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, UsageError
+
+# What AWS region names look like (us-east-1, us-gov-west-1, ap-southeast-2): checked before
+# the name reaches boto3 (which raises InvalidRegionError) or becomes a path (keys/<region>/).
+REGION_PATTERN = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d+")
 
 
 def home() -> Path:
-    """The state directory: `$CLOUDTRAIN_HOME`, default `~/.cloudtrain`."""
+    """The state directory: `$CLOUDTRAIN_HOME`, default `~/.cloudtrain`; created private (0700)
+    when missing. A path that cannot be the state directory is a ConfigError naming it."""
     env = os.environ.get("CLOUDTRAIN_HOME")
-    return Path(env).expanduser().resolve() if env else Path.home() / ".cloudtrain"
+    where = f"CLOUDTRAIN_HOME={env}" if env else "the state directory"
+    try:
+        path = Path(env).expanduser().resolve() if env else Path.home() / ".cloudtrain"
+        if not path.is_dir():
+            if path.exists():
+                raise ConfigError(f"{where}: {path} exists and is not a directory",
+                                  hint="point CLOUDTRAIN_HOME at a directory")
+            private_dir(path)
+    except OSError as exc:  # a parent that is a file, no permission, a path too long, a loop
+        raise ConfigError(f"{where}: cannot create {env or '~/.cloudtrain'}: "
+                          f"{exc.strerror or exc}",
+                          hint="point CLOUDTRAIN_HOME at a directory you can write") from None
+    except RuntimeError as exc:  # `~user` of no such user, a symlink loop in resolve()
+        raise ConfigError(f"{where}: {exc}",
+                          hint="point CLOUDTRAIN_HOME at a directory you can write") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where}: {path} is not writable",
+                          hint="point CLOUDTRAIN_HOME at a directory you can write")
+    return path
 
 
 def yaml_problem(exc) -> str:
@@ -24,6 +51,87 @@ def yaml_problem(exc) -> str:
     mark = getattr(exc, "problem_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
     return where + str(getattr(exc, "problem", None) or exc).splitlines()[0]
+
+
+# -- private files: state, caches and collected logs are the user's alone (whatever the umask)
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (and missing parents) if needed; a directory created here is 0700."""
+    path = Path(path)
+    if not path.is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # another process made it first
+        else:
+            os.chmod(path, 0o700)  # mkdir's mode is masked by the umask
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Make the file at `path` readable and writable by its owner only (0600), creating it
+    empty if it does not exist."""
+    path = Path(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o600:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    return path
+
+
+def write_private(path: Path, data: bytes | str) -> None:
+    """Replace the file at `path` with `data`, atomically and readable by its owner only (0600)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            fd = -1
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def check_region(region: str, source: str) -> str:
+    """`region` if it looks like an AWS region name, else a UsageError naming `source`."""
+    if not isinstance(region, str) or not REGION_PATTERN.fullmatch(region):
+        raise UsageError(f"{source}: {shown(region)} is not an AWS region name",
+                         hint="e.g. us-east-1, eu-west-1, us-gov-west-1")
+    return region
+
+
+def shown(value) -> str:
+    """A value for an error message: its repr, cut short (a YAML alias bomb, 100,000 chars)."""
+    return reprlib.repr(value)
+
+
+def finite(value, source: str, *, low: float | None = None, high: float | None = None,
+           low_open: bool = False) -> float:
+    """`value` as a float if it is a finite number in range, else a UsageError naming `source`
+    (`low_open`: `low` itself is refused)."""
+    number = None
+    if not isinstance(value, bool):
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    if number is None or not math.isfinite(number):
+        raise UsageError(f"{source} must be a finite number, got {shown(value)}")
+    if low is not None and (number < low or (low_open and number == low)):
+        raise UsageError(f"{source} must be {'more than' if low_open else 'at least'} {low:g}, "
+                         f"got {shown(value)}")
+    if high is not None and number > high:
+        raise UsageError(f"{source} must be at most {high:g}, got {shown(value)}")
+    return number
 
 
 @dataclasses.dataclass
@@ -62,29 +170,116 @@ class Settings:
     @classmethod
     def load(cls) -> "Settings":
         path = home() / "config.yaml"
-        values: dict = {}
-        if path.exists():
-            import yaml  # only when there is a file to read: keeps `status` fast
-
-            try:
-                values = yaml.safe_load(path.read_text()) or {}
-            except yaml.YAMLError as exc:
-                raise ConfigError(f"{path} is not valid YAML: {yaml_problem(exc)}") from exc
-            if not isinstance(values, dict):
-                raise ConfigError(f"{path} must be a mapping of setting: value")
         settings = cls()
         fields = {f.name: f for f in dataclasses.fields(cls)}
-        for key, value in values.items():
+        for key, value in _read_config(path).items():
+            if not isinstance(key, str):
+                raise ConfigError(f"{path}: setting names are words, got {shown(key)}")
             key = key.replace("-", "_")
             if key not in fields:
                 known = ", ".join(sorted(fields))
-                raise ConfigError(f"{path}: unknown setting '{key}' (known: {known})")
-            default = getattr(settings, key)
-            try:
-                value = type(default)(value)
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"{path}: '{key}' must be a {type(default).__name__}, got {value!r}") from exc
-            setattr(settings, key, value)
+                raise ConfigError(f"{path}: unknown setting '{shown(key)[1:-1]}' (known: {known})")
+            if value is not None:  # `key:` with no value keeps the built-in default
+                setattr(settings, key, _typed(path, key, value, type(getattr(settings, key))))
+        settings.check(str(path))
         if os.environ.get("CLOUDTRAIN_BACKEND"):
             settings.backend = os.environ["CLOUDTRAIN_BACKEND"]
         return settings
+
+    def check(self, source: str) -> None:
+        """Refuse values that would misbehave later (a ConfigError naming `source`)."""
+        from .providers import BACKENDS
+
+        for key, (low, high, low_open) in LIMITS.items():
+            try:
+                finite(getattr(self, key), f"'{key}'", low=low, high=high, low_open=low_open)
+            except UsageError as exc:
+                raise ConfigError(f"{source}: {exc.message}") from None
+        if self.stale_after_seconds <= self.heartbeat_seconds:
+            raise ConfigError(f"{source}: 'stale_after_seconds' ({self.stale_after_seconds:g}) must "
+                              f"be more than 'heartbeat_seconds' ({self.heartbeat_seconds:g}), or "
+                              "every running job looks dead")
+        if self.disk_gb and self.disk_gb < 8:
+            raise ConfigError(f"{source}: 'disk_gb' must be 0 (the recipe's) or at least 8")
+        for key, allowed in (("backend", BACKENDS), ("market", MARKETS), ("connect", CONNECTS)):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"{source}: '{key}' must be one of {', '.join(allowed)}, "
+                                  f"got {shown(getattr(self, key))}")
+        regions = [r.strip() for r in self.regions.split(",") if r.strip()]
+        for region in ([self.region] if self.region else []) + regions:
+            try:
+                check_region(region, f"'region{'s' if region in regions else ''}'")
+            except UsageError as exc:
+                raise ConfigError(f"{source}: {exc.message}", hint=exc.hint) from None
+
+
+MARKETS = ("on-demand", "spot")
+CONNECTS = ("public", "private")
+WEEK_S = 7 * 86400.0
+# Numeric settings: (lowest, highest, whether the lowest itself is refused). NaN and inf are
+# always refused: `t - started > nan` is never true, so a NaN limit is no limit.
+LIMITS = {
+    "max_runtime_minutes": (0, WEEK_S / 60, True),
+    "stop_grace_seconds": (0, 3600, False),
+    "heartbeat_seconds": (0, 3600, True),
+    "stale_after_seconds": (0, WEEK_S, True),
+    "ssh_port": (1, 65535, False),
+    "shutdown_delay_seconds": (0, WEEK_S, False),
+    "instance_wait_seconds": (0, WEEK_S, True),
+    "ssh_wait_seconds": (0, WEEK_S, True),
+    "poll_seconds": (0, 3600, True),
+    "disk_gb": (0, 65536, False),  # gp3's largest volume is 64 TiB
+    "collect_checkpoints_mb": (0, 1 << 30, False),
+}
+
+
+def _read_config(path: Path) -> dict:
+    """config.yaml as a mapping ({} when there is none); a ConfigError naming it otherwise."""
+    if not path.exists() and not path.is_symlink():
+        return {}
+    import yaml  # only when there is a file to read: keeps `status` fast
+
+    try:
+        text = path.read_bytes().decode("utf-8")
+        values = yaml.safe_load(text) or {}
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a directory, not a settings file",
+                          hint=f"move it aside: mv {path} {path}.bak") from None
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {yaml_problem(exc)}") from exc
+    except RecursionError:
+        raise ConfigError(f"{path} is nested too deeply to be settings") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path} must be a mapping of setting: value")
+    return values
+
+
+def _typed(path: Path, key: str, value, kind: type):
+    """A config.yaml value as the setting's type: YAML true/false for flags, numbers for
+    numbers (a quoted number too), text for text; a ConfigError otherwise."""
+    def bad(what: str) -> ConfigError:
+        return ConfigError(f"{path}: '{key}' must be {what}, got {shown(value)}")
+
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if kind in (int, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise bad("a number")
+        try:
+            number = float(value)
+        except (ValueError, OverflowError):
+            raise bad("a number") from None
+        if kind is int:
+            if not math.isfinite(number) or number != int(number):
+                raise bad("a whole number")
+            return int(number)
+        return number
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise bad("text")
+    return str(value)

@@ -18,11 +18,13 @@ up for: a job then needs exactly that many on one host. `resources.gpus_per_vari
 from __future__ import annotations
 
 import difflib
+import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import yaml_problem
+from .config import finite, shown, yaml_problem
 from .errors import ConfigError, NotFound, UsageError
 
 BUNDLED = Path(__file__).resolve().parent.parent / "recipes"
@@ -30,6 +32,15 @@ SHARED_DIR = "common"  # recipes/common: helpers every recipe may import
 TYPES = ("int", "float", "bool", "str", "choice")
 LAUNCHERS = ("python", "torchrun")
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+ARGUMENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+INT64 = 1 << 63
+MAX_GPUS = 64  # on one host (the largest instances have 8; room for what comes)
+# Arguments with a meaning cloudtrain knows: (lowest, highest, whether lowest is refused).
+ARGUMENT_LIMITS = {"gpus": (1, MAX_GPUS, False), "epochs": (0, 100_000, True),
+                   "runs": (1, 100_000, False)}
+# resources: numbers and their ranges (whole numbers except max_runtime_minutes).
+RESOURCE_LIMITS = {"gpus_per_node": (0, MAX_GPUS), "nodes": (1, 64), "disk_gb": (8, 65536),
+                   "max_runtime_minutes": (0, 7 * 24 * 60)}
 
 
 def search_path() -> list[Path]:
@@ -63,24 +74,36 @@ class Argument:
                 return False
             raise bad("true or false")
         if self.type == "int":
-            if isinstance(raw, bool):
+            if isinstance(raw, (bool, float)):
                 raise bad("an integer")
             try:
-                return int(text)
+                value = int(text)
             except ValueError:
                 raise bad("an integer") from None
+            if not -INT64 <= value < INT64:
+                raise bad("an integer of at most 19 digits")
+            return self._in_range(value, source)
         if self.type == "float":
             if isinstance(raw, bool):
                 raise bad("a number")
             try:
-                return float(text)
+                value = float(text)
             except ValueError:
                 raise bad("a number") from None
+            if not math.isfinite(value):
+                raise bad("a finite number")
+            return self._in_range(value, source)
         if self.type == "choice":
             if text not in [str(c) for c in self.choices or []]:
                 raise bad("one of " + ", ".join(str(c) for c in self.choices or []))
             return text
         return text
+
+    def _in_range(self, value, source: str):
+        if self.name in ARGUMENT_LIMITS:
+            low, high, low_open = ARGUMENT_LIMITS[self.name]
+            finite(value, f"{source}: {self.name}", low=low, high=high, low_open=low_open)
+        return value
 
     def render(self, value: object) -> str:
         if isinstance(value, bool):
@@ -173,54 +196,130 @@ def _require(doc: dict, key: str, kind: type, path: Path):
     return doc[key]
 
 
+def _optional(doc: dict, key: str, kind: type, path: Path, what: str, empty):
+    """doc[key] if it is a `kind` (`empty` when absent or null), else a ConfigError."""
+    value = doc.get(key)
+    if value is None:
+        return empty
+    if not isinstance(value, kind):
+        raise ConfigError(f"{path}: '{key}' must be {what}, got {shown(value)}")
+    return value
+
+
+def _mappings(items: list, path: Path, key: str) -> list[dict]:
+    for item in items:
+        if not isinstance(item, dict):
+            raise ConfigError(f"{path}: each entry of '{key}' must be a mapping, got {shown(item)}")
+    return items
+
+
+def _numbers(values: dict, keys, path: Path, where: str, limits: dict | None = None) -> None:
+    """The numeric fields of a mapping are finite numbers (in range, where limits say)."""
+    for key in keys:
+        if values.get(key) is None:
+            continue
+        low, high = (limits or {}).get(key, (0, None))
+        try:
+            number = finite(values[key], f"{where}.{key}", low=low, high=high)
+        except UsageError as exc:
+            raise ConfigError(f"{path}: {exc.message}") from None
+        if limits and key != "max_runtime_minutes" and number != int(number):
+            raise ConfigError(f"{path}: {where}.{key} must be a whole number, got "
+                              f"{shown(values[key])}")
+
+
 def parse_recipe(path: Path) -> Recipe:
     """Read and validate one recipe.yaml (ConfigError naming the file on any problem)."""
     import yaml
 
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(path.read_bytes().decode("utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML at {yaml_problem(exc)}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: must be a mapping")
     name = _require(doc, "name", str, path)
     if name != path.parent.name:
         raise ConfigError(f"{path}: name '{name}' differs from its folder '{path.parent.name}'")
     entry = _require(doc, "entry", str, path)
-    if not (path.parent / entry).is_file():
-        raise ConfigError(f"{path}: entry '{entry}' does not exist")
+    folder = path.parent.resolve()
+    script = (folder / entry).resolve()
+    if not script.is_relative_to(folder):
+        raise ConfigError(f"{path}: entry {shown(entry)} is outside the recipe folder")
+    if not script.is_file():
+        raise ConfigError(f"{path}: entry {shown(entry)} does not exist")
+    requires = _optional(doc, "requires", list, path, "a list of module names", [])
+    for module in requires:
+        if not isinstance(module, str) or not module.strip():
+            raise ConfigError(f"{path}: 'requires' lists module names, got {shown(module)}")
     arguments = {}
     for arg_name, spec in (_require(doc, "arguments", dict, path)).items():
+        if not isinstance(arg_name, str) or not ARGUMENT_NAME.fullmatch(arg_name):
+            raise ConfigError(f"{path}: argument name {shown(arg_name)} must be a word "
+                              "(letters, digits, _)")
         if not isinstance(spec, dict) or spec.get("type") not in TYPES:
             raise ConfigError(f"{path}: argument '{arg_name}' needs a type, one of {', '.join(TYPES)}")
-        if spec["type"] == "choice" and not spec.get("choices"):
+        choices = spec.get("choices")
+        if spec["type"] == "choice" and not choices:
             raise ConfigError(f"{path}: argument '{arg_name}' is a choice without choices")
-        arg = Argument(arg_name, spec["type"], None, str(spec.get("help", "")), spec.get("choices"))
+        if choices is not None and (not isinstance(choices, list) or not all(
+                isinstance(c, (str, int, float)) and not isinstance(c, bool) for c in choices)):
+            raise ConfigError(f"{path}: argument '{arg_name}': choices must be a list of "
+                              f"words or numbers, got {shown(choices)}")
+        arg = Argument(arg_name, spec["type"], None, str(spec.get("help", "")), choices)
         try:
             arg.default = arg.parse(spec.get("default"), f"{path}: default of")
         except UsageError as exc:
             raise ConfigError(exc.message) from None
         arguments[arg_name] = arg
-    profiles = doc.get("profiles") or {}
+    profiles = _optional(doc, "profiles", dict, path, "a mapping of profile: settings", {})
     for prof_name, prof in profiles.items():
-        sets = (prof or {}).get("set") or {}
+        if not isinstance(prof_name, str):
+            raise ConfigError(f"{path}: profile names are words, got {shown(prof_name)}")
+        prof = profiles[prof_name] = prof or {}
+        if not isinstance(prof, dict):
+            raise ConfigError(f"{path}: profile '{prof_name}' must be a mapping (description, "
+                              f"set), got {shown(prof)}")
+        sets = _optional(prof, "set", dict, path, f"a mapping of argument: value (profile "
+                                                   f"'{prof_name}')", {})
         for key, value in sets.items():
             if key not in arguments:
-                raise ConfigError(f"{path}: profile '{prof_name}' sets unknown argument '{key}'")
+                raise ConfigError(f"{path}: profile '{prof_name}' sets unknown argument "
+                                  f"{shown(key)}")
             try:
                 sets[key] = arguments[key].parse(value, f"{path}: profile {prof_name}:")
             except UsageError as exc:
                 raise ConfigError(exc.message) from None
-    resources = doc.get("resources") or {}
-    if not isinstance(resources, dict):
-        raise ConfigError(f"{path}: 'resources' must be a mapping")
+    resources = _optional(doc, "resources", dict, path, "a mapping", {})
     if resources.get("launcher", "python") not in LAUNCHERS:
         raise ConfigError(f"{path}: resources.launcher must be one of {', '.join(LAUNCHERS)}")
+    _numbers(resources, RESOURCE_LIMITS, path, "resources", RESOURCE_LIMITS)
+    per_variant = _optional(resources, "gpus_per_variant", dict, path,
+                            "a mapping of variant: GPUs (resources.gpus_per_variant)", {})
+    _numbers(per_variant, list(per_variant), path, "resources.gpus_per_variant",
+             {v: (1, MAX_GPUS) for v in per_variant})
+    if not isinstance(resources.get("gpu", ""), str):
+        raise ConfigError(f"{path}: resources.gpu must be a GPU name, e.g. V100")
+    target = _optional(doc, "target", dict, path, "a mapping (metric, value)", None)
+    if target is not None:
+        _numbers(target, ("value",), path, "target")
+    published = _mappings(_optional(doc, "published", list, path, "a list of results", []),
+                          path, "published")
+    for i, entry_ in enumerate(published):
+        _numbers(entry_, ("gpus", "seconds", "accuracy", "runs", "price_per_hour", "cost_usd"),
+                 path, f"published[{i}]")
+    data = _mappings(_optional(doc, "data", list, path, "a list of datasets", []), path, "data")
     return Recipe(
         name=name, path=path.parent, description=_require(doc, "description", str, path),
-        entry=entry, requires=list(doc.get("requires") or []), arguments=arguments,
-        profiles=profiles, resources=resources, data=list(doc.get("data") or []),
-        target=doc.get("target"), published=list(doc.get("published") or []))
+        entry=entry, requires=list(requires), arguments=arguments,
+        profiles=profiles, resources=resources, data=list(data),
+        target=target, published=list(published))
 
 
 def _candidates() -> dict[str, Path]:
@@ -248,3 +347,15 @@ def load(name: str) -> Recipe:
 
 def load_all() -> list[Recipe]:
     return [parse_recipe(path) for _, path in sorted(_candidates().items())]
+
+
+def survey() -> tuple[list[Recipe], list[ConfigError]]:
+    """Every recipe that loads, and the problem of each one that does not: one broken recipe
+    (a user's, on CLOUDTRAIN_RECIPES) must not hide the others."""
+    found, broken = [], []
+    for _, path in sorted(_candidates().items()):
+        try:
+            found.append(parse_recipe(path))
+        except ConfigError as exc:
+            broken.append(exc)
+    return found, broken

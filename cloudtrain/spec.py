@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import config, providers
+from .config import check_region, finite, shown
 from .errors import UsageError
 
 RECIPE, COMMAND = "recipe", "command"
+
+MAX_RUNTIME_MINUTES = config.LIMITS["max_runtime_minutes"][1]  # a week
+MAX_PROCS = 1024
+# A job name: printable in one table cell (no newline, ANSI escape or bidi override), usable
+# as an argument, and never read as a job id prefix (ids are 8 hex digits).
+NAME_PATTERN = re.compile(r"[^\W_][\w.-]{0,63}")
+ID_LIKE = re.compile(r"[0-9a-fA-F]{1,8}")
+AMI_PATTERN = re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?")
+INSTANCE_PATTERN = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
+# The flag each placement key comes from, for messages.
+FLAGS = {"instance_type": "--instance", "region": "--region", "ami": "--ami",
+         "disk_gb": "--disk-gb", "max_price": "--max-price", "keep": "--keep",
+         "idle_minutes": "--idle-minutes", "on_job": "--on", "gpus": "--gpus"}
 
 
 @dataclass
@@ -41,6 +56,9 @@ class JobSpec:
     idle_minutes: float | None = None  # power off this long after the job ends
     on_job: str | None = None  # run on that (kept) job's instance instead of a new one
     expected: dict | None = None  # the estimate shown before launch: train_s, total_s, usd
+    # Workdir paths (gitignore-style patterns) synced although they look like credentials
+    # (.aws/, .ssh/, .env, *.pem, $CLOUDTRAIN_HOME), which the sync otherwise always leaves out.
+    include: list[str] = field(default_factory=list)
 
     def display(self) -> str:
         """One line saying what runs: `resnet9 (smoke)` or the command."""
@@ -93,10 +111,13 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
                profile: str | None, sets: tuple[str, ...], name: str | None,
                backend: str | None, max_runtime_minutes: float | None,
                settings: config.Settings, resume_from: str | None = None,
-               placement: dict | None = None, procs: int | None = None) -> JobSpec:
+               placement: dict | None = None, procs: int | None = None,
+               include: tuple[str, ...] = ()) -> JobSpec:
     """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise).
     `placement`: instance_type, market, region, ami, disk_gb, max_price, keep, idle_minutes."""
     placement = {k: v for k, v in (placement or {}).items() if v is not None}
+    _check_inputs(dict(recipe=recipe, profile=profile, workdir=workdir, name=name,
+                       backend=backend, resume_from=resume_from), placement, include)
     gpus = placement.pop("gpus", None)
     if gpus:
         if placement.get("instance_type"):
@@ -112,8 +133,9 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
         if on_job:
             placement["on_job"] = on_job
     elif on_job or set(placement) - {"keep"} or placement.get("keep"):
-        flag = "on" if on_job else sorted(placement)[0].replace("_", "-")
-        raise UsageError(f"--{flag} applies to cloud backends, not {backend}")
+        key = "on_job" if on_job else sorted(placement)[0]
+        flag = f"--{placement[key]}" if key == "market" else FLAGS[key]
+        raise UsageError(f"{flag} applies to cloud backends, not {backend}")
     providers.get(backend)  # unknown backend: error now, before anything else
     if recipe and command:
         raise UsageError("give either --recipe or a command after --, not both")
@@ -126,12 +148,15 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
     if workdir is not None:
         path = Path(workdir).expanduser()
         if not path.is_dir():
-            raise UsageError(f"--workdir {workdir}: not a directory")
+            raise UsageError(f"--workdir {shown(workdir)[1:-1]}: not a directory")
         workdir_path = str(path.resolve())
-    if procs is not None and procs < 1:
-        raise UsageError("--procs must be at least 1")
-    if max_runtime_minutes is not None and max_runtime_minutes <= 0:
-        raise UsageError("--max-runtime must be a positive number of minutes")
+    if include and workdir is None:
+        raise UsageError("--include applies to the files --workdir syncs; give --workdir too")
+    if procs is not None and not 1 <= procs <= MAX_PROCS:
+        raise UsageError(f"--procs must be between 1 and {MAX_PROCS}, got {procs}")
+    if max_runtime_minutes is not None:
+        finite(max_runtime_minutes, "--max-runtime (minutes)", low=0, low_open=True,
+               high=MAX_RUNTIME_MINUTES)
     if resume_from and not recipe:
         raise UsageError("--resume-from continues a recipe's training; give --recipe too")
 
@@ -155,7 +180,8 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
                        args=args, workdir=workdir_path, max_runtime_s=float(minutes) * 60,
                        resources=dict(rec.resources), requires=list(rec.requires),
                        resume_from=resume_from, procs=procs, gpus_needed=needed,
-                       gpus_exact=rec.gpus_exact(args), **placement)
+                       gpus_exact=rec.gpus_exact(args), include=list(include),
+                       **placement)
     if procs is not None:
         raise UsageError("--procs applies to recipes started under torchrun; your own command "
                          "can read $CLOUDTRAIN_GPUS and start torchrun itself")
@@ -163,7 +189,43 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
         placement.setdefault("instance_type", settings.instance_type)
     minutes = max_runtime_minutes or settings.max_runtime_minutes
     return JobSpec(kind=COMMAND, backend=backend, name=name, command=list(command),
-                   workdir=workdir_path, max_runtime_s=float(minutes) * 60, **placement)
+                   workdir=workdir_path, max_runtime_s=float(minutes) * 60,
+                   include=list(include), **placement)
+
+
+def _check_inputs(given: dict, placement: dict, include: tuple[str, ...]) -> None:
+    """Refuse what the user typed that would misbehave later: empty values (`--workdir ''`
+    would sync the current directory, `--on ''` would launch a new instance), a region boto
+    rejects, a name that breaks the status table or reads as a job id, numbers that are not."""
+    for key, value in {**given, **placement}.items():
+        if isinstance(value, str) and not value.strip():
+            flag = FLAGS.get(key) or "--" + key.replace("_", "-")
+            raise UsageError(f"{flag} needs a value, got {shown(value)}")
+    name = given.get("name")
+    if name is not None:
+        if not NAME_PATTERN.fullmatch(name):
+            raise UsageError(f"--name {shown(name)}: use 1 to 64 letters, digits, '.', '_' or "
+                             "'-', starting with a letter or digit")
+        if ID_LIKE.fullmatch(name):
+            raise UsageError(f"--name {name}: a name of hex digits reads as a job id prefix",
+                             hint=f"add a letter past f, e.g. --name run-{name}")
+    if placement.get("region"):
+        check_region(placement["region"], "--region")
+    if placement.get("ami") and not AMI_PATTERN.fullmatch(placement["ami"]):
+        raise UsageError(f"--ami {shown(placement['ami'])}: expected an AMI id, e.g. "
+                         "ami-0123456789abcdef0")
+    if placement.get("instance_type") and not INSTANCE_PATTERN.fullmatch(placement["instance_type"]):
+        raise UsageError(f"--instance {shown(placement['instance_type'])}: expected an EC2 "
+                         "instance type, e.g. g5.xlarge",
+                         hint="cloudtrain catalog lists the GPU types")
+    if "max_price" in placement:
+        finite(placement["max_price"], "--max-price (USD per hour)", low=0, low_open=True,
+               high=1000)
+    if "idle_minutes" in placement:
+        finite(placement["idle_minutes"], "--idle-minutes", low=0, high=MAX_RUNTIME_MINUTES)
+    for pattern in include:
+        if not pattern.strip() or any(c in pattern for c in "\n\r\0"):
+            raise UsageError(f"--include {shown(pattern)}: expected a path pattern, e.g. .env")
 
 
 def _place_recipe(rec, args: dict, placement: dict, settings: config.Settings) -> None:
@@ -193,6 +255,7 @@ def _resolve_gpus(request: str, placement: dict, settings: config.Settings) -> d
     from . import catalog
 
     gpu, count = catalog.parse_gpus(request)
+    finite(count, f"--gpus {request}: the count", low=0, low_open=True, high=64)
     regions = [placement["region"]] if placement.get("region") else \
         [r.strip() for r in settings.regions.split(",") if r.strip()] or \
         ([settings.region] if settings.region else [])

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import secrets
 import sqlite3
 import time
 from pathlib import Path
 
-from .errors import NotFound, UsageError
+from .config import private_file
+from .errors import CloudtrainError, NotFound, UsageError
 
 # Job states, in lifecycle order. A job is "active" until it reaches a terminal state.
 PENDING, PROVISIONING, SYNCING, SETTING_UP, RUNNING = (
@@ -143,8 +146,11 @@ class Job:
     def from_row(cls, row: sqlite3.Row) -> "Job":
         values = dict(row)
         for key in ("spec", "host", "metrics", "cost_detail"):
-            values[key] = json.loads(values[key]) if values[key] else ({} if key == "spec" else None)
-        return cls(**values)
+            values[key] = json_column(values[key]) or ({} if key == "spec" else None)
+        if values["metrics"]:
+            values["metrics"] = _metrics(values["metrics"])
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
 
 
 @dataclasses.dataclass
@@ -171,18 +177,126 @@ class Instance:
     details: dict | None
 
 
+# -- reading rows defensively --------------------------------------------------------------
+# The database is a file the user (or a crash, or another tool) can change under us. A value
+# of the wrong type in one row must not break `status` for every job: every row passes through
+# `_row`, which turns what cannot be right into NULL (a JSON column that is not a JSON object,
+# text in a REAL column), so each reader sees either a sound value or None.
+
+JSON_COLUMNS = frozenset({"spec", "host", "metrics", "cost_detail", "details"})
+REAL_COLUMNS = frozenset({"created_at", "started_at", "ended_at", "cost", "lease_until", "at",
+                          "launched_at", "terminated_at", "price_per_hour"})
+INTEGER_COLUMNS = frozenset({"exit_code", "cost_settled"})
+TEXT_COLUMNS = frozenset({"id", "job_id", "name", "kind", "recipe", "command", "backend",
+                          "state", "reason", "jobdir", "launcher", "phase", "detail", "provider",
+                          "region", "zone", "instance_type", "market"})
+# Metrics the status table shows as numbers: a cached value that is not one is dropped.
+NUMERIC_METRICS = frozenset({"epoch", "epochs", "step", "train_loss", "loss", "test_acc",
+                             "accuracy", "time"})
+
+
+def json_column(text) -> dict | None:
+    """A JSON column's value: the object it holds, or None (empty, not JSON, not an object)."""
+    if not isinstance(text, (str, bytes)) or not text:
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _clean(name: str, value):
+    if value is None:
+        return None
+    if name in JSON_COLUMNS:
+        return value if json_column(value) is not None else None
+    if name in REAL_COLUMNS:
+        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+    if name in INTEGER_COLUMNS:
+        return value if isinstance(value, int) else (0 if name == "cost_settled" else None)
+    if name in TEXT_COLUMNS and not isinstance(value, str):
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return value
+
+
+def _row(cursor: sqlite3.Cursor, values: tuple) -> sqlite3.Row:
+    names = [d[0] for d in cursor.description]
+    return sqlite3.Row(cursor, tuple(_clean(n, v) for n, v in zip(names, values)))
+
+
+def _metrics(row: dict) -> dict:
+    """A cached metrics row as status can show it: numbers stay numbers (finite), other values
+    are kept only where they are not expected to be numbers."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number or (key not in NUMERIC_METRICS and isinstance(value, (str, bool))):
+            out[key] = value
+    return out
+
+
+def _bindable(value):
+    """A value SQLite can store: dicts and lists as JSON, ints beyond 64 bits as floats, and
+    anything else as its text."""
+    if value is None or isinstance(value, (str, bytes, float, bool)):
+        return value
+    if isinstance(value, int):
+        return value if -(1 << 63) <= value < (1 << 63) else float(value)
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def database_error(path: Path, exc: sqlite3.Error) -> CloudtrainError:
+    """What a failing state database means to the user, in one line with what to do."""
+    code = getattr(exc, "sqlite_errorname", "")
+    if code in ("SQLITE_BUSY", "SQLITE_LOCKED") or "locked" in str(exc):
+        return CloudtrainError(f"{path} is locked by another cloudtrain process ({exc})",
+                               hint="try again when it is done")
+    if code == "SQLITE_FULL":
+        return CloudtrainError(f"cannot write {path}: the disk is full")
+    if code in ("SQLITE_CANTOPEN", "SQLITE_READONLY", "SQLITE_PERM", "SQLITE_AUTH") or \
+            code.startswith("SQLITE_IOERR"):
+        return UsageError(f"cannot use {path}: {exc}",
+                          hint="check that the file and its folder are yours and writable")
+    return UsageError(f"{path} is not a usable cloudtrain database: {exc}",
+                      hint=f"move it aside (mv {path} {path}.broken) or restore it from a "
+                           "backup; cloudtrain then starts a new, empty one")
+
+
 class Store:
     """One connection to the state database. Cheap to open; open one per command."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_dir():
+            raise UsageError(f"{self.path} is a directory, not cloudtrain's database",
+                             hint=f"move it aside: mv {self.path} {self.path}.broken")
+        try:
+            # The database holds commands (tokens in arguments) and hosts: the user's alone.
+            # SQLite gives the -wal and -shm files the database file's mode.
+            for name in (self.path, *(self.path.with_name(self.path.name + s)
+                                      for s in ("-wal", "-shm"))):
+                if name == self.path or name.exists():
+                    private_file(name)
+        except OSError as exc:
+            raise UsageError(f"cannot use {self.path}: {exc.strerror or exc}",
+                             hint="check that the file and its folder are yours and writable") \
+                from None
         self.db = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        if self.db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-            self._migrate()
-        self.db.execute("PRAGMA foreign_keys = ON")
+        self.db.row_factory = _row
+        try:
+            self.db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            if self.db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                self._migrate()
+            self.db.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise database_error(self.path, exc) from None
 
     def close(self) -> None:
         self.db.close()
@@ -254,13 +368,17 @@ class Store:
 
     def find_job(self, ref: str) -> Job:
         """A job by id, unique id prefix, or name (the newest job of that name)."""
+        if not ref:
+            raise UsageError("give a job id, id prefix or name",
+                             hint="cloudtrain status lists the jobs")
         row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (ref,)).fetchone()
         if row is not None:
             return Job.from_row(row)
+        # A prefix compared as text, not LIKE: no wildcards to escape, and no "LIKE or GLOB
+        # pattern too complex" for a reference of 100,000 characters.
         rows = self.db.execute(
-            "SELECT * FROM jobs WHERE id LIKE ? ESCAPE '\\' ORDER BY created_at DESC",
-            (ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",),
-        ).fetchall()
+            "SELECT * FROM jobs WHERE substr(id, 1, ?) = ? ORDER BY created_at DESC",
+            (len(ref), ref)).fetchall()
         if len(rows) > 1:
             ids = ", ".join(r["id"] for r in rows[:5])
             raise UsageError(f"job id prefix '{ref}' is ambiguous: {ids}")
@@ -323,7 +441,7 @@ class Store:
     @staticmethod
     def _update(db: sqlite3.Connection, job_id: str, fields: dict) -> None:
         columns = ", ".join(f"{key} = ?" for key in fields)
-        values = [json.dumps(v) if isinstance(v, dict) else v for v in fields.values()]
+        values = [_bindable(v) for v in fields.values()]
         db.execute(f"UPDATE jobs SET {columns} WHERE id = ?", (*values, job_id))
 
     # -- events -------------------------------------------------------------------------
@@ -344,17 +462,18 @@ class Store:
 
     def add_instance(self, instance: Instance) -> None:
         values = dataclasses.asdict(instance)
-        values["details"] = json.dumps(values["details"]) if values["details"] else None
+        values["details"] = values["details"] or None
         with self.transaction() as db:
             db.execute(
                 "INSERT INTO instances (%s) VALUES (%s)"
-                % (", ".join(values), ", ".join("?" * len(values))), tuple(values.values()))
+                % (", ".join(values), ", ".join("?" * len(values))),
+                tuple(_bindable(v) for v in values.values()))
 
     def update_instance(self, instance_id: str, **fields) -> None:
         columns = ", ".join(f"{key} = ?" for key in fields)
         with self.transaction() as db:
             db.execute(f"UPDATE instances SET {columns} WHERE id = ?",
-                       (*fields.values(), instance_id))
+                       (*(_bindable(v) for v in fields.values()), instance_id))
 
     def instances(self, job_id: str) -> list[Instance]:
         rows = self.db.execute(
@@ -362,7 +481,7 @@ class Store:
         out = []
         for r in rows:
             values = dict(r)
-            values["details"] = json.loads(values["details"]) if values["details"] else None
+            values["details"] = json_column(values["details"])
             out.append(Instance(**values))
         return out
 
