@@ -29,8 +29,10 @@ def home() -> Path:
     try:
         path = Path(env).expanduser().resolve() if env else Path.home() / ".cloudtrain"
         if not path.is_dir():
-            if path.exists():
-                raise ConfigError(f"{where}: {path} exists and is not a directory",
+            below = next(p for p in (path, *path.parents) if p.exists())
+            if not below.is_dir():
+                what = "exists" if below == path else f"is below {below}, which exists"
+                raise ConfigError(f"{where}: {path} {what} and is not a directory",
                                   hint="point CLOUDTRAIN_HOME at a directory")
             private_dir(path)
     except OSError as exc:  # a parent that is a file, no permission, a path too long, a loop
