@@ -4,8 +4,9 @@ credentials" or "the cached resource is gone", and the one context manager that 
 from __future__ import annotations
 
 import contextlib
+import re
 
-from ...errors import CloudtrainError, MissingDependency
+from ...errors import CloudtrainError, MissingDependency, UsageError
 
 # Errors that mean "not here, maybe in another AZ" (tried once per AZ, never retried blindly).
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity",
@@ -21,8 +22,22 @@ STALE_ERRORS = {"InvalidKeyPair.NotFound", "InvalidGroup.NotFound", "InvalidAMII
                 "InvalidAMIID.Unavailable", "InvalidSubnetID.NotFound"}
 
 
+POLICY_FILE = "infra/iam-policy-cli.json"
+# The region names boto accepts, checked before any client is made: botocore's own check
+# (InvalidRegionError, "Provided region_name ... doesn't match a supported format") fires
+# late, deep inside client creation, and the name is also a path component (keys/<region>).
+REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d+$")
+
+
 class AWSError(CloudtrainError):
-    pass
+    """An AWS call that failed, in words; `code` is AWS's error code where there is one
+    (callers branch on it: DryRunOperation, DependencyViolation, capacity codes)."""
+
+    def __init__(self, message: str, hint: str | None = None, code: str = "",
+                 aws_message: str = ""):
+        super().__init__(message, hint=hint)
+        self.code = code
+        self.aws_message = aws_message  # AWS's own words, for callers that rephrase
 
 
 def _code(exc) -> str:
@@ -33,9 +48,62 @@ def _message(exc) -> str:
     return getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
 
 
+def check_region(region: str, source: str = "") -> str:
+    """`region` if it is shaped like an AWS region name, else a UsageError naming where it
+    came from (--region, config.yaml, AWS_REGION, the profile)."""
+    if not isinstance(region, str) or not REGION_RE.match(region):
+        raise UsageError(f"{region!r} is not an AWS region name"
+                         + (f" (from {source})" if source else ""),
+                         hint="a region looks like us-east-1 or eu-west-2: "
+                              "cloudtrain launch --region us-east-1 ...")
+    return region
+
+
+def is_permission_error(code: str) -> bool:
+    # EC2 says UnauthorizedOperation; STS, S3 and the Price List API say AccessDenied or
+    # AccessDeniedException; a service or opt-in region the account has not enabled says
+    # OptInRequired.
+    return code in ("UnauthorizedOperation", "OptInRequired") or code.startswith("AccessDenied")
+
+
+def denied_action(exc, service: str) -> str:
+    """The IAM action AWS refused: AWS names it ("... is not authorized to perform:
+    ec2:RunInstances on resource ..."); otherwise the service and the operation."""
+    found = re.search(r"perform: ([\w-]+:\w+)", _message(exc))
+    return found.group(1) if found else f"{service}:{getattr(exc, 'operation_name', '?')}"
+
+
+def client_error(exc, region: str, service: str) -> AWSError:
+    """Any ClientError as an AWSError: permissions point at the policy, credentials at a
+    refresh, the rest say the call, the code and AWS's message."""
+    code = _code(exc)
+    operation = getattr(exc, "operation_name", "") or "call"
+    # EC2 appends a long "Encoded authorization failure message: ..." to UnauthorizedOperation.
+    message = _message(exc).split(" Encoded authorization failure message:")[0]
+    said = {"code": code, "aws_message": message}
+    if code in AUTH_ERRORS:
+        return AWSError(f"AWS refused the credentials ({code}): {message}",
+                        hint="refresh them (aws sso login, or new access keys)", **said)
+    if code == "OptInRequired":
+        return AWSError(f"AWS refused {denied_action(exc, service)} in {region} (OptInRequired): "
+                        f"{message}",
+                        hint=f"enable the region or subscribe the account (AWS console: Account "
+                             f"> AWS Regions), or use another --region; the permissions cloudtrain "
+                             f"needs are in {POLICY_FILE}", **said)
+    if is_permission_error(code):
+        action = denied_action(exc, service)
+        return AWSError(f"not allowed: {action} in {region} ({code}): {message}",
+                        hint=f"attach {POLICY_FILE} (it lists every action cloudtrain calls) to "
+                             f"your IAM user or role; see infra/README.md", **said)
+    if code in ("RequestLimitExceeded", "Throttling", "ThrottlingException"):
+        return AWSError(f"AWS is throttling {operation} in {region} after retries: {message}",
+                        hint="try again in a minute", **said)
+    return AWSError(f"AWS {operation} failed in {region}: {code or 'error'}: {message}", **said)
+
+
 @contextlib.contextmanager
-def aws_errors(region: str):
-    """Credentials and endpoint failures, said once, in words that say what to do."""
+def aws_errors(region: str, service: str = "ec2"):
+    """Every botocore failure, said once, as one of ours (never an "internal error")."""
     import botocore.exceptions
 
     try:
@@ -46,12 +114,19 @@ def aws_errors(region: str):
             hint="run `aws configure`, or set AWS_PROFILE (or AWS_ACCESS_KEY_ID and "
                  "AWS_SECRET_ACCESS_KEY); `cloudtrain launch --dry-run` works without") from exc
     except botocore.exceptions.ClientError as exc:
-        if _code(exc) in AUTH_ERRORS:
-            raise AWSError(f"AWS refused the credentials ({_code(exc)}): {_message(exc)}",
-                           hint="refresh them (aws sso login, or new access keys)") from exc
-        raise
-    except botocore.exceptions.EndpointConnectionError as exc:
+        raise client_error(exc, region, service) from exc
+    except (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError) as exc:
         raise AWSError(f"cannot reach AWS in {region}: {exc}") from exc
+    except (botocore.exceptions.InvalidRegionError, botocore.exceptions.NoRegionError) as exc:
+        raise UsageError(f"bad AWS region {region!r}: {exc}",
+                         hint="cloudtrain launch --region us-east-1 ...") from exc
+    except (botocore.exceptions.PartialCredentialsError, botocore.exceptions.SSOError,
+            botocore.exceptions.TokenRetrievalError,
+            botocore.exceptions.CredentialRetrievalError) as exc:
+        raise AWSError(f"AWS credentials could not be loaded: {exc}",
+                       hint="refresh them (aws sso login, or new access keys)") from exc
+    except botocore.exceptions.BotoCoreError as exc:
+        raise AWSError(f"AWS call failed in {region}: {exc}") from exc
 
 
 class StaleCache(Exception):

@@ -13,8 +13,8 @@ from ...errors import CloudtrainError, HostError, UsageError
 from ...hosts import SSHHost, default_tmux_socket
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store
-from .errors import CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, StaleCache, _code, \
-    _message, aws_errors
+from .errors import CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, StaleCache, \
+    aws_errors
 from .tags import TAG_JOB, TAG_OWNER, TAG_RECIPE
 
 USER_DATA = Path(__file__).resolve().parents[3] / "infra" / "user-data.sh"
@@ -89,8 +89,6 @@ class InstancesMixin:
         return request
 
     def _run(self, store, job, spec, region, boot: dict) -> str:
-        import botocore.exceptions
-
         zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
                                               boot["key_name"], boot["owner"])
         zones = self.order_zones(zones, spec.instance_type, region, spec.market)
@@ -104,26 +102,29 @@ class InstancesMixin:
                 # ClientToken: a retried request can never start a second instance.
                 response = self.call(region, "run_instances", fail_fast=True,
                                      ClientToken=f"{job.id}-{n}", **request)
-            except botocore.exceptions.ClientError as exc:
-                code = _code(exc)
+            except AWSError as exc:
+                code = exc.code
                 if code in STALE_ERRORS and not attempts:
                     raise StaleCache(code) from exc
                 if code in CAPACITY_ERRORS:
-                    attempts.append(Attempt(zone, subnet, f"{code}: {_message(exc)}"))
+                    attempts.append(Attempt(zone, subnet, f"{code}: {exc.aws_message}"))
                     continue
                 tried = ", ".join(a.zone for a in attempts + [Attempt(zone, subnet, code)])
                 if code in QUOTA_ERRORS:
                     raise AWSError(f"{spec.instance_type} ({spec.market}) in {region}: {code}: "
-                                   f"{_message(exc)} (AZs tried: {tried})",
+                                   f"{exc.aws_message} (AZs tried: {tried})",
                                    hint="ask AWS for a higher quota (Service Quotas console: "
                                         "'Running On-Demand G and VT instances' / 'All G and VT "
                                         "Spot Instance Requests'), or use a smaller instance") from exc
                 if code in ("InvalidParameterValue", "InvalidInstanceType") and \
-                        spec.instance_type in _message(exc):
+                        spec.instance_type in exc.aws_message:
                     raise AWSError(f"{spec.instance_type} is not offered in {region}: "
-                                   f"{_message(exc)}", hint="cloudtrain catalog lists types and "
-                                                            "regions") from exc
-                raise AWSError(f"run_instances failed in {zone}: {code}: {_message(exc)}") from exc
+                                   f"{exc.aws_message}", hint="cloudtrain catalog lists types and "
+                                                              "regions") from exc
+                if code and not exc.hint:
+                    raise AWSError(f"run_instances failed in {zone}: {code}: {exc.aws_message}",
+                                   code=code) from exc
+                raise  # permissions, credentials, unreachable: already said in words
             raw = response["Instances"][0]
             instance_id = raw["InstanceId"]
             price = (catalog.get(spec.instance_type).price(region, "on-demand")
@@ -196,11 +197,9 @@ class InstancesMixin:
     def console_tail(self, region: str, instance_id: str) -> str:
         import base64
 
-        import botocore.exceptions
-
         try:
             out = self.call(region, "get_console_output", InstanceId=instance_id).get("Output")
-        except (botocore.exceptions.ClientError, CloudtrainError):
+        except CloudtrainError:
             return ""
         if not out:
             return ""
@@ -272,14 +271,12 @@ class InstancesMixin:
             ended = ec2_transition_time(raw.get("StateTransitionReason", "")) or time.time()
             fields = {"state": "terminated", "terminated_at": inst.terminated_at or ended}
             if inst.market == "spot":
-                import botocore.exceptions
-
                 details = dict(inst.details or {})
                 try:
                     details["spot_history"] = self.spot_history(
                         inst.region, raw.get("Placement", {}).get("AvailabilityZone") or inst.zone,
                         inst.instance_type, inst.launched_at, fields["terminated_at"])
-                except (CloudtrainError, botocore.exceptions.ClientError):
+                except CloudtrainError:
                     pass  # the cost stays an estimate; `cost-report --refresh` asks again
                 fields["details"] = json.dumps(details)
             store.update_instance(inst.id, **fields)

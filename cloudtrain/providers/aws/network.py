@@ -12,7 +12,7 @@ from ... import catalog, config
 from ...ssh import generate_ed25519
 from ...state import Store
 from .cache import RegionCache
-from .errors import AWSError, _code
+from .errors import AWSError
 from .tags import GROUP_NAME, TAG_JOB, TAG_OWNER
 
 
@@ -121,8 +121,6 @@ class NetworkMixin:
 
     def cleanup(self, store: Store, regions: set[str]) -> list[str]:
         """Delete the security groups and key pairs that no live instance uses any more."""
-        import botocore.exceptions
-
         removed = []
         for region in sorted(regions):
             live = [r for r in self._query(region, {TAG_JOB: None})
@@ -137,8 +135,8 @@ class NetworkMixin:
                 try:
                     self.call(region, "delete_security_group", GroupId=g["GroupId"])
                     removed.append(g["GroupId"])
-                except botocore.exceptions.ClientError as exc:
-                    if _code(exc) != "DependencyViolation":  # still attached: next time
+                except AWSError as exc:
+                    if exc.code != "DependencyViolation":  # still attached: next time
                         raise
             keys = self.call(region, "describe_key_pairs", Filters=[
                 {"Name": f"tag:{TAG_OWNER}", "Values": [owner]}])["KeyPairs"]

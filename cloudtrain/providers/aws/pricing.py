@@ -39,7 +39,7 @@ class PricingMixin:
         """GetProducts for AmazonEC2 with TERM_MATCH filters: the PriceList items (JSON text)."""
         items: list[str] = []
         paginator = self.client("pricing", PRICING_REGION).get_paginator("get_products")
-        with aws_errors(PRICING_REGION):
+        with aws_errors(PRICING_REGION, "pricing"):
             for page in paginator.paginate(
                     ServiceCode="AmazonEC2", FormatVersion="aws_v1", Filters=[
                         {"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in filters.items()]):

@@ -25,14 +25,15 @@ from ...hosts import SSHHost
 from ...ssh import Endpoint
 from ...state import Job, Store
 from .cache import CACHE_TTL_S, RegionCache
-from .errors import StaleCache, _code, _message, aws_errors
+from .errors import POLICY_FILE, AWSError, StaleCache, aws_errors, check_region
 from .images import DLAMI_PARAMETER, ImagesMixin
 from .instances import RUNTIME_MARGIN_MIN, InstancesMixin
 from .network import NetworkMixin
 from .pricing import PricingMixin
+from .results import ResultsStoreMixin
 
 
-class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin):
+class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, ResultsStoreMixin):
     name = "aws"
 
     def __init__(self, settings: config.Settings | None = None):
@@ -43,9 +44,15 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin):
     # -- sessions and clients ------------------------------------------------------------------
 
     def session(self, region: str | None = None):
+        """A boto3 session; with no region, the AWS chain's (AWS_REGION, AWS_DEFAULT_REGION,
+        the profile), which region() checks before any client is made from it."""
         import boto3
         import botocore.exceptions
 
+        if region:
+            check_region(region, "--region or a job's record")
+        elif self.settings.region:
+            check_region(self.settings.region, "`region:` in config.yaml")
         key = region or ""
         if key not in self._sessions:
             try:
@@ -58,18 +65,22 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin):
         return self._sessions[key]
 
     def region(self, spec=None) -> str:
-        region = (spec.region if spec is not None and spec.region else None) \
-            or self.settings.region or self.session().region_name
+        if spec is not None and spec.region:
+            return check_region(spec.region, "--region")
+        if self.settings.region:
+            return check_region(self.settings.region, "`region:` in config.yaml")
+        region = self.session().region_name
         if not region:
             raise UsageError("no AWS region: pass --region, set `region:` in config.yaml, "
                              "or AWS_REGION", hint="cloudtrain launch --region us-east-1 ...")
-        return region
+        return check_region(region, "AWS_REGION, AWS_DEFAULT_REGION or the AWS profile")
 
     def client(self, service: str, region: str, fail_fast: bool = False):
         """A client; fail_fast for run_instances (capacity errors are not retried, the next
         AZ is tried instead). Others retry throttling and 5xx with backoff (standard mode)."""
         key = (service, region, fail_fast)
         if key not in self._clients:
+            check_region(region)
             from botocore.config import Config
 
             retries = {"max_attempts": 1} if fail_fast else {"max_attempts": 6, "mode": "standard"}
@@ -88,7 +99,7 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin):
     def owner(self, region: str) -> str:
         """The caller's ARN: the cloudtrain:owner tag of everything this user creates."""
         if not hasattr(self, "_owner"):
-            with aws_errors(region):
+            with aws_errors(region, "sts"):
                 sts = self.session(region).client("sts", region_name=region)
                 self._owner = sts.get_caller_identity()["Arn"]
         return self._owner
@@ -234,8 +245,6 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin):
         """What launch would do, as (what, value) rows; creates nothing, bills nothing. With
         credentials it also resolves AZs and AMI and asks EC2 (DryRun=True) whether
         RunInstances would be allowed."""
-        import botocore.exceptions
-
         self.preflight(spec)
         region = self.region(spec)
         rows = [("backend", "aws"), ("region", region)]
@@ -287,13 +296,13 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin):
             try:
                 self.call(region, "run_instances", fail_fast=True, **request)
                 rows.append(("permissions", "RunInstances: EC2 answered without DryRunOperation"))
-            except botocore.exceptions.ClientError as exc:
-                if _code(exc) == "DryRunOperation":
+            except AWSError as exc:
+                if exc.code == "DryRunOperation":
                     rows.append(("permissions", "RunInstances allowed (EC2 DryRun)"))
-                elif _code(exc) == "UnauthorizedOperation":
-                    rows.append(("permissions", "RunInstances DENIED: attach infra/iam-policy-cli.json"))
+                elif exc.code == "UnauthorizedOperation":
+                    rows.append(("permissions", f"RunInstances DENIED: attach {POLICY_FILE}"))
                 else:
-                    rows.append(("permissions", f"RunInstances: {_code(exc)}: {_message(exc)}"))
+                    rows.append(("permissions", f"RunInstances: {exc.code}: {exc.aws_message}"))
         except CloudtrainError as exc:
             rows.append(("credentials", exc.message))
         return rows

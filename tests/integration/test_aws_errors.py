@@ -1,0 +1,163 @@
+"""AWS's refusals said in words (F10) and region names checked before boto sees them (F24).
+
+In-process moto (`mock_aws`); the refusals are injected with botocore `before-call` hooks on
+the provider's own clients, so everything else still reaches moto."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from moto import mock_aws
+
+from cloudtrain.config import Settings
+from cloudtrain.errors import CloudtrainError, UsageError
+from cloudtrain.providers.aws import AWSError, AWSProvider
+from cloudtrain.spec import JobSpec
+from conftest import REPO
+
+CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+         "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+
+
+@pytest.fixture
+def provider(monkeypatch):
+    for k, v in CREDS.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k, raising=False)
+    with mock_aws():
+        yield AWSProvider(Settings(region="us-east-1", ssh_cidr="127.0.0.1/32"))
+
+
+def _refuse(client, operation, code, message, status=403):
+    """Make `client` answer `operation` with AWS's error `code` (nothing reaches moto)."""
+    from botocore.awsrequest import AWSResponse
+
+    def hook(**kwargs):
+        return (AWSResponse("https://aws.invalid/", status, {}, None),
+                {"Error": {"Code": code, "Message": message}})
+
+    client.meta.events.register(f"before-call.{client.meta.service_model.endpoint_prefix}."
+                                f"{operation}", hook)
+
+
+def test_F10_unauthorized_run_instances_names_the_action_and_the_policy(provider):
+    ec2 = provider.client("ec2", "us-east-1")
+    _refuse(ec2, "DescribeKeyPairs", "UnauthorizedOperation",
+            "You are not authorized to perform this operation. User: arn:aws:iam::1:user/me is "
+            "not authorized to perform: ec2:DescribeKeyPairs because no identity-based policy "
+            "allows the ec2:DescribeKeyPairs action. Encoded authorization failure message: "
+            "AbCdEf0123456789")
+    with pytest.raises(AWSError) as err:
+        provider.call("us-east-1", "describe_key_pairs")
+    e = err.value
+    assert e.code == "UnauthorizedOperation"
+    assert e.message.startswith("not allowed: ec2:DescribeKeyPairs in us-east-1")
+    assert "Encoded authorization" not in e.message  # a wall of base64 helps nobody
+    assert "infra/iam-policy-cli.json" in e.hint
+
+
+def test_F10_access_denied_on_the_price_list_is_an_aws_error(provider):
+    pricing = provider.client("pricing", "us-east-1")
+    _refuse(pricing, "GetProducts", "AccessDeniedException",
+            "User: arn:aws:iam::1:user/me is not authorized to perform: pricing:GetProducts")
+    with pytest.raises(AWSError) as err:
+        provider.on_demand_prices("us-east-1", ["g5.xlarge"])
+    assert "not allowed: pricing:GetProducts" in err.value.message
+    assert "infra/iam-policy-cli.json" in err.value.hint
+
+
+def test_F10_access_denied_without_the_action_in_the_message_names_the_operation(provider):
+    # STS says AccessDenied with its own wording; the action is then service:operation.
+    import botocore.exceptions
+
+    from cloudtrain.providers.aws.errors import client_error
+
+    exc = botocore.exceptions.ClientError(
+        {"Error": {"Code": "AccessDenied", "Message": "Access denied"}}, "GetCallerIdentity")
+    e = client_error(exc, "us-east-1", "sts")
+    assert e.message == "not allowed: sts:GetCallerIdentity in us-east-1 (AccessDenied): Access denied"
+
+
+def test_F10_opt_in_required_says_to_enable_the_region(provider):
+    ec2 = provider.client("ec2", "us-east-1")
+    _refuse(ec2, "DescribeSubnets", "OptInRequired",
+            "You are not subscribed to this service. Please go to http://aws.amazon.com to "
+            "subscribe.", status=401)
+    with pytest.raises(AWSError) as err:
+        provider.subnets("us-east-1")
+    assert "OptInRequired" in err.value.message and "ec2:DescribeSubnets" in err.value.message
+    assert "enable the region" in err.value.hint and "iam-policy-cli.json" in err.value.hint
+
+
+def test_F10_any_other_client_error_is_one_line_not_internal(provider):
+    ec2 = provider.client("ec2", "us-east-1")
+    _refuse(ec2, "DescribeSecurityGroups", "InvalidParameterCombination", "odd", status=400)
+    with pytest.raises(AWSError, match="AWS DescribeSecurityGroups failed in us-east-1: "
+                                       "InvalidParameterCombination: odd"):
+        provider.ensure_group("us-east-1", "vpc-1", "arn:aws:iam::1:user/me")
+
+
+def test_F10_cleanup_keeps_going_on_dependency_violation(provider):
+    """The one code cleanup tolerates still arrives as AWSError.code (a group still attached
+    to an instance that is shutting down: EC2 answers DependencyViolation)."""
+    ec2 = provider.client("ec2", "us-east-1")
+    owner = provider.owner("us-east-1")
+    vpc = ec2.describe_vpcs()["Vpcs"][0]["VpcId"]
+    provider.ensure_group("us-east-1", vpc, owner)
+    _refuse(ec2, "DeleteSecurityGroup", "DependencyViolation", "resource has a dependent object",
+            status=400)
+    provider.cleanup(None, {"us-east-1"})  # no exception
+    assert ec2.describe_security_groups(Filters=[{"Name": "group-name",
+                                                  "Values": ["cloudtrain"]}])["SecurityGroups"]
+
+
+@pytest.mark.parametrize("region", ["../../x", "us-east-1; id", "US-EAST-1", "us-east-", ""])
+def test_F24_bad_region_is_a_usage_error_before_any_session(region, monkeypatch):
+    import boto3
+
+    def no_session(*a, **k):
+        raise AssertionError("a boto3 Session was made for a bad region")
+
+    monkeypatch.setattr(boto3, "Session", no_session)
+    provider = AWSProvider(Settings())
+    spec = JobSpec(kind="command", backend="aws", command="true", instance_type="g5.xlarge",
+                   region=region or "x")
+    with pytest.raises(UsageError, match="is not an AWS region name .from --region"):
+        provider.region(spec)
+    with pytest.raises(UsageError, match="is not an AWS region name"):
+        provider.client("ec2", region or "?")
+    with pytest.raises(UsageError, match="from `region:` in config.yaml"):
+        AWSProvider(Settings(region=region or "?")).region()
+
+
+def test_F24_region_from_the_aws_chain_is_checked(monkeypatch):
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_REGION", "../../x")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "../../x")
+    with pytest.raises(UsageError, match="from AWS_REGION, AWS_DEFAULT_REGION or the AWS profile"):
+        AWSProvider(Settings()).region()
+    monkeypatch.setenv("AWS_REGION", "us-gov-west-1")  # GovCloud names pass
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-gov-west-1")
+    assert AWSProvider(Settings()).region() == "us-gov-west-1"
+
+
+def test_F24_cli_launch_with_a_bad_region_is_one_line(tmp_path):
+    env = {**os.environ, **CREDS, "AWS_EC2_METADATA_DISABLED": "true"}
+    for region in ("../../x", "us-east-1; id"):
+        proc = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", "--backend", "aws",
+                               "--instance", "g5.xlarge", "--region", region, "--", "true"],
+                              cwd=REPO, capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert "is not an AWS region name" in proc.stderr.splitlines()[0]
+        assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_F10_every_aws_failure_is_a_cloudtrain_error(provider):
+    """botocore's own (non-HTTP) failures too: a bad parameter never escapes raw."""
+    with pytest.raises(CloudtrainError):
+        provider.call("us-east-1", "describe_instances", InstanceIds="not-a-list")
