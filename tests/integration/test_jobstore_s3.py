@@ -1,0 +1,406 @@
+"""The S3 job store against moto's server on 127.0.0.1: the bucket's settings read back,
+the agent's uploader POSTing through a presigned grant, and fetch treating the bucket as
+untrusted. Where moto is weaker than S3 it is said where it matters.
+
+moto does not check a presigned POST's policy (signature, expiry, key prefix, size range):
+what S3 would refuse there is tested against the policy itself (tests/unit) and, for the
+uploader's handling of S3's answers, against a small HTTP server that answers as S3 does.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import threading
+from pathlib import Path
+
+import boto3
+import pytest
+import requests
+from botocore.awsrequest import AWSResponse
+
+from aws_lab import moto_endpoint  # noqa: F401  (fixture)
+from cloudtrain import agent_upload, jobstore
+from cloudtrain.errors import CloudtrainError
+
+REGION = "eu-west-1"
+ACCOUNT = "123456789012"  # moto's default account
+OWNER = f"arn:aws:iam::{ACCOUNT}:user/tester"
+JOB = "ab12cd34"
+CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+
+
+def _client(endpoint: str, region: str = REGION):
+    return jobstore.s3_client(boto3.Session(region_name=region, **CREDS), region, endpoint)
+
+
+@pytest.fixture
+def s3(moto_endpoint):  # noqa: F811
+    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    return _client(moto_endpoint)
+
+
+@pytest.fixture
+def bucket(s3):
+    name = jobstore.bucket_name(ACCOUNT, REGION)
+    jobstore.ensure_bucket(s3, name, REGION, OWNER)
+    # moto evaluates a Deny whose condition it cannot evaluate (aws:SecureTransport) as a
+    # deny of every object read, TLS or not (moto/s3/models.py get_permission is given no
+    # condition values): the TLS-only policy is checked by reading it back, not enforced here.
+    s3.delete_bucket_policy(Bucket=name)
+    return name
+
+
+def _calls(s3) -> list[str]:
+    seen: list[str] = []
+    s3.meta.events.register("before-call.s3", lambda model, **kw: seen.append(model.name))
+    return seen
+
+
+def _answer(s3, operation: str, status: int, code: str):
+    """Make `operation` answer as S3 would with `status`/`code` (a botocore hook; the other
+    calls still reach moto)."""
+    def handler(**kwargs):
+        return (AWSResponse("https://s3", status, {}, None),
+                {"Error": {"Code": code, "Message": code},
+                 "ResponseMetadata": {"HTTPStatusCode": status}})
+    s3.meta.events.register(f"before-call.s3.{operation}", handler)
+
+
+def _job(root: Path, checkpoint_bytes: int = 3 << 20) -> Path:
+    job = root / "job"
+    (job / "checkpoints" / "epoch_2").mkdir(parents=True)
+    (job / "status.json").write_text(json.dumps({"state": "succeeded", "exit_code": 0}))
+    (job / "job.json").write_text(json.dumps({"job_id": JOB}))
+    (job / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e}) + "\n" for e in range(9)))
+    (job / "output.log").write_bytes(b"line\n" * 20000)
+    (job / "checkpoints" / "epoch_2" / "model.pt").write_bytes(os.urandom(checkpoint_bytes))
+    (job / "checkpoints" / "empty.txt").write_bytes(b"")
+    (job / "checkpoints" / "passwd").symlink_to("/etc/passwd")
+    return job
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def _upload(s3, bucket, job: Path, max_bytes: int = 1 << 30, timeout_s: float = 30.0) -> dict:
+    grant = jobstore.upload_grant(s3, bucket, JOB, expires_s=600, max_bytes=max_bytes)
+    return agent_upload.upload_job(str(job), json.loads(json.dumps(grant)), timeout_s=timeout_s)
+
+
+# -- the bucket ------------------------------------------------------------------------------
+
+
+def test_new_bucket_is_private_encrypted_tls_only_expiring_and_tagged(s3):
+    name = jobstore.bucket_name(ACCOUNT, REGION)
+    assert jobstore.ensure_bucket(s3, name, REGION, OWNER, expire_days=14) is True
+
+    assert s3.get_bucket_location(Bucket=name)["LocationConstraint"] == REGION
+    block = s3.get_public_access_block(Bucket=name)["PublicAccessBlockConfiguration"]
+    assert block == {"BlockPublicAcls": True, "IgnorePublicAcls": True,
+                     "BlockPublicPolicy": True, "RestrictPublicBuckets": True}
+    [rule] = s3.get_bucket_encryption(Bucket=name)[
+        "ServerSideEncryptionConfiguration"]["Rules"]
+    assert rule["ApplyServerSideEncryptionByDefault"] == {"SSEAlgorithm": "AES256"}
+    assert rule["BucketKeyEnabled"] is True
+    tags = {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=name)["TagSet"]}
+    assert tags == {"cloudtrain:owner": OWNER, "Name": name}
+    [statement] = json.loads(s3.get_bucket_policy(Bucket=name)["Policy"])["Statement"]
+    assert statement["Effect"] == "Deny" and statement["Principal"] == "*"
+    assert statement["Action"] == "s3:*"
+    assert sorted(statement["Resource"]) == [f"arn:aws:s3:::{name}", f"arn:aws:s3:::{name}/*"]
+    assert statement["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    rules = {r["ID"]: r for r in s3.get_bucket_lifecycle_configuration(Bucket=name)["Rules"]}
+    expire, abort = rules["expire-jobs"], rules["abort-incomplete-multipart-uploads"]
+    assert expire["Status"] == abort["Status"] == "Enabled"
+    assert expire["Filter"] == {"Prefix": "jobs/"} and expire["Expiration"] == {"Days": 14}
+    assert abort["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 1}
+
+
+def test_later_calls_cost_one_head_bucket(s3):
+    name = jobstore.bucket_name(ACCOUNT, REGION)
+    assert jobstore.ensure_bucket(s3, name, REGION, OWNER) is True
+    calls = _calls(s3)
+    assert jobstore.ensure_bucket(s3, name, REGION, OWNER) is False
+    assert calls == ["HeadBucket"]
+
+
+def test_us_east_1_bucket_is_created_without_a_location_constraint(moto_endpoint):  # noqa: F811
+    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    s3 = _client(moto_endpoint, "us-east-1")
+    name = jobstore.bucket_name(ACCOUNT, "us-east-1")
+    assert jobstore.ensure_bucket(s3, name, "us-east-1", OWNER) is True
+    assert s3.get_bucket_location(Bucket=name)["LocationConstraint"] in (None, "")
+
+
+def test_a_racing_creator_of_our_own_is_fine(s3):
+    name = jobstore.bucket_name(ACCOUNT, REGION)
+    s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+    _answer(s3, "HeadBucket", 404, "404")  # it did not exist a moment ago
+    assert jobstore.ensure_bucket(s3, name, REGION, OWNER) is False  # BucketAlreadyOwnedByYou
+    assert s3.get_bucket_lifecycle_configuration(Bucket=name)["Rules"]
+
+
+def test_bucket_name_taken_by_another_account_is_a_clear_error(s3, moto_endpoint):  # noqa: F811
+    name = jobstore.bucket_name(ACCOUNT, REGION)
+    sts = boto3.client("sts", region_name=REGION, endpoint_url=moto_endpoint, **CREDS)
+    creds = sts.assume_role(RoleArn="arn:aws:iam::111111111111:role/squatter",
+                            RoleSessionName="squat")["Credentials"]
+    theirs = boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint,
+                          aws_access_key_id=creds["AccessKeyId"],
+                          aws_secret_access_key=creds["SecretAccessKey"],
+                          aws_session_token=creds["SessionToken"])
+    theirs.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+    # S3 answers HeadBucket with ExpectedBucketOwner=<our account> on their bucket with 403;
+    # moto ignores ExpectedBucketOwner, so that answer is given here by hook.
+    _answer(s3, "HeadBucket", 403, "403")
+    with pytest.raises(CloudtrainError, match=f"{name} belongs to another AWS account"):
+        jobstore.ensure_bucket(s3, name, REGION, OWNER)
+
+
+def test_bucket_already_exists_on_create_is_a_clear_error(s3, moto_endpoint):  # noqa: F811
+    name = jobstore.bucket_name(ACCOUNT, REGION)
+    sts = boto3.client("sts", region_name=REGION, endpoint_url=moto_endpoint, **CREDS)
+    creds = sts.assume_role(RoleArn="arn:aws:iam::111111111111:role/squatter",
+                            RoleSessionName="squat")["Credentials"]
+    boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint,
+                 aws_access_key_id=creds["AccessKeyId"],
+                 aws_secret_access_key=creds["SecretAccessKey"],
+                 aws_session_token=creds["SessionToken"]).create_bucket(
+        Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+    _answer(s3, "HeadBucket", 404, "404")
+    with pytest.raises(CloudtrainError, match="belongs to another AWS account") as err:
+        jobstore.ensure_bucket(s3, name, REGION, OWNER)
+    assert "BucketAlreadyExists" in repr(err.value.__cause__)
+
+
+def test_a_bucket_left_half_configured_is_deleted_so_the_next_call_starts_again(s3):
+    name = jobstore.bucket_name(ACCOUNT, REGION)
+    hook = s3.meta.events.register
+    failing = []
+
+    def refuse(**kwargs):
+        failing.append(1)
+        return (AWSResponse("https://s3", 403, {}, None),
+                {"Error": {"Code": "AccessDenied", "Message": "no s3:PutLifecycleConfiguration"},
+                 "ResponseMetadata": {"HTTPStatusCode": 403}})
+
+    hook("before-call.s3.PutBucketLifecycleConfiguration", refuse, unique_id="refuse")
+    with pytest.raises(Exception, match="AccessDenied"):
+        jobstore.ensure_bucket(s3, name, REGION, OWNER)
+    assert failing and name not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    s3.meta.events.unregister("before-call.s3.PutBucketLifecycleConfiguration",
+                              unique_id="refuse")
+    assert jobstore.ensure_bucket(s3, name, REGION, OWNER) is True
+    assert s3.get_bucket_lifecycle_configuration(Bucket=name)["Rules"]
+
+
+# -- upload and fetch ------------------------------------------------------------------------
+
+
+def test_round_trip_brings_back_identical_bytes_and_a_complete_manifest(s3, bucket, tmp_path):
+    job = _job(tmp_path)
+    expected = _tree(job)
+    # Over the 5 GB a POST can carry: skipped (sparse, so nothing is read or written).
+    with open(job / "checkpoints" / "huge.bin", "wb") as f:
+        f.truncate(agent_upload.POST_MAX_BYTES + 1)
+    result = _upload(s3, bucket, job)
+    assert result["ok"] is True and result["error"] is None, result
+    assert result["files"] == len(expected)
+    assert result["bytes"] == sum(len(v) for v in expected.values())
+
+    stored = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert stored == {f"jobs/{JOB}/{rel}" for rel in expected} | {f"jobs/{JOB}/manifest.json"}
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"jobs/{JOB}/manifest.json")[
+        "Body"].read())
+    assert {f["path"] for f in manifest["files"]} == set(expected)
+    assert {s["path"] for s in manifest["skipped"]} == {"checkpoints/passwd",
+                                                        "checkpoints/huge.bin"}
+
+    out = tmp_path / "fetched"
+    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30)
+    assert fetched.complete and fetched.found and fetched.skipped == []
+    assert fetched.uploaded_at == manifest["uploaded_at"]
+    assert _tree(out) == expected
+    assert sorted(fetched.files) == sorted(expected) and fetched.bytes == result["bytes"]
+    assert fetched.files[:4] == ["job.json", "metrics.jsonl", "output.log", "status.json"]
+
+    only = jobstore.fetch(s3, bucket, JOB, tmp_path / "status", limit_bytes=1 << 20,
+                          only=("status.json", "output.log"))
+    assert sorted(only.files) == ["output.log", "status.json"]
+
+
+def test_nothing_stored_is_an_empty_result(s3, bucket, tmp_path):
+    fetched = jobstore.fetch(s3, bucket, JOB, tmp_path / "out", limit_bytes=1 << 20)
+    assert not fetched.found and not fetched.complete and fetched.files == []
+    missing = jobstore.fetch(s3, "cloudtrain-999999999999-eu-west-1", JOB, tmp_path / "o",
+                             limit_bytes=1 << 20)
+    assert not missing.found
+
+
+def test_upload_without_its_manifest_is_reported_incomplete(s3, bucket, tmp_path):
+    job = _job(tmp_path)
+    assert _upload(s3, bucket, job)["ok"]
+    s3.delete_object(Bucket=bucket, Key=f"jobs/{JOB}/manifest.json")  # cut before the end
+    fetched = jobstore.fetch(s3, bucket, JOB, tmp_path / "out", limit_bytes=1 << 30)
+    assert fetched.found and not fetched.complete and fetched.uploaded_at is None
+    assert "status.json" in fetched.files  # what is there still comes home, unverified
+
+
+def test_contents_that_differ_from_the_manifest_are_not_kept(s3, bucket, tmp_path):
+    job = _job(tmp_path)
+    assert _upload(s3, bucket, job)["ok"]
+    log = (job / "output.log").read_bytes()
+    s3.put_object(Bucket=bucket, Key=f"jobs/{JOB}/output.log", Body=b"X" * len(log))
+    s3.put_object(Bucket=bucket, Key=f"jobs/{JOB}/extra.sh", Body=b"rm -rf ~")
+    out = tmp_path / "out"
+    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30)
+    assert fetched.complete
+    assert ("output.log", "sha256 differs from the manifest") in fetched.skipped
+    assert ("extra.sh", "not in the manifest") in fetched.skipped
+    assert not (out / "output.log").exists() and not (out / "extra.sh").exists()
+    assert (out / "status.json").exists()
+
+
+def test_hostile_keys_are_skipped_and_nothing_lands_outside(s3, bucket, tmp_path):
+    prefix = f"jobs/{JOB}/"
+    hostile = ["../../escaped", "..", "a/../../../escaped2", "/etc/passwd_copy", "//abs",
+               "ctl\x01name", "tab\tname", "back\\..\\slash", "./dot", "dir//double",
+               "linked/owned"]
+    for rel in hostile:
+        s3.put_object(Bucket=bucket, Key=prefix + rel, Body=b"pwned")
+    s3.put_object(Bucket=bucket, Key=prefix + "status.json", Body=b"{}")
+    box = tmp_path / "box"
+    out = box / "out"
+    out.mkdir(parents=True)
+    (out / "linked").symlink_to(tmp_path)  # a link already in the folder leads out of it
+
+    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 20)
+    assert fetched.files == ["status.json"] and not fetched.complete
+    assert sorted(rel for rel, _ in fetched.skipped) == sorted(hostile)
+    assert {why for _, why in fetched.skipped} == {"unsafe path"}
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and b"pwned" in p.read_bytes()]
+    assert written == []
+    assert [p.relative_to(box).as_posix() for p in box.rglob("*")] == \
+        ["out", "out/linked", "out/status.json"]
+    assert jobstore.delete_job(s3, bucket, JOB) == len(hostile) + 1
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["KeyCount"] == 0
+
+
+def test_checkpoint_over_the_limit_is_not_downloaded(s3, bucket, tmp_path):
+    job = _job(tmp_path, checkpoint_bytes=2 << 20)
+    assert _upload(s3, bucket, job)["ok"]
+    out = tmp_path / "out"
+    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 20)
+    assert fetched.complete and fetched.bytes <= 1 << 20
+    assert [rel for rel, _ in fetched.skipped] == ["checkpoints/epoch_2/model.pt"]
+    assert "limit" in fetched.skipped[0][1]
+    assert not (out / "checkpoints" / "epoch_2" / "model.pt").exists()
+    assert (out / "status.json").exists() and (out / "output.log").exists()
+
+
+def test_an_object_that_grows_after_listing_is_stopped_while_downloading(s3, bucket, tmp_path):
+    prefix = f"jobs/{JOB}/"
+    s3.put_object(Bucket=bucket, Key=prefix + "output.log", Body=b"x" * 1000)
+    other = _client(s3.meta.endpoint_url)
+
+    def grow(**kwargs):  # between our listing and the download
+        other.put_object(Bucket=bucket, Key=prefix + "output.log", Body=b"y" * (3 << 20))
+    s3.meta.events.register("before-call.s3.HeadObject", grow)
+    out = tmp_path / "out"
+    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30)
+    assert fetched.files == [] and fetched.skipped[0][0] == "output.log"
+    assert "more than the 1000 bytes listed" in fetched.skipped[0][1]
+    assert list(out.iterdir()) == []
+
+
+def test_grant_for_a_missing_bucket_fails_readably_without_raising(s3, tmp_path):
+    grant = jobstore.upload_grant(s3, "cloudtrain-999999999999-eu-west-1", JOB, 60, 1 << 20)
+    result = agent_upload.upload_job(str(_job(tmp_path)), grant, timeout_s=10)
+    assert result["ok"] is False and result["files"] == 0
+    assert "HTTP 404" in result["error"] and "NoSuchBucket" in result["error"]
+
+
+# -- the uploader against S3's answers that moto does not give ---------------------------------
+
+
+class _S3Like(http.server.BaseHTTPRequestHandler):
+    """Answers POSTs from a script of (status, body); records what came."""
+
+    script: list = []
+    seen: list = []
+
+    def do_POST(self):
+        length = int(self.headers["Content-Length"])
+        body = self.rfile.read(length)
+        self.seen.append(body)
+        status, text = self.script.pop(0) if self.script else (204, b"")
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def s3_like(monkeypatch):
+    monkeypatch.setattr(agent_upload, "BACKOFF_S", 0.1)  # the schedule, faster
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _S3Like)
+    _S3Like.script, _S3Like.seen = [], []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/", _S3Like
+    server.shutdown()
+    server.server_close()
+
+
+EXPIRED = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code>"
+           b"<Message>Invalid according to Policy: Policy expired.</Message></Error>")
+
+
+def test_expired_grant_is_reported_once_not_retried(s3_like, tmp_path):
+    url, server = s3_like
+    server.script = [(403, EXPIRED)]
+    grant = {"url": url, "fields": {"policy": "p"}, "prefix": f"jobs/{JOB}/"}
+    result = agent_upload.upload_job(str(_job(tmp_path)), grant, timeout_s=10)
+    assert result["ok"] is False and len(server.seen) == 1
+    assert "403 AccessDenied: Invalid according to Policy: Policy expired." in result["error"]
+    assert "expired" in result["error"] and "no manifest" in result["error"]
+
+
+def test_server_errors_are_retried_with_backoff_then_the_upload_goes_on(s3_like, tmp_path):
+    url, server = s3_like
+    slow_down = (b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate."
+                 b"</Message></Error>")
+    server.script = [(503, slow_down), (500, b"")]
+    job = _job(tmp_path, checkpoint_bytes=1000)
+    grant = {"url": url, "fields": {"policy": "p"}, "prefix": f"jobs/{JOB}/"}
+    result = agent_upload.upload_job(str(job), grant, timeout_s=20)
+    assert result["ok"] is True, result
+    files = len(agent_upload.job_files(str(job))[0])
+    assert len(server.seen) == files + 2 + 1  # two retries of the first file, the manifest
+    first = server.seen[0]
+    # The same request again, from the file's start (each with a boundary of its own).
+    assert [_unbound(body) for body in server.seen[:3]] == [_unbound(first)] * 3
+    assert b'name="key"\r\n\r\njobs/ab12cd34/status.json\r\n' in first
+    assert first.index(b'name="policy"') < first.index(b'name="key"') < first.index(b'name="file"')
+    assert b'name="key"\r\n\r\njobs/ab12cd34/manifest.json\r\n' in server.seen[-1]
+
+
+def _unbound(body: bytes) -> bytes:
+    boundary = body.split(b"\r\n", 1)[0]
+    return body.replace(boundary, b"--BOUNDARY")
+
+
+def test_persistent_server_errors_stop_after_three_tries(s3_like, tmp_path):
+    url, server = s3_like
+    server.script = [(503, b"")] * 5
+    grant = {"url": url, "fields": {}, "prefix": f"jobs/{JOB}/"}
+    result = agent_upload.upload_job(str(_job(tmp_path)), grant, timeout_s=20)
+    assert result["ok"] is False and len(server.seen) == agent_upload.TRIES
+    assert "HTTP 503" in result["error"]
