@@ -14,10 +14,11 @@ import math
 import os
 import secrets
 import sqlite3
+import stat
 import time
 from pathlib import Path
 
-from .config import private_file
+from .config import private_file, shown
 from .errors import CloudtrainError, NotFound, UsageError
 
 # Job states, in lifecycle order. A job is "active" until it reaches a terminal state.
@@ -279,9 +280,16 @@ class Store:
         try:
             # The database holds commands (tokens in arguments) and hosts: the user's alone.
             # SQLite gives the -wal and -shm files the database file's mode.
+            # Never open and close these files here once they exist: closing any descriptor
+            # of a file drops every POSIX lock this process holds on it, so a second Store in
+            # the same process (the launch lease's thread) would strip the first one's locks,
+            # and another process would then reset the -shm under its mapping (SIGBUS).
             for name in (self.path, *(self.path.with_name(self.path.name + s)
                                       for s in ("-wal", "-shm"))):
-                if name == self.path or name.exists():
+                if name.exists():
+                    if stat.S_IMODE(name.stat().st_mode) != 0o600:
+                        os.chmod(name, 0o600)
+                elif name == self.path:
                     private_file(name)
         except OSError as exc:
             raise UsageError(f"cannot use {self.path}: {exc.strerror or exc}",
@@ -387,7 +395,7 @@ class Store:
                 "SELECT * FROM jobs WHERE name = ? ORDER BY created_at DESC LIMIT 1", (ref,)
             ).fetchall()
         if not rows:
-            raise NotFound(f"no job '{ref}'", hint="cloudtrain status lists the jobs")
+            raise NotFound(f"no job {shown(ref)}", hint="cloudtrain status lists the jobs")
         return Job.from_row(rows[0])
 
     def jobs(self, *, active_only: bool = False, limit: int | None = None) -> list[Job]:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
@@ -139,3 +140,57 @@ def test_an_unpriced_instance_type_leaves_the_cost_unknown_not_an_error(store):
     assert not billed.settled
     recorded = store.job(job.id)
     assert recorded.cost is None and recorded.cost_detail["notes"][0].startswith("cost unknown")
+
+
+def test_F22_update_stores_lists_as_json_and_binds_anything(store):
+    """`_update` stored only dicts as JSON: a list (or a tuple, a Path, an int past 64 bits)
+    failed to bind ("Error binding parameter")."""
+    from pathlib import Path
+
+    job = _job(store)
+    store.update_job(job.id, host={"kind": "local", "ports": [22, 2222]}, reason=Path("/x"),
+                     metrics={"epoch": 1}, cost=1 << 70)
+    store.update_job(job.id, jobdir=["a", "list"])
+    row = store.db.execute("SELECT jobdir, reason, cost FROM jobs WHERE id = ?", (job.id,)).fetchone()
+    assert row["jobdir"] == '["a", "list"]' and row["reason"] == "/x"
+    assert row["cost"] == float(1 << 70)
+    assert store.job(job.id).host == {"kind": "local", "ports": [22, 2222]}
+    inst = state.Instance(id="i-1", job_id=job.id, provider="aws", region=None, zone=None,
+                          instance_type=None, market=None, state="running", launched_at=1.0,
+                          terminated_at=None, price_per_hour=None, details={"a": [1, 2]})
+    store.add_instance(inst)
+    store.update_instance("i-1", details={"b": (3, 4)})
+    assert store.instances(job.id)[0].details == {"b": [3, 4]}
+
+
+def test_F22_find_job_refuses_an_empty_reference_and_survives_a_long_one(store):
+    _job(store)
+    _job(store)
+    with pytest.raises(UsageError, match="give a job id, id prefix or name"):
+        store.find_job("")
+    with pytest.raises(NotFound, match=r"^no job 'xxxxxxxx"):
+        store.find_job("x" * 100_000)
+    # Wildcards are plain characters in a prefix.
+    for ref in ("%", "_", "\\", "'"):
+        with pytest.raises(NotFound):
+            store.find_job(ref)
+
+
+def test_F22_unusable_database_is_a_usage_error_naming_the_file(tmp_path):
+    bad = tmp_path / "state.db"
+    bad.write_bytes(b"\x00" * 100 + b"garbage" * 200)
+    with pytest.raises(UsageError, match=f"{bad} is not a usable cloudtrain database") as info:
+        Store(bad)
+    assert info.value.hint.startswith(f"move it aside (mv {bad} {bad}.broken)")
+
+
+def test_F22_rows_are_read_defensively(store):
+    job = _job(store)
+    store.db.execute("UPDATE jobs SET spec = '[1]', host = '{', metrics = ?, cost_detail = 'x', "
+                     "created_at = 'noon', exit_code = 'zero' WHERE id = ?",
+                     (json.dumps({"train_loss": "abc", "loss": 0.5, "note": "ok",
+                                  "test_acc": float("nan")}), job.id))
+    got = store.job(job.id)
+    assert got.spec == {} and got.host is None and got.cost_detail is None
+    assert got.created_at is None and got.exit_code is None
+    assert got.metrics == {"loss": 0.5, "note": "ok"}
