@@ -13,14 +13,15 @@ import json
 import os
 import shlex
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
-from . import config, providers, state
-from .agent import pid_alive
-from .errors import CloudtrainError, HostError, UsageError
+from . import config, lease, providers, state
+from .agent import metrics_tail, pid_alive, read_json
+from .errors import CloudtrainError, HostError, NotFound, UsageError
 from .hosts import Host, LocalHost
 from .spec import COMMAND, RECIPE, JobSpec
 from .state import Job, Store
@@ -63,7 +64,10 @@ def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1) -> str:
     """The job's run.sh: cd into place and exec the command (no shell quoting games in tmux).
     A torchrun recipe on `procs` > 1 processes starts under torchrun, one process per GPU
     (`--standalone`: a private rendezvous on a free local port)."""
-    lines = ["#!/usr/bin/env bash", f"# cloudtrain job: {spec.display()}", "set -e"]
+    # F1: nothing the user typed reaches this file outside shlex.quote; the one line that
+    # names the job is JSON (newlines and control characters escaped) inside a comment.
+    lines = ["#!/usr/bin/env bash", "set -e",
+             "# cloudtrain job: " + json.dumps(spec.display())]
     if spec.kind == RECIPE:
         from . import recipes
 
@@ -101,9 +105,12 @@ def job_environment(job_id: str, data_dir: str, host: Host, gpus: int = 0, procs
 # -- launch --------------------------------------------------------------------------------------
 
 
-def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
-    """Start the job and return once its agent runs it. On any failure or Ctrl-C the job is
-    recorded as failed or cancelled and its host released: nothing is left running."""
+def launch(store: Store, settings: config.Settings, spec: JobSpec,
+           say: Callable[[str], None] | None = None) -> Job:
+    """Start the job and return once its agent runs it. On any failure, Ctrl-C, SIGTERM or
+    SIGHUP the job is recorded as failed or cancelled and its host released: nothing is left
+    running. While it works, the launcher holds the job's lease (lease.py), so a launcher
+    killed outright (SIGKILL, a lost container) is noticed by any later `cloudtrain` command."""
     provider = providers.get(spec.backend)
     provider.preflight(spec)
     source = _resume_source(store, spec)
@@ -114,60 +121,11 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
     host: Host | None = None
     agent_started = False
     try:
-        _advance(store, job.id, state.PROVISIONING)
-        if kept is not None:
-            host = provider.adopt(store, kept, job)
-            _open_hosts.pop(kept.id, None)
-        else:
-            host = provider.acquire(store, job, spec)
-        _open_hosts[job.id] = host
-        jobdir = provider.jobdir(job.id, host)
-        store.update_job(job.id, host=host.describe(), jobdir=jobdir)
-        like = _remote_jobdir(kept) if kept is not None else None
-
-        _advance(store, job.id, state.SYNCING)
-        sent = 0
-        data_dir = provider.data_dir(host)
-        host.run("mkdir -p " + " ".join(shlex.quote(d) for d in (
-            f"{jobdir}/checkpoints", f"{jobdir}/work", data_dir)))
-        host.install_agent(jobdir)
-        if spec.kind == RECIPE:
-            from . import recipes
-
-            rec = recipes.load(spec.recipe)
-            sent += host.sync(rec.path, f"{jobdir}/recipes/{rec.name}",
-                              like and f"{like}/recipes/{rec.name}")
-            shared = rec.path.parent / recipes.SHARED_DIR
-            if shared.is_dir():
-                sent += host.sync(shared, f"{jobdir}/recipes/{recipes.SHARED_DIR}",
-                                  like and f"{like}/recipes/{recipes.SHARED_DIR}")
-        if spec.workdir:
-            sent += host.sync(Path(spec.workdir), f"{jobdir}/work", like and f"{like}/work")
-        if source is not None:
-            _copy_checkpoints(source, host, jobdir)
-
-        _advance(store, job.id, state.SETTING_UP, detail=f"{sent} files sent")
-        provider.setup(host)
-        store.update_job(job.id, host=host.describe())
-        gpus = provider.gpus(spec, host)
-        procs = spec.processes(gpus)
-        host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python, procs))
-        shutdown_command, shutdown_delay = provider.shutdown(spec)
-        host.write_text(f"{jobdir}/job.json", json.dumps({
-            "job_id": job.id,
-            "max_runtime_s": spec.max_runtime_s,
-            "grace_s": settings.stop_grace_seconds,
-            "heartbeat_s": settings.heartbeat_seconds,
-            "shutdown_command": shutdown_command,
-            "shutdown_delay_s": shutdown_delay,
-            "env": job_environment(job.id, data_dir, host, gpus, procs),
-            **provider.agent_settings(spec),
-        }, indent=1))
-
-        host.start_agent(job.id, jobdir)
-        agent_started = True
-        _advance(store, job.id, state.RUNNING,
-                 detail=f"{procs} processes under torchrun" if procs > 1 else None)
+        with lease.renewing(store.path, job.id), lease.signals_interrupt():
+            host, started, detail = _launch_steps(store, settings, spec, provider, job,
+                                                  source, kept, say)
+            agent_started = True
+            _advance(store, job.id, state.RUNNING, detail=detail, at=started)
     except BaseException as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
         _abort_launch(store, settings, provider, job, host if agent_started else None, exc)
@@ -176,15 +134,85 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec) -> Job:
         if isinstance(exc, CloudtrainError):
             raise
         raise CloudtrainError(f"launch of job {job.id} failed: {exc}") from exc
+    finally:
+        store.update_job(job.id, lease_until=None)
     return store.job(job.id)
+
+
+def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provider, job: Job,
+                  source: Job | None, kept: Job | None, say: Callable[[str], None] | None
+                  ) -> tuple[Host, float, str | None]:
+    """Provision, sync, set up and start the agent: the host the agent runs on, when the job
+    started, and what to say of the start in the timeline."""
+    _advance(store, job.id, state.PROVISIONING)
+    if kept is not None:
+        host = provider.adopt(store, kept, job)
+        _open_hosts.pop(kept.id, None)
+    else:
+        host = provider.acquire(store, job, spec)
+    _open_hosts[job.id] = host
+    jobdir = provider.jobdir(job.id, host)
+    store.update_job(job.id, host=host.describe(), jobdir=jobdir)
+    like = _remote_jobdir(kept) if kept is not None else None
+
+    _advance(store, job.id, state.SYNCING)
+    sent = 0
+    data_dir = provider.data_dir(host)
+    host.run("mkdir -p " + " ".join(shlex.quote(d) for d in (
+        f"{jobdir}/checkpoints", f"{jobdir}/work", data_dir)))
+    host.install_agent(jobdir)
+    if spec.kind == RECIPE:
+        from . import recipes
+
+        rec = recipes.load(spec.recipe)
+        sent += host.sync(rec.path, f"{jobdir}/recipes/{rec.name}",
+                          like and f"{like}/recipes/{rec.name}")
+        shared = rec.path.parent / recipes.SHARED_DIR
+        if shared.is_dir():
+            sent += host.sync(shared, f"{jobdir}/recipes/{recipes.SHARED_DIR}",
+                              like and f"{like}/recipes/{recipes.SHARED_DIR}")
+    if spec.workdir:
+        sent += host.sync(Path(spec.workdir), f"{jobdir}/work", like and f"{like}/work")
+    if source is not None:
+        _copy_checkpoints(source, host, jobdir)
+
+    _advance(store, job.id, state.SETTING_UP, detail=f"{sent} files sent")
+    provider.setup(host)
+    store.update_job(job.id, host=host.describe())
+    gpus = provider.gpus(spec, host)
+    procs = spec.processes(gpus)
+    host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python, procs))
+    shutdown_command, shutdown_delay = provider.shutdown(spec)
+    grant, note = provider.results_grant(store, job, spec)
+    if note:  # where the results go when nobody is watching, or what is lost without it
+        store.add_event(job.id, "results-store", detail=note)
+        if say is not None:
+            say(note)
+    host.write_text(f"{jobdir}/job.json", json.dumps({
+        "job_id": job.id,
+        "max_runtime_s": spec.max_runtime_s,
+        "grace_s": settings.stop_grace_seconds,
+        "heartbeat_s": settings.heartbeat_seconds,
+        "shutdown_command": shutdown_command,
+        "shutdown_delay_s": shutdown_delay,
+        "env": job_environment(job.id, data_dir, host, gpus, procs),
+        "results_store": grant,
+        **provider.agent_settings(spec),
+    }, indent=1))
+
+    started = time.time()  # the job runs from here on: start_agent waits for the agent's word
+    host.start_agent(job.id, jobdir)
+    return host, started, (f"{procs} processes under torchrun" if procs > 1 else None)
 
 
 class LaunchCancelled(CloudtrainError):
     """The job was stopped (`down`) while it was being launched."""
 
 
-def _advance(store: Store, job_id: str, new_state: str, detail: str | None = None) -> None:
-    if not store.set_state(job_id, new_state, detail=detail) and not store.job(job_id).active:
+def _advance(store: Store, job_id: str, new_state: str, detail: str | None = None,
+             at: float | None = None) -> None:
+    if not store.set_state(job_id, new_state, detail=detail, at=at) \
+            and not store.job(job_id).active:
         raise LaunchCancelled(f"job {job_id} was stopped during launch")
 
 
@@ -246,21 +274,33 @@ def _copy_checkpoints(source: Job, host: Host, jobdir: str) -> None:
 
 def _abort_launch(store, settings, provider, job, host, exc) -> None:
     """Undo a launch that cannot finish: stop the agent if it started, release the host
-    (terminating any instance), and record why. A failure to release is recorded too."""
+    (terminating any instance), and record why. Nothing interrupts this (F15: a second
+    Ctrl-C once stopped the termination half-way); a failure to release is recorded and
+    raised, naming the command that finishes the job."""
     interrupted = isinstance(exc, KeyboardInterrupt)
     message = exc.message if isinstance(exc, CloudtrainError) else str(exc)
-    reason = "interrupted during launch" if interrupted else f"launch failed: {message}"
-    try:
-        if host is not None:
-            host.stop_job(store.job(job.id).jobdir, settings.stop_grace_seconds)
-    except Exception:  # the host may be the thing that failed; releasing it is what matters
-        pass
-    try:
-        provider.release(store, store.job(job.id), force=True)
-    except Exception as release_exc:
-        reason += f"; RELEASE FAILED, check `cloudtrain status --refresh`: {release_exc}"
-    store.set_state(job.id, state.CANCELLED if interrupted else state.FAILED,
-                    reason=reason.splitlines()[0])
+    if isinstance(exc, lease.LaunchInterrupted):
+        reason = f"interrupted during launch ({exc.signame})"
+    else:
+        reason = "interrupted during launch" if interrupted else f"launch failed: {message}"
+    with lease.uninterruptible("terminating what the launch started"):
+        try:
+            if host is not None:
+                host.stop_job(store.job(job.id).jobdir, settings.stop_grace_seconds)
+        except Exception:  # the host may be the thing that failed; releasing it is what matters
+            pass
+        released = True
+        try:
+            provider.release(store, store.job(job.id), force=True)
+        except Exception as release_exc:
+            released = False
+            reason += f"; RELEASE FAILED: {release_exc}"
+        store.set_state(job.id, state.CANCELLED if interrupted else state.FAILED,
+                        reason=reason.splitlines()[0])
+    if not released:
+        raise CloudtrainError(
+            f"job {job.id}: its instance may still be running ({reason.splitlines()[0]})",
+            hint=f"cloudtrain down {job.id} (it terminates by record and by tag)")
 
 
 # -- observing -----------------------------------------------------------------------------------
@@ -283,6 +323,16 @@ def host_of(job: Job) -> Host:
         host = providers.get(job.backend).host_for(job)
     _open_hosts[job.id] = host
     return host
+
+
+def _forget_host(job_id: str) -> None:
+    host = _open_hosts.pop(job_id, None)
+    close = getattr(host, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:  # already broken: that is why it is forgotten
+            pass
 
 
 def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
@@ -318,31 +368,92 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
 
 
 def _host_lost(store: Store, job: Job, exc: HostError) -> Job:
-    """The job's host does not answer. If the cloud says its instance is gone, so is the job
-    (preempted when a spot interruption took it); otherwise it is only unreachable now."""
+    """The job's host does not answer. If the cloud says its instance is gone, so is the job:
+    its true outcome and files are then read from the job store (the agent put them there
+    before the power-off); without them it is preempted (a spot interruption took it) or
+    failed. Otherwise the host is only unreachable now."""
     states = providers.get(job.backend).instance_states(store, job)
-    if states and all(s["state"] in ("shutting-down", "terminated") for s in states.values()):
+    if not (states and all(s["state"] in ("shutting-down", "terminated")
+                           for s in states.values())):
+        store.update_job(job.id, reason=f"host unreachable: {exc.message}")
+        return store.job(job.id)
+    status = _from_job_store(store, job) or {}
+    if status.get("state") in state.TERMINAL_STATES:
+        store.set_state(job.id, status["state"], at=status.get("ended_at") or time.time(),
+                        detail=status.get("reason"), exit_code=status.get("exit_code"),
+                        reason=status.get("reason"))
+    else:
         spot = any("Spot" in s["reason"] or "Spot" in s["message"] for s in states.values())
         reason = "spot instance interrupted" if spot else \
             "instance terminated before the job's end was seen: " + \
             "; ".join(f"{i}: {s['message'] or s['state']}" for i, s in states.items())
         store.set_state(job.id, state.PREEMPTED if spot else state.FAILED, reason=reason,
                         detail=reason)
-        _finish(store, store.job(job.id), collect=False, force=True)  # it is gone anyway
-        return store.job(job.id)
-    store.update_job(job.id, reason=f"host unreachable: {exc.message}")
+    _finish(store, store.job(job.id), collect=False, force=True)  # it is gone anyway
     return store.job(job.id)
 
 
+def probe_files(jobdir: str) -> dict:
+    """What a probe reports, read from a job directory on this machine without acting on it."""
+    status = read_json(os.path.join(jobdir, "status.json"))
+    latest, target, summary = metrics_tail(jobdir)
+    return {"status": status if isinstance(status, dict) else None, "now": time.time(),
+            "metrics": latest, "target": target, "runs": summary}
+
+
+def _read_record(job: Job, stale_after_s: float = 1e9) -> dict:
+    """The job's status and metrics, the way a probe reports them. A job whose files were
+    brought home is read without the probe's reaping: a status.json that came from an instance
+    names process groups there, and nothing here may be signalled because of it."""
+    if (job.host or {}).get("collected_from") is not None:
+        return probe_files(job.jobdir)
+    return host_of(job).probe_job(job.jobdir, stale_after_s)
+
+
+def _from_job_store(store: Store, job: Job) -> dict | None:
+    """Bring the job's files home from the job store that outlives its instance; the stored
+    status (untrusted, checked like a probe's answer), or None when nothing was stored."""
+    local = config.home() / "jobs" / job.id
+    try:
+        fetched = providers.get(job.backend).fetch_results(store, job, local)
+    except CloudtrainError as exc:
+        store.add_event(job.id, "results", detail=f"job store not readable: {exc.message}")
+        return None
+    if not fetched:
+        return None
+    store.add_event(job.id, "results", detail=(
+        f"{fetched['files']} files ({fetched['bytes'] / 1e6:.1f} MB) from the job store"
+        + ("" if fetched.get("complete") else "; the upload was not complete")))
+    store.update_job(job.id, jobdir=str(local), host={
+        "kind": "LocalHost", "collected_from": job.host, "remote_jobdir": job.jobdir,
+        "from_store": True})
+    _forget_host(job.id)
+    report = _read_record(store.job(job.id))
+    if report.get("metrics"):
+        store.update_job(job.id, metrics=report["metrics"])
+    return report.get("status")
+
+
 def _check_launcher(store: Store, job: Job) -> Job:
-    """A job still being launched whose launching process is gone will never start."""
+    """A job still being launched whose launcher is gone will never start: fail it and
+    release what it holds. Gone means its lease ran out (seen from any machine), or, on the
+    launching machine itself, that its process no longer exists (seen at once).
+
+    F11: `job` is a snapshot, perhaps seconds old (status refreshes jobs one by one); the
+    launcher may since have finished the launch and exited. The job is failed only if it is
+    still in the state the snapshot saw (compare-and-set), so a job that reached RUNNING is
+    never touched here."""
     hostname, _, pid = (job.launcher or "").rpartition(":")
-    if hostname == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid)):
-        reason = f"the launching process died during {job.state}"
-        if store.set_state(job.id, state.FAILED, reason=reason, detail=reason):
-            _finish(store, job)
-        return store.job(job.id)
-    return job
+    died = hostname == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid))
+    expired = job.lease_until is not None and time.time() > job.lease_until
+    if not (died or expired):
+        return job
+    reason = f"the launching process died during {job.state}" if died else \
+        f"the launch stopped answering during {job.state} (its lease expired)"
+    if store.set_state(job.id, state.FAILED, reason=reason, detail=reason, expect=job.state):
+        # F14: it never ran, so even a --keep instance goes; it wrote nothing to collect.
+        _finish(store, store.job(job.id), collect=False, force=True)
+    return store.job(job.id)
 
 
 def collect_files(store: Store, job: Job) -> bool:
@@ -360,6 +471,8 @@ def collect_files(store: Store, job: Job) -> bool:
             (local / name).write_bytes(data)
         host.pull_tree(f"{job.jobdir}/checkpoints", local / "checkpoints",
                        settings.collect_checkpoints_mb * 1e6)
+        # The agent waits (bounded) for this before it powers the instance off.
+        host.write_text(f"{job.jobdir}/collected", str(time.time()))
     except HostError:
         return False
     store.update_job(job.id, jobdir=str(local), host={"kind": "LocalHost", "collected_from":
@@ -383,7 +496,7 @@ def settle_cost(store: Store, job: Job) -> None:
     target_time = None
     if job.jobdir:
         try:
-            target = host_of(job).probe_job(job.jobdir, 1e9).get("target") or {}
+            target = _read_record(job).get("target") or {}
             target_time = target.get("time")
         except HostError:
             pass
@@ -406,7 +519,10 @@ def settle_all(store: Store) -> int:
 def refresh_all(store: Store, settings: config.Settings) -> list[Job]:
     """Refresh every active job; return all jobs, newest first."""
     for job in store.jobs(active_only=True):
-        refresh(store, settings, job)
+        try:
+            refresh(store, settings, job)
+        except CloudtrainError as exc:  # one job's cloud or host trouble never hides the rest
+            store.update_job(job.id, reason=f"could not refresh: {exc.message}")
     return store.jobs()
 
 
@@ -426,14 +542,22 @@ def tail_log(job: Job, lines: int) -> tuple[bytes, int]:
 def follow(store: Store, settings: config.Settings, job: Job, offset: int = 0
            ) -> Iterator[bytes]:
     """Yield the job's output as it is written, until the job has ended and all is read."""
-    host = None
+    host, where = None, None
     next_refresh = 0.0
     while True:
         job = store.job(job.id)
+        if job.jobdir != where:  # its files were brought home: read them there from now on
+            host, where = None, job.jobdir
         if job.jobdir and host is None:
             host = host_of(job)
         if host is not None:
-            chunk = host.read(f"{job.jobdir}/output.log", offset)
+            try:
+                chunk = host.read(f"{job.jobdir}/output.log", offset)
+            except (HostError, OSError):
+                # The connection dropped (often: the instance powered off as the job ended).
+                # Forget it; the refresh below finds the job's end and where its files are now.
+                _forget_host(job.id)
+                host, chunk, next_refresh = None, b"", 0.0
             if chunk:
                 offset += len(chunk)
                 yield chunk
@@ -453,47 +577,162 @@ def follow(store: Store, settings: config.Settings, job: Job, offset: int = 0
 
 @dataclass
 class StopOutcome:
-    job: Job
+    ref: str  # the job's id, or for an instance no job in the store knows, its instance id
+    job: Job | None  # None: an orphan instance found by its tags only
     stopped: bool  # False: it had already ended
     note: str
+    ok: bool = True  # False: something may still be running (said in the note)
+
+
+STOP_MARGIN_S = 30.0  # beyond the grace period, how long a graceful stop may take
 
 
 def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every: bool,
            grace_s: float | None = None) -> list[StopOutcome]:
-    """Stop jobs: SIGTERM to the job, SIGKILL after the grace period; mark them cancelled."""
+    """Stop jobs: SIGTERM to the job, SIGKILL after the grace period; mark them cancelled and
+    terminate their instances.
+
+    `down` is the kill switch, so it works whatever the host does (F4, F26): the graceful stop
+    is bounded, and the instance is then terminated by record and by tag through the cloud's
+    API whether or not the stop worked. One job's failure never stops the others. `--all`
+    also terminates instances tagged as ours that no job in the store holds (F12: a lost or
+    other machine's state), and a reference that is no job here may name such an instance's
+    job."""
     if every and refs:
         raise UsageError("give job ids or --all, not both")
     if not every and not refs:
         raise UsageError("which jobs? give job ids, or --all", hint="cloudtrain status")
     grace = settings.stop_grace_seconds if grace_s is None else grace_s
-    jobs = store.jobs(active_only=True) if every else [store.find_job(r) for r in refs]
-    if every:  # --keep jobs that ended still hold an instance: stop those too
-        jobs += [j for j in store.jobs() if not j.active and _holds_instance(store, j)]
-    outcomes = []
-    for job in jobs:
-        if not job.active and _holds_instance(store, job):
-            _finish(store, job, force=True)
-            outcomes.append(StopOutcome(store.job(job.id), True,
-                                        f"{job.state}; its kept instance terminated"))
+    unknown: list[str] = []
+    if every:
+        targets = store.jobs(active_only=True)
+        # --keep jobs that ended still hold an instance: stop those too
+        targets += [j for j in store.jobs() if not j.active and _holds_instance(store, j)]
+    else:
+        targets = []
+        for ref in refs:
+            try:
+                targets.append(store.find_job(ref))
+            except NotFound:
+                unknown.append(ref)
+    outcomes: list[StopOutcome] = []
+    seen: set[str] = set()
+    for job in targets:
+        if job.id in seen:
             continue
+        seen.add(job.id)
+        outcomes.append(_stop_one(store, settings, job, grace))
+    tags: list[str] = []
+    if every or unknown:
+        orphans = _stop_orphans(store, None if every else unknown, required=bool(unknown))
+        tags = [tag for tag, _ in orphans]
+        outcomes += [outcome for _, outcome in orphans]
+    missing = [r for r in unknown if not any(t.startswith(r) for t in tags)]
+    if missing and not outcomes:
+        store.find_job(missing[0])  # raises the usual NotFound, with its hint
+    outcomes += [StopOutcome(r, None, False, "no such job (here or tagged in the cloud)", False)
+                 for r in missing]
+    _cleanup_clouds(store, [o.job for o in outcomes if o.job is not None], every)
+    return outcomes
+
+
+def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -> StopOutcome:
+    """One job: a bounded graceful stop where it runs, then release whatever happens."""
+    if not job.active and _holds_instance(store, job):
+        return _release_outcome(store, job, True, f"{job.state}; its kept instance terminated")
+    try:
         job = refresh(store, settings, job)
-        if not job.active:
-            outcomes.append(StopOutcome(job, False, f"already {job.state}: nothing to stop"))
+    except Exception as exc:  # the cloud or host misbehaving must not keep it billing
+        store.update_job(job.id, reason=f"could not refresh before stopping: {exc}")
+        job = store.job(job.id)
+    if not job.active and not _holds_instance(store, job):
+        return StopOutcome(job.id, job, False, f"already {job.state}: nothing to stop")
+    status, problem = {}, None
+    if job.jobdir and job.state == state.RUNNING:
+        status, problem = _bounded(lambda: host_of(job).stop_job(job.jobdir, grace) or {},
+                                   grace + STOP_MARGIN_S)
+        status = status if isinstance(status, dict) else {}
+    if status.get("state") in (state.SUCCEEDED, state.FAILED):  # it ended on its own first
+        store.set_state(job.id, status["state"], at=status.get("ended_at"),
+                        reason=status.get("reason"), exit_code=status.get("exit_code"))
+        note = f"already {status['state']}: nothing to stop"
+    else:
+        reason = "cancelled by user" + (f" (graceful stop failed: {problem})" if problem else "")
+        store.set_state(job.id, state.CANCELLED, detail=reason, reason=reason,
+                        exit_code=status.get("exit_code"))
+        note = "cancelled" + (f"; the graceful stop failed ({problem}), terminated instead"
+                              if problem else "")
+    return _release_outcome(store, job, note.startswith("cancelled"), note,
+                            collect=problem is None)
+
+
+def _release_outcome(store: Store, job: Job, stopped: bool, note: str,
+                     collect: bool = True) -> StopOutcome:
+    try:
+        _finish(store, job, collect=collect, force=True)
+    except Exception as exc:
+        message = exc.message if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
+        return StopOutcome(job.id, store.job(job.id), stopped,
+                           f"{note}; RELEASE FAILED, its instance may still be running: {message}",
+                           ok=False)
+    return StopOutcome(job.id, store.job(job.id), stopped, note)
+
+
+def _bounded(call, seconds: float):
+    """(result, None) if `call` returns within `seconds`, else (None, what went wrong). The
+    call runs in a daemon thread, so a host that never answers cannot hold `down` up."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = call()
+        except Exception as exc:
+            box["error"] = exc.message if isinstance(exc, CloudtrainError) else \
+                f"{type(exc).__name__}: {exc}"
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        return None, f"no answer in {seconds:.0f} s"
+    return box.get("result"), box.get("error")
+
+
+def _stop_orphans(store: Store, refs: list[str] | None, required: bool
+                  ) -> list[tuple[str, StopOutcome]]:
+    """Terminate live instances tagged as ours that no job in the store holds (all of them,
+    or those whose job tag starts with one of `refs`). Only clouds this machine has used or
+    is set up for are asked; without credentials there is nothing to find."""
+    backend = "aws"
+    settings = config.Settings.load()
+    configured = (settings.backend == backend or settings.region
+                  or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"))
+    used = store.db.execute("SELECT 1 FROM jobs WHERE backend = ? LIMIT 1", (backend,)).fetchone()
+    if not (configured or used or required):
+        return []
+    provider = providers.get(backend)
+    try:
+        found = provider.orphans(store)
+    except CloudtrainError as exc:
+        if required or used:
+            return [("", StopOutcome(f"{backend} instances", None, False,
+                                     f"could not look for untracked instances: {exc.message}",
+                                     False))]
+        return []
+    outcomes = []
+    for orphan in found:
+        tag = orphan.get("job") or ""
+        if refs is not None and not any(tag.startswith(r) for r in refs if r):
             continue
-        status = {}
-        if job.jobdir and job.state == state.RUNNING:
-            status = host_of(job).stop_job(job.jobdir, grace) or {}
-        if status.get("state") in (state.SUCCEEDED, state.FAILED):  # it ended on its own first
-            store.set_state(job.id, status["state"], at=status.get("ended_at"),
-                            reason=status.get("reason"), exit_code=status.get("exit_code"))
-            note = f"already {status['state']}: nothing to stop"
-        else:
-            store.set_state(job.id, state.CANCELLED, detail="cancelled by user",
-                            reason="cancelled by user", exit_code=status.get("exit_code"))
-            note = "cancelled"
-        _finish(store, job, force=True)
-        outcomes.append(StopOutcome(store.job(job.id), note == "cancelled", note))
-    _cleanup_clouds(store, [o.job for o in outcomes])
+        try:
+            provider.terminate(orphan["region"], [orphan["instance"]])
+            outcome = StopOutcome(orphan["instance"], None, True,
+                                  f"instance of job {tag or '?'} not in this store: terminated")
+        except CloudtrainError as exc:
+            outcome = StopOutcome(orphan["instance"], None, False,
+                                  f"job {tag or '?'}: TERMINATE FAILED, still running: "
+                                  f"{exc.message}", False)
+        outcomes.append((tag, outcome))
     return outcomes
 
 
@@ -501,16 +740,23 @@ def _holds_instance(store: Store, job: Job) -> bool:
     return any(i.state != "terminated" and i.provider != "local" for i in store.instances(job.id))
 
 
-def _cleanup_clouds(store: Store, jobs: list[Job]) -> None:
+def _cleanup_clouds(store: Store, jobs: list[Job], every: bool = False) -> None:
     """After `down`: per cloud, remove the shared resources (security group, key pair) that
-    no instance uses any more."""
+    no instance uses any more (with --all, also where no job was stopped just now)."""
     by_backend: dict[str, set[str]] = {}
     for job in jobs:
         for inst in store.instances(job.id):
             if inst.region:
                 by_backend.setdefault(job.backend, set()).add(inst.region)
+    if every:
+        for row in store.db.execute("SELECT DISTINCT region FROM instances "
+                                    "WHERE provider = 'aws' AND region IS NOT NULL"):
+            by_backend.setdefault("aws", set()).add(row["region"])
     for backend, regions in by_backend.items():
-        providers.get(backend).cleanup(store, regions)
+        try:
+            providers.get(backend).cleanup(store, regions)
+        except CloudtrainError:
+            pass  # unused groups and key pairs do not bill; the next `down --all` tries again
 
 
 # -- reading the record -------------------------------------------------------------------------
@@ -578,7 +824,7 @@ def detail(store: Store, settings: config.Settings, ref: str, tail_lines: int = 
     if job.jobdir:
         host = host_of(job)
         try:
-            probe = host.probe_job(job.jobdir, settings.stale_after_seconds)
+            probe = _read_record(job, settings.stale_after_seconds)
             log_tail, _ = host.tail(f"{job.jobdir}/output.log", tail_lines)
         except HostError as exc:  # the instance is gone and its files were not collected
             log_tail = f"(output not available: {exc.message})\n".encode()

@@ -61,6 +61,12 @@ class LocalProvider:
     def shutdown(self, spec) -> tuple[str | None, float]:
         return None, 0.0  # never power off the user's own machine
 
+    def results_grant(self, store: Store, job: Job, spec) -> tuple[dict | None, str | None]:
+        return None, None  # the job directory is here already, and outlives nothing
+
+    def fetch_results(self, store: Store, job: Job, local) -> dict | None:
+        return None
+
     def plan(self, spec) -> list[tuple[str, str]]:
         self.preflight(spec)
         return [("backend", "local (this machine)"), ("runs", spec.display()),

@@ -21,9 +21,9 @@ def _run(args):
 
 def test_twenty_processes_launch_and_read_concurrently(cli, ct_home):
     # Half launch (each a real job in tmux), half read the table while that happens.
-    work = [["launch", "--quiet", "--name", f"c{i}", "--", "echo", f"job{i}"]
+    work = [["launch", "--quiet", "--name", f"run-{i}", "--", "echo", f"job{i}"]
             if i % 2 == 0 else ["status", "--json"] for i in range(PROCESSES)]
-    work += [["launch", "--quiet", "--name", f"c{i}", "--", "echo", f"job{i}"]
+    work += [["launch", "--quiet", "--name", f"run-{i}", "--", "echo", f"job{i}"]
              for i in range(1, PROCESSES, 2)]  # every process count launches once in total
     with ThreadPoolExecutor(max_workers=PROCESSES) as pool:
         results = list(pool.map(_run, work))
@@ -41,7 +41,7 @@ def test_twenty_processes_launch_and_read_concurrently(cli, ct_home):
     assert {j["id"] for j in jobs} == launched
     assert all(j["state"] == "succeeded" for j in jobs)
     for j in jobs:
-        assert cli.ok("logs", j["id"]).stdout == f"job{j['name'][1:]}\n"
+        assert cli.ok("logs", j["id"]).stdout == f"job{j['name'][4:]}\n"
 
     db = sqlite3.connect(ct_home / "state.db")
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

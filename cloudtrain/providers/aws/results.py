@@ -1,0 +1,91 @@
+"""The job store verbs of the AWS provider: where a job's results go before its instance
+powers off, and how they come home after it is gone (cloudtrain/jobstore.py does the S3 work).
+
+    results_grant(store, job, spec)   a presigned POST for the agent, and what to tell the user
+    fetch_results(store, job, local)  the stored files into `local`; None when nothing is stored
+
+Why a presigned POST and not an instance role: no IAM role or iam:PassRole is needed, the
+grant is scoped to one job's key prefix (`jobs/<id>/`) and expires, and no AWS credential of
+any kind is put on the instance.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from ... import jobstore
+from ...errors import CloudtrainError
+from ...state import Job, Store
+from .errors import _code, _message
+from .instances import RUNTIME_MARGIN_MIN
+
+STORE_KEEP_DAYS = 30  # the bucket's lifecycle rule deletes a job's objects after this
+LOG_ALLOWANCE_BYTES = 512 << 20  # log, metrics and status, on top of the checkpoint limit
+
+
+class ResultsStoreMixin:
+    def _job_store(self, region: str):
+        """(S3 client, bucket) of this account's job store in `region`."""
+        arn = self.owner(region)
+        account = arn.split(":")[4] if arn.count(":") >= 5 else ""
+        bucket = getattr(self.settings, "job_store_bucket", "") or \
+            jobstore.bucket_name(account, region)
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return jobstore.s3_client(self.session(region), region, endpoint), bucket, account
+
+    def results_grant(self, store: Store, job: Job, spec) -> tuple[dict | None, str | None]:
+        """The agent's upload grant, valid for the job's whole life (its max runtime plus the
+        power-off margin and an hour), and one line for the user. Without S3 permissions
+        the launch goes on, and the line says what is lost."""
+        import botocore.exceptions
+
+        region = spec.region or self.region_of(job)
+        try:
+            s3, bucket, _ = self._job_store(region)
+            jobstore.ensure_bucket(s3, bucket, region, self.owner(region),
+                                   expire_days=STORE_KEEP_DAYS)
+            lifetime = spec.max_runtime_s + RUNTIME_MARGIN_MIN * 60 + 3600
+            note = (f"results: s3://{bucket}/jobs/{job.id}/ when the job ends, whoever is "
+                    f"watching (kept {STORE_KEEP_DAYS} days)")
+            ends = jobstore.credential_expiry(self.session(region))
+            if ends is not None and ends - time.time() < lifetime:
+                lifetime = max(60.0, ends - time.time())
+                note += (f"; your AWS credentials are temporary and end in "
+                         f"{lifetime / 60:.0f} min: a job ending after that cannot store its "
+                         f"results (keep `cloudtrain logs {job.id} -f` running, or use "
+                         "long-term credentials)")
+            grant = jobstore.upload_grant(s3, bucket, job.id,
+                                          int(min(lifetime, jobstore.GRANT_MAX_S)),
+                                          jobstore.POST_MAX_BYTES)
+            return grant, note
+        except (CloudtrainError, botocore.exceptions.ClientError,
+                botocore.exceptions.BotoCoreError) as exc:
+            why = exc.message if isinstance(exc, CloudtrainError) else \
+                f"{_code(exc) or type(exc).__name__}: {_message(exc)}"
+            return None, (f"WARNING: no S3 job store ({why}). The instance keeps the job's "
+                          "results only until it powers off after the job: run `cloudtrain "
+                          f"status {job.id}` before then, or they are lost")
+
+    def fetch_results(self, store: Store, job: Job, local: Path) -> dict | None:
+        """What the agent stored for the job, brought into `local` (checked as untrusted:
+        paths, sizes, the manifest's sha256). None when nothing was stored."""
+        import botocore.exceptions
+
+        regions = {i.region for i in store.instances(job.id) if i.region} or {self.region_of(job)}
+        limit = int(self.settings.collect_checkpoints_mb * 1e6) + LOG_ALLOWANCE_BYTES
+        for region in sorted(regions):
+            try:
+                s3, bucket, account = self._job_store(region)
+                got = jobstore.fetch(s3, bucket, job.id, Path(local), limit,
+                                     expected_owner=account or None)
+            except botocore.exceptions.ClientError as exc:
+                raise CloudtrainError(f"the job store s3://.../jobs/{job.id}/ could not be read: "
+                                      f"{_code(exc)}: {_message(exc)}") from exc
+            except botocore.exceptions.BotoCoreError as exc:
+                raise CloudtrainError(f"the job store could not be read: {exc}") from exc
+            if got.found:
+                return {"files": len(got.files), "bytes": got.bytes, "complete": got.complete,
+                        "skipped": got.skipped}
+        return None
