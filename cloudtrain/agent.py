@@ -21,9 +21,24 @@ Subcommands:
                     a job whose agent is gone is recorded as failed and its processes killed
     stop JOBDIR     ask the agent to stop the job (SIGTERM, then SIGKILL after the grace
                     period), wait for it, and print the final status
+
+The agent lives outside the job directory (`<root>/agent-<hash>/agent.py`, beside the
+optional `agent_upload.py`), so a job that writes into its own directory cannot replace the
+code that probes and stops it. Everything read back from the job directory (status.json,
+metrics.jsonl, job.json) may have been written by the job: it is read under guard.
+
+job.json keys that switch on more (absent: nothing happens):
+    rearm           {"argv": [...], "start_minutes": N, "idle_minutes": M or null}: the host's
+                    power-off backstop, re-armed for this job and, on a kept host, for its
+                    idle time after the job
+    results_store   an opaque grant for `agent_upload.upload_job(jobdir, grant)`, run after the
+                    job ends and before the power-off wait
+    collect_wait_s  how long to wait for the CLI's `collected` marker when there is no stored
+                    copy of the results (default: shutdown_delay_s)
 """
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -42,6 +57,10 @@ METRICS_SCAN_BYTES = 16 << 20
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 SPOT_POLL_S = 5.0  # AWS gives two minutes' notice; checking every 5 s leaves the job ~115 s
+MAX_RECORDED_PIDS = 4096  # descendants written to status.json at each heartbeat
+REARM_TIMEOUT_S = 60.0
+UPLOAD_TIMEOUT_S = 1800.0  # the power-off must come even if the results store hangs
+WAIT_POLL_S = 0.5
 
 
 def spot_notice(imds_url, timeout=1.0):
@@ -68,11 +87,32 @@ def now():
 
 
 def read_json(path, default=None):
+    """A JSON object from a file, or `default` when it is missing, not JSON, too deep or not
+    an object (the job can write anything into its directory)."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return default
+    return data if isinstance(data, dict) else default
+
+
+def as_pid(value):
+    """A positive int pid, or None (status.json may hold "abc", 0, -1, true or a list)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < (1 << 31):
+        return None
+    return value
+
+
+def as_time(value, default=None):
+    """A finite number of seconds, or `default`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    try:
+        value = float(value)
+    except OverflowError:
+        return default
+    return value if math.isfinite(value) else default
 
 
 def write_json(path, data):
@@ -87,6 +127,7 @@ def write_json(path, data):
 
 def pid_alive(pid, needle=None):
     """Whether `pid` exists (and, on Linux, runs a command line containing `needle`)."""
+    pid = as_pid(pid)
     if not pid:
         return False
     try:
@@ -165,9 +206,22 @@ def _prctl(option, arg):
         return False
 
 
-def descendants(root):
-    """Every process below `root` in the process tree (from /proc; [] without it)."""
-    children = {}
+def proc_stat(pid):
+    """(ppid, start time in clock ticks since boot) from /proc/<pid>/stat, or None.
+    The start time (field 22) tells a process from a later one that got the same pid."""
+    try:
+        with open("/proc/%s/stat" % pid) as f:
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[1]), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def descendants(root, with_start=False):
+    """Every process below `root` in the process tree (from /proc; [] without it); with
+    `with_start`, [pid, start time] pairs."""
+    children, start = {}, {}
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -175,19 +229,33 @@ def descendants(root):
     for name in names:
         if not name.isdigit():
             continue
-        try:
-            with open("/proc/%s/stat" % name) as f:
-                # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+        stat = proc_stat(name)
+        if stat is None:
             continue
-        children.setdefault(ppid, []).append(int(name))
+        children.setdefault(stat[0], []).append(int(name))
+        start[int(name)] = stat[1]
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
             found.append(child)
             todo.append(child)
-    return found
+    return [[p, start[p]] for p in found] if with_start else found
+
+
+def kill_recorded(recorded):
+    """SIGKILL the recorded [pid, start time] pairs that are still those processes."""
+    if not isinstance(recorded, list):
+        return
+    for item in recorded[:MAX_RECORDED_PIDS]:
+        if not (isinstance(item, list) and len(item) == 2):
+            continue
+        pid, start = as_pid(item[0]), item[1]
+        stat = proc_stat(pid) if pid else None
+        if stat is not None and stat[1] == start and pid != os.getpid():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _set_pdeathsig():
@@ -200,8 +268,8 @@ class Agent:
     def __init__(self, jobdir):
         self.jobdir = os.path.abspath(jobdir)
         self.settings = read_json(self.path("job.json"), {}) or {}
-        self.heartbeat_s = float(self.settings.get("heartbeat_s", 2.0))
-        self.grace_s = float(self.settings.get("grace_s", 30.0))
+        self.heartbeat_s = as_time(self.settings.get("heartbeat_s"), 2.0)
+        self.grace_s = as_time(self.settings.get("grace_s"), 30.0)
         self.max_runtime_s = self.settings.get("max_runtime_s")
         self.status = {}
         self.stop_reason = None  # why we are stopping the job, once we are
@@ -218,6 +286,20 @@ class Agent:
             self.status.update(fields)
             self.status["heartbeat_at"] = now()
             write_json(self.path("status.json"), self.status)
+
+    def log_line(self, text):
+        """A line of the agent's own in output.log (where the user looks first)."""
+        try:
+            with open(self.path("output.log"), "ab") as f:
+                f.write(("cloudtrain agent: %s\n" % text).encode("utf-8", "replace"))
+        except OSError:
+            pass
+
+    def beat(self):
+        """Heartbeat, with the job's processes as they are now: if the agent is killed, the
+        probe kills these (those that called setsid too), matched by start time."""
+        procs = descendants(os.getpid(), with_start=True)[:MAX_RECORDED_PIDS]
+        self.write_status(descendants=procs)
 
     # -- signals --------------------------------------------------------------------------
 
@@ -300,6 +382,7 @@ class Agent:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the job come to us, not to init
         self.write_status(state=STARTING, agent_pid=os.getpid(), pid=None, started_at=None,
                           ended_at=None, exit_code=None, reason=None)
+        self.rearm("start_minutes")
         env = dict(os.environ)
         env.update({k: str(v) for k, v in (self.settings.get("env") or {}).items()})
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -318,6 +401,7 @@ class Agent:
             return 1
         started = now()
         self.write_status(state=RUNNING, pid=self.proc.pid, pgid=self.proc.pid, started_at=started)
+        self.beat()
         pump = threading.Thread(target=self.pump, args=(self.proc.stdout, log), daemon=True)
         pump.start()
         threading.Thread(target=self.watch_spot, daemon=True).start()
@@ -335,7 +419,7 @@ class Agent:
                 self.signal_job(signal.SIGKILL)
                 self.kill_at = t + self.grace_s  # keep trying, in case of a stubborn group
             if t >= next_beat:
-                self.write_status()
+                self.beat()
                 next_beat = t + self.heartbeat_s
             time.sleep(POLL_S)
 
@@ -356,21 +440,105 @@ class Agent:
             state, reason = SUCCEEDED, None
         else:
             state, reason = FAILED, exit_reason
-        self.write_status(state=state, ended_at=now(), exit_code=exit_code, reason=reason)
-        self.maybe_shutdown()
+        self.write_status(state=state, ended_at=now(), exit_code=exit_code, reason=reason,
+                          descendants=[])
+        stored = self.store_results()
+        self.maybe_shutdown(stored)
         return 0
 
-    def maybe_shutdown(self):
-        """Cloud hosts power themselves off after the job (shutdown behaviour: terminate)."""
-        command = self.settings.get("shutdown_command")
-        if not command:
+    # -- after the job ----------------------------------------------------------------------------
+
+    def rearm(self, key):
+        """Run the host's power-off re-arm command (`rearm.argv` + [minutes], no shell): the
+        user-data timer was armed for the instance's first job only (audit F16). A failure is
+        logged, never fatal: the agent's own power-off still follows the job."""
+        spec = self.settings.get("rearm")
+        if not isinstance(spec, dict) or spec.get(key) is None:
             return
-        delay = float(self.settings.get("shutdown_delay_s", 60))
-        time.sleep(delay)
-        if os.path.exists(self.path("keep")):
-            return  # `--keep` was asked for after launch
+        argv, minutes = spec.get("argv"), as_time(spec.get(key))
+        if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+            self.log_line("rearm: argv is not a list of strings; not re-armed")
+            return
+        if minutes is None or minutes < 0:
+            self.log_line("rearm: %s is not a number of minutes; not re-armed" % key)
+            return
+        command = argv + [str(int(math.ceil(minutes)))]  # whole minutes, rounded up
+        try:
+            proc = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, timeout=REARM_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            self.log_line("rearm %s failed: %s" % (" ".join(command), exc))
+            return
+        if proc.returncode != 0:
+            tail = proc.stdout.decode("utf-8", "replace").strip().splitlines()[-3:]
+            self.log_line("rearm %s exited with %d%s" % (" ".join(command), proc.returncode,
+                                                        (": " + " / ".join(tail)) if tail else ""))
+
+    def store_results(self):
+        """Upload the job's results with `agent_upload.upload_job(jobdir, grant)` (the module
+        beside this script), before the host powers off. Whatever happens is recorded in
+        status.json as `results_stored`; nothing here may stop the power-off."""
+        grant = self.settings.get("results_store")
+        if grant is None:
+            return None
+        box = {}
+
+        def work():
+            try:
+                here = os.path.dirname(os.path.abspath(__file__))
+                if here not in sys.path:
+                    sys.path.insert(0, here)
+                import importlib  # by name: the uploader is shipped beside us, not stdlib
+
+                box["result"] = importlib.import_module("agent_upload").upload_job(
+                    self.jobdir, grant)
+            except BaseException as exc:  # ImportError, SystemExit, a bug in the uploader
+                box["error"] = "%s: %s" % (type(exc).__name__, exc)
+
+        limit = as_time(self.settings.get("results_store_timeout_s"), UPLOAD_TIMEOUT_S)
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        worker.join(timeout=limit)
+        result = box.get("result")
+        if worker.is_alive():
+            error = "the upload did not finish in %s" % fmt_duration(limit)
+        elif "error" in box:
+            error = box["error"]
+        elif not isinstance(result, dict):
+            error = "upload_job returned %s, not a dict" % type(result).__name__
+        else:
+            error = result.get("error")
+        result = result if isinstance(result, dict) else {}
+        count = lambda v: v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+        stored = {"at": now(), "ok": result.get("ok") is True and not worker.is_alive(),
+                  "files": count(result.get("files")), "bytes": count(result.get("bytes")),
+                  "error": None if error is None else str(error)[:500]}
+        if not stored["ok"]:
+            self.log_line("storing the results failed: %s" % (stored["error"] or "no reason given"))
+        self.write_status(results_stored=stored)
+        return stored
+
+    def kept(self):
+        """A host kept after the job: none was to power off, or `keep` was asked for later."""
+        return not self.settings.get("shutdown_command") or os.path.exists(self.path("keep"))
+
+    def maybe_shutdown(self, stored=None):
+        """Cloud hosts power themselves off after the job (shutdown behaviour: terminate).
+        First they wait for the CLI to copy the results home (it writes `collected`): up to
+        shutdown_delay_s when a stored copy exists, else collect_wait_s. A kept host re-arms
+        its power-off backstop for its idle time instead."""
+        delay = as_time(self.settings.get("shutdown_delay_s"), 60.0)
+        if stored is None or not stored.get("ok"):
+            delay = as_time(self.settings.get("collect_wait_s"), delay)
+        deadline = now() + delay
+        while not self.kept() and now() < deadline and not os.path.exists(self.path("collected")):
+            time.sleep(min(WAIT_POLL_S, max(deadline - now(), 0)))
+        if self.kept():
+            self.rearm("idle_minutes")
+            return
         self.write_status(shutdown_requested_at=now())
-        subprocess.call(command, shell=True, env=dict(os.environ, CLOUDTRAIN_JOB_DIR=self.jobdir))
+        subprocess.call(self.settings["shutdown_command"], shell=True,
+                        env=dict(os.environ, CLOUDTRAIN_JOB_DIR=self.jobdir))
 
 
 # -- probe and stop (run by the orchestrator, on the host) --------------------------------------
@@ -398,8 +566,8 @@ def metrics_tail(jobdir):
             continue  # an old plain row: only the newest matters
         try:
             row = json.loads(line)
-        except ValueError:
-            continue  # a line cut by the window or being written
+        except (ValueError, RecursionError):
+            continue  # a line cut by the window or being written; or deep nesting
         if not isinstance(row, dict):
             continue
         if row.get("event") == "target_reached":
@@ -412,28 +580,81 @@ def metrics_tail(jobdir):
 
 
 def reap(jobdir, status, reason):
-    """The agent is gone: kill what is left of the job and record the failure."""
-    pgid = status.get("pgid") or status.get("pid")
+    """The agent is gone: kill what is left of the job and record the failure. Its subreaper
+    role went with it, so processes that left the job's group (setsid: torchrun ranks) are
+    found by the pids and start times the agent recorded at its last heartbeat."""
+    pgid = as_pid(status.get("pgid")) or as_pid(status.get("pid"))
     if pgid and group_alive(pgid):
         signal_group(pgid, signal.SIGKILL)
-    status.update(state=FAILED, ended_at=now(), reason=reason)
+    kill_recorded(status.get("descendants"))
+    status.update(state=FAILED, ended_at=now(), reason=reason, descendants=[])
     write_json(os.path.join(jobdir, "status.json"), status)
     return status
 
 
-def probe(jobdir, stale_after_s=30.0):
+def agent_running(jobdir, session=None, tmux_socket=None):
+    """Whether an agent still runs for `jobdir`: an `agent.py run <jobdir>` process (from
+    /proc), or the job's tmux session. Unknown (no /proc, no session name): True."""
+    found = None
+    try:
+        names = [n for n in os.listdir("/proc") if n.isdigit()]
+        found = False
+    except OSError:
+        names = []
+    for name in names:
+        try:
+            with open("/proc/%s/cmdline" % name, "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode("utf-8", "replace") for a in argv]
+        if "run" in args and jobdir in args and any(a.endswith("agent.py") for a in args):
+            return True
+    if session:
+        try:
+            return subprocess.run(["tmux", "-L", tmux_socket or "cloudtrain", "has-session", "-t",
+                                   session], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=5).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return bool(found is None)
+    return found is None
+
+
+def probe(jobdir, stale_after_s=30.0, session=None, tmux_socket=None):
     """Everything the orchestrator needs to know about the job, in one round trip."""
     jobdir = os.path.abspath(jobdir)
-    status = read_json(os.path.join(jobdir, "status.json"))
+    status_path = os.path.join(jobdir, "status.json")
+    status = read_json(status_path)
     t = now()
-    if status is not None and status.get("state") in ACTIVE:
+    if status is None and not agent_running(jobdir, session, tmux_socket):
+        # Nothing readable and no agent: it never started (python missing, a crash before
+        # its first write, a full disk), or the job destroyed status.json after it died.
+        reason = ("the agent never started" if not os.path.exists(status_path) else
+                  "status.json is unreadable and the agent is gone")
+        err = _tail_text(os.path.join(jobdir, "agent.err"))
+        status = {"state": FAILED, "ended_at": t, "reason": reason + (": " + err if err else "")}
+        write_json(status_path, status)
+    elif status is not None and status.get("state") in ACTIVE:
+        beat = as_time(status.get("heartbeat_at"), 0.0)
         if not pid_alive(status.get("agent_pid"), "agent.py"):
             status = reap(jobdir, status, "the agent process died (killed or host restarted)")
-        elif t - float(status.get("heartbeat_at") or 0) > stale_after_s:
+        elif t - beat > stale_after_s:
             status = reap(jobdir, status, "no heartbeat from the agent for %s"
-                          % fmt_duration(t - float(status.get("heartbeat_at") or 0)))
+                          % fmt_duration(min(t - beat, 1e9)))
     latest, target, summary = metrics_tail(jobdir)
     return {"status": status, "now": t, "metrics": latest, "target": target, "runs": summary}
+
+
+def _tail_text(path, limit=300):
+    """The last line of a small text file (what a failed start printed), or ""."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = f.read().decode("utf-8", "replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1][:limit] if lines else ""
 
 
 def stop(jobdir, grace_s=None, wait_s=None):
@@ -444,11 +665,11 @@ def stop(jobdir, grace_s=None, wait_s=None):
     if status is None or status.get("state") not in ACTIVE:
         return status
     settings = read_json(os.path.join(jobdir, "job.json"), {}) or {}
-    grace_s = float(settings.get("grace_s", 30.0) if grace_s is None else grace_s)
+    grace_s = as_time(settings.get("grace_s"), 30.0) if grace_s is None else float(grace_s)
     wait_s = grace_s + 10.0 if wait_s is None else wait_s
     with open(os.path.join(jobdir, "cancel"), "w") as f:
         f.write(str(now()))
-    agent_pid = status.get("agent_pid")
+    agent_pid = as_pid(status.get("agent_pid"))
     if pid_alive(agent_pid, "agent.py"):
         os.kill(agent_pid, signal.SIGTERM)
         deadline = now() + wait_s
@@ -471,7 +692,8 @@ def stop(jobdir, grace_s=None, wait_s=None):
 
 
 def main(argv):
-    usage = "usage: agent.py run|probe|stop JOBDIR [--stale S] [--grace S]"
+    usage = ("usage: agent.py run|probe|stop JOBDIR [--stale S] [--grace S] [--session NAME "
+             "--socket NAME]")
     if len(argv) < 2 or argv[0] not in ("run", "probe", "stop"):
         print(usage, file=sys.stderr)
         return 2
@@ -480,7 +702,8 @@ def main(argv):
     if command == "run":
         return Agent(jobdir).run()
     if command == "probe":
-        result = probe(jobdir, float(opts.get("--stale", 30.0)))
+        result = probe(jobdir, float(opts.get("--stale", 30.0)), opts.get("--session"),
+                       opts.get("--socket"))
     else:
         grace = opts.get("--grace")
         result = stop(jobdir, None if grace is None else float(grace))

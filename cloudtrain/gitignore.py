@@ -4,6 +4,11 @@
 comments, `!` negation, a trailing `/` for directories only, patterns with a slash anchored
 to their `.gitignore`'s directory, `*`, `?`, `[...]` and `**`. An ignored directory is not
 entered (git cannot re-include a file inside one either). `.git` itself is never synced.
+
+Credentials are never synced either, whatever .gitignore says (audit F6: `--workdir ~` sent
+the AWS keys, SSH keys and cloudtrain's own state to the instance): CREDENTIAL_PATTERNS and
+$CLOUDTRAIN_HOME when it lies inside the work directory, unless an `include` pattern (same
+syntax) names the path.
 """
 
 from __future__ import annotations
@@ -14,6 +19,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ALWAYS_IGNORED = {".git"}
+
+# Well-known places for secrets, in .gitignore syntax (unanchored: at any depth). The README
+# quotes this list.
+CREDENTIAL_PATTERNS = (
+    ".aws/",
+    ".ssh/",
+    ".gnupg/",
+    ".netrc",
+    ".env",
+    ".env.*",
+    "*.pem",
+    ".git-credentials",
+    "**/.docker/config.json",
+    "**/.kube/config",
+    ".pypirc",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+)
 
 
 @dataclass
@@ -104,12 +129,37 @@ def _ignored(rules: list[Rule], rel: str, is_dir: bool) -> bool:
     return ignored
 
 
-def list_files(root: Path) -> list[str]:
-    """Relative paths (with '/') of the files under `root` that git would not ignore."""
+CREDENTIAL_RULES = parse("\n".join(CREDENTIAL_PATTERNS))
+
+
+def _state_dir_in(root: Path) -> str | None:
+    """$CLOUDTRAIN_HOME relative to `root` ('/'-separated), when it lies inside it."""
+    from .config import home
+    from .errors import CloudtrainError
+
+    try:
+        rel = home().resolve().relative_to(root.resolve())
+    except (ValueError, OSError, RuntimeError, CloudtrainError):
+        return None
+    return rel.as_posix() if rel.parts else "."
+
+
+def list_files(root: Path, include: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """Relative paths (with '/') of the files under `root` that git would not ignore, less
+    credentials (CREDENTIAL_PATTERNS, $CLOUDTRAIN_HOME) unless an `include` pattern (gitignore
+    syntax) matches the file or a directory above it."""
     root = Path(root)
     files: list[str] = []
+    wanted = parse("\n".join(include))
+    state_dir = _state_dir_in(root)
+    if state_dir == "." and not wanted:
+        return []  # the work directory is the state directory itself
 
-    def walk(directory: Path, rel_dir: str, rules: list[Rule]) -> None:
+    def secret(rel: str, is_dir: bool) -> bool:
+        return _ignored(CREDENTIAL_RULES, rel, is_dir) or rel == state_dir
+
+    def walk(directory: Path, rel_dir: str, rules: list[Rule], hidden: bool) -> None:
+        """`hidden`: inside a credential directory entered only for `include` patterns."""
         ignore_file = directory / ".gitignore"
         if ignore_file.is_file():
             rules = rules + parse(ignore_file.read_text(errors="replace"), rel_dir)
@@ -121,10 +171,16 @@ def list_files(root: Path) -> list[str]:
                 is_dir = entry.is_dir(follow_symlinks=False)
                 if _ignored(rules, rel, is_dir):
                     continue
+                included = bool(wanted) and _ignored(wanted, rel, is_dir)
+                inside = hidden and not included
+                if secret(rel, is_dir) and not included:
+                    if not (is_dir and wanted):
+                        continue
+                    inside = True  # look inside only for what `include` names
                 if is_dir:
-                    walk(Path(entry.path), rel, rules)
-                elif entry.is_file() or entry.is_symlink():
+                    walk(Path(entry.path), rel, rules, inside)
+                elif (entry.is_file() or entry.is_symlink()) and not inside:
                     files.append(rel)
 
-    walk(root, "", [])
+    walk(root, "", [], state_dir == ".")
     return files

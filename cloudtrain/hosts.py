@@ -6,29 +6,38 @@
     sync(local_dir, remote_dir)   a directory, honouring .gitignore
     read(path, offset, end)       bytes [offset, end) of a (growing) file
 
-and, built on those, what every host does the same way: start the agent in tmux, probe and
-stop a job through the agent. `LocalHost` is this machine through subprocess; an SSH host
-implements the same verbs over one connection.
+and, built on those, what every host does the same way: install the agent and start it in
+tmux, probe and stop a job through the agent, bring a tree of files home. `LocalHost` is this
+machine through subprocess; an SSH host implements the same verbs over one connection.
+
+Whatever comes back from a host (names, sizes, JSON, exit codes) is untrusted: code on the
+instance can write into the job's directory, and the instance has a public address.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import time
+import unicodedata
+import uuid
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import agent as agent_module
+from . import hostdata
 from .errors import HostError, MissingDependency
 from .gitignore import list_files
 
 AGENT_SOURCE = Path(agent_module.__file__)
+# Shipped beside the agent when present: the results-store uploader it imports after a job.
+AGENT_UPLOAD_SOURCE = AGENT_SOURCE.with_name("agent_upload.py")
 TMUX_INSTALL_HINT = ("install tmux: `apt-get install tmux` (Debian/Ubuntu), `dnf install tmux` "
                      "(Fedora/Amazon Linux) or `brew install tmux` (macOS)")
 
@@ -39,6 +48,7 @@ class Result:
     exit_code: int
     stdout: str
     stderr: str
+    stdout_bytes: bytes | None = None  # as the host sent it, where it came as bytes (SSH)
 
     @property
     def ok(self) -> bool:
@@ -54,6 +64,17 @@ class CommandFailed(HostError):
 
 
 TAIL_WINDOW = 1 << 20  # `logs --tail` looks at most this far back
+# Deadlines for remote calls (audit F26: one hung host hung `status`, `down` and `down --all`).
+RUN_TIMEOUT_S = 300.0  # any command that does not say otherwise
+PROBE_TIMEOUT_S = 20.0  # `agent.py probe` reads two small files
+STOP_EXTRA_S = 30.0  # `agent.py stop` waits the grace period, then this long at most
+AGENT_START_TIMEOUT_S = 15.0  # from tmux new-session to the agent's first status.json
+AGENT_START_POLL_S = 0.1
+# pull_tree bounds on what a host may make us walk.
+PULL_MAX_ENTRIES = 100_000
+PULL_MAX_DEPTH = 64
+PULL_MAX_SKIPPED = 200  # reasons kept; the count goes on
+PULL_CHUNK = 1 << 20
 TMUX_START_TRIES = 5
 TMUX_TRANSIENT = ("server exited unexpectedly", "lost server", "Connection refused",
                   "error connecting to")
@@ -74,6 +95,57 @@ def default_tmux_socket() -> str:
 
 def session_name(job_id: str) -> str:
     return f"ct-{job_id}"
+
+
+def agent_files() -> list[Path]:
+    """The files the agent runs from: agent.py, and the uploader when the package has it."""
+    return [AGENT_SOURCE] + ([AGENT_UPLOAD_SOURCE] if AGENT_UPLOAD_SOURCE.is_file() else [])
+
+
+def agent_version() -> str:
+    """12 hex digits of sha256 over the agent's files: a new agent gets a new directory, so a
+    host running jobs of several versions keeps each one's agent intact."""
+    digest = hashlib.sha256()
+    for path in agent_files():
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def agent_dir(jobdir: str) -> str:
+    """`<root>/agent-<version>` for jobdir `<root>/jobs/<id>`: outside every job directory,
+    so a job cannot replace the code that probes and stops it (audit F19)."""
+    return f"{Path(jobdir).parent.parent}/agent-{agent_version()}"
+
+
+def bad_name(name) -> str | None:
+    """Why a file name from a host cannot become a local path component, or None."""
+    if not isinstance(name, str):
+        return "not a text name"
+    if name in ("", ".", ".."):
+        return f"the name {name!r}"
+    if "/" in name or "\0" in name:
+        return "a '/' or NUL in the name"
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        return "control characters in the name"
+    if len(name.encode("utf-8", "surrogateescape")) > 255:
+        return "a name longer than 255 bytes"
+    return None
+
+
+@dataclass
+class PullResult:
+    """What pull_tree brought home."""
+
+    files: int = 0  # regular files copied completely
+    bytes: int = 0  # bytes actually read and written
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path as shown, reason)
+    skipped_count: int = 0  # all skipped entries (the list keeps the first PULL_MAX_SKIPPED)
+    over_limit: bool = False  # stopped at limit_bytes; the file being copied was removed
+
+    def skip(self, path: str, reason: str) -> None:
+        self.skipped_count += 1
+        if len(self.skipped) < PULL_MAX_SKIPPED:
+            self.skipped.append((ascii(path)[1:-1], reason))
 
 
 class Host(ABC):
@@ -100,9 +172,11 @@ class Host(ABC):
         ...
 
     @abstractmethod
-    def sync(self, local_dir: Path, remote_dir: str, like: str | None = None) -> int:
-        """Copy local_dir's files (as git would keep them) to remote_dir; files unchanged
-        since `like` (an earlier copy on the host) are not sent again."""
+    def sync(self, local_dir: Path, remote_dir: str, like: str | None = None,
+             include: tuple[str, ...] = ()) -> int:
+        """Copy local_dir's files (as git would keep them, less credentials unless `include`
+        names them: see gitignore.list_files) to remote_dir; files unchanged since `like` (an
+        earlier copy on the host) are not sent again."""
 
     @abstractmethod
     def read(self, path: str, offset: int = 0, end: int | None = None) -> bytes:
@@ -135,43 +209,83 @@ class Host(ABC):
         result = self.run(shlex.join([self.python, "-c", check, *modules]))
         return result.stdout.split()
 
-    def install_agent(self, jobdir: str) -> None:
-        """Put the agent where `start_agent`, `probe_job` and `stop_job` run it from."""
-        self.put(AGENT_SOURCE, f"{jobdir}/agent.py")
+    # -- the agent ---------------------------------------------------------------------------------
 
-    def pull_tree(self, remote: str, local: Path, limit_bytes: float) -> int:
-        """Copy the files below `remote` into `local`, unless together they exceed
-        limit_bytes; returns the bytes copied."""
-        listing = self.run(f"cd {shlex.quote(remote)} 2>/dev/null && find . -type f -printf '%s %P\\n'",
-                           check=False).stdout.splitlines()
-        files = [(int(size), name) for size, _, name in (l.partition(" ") for l in listing) if name]
-        total = sum(size for size, _ in files)
-        if not files or total > limit_bytes:
-            return 0
-        for _, name in files:
-            self.get(f"{remote}/{name}", local / name)
-        return total
+    def agent_path(self, jobdir: str) -> str:
+        return f"{agent_dir(jobdir)}/agent.py"
+
+    def install_agent(self, jobdir: str) -> None:
+        """Put the agent where `start_agent`, `probe_job` and `stop_job` run it from:
+        `agent_dir(jobdir)`, skipped when that directory already holds the same files."""
+        directory = agent_dir(jobdir)
+        files = agent_files()
+        want = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+        if self._hashes(directory, list(want)) == want:
+            return
+        for path in files:
+            # Under a temporary name, then renamed: a probe running the agent at this moment
+            # sees the old file or the new one, never half of one.
+            tmp = f"{directory}/.{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+            self.put(path, tmp)
+            self._rename(tmp, f"{directory}/{path.name}")
+
+    @abstractmethod
+    def _hashes(self, directory: str, names: list[str]) -> dict[str, str]:
+        """sha256 hex of each of these files in `directory` that exists (one round trip)."""
+
+    @abstractmethod
+    def _rename(self, src: str, dst: str) -> None:
+        """Replace dst by src atomically."""
 
     def start_agent(self, job_id: str, jobdir: str) -> None:
-        """Start `agent.py run <jobdir>` as the command of a new detached tmux session.
+        """Start `agent.py run <jobdir>` as the command of a new detached tmux session, and
+        wait until the agent proves it runs: a status.json with its pid (audit F20: a tmux
+        session whose python did not exist counted as a started job, shown running for ever).
+        The agent's own early stderr (python missing, a syntax error on an old python) goes
+        to <jobdir>/agent.err, whose tail the error shows.
 
         The tmux server exits when its last session ends; a new-session that reaches it while
         it is exiting fails with "server exited unexpectedly" (seen with many jobs launched
         at once). That, and only that kind of failure, is tried again."""
-        agent_cmd = shlex.join([self.python, f"{jobdir}/agent.py", "run", jobdir])
-        command = self.tmux("new-session", "-d", "-s", session_name(job_id), "-x", "200",
-                            "-y", "50", agent_cmd)
+        # `exec`: the pane's process is the agent itself, so tmux's pane_pid is its pid.
+        agent_cmd = "exec {} 2>>{}".format(
+            shlex.join([self.python, self.agent_path(jobdir), "run", jobdir]),
+            shlex.quote(f"{jobdir}/agent.err"))
+        command = self.tmux("new-session", "-d", "-P", "-F", "#{pane_pid}", "-s",
+                            session_name(job_id), "-x", "200", "-y", "50", agent_cmd)
         for attempt in range(TMUX_START_TRIES):
             result = self.run(command, check=False)
             if result.ok:
-                return
+                break
             transient = any(m in result.stderr for m in TMUX_TRANSIENT)
             if not transient or attempt == TMUX_START_TRIES - 1:
-                break
+                raise CommandFailed(self, result)
             if self.session_alive(job_id):
-                return
+                break
             time.sleep(0.05 * (attempt + 1))
-        raise CommandFailed(self, result)
+        pid = result.stdout.strip()
+        self._wait_for_agent(job_id, jobdir, int(pid) if pid.isdigit() else None)
+
+    def _wait_for_agent(self, job_id: str, jobdir: str, pid: int | None) -> None:
+        """Until status.json names the pane's pid as its agent; a session that is gone
+        before that (the usual failure: no such python) ends the wait at once."""
+        deadline = time.monotonic() + AGENT_START_TIMEOUT_S
+        gone = False
+        while True:
+            if self._agent_wrote_status(jobdir, pid):
+                return
+            if gone or time.monotonic() > deadline:
+                break
+            gone = not self.session_alive(job_id)  # then one last look at status.json
+            if not gone:
+                time.sleep(AGENT_START_POLL_S)
+        self.run(self.tmux("kill-session", "-t", session_name(job_id)), check=False)
+        printed = self.read(f"{jobdir}/agent.err").decode("utf-8", "replace").strip()
+        tail = hostdata.clean_text(" / ".join(printed.splitlines()[-3:]), 300)
+        raise HostError(f"on {self.name}: the agent did not start within "
+                        f"{AGENT_START_TIMEOUT_S:.0f} s" + (f": {tail}" if tail else
+                                                             " (it printed nothing)"),
+                        hint=f"check that `{self.python}` runs Python 3.8 or newer there")
 
     def session_alive(self, job_id: str) -> bool:
         return self.run(self.tmux("has-session", "-t", session_name(job_id)), check=False).ok
@@ -179,15 +293,128 @@ class Host(ABC):
     def attach_argv(self, job_id: str) -> list[str]:
         return ["tmux", "-L", self.tmux_socket, "attach-session", "-t", session_name(job_id)]
 
+    def _agent_wrote_status(self, jobdir: str, pid: int | None) -> bool:
+        try:
+            status = hostdata.clean_status(hostdata.parse(self.read(f"{jobdir}/status.json"),
+                                                          self.name))
+        except HostError:  # not there yet
+            return False
+        return bool(status and status["agent_pid"] and pid in (None, status["agent_pid"]))
+
     def probe_job(self, jobdir: str, stale_after_s: float) -> dict:
-        result = self.run(shlex.join([self.python, f"{jobdir}/agent.py", "probe", jobdir,
-                                      "--stale", str(stale_after_s)]))
-        return json.loads(result.stdout)
+        """The agent's report, checked against the schema in hostdata (never raw)."""
+        out = self._agent_call(jobdir, ["probe", jobdir, "--stale", str(stale_after_s),
+                                        "--session", session_name(Path(jobdir).name),
+                                        "--socket", self.tmux_socket], PROBE_TIMEOUT_S)
+        return hostdata.probe_report(out, self.name)
 
     def stop_job(self, jobdir: str, grace_s: float) -> dict | None:
-        result = self.run(shlex.join([self.python, f"{jobdir}/agent.py", "stop", jobdir,
-                                      "--grace", str(grace_s)]), timeout=grace_s + 60)
-        return json.loads(result.stdout)
+        out = self._agent_call(jobdir, ["stop", jobdir, "--grace", str(grace_s)],
+                               grace_s + STOP_EXTRA_S)
+        return hostdata.stop_answer(out, self.name)
+
+    def _agent_call(self, jobdir: str, args: list[str], timeout: float) -> bytes | str:
+        """Run the installed agent; a host that has not got this version of it (the CLI was
+        upgraded while the job ran) gets it installed, once."""
+        command = shlex.join([self.python, self.agent_path(jobdir), *args])
+        result = self.run(command, check=False, timeout=timeout)
+        if result.exit_code == 2 and "can't open file" in result.stderr:
+            self.install_agent(jobdir)
+            result = self.run(command, check=False, timeout=timeout)
+        if not result.ok:
+            raise CommandFailed(self, result)
+        return result.stdout if result.stdout_bytes is None else result.stdout_bytes
+
+    # -- bringing files home -------------------------------------------------------------------------
+
+    @abstractmethod
+    def _listdir(self, path: str) -> list[tuple[str, int]]:
+        """(name, st_mode) of each entry of a directory, symlinks not followed (lstat)."""
+
+    @abstractmethod
+    def _open_regular(self, path: str):
+        """A binary reader for a regular file, or None when what is there now is not one."""
+
+    def pull_tree(self, remote: str, local: Path, limit_bytes: float) -> PullResult:
+        """Copy the regular files below `remote` into `local`, at most limit_bytes in all.
+
+        Audit F2: names and sizes from the host once let code on an instance write any file
+        of the user's (`../`, absolute names, a newline that forged a listing line). So the
+        walk is over SFTP-style listings (lstat: symlinks, devices and FIFOs are skipped and
+        counted), every name component is checked, the local path must resolve inside
+        `local`, and the limit counts the bytes actually read: past it the copy stops, the
+        partial file is removed, and the result says so."""
+        result = PullResult()
+        limit = float(limit_bytes)
+        limit = 0.0 if limit != limit else max(limit, 0.0)  # NaN: nothing
+        local = Path(local)
+        local.mkdir(parents=True, exist_ok=True)
+        base = local.resolve()
+        todo, entries = [("", 0)], 0
+        while todo:
+            rel_dir, depth = todo.pop()
+            here = f"{remote}/{rel_dir}" if rel_dir else remote
+            try:
+                listing = sorted(self._listdir(here))
+            except FileNotFoundError:
+                if rel_dir:
+                    result.skip(rel_dir, "vanished")
+                continue
+            except (UnicodeDecodeError, PermissionError) as exc:
+                result.skip(rel_dir or ".", f"unreadable directory ({type(exc).__name__})")
+                continue
+            for name, mode in listing:
+                entries += 1
+                rel = f"{rel_dir}/{name}" if rel_dir else str(name)
+                if entries > PULL_MAX_ENTRIES:
+                    result.skip(rel, f"more than {PULL_MAX_ENTRIES} entries")
+                    return result
+                why = bad_name(name)
+                if why:
+                    result.skip(rel, why)
+                elif stat.S_ISDIR(mode):
+                    if depth >= PULL_MAX_DEPTH:
+                        result.skip(rel, f"deeper than {PULL_MAX_DEPTH} directories")
+                    else:
+                        todo.append((rel, depth + 1))
+                elif not stat.S_ISREG(mode):
+                    result.skip(rel, "symlink" if stat.S_ISLNK(mode) else "not a regular file")
+                elif not (target := base.joinpath(*rel.split("/"))).resolve().is_relative_to(base):
+                    result.skip(rel, "resolves outside the destination")
+                elif not self._pull_file(f"{remote}/{rel}", rel, target, limit, result):
+                    return result
+        return result
+
+    def _pull_file(self, remote: str, rel: str, target: Path, limit: float,
+                   result: PullResult) -> bool:
+        """Copy one file, counting what is read; False once the limit is passed."""
+        try:
+            reader = self._open_regular(remote)
+        except FileNotFoundError:
+            result.skip(rel, "vanished")
+            return True
+        if reader is None:
+            result.skip(rel, "not a regular file when opened")
+            return True
+        written = 0
+        with reader:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # O_NOFOLLOW: never write through a symlink that appeared at the target.
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                while chunk := reader.read(PULL_CHUNK):
+                    if result.bytes + written + len(chunk) > limit:
+                        result.over_limit = True
+                        break
+                    out.write(chunk)
+                    written += len(chunk)
+        if result.over_limit:
+            target.unlink(missing_ok=True)
+            result.skip(rel, f"over the limit of {limit:.0f} bytes: stopped")
+            return False
+        result.files += 1
+        result.bytes += written
+        return True
 
     def describe(self) -> dict:
         """What the state store keeps to reach this host again."""
@@ -231,10 +458,11 @@ class LocalHost(Host):
         Path(remote).parent.mkdir(parents=True, exist_ok=True)
         Path(remote).write_text(text)
 
-    def sync(self, local_dir: Path, remote_dir: str, like: str | None = None) -> int:
+    def sync(self, local_dir: Path, remote_dir: str, like: str | None = None,
+             include: tuple[str, ...] = ()) -> int:
         """Copy the files git would keep; unchanged files (size and mtime) are skipped."""
         copied = 0
-        for rel in list_files(local_dir):
+        for rel in list_files(local_dir, include):
             src, dst = Path(local_dir) / rel, Path(remote_dir) / rel
             if src.is_symlink():
                 dst.parent.mkdir(parents=True, exist_ok=True)
@@ -268,14 +496,66 @@ class LocalHost(Host):
         return last_lines(self.read(path, max(0, size - TAIL_WINDOW), size), lines), size
 
     def probe_job(self, jobdir: str, stale_after_s: float) -> dict:
-        # Same code the agent runs on remote hosts, without a process per job.
-        return agent_module.probe(jobdir, stale_after_s)
+        # Same code the agent runs on remote hosts, without a process per job; what it read
+        # from the job directory is checked the same way.
+        return hostdata.clean_report(agent_module.probe(
+            jobdir, stale_after_s, session_name(Path(jobdir).name), self.tmux_socket))
 
     def stop_job(self, jobdir: str, grace_s: float) -> dict | None:
-        return agent_module.stop(jobdir, grace_s)
+        return hostdata.clean_status(agent_module.stop(jobdir, grace_s))
+
+    def _hashes(self, directory: str, names: list[str]) -> dict[str, str]:
+        found = {}
+        for name in names:
+            try:
+                found[name] = hashlib.sha256(Path(directory, name).read_bytes()).hexdigest()
+            except OSError:
+                pass
+        return found
+
+    def _rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def _listdir(self, path: str) -> list[tuple[str, int]]:
+        with os.scandir(path) as entries:
+            return [(e.name, e.stat(follow_symlinks=False).st_mode) for e in entries]
+
+    def _open_regular(self, path: str):
+        # O_NOFOLLOW and O_NONBLOCK: a symlink or FIFO swapped in after the listing is
+        # neither followed nor waited on.
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return os.fdopen(fd, "rb")
 
     def describe(self) -> dict:
         return {**super().describe(), "python": self.python}
+
+
+class _SFTPReader:
+    """An open remote file whose reads are guarded like every other SFTP call."""
+
+    def __init__(self, conn, path: str, f):
+        self.conn, self.path, self.f = conn, path, f
+
+    def read(self, n: int) -> bytes:
+        with self.conn.sftp_op(f"read {self.path}"):
+            return self.f.read(n)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.f.close()
+        except Exception:  # the connection may be what failed
+            pass
 
 
 class SSHHost(Host):
@@ -310,8 +590,11 @@ class SSHHost(Host):
         return self._home
 
     def run(self, command: str, check: bool = True, timeout: float | None = None) -> Result:
-        code, out, err = self.conn.exec(command, timeout=timeout)
-        result = Result(command, code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+        """Every remote command has a deadline: `timeout`, else RUN_TIMEOUT_S."""
+        code, out, err = self.conn.exec(command, timeout=RUN_TIMEOUT_S if timeout is None
+                                        else timeout)
+        result = Result(command, code, out.decode("utf-8", "replace"),
+                        err.decode("utf-8", "replace"), out)
         if check and not result.ok:
             raise CommandFailed(self, result)
         return result
@@ -326,34 +609,68 @@ class SSHHost(Host):
 
     def put(self, local: Path, remote: str) -> None:
         def write():
-            self.conn.sftp.put(str(local), remote)
-            self.conn.sftp.chmod(remote, os.stat(local).st_mode & 0o777)
+            with self.conn.sftp_op(f"put {remote}") as sftp:
+                sftp.put(str(local), remote)
+                sftp.chmod(remote, os.stat(local).st_mode & 0o777)
 
         self._into_dir(remote, write)
 
     def get(self, remote: str, local: Path) -> None:
         Path(local).parent.mkdir(parents=True, exist_ok=True)
-        self.conn.sftp.get(remote, str(local))
+        with self.conn.sftp_op(f"get {remote}") as sftp:
+            sftp.get(remote, str(local))
 
     def write_text(self, remote: str, text: str) -> None:
         def write():
-            with self.conn.sftp.open(remote, "w") as f:
+            with self.conn.sftp_op(f"write {remote}") as sftp, sftp.open(remote, "w") as f:
                 f.write(text.encode())
 
         self._into_dir(remote, write)
 
     def read(self, path: str, offset: int = 0, end: int | None = None) -> bytes:
         try:
-            with self.conn.sftp.open(path, "rb") as f:
+            with self.conn.sftp_op(f"read {path}") as sftp, sftp.open(path, "rb") as f:
                 f.seek(offset)
                 return f.read() if end is None else f.read(max(end - offset, 0))
         except FileNotFoundError:
             return b""
 
-    def sync(self, local_dir: Path, remote_dir: str, like: str | None = None) -> int:
+    def _hashes(self, directory: str, names: list[str]) -> dict[str, str]:
+        out = self.run(f"cd {shlex.quote(directory)} 2>/dev/null && sha256sum -- "
+                       + " ".join(shlex.quote(n) for n in names) + " 2>/dev/null",
+                       check=False).stdout
+        found = {}
+        for line in out.splitlines():
+            digest, _, name = line.partition("  ")
+            if name in names:
+                found[name] = digest
+        return found
+
+    def _rename(self, src: str, dst: str) -> None:
+        with self.conn.sftp_op(f"rename {src}") as sftp:
+            sftp.posix_rename(src, dst)
+
+    def _listdir(self, path: str) -> list[tuple[str, int]]:
+        # SFTP READDIR answers with lstat attributes: a symlink is a symlink, not its target.
+        with self.conn.sftp_op(f"list {path}") as sftp:
+            return [(a.filename, a.st_mode or 0) for a in sftp.listdir_attr(path)]
+
+    def _open_regular(self, path: str):
+        with self.conn.sftp_op(f"open {path}") as sftp:
+            f = sftp.open(path, "rb")
+            # FSTAT on the open handle: what was opened, whatever the listing said. (A symlink
+            # swapped in would be followed on the host, but only to a file the host's own
+            # user can read anyway; the local side is what F2 protects.)
+            if not stat.S_ISREG(f.stat().st_mode or 0):
+                f.close()
+                return None
+        return _SFTPReader(self.conn, path, f)
+
+    def sync(self, local_dir: Path, remote_dir: str, like: str | None = None,
+             include: tuple[str, ...] = ()) -> int:
         """rsync over this connection where both ends have rsync (hard-linking what is
         unchanged since `like`), else a tar stream."""
-        files = list_files(local_dir)
+        files = list_files(local_dir, include)
         self.run(f"mkdir -p {shlex.quote(remote_dir)}")
         if not files:
             return 0
@@ -368,13 +685,19 @@ class SSHHost(Host):
                like: str | None = None) -> int:
         relay = self.conn.relay()
         extra = [f"--link-dest={like}"] if like else []
+        # NUL-separated names (git allows a newline in a name; audit F3 saw "ok\nsecret.txt"
+        # split into two entries and a gitignored secret.txt uploaded), and --protect-args so
+        # the remote shell never sees the paths.
         try:
             proc = subprocess.run(
-                ["rsync", "-a", *extra, "--files-from=-", "--out-format=%n", "-e", relay.rsh(),
-                 f"{local_dir}/", f"remote:{remote_dir}/"],
-                input="\n".join(files) + "\n", capture_output=True, text=True, timeout=3600)
+                ["rsync", "-a", "--protect-args", *extra, "--from0", "--files-from=-",
+                 "--out-format=%n", "-e", relay.rsh(), f"{local_dir}/", f"remote:{remote_dir}/"],
+                input="".join(f + "\0" for f in files).encode("utf-8", "surrogateescape"),
+                capture_output=True, timeout=3600)
         finally:
             relay.close()
+        proc.stdout = proc.stdout.decode("utf-8", "replace")
+        proc.stderr = proc.stderr.decode("utf-8", "replace")
         if proc.returncode != 0:
             raise HostError(f"rsync to {self.name}:{remote_dir} failed ({proc.returncode}): "
                             + (proc.stderr.strip().splitlines() or ["no output"])[-1])

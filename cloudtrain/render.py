@@ -4,22 +4,53 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 
 from .agent import fmt_duration
 from .state import Job
 
 
-def duration(seconds: float | None) -> str:
-    if seconds is None:
+# Values shown here can come from a job's own metrics rows and status.json (audit F19: a
+# string accuracy, NaN or Infinity took `status` away). Every formatter takes anything and
+# answers with text; what is not a finite number is shown as "-" or as short plain text.
+MAX_SHOWN = 40
+
+
+def _finite(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:  # an int past float's range
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _shown(value) -> str:
+    """A value that is not a number, as one short line of plain text."""
+    if value is None:
         return "-"
-    if seconds < 10:
-        return f"{seconds:.2f}s"
-    return fmt_duration(seconds)
+    if isinstance(value, float):  # NaN, inf
+        return str(value)
+    text = "".join(c if c.isprintable() else " " for c in str(value)[:MAX_SHOWN * 2])
+    return text[:MAX_SHOWN - 3] + "..." if len(text) > MAX_SHOWN else text
 
 
-def age(ts: float | None, now: float) -> str:
-    if ts is None:
+def duration(seconds) -> str:
+    s = _finite(seconds)
+    if s is None:
+        return _shown(seconds)
+    if s < 10:
+        return f"{s:.2f}s"
+    if abs(s) > 1e12:  # ~30,000 years: not a duration worth spelling out
+        return f"{s:.3g}s"
+    return fmt_duration(s)
+
+
+def age(ts, now) -> str:
+    ts, now = _finite(ts), _finite(now)
+    if ts is None or now is None:
         return "-"
     s = max(now - ts, 0)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -28,14 +59,19 @@ def age(ts: float | None, now: float) -> str:
     return f"{int(s)}s"
 
 
-def clock(ts: float | None) -> str:
-    if ts is None:
+def clock(ts) -> str:
+    t = _finite(ts)
+    if t is None:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) + f".{int(ts % 1 * 100):02d}"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 100):02d}"
+    except (OverflowError, OSError, ValueError):  # past what the C library's time_t holds
+        return f"{t:.0f}"
 
 
-def money(value: float | None) -> str:
-    return "-" if value is None else f"${value:,.2f}"
+def money(value) -> str:
+    v = _finite(value)
+    return _shown(value) if v is None else f"${v:,.2f}"
 
 
 def job_cost(job: Job) -> str:
@@ -46,17 +82,20 @@ def job_cost(job: Job) -> str:
 
 
 def pct(value) -> str:
-    return "-" if value is None else f"{float(value) * 100:.2f}%"
+    v = _finite(value)
+    return _shown(value) if v is None else f"{v * 100:.2f}%"
 
 
 def number(value) -> str:
-    return "-" if value is None else f"{float(value):.4g}"
+    v = _finite(value)
+    return _shown(value) if v is None else f"{v:.4g}"
 
 
 def runtime(job: Job, now: float) -> float | None:
-    if job.started_at is None:
+    started, ended = _finite(job.started_at), _finite(job.ended_at)
+    if started is None:
         return None
-    return (job.ended_at or now) - job.started_at
+    return (ended or _finite(now) or started) - started
 
 
 def state_text(job: Job) -> str:
@@ -65,11 +104,11 @@ def state_text(job: Job) -> str:
     return job.state
 
 
-def epoch_text(metrics: dict | None) -> str:
-    if not metrics or metrics.get("epoch") is None:
+def epoch_text(metrics) -> str:
+    if not isinstance(metrics, dict) or metrics.get("epoch") is None:
         return "-"
     total = metrics.get("epochs")
-    return f"{metrics['epoch']}/{total}" if total else str(metrics["epoch"])
+    return f"{_shown(metrics['epoch'])}/{_shown(total)}" if total else _shown(metrics["epoch"])
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -89,7 +128,7 @@ def status_table(jobs: list[Job], now: float | None = None) -> str:
         return "no jobs yet: cloudtrain launch --recipe resnet9 --profile smoke --follow"
     rows = []
     for job in jobs:
-        m = job.metrics or {}
+        m = job.metrics if isinstance(job.metrics, dict) else {}
         what = job.command if len(job.command) <= 40 else job.command[:37] + "..."
         rows.append([job.id, job.name or "-", what, job.backend, state_text(job),
                      age(job.created_at, now), duration(runtime(job, now)), epoch_text(m),
@@ -148,14 +187,14 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                    f"{duration(expected.get('total_s'))} billed")
     for note in detail.get("notes") or []:
         out.append(f"  cost note {note}")
-    if job.metrics:
+    if isinstance(job.metrics, dict) and job.metrics:
         shown = ", ".join(f"{k} {_metric(k, v)}" for k, v in job.metrics.items()
                           if k not in ("time",))
         out.append(f"  metrics   {shown}")
-    if target:
+    if isinstance(target, dict) and target:
         out.append(f"  target    reached at epoch {target.get('epoch')}: test_acc "
                    f"{pct(target.get('test_acc'))}, train time {duration(target.get('train_time'))}")
-    if runs:
+    if isinstance(runs, dict) and runs:
         out.append(f"  runs      {runs.get('runs')}: mean {pct(runs.get('mean_acc'))} (sd "
                    f"{pct(runs.get('std_acc'))}), {runs.get('reached')} of {runs.get('runs')} "
                    f"reached {pct(runs.get('target'))}")
@@ -174,14 +213,15 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
     return "\n".join(out)
 
 
-def _metric(key: str, value) -> str:
+def _metric(key, value) -> str:
     if isinstance(value, float):
+        key = str(key)
         if key.endswith("_acc") or key.endswith("accuracy"):
             return pct(value)
         if key.endswith("_time"):
             return duration(value)
-        return f"{value:.4g}"
-    return str(value)
+        return number(value)
+    return _shown(value)
 
 
 def recipes_table(recipes) -> str:
@@ -258,8 +298,9 @@ def catalog_table(types, region: str) -> str:
                         "SPOT/H (lowest AZ)", "SPOT AZS"])
 
 
-def money4(value: float | None) -> str:
-    return "-" if value is None else f"${value:,.4f}"
+def money4(value) -> str:
+    v = _finite(value)
+    return _shown(value) if v is None else f"${v:,.4f}"
 
 
 def cost_report(rows, total, by: str) -> str:

@@ -18,12 +18,19 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .errors import HostError
 
 CONNECT_TIMEOUT_S = 10.0
-KEEPALIVE_S = 30
+# A dead peer (instance gone, network cut) sends nothing, not even a reset: SSH keepalives
+# every KEEPALIVE_S and TCP keepalives notice it; every call also has its own deadline.
+KEEPALIVE_S = 15
+TCP_KEEPALIVE = {"TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
+SFTP_TIMEOUT_S = 60.0  # one SFTP request (a 32 KB read, a stat) never takes this long
+CHANNEL_OPEN_TIMEOUT_S = 30.0
+MAX_OUTPUT_BYTES = 64 << 20  # a command's stdout + stderr; more is a runaway host
 
 
 @dataclass
@@ -57,6 +64,8 @@ class Connection:
             sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout)
         except OSError as exc:
             raise HostError(f"cannot reach {endpoint.label()}: {exc}") from exc
+        _tcp_keepalive(sock)
+        transport = None
         try:
             transport = paramiko.Transport(sock)
             transport.banner_timeout = timeout
@@ -75,20 +84,42 @@ class Connection:
                 raise HostError(f"no private key to log in to {endpoint.label()}")
             transport.auth_publickey(endpoint.user, pkey)
             transport.set_keepalive(KEEPALIVE_S)
-        except paramiko.SSHException as exc:
+        except BaseException as exc:
+            # Close the Transport, not only the socket: its thread otherwise keeps reading
+            # the closed socket and prints "Socket exception: Bad file descriptor (9)" to
+            # stderr until the process ends (audit F7: 31 lines in one failed launch).
+            if transport is not None:
+                transport.close()
             sock.close()
-            raise HostError(f"SSH to {endpoint.label()} failed: {exc}") from exc
-        except BaseException:
-            sock.close()
+            if isinstance(exc, (paramiko.SSHException, EOFError, OSError)):
+                raise HostError(f"SSH to {endpoint.label()} failed: "
+                                f"{exc or type(exc).__name__}") from exc
             raise
         self.transport = transport
         Connection.opened += 1
 
     # -- commands --------------------------------------------------------------------------------
 
+    def check_alive(self) -> None:
+        """Raise HostError at once when the transport is gone (peer dead, keepalive failed)."""
+        if not self.transport.is_active():
+            raise HostError(f"the SSH connection to {self.endpoint.label()} was lost")
+
+    def _open_channel(self):
+        import paramiko
+
+        self.check_alive()
+        try:
+            return self.transport.open_session(timeout=CHANNEL_OPEN_TIMEOUT_S)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise HostError(f"on {self.endpoint.label()}: cannot open a channel: "
+                            f"{exc or type(exc).__name__}") from exc
+
     def exec(self, command: str, timeout: float | None = None, stdin: bytes | None = None
              ) -> tuple[int, bytes, bytes]:
-        chan = self.transport.open_session()
+        """Run `command`; its exit code, stdout and stderr. Past `timeout` seconds, when the
+        connection drops, or past MAX_OUTPUT_BYTES: HostError (the channel is closed)."""
+        chan = self._open_channel()
         try:
             chan.exec_command(command)
             if stdin:
@@ -110,6 +141,13 @@ class Connection:
                 if deadline is not None and time.monotonic() > deadline:
                     raise HostError(f"on {self.endpoint.label()}: `{command}` did not finish "
                                     f"in {timeout:.0f} s")
+                if len(out) + len(err) > MAX_OUTPUT_BYTES:
+                    raise HostError(f"on {self.endpoint.label()}: `{command}` printed more "
+                                    f"than {MAX_OUTPUT_BYTES >> 20} MiB")
+                if not got and (chan.closed or not self.transport.is_active()) \
+                        and not chan.exit_status_ready():
+                    raise HostError(f"on {self.endpoint.label()}: the connection was lost "
+                                    f"during `{command}`")
                 if not got:
                     time.sleep(0.005)
             return chan.recv_exit_status(), bytes(out), bytes(err)
@@ -118,7 +156,7 @@ class Connection:
 
     def open_exec(self, command: str):
         """A channel running `command`, for streaming (tar, rsync)."""
-        chan = self.transport.open_session()
+        chan = self._open_channel()
         chan.exec_command(command)
         return chan
 
@@ -130,18 +168,59 @@ class Connection:
             if self._sftp is None:
                 import paramiko
 
+                self.check_alive()
                 self._sftp = paramiko.SFTPClient.from_transport(self.transport)
+                # Every SFTP request waits on this channel: a bound on each wait.
+                self._sftp.get_channel().settimeout(SFTP_TIMEOUT_S)
             return self._sftp
 
+    @contextmanager
+    def sftp_op(self, what: str):
+        """The SFTP client, for one operation whose failures become one HostError line. A
+        timed-out or broken session is dropped (its replies would be out of step); the next
+        operation opens a new one. FileNotFoundError is left to the caller."""
+        import paramiko
+
+        self.check_alive()
+        try:
+            yield self.sftp
+        except FileNotFoundError:
+            raise
+        except (TimeoutError, EOFError, paramiko.SSHException) as exc:
+            self._drop_sftp()
+            raise HostError(f"on {self.endpoint.label()}: {what} failed: "
+                            f"{exc or type(exc).__name__}") from exc
+        except OSError as exc:
+            raise HostError(f"on {self.endpoint.label()}: {what} failed: {exc}") from exc
+
+    def _drop_sftp(self) -> None:
+        with self._lock:
+            sftp, self._sftp = self._sftp, None
+        if sftp is not None:
+            try:
+                sftp.close()
+            except Exception:  # already broken: that is why it is dropped
+                pass
+
     def close(self) -> None:
-        if self._sftp is not None:
-            self._sftp.close()
+        self._drop_sftp()
         self.transport.close()
 
     # -- rsync over this connection ----------------------------------------------------------------
 
     def relay(self) -> "Relay":
         return Relay(self)
+
+
+def _tcp_keepalive(sock: socket.socket) -> None:
+    """Kernel keepalives on the SSH socket, where the platform has the options."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in TCP_KEEPALIVE.items():
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    except OSError:
+        pass
 
 
 def load_private_key(path: str):

@@ -108,10 +108,8 @@ def test_unreachable_and_bad_key(tmp_path, sshd):
 
 
 def test_agent_in_tmux_over_ssh(host, sshd, tmp_path):
-    from cloudtrain.hosts import AGENT_SOURCE
-
-    jobdir = str(tmp_path / "job")
-    host.put(AGENT_SOURCE, f"{jobdir}/agent.py")
+    jobdir = str(tmp_path / "jobs" / "sshjob")
+    host.install_agent(jobdir)
     host.write_text(f"{jobdir}/run.sh", "echo remote-$((6 * 7)); sleep 30\n")
     host.write_text(f"{jobdir}/job.json", json.dumps({"heartbeat_s": 0.2, "grace_s": 1}))
     host.start_agent("sshjob", jobdir)

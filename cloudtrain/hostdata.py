@@ -1,0 +1,166 @@
+"""What a host says about a job, checked before anything else sees it.
+
+Everything `probe_job` and `stop_job` bring back was written by the agent, the job or
+whoever controls the host: status.json and metrics.jsonl live in the job's own directory, so
+a training script (or an attacker on the instance) can put anything there. Audit F19 saw
+one string accuracy ("94.1%"), a NaN, a status.json that was a list or a deep nesting break
+`cloudtrain status` for every job, for good. So the answer is parsed under guard and then
+cut down to a schema: what fits is kept, anything else is dropped, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import unicodedata
+
+from .agent import ACTIVE, CANCELLED, FAILED, PREEMPTED, SUCCEEDED
+from .errors import HostError
+
+AGENT_STATES = (*ACTIVE, SUCCEEDED, FAILED, CANCELLED, PREEMPTED)
+MAX_ANSWER_BYTES = 4 << 20  # a probe answer is a few KB; more is not an agent talking
+MAX_ROW_KEYS = 64
+MAX_KEY_LEN = 64
+MAX_TEXT_LEN = 200  # a string value in a metrics row
+MAX_REASON_LEN = 500
+INT64 = 1 << 63  # SQLite binds nothing wider
+EXIT_CODES = range(-255, 1025)
+
+# status.json fields the orchestrator uses, by kind; any other key is dropped.
+PID_FIELDS = ("agent_pid", "pid", "pgid")
+TIME_FIELDS = ("started_at", "ended_at", "heartbeat_at", "shutdown_requested_at")
+
+
+def parse(data: bytes | str, host: str) -> object:
+    """The JSON a host printed; any way it is not JSON is one HostError line."""
+    if len(data) > MAX_ANSWER_BYTES:
+        raise HostError(f"on {host}: the agent's answer is {len(data)} bytes, not a status "
+                        "report")
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        return json.loads(text)
+    except UnicodeDecodeError:
+        raise HostError(f"on {host}: the agent's answer is not UTF-8") from None
+    except RecursionError:
+        raise HostError(f"on {host}: the agent's answer is nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, and ints past Python's digit limit
+        first = text.strip().splitlines()[0][:80] if text.strip() else "(nothing)"
+        raise HostError(f"on {host}: the agent did not answer with JSON "
+                        f"({type(exc).__name__}): {clean_text(first, 80)}") from None
+
+
+def probe_report(data: bytes | str, host: str) -> dict:
+    """`agent.py probe`'s answer, parsed and cleaned (see `clean_report`)."""
+    report = parse(data, host)
+    if not isinstance(report, dict):
+        raise HostError(f"on {host}: the agent's probe answer is a {type(report).__name__}, "
+                        "not an object")
+    return clean_report(report)
+
+
+def stop_answer(data: bytes | str, host: str) -> dict | None:
+    """`agent.py stop`'s answer: the final status (None when there was none)."""
+    return clean_status(parse(data, host))
+
+
+def clean_report(report: object) -> dict:
+    report = report if isinstance(report, dict) else {}
+    return {"status": clean_status(report.get("status")),
+            "now": finite(report.get("now")),
+            "metrics": clean_row(report.get("metrics")),
+            "target": clean_row(report.get("target")),
+            "runs": clean_row(report.get("runs"))}
+
+
+def clean_status(status: object) -> dict | None:
+    """status.json as the orchestrator may use it: known state, positive pids, finite
+    times, an exit code a process can have, a short one-line reason."""
+    if not isinstance(status, dict):
+        return None
+    out: dict = {}
+    state = status.get("state")
+    out["state"] = state if isinstance(state, str) and state in AGENT_STATES else None
+    for key in PID_FIELDS:
+        out[key] = pid(status.get(key))
+    for key in TIME_FIELDS:
+        out[key] = finite(status.get(key))
+    code = status.get("exit_code")
+    out["exit_code"] = code if _is_int(code) and code in EXIT_CODES else None
+    reason = status.get("reason")
+    out["reason"] = clean_text(reason, MAX_REASON_LEN) if isinstance(reason, str) else None
+    if "interruption" in status:
+        out["interruption"] = clean_row(status.get("interruption"))
+    if "results_stored" in status:
+        out["results_stored"] = _results_stored(status.get("results_stored"))
+    return out
+
+
+def _results_stored(value: object) -> dict | None:
+    if not isinstance(value, dict):
+        return None
+    error = value.get("error")
+    return {"at": finite(value.get("at")),
+            "ok": value.get("ok") is True,
+            "files": _count(value.get("files")),
+            "bytes": _count(value.get("bytes")),
+            "error": clean_text(error, MAX_REASON_LEN) if isinstance(error, str) else None}
+
+
+def clean_row(row: object) -> dict | None:
+    """A metrics row (or an event row): a flat object of short str keys to finite numbers,
+    bools and short strings; nested values, NaN, infinities and the rest are dropped."""
+    if not isinstance(row, dict):
+        return None
+    out: dict = {}
+    for key, value in row.items():
+        if len(out) >= MAX_ROW_KEYS:
+            break
+        if not isinstance(key, str) or len(key) > MAX_KEY_LEN:
+            continue
+        key = clean_text(key, MAX_KEY_LEN)
+        if not key:
+            continue
+        if isinstance(value, bool):
+            out[key] = value
+        elif _is_int(value):
+            if -INT64 <= value < INT64:
+                out[key] = value
+        elif isinstance(value, float):
+            if math.isfinite(value):
+                out[key] = value
+        elif isinstance(value, str):
+            out[key] = clean_text(value, MAX_TEXT_LEN)
+    return out
+
+
+# Unicode categories dropped from host text: controls (terminal escapes), format characters
+# (bidi overrides), surrogates, and line/paragraph separators.
+HIDDEN = ("Cc", "Cf", "Cs", "Zl", "Zp")
+
+
+def clean_text(text: str, limit: int) -> str:
+    """One line, no control characters (terminal escapes included), at most `limit` chars."""
+    text = text[:limit * 4]
+    text = "".join(" " if c in "\r\n\t" else c for c in text
+                   if c in "\r\n\t" or unicodedata.category(c) not in HIDDEN)
+    return text[:limit]
+
+
+def finite(value: object) -> float | None:
+    if _is_int(value) and -INT64 <= value < INT64:
+        return float(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    return None
+
+
+def pid(value: object) -> int | None:
+    return value if _is_int(value) and 0 < value < (1 << 31) else None
+
+
+def _count(value: object) -> int | None:
+    return value if _is_int(value) and 0 <= value < INT64 else None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,163 @@
+"""F19: what a host reports is cut to a schema, and rendering never raises on any value.
+Hypothesis feeds arbitrary JSON-shaped values; the audit's own inputs are checked by name."""
+
+from __future__ import annotations
+
+import json
+import math
+import unicodedata
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cloudtrain import hostdata, render
+from cloudtrain.errors import HostError
+from cloudtrain.state import Job
+
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+scalars = (st.none() | st.booleans() | st.integers(min_value=-(10 ** 30), max_value=10 ** 30)
+           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=300))
+json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=5)
+                           | st.dictionaries(st.text(max_size=70), inner, max_size=8),
+                           max_leaves=20)
+status_like = st.fixed_dictionaries({}, optional={
+    k: json_values | scalars for k in ("state", "agent_pid", "pid", "pgid", "started_at",
+                                       "ended_at", "heartbeat_at", "exit_code", "reason",
+                                       "interruption", "results_stored")})
+rows = st.dictionaries(st.text(max_size=70), json_values, max_size=80) | json_values
+
+
+def _one_clean_line(text: str) -> bool:
+    return all(unicodedata.category(c) not in hostdata.HIDDEN for c in text)
+
+
+def _flat_and_sane(row: dict) -> None:
+    assert len(row) <= hostdata.MAX_ROW_KEYS
+    for key, value in row.items():
+        assert isinstance(key, str) and 0 < len(key) <= hostdata.MAX_KEY_LEN
+        assert type(value) in (bool, int, float, str)
+        if isinstance(value, float):
+            assert math.isfinite(value)
+        if isinstance(value, int):
+            assert -(1 << 63) <= value < (1 << 63)
+        if isinstance(value, str):
+            assert len(value) <= hostdata.MAX_TEXT_LEN and _one_clean_line(value)
+
+
+@FUZZ
+@given(report=st.fixed_dictionaries({}, optional={"status": status_like | json_values,
+                                                   "now": json_values, "metrics": rows,
+                                                   "target": rows, "runs": rows}))
+def test_F19_fuzz_clean_report_keeps_only_what_fits(report):
+    out = hostdata.clean_report(report)
+    assert set(out) == {"status", "now", "metrics", "target", "runs"}
+    assert out["now"] is None or math.isfinite(out["now"])
+    for key in ("metrics", "target", "runs"):
+        assert out[key] is None or isinstance(out[key], dict)
+        if out[key] is not None:
+            _flat_and_sane(out[key])
+    status = out["status"]
+    if status is not None:
+        assert status["state"] in (None, *hostdata.AGENT_STATES)
+        for key in hostdata.PID_FIELDS:
+            assert status[key] is None or (type(status[key]) is int and status[key] > 0)
+        for key in hostdata.TIME_FIELDS:
+            assert status[key] is None or math.isfinite(status[key])
+        assert status["exit_code"] is None or -255 <= status["exit_code"] <= 1024
+        assert status["reason"] is None or (_one_clean_line(status["reason"])
+                                            and len(status["reason"]) <= hostdata.MAX_REASON_LEN)
+        stored = status.get("results_stored")
+        if stored is not None:
+            assert set(stored) == {"at", "ok", "files", "bytes", "error"}
+            assert type(stored["ok"]) is bool
+    json.dumps(out, allow_nan=False)  # what the state store binds: plain, finite JSON
+
+
+@FUZZ
+@given(data=st.binary(max_size=200) | st.text(max_size=200))
+def test_F19_fuzz_parse_raises_only_host_error(data):
+    try:
+        hostdata.probe_report(data, "h")
+    except HostError as exc:
+        assert "\n" not in exc.message
+
+
+@pytest.mark.parametrize("text, message", [
+    ("not json", "did not answer with JSON"),
+    (b"\xff{}", "not UTF-8"),
+    ('{"a":' * 20000 + "1" + "}" * 20000, "nested too deeply"),
+    ("[1, 2]", "list, not an object"),
+    ("9" * 5000, "did not answer with JSON"),
+    ("", "(nothing)"),
+])
+def test_F19_unparseable_answers_are_one_line_errors(text, message):
+    with pytest.raises(HostError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
+        hostdata.probe_report(text, "h")
+    assert "\n" not in info.value.message
+
+
+def test_F19_the_audit_inputs():
+    report = hostdata.clean_report({
+        "status": [1, 2], "metrics": {"epoch": 1, "test_acc": "94.1%", "train_time": math.nan,
+                                      "loss": math.inf, "nested": {"a": {"a": 1}}}})
+    assert report["status"] is None
+    assert report["metrics"] == {"epoch": 1, "test_acc": "94.1%"}
+    status = hostdata.clean_status({"state": "running", "agent_pid": "abc", "started_at": "x",
+                                    "heartbeat_at": "soon", "exit_code": True})
+    assert (status["state"], status["agent_pid"], status["started_at"], status["exit_code"]) == \
+        ("running", None, None, None)
+    assert hostdata.clean_status({"state": "pwned"})["state"] is None
+    assert hostdata.clean_status({"exit_code": 1025})["exit_code"] is None
+    assert hostdata.clean_status({"exit_code": -255})["exit_code"] == -255
+    deep = '{"a":' * 18000 + "1" + "}" * 18000  # ~54 KB, as in the audit
+    with pytest.raises(HostError, match="nested too deeply"):
+        hostdata.probe_report(deep, "h")
+    stored = hostdata.clean_status({"results_stored": {"at": 5, "ok": "yes", "files": -1,
+                                                       "bytes": 10, "error": "a\nb"}})
+    assert stored["results_stored"] == {"at": 5.0, "ok": False, "files": None, "bytes": 10,
+                                        "error": "a b"}
+    assert hostdata.clean_status({"interruption": {"action": "terminate", "x": [1]}}
+                                 )["interruption"] == {"action": "terminate"}
+
+
+# -- render: any value in, text out ---------------------------------------------------------------
+
+anything = json_values | st.floats(allow_nan=True, allow_infinity=True) | st.integers(
+    min_value=-(10 ** 400), max_value=10 ** 400)
+
+
+@FUZZ
+@given(value=anything, other=anything)
+def test_F19_fuzz_formatters_never_raise(value, other):
+    for fmt in (render.number, render.pct, render.duration, render.clock, render.money,
+                render.money4, render.epoch_text):
+        assert isinstance(fmt(value), str)
+    assert isinstance(render.age(value, other), str)
+    assert isinstance(render._metric(value if isinstance(value, str) else "k", value), str)
+
+
+@FUZZ
+@given(metrics=rows, started=anything, ended=anything, exit_code=anything, target=rows,
+       runs=rows)
+def test_F19_fuzz_status_table_and_detail_never_raise(metrics, started, ended, exit_code,
+                                                      target, runs):
+    job = Job(id="abcd1234", name=None, kind="command", recipe=None, command="x", backend="local",
+              state="failed", created_at=1.7e9, started_at=started, ended_at=ended,
+              exit_code=exit_code, reason=None, spec={}, host=None, jobdir=None, metrics=metrics,
+              cost=None)
+    assert "abcd1234" in render.status_table([job], now=1.8e9)
+    assert "abcd1234" in render.job_detail(job, [], b"", target=target, runs=runs, now=1.8e9)
+
+
+def test_F19_render_the_audit_inputs():
+    assert render.pct("94.1%") == "94.1%"
+    assert render.number(None) == "-"
+    assert render.duration(math.nan) == "nan" and render.duration(math.inf) == "inf"
+    assert render.duration(1e300) == "1e+300s"
+    assert render.pct(0.9412) == "94.12%" and render.duration(75) == "1m15s"
+    assert render.clock(1e300) == "1e+300" or render.clock(1e300).startswith("1")
+    assert render.age("x", 5) == "-"
+    assert render.epoch_text({"epoch": {"a": 1}, "epochs": 10 ** 100}).startswith("{'a': 1}/")
+    assert len(render.number("x" * 10000)) <= render.MAX_SHOWN
