@@ -19,6 +19,7 @@ nothing without it.
 `upload_job` never raises: the agent calls it on its way to powering the machine off.
 """
 
+import functools
 import hashlib
 import http.client
 import io
@@ -180,6 +181,22 @@ def _s3_error(body):
     return ": ".join(parts) if parts else text[:200].strip()
 
 
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req):
+        return self.do_open(functools.partial(http.client.HTTPConnection, blocksize=CHUNK), req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req):
+        return self.do_open(functools.partial(http.client.HTTPSConnection, blocksize=CHUNK),
+                            req, context=self._context)
+
+
+# http.client sends a file body in 8 KiB blocks by default: 1 MiB blocks send a checkpoint
+# about twice as fast (226 -> 460-540 MB/s into a local sink, benchmarks/job_store_roundtrip.py).
+_OPENER = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
+
+
 def post_file(grant, key, source, size, deadline):
     """POST `size` bytes of the file object `source` to the grant's URL under `key`; returns
     their sha256 (hex), computed on the bytes as they were sent."""
@@ -191,7 +208,7 @@ def post_file(grant, key, source, size, deadline):
         "Content-Type": "multipart/form-data; boundary=%s" % boundary,
         "Content-Length": str(len(body))})
     try:
-        with urllib.request.urlopen(request, timeout=_socket_timeout(deadline)) as resp:
+        with _OPENER.open(request, timeout=_socket_timeout(deadline)) as resp:
             resp.read(ERROR_BODY_BYTES)
     except urllib.error.HTTPError as exc:
         detail = _s3_error(exc.read(ERROR_BODY_BYTES) or b"")

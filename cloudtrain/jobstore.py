@@ -248,20 +248,23 @@ def fetch(s3, bucket: str, job_id: str, local_dir: Path, limit_bytes: int, *,
         if result.bytes + size > limit_bytes:
             result.skipped.append((rel, f"{size} bytes would pass the {limit_bytes}-byte limit"))
             continue
+        # Into a file beside the target, which it replaces only once it is verified: a bad
+        # object never destroys a good local copy.
+        partial = f"{target}.{os.getpid()}.fetching"
         try:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             if _inside(root, rel) != target:  # a folder made just now is not a link elsewhere
                 raise OSError("path changed")
-            s3.download_file(bucket, prefix + rel, target, Config=transfer,
+            s3.download_file(bucket, prefix + rel, partial, Config=transfer,
                              ExtraArgs=_expected(expected_owner), Callback=_SizeGuard(size))
+            why = _verify(partial, size, digest)
+            if why is None:
+                os.replace(partial, target)
         except (ClientError, OSError, _TooLarge) as exc:
-            result.skipped.append((rel, f"not downloaded: {exc}"))
-            _remove(target)
-            continue
-        why = _verify(target, size, digest)
+            why = f"not downloaded: {exc}"
+        _remove(partial)
         if why:
             result.skipped.append((rel, why))
-            _remove(target)
             continue
         result.files.append(rel)
         result.bytes += size
@@ -350,12 +353,17 @@ def _read_manifest(s3, bucket, prefix, entry, expected_owner, result) -> dict | 
                 raise ValueError(f"bad entry {item!r:.200}")
             listed[path] = (nbytes, digest)
         uploaded_at = doc.get("uploaded_at")
-    except (ValueError, KeyError, TypeError) as exc:
+        not_uploaded = [(item["path"], item["reason"]) for item in doc.get("skipped", [])
+                        if isinstance(item.get("path"), str) and isinstance(item.get("reason"), str)]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         result.skipped.append((MANIFEST, f"invalid manifest: {exc}"))
         return None
     finally:
         body.close()
     result.complete = True
+    # What the uploader could not send (too large for a POST, a symlink, ...), in its words.
+    result.skipped.extend((path[:300], f"not uploaded: {reason[:200]}")
+                          for path, reason in not_uploaded)
     result.uploaded_at = float(uploaded_at) if isinstance(uploaded_at, (int, float)) else None
     return listed
 
@@ -408,8 +416,8 @@ def _verify(path: str, size: int, digest: str | None) -> str | None:
     return None if h.hexdigest() == digest else "sha256 differs from the manifest"
 
 
-def _remove(path: str | None) -> None:
-    if path and os.path.isfile(path) and not os.path.islink(path):
+def _remove(path: str) -> None:
+    if os.path.isfile(path) and not os.path.islink(path):
         os.remove(path)
 
 

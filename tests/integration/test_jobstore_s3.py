@@ -144,16 +144,21 @@ def test_a_racing_creator_of_our_own_is_fine(s3):
     assert s3.get_bucket_lifecycle_configuration(Bucket=name)["Rules"]
 
 
-def test_bucket_name_taken_by_another_account_is_a_clear_error(s3, moto_endpoint):  # noqa: F811
-    name = jobstore.bucket_name(ACCOUNT, REGION)
-    sts = boto3.client("sts", region_name=REGION, endpoint_url=moto_endpoint, **CREDS)
+def _squat(endpoint: str, name: str) -> None:
+    """Create bucket `name` in another account (111111111111), as a squatter would."""
+    sts = boto3.client("sts", region_name=REGION, endpoint_url=endpoint, **CREDS)
     creds = sts.assume_role(RoleArn="arn:aws:iam::111111111111:role/squatter",
                             RoleSessionName="squat")["Credentials"]
-    theirs = boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint,
+    theirs = boto3.client("s3", region_name=REGION, endpoint_url=endpoint,
                           aws_access_key_id=creds["AccessKeyId"],
                           aws_secret_access_key=creds["SecretAccessKey"],
                           aws_session_token=creds["SessionToken"])
     theirs.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+
+
+def test_bucket_name_taken_by_another_account_is_a_clear_error(s3, moto_endpoint):  # noqa: F811
+    name = jobstore.bucket_name(ACCOUNT, REGION)
+    _squat(moto_endpoint, name)
     # S3 answers HeadBucket with ExpectedBucketOwner=<our account> on their bucket with 403;
     # moto ignores ExpectedBucketOwner, so that answer is given here by hook.
     _answer(s3, "HeadBucket", 403, "403")
@@ -163,14 +168,7 @@ def test_bucket_name_taken_by_another_account_is_a_clear_error(s3, moto_endpoint
 
 def test_bucket_already_exists_on_create_is_a_clear_error(s3, moto_endpoint):  # noqa: F811
     name = jobstore.bucket_name(ACCOUNT, REGION)
-    sts = boto3.client("sts", region_name=REGION, endpoint_url=moto_endpoint, **CREDS)
-    creds = sts.assume_role(RoleArn="arn:aws:iam::111111111111:role/squatter",
-                            RoleSessionName="squat")["Credentials"]
-    boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint,
-                 aws_access_key_id=creds["AccessKeyId"],
-                 aws_secret_access_key=creds["SecretAccessKey"],
-                 aws_session_token=creds["SessionToken"]).create_bucket(
-        Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+    _squat(moto_endpoint, name)
     _answer(s3, "HeadBucket", 404, "404")
     with pytest.raises(CloudtrainError, match="belongs to another AWS account") as err:
         jobstore.ensure_bucket(s3, name, REGION, OWNER)
@@ -222,7 +220,10 @@ def test_round_trip_brings_back_identical_bytes_and_a_complete_manifest(s3, buck
 
     out = tmp_path / "fetched"
     fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30)
-    assert fetched.complete and fetched.found and fetched.skipped == []
+    assert fetched.complete and fetched.found
+    assert sorted(fetched.skipped) == [
+        ("checkpoints/huge.bin", "not uploaded: larger than the 1073741824-byte upload limit"),
+        ("checkpoints/passwd", "not uploaded: not a regular file")]
     assert fetched.uploaded_at == manifest["uploaded_at"]
     assert _tree(out) == expected
     assert sorted(fetched.files) == sorted(expected) and fetched.bytes == result["bytes"]
@@ -257,12 +258,17 @@ def test_contents_that_differ_from_the_manifest_are_not_kept(s3, bucket, tmp_pat
     s3.put_object(Bucket=bucket, Key=f"jobs/{JOB}/output.log", Body=b"X" * len(log))
     s3.put_object(Bucket=bucket, Key=f"jobs/{JOB}/extra.sh", Body=b"rm -rf ~")
     out = tmp_path / "out"
+    out.mkdir()
+    (out / "output.log").write_bytes(b"the copy fetched earlier")
     fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30)
     assert fetched.complete
     assert ("output.log", "sha256 differs from the manifest") in fetched.skipped
     assert ("extra.sh", "not in the manifest") in fetched.skipped
-    assert not (out / "output.log").exists() and not (out / "extra.sh").exists()
-    assert (out / "status.json").exists()
+    assert not (out / "extra.sh").exists() and (out / "status.json").exists()
+    # The bad object neither replaced the good local copy nor left a partial file.
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "job.json",
+                                                     "metrics.jsonl", "output.log", "status.json"]
+    assert (out / "output.log").read_bytes() == b"the copy fetched earlier"
 
 
 def test_hostile_keys_are_skipped_and_nothing_lands_outside(s3, bucket, tmp_path):
@@ -296,8 +302,8 @@ def test_checkpoint_over_the_limit_is_not_downloaded(s3, bucket, tmp_path):
     out = tmp_path / "out"
     fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 20)
     assert fetched.complete and fetched.bytes <= 1 << 20
-    assert [rel for rel, _ in fetched.skipped] == ["checkpoints/epoch_2/model.pt"]
-    assert "limit" in fetched.skipped[0][1]
+    [(rel, why)] = [s for s in fetched.skipped if not s[1].startswith("not uploaded")]
+    assert rel == "checkpoints/epoch_2/model.pt" and "limit" in why
     assert not (out / "checkpoints" / "epoch_2" / "model.pt").exists()
     assert (out / "status.json").exists() and (out / "output.log").exists()
 
