@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
+import threading
 import time
+
+import pytest
 
 from cloudtrain import agent
 
@@ -199,3 +204,225 @@ def test_spot_interruption_notice_stops_the_job_as_preempted(tmp_path):
 
 def test_no_metadata_service_means_no_notice():
     assert agent.spot_notice("http://127.0.0.1:9", timeout=0.2) is None
+
+
+# -- F19: the agent reads what the job may have written ------------------------------------------
+
+
+def test_F19_probe_tolerates_whatever_status_json_holds(tmp_path):
+    dead = _sleeper()
+    dead.kill()
+    dead.wait()
+    for garbage in ('{"state": "running", "agent_pid": "abc", "pid": "7", "heartbeat_at": "x"}',
+                    '{"state": "running", "agent_pid": %d, "heartbeat_at": NaN}' % dead.pid,
+                    '{"state": "running", "agent_pid": [1], "pgid": -1, "heartbeat_at": 1e999}'):
+        (tmp_path / "status.json").write_text(garbage)
+        status = agent.probe(str(tmp_path), stale_after_s=30)["status"]
+        assert status["state"] == "failed" and "agent process died" in status["reason"]
+    for unreadable in ("[1, 2]", '{"a":' * 20000 + "1" + "}" * 20000, "\xff", "null"):
+        (tmp_path / "status.json").write_text(unreadable, errors="surrogateescape")
+        status = agent.probe(str(tmp_path), stale_after_s=30)["status"]
+        assert status["state"] == "failed"
+        assert status["reason"] == "status.json is unreadable and the agent is gone"
+
+
+def test_F19_metrics_tail_skips_deep_and_non_object_rows(tmp_path):
+    deep = '{"a":' * 9000 + "1" + "}" * 9000  # 54 KB, as in the audit
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"epoch": 1}) + "\n" + deep + "\n[1, 2]\n" + "3\n")
+    assert agent.metrics_tail(str(tmp_path)) == ({"epoch": 1}, None, None)
+    assert agent.read_json(str(tmp_path / "metrics.jsonl"), "dflt") == "dflt"
+
+
+# -- F20: an agent that never starts --------------------------------------------------------------
+
+
+def test_F20_an_agent_that_cannot_start_fails_the_start_and_the_probe(tmp_path):
+    from cloudtrain.errors import HostError
+    from cloudtrain.hosts import LocalHost
+    from conftest import TMUX_SOCKET
+
+    host = LocalHost(TMUX_SOCKET, python="/nonexistent/python")
+    jobdir = tmp_path / "jobs" / "nostart1"
+    jobdir.mkdir(parents=True)
+    host.install_agent(str(jobdir))
+    (jobdir / "run.sh").write_text("true\n")
+    t0 = time.monotonic()
+    with pytest.raises(HostError, match="the agent did not start .*/nonexistent/python") as info:
+        host.start_agent("nostart1", str(jobdir))
+    assert time.monotonic() - t0 < 10  # the session ended: no need to wait the whole bound
+    assert "\n" not in info.value.message
+    assert not host.session_alive("nostart1")
+    status = host.probe_job(str(jobdir), 30)["status"]
+    assert status["state"] == "failed"
+    assert status["reason"].startswith("the agent never started")
+
+
+def test_F20_a_started_agent_is_waited_for(tmp_path):
+    from cloudtrain.hosts import LocalHost
+    from conftest import TMUX_SOCKET
+
+    host = LocalHost(TMUX_SOCKET)
+    jobdir = tmp_path / "jobs" / "started1"
+    jobdir.mkdir(parents=True)
+    host.install_agent(str(jobdir))
+    (jobdir / "run.sh").write_text("true\n")
+    host.start_agent("started1", str(jobdir))  # returns only once status.json names the agent
+    status = json.loads((jobdir / "status.json").read_text())
+    assert status["agent_pid"] and status["state"] in ("starting", "running", "succeeded")
+
+
+# -- F17: job processes in their own session die with a SIGKILLed agent ---------------------------
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    return bool(_cmdline(pid)) and "zombie" not in agent._proc_state(pid)
+
+
+def test_F17_reap_kills_recorded_descendants_that_left_the_group(tmp_path):
+    from cloudtrain.hosts import LocalHost
+    from conftest import TMUX_SOCKET, wait_for
+
+    host = LocalHost(TMUX_SOCKET)
+    jobdir = tmp_path / "jobs" / "setsid1"
+    jobdir.mkdir(parents=True)
+    host.install_agent(str(jobdir))
+    (jobdir / "run.sh").write_text("bash -c 'setsid sleep 777 & sleep 555'\n")
+    (jobdir / "job.json").write_text(json.dumps({"heartbeat_s": 0.1}))
+    host.start_agent("setsid1", str(jobdir))
+
+    def sleeps():
+        status = json.loads((jobdir / "status.json").read_text())
+        found = {_cmdline(p).strip(): p for p, _ in status.get("descendants") or []}
+        return found if {"sleep 777", "sleep 555"} <= set(found) else None
+
+    found = wait_for(sleeps, what="both sleeps recorded")
+    agent_pid = json.loads((jobdir / "status.json").read_text())["agent_pid"]
+    os.kill(agent_pid, 9)
+    wait_for(lambda: not _alive(agent_pid), what="the agent gone")
+    status = host.probe_job(str(jobdir), 30)["status"]
+    assert status["state"] == "failed" and "agent process died" in status["reason"]
+    wait_for(lambda: not _alive(found["sleep 777"]) and not _alive(found["sleep 555"]),
+             timeout=5, what="both sleeps killed")
+
+
+def test_F17_a_recorded_pid_reused_by_another_process_is_spared(tmp_path):
+    other = _sleeper()
+    try:
+        start = agent.proc_stat(other.pid)[1]
+        agent.kill_recorded([[other.pid, start + 1], ["x", 1], [other.pid], "junk"])
+        time.sleep(0.1)
+        assert other.poll() is None
+        agent.kill_recorded([[other.pid, start]])
+        assert other.wait(timeout=5) == -9
+    finally:
+        other.kill()
+        other.wait()
+
+
+# -- F16 and the results store: what the agent does after the job --------------------------------
+
+RECORDER = """import json, sys, time
+with open(sys.argv[1], "a") as f:
+    f.write(json.dumps({"argv": sys.argv[2:], "at": time.time()}) + "\\n")
+"""
+
+FAKE_UPLOAD = """import json, os, time
+def upload_job(jobdir, grant):
+    with open(os.path.join(jobdir, "uploaded"), "w") as f:
+        json.dump({"grant": grant, "at": time.time(),
+                   "status": json.load(open(os.path.join(jobdir, "status.json")))["state"]}, f)
+    if grant.get("fail"):
+        raise RuntimeError("bucket says no")
+    return {"ok": True, "files": 3, "bytes": 42, "error": None}
+"""
+
+
+def _after_job(tmp_path, settings: dict, upload: str | None = FAKE_UPLOAD, collect_after=None):
+    """Run the agent (from its own directory, with a fake agent_upload beside it when given)
+    on `true`; returns the final status, the recorder's calls, and the seconds it took."""
+    home = tmp_path / "agent-test"
+    home.mkdir()
+    shutil.copy(agent.__file__, home / "agent.py")
+    if upload is not None:
+        (home / "agent_upload.py").write_text(upload)
+    (tmp_path / "rec.py").write_text(RECORDER)
+    jobdir = tmp_path / "jobs" / "j"
+    jobdir.mkdir(parents=True, exist_ok=True)
+    (jobdir / "run.sh").write_text("echo job-ran\n")
+    calls = tmp_path / "calls.jsonl"
+    rearm = [sys.executable, str(tmp_path / "rec.py"), str(calls), "rearm"]
+    off = f"{shlex.quote(sys.executable)} {tmp_path / 'rec.py'} {calls} poweroff"
+    (jobdir / "job.json").write_text(json.dumps({
+        "heartbeat_s": 0.1, "rearm": {"argv": rearm, "start_minutes": 35, "idle_minutes": 10},
+        "shutdown_command": off, **settings}))
+    if collect_after is not None:
+        threading.Timer(collect_after, lambda: (jobdir / "collected").write_text("")).start()
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, str(home / "agent.py"), "run", str(jobdir)], timeout=60,
+                   capture_output=True, check=True)
+    took = time.monotonic() - t0
+    status = json.loads((jobdir / "status.json").read_text())
+    made = [json.loads(l) for l in calls.read_text().splitlines()] if calls.exists() else []
+    return jobdir, status, [c["argv"][1:] for c in made if c["argv"][0] == "rearm"], \
+        [c for c in made if c["argv"][0] == "poweroff"], took
+
+
+def test_F16_rearm_at_start_and_upload_before_a_power_off_that_collected_cuts_short(tmp_path):
+    jobdir, status, rearms, offs, took = _after_job(
+        tmp_path, {"results_store": {"url": "https://bucket/x"}, "shutdown_delay_s": 30},
+        collect_after=1.0)
+    assert rearms == [["35"]]  # counted from this job; no idle re-arm on a host powering off
+    uploaded = json.loads((jobdir / "uploaded").read_text())
+    assert uploaded["grant"] == {"url": "https://bucket/x"} and uploaded["status"] == "succeeded"
+    assert status["results_stored"]["ok"] is True
+    assert (status["results_stored"]["files"], status["results_stored"]["bytes"]) == (3, 42)
+    assert len(offs) == 1 and uploaded["at"] <= offs[0]["at"]
+    assert took < 15  # `collected` ended the 30 s wait
+    assert status["shutdown_requested_at"] >= status["results_stored"]["at"]
+
+
+@pytest.mark.parametrize("upload, grant", [(None, {"x": 1}), (FAKE_UPLOAD, {"fail": True}),
+                                           ("def upload_job(j, g):\n    return [1]\n", {})],
+                         ids=["no-module", "raises", "returns-junk"])
+def test_F16_a_failed_upload_is_recorded_and_waits_collect_wait_instead(tmp_path, upload, grant):
+    jobdir, status, rearms, offs, took = _after_job(
+        tmp_path, {"results_store": grant, "shutdown_delay_s": 60, "collect_wait_s": 0.5}, upload)
+    stored = status["results_stored"]
+    assert stored["ok"] is False and stored["error"] and stored["at"]
+    assert status["state"] == "succeeded" and len(offs) == 1 and took < 20
+    assert "storing the results failed" in (jobdir / "output.log").read_text()
+
+
+def test_F16_a_kept_host_rearms_for_its_idle_time_and_never_powers_off(tmp_path):
+    jobdir, status, rearms, offs, took = _after_job(tmp_path, {"shutdown_command": None})
+    assert rearms == [["35"], ["10"]] and offs == []
+    assert "results_stored" not in status  # no grant: nothing to do
+
+
+def test_F16_keep_written_during_the_wait_keeps_the_host(tmp_path):
+    (tmp_path / "jobs" / "j").mkdir(parents=True)
+    threading.Timer(1.0, lambda: (tmp_path / "jobs" / "j" / "keep").write_text("")).start()
+    jobdir, status, rearms, offs, took = _after_job(tmp_path, {"shutdown_delay_s": 30})
+    assert rearms == [["35"], ["10"]] and offs == [] and took < 15
+
+
+def test_F16_a_failing_rearm_is_logged_not_fatal(tmp_path):
+    (tmp_path / "jobs" / "j").mkdir(parents=True)
+    jobdir = tmp_path / "jobs" / "j"
+    (jobdir / "run.sh").write_text("echo job-ran\n")
+    (jobdir / "job.json").write_text(json.dumps({"rearm": {
+        "argv": ["/nonexistent/rearm"], "start_minutes": 5, "idle_minutes": 3}}))
+    subprocess.run([sys.executable, agent.__file__, "run", str(jobdir)], timeout=30, check=True,
+                   capture_output=True)
+    log = (jobdir / "output.log").read_text()
+    assert json.loads((jobdir / "status.json").read_text())["state"] == "succeeded"
+    assert "job-ran" in log and log.count("rearm /nonexistent/rearm") == 2

@@ -44,3 +44,39 @@ def test_character_classes_and_question_mark():
     rules = parse("file[0-9].txt\nx?.c\n")
     assert rules[0].matches("file3.txt", False) and not rules[0].matches("fileA.txt", False)
     assert rules[1].matches("dir/xa.c", False) and not rules[1].matches("xab.c", False)
+
+
+def test_F6_credentials_are_never_synced(root):
+    """A `--workdir ~` as in the audit: keys and tokens stay home, code goes."""
+    secrets = [".aws/credentials", ".ssh/id_ed25519", ".ssh/config", ".netrc", ".env",
+               "project/.env", "project/.env.local", "tls/server.pem", ".git-credentials",
+               ".docker/config.json", "sub/.kube/config", ".pypirc", "keys/id_rsa",
+               "keys/id_ed25519.pub", ".gnupg/private-keys-v1.d/k.key"]
+    code = ["project/train.py", "project/environment.yml", ".docker/daemon.json", ".kube/cache",
+            "id_card.txt", "docs/.envelope"]
+    _tree(root, secrets + code)
+    assert list_files(root) == sorted(code)
+
+
+def test_F6_include_patterns_bring_back_what_they_name(root):
+    _tree(root, [".aws/credentials", ".aws/config", ".env", "deploy/.env.prod", "train.py"])
+    assert list_files(root, include=[".aws/config", "deploy/.env.prod"]) == \
+        [".aws/config", "deploy/.env.prod", "train.py"]
+    assert list_files(root, include=[".aws/"]) == [".aws/config", ".aws/credentials", "train.py"]
+    (root / ".gitignore").write_text(".env\n")  # include never overrides .gitignore itself
+    assert list_files(root, include=[".env"]) == [".gitignore", "train.py"]
+
+
+def test_F6_the_state_directory_inside_the_workdir_is_left_out(root, monkeypatch):
+    _tree(root, ["train.py", "state/state.db", "state/keys/us-east-1/cloudtrain_ed25519"])
+    monkeypatch.setenv("CLOUDTRAIN_HOME", str(root / "state"))
+    assert list_files(root) == ["train.py"]
+    assert list_files(root, include=["state/state.db"]) == ["state/state.db", "train.py"]
+    monkeypatch.setenv("CLOUDTRAIN_HOME", str(root))  # the workdir is the state directory
+    assert list_files(root) == []
+
+
+def test_F6_the_list_is_exported_for_the_readme():
+    from cloudtrain.gitignore import CREDENTIAL_PATTERNS
+
+    assert ".aws/" in CREDENTIAL_PATTERNS and "*.pem" in CREDENTIAL_PATTERNS
