@@ -237,16 +237,24 @@ def test_F19_metrics_tail_skips_deep_and_non_object_rows(tmp_path):
 # -- F20: an agent that never starts --------------------------------------------------------------
 
 
-def test_F20_an_agent_that_cannot_start_fails_the_start_and_the_probe(tmp_path):
-    from cloudtrain.errors import HostError
+def _local_job(tmp_path, job_id: str, run_sh: str, python: str | None = None):
+    """A job directory on this machine, laid out as launch makes it, agent installed."""
     from cloudtrain.hosts import LocalHost
     from conftest import TMUX_SOCKET
 
-    host = LocalHost(TMUX_SOCKET, python="/nonexistent/python")
-    jobdir = tmp_path / "jobs" / "nostart1"
+    host = LocalHost(TMUX_SOCKET, python=python)
+    jobdir = tmp_path / "jobs" / job_id
     jobdir.mkdir(parents=True)
     host.install_agent(str(jobdir))
-    (jobdir / "run.sh").write_text("true\n")
+    (jobdir / "run.sh").write_text(run_sh)
+    (jobdir / "job.json").write_text(json.dumps({"heartbeat_s": 0.1}))
+    return host, jobdir
+
+
+def test_F20_an_agent_that_cannot_start_fails_the_start_and_the_probe(tmp_path):
+    from cloudtrain.errors import HostError
+
+    host, jobdir = _local_job(tmp_path, "nostart1", "true\n", python="/nonexistent/python")
     t0 = time.monotonic()
     with pytest.raises(HostError, match="the agent did not start .*/nonexistent/python") as info:
         host.start_agent("nostart1", str(jobdir))
@@ -259,14 +267,7 @@ def test_F20_an_agent_that_cannot_start_fails_the_start_and_the_probe(tmp_path):
 
 
 def test_F20_a_started_agent_is_waited_for(tmp_path):
-    from cloudtrain.hosts import LocalHost
-    from conftest import TMUX_SOCKET
-
-    host = LocalHost(TMUX_SOCKET)
-    jobdir = tmp_path / "jobs" / "started1"
-    jobdir.mkdir(parents=True)
-    host.install_agent(str(jobdir))
-    (jobdir / "run.sh").write_text("true\n")
+    host, jobdir = _local_job(tmp_path, "started1", "true\n")
     host.start_agent("started1", str(jobdir))  # returns only once status.json names the agent
     status = json.loads((jobdir / "status.json").read_text())
     assert status["agent_pid"] and status["state"] in ("starting", "running", "succeeded")
@@ -288,15 +289,9 @@ def _alive(pid: int) -> bool:
 
 
 def test_F17_reap_kills_recorded_descendants_that_left_the_group(tmp_path):
-    from cloudtrain.hosts import LocalHost
-    from conftest import TMUX_SOCKET, wait_for
+    from conftest import wait_for
 
-    host = LocalHost(TMUX_SOCKET)
-    jobdir = tmp_path / "jobs" / "setsid1"
-    jobdir.mkdir(parents=True)
-    host.install_agent(str(jobdir))
-    (jobdir / "run.sh").write_text("bash -c 'setsid sleep 777 & sleep 555'\n")
-    (jobdir / "job.json").write_text(json.dumps({"heartbeat_s": 0.1}))
+    host, jobdir = _local_job(tmp_path, "setsid1", "bash -c 'setsid sleep 777 & sleep 555'\n")
     host.start_agent("setsid1", str(jobdir))
 
     def sleeps():
