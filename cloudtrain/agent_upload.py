@@ -85,7 +85,9 @@ def job_files(jobdir):
         if os.path.lexists(os.path.join(jobdir, name)):
             consider(name, os.path.join(jobdir, name))
     root = os.path.join(jobdir, CHECKPOINTS)
-    if os.path.isdir(root) and not os.path.islink(root):
+    if os.path.islink(root):
+        skipped.append((CHECKPOINTS, "not a regular file"))
+    elif os.path.isdir(root):
         for top, dirs, names in os.walk(root):  # followlinks=False: linked dirs are not entered
             dirs.sort()
             for name in dirs:
@@ -138,7 +140,7 @@ class _Body(object):
 
     def read(self, n=-1):
         if time.time() > self.deadline:
-            raise UploadError("ran out of time", retry=False)
+            raise UploadError("the upload ran out of time", retry=False)
         if n is None or n < 0:
             n = CHUNK
         if self.head:
@@ -230,12 +232,13 @@ def _socket_timeout(deadline):
     return max(1.0, min(60.0, deadline - time.time()))
 
 
-def _post_with_retries(grant, key, path, size, deadline):
-    """post_file from the start of the file, up to TRIES times while the error is transient
-    and time is left (1 s, then 2 s between tries)."""
+def _post_with_retries(grant, key, path_or_file, size, deadline):
+    """post_file from the start of the file (a path, or an open file object), up to TRIES
+    times while the error is transient and time is left (1 s, then 2 s between tries)."""
+    opened = isinstance(path_or_file, str)
     for attempt in range(TRIES):
         try:
-            source = open(path, "rb") if isinstance(path, str) else path
+            source = open(path_or_file, "rb") if opened else path_or_file
         except OSError as exc:
             raise FileUnreadable("cannot read: %s" % exc.strerror)
         try:
@@ -247,7 +250,7 @@ def _post_with_retries(grant, key, path, size, deadline):
                 raise
             time.sleep(delay)
         finally:
-            if isinstance(path, str):
+            if opened:
                 source.close()
 
 

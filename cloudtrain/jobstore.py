@@ -104,7 +104,7 @@ def ensure_bucket(s3, bucket: str, region: str, owner: str, expire_days: int = 3
         return False
     except ClientError as exc:
         if _code(exc) in FORBIDDEN:
-            raise _not_ours(bucket) from exc
+            raise _not_ours(bucket, account) from exc
         if _code(exc) not in MISSING:
             raise
     params: dict = {"Bucket": bucket}
@@ -115,7 +115,7 @@ def ensure_bucket(s3, bucket: str, region: str, owner: str, expire_days: int = 3
         s3.create_bucket(**params)
     except ClientError as exc:
         if _code(exc) == "BucketAlreadyExists":
-            raise _not_ours(bucket) from exc
+            raise _not_ours(bucket, account) from exc
         if _code(exc) != "BucketAlreadyOwnedByYou":  # another cloudtrain of ours, just now
             raise
         created = False
@@ -157,11 +157,13 @@ def _tls_only(bucket: str, partition: str) -> dict:
         "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]}
 
 
-def _not_ours(bucket: str) -> CloudtrainError:
+def _not_ours(bucket: str, account: str | None) -> CloudtrainError:
     return CloudtrainError(
         f"the S3 bucket {bucket} belongs to another AWS account (or your credentials may "
         "not use it): cloudtrain will not store jobs there",
-        hint="set `job_store_bucket:` in config.yaml to a bucket of yours")
+        hint="bucket names are global, so anyone can take one first; see for yourself with: "
+             f"aws s3api head-bucket --bucket {bucket} --expected-bucket-owner "
+             f"{account or '<your account id>'}")
 
 
 def upload_grant(s3, bucket: str, job_id: str, expires_s: int, max_bytes: int) -> dict:

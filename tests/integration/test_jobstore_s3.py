@@ -410,3 +410,12 @@ def test_persistent_server_errors_stop_after_three_tries(s3_like, tmp_path):
     result = agent_upload.upload_job(str(_job(tmp_path)), grant, timeout_s=20)
     assert result["ok"] is False and len(server.seen) == agent_upload.TRIES
     assert "HTTP 503" in result["error"]
+
+
+def test_time_limit_stops_the_upload_without_a_manifest(s3_like, tmp_path):
+    url, server = s3_like
+    grant = {"url": url, "fields": {}, "prefix": f"jobs/{JOB}/"}
+    result = agent_upload.upload_job(str(_job(tmp_path)), grant, timeout_s=0.0)
+    assert result["ok"] is False and result["files"] == 0 and result["seconds"] < 2
+    assert "ran out of time" in result["error"] and "no manifest" in result["error"]
+    assert not any(b"manifest.json" in body for body in server.seen)
