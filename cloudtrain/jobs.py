@@ -297,7 +297,7 @@ def _abort_launch(store, settings, provider, job, host, exc) -> None:
             reason += f"; RELEASE FAILED: {release_exc}"
         store.set_state(job.id, state.CANCELLED if interrupted else state.FAILED,
                         reason=reason.splitlines()[0])
-    if not released:
+    if not released and any(i.state != "terminated" for i in store.instances(job.id)):
         raise CloudtrainError(
             f"job {job.id}: its instance may still be running ({reason.splitlines()[0]})",
             hint=f"cloudtrain down {job.id} (it terminates by record and by tag)")

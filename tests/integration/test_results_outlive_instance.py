@@ -1,0 +1,107 @@
+"""A job's results outlive its instance (issue 10): launch, return, let the job end and the
+instance power itself off with nobody watching; afterwards `status` and `logs` show the true
+outcome, the whole log, the metrics and the checkpoint, read from the S3 job store.
+
+Through the real AWS path: moto's EC2 and S3 server, a real sshd as the instance, the real
+agent uploading through its presigned POST. The instance's disk going with it is the lab's
+remote root being removed after the power-off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+import boto3
+import pytest
+
+from aws_lab import REGION, aws, moto_endpoint  # noqa: F401  (fixtures)
+from conftest import wait_for
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
+
+JOB = r"""
+set -e
+for e in 1 2 3; do
+  echo "epoch $e of 3"
+  printf '{"epoch": %d, "epochs": 3, "train_loss": 0.5, "test_acc": 0.9}\n' $e >> "$CLOUDTRAIN_JOB_DIR/metrics.jsonl"
+done
+mkdir -p "$CLOUDTRAIN_JOB_DIR/checkpoints/run"
+head -c 300000 /dev/urandom > "$CLOUDTRAIN_JOB_DIR/checkpoints/run/last.pt"
+echo "sha256 $(sha256sum "$CLOUDTRAIN_JOB_DIR/checkpoints/run/last.pt" | cut -d' ' -f1)"
+echo "the last line"
+"""
+
+
+def _allow_plain_http(aws) -> None:
+    """moto refuses every read once a bucket policy has a condition it cannot evaluate (the
+    job store's TLS-only deny): drop that one policy, as the job store's own tests do."""
+    s3 = boto3.client("s3", endpoint_url=aws.endpoint, region_name=REGION,
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    for bucket in s3.list_buckets()["Buckets"]:
+        s3.delete_bucket_policy(Bucket=bucket["Name"])
+
+
+@pytest.fixture
+def job_script(tmp_path):
+    work = tmp_path / "wd"
+    work.mkdir()
+    (work / "job.sh").write_text(JOB)
+    return work
+
+
+def _launch_and_let_it_end_alone(cli, aws, job_script, *extra) -> str:
+    aws.write_config(shutdown_delay_seconds=3.0)
+    job_id = cli.launch("--instance", "g5.xlarge", "--workdir", str(job_script), *extra,
+                        "--", "bash", "-c", "sleep 2; bash job.sh")
+    _allow_plain_http(aws)
+    # The agent powers the host off after the job (shutdown behaviour: terminate).
+    wait_for(lambda: [i for i in aws.instances(**{"tag:cloudtrain:job": job_id})
+                      if i["State"]["Name"] == "terminated"], timeout=60,
+             what="the agent's power-off")
+    assert [s["job"] for s in aws.shutdowns()] == [job_id]
+    shutil.rmtree(aws.work / "remote")  # the instance's disk is gone with it
+    return job_id
+
+
+def test_results_come_home_from_the_job_store_after_the_instance_is_gone(
+        cli, aws, ct_home, job_script):
+    job_id = _launch_and_let_it_end_alone(cli, aws, job_script)
+
+    job = cli.job(job_id)
+    assert job["state"] == "succeeded", job
+    assert job["exit_code"] == 0
+    assert job["metrics"]["epoch"] == 3
+    phases = [p["name"] for p in job["timeline"]]
+    assert "results" in phases and phases[-1] == "succeeded", phases
+
+    log = cli.ok("logs", job_id).stdout
+    assert log.splitlines()[0] == "epoch 1 of 3" and log.splitlines()[-1] == "the last line"
+    local = ct_home / "jobs" / job_id
+    rows = [json.loads(l) for l in (local / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    checkpoint = local / "checkpoints" / "run" / "last.pt"
+    assert checkpoint.stat().st_size == 300000
+    (written,) = [l.split()[1] for l in log.splitlines() if l.startswith("sha256 ")]
+    assert hashlib.sha256(checkpoint.read_bytes()).hexdigest() == written
+    # and nothing bills
+    (raw,) = aws.instances(**{"tag:cloudtrain:job": job_id})
+    assert raw["State"]["Name"] == "terminated"
+
+
+def test_follow_survives_the_connection_dropping_as_the_job_ends(cli, aws, ct_home, job_script):
+    """`launch --follow` while the connection to the instance drops as the job ends (every
+    sshd session process of the lab's instance is killed): the whole log and the true
+    outcome, not `internal error: OSError: Socket is closed`."""
+    aws.write_config(shutdown_delay_seconds=0.0)
+    (job_script / "drop.sh").write_text(
+        f"bash job.sh; pkill -P {aws.sshd.proc.pid} || true; sleep 1\n")
+    proc = cli("launch", "--instance", "g5.xlarge", "--workdir", str(job_script), "--follow",
+               "--", "bash", "-c", "sleep 1; bash drop.sh", timeout=120)
+    assert "internal error" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "epoch 1 of 3" and lines[-1] == "the last line", proc.stdout
+    assert aws.sshd.connections() >= 2  # the first connection did drop; a new one was made
