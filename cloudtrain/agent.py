@@ -607,8 +607,9 @@ def agent_running(jobdir, session=None, tmux_socket=None):
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        args = [a.decode("utf-8", "replace") for a in argv]
-        if "run" in args and jobdir in args and any(a.endswith("agent.py") for a in args):
+        args = [a.decode("utf-8", "replace") for a in argv if a]
+        if ("run" in args and any(a.endswith("agent.py") for a in args)
+                and any(os.path.abspath(a) == jobdir for a in args if a.startswith("/"))):
             return True
     if session:
         try:
