@@ -607,10 +607,11 @@ def agent_running(jobdir, session=None, tmux_socket=None):
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        args = [a.decode("utf-8", "replace") for a in argv if a]
-        if ("run" in args and any(a.endswith("agent.py") for a in args)
-                and any(os.path.abspath(a) == jobdir for a in args if a.startswith("/"))):
-            return True
+        args = [a.decode("utf-8", "replace") for a in argv]
+        for i, arg in enumerate(args[:-2]):  # ... agent.py run JOBDIR
+            if (arg.endswith("agent.py") and args[i + 1] == "run" and args[i + 2]
+                    and os.path.abspath(args[i + 2]) == jobdir):
+                return True
     if session:
         try:
             return subprocess.run(["tmux", "-L", tmux_socket or "cloudtrain", "has-session", "-t",
