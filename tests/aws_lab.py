@@ -71,6 +71,41 @@ class AWSLab:
         self.sshd.authorize(public)
         self.sshd.listen_on(listen)
         self.sshd.start()
+        # Like a real instance, the "instance" prints its host key fingerprints on the console.
+        self.console_output(self.fingerprint_block(self.sshd.host_key))
+
+    @staticmethod
+    def fingerprint_block(*keys: Path, fingerprints: tuple[str, ...] = ()) -> str:
+        """Console text as cloud-init's keys-to-console prints it on Ubuntu (each line
+        prefixed "ec2: "), for host key files (fingerprinted by ssh-keygen) or given
+        fingerprints."""
+        import subprocess
+
+        lines = [subprocess.run(["ssh-keygen", "-l", "-f", f"{k}.pub"], capture_output=True,
+                                text=True, check=True).stdout.strip() for k in keys]
+        lines += [f"256 {fp} root@ip-10-0-0-1 (ED25519)" for fp in fingerprints]
+        return "\r\n".join(
+            ["[   12.3] cloud-init[1021]: Cloud-init v. 24.1 running 'modules:final'",
+             "ec2: #############################################################",
+             "ec2: -----BEGIN SSH HOST KEY FINGERPRINTS-----"]
+            + [f"ec2: {line}" for line in lines]
+            + ["ec2: -----END SSH HOST KEY FINGERPRINTS-----",
+               "ec2: #############################################################", ""])
+
+    def console_output(self, text: str) -> None:
+        """What moto's GetConsoleOutput returns for every instance from now on (moto serves
+        one sample text from a module global; restore() puts it back)."""
+        import moto.ec2.responses.general as general
+
+        if not hasattr(self, "_console_original"):
+            self._console_original = general.SAMPLE_CONSOLE_OUTPUT
+        general.SAMPLE_CONSOLE_OUTPUT = text
+
+    def restore(self) -> None:
+        import moto.ec2.responses.general as general
+
+        if hasattr(self, "_console_original"):
+            general.SAMPLE_CONSOLE_OUTPUT = self._console_original
 
     def build_cloud(self, vpc_cidr: str, subnets: dict[str, str]) -> str:
         """VPC, subnets, the DLAMI (image + SSM parameter), cloudtrain's key and the shutdown
@@ -169,3 +204,21 @@ def aws(moto_endpoint, ct_home, tmp_path, monkeypatch):
     lab.write_config()
     yield lab
     lab.sshd.stop()
+    lab.restore()
+
+
+@pytest.fixture
+def ec2_provider(monkeypatch, ct_home):
+    """An AWSProvider against in-process moto (`mock_aws`): no sshd, for the provider's own
+    EC2 logic. Settings: us-east-1, SSH from 127.0.0.1/32, short polls."""
+    from moto import mock_aws
+
+    from cloudtrain.config import Settings
+    from cloudtrain.providers.aws import AWSProvider
+
+    for k, v in AWS_ENV.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k, raising=False)
+    with mock_aws():
+        yield AWSProvider(Settings(region=REGION, ssh_cidr="127.0.0.1/32", poll_seconds=0.05))

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from moto import mock_aws
 
+from aws_lab import ec2_provider  # noqa: F401  (fixture)
 from cloudtrain.config import Settings
 from cloudtrain.errors import CloudtrainError, UsageError
 from cloudtrain.providers.aws import AWSError, AWSProvider
@@ -23,13 +23,8 @@ CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
 
 
 @pytest.fixture
-def provider(monkeypatch):
-    for k, v in CREDS.items():
-        monkeypatch.setenv(k, v)
-    for k in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(k, raising=False)
-    with mock_aws():
-        yield AWSProvider(Settings(region="us-east-1", ssh_cidr="127.0.0.1/32"))
+def provider(ec2_provider):
+    return ec2_provider
 
 
 def _refuse(client, operation, code, message, status=403):

@@ -27,6 +27,7 @@ def test_on_demand_request():
     r = _request()
     assert r["InstanceInitiatedShutdownBehavior"] == "terminate"
     assert r["MetadataOptions"]["HttpTokens"] == "required"
+    assert r["MetadataOptions"]["HttpPutResponseHopLimit"] == 1  # F9: no IMDS from containers
     assert "InstanceMarketOptions" not in r
     (bdm,) = r["BlockDeviceMappings"]
     assert bdm["DeviceName"] == "/dev/sda1"
@@ -34,8 +35,9 @@ def test_on_demand_request():
                           "DeleteOnTermination": True}
     tags = {s["ResourceType"]: {t["Key"]: t["Value"] for t in s["Tags"]}
             for s in r["TagSpecifications"]}
-    assert set(tags) == {"instance", "volume"}
-    assert tags["instance"] == tags["volume"] == {
+    # F9: the ENI is tagged too; a spot request only exists (and is tagged) for spot
+    assert set(tags) == {"instance", "volume", "network-interface"}
+    assert tags["instance"] == tags["volume"] == tags["network-interface"] == {
         "cloudtrain:job": "abcd1234", "cloudtrain:owner": "arn:aws:iam::1:user/me",
         "cloudtrain:recipe": "resnet9", "Name": "cloudtrain-abcd1234-exp"}
     assert (r["SubnetId"], r["SecurityGroupIds"], r["KeyName"], r["ImageId"]) == \
@@ -47,6 +49,9 @@ def test_spot_request_is_one_time_and_terminates():
     assert r["InstanceMarketOptions"] == {"MarketType": "spot", "SpotOptions": {
         "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate",
         "MaxPrice": "0.5000"}}
+    kinds = [s["ResourceType"] for s in r["TagSpecifications"]]
+    assert kinds == ["instance", "volume", "network-interface", "spot-instances-request"]
+    assert r["TagSpecifications"][-1]["Tags"] == r["TagSpecifications"][0]["Tags"]
 
 
 def test_user_data_powers_off_after_the_max_runtime_plus_margin():

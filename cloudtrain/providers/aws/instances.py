@@ -9,16 +9,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import catalog
-from ...errors import CloudtrainError, HostError, UsageError
+from ...errors import CloudtrainError, HostError, MissingDependency, UsageError
 from ...hosts import SSHHost, default_tmux_socket
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store
 from .errors import CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, StaleCache, \
-    aws_errors
-from .tags import TAG_JOB, TAG_OWNER, TAG_RECIPE
+    aws_errors, check_region
+from .hostkeys import FINGERPRINT_WAIT_S, console_fingerprints, fingerprint
+from .tags import LIVE_STATES, TAG_JOB, TAG_OWNER, TAG_RECIPE
 
 USER_DATA = Path(__file__).resolve().parents[3] / "infra" / "user-data.sh"
 RUNTIME_MARGIN_MIN = 15  # user-data powers off this long after the job's max runtime
+# The timeline phase that says a RunInstances call got no answer (the instance may exist).
+UNANSWERED = "run-instances-unanswered"
+# How long release() keeps looking by tag for the instance of an unanswered RunInstances.
+RELEASE_LOOKUP_S = 60.0
+# AWS failed while handling the request: it may have been carried out.
+SERVER_ERRORS = {"InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable"}
 
 
 def ec2_transition_time(reason: str) -> float | None:
@@ -71,12 +78,14 @@ class InstancesMixin:
             KeyName=key_name, SubnetId=subnet, SecurityGroupIds=[group],
             InstanceInitiatedShutdownBehavior="terminate",
             MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled",
-                             "HttpPutResponseHopLimit": 2},
+                             # 1: only the instance itself reaches IMDS (and the instance
+                             # role's credentials), not containers behind a bridge on it.
+                             "HttpPutResponseHopLimit": 1},
             BlockDeviceMappings=[{"DeviceName": root_device, "Ebs": {
                 "VolumeSize": disk_gb, "VolumeType": "gp3", "Encrypted": True,
                 "DeleteOnTermination": True}}],
-            TagSpecifications=[{"ResourceType": "instance", "Tags": tags},
-                               {"ResourceType": "volume", "Tags": tags}],
+            TagSpecifications=[{"ResourceType": kind, "Tags": tags}
+                               for kind in ("instance", "volume", "network-interface")],
             UserData=self.user_data(job, spec),
         )
         if self.settings.instance_profile:
@@ -86,6 +95,10 @@ class InstancesMixin:
             if spec.max_price is not None:
                 options["MaxPrice"] = f"{spec.max_price:.4f}"
             request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
+            # Only a spot launch creates a spot request; EC2 rejects this resource type
+            # otherwise.
+            request["TagSpecifications"].append({"ResourceType": "spot-instances-request",
+                                                 "Tags": tags})
         return request
 
     def _run(self, store, job, spec, region, boot: dict) -> str:
@@ -98,11 +111,19 @@ class InstancesMixin:
         for n, (zone, subnet, _vpc, _zone_id) in enumerate(zones):
             request = self.run_request(job, spec, subnet, group, ami, key_name, owner, disk,
                                        root_device)
+            token = f"{job.id}-{n}"
             try:
                 # ClientToken: a retried request can never start a second instance.
                 response = self.call(region, "run_instances", fail_fast=True,
-                                     ClientToken=f"{job.id}-{n}", **request)
-            except AWSError as exc:
+                                     ClientToken=token, **request)
+            except BaseException as exc:
+                # No answer, or AWS failed half-way (5xx): EC2 may have started an instance
+                # all the same. release() looks for it by tag, for longer than usual.
+                if not isinstance(exc, AWSError) or not exc.code or exc.code in SERVER_ERRORS:
+                    store.add_event(job.id, UNANSWERED, detail=f"ClientToken {token} in {zone}: "
+                                    f"{getattr(exc, 'message', None) or type(exc).__name__}")
+                if not isinstance(exc, AWSError):
+                    raise
                 code = exc.code
                 if code in STALE_ERRORS and not attempts:
                     raise StaleCache(code) from exc
@@ -181,7 +202,7 @@ class InstancesMixin:
             host = SSHHost(endpoint, default_tmux_socket(),
                            python=self.settings.remote_python or "python3")
             try:
-                host.home()  # the first round trip; later steps need it anyway
+                host.conn  # connected and logged in; the caller checks the host key next
                 return host
             except HostError as exc:
                 last = exc
@@ -194,19 +215,65 @@ class InstancesMixin:
                        hint=f"aws ec2 get-console-output --instance-id {instance_id} --region "
                             f"{region} --latest; check the security group allows {self.ssh_cidr()}")
 
-    def console_tail(self, region: str, instance_id: str) -> str:
+    def _check_host_key(self, store: Store, job: Job, region: str, instance_id: str,
+                        host: SSHHost, since: float) -> bool:
+        """Accept the key the SSH server presented only if the instance listed its
+        fingerprint on the console (F5); wait for that list until FINGERPRINT_WAIT_S after
+        `since` (never longer than the SSH wait itself), then trust on first use. Recorded in the job's timeline either way; a key
+        that is not on a list is refused before anything is sent to the host."""
+        seen = fingerprint(host.conn.host_key)
+        waited = min(FINGERPRINT_WAIT_S, self.settings.ssh_wait_seconds)
+        deadline = since + waited
+        while True:
+            listed = console_fingerprints(self.console_text(region, instance_id))
+            if listed or time.monotonic() >= deadline:
+                break
+            time.sleep(self.settings.poll_seconds)
+        if listed and seen not in listed:
+            host.close()
+            store.add_event(job.id, "host-key", detail=f"REFUSED {seen}: not in {instance_id}'s "
+                                                      "console output")
+            raise AWSError(f"possible interception: the SSH server at {host.name} presented "
+                           f"host key {seen}, but {instance_id} printed "
+                           f"{', '.join(sorted(listed))} on its console; refusing to connect",
+                           hint="launch again; if it repeats, something between this machine "
+                                "and AWS answers SSH for the instance")
+        if listed:
+            store.add_event(job.id, "host-key", detail=f"verified {seen} against {instance_id}'s "
+                                                      "console output")
+            return True
+        store.add_event(job.id, "host-key", detail=f"trusted on first use: {seen} (no "
+                                                  f"fingerprints in the console output after "
+                                                  f"{waited:g} s)")
+        return False
+
+    def console_text(self, region: str, instance_id: str) -> str:
+        """The instance's console output as text; "" when EC2 has none yet or refuses."""
         import base64
 
         try:
-            out = self.call(region, "get_console_output", InstanceId=instance_id).get("Output")
+            # Latest=True: the live buffer instead of the snapshot EC2 refreshes every few
+            # minutes; only Nitro instances have it (p3 is Xen), so ask again without.
+            out = self.call(region, "get_console_output", InstanceId=instance_id,
+                            Latest=True).get("Output")
+        except AWSError as exc:
+            if exc.hint:  # permissions or credentials: the plain call would fail the same way
+                return ""
+            try:
+                out = self.call(region, "get_console_output", InstanceId=instance_id).get("Output")
+            except CloudtrainError:
+                return ""
         except CloudtrainError:
             return ""
         if not out:
             return ""
-        try:
-            text = base64.b64decode(out).decode("utf-8", "replace")
+        try:  # EC2 sends it base64-encoded (moto's server sends the plain text)
+            return base64.b64decode(out, validate=True).decode("utf-8", "replace")
         except ValueError:
-            text = out
+            return out
+
+    def console_tail(self, region: str, instance_id: str) -> str:
+        text = self.console_text(region, instance_id)
         return " | ".join(text.strip().splitlines()[-3:])
 
     def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
@@ -234,15 +301,29 @@ class InstancesMixin:
         """Terminate what the job has: the recorded instances and anything tagged with its id
         (a request whose answer was lost still started an instance). A --keep job's instance
         stays until `cloudtrain down` (force)."""
-        if (job.spec or {}).get("keep") and not force and job.state != "cancelled":
+        events = [e.phase for e in store.events(job.id)]
+        # --keep keeps an instance that ran the job; one that never did (the launch failed or
+        # its launcher died, F14) goes like any other.
+        if (job.spec or {}).get("keep") and not force and job.state != "cancelled" \
+                and "running" in events:
             return
         recorded = store.instances(job.id)
         regions = {i.region for i in recorded if i.region} or {self.region_of(job)}
+        # RunInstances went unanswered (timeout, dropped connection, 5xx, interrupted): an
+        # instance may exist that the store never heard of, and DescribeInstances is
+        # eventually consistent, so a seconds-old instance can be missing from a tag lookup.
+        # Look again, bounded, until it shows up (F12).
+        lost = UNANSWERED in events and not recorded
+        until = time.monotonic() + RELEASE_LOOKUP_S if lost else None
         for region in regions:
             ids = {i.id for i in recorded if i.region == region and i.state != "terminated"}
-            tagged = {r["InstanceId"] for r in self._query(region, {TAG_JOB: job.id})
-                      if r["State"]["Name"] not in ("terminated",)}
-            ids |= tagged
+            try:
+                ids |= self._find_by_tag(region, job.id, until)
+            except MissingDependency:
+                # No AWS credentials at all, nothing recorded and no request unanswered:
+                # this launch never reached EC2, there is nothing to look for.
+                if recorded or lost:
+                    raise
             if ids:
                 self.call(region, "terminate_instances", InstanceIds=sorted(ids))
             for raw in self._query(region, {TAG_JOB: job.id}) if ids else []:
@@ -255,6 +336,16 @@ class InstancesMixin:
                         state="requested", launched_at=raw["LaunchTime"].timestamp(),
                         terminated_at=None, price_per_hour=None, details={"found_by_tag": True}))
         self.record_ends(store, job)
+
+    def _find_by_tag(self, region: str, job_id: str, until: float | None) -> set[str]:
+        """The job's instances not yet terminated, by its tag; with `until`, asked again
+        every poll_seconds until one shows up or that time passes."""
+        while True:
+            found = {r["InstanceId"] for r in self._query(region, {TAG_JOB: job_id})
+                     if r["State"]["Name"] != "terminated"}
+            if found or until is None or time.monotonic() >= until:
+                return found
+            time.sleep(self.settings.poll_seconds)
 
     def record_ends(self, store: Store, job: Job) -> None:
         """Termination times from EC2 (its state-transition reason carries the time), and for
@@ -281,15 +372,53 @@ class InstancesMixin:
                 fields["details"] = json.dumps(details)
             store.update_instance(inst.id, **fields)
 
-    def reconcile(self, store: Store) -> list[dict]:
-        """Every instance tagged as ours in the regions we use, one DescribeInstances each;
-        marks whether the store knows it. Updates the store's instance states."""
+    def regions_in_use(self, store: Store | None) -> set[str]:
+        """The regions the store has instances in, plus the configured one."""
         regions = {r["region"] for r in store.db.execute(
-            "SELECT DISTINCT region FROM instances WHERE provider = 'aws' AND region IS NOT NULL")}
+            "SELECT DISTINCT region FROM instances WHERE provider = 'aws' AND region IS NOT NULL")
+        } if store is not None else set()
         try:
             regions.add(self.region())
         except UsageError:
             pass
+        return regions
+
+    def orphans(self, store: Store) -> list[dict]:
+        """Every live instance tagged as this owner's, in the regions we use, that no active
+        job of the store holds (nor an ended --keep job, whose instance is kept on purpose):
+        what `down --orphans` terminates when the local state was lost or never learned of
+        an instance (F12)."""
+        held = {r["id"] for r in store.db.execute(
+            "SELECT id, job_id FROM instances WHERE provider = 'aws' AND state != 'terminated'")
+            if self._holds(store.job(r["job_id"]), store)}
+        out = []
+        for region in sorted(self.regions_in_use(store)):
+            for raw in self._query(region, {TAG_OWNER: self.owner(region)}):
+                if raw["State"]["Name"] not in LIVE_STATES or raw["InstanceId"] in held:
+                    continue
+                tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+                out.append({"id": raw["InstanceId"], "region": region,
+                            "job": tags.get(TAG_JOB), "type": raw.get("InstanceType"),
+                            "state": raw["State"]["Name"],
+                            "launched_at": raw["LaunchTime"].timestamp()})
+        return out
+
+    @staticmethod
+    def _holds(job: Job, store: Store) -> bool:
+        """Whether the job still holds its instance: it is active, or it ran with --keep
+        (kept for `launch --on` until `down`)."""
+        return job.active or (bool((job.spec or {}).get("keep"))
+                              and "running" in [e.phase for e in store.events(job.id)])
+
+    def terminate(self, region: str, ids: list[str]) -> None:
+        """Terminate these instances (the caller has decided they are ours and unused)."""
+        if ids:
+            self.call(check_region(region), "terminate_instances", InstanceIds=sorted(ids))
+
+    def reconcile(self, store: Store) -> list[dict]:
+        """Every instance tagged as ours in the regions we use, one DescribeInstances each;
+        marks whether the store knows it. Updates the store's instance states."""
+        regions = self.regions_in_use(store)
         known = {r["id"]: r["job_id"] for r in store.db.execute(
             "SELECT id, job_id FROM instances WHERE provider = 'aws'")}
         found = []

@@ -13,7 +13,7 @@ from ...ssh import generate_ed25519
 from ...state import Store
 from .cache import RegionCache
 from .errors import AWSError
-from .tags import GROUP_NAME, TAG_JOB, TAG_OWNER
+from .tags import GROUP_NAME, LIVE_STATES, TAG_OWNER
 
 
 class NetworkMixin:
@@ -54,9 +54,15 @@ class NetworkMixin:
                            "from it", hint="set `ssh_cidr: <your address>/32` in config.yaml") from exc
         return f"{ip}/32"
 
+    def ssh_rule_description(self) -> str:
+        """The description of this machine's SSH rule: one rule per launching machine, so a
+        new address replaces the machine's old rule instead of piling up beside it (F9)."""
+        machine = hashlib.sha256(f"{socket.gethostname()}|{config.home()}".encode()).hexdigest()
+        return f"cloudtrain SSH {machine[:12]}"
+
     def ensure_group(self, region: str, vpc: str, owner: str) -> str:
-        """One security group per VPC, reused: SSH from ssh_cidr only, plus all traffic
-        between members (multi-node jobs)."""
+        """One security group per VPC, reused: SSH from ssh_cidr only (one rule per launching
+        machine, its old address revoked), plus TCP between members (multi-node jobs)."""
         found = self.call(region, "describe_security_groups", Filters=[
             {"Name": "group-name", "Values": [GROUP_NAME]}, {"Name": "vpc-id", "Values": [vpc]}
         ])["SecurityGroups"]
@@ -72,17 +78,39 @@ class NetworkMixin:
         gid = group["GroupId"]
         cidr = self.ssh_cidr()
         port = self.settings.ssh_port
-        have_ssh = any(p.get("FromPort") == port and any(r.get("CidrIp") == cidr
-                                                         for r in p.get("IpRanges", []))
-                       for p in group.get("IpPermissions", []))
-        have_self = any(any(g.get("GroupId") == gid for g in p.get("UserIdGroupPairs", []))
-                        for p in group.get("IpPermissions", []))
+        mine = self.ssh_rule_description()
+        have_ssh, have_members, revoke = False, False, []
+        for p in group.get("IpPermissions", []):
+            members = [g for g in p.get("UserIdGroupPairs", []) if g.get("GroupId") == gid]
+            if members and p.get("IpProtocol") == "tcp" and (p.get("FromPort"), p.get("ToPort")) \
+                    == (0, 65535):
+                have_members = True
+            elif members:  # the old "-1" (every protocol) member rule: narrowed to TCP
+                revoke.append({"IpProtocol": p["IpProtocol"], **_ports(p),
+                               "UserIdGroupPairs": [{"GroupId": gid}]})
+            if p.get("IpProtocol") != "tcp" or p.get("FromPort") != port:
+                continue
+            for r in p.get("IpRanges", []):
+                if r.get("CidrIp") == cidr:
+                    # EC2 refuses a second rule for the same CIDR and port whatever its
+                    # description (InvalidPermission.Duplicate): one there already will do.
+                    have_ssh = True
+                elif r.get("Description") == mine:  # this machine's previous address
+                    revoke.append({"IpProtocol": "tcp", "FromPort": port, "ToPort": port,
+                                   "IpRanges": [{"CidrIp": r["CidrIp"]}]})
+        if revoke:
+            self.call(region, "revoke_security_group_ingress", GroupId=gid, IpPermissions=revoke)
         perms = []
         if not have_ssh:
             perms.append({"IpProtocol": "tcp", "FromPort": port, "ToPort": port,
-                          "IpRanges": [{"CidrIp": cidr, "Description": "cloudtrain SSH"}]})
-        if not have_self:
-            perms.append({"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid}]})
+                          "IpRanges": [{"CidrIp": cidr, "Description": mine}]})
+        if not have_members:
+            # torchrun's rendezvous (29500) and NCCL's sockets use ephemeral TCP ports, so
+            # members get every TCP port from each other and nothing else (no UDP, no ICMP;
+            # EFA, which would need all traffic, is not used).
+            perms.append({"IpProtocol": "tcp", "FromPort": 0, "ToPort": 65535,
+                          "UserIdGroupPairs": [{"GroupId": gid,
+                                                "Description": "cloudtrain multi-node"}]})
         if perms:
             self.call(region, "authorize_security_group_ingress", GroupId=gid, IpPermissions=perms)
         return gid
@@ -119,29 +147,46 @@ class NetworkMixin:
             return list(zones)
         return sorted(zones, key=lambda z: (z[3] not in prices, prices.get(z[3], 0.0)))
 
-    def cleanup(self, store: Store, regions: set[str]) -> list[str]:
-        """Delete the security groups and key pairs that no live instance uses any more."""
+    def cleanup(self, store: Store, regions: set[str] | None = None) -> list[str]:
+        """Delete this owner's security group and key pairs where no live instance uses them
+        (any instance: EC2 would refuse the group with DependencyViolation anyway). No
+        regions: every region the store knows plus the configured one, so `down --all` can
+        call it with nothing active."""
         removed = []
-        for region in sorted(regions):
-            live = [r for r in self._query(region, {TAG_JOB: None})
-                    if r["State"]["Name"] not in ("terminated",)]
-            if live:
-                continue
+        for region in sorted(regions or self.regions_in_use(store)):
             owner = self.owner(region)
             groups = self.call(region, "describe_security_groups", Filters=[
                 {"Name": "group-name", "Values": [GROUP_NAME]},
                 {"Name": f"tag:{TAG_OWNER}", "Values": [owner]}])["SecurityGroups"]
             for g in groups:
+                if self._live(region, "instance.group-id", g["GroupId"]):
+                    continue
                 try:
                     self.call(region, "delete_security_group", GroupId=g["GroupId"])
                     removed.append(g["GroupId"])
                 except AWSError as exc:
-                    if exc.code != "DependencyViolation":  # still attached: next time
+                    # An instance still shutting down holds the group: next time.
+                    if exc.code != "DependencyViolation":
                         raise
             keys = self.call(region, "describe_key_pairs", Filters=[
                 {"Name": f"tag:{TAG_OWNER}", "Values": [owner]}])["KeyPairs"]
             for k in keys:
+                if self._live(region, "key-name", k["KeyName"]):
+                    continue
                 self.call(region, "delete_key_pair", KeyName=k["KeyName"])
                 removed.append(k["KeyName"])
-            RegionCache(self.settings.aws_profile, region).clear()
+            if removed:
+                RegionCache(self.settings.aws_profile, region).clear()
         return removed
+
+    def _live(self, region: str, name: str, value: str) -> bool:
+        """Whether an instance not yet terminated matches the filter `name` = `value`."""
+        found = self.call(region, "describe_instances", Filters=[
+            {"Name": name, "Values": [value]},
+            {"Name": "instance-state-name", "Values": list(LIVE_STATES) + ["shutting-down"]}])
+        return any(r["Instances"] for r in found["Reservations"])
+
+
+def _ports(permission: dict) -> dict:
+    """FromPort/ToPort of a rule, as revoke needs them back ("-1" rules have none)."""
+    return {k: permission[k] for k in ("FromPort", "ToPort") if k in permission}

@@ -167,9 +167,13 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
         key_path = boot["key_path"]
         address = self._wait_running(region, instance)
         endpoint = Endpoint(address, self.settings.ssh_port, self.settings.ssh_user, str(key_path))
+        since = time.monotonic()
         host = self._wait_ssh(region, instance, endpoint)
+        verified = self._check_host_key(store, job, region, instance, host, since)
+        host.home()  # the first command, only now that the key is settled
         store.update_instance(instance, state="running", details=json.dumps(
-            {**self._details(store, instance), "address": address, "host_key": endpoint.host_key}))
+            {**self._details(store, instance), "address": address, "host_key": endpoint.host_key,
+             "host_key_verified": verified}))
         return host
 
     def adopt(self, store: Store, kept: Job, job: Job) -> SSHHost:

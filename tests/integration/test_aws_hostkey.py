@@ -1,0 +1,64 @@
+"""The first SSH contact checks the instance's host key against the fingerprints it printed
+on its console (F5): the lab's sshd is the instance, moto's GetConsoleOutput is patched to
+print its real fingerprint (verified), another one (refused), or none (trusted on first use)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+
+import pytest
+
+from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
+
+
+def _details(ct_home, job_id):
+    db = sqlite3.connect(ct_home / "state.db")
+    (row,) = db.execute("SELECT details FROM instances WHERE job_id = ?", (job_id,)).fetchall()
+    return json.loads(row[0])
+
+
+def _host_key_events(cli, job_id):
+    return [p.get("detail") for p in cli.job(job_id)["timeline"] if p["name"] == "host-key"]
+
+
+def test_F5_the_key_listed_on_the_console_is_verified(cli, aws, ct_home):
+    proc = cli("launch", "--instance", "g5.xlarge", "--follow", "--quiet", "--", "echo", "hi")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    (event,) = _host_key_events(cli, job_id)
+    assert event.startswith("verified SHA256:") and "console output" in event
+    details = _details(ct_home, job_id)
+    assert details["host_key_verified"] is True
+    assert details["host_key"].split()[0] == "ssh-ed25519"
+
+
+def test_F5_a_key_the_console_does_not_list_is_refused_and_the_instance_terminated(cli, aws, ct_home):
+    aws.console_output(aws.fingerprint_block(fingerprints=("SHA256:" + "Q" * 43,)))
+    proc = cli("launch", "--instance", "g5.xlarge", "--", "echo", "hi", timeout=60)
+    assert proc.returncode == 1
+    first = proc.stderr.splitlines()[0]
+    assert "possible interception" in first and "refusing to connect" in first
+    (raw,) = aws.instances()
+    assert raw["State"]["Name"] == "terminated"
+    job = json.loads(cli.ok("status", "--json").stdout)[0]
+    assert job["state"] == "failed"
+    (event,) = _host_key_events(cli, job["id"])
+    assert event.startswith("REFUSED SHA256:")
+    # Nothing was sent to the host that answered: no job directory was ever made there.
+    assert not (aws.work / "remote" / "jobs").exists()
+
+
+def test_F5_no_fingerprints_on_the_console_is_trust_on_first_use_recorded(cli, aws, ct_home):
+    aws.console_output("Linux version 6.8.0-1015-aws\ncloud-init: still running\n")
+    proc = cli("launch", "--instance", "g5.xlarge", "--follow", "--quiet", "--", "echo", "hi",
+               timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    (event,) = _host_key_events(cli, job_id)
+    # The lab's SSH wait is 5 s: the wait for fingerprints is never longer than it.
+    assert event.startswith("trusted on first use: SHA256:") and "after 5 s" in event
+    assert _details(ct_home, job_id)["host_key_verified"] is False
