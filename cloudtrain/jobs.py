@@ -725,11 +725,11 @@ def _stop_orphans(store: Store, refs: list[str] | None, required: bool
         if refs is not None and not any(tag.startswith(r) for r in refs if r):
             continue
         try:
-            provider.terminate(orphan["region"], [orphan["instance"]])
-            outcome = StopOutcome(orphan["instance"], None, True,
+            provider.terminate(orphan["region"], [orphan["id"]])
+            outcome = StopOutcome(orphan["id"], None, True,
                                   f"instance of job {tag or '?'} not in this store: terminated")
         except CloudtrainError as exc:
-            outcome = StopOutcome(orphan["instance"], None, False,
+            outcome = StopOutcome(orphan["id"], None, False,
                                   f"job {tag or '?'}: TERMINATE FAILED, still running: "
                                   f"{exc.message}", False)
         outcomes.append((tag, outcome))

@@ -280,8 +280,12 @@ def cloud_instances(found: list[dict], now: float | None = None) -> str:
     rows = [[f["instance"], f["region"], f["type"] or "-", f["state"], f["job"] or "-",
              age(f["launched_at"], now), "yes" if f["tracked"] else "NO: not in the local store"]
             for f in live]
-    return "instances tagged cloudtrain in the cloud:\n" + table(
+    text = "instances tagged cloudtrain in the cloud:\n" + table(
         rows, ["INSTANCE", "REGION", "TYPE", "STATE", "JOB", "AGE", "KNOWN"])
+    if any(not f["tracked"] for f in live):
+        text += ("\nan instance this store does not know may be billing: `cloudtrain down "
+                 "--all` terminates every one no job holds (or `cloudtrain down JOB` by its job)")
+    return text
 
 
 def catalog_table(types, region: str) -> str:

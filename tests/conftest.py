@@ -168,3 +168,21 @@ def recipe_job_dir(tmp_path: Path, recipe: str) -> Path:
         shutil.copytree(REPO / "recipes" / part, job / "recipes" / part,
                         ignore=shutil.ignore_patterns("__pycache__"))
     return job
+
+
+# Rows of the fault-injection table (tests/integration/test_faults.py): scenario, instances
+# billing right after the fault, the documented cleanup run, what still bills after it.
+FAULT_TABLE: list[tuple[str, int, str, int]] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not FAULT_TABLE:
+        return
+    write = terminalreporter.write_line
+    write("")
+    write("fault injection over the AWS path (moto + sshd): what bills after each fault")
+    write(f"{'scenario':52} {'after fault':>11}  {'cleanup':12} {'left':>4}")
+    for scenario, after_fault, cleanup, left in FAULT_TABLE:
+        write(f"{scenario:52} {after_fault:>11}  {cleanup:12} {left:>4}")
+    write(f"{len(FAULT_TABLE)} scenarios, {sum(1 for *_, left in FAULT_TABLE if left)} left "
+          "anything billing")
