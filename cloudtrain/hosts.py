@@ -282,9 +282,9 @@ class Host(ABC):
         self.run(self.tmux("kill-session", "-t", session_name(job_id)), check=False)
         printed = self.read(f"{jobdir}/agent.err").decode("utf-8", "replace").strip()
         tail = hostdata.clean_text(" / ".join(printed.splitlines()[-3:]), 300)
-        raise HostError(f"on {self.name}: the agent did not start within "
-                        f"{AGENT_START_TIMEOUT_S:.0f} s" + (f": {tail}" if tail else
-                                                             " (it printed nothing)"),
+        why = "its session ended" if gone else f"no status.json in {AGENT_START_TIMEOUT_S:.0f} s"
+        raise HostError(f"on {self.name}: the agent did not start ({why})"
+                        + (f": {tail}" if tail else "; it printed nothing"),
                         hint=f"check that `{self.python}` runs Python 3.8 or newer there")
 
     def session_alive(self, job_id: str) -> bool:
