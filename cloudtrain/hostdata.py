@@ -15,6 +15,8 @@ import math
 import unicodedata
 
 from .agent import ACTIVE, CANCELLED, FAILED, PREEMPTED, SUCCEEDED
+from .agent import as_pid as pid
+from .agent import as_time as finite
 from .errors import HostError
 
 AGENT_STATES = (*ACTIVE, SUCCEEDED, FAILED, CANCELLED, PREEMPTED)
@@ -144,18 +146,6 @@ def clean_text(text: str, limit: int) -> str:
     text = "".join(" " if c in "\r\n\t" else c for c in text
                    if c in "\r\n\t" or unicodedata.category(c) not in HIDDEN)
     return text[:limit]
-
-
-def finite(value: object) -> float | None:
-    if _is_int(value) and -INT64 <= value < INT64:
-        return float(value)
-    if isinstance(value, float) and math.isfinite(value):
-        return value
-    return None
-
-
-def pid(value: object) -> int | None:
-    return value if _is_int(value) and 0 < value < (1 << 31) else None
 
 
 def _count(value: object) -> int | None:

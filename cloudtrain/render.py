@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 
+from .agent import as_time as _finite  # a finite float, else None
 from .agent import fmt_duration
 from .state import Job
 
@@ -15,16 +15,6 @@ from .state import Job
 # string accuracy, NaN or Infinity took `status` away). Every formatter takes anything and
 # answers with text; what is not a finite number is shown as "-" or as short plain text.
 MAX_SHOWN = 40
-
-
-def _finite(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:  # an int past float's range
-        return None
-    return value if math.isfinite(value) else None
 
 
 def _shown(value) -> str:
