@@ -36,7 +36,9 @@ def _since(ctx, param, value: str | None) -> str | None:
         from .ledger import parse_since
 
         now = time.time()
-        config.finite(now - parse_since(value, now), f"--since {config.shown(value)}", low=0)
+        start = parse_since(value, now)
+        if start is not None:
+            config.finite(now - start, f"--since {config.shown(value)}", low=0)
     return value
 
 
@@ -150,7 +152,7 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
         row = jobs.expected(spec, store)
         if row is not None and not quiet:
             click.echo(render.estimate_line(row, spec.market), err=True)
-        job = jobs.launch(store, settings, spec)
+        job = jobs.launch(store, settings, spec, say=lambda line: click.echo(line, err=True))
         if quiet:
             click.echo(job.id)
         else:
@@ -240,7 +242,8 @@ def logs(job: str, follow: bool, tail: int | None) -> None:
 
     settings = config.Settings.load()
     with _store() as store:
-        record = store.find_job(job)
+        # Refreshed first: a job whose instance is gone is read from where its files went.
+        record = jobs.refresh(store, settings, store.find_job(job))
         offset = 0
         if tail is not None:
             data, offset = jobs.tail_log(record, tail)

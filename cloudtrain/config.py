@@ -207,6 +207,9 @@ class Settings:
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{source}: '{key}' must be one of {', '.join(allowed)}, "
                                   f"got {shown(getattr(self, key))}")
+        if not self.remote_root.startswith(("/", "~")):
+            raise ConfigError(f"{source}: 'remote_root' must be an absolute path or start with "
+                              f"~, got {shown(self.remote_root)}")
         regions = [r.strip() for r in self.regions.split(",") if r.strip()]
         for region in ([self.region] if self.region else []) + regions:
             try:

@@ -187,6 +187,8 @@ class Instance:
 JSON_COLUMNS = frozenset({"spec", "host", "metrics", "cost_detail", "details"})
 REAL_COLUMNS = frozenset({"created_at", "started_at", "ended_at", "cost", "lease_until", "at",
                           "launched_at", "terminated_at", "price_per_hour"})
+MONEY_COLUMNS = frozenset({"cost", "price_per_hour"})
+LATEST_TIME = 253402300799.0  # 9999-12-31: later, time.localtime() fails
 INTEGER_COLUMNS = frozenset({"exit_code", "cost_settled"})
 TEXT_COLUMNS = frozenset({"id", "job_id", "name", "kind", "recipe", "command", "backend",
                           "state", "reason", "jobdir", "launcher", "phase", "detail", "provider",
@@ -211,13 +213,23 @@ def _clean(name: str, value):
     if value is None:
         return None
     if name in JSON_COLUMNS:
-        return value if json_column(value) is not None else None
-    if name in REAL_COLUMNS:
-        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+        obj = json_column(value)
+        if obj is None:
+            return None
+        if name == "details":
+            fixed = _details(obj)
+            return value if fixed == obj else json.dumps(fixed)
+        return value
+    if name in REAL_COLUMNS:  # times (epoch seconds) and dollars: never negative
+        ok = isinstance(value, (int, float)) and math.isfinite(value) and value >= 0 and \
+            (name in MONEY_COLUMNS or value <= LATEST_TIME)
+        return float(value) if ok else None
     if name in INTEGER_COLUMNS:
         return value if isinstance(value, int) else (0 if name == "cost_settled" else None)
     if name in TEXT_COLUMNS and not isinstance(value, str):
-        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        value = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    if name == "jobdir" and not value.startswith(("/", "~")):
+        return None  # a relative job directory would resolve against wherever `status` runs
     return value
 
 
@@ -236,6 +248,24 @@ def _metrics(row: dict) -> dict:
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if number or (key not in NUMERIC_METRICS and isinstance(value, (str, bool))):
             out[key] = value
+    return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value) and value >= 0
+
+
+def _details(details: dict) -> dict:
+    """An instance's details as the bill reads them: the volume's size and price are numbers,
+    the spot price history a list of [time, price] pairs (anything else is left out)."""
+    out = {k: v for k, v in details.items()
+           if k not in ("disk_gb", "gp3_per_gb_month") or _number(v)}
+    if "spot_history" in details:
+        history = details["spot_history"]
+        out["spot_history"] = [p for p in history if isinstance(p, list) and len(p) == 2
+                               and all(_number(x) for x in p)] \
+            if isinstance(history, list) else []
     return out
 
 

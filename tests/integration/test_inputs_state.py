@@ -3,53 +3,43 @@ file, with what to do; a bad value in one row is read as missing, never a crash.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 
 import pytest
 
 from cloudtrain import state
-from cloudtrain.state import Instance, Store
-from conftest import REPO
-
-# Runs several commands in one process (one start-up, not one per command); prints, per
-# command, its exit status and what it wrote to stderr.
-DRIVER = """
-import contextlib, io, json, sys
 from cloudtrain.cli import main
-out = []
-for args in json.loads(sys.argv[1]):
-    err = io.StringIO()
-    stdout = io.TextIOWrapper(io.BytesIO())  # `logs` writes bytes to sys.stdout.buffer
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(stdout):
-        try:
-            main(args)
-        except SystemExit as exc:
-            out.append([args, exc.code, err.getvalue()])
-print(json.dumps(out))
-"""
-
-
-def _run_all(commands: list[list[str]]) -> list:
-    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands)], cwd=REPO,
-                          capture_output=True, text=True, env=os.environ)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    return json.loads(proc.stdout)
+from cloudtrain.state import Instance, Store
 
 GROUPINGS = ("job", "recipe", "instance", "day", "month")
 
 
-def _readers(job_id: str) -> list[list[str]]:
+def run(argv: list[str]) -> tuple[int, str]:
+    """`cloudtrain ARGV` in this process (no start-up per command): (exit status, stderr)."""
+    err = io.StringIO()
+    out = io.TextIOWrapper(io.BytesIO())  # `logs` writes bytes to sys.stdout.buffer
+    code = None
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        try:
+            main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    return code, err.getvalue()
+
+
+def readers(job_id: str) -> list[list[str]]:
+    """Every command that reads a job's row, or all rows."""
     out = [["status"], ["status", "--json"], ["status", job_id], ["status", job_id, "--json"],
            ["logs", job_id]]
     return out + [["cost-report", "--by", by] for by in GROUPINGS] + \
         [["cost-report", "--since", "30d", "--csv"]]
 
 
-def _ended_job(home) -> str:
+def ended_job(home) -> str:
     """A finished local job with an instance row, as launch leaves one."""
     with Store(home / "state.db") as store:
         job = store.create_job(name="exp", kind="command", recipe=None, command="true",
@@ -139,13 +129,14 @@ def test_F22_a_foreign_schema_is_named(cli, ct_home, version, schema, fragment):
     ("instances", "price_per_hour", "cheap"),
 ])
 def test_F22_a_bad_value_in_a_row_is_read_as_missing(cli, ct_home, table, column, value):
-    job_id = _ended_job(ct_home)
+    job_id = ended_job(ct_home)
     db = sqlite3.connect(ct_home / "state.db")
     key = "id" if table == "jobs" else "job_id"
     db.execute(f"UPDATE {table} SET {column} = ? WHERE {key} = ?", (value, job_id))
     db.commit()
     db.close()
-    for args, code, stderr in _run_all(_readers(job_id)):
+    for args in readers(job_id):
+        code, stderr = run(args)
         assert "internal error" not in stderr and "Traceback" not in stderr, (args, stderr)
         assert code in (0, 1), (args, stderr)
     shown = json.loads(cli.ok("status", job_id, "--json").stdout)

@@ -148,11 +148,11 @@ def test_F22_update_stores_lists_as_json_and_binds_anything(store):
     from pathlib import Path
 
     job = _job(store)
-    store.update_job(job.id, host={"kind": "local", "ports": [22, 2222]}, reason=Path("/x"),
+    store.update_job(job.id, host={"kind": "local", "ports": [22, 2222]}, jobdir=Path("/x"),
                      metrics={"epoch": 1}, cost=1 << 70)
-    store.update_job(job.id, jobdir=["a", "list"])
+    store.update_job(job.id, reason=["a", "list"])
     row = store.db.execute("SELECT jobdir, reason, cost FROM jobs WHERE id = ?", (job.id,)).fetchone()
-    assert row["jobdir"] == '["a", "list"]' and row["reason"] == "/x"
+    assert row["reason"] == '["a", "list"]' and row["jobdir"] == "/x"
     assert row["cost"] == float(1 << 70)
     assert store.job(job.id).host == {"kind": "local", "ports": [22, 2222]}
     inst = state.Instance(id="i-1", job_id=job.id, provider="aws", region=None, zone=None,
@@ -194,3 +194,14 @@ def test_F22_rows_are_read_defensively(store):
     assert got.spec == {} and got.host is None and got.cost_detail is None
     assert got.created_at is None and got.exit_code is None
     assert got.metrics == {"loss": 0.5, "note": "ok"}
+    # Times past year 9999 (time.localtime fails), negative dollars, a relative job directory.
+    store.db.execute("UPDATE jobs SET started_at = 1e17, cost = -1, jobdir = 'rel/dir' "
+                     "WHERE id = ?", (job.id,))
+    got = store.job(job.id)
+    assert got.started_at is None and got.cost is None and got.jobdir is None
+    store.add_instance(state.Instance(
+        id="i-1", job_id=job.id, provider="aws", region=None, zone=None, instance_type=None,
+        market="spot", state="terminated", launched_at=1.0, terminated_at=2.0,
+        price_per_hour=None, details={"disk_gb": [1], "gp3_per_gb_month": "x", "keep": 1,
+                                      "spot_history": [[1.0, 0.5], [1, "x"], "junk"]}))
+    assert store.instances(job.id)[0].details == {"keep": 1, "spot_history": [[1.0, 0.5]]}
