@@ -22,6 +22,8 @@
 #   CLOUDTRAIN_UD_STATE_DIR        marker directory   (default /var/lib/cloudtrain)
 #   CLOUDTRAIN_UD_LOG              log file           (default /var/log/cloudtrain-user-data.log)
 #   CLOUDTRAIN_UD_WATCHDOG_SECONDS fallback watchdog delay in seconds (default minutes*60)
+#   CLOUDTRAIN_UD_REARM            where the re-arm script goes (default /usr/local/bin/cloudtrain-rearm)
+#   CLOUDTRAIN_UD_SYSTEMD_DIR      present when systemd runs the machine (default /run/systemd/system)
 
 # -u catches typos; no -e: nothing below may stop the power-off timers from being armed.
 set -u
@@ -65,43 +67,106 @@ esac
 MAX_MINUTES=$((10#$MAX_MINUTES))  # strip leading zeros (would read as octal)
 [ "$MAX_MINUTES" -ge 1 ] || MAX_MINUTES=1
 case $SHUTDOWN_CMD in ''|*@@*) SHUTDOWN_CMD='shutdown -h now' ;; esac
-DELAY_S=${CLOUDTRAIN_UD_WATCHDOG_SECONDS:-$((MAX_MINUTES * 60))}
-case $DELAY_S in ''|*[!0-9]*) DELAY_S=$((MAX_MINUTES * 60)) ;; esac
+
+REARM=${CLOUDTRAIN_UD_REARM:-/usr/local/bin/cloudtrain-rearm}
 
 log "job $JOB_ID: hard power-off in $MAX_MINUTES min"
 
-# --- 1. Hard power-off timers: armed first, before anything that can fail. ------------
-# (a) systemd: `shutdown -h +N` hands the schedule to systemd-logind, so it outlives this
-#     script and cloud-init. It returns at once (sysvinit's would block, hence only
-#     under systemd). Side effect: non-root SSH logins are refused in the last 5 min.
-if [ -d /run/systemd/system ] && command -v shutdown >/dev/null 2>&1; then
-    if shutdown -h "+$MAX_MINUTES" "cloudtrain job $JOB_ID reached its max runtime"; then
-        log "scheduled: shutdown -h +$MAX_MINUTES"
-    else
-        log "WARNING: shutdown -h +$MAX_MINUTES failed; relying on the watchdog"
-    fi
+# --- 1. Marker: proves to cloudtrain (and to a human) that user-data ran; the re-arm script
+#     below keeps its watchdog_pid line current and reads the shutdown command from beside it.
+if mkdir -p "$STATE_DIR" 2>/dev/null; then
+    printf 'job_id=%s\nran_at=%s\nmax_runtime_minutes=%s\n' \
+        "$JOB_ID" "$(now_utc)" "$MAX_MINUTES" >"$STATE_DIR/user-data-ran.tmp" &&
+        mv -f "$STATE_DIR/user-data-ran.tmp" "$STATE_DIR/user-data-ran"
+    printf '%s\n' "$SHUTDOWN_CMD" >"$STATE_DIR/shutdown-command"
+else
+    log "WARNING: cannot create $STATE_DIR"
 fi
-# (b) Always: a detached watchdog that runs the shutdown command after the delay. It
-#     survives this script ending because cloud-final.service uses KillMode=process and
-#     setsid/nohup shield it from hangups; its output must not hold cloud-init's stdout
-#     pipe open (cloud-init waits for it), so it writes to the log file or /dev/null.
+
+# --- 2. Hard power-off timers, through the re-arm script (one implementation for the first
+#     arming and every later one). The agent runs it again (`sudo -n cloudtrain-rearm N`) at
+#     each job start and, on a kept instance, at each job end, so the timer belongs to the job
+#     that runs now, not to the first one.
+REARM_SCRIPT=$(cat <<'CLOUDTRAIN_REARM_EOF'
+#!/bin/bash
+# cloudtrain-rearm MINUTES: power this instance off MINUTES from now, replacing the pending
+# power-off: the scheduled `shutdown -h +N` (systemd) and the watchdog process whose pid is
+# the watchdog_pid line of $STATE_DIR/user-data-ran. Installed by cloudtrain's user-data;
+# run as root. The new timers are armed before the old ones go, so there is never a moment
+# with none. Exit 0 when at least the watchdog is armed.
+set -u
+STATE_DIR=${CLOUDTRAIN_UD_STATE_DIR:-/var/lib/cloudtrain}
+LOG=${CLOUDTRAIN_UD_LOG:-/var/log/cloudtrain-user-data.log}
+SYSTEMD_DIR=${CLOUDTRAIN_UD_SYSTEMD_DIR:-/run/systemd/system}
+MARKER=$STATE_DIR/user-data-ran
+log() {
+    line="$(date -u +%Y-%m-%dT%H:%M:%SZ) cloudtrain-rearm: $*"
+    printf '%s\n' "$line" >&2
+    # under user-data, stderr already goes to the log
+    [ -n "${CLOUDTRAIN_UD_FROM_USER_DATA:-}" ] || printf '%s\n' "$line" >>"$LOG" 2>/dev/null
+}
+MINUTES=${1:-}
+case $MINUTES in
+    ''|*[!0-9]*) echo "usage: cloudtrain-rearm MINUTES (a whole number of minutes)" >&2; exit 2 ;;
+esac
+MINUTES=$((10#$MINUTES))
+[ "$MINUTES" -ge 1 ] || MINUTES=1
+SHUTDOWN_CMD=$(cat "$STATE_DIR/shutdown-command" 2>/dev/null)
+[ -n "$SHUTDOWN_CMD" ] || SHUTDOWN_CMD='shutdown -h now'
+DELAY_S=${CLOUDTRAIN_UD_WATCHDOG_SECONDS:-$((MINUTES * 60))}
+case $DELAY_S in ''|*[!0-9]*) DELAY_S=$((MINUTES * 60)) ;; esac
+OLD_PID=$(sed -n 's/^watchdog_pid=\([0-9][0-9]*\)$/\1/p' "$MARKER" 2>/dev/null | tail -n 1)
+
+# (b) first, always: a detached watchdog that runs the shutdown command after the delay. It
+#     outlives its caller (cloud-final.service uses KillMode=process; setsid/nohup shield it
+#     from hangups) and must not hold the caller's stdout open (cloud-init waits for it).
 #     `;` and not `&&`: even if the sleep is killed, the machine still powers off.
 WATCHDOG_OUT=/dev/null
-[ "$LOG" != /dev/null ] && WATCHDOG_OUT=$LOG
+[ -w "$LOG" ] && WATCHDOG_OUT=$LOG
 SETSID=$(command -v setsid 2>/dev/null)
 # shellcheck disable=SC2086,SC2016  # $SETSID may be empty; $1/$2 belong to the inner sh
 nohup $SETSID sh -c 'sleep "$1"; echo "cloudtrain watchdog: max runtime reached, powering off"; eval "$2"' \
     cloudtrain-watchdog "$DELAY_S" "$SHUTDOWN_CMD" </dev/null >>"$WATCHDOG_OUT" 2>&1 &
-WATCHDOG_PID=$!
-log "watchdog pid $WATCHDOG_PID fires in ${DELAY_S}s"
+NEW_PID=$!
+log "watchdog pid $NEW_PID fires in ${DELAY_S}s"
+if [ -f "$MARKER" ]; then
+    grep -v '^watchdog_pid=' "$MARKER" >"$MARKER.tmp" 2>/dev/null
+    printf 'watchdog_pid=%s\n' "$NEW_PID" >>"$MARKER.tmp" && mv -f "$MARKER.tmp" "$MARKER"
+elif [ -d "$STATE_DIR" ]; then
+    printf 'watchdog_pid=%s\n' "$NEW_PID" >"$MARKER"
+fi
 
-# --- 2. Marker: proves to cloudtrain (and to a human) that user-data ran. -------------
-if mkdir -p "$STATE_DIR" 2>/dev/null; then
-    printf 'job_id=%s\nran_at=%s\nmax_runtime_minutes=%s\nwatchdog_pid=%s\n' \
-        "$JOB_ID" "$(now_utc)" "$MAX_MINUTES" "$WATCHDOG_PID" >"$STATE_DIR/user-data-ran.tmp" &&
-        mv -f "$STATE_DIR/user-data-ran.tmp" "$STATE_DIR/user-data-ran"
+# (a) systemd: `shutdown -h +N` hands the schedule to systemd-logind, which keeps one; it
+#     outlives this script and returns at once (sysvinit's would block, hence only under
+#     systemd). Side effect: non-root SSH logins are refused in the last 5 min.
+if [ -d "$SYSTEMD_DIR" ] && command -v shutdown >/dev/null 2>&1; then
+    shutdown -c 2>/dev/null  # nothing pending is fine
+    if shutdown -h "+$MINUTES" "cloudtrain: power-off in $MINUTES min"; then
+        log "scheduled: shutdown -h +$MINUTES"
+    else
+        log "WARNING: shutdown -h +$MINUTES failed; relying on the watchdog"
+    fi
+fi
+
+# The previous watchdog goes last, and only if that pid is still a watchdog of ours (pids
+# are reused). Its sh first, so that a killed sleep cannot let it run the shutdown.
+if [ -n "$OLD_PID" ] && [ "$OLD_PID" != "$NEW_PID" ] &&
+        tr '\0' ' ' <"/proc/$OLD_PID/cmdline" 2>/dev/null | grep -q cloudtrain-watchdog; then
+    kill -TERM "$OLD_PID" 2>/dev/null
+    kill -TERM -- "-$OLD_PID" 2>/dev/null  # its sleep, where setsid made it a group leader
+    log "cancelled watchdog pid $OLD_PID"
+fi
+exit 0
+CLOUDTRAIN_REARM_EOF
+)
+# Installed for the agent; if that fails, the first arming still runs from the text above.
+if mkdir -p "$(dirname "$REARM")" 2>/dev/null &&
+        printf '%s\n' "$REARM_SCRIPT" >"$REARM.tmp" 2>/dev/null &&
+        chmod 0755 "$REARM.tmp" && mv -f "$REARM.tmp" "$REARM"; then
+    CLOUDTRAIN_UD_FROM_USER_DATA=1 "$REARM" "$MAX_MINUTES"
 else
-    log "WARNING: cannot create $STATE_DIR"
+    log "WARNING: cannot install $REARM; arming from user-data only"
+    CLOUDTRAIN_UD_FROM_USER_DATA=1 bash -c "$REARM_SCRIPT" cloudtrain-rearm "$MAX_MINUTES"
 fi
 
 # --- 3. tmux and rsync, best effort (the Deep Learning AMIs usually have both). -------

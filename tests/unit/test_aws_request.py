@@ -59,7 +59,7 @@ def test_user_data_powers_off_after_the_max_runtime_plus_margin():
     ud = r["UserData"]
     for placeholder in ("@@JOB_ID@@", "@@MAX_RUNTIME_MINUTES@@", "@@SHUTDOWN_COMMAND@@"):
         assert placeholder not in ud
-    assert "\n75\n" in ud  # 60 min runtime + 15 min margin
+    assert "\n90\n" in ud  # 60 min runtime + 30 min margin (F16 addendum)
     assert "\nabcd1234\n" in ud
     assert "\nshutdown -h now\n" in ud and "sudo shutdown" not in ud  # user-data runs as root
 

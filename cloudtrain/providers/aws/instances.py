@@ -19,7 +19,14 @@ from .hostkeys import FINGERPRINT_WAIT_S, console_fingerprints, fingerprint
 from .tags import LIVE_STATES, TAG_JOB, TAG_OWNER, TAG_RECIPE
 
 USER_DATA = Path(__file__).resolve().parents[3] / "infra" / "user-data.sh"
-RUNTIME_MARGIN_MIN = 15  # user-data powers off this long after the job's max runtime
+# The power-off timers fire this long after the job's max runtime. At first boot they count
+# from boot while the job starts only after user-data's own apt budget (600 + 900 s = 25 min
+# when tmux/rsync are missing), the SSH wait and the sync: 30 min leaves the job its whole
+# max runtime even then. The agent re-arms them at job start with the same margin.
+RUNTIME_MARGIN_MIN = 30
+REARM_PATH = "/usr/local/bin/cloudtrain-rearm"  # installed by user-data; run as root
+USER_DATA_DONE = "/var/lib/cloudtrain/user-data-done"  # user-data's last act
+USER_DATA_WAIT_S = 1560.0  # setup waits this long for it: the apt budget plus a minute
 # The timeline phase that says a RunInstances call got no answer (the instance may exist).
 UNANSWERED = "run-instances-unanswered"
 # How long release() keeps looking by tag for the instance of an unanswered RunInstances.
@@ -49,6 +56,20 @@ class Attempt:
 
 
 
+def power_off_minutes(max_runtime_s: float) -> int:
+    """Minutes from now (boot, or job start) to the hard power-off for a job of this
+    max runtime."""
+    return int(max_runtime_s // 60) + RUNTIME_MARGIN_MIN
+
+
+def user_data_wait_command(marker: str, seconds: float) -> str:
+    """A shell command that waits until `marker` exists, at most `seconds`; exit 0 if so."""
+    import shlex
+
+    return (f"i=0; while [ ! -e {shlex.quote(marker)} ] && [ $i -lt {int(seconds)} ]; do "
+            f"sleep 2; i=$((i+2)); done; [ -e {shlex.quote(marker)} ]")
+
+
 class InstancesMixin:
     """AWSProvider's instances (needs self.call, self.client, self.settings, self.region and
     the price lookups)."""
@@ -64,7 +85,7 @@ class InstancesMixin:
                 {"Key": "Name", "Value": f"cloudtrain-{job.id}" + (f"-{job.name}" if job.name else "")}]
 
     def user_data(self, job: Job, spec) -> str:
-        minutes = int(spec.max_runtime_s // 60) + RUNTIME_MARGIN_MIN
+        minutes = power_off_minutes(spec.max_runtime_s)
         command = self.settings.shutdown_command.replace("sudo ", "")  # user-data runs as root
         return (USER_DATA.read_text().replace("@@JOB_ID@@", job.id)
                 .replace("@@MAX_RUNTIME_MINUTES@@", str(minutes))

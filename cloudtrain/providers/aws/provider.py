@@ -17,6 +17,7 @@ cloud itself can always tell what is ours, even with the local database lost.
 from __future__ import annotations
 
 import json
+import math
 import time
 
 from ... import catalog, config
@@ -27,7 +28,8 @@ from ...state import Job, Store
 from .cache import CACHE_TTL_S, RegionCache
 from .errors import POLICY_FILE, AWSError, StaleCache, aws_errors, check_region
 from .images import DLAMI_PARAMETER, ImagesMixin
-from .instances import RUNTIME_MARGIN_MIN, InstancesMixin
+from .instances import REARM_PATH, USER_DATA_DONE, USER_DATA_WAIT_S, InstancesMixin, \
+    power_off_minutes, user_data_wait_command
 from .network import NetworkMixin
 from .pricing import PricingMixin
 from .results import ResultsStoreMixin
@@ -196,9 +198,18 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
         return SSHHost(endpoint, info.get("tmux_socket", "cloudtrain"), info.get("python", "python3"))
 
     def setup(self, host: SSHHost) -> None:
-        """The host has what the agent needs: python3 (3.8+) and tmux."""
-        found = host.run("command -v /opt/pytorch/bin/python || command -v python3; "
-                         "printf 'tmux:'; command -v tmux", check=False).stdout.splitlines()
+        """The host has what the agent needs: python3 (3.8+) and tmux. Without tmux, wait
+        (bounded) for user-data to finish installing it rather than race its apt-get: SSH
+        answers long before cloud-init's final stage has run user-data (F16)."""
+        probe = ("command -v /opt/pytorch/bin/python || command -v python3; "
+                 "printf 'tmux:'; command -v tmux")
+        found = host.run(probe, check=False).stdout.splitlines()
+        finished = True
+        if "tmux:" in found:  # `command -v tmux` printed nothing
+            finished = host.run(user_data_wait_command(USER_DATA_DONE, USER_DATA_WAIT_S),
+                                check=False, timeout=USER_DATA_WAIT_S + 60).ok
+            if finished:
+                found = host.run(probe, check=False).stdout.splitlines()
         pythons = [line for line in found if not line.startswith("tmux:")]
         if self.settings.remote_python:
             host.python = self.settings.remote_python
@@ -206,10 +217,12 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
             host.python = pythons[0]
         else:
             raise MissingDependency(f"{host.name} has no python3")
-        if "tmux:" in found:  # `command -v tmux` printed nothing
-            from ..hosts import TMUX_INSTALL_HINT
+        if "tmux:" in found:
+            from ...hosts import TMUX_INSTALL_HINT
 
-            raise MissingDependency(f"tmux is not installed on {host.name}", hint=TMUX_INSTALL_HINT)
+            raise MissingDependency(f"tmux is not installed on {host.name}" + (
+                "" if finished else f" (user-data had not finished after {USER_DATA_WAIT_S:.0f}"
+                                    " s)"), hint=TMUX_INSTALL_HINT)
 
     def gpus(self, spec, host: SSHHost) -> int:
         """The instance type's GPU count (what is paid for), not what the driver shows now:
@@ -229,8 +242,18 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
         return f"{self.root(host)}/data"
 
     def agent_settings(self, spec) -> dict:
-        """What the agent on this host watches: the spot interruption notice (spot only)."""
-        return {"imds_url": self.settings.imds_url} if spec.market == "spot" else {}
+        """What the agent on this host does beyond the job: watch the spot interruption
+        notice (spot only), and move the instance's power-off timer (user-data armed it for
+        the first job only, F16): `argv + [start_minutes]` at job start, and on a kept
+        instance `argv + [idle_minutes]` at job end."""
+        settings = {"rearm": {
+            "argv": ["sudo", "-n", REARM_PATH],
+            "start_minutes": power_off_minutes(spec.max_runtime_s),
+            "idle_minutes": (max(1, int(math.ceil(spec.idle_minutes))) if spec.keep
+                             and spec.idle_minutes is not None else None)}}
+        if spec.market == "spot":
+            settings["imds_url"] = self.settings.imds_url
+        return settings
 
     def shutdown(self, spec) -> tuple[str | None, float]:
         """What the agent runs after the job, and after how long."""
@@ -279,7 +302,7 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
         rows.append(("disk", f"{disk} GB gp3, encrypted, deleted with the instance"))
         rows.append(("shutdown", "the agent powers the instance off after the job "
                      + ("(no: --keep)" if spec.keep else f"(after {self.shutdown(spec)[1]:g} s)")
-                     + f"; user-data after {int(spec.max_runtime_s // 60) + RUNTIME_MARGIN_MIN} min"
+                     + f"; user-data after {power_off_minutes(spec.max_runtime_s)} min"
                      " regardless"))
         if self.session(region).get_credentials() is None:
             rows.append(("AMI", f"resolved at launch from SSM {DLAMI_PARAMETER}"
