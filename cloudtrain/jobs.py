@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from . import config, lease, providers, state
+from . import config, hostdata, lease, providers, state
 from .agent import metrics_tail, pid_alive, read_json
 from .errors import CloudtrainError, HostError, NotFound, UsageError
 from .hosts import Host, LocalHost
@@ -240,7 +240,9 @@ def _remote_jobdir(job: Job) -> str | None:
 def _resume_source(store: Store, spec: JobSpec) -> Job | None:
     if not spec.resume_from:
         return None
-    source = store.find_job(spec.resume_from)
+    # Refreshed first: a job whose instance went away unseen has its checkpoints in the job
+    # store, and its end is learnt (and its files brought home) here.
+    source = refresh(store, config.Settings.load(), store.find_job(spec.resume_from))
     if source.active:
         raise UsageError(f"--resume-from {source.id}: the job is still {source.state}",
                          hint=f"cloudtrain down {source.id}")
@@ -395,10 +397,10 @@ def _host_lost(store: Store, job: Job, exc: HostError) -> Job:
 
 def probe_files(jobdir: str) -> dict:
     """What a probe reports, read from a job directory on this machine without acting on it."""
-    status = read_json(os.path.join(jobdir, "status.json"))
     latest, target, summary = metrics_tail(jobdir)
-    return {"status": status if isinstance(status, dict) else None, "now": time.time(),
-            "metrics": latest, "target": target, "runs": summary}
+    return hostdata.clean_report({"status": read_json(os.path.join(jobdir, "status.json")),
+                                  "now": time.time(), "metrics": latest, "target": target,
+                                  "runs": summary})
 
 
 def _read_record(job: Job, stale_after_s: float = 1e9) -> dict:
@@ -468,7 +470,7 @@ def collect_files(store: Store, job: Job) -> bool:
         for name in ("output.log", "metrics.jsonl", "status.json", "job.json", "run.sh"):
             data = host.read(f"{job.jobdir}/{name}")
             local.mkdir(parents=True, exist_ok=True)
-            (local / name).write_bytes(data)
+            config.write_private(local / name, data)
         host.pull_tree(f"{job.jobdir}/checkpoints", local / "checkpoints",
                        settings.collect_checkpoints_mb * 1e6)
         # The agent waits (bounded) for this before it powers the instance off.

@@ -105,3 +105,26 @@ def test_follow_survives_the_connection_dropping_as_the_job_ends(cli, aws, ct_ho
     lines = proc.stdout.splitlines()
     assert lines[0] == "epoch 1 of 3" and lines[-1] == "the last line", proc.stdout
     assert aws.sshd.connections() >= 2  # the first connection did drop; a new one was made
+
+
+def test_logs_first_then_resume_from_a_job_whose_instance_went_unseen(
+        cli, aws, ct_home, toy_recipes):
+    """Nobody ran `status`: `logs` is the first command after the instance is gone, and a new
+    job resumes from the checkpoint that only the job store still has."""
+    aws.write_config(shutdown_delay_seconds=1.0)
+    job_id = cli.launch("--recipe", "toy", "--instance", "g5.xlarge")
+    _allow_plain_http(aws)
+    wait_for(lambda: [i for i in aws.instances(**{"tag:cloudtrain:job": job_id})
+                      if i["State"]["Name"] == "terminated"], timeout=60,
+             what="the agent's power-off")
+    shutil.rmtree(aws.work / "remote")
+
+    assert "args {'epochs': 2" in cli.ok("logs", job_id).stdout
+    assert cli.job(job_id)["state"] == "succeeded"
+    report = json.loads(cli.ok("cost-report", "--json").stdout)
+    assert job_id in json.dumps(report)
+
+    proc = cli("launch", "--recipe", "toy", "--instance", "g5.xlarge", "--resume-from", job_id,
+               "--set", "epochs=3", "--follow", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resuming from epoch 2" in proc.stdout
