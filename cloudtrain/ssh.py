@@ -27,7 +27,8 @@ CONNECT_TIMEOUT_S = 10.0
 # A dead peer (instance gone, network cut) sends nothing, not even a reset: SSH keepalives
 # every KEEPALIVE_S and TCP keepalives notice it; every call also has its own deadline.
 KEEPALIVE_S = 15
-TCP_KEEPALIVE = {"TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
+TCP_KEEPALIVE = {"TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3,
+                 "TCP_USER_TIMEOUT": 60_000}  # ms that sent data may stay unacknowledged
 SFTP_TIMEOUT_S = 60.0  # one SFTP request (a 32 KB read, a stat) never takes this long
 CHANNEL_OPEN_TIMEOUT_S = 30.0
 MAX_OUTPUT_BYTES = 64 << 20  # a command's stdout + stderr; more is a runaway host
@@ -105,12 +106,13 @@ class Connection:
         if not self.transport.is_active():
             raise HostError(f"the SSH connection to {self.endpoint.label()} was lost")
 
-    def _open_channel(self):
+    def _open_channel(self, timeout: float | None = None):
         import paramiko
 
         self.check_alive()
+        limit = CHANNEL_OPEN_TIMEOUT_S if timeout is None else min(timeout, CHANNEL_OPEN_TIMEOUT_S)
         try:
-            return self.transport.open_session(timeout=CHANNEL_OPEN_TIMEOUT_S)
+            return self.transport.open_session(timeout=limit)
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise HostError(f"on {self.endpoint.label()}: cannot open a channel: "
                             f"{exc or type(exc).__name__}") from exc
@@ -119,14 +121,15 @@ class Connection:
              ) -> tuple[int, bytes, bytes]:
         """Run `command`; its exit code, stdout and stderr. Past `timeout` seconds, when the
         connection drops, or past MAX_OUTPUT_BYTES: HostError (the channel is closed)."""
-        chan = self._open_channel()
+        started = time.monotonic()
+        chan = self._open_channel(timeout)
         try:
             chan.exec_command(command)
             if stdin:
                 chan.sendall(stdin)
             chan.shutdown_write()
             out, err = bytearray(), bytearray()
-            deadline = None if timeout is None else time.monotonic() + timeout
+            deadline = None if timeout is None else started + timeout
             while True:
                 got = False
                 if chan.recv_ready():
@@ -166,13 +169,37 @@ class Connection:
     def sftp(self):
         with self._lock:
             if self._sftp is None:
-                import paramiko
-
-                self.check_alive()
-                self._sftp = paramiko.SFTPClient.from_transport(self.transport)
-                # Every SFTP request waits on this channel: a bound on each wait.
-                self._sftp.get_channel().settimeout(SFTP_TIMEOUT_S)
+                self._sftp = self._open_sftp()
             return self._sftp
+
+    def _open_sftp(self):
+        """A new SFTP session, in bounded time: paramiko waits for the subsystem's start with
+        no timeout of its own, so a host that accepted the channel and then froze would hold
+        us for ever; the waiting is done in a thread that is given up on."""
+        import paramiko
+
+        self.check_alive()
+        box: dict = {}
+
+        def start() -> None:
+            try:
+                chan = self._open_channel(SFTP_TIMEOUT_S)
+                chan.settimeout(SFTP_TIMEOUT_S)  # every SFTP request waits on this channel
+                chan.invoke_subsystem("sftp")
+                box["sftp"] = paramiko.SFTPClient(chan)
+            except BaseException as exc:  # handed to the caller below
+                box["error"] = exc
+
+        worker = threading.Thread(target=start, daemon=True)
+        worker.start()
+        worker.join(SFTP_TIMEOUT_S)
+        if "sftp" in box:
+            return box["sftp"]
+        exc = box.get("error")
+        if isinstance(exc, HostError):
+            raise exc
+        raise HostError(f"on {self.endpoint.label()}: SFTP did not start"
+                        + (f": {exc}" if exc else f" in {SFTP_TIMEOUT_S:.0f} s")) from exc
 
     @contextmanager
     def sftp_op(self, what: str):

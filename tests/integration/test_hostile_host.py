@@ -243,6 +243,41 @@ def test_F26_a_dead_connection_fails_fast(host, tmp_path):
     assert time.monotonic() - t0 < 2
 
 
+def test_F26_a_frozen_host_fails_every_call_within_its_bound(host, sshd, tmp_path, monkeypatch):
+    """The host stops answering without closing anything (SIGSTOP on its sshd session, as a
+    host stuck in D state or a dropped route looks): SFTP and commands both give up in time,
+    and the connection serves again once the host is back."""
+    import signal
+
+    from cloudtrain import agent, ssh
+
+    monkeypatch.setattr(ssh, "SFTP_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(hosts, "PROBE_TIMEOUT_S", 1.0)
+    (tmp_path / "f").write_text("data")
+    jobdir = _installed(host, tmp_path)
+    host.conn._drop_sftp()  # frozen before the first SFTP call of this connection
+    session = agent.descendants(sshd.proc.pid)
+
+    def signal_all(sig):
+        for pid in session:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:  # a command that was just ending
+                pass
+
+    signal_all(signal.SIGSTOP)
+    try:
+        for call in (lambda: host.read(str(tmp_path / "f")), lambda: host.probe_job(jobdir, 10)):
+            t0 = time.monotonic()
+            with pytest.raises(HostError):
+                call()
+            assert time.monotonic() - t0 < 4
+    finally:
+        signal_all(signal.SIGCONT)
+    assert host.read(str(tmp_path / "f")) == b"data"
+    assert host.run("echo back").stdout == "back\n"
+
+
 def test_F26_a_run_without_a_timeout_gets_the_default_deadline(host, monkeypatch):
     monkeypatch.setattr(hosts, "RUN_TIMEOUT_S", 1.0)
     with pytest.raises(HostError, match="did not finish in 1 s"):
