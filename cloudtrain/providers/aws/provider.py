@@ -35,6 +35,15 @@ from .pricing import PricingMixin
 from .results import ResultsStoreMixin
 
 
+def assumed_role(arn: str) -> tuple[str, str] | None:
+    """(role ARN without a path, role name) for an STS assumed-role session ARN, else None."""
+    parts = arn.split(":", 5)
+    if len(parts) == 6 and parts[2] == "sts" and parts[5].startswith("assumed-role/"):
+        name = parts[5].split("/")[1]
+        return f"arn:{parts[1]}:iam::{parts[4]}:role/{name}", name
+    return None
+
+
 class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, ResultsStoreMixin):
     name = "aws"
 
@@ -99,11 +108,25 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
     # -- identity and bootstrap ------------------------------------------------------------------
 
     def owner(self, region: str) -> str:
-        """The caller's ARN: the cloudtrain:owner tag of everything this user creates."""
+        """The caller's principal ARN: the cloudtrain:owner tag of everything this user
+        creates, and what infra/iam-policy-cli.json compares it with (`${aws:PrincipalArn}`).
+        For an IAM user that is GetCallerIdentity's ARN; for an assumed role (SSO, CI) STS
+        names the session (arn:aws:sts::A:assumed-role/R/S) while aws:PrincipalArn is the
+        role itself, path included (arn:aws:iam::A:role/PATH/R): asked of IAM (GetRole on
+        one's own role), else the role without a path."""
         if not hasattr(self, "_owner"):
             with aws_errors(region, "sts"):
                 sts = self.session(region).client("sts", region_name=region)
-                self._owner = sts.get_caller_identity()["Arn"]
+                arn = sts.get_caller_identity()["Arn"]
+            role = assumed_role(arn)
+            if role is not None:
+                try:
+                    with aws_errors(region, "iam"):
+                        iam = self.session(region).client("iam", region_name=region)
+                        arn = iam.get_role(RoleName=role[1])["Role"]["Arn"]
+                except CloudtrainError:
+                    arn = role[0]
+            self._owner = arn
         return self._owner
 
 
