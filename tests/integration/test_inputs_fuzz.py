@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cloudtrain import config
 from cloudtrain.cli import main
+from conftest import TOY_RECIPE
 from test_inputs_state import ended_job, readers, run
 
 
@@ -155,7 +156,7 @@ CELLS = st.one_of(
 EDITS = st.lists(st.tuples(st.sampled_from(sorted(COLUMNS)), st.data()), min_size=1, max_size=3)
 
 
-@fuzz(300)
+@fuzz(200)
 @given(edits=st.lists(st.tuples(st.sampled_from(sorted(COLUMNS)), st.integers(0, 99), CELLS),
                       min_size=1, max_size=3))
 def test_fuzz_state_db_rows(ct_home, edits):
@@ -174,5 +175,35 @@ def test_fuzz_state_db_rows(ct_home, edits):
     db.commit()
     db.close()
     for argv in readers(job_id):
+        code, stderr = run(argv)
+        assert_designed(argv, code, stderr)
+
+
+# -- recipe.yaml (a user's recipe on CLOUDTRAIN_RECIPES) ------------------------------------
+
+TOY = yaml.safe_load(TOY_RECIPE)
+PLACES = [(), ("arguments",), ("arguments", "epochs"), ("arguments", "mode"), ("profiles",),
+          ("profiles", "smoke"), ("profiles", "smoke", "set"), ("resources",), ("published",)]
+RECIPE_KEYS = st.sampled_from(["name", "description", "entry", "requires", "arguments",
+                               "profiles", "resources", "data", "target", "published", "type",
+                               "default", "choices", "set", "gpus_per_node", "nodes", "disk_gb",
+                               "max_runtime_minutes", "launcher", "gpus_per_variant", "epochs",
+                               "mode", "smoke", "seconds", "gpu"]) | st.text(max_size=5)
+
+
+@fuzz(100)
+@given(edits=st.lists(st.tuples(st.sampled_from(PLACES), RECIPE_KEYS, YAML_VALUES),
+                      min_size=1, max_size=3))
+def test_fuzz_recipe_yaml(toy_recipes, edits):
+    doc = json.loads(json.dumps(TOY))
+    for place, key, value in edits:
+        target = doc
+        for step in place:
+            target = target.get(step) if isinstance(target, dict) else None
+        if isinstance(target, dict):
+            target[key] = value
+    (toy_recipes / "toy" / "recipe.yaml").write_text(yaml.safe_dump(doc, allow_unicode=True))
+    for argv in (["recipes"], ["recipes", "toy"],
+                 ["launch", "--recipe", "toy", "--profile", "smoke", "--dry-run"]):
         code, stderr = run(argv)
         assert_designed(argv, code, stderr)
