@@ -19,6 +19,7 @@ from .errors import ConfigError, UsageError
 # What AWS region names look like (us-east-1, us-gov-west-1, ap-southeast-2): checked before
 # the name reaches boto3 (which raises InvalidRegionError) or becomes a path (keys/<region>/).
 REGION_PATTERN = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d+")
+INSTANCE_PATTERN = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")  # g5.xlarge, u-6tb1.metal
 
 
 def home() -> Path:
@@ -207,6 +208,9 @@ class Settings:
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{source}: '{key}' must be one of {', '.join(allowed)}, "
                                   f"got {shown(getattr(self, key))}")
+        if not INSTANCE_PATTERN.fullmatch(self.instance_type):
+            raise ConfigError(f"{source}: 'instance_type' must be an EC2 instance type, e.g. "
+                              f"g5.xlarge, got {shown(self.instance_type)}")
         if not self.remote_root.startswith(("/", "~")):
             raise ConfigError(f"{source}: 'remote_root' must be an absolute path or start with "
                               f"~, got {shown(self.remote_root)}")

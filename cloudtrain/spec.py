@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import config, providers
-from .config import check_region, finite, shown
+from .config import INSTANCE_PATTERN, check_region, finite, shown
 from .errors import UsageError
 
 RECIPE, COMMAND = "recipe", "command"
@@ -21,7 +21,6 @@ MAX_PROCS = 1024
 NAME_PATTERN = re.compile(r"[^\W_][\w.-]{0,63}")
 ID_LIKE = re.compile(r"[0-9a-fA-F]{1,8}")
 AMI_PATTERN = re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?")
-INSTANCE_PATTERN = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
 # The flag each placement key comes from, for messages.
 FLAGS = {"instance_type": "--instance", "region": "--region", "ami": "--ami",
          "disk_gb": "--disk-gb", "max_price": "--max-price", "keep": "--keep",

@@ -50,6 +50,8 @@ def _one_error(proc, *fragments: str) -> None:
     ("regions: us-east-1, nowhere\n", "'regions': 'nowhere' is not an AWS region name"),
     ("market: cheap\n", "'market' must be one of on-demand, spot"),
     ("backend: gcp\n", "'backend' must be one of local, aws"),
+    ("instance_type: ../x\n", "'instance_type' must be an EC2 instance type"),
+    ("remote_root: jobs\n", "'remote_root' must be an absolute path or start with ~"),
     ("a: &a [x, x, x, x]\nb: &b [*a, *a, *a, *a]\nregion: [*b, *b, *b, *b]\n", "unknown setting 'a'"),
 ])
 def test_F21_bad_config_values_are_one_line_config_errors(cli, ct_home, text, fragment):
