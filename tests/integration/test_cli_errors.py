@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -187,3 +188,50 @@ def test_resume_from_refuses_what_cannot_resume(cli, toy_recipes):
     cli.ok("down", running)
     proc = cli("launch", "--recipe", "toy", "--resume-from", running)
     assert proc.returncode == 2 and "not recipe toy" in proc.stderr
+
+
+@pytest.mark.parametrize("exc, code, line", [
+    (OSError(28, "No space left on device", "/home/u/.cloudtrain/state.db"), 1,
+     "Error: No space left on device: /home/u/.cloudtrain/state.db"),
+    (PermissionError(13, "Permission denied", "/home/u/.cloudtrain/jobs/x/output.log"), 1,
+     "Error: Permission denied: /home/u/.cloudtrain/jobs/x/output.log"),
+    (RecursionError("maximum recursion depth exceeded"), 2,
+     "Error: an input is nested too deeply to read (a YAML or JSON file, or an argument)"),
+    (sqlite3.DatabaseError("database disk image is malformed"), 2,
+     "Error: {home}/state.db is not a usable cloudtrain database: database disk image is "
+     "malformed"),
+    (sqlite3.OperationalError("database is locked"), 1,
+     "Error: {home}/state.db is locked by another cloudtrain process (database is locked)"),
+])
+def test_catch_all_maps_environment_failures_to_designed_errors(ct_home, monkeypatch, capsys,
+                                                                exc, code, line):
+    """The environment's failures (a full disk, a file not ours to write, a database that went
+    bad mid-command, input nested too deeply) are one designed line, not "internal error";
+    a bug of ours still is one."""
+    from cloudtrain import cli, config
+
+    def fail():
+        raise exc
+
+    monkeypatch.setattr(config.Settings, "load", staticmethod(fail))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["status"])
+    err = capsys.readouterr().err
+    assert info.value.code == code, err
+    assert err.splitlines()[0] == line.format(home=ct_home), err
+    assert "internal error" not in err
+
+
+def test_catch_all_still_reports_our_bugs(ct_home, monkeypatch, capsys):
+    from cloudtrain import cli, config
+
+    def fail():
+        raise KeyError("first line\nsecond line")
+
+    monkeypatch.setattr(config.Settings, "load", staticmethod(fail))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["status"])
+    err = capsys.readouterr().err
+    assert info.value.code == 1
+    assert err == ("Error: internal error: KeyError: 'first line\\nsecond line' (run again with "
+                   "--debug for the traceback)\n")
