@@ -121,15 +121,37 @@ class Connection:
              ) -> tuple[int, bytes, bytes]:
         """Run `command`; its exit code, stdout and stderr. Past `timeout` seconds, when the
         connection drops, or past MAX_OUTPUT_BYTES: HostError (the channel is closed)."""
+        import paramiko
+
         started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
         chan = self._open_channel(timeout)
+        # paramiko waits for the answer to the exec request, and for send window, with no
+        # timeout of its own: closing the channel at the deadline is what wakes those waits.
+        expired = threading.Event()
+        timer = None
+        if deadline is not None:
+            timer = threading.Timer(max(deadline - time.monotonic(), 0),
+                                    lambda: (expired.set(), chan.close()))
+            timer.daemon = True
+            timer.start()
+
+        def too_late() -> HostError:
+            return HostError(f"on {self.endpoint.label()}: `{command}` did not finish "
+                             f"in {timeout:.0f} s")
+
         try:
-            chan.exec_command(command)
-            if stdin:
-                chan.sendall(stdin)
-            chan.shutdown_write()
+            try:
+                chan.exec_command(command)
+                if stdin:
+                    chan.sendall(stdin)
+                chan.shutdown_write()
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                if expired.is_set():
+                    raise too_late() from exc
+                raise HostError(f"on {self.endpoint.label()}: `{command}` could not start: "
+                                f"{exc or type(exc).__name__}") from exc
             out, err = bytearray(), bytearray()
-            deadline = None if timeout is None else started + timeout
             while True:
                 got = False
                 if chan.recv_ready():
@@ -138,23 +160,23 @@ class Connection:
                 if chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
                     got = True
+                if expired.is_set() or (deadline is not None and time.monotonic() > deadline):
+                    raise too_late()
                 if chan.exit_status_ready() and not chan.recv_ready() \
                         and not chan.recv_stderr_ready():
                     break
-                if deadline is not None and time.monotonic() > deadline:
-                    raise HostError(f"on {self.endpoint.label()}: `{command}` did not finish "
-                                    f"in {timeout:.0f} s")
                 if len(out) + len(err) > MAX_OUTPUT_BYTES:
                     raise HostError(f"on {self.endpoint.label()}: `{command}` printed more "
                                     f"than {MAX_OUTPUT_BYTES >> 20} MiB")
-                if not got and (chan.closed or not self.transport.is_active()) \
-                        and not chan.exit_status_ready():
+                if not got and not self.transport.is_active():
                     raise HostError(f"on {self.endpoint.label()}: the connection was lost "
                                     f"during `{command}`")
                 if not got:
                     time.sleep(0.005)
             return chan.recv_exit_status(), bytes(out), bytes(err)
         finally:
+            if timer is not None:
+                timer.cancel()
             chan.close()
 
     def open_exec(self, command: str):

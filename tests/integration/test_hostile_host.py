@@ -278,6 +278,39 @@ def test_F26_a_frozen_host_fails_every_call_within_its_bound(host, sshd, tmp_pat
     assert host.run("echo back").stdout == "back\n"
 
 
+def test_F26_a_host_that_freezes_after_opening_the_channel_still_times_out(host, sshd, monkeypatch):
+    """The narrowest window: the channel is open, then the host stops answering before it
+    replies to the exec request (paramiko waits for that reply with no timeout)."""
+    import signal
+
+    from cloudtrain import agent
+
+    host.run("true")
+    conn = host.conn
+    chan = conn._open_channel(5)
+    session = agent.descendants(sshd.proc.pid)
+    monkeypatch.setattr(conn, "_open_channel", lambda timeout=None: chan)
+    for pid in session:
+        os.kill(pid, signal.SIGSTOP)
+    raised = []
+
+    def call():
+        try:
+            host.run("echo hi", timeout=1)
+        except HostError as exc:
+            raised.append(exc.message)
+
+    caller = threading.Thread(target=call, daemon=True)  # a hang fails the test, not the run
+    try:
+        caller.start()
+        caller.join(3)
+        assert not caller.is_alive(), "exec waited past its deadline"
+        assert raised and "did not finish in 1 s" in raised[0]
+    finally:
+        for pid in session:
+            os.kill(pid, signal.SIGCONT)
+
+
 def test_F26_a_run_without_a_timeout_gets_the_default_deadline(host, monkeypatch):
     monkeypatch.setattr(hosts, "RUN_TIMEOUT_S", 1.0)
     with pytest.raises(HostError, match="did not finish in 1 s"):
