@@ -49,6 +49,17 @@ if ids:
     ec2.terminate_instances(InstanceIds=ids)
 """
 
+SUDO_SHIM = """#!/bin/bash
+# The lab instance's sudo: only the power-off re-arm, recorded, never run.
+[ "$1" = -n ] && shift
+if [ "$1" = /usr/local/bin/cloudtrain-rearm ]; then
+    echo "$2" >> {log}
+    exit 0
+fi
+echo "lab sudo: refusing $*" >&2
+exit 1
+"""
+
 
 class AWSLab:
     def __init__(self, endpoint: str, home: Path, work: Path):
@@ -70,9 +81,27 @@ class AWSLab:
         self.sshd = SSHD(self.work / "sshd", host=listen[0], port=ssh_port)
         self.sshd.authorize(public)
         self.sshd.listen_on(listen)
+        self.install_sudo_shim()
         self.sshd.start()
         # Like a real instance, the "instance" prints its host key fingerprints on the console.
         self.console_output(self.fingerprint_block(self.sshd.host_key))
+
+    def install_sudo_shim(self) -> None:
+        """What `sudo -n /usr/local/bin/cloudtrain-rearm N` does on the "instance": this
+        machine has no sudo and must not get the real script (it would touch this machine's
+        timers), so commands over the lab's SSH find a `sudo` that records the re-arm in
+        rearms.log instead (sshd's SetEnv puts it first on PATH)."""
+        shims = self.work / "instance-bin"
+        shims.mkdir()
+        self.rearm_log = self.work / "rearms.log"
+        (shims / "sudo").write_text(SUDO_SHIM.format(log=self.rearm_log))
+        (shims / "sudo").chmod(0o755)
+        with open(self.sshd.config, "a") as f:
+            f.write(f"SetEnv PATH={shims}:/usr/local/bin:/usr/bin:/bin\n")
+
+    def rearms(self) -> list[str]:
+        """The minutes each `cloudtrain-rearm` call on a lab instance asked for."""
+        return self.rearm_log.read_text().split() if self.rearm_log.exists() else []
 
     @staticmethod
     def fingerprint_block(*keys: Path, fingerprints: tuple[str, ...] = ()) -> str:

@@ -15,8 +15,12 @@ Contract, the same for every provider:
     release(store, job, force)  give the host back: nothing may keep billing afterwards
     instance_states(store, job) the cloud's view of the job's instances (when its host is lost)
     record_ends(store, job)     termination times and prices from the cloud, for the bill
-    cleanup(store, regions)     remove shared resources (group, key pair) nothing uses
+    cleanup(store, regions)     remove shared resources (group, key pair) nothing uses; with no
+                                regions (aws): the store's regions and the configured one
     reconcile(store)            every instance the cloud has tagged as ours (aws only)
+    orphans(store)              live instances tagged with our owner that no active or kept job
+                                holds: [{id, region, job, type, state, launched_at}] (aws only)
+    terminate(region, ids)      terminate those instances (aws only)
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@
     host_for(job)               SSHHost from the stored endpoint (host key pinned)
     release(store, job)         terminate by record and by tag: nothing bills afterwards
     reconcile(store)            one DescribeInstances per region: every instance tagged ours
-    cleanup(region)             delete the security group and key pair no instance uses
+    orphans(store)              live instances of this owner that no active or kept job holds
+    terminate(region, ids)      terminate those
+    cleanup(store, regions)     delete the security group and key pair no instance uses
     plan(spec)                  what launch would do (dry run), without creating anything
 
 Raw boto dicts stay inside this package. Every resource is tagged at creation
