@@ -68,6 +68,7 @@ TAIL_WINDOW = 1 << 20  # `logs --tail` looks at most this far back
 RUN_TIMEOUT_S = 300.0  # any command that does not say otherwise
 PROBE_TIMEOUT_S = 20.0  # `agent.py probe` reads two small files
 STOP_EXTRA_S = 30.0  # `agent.py stop` waits the grace period, then this long at most
+STREAM_IDLE_S = 120.0  # a tar stream that moves no byte for this long is dead
 AGENT_START_TIMEOUT_S = 15.0  # from tmux new-session to the agent's first status.json
 AGENT_START_POLL_S = 0.1
 # pull_tree bounds on what a host may make us walk.
@@ -707,15 +708,25 @@ class SSHHost(Host):
         import tarfile
 
         chan = self.conn.open_exec(f"tar -x -C {shlex.quote(remote_dir)}")
-        writer = chan.makefile("wb")
-        with tarfile.open(fileobj=writer, mode="w|") as tar:
-            for rel in files:
-                tar.add(local_dir / rel, arcname=rel, recursive=False)
-        writer.flush()
-        chan.shutdown_write()
-        code = chan.recv_exit_status()
-        err = chan.makefile_stderr("rb").read().decode("utf-8", "replace")
-        chan.close()
+        # A stream has no overall deadline (its size is the user's), but a host that stops
+        # taking bytes, or never reports tar's end, for STREAM_IDLE_S is given up on.
+        chan.settimeout(STREAM_IDLE_S)
+        try:
+            writer = chan.makefile("wb")
+            with tarfile.open(fileobj=writer, mode="w|") as tar:
+                for rel in files:
+                    tar.add(local_dir / rel, arcname=rel, recursive=False)
+            writer.flush()
+            chan.shutdown_write()
+            if not chan.status_event.wait(STREAM_IDLE_S):
+                raise TimeoutError("no exit status")
+            code = chan.recv_exit_status()
+            err = chan.makefile_stderr("rb").read().decode("utf-8", "replace")
+        except (TimeoutError, OSError, EOFError) as exc:
+            raise HostError(f"tar into {self.name}:{remote_dir} stalled or broke: "
+                            f"{exc or type(exc).__name__}") from exc
+        finally:
+            chan.close()
         if code != 0:
             raise HostError(f"tar into {self.name}:{remote_dir} failed ({code}): {err.strip()}")
         return len(files)

@@ -311,6 +311,38 @@ def test_F26_a_host_that_freezes_after_opening_the_channel_still_times_out(host,
             os.kill(pid, signal.SIGCONT)
 
 
+def test_F26_a_tar_sync_into_a_frozen_host_gives_up(host, sshd, tmp_path, monkeypatch):
+    import signal
+
+    from cloudtrain import agent
+
+    monkeypatch.setattr(hosts, "STREAM_IDLE_S", 1.0)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(8 << 20))  # more than the channel's window
+    host._has_rsync = False
+    host.run(f"mkdir -p {tmp_path}/dest")
+    session = agent.descendants(sshd.proc.pid)
+    monkeypatch.setattr(host, "run", lambda *a, **k: None)  # sync's mkdir: done above
+    opened = host.conn.open_exec
+
+    def open_then_freeze(command):  # tar starts, then the host stops taking bytes
+        chan = opened(command)
+        for pid in session:
+            os.kill(pid, signal.SIGSTOP)
+        return chan
+
+    monkeypatch.setattr(host.conn, "open_exec", open_then_freeze)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(HostError, match="stalled or broke"):
+            host.sync(src, str(tmp_path / "dest"))
+        assert time.monotonic() - t0 < 5
+    finally:
+        for pid in session:
+            os.kill(pid, signal.SIGCONT)
+
+
 def test_F26_a_run_without_a_timeout_gets_the_default_deadline(host, monkeypatch):
     monkeypatch.setattr(hosts, "RUN_TIMEOUT_S", 1.0)
     with pytest.raises(HostError, match="did not finish in 1 s"):
