@@ -28,6 +28,14 @@ def _region(ctx, param, value: str | None) -> str | None:
     return None if value is None else config.check_region(value, "--region")
 
 
+def _given(ctx, param, value):
+    """An option that, given, needs a value: `--gpus ''` is not the same as no --gpus."""
+    for v in value if isinstance(value, tuple) else (value,):
+        if v is not None and not v.strip():
+            raise errors.UsageError(f"{param.opts[0]} needs a value, got {v!r}")
+    return value
+
+
 def _since(ctx, param, value: str | None) -> str | None:
     """--since: a finite, non-negative age (`nan` would match nothing and say "no jobs")."""
     if value is not None:
@@ -70,7 +78,7 @@ def recipes(name: str | None) -> None:
     """
     from . import recipes as recipes_module
 
-    if name:
+    if name is not None:
         click.echo(render.recipe_detail(recipes_module.load(name)))
         return
     found, broken = recipes_module.survey()
@@ -272,7 +280,8 @@ def attach(job: str) -> None:
 
 
 @cli.command()
-@click.option("--gpu", help="Only types with this GPU (V100, A100, H100, A10G, T4, L4, ...).")
+@click.option("--gpu", callback=_given,
+              help="Only types with this GPU (V100, A100, H100, A10G, T4, L4, ...).")
 @click.option("--region", default="us-east-1", show_default=True, callback=_region,
               help="Prices of this region.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -312,11 +321,12 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool) -> None:
 
 @cli.command()
 @click.option("--recipe", "-r", required=True, metavar="NAME", help="A bundled recipe.")
-@click.option("--profile", "-p", metavar="NAME", help="A recipe profile.")
+@click.option("--profile", "-p", metavar="NAME", callback=_given, help="A recipe profile.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="A recipe argument.")
-@click.option("--instance", "-i", "types", multiple=True, metavar="TYPE",
+@click.option("--instance", "-i", "types", multiple=True, metavar="TYPE", callback=_given,
               help="Only these instance types (repeatable).")
-@click.option("--gpus", metavar="GPU:N", help="Only types with N of this GPU, e.g. A100:1.")
+@click.option("--gpus", metavar="GPU:N", callback=_given,
+              help="Only types with N of this GPU, e.g. A100:1.")
 @click.option("--spot", is_flag=True, help="Mark the cheapest by spot price.")
 @click.option("--region", callback=_region,
               help="Prices of this region (default: config, else us-east-1).")

@@ -141,6 +141,8 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
     if not recipe and not command:
         raise UsageError("nothing to run: give --recipe NAME or a command after --",
                          hint="cloudtrain launch --recipe resnet9 --profile smoke --follow")
+    if command and not command[0].strip():
+        raise UsageError(f"the command after -- starts with an empty word, {shown(command[0])}")
     if (profile or sets) and not recipe:
         raise UsageError("--profile and --set apply to recipes; pass your own arguments after --")
     workdir_path = None

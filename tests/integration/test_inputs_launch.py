@@ -150,6 +150,11 @@ def test_F25_click_ranges(cli, args, message):
      "--gpus V100:nan: the count must be a finite number, got nan"),
     (["launch", "--include", ".env", "--", "true"],
      "--include applies to the files --workdir syncs; give --workdir too"),
+    (["launch", "--dry-run", "--", "", "x"], "the command after -- starts with an empty word, ''"),
+    (["estimate", "--recipe", "resnet9", "--gpus", ""], "--gpus needs a value, got ''"),
+    (["estimate", "--recipe", "resnet9", "--instance", "g5.xlarge", "--instance", " "],
+     "--instance needs a value, got ' '"),
+    (["catalog", "--gpu", ""], "--gpu needs a value, got ''"),
 ])
 def test_F25_numbers_and_values_are_checked(cli, args, message):
     proc = cli(*args)
@@ -192,4 +197,6 @@ def test_F23_recipes_lists_the_good_ones_and_names_the_broken_one(cli, toy_recip
         "is outside the recipe folder")
     proc = cli("recipes", "r_entry_dir")
     assert proc.returncode == 2 and "is outside the recipe folder" in proc.stderr
+    proc = cli("recipes", "")  # not the list
+    assert proc.returncode == 2 and proc.stderr.startswith("Error: unknown recipe ''")
     cli.ok("recipes", "toy")
