@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import threading
 import time
@@ -202,6 +203,29 @@ def test_F7_failed_connects_leave_no_threads_and_print_nothing(sshd, tmp_path, c
     assert capfd.readouterr().err == ""
 
 
+class Freezer:
+    """Stops a real sshd's session processes (SIGSTOP) and resumes them: a host that stops
+    answering without closing anything, as one stuck in D state or behind a dropped route."""
+
+    def __init__(self, sshd):
+        from cloudtrain.agent import descendants
+
+        self.session = descendants(sshd.proc.pid)
+
+    def _send(self, sig) -> None:
+        for pid in self.session:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:  # a command that was just ending
+                pass
+
+    def freeze(self) -> None:
+        self._send(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self._send(signal.SIGCONT)
+
+
 # -- F26 and F19: a hostile or hung agent -----------------------------------------------------------
 
 
@@ -244,28 +268,17 @@ def test_F26_a_dead_connection_fails_fast(host, tmp_path):
 
 
 def test_F26_a_frozen_host_fails_every_call_within_its_bound(host, sshd, tmp_path, monkeypatch):
-    """The host stops answering without closing anything (SIGSTOP on its sshd session, as a
-    host stuck in D state or a dropped route looks): SFTP and commands both give up in time,
-    and the connection serves again once the host is back."""
-    import signal
-
-    from cloudtrain import agent, ssh
+    """SFTP and commands both give up in time on a frozen host, and the connection serves
+    again once the host is back."""
+    from cloudtrain import ssh
 
     monkeypatch.setattr(ssh, "SFTP_TIMEOUT_S", 1.0)
     monkeypatch.setattr(hosts, "PROBE_TIMEOUT_S", 1.0)
     (tmp_path / "f").write_text("data")
     jobdir = _installed(host, tmp_path)
     host.conn._drop_sftp()  # frozen before the first SFTP call of this connection
-    session = agent.descendants(sshd.proc.pid)
-
-    def signal_all(sig):
-        for pid in session:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:  # a command that was just ending
-                pass
-
-    signal_all(signal.SIGSTOP)
+    host_state = Freezer(sshd)
+    host_state.freeze()
     try:
         for call in (lambda: host.read(str(tmp_path / "f")), lambda: host.probe_job(jobdir, 10)):
             t0 = time.monotonic()
@@ -273,7 +286,7 @@ def test_F26_a_frozen_host_fails_every_call_within_its_bound(host, sshd, tmp_pat
                 call()
             assert time.monotonic() - t0 < 4
     finally:
-        signal_all(signal.SIGCONT)
+        host_state.thaw()
     assert host.read(str(tmp_path / "f")) == b"data"
     assert host.run("echo back").stdout == "back\n"
 
@@ -281,17 +294,12 @@ def test_F26_a_frozen_host_fails_every_call_within_its_bound(host, sshd, tmp_pat
 def test_F26_a_host_that_freezes_after_opening_the_channel_still_times_out(host, sshd, monkeypatch):
     """The narrowest window: the channel is open, then the host stops answering before it
     replies to the exec request (paramiko waits for that reply with no timeout)."""
-    import signal
-
-    from cloudtrain import agent
-
     host.run("true")
     conn = host.conn
     chan = conn._open_channel(5)
-    session = agent.descendants(sshd.proc.pid)
     monkeypatch.setattr(conn, "_open_channel", lambda timeout=None: chan)
-    for pid in session:
-        os.kill(pid, signal.SIGSTOP)
+    host_state = Freezer(sshd)
+    host_state.freeze()
     raised = []
 
     def call():
@@ -307,29 +315,23 @@ def test_F26_a_host_that_freezes_after_opening_the_channel_still_times_out(host,
         assert not caller.is_alive(), "exec waited past its deadline"
         assert raised and "did not finish in 1 s" in raised[0]
     finally:
-        for pid in session:
-            os.kill(pid, signal.SIGCONT)
+        host_state.thaw()
 
 
 def test_F26_a_tar_sync_into_a_frozen_host_gives_up(host, sshd, tmp_path, monkeypatch):
-    import signal
-
-    from cloudtrain import agent
-
     monkeypatch.setattr(hosts, "STREAM_IDLE_S", 1.0)
     src = tmp_path / "src"
     src.mkdir()
     (src / "big.bin").write_bytes(os.urandom(8 << 20))  # more than the channel's window
     host._has_rsync = False
     host.run(f"mkdir -p {tmp_path}/dest")
-    session = agent.descendants(sshd.proc.pid)
+    host_state = Freezer(sshd)
     monkeypatch.setattr(host, "run", lambda *a, **k: None)  # sync's mkdir: done above
     opened = host.conn.open_exec
 
     def open_then_freeze(command):  # tar starts, then the host stops taking bytes
         chan = opened(command)
-        for pid in session:
-            os.kill(pid, signal.SIGSTOP)
+        host_state.freeze()
         return chan
 
     monkeypatch.setattr(host.conn, "open_exec", open_then_freeze)
@@ -339,8 +341,7 @@ def test_F26_a_tar_sync_into_a_frozen_host_gives_up(host, sshd, tmp_path, monkey
             host.sync(src, str(tmp_path / "dest"))
         assert time.monotonic() - t0 < 5
     finally:
-        for pid in session:
-            os.kill(pid, signal.SIGCONT)
+        host_state.thaw()
 
 
 def test_F26_a_run_without_a_timeout_gets_the_default_deadline(host, monkeypatch):
