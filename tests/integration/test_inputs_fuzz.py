@@ -92,7 +92,7 @@ def command_lines(draw) -> list[str]:
     return argv
 
 
-@fuzz(800)
+@fuzz(600)
 @given(argv=command_lines())
 def test_fuzz_command_line_arguments(ct_home, argv):
     code, stderr = run(argv)
@@ -118,7 +118,7 @@ CONFIGS = st.one_of(
 )
 
 
-@fuzz(400)
+@fuzz(300)
 @given(text=CONFIGS)
 def test_fuzz_config_yaml(ct_home, text):
     (ct_home / "config.yaml").write_bytes(text)
@@ -156,7 +156,7 @@ CELLS = st.one_of(
 EDITS = st.lists(st.tuples(st.sampled_from(sorted(COLUMNS)), st.data()), min_size=1, max_size=3)
 
 
-@fuzz(200)
+@fuzz(150)
 @given(edits=st.lists(st.tuples(st.sampled_from(sorted(COLUMNS)), st.integers(0, 99), CELLS),
                       min_size=1, max_size=3))
 def test_fuzz_state_db_rows(ct_home, edits):
@@ -191,7 +191,7 @@ RECIPE_KEYS = st.sampled_from(["name", "description", "entry", "requires", "argu
                                "mode", "smoke", "seconds", "gpu"]) | st.text(max_size=5)
 
 
-@fuzz(100)
+@fuzz(80)
 @given(edits=st.lists(st.tuples(st.sampled_from(PLACES), RECIPE_KEYS, YAML_VALUES),
                       min_size=1, max_size=3))
 def test_fuzz_recipe_yaml(toy_recipes, edits):
