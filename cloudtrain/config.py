@@ -104,11 +104,14 @@ def write_private(path: Path, data: bytes | str) -> None:
         raise
 
 
-def check_region(region: str, source: str) -> str:
-    """`region` if it looks like an AWS region name, else a UsageError naming `source`."""
+def check_region(region: str, source: str = "") -> str:
+    """`region` if it is shaped like an AWS region name, else a UsageError naming where it
+    came from (--region, config.yaml, AWS_REGION, the profile)."""
     if not isinstance(region, str) or not REGION_PATTERN.fullmatch(region):
-        raise UsageError(f"{source}: {shown(region)} is not an AWS region name",
-                         hint="e.g. us-east-1, eu-west-1, us-gov-west-1")
+        raise UsageError(f"{shown(region)} is not an AWS region name"
+                         + (f" (from {source})" if source else ""),
+                         hint="a region looks like us-east-1 or eu-west-2: "
+                              "cloudtrain launch --region us-east-1 ...")
     return region
 
 
@@ -217,7 +220,7 @@ class Settings:
         regions = [r.strip() for r in self.regions.split(",") if r.strip()]
         for region in ([self.region] if self.region else []) + regions:
             try:
-                check_region(region, f"'region{'s' if region in regions else ''}'")
+                check_region(region, f"`region{'s' if region in regions else ''}:`")
             except UsageError as exc:
                 raise ConfigError(f"{source}: {exc.message}", hint=exc.hint) from None
 
