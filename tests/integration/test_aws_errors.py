@@ -156,3 +156,23 @@ def test_F10_every_aws_failure_is_a_cloudtrain_error(provider):
     """botocore's own (non-HTTP) failures too: a bad parameter never escapes raw."""
     with pytest.raises(CloudtrainError):
         provider.call("us-east-1", "describe_instances", InstanceIds="not-a-list")
+
+
+def test_F10_ami_lookup_refused_by_ssm_falls_back_to_the_name_then_says_so(provider):
+    ssm = provider.client("ssm", "us-east-1")
+    _refuse(ssm, "GetParameter", "AccessDeniedException",
+            "User: arn:aws:iam::1:user/me is not authorized to perform: ssm:GetParameter")
+    with pytest.raises(AWSError, match="no AWS Deep Learning PyTorch AMI found in us-east-1"):
+        provider.resolve_ami("us-east-1")
+
+
+def test_F10_unreadable_credentials_are_an_aws_error(provider, monkeypatch):
+    import botocore.exceptions
+
+    def broken(*a, **k):
+        raise botocore.exceptions.CredentialRetrievalError(provider="sso", error_msg="expired")
+
+    session = provider.session("us-east-1")
+    monkeypatch.setattr(session, "get_credentials", broken)
+    with pytest.raises(AWSError, match="AWS credentials could not be loaded"):
+        provider.credentials("us-east-1")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import AWSError
+from .errors import AWSError, aws_errors
 
 # The AWS Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.9 (Ubuntu 24.04) by its SSM public
 # parameter; its Python is /opt/pytorch/bin/python (DLAMI release notes). The newest image
@@ -18,13 +18,14 @@ class ImagesMixin:
     def resolve_ami(self, region: str, ami: str | None = None) -> str:
         if ami:
             return ami
-        import botocore.exceptions
-
         try:
-            ssm = self.session(region).client("ssm", region_name=region)
-            return ssm.get_parameter(Name=DLAMI_PARAMETER)["Parameter"]["Value"]
-        except botocore.exceptions.ClientError:
-            pass  # not published in this region or not allowed: fall back to the name
+            with aws_errors(region, "ssm"):
+                return self.client("ssm", region).get_parameter(
+                    Name=DLAMI_PARAMETER)["Parameter"]["Value"]
+        except AWSError as exc:
+            if not exc.code:  # unreachable, not refused: the name lookup would fail the same
+                raise
+            # ParameterNotFound (not published in this region) or not allowed: by name.
         images = self.call(region, "describe_images", Owners=["amazon"], Filters=[
             {"Name": "name", "Values": [DLAMI_NAME]}, {"Name": "state", "Values": ["available"]}
         ])["Images"]

@@ -102,6 +102,12 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
                                                              config=cfg)
         return self._clients[key]
 
+    def credentials(self, region: str):
+        """The session's credentials, None without any (a broken credential_process or an
+        expired SSO token is an error in words, not a traceback)."""
+        with aws_errors(region, "sts"):
+            return self.session(region).get_credentials()
+
     def call(self, region: str, method: str, fail_fast: bool = False, **kwargs):
         """One EC2 call, with AWS's errors turned into ours where we know what to say."""
         with aws_errors(region):
@@ -147,7 +153,7 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
         *.NotFound from RunInstances, and the caller bootstraps again uncached."""
         cache = RegionCache(self.settings.aws_profile, region)
         entry = cache.load() if cached else {}
-        credentials = self.session(region).get_credentials()
+        credentials = self.credentials(region)
         access_key = credentials.access_key if credentials else None
         if entry.get("access_key") == access_key and entry.get("owner"):
             self._owner = entry["owner"]
@@ -329,7 +335,7 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
                      + ("(no: --keep)" if spec.keep else f"(after {self.shutdown(spec)[1]:g} s)")
                      + f"; user-data after {power_off_minutes(spec.max_runtime_s)} min"
                      " regardless"))
-        if self.session(region).get_credentials() is None:
+        if self.credentials(region) is None:
             rows.append(("AMI", f"resolved at launch from SSM {DLAMI_PARAMETER}"
                          if not spec.ami else spec.ami))
             rows.append(("permissions", "not checked: no AWS credentials (this plan needs none)"))
