@@ -59,6 +59,7 @@ PR_SET_CHILD_SUBREAPER = 36
 SPOT_POLL_S = 5.0  # AWS gives two minutes' notice; checking every 5 s leaves the job ~115 s
 MAX_RECORDED_PIDS = 4096  # descendants written to status.json at each heartbeat
 REARM_TIMEOUT_S = 60.0
+SPOT_UPLOAD_S = 75.0  # after a spot notice: what is left of the two minutes, with a margin
 UPLOAD_TIMEOUT_S = 1800.0  # the power-off must come even if the results store hangs
 WAIT_POLL_S = 0.5
 
@@ -491,11 +492,13 @@ class Agent:
                 import importlib  # by name: the uploader is shipped beside us, not stdlib
 
                 box["result"] = importlib.import_module("agent_upload").upload_job(
-                    self.jobdir, grant)
+                    self.jobdir, grant, timeout_s=limit)
             except BaseException as exc:  # ImportError, SystemExit, a bug in the uploader
                 box["error"] = "%s: %s" % (type(exc).__name__, exc)
 
         limit = as_time(self.settings.get("results_store_timeout_s"), UPLOAD_TIMEOUT_S)
+        if self.stop_state == PREEMPTED:  # AWS gives two minutes' notice, part of it spent
+            limit = min(limit, SPOT_UPLOAD_S)
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
         worker.join(timeout=limit)

@@ -27,6 +27,7 @@ from .spec import COMMAND, RECIPE, JobSpec
 from .state import Job, Store
 
 FOLLOW_POLL_S = 0.2
+CHECKPOINT_COPY_TIMEOUT_S = 3600.0  # `--on` with --resume-from: copying GBs on the host
 REFRESH_EVERY_S = 1.0
 
 
@@ -86,6 +87,15 @@ def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1) -> str:
         else:
             lines.append("exec " + shlex.join(spec.command))
     return "\n".join(lines) + "\n"
+
+
+def _warn_about_workdir(workdir: Path, say: Callable[[str], None] | None) -> None:
+    """F6: a workdir that is the home directory, or holds cloudtrain's own, is synced without
+    the credential files (gitignore.CREDENTIAL_PATTERNS) but is almost surely a mistake."""
+    home = config.home()
+    if say is not None and (workdir == Path.home() or home.is_relative_to(workdir)):
+        say(f"WARNING: --workdir {workdir} is your home directory or holds {home}: all of it "
+            "is sent to the host (credential files and cloudtrain's state excepted)")
 
 
 def job_environment(job_id: str, data_dir: str, host: Host, gpus: int = 0, procs: int = 1
@@ -172,7 +182,9 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
             sent += host.sync(shared, f"{jobdir}/recipes/{recipes.SHARED_DIR}",
                               like and f"{like}/recipes/{recipes.SHARED_DIR}")
     if spec.workdir:
-        sent += host.sync(Path(spec.workdir), f"{jobdir}/work", like and f"{like}/work")
+        _warn_about_workdir(Path(spec.workdir), say)
+        sent += host.sync(Path(spec.workdir), f"{jobdir}/work", like and f"{like}/work",
+                          include=tuple(spec.include))
     if source is not None:
         _copy_checkpoints(source, host, jobdir)
 
@@ -266,7 +278,8 @@ def _copy_checkpoints(source: Job, host: Host, jobdir: str) -> None:
                          + ("" if source.backend == "local" else
                             " that was brought home (its instance is gone)"))
     if source_host.describe() == host.describe():
-        host.run(f"cp -a {shlex.quote(src)}/. {shlex.quote(jobdir)}/checkpoints/")
+        host.run(f"cp -a {shlex.quote(src)}/. {shlex.quote(jobdir)}/checkpoints/",
+                 timeout=CHECKPOINT_COPY_TIMEOUT_S)
     elif isinstance(source_host, LocalHost):
         host.sync(Path(src), f"{jobdir}/checkpoints")
     else:
@@ -471,12 +484,19 @@ def collect_files(store: Store, job: Job) -> bool:
             data = host.read(f"{job.jobdir}/{name}")
             local.mkdir(parents=True, exist_ok=True)
             config.write_private(local / name, data)
-        host.pull_tree(f"{job.jobdir}/checkpoints", local / "checkpoints",
-                       settings.collect_checkpoints_mb * 1e6)
+        pulled = host.pull_tree(f"{job.jobdir}/checkpoints", local / "checkpoints",
+                                settings.collect_checkpoints_mb * 1e6)
         # The agent waits (bounded) for this before it powers the instance off.
         host.write_text(f"{job.jobdir}/collected", str(time.time()))
     except HostError:
         return False
+    if pulled.over_limit or pulled.skipped_count:
+        store.add_event(job.id, "collected", detail=(
+            f"{pulled.files} checkpoint files ({pulled.bytes / 1e6:.1f} MB) brought home"
+            + (f"; the rest passed collect_checkpoints_mb ({settings.collect_checkpoints_mb:g})"
+               if pulled.over_limit else "")
+            + (f"; {pulled.skipped_count} entries skipped (links, devices or unsafe names)"
+               if pulled.skipped_count else "")))
     store.update_job(job.id, jobdir=str(local), host={"kind": "LocalHost", "collected_from":
                                                        job.host, "remote_jobdir": job.jobdir})
     return True

@@ -331,7 +331,7 @@ with open(sys.argv[1], "a") as f:
 """
 
 FAKE_UPLOAD = """import json, os, time
-def upload_job(jobdir, grant):
+def upload_job(jobdir, grant, timeout_s=60.0):
     with open(os.path.join(jobdir, "uploaded"), "w") as f:
         json.dump({"grant": grant, "at": time.time(),
                    "status": json.load(open(os.path.join(jobdir, "status.json")))["state"]}, f)
@@ -386,7 +386,7 @@ def test_F16_rearm_at_start_and_upload_before_a_power_off_that_collected_cuts_sh
 
 
 @pytest.mark.parametrize("upload, grant", [(None, {"x": 1}), (FAKE_UPLOAD, {"fail": True}),
-                                           ("def upload_job(j, g):\n    return [1]\n", {})],
+                                           ("def upload_job(j, g, timeout_s=60.0):\n    return [1]\n", {})],
                          ids=["no-module", "raises", "returns-junk"])
 def test_F16_a_failed_upload_is_recorded_and_waits_collect_wait_instead(tmp_path, upload, grant):
     jobdir, status, rearms, offs, took = _after_job(
