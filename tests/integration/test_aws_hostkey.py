@@ -62,3 +62,23 @@ def test_F5_no_fingerprints_on_the_console_is_trust_on_first_use_recorded(cli, a
     # The lab's SSH wait is 5 s: the wait for fingerprints is never longer than it.
     assert event.startswith("trusted on first use: SHA256:") and "after 5 s" in event
     assert _details(ct_home, job_id)["host_key_verified"] is False
+
+
+def test_F5_console_output_refused_is_trust_on_first_use_at_once(cli, aws, monkeypatch):
+    """A policy without ec2:GetConsoleOutput: no point waiting for fingerprints."""
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.responses.general import General
+
+    def refused(self):
+        raise EC2ClientError("UnauthorizedOperation", "You are not authorized to perform this "
+                             "operation. User: x is not authorized to perform: "
+                             "ec2:GetConsoleOutput")
+
+    monkeypatch.setattr(General, "get_console_output", refused)
+    aws.write_config(ssh_wait_seconds=60.0)  # a wait for fingerprints would show
+    proc = cli("launch", "--instance", "g5.xlarge", "--follow", "--quiet", "--", "echo", "hi",
+               timeout=40)
+    assert proc.returncode == 0, proc.stderr
+    (event,) = _host_key_events(cli, proc.stdout.splitlines()[0])
+    assert event.startswith("trusted on first use: SHA256:")
+    assert "ec2:GetConsoleOutput refused" in event

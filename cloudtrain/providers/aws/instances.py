@@ -13,8 +13,8 @@ from ...errors import CloudtrainError, HostError, MissingDependency, UsageError
 from ...hosts import SSHHost, default_tmux_socket
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store
-from .errors import CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, StaleCache, \
-    aws_errors, check_region
+from .errors import AUTH_ERRORS, CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, \
+    StaleCache, aws_errors, check_region, is_permission_error
 from .hostkeys import FINGERPRINT_WAIT_S, console_fingerprints, fingerprint
 from .tags import LIVE_STATES, TAG_JOB, TAG_OWNER, TAG_RECIPE
 
@@ -246,8 +246,9 @@ class InstancesMixin:
         waited = min(FINGERPRINT_WAIT_S, self.settings.ssh_wait_seconds)
         deadline = since + waited
         while True:
-            listed = console_fingerprints(self.console_text(region, instance_id))
-            if listed or time.monotonic() >= deadline:
+            text = self._console(region, instance_id)
+            listed = console_fingerprints(text or "")
+            if listed or text is None or time.monotonic() >= deadline:
                 break
             time.sleep(self.settings.poll_seconds)
         if listed and seen not in listed:
@@ -263,13 +264,17 @@ class InstancesMixin:
             store.add_event(job.id, "host-key", detail=f"verified {seen} against {instance_id}'s "
                                                       "console output")
             return True
-        store.add_event(job.id, "host-key", detail=f"trusted on first use: {seen} (no "
-                                                  f"fingerprints in the console output after "
-                                                  f"{waited:g} s)")
+        why = ("the console output is not readable: ec2:GetConsoleOutput refused" if text is None
+               else f"no fingerprints in the console output after {waited:g} s")
+        store.add_event(job.id, "host-key", detail=f"trusted on first use: {seen} ({why})")
         return False
 
     def console_text(self, region: str, instance_id: str) -> str:
         """The instance's console output as text; "" when EC2 has none yet or refuses."""
+        return self._console(region, instance_id) or ""
+
+    def _console(self, region: str, instance_id: str) -> str | None:
+        """The console output; "" when there is none (yet), None when it may not be read."""
         import base64
 
         try:
@@ -278,8 +283,8 @@ class InstancesMixin:
             out = self.call(region, "get_console_output", InstanceId=instance_id,
                             Latest=True).get("Output")
         except AWSError as exc:
-            if exc.hint:  # permissions or credentials: the plain call would fail the same way
-                return ""
+            if is_permission_error(exc.code) or exc.code in AUTH_ERRORS:
+                return None  # asking again, without Latest, would be refused the same way
             try:
                 out = self.call(region, "get_console_output", InstanceId=instance_id).get("Output")
             except CloudtrainError:
