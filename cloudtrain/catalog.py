@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -92,8 +93,8 @@ def parse_gpus(request: str) -> tuple[str, float]:
         n = float(count) if count else 1.0
     except ValueError:
         raise UsageError(f"--gpus {request}: expected NAME:COUNT, e.g. V100:1") from None
-    if n <= 0:
-        raise UsageError(f"--gpus {request}: the count must be positive")
+    if not math.isfinite(n) or n < 1 or n != int(n):
+        raise UsageError(f"--gpus {request}: the count must be a whole number of at least 1")
     return name.strip(), n
 
 

@@ -172,6 +172,12 @@ class Settings:
     disk_gb: int = 0  # root volume (0 = the recipe's disk_gb, else 100)
     collect_checkpoints_mb: float = 2048.0  # bring a cloud job's checkpoints home up to this
     instance_profile: str = ""  # e.g. cloudtrain-instance (infra/README.md); "" = none
+    # Where a cloud job's results go before its instance powers off (the S3 job store):
+    job_store: bool = True  # false: no bucket; results come home only while the CLI watches
+    job_store_bucket: str = ""  # "" = cloudtrain-<account>-<region>, created on first use
+    # Without a job store (off, or no S3 permission), how long an instance waits after its
+    # job for the CLI to bring the results home before it powers off: billed, and said.
+    collect_wait_minutes: float = 10.0
 
     @classmethod
     def load(cls) -> "Settings":
@@ -242,6 +248,7 @@ LIMITS = {
     "poll_seconds": (0, 3600, True),
     "disk_gb": (0, 65536, False),  # gp3's largest volume is 64 TiB
     "collect_checkpoints_mb": (0, 1 << 30, False),
+    "collect_wait_minutes": (0, WEEK_S / 60, False),
 }
 
 

@@ -207,6 +207,8 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
         "heartbeat_s": settings.heartbeat_seconds,
         "shutdown_command": shutdown_command,
         "shutdown_delay_s": shutdown_delay,
+        # Without a stored copy the power-off waits (bounded) for the CLI to collect.
+        "collect_wait_s": max(shutdown_delay, settings.collect_wait_minutes * 60),
         "env": job_environment(job.id, data_dir, host, gpus, procs),
         "results_store": grant,
         **provider.agent_settings(spec),

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from . import cost
-from .state import Instance, Job, Store
+from .state import Instance, Job, Store, json_column
 
 # Timeline phases -> the cost phases a user reads.
 COST_PHASES = (("boot", ("provisioning", "instance")), ("setup", ("syncing", "setting-up")),
@@ -141,9 +141,13 @@ def report(store: Store, by: str = "job", since: str | None = None,
             if ids else []
         for r in inst:
             i = Instance(**{k: r[k] for k in Instance.__dataclass_fields__ if k != "details"},
-                         details=_json(r["details"]))
-            billed = cost.instance_cost(run_of(i), now=now)
+                         details=json_column(r["details"]))
             key = f"{i.id} ({i.instance_type}, {i.market})"
+            try:
+                billed = cost.instance_cost(run_of(i), now=now)
+            except ValueError as exc:  # times or prices that cannot be billed (an edited row)
+                rows[key] = Row(f"{key} (cost unknown: {exc})", 1, 0.0, False)
+                continue
             rows[key] = Row(key, 1, billed.dollars, billed.settled)
     else:
         for j in jobs:
@@ -160,26 +164,10 @@ def report(store: Store, by: str = "job", since: str | None = None,
             row.dollars += j["cost"] or 0.0
             row.settled = row.settled and bool(j["cost_settled"])
             if by == "job":
-                detail = _json(j["cost_detail"]) or {}
+                detail = json_column(j["cost_detail"]) or {}
                 row.to_target = detail.get("to_target")
     ordered = list(rows.values()) if by in ("job", "instance") else \
         sorted(rows.values(), key=lambda r: r.key, reverse=by in ("day", "month"))
     total = Row("total", sum(r.jobs for r in ordered),
                 sum(r.dollars for r in ordered), all(r.settled for r in ordered))
     return ordered, total
-
-
-def _json(text):
-    import json
-
-    return json.loads(text) if text else None
-
-
-def report_csv(rows: list[Row], total: Row, by: str) -> str:
-    out = io.StringIO()
-    w = csv.writer(out)
-    w.writerow([by, "jobs", "usd", "settled", "usd_to_target"])
-    for r in [*rows, total]:
-        w.writerow([r.key, r.jobs, f"{r.dollars:.6f}", "yes" if r.settled else "estimate",
-                    "" if r.to_target is None else f"{r.to_target:.6f}"])
-    return out.getvalue()

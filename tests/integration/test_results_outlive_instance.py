@@ -128,3 +128,26 @@ def test_logs_first_then_resume_from_a_job_whose_instance_went_unseen(
                "--set", "epochs=3", "--follow", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "resuming from epoch 2" in proc.stdout
+
+
+def test_without_a_job_store_the_launch_says_what_is_lost_and_the_power_off_waits(
+        cli, aws, ct_home, job_script):
+    """job_store: false (or no S3 permission): the launch says so; the instance waits
+    collect_wait_minutes for the CLI, and a `status` in that window brings everything home."""
+    aws.write_config(job_store=False, collect_wait_minutes=1.0, shutdown_delay_seconds=0.0)
+    proc = cli("launch", "--instance", "g5.xlarge", "--workdir", str(job_script), "--quiet",
+               "--", "bash", "job.sh")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().splitlines()[-1]
+    assert "no S3 job store (job_store: false)" in proc.stderr
+    assert "waits up to 1 min (billed)" in proc.stderr
+    job_json = json.loads((aws.work / "remote" / "jobs" / job_id / "job.json").read_text())
+    assert job_json["results_store"] is None and job_json["collect_wait_s"] == 60.0
+    wait_for(lambda: json.loads((aws.work / "remote" / "jobs" / job_id / "status.json")
+                                .read_text())["state"] == "succeeded", timeout=30)
+    assert not aws.shutdowns()  # it waits for the CLI (up to a minute), not 0 s
+    job = cli.job(job_id)
+    assert job["state"] == "succeeded"
+    assert (ct_home / "jobs" / job_id / "checkpoints" / "run" / "last.pt").exists()
+    (raw,) = aws.instances(**{"tag:cloudtrain:job": job_id})
+    assert raw["State"]["Name"] == "terminated"  # the CLI released it once it had collected

@@ -30,8 +30,7 @@ class ResultsStoreMixin:
         """(S3 client, bucket) of this account's job store in `region`."""
         arn = self.owner(region)
         account = arn.split(":")[4] if arn.count(":") >= 5 else ""
-        bucket = getattr(self.settings, "job_store_bucket", "") or \
-            jobstore.bucket_name(account, region)
+        bucket = self.settings.job_store_bucket or jobstore.bucket_name(account, region)
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         return jobstore.s3_client(self.session(region), region, endpoint), bucket, account
 
@@ -41,6 +40,11 @@ class ResultsStoreMixin:
         the launch goes on, and the line says what is lost."""
         import botocore.exceptions
 
+        if not self.settings.job_store:
+            return None, (f"no S3 job store (job_store: false): after the job the instance "
+                          f"waits up to {self.settings.collect_wait_minutes:g} min (billed) for "
+                          f"`cloudtrain status {job.id}` to bring the results home; after "
+                          "that they are lost")
         region = spec.region or self.region_of(job)
         try:
             s3, bucket, _ = self._job_store(region)
@@ -64,9 +68,10 @@ class ResultsStoreMixin:
                 botocore.exceptions.BotoCoreError) as exc:
             why = exc.message if isinstance(exc, CloudtrainError) else \
                 f"{_code(exc) or type(exc).__name__}: {_message(exc)}"
-            return None, (f"WARNING: no S3 job store ({why}). The instance keeps the job's "
-                          "results only until it powers off after the job: run `cloudtrain "
-                          f"status {job.id}` before then, or they are lost")
+            return None, (f"WARNING: no S3 job store ({why}). After the job the instance "
+                          f"waits up to {self.settings.collect_wait_minutes:g} min (billed) for "
+                          f"`cloudtrain status {job.id}` to bring the results home; after that "
+                          "they are lost (collect_wait_minutes: in config.yaml)")
 
     def fetch_results(self, store: Store, job: Job, local: Path) -> dict | None:
         """What the agent stored for the job, brought into `local` (checked as untrusted:
