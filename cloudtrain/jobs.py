@@ -728,11 +728,8 @@ def _stop_orphans(store: Store, refs: list[str] | None, required: bool
     or those whose job tag starts with one of `refs`). Only clouds this machine has used or
     is set up for are asked; without credentials there is nothing to find."""
     backend = "aws"
-    settings = config.Settings.load()
-    configured = (settings.backend == backend or settings.region
-                  or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"))
-    used = store.db.execute("SELECT 1 FROM jobs WHERE backend = ? LIMIT 1", (backend,)).fetchone()
-    if not (configured or used or required):
+    used = _cloud_used(store, backend)
+    if not (used or _cloud_configured(backend) or required):
         return []
     provider = providers.get(backend)
     try:
@@ -760,6 +757,19 @@ def _stop_orphans(store: Store, refs: list[str] | None, required: bool
     return outcomes
 
 
+def _cloud_used(store: Store, backend: str) -> bool:
+    return store.db.execute("SELECT 1 FROM jobs WHERE backend = ? LIMIT 1",
+                            (backend,)).fetchone() is not None
+
+
+def _cloud_configured(backend: str) -> bool:
+    """Whether this machine is set up for the cloud (so `down --all` asks it even with an
+    empty store): it is the default backend, or a region is configured."""
+    settings = config.Settings.load()
+    return bool(settings.backend == backend or settings.region or os.environ.get("AWS_REGION")
+                or os.environ.get("AWS_DEFAULT_REGION"))
+
+
 def _holds_instance(store: Store, job: Job) -> bool:
     return any(i.state != "terminated" and i.provider != "local" for i in store.instances(job.id))
 
@@ -772,13 +782,11 @@ def _cleanup_clouds(store: Store, jobs: list[Job], every: bool = False) -> None:
         for inst in store.instances(job.id):
             if inst.region:
                 by_backend.setdefault(job.backend, set()).add(inst.region)
-    if every:
-        for row in store.db.execute("SELECT DISTINCT region FROM instances "
-                                    "WHERE provider = 'aws' AND region IS NOT NULL"):
-            by_backend.setdefault("aws", set()).add(row["region"])
+    if every and (_cloud_used(store, "aws") or _cloud_configured("aws")):
+        by_backend["aws"] = set()  # every region the store knows, and the configured one
     for backend, regions in by_backend.items():
         try:
-            providers.get(backend).cleanup(store, regions)
+            providers.get(backend).cleanup(store, regions or None)
         except CloudtrainError:
             pass  # unused groups and key pairs do not bill; the next `down --all` tries again
 

@@ -78,7 +78,7 @@ class LocalProvider:
     def record_ends(self, store: Store, job: Job) -> None:
         """Nothing to ask: release() recorded the end, and nothing here is billed."""
 
-    def cleanup(self, store: Store, regions: set[str]) -> list[str]:
+    def cleanup(self, store: Store, regions: set[str] | None = None) -> list[str]:
         return []  # no shared cloud resources
 
     def release(self, store: Store, job: Job, force: bool = False) -> None:
