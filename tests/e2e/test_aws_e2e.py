@@ -43,6 +43,9 @@ def test_resnet9_smoke_through_the_aws_path_on_a_namespace_host(cli, ct_home, tm
             lab.work.mkdir()
             lab.build_cloud("10.200.0.0/16", {"us-east-1a": "10.200.0.0/24"})
             sshd = host.start_sshd(client_key=lab.key)
+            # The instance's console prints its host key's fingerprint (F5: checked before
+            # anything is uploaded).
+            lab.console_output(lab.fingerprint_block(sshd.host_key))
             lab.write_config(ssh_port=22, ssh_wait_seconds=20.0)
 
             proc = cli("launch", "--recipe", "resnet9", "--profile", "smoke", "--instance",
@@ -70,3 +73,5 @@ def test_resnet9_smoke_through_the_aws_path_on_a_namespace_host(cli, ct_home, tm
         finally:
             subprocess.run(["tmux", "-L", tmux_socket, "kill-server"], capture_output=True)
             server.stop()
+            if "lab" in locals():
+                lab.restore()

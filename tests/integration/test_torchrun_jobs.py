@@ -163,7 +163,7 @@ def test_procs_must_match_the_recipes_gpus(cli, dist_recipe):
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--procs", "0", "--", "true"), "--procs must be at least 1"),
+    (("--procs", "0", "--", "true"), "--procs must be between 1 and 1024"),
     (("--procs", "2", "--", "true"), "--procs applies to recipes started under torchrun"),
 ])
 def test_procs_errors(cli, args, message):
