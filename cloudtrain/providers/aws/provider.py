@@ -335,6 +335,7 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
                      + ("(no: --keep)" if spec.keep else f"(after {self.shutdown(spec)[1]:g} s)")
                      + f"; user-data after {power_off_minutes(spec.max_runtime_s)} min"
                      " regardless"))
+        rows.append(("results", self.results_plan(spec, region)))
         if self.credentials(region) is None:
             rows.append(("AMI", f"resolved at launch from SSM {DLAMI_PARAMETER}"
                          if not spec.ami else spec.ami))

@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from ... import jobstore
+from ... import catalog, jobstore
 from ...errors import CloudtrainError
 from ...state import Job, Store
 from .errors import _code, _message
@@ -33,6 +33,19 @@ class ResultsStoreMixin:
         bucket = self.settings.job_store_bucket or jobstore.bucket_name(account, region)
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         return jobstore.s3_client(self.session(region), region, endpoint), bucket, account
+
+    def results_plan(self, spec, region: str) -> str:
+        """The dry run's line: where the results go, or what waiting for the CLI costs."""
+        if not self.settings.job_store:
+            wait = self.settings.collect_wait_minutes
+            t = catalog.get(spec.instance_type) if spec.instance_type else None
+            price = t.price(region, spec.market) if t else None
+            cost = f", up to ${price * wait / 60:.2f}" if price else ""
+            return (f"no S3 job store (job_store: false): the instance waits up to {wait:g} "
+                    f"min after the job for the CLI to collect (billed{cost})")
+        bucket = self.settings.job_store_bucket or f"cloudtrain-<account>-{region}"
+        return (f"s3://{bucket}/jobs/<job>/ before the power-off (log, metrics, checkpoints; "
+                f"kept {STORE_KEEP_DAYS} days; the instance gets a presigned POST, no keys)")
 
     def results_grant(self, store: Store, job: Job, spec) -> tuple[dict | None, str | None]:
         """The agent's upload grant, valid for the job's whole life (its max runtime plus the
