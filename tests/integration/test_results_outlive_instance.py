@@ -151,3 +151,11 @@ def test_without_a_job_store_the_launch_says_what_is_lost_and_the_power_off_wait
     assert (ct_home / "jobs" / job_id / "checkpoints" / "run" / "last.pt").exists()
     (raw,) = aws.instances(**{"tag:cloudtrain:job": job_id})
     assert raw["State"]["Name"] == "terminated"  # the CLI released it once it had collected
+
+
+def test_the_dry_run_says_where_results_go_or_what_waiting_costs(cli, aws):
+    plan = cli.ok("launch", "--instance", "g5.xlarge", "--dry-run", "--", "true").stdout
+    assert "s3://cloudtrain-<account>-us-east-1/jobs/<job>/ before the power-off" in plan
+    aws.write_config(job_store=False, collect_wait_minutes=30)
+    plan = cli.ok("launch", "--instance", "g5.xlarge", "--dry-run", "--", "true").stdout
+    assert "waits up to 30 min after the job for the CLI to collect (billed, up to $0.50)" in plan
