@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 from ... import config
 
@@ -37,7 +36,6 @@ class RegionCache:
             self._write(data)
 
     def _write(self, data: dict) -> None:
+        # It holds the access key id: the user's alone (0600 under any umask).
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, self.path)
+        config.write_private(self.path, json.dumps(data, indent=1))

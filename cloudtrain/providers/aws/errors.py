@@ -26,7 +26,6 @@ POLICY_FILE = "infra/iam-policy-cli.json"
 # The region names boto accepts, checked before any client is made: botocore's own check
 # (InvalidRegionError, "Provided region_name ... doesn't match a supported format") fires
 # late, deep inside client creation, and the name is also a path component (keys/<region>).
-REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d+$")
 
 
 class AWSError(CloudtrainError):
@@ -46,17 +45,6 @@ def _code(exc) -> str:
 
 def _message(exc) -> str:
     return getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
-
-
-def check_region(region: str, source: str = "") -> str:
-    """`region` if it is shaped like an AWS region name, else a UsageError naming where it
-    came from (--region, config.yaml, AWS_REGION, the profile)."""
-    if not isinstance(region, str) or not REGION_RE.match(region):
-        raise UsageError(f"{region!r} is not an AWS region name"
-                         + (f" (from {source})" if source else ""),
-                         hint="a region looks like us-east-1 or eu-west-2: "
-                              "cloudtrain launch --region us-east-1 ...")
-    return region
 
 
 def is_permission_error(code: str) -> bool:

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import catalog
+from ...config import check_region
 from ...errors import CloudtrainError, HostError, MissingDependency, UsageError
 from ...hosts import SSHHost, default_tmux_socket
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store
 from .errors import AUTH_ERRORS, CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, \
-    StaleCache, aws_errors, check_region, is_permission_error
+    StaleCache, aws_errors, is_permission_error
 from .hostkeys import FINGERPRINT_WAIT_S, console_fingerprints, fingerprint
 from .tags import LIVE_STATES, TAG_JOB, TAG_OWNER, TAG_RECIPE
 

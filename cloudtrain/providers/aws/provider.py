@@ -23,12 +23,13 @@ import math
 import time
 
 from ... import catalog, config
+from ...config import check_region
 from ...errors import CloudtrainError, MissingDependency, UsageError
 from ...hosts import SSHHost
 from ...ssh import Endpoint
 from ...state import Job, Store
 from .cache import CACHE_TTL_S, RegionCache
-from .errors import POLICY_FILE, AWSError, StaleCache, aws_errors, check_region
+from .errors import POLICY_FILE, AWSError, StaleCache, aws_errors
 from .images import DLAMI_PARAMETER, ImagesMixin
 from .instances import REARM_PATH, USER_DATA_DONE, USER_DATA_WAIT_S, InstancesMixin, \
     power_off_minutes, user_data_wait_command
