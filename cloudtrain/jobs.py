@@ -27,7 +27,8 @@ from .spec import COMMAND, RECIPE, JobSpec
 from .state import Job, Store
 
 FOLLOW_POLL_S = 0.2
-CHECKPOINT_COPY_TIMEOUT_S = 3600.0  # `--on` with --resume-from: copying GBs on the host
+CHECKPOINT_COPY_TIMEOUT_S = 3600.0
+UNREACHABLE = "host unreachable"  # the reason a job has while its host does not answer  # `--on` with --resume-from: copying GBs on the host
 REFRESH_EVERY_S = 1.0
 
 
@@ -363,6 +364,8 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
     except HostError as exc:
         return _host_lost(store, job, exc)
     fields = {}
+    if (job.reason or "").startswith(UNREACHABLE):  # it answers again
+        fields["reason"] = None
     if report.get("metrics"):
         fields["metrics"] = report["metrics"]
     status = report.get("status") or {}
@@ -392,7 +395,7 @@ def _host_lost(store: Store, job: Job, exc: HostError) -> Job:
     states = providers.get(job.backend).instance_states(store, job)
     if not (states and all(s["state"] in ("shutting-down", "terminated")
                            for s in states.values())):
-        store.update_job(job.id, reason=f"host unreachable: {exc.message}")
+        store.update_job(job.id, reason=f"{UNREACHABLE}: {exc.message}")
         return store.job(job.id)
     status = _from_job_store(store, job) or {}
     if status.get("state") in state.TERMINAL_STATES:
@@ -518,7 +521,10 @@ def settle_cost(store: Store, job: Job) -> None:
     from . import ledger
 
     target_time = None
-    if job.jobdir:
+    # Read from the job's files where they are here; a remote host is not asked (it may be
+    # the unreachable one `down` just terminated, and the cost must not wait on it).
+    here = job.backend == "local" or (job.host or {}).get("collected_from") is not None
+    if job.jobdir and here:
         try:
             target = _read_record(job).get("target") or {}
             target_time = target.get("time")
@@ -672,7 +678,9 @@ def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -
     if not job.active and not _holds_instance(store, job):
         return StopOutcome(job.id, job, False, f"already {job.state}: nothing to stop")
     status, problem = {}, None
-    if job.jobdir and job.state == state.RUNNING:
+    if (job.reason or "").startswith(UNREACHABLE):  # the probe just now got no answer:
+        problem = job.reason                          # no graceful stop to wait for
+    elif job.jobdir and job.state == state.RUNNING:
         status, problem = _bounded(lambda: host_of(job).stop_job(job.jobdir, grace) or {},
                                    grace + STOP_MARGIN_S)
         status = status if isinstance(status, dict) else {}

@@ -171,3 +171,14 @@ def report(store: Store, by: str = "job", since: str | None = None,
     total = Row("total", sum(r.jobs for r in ordered),
                 sum(r.dollars for r in ordered), all(r.settled for r in ordered))
     return ordered, total
+
+
+
+def report_csv(rows: list[Row], total: Row, by: str) -> str:
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow([by, "jobs", "usd", "settled", "usd_to_target"])
+    for r in [*rows, total]:
+        w.writerow([r.key, r.jobs, f"{r.dollars:.6f}", "yes" if r.settled else "estimate",
+                    "" if r.to_target is None else f"{r.to_target:.6f}"])
+    return out.getvalue()
