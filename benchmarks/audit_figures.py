@@ -621,6 +621,17 @@ def short(text: str, width: int = 150) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def cause(outcome: Outcome) -> str:
+    """The exception and the command, without the paths, ids and numbers that differ per case."""
+    line = outcome.first_line
+    match = re.search(r"internal error: (.*?) \(run again with --debug", line)
+    text = match[1] if match else line.rsplit(" ... ", 1)[-1]
+    text = re.sub(r"'/[^']*'|/\S+", "<path>", text)
+    text = re.sub(r"\b[0-9a-f]{8}\b|\d+", "N", text)[:100]
+    command = next((a for a in outcome.argv if not a.startswith("-")), "?")
+    return f"{command}: {text}"
+
+
 def bad_inputs(args) -> InputFigures:
     # round-robin over the sets, so that a spent budget leaves out a little of each
     sets = [make() for name, make in CASE_SETS.items() if not args.only or name in args.only]
@@ -677,6 +688,11 @@ def bad_inputs(args) -> InputFigures:
         print(f"NOT RUN (budget spent): {len(skipped)} cases: "
               + ", ".join(f"{n} {name}" for name, n in left.items()))
 
+    causes = collections.Counter(cause(r.worst) for r in results if r.kind == "TRACEBACK")
+    if causes:
+        print(f"\nTRACEBACK by cause ({len(causes)} distinct):")
+        for text, n in causes.most_common():
+            print(f"  {n:4}  {short(text, 140)}")
     for kind in ("TRACEBACK", "HANG", "other", "harness"):
         found = [r for r in results + broken if r.kind == kind]
         if not found:
