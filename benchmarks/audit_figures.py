@@ -622,14 +622,13 @@ def short(text: str, width: int = 150) -> str:
 
 
 def cause(outcome: Outcome) -> str:
-    """The exception and the command, without the paths, ids and numbers that differ per case."""
+    """The exception, without the paths, ids and numbers that differ from case to case."""
     line = outcome.first_line
     match = re.search(r"internal error: (.*?) \(run again with --debug", line)
     text = match[1] if match else line.rsplit(" ... ", 1)[-1]
     text = re.sub(r"'/[^']*'|/\S+", "<path>", text)
-    text = re.sub(r"\b[0-9a-f]{8}\b|\d+", "N", text)[:100]
-    command = next((a for a in outcome.argv if not a.startswith("-")), "?")
-    return f"{command}: {text}"
+    text = re.sub(r"'a{20,}", "'aaa...", text)
+    return re.sub(r"\b[0-9a-f]{8}\b|(?<![\w-])\d+(?![\w-])", "N", text)[:100]
 
 
 def bad_inputs(args) -> InputFigures:
@@ -688,11 +687,15 @@ def bad_inputs(args) -> InputFigures:
         print(f"NOT RUN (budget spent): {len(skipped)} cases: "
               + ", ".join(f"{n} {name}" for name, n in left.items()))
 
-    causes = collections.Counter(cause(r.worst) for r in results if r.kind == "TRACEBACK")
+    causes: dict[str, list[str]] = collections.defaultdict(list)
+    for r in results:
+        if r.kind == "TRACEBACK":
+            causes[cause(r.worst)].append(next((a for a in r.worst.argv if a[:1] != "-"), "?"))
     if causes:
         print(f"\nTRACEBACK by cause ({len(causes)} distinct):")
-        for text, n in causes.most_common():
-            print(f"  {n:4}  {short(text, 140)}")
+        for text, commands in sorted(causes.items(), key=lambda kv: -len(kv[1])):
+            print(f"  {len(commands):4}  {short(text, 110)}  "
+                  f"[{', '.join(sorted(set(commands)))}]")
     for kind in ("TRACEBACK", "HANG", "other", "harness"):
         found = [r for r in results + broken if r.kind == kind]
         if not found:
