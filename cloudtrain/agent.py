@@ -126,6 +126,18 @@ def write_json(path, data):
     os.replace(tmp, path)
 
 
+def save_status(path, status):
+    """Record a status decided from outside the agent (probe, stop, reap). A job directory
+    that is gone, or a status.json that is no file any more, does not change the answer."""
+    try:
+        write_json(path, status)
+    except OSError:
+        try:
+            os.unlink("%s.%d.tmp" % (path, os.getpid()))
+        except OSError:
+            pass
+
+
 def pid_alive(pid, needle=None):
     """Whether `pid` exists (and, on Linux, runs a command line containing `needle`)."""
     pid = as_pid(pid)
@@ -591,7 +603,7 @@ def reap(jobdir, status, reason):
         signal_group(pgid, signal.SIGKILL)
     kill_recorded(status.get("descendants"))
     status.update(state=FAILED, ended_at=now(), reason=reason, descendants=[])
-    write_json(os.path.join(jobdir, "status.json"), status)
+    save_status(os.path.join(jobdir, "status.json"), status)
     return status
 
 
@@ -638,7 +650,7 @@ def probe(jobdir, stale_after_s=30.0, session=None, tmux_socket=None):
                   "status.json is unreadable and the agent is gone")
         err = _tail_text(os.path.join(jobdir, "agent.err"))
         status = {"state": FAILED, "ended_at": t, "reason": reason + (": " + err if err else "")}
-        write_json(status_path, status)
+        save_status(status_path, status)
     elif status is not None and status.get("state") in ACTIVE:
         beat = as_time(status.get("heartbeat_at"), 0.0)
         if not pid_alive(status.get("agent_pid"), "agent.py"):
@@ -692,7 +704,7 @@ def stop(jobdir, grace_s=None, wait_s=None):
             os.kill(agent_pid, signal.SIGKILL)
         status = reap(jobdir, status, "cancelled by user")
         status["state"] = CANCELLED
-        write_json(status_path, status)
+        save_status(status_path, status)
     return status
 
 

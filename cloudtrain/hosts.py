@@ -488,12 +488,16 @@ class LocalHost(Host):
                 return f.read() if end is None else f.read(max(end - offset, 0))
         except FileNotFoundError:
             return b""
+        except OSError as exc:  # a directory where the log should be, no permission, ...
+            raise HostError(f"cannot read {path}: {exc.strerror or exc}") from None
 
     def tail(self, path: str, lines: int) -> tuple[bytes, int]:
         try:
             size = os.path.getsize(path)
         except FileNotFoundError:
             return b"", 0
+        except OSError as exc:
+            raise HostError(f"cannot read {path}: {exc.strerror or exc}") from None
         return last_lines(self.read(path, max(0, size - TAIL_WINDOW), size), lines), size
 
     def probe_job(self, jobdir: str, stale_after_s: float) -> dict:

@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 from . import config, hostdata, lease, providers, state
 from .agent import metrics_tail, pid_alive, read_json
-from .errors import CloudtrainError, HostError, NotFound, UsageError
+from .errors import CloudtrainError, HostError, MissingDependency, NotFound, UsageError
 from .hosts import Host, LocalHost
 from .spec import COMMAND, RECIPE, JobSpec
 from .state import Job, Store
@@ -743,7 +743,9 @@ def _stop_orphans(store: Store, refs: list[str] | None, required: bool
     try:
         found = provider.orphans(store)
     except CloudtrainError as exc:
-        if required or used:
+        # No credentials on a machine that never used the cloud: nothing of ours to find.
+        # Any other failure may hide something billing: said, and the exit code says so.
+        if required or used or not isinstance(exc, MissingDependency):
             return [("", StopOutcome(f"{backend} instances", None, False,
                                      f"could not look for untracked instances: {exc.message}",
                                      False))]

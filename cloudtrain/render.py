@@ -218,8 +218,8 @@ def recipes_table(recipes) -> str:
     rows = []
     for r in recipes:
         pub = r.published[0] if r.published else {}
-        result = " ".join(x for x in (pub.get("result"), pub.get("time"), pub.get("hardware"))
-                          if x)
+        result = " ".join(str(x) for x in (pub.get("result"), pub.get("time"),
+                                            pub.get("hardware")) if x)
         rows.append([r.name, str(r.gpus), r.description, result or "-"])
     return table(rows, ["RECIPE", "GPUS", "DESCRIPTION", "PUBLISHED RESULT"])
 

@@ -147,10 +147,13 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
         raise UsageError("--profile and --set apply to recipes; pass your own arguments after --")
     workdir_path = None
     if workdir is not None:
-        path = Path(workdir).expanduser()
-        if not path.is_dir():
-            raise UsageError(f"--workdir {shown(workdir)[1:-1]}: not a directory")
-        workdir_path = str(path.resolve())
+        try:
+            path = Path(workdir).expanduser()
+            if not path.is_dir():
+                raise UsageError(f"--workdir {shown(workdir)[1:-1]}: not a directory")
+            workdir_path = str(path.resolve())
+        except OSError as exc:  # a name too long, a loop of links, ...
+            raise UsageError(f"--workdir {shown(workdir)[1:-1]}: {exc.strerror or exc}") from None
     if include and workdir is None:
         raise UsageError("--include applies to the files --workdir syncs; give --workdir too")
     if procs is not None and not 1 <= procs <= MAX_PROCS:

@@ -409,6 +409,11 @@ class Store:
         if not ref:
             raise UsageError("give a job id, id prefix or name",
                              hint="cloudtrain status lists the jobs")
+        try:
+            ref.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 on the command line: no job's
+            raise NotFound(f"no job {ref.encode('utf-8', 'replace').decode()!r}",
+                           hint="cloudtrain status lists the jobs") from None
         row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (ref,)).fetchone()
         if row is not None:
             return Job.from_row(row)

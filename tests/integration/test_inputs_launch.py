@@ -150,7 +150,7 @@ def test_F25_click_ranges(cli, args, message):
     (["launch", "--instance", "../../x", "--", "true"],
      "--instance '../../x': expected an EC2 instance type, e.g. g5.xlarge"),
     (["launch", "--gpus", "V100:nan", "--region", "us-east-1", "--", "true"],
-     "--gpus V100:nan: the count must be a finite number, got nan"),
+     "--gpus V100:nan: the count must be a whole number of at least 1"),
     (["launch", "--include", ".env", "--", "true"],
      "--include applies to the files --workdir syncs; give --workdir too"),
     (["launch", "--dry-run", "--", "", "x"], "the command after -- starts with an empty word, ''"),

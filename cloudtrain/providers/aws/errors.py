@@ -115,6 +115,12 @@ def aws_errors(region: str, service: str = "ec2"):
                        hint="refresh them (aws sso login, or new access keys)") from exc
     except botocore.exceptions.BotoCoreError as exc:
         raise AWSError(f"AWS call failed in {region}: {exc}") from exc
+    except (KeyError, TypeError) as exc:
+        # botocore parses any 200 answer, an HTML page included (a captive portal, a proxy,
+        # a wrong AWS_ENDPOINT_URL), into a reply without the fields every AWS reply has.
+        raise AWSError(f"the AWS endpoint for {region} answered something that is not an AWS "
+                       f"reply (no {exc})", hint="check AWS_ENDPOINT_URL and any proxy or "
+                       "captive portal between you and AWS") from exc
 
 
 class StaleCache(Exception):
