@@ -395,7 +395,10 @@ class Agent:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the job come to us, not to init
         self.write_status(state=STARTING, agent_pid=os.getpid(), pid=None, started_at=None,
                           ended_at=None, exit_code=None, reason=None)
-        self.rearm("start_minutes")
+        # In the background: a slow sudo must not hold back the heartbeat (a probe would
+        # take the agent for dead).
+        rearming = threading.Thread(target=self.rearm, args=("start_minutes",), daemon=True)
+        rearming.start()
         env = dict(os.environ)
         env.update({k: str(v) for k, v in (self.settings.get("env") or {}).items()})
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -436,6 +439,7 @@ class Agent:
                 next_beat = t + self.heartbeat_s
             time.sleep(POLL_S)
 
+        rearming.join(REARM_TIMEOUT_S)  # its process is ours too, and must not be killed below
         # run.sh ended; whatever it left behind, in its group or not, goes too (no orphans).
         self.signal_job(signal.SIGKILL)
         deadline = now() + 5

@@ -398,21 +398,28 @@ class Host(ABC):
             result.skip(rel, "not a regular file when opened")
             return True
         written = 0
-        with reader:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            # O_NOFOLLOW: never write through a symlink that appeared at the target.
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                while chunk := reader.read(PULL_CHUNK):
-                    if result.bytes + written + len(chunk) > limit:
-                        result.over_limit = True
-                        break
-                    out.write(chunk)
-                    written += len(chunk)
-        if result.over_limit:
-            target.unlink(missing_ok=True)
-            result.skip(rel, f"over the limit of {limit:.0f} bytes: stopped")
-            return False
+        # Into a side file, renamed into place when whole: a pull cut short (the instance
+        # powering off, another process pulling the same job) never truncates a good copy.
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        try:
+            with reader:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                # O_NOFOLLOW: never write through a symlink that appeared at the target.
+                fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                             0o600)
+                with os.fdopen(fd, "wb") as out:
+                    while chunk := reader.read(PULL_CHUNK):
+                        if result.bytes + written + len(chunk) > limit:
+                            result.over_limit = True
+                            break
+                        out.write(chunk)
+                        written += len(chunk)
+            if result.over_limit:
+                result.skip(rel, f"over the limit of {limit:.0f} bytes: stopped")
+                return False
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
         result.files += 1
         result.bytes += written
         return True

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 from . import config, hostdata, lease, providers, state
 from .agent import metrics_tail, pid_alive, read_json
 from .errors import CloudtrainError, HostError, MissingDependency, NotFound, UsageError
-from .hosts import Host, LocalHost
+from .hosts import Host, LocalHost, session_name
 from .spec import COMMAND, RECIPE, JobSpec
 from .state import Job, Store
 
@@ -129,22 +129,19 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
     job = store.create_job(name=spec.name, kind=spec.kind, recipe=spec.recipe,
                            command=spec.display(), backend=spec.backend, spec=spec.to_dict(),
                            launcher=f"{socket.gethostname()}:{os.getpid()}")
-    host: Host | None = None
-    agent_started = False
     try:
+        # The cleanup runs inside the signal guard too: a second SIGTERM is noted, not obeyed,
+        # from the first signal to the end of the cleanup.
         with lease.renewing(store.path, job.id), lease.signals_interrupt():
-            host, started, detail = _launch_steps(store, settings, spec, provider, job,
-                                                  source, kept, say)
-            agent_started = True
-            _advance(store, job.id, state.RUNNING, detail=detail, at=started)
-    except BaseException as exc:
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        _abort_launch(store, settings, provider, job, host if agent_started else None, exc)
-        if interrupted:
-            raise
-        if isinstance(exc, CloudtrainError):
-            raise
-        raise CloudtrainError(f"launch of job {job.id} failed: {exc}") from exc
+            try:
+                _, started, detail = _launch_steps(store, settings, spec, provider, job,
+                                                   source, kept, say)
+                _advance(store, job.id, state.RUNNING, detail=detail, at=started)
+            except BaseException as exc:
+                _abort_launch(store, settings, provider, job, _open_hosts.get(job.id), exc)
+                if isinstance(exc, (KeyboardInterrupt, CloudtrainError)):
+                    raise
+                raise CloudtrainError(f"launch of job {job.id} failed: {exc}") from exc
     finally:
         store.update_job(job.id, lease_until=None)
     return store.job(job.id)
@@ -302,11 +299,19 @@ def _abort_launch(store, settings, provider, job, host, exc) -> None:
     else:
         reason = "interrupted during launch" if interrupted else f"launch failed: {message}"
     with lease.uninterruptible("terminating what the launch started"):
-        try:
-            if host is not None:
-                host.stop_job(store.job(job.id).jobdir, settings.stop_grace_seconds)
-        except Exception:  # the host may be the thing that failed; releasing it is what matters
-            pass
+        store.rollback()  # a signal may have come inside a write transaction
+        jobdir = store.job(job.id).jobdir
+        started = store.job(job.id).state not in (state.PENDING, state.PROVISIONING,
+                                                   state.SYNCING)
+        if host is not None and jobdir and started:
+            # The agent may be starting or started: stop it, and its tmux session with it (on
+            # this machine nothing else would; an instance is terminated anyway).
+            try:
+                host.stop_job(jobdir, settings.stop_grace_seconds)
+                host.run(host.tmux("kill-session", "-t", session_name(job.id)), check=False,
+                         timeout=30)
+            except Exception:  # the host may be what failed; releasing it is what matters
+                pass
         released = True
         try:
             provider.release(store, store.job(job.id), force=True)
@@ -373,10 +378,12 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
         fields["started_at"] = status["started_at"]
     agent_state = status.get("state")
     if agent_state in state.TERMINAL_STATES:
-        store.set_state(job.id, agent_state, at=status.get("ended_at") or time.time(),
-                        detail=status.get("reason"), exit_code=status.get("exit_code"),
-                        reason=status.get("reason"), **fields)
-        _finish(store, job)
+        # Only the process that records the end collects and releases: two collecting at
+        # once would race on the same files, and one releasing under the other cut it short.
+        if store.set_state(job.id, agent_state, at=status.get("ended_at") or time.time(),
+                           detail=status.get("reason"), exit_code=status.get("exit_code"),
+                           reason=status.get("reason"), **fields):
+            _finish(store, job)
         return store.job(job.id)
     if fields:
         store.update_job(job.id, **fields)
@@ -393,17 +400,31 @@ def _host_lost(store: Store, job: Job, exc: HostError) -> Job:
     before the power-off); without them it is preempted (a spot interruption took it) or
     failed. Otherwise the host is only unreachable now."""
     states = providers.get(job.backend).instance_states(store, job)
+    # EC2 forgets a terminated instance about an hour later: a recorded one it no longer
+    # lists is gone too.
+    for inst in store.instances(job.id):
+        if inst.provider != "local" and inst.id not in states:
+            states[inst.id] = {"state": "terminated", "reason": "", "message": "no longer listed"}
     if not (states and all(s["state"] in ("shutting-down", "terminated")
                            for s in states.values())):
         store.update_job(job.id, reason=f"{UNREACHABLE}: {exc.message}")
         return store.job(job.id)
-    status = _from_job_store(store, job) or {}
-    if status.get("state") in state.TERMINAL_STATES:
+    try:
+        status = _from_job_store(store, job) or {}
+    except CloudtrainError as store_exc:  # throttled, expired credentials: ask again later
+        store.update_job(job.id, reason=f"{UNREACHABLE}; the job store could not be read "
+                                        f"({store_exc.message}): status tries again")
+        return store.job(job.id)
+    spot = any("Spot" in s["reason"] or "Spot" in s["message"] for s in states.values())
+    # The stored status is the agent's word, unless EC2 took a spot instance back under a
+    # job that had not finished: then the agent saw only a signal (the shutdown's SIGTERM, or
+    # SIGHUP as tmux went) and EC2 knows why.
+    if status.get("state") in state.TERMINAL_STATES and not (
+            spot and status["state"] not in (state.SUCCEEDED, state.PREEMPTED)):
         store.set_state(job.id, status["state"], at=status.get("ended_at") or time.time(),
                         detail=status.get("reason"), exit_code=status.get("exit_code"),
                         reason=status.get("reason"))
     else:
-        spot = any("Spot" in s["reason"] or "Spot" in s["message"] for s in states.values())
         reason = "spot instance interrupted" if spot else \
             "instance terminated before the job's end was seen: " + \
             "; ".join(f"{i}: {s['message'] or s['state']}" for i, s in states.items())
@@ -432,13 +453,10 @@ def _read_record(job: Job, stale_after_s: float = 1e9) -> dict:
 
 def _from_job_store(store: Store, job: Job) -> dict | None:
     """Bring the job's files home from the job store that outlives its instance; the stored
-    status (untrusted, checked like a probe's answer), or None when nothing was stored."""
+    status (untrusted, checked like a probe's answer), or None when nothing was stored. A
+    store that cannot be read now raises (CloudtrainError): the caller decides nothing."""
     local = config.home() / "jobs" / job.id
-    try:
-        fetched = providers.get(job.backend).fetch_results(store, job, local)
-    except CloudtrainError as exc:
-        store.add_event(job.id, "results", detail=f"job store not readable: {exc.message}")
-        return None
+    fetched = providers.get(job.backend).fetch_results(store, job, local)
     if not fetched:
         return None
     store.add_event(job.id, "results", detail=(
@@ -464,8 +482,11 @@ def _check_launcher(store: Store, job: Job) -> Job:
     still in the state the snapshot saw (compare-and-set), so a job that reached RUNNING is
     never touched here."""
     hostname, _, pid = (job.launcher or "").rpartition(":")
-    died = hostname == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid))
-    expired = job.lease_until is not None and time.time() > job.lease_until
+    here = hostname == socket.gethostname() and pid.isdigit()
+    died = here and not pid_alive(int(pid))
+    # A launcher seen alive here (stopped with Ctrl-Z, a laptop asleep) keeps its job.
+    expired = job.lease_until is not None and time.time() > job.lease_until and \
+        not (here and not died)
     if not (died or expired):
         return job
     reason = f"the launching process died during {job.state}" if died else \
@@ -508,11 +529,26 @@ def collect_files(store: Store, job: Job) -> bool:
 
 
 def _finish(store: Store, job: Job, collect: bool = True, force: bool = False) -> None:
-    """After the job: bring its files home, give the host back, settle the cost."""
-    if collect:
-        collect_files(store, store.job(job.id))
-    providers.get(job.backend).release(store, store.job(job.id), force=force)
+    """After the job: bring its files home (over SSH, else from the job store), give the
+    host back whatever happened to the files, settle the cost."""
+    try:
+        if collect and not collect_files(store, store.job(job.id)):
+            _collect_from_store(store, store.job(job.id))
+    finally:
+        providers.get(job.backend).release(store, store.job(job.id), force=force)
     settle_cost(store, store.job(job.id))
+
+
+def _collect_from_store(store: Store, job: Job) -> None:
+    """The SSH copy failed (the instance powered off under it, a slow link): take the files
+    from the job store instead, where the agent put them before the power-off."""
+    if not job.jobdir or (job.host or {}).get("collected_from") is not None \
+            or isinstance(host_of(job), LocalHost):
+        return
+    try:
+        _from_job_store(store, job)
+    except CloudtrainError as exc:
+        store.add_event(job.id, "results", detail=f"job store not readable: {exc.message}")
 
 
 def settle_cost(store: Store, job: Job) -> None:
@@ -701,7 +737,8 @@ def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -
 def _release_outcome(store: Store, job: Job, stopped: bool, note: str,
                      collect: bool = True) -> StopOutcome:
     try:
-        _finish(store, job, collect=collect, force=True)
+        with lease.uninterruptible("terminating the job's instance"):
+            _finish(store, job, collect=collect, force=True)
     except Exception as exc:
         message = exc.message if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
         return StopOutcome(job.id, store.job(job.id), stopped,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 LEASE_S = 120.0  # a launcher silent for this long is taken for dead
 RENEW_S = 15.0
+RENEW_JOIN_S = 35.0  # a renewal waits at most the store's busy timeout (30 s)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -51,12 +52,15 @@ def renewing(db_path: Path, job_id: str):
         store.update_job(job_id, lease_until=time.time() + LEASE_S)
 
     def renew():
-        with Store(db_path) as own:
-            while not stop.wait(RENEW_S):
-                try:
-                    own.update_job(job_id, lease_until=time.time() + LEASE_S)
-                except Exception:  # a busy or vanished database: the next renewal tries again
-                    pass
+        own = None
+        while not stop.wait(RENEW_S):
+            try:
+                own = own or Store(db_path)
+                own.update_job(job_id, lease_until=time.time() + LEASE_S)
+            except Exception:  # a busy or vanished database: the next renewal tries again
+                pass
+        if own is not None:
+            own.close()
 
     thread = threading.Thread(target=renew, name=f"lease-{job_id}", daemon=True)
     thread.start()
@@ -64,19 +68,27 @@ def renewing(db_path: Path, job_id: str):
         yield
     finally:
         stop.set()
+        thread.join(RENEW_JOIN_S)  # no renewal may land after the launch cleared the lease
 
 
 @contextlib.contextmanager
 def signals_interrupt():
-    """SIGTERM and SIGHUP raise LaunchInterrupted (a KeyboardInterrupt) in the block."""
+    """SIGTERM and SIGHUP raise LaunchInterrupted (a KeyboardInterrupt) in the block, as
+    Ctrl-C raises KeyboardInterrupt; any signal after the first is only noted."""
     if not _in_main_thread():
         yield
         return
 
-    def handler(signum, frame):
-        raise LaunchInterrupted(signum)
+    fired: list[int] = []
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    def handler(signum, frame):
+        # The first signal interrupts; later ones (before the cleanup takes them over) are
+        # noted only, so that nothing can cut the cleanup itself short.
+        fired.append(signum)
+        if len(fired) == 1:
+            raise KeyboardInterrupt() if signum == signal.SIGINT else LaunchInterrupted(signum)
+
+    old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
         yield
     finally:

@@ -366,11 +366,18 @@ class Store:
             self.db = db
 
         def __enter__(self):
+            if self.db.in_transaction:  # one a signal cut short: it must not block this one
+                self.db.execute("ROLLBACK")
             self.db.execute("BEGIN IMMEDIATE")
             return self.db
 
         def __exit__(self, exc_type, exc, tb):
             self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+    def rollback(self) -> None:
+        """End a write transaction left open (a signal between BEGIN and COMMIT)."""
+        if self.db.in_transaction:
+            self.db.execute("ROLLBACK")
 
     def transaction(self) -> "Store._Transaction":
         """A write transaction that takes the write lock up front (no upgrade deadlocks)."""

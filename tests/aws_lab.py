@@ -221,12 +221,31 @@ def moto_endpoint():
     server.stop()
 
 
+def _plain_http_stands_in_for_tls(monkeypatch) -> None:
+    """The lab reaches moto over plain HTTP where AWS is reached over TLS. The job store's
+    bucket denies requests without TLS (aws:SecureTransport false), and moto, which cannot
+    evaluate that condition, would then refuse every object read: such a policy is left out
+    of moto's decision here (the policy itself is still checked by the job store's tests)."""
+    from moto.iam.access_control import PermissionResult
+    from moto.s3.models import FakeBucket
+
+    original = FakeBucket.get_permission
+
+    def get_permission(self, action, resource):
+        if self.policy and b"aws:SecureTransport" in self.policy:
+            return PermissionResult.NEUTRAL
+        return original(self, action, resource)
+
+    monkeypatch.setattr(FakeBucket, "get_permission", get_permission)
+
+
 @pytest.fixture
 def aws(moto_endpoint, ct_home, tmp_path, monkeypatch):
     requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
     for k, v in AWS_ENV.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    _plain_http_stands_in_for_tls(monkeypatch)
     lab = AWSLab(moto_endpoint, ct_home, tmp_path / "lab")
     lab.work.mkdir()
     lab.build(free_port())

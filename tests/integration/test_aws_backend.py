@@ -289,7 +289,7 @@ def test_spot_interruption_shows_as_preempted(cli, aws, ct_home):
     instance.state_reason = StateReason("Server.SpotInstanceTermination: Spot instance "
                                         "termination", "Server.SpotInstanceTermination")
     job = cli.job(job_id)
-    assert job["state"] == "preempted" and job["reason"] == "spot instance interrupted"
+    assert job["state"] == "preempted" and job["reason"] == "spot instance interrupted", job["reason"]
     assert all(r["state"] == "terminated" for r in _instance_rows(ct_home, job_id))
 
 

@@ -14,10 +14,9 @@ import json
 import os
 import shutil
 
-import boto3
 import pytest
 
-from aws_lab import REGION, aws, moto_endpoint  # noqa: F401  (fixtures)
+from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
 from conftest import wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
@@ -35,15 +34,6 @@ echo "the last line"
 """
 
 
-def _allow_plain_http(aws) -> None:
-    """moto refuses every read once a bucket policy has a condition it cannot evaluate (the
-    job store's TLS-only deny): drop that one policy, as the job store's own tests do."""
-    s3 = boto3.client("s3", endpoint_url=aws.endpoint, region_name=REGION,
-                      aws_access_key_id="testing", aws_secret_access_key="testing")
-    for bucket in s3.list_buckets()["Buckets"]:
-        s3.delete_bucket_policy(Bucket=bucket["Name"])
-
-
 @pytest.fixture
 def job_script(tmp_path):
     work = tmp_path / "wd"
@@ -52,17 +42,22 @@ def job_script(tmp_path):
     return work
 
 
+def _the_instance_is_gone(aws) -> None:
+    """Its disk went with it, and nothing answers SSH at its address any more."""
+    aws.sshd.stop()
+    shutil.rmtree(aws.work / "remote")
+
+
 def _launch_and_let_it_end_alone(cli, aws, job_script, *extra) -> str:
     aws.write_config(shutdown_delay_seconds=3.0)
     job_id = cli.launch("--instance", "g5.xlarge", "--workdir", str(job_script), *extra,
                         "--", "bash", "-c", "sleep 2; bash job.sh")
-    _allow_plain_http(aws)
     # The agent powers the host off after the job (shutdown behaviour: terminate).
     wait_for(lambda: [i for i in aws.instances(**{"tag:cloudtrain:job": job_id})
                       if i["State"]["Name"] == "terminated"], timeout=60,
              what="the agent's power-off")
     assert [s["job"] for s in aws.shutdowns()] == [job_id]
-    shutil.rmtree(aws.work / "remote")  # the instance's disk is gone with it
+    _the_instance_is_gone(aws)
     return job_id
 
 
@@ -113,17 +108,17 @@ def test_logs_first_then_resume_from_a_job_whose_instance_went_unseen(
     job resumes from the checkpoint that only the job store still has."""
     aws.write_config(shutdown_delay_seconds=1.0)
     job_id = cli.launch("--recipe", "toy", "--instance", "g5.xlarge")
-    _allow_plain_http(aws)
     wait_for(lambda: [i for i in aws.instances(**{"tag:cloudtrain:job": job_id})
                       if i["State"]["Name"] == "terminated"], timeout=60,
              what="the agent's power-off")
-    shutil.rmtree(aws.work / "remote")
+    _the_instance_is_gone(aws)
 
     assert "args {'epochs': 2" in cli.ok("logs", job_id).stdout
     assert cli.job(job_id)["state"] == "succeeded"
     report = json.loads(cli.ok("cost-report", "--json").stdout)
     assert job_id in json.dumps(report)
 
+    aws.sshd.start()  # the next instance answers at the same loopback addresses
     proc = cli("launch", "--recipe", "toy", "--instance", "g5.xlarge", "--resume-from", job_id,
                "--set", "epochs=3", "--follow", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -159,3 +154,33 @@ def test_the_dry_run_says_where_results_go_or_what_waiting_costs(cli, aws):
     aws.write_config(job_store=False, collect_wait_minutes=30)
     plan = cli.ok("launch", "--instance", "g5.xlarge", "--dry-run", "--", "true").stdout
     assert "waits up to 30 min after the job for the CLI to collect (billed, up to $0.50)" in plan
+
+
+def test_results_come_home_after_ec2_has_forgotten_the_instance(cli, aws, ct_home, job_script,
+                                                                monkeypatch):
+    """EC2 lists a terminated instance for about an hour only: a job looked at later is
+    still read from the job store, not left 'host unreachable' for ever."""
+    from moto.ec2.models.instances import InstanceBackend
+
+    job_id = _launch_and_let_it_end_alone(cli, aws, job_script)
+    monkeypatch.setattr(InstanceBackend, "describe_instances", lambda self, *a, **k: [])
+    job = cli.job(job_id)
+    assert job["state"] == "succeeded", job["reason"]
+    assert "the last line" in cli.ok("logs", job_id).stdout
+
+
+def test_a_job_store_that_cannot_be_read_now_is_asked_again_later(cli, aws, ct_home,
+                                                                  job_script, monkeypatch):
+    """A throttled or refused read of the job store decides nothing: the job keeps its
+    state, says why, and the next status reads the results."""
+    from moto.iam.access_control import PermissionResult
+    from moto.s3.models import FakeBucket
+
+    job_id = _launch_and_let_it_end_alone(cli, aws, job_script)
+    allowed = FakeBucket.get_permission
+    monkeypatch.setattr(FakeBucket, "get_permission",
+                        lambda self, action, resource: PermissionResult.DENIED)
+    job = cli.job(job_id)
+    assert job["state"] == "running" and "job store could not be read" in job["reason"], job
+    monkeypatch.setattr(FakeBucket, "get_permission", allowed)
+    assert cli.job(job_id)["state"] == "succeeded"

@@ -89,6 +89,7 @@ class ResultsStoreMixin:
     def fetch_results(self, store: Store, job: Job, local: Path) -> dict | None:
         """What the agent stored for the job, brought into `local` (checked as untrusted:
         paths, sizes, the manifest's sha256). None when nothing was stored."""
+        import boto3.exceptions
         import botocore.exceptions
 
         regions = {i.region for i in store.instances(job.id) if i.region} or {self.region_of(job)}
@@ -101,7 +102,7 @@ class ResultsStoreMixin:
             except botocore.exceptions.ClientError as exc:
                 raise CloudtrainError(f"the job store s3://.../jobs/{job.id}/ could not be read: "
                                       f"{_code(exc)}: {_message(exc)}") from exc
-            except botocore.exceptions.BotoCoreError as exc:
+            except (botocore.exceptions.BotoCoreError, boto3.exceptions.Boto3Error) as exc:
                 raise CloudtrainError(f"the job store could not be read: {exc}") from exc
             if got.found:
                 return {"files": len(got.files), "bytes": got.bytes, "complete": got.complete,
