@@ -150,6 +150,36 @@ def wait_for(predicate, timeout=20.0, interval=0.1, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def wait_for_job_state(ct_home: Path, wanted: str, timeout: float = 60) -> str:
+    """The id of the newest job once it is in state `wanted` (read from the store directly,
+    so as to catch a launch in the middle of a phase)."""
+    import sqlite3
+
+    def current():
+        try:
+            db = sqlite3.connect(ct_home / "state.db")
+            row = db.execute("SELECT id, state FROM jobs ORDER BY created_at DESC").fetchone()
+            db.close()
+        except sqlite3.OperationalError:
+            return None
+        return row[0] if row and row[1] == wanted else None
+
+    return wait_for(current, timeout=timeout, interval=0.01, what=f"a job in state {wanted}")
+
+
+@pytest.fixture
+def big_workdir(tmp_path) -> Path:
+    """A work directory of 10,000 small files: its sync takes long enough that a launch can
+    be caught (and interrupted) while syncing."""
+    work = tmp_path / "big"
+    for d in range(40):
+        sub = work / f"d{d}"
+        sub.mkdir(parents=True)
+        for f in range(250):
+            (sub / f"f{f}.txt").write_text("x")
+    return work
+
+
 def recipe_command(recipe: str, profile: str = "smoke") -> list[str]:
     """A bundled recipe's command line exactly as `cloudtrain launch` writes it into run.sh
     (the project's own resolve/script_args), run from a job dir made by recipe_job_dir."""

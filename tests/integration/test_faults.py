@@ -75,18 +75,6 @@ def _job_row(ct_home):
 
 
 @pytest.fixture
-def big_workdir(tmp_path):
-    """Enough files that the sync takes a moment: a launch can be caught while syncing."""
-    work = tmp_path / "big"
-    for d in range(30):
-        sub = work / f"d{d}"
-        sub.mkdir(parents=True)
-        for f in range(200):
-            (sub / f"f{f}.txt").write_text("x")
-    return work
-
-
-@pytest.fixture
 def slow_run_instances(monkeypatch):
     """moto answers RunInstances 3 s after creating the instance: the window in which it
     exists (and bills) but the launcher does not know its id."""
@@ -276,10 +264,15 @@ def test_F4_down_all_goes_on_past_a_job_it_cannot_reach(cli, aws, ct_home):
     assert after["instances"] == []
 
 
-def test_F12_down_all_with_the_state_lost_terminates_tagged_instances(cli, aws, ct_home):
-    job_id = _running_job(cli, aws, ct_home)
+def _lose_the_state(ct_home) -> None:
+    """Another machine, or a deleted $CLOUDTRAIN_HOME: the store knows nothing."""
     for name in ("state.db", "state.db-wal", "state.db-shm"):
         (ct_home / name).unlink(missing_ok=True)
+
+
+def test_F12_down_all_with_the_state_lost_terminates_tagged_instances(cli, aws, ct_home):
+    job_id = _running_job(cli, aws, ct_home)
+    _lose_the_state(ct_home)
     after_fault = billing(aws)
     assert after_fault["instances"]
     refreshed = cli.ok("status", "--refresh").stdout
@@ -294,8 +287,7 @@ def test_F12_down_all_with_the_state_lost_terminates_tagged_instances(cli, aws, 
 
 def test_F12_down_by_id_of_a_job_known_only_from_its_tags(cli, aws, ct_home):
     job_id = _running_job(cli, aws, ct_home)
-    for name in ("state.db", "state.db-wal", "state.db-shm"):
-        (ct_home / name).unlink(missing_ok=True)
+    _lose_the_state(ct_home)
     after_fault = billing(aws)
     proc = cli("down", job_id)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -15,18 +15,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, TMUX_SOCKET, wait_for
-
-
-@pytest.fixture
-def big_workdir(tmp_path):
-    work = tmp_path / "big"
-    for d in range(40):
-        sub = work / f"d{d}"
-        sub.mkdir(parents=True)
-        for f in range(250):
-            (sub / f"f{f}.txt").write_text("x")
-    return work
+from conftest import REPO, TMUX_SOCKET, wait_for_job_state
 
 
 def _start_launch(big_workdir, *extra):
@@ -34,19 +23,6 @@ def _start_launch(big_workdir, *extra):
         [sys.executable, "-m", "cloudtrain", "launch", "--workdir", str(big_workdir), *extra,
          "--", "sleep", "60"],
         cwd=REPO, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _wait_for_state(ct_home, wanted):
-    def current():
-        try:
-            db = sqlite3.connect(ct_home / "state.db")
-            row = db.execute("SELECT id, state FROM jobs").fetchone()
-            db.close()
-        except sqlite3.OperationalError:
-            return None
-        return row if row and row[1] == wanted else None
-
-    return wait_for(current, timeout=30, interval=0.01, what=f"job in state {wanted}")[0]
 
 
 def _no_session(job_id):
@@ -57,7 +33,7 @@ def _no_session(job_id):
 
 def test_ctrl_c_during_sync_cancels_the_job(cli, ct_home, big_workdir):
     proc = _start_launch(big_workdir)
-    job_id = _wait_for_state(ct_home, "syncing")
+    job_id = wait_for_job_state(ct_home, "syncing")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
@@ -72,7 +48,7 @@ def test_ctrl_c_during_sync_cancels_the_job(cli, ct_home, big_workdir):
 
 def test_a_launcher_killed_mid_launch_shows_as_failed(cli, ct_home, big_workdir):
     proc = _start_launch(big_workdir)
-    job_id = _wait_for_state(ct_home, "syncing")
+    job_id = wait_for_job_state(ct_home, "syncing")
     proc.kill()
     proc.wait()
     job = cli.job(job_id)
@@ -83,7 +59,7 @@ def test_a_launcher_killed_mid_launch_shows_as_failed(cli, ct_home, big_workdir)
 
 def test_down_during_launch_stops_the_launch(cli, ct_home, big_workdir):
     proc = _start_launch(big_workdir)
-    job_id = _wait_for_state(ct_home, "syncing")
+    job_id = wait_for_job_state(ct_home, "syncing")
     assert f"{job_id}: cancelled" in cli.ok("down", job_id).stdout
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
@@ -97,7 +73,7 @@ def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(cli, ct_home)
         [sys.executable, "-m", "cloudtrain", "launch", "--follow", "--", "bash", "-c",
          "echo started; sleep 60"],
         cwd=REPO, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    job_id = _wait_for_state(ct_home, "running")
+    job_id = wait_for_job_state(ct_home, "running")
     assert proc.stdout.readline() == "started\n"  # streamed through the follow
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)

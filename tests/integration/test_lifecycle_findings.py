@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 
 from cloudtrain import config, jobs, state
-from conftest import REPO, wait_for
+from conftest import REPO, wait_for_job_state
 
 
 def test_F1_a_newline_in_an_argument_is_data_not_shell_code(cli, ct_home, tmp_path):
@@ -60,28 +59,14 @@ def test_F11_a_status_acting_on_an_old_snapshot_never_fails_a_job_that_moved_on(
         assert jobs.refresh(store, settings, store.job(other.id)).state == state.FAILED
 
 
-def test_F13_sigterm_and_sighup_during_a_local_launch_cancel_it_cleanly(cli, ct_home, tmp_path):
-    work = tmp_path / "big"
-    for d in range(40):
-        (work / f"d{d}").mkdir(parents=True)
-        for f in range(250):
-            (work / f"d{d}" / f"f{f}.txt").write_text("x")
+def test_F13_sigterm_and_sighup_during_a_local_launch_cancel_it_cleanly(cli, ct_home,
+                                                                        big_workdir):
     for sig in (signal.SIGTERM, signal.SIGHUP):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cloudtrain", "launch", "--workdir", str(work), "--",
+            [sys.executable, "-m", "cloudtrain", "launch", "--workdir", str(big_workdir), "--",
              "sleep", "60"], cwd=REPO, env=os.environ, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True)
-
-        def syncing():
-            try:
-                db = sqlite3.connect(ct_home / "state.db")
-                row = db.execute("SELECT id FROM jobs WHERE state = 'syncing'").fetchone()
-                db.close()
-            except sqlite3.OperationalError:
-                return None
-            return row[0] if row else None
-
-        job_id = wait_for(syncing, timeout=60, interval=0.05, what="a syncing job")
+        job_id = wait_for_job_state(ct_home, "syncing")
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
