@@ -23,7 +23,7 @@ from . import config, hostdata, lease, providers, state
 from .agent import metrics_tail, pid_alive, read_json
 from .errors import CloudtrainError, HostError, MissingDependency, NotFound, UsageError
 from .hosts import Host, LocalHost, session_name
-from .spec import COMMAND, RECIPE, JobSpec
+from .spec import RECIPE, JobSpec
 from .state import Job, Store
 
 FOLLOW_POLL_S = 0.2

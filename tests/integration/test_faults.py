@@ -271,7 +271,7 @@ def _lose_the_state(ct_home) -> None:
 
 
 def test_F12_down_all_with_the_state_lost_terminates_tagged_instances(cli, aws, ct_home):
-    job_id = _running_job(cli, aws, ct_home)
+    _running_job(cli, aws, ct_home)
     _lose_the_state(ct_home)
     after_fault = billing(aws)
     assert after_fault["instances"]

@@ -20,7 +20,6 @@ import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cloudtrain import config
-from cloudtrain.cli import main
 from conftest import TOY_RECIPE
 from test_inputs_state import ended_job, readers, run
 

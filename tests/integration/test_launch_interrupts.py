@@ -13,7 +13,6 @@ import sqlite3
 import subprocess
 import sys
 
-import pytest
 
 from conftest import REPO, TMUX_SOCKET, wait_for_job_state
 
