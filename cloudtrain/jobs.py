@@ -124,7 +124,7 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
     killed outright (SIGKILL, a lost container) is noticed by any later `cloudtrain` command."""
     provider = providers.get(spec.backend)
     provider.preflight(spec)
-    source = _resume_source(store, spec)
+    source = _resume_source(store, settings, spec)
     kept = _kept_source(store, spec)
     job = store.create_job(name=spec.name, kind=spec.kind, recipe=spec.recipe,
                            command=spec.display(), backend=spec.backend, spec=spec.to_dict(),
@@ -249,12 +249,12 @@ def _remote_jobdir(job: Job) -> str | None:
     return (job.host or {}).get("remote_jobdir") or job.jobdir
 
 
-def _resume_source(store: Store, spec: JobSpec) -> Job | None:
+def _resume_source(store: Store, settings: config.Settings, spec: JobSpec) -> Job | None:
     if not spec.resume_from:
         return None
     # Refreshed first: a job whose instance went away unseen has its checkpoints in the job
     # store, and its end is learnt (and its files brought home) here.
-    source = refresh(store, config.Settings.load(), store.find_job(spec.resume_from))
+    source = refresh(store, settings, store.find_job(spec.resume_from))
     if source.active:
         raise UsageError(f"--resume-from {source.id}: the job is still {source.state}",
                          hint=f"cloudtrain down {source.id}")
@@ -690,7 +690,8 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
         outcomes.append(_stop_one(store, settings, job, grace))
     tags: list[str] = []
     if every or unknown:
-        orphans = _stop_orphans(store, None if every else unknown, required=bool(unknown))
+        orphans = _stop_orphans(store, settings, None if every else unknown,
+                                required=bool(unknown))
         tags = [tag for tag, _ in orphans]
         outcomes += [outcome for _, outcome in orphans]
     missing = [r for r in unknown if not any(t.startswith(r) for t in tags)]
@@ -698,7 +699,7 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
         store.find_job(missing[0])  # raises the usual NotFound, with its hint
     outcomes += [StopOutcome(r, None, False, "no such job (here or tagged in the cloud)", False)
                  for r in missing]
-    _cleanup_clouds(store, [o.job for o in outcomes if o.job is not None], every)
+    _cleanup_clouds(store, settings, [o.job for o in outcomes if o.job is not None], every)
     return outcomes
 
 
@@ -767,14 +768,15 @@ def _bounded(call, seconds: float):
     return box.get("result"), box.get("error")
 
 
-def _stop_orphans(store: Store, refs: list[str] | None, required: bool
+def _stop_orphans(store: Store, settings: config.Settings, refs: list[str] | None,
+                  required: bool
                   ) -> list[tuple[str, StopOutcome]]:
     """Terminate live instances tagged as ours that no job in the store holds (all of them,
     or those whose job tag starts with one of `refs`). Only clouds this machine has used or
     is set up for are asked; without credentials there is nothing to find."""
     backend = "aws"
     used = _cloud_used(store, backend)
-    if not (used or _cloud_configured(backend) or required):
+    if not (used or _cloud_configured(settings, backend) or required):
         return []
     provider = providers.get(backend)
     try:
@@ -809,10 +811,9 @@ def _cloud_used(store: Store, backend: str) -> bool:
                             (backend,)).fetchone() is not None
 
 
-def _cloud_configured(backend: str) -> bool:
+def _cloud_configured(settings: config.Settings, backend: str) -> bool:
     """Whether this machine is set up for the cloud (so `down --all` asks it even with an
     empty store): it is the default backend, or a region is configured."""
-    settings = config.Settings.load()
     return bool(settings.backend == backend or settings.region or os.environ.get("AWS_REGION")
                 or os.environ.get("AWS_DEFAULT_REGION"))
 
@@ -821,7 +822,8 @@ def _holds_instance(store: Store, job: Job) -> bool:
     return any(i.state != "terminated" and i.provider != "local" for i in store.instances(job.id))
 
 
-def _cleanup_clouds(store: Store, jobs: list[Job], every: bool = False) -> None:
+def _cleanup_clouds(store: Store, settings: config.Settings, jobs: list[Job],
+                    every: bool = False) -> None:
     """After `down`: per cloud, remove the shared resources (security group, key pair) that
     no instance uses any more (with --all, also where no job was stopped just now)."""
     by_backend: dict[str, set[str]] = {}
@@ -829,7 +831,7 @@ def _cleanup_clouds(store: Store, jobs: list[Job], every: bool = False) -> None:
         for inst in store.instances(job.id):
             if inst.region:
                 by_backend.setdefault(job.backend, set()).add(inst.region)
-    if every and (_cloud_used(store, "aws") or _cloud_configured("aws")):
+    if every and (_cloud_used(store, "aws") or _cloud_configured(settings, "aws")):
         by_backend["aws"] = set()  # every region the store knows, and the configured one
     for backend, regions in by_backend.items():
         try:

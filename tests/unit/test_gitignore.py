@@ -47,7 +47,7 @@ def test_character_classes_and_question_mark():
 
 
 def test_F6_credentials_are_never_synced(root):
-    """A `--workdir ~` as in the audit: keys and tokens stay home, code goes."""
+    """Audit F6: a `--workdir ~` as in the audit: keys and tokens stay home, code goes."""
     secrets = [".aws/credentials", ".ssh/id_ed25519", ".ssh/config", ".netrc", ".env",
                "project/.env", "project/.env.local", "tls/server.pem", ".git-credentials",
                ".docker/config.json", "sub/.kube/config", ".pypirc", "keys/id_rsa",
