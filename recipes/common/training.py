@@ -1,5 +1,6 @@
 """Small pieces every recipe's training loop uses: parameter counts, fp16 with fp32
-BatchNorm, and the clock that measures training time the way the records do."""
+BatchNorm, fp32 master weights for a half model, and the clock that measures training time
+the way the records do."""
 from __future__ import annotations
 
 import time
@@ -22,6 +23,34 @@ def to_half_keep_bn_float(model: nn.Module) -> nn.Module:
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.float()
     return model
+
+
+class MasterWeights:
+    """fp32 copies of a model's parameters, which the optimiser steps. Make it after the
+    weights are final on every rank (after DDP's broadcast or a checkpoint load)."""
+
+    def __init__(self, model: nn.Module):
+        self.model_params = list(model.parameters())
+        self.params = [p.detach().float().clone().requires_grad_(True)
+                       for p in self.model_params]
+
+    @torch.no_grad()
+    def pull_grads(self, loss_scale: float) -> None:
+        """Model gradients (averaged over ranks by DDP) -> fp32 master gradients / scale."""
+        for master, p in zip(self.params, self.model_params):
+            master.grad = p.grad.to(torch.float32, copy=True).div_(loss_scale)
+            p.grad = None
+
+    @torch.no_grad()
+    def push(self) -> None:
+        for master, p in zip(self.params, self.model_params):
+            p.copy_(master)
+
+    @torch.no_grad()
+    def load(self, saved: list) -> None:
+        for master, s in zip(self.params, saved):
+            master.copy_(s)
+        self.push()
 
 
 class TrainClock:

@@ -244,7 +244,8 @@ from torch import nn  # noqa: E402
 from torchvision import transforms  # noqa: E402
 
 from common import checkpoint, cifar10, distributed, metrics, runs, stopping  # noqa: E402
-from common.training import TrainClock, count_params, to_half_keep_bn_float  # noqa: E402
+from common.training import (  # noqa: E402
+    MasterWeights, TrainClock, count_params, to_half_keep_bn_float)
 
 # =============================================================================================
 # Schedule: FA CircularLR_beta as pure functions of the iteration. One cycle of nb iterations:
@@ -475,35 +476,8 @@ def wrap(model: nn.Module, world) -> nn.Module:
 
 
 # =============================================================================================
-# Optimiser: SGD on fp32 master weights (FA's fp16 Stepper), the same code in float32.
-
-
-class MasterWeights:
-    """fp32 copies of a model's parameters, which the optimiser steps. Make it after the
-    weights are final on every rank (after DDP's broadcast or a checkpoint load)."""
-
-    def __init__(self, model: nn.Module):
-        self.model_params = list(model.parameters())
-        self.params = [p.detach().float().clone().requires_grad_(True)
-                       for p in self.model_params]
-
-    @torch.no_grad()
-    def pull_grads(self, loss_scale: float) -> None:
-        """Model gradients (averaged over ranks by DDP) -> fp32 master gradients / scale."""
-        for master, p in zip(self.params, self.model_params):
-            master.grad = p.grad.to(torch.float32, copy=True).div_(loss_scale)
-            p.grad = None
-
-    @torch.no_grad()
-    def push(self) -> None:
-        for master, p in zip(self.params, self.model_params):
-            p.copy_(master)
-
-    @torch.no_grad()
-    def load(self, saved: list) -> None:
-        for master, s in zip(self.params, saved):
-            master.copy_(s)
-        self.push()
+# Optimiser: SGD on fp32 master weights (FA's fp16 Stepper, common.training.MasterWeights), the
+# same code in float32.
 
 
 def make_optimizer(master: MasterWeights, hyp: dict) -> torch.optim.SGD:
