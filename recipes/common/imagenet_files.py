@@ -23,11 +23,17 @@ stdlib, numpy and PIL only: no torch, so the CLI can import this without paying 
 from __future__ import annotations
 
 import colorsys
+import errno
+import fcntl
 import json
 import os
 import random
 import shutil
-from pathlib import Path
+import tarfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
@@ -203,3 +209,372 @@ def write_synthetic_official(root: Path, classes: int = 10, train_per_class: int
     marker.write_text(json.dumps(params))
     busy.unlink()
     return counts
+
+
+# ---------------------------------------------------------------------------------------------
+# prepare: the official layout -> train/<wnid>, val/<wnid> and resized copies sz/<N>
+
+RESAMPLE = "bicubic"  # Pillow's bicubic widens its support when it shrinks: antialiased
+DEFAULT_SIZES = (160, 352)
+DEFAULT_QUALITY = 90
+_STATE = ".prepare"  # dest/.prepare: the lock and the per-tar "extracted" markers
+_CHUNK = 64  # images per worker task: few enough futures for 1.3 M images, even progress
+
+
+@dataclass
+class PrepareReport:
+    """What `prepare_imagenet` did. File counts include full-size and resized outputs."""
+
+    dest: Path
+    classes: int
+    counts: dict[str, int]  # images in each prepared folder: "train", "val", "sz/160/train", ...
+    written: int  # files this run put in place (extracted, linked, copied or resized)
+    skipped: int  # outputs an earlier run had already written
+    linked: int  # of `written`, hard links to the source (no bytes written)
+    extracted: int  # of `written`, images unpacked from per-class tars
+    bytes_written: int  # bytes of the files this run wrote (links add none)
+    seconds: float
+    sizes: tuple[int, ...]
+    quality: int  # JPEG quality of the resized copies (full-size files are never re-encoded)
+    resample: str
+    blacklisted: int  # validation images left out (blacklist=)
+
+
+def _fail(message: str):
+    raise ValueError(message)
+
+
+def _names_list(names: list[str]) -> str:
+    shown = ", ".join(names[:5])
+    return shown + (f" (and {len(names) - 5} more)" if len(names) > 5 else "")
+
+
+def _read_labels(path: Path) -> dict[str, str]:
+    """{val image stem: wnid} from Kaggle's LOC_val_solution.csv or a two-column text file."""
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"cannot read the label file {path}: {exc.__class__.__name__}")
+    kaggle = bool(lines) and lines[0].startswith("ImageId,")
+    expected = "'ImageId,<wnid> <box> ...'" if kaggle else "'<image> <wnid>'"
+    labels = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip() or (kaggle and number == 1):
+            continue
+        if kaggle:  # ILSVRC2012_val_00000001,n01751748 1 2 3 4 [n01751748 5 6 7 8 ...]
+            image, _, boxes = line.partition(",")
+            fields = [image.strip()] + boxes.split()[:1]
+        else:  # ILSVRC2012_val_00000001.JPEG n01751748
+            fields = line.split()
+        if len(fields) != 2 or not fields[0]:
+            _fail(f"{path} line {number}: expected {expected}, got {line.strip()[:60]!r}")
+        labels[Path(fields[0]).stem if fields[0].lower().endswith(IMAGE_EXTENSIONS)
+               else fields[0]] = fields[1]
+    return labels
+
+
+def _read_blacklist(path: Path) -> set[str]:
+    """The devkit's blacklist (1-based validation image numbers) as val image stems."""
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"cannot read the blacklist {path}: {exc.__class__.__name__}")
+    stems = set()
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            if not line.strip().isdigit() or int(line) < 1:
+                _fail(f"{path} line {number}: {line.strip()[:30]!r} is not an image number")
+            stems.add(Path(VAL_NAME % int(line)).stem)
+    return stems
+
+
+def _files(folder: Path) -> list[str]:
+    with os.scandir(folder) as it:
+        return sorted(e.name for e in it if e.is_file() and _is_image(e.name))
+
+
+def _check_member(member: tarfile.TarInfo, tar: Path) -> str | None:
+    """The member's file name, None for a directory entry; refuses everything else."""
+    name = PurePosixPath(member.name)
+    if name.is_absolute() or ".." in name.parts or "\\" in member.name:
+        _fail(f"{tar}: member {member.name!r} would be written outside its class folder")
+    if member.isdir():
+        return None
+    if not member.isreg():
+        _fail(f"{tar}: member {member.name!r} is not a regular file (links are refused)")
+    parts = [p for p in name.parts if p != "."]
+    if len(parts) != 1:  # ILSVRC2012's per-class tars hold plain file names
+        _fail(f"{tar}: member {member.name!r} is not a plain file name")
+    return parts[0]
+
+
+def _extract_tar(tar: str, out: str) -> tuple[list[str], int, int]:
+    """Unpack one per-class tar into `out` (checked first: nothing is written for a hostile
+    one). Returns (image names, files written, bytes written)."""
+    tar_path, out_dir = Path(tar), Path(out)
+    written = size = 0
+    with tarfile.open(tar_path) as archive:
+        members = archive.getmembers()
+        names = [(m, _check_member(m, tar_path)) for m in members]
+        for member, name in names:
+            if name is None or not _is_image(name):
+                continue
+            target = out_dir / name
+            if target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(target.name + ".tmp")
+            with archive.extractfile(member) as f, open(tmp, "wb") as g:
+                shutil.copyfileobj(f, g, 1 << 20)
+            os.replace(tmp, target)
+            written, size = written + 1, size + member.size
+    return sorted(n for _, n in names if n and _is_image(n)), written, size
+
+
+def _link_or_copy(source: Path, target: Path) -> tuple[bool, int]:
+    """Hard-link `target` to `source`; copy (via a temp file) where links cannot be made.
+    Returns (linked, bytes written)."""
+    try:
+        os.link(source, target)
+        return True, 0
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP,
+                             errno.EOPNOTSUPP, errno.EACCES):
+            raise
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+    return False, target.stat().st_size
+
+
+def resized_size(width: int, height: int, size: int) -> tuple[int, int]:
+    """(width, height) with the shorter side `size` and the aspect ratio kept (rounded)."""
+    if width <= height:
+        return size, max(1, round(height * size / width))
+    return max(1, round(width * size / height)), size
+
+
+def _process_chunk(items: list[tuple[str, str]], dest: str, sizes: tuple[int, ...],
+                   quality: int) -> dict:
+    """For each (source file, "split/wnid/name"): the full-size file in dest (link or copy),
+    then every resized copy missing in dest/sz/<N>. Decodes an image only when a resized copy
+    is missing. Errors are returned per image, never raised, so one bad file stops no pool."""
+    from PIL import Image
+
+    stats = {"written": 0, "skipped": 0, "linked": 0, "bytes": 0, "errors": []}
+    root = Path(dest)
+
+    def put(linked_bytes):
+        stats["written"] += 1
+        stats["linked"] += linked_bytes[0]
+        stats["bytes"] += linked_bytes[1]
+
+    for source, rel in items:
+        full = root / rel
+        try:
+            if full.exists():
+                stats["skipped"] += full != Path(source)  # an extracted file is no output here
+            else:
+                put(_link_or_copy(Path(source), full))
+            missing = [n for n in sizes if not (root / resized_source(n) / rel).exists()]
+            stats["skipped"] += len(sizes) - len(missing)
+            if not missing:
+                continue
+            with Image.open(full) as image:
+                image.load()
+                width, height = image.size
+                rgb = image.convert("RGB")
+            for n in missing:
+                target = root / resized_source(n) / rel
+                if min(width, height) <= n:  # already small enough: the file as it is
+                    put(_link_or_copy(full, target))
+                    continue
+                tmp = target.with_name(target.name + ".tmp")
+                rgb.resize(resized_size(width, height, n), Image.BICUBIC).save(
+                    tmp, format="JPEG", quality=quality)
+                os.replace(tmp, target)
+                put((False, target.stat().st_size))
+        except Exception as exc:  # noqa: BLE001 - a corrupt file is reported, not raised
+            stats["errors"].append(f"{rel} ({exc.__class__.__name__}: {str(exc)[:80]})")
+    return stats
+
+
+def _lock(dest: Path):
+    state = dest / _STATE
+    state.mkdir(parents=True, exist_ok=True)
+    handle = open(state / "lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        _fail(f"another prepare is writing {dest}; wait for it to finish")
+    return handle
+
+
+def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = DEFAULT_QUALITY,
+                     workers: int | None = None, blacklist: Path | None = None,
+                     labels: Path | None = None, progress=None) -> PrepareReport:
+    """Turn the extracted official archives at `src` into the prepared layout at `dest`.
+
+    src: train/<wnid>/*.JPEG or train/<wnid>.tar (ILSVRC2012_img_train.tar's per-class tars;
+    member names are checked: no absolute paths, no `..`, regular files only), and val/ either
+    flat (ILSVRC2012_val_*.JPEG, labels from `labels=` or src/LOC_val_solution.csv; `labels=`
+    may also be a two-column `<image> <wnid>` text file) or already sorted into val/<wnid>/.
+
+    dest: train/<wnid>/ and val/<wnid>/ full size, hard links to src where src and dest share
+    a filesystem, else copies, never re-encoded (tars are unpacked into dest/train); and for
+    each N in `sizes`, sz/N/train and sz/N/val: the shorter side resized to N, the aspect kept
+    (rounded to the pixel), Pillow's bicubic filter (antialiased when shrinking), converted to
+    RGB, JPEG at `quality` (90 by default, Pillow's default 4:2:0 chroma subsampling), EXIF
+    orientation ignored as the training loaders ignore it. An image whose shorter side is
+    already <= N is put there unchanged (linked or copied). Every class folder exists in every
+    split, even empty, so ImageFolder class indices agree between train and val.
+
+    Every file appears whole (temp file + os.replace, or a single link), so a killed run
+    leaves no truncated JPEG; a rerun skips what exists (a second run writes nothing) and one
+    run at a time holds dest/.prepare/lock. `workers` processes (default os.cpu_count()) do the
+    work; `progress(done, total, stage)` is called from this process, stage "extract" (tars)
+    then "images". `blacklist`: the devkit's ILSVRC2012_validation_blacklist.txt (1-based val
+    image numbers); those images are left out of every val folder. Bad input raises
+    ValueError with a one-line message; unreadable images are all reported at the end (up to
+    5 named).
+    """
+    started = time.monotonic()
+    src, dest = Path(src), Path(dest)
+    sizes = tuple(sorted({int(n) for n in sizes}))
+    if any(n < 1 for n in sizes):
+        _fail(f"sizes must be positive pixel counts, got {sizes}")
+    if not 1 <= int(quality) <= 100:
+        _fail(f"quality must be 1..100, got {quality}")
+    workers = (os.cpu_count() or 1) if workers is None else int(workers)
+    if workers < 1:
+        _fail(f"workers must be at least 1, got {workers}")
+    if not src.is_dir():
+        _fail(f"{src}: no such folder")
+    if not (src / TRAIN).is_dir():
+        _fail(f"{src} has no {TRAIN}/ folder (expected train/<wnid>/*.JPEG or train/<wnid>.tar)")
+    real_src, real_dest = src.resolve(), dest.resolve()
+    if real_dest == real_src or real_src in real_dest.parents:
+        _fail(f"dest {dest} is inside src {src}; choose a folder outside it")
+    progress = progress or (lambda done, total, stage: None)
+
+    # Train classes: folders and per-class tars (a folder wins over a tar of the same wnid).
+    with os.scandir(src / TRAIN) as it:
+        entries = sorted((e.name, e.is_dir()) for e in it)
+    folders = [name for name, is_dir in entries if is_dir and not name.startswith(".")]
+    tars = {name[:-4]: src / TRAIN / name for name, is_dir in entries
+            if not is_dir and name.endswith(".tar") and name[:-4] not in folders}
+    wnids = sorted(set(folders) | set(tars))
+    if not wnids:
+        _fail(f"{src / TRAIN} holds no class folders or per-class tars")
+
+    # Validation: sorted by wnid already, or flat with a label file.
+    skip = _read_blacklist(Path(blacklist)) if blacklist else set()
+    val_items: list[tuple[str, str]] = []  # (source file, "val/<wnid>/<name>")
+    blacklisted = 0
+    val_dir = src / VAL
+    if val_dir.is_dir():
+        with os.scandir(val_dir) as it:
+            val_folders = sorted(e.name for e in it if e.is_dir() and not e.name.startswith("."))
+        if val_folders:
+            unknown = [w for w in val_folders if w not in wnids]
+            if unknown:
+                _fail(f"{val_dir} has class folders with no train class: {_names_list(unknown)}")
+            pairs = [(name, w, val_dir / w / name) for w in val_folders
+                     for name in _files(val_dir / w)]
+        else:
+            label_file = Path(labels) if labels else src / VAL_SOLUTION
+            if not label_file.is_file():
+                _fail(f"{val_dir} is flat but there is no label file {label_file} (give --labels)")
+            by_stem = _read_labels(label_file)
+            names = _files(val_dir)
+            unlabelled = [n for n in names if Path(n).stem not in by_stem]
+            if unlabelled:
+                _fail(f"val images with no label in {label_file}: {_names_list(unlabelled)}")
+            pairs = [(n, by_stem[Path(n).stem], val_dir / n) for n in names]
+            unknown = sorted({w for _, w, _ in pairs if w not in wnids})
+            if unknown:
+                _fail(f"{label_file} names wnids with no train class: {_names_list(unknown)}")
+        for name, wnid, path in pairs:
+            if Path(name).stem in skip:
+                blacklisted += 1
+            else:
+                val_items.append((str(path), f"{VAL}/{wnid}/{name}"))
+    elif blacklist or labels:
+        _fail(f"{src} has no {VAL}/ folder for the labels or blacklist given")
+
+    lock = _lock(dest)
+    try:
+        for split in (TRAIN, VAL):
+            for base in [dest] + [dest / resized_source(n) for n in sizes]:
+                for wnid in wnids:
+                    (base / split / wnid).mkdir(parents=True, exist_ok=True)
+        if skip:  # stale blacklisted images from an earlier run without the blacklist go
+            for base in [dest] + [dest / resized_source(n) for n in sizes]:
+                for wnid in wnids:
+                    for name in _files(base / VAL / wnid):
+                        if Path(name).stem in skip:
+                            (base / VAL / wnid / name).unlink()
+        totals = {"written": 0, "skipped": 0, "linked": 0, "bytes": 0, "extracted": 0}
+        errors: list[str] = []
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            train_items = [(str(src / TRAIN / w / name), f"{TRAIN}/{w}/{name}")
+                           for w in folders for name in _files(src / TRAIN / w)]
+            todo = {}
+            for wnid, tar in tars.items():
+                marker = dest / _STATE / f"{wnid}.extracted"
+                stamp = f"{tar.stat().st_size} {tar.stat().st_mtime_ns}"
+                if marker.is_file() and marker.read_text() == stamp:
+                    train_items += [(str(dest / TRAIN / wnid / name), f"{TRAIN}/{wnid}/{name}")
+                                    for name in _files(dest / TRAIN / wnid)]
+                else:
+                    todo[pool.submit(_extract_tar, str(tar), str(dest / TRAIN / wnid))] = \
+                        (wnid, marker, stamp)
+            progress(0, len(todo), "extract")
+            for done, future in enumerate(as_completed(todo), start=1):
+                wnid, marker, stamp = todo[future]
+                try:
+                    names, written, size = future.result()
+                except (ValueError, OSError, tarfile.TarError) as exc:
+                    errors.append(str(exc) if isinstance(exc, ValueError)
+                                  else f"{tars[wnid]}: {exc.__class__.__name__}: {exc}")
+                    progress(done, len(todo), "extract")
+                    continue
+                marker.write_text(stamp)
+                totals["written"] += written
+                totals["extracted"] += written
+                totals["bytes"] += size
+                train_items += [(str(dest / TRAIN / wnid / n), f"{TRAIN}/{wnid}/{n}")
+                                for n in names]
+                progress(done, len(todo), "extract")
+            if errors:
+                _fail(f"{len(errors)} per-class tars refused: {errors[0]}"
+                      + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
+
+            items = sorted(train_items, key=lambda item: item[1]) + val_items
+            chunks = [items[i:i + _CHUNK] for i in range(0, len(items), _CHUNK)]
+            futures = {pool.submit(_process_chunk, chunk, str(dest), sizes, int(quality)):
+                       len(chunk) for chunk in chunks}
+            done = 0
+            progress(0, len(items), "images")
+            for future in as_completed(futures):
+                stats = future.result()
+                for key in ("written", "skipped", "linked", "bytes"):
+                    totals[key] += stats[key]
+                errors += stats["errors"]
+                done += futures[future]
+                progress(done, len(items), "images")
+        if errors:
+            _fail(f"{len(errors)} unreadable images: {_names_list(sorted(errors))}")
+    finally:
+        lock.close()
+
+    counts = {TRAIN: len(items) - len(val_items), VAL: len(val_items)}
+    for n in sizes:
+        counts[f"{resized_source(n)}/{TRAIN}"] = counts[TRAIN]
+        counts[f"{resized_source(n)}/{VAL}"] = counts[VAL]
+    return PrepareReport(
+        dest=dest, classes=len(wnids), counts=counts, written=totals["written"],
+        skipped=totals["skipped"], linked=totals["linked"], extracted=totals["extracted"],
+        bytes_written=totals["bytes"], seconds=round(time.monotonic() - started, 3),
+        sizes=sizes, quality=int(quality), resample=RESAMPLE, blacklisted=blacklisted)
