@@ -90,12 +90,13 @@ class Variant:
     drop_last: bool = False     # the training loader drops its last partial batch (FF)
     val_tta: bool = False       # FF lr_tta: logits of the image plus its mirror
     target_top5: float = 0.93
+    gpus_per_node: int = GPUS_PER_NODE
     notes: tuple = field(default_factory=tuple)
 
     @property
     def gpus(self) -> int:
         """Processes of the published run."""
-        return self.nodes * GPUS_PER_NODE
+        return self.nodes * self.gpus_per_node
 
     def sources(self) -> list[str]:
         """The folders the variant reads ("" first): what `data prepare` must have made."""
@@ -256,7 +257,7 @@ def _tiny() -> Variant:
               DataPhase(3, 72, 8, "", min_scale=0.5, val_mode="rect", val_batch=8)),
         lrs=(LrPhase(0, 0.05, 2, 0.1), LrPhase(2, 0.05), LrPhase(3, 0.01, 4, 0.001)),
         wd_rule="bn_modules", bn0=True, fc_init_std=0.01, precision="master",
-        loss_scale=1024.0,
+        loss_scale=1024.0, gpus_per_node=1,
     )
 
 
