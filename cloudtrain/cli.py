@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -433,6 +434,76 @@ def down(jobs_: tuple[str, ...], every: bool, grace: float | None) -> None:
         click.echo(f"{o.ref}: {o.note}")
     if any(not o.ok for o in outcomes):  # something may still be running: say so in the code
         raise SystemExit(errors.EXIT_FAILED)
+
+
+@contextlib.contextmanager
+def _progress_bars():
+    """A `progress(done, total, stage)` callback drawing one rich bar per stage on stderr when
+    it is a terminal (drawn from the caller's thread: no refresh thread beside worker forks)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    bars = Progress("{task.description}", BarColumn(), MofNCompleteColumn(),
+                    TimeRemainingColumn(), console=console, auto_refresh=False,
+                    disable=not console.is_terminal)
+    tasks: dict[str, int] = {}
+
+    def progress(done: int, total: int, stage: str) -> None:
+        if stage not in tasks:
+            tasks[stage] = bars.add_task(stage, total=total)
+        bars.update(tasks[stage], completed=done, total=total, refresh=True)
+
+    with bars:
+        yield progress
+
+
+@cli.group()
+def data() -> None:
+    """Datasets: turn the official archives into the layout the recipes read.
+
+    \b
+    Example:
+      cloudtrain data prepare imagenet ~/ILSVRC2012 /data/imagenet
+    """
+
+
+@data.command("prepare")
+@click.argument("dataset", metavar="DATASET")
+@click.argument("src", type=click.Path(file_okay=False, path_type=str))
+@click.argument("dest", type=click.Path(file_okay=False, path_type=str))
+@click.option("--sizes", default="160,352", show_default=True, metavar="N,N",
+              help="Also write copies with the shorter side resized to each N ('' for none).")
+@click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True,
+              help="JPEG quality of the resized copies (full-size files are linked, not "
+                   "re-encoded).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes (default: one per CPU).")
+@click.option("--blacklist", metavar="FILE", help="The devkit's "
+              "ILSVRC2012_validation_blacklist.txt: leave those validation images out.")
+@click.option("--labels", metavar="FILE", help="Validation labels for a flat val/ folder: "
+              "LOC_val_solution.csv or '<image> <wnid>' lines (default: SRC/LOC_val_solution.csv).")
+def data_prepare(dataset, src, dest, sizes, quality, workers, blacklist, labels) -> None:
+    """Prepare DATASET from its extracted archives in SRC into DEST (resumable).
+
+    For imagenet, SRC holds train/<wnid>/ (or the per-class train/<wnid>.tar files) and val/
+    (flat with LOC_val_solution.csv, or sorted by wnid). DEST gets train/<wnid>/ and
+    val/<wnid>/ at full size plus sz/<N>/train and sz/<N>/val for each --sizes N. Run it again
+    after an interruption: it writes only what is missing.
+
+    \b
+    Examples:
+      cloudtrain data prepare imagenet ~/ILSVRC2012 /data/imagenet
+      cloudtrain data prepare imagenet ~/ILSVRC2012 /data/imagenet --sizes 160 \\
+          --blacklist ~/devkit/data/ILSVRC2012_validation_blacklist.txt
+    """
+    from . import dataprep
+
+    with _progress_bars() as progress:
+        report = dataprep.prepare(dataset, src, dest, sizes=dataprep.parse_sizes(sizes),
+                                  quality=quality, workers=workers, blacklist=blacklist,
+                                  labels=labels, progress=progress)
+    click.echo(render.prepare_report(report))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -334,3 +334,22 @@ def estimate_line(row, market: str) -> str:
     return (f"estimate: training {duration(row.train_s)} ({row.scaling}), about "
             f"{duration(row.total_s)} billed with boot and setup, {money(price)} {market}; "
             f"`cloudtrain estimate` compares instance types")
+
+
+def prepare_report(report) -> str:
+    """`data prepare`'s result (an imagenet_files.PrepareReport): the folders and their image
+    counts, what this run wrote, and how the resized copies were made."""
+    rows = [[folder, str(count)] for folder, count in report.counts.items()]
+    lines = [f"prepared {report.dest}: {report.classes} classes",
+             table(rows, ["FOLDER", "IMAGES"])]
+    if report.blacklisted:
+        lines.append(f"{report.blacklisted} blacklisted validation images left out")
+    megabytes = report.bytes_written / 1e6
+    lines.append(f"wrote {report.written} files ({report.linked} hard links, "
+                 f"{report.extracted} from tars, {megabytes:.1f} MB); {report.skipped} were "
+                 f"already there; {duration(report.seconds)}")
+    if report.sizes:
+        sizes = ", ".join(str(n) for n in report.sizes)
+        lines.append(f"resized copies: shorter side {sizes} px, {report.resample}, JPEG quality "
+                     f"{report.quality}; smaller images kept as they are")
+    return "\n".join(lines)

@@ -29,6 +29,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import tarfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -399,6 +400,10 @@ def _process_chunk(items: list[tuple[str, str]], dest: str, sizes: tuple[int, ..
     return stats
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _lock(dest: Path):
     state = dest / _STATE
     state.mkdir(parents=True, exist_ok=True)
@@ -433,8 +438,8 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
     Every file appears whole (temp file + os.replace, or a single link), so a killed run
     leaves no truncated JPEG; a rerun skips what exists (a second run writes nothing) and one
     run at a time holds dest/.prepare/lock. `workers` processes (default os.cpu_count()) do the
-    work; `progress(done, total, stage)` is called from this process, stage "extract" (tars)
-    then "images". `blacklist`: the devkit's ILSVRC2012_validation_blacklist.txt (1-based val
+    work; `progress(done, total, stage)` is called from this process, stage "extract" (only
+    when there are tars to unpack) then "images". `blacklist`: the devkit's ILSVRC2012_validation_blacklist.txt (1-based val
     image numbers); those images are left out of every val folder. Bad input raises
     ValueError with a one-line message; unreadable images are all reported at the end (up to
     5 named).
@@ -517,7 +522,10 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
                             (base / VAL / wnid / name).unlink()
         totals = {"written": 0, "skipped": 0, "linked": 0, "bytes": 0, "extracted": 0}
         errors: list[str] = []
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        # Workers ignore SIGINT: Ctrl-C reaches this process, which cancels what has not
+        # started and waits for the chunks under way (each is short) before it raises.
+        pool = ProcessPoolExecutor(max_workers=workers, initializer=_ignore_sigint)
+        try:
             train_items = [(str(src / TRAIN / w / name), f"{TRAIN}/{w}/{name}")
                            for w in folders for name in _files(src / TRAIN / w)]
             todo = {}
@@ -530,7 +538,8 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
                 else:
                     todo[pool.submit(_extract_tar, str(tar), str(dest / TRAIN / wnid))] = \
                         (wnid, marker, stamp)
-            progress(0, len(todo), "extract")
+            if todo:
+                progress(0, len(todo), "extract")
             for done, future in enumerate(as_completed(todo), start=1):
                 wnid, marker, stamp = todo[future]
                 try:
@@ -552,7 +561,8 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
                       + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
 
             items = sorted(train_items, key=lambda item: item[1]) + val_items
-            chunks = [items[i:i + _CHUNK] for i in range(0, len(items), _CHUNK)]
+            step = max(1, min(_CHUNK, len(items) // (8 * workers)))  # small runs: 8 per worker
+            chunks = [items[i:i + step] for i in range(0, len(items), step)]
             futures = {pool.submit(_process_chunk, chunk, str(dest), sizes, int(quality)):
                        len(chunk) for chunk in chunks}
             done = 0
@@ -564,6 +574,8 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
                 errors += stats["errors"]
                 done += futures[future]
                 progress(done, len(items), "images")
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         if errors:
             _fail(f"{len(errors)} unreadable images: {_names_list(sorted(errors))}")
     finally:
