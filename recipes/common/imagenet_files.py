@@ -283,7 +283,7 @@ def _read_blacklist(path: Path) -> set[str]:
     stems = set()
     for number, line in enumerate(lines, start=1):
         if line.strip():
-            if not line.strip().isdigit() or int(line) < 1:
+            if not (line.strip().isascii() and line.strip().isdigit()) or int(line) < 1:
                 _fail(f"{path} line {number}: {line.strip()[:30]!r} is not an image number")
             stems.add(Path(VAL_NAME % int(line)).stem)
     return stems

@@ -438,7 +438,7 @@ def _error(tmp_path, official, case):
     elif case == "no label file":
         (src / inf.VAL_SOLUTION).unlink()
     elif case == "bad blacklist":
-        (tmp_path / "bl.txt").write_text("12\nseven\n")
+        (tmp_path / "bl.txt").write_text("12\nseven\n\u00b2\n")
         kwargs["blacklist"] = tmp_path / "bl.txt"
     return kwargs
 
