@@ -188,7 +188,11 @@ def test_gpu_decode_path_on_cpu_gives_the_cpu_path_boxes_and_close_pixels(tree):
         assert (*box, flip) == expected and label == cpu.samples[i][1]
     batch = next(iter(D.train_loader(gpu, list(range(12)), 12, workers=0, drop_last=False,
                                      pin_memory=False)))
-    assert batch[1].shape == (12, 4) and batch[2].dtype == torch.bool
+    data, lengths, boxes, flips, labels = batch
+    assert torch.equal(data, torch.cat([item[0] for item in items]))
+    assert lengths.tolist() == [len(item[0]) for item in items]
+    assert boxes.tolist() == [list(item[1]) for item in items]
+    assert flips.tolist() == [item[2] for item in items] and flips.dtype == torch.bool
     x, y = D.GpuDecoder("cpu", SIZE)(batch)
     x_cpu, y_cpu = D.fast_collate([cpu[i] for i in range(12)])
     assert x.shape == (12, 3, SIZE, SIZE) and x.dtype == torch.uint8 and torch.equal(y, y_cpu)
