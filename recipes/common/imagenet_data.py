@@ -414,7 +414,7 @@ def train_loader(dataset: TrainSet, indices, batch_size: int, workers: int, drop
     resumed run skips the batches it trained on without loading them. Collates with
     fast_collate, or bytes_collate for decode="gpu"; workers=0 loads in this process."""
     return DataLoader(
-        dataset, batch_size=batch_size, sampler=list(indices[start_batch * batch_size:]),
+        dataset, batch_size=batch_size, sampler=list(indices)[start_batch * batch_size:],
         drop_last=drop_last, num_workers=workers, pin_memory=pin_memory,
         collate_fn=bytes_collate if dataset.decode == "gpu" else fast_collate,
         worker_init_fn=quiet_worker if workers else None, persistent_workers=False)

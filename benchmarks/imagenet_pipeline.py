@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""The imagenet recipe's input pipeline on the CPU: images per second per core, and the cores
+an 8-GPU host needs to keep its GPUs fed.
+
+Writes --images ImageNet-like JPEGs (500x375 mostly, some portrait, 500x333 and square;
+quality 90; smooth shapes plus texture and noise, about 110 KB each, near ImageNet's mean of
+about 140 GB / 1.28 M files) and as many val images, prepares them with the recipe's own
+prepare step (common.imagenet_files.prepare_imagenet: full size plus 160 and 352 px copies),
+then times recipes/common/imagenet_data.py through real DataLoaders with 1 and with 2 worker
+processes, batch --batch: the train transform (decode, RandomResizedCrop, flip, fast_collate)
+at 128, 224 and 288 px from each source, the decode="gpu" path's CPU part (header, file
+bytes, bytes_collate: the decoding is then the GPU's), and validation ('center' at 128 and
+224, 'rect' at 288, 'ffcv' at 256). Each figure is the steady state: the clock starts at the
+first batch (worker start-up excluded) and runs over --passes passes of the images.
+
+The decode="gpu" row is what the workers still do when the GPU decodes (read the header and
+the file, draw the crop, hand the bytes over): about 4,800 items/s in one process here, but
+through a worker about 1,100-1,400 img/s, bound by handing 3.5 MB batches between processes.
+
+img/s/core is img/s divided by the worker count. On this 2-core machine the main process
+shares the cores with 2 workers, so the 1-worker figure is the cleaner per-core rate, and it
+is the one the cores-needed table uses: cores = GPUs x GPU rate / (img/s/core). GPU rates are
+an assumption (--gpu-rates, images per second per GPU, training): the defaults 1,400 / 560 /
+340 img/s per V100 at 128 / 224 / 288 px make fast.ai's 3A phase table (18 epochs at 128, 23
+at 224, 4 at 288 on 8 V100s) take 2.9 h, about its published 2.96 h. Cores here are not a
+p3.16xlarge's (Xeon E5-2686 v4, 2.3 GHz, 64 vCPUs = 32 cores) and Pillow is not the
+pillow-simd fast.ai and DIU installed (faster resizing, the same decoder).
+
+    python benchmarks/imagenet_pipeline.py
+    python benchmarks/imagenet_pipeline.py --images 400 --gpu-rates 128:3000,224:1100,288:700
+"""
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes"))
+from common import imagenet_data as D  # noqa: E402
+from common.imagenet_files import prepare_imagenet, resized_source, source_root  # noqa: E402
+
+SHAPES = ((500, 375),) * 6 + ((375, 500),) * 2 + ((500, 333), (500, 500))
+CLASSES = 10
+SOURCES = {"full": "", "sz/160": resized_source(160), "sz/352": resized_source(352)}
+HOST_VCPUS = {"p3.16xlarge (8x V100)": 64, "p4d.24xlarge (8x A100)": 96}
+
+
+def realistic(rng: np.random.Generator, width: int, height: int) -> Image.Image:
+    """Smooth colour regions at four scales plus pixel noise: JPEG sizes like photographs."""
+    out = np.zeros((height, width, 3), np.float32)
+    for cells, amplitude in ((4, 60), (16, 35), (64, 25), (160, 35)):
+        small = rng.normal(0, 1, (max(2, cells * height // width), cells, 3)).astype(np.float32)
+        for c in range(3):
+            out[..., c] += amplitude * np.asarray(
+                Image.fromarray(small[..., c]).resize((width, height), Image.BICUBIC))
+    out += rng.normal(0, 12, out.shape)
+    return Image.fromarray(np.clip(out + 128, 0, 255).astype(np.uint8))
+
+
+def write_source(src: Path, n: int, seed: int = 0) -> float:
+    """n train and n val images in train/<wnid>/ and val/<wnid>/; returns the mean KB."""
+    rng, total = np.random.default_rng(seed), 0
+    for split in ("train", "val"):
+        for i in range(n):
+            folder = src / split / f"n{i % CLASSES:08d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{split}_{i}.JPEG"
+            realistic(rng, *SHAPES[i % len(SHAPES)]).save(path, quality=90)
+            total += path.stat().st_size
+    return total / (2 * n) / 1e3
+
+
+def steady_rate(loader_of, n_images: int, passes: int) -> float:
+    """Images per second after the first batch, over `passes` passes of the loader."""
+    seen, start = 0, None
+    for _ in range(passes):
+        for batch in loader_of():
+            if start is None:
+                start = time.perf_counter()
+                continue
+            seen += len(batch[-1])
+    return seen / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=200, help="train images (and val)")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--passes", type=int, default=3, help="passes over the images")
+    parser.add_argument("--workers", default="1,2", help="DataLoader worker counts to time")
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--gpu-rates", default="128:1400,224:560,288:340",
+                        help="training img/s per GPU at each size (default: V100, see above)")
+    parser.add_argument("--dir", default=None, help="keep the images here (default: temp)")
+    args = parser.parse_args()
+    gpu_rates = {int(k): float(v) for k, v in (p.split(":") for p in args.gpu_rates.split(","))}
+    worker_counts = [int(w) for w in args.workers.split(",")]
+    torch.set_num_threads(1)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(args.dir or tmp)
+        t0 = time.perf_counter()
+        kb = write_source(base / "src", args.images)
+        prepare_imagenet(base / "src", base / "prepared", sizes=(160, 352))
+        print(f"{args.images} train + {args.images} val JPEGs, mean {kb:.0f} KB, with 160 and "
+              f"352 px copies: {time.perf_counter() - t0:.1f} s; cores here: "
+              f"{len(os.sched_getaffinity(0))}, torch threads 1", flush=True)
+        root = base / "prepared"
+        rows = []
+
+        def measure(kind, source, size, make_loader):
+            for workers in worker_counts:
+                rate = steady_rate(lambda: make_loader(workers), args.images, args.passes)
+                rows.append((kind, source, size, workers, rate, rate / workers))
+                print(f"{kind:<16} {source:<7} {size:>4} {workers:>7} {rate:>8.0f} "
+                      f"{rate / workers:>10.0f}", flush=True)
+
+        print(f"\n{'pipeline':<16} {'source':<7} {'size':>4} {'workers':>7} {'img/s':>8} "
+              f"{'img/s/core':>10}")
+        order = list(range(args.images))
+        for size in (128, 224, 288):
+            for name, source in SOURCES.items():
+                ds = D.TrainSet(source_root(root, source) / "train", size, 0.08, seed=0)
+                measure("train", name, size, lambda w, ds=ds: D.train_loader(
+                    ds, order, args.batch, w, drop_last=False, pin_memory=False))
+        gpu = D.TrainSet(root / "train", 128, 0.08, seed=0, decode="gpu")
+        measure("train gpu-decode", "full", "any", lambda w: D.train_loader(
+            gpu, order, args.batch, w, drop_last=False, pin_memory=False))
+        for mode, size, names in (("center", 128, ("sz/160", "full")),
+                                  ("center", 224, ("full", "sz/352")),
+                                  ("rect", 288, ("full",)), ("ffcv", 256, ("full",))):
+            for name in names:
+                ds = D.ValSet(source_root(root, SOURCES[name]) / "val", size, mode, args.batch)
+                batches = D.val_batches(len(ds), args.batch, 1, 0, ds.order)
+                measure(f"val {mode}", name, size,
+                        lambda w, ds=ds, b=batches: D.val_loader(ds, b, w, pin_memory=False))
+
+    per_core = {(r[0], r[1], r[2]): r[5] for r in rows if r[3] == min(worker_counts)}
+    print(f"\nWhat it means for {args.gpus} GPUs (training; img/s/core with "
+          f"{min(worker_counts)} worker; GPU rates are the --gpu-rates assumption):")
+    print(f"{'phase':<34} {'GPU img/s':>9} {'host img/s':>10} {'cores needed':>12}")
+    phases = (("128 px from sz/160 (3A, DIU)", 128, "sz/160"),
+              ("128 px from full size", 128, "full"),
+              ("224 px from full size (3A, DIU 16)", 224, "full"),
+              ("224 px from sz/352 (DIU 4, 8)", 224, "sz/352"),
+              ("288 px from full size (3A, DIU)", 288, "full"))
+    for label, size, source in phases:
+        host = args.gpus * gpu_rates[size]
+        print(f"{label:<34} {gpu_rates[size]:>9.0f} {host:>10.0f} "
+              f"{host / per_core[('train', source, size)]:>12.1f}")
+    gpu_core = per_core[("train gpu-decode", "full", "any")]
+    host = args.gpus * gpu_rates[128]
+    print(f"{'128 px, decode=gpu (worker part)':<34} {gpu_rates[128]:>9.0f} {host:>10.0f} "
+          f"{host / gpu_core:>12.1f}")
+    print("hosts: " + ", ".join(f"{k}: {v} vCPUs" for k, v in HOST_VCPUS.items())
+          + f"; each GPU process also needs a core of its own ({args.gpus} more)")
+    print("load average at the end (1, 5, 15 min): %.1f %.1f %.1f; other processes on these "
+          "cores lower the figures, the 2-worker ones most" % os.getloadavg())
+
+
+if __name__ == "__main__":
+    main()
