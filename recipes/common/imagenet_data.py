@@ -221,42 +221,42 @@ def fast_collate(batch) -> tuple:
 
 
 def bytes_collate(batch) -> tuple:
-    """TrainSet(decode="gpu") items -> (all the JPEG bytes in one uint8 tensor, int64 byte
-    counts N, int64 boxes N x 4 (top, left, h, w), bool flips N, int64 labels N), what
-    GpuDecoder takes. One tensor, not N: a worker hands every tensor of a batch over in a
-    shared-memory segment of its own, which cost more than reading the files (measured)."""
-    return (torch.cat([data for data, _, _, _ in batch]) if batch
-            else torch.empty(0, dtype=torch.uint8),
-            torch.tensor([len(data) for data, _, _, _ in batch], dtype=torch.int64),
-            torch.tensor([box for _, box, _, _ in batch], dtype=torch.int64).view(-1, 4),
-            torch.tensor([flip for _, _, flip, _ in batch], dtype=torch.bool),
-            torch.tensor([label for _, _, _, label in batch], dtype=torch.int64))
+    """TrainSet(decode="gpu") items -> ((all the JPEG bytes in one uint8 tensor, int64 byte
+    counts N, int64 boxes N x 4 (top, left, h, w), bool flips N), int64 labels N): the first
+    part is what GpuDecoder takes, so a batch is (x, y) as in fast_collate. One tensor of
+    bytes, not N: a worker hands every tensor of a batch over in a shared-memory segment of
+    its own, which cost more than reading the files (measured)."""
+    jpegs = (torch.cat([data for data, _, _, _ in batch]) if batch
+             else torch.empty(0, dtype=torch.uint8),
+             torch.tensor([len(data) for data, _, _, _ in batch], dtype=torch.int64),
+             torch.tensor([box for _, box, _, _ in batch], dtype=torch.int64).view(-1, 4),
+             torch.tensor([flip for _, _, flip, _ in batch], dtype=torch.bool))
+    return jpegs, torch.tensor([label for _, _, _, label in batch], dtype=torch.int64)
 
 
 class GpuDecoder:
-    """A bytes_collate batch -> (uint8 NCHW size x size batch on `device`, labels on `device`):
-    decode_jpeg on the device (nvjpeg on CUDA; libjpeg-turbo with device="cpu"), crop, resize
-    (bilinear, antialiased), flip. Set `size` at a phase change, as TrainSet's."""
+    """The first part of a bytes_collate batch -> a uint8 NCHW size x size batch on
+    `device`: decode_jpeg on the device (nvjpeg on CUDA; libjpeg-turbo with device="cpu"),
+    crop, resize (bilinear, antialiased), flip. Set `size` at a phase change, as TrainSet's."""
 
     def __init__(self, device, size: int):
         self.device, self.size = torch.device(device), size
 
-    def __call__(self, batch) -> tuple:
-        data, lengths, boxes, flips, labels = batch
-        labels = labels.to(self.device, non_blocking=True)
+    def __call__(self, jpegs) -> torch.Tensor:
+        data, lengths, boxes, flips = jpegs
         out = torch.empty((len(lengths), 3, self.size, self.size), dtype=torch.uint8,
                           device=self.device)
         if not len(lengths):
-            return out, labels
-        jpegs = list(data.split(lengths.tolist()))  # views, no copies
-        images = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=self.device)
+            return out
+        images = decode_jpeg(list(data.split(lengths.tolist())),  # views, no copies
+                             mode=ImageReadMode.RGB, device=self.device)
         for k, (image, (top, left, h, w), flip) in enumerate(
                 zip(images, boxes.tolist(), flips.tolist())):
             crop = image[:, top:top + h, left:left + w].unsqueeze(0).float()
             resized = F.interpolate(crop, size=(self.size, self.size), mode="bilinear",
                                     align_corners=False, antialias=True)[0]
             out[k] = (resized.flip(-1) if flip else resized).round_().clamp_(0, 255)
-        return out, labels
+        return out
 
 
 class Normaliser:
