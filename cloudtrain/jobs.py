@@ -179,6 +179,15 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
         if shared.is_dir():
             sent += host.sync(shared, f"{jobdir}/recipes/{recipes.SHARED_DIR}",
                               like and f"{like}/recipes/{recipes.SHARED_DIR}")
+        nodes = rec.nodes_published(spec.args)
+        if nodes > 1:  # until multi-node launch exists, say how this run differs
+            note = (f"variant {spec.args.get('variant')} was published on {nodes} machines; "
+                    f"multi-node launch is not available yet, so this job runs on one machine "
+                    f"with the published per-GPU batch (a global batch {nodes}x smaller, the "
+                    f"lr scaled with it)")
+            store.add_event(job.id, "one-machine", detail=note)
+            if say is not None:
+                say(note)
     if spec.workdir:
         _warn_about_workdir(Path(spec.workdir), say)
         sent += host.sync(Path(spec.workdir), f"{jobdir}/work", like and f"{like}/work",

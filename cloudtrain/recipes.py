@@ -12,7 +12,8 @@ recipe.yaml:
     source, and which variant; for estimates: gpu, gpus, seconds, accuracy, runs).
 An argument named `gpus` is the number of GPUs (processes) the recipe's arguments are set
 up for: a job then needs exactly that many on one host. `resources.gpus_per_variant`
-({variant: N}) gives the default count per variant (`--procs` overrides it).
+({variant: N}) gives the default count per variant (`--procs` overrides it);
+`resources.nodes_per_variant` ({variant: N}) the machines a variant was published on.
 """
 
 from __future__ import annotations
@@ -141,6 +142,13 @@ class Recipe:
             return int(values["gpus"])
         per_variant = self.resources.get("gpus_per_variant") or {}
         return int(per_variant.get(values.get("variant"), 0))
+
+    def nodes_published(self, values: dict) -> int:
+        """Machines the arguments' variant was published on (`resources.nodes_per_variant`,
+        else `resources.nodes`). Multi-node launch does not exist yet: a job runs on one
+        machine, and the recipe says how its global batch differs."""
+        per_variant = self.resources.get("nodes_per_variant") or {}
+        return int(per_variant.get(values.get("variant"), self.resources.get("nodes", 1)))
 
     def gpus_exact(self, values: dict) -> bool:
         """Whether the process count must equal gpus_needed (a `gpus` argument: the recipe
@@ -304,6 +312,11 @@ def parse_recipe(path: Path) -> Recipe:
                             "a mapping of variant: GPUs (resources.gpus_per_variant)", {})
     _numbers(per_variant, list(per_variant), path, "resources.gpus_per_variant",
              {v: (1, MAX_GPUS) for v in per_variant})
+    nodes_per_variant = _optional(resources, "nodes_per_variant", dict, path,
+                                  "a mapping of variant: machines (resources.nodes_per_variant)",
+                                  {})
+    _numbers(nodes_per_variant, list(nodes_per_variant), path, "resources.nodes_per_variant",
+             {v: RESOURCE_LIMITS["nodes"] for v in nodes_per_variant})
     if not isinstance(resources.get("gpu", ""), str):
         raise ConfigError(f"{path}: resources.gpu must be a GPU name, e.g. V100")
     target = _optional(doc, "target", dict, path, "a mapping (metric, value)", None)

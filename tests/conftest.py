@@ -180,6 +180,31 @@ def big_workdir(tmp_path) -> Path:
     return work
 
 
+def import_recipe_file(recipe: str, filename: str = "train.py", name: str | None = None):
+    """A bundled recipe's script (or another of its files) imported as a module, without
+    running its command line: recipes/<recipe>/<filename>."""
+    import importlib.util
+
+    path = REPO / "recipes" / recipe / filename
+    spec = importlib.util.spec_from_file_location(
+        name or f"{recipe.replace('-', '_')}_{Path(filename).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread for the test: on a shared 2-core machine two OpenMP threads that
+    wait for each other made a tiny training step 10 to 30 times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def recipe_command(recipe: str, profile: str = "smoke") -> list[str]:
     """A bundled recipe's command line exactly as `cloudtrain launch` writes it into run.sh
     (the project's own resolve/script_args), run from a job dir made by recipe_job_dir."""

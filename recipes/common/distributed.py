@@ -112,3 +112,12 @@ def setup(requested_device: str = "auto", timeout_s: float = 600) -> World:
     control = td.new_group(backend="gloo") if backend == "nccl" else None
     return World(rank=rank, world_size=world, local_rank=local, device=device, backend=backend,
                  control=control)
+
+
+def epoch_indices(n: int, world_size: int, rank: int, seed: int, epoch: int) -> list:
+    """This rank's image indices for an epoch, in order: torch's DistributedSampler (shuffled
+    with seed + epoch; padded with repeats when n does not divide by world_size)."""
+    sampler = torch.utils.data.DistributedSampler(range(n), num_replicas=world_size, rank=rank,
+                                                  shuffle=True, seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)

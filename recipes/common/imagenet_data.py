@@ -59,7 +59,6 @@ import io
 import json
 import math
 import os
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -72,7 +71,7 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
 
 from common.imagenet_files import list_images
-from common.stopping import SIGNALS
+from common.stopping import ignore_stop_signals
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)  # per RGB channel, 0-255 scale
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -389,23 +388,17 @@ def val_batches(n: int, batch_size: int, world_size: int, rank: int, order=None)
 
 def top_k_correct(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> list:
     """For each k in ks, how many rows have their label among the k largest logits (k capped
-    at the number of classes)."""
+    at the number of classes), as 0-d int64 tensors on the logits' device: a training loop
+    can add them up every step without waiting for the GPU."""
     if len(labels) == 0:
-        return [0 for _ in ks]
+        return [torch.zeros((), dtype=torch.int64, device=logits.device) for _ in ks]
     top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
     hits = top.eq(labels.view(-1, 1).to(top.device))
-    return [int(hits[:, :k].sum()) for k in ks]
+    return [hits[:, :k].sum() for k in ks]
 
 
 # =============================================================================================
 # Loaders
-
-
-def quiet_worker(worker_id: int) -> None:
-    """DataLoader workers ignore the stop signals: a SIGTERM or SIGUSR1 sent to the whole
-    process group must reach the training loop's handler, not kill a worker under it."""
-    for sig in SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
 
 
 def train_loader(dataset: TrainSet, indices, batch_size: int, workers: int, drop_last: bool,
@@ -417,14 +410,14 @@ def train_loader(dataset: TrainSet, indices, batch_size: int, workers: int, drop
         dataset, batch_size=batch_size, sampler=list(indices)[start_batch * batch_size:],
         drop_last=drop_last, num_workers=workers, pin_memory=pin_memory,
         collate_fn=bytes_collate if dataset.decode == "gpu" else fast_collate,
-        worker_init_fn=quiet_worker if workers else None, persistent_workers=False)
+        worker_init_fn=ignore_stop_signals if workers else None, persistent_workers=False)
 
 
 def val_loader(dataset: ValSet, batches: list, workers: int, pin_memory: bool) -> DataLoader:
     """The given batches (val_batches; empty ones give empty tensors), fast_collate."""
     return DataLoader(dataset, batch_sampler=batches, num_workers=workers,
                       pin_memory=pin_memory, collate_fn=fast_collate,
-                      worker_init_fn=quiet_worker if workers else None)
+                      worker_init_fn=ignore_stop_signals if workers else None)
 
 
 def default_workers(local_world_size: int, cores: int | None = None) -> int:

@@ -64,3 +64,11 @@ class StopRequest:
         if dist is None or dist.world_size == 1:
             return local
         return dist.any(local)
+
+
+def ignore_stop_signals(worker_id: int = 0) -> None:
+    """A DataLoader `worker_init_fn`: the worker ignores the stop signals, so a SIGTERM or
+    SIGUSR1 sent to the whole process group reaches the training loop's handler (which
+    checkpoints at a step boundary) instead of killing a worker under it."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)

@@ -91,6 +91,7 @@ class Variant:
     val_tta: bool = False       # FF lr_tta: logits of the image plus its mirror
     target_top5: float = 0.93
     gpus_per_node: int = GPUS_PER_NODE
+    batch_div: int = 1          # every per-GPU batch divided by this (a GPU with less memory)
     notes: tuple = field(default_factory=tuple)
 
     @property
@@ -316,9 +317,10 @@ def plan(variant: Variant, epoch: int) -> EpochPlan:
     val_size = base.val_size or base.size
     val_batch = base.val_batch or dx_val_batch(base.size, base.batch)
     loads = epoch == 0 or (current.start == epoch and not current.keep_loader)
-    return EpochPlan(epoch=epoch, phase=index, size=base.size, batch=current.batch,
+    div = variant.batch_div
+    return EpochPlan(epoch=epoch, phase=index, size=base.size, batch=max(1, current.batch // div),
                      source=base.source, min_scale=base.min_scale, val_mode=base.val_mode,
-                     val_size=val_size, val_batch=val_batch, loads=loads)
+                     val_size=val_size, val_batch=max(1, val_batch // div), loads=loads)
 
 
 def lr_at(variant: Variant, epoch: int, batch: int, batches: int, lr_scale: float = 1.0) -> float:
@@ -392,9 +394,20 @@ class Schedule:
 
 
 def lr_scale_for(variant: Variant, world_size: int) -> float:
-    """Same per-GPU batch on world_size processes: the global batch, and the lr, scale by
-    world_size / the published process count."""
-    return world_size / variant.gpus
+    """The lr follows the global batch: world_size processes instead of the published count,
+    each with the published per-GPU batch divided by batch_div."""
+    return world_size / variant.gpus / variant.batch_div
+
+
+def with_batch_div(variant: Variant, div: int) -> Variant:
+    """Every per-GPU batch (training and validation) divided by div, for GPUs with less
+    memory than the published ones; the lr scales down with the global batch. div must
+    divide every published training batch, so that the lr scale is exact."""
+    uneven = sorted({p.batch for p in variant.data if p.batch % div})
+    if div < 1 or uneven:
+        raise ValueError(f"batch_div {div} must divide {variant.name}'s per-GPU batches "
+                         f"({', '.join(str(p.batch) for p in variant.data)})")
+    return replace(variant, batch_div=div)
 
 
 def with_epochs(variant: Variant, epochs: int) -> Variant:

@@ -114,7 +114,6 @@ import argparse
 import inspect
 import math
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -347,31 +346,17 @@ class AugmentedCifar(torch.utils.data.Dataset):
         return image, int(self.labels[index])
 
 
-def shard_indices(n: int, world_size: int, rank: int, seed: int, epoch: int) -> list:
-    """This rank's image indices for an epoch, in order: torch's DistributedSampler."""
-    sampler = torch.utils.data.DistributedSampler(
-        range(n), num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
-    sampler.set_epoch(epoch)
-    return list(sampler)
-
-
-def quiet_worker(worker_id: int) -> None:
-    """DataLoader workers ignore the stop signals: a SIGTERM or SIGUSR1 sent to the whole
-    process group must reach the training loop's handler, not kill a worker under it."""
-    for sig in stopping.SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-
-
 def epoch_loader(dataset: AugmentedCifar, world, epoch: int, batch_size: int, skip: int,
                  workers: int):
     """The rank's batches of an epoch, from batch `skip` on (a resumed run skips the batches
     it has trained on without loading them)."""
     dataset.epoch = epoch
-    indices = shard_indices(len(dataset), world.world_size, world.rank, dataset.seed, epoch)
+    indices = distributed.epoch_indices(len(dataset), world.world_size, world.rank,
+                                        dataset.seed, epoch)
     return torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, sampler=indices[skip * batch_size:], drop_last=False,
         num_workers=workers, pin_memory=world.device.type == "cuda",
-        worker_init_fn=quiet_worker if workers else None)
+        worker_init_fn=stopping.ignore_stop_signals if workers else None)
 
 
 def normalise(images: np.ndarray) -> torch.Tensor:

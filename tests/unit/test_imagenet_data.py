@@ -264,9 +264,10 @@ def test_top_k_correct_counts_and_caps_k_at_the_class_count():
                            [0.8, 0.1, 0.2, 0.3],    # order 0, 3, 2, 1
                            [0.0, 0.1, 0.7, 0.2]])   # order 2, 3, 1, 0
     labels = torch.tensor([3, 0, 0])
-    assert D.top_k_correct(logits, labels, ks=(1, 2, 3)) == [1, 2, 2]
-    assert D.top_k_correct(logits, labels) == [1, 3]  # top-5 of 4 classes: all of them
-    assert D.top_k_correct(logits[:0], labels[:0]) == [0, 0]
+    assert [int(c) for c in D.top_k_correct(logits, labels, ks=(1, 2, 3))] == [1, 2, 2]
+    # top-5 of 4 classes: all of them
+    assert [int(c) for c in D.top_k_correct(logits, labels)] == [1, 3]
+    assert [int(c) for c in D.top_k_correct(logits[:0], labels[:0])] == [0, 0]
 
 
 def test_default_workers_shares_cores_less_one_for_each_main_process():
@@ -445,7 +446,7 @@ def _evaluate(folder: Path, world: int, rank: int, workers: int) -> tuple:
     with torch.no_grad():
         for x, y in D.val_loader(ds, batches, workers, pin_memory=False):
             logits = model(norm(x)) if len(y) else torch.empty(0, 7)
-            counts += torch.tensor([*D.top_k_correct(logits, y), len(y)])
+            counts += torch.tensor([*(int(c) for c in D.top_k_correct(logits, y)), len(y)])
     return counts, [len(b) for b in batches]
 
 

@@ -6,7 +6,6 @@ recipes' square and rectangular sizes, and the three weight-decay rules (FI all,
 modules, FF "bn" in the name) on the bare model, on a real DDP wrapper and on fp32 masters.
 Expected counts are worked out by hand from the architecture, not from the code under test.
 """
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -19,17 +18,10 @@ from torch import nn
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 sys.path.insert(0, str(RECIPES))
 from common.training import MasterWeights  # noqa: E402
+from conftest import import_recipe_file  # noqa: E402
 
 
-def _import_model():
-    spec = importlib.util.spec_from_file_location("imagenet_model",
-                                                  RECIPES / "imagenet" / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-model = _import_model()
+model = import_recipe_file("imagenet", "model.py", "imagenet_model")
 
 # The strided convs with >= 16 input channels: the first block of layer2-4 has its stride on
 # conv2 (Bottleneck, v1.5) or conv1 (BasicBlock), and on its 1x1 downsample conv.

@@ -245,3 +245,16 @@ def test_tiny_exercises_every_kind_of_change():
     assert [p.source for p in plans] == ["sz/40", "sz/40", "sz/88", ""]
     assert [p.loads for p in plans] == [True, False, True, True]
     assert plans[3].val_mode == "rect" and plans[2].min_scale == 0.087
+
+
+def test_batch_div_divides_every_batch_and_the_lr_with_it():
+    """A GPU with less memory: batch_div 4 on dawn-1x8 gives 32 images per GPU (training and
+    validation) and a quarter of the lr, the global batch being a quarter too."""
+    v = phases.with_batch_div(VARIANTS["dawn-1x8"], 4)
+    assert [(plan(v, e).batch, plan(v, e).val_batch) for e in (0, 18, 41)] == [(32, 32)] * 3
+    assert phases.lr_scale_for(v, 8) == pytest.approx(0.25)
+    s = Schedule(v, N, 8, 45, phases.lr_scale_for(v, 8))
+    assert s.lr(s.starts[5]) == pytest.approx(0.1)
+    assert s.batches[0] == math.ceil(math.ceil(N / 8) / 32)
+    ffcv = phases.with_batch_div(VARIANTS["ffcv-rn50-16"], 64)
+    assert (plan(ffcv, 0).batch, plan(ffcv, 0).val_batch) == (8, 8)

@@ -5,7 +5,6 @@ Schedules at named steps, parameter counts, the layers that differ from stock Py
 invariants, and training end to end: the smoke profile as the orchestrator runs it, resume,
 SIGTERM.
 """
-import importlib.util
 import math
 import os
 import signal
@@ -15,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import recipe_command, recipe_job_dir
+from conftest import import_recipe_file, recipe_command, recipe_job_dir
 import torch
 import torch.nn.functional as F
 
@@ -23,14 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "resnet9"
 
 
-def _import_train():
-    spec = importlib.util.spec_from_file_location("resnet9_train", RECIPE / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train = _import_train()
+train = import_recipe_file("resnet9", "train.py", "resnet9_train")
 BOT, DAWN = train.HYP["bag-of-tricks"], train.HYP["dawn"]
 APPLE = train.HYP["apple-8gpu"]
 SPE = 50_000 // 512  # steps per epoch on CIFAR-10 at batch 512 (drop_last): 97

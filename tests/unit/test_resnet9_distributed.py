@@ -9,7 +9,6 @@ rank despite different per-rank seeds; one distributed step equals the single-pr
 the whole batch; a run stopped (by --stop-at-step, or SIGUSR1 to the process group) and
 resumed ends with exactly the weights of an uninterrupted run.
 """
-import importlib.util
 import os
 import signal
 import socket
@@ -18,19 +17,13 @@ import sys
 from pathlib import Path
 
 import torch
+from conftest import import_recipe_file
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_PY = REPO / "recipes" / "resnet9" / "train.py"
 
 
-def _import_train():
-    spec = importlib.util.spec_from_file_location("resnet9_train_dist", TRAIN_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train = _import_train()
+train = import_recipe_file("resnet9", "train.py", "resnet9_train_dist")
 APPLE = train.HYP["apple-8gpu"]
 
 

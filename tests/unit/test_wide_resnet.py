@@ -8,7 +8,6 @@ resume (1 and 2 processes), SIGUSR1, --runs.
 Every test, and every process it starts, runs torch on one thread: on a shared 2-core machine
 two OpenMP threads that wait for each other made a tiny training step 10 to 30 times slower.
 """
-import importlib.util
 import math
 import os
 import re
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import recipe_command, recipe_job_dir
+from conftest import import_recipe_file, recipe_command, recipe_job_dir
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -30,23 +29,13 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "wide-resnet34"
 
 
-def _import_train():
-    spec = importlib.util.spec_from_file_location("wide_resnet34_train", RECIPE / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train = _import_train()
+train = import_recipe_file("wide-resnet34", "train.py", "wide_resnet34_train")
 CLR_8GPU, CLR_1GPU = train.HYP["8gpu"]["clr"], train.HYP["1gpu"]["clr"]
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread):
+    pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,7 +325,7 @@ def _dist_worker(rank: int, port: int, out: str) -> None:
         model = train.build_model(10, 1)
         net = train.wrap(model, world)
         initial = {k: v.clone() for k, v in model.state_dict().items()}
-        shards = {n: train.shard_indices(n, world.world_size, world.rank, seed=5, epoch=3)
+        shards = {n: train.distributed.epoch_indices(n, world.world_size, world.rank, seed=5, epoch=3)
                   for n in (512, 37)}
         # BatchNorm in eval mode (running stats) makes the per-rank forward independent of the
         # batch split; gradients still flow through every parameter, BN's included.
@@ -374,8 +363,8 @@ def test_two_gloo_processes_weights_shards_and_one_ddp_step(tmp_path):
     # DistributedSampler shards: disjoint, covering, equal-sized, deterministic.
     a, b = r0["shards"][512], r1["shards"][512]
     assert len(a) == len(b) == 256 and not set(a) & set(b) and sorted(a + b) == list(range(512))
-    assert a == train.shard_indices(512, 2, 0, seed=5, epoch=3)
-    assert a != train.shard_indices(512, 2, 0, seed=5, epoch=4)
+    assert a == train.distributed.epoch_indices(512, 2, 0, seed=5, epoch=3)
+    assert a != train.distributed.epoch_indices(512, 2, 0, seed=5, epoch=4)
     a, b = r0["shards"][37], r1["shards"][37]  # 37 does not divide: torch pads one duplicate
     assert len(a) == len(b) == 19 and set(a) | set(b) == set(range(37))
 
