@@ -35,6 +35,13 @@ Where this file had to choose
   * FF's resolution ramp is evaluated per epoch (FF `get_resolution(epoch)`): 160 px up to
     `start_ramp`, 192 from `end_ramp`, in between interpolated and rounded to a multiple of 32,
     which in every rn50 config is a single 160 -> 192 step.
+  * Validation reads the folder its phase trains from (DX DataManager: valdir defaults to
+    trndir), so a 128 px phase validates from the 160 px copies. For FI the spec only says
+    the 128 px phase trains from `-sz/160`; we validate it the DX way too.
+  * The tables for 1, 4 and 8 machines are those that sit next to the spec's 16-machine
+    table in the same DX train.py (the spec gives only their outline: `-sz/352` at 224 px,
+    min_scale 0.087, the 1cycle-like warm-up); the copy read is cybertronai's, whose
+    sixteen_machines table equals the spec's.
   * `tiny`: not published. The structure of DX's tables at a quarter of the sizes (32 -> 56 ->
     72 px from 40 and 88 px copies), four epochs, every kind of change (linear lr, a keep_dl
     batch change, a source switch with min_scale, rectangular validation): the smoke profile

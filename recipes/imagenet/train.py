@@ -49,7 +49,9 @@ Where this file had to choose (each is equivalent to the source or says how it i
     checkpoints. `wall_time` counts from the process start. The DAWNBench TSV
     (`dawnbench.tsv`: epoch, hours, top1Accuracy, top5Accuracy in percent, epoch 0-based as
     in the sources) uses train_time; metrics.jsonl rows carry all three. On resume
-    train_time and loop_time continue from the checkpoint.
+    train_time and loop_time continue from the checkpoint. DAWNBench also counts initial
+    preprocessing: here that is `cloudtrain data prepare` (the resized copies), done once per
+    dataset and timed by that command, not by this script.
   * A checkpoint is written after every epoch and at a step boundary on SIGTERM or SIGUSR1
     (agreed by all ranks, exit 143): model, master weights, optimizer (momentum), loss scaler,
     the global step (epoch and position follow from the schedule), RNG states, the epoch's
