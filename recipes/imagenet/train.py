@@ -303,7 +303,7 @@ class Stepper:
         self.net, self.model, self.master, self.opt = net, model, master, opt
         self.loss_scale, self.amp = loss_scale, amp
         self.smoothing = variant.label_smoothing
-        self.scaler = torch.amp.GradScaler("cuda", enabled=amp)
+        self.scaler = torch.amp.GradScaler(master.params[0].device.type, enabled=amp)
 
     def __call__(self, x, y, lr: float):
         for group in self.opt.param_groups:

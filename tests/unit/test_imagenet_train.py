@@ -159,6 +159,41 @@ def test_ffcv_variant_on_the_cpu(tmp_path):
     assert "layer2.0.conv1.blur_filter" in model and "layer2.0.conv1.conv.weight" in model
 
 
+def test_amp_stepper_steps_the_masters_and_skips_an_overflow():
+    """FFCV's precision (autocast + GradScaler) through the Stepper, on the CPU's float16
+    autocast. GradScaler starts at 65536: steps whose float16 gradients overflow are skipped
+    (masters and model unchanged) and halve the scale, until one fits and moves the fp32
+    masters, which are then copied into the model; an input of inf is skipped the same way."""
+    torch.manual_seed(0)
+    variant = train.VARIANTS["ffcv-rn50-16"]
+    model = train.build_model("resnet18", num_classes=4, blurpool=True)
+    master = train.MasterWeights(model)
+    opt = train.make_optimizer(model, master, variant)
+    step = train.Stepper(model, model, master, opt, variant, 1.0, amp=True)
+    x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
+
+    def masters():
+        return [p.detach().clone() for p in master.params]
+
+    scale, moved = step.scaler.get_scale(), False
+    for _ in range(16):
+        before = masters()
+        loss, logits = step(x, y, 0.1)
+        assert logits.dtype == torch.float16 and torch.isfinite(loss)
+        moved = any(not torch.equal(a, b) for a, b in zip(before, master.params))
+        assert all(torch.equal(p, m) for p, m in zip(model.parameters(), master.params))
+        if moved:
+            assert step.scaler.get_scale() == scale  # a good step keeps the scale
+            break
+        assert step.scaler.get_scale() == scale / 2  # a skipped one halves it
+        scale /= 2
+    assert moved
+    before = masters()
+    step(torch.full_like(x, float("inf")), y, 0.1)
+    assert all(torch.equal(a, b) for a, b in zip(before, master.params))
+    assert step.scaler.get_scale() == scale / 2
+
+
 def test_missing_data_is_one_line_naming_the_prepare_command(tmp_path):
     with pytest.raises(SystemExit) as info:
         train.main(["--variant", "dawn-1x8", "--device", "cpu", "--data-dir",
