@@ -182,8 +182,12 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                           if k not in ("time",))
         out.append(f"  metrics   {shown}")
     if isinstance(target, dict) and target:
-        out.append(f"  target    reached at epoch {target.get('epoch')}: test_acc "
-                   f"{pct(target.get('test_acc'))}, train time {duration(target.get('train_time'))}")
+        accuracies = ", ".join(f"{k} {pct(target.get(k))}" for k in ("top5", "test_acc")
+                               if target.get(k) is not None)
+        times = ", ".join(f"{label} {duration(target.get(k))}" for k, label in
+                          (("train_time", "train time"), ("loop_time", "loop time"))
+                          if target.get(k) is not None)
+        out.append(f"  target    reached at epoch {target.get('epoch')}: {accuracies}, {times}")
     if isinstance(runs, dict) and runs:
         out.append(f"  runs      {runs.get('runs')}: mean {pct(runs.get('mean_acc'))} (sd "
                    f"{pct(runs.get('std_acc'))}), {runs.get('reached')} of {runs.get('runs')} "
@@ -206,7 +210,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
 def _metric(key, value) -> str:
     if isinstance(value, float):
         key = str(key)
-        if key.endswith("_acc") or key.endswith("accuracy"):
+        if key.endswith("_acc") or key.endswith("accuracy") or key in ("top5", "train_top5"):
             return pct(value)
         if key.endswith("_time"):
             return duration(value)

@@ -39,6 +39,15 @@ def test_imagenet_smoke_job_in_well_under_a_minute(cli, ct_home):
     assert (jobdir / "dawnbench.tsv").read_text().splitlines()[0] == \
         "epoch\thours\ttop1Accuracy\ttop5Accuracy"
     assert (jobdir / "checkpoints" / "last.pt").exists()
+    # status shows the recipe's own target metric (top-5) where the target was reached
+    events = [json.loads(line) for line in (jobdir / "metrics.jsonl").read_text().splitlines()
+              if '"target_reached"' in line]
+    shown = cli.ok("status", job_id).stdout
+    if events:
+        e = events[0]
+        assert (f"target    reached at epoch {e['epoch']}: top5 {e['top5']:.2%}, test_acc "
+                f"{e['test_acc']:.2%}, train time") in shown
+    assert "top5 " in shown and "images_per_s" in shown
     # the generated data went to the shared data dir, prepared like the real set
     prepared = [p for p in (ct_home / "data").iterdir() if not p.name.endswith("-src")]
     assert len(prepared) == 1 and (prepared[0] / "sz" / "40" / "train").is_dir()
