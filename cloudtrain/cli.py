@@ -506,6 +506,35 @@ def data_prepare(dataset, src, dest, sizes, quality, workers, blacklist, labels)
     click.echo(render.prepare_report(report))
 
 
+
+@data.command("push")
+@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=str))
+@click.argument("url", metavar="s3://BUCKET/PREFIX")
+@click.option("--shard-mb", type=int, default=256, show_default=True,
+              help="Target size of each tar shard (a larger file is a shard of its own).")
+@click.option("--workers", type=int, default=8, show_default=True,
+              help="Shards made and uploaded at a time (each a temporary file while it goes).")
+@click.option("--region", callback=_region, help="The bucket's AWS region (default: the AWS "
+              "profile's, or config.yaml's).")
+def data_push(directory, url, shard_mb, workers, region) -> None:
+    """Upload the prepared tree DIR to S3 as tar shards plus a manifest (resumable).
+
+    Shards go to PREFIX/shards/shard-NNNNN.tar, each with its sha256, and PREFIX/manifest.json
+    is written last: its presence means the dataset is complete. Run it again after an
+    interruption, or after changing the tree: shards already stored with the same sha256 are
+    not uploaded again. Hidden files and folders (.prepare/) are left out.
+
+    \b
+    Example:
+      cloudtrain data push /data/imagenet s3://my-bucket/imagenet
+    """
+    from . import datasets
+
+    with _progress_bars() as progress:
+        report = datasets.push(directory, url, shard_mb=shard_mb, workers=workers,
+                               region=region, progress=progress)
+    click.echo(render.push_report(report))
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: one place where errors become a line of text and an exit code."""
     argv = sys.argv[1:] if argv is None else argv

@@ -357,3 +357,21 @@ def prepare_report(report) -> str:
         lines.append(f"resized copies: shorter side {sizes} px, {report.resample}, JPEG quality "
                      f"{report.quality}; smaller images kept as they are")
     return "\n".join(lines)
+
+
+def push_report(report) -> str:
+    """`data push`'s result (a providers.aws.datasets.PushReport): what is stored now, what
+    this run uploaded, and what it left out of the tree."""
+    mb = report.uploaded_bytes / 1e6
+    rate = f", {mb / report.seconds:.1f} MB/s" if report.seconds > 0 and mb else ""
+    lines = [f"pushed {report.url}: {report.files} files, {report.file_bytes / 1e6:.1f} MB in "
+             f"{report.shards} shards ({report.bytes / 1e6:.1f} MB); manifest.json written last",
+             f"uploaded {report.uploaded} shards ({mb:.1f} MB{rate}), {report.already} were "
+             f"already stored; {duration(report.seconds)}"]
+    if report.deleted:
+        lines.append(f"deleted {report.deleted} shards left by an earlier, larger push")
+    if report.skipped:
+        shown = "; ".join(f"{path} ({why})" for path, why in report.skipped[:5])
+        more = f" and {len(report.skipped) - 5} more" if len(report.skipped) > 5 else ""
+        lines.append(f"left out {len(report.skipped)}: {shown}{more}")
+    return "\n".join(lines)

@@ -1,0 +1,238 @@
+"""Datasets in S3 as tar shards (cloudtrain/shards.py): what `cloudtrain data push` does.
+
+    client(session, region, endpoint_url, connections)  an S3 client for many threads
+    push(s3, root, bucket, prefix, ...)   the tree's shards, then its manifest -> PushReport
+    read_manifest(s3, bucket, prefix)     the dataset's manifest, checked as untrusted
+
+Layout: `<prefix>/shards/shard-00000.tar`, ... and `<prefix>/manifest.json`, written last:
+a manifest there means every shard it lists is there. Each shard object carries its sha256
+as metadata (`x-amz-meta-sha256`).
+
+Resumable and idempotent: before writing a shard, HEAD its key. Absent: write the shard to a
+temporary file and upload it (one read of the source). Present: stream the tar into a hash
+only (a shard is deterministic, so no disk is needed to know its sha256) and upload only
+when the size or the stored sha256 differ. A second push of the same tree reads it once and
+writes nothing; a push cut short goes on where it stopped. The previous manifest is deleted
+before the first shard is overwritten, so no reader ever sees a manifest over a mix of old
+and new shards; shards of an earlier, longer push beyond the new count are deleted after the
+new manifest is written.
+
+`workers` shards are made and uploaded at a time (so at most `workers` temporary shards are
+on disk), each with s3transfer's multipart upload (64 MB parts, `PART_THREADS` threads).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ... import shards
+from ...errors import CloudtrainError, NotFound
+from .errors import AWSError, _code
+
+MANIFEST = "manifest.json"
+PART_BYTES = 64 << 20
+PART_THREADS = 4
+
+
+@dataclass
+class PushReport:
+    url: str  # s3://bucket/prefix
+    shards: int = 0
+    uploaded: int = 0  # shards written by this push
+    already: int = 0  # shards found stored with the same sha256
+    deleted: int = 0  # stale shards of an earlier, longer push
+    files: int = 0
+    file_bytes: int = 0
+    bytes: int = 0  # of all shards
+    uploaded_bytes: int = 0
+    seconds: float = 0.0
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why not pushed)
+
+
+def client(session, region: str, endpoint_url: str | None, connections: int):
+    """An S3 client shared by `connections` threads (botocore keeps 10 connections per client
+    by default, and a busier pool drops connections with a warning)."""
+    from botocore.config import Config
+
+    style = "path" if endpoint_url else "virtual"  # a local endpoint (moto) has no DNS names
+    cfg = Config(signature_version="s3v4", s3={"addressing_style": style},
+                 retries={"max_attempts": 6, "mode": "standard"}, connect_timeout=10,
+                 read_timeout=120, max_pool_connections=max(10, connections))
+    return session.client("s3", region_name=region, endpoint_url=endpoint_url, config=cfg)
+
+
+def key(prefix: str, name: str) -> str:
+    return f"{prefix}/{name}" if prefix else name
+
+
+def shard_key(prefix: str, name: str) -> str:
+    return key(prefix, f"shards/{name}")
+
+
+def check_bucket(s3, bucket: str, region: str) -> None:
+    """HeadBucket, said in words: S3 answers it with a status and no body."""
+    from botocore.exceptions import ClientError
+
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except ClientError as exc:
+        code = _code(exc)
+        if code in ("404", "NoSuchBucket", "NotFound"):
+            raise NotFound(f"no S3 bucket named {bucket}",
+                           hint=f"create it: aws s3 mb s3://{bucket} --region {region}") from exc
+        if code in ("403", "AccessDenied", "Forbidden"):
+            raise AWSError(f"not allowed to use the S3 bucket {bucket} (403)",
+                           hint="your credentials need s3:ListBucket, s3:GetObject, "
+                                "s3:PutObject and s3:DeleteObject on it", code=code) from exc
+        raise
+
+
+def push(s3, root: Path, bucket: str, prefix: str, *, shard_bytes: int, workers: int,
+         progress=None, region: str = "") -> PushReport:
+    """Upload the tree at `root` as shards under `prefix`, then its manifest."""
+    from boto3.exceptions import S3UploadFailedError
+    from boto3.s3.transfer import TransferConfig
+
+    started = time.monotonic()
+    prefix = prefix.strip("/")
+    report = PushReport(f"s3://{bucket}/{prefix}")
+    try:
+        files, report.skipped = shards.scan(root)
+        plans = shards.cut(files, shard_bytes)
+    except ValueError as exc:
+        raise CloudtrainError(str(exc)) from None
+    if not plans:
+        raise CloudtrainError(f"nothing to push: {root} holds no files"
+                              + (f" ({len(report.skipped)} left out)" if report.skipped else ""))
+    check_bucket(s3, bucket, region)
+    transfer = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES,
+                              max_concurrency=PART_THREADS)
+    manifest_gone = threading.Lock()
+    state = {"manifest_deleted": False}
+
+    def before_overwrite() -> None:
+        with manifest_gone:
+            if not state["manifest_deleted"]:
+                s3.delete_object(Bucket=bucket, Key=key(prefix, MANIFEST))
+                state["manifest_deleted"] = True
+
+    def one(plan: shards.ShardPlan, tmp: str) -> tuple[shards.ShardEntry, bool]:
+        target = shard_key(prefix, plan.name)
+        stored = _head(s3, bucket, target)
+        if stored is not None:
+            entry = shards.write_shard(root, plan)  # hashed only, nothing on disk
+            if stored == (entry.bytes, entry.sha256):
+                return entry, False
+        path = os.path.join(tmp, plan.name)
+        try:
+            with open(path, "wb") as out:
+                entry = shards.write_shard(root, plan, out)
+            before_overwrite()
+            s3.upload_file(path, bucket, target, Config=transfer, ExtraArgs={
+                "Metadata": {"sha256": entry.sha256}, "ContentType": "application/x-tar"})
+        except S3UploadFailedError as exc:  # boto3's wrapper around the ClientError
+            # "Failed to upload /tmp/.../shard-00000.tar to bucket/key: <S3's answer>"
+            said = str(exc).split(f"{bucket}/{target}: ", 1)[-1]
+            denied = "(403)" in said or "AccessDenied" in said
+            raise AWSError(f"upload of s3://{bucket}/{target} failed: {said}",
+                           hint="your credentials need s3:PutObject on the bucket"
+                           if denied else None) from None
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
+        return entry, True
+
+    entries: dict[int, shards.ShardEntry] = {}
+    with tempfile.TemporaryDirectory(prefix="cloudtrain-push-") as tmp, \
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="push") as pool:
+        pending = {pool.submit(one, p, tmp): p.index for p in plans}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_EXCEPTION)
+                for future in done:
+                    entry, uploaded = future.result()
+                    entries[pending.pop(future)] = entry
+                    report.uploaded += uploaded
+                    report.already += not uploaded
+                    report.uploaded_bytes += entry.bytes if uploaded else 0
+                    if progress:
+                        progress(len(entries), len(plans), "shards")
+        except ValueError as exc:  # a file changed while being pushed
+            pool.shutdown(cancel_futures=True)
+            raise CloudtrainError(str(exc), hint="push again once the tree is still") from None
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
+    manifest = shards.Manifest.build(shard_bytes, [entries[i] for i in range(len(plans))])
+    s3.put_object(Bucket=bucket, Key=key(prefix, MANIFEST), Body=manifest.to_json().encode(),
+                  ContentType="application/json")
+    report.deleted = _delete_stale(s3, bucket, prefix, len(plans))
+    report.shards, report.files = len(plans), manifest.files
+    report.bytes, report.file_bytes = manifest.bytes, manifest.file_bytes
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _head(s3, bucket: str, target: str) -> tuple[int, str] | None:
+    """(size, metadata sha256) of a stored object, None when there is none."""
+    from botocore.exceptions import ClientError
+
+    try:
+        head = s3.head_object(Bucket=bucket, Key=target)
+    except ClientError as exc:
+        if _code(exc) in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+    return int(head.get("ContentLength", -1)), head.get("Metadata", {}).get("sha256", "")
+
+
+def _delete_stale(s3, bucket: str, prefix: str, count: int) -> int:
+    """Delete shard objects numbered `count` and above (left by an earlier, longer push);
+    other keys under shards/ are not ours to delete."""
+    folder = shard_key(prefix, "")
+    stale = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder):
+        for obj in page.get("Contents", []):
+            name = obj["Key"][len(folder):]
+            if shards.SHARD_NAME.fullmatch(name) and int(name[6:11]) >= count:
+                stale.append(obj["Key"])
+    for start in range(0, len(stale), 1000):
+        s3.delete_objects(Bucket=bucket, Delete={
+            "Objects": [{"Key": k} for k in stale[start:start + 1000]], "Quiet": True})
+    return len(stale)
+
+
+def read_manifest(s3, bucket: str, prefix: str,
+                  max_shards: int = shards.MAX_SHARDS) -> shards.Manifest:
+    """The manifest of the dataset at `prefix`, read at most MAX_MANIFEST_BYTES and checked
+    field by field; a missing one is a NotFound (a push not finished, or the wrong prefix)."""
+    from botocore.exceptions import ClientError
+
+    prefix = prefix.strip("/")
+    url = f"s3://{bucket}/{key(prefix, MANIFEST)}"
+    try:
+        got = s3.get_object(Bucket=bucket, Key=key(prefix, MANIFEST))
+    except ClientError as exc:
+        if _code(exc) in ("404", "NoSuchKey", "NoSuchBucket"):
+            raise NotFound(f"no dataset at s3://{bucket}/{prefix}: {url} is missing",
+                           hint="a push that did not finish, or the wrong prefix: run "
+                                "`cloudtrain data push DIR s3://...` (again)") from exc
+        raise
+    body = got["Body"]
+    try:
+        if int(got.get("ContentLength", 0)) > shards.MAX_MANIFEST_BYTES:
+            raise CloudtrainError(f"{url} is larger than {shards.MAX_MANIFEST_BYTES} bytes: "
+                                  "not a manifest of ours")
+        text = body.read(shards.MAX_MANIFEST_BYTES + 1)
+    finally:
+        body.close()
+    try:
+        return shards.Manifest.from_json(text, max_shards=max_shards)
+    except ValueError as exc:
+        raise CloudtrainError(f"{url}: {exc}") from None

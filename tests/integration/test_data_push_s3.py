@@ -1,0 +1,274 @@
+"""`cloudtrain data push DIR s3://bucket/prefix` against moto's S3 server on 127.0.0.1: a
+prepared synthetic ImageNet tree (real JPEGs, hard-linked full-size files, the hidden
+.prepare/ folder) goes up as tar shards plus a manifest, comes back shard by shard through
+shards.extract_shard equal to the source, and later pushes upload only what changed."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+import requests
+
+from aws_lab import moto_endpoint
+from cloudtrain import datasets, shards
+from cloudtrain.errors import CloudtrainError, NotFound, UsageError
+from cloudtrain.providers.aws import datasets as s3_datasets
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "recipes"))
+from common import imagenet_files  # noqa: E402
+
+REGION = "eu-west-1"
+BUCKET = "datasets-test"
+CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+       "AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION, "AWS_CONFIG_FILE": "/nonexistent",
+       "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"}
+SHARD = 64 << 10  # small shards: the tree of ~0.3 MB makes several
+__all__ = ["moto_endpoint"]  # the server fixture, used by name below
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    """A prepared ImageNet tree: train/ and val/ at full size (hard links to the source),
+    sz/40/ resized copies, and data prepare's hidden .prepare/ folder."""
+    base = tmp_path_factory.mktemp("imagenet")
+    imagenet_files.write_synthetic_official(base / "src", classes=3, train_per_class=4,
+                                            val_per_class=2, seed=3, min_side=48, max_side=96)
+    imagenet_files.prepare_imagenet(base / "src", base / "prepared", sizes=(40,), workers=1)
+    return base / "prepared"
+
+
+def _files(root: Path) -> dict[str, str]:
+    """{relative path: sha256} of the non-hidden regular files below root."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and not any(part.startswith(".")
+                                       for part in p.relative_to(root).parts)}
+
+
+@pytest.fixture
+def s3(moto_endpoint):
+    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    client = s3_datasets.client(boto3.Session(region_name=REGION, **CREDS), REGION,
+                                moto_endpoint, 16)
+    client.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+    return client
+
+
+def _push(s3, root, shard_bytes=SHARD, prefix="imagenet", progress=None):
+    return s3_datasets.push(s3, root, BUCKET, prefix, shard_bytes=shard_bytes, workers=3,
+                            progress=progress, region=REGION)
+
+
+def _keys(s3, prefix="imagenet/") -> list[str]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+def _calls(s3) -> list[str]:
+    seen: list[str] = []
+    s3.meta.events.register("before-parameter-build.s3",
+                            lambda model, params, **kw: seen.append((model.name,
+                                                                     params.get("Key", ""))))
+    return seen
+
+
+def _stage(s3, prefix: str, dest: Path) -> shards.Manifest:
+    """What an instance will do: read the manifest, then download and extract every shard."""
+    manifest = s3_datasets.read_manifest(s3, BUCKET, prefix)
+    for entry in manifest.shards:
+        body = s3.get_object(Bucket=BUCKET, Key=f"{prefix}/shards/{entry.name}")["Body"]
+        shards.extract_shard(body, dest, entry)
+    shards.verify_tree(dest, manifest)
+    return manifest
+
+
+def test_a_pushed_tree_comes_back_identical_shard_by_shard(s3, tree, tmp_path):
+    seen = []
+    report = _push(s3, tree, progress=lambda done, total, stage: seen.append((done, total, stage)))
+    source = _files(tree)
+    assert report.files == len(source) == 36  # 3 classes x 6 images, full size and 40 px
+    assert report.skipped == [(".prepare", "hidden")]
+    assert report.uploaded == report.shards >= 3 and report.already == report.deleted == 0
+    assert seen == [(i, report.shards, "shards") for i in range(1, report.shards + 1)]
+
+    names = [shards.shard_name(i) for i in range(report.shards)]
+    assert sorted(_keys(s3)) == ["imagenet/manifest.json"] + [f"imagenet/shards/{n}"
+                                                                for n in names]
+    manifest = _stage(s3, "imagenet", tmp_path / "staged")
+    assert [s.name for s in manifest.shards] == names
+    assert (manifest.files, manifest.file_bytes) == (report.files, report.file_bytes)
+    assert manifest.file_bytes == sum((tree / p).stat().st_size for p in source)
+    for entry in manifest.shards:
+        head = s3.head_object(Bucket=BUCKET, Key=f"imagenet/shards/{entry.name}")
+        assert (head["ContentLength"], head["Metadata"]) == (entry.bytes, {"sha256": entry.sha256})
+        assert entry.bytes <= SHARD + 20 * 512 or entry.files == 1  # tar records of 10 KiB
+    assert _files(tmp_path / "staged") == source
+    stored = json.loads(s3.get_object(Bucket=BUCKET, Key="imagenet/manifest.json")["Body"].read())
+    assert sorted(stored) == ["bytes", "created", "file_bytes", "files", "shard_bytes",
+                              "shards", "version"]
+    assert stored["version"] == 1 and stored["shard_bytes"] == SHARD
+
+
+def test_pushing_again_uploads_only_the_missing_shard(s3, tree):
+    first = _push(s3, tree)
+    calls = _calls(s3)
+    again = _push(s3, tree)
+    assert (again.uploaded, again.already, again.uploaded_bytes) == (0, first.shards, 0)
+    assert [c for c in calls if c[0] in ("PutObject", "DeleteObject", "DeleteObjects",
+                                         "CreateMultipartUpload")] == \
+        [("PutObject", "imagenet/manifest.json")]
+
+    s3.delete_object(Bucket=BUCKET, Key="imagenet/shards/shard-00001.tar")
+    calls.clear()
+    third = _push(s3, tree)
+    assert (third.uploaded, third.already) == (1, first.shards - 1)
+    # the old manifest goes before any shard is written, the new one after all of them
+    assert [c for c in calls if c[0] in ("PutObject", "DeleteObject")] == [
+        ("DeleteObject", "imagenet/manifest.json"),
+        ("PutObject", "imagenet/shards/shard-00001.tar"),
+        ("PutObject", "imagenet/manifest.json")]
+
+
+def test_a_changed_shard_object_is_replaced(s3, tree, tmp_path):
+    _push(s3, tree)
+    s3.put_object(Bucket=BUCKET, Key="imagenet/shards/shard-00002.tar", Body=b"x" * 512,
+                  Metadata={"sha256": "0" * 64})
+    report = _push(s3, tree)
+    assert report.uploaded == 1
+    assert _files(_stage_dir(s3, tmp_path)) == _files(tree)
+
+
+def _stage_dir(s3, tmp_path: Path) -> Path:
+    _stage(s3, "imagenet", tmp_path / "staged")
+    return tmp_path / "staged"
+
+
+def test_fewer_shards_delete_the_stale_ones_after_the_manifest(s3, tree, tmp_path):
+    many = _push(s3, tree, shard_bytes=SHARD)
+    s3.put_object(Bucket=BUCKET, Key="imagenet/shards/notes.txt", Body=b"not ours to delete")
+    calls = _calls(s3)
+    few = _push(s3, tree, shard_bytes=1 << 20)
+    assert few.shards == 1 and few.deleted == many.shards - 1
+    writes = [c[0] for c in calls if c[0] in ("PutObject", "DeleteObjects")]
+    assert writes == ["PutObject", "PutObject", "DeleteObjects"]  # shard, manifest, stale
+    assert sorted(_keys(s3)) == ["imagenet/manifest.json", "imagenet/shards/notes.txt",
+                                 "imagenet/shards/shard-00000.tar"]
+    assert _files(_stage_dir(s3, tmp_path)) == _files(tree)
+
+
+def test_a_corrupt_stored_shard_is_refused_at_staging(s3, tree, tmp_path):
+    _push(s3, tree)
+    key = "imagenet/shards/shard-00000.tar"
+    data = bytearray(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    data[600] ^= 0xFF  # inside the first member's data
+    manifest = s3_datasets.read_manifest(s3, BUCKET, "imagenet")
+    with pytest.raises(ValueError, match=r"^shard shard-00000.tar is not what the manifest "
+                                         r"says: sha256 differs$"):
+        shards.extract_shard(io.BytesIO(bytes(data)), tmp_path / "staged", manifest.shards[0])
+    assert os.listdir(tmp_path / "staged") == []
+
+
+def test_a_missing_or_broken_manifest_is_said(s3, tree):
+    with pytest.raises(NotFound, match=r"^no dataset at s3://datasets-test/nothing: "):
+        s3_datasets.read_manifest(s3, BUCKET, "nothing")
+    s3.put_object(Bucket=BUCKET, Key="bad/manifest.json", Body=b'{"version": 1}')
+    with pytest.raises(CloudtrainError, match=r"^s3://datasets-test/bad/manifest.json: manifest: "
+                                              r"not an object with exactly the keys"):
+        s3_datasets.read_manifest(s3, BUCKET, "bad")
+
+
+def test_a_bucket_that_refuses_writes_is_an_error_in_words(s3, tree):
+    s3.put_bucket_policy(Bucket=BUCKET, Policy=json.dumps({
+        "Version": "2012-10-17", "Statement": [{
+            "Effect": "Deny", "Principal": "*", "Action": "s3:PutObject",
+            "Resource": f"arn:aws:s3:::{BUCKET}/*"}]}))
+    with pytest.raises(CloudtrainError, match=r"^upload of s3://datasets-test/imagenet/shards/"
+                                              r"shard-0000\d.tar failed: An error occurred \(403\) "
+                                              r"when calling the PutObject operation: Forbidden$"):
+        _push(s3, tree)
+    assert "imagenet/manifest.json" not in _keys(s3)
+
+
+@pytest.mark.parametrize("url, said", [
+    ("imagenet", "'imagenet' is not an s3://BUCKET/PREFIX address"),
+    ("s3://Bad_Bucket/x", "'Bad_Bucket' is not an S3 bucket name"),
+    ("s3://ab/x", "'ab' is not an S3 bucket name"),
+    ("s3://192.168.1.1/x", "'192.168.1.1' is not an S3 bucket name"),
+    ("s3://bucket/a/../b", "'a/../b' is not a prefix cloudtrain writes under"),
+    ("s3://bucket/a//b", "'a//b' is not a prefix cloudtrain writes under"),
+])
+def test_bad_addresses_are_refused(url, said):
+    with pytest.raises(UsageError, match="^" + said.replace(".", r"\.").replace("/", "/")):
+        datasets.parse_s3_url(url)
+
+
+def test_addresses_parse():
+    assert datasets.parse_s3_url("s3://my-bucket/imagenet/") == ("my-bucket", "imagenet")
+    assert datasets.parse_s3_url("s3://my.bucket") == ("my.bucket", "")
+    assert datasets.parse_s3_url("s3://b12/a/b c/d") == ("b12", "a/b c/d")
+
+
+# -- the real command, in its own process --------------------------------------------------
+
+
+def _cli(endpoint: str | None, *args: str, **env) -> subprocess.CompletedProcess:
+    full = {**os.environ, **ENV, **env}
+    full.pop("AWS_PROFILE", None)
+    if endpoint:
+        full["AWS_ENDPOINT_URL"] = endpoint
+    proc = subprocess.run([sys.executable, "-m", "cloudtrain", "data", "push", *args],
+                          capture_output=True, text=True, env=full, timeout=120, cwd=REPO)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def test_the_command_pushes_and_says_what_it_did(s3, tree, moto_endpoint, tmp_path):
+    proc = _cli(moto_endpoint, str(tree), f"s3://{BUCKET}/cli/imagenet/", "--shard-mb", "1",
+                "--workers", "2")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    files = len(_files(tree))
+    assert lines[0].startswith(f"pushed s3://{BUCKET}/cli/imagenet: {files} files, ")
+    assert lines[0].endswith(" in 1 shards (" + lines[0].split(" in 1 shards (")[1])
+    assert lines[1].startswith("uploaded 1 shards (")
+    assert lines[2] == "left out 1: .prepare (hidden)"
+    _stage(s3, "cli/imagenet", tmp_path / "staged")
+    assert _files(tmp_path / "staged") == _files(tree)
+    again = _cli(moto_endpoint, str(tree), f"s3://{BUCKET}/cli/imagenet", "--shard-mb", "1")
+    assert again.stdout.splitlines()[1].startswith("uploaded 0 shards (0.0 MB), 1 were already "
+                                                   "stored; ")
+
+
+@pytest.mark.parametrize("args, code, error", [
+    (["{tree}", "s3://no-such-bucket/x"], 2, "Error: no S3 bucket named no-such-bucket"),
+    (["{tree}", "http://x/y"], 2, "Error: 'http://x/y' is not an s3://BUCKET/PREFIX address"),
+    (["{tmp}/absent", "s3://datasets-test/x"], 2, "Error: '{tmp}/absent' is not a folder"),
+    (["{tree}", "s3://datasets-test/x", "--shard-mb", "0"], 2,
+     "Error: --shard-mb must be from 1 to 100000, not 0"),
+])
+def test_the_command_fails_in_one_line(s3, tree, moto_endpoint, tmp_path, args, code,
+                                       error):
+    fill = {"tree": str(tree), "tmp": str(tmp_path)}
+    proc = _cli(moto_endpoint, *[a.format(**fill) for a in args])
+    assert proc.returncode == code
+    assert proc.stderr.splitlines()[0] == error.format(**fill)
+    assert all(line.startswith(("Error: ", "Hint: ")) for line in proc.stderr.splitlines())
+    assert proc.stdout == ""
+
+
+def test_the_command_without_credentials_says_so(s3, tree, moto_endpoint):
+    proc = _cli(moto_endpoint, str(tree), f"s3://{BUCKET}/x",
+                AWS_ACCESS_KEY_ID="", AWS_SECRET_ACCESS_KEY="")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[0] == "Error: no AWS credentials found"
+    assert _keys(s3, "x/") == []
