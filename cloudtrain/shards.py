@@ -256,7 +256,7 @@ def _int(doc: dict, key: str, where: str, high: int = MAX_OBJECT_BYTES * MAX_SHA
 
 
 def _reject_constant(name: str):
-    raise ValueError(f"manifest: {name} is not JSON")
+    raise ValueError(f"{name} is a number JSON does not have")
 
 
 def _parse_manifest(text, max_shards: int) -> Manifest:
