@@ -272,3 +272,15 @@ def test_the_command_without_credentials_says_so(s3, tree, moto_endpoint):
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[0] == "Error: no AWS credentials found"
     assert _keys(s3, "x/") == []
+
+
+def test_the_command_refuses_a_link_out_of_the_tree(s3, moto_endpoint, tmp_path):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.jpg").write_bytes(b"jpeg")
+    (tree / "passwd").symlink_to("/etc/passwd")
+    proc = _cli(moto_endpoint, str(tree), f"s3://{BUCKET}/x")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [f"Error: passwd links outside {tree} (to /etc/passwd): "
+                                        "copy the file in, or remove the link"]
+    assert _keys(s3, "x/") == []
