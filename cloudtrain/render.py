@@ -364,12 +364,15 @@ def push_report(report) -> str:
     this run uploaded, and what it left out of the tree."""
     mb = report.uploaded_bytes / 1e6
     rate = f", {mb / report.seconds:.1f} MB/s" if report.seconds > 0 and mb else ""
+    def shards(n: int) -> str:
+        return f"{n} shard" + ("" if n == 1 else "s")
+
     lines = [f"pushed {report.url}: {report.files} files, {report.file_bytes / 1e6:.1f} MB in "
-             f"{report.shards} shards ({report.bytes / 1e6:.1f} MB); manifest.json written last",
-             f"uploaded {report.uploaded} shards ({mb:.1f} MB{rate}), {report.already} were "
-             f"already stored; {duration(report.seconds)}"]
+             f"{shards(report.shards)} ({report.bytes / 1e6:.1f} MB); manifest.json written last",
+             f"uploaded {shards(report.uploaded)} ({mb:.1f} MB{rate}), {report.already} already "
+             f"stored; {duration(report.seconds)}"]
     if report.deleted:
-        lines.append(f"deleted {report.deleted} shards left by an earlier, larger push")
+        lines.append(f"deleted {shards(report.deleted)} left by an earlier push of more shards")
     if report.skipped:
         shown = "; ".join(f"{path} ({why})" for path, why in report.skipped[:5])
         more = f" and {len(report.skipped) - 5} more" if len(report.skipped) > 5 else ""
