@@ -460,11 +460,12 @@ def _progress_bars():
 
 @cli.group()
 def data() -> None:
-    """Datasets: turn the official archives into the layout the recipes read.
+    """Datasets: turn the official archives into the layout the recipes read, and upload it.
 
     \b
-    Example:
+    Examples:
       cloudtrain data prepare imagenet ~/ILSVRC2012 /data/imagenet
+      cloudtrain data push /data/imagenet s3://my-bucket/imagenet
     """
 
 
