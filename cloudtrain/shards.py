@@ -50,6 +50,9 @@ SHARD_NAME = re.compile(r"shard-[0-9]{5}\.tar")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 CREATED = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
 CHUNK = 1 << 20
+# The pax keys tarfile writes for write_shard's members: a long or non-ASCII name, a size of
+# 8 GiB or more, a fractional mtime. Anything else (GNU.sparse.*, above all) is refused.
+PAX_KEYS = {"path", "size", "mtime"}
 
 
 @dataclass(frozen=True)
@@ -371,6 +374,9 @@ def _unpack(src, work: str, entry: ShardEntry) -> list[tuple[str, int]]:
             for member in tar:
                 if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
                     raise _Bad(f"member {member.name[:200]!r} is not a regular file")
+                if member.sparse is not None or not set(member.pax_headers) <= PAX_KEYS:
+                    raise _Bad(f"member {member.name[:200]!r}: sparse, or a pax header key "
+                               "write_shard never writes")
                 why = safe_member(member.name)
                 if why:
                     raise _Bad(f"member {member.name[:200]!r}: {why}")
@@ -384,9 +390,7 @@ def _unpack(src, work: str, entry: ShardEntry) -> list[tuple[str, int]]:
                 part = os.path.join(work, str(len(names)))
                 fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 with os.fdopen(fd, "wb") as out:
-                    shutil.copyfileobj(tar.extractfile(member), out, CHUNK)
-                    if out.tell() != member.size:
-                        raise _Bad(f"member {member.name[:200]!r} is cut short")
+                    _copy(tar.extractfile(member), out, member.size, member.name)
                 if 0 <= member.mtime < 1 << 33:
                     os.utime(part, (member.mtime, member.mtime))
                 names.append((member.name, int(member.mtime)))
@@ -401,6 +405,21 @@ def _unpack(src, work: str, entry: ShardEntry) -> list[tuple[str, int]]:
     if len(names) != entry.files or data != entry.file_bytes:
         raise _Bad(f"{len(names)} files of {data} bytes, not {entry.files} of {entry.file_bytes}")
     return names
+
+
+def _copy(src, out, size: int, name: str) -> None:
+    """Exactly `size` bytes from src to out; a byte more or less is refused as soon as seen."""
+    written = 0
+    while True:
+        data = src.read(min(CHUNK, size - written + 1))
+        if not data:
+            break
+        written += len(data)
+        if written > size:
+            raise _Bad(f"member {name[:200]!r} holds more than its {size} bytes")
+        out.write(data)
+    if written != size:
+        raise _Bad(f"member {name[:200]!r} is cut short")
 
 
 def _first_line(exc: Exception) -> str:

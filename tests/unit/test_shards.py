@@ -352,3 +352,25 @@ def test_a_fuzzed_field_is_a_manifest_or_a_value_error(top, inner, value, in_sha
     else:
         doc[top] = value
     _check_only_value_errors(json.dumps(doc))
+
+
+def test_a_sparse_member_is_refused_before_its_zeros_are_written(dest, tmp_path):
+    # GNU tar's PAX sparse member: type '0', GNU.sparse.* keys; tarfile would write its whole
+    # claimed size of zeros (20 MB here) from a 10 KB shard.
+    work = tmp_path / "sparse"
+    work.mkdir()
+    subprocess.run(["truncate", "-s", "20M", str(work / "f")], check=True)
+    subprocess.run(["tar", "--sparse", "--format=pax", "-cf", "s.tar", "f"], cwd=work,
+                   check=True)
+    data = (work / "s.tar").read_bytes()
+    assert len(data) <= 16384
+    _refused(data, _honest_entry(data, 1, 20 << 20), dest,
+             r"member 'f': sparse, or a pax header key write_shard never writes$")
+
+
+def test_a_pax_key_write_shard_never_writes_is_refused(dest):
+    info, body = _member("ok.jpg", b"fine")
+    info.pax_headers = {"comment": "hello"}
+    data = _tar([(info, body)])
+    _refused(data, _honest_entry(data, 1, 4), dest,
+             r"member 'ok.jpg': sparse, or a pax header key write_shard never writes$")
