@@ -433,19 +433,43 @@ def _place(work: str, root: str, names: list[tuple[str, int]]) -> None:
     if clash:
         raise _Bad(f"{sorted(clash)[0][:200]!r} is both a file and a folder")
     placed: list[str] = []
+    made: list[str] = []  # folders this shard created, taken back too on a failure
     try:
         for i, (name, _) in enumerate(names):
-            target = os.path.join(root, *name.split("/"))
-            parent = os.path.dirname(target)
-            os.makedirs(parent, exist_ok=True)
-            if os.path.realpath(parent) != parent:  # a link already in dest, pointing elsewhere
-                raise _Bad(f"{name[:200]!r} would be written through a link")
+            parts = name.split("/")
+            parent = _folder(root, parts[:-1], name, made)
+            target = os.path.join(parent, parts[-1])
             os.replace(os.path.join(work, str(i)), target)
             placed.append(target)
     except BaseException:
         for target in placed:
             os.unlink(target)
+        for folder in reversed(made):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
         raise
+
+
+def _folder(root: str, parts: list[str], name: str, made: list[str]) -> str:
+    """root/parts..., made one folder at a time (never os.makedirs, which follows a link
+    already in dest out of it); a link or a file on the way is refused."""
+    path = root
+    for part in parts:
+        path = os.path.join(path, part)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            os.mkdir(path, 0o755)
+            made.append(path)
+            continue
+        if stat.S_ISLNK(st.st_mode):  # a link already in dest, pointing elsewhere
+            raise _Bad(f"{name[:200]!r} would be written through a link")
+        if not stat.S_ISDIR(st.st_mode):
+            raise _Bad(f"{name[:200]!r}: {path[len(root) + 1:][:200]!r} is a file in "
+                       "the destination, not a folder")
+    return path
 
 
 def extract_shard(fileobj, dest: Path, entry: ShardEntry) -> int:

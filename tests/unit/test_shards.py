@@ -252,11 +252,12 @@ def test_a_gnu_tar_of_plain_files_is_read(dest):
 def test_a_link_in_the_destination_is_not_followed(dest, tmp_path):
     (tmp_path / "elsewhere").mkdir()
     (dest / "sub").symlink_to(tmp_path / "elsewhere")
-    data = _tar([_member("sub/x", b"1")])
-    with pytest.raises(ValueError, match=r"'sub/x' would be written through a link$"):
-        shards.extract_shard(io.BytesIO(data), dest, _honest_entry(data, 1, 1))
-    assert os.listdir(tmp_path / "elsewhere") == []
-    assert sorted(os.listdir(dest)) == ["kept.txt", "sub"]
+    for name in ("sub/x", "sub/new/deeper/x"):  # no folder is made through the link either
+        data = _tar([_member("a/ok", b"1"), _member(name, b"1")])
+        with pytest.raises(ValueError, match=rf"'{name}' would be written through a link$"):
+            shards.extract_shard(io.BytesIO(data), dest, _honest_entry(data, 2, 2))
+        assert os.listdir(tmp_path / "elsewhere") == []
+        assert sorted(os.listdir(dest)) == ["kept.txt", "sub"]  # and a/ taken back
 
 
 def test_garbage_is_not_a_tar(dest):
