@@ -29,6 +29,7 @@ moves the shard's files into place only after the whole shard matched its sha256
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -53,6 +54,7 @@ CHUNK = 1 << 20
 # The pax keys tarfile writes for write_shard's members: a long or non-ASCII name, a size of
 # 8 GiB or more, a fractional mtime. Anything else (GNU.sparse.*, above all) is refused.
 PAX_KEYS = {"path", "size", "mtime"}
+CLASHES = {errno.EEXIST, errno.EISDIR, errno.ENOTDIR, errno.ENAMETOOLONG}
 
 
 @dataclass(frozen=True)
@@ -359,6 +361,10 @@ def safe_member(name: str) -> str | None:
         name.encode("utf-8")
     except UnicodeEncodeError:
         return "not UTF-8"
+    if len(name.encode("utf-8")) > 4095:  # PATH_MAX less its NUL
+        return "longer than 4095 bytes"
+    if any(len(p.encode("utf-8")) > 255 for p in parts):  # NAME_MAX
+        return "a name longer than 255 bytes"
     return None
 
 
@@ -437,9 +443,14 @@ def _place(work: str, root: str, names: list[tuple[str, int]]) -> None:
     try:
         for i, (name, _) in enumerate(names):
             parts = name.split("/")
-            parent = _folder(root, parts[:-1], name, made)
-            target = os.path.join(parent, parts[-1])
-            os.replace(os.path.join(work, str(i)), target)
+            try:
+                parent = _folder(root, parts[:-1], name, made)
+                target = os.path.join(parent, parts[-1])
+                os.replace(os.path.join(work, str(i)), target)
+            except OSError as exc:  # a folder where the file goes, a name the disk refuses
+                if exc.errno not in CLASHES:
+                    raise
+                raise _Bad(f"{name[:200]!r} cannot be written ({exc.strerror})") from None
             placed.append(target)
     except BaseException:
         for target in placed:

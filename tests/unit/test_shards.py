@@ -375,3 +375,26 @@ def test_a_pax_key_write_shard_never_writes_is_refused(dest):
     data = _tar([(info, body)])
     _refused(data, _honest_entry(data, 1, 4), dest,
              r"member 'ok.jpg': sparse, or a pax header key write_shard never writes$")
+
+
+def test_a_clash_with_the_destination_is_a_value_error(dest):
+    (dest / "afile").write_bytes(b"x")
+    (dest / "afolder").mkdir()
+    data = _tar([_member("ok", b"1"), _member("afile/b", b"2")])
+    with pytest.raises(ValueError, match=r"says: 'afile/b': 'afile' is a file in the "
+                                         r"destination, not a folder$"):
+        shards.extract_shard(io.BytesIO(data), dest, _honest_entry(data, 2, 2))
+    data = _tar([_member("ok", b"1"), _member("afolder", b"2")])
+    with pytest.raises(ValueError, match=r"says: 'afolder' cannot be written \(Is a directory\)$"):
+        shards.extract_shard(io.BytesIO(data), dest, _honest_entry(data, 2, 2))
+    assert sorted(os.listdir(dest)) == ["afile", "afolder", "kept.txt"]
+    assert os.listdir(dest / "afolder") == []
+
+
+@pytest.mark.parametrize("name, why", [
+    ("ü" * 128, "a name longer than 255 bytes"),  # 128 characters, 256 bytes
+    ("/".join(["é" * 120] * 17), "longer than 4095 bytes"),  # 2056 characters, 4096 bytes
+])
+def test_a_name_too_long_in_bytes_is_refused(dest, name, why):
+    data = _tar([_member(name, b"1")])
+    _refused(data, _honest_entry(data, 1, 1), dest, rf"member '.*': {why}$")
