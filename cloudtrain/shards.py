@@ -121,7 +121,13 @@ def scan(root: Path) -> tuple[list[FileEntry], list[tuple[str, str]]]:
                 skipped.append((rel.encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
                                 "name is not UTF-8"))
                 continue
-            st = os.stat(e.path) if e.is_symlink() else e.stat(follow_symlinks=False)
+            try:
+                st = os.stat(e.path) if e.is_symlink() else e.stat(follow_symlinks=False)
+            except OSError:  # a link to nothing, or to itself
+                if not e.is_symlink():
+                    raise
+                skipped.append((rel, "a broken link"))
+                continue
             if e.is_symlink():
                 target = os.path.realpath(e.path)
                 if not target.startswith(top.rstrip(os.sep) + os.sep):
@@ -198,10 +204,16 @@ def write_shard(root: Path, shard: ShardPlan, fileobj=None) -> ShardEntry:
             info.size, info.mtime, info.mode = f.size, f.mtime, 0o644
             info.uid = info.gid = 0
             info.uname = info.gname = ""
-            with open(os.path.join(root, *f.path.split("/")), "rb") as src:
+            try:
+                src = open(os.path.join(root, *f.path.split("/")), "rb")
+            except FileNotFoundError:
+                raise ValueError(f"{f.path} vanished while being pushed") from None
+            with src:
                 try:
                     tar.addfile(info, src)
                 except OSError as exc:  # tarfile: "unexpected end of data"
+                    if os.fstat(src.fileno()).st_size >= f.size:
+                        raise  # a real read error, not a file that shrank
                     raise ValueError(f"{f.path} shrank while being pushed ({exc})") from None
                 if src.read(1):
                     raise ValueError(f"{f.path} grew while being pushed: push again")

@@ -398,3 +398,27 @@ def test_a_clash_with_the_destination_is_a_value_error(dest):
 def test_a_name_too_long_in_bytes_is_refused(dest, name, why):
     data = _tar([_member(name, b"1")])
     _refused(data, _honest_entry(data, 1, 1), dest, rf"member '.*': {why}$")
+
+
+def test_a_broken_or_looping_link_is_skipped_not_a_crash(tree):
+    (tree / "train" / "gone.jpg").symlink_to("nothing-here.jpg")
+    (tree / "loop").symlink_to("loop")
+    files, skipped = shards.scan(tree)
+    assert len(files) == 6
+    assert ("train/gone.jpg", "a broken link") in skipped
+    assert ("loop", "a broken link") in skipped
+
+
+def test_a_file_deleted_after_the_plan_is_a_value_error(tree, monkeypatch):
+    plan = shards.plan(tree, 1 << 20)[0]
+    (tree / "train/a/1.jpg").unlink()
+    with pytest.raises(ValueError, match="^train/a/1.jpg vanished while being pushed$"):
+        shards.write_shard(tree, plan, io.BytesIO())
+    _write(tree, {"train/a/1.jpg": b"A" * 1500})
+
+    def failing(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(shards.tarfile, "copyfileobj", failing)
+    with pytest.raises(OSError, match="Input/output error"):  # not "shrank": it did not
+        shards.write_shard(tree, plan, io.BytesIO())
