@@ -152,9 +152,11 @@ def reencoded(image: Image.Image) -> np.ndarray:
 class _Listing:
     """An ImageFolder listing as numpy arrays (see the module docstring)."""
 
-    def _list(self, folder: Path) -> None:
+    def _list(self, folder: Path, listing: tuple | None = None) -> None:
+        """`listing`: list_images(folder) already read by the caller (1.28 M entries for
+        ImageNet's train split: not listed twice)."""
         self.folder = Path(folder)
-        samples, self.classes = list_images(self.folder)
+        samples, self.classes = listing if listing is not None else list_images(self.folder)
         if not samples:
             raise ValueError(f"{self.folder}: no images (expected <class>/<image>.JPEG)")
         self._paths = np.array([rel.encode() for rel, _ in samples])
@@ -181,12 +183,12 @@ class TrainSet(_Listing, Dataset):
     change) before building an epoch's loader: the workers copy the dataset when it starts."""
 
     def __init__(self, folder: Path, size: int, min_scale: float, seed: int,
-                 decode: str = "cpu"):
+                 decode: str = "cpu", listing: tuple | None = None):
         if decode not in DECODES:
             raise ValueError(f"decode must be one of {DECODES}, got {decode!r}")
         if not 0 < min_scale <= 1:
             raise ValueError(f"min_scale must be in (0, 1], got {min_scale}")
-        self._list(folder)
+        self._list(folder, listing)
         self.size, self.min_scale, self.seed, self.decode, self.epoch = (
             size, min_scale, seed, decode, 0)
 

@@ -241,8 +241,9 @@ class Loaders:
     a train set per source folder (its size and min_scale set per epoch), a val set per
     (source, size, mode, batch)."""
 
-    def __init__(self, root: Path, seed: int, decode: str):
+    def __init__(self, root: Path, seed: int, decode: str, listings: dict):
         self.root, self.seed, self.decode = root, seed, decode
+        self.listings = listings  # check_tree's {source: (train samples, classes)}
         self.train_sets: dict = {}
         self.val_key, self.val_set = None, None
 
@@ -251,7 +252,8 @@ class Loaders:
         ds = self.train_sets.get(plan.source)
         if ds is None:
             ds = self.train_sets[plan.source] = imagenet_data.TrainSet(
-                folder, plan.size, plan.min_scale, self.seed, decode=self.decode)
+                folder, plan.size, plan.min_scale, self.seed, decode=self.decode,
+                listing=self.listings.get(plan.source))
         ds.size, ds.min_scale = plan.size, plan.min_scale
         return ds
 
@@ -440,7 +442,7 @@ def _train(args, world, stop) -> int:
             from None
     workers = (args.workers if args.workers is not None
                else imagenet_data.default_workers(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-    loaders = Loaders(root, args.seed, args.decode)
+    loaders = Loaders(root, args.seed, args.decode, folders)
     dtype = torch.float16 if half or amp else torch.float32
     prep = imagenet_data.Normaliser(device, dtype, channels_last=variant.precision == "amp"
                                     and cuda)
