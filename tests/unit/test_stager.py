@@ -1,0 +1,691 @@
+"""cloudtrain/stager.py, the on-instance staging of datasets, against moto's S3 server on
+127.0.0.1: real shards pushed by `datasets.push`, read back through presigned URLs or requests
+signed with credentials from a fake IMDSv2, through proxies that count, check signatures,
+answer 503, cut bodies short or trickle."""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import hashlib
+import http.client
+import http.server
+import io
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from unittest import mock
+
+import boto3
+import botocore.auth
+import pytest
+import requests
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config
+from botocore.credentials import Credentials
+from botocore.utils import percent_encode
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aws_lab import moto_endpoint
+from cloudtrain import shards, stager
+from cloudtrain.providers.aws import datasets as s3_datasets
+from conftest import REPO
+
+__all__ = ["moto_endpoint"]  # the server fixture, used by name below
+REGION = "us-east-1"
+BUCKET = "stage-test"
+CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+SHARD = 64 << 10
+MiB = 1 << 20
+WHEN = datetime.datetime(2026, 11, 23, 18, 5, 9)
+ROLE = {"AccessKeyId": "ASIAROLEKEY", "SecretAccessKey": "role/secret+key",
+        "Token": "IQoJb3JpZ2luX2VjE//token+with/slashes=="}
+
+
+# -- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    """A few hundred small random files in nested folders (names with spaces, unicode and
+    +=&), and one of 2.5 MiB: its shard is read in three ranges of 1 MiB."""
+    root = tmp_path_factory.mktemp("tree") / "src"
+    rnd = random.Random(7)
+    for i in range(300):
+        folder = root / ("c%d" % (i % 7)) / ("d%d" % (i % 3))
+        folder.mkdir(parents=True, exist_ok=True)
+        name = ["f%03d.bin" % i, "with space %d.jpg" % i, "ünï-%d.txt" % i, "a+b=c&d%d" % i][i % 4]
+        (folder / name).write_bytes(rnd.randbytes(rnd.randrange(0, 3000)))
+    (root / "big.bin").write_bytes(rnd.randbytes(5 * MiB // 2))
+    return root
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and not any(x.startswith(".") for x in p.relative_to(root).parts)}
+
+
+@pytest.fixture
+def s3(moto_endpoint):
+    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    client = s3_datasets.client(boto3.Session(region_name=REGION, **CREDS), REGION,
+                                moto_endpoint, 16)
+    client.create_bucket(Bucket=BUCKET)
+    return client
+
+
+@pytest.fixture
+def pushed(s3, tree):
+    s3_datasets.push(s3, tree, BUCKET, "imagenet", shard_bytes=SHARD, workers=4, region=REGION)
+    return s3_datasets.read_manifest(s3, BUCKET, "imagenet")
+
+
+def _plan(datasets, workers=4, **kw) -> dict:
+    plan = {"version": 1, "workers": workers, "part_bytes": MiB, "progress_s": 0.2,
+            "imds_url": "http://127.0.0.1:9", "datasets": datasets}
+    plan.update(kw)
+    return plan
+
+
+def _presign(s3, key: str) -> str:
+    return s3.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": key},
+                                     ExpiresIn=600)
+
+
+def _shards_dataset(s3, manifest, dest: Path, endpoint: str, auth="presigned",
+                    url_base: str | None = None) -> dict:
+    text = manifest.to_json()
+    d = {"name": "imagenet", "dest": str(dest), "kind": "shards", "bucket": BUCKET,
+         "prefix": "imagenet", "region": REGION, "endpoint": endpoint, "auth": auth,
+         "identity": hashlib.sha256(text.encode()).hexdigest(), "manifest": json.loads(text)}
+    if auth == "presigned":
+        urls = [_presign(s3, f"imagenet/shards/{e.name}") for e in manifest.shards]
+        if url_base:  # the same links, through a proxy in front of moto
+            urls = [url_base + "/" + u.split("/", 3)[3] for u in urls]
+        d["shard_urls"] = urls
+    return d
+
+
+def _run(plan, tmp_path, **kw):
+    out = io.StringIO()
+    status = tmp_path / "status.json"
+    code = stager.stage(plan, status, out=out, **kw)
+    return code, json.loads(status.read_text()), out.getvalue()
+
+
+def _failure(capsys) -> str:
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cloudtrain staging failed: "), lines
+    return lines[0][len("cloudtrain staging failed: "):]
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def _serve(handler) -> tuple[str, _Server]:
+    server = _Server(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return "http://127.0.0.1:%d" % server.server_address[1], server
+
+
+class Proxy:
+    """An HTTP/1.1 server in front of moto: records every request, and lets `fault(handler,
+    n)` answer instead (n: how many times this path and Range were asked, from 1)."""
+
+    def __init__(self, upstream: str, fault=None):
+        self.upstream = upstream.split("//", 1)[1]
+        self.fault = fault
+        self.seen: list[tuple[str, str, dict]] = []
+        self.counts: dict = {}
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                with proxy.lock:
+                    proxy.seen.append(("GET", self.path, dict(self.headers)))
+                    k = (self.path.split("?")[0], self.headers.get("Range"))
+                    proxy.counts[k] = n = proxy.counts.get(k, 0) + 1
+                if proxy.fault and proxy.fault(self, n):
+                    return
+                up = http.client.HTTPConnection(proxy.upstream, timeout=10)
+                up.request("GET", self.path, headers={k: v for k, v in self.headers.items()
+                                                      if k.lower() != "host"})
+                resp = up.getresponse()
+                body = resp.read()
+                self.send_response(resp.status)
+                for h in ("Content-Type", "Content-Range", "ETag"):
+                    if resp.getheader(h):
+                        self.send_header(h, resp.getheader(h))
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                up.close()
+
+        self.url, self.server = _serve(Handler)
+
+    def requests_for(self, key: str) -> list:
+        return [s for s in self.seen if s[1].split("?")[0] == f"/{BUCKET}/{key}"]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _botocore_headers(url: str, creds: dict, when=WHEN, region=REGION) -> dict:
+    req = AWSRequest(method="GET", url=url, headers={"X-Amz-Content-SHA256": "UNSIGNED-PAYLOAD"})
+    req.context["client_config"] = Config(s3={"payload_signing_enabled": False})
+    auth = S3SigV4Auth(Credentials(creds["AccessKeyId"], creds["SecretAccessKey"],
+                                   creds.get("Token")), "s3", region)
+    with mock.patch.object(botocore.auth, "get_current_datetime", lambda: when):
+        auth.add_auth(req)
+    return dict(req.headers)
+
+
+# -- 1. the signer -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("token", [None, ROLE["Token"]])
+@pytest.mark.parametrize("bucket, endpoint", [("stage-test", None), ("with.dot", None),
+                                              ("stage-test", "http://127.0.0.1:5000")])
+def test_sign_get_gives_the_authorization_botocore_gives(token, bucket, endpoint):
+    creds = dict(ROLE, Token=token)
+    key = "imagenet/train/a file ünï+x=y&z~(1).jpg"
+    url = stager.object_url(bucket, key, REGION, endpoint)
+    mine = stager.sign_get(url, REGION, creds, WHEN, {"Range": "bytes=0-9"})
+    theirs = _botocore_headers(url, creds)
+    assert mine["Authorization"] == theirs["Authorization"]
+    assert mine["X-Amz-Date"] == theirs["X-Amz-Date"] == "20261123T180509Z"
+    assert mine.get("X-Amz-Security-Token") == theirs.get("X-Amz-Security-Token") == token
+    assert mine["Range"] == "bytes=0-9"
+    assert url.endswith("/imagenet/train/a%20file%20%C3%BCn%C3%AF%2Bx%3Dy%26z~%281%29.jpg")
+    if endpoint:
+        assert url.startswith("http://127.0.0.1:5000/stage-test/")
+    elif "." in bucket:
+        assert url.startswith("https://s3.us-east-1.amazonaws.com/with.dot/")
+    else:
+        assert url.startswith("https://stage-test.s3.us-east-1.amazonaws.com/")
+
+
+@settings(max_examples=150, deadline=None)
+@given(key=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=60),
+       token=st.one_of(st.none(), st.text("abc+/=", min_size=1, max_size=20)),
+       second=st.integers(0, 10 ** 8))
+def test_sign_get_matches_botocore_for_any_key(key, token, second):
+    when = datetime.datetime(2024, 1, 1) + datetime.timedelta(seconds=second)
+    creds = dict(ROLE, Token=token)
+    url = stager.object_url("stage-test", key, "eu-west-1")
+    assert url.split(".amazonaws.com/", 1)[1] == percent_encode(key, safe="/~")
+    mine = stager.sign_get(url, "eu-west-1", creds, when)
+    assert mine["Authorization"] == _botocore_headers(url, creds, when, "eu-west-1")[
+        "Authorization"]
+
+
+# -- 2. shards through presigned links -------------------------------------------------------
+
+
+def test_shards_staged_through_presigned_links_equal_the_source_and_a_second_run_skips(
+        s3, tree, pushed, moto_endpoint, tmp_path):
+    dest = tmp_path / "data" / "imagenet"
+    plan = _plan([_shards_dataset(s3, pushed, dest, moto_endpoint)])
+    code, status, out = _run(plan, tmp_path)
+    assert code == 0
+    assert _files(dest) == _files(tree)
+    assert not (dest / ".staging").exists()
+    marker = json.loads((dest / ".cloudtrain-staged.json").read_text())
+    assert marker["identity"] == plan["datasets"][0]["identity"]
+    assert (marker["name"], marker["files"], marker["bytes"]) == ("imagenet", pushed.files,
+                                                                  pushed.bytes)
+    assert status["state"] == "staged" and status["error"] is None
+    assert status["ended_at"] >= status["started_at"]
+    (rec,) = status["datasets"]
+    assert rec["state"] == "staged" and rec["kind"] == "shards"
+    assert (rec["bytes_done"], rec["bytes_total"]) == (pushed.bytes, pushed.bytes)
+    assert (rec["files_done"], rec["files_total"]) == (pushed.files, pushed.files)
+    assert pushed.files == 301
+    assert re.search(r"^cloudtrain staging imagenet: [0-9.]+ of [0-9.]+ GB \(100%\), 301 of "
+                     r"301 files, [0-9]+ MB/s, staged$", out, re.M), out
+
+    (dest / "stale.bin").write_bytes(b"of an older version")  # the dataset changes
+    newer = json.loads(json.dumps(plan))
+    newer["datasets"][0]["identity"] = "ff" * 32
+    code, status, _ = _run(newer, tmp_path)
+    assert code == 0 and status["datasets"][0]["state"] == "staged"
+    assert _files(dest) == _files(tree)  # the older version's files are gone
+    assert json.loads((dest / ".cloudtrain-staged.json").read_text())["identity"] == "ff" * 32
+
+    for e in pushed.shards:  # the run after reads nothing: the objects are gone
+        s3.delete_object(Bucket=BUCKET, Key=f"imagenet/shards/{e.name}")
+    code, status, out = _run(newer, tmp_path)
+    assert code == 0 and status["datasets"][0]["state"] == "skipped"
+    assert "skipped" in out and _files(dest) == _files(tree)
+
+
+# -- 3. the instance role ------------------------------------------------------------------
+
+
+class FakeIMDS:
+    """IMDSv2: a token for a PUT, the role's name and credentials for GETs carrying it."""
+
+    def __init__(self, role: str | None = "ct-instance",
+                 expiration: str = "2099-01-01T00:00:00Z"):
+        self.seen: list[tuple[str, str, str | None]] = []
+        imds = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def answer(self, code, body=b""):
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_PUT(self):
+                imds.seen.append(("PUT", self.path,
+                                  self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")))
+                if self.path != "/latest/api/token":
+                    return self.answer(404)
+                self.answer(200, b"imds-token-123")
+
+            def do_GET(self):
+                token = self.headers.get("X-aws-ec2-metadata-token")
+                imds.seen.append(("GET", self.path, token))
+                if token != "imds-token-123":
+                    return self.answer(401)
+                base = "/latest/meta-data/iam/security-credentials/"
+                if role and self.path == base:
+                    return self.answer(200, role.encode() + b"\n")
+                if role and self.path == base + role:
+                    return self.answer(200, json.dumps(dict(
+                        ROLE, Code="Success", Type="AWS-HMAC",
+                        Expiration=expiration)).encode())
+                self.answer(404)
+
+        self.url, self.server = _serve(Handler)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_role_credentials_from_imdsv2_sign_every_request(s3, tree, pushed, moto_endpoint,
+                                                          tmp_path):
+    imds, proxy = FakeIMDS(), Proxy(moto_endpoint)
+    try:
+        dest = tmp_path / "imagenet"
+        plan = _plan([_shards_dataset(s3, pushed, dest, proxy.url, auth="role")],
+                     imds_url=imds.url)
+        code, status, _ = _run(plan, tmp_path)
+        assert code == 0, status
+        assert _files(dest) == _files(tree)
+    finally:
+        imds.close()
+        proxy.close()
+    assert imds.seen[0] == ("PUT", "/latest/api/token", "21600")
+    assert imds.seen[1:] == [("GET", "/latest/meta-data/iam/security-credentials/",
+                              "imds-token-123"),
+                             ("GET", "/latest/meta-data/iam/security-credentials/ct-instance",
+                              "imds-token-123")]  # fetched once: they expire in 2099
+    assert len(proxy.seen) == len(pushed.shards) + 2  # the 2.5 MiB shard: three ranges
+    for _, path, headers in proxy.seen:  # each as botocore would have signed it
+        when = datetime.datetime.strptime(headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ")
+        expect = _botocore_headers(f"http://{headers['Host']}{path}", ROLE, when)
+        assert headers["Authorization"] == expect["Authorization"]
+        assert headers["Authorization"].startswith("AWS4-HMAC-SHA256 Credential=ASIAROLEKEY/")
+        assert headers["X-Amz-Security-Token"] == ROLE["Token"]
+        assert re.fullmatch(r"bytes=[0-9]+-[0-9]+", headers["Range"])
+
+
+def test_an_instance_without_a_role_is_told_to_set_instance_profile(s3, pushed, moto_endpoint,
+                                                                    tmp_path, capsys):
+    imds = FakeIMDS(role=None)
+    try:
+        plan = _plan([_shards_dataset(s3, pushed, tmp_path / "d", moto_endpoint, auth="role")],
+                     imds_url=imds.url)
+        code, status, _ = _run(plan, tmp_path)
+    finally:
+        imds.close()
+    assert code == 1
+    reason = _failure(capsys)
+    assert reason == ("the instance has no instance profile: set instance_profile in "
+                      "config.yaml (infra/README.md)")
+    assert status["state"] == "failed" and status["error"] == reason
+
+
+# -- 4, 5. bad and missing shards ---------------------------------------------------------
+
+
+def test_a_corrupt_shard_fails_on_its_sha256_and_leaves_nothing_of_it(s3, tree, pushed,
+                                                                      moto_endpoint, tmp_path,
+                                                                      capsys):
+    victim = pushed.shards[1]
+    key = f"imagenet/shards/{victim.name}"
+    body = bytes(b ^ 0xFF for b in s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    s3.put_object(Bucket=BUCKET, Key=key, Body=body)
+    dest = tmp_path / "imagenet"
+    code, status, _ = _run(_plan([_shards_dataset(s3, pushed, dest, moto_endpoint)]), tmp_path)
+    assert code == 1
+    reason = _failure(capsys)
+    assert reason.startswith(f"shard {victim.name} is not what the manifest says: ")
+    assert "sha256 differs" in reason or "not a readable tar" in reason
+    victim_files = shards.cut(shards.scan(tree)[0], SHARD)[1].files
+    assert not any((dest / f.path).exists() for f in victim_files)
+    assert not (dest / ".staging").exists()
+    assert not (dest / ".cloudtrain-staged.json").exists()
+    assert status["state"] == "failed" and status["datasets"][0]["state"] == "failed"
+
+
+def test_a_shard_whose_body_hashes_wrong_is_refused_by_sha256(s3, tree, pushed, moto_endpoint,
+                                                               tmp_path, capsys):
+    """Flip one byte inside a member's data: still a readable tar, only the hash tells."""
+    victim = pushed.shards[0]
+    key = f"imagenet/shards/{victim.name}"
+    body = bytearray(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    body[1024 + 5] ^= 0x01  # the first member's data, after its pax and ustar headers
+    s3.put_object(Bucket=BUCKET, Key=key, Body=bytes(body))
+    dest = tmp_path / "imagenet"
+    code, _, _ = _run(_plan([_shards_dataset(s3, pushed, dest, moto_endpoint)]), tmp_path)
+    assert code == 1
+    assert _failure(capsys) == (f"shard {victim.name} is not what the manifest says: "
+                                "sha256 differs")
+    assert not any((dest / f.path).exists()
+                   for f in shards.cut(shards.scan(tree)[0], SHARD)[0].files)
+    assert not (dest / ".staging").exists()
+
+
+def test_a_missing_shard_is_a_404_naming_its_key_and_is_not_retried(s3, pushed, moto_endpoint,
+                                                                     tmp_path, capsys):
+    key = f"imagenet/shards/{pushed.shards[2].name}"
+    s3.delete_object(Bucket=BUCKET, Key=key)
+    proxy = Proxy(moto_endpoint)
+    try:
+        d = _shards_dataset(s3, pushed, tmp_path / "d", moto_endpoint, url_base=proxy.url)
+        code, status, _ = _run(_plan([d]), tmp_path)
+    finally:
+        proxy.close()
+    assert code == 1
+    assert _failure(capsys) == (f"no object s3://{BUCKET}/{key} (404): the dataset is not "
+                                "where its source says; push it again or fix the source")
+    assert len(proxy.requests_for(key)) == 1
+    assert not (tmp_path / "d" / ".staging").exists()
+
+
+@pytest.mark.parametrize("auth, said", [
+    ("presigned", "the presigned link was refused (expired or revoked)"),
+    ("role", "the instance role needs s3:GetObject on it (infra/instance-role-policy.json)")])
+def test_a_refused_read_says_why_and_is_not_retried(s3, pushed, moto_endpoint, tmp_path,
+                                                    capsys, auth, said):
+    def denied(handler, n):
+        _answer(handler, 403, b"<Error><Code>AccessDenied</Code></Error>")
+        return True
+
+    imds, proxy = FakeIMDS(), Proxy(moto_endpoint, denied)
+    try:
+        d = _shards_dataset(s3, pushed, tmp_path / "d", proxy.url, auth=auth,
+                            url_base=proxy.url)
+        code, _, _ = _run(_plan([d], workers=1, imds_url=imds.url), tmp_path)
+    finally:
+        imds.close()
+        proxy.close()
+    assert code == 1
+    key = f"imagenet/shards/{pushed.shards[0].name}"
+    assert _failure(capsys) == f"access denied to s3://{BUCKET}/{key} (403): {said}"
+    assert len(proxy.seen) == 1
+
+
+def test_role_credentials_are_renewed_five_minutes_before_they_expire():
+    imds = FakeIMDS(expiration="2030-01-01T00:10:00Z")
+    expires = datetime.datetime(2030, 1, 1, 0, 10, tzinfo=datetime.timezone.utc).timestamp()
+    now = [expires - 3600]
+    try:
+        creds = stager.RoleCredentials(imds.url, clock=lambda: now[0])
+        assert creds.get()["AccessKeyId"] == "ASIAROLEKEY"
+        now[0] = expires - 301
+        creds.get()
+        assert len(imds.seen) == 3  # token, role, credentials: once
+        now[0] = expires - 299
+        assert creds.get()["Token"] == ROLE["Token"]
+        assert len(imds.seen) == 6
+    finally:
+        imds.close()
+
+
+# -- 6. retries ----------------------------------------------------------------------------
+
+
+def _answer(handler, code: int, body: bytes = b"") -> None:
+    handler.send_response(code)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+SLOWDOWN = b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>"
+
+
+def test_503s_and_a_body_cut_short_are_retried_until_staging_succeeds(s3, tree, pushed,
+                                                                       moto_endpoint, tmp_path):
+    cut = []
+
+    def flaky(handler, n):
+        if n <= 2:
+            _answer(handler, 503, SLOWDOWN)
+            return True
+        if n == 3 and not cut:  # once: the headers promise more than the body holds
+            cut.append(handler.path)
+            a, b = map(int, handler.headers["Range"].split("=")[1].split("-"))
+            size = next(e.bytes for e in pushed.shards if e.name in handler.path)
+            handler.send_response(206)
+            handler.send_header("Content-Length", str(b - a + 1))
+            handler.send_header("Content-Range", f"bytes {a}-{min(b, size - 1)}/{size}")
+            handler.end_headers()
+            handler.wfile.write(b"x" * 10)
+            handler.close_connection = True
+            return True
+        return False
+
+    proxy = Proxy(moto_endpoint, flaky)
+    try:
+        dest = tmp_path / "imagenet"
+        d = _shards_dataset(s3, pushed, dest, moto_endpoint, url_base=proxy.url)
+        code, status, _ = _run(_plan([d]), tmp_path, backoff_s=0.001)
+    finally:
+        proxy.close()
+    assert code == 0, status
+    assert _files(dest) == _files(tree)
+    ranges = len(pushed.shards) + 2
+    assert len(proxy.counts) == ranges and cut
+    assert sorted(proxy.counts.values()) == [3] * (ranges - 1) + [4]
+
+
+def test_a_server_that_always_503s_fails_after_bounded_retries(s3, pushed, moto_endpoint,
+                                                                tmp_path, capsys):
+    def down(handler, n):
+        _answer(handler, 503, SLOWDOWN)
+        return True
+
+    proxy = Proxy(moto_endpoint, down)
+    try:
+        d = _shards_dataset(s3, pushed, tmp_path / "d", moto_endpoint, url_base=proxy.url)
+        started = time.monotonic()
+        code, _, _ = _run(_plan([d], workers=1), tmp_path, backoff_s=0.001)
+        took = time.monotonic() - started
+    finally:
+        proxy.close()
+    assert code == 1 and took < 5
+    key = f"imagenet/shards/{pushed.shards[0].name}"
+    assert _failure(capsys) == (f"reading s3://{BUCKET}/{key} failed 6 times, last: "
+                                "HTTP 503 SlowDown")
+    assert list(proxy.counts.values()) == [6]  # one try and five retries; no other shard
+    assert not (tmp_path / "d" / ".staging").exists()
+
+
+# -- 7. kind objects -----------------------------------------------------------------------
+
+
+def _objects_dataset(s3, files: dict, dest: Path, md5=None) -> dict:
+    objects = []
+    for path, data in files.items():
+        key = f"plain/{path}"
+        etag = s3.put_object(Bucket=BUCKET, Key=key, Body=data)["ETag"].strip('"')
+        objects.append({"key": key, "path": path, "bytes": len(data),
+                        "md5": (md5 or {}).get(path, etag), "url": _presign(s3, key)})
+    return {"name": "plain", "dest": str(dest), "kind": "objects", "bucket": BUCKET,
+            "prefix": "plain", "region": REGION, "endpoint": None, "auth": "presigned",
+            "identity": "ab12", "objects": objects}
+
+
+def test_plain_objects_are_staged_with_their_md5_checked(s3, tmp_path):
+    rnd = random.Random(3)
+    files = {"train/a b.jpg": rnd.randbytes(5000), "train/ü/c.bin": rnd.randbytes(3 * MiB + 7),
+             "val/empty": b"", "top.txt": b"hello"}
+    dest = tmp_path / "plain"
+    code, status, _ = _run(_plan([_objects_dataset(s3, files, dest)]), tmp_path)
+    assert code == 0, status
+    assert {p: (dest / p).read_bytes() for p in files} == files
+    assert sorted(_files(dest)) == sorted(files)
+    rec = status["datasets"][0]
+    assert (rec["files_done"], rec["bytes_done"]) == (4, sum(map(len, files.values())))
+    assert json.loads((dest / ".cloudtrain-staged.json").read_text())["identity"] == "ab12"
+
+
+def test_an_object_with_the_wrong_md5_fails(s3, tmp_path, capsys):
+    dest = tmp_path / "plain"
+    d = _objects_dataset(s3, {"a.txt": b"hello", "b.txt": b"world"}, dest,
+                         md5={"b.txt": "0" * 32})
+    code, _, _ = _run(_plan([d]), tmp_path)
+    assert code == 1
+    assert _failure(capsys) == (f"s3://{BUCKET}/plain/b.txt is not what its listing says: md5 "
+                                f"{hashlib.md5(b'world').hexdigest()}, not {'0' * 32}")
+    assert not (dest / "b.txt").exists() and not (dest / ".staging").exists()
+
+
+def test_an_object_path_out_of_dest_is_refused(s3, tmp_path, capsys):
+    d = _objects_dataset(s3, {"../x": b"evil"}, tmp_path / "plain")
+    code, _, _ = _run(_plan([d]), tmp_path)
+    assert code == 1
+    assert _failure(capsys) == ("plan: dataset plain: object 0: unsafe path '../x': an empty, "
+                                "'.' or '..' component")
+    assert not (tmp_path / "x").exists()
+
+
+# -- 8. kind path --------------------------------------------------------------------------
+
+
+def test_a_dataset_already_on_the_host_is_linked(tmp_path, capsys):
+    src = tmp_path / "mnt" / "imagenet"
+    src.mkdir(parents=True)
+    (src / "a").write_text("a")
+    dest = tmp_path / "data" / "imagenet"
+    d = {"name": "imagenet", "dest": str(dest), "kind": "path", "path": str(src)}
+    for _ in range(2):  # again: the link is there already
+        code, status, _ = _run(_plan([d]), tmp_path)
+        assert code == 0 and status["datasets"][0]["state"] == "staged"
+        assert dest.is_symlink() and os.readlink(dest) == str(src)
+    (dest.parent / "real").mkdir()
+    d["dest"] = str(dest.parent / "real")
+    code, _, _ = _run(_plan([d]), tmp_path)
+    assert code == 1
+    assert _failure(capsys) == (f"{dest.parent / 'real'} already exists and is not a link to "
+                                f"{src}: move it away or choose another dest")
+    d["path"] = str(tmp_path / "absent")
+    d["dest"] = str(dest)
+    code, _, _ = _run(_plan([d]), tmp_path)
+    assert code == 1 and "absent is not a folder on this host" in _failure(capsys)
+
+
+# -- 9. disk full --------------------------------------------------------------------------
+
+
+def test_a_full_disk_says_how_far_it_got_and_what_to_do(s3, pushed, moto_endpoint, tmp_path,
+                                                        capsys, monkeypatch):
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(stager.os, "pwrite", full)
+    dest = tmp_path / "imagenet"
+    code, status, _ = _run(_plan([_shards_dataset(s3, pushed, dest, moto_endpoint)]), tmp_path)
+    assert code == 1
+    reason = _failure(capsys)
+    assert reason == (f"no space left on {dest} after 0 of {pushed.bytes} bytes: give the "
+                      "instance a larger disk (--disk-gb)")
+    assert status["error"] == reason and not (dest / ".staging").exists()
+
+
+# -- 10. SIGTERM ---------------------------------------------------------------------------
+
+
+def test_sigterm_stops_a_slow_staging_promptly_and_cleans_up(tmp_path):
+    """Run as a plain script (shards.py imported from beside it), against a server that
+    trickles its bodies."""
+    asked = threading.Event()
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            asked.set()
+            a, b = map(int, self.headers["Range"].split("=")[1].split("-"))
+            self.send_response(206)
+            self.send_header("Content-Length", str(b - a + 1))
+            self.send_header("Content-Range", f"bytes {a}-{b}/{2 * MiB}")
+            self.end_headers()
+            try:
+                for _ in range(b - a + 1):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.05)
+            except OSError:
+                pass
+
+    url, server = _serve(Trickle)
+    dest = tmp_path / "slow"
+    plan = _plan([{"name": "slow", "dest": str(dest), "kind": "objects", "bucket": BUCKET,
+                   "prefix": "", "region": REGION, "endpoint": None, "auth": "presigned",
+                   "identity": "01", "objects": [{"key": "big", "path": "big", "bytes": 2 * MiB,
+                                                  "md5": None, "url": url + "/big?sig=1"}]}],
+                 progress_s=0.2)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    status = tmp_path / "status.json"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen([sys.executable, "cloudtrain/stager.py", str(tmp_path / "plan.json"),
+                             str(status)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert asked.wait(10), proc.communicate(timeout=5)
+        time.sleep(0.5)
+        assert (dest / ".staging").is_dir()
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=5)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 143 and took < 3, (proc.returncode, took, err)
+    assert err.splitlines() == ["cloudtrain staging failed: interrupted"]
+    assert "cloudtrain staging slow: " in out
+    doc = json.loads(status.read_text())
+    assert (doc["state"], doc["error"]) == ("failed", "interrupted")
+    assert doc["datasets"][0]["state"] == "failed"
+    assert not (dest / ".staging").exists() and not (dest / "big").exists()
