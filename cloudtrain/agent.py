@@ -10,6 +10,7 @@ It knows nothing but its job directory:
     job.json        settings written by the orchestrator (max runtime, grace, shutdown, env)
     run.sh          the job's command (uploaded; never typed into tmux)
     status.json     state, pid, started_at, ended_at, exit_code, heartbeat_at, reason
+    staging-status.json  the dataset copies run.sh makes before the job (stager.py)
     output.log      stdout + stderr of the job (also echoed to the tmux pane)
     metrics.jsonl   written by the job itself
     cancel          written by `agent.py stop`: the next SIGTERM is a user's cancel
@@ -62,6 +63,7 @@ REARM_TIMEOUT_S = 60.0
 SPOT_UPLOAD_S = 75.0  # after a spot notice: what is left of the two minutes, with a margin
 UPLOAD_TIMEOUT_S = 1800.0  # the power-off must come even if the results store hangs
 WAIT_POLL_S = 0.5
+STAGING_STATUS = "staging-status.json"  # written by stager.py while the datasets are copied
 
 
 def spot_notice(imds_url, timeout=1.0):
@@ -456,7 +458,7 @@ class Agent:
         elif exit_code == 0:
             state, reason = SUCCEEDED, None
         else:
-            state, reason = FAILED, exit_reason
+            state, reason = FAILED, staging_failure(self.jobdir) or exit_reason
         self.write_status(state=state, ended_at=now(), exit_code=exit_code, reason=reason,
                           descendants=[])
         stored = self.store_results()
@@ -563,6 +565,16 @@ class Agent:
 # -- probe and stop (run by the orchestrator, on the host) --------------------------------------
 
 
+def staging_failure(jobdir):
+    """Why the dataset staging before the job failed (the stager's status file), or None:
+    the job's reason is then that, not run.sh's exit code."""
+    staging = read_json(os.path.join(jobdir, STAGING_STATUS))
+    if not isinstance(staging, dict) or staging.get("state") != "failed":
+        return None
+    error = staging.get("error")
+    return "data staging failed: %s" % (str(error)[:400] if error else "see output.log")
+
+
 def metrics_tail(jobdir):
     """The latest metrics row (not an event row), the first target_reached event and the
     last runs_summary event. Rows come from the tail; the events from the whole file (up to
@@ -663,7 +675,8 @@ def probe(jobdir, stale_after_s=30.0, session=None, tmux_socket=None):
             status = reap(jobdir, status, "no heartbeat from the agent for %s"
                           % fmt_duration(min(t - beat, 1e9)))
     latest, target, summary = metrics_tail(jobdir)
-    return {"status": status, "now": t, "metrics": latest, "target": target, "runs": summary}
+    return {"status": status, "now": t, "metrics": latest, "target": target, "runs": summary,
+            "staging": read_json(os.path.join(jobdir, STAGING_STATUS))}
 
 
 def _tail_text(path, limit=300):

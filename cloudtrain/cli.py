@@ -121,6 +121,9 @@ def recipes(name: str | None) -> None:
 @click.option("--include", "include", multiple=True, metavar="PATTERN", help="Sync these workdir "
               "paths too, though they look like credentials (.aws/, .ssh/, .env, *.pem), which "
               "are otherwise never synced (repeatable).")
+@click.option("--data", "data", multiple=True, metavar="NAME[=SOURCE]", help="Stage dataset NAME "
+              "before the job starts: from SOURCE (s3://BUCKET/PREFIX, snap-ID, or /path on "
+              "the host), or from config.yaml's `datasets:` (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Show the plan and its price; create nothing.")
 @click.option("--resume-from", metavar="JOB", help="Start from that job's last checkpoint "
               "(same recipe; sets resume=true).")
@@ -128,8 +131,8 @@ def recipes(name: str | None) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="Print only the job id.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, gpus, procs,
-           spot, region, ami, disk_gb, max_price, keep, idle_minutes, on_job, include, dry_run,
-           resume_from, follow, quiet, command):
+           spot, region, ami, disk_gb, max_price, keep, idle_minutes, on_job, include, data,
+           dry_run, resume_from, follow, quiet, command):
     """Launch a recipe, or your own command after --, and return with its job id.
 
     \b
@@ -140,6 +143,7 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
       cloudtrain launch --workdir . -- python train.py --lr 0.1
       cloudtrain launch --recipe resnet9 --instance g5.xlarge --spot --dry-run
       cloudtrain launch --recipe resnet9 --set gpus=8 --gpus V100:8
+      cloudtrain launch --recipe imagenet --gpus V100:8 --data imagenet=s3://bkt/imagenet
     """
     from . import jobs
     from .spec import build_spec
@@ -149,19 +153,22 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
     spec = build_spec(recipe=recipe, command=command, workdir=workdir, profile=profile,
                       sets=sets, name=name, backend=backend,
                       max_runtime_minutes=max_runtime, settings=settings,
-                      resume_from=resume_from, procs=procs, include=include, placement=dict(
+                      resume_from=resume_from, procs=procs, include=include, data=data,
+                      placement=dict(
                                instance_type=instance_type, gpus=gpus, market=market,
                                region=region, ami=ami,
                                disk_gb=disk_gb, max_price=max_price, keep=keep,
                                idle_minutes=idle_minutes, on_job=on_job))
     with _store() as store:
         if dry_run:
-            click.echo(render.plan(jobs.plan(spec, store)))
+            click.echo(render.plan(jobs.plan(spec, store, settings)))
             return
+        found = jobs.read_datasets(spec, settings)  # a missing dataset stops the launch here
         row = jobs.expected(spec, store)
         if row is not None and not quiet:
             click.echo(render.estimate_line(row, spec.market), err=True)
-        job = jobs.launch(store, settings, spec, say=lambda line: click.echo(line, err=True))
+        job = jobs.launch(store, settings, spec, say=lambda line: click.echo(line, err=True),
+                          found=found)
         if quiet:
             click.echo(job.id)
         else:
@@ -466,7 +473,22 @@ def data() -> None:
     Examples:
       cloudtrain data prepare imagenet ~/ILSVRC2012 /data/imagenet
       cloudtrain data push /data/imagenet s3://my-bucket/imagenet
+      cloudtrain data ls
     """
+
+
+@data.command("ls")
+@click.option("--check", is_flag=True, help="Read each S3 dataset's manifest (or listing) now "
+              "for its size, with your AWS credentials.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def data_ls(check, as_json) -> None:
+    """List the datasets declared in config.yaml: source, size, and where each was last staged."""
+    from . import datasets
+
+    settings = config.Settings.load()
+    with _store() as store:
+        rows = datasets.listing(store, settings, check=check)
+    click.echo(render.datasets_json(rows) if as_json else render.datasets_table(rows))
 
 
 @data.command("prepare")

@@ -178,6 +178,12 @@ class Settings:
     # Without a job store (off, or no S3 permission), how long an instance waits after its
     # job for the CLI to bring the results home before it powers off: billed, and said.
     collect_wait_minutes: float = 10.0
+    # Datasets, declared once: {NAME: SOURCE} (s3://bucket/prefix, snap-..., /path on the
+    # host, or a mapping with `source:` and options); datasets.py parses them.
+    datasets: dict = dataclasses.field(default_factory=dict)
+    # The root volume's gp3 throughput (MB/s) for a job that copies data from S3 onto it:
+    # 125 comes with the volume; more is billed (catalog.gp3_price) and speeds the copy.
+    staging_disk_mbps: int = 1000
 
     @classmethod
     def load(cls) -> "Settings":
@@ -191,7 +197,14 @@ class Settings:
             if key not in fields:
                 known = ", ".join(sorted(fields))
                 raise ConfigError(f"{path}: unknown setting '{shown(key)[1:-1]}' (known: {known})")
-            if value is not None:  # `key:` with no value keeps the built-in default
+            if key == "datasets":
+                from . import datasets
+
+                try:
+                    settings.datasets = datasets.parse_declarations(value, str(path))
+                except UsageError as exc:
+                    raise ConfigError(exc.message, hint=exc.hint) from None
+            elif value is not None:  # `key:` with no value keeps the built-in default
                 setattr(settings, key, _typed(path, key, value, type(getattr(settings, key))))
         settings.check(str(path))
         if os.environ.get("CLOUDTRAIN_BACKEND"):
@@ -249,6 +262,7 @@ LIMITS = {
     "disk_gb": (0, 65536, False),  # gp3's largest volume is 64 TiB
     "collect_checkpoints_mb": (0, 1 << 30, False),
     "collect_wait_minutes": (0, WEEK_S / 60, False),
+    "staging_disk_mbps": (125, 1000, False),
 }
 
 

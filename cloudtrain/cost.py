@@ -49,6 +49,21 @@ GP3_PRICE_PER_GB_MONTH: dict[str, float] = {
     "us-east-1": 0.08,
 }
 _DEFAULT_GP3_REGION = "us-east-1"
+# gp3 performance beyond what comes with the volume (3,000 IOPS, 125 MB/s), us-east-1 list
+# prices: USD per provisioned MB/s-month and per IOPS-month.
+GP3_BASE_MBPS, GP3_BASE_IOPS = 125, 3000
+GP3_MBPS_MONTH, GP3_IOPS_MONTH = 0.040, 0.005
+
+
+def gp3_iops_for(mbps: int) -> int:
+    """The IOPS a gp3 volume needs for `mbps` (at most 0.25 MB/s per IOPS)."""
+    return max(GP3_BASE_IOPS, int(mbps) * 4)
+
+
+def gp3_performance_per_month(mbps: int) -> float:
+    """USD per month for provisioning a gp3 volume to `mbps` (and the IOPS that needs)."""
+    return (max(int(mbps) - GP3_BASE_MBPS, 0) * GP3_MBPS_MONTH
+            + (gp3_iops_for(mbps) - GP3_BASE_IOPS) * GP3_IOPS_MONTH)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,10 @@ default, and labelled as which:
   setup     sync, checks and the agent start (syncing + setting-up)
   startup   imports, data download, cuDNN warm-up: inside the job but outside the recipe's
             timer (assumed; the published timers exclude it)
+  staging   copying the job's datasets from S3 onto the instance's disk before training:
+            their size over the slower of the root volume's provisioned gp3 throughput
+            (config.yaml `staging_disk_mbps`) and the instance type's stated network
+            bandwidth (NETWORK_GBPS); the extra gp3 throughput is priced in
   teardown  from the job's end until EC2 stops billing (the agent powers off)
 Cost = per-second billing with the 60 s minimum over boot..teardown at the on-demand price
 (or the cheapest AZ's spot price), plus the gp3 root volume, with the same arithmetic
@@ -46,6 +50,26 @@ TFLOPS_NOTES = {
     "A10G": "A10G figure uncertain (70 vs 125 TFLOPS quoted); the estimate uses 70",
 }
 TFLOPS_BASIS = "peak dense FP16 tensor TFLOPS (NVIDIA datasheets): an optimistic bound"
+
+# Stated network bandwidth (Gbit/s, AWS's instance type pages) of the multi-GPU types a long
+# staging runs on; types not listed ("up to" bandwidths that a long copy outlasts) are taken
+# at the disk's rate alone, which is then the optimistic side.
+NETWORK_GBPS: dict[str, float] = {
+    "p3.8xlarge": 10, "p3.16xlarge": 25, "p3dn.24xlarge": 100, "p4d.24xlarge": 400,
+    "p4de.24xlarge": 400, "p5.48xlarge": 3200, "g4dn.12xlarge": 50, "g4dn.metal": 100,
+    "g5.12xlarge": 40, "g5.24xlarge": 50, "g5.48xlarge": 100, "g6.48xlarge": 100,
+    "g6e.48xlarge": 400,
+}
+
+
+def staging_rate(instance_type: str, disk_mbps: int) -> tuple[float, str]:
+    """MB/s a staging copy is expected to reach on this type, and what limits it."""
+    net = NETWORK_GBPS.get(instance_type)
+    net_mbps = net * 1000 / 8 if net else float("inf")
+    if net_mbps < disk_mbps:
+        return net_mbps, f"{net:g} Gbit/s network"
+    return float(disk_mbps), f"{disk_mbps} MB/s gp3 root volume"
+
 
 # Assumed overheads (seconds) when the store has no AWS job to measure them from.
 ASSUMED = {"boot": 150.0, "setup": 45.0, "startup": 30.0, "teardown": 30.0}
@@ -82,6 +106,8 @@ class Row:
     spot: float | None
     scaling: str  # how train_s was obtained
     marks: list[str] = field(default_factory=list)  # "cheapest", "fastest"
+    staging_s: float = 0.0  # copying the datasets onto the disk (in total_s)
+    staging_basis: str = ""
 
 
 @dataclass
@@ -94,6 +120,8 @@ class Estimate:
     disk_gb: int
     rows: list[Row]
     notes: list[str]
+    staging_bytes: int = 0
+    disk_mbps: int = 0
 
 
 def published_basis(recipe, args: dict) -> Basis:
@@ -178,11 +206,18 @@ def candidates(basis: Basis, region: str, types: list[str] | None, gpu_request: 
 
 def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
              types: list[str] | None = None, gpu_request: str | None = None,
-             disk_gb: int | None = None, store=None) -> Estimate:
+             disk_gb: int | None = None, store=None, staging_bytes: int = 0,
+             disk_mbps: int = 0) -> Estimate:
     basis = published_basis(recipe, args)
     over = overheads(store)
     disk = int(disk_gb or recipe.resources.get("disk_gb", 100))
+    if staging_bytes:  # the copies need room (datasets.preflight sizes the disk the same way)
+        from .datasets import DISK_MARGIN_GB
+
+        disk = max(disk, int(staging_bytes / 1e9 * 1.05 + DISK_MARGIN_GB + 0.999))
     gp3 = catalog.gp3_price(region)
+    gp3_month = gp3.per_gb_month + (cost.gp3_performance_per_month(disk_mbps) / disk
+                                    if disk_mbps else 0.0)
     notes = [] if not gp3.approximate else [gp3.note]
     rows = []
     for t in candidates(basis, region, types, gpu_request):
@@ -196,8 +231,12 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
             continue
         if t.gpus > basis.gpus:  # the rest sit idle, and are paid for
             scaling += f"; uses {basis.gpus} of {t.gpus:g} GPUs"
-        total = train_s + over.total
-        disk_usd = cost.ebs_cost(0.0, total, disk, gp3.per_gb_month).dollars
+        staging_s, staging_basis = 0.0, ""
+        if staging_bytes:
+            rate, staging_basis = staging_rate(t.name, disk_mbps or cost.GP3_BASE_MBPS)
+            staging_s = staging_bytes / 1e6 / rate
+        total = train_s + over.total + staging_s
+        disk_usd = cost.ebs_cost(0.0, total, disk, gp3_month).dollars
 
         def dollars(price):
             return None if price is None else cost.on_demand_cost(0.0, total, price).dollars \
@@ -205,7 +244,7 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
 
         rows.append(Row(t.name, t.gpu, t.gpus, train_s, total,
                         dollars(t.price(region, "on-demand")), dollars(t.price(region, "spot")),
-                        scaling))
+                        scaling, staging_s=staging_s, staging_basis=staging_basis))
         if t.gpu in TFLOPS_NOTES and TFLOPS_NOTES[t.gpu] not in notes:
             notes.append(TFLOPS_NOTES[t.gpu])
     priced = [r for r in rows if (r.spot if market == "spot" else r.on_demand) is not None]
@@ -220,7 +259,8 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
                              else float("inf"), r.instance_type))
     if market == "spot":
         notes.append(f"spot: the cheapest AZ's price, {catalog.spot_source(region)}")
-    return Estimate(recipe.name, region, market, basis, over, disk, rows, notes)
+    return Estimate(recipe.name, region, market, basis, over, disk, rows, notes,
+                    staging_bytes=staging_bytes, disk_mbps=disk_mbps)
 
 
 def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: str | None,
@@ -235,8 +275,31 @@ def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: st
     rec = recipes.load(name)
     args = rec.resolve(profile, sets)
     settings = config.Settings.load()
+    staged = staged_bytes(rec, args, settings)
     return estimate(rec, args, region or settings.region or "us-east-1", market=market,
-                    types=types, gpu_request=gpu_request, disk_gb=disk_gb, store=store)
+                    types=types, gpu_request=gpu_request, disk_gb=disk_gb, store=store,
+                    staging_bytes=staged, disk_mbps=_disk_mbps(staged, settings))
+
+
+def staged_bytes(rec, args: dict, settings) -> int:
+    """What a launch of the recipe with these arguments copies onto the disk: each dataset
+    it reads that is declared (config.yaml) as an S3 source, or that it cannot download
+    itself, at the recipe's stated size."""
+    from . import datasets
+
+    total = 0
+    for entry in datasets.needed(rec.data, args):
+        source = settings.datasets.get(entry["name"])
+        if (source is not None and source.kind == "s3") or \
+                (source is None and not entry.get("download")):
+            total += int(float(entry.get("size_mb") or 0) * 1e6)
+    return total
+
+
+def _disk_mbps(staged: int, settings) -> int:
+    from .datasets import STAGING_FAST_DISK_GB
+
+    return settings.staging_disk_mbps if staged >= STAGING_FAST_DISK_GB * 1e9 else 0
 
 
 def for_spec(spec, region: str, store=None) -> Row | None:
@@ -247,8 +310,11 @@ def for_spec(spec, region: str, store=None) -> Row | None:
     if spec.kind != "recipe" or not spec.instance_type:
         return None
     try:
+        staged = sum(int(info.get("bytes") or 0) for info in (spec.staging or {}).values()
+                     if info.get("kind") in ("shards", "objects"))
         est = estimate(recipes.load(spec.recipe), spec.args, region, market=spec.market,
-                       types=[spec.instance_type], disk_gb=spec.disk_gb, store=store)
+                       types=[spec.instance_type], disk_gb=spec.disk_gb, store=store,
+                       staging_bytes=staged, disk_mbps=spec.disk_mbps or 0)
     except UsageError:
         return None
     row = est.rows[0]

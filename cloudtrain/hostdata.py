@@ -71,7 +71,39 @@ def clean_report(report: object) -> dict:
             "now": finite(report.get("now")),
             "metrics": clean_row(report.get("metrics")),
             "target": clean_row(report.get("target")),
-            "runs": clean_row(report.get("runs"))}
+            "runs": clean_row(report.get("runs")),
+            "staging": clean_staging(report.get("staging"))}
+
+
+STAGING_STATES = ("staging", "staged", "failed")
+DATASET_STATES = ("waiting", "staging", "staged", "skipped", "failed")
+MAX_STAGED_DATASETS = 64
+
+
+def clean_staging(value: object) -> dict | None:
+    """The stager's status file (staging-status.json) as the orchestrator may use it."""
+    if not isinstance(value, dict):
+        return None
+    state = value.get("state")
+    error = value.get("error")
+    rows = value.get("datasets") if isinstance(value.get("datasets"), list) else []
+    datasets = []
+    for row in rows[:MAX_STAGED_DATASETS]:
+        if not isinstance(row, dict):
+            continue
+        name, kind, st = row.get("name"), row.get("kind"), row.get("state")
+        datasets.append({
+            "name": clean_text(name, 64) if isinstance(name, str) else "?",
+            "kind": clean_text(kind, 16) if isinstance(kind, str) else "?",
+            "state": st if st in DATASET_STATES else None,
+            **{k: _count(row.get(k)) for k in ("bytes_total", "bytes_done", "files_total",
+                                                "files_done")},
+            "mb_s": finite(row.get("mb_s")), "seconds": finite(row.get("seconds"))})
+    return {"state": state if state in STAGING_STATES else None,
+            "started_at": finite(value.get("started_at")),
+            "ended_at": finite(value.get("ended_at")),
+            "error": clean_text(error, MAX_REASON_LEN) if isinstance(error, str) else None,
+            "datasets": datasets}
 
 
 def clean_status(status: object) -> dict | None:

@@ -36,8 +36,6 @@ from .errors import HostError, MissingDependency
 from .gitignore import list_files
 
 AGENT_SOURCE = Path(agent_module.__file__)
-# Shipped beside the agent when present: the results-store uploader it imports after a job.
-AGENT_UPLOAD_SOURCE = AGENT_SOURCE.with_name("agent_upload.py")
 TMUX_INSTALL_HINT = ("install tmux: `apt-get install tmux` (Debian/Ubuntu), `dnf install tmux` "
                      "(Fedora/Amazon Linux) or `brew install tmux` (macOS)")
 
@@ -99,8 +97,10 @@ def session_name(job_id: str) -> str:
 
 
 def agent_files() -> list[Path]:
-    """The files the agent runs from: agent.py, and the uploader when the package has it."""
-    return [AGENT_SOURCE] + ([AGENT_UPLOAD_SOURCE] if AGENT_UPLOAD_SOURCE.is_file() else [])
+    """The files the agent runs from: agent.py, and beside it the uploader and the dataset
+    stager (with the shard reader it imports) where the package has them."""
+    extra = [AGENT_SOURCE.with_name(n) for n in ("agent_upload.py", "stager.py", "shards.py")]
+    return [AGENT_SOURCE] + [p for p in extra if p.is_file()]
 
 
 def agent_version() -> str:

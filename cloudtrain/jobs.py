@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from . import config, hostdata, lease, providers, state
+from . import config, datasets, hostdata, lease, providers, state
 from .agent import metrics_tail, pid_alive, read_json
 from .errors import CloudtrainError, HostError, MissingDependency, NotFound, UsageError
-from .hosts import Host, LocalHost, session_name
+from .hosts import Host, LocalHost, agent_dir, session_name
 from .spec import RECIPE, JobSpec
 from .state import Job, Store
 
@@ -32,9 +32,19 @@ UNREACHABLE = "host unreachable"  # the reason a job has while its host does not
 REFRESH_EVERY_S = 1.0
 
 
-def plan(spec: JobSpec, store: Store | None = None) -> list[tuple[str, str]]:
-    """What `launch` would do for this spec (`--dry-run`): nothing is created or billed."""
-    rows = [("job", spec.display()), *providers.get(spec.backend).plan(spec)]
+def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | None = None
+         ) -> list[tuple[str, str]]:
+    """What `launch` would do for this spec (`--dry-run`): nothing is created or billed. The
+    datasets are read (with the user's credentials) for their sizes; one that cannot be read
+    is said, as the launch would stop on it."""
+    data_rows = []
+    if spec.datasets:
+        try:
+            read_datasets(spec, settings or config.Settings.load())
+            data_rows = [("data", datasets.staging_line(spec))]
+        except CloudtrainError as exc:
+            data_rows = [("data", f"cannot be read, the launch would stop: {exc.message}")]
+    rows = [("job", spec.display()), *providers.get(spec.backend).plan(spec), *data_rows]
     row = expected(spec, store)
     if row is not None:
         from .render import estimate_line
@@ -62,14 +72,18 @@ def expected(spec: JobSpec, store: Store | None = None):
     return row
 
 
-def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1) -> str:
+def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
+               stage: list[str] | None = None) -> str:
     """The job's run.sh: cd into place and exec the command (no shell quoting games in tmux).
     A torchrun recipe on `procs` > 1 processes starts under torchrun, one process per GPU
-    (`--standalone`: a private rendezvous on a free local port)."""
+    (`--standalone`: a private rendezvous on a free local port). `stage`: the stager's
+    command, run first: the job starts only once its data is complete."""
     # F1: nothing the user typed reaches this file outside shlex.quote; the one line that
     # names the job is JSON (newlines and control characters escaped) inside a comment.
     lines = ["#!/usr/bin/env bash", "set -e",
              "# cloudtrain job: " + json.dumps(spec.display())]
+    if stage:
+        lines.append(shlex.join(stage))
     if spec.kind == RECIPE:
         from . import recipes
 
@@ -116,14 +130,21 @@ def job_environment(job_id: str, data_dir: str, host: Host, gpus: int = 0, procs
 # -- launch --------------------------------------------------------------------------------------
 
 
+def read_datasets(spec: JobSpec, settings: config.Settings) -> list:
+    """Read what the job's datasets hold (datasets.preflight), before anything is created."""
+    return datasets.preflight(spec, settings)
+
+
 def launch(store: Store, settings: config.Settings, spec: JobSpec,
-           say: Callable[[str], None] | None = None) -> Job:
+           say: Callable[[str], None] | None = None, found: list | None = None) -> Job:
     """Start the job and return once its agent runs it. On any failure, Ctrl-C, SIGTERM or
     SIGHUP the job is recorded as failed or cancelled and its host released: nothing is left
     running. While it works, the launcher holds the job's lease (lease.py), so a launcher
     killed outright (SIGKILL, a lost container) is noticed by any later `cloudtrain` command."""
     provider = providers.get(spec.backend)
     provider.preflight(spec)
+    # The datasets are read before anything is created: a missing prefix stops here.
+    found = read_datasets(spec, settings) if found is None else found
     source = _resume_source(store, settings, spec)
     kept = _kept_source(store, spec)
     job = store.create_job(name=spec.name, kind=spec.kind, recipe=spec.recipe,
@@ -135,8 +156,11 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
         with lease.renewing(store.path, job.id), lease.signals_interrupt():
             try:
                 _, started, detail = _launch_steps(store, settings, spec, provider, job,
-                                                   source, kept, say)
-                _advance(store, job.id, state.RUNNING, detail=detail, at=started)
+                                                   source, kept, say, found)
+                # With data to stage, the job runs once the stager says it is complete
+                # (refresh moves it on, at the stager's own clock).
+                _advance(store, job.id, state.STAGING if found else state.RUNNING,
+                         detail=datasets.staging_line(spec) if found else detail, at=started)
             except BaseException as exc:
                 _abort_launch(store, settings, provider, job, _open_hosts.get(job.id), exc)
                 if isinstance(exc, (KeyboardInterrupt, CloudtrainError)):
@@ -148,8 +172,8 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
 
 
 def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provider, job: Job,
-                  source: Job | None, kept: Job | None, say: Callable[[str], None] | None
-                  ) -> tuple[Host, float, str | None]:
+                  source: Job | None, kept: Job | None, say: Callable[[str], None] | None,
+                  found: list | None = None) -> tuple[Host, float, str | None]:
     """Provision, sync, set up and start the agent: the host the agent runs on, when the job
     started, and what to say of the start in the timeline."""
     _advance(store, job.id, state.PROVISIONING)
@@ -200,7 +224,13 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
     store.update_job(job.id, host=host.describe())
     gpus = provider.gpus(spec, host)
     procs = spec.processes(gpus)
-    host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python, procs))
+    plan = datasets.host_plan(found or [], spec, settings, data_dir)
+    stage = None
+    if plan is not None:
+        host.write_text(f"{jobdir}/{datasets.PLAN_FILE}", json.dumps(plan))
+        stage = [host.python, f"{agent_dir(jobdir)}/stager.py", f"{jobdir}/{datasets.PLAN_FILE}",
+                 f"{jobdir}/{datasets.STATUS_FILE}"]
+    host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python, procs, stage))
     shutdown_command, shutdown_delay = provider.shutdown(spec)
     grant, note = provider.results_grant(store, job, spec)
     if note:  # where the results go when nobody is watching, or what is lost without it
@@ -369,7 +399,7 @@ def _forget_host(job_id: str) -> None:
 
 def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
     """Bring an active job's record up to date from its host (one probe round trip)."""
-    if job.active and job.state != state.RUNNING:
+    if job.active and job.state not in (state.RUNNING, state.STAGING):
         return _check_launcher(store, job)
     if not job.active or not job.jobdir:
         return job
@@ -385,6 +415,14 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
     status = report.get("status") or {}
     if status.get("started_at") and not job.started_at:
         fields["started_at"] = status["started_at"]
+    staging = report.get("staging")
+    if job.state == state.STAGING and staging:
+        fields["metrics"] = {**(fields.get("metrics") or {}),
+                             "staging": datasets.progress_line(staging)}
+        if staging.get("state") == "staged":  # the data is complete: the job itself runs
+            store.set_state(job.id, state.RUNNING, at=staging.get("ended_at") or time.time(),
+                            detail=datasets.staged_line(staging), expect=state.STAGING)
+            fields["metrics"] = report.get("metrics") or None
     agent_state = status.get("state")
     if agent_state in state.TERMINAL_STATES:
         # Only the process that records the end collects and releases: two collecting at
@@ -515,7 +553,8 @@ def collect_files(store: Store, job: Job) -> bool:
     host = host_of(job)
     settings = config.Settings.load()
     try:
-        for name in ("output.log", "metrics.jsonl", "status.json", "job.json", "run.sh"):
+        for name in ("output.log", "metrics.jsonl", "status.json", "job.json", "run.sh",
+                     datasets.STATUS_FILE):
             data = host.read(f"{job.jobdir}/{name}")
             local.mkdir(parents=True, exist_ok=True)
             config.write_private(local / name, data)
@@ -726,7 +765,7 @@ def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -
     status, problem = {}, None
     if (job.reason or "").startswith(UNREACHABLE):  # the probe just now got no answer:
         problem = job.reason                          # no graceful stop to wait for
-    elif job.jobdir and job.state == state.RUNNING:
+    elif job.jobdir and job.state in (state.RUNNING, state.STAGING):
         status, problem = _bounded(lambda: host_of(job).stop_job(job.jobdir, grace) or {},
                                    grace + STOP_MARGIN_S)
         status = status if isinstance(status, dict) else {}

@@ -15,7 +15,7 @@ from .state import Instance, Job, Store, json_column
 
 # Timeline phases -> the cost phases a user reads.
 COST_PHASES = (("boot", ("provisioning", "instance")), ("setup", ("syncing", "setting-up")),
-               ("training", ("running",)))
+               ("staging", ("staging",)), ("training", ("running",)))
 
 
 def runs_of(store: Store, job: Job) -> list[cost.InstanceRun]:
@@ -31,6 +31,9 @@ def run_of(inst: Instance) -> cost.InstanceRun:
         from . import catalog
 
         gp3 = catalog.gp3_price(inst.region).per_gb_month
+    if gp3 is not None and details.get("disk_mbps") and details.get("disk_gb"):
+        # Provisioned throughput is billed by the month like the GBs: folded into their price.
+        gp3 += cost.gp3_performance_per_month(details["disk_mbps"]) / float(details["disk_gb"])
     price = inst.price_per_hour
     if price is None and inst.instance_type and inst.region:
         # No price recorded (spot whose history is not fetched yet): the catalog's figure,

@@ -328,11 +328,35 @@ def parse_recipe(path: Path) -> Recipe:
         _numbers(entry_, ("gpus", "seconds", "accuracy", "runs", "price_per_hour", "cost_usd"),
                  path, f"published[{i}]")
     data = _mappings(_optional(doc, "data", list, path, "a list of datasets", []), path, "data")
+    _check_data(data, arguments, path)
     return Recipe(
         name=name, path=path.parent, description=_require(doc, "description", str, path),
         entry=entry, requires=list(requires), arguments=arguments,
         profiles=profiles, resources=resources, data=list(data),
         target=target, published=list(published))
+
+
+def _check_data(data: list[dict], arguments: dict, path: Path) -> None:
+    """Each `data:` entry: a dataset name, `when:` (the arguments under which the recipe
+    reads it), `download:` (whether the recipe fetches it itself when no source is declared),
+    `dir:` (the folder below $CLOUDTRAIN_DATA_DIR it is read from), `size_mb:`."""
+    from . import datasets
+
+    for i, entry in enumerate(data):
+        where = f"{path}: data[{i}]"
+        try:
+            datasets.check_name(entry.get("name"), where)
+        except UsageError as exc:
+            raise ConfigError(exc.message) from None
+        when = entry.get("when") or {}
+        if not isinstance(when, dict) or any(k not in arguments for k in when):
+            raise ConfigError(f"{where}: when must map argument names of this recipe to values")
+        if not isinstance(entry.get("download", False), bool):
+            raise ConfigError(f"{where}: download must be true or false")
+        folder = entry.get("dir", entry["name"])
+        if not isinstance(folder, str) or not datasets.NAME.fullmatch(folder.lower()):
+            raise ConfigError(f"{where}: dir must be one folder name below the data dir")
+        _numbers(entry, ("size_mb",), path, f"data[{i}]")
 
 
 def _candidates() -> dict[str, Path]:

@@ -121,7 +121,8 @@ def status_table(jobs: list[Job], now: float | None = None) -> str:
         m = job.metrics if isinstance(job.metrics, dict) else {}
         what = job.command if len(job.command) <= 40 else job.command[:37] + "..."
         rows.append([job.id, job.name or "-", what, job.backend, state_text(job),
-                     age(job.created_at, now), duration(runtime(job, now)), epoch_text(m),
+                     age(job.created_at, now), duration(runtime(job, now)),
+                     "data" if job.state == "staging" else epoch_text(m),
                      number(m.get("train_loss", m.get("loss"))),
                      pct(m.get("test_acc", m.get("accuracy"))), job_cost(job)])
     return table(rows, STATUS_HEADER)
@@ -177,9 +178,14 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                    f"{duration(expected.get('total_s'))} billed")
     for note in detail.get("notes") or []:
         out.append(f"  cost note {note}")
-    if isinstance(job.metrics, dict) and job.metrics:
-        shown = ", ".join(f"{k} {_metric(k, v)}" for k, v in job.metrics.items()
-                          if k not in ("time",))
+    for name, info in ((job.spec or {}).get("staging") or {}).items():
+        out.append(f"  data      {_shown(name)}: {_staged_size(info)}")
+    metrics = job.metrics if isinstance(job.metrics, dict) else {}
+    if metrics.get("staging"):
+        out.append(f"  staging   {_shown(metrics['staging'])}")
+    shown = ", ".join(f"{k} {_metric(k, v)}" for k, v in metrics.items()
+                      if k not in ("time", "staging"))
+    if shown:
         out.append(f"  metrics   {shown}")
     if isinstance(target, dict) and target:
         accuracies = ", ".join(f"{k} {pct(target.get(k))}" for k in ("top5", "test_acc")
@@ -205,6 +211,16 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
         text = log_tail.decode("utf-8", "replace").rstrip("\n")
         out += ["    " + line for line in text.splitlines()]
     return "\n".join(out)
+
+
+def _staged_size(info) -> str:
+    if not isinstance(info, dict):
+        return "?"
+    size = info.get("file_bytes") or info.get("bytes")
+    text = f"{size / 1e9:.1f} GB" if isinstance(size, (int, float)) else "size unknown"
+    if info.get("files"):
+        text += f", {info['files']:,} files"
+    return text + f" ({info.get('kind', '?')})"
 
 
 def _metric(key, value) -> str:
@@ -315,19 +331,33 @@ def estimate_table(est) -> str:
     """`cloudtrain estimate`: one row per instance type, then the basis and the overheads."""
     rows = []
     for r in est.rows:
-        rows.append([r.instance_type, f"{r.gpus:g}x {r.gpu}", duration(r.train_s),
-                     duration(r.total_s), money4(r.on_demand), money4(r.spot),
-                     ", ".join(r.marks), r.scaling])
+        row = [r.instance_type, f"{r.gpus:g}x {r.gpu}", duration(r.train_s),
+               duration(r.total_s), money4(r.on_demand), money4(r.spot), ", ".join(r.marks),
+               r.scaling]
+        if est.staging_bytes:
+            share = f" ({r.staging_s / r.total_s:.0%})" if r.total_s else ""
+            row[3:3] = [duration(r.staging_s) + share if r.total_s else "-"]
+        rows.append(row)
+    header = ["TYPE", "GPUS", "TRAINING", "TOTAL", "ON-DEMAND", "SPOT", "", "BASIS"]
+    if est.staging_bytes:
+        header[3:3] = ["DATA COPY"]
     out = [f"{est.recipe} in {est.region}: expected time and cost per instance type "
            f"({est.market} decides 'cheapest')",
-           table(rows, ["TYPE", "GPUS", "TRAINING", "TOTAL", "ON-DEMAND", "SPOT", "", "BASIS"]),
+           table(rows, header),
            f"training: published {est.basis.text}",
            "  scaled to other GPUs by peak dense FP16 tensor TFLOPS (NVIDIA datasheets): an "
            "optimistic bound; small models gain less",
            "overheads (in TOTAL and billed): " + ", ".join(
                f"{k} {duration(v)} ({est.overheads.source[k]})"
                for k, v in est.overheads.seconds.items()),
-           f"cost: per-second billing (60 s minimum) + {est.disk_gb} GB gp3 root volume"]
+           f"cost: per-second billing (60 s minimum) + {est.disk_gb} GB gp3 root volume"
+           + (f" at {est.disk_mbps} MB/s" if est.disk_mbps else "")]
+    if est.staging_bytes:
+        limits = sorted({r.staging_basis for r in est.rows if r.staging_basis})
+        out.append(f"data copy (in TOTAL and billed): {est.staging_bytes / 1e9:.1f} GB from S3 "
+                   f"onto the disk before training, at the slower of the disk and the network "
+                   f"({'; '.join(limits)}); the instance's own EBS bandwidth and S3 may be "
+                   "slower on small types")
     out += [f"note: {n}" for n in est.notes]
     return "\n".join(out)
 
@@ -335,7 +365,9 @@ def estimate_table(est) -> str:
 def estimate_line(row, market: str) -> str:
     """The line `launch` prints for what it is about to start."""
     price = row.spot if market == "spot" else row.on_demand
-    return (f"estimate: training {duration(row.train_s)} ({row.scaling}), about "
+    copy = (f", copying the data {duration(row.staging_s)} ({row.staging_basis})"
+            if row.staging_s else "")
+    return (f"estimate: training {duration(row.train_s)} ({row.scaling}){copy}, about "
             f"{duration(row.total_s)} billed with boot and setup, {money(price)} {market}; "
             f"`cloudtrain estimate` compares instance types")
 
@@ -378,3 +410,27 @@ def push_report(report) -> str:
         more = f" and {len(report.skipped) - 5} more" if len(report.skipped) > 5 else ""
         lines.append(f"left out {len(report.skipped)}: {shown}{more}")
     return "\n".join(lines)
+
+
+def datasets_table(rows: list[dict]) -> str:
+    """`cloudtrain data ls`."""
+    if not rows:
+        return ("no datasets declared; add them to config.yaml, e.g.\n  datasets:\n"
+                "    imagenet: s3://my-bucket/imagenet")
+    now = time.time()
+    out = []
+    for r in rows:
+        size = r.get("size")
+        if isinstance(size, dict) and size.get("error"):
+            size_text = f"unreadable: {size['error']}"
+        else:
+            size_text = _staged_size(size) if isinstance(size, dict) else "not read yet"
+        last = r.get("last_staged") or {}
+        staged = (f"{last.get('job')} {age(last.get('at'), now)} ago on {last.get('where')}"
+                  if last else "never")
+        out.append([r["name"], r["kind"], r["source"], size_text, staged])
+    return table(out, ["NAME", "KIND", "SOURCE", "SIZE", "LAST STAGED"])
+
+
+def datasets_json(rows: list[dict]) -> str:
+    return json.dumps(rows, indent=1)

@@ -484,9 +484,12 @@ def _folder(root: str, parts: list[str], name: str, made: list[str]) -> str:
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            os.mkdir(path, 0o755)
-            made.append(path)
-            continue
+            try:
+                os.mkdir(path, 0o755)
+                made.append(path)
+                continue
+            except FileExistsError:  # another shard, extracted at the same time, made it:
+                st = os.lstat(path)  # checked like any folder already there
         if stat.S_ISLNK(st.st_mode):  # a link already in dest, pointing elsewhere
             raise _Bad(f"{name[:200]!r} would be written through a link")
         if not stat.S_ISDIR(st.st_mode):

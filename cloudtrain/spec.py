@@ -58,6 +58,11 @@ class JobSpec:
     # Workdir paths (gitignore-style patterns) synced although they look like credentials
     # (.aws/, .ssh/, .env, *.pem, $CLOUDTRAIN_HOME), which the sync otherwise always leaves out.
     include: list[str] = field(default_factory=list)
+    # The datasets staged before the job starts (datasets.resolve): [{name, dir, kind,
+    # location, ...}]; what they hold once read (datasets.preflight) goes in `staging`.
+    datasets: list[dict] = field(default_factory=list)
+    staging: dict = field(default_factory=dict)
+    disk_mbps: int | None = None  # the root volume's provisioned gp3 MB/s (None: its own 125)
 
     def display(self) -> str:
         """One line saying what runs: `resnet9 (smoke)` or the command."""
@@ -111,9 +116,24 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
                backend: str | None, max_runtime_minutes: float | None,
                settings: config.Settings, resume_from: str | None = None,
                placement: dict | None = None, procs: int | None = None,
-               include: tuple[str, ...] = ()) -> JobSpec:
+               include: tuple[str, ...] = (), data: tuple[str, ...] = ()) -> JobSpec:
     """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise).
-    `placement`: instance_type, market, region, ami, disk_gb, max_price, keep, idle_minutes."""
+    `placement`: instance_type, market, region, ami, disk_gb, max_price, keep, idle_minutes.
+    `data`: `--data NAME=SOURCE` / `--data NAME` (datasets.py)."""
+    from . import datasets
+
+    flags = datasets.parse_data_flags(data)
+    spec = _build_spec(recipe=recipe, command=command, workdir=workdir, profile=profile,
+                       sets=sets, name=name, backend=backend,
+                       max_runtime_minutes=max_runtime_minutes, settings=settings,
+                       resume_from=resume_from, placement=placement, procs=procs,
+                       include=include)
+    spec.datasets = datasets.resolve(spec, settings, flags)
+    return spec
+
+
+def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_runtime_minutes,
+                settings, resume_from, placement, procs, include) -> JobSpec:
     placement = {k: v for k, v in (placement or {}).items() if v is not None}
     _check_inputs(dict(recipe=recipe, profile=profile, workdir=workdir, name=name,
                        backend=backend, resume_from=resume_from), placement, include)

@@ -728,7 +728,6 @@ class _Run:
         self.unfinished = 0  # downloaded jobs not yet extracted / placed
         self.open_jobs = 0
         self.opened = []
-        self.extract_lock = threading.Lock()
         self.root = os.path.realpath(self.dest)
 
     def fail(self, exc: BaseException) -> None:
@@ -904,9 +903,7 @@ class _Run:
 
     def finish(self, job: _Job) -> int:
         if self.d["kind"] == "shards":
-            # One extraction at a time: two shards making the same folder at once would
-            # clash in shards._folder (os.mkdir's EEXIST is a refusal there).
-            with self.extract_lock, open(job.tmp, "rb") as f:
+            with open(job.tmp, "rb") as f:  # shards._folder takes folders made meanwhile
                 return shards.extract_shard(f, self.dest, job.item)
         o = job.item
         size = os.path.getsize(job.tmp)

@@ -22,10 +22,10 @@ from .config import private_file, shown
 from .errors import CloudtrainError, NotFound, UsageError
 
 # Job states, in lifecycle order. A job is "active" until it reaches a terminal state.
-PENDING, PROVISIONING, SYNCING, SETTING_UP, RUNNING = (
-    "pending", "provisioning", "syncing", "setting-up", "running")
+PENDING, PROVISIONING, SYNCING, SETTING_UP, STAGING, RUNNING = (
+    "pending", "provisioning", "syncing", "setting-up", "staging", "running")
 SUCCEEDED, FAILED, PREEMPTED, CANCELLED = "succeeded", "failed", "preempted", "cancelled"
-ACTIVE_STATES = (PENDING, PROVISIONING, SYNCING, SETTING_UP, RUNNING)
+ACTIVE_STATES = (PENDING, PROVISIONING, SYNCING, SETTING_UP, STAGING, RUNNING)
 TERMINAL_STATES = (SUCCEEDED, FAILED, PREEMPTED, CANCELLED)
 
 BUSY_TIMEOUT_S = 30.0

@@ -46,13 +46,39 @@ def _flat_and_sane(row: dict) -> None:
             assert len(value) <= hostdata.MAX_TEXT_LEN and _one_clean_line(value)
 
 
+staging_like = st.fixed_dictionaries({}, optional={
+    "state": st.sampled_from(["staging", "staged", "failed", "bogus"]) | json_values,
+    "started_at": json_values, "ended_at": json_values, "error": json_values,
+    "datasets": st.lists(st.fixed_dictionaries({}, optional={
+        "name": json_values, "kind": json_values, "state": json_values,
+        "bytes_total": json_values, "bytes_done": json_values, "files_total": json_values,
+        "files_done": json_values, "mb_s": json_values, "seconds": json_values}) | json_values,
+        max_size=4) | json_values})
+
+
 @FUZZ
 @given(report=st.fixed_dictionaries({}, optional={"status": status_like | json_values,
                                                    "now": json_values, "metrics": rows,
-                                                   "target": rows, "runs": rows}))
+                                                   "target": rows, "runs": rows,
+                                                   "staging": staging_like | json_values}))
 def test_F19_fuzz_clean_report_keeps_only_what_fits(report):
+    """F19, and the stager's staging-status.json (issue 12): whatever the job directory
+    holds, the report has known keys, known states, finite numbers and one clean line."""
     out = hostdata.clean_report(report)
-    assert set(out) == {"status", "now", "metrics", "target", "runs"}
+    assert set(out) == {"status", "now", "metrics", "target", "runs", "staging"}
+    staging = out["staging"]
+    if staging is not None:
+        assert staging["state"] in (None, *hostdata.STAGING_STATES)
+        for key in ("started_at", "ended_at"):
+            assert staging[key] is None or math.isfinite(staging[key])
+        assert staging["error"] is None or _one_clean_line(staging["error"])
+        for row in staging["datasets"]:
+            assert row["state"] in (None, *hostdata.DATASET_STATES)
+            assert isinstance(row["name"], str) and _one_clean_line(row["name"] or "x")
+            for key in ("bytes_total", "bytes_done", "files_total", "files_done"):
+                assert row[key] is None or (type(row[key]) is int and row[key] >= 0)
+            for key in ("mb_s", "seconds"):
+                assert row[key] is None or math.isfinite(row[key])
     assert out["now"] is None or math.isfinite(out["now"])
     for key in ("metrics", "target", "runs"):
         assert out[key] is None or isinstance(out[key], dict)

@@ -236,3 +236,75 @@ def read_manifest(s3, bucket: str, prefix: str,
         return shards.Manifest.from_json(text, max_shards=max_shards)
     except ValueError as exc:
         raise CloudtrainError(f"{url}: {exc}") from None
+
+
+# -- what an instance stages: read here (the user's credentials), fetched there -----------------
+
+MAX_PLAIN_OBJECTS = 100_000  # a plain prefix is one GET per file; beyond this, push shards
+PRESIGN_SECONDS = 12 * 3600  # a presigned staging link: the copy starts within minutes
+
+
+@dataclass
+class Contents:
+    """What a dataset prefix holds: shards with a manifest, or plain objects."""
+    kind: str  # "shards" or "objects"
+    files: int
+    bytes: int  # what a staging downloads
+    file_bytes: int  # what it takes on disk
+    identity: str  # sha256 that changes whenever the contents do
+    manifest: shards.Manifest | None = None
+    objects: list[dict] = field(default_factory=list)  # {key, path, bytes, md5}
+
+
+def contents(s3, bucket: str, prefix: str) -> Contents:
+    """The dataset at s3://bucket/prefix: its manifest if it has one (what `data push`
+    writes), else the objects below it (at most MAX_PLAIN_OBJECTS). A NotFound when neither."""
+    import hashlib
+    import json
+
+    try:
+        manifest = read_manifest(s3, bucket, prefix)
+    except NotFound:
+        manifest = None
+    if manifest is not None:
+        return Contents("shards", manifest.files, manifest.bytes, manifest.file_bytes,
+                        hashlib.sha256(manifest.to_json().encode()).hexdigest(), manifest)
+    below = key(prefix.strip("/"), "")
+    objects: list[dict] = []
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=below)
+    for page in pages:
+        for item in page.get("Contents", []):
+            name = str(item.get("Key", ""))
+            rel = name[len(below):]
+            if not rel or rel.endswith("/"):
+                continue  # the prefix itself, or a "folder" placeholder
+            etag = str(item.get("ETag", "")).strip('"')
+            md5 = etag if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag) else None
+            size = item.get("Size")
+            if not isinstance(size, int) or not 0 <= size <= shards.MAX_OBJECT_BYTES:
+                raise CloudtrainError(f"s3://{bucket}/{name}: S3 listed a size of {size!r}")
+            why = shards.safe_member(rel)
+            if why:
+                raise CloudtrainError(f"s3://{bucket}/{name}: cannot be staged as a file "
+                                      f"({why})")
+            objects.append({"key": name, "path": rel, "bytes": size, "md5": md5})
+            if len(objects) > MAX_PLAIN_OBJECTS:
+                raise CloudtrainError(
+                    f"s3://{bucket}/{prefix} holds more than {MAX_PLAIN_OBJECTS:,} objects and "
+                    "no manifest: one request per file would be slow",
+                    hint=f"stage it as shards: cloudtrain data push DIR s3://{bucket}/{prefix}")
+    if not objects:
+        raise NotFound(f"no dataset at s3://{bucket}/{prefix}: no manifest.json and no objects "
+                       "below it",
+                       hint="push one there with `cloudtrain data push DIR s3://...`, or fix "
+                            "the dataset's source")
+    size = sum(o["bytes"] for o in objects)
+    identity = hashlib.sha256(json.dumps(objects, sort_keys=True).encode()).hexdigest()
+    return Contents("objects", len(objects), size, size, identity, objects=objects)
+
+
+def presign(s3, bucket: str, object_key: str, seconds: int = PRESIGN_SECONDS) -> str:
+    """A link that lets whoever holds it GET that one object until it expires: how an
+    instance without an instance profile reads the dataset, with no credentials on it."""
+    return s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": object_key},
+                                     ExpiresIn=seconds)

@@ -92,6 +92,15 @@ class InstancesMixin:
                 .replace("@@MAX_RUNTIME_MINUTES@@", str(minutes))
                 .replace("@@SHUTDOWN_COMMAND@@", command))
 
+    @staticmethod
+    def _performance(spec) -> dict:
+        """Provisioned gp3 throughput for a job that copies its datasets onto the disk
+        (datasets.preflight sets spec.disk_mbps); the volume's own 125 MB/s otherwise."""
+        from ...cost import GP3_BASE_MBPS, gp3_iops_for
+
+        mbps = int(getattr(spec, "disk_mbps", 0) or 0)
+        return {"Throughput": mbps, "Iops": gp3_iops_for(mbps)} if mbps > GP3_BASE_MBPS else {}
+
     def run_request(self, job: Job, spec, subnet: str, group: str, ami: str, key_name: str,
                     owner: str, disk_gb: int, root_device: str) -> dict:
         tags = self._tags(job, spec, owner)
@@ -105,7 +114,7 @@ class InstancesMixin:
                              "HttpPutResponseHopLimit": 1},
             BlockDeviceMappings=[{"DeviceName": root_device, "Ebs": {
                 "VolumeSize": disk_gb, "VolumeType": "gp3", "Encrypted": True,
-                "DeleteOnTermination": True}}],
+                "DeleteOnTermination": True, **self._performance(spec)}}],
             TagSpecifications=[{"ResourceType": kind, "Tags": tags}
                                for kind in ("instance", "volume", "network-interface")],
             UserData=self.user_data(job, spec),
@@ -179,7 +188,8 @@ class InstancesMixin:
                 launched_at=raw["LaunchTime"].timestamp() if raw.get("LaunchTime") else time.time(),
                 terminated_at=None, price_per_hour=price if spec.market == "on-demand" else None,
                 details={"subnet": subnet, "ami": ami, "key_name": key_name, "group": group,
-                         "disk_gb": disk, "attempts": [a.__dict__ for a in attempts]}))
+                         "disk_gb": disk, "disk_mbps": spec.disk_mbps,
+                         "attempts": [a.__dict__ for a in attempts]}))
             store.add_event(job.id, "instance", detail=f"{instance_id} in {zone}")
             return instance_id
         tried = "; ".join(f"{a.zone}: {a.error}" for a in attempts)

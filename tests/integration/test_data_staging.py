@@ -1,0 +1,171 @@
+"""Issue 12: a job's datasets staged onto the host's disk before it starts, through the real
+CLI on the local backend: `data push` of a prepared ImageNet-format tree to moto's S3 server,
+then `launch --recipe imagenet --data imagenet=s3://...` whose host copies it (presigned links:
+no credentials reach the job) and trains on it; the timeline shows the staging phase. The
+failure paths stop before anything is created (a missing prefix, no declared source) or fail
+the job with the staging's own reason (a corrupt shard), leaving nothing running."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import boto3
+import pytest
+import requests
+
+from aws_lab import moto_endpoint
+from cloudtrain.providers.aws import datasets as s3_datasets
+from conftest import REPO
+
+pytest.importorskip("torch")
+sys.path.insert(0, str(REPO / "recipes"))
+from common import imagenet_files  # noqa: E402
+
+REGION = "eu-west-1"
+BUCKET = "datasets-test"
+__all__ = ["moto_endpoint"]
+TINY = ("--set", "variant=tiny", "--set", "arch=resnet18", "--set", "workers=0",
+        "--set", "data=imagenet")
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    base = tmp_path_factory.mktemp("imagenet")
+    imagenet_files.write_synthetic_official(base / "src", classes=3, train_per_class=6,
+                                            val_per_class=2, seed=5)
+    imagenet_files.prepare_imagenet(base / "src", base / "prepared", sizes=(40, 88), workers=1)
+    return base / "prepared"
+
+
+@pytest.fixture
+def aws_env(moto_endpoint, monkeypatch):
+    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION,
+           "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+           "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL_S3": moto_endpoint,
+           "OMP_NUM_THREADS": "1"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    s3 = s3_datasets.client(boto3.Session(region_name=REGION), REGION, moto_endpoint, 8)
+    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+    return env, s3
+
+
+def _timeline(cli, job_id):
+    return {p["name"]: p for p in json.loads(cli.ok("status", job_id, "--json").stdout)
+            ["timeline"]}
+
+
+def test_push_then_launch_stages_the_tree_and_trains_on_it(cli, ct_home, prepared, aws_env):
+    env, s3 = aws_env
+    cli.ok("data", "push", str(prepared), f"s3://{BUCKET}/imagenet", "--shard-mb", "1",
+           env=env)
+    proc = cli("launch", "--recipe", "imagenet", *TINY, "--data",
+               f"imagenet=s3://{BUCKET}/imagenet", "--follow", "--quiet", env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    staged = ct_home / "data" / "imagenet"
+    for folder in ("train", "val", "sz/40/train", "sz/88/val"):
+        assert sorted(p.name for p in (staged / folder).rglob("*.JPEG")) == \
+            sorted(p.name for p in (prepared / folder).rglob("*.JPEG")), folder
+    marker = json.loads((staged / ".cloudtrain-staged.json").read_text())
+    rows = [json.loads(line) for line in
+            (ct_home / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()]
+    assert [r["source"] for r in rows if "event" not in r] == ["sz/40", "sz/40", "sz/88", "full"]
+    # the timeline: staging, then running from the stager's own end, with what it copied
+    phases = _timeline(cli, job_id)
+    assert "staging" in phases and "running" in phases
+    assert phases["staging"]["start"] <= phases["running"]["start"]
+    assert phases["staging"]["detail"].startswith(f"imagenet from s3://{BUCKET}/imagenet (")
+    assert phases["running"]["detail"].startswith("data staged: imagenet ")
+    shown = cli.ok("status", job_id).stdout
+    assert "data      imagenet:" in shown and "(shards)" in shown
+    log = (ct_home / "jobs" / job_id / "output.log").read_text()
+    assert "cloudtrain staging imagenet:" in log
+    # no credential of the user's reached the job: only presigned links, in the plan
+    plan = (ct_home / "jobs" / job_id / "staging.json").read_text()
+    assert "testing" not in plan.replace("AWSAccessKeyId=testing", "").replace(
+        "Credential=testing", "") and "X-Amz-Signature" in plan
+
+    # a second job finds the same copy (its identity matches) and skips the download
+    again = cli("launch", "--recipe", "imagenet", *TINY, "--set", "epochs=1", "--data",
+                f"imagenet=s3://{BUCKET}/imagenet", "--follow", "--quiet", env=env, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    second = again.stdout.splitlines()[0]
+    assert "already on the host" in _timeline(cli, second)["running"]["detail"]
+    assert json.loads((staged / ".cloudtrain-staged.json").read_text()) == marker
+
+
+def test_declared_in_config_listed_by_data_ls_and_shown_by_the_dry_run(cli, ct_home, prepared,
+                                                                      aws_env):
+    env, s3 = aws_env
+    (ct_home / "config.yaml").write_text(f"datasets:\n  imagenet: s3://{BUCKET}/imagenet\n")
+    before = cli.ok("data", "ls", env=env).stdout
+    assert "imagenet" in before and "never" in before and "not read yet" in before
+    missing = cli.ok("data", "ls", "--check", env=env).stdout
+    assert "unreadable: no dataset at s3://datasets-test/imagenet" in missing
+    cli.ok("data", "push", str(prepared), f"s3://{BUCKET}/imagenet", env=env)
+    dry = cli.ok("launch", "--recipe", "imagenet", *TINY, "--dry-run", env=env).stdout
+    assert f"imagenet from s3://{BUCKET}/imagenet" in dry and "files, shards)" in dry
+    proc = cli.ok("launch", "--recipe", "imagenet", *TINY, "--set", "epochs=1", "--follow",
+                  "--quiet", env=env, timeout=300)
+    job_id = proc.stdout.splitlines()[0]
+    assert cli.job(job_id)["state"] == "succeeded"
+    rows = json.loads(cli.ok("data", "ls", "--json", env=env).stdout)
+    assert rows[0]["name"] == "imagenet" and rows[0]["last_staged"]["job"] == job_id
+    assert rows[0]["size"]["kind"] == "shards" and rows[0]["size"]["files"] > 0
+
+
+def test_no_source_missing_prefix_and_unknown_dataset_stop_before_anything_exists(
+        cli, ct_home, aws_env):
+    env, _ = aws_env
+    no_source = cli("launch", "--recipe", "imagenet", *TINY, env=env)
+    assert no_source.returncode != 0
+    assert "reads dataset imagenet, which has no source" in no_source.stderr
+    assert "datasets:" in no_source.stderr and "--data imagenet=s3://" in no_source.stderr
+    missing = cli("launch", "--recipe", "imagenet", *TINY, "--data",
+                  f"imagenet=s3://{BUCKET}/nothing-here", env=env)
+    assert missing.returncode != 0
+    assert f"no dataset at s3://{BUCKET}/nothing-here" in missing.stderr
+    wrong = cli("launch", "--recipe", "resnet9", "--profile", "smoke", "--data",
+                f"imagenet=s3://{BUCKET}/x", env=env)
+    assert wrong.returncode != 0 and "--data imagenet: recipe resnet9" in wrong.stderr
+    bad = cli("launch", "--recipe", "imagenet", *TINY, "--data", "imagenet=ftp://x", env=env)
+    assert bad.returncode != 0 and "is not s3://BUCKET/PREFIX" in bad.stderr
+    # none of them created a job
+    assert "no jobs yet" in cli.ok("status").stdout
+
+
+def test_a_corrupt_shard_fails_the_job_with_that_reason(cli, ct_home, prepared, aws_env):
+    env, s3 = aws_env
+    cli.ok("data", "push", str(prepared), f"s3://{BUCKET}/imagenet", "--shard-mb", "1",
+           env=env)
+    key = s3_datasets.shard_key("imagenet", "shard-00000.tar")
+    body = bytearray(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    body[len(body) // 2] ^= 0xFF
+    s3.put_object(Bucket=BUCKET, Key=key, Body=bytes(body))
+    proc = cli("launch", "--recipe", "imagenet", *TINY, "--data",
+               f"imagenet=s3://{BUCKET}/imagenet", "--follow", "--quiet", env=env, timeout=300)
+    assert proc.returncode != 0
+    job = cli.job(proc.stdout.splitlines()[0])
+    assert job["state"] == "failed"
+    assert job["reason"].startswith("data staging failed: ") and "shard-00000.tar" in \
+        job["reason"] and "sha256" in job["reason"]
+    # the training never started, and the half-staged tree has no marker
+    assert not (ct_home / "jobs" / job["id"] / "metrics.jsonl").exists() or \
+        "epoch" not in (ct_home / "jobs" / job["id"] / "metrics.jsonl").read_text()
+    assert not (ct_home / "data" / "imagenet" / ".cloudtrain-staged.json").exists()
+    assert not (ct_home / "data" / "imagenet" / ".staging").exists()
+
+
+def test_a_path_source_on_this_machine_is_linked_not_copied(cli, ct_home, prepared):
+    job_id = cli.ok("launch", "--recipe", "imagenet", *TINY, "--set", "epochs=1", "--data",
+                    f"imagenet={prepared}", "--follow", "--quiet", env={"OMP_NUM_THREADS": "1"},
+                    timeout=300).stdout.splitlines()[0]
+    assert cli.job(job_id)["state"] == "succeeded"
+    link = ct_home / "data" / "imagenet"
+    assert link.is_symlink() and link.resolve() == prepared.resolve()
+    gone = cli("launch", "--recipe", "imagenet", *TINY, "--data", "imagenet=/no/such/folder")
+    assert gone.returncode != 0 and "/no/such/folder is not a folder" in gone.stderr
