@@ -60,10 +60,12 @@ def gp3_iops_for(mbps: int) -> int:
     return max(GP3_BASE_IOPS, int(mbps) * 4)
 
 
-def gp3_performance_per_month(mbps: int) -> float:
-    """USD per month for provisioning a gp3 volume to `mbps` (and the IOPS that needs)."""
+def gp3_performance_per_month(mbps: int, iops: int | None = None) -> float:
+    """USD per month for provisioning a gp3 volume to `mbps` and `iops` (default: the IOPS
+    that `mbps` needs)."""
+    iops = gp3_iops_for(mbps) if iops is None else int(iops)
     return (max(int(mbps) - GP3_BASE_MBPS, 0) * GP3_MBPS_MONTH
-            + (gp3_iops_for(mbps) - GP3_BASE_IOPS) * GP3_IOPS_MONTH)
+            + max(iops - GP3_BASE_IOPS, 0) * GP3_IOPS_MONTH)
 
 
 @dataclass(frozen=True)

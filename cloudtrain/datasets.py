@@ -357,6 +357,9 @@ def _bucket_region(s3, bucket: str) -> str | None:
 
 
 def _read_snapshot(spec, source: dict) -> Staged:
+    if spec.on_job:
+        raise UsageError(f"dataset {source['name']}: an EBS snapshot becomes a volume of a new "
+                         "instance; --on reuses one", hint="launch without --on")
     if spec.backend != "aws":
         raise UsageError(f"dataset {source['name']}: an EBS snapshot ({source['location']}) "
                          f"becomes a volume on an AWS instance; the {spec.backend} backend "
@@ -367,7 +370,8 @@ def _read_snapshot(spec, source: dict) -> Staged:
     return Staged(source, None, snapshot_gb=size_gb)
 
 
-def host_plan(found: list[Staged], spec, settings, data_dir: str) -> dict | None:
+def host_plan(found: list[Staged], spec, settings, data_dir: str,
+              mounts: dict[str, str] | None = None) -> dict | None:
     """The stager's plan (cloudtrain/stager.py) for the copies onto the host, or None when
     the job stages nothing. With an instance profile the instance signs its own requests
     with the role's credentials; otherwise each object gets a presigned link (the user's
@@ -382,8 +386,9 @@ def host_plan(found: list[Staged], spec, settings, data_dir: str) -> dict | None
         entry = {"name": src["name"], "dest": dest}
         if src["kind"] == "path":
             entry.update(kind="path", path=src["location"])
-        elif src["kind"] == "snapshot":
-            entry.update(kind="path", path=s.snapshot_mount)  # mounted by the provider
+        elif src["kind"] == "snapshot":  # mounted by the provider; read once if asked
+            entry.update(kind="path", path=(mounts or {})[src["name"]],
+                         preread=src.get("first_read") == "preread")
         else:
             entry.update(_s3_entry(s, role))
         entries.append(entry)

@@ -224,7 +224,8 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
     store.update_job(job.id, host=host.describe())
     gpus = provider.gpus(spec, host)
     procs = spec.processes(gpus)
-    plan = datasets.host_plan(found or [], spec, settings, data_dir)
+    mounts = provider.data_mounts(store, job, host) if found else {}
+    plan = datasets.host_plan(found or [], spec, settings, data_dir, mounts)
     stage = None
     if plan is not None:
         host.write_text(f"{jobdir}/{datasets.PLAN_FILE}", json.dumps(plan))

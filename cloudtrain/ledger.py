@@ -31,9 +31,23 @@ def run_of(inst: Instance) -> cost.InstanceRun:
         from . import catalog
 
         gp3 = catalog.gp3_price(inst.region).per_gb_month
-    if gp3 is not None and details.get("disk_mbps") and details.get("disk_gb"):
-        # Provisioned throughput is billed by the month like the GBs: folded into their price.
-        gp3 += cost.gp3_performance_per_month(details["disk_mbps"]) / float(details["disk_gb"])
+    disk_gb = float(details.get("disk_gb") or 0.0)
+    volumes = [v for v in details.get("data_volumes") or [] if isinstance(v, dict)]
+    if gp3 is None and volumes and inst.region:
+        from . import catalog
+
+        gp3 = catalog.gp3_price(inst.region).per_gb_month
+    if gp3 is not None and (volumes or details.get("disk_mbps")):
+        # Provisioned throughput and IOPS, and the snapshot volumes the job's datasets came
+        # on, are billed by the month like the root's GBs: folded into one price per GB.
+        monthly = gp3 * disk_gb + (cost.gp3_performance_per_month(details["disk_mbps"])
+                                   if details.get("disk_mbps") else 0.0)
+        for v in volumes:
+            gb = float(v.get("gb") or 0)
+            monthly += gp3 * gb + cost.gp3_performance_per_month(
+                int(v.get("mbps") or cost.GP3_BASE_MBPS), int(v.get("iops") or cost.GP3_BASE_IOPS))
+            disk_gb += gb
+        gp3 = monthly / disk_gb if disk_gb else gp3
     price = inst.price_per_hour
     if price is None and inst.instance_type and inst.region:
         # No price recorded (spot whose history is not fetched yet): the catalog's figure,
@@ -51,7 +65,7 @@ def run_of(inst: Instance) -> cost.InstanceRun:
         instance_id=inst.id, market=market,
         start=inst.launched_at or 0.0, end=inst.terminated_at,
         price_per_hour=price, spot_history=history,
-        disk_gb=float(details.get("disk_gb") or 0.0), gp3_per_gb_month=gp3)
+        disk_gb=disk_gb, gp3_per_gb_month=gp3)
 
 
 def phases_of(store: Store, job: Job) -> list[cost.Phase]:

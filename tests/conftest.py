@@ -241,3 +241,15 @@ def pytest_terminal_summary(terminalreporter):
         write(f"{scenario:52} {after_fault:>11}  {cleanup:12} {left:>4}")
     write(f"{len(FAULT_TABLE)} scenarios, {sum(1 for *_, left in FAULT_TABLE if left)} left "
           "anything billing")
+
+
+def tiny_prepared_imagenet(base: Path, seed: int) -> Path:
+    """A small ImageNet tree in the prepared layout (train/, val/, sz/40/, sz/88/: what the
+    imagenet recipe's tiny variant reads), made with the real prepare code: base/imagenet."""
+    sys.path.insert(0, str(REPO / "recipes"))
+    from common import imagenet_files
+
+    imagenet_files.write_synthetic_official(base / "src", classes=3, train_per_class=6,
+                                            val_per_class=2, seed=seed)
+    imagenet_files.prepare_imagenet(base / "src", base / "imagenet", sizes=(40, 88), workers=1)
+    return base / "imagenet"

@@ -55,6 +55,9 @@ class LocalProvider:
     def data_dir(self, host: LocalHost | None = None) -> str:
         return str(config.home() / "data")
 
+    def data_mounts(self, store: Store, job: Job, host: LocalHost) -> dict[str, str]:
+        return {}  # no volumes here: a dataset on this machine is a path
+
     def agent_settings(self, spec) -> dict:
         return {}
 

@@ -8,7 +8,6 @@ the job with the staging's own reason (a corrupt shard), leaving nothing running
 from __future__ import annotations
 
 import json
-import sys
 
 import boto3
 import pytest
@@ -16,11 +15,9 @@ import requests
 
 from aws_lab import moto_endpoint
 from cloudtrain.providers.aws import datasets as s3_datasets
-from conftest import REPO
+from conftest import tiny_prepared_imagenet
 
 pytest.importorskip("torch")
-sys.path.insert(0, str(REPO / "recipes"))
-from common import imagenet_files  # noqa: E402
 
 REGION = "eu-west-1"
 BUCKET = "datasets-test"
@@ -31,11 +28,7 @@ TINY = ("--set", "variant=tiny", "--set", "arch=resnet18", "--set", "workers=0",
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    base = tmp_path_factory.mktemp("imagenet")
-    imagenet_files.write_synthetic_official(base / "src", classes=3, train_per_class=6,
-                                            val_per_class=2, seed=5)
-    imagenet_files.prepare_imagenet(base / "src", base / "prepared", sizes=(40, 88), workers=1)
-    return base / "prepared"
+    return tiny_prepared_imagenet(tmp_path_factory.mktemp("data"), seed=5)
 
 
 @pytest.fixture

@@ -13,6 +13,9 @@ import pytest
 from conftest import REPO
 
 POLICY = json.loads((REPO / "infra" / "iam-policy-cli.json").read_text())
+# Datasets on snapshot volumes and in the user's own bucket (issue 12): a second managed
+# policy (the first is near IAM's 6,144-character limit), attached beside it.
+DATASETS = json.loads((REPO / "infra" / "iam-policy-datasets.json").read_text())
 OWNER = "${aws:PrincipalArn}"
 # The code the policy is for: the AWS provider package and the S3 job store it uses.
 SOURCES = sorted((REPO / "cloudtrain" / "providers" / "aws").glob("*.py")) + \
@@ -33,7 +36,7 @@ HELPERS = {"download_file": "s3:GetObject", "upload_file": "s3:PutObject",
 
 def _statements(action: str, resource_type: str | None = None) -> list[dict]:
     out = []
-    for s in POLICY["Statement"]:
+    for s in POLICY["Statement"] + DATASETS["Statement"]:
         actions = s["Action"] if isinstance(s["Action"], list) else [s["Action"]]
         resources = s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]]
         if s["Effect"] == "Allow" and action in actions and (
@@ -49,7 +52,7 @@ def _only(action: str, resource_type: str) -> dict:
 
 
 def _allowed() -> set[str]:
-    return {a for s in POLICY["Statement"] if s["Effect"] == "Allow"
+    return {a for s in POLICY["Statement"] + DATASETS["Statement"] if s["Effect"] == "Allow"
             for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])}
 
 
@@ -128,7 +131,7 @@ def test_F8_created_resources_carry_the_callers_owner_tag(action, kind):
 
 def test_F8_no_allow_without_a_scope_except_read_only_calls():
     """`Resource: *` only for calls AWS offers no resource-level permission for."""
-    for s in POLICY["Statement"]:
+    for s in POLICY["Statement"] + DATASETS["Statement"]:
         actions = s["Action"] if isinstance(s["Action"], list) else [s["Action"]]
         if s["Resource"] == "*":
             assert all(a.split(":")[1].startswith(("Describe", "Get")) for a in actions), s["Sid"]
@@ -148,4 +151,29 @@ def test_F8_job_store_actions_only_on_cloudtrain_buckets():
 
 def test_F8_policy_fits_a_managed_policy():
     # IAM: a managed policy document is at most 6,144 characters, whitespace not counted.
-    assert len("".join(json.dumps(POLICY, separators=(",", ":")).split())) <= 6144
+    for doc in (POLICY, DATASETS):
+        assert len("".join(json.dumps(doc, separators=(",", ":")).split())) <= 6144
+
+
+def test_issue12_data_volumes_are_encrypted_gp3_owner_tagged_and_only_own_ones_change():
+    made = _only("ec2:CreateVolume", "volume")
+    assert made["StringEquals"] == {"aws:RequestTag/cloudtrain:owner": OWNER,
+                                    "ec2:VolumeType": "gp3"}
+    assert made["Bool"] == {"ec2:Encrypted": "true"}
+    for action, kind in (("ec2:AttachVolume", "volume"), ("ec2:DeleteVolume", "volume"),
+                         ("ec2:AttachVolume", "instance"),
+                         ("ec2:ModifyInstanceAttribute", "instance")):
+        assert _only(action, kind)["StringEquals"] == {"aws:ResourceTag/cloudtrain:owner": OWNER}
+    tagging = _only("ec2:CreateTags", "volume")["StringEquals"]
+    assert "CreateVolume" in tagging["ec2:CreateAction"]
+
+
+def test_issue12_the_instance_role_reads_datasets_and_writes_nothing_there():
+    role = json.loads((REPO / "infra" / "instance-role-policy.json").read_text())
+    (read,) = [s for s in role["Statement"] if "DATASET_BUCKET" in json.dumps(s["Resource"])]
+    assert read["Action"] == "s3:GetObject"
+    assert read["Resource"] == "arn:aws:s3:::DATASET_BUCKET/DATASET_PREFIX/*"
+    dataset_statements = [s for s in DATASETS["Statement"] if "DATASET_BUCKET" in
+                          json.dumps(s["Resource"])]
+    assert all(r.startswith("arn:aws:s3:::DATASET_BUCKET") for s in dataset_statements
+               for r in s["Resource"])

@@ -363,6 +363,10 @@ class InstancesMixin:
                     raise
             if ids:
                 self.call(region, "terminate_instances", InstanceIds=sorted(ids))
+            if any((i.details or {}).get("data_volumes") for i in recorded):
+                # Attached volumes go with their instance; one the launch made but never
+                # attached would bill on alone.
+                self.delete_job_volumes(region, job.id)
             for raw in self._query(region, {TAG_JOB: job.id}) if ids else []:
                 known = {i.id for i in store.instances(job.id)}
                 if raw["InstanceId"] not in known:  # found by tag only: record it now

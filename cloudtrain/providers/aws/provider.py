@@ -36,6 +36,7 @@ from .instances import REARM_PATH, USER_DATA_DONE, USER_DATA_WAIT_S, InstancesMi
 from .network import NetworkMixin
 from .pricing import PricingMixin
 from .results import ResultsStoreMixin
+from .volumes import VolumesMixin
 
 
 def assumed_role(arn: str) -> tuple[str, str] | None:
@@ -47,7 +48,8 @@ def assumed_role(arn: str) -> tuple[str, str] | None:
     return None
 
 
-class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, ResultsStoreMixin):
+class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, ResultsStoreMixin,
+                  VolumesMixin):
     name = "aws"
 
     def __init__(self, settings: config.Settings | None = None):
@@ -200,6 +202,8 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
             instance = self._run(store, job, spec, region, boot)
         key_path = boot["key_path"]
         address = self._wait_running(region, instance)
+        zone = next((i.zone for i in store.instances(job.id) if i.id == instance), None)
+        self.attach_snapshots(store, job, spec, region, instance, zone, boot["owner"])
         endpoint = Endpoint(address, self.settings.ssh_port, self.settings.ssh_user, str(key_path))
         since = time.monotonic()
         host = self._wait_ssh(region, instance, endpoint)
@@ -272,6 +276,10 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
 
     def data_dir(self, host: SSHHost | None = None) -> str:
         return f"{self.root(host)}/data"
+
+    def data_mounts(self, store: Store, job: Job, host: SSHHost) -> dict[str, str]:
+        """The job's snapshot volumes, mounted read-only: {dataset: mountpoint}."""
+        return self.mount_snapshots(store, job, host)
 
     def agent_settings(self, spec) -> dict:
         """What the agent on this host does beyond the job: watch the spot interruption

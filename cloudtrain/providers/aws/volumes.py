@@ -1,0 +1,199 @@
+"""Datasets on EBS snapshots: a gp3 volume made from the snapshot in the instance's AZ,
+attached, mounted read-only, and gone with the instance.
+
+    snapshot_size(spec, snapshot_id)           GiB, or a one-line error (missing, pending)
+    attach_snapshots(store, job, spec, ...)    create + attach + DeleteOnTermination, recorded
+    mount_snapshots(store, job, host)          mount each one read-only -> {name: mountpoint}
+    delete_job_volumes(region, job_id)         volumes of the job left unattached (a failure
+                                               between create and attach), deleted
+
+Every volume is tagged like the instance (cloudtrain:job, cloudtrain:owner, Name) at creation,
+encrypted (the account's default key; an unencrypted snapshot gives an encrypted volume), and
+set to DeleteOnTermination once attached: terminating the instance, by `down`, by the agent's
+power-off or by EC2 taking a spot instance back, deletes it. Until then `release` deletes it by
+tag. Its price (gp3 GB-month plus provisioned throughput and IOPS) is recorded with the
+instance, so the bill includes it.
+
+A volume made from a snapshot is slow on first read: its blocks come from S3 as they are
+touched. `first_read` says who pays that: "preread" (the stager reads every file once before
+the job starts, at the volume's provisioned throughput, and the staging phase shows it),
+"fsr" (fast snapshot restore, which the user enabled on the snapshot in that AZ: checked here,
+billed by AWS per hour while enabled), or "none" (the first epoch pays it).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+from ...errors import CloudtrainError, NotFound, UsageError
+from ...state import Job, Store
+from .errors import _code, aws_errors
+from .tags import TAG_JOB
+
+DEVICES = ("/dev/sdf", "/dev/sdg", "/dev/sdh", "/dev/sdi", "/dev/sdj", "/dev/sdk")
+VOLUME_WAIT_S = 600.0  # a large volume from a snapshot can take minutes to be available
+MOUNT_WAIT_S = 120.0  # the attached device appearing on the instance
+
+# Finds the attached volume's block device on the instance, waits for it, and mounts it
+# read-only. Nitro instances name it /dev/nvmeNn1 with the volume id (without its dash) as
+# the disk's serial; Xen instances (p3) keep the requested name as /dev/xvdX. A snapshot of
+# a partitioned disk mounts its first partition.
+MOUNT_SCRIPT = r"""
+set -e
+vol=$1; xen=$2; mp=$3; wait_s=$4
+dev=""
+end=$(( $(date +%s) + wait_s ))
+while [ -z "$dev" ]; do
+  dev=$(lsblk -dpno NAME,SERIAL 2>/dev/null | awk -v v="$vol" '$2 == v {print $1; exit}')
+  if [ -z "$dev" ] && [ -b "$xen" ]; then dev=$xen; fi
+  if [ -z "$dev" ]; then
+    [ "$(date +%s)" -lt "$end" ] || { echo "volume $vol did not appear as a disk" >&2; exit 3; }
+    sleep 1
+  fi
+done
+part=$(lsblk -pno NAME,TYPE "$dev" 2>/dev/null | awk '$2 == "part" {print $1; exit}')
+mkdir -p "$mp"
+if ! mountpoint -q "$mp" 2>/dev/null; then
+  sudo -n mount -o ro "${part:-$dev}" "$mp"
+fi
+"""
+
+
+class VolumesMixin:
+    def snapshot_size(self, spec, snapshot_id: str) -> int:
+        """The snapshot's size in GiB (what the volume made from it needs at least)."""
+        from botocore.exceptions import ClientError
+
+        region = self.region(spec)
+        try:
+            found = self.client("ec2", region).describe_snapshots(SnapshotIds=[snapshot_id])
+        except ClientError as exc:
+            if _code(exc) in ("InvalidSnapshot.NotFound", "InvalidSnapshotID.Malformed"):
+                raise NotFound(f"no EBS snapshot {snapshot_id} in {region} (snapshots belong to "
+                               "one region)",
+                               hint=f"copy it: aws ec2 copy-snapshot --source-snapshot-id "
+                                    f"{snapshot_id} --source-region SRC --region {region}"
+                               ) from None
+            raise
+        snaps = found.get("Snapshots") or []
+        if not snaps:
+            raise NotFound(f"no EBS snapshot {snapshot_id} in {region}")
+        snap = snaps[0]
+        if snap.get("State") != "completed":
+            raise UsageError(f"EBS snapshot {snapshot_id} is {snap.get('State')} "
+                             f"({snap.get('Progress') or '?'}): a volume can be made from it "
+                             "once it is completed")
+        size = snap.get("VolumeSize")
+        if not isinstance(size, int) or size <= 0:
+            raise CloudtrainError(f"EBS snapshot {snapshot_id}: EC2 gave no size ({size!r})")
+        return size
+
+    def attach_snapshots(self, store: Store, job: Job, spec, region: str, instance_id: str,
+                         zone: str, owner: str) -> list[dict]:
+        """A volume from each snapshot dataset, in the instance's AZ, attached to it and set
+        to go with it; each recorded with the instance (for the bill and for release)."""
+        sources = [d for d in spec.datasets if d["kind"] == "snapshot"]
+        if not sources:
+            return []
+        if len(sources) > len(DEVICES):
+            raise UsageError(f"at most {len(DEVICES)} snapshot datasets per job")
+        with aws_errors(region):
+            return self._attach(store, job, spec, sources, self.client("ec2", region),
+                                instance_id, zone, owner)
+
+    def _attach(self, store, job, spec, sources, ec2, instance_id, zone, owner) -> list[dict]:
+        made: list[dict] = []
+        tags = self._tags(job, spec, owner)
+        for source, device in zip(sources, DEVICES):
+            size = int((spec.staging or {}).get(source["name"], {}).get("bytes", 0) // (1 << 30))
+            if source.get("first_read") == "fsr":
+                self._check_fsr(ec2, source["location"], zone)
+            vol = ec2.create_volume(
+                SnapshotId=source["location"], AvailabilityZone=zone, VolumeType="gp3",
+                Throughput=int(source.get("throughput") or 125),
+                Iops=int(source.get("iops") or 3000), Encrypted=True,
+                TagSpecifications=[{"ResourceType": "volume", "Tags": tags + [
+                    {"Key": "cloudtrain:dataset", "Value": source["name"]}]}])
+            entry = {"name": source["name"], "volume": vol["VolumeId"], "device": device,
+                     "gb": int(vol.get("Size") or size), "mbps": source.get("throughput"),
+                     "iops": source.get("iops"), "snapshot": source["location"]}
+            made.append(entry)
+            self._record_volumes(store, instance_id, made)
+            store.add_event(job.id, "volume", detail=(
+                f"{entry['volume']} ({entry['gb']} GiB gp3, {entry['mbps']} MB/s, "
+                f"{entry['iops']} IOPS) from {source['location']} in {zone} for {source['name']}"))
+            self._wait_volume(ec2, entry["volume"], "available")
+            ec2.attach_volume(VolumeId=entry["volume"], InstanceId=instance_id, Device=device)
+            self._wait_volume(ec2, entry["volume"], "in-use")
+            ec2.modify_instance_attribute(InstanceId=instance_id, BlockDeviceMappings=[
+                {"DeviceName": device, "Ebs": {"DeleteOnTermination": True}}])
+        return made
+
+    def _check_fsr(self, ec2, snapshot_id: str, zone: str) -> None:
+        found = ec2.describe_fast_snapshot_restores(Filters=[
+            {"Name": "snapshot-id", "Values": [snapshot_id]},
+            {"Name": "availability-zone", "Values": [zone]}]).get("FastSnapshotRestores") or []
+        if not any(f.get("State") == "enabled" for f in found):
+            raise UsageError(f"first_read: fsr, but fast snapshot restore is not enabled for "
+                             f"{snapshot_id} in {zone}",
+                             hint=f"aws ec2 enable-fast-snapshot-restores --source-snapshot-ids "
+                                  f"{snapshot_id} --availability-zones {zone} (billed per hour "
+                                  "while enabled), or first_read: preread")
+
+    def _wait_volume(self, ec2, volume_id: str, state: str) -> None:
+        deadline = time.monotonic() + VOLUME_WAIT_S
+        while True:
+            vols = ec2.describe_volumes(VolumeIds=[volume_id]).get("Volumes") or []
+            now = vols[0].get("State") if vols else None
+            if now == state:
+                return
+            if now == "error" or time.monotonic() > deadline:
+                raise CloudtrainError(f"volume {volume_id} is {now}, not {state}, after "
+                                      f"{VOLUME_WAIT_S:.0f} s")
+            time.sleep(self.settings.poll_seconds)
+
+    @staticmethod
+    def _record_volumes(store: Store, instance_id: str, volumes: list[dict]) -> None:
+        row = store.db.execute("SELECT details FROM instances WHERE id = ?",
+                               (instance_id,)).fetchone()
+        details = json.loads(row["details"]) if row and row["details"] else {}
+        details["data_volumes"] = volumes
+        store.update_instance(instance_id, details=json.dumps(details))
+
+    def mount_snapshots(self, store: Store, job: Job, host) -> dict[str, str]:
+        """Mount each attached snapshot volume read-only below the host's root:
+        {dataset name: mountpoint}."""
+        mounts: dict[str, str] = {}
+        for inst in store.instances(job.id):
+            for v in (inst.details or {}).get("data_volumes") or []:
+                mountpoint = f"{self.root(host)}/volumes/{v['name']}"
+                xen = v["device"].replace("/dev/sd", "/dev/xvd")
+                result = host.run("bash -c " + shlex.quote(MOUNT_SCRIPT) + " mount " + shlex.join(
+                    [v["volume"].replace("-", ""), xen, mountpoint, str(int(MOUNT_WAIT_S))]),
+                    check=False, timeout=MOUNT_WAIT_S + 60)
+                if not result.ok:
+                    why = (result.stderr.strip().splitlines() or ["no output"])[-1][:300]
+                    raise CloudtrainError(f"dataset {v['name']}: mounting volume {v['volume']} "
+                                          f"on the instance failed: {why}")
+                mounts[v["name"]] = mountpoint
+        return mounts
+
+    def delete_job_volumes(self, region: str, job_id: str) -> int:
+        """Delete the job's volumes that are not attached (made, then the launch failed
+        before or while attaching): attached ones go with their instance."""
+        with aws_errors(region):
+            return self._delete_job_volumes(self.client("ec2", region), job_id)
+
+    def _delete_job_volumes(self, ec2, job_id: str) -> int:
+        vols = ec2.describe_volumes(Filters=[{"Name": f"tag:{TAG_JOB}", "Values": [job_id]},
+                                             {"Name": "status", "Values": ["available",
+                                                                           "creating"]}])
+        deleted = 0
+        for v in vols.get("Volumes") or []:
+            if v.get("State") == "creating":
+                self._wait_volume(ec2, v["VolumeId"], "available")
+            ec2.delete_volume(VolumeId=v["VolumeId"])
+            deleted += 1
+        return deleted
