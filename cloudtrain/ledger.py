@@ -126,6 +126,7 @@ class Row:
     dollars: float
     settled: bool  # every contribution settled
     to_target: float | None = None
+    staging: float = 0.0  # of `dollars`: copying datasets onto the disk before training
 
 
 def parse_since(text: str | None, now: float) -> float | None:
@@ -180,13 +181,18 @@ def report(store: Store, by: str = "job", since: str | None = None,
             row.jobs += 1
             row.dollars += j["cost"] or 0.0
             row.settled = row.settled and bool(j["cost_settled"])
+            detail = json_column(j["cost_detail"]) or {}
+            staging = (detail.get("phases") or {}).get("staging") \
+                if isinstance(detail, dict) else None
+            if isinstance(staging, (int, float)) and staging == staging:
+                row.staging += staging
             if by == "job":
-                detail = json_column(j["cost_detail"]) or {}
-                row.to_target = detail.get("to_target")
+                row.to_target = detail.get("to_target") if isinstance(detail, dict) else None
     ordered = list(rows.values()) if by in ("job", "instance") else \
         sorted(rows.values(), key=lambda r: r.key, reverse=by in ("day", "month"))
     total = Row("total", sum(r.jobs for r in ordered),
-                sum(r.dollars for r in ordered), all(r.settled for r in ordered))
+                sum(r.dollars for r in ordered), all(r.settled for r in ordered),
+                staging=sum(r.staging for r in ordered))
     return ordered, total
 
 
@@ -194,8 +200,8 @@ def report(store: Store, by: str = "job", since: str | None = None,
 def report_csv(rows: list[Row], total: Row, by: str) -> str:
     out = io.StringIO()
     w = csv.writer(out)
-    w.writerow([by, "jobs", "usd", "settled", "usd_to_target"])
+    w.writerow([by, "jobs", "usd", "settled", "usd_to_target", "usd_data_copy"])
     for r in [*rows, total]:
         w.writerow([r.key, r.jobs, f"{r.dollars:.6f}", "yes" if r.settled else "estimate",
-                    "" if r.to_target is None else f"{r.to_target:.6f}"])
+                    "" if r.to_target is None else f"{r.to_target:.6f}", f"{r.staging:.6f}"])
     return out.getvalue()

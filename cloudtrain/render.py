@@ -320,11 +320,15 @@ def money4(value) -> str:
 def cost_report(rows, total, by: str) -> str:
     if not rows:
         return "no jobs in that period"
+    copies = total.staging > 0  # the data copy's share, where any job staged data
     body = [[r.key, str(r.jobs), money4(r.dollars), "" if r.settled else "estimate",
-             money4(r.to_target) if r.to_target is not None else ""] for r in rows]
+             money4(r.to_target) if r.to_target is not None else ""]
+            + ([money4(r.staging) if r.staging else ""] if copies else []) for r in rows]
     body.append(["TOTAL", str(total.jobs), money4(total.dollars),
-                 "" if total.settled else "includes estimates", ""])
-    return table(body, [by.upper(), "JOBS", "COST", "", "TO TARGET"])
+                 "" if total.settled else "includes estimates", ""]
+                + ([money4(total.staging)] if copies else []))
+    return table(body, [by.upper(), "JOBS", "COST", "", "TO TARGET"]
+                 + (["OF WHICH DATA COPY"] if copies else []))
 
 
 def estimate_table(est) -> str:

@@ -93,7 +93,7 @@ def test_cost_report_groupings_and_csv(cli, aws, ct_home):
     assert [r["key"] for r in by_recipe["rows"]] == ["(own command)"]
     assert by_recipe["rows"][0]["jobs"] == 2
     csv_text = cli.ok("cost-report", "--by", "month", "--csv").stdout.splitlines()
-    assert csv_text[0] == "month,jobs,usd,settled,usd_to_target"
+    assert csv_text[0] == "month,jobs,usd,settled,usd_to_target,usd_data_copy"
     assert csv_text[-1].startswith("total,2,")
     assert "no jobs in that period" in cli.ok("cost-report", "--since", "0m").stdout
     proc = cli("cost-report", "--since", "3x")

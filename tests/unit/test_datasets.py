@@ -1,0 +1,195 @@
+"""Issue 12, the pure parts: how a dataset's SOURCE is read (config.yaml `datasets:`, `--data`,
+a recipe's `data:` entries), which datasets a job stages, and what the copy adds to the
+estimate and the bill."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cloudtrain import config, cost, datasets, estimate, ledger, recipes
+from cloudtrain.errors import ConfigError, UsageError
+from cloudtrain.spec import JobSpec
+from cloudtrain.state import Instance, Store
+
+
+def test_sources_of_each_kind_and_their_options():
+    s3 = datasets.parse_source("imagenet", "s3://my-bucket/data/imagenet/", "here")
+    assert (s3.kind, s3.location) == ("s3", "s3://my-bucket/data/imagenet")
+    snap = datasets.parse_source("imagenet", {"source": "snap-0123456789abcdef0",
+                                              "throughput": 1000, "first_read": "fsr"}, "here")
+    assert (snap.kind, snap.throughput, snap.iops, snap.first_read) == \
+        ("snapshot", 1000, 4000, "fsr")  # gp3: 1000 MB/s needs 4000 IOPS
+    assert datasets.parse_source("x", {"path": "/data/x/"}, "here").location == "/data/x"
+    assert datasets.parse_source("x", "/data//x", "here").kind == "path"
+    assert datasets.Source.from_dict(snap.to_dict()) == snap
+
+
+@pytest.mark.parametrize("value,words", [
+    ("ftp://bucket/x", "is not s3://BUCKET/PREFIX, an EBS snapshot id"),
+    ("relative/path", "is not s3://BUCKET/PREFIX"),
+    ("s3://Bad_Bucket/x", "is not an S3 bucket name"),
+    ("s3://bucket/../x", "is not a prefix cloudtrain writes under"),
+    ({"source": "snap-0123456789abcdef0", "throughput": 2000}, "from 125 to 1000"),
+    ({"source": "snap-0123456789abcdef0", "throughput": 800, "iops": 3000},
+     "800 MB/s needs at least 3200 iops"),
+    ({"source": "snap-0123456789abcdef0", "first_read": "later"}, "first_read must be one of"),
+    ({"source": "s3://bucket/x", "throughput": 500}, "unknown option(s) throughput"),
+    ({"path": "data"}, "path must be an absolute path"),
+    (None, "expected s3://BUCKET/PREFIX"),
+    ([1, 2], "expected s3://BUCKET/PREFIX"),
+])
+def test_bad_sources_are_one_line_usage_errors(value, words):
+    with pytest.raises(UsageError) as err:
+        datasets.parse_source("imagenet", value, "config.yaml")
+    assert words in err.value.message and "\n" not in err.value.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.text(max_size=20) | st.integers(), value=st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=40) |
+    st.sampled_from(["s3://b-1/x", "snap-0123456789abcdef0", "/d", "s3://"]),
+    lambda inner: st.dictionaries(st.sampled_from(["source", "path", "throughput", "iops",
+                                                   "first_read", "x"]), inner, max_size=4)
+    | st.lists(inner, max_size=3), max_leaves=8))
+def test_fuzz_any_declaration_is_a_source_or_a_usage_error(name, value):
+    try:
+        source = datasets.parse_source(name, value, "fuzz")
+    except UsageError as exc:
+        assert exc.message and "\n" not in exc.message
+    else:
+        assert source.kind in datasets.KINDS and datasets.NAME.fullmatch(source.name)
+
+
+def test_config_yaml_declares_datasets_and_refuses_bad_ones(ct_home):
+    (ct_home / "config.yaml").write_text(
+        "datasets:\n  imagenet: s3://bkt/imagenet\n  cifar10: {path: /data/cifar}\n")
+    declared = config.Settings.load().datasets
+    assert declared["imagenet"].location == "s3://bkt/imagenet"
+    assert declared["cifar10"].kind == "path"
+    (ct_home / "config.yaml").write_text("datasets: [imagenet]\n")
+    with pytest.raises(ConfigError, match="must be a mapping of NAME: SOURCE"):
+        config.Settings.load()
+    (ct_home / "config.yaml").write_text("datasets:\n  ImageNet: s3://bkt/x\n")
+    with pytest.raises(ConfigError, match="is not a dataset name"):
+        config.Settings.load()
+
+
+def test_data_flags_name_a_source_or_the_declared_one():
+    flags = datasets.parse_data_flags(("imagenet=s3://bkt/in", "cifar10"))
+    assert flags["imagenet"].location == "s3://bkt/in" and flags["cifar10"] is None
+    with pytest.raises(UsageError, match="given twice"):
+        datasets.parse_data_flags(("a=/x", "a=/y"))
+
+
+def _spec(recipe="imagenet", **args):
+    rec = recipes.load(recipe)
+    return JobSpec(kind="recipe", backend="aws", recipe=recipe,
+                   args=rec.resolve(None, tuple(f"{k}={v}" for k, v in args.items())))
+
+
+def test_which_datasets_a_job_stages():
+    settings = config.Settings()
+    # imagenet with synthetic data reads nothing; with the real set it needs a source
+    assert datasets.resolve(_spec(data="synthetic"), settings, {}) == []
+    with pytest.raises(UsageError) as err:
+        datasets.resolve(_spec(), settings, {})
+    assert "reads dataset imagenet, which has no source" in err.value.message
+    assert "datasets:" in err.value.hint
+    settings.datasets = {"imagenet": datasets.parse_source("imagenet", "s3://bkt/in", "c")}
+    (entry,) = datasets.resolve(_spec(), settings, {})
+    assert entry["dir"] == "imagenet" and entry["location"] == "s3://bkt/in"
+    # --data wins over config.yaml; a recipe only takes the datasets it reads
+    flag = datasets.parse_data_flags(("imagenet=s3://other/in",))
+    assert datasets.resolve(_spec(), settings, flag)[0]["location"] == "s3://other/in"
+    with pytest.raises(UsageError, match="recipe resnet9 with these arguments reads cifar10"):
+        datasets.resolve(_spec("resnet9"), settings, datasets.parse_data_flags(("imagenet",)))
+    # CIFAR-10 has a public origin: downloaded as before unless declared, then staged into
+    # the folder torchvision reads
+    assert datasets.resolve(_spec("resnet9"), settings, {}) == []
+    cifar = datasets.resolve(_spec("resnet9"), settings,
+                             datasets.parse_data_flags(("cifar10=s3://bkt/cifar",)))
+    assert cifar[0]["dir"] == "cifar-10-batches-py"
+    # your own command stages what --data names, into a folder of that name
+    own = JobSpec(kind="command", backend="aws", command=["python", "train.py"])
+    assert datasets.resolve(own, settings, datasets.parse_data_flags(("imagenet",)))[0][
+        "dir"] == "imagenet"
+    with pytest.raises(UsageError, match="no source is declared for mine"):
+        datasets.resolve(own, settings, datasets.parse_data_flags(("mine",)))
+
+
+def test_progress_and_staged_lines_from_an_untrusted_status():
+    staging = {"state": "staging", "error": None, "datasets": [
+        {"name": "imagenet", "state": "staging", "bytes_total": 150_000_000_000,
+         "bytes_done": 12_300_000_000, "files_total": 1_281_167, "files_done": 40_112,
+         "mb_s": 410.0, "seconds": 30.0}]}
+    assert datasets.progress_line(staging) == (
+        "imagenet staging 12.3 GB of 150.0 GB (8%), 40,112 of 1,281,167 files, 410 MB/s")
+    staging["datasets"][0].update(state="staged", bytes_done=150_000_000_000,
+                                  files_done=1_281_167, seconds=300.0)
+    assert datasets.staged_line(staging) == (
+        "data staged: imagenet 150.0 GB, 1,281,167 files in 300 s (500 MB/s)")
+    assert datasets.progress_line({"state": None, "datasets": []}) == "starting"
+
+
+def test_the_estimate_counts_the_copy_at_the_slower_of_disk_and_network():
+    assert estimate.staging_rate("p3.16xlarge", 1000) == (1000.0, "1000 MB/s gp3 root volume")
+    assert estimate.staging_rate("p3.8xlarge", 2000) == (1250.0, "10 Gbit/s network")
+    assert estimate.staging_rate("g5.xlarge", 125) == (125.0, "125 MB/s gp3 root volume")
+    settings = config.Settings()
+    rec = recipes.load("imagenet")
+    args = rec.resolve(None, ())
+    assert estimate.staged_bytes(rec, args, settings) == 160_000 * 10**6
+    assert estimate.staged_bytes(rec, rec.resolve("smoke", ()), settings) == 0
+    est = estimate.estimate(rec, args, "us-east-1", types=["p3.16xlarge"],
+                            staging_bytes=160 * 10**9, disk_mbps=1000)
+    plain = estimate.estimate(rec, args, "us-east-1", types=["p3.16xlarge"],
+                              staging_bytes=160 * 10**9, disk_mbps=0)
+    (row,), (slow,) = est.rows, plain.rows
+    assert row.staging_s == pytest.approx(160.0) and slow.staging_s == pytest.approx(1280.0)
+    assert row.total_s - row.train_s - est.overheads.total == pytest.approx(160.0)
+    assert est.disk_gb >= 160 * 1.05 + datasets.DISK_MARGIN_GB
+
+
+def test_provisioned_throughput_and_snapshot_volumes_are_in_the_bill(tmp_path):
+    hour = 3600.0
+    base = {"disk_gb": 200}
+    fast = {"disk_gb": 200, "disk_mbps": 1000}
+    volumes = {"disk_gb": 200, "data_volumes": [{"gb": 300, "mbps": 500, "iops": 3000}]}
+    gp3 = cost.gp3_price("us-east-1").per_gb_month
+
+    def billed(details):
+        inst = Instance(id="i-1", job_id="j", provider="aws", region="us-east-1",
+                        zone="us-east-1a", instance_type="g5.xlarge", market="on-demand",
+                        state="terminated", launched_at=0.0, terminated_at=hour,
+                        price_per_hour=1.0, details=details)
+        return cost.instance_cost(ledger.run_of(inst)).dollars
+
+    per_month_to_hour = 1 / cost.HOURS_PER_MONTH
+    assert billed(fast) - billed(base) == pytest.approx(
+        cost.gp3_performance_per_month(1000) * per_month_to_hour)
+    assert cost.gp3_performance_per_month(1000) == pytest.approx(875 * 0.04 + 1000 * 0.005)
+    assert billed(volumes) - billed(base) == pytest.approx(
+        (300 * gp3 + 375 * 0.04) * per_month_to_hour)
+
+
+def test_cost_report_splits_out_the_data_copy(tmp_path):
+    with Store(tmp_path / "state.db") as store:
+        for n, staging in enumerate((0.75, None)):
+            job = store.create_job(name=None, kind="recipe", recipe="imagenet",
+                                   command="imagenet", backend="aws", spec={})
+            detail = {"phases": {"boot": 0.1, "training": 2.0}}
+            if staging is not None:
+                detail["phases"]["staging"] = staging
+            store.update_job(job.id, cost=3.0, cost_settled=1,
+                             cost_detail=json.dumps(detail))
+        rows, total = ledger.report(store, "recipe")
+    assert [(r.key, r.jobs, r.staging) for r in rows] == [("imagenet", 2, 0.75)]
+    assert total.staging == 0.75
+    from cloudtrain import render
+
+    assert "OF WHICH DATA COPY" in render.cost_report(rows, total, "recipe")
+    assert ledger.report_csv(rows, total, "recipe").splitlines()[1].endswith(",0.750000")
