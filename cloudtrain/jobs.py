@@ -845,8 +845,10 @@ def _stop_orphans(store: Store, settings: config.Settings, refs: list[str] | Non
             continue
         try:
             provider.terminate(orphan["region"], [orphan["id"]])
+            what, done = ("volume", "deleted") if orphan["id"].startswith("vol-") else \
+                ("instance", "terminated")
             outcome = StopOutcome(orphan["id"], None, True,
-                                  f"instance of job {tag or '?'} not in this store: terminated")
+                                  f"{what} of job {tag or '?'} not in this store: {done}")
         except CloudtrainError as exc:
             outcome = StopOutcome(orphan["id"], None, False,
                                   f"job {tag or '?'}: TERMINATE FAILED, still running: "

@@ -165,3 +165,25 @@ def test_missing_snapshot_or_the_wrong_backend_stops_before_anything_exists(cli,
     assert bad.returncode != 0 and "is not s3://BUCKET/PREFIX, an EBS snapshot id" in bad.stderr
     assert aws.instances() == []
     assert "no jobs yet" in cli.ok("status").stdout
+
+
+def test_down_all_deletes_a_dataset_volume_no_job_holds(cli, aws, snap, ct_home):
+    """A launcher killed between CreateVolume and AttachVolume leaves a volume billing that
+    no instance takes down with it: `down --all` finds it by its tags and deletes it;
+    an unrelated volume, and one of a job being launched, stay."""
+    from cloudtrain.providers.aws import AWSProvider
+
+    owner = AWSProvider().owner(REGION)
+    tags = [{"Key": "cloudtrain:owner", "Value": owner}, {"Key": "cloudtrain:job",
+                                                           "Value": "deadbeef"},
+            {"Key": "cloudtrain:dataset", "Value": "imagenet"}]
+    left = aws.ec2.create_volume(Size=30, AvailabilityZone="us-east-1a", VolumeType="gp3",
+                                 SnapshotId=snap[0], TagSpecifications=[
+                                     {"ResourceType": "volume", "Tags": tags}])["VolumeId"]
+    other = aws.ec2.create_volume(Size=5, AvailabilityZone="us-east-1a")["VolumeId"]
+    proc = cli("down", "--all")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "volume of job deadbeef not in this store: deleted" in proc.stdout + proc.stderr
+    states = {v["VolumeId"]: v["State"] for v in aws.ec2.describe_volumes()["Volumes"]}
+    assert left not in states or states[left] == "deleted"
+    assert states[other] == "available"

@@ -442,6 +442,7 @@ class InstancesMixin:
                             "job": tags.get(TAG_JOB), "type": raw.get("InstanceType"),
                             "state": raw["State"]["Name"],
                             "launched_at": raw["LaunchTime"].timestamp()})
+            out += self.orphan_volumes(store, region)
         return out
 
     @staticmethod
@@ -453,6 +454,10 @@ class InstancesMixin:
 
     def terminate(self, region: str, ids: list[str]) -> None:
         """Terminate these instances (the caller has decided they are ours and unused)."""
+        volumes = [i for i in ids if i.startswith("vol-")]
+        ids = [i for i in ids if not i.startswith("vol-")]
+        for volume in volumes:  # a dataset volume left unattached (volumes.py)
+            self.call(check_region(region), "delete_volume", VolumeId=volume)
         if ids:
             self.call(check_region(region), "terminate_instances", InstanceIds=sorted(ids))
 

@@ -180,6 +180,31 @@ class VolumesMixin:
                 mounts[v["name"]] = mountpoint
         return mounts
 
+    def orphan_volumes(self, store: Store, region: str) -> list[dict]:
+        """This owner's dataset volumes left unattached whose job is not being launched (a
+        launcher killed between CreateVolume and AttachVolume): what `down --all` deletes,
+        in the shape of `orphans()`' instances."""
+        from .tags import TAG_OWNER
+
+        with aws_errors(region):
+            vols = self.client("ec2", region).describe_volumes(Filters=[
+                {"Name": f"tag:{TAG_OWNER}", "Values": [self.owner(region)]},
+                {"Name": "tag-key", "Values": ["cloudtrain:dataset"]},
+                {"Name": "status", "Values": ["available"]}]).get("Volumes") or []
+        out = []
+        for v in vols:
+            tags = {t["Key"]: t["Value"] for t in v.get("Tags", [])}
+            try:
+                active = store.job(tags.get(TAG_JOB, "")).active
+            except CloudtrainError:
+                active = False
+            if not active:
+                out.append({"id": v["VolumeId"], "region": region, "job": tags.get(TAG_JOB),
+                            "type": f"volume {v.get('Size')} GiB", "state": v.get("State"),
+                            "launched_at": v["CreateTime"].timestamp()
+                            if hasattr(v.get("CreateTime"), "timestamp") else None})
+        return out
+
     def delete_job_volumes(self, region: str, job_id: str) -> int:
         """Delete the job's volumes that are not attached (made, then the launch failed
         before or while attaching): attached ones go with their instance."""
