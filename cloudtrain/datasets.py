@@ -12,6 +12,7 @@ client elsewhere (moto in the tests), as for the job store.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -303,7 +304,7 @@ def preflight(spec, settings) -> list[Staged]:
     spec.staging = {s.source["name"]: _summary(s) for s in found}
     copied_gb = sum(s.contents.file_bytes for s in found if s.contents is not None) / 1e9
     if spec.backend != "local" and copied_gb and not spec.on_job:
-        need = int(copied_gb * 1.05 + DISK_MARGIN_GB + 0.999)
+        need = math.ceil(copied_gb * 1.05 + DISK_MARGIN_GB)
         base = spec.disk_gb or settings.disk_gb or int(spec.resources.get("disk_gb") or 100)
         if spec.disk_gb and spec.disk_gb < need:
             raise UsageError(f"--disk-gb {spec.disk_gb}: the datasets take {copied_gb:.1f} GB "

@@ -25,6 +25,7 @@ Cost = per-second billing with the 60 s minimum over boot..teardown at the on-de
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -214,7 +215,7 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     if staging_bytes:  # the copies need room (datasets.preflight sizes the disk the same way)
         from .datasets import DISK_MARGIN_GB
 
-        disk = max(disk, int(staging_bytes / 1e9 * 1.05 + DISK_MARGIN_GB + 0.999))
+        disk = max(disk, math.ceil(staging_bytes / 1e9 * 1.05 + DISK_MARGIN_GB))
     gp3 = catalog.gp3_price(region)
     gp3_month = gp3.per_gb_month + (cost.gp3_performance_per_month(disk_mbps) / disk
                                     if disk_mbps else 0.0)

@@ -16,25 +16,20 @@ The local-backend version of these is tests/integration/test_data_staging.py.
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
-import socketserver
-import sys
-import threading
 
 import boto3
 import pytest
 
+from imds_lab import FakeIMDS
 from aws_lab import REGION, aws, moto_endpoint
 from cloudtrain.providers.aws import datasets as s3_datasets
-from conftest import REPO, wait_for
+from conftest import tiny_prepared_imagenet, wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"),
                                 reason="needs openssh-server")
 pytest.importorskip("torch")
-sys.path.insert(0, str(REPO / "recipes"))
-from common import imagenet_files  # noqa: E402
 
 __all__ = ["aws", "moto_endpoint"]  # the lab's fixtures
 BUCKET = "datasets-aws-test"
@@ -50,62 +45,10 @@ IMDS_TOKEN = "imds-v2-token-abc"
 # -- a fake IMDSv2 --------------------------------------------------------------------------
 
 
-class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-
-
-class FakeIMDS:
-    """IMDSv2: a session token for a PUT with a TTL header; for GETs carrying that token, the
-    role's name and its credentials. Records (method, path, token header) of every request."""
-
-    def __init__(self, role: str = "cloudtrain-instance-role"):
-        self.seen: list[tuple[str, str, str | None]] = []
-        imds = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def answer(self, code, body=b""):
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_PUT(self):
-                ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
-                imds.seen.append(("PUT", self.path, ttl))
-                if self.path != "/latest/api/token" or not ttl:
-                    return self.answer(400)
-                self.answer(200, IMDS_TOKEN.encode())
-
-            def do_GET(self):
-                token = self.headers.get("X-aws-ec2-metadata-token")
-                imds.seen.append(("GET", self.path, token))
-                if token != IMDS_TOKEN:
-                    return self.answer(401)
-                base = "/latest/meta-data/iam/security-credentials/"
-                if self.path == base:
-                    return self.answer(200, role.encode() + b"\n")
-                if self.path == base + role:
-                    return self.answer(200, json.dumps({
-                        "Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": ROLE_KEY,
-                        "SecretAccessKey": ROLE_SECRET, "Token": ROLE_TOKEN,
-                        "Expiration": "2099-01-01T00:00:00Z"}).encode())
-                self.answer(404)
-
-        self.server = _Server(("127.0.0.1", 0), Handler)
-        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def imds():
-    server = FakeIMDS()
+    server = FakeIMDS(role="cloudtrain-instance-role", creds={"AccessKeyId": ROLE_KEY, "SecretAccessKey": ROLE_SECRET,
+                             "Token": ROLE_TOKEN}, token=IMDS_TOKEN)
     yield server
     server.close()
 
@@ -116,11 +59,7 @@ def imds():
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     """A tiny prepared ImageNet tree (train/, val/, sz/40, sz/88), made once."""
-    base = tmp_path_factory.mktemp("imagenet")
-    imagenet_files.write_synthetic_official(base / "src", classes=3, train_per_class=6,
-                                            val_per_class=2, seed=5)
-    imagenet_files.prepare_imagenet(base / "src", base / "prepared", sizes=(40, 88), workers=1)
-    return base / "prepared"
+    return tiny_prepared_imagenet(tmp_path_factory.mktemp("data"), seed=5)
 
 
 @pytest.fixture
@@ -426,11 +365,10 @@ def test_the_dry_run_of_a_12_gb_dataset_sizes_the_disk_for_the_copy(cli, aws, s3
     assert aws.instances() == [] and "no jobs yet" in cli.ok("status").stdout
 
 
-@pytest.mark.xfail(strict=True, reason="provider.plan's disk row does not state the gp3 "
-                   "throughput/IOPS that launch provisions (and bills) for a copy of 10 GB or more")
 def test_the_dry_run_states_the_faster_root_volume_a_large_copy_gets(cli, aws, s3):
     aws.write_config(disk_gb=8)
     rows = _big_manifest_dry_run(cli, s3)
     # launch would provision 1000 MB/s and 4000 IOPS (run_request, test above) and bill
     # $40/month more for them: the dry run, "what launch would do", should say so
-    assert "1000 MB/s" in rows["disk"] and "4000 IOPS" in rows["disk"], rows["disk"]
+    assert "1000 MB/s and 4000 IOPS provisioned for the data copy (+$0.0548/h)" in \
+        rows["disk"], rows["disk"]

@@ -36,6 +36,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aws_lab import moto_endpoint
+from imds_lab import FakeIMDS, serve
 from cloudtrain import shards, stager
 from cloudtrain.providers.aws import datasets as s3_datasets
 from conftest import REPO
@@ -129,16 +130,6 @@ def _failure(capsys) -> str:
     return lines[0][len("cloudtrain staging failed: "):]
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-
-def _serve(handler) -> tuple[str, _Server]:
-    server = _Server(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return "http://127.0.0.1:%d" % server.server_address[1], server
-
-
 class Proxy:
     """An HTTP/1.1 server in front of moto: records every request, and lets `fault(handler,
     n)` answer instead (n: how many times this path and Range were asked, from 1)."""
@@ -178,7 +169,7 @@ class Proxy:
                 self.wfile.write(body)
                 up.close()
 
-        self.url, self.server = _serve(Handler)
+        self.url, self.server = serve(Handler)
 
     def requests_for(self, key: str) -> list:
         return [s for s in self.seen if s[1].split("?")[0] == f"/{BUCKET}/{key}"]
@@ -280,55 +271,9 @@ def test_shards_staged_through_presigned_links_equal_the_source_and_a_second_run
 # -- 3. the instance role ------------------------------------------------------------------
 
 
-class FakeIMDS:
-    """IMDSv2: a token for a PUT, the role's name and credentials for GETs carrying it."""
-
-    def __init__(self, role: str | None = "ct-instance",
-                 expiration: str = "2099-01-01T00:00:00Z"):
-        self.seen: list[tuple[str, str, str | None]] = []
-        imds = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def answer(self, code, body=b""):
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_PUT(self):
-                imds.seen.append(("PUT", self.path,
-                                  self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")))
-                if self.path != "/latest/api/token":
-                    return self.answer(404)
-                self.answer(200, b"imds-token-123")
-
-            def do_GET(self):
-                token = self.headers.get("X-aws-ec2-metadata-token")
-                imds.seen.append(("GET", self.path, token))
-                if token != "imds-token-123":
-                    return self.answer(401)
-                base = "/latest/meta-data/iam/security-credentials/"
-                if role and self.path == base:
-                    return self.answer(200, role.encode() + b"\n")
-                if role and self.path == base + role:
-                    return self.answer(200, json.dumps(dict(
-                        ROLE, Code="Success", Type="AWS-HMAC",
-                        Expiration=expiration)).encode())
-                self.answer(404)
-
-        self.url, self.server = _serve(Handler)
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_role_credentials_from_imdsv2_sign_every_request(s3, tree, pushed, moto_endpoint,
                                                           tmp_path):
-    imds, proxy = FakeIMDS(), Proxy(moto_endpoint)
+    imds, proxy = FakeIMDS(creds=ROLE), Proxy(moto_endpoint)
     try:
         dest = tmp_path / "imagenet"
         plan = _plan([_shards_dataset(s3, pushed, dest, proxy.url, auth="role")],
@@ -356,7 +301,7 @@ def test_role_credentials_from_imdsv2_sign_every_request(s3, tree, pushed, moto_
 
 def test_an_instance_without_a_role_is_told_to_set_instance_profile(s3, pushed, moto_endpoint,
                                                                     tmp_path, capsys):
-    imds = FakeIMDS(role=None)
+    imds = FakeIMDS(role=None, creds=ROLE)
     try:
         plan = _plan([_shards_dataset(s3, pushed, tmp_path / "d", moto_endpoint, auth="role")],
                      imds_url=imds.url)
@@ -437,7 +382,7 @@ def test_a_refused_read_says_why_and_is_not_retried(s3, pushed, moto_endpoint, t
         _answer(handler, 403, b"<Error><Code>AccessDenied</Code></Error>")
         return True
 
-    imds, proxy = FakeIMDS(), Proxy(moto_endpoint, denied)
+    imds, proxy = FakeIMDS(creds=ROLE), Proxy(moto_endpoint, denied)
     try:
         d = _shards_dataset(s3, pushed, tmp_path / "d", proxy.url, auth=auth,
                             url_base=proxy.url)
@@ -452,7 +397,7 @@ def test_a_refused_read_says_why_and_is_not_retried(s3, pushed, moto_endpoint, t
 
 
 def test_role_credentials_are_renewed_five_minutes_before_they_expire():
-    imds = FakeIMDS(expiration="2030-01-01T00:10:00Z")
+    imds = FakeIMDS(creds=ROLE, expiration="2030-01-01T00:10:00Z")
     expires = datetime.datetime(2030, 1, 1, 0, 10, tzinfo=datetime.timezone.utc).timestamp()
     now = [expires - 3600]
     try:
@@ -657,7 +602,7 @@ def test_sigterm_stops_a_slow_staging_promptly_and_cleans_up(tmp_path):
             except OSError:
                 pass
 
-    url, server = _serve(Trickle)
+    url, server = serve(Trickle)
     dest = tmp_path / "slow"
     plan = _plan([{"name": "slow", "dest": str(dest), "kind": "objects", "bucket": BUCKET,
                    "prefix": "", "region": REGION, "endpoint": None, "auth": "presigned",

@@ -22,7 +22,7 @@ import json
 import math
 import time
 
-from ... import catalog, config
+from ... import catalog, config, cost
 from ...config import check_region
 from ...errors import CloudtrainError, MissingDependency, UsageError
 from ...hosts import SSHHost
@@ -339,7 +339,13 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
         elif t is not None:
             rows.append(("price", f"no {spec.market} price for {t.name} in {region} in the catalog"))
         disk = spec.disk_gb or self.settings.disk_gb or int(spec.resources.get("disk_gb", 100))
-        rows.append(("disk", f"{disk} GB gp3, encrypted, deleted with the instance"))
+        fast = ""
+        if spec.disk_mbps and spec.disk_mbps > cost.GP3_BASE_MBPS:  # for the data copy
+            fast = (f", {spec.disk_mbps} MB/s and {cost.gp3_iops_for(spec.disk_mbps)} IOPS "
+                    f"provisioned for the data copy (+$"
+                    f"{cost.gp3_performance_per_month(spec.disk_mbps) / cost.HOURS_PER_MONTH:.4f}"
+                    "/h)")
+        rows.append(("disk", f"{disk} GB gp3{fast}, encrypted, deleted with the instance"))
         rows.append(("shutdown", "the agent powers the instance off after the job "
                      + ("(no: --keep)" if spec.keep else f"(after {self.shutdown(spec)[1]:g} s)")
                      + f"; user-data after {power_off_minutes(spec.max_runtime_s)} min"

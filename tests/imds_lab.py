@@ -1,0 +1,71 @@
+"""A fake EC2 instance metadata service (IMDSv2) for tests of what an instance reads with its
+role: a session token for a PUT carrying a TTL header; for GETs carrying that token, the
+role's name and its credentials. It records (method, path, TTL or token header) of every
+request, so a test can check that none went without the token."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+
+CREDS_PATH = "/latest/meta-data/iam/security-credentials/"
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def serve(handler) -> tuple[str, _Server]:
+    """An HTTP server for `handler` on a free 127.0.0.1 port, in a thread: (url, server)."""
+    server = _Server(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return "http://127.0.0.1:%d" % server.server_address[1], server
+
+
+class FakeIMDS:
+    def __init__(self, role: str | None = "ct-instance", creds: dict | None = None,
+                 token: str = "imds-token-123", expiration: str = "2099-01-01T00:00:00Z"):
+        """`role` None: an instance without an instance profile (the listing is a 404)."""
+        self.seen: list[tuple[str, str, str | None]] = []
+        creds = creds or {"AccessKeyId": "ASIAROLEKEY", "SecretAccessKey": "role/secret",
+                          "Token": "role-session-token"}
+        imds = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def answer(self, code, body=b""):
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_PUT(self):
+                ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+                imds.seen.append(("PUT", self.path, ttl))
+                if self.path != "/latest/api/token":
+                    return self.answer(404)
+                if not ttl:
+                    return self.answer(400)
+                self.answer(200, token.encode())
+
+            def do_GET(self):
+                got = self.headers.get("X-aws-ec2-metadata-token")
+                imds.seen.append(("GET", self.path, got))
+                if got != token:
+                    return self.answer(401)
+                if role and self.path == CREDS_PATH:
+                    return self.answer(200, role.encode() + b"\n")
+                if role and self.path == CREDS_PATH + role:
+                    return self.answer(200, json.dumps(dict(
+                        creds, Code="Success", Type="AWS-HMAC",
+                        Expiration=expiration)).encode())
+                self.answer(404)
+
+        self.url, self.server = serve(Handler)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
