@@ -1,0 +1,191 @@
+"""Issue 12 end to end: S3 staging through the real AWS path onto a namespace host. The tiny
+ImageNet tree is pushed to a moto bucket with `cloudtrain data push`; the instance moto starts
+is a network namespace (10.200.0.4) whose sshd answers at the private IP moto assigned; the
+host's stager reads the bucket (moto on the bridge, 10.200.0.1) with the instance role's
+credentials, fetched over the namespace's network from a fake IMDSv2 on the bridge; the
+imagenet recipe's tiny variant then trains on the staged copy, and everything is terminated.
+
+The loopback version (same host namespace as the test) is
+tests/integration/test_aws_data_staging.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import boto3
+import pytest
+import requests
+from moto.server import ThreadedMotoServer
+
+from aws_lab import AWS_ENV, REGION, AWSLab
+from conftest import tiny_prepared_imagenet
+from imds_lab import FakeIMDS, _Server
+from netns import GATEWAY, NetnsLab, netns_available
+from sshd import free_port
+
+reason = netns_available()
+pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
+              pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs sshd")]
+pytest.importorskip("torch")
+
+HOST_IP = "10.200.0.4"  # the first address moto hands out in 10.200.0.0/24
+BRIDGE = str(GATEWAY)
+BUCKET = "datasets-netns-e2e"
+PROFILE = "cloudtrain-instance"
+ROLE = "cloudtrain-instance-role"
+ROLE_KEY, ROLE_SECRET, ROLE_TOKEN = "ASIANETNSROLEKEY0001", "netns-role-secret", "netns-role-tok"
+IMDS_TOKEN = "imds-v2-token-netns"
+TINY = ("--set", "variant=tiny", "--set", "arch=resnet18", "--set", "workers=0",
+        "--set", "data=imagenet", "--set", "epochs=1")
+
+
+class BridgeIMDS(FakeIMDS):
+    """tests/imds_lab.py's FakeIMDSv2, answering on the bridge address (which the namespace
+    reaches) instead of 127.0.0.1, and recording each request's client address:
+    `requests` holds (client ip, method, path, TTL or token header)."""
+
+    def __init__(self, host: str, **kwargs):
+        super().__init__(**kwargs)
+        handler = self.server.RequestHandlerClass
+        # the loopback server FakeIMDS started is not what the namespace can reach
+        self.server.shutdown()
+        self.server.server_close()
+        self.requests: list[tuple[str, str, str, str | None]] = []
+        imds = self
+
+        class Recording(handler):
+            def do_PUT(self):
+                imds.requests.append((self.client_address[0], "PUT", self.path,
+                                      self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")))
+                super().do_PUT()
+
+            def do_GET(self):
+                imds.requests.append((self.client_address[0], "GET", self.path,
+                                      self.headers.get("X-aws-ec2-metadata-token")))
+                super().do_GET()
+
+        self.server = _Server((host, 0), Recording)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = "http://%s:%d" % (host, self.server.server_address[1])
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """sha256 of every file under root (by relative path), hidden files and dirs aside."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if path.is_file() and not any(part.startswith(".") for part in rel.parts):
+            out[str(rel)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def test_a_namespace_host_stages_s3_data_with_its_role_credentials_then_trains_on_it(
+        cli, ct_home, tmp_path, monkeypatch):
+    prepared = tiny_prepared_imagenet(tmp_path / "data", seed=7)
+    source = _tree(prepared)
+    assert len(source) > 10 and any(k.startswith("train/") for k in source)
+    from moto.s3.responses import S3Response
+
+    # every object GET moto's S3 answers (it runs in this process): (path, Authorization)
+    s3_gets: list[tuple[str, str]] = []
+    get_object = S3Response.get_object
+
+    def recording_get_object(self):
+        s3_gets.append((str(getattr(self, "path", "")), self.headers.get("Authorization") or ""))
+        return get_object(self)
+
+    monkeypatch.setattr(S3Response, "get_object", recording_get_object)
+    tmux_socket = f"ct-e2e-staging-{os.getpid()}"
+    monkeypatch.setenv("CLOUDTRAIN_TMUX_SOCKET", tmux_socket)
+    with NetnsLab(tmp_path / "netns") as net:
+        host = net.add_host(HOST_IP)
+        port = free_port(BRIDGE)
+        server = ThreadedMotoServer(ip_address=BRIDGE, port=port, verbose=False)
+        server.start()
+        imds = None
+        try:
+            imds = BridgeIMDS(BRIDGE, role=ROLE, token=IMDS_TOKEN, creds={
+                "AccessKeyId": ROLE_KEY, "SecretAccessKey": ROLE_SECRET, "Token": ROLE_TOKEN})
+            endpoint = f"http://{BRIDGE}:{port}"
+            requests.post(f"{endpoint}/moto-api/reset", timeout=10)
+            for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
+                monkeypatch.setenv(k, v)
+            lab = AWSLab(endpoint, ct_home, tmp_path / "lab")
+            lab.work.mkdir()
+            lab.build_cloud("10.200.0.0/16", {"us-east-1a": "10.200.0.0/24"})
+            sshd = host.start_sshd(client_key=lab.key)
+            lab.console_output(lab.fingerprint_block(sshd.host_key))
+            creds = {"endpoint_url": endpoint, "region_name": REGION,
+                     "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+            boto3.client("iam", **creds).create_instance_profile(InstanceProfileName=PROFILE)
+            boto3.client("s3", **creds).create_bucket(Bucket=BUCKET)
+            lab.write_config(ssh_port=22, ssh_wait_seconds=20.0, instance_profile=PROFILE,
+                             imds_url=imds.url)
+
+            cli.ok("data", "push", str(prepared), f"s3://{BUCKET}/imagenet", "--shard-mb", "1")
+            proc = cli("launch", "--recipe", "imagenet", *TINY, "--instance", "g5.xlarge",
+                       "--data", f"imagenet=s3://{BUCKET}/imagenet", "--follow", "--quiet",
+                       env={"OMP_NUM_THREADS": "1"}, timeout=240)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            job_id = proc.stdout.splitlines()[0]
+            job = cli.job(job_id)
+            assert job["state"] == "succeeded", job["reason"]
+
+            # The job ran on the namespace host, and its data is the pushed tree, file for file.
+            (raw,) = lab.instances(**{"tag:cloudtrain:job": job_id})
+            assert raw["PrivateIpAddress"] == HOST_IP
+            assert sshd.connections() >= 1
+            assert _tree(lab.work / "remote" / "data" / "imagenet") == source
+
+            # The role's credentials came from the IMDS, asked by the namespace (not by this
+            # process), token first and every GET carrying it.
+            assert imds.requests, "the IMDS was never asked"
+            assert {ip for ip, *_ in imds.requests} == {HOST_IP}, imds.requests
+            assert imds.requests[0][1:] == ("PUT", "/latest/api/token", "21600")
+            gets = [r for r in imds.requests if r[1] == "GET"]
+            assert [r[2] for r in gets][:2] == [
+                "/latest/meta-data/iam/security-credentials/",
+                "/latest/meta-data/iam/security-credentials/" + ROLE]
+            assert all(r[3] == IMDS_TOKEN for r in gets), imds.requests
+            assert all(r[3] for r in imds.requests if r[1] == "PUT"), imds.requests
+
+            # The host read every shard signed with the role's key (SigV4), not the user's.
+            shard_gets = [g for g in s3_gets if "/shards/" in g[0]]
+            assert shard_gets, s3_gets
+            for path, auth in shard_gets:
+                assert auth.startswith(f"AWS4-HMAC-SHA256 Credential={ROLE_KEY}/"), (path, auth)
+
+            # The plan on the host: role auth, no presigned link, no secret.
+            text = (lab.work / "remote" / "jobs" / job_id / "staging.json").read_text()
+            plan = json.loads(text)
+            (entry,) = plan["datasets"]
+            assert entry["auth"] == "role", entry
+            assert plan["imds_url"] == imds.url
+            assert "X-Amz-Signature" not in text and "testing" not in text
+            assert ROLE_SECRET not in text
+
+            # The timeline: staging, then running.
+            names = [p["name"] for p in job["timeline"]]
+            assert "staging" in names and "running" in names, names
+            assert names.index("staging") < names.index("running"), names
+            phases = {p["name"]: p for p in job["timeline"]}
+            assert phases["staging"]["start"] <= phases["running"]["start"]
+            assert phases["running"]["detail"].startswith("data staged: imagenet ")
+
+            # Nothing bills: the instance is terminated, and `down --all` leaves nothing.
+            assert raw["State"]["Name"] == "terminated"
+            cli.ok("down", "--all")
+            running = [i for i in lab.instances() if i["State"]["Name"] != "terminated"]
+            assert running == []
+        finally:
+            subprocess.run(["tmux", "-L", tmux_socket, "kill-server"], capture_output=True)
+            if imds is not None:
+                imds.close()
+            server.stop()
+            if "lab" in locals():
+                lab.restore()
