@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import http.client
 import json
+import multiprocessing
 import os
 import queue
 import re
@@ -62,6 +63,9 @@ RETRIES = 5  # after the first try
 BACKOFF_CAP_S = 8.0
 ERROR_BODY_BYTES = 64 << 10
 READ_CHUNK = 256 << 10
+# Shards are extracted in processes of their own: Python's tarfile reads a stream at a few
+# hundred MB/s per core (benchmarks/data_staging.py), slower than an instance's disk.
+MAX_EXTRACTORS = 8
 REFRESH_S = 300.0  # credentials are renewed when fewer seconds than this remain
 MARKER_BYTES = 1 << 20
 UNSIGNED = "UNSIGNED-PAYLOAD"
@@ -367,6 +371,7 @@ class Stager:
         self.backoff_s = backoff_s
         self.workers = plan["workers"]
         self.part = plan["part_bytes"]
+        self.extractors = max(1, min(MAX_EXTRACTORS, os.cpu_count() or 1))
         self.progress_s = float(plan.get("progress_s", 5))
         self.local = _Connections()
         self.active = set()  # connections in use, shut down to stop promptly
@@ -787,6 +792,7 @@ class _Run:
         self.unfinished = 0  # downloaded jobs not yet extracted / placed
         self.open_jobs = 0
         self.opened = []
+        self.pool = None  # extraction processes (shards)
         self.root = os.path.realpath(self.dest)
 
     def fail(self, exc: BaseException) -> None:
@@ -821,10 +827,17 @@ class _Run:
     def go(self) -> None:
         s = self.s
         s.stop.clear()
+        finishers = 2
+        if self.d["kind"] == "shards":
+            # Forked before any thread of this run starts (a fork copies no lock held by
+            # another thread); `fork` also works where the script runs as __main__.
+            finishers = s.extractors
+            self.pool = multiprocessing.get_context("fork").Pool(
+                finishers, initializer=_extractor_signals)
         threads = [threading.Thread(target=self.worker, name="stage-get-%d" % i, daemon=True)
                    for i in range(s.workers)]
         threads += [threading.Thread(target=self.finisher, name="stage-put-%d" % i,
-                                     daemon=True) for i in range(2)]
+                                     daemon=True) for i in range(finishers)]
         for t in threads:
             t.start()
         last = time.monotonic()
@@ -832,7 +845,7 @@ class _Run:
             for job in self.jobs():
                 with self.cond:
                     while self.error is None and s.signum is None and not (
-                            self.queued < s.workers and self.unfinished <= 2):
+                            self.queued < s.workers and self.unfinished <= finishers):
                         self.cond.wait(0.2)
                         last = self._tick(last)
                     if self.error is not None or s.signum is not None:
@@ -847,9 +860,13 @@ class _Run:
             s.stop.set()
             for _ in range(s.workers):
                 self.tasks.put(None)
-            for _ in range(2):
+            for _ in range(finishers):
                 self.finish_q.put(None)
             s._interrupt_connections()
+            if self.pool is not None:  # an extraction under way is cut off: its shard's
+                self.pool.terminate()  # files never appeared (they land only when whole)
+                self.pool.join()
+                self.pool = None
             deadline = time.monotonic() + 1.5
             for t in threads:
                 t.join(max(0.0, deadline - time.monotonic()))
@@ -943,6 +960,8 @@ class _Run:
                 continue
             try:
                 files = self.finish(job)
+            except _Stopped:
+                continue
             except ValueError as exc:
                 self.fail(StageError(str(exc).splitlines()[0] if str(exc) else "bad data"))
                 continue
@@ -961,9 +980,20 @@ class _Run:
                 self.cond.notify_all()
 
     def finish(self, job: _Job) -> int:
-        if self.d["kind"] == "shards":
-            with open(job.tmp, "rb") as f:  # shards._folder takes folders made meanwhile
-                return shards.extract_shard(f, self.dest, job.item)
+        if self.d["kind"] == "shards":  # in the pool; shards._folder takes folders made meanwhile
+            pending = self.pool.apply_async(_extract, (job.tmp, self.dest, job.item))
+            # A pool replaces a worker that died (killed, out of memory) but not its task:
+            # never wait for ever. A shard extracts at tens of MB/s at the very least.
+            deadline = time.monotonic() + 600 + job.size / 10e6
+            while True:
+                try:
+                    return pending.get(0.5)
+                except multiprocessing.TimeoutError:
+                    if self.s.stop.is_set():
+                        raise _Stopped() from None
+                    if time.monotonic() > deadline:
+                        raise StageError("extracting %s did not finish (its process died?)"
+                                         % job.item.name) from None
         o = job.item
         size = os.path.getsize(job.tmp)
         if size != o["bytes"]:
@@ -981,6 +1011,18 @@ class _Run:
         parent = _folder(self.root, parts[:-1], o["path"])
         os.replace(job.tmp, os.path.join(parent, parts[-1]))
         return 1
+
+
+def _extractor_signals() -> None:
+    """An extraction process leaves SIGTERM and SIGINT (sent to the whole group) to the
+    stager, which stops it itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _extract(tmp: str, dest: str, entry) -> int:
+    with open(tmp, "rb") as f:
+        return shards.extract_shard(f, dest, entry)
 
 
 def _folder(root: str, parts: list, name: str) -> str:
