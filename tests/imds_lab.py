@@ -1,7 +1,8 @@
 """A fake EC2 instance metadata service (IMDSv2) for tests of what an instance reads with its
 role: a session token for a PUT carrying a TTL header; for GETs carrying that token, the
 role's name and its credentials. It records (method, path, TTL or token header) of every
-request, so a test can check that none went without the token."""
+request in `seen`, so a test can check that none went without the token, and the client
+address of each in `clients` (a namespace host's own address, in the e2e tests)."""
 
 from __future__ import annotations
 
@@ -16,18 +17,22 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
 
-def serve(handler) -> tuple[str, _Server]:
-    """An HTTP server for `handler` on a free 127.0.0.1 port, in a thread: (url, server)."""
-    server = _Server(("127.0.0.1", 0), handler)
+def serve(handler, host: str = "127.0.0.1") -> tuple[str, _Server]:
+    """An HTTP server for `handler` on a free port of `host`, in a thread: (url, server)."""
+    server = _Server((host, 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return "http://127.0.0.1:%d" % server.server_address[1], server
+    return "http://%s:%d" % (host, server.server_address[1]), server
 
 
 class FakeIMDS:
     def __init__(self, role: str | None = "ct-instance", creds: dict | None = None,
-                 token: str = "imds-token-123", expiration: str = "2099-01-01T00:00:00Z"):
-        """`role` None: an instance without an instance profile (the listing is a 404)."""
+                 token: str = "imds-token-123", expiration: str = "2099-01-01T00:00:00Z",
+                 host: str = "127.0.0.1"):
+        """`role` None: an instance without an instance profile (the listing is a 404).
+        `host`: the address it answers on (the bridge, for namespace hosts)."""
         self.seen: list[tuple[str, str, str | None]] = []
+        self.clients: list[str] = []  # in step with `seen`
+        lock = threading.Lock()
         creds = creds or {"AccessKeyId": "ASIAROLEKEY", "SecretAccessKey": "role/secret",
                           "Token": "role-session-token"}
         imds = self
@@ -44,7 +49,9 @@ class FakeIMDS:
 
             def do_PUT(self):
                 ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
-                imds.seen.append(("PUT", self.path, ttl))
+                with lock:
+                    imds.seen.append(("PUT", self.path, ttl))
+                    imds.clients.append(self.client_address[0])
                 if self.path != "/latest/api/token":
                     return self.answer(404)
                 if not ttl:
@@ -53,7 +60,9 @@ class FakeIMDS:
 
             def do_GET(self):
                 got = self.headers.get("X-aws-ec2-metadata-token")
-                imds.seen.append(("GET", self.path, got))
+                with lock:
+                    imds.seen.append(("GET", self.path, got))
+                    imds.clients.append(self.client_address[0])
                 if got != token:
                     return self.answer(401)
                 if role and self.path == CREDS_PATH:
@@ -64,7 +73,7 @@ class FakeIMDS:
                         Expiration=expiration)).encode())
                 self.answer(404)
 
-        self.url, self.server = serve(Handler)
+        self.url, self.server = serve(Handler, host)
 
     def close(self):
         self.server.shutdown()

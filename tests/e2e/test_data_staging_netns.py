@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import subprocess
-import threading
 from pathlib import Path
 
 import boto3
@@ -24,7 +23,7 @@ from moto.server import ThreadedMotoServer
 
 from aws_lab import AWS_ENV, REGION, AWSLab
 from conftest import tiny_prepared_imagenet
-from imds_lab import FakeIMDS, _Server
+from imds_lab import FakeIMDS
 from netns import GATEWAY, NetnsLab, netns_available
 from sshd import free_port
 
@@ -42,36 +41,6 @@ ROLE_KEY, ROLE_SECRET, ROLE_TOKEN = "ASIANETNSROLEKEY0001", "netns-role-secret",
 IMDS_TOKEN = "imds-v2-token-netns"
 TINY = ("--set", "variant=tiny", "--set", "arch=resnet18", "--set", "workers=0",
         "--set", "data=imagenet", "--set", "epochs=1")
-
-
-class BridgeIMDS(FakeIMDS):
-    """tests/imds_lab.py's FakeIMDSv2, answering on the bridge address (which the namespace
-    reaches) instead of 127.0.0.1, and recording each request's client address:
-    `requests` holds (client ip, method, path, TTL or token header)."""
-
-    def __init__(self, host: str, **kwargs):
-        super().__init__(**kwargs)
-        handler = self.server.RequestHandlerClass
-        # the loopback server FakeIMDS started is not what the namespace can reach
-        self.server.shutdown()
-        self.server.server_close()
-        self.requests: list[tuple[str, str, str, str | None]] = []
-        imds = self
-
-        class Recording(handler):
-            def do_PUT(self):
-                imds.requests.append((self.client_address[0], "PUT", self.path,
-                                      self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")))
-                super().do_PUT()
-
-            def do_GET(self):
-                imds.requests.append((self.client_address[0], "GET", self.path,
-                                      self.headers.get("X-aws-ec2-metadata-token")))
-                super().do_GET()
-
-        self.server = _Server((host, 0), Recording)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = "http://%s:%d" % (host, self.server.server_address[1])
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -109,7 +78,7 @@ def test_a_namespace_host_stages_s3_data_with_its_role_credentials_then_trains_o
         server.start()
         imds = None
         try:
-            imds = BridgeIMDS(BRIDGE, role=ROLE, token=IMDS_TOKEN, creds={
+            imds = FakeIMDS(host=BRIDGE, role=ROLE, token=IMDS_TOKEN, creds={
                 "AccessKeyId": ROLE_KEY, "SecretAccessKey": ROLE_SECRET, "Token": ROLE_TOKEN})
             endpoint = f"http://{BRIDGE}:{port}"
             requests.post(f"{endpoint}/moto-api/reset", timeout=10)
@@ -144,15 +113,16 @@ def test_a_namespace_host_stages_s3_data_with_its_role_credentials_then_trains_o
 
             # The role's credentials came from the IMDS, asked by the namespace (not by this
             # process), token first and every GET carrying it.
-            assert imds.requests, "the IMDS was never asked"
-            assert {ip for ip, *_ in imds.requests} == {HOST_IP}, imds.requests
-            assert imds.requests[0][1:] == ("PUT", "/latest/api/token", "21600")
-            gets = [r for r in imds.requests if r[1] == "GET"]
+            assert imds.seen, "the IMDS was never asked"
+            assert set(imds.clients) == {HOST_IP}, imds.clients
+            requests_seen = [(ip, *r) for ip, r in zip(imds.clients, imds.seen)]
+            assert requests_seen[0][1:] == ("PUT", "/latest/api/token", "21600")
+            gets = [r for r in requests_seen if r[1] == "GET"]
             assert [r[2] for r in gets][:2] == [
                 "/latest/meta-data/iam/security-credentials/",
                 "/latest/meta-data/iam/security-credentials/" + ROLE]
-            assert all(r[3] == IMDS_TOKEN for r in gets), imds.requests
-            assert all(r[3] for r in imds.requests if r[1] == "PUT"), imds.requests
+            assert all(r[3] == IMDS_TOKEN for r in gets), requests_seen
+            assert all(r[3] for r in requests_seen if r[1] == "PUT"), requests_seen
 
             # The host read every shard signed with the role's key (SigV4), not the user's.
             shard_gets = [g for g in s3_gets if "/shards/" in g[0]]
