@@ -380,6 +380,26 @@ def safe_member(name: str) -> str | None:
     return None
 
 
+MAX_PAX_HEADER = 64 << 10  # a path of 4,095 bytes, a size and an mtime fit many times over
+
+
+class _ShardMember(tarfile.TarInfo):
+    """A member header as write_shard writes them, or refused before its extended header is
+    read: tarfile reads a pax or GNU long-name header whole into memory, so a bucket writer's
+    shard with a 4 GB "header" would take 4 GB here. Per-member pax headers and GNU long names
+    of at most MAX_PAX_HEADER bytes pass; global, link-name, sparse and Solaris extensions
+    never do."""
+
+    def _proc_member(self, tarfile_):  # the one place tarfile decides how to read a header
+        if self.type in (tarfile.GNUTYPE_LONGLINK, tarfile.GNUTYPE_SPARSE, tarfile.XGLTYPE,
+                         tarfile.SOLARIS_XHDTYPE):
+            raise tarfile.HeaderError("a header type write_shard never writes (%r)" % self.type)
+        if self.type in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME) and \
+                self.size > MAX_PAX_HEADER:
+            raise tarfile.HeaderError("an extended header of %d bytes" % self.size)
+        return super()._proc_member(tarfile_)
+
+
 def _unpack(src, work: str, entry: ShardEntry) -> list[tuple[str, int]]:
     """The shard's members into `work` as numbered files; [(name, mtime)] in order."""
     reader = _Reading(src, entry.bytes)
@@ -387,8 +407,8 @@ def _unpack(src, work: str, entry: ShardEntry) -> list[tuple[str, int]]:
     seen: set[str] = set()
     data = 0
     try:
-        with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8",
-                          errors="strict", bufsize=CHUNK) as tar:
+        with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", errors="strict",
+                          bufsize=CHUNK, tarinfo=_ShardMember) as tar:
             for member in tar:
                 if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
                     raise _Bad(f"member {member.name[:200]!r} is not a regular file")

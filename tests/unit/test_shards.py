@@ -424,3 +424,34 @@ def test_a_file_deleted_after_the_plan_is_a_value_error(tree, monkeypatch):
     monkeypatch.setattr(shards.tarfile, "copyfileobj", failing)
     with pytest.raises(OSError, match="Input/output error"):  # not "shrank": it did not
         shards.write_shard(tree, plan, io.BytesIO())
+
+
+def _raw_header(name: str, kind: bytes, size: int) -> bytes:
+    """One ustar header block announcing `size` bytes of an extended header."""
+    info = tarfile.TarInfo(name)
+    info.type, info.size = kind, size
+    return info.tobuf(format=tarfile.USTAR_FORMAT)
+
+
+@pytest.mark.parametrize("kind, size, why", [
+    (tarfile.XHDTYPE, 1 << 30, r"an extended header of 1073741824 bytes"),
+    (tarfile.GNUTYPE_LONGNAME, 1 << 30, r"an extended header of 1073741824 bytes"),
+    (tarfile.XGLTYPE, 100, r"a header type write_shard never writes"),
+    (tarfile.GNUTYPE_LONGLINK, 100, r"a header type write_shard never writes"),
+])
+def test_a_huge_or_foreign_extended_header_is_refused_before_it_is_read(dest, kind, size, why):
+    """A bucket writer's shard whose pax or GNU long-name header claims a gigabyte: tarfile
+    would read it whole into memory; it is refused from its 512-byte header alone."""
+    head = _tar([_member("ok.jpg", b"fine")])[:1024]  # the first member, end blocks cut
+    data = head + _raw_header("././@x", kind, size) + b"\0" * 2048
+    reads = []
+
+    class Counting(io.BytesIO):
+        def read(self, n=-1):
+            out = super().read(n)
+            reads.append(len(out))
+            return out
+
+    with pytest.raises(ValueError, match=why):
+        shards.extract_shard(Counting(data), dest, _honest_entry(data, 2, 4 + size))
+    assert sum(reads) <= len(data) and sorted(os.listdir(dest)) == ["kept.txt"]
