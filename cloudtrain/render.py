@@ -27,6 +27,11 @@ def _shown(value) -> str:
     return text[:MAX_SHOWN - 3] + "..." if len(text) > MAX_SHOWN else text
 
 
+def _printable(text: str) -> str:
+    """A file name as one line that cannot steer the terminal (a name may hold escapes)."""
+    return "".join(c if c.isprintable() else "?" for c in str(text))
+
+
 def duration(seconds) -> str:
     s = _finite(seconds)
     if s is None:
@@ -410,7 +415,7 @@ def push_report(report) -> str:
     if report.deleted:
         lines.append(f"deleted {shards(report.deleted)} left by an earlier push of more shards")
     if report.skipped:
-        shown = "; ".join(f"{path} ({why})" for path, why in report.skipped[:5])
+        shown = "; ".join(f"{_printable(path)} ({why})" for path, why in report.skipped[:5])
         more = f" and {len(report.skipped) - 5} more" if len(report.skipped) > 5 else ""
         lines.append(f"left out {len(report.skipped)}: {shown}{more}")
     return "\n".join(lines)

@@ -193,3 +193,12 @@ def test_cost_report_splits_out_the_data_copy(tmp_path):
 
     assert "OF WHICH DATA COPY" in render.cost_report(rows, total, "recipe")
     assert ledger.report_csv(rows, total, "recipe").splitlines()[1].endswith(",0.750000")
+
+
+def test_push_report_shows_a_skipped_name_without_its_control_characters():
+    from cloudtrain import render
+    from cloudtrain.providers.aws.datasets import PushReport
+
+    report = PushReport("s3://b/p", skipped=[("evil\x1b[2Jname\n", "a socket")])
+    text = render.push_report(report)
+    assert "evil?[2Jname? (a socket)" in text and "\x1b" not in text
