@@ -12,6 +12,9 @@ import os
 import re
 import subprocess
 import sys
+import signal
+import threading
+import time
 from pathlib import Path
 
 import boto3
@@ -286,3 +289,30 @@ def test_the_command_refuses_a_link_out_of_the_tree(s3, moto_endpoint, tmp_path)
     assert proc.stderr.splitlines() == [f"Error: passwd links outside {tree} (to /etc/passwd): "
                                         "copy the file in, or remove the link"]
     assert _keys(s3, "x/") == []
+
+
+def test_an_interrupted_push_stops_its_uploads_and_leaves_no_parts(s3, tmp_path, monkeypatch):
+    """Ctrl-C during a push: the uploads under way give up at their next chunk instead of
+    running to their end, their multipart uploads are aborted (no parts left billing), and
+    no manifest exists (the dataset is not mistaken for complete)."""
+    monkeypatch.setattr(s3_datasets, "PART_BYTES", 5 << 20)  # S3's smallest part
+    root = tmp_path / "big"
+    for i in range(3):
+        (root / f"d{i}").mkdir(parents=True)
+        (root / f"d{i}" / "blob.bin").write_bytes(os.urandom(24 << 20))  # 5 parts each
+    started, finished = [], []
+
+    def slow_part(**kwargs):  # each part takes a moment: the interrupt lands mid-upload
+        started.append(1)
+        if len(started) == 2:
+            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C
+        time.sleep(0.4)
+
+    s3.meta.events.register("before-call.s3.UploadPart", slow_part)
+    s3.meta.events.register("after-call.s3.UploadPart", lambda **kw: finished.append(1))
+    with pytest.raises(KeyboardInterrupt):
+        _push(s3, root, shard_bytes=32 << 20)
+    assert len(finished) < 15 // 2, len(finished)  # all 15 parts went up before the fix
+    assert s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
+    assert "imagenet/manifest.json" not in _keys(s3)
+    assert not any(k.startswith("imagenet/shards/") for k in _keys(s3))

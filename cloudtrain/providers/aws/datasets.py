@@ -40,6 +40,10 @@ PART_BYTES = 64 << 20
 PART_THREADS = 4
 
 
+class _PushStopped(Exception):
+    """The push is stopping: an upload under way gives up at its next chunk."""
+
+
 @dataclass
 class PushReport:
     url: str  # s3://bucket/prefix
@@ -115,6 +119,11 @@ def push(s3, root: Path, bucket: str, prefix: str, *, shard_bytes: int, workers:
                               max_concurrency=PART_THREADS)
     manifest_gone = threading.Lock()
     state = {"manifest_deleted": False}
+    stop = threading.Event()  # Ctrl-C or a failure: running uploads end at their next chunk
+
+    def still_going(_sent: int = 0) -> None:
+        if stop.is_set():
+            raise _PushStopped()
 
     def before_overwrite() -> None:
         with manifest_gone:
@@ -124,6 +133,7 @@ def push(s3, root: Path, bucket: str, prefix: str, *, shard_bytes: int, workers:
 
     def one(plan: shards.ShardPlan, tmp: str) -> tuple[shards.ShardEntry, bool]:
         target = shard_key(prefix, plan.name)
+        still_going()
         stored = _head(s3, bucket, target)
         if stored is not None:
             entry = shards.write_shard(root, plan)  # hashed only, nothing on disk
@@ -134,8 +144,12 @@ def push(s3, root: Path, bucket: str, prefix: str, *, shard_bytes: int, workers:
             with open(path, "wb") as out:
                 entry = shards.write_shard(root, plan, out)
             before_overwrite()
-            s3.upload_file(path, bucket, target, Config=transfer, ExtraArgs={
-                "Metadata": {"sha256": entry.sha256}, "ContentType": "application/x-tar"})
+            still_going()
+            # s3transfer aborts the multipart upload when the callback raises: no parts
+            # are left billing in the bucket after a Ctrl-C.
+            s3.upload_file(path, bucket, target, Config=transfer, Callback=still_going,
+                           ExtraArgs={"Metadata": {"sha256": entry.sha256},
+                                      "ContentType": "application/x-tar"})
         except S3UploadFailedError as exc:  # boto3's wrapper around the ClientError
             # "Failed to upload /tmp/.../shard-00000.tar to bucket/key: <S3's answer>"
             said = str(exc).split(f"{bucket}/{target}: ", 1)[-1]
@@ -164,9 +178,11 @@ def push(s3, root: Path, bucket: str, prefix: str, *, shard_bytes: int, workers:
                     if progress:
                         progress(len(entries), len(plans), "shards")
         except ValueError as exc:  # a file changed while being pushed
+            stop.set()
             pool.shutdown(cancel_futures=True)
             raise CloudtrainError(str(exc), hint="push again once the tree is still") from None
         except BaseException:
+            stop.set()
             pool.shutdown(cancel_futures=True)
             raise
     manifest = shards.Manifest.build(shard_bytes, [entries[i] for i in range(len(plans))])
