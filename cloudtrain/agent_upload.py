@@ -35,7 +35,7 @@ import uuid
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 # Uploaded in this order (checkpoints after them, the manifest last).
-JOB_FILES = ("status.json", "job.json", "metrics.jsonl", "output.log")
+JOB_FILES = ("status.json", "job.json", "metrics.jsonl", "output.log", "staging-status.json")
 CHECKPOINTS = "checkpoints"
 # "The maximum allowed object size for a POST upload is 5 GB" (S3 POST Object docs); larger
 # objects need a multipart upload, which a presigned POST cannot do.

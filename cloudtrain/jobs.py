@@ -420,9 +420,7 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
     if job.state == state.STAGING and staging:
         fields["metrics"] = {**(fields.get("metrics") or {}),
                              "staging": datasets.progress_line(staging)}
-        if staging.get("state") == "staged":  # the data is complete: the job itself runs
-            store.set_state(job.id, state.RUNNING, at=staging.get("ended_at") or time.time(),
-                            detail=datasets.staged_line(staging), expect=state.STAGING)
+        if _record_staged(store, job, staging):  # the data is complete: the job itself runs
             fields["metrics"] = report.get("metrics") or None
     agent_state = status.get("state")
     if agent_state in state.TERMINAL_STATES:
@@ -440,6 +438,16 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
 
         ledger.settle(store, store.job(job.id))
     return store.job(job.id)
+
+
+def _record_staged(store: Store, job: Job, staging: dict | None) -> bool:
+    """A job still in `staging` whose stager said the data is complete runs from then on:
+    the `running` event at the stager's own end time (also when it is learnt only after the
+    job ended, from the job store), so the cost of the copy and of the training split there."""
+    if job.state != state.STAGING or not staging or staging.get("state") != "staged":
+        return False
+    return store.set_state(job.id, state.RUNNING, at=staging.get("ended_at") or time.time(),
+                           detail=datasets.staged_line(staging), expect=state.STAGING)
 
 
 def _host_lost(store: Store, job: Job, exc: HostError) -> Job:
@@ -486,6 +494,8 @@ def probe_files(jobdir: str) -> dict:
     """What a probe reports, read from a job directory on this machine without acting on it."""
     latest, target, summary = metrics_tail(jobdir)
     return hostdata.clean_report({"status": read_json(os.path.join(jobdir, "status.json")),
+                                  "staging": read_json(os.path.join(jobdir,
+                                                                    datasets.STATUS_FILE)),
                                   "now": time.time(), "metrics": latest, "target": target,
                                   "runs": summary})
 
@@ -517,6 +527,7 @@ def _from_job_store(store: Store, job: Job) -> dict | None:
     report = _read_record(store.job(job.id))
     if report.get("metrics"):
         store.update_job(job.id, metrics=report["metrics"])
+    _record_staged(store, store.job(job.id), report.get("staging"))
     return report.get("status")
 
 

@@ -47,8 +47,8 @@ IMDS_TOKEN = "imds-v2-token-abc"
 
 @pytest.fixture
 def imds():
-    server = FakeIMDS(role="cloudtrain-instance-role", creds={"AccessKeyId": ROLE_KEY, "SecretAccessKey": ROLE_SECRET,
-                             "Token": ROLE_TOKEN}, token=IMDS_TOKEN)
+    server = FakeIMDS(role="cloudtrain-instance-role", token=IMDS_TOKEN, creds={
+        "AccessKeyId": ROLE_KEY, "SecretAccessKey": ROLE_SECRET, "Token": ROLE_TOKEN})
     yield server
     server.close()
 
@@ -372,3 +372,33 @@ def test_the_dry_run_states_the_faster_root_volume_a_large_copy_gets(cli, aws, s
     # $40/month more for them: the dry run, "what launch would do", should say so
     assert "1000 MB/s and 4000 IOPS provisioned for the data copy (+$0.0548/h)" in \
         rows["disk"], rows["disk"]
+
+
+# -- nobody watching -----------------------------------------------------------------------------
+
+
+def test_a_staging_job_that_ends_unwatched_still_splits_copy_and_training(
+        cli, aws, ct_home, prepared, s3):
+    """The launch returns while the data is still being copied; the job ends and the
+    instance powers itself off with no CLI watching. Learnt afterwards from the job store,
+    the timeline still has the staging phase end where the stager said (not at the job's
+    end), so cost-report's data copy is the copy's share only."""
+    import shutil
+
+    aws.write_config(shutdown_delay_seconds=1.0)
+    _push(cli, prepared)
+    job_id = cli.launch("--instance", "g5.xlarge", "--data", f"mine=s3://{BUCKET}/imagenet",
+                        "--", "bash", "-c", "sleep 3; ls $CLOUDTRAIN_DATA_DIR/mine/train | wc -l")
+    wait_for(lambda: _terminated(aws, job_id), timeout=90, what="the agent's power-off")
+    aws.sshd.stop()  # the instance is gone: what happened comes from the job store
+    shutil.rmtree(aws.work / "remote")
+    job = cli.job(job_id)
+    assert job["state"] == "succeeded", job
+    phases = [p["name"] for p in job["timeline"]]
+    assert phases.index("staging") < phases.index("running") < phases.index("succeeded")
+    timeline = _timeline(job)
+    assert timeline["running"]["detail"].startswith("data staged: mine ")
+    # the copy took well under the 3 s the command slept: the phases split there
+    assert timeline["succeeded"]["start"] - timeline["running"]["start"] >= 3.0
+    by_phase = job["cost_detail"]["phases"]
+    assert by_phase["training"] > by_phase["staging"] >= 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import pytest
 from moto.ec2.models.elastic_block_store import EBSBackend
@@ -169,8 +170,8 @@ def test_missing_snapshot_or_the_wrong_backend_stops_before_anything_exists(cli,
 
 def test_down_all_deletes_a_dataset_volume_no_job_holds(cli, aws, snap, ct_home):
     """A launcher killed between CreateVolume and AttachVolume leaves a volume billing that
-    no instance takes down with it: `down --all` finds it by its tags and deletes it;
-    an unrelated volume, and one of a job being launched, stay."""
+    no instance takes down with it: it is an orphan (found by its tags), and `down --all`
+    deletes it; an unrelated volume stays, and one of a job being launched is no orphan."""
     from cloudtrain.providers.aws import AWSProvider
 
     owner = AWSProvider().owner(REGION)
@@ -181,9 +182,47 @@ def test_down_all_deletes_a_dataset_volume_no_job_holds(cli, aws, snap, ct_home)
                                  SnapshotId=snap[0], TagSpecifications=[
                                      {"ResourceType": "volume", "Tags": tags}])["VolumeId"]
     other = aws.ec2.create_volume(Size=5, AvailabilityZone="us-east-1a")["VolumeId"]
-    proc = cli("down", "--all")
+    from cloudtrain.state import PROVISIONING, Store
+
+    with Store(ct_home / "state.db") as store:  # a job being launched, its volume just made
+        launching = store.create_job(name=None, kind="recipe", recipe="imagenet",
+                                     command="imagenet", backend="aws", spec={})
+        store.set_state(launching.id, PROVISIONING)
+        store.update_job(launching.id, lease_until=time.time() + 3600,
+                         launcher="elsewhere:1")
+    held = aws.ec2.create_volume(
+        Size=30, AvailabilityZone="us-east-1a", VolumeType="gp3", SnapshotId=snap[0],
+        TagSpecifications=[{"ResourceType": "volume", "Tags": [
+            dict(t, Value=launching.id) if t["Key"] == "cloudtrain:job" else t
+            for t in tags]}])["VolumeId"]
+    with Store(ct_home / "state.db") as store:
+        found = {o["id"] for o in AWSProvider().orphans(store)}
+    assert left in found and held not in found and other not in found
+    proc = cli("down", "--all")  # (which also cancels the launching job, and its volume goes)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "volume of job deadbeef not in this store: deleted" in proc.stdout + proc.stderr
     states = {v["VolumeId"]: v["State"] for v in aws.ec2.describe_volumes()["Volumes"]}
     assert left not in states or states[left] == "deleted"
     assert states[other] == "available"
+
+
+def test_a_launch_that_stops_after_attach_deletes_the_still_attached_volume(
+        cli, aws, snap, monkeypatch):
+    """The launch fails between AttachVolume and DeleteOnTermination (here EC2 refuses
+    ModifyInstanceAttribute): the volume is attached but would outlive the instance, so
+    release deletes it by its tag once the terminating instance lets it go."""
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.responses.instances import InstanceResponse
+
+    def refuse(self):
+        raise EC2ClientError("UnauthorizedOperation", "the lab refuses ModifyInstanceAttribute")
+
+    monkeypatch.setattr(InstanceResponse, "_block_device_mapping_handler", refuse)
+    aws.write_config(datasets={"imagenet": snap[0]})
+    proc = cli("launch", "--recipe", "imagenet", *TINY, "--instance", "g5.xlarge", "--quiet",
+               timeout=120)
+    assert proc.returncode != 0 and "refuses ModifyInstanceAttribute" in proc.stderr
+    (job,) = json.loads(cli.ok("status", "--json").stdout)
+    (raw,) = aws.instances(**{"tag:cloudtrain:job": job["id"]})
+    assert raw["State"]["Name"] in ("shutting-down", "terminated")
+    assert [v["State"] for v in _job_volumes(aws, job["id"])] in ([], ["deleted"])

@@ -363,9 +363,11 @@ class InstancesMixin:
                     raise
             if ids:
                 self.call(region, "terminate_instances", InstanceIds=sorted(ids))
-            if any((i.details or {}).get("data_volumes") for i in recorded):
+            if any(d.get("kind") == "snapshot" for d in (job.spec or {}).get("datasets") or []):
                 # Attached volumes go with their instance; one the launch made but never
-                # attached would bill on alone.
+                # attached (or attached without DeleteOnTermination) would bill on alone.
+                # By tag, not by record: a launcher killed right after CreateVolume
+                # recorded nothing.
                 self.delete_job_volumes(region, job.id)
             for raw in self._query(region, {TAG_JOB: job.id}) if ids else []:
                 known = {i.id for i in store.instances(job.id)}

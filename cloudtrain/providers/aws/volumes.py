@@ -127,6 +127,8 @@ class VolumesMixin:
             self._wait_volume(ec2, entry["volume"], "available")
             ec2.attach_volume(VolumeId=entry["volume"], InstanceId=instance_id, Device=device)
             self._wait_volume(ec2, entry["volume"], "in-use")
+            # From here the volume goes with the instance; until here, release deletes it
+            # by its tag (delete_job_volumes), attached or not.
             ec2.modify_instance_attribute(InstanceId=instance_id, BlockDeviceMappings=[
                 {"DeviceName": device, "Ebs": {"DeleteOnTermination": True}}])
         return made
@@ -212,12 +214,20 @@ class VolumesMixin:
             return self._delete_job_volumes(self.client("ec2", region), job_id)
 
     def _delete_job_volumes(self, ec2, job_id: str) -> int:
-        vols = ec2.describe_volumes(Filters=[{"Name": f"tag:{TAG_JOB}", "Values": [job_id]},
-                                             {"Name": "status", "Values": ["available",
-                                                                           "creating"]}])
+        """Every volume tagged with the job that would outlive its instance: unattached ones
+        at once; one still attached without DeleteOnTermination (the launch stopped between
+        AttachVolume and ModifyInstanceAttribute) once the terminating instance lets it go.
+        Volumes set to go with their instance are left to EC2."""
+        vols = ec2.describe_volumes(Filters=[
+            {"Name": f"tag:{TAG_JOB}", "Values": [job_id]},
+            {"Name": "status", "Values": ["available", "creating", "in-use"]}])
         deleted = 0
         for v in vols.get("Volumes") or []:
-            if v.get("State") == "creating":
+            attached = [a for a in v.get("Attachments") or []
+                        if a.get("State") in ("attaching", "attached", "detaching")]
+            if attached and all(a.get("DeleteOnTermination") for a in attached):
+                continue
+            if v.get("State") != "available":
                 self._wait_volume(ec2, v["VolumeId"], "available")
             ec2.delete_volume(VolumeId=v["VolumeId"])
             deleted += 1
