@@ -276,7 +276,16 @@ def resolve(spec, settings, flags: dict[str, Source | None]) -> list[dict]:
 STAGING_WORKERS = 32
 STAGING_PART_BYTES = 16 << 20
 STAGING_FAST_DISK_GB = 10  # copies this large get a faster root volume (staging_disk_mbps)
-DISK_MARGIN_GB = 40  # the OS, the framework, checkpoints and the staging's in-flight shards
+# Besides its datasets, a root volume holds the AMI (the Deep Learning AMI takes tens of GB),
+# the framework's caches, checkpoints, and the stager's shards in flight (about ten).
+DISK_MARGIN_GB = 100
+IN_FLIGHT_SHARDS = 10
+
+
+def disk_needed(copied_bytes: float, shard_bytes: int = 0) -> int:
+    """GB of root volume a job copying `copied_bytes` of data onto it needs at least."""
+    return math.ceil(copied_bytes / 1e9 * 1.05 + DISK_MARGIN_GB
+                     + IN_FLIGHT_SHARDS * shard_bytes / 1e9)
 
 
 @dataclass
@@ -304,7 +313,9 @@ def preflight(spec, settings) -> list[Staged]:
     spec.staging = {s.source["name"]: _summary(s) for s in found}
     copied_gb = sum(s.contents.file_bytes for s in found if s.contents is not None) / 1e9
     if spec.backend != "local" and copied_gb and not spec.on_job:
-        need = math.ceil(copied_gb * 1.05 + DISK_MARGIN_GB)
+        need = disk_needed(copied_gb * 1e9, max(
+            (s.contents.manifest.shard_bytes for s in found
+             if s.contents is not None and s.contents.manifest is not None), default=0))
         base = spec.disk_gb or settings.disk_gb or int(spec.resources.get("disk_gb") or 100)
         if spec.disk_gb and spec.disk_gb < need:
             raise UsageError(f"--disk-gb {spec.disk_gb}: the datasets take {copied_gb:.1f} GB "

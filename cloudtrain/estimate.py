@@ -25,7 +25,6 @@ Cost = per-second billing with the 60 s minimum over boot..teardown at the on-de
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -213,9 +212,9 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     over = overheads(store)
     disk = int(disk_gb or recipe.resources.get("disk_gb", 100))
     if staging_bytes:  # the copies need room (datasets.preflight sizes the disk the same way)
-        from .datasets import DISK_MARGIN_GB
+        from .datasets import disk_needed
 
-        disk = max(disk, math.ceil(staging_bytes / 1e9 * 1.05 + DISK_MARGIN_GB))
+        disk = max(disk, disk_needed(staging_bytes, 256 << 20))  # `data push`'s shards
     gp3 = catalog.gp3_price(region)
     gp3_month = gp3.per_gb_month + (cost.gp3_performance_per_month(disk_mbps) / disk
                                     if disk_mbps else 0.0)
