@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import errno
+import fcntl
 import hashlib
 import hmac
 import http.client
@@ -54,6 +55,7 @@ except ImportError:
 PLAN_VERSION = 1
 MARKER = ".cloudtrain-staged.json"
 STAGING = ".staging"
+PARTIAL = ".cloudtrain-partial.json"  # in a copy under way: the version it is of
 NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 HEX = re.compile(r"[0-9a-f]+")
 MD5 = re.compile(r"[0-9a-f]{32}")
@@ -626,53 +628,59 @@ class Stager:
             rec["state"] = "staged"
             self.progress(rec, t0)
             return
-        dest = d["dest"]
-        marker = os.path.join(dest, MARKER)
+        dest = d["dest"].rstrip("/")
         if d["kind"] == "shards":
             m = d["_manifest"]
             rec["bytes_total"], rec["files_total"] = m.bytes, m.files
         else:
             rec["bytes_total"] = sum(o["bytes"] for o in d["objects"])
             rec["files_total"] = len(d["objects"])
-        if _marker_identity(marker) == d["identity"]:
-            rec["state"] = "skipped"
-            rec["bytes_done"], rec["files_done"] = rec["bytes_total"], rec["files_total"]
-            self.progress(rec, t0)
-            return
-        rec["state"] = "staging"
-        if os.path.islink(dest):  # an earlier kind "path" staging: only the link goes
-            os.unlink(dest)
-        elif _marker_identity(marker) is not None:
-            # staged here before from another version of the dataset: its files would be
-            # mixed with the new ones (and verify_tree would refuse the tree)
-            shutil.rmtree(dest)
-        os.makedirs(dest, exist_ok=True)
-        if os.path.lexists(marker):
-            os.unlink(marker)
+        parent, base = os.path.split(dest)
+        os.makedirs(parent, exist_ok=True)
+        # One staging of a folder at a time (two jobs on one host, the local backend's shared
+        # data dir): the second waits, then finds the copy made.
+        with _Lock(os.path.join(parent, ".%s.cloudtrain-lock" % base), self.out, d["name"]):
+            if _marker_identity(os.path.join(dest, MARKER)) == d["identity"]:
+                rec["state"] = "skipped"
+                rec["bytes_done"], rec["files_done"] = rec["bytes_total"], rec["files_total"]
+                self.progress(rec, t0)
+                return
+            _check_replaceable(dest)
+            rec["state"] = "staging"
+            self._copy(d, rec, t0, os.path.join(parent, ".%s.cloudtrain-partial" % base))
+            _swap_in(os.path.join(parent, ".%s.cloudtrain-partial" % base), dest,
+                     os.path.join(parent, ".%s.cloudtrain-old" % base))
+        rec["state"] = "staged"
+        self.progress(rec, t0)
+
+    def _copy(self, d: dict, rec: dict, t0: float, partial: str) -> None:
+        """The dataset into `partial`, verified and marked: what replaces dest whole. A
+        partial copy of this same version (a staging cut short) is continued."""
+        marker = os.path.join(partial, MARKER)
+        if _read_doc(os.path.join(partial, PARTIAL)).get("identity") != d["identity"]:
+            shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial, exist_ok=True)
+        _write_doc(os.path.join(partial, PARTIAL), {"identity": d["identity"]})
         if d["auth"] == "role" and self.role is None:
             self.role = RoleCredentials(self.plan["imds_url"])
         if d["auth"] == "role":
             self.role.get()  # no instance profile: say so before any worker starts
-        staging = os.path.join(dest, STAGING)
+        staging = os.path.join(partial, STAGING)
         shutil.rmtree(staging, ignore_errors=True)
         os.mkdir(staging, 0o700)
         try:
-            _Run(self, d, rec, t0, staging).go()
-            if d["kind"] == "shards":
-                try:
-                    shards.verify_tree(dest, d["_manifest"])
-                except ValueError as exc:
-                    raise StageError(str(exc)) from None
+            _Run(self, dict(d, dest=partial, _shown_dest=d["dest"]), rec, t0, staging).go()
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        doc = {"identity": d["identity"], "name": d["name"], "files": rec["files_total"],
-               "bytes": rec["bytes_total"], "staged_at": time.time()}
-        tmp = marker + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(doc, f)
-        os.replace(tmp, marker)
-        rec["state"] = "staged"
-        self.progress(rec, t0)
+        if d["kind"] == "shards":
+            try:
+                shards.verify_tree(partial, d["_manifest"])
+            except ValueError as exc:
+                raise StageError(str(exc)) from None
+        os.unlink(os.path.join(partial, PARTIAL))
+        _write_doc(marker, {"identity": d["identity"], "name": d["name"],
+                            "files": rec["files_total"], "bytes": rec["bytes_total"],
+                            "staged_at": time.time()})
 
     def _preread(self, root: str, rec: dict, t0: float) -> None:
         """Read every file below root once, `workers` at a time: a volume made from an EBS
@@ -753,6 +761,70 @@ class Stager:
         os.replace(tmp, dest.rstrip("/"))
 
 
+class _Lock:
+    """An exclusive flock on `path` for the staging of one folder; says so while it waits."""
+
+    def __init__(self, path: str, out, name: str):
+        self.path, self.out, self.name, self.fd = path, out, name, None
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("cloudtrain staging %s: waiting for another job staging it on this host"
+                  % self.name, file=self.out, flush=True)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # releases the lock
+
+
+def _read_doc(path: str) -> dict:
+    try:
+        if os.path.islink(path):
+            return {}
+        with open(path, "rb") as f:
+            doc = json.loads(f.read(MARKER_BYTES))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _write_doc(path: str, doc: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
+
+
+def _check_replaceable(dest: str) -> None:
+    """dest may be replaced by a staged copy: absent, a link (an earlier `path` dataset), an
+    empty folder, or an earlier copy of ours (its marker says so). A folder of files that
+    cloudtrain did not stage is never deleted: the staging stops and says so."""
+    if not os.path.lexists(dest) or os.path.islink(dest):
+        return
+    if not os.path.isdir(dest):
+        raise StageError("%s is a file, not a dataset folder: move it away" % dest)
+    if os.path.exists(os.path.join(dest, MARKER)) or not os.listdir(dest):
+        return
+    raise StageError("%s already holds files cloudtrain did not stage: move them away, or "
+                     "read them as they are with --data NAME=%s" % (dest, dest))
+
+
+def _swap_in(partial: str, dest: str, old: str) -> None:
+    """Put the finished copy in place of dest with renames (a reader sees the old tree or
+    the new one, never a mix), then delete the old one."""
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.islink(dest):
+        os.unlink(dest)
+    elif os.path.lexists(dest):
+        os.rename(dest, old)
+    os.rename(partial, dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def _disk_reason(exc: OSError) -> str:
     where = getattr(exc, "filename", None) or "disk"
     return "cannot write %s: %s" % (where, exc.strerror or exc)
@@ -784,6 +856,7 @@ class _Run:
     def __init__(self, stager: Stager, d: dict, rec: dict, t0: float, staging: str):
         self.s, self.d, self.rec, self.t0, self.staging = stager, d, rec, t0, staging
         self.dest = d["dest"]
+        self.shown = d.get("_shown_dest", self.dest)  # the folder the user knows it by
         self.cond = threading.Condition()
         self.error = None
         self.tasks = queue.Queue()
@@ -891,7 +964,7 @@ class _Run:
     def disk_reason(self, exc: OSError) -> str:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return "no space left on %s after %d of %d bytes: give the instance a larger " \
-                   "disk (--disk-gb)" % (self.dest, self.rec["bytes_done"],
+                   "disk (--disk-gb)" % (self.shown, self.rec["bytes_done"],
                                          self.rec["bytes_total"])
         return _disk_reason(exc)
 

@@ -117,6 +117,11 @@ def _shards_dataset(s3, manifest, dest: Path, endpoint: str, auth="presigned",
     return d
 
 
+def _partial(dest: Path) -> Path:
+    """Where the stager builds a copy before it replaces dest whole."""
+    return dest.parent / f".{dest.name}.cloudtrain-partial"
+
+
 def _run(plan, tmp_path, **kw):
     out = io.StringIO()
     status = tmp_path / "status.json"
@@ -241,7 +246,7 @@ def test_shards_staged_through_presigned_links_equal_the_source_and_a_second_run
     code, status, out = _run(plan, tmp_path)
     assert code == 0
     assert _files(dest) == _files(tree)
-    assert not (dest / ".staging").exists()
+    assert not (_partial(dest) / ".staging").exists()
     marker = json.loads((dest / ".cloudtrain-staged.json").read_text())
     assert marker["identity"] == plan["datasets"][0]["identity"]
     assert (marker["name"], marker["files"], marker["bytes"]) == ("imagenet", pushed.files,
@@ -269,6 +274,70 @@ def test_shards_staged_through_presigned_links_equal_the_source_and_a_second_run
     code, status, out = _run(newer, tmp_path)
     assert code == 0 and status["datasets"][0]["state"] == "skipped"
     assert "skipped" in out and _files(dest) == _files(tree)
+
+
+def test_a_folder_of_files_cloudtrain_did_not_stage_is_never_replaced(
+        s3, tree, pushed, moto_endpoint, tmp_path, capsys):
+    """The user's own data at the dataset's place (no marker): staging stops before any
+    download and names the way out; the files stay as they were."""
+    dest = tmp_path / "data" / "imagenet"
+    dest.mkdir(parents=True)
+    (dest / "mine.jpg").write_bytes(b"the user's")
+    code, status, _ = _run(_plan([_shards_dataset(s3, pushed, dest, moto_endpoint)]),
+                           tmp_path)
+    assert code == 1 and status["state"] == "failed"
+    assert _failure(capsys) == (f"{dest} already holds files cloudtrain did not stage: move "
+                                f"them away, or read them as they are with --data NAME={dest}")
+    assert os.listdir(dest) == ["mine.jpg"] and (dest / "mine.jpg").read_bytes() == b"the user's"
+    assert not _partial(dest).exists()
+
+
+def test_a_failed_copy_leaves_the_staged_version_in_place(s3, tree, pushed, moto_endpoint,
+                                                         tmp_path):
+    """A newer version whose copy fails (a shard gone) never half-replaces the older copy:
+    the job reading it finds the whole older tree, marker and all."""
+    dest = tmp_path / "data" / "imagenet"
+    plan = _plan([_shards_dataset(s3, pushed, dest, moto_endpoint)])
+    assert _run(plan, tmp_path)[0] == 0
+    before = _files(dest)
+    newer = json.loads(json.dumps(plan))
+    newer["datasets"][0]["identity"] = "ee" * 32
+    s3.delete_object(Bucket=BUCKET, Key=f"imagenet/shards/{pushed.shards[-1].name}")
+    assert _run(newer, tmp_path)[0] == 1
+    assert _files(dest) == before
+    assert json.loads((dest / ".cloudtrain-staged.json").read_text())["identity"] == \
+        plan["datasets"][0]["identity"]
+
+
+def test_two_stagings_of_one_folder_at_once_copy_it_once(s3, tree, pushed, moto_endpoint,
+                                                         tmp_path):
+    """Two jobs on one host (the local backend's shared data dir) staging the same dataset:
+    one copies, the other waits for it and finds the copy made."""
+    dest = tmp_path / "data" / "imagenet"
+    proxy = Proxy(moto_endpoint)
+    plan = _plan([_shards_dataset(s3, pushed, dest, moto_endpoint, url_base=proxy.url)])
+    results = {}
+
+    def one(n):
+        out = io.StringIO()
+        code = stager.stage(plan, tmp_path / f"status{n}.json", out=out)
+        results[n] = (code, json.loads((tmp_path / f"status{n}.json").read_text()),
+                      out.getvalue())
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in (1, 2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        proxy.close()
+    assert [results[n][0] for n in (1, 2)] == [0, 0]
+    states = sorted(results[n][1]["datasets"][0]["state"] for n in (1, 2))
+    assert states == ["skipped", "staged"]
+    assert any("waiting for another job staging it" in results[n][2] for n in (1, 2))
+    assert len(proxy.seen) == len(pushed.shards) + 2  # one copy's GETs, not two
+    assert _files(dest) == _files(tree)
 
 
 # -- 3. the instance role ------------------------------------------------------------------
@@ -336,7 +405,7 @@ def test_a_corrupt_shard_fails_on_its_sha256_and_leaves_nothing_of_it(s3, tree, 
     assert "sha256 differs" in reason or "not a readable tar" in reason
     victim_files = shards.cut(shards.scan(tree)[0], SHARD)[1].files
     assert not any((dest / f.path).exists() for f in victim_files)
-    assert not (dest / ".staging").exists()
+    assert not (_partial(dest) / ".staging").exists()
     assert not (dest / ".cloudtrain-staged.json").exists()
     assert status["state"] == "failed" and status["datasets"][0]["state"] == "failed"
 
@@ -356,7 +425,7 @@ def test_a_shard_whose_body_hashes_wrong_is_refused_by_sha256(s3, tree, pushed, 
                                 "sha256 differs")
     assert not any((dest / f.path).exists()
                    for f in shards.cut(shards.scan(tree)[0], SHARD)[0].files)
-    assert not (dest / ".staging").exists()
+    assert not (_partial(dest) / ".staging").exists()
 
 
 def test_a_missing_shard_is_a_404_naming_its_key_and_is_not_retried(s3, pushed, moto_endpoint,
@@ -373,7 +442,7 @@ def test_a_missing_shard_is_a_404_naming_its_key_and_is_not_retried(s3, pushed, 
     assert _failure(capsys) == (f"no object s3://{BUCKET}/{key} (404): the dataset is not "
                                 "where its source says; push it again or fix the source")
     assert len(proxy.requests_for(key)) == 1
-    assert not (tmp_path / "d" / ".staging").exists()
+    assert not (_partial(tmp_path / "d") / ".staging").exists()
 
 
 @pytest.mark.parametrize("auth, said", [
@@ -483,7 +552,7 @@ def test_a_server_that_always_503s_fails_after_bounded_retries(s3, pushed, moto_
     assert _failure(capsys) == (f"reading s3://{BUCKET}/{key} failed 6 times, last: "
                                 "HTTP 503 SlowDown")
     assert list(proxy.counts.values()) == [6]  # one try and five retries; no other shard
-    assert not (tmp_path / "d" / ".staging").exists()
+    assert not (_partial(tmp_path / "d") / ".staging").exists()
 
 
 # -- 7. kind objects -----------------------------------------------------------------------
@@ -523,7 +592,7 @@ def test_an_object_with_the_wrong_md5_fails(s3, tmp_path, capsys):
     assert code == 1
     assert _failure(capsys) == (f"s3://{BUCKET}/plain/b.txt is not what its listing says: md5 "
                                 f"{hashlib.md5(b'world').hexdigest()}, not {'0' * 32}")
-    assert not (dest / "b.txt").exists() and not (dest / ".staging").exists()
+    assert not (dest / "b.txt").exists() and not (_partial(dest) / ".staging").exists()
 
 
 def test_an_object_path_out_of_dest_is_refused(s3, tmp_path, capsys):
@@ -575,7 +644,7 @@ def test_a_full_disk_says_how_far_it_got_and_what_to_do(s3, pushed, moto_endpoin
     reason = _failure(capsys)
     assert reason == (f"no space left on {dest} after 0 of {pushed.bytes} bytes: give the "
                       "instance a larger disk (--disk-gb)")
-    assert status["error"] == reason and not (dest / ".staging").exists()
+    assert status["error"] == reason and not (_partial(dest) / ".staging").exists()
 
 
 # -- 10. SIGTERM ---------------------------------------------------------------------------
@@ -621,7 +690,7 @@ def test_sigterm_stops_a_slow_staging_promptly_and_cleans_up(tmp_path):
     try:
         assert asked.wait(10), proc.communicate(timeout=5)
         time.sleep(0.5)
-        assert (dest / ".staging").is_dir()
+        assert (_partial(dest) / ".staging").is_dir()
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=5)
@@ -636,4 +705,4 @@ def test_sigterm_stops_a_slow_staging_promptly_and_cleans_up(tmp_path):
     doc = json.loads(status.read_text())
     assert (doc["state"], doc["error"]) == ("failed", "interrupted")
     assert doc["datasets"][0]["state"] == "failed"
-    assert not (dest / ".staging").exists() and not (dest / "big").exists()
+    assert not (_partial(dest) / ".staging").exists() and not (dest / "big").exists()
