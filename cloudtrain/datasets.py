@@ -275,6 +275,7 @@ def resolve(spec, settings, flags: dict[str, Source | None]) -> list[dict]:
 
 STAGING_WORKERS = 32
 STAGING_PART_BYTES = 16 << 20
+STAGING_ALLOWANCE_S, STAGING_ALLOWANCE_RATE = 600.0, 100e6  # 10 min + the bytes at 100 MB/s
 STAGING_FAST_DISK_GB = 10  # copies this large get a faster root volume (staging_disk_mbps)
 # Besides its datasets, a root volume holds the AMI (the Deep Learning AMI takes tens of GB),
 # the framework's caches, checkpoints, and the stager's shards in flight (about ten).
@@ -311,6 +312,14 @@ def preflight(spec, settings) -> list[Staged]:
         else:
             found.append(Staged(source))
     spec.staging = {s.source["name"]: _summary(s) for s in found}
+    # The copy runs inside the job's clock (the agent's max runtime, the instance's power-off
+    # timer): it gets time of its own on top, at a pessimistic rate.
+    read = sum(s.contents.bytes for s in found if s.contents is not None) + sum(
+        s.snapshot_gb * (1 << 30) for s in found
+        if s.snapshot_gb and s.source.get("first_read") == "preread")
+    allowance = STAGING_ALLOWANCE_S + read / STAGING_ALLOWANCE_RATE if read else 0.0
+    spec.max_runtime_s += allowance - spec.staging_allowance_s
+    spec.staging_allowance_s = allowance
     copied_gb = sum(s.contents.file_bytes for s in found if s.contents is not None) / 1e9
     if spec.backend != "local" and copied_gb and not spec.on_job:
         need = disk_needed(copied_gb * 1e9, max(
@@ -334,6 +343,41 @@ def _summary(s: Staged) -> dict:
     if s.snapshot_gb:
         return {"kind": "snapshot", "bytes": s.snapshot_gb * (1 << 30)}
     return {"kind": s.source["kind"]}
+
+
+INTER_REGION_USD_PER_GB = 0.02  # S3 to EC2 in another region (us-east-1 list price)
+
+
+def notes(spec, settings) -> list[str]:
+    """What a user should know about the copies before paying for them: a bucket in another
+    region (slower, and billed per GB), presigned links that die with a session."""
+    out = []
+    instance_region = spec.region or settings.region
+    for d in spec.datasets:
+        info = (spec.staging or {}).get(d["name"]) or {}
+        if d["kind"] == "s3" and spec.backend == "aws" and info.get("region") and \
+                instance_region and info["region"] != instance_region:
+            gb = (info.get("bytes") or 0) / 1e9
+            out.append(f"dataset {d['name']}: its bucket is in {info['region']}, the instance "
+                       f"in {instance_region}: the copy crosses regions (slower, and about "
+                       f"${INTER_REGION_USD_PER_GB * gb:.2f} of transfer for {gb:.1f} GB)")
+    if any(d["kind"] == "s3" for d in spec.datasets) and not (
+            spec.backend == "aws" and settings.instance_profile) and _session_credentials():
+        out.append("the instance reads the datasets through links signed with your temporary "
+                   "(session) credentials: they stop working when that session expires; set "
+                   "instance_profile in config.yaml (infra/README.md) for long copies")
+    return out
+
+
+def _session_credentials() -> bool:
+    """Whether the user's AWS credentials are a temporary session's (SSO, an assumed role)."""
+    try:
+        from .providers.aws import AWSProvider
+
+        creds = AWSProvider().session(None).get_credentials()
+        return bool(creds is not None and creds.get_frozen_credentials().token)
+    except Exception:  # no credentials, no profile: nothing to warn of
+        return False
 
 
 def _read_s3(spec, source: dict) -> Staged:
@@ -450,6 +494,8 @@ def staging_line(spec) -> str:
         else:
             parts.append(f"{d['name']} from {d['location']} ({_gb(info.get('bytes'))}, "
                          f"{info.get('files', 0):,} files, {info.get('kind', 's3')})")
+    if spec.staging_allowance_s:  # the copy runs inside the job's clock
+        parts.append(f"max runtime +{spec.staging_allowance_s / 60:.0f} min for it")
     return "; ".join(parts)
 
 

@@ -122,6 +122,7 @@ class Estimate:
     notes: list[str]
     staging_bytes: int = 0
     disk_mbps: int = 0
+    preread_s: float = 0.0
 
 
 def published_basis(recipe, args: dict) -> Basis:
@@ -207,7 +208,9 @@ def candidates(basis: Basis, region: str, types: list[str] | None, gpu_request: 
 def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
              types: list[str] | None = None, gpu_request: str | None = None,
              disk_gb: int | None = None, store=None, staging_bytes: int = 0,
-             disk_mbps: int = 0) -> Estimate:
+             disk_mbps: int = 0, preread_s: float = 0.0) -> Estimate:
+    """`staging_bytes`: copied from S3 onto the root volume (at staging_rate); `preread_s`:
+    reading snapshot volumes once before the job (first_read: preread), at their own rate."""
     basis = published_basis(recipe, args)
     over = overheads(store)
     disk = int(disk_gb or recipe.resources.get("disk_gb", 100))
@@ -231,10 +234,10 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
             continue
         if t.gpus > basis.gpus:  # the rest sit idle, and are paid for
             scaling += f"; uses {basis.gpus} of {t.gpus:g} GPUs"
-        staging_s, staging_basis = 0.0, ""
+        staging_s, staging_basis = preread_s, "snapshot volume pre-read" if preread_s else ""
         if staging_bytes:
             rate, staging_basis = staging_rate(t.name, disk_mbps or cost.GP3_BASE_MBPS)
-            staging_s = staging_bytes / 1e6 / rate
+            staging_s += staging_bytes / 1e6 / rate
         total = train_s + over.total + staging_s
         disk_usd = cost.ebs_cost(0.0, total, disk, gp3_month).dollars
 
@@ -260,7 +263,7 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     if market == "spot":
         notes.append(f"spot: the cheapest AZ's price, {catalog.spot_source(region)}")
     return Estimate(recipe.name, region, market, basis, over, disk, rows, notes,
-                    staging_bytes=staging_bytes, disk_mbps=disk_mbps)
+                    staging_bytes=staging_bytes, disk_mbps=disk_mbps, preread_s=preread_s)
 
 
 def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: str | None,
@@ -278,7 +281,21 @@ def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: st
     staged = staged_bytes(rec, args, settings)
     return estimate(rec, args, region or settings.region or "us-east-1", market=market,
                     types=types, gpu_request=gpu_request, disk_gb=disk_gb, store=store,
-                    staging_bytes=staged, disk_mbps=_disk_mbps(staged, settings))
+                    staging_bytes=staged, disk_mbps=_disk_mbps(staged, settings),
+                    preread_s=preread_seconds(rec, args, settings))
+
+
+def preread_seconds(rec, args: dict, settings) -> float:
+    """Reading each declared snapshot dataset once (first_read: preread) at the throughput
+    of its volume, at the recipe's stated size."""
+    from . import datasets
+
+    total = 0.0
+    for entry in datasets.needed(rec.data, args):
+        source = settings.datasets.get(entry["name"])
+        if source is not None and source.kind == "snapshot" and source.first_read == "preread":
+            total += float(entry.get("size_mb") or 0) / source.throughput
+    return total
 
 
 def staged_bytes(rec, args: dict, settings) -> int:
@@ -312,9 +329,13 @@ def for_spec(spec, region: str, store=None) -> Row | None:
     try:
         staged = sum(int(info.get("bytes") or 0) for info in (spec.staging or {}).values()
                      if info.get("kind") in ("shards", "objects"))
+        preread = sum((spec.staging or {}).get(d["name"], {}).get("bytes", 0) / 1e6
+                      / int(d.get("throughput") or 125) for d in spec.datasets
+                      if d["kind"] == "snapshot" and d.get("first_read") == "preread")
         est = estimate(recipes.load(spec.recipe), spec.args, region, market=spec.market,
                        types=[spec.instance_type], disk_gb=spec.disk_gb, store=store,
-                       staging_bytes=staged, disk_mbps=spec.disk_mbps or 0)
+                       staging_bytes=staged, disk_mbps=spec.disk_mbps or 0,
+                       preread_s=preread)
     except UsageError:
         return None
     row = est.rows[0]

@@ -40,8 +40,10 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
     data_rows = []
     if spec.datasets:
         try:
-            read_datasets(spec, settings or config.Settings.load())
-            data_rows = [("data", datasets.staging_line(spec))]
+            settings = settings or config.Settings.load()
+            read_datasets(spec, settings)
+            data_rows = [("data", datasets.staging_line(spec))] + [
+                ("note", note) for note in datasets.notes(spec, settings)]
         except CloudtrainError as exc:
             data_rows = [("data", f"cannot be read, the launch would stop: {exc.message}")]
     rows = [("job", spec.display()), *providers.get(spec.backend).plan(spec), *data_rows]
@@ -226,6 +228,10 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
     procs = spec.processes(gpus)
     mounts = provider.data_mounts(store, job, host) if found else {}
     plan = datasets.host_plan(found or [], spec, settings, data_dir, mounts)
+    for note in datasets.notes(spec, settings) if found else []:
+        store.add_event(job.id, "data-note", detail=note)
+        if say is not None:
+            say(note)
     stage = None
     if plan is not None:
         host.write_text(f"{jobdir}/{datasets.PLAN_FILE}", json.dumps(plan))

@@ -343,12 +343,12 @@ def estimate_table(est) -> str:
         row = [r.instance_type, f"{r.gpus:g}x {r.gpu}", duration(r.train_s),
                duration(r.total_s), money4(r.on_demand), money4(r.spot), ", ".join(r.marks),
                r.scaling]
-        if est.staging_bytes:
+        if est.staging_bytes or est.preread_s:
             share = f" ({r.staging_s / r.total_s:.0%})" if r.total_s else ""
             row[3:3] = [duration(r.staging_s) + share if r.total_s else "-"]
         rows.append(row)
     header = ["TYPE", "GPUS", "TRAINING", "TOTAL", "ON-DEMAND", "SPOT", "", "BASIS"]
-    if est.staging_bytes:
+    if est.staging_bytes or est.preread_s:
         header[3:3] = ["DATA COPY"]
     out = [f"{est.recipe} in {est.region}: expected time and cost per instance type "
            f"({est.market} decides 'cheapest')",
@@ -361,6 +361,9 @@ def estimate_table(est) -> str:
                for k, v in est.overheads.seconds.items()),
            f"cost: per-second billing (60 s minimum) + {est.disk_gb} GB gp3 root volume"
            + (f" at {est.disk_mbps} MB/s" if est.disk_mbps else "")]
+    if est.preread_s:
+        out.append(f"data copy (in TOTAL and billed): reading the snapshot volumes once before "
+                   f"training, {duration(est.preread_s)} at their provisioned throughput")
     if est.staging_bytes:
         limits = sorted({r.staging_basis for r in est.rows if r.staging_basis})
         out.append(f"data copy (in TOTAL and billed): {est.staging_bytes / 1e9:.1f} GB from S3 "

@@ -63,6 +63,7 @@ class JobSpec:
     datasets: list[dict] = field(default_factory=list)
     staging: dict = field(default_factory=dict)
     disk_mbps: int | None = None  # the root volume's provisioned gp3 MB/s (None: its own 125)
+    staging_allowance_s: float = 0.0  # added to max_runtime_s for the data copy (preflight)
 
     def display(self) -> str:
         """One line saying what runs: `resnet9 (smoke)` or the command."""

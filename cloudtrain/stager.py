@@ -346,6 +346,9 @@ class _Source:
     def __init__(self, bucket: str, key: str, url: str, region: str, creds, presigned: bool):
         self.bucket, self.key, self.url, self.region = bucket, key, url, region
         self.creds, self.presigned = creds, presigned
+        # Encrypted with KMS or a customer key (S3 says so on each GET): its ETag is then no
+        # MD5 of the bytes, so only its size can be checked.
+        self.etag_not_md5 = False
 
     @property
     def name(self) -> str:
@@ -465,6 +468,9 @@ class Stager:
                 except (OSError, http.client.HTTPException):
                     body = b""
                 self._refuse(src, status, _error_code(body))
+            if resp.getheader("x-amz-server-side-encryption", "").startswith("aws:kms") or \
+                    resp.getheader("x-amz-server-side-encryption-customer-algorithm"):
+                src.etag_not_md5 = True
             if status == 200 and not whole:
                 raise StageError("%s: the server answered a range request with the whole "
                                  "object (HTTP 200)" % src.name)
@@ -1072,7 +1078,7 @@ class _Run:
         if size != o["bytes"]:
             raise ValueError("%s is %d bytes, not the %d listed" % (job.src.name, size,
                                                                    o["bytes"]))
-        if o.get("md5"):
+        if o.get("md5") and not job.src.etag_not_md5:
             h = hashlib.md5()
             with open(job.tmp, "rb") as f:
                 for block in iter(lambda: f.read(1 << 20), b""):

@@ -362,7 +362,9 @@ def _big_manifest_dry_run(cli, s3) -> dict:
 def test_the_dry_run_of_a_12_gb_dataset_sizes_the_disk_for_the_copy(cli, aws, s3):
     aws.write_config(disk_gb=8)
     rows = _big_manifest_dry_run(cli, s3)
-    assert rows["data"] == f"imagenet from s3://{BUCKET}/big (12.0 GB, 12,000 files, shards)"
+    # the copy gets time of its own: 10 min + 12 GB at 100 MB/s
+    assert rows["data"] == (f"imagenet from s3://{BUCKET}/big (12.0 GB, 12,000 files, shards); "
+                            "max runtime +12 min for it")
     # 11.98 GB of files, 5 % for the file system, the 100 GB margin and ten 1 GiB shards in
     # flight: 124 GB, not the 8
     assert rows["disk"].startswith("124 GB gp3"), rows["disk"]

@@ -202,3 +202,56 @@ def test_push_report_shows_a_skipped_name_without_its_control_characters():
     report = PushReport("s3://b/p", skipped=[("evil\x1b[2Jname\n", "a socket")])
     text = render.push_report(report)
     assert "evil?[2Jname? (a socket)" in text and "\x1b" not in text
+
+
+def test_a_snapshot_read_once_before_training_is_in_the_estimate(ct_home):
+    (ct_home / "config.yaml").write_text(
+        "datasets:\n  imagenet: {source: snap-0123456789abcdef0, throughput: 500}\n")
+    est = estimate.for_recipe("imagenet", None, (), "us-east-1", types=["p3.16xlarge"])
+    (row,) = est.rows
+    assert est.staging_bytes == 0  # nothing is copied from S3
+    assert est.preread_s == pytest.approx(160_000 / 500)  # the recipe's 160 GB at 500 MB/s
+    assert row.staging_s == pytest.approx(320.0)
+    assert row.total_s == pytest.approx(row.train_s + est.overheads.total + 320.0)
+    from cloudtrain import render
+
+    assert "reading the snapshot volumes once before training, 5m20s" in \
+        render.estimate_table(est)
+
+
+def test_notes_on_a_cross_region_copy_and_links_that_die_with_a_session(monkeypatch):
+    for k, v in {"AWS_ACCESS_KEY_ID": "AKIAX", "AWS_SECRET_ACCESS_KEY": "s",
+                 "AWS_CONFIG_FILE": "/nonexistent",
+                 "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    settings = config.Settings(region="us-east-1")
+    spec = JobSpec(kind="command", backend="aws", region="us-east-1", datasets=[
+        {"name": "imagenet", "kind": "s3", "location": "s3://bkt/in", "dir": "imagenet"}],
+        staging={"imagenet": {"kind": "shards", "bytes": 150 * 10**9, "region": "eu-west-1"}})
+    (note,) = datasets.notes(spec, settings)
+    assert note == ("dataset imagenet: its bucket is in eu-west-1, the instance in us-east-1: "
+                    "the copy crosses regions (slower, and about $3.00 of transfer for "
+                    "150.0 GB)")
+    spec.staging["imagenet"]["region"] = "us-east-1"
+    assert datasets.notes(spec, settings) == []
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "a-session")
+    (note,) = datasets.notes(spec, settings)
+    assert "temporary (session) credentials" in note
+    settings.instance_profile = "cloudtrain-instance"  # the instance signs with its role
+    assert datasets.notes(spec, settings) == []
+
+
+def test_the_copy_gets_time_of_its_own_in_the_max_runtime(monkeypatch):
+    from cloudtrain.providers.aws import datasets as s3_datasets
+
+    monkeypatch.setattr(datasets, "_read_s3", lambda spec, source: datasets.Staged(
+        source, s3_datasets.Contents("shards", 10, 50 * 10**9, 50 * 10**9, "ab" * 32), "r"))
+    spec = JobSpec(kind="command", backend="aws", max_runtime_s=3600.0, datasets=[
+        {"name": "d", "kind": "s3", "location": "s3://bkt/d", "dir": "d"}])
+    datasets.preflight(spec, config.Settings())
+    assert spec.staging_allowance_s == 600 + 500  # 10 min + 50 GB at 100 MB/s
+    assert spec.max_runtime_s == 3600 + 1100
+    datasets.preflight(spec, config.Settings())  # read again (a dry run, then the launch)
+    assert spec.max_runtime_s == 3600 + 1100
+    assert datasets.staging_line(spec).endswith("; max runtime +18 min for it")

@@ -595,6 +595,22 @@ def test_an_object_with_the_wrong_md5_fails(s3, tmp_path, capsys):
     assert not (dest / "b.txt").exists() and not (_partial(dest) / ".staging").exists()
 
 
+def test_a_kms_encrypted_object_is_size_checked_not_md5_checked(s3, tmp_path):
+    """S3's ETag of an SSE-KMS object is not the MD5 of its bytes (here: a listing's ETag
+    that is not); S3 says on the GET that the object is KMS-encrypted, and only its size is
+    checked then. An unencrypted object with the same wrong ETag still fails (test above)."""
+    dest = tmp_path / "plain"
+    key = "plain/k.bin"
+    s3.put_object(Bucket=BUCKET, Key=key, Body=b"secret bytes", ServerSideEncryption="aws:kms")
+    d = {"name": "plain", "dest": str(dest), "kind": "objects", "bucket": BUCKET,
+         "prefix": "plain", "region": REGION, "endpoint": None, "auth": "presigned",
+         "identity": "cd34", "objects": [{"key": key, "path": "k.bin", "bytes": 12,
+                                          "md5": "1" * 32, "url": _presign(s3, key)}]}
+    code, status, _ = _run(_plan([d]), tmp_path)
+    assert code == 0, status
+    assert (dest / "k.bin").read_bytes() == b"secret bytes"
+
+
 def test_an_object_path_out_of_dest_is_refused(s3, tmp_path, capsys):
     d = _objects_dataset(s3, {"../x": b"evil"}, tmp_path / "plain")
     code, _, _ = _run(_plan([d]), tmp_path)
