@@ -226,9 +226,11 @@ def parse_data_flags(values) -> dict[str, Source | None]:
 def needed(recipe_data: list[dict], args: dict) -> list[dict]:
     """The recipe's `data:` entries that a job with these arguments reads (an entry's `when:`
     mapping must match the arguments: imagenet's `{data: imagenet}` is not read with
-    `data=synthetic`)."""
+    `data=synthetic`), unless its `dir_arg` points the recipe at a copy already on the host
+    (`--set data_dir=/data/imagenet`)."""
     return [entry for entry in recipe_data
-            if all(args.get(k) == v for k, v in (entry.get("when") or {}).items())]
+            if all(args.get(k) == v for k, v in (entry.get("when") or {}).items())
+            and not (entry.get("dir_arg") and args.get(entry["dir_arg"]))]
 
 
 def resolve(spec, settings, flags: dict[str, Source | None]) -> list[dict]:

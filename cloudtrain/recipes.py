@@ -339,7 +339,8 @@ def parse_recipe(path: Path) -> Recipe:
 def _check_data(data: list[dict], arguments: dict, path: Path) -> None:
     """Each `data:` entry: a dataset name, `when:` (the arguments under which the recipe
     reads it), `download:` (whether the recipe fetches it itself when no source is declared),
-    `dir:` (the folder below $CLOUDTRAIN_DATA_DIR it is read from), `size_mb:`."""
+    `dir:` (the folder below $CLOUDTRAIN_DATA_DIR it is read from), `dir_arg:` (the argument
+    that points the recipe at a copy elsewhere instead: set, nothing is staged), `size_mb:`."""
     from . import datasets
 
     for i, entry in enumerate(data):
@@ -353,6 +354,8 @@ def _check_data(data: list[dict], arguments: dict, path: Path) -> None:
             raise ConfigError(f"{where}: when must map argument names of this recipe to values")
         if not isinstance(entry.get("download", False), bool):
             raise ConfigError(f"{where}: download must be true or false")
+        if entry.get("dir_arg") is not None and entry["dir_arg"] not in arguments:
+            raise ConfigError(f"{where}: dir_arg must name an argument of this recipe")
         folder = entry.get("dir", entry["name"])
         if not isinstance(folder, str) or not datasets.NAME.fullmatch(folder.lower()):
             raise ConfigError(f"{where}: dir must be one folder name below the data dir")

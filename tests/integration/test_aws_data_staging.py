@@ -111,9 +111,18 @@ def _timeline(job: dict) -> dict:
     return {p["name"]: p for p in job["timeline"]}
 
 
+# The job reads the staged copy (the imagenet recipe training on it is the local backend's
+# test, test_data_staging.py; here the AWS path is the point, without a minute of training).
+COUNT = "find \"$CLOUDTRAIN_DATA_DIR/imagenet\" -name '*.JPEG' | wc -l"
+
+
 def _launch(cli, *extra, data=f"imagenet=s3://{BUCKET}/imagenet"):
-    return cli("launch", "--recipe", "imagenet", *TINY, "--data", data, "--instance",
-               "g5.xlarge", "--follow", "--quiet", *extra, env=ENV, timeout=180)
+    return cli("launch", "--data", data, "--instance", "g5.xlarge", "--follow", "--quiet",
+               *extra, "--", "bash", "-c", COUNT, env=ENV, timeout=180)
+
+
+def _jpegs(prepared) -> str:
+    return str(sum(1 for _ in prepared.rglob("*.JPEG")))
 
 
 def _terminated(aws, job_id):
@@ -140,6 +149,7 @@ def test_role_credentials_from_imdsv2_stage_the_data_and_no_user_secret_reaches_
     job_id = proc.stdout.splitlines()[0]
     job = cli.job(job_id)
     assert job["state"] == "succeeded", job["reason"]
+    assert _jpegs(prepared) in proc.stdout.splitlines()  # the job found every image
 
     # IMDSv2: a token first, then the role and its credentials, each GET carrying the token.
     assert imds.seen and imds.seen[0] == ("PUT", "/latest/api/token", "21600")
@@ -195,6 +205,7 @@ def test_without_an_instance_profile_the_host_stages_through_presigned_links(
     job_id = proc.stdout.splitlines()[0]
     job = cli.job(job_id)
     assert job["state"] == "succeeded", job["reason"]
+    assert _jpegs(prepared) in proc.stdout.splitlines()
     assert _timeline(job)["running"]["detail"].startswith("data staged: imagenet ")
     text = _plan_on_host(aws, job_id)
     (entry,) = json.loads(text)["datasets"]

@@ -255,3 +255,12 @@ def test_the_copy_gets_time_of_its_own_in_the_max_runtime(monkeypatch):
     datasets.preflight(spec, config.Settings())  # read again (a dry run, then the launch)
     assert spec.max_runtime_s == 3600 + 1100
     assert datasets.staging_line(spec).endswith("; max runtime +18 min for it")
+
+
+def test_a_recipe_pointed_at_a_copy_on_the_host_stages_nothing():
+    """`--set data_dir=PATH`: the tree is already where the job runs (an AMI, a mount)."""
+    assert datasets.resolve(_spec(data_dir="/data/imagenet"), config.Settings(), {}) == []
+    with pytest.raises(UsageError, match="recipe imagenet with these arguments reads no "
+                                         "dataset"):
+        datasets.resolve(_spec(data_dir="/data/imagenet"), config.Settings(),
+                         datasets.parse_data_flags(("imagenet=s3://bkt/in",)))
