@@ -99,12 +99,15 @@ def test_snapshot_volume_is_made_attached_mounted_read_and_gone_with_the_instanc
     dry = cli.ok("launch", "--recipe", "imagenet", *TINY, "--instance", "g5.xlarge",
                  "--dry-run").stdout
     assert f"imagenet from {snapshot} (32.2 GB volume)" in dry  # 30 GiB
-    proc = cli("launch", "--recipe", "imagenet", *TINY, "--instance", "g5.xlarge", "--follow",
-               "--quiet", timeout=300)
+    # the job reads the mounted copy (training on a staged copy is test_data_staging.py's)
+    proc = cli("launch", "--data", "imagenet", "--instance", "g5.xlarge", "--follow", "--quiet",
+               "--", "bash", "-c", "find \"$CLOUDTRAIN_DATA_DIR/imagenet/\" -name '*.JPEG' | wc -l",
+               timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job_id = proc.stdout.splitlines()[0]
     job = cli.job(job_id)
     assert job["state"] == "succeeded"
+    assert str(sum(1 for _ in tree.rglob("*.JPEG"))) in proc.stdout.splitlines()
     (raw,) = aws.instances(**{"tag:cloudtrain:job": job_id})
     # the volume: from the snapshot, in the instance's AZ, gp3 at the asked throughput,
     # encrypted, tagged like the instance; mounted read-only; deleted with the instance
@@ -120,17 +123,29 @@ def test_snapshot_volume_is_made_attached_mounted_read_and_gone_with_the_instanc
     tags = {t["key"]: t["value"] for t in volume.get_tags()}
     assert tags["cloudtrain:job"] == job_id and tags["cloudtrain:dataset"] == "imagenet"
     assert tags["cloudtrain:owner"].startswith("arn:aws:")
-    # the stager read every file once (preread) and the job trained on the mounted tree
+    # the stager read every file once (preread) before the job
     files = [p for p in tree.rglob("*") if p.is_file() and not p.is_symlink()]
     assert f"data staged: imagenet {sum(p.stat().st_size for p in files) / 1e6:.1f} MB, " \
         f"{len(files):,} files" in events["running"]["detail"]
-    rows = [json.loads(line) for line in
-            (ct_home / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()]
-    assert any(r.get("source") == "sz/40" for r in rows)
     assert [v["State"] for v in _job_volumes(aws, job_id)] in ([], ["deleted"])
-    # the bill has the volume: its GBs and throughput beyond gp3's own
-    inst = json.loads(cli.ok("status", job_id, "--json").stdout)
-    assert inst["cost"] and inst["cost"] > 0
+    # the bill has the volume: its GBs and throughput beyond gp3's own, with the instance
+    import sqlite3
+
+    from cloudtrain import cost, ledger
+    from cloudtrain.state import Store
+
+    row = sqlite3.connect(ct_home / "state.db").execute(
+        "SELECT details FROM instances WHERE job_id = ?", (job_id,)).fetchone()
+    (vol,) = json.loads(row[0])["data_volumes"]
+    assert (vol["gb"], vol["mbps"], vol["iops"], vol["snapshot"]) == (30, 500, 3000, snapshot)
+    with Store(ct_home / "state.db") as store:
+        (inst,) = store.instances(job_id)
+        run = ledger.run_of(inst)
+    gp3 = cost.gp3_price("us-east-1").per_gb_month
+    root = json.loads(row[0])["disk_gb"]
+    assert run.disk_gb == root + 30
+    assert run.gp3_per_gb_month * run.disk_gb == pytest.approx(
+        gp3 * (root + 30) + cost.gp3_performance_per_month(500, 3000))
 
 
 def test_attach_failure_terminates_the_instance_and_deletes_the_volume(
@@ -143,8 +158,8 @@ def test_attach_failure_terminates_the_instance_and_deletes_the_volume(
         raise EC2ClientError("VolumeInUse", "the lab refuses to attach")
 
     monkeypatch.setattr(EBSBackend, "attach_volume", refuse)
-    proc = cli("launch", "--recipe", "imagenet", *TINY, "--instance", "g5.xlarge", "--quiet",
-               timeout=120)
+    proc = cli("launch", "--data", "imagenet", "--instance", "g5.xlarge", "--quiet", "--",
+               "true", timeout=120)
     assert proc.returncode != 0 and "the lab refuses to attach" in proc.stderr
     (job,) = json.loads(cli.ok("status", "--json").stdout)
     assert job["state"] == "failed"
@@ -219,8 +234,8 @@ def test_a_launch_that_stops_after_attach_deletes_the_still_attached_volume(
 
     monkeypatch.setattr(InstanceResponse, "_block_device_mapping_handler", refuse)
     aws.write_config(datasets={"imagenet": snap[0]})
-    proc = cli("launch", "--recipe", "imagenet", *TINY, "--instance", "g5.xlarge", "--quiet",
-               timeout=120)
+    proc = cli("launch", "--data", "imagenet", "--instance", "g5.xlarge", "--quiet", "--",
+               "true", timeout=120)
     assert proc.returncode != 0 and "refuses ModifyInstanceAttribute" in proc.stderr
     (job,) = json.loads(cli.ok("status", "--json").stdout)
     (raw,) = aws.instances(**{"tag:cloudtrain:job": job["id"]})

@@ -46,6 +46,13 @@ def aws_env(moto_endpoint, monkeypatch):
     return env, s3
 
 
+COUNT = "find -L \"$CLOUDTRAIN_DATA_DIR/imagenet\" -name '*.JPEG' | wc -l"
+
+
+def _jpegs(prepared) -> str:
+    return str(sum(1 for _ in prepared.rglob("*.JPEG")))
+
+
 def _timeline(cli, job_id):
     return {p["name"]: p for p in json.loads(cli.ok("status", job_id, "--json").stdout)
             ["timeline"]}
@@ -83,8 +90,8 @@ def test_push_then_launch_stages_the_tree_and_trains_on_it(cli, ct_home, prepare
         "Credential=testing", "") and "X-Amz-Signature" in plan
 
     # a second job finds the same copy (its identity matches) and skips the download
-    again = cli("launch", "--recipe", "imagenet", *TINY, "--set", "epochs=1", "--data",
-                f"imagenet=s3://{BUCKET}/imagenet", "--follow", "--quiet", env=env, timeout=300)
+    again = cli("launch", "--data", f"imagenet=s3://{BUCKET}/imagenet", "--follow", "--quiet",
+                "--", "bash", "-c", COUNT, env=env, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     second = again.stdout.splitlines()[0]
     assert "already on the host" in _timeline(cli, second)["running"]["detail"]
@@ -102,10 +109,12 @@ def test_declared_in_config_listed_by_data_ls_and_shown_by_the_dry_run(cli, ct_h
     cli.ok("data", "push", str(prepared), f"s3://{BUCKET}/imagenet", env=env)
     dry = cli.ok("launch", "--recipe", "imagenet", *TINY, "--dry-run", env=env).stdout
     assert f"imagenet from s3://{BUCKET}/imagenet" in dry and "files, shards)" in dry
-    proc = cli.ok("launch", "--recipe", "imagenet", *TINY, "--set", "epochs=1", "--follow",
-                  "--quiet", env=env, timeout=300)
+    # your own command stages the declared dataset with `--data imagenet`
+    proc = cli.ok("launch", "--data", "imagenet", "--follow", "--quiet", "--", "bash", "-c",
+                  COUNT, env=env, timeout=300)
     job_id = proc.stdout.splitlines()[0]
     assert cli.job(job_id)["state"] == "succeeded"
+    assert _jpegs(prepared) in proc.stdout.splitlines()
     rows = json.loads(cli.ok("data", "ls", "--json", env=env).stdout)
     assert rows[0]["name"] == "imagenet" and rows[0]["last_staged"]["job"] == job_id
     assert rows[0]["size"]["kind"] == "shards" and rows[0]["size"]["files"] > 0
@@ -154,10 +163,10 @@ def test_a_corrupt_shard_fails_the_job_with_that_reason(cli, ct_home, prepared, 
 
 
 def test_a_path_source_on_this_machine_is_linked_not_copied(cli, ct_home, prepared):
-    job_id = cli.ok("launch", "--recipe", "imagenet", *TINY, "--set", "epochs=1", "--data",
-                    f"imagenet={prepared}", "--follow", "--quiet", env={"OMP_NUM_THREADS": "1"},
-                    timeout=300).stdout.splitlines()[0]
-    assert cli.job(job_id)["state"] == "succeeded"
+    proc = cli.ok("launch", "--data", f"imagenet={prepared}", "--follow", "--quiet", "--",
+                  "bash", "-c", COUNT, timeout=300)
+    assert cli.job(proc.stdout.splitlines()[0])["state"] == "succeeded"
+    assert _jpegs(prepared) in proc.stdout.splitlines()
     link = ct_home / "data" / "imagenet"
     assert link.is_symlink() and link.resolve() == prepared.resolve()
     gone = cli("launch", "--recipe", "imagenet", *TINY, "--data", "imagenet=/no/such/folder")
