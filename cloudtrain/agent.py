@@ -34,6 +34,10 @@ job.json keys that switch on more (absent: nothing happens):
                     idle time after the job
     results_store   an opaque grant for `agent_upload.upload_job(jobdir, grant)`, run after the
                     job ends and before the power-off wait
+    checkpoint_stream  {"settle_s", "poll_s", "start_seq", "start_slot", "attempt"}: while the
+                    job runs, each new checkpoint goes to the job store through the same grant
+                    (checkpoint_stream.Streamer, beside us); at the end one last flush, before
+                    the results. Recorded in status.json as `checkpoint_stream`
     collect_wait_s  how long to wait for the CLI's `collected` marker when there is no stored
                     copy of the results (default: shutdown_delay_s)
 """
@@ -61,6 +65,7 @@ SPOT_POLL_S = 5.0  # AWS gives two minutes' notice; checking every 5 s leaves th
 MAX_RECORDED_PIDS = 4096  # descendants written to status.json at each heartbeat
 REARM_TIMEOUT_S = 60.0
 SPOT_UPLOAD_S = 75.0  # after a spot notice: what is left of the two minutes, with a margin
+LOG_UPLOAD_S = 15.0  # of that, kept for status.json, the log and the metrics after the checkpoint
 UPLOAD_TIMEOUT_S = 1800.0  # the power-off must come even if the results store hangs
 WAIT_POLL_S = 0.5
 STAGING_STATUS = "staging-status.json"  # written by stager.py while the datasets are copied
@@ -87,6 +92,17 @@ def spot_notice(imds_url, timeout=1.0):
 
 def now():
     return time.time()
+
+
+def shipped(name):
+    """A module shipped beside this script (agent_upload, checkpoint_stream), imported by
+    name: they are ours, not the standard library's."""
+    import importlib
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module(name)
 
 
 def read_json(path, default=None):
@@ -292,6 +308,8 @@ class Agent:
         self.kill_at = None
         self.proc = None
         self.lock = threading.Lock()
+        self.streamer = None  # checkpoint_stream.Streamer, while the job runs
+        self.stream_seen = None  # its last record as written to status.json
 
     def path(self, name):
         return os.path.join(self.jobdir, name)
@@ -423,6 +441,7 @@ class Agent:
         pump = threading.Thread(target=self.pump, args=(self.proc.stdout, log), daemon=True)
         pump.start()
         threading.Thread(target=self.watch_spot, daemon=True).start()
+        self.streamer = self.start_stream()
         if self.stop_reason is not None:  # a signal arrived before the job existed
             self.request_stop(self.stop_state, self.stop_reason)
 
@@ -439,6 +458,7 @@ class Agent:
             if t >= next_beat:
                 self.beat()
                 next_beat = t + self.heartbeat_s
+            self.note_stream()
             time.sleep(POLL_S)
 
         rearming.join(REARM_TIMEOUT_S)  # its process is ours too, and must not be killed below
@@ -461,7 +481,11 @@ class Agent:
             state, reason = FAILED, staging_failure(self.jobdir) or exit_reason
         self.write_status(state=state, ended_at=now(), exit_code=exit_code, reason=reason,
                           descendants=[])
-        stored = self.store_results()
+        # The checkpoint first, then the status and logs (which then record how it went).
+        limit, t0 = self.upload_limit(), now()
+        streamed = self.finish_stream(limit)
+        stored = self.store_results(max(limit - (now() - t0), min(limit, LOG_UPLOAD_S)),
+                                    include_checkpoints=not (streamed and streamed.get("ok")))
         self.maybe_shutdown(stored)
         return 0
 
@@ -493,30 +517,98 @@ class Agent:
             self.log_line("rearm %s exited with %d%s" % (" ".join(command), proc.returncode,
                                                         (": " + " / ".join(tail)) if tail else ""))
 
-    def store_results(self):
+    def upload_limit(self):
+        """Seconds for storing the checkpoint and the results after the job: after a spot
+        notice only what is left of its two minutes."""
+        limit = as_time(self.settings.get("results_store_timeout_s"), UPLOAD_TIMEOUT_S)
+        if self.stop_state == PREEMPTED:  # AWS gives two minutes' notice, part of it spent
+            limit = min(limit, SPOT_UPLOAD_S)
+        return max(limit, 0.0)
+
+    def start_stream(self):
+        """The checkpoint streamer, when job.json asks for one and there is a grant to upload
+        with; None otherwise (said in output.log). It must never stop the job."""
+        conf = self.settings.get("checkpoint_stream")
+        if conf is None:
+            return None
+        if not isinstance(conf, dict):
+            self.log_line("checkpoint_stream in job.json is not an object: checkpoints are "
+                          "not streamed")
+            return None
+        grant = self.settings.get("results_store")
+        if not isinstance(grant, dict):
+            self.log_line("no job store to stream checkpoints to (no results_store grant): "
+                          "checkpoints are not streamed")
+            return None
+        slot = conf.get("start_slot")
+        try:
+            streamer = shipped("checkpoint_stream").Streamer(
+                self.jobdir, grant, settle_s=as_time(conf.get("settle_s"), 2.0),
+                poll_s=as_time(conf.get("poll_s"), 1.0),
+                start_seq=as_pid(conf.get("start_seq")) or 0,  # as_pid: a positive int
+                start_slot=slot if slot in ("a", "b") else None,
+                attempt=as_pid(conf.get("attempt")))
+            streamer.start()
+        except BaseException as exc:  # ImportError, a bad grant, a bug
+            self.log_line("checkpoint streaming could not start: %s: %s"
+                          % (type(exc).__name__, exc))
+            return None
+        return streamer
+
+    def note_stream(self):
+        """Record the streamer's last upload in status.json when it is a new one."""
+        if self.streamer is None:
+            return
+        last = self.streamer.last
+        if last is None or last == self.stream_seen:
+            return
+        self.stream_seen = last
+        self.write_status(checkpoint_stream=dict(last, uploads=self.streamer.uploads))
+
+    def finish_stream(self, limit):
+        """At the job's end: stop the streamer, then upload the checkpoints if they changed
+        since its last upload (the one written on SIGTERM, after a spot notice), within
+        `limit` less what the logs need after a notice. Recorded in status.json with
+        "final": true; returns that record (None without streaming)."""
+        if self.streamer is None:
+            return None
+        if self.stop_state == PREEMPTED:
+            limit = max(0.0, limit - LOG_UPLOAD_S)
+        t0 = now()
+        self.streamer.stop(timeout_s=limit)
+        rec = self.streamer.flush(max(0.0, limit - (now() - t0)), final=True)
+        rec = dict(rec, final=True, uploads=self.streamer.uploads)
+        self.write_status(checkpoint_stream=rec)
+        if rec.get("ok") and rec.get("seq") is not None:
+            self.log_line("checkpoint %s (step %s, %.1f MB) is in the job store (%.1f s)"
+                          % (rec["seq"], "unknown" if rec.get("step") is None else rec["step"],
+                             (rec.get("bytes") or 0) / 1e6, rec.get("seconds") or 0.0))
+        elif not rec.get("ok"):
+            self.log_line("the last checkpoint did not reach the job store: %s"
+                          % (rec.get("error") or "no reason given"))
+        return rec
+
+    def store_results(self, limit=None, include_checkpoints=True):
         """Upload the job's results with `agent_upload.upload_job(jobdir, grant)` (the module
-        beside this script), before the host powers off. Whatever happens is recorded in
-        status.json as `results_stored`; nothing here may stop the power-off."""
+        beside this script), before the host powers off, within `limit` seconds (default:
+        upload_limit()). Without `include_checkpoints` (the checkpoint stream stored them)
+        checkpoints/ is left out. Whatever happens is recorded in status.json as
+        `results_stored`; nothing here may stop the power-off."""
         grant = self.settings.get("results_store")
         if grant is None:
             return None
         box = {}
+        options = {} if include_checkpoints else {"include_checkpoints": False}
 
         def work():
             try:
-                here = os.path.dirname(os.path.abspath(__file__))
-                if here not in sys.path:
-                    sys.path.insert(0, here)
-                import importlib  # by name: the uploader is shipped beside us, not stdlib
-
-                box["result"] = importlib.import_module("agent_upload").upload_job(
-                    self.jobdir, grant, timeout_s=limit)
+                box["result"] = shipped("agent_upload").upload_job(
+                    self.jobdir, grant, timeout_s=limit, **options)
             except BaseException as exc:  # ImportError, SystemExit, a bug in the uploader
                 box["error"] = "%s: %s" % (type(exc).__name__, exc)
 
-        limit = as_time(self.settings.get("results_store_timeout_s"), UPLOAD_TIMEOUT_S)
-        if self.stop_state == PREEMPTED:  # AWS gives two minutes' notice, part of it spent
-            limit = min(limit, SPOT_UPLOAD_S)
+        if limit is None:
+            limit = self.upload_limit()
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
         worker.join(timeout=limit)

@@ -63,9 +63,10 @@ def safe_relpath(rel):
     return rel
 
 
-def job_files(jobdir):
+def job_files(jobdir, include_checkpoints=True):
     """[(relative path, absolute path)] in upload order, and [(relative path, reason)] for
-    what cannot be uploaded. Only regular files: a symlink could point anywhere on the host."""
+    what cannot be uploaded. Only regular files: a symlink could point anywhere on the host.
+    Without `include_checkpoints`, nothing below checkpoints/ (they were streamed)."""
     files, skipped = [], []
 
     def consider(rel, path):
@@ -85,6 +86,8 @@ def job_files(jobdir):
         if os.path.lexists(os.path.join(jobdir, name)):
             consider(name, os.path.join(jobdir, name))
     root = os.path.join(jobdir, CHECKPOINTS)
+    if not include_checkpoints:
+        return files, skipped
     if os.path.islink(root):
         skipped.append((CHECKPOINTS, "not a regular file"))
     elif os.path.isdir(root):
@@ -254,26 +257,30 @@ def _post_with_retries(grant, key, path_or_file, size, deadline):
                 source.close()
 
 
-def upload_job(jobdir, grant, timeout_s=60.0):
+def upload_job(jobdir, grant, timeout_s=60.0, include_checkpoints=True):
     """Upload `jobdir` through `grant` ({"url", "fields", "prefix", "max_bytes"?}) within
     `timeout_s` seconds. Returns {"ok", "files", "bytes", "error", "seconds"}: ok only when
-    every file that could be sent was sent and the manifest went up last. Never raises."""
+    every file that could be sent was sent and the manifest went up last. Never raises.
+    `include_checkpoints=False`: checkpoints/ is left out (the checkpoint stream stored it,
+    stream/latest.json names it); the manifest then says "checkpoints_in_stream": true."""
     started = time.time()
     result = {"ok": False, "files": 0, "bytes": 0, "error": None, "seconds": 0.0}
     try:
-        _upload(jobdir, grant, started + float(timeout_s), result)
+        _upload(jobdir, grant, started + float(timeout_s), result, include_checkpoints)
     except Exception as exc:  # the agent is powering off: report, never raise
         result["error"] = "upload failed: %s: %s" % (type(exc).__name__, exc)
     result["seconds"] = round(time.time() - started, 3)
     return result
 
 
-def _upload(jobdir, grant, deadline, result):
+def _upload(jobdir, grant, deadline, result, include_checkpoints=True):
     prefix = grant["prefix"]
     limit = min(POST_MAX_BYTES, int(grant.get("max_bytes") or POST_MAX_BYTES))
-    files, not_sent = job_files(jobdir)
+    files, not_sent = job_files(jobdir, include_checkpoints)
     manifest = {"version": MANIFEST_VERSION, "files": [],
                 "skipped": [{"path": rel, "reason": why} for rel, why in not_sent]}
+    if not include_checkpoints:
+        manifest["checkpoints_in_stream"] = True
     for rel, path in files:
         try:
             size = os.stat(path).st_size

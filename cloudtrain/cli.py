@@ -58,13 +58,21 @@ def _grace(ctx, param, value: float | None) -> float | None:
 @click.group(context_settings=CONTEXT)
 @click.option("--debug", is_flag=True, help="Show tracebacks for unexpected errors.")
 @click.version_option(package_name="cloudtrain")
-def cli(debug: bool) -> None:
+@click.pass_context
+def cli(ctx, debug: bool) -> None:
     """Run fast training recipes and your own training code on cheap GPUs.
 
     \b
     Example:
       cloudtrain launch --recipe resnet9 --profile smoke --follow
     """
+    if ctx.invoked_subcommand not in (None, "supervisor") and "--help" not in sys.argv \
+            and "-h" not in sys.argv:
+        from . import supervisor
+
+        line = supervisor.watchdog()  # recovering jobs need it running
+        if line:
+            click.echo(line, err=True)
 
 
 @cli.command()
@@ -108,6 +116,13 @@ def recipes(name: str | None) -> None:
               "(default: one per GPU on the host, one without GPUs).")
 @click.option("--spot/--on-demand", "spot", default=None,
               help="Spot (one-time, terminated on interruption) or on-demand (default).")
+@click.option("--recover/--no-recover", "recover", default=None,
+              help="Spot: on an interruption, continue on a new instance from the last "
+              "checkpoint (default for --spot; a supervisor on this machine does it).")
+@click.option("--max-restarts", type=int, metavar="N",
+              help="Spot recovery: relaunch at most N times (default 3).")
+@click.option("--fallback", type=click.Choice(["on-demand"]),
+              help="Spot recovery: take an on-demand instance when no spot capacity is left.")
 @click.option("--region", help="AWS region (default: the AWS configuration's).")
 @click.option("--ami", help="AMI id (default: the current AWS Deep Learning PyTorch AMI).")
 @click.option("--disk-gb", type=click.IntRange(min=8, max=65536),
@@ -131,7 +146,8 @@ def recipes(name: str | None) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="Print only the job id.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, gpus, procs,
-           spot, region, ami, disk_gb, max_price, keep, idle_minutes, on_job, include, data,
+           spot, recover, max_restarts, fallback, region, ami, disk_gb, max_price, keep,
+           idle_minutes, on_job, include, data,
            dry_run, resume_from, follow, quiet, command):
     """Launch a recipe, or your own command after --, and return with its job id.
 
@@ -158,7 +174,8 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
                                instance_type=instance_type, gpus=gpus, market=market,
                                region=region, ami=ami,
                                disk_gb=disk_gb, max_price=max_price, keep=keep,
-                               idle_minutes=idle_minutes, on_job=on_job))
+                               idle_minutes=idle_minutes, on_job=on_job, recover=recover,
+                               max_restarts=max_restarts, fallback=fallback))
     with _store() as store:
         if dry_run:
             click.echo(render.plan(jobs.plan(spec, store, settings)))
@@ -230,15 +247,22 @@ def status(job: str | None, as_json: bool, limit: int | None, refresh: bool) -> 
         if job:
             d = jobs.detail(store, settings, job)
             if as_json:
-                click.echo(render.detail_json(d.job, d.phases, d.log_tail, d.target, d.runs))
+                click.echo(render.detail_json(d.job, d.phases, d.log_tail, d.target, d.runs,
+                                              d.attempts, d.recovery))
             else:
                 click.echo(render.job_detail(d.job, d.phases, d.log_tail, d.target,
-                                             runs=d.runs))
+                                             runs=d.runs, attempts=d.attempts,
+                                             recovery=d.recovery))
             return
         all_jobs = jobs.refresh_all(store, settings)
         if limit:
             all_jobs = all_jobs[:limit]
         click.echo(render.jobs_json(all_jobs) if as_json else render.status_table(all_jobs))
+        if not as_json:
+            from . import supervisor
+
+            if supervisor.needed(store):
+                click.echo(render.supervisor_line(supervisor.state_of(config.home())))
 
 
 @cli.command()
@@ -557,6 +581,57 @@ def data_push(directory, url, shard_mb, workers, region) -> None:
         report = datasets.push(directory, url, shard_mb=shard_mb, workers=workers,
                                region=region, progress=progress)
     click.echo(render.push_report(report))
+
+@cli.group(name="supervisor")
+def supervisor_group() -> None:
+    """The recovery supervisor: relaunches interrupted spot jobs (started on demand).
+
+    \b
+    Examples:
+      cloudtrain supervisor status
+      cloudtrain supervisor stop
+    """
+
+
+@supervisor_group.command(name="status")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def supervisor_status(as_json: bool) -> None:
+    """Whether the supervisor runs, and what it watches."""
+    from . import supervisor
+
+    info = supervisor.state_of(config.home())
+    click.echo(render.supervisor_json(info) if as_json else render.supervisor_line(info))
+
+
+@supervisor_group.command(name="start")
+def supervisor_start() -> None:
+    """Start it now (any command starts it when a recovering job needs it)."""
+    from . import supervisor
+
+    with _store() as store:
+        line = supervisor.ensure(store)
+    info = supervisor.state_of(config.home())
+    click.echo(line or render.supervisor_line(info))
+
+
+@supervisor_group.command(name="stop")
+def supervisor_stop() -> None:
+    """Stop it (the next command restarts it while recovering jobs need it)."""
+    from . import supervisor
+
+    click.echo("stopped" if supervisor.stop(config.home()) else "not running")
+
+
+@supervisor_group.command(name="run", hidden=True)
+@click.option("--home", type=click.Path(), required=True)
+def supervisor_run(home: str) -> None:
+    """The supervisor's loop (started inside tmux by `start`)."""
+    from pathlib import Path
+
+    from . import supervisor
+
+    supervisor.run(Path(home))
+
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: one place where errors become a line of text and an exit code."""

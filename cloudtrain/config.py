@@ -166,6 +166,7 @@ class Settings:
     shutdown_command: str = "sudo shutdown -h now"  # how an instance powers itself off
     shutdown_delay_seconds: float = 60.0  # after the job, before powering off
     imds_url: str = "http://169.254.169.254"  # where spot hosts hear of their interruption
+    spot_poll_seconds: float = 5.0  # how often a spot host asks it (AWS gives 2 min notice)
     instance_wait_seconds: float = 300.0  # bounded wait for "running"
     ssh_wait_seconds: float = 300.0  # bounded wait for SSH to answer
     poll_seconds: float = 2.0  # how often those waits ask
@@ -184,6 +185,14 @@ class Settings:
     # The root volume's gp3 throughput (MB/s) for a job that copies data from S3 onto it:
     # 125 comes with the volume; more is billed (catalog.gp3_price) and speeds the copy.
     staging_disk_mbps: int = 1000
+    # Spot recovery (recovery.py, supervisor.py): how often the supervisor looks at the
+    # recovering jobs, how long a relaunch may wait for capacity somewhere, how often it
+    # asks again meanwhile, and how long a checkpoint must stay unchanged before the agent
+    # uploads it (a recipe that writes several files finishes first).
+    supervisor_poll_seconds: float = 10.0
+    recovery_wait_minutes: float = 60.0
+    recovery_retry_seconds: float = 60.0
+    checkpoint_settle_seconds: float = 2.0
 
     @classmethod
     def load(cls) -> "Settings":
@@ -263,6 +272,11 @@ LIMITS = {
     "collect_checkpoints_mb": (0, 1 << 30, False),
     "collect_wait_minutes": (0, WEEK_S / 60, False),
     "staging_disk_mbps": (125, 1000, False),
+    "supervisor_poll_seconds": (0, 3600, True),
+    "spot_poll_seconds": (0, 60, True),
+    "recovery_wait_minutes": (0, WEEK_S / 60, False),
+    "recovery_retry_seconds": (0, 86400, False),
+    "checkpoint_settle_seconds": (0, 3600, False),
 }
 
 

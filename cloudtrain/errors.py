@@ -48,5 +48,10 @@ class HostError(CloudtrainError):
     """A command on a host failed or the host could not be reached."""
 
 
+class PlacementError(CloudtrainError):
+    """The instance asked for cannot be had where it was asked for, now: no capacity in any
+    AZ, or a quota. A relaunch (recovery.py) then tries its next place or market."""
+
+
 class JobFailed(CloudtrainError):
     """The job ended in a state other than succeeded (used by `launch --follow`)."""

@@ -126,6 +126,8 @@ def clean_status(status: object) -> dict | None:
         out["interruption"] = clean_row(status.get("interruption"))
     if "results_stored" in status:
         out["results_stored"] = _results_stored(status.get("results_stored"))
+    if "checkpoint_stream" in status:  # the last checkpoint upload to the job store
+        out["checkpoint_stream"] = clean_row(status.get("checkpoint_stream"))
     return out
 
 

@@ -99,7 +99,8 @@ def session_name(job_id: str) -> str:
 def agent_files() -> list[Path]:
     """The files the agent runs from: agent.py, and beside it the uploader and the dataset
     stager (with the shard reader it imports) where the package has them."""
-    extra = [AGENT_SOURCE.with_name(n) for n in ("agent_upload.py", "stager.py", "shards.py")]
+    extra = [AGENT_SOURCE.with_name(n) for n in ("agent_upload.py", "checkpoint_stream.py",
+                                                 "stager.py", "shards.py")]
     return [AGENT_SOURCE] + [p for p in extra if p.is_file()]
 
 

@@ -21,7 +21,8 @@ from typing import Callable, Iterator
 
 from . import config, datasets, hostdata, lease, providers, state
 from .agent import metrics_tail, pid_alive, read_json
-from .errors import CloudtrainError, HostError, MissingDependency, NotFound, UsageError
+from .errors import CloudtrainError, HostError, MissingDependency, NotFound, PlacementError, \
+    UsageError
 from .hosts import Host, LocalHost, agent_dir, session_name
 from .spec import RECIPE, JobSpec
 from .state import Job, Store
@@ -75,15 +76,18 @@ def expected(spec: JobSpec, store: Store | None = None):
 
 
 def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
-               stage: list[str] | None = None) -> str:
+               stage: list[str] | None = None, restore: list[str] | None = None) -> str:
     """The job's run.sh: cd into place and exec the command (no shell quoting games in tmux).
     A torchrun recipe on `procs` > 1 processes starts under torchrun, one process per GPU
-    (`--standalone`: a private rendezvous on a free local port). `stage`: the stager's
-    command, run first: the job starts only once its data is complete."""
+    (`--standalone`: a private rendezvous on a free local port). `restore`: the command that
+    brings the last checkpoint from the job store (a relaunched spot job), and `stage`: the
+    stager's, run first in that order: the job starts only once both are complete."""
     # F1: nothing the user typed reaches this file outside shlex.quote; the one line that
     # names the job is JSON (newlines and control characters escaped) inside a comment.
     lines = ["#!/usr/bin/env bash", "set -e",
              "# cloudtrain job: " + json.dumps(spec.display())]
+    if restore:
+        lines.append(shlex.join(restore))
     if stage:
         lines.append(shlex.join(stage))
     if spec.kind == RECIPE:
@@ -115,13 +119,18 @@ def _warn_about_workdir(workdir: Path, say: Callable[[str], None] | None) -> Non
             "is sent to the host (credential files and cloudtrain's state excepted)")
 
 
-def job_environment(job_id: str, data_dir: str, host: Host, gpus: int = 0, procs: int = 1
-                    ) -> dict:
+def job_environment(job_id: str, data_dir: str, host: Host, gpus: int = 0, procs: int = 1,
+                    jobdir: str | None = None, attempt: int = 1) -> dict:
     """Environment for the job. On this machine the tmux server may be older than this
     shell, so what the job needs from the launching environment (PATH with its virtualenv)
-    is passed here; a remote host keeps its own."""
+    is passed here; a remote host keeps its own. CLOUDTRAIN_CHECKPOINT_DIR is where the job
+    saves its checkpoints (a relaunched spot job finds its last one there, restored before
+    it starts); CLOUDTRAIN_ATTEMPT counts the job's instances (1, then 2 after a relaunch)."""
     env = {"CLOUDTRAIN_JOB_ID": job_id, "CLOUDTRAIN_DATA_DIR": data_dir,
-           "CLOUDTRAIN_GPUS": str(gpus), "CLOUDTRAIN_PROCS": str(procs)}
+           "CLOUDTRAIN_GPUS": str(gpus), "CLOUDTRAIN_PROCS": str(procs),
+           "CLOUDTRAIN_ATTEMPT": str(attempt)}
+    if jobdir:
+        env["CLOUDTRAIN_CHECKPOINT_DIR"] = f"{jobdir}/checkpoints"
     if isinstance(host, LocalHost):
         for key in ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX"):
             if key in os.environ:
@@ -152,25 +161,56 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
     job = store.create_job(name=spec.name, kind=spec.kind, recipe=spec.recipe,
                            command=spec.display(), backend=spec.backend, spec=spec.to_dict(),
                            launcher=f"{socket.gethostname()}:{os.getpid()}")
+    if spec.recover:
+        from . import recovery
+
+        recovery.begin(store, job, spec)
     try:
         # The cleanup runs inside the signal guard too: a second SIGTERM is noted, not obeyed,
         # from the first signal to the end of the cleanup.
         with lease.renewing(store.path, job.id), lease.signals_interrupt():
-            try:
-                _, started, detail = _launch_steps(store, settings, spec, provider, job,
-                                                   source, kept, say, found)
-                # With data to stage, the job runs once the stager says it is complete
-                # (refresh moves it on, at the stager's own clock).
-                _advance(store, job.id, state.STAGING if found else state.RUNNING,
-                         detail=datasets.staging_line(spec) if found else detail, at=started)
-            except BaseException as exc:
-                _abort_launch(store, settings, provider, job, _open_hosts.get(job.id), exc)
-                if isinstance(exc, (KeyboardInterrupt, CloudtrainError)):
-                    raise
-                raise CloudtrainError(f"launch of job {job.id} failed: {exc}") from exc
+            start_attempt(store, settings, spec, provider, job, say, found, source, kept)
     finally:
         store.update_job(job.id, lease_until=None)
-    return store.job(job.id)
+    job = store.job(job.id)
+    if spec.recover and job.active:
+        from . import supervisor
+
+        line = supervisor.ensure(store, settings)
+        if line and say is not None:
+            say(line)
+    return job
+
+
+def start_attempt(store: Store, settings: config.Settings, spec: JobSpec, provider, job: Job,
+                  say: Callable[[str], None] | None = None, found: list | None = None,
+                  source: Job | None = None, kept: Job | None = None) -> None:
+    """One attempt at the job: provision, sync, set up, start. A failure releases what it
+    started, and fails the job (raised), unless a spot interruption took the instance of a
+    recovering job (it goes to `recovering`, returned). A relaunch's PlacementError (no
+    capacity or quota here) is raised before anything was created: the caller tries the next
+    place."""
+    try:
+        _, started, detail = _launch_steps(store, settings, spec, provider, job,
+                                           source, kept, say, found)
+        # With data to stage, the job runs once the stager says it is complete
+        # (refresh moves it on, at the stager's own clock).
+        _advance(store, job.id, state.STAGING if found else state.RUNNING,
+                 detail=datasets.staging_line(spec) if found else detail, at=started)
+        if spec.recover:
+            from . import recovery
+
+            recovery.started(store, job.id, spec.attempt, started)
+    except BaseException as exc:
+        if isinstance(exc, PlacementError) and spec.attempt > 1:
+            raise  # nothing was created here; the relaunch tries its next place
+        if _abort_launch(store, settings, provider, job, _open_hosts.get(job.id), exc):
+            if say is not None:
+                say(f"job {job.id}: {store.job(job.id).reason}")
+            return
+        if isinstance(exc, (KeyboardInterrupt, CloudtrainError)):
+            raise
+        raise CloudtrainError(f"launch of job {job.id} failed: {exc}") from exc
 
 
 def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provider, job: Job,
@@ -185,6 +225,10 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
     else:
         host = provider.acquire(store, job, spec)
     _open_hosts[job.id] = host
+    if spec.recover:
+        from . import recovery
+
+        recovery.placed(store, job.id, spec.attempt)
     jobdir = provider.jobdir(job.id, host)
     store.update_job(job.id, host=host.describe(), jobdir=jobdir)
     like = _remote_jobdir(kept) if kept is not None else None
@@ -237,13 +281,30 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
         host.write_text(f"{jobdir}/{datasets.PLAN_FILE}", json.dumps(plan))
         stage = [host.python, f"{agent_dir(jobdir)}/stager.py", f"{jobdir}/{datasets.PLAN_FILE}",
                  f"{jobdir}/{datasets.STATUS_FILE}"]
-    host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python, procs, stage))
+    restore, stream_from = _restore_step(store, spec, provider, job, host, jobdir)
+    host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python, procs, stage,
+                                                   restore))
     shutdown_command, shutdown_delay = provider.shutdown(spec)
     grant, note = provider.results_grant(store, job, spec)
     if note:  # where the results go when nobody is watching, or what is lost without it
         store.add_event(job.id, "results-store", detail=note)
         if say is not None:
             say(note)
+    stream = None
+    if spec.recover:
+        if grant is None:
+            warning = ("WARNING: no job store, so no checkpoint outlives the instance: a "
+                       "relaunch after an interruption starts this job over")
+            store.add_event(job.id, "checkpoints", detail=warning)
+            if say is not None:
+                say(warning)
+        else:
+            # The agent uploads each new checkpoint to the job store as it is written.
+            stream = {"settle_s": settings.checkpoint_settle_seconds,
+                      "poll_s": min(1.0, max(0.05, settings.checkpoint_settle_seconds / 2)),
+                      "start_seq": (stream_from or {}).get("seq") or 0,
+                      "start_slot": (stream_from or {}).get("slot"), "attempt": spec.attempt}
+            store.update_job(job.id, host={**host.describe(), "checkpoint_stream": True})
     host.write_text(f"{jobdir}/job.json", json.dumps({
         "job_id": job.id,
         "max_runtime_s": spec.max_runtime_s,
@@ -253,14 +314,42 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
         "shutdown_delay_s": shutdown_delay,
         # Without a stored copy the power-off waits (bounded) for the CLI to collect.
         "collect_wait_s": max(shutdown_delay, settings.collect_wait_minutes * 60),
-        "env": job_environment(job.id, data_dir, host, gpus, procs),
+        "env": job_environment(job.id, data_dir, host, gpus, procs, jobdir, spec.attempt),
         "results_store": grant,
+        **({"checkpoint_stream": stream} if stream else {}),
         **provider.agent_settings(spec),
     }, indent=1))
 
     started = time.time()  # the job runs from here on: start_agent waits for the agent's word
     host.start_agent(job.id, jobdir)
     return host, started, (f"{procs} processes under torchrun" if procs > 1 else None)
+
+
+RESTORE_PLAN = "restore.json"  # on the host: the checkpoint to fetch before the job starts
+RESTORE_STATUS = "restore-status.json"
+
+
+def _restore_step(store: Store, spec: JobSpec, provider, job: Job, host: Host, jobdir: str
+                  ) -> tuple[list[str] | None, dict | None]:
+    """A relaunched job's last checkpoint: the plan (presigned GETs from the job store) goes
+    to the host, run.sh fetches it (checked) before the job starts, and a recipe is told to
+    resume. Returns (the restore command, the checkpoint it restores) or (None, None) when
+    there is nothing to restore: the job starts over."""
+    if not spec.recover or spec.attempt < 2:
+        return None, None
+    from . import recovery
+
+    plan = provider.checkpoint_plan(store, job, spec.max_runtime_s + 3600)
+    if not plan:
+        store.add_event(job.id, "restore", detail=f"attempt {spec.attempt}: no checkpoint in "
+                                                  "the job store, the job starts over")
+        return None, None
+    host.write_text(f"{jobdir}/{RESTORE_PLAN}", json.dumps(plan))
+    if recovery.resumable(spec):
+        spec.args = {**spec.args, "resume": True}
+    recovery.resuming(store, job.id, spec.attempt, plan)
+    return [host.python, f"{agent_dir(jobdir)}/checkpoint_stream.py", "restore",
+            f"{jobdir}/{RESTORE_PLAN}", jobdir], plan
 
 
 class LaunchCancelled(CloudtrainError):
@@ -337,8 +426,13 @@ def _abort_launch(store, settings, provider, job, host, exc) -> None:
     """Undo a launch that cannot finish: stop the agent if it started, release the host
     (terminating any instance), and record why. Nothing interrupts this (F15: a second
     Ctrl-C once stopped the termination half-way); a failure to release is recorded and
-    raised, naming the command that finishes the job."""
+    raised, naming the command that finishes the job. Returns True when the job goes on: a
+    spot interruption took the instance of a recovering job (during sync, say), which then
+    waits in `recovering` for the supervisor's relaunch."""
     interrupted = isinstance(exc, KeyboardInterrupt)
+    if not interrupted and not isinstance(exc, LaunchCancelled) and \
+            _spot_taken(store, settings, provider, job, exc):
+        return True
     message = exc.message if isinstance(exc, CloudtrainError) else str(exc)
     if isinstance(exc, lease.LaunchInterrupted):
         reason = f"interrupted during launch ({exc.signame})"
@@ -370,6 +464,34 @@ def _abort_launch(store, settings, provider, job, host, exc) -> None:
         raise CloudtrainError(
             f"job {job.id}: its instance may still be running ({reason.splitlines()[0]})",
             hint=f"cloudtrain down {job.id} (it terminates by record and by tag)")
+    return False
+
+
+def _spot_taken(store, settings, provider, job, exc) -> bool:
+    """A recovering job whose spot instance EC2 took back while it was being set up: the
+    attempt ends as interrupted and the job is relaunched (or fails, restarts used up)."""
+    from . import recovery
+
+    current = store.job(job.id)
+    if not recovery.recoverable(current) or current.state == state.PENDING:
+        return False
+    try:
+        states = provider.instance_states(store, current)
+    except Exception:  # the cloud cannot say: an ordinary launch failure
+        return False
+    if not _spot_reason(states):
+        return False
+    store.rollback()
+    phase = current.state
+    recovery.interrupted(store, settings, current, None,
+                         f"spot instance interrupted during {phase}", host_alive=False)
+    return True
+
+
+def _spot_reason(states: dict) -> bool:
+    return any(s["state"] in ("shutting-down", "terminated") and
+               ("Spot" in s.get("reason", "") or "Spot" in s.get("message", ""))
+               for s in states.values())
 
 
 # -- observing -----------------------------------------------------------------------------------
@@ -406,6 +528,8 @@ def _forget_host(job_id: str) -> None:
 
 def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
     """Bring an active job's record up to date from its host (one probe round trip)."""
+    if job.state == state.RECOVERING:  # the supervisor's to relaunch
+        return job
     if job.active and job.state not in (state.RUNNING, state.STAGING):
         return _check_launcher(store, job)
     if not job.active or not job.jobdir:
@@ -413,7 +537,7 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
     try:
         report = host_of(job).probe_job(job.jobdir, settings.stale_after_seconds)
     except HostError as exc:
-        return _host_lost(store, job, exc)
+        return _host_lost(store, settings, job, exc)
     fields = {}
     if (job.reason or "").startswith(UNREACHABLE):  # it answers again
         fields["reason"] = None
@@ -429,6 +553,15 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
         if _record_staged(store, job, staging):  # the data is complete: the job itself runs
             fields["metrics"] = report.get("metrics") or None
     agent_state = status.get("state")
+    if agent_state == state.PREEMPTED and (job.spec or {}).get("recover"):
+        from . import recovery
+
+        if not recovery.drained(job, status):  # the notice's checkpoint is on its way up
+            store.update_job(job.id, reason="spot interruption notice: uploading the "
+                                            "checkpoint", **fields)
+            return store.job(job.id)
+        return recovery.interrupted(store, settings, job, status, "spot interruption notice",
+                                    host_alive=True)
     if agent_state in state.TERMINAL_STATES:
         # Only the process that records the end collects and releases: two collecting at
         # once would race on the same files, and one releasing under the other cut it short.
@@ -456,7 +589,7 @@ def _record_staged(store: Store, job: Job, staging: dict | None) -> bool:
                            detail=datasets.staged_line(staging), expect=state.STAGING)
 
 
-def _host_lost(store: Store, job: Job, exc: HostError) -> Job:
+def _host_lost(store: Store, settings: config.Settings, job: Job, exc: HostError) -> Job:
     """The job's host does not answer. If the cloud says its instance is gone, so is the job:
     its true outcome and files are then read from the job store (the agent put them there
     before the power-off); without them it is preempted (a spot interruption took it) or
@@ -478,6 +611,14 @@ def _host_lost(store: Store, job: Job, exc: HostError) -> Job:
                                         f"({store_exc.message}): status tries again")
         return store.job(job.id)
     spot = any("Spot" in s["reason"] or "Spot" in s["message"] for s in states.values())
+    if (job.spec or {}).get("recover") and (status.get("state") == state.PREEMPTED or (
+            spot and status.get("state") != state.SUCCEEDED)):
+        from . import recovery
+
+        why = "spot interruption notice" if status.get("state") == state.PREEMPTED else \
+            "spot instance interrupted without a notice"
+        return recovery.interrupted(store, settings, store.job(job.id), status, why,
+                                    host_alive=False)
     # The stored status is the agent's word, unless EC2 took a spot instance back under a
     # job that had not finished: then the agent saw only a signal (the shutdown's SIGTERM, or
     # SIGHUP as tmux went) and EC2 knows why.
@@ -554,6 +695,11 @@ def _check_launcher(store: Store, job: Job) -> Job:
         not (here and not died)
     if not (died or expired):
         return job
+    from . import recovery
+
+    relaunch = recovery.launcher_died(store, job)
+    if relaunch is not None:  # the supervisor died mid-relaunch: its restart goes on
+        return relaunch
     reason = f"the launching process died during {job.state}" if died else \
         f"the launch stopped answering during {job.state} (its lease expired)"
     if store.set_state(job.id, state.FAILED, reason=reason, detail=reason, expect=job.state):
@@ -602,6 +748,10 @@ def _finish(store: Store, job: Job, collect: bool = True, force: bool = False) -
             _collect_from_store(store, store.job(job.id))
     finally:
         providers.get(job.backend).release(store, store.job(job.id), force=force)
+        if not store.job(job.id).active:
+            from . import recovery
+
+            recovery.close(store, store.job(job.id))
     settle_cost(store, store.job(job.id))
 
 
@@ -965,6 +1115,8 @@ class Detail:
     log_tail: bytes  # the last lines of output
     target: dict | None  # the recipe's target_reached row, if it was reached
     runs: dict | None = None  # the recipe's runs_summary row (`--set runs=N`), once written
+    attempts: list | None = None  # a recovering job's attempts (recovery.summary)
+    recovery: dict | None = None  # what its interruptions cost (recovery.recovery_cost)
 
 
 def detail(store: Store, settings: config.Settings, ref: str, tail_lines: int = 10) -> Detail:
@@ -977,4 +1129,8 @@ def detail(store: Store, settings: config.Settings, ref: str, tail_lines: int = 
             log_tail, _ = host.tail(f"{job.jobdir}/output.log", tail_lines)
         except HostError as exc:  # the instance is gone and its files were not collected
             log_tail = f"(output not available: {exc.message})\n".encode()
-    return Detail(job, timeline(store, job), log_tail, probe.get("target"), probe.get("runs"))
+    from . import recovery
+
+    attempts = recovery.summary(store, job)
+    return Detail(job, timeline(store, job), log_tail, probe.get("target"), probe.get("runs"),
+                  attempts, recovery.recovery_cost(attempts) if attempts else None)

@@ -6,12 +6,19 @@
     credential_expiry(session)            when the credentials that sign a grant end
     fetch(s3, bucket, job, dir, limit)    the stored files, validated, into a local directory
     delete_job(s3, bucket, job)           every object under the job's prefix
+    latest_checkpoint(s3, bucket, job)    the streamed checkpoint that stream/latest.json names
+    restore_plan(s3, bucket, job, m, s)   that checkpoint as presigned GETs, for the new instance
 
 Layout: `jobs/<job_id>/<path in the job directory>`, and `jobs/<job_id>/manifest.json`
 written last by the uploader (cloudtrain/agent_upload.py, on the instance) as the sign that
 the upload is complete. The instance holds no AWS keys: the grant is an S3 presigned POST
 whose signed policy allows keys under the job's prefix only, each at most `max_bytes`, until
 it expires (no IAM role to create, no iam:PassRole needed).
+
+`jobs/<job_id>/stream/` is the checkpoint stream (cloudtrain/checkpoint_stream.py): two slots
+`stream/a/`, `stream/b/` and `stream/latest.json` naming the one that holds a complete
+snapshot. fetch() leaves it alone, except that when the upload's manifest says the
+checkpoints went there (`checkpoints_in_stream`) it brings them from the named slot.
 
 Nothing read from the bucket is trusted: whoever held the grant could have written any key
 under the prefix with any content until it expired. Keys are checked as untrusted paths,
@@ -31,10 +38,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .agent_upload import MANIFEST, POST_MAX_BYTES, safe_relpath
+from . import checkpoint_stream
+from .agent_upload import CHECKPOINTS, MANIFEST, POST_MAX_BYTES, safe_relpath
 from .errors import CloudtrainError, UsageError
 
 PREFIX = "jobs/"
+STREAM = checkpoint_stream.STREAM  # "stream/": the checkpoint stream, below the job's prefix
+LATEST_MAX_BYTES = checkpoint_stream.MANIFEST_MAX_BYTES  # stream/latest.json
 TAG_OWNER = "cloudtrain:owner"  # the same tag key as every other cloudtrain resource
 # SigV4 signatures last at most 7 days; the same bound is kept for POST policies.
 GRANT_MAX_S = 7 * 24 * 3600
@@ -48,6 +58,16 @@ MISSING = {"404", "NoSuchBucket", "NotFound"}
 FORBIDDEN = {"403", "AccessDenied", "Forbidden"}
 
 
+class StreamError(CloudtrainError):
+    """The checkpoint stream's latest.json, or the snapshot it names, does not check out."""
+
+    def __init__(self, reason: str):
+        reason = " ".join(str(reason).split())[:500]  # one line, whatever the bucket held
+        super().__init__(f"the job store's checkpoint cannot be used: {reason}",
+                         hint="the job can start over without it")
+        self.reason = reason
+
+
 @dataclass
 class FetchResult:
     complete: bool = False  # the manifest was there and valid: the upload had finished
@@ -55,6 +75,7 @@ class FetchResult:
     bytes: int = 0  # their total size
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (key or path, why not)
     uploaded_at: float | None = None  # from the manifest
+    streamed: int | None = None  # checkpoints_in_stream: the seq of the snapshot they came from
 
     @property
     def found(self) -> bool:
@@ -229,10 +250,14 @@ def fetch(s3, bucket: str, job_id: str, local_dir: Path, limit_bytes: int, *,
     if not stored:
         return result
     wanted = stored
+    keys = {}  # relative path -> its key, where that is not prefix + path (a streamed one)
     if MANIFEST in stored:
-        listed = _read_manifest(s3, bucket, prefix, stored.pop(MANIFEST), expected_owner, result)
+        listed, in_stream = _read_manifest(s3, bucket, prefix, stored.pop(MANIFEST),
+                                           expected_owner, result)
         if listed is not None:
             wanted = _against_manifest(stored, listed, result)
+        if in_stream and (only is None or any(o.startswith(CHECKPOINTS) for o in only)):
+            _streamed(s3, bucket, job_id, expected_owner, wanted, keys, result)
     local = Path(local_dir)
     local.mkdir(parents=True, exist_ok=True)
     root = os.path.realpath(local)
@@ -257,7 +282,7 @@ def fetch(s3, bucket: str, job_id: str, local_dir: Path, limit_bytes: int, *,
             os.makedirs(os.path.dirname(target), exist_ok=True)
             if _inside(root, rel) != target:  # a folder made just now is not a link elsewhere
                 raise OSError("path changed")
-            s3.download_file(bucket, prefix + rel, partial, Config=transfer,
+            s3.download_file(bucket, keys.get(rel, prefix + rel), partial, Config=transfer,
                              ExtraArgs=_expected(expected_owner), Callback=_SizeGuard(size))
             why = _verify(partial, size, digest)
             if why is None:
@@ -327,22 +352,27 @@ def _list(s3, bucket, prefix, expected_owner, result: FetchResult) -> dict[str, 
     stored: dict[str, tuple] = {}
     try:
         for key, size in _keys(s3, bucket, prefix, expected_owner):
+            rel = key[len(prefix):]
+            if rel.startswith(STREAM):
+                continue  # the checkpoint stream: latest_checkpoint reads it
             if len(stored) >= MAX_OBJECTS:
                 result.skipped.append((prefix, f"more than {MAX_OBJECTS} objects: the rest"))
                 break
-            stored[key[len(prefix):]] = (size, None)
+            stored[rel] = (size, None)
     except ClientError as exc:
         if _code(exc) != "NoSuchBucket":
             raise
     return stored
 
 
-def _read_manifest(s3, bucket, prefix, entry, expected_owner, result) -> dict | None:
-    """{relative path: (size, sha256)} from the manifest, or None (and why in skipped)."""
+def _read_manifest(s3, bucket, prefix, entry, expected_owner, result
+                   ) -> tuple[dict | None, bool]:
+    """({relative path: (size, sha256)} from the manifest, or None (and why in skipped);
+    whether it says the checkpoints are in the stream)."""
     size = entry[0]
     if size > MANIFEST_MAX_BYTES:
         result.skipped.append((MANIFEST, f"{size} bytes: too large for a manifest"))
-        return None
+        return None, False
     body = s3.get_object(Bucket=bucket, Key=prefix + MANIFEST,
                          **_expected(expected_owner))["Body"]
     try:
@@ -355,11 +385,12 @@ def _read_manifest(s3, bucket, prefix, entry, expected_owner, result) -> dict | 
                 raise ValueError(f"bad entry {item!r:.200}")
             listed[path] = (nbytes, digest)
         uploaded_at = doc.get("uploaded_at")
+        in_stream = doc.get("checkpoints_in_stream") is True
         not_uploaded = [(item["path"], item["reason"]) for item in doc.get("skipped", [])
                         if isinstance(item.get("path"), str) and isinstance(item.get("reason"), str)]
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         result.skipped.append((MANIFEST, f"invalid manifest: {exc}"))
-        return None
+        return None, False
     finally:
         body.close()
     result.complete = True
@@ -367,7 +398,111 @@ def _read_manifest(s3, bucket, prefix, entry, expected_owner, result) -> dict | 
     result.skipped.extend((path[:300], f"not uploaded: {reason[:200]}")
                           for path, reason in not_uploaded)
     result.uploaded_at = float(uploaded_at) if isinstance(uploaded_at, (int, float)) else None
-    return listed
+    return listed, in_stream
+
+
+def _streamed(s3, bucket, job_id, expected_owner, wanted: dict, keys: dict,
+              result: FetchResult) -> None:
+    """The checkpoints the agent streamed instead of uploading them with the results: those
+    of the snapshot stream/latest.json names, added to `wanted` (verified like the rest)."""
+    try:
+        manifest = latest_checkpoint(s3, bucket, job_id, expected_owner=expected_owner)
+    except StreamError as exc:
+        result.skipped.append((CHECKPOINTS + "/", f"streamed, but {exc.reason}"))
+        return
+    if manifest is None:
+        return  # the job wrote no checkpoint
+    stream = f"{PREFIX}{job_id}/{STREAM}{manifest['slot']}/"
+    for item in manifest["files"]:
+        if item["path"].startswith(CHECKPOINTS + "/"):
+            wanted[item["path"]] = (item["size"], item["sha256"])
+            keys[item["path"]] = stream + item["path"]
+    result.streamed = manifest["seq"]
+
+
+def latest_checkpoint(s3, bucket: str, job_id: str, expected_owner: str | None = None
+                      ) -> dict | None:
+    """The checkpoint stream's manifest (stream/latest.json), checked field by field and
+    against the objects of the slot it names (one listing): every file there, at its size.
+    None when there is no latest.json; StreamError when it or its snapshot does not check
+    out. Contents are checked (sha256) by whoever downloads them."""
+    from botocore.exceptions import ClientError
+
+    _check_job_id(job_id)
+    stream = f"{PREFIX}{job_id}/{STREAM}"
+    try:
+        obj = s3.get_object(Bucket=bucket, Key=stream + checkpoint_stream.LATEST,
+                            **_expected(expected_owner))
+    except ClientError as exc:
+        if _code(exc) in ("NoSuchKey", "NoSuchBucket", "404", "NotFound"):
+            return None
+        raise
+    body = obj["Body"]
+    try:
+        if int(obj.get("ContentLength") or 0) > LATEST_MAX_BYTES:
+            raise StreamError(f"latest.json is {obj['ContentLength']} bytes, more than "
+                              f"{LATEST_MAX_BYTES}")
+        data = body.read(LATEST_MAX_BYTES + 1)
+    finally:
+        body.close()
+    manifest = parse_manifest(data, job_id)
+    slot = f"{stream}{manifest['slot']}/"
+    stored: dict[str, int] = {}
+    for key, size in _keys(s3, bucket, slot, expected_owner):
+        if len(stored) >= MAX_OBJECTS:
+            break
+        stored[key[len(slot):]] = size
+    for item in manifest["files"]:
+        if item["path"] not in stored:
+            raise StreamError(f"checkpoint {manifest['seq']}: {item['path']!r} is not stored "
+                              f"in slot {manifest['slot']}")
+        if stored[item["path"]] != item["size"]:
+            raise StreamError(f"checkpoint {manifest['seq']}: {item['path']!r} is stored with "
+                              f"{stored[item['path']]} bytes, not {item['size']}")
+    return manifest
+
+
+MANIFEST_KEYS = ("version", "job_id", "seq", "slot", "files", "step", "epoch", "step_source",
+                 "taken_at", "uploaded_at", "upload_seconds", "bytes", "attempt", "final")
+
+
+def parse_manifest(data: bytes, job_id: str) -> dict:
+    """stream/latest.json's bytes as a manifest dict (its known keys only), or StreamError."""
+    if len(data) > LATEST_MAX_BYTES:
+        raise StreamError(f"latest.json is more than {LATEST_MAX_BYTES} bytes")
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise StreamError(f"latest.json is not JSON: {exc}") from None
+    why = checkpoint_stream.check_manifest(doc)
+    if why is not None:
+        raise StreamError(f"latest.json: {why}")
+    if doc["job_id"] != job_id:
+        raise StreamError(f"latest.json is job {doc['job_id']!r}'s, not {job_id}'s")
+    manifest = {k: doc.get(k) for k in MANIFEST_KEYS}
+    manifest["files"] = [{"path": f["path"], "size": f["size"], "sha256": f["sha256"]}
+                         for f in doc["files"]]
+    return manifest
+
+
+def restore_plan(s3, bucket: str, job_id: str, manifest: dict, expires_s: float,
+                 timeout_s: float = checkpoint_stream.RESTORE_TIMEOUT_S) -> dict:
+    """`manifest` (from latest_checkpoint) as the plan checkpoint_stream.restore takes on the
+    new instance: each file with "url", a presigned GET of its object (valid `expires_s`,
+    at most 7 days: SigV4's limit), and "timeout_s" for the whole restore. The instance needs
+    no AWS credentials. A URL signed with temporary credentials dies with them."""
+    _check_job_id(job_id)
+    why = checkpoint_stream.check_manifest(manifest)
+    if why is not None:
+        raise StreamError(why)
+    expires = int(max(1, min(float(expires_s), GRANT_MAX_S)))
+    slot = f"{PREFIX}{job_id}/{STREAM}{manifest['slot']}/"
+    plan = dict(manifest)
+    plan["files"] = [dict(item, url=s3.generate_presigned_url(
+        "get_object", Params={"Bucket": bucket, "Key": slot + item["path"]},
+        ExpiresIn=expires)) for item in manifest["files"]]
+    plan["timeout_s"] = float(timeout_s)
+    return plan
 
 
 def _against_manifest(stored: dict, listed: dict, result: FetchResult) -> dict:

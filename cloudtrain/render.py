@@ -146,17 +146,21 @@ def jobs_json(jobs: list[Job]) -> str:
 
 
 def detail_json(job: Job, phases, log_tail: bytes, target: dict | None,
-                runs: dict | None = None) -> str:
+                runs: dict | None = None, attempts: list[dict] | None = None,
+                recovery: dict | None = None) -> str:
     data = job_json(job)
     data["timeline"] = [dataclasses.asdict(p) for p in phases]
     data["target"] = target
     data["runs"] = runs
+    data["attempts"] = attempts or []
+    data["recovery"] = recovery
     data["log_tail"] = log_tail.decode("utf-8", "replace")
     return json.dumps(data, indent=1)
 
 
 def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
-               now: float | None = None, runs: dict | None = None) -> str:
+               now: float | None = None, runs: dict | None = None,
+               attempts: list[dict] | None = None, recovery: dict | None = None) -> str:
     now = time.time() if now is None else now
     out = [f"job {job.id}" + (f" ({job.name})" if job.name else ""),
            f"  what      {job.command}",
@@ -205,6 +209,8 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                    f"reached {pct(runs.get('target'))}")
     if job.jobdir:
         out.append(f"  jobdir    {job.jobdir}")
+    if attempts and (len(attempts) > 1 or (job.spec or {}).get("recover")):
+        out += attempts_lines(attempts, recovery or {})
     out.append("  timeline")
     for ph in phases:
         took = "" if ph.name in ("succeeded", "failed", "cancelled", "preempted") else (
@@ -216,6 +222,55 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
         text = log_tail.decode("utf-8", "replace").rstrip("\n")
         out += ["    " + line for line in text.splitlines()]
     return "\n".join(out)
+
+
+ATTEMPTS_HEADER = ["#", "INSTANCE", "AZ", "MARKET", "STARTED", "ENDED", "OUTCOME",
+                   "RESUMED AT", "LAST STEP", "REDONE", "COST"]
+
+
+def attempts_lines(rows: list[dict], totals: dict) -> list[str]:
+    """A recovering job's attempts: where each ran, how it ended, the step it resumed from,
+    the steps redone after it, and what it cost."""
+    redone = totals.get("redone_steps") or 0
+    head = (f"  attempts  {len(rows)}: {totals.get('interruptions', 0)} interrupted"
+            + (f", {redone} steps redone (about {money4(totals.get('redone_usd'))})"
+               if redone else ", no work redone"))
+    table_rows = []
+    for r in rows:
+        step = r.get("resumed_step")
+        table_rows.append([
+            str(r.get("attempt")), _shown(r.get("instance")), _shown(r.get("zone")),
+            _shown(r.get("market")), clock(r.get("started_at")),
+            clock(r.get("ended_at")) if r.get("ended_at") else "-",
+            _shown(r.get("outcome")),
+            "-" if r.get("resumed_checkpoint") is None else
+            (f"step {step}" if step is not None else f"ckpt {r['resumed_checkpoint']}"),
+            _shown(r.get("last_step")), _shown(r.get("redone_steps")),
+            money4(r.get("usd")) if r.get("usd") is not None else "-"])
+    lines = [head] + ["    " + line for line in table(table_rows, ATTEMPTS_HEADER).splitlines()]
+    for r in rows:
+        if r.get("reason") and r.get("outcome") == "interrupted":
+            lines.append(f"    {r['attempt']}: {_shown_long(r['reason'])}")
+    return lines
+
+
+def _shown_long(text) -> str:
+    return "".join(c if c.isprintable() else " " for c in str(text)[:300])
+
+
+def supervisor_line(info: dict) -> str:
+    if not info.get("running"):
+        return "supervisor: NOT running (any cloudtrain command restarts it while a recovering " \
+               "job needs it)"
+    beat = info.get("heartbeat_at")
+    seen = f", last round {age(beat, time.time())} ago" if _finite(beat) is not None else ""
+    return (f"supervisor: running (pid {info.get('pid')}, watching {info.get('watching') or 0} "
+            f"job(s){seen}; tmux -L {info.get('tmux_socket') or 'cloudtrain'} attach -t "
+            f"{info.get('session')})")
+
+
+def supervisor_json(info: dict) -> str:
+    return json.dumps(info, indent=1)
 
 
 def _staged_size(info) -> str:

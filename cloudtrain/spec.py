@@ -24,7 +24,11 @@ AMI_PATTERN = re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?")
 # The flag each placement key comes from, for messages.
 FLAGS = {"instance_type": "--instance", "region": "--region", "ami": "--ami",
          "disk_gb": "--disk-gb", "max_price": "--max-price", "keep": "--keep",
-         "idle_minutes": "--idle-minutes", "on_job": "--on", "gpus": "--gpus"}
+         "idle_minutes": "--idle-minutes", "on_job": "--on", "gpus": "--gpus",
+         "recover": "--recover/--no-recover", "max_restarts": "--max-restarts",
+         "fallback": "--fallback"}
+MAX_RESTARTS = 100
+FALLBACKS = ("on-demand",)
 
 
 @dataclass
@@ -64,6 +68,17 @@ class JobSpec:
     staging: dict = field(default_factory=dict)
     disk_mbps: int | None = None  # the root volume's provisioned gp3 MB/s (None: its own 125)
     staging_allowance_s: float = 0.0  # added to max_runtime_s for the data copy (preflight)
+    # Spot recovery (recovery.py): on an interruption the job continues on a new instance
+    # from its last checkpoint, at most max_restarts times; `fallback` "on-demand" lets a
+    # relaunch that finds no spot capacity anywhere take an on-demand instance.
+    recover: bool = False
+    max_restarts: int = 3
+    fallback: str | None = None
+    # Set for each (re)launch, not by the user: the attempt's number and the AZs it tries
+    # last (the one that was just interrupted).
+    attempt: int = 1
+    avoid_zones: list[str] = field(default_factory=list)
+    store_region: str | None = None  # the job store's region: the first attempt's
 
     def display(self) -> str:
         """One line saying what runs: `resnet9 (smoke)` or the command."""
@@ -138,6 +153,8 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
     placement = {k: v for k, v in (placement or {}).items() if v is not None}
     _check_inputs(dict(recipe=recipe, profile=profile, workdir=workdir, name=name,
                        backend=backend, resume_from=resume_from), placement, include)
+    recovery = {k: placement.pop(k) for k in ("recover", "max_restarts", "fallback")
+                if k in placement}
     gpus = placement.pop("gpus", None)
     if gpus:
         if placement.get("instance_type"):
@@ -152,6 +169,10 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
         placement.setdefault("market", settings.market)
         if on_job:
             placement["on_job"] = on_job
+        placement.update(_recovery(recovery, placement["market"], on_job))
+    elif recovery:
+        raise UsageError(f"{FLAGS[sorted(recovery)[0]]} applies to cloud backends (spot "
+                         f"instances), not {backend}")
     elif on_job or set(placement) - {"keep"} or placement.get("keep"):
         key = "on_job" if on_job else sorted(placement)[0]
         flag = f"--{placement[key]}" if key == "market" else FLAGS[key]
@@ -216,6 +237,33 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
     return JobSpec(kind=COMMAND, backend=backend, name=name, command=list(command),
                    workdir=workdir_path, max_runtime_s=float(minutes) * 60,
                    include=list(include), **placement)
+
+
+def _recovery(given: dict, market: str, on_job: str | None) -> dict:
+    """Spot jobs recover by default; on-demand ones are not interrupted, so asking them to
+    recover, or setting how, is refused rather than ignored."""
+    recover = given.get("recover")
+    if on_job and given:
+        raise UsageError(f"{FLAGS[sorted(given)[0]]}: --on runs on a kept instance, which is not "
+                         "relaunched elsewhere")
+    if recover and market != "spot":
+        raise UsageError("--recover applies to --spot jobs: an on-demand instance is not "
+                         "interrupted", hint="add --spot")
+    enabled = market == "spot" and not on_job if recover is None else bool(recover)
+    if not enabled and ("max_restarts" in given or "fallback" in given):
+        what = "--max-restarts" if "max_restarts" in given else "--fallback"
+        raise UsageError(f"{what} applies to a recovering --spot job" +
+                         (", not with --no-recover" if recover is False else ""),
+                         hint=None if market == "spot" else "add --spot")
+    restarts = given.get("max_restarts", 3)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or \
+            not 0 <= restarts <= MAX_RESTARTS:
+        raise UsageError(f"--max-restarts must be a whole number from 0 to {MAX_RESTARTS}, got "
+                         f"{shown(restarts)}")
+    fallback = given.get("fallback")
+    if fallback is not None and fallback not in FALLBACKS:
+        raise UsageError(f"--fallback must be one of {', '.join(FALLBACKS)}, got {shown(fallback)}")
+    return {"recover": enabled, "max_restarts": restarts, "fallback": fallback}
 
 
 def _check_inputs(given: dict, placement: dict, include: tuple[str, ...]) -> None:

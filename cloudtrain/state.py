@@ -24,8 +24,10 @@ from .errors import CloudtrainError, NotFound, UsageError
 # Job states, in lifecycle order. A job is "active" until it reaches a terminal state.
 PENDING, PROVISIONING, SYNCING, SETTING_UP, STAGING, RUNNING = (
     "pending", "provisioning", "syncing", "setting-up", "staging", "running")
+# A spot job whose instance was interrupted, waiting for the supervisor to relaunch it.
+RECOVERING = "recovering"
 SUCCEEDED, FAILED, PREEMPTED, CANCELLED = "succeeded", "failed", "preempted", "cancelled"
-ACTIVE_STATES = (PENDING, PROVISIONING, SYNCING, SETTING_UP, STAGING, RUNNING)
+ACTIVE_STATES = (PENDING, PROVISIONING, SYNCING, SETTING_UP, STAGING, RUNNING, RECOVERING)
 TERMINAL_STATES = (SUCCEEDED, FAILED, PREEMPTED, CANCELLED)
 
 BUSY_TIMEOUT_S = 30.0
@@ -110,8 +112,37 @@ def _migration_4(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE jobs ADD COLUMN lease_until REAL")
 
 
+def _migration_5(db: sqlite3.Connection) -> None:
+    # Spot recovery: one job, several attempts. Each attempt is one instance's try at the
+    # job (a launch, or a relaunch after an interruption): where it ran, from which
+    # checkpoint it resumed, how and why it ended, and the last step it is known to have run
+    # (the steps between that and the checkpoint the next attempt resumes from are redone).
+    _execute_script(db,
+        """
+        CREATE TABLE attempts (
+            job_id        TEXT NOT NULL REFERENCES jobs(id),
+            n             INTEGER NOT NULL,   -- 1 for the launch, then 2, 3, ...
+            instance_id   TEXT,
+            region        TEXT,
+            zone          TEXT,
+            market        TEXT,
+            instance_type TEXT,
+            started_at    REAL NOT NULL,      -- the (re)launch began
+            running_at    REAL,               -- the job's command started on the host
+            ended_at      REAL,
+            outcome       TEXT,               -- interrupted | succeeded | failed | cancelled
+            end_reason    TEXT,
+            resumed_step  INTEGER,            -- the checkpoint's step it resumed from
+            resumed_seq   INTEGER,            -- the job store's checkpoint sequence number
+            last_step     INTEGER,            -- the last step it is known to have run
+            checkpoint    TEXT,               -- JSON: its last checkpoint upload (final one)
+            PRIMARY KEY (job_id, n)
+        )
+        """)
+
+
 # Schema migrations, applied in order; the schema version is PRAGMA user_version.
-MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4]
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -163,6 +194,26 @@ class Event:
 
 
 @dataclasses.dataclass
+class Attempt:
+    job_id: str
+    n: int
+    started_at: float | None
+    instance_id: str | None = None
+    region: str | None = None
+    zone: str | None = None
+    market: str | None = None
+    instance_type: str | None = None
+    running_at: float | None = None
+    ended_at: float | None = None
+    outcome: str | None = None
+    end_reason: str | None = None
+    resumed_step: int | None = None
+    resumed_seq: int | None = None
+    last_step: int | None = None
+    checkpoint: dict | None = None
+
+
+@dataclasses.dataclass
 class Instance:
     id: str
     job_id: str
@@ -184,15 +235,17 @@ class Instance:
 # `_row`, which turns what cannot be right into NULL (a JSON column that is not a JSON object,
 # text in a REAL column), so each reader sees either a sound value or None.
 
-JSON_COLUMNS = frozenset({"spec", "host", "metrics", "cost_detail", "details"})
+JSON_COLUMNS = frozenset({"spec", "host", "metrics", "cost_detail", "details", "checkpoint"})
 REAL_COLUMNS = frozenset({"created_at", "started_at", "ended_at", "cost", "lease_until", "at",
-                          "launched_at", "terminated_at", "price_per_hour"})
+                          "launched_at", "terminated_at", "price_per_hour", "running_at"})
 MONEY_COLUMNS = frozenset({"cost", "price_per_hour"})
 LATEST_TIME = 253402300799.0  # 9999-12-31: later, time.localtime() fails
-INTEGER_COLUMNS = frozenset({"exit_code", "cost_settled"})
+INTEGER_COLUMNS = frozenset({"exit_code", "cost_settled", "n", "resumed_step", "resumed_seq",
+                             "last_step"})
 TEXT_COLUMNS = frozenset({"id", "job_id", "name", "kind", "recipe", "command", "backend",
                           "state", "reason", "jobdir", "launcher", "phase", "detail", "provider",
-                          "region", "zone", "instance_type", "market"})
+                          "region", "zone", "instance_type", "market", "instance_id",
+                          "outcome", "end_reason"})
 # Metrics the status table shows as numbers: a cached value that is not one is dropped.
 NUMERIC_METRICS = frozenset({"epoch", "epochs", "step", "train_loss", "loss", "test_acc",
                              "accuracy", "time"})
@@ -534,6 +587,62 @@ class Store:
             values["details"] = json_column(values["details"])
             out.append(Instance(**values))
         return out
+
+
+    # -- attempts -----------------------------------------------------------------------
+
+    ATTEMPT_FIELDS = frozenset(f.name for f in dataclasses.fields(Attempt)) - {"job_id", "n"}
+
+    def add_attempt(self, job_id: str, n: int, started_at: float | None = None,
+                    **fields) -> bool:
+        """Record attempt `n` of the job; False (and nothing changed) if it exists already:
+        a supervisor restarted mid-recovery finds the attempt it had begun."""
+        unknown = set(fields) - self.ATTEMPT_FIELDS
+        if unknown:
+            raise ValueError(f"not attempt fields: {sorted(unknown)}")
+        values = {"job_id": job_id, "n": int(n),
+                  "started_at": time.time() if started_at is None else started_at, **fields}
+        with self.transaction() as db:
+            cur = db.execute("INSERT OR IGNORE INTO attempts (%s) VALUES (%s)" % (
+                ", ".join(values), ", ".join("?" * len(values))),
+                tuple(_bindable(v) for v in values.values()))
+        return cur.rowcount == 1
+
+    def update_attempt(self, job_id: str, n: int, *, only_if_open: bool = False,
+                       **fields) -> bool:
+        """Set fields of attempt `n`; with only_if_open, only while it has not ended (the
+        first to see the end records it). Returns whether a row changed."""
+        unknown = set(fields) - self.ATTEMPT_FIELDS
+        if unknown:
+            raise ValueError(f"not attempt fields: {sorted(unknown)}")
+        if not fields:
+            return False
+        columns = ", ".join(f"{key} = ?" for key in fields)
+        sql = f"UPDATE attempts SET {columns} WHERE job_id = ? AND n = ?"
+        if only_if_open:
+            sql += " AND ended_at IS NULL"
+        with self.transaction() as db:
+            cur = db.execute(sql, (*(_bindable(v) for v in fields.values()), job_id, int(n)))
+        return cur.rowcount == 1
+
+    def attempts(self, job_id: str) -> list[Attempt]:
+        rows = self.db.execute("SELECT * FROM attempts WHERE job_id = ? ORDER BY n",
+                               (job_id,)).fetchall()
+        out = []
+        for r in rows:
+            values = dict(r)
+            values["checkpoint"] = json_column(values["checkpoint"])
+            if values["n"] is None:
+                continue
+            out.append(Attempt(**values))
+        return out
+
+    def attempt(self, job_id: str, n: int | None = None) -> Attempt | None:
+        """Attempt `n` of the job, or its latest (None: it has none)."""
+        found = self.attempts(job_id)
+        if n is None:
+            return found[-1] if found else None
+        return next((a for a in found if a.n == n), None)
 
 
 def open_store(home: Path) -> Store:

@@ -11,6 +11,7 @@ import json
 import threading
 
 CREDS_PATH = "/latest/meta-data/iam/security-credentials/"
+SPOT_PATH = "/latest/meta-data/spot/instance-action"
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -31,6 +32,9 @@ class FakeIMDS:
         """`role` None: an instance without an instance profile (the listing is a 404).
         `host`: the address it answers on (the bridge, for namespace hosts)."""
         self.seen: list[tuple[str, str, str | None]] = []
+        # {client address: notice}: what spot/instance-action answers that host (404 for
+        # every other, as for an instance with no interruption scheduled)
+        self.spot_actions: dict[str, dict] = {}
         self.clients: list[str] = []  # in step with `seen`
         lock = threading.Lock()
         creds = creds or {"AccessKeyId": "ASIAROLEKEY", "SecretAccessKey": "role/secret",
@@ -65,6 +69,10 @@ class FakeIMDS:
                     imds.clients.append(self.client_address[0])
                 if got != token:
                     return self.answer(401)
+                if self.path == SPOT_PATH:
+                    notice = imds.spot_actions.get(self.client_address[0])
+                    return self.answer(200, json.dumps(notice).encode()) if notice \
+                        else self.answer(404)
                 if role and self.path == CREDS_PATH:
                     return self.answer(200, role.encode() + b"\n")
                 if role and self.path == CREDS_PATH + role:
@@ -74,6 +82,13 @@ class FakeIMDS:
                 self.answer(404)
 
         self.url, self.server = serve(Handler, host)
+
+    def announce(self, host_ip: str, action: str = "terminate") -> None:
+        """From now on, `host_ip` reads a spot interruption notice two minutes ahead."""
+        import time
+
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
+        self.spot_actions[host_ip] = {"action": action, "time": at}
 
     def close(self):
         self.server.shutdown()

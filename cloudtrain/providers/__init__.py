@@ -13,6 +13,8 @@ Contract, the same for every provider:
     shutdown(spec)              (command, delay): how the host powers itself off after the job
     agent_settings(spec)        extra job.json settings for the agent (spot notice watch)
     release(store, job, force)  give the host back: nothing may keep billing afterwards
+    checkpoint_plan(store, job, expires_s)  the latest checkpoint the job streamed to its job
+                                store, as a restore plan for a new host (None: none stored)
     instance_states(store, job) the cloud's view of the job's instances (when its host is lost)
     record_ends(store, job)     termination times and prices from the cloud, for the bill
     cleanup(store, regions)     remove shared resources (group, key pair) nothing uses; with no

@@ -67,6 +67,9 @@ class LocalProvider:
     def results_grant(self, store: Store, job: Job, spec) -> tuple[dict | None, str | None]:
         return None, None  # the job directory is here already, and outlives nothing
 
+    def checkpoint_plan(self, store: Store, job: Job, expires_s: float) -> dict | None:
+        return None  # a job here is never relaunched elsewhere: its checkpoints stay put
+
     def fetch_results(self, store: Store, job: Job, local) -> dict | None:
         return None
 

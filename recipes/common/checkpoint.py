@@ -3,9 +3,16 @@
 `save_atomic` writes to a temporary file in the same folder, fsyncs it and renames it over the
 target with os.replace, which is atomic on POSIX: a reader (or a resumed run) sees either the
 old checkpoint or the new one, never half of one, even if SIGKILL lands mid-save.
+
+A checkpoint dict with "step" and/or "epoch" also gets `checkpoint-info.json` beside it
+({"step", "epoch", "file"}, written the same way, after the checkpoint): the agent's
+checkpoint stream (cloudtrain/checkpoint_stream.py) reads where a streamed checkpoint is from
+there without unpickling it.
 """
 from __future__ import annotations
 
+import json
+import operator
 import os
 import random
 from pathlib import Path
@@ -15,6 +22,7 @@ import torch
 
 CHECKPOINT_DIR = "checkpoints"
 LAST = "last.pt"
+INFO = "checkpoint-info.json"
 
 
 def last_checkpoint_path(job_dir: str | os.PathLike) -> Path:
@@ -24,17 +32,12 @@ def last_checkpoint_path(job_dir: str | os.PathLike) -> Path:
 def save_atomic(obj, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    # Make the rename itself durable (the directory entry), where the platform allows it.
+    _replace_atomic(path, lambda f: torch.save(obj, f))
+    if isinstance(obj, dict) and ("step" in obj or "epoch" in obj):
+        info = {"step": _count(obj.get("step")), "epoch": _count(obj.get("epoch")),
+                "file": path.name}
+        _replace_atomic(path.with_name(INFO), lambda f: f.write(json.dumps(info).encode()))
+    # Make the renames themselves durable (the directory entries), where the platform allows.
     try:
         fd = os.open(path.parent, os.O_RDONLY)
     except OSError:
@@ -46,6 +49,34 @@ def save_atomic(obj, path: str | os.PathLike) -> Path:
     finally:
         os.close(fd)
     return path
+
+
+def _replace_atomic(path: Path, write) -> None:
+    """`write(f)` into a hidden temporary file beside `path`, fsync, rename over `path`. The
+    name starts with ".": the checkpoint stream never uploads a save in progress."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _count(value) -> int | None:
+    """An int (a python or numpy int, a one-element integer tensor) or None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        pass
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
 
 
 def load(path: str | os.PathLike, map_location="cpu"):

@@ -270,7 +270,9 @@ def _timeline_detail(cli, job_id, phase):
 
 def test_spot_interruption_shows_as_preempted(cli, aws, ct_home):
     # --keep: the agent must not power the host off itself when its session is killed below.
-    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--keep", "--", "bash", "-c",
+    # --no-recover: the job ends as preempted (recovery is tests/e2e/test_spot_recovery.py).
+    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--no-recover", "--keep", "--",
+                        "bash", "-c",
                         "echo working; sleep 60")
     wait_for(lambda: "working" in cli.ok("logs", job_id).stdout, timeout=30, what="job output")
     # EC2 takes the spot instance back: the host vanishes, EC2 says why.

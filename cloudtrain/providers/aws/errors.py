@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 
-from ...errors import CloudtrainError, MissingDependency, UsageError
+from ...errors import CloudtrainError, MissingDependency, PlacementError, UsageError
 
 # Errors that mean "not here, maybe in another AZ" (tried once per AZ, never retried blindly).
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity",
@@ -37,6 +37,11 @@ class AWSError(CloudtrainError):
         super().__init__(message, hint=hint)
         self.code = code
         self.aws_message = aws_message  # AWS's own words, for callers that rephrase
+
+
+class AWSPlacementError(AWSError, PlacementError):
+    """No capacity in any AZ tried, or a quota: said like any AWSError, and recognisable by
+    the recovery (PlacementError) without it knowing about AWS."""
 
 
 def _code(exc) -> str:

@@ -15,9 +15,9 @@ from ...hosts import SSHHost, default_tmux_socket
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store
 from .errors import AUTH_ERRORS, CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, \
-    StaleCache, aws_errors, is_permission_error
+    AWSPlacementError, StaleCache, aws_errors, is_permission_error
 from .hostkeys import FINGERPRINT_WAIT_S, console_fingerprints, fingerprint
-from .tags import LIVE_STATES, TAG_JOB, TAG_OWNER, TAG_RECIPE
+from .tags import LIVE_STATES, TAG_ATTEMPT, TAG_JOB, TAG_OWNER, TAG_RECIPE
 
 USER_DATA = Path(__file__).resolve().parents[3] / "infra" / "user-data.sh"
 # The power-off timers fire this long after the job's max runtime. At first boot they count
@@ -83,6 +83,7 @@ class InstancesMixin:
     def _tags(self, job: Job, spec, owner: str) -> list[dict]:
         return [{"Key": TAG_JOB, "Value": job.id}, {"Key": TAG_OWNER, "Value": owner},
                 {"Key": TAG_RECIPE, "Value": spec.recipe or "command"},
+                {"Key": TAG_ATTEMPT, "Value": str(getattr(spec, "attempt", 1) or 1)},
                 {"Key": "Name", "Value": f"cloudtrain-{job.id}" + (f"-{job.name}" if job.name else "")}]
 
     def user_data(self, job: Job, spec) -> str:
@@ -135,14 +136,15 @@ class InstancesMixin:
     def _run(self, store, job, spec, region, boot: dict) -> str:
         zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
                                               boot["key_name"], boot["owner"])
-        zones = self.order_zones(zones, spec.instance_type, region, spec.market)
+        zones = self.relaunch_order(zones, spec, region)
         root_device = boot["root_device"]
         disk = spec.disk_gb or self.settings.disk_gb or int(spec.resources.get("disk_gb", 100))
         attempts: list[Attempt] = []
         for n, (zone, subnet, _vpc, _zone_id) in enumerate(zones):
             request = self.run_request(job, spec, subnet, group, ami, key_name, owner, disk,
                                        root_device)
-            token = f"{job.id}-{n}"
+            attempt = int(getattr(spec, "attempt", 1) or 1)
+            token = f"{job.id}-{n}" if attempt == 1 else f"{job.id}-a{attempt}-{n}"
             try:
                 # ClientToken: a retried request can never start a second instance.
                 response = self.call(region, "run_instances", fail_fast=True,
@@ -163,7 +165,7 @@ class InstancesMixin:
                     continue
                 tried = ", ".join(a.zone for a in attempts + [Attempt(zone, subnet, code)])
                 if code in QUOTA_ERRORS:
-                    raise AWSError(f"{spec.instance_type} ({spec.market}) in {region}: {code}: "
+                    raise AWSPlacementError(f"{spec.instance_type} ({spec.market}) in {region}: {code}: "
                                    f"{exc.aws_message} (AZs tried: {tried})",
                                    hint="ask AWS for a higher quota (Service Quotas console: "
                                         "'Running On-Demand G and VT instances' / 'All G and VT "
@@ -197,7 +199,46 @@ class InstancesMixin:
         hint = ("try --spot / --on-demand, another --instance or --region, or later"
                 if spec.market == "on-demand" else
                 "try --on-demand, a higher --max-price, another --instance or --region")
-        raise AWSError(f"no capacity for {what} in {region}, every AZ tried: {tried}", hint=hint)
+        raise AWSPlacementError(f"no capacity for {what} in {region}, every AZ tried: {tried}",
+                                hint=hint)
+
+    def relaunch_order(self, zones: list[tuple], spec, region: str) -> list[tuple]:
+        """The AZs in the order a launch tries them: the catalog's cheapest spot AZ first (the
+        first launch); a relaunch asks EC2 for the spot prices now, and the AZs that were
+        just interrupted (spec.avoid_zones) come last."""
+        ordered = self.order_zones(zones, spec.instance_type, region, spec.market)
+        if int(getattr(spec, "attempt", 1) or 1) > 1 and spec.market == "spot":
+            try:
+                now = self.current_spot_prices(region, [spec.instance_type]).get(
+                    spec.instance_type) or {}
+            except CloudtrainError:  # no permission for the price history: the snapshot's order
+                now = {}
+            if now:
+                ordered = sorted(ordered, key=lambda z: (z[0] not in now, now.get(z[0], 0.0)))
+        avoid = set(getattr(spec, "avoid_zones", None) or ())
+        return [z for z in ordered if z[0] not in avoid] + [z for z in ordered if z[0] in avoid]
+
+    def attempt_instance(self, store: Store, job: Job, region: str, attempt: int) -> str | None:
+        """A live instance already started for this attempt of the job (by its tags): the
+        supervisor that started it was killed before it could go on. Recorded if the store
+        did not know it."""
+        for raw in self._query(region, {TAG_JOB: job.id, TAG_ATTEMPT: str(attempt)}):
+            if raw["State"]["Name"] not in ("pending", "running"):
+                continue
+            if raw["InstanceId"] not in {i.id for i in store.instances(job.id)}:
+                spot = raw.get("InstanceLifecycle") == "spot"
+                store.add_instance(Instance(
+                    id=raw["InstanceId"], job_id=job.id, provider=self.name, region=region,
+                    zone=raw.get("Placement", {}).get("AvailabilityZone"),
+                    instance_type=raw.get("InstanceType"),
+                    market="spot" if spot else "on-demand", state="requested",
+                    launched_at=raw["LaunchTime"].timestamp(), terminated_at=None,
+                    price_per_hour=None, details={"found_by_tag": True}))
+                store.add_event(job.id, "instance", detail=f"{raw['InstanceId']} in "
+                                f"{raw.get('Placement', {}).get('AvailabilityZone')} (attempt "
+                                f"{attempt}, found by its tags)")
+            return raw["InstanceId"]
+        return None
 
     def _describe(self, region: str, instance_id: str) -> dict:
         reservations = self.call(region, "describe_instances",

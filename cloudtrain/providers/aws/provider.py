@@ -194,16 +194,22 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
     def acquire(self, store: Store, job: Job, spec) -> SSHHost:
         region = self.region(spec)
         boot = self.bootstrap(region, spec.ami)
-        try:
-            instance = self._run(store, job, spec, region, boot)
-        except StaleCache:
-            RegionCache(self.settings.aws_profile, region).clear()
-            boot = self.bootstrap(region, spec.ami, cached=False)
-            instance = self._run(store, job, spec, region, boot)
+        # A relaunch whose supervisor was killed after RunInstances goes on with that instance.
+        found = self.attempt_instance(store, job, region, spec.attempt) \
+            if spec.attempt > 1 else None
+        instance = found
+        if instance is None:
+            try:
+                instance = self._run(store, job, spec, region, boot)
+            except StaleCache:
+                RegionCache(self.settings.aws_profile, region).clear()
+                boot = self.bootstrap(region, spec.ami, cached=False)
+                instance = self._run(store, job, spec, region, boot)
         key_path = boot["key_path"]
         address = self._wait_running(region, instance)
         zone = next((i.zone for i in store.instances(job.id) if i.id == instance), None)
-        self.attach_snapshots(store, job, spec, region, instance, zone, boot["owner"])
+        if found is None:
+            self.attach_snapshots(store, job, spec, region, instance, zone, boot["owner"])
         endpoint = Endpoint(address, self.settings.ssh_port, self.settings.ssh_user, str(key_path))
         since = time.monotonic()
         host = self._wait_ssh(region, instance, endpoint)
@@ -293,6 +299,7 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
                              and spec.idle_minutes is not None else None)}}
         if spec.market == "spot":
             settings["imds_url"] = self.settings.imds_url
+            settings["spot_poll_s"] = self.settings.spot_poll_seconds
         return settings
 
     def shutdown(self, spec) -> tuple[str | None, float]:

@@ -58,7 +58,9 @@ class ResultsStoreMixin:
                           f"waits up to {self.settings.collect_wait_minutes:g} min (billed) for "
                           f"`cloudtrain status {job.id}` to bring the results home; after "
                           "that they are lost")
-        region = spec.region or self.region_of(job)
+        # Every attempt of a recovering job stores into the first attempt's bucket, where the
+        # next one finds its checkpoint (spec.store_region, set by the relaunch).
+        region = getattr(spec, "store_region", None) or spec.region or self.region_of(job)
         try:
             s3, bucket, _ = self._job_store(region)
             jobstore.ensure_bucket(s3, bucket, region, self.owner(region),
@@ -85,6 +87,32 @@ class ResultsStoreMixin:
                           f"waits up to {self.settings.collect_wait_minutes:g} min (billed) for "
                           f"`cloudtrain status {job.id}` to bring the results home; after that "
                           "they are lost (collect_wait_minutes: in config.yaml)")
+
+    def checkpoint_plan(self, store: Store, job: Job, expires_s: float) -> dict | None:
+        """The job's latest checkpoint in the job store (streamed there by the agent as it was
+        written, jobstore.latest_checkpoint) as a restore plan for the new host: presigned
+        GETs, so the host needs no AWS credentials. None when none was stored; a manifest or
+        object that does not check out raises (the relaunch says why)."""
+        import botocore.exceptions
+
+        if not self.settings.job_store:
+            return None
+        first = store.attempt(job.id, 1)
+        region = (first.region if first and first.region else None) or \
+            (job.spec or {}).get("store_region") or self.region_of(job)
+        try:
+            s3, bucket, account = self._job_store(region)
+            manifest = jobstore.latest_checkpoint(s3, bucket, job.id,
+                                                  expected_owner=account or None)
+            if manifest is None:
+                return None
+            return jobstore.restore_plan(s3, bucket, job.id, manifest,
+                                         int(min(expires_s, jobstore.GRANT_MAX_S)))
+        except botocore.exceptions.ClientError as exc:
+            raise CloudtrainError(f"the job store's checkpoint of job {job.id} could not be "
+                                  f"read: {_code(exc)}: {_message(exc)}") from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise CloudtrainError(f"the job store could not be read: {exc}") from exc
 
     def fetch_results(self, store: Store, job: Job, local: Path) -> dict | None:
         """What the agent stored for the job, brought into `local` (checked as untrusted:

@@ -1,6 +1,9 @@
 """The tags every cloudtrain resource carries, and the shared security group's name."""
 
 TAG_JOB, TAG_OWNER, TAG_RECIPE = "cloudtrain:job", "cloudtrain:owner", "cloudtrain:recipe"
+# Which attempt of a recovering job an instance runs (1 for the launch): a supervisor that
+# was killed mid-relaunch finds the instance it had started instead of starting another.
+TAG_ATTEMPT = "cloudtrain:attempt"
 GROUP_NAME = "cloudtrain"
 # Instance states that bill, or may again (a stopped instance keeps its volumes).
 LIVE_STATES = ("pending", "running", "stopping", "stopped")

@@ -1,0 +1,810 @@
+"""Checkpoints streamed to the S3 job store while the job runs, and restored on a new instance.
+
+Standard library only, Python 3.8+: shipped to the host beside agent.py and agent_upload.py
+and imported by the agent by name; `restore` also runs as a command on the new instance:
+
+    python3 checkpoint_stream.py restore PLAN JOBDIR
+
+Layout, under the job's prefix `jobs/<job_id>/` (the agent's presigned-POST grant covers it):
+
+    stream/a/<path>, stream/b/<path>   two slots, each meant to hold one whole snapshot:
+                                       checkpoints/** plus metrics.jsonl and output.log
+    stream/latest.json                 the manifest naming the slot that holds a complete
+                                       snapshot (seq, files with size and sha256, step)
+
+A presigned POST can only write objects, never rename or delete them, so a snapshot cannot
+be swapped in atomically. Instead a new snapshot always goes into the slot latest.json does
+NOT name, and latest.json is written only once every file of it is stored: a snapshot cut
+short (a spot notice, the time limit, S3 failing) leaves the named slot as it was. A partial
+upload is never used.
+
+    Streamer(jobdir, grant, ...)   in the agent: watches <jobdir>/checkpoints, uploads each
+                                   checkpoint once it has settled; flush() at the job's end
+    restore(plan_path, jobdir)     on the new instance: the files a plan (the manifest with a
+                                   presigned GET URL per file) names, verified, then swapped in
+    check_manifest(doc)            why a manifest is not valid, or None (jobstore.py uses it)
+"""
+
+import hashlib
+import http.client
+import json
+import math
+import os
+import re
+import stat
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+try:  # in the package (the orchestrator, tests), or shipped beside it on the host
+    from . import agent_upload
+except ImportError:
+    import agent_upload
+
+STREAM = "stream/"
+LATEST = "latest.json"
+SLOTS = ("a", "b")
+VERSION = 1
+CHECKPOINTS = agent_upload.CHECKPOINTS
+INFO = "checkpoint-info.json"  # {"step", "epoch", "file"}, beside the checkpoint (checkpoint.py)
+LOGS = ("metrics.jsonl", "output.log")  # restored too: the resumed job appends to them
+RESTORE_STATUS = "restore-status.json"
+STEP_SOURCES = ("checkpoint", "metrics")
+
+UPLOAD_TIMEOUT_S = 1800.0  # one snapshot from the background thread
+RETRY_AFTER_S = 30.0  # a snapshot that failed is tried again after this (or a newer one settles)
+STOP_WAIT_S = 30.0
+INFO_MAX_BYTES = 65536
+METRICS_TAIL_BYTES = 1 << 20
+MANIFEST_MAX_BYTES = 1 << 20  # latest.json (jobstore reads at most this much)
+PLAN_MAX_BYTES = 16 << 20
+MAX_FILES = 10000
+RESTORE_TIMEOUT_S = 1800.0
+RESTORE_TRIES = 4  # per file, on connection errors and 5xx only
+RESTORE_BACKOFF_S = 1.0  # 1 s, 2 s, 4 s
+CHUNK = 1 << 20
+HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+
+
+# -- what a snapshot holds ------------------------------------------------------------------
+
+
+def checkpoint_files(jobdir):
+    """[(relative path, absolute path)], sorted, of what is streamed from <jobdir>/checkpoints:
+    files and folders whose names do not start with "." (a save in progress: checkpoint.py
+    writes `.last.pt.tmp-<pid>`), not entered through links, with portable names. Whether each
+    is a regular file is for the caller's lstat/fstat to say."""
+    root = os.path.join(jobdir, CHECKPOINTS)
+    found = []
+    if os.path.islink(root) or not os.path.isdir(root):
+        return found
+    for top, dirs, names in os.walk(root):  # followlinks=False
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in names:
+            if name.startswith("."):
+                continue
+            path = os.path.join(top, name)
+            rel = os.path.relpath(path, jobdir).replace(os.sep, "/")
+            if agent_upload.safe_relpath(rel) is not None and agent_upload._utf8(rel):
+                found.append((rel, path))
+    return sorted(found)
+
+
+def signature(jobdir):
+    """The checkpoints as they are now: a sorted tuple of (relpath, size, mtime_ns, inode) of
+    the regular files checkpoint_files lists. A new checkpoint renamed into place changes the
+    inode even when its size and mtime happen to match."""
+    sig = []
+    for rel, path in checkpoint_files(jobdir):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue  # removed since the listing (an old checkpoint rotated away)
+        if stat.S_ISREG(st.st_mode):
+            sig.append((rel, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(sig)
+
+
+def as_count(value):
+    """A non-negative int from a JSON value (an integral float too), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and value >= 0:
+        return int(value)
+    return None
+
+
+def step_from_info(data):
+    """(step, epoch) from checkpoint-info.json's bytes, or None when it is not usable."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    step, epoch = as_count(doc.get("step")), as_count(doc.get("epoch"))
+    return None if step is None and epoch is None else (step, epoch)
+
+
+def step_from_metrics(data):
+    """(step, epoch) of the last plain row (no "event") of metrics.jsonl bytes that has a
+    step or an epoch, or None."""
+    for line in reversed(data.splitlines()):
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            continue  # the first line of a tail window, a line being written
+        if not isinstance(row, dict) or "event" in row:
+            continue
+        step, epoch = as_count(row.get("step")), as_count(row.get("epoch"))
+        if step is not None or epoch is not None:
+            return step, epoch
+    return None
+
+
+def _pread_all(fd, offset, size):
+    out = []
+    while size > 0:
+        data = os.pread(fd, min(size, CHUNK), offset)
+        if not data:
+            break
+        out.append(data)
+        offset += len(data)
+        size -= len(data)
+    return b"".join(out)
+
+
+def other_slot(slot):
+    """The slot a new snapshot goes into: never the one latest.json names."""
+    return "b" if slot == "a" else "a"
+
+
+def job_id_of(grant):
+    """`jobs/<job_id>/` -> job_id."""
+    return str(grant.get("prefix") or "").rstrip("/").rsplit("/", 1)[-1]
+
+
+class SnapshotError(Exception):
+    """This snapshot cannot be stored (a file too large, one changed while it was sent)."""
+
+
+class _Cancelled(OSError):
+    """stop() gave up on an upload of a checkpoint that is no longer the newest."""
+
+
+class _Source(object):
+    """An open file as agent_upload's body source, which stop() can cut short."""
+
+    def __init__(self, f, cancel):
+        self.f, self.cancel = f, cancel
+
+    def seek(self, pos, whence=0):
+        return self.f.seek(pos, whence)
+
+    def read(self, n=-1):
+        if self.cancel.is_set():
+            raise _Cancelled("cancelled")
+        return self.f.read(n)
+
+
+class _Snapshot(object):
+    """The files of one snapshot, opened: [(rel, file object, size, fstat)]. Uploading from
+    these descriptors means a checkpoint os.replace'd meanwhile cannot mix versions: the old
+    inode stays readable until closed."""
+
+    def __init__(self, jobdir):
+        self.taken_at = time.time()
+        self.files = []
+        self.checkpoints = 0
+        try:
+            for rel, path in checkpoint_files(jobdir):
+                self._open(rel, path)
+            self.checkpoints = len(self.files)
+            for name in LOGS:
+                self._open(name, os.path.join(jobdir, name))
+        except BaseException:
+            self.close()
+            raise
+        self.sig = tuple((rel, st.st_size, st.st_mtime_ns, st.st_ino)
+                         for rel, _, _, st in self.files[:self.checkpoints])
+
+    def _open(self, rel, path):
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_NONBLOCK", 0))  # a fifo planted there must not hang us
+        except OSError:
+            return  # gone since the listing, or a link
+        f = os.fdopen(fd, "rb")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            f.close()
+            return
+        self.files.append((rel, f, st.st_size, st))
+
+    def step(self):
+        """(step, epoch, step_source) from the snapshot's own checkpoint-info.json, else from
+        its metrics.jsonl (up to the size it had), else (None, None, None)."""
+        for rel, f, size, _ in self.files:
+            if rel == CHECKPOINTS + "/" + INFO and size <= INFO_MAX_BYTES:
+                found = step_from_info(_pread_all(f.fileno(), 0, size))
+                if found is not None:
+                    return found[0], found[1], "checkpoint"
+        for rel, f, size, _ in self.files:
+            if rel == "metrics.jsonl":
+                start = max(0, size - METRICS_TAIL_BYTES)
+                found = step_from_metrics(_pread_all(f.fileno(), start, size - start))
+                if found is not None:
+                    return found[0], found[1], "metrics"
+        return None, None, None
+
+    def changed(self):
+        """The first checkpoint written to in place since it was opened, or None (a recipe
+        that saves without a rename could be caught mid-write: such an upload is not named)."""
+        for rel, f, _, st in self.files[:self.checkpoints]:
+            now = os.fstat(f.fileno())
+            if (now.st_size, now.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+                return rel
+        return None
+
+    def close(self):
+        for _, f, _, _ in self.files:
+            f.close()
+        self.files = []
+
+
+def _new_record(final, seq=None, slot=None):
+    return {"seq": seq, "slot": slot, "step": None, "epoch": None, "bytes": 0, "seconds": 0.0,
+            "ok": False, "at": None, "error": None, "final": bool(final)}
+
+
+class Streamer(object):
+    """Uploads <jobdir>/checkpoints to the job store as the job writes them.
+
+    start() runs a daemon thread that looks every `poll_s`: once the checkpoints differ from
+    the last upload and have stayed the same for `settle_s`, it uploads a snapshot. stop()
+    ends it; flush() uploads what is new, synchronously, within a time limit (at the job's
+    end). `last` is the record of the last upload attempt; nothing here raises out of the
+    thread. A restored attempt passes `start_seq`/`start_slot` (from the manifest it resumed
+    from): its first upload is seq start_seq+1, into the other slot."""
+
+    def __init__(self, jobdir, grant, settle_s=2.0, poll_s=1.0, start_seq=0, start_slot=None,
+                 attempt=None):
+        if not (isinstance(grant, dict) and isinstance(grant.get("url"), str)
+                and isinstance(grant.get("prefix"), str)):
+            raise ValueError("the grant has no url and prefix")
+        self.jobdir = os.path.abspath(jobdir)
+        self.grant = grant
+        self.settle_s = float(settle_s)
+        self.poll_s = float(poll_s)
+        self.attempt = attempt
+        self.job_id = job_id_of(grant)
+        self._seq = int(start_seq or 0)  # of the snapshot latest.json names (as far as we know)
+        self._start_seq = self._seq
+        self._slot = start_slot if start_slot in SLOTS else None
+        self._good = None  # the record of that snapshot, and the checkpoints it holds
+        self._good_sig = None
+        self._pending = None  # a manifest whose POST failed: S3 may or may not have it
+        self._failed_sig, self._retry_at = None, 0.0
+        self._seen, self._seen_at = None, 0.0
+        self._inflight = None  # the signature being uploaded
+        self._last = None
+        self._uploads = 0
+        self._lock = threading.Lock()  # one upload at a time: the thread's or flush's
+        self._stop = threading.Event()
+        self._cancel = threading.Event()
+        self._thread = None
+        self._from_restore()
+
+    # -- the public surface ---------------------------------------------------------------
+
+    @property
+    def last(self):
+        """A copy of the record of the last upload attempt, or None: {"seq", "slot", "step",
+        "epoch", "bytes", "seconds", "ok", "at", "error", "final"}."""
+        rec = self._last
+        return None if rec is None else dict(rec)
+
+    @property
+    def uploads(self):
+        """How many snapshots this streamer stored (latest.json written)."""
+        return self._uploads
+
+    def start(self):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="checkpoint-stream",
+                                            daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s=STOP_WAIT_S):
+        """End the thread, waiting up to `timeout_s` for an upload under way. An upload of a
+        checkpoint that has been replaced since is cut short instead: the newer one needs the
+        time (flush uploads it)."""
+        self._stop.set()
+        inflight = self._inflight
+        if inflight is not None and inflight != signature(self.jobdir):
+            self._cancel.set()
+        if self._thread is not None:
+            self._thread.join(max(0.0, float(timeout_s)))
+        if self._thread is None or not self._thread.is_alive():
+            self._cancel.clear()
+
+    def flush(self, timeout_s, final=True):
+        """Upload a snapshot now if the checkpoints changed since the last upload stored (or
+        none was stored yet and there are checkpoints), within `timeout_s`. Returns the record;
+        when nothing needed uploading it is that of the snapshot already stored (ok)."""
+        started = time.time()
+        timeout_s = max(0.0, float(timeout_s))
+        if not self._lock.acquire(timeout=timeout_s):
+            rec = _new_record(final)
+            rec.update(at=time.time(), seconds=round(time.time() - started, 3),
+                       error="an upload was still under way after %.0f s" % timeout_s)
+            self._last = rec
+            return dict(rec)
+        try:
+            self._cancel.clear()
+            rec = self._attempt(final, started + timeout_s, flushing=True)
+            return dict(rec)
+        finally:
+            self._lock.release()
+
+    def poll_once(self, now=None):
+        """One look at the checkpoints (the thread calls this every poll_s): returns the
+        record of an upload it made, or None. `now`: a monotonic clock reading."""
+        t = time.monotonic() if now is None else now
+        sig = signature(self.jobdir)
+        if sig != self._seen:
+            self._seen, self._seen_at = sig, t
+            return None
+        if not sig or sig == self._good_sig or t - self._seen_at < self.settle_s:
+            return None
+        if sig == self._failed_sig and t < self._retry_at:
+            return None
+        self._from_restore()  # run.sh restores after the agent (and this thread) started
+        if sig == self._good_sig:
+            return None
+        if not self._lock.acquire(blocking=False):
+            return None  # flush is uploading
+        try:
+            rec = self._attempt(False, time.time() + UPLOAD_TIMEOUT_S)
+        finally:
+            self._lock.release()
+        if not rec["ok"]:
+            self._failed_sig, self._retry_at = sig, t + RETRY_AFTER_S
+        return rec
+
+    # -- inside ---------------------------------------------------------------------------
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception as exc:  # a bug must not end the streaming silently
+                rec = _new_record(False)
+                rec.update(at=time.time(), error="%s: %s" % (type(exc).__name__, exc))
+                self._last = rec
+            self._stop.wait(self.poll_s)
+
+    def _from_restore(self):
+        """A restored attempt starts with the restored checkpoints already stored: they are
+        not uploaded again unless they change (restore-status.json holds their signature)."""
+        if not self._start_seq or self._good is not None or self._seq != self._start_seq:
+            return
+        status = _read_json(os.path.join(self.jobdir, RESTORE_STATUS))
+        if not (status and status.get("ok") is True and status.get("seq") == self._seq
+                and isinstance(status.get("signature"), list)):
+            return
+        try:
+            restored = tuple(tuple(item) for item in status["signature"])
+        except TypeError:
+            return
+        if restored and restored == signature(self.jobdir):
+            self._good_sig = restored
+            self._good = _new_record(False, self._seq, self._slot)
+            self._good.update(step=as_count(status.get("step")),
+                              epoch=as_count(status.get("epoch")),
+                              bytes=as_count(status.get("bytes")) or 0, ok=True,
+                              at=status.get("at") if _is_time(status.get("at")) else None)
+
+    def _attempt(self, final, deadline, flushing=False):
+        started = time.time()
+        rec = _new_record(final)
+        snap, stored = None, None
+        try:
+            if self._pending is not None:
+                self._resolve_pending(deadline)
+            self._from_restore()
+            sig = signature(self.jobdir)
+            if self._good is not None and (sig == self._good_sig or (flushing and not sig)):
+                stored = dict(self._good, final=bool(final))  # already stored: nothing to send
+            elif flushing and not sig:
+                rec["ok"] = True  # no checkpoint, none stored: nothing to send
+            else:
+                snap = _Snapshot(self.jobdir)
+                if not snap.sig:
+                    raise SnapshotError("the checkpoints were removed before the upload")
+                self._inflight = snap.sig
+                self._send(snap, final, deadline, rec)
+        except (agent_upload.UploadError, agent_upload.FileUnreadable, SnapshotError) as exc:
+            rec["error"] = str(exc)
+        except Exception as exc:  # never raise into the agent
+            rec["error"] = "%s: %s" % (type(exc).__name__, exc)
+        finally:
+            self._inflight = None
+            if snap is not None:
+                snap.close()
+        if stored is not None:  # its own time and duration: when it was stored, how long it took
+            self._last = stored
+            return stored
+        if self._cancel.is_set() and not rec["ok"]:
+            rec["error"] = "cut short: a newer checkpoint was waiting (%s)" % rec["error"]
+        rec["seconds"] = round(time.time() - started, 3)
+        rec["at"] = time.time()
+        if rec["error"] is not None:
+            rec["error"] = " ".join(str(rec["error"]).split())[:500]
+        if rec["ok"] and rec["seq"] is not None:
+            self._good = dict(rec)
+        self._last = rec
+        return rec
+
+    def _send(self, snap, final, deadline, rec):
+        """Upload `snap` into the slot latest.json does not name, then latest.json."""
+        seq, slot = self._seq + 1, other_slot(self._slot)
+        step, epoch, source = snap.step()
+        rec.update(seq=seq, slot=slot, step=step, epoch=epoch)
+        limit = min(agent_upload.POST_MAX_BYTES,
+                    int(self.grant.get("max_bytes") or agent_upload.POST_MAX_BYTES))
+        for rel, _, size, _ in snap.files[:snap.checkpoints]:
+            if size > limit:
+                raise SnapshotError("%s is %d bytes, over the %d-byte upload limit"
+                                    % (rel, size, limit))
+        started = time.time()
+        files = []
+        prefix = self.grant["prefix"] + STREAM + slot + "/"
+        for i, (rel, f, size, _) in enumerate(snap.files):
+            is_log = i >= snap.checkpoints
+            if is_log and size > limit:
+                continue  # a log too large for one POST: the checkpoint matters more
+            try:
+                digest = agent_upload._post_with_retries(
+                    self.grant, prefix + rel, _Source(f, self._cancel), size, deadline)
+            except agent_upload.FileUnreadable as exc:
+                if is_log and not self._cancel.is_set():
+                    continue  # truncated meanwhile: the snapshot stands without it
+                raise SnapshotError("%s: %s" % (rel, exc))
+            files.append({"path": rel, "size": size, "sha256": digest})
+        moved = snap.changed()
+        if moved is not None:
+            raise SnapshotError("%s was written to while it was uploaded; not named" % moved)
+        total = sum(item["size"] for item in files)
+        rec["bytes"] = total
+        manifest = {"version": VERSION, "job_id": self.job_id, "seq": seq, "slot": slot,
+                    "files": files, "step": step, "epoch": epoch, "step_source": source,
+                    "taken_at": snap.taken_at, "uploaded_at": time.time(),
+                    "upload_seconds": round(time.time() - started, 3), "bytes": total,
+                    "attempt": self.attempt, "final": bool(final)}
+        self._pending = (manifest, snap.sig, rec)
+        self._resolve_pending(deadline)
+        rec["ok"] = True
+
+    def _resolve_pending(self, deadline):
+        """POST latest.json for a snapshot whose files are all stored. Until that succeeds
+        neither slot is written: S3 may have taken a manifest whose answer was lost, so
+        either slot may be the one it names."""
+        manifest, sig, rec = self._pending
+        data = json.dumps(manifest, sort_keys=True).encode("utf-8")
+        agent_upload._post_with_retries(self.grant, self.grant["prefix"] + STREAM + LATEST,
+                                        _BytesSource(data), len(data), deadline)
+        self._pending = None
+        self._seq, self._slot = manifest["seq"], manifest["slot"]
+        self._good, self._good_sig = dict(rec, ok=True, error=None), sig
+        self._uploads += 1
+
+
+class _BytesSource(object):
+    def __init__(self, data):
+        self.data, self.pos = data, 0
+
+    def seek(self, pos, whence=0):
+        self.pos = pos
+
+    def read(self, n=-1):
+        n = len(self.data) if n is None or n < 0 else n
+        out = self.data[self.pos:self.pos + n]
+        self.pos += len(out)
+        return out
+
+
+# -- manifest ----------------------------------------------------------------------------------
+
+
+def _is_int(value, low=None):
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and (low is None or value >= low))
+
+
+def _is_time(value):
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0)
+
+
+def check_manifest(doc):
+    """Why `doc` (parsed latest.json, or a restore plan) is not a valid manifest, or None.
+    Nothing in it is trusted: whoever held the grant could have written it."""
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    if doc.get("version") != VERSION or isinstance(doc.get("version"), bool):
+        return "version is not %d" % VERSION
+    if not isinstance(doc.get("job_id"), str) or not 0 < len(doc["job_id"]) <= 128:
+        return "job_id is not a job id"
+    if not _is_int(doc.get("seq"), 1):
+        return "seq is not an int >= 1"
+    if doc.get("slot") not in SLOTS or not isinstance(doc.get("slot"), str):
+        return "slot is not a or b"
+    for key in ("step", "epoch", "attempt"):
+        if doc.get(key) is not None and not _is_int(doc.get(key), 0):
+            return "%s is not an int >= 0 or null" % key
+    if doc.get("step_source") is not None and doc.get("step_source") not in STEP_SOURCES:
+        return "step_source is not checkpoint, metrics or null"
+    for key in ("taken_at", "uploaded_at", "upload_seconds"):
+        if not _is_time(doc.get(key)):
+            return "%s is not a number of seconds" % key
+    if not isinstance(doc.get("final"), bool):
+        return "final is not true or false"
+    files = doc.get("files")
+    if not isinstance(files, list) or len(files) > MAX_FILES:
+        return "files is not a list of at most %d entries" % MAX_FILES
+    seen, total = set(), 0
+    for item in files:
+        if not isinstance(item, dict):
+            return "a files entry is not an object"
+        path, size, digest = item.get("path"), item.get("size"), item.get("sha256")
+        if (not isinstance(path, str) or agent_upload.safe_relpath(path) is None
+                or not agent_upload._utf8(path)):
+            return "unsafe path %r" % (path,)
+        if not (path.startswith(CHECKPOINTS + "/") or path in LOGS):
+            return "%r is neither a checkpoint nor a log" % (path,)
+        if not _is_int(size, 0):
+            return "the size of %r is not an int >= 0" % (path,)
+        if not isinstance(digest, str) or not HEX64.match(digest):
+            return "the sha256 of %r is not 64 hex digits" % (path,)
+        if path in seen:
+            return "%r is listed twice" % (path,)
+        seen.add(path)
+        total += size
+    for path in seen:  # "checkpoints/a" and "checkpoints/a/b" cannot both be files
+        parts = path.split("/")
+        if any("/".join(parts[:i]) in seen for i in range(1, len(parts))):
+            return "%r is listed as a file and as a folder" % (path,)
+    if not _is_int(doc.get("bytes"), 0) or doc["bytes"] != total:
+        return "bytes is not the sum of the files' sizes"
+    return None
+
+
+# -- restore -----------------------------------------------------------------------------------
+
+
+class RestoreError(Exception):
+    """A restore that cannot succeed; the message says why, in one line."""
+
+
+class _Transient(Exception):
+    """Worth another try: a connection error, a 5xx, a body cut short."""
+
+
+def _read_json(path, limit=PLAN_MAX_BYTES):
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            return None
+        doc = json.loads(data.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _write_json(path, data):
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _inside(root, rel):
+    """The path for `rel` below `root` (resolved), or None: not a safe relative path, or it
+    would resolve elsewhere (a link already in the job directory, at any level)."""
+    if agent_upload.safe_relpath(rel) is None:
+        return None
+    target = os.path.join(root, *rel.split("/"))
+    if os.path.realpath(target) != target or not target.startswith(root.rstrip(os.sep) + os.sep):
+        return None
+    return target
+
+
+def _load_plan(plan_path):
+    plan = _read_json(plan_path)
+    if plan is None:
+        raise RestoreError("the plan %s is not a readable JSON object" % plan_path)
+    why = check_manifest(plan)
+    if why is not None:
+        raise RestoreError("the plan is not a valid manifest: %s" % why)
+    for item in plan["files"]:
+        url = item.get("url")
+        if not isinstance(url, str) or not url.startswith(("https://", "http://")):
+            raise RestoreError("the plan has no http(s) URL for %r" % item["path"])
+    timeout = plan.get("timeout_s", RESTORE_TIMEOUT_S)
+    if not _is_time(timeout) or timeout <= 0:
+        raise RestoreError("the plan's timeout_s is not a positive number")
+    return plan, float(timeout)
+
+
+def _get(url, tmp, size, digest, deadline, rel):
+    """Download `url` into the new file `tmp`: exactly `size` bytes with this sha256."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    h, got = hashlib.sha256(), 0
+    with os.fdopen(fd, "wb") as out:
+        try:
+            timeout = max(1.0, min(60.0, deadline - time.time()))
+            with urllib.request.urlopen(url, timeout=timeout) as resp:
+                while True:
+                    if time.time() > deadline:
+                        raise RestoreError("ran out of time downloading %s" % rel)
+                    block = resp.read(CHUNK)
+                    if not block:
+                        break
+                    got += len(block)
+                    if got > size:
+                        raise RestoreError("%s: more than the %d bytes listed" % (rel, size))
+                    h.update(block)
+                    out.write(block)
+        except urllib.error.HTTPError as exc:
+            detail = agent_upload._s3_error(exc.read(agent_upload.ERROR_BODY_BYTES) or b"")
+            message = "HTTP %d for %s: %s" % (exc.code, rel, detail)
+            if exc.code >= 500:
+                raise _Transient(message)
+            raise RestoreError(message + (" (the presigned URL has expired?)"
+                                          if exc.code == 403 else ""))
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            raise _Transient("%s: %s" % (rel, reason))
+        out.flush()
+        os.fsync(out.fileno())
+    if got != size:
+        raise _Transient("%s: %d bytes downloaded, %d listed" % (rel, got, size))
+    if h.hexdigest() != digest:
+        raise RestoreError("%s: the sha256 differs from the manifest" % rel)
+
+
+def _download(url, tmp, size, digest, deadline, rel):
+    for attempt in range(RESTORE_TRIES):
+        try:
+            return _get(url, tmp, size, digest, deadline, rel)
+        except _Transient as exc:
+            delay = RESTORE_BACKOFF_S * 2 ** attempt
+            if attempt == RESTORE_TRIES - 1 or time.time() + delay > deadline:
+                raise RestoreError("%s (after %d tries)" % (exc, attempt + 1))
+            time.sleep(delay)
+
+
+def _append_into(tmp, target):
+    """Add a restored log to the end of the one already at `target`, in place; False when
+    there is none. The agent holds output.log open for appending from before run.sh (which
+    runs the restore) starts: a file renamed over it would take the job's output nowhere."""
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return False
+    with os.fdopen(fd, "ab") as dst, open(tmp, "rb") as src:
+        if not stat.S_ISREG(os.fstat(dst.fileno()).st_mode):
+            raise RestoreError("%s is not a file" % os.path.basename(target))
+        while True:
+            block = src.read(CHUNK)
+            if not block:
+                break
+            dst.write(block)
+        dst.flush()
+        os.fsync(dst.fileno())
+    return True
+
+
+def restore(plan_path, jobdir):
+    """Download the snapshot `plan_path` names into `jobdir`: every file into a temporary file
+    beside its place, verified (size, sha256), and only once all are, each renamed into place
+    (metrics.jsonl and output.log, when there already, get the restored copy appended in
+    place instead). A failure before that point replaces nothing. Returns, and writes as
+    <jobdir>/restore-status.json, {"ok", "seq", "step", "epoch", "files", "bytes", "seconds",
+    "error"}, plus "slot", "at" and the restored checkpoints' "signature" (the Streamer does
+    not upload them again)."""
+    started = time.time()
+    status = {"ok": False, "seq": None, "step": None, "epoch": None, "files": 0, "bytes": 0,
+              "seconds": 0.0, "error": None, "slot": None, "signature": None}
+    staged = []
+    try:
+        plan, timeout = _load_plan(plan_path)
+        status.update(seq=plan["seq"], slot=plan["slot"], step=plan.get("step"),
+                      epoch=plan.get("epoch"))
+        deadline = started + timeout
+        os.makedirs(jobdir, exist_ok=True)
+        root = os.path.realpath(jobdir)
+        targets = []
+        for item in plan["files"]:  # every path is checked before anything is written
+            target = _inside(root, item["path"])
+            if target is None:
+                raise RestoreError("unsafe path %r: nothing restored" % item["path"])
+            if os.path.lexists(target) and not stat.S_ISREG(os.lstat(target).st_mode):
+                raise RestoreError("%s is there and not a file: nothing restored" % item["path"])
+            targets.append(target)
+        for item, target in zip(plan["files"], targets):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if _inside(root, item["path"]) != target:  # a folder made just now, not a link
+                raise RestoreError("%s changed while it was restored" % item["path"])
+            tmp = os.path.join(os.path.dirname(target), ".%s.%d.restoring"
+                               % (os.path.basename(target), os.getpid()))
+            staged.append(tmp)
+            _download(item["url"], tmp, item["size"], item["sha256"], deadline, item["path"])
+        for item, target, tmp in zip(plan["files"], targets, staged):  # checkpoints first
+            if item["path"] not in LOGS:
+                os.replace(tmp, target)
+        for item, target, tmp in zip(plan["files"], targets, staged):
+            if item["path"] in LOGS and not _append_into(tmp, target):
+                os.replace(tmp, target)
+        for folder in sorted({os.path.dirname(t) for t in targets}):
+            _fsync_dir(folder)
+        status.update(ok=True, files=len(targets), bytes=plan["bytes"],
+                      signature=[list(s) for s in signature(root)])
+    except RestoreError as exc:
+        status["error"] = str(exc)
+    except Exception as exc:
+        status["error"] = "%s: %s" % (type(exc).__name__, exc)
+    finally:
+        for tmp in staged:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    status["seconds"] = round(time.time() - started, 3)
+    status["at"] = time.time()
+    if status["error"] is not None:
+        status["error"] = " ".join(str(status["error"]).split())[:500]
+    try:
+        _write_json(os.path.join(jobdir, RESTORE_STATUS), status)
+    except OSError:
+        pass
+    return status
+
+
+def _fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def main(argv):
+    if len(argv) != 3 or argv[0] != "restore":
+        print("usage: checkpoint_stream.py restore PLAN JOBDIR", file=sys.stderr)
+        return 2
+    status = restore(argv[1], argv[2])
+    if not status["ok"]:
+        print("cloudtrain: checkpoint restore failed: %s" % status["error"], file=sys.stderr)
+        return 1
+    print("cloudtrain: restored checkpoint %s (step %s, %.1f MB) from the job store in %.1f s"
+          % (status["seq"], "unknown" if status["step"] is None else status["step"],
+             status["bytes"] / 1e6, status["seconds"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

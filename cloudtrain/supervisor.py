@@ -1,0 +1,288 @@
+"""The recovery supervisor: the process that relaunches interrupted spot jobs, whether or
+not anyone is watching.
+
+    state(home)              is it running (pid, since, last heartbeat), and what it watches
+    needed(store)            whether any job needs it (an active job launched to recover)
+    ensure(store, settings)  start it if it is needed and not running; a line to say, or None
+    start(settings)          start it: detached, in its own tmux session on this machine
+    stop(home)               stop it (SIGTERM; it finishes the step it is in)
+    run(home)                the loop itself (`cloudtrain supervisor run`, inside tmux)
+
+One per CLOUDTRAIN_HOME: the running one holds an exclusive lock on `supervisor.lock` (the
+kernel drops it when the process dies, however it dies), so "is it running" is "is the lock
+held", with no stale pid files to believe. It keeps no state of its own: each round it reads
+the store (the jobs, their attempts) and acts through jobs.refresh (which notices an
+interruption) and recovery.relaunch (which starts the next attempt; the attempt's instance is
+tagged with its number, so a supervisor killed half-way finds it again). Any `cloudtrain`
+command restarts a dead supervisor while recovering jobs exist (cli.py calls ensure).
+
+It runs in tmux so that closing the terminal it was started from does not stop it, and so
+that `tmux -L <socket> attach -t <session>` shows what it is doing. It leaves when no job
+needs it any more.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import config, state
+from .errors import CloudtrainError, MissingDependency
+
+LOCK = "supervisor.lock"
+INFO = "supervisor.json"  # pid, started_at, heartbeat_at, watching: for `status`
+ENV = "supervisor.env"  # the environment it runs with (AWS settings), the user's only
+LOG = "supervisor.log"
+START_WAIT_S = 10.0
+IDLE_EXIT_S = 30.0  # with nothing to watch for this long, it leaves
+# The environment the supervisor needs from the command that started it: the tmux server
+# it runs under may be older than that shell, and have none of it.
+ENV_PREFIXES = ("AWS_", "CLOUDTRAIN_")
+ENV_NAMES = ("PATH", "HOME", "USER", "LANG", "VIRTUAL_ENV", "PYTHONPATH", "SSL_CERT_FILE",
+             "REQUESTS_CA_BUNDLE", "TMPDIR")
+
+
+def session(home: Path) -> str:
+    """Its tmux session: one per CLOUDTRAIN_HOME."""
+    return "ct-supervisor-" + hashlib.sha256(str(Path(home).resolve()).encode()).hexdigest()[:8]
+
+
+def _held(home: Path) -> bool:
+    """Whether a live process holds the supervisor's lock."""
+    path = Path(home) / LOCK
+    if not path.exists():
+        return False
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock taken just now
+    return False
+
+
+def state_of(home: Path) -> dict:
+    info = {}
+    try:
+        info = json.loads((Path(home) / INFO).read_text())
+    except (OSError, ValueError):
+        pass
+    info = info if isinstance(info, dict) else {}
+    running = _held(home)
+    return {"running": running, "pid": info.get("pid") if running else None,
+            "started_at": info.get("started_at") if running else None,
+            "heartbeat_at": info.get("heartbeat_at") if running else None,
+            "watching": info.get("watching") if running else None,
+            "session": session(home), "tmux_socket": info.get("tmux_socket")}
+
+
+def watched(store: state.Store) -> list[state.Job]:
+    """The jobs the supervisor looks after: active, launched to recover."""
+    return [j for j in store.jobs(active_only=True)
+            if j.backend != "local" and (j.spec or {}).get("recover")]
+
+
+def needed(store: state.Store) -> bool:
+    return bool(watched(store))
+
+
+def ensure(store: state.Store, settings: config.Settings | None = None) -> str | None:
+    """Start the supervisor if a job needs it and none runs. Returns what to tell the user
+    (None: nothing happened). Never raises: a command must not fail because of it; a
+    supervisor that cannot start is said."""
+    home = config.home()
+    try:
+        if not needed(store) or _held(home):
+            return None
+        pid = start(home)
+        return f"recovery supervisor started (pid {pid}, tmux session {session(home)})"
+    except CloudtrainError as exc:
+        return f"WARNING: the recovery supervisor could not start: {exc.message}"
+    except OSError as exc:
+        return f"WARNING: the recovery supervisor could not start: {exc}"
+
+
+def watchdog() -> str | None:
+    """What every `cloudtrain` command does first: restart a dead supervisor while jobs need
+    it. Cheap (one query) and silent unless it acted; nothing here can fail the command."""
+    try:
+        home = config.home()
+        if not (home / "state.db").exists():
+            return None
+        with state.open_store(home) as store:
+            return ensure(store)
+    except Exception:  # a broken store or config: the command itself says so
+        return None
+
+
+def start(home: Path | None = None) -> int | None:
+    """Start `cloudtrain supervisor run` in a tmux session of its own and wait (bounded) until
+    it holds the lock. Returns its pid."""
+    from .hosts import default_tmux_socket
+
+    home = Path(home or config.home())
+    socket = default_tmux_socket()
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+    env["CLOUDTRAIN_HOME"] = str(home)
+    config.write_private(home / ENV, json.dumps(env).encode())
+    command = shlex.join([sys.executable, "-m", "cloudtrain", "supervisor", "run",
+                          "--home", str(home)])
+    log = shlex.quote(str(home / LOG))
+    try:
+        subprocess.run(["tmux", "-L", socket, "kill-session", "-t", session(home)],
+                       capture_output=True, timeout=10)
+        proc = subprocess.run(
+            ["tmux", "-L", socket, "new-session", "-d", "-s", session(home), "-c", str(home),
+             f"exec {command} >>{log} 2>&1"],
+            capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise MissingDependency("tmux is not installed on this machine") from None
+    except subprocess.TimeoutExpired:
+        raise CloudtrainError("tmux did not answer in 10 s") from None
+    if proc.returncode != 0 and not _held(home):
+        raise CloudtrainError(f"tmux could not start it: {proc.stderr.strip()[:200]}")
+    deadline = time.monotonic() + START_WAIT_S
+    while time.monotonic() < deadline:
+        if _held(home):
+            return state_of(home).get("pid")
+        time.sleep(0.05)
+    raise CloudtrainError(f"it did not start within {START_WAIT_S:.0f} s (see {home / LOG})")
+
+
+def stop(home: Path | None = None, wait_s: float = 30.0) -> bool:
+    """Ask the running supervisor to leave (it finishes its current step); True if one ran."""
+    home = Path(home or config.home())
+    info = state_of(home)
+    pid = info.get("pid")
+    if not info["running"] or not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + wait_s
+    while _held(home) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return True
+
+
+# -- the loop -------------------------------------------------------------------------------
+
+
+class _Stop(Exception):
+    pass
+
+
+def run(home: Path | None = None) -> int:
+    """The supervisor itself. Exits 0 at once if another holds the lock."""
+    home = Path(home or config.home())
+    home.mkdir(parents=True, exist_ok=True)
+    try:
+        env = json.loads((home / ENV).read_text())
+        os.environ.update({k: str(v) for k, v in env.items() if isinstance(k, str)})
+    except (OSError, ValueError, AttributeError):
+        pass
+    os.environ["CLOUDTRAIN_HOME"] = str(home)
+    fd = os.open(home / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return 0
+    stopping = {"flag": False}
+
+    def on_term(signum, frame):
+        stopping["flag"] = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_term)
+    started = time.time()
+    idle_since = None
+    next_try: dict[str, float] = {}
+    _say(f"supervisor {os.getpid()} watching {home}")
+    try:
+        while not stopping["flag"]:
+            if not (home / "state.db").exists():
+                break  # the home went away (a test's, a user's rm -rf)
+            settings = config.Settings.load()
+            with state.open_store(home) as store:
+                jobs_now = watched(store)
+                _write_info(home, started, len(jobs_now))
+                for job in jobs_now:
+                    if stopping["flag"]:
+                        break
+                    _round(store, settings, job, next_try)
+            if jobs_now:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_EXIT_S:
+                break
+            _sleep(settings.supervisor_poll_seconds, stopping)
+    finally:
+        _say(f"supervisor {os.getpid()} leaves")
+        try:
+            (home / INFO).unlink()
+        except OSError:
+            pass
+        os.close(fd)
+    return 0
+
+
+def _round(store: state.Store, settings: config.Settings, job: state.Job,
+           next_try: dict[str, float]) -> None:
+    """One look at one job: refresh a running one (an interruption shows up here), relaunch a
+    recovering one when it is due. One job's trouble never stops the others."""
+    from . import jobs, recovery
+
+    try:
+        job = jobs.refresh(store, settings, job)
+        if job.state != state.RECOVERING or time.time() < next_try.get(job.id, 0.0):
+            return
+        _say(f"job {job.id}: relaunching ({job.reason})")
+        job = recovery.relaunch(store, settings, job, say=_say)
+        if job.state == state.RECOVERING:  # nowhere to go yet: ask again later
+            next_try[job.id] = time.time() + settings.recovery_retry_seconds
+            _say(f"job {job.id}: {job.reason}; next try in "
+                 f"{settings.recovery_retry_seconds:g} s")
+        else:
+            next_try.pop(job.id, None)
+            _say(f"job {job.id}: {job.state}")
+    except CloudtrainError as exc:
+        _say(f"job {job.id}: {exc.message}")
+    except Exception as exc:  # a bug must not end recovery for every job
+        import traceback
+
+        _say(f"job {job.id}: internal error: {type(exc).__name__}: {exc}")
+        traceback.print_exc()
+
+
+def _write_info(home: Path, started: float, watching: int) -> None:
+    from .hosts import default_tmux_socket
+
+    config.write_private(home / INFO, json.dumps({
+        "pid": os.getpid(), "started_at": started, "heartbeat_at": time.time(),
+        "watching": watching, "tmux_socket": default_tmux_socket()}).encode())
+
+
+def _sleep(seconds: float, stopping: dict) -> None:
+    deadline = time.monotonic() + seconds
+    while not stopping["flag"] and time.monotonic() < deadline:
+        time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+
+
+def _say(line: str) -> None:
+    print(time.strftime("%Y-%m-%d %H:%M:%S ") + line, flush=True)

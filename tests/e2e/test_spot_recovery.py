@@ -1,0 +1,440 @@
+"""Issue 13 end to end: spot jobs that finish. Through the real AWS path (moto's EC2 and S3 on
+the bridge) with two instances that are network namespaces, one per AZ (10.200.0.4 in
+us-east-1a, 10.200.0.132 in us-east-1b), each with its own sshd, home directory (its disk) and
+tmux; the agent hears of interruptions from a fake IMDSv2 on the bridge; the recovery
+supervisor runs in tmux on this machine as it would on a user's.
+
+An interruption here is what EC2 does to a spot instance: (with a notice) the agent reads
+spot/instance-action, the job checkpoints, the agent uploads it and powers off; then the
+instance is terminated with reason Server.SpotInstanceTermination, its processes killed and
+its disk gone. Without a notice only the second half happens.
+
+Every scenario ends with nothing left in moto: no instance, volume or spot request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from moto.server import ThreadedMotoServer
+
+from aws_lab import AWS_ENV, REGION, AWSLab, _plain_http_stands_in_for_tls
+from conftest import wait_for
+from imds_lab import FakeIMDS
+from netns import GATEWAY, NetnsLab, netns_available
+from sshd import SSHD, free_port
+
+reason = netns_available()
+pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
+              pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs sshd"),
+              pytest.mark.slow]
+torch = pytest.importorskip("torch")
+
+BRIDGE = str(GATEWAY)
+ZONES = {"us-east-1a": "10.200.0.0/25", "us-east-1b": "10.200.0.128/25"}
+HOSTS = {"us-east-1a": "10.200.0.4", "us-east-1b": "10.200.0.132"}  # moto's first address
+SPOT_REASON = ("Server.SpotInstanceTermination", "Server.SpotInstanceTermination: Spot "
+                                                 "instance termination")
+# The smoke profile, longer: 16 steps an epoch, so an interruption lands mid-epoch.
+RESNET9 = ("--recipe", "resnet9", "--profile", "smoke", "--set", "epochs=4",
+           "--set", "synthetic_train=2048")
+
+RECORDER = """#!/bin/bash
+# The instance's `shutdown -h now`: recorded (the test plays EC2's part).
+echo "{\\"jobdir\\": \\"$CLOUDTRAIN_JOB_DIR\\", \\"at\\": $(date +%s)}" >> {log}
+"""
+
+# Your own code under recovery: a step every 0.15 s, a checkpoint (and the checkpoint-info
+# the agent reads its step from) every 5, resuming from $CLOUDTRAIN_CHECKPOINT_DIR.
+OWN_JOB = r"""
+import json, os, sys, time
+ck = os.environ["CLOUDTRAIN_CHECKPOINT_DIR"]
+state = os.path.join(ck, "state.json")
+step = json.load(open(state))["step"] if os.path.exists(state) else 0
+print("attempt", os.environ["CLOUDTRAIN_ATTEMPT"], "starts at step", step, flush=True)
+total = int(sys.argv[1])
+with open(os.path.join(os.environ["CLOUDTRAIN_JOB_DIR"], "metrics.jsonl"), "a") as m:
+    while step < total:
+        time.sleep(0.15)
+        step += 1
+        m.write(json.dumps({"step": step, "epoch": step // 5}) + "\n"); m.flush()
+        if step % 5 == 0:
+            for name, doc in (("state.json", {"step": step}),
+                              ("checkpoint-info.json", {"step": step, "epoch": step // 5})):
+                tmp = os.path.join(ck, "." + name)
+                json.dump(doc, open(tmp, "w")); os.replace(tmp, os.path.join(ck, name))
+print("done at step", step, flush=True)
+"""
+
+
+class RecoveryLab:
+    """Two namespace instances, moto, the fake IMDS, and what the test does as EC2."""
+
+    def __init__(self, net: NetnsLab, tmp: Path, cli, ct_home: Path, monkeypatch):
+        self.net, self.tmp, self.cli, self.home = net, tmp, cli, ct_home
+        self.port = free_port(BRIDGE)
+        self.server = ThreadedMotoServer(ip_address=BRIDGE, port=self.port, verbose=False)
+        self.server.start()
+        self.endpoint = f"http://{BRIDGE}:{self.port}"
+        requests.post(f"{self.endpoint}/moto-api/reset", timeout=10)
+        for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": self.endpoint}.items():
+            monkeypatch.setenv(k, v)
+        _plain_http_stands_in_for_tls(monkeypatch)
+        self.aws = AWSLab(self.endpoint, ct_home, tmp / "lab")
+        self.aws.work.mkdir()
+        self.aws.build_cloud("10.200.0.0/16", ZONES)
+        self.imds = FakeIMDS(host=BRIDGE, role=None)
+        self.hosts, self.sshds, self.homes = {}, {}, {}
+        no_tmux = self._path_without_tmux()
+        for zone, ip in HOSTS.items():
+            self.hosts[ip] = net.add_host(ip)
+            self.homes[ip] = tmp / f"home-{ip}"
+            server = SSHD(tmp / f"sshd-{ip}", host=ip, port=22, client_key=self.aws.key,
+                          netns=self.hosts[ip].name)
+            with open(server.config, "a") as f:  # its own disk and tmux
+                f.write(f"SetEnv HOME={self.homes[ip]} TMUX_TMPDIR={tmp / ('tmux-' + ip)}\n")
+            self.sshds[ip] = server
+            self.hosts[ip].sshds.append(server)
+        self.no_tmux_path = no_tmux
+        self.aws.console_output(self.aws.fingerprint_block(
+            *(s.host_key for s in self.sshds.values())))
+        self.log = tmp / "shutdowns.jsonl"
+        recorder = tmp / "shutdown"
+        recorder.write_text(RECORDER.replace("{log}", str(self.log)))
+        recorder.chmod(0o755)
+        self.aws.write_config(
+            ssh_port=22, ssh_wait_seconds=30.0, remote_root="~/.cloudtrain",
+            shutdown_command=str(recorder), shutdown_delay_seconds=0.0,
+            imds_url=self.imds.url, spot_poll_seconds=0.2, checkpoint_settle_seconds=0.2,
+            supervisor_poll_seconds=0.3, recovery_retry_seconds=1.0,
+            stale_after_seconds=20.0)
+
+    def _path_without_tmux(self) -> Path:
+        """A PATH for an instance whose user-data has not installed tmux yet."""
+        shim = self.tmp / "bin-no-tmux"
+        shim.mkdir()
+        for entry in os.scandir("/usr/bin"):
+            if entry.name != "tmux":
+                os.symlink(entry.path, shim / entry.name)
+        return shim
+
+    def start(self, ip: str, without_tmux: bool = False) -> None:
+        self.homes[ip].mkdir(exist_ok=True)
+        server = self.sshds[ip]
+        if without_tmux:
+            with open(server.config, "a") as f:
+                f.write(f"SetEnv PATH={self.no_tmux_path}\n")
+        server.start()
+
+    def restart_with_tmux(self, ip: str) -> None:
+        server = self.sshds[ip]
+        server.stop()
+        lines = [l for l in server.config.read_text().splitlines()
+                 if not l.startswith(f"SetEnv PATH={self.no_tmux_path}")]
+        server.config.write_text("\n".join(lines) + "\n")
+        server.start()
+
+    def instances(self, job_id: str) -> list[dict]:
+        return self.aws.instances(**{"tag:cloudtrain:job": job_id})
+
+    def live(self, job_id: str) -> list[dict]:
+        return [i for i in self.instances(job_id) if i["State"]["Name"] != "terminated"]
+
+    def current(self, job_id: str) -> dict:
+        return wait_for(lambda: (self.live(job_id) or [None])[-1], timeout=60,
+                        what="the job's instance")
+
+    def take_back(self, instance: dict) -> None:
+        """EC2 reclaims the spot instance: its processes and disk go, it is terminated with
+        the spot reason."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models import ec2_backends
+        from moto.ec2.models.instances import StateReason
+
+        backend = ec2_backends[DEFAULT_ACCOUNT_ID][REGION]
+        backend.terminate_instances([instance["InstanceId"]])
+        backend.get_instance(instance["InstanceId"]).state_reason = StateReason(
+            SPOT_REASON[1], SPOT_REASON[0])
+        ip = instance["PrivateIpAddress"]
+        self.hosts[ip].close()  # sshd, agent, job, its tmux: every process in the namespace
+        for socket in (self.tmp / f"tmux-{ip}").glob("tmux-*/*"):  # and its tmux server
+            subprocess.run(["tmux", "-S", str(socket), "kill-server"], capture_output=True)
+        for status in self.homes[ip].glob(".cloudtrain/jobs/*/status.json"):
+            doc = json.loads(status.read_text() or "{}")
+            for pid in [doc.get("agent_pid")] + [p for p, _ in doc.get("descendants") or []]:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (TypeError, ValueError, ProcessLookupError):
+                    pass
+        shutil.rmtree(self.homes[ip], ignore_errors=True)
+
+    def metrics(self, ip: str, job_id: str) -> list[dict]:
+        path = self.homes[ip] / ".cloudtrain" / "jobs" / job_id / "metrics.jsonl"
+        try:
+            return [json.loads(l) for l in path.read_text().splitlines() if l.endswith("}")]
+        except (OSError, ValueError):
+            return []
+
+    def stored_checkpoint(self, job_id: str) -> dict | None:
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION,
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        try:
+            body = s3.get_object(Bucket=f"cloudtrain-123456789012-{REGION}",
+                                 Key=f"jobs/{job_id}/stream/latest.json")["Body"].read()
+        except Exception:
+            return None
+        return json.loads(body)
+
+    def leftovers(self) -> dict:
+        ec2 = self.aws.ec2
+        running = [i["InstanceId"] for i in self.aws.instances()
+                   if i["State"]["Name"] != "terminated"]
+        volumes = [v["VolumeId"] for v in ec2.describe_volumes()["Volumes"]
+                   if v["State"] not in ("deleted", "deleting")
+                   and not v.get("Attachments")]
+        spot = [r["SpotInstanceRequestId"] for r in
+                ec2.describe_spot_instance_requests()["SpotInstanceRequests"]
+                if r["State"] in ("open", "active")]
+        return {"instances": running, "volumes": volumes, "spot_requests": spot}
+
+    def close(self) -> None:
+        self.cli("supervisor", "stop", timeout=60)
+        self.imds.close()
+        self.server.stop()
+        self.aws.restore()
+
+
+@pytest.fixture
+def lab(cli, ct_home, tmp_path, monkeypatch):
+    monkeypatch.setenv("CLOUDTRAIN_TMUX_SOCKET", f"ct-e2e-recovery-{os.getpid()}")
+    with NetnsLab(tmp_path / "netns") as net:
+        lab = RecoveryLab(net, tmp_path, cli, ct_home, monkeypatch)
+        try:
+            yield lab
+        finally:
+            lab.close()
+            subprocess.run(["tmux", "-L", os.environ["CLOUDTRAIN_TMUX_SOCKET"], "kill-server"],
+                           capture_output=True)
+
+
+def _own_job(tmp_path: Path, steps: int) -> Path:
+    work = tmp_path / "own"
+    work.mkdir(exist_ok=True)
+    (work / "job.py").write_text(OWN_JOB)
+    return work
+
+
+def _attempts(cli, job_id: str) -> list[dict]:
+    return cli.job(job_id)["attempts"]
+
+
+def _wait_state(cli, job_id, states, timeout=180) -> dict:
+    return wait_for(lambda: (lambda j: j if j["state"] in states else None)(cli.job(job_id)),
+                    timeout=timeout, interval=0.5, what=f"job {job_id} to reach {states}")
+
+
+def _final_weights(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)["model"]
+
+
+def test_F13_notice_mid_training_resumes_elsewhere_bit_identical(lab, cli, ct_home, tmp_path):
+    """A resnet9 run gets the 2-minute notice mid-training: it checkpoints at a step
+    boundary, the agent uploads it, EC2 takes the instance; the supervisor relaunches in the
+    other AZ, the new host restores the checkpoint from the job store, and the run finishes
+    with the same step count and bit-identical weights as an uninterrupted run."""
+    for ip in HOSTS.values():
+        lab.start(ip)
+    job_id = cli.launch(*RESNET9, "--instance", "g5.xlarge", "--spot")
+    first = lab.current(job_id)
+    ip = first["PrivateIpAddress"]
+    # Mid-training: after the first epoch's checkpoint has been streamed.
+    wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("epoch"), timeout=120,
+             what="the first streamed checkpoint")
+    lab.imds.announce(ip)
+    wait_for(lambda: lab.log.exists() and ip in lab.log.read_text()
+             or not lab.live(job_id) or lab.live(job_id)[-1]["InstanceId"] != first["InstanceId"],
+             timeout=60, what="the agent to finish its notice")
+    if first["InstanceId"] in [i["InstanceId"] for i in lab.live(job_id)]:
+        lab.take_back(first)
+    job = _wait_state(cli, job_id, ("succeeded", "failed", "cancelled"))
+    assert job["state"] == "succeeded", (job["reason"], job["timeline"])
+
+    attempts = job["attempts"]
+    assert [a["outcome"] for a in attempts] == ["interrupted", "succeeded"], attempts
+    assert attempts[0]["zone"] != attempts[1]["zone"]
+    # The notice's checkpoint reached the store, and the next attempt resumed from it.
+    ckpt = attempts[0]["checkpoint"]
+    assert ckpt["final"] and ckpt["ok"] and ckpt["bytes"] > 0 and ckpt["seconds"] >= 0, ckpt
+    assert attempts[1]["resumed_step"] == ckpt["step"]
+    assert attempts[0]["redone_steps"] == 0  # nothing beyond the current step was lost
+    assert 0 < ckpt["step"] < 64
+    phases = [p["name"] for p in job["timeline"]]
+    assert "recovering" in phases and "restore" in phases and "checkpoint" in phases, phases
+    log = cli.ok("logs", job_id).stdout
+    assert "restored checkpoint" in log and "resnet9: done, 4 epochs" in log
+
+    # The same run without an interruption, on this machine.
+    plain = cli.launch(*RESNET9, "--backend", "local", "--follow")
+    assert cli.job(plain)["state"] == "succeeded"
+    assert job["metrics"]["step"] == cli.job(plain)["metrics"]["step"] == 64
+    ours = _final_weights(ct_home / "jobs" / job_id / "checkpoints" / "last.pt")
+    theirs = _final_weights(Path(cli.job(plain)["jobdir"]) / "checkpoints" / "last.pt")
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    # Every attempt is billed.
+    report = json.loads(cli.ok("cost-report", "--json").stdout)
+    assert job_id in json.dumps(report)
+    assert len(lab.instances(job_id)) == 2
+    assert lab.leftovers() == {"instances": [], "volumes": [], "spot_requests": []}
+
+
+def test_F13_termination_without_notice_resumes_from_the_last_upload(lab, cli, tmp_path):
+    """No notice: the instance just vanishes. The next attempt resumes from the last
+    checkpoint that reached the job store; the steps after it are counted as redone."""
+    for ip in HOSTS.values():
+        lab.start(ip)
+    work = _own_job(tmp_path, 60)
+    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--workdir", str(work), "--",
+                        "python3", "job.py", "60")
+    first = lab.current(job_id)
+    wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("step", 0) >= 10, timeout=60,
+             what="a streamed checkpoint at step 10")
+    time.sleep(0.4)  # a few steps past it
+    lab.take_back(first)
+    job = _wait_state(cli, job_id, ("succeeded", "failed", "cancelled"))
+    assert job["state"] == "succeeded", job["reason"]
+    assert len(job["attempts"]) == 2, json.dumps([job["attempts"], job["timeline"], job["reason"]], indent=0)
+    a1, a2 = job["attempts"]
+    assert a1["outcome"] == "interrupted" and "without a notice" in a1["reason"]
+    assert a2["resumed_step"] is not None and a2["resumed_step"] >= 10
+    assert a2["resumed_step"] % 5 == 0
+    assert a1["redone_steps"] == a1["last_step"] - a2["resumed_step"] >= 0
+    log = cli.ok("logs", job_id).stdout
+    assert f"attempt 2 starts at step {a2['resumed_step']}" in log and "done at step 60" in log
+    assert job["metrics"]["step"] == 60
+    out = cli.ok("status", job_id).stdout
+    assert "attempts  2: 1 interrupted" in out
+    assert lab.leftovers() == {"instances": [], "volumes": [], "spot_requests": []}
+
+
+def test_F13_interruption_during_setup_starts_over_as_a_counted_attempt(lab, cli, tmp_path):
+    """The first instance is taken while it is being set up (its user-data has not installed
+    tmux yet): no checkpoint exists, the job starts over on the next instance, and the
+    interrupted setup counts as an attempt."""
+    for ip in HOSTS.values():  # neither has tmux yet; the second gets it below
+        lab.start(ip, without_tmux=True)
+    work = _own_job(tmp_path, 10)
+    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "launch", "--quiet",
+                             "--instance", "g5.xlarge", "--spot", "--workdir", str(work), "--",
+                             "python3", "job.py", "10"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    try:
+        first = wait_for(lambda: next((i for i in lab.aws.instances()
+                                       if i["State"]["Name"] == "running"), None),
+                         timeout=60, what="the first instance")
+        job_id = lab.aws.tags(first)["cloudtrain:job"]
+        wait_for(lambda: cli.job(job_id)["state"] == "setting-up", timeout=60,
+                 what="setting-up")
+        other = next(ip for ip in HOSTS.values() if ip != first["PrivateIpAddress"])
+        lab.restart_with_tmux(other)
+        lab.take_back(first)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "interrupted during setting-up" in err
+    job = _wait_state(cli, job_id, ("succeeded", "failed", "cancelled"))
+    assert job["state"] == "succeeded", job["reason"]
+    a1, a2 = job["attempts"]
+    assert a1["outcome"] == "interrupted" and a1["running_at"] is None
+    assert a2["resumed_step"] is None and a2["resumed_checkpoint"] is None
+    assert "attempt 2 starts at step 0" in cli.ok("logs", job_id).stdout
+    assert lab.leftovers() == {"instances": [], "volumes": [], "spot_requests": []}
+
+
+def _supervisor_pid(ct_home: Path) -> int:
+    return json.loads((ct_home / "supervisor.json").read_text())["pid"]
+
+
+def test_F13_supervisor_killed_mid_recovery_no_duplicate_no_lost_attempt(lab, cli, ct_home,
+                                                                          tmp_path):
+    """SIGKILL the supervisor while it waits for the relaunched instance's SSH: the next
+    command restarts it, and it goes on with the instance it had started (found by its
+    attempt tag) instead of starting another; the attempt is neither lost nor doubled."""
+    work = _own_job(tmp_path, 30)
+    for ip in HOSTS.values():
+        lab.start(ip)
+    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--workdir", str(work), "--",
+                        "python3", "job.py", "30")
+    first = lab.current(job_id)
+    other = next(ip for ip in HOSTS.values() if ip != first["PrivateIpAddress"])
+    lab.sshds[other].stop()  # the relaunched instance answers SSH only later
+    wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("step", 0) >= 5, timeout=60,
+             what="a streamed checkpoint")
+    lab.take_back(first)
+    wait_for(lambda: len(lab.instances(job_id)) == 2 and
+             cli.job(job_id)["state"] == "provisioning", timeout=60,
+             what="the relaunch waiting for SSH")
+    os.kill(_supervisor_pid(ct_home), signal.SIGKILL)
+    proc = cli.ok("status")  # notices the dead relaunch, restarts the supervisor
+    assert "recovery supervisor started" in proc.stderr
+    lab.sshds[other].start()
+    job = _wait_state(cli, job_id, ("succeeded", "failed", "cancelled"))
+    assert job["state"] == "succeeded", job["reason"]
+    assert len(lab.instances(job_id)) == 2  # no duplicate instance
+    assert [a["attempt"] for a in job["attempts"]] == [1, 2]
+    assert job["attempts"][1]["outcome"] == "succeeded"
+    assert "supervisor stopped during attempt 2" in json.dumps(job["timeline"])
+    assert lab.leftovers() == {"instances": [], "volumes": [], "spot_requests": []}
+
+
+def test_F13_max_restarts_used_up_fails_with_its_reason(lab, cli, tmp_path):
+    for ip in HOSTS.values():
+        lab.start(ip)
+    work = _own_job(tmp_path, 200)
+    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--max-restarts", "0",
+                        "--workdir", str(work), "--", "python3", "job.py", "200")
+    first = lab.current(job_id)
+    wait_for(lambda: lab.metrics(first["PrivateIpAddress"], job_id), timeout=60,
+             what="the job to run")
+    lab.take_back(first)
+    job = _wait_state(cli, job_id, ("succeeded", "failed", "cancelled"), timeout=60)
+    assert job["state"] == "failed"
+    assert "--max-restarts 0 used up after 1 attempt" in job["reason"]
+    assert len(lab.instances(job_id)) == 1
+    assert lab.leftovers() == {"instances": [], "volumes": [], "spot_requests": []}
+
+
+def test_F13_down_during_recovery_terminates_and_nothing_launches_after(lab, cli, tmp_path):
+    work = _own_job(tmp_path, 200)
+    for ip in HOSTS.values():
+        lab.start(ip)
+    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--workdir", str(work), "--",
+                        "python3", "job.py", "200")
+    first = lab.current(job_id)
+    other = next(ip for ip in HOSTS.values() if ip != first["PrivateIpAddress"])
+    lab.sshds[other].stop()
+    wait_for(lambda: lab.metrics(first["PrivateIpAddress"], job_id), timeout=60,
+             what="the job to run")
+    lab.take_back(first)
+    wait_for(lambda: len(lab.instances(job_id)) == 2, timeout=60, what="the relaunch")
+    out = cli.ok("down", job_id).stdout
+    assert "cancelled" in out
+    assert lab.live(job_id) == []
+    time.sleep(3)  # the supervisor's relaunch gives up; nothing new may start meanwhile
+    assert len(lab.instances(job_id)) == 2 and lab.live(job_id) == []
+    job = cli.job(job_id)
+    assert job["state"] == "cancelled"
+    assert lab.leftovers() == {"instances": [], "volumes": [], "spot_requests": []}

@@ -1,0 +1,393 @@
+"""The checkpoint stream against moto's S3 server: the agent's Streamer POSTing through the
+job's presigned grant, the orchestrator's latest_checkpoint and restore_plan reading it back,
+and checkpoint_stream.restore downloading through presigned GETs into a fresh job directory.
+
+moto does not check a presigned POST's policy (tests/integration/test_jobstore_s3.py says
+where that is covered). Failures mid-snapshot come from a small proxy in front of moto that
+stops forwarding, as S3 or the network would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+import requests
+
+from aws_lab import moto_endpoint  # noqa: F401  (fixture)
+from cloudtrain import agent, agent_upload, checkpoint_stream as cs, jobstore
+
+REGION = "eu-west-1"
+ACCOUNT = "123456789012"
+OWNER = f"arn:aws:iam::{ACCOUNT}:user/tester"
+JOB = "cs12ab34"
+CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+STREAM = f"jobs/{JOB}/stream/"
+
+
+@pytest.fixture
+def s3(moto_endpoint, monkeypatch):  # noqa: F811
+    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    monkeypatch.setattr(agent_upload, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(cs, "RESTORE_BACKOFF_S", 0.01)
+    return jobstore.s3_client(boto3.Session(region_name=REGION, **CREDS), REGION, moto_endpoint)
+
+
+@pytest.fixture
+def bucket(s3):
+    name = jobstore.bucket_name(ACCOUNT, REGION)
+    jobstore.ensure_bucket(s3, name, REGION, OWNER)
+    s3.delete_bucket_policy(Bucket=name)  # moto cannot evaluate aws:SecureTransport (see there)
+    return name
+
+
+@pytest.fixture
+def grant(s3, bucket):
+    return json.loads(json.dumps(jobstore.upload_grant(s3, bucket, JOB, 600, 1 << 30)))
+
+
+def _save(jobdir: Path, files: dict[str, bytes], step: int) -> None:
+    """Checkpoint files renamed into place, then checkpoint-info.json, as save_atomic does."""
+    for rel, data in {**files, cs.INFO: json.dumps({"step": step, "epoch": step // 10}
+                                                   ).encode()}.items():
+        path = jobdir / "checkpoints" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name("." + path.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    with open(jobdir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": step}) + "\n")
+    with open(jobdir / "output.log", "a") as f:
+        f.write(f"saved step {step}\n")
+
+
+def _tree(root: Path, under: str = "") -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.name.startswith(".")
+            and p.relative_to(root).as_posix().startswith(under)
+            and p.name != cs.RESTORE_STATUS}
+
+
+def _restore_into(s3, bucket, target: Path, tmp_path: Path) -> dict:
+    manifest = jobstore.latest_checkpoint(s3, bucket, JOB)
+    plan = jobstore.restore_plan(s3, bucket, JOB, manifest, expires_s=600)
+    plan_path = tmp_path / f"plan-{target.name}.json"
+    plan_path.write_text(json.dumps(plan))
+    return cs.restore(str(plan_path), str(target))
+
+
+def _wait(what, check, timeout=15.0):
+    deadline = time.time() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_streamed_checkpoints_restore_byte_identical_and_alternate_slots(s3, bucket, grant,
+                                                                         tmp_path):
+    job = tmp_path / "job"
+    first = {"last.pt": os.urandom(3 << 20), "run/optimizer.pt": os.urandom(1000)}
+    _save(job, first, step=10)
+    streamer = cs.Streamer(str(job), grant, settle_s=0.1, poll_s=0.02, attempt=1)
+    streamer.start()
+    try:
+        rec = _wait("the first upload", lambda: streamer.last)
+        assert rec["ok"] and (rec["seq"], rec["slot"], rec["step"]) == (1, "a", 10), rec
+        manifest = jobstore.latest_checkpoint(s3, bucket, JOB)
+        assert (manifest["seq"], manifest["slot"], manifest["step_source"]) == (1, "a",
+                                                                                "checkpoint")
+        expected = _tree(job)
+        assert _restore_into(s3, bucket, tmp_path / "new1", tmp_path)["ok"]
+        assert _tree(tmp_path / "new1") == expected
+
+        second = {"last.pt": os.urandom(2 << 20), "run/optimizer.pt": os.urandom(999)}
+        _save(job, second, step=20)
+        rec = _wait("the second upload", lambda: streamer.uploads == 2 and streamer.last)
+        assert (rec["seq"], rec["slot"], rec["step"]) == (2, "b", 20)
+    finally:
+        streamer.stop(10)
+    assert jobstore.latest_checkpoint(s3, bucket, JOB)["slot"] == "b"
+    expected = _tree(job)
+    status = _restore_into(s3, bucket, tmp_path / "new2", tmp_path)
+    assert status["ok"] and (status["seq"], status["step"]) == (2, 20)
+    assert _tree(tmp_path / "new2") == expected
+    # Slot a still holds the first snapshot whole.
+    body = s3.get_object(Bucket=bucket, Key=STREAM + "a/checkpoints/last.pt")["Body"].read()
+    assert body == first["last.pt"]
+
+
+class _Proxy(http.server.ThreadingHTTPServer):
+    """Forwards POSTs to moto; `fail(n)` (n: the POST's number, from 1) answers 500 instead;
+    `delay_s` before each forward (a slow link)."""
+
+    daemon_threads = True
+
+    def __init__(self, upstream: str):
+        super().__init__(("127.0.0.1", 0), _ProxyHandler)
+        self.upstream, self.count, self.delay_s = upstream, 0, 0.0
+        self.fail = lambda n: False
+        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
+
+    def grant(self, grant: dict) -> dict:
+        path = grant["url"].split("/", 3)[3]
+        return dict(grant, url=f"http://127.0.0.1:{self.server_address[1]}/{path}")
+
+
+class _ProxyHandler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.count += 1
+        time.sleep(self.server.delay_s)
+        if self.server.fail(self.server.count):
+            status, text = 500, b"<Error><Code>InternalError</Code></Error>"
+        else:
+            resp = requests.post(self.server.upstream + self.path, data=body, timeout=30,
+                                 headers={"Content-Type": self.headers["Content-Type"]})
+            status, text = resp.status_code, resp.content
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+
+
+@pytest.fixture
+def proxy(moto_endpoint):  # noqa: F811
+    server = _Proxy(moto_endpoint)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("cut", ["server-fails", "deadline"])
+def test_a_partial_upload_is_never_used(s3, bucket, grant, proxy, tmp_path, cut):
+    job = tmp_path / "job"
+    old = {"last.pt": os.urandom(1 << 20), "model.pt": os.urandom(5000)}
+    _save(job, old, step=1)
+    streamer = cs.Streamer(str(job), proxy.grant(grant))
+    assert streamer.flush(30)["ok"]
+    expected = _tree(job)
+
+    _save(job, {"last.pt": os.urandom(1 << 20), "model.pt": os.urandom(6000)}, step=2)
+    sent = proxy.count
+    if cut == "server-fails":  # the second file of the snapshot on: 500s, every retry too
+        proxy.fail = lambda n: n > sent + 1
+        rec = streamer.flush(30)
+        assert "HTTP 500" in rec["error"]
+    else:
+        proxy.delay_s = 0.3
+        rec = streamer.flush(0.5)
+        assert "ran out of time" in rec["error"]
+    assert rec["ok"] is False and (rec["seq"], rec["slot"]) == (2, "b")
+    stored = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=STREAM + "b/")
+              .get("Contents", [])]
+    assert stored  # the other slot holds part of the new snapshot...
+    manifest = jobstore.latest_checkpoint(s3, bucket, JOB)
+    assert (manifest["seq"], manifest["slot"], manifest["step"]) == (1, "a", 1)  # ...unnamed
+    status = _restore_into(s3, bucket, tmp_path / "new", tmp_path)
+    assert status["ok"] and status["step"] == 1
+    assert _tree(tmp_path / "new") == expected
+
+
+def test_tampered_objects_are_refused(s3, bucket, grant, tmp_path):
+    job = tmp_path / "job"
+    _save(job, {"last.pt": b"the real checkpoint"}, step=5)
+    assert cs.Streamer(str(job), grant).flush(30)["ok"]
+    key = STREAM + "a/checkpoints/last.pt"
+    s3.put_object(Bucket=bucket, Key=key, Body=b"the fake checkpoint")  # same size
+    new = tmp_path / "new"
+    (new / "checkpoints").mkdir(parents=True)
+    (new / "checkpoints" / "last.pt").write_bytes(b"a good local copy")
+    status = _restore_into(s3, bucket, new, tmp_path)
+    assert status["ok"] is False and "sha256 differs" in status["error"]
+    assert (new / "checkpoints" / "last.pt").read_bytes() == b"a good local copy"
+    assert sorted(p.name for p in (new / "checkpoints").iterdir()) == ["last.pt"]
+
+    s3.put_object(Bucket=bucket, Key=key, Body=b"shorter")
+    with pytest.raises(jobstore.StreamError, match="stored with 7 bytes, not 19"):
+        jobstore.latest_checkpoint(s3, bucket, JOB)
+    s3.delete_object(Bucket=bucket, Key=key)
+    with pytest.raises(jobstore.StreamError, match="is not stored in slot a"):
+        jobstore.latest_checkpoint(s3, bucket, JOB)
+    s3.put_object(Bucket=bucket, Key=STREAM + "latest.json", Body=b"{not json")
+    with pytest.raises(jobstore.StreamError, match="not JSON"):
+        jobstore.latest_checkpoint(s3, bucket, JOB)
+    s3.put_object(Bucket=bucket, Key=STREAM + "latest.json", Body=b" " * (2 << 20))
+    with pytest.raises(jobstore.StreamError, match="bytes"):
+        jobstore.latest_checkpoint(s3, bucket, JOB)
+    s3.delete_object(Bucket=bucket, Key=STREAM + "latest.json")
+    assert jobstore.latest_checkpoint(s3, bucket, JOB) is None
+    assert jobstore.latest_checkpoint(s3, "cloudtrain-999999999999-eu-west-1", JOB) is None
+
+
+def test_fetch_ignores_the_stream_and_delete_removes_it(s3, bucket, grant, tmp_path):
+    job = tmp_path / "job"
+    _save(job, {"last.pt": b"ckpt"}, step=1)
+    assert cs.Streamer(str(job), grant).flush(30)["ok"]
+    (job / "status.json").write_text("{}")
+    assert agent_upload.upload_job(str(job), grant, timeout_s=30)["ok"]
+    out = tmp_path / "out"
+    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30)
+    assert fetched.complete and fetched.skipped == [] and fetched.streamed is None
+    assert not [f for f in fetched.files if "stream" in f]
+    assert _tree(out) == _tree(job, "") and not (out / "stream").exists()
+    # Only the stream stored (the job still runs): nothing to fetch, nothing skipped.
+    s3.delete_object(Bucket=bucket, Key=f"jobs/{JOB}/manifest.json")
+    for rel in _tree(job):
+        s3.delete_object(Bucket=bucket, Key=f"jobs/{JOB}/{rel}")
+    assert not jobstore.fetch(s3, bucket, JOB, tmp_path / "o2", limit_bytes=1 << 30).found
+    assert jobstore.delete_job(s3, bucket, JOB) == 5  # latest.json and 4 files in slot a
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=f"jobs/{JOB}/")["KeyCount"] == 0
+
+
+# -- the agent, end to end ----------------------------------------------------------------------
+
+JOB_SCRIPT = r"""
+import json, os, signal, sys, time
+d = os.environ["CLOUDTRAIN_JOB_DIR"]
+ck = os.path.join(d, "checkpoints")
+os.makedirs(ck, exist_ok=True)
+
+def put(name, data):
+    tmp = os.path.join(ck, "." + name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, os.path.join(ck, name))
+
+def save(step):
+    put("last.pt", os.urandom(400000) + b"step %d" % step)
+    put("checkpoint-info.json", json.dumps({"step": step, "epoch": step // 5,
+                                            "file": "last.pt"}).encode())
+    with open(os.path.join(d, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps({"step": step, "epoch": step // 5}) + "\n")
+
+stopping = []
+signal.signal(signal.SIGTERM, lambda *a: stopping.append(1))
+step = 0
+while not stopping:
+    step += 1
+    save(step)
+    print("saved", step, flush=True)
+    time.sleep(0.3)
+step += 1
+save(step)
+print("final checkpoint", step, flush=True)
+sys.exit(143)
+"""
+
+
+class _SpotNotice(http.server.ThreadingHTTPServer):
+    """IMDSv2 on loopback: spot/instance-action is 404 until `announce`."""
+
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _IMDSHandler)
+        self.announce = False
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
+
+
+class _IMDSHandler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_PUT(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"token")
+
+    def do_GET(self):
+        if not self.server.announce:
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{"action": "terminate", "time": "2026-11-22T04:00:00Z"}')
+
+
+def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notice(
+        s3, bucket, grant, tmp_path):
+    home = tmp_path / "agent-x"
+    home.mkdir()
+    for source in (agent.__file__, agent_upload.__file__, cs.__file__):
+        shutil.copy(source, home)
+    jobdir = tmp_path / "jobs" / JOB
+    jobdir.mkdir(parents=True)
+    (jobdir / "job.py").write_text(JOB_SCRIPT)
+    (jobdir / "run.sh").write_text(f"exec {sys.executable} job.py\n")
+    imds = _SpotNotice()
+    (jobdir / "job.json").write_text(json.dumps({
+        "job_id": JOB, "heartbeat_s": 0.1, "grace_s": 10, "imds_url": imds.url,
+        "spot_poll_s": 0.1, "results_store": grant,
+        "checkpoint_stream": {"settle_s": 0.1, "poll_s": 0.05, "start_seq": 0,
+                              "start_slot": None, "attempt": 1}}))
+    proc = subprocess.Popen([sys.executable, str(home / "agent.py"), "run", str(jobdir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        def streamed():
+            status = agent.read_json(str(jobdir / "status.json")) or {}
+            record = status.get("checkpoint_stream") or {}
+            return record if record.get("uploads", 0) >= 2 else None
+        running = _wait("two streamed checkpoints", streamed)
+        assert running["ok"] and running["final"] is False and running["error"] is None
+        imds.announce = True
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        imds.shutdown()
+        imds.server_close()
+
+    status = json.loads((jobdir / "status.json").read_text())
+    assert status["state"] == "preempted"
+    final = status["checkpoint_stream"]
+    log = (jobdir / "output.log").read_text()
+    last_step = int(log.split("final checkpoint ")[1].split()[0])
+    assert final["final"] is True and final["ok"] is True and final["error"] is None, final
+    assert final["step"] == last_step and final["uploads"] >= 3
+    assert final["seconds"] < agent.SPOT_UPLOAD_S and final["bytes"] > 400000
+    assert f"checkpoint {final['seq']} (step {last_step}," in log
+
+    manifest = jobstore.latest_checkpoint(s3, bucket, JOB)
+    assert (manifest["seq"], manifest["slot"], manifest["step"]) == \
+        (final["seq"], final["slot"], last_step)
+    files = {f["path"]: f for f in manifest["files"]}
+    local = (jobdir / "checkpoints" / "last.pt").read_bytes()
+    assert files["checkpoints/last.pt"]["sha256"] == hashlib.sha256(local).hexdigest()
+
+    # Then the results, without the checkpoint a second time; their status.json has the flush.
+    assert status["results_stored"]["ok"] is True
+    results = json.loads(s3.get_object(Bucket=bucket, Key=f"jobs/{JOB}/manifest.json")[
+        "Body"].read())
+    assert results["checkpoints_in_stream"] is True
+    assert not [f for f in results["files"] if f["path"].startswith("checkpoints/")]
+    stored_status = json.loads(s3.get_object(Bucket=bucket, Key=f"jobs/{JOB}/status.json")[
+        "Body"].read())
+    assert stored_status["checkpoint_stream"]["final"] is True
+    assert stored_status["checkpoint_stream"]["seq"] == final["seq"]
+
+    # `fetch` brings the job home with the streamed checkpoint in its place.
+    out = tmp_path / "home"
+    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30)
+    assert fetched.complete and fetched.streamed == final["seq"], fetched.skipped
+    assert (out / "checkpoints" / "last.pt").read_bytes() == local
+    assert "checkpoints/checkpoint-info.json" in fetched.files
