@@ -236,7 +236,10 @@ def fetch(s3, bucket: str, job_id: str, local_dir: Path, limit_bytes: int, *,
 
     With a manifest (the upload finished) only the files it lists are fetched, and each must
     match its size and sha256; without one (the upload was cut short) whatever is there is
-    fetched, unverified. `only`: relative paths, or folders ending in "/", to fetch (e.g.
+    fetched, unverified. Keys under stream/ are not part of it; but when the manifest says
+    the checkpoints were streamed instead (`checkpoints_in_stream`), those of the snapshot
+    stream/latest.json names are fetched as checkpoints/..., verified the same way
+    (`streamed`: its seq). `only`: relative paths, or folders ending in "/", to fetch (e.g.
     ("status.json", "output.log")). Every key is checked as an untrusted path: what could
     land outside `local_dir` is skipped, as is whatever would pass the limit.
     `expected_owner`: the account id; S3 then refuses a bucket some other account owns."""

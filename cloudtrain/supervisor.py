@@ -202,6 +202,9 @@ def run(home: Path | None = None) -> int:
     except BlockingIOError:
         os.close(fd)
         return 0
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: its stacks, in the log
     stopping = {"flag": False}
 
     def on_term(signum, frame):

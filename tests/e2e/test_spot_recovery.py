@@ -100,8 +100,6 @@ class RecoveryLab:
             self.homes[ip] = tmp / f"home-{ip}"
             server = SSHD(tmp / f"sshd-{ip}", host=ip, port=22, client_key=self.aws.key,
                           netns=self.hosts[ip].name)
-            with open(server.config, "a") as f:  # its own disk and tmux
-                f.write(f"SetEnv HOME={self.homes[ip]} TMUX_TMPDIR={tmp / ('tmux-' + ip)}\n")
             self.sshds[ip] = server
             self.hosts[ip].sshds.append(server)
         self.no_tmux_path = no_tmux
@@ -128,20 +126,21 @@ class RecoveryLab:
         return shim
 
     def start(self, ip: str, without_tmux: bool = False) -> None:
+        """Its sshd, with its own disk (HOME) and tmux (TMUX_TMPDIR); sshd takes the first
+        SetEnv line only, so it is one line, rewritten each time."""
         self.homes[ip].mkdir(exist_ok=True)
+        (self.tmp / f"tmux-{ip}").mkdir(exist_ok=True)
         server = self.sshds[ip]
+        lines = [l for l in server.config.read_text().splitlines() if not l.startswith("SetEnv")]
+        env = f"SetEnv HOME={self.homes[ip]} TMUX_TMPDIR={self.tmp / ('tmux-' + ip)}"
         if without_tmux:
-            with open(server.config, "a") as f:
-                f.write(f"SetEnv PATH={self.no_tmux_path}\n")
+            env += f" PATH={self.no_tmux_path}"
+        server.config.write_text("\n".join(lines + [env]) + "\n")
         server.start()
 
     def restart_with_tmux(self, ip: str) -> None:
-        server = self.sshds[ip]
-        server.stop()
-        lines = [l for l in server.config.read_text().splitlines()
-                 if not l.startswith(f"SetEnv PATH={self.no_tmux_path}")]
-        server.config.write_text("\n".join(lines) + "\n")
-        server.start()
+        self.sshds[ip].stop()
+        self.start(ip)
 
     def instances(self, job_id: str) -> list[dict]:
         return self.aws.instances(**{"tag:cloudtrain:job": job_id})
@@ -390,7 +389,7 @@ def test_F13_supervisor_killed_mid_recovery_no_duplicate_no_lost_attempt(lab, cl
     os.kill(_supervisor_pid(ct_home), signal.SIGKILL)
     proc = cli.ok("status")  # notices the dead relaunch, restarts the supervisor
     assert "recovery supervisor started" in proc.stderr
-    lab.sshds[other].start()
+    lab.start(other)
     job = _wait_state(cli, job_id, ("succeeded", "failed", "cancelled"))
     assert job["state"] == "succeeded", job["reason"]
     assert len(lab.instances(job_id)) == 2  # no duplicate instance

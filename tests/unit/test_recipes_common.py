@@ -61,7 +61,7 @@ def test_save_atomic_round_trip_leaves_no_temp_files(tmp_path):
     checkpoint.save_atomic({"w": torch.arange(6.0), "epoch": 4}, path)
     loaded = checkpoint.load(path)
     assert loaded["epoch"] == 4 and torch.equal(loaded["w"], torch.arange(6.0))
-    assert sorted(p.name for p in path.parent.iterdir()) == ["last.pt"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint-info.json", "last.pt"]
 
 
 def test_failed_save_keeps_the_previous_checkpoint(tmp_path):
@@ -70,7 +70,7 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path):
     with pytest.raises(Exception):
         checkpoint.save_atomic({"epoch": 2, "bad": lambda: None}, path)  # lambdas do not pickle
     assert checkpoint.load(path) == {"epoch": 1}
-    assert sorted(p.name for p in path.parent.iterdir()) == ["last.pt"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint-info.json", "last.pt"]
 
 
 def test_rng_states_restore_every_generator(tmp_path):
