@@ -204,9 +204,10 @@ def start_attempt(store: Store, settings: config.Settings, spec: JobSpec, provid
     except BaseException as exc:
         if isinstance(exc, PlacementError) and spec.attempt > 1:
             raise  # nothing was created here; the relaunch tries its next place
-        if _abort_launch(store, settings, provider, job, _open_hosts.get(job.id), exc):
+        recovering = _abort_launch(store, settings, provider, job, _open_hosts.get(job.id), exc)
+        if recovering:
             if say is not None:
-                say(f"job {job.id}: {store.job(job.id).reason}")
+                say(f"job {job.id}: {recovering}")
             return
         if isinstance(exc, (KeyboardInterrupt, CloudtrainError)):
             raise
@@ -422,17 +423,19 @@ def _copy_checkpoints(source: Job, host: Host, jobdir: str) -> None:
                          f"instance; wait until it ends (they are brought home then)")
 
 
-def _abort_launch(store, settings, provider, job, host, exc) -> None:
+def _abort_launch(store, settings, provider, job, host, exc) -> str | None:
     """Undo a launch that cannot finish: stop the agent if it started, release the host
     (terminating any instance), and record why. Nothing interrupts this (F15: a second
     Ctrl-C once stopped the termination half-way); a failure to release is recorded and
-    raised, naming the command that finishes the job. Returns True when the job goes on: a
-    spot interruption took the instance of a recovering job (during sync, say), which then
-    waits in `recovering` for the supervisor's relaunch."""
+    raised, naming the command that finishes the job. Returns what to say when the job goes
+    on: a spot interruption took the instance of a recovering job (during sync, say), which
+    then waits in `recovering` for the supervisor's relaunch (or failed, restarts used up);
+    None otherwise."""
     interrupted = isinstance(exc, KeyboardInterrupt)
-    if not interrupted and not isinstance(exc, LaunchCancelled) and \
-            _spot_taken(store, settings, provider, job, exc):
-        return True
+    if not interrupted and not isinstance(exc, LaunchCancelled):
+        recovering = _spot_taken(store, settings, provider, job)
+        if recovering:
+            return recovering
     message = exc.message if isinstance(exc, CloudtrainError) else str(exc)
     if isinstance(exc, lease.LaunchInterrupted):
         reason = f"interrupted during launch ({exc.signame})"
@@ -464,28 +467,29 @@ def _abort_launch(store, settings, provider, job, host, exc) -> None:
         raise CloudtrainError(
             f"job {job.id}: its instance may still be running ({reason.splitlines()[0]})",
             hint=f"cloudtrain down {job.id} (it terminates by record and by tag)")
-    return False
+    return None
 
 
-def _spot_taken(store, settings, provider, job, exc) -> bool:
+def _spot_taken(store, settings, provider, job) -> str | None:
     """A recovering job whose spot instance EC2 took back while it was being set up: the
     attempt ends as interrupted and the job is relaunched (or fails, restarts used up)."""
     from . import recovery
 
     current = store.job(job.id)
     if not recovery.recoverable(current) or current.state == state.PENDING:
-        return False
+        return None
     try:
         states = provider.instance_states(store, current)
     except Exception:  # the cloud cannot say: an ordinary launch failure
-        return False
+        return None
     if not _spot_reason(states):
-        return False
+        return None
     store.rollback()
-    phase = current.state
-    recovery.interrupted(store, settings, current, None,
-                         f"spot instance interrupted during {phase}", host_alive=False)
-    return True
+    why = f"spot instance interrupted during {current.state}"
+    after = recovery.interrupted(store, settings, current, None, why, host_alive=False)
+    if after.state == state.FAILED:
+        return after.reason or why
+    return f"{why}; the recovery supervisor relaunches it (`cloudtrain status {job.id}`)"
 
 
 def _spot_reason(states: dict) -> bool:
@@ -604,6 +608,8 @@ def _host_lost(store: Store, settings: config.Settings, job: Job, exc: HostError
                            for s in states.values())):
         store.update_job(job.id, reason=f"{UNREACHABLE}: {exc.message}")
         return store.job(job.id)
+    if (job.spec or {}).get("recover") and store.job(job.id).state != job.state:
+        return store.job(job.id)  # another process saw the loss first and acted on it
     try:
         status = _from_job_store(store, job) or {}
     except CloudtrainError as store_exc:  # throttled, expired credentials: ask again later
@@ -617,8 +623,9 @@ def _host_lost(store: Store, settings: config.Settings, job: Job, exc: HostError
 
         why = "spot interruption notice" if status.get("state") == state.PREEMPTED else \
             "spot instance interrupted without a notice"
-        return recovery.interrupted(store, settings, store.job(job.id), status, why,
-                                    host_alive=False)
+        gone = {i for i, s in states.items() if s["state"] in ("shutting-down", "terminated")}
+        return recovery.interrupted(store, settings, job, status, why, host_alive=False,
+                                    gone=gone)
     # The stored status is the agent's word, unless EC2 took a spot instance back under a
     # job that had not finished: then the agent saw only a signal (the shutdown's SIGTERM, or
     # SIGHUP as tmux went) and EC2 knows why.

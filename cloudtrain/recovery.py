@@ -106,10 +106,13 @@ def _last_step(job: Job, status: dict | None) -> int | None:
 
 
 def interrupted(store: Store, settings: config.Settings, job: Job, status: dict | None,
-                why: str, host_alive: bool) -> Job:
+                why: str, host_alive: bool, gone: set[str] | None = None) -> Job:
     """The job's instance was (or is being) taken back. End its attempt; with restarts left
     the job goes to `recovering` for the supervisor, else it fails. Whatever the job still
-    holds is released. Only the first process to record the attempt's end acts."""
+    holds is released. `job` is the snapshot the caller decided on: only if the job is still
+    in that state (compare-and-set), and, with `gone` (the instances the cloud says are
+    gone), still on one of those, is anything done: two processes noticing the same loss,
+    or one noticing it late, never end the next attempt."""
     from . import jobs, ledger, providers, supervisor
 
     spec = JobSpec.from_dict(job.spec)
@@ -117,6 +120,9 @@ def interrupted(store: Store, settings: config.Settings, job: Job, status: dict 
     if current is None:  # a job launched before attempts were recorded
         store.add_attempt(job.id, 1, started_at=job.created_at)
         current = store.attempt(job.id)
+    if current.ended_at is not None or (
+            gone is not None and current.instance_id and current.instance_id not in gone):
+        return store.job(job.id)
     if host_alive:  # its logs and last files, while it still answers
         try:
             jobs.collect_files(store, job)
@@ -124,31 +130,33 @@ def interrupted(store: Store, settings: config.Settings, job: Job, status: dict 
             pass
     ended = ((status or {}).get("ended_at")) or time.time()
     ckpt = (status or {}).get("checkpoint_stream")
-    if not store.update_attempt(job.id, current.n, only_if_open=True, ended_at=ended,
-                                outcome=INTERRUPTED, end_reason=why,
-                                last_step=_last_step(job, status), checkpoint=ckpt):
-        return store.job(job.id)
-    if ckpt and ckpt.get("final"):
-        store.add_event(job.id, "checkpoint", detail=_upload_line(ckpt))
-    used = current.n - 1
-    if used >= spec.max_restarts:
+    if current.n - 1 >= spec.max_restarts:
+        new_state = state.FAILED
         reason = (f"{why}; --max-restarts {spec.max_restarts} used up after {current.n} "
                   f"attempt{'s' if current.n > 1 else ''}")
-        store.set_state(job.id, state.FAILED, reason=reason, detail=reason)
+    else:
+        new_state = state.RECOVERING
+        reason = f"{why}; relaunching (attempt {current.n + 1} of at most " \
+                 f"{spec.max_restarts + 1})"
+    if not store.set_state(job.id, new_state, reason=reason, detail=reason, expect=job.state):
+        return store.job(job.id)  # someone else acted first (another process, or `down`)
+    store.update_attempt(job.id, current.n, only_if_open=True, ended_at=ended,
+                         outcome=INTERRUPTED, end_reason=why,
+                         last_step=_last_step(job, status), checkpoint=ckpt)
+    if ckpt and ckpt.get("final"):
+        store.add_event(job.id, "checkpoint", detail=_upload_line(ckpt))
+    jobs._forget_host(job.id)
+    if new_state == state.FAILED:
         jobs._finish(store, store.job(job.id), collect=False, force=True)
         return store.job(job.id)
-    reason = f"{why}; relaunching (attempt {current.n + 1} of at most {spec.max_restarts + 1})"
-    if not store.set_state(job.id, state.RECOVERING, reason=reason, detail=reason,
-                           expect=job.state):
-        return store.job(job.id)  # cancelled (or ended) meanwhile: that path releases
-    jobs._forget_host(job.id)
     try:
         providers.get(job.backend).release(store, store.job(job.id), force=True)
     except CloudtrainError as exc:  # `down` and the next relaunch's release try again
         store.add_event(job.id, "release", detail=f"RELEASE FAILED: {exc.message}")
     ledger.settle(store, store.job(job.id))
+    result = store.job(job.id)
     supervisor.ensure(store, settings)
-    return store.job(job.id)
+    return result
 
 
 def _upload_line(ckpt: dict) -> str:
