@@ -358,6 +358,17 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
                      + f"; user-data after {power_off_minutes(spec.max_runtime_s)} min"
                      " regardless"))
         rows.append(("results", self.results_plan(spec, region)))
+        if spec.recover:
+            where = "the other AZs of the region (cheapest spot price now first)" + (
+                ", then " + self.settings.regions if self.settings.regions else "") + (
+                ", then on-demand" if spec.fallback == "on-demand" else "")
+            rows.append(("recovery", f"on a spot interruption the job continues from its last "
+                                     f"checkpoint (streamed to the job store) on a new "
+                                     f"instance, at most {spec.max_restarts} times: {where}; "
+                                     "a supervisor on this machine does it"))
+        elif spec.market == "spot":
+            rows.append(("recovery", "off (--no-recover): an interruption ends the job as "
+                                     "preempted"))
         if self.credentials(region) is None:
             rows.append(("AMI", f"resolved at launch from SSM {DLAMI_PARAMETER}"
                          if not spec.ami else spec.ami))

@@ -1,0 +1,101 @@
+"""Issue 13's launch options, as a user types them: spot jobs recover by default, and the
+recovery options are refused in one line where they cannot apply (no traceback, exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cloudtrain import recovery
+from cloudtrain.config import Settings
+from cloudtrain.spec import JobSpec
+from cloudtrain.state import Attempt
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--recover"], "--recover applies to --spot jobs"),
+    (["--spot", "--max-restarts", "-1"], "--max-restarts must be a whole number from 0 to 100"),
+    (["--spot", "--max-restarts", "101"], "--max-restarts must be a whole number from 0 to 100"),
+    (["--spot", "--no-recover", "--max-restarts", "2"], "--max-restarts applies to a recovering"),
+    (["--fallback", "on-demand"], "--fallback applies to a recovering --spot job"),
+    (["--spot", "--fallback", "spot"], "Invalid value for '--fallback'"),
+])
+def test_F13_recovery_options_refused_where_they_cannot_apply(cli, args, message):
+    proc = cli("launch", "--instance", "g5.xlarge", "--region", "us-east-1", *args,
+               "--dry-run", "--", "true")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_F13_recovery_options_on_the_local_backend_are_an_error(cli):
+    proc = cli("launch", "--max-restarts", "2", "--", "true")
+    assert proc.returncode == 2
+    assert "--max-restarts applies to cloud backends" in proc.stderr
+
+
+def test_F13_the_dry_run_says_a_spot_job_recovers_and_how(cli):
+    out = cli.ok("launch", "--instance", "g5.xlarge", "--region", "us-east-1", "--spot",
+                 "--max-restarts", "5", "--fallback", "on-demand", "--dry-run", "--",
+                 "true").stdout
+    line = next(l for l in out.splitlines() if l.strip().startswith("recovery"))
+    assert "at most 5 times" in line and "then on-demand" in line
+    off = cli.ok("launch", "--instance", "g5.xlarge", "--region", "us-east-1", "--spot",
+                 "--no-recover", "--dry-run", "--", "true").stdout
+    assert "off (--no-recover)" in off
+    plain = cli.ok("launch", "--instance", "g5.xlarge", "--region", "us-east-1",
+                   "--dry-run", "--", "true").stdout
+    assert "recovery" not in plain  # on-demand: nothing to recover from
+
+
+def _spec(**kw) -> JobSpec:
+    return JobSpec(kind="command", backend="aws", command=["true"], instance_type="g5.xlarge",
+                   market="spot", recover=True, **kw)
+
+
+def test_F13_relaunch_places_other_regions_then_on_demand():
+    settings = Settings(regions="us-west-2, us-east-1")
+    assert recovery.places(_spec(fallback="on-demand"), settings, "us-east-1") == [
+        ("us-east-1", "spot"), ("us-west-2", "spot"),
+        ("us-east-1", "on-demand"), ("us-west-2", "on-demand")]
+    # data on an EBS snapshot lives in one region
+    snap = _spec(datasets=[{"name": "imagenet", "kind": "snapshot"}])
+    assert recovery.places(snap, settings, "us-east-1") == [("us-east-1", "spot")]
+
+
+def test_F13_a_relaunch_tries_the_interrupted_zone_last_and_keeps_the_job_store_region():
+    before = Attempt(job_id="j", n=1, started_at=0.0, region="us-east-1", zone="us-east-1b")
+    spec = recovery.attempt_spec(_spec(max_price=0.5), 2, "us-east-1", "spot", before,
+                                 "us-east-1")
+    assert (spec.attempt, spec.avoid_zones, spec.store_region) == (2, ["us-east-1b"],
+                                                                   "us-east-1")
+    elsewhere = recovery.attempt_spec(_spec(max_price=0.5), 2, "us-west-2", "on-demand",
+                                      before, "us-east-1")
+    assert elsewhere.avoid_zones == [] and elsewhere.max_price is None
+    assert elsewhere.store_region == "us-east-1"
+
+
+def test_F13_redone_steps_and_their_price_per_attempt(ct_home):
+    from cloudtrain.state import Instance, open_store
+
+    store = open_store(ct_home)
+    job = store.create_job(name=None, kind="command", recipe=None, command="x", backend="aws",
+                           spec={"recover": True})
+    for n, (iid, start, end) in enumerate([("i-1", 1000.0, 1700.0), ("i-2", 1800.0, 2500.0)],
+                                          1):
+        store.add_instance(Instance(id=iid, job_id=job.id, provider="aws", region="us-east-1",
+                                    zone="us-east-1a", instance_type="g5.xlarge", market="spot",
+                                    state="terminated", launched_at=start, terminated_at=end,
+                                    price_per_hour=3.6, details={}))
+        store.add_attempt(job.id, n, started_at=start, instance_id=iid, running_at=start + 100)
+    # attempt 1 ran steps 0..600 in 600 s (1 s a step), attempt 2 resumed from step 500
+    store.update_attempt(job.id, 1, ended_at=1700.0, outcome="interrupted", last_step=600)
+    store.update_attempt(job.id, 2, resumed_step=500, last_step=1200, ended_at=2500.0,
+                         outcome="succeeded")
+    rows = recovery.summary(store, store.job(job.id))
+    assert [r["redone_steps"] for r in rows] == [100, None]
+    assert rows[0]["redone_usd"] == pytest.approx(100 * 1.0 * 3.6 / 3600)
+    totals = recovery.recovery_cost(rows)
+    assert totals == {"attempts": 2, "interruptions": 1, "redone_steps": 100,
+                      "redone_usd": round(100 * 3.6 / 3600, 4)}
+    assert json.dumps(rows)  # what `status --json` prints
