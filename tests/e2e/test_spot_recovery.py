@@ -66,7 +66,7 @@ with open(os.path.join(os.environ["CLOUDTRAIN_JOB_DIR"], "metrics.jsonl"), "a") 
     while step < total:
         time.sleep(0.15)
         step += 1
-        m.write(json.dumps({"step": step, "epoch": step // 5}) + "\n"); m.flush()
+        m.write(json.dumps({"step": step, "epoch": step // 5, "time": time.time()}) + "\n"); m.flush()
         if step % 5 == 0:
             for name, doc in (("state.json", {"step": step}),
                               ("checkpoint-info.json", {"step": step, "epoch": step // 5})):
