@@ -48,8 +48,11 @@ def test_resnet9_smoke_through_the_aws_path_on_a_namespace_host(cli, ct_home, tm
             lab.console_output(lab.fingerprint_block(sshd.host_key))
             lab.write_config(ssh_port=22, ssh_wait_seconds=20.0)
 
+            # --no-recover: no supervisor, so the one SSH login counted below is the launch's
+            # (recovery end to end: test_spot_recovery.py).
             proc = cli("launch", "--recipe", "resnet9", "--profile", "smoke", "--instance",
-                       "g5.xlarge", "--spot", "--follow", "--quiet", timeout=300)
+                       "g5.xlarge", "--spot", "--no-recover", "--follow", "--quiet",
+                       timeout=300)
             assert proc.returncode == 0, proc.stdout + proc.stderr
             job_id = proc.stdout.splitlines()[0]
             assert "resnet9: done, 2 epochs" in proc.stdout
