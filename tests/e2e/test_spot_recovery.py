@@ -149,7 +149,7 @@ class RecoveryLab:
         return [i for i in self.instances(job_id) if i["State"]["Name"] != "terminated"]
 
     def current(self, job_id: str) -> dict:
-        return wait_for(lambda: (self.live(job_id) or [None])[-1], timeout=60,
+        return wait_for(lambda: (self.live(job_id) or [None])[-1], timeout=120,
                         what="the job's instance")
 
     def take_back(self, instance: dict) -> None:
@@ -245,7 +245,7 @@ def _attempts(cli, job_id: str) -> list[dict]:
     return cli.job(job_id)["attempts"]
 
 
-def _wait_state(cli, job_id, states, timeout=180) -> dict:
+def _wait_state(cli, job_id, states, timeout=300) -> dict:
     return wait_for(lambda: (lambda j: j if j["state"] in states else None)(cli.job(job_id)),
                     timeout=timeout, interval=0.5, what=f"job {job_id} to reach {states}")
 
