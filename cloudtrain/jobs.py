@@ -616,7 +616,7 @@ def _host_lost(store: Store, settings: config.Settings, job: Job, exc: HostError
         store.update_job(job.id, reason=f"{UNREACHABLE}; the job store could not be read "
                                         f"({store_exc.message}): status tries again")
         return store.job(job.id)
-    spot = any("Spot" in s["reason"] or "Spot" in s["message"] for s in states.values())
+    spot = _spot_reason(states)
     if (job.spec or {}).get("recover") and (status.get("state") == state.PREEMPTED or (
             spot and status.get("state") != state.SUCCEEDED)):
         from . import recovery

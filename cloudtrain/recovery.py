@@ -218,13 +218,14 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
         return job
     spec = JobSpec.from_dict(job.spec)
     provider = providers.get(job.backend)
-    done = [a for a in store.attempts(job.id) if a.ended_at is not None]
-    last = store.attempt(job.id)
+    attempts = store.attempts(job.id)
+    done = [a for a in attempts if a.ended_at is not None]
+    last = attempts[-1] if attempts else None
     n = last.n if last is not None and last.ended_at is None else (last.n + 1 if last else 1)
     before = done[-1] if done else None
     if n - 1 > spec.max_restarts:
         return _give_up(store, job, f"--max-restarts {spec.max_restarts} used up")
-    first = store.attempt(job.id, 1)
+    first = attempts[0] if attempts and attempts[0].n == 1 else None
     home = (before.region if before else None) or (first.region if first else None) or \
         provider.region(spec)
     store_region = first.region if first and first.region else home
@@ -307,7 +308,7 @@ def summary(store: Store, job: Job) -> list[dict]:
         redone = None
         if nxt is not None and a.last_step is not None:
             redone = max(a.last_step - (nxt.resumed_step or 0), 0)
-        usd = per_s = None
+        usd = per_s = run = None
         inst = instances.get(a.instance_id or "")
         if inst is not None:
             run = ledger.run_of(inst)
@@ -318,9 +319,8 @@ def summary(store: Store, job: Job) -> list[dict]:
                 if steps > 0:
                     per_s = (end - a.running_at) / steps
         redone_usd = None
-        if redone is not None and per_s is not None and inst is not None:
-            price = ledger.run_of(inst).price_per_hour or 0.0
-            redone_usd = redone * per_s * price / 3600
+        if redone is not None and per_s is not None:
+            redone_usd = redone * per_s * (run.price_per_hour or 0.0) / 3600
         rows.append({"attempt": a.n, "instance": a.instance_id, "region": a.region,
                      "zone": a.zone, "market": a.market, "started_at": a.started_at,
                      "running_at": a.running_at, "ended_at": a.ended_at,

@@ -593,13 +593,17 @@ class Store:
 
     ATTEMPT_FIELDS = frozenset(f.name for f in dataclasses.fields(Attempt)) - {"job_id", "n"}
 
+    @classmethod
+    def _attempt_fields(cls, fields: dict) -> None:
+        unknown = set(fields) - cls.ATTEMPT_FIELDS
+        if unknown:
+            raise ValueError(f"not attempt fields: {sorted(unknown)}")
+
     def add_attempt(self, job_id: str, n: int, started_at: float | None = None,
                     **fields) -> bool:
         """Record attempt `n` of the job; False (and nothing changed) if it exists already:
         a supervisor restarted mid-recovery finds the attempt it had begun."""
-        unknown = set(fields) - self.ATTEMPT_FIELDS
-        if unknown:
-            raise ValueError(f"not attempt fields: {sorted(unknown)}")
+        self._attempt_fields(fields)
         values = {"job_id": job_id, "n": int(n),
                   "started_at": time.time() if started_at is None else started_at, **fields}
         with self.transaction() as db:
@@ -612,9 +616,7 @@ class Store:
                        **fields) -> bool:
         """Set fields of attempt `n`; with only_if_open, only while it has not ended (the
         first to see the end records it). Returns whether a row changed."""
-        unknown = set(fields) - self.ATTEMPT_FIELDS
-        if unknown:
-            raise ValueError(f"not attempt fields: {sorted(unknown)}")
+        self._attempt_fields(fields)
         if not fields:
             return False
         columns = ", ".join(f"{key} = ?" for key in fields)
