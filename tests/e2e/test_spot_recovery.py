@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -94,6 +95,8 @@ class RecoveryLab:
         self.aws.build_cloud("10.200.0.0/16", ZONES)
         self.imds = FakeIMDS(host=BRIDGE, role=None)
         self.hosts, self.sshds, self.homes = {}, {}, {}
+        # tmux's socket path must fit a Unix socket's 108 bytes: a short folder under /tmp
+        self.tmux_root = Path(tempfile.mkdtemp(prefix="ctr-", dir="/tmp"))
         no_tmux = self._path_without_tmux()
         for zone, ip in HOSTS.items():
             self.hosts[ip] = net.add_host(ip)
@@ -129,10 +132,10 @@ class RecoveryLab:
         """Its sshd, with its own disk (HOME) and tmux (TMUX_TMPDIR); sshd takes the first
         SetEnv line only, so it is one line, rewritten each time."""
         self.homes[ip].mkdir(exist_ok=True)
-        (self.tmp / f"tmux-{ip}").mkdir(exist_ok=True)
+        (self.tmux_root / ip).mkdir(exist_ok=True)
         server = self.sshds[ip]
         lines = [l for l in server.config.read_text().splitlines() if not l.startswith("SetEnv")]
-        env = f"SetEnv HOME={self.homes[ip]} TMUX_TMPDIR={self.tmp / ('tmux-' + ip)}"
+        env = f"SetEnv HOME={self.homes[ip]} TMUX_TMPDIR={self.tmux_root / ip}"
         if without_tmux:
             env += f" PATH={self.no_tmux_path}"
         server.config.write_text("\n".join(lines + [env]) + "\n")
@@ -165,7 +168,7 @@ class RecoveryLab:
             SPOT_REASON[1], SPOT_REASON[0])
         ip = instance["PrivateIpAddress"]
         self.hosts[ip].close()  # sshd, agent, job, its tmux: every process in the namespace
-        for socket in (self.tmp / f"tmux-{ip}").glob("tmux-*/*"):  # and its tmux server
+        for socket in (self.tmux_root / ip).glob("tmux-*/*"):  # and its tmux server
             subprocess.run(["tmux", "-S", str(socket), "kill-server"], capture_output=True)
         for status in self.homes[ip].glob(".cloudtrain/jobs/*/status.json"):
             doc = json.loads(status.read_text() or "{}")
@@ -212,6 +215,7 @@ class RecoveryLab:
         self.imds.close()
         self.server.stop()
         self.aws.restore()
+        shutil.rmtree(self.tmux_root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -39,7 +39,8 @@ def test_on_demand_request():
     assert set(tags) == {"instance", "volume", "network-interface"}
     assert tags["instance"] == tags["volume"] == tags["network-interface"] == {
         "cloudtrain:job": "abcd1234", "cloudtrain:owner": "arn:aws:iam::1:user/me",
-        "cloudtrain:recipe": "resnet9", "Name": "cloudtrain-abcd1234-exp"}
+        "cloudtrain:recipe": "resnet9", "cloudtrain:attempt": "1",
+        "Name": "cloudtrain-abcd1234-exp"}
     assert (r["SubnetId"], r["SecurityGroupIds"], r["KeyName"], r["ImageId"]) == \
         ("subnet-1", ["sg-1"], "key-1", "ami-1")
 

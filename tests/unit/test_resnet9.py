@@ -566,4 +566,5 @@ def test_signal_checkpoints_at_a_step_boundary_and_exits_143(tmp_path, sig):
     assert f"{sig.name} received" in out and "checkpoint saved" in out
     ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
     assert 4 <= ckpt["step"] < 200 and ckpt["epoch"] >= 1
-    assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["last.pt"]
+    assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["checkpoint-info.json",
+                                                                        "last.pt"]

@@ -551,7 +551,8 @@ def test_sigusr1_checkpoints_at_a_step_boundary_and_exits_143(tmp_path):
     assert "SIGUSR1 received" in out and "checkpoint saved" in out
     ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
     assert 8 <= ckpt["step"] < 400 and ckpt["epoch"] >= 1
-    assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["last.pt"]
+    assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["checkpoint-info.json",
+                                                                        "last.pt"]
 
 
 def test_the_project_loader_accepts_the_recipe():
