@@ -84,6 +84,41 @@ def get(name: str) -> InstanceType | None:
     return load().get(name)
 
 
+@lru_cache(maxsize=1)
+def regions() -> frozenset[str]:
+    """The regions the bundled snapshot has prices for."""
+    return frozenset(r for t in _load_bundled().values()
+                     for r in (*t.on_demand, *t.spot_snapshot))
+
+
+def gpu_names() -> list[str]:
+    return sorted({t.gpu for t in load().values()})
+
+
+def check_gpu(gpu: str, source: str = "--gpu") -> str:
+    """The catalog's spelling of a GPU name (case-insensitive), else a UsageError with the
+    nearest names."""
+    from .errors import UsageError
+    from .preflight import suggest
+
+    names = gpu_names()
+    for name in names:
+        if name.lower() == gpu.strip().lower():
+            return name
+    raise UsageError(f"{source} {gpu}: no instance type in the catalog has a GPU named "
+                     f"{gpu!r}{suggest(gpu, names)}", hint="the GPUs: " + ", ".join(names))
+
+
+def check_region(region: str, source: str = "--region") -> str:
+    """A region the catalog covers, or one EC2 has (its prices then unknown here); an unknown
+    one is a UsageError with the nearest names."""
+    if region in regions():
+        return region
+    from .preflight import check_known_region
+
+    return check_known_region(region, source)
+
+
 def parse_gpus(request: str) -> tuple[str, float]:
     """`V100:1` -> ("V100", 1); `A100` -> ("A100", 1). Names as the catalog spells them."""
     from .errors import UsageError
@@ -99,8 +134,14 @@ def parse_gpus(request: str) -> tuple[str, float]:
 
 
 def matching(gpu: str | None = None, count: float | None = None,
-             region: str | None = None) -> list[InstanceType]:
-    """Types with that GPU (case-insensitive) and exactly that many, offered in `region`."""
+             region: str | None = None, source: str = "--gpu") -> list[InstanceType]:
+    """Types with that GPU (case-insensitive) and exactly that many, offered in `region`. A
+    GPU name no type has, or a region that does not exist, is a UsageError (a typo is not
+    "no match")."""
+    if gpu:
+        gpu = check_gpu(gpu, source)
+    if region:
+        check_region(region)
     out = []
     for t in load().values():
         if gpu and t.gpu.lower() != gpu.lower():
@@ -117,10 +158,21 @@ def cheapest(gpu: str, count: float, regions: list[str], market: str = "on-deman
              ) -> tuple[InstanceType, str, str | None]:
     """The cheapest type with `count` x `gpu` in `regions`: (type, region, spot AZ id or None).
     An impossible request is a UsageError that lists what exists."""
+    from . import preflight
     from .errors import UsageError
 
     best = None
-    for t in matching(gpu, count):
+    found = matching(gpu, count, source="--gpus")
+    other_arch = sorted({t.arch for t in found if t.arch != preflight.DEFAULT_ARCH})
+    if found and len(other_arch) == 1 and all(t.arch != preflight.DEFAULT_ARCH for t in found):
+        raise UsageError(f"--gpus {gpu}:{count:g}: the types with it "
+                         f"({', '.join(t.name for t in found[:4])}) are {other_arch[0]}, and "
+                         f"the Deep Learning AMI is {preflight.DEFAULT_ARCH}",
+                         hint="choose another GPU (cloudtrain catalog), or pass --instance TYPE "
+                              f"with an {other_arch[0]} --ami")
+    for t in found:
+        if t.arch != preflight.DEFAULT_ARCH:  # the Deep Learning AMI is x86_64 (D21)
+            continue
         for region in regions:
             if market == "spot":
                 zones = t.spot_snapshot.get(region) or {}

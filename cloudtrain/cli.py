@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import sys
 
 import click
@@ -97,7 +98,38 @@ def recipes(name: str | None) -> None:
                                                                for exc in broken))
 
 
-@cli.command(context_settings={**CONTEXT, "ignore_unknown_options": False})
+class _LaunchCommand(click.Command):
+    """`launch`: an option click does not know, after words of a command given without `--`
+    (`cloudtrain launch python train.py --epochs 1`), is the user's own option (D15)."""
+
+    def parse_args(self, ctx, args):
+        typed = list(args)  # click consumes the list it parses
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            if "--" in typed:
+                raise
+            valued = {o for p in self.params if isinstance(p, click.Option) and not p.is_flag
+                      for o in p.opts}
+            cut, i = None, 0
+            while i < len(typed):  # the first word that is not an option or its value
+                if typed[i] in valued:
+                    i += 2
+                    continue
+                if not typed[i].startswith("-"):
+                    cut = i
+                    break
+                i += 1
+            if cut is None:
+                raise
+            raise errors.UsageError(
+                f"{exc.option_name} is not an option of cloudtrain launch; your own command "
+                "goes after --",
+                hint="cloudtrain launch " + shlex.join(typed[:cut] + ["--"] + typed[cut:])
+            ) from None
+
+
+@cli.command(cls=_LaunchCommand, context_settings={**CONTEXT, "ignore_unknown_options": False})
 @click.option("--recipe", "-r", metavar="NAME", help="A bundled recipe (see `cloudtrain recipes`).")
 @click.option("--profile", "-p", metavar="NAME", help="A recipe profile, e.g. smoke.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
@@ -139,7 +171,12 @@ def recipes(name: str | None) -> None:
 @click.option("--data", "data", multiple=True, metavar="NAME[=SOURCE]", help="Stage dataset NAME "
               "before the job starts: from SOURCE (s3://BUCKET/PREFIX, snap-ID, or /path on "
               "the host), or from config.yaml's `datasets:` (repeatable).")
-@click.option("--dry-run", is_flag=True, help="Show the plan and its price; create nothing.")
+@click.option("--cpu-only", is_flag=True, default=None, help="Allow an instance type without a "
+              "GPU (refused otherwise: a GPU type is what a training job needs).")
+@click.option("--dry-run", is_flag=True, help="Show the plan and its price; create nothing "
+              "(makes the same checks as the launch).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before creating paid resources "
+              "(nothing is asked without a terminal either).")
 @click.option("--resume-from", metavar="JOB", help="Start from that job's last checkpoint "
               "(same recipe; sets resume=true).")
 @click.option("--follow", "-f", is_flag=True, help="Stream the log; exit with the job's outcome.")
@@ -147,8 +184,8 @@ def recipes(name: str | None) -> None:
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, gpus, procs,
            spot, recover, max_restarts, fallback, region, ami, disk_gb, max_price, keep,
-           idle_minutes, on_job, include, data,
-           dry_run, resume_from, follow, quiet, command):
+           idle_minutes, on_job, include, data, cpu_only,
+           dry_run, yes, resume_from, follow, quiet, command):
     """Launch a recipe, or your own command after --, and return with its job id.
 
     \b
@@ -175,7 +212,8 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
                                region=region, ami=ami,
                                disk_gb=disk_gb, max_price=max_price, keep=keep,
                                idle_minutes=idle_minutes, on_job=on_job, recover=recover,
-                               max_restarts=max_restarts, fallback=fallback))
+                               max_restarts=max_restarts, fallback=fallback,
+                               cpu_only=cpu_only))
     with _store() as store:
         if dry_run:
             click.echo(render.plan(jobs.plan(spec, store, settings)))
@@ -184,6 +222,9 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
         row = jobs.expected(spec, store)
         if row is not None and not quiet:
             click.echo(render.estimate_line(row, spec.market), err=True)
+        question = jobs.question(spec)
+        if question and not yes:
+            _confirm(question)
         job = jobs.launch(store, settings, spec, say=lambda line: click.echo(line, err=True),
                           found=found)
         if quiet:
@@ -197,6 +238,14 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
                            f"  stop:    cloudtrain down {job.id}")
             return
         _follow(store, settings, job)
+
+
+def _confirm(question: str) -> None:
+    """D26: ask in a terminal; without one (scripts, CI) go on."""
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        return
+    if not click.confirm(question + " Proceed?", default=True, err=True):
+        raise errors.CloudtrainError("not launched: nothing was created", exit_code=1)
 
 
 def _follow(store, settings, job, offset: int = 0) -> None:

@@ -57,9 +57,8 @@ def _s3_client(region: str | None, workers: int = 8):
     from .providers.aws import datasets as s3_datasets
 
     provider = AWSProvider()
+    region = region or provider.region()  # the same chain as every command's
     session = provider.session(region)
-    region = region or provider.settings.region or session.region_name or "us-east-1"
-    config.check_region(region, "AWS_REGION, AWS_DEFAULT_REGION or the AWS profile")
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return (s3_datasets.client(session, region, endpoint, workers * s3_datasets.PART_THREADS),
             region, endpoint)

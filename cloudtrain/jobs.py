@@ -47,6 +47,9 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
                 ("note", note) for note in datasets.notes(spec, settings)]
         except CloudtrainError as exc:
             data_rows = [("data", f"cannot be read, the launch would stop: {exc.message}")]
+    if store is not None:  # D29: the checks the launch makes on --on and --resume-from
+        _kept_source(store, spec)
+        _resume_source(store, settings or config.Settings.load(), spec)
     rows = [("job", spec.display()), *providers.get(spec.backend).plan(spec), *data_rows]
     row = expected(spec, store)
     if row is not None:
@@ -54,6 +57,14 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
 
         rows.append(("estimate", estimate_line(row, spec.market)[len("estimate: "):]))
     return rows
+
+
+def question(spec: JobSpec) -> str | None:
+    """What `launch` asks before it goes on: the price of the paid resources it creates, or
+    why a run here would not finish (a GPU recipe on a machine without a GPU)."""
+    provider = providers.get(spec.backend)
+    provider.preflight(spec)  # what cannot work is refused before anything is asked
+    return provider.question(spec)
 
 
 def expected(spec: JobSpec, store: Store | None = None):
@@ -369,6 +380,8 @@ def _kept_source(store: Store, spec: JobSpec) -> Job | None:
     if not spec.on_job:
         return None
     source = store.find_job(spec.on_job)
+    if source.active:  # learn of an end nobody has seen yet (D29)
+        source = refresh(store, config.Settings.load(), source)
     if source.backend != spec.backend:
         raise UsageError(f"--on {source.id}: that job ran on {source.backend}, not {spec.backend}")
     if source.active:

@@ -41,7 +41,9 @@ ARGUMENT_LIMITS = {"gpus": (1, MAX_GPUS, False), "epochs": (0, 100_000, True),
                    "runs": (1, 100_000, False)}
 # resources: numbers and their ranges (whole numbers except max_runtime_minutes).
 RESOURCE_LIMITS = {"gpus_per_node": (0, MAX_GPUS), "nodes": (1, 64), "disk_gb": (8, 65536),
-                   "max_runtime_minutes": (0, 7 * 24 * 60)}
+                   "max_runtime_minutes": (0, 7 * 24 * 60),
+                   # the default run's minutes on 2 CPU cores, measured (preflight.cpu_warning)
+                   "cpu_minutes": (0, 10 ** 7)}
 
 
 def search_path() -> list[Path]:
@@ -231,7 +233,7 @@ def _numbers(values: dict, keys, path: Path, where: str, limits: dict | None = N
             number = finite(values[key], f"{where}.{key}", low=low, high=high)
         except UsageError as exc:
             raise ConfigError(f"{path}: {exc.message}") from None
-        if limits and key != "max_runtime_minutes" and number != int(number):
+        if limits and key not in ("max_runtime_minutes", "cpu_minutes") and number != int(number):
             raise ConfigError(f"{path}: {where}.{key} must be a whole number, got "
                               f"{shown(values[key])}")
 

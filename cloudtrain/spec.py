@@ -26,7 +26,7 @@ FLAGS = {"instance_type": "--instance", "region": "--region", "ami": "--ami",
          "disk_gb": "--disk-gb", "max_price": "--max-price", "keep": "--keep",
          "idle_minutes": "--idle-minutes", "on_job": "--on", "gpus": "--gpus",
          "recover": "--recover/--no-recover", "max_restarts": "--max-restarts",
-         "fallback": "--fallback"}
+         "fallback": "--fallback", "cpu_only": "--cpu-only", "market": "--spot/--on-demand"}
 MAX_RESTARTS = 100
 FALLBACKS = ("on-demand",)
 
@@ -58,6 +58,7 @@ class JobSpec:
     keep: bool = False  # leave the instance running after the job
     idle_minutes: float | None = None  # power off this long after the job ends
     on_job: str | None = None  # run on that (kept) job's instance instead of a new one
+    cpu_only: bool = False  # an instance type without a GPU, on purpose (else refused)
     expected: dict | None = None  # the estimate shown before launch: train_s, total_s, usd
     # Workdir paths (gitignore-style patterns) synced although they look like credentials
     # (.aws/, .ssh/, .env, *.pem, $CLOUDTRAIN_HOME), which the sync otherwise always leaves out.
@@ -164,7 +165,10 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
     if on_job and set(placement) - {"keep", "idle_minutes"}:
         raise UsageError("--on JOB reuses that job's instance: leave out --instance, --spot, "
                          "--region, --ami, --disk-gb and --max-price")
-    backend = backend or ("aws" if placement.get("instance_type") or on_job else settings.backend)
+    # Any cloud placement option (--instance, --gpus, --spot, --region, --ami, ...) says which
+    # backend is meant, as --instance always did (D27).
+    cloud = on_job or set(placement) - {"keep"}
+    backend = backend or ("aws" if cloud else settings.backend)
     if backend == "aws":
         placement.setdefault("market", settings.market)
         if on_job:
@@ -176,6 +180,7 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
     elif on_job or set(placement) - {"keep"} or placement.get("keep"):
         key = "on_job" if on_job else sorted(placement)[0]
         flag = f"--{placement[key]}" if key == "market" else FLAGS[key]
+        flag = "--cpu-only" if key == "cpu_only" else flag
         raise UsageError(f"{flag} applies to cloud backends, not {backend}")
     providers.get(backend)  # unknown backend: error now, before anything else
     if recipe and command:
@@ -233,6 +238,9 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
                          "can read $CLOUDTRAIN_GPUS and start torchrun itself")
     if backend == "aws" and not on_job:
         placement.setdefault("instance_type", settings.instance_type)
+    from .preflight import own_command
+
+    own_command(list(command), workdir_path)  # D14, D16: before anything is created
     minutes = max_runtime_minutes or settings.max_runtime_minutes
     return JobSpec(kind=COMMAND, backend=backend, name=name, command=list(command),
                    workdir=workdir_path, max_runtime_s=float(minutes) * 60,
@@ -283,13 +291,20 @@ def _check_inputs(given: dict, placement: dict, include: tuple[str, ...]) -> Non
             raise UsageError(f"--name {name}: a name of hex digits reads as a job id prefix",
                              hint=f"add a letter past f, e.g. --name run-{name}")
     if placement.get("region"):
-        check_region(placement["region"], "--region")
+        from .preflight import check_known_region
+
+        check_known_region(check_region(placement["region"], "--region"))
     if placement.get("ami") and not AMI_PATTERN.fullmatch(placement["ami"]):
         raise UsageError(f"--ami {shown(placement['ami'])}: expected an AMI id, e.g. "
                          "ami-0123456789abcdef0")
     if placement.get("instance_type") and not INSTANCE_PATTERN.fullmatch(placement["instance_type"]):
-        raise UsageError(f"--instance {shown(placement['instance_type'])}: expected an EC2 "
-                         "instance type, e.g. g5.xlarge",
+        from . import catalog
+        from .preflight import suggest
+
+        close = suggest(placement["instance_type"], catalog.load())
+        raise UsageError(f"--instance {shown(placement['instance_type'])}: "
+                         + (f"unknown instance type{close}" if close else
+                            "expected an EC2 instance type, e.g. g5.xlarge"),
                          hint="cloudtrain catalog lists the GPU types")
     if "max_price" in placement:
         finite(placement["max_price"], "--max-price (USD per hour)", low=0, low_open=True,
@@ -329,12 +344,10 @@ def _resolve_gpus(request: str, placement: dict, settings: config.Settings) -> d
 
     gpu, count = catalog.parse_gpus(request)
     finite(count, f"--gpus {request}: the count", low=0, low_open=True, high=64)
+    # D28: the region chain every command uses (AWS_REGION, the profile, ...), as --instance
     regions = [placement["region"]] if placement.get("region") else \
         [r.strip() for r in settings.regions.split(",") if r.strip()] or \
-        ([settings.region] if settings.region else [])
-    if not regions:
-        raise UsageError("--gpus needs a region to look in: pass --region, or set `region:` "
-                         "or `regions:` in config.yaml")
+        [providers.get("aws").region()]
     market = placement.get("market") or settings.market
     chosen, region, _ = catalog.cheapest(gpu, count, regions, market)
     return {"instance_type": chosen.name, "region": region}

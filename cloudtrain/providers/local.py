@@ -75,8 +75,24 @@ class LocalProvider:
 
     def plan(self, spec) -> list[tuple[str, str]]:
         self.preflight(spec)
-        return [("backend", "local (this machine)"), ("runs", spec.display()),
-                ("max runtime", f"{spec.max_runtime_s / 60:g} min"), ("cost", "$0.00")]
+        rows = [("backend", "local (this machine)"), ("runs", spec.display())]
+        if spec.kind == "recipe":  # D30: refused here as the launch refuses it
+            gpus = self._host().gpu_count()
+            procs = spec.processes(gpus)
+            rows.append(("processes", f"{procs} ({gpus} GPU(s) here)"))
+        warning = self.question(spec)
+        if warning:
+            rows.append(("WARNING", warning))
+        return rows + [("max runtime", f"{spec.max_runtime_s / 60:g} min"), ("cost", "$0.00")]
+
+    def question(self, spec) -> str | None:
+        """D17: a GPU recipe's full run on a machine without a GPU would take hours (and be
+        stopped at its max runtime): said, and asked, before it starts."""
+        from ..preflight import cpu_warning
+
+        if spec.kind != "recipe" or spec.profile or self._host().gpu_count():
+            return None
+        return cpu_warning(spec)
 
     def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
         return {}  # this machine is always there

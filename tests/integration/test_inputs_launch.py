@@ -101,11 +101,12 @@ def test_F25_empty_values_are_refused(cli, flag):
     assert _no_jobs(cli)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--spot"], "--spot applies to cloud backends, not local"),
-    (["--on-demand"], "--on-demand applies to cloud backends, not local"),
-    (["--ami", "ami-0123456789abcdef0"], "--ami applies to cloud backends, not local"),
-    (["--disk-gb", "20"], "--disk-gb applies to cloud backends, not local"),
+@pytest.mark.parametrize("args, message", [  # with --backend local: alone they choose aws (D27)
+    (["--backend", "local", "--spot"], "--spot applies to cloud backends, not local"),
+    (["--backend", "local", "--on-demand"], "--on-demand applies to cloud backends, not local"),
+    (["--backend", "local", "--ami", "ami-0123456789abcdef0"],
+     "--ami applies to cloud backends, not local"),
+    (["--backend", "local", "--disk-gb", "20"], "--disk-gb applies to cloud backends, not local"),
     (["--backend", "local", "--instance", "g5.xlarge"], "--instance applies to cloud backends, "
                                                         "not local"),
 ])

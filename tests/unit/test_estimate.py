@@ -140,5 +140,5 @@ def test_launch_shows_the_estimate_of_what_it_starts(cli, pub):
     assert "training 26s (published)" in line and "$0.24 on-demand" in line
     # No basis (your own command): no estimate row rather than a made-up one.
     plan = cli.ok("launch", "--instance", "p3.2xlarge", "--region", "us-east-1", "--dry-run",
-                  "--", "python", "train.py").stdout
+                  "--", "python", "-c", "pass").stdout
     assert "estimate" not in plan

@@ -462,7 +462,9 @@ class InstancesMixin:
             "SELECT DISTINCT region FROM instances WHERE provider = 'aws' AND region IS NOT NULL")
         } if store is not None else set()
         try:
-            regions.add(self.region())
+            region, source = self.region_and_source()
+            if source != self.DEFAULT_SOURCE:  # configured somewhere, not just the default
+                regions.add(region)
         except UsageError:
             pass
         return regions

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 
-from ... import catalog, config, cost
+from ... import catalog, config, cost, preflight
 from ...config import check_region
 from ...errors import CloudtrainError, MissingDependency, UsageError
 from ...hosts import SSHHost
@@ -38,6 +39,10 @@ from .pricing import PricingMixin
 from .results import ResultsStoreMixin
 from .volumes import VolumesMixin
 
+DEFAULT_REGION = "us-east-1"  # where a job goes when no region is configured anywhere
+DEFAULT_SOURCE = ("the default: no --region, AWS_REGION, AWS_DEFAULT_REGION, `region:` in "
+                  "config.yaml or in the AWS profile")
+
 
 def assumed_role(arn: str) -> tuple[str, str] | None:
     """(role ARN without a path, role name) for an STS assumed-role session ARN, else None."""
@@ -51,6 +56,7 @@ def assumed_role(arn: str) -> tuple[str, str] | None:
 class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, ResultsStoreMixin,
                   VolumesMixin):
     name = "aws"
+    DEFAULT_SOURCE = DEFAULT_SOURCE
 
     def __init__(self, settings: config.Settings | None = None):
         self.settings = settings or config.Settings.load()
@@ -74,22 +80,39 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
             try:
                 self._sessions[key] = boto3.Session(
                     profile_name=self.settings.aws_profile or None,
-                    region_name=region or self.settings.region or None)
+                    region_name=region or self.settings.region
+                    or os.environ.get("AWS_REGION") or None)
             except botocore.exceptions.ProfileNotFound as exc:
                 raise UsageError(f"AWS profile not found: {exc}",
                                  hint="list yours with: aws configure list-profiles") from exc
         return self._sessions[key]
 
     def region(self, spec=None) -> str:
+        return self.region_and_source(spec)[0]
+
+    def region_and_source(self, spec=None) -> tuple[str, str]:
+        """The job's region and where it came from, the same way for every command: --region,
+        `region:` in config.yaml, AWS_REGION, AWS_DEFAULT_REGION, the AWS profile's; else
+        us-east-1 (the catalog's and estimate's default), said as such. botocore itself reads
+        AWS_DEFAULT_REGION only (D2), so AWS_REGION is read here."""
+        from ...preflight import check_known_region
+
         if spec is not None and spec.region:
-            return check_region(spec.region, "--region")
-        if self.settings.region:
-            return check_region(self.settings.region, "`region:` in config.yaml")
-        region = self.session().region_name
-        if not region:
-            raise UsageError("no AWS region: pass --region, set `region:` in config.yaml, "
-                             "or AWS_REGION", hint="cloudtrain launch --region us-east-1 ...")
-        return check_region(region, "AWS_REGION, AWS_DEFAULT_REGION or the AWS profile")
+            source = "--region"
+            region = spec.region
+        elif self.settings.region:
+            source, region = "`region:` in config.yaml", self.settings.region
+        elif os.environ.get("AWS_REGION"):
+            source, region = "AWS_REGION", os.environ["AWS_REGION"]
+        elif os.environ.get("AWS_DEFAULT_REGION"):
+            source, region = "AWS_DEFAULT_REGION", os.environ["AWS_DEFAULT_REGION"]
+        else:
+            region = self.session().region_name
+            if not region:
+                return DEFAULT_REGION, DEFAULT_SOURCE
+            source = "the AWS profile"
+        check_region(region, source)
+        return check_known_region(region, f"{source}:"), source
 
     def client(self, service: str, region: str, fail_fast: bool = False):
         """A client; fail_fast for run_instances (capacity errors are not retried, the next
@@ -141,13 +164,73 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
         return self._owner
 
 
-    def preflight(self, spec) -> None:
+    def preflight(self, spec):
+        """What the launch checks before anything is created, and the dry run with it: the
+        options, the region, and the instance type (exists, offered in the region, runs the
+        AMI's architecture, has a GPU unless --cpu-only). Returns the type's facts (None for
+        --on, which reuses a kept job's instance: jobs checks that one)."""
         if not spec.instance_type and not spec.on_job:  # --on: the kept job's instance
             raise UsageError("which instance? pass --instance (e.g. g5.xlarge)")
         if spec.market not in ("on-demand", "spot"):
             raise UsageError(f"market must be on-demand or spot, not {spec.market!r}")
         if spec.max_price is not None and spec.market != "spot":
             raise UsageError("--max-price applies to --spot")
+        if spec.on_job:
+            return None
+        return self.check_type(spec, self.region(spec))
+
+    def check_type(self, spec, region: str) -> preflight.TypeFacts:
+        """preflight.instance_type with EC2's answers where the bundled catalog has none and
+        there are credentials to ask with (DescribeInstanceTypes, ...TypeOfferings, the
+        --ami's architecture)."""
+        describe = offered = None
+        ami_arch = None if spec.ami else preflight.DEFAULT_ARCH
+        try:
+            credentials = self.credentials(region)
+        except CloudtrainError:
+            credentials = None  # said where it matters: the plan's permissions row, the launch
+        if credentials is not None:
+            describe = lambda name: self.describe_type(region, name)  # noqa: E731
+            offered = lambda name: self.type_offered(region, name)  # noqa: E731
+            if spec.ami:
+                ami_arch = self.ami_architecture(region, spec.ami)
+        return preflight.instance_type(spec.instance_type, region, cpu_ok=spec.cpu_only,
+                                       ami_arch=ami_arch, describe=describe, offered=offered)
+
+    def describe_type(self, region: str, name: str) -> dict | None:
+        """{gpus, gpu, arch} of an instance type from EC2; None when EC2 has no such type; {}
+        when EC2 could not be asked (no permission, unreachable)."""
+        try:
+            found = self.call(region, "describe_instance_types",
+                              InstanceTypes=[name])["InstanceTypes"]
+        except AWSError as exc:
+            return None if exc.code in ("InvalidInstanceType", "InvalidParameterValue") else {}
+        if not found:
+            return None
+        gpus = (found[0].get("GpuInfo") or {}).get("Gpus") or []
+        arches = found[0].get("ProcessorInfo", {}).get("SupportedArchitectures") or []
+        return {"gpus": sum(g.get("Count", 0) for g in gpus),
+                "gpu": gpus[0].get("Name") if gpus else None,
+                "arch": preflight.DEFAULT_ARCH if preflight.DEFAULT_ARCH in arches
+                else (arches[0] if arches else preflight.DEFAULT_ARCH)}
+
+    def type_offered(self, region: str, name: str) -> bool | None:
+        """Whether EC2 offers the type in the region; None when it could not be asked."""
+        try:
+            found = self.call(region, "describe_instance_type_offerings", LocationType="region",
+                              Filters=[{"Name": "instance-type", "Values": [name]}])
+        except AWSError:
+            return None
+        return bool(found.get("InstanceTypeOfferings"))
+
+    def ami_architecture(self, region: str, ami: str) -> str | None:
+        """The --ami's architecture (x86_64, arm64); None when it cannot be read here (the
+        launch then says what is wrong with the AMI)."""
+        try:
+            images = self.call(region, "describe_images", ImageIds=[ami])["Images"]
+        except AWSError:
+            return None
+        return images[0].get("Architecture") if images else None
 
     def bootstrap(self, region: str, ami: str | None, cached: bool = True) -> dict:
         """Owner, key pair, subnets, security group, AMI and its root device for a region.
@@ -313,38 +396,63 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
     def region_of(self, job: Job) -> str:
         return (job.spec or {}).get("region") or self.region()
 
+    def price_rows(self, spec, region: str | None = None) -> list[tuple[str, str]]:
+        """The instance's price and the most the job can cost (its whole max runtime), as
+        the plan shows them and `launch` asks about them."""
+        region = region or self.region(spec)
+        t = catalog.get(spec.instance_type) if spec.instance_type else None
+        price = t.price(region, spec.market) if t else None
+        if price is None:
+            return [("price", f"no {spec.market} price for {spec.instance_type} in {region} in "
+                              "the catalog")]
+        basis = catalog.on_demand_source(region) if spec.market == "on-demand" \
+            else f"cheapest AZ: {catalog.spot_source(region)}"
+        cap = price * spec.max_runtime_s / 3600
+        return [("price", f"${price:.4f}/h ({basis})"),
+                ("at most", f"${cap:.2f} if it runs its whole max runtime of "
+                            f"{spec.max_runtime_s / 60:g} min")]
+
+    def question(self, spec) -> str | None:
+        """What `launch` asks before creating paid resources (none for --on: the kept instance
+        bills already)."""
+        if spec.on_job:
+            return None
+        rows = dict(self.price_rows(spec))
+        at_most = f"; at most {rows['at most']}" if "at most" in rows else ""
+        return (f"This launches a {spec.market} {spec.instance_type} in {self.region(spec)}, "
+                f"billed per second: {rows['price']}{at_most}.")
+
     # -- dry run ---------------------------------------------------------------------------------
 
     def plan(self, spec) -> list[tuple[str, str]]:
         """What launch would do, as (what, value) rows; creates nothing, bills nothing. With
         credentials it also resolves AZs and AMI and asks EC2 (DryRun=True) whether
         RunInstances would be allowed."""
-        self.preflight(spec)
-        region = self.region(spec)
-        rows = [("backend", "aws"), ("region", region)]
+        facts = self.preflight(spec)
+        region, source = self.region_and_source(spec)
+        rows = [("backend", "aws"),
+                ("region", region + ("" if source == "--region" else f" ({source})"))]
+        if spec.on_job:
+            rows.append(("instance", f"the kept instance of job {spec.on_job} (--on): no "
+                                     "provisioning, only changed files synced"))
+            return rows
         t = catalog.get(spec.instance_type)
         if t is None:
-            rows.append(("instance", f"{spec.instance_type} (not in the bundled catalog: "
-                                     "price unknown)"))
+            gpus = f"{facts.gpus:g}x {facts.gpu}" if facts.gpus else "no GPU (--cpu-only)"
+            rows.append(("instance", f"{spec.instance_type}: {gpus} (not in the bundled "
+                                     "catalog: price unknown)"))
         else:
             rows.append(("instance", f"{t.name}: {t.gpus:g}x {t.gpu}, {t.vcpus:g} vCPU, "
                                      f"{t.memory_gib:g} GiB"))
-        if spec.kind == "recipe" and t is not None:
-            procs = spec.processes(int(t.gpus))
+        if facts.note:
+            rows.append(("note", facts.note))
+        if spec.kind == "recipe" and (t is not None or facts.source == "EC2"):
+            procs = spec.processes(int(facts.gpus))
             rows.append(("processes", f"{procs}" + (" (torchrun, one per GPU)" if procs > 1
                                                     else "")))
         rows.append(("market", spec.market + (f", max price ${spec.max_price}/h"
                                               if spec.max_price is not None else "")))
-        price = t.price(region, spec.market) if t else None
-        if price is not None:
-            basis = catalog.on_demand_source(region) if spec.market == "on-demand" \
-                else f"cheapest AZ: {catalog.spot_source(region)}"
-            cap = price * spec.max_runtime_s / 3600
-            rows.append(("price", f"${price:.4f}/h ({basis})"))
-            rows.append(("at most", f"${cap:.2f} if it runs its whole max runtime of "
-                                    f"{spec.max_runtime_s / 60:g} min"))
-        elif t is not None:
-            rows.append(("price", f"no {spec.market} price for {t.name} in {region} in the catalog"))
+        rows += self.price_rows(spec, region)
         disk = spec.disk_gb or self.settings.disk_gb or int(spec.resources.get("disk_gb", 100))
         fast = ""
         if spec.disk_mbps and spec.disk_mbps > cost.GP3_BASE_MBPS:  # for the data copy
@@ -374,12 +482,15 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
                          if not spec.ami else spec.ami))
             rows.append(("permissions", "not checked: no AWS credentials (this plan needs none)"))
             return rows
+        step = "AZs to try"  # D31: a failure is said under the row it is about
         try:
             zones = self.subnets(region)
             zones = self.order_zones(zones, spec.instance_type, region, spec.market)
-            rows.append(("AZs to try", ", ".join(z[0] for z in zones)))
+            rows.append((step, ", ".join(z[0] for z in zones)))
+            step = "AMI"
             ami = self.resolve_ami(region, spec.ami)
-            rows.append(("AMI", ami))
+            rows.append((step, ami))
+            step = "permissions"
             request = dict(ImageId=ami, InstanceType=spec.instance_type, MinCount=1, MaxCount=1,
                            SubnetId=zones[0][1], DryRun=True)
             if spec.market == "spot":
@@ -387,14 +498,14 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
                     "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
             try:
                 self.call(region, "run_instances", fail_fast=True, **request)
-                rows.append(("permissions", "RunInstances: EC2 answered without DryRunOperation"))
+                rows.append((step, "RunInstances: EC2 answered without DryRunOperation"))
             except AWSError as exc:
                 if exc.code == "DryRunOperation":
-                    rows.append(("permissions", "RunInstances allowed (EC2 DryRun)"))
+                    rows.append((step, "RunInstances allowed (EC2 DryRun)"))
                 elif exc.code == "UnauthorizedOperation":
-                    rows.append(("permissions", f"RunInstances DENIED: attach {POLICY_FILE}"))
+                    rows.append((step, f"RunInstances DENIED: attach {POLICY_FILE}"))
                 else:
-                    rows.append(("permissions", f"RunInstances: {exc.code}: {exc.aws_message}"))
+                    rows.append((step, f"RunInstances: {exc.code}: {exc.aws_message}"))
         except CloudtrainError as exc:
-            rows.append(("credentials", exc.message))
+            rows.append((step, exc.message))
         return rows
