@@ -463,7 +463,8 @@ def down(jobs_: tuple[str, ...], every: bool, grace: float | None, yes: bool) ->
 
     settings = config.Settings.load()
     with _store() as store:
-        if every and not jobs_ and not yes and sys.stdin.isatty():
+        # Asked only in a terminal: scripts and CI (no TTY) go on as before.
+        if every and not jobs_ and not yes and sys.stdin.isatty() and sys.stdout.isatty():
             targets = jobs.down_targets(store)
             if targets:  # it destroys: the default answer is no
                 click.echo(f"down --all stops these {len(targets)} job(s) and terminates "
