@@ -262,11 +262,9 @@ def _follow(store, settings, job, offset: int = 0) -> None:
     summary = f"job {job.id} {job.state}"
     if job.reason:
         summary += f": {job.reason}"
-    click.echo(summary, err=True)
+    click.echo(summary, err=True)  # the one line on the outcome (D38): the exit code says the rest
     if job.state != "succeeded":
-        raise errors.JobFailed(f"job {job.id} {job.state}" + (f" (exit code {job.exit_code})"
-                                                              if job.exit_code else ""),
-                               hint=f"cloudtrain status {job.id} shows its timeline and last lines")
+        raise SystemExit(errors.EXIT_FAILED)
 
 
 @cli.command()
@@ -320,7 +318,8 @@ def status(job: str | None, as_json: bool, limit: int | None, refresh: bool) -> 
 @click.option("--tail", "-n", type=click.IntRange(min=0), default=None,
               help="Only the last N lines (then follow from there with -f).")
 def logs(job: str, follow: bool, tail: int | None) -> None:
-    """Print a job's output.
+    """Print a job's output. With --follow, exit with the job's outcome (1: it did not
+    succeed), as `launch --follow` does.
 
     \b
     Examples:
@@ -331,8 +330,7 @@ def logs(job: str, follow: bool, tail: int | None) -> None:
 
     settings = config.Settings.load()
     with _store() as store:
-        # Refreshed first: a job whose instance is gone is read from where its files went.
-        record = jobs.refresh(store, settings, store.find_job(job))
+        record = jobs.for_logs(store, settings, job)
         offset = 0
         if tail is not None:
             data, offset = jobs.tail_log(record, tail)
@@ -340,8 +338,7 @@ def logs(job: str, follow: bool, tail: int | None) -> None:
         elif not follow:
             _echo_bytes(jobs.read_log(record))
         if follow:
-            for chunk in jobs.follow(store, settings, record, offset):
-                _echo_bytes(chunk)
+            _follow(store, settings, record, offset)
 
 
 @cli.command()
@@ -355,8 +352,10 @@ def attach(job: str) -> None:
     """
     from . import jobs
 
+    settings = config.Settings.load()
+    terminal = sys.stdin.isatty() and sys.stdout.isatty()
     with _store() as store:
-        argv = jobs.attach_argv(store.find_job(job))
+        argv = jobs.attach_argv(store, settings, store.find_job(job), terminal)
     os.execvp(argv[0], argv)
 
 
@@ -485,8 +484,9 @@ def ssh(job: str) -> None:
     """
     from . import jobs
 
+    settings = config.Settings.load()
     with _store() as store:
-        argv = jobs.ssh_argv(store.find_job(job))
+        argv = jobs.ssh_argv(store, settings, store.find_job(job))
     os.execvp(argv[0], argv)
 
 
@@ -495,18 +495,33 @@ def ssh(job: str) -> None:
 @click.option("--all", "every", is_flag=True, help="Stop every active job.")
 @click.option("--grace", type=float, default=None, metavar="SECONDS", callback=_grace,
               help="Time between SIGTERM and SIGKILL (default from config, 30 s).")
-def down(jobs_: tuple[str, ...], every: bool, grace: float | None) -> None:
+@click.option("--yes", "-y", is_flag=True, help="--all: do not ask first (it does not ask "
+              "without a terminal either).")
+def down(jobs_: tuple[str, ...], every: bool, grace: float | None, yes: bool) -> None:
     """Stop jobs: SIGTERM to the job, SIGKILL after a grace period; release their hosts.
+    --all stops every active job, terminates instances tagged as ours that no job here
+    holds, and removes the unused security group and key pair; in a terminal it lists
+    the jobs and asks first.
 
     \b
     Examples:
       cloudtrain down 3f2a1b9c
-      cloudtrain down --all
+      cloudtrain down --all --yes
     """
     from . import jobs
 
     settings = config.Settings.load()
     with _store() as store:
+        # Asked only in a terminal: scripts and CI (no TTY) go on as before.
+        if every and not jobs_ and not yes and sys.stdin.isatty() and sys.stdout.isatty():
+            targets = jobs.down_targets(store)
+            if targets:  # it destroys: the default answer is no
+                click.echo(f"down --all stops these {len(targets)} job(s) and terminates "
+                           f"their instances:", err=True)
+                click.echo(render.status_table(targets), err=True)
+                if not click.confirm("Proceed?", default=False, err=True):
+                    click.echo("nothing stopped", err=True)
+                    raise SystemExit(errors.EXIT_FAILED)
         outcomes = jobs.cancel(store, settings, jobs_, every, grace)
     if not outcomes:
         click.echo("no active jobs")
@@ -685,7 +700,7 @@ def supervisor_run(home: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: one place where errors become a line of text and an exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in argv
+    argv, debug = _debug_first(argv)
     try:
         cli.main(args=argv, prog_name="cloudtrain", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -710,6 +725,15 @@ def main(argv: list[str] | None = None) -> None:
                    "(run again with --debug for the traceback)", err=True)
         sys.exit(errors.EXIT_FAILED)
     sys.exit(errors.EXIT_OK)
+
+
+def _debug_first(argv: list[str]) -> tuple[list[str], bool]:
+    """--debug anywhere before `--` (D32: `cloudtrain ssh JOB --debug`, as the internal-error
+    line suggests) moved to where the group's option is parsed; after `--` it is the job's."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    if "--debug" not in argv[:end]:
+        return argv, False
+    return ["--debug", *(a for a in argv[:end] if a != "--debug"), *argv[end:]], True
 
 
 def _fail(exc: errors.CloudtrainError) -> None:

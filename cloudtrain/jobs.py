@@ -47,7 +47,8 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
                 ("note", note) for note in datasets.notes(spec, settings)]
         except CloudtrainError as exc:
             data_rows = [("data", f"cannot be read, the launch would stop: {exc.message}")]
-    if store is not None:  # D29: the checks the launch makes on --on and --resume-from
+    if store is not None:  # D18, D29: the checks the launch makes on the name, --on, --resume-from
+        check_name(store, spec)
         _kept_source(store, spec)
         _resume_source(store, settings or config.Settings.load(), spec)
     rows = [("job", spec.display()), *providers.get(spec.backend).plan(spec), *data_rows]
@@ -152,6 +153,19 @@ def job_environment(job_id: str, data_dir: str, host: Host, gpus: int = 0, procs
 # -- launch --------------------------------------------------------------------------------------
 
 
+def check_name(store: Store, spec: JobSpec) -> None:
+    """A name refers to one job (D18): a name that a job in the store already has (in any
+    state: its record stays) is refused, not shadowed by the newer job."""
+    if not spec.name:
+        return
+    taken = store.job_named(spec.name)
+    if taken is not None:
+        raise UsageError(f"--name {spec.name}: job {taken.id} ({taken.state}) already has "
+                         f"that name",
+                         hint=f"give another, e.g. --name {spec.name}-2, or see that job: "
+                              f"cloudtrain status {spec.name}")
+
+
 def read_datasets(spec: JobSpec, settings: config.Settings) -> list:
     """Read what the job's datasets hold (datasets.preflight), before anything is created."""
     return datasets.preflight(spec, settings)
@@ -163,6 +177,7 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
     SIGHUP the job is recorded as failed or cancelled and its host released: nothing is left
     running. While it works, the launcher holds the job's lease (lease.py), so a launcher
     killed outright (SIGKILL, a lost container) is noticed by any later `cloudtrain` command."""
+    check_name(store, spec)
     provider = providers.get(spec.backend)
     provider.preflight(spec)
     # The datasets are read before anything is created: a missing prefix stops here.
@@ -404,15 +419,39 @@ def _resume_source(store: Store, settings: config.Settings, spec: JobSpec) -> Jo
     # Refreshed first: a job whose instance went away unseen has its checkpoints in the job
     # store, and its end is learnt (and its files brought home) here.
     source = refresh(store, settings, store.find_job(spec.resume_from))
-    if source.active:
+    if source.active:  # refreshed just now (D12): it really is still running
         raise UsageError(f"--resume-from {source.id}: the job is still {source.state}",
-                         hint=f"cloudtrain down {source.id}")
+                         hint=f"wait for its end (cloudtrain logs {source.id} --follow), or "
+                              f"stop it: cloudtrain down {source.id}")
     if source.recipe != spec.recipe:
         raise UsageError(f"--resume-from {source.id}: that job ran {source.command}, "
                          f"not recipe {spec.recipe}")
     if not source.jobdir:
         raise UsageError(f"--resume-from {source.id}: the job never started, so it has no checkpoint")
+    _check_resumable(source, spec)
     return source
+
+
+def _check_resumable(source: Job, spec: JobSpec) -> None:
+    """The arguments the recipe's checkpoint is tied to (recipe.yaml `resume_must_match`)
+    are the same in both jobs, checked before anything is launched (D33): the recipe itself
+    would refuse only once its instance is up, e.g. resnet9's "checkpoints/last.pt is for 2
+    epochs, this run asks for 4"."""
+    from . import recipes
+
+    rec = recipes.load(spec.recipe)
+    before = (source.spec or {}).get("args") or {}
+    for key in rec.resume_must_match:
+        old, new = before.get(key), spec.args.get(key)
+        if old != new:
+            def said(value):
+                return "the recipe's default" if value is None else f"{key}={value}"
+
+            raise UsageError(f"--resume-from {source.id}: its checkpoint was written with "
+                             f"{said(old)}, this run has {said(new)}; recipe {rec.name} "
+                             f"resumes only with the same {key}",
+                             hint=f"--set {key}={old}" if old is not None else
+                             f"leave out --set {key}")
 
 
 def _copy_checkpoints(source: Job, host: Host, jobdir: str) -> None:
@@ -907,9 +946,7 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
     grace = settings.stop_grace_seconds if grace_s is None else grace_s
     unknown: list[str] = []
     if every:
-        targets = store.jobs(active_only=True)
-        # --keep jobs that ended still hold an instance: stop those too
-        targets += [j for j in store.jobs() if not j.active and _holds_instance(store, j)]
+        targets = down_targets(store)
     else:
         targets = []
         for ref in refs:
@@ -937,6 +974,13 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
                  for r in missing]
     _cleanup_clouds(store, settings, [o.job for o in outcomes if o.job is not None], every)
     return outcomes
+
+
+def down_targets(store: Store) -> list[Job]:
+    """What `down --all` stops: every active job, and --keep jobs that ended but still hold
+    an instance."""
+    return store.jobs(active_only=True) + [j for j in store.jobs()
+                                           if not j.active and _holds_instance(store, j)]
 
 
 def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -> StopOutcome:
@@ -1102,10 +1146,48 @@ def timeline(store: Store, job: Job) -> list[Phase]:
     return phases
 
 
-def attach_argv(job: Job) -> list[str]:
-    if not job.active:
-        raise UsageError(f"job {job.id} has ended ({job.state}): there is no session to attach to",
-                         hint=f"cloudtrain logs {job.id}")
+# -- acting on a job: every command refreshes it first and answers from its current state ---
+
+
+def _ran(store: Store, job: Job) -> bool:
+    """Whether the job got as far as running (or staging data for) its command."""
+    return bool(job.jobdir) and any(e.phase in (state.RUNNING, state.STAGING)
+                                    for e in store.events(job.id))
+
+
+def _why(job: Job) -> str:
+    return job.reason or job.state
+
+
+def _ended(job: Job) -> str:
+    return f"job {job.id} has ended ({job.state}" + (f": {job.reason}" if job.reason else "") + ")"
+
+
+def _on_its_host(store: Store, settings: config.Settings, job: Job, action: str) -> Job:
+    """The job, refreshed, if it is where `attach`/`ssh` can reach it; else the reason why
+    not (D8, D13): it never started, it has ended, or it has no host yet."""
+    job = refresh(store, settings, job)
+    if not job.active and not _ran(store, job):
+        if job.backend != "local":
+            raise UsageError(f"job {job.id} has no instance ({_why(job)})",
+                             hint=f"cloudtrain status {job.id}")
+        raise UsageError(f"job {job.id} never started: {_why(job)}",
+                         hint=f"cloudtrain status {job.id}")
+    if not job.active and not (action == "ssh" and _holds_instance(store, job)):
+        raise UsageError(_ended(job), hint=f"cloudtrain logs {job.id}")
+    if job.active and job.state not in (state.RUNNING, state.STAGING):
+        raise UsageError(f"job {job.id} is {job.state}: nothing to {action} to yet",
+                         hint=f"cloudtrain logs {job.id} --follow (it waits for the start)")
+    return job
+
+
+def attach_argv(store: Store, settings: config.Settings, job: Job,
+                terminal: bool = True) -> list[str]:
+    """tmux's command line that attaches to the job's session. `terminal`: whether this
+    process has one (tmux needs it: "open terminal failed: not a terminal", D40)."""
+    job = _on_its_host(store, settings, job, "attach")
+    if not terminal:
+        raise UsageError(f"attach needs a terminal; use cloudtrain logs {job.id} -f")
     host = host_of(job)
     if not host.session_alive(job.id):
         raise UsageError(f"job {job.id} has no tmux session any more",
@@ -1113,14 +1195,26 @@ def attach_argv(job: Job) -> list[str]:
     return host.attach_argv(job.id)
 
 
-def ssh_argv(job: Job) -> list[str]:
+def ssh_argv(store: Store, settings: config.Settings, job: Job) -> list[str]:
+    job = _on_its_host(store, settings, job, "ssh")
+    if job.backend == "local":
+        raise UsageError(f"job {job.id} runs on this machine: use cloudtrain attach {job.id}",
+                         hint=f"cloudtrain logs {job.id}")
     host = host_of(job)
-    if isinstance(host, LocalHost):
-        raise UsageError(f"job {job.id} " + ("runs on this machine: use cloudtrain attach"
-                                              if job.backend == "local" else
-                                              "has ended and its instance is gone"),
+    if isinstance(host, LocalHost):  # its files were brought home: the instance is gone
+        raise UsageError(_ended(job) + " and its instance is gone",
                          hint=f"cloudtrain logs {job.id}")
     return host.ssh_argv()
+
+
+def for_logs(store: Store, settings: config.Settings, ref: str) -> Job:
+    """The job whose output `logs` prints, refreshed (a job whose instance is gone is then
+    read from where its files went). One that never started has no output: why (D9)."""
+    job = refresh(store, settings, store.find_job(ref))
+    if not job.active and not _ran(store, job):
+        raise CloudtrainError(f"job {job.id} never started: {_why(job)}",
+                              hint=f"cloudtrain status {job.id}")
+    return job
 
 
 def reconcile(store: Store) -> list[dict]:

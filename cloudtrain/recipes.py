@@ -127,6 +127,9 @@ class Recipe:
     data: list[dict] = field(default_factory=list)
     target: dict | None = None
     published: list[dict] = field(default_factory=list)
+    # Arguments a checkpoint is tied to: `--resume-from` refuses a run that changes one,
+    # before launch (the script would refuse only once it runs).
+    resume_must_match: list[str] = field(default_factory=list)
 
     @property
     def gpus(self) -> int:
@@ -331,11 +334,15 @@ def parse_recipe(path: Path) -> Recipe:
                  path, f"published[{i}]")
     data = _mappings(_optional(doc, "data", list, path, "a list of datasets", []), path, "data")
     _check_data(data, arguments, path)
+    must_match = _optional(doc, "resume_must_match", list, path, "a list of argument names", [])
+    for key in must_match:
+        if key not in arguments:
+            raise ConfigError(f"{path}: resume_must_match names unknown argument {shown(key)}")
     return Recipe(
         name=name, path=path.parent, description=_require(doc, "description", str, path),
         entry=entry, requires=list(requires), arguments=arguments,
         profiles=profiles, resources=resources, data=list(data),
-        target=target, published=list(published))
+        target=target, published=list(published), resume_must_match=list(must_match))
 
 
 def _check_data(data: list[dict], arguments: dict, path: Path) -> None:

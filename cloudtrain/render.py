@@ -164,6 +164,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
     now = time.time() if now is None else now
     out = [f"job {job.id}" + (f" ({job.name})" if job.name else ""),
            f"  what      {job.command}",
+           *args_lines(job),
            f"  backend   {job.backend}",
            f"  state     {job.state}" + (f": {job.reason}" if job.reason else ""),
            ]
@@ -501,3 +502,15 @@ def datasets_table(rows: list[dict]) -> str:
 
 def datasets_json(rows: list[dict]) -> str:
     return json.dumps(rows, indent=1)
+
+
+def args_lines(job: Job) -> list[str]:
+    """`status JOB`: a recipe job's arguments as its script got them, all of them (D18)."""
+    args = (job.spec or {}).get("args") if isinstance(job.spec, dict) else None
+    if not isinstance(args, dict) or not args:
+        return []
+    import shlex
+
+    words = [f"{k}={shlex.quote(str(v).lower() if isinstance(v, bool) else str(v))}"
+             for k, v in args.items()]
+    return ["  args      " + " ".join(words)]

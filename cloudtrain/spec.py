@@ -82,9 +82,23 @@ class JobSpec:
     store_region: str | None = None  # the job store's region: the first attempt's
 
     def display(self) -> str:
-        """One line saying what runs: `resnet9 (smoke)` or the command."""
+        """One line saying what runs: the recipe, its profile and the arguments that differ
+        from what the profile (or the recipe) sets, `resnet9 (smoke) variant=dawn epochs=4`
+        (D18); or the command."""
         if self.kind == RECIPE:
-            return f"{self.recipe} ({self.profile})" if self.profile else str(self.recipe)
+            from . import recipes
+
+            what = [f"{self.recipe} ({self.profile})" if self.profile else str(self.recipe)]
+            try:
+                rec = recipes.load(self.recipe)
+                base = rec.resolve(self.profile if self.profile in rec.profiles else None)
+            except UsageError:  # the recipe is gone or changed: nothing to compare with
+                rec, base = None, {}
+            for k, v in self.args.items():
+                if base.get(k) != v:
+                    text = rec.arguments[k].render(v) if rec and k in rec.arguments else str(v)
+                    what.append(f"{k}={shlex.quote(text)}")
+            return " ".join(what)
         if len(self.command) == 1:
             return self.command[0]
         return shlex.join(self.command)

@@ -465,7 +465,9 @@ class Store:
         return Job.from_row(row)
 
     def find_job(self, ref: str) -> Job:
-        """A job by id, unique id prefix, or name (the newest job of that name)."""
+        """A job by id, name (the newest job of that name), or unique id prefix. An exact
+        name comes before an id prefix (D19): `logs 19a3` means the job named 19a3, if one
+        is, not job 19a3f0fe."""
         if not ref:
             raise UsageError("give a job id, id prefix or name",
                              hint="cloudtrain status lists the jobs")
@@ -477,6 +479,9 @@ class Store:
         row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (ref,)).fetchone()
         if row is not None:
             return Job.from_row(row)
+        named = self.job_named(ref)
+        if named is not None:
+            return named
         # A prefix compared as text, not LIKE: no wildcards to escape, and no "LIKE or GLOB
         # pattern too complex" for a reference of 100,000 characters.
         rows = self.db.execute(
@@ -486,12 +491,14 @@ class Store:
             ids = ", ".join(r["id"] for r in rows[:5])
             raise UsageError(f"job id prefix '{ref}' is ambiguous: {ids}")
         if not rows:
-            rows = self.db.execute(
-                "SELECT * FROM jobs WHERE name = ? ORDER BY created_at DESC LIMIT 1", (ref,)
-            ).fetchall()
-        if not rows:
             raise NotFound(f"no job {shown(ref)}", hint="cloudtrain status lists the jobs")
         return Job.from_row(rows[0])
+
+    def job_named(self, name: str) -> Job | None:
+        """The newest job of this name, or None."""
+        row = self.db.execute("SELECT * FROM jobs WHERE name = ? ORDER BY created_at DESC "
+                              "LIMIT 1", (name,)).fetchone()
+        return None if row is None else Job.from_row(row)
 
     def jobs(self, *, active_only: bool = False, limit: int | None = None) -> list[Job]:
         sql = "SELECT * FROM jobs"

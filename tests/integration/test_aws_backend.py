@@ -163,7 +163,7 @@ def test_failing_job_is_failed_and_its_instance_gone(cli, aws):
     proc = cli("launch", "--instance", "g5.xlarge", "--follow", "--", "bash", "-c",
                "echo about to fail; exit 3", timeout=60)
     assert proc.returncode == 1
-    assert "about to fail" in proc.stdout and "exit code 3" in proc.stderr
+    assert "about to fail" in proc.stdout and "failed: exited with code 3" in proc.stderr
     (raw,) = aws.instances()
     assert raw["State"]["Name"] == "terminated"
 

@@ -62,7 +62,7 @@ def test_recipe_arguments_reach_the_script_with_profile_and_set(cli, toy_recipes
     assert ("args {'epochs': 1, 'lr': 0.25, 'mode': 'fast', 'resume': 'true', 'tag': 'a b'}"
             in proc.stdout)
     job = json.loads(cli.ok("status", "--json").stdout)[0]
-    assert job["recipe"] == "toy" and job["command"] == "toy (smoke)"
+    assert job["recipe"] == "toy" and job["command"] == "toy (smoke) lr=0.25 resume=true tag='a b'"
     assert job["metrics"]["epoch"] == 1
     assert job["spec"]["max_runtime_s"] == 300
 

@@ -318,6 +318,10 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
 
     def host_for(self, job: Job) -> SSHHost:
         info = job.host or {}
+        if not info.get("host"):  # the launch never got as far as an instance's address (D8)
+            raise UsageError(f"job {job.id} has no instance" + (f" ({job.reason})"
+                                                                 if job.reason else ""),
+                             hint=f"cloudtrain status {job.id}")
         endpoint = Endpoint(info["host"], info.get("port", 22), info.get("user", "ubuntu"),
                             info.get("key_path"), info.get("host_key"))
         return SSHHost(endpoint, info.get("tmux_socket", "cloudtrain"), info.get("python", "python3"))

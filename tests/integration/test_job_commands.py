@@ -1,0 +1,291 @@
+"""Every command on a job sees its current state; job names and arguments; clean failures
+(issue 14: D8, D9, D11, D12, D13, D18, D19, D25, D26, D32, D33, D38, D40 of the findings of
+2026-11-23). The real CLI, real tmux jobs; AWS ones against moto with a real sshd."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
+from conftest import REPO, TOY_RECIPE, wait_for
+
+
+def _ended_unseen(ct_home: Path, job_id: str, timeout: float = 20) -> None:
+    """Wait until the job's agent says it ended, reading its status.json directly, so that
+    no cloudtrain command has refreshed the job's record before the one under test."""
+    path = ct_home / "jobs" / job_id / "status.json"
+
+    def ended():
+        try:
+            return json.loads(path.read_text()).get("state") in ("succeeded", "failed")
+        except (OSError, ValueError):
+            return False
+
+    wait_for(ended, timeout=timeout, what=f"job {job_id} to end")
+
+
+def _store_state(ct_home: Path, job_id: str) -> str:
+    import sqlite3
+
+    db = sqlite3.connect(ct_home / "state.db")
+    try:
+        return db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+    finally:
+        db.close()
+
+
+# -- names and arguments ------------------------------------------------------------------------
+
+
+def test_d18_a_duplicate_name_is_refused_and_set_arguments_are_shown(cli, toy_recipes):
+    first = cli("launch", "--recipe", "toy", "--set", "lr=0.25", "--set", "mode=slow",
+                "--name", "dawn24", "--follow", "--quiet")
+    assert first.returncode == 0, first.stderr
+    first_id = first.stdout.split()[0]
+    again = cli("launch", "--recipe", "toy", "--name", "dawn24")
+    assert again.returncode == 2
+    assert again.stderr.splitlines()[0] == (
+        f"Error: --name dawn24: job {first_id} (succeeded) already has that name")
+    assert "--name dawn24-2" in again.stderr and "cloudtrain status dawn24" in again.stderr
+    dry = cli("launch", "--recipe", "toy", "--name", "dawn24", "--dry-run")
+    assert dry.returncode == 2 and "already has that name" in dry.stderr
+    jobs = json.loads(cli.ok("status", "--json").stdout)
+    assert [j["id"] for j in jobs] == [first_id]  # nothing was launched
+    # WHAT: the arguments that differ from the recipe's (after the profile) ...
+    assert jobs[0]["command"] == "toy lr=0.25 mode=slow"
+    row = [l for l in cli.ok("status").stdout.splitlines() if first_id in l][0]
+    assert "toy lr=0.25 mode=slow" in row
+    # ... and `status JOB` has them all, as the script got them.
+    detail = cli.ok("status", "dawn24").stdout
+    assert "  args      epochs=2 lr=0.25 mode=slow resume=false\n" in detail
+
+
+def test_d18_profile_and_arguments_in_what(cli, toy_recipes):
+    dry = cli.ok("launch", "--recipe", "toy", "--profile", "smoke", "--set", "epochs=1",
+                 "--set", "tag=a b", "--dry-run").stdout
+    # epochs=1 is what the smoke profile sets already: not shown; the tag is quoted
+    assert "toy (smoke) tag='a b'" in dry
+
+
+def test_d19_hex_names_are_refused_and_an_exact_name_beats_an_id_prefix(cli, ct_home):
+    proc = cli("launch", "-q", "--name", "19a3", "--", "echo", "hi")
+    assert proc.returncode == 2
+    assert "--name 19a3: a name of hex digits reads as a job id prefix" in proc.stderr
+    # A store from before that check may hold such a name: the exact name wins.
+    from cloudtrain.state import open_store
+
+    store = open_store(ct_home)
+    older = store.create_job(name=None, kind="command", recipe=None, command="true",
+                             backend="local", spec={})
+    named = store.create_job(name=older.id[:4], kind="command", recipe=None, command="false",
+                             backend="local", spec={})
+    assert store.find_job(older.id[:4]).id == named.id
+    assert store.find_job(older.id[:5]).id == older.id  # a longer prefix is no name
+    assert store.find_job(older.id).id == older.id
+
+
+# -- every command refreshes the job first ------------------------------------------------------
+
+
+def test_d13_attach_right_after_the_job_ended_says_so(cli, ct_home):
+    job_id = cli.launch("--", "true")
+    _ended_unseen(ct_home, job_id)
+    assert _store_state(ct_home, job_id) == "running"  # nobody looked yet
+    proc = cli("attach", job_id)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"Error: job {job_id} has ended (succeeded)",
+                                        f"Hint: cloudtrain logs {job_id}"]
+    ssh = cli("ssh", job_id)
+    assert ssh.returncode == 2 and f"job {job_id} has ended (succeeded)" in ssh.stderr
+
+
+def test_d40_attach_without_a_terminal_says_to_use_logs(cli):
+    job_id = cli.launch("--", "sleep", "30")
+    try:
+        proc = cli("attach", job_id)
+        assert proc.returncode == 2
+        assert proc.stderr.strip() == (f"Error: attach needs a terminal; use cloudtrain logs "
+                                       f"{job_id} -f")
+    finally:
+        cli.ok("down", job_id)
+
+
+def test_d12_resume_right_after_the_source_ended(cli, ct_home, toy_recipes):
+    first = cli.launch("--recipe", "toy", "--set", "epochs=2")
+    _ended_unseen(ct_home, first)
+    proc = cli("launch", "--recipe", "toy", "--set", "epochs=3", "--resume-from", first,
+               "--follow")
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming from epoch 2" in proc.stdout
+    assert "cloudtrain down" not in proc.stderr
+
+
+def test_d33_resume_with_an_argument_the_checkpoint_is_tied_to_is_refused_before_launch(
+        cli, toy_recipes):
+    (toy_recipes / "toy" / "recipe.yaml").write_text(TOY_RECIPE + "resume_must_match: [epochs]\n")
+    first = cli("launch", "--recipe", "toy", "--set", "epochs=2", "--follow", "--quiet")
+    assert first.returncode == 0, first.stderr
+    first_id = first.stdout.split()[0]
+    proc = cli("launch", "--recipe", "toy", "--set", "epochs=4", "--resume-from", first_id)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"Error: --resume-from {first_id}: its checkpoint was written with epochs=2, this run "
+        f"has epochs=4; recipe toy resumes only with the same epochs",
+        "Hint: --set epochs=2"]
+    assert len(json.loads(cli.ok("status", "--json").stdout)) == 1  # nothing launched
+    ok = cli("launch", "--recipe", "toy", "--set", "epochs=2", "--resume-from", first_id,
+             "--follow")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_d33_resnet9_declares_what_its_checkpoint_is_tied_to():
+    """What resnet9's train.py refuses on resume, its recipe.yaml declares for the check
+    before launch."""
+    from cloudtrain import recipes
+
+    declared = recipes.load("resnet9").resume_must_match
+    source = (REPO / "recipes" / "resnet9" / "train.py").read_text()
+    start = source.index("MUST_MATCH_ON_RESUME = (")
+    must = eval(source[start + len("MUST_MATCH_ON_RESUME = "):source.index(")", start) + 1])
+    assert set(must) | {"epochs"} == set(declared)
+
+
+# -- follow: one line with the outcome, and its exit code ---------------------------------------
+
+
+def test_d11_logs_follow_exits_with_the_jobs_outcome(cli):
+    job_id = cli.launch("--", "bash", "-c", "sleep 1; echo done; exit 1")
+    proc = cli("logs", job_id, "--follow")
+    assert proc.returncode == 1
+    assert proc.stdout == "done\n"
+    assert proc.stderr == f"job {job_id} failed: exited with code 1\n"
+    ok = cli.launch("--", "echo", "fine")
+    proc = cli("logs", ok, "-f")
+    assert proc.returncode == 0 and proc.stdout == "fine\n"
+    assert proc.stderr == f"job {ok} succeeded\n"
+
+
+def test_d38_a_failed_launch_follow_says_it_once(cli):
+    proc = cli("launch", "--follow", "--", "bash", "-c", "exit 1")
+    assert proc.returncode == 1
+    job_id = proc.stderr.split("launched job ")[1].split(":")[0]
+    lines = proc.stderr.splitlines()
+    assert lines[-1] == f"job {job_id} failed: exited with code 1"
+    assert not any(line.startswith(("Error:", "Hint:")) for line in lines)
+
+
+# -- --debug after the subcommand -----------------------------------------------------------------
+
+
+def test_d32_debug_is_accepted_after_the_subcommand(cli):
+    proc = cli("status", "nope", "--debug")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == "Error: no job 'nope'"
+    # after `--` it is the job's own argument
+    echo = cli("launch", "--follow", "--", "echo", "--debug")
+    assert echo.returncode == 0 and echo.stdout == "--debug\n"
+
+
+def test_d32_debug_after_the_subcommand_shows_the_traceback(ct_home, monkeypatch):
+    """The internal-error line says "run again with --debug": after the subcommand, as a user
+    types it, that gives the traceback."""
+    from cloudtrain import cli as cli_module
+
+    def broken(*args, **kwargs):
+        raise KeyError("host")
+
+    monkeypatch.setattr(cli_module.config.Settings, "load", broken)
+    with pytest.raises(KeyError):
+        cli_module.main(["logs", "x", "--debug"])
+    with pytest.raises(SystemExit) as exc:
+        cli_module.main(["logs", "x"])
+    assert exc.value.code == 1
+
+
+# -- down --all asks in a terminal --------------------------------------------------------------
+
+
+def _in_terminal(args: list[str], answer: str, timeout: float = 30) -> tuple[int, str]:
+    """Run `cloudtrain ARGS` with a pseudo-terminal as stdin/stdout/stderr; answer the
+    first question asked; return the exit code and everything it printed."""
+    parent, child = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", *args], cwd=REPO,
+                            stdin=child, stdout=child, stderr=child, env=os.environ)
+    os.close(child)
+    out, answered = b"", False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([parent], [], [], 0.2)
+        if ready:
+            try:
+                data = os.read(parent, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            out += data
+            if not answered and b"[y/N]" in out:
+                os.write(parent, answer.encode() + b"\n")
+                answered = True
+        elif proc.poll() is not None:
+            break
+    proc.wait(timeout=timeout)
+    os.close(parent)
+    return proc.returncode, out.decode(errors="replace").replace("\r\n", "\n")
+
+
+def test_d26_down_all_lists_and_asks_in_a_terminal(cli):
+    job_id = cli.launch("--", "sleep", "60")
+    code, out = _in_terminal(["down", "--all"], "n")
+    assert code == 1, out
+    assert "down --all stops these 1 job(s) and terminates their instances:" in out
+    assert job_id in out and "Proceed? [y/N]" in out and "nothing stopped" in out
+    assert cli.job(job_id)["state"] == "running"
+    code, out = _in_terminal(["down", "--all"], "y")
+    assert code == 0 and f"{job_id}: cancelled" in out, out
+    # -y does not ask; without a terminal it does not ask either (scripts, CI)
+    other = cli.launch("--", "sleep", "60")
+    code, out = _in_terminal(["down", "--all", "-y"], "n")
+    assert code == 0 and "Proceed" not in out and f"{other}: cancelled" in out, out
+    third = cli.launch("--", "sleep", "60")
+    assert f"{third}: cancelled" in cli.ok("down", "--all").stdout
+
+
+# -- a cloud job that never started ---------------------------------------------------------------
+
+
+def test_d8_d9_d25_a_launch_that_failed_before_ssh(cli, aws):
+    aws.sshd.stop()
+    proc = cli("launch", "--instance", "g5.xlarge", "--name", "aws1", "--", "true", timeout=60)
+    assert proc.returncode == 1
+    job = json.loads(cli.ok("status", "--json").stdout)[0]
+    assert job["state"] == "failed" and job["reason"].startswith("launch failed: SSH to i-")
+    # D8: ssh (and attach) say why there is no instance to go to
+    for command in ("ssh", "attach"):
+        out = cli(command, "aws1")
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.splitlines()[0] == f"Error: job {job['id']} has no instance " \
+                                             f"({job['reason']})"
+    # D9: logs of a job that never started say so, and fail
+    logs = cli("logs", "aws1")
+    assert logs.returncode == 1 and logs.stdout == ""
+    assert logs.stderr.splitlines()[0] == f"Error: job {job['id']} never started: " \
+                                          f"{job['reason']}"
+    assert cli("logs", "aws1", "-f").returncode == 1
+    # D25: with nothing active, `down --all` removes the group and key pair nothing uses
+    assert aws.ec2.describe_security_groups(Filters=[
+        {"Name": "group-name", "Values": ["cloudtrain"]}])["SecurityGroups"]
+    assert aws.ec2.describe_key_pairs()["KeyPairs"]
+    assert cli.ok("down", "--all").stdout.strip() == "no active jobs"
+    assert aws.ec2.describe_security_groups(Filters=[
+        {"Name": "group-name", "Values": ["cloudtrain"]}])["SecurityGroups"] == []
+    assert aws.ec2.describe_key_pairs()["KeyPairs"] == []
