@@ -112,10 +112,16 @@ def test_d7_json_is_unchanged_by_columns(cli, many_jobs):
     assert {"region", "types"} <= set(cat)
 
 
-def test_states_are_coloured_only_in_a_terminal(many_jobs):
+def test_states_are_coloured_only_in_a_terminal(ct_home):
     """Piped: no escapes (above). In a terminal: the STATE cell coloured, unless NO_COLOR."""
     from cloudtrain import render
-    from cloudtrain.state import Job
+    from cloudtrain.state import Job, open_store
+
+    with open_store(ct_home) as store:
+        for end, code in (("succeeded", None), ("failed", 1)):
+            made = store.create_job(name=None, kind="command", recipe=None, command="true",
+                                    backend="local", spec={})
+            store.set_state(made.id, end, exit_code=code, cost=0.0, cost_settled=1)
 
     job = Job(id="abcd1234", name=None, kind="command", recipe=None, command="true",
               backend="local", state="failed", created_at=1.8e9, started_at=1.8e9,
