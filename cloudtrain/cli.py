@@ -52,6 +52,32 @@ def _since(ctx, param, value: str | None) -> str | None:
     return value
 
 
+def _width(wide: bool) -> int | None:
+    """How wide tables may be: everything with --wide; else COLUMNS where it is set, the
+    terminal's width where stdout is one, and unlimited when piped (scripts get every cell)."""
+    if wide:
+        return None
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stdout.isatty():
+        import shutil
+
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def _color() -> bool:
+    """Colours (job states) only in a terminal, and never with NO_COLOR set (no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR") \
+        and os.environ.get("TERM") != "dumb"
+
+
+_WIDE = click.option("--wide", is_flag=True, help="Every column at full length. Without it, "
+                     "tables fit COLUMNS or the terminal (cut text ends in an ellipsis, optional "
+                     "columns go); output piped to another program is never cut.")
+
+
 def _grace(ctx, param, value: float | None) -> float | None:
     return None if value is None else config.finite(value, "--grace (seconds)", low=0, high=3600)
 
@@ -78,21 +104,29 @@ def cli(ctx, debug: bool) -> None:
 
 @cli.command()
 @click.argument("name", required=False)
-def recipes(name: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_WIDE
+def recipes(name: str | None, as_json: bool, wide: bool) -> None:
     """List the bundled recipes, or show one recipe's arguments and sources.
 
     \b
     Examples:
       cloudtrain recipes
       cloudtrain recipes resnet9
+      cloudtrain recipes resnet9 --json
     """
     from . import recipes as recipes_module
 
     if name is not None:
-        click.echo(render.recipe_detail(recipes_module.load(name)))
+        recipe = recipes_module.load(name)
+        click.echo(render.recipe_json(recipe) if as_json else
+                   render.recipe_detail(recipe, width=_width(wide)))
         return
     found, broken = recipes_module.survey()
-    click.echo(render.recipes_table(found))
+    if as_json:
+        click.echo(render.recipes_json(found))
+        return
+    click.echo(render.recipes_table(found, width=_width(wide)))
     if broken:
         click.echo("\nbroken (fix or remove them):\n" + "\n".join(f"  {exc.message}"
                                                                for exc in broken))
@@ -274,7 +308,13 @@ def _follow(store, settings, job, offset: int = 0) -> None:
               help="Show at most this many jobs.")
 @click.option("--refresh", is_flag=True, help="Also ask the cloud for every instance tagged as "
               "ours (one call per region) and show any the local store does not know.")
-def status(job: str | None, as_json: bool, limit: int | None, refresh: bool) -> None:
+@_WIDE
+@click.option("--watch", "-w", is_flag=True, help="Keep the view up to date (Ctrl-C to stop); "
+              "piped, the table is printed again every interval.")
+@click.option("--interval", type=click.FloatRange(min=0.1, max=3600), default=2.0,
+              show_default=True, metavar="SECONDS", help="With --watch: seconds between updates.")
+def status(job: str | None, as_json: bool, limit: int | None, refresh: bool, wide: bool,
+           watch: bool, interval: float) -> None:
     """Show all jobs, or one job in detail with its timeline.
 
     \b
@@ -282,34 +322,67 @@ def status(job: str | None, as_json: bool, limit: int | None, refresh: bool) -> 
       cloudtrain status
       cloudtrain status 3f2a1b9c --json
       cloudtrain status --refresh
+      cloudtrain status --watch --interval 5
     """
     from . import jobs
 
+    if watch and as_json:
+        raise errors.UsageError("--watch redraws the table; --json prints once",
+                                hint="drop one of them")
     settings = config.Settings.load()
     with _store() as store:
         if refresh:
             found = jobs.reconcile(store)
             if not as_json:
                 click.echo(render.cloud_instances(found))
-        if job:
-            d = jobs.detail(store, settings, job)
+
+        def view() -> str:
+            if job:
+                d = jobs.detail(store, settings, job)
+                if as_json:
+                    return render.detail_json(d.job, d.phases, d.log_tail, d.target, d.runs,
+                                              d.attempts, d.recovery)
+                return render.job_detail(d.job, d.phases, d.log_tail, d.target, runs=d.runs,
+                                         attempts=d.attempts, recovery=d.recovery)
+            all_jobs = jobs.refresh_all(store, settings)
+            if limit:
+                all_jobs = all_jobs[:limit]
             if as_json:
-                click.echo(render.detail_json(d.job, d.phases, d.log_tail, d.target, d.runs,
-                                              d.attempts, d.recovery))
-            else:
-                click.echo(render.job_detail(d.job, d.phases, d.log_tail, d.target,
-                                             runs=d.runs, attempts=d.attempts,
-                                             recovery=d.recovery))
-            return
-        all_jobs = jobs.refresh_all(store, settings)
-        if limit:
-            all_jobs = all_jobs[:limit]
-        click.echo(render.jobs_json(all_jobs) if as_json else render.status_table(all_jobs))
-        if not as_json:
+                return render.jobs_json(all_jobs)
+            text = render.status_table(all_jobs, width=_width(wide), color=_color())
             from . import supervisor
 
             if supervisor.needed(store):
-                click.echo(render.supervisor_line(supervisor.state_of(config.home())))
+                text += "\n" + render.supervisor_line(supervisor.state_of(config.home()))
+            return text
+
+        if watch:
+            _watch(view, interval)
+        else:
+            click.echo(view())
+
+
+def _watch(view, interval: float) -> None:
+    """`status --watch`: in a terminal a rich Live view redrawn every `interval` seconds;
+    piped, the view printed again every interval after a blank line. Ctrl-C ends it, exit 0."""
+    import time
+
+    try:
+        if not sys.stdout.isatty():
+            while True:
+                click.echo(view() + "\n", nl=True)
+                time.sleep(interval)
+        from rich.console import Console
+        from rich.live import Live
+        from rich.text import Text
+
+        with Live(Text.from_ansi(view()), console=Console(), auto_refresh=False,
+                  vertical_overflow="visible") as live:
+            while True:
+                time.sleep(interval)
+                live.update(Text.from_ansi(view()), refresh=True)
+    except KeyboardInterrupt:
+        return
 
 
 @cli.command()
@@ -367,8 +440,9 @@ def attach(job: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--refresh", is_flag=True, help="Fetch the region's on-demand and gp3 prices from "
               "the AWS price list and its spot prices from EC2 (kept under $CLOUDTRAIN_HOME).")
-def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool) -> None:
-    """AWS GPU instance types with on-demand and spot prices (bundled snapshot).
+@_WIDE
+def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bool) -> None:
+    """AWS GPU instance types with on-demand and spot prices per hour (bundled snapshot).
 
     \b
     Examples:
@@ -394,9 +468,9 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool) -> None:
                                "spot_source": catalog_module.spot_source(region),
                                "types": [dataclasses.asdict(t) for t in types]}, indent=1))
     else:
-        click.echo(render.catalog_table(types, region))
-        click.echo(f"on-demand: {catalog_module.on_demand_source(region)}\n"
-                   f"spot: {catalog_module.spot_source(region)}")
+        click.echo(render.catalog_table(types, region, width=_width(wide)))
+        click.echo(render.catalog_sources(region, catalog_module.on_demand_source(region),
+                                          catalog_module.spot_source(region), width=_width(wide)))
 
 
 @cli.command()
@@ -406,20 +480,21 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool) -> None:
 @click.option("--instance", "-i", "types", multiple=True, metavar="TYPE", callback=_given,
               help="Only these instance types (repeatable).")
 @click.option("--gpus", metavar="GPU:N", callback=_given,
-              help="Only types with N of this GPU, e.g. A100:1.")
+              help="Only types with N of this GPU, e.g. A10G:1 or A100:8.")
 @click.option("--spot", is_flag=True, help="Mark the cheapest by spot price.")
 @click.option("--region", callback=_region,
               help="Prices of this region (default: config, else us-east-1).")
 @click.option("--disk-gb", type=click.IntRange(min=8, max=65536),
               help="Root volume (default: the recipe's).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, as_json) -> None:
-    """Expected time and cost of a recipe on each instance type, before launching.
+@_WIDE
+def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, as_json, wide) -> None:
+    """Expected time and cost per run of a recipe on each instance type, before launching.
 
     \b
     Examples:
       cloudtrain estimate --recipe resnet9
-      cloudtrain estimate --recipe airbench94 --gpus A100:1 --spot
+      cloudtrain estimate --recipe airbench94 --gpus A10G:1 --spot
       cloudtrain estimate --recipe resnet9 --instance p3.2xlarge --instance g5.xlarge
     """
     from . import estimate as estimate_module
@@ -435,7 +510,7 @@ def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, as_json)
 
         click.echo(json.dumps(dataclasses.asdict(est), indent=1))
     else:
-        click.echo(render.estimate_table(est))
+        click.echo(render.estimate_table(est, width=_width(wide)))
 
 
 @cli.command("cost-report")
@@ -447,7 +522,9 @@ def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, as_json)
 @click.option("--csv", "as_csv", is_flag=True, help="CSV output.")
 @click.option("--refresh", is_flag=True, help="Settle estimates first (asks EC2 for termination "
               "times and spot price history).")
-def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh: bool) -> None:
+@_WIDE
+def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh: bool,
+                wide: bool) -> None:
     """What jobs cost: per job, recipe, instance, day or month, with totals. Offline.
 
     \b
@@ -470,7 +547,7 @@ def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh
     elif as_csv:
         click.echo(ledger.report_csv(rows, total, by), nl=False)
     else:
-        click.echo(render.cost_report(rows, total, by))
+        click.echo(render.cost_report(rows, total, by, width=_width(wide)))
 
 
 @cli.command()
@@ -569,14 +646,16 @@ def data() -> None:
 @click.option("--check", is_flag=True, help="Read each S3 dataset's manifest (or listing) now "
               "for its size, with your AWS credentials.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def data_ls(check, as_json) -> None:
+@_WIDE
+def data_ls(check, as_json, wide) -> None:
     """List the datasets declared in config.yaml: source, size, and where each was last staged."""
     from . import datasets
 
     settings = config.Settings.load()
     with _store() as store:
         rows = datasets.listing(store, settings, check=check)
-    click.echo(render.datasets_json(rows) if as_json else render.datasets_table(rows))
+    click.echo(render.datasets_json(rows) if as_json else
+               render.datasets_table(rows, width=_width(wide)))
 
 
 @data.command("prepare")

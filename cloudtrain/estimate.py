@@ -108,6 +108,7 @@ class Row:
     marks: list[str] = field(default_factory=list)  # "cheapest", "fastest"
     staging_s: float = 0.0  # copying the datasets onto the disk (in total_s)
     staging_basis: str = ""
+    profile_note: str = ""  # a profile the figures are not for (Estimate.profile_note)
 
 
 @dataclass
@@ -123,14 +124,32 @@ class Estimate:
     staging_bytes: int = 0
     disk_mbps: int = 0
     preread_s: float = 0.0
+    profile: str | None = None  # the --profile asked for
+    profile_note: str = ""  # what the figures are for when not for that profile (D23)
 
 
-def published_basis(recipe, args: dict) -> Basis:
+def profile_note(recipe, profile: str | None) -> str:
+    """Empty where the figures are the profile's own (a published entry with `profile: NAME`)
+    or no profile is asked for; else a line saying they are the full recipe's. A profile
+    such as smoke changes the data and the model, not only the epochs, so the published
+    time is not scaled down: it is the full run's, said so."""
+    if profile is None or any(p.get("profile") == profile for p in recipe.published):
+        return ""
+    sets = ", ".join(f"{k}={v}" for k, v in
+                     ((recipe.profiles.get(profile) or {}).get("set") or {}).items())
+    return (f"no published time for profile {profile}" + (f" (it sets {sets})" if sets else "")
+            + "; the figures are the full recipe's, an upper bound")
+
+
+def published_basis(recipe, args: dict, profile: str | None = None) -> Basis:
     """The recipe's published entry for these arguments: the entry whose `variant` (if it has
     one) equals the `variant` argument and whose `gpus` equals the GPUs the arguments need,
-    among those with a structured time (`gpu`, `gpus`, `seconds`)."""
+    among those with a structured time (`gpu`, `gpus`, `seconds`). An entry published for a
+    profile (`profile: smoke`) is used for that profile, and only for it."""
     needed = recipe.gpus_needed(args)
     usable = [p for p in recipe.published if p.get("seconds") and p.get("gpu")]
+    own = [p for p in usable if profile is not None and p.get("profile") == profile]
+    usable = own or [p for p in usable if not p.get("profile")]
     if not usable:
         raise UsageError(f"recipe {recipe.name} has no published time to estimate from "
                          f"(recipe.yaml `published` needs gpu, gpus and seconds)")
@@ -208,10 +227,12 @@ def candidates(basis: Basis, region: str, types: list[str] | None, gpu_request: 
 def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
              types: list[str] | None = None, gpu_request: str | None = None,
              disk_gb: int | None = None, store=None, staging_bytes: int = 0,
-             disk_mbps: int = 0, preread_s: float = 0.0) -> Estimate:
+             disk_mbps: int = 0, preread_s: float = 0.0, profile: str | None = None) -> Estimate:
     """`staging_bytes`: copied from S3 onto the root volume (at staging_rate); `preread_s`:
-    reading snapshot volumes once before the job (first_read: preread), at their own rate."""
-    basis = published_basis(recipe, args)
+    reading snapshot volumes once before the job (first_read: preread), at their own rate;
+    `profile`: the recipe profile the arguments came from (the figures say whose they are)."""
+    basis = published_basis(recipe, args, profile)
+    note = profile_note(recipe, profile)
     over = overheads(store)
     disk = int(disk_gb or recipe.resources.get("disk_gb", 100))
     if staging_bytes:  # the copies need room (datasets.preflight sizes the disk the same way)
@@ -247,7 +268,8 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
 
         rows.append(Row(t.name, t.gpu, t.gpus, train_s, total,
                         dollars(t.price(region, "on-demand")), dollars(t.price(region, "spot")),
-                        scaling, staging_s=staging_s, staging_basis=staging_basis))
+                        scaling, staging_s=staging_s, staging_basis=staging_basis,
+                        profile_note=note))
         if t.gpu in TFLOPS_NOTES and TFLOPS_NOTES[t.gpu] not in notes:
             notes.append(TFLOPS_NOTES[t.gpu])
     priced = [r for r in rows if (r.spot if market == "spot" else r.on_demand) is not None]
@@ -263,7 +285,8 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     if market == "spot":
         notes.append(f"spot: the cheapest AZ's price, {catalog.spot_source(region)}")
     return Estimate(recipe.name, region, market, basis, over, disk, rows, notes,
-                    staging_bytes=staging_bytes, disk_mbps=disk_mbps, preread_s=preread_s)
+                    staging_bytes=staging_bytes, disk_mbps=disk_mbps, preread_s=preread_s,
+                    profile=profile, profile_note=note)
 
 
 def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: str | None,
@@ -282,7 +305,7 @@ def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: st
     return estimate(rec, args, region or settings.region or "us-east-1", market=market,
                     types=types, gpu_request=gpu_request, disk_gb=disk_gb, store=store,
                     staging_bytes=staged, disk_mbps=_disk_mbps(staged, settings),
-                    preread_s=preread_seconds(rec, args, settings))
+                    preread_s=preread_seconds(rec, args, settings), profile=profile)
 
 
 def preread_seconds(rec, args: dict, settings) -> float:
@@ -335,7 +358,7 @@ def for_spec(spec, region: str, store=None) -> Row | None:
         est = estimate(recipes.load(spec.recipe), spec.args, region, market=spec.market,
                        types=[spec.instance_type], disk_gb=spec.disk_gb, store=store,
                        staging_bytes=staged, disk_mbps=spec.disk_mbps or 0,
-                       preread_s=preread)
+                       preread_s=preread, profile=spec.profile)
     except UsageError:
         return None
     row = est.rows[0]

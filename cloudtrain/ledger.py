@@ -179,7 +179,10 @@ def report(store: Store, by: str = "job", since: str | None = None,
                 key = time.strftime("%Y-%m", time.localtime(j["created_at"]))
             row = rows.setdefault(key, Row(key, 0, 0.0, True))
             row.jobs += 1
-            row.dollars += j["cost"] or 0.0
+            dollars = j["cost"]
+            if dollars is None:  # never settled (a launch that failed before the job ran)
+                dollars = unrecorded_cost(store, j["id"], now)
+            row.dollars += dollars or 0.0
             row.settled = row.settled and bool(j["cost_settled"])
             detail = json_column(j["cost_detail"]) or {}
             staging = (detail.get("phases") or {}).get("staging") \
@@ -195,6 +198,20 @@ def report(store: Store, by: str = "job", since: str | None = None,
                 staging=sum(r.staging for r in ordered))
     return ordered, total
 
+
+
+def unrecorded_cost(store: Store, job_id: str, now: float) -> float | None:
+    """The estimate of a job no cost was recorded for, from its instances' own times (60 s
+    minimum; up to now for one still running) and the catalog's prices: a launch that failed
+    waiting for SSH terminates its instance without settling, and its 26 s of EC2 were shown
+    as $0.0000 (D20). None where there is nothing to bill or it cannot be priced."""
+    runs = [run_of(i) for i in store.instances(job_id)]
+    if not runs:
+        return None
+    try:
+        return cost.job_cost(runs, now=now).dollars
+    except ValueError:  # no price known for the type: the report cannot say more
+        return None
 
 
 def report_csv(rows: list[Row], total: Row, by: str) -> str:

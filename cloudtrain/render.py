@@ -107,30 +107,151 @@ def epoch_text(metrics) -> str:
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
-             for row in [header, *rows]]
-    return "\n".join(lines)
+    """A plain table at its natural width (small listings that never need fitting)."""
+    return grid([Col(h) for h in header], rows)
 
 
-STATUS_HEADER = ["ID", "NAME", "WHAT", "BACKEND", "STATE", "AGE", "RUNTIME", "EPOCH", "LOSS",
-                 "ACC", "COST"]
+# -- tables that fit the terminal ---------------------------------------------------------------
+#
+# Every listing is a `grid`: a header row and rows, two spaces between columns, no borders
+# (like `kubectl get`), rendered by rich into a string so the output is deterministic. With a
+# `width` (the terminal's, or COLUMNS) it fits: optional columns are dropped first, in their
+# `drop` order, then the text columns that may be cut are narrowed (an ellipsis marks the cut,
+# or the text wraps inside its column); ids, states and money are never cut. `width=None` is
+# everything at full length (`--wide`, and output piped to a script).
+
+GAP = 2  # spaces between columns
+
+# State colours, used only when the caller says the output is a colour terminal.
+STATE_STYLES = {"succeeded": "green", "failed": "red", "running": "cyan", "staging": "cyan",
+                "provisioning": "yellow", "syncing": "yellow", "setting-up": "yellow",
+                "pending": "yellow", "recovering": "yellow", "preempted": "magenta",
+                "cancelled": "dim"}
 
 
-def status_table(jobs: list[Job], now: float | None = None) -> str:
+@dataclasses.dataclass(frozen=True)
+class Col:
+    """One column of a grid."""
+    header: str
+    cut: int = 0  # 0: never cut; else the narrowest the column may be made (text columns)
+    drop: int = 0  # 0: always shown; else optional, dropped first at the lowest number
+    wrap: bool = False  # a cut column wraps its text instead of ending it with an ellipsis
+    right: bool = False  # right-justified (numbers)
+
+
+def state_style(text: str) -> str | None:
+    """The colour of a STATE cell ("failed (1)" is failed)."""
+    return STATE_STYLES.get(str(text).split(" ", 1)[0])
+
+
+def _cell(value) -> str:
+    """A cell as one line of printable text (a name or command may hold escapes or newlines)."""
+    return "".join(c if c.isprintable() else " " for c in str(value))
+
+
+def _fit(cols: list[Col], natural: list[int], width: int | None) -> tuple[list[int], list[int]]:
+    """Which columns to show (indices) and how wide each is, to fit `width`."""
+    shown = list(range(len(cols)))
+
+    def floor(i: int) -> int:
+        return natural[i] if not cols[i].cut else min(natural[i], cols[i].cut)
+
+    if width is None:
+        return shown, natural
+    optional = sorted((i for i, c in enumerate(cols) if c.drop), key=lambda i: cols[i].drop)
+    while sum(natural[i] for i in shown) + GAP * (len(shown) - 1) > width and optional:
+        if sum(floor(i) for i in shown) + GAP * (len(shown) - 1) <= width:
+            break  # narrowing the text columns is enough
+        shown.remove(optional.pop(0))
+    widths = list(natural)
+    excess = sum(widths[i] for i in shown) + GAP * (len(shown) - 1) - width
+    while excess > 0:  # narrow the widest cuttable column, a character at a time
+        room = [i for i in shown if cols[i].cut and widths[i] > floor(i)]
+        if not room:
+            break
+        widest = max(room, key=lambda i: widths[i] - floor(i))
+        widths[widest] -= 1
+        excess -= 1
+    return shown, widths
+
+
+def _plain_grid(cols: list[Col], body: list[list[str]], shown: list[int],
+                widths: list[int]) -> str:
+    """What rich draws for a grid without colour or wrapping, drawn directly: rich lays out
+    each cell as a renderable, over a second for a 1,000-job `status`."""
+    from rich.cells import cell_len, set_cell_size
+
+    def fit(text: str, i: int) -> str:
+        w = widths[i]
+        if cell_len(text) > w:
+            text = set_cell_size(text, w - 1) + "…" if w > 1 else set_cell_size(text, w)
+        pad = " " * (w - cell_len(text))
+        return pad + text if cols[i].right else text + pad
+
+    lines = [[c.header for c in cols], *body]
+    return "\n".join((" " * GAP).join(fit(row[i], i) for i in shown).rstrip() for row in lines)
+
+
+def grid(cols: list[Col], rows: list[list], *, width: int | None = None, color: bool = False,
+         styles: dict[str, object] | None = None) -> str:
+    """Rows under a header, fitted to `width` (None: full length); `styles` maps a header to
+    a function giving a cell's rich style (used only with `color`)."""
+    import io
+
+    from rich.cells import cell_len
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    body = [[_cell(v) for v in row] for row in rows]
+    natural = [max([len(c.header)] + [cell_len(r[i]) for r in body]) for i, c in enumerate(cols)]
+    shown, widths = _fit(cols, natural, width)
+    if not color and not any(cols[i].wrap for i in shown):
+        return _plain_grid(cols, body, shown, widths)
+    t = Table(box=None, padding=(0, GAP // 2), pad_edge=False, show_edge=False,
+              header_style="bold" if color else None)
+    for i in shown:
+        c = cols[i]
+        t.add_column(c.header, width=widths[i], no_wrap=not c.wrap,
+                     overflow="fold" if c.wrap else "ellipsis",
+                     justify="right" if c.right else "left")
+    styles = styles or {}
+    for row in body:
+        cells = []
+        for i in shown:
+            fn = styles.get(cols[i].header) if color else None
+            cells.append(Text(row[i], style=(fn(row[i]) or "") if fn else ""))
+        t.add_row(*cells)
+    total = sum(widths[i] for i in shown) + GAP * len(shown)
+    console = Console(file=io.StringIO(), width=total, color_system="standard" if color else None,
+                      force_terminal=color, no_color=not color, highlight=False, emoji=False,
+                      markup=False, legacy_windows=False)
+    console.print(t)
+    return "\n".join(line.rstrip() for line in console.file.getvalue().rstrip("\n").split("\n"))
+
+
+# In a narrow terminal LOSS goes first, then BACKEND, EPOCH, RUNTIME and ACC; NAME and WHAT
+# are cut with an ellipsis; ID, STATE, AGE and COST always show in full.
+STATUS_COLUMNS = [Col("ID"), Col("NAME", cut=10), Col("WHAT", cut=14), Col("BACKEND", drop=2),
+                  Col("STATE"), Col("AGE"), Col("RUNTIME", drop=4), Col("EPOCH", drop=3),
+                  Col("LOSS", drop=1), Col("ACC", drop=5), Col("COST")]
+STATUS_HEADER = [c.header for c in STATUS_COLUMNS]
+
+
+def status_table(jobs: list[Job], now: float | None = None, *, width: int | None = None,
+                 color: bool = False) -> str:
     now = time.time() if now is None else now
     if not jobs:
         return "no jobs yet: cloudtrain launch --recipe resnet9 --profile smoke --follow"
     rows = []
     for job in jobs:
         m = job.metrics if isinstance(job.metrics, dict) else {}
-        what = job.command if len(job.command) <= 40 else job.command[:37] + "..."
-        rows.append([job.id, job.name or "-", what, job.backend, state_text(job),
+        rows.append([job.id, job.name or "-", job.command, job.backend, state_text(job),
                      age(job.created_at, now), duration(runtime(job, now)),
                      "data" if job.state == "staging" else epoch_text(m),
                      number(m.get("train_loss", m.get("loss"))),
                      pct(m.get("test_acc", m.get("accuracy"))), job_cost(job)])
-    return table(rows, STATUS_HEADER)
+    return grid(STATUS_COLUMNS, rows, width=width, color=color, styles={"STATE": state_style})
 
 
 def job_json(job: Job, now: float | None = None) -> dict:
@@ -176,9 +297,10 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                                                   if job.backend == "local" else
                                                   ("" if job.cost_settled else " (estimate)"))]
     detail = job.cost_detail or {}
-    if detail.get("phases"):
-        out.append("  by phase  " + ", ".join(f"{k} {money4(v)}" for k, v in
-                                             detail["phases"].items() if v))
+    billed_phases = ", ".join(f"{k} {money4(v)}" for k, v in (detail.get("phases") or {}).items()
+                              if v)
+    if billed_phases:  # a local job's phases cost nothing: no empty line (D35)
+        out.append("  by phase  " + billed_phases)
     if detail.get("to_target") is not None:
         out.append(f"  to target {money4(detail['to_target'])}")
     expected = (job.spec or {}).get("expected")
@@ -295,45 +417,114 @@ def _metric(key, value) -> str:
     return _shown(value)
 
 
-def recipes_table(recipes) -> str:
-    rows = []
-    for r in recipes:
-        pub = r.published[0] if r.published else {}
-        result = " ".join(str(x) for x in (pub.get("result"), pub.get("time"),
-                                            pub.get("hardware")) if x)
-        rows.append([r.name, str(r.gpus), r.description, result or "-"])
-    return table(rows, ["RECIPE", "GPUS", "DESCRIPTION", "PUBLISHED RESULT"])
+def _published_text(pub: dict) -> str:
+    return " / ".join(str(pub[k]) for k in ("result", "time", "hardware") if pub.get(k))
 
 
-def recipe_detail(r) -> str:
-    out = [f"{r.name}: {r.description}", f"  entry      {r.path / r.entry}",
-           "  resources  " + ", ".join(f"{k} {v}" for k, v in r.resources.items())]
+RECIPES_COLUMNS = [Col("RECIPE"), Col("GPUS"), Col("DESCRIPTION", cut=24),
+                   Col("PUBLISHED RESULT", cut=16, drop=1)]
+
+
+def recipes_table(recipes, *, width: int | None = None) -> str:
+    rows = [[r.name, str(r.gpus), r.description,
+             _published_text(r.published[0]) if r.published else "-"] for r in recipes]
+    return grid(RECIPES_COLUMNS, rows, width=width)
+
+
+def recipes_json(recipes) -> str:
+    """`recipes --json`: one object per recipe (D37)."""
+    return json.dumps([{"name": r.name, "gpus": r.gpus, "description": r.description,
+                        "published": r.published, "profiles": sorted(r.profiles)}
+                       for r in recipes], indent=1)
+
+
+def recipe_json(r) -> str:
+    """`recipes NAME --json`: the recipe's arguments, profiles, resources and sources."""
+    return json.dumps({
+        "name": r.name, "description": r.description, "entry": str(r.path / r.entry),
+        "resources": r.resources, "target": r.target,
+        "arguments": [{"name": a.name, "type": a.type, "choices": a.choices,
+                       "default": a.default, "help": a.help} for a in r.arguments.values()],
+        "profiles": r.profiles, "data": r.data, "published": r.published}, indent=1,
+        default=str)
+
+
+def _wrapped(text: str, width: int | None, indent: str, later: str | None = None) -> list[str]:
+    """`text` after `indent`, wrapped at `width` (None: one line), later lines at `later`."""
+    import textwrap
+
+    text = _cell(text)
+    if width is None:
+        return [indent + text]
+    return textwrap.wrap(text, width=max(width, len(indent) + 20), initial_indent=indent,
+                         subsequent_indent=indent if later is None else later,
+                         break_on_hyphens=False) or [indent.rstrip()]
+
+
+def _argument_kind(a) -> str:
+    return a.type if a.type != "choice" else " | ".join(str(c) for c in a.choices or [])
+
+
+def _argument_default(a) -> str:
+    return "none (auto)" if a.default is None else a.render(a.default)
+
+
+ARGUMENT_COLUMNS = [Col("NAME"), Col("TYPE", cut=14, wrap=True), Col("DEFAULT", cut=11, wrap=True),
+                    Col("HELP", cut=40, wrap=True)]
+INDENT = "    "
+
+
+def _arguments_lines(r, width: int | None) -> list[str]:
+    """The arguments as a table, the help in its own column; in a terminal too narrow for a
+    readable help column, each help text wrapped on the lines under its argument."""
+    args = list(r.arguments.values())
+    rows = [[a.name, _argument_kind(a), _argument_default(a), a.help] for a in args]
+    inner = None if width is None else width - len(INDENT)
+    text = grid(ARGUMENT_COLUMNS, rows, width=inner)
+    if inner is None or max(len(line) for line in text.splitlines()) <= inner:
+        return [INDENT + line if line else line for line in text.splitlines()]
+    head = grid(ARGUMENT_COLUMNS[:3], [row[:3] for row in rows], width=inner).splitlines()
+    out = [INDENT + head[0]]
+    # the grid's rows, each possibly wrapped over lines: a row starts with its name
+    starts = [i for i, line in enumerate(head) if i and line[:1] != " "]
+    for n, start in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(head)
+        out += [INDENT + line for line in head[start:end]]
+        if args[n].help:
+            out += _wrapped(args[n].help, width, INDENT + "  ")
+    return out
+
+
+def recipe_detail(r, *, width: int | None = None) -> str:
+    out = _wrapped(f"{r.name}: {r.description}", width, "", "  ")
+    out += _wrapped(f"entry      {r.path / r.entry}", width, "  ", "             ")
+    out += _wrapped("resources  " + ", ".join(f"{k} {v}" for k, v in r.resources.items()),
+                    width, "  ", "             ")
     if r.target:
         out.append(f"  target     {r.target.get('metric')} >= {r.target.get('value')}")
     out.append("  arguments  (--set name=value)")
-    for a in r.arguments.values():
-        kind = a.type if a.type != "choice" else "|".join(str(c) for c in a.choices or [])
-        default = "-" if a.default is None else a.render(a.default)
-        out.append(f"    {a.name:<16} {kind:<24} default {default:<14} {a.help}".rstrip())
+    out += _arguments_lines(r, width)
     if r.profiles:
         out.append("  profiles   (--profile name)")
         for name, prof in r.profiles.items():
-            sets = " ".join(f"{k}={v}" for k, v in ((prof or {}).get("set") or {}).items())
-            out.append(f"    {name:<10} {(prof or {}).get('description', '')}")
+            prof = prof or {}
+            sets = " ".join(f"{k}={v}" for k, v in (prof.get("set") or {}).items())
+            out += _wrapped(f"{name:<10} {prof.get('description', '')}".rstrip(), width,
+                            INDENT, INDENT + " " * 11)
             if sets:
-                out.append(f"               sets {sets}")
+                out += _wrapped(f"sets {sets}", width, INDENT + " " * 11, INDENT + " " * 16)
     if r.data:
         out.append("  data")
         for d in r.data:
-            out.append(f"    {d.get('name')}: {d.get('source', '')} ({d.get('size_mb', '?')} MB)")
+            out += _wrapped(f"{d.get('name')}: {d.get('source', '')} ({d.get('size_mb', '?')} MB)",
+                            width, INDENT, INDENT + "  ")
     if r.published:
         out.append("  published results")
         for p in r.published:
-            head = f"    [{p['variant']}] " if p.get("variant") else "    "
-            out.append(head + " / ".join(str(p[k]) for k in ("result", "time", "hardware")
-                                          if p.get(k)))
+            head = f"[{p['variant']}] " if p.get("variant") else ""
+            out += _wrapped(head + _published_text(p), width, INDENT, INDENT + "  ")
             if p.get("source"):
-                out.append(f"      source: {p['source']}")
+                out += _wrapped(f"source: {p['source']}", width, INDENT + "  ", INDENT + "    ")
     return "\n".join(out)
 
 
@@ -359,7 +550,8 @@ def cloud_instances(found: list[dict], now: float | None = None) -> str:
     return text
 
 
-def catalog_table(types, region: str) -> str:
+def catalog_table(types, region: str, *, width: int | None = None) -> str:
+    """Prices per hour (`$/H`), where `estimate` shows dollars per run (`$/RUN`) (D24)."""
     if not types:
         return f"no instance types match in {region}"
     rows = []
@@ -369,8 +561,16 @@ def catalog_table(types, region: str) -> str:
                      money4(t.on_demand.get(region)),
                      money4(min(spot.values())) if spot else "-",
                      f"{len(spot)}" if spot else "0"])
-    return table(rows, ["TYPE", "GPU", "GPUS", "VCPUS", "MEM GIB", f"ON-DEMAND/H ({region})",
-                        "SPOT/H (lowest AZ)", "SPOT AZS"])
+    cols = [Col("TYPE"), Col("GPU"), Col("GPUS"), Col("VCPUS", drop=2), Col("MEM GIB", drop=1),
+            Col("$/H ON-DEMAND"), Col("$/H SPOT"), Col("SPOT AZS", drop=3)]
+    return grid(cols, rows, width=width)
+
+
+def catalog_sources(region: str, on_demand: str, spot: str, *, width: int | None = None) -> str:
+    """What the catalog's prices are: per hour, in which region, from where."""
+    lines = [f"prices per hour in {region}; $/H SPOT is the lowest of the region's AZs",
+             f"on-demand: {on_demand}", f"spot: {spot}"]
+    return "\n".join(out for line in lines for out in _wrapped(line, width, "", "  "))
 
 
 def money4(value) -> str:
@@ -378,22 +578,30 @@ def money4(value) -> str:
     return _shown(value) if v is None else f"${v:,.4f}"
 
 
-def cost_report(rows, total, by: str) -> str:
+def _estimated(dollars, settled: bool) -> str:
+    """Settled money as it is, an estimate with ~ (D20)."""
+    return money4(dollars) if settled else "~" + money4(dollars)
+
+
+def cost_report(rows, total, by: str, *, width: int | None = None) -> str:
     if not rows:
         return "no jobs in that period"
     copies = total.staging > 0  # the data copy's share, where any job staged data
-    body = [[r.key, str(r.jobs), money4(r.dollars), "" if r.settled else "estimate",
+    body = [[r.key, str(r.jobs), _estimated(r.dollars, r.settled),
+             "" if r.settled else "estimate",
              money4(r.to_target) if r.to_target is not None else ""]
             + ([money4(r.staging) if r.staging else ""] if copies else []) for r in rows]
-    body.append(["TOTAL", str(total.jobs), money4(total.dollars),
+    body.append(["TOTAL", str(total.jobs), _estimated(total.dollars, total.settled),
                  "" if total.settled else "includes estimates", ""]
                 + ([money4(total.staging)] if copies else []))
-    return table(body, [by.upper(), "JOBS", "COST", "", "TO TARGET"]
-                 + (["OF WHICH DATA COPY"] if copies else []))
+    cols = [Col(by.upper(), cut=16), Col("JOBS"), Col("COST"), Col("", cut=8, drop=3),
+            Col("TO TARGET", drop=2)] + ([Col("OF WHICH DATA COPY", drop=1)] if copies else [])
+    return grid(cols, body, width=width)
 
 
-def estimate_table(est) -> str:
-    """`cloudtrain estimate`: one row per instance type, then the basis and the overheads."""
+def estimate_table(est, *, width: int | None = None) -> str:
+    """`cloudtrain estimate`: one row per instance type, then the basis and the overheads.
+    Money is per run (`$/RUN`), where `catalog` shows per hour (`$/H`) (D24)."""
     rows = []
     for r in est.rows:
         row = [r.instance_type, f"{r.gpus:g}x {r.gpu}", duration(r.train_s),
@@ -403,30 +611,39 @@ def estimate_table(est) -> str:
             share = f" ({r.staging_s / r.total_s:.0%})" if r.total_s else ""
             row[3:3] = [duration(r.staging_s) + share if r.total_s else "-"]
         rows.append(row)
-    header = ["TYPE", "GPUS", "TRAINING", "TOTAL", "ON-DEMAND", "SPOT", "", "BASIS"]
+    cols = [Col("TYPE"), Col("GPUS"), Col("TRAINING"), Col("TOTAL"), Col("$/RUN ON-DEMAND"),
+            Col("$/RUN SPOT"), Col("", cut=8, drop=2), Col("BASIS", cut=12, drop=1)]
     if est.staging_bytes or est.preread_s:
-        header[3:3] = ["DATA COPY"]
-    out = [f"{est.recipe} in {est.region}: expected time and cost per instance type "
-           f"({est.market} decides 'cheapest')",
-           table(rows, header),
-           f"training: published {est.basis.text}",
-           "  scaled to other GPUs by peak dense FP16 tensor TFLOPS (NVIDIA datasheets): an "
-           "optimistic bound; small models gain less",
-           "overheads (in TOTAL and billed): " + ", ".join(
-               f"{k} {duration(v)} ({est.overheads.source[k]})"
-               for k, v in est.overheads.seconds.items()),
-           f"cost: per-second billing (60 s minimum) + {est.disk_gb} GB gp3 root volume"
-           + (f" at {est.disk_mbps} MB/s" if est.disk_mbps else "")]
+        cols[3:3] = [Col("DATA COPY", drop=3)]
+    texts = [f"{est.recipe}{f' (profile {est.profile})' if est.profile else ''} in {est.region}: "
+             f"expected time and cost per run on each instance type ({est.market} decides "
+             f"'cheapest')"]
+    later = [f"training: published {est.basis.text}",
+             "  scaled to other GPUs by peak dense FP16 tensor TFLOPS (NVIDIA datasheets): an "
+             "optimistic bound; small models gain less"]
+    if est.profile_note:
+        later.append(f"profile: {est.profile_note}")
+    later += [
+              "overheads (in TOTAL and billed): " + ", ".join(
+                  f"{k} {duration(v)} ({est.overheads.source[k]})"
+                  for k, v in est.overheads.seconds.items()),
+              f"cost: per-second billing (60 s minimum) + {est.disk_gb} GB gp3 root volume"
+              + (f" at {est.disk_mbps} MB/s" if est.disk_mbps else "")]
     if est.preread_s:
-        out.append(f"data copy (in TOTAL and billed): reading the snapshot volumes once before "
-                   f"training, {duration(est.preread_s)} at their provisioned throughput")
+        later.append(f"data copy (in TOTAL and billed): reading the snapshot volumes once before "
+                     f"training, {duration(est.preread_s)} at their provisioned throughput")
     if est.staging_bytes:
         limits = sorted({r.staging_basis for r in est.rows if r.staging_basis})
-        out.append(f"data copy (in TOTAL and billed): {est.staging_bytes / 1e9:.1f} GB from S3 "
-                   f"onto the disk before training, at the slower of the disk and the network "
-                   f"({'; '.join(limits)}); the instance's own EBS bandwidth and S3 may be "
-                   "slower on small types")
-    out += [f"note: {n}" for n in est.notes]
+        later.append(f"data copy (in TOTAL and billed): {est.staging_bytes / 1e9:.1f} GB from S3 "
+                     f"onto the disk before training, at the slower of the disk and the network "
+                     f"({'; '.join(limits)}); the instance's own EBS bandwidth and S3 may be "
+                     "slower on small types")
+    later += [f"note: {n}" for n in est.notes]
+    out = [line for text in texts for line in _wrapped(text, width, "", "  ")]
+    out.append(grid(cols, rows, width=width))
+    for text in later:
+        indent = text[:len(text) - len(text.lstrip())]
+        out += _wrapped(text.strip(), width, indent, indent + "  ")
     return "\n".join(out)
 
 
@@ -435,7 +652,8 @@ def estimate_line(row, market: str) -> str:
     price = row.spot if market == "spot" else row.on_demand
     copy = (f", copying the data {duration(row.staging_s)} ({row.staging_basis})"
             if row.staging_s else "")
-    return (f"estimate: training {duration(row.train_s)} ({row.scaling}){copy}, about "
+    profile = f"; {row.profile_note}" if row.profile_note else ""
+    return (f"estimate: training {duration(row.train_s)} ({row.scaling}{profile}){copy}, about "
             f"{duration(row.total_s)} billed with boot and setup, {money(price)} {market}; "
             f"`cloudtrain estimate` compares instance types")
 
@@ -480,7 +698,7 @@ def push_report(report) -> str:
     return "\n".join(lines)
 
 
-def datasets_table(rows: list[dict]) -> str:
+def datasets_table(rows: list[dict], *, width: int | None = None) -> str:
     """`cloudtrain data ls`."""
     if not rows:
         return ("no datasets declared; add them to config.yaml, e.g.\n  datasets:\n"
@@ -497,7 +715,9 @@ def datasets_table(rows: list[dict]) -> str:
         staged = (f"{last.get('job')} {age(last.get('at'), now)} ago on {last.get('where')}"
                   if last else "never")
         out.append([r["name"], r["kind"], r["source"], size_text, staged])
-    return table(out, ["NAME", "KIND", "SOURCE", "SIZE", "LAST STAGED"])
+    cols = [Col("NAME"), Col("KIND"), Col("SOURCE", cut=20), Col("SIZE", cut=12, drop=2),
+            Col("LAST STAGED", cut=12, drop=1)]
+    return grid(cols, out, width=width)
 
 
 def datasets_json(rows: list[dict]) -> str:

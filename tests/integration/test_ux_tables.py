@@ -1,0 +1,270 @@
+"""Tables that fit the terminal and listings that say what their numbers are (issue 14):
+D7 (every listing fits COLUMNS, --wide shows all), D20 (an unsettled AWS cost is the estimate
+from the instance's own times, not $0), D22 (the help's examples work in the default region),
+D23 (a profile's estimate says whose figures they are), D24 ($/RUN vs $/H), D34/D35 (recipe
+arguments aligned, null as `none (auto)`; no empty `by phase`), D37 (`recipes --json`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
+from conftest import REPO
+
+ANSI = re.compile(r"\x1b\[")
+LONG_NAME = "a-rather-long-experiment-name-that-goes-on-and-on"
+LONG_COMMAND = "python train.py " + " ".join(f"--option-{i} value-{i}" for i in range(30))
+
+
+@pytest.fixture(scope="module")
+def _many_jobs_db(tmp_path_factory):
+    """1,000 ended jobs written straight into a store (no launches): long names and
+    commands, every ending state, metrics and costs. Built once, copied for each test."""
+    from cloudtrain.state import Store
+
+    home = tmp_path_factory.mktemp("many")
+    now = time.time()
+    ends = ["succeeded", "failed", "cancelled", "preempted"]
+    with Store(home / "state.db") as store:
+        store.db.execute("PRAGMA synchronous=OFF")  # a test fixture: no fsync per job
+        for n in range(1000):
+            job = store.create_job(name=f"{LONG_NAME}-{n}", kind="command", recipe=None,
+                                   command=f"{LONG_COMMAND} --seed {n}", backend="local",
+                                   spec={}, at=now - 5000 + n)
+            store.set_state(job.id, "running", at=now - 4000 + n)
+            store.set_state(job.id, ends[n % 4], at=now - 3000 + n,
+                            exit_code=1 if ends[n % 4] == "failed" else None,
+                            metrics={"epoch": 3, "epochs": 10, "train_loss": 0.5,
+                                     "test_acc": 0.9}, cost=0.0, cost_settled=1)
+        store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return home / "state.db"
+
+
+@pytest.fixture
+def many_jobs(ct_home, _many_jobs_db):
+    import shutil
+
+    shutil.copy(_many_jobs_db, ct_home / "state.db")
+
+
+def _lines(text: str) -> list[str]:
+    return text.splitlines()
+
+
+def _fits(text: str, width: int) -> None:
+    too_long = [line for line in _lines(text) if len(line) > width]
+    assert not too_long, f"{len(too_long)} lines over {width}: {too_long[:3]}"
+    assert not ANSI.search(text), "ANSI escapes in piped output"
+
+
+LISTINGS = [("recipes",), ("recipes", "resnet9"), ("recipes", "imagenet"),
+            ("estimate", "--recipe", "resnet9"), ("catalog",), ("catalog", "--gpu", "V100"),
+            ("cost-report",)]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_d7_every_listing_fits_columns(cli, many_jobs, width):
+    env = {"COLUMNS": str(width)}
+    status = cli.ok("status", env=env).stdout
+    _fits(status, width)
+    rows = _lines(status)
+    assert len(rows) == 1001 and rows[0].split()[:2] == ["ID", "NAME"]
+    assert "…" in status  # long names and commands are cut, with an ellipsis
+    assert "COST" in rows[0] and "STATE" in rows[0]  # never dropped
+    for args in LISTINGS:
+        _fits(cli.ok(*args, env=env).stdout, width)
+
+
+def test_d7_wide_and_piped_output_keep_the_full_text(cli, many_jobs):
+    for args in (("status", "--wide"), ("status",)):  # --wide, or piped without COLUMNS
+        out = cli.ok(*args, env={"COLUMNS": "80"} if "--wide" in args else {}).stdout
+        assert f"{LONG_COMMAND} --seed 999" in out and f"{LONG_NAME}-999" in out
+        assert "…" not in out
+        assert _lines(out)[0].split() == ["ID", "NAME", "WHAT", "BACKEND", "STATE", "AGE",
+                                          "RUNTIME", "EPOCH", "LOSS", "ACC", "COST"]
+    recipes = cli.ok("recipes", "--wide", env={"COLUMNS": "80"}).stdout
+    assert "fast.ai's DAWNBench run on one 8-GPU p3.16xlarge" in recipes
+    # 80 columns: optional columns dropped, text cut, the ids whole
+    narrow = cli.ok("status", env={"COLUMNS": "80"}).stdout
+    header = _lines(narrow)[0].split()
+    assert "LOSS" not in header and "BACKEND" not in header
+    first_id = json.loads(cli.ok("status", "--json", "--limit", "1").stdout)[0]["id"]
+    assert _lines(narrow)[1].startswith(first_id + "  ")
+
+
+def test_d7_json_is_unchanged_by_columns(cli, many_jobs):
+    wide = cli.ok("status", "--json", env={"COLUMNS": "40"}).stdout
+    data = json.loads(wide)
+    assert len(data) == 1000 and data[0]["command"].startswith(LONG_COMMAND)
+    assert wide == cli.ok("status", "--json").stdout  # the same at any width
+    est = json.loads(cli.ok("estimate", "--recipe", "resnet9", "--json",
+                            env={"COLUMNS": "40"}).stdout)
+    assert {"recipe", "region", "rows", "basis"} <= set(est)
+    cat = json.loads(cli.ok("catalog", "--json", env={"COLUMNS": "40"}).stdout)
+    assert {"region", "types"} <= set(cat)
+
+
+def test_states_are_coloured_only_in_a_terminal(ct_home):
+    """Piped: no escapes (above). In a terminal: the STATE cell coloured, unless NO_COLOR."""
+    from cloudtrain import render
+    from cloudtrain.state import Job, open_store
+
+    with open_store(ct_home) as store:
+        for end, code in (("succeeded", None), ("failed", 1)):
+            made = store.create_job(name=None, kind="command", recipe=None, command="true",
+                                    backend="local", spec={})
+            store.set_state(made.id, end, exit_code=code, cost=0.0, cost_settled=1)
+
+    job = Job(id="abcd1234", name=None, kind="command", recipe=None, command="true",
+              backend="local", state="failed", created_at=1.8e9, started_at=1.8e9,
+              ended_at=1.8e9 + 5, exit_code=1, reason=None, spec={}, host=None, jobdir=None,
+              metrics=None, cost=None)
+    coloured = render.status_table([job], now=1.8e9 + 10, color=True)
+    assert "\x1b[31mfailed (1)" in coloured
+    assert not ANSI.search(render.status_table([job], now=1.8e9 + 10))
+    script = ("import os, pty, sys\n"
+              "pid, fd = pty.fork()\n"
+              "if pid == 0:\n"
+              "    os.execv(sys.executable, [sys.executable, '-m', 'cloudtrain', 'status'])\n"
+              "out = b''\n"
+              "while True:\n"
+              "    try:\n"
+              "        chunk = os.read(fd, 65536)\n"
+              "    except OSError:\n"
+              "        break\n"
+              "    if not chunk:\n"
+              "        break\n"
+              "    out += chunk\n"
+              "os.waitpid(pid, 0)\n"
+              "sys.stdout.write(out.decode('utf-8', 'replace'))\n")
+    import os
+
+    env = {**os.environ, "COLUMNS": "100"}
+    env.pop("NO_COLOR", None)
+    tty = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, cwd=REPO, timeout=60).stdout
+    assert "\x1b[32msucceeded" in tty and "\x1b[31mfailed (1)" in tty
+    plain = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           env={**env, "NO_COLOR": "1"}, cwd=REPO, timeout=60).stdout
+    assert "succeeded" in plain and not ANSI.search(plain)
+
+
+def test_d34_recipe_arguments_aligned_and_null_defaults_said(cli):
+    out = cli.ok("recipes", "resnet9").stdout  # piped: one row per argument
+    rows = [line for line in _lines(out) if line.startswith("    ") and
+            line.split()[0] in ("NAME", "variant", "gpus", "epochs", "device")]
+    starts = {line.index(line.split()[1], 4) for line in rows if not line.startswith("    NAME")}
+    assert len(starts) == 1, rows  # the TYPE column starts at the same place on every row
+    variant = [line for line in rows if line.split()[0] == "variant"][0]
+    assert "bag-of-tricks | dawn | apple-8gpu" in variant and "none (auto)" in variant
+    assert " - " not in variant
+    narrow = cli.ok("recipes", "resnet9", env={"COLUMNS": "80"}).stdout
+    lines = _lines(narrow)
+    i = [n for n, line in enumerate(lines) if line.split()[:1] == ["variant"]][0]
+    assert lines[i + 1].startswith("      null = bag-of-tricks")  # help under its argument
+    _fits(narrow, 80)
+
+
+def test_d35_local_job_detail_has_no_empty_by_phase_line(cli, ct_home):
+    from cloudtrain.state import open_store
+
+    with open_store(ct_home) as store:
+        job = store.create_job(name=None, kind="command", recipe=None, command="true",
+                               backend="local", spec={})
+        store.set_state(job.id, "succeeded", cost=0.0, cost_settled=1,
+                        cost_detail={"phases": {"boot": 0.0, "training": 0.0}})
+    detail = cli.ok("status", job.id).stdout
+    assert "by phase" not in detail and "cost      $0.00" in detail
+
+
+def test_d37_recipes_json(cli):
+    listed = json.loads(cli.ok("recipes", "--json").stdout)
+    resnet9 = [r for r in listed if r["name"] == "resnet9"][0]
+    assert resnet9["gpus"] == 1 and "smoke" in resnet9["profiles"]
+    assert resnet9["published"][0]["seconds"] == 26 and resnet9["description"]
+    one = json.loads(cli.ok("recipes", "resnet9", "--json").stdout)
+    args = {a["name"]: a for a in one["arguments"]}
+    assert args["variant"]["choices"] == ["bag-of-tricks", "dawn", "apple-8gpu"]
+    assert args["variant"]["default"] is None and "smoke" in one["profiles"]
+    assert one["resources"]["gpu"] == "V100"
+
+
+def test_d24_headers_say_per_run_and_per_hour(cli):
+    est = _lines(cli.ok("estimate", "--recipe", "resnet9").stdout)
+    header = [line for line in est if line.startswith("TYPE")][0]
+    assert "$/RUN ON-DEMAND" in header and "$/RUN SPOT" in header
+    assert "per run" in est[0]
+    cat = cli.ok("catalog", "--gpu", "V100").stdout
+    assert "$/H ON-DEMAND" in _lines(cat)[0] and "$/H SPOT" in _lines(cat)[0]
+    assert "prices per hour in us-east-1" in cat
+
+
+def test_d23_profile_estimate_says_whose_figures_they_are(cli):
+    out = cli.ok("estimate", "--recipe", "resnet9", "--profile", "smoke", "--instance",
+                 "g5.xlarge", env={"COLUMNS": "100"}).stdout
+    out = " ".join(out.split())  # the note is wrapped at 100 columns
+    assert "resnet9 (profile smoke)" in out
+    assert "no published time for profile smoke" in out and "full recipe's" in out
+    full = cli.ok("estimate", "--recipe", "resnet9", "--instance", "g5.xlarge").stdout
+    assert "profile" not in full
+    plan = cli.ok("launch", "--recipe", "resnet9", "--profile", "smoke", "--instance",
+                  "g5.xlarge", "--region", "us-east-1", "--dry-run").stdout
+    line = [l for l in _lines(plan) if l.strip().startswith("estimate")][0]
+    assert "no published time for profile smoke" in line
+
+
+def _examples(cli, command: str) -> list[list[str]]:
+    text = cli.ok(command, "--help").stdout
+    return [line.split()[1:] for line in _lines(text)
+            if line.strip().startswith(f"cloudtrain {command}")]
+
+
+@pytest.mark.parametrize("command", ["estimate", "catalog"])
+def test_d22_help_examples_work_in_the_default_region(cli, command):
+    examples = [e for e in _examples(cli, command) if "--refresh" not in e]
+    assert len(examples) >= 2
+    for argv in examples:  # offline: the bundled catalog, us-east-1 by default
+        proc = cli(*argv, env={"AWS_DEFAULT_REGION": "us-east-1"})
+        assert proc.returncode == 0, (argv, proc.stderr)
+
+
+def test_d20_failed_aws_launch_costs_its_instance_time_not_zero(cli, aws, ct_home):
+    """A launch whose instance never answers SSH is terminated without the job's cost being
+    settled; cost-report showed $0.0000 for the EC2 seconds it billed."""
+    aws.write_config(ssh_port=1, ssh_wait_seconds=1.0)  # nothing listens on port 1
+    proc = cli("launch", "--instance", "g5.xlarge", "--disk-gb", "100", "--", "true")
+    assert proc.returncode != 0
+    db = sqlite3.connect(ct_home / "state.db")
+    (job_id, job_cost), = db.execute("SELECT id, cost FROM jobs").fetchall()
+    (start, end), = db.execute("SELECT launched_at, terminated_at FROM instances").fetchall()
+    billed = max(60.0, end - start)
+    expected = 1.006 * billed / 3600 + 100 * 0.08 / (730 * 3600) * billed
+    report = json.loads(cli.ok("cost-report", "--json").stdout)
+    assert report["rows"][0]["dollars"] == pytest.approx(expected, abs=1e-6)
+    assert report["total"]["settled"] is False
+    text = cli.ok("cost-report").stdout
+    assert f"~${expected:.4f}" in text and "$0.0000" not in text
+
+
+def test_status_watch_refreshes_and_ctrl_c_exits_zero(cli, many_jobs):
+    """Piped, `status --watch` prints the table every interval; Ctrl-C ends it with 0."""
+    import os
+
+    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "status", "--watch",
+                             "--interval", "0.3", "--limit", "3"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=os.environ)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert out.count("ID  ") >= 2  # printed more than once
+    assert cli("status", "--watch", "--json").returncode == 2
