@@ -515,6 +515,10 @@ def _abort_launch(store, settings, provider, job, host, exc) -> str | None:
             reason += f"; RELEASE FAILED: {release_exc}"
         store.set_state(job.id, state.CANCELLED if interrupted else state.FAILED,
                         reason=reason.splitlines()[0])
+        try:  # D20: what the instance's minutes cost, shown by status, not "-"
+            settle_cost(store, store.job(job.id))
+        except Exception:  # a price lookup is not worth failing the cleanup over
+            pass
     if not released and any(i.state != "terminated" for i in store.instances(job.id)):
         raise CloudtrainError(
             f"job {job.id}: its instance may still be running ({reason.splitlines()[0]})",
