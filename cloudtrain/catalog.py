@@ -91,6 +91,15 @@ def regions() -> frozenset[str]:
                      for r in (*t.on_demand, *t.spot_snapshot))
 
 
+def default_region() -> str:
+    """The region a command uses when --region is not given: the one launch resolves
+    (`region:` in config.yaml, AWS_REGION, AWS_DEFAULT_REGION, the AWS profile), else
+    us-east-1, the same for every command."""
+    from . import providers
+
+    return providers.get("aws").region()
+
+
 def gpu_names() -> list[str]:
     return sorted({t.gpu for t in load().values()})
 

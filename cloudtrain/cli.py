@@ -435,8 +435,8 @@ def attach(job: str) -> None:
 @cli.command()
 @click.option("--gpu", callback=_given,
               help="Only types with this GPU (V100, A100, H100, A10G, T4, L4, ...).")
-@click.option("--region", default="us-east-1", show_default=True, callback=_region,
-              help="Prices of this region.")
+@click.option("--region", callback=_region, help="Prices of this region (default: the one "
+              "launch uses: config.yaml, AWS_REGION, the AWS profile, else us-east-1).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--refresh", is_flag=True, help="Fetch the region's on-demand and gp3 prices from "
               "the AWS price list and its spot prices from EC2 (kept under $CLOUDTRAIN_HOME).")
@@ -455,6 +455,7 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
 
     from . import catalog as catalog_module
 
+    region = region or catalog_module.default_region()
     if refresh:
         from . import pricing
 
@@ -483,7 +484,8 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
               help="Only types with N of this GPU, e.g. A10G:1 or A100:8.")
 @click.option("--spot", is_flag=True, help="Mark the cheapest by spot price.")
 @click.option("--region", callback=_region,
-              help="Prices of this region (default: config, else us-east-1).")
+              help="Prices of this region (default: the one launch uses: config.yaml, "
+              "AWS_REGION, the AWS profile, else us-east-1).")
 @click.option("--disk-gb", type=click.IntRange(min=8, max=65536),
               help="Root volume (default: the recipe's).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

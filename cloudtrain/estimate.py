@@ -302,7 +302,7 @@ def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: st
     args = rec.resolve(profile, sets)
     settings = config.Settings.load()
     staged = staged_bytes(rec, args, settings)
-    return estimate(rec, args, region or settings.region or "us-east-1", market=market,
+    return estimate(rec, args, region or catalog.default_region(), market=market,
                     types=types, gpu_request=gpu_request, disk_gb=disk_gb, store=store,
                     staging_bytes=staged, disk_mbps=_disk_mbps(staged, settings),
                     preread_s=preread_seconds(rec, args, settings), profile=profile)
