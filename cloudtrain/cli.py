@@ -184,8 +184,10 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
         row = jobs.expected(spec, store)
         if row is not None and not quiet:
             click.echo(render.estimate_line(row, spec.market), err=True)
-        job = jobs.launch(store, settings, spec, say=lambda line: click.echo(line, err=True),
-                          found=found)
+        from .progress import for_launch  # each phase on stderr as it happens
+
+        with for_launch(quiet, lambda line: click.echo(line, err=True)) as report:
+            job = jobs.launch(store, settings, spec, say=report, found=found)
         if quiet:
             click.echo(job.id)
         else:
@@ -637,6 +639,10 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: one place where errors become a line of text and an exit code."""
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
+    if debug:  # libraries' logs too (paramiko's handshake failures, D4), else kept quiet
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(levelname)s: %(message)s")
     try:
         cli.main(args=argv, prog_name="cloudtrain", standalone_mode=False)
     except click.exceptions.Exit as exc:
