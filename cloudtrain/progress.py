@@ -38,8 +38,8 @@ class Reporter:
         """A new phase of the launch begins."""
 
     def retry(self, text: str) -> None:
-        """A wait goes on after a transient failure (SSH not up yet): said at most every
-        RETRY_EVERY_S, with the seconds the phase has lasted."""
+        """A wait goes on after a transient failure (SSH not up yet): said the first time,
+        then at most every RETRY_EVERY_S, with the seconds the phase has lasted."""
 
     def transfer(self, total: int) -> None:
         """Bytes to send in the current phase: a bar, where there is a terminal."""
@@ -82,7 +82,7 @@ class Lines(Reporter):
         super().__init__()
         self.stream = stream
         self.since = time.monotonic()
-        self._last_retry = 0.0
+        self._last_retry: float | None = None
         self._lock = threading.Lock()
 
     def _line(self, text: str) -> None:
@@ -93,12 +93,12 @@ class Lines(Reporter):
 
     def phase(self, text: str) -> None:
         self.since = time.monotonic()
-        self._last_retry = self.since
+        self._last_retry = None
         self._line(text)
 
     def retry(self, text: str) -> None:
         now = time.monotonic()
-        if now - self._last_retry >= RETRY_EVERY_S:
+        if self._last_retry is None or now - self._last_retry >= RETRY_EVERY_S:
             self._last_retry = now
             self._line(f"{text} ({now - self.since:.0f} s)")
 
