@@ -27,7 +27,7 @@ reason = netns_available()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
               pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs sshd")]
 
-HOST_IPS = ("10.200.0.4", "10.200.0.5", "10.200.0.6")  # the first addresses moto hands out in the subnet
+HOST_IPS = ("10.200.0.4", "10.200.0.5", "10.200.0.6")  # moto hands these out first, in order
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -37,7 +37,7 @@ def phases(job_id: str, instance: str, ip: str) -> list[str]:
             "requesting spot g5.xlarge in us-east-1a",
             f"instance {instance} requested, waiting for it to run",
             f"instance {instance} running ({ip})",
-            f"waiting for SSH on ",
+            "waiting for SSH on ",
             f"checking {instance}'s host key",
             "syncing 3 files, 1.5 MB",
             "setting up the host",
