@@ -259,8 +259,10 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
         question = jobs.question(spec)
         if question and not yes:
             _confirm(question)
-        job = jobs.launch(store, settings, spec, say=lambda line: click.echo(line, err=True),
-                          found=found)
+        from .progress import for_launch  # each phase on stderr as it happens
+
+        with for_launch(quiet, lambda line: click.echo(line, err=True)) as report:
+            job = jobs.launch(store, settings, spec, say=report, found=found)
         if quiet:
             click.echo(job.id)
         else:
@@ -782,6 +784,10 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: one place where errors become a line of text and an exit code."""
     argv = sys.argv[1:] if argv is None else argv
     argv, debug = _debug_first(argv)
+    if debug:  # libraries' logs too (paramiko's handshake failures, D4), else kept quiet
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(levelname)s: %(message)s")
     try:
         cli.main(args=argv, prog_name="cloudtrain", standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -23,17 +23,20 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 import unicodedata
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from . import agent as agent_module
 from . import hostdata
 from .errors import HostError, MissingDependency
 from .gitignore import list_files
+from .progress import Reporter, megabytes
 
 AGENT_SOURCE = Path(agent_module.__file__)
 TMUX_INSTALL_HINT = ("install tmux: `apt-get install tmux` (Debian/Ubuntu), `dnf install tmux` "
@@ -150,6 +153,41 @@ class PullResult:
             self.skipped.append((ascii(path)[1:-1], reason))
 
 
+def _sizes(local_dir: Path, files: list[str]) -> dict[str, int]:
+    out = {}
+    for rel in files:
+        try:
+            out[rel] = (Path(local_dir) / rel).lstat().st_size
+        except OSError:  # gone since it was listed: the copy will say so
+            out[rel] = 0
+    return out
+
+
+def measure(local_dir: Path, include: tuple[str, ...] = ()) -> tuple[int, int]:
+    """How many files, and bytes, a sync of local_dir sends at most (before `like` spares
+    the unchanged ones)."""
+    sizes = _sizes(Path(local_dir), list_files(local_dir, include))
+    return len(sizes), sum(sizes.values())
+
+
+def sync_many(host: "Host", copies: list[tuple[Path, str, str | None, tuple[str, ...]]],
+              report: Reporter) -> int:
+    """Sync each (local dir, remote dir, like, include) to the host, said as one phase with
+    one bar over all of them; the number of files actually sent."""
+    sizes = [measure(local, include) for local, _, _, include in copies]
+    files = sum(n for n, _ in sizes)
+    report.phase(f"syncing {files} file{'' if files == 1 else 's'}, "
+                 f"{megabytes(sum(b for _, b in sizes))}")
+    report.transfer(sum(b for _, b in sizes))
+    sent = base = 0
+    for (local, remote, like, include), (_, size) in zip(copies, sizes):
+        sent += host.sync(local, remote, like, include=include,
+                          sent=lambda done, base=base: report.sent(base + done))
+        base += size
+        report.sent(base)
+    return sent
+
+
 class Host(ABC):
     """The verbs every host has; subclasses implement run/put/get/sync/read."""
 
@@ -175,10 +213,11 @@ class Host(ABC):
 
     @abstractmethod
     def sync(self, local_dir: Path, remote_dir: str, like: str | None = None,
-             include: tuple[str, ...] = ()) -> int:
+             include: tuple[str, ...] = (), sent: Callable[[int], None] | None = None) -> int:
         """Copy local_dir's files (as git would keep them, less credentials unless `include`
         names them: see gitignore.list_files) to remote_dir; files unchanged since `like` (an
-        earlier copy on the host) are not sent again."""
+        earlier copy on the host) are not sent again. `sent` is told the bytes done so far
+        (of measure()'s total) as the copy goes."""
 
     @abstractmethod
     def read(self, path: str, offset: int = 0, end: int | None = None) -> bytes:
@@ -468,11 +507,14 @@ class LocalHost(Host):
         Path(remote).write_text(text)
 
     def sync(self, local_dir: Path, remote_dir: str, like: str | None = None,
-             include: tuple[str, ...] = ()) -> int:
+             include: tuple[str, ...] = (), sent: Callable[[int], None] | None = None) -> int:
         """Copy the files git would keep; unchanged files (size and mtime) are skipped."""
-        copied = 0
+        copied = done = 0
         for rel in list_files(local_dir, include):
             src, dst = Path(local_dir) / rel, Path(remote_dir) / rel
+            if sent is not None:
+                done += src.lstat().st_size
+                sent(done)
             if src.is_symlink():
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 if dst.is_symlink() or dst.exists():
@@ -680,7 +722,7 @@ class SSHHost(Host):
         return _SFTPReader(self.conn, path, f)
 
     def sync(self, local_dir: Path, remote_dir: str, like: str | None = None,
-             include: tuple[str, ...] = ()) -> int:
+             include: tuple[str, ...] = (), sent: Callable[[int], None] | None = None) -> int:
         """rsync over this connection where both ends have rsync (hard-linking what is
         unchanged since `like`), else a tar stream."""
         files = list_files(local_dir, include)
@@ -691,32 +733,68 @@ class SSHHost(Host):
             self._has_rsync = (shutil.which("rsync") is not None
                                and self.run("command -v rsync", check=False).ok)
         if self._has_rsync:
-            return self._rsync(Path(local_dir), remote_dir, files, like)
-        return self._tar(Path(local_dir), remote_dir, files)
+            return self._rsync(Path(local_dir), remote_dir, files, like, sent)
+        return self._tar(Path(local_dir), remote_dir, files, sent)
 
     def _rsync(self, local_dir: Path, remote_dir: str, files: list[str],
-               like: str | None = None) -> int:
+               like: str | None = None, sent: Callable[[int], None] | None = None) -> int:
         relay = self.conn.relay()
         extra = [f"--link-dest={like}"] if like else []
+        sizes = _sizes(local_dir, files) if sent is not None else {}
         # NUL-separated names (git allows a newline in a name; audit F3 saw "ok\nsecret.txt"
         # split into two entries and a gitignored secret.txt uploaded), and --protect-args so
-        # the remote shell never sees the paths.
+        # the remote shell never sees the paths. rsync names each file (--out-format) as it
+        # sends it: that is the progress.
+        names = "".join(f + "\0" for f in files).encode("utf-8", "surrogateescape")
+        err: list[bytes] = []
         try:
-            proc = subprocess.run(
+            proc = subprocess.Popen(
                 ["rsync", "-a", "--protect-args", *extra, "--from0", "--files-from=-",
                  "--out-format=%n", "-e", relay.rsh(), f"{local_dir}/", f"remote:{remote_dir}/"],
-                input="".join(f + "\0" for f in files).encode("utf-8", "surrogateescape"),
-                capture_output=True, timeout=3600)
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+            def feed() -> None:
+                try:
+                    proc.stdin.write(names)
+                    proc.stdin.close()
+                except OSError:  # rsync ended early: its exit code says why
+                    pass
+
+            threads = [threading.Thread(target=feed, daemon=True),
+                       threading.Thread(target=lambda: err.append(proc.stderr.read()),
+                                        daemon=True)]
+            for t in threads:
+                t.start()
+            timer = threading.Timer(3600, proc.kill)
+            timer.daemon = True
+            timer.start()
+            count = done = 0
+            try:
+                for raw in proc.stdout:
+                    line = raw.decode("utf-8", "replace").rstrip("\n")
+                    if line and not line.endswith("/"):
+                        count += 1
+                        if sent is not None:
+                            done += sizes.get(line, 0)
+                            sent(done)
+                code = proc.wait()
+            finally:
+                timer.cancel()
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            for t in threads:
+                t.join(5)
         finally:
             relay.close()
-        proc.stdout = proc.stdout.decode("utf-8", "replace")
-        proc.stderr = proc.stderr.decode("utf-8", "replace")
-        if proc.returncode != 0:
-            raise HostError(f"rsync to {self.name}:{remote_dir} failed ({proc.returncode}): "
-                            + (proc.stderr.strip().splitlines() or ["no output"])[-1])
-        return sum(1 for line in proc.stdout.splitlines() if line and not line.endswith("/"))
+        if code != 0:
+            stderr = b"".join(err).decode("utf-8", "replace")
+            raise HostError(f"rsync to {self.name}:{remote_dir} failed ({code}): "
+                            + (stderr.strip().splitlines() or ["no output"])[-1])
+        return count
 
-    def _tar(self, local_dir: Path, remote_dir: str, files: list[str]) -> int:
+    def _tar(self, local_dir: Path, remote_dir: str, files: list[str],
+             sent: Callable[[int], None] | None = None) -> int:
         import tarfile
 
         chan = self.conn.open_exec(f"tar -x -C {shlex.quote(remote_dir)}")
@@ -726,8 +804,12 @@ class SSHHost(Host):
         try:
             writer = chan.makefile("wb")
             with tarfile.open(fileobj=writer, mode="w|") as tar:
+                done = 0
                 for rel in files:
                     tar.add(local_dir / rel, arcname=rel, recursive=False)
+                    if sent is not None:
+                        done += (local_dir / rel).lstat().st_size
+                        sent(done)
             writer.flush()
             chan.shutdown_write()
             if not chan.status_event.wait(STREAM_IDLE_S):

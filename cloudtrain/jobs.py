@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from . import config, datasets, hostdata, lease, providers, state
+from . import config, datasets, hostdata, lease, progress, providers, state
 from .agent import metrics_tail, pid_alive, read_json
 from .errors import CloudtrainError, HostError, MissingDependency, NotFound, PlacementError, \
     UsageError
-from .hosts import Host, LocalHost, agent_dir, session_name
+from .hosts import Host, LocalHost, agent_dir, session_name, sync_many
 from .spec import RECIPE, JobSpec
 from .state import Job, Store
 
@@ -172,12 +172,15 @@ def read_datasets(spec: JobSpec, settings: config.Settings) -> list:
 
 
 def launch(store: Store, settings: config.Settings, spec: JobSpec,
-           say: Callable[[str], None] | None = None, found: list | None = None) -> Job:
+           say: Callable[[str], None] | progress.Reporter | None = None,
+           found: list | None = None) -> Job:
     """Start the job and return once its agent runs it. On any failure, Ctrl-C, SIGTERM or
     SIGHUP the job is recorded as failed or cancelled and its host released: nothing is left
     running. While it works, the launcher holds the job's lease (lease.py), so a launcher
-    killed outright (SIGKILL, a lost container) is noticed by any later `cloudtrain` command."""
+    killed outright (SIGKILL, a lost container) is noticed by any later `cloudtrain` command.
+    `say` is a progress.Reporter (each phase as it starts) or a plain callback (notes only)."""
     check_name(store, spec)
+    report = progress.of(say)
     provider = providers.get(spec.backend)
     provider.preflight(spec)
     # The datasets are read before anything is created: a missing prefix stops here.
@@ -187,6 +190,7 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
     job = store.create_job(name=spec.name, kind=spec.kind, recipe=spec.recipe,
                            command=spec.display(), backend=spec.backend, spec=spec.to_dict(),
                            launcher=f"{socket.gethostname()}:{os.getpid()}")
+    report.phase(f"launching job {job.id}: waiting until it starts (Ctrl-C cancels the launch)")
     if spec.recover:
         from . import recovery
 
@@ -195,7 +199,7 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
         # The cleanup runs inside the signal guard too: a second SIGTERM is noted, not obeyed,
         # from the first signal to the end of the cleanup.
         with lease.renewing(store.path, job.id), lease.signals_interrupt():
-            start_attempt(store, settings, spec, provider, job, say, found, source, kept)
+            start_attempt(store, settings, spec, provider, job, report, found, source, kept)
     finally:
         store.update_job(job.id, lease_until=None)
     job = store.job(job.id)
@@ -203,22 +207,24 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
         from . import supervisor
 
         line = supervisor.ensure(store, settings)
-        if line and say is not None:
-            say(line)
+        if line:
+            report.note(line)
     return job
 
 
 def start_attempt(store: Store, settings: config.Settings, spec: JobSpec, provider, job: Job,
-                  say: Callable[[str], None] | None = None, found: list | None = None,
-                  source: Job | None = None, kept: Job | None = None) -> None:
+                  say: Callable[[str], None] | progress.Reporter | None = None,
+                  found: list | None = None, source: Job | None = None,
+                  kept: Job | None = None) -> None:
     """One attempt at the job: provision, sync, set up, start. A failure releases what it
     started, and fails the job (raised), unless a spot interruption took the instance of a
     recovering job (it goes to `recovering`, returned). A relaunch's PlacementError (no
     capacity or quota here) is raised before anything was created: the caller tries the next
     place."""
+    report = progress.of(say)
     try:
         _, started, detail = _launch_steps(store, settings, spec, provider, job,
-                                           source, kept, say, found)
+                                           source, kept, report, found)
         # With data to stage, the job runs once the stager says it is complete
         # (refresh moves it on, at the stager's own clock).
         _advance(store, job.id, state.STAGING if found else state.RUNNING,
@@ -227,13 +233,13 @@ def start_attempt(store: Store, settings: config.Settings, spec: JobSpec, provid
             from . import recovery
 
             recovery.started(store, job.id, spec.attempt, started)
+        report.phase(f"started job {job.id}" + (": its data is staged first" if found else ""))
     except BaseException as exc:
         if isinstance(exc, PlacementError) and spec.attempt > 1:
             raise  # nothing was created here; the relaunch tries its next place
         recovering = _abort_launch(store, settings, provider, job, _open_hosts.get(job.id), exc)
         if recovering:
-            if say is not None:
-                say(f"job {job.id}: {recovering}")
+            report.note(f"job {job.id}: {recovering}")
             return
         if isinstance(exc, (KeyboardInterrupt, CloudtrainError)):
             raise
@@ -241,16 +247,17 @@ def start_attempt(store: Store, settings: config.Settings, spec: JobSpec, provid
 
 
 def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provider, job: Job,
-                  source: Job | None, kept: Job | None, say: Callable[[str], None] | None,
+                  source: Job | None, kept: Job | None, report: progress.Reporter,
                   found: list | None = None) -> tuple[Host, float, str | None]:
     """Provision, sync, set up and start the agent: the host the agent runs on, when the job
-    started, and what to say of the start in the timeline."""
+    started, and what to say of the start in the timeline. Each step is a phase of `report`."""
     _advance(store, job.id, state.PROVISIONING)
     if kept is not None:
+        report.phase(f"taking over job {kept.id}'s instance")
         host = provider.adopt(store, kept, job)
         _open_hosts.pop(kept.id, None)
     else:
-        host = provider.acquire(store, job, spec)
+        host = provider.acquire(store, job, spec, report)
     _open_hosts[job.id] = host
     if spec.recover:
         from . import recovery
@@ -261,21 +268,21 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
     like = _remote_jobdir(kept) if kept is not None else None
 
     _advance(store, job.id, state.SYNCING)
-    sent = 0
     data_dir = provider.data_dir(host)
     host.run("mkdir -p " + " ".join(shlex.quote(d) for d in (
         f"{jobdir}/checkpoints", f"{jobdir}/work", data_dir)))
     host.install_agent(jobdir)
+    copies: list[tuple[Path, str, str | None, tuple[str, ...]]] = []  # local, remote, like, include
     if spec.kind == RECIPE:
         from . import recipes
 
         rec = recipes.load(spec.recipe)
-        sent += host.sync(rec.path, f"{jobdir}/recipes/{rec.name}",
-                          like and f"{like}/recipes/{rec.name}")
+        copies.append((rec.path, f"{jobdir}/recipes/{rec.name}",
+                       like and f"{like}/recipes/{rec.name}", ()))
         shared = rec.path.parent / recipes.SHARED_DIR
         if shared.is_dir():
-            sent += host.sync(shared, f"{jobdir}/recipes/{recipes.SHARED_DIR}",
-                              like and f"{like}/recipes/{recipes.SHARED_DIR}")
+            copies.append((shared, f"{jobdir}/recipes/{recipes.SHARED_DIR}",
+                           like and f"{like}/recipes/{recipes.SHARED_DIR}", ()))
         nodes = rec.nodes_published(spec.args)
         if nodes > 1:  # until multi-node launch exists, say how this run differs
             note = (f"variant {spec.args.get('variant')} was published on {nodes} machines; "
@@ -283,16 +290,18 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
                     f"with the published per-GPU batch (a global batch {nodes}x smaller, the "
                     f"lr scaled with it)")
             store.add_event(job.id, "one-machine", detail=note)
-            if say is not None:
-                say(note)
+            report.note(note)
     if spec.workdir:
-        _warn_about_workdir(Path(spec.workdir), say)
-        sent += host.sync(Path(spec.workdir), f"{jobdir}/work", like and f"{like}/work",
-                          include=tuple(spec.include))
+        _warn_about_workdir(Path(spec.workdir), report)
+        copies.append((Path(spec.workdir), f"{jobdir}/work", like and f"{like}/work",
+                       tuple(spec.include)))
+    sent = sync_many(host, copies, report)
     if source is not None:
+        report.phase(f"copying job {source.id}'s checkpoints")
         _copy_checkpoints(source, host, jobdir)
 
     _advance(store, job.id, state.SETTING_UP, detail=f"{sent} files sent")
+    report.phase("setting up the host")
     provider.setup(host)
     store.update_job(job.id, host=host.describe())
     gpus = provider.gpus(spec, host)
@@ -301,8 +310,7 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
     plan = datasets.host_plan(found or [], spec, settings, data_dir, mounts)
     for note in datasets.notes(spec, settings) if found else []:
         store.add_event(job.id, "data-note", detail=note)
-        if say is not None:
-            say(note)
+        report.note(note)
     stage = None
     if plan is not None:
         host.write_text(f"{jobdir}/{datasets.PLAN_FILE}", json.dumps(plan))
@@ -315,16 +323,14 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
     grant, note = provider.results_grant(store, job, spec)
     if note:  # where the results go when nobody is watching, or what is lost without it
         store.add_event(job.id, "results-store", detail=note)
-        if say is not None:
-            say(note)
+        report.note(note)
     stream = None
     if spec.recover:
         if grant is None:
             warning = ("WARNING: no job store, so no checkpoint outlives the instance: a "
                        "relaunch after an interruption starts this job over")
             store.add_event(job.id, "checkpoints", detail=warning)
-            if say is not None:
-                say(warning)
+            report.note(warning)
         else:
             # The agent uploads each new checkpoint to the job store as it is written.
             stream = {"settle_s": settings.checkpoint_settle_seconds,
@@ -347,9 +353,11 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
         **provider.agent_settings(spec),
     }, indent=1))
 
+    report.phase("starting the job in tmux")
     started = time.time()  # the job runs from here on: start_agent waits for the agent's word
     host.start_agent(job.id, jobdir)
     return host, started, (f"{procs} processes under torchrun" if procs > 1 else None)
+
 
 
 RESTORE_PLAN = "restore.json"  # on the host: the checkpoint to fetch before the job starts

@@ -12,6 +12,7 @@ for and pumps the bytes. No second SSH connection, no `ssh` binary needed.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import sys
@@ -33,6 +34,13 @@ SFTP_TIMEOUT_S = 60.0  # one SFTP request (a 32 KB read, a stat) never takes thi
 CHANNEL_OPEN_TIMEOUT_S = 30.0
 MAX_OUTPUT_BYTES = 64 << 20  # a command's stdout + stderr; more is a runaway host
 
+# paramiko logs each failed handshake from its transport thread with a 20-line traceback
+# ("Exception (client): Error reading SSH protocol banner"); with no handler configured,
+# Python's last-resort handler printed them all to stderr while an instance booted (D4).
+# A handler of our own keeps them out; `--debug` configures the root logger, which still
+# gets them (the records propagate).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
 
 @dataclass
 class Endpoint:
@@ -48,6 +56,23 @@ class Endpoint:
 
 class HostKeyMismatch(HostError):
     pass
+
+
+def not_up_reason(exc: HostError) -> str:
+    """Why an SSH server is not up yet, in a few words, for the line a wait says while it
+    retries: 'banner timeout' (the port accepts, sshd is not answering yet), 'connection
+    refused', 'no answer'."""
+    cause = exc.__cause__
+    text = str(cause or exc.message).lower()
+    if "banner" in text:
+        return "banner timeout"
+    if isinstance(cause, ConnectionRefusedError) or "refused" in text:
+        return "connection refused"
+    if isinstance(cause, (TimeoutError, socket.timeout)) or "timed out" in text:
+        return "no answer"
+    if isinstance(cause, (EOFError, ConnectionResetError)) or "reset" in text:
+        return "connection closed"
+    return exc.message.split(": ", 1)[-1][:80]
 
 
 class Connection:

@@ -140,6 +140,11 @@ def cli(ct_home) -> CLI:
     return CLI(ct_home)
 
 
+def error_line(stderr: str) -> str:
+    """The `Error: ...` line of a command's stderr (a launch says its phases first, D3)."""
+    return next((line for line in stderr.splitlines() if line.startswith("Error: ")), "")
+
+
 def wait_for(predicate, timeout=20.0, interval=0.1, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -7,6 +7,7 @@ import time
 from .. import config
 from ..errors import MissingDependency
 from ..hosts import LocalHost, default_tmux_socket
+from ..progress import SILENT, Reporter
 from ..state import Instance, Job, Store
 
 
@@ -31,7 +32,8 @@ class LocalProvider:
                     hint="pip install 'cloudtrain[recipes]' (torch and torchvision) into this "
                          "environment, or set `python:` in config.yaml to one that has them")
 
-    def acquire(self, store: Store, job: Job, spec) -> LocalHost:
+    def acquire(self, store: Store, job: Job, spec, report: Reporter = SILENT) -> LocalHost:
+        report.phase("running on this machine (local backend)")
         host = self._host()
         store.add_instance(Instance(
             id=f"local-{job.id}", job_id=job.id, provider=self.name, region=None, zone=None,

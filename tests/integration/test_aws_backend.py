@@ -14,7 +14,7 @@ from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models.instances import InstanceBackend
 
 from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
-from conftest import REPO, wait_for
+from conftest import REPO, error_line, wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
 
@@ -106,7 +106,7 @@ def test_no_capacity_anywhere_names_every_az(cli, aws, monkeypatch):
                         _fail_in("all", "InsufficientInstanceCapacity", "no capacity"))
     proc = cli("launch", "--instance", "g5.xlarge", "--", "true")
     assert proc.returncode == 1
-    first = proc.stderr.splitlines()[0]
+    first = error_line(proc.stderr)
     assert "no capacity for g5.xlarge (on-demand) in us-east-1, every AZ tried" in first
     assert "us-east-1a: InsufficientInstanceCapacity" in first and "us-east-1b:" in first
     assert "--spot" in proc.stderr
@@ -149,7 +149,7 @@ def test_ssh_never_answering_terminates_the_instance(cli, aws, ct_home):
     aws.sshd.stop()
     proc = cli("launch", "--instance", "g5.xlarge", "--", "true", timeout=60)
     assert proc.returncode == 1
-    first = proc.stderr.splitlines()[0]
+    first = error_line(proc.stderr)
     assert "SSH to i-" in first and "did not answer in 5 s" in first
     assert "get-console-output --instance-id i-" in proc.stderr
     (raw,) = aws.instances()
@@ -230,7 +230,7 @@ def test_missing_credentials_is_one_line(cli, aws):
                           env={k: v for k, v in os.environ.items()
                                if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
     assert proc.returncode == 1
-    assert proc.stderr.splitlines()[0] == "Error: no AWS credentials found"
+    assert error_line(proc.stderr) == "Error: no AWS credentials found"
     assert "aws configure" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -305,7 +305,7 @@ def test_expired_credentials_say_what_to_do(cli, aws, monkeypatch):
     monkeypatch.setattr(KeyPairBackend, "describe_key_pairs", expired)
     proc = cli("launch", "--instance", "g5.xlarge", "--", "true")
     assert proc.returncode == 1
-    assert proc.stderr.splitlines()[0].startswith("Error: AWS refused the credentials (AuthFailure)")
+    assert error_line(proc.stderr).startswith("Error: AWS refused the credentials (AuthFailure)")
     assert "aws sso login" in proc.stderr
 
 

@@ -11,6 +11,7 @@ import sqlite3
 import pytest
 
 from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
+from conftest import error_line
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
 
@@ -40,7 +41,7 @@ def test_F5_a_key_the_console_does_not_list_is_refused_and_the_instance_terminat
     aws.console_output(aws.fingerprint_block(fingerprints=("SHA256:" + "Q" * 43,)))
     proc = cli("launch", "--instance", "g5.xlarge", "--", "echo", "hi", timeout=60)
     assert proc.returncode == 1
-    first = proc.stderr.splitlines()[0]
+    first = error_line(proc.stderr)
     assert "possible interception" in first and "refusing to connect" in first
     (raw,) = aws.instances()
     assert raw["State"]["Name"] == "terminated"

@@ -12,7 +12,8 @@ from ... import catalog
 from ...config import check_region
 from ...errors import CloudtrainError, HostError, MissingDependency, UsageError
 from ...hosts import SSHHost, default_tmux_socket
-from ...ssh import Endpoint
+from ...progress import SILENT, Reporter
+from ...ssh import Endpoint, not_up_reason
 from ...state import Instance, Job, Store
 from .errors import AUTH_ERRORS, CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, \
     AWSPlacementError, StaleCache, aws_errors, is_permission_error
@@ -133,7 +134,7 @@ class InstancesMixin:
                                                  "Tags": tags})
         return request
 
-    def _run(self, store, job, spec, region, boot: dict) -> str:
+    def _run(self, store, job, spec, region, boot: dict, report: Reporter = SILENT) -> str:
         zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
                                               boot["key_name"], boot["owner"])
         zones = self.relaunch_order(zones, spec, region)
@@ -145,6 +146,8 @@ class InstancesMixin:
                                        root_device)
             attempt = int(getattr(spec, "attempt", 1) or 1)
             token = f"{job.id}-{n}" if attempt == 1 else f"{job.id}-a{attempt}-{n}"
+            report.phase(f"requesting {spec.market} {spec.instance_type} in {zone}"
+                         + (f" ({attempts[-1].zone}: no capacity)" if attempts else ""))
             try:
                 # ClientToken: a retried request can never start a second instance.
                 response = self.call(region, "run_instances", fail_fast=True,
@@ -245,7 +248,8 @@ class InstancesMixin:
                                  InstanceIds=[instance_id])["Reservations"]
         return reservations[0]["Instances"][0]
 
-    def _wait_running(self, region: str, instance_id: str) -> str:
+    def _wait_running(self, region: str, instance_id: str, report: Reporter = SILENT) -> str:
+        report.phase(f"instance {instance_id} requested, waiting for it to run")
         deadline = time.monotonic() + self.settings.instance_wait_seconds
         while True:
             raw = self._describe(region, instance_id)
@@ -253,6 +257,7 @@ class InstancesMixin:
             if state == "running":
                 key = "PrivateIpAddress" if self.settings.connect == "private" else "PublicIpAddress"
                 if raw.get(key):
+                    report.phase(f"instance {instance_id} running ({raw[key]})")
                     return raw[key]
                 if self.settings.connect != "private":
                     raise AWSError(f"{instance_id} has no public IP address",
@@ -268,9 +273,12 @@ class InstancesMixin:
                                     f"--region {region}")
             time.sleep(self.settings.poll_seconds)
 
-    def _wait_ssh(self, region: str, instance_id: str, endpoint: Endpoint) -> SSHHost:
+    def _wait_ssh(self, region: str, instance_id: str, endpoint: Endpoint,
+                  report: Reporter = SILENT) -> SSHHost:
         deadline = time.monotonic() + self.settings.ssh_wait_seconds
         last = None
+        report.phase(f"waiting for SSH on {endpoint.label()} (at most "
+                     f"{self.settings.ssh_wait_seconds:.0f} s)")
         while time.monotonic() < deadline:
             host = SSHHost(endpoint, default_tmux_socket(),
                            python=self.settings.remote_python or "python3")
@@ -280,6 +288,7 @@ class InstancesMixin:
             except HostError as exc:
                 last = exc
                 host.close()
+                report.retry(f"SSH not up yet ({not_up_reason(exc)}), retrying")
                 time.sleep(self.settings.poll_seconds)
         console = self.console_tail(region, instance_id)
         raise AWSError(f"SSH to {instance_id} ({endpoint.label()}) did not answer in "

@@ -27,6 +27,7 @@ from ... import catalog, config, cost, preflight
 from ...config import check_region
 from ...errors import CloudtrainError, MissingDependency, UsageError
 from ...hosts import SSHHost
+from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Job, Store
 from .cache import CACHE_TTL_S, RegionCache
@@ -274,7 +275,7 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
         return {"owner": owner, "key_name": key_name, "key_path": key_path, "zones": zones,
                 "group": group, "ami": ami, "root_device": root_device}
 
-    def acquire(self, store: Store, job: Job, spec) -> SSHHost:
+    def acquire(self, store: Store, job: Job, spec, report: Reporter = SILENT) -> SSHHost:
         region = self.region(spec)
         boot = self.bootstrap(region, spec.ami)
         # A relaunch whose supervisor was killed after RunInstances goes on with that instance.
@@ -283,19 +284,20 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
         instance = found
         if instance is None:
             try:
-                instance = self._run(store, job, spec, region, boot)
+                instance = self._run(store, job, spec, region, boot, report)
             except StaleCache:
                 RegionCache(self.settings.aws_profile, region).clear()
                 boot = self.bootstrap(region, spec.ami, cached=False)
-                instance = self._run(store, job, spec, region, boot)
+                instance = self._run(store, job, spec, region, boot, report)
         key_path = boot["key_path"]
-        address = self._wait_running(region, instance)
+        address = self._wait_running(region, instance, report)
         zone = next((i.zone for i in store.instances(job.id) if i.id == instance), None)
         if found is None:
             self.attach_snapshots(store, job, spec, region, instance, zone, boot["owner"])
         endpoint = Endpoint(address, self.settings.ssh_port, self.settings.ssh_user, str(key_path))
         since = time.monotonic()
-        host = self._wait_ssh(region, instance, endpoint)
+        host = self._wait_ssh(region, instance, endpoint, report)
+        report.phase(f"checking {instance}'s host key against its console output")
         verified = self._check_host_key(store, job, region, instance, host, since)
         host.home()  # the first command, only now that the key is settled
         store.update_instance(instance, state="running", details=json.dumps(
