@@ -328,6 +328,10 @@ def launch_problem(args: argparse.Namespace, env) -> str | None:
     """One line saying why these arguments cannot run in this launch, or None."""
     if args.gpus < 1 or args.runs < 1:
         return f"resnet9: gpus and runs must be at least 1 (gpus={args.gpus}, runs={args.runs})"
+    if not 0 < args.bn_momentum <= 1:
+        return f"resnet9: bn_momentum must be in (0, 1], got {args.bn_momentum}"
+    if args.ema_momentum is not None and not 0 <= args.ema_momentum < 1:
+        return f"resnet9: ema_momentum must be in [0, 1), got {args.ema_momentum}"
     if args.gpus > 1 and args.variant in SINGLE_GPU_VARIANTS:
         return (f"resnet9: variant {args.variant} is a single-GPU recipe; gpus={args.gpus} is "
                 f"apple-8gpu (leave variant unset, or set it to apple-8gpu)")

@@ -583,6 +583,10 @@ def test_d10_defaults_keep_every_published_variant_exactly(tmp_path):
     dawn = train.resolve_defaults(train.build_parser().parse_args(
         ["--variant", "dawn", "--ema_momentum", "0.9"]))
     assert train.variant_hyp(dawn)["ema_momentum"] is None  # no EMA to set
+    for flags, problem in ((["--bn_momentum", "0"], "bn_momentum must be in (0, 1], got 0.0"),
+                           (["--ema_momentum", "1"], "ema_momentum must be in [0, 1), got 1.0")):
+        args = train.resolve_defaults(train.build_parser().parse_args(flags))
+        assert train.launch_problem(args, {}) == f"resnet9: {problem}"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
