@@ -11,19 +11,25 @@ The format (https://www.cs.toronto.edu/~kriz/cifar.html), folder `cifar-10-batch
 `read_cifar10` returns uint8 images as NHWC numpy arrays plus int64 labels. Real data comes
 through torchvision's downloader (which checks the archive's md5) into the data dir and is then
 read with the same reader; synthetic data is *written* in the same format first, so both paths
-exercise the same code.
+exercise the same code. A download that fails ends the recipe with one line saying why and what
+to do instead (`DownloadFailed`), not a traceback.
 """
 from __future__ import annotations
 
 import os
 import pickle
 import shutil
+import socket
+import urllib.error
 from pathlib import Path
 
 import numpy as np
 
 DATA_DIR_ENV = "CLOUDTRAIN_DATA_DIR"
 DEFAULT_DATA_DIR = "~/.cloudtrain/data"
+URL_ENV = "CLOUDTRAIN_CIFAR10_URL"  # a mirror of cifar-10-python.tar.gz (same md5), or a test's
+ARCHIVE = "cifar-10-python.tar.gz"
+DOWNLOAD_TIMEOUT_S = 60  # per connect or read: a network that drops packets fails, not hangs
 FOLDER = "cifar-10-batches-py"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILE = "test_batch"
@@ -110,11 +116,58 @@ def _complete(folder: Path) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Real CIFAR-10
 
-def load_cifar10(root: str | os.PathLike) -> dict:
-    """Download CIFAR-10 into `root` on first use (torchvision checks the md5), then read it."""
-    import torchvision  # only the real-data path needs it; it takes seconds to import
+class DownloadFailed(SystemExit):
+    """CIFAR-10 could not be fetched. A SystemExit whose code is the one-line message: a recipe
+    that does not catch it ends as its other `raise SystemExit("...")` checks do, the line on
+    stderr and exit status 1, with no traceback."""
 
-    torchvision.datasets.CIFAR10(root=str(root), train=True, download=True)
+
+def download_failure_reason(exc: BaseException) -> str:
+    """A few words for why a download failed, from what urllib or torchvision raised."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"the server answered HTTP {exc.code} {exc.reason}"
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc  # str or an error
+    if isinstance(reason, socket.gaierror):
+        return "name resolution failed (no network or no DNS?)"
+    if isinstance(reason, (TimeoutError, socket.timeout)):
+        return f"no answer within {DOWNLOAD_TIMEOUT_S} s"
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(reason, ConnectionError):
+        return "the connection failed"
+    if isinstance(exc, RuntimeError) and "corrupted" in str(exc):
+        return "the archive failed its md5 check"
+    text = " ".join(str(reason).split()) or type(reason).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def download_failed_message(reason: str, root: str | os.PathLike) -> str:
+    return (f"could not download CIFAR-10: {reason}; use --set data=synthetic to run on "
+            f"generated data, or put {ARCHIVE} (or its {FOLDER}/ folder) in {root}")
+
+
+def load_cifar10(root: str | os.PathLike) -> dict:
+    """Download CIFAR-10 into `root` on first use (torchvision checks the md5), then read it.
+    The archive comes from $CLOUDTRAIN_CIFAR10_URL if set, else torchvision's own URL. A failed
+    download raises DownloadFailed (one line, exit status 1)."""
+    try:
+        import torchvision  # only the real-data path needs it; it takes seconds to import
+    except ImportError as exc:
+        raise DownloadFailed(download_failed_message(
+            f"torchvision is not installed ({exc.msg})", root)) from None
+    dataset = torchvision.datasets.CIFAR10
+    url = os.environ.get(URL_ENV)
+    if url:
+        dataset = type("CIFAR10Mirror", (dataset,), {"url": url})
+    previous = socket.getdefaulttimeout()  # torchvision's urlopen calls pass no timeout
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+    try:
+        dataset(root=str(root), train=True, download=True)
+    except (OSError, RuntimeError) as exc:  # URLError and HTTPError are OSErrors
+        raise DownloadFailed(download_failed_message(download_failure_reason(exc), root)) \
+            from None
+    finally:
+        socket.setdefaulttimeout(previous)
     return read_cifar10(Path(root) / FOLDER)
 
 

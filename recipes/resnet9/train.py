@@ -103,6 +103,15 @@ Where this file had to choose (each is equivalent to the source or says how it i
     gathered into it (one file, one atomic rename) and each rank restores its own on resume.
   * runs=N repeats the training in one process with the data loaded and preprocessed once; run
     r uses seed common.runs.run_seed(seed, r) for its weights, augmentation and order.
+  * --bn_momentum (default 0.1, every variant's) and --ema_momentum (default: bag-of-tricks'
+    0.99 per step) exist for short runs only. Evaluation reads two averages over recent
+    training: the BN running stats (about the last 1/0.1 = 10 steps) and Page's EMA model
+    (about the last 1/(1 - 0.99) = 100 steps, updated every 5). Over Page's 970 steps both are
+    the end of training; over a few dozen steps they are mostly the random initialisation. The
+    smoke profile once ran 8 steps: the EMA had 2 updates (0.99**10 = 90% initial weights),
+    and the test accuracy was chance (0.1055) whatever the training did. It now runs 32 steps
+    of 32 images (one ghost batch, Page's 32-image size) with bn_momentum 0.4 and
+    ema_momentum 0.9, and ends at 0.5-0.9 test accuracy by seed.
 
 Outputs, under $CLOUDTRAIN_JOB_DIR (default ./cloudtrain-run) or --job-dir (rank 0 writes)
   metrics.jsonl           one row per epoch: run, epoch, epochs, step, lr (non-bias group, on
@@ -120,7 +129,8 @@ Data is cached under $CLOUDTRAIN_DATA_DIR (default ~/.cloudtrain/data) or --data
 
 Example (the smoke profile: a few seconds on 2 CPU cores):
   python recipes/resnet9/train.py --data synthetic --synthetic_train 512 --synthetic_test 256 \\
-      --width_div 8 --ghost_splits 4 --batch_size 128 --epochs 2
+      --width_div 8 --ghost_splits 1 --batch_size 32 --epochs 2 --bn_momentum 0.4 \\
+      --ema_momentum 0.9
 """
 import argparse
 import os
@@ -165,6 +175,7 @@ HYP = {
         "act": "relu",
         "celu_alpha": None,
         "ghost_bn": False,             # plain BatchNorm2d, trainable weight (init 1) and bias (0)
+        "bn_momentum": BN_MOMENTUM,
         "whiten": False,               # prep is conv_bn 3->64
         "head_scale": 0.125,
         "label_smoothing": 0.0,
@@ -190,6 +201,7 @@ HYP = {
         "act": "celu",
         "celu_alpha": 0.3,
         "ghost_bn": True,              # GhostBatchNorm, --ghost_splits (16: 32-image ghost batches)
+        "bn_momentum": BN_MOMENTUM,
         "whiten": True,                # frozen 3x3 PCA whitening conv 3->27, then 1x1 conv 27->64
         "whiten_eps": 1e-2,
         "whiten_images": 10_000,       # first N training images (all, if fewer)
@@ -218,6 +230,7 @@ HYP = {
         "act": "celu",
         "celu_alpha": 0.3,
         "ghost_bn": True,              # 16 splits of 256: 16-image ghost batches
+        "bn_momentum": BN_MOMENTUM,
         "whiten": True,
         "whiten_eps": 1e-2,
         "whiten_images": 10_000,       # first N images of the rank's shard; rank 0's are used
@@ -246,8 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="recipes/resnet9/train.py",
         description="ResNet9 on CIFAR-10: Page's bag-of-tricks or DAWNBench recipe (1 GPU), or "
                     "Apple's 8-GPU version (--gpus 8, under torchrun).",
-        epilog="example: python recipes/resnet9/train.py --data synthetic --width_div 8 "
-               "--ghost_splits 4 --batch_size 128 --epochs 2",
+        epilog="example (the smoke profile): python recipes/resnet9/train.py --data synthetic "
+               "--width_div 8 --ghost_splits 1 --batch_size 32 --epochs 2 --bn_momentum 0.4 "
+               "--ema_momentum 0.9",
     )
 
     arg = arguments.adder(p)
@@ -261,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="images per step per GPU; default: 512 (Page), 256 (apple-8gpu)")
     arg("width_div", type=int, default=1, help="divide every channel count by this (smoke: 8)")
     arg("ghost_splits", type=int, default=16, help="ghost batches per batch (bag-of-tricks, apple)")
+    arg("bn_momentum", type=float, default=BN_MOMENTUM,
+        help="weight of the newest batch in the BatchNorm running stats that evaluation reads "
+             "(0.1 in every published variant; the smoke profile's 32-step run uses 0.4)")
+    arg("ema_momentum", type=float, default=None,
+        help="per-step momentum of the evaluated EMA model (bag-of-tricks only; default: "
+             "Page's 0.99, applied as 0.99**5 every 5 steps; the smoke profile uses 0.9)")
     arg("data", choices=["cifar10", "synthetic"], default="cifar10")
     arg("synthetic_train", type=int, default=5000, help="images (with --data synthetic)")
     arg("synthetic_test", type=int, default=1000, help="images (with --data synthetic)")
@@ -284,6 +304,19 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def variant_hyp(args: argparse.Namespace) -> dict:
+    """The variant's hyperparameters with this run's --bn_momentum and --ema_momentum. Both
+    set how many recent steps an evaluated average spans: about 1/m = 10 for the BN running
+    stats at momentum m = 0.1, about 1/(1 - rho) = 100 for Page's EMA at rho = 0.99. Against
+    Page's 970 steps that is the end of training; against an 8-step run it is mostly the
+    random initialisation (see the smoke profile in recipe.yaml)."""
+    hyp = dict(HYP[args.variant])
+    hyp["bn_momentum"] = args.bn_momentum
+    if hyp["ema_every"] and args.ema_momentum is not None:
+        hyp["ema_momentum"] = args.ema_momentum
+    return hyp
+
+
 def environment_world_size(env) -> int:
     """The number of processes torchrun started (common.distributed's rule), else 1."""
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -295,6 +328,10 @@ def launch_problem(args: argparse.Namespace, env) -> str | None:
     """One line saying why these arguments cannot run in this launch, or None."""
     if args.gpus < 1 or args.runs < 1:
         return f"resnet9: gpus and runs must be at least 1 (gpus={args.gpus}, runs={args.runs})"
+    if not 0 < args.bn_momentum <= 1:
+        return f"resnet9: bn_momentum must be in (0, 1], got {args.bn_momentum}"
+    if args.ema_momentum is not None and not 0 <= args.ema_momentum < 1:
+        return f"resnet9: ema_momentum must be in [0, 1), got {args.ema_momentum}"
     if args.gpus > 1 and args.variant in SINGLE_GPU_VARIANTS:
         return (f"resnet9: variant {args.variant} is a single-GPU recipe; gpus={args.gpus} is "
                 f"apple-8gpu (leave variant unset, or set it to apple-8gpu)")
@@ -506,8 +543,8 @@ class GhostBatchNorm(nn.BatchNorm2d):
     with its own running stats; eval uses the stats averaged over the splits. The weight
     (scale) is frozen at 1: only the bias trains."""
 
-    def __init__(self, channels: int, splits: int):
-        super().__init__(channels, eps=BN_EPS, momentum=BN_MOMENTUM)
+    def __init__(self, channels: int, splits: int, momentum: float = BN_MOMENTUM):
+        super().__init__(channels, eps=BN_EPS, momentum=momentum)
         self.splits = splits
         self.running_mean = torch.zeros(channels * splits)
         self.running_var = torch.ones(channels * splits)
@@ -535,9 +572,9 @@ class ConvBN(nn.Module):
         self.conv = nn.Conv2d(c_in, c_out, kernel, padding=kernel // 2, bias=False)
         self.pool = nn.MaxPool2d(2) if pool else nn.Identity()
         if hyp["ghost_bn"]:
-            self.bn = GhostBatchNorm(c_out, ghost_splits)
+            self.bn = GhostBatchNorm(c_out, ghost_splits, hyp["bn_momentum"])
         else:
-            self.bn = nn.BatchNorm2d(c_out, eps=BN_EPS, momentum=BN_MOMENTUM)
+            self.bn = nn.BatchNorm2d(c_out, eps=BN_EPS, momentum=hyp["bn_momentum"])
         self.act = nn.CELU(hyp["celu_alpha"]) if hyp["act"] == "celu" else nn.ReLU(inplace=True)
         self.pool_first = hyp["block"] == "conv-pool-bn-act"
 
@@ -589,8 +626,10 @@ class ResNet9(nn.Module):
         return self.linear(self.pool(x).flatten(1)) * self.scale
 
 
-def build_model(variant: str, width_div: int = 1, ghost_splits: int = 16) -> ResNet9:
-    hyp = HYP[variant]
+def build_model(variant: str, width_div: int = 1, ghost_splits: int = 16,
+                hyp: dict | None = None) -> ResNet9:
+    """hyp: the variant's, as variant_hyp adjusts it for a run (default HYP[variant])."""
+    hyp = hyp or HYP[variant]
     if WIDTHS[0] % width_div:
         raise ValueError(f"width_div must divide {WIDTHS[0]}, got {width_div}")
     return ResNet9(hyp, width_div, ghost_splits if hyp["ghost_bn"] else 1)
@@ -688,12 +727,12 @@ def average_gradients(params, world) -> None:
 
 
 def init_model(variant: str, width_div: int, ghost_splits: int, seed: int, world, device,
-               filters=None, half: bool = False) -> nn.Module:
+               filters=None, half: bool = False, hyp: dict | None = None) -> nn.Module:
     """Rank r seeds torch with seed + r and builds the model; then every rank takes rank 0's
     parameters and buffers (AP: rank 0's initialized.model, loaded by every rank)."""
     torch.manual_seed(seed + world.rank)
     np.random.seed(seed)
-    model = build_model(variant, width_div, ghost_splits).to(device)
+    model = build_model(variant, width_div, ghost_splits, hyp).to(device)
     if half:
         to_half_keep_bn_float(model)
     if filters is not None:
@@ -757,9 +796,11 @@ def cuda_warmup(model, hyp, batch_size: int, device, dtype) -> None:
 
 
 # A checkpoint may only be resumed by a run that would have produced it (runs may change).
-MUST_MATCH_ON_RESUME = ("variant", "gpus", "batch_size", "width_div", "ghost_splits", "data",
-                        "synthetic_train", "synthetic_test", "seed")
-SAVED_DEFAULTS = {"gpus": 1}  # what a checkpoint from before an argument existed meant
+MUST_MATCH_ON_RESUME = ("variant", "gpus", "batch_size", "width_div", "ghost_splits",
+                        "bn_momentum", "ema_momentum", "data", "synthetic_train",
+                        "synthetic_test", "seed")
+# What a checkpoint from before an argument existed meant.
+SAVED_DEFAULTS = {"gpus": 1, "bn_momentum": BN_MOMENTUM, "ema_momentum": None}
 
 
 def _print_row(values, header=False):
@@ -784,7 +825,7 @@ def main(argv=None, args=None) -> int:
 
 
 def _train(args, world, stop: stopping.StopRequest) -> int:
-    hyp = HYP[args.variant]
+    hyp = variant_hyp(args)
     epochs = args.epochs or hyp["epochs"]
     bs, gpus, rank = args.batch_size, args.gpus, world.rank
     device = world.device
@@ -868,7 +909,7 @@ def _train(args, world, stop: stopping.StopRequest) -> int:
     params_total = params_trainable = None
     if world.main:
         params_total, params_trainable = count_params(
-            build_model(args.variant, args.width_div, args.ghost_splits))
+            build_model(args.variant, args.width_div, args.ghost_splits, hyp))
         global_batch = f"{bs} per GPU x {gpus} = {bs * gpus}" if gpus > 1 else f"{bs}"
         print(f"resnet9: variant={args.variant} device={device.type} dtype={str(dtype)[6:]} "
               f"params={params_total:,} (trainable {params_trainable:,}) "
@@ -892,7 +933,7 @@ def _train(args, world, stop: stopping.StopRequest) -> int:
         if cuda:
             torch.backends.cudnn.benchmark = True
         model = init_model(args.variant, args.width_div, args.ghost_splits, seed, world, device,
-                           filters, half=cuda)  # untimed: AP builds its model off the clock
+                           filters, half=cuda, hyp=hyp)  # untimed: AP builds its model off the clock
         if cuda and hyp["cuda_warmup"] and run == first_run:
             cuda_warmup(model, hyp, bs, device, dtype)
         # AP times its DDP wrap and the broadcast of rank 0's weights; ours was just done, and

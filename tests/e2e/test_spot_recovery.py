@@ -46,8 +46,9 @@ HOSTS = {"us-east-1a": "10.200.0.4", "us-east-1b": "10.200.0.132"}  # moto's fir
 SPOT_REASON = ("Server.SpotInstanceTermination", "Server.SpotInstanceTermination: Spot "
                                                  "instance termination")
 # The smoke profile, longer: 16 steps an epoch, so an interruption lands mid-epoch.
+# The smoke profile at the batch it had when these step counts were set (64 steps of 128).
 RESNET9 = ("--recipe", "resnet9", "--profile", "smoke", "--set", "epochs=4",
-           "--set", "synthetic_train=2048")
+           "--set", "synthetic_train=2048", "--set", "batch_size=128", "--set", "ghost_splits=4")
 
 RECORDER = """#!/bin/bash
 # The instance's `shutdown -h now`: recorded (the test plays EC2's part).

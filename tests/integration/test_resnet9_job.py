@@ -64,11 +64,31 @@ def test_resnet9_apple_variant_on_two_processes_under_torchrun(cli, ct_home):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job_id = proc.stdout.splitlines()[0]
     assert proc.stdout.count("resnet9: starting (variant=apple-8gpu, gpus=2") == 1  # rank 0 only
-    assert "train=512 (256 per GPU)" in proc.stdout and "batch=128 per GPU x 2 = 256" in proc.stdout
+    assert "train=512 (256 per GPU)" in proc.stdout and "batch=32 per GPU x 2 = 64" in proc.stdout
     job = cli.job(job_id)
     assert job["state"] == "succeeded" and job["metrics"]["epoch"] == 2
     rows = [json.loads(line) for line in
             (ct_home / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in rows if "event" not in r]
-    assert [(r["epoch"], r["step"]) for r in epochs] == [(1, 2), (2, 4)]  # 2 steps of 2 x 128
+    assert [(r["epoch"], r["step"]) for r in epochs] == [(1, 8), (2, 16)]  # 8 steps of 2 x 32
     assert epochs[1]["lr"] == pytest.approx(0.15)  # apple-8gpu's floor, on the global mean loss
+
+
+def test_d17_an_offline_cifar10_download_is_one_line_not_a_traceback(cli, ct_home):
+    """D17: the full recipe with no way to fetch CIFAR-10 (the mirror is a local port where
+    nothing listens) fails with one line that says why and what to do instead."""
+    pytest.importorskip("torchvision")
+    unreachable = {"CLOUDTRAIN_CIFAR10_URL": "http://127.0.0.1:9/cifar-10-python.tar.gz"}
+    proc = cli("launch", "--recipe", "resnet9", "--set", "device=cpu", "--follow", "--quiet",
+               env=unreachable, timeout=300)
+    assert proc.returncode != 0
+    job_id = proc.stdout.splitlines()[0]
+    job = cli.job(job_id)
+    assert job["state"] == "failed" and job["exit_code"] == 1
+    line = (f"could not download CIFAR-10: connection refused; use --set data=synthetic to run "
+            f"on generated data, or put cifar-10-python.tar.gz (or its cifar-10-batches-py/ "
+            f"folder) in {ct_home / 'data'}")
+    log = (ct_home / "jobs" / job_id / "output.log").read_text()
+    assert line in log.splitlines(), log
+    assert line in proc.stdout + proc.stderr
+    assert "Traceback" not in log and "Traceback" not in proc.stdout + proc.stderr

@@ -188,6 +188,7 @@ def test_synthetic_classes_are_learnable():
 
 
 def test_real_cifar10_goes_through_torchvision_download_then_our_reader(tmp_path, monkeypatch):
+    monkeypatch.delenv(cifar10.URL_ENV, raising=False)
     calls = []
 
     class FakeCIFAR10:  # stands in for torchvision.datasets.CIFAR10 (no network here)
@@ -202,3 +203,52 @@ def test_real_cifar10_goes_through_torchvision_download_then_our_reader(tmp_path
     ds = cifar10.load_cifar10(tmp_path)
     assert calls == [(str(tmp_path), True, True)]
     assert ds["train"][0].shape == (20, 32, 32, 3)
+
+
+# A local address where nothing listens (the discard port): the download is refused at once.
+UNREACHABLE = "http://127.0.0.1:9/cifar-10-python.tar.gz"
+
+
+def test_d17_a_refused_download_is_one_line_saying_why_and_what_to_do(tmp_path, monkeypatch):
+    """D17: the real torchvision downloader against an unreachable mirror ends in
+    DownloadFailed, a SystemExit whose code is the one line a recipe prints (exit status 1)."""
+    pytest.importorskip("torchvision")
+    monkeypatch.setenv(cifar10.URL_ENV, UNREACHABLE)
+    with pytest.raises(cifar10.DownloadFailed) as caught:
+        cifar10.load_cifar10(tmp_path / "data")
+    assert caught.value.code == (
+        f"could not download CIFAR-10: connection refused; use --set data=synthetic to run on "
+        f"generated data, or put cifar-10-python.tar.gz (or its cifar-10-batches-py/ folder) "
+        f"in {tmp_path / 'data'}")
+    assert isinstance(caught.value, SystemExit) and caught.value.__cause__ is None
+    assert cifar10.socket.getdefaulttimeout() is None  # the download's timeout is not left set
+
+
+def test_d17_download_failure_reasons_in_a_few_words():
+    import socket
+    import urllib.error
+
+    reason = cifar10.download_failure_reason
+    assert reason(urllib.error.URLError(socket.gaierror(-3, "Temporary failure in name "
+                                                           "resolution"))) == \
+        "name resolution failed (no network or no DNS?)"
+    assert reason(urllib.error.URLError(ConnectionRefusedError(111, "refused"))) == \
+        "connection refused"
+    assert reason(urllib.error.URLError(TimeoutError("timed out"))) == \
+        f"no answer within {cifar10.DOWNLOAD_TIMEOUT_S} s"
+    assert reason(TimeoutError("The read operation timed out")) == \
+        f"no answer within {cifar10.DOWNLOAD_TIMEOUT_S} s"
+    assert reason(urllib.error.HTTPError(UNREACHABLE, 404, "Not Found", {}, None)) == \
+        "the server answered HTTP 404 Not Found"
+    assert reason(RuntimeError("File not found or corrupted.")) == \
+        "the archive failed its md5 check"
+    assert reason(OSError(28, "No space left on device")) == "[Errno 28] No space left on device"
+    long = reason(urllib.error.URLError("x\n" * 200))
+    assert "\n" not in long and len(long) <= 120
+
+
+def test_d17_missing_torchvision_is_one_line_too(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # `import torchvision` fails
+    with pytest.raises(cifar10.DownloadFailed, match=r"^could not download CIFAR-10: "
+                                                     r"torchvision is not installed"):
+        cifar10.load_cifar10(tmp_path)
