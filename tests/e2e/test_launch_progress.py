@@ -7,18 +7,16 @@ tracebacks, D4) reaches the user."""
 from __future__ import annotations
 
 import os
-import pty
 import re
-import select
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
 from moto.server import ThreadedMotoServer
 
 from aws_lab import AWS_ENV, AWSLab
+from terminal import run_in_terminal
 from conftest import REPO
 from netns import NetnsLab, netns_available
 from sshd import free_port
@@ -53,38 +51,6 @@ def in_order(text: str, expected: list[str]) -> None:
         at = found + len(item)
 
 
-def run_in_pty(argv: list[str], env: dict, timeout: float) -> tuple[int, str]:
-    """Run argv with stdin, stdout and stderr on a new pty (80 columns); its exit code and
-    everything it wrote."""
-    master, slave = pty.openpty()
-    os.set_blocking(master, False)
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=REPO,
-                            env={**env, "TERM": "xterm-256color", "COLUMNS": "100"},
-                            start_new_session=True)
-    os.close(slave)
-    out = bytearray()
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.2)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # EIO: the child side closed
-                    chunk = b""
-                if not chunk and proc.poll() is not None:
-                    break
-                out += chunk
-            elif proc.poll() is not None:
-                break
-        else:
-            proc.kill()
-            raise AssertionError(f"still running after {timeout} s:\n{out.decode()}")
-    finally:
-        os.close(master)
-    return proc.wait(), out.decode("utf-8", "replace")
-
-
 def test_d3_launch_phases_in_a_terminal_and_piped(ct_home, tmp_path, monkeypatch):
     tmux_socket = f"ct-prog-{os.getpid()}"
     monkeypatch.setenv("CLOUDTRAIN_TMUX_SOCKET", tmux_socket)
@@ -114,7 +80,7 @@ def test_d3_launch_phases_in_a_terminal_and_piped(ct_home, tmp_path, monkeypatch
                     "train.py"]
 
             # 1. In a terminal.
-            code, raw = run_in_pty(argv, dict(os.environ), timeout=60)
+            code, raw = run_in_terminal(argv[3:], timeout=60)
             assert code == 0, raw
             text = ANSI.sub("", raw)
             job_id = re.search(r"launched job ([0-9a-f]{8})", text).group(1)

@@ -5,17 +5,12 @@
 from __future__ import annotations
 
 import json
-import os
-import pty
-import select
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
+from terminal import run_in_terminal
 from conftest import REPO, TOY_RECIPE, wait_for
 
 
@@ -214,33 +209,9 @@ def test_d32_debug_after_the_subcommand_shows_the_traceback(ct_home, monkeypatch
 # -- down --all asks in a terminal --------------------------------------------------------------
 
 
-def _in_terminal(args: list[str], answer: str, timeout: float = 30) -> tuple[int, str]:
-    """Run `cloudtrain ARGS` with a pseudo-terminal as stdin/stdout/stderr; answer the
-    first question asked; return the exit code and everything it printed."""
-    parent, child = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", *args], cwd=REPO,
-                            stdin=child, stdout=child, stderr=child, env=os.environ)
-    os.close(child)
-    out, answered = b"", False
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([parent], [], [], 0.2)
-        if ready:
-            try:
-                data = os.read(parent, 4096)
-            except OSError:  # the child closed the terminal
-                break
-            if not data:
-                break
-            out += data
-            if not answered and b"[y/N]" in out:
-                os.write(parent, answer.encode() + b"\n")
-                answered = True
-        elif proc.poll() is not None:
-            break
-    proc.wait(timeout=timeout)
-    os.close(parent)
-    return proc.returncode, out.decode(errors="replace").replace("\r\n", "\n")
+def _in_terminal(args: list[str], answer: str) -> tuple[int, str]:
+    code, out = run_in_terminal(args, answer=answer, when=b"[y/N]", timeout=30)
+    return code, out.replace("\r\n", "\n")
 
 
 def test_d26_down_all_lists_and_asks_in_a_terminal(cli):

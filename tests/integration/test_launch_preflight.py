@@ -8,8 +8,6 @@ confirmation through a real pseudo-terminal."""
 from __future__ import annotations
 
 import os
-import pty
-import select
 import subprocess
 import sys
 import time
@@ -20,6 +18,7 @@ import requests
 
 from aws_lab import AWS_ENV, moto_endpoint  # noqa: F401  (fixture)
 from conftest import REPO
+from terminal import run_in_terminal
 
 NO_AWS = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent",
           "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
@@ -259,33 +258,10 @@ def slow_recipe(tmp_path):
     return {"CLOUDTRAIN_RECIPES": str(root)}
 
 
-def in_a_terminal(args, answer: str | None, env: dict, timeout: float = 60) -> tuple[int, str]:
-    """Run `cloudtrain ARGS` on a pseudo-terminal; type `answer` when it asks. Returns the
-    exit code and everything it showed."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the terminal is its stdin, stdout and stderr
-        os.chdir(REPO)
-        os.execve(sys.executable, [sys.executable, "-m", "cloudtrain", *args],
-                  {**base, **NO_AWS, **env, "COLUMNS": "120", "TERM": "xterm"})
-    shown, asked = b"", False
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.2)
-        if ready:
-            try:
-                data = os.read(fd, 4096)
-            except OSError:
-                break
-            if not data:
-                break
-            shown += data
-        if answer is not None and not asked and b"Proceed?" in shown:
-            os.write(fd, answer.encode() + b"\r")
-            asked = True
-    _, status = os.waitpid(pid, 0)
-    os.close(fd)
-    return os.waitstatus_to_exitcode(status), shown.decode("utf-8", "replace")
+def in_a_terminal(args, answer: str | None, env: dict) -> tuple[int, str]:
+    """`cloudtrain ARGS` on a pseudo-terminal with no AWS configuration but `env`'s."""
+    clean = {k: None for k in os.environ if k.startswith("AWS_")}
+    return run_in_terminal(args, answer=answer, env={**clean, **NO_AWS, **env}, columns=120)
 
 
 def test_d17_a_gpu_recipe_on_this_cpu_says_what_it_would_take(ct_home, slow_recipe):

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
+from terminal import run_in_terminal
 from conftest import REPO
 
 ANSI = re.compile(r"\x1b\[")
@@ -130,30 +131,9 @@ def test_states_are_coloured_only_in_a_terminal(ct_home):
     coloured = render.status_table([job], now=1.8e9 + 10, color=True)
     assert "\x1b[31mfailed (1)" in coloured
     assert not ANSI.search(render.status_table([job], now=1.8e9 + 10))
-    script = ("import os, pty, sys\n"
-              "pid, fd = pty.fork()\n"
-              "if pid == 0:\n"
-              "    os.execv(sys.executable, [sys.executable, '-m', 'cloudtrain', 'status'])\n"
-              "out = b''\n"
-              "while True:\n"
-              "    try:\n"
-              "        chunk = os.read(fd, 65536)\n"
-              "    except OSError:\n"
-              "        break\n"
-              "    if not chunk:\n"
-              "        break\n"
-              "    out += chunk\n"
-              "os.waitpid(pid, 0)\n"
-              "sys.stdout.write(out.decode('utf-8', 'replace'))\n")
-    import os
-
-    env = {**os.environ, "COLUMNS": "100"}
-    env.pop("NO_COLOR", None)
-    tty = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=env, cwd=REPO, timeout=60).stdout
-    assert "\x1b[32msucceeded" in tty and "\x1b[31mfailed (1)" in tty
-    plain = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                           env={**env, "NO_COLOR": "1"}, cwd=REPO, timeout=60).stdout
+    code, tty = run_in_terminal(["status"], env={"NO_COLOR": None})
+    assert code == 0 and "\x1b[32msucceeded" in tty and "\x1b[31mfailed (1)" in tty
+    code, plain = run_in_terminal(["status"], env={"NO_COLOR": "1"})
     assert "succeeded" in plain and not ANSI.search(plain)
 
 
