@@ -210,13 +210,16 @@ def candidates(basis: Basis, region: str, types: list[str] | None, gpu_request: 
         for name in types:
             t = catalog.get(name)
             if t is None:
-                raise UsageError(f"--instance {name}: not in the catalog",
+                from .preflight import suggest
+
+                raise UsageError(f"--instance {name}: not in the catalog"
+                                 f"{suggest(name, catalog.load())}",
                                  hint="cloudtrain catalog lists the types")
             out.append(t)
         return out
     if gpu_request:
         gpu, count = catalog.parse_gpus(gpu_request)
-        found = catalog.matching(gpu, count, region)
+        found = catalog.matching(gpu, count, region, source="--gpus")
         if not found:
             raise UsageError(f"no instance type with {count:g}x {gpu} in {region}",
                              hint="cloudtrain catalog --gpu NAME lists the types")

@@ -311,3 +311,12 @@ def test_d36_catalog_names_unknown_regions_and_gpus():
                                             "'V10'", "did you mean V100?")
     proc = run("catalog", "--gpu", "v100")
     assert proc.returncode == 0 and "p3.2xlarge" in proc.stdout
+
+
+def test_d36_estimate_names_unknown_gpus_types_and_regions_too():
+    refused(run("estimate", "--recipe", "resnet9", "--gpus", "V10:1"), "--gpus V10",
+            "did you mean V100?")
+    refused(run("estimate", "--recipe", "resnet9", "--instance", "g5.xlarg"),
+            "did you mean g5.xlarge?")
+    refused(run("estimate", "--recipe", "resnet9", "--region", "xx-east-1"),
+            "there is no AWS region xx-east-1")
