@@ -336,7 +336,7 @@ def status(job: str | None, as_json: bool, limit: int | None, refresh: bool, wid
         if refresh:
             found = jobs.reconcile(store)
             if not as_json:
-                click.echo(render.cloud_instances(found))
+                click.echo(render.cloud_instances(found, width=_width(wide)))
 
         def view() -> str:
             if job:
@@ -345,7 +345,8 @@ def status(job: str | None, as_json: bool, limit: int | None, refresh: bool, wid
                     return render.detail_json(d.job, d.phases, d.log_tail, d.target, d.runs,
                                               d.attempts, d.recovery)
                 return render.job_detail(d.job, d.phases, d.log_tail, d.target, runs=d.runs,
-                                         attempts=d.attempts, recovery=d.recovery)
+                                         attempts=d.attempts, recovery=d.recovery,
+                                         width=_width(wide))
             all_jobs = jobs.refresh_all(store, settings)
             if limit:
                 all_jobs = all_jobs[:limit]

@@ -281,7 +281,9 @@ def detail_json(job: Job, phases, log_tail: bytes, target: dict | None,
 
 def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                now: float | None = None, runs: dict | None = None,
-               attempts: list[dict] | None = None, recovery: dict | None = None) -> str:
+               attempts: list[dict] | None = None, recovery: dict | None = None,
+               width: int | None = None) -> str:
+    """`status JOB`; `width`: the terminal's, which its tables fit (None: full length)."""
     now = time.time() if now is None else now
     out = [f"job {job.id}" + (f" ({job.name})" if job.name else ""),
            f"  what      {job.command}",
@@ -333,7 +335,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
     if job.jobdir:
         out.append(f"  jobdir    {job.jobdir}")
     if attempts and (len(attempts) > 1 or (job.spec or {}).get("recover")):
-        out += attempts_lines(attempts, recovery or {})
+        out += attempts_lines(attempts, recovery or {}, width=width)
     out.append("  timeline")
     for ph in phases:
         took = "" if ph.name in ("succeeded", "failed", "cancelled", "preempted") else (
@@ -347,11 +349,14 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
     return "\n".join(out)
 
 
-ATTEMPTS_HEADER = ["#", "INSTANCE", "AZ", "MARKET", "STARTED", "ENDED", "OUTCOME",
-                   "RESUMED AT", "LAST STEP", "REDONE", "COST"]
+# The attempts table: the clock columns and the step counts go first in a narrow terminal.
+ATTEMPTS_COLS = [Col("#"), Col("INSTANCE"), Col("AZ", drop=6), Col("MARKET", drop=5),
+                 Col("STARTED", drop=2), Col("ENDED", drop=1), Col("OUTCOME", cut=7),
+                 Col("RESUMED AT", drop=4), Col("LAST STEP", drop=3), Col("REDONE"),
+                 Col("COST")]
 
 
-def attempts_lines(rows: list[dict], totals: dict) -> list[str]:
+def attempts_lines(rows: list[dict], totals: dict, width: int | None = None) -> list[str]:
     """A recovering job's attempts: where each ran, how it ended, the step it resumed from,
     the steps redone after it, and what it cost."""
     redone = totals.get("redone_steps") or 0
@@ -370,7 +375,8 @@ def attempts_lines(rows: list[dict], totals: dict) -> list[str]:
             (f"step {step}" if step is not None else f"ckpt {r['resumed_checkpoint']}"),
             _shown(r.get("last_step")), _shown(r.get("redone_steps")),
             money4(r.get("usd")) if r.get("usd") is not None else "-"])
-    lines = [head] + ["    " + line for line in table(table_rows, ATTEMPTS_HEADER).splitlines()]
+    fitted = grid(ATTEMPTS_COLS, table_rows, width=None if width is None else max(width - 4, 20))
+    lines = [head] + ["    " + line for line in fitted.splitlines()]
     for r in rows:
         if r.get("reason") and r.get("outcome") == "interrupted":
             lines.append(f"    {r['attempt']}: {_shown_long(r['reason'])}")
@@ -534,7 +540,12 @@ def plan(rows: list[tuple[str, str]]) -> str:
         f"  {k:<{width}}  {v}" for k, v in rows)
 
 
-def cloud_instances(found: list[dict], now: float | None = None) -> str:
+CLOUD_COLS = [Col("INSTANCE"), Col("REGION", drop=2), Col("TYPE", drop=3), Col("STATE"),
+              Col("JOB"), Col("AGE", drop=1), Col("KNOWN", cut=3)]
+
+
+def cloud_instances(found: list[dict], now: float | None = None, width: int | None = None
+                    ) -> str:
     now = time.time() if now is None else now
     live = [f for f in found if f["state"] != "terminated"]
     if not live:
@@ -542,8 +553,7 @@ def cloud_instances(found: list[dict], now: float | None = None) -> str:
     rows = [[f["instance"], f["region"], f["type"] or "-", f["state"], f["job"] or "-",
              age(f["launched_at"], now), "yes" if f["tracked"] else "NO: not in the local store"]
             for f in live]
-    text = "instances tagged cloudtrain in the cloud:\n" + table(
-        rows, ["INSTANCE", "REGION", "TYPE", "STATE", "JOB", "AGE", "KNOWN"])
+    text = "instances tagged cloudtrain in the cloud:\n" + grid(CLOUD_COLS, rows, width=width)
     if any(not f["tracked"] for f in live):
         text += ("\nan instance this store does not know may be billing: `cloudtrain down "
                  "--all` terminates every one no job holds (or `cloudtrain down JOB` by its job)")

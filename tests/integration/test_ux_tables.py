@@ -248,3 +248,31 @@ def test_status_watch_refreshes_and_ctrl_c_exits_zero(cli, many_jobs):
     assert "Traceback" not in err
     assert out.count("ID  ") >= 2  # printed more than once
     assert cli("status", "--watch", "--json").returncode == 2
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_d7_status_job_attempts_and_cloud_instances_fit(width):
+    """The tables inside `status JOB` (a recovering job's attempts) and `status --refresh`
+    (instances tagged as ours) fit the terminal too; at full length nothing is cut."""
+    from cloudtrain import render
+
+    attempts = [{"attempt": n, "instance": f"i-0{n}23456789abcdef0", "zone": "us-east-1b",
+                 "market": "spot", "started_at": 1.8e9, "ended_at": 1.8e9 + 600,
+                 "outcome": "interrupted", "resumed_checkpoint": n, "resumed_step": 100 * n,
+                 "last_step": 100 * n + 40, "redone_steps": 3, "usd": 0.1234,
+                 "reason": "EC2 took the spot instance back (instance-terminated-no-capacity)"}
+                for n in range(1, 4)]
+    lines = render.attempts_lines(attempts, {"interruptions": 3, "redone_steps": 9,
+                                             "redone_usd": 0.01}, width=width)
+    table = [line for line in lines[1:] if not re.match(r"    \d+: ", line)]  # not reasons
+    assert len(table) == 4 and "INSTANCE" in table[0], lines
+    _fits("\n".join(table), width)
+    assert "i-0123456789abcdef0" in "\n".join(lines)  # ids are never cut
+    full = render.attempts_lines(attempts, {"interruptions": 3}, width=None)
+    assert any("RESUMED AT" in line and "LAST STEP" in line for line in full)
+    found = [{"instance": f"i-0{n}23456789abcdef0", "region": "ap-southeast-2",
+              "type": "p4de.24xlarge", "state": "running", "job": f"abcd{n:04d}",
+              "launched_at": 1.8e9, "tracked": False} for n in range(3)]
+    text = render.cloud_instances(found, now=1.8e9 + 60, width=width)
+    _fits("\n".join(text.splitlines()[:4]), width)
+    assert "i-0023456789abcdef0" in text
