@@ -173,7 +173,8 @@ def own_command(command: list[str], workdir: str | None, cwd: str | None = None)
                               "command: cloudtrain launch --workdir . -- python train.py")
     base = Path(workdir) if workdir else None
     for word in words:
-        if word.startswith("-") or "=" in word or word.startswith(("/", "~", "$")):
+        if word.startswith(("-", "/", "~", "$")) or "=" in word or \
+                any(c.isspace() for c in word):  # an option, a variable, shell code (-c '...')
             continue
         script = word.lower().endswith(SCRIPT_SUFFIXES) or word.startswith("./")
         if not script:

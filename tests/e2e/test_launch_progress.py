@@ -76,7 +76,7 @@ def test_d3_launch_phases_in_a_terminal_and_piped(ct_home, tmp_path, monkeypatch
             lab.console_output(lab.fingerprint_block(*keys))
             lab.write_config(ssh_port=22, ssh_wait_seconds=20.0)
             argv = [sys.executable, "-m", "cloudtrain", "launch", "--instance", "g5.xlarge",
-                    "--spot", "--no-recover", "--workdir", str(work), "--", "python",
+                    "--spot", "--no-recover", "--yes", "--workdir", str(work), "--", "python",
                     "train.py"]
 
             # 1. In a terminal.

@@ -38,7 +38,7 @@ def test_F23_published_results_given_as_numbers_are_listed(cli, tmp_path, monkey
         "published: [{result: 1, time: 2, hardware: 3}]\n")
     monkeypatch.setenv("CLOUDTRAIN_RECIPES", str(tmp_path / "recipes"))
     proc = cli.ok("recipes")
-    assert "numbers" in proc.stdout and "1 2 3" in proc.stdout
+    assert "numbers" in proc.stdout and "1 / 2 / 3" in proc.stdout
 
 
 @pytest.fixture

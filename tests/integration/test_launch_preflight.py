@@ -320,3 +320,12 @@ def test_d36_estimate_names_unknown_gpus_types_and_regions_too():
             "did you mean g5.xlarge?")
     refused(run("estimate", "--recipe", "resnet9", "--region", "xx-east-1"),
             "there is no AWS region xx-east-1")
+
+
+def test_d16_shell_code_and_scripts_the_job_makes_are_not_second_guessed(ct_home, tmp_path):
+    """Only a script word of the command itself is looked for: shell code given to -c (which
+    may make its script first) is the user's business."""
+    env = {"CLOUDTRAIN_HOME": str(ct_home)}
+    proc = run("launch", "-q", "--follow", "--", "bash", "-c",
+               "echo 'echo made' > job.sh; bash job.sh", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
