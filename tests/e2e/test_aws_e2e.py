@@ -55,9 +55,9 @@ def test_resnet9_smoke_through_the_aws_path_on_a_namespace_host(cli, ct_home, tm
                        timeout=300)
             assert proc.returncode == 0, proc.stdout + proc.stderr
             job_id = proc.stdout.splitlines()[0]
-            assert "resnet9: done, 2 epochs" in proc.stdout
+            assert "resnet9: done, 3 epochs" in proc.stdout
             job = cli.job(job_id)
-            assert job["state"] == "succeeded" and job["metrics"]["epoch"] == 2
+            assert job["state"] == "succeeded" and job["metrics"]["epoch"] == 3
 
             (raw,) = lab.instances(**{"tag:cloudtrain:job": job_id})
             assert raw["PrivateIpAddress"] == HOST_IP

@@ -19,17 +19,17 @@ def test_resnet9_smoke_job_then_resume(cli, ct_home):
     assert proc.stdout.splitlines()[1].startswith("resnet9: starting")
     job = cli.job(job_id)
     assert job["state"] == "succeeded"
-    assert job["metrics"]["epoch"] == 2 and job["metrics"]["epochs"] == 2
+    assert job["metrics"]["epoch"] == 3 and job["metrics"]["epochs"] == 3
     jobdir = ct_home / "jobs" / job_id
     rows = [json.loads(line) for line in (jobdir / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in rows if "event" not in r]
-    assert [r["epoch"] for r in epochs] == [1, 2]
-    assert epochs[1]["train_loss"] < epochs[0]["train_loss"]
+    assert [r["epoch"] for r in epochs] == [1, 2, 3]
+    assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
     assert (jobdir / "checkpoints" / "last.pt").exists()
     # The dataset went to the shared data dir, not into the job.
     assert any((ct_home / "data").iterdir())
     row = [line for line in cli.ok("status").stdout.splitlines() if job_id in line][0]
-    assert "resnet9 (smoke)" in row and "2/2" in row and "succeeded" in row
+    assert "resnet9 (smoke)" in row and "3/3" in row and "succeeded" in row
 
 
 
@@ -66,12 +66,12 @@ def test_resnet9_apple_variant_on_two_processes_under_torchrun(cli, ct_home):
     assert proc.stdout.count("resnet9: starting (variant=apple-8gpu, gpus=2") == 1  # rank 0 only
     assert "train=512 (256 per GPU)" in proc.stdout and "batch=32 per GPU x 2 = 64" in proc.stdout
     job = cli.job(job_id)
-    assert job["state"] == "succeeded" and job["metrics"]["epoch"] == 2
+    assert job["state"] == "succeeded" and job["metrics"]["epoch"] == 3
     rows = [json.loads(line) for line in
             (ct_home / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in rows if "event" not in r]
-    assert [(r["epoch"], r["step"]) for r in epochs] == [(1, 8), (2, 16)]  # 8 steps of 2 x 32
-    assert epochs[1]["lr"] == pytest.approx(0.15)  # apple-8gpu's floor, on the global mean loss
+    assert [(r["epoch"], r["step"]) for r in epochs] == [(1, 8), (2, 16), (3, 24)]  # 8 of 2 x 32
+    assert epochs[-1]["lr"] == pytest.approx(0.15)  # apple-8gpu's floor, on the global mean loss
 
 
 def test_d17_an_offline_cifar10_download_is_one_line_not_a_traceback(cli, ct_home):

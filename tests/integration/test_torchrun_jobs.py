@@ -230,7 +230,7 @@ def test_resnet9_on_two_gpus_runs_under_torchrun_through_the_aws_path(cli, aws):
     job_id = proc.stdout.splitlines()[0]
     assert proc.returncode == 0, cli("logs", job_id).stdout[-3000:] + proc.stderr
     job = cli.job(job_id)
-    assert job["metrics"]["epoch"] == 2
+    assert job["metrics"]["epoch"] == 3
     run_sh = (aws.home / "jobs" / job_id / "run.sh").read_text()
     assert "--nproc_per_node=2" in run_sh and "--gpus 2" in run_sh
     assert (aws.home / "jobs" / job_id / "checkpoints" / "last.pt").exists()

@@ -524,10 +524,10 @@ def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
     epochs = [r for r in rows if "event" not in r]
     required = {"time", "epoch", "epochs", "step", "lr", "train_loss", "train_acc", "test_acc",
                 "train_time", "wall_time"}
-    assert [r["epoch"] for r in epochs] == [1, 2]
+    assert [r["epoch"] for r in epochs] == [1, 2, 3]
     for r in epochs:
         assert required <= set(r), set(r)
-        assert r["epochs"] == 2 and r["step"] == 16 * r["epoch"]
+        assert r["epochs"] == 3 and r["step"] == 16 * r["epoch"]
         assert 0 <= r["train_acc"] <= 1 and 0 <= r["test_acc"] <= 1
         assert 0 < r["train_time"] < r["wall_time"]
     assert epochs[1]["train_time"] > epochs[0]["train_time"]
@@ -540,7 +540,7 @@ def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
     ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
     assert {"model", "ema", "optimizer", "epoch", "step", "train_time", "target_reached", "rng",
             "args"} <= set(ckpt)
-    assert ckpt["epoch"] == 2 and ckpt["step"] == 32 and ckpt["args"]["width_div"] == 8
+    assert ckpt["epoch"] == 3 and ckpt["step"] == 48 and ckpt["args"]["width_div"] == 8
     assert {"python", "numpy", "torch", "cuda"} <= set(ckpt["rng"])
     assert (tmp_path / "data" / "synthetic-cifar10-512-256-0" / "cifar-10-batches-py"
             / "data_batch_1").is_file()
@@ -550,14 +550,16 @@ def test_d10_smoke_profile_ends_well_above_chance(tmp_path, one_torch_thread):
     """D10: the README's first command used to end at chance (test acc 0.1055 at both epochs,
     train acc 0.25): its 8 steps gave the evaluated EMA model (Page's 0.99 per step, a ~100
     step average) two updates, so it was still ~90% the random initialisation, and BatchNorm's
-    running stats (momentum 0.1, ~10 steps) lagged the weights. The profile, run here in
-    process on the CPU exactly as recipe.yaml sets it, must show learning."""
+    running stats (momentum 0.1, ~10 steps) lagged the weights. Shorter averages then gave
+    0.38-0.91 over seeds 0-4 in 2 epochs (seed 0, the default, 0.38 with torch 2.14.1); 3
+    epochs give 0.56-0.97. The profile, run here in process on the CPU exactly as
+    recipe.yaml sets it, must show learning."""
     profile_args = recipe_command("resnet9")[2:]
     assert train.main(profile_args + ["--device", "cpu", "--job-dir", str(tmp_path / "job"),
                                       "--data-dir", str(tmp_path / "data")]) == 0
     rows = _rows(tmp_path, "job")
-    assert [r["epoch"] for r in rows] == [1, 2]
-    assert rows[-1]["test_acc"] >= 0.4, rows  # chance is 0.1; seeds 0-4 reach 0.50-0.92
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["test_acc"] >= 0.5, rows  # chance is 0.1; seeds 0-4 reach 0.56-0.97
     assert rows[-1]["train_acc"] >= 0.4, rows
 
 
