@@ -74,6 +74,7 @@ def test_d1_dry_run_without_a_region_plans_in_the_default_one_and_says_so():
     assert "$0.4328/h" in rows(proc.stdout)["price"]
 
 
+# D2
 def test_d2_aws_region_is_read_as_the_aws_cli_reads_it():
     proc = run("launch", "--recipe", "resnet9", "--instance", "g5.xlarge", "--dry-run",
                env={"AWS_REGION": "eu-west-1"})
@@ -85,6 +86,7 @@ def test_d2_aws_region_is_read_as_the_aws_cli_reads_it():
     assert rows(proc.stdout)["region"] == "eu-west-1 (AWS_REGION)"
 
 
+# D28
 def test_d28_gpus_looks_in_the_aws_chains_region():
     proc = run("launch", "--recipe", "resnet9", "--gpus", "V100:1", "--dry-run",
                env={"AWS_DEFAULT_REGION": "us-east-1"})
@@ -93,6 +95,7 @@ def test_d28_gpus_looks_in_the_aws_chains_region():
     assert plan["region"] == "us-east-1" and plan["instance"].startswith("p3.2xlarge")
 
 
+# D6
 def test_d6_unknown_region_is_named_with_the_nearest():
     refused(run("launch", "--recipe", "resnet9", "--instance", "g5.xlarge", "--region",
                 "xx-east-1", "--dry-run"), "there is no AWS region xx-east-1",
@@ -115,6 +118,7 @@ def test_d27_spot_and_region_choose_the_cloud_as_instance_does():
 
 @pytest.mark.parametrize("typed, meant", [("g5.xlarg", "g5.xlarge"), ("G5.xlarge", "g5.xlarge"),
                                           ("p3.2xlarg", "p3.2xlarge")])
+# D5
 def test_d5_a_mistyped_instance_type_is_refused_with_a_suggestion(typed, meant, ct_home):
     err = refused(run("launch", "--recipe", "resnet9", "--instance", typed, "--dry-run"),
                   f"did you mean {meant}?")
@@ -123,6 +127,7 @@ def test_d5_a_mistyped_instance_type_is_refused_with_a_suggestion(typed, meant, 
     assert no_jobs(ct_home)
 
 
+# D5
 def test_d5_a_type_without_a_gpu_needs_cpu_only():
     refused(run("launch", "--recipe", "resnet9", "--instance", "t3.micro", "--dry-run"),
             "t3.micro is not a GPU instance type", "--cpu-only")
@@ -132,6 +137,7 @@ def test_d5_a_type_without_a_gpu_needs_cpu_only():
     assert "no GPU (--cpu-only)" in rows(proc.stdout)["instance"]
 
 
+# D5
 def test_d5_ec2_answers_for_types_the_catalog_does_not_hold(moto):
     refused(run("launch", "--recipe", "resnet9", "--instance", "t3.micro", "--dry-run",
                 env=moto), "t3.micro has no GPU", "--cpu-only")
@@ -142,6 +148,7 @@ def test_d5_ec2_answers_for_types_the_catalog_does_not_hold(moto):
     assert proc.returncode == 0, proc.stderr
 
 
+# D6
 def test_d6_a_type_not_offered_in_the_region_is_refused(moto):
     # the catalog covers eu-west-1 and has no p5.48xlarge there
     refused(run("launch", "--recipe", "resnet9", "--instance", "p5.48xlarge", "--region",
@@ -156,6 +163,7 @@ def test_d6_a_type_not_offered_in_the_region_is_refused(moto):
     assert proc.returncode == 0 and "EC2 checks at launch" in rows(proc.stdout)["note"]
 
 
+# D21
 def test_d21_arm64_types_are_not_paired_with_the_x86_64_ami():
     refused(run("launch", "--recipe", "resnet9", "--gpus", "T4g:1", "--region", "us-east-1",
                 "--dry-run"), "arm64", "x86_64")
@@ -164,6 +172,7 @@ def test_d21_arm64_types_are_not_paired_with_the_x86_64_ami():
                                           "x86_64")
 
 
+# D31
 def test_d31_a_missing_deep_learning_ami_is_said_under_ami(moto):
     proc = run("launch", "--recipe", "resnet9", "--instance", "g5.xlarge", "--region",
                "us-east-1", "--dry-run", env=moto)
@@ -176,6 +185,7 @@ def test_d31_a_missing_deep_learning_ami_is_said_under_ami(moto):
 # -- what runs -------------------------------------------------------------------------------
 
 
+# D14
 def test_d14_a_task_file_given_as_the_command_is_refused(ct_home, tmp_path):
     (tmp_path / "task.yaml").write_text("run: python train.py\n")
     for flags in ([], ["--instance", "g5.xlarge"]):
@@ -186,6 +196,7 @@ def test_d14_a_task_file_given_as_the_command_is_refused(ct_home, tmp_path):
     assert no_jobs(ct_home)
 
 
+# D15
 def test_d15_own_options_before_double_dash_are_explained(ct_home):
     err = refused(run("launch", "-n", "x", "python", "train.py", "--epochs", "1"),
                   "--epochs is not an option of cloudtrain launch")
@@ -193,6 +204,7 @@ def test_d15_own_options_before_double_dash_are_explained(ct_home):
     assert "--procs" not in err  # click's "did you mean" pointed elsewhere
 
 
+# D16
 def test_d16_a_script_outside_the_workdir_is_refused_before_launch(ct_home, tmp_path):
     project = tmp_path / "project"
     project.mkdir()
@@ -212,11 +224,13 @@ def test_d16_a_script_outside_the_workdir_is_refused_before_launch(ct_home, tmp_
     assert proc.returncode == 0, proc.stderr
 
 
+# D30
 def test_d30_the_dry_run_refuses_what_the_launch_refuses():
     proc = run("launch", "--recipe", "wide-resnet34", "--dry-run")
     refused(proc, "runs one process per GPU on 8 GPUs, but this host has 0 GPU(s)")
 
 
+# D29
 def test_d29_the_dry_run_makes_the_launchs_on_checks(ct_home):
     from cloudtrain.state import Instance, open_store
 
@@ -322,6 +336,7 @@ def test_d36_estimate_names_unknown_gpus_types_and_regions_too():
             "there is no AWS region xx-east-1")
 
 
+# D16
 def test_d16_shell_code_and_scripts_the_job_makes_are_not_second_guessed(ct_home, tmp_path):
     """Only a script word of the command itself is looked for: shell code given to -c (which
     may make its script first) is the user's business."""
