@@ -33,7 +33,8 @@ def one(case: str) -> dict:
 
     from conftest import CLI, TEST_CONFIG, wait_for
     from netns import NetnsLab
-    from test_spot_recovery import HOSTS, RecoveryLab, _own_job
+    from cloud_lab import CloudLab
+    from test_spot_recovery import HOSTS, _own_job
 
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
         tmp = Path(tmp)
@@ -45,7 +46,7 @@ def one(case: str) -> dict:
         mp.setenv("CLOUDTRAIN_TMUX_SOCKET", f"ct-bench-recovery-{os.getpid()}")
         cli = CLI(home)
         with NetnsLab(tmp / "netns") as net:
-            lab = RecoveryLab(net, tmp, cli, home, mp)
+            lab = CloudLab(net, tmp, cli, home, mp, list(HOSTS.values()))
             try:
                 for ip in HOSTS.values():
                     lab.start(ip)

@@ -21,7 +21,8 @@ Subcommands:
     probe JOBDIR    print one JSON object: status, the host's clock, the latest metrics row;
                     a job whose agent is gone is recorded as failed and its processes killed
     stop JOBDIR     ask the agent to stop the job (SIGTERM, then SIGKILL after the grace
-                    period), wait for it, and print the final status
+                    period), wait for it, and print the final status (`--nowait 1`: only
+                    ask, and print the status as it is)
 
 The agent lives outside the job directory (`<root>/agent-<hash>/agent.py`, beside the
 optional `agent_upload.py`), so a job that writes into its own directory cannot replace the
@@ -783,8 +784,10 @@ def _tail_text(path, limit=300):
     return lines[-1][:limit] if lines else ""
 
 
-def stop(jobdir, grace_s=None, wait_s=None):
-    """Cancel the job: the agent forwards SIGTERM, then SIGKILLs after the grace period."""
+def stop(jobdir, grace_s=None, wait_s=None, signal_only=False):
+    """Cancel the job: the agent forwards SIGTERM, then SIGKILLs after the grace period.
+    `signal_only`: tell the agent and return at once (the other nodes of a job one of whose
+    nodes was interrupted: each checkpoints and ends on its own clock)."""
     jobdir = os.path.abspath(jobdir)
     status_path = os.path.join(jobdir, "status.json")
     status = read_json(status_path)
@@ -796,6 +799,10 @@ def stop(jobdir, grace_s=None, wait_s=None):
     with open(os.path.join(jobdir, "cancel"), "w") as f:
         f.write(str(now()))
     agent_pid = as_pid(status.get("agent_pid"))
+    if signal_only:
+        if pid_alive(agent_pid, "agent.py"):
+            os.kill(agent_pid, signal.SIGTERM)
+        return status
     if pid_alive(agent_pid, "agent.py"):
         os.kill(agent_pid, signal.SIGTERM)
         deadline = now() + wait_s
@@ -818,8 +825,8 @@ def stop(jobdir, grace_s=None, wait_s=None):
 
 
 def main(argv):
-    usage = ("usage: agent.py run|probe|stop JOBDIR [--stale S] [--grace S] [--session NAME "
-             "--socket NAME]")
+    usage = ("usage: agent.py run|probe|stop JOBDIR [--stale S] [--grace S] [--nowait 1] "
+             "[--session NAME --socket NAME]")
     if len(argv) < 2 or argv[0] not in ("run", "probe", "stop"):
         print(usage, file=sys.stderr)
         return 2
@@ -832,7 +839,8 @@ def main(argv):
                        opts.get("--socket"))
     else:
         grace = opts.get("--grace")
-        result = stop(jobdir, None if grace is None else float(grace))
+        result = stop(jobdir, None if grace is None else float(grace),
+                      signal_only=opts.get("--nowait") == "1")
     print(json.dumps(result))
     return 0
 

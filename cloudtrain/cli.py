@@ -180,6 +180,9 @@ class _LaunchCommand(click.Command):
               "that GPU (e.g. V100:1, A100:8) in the allowed regions.")
 @click.option("--procs", type=int, metavar="N", help="Processes per host for torchrun recipes "
               "(default: one per GPU on the host, one without GPUs).")
+@click.option("--nodes", type=int, metavar="N", help="Machines the job spans: one torchrun job "
+              "over N instances in one AZ and placement group (default: the recipe variant's "
+              "published count on a cloud, else 1).")
 @click.option("--spot/--on-demand", "spot", default=None,
               help="Spot (one-time, terminated on interruption) or on-demand (default).")
 @click.option("--recover/--no-recover", "recover", default=None,
@@ -217,7 +220,7 @@ class _LaunchCommand(click.Command):
 @click.option("--quiet", "-q", is_flag=True, help="Print only the job id.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, gpus, procs,
-           spot, recover, max_restarts, fallback, region, ami, disk_gb, max_price, keep,
+           nodes, spot, recover, max_restarts, fallback, region, ami, disk_gb, max_price, keep,
            idle_minutes, on_job, include, data, cpu_only,
            dry_run, yes, resume_from, follow, quiet, command):
     """Launch a recipe, or your own command after --, and return with its job id.
@@ -231,6 +234,8 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
       cloudtrain launch --recipe resnet9 --instance g5.xlarge --spot --dry-run
       cloudtrain launch --recipe resnet9 --set gpus=8 --gpus V100:8
       cloudtrain launch --recipe imagenet --gpus V100:8 --data imagenet=s3://bkt/imagenet
+      cloudtrain launch --recipe imagenet --set variant=machines-4 --instance p3.16xlarge --spot
+      cloudtrain launch --nodes 2 --instance g5.12xlarge --workdir . -- bash train.sh
     """
     from . import jobs
     from .spec import build_spec
@@ -241,6 +246,7 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
                       sets=sets, name=name, backend=backend,
                       max_runtime_minutes=max_runtime, settings=settings,
                       resume_from=resume_from, procs=procs, include=include, data=data,
+                      nodes=nodes,
                       placement=dict(
                                instance_type=instance_type, gpus=gpus, market=market,
                                region=region, ami=ami,
@@ -284,11 +290,11 @@ def _confirm(question: str) -> None:
         raise errors.CloudtrainError("not launched: nothing was created", exit_code=1)
 
 
-def _follow(store, settings, job, offset: int = 0) -> None:
+def _follow(store, settings, job, offset: int = 0, node: int = 0) -> None:
     from . import jobs
 
     try:
-        for chunk in jobs.follow(store, settings, job, offset):
+        for chunk in jobs.follow(store, settings, job, offset, node):
             _echo_bytes(chunk)
     except KeyboardInterrupt:
         click.echo(f"\ndetached; job {job.id} keeps running. "
@@ -388,19 +394,27 @@ def _watch(view, interval: float) -> None:
         return
 
 
+_NODE = click.option("--node", type=click.IntRange(min=0), default=0, show_default=True,
+                     metavar="I", help="Which node of a job on several machines (0: the "
+                     "rendezvous, where rank 0 runs).")
+
+
 @cli.command()
 @click.argument("job")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
 @click.option("--tail", "-n", type=click.IntRange(min=0), default=None,
               help="Only the last N lines (then follow from there with -f).")
-def logs(job: str, follow: bool, tail: int | None) -> None:
-    """Print a job's output. With --follow, exit with the job's outcome (1: it did not
-    succeed), as `launch --follow` does.
+@_NODE
+def logs(job: str, follow: bool, tail: int | None, node: int) -> None:
+    """Print a job's output (node 0's for a job on several machines: rank 0's). With
+    --follow, exit with the job's outcome (1: it did not succeed), as `launch --follow`
+    does.
 
     \b
     Examples:
       cloudtrain logs 3f2a1b9c --tail 20
       cloudtrain logs 3f2a1b9c --follow
+      cloudtrain logs 3f2a1b9c --node 2
     """
     from . import jobs
 
@@ -409,17 +423,18 @@ def logs(job: str, follow: bool, tail: int | None) -> None:
         record = jobs.for_logs(store, settings, job)
         offset = 0
         if tail is not None:
-            data, offset = jobs.tail_log(record, tail)
+            data, offset = jobs.tail_log(record, tail, node)
             _echo_bytes(data)
         elif not follow:
-            _echo_bytes(jobs.read_log(record))
+            _echo_bytes(jobs.read_log(record, node=node))
         if follow:
-            _follow(store, settings, record, offset)
+            _follow(store, settings, record, offset, node)
 
 
 @cli.command()
 @click.argument("job")
-def attach(job: str) -> None:
+@_NODE
+def attach(job: str, node: int) -> None:
     """Attach to a running job's tmux session (detach with Ctrl-b d).
 
     \b
@@ -431,7 +446,7 @@ def attach(job: str) -> None:
     settings = config.Settings.load()
     terminal = sys.stdin.isatty() and sys.stdout.isatty()
     with _store() as store:
-        argv = jobs.attach_argv(store, settings, store.find_job(job), terminal)
+        argv = jobs.attach_argv(store, settings, store.find_job(job), terminal, node)
     os.execvp(argv[0], argv)
 
 
@@ -491,9 +506,12 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
               "AWS_REGION, the AWS profile, else us-east-1).")
 @click.option("--disk-gb", type=click.IntRange(min=8, max=65536),
               help="Root volume (default: the recipe's).")
+@click.option("--nodes", type=int, metavar="N", help="Instances per run (default: the "
+              "machines the recipe variant was published on).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_WIDE
-def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, as_json, wide) -> None:
+def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, nodes, as_json,
+             wide) -> None:
     """Expected time and cost per run of a recipe on each instance type, before launching.
 
     \b
@@ -501,6 +519,7 @@ def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, as_json,
       cloudtrain estimate --recipe resnet9
       cloudtrain estimate --recipe airbench94 --gpus A10G:1 --spot
       cloudtrain estimate --recipe resnet9 --instance p3.2xlarge --instance g5.xlarge
+      cloudtrain estimate --recipe imagenet --set variant=machines-16 --instance p3.16xlarge
     """
     from . import estimate as estimate_module
 
@@ -508,7 +527,7 @@ def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, as_json,
         est = estimate_module.for_recipe(recipe, profile, sets, region,
                                          market="spot" if spot else "on-demand",
                                          types=list(types), gpu_request=gpus, disk_gb=disk_gb,
-                                         store=store)
+                                         store=store, nodes=nodes)
     if as_json:
         import dataclasses
         import json
@@ -557,18 +576,20 @@ def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh
 
 @cli.command()
 @click.argument("job")
-def ssh(job: str) -> None:
+@_NODE
+def ssh(job: str, node: int) -> None:
     """Open a shell on a job's instance (with its pinned host key).
 
     \b
-    Example:
+    Examples:
       cloudtrain ssh 3f2a1b9c
+      cloudtrain ssh 3f2a1b9c --node 1
     """
     from . import jobs
 
     settings = config.Settings.load()
     with _store() as store:
-        argv = jobs.ssh_argv(store, settings, store.find_job(job))
+        argv = jobs.ssh_argv(store, settings, store.find_job(job), node)
     os.execvp(argv[0], argv)
 
 

@@ -148,6 +148,13 @@ class Settings:
     heartbeat_seconds: float = 2.0  # how often the agent rewrites status.json
     stale_after_seconds: float = 30.0  # a running job whose heartbeat is older is failed
     python: str = ""  # interpreter that runs jobs on the local backend ("" = this Python)
+    # A local job on several machines (--nodes N): node 0 is this machine, nodes 1.. are
+    # these hosts over SSH ("[user@]host[:port]", comma-separated), logged in to with
+    # local_nodes_key; their host keys are pinned on first contact. node_address: where they
+    # reach this machine ("" = the address this machine reaches the first of them from).
+    local_nodes: str = ""
+    local_nodes_key: str = ""
+    node_address: str = ""
 
     # AWS backend
     region: str = ""  # "" = the AWS chain's (AWS_REGION, ~/.aws/config)

@@ -495,6 +495,12 @@ def staging_line(spec) -> str:
         else:
             parts.append(f"{d['name']} from {d['location']} ({_gb(info.get('bytes'))}, "
                          f"{info.get('files', 0):,} files, {info.get('kind', 's3')})")
+    nodes = int(getattr(spec, "nodes", 1) or 1)
+    if nodes > 1 and any(d["kind"] != "path" for d in spec.datasets):
+        copied = sum(int(((spec.staging or {}).get(d["name"]) or {}).get("bytes") or 0)
+                     for d in spec.datasets if d["kind"] not in ("path", "snapshot"))
+        parts.append(f"on each of {nodes} nodes, at the same time (its own disk"
+                     + (f"; {_gb(copied * nodes)} read in all" if copied else "") + ")")
     if spec.staging_allowance_s:  # the copy runs inside the job's clock
         parts.append(f"max runtime +{spec.staging_allowance_s / 60:.0f} min for it")
     return "; ".join(parts)

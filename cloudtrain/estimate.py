@@ -109,6 +109,7 @@ class Row:
     staging_s: float = 0.0  # copying the datasets onto the disk (in total_s)
     staging_basis: str = ""
     profile_note: str = ""  # a profile the figures are not for (Estimate.profile_note)
+    nodes: int = 1  # instances of this type the job runs on (every one billed)
 
 
 @dataclass
@@ -126,6 +127,7 @@ class Estimate:
     preread_s: float = 0.0
     profile: str | None = None  # the --profile asked for
     profile_note: str = ""  # what the figures are for when not for that profile (D23)
+    nodes: int = 1  # instances per run (a job on several machines)
 
 
 def profile_note(recipe, profile: str | None) -> str:
@@ -201,10 +203,10 @@ def overheads(store=None) -> Overheads:
     return Overheads(seconds, source)
 
 
-def candidates(basis: Basis, region: str, types: list[str] | None, gpu_request: str | None
-               ) -> list[catalog.InstanceType]:
+def candidates(basis: Basis, region: str, types: list[str] | None, gpu_request: str | None,
+               nodes: int = 1) -> list[catalog.InstanceType]:
     """--instance types as given; --gpus: the matching types; else every x86 type in the
-    region with the basis's GPU count."""
+    region with the basis's GPU count (per node, on several nodes)."""
     if types:
         out = []
         for name in types:
@@ -224,16 +226,20 @@ def candidates(basis: Basis, region: str, types: list[str] | None, gpu_request: 
             raise UsageError(f"no instance type with {count:g}x {gpu} in {region}",
                              hint="cloudtrain catalog --gpu NAME lists the types")
         return found
-    return [t for t in catalog.matching(None, basis.gpus, region) if t.arch == "x86_64"]
+    per_node = max(1, basis.gpus // max(1, nodes))
+    return [t for t in catalog.matching(None, per_node, region) if t.arch == "x86_64"]
 
 
 def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
              types: list[str] | None = None, gpu_request: str | None = None,
              disk_gb: int | None = None, store=None, staging_bytes: int = 0,
-             disk_mbps: int = 0, preread_s: float = 0.0, profile: str | None = None) -> Estimate:
-    """`staging_bytes`: copied from S3 onto the root volume (at staging_rate); `preread_s`:
-    reading snapshot volumes once before the job (first_read: preread), at their own rate;
-    `profile`: the recipe profile the arguments came from (the figures say whose they are)."""
+             disk_mbps: int = 0, preread_s: float = 0.0, profile: str | None = None,
+             nodes: int = 1) -> Estimate:
+    """`staging_bytes`: copied from S3 onto the root volume (at staging_rate; on several
+    nodes each copies its own, at the same time); `preread_s`: reading snapshot volumes once
+    before the job (first_read: preread), at their own rate; `profile`: the recipe profile
+    the arguments came from (the figures say whose they are); `nodes`: instances per run,
+    each billed (with its disk) for the whole run."""
     basis = published_basis(recipe, args, profile)
     note = profile_note(recipe, profile)
     over = overheads(store)
@@ -247,17 +253,21 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
                                     if disk_mbps else 0.0)
     notes = [] if not gp3.approximate else [gp3.note]
     rows = []
-    for t in candidates(basis, region, types, gpu_request):
-        if t.gpus < basis.gpus:
+    nodes = max(1, int(nodes or 1))
+    on = f"{nodes} x {{}}" if nodes > 1 else "{}"
+    for t in candidates(basis, region, types, gpu_request, nodes):
+        have = t.gpus * nodes
+        if have < basis.gpus:
             rows.append(Row(t.name, t.gpu, t.gpus, None, None, None, None,
-                            f"published on {basis.gpus} GPUs, {t.name} has {t.gpus:g}"))
+                            f"published on {basis.gpus} GPUs, {on.format(t.name)} has {have:g}",
+                            nodes=nodes))
             continue
         train_s, scaling = scaled_seconds(basis, t.gpu)
         if train_s is None:
-            rows.append(Row(t.name, t.gpu, t.gpus, None, None, None, None, scaling))
+            rows.append(Row(t.name, t.gpu, t.gpus, None, None, None, None, scaling, nodes=nodes))
             continue
-        if t.gpus > basis.gpus:  # the rest sit idle, and are paid for
-            scaling += f"; uses {basis.gpus} of {t.gpus:g} GPUs"
+        if have > basis.gpus:  # the rest sit idle, and are paid for
+            scaling += f"; uses {basis.gpus} of {have:g} GPUs"
         staging_s, staging_basis = preread_s, "snapshot volume pre-read" if preread_s else ""
         if staging_bytes:
             rate, staging_basis = staging_rate(t.name, disk_mbps or cost.GP3_BASE_MBPS)
@@ -266,13 +276,13 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
         disk_usd = cost.ebs_cost(0.0, total, disk, gp3_month).dollars
 
         def dollars(price):
-            return None if price is None else cost.on_demand_cost(0.0, total, price).dollars \
-                + disk_usd
+            return None if price is None else nodes * (
+                cost.on_demand_cost(0.0, total, price).dollars + disk_usd)
 
         rows.append(Row(t.name, t.gpu, t.gpus, train_s, total,
                         dollars(t.price(region, "on-demand")), dollars(t.price(region, "spot")),
                         scaling, staging_s=staging_s, staging_basis=staging_basis,
-                        profile_note=note))
+                        profile_note=note, nodes=nodes))
         if t.gpu in TFLOPS_NOTES and TFLOPS_NOTES[t.gpu] not in notes:
             notes.append(TFLOPS_NOTES[t.gpu])
     priced = [r for r in rows if (r.spot if market == "spot" else r.on_demand) is not None]
@@ -289,26 +299,32 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
         notes.append(f"spot: the cheapest AZ's price, {catalog.spot_source(region)}")
     return Estimate(recipe.name, region, market, basis, over, disk, rows, notes,
                     staging_bytes=staging_bytes, disk_mbps=disk_mbps, preread_s=preread_s,
-                    profile=profile, profile_note=note)
+                    profile=profile, profile_note=note, nodes=nodes)
 
 
 def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: str | None,
                *, market: str = "on-demand", types: list[str] | None = None,
                gpu_request: str | None = None, disk_gb: int | None = None,
-               store=None) -> Estimate:
-    """`cloudtrain estimate`: the recipe's arguments as launch would resolve them."""
+               store=None, nodes: int | None = None) -> Estimate:
+    """`cloudtrain estimate`: the recipe's arguments as launch would resolve them (the
+    nodes too: --nodes, else the machines the variant was published on)."""
     from . import config, recipes
+    from .spec import MAX_NODES
 
     if types and gpu_request:
         raise UsageError("give --instance or --gpus, not both")
+    if nodes is not None and not 1 <= nodes <= MAX_NODES:
+        raise UsageError(f"--nodes must be a whole number from 1 to {MAX_NODES}, got {nodes}")
     rec = recipes.load(name)
     args = rec.resolve(profile, sets)
+    nodes = nodes or rec.nodes_published(args)
     settings = config.Settings.load()
     staged = staged_bytes(rec, args, settings)
     return estimate(rec, args, region or catalog.default_region(), market=market,
                     types=types, gpu_request=gpu_request, disk_gb=disk_gb, store=store,
                     staging_bytes=staged, disk_mbps=_disk_mbps(staged, settings),
-                    preread_s=preread_seconds(rec, args, settings), profile=profile)
+                    preread_s=preread_seconds(rec, args, settings), profile=profile,
+                    nodes=nodes)
 
 
 def preread_seconds(rec, args: dict, settings) -> float:
@@ -361,7 +377,7 @@ def for_spec(spec, region: str, store=None) -> Row | None:
         est = estimate(recipes.load(spec.recipe), spec.args, region, market=spec.market,
                        types=[spec.instance_type], disk_gb=spec.disk_gb, store=store,
                        staging_bytes=staged, disk_mbps=spec.disk_mbps or 0,
-                       preread_s=preread, profile=spec.profile)
+                       preread_s=preread, profile=spec.profile, nodes=spec.nodes)
     except UsageError:
         return None
     row = est.rows[0]

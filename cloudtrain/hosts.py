@@ -193,6 +193,9 @@ class Host(ABC):
 
     name = "host"
     python = "python3"  # the interpreter that runs the agent on this host
+    # The address the other nodes of a job on several machines reach this host at (set by
+    # the provider: an instance's private IP); None: the one it is reached at from here.
+    peer_address: str | None = None
 
     def __init__(self, tmux_socket: str = "cloudtrain"):
         self.tmux_socket = tmux_socket
@@ -349,9 +352,11 @@ class Host(ABC):
                                         "--socket", self.tmux_socket], PROBE_TIMEOUT_S)
         return hostdata.probe_report(out, self.name)
 
-    def stop_job(self, jobdir: str, grace_s: float) -> dict | None:
-        out = self._agent_call(jobdir, ["stop", jobdir, "--grace", str(grace_s)],
-                               grace_s + STOP_EXTRA_S)
+    def stop_job(self, jobdir: str, grace_s: float, wait: bool = True) -> dict | None:
+        """Stop the job through its agent; without `wait`, only ask it to."""
+        out = self._agent_call(jobdir, ["stop", jobdir, "--grace", str(grace_s)]
+                               + ([] if wait else ["--nowait", "1"]),
+                               grace_s + STOP_EXTRA_S if wait else PROBE_TIMEOUT_S)
         return hostdata.stop_answer(out, self.name)
 
     def _agent_call(self, jobdir: str, args: list[str], timeout: float) -> bytes | str:
@@ -556,8 +561,8 @@ class LocalHost(Host):
         return hostdata.clean_report(agent_module.probe(
             jobdir, stale_after_s, session_name(Path(jobdir).name), self.tmux_socket))
 
-    def stop_job(self, jobdir: str, grace_s: float) -> dict | None:
-        return hostdata.clean_status(agent_module.stop(jobdir, grace_s))
+    def stop_job(self, jobdir: str, grace_s: float, wait: bool = True) -> dict | None:
+        return hostdata.clean_status(agent_module.stop(jobdir, grace_s, signal_only=not wait))
 
     def _hashes(self, directory: str, names: list[str]) -> dict[str, str]:
         found = {}
@@ -851,3 +856,19 @@ class SSHHost(Host):
         return {**super().describe(), "host": self.endpoint.host, "port": self.endpoint.port,
                 "user": self.endpoint.user, "key_path": self.endpoint.key_path,
                 "host_key": self.endpoint.host_key, "python": self.python}
+
+
+def from_description(info: dict) -> Host:
+    """The host a describe() record names (a job's `host`, a node's record): this machine,
+    or one reached over SSH with its pinned host key."""
+    kind = info.get("kind")
+    if kind == "LocalHost":
+        return LocalHost(info.get("tmux_socket") or "cloudtrain", info.get("python"))
+    if kind == "SSHHost" and info.get("host"):
+        from .ssh import Endpoint
+
+        endpoint = Endpoint(info["host"], info.get("port") or 22, info.get("user") or "ubuntu",
+                            info.get("key_path"), info.get("host_key"))
+        return SSHHost(endpoint, info.get("tmux_socket") or "cloudtrain",
+                       info.get("python") or "python3")
+    raise HostError(f"no way to reach a host recorded as {str(kind)[:40]!r}")

@@ -88,12 +88,15 @@ def expected(spec: JobSpec, store: Store | None = None):
 
 
 def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
-               stage: list[str] | None = None, restore: list[str] | None = None) -> str:
+               stage: list[str] | None = None, restore: list[str] | None = None,
+               node: dict | None = None, job_id: str = "") -> str:
     """The job's run.sh: cd into place and exec the command (no shell quoting games in tmux).
     A torchrun recipe on `procs` > 1 processes starts under torchrun, one process per GPU
-    (`--standalone`: a private rendezvous on a free local port). `restore`: the command that
-    brings the last checkpoint from the job store (a relaunched spot job), and `stage`: the
-    stager's, run first in that order: the job starts only once both are complete."""
+    (`--standalone`: a private rendezvous on a free local port); on several machines (`node`:
+    {nodes, rank, master, port}) every node starts torchrun with its rank and the rendezvous
+    at node 0 (nodes.torchrun_argv). `restore`: the command that brings the last checkpoint
+    from the job store (a relaunched spot job), and `stage`: the stager's, run first in that
+    order: the job starts only once both are complete."""
     # F1: nothing the user typed reaches this file outside shlex.quote; the one line that
     # names the job is JSON (newlines and control characters escaped) inside a comment.
     lines = ["#!/usr/bin/env bash", "set -e",
@@ -108,7 +111,12 @@ def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
         rec = recipes.load(spec.recipe)
         lines.append(f"cd {shlex.quote(jobdir)}")
         starter = [python]
-        if procs > 1:
+        if node is not None and node["nodes"] > 1:
+            from .nodes import torchrun_argv
+
+            starter = torchrun_argv(python, node["nodes"], node["rank"], procs, node["master"],
+                                    node["port"], job_id or "cloudtrain")
+        elif procs > 1:
             starter = [python, "-m", "torch.distributed.run", "--standalone",
                        f"--nproc_per_node={procs}"]
         lines.append("exec " + shlex.join([*starter, rec.entry_path(),
@@ -251,6 +259,8 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
                   found: list | None = None) -> tuple[Host, float, str | None]:
     """Provision, sync, set up and start the agent: the host the agent runs on, when the job
     started, and what to say of the start in the timeline. Each step is a phase of `report`."""
+    if spec.nodes > 1:
+        return _launch_nodes(store, settings, spec, provider, job, source, report, found)
     _advance(store, job.id, state.PROVISIONING)
     if kept is not None:
         report.phase(f"taking over job {kept.id}'s instance")
@@ -272,29 +282,7 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
     host.run("mkdir -p " + " ".join(shlex.quote(d) for d in (
         f"{jobdir}/checkpoints", f"{jobdir}/work", data_dir)))
     host.install_agent(jobdir)
-    copies: list[tuple[Path, str, str | None, tuple[str, ...]]] = []  # local, remote, like, include
-    if spec.kind == RECIPE:
-        from . import recipes
-
-        rec = recipes.load(spec.recipe)
-        copies.append((rec.path, f"{jobdir}/recipes/{rec.name}",
-                       like and f"{like}/recipes/{rec.name}", ()))
-        shared = rec.path.parent / recipes.SHARED_DIR
-        if shared.is_dir():
-            copies.append((shared, f"{jobdir}/recipes/{recipes.SHARED_DIR}",
-                           like and f"{like}/recipes/{recipes.SHARED_DIR}", ()))
-        nodes = rec.nodes_published(spec.args)
-        if nodes > 1:  # until multi-node launch exists, say how this run differs
-            note = (f"variant {spec.args.get('variant')} was published on {nodes} machines; "
-                    f"multi-node launch is not available yet, so this job runs on one machine "
-                    f"with the published per-GPU batch (a global batch {nodes}x smaller, the "
-                    f"lr scaled with it)")
-            store.add_event(job.id, "one-machine", detail=note)
-            report.note(note)
-    if spec.workdir:
-        _warn_about_workdir(Path(spec.workdir), report)
-        copies.append((Path(spec.workdir), f"{jobdir}/work", like and f"{like}/work",
-                       tuple(spec.include)))
+    copies = _copies(store, spec, job, jobdir, like, report)
     sent = sync_many(host, copies, report)
     if source is not None:
         report.phase(f"copying job {source.id}'s checkpoints")
@@ -307,38 +295,100 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
     gpus = provider.gpus(spec, host)
     procs = spec.processes(gpus)
     mounts = provider.data_mounts(store, job, host) if found else {}
-    plan = datasets.host_plan(found or [], spec, settings, data_dir, mounts)
-    for note in datasets.notes(spec, settings) if found else []:
-        store.add_event(job.id, "data-note", detail=note)
-        report.note(note)
-    stage = None
-    if plan is not None:
-        host.write_text(f"{jobdir}/{datasets.PLAN_FILE}", json.dumps(plan))
-        stage = [host.python, f"{agent_dir(jobdir)}/stager.py", f"{jobdir}/{datasets.PLAN_FILE}",
-                 f"{jobdir}/{datasets.STATUS_FILE}"]
-    restore, stream_from = _restore_step(store, spec, provider, job, host, jobdir)
+    stage = _stage_step(spec, settings, host, jobdir, data_dir, found, mounts, report, store,
+                        job)
+    stream_from = _restore_step(store, spec, provider, job, [host], [jobdir])
+    restore = restore_argv(host, jobdir) if stream_from else None
     host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python, procs, stage,
                                                    restore))
-    shutdown_command, shutdown_delay = provider.shutdown(spec)
     grant, note = provider.results_grant(store, job, spec)
     if note:  # where the results go when nobody is watching, or what is lost without it
         store.add_event(job.id, "results-store", detail=note)
         report.note(note)
-    stream = None
-    if spec.recover:
-        if grant is None:
-            warning = ("WARNING: no job store, so no checkpoint outlives the instance: a "
-                       "relaunch after an interruption starts this job over")
-            store.add_event(job.id, "checkpoints", detail=warning)
-            report.note(warning)
-        else:
-            # The agent uploads each new checkpoint to the job store as it is written.
-            stream = {"settle_s": settings.checkpoint_settle_seconds,
-                      "poll_s": min(1.0, max(0.05, settings.checkpoint_settle_seconds / 2)),
-                      "start_seq": (stream_from or {}).get("seq") or 0,
-                      "start_slot": (stream_from or {}).get("slot"), "attempt": spec.attempt}
-            store.update_job(job.id, host={**host.describe(), "checkpoint_stream": True})
-    host.write_text(f"{jobdir}/job.json", json.dumps({
+    stream = _stream_settings(store, settings, spec, job, grant, stream_from, report)
+    if stream:
+        store.update_job(job.id, host={**host.describe(), "checkpoint_stream": True})
+    host.write_text(f"{jobdir}/job.json", json.dumps(_job_settings(
+        settings, spec, provider, job, host, jobdir, data_dir, gpus, procs, grant, stream),
+        indent=1))
+
+    report.phase("starting the job in tmux")
+    started = time.time()  # the job runs from here on: start_agent waits for the agent's word
+    host.start_agent(job.id, jobdir)
+    return host, started, (f"{procs} processes under torchrun" if procs > 1 else None)
+
+
+def _copies(store: Store, spec: JobSpec, job: Job, jobdir: str, like: str | None,
+            report: progress.Reporter) -> list[tuple[Path, str, str | None, tuple[str, ...]]]:
+    """What is synced into the job directory: (local dir, remote dir, like, include) for the
+    recipe, the shared recipe code and the workdir."""
+    copies: list[tuple[Path, str, str | None, tuple[str, ...]]] = []
+    if spec.kind == RECIPE:
+        from . import recipes
+
+        rec = recipes.load(spec.recipe)
+        copies.append((rec.path, f"{jobdir}/recipes/{rec.name}",
+                       like and f"{like}/recipes/{rec.name}", ()))
+        shared = rec.path.parent / recipes.SHARED_DIR
+        if shared.is_dir():
+            copies.append((shared, f"{jobdir}/recipes/{recipes.SHARED_DIR}",
+                           like and f"{like}/recipes/{recipes.SHARED_DIR}", ()))
+        published = rec.nodes_published(spec.args)
+        if published > spec.nodes:  # say how this run differs from the published one
+            note = (f"variant {spec.args.get('variant')} was published on {published} machines; "
+                    f"this job runs on {spec.nodes} (--nodes {published} for the published "
+                    f"run), with the published per-GPU batch: a global batch "
+                    f"{published / spec.nodes:g}x smaller, the lr scaled with it")
+            store.add_event(job.id, "fewer-machines", detail=note)
+            report.note(note)
+    if spec.workdir:
+        _warn_about_workdir(Path(spec.workdir), report)
+        copies.append((Path(spec.workdir), f"{jobdir}/work", like and f"{like}/work",
+                       tuple(spec.include)))
+    return copies
+
+
+def _stage_step(spec: JobSpec, settings: config.Settings, host: Host, jobdir: str,
+                data_dir: str, found: list | None, mounts: dict, report: progress.Reporter,
+                store: Store, job: Job, quiet: bool = False) -> list[str] | None:
+    """The stager's command for run.sh (its plan written to the host), or None: no data."""
+    plan = datasets.host_plan(found or [], spec, settings, data_dir, mounts)
+    for note in datasets.notes(spec, settings) if found and not quiet else []:
+        store.add_event(job.id, "data-note", detail=note)
+        report.note(note)
+    if plan is None:
+        return None
+    host.write_text(f"{jobdir}/{datasets.PLAN_FILE}", json.dumps(plan))
+    return [host.python, f"{agent_dir(jobdir)}/stager.py", f"{jobdir}/{datasets.PLAN_FILE}",
+            f"{jobdir}/{datasets.STATUS_FILE}"]
+
+
+def _stream_settings(store: Store, settings: config.Settings, spec: JobSpec, job: Job,
+                     grant: dict | None, stream_from: dict | None,
+                     report: progress.Reporter) -> dict | None:
+    """A recovering job's checkpoint stream (the agent uploads each new checkpoint to the job
+    store as it is written), or None: no recovery, or no job store to stream to (said)."""
+    if not spec.recover:
+        return None
+    if grant is None:
+        warning = ("WARNING: no job store, so no checkpoint outlives the instance: a "
+                   "relaunch after an interruption starts this job over")
+        store.add_event(job.id, "checkpoints", detail=warning)
+        report.note(warning)
+        return None
+    return {"settle_s": settings.checkpoint_settle_seconds,
+            "poll_s": min(1.0, max(0.05, settings.checkpoint_settle_seconds / 2)),
+            "start_seq": (stream_from or {}).get("seq") or 0,
+            "start_slot": (stream_from or {}).get("slot"), "attempt": spec.attempt}
+
+
+def _job_settings(settings: config.Settings, spec: JobSpec, provider, job: Job, host: Host,
+                  jobdir: str, data_dir: str, gpus: int, procs: int, grant: dict | None,
+                  stream: dict | None, node_env: dict | None = None) -> dict:
+    """The host's job.json: what the agent enforces and the job's environment."""
+    shutdown_command, shutdown_delay = provider.shutdown(spec)
+    env = job_environment(job.id, data_dir, host, gpus, procs, jobdir, spec.attempt)
+    return {
         "job_id": job.id,
         "max_runtime_s": spec.max_runtime_s,
         "grace_s": settings.stop_grace_seconds,
@@ -347,16 +397,133 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
         "shutdown_delay_s": shutdown_delay,
         # Without a stored copy the power-off waits (bounded) for the CLI to collect.
         "collect_wait_s": max(shutdown_delay, settings.collect_wait_minutes * 60),
-        "env": job_environment(job.id, data_dir, host, gpus, procs, jobdir, spec.attempt),
+        "env": {**env, **(node_env or {})},
         "results_store": grant,
         **({"checkpoint_stream": stream} if stream else {}),
         **provider.agent_settings(spec),
-    }, indent=1))
+    }
 
-    report.phase("starting the job in tmux")
-    started = time.time()  # the job runs from here on: start_agent waits for the agent's word
-    host.start_agent(job.id, jobdir)
-    return host, started, (f"{procs} processes under torchrun" if procs > 1 else None)
+
+def _launch_nodes(store: Store, settings: config.Settings, spec: JobSpec, provider, job: Job,
+                  source: Job | None, report: progress.Reporter, found: list | None
+                  ) -> tuple[Host, float, str | None]:
+    """_launch_steps for a job on spec.nodes machines: all of them acquired at once (or
+    none), then each step on every node in parallel, one connection per node; node 0 is the
+    rendezvous and its host is the job's."""
+    from . import nodes
+
+    n = spec.nodes
+    _advance(store, job.id, state.PROVISIONING)
+    hosts = provider.acquire_nodes(store, job, spec, report)
+    _open_hosts[job.id] = hosts[0]
+    for i, h in enumerate(hosts[1:], start=1):
+        nodes.keep(job.id, i, h)
+    if spec.recover:
+        from . import recovery
+
+        recovery.placed(store, job.id, spec.attempt)
+    jobdirs = nodes.each(lambda i: provider.jobdir(job.id, hosts[i]), n)
+    addresses = [provider.node_address(h) for h in hosts]
+    instances = provider.node_instances(store, job, hosts)
+
+    def record(extra: list[dict] | None = None) -> dict:
+        recs = [{**h.describe(), "jobdir": jobdirs[i], "address": addresses[i],
+                 "instance": instances[i], **((extra or [{}] * n)[i])}
+                for i, h in enumerate(hosts)]
+        return {**hosts[0].describe(), "nodes": recs}
+
+    store.update_job(job.id, host=record(), jobdir=jobdirs[0])
+    store.add_event(job.id, "nodes", detail=", ".join(
+        f"node {i}: {instances[i] or hosts[i].name} ({addresses[i]})" for i in range(n)))
+
+    _advance(store, job.id, state.SYNCING)
+    data_dirs = [provider.data_dir(h) for h in hosts]
+    copies = [_copies(store, spec, job, jobdirs[i], None, report if i == 0 else progress.SILENT)
+              for i in range(n)]
+    from .hosts import measure
+
+    sizes = [measure(local, include) for local, _, _, include in copies[0]]
+    files, size = sum(f for f, _ in sizes), sum(b for _, b in sizes)
+    report.phase(f"syncing {files} file{'' if files == 1 else 's'}, "
+                 f"{progress.megabytes(size)} to each of {n} nodes")
+    report.transfer(size * n)
+    done = [0] * n
+    lock = threading.Lock()
+
+    def progress_of(i: int, base: int):
+        def sent(count: int) -> None:
+            with lock:
+                done[i] = base + count
+                report.sent(sum(done))
+        return sent
+
+    def prepare(i: int) -> int:
+        h, jd = hosts[i], jobdirs[i]
+        h.run("mkdir -p " + " ".join(shlex.quote(d) for d in (
+            f"{jd}/checkpoints", f"{jd}/work", data_dirs[i])))
+        h.install_agent(jd)
+        count = base = 0
+        for (local, remote, like, include), (_, nbytes) in zip(copies[i], sizes):
+            count += h.sync(local, remote, like, include=include, sent=progress_of(i, base))
+            base += nbytes
+        if source is not None:
+            _copy_checkpoints(source, h, jd)
+        return count
+
+    sent = sum(nodes.each(prepare, n))
+    report.sent(size * n)
+
+    _advance(store, job.id, state.SETTING_UP, detail=f"{sent} files sent to {n} nodes")
+    report.phase(f"setting up {n} nodes")
+
+    def setup(i: int) -> tuple[int, str | None, int | None]:
+        h = hosts[i]
+        provider.setup(h)
+        gpus = provider.gpus(spec, h)
+        out = h.run(nodes.rendezvous_script(h.python, addresses[i],
+                                            nodes.MASTER_PORT if i == 0 else 0),
+                    check=False).stdout
+        iface, port = nodes.read_rendezvous(out)
+        return gpus, iface, port
+
+    found_out = nodes.each(setup, n)
+    gpus = min(g for g, _, _ in found_out)
+    procs = spec.processes(gpus)
+    master, port = addresses[0], found_out[0][2] or nodes.MASTER_PORT
+    store.update_job(job.id, host=record([{"iface": f[1]} for f in found_out]))
+    efa = provider.efa_environment(spec)
+    stream_from = _restore_step(store, spec, provider, job, hosts, jobdirs)
+    grants = []
+    for i in range(n):
+        grant, note = provider.results_grant(store, job, spec, node=i)
+        if note and i == 0:
+            store.add_event(job.id, "results-store", detail=note)
+            report.note(note)
+        grants.append(grant)
+    stream = _stream_settings(store, settings, spec, job, grants[0], stream_from, report)
+    if stream:
+        store.update_job(job.id, host={**store.job(job.id).host, "checkpoint_stream": True})
+
+    def write(i: int) -> None:
+        h, jd = hosts[i], jobdirs[i]
+        mounts = provider.data_mounts(store, job, h, instances[i]) if found else {}
+        stage = _stage_step(spec, settings, h, jd, data_dirs[i], found, mounts,
+                            report if i == 0 else progress.SILENT, store, job, quiet=i > 0)
+        node = {"nodes": n, "rank": i, "master": master, "port": port}
+        restore = restore_argv(h, jd) if stream_from else None
+        h.write_text(f"{jd}/run.sh", run_script(spec, jd, h.python, procs, stage, restore,
+                                                node=node, job_id=job.id))
+        env = nodes.environment(n, i, master, port, found_out[i][1], efa)
+        h.write_text(f"{jd}/job.json", json.dumps(_job_settings(
+            settings, spec, provider, job, h, jd, data_dirs[i], gpus, procs, grants[i],
+            stream if i == 0 else None, env), indent=1))
+
+    nodes.each(write, n)
+    report.phase(f"starting the job in tmux on {n} nodes (rendezvous {master}:{port})")
+    started = time.time()
+    nodes.each(lambda i: hosts[i].start_agent(job.id, jobdirs[i]), n)
+    return hosts[0], started, (f"{n} nodes x {procs} process{'es' if procs > 1 else ''} "
+                               f"under torchrun, rendezvous {master}:{port}")
 
 
 
@@ -364,27 +531,40 @@ RESTORE_PLAN = "restore.json"  # on the host: the checkpoint to fetch before the
 RESTORE_STATUS = "restore-status.json"
 
 
-def _restore_step(store: Store, spec: JobSpec, provider, job: Job, host: Host, jobdir: str
-                  ) -> tuple[list[str] | None, dict | None]:
+def _restore_step(store: Store, spec: JobSpec, provider, job: Job, hosts: list[Host],
+                  jobdirs: list[str]) -> dict | None:
     """A relaunched job's last checkpoint: the plan (presigned GETs from the job store) goes
-    to the host, run.sh fetches it (checked) before the job starts, and a recipe is told to
-    resume. Returns (the restore command, the checkpoint it restores) or (None, None) when
-    there is nothing to restore: the job starts over."""
+    to each host, whose run.sh fetches it (checked, restore_argv) before the job starts, and
+    a recipe is told to resume. Returns the checkpoint it restores, or None when there is
+    nothing to restore: the job starts over. Every node gets it (each rank resumes from its
+    own disk)."""
     if not spec.recover or spec.attempt < 2:
-        return None, None
+        return None
     from . import recovery
 
     plan = provider.checkpoint_plan(store, job, spec.max_runtime_s + 3600)
     if not plan:
         store.add_event(job.id, "restore", detail=f"attempt {spec.attempt}: no checkpoint in "
                                                   "the job store, the job starts over")
-        return None, None
-    host.write_text(f"{jobdir}/{RESTORE_PLAN}", json.dumps(plan))
+        return None
+    from .checkpoint_stream import LOGS
+
+    for i, (host, jobdir) in enumerate(zip(hosts, jobdirs)):
+        # Node 0's log and metrics are the job's: the other nodes take its checkpoint only.
+        files = [f for f in plan.get("files") or [] if f.get("path") not in LOGS]
+        mine = plan if i == 0 else {**plan, "files": files,
+                                    "bytes": sum(int(f.get("size") or 0) for f in files)}
+        host.write_text(f"{jobdir}/{RESTORE_PLAN}", json.dumps(mine))
     if recovery.resumable(spec):
         spec.args = {**spec.args, "resume": True}
     recovery.resuming(store, job.id, spec.attempt, plan)
+    return plan
+
+
+def restore_argv(host: Host, jobdir: str) -> list[str]:
+    """run.sh's first line on a relaunched job's host: fetch the checkpoint of its plan."""
     return [host.python, f"{agent_dir(jobdir)}/checkpoint_stream.py", "restore",
-            f"{jobdir}/{RESTORE_PLAN}", jobdir], plan
+            f"{jobdir}/{RESTORE_PLAN}", jobdir]
 
 
 class LaunchCancelled(CloudtrainError):
@@ -508,13 +688,24 @@ def _abort_launch(store, settings, provider, job, host, exc) -> str | None:
                                                    state.SYNCING)
         if host is not None and jobdir and started:
             # The agent may be starting or started: stop it, and its tmux session with it (on
-            # this machine nothing else would; an instance is terminated anyway).
-            try:
-                host.stop_job(jobdir, settings.stop_grace_seconds)
-                host.run(host.tmux("kill-session", "-t", session_name(job.id)), check=False,
-                         timeout=30)
-            except Exception:  # the host may be what failed; releasing it is what matters
-                pass
+            # this machine nothing else would; an instance is terminated anyway). On every
+            # node of a job on several machines.
+            from . import nodes
+
+            current = store.job(job.id)
+            many = len(nodes.records(current)) > 1
+
+            def stop_node(i: int) -> None:
+                h = nodes.host(current, i) if many else host
+                jd = nodes.jobdir(current, i) if many else jobdir
+                try:
+                    h.stop_job(jd, settings.stop_grace_seconds)
+                    h.run(h.tmux("kill-session", "-t", session_name(job.id)), check=False,
+                          timeout=30)
+                except Exception:  # the host may be what failed; releasing it is what matters
+                    pass
+
+            nodes.each(stop_node, len(nodes.records(current)) if many else 1)
         released = True
         try:
             provider.release(store, store.job(job.id), force=True)
@@ -602,10 +793,15 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
         return _check_launcher(store, job)
     if not job.active or not job.jobdir:
         return job
-    try:
-        report = host_of(job).probe_job(job.jobdir, settings.stale_after_seconds)
-    except HostError as exc:
-        return _host_lost(store, settings, job, exc)
+    if len(_node_records(job)) > 1:
+        report = _probe_nodes(store, settings, job)
+        if isinstance(report, Job):  # a node is lost, and what that means was decided
+            return report
+    else:
+        try:
+            report = host_of(job).probe_job(job.jobdir, settings.stale_after_seconds)
+        except HostError as exc:
+            return _host_lost(store, settings, job, exc)
     fields = {}
     if (job.reason or "").startswith(UNREACHABLE):  # it answers again
         fields["reason"] = None
@@ -625,6 +821,7 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
         from . import recovery
 
         if not recovery.drained(job, status):  # the notice's checkpoint is on its way up
+            _stop_nodes(job, settings, wait=False)  # the other nodes' jobs checkpoint too
             store.update_job(job.id, reason="spot interruption notice: uploading the "
                                             "checkpoint", **fields)
             return store.job(job.id)
@@ -655,6 +852,145 @@ def _record_staged(store: Store, job: Job, staging: dict | None) -> bool:
         return False
     return store.set_state(job.id, state.RUNNING, at=staging.get("ended_at") or time.time(),
                            detail=datasets.staged_line(staging), expect=state.STAGING)
+
+
+def _node_records(job: Job) -> list[dict]:
+    from . import nodes
+
+    return nodes.records(job)
+
+
+def _probe_nodes(store: Store, settings: config.Settings, job: Job) -> dict | Job:
+    """refresh's probe for a job on several machines: every node at once (one round trip
+    each, on its own connection). The report is node 0's (its metrics are rank 0's) with the
+    job's status combined from all nodes (nodes.combine), and the staging of the node that
+    is furthest from done. A node that does not answer is looked up in the cloud: its
+    instance gone means its end (what it stored in the job store, else failed, or preempted
+    when EC2 took a spot instance back); still there, the job is only unreachable now."""
+    from . import nodes
+
+    recs = nodes.records(job)
+    n = len(recs)
+
+    def probe(i: int):
+        try:
+            return nodes.host(job, i).probe_job(nodes.jobdir(job, i), settings.stale_after_seconds)
+        except HostError as exc:
+            return exc
+
+    reports = nodes.each(probe, n)
+    lost = {i: r for i, r in enumerate(reports) if isinstance(r, HostError)}
+    statuses = [r.get("status") if isinstance(r, dict) else None for r in reports]
+    if lost:
+        verdict = _nodes_lost(store, settings, job, lost, statuses)
+        if isinstance(verdict, Job):
+            return verdict
+    job = store.job(job.id)
+    report = dict(reports[0]) if isinstance(reports[0], dict) else \
+        probe_files(job.jobdir) if (job.host or {}).get("collected_from") is not None else {}
+    report["status"] = nodes.combine(statuses)
+    stagings = [r.get("staging") if isinstance(r, dict) else None for r in reports]
+    report["staging"] = next((st for st in stagings if not st or st.get("state") != "staged"),
+                             stagings[0])
+    host = dict(job.host or {})
+    if isinstance(host.get("nodes"), list):
+        host["nodes"] = [{**rec, "agent": agent} for rec, agent in
+                         zip(host["nodes"], nodes.summary(statuses))]
+        store.update_job(job.id, host=host)
+    return report
+
+
+def _nodes_lost(store: Store, settings: config.Settings, job: Job, lost: dict,
+                statuses: list) -> Job | None:
+    """Nodes that did not answer a probe: each whose instance is gone gets its end in
+    `statuses` (from the job store, or failed/preempted by what EC2 says); if any node is
+    only unreachable and none has ended, the job is recorded as unreachable and returned."""
+    from . import nodes
+
+    recs = nodes.records(job)
+    states = providers.get(job.backend).instance_states(store, job)
+    recorded = {i.id for i in store.instances(job.id)}
+    unreachable = []
+    for i, exc in lost.items():
+        inst = recs[i].get("instance")
+        seen = states.get(inst) if inst else None
+        gone = bool(inst) and ((seen is None and inst in recorded and job.backend != "local")
+                               or (seen is not None and seen["state"] in ("shutting-down",
+                                                                            "terminated")))
+        if not gone:
+            unreachable.append(f"node {i}: {exc.message}")
+            continue
+        spot = _spot_reason({inst: seen}) if seen else False
+        try:
+            stored = (_from_job_store(store, job) if i == 0 else
+                      _node_from_store(store, job, i)) or {}
+        except CloudtrainError as store_exc:
+            unreachable.append(f"node {i}: the job store could not be read "
+                               f"({store_exc.message})")
+            continue
+        if stored.get("state") in state.TERMINAL_STATES and not (
+                spot and stored["state"] not in (state.SUCCEEDED, state.PREEMPTED)):
+            statuses[i] = stored
+        else:
+            why = (seen or {}).get("message") or (seen or {}).get("state") or "no longer listed"
+            statuses[i] = {"state": state.PREEMPTED if spot else state.FAILED,
+                           "ended_at": time.time(), "exit_code": None,
+                           "reason": ("spot instance interrupted" if spot else
+                                      f"its instance {inst} was terminated ({why})")}
+    ended = any(s and s.get("state") in state.TERMINAL_STATES and s.get("state") !=
+                state.SUCCEEDED for s in statuses)
+    if unreachable and not ended:
+        store.update_job(job.id, reason=f"{UNREACHABLE}: " + "; ".join(unreachable))
+        return store.job(job.id)
+    return None
+
+
+def _node_from_store(store: Store, job: Job, node: int) -> dict | None:
+    """Node i's files from the job store (its agent put them there before the power-off),
+    brought to jobs/<id>/nodes/<i>/; its stored status, or None when nothing was stored."""
+    from . import nodes
+
+    local = nodes.local_dir(job.id, node)
+    fetched = providers.get(job.backend).fetch_results(store, job, local, node=node)
+    if not fetched:
+        return None
+    _mark_node_collected(store, job.id, node)
+    return hostdata.clean_status(read_json(str(local / "status.json")))
+
+
+def _mark_node_collected(store: Store, job_id: str, node: int) -> None:
+    from . import nodes
+
+    job = store.job(job_id)
+    host = dict(job.host or {})
+    where = host["collected_from"] if host.get("collected_from") is not None else host
+    recs = where.get("nodes")
+    if isinstance(recs, list) and node < len(recs):
+        recs[node] = {**recs[node], "collected": True,
+                      "local_jobdir": str(nodes.local_dir(job_id, node))}
+        store.update_job(job_id, host=host)
+
+
+def _stop_nodes(job: Job, settings: config.Settings, wait: bool = True,
+                grace_s: float | None = None) -> list:
+    """Ask every node's agent still running the job to stop it (SIGTERM, SIGKILL after the
+    grace period); with `wait`, until each has (bounded); without, only the signal. One
+    node's failure to answer never holds the others. Returns each node's final status (or
+    the error), node 0 first."""
+    from . import nodes
+
+    recs = nodes.records(job)
+    grace = settings.stop_grace_seconds if grace_s is None else grace_s
+
+    def stop(i: int):
+        if recs[i].get("collected") or (i == 0 and (job.host or {}).get("collected_from")):
+            return None
+        result, problem = _bounded(
+            lambda: nodes.host(job, i).stop_job(nodes.jobdir(job, i), grace, wait=wait),
+            grace + STOP_MARGIN_S)
+        return problem if problem is not None else result
+
+    return nodes.each(stop, len(recs)) if len(recs) > 1 else []
 
 
 def _host_lost(store: Store, settings: config.Settings, job: Job, exc: HostError) -> Job:
@@ -783,6 +1119,8 @@ def collect_files(store: Store, job: Job) -> bool:
     """Copy a remote job's log, metrics and status to $CLOUDTRAIN_HOME/jobs/<id>/ (before its
     host goes away); from then on the job is read from there."""
     local = config.home() / "jobs" / job.id
+    _collect_nodes(store, job)
+    job = store.job(job.id)
     if not job.jobdir or Path(job.jobdir) == local or isinstance(host_of(job), LocalHost):
         return False
     host = host_of(job)
@@ -811,14 +1149,58 @@ def collect_files(store: Store, job: Job) -> bool:
     return True
 
 
+NODE_FILES = ("output.log", "status.json", "job.json", "run.sh", datasets.STATUS_FILE)
+
+
+def _collect_nodes(store: Store, job: Job) -> None:
+    """Nodes 1.. of a job on several machines: their log, status and settings to
+    jobs/<id>/nodes/<i>/ (over their own connection, else from the job store), and the
+    `collected` marker their agents wait for before powering off. Node 0 is the job's own
+    directory (collect_files)."""
+    from . import nodes
+
+    recs = nodes.records(job)
+    if len(recs) < 2:
+        return
+
+    def collect(i: int) -> None:
+        if recs[i].get("collected"):
+            return
+        h, jd = nodes.host(job, i), nodes.jobdir(job, i)
+        local = nodes.local_dir(job.id, i)
+        if isinstance(h, LocalHost) and Path(jd) == local:
+            return
+        try:
+            for name in NODE_FILES:
+                data = h.read(f"{jd}/{name}")
+                local.mkdir(parents=True, exist_ok=True)
+                config.write_private(local / name, data)
+            h.write_text(f"{jd}/collected", str(time.time()))
+        except HostError:
+            try:
+                if _node_from_store(store, job, i) is None:
+                    return
+            except CloudtrainError:
+                return
+        _mark_node_collected(store, job.id, i)
+
+    nodes.each(lambda i: collect(i) if i else None, len(recs))
+
+
 def _finish(store: Store, job: Job, collect: bool = True, force: bool = False) -> None:
     """After the job: bring its files home (over SSH, else from the job store), give the
     host back whatever happened to the files, settle the cost."""
     try:
+        if len(_node_records(job)) > 1:  # the nodes still running the job stop first
+            _stop_nodes(store.job(job.id), config.Settings.load())
         if collect and not collect_files(store, store.job(job.id)):
             _collect_from_store(store, store.job(job.id))
     finally:
         providers.get(job.backend).release(store, store.job(job.id), force=force)
+        if len(_node_records(job)) > 1:
+            from . import nodes
+
+            nodes.forget(job.id)
         if not store.job(job.id).active:
             from . import recovery
 
@@ -879,37 +1261,55 @@ def refresh_all(store: Store, settings: config.Settings) -> list[Job]:
     return store.jobs()
 
 
-def read_log(job: Job, offset: int = 0) -> bytes:
-    if not job.jobdir:
-        return b""
-    return host_of(job).read(f"{job.jobdir}/output.log", offset)
+def _log_of(job: Job, node: int) -> tuple[Host | None, str | None]:
+    """(host, output.log path) of the job's node `node` (0: the job's own log)."""
+    from . import nodes
+
+    if node and node >= len(nodes.records(job)):
+        raise UsageError(f"--node {node}: job {job.id} runs on "
+                         f"{len(nodes.records(job)) or 1} node(s), numbered from 0")
+    where = nodes.jobdir(job, node) if node else job.jobdir
+    if not where:
+        return None, None
+    return (nodes.host(job, node) if node else host_of(job)), f"{where}/output.log"
 
 
-def tail_log(job: Job, lines: int) -> tuple[bytes, int]:
-    """The last `lines` lines of the job's output and the offset where the file ended."""
-    if not job.jobdir:
-        return b"", 0
-    return host_of(job).tail(f"{job.jobdir}/output.log", lines)
+def read_log(job: Job, offset: int = 0, node: int = 0) -> bytes:
+    host, path = _log_of(job, node)
+    return host.read(path, offset) if host is not None else b""
 
 
-def follow(store: Store, settings: config.Settings, job: Job, offset: int = 0
-           ) -> Iterator[bytes]:
-    """Yield the job's output as it is written, until the job has ended and all is read."""
+def tail_log(job: Job, lines: int, node: int = 0) -> tuple[bytes, int]:
+    """The last `lines` lines of the job's output (of node `node`) and the offset where the
+    file ended."""
+    host, path = _log_of(job, node)
+    return host.tail(path, lines) if host is not None else (b"", 0)
+
+
+def follow(store: Store, settings: config.Settings, job: Job, offset: int = 0,
+           node: int = 0) -> Iterator[bytes]:
+    """Yield the job's output (node `node`'s) as it is written, until the job has ended and
+    all is read."""
     host, where = None, None
     next_refresh = 0.0
     while True:
         job = store.job(job.id)
-        if job.jobdir != where:  # its files were brought home: read them there from now on
-            host, where = None, job.jobdir
-        if job.jobdir and host is None:
-            host = host_of(job)
+        current, path = _log_of(job, node)
+        if path != where:  # its files were brought home: read them there from now on
+            host, where = None, path
+        if path and host is None:
+            host = current
         if host is not None:
             try:
-                chunk = host.read(f"{job.jobdir}/output.log", offset)
+                chunk = host.read(path, offset)
             except (HostError, OSError):
                 # The connection dropped (often: the instance powered off as the job ended).
                 # Forget it; the refresh below finds the job's end and where its files are now.
                 _forget_host(job.id)
+                if node:
+                    from . import nodes
+
+                    nodes.forget(job.id)
                 host, chunk, next_refresh = None, b"", 0.0
             if chunk:
                 offset += len(chunk)
@@ -1009,6 +1409,12 @@ def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -
     status, problem = {}, None
     if (job.reason or "").startswith(UNREACHABLE):  # the probe just now got no answer:
         problem = job.reason                          # no graceful stop to wait for
+    elif job.jobdir and job.state in (state.RUNNING, state.STAGING) and \
+            len(_node_records(job)) > 1:  # every node at once, each bounded
+        answers = _stop_nodes(job, settings, grace_s=grace)
+        status = answers[0] if isinstance(answers[0], dict) else {}
+        problems = [f"node {i}: {a}" for i, a in enumerate(answers) if isinstance(a, str)]
+        problem = "; ".join(problems) or None
     elif job.jobdir and job.state in (state.RUNNING, state.STAGING):
         status, problem = _bounded(lambda: host_of(job).stop_job(job.jobdir, grace) or {},
                                    grace + STOP_MARGIN_S)
@@ -1193,26 +1599,36 @@ def _on_its_host(store: Store, settings: config.Settings, job: Job, action: str)
     return job
 
 
+def _node_host(job: Job, node: int) -> Host:
+    from . import nodes
+
+    if node and node >= len(nodes.records(job)):
+        raise UsageError(f"--node {node}: job {job.id} runs on "
+                         f"{len(nodes.records(job)) or 1} node(s), numbered from 0")
+    return nodes.host(job, node) if node else host_of(job)
+
+
 def attach_argv(store: Store, settings: config.Settings, job: Job,
-                terminal: bool = True) -> list[str]:
-    """tmux's command line that attaches to the job's session. `terminal`: whether this
-    process has one (tmux needs it: "open terminal failed: not a terminal", D40)."""
+                terminal: bool = True, node: int = 0) -> list[str]:
+    """tmux's command line that attaches to the job's session (on node `node`). `terminal`:
+    whether this process has one (tmux needs it: "open terminal failed: not a terminal",
+    D40)."""
     job = _on_its_host(store, settings, job, "attach")
     if not terminal:
         raise UsageError(f"attach needs a terminal; use cloudtrain logs {job.id} -f")
-    host = host_of(job)
+    host = _node_host(job, node)
     if not host.session_alive(job.id):
         raise UsageError(f"job {job.id} has no tmux session any more",
                          hint=f"cloudtrain status {job.id}")
     return host.attach_argv(job.id)
 
 
-def ssh_argv(store: Store, settings: config.Settings, job: Job) -> list[str]:
+def ssh_argv(store: Store, settings: config.Settings, job: Job, node: int = 0) -> list[str]:
     job = _on_its_host(store, settings, job, "ssh")
-    if job.backend == "local":
+    host = _node_host(job, node)
+    if job.backend == "local" and isinstance(host, LocalHost):
         raise UsageError(f"job {job.id} runs on this machine: use cloudtrain attach {job.id}",
                          hint=f"cloudtrain logs {job.id}")
-    host = host_of(job)
     if isinstance(host, LocalHost):  # its files were brought home: the instance is gone
         raise UsageError(_ended(job) + " and its instance is gone",
                          hint=f"cloudtrain logs {job.id}")

@@ -187,9 +187,20 @@ def _not_ours(bucket: str, account: str | None) -> CloudtrainError:
              f"{account or '<your account id>'}")
 
 
-def upload_grant(s3, bucket: str, job_id: str, expires_s: int, max_bytes: int) -> dict:
-    """A presigned POST letting its holder write objects under `jobs/<job_id>/` only, each at
-    most `max_bytes` (S3 allows 5 GB per POST), for `expires_s` seconds, encrypted SSE-S3.
+def job_prefix(job_id: str, node: int = 0) -> str:
+    """The job's key prefix, `jobs/<id>/`; node i > 0 of a job on several machines stores
+    its own files under `jobs/<id>/nodes/<i>/`."""
+    _check_job_id(job_id)
+    if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < 1024:
+        raise UsageError(f"a node is numbered 0 to 1023, not {node!r}")
+    return f"{PREFIX}{job_id}/" + (f"nodes/{node}/" if node else "")
+
+
+def upload_grant(s3, bucket: str, job_id: str, expires_s: int, max_bytes: int,
+                 node: int = 0) -> dict:
+    """A presigned POST letting its holder write objects under `jobs/<job_id>/` only (node
+    i > 0: `jobs/<job_id>/nodes/<i>/`), each at most `max_bytes` (S3 allows 5 GB per POST),
+    for `expires_s` seconds, encrypted SSE-S3.
     Returns {"url", "fields", "prefix", "expires_at", "max_bytes"}, all JSON-serialisable:
     what agent_upload.upload_job takes.
 
@@ -197,12 +208,11 @@ def upload_grant(s3, bucket: str, job_id: str, expires_s: int, max_bytes: int) -
     grant signed with temporary credentials (SSO, an assumed role, anything with a session
     token) is refused with 403 once that session ends, whatever `expires_s` says. Clamp
     `expires_s` to credential_expiry(session) and tell the user when that is short."""
-    _check_job_id(job_id)
+    prefix = job_prefix(job_id, node)
     if not 0 < expires_s <= GRANT_MAX_S:
         raise UsageError(f"an upload grant lasts 1 s to 7 days, not {expires_s} s")
     if not 0 <= max_bytes <= POST_MAX_BYTES:
         raise UsageError(f"an S3 POST carries at most {POST_MAX_BYTES} bytes, not {max_bytes}")
-    prefix = f"{PREFIX}{job_id}/"
     # A key ending in ${filename} makes botocore add ["starts-with", "$key", prefix] to the
     # policy; S3 then refuses any key outside the prefix.
     post = s3.generate_presigned_post(
@@ -231,7 +241,7 @@ def credential_expiry(session) -> float | None:
 
 def fetch(s3, bucket: str, job_id: str, local_dir: Path, limit_bytes: int, *,
           only: tuple[str, ...] | None = None,
-          expected_owner: str | None = None) -> FetchResult:
+          expected_owner: str | None = None, node: int = 0) -> FetchResult:
     """Download what is stored for `job_id` into `local_dir` (at most `limit_bytes` in all).
 
     With a manifest (the upload finished) only the files it lists are fetched, and each must
@@ -242,12 +252,12 @@ def fetch(s3, bucket: str, job_id: str, local_dir: Path, limit_bytes: int, *,
     (`streamed`: its seq). `only`: relative paths, or folders ending in "/", to fetch (e.g.
     ("status.json", "output.log")). Every key is checked as an untrusted path: what could
     land outside `local_dir` is skipped, as is whatever would pass the limit.
-    `expected_owner`: the account id; S3 then refuses a bucket some other account owns."""
+    `expected_owner`: the account id; S3 then refuses a bucket some other account owns.
+    `node`: node i > 0 of a job on several machines (its own prefix, upload_grant)."""
     from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import ClientError
 
-    _check_job_id(job_id)
-    prefix = f"{PREFIX}{job_id}/"
+    prefix = job_prefix(job_id, node)
     result = FetchResult()
     stored = _list(s3, bucket, prefix, expected_owner, result)
     if not stored:

@@ -51,11 +51,26 @@ def begin(store: Store, job: Job, spec: JobSpec) -> None:
                       region=spec.region)
 
 
+def instances_of(store: Store, job_id: str, attempt: Attempt | None) -> list:
+    """The instances of an attempt: on several nodes, those recorded with its number (node
+    0 first); else its one instance."""
+    if attempt is None:
+        return []
+    found = [i for i in store.instances(job_id) if (i.details or {}).get("attempt") == attempt.n
+             and isinstance((i.details or {}).get("node"), int)]
+    if found:
+        return sorted(found, key=lambda i: i.details["node"])
+    return [i for i in store.instances(job_id) if i.id == attempt.instance_id]
+
+
 def placed(store: Store, job_id: str, n: int) -> None:
-    """Attempt n's instance: the newest one recorded for the job."""
+    """Attempt n's instance: node 0's of a job on several machines, else the newest one
+    recorded for the job."""
     live = [i for i in store.instances(job_id) if i.state != "terminated"]
-    if live:
-        inst = live[-1]
+    first = [i for i in live if (i.details or {}).get("node") == 0
+             and (i.details or {}).get("attempt") in (None, n)]
+    if first or live:
+        inst = (first or live)[-1]
         store.update_attempt(job_id, n, instance_id=inst.id, region=inst.region,
                              zone=inst.zone, market=inst.market,
                              instance_type=inst.instance_type)
@@ -120,8 +135,8 @@ def interrupted(store: Store, settings: config.Settings, job: Job, status: dict 
     if current is None:  # a job launched before attempts were recorded
         store.add_attempt(job.id, 1, started_at=job.created_at)
         current = store.attempt(job.id)
-    if current.ended_at is not None or (
-            gone is not None and current.instance_id and current.instance_id not in gone):
+    mine = {i.id for i in instances_of(store, job.id, current)}
+    if current.ended_at is not None or (gone is not None and mine and not mine & gone):
         return store.job(job.id)
     if host_alive:  # its logs and last files, while it still answers
         try:
@@ -311,16 +326,19 @@ def summary(store: Store, job: Job) -> list[dict]:
         usd = per_s = run = None
         inst = instances.get(a.instance_id or "")
         if inst is not None:
-            run = ledger.run_of(inst)
-            usd = cost.instance_cost(run, now=time.time()).dollars
+            runs = [ledger.run_of(i) for i in instances_of(store, job.id, a)] or \
+                [ledger.run_of(inst)]
+            run = runs[0]
+            usd = sum(cost.instance_cost(r, now=time.time()).dollars for r in runs)
             end = a.ended_at or time.time()
             if run.price_per_hour and a.running_at and a.last_step is not None:
                 steps = a.last_step - (a.resumed_step or 0)
                 if steps > 0:
                     per_s = (end - a.running_at) / steps
         redone_usd = None
-        if redone is not None and per_s is not None:
-            redone_usd = redone * per_s * (run.price_per_hour or 0.0) / 3600
+        if redone is not None and per_s is not None:  # every node redid those steps
+            redone_usd = redone * per_s * (run.price_per_hour or 0.0) / 3600 * \
+                max(1, len(instances_of(store, job.id, a)))
         rows.append({"attempt": a.n, "instance": a.instance_id, "region": a.region,
                      "zone": a.zone, "market": a.market, "started_at": a.started_at,
                      "running_at": a.running_at, "ended_at": a.ended_at,

@@ -275,6 +275,12 @@ def detail_json(job: Job, phases, log_tail: bytes, target: dict | None,
     data["runs"] = runs
     data["attempts"] = attempts or []
     data["recovery"] = recovery
+    from .nodes import records
+
+    data["nodes"] = [{"node": i, "instance": r.get("instance"), "address": r.get("address"),
+                      "host": r.get("host"), "agent": r.get("agent"),
+                      "collected": bool(r.get("collected"))}
+                     for i, r in enumerate(records(job))]
     data["log_tail"] = log_tail.decode("utf-8", "replace")
     return json.dumps(data, indent=1)
 
@@ -336,6 +342,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
         out.append(f"  jobdir    {job.jobdir}")
     if attempts and (len(attempts) > 1 or (job.spec or {}).get("recover")):
         out += attempts_lines(attempts, recovery or {}, width=width)
+    out += nodes_lines(job, width=width)
     out.append("  timeline")
     for ph in phases:
         took = "" if ph.name in ("succeeded", "failed", "cancelled", "preempted") else (
@@ -381,6 +388,33 @@ def attempts_lines(rows: list[dict], totals: dict, width: int | None = None) -> 
         if r.get("reason") and r.get("outcome") == "interrupted":
             lines.append(f"    {r['attempt']}: {_shown_long(r['reason'])}")
     return lines
+
+
+NODES_COLS = [Col("NODE"), Col("INSTANCE", cut=10), Col("ADDRESS", drop=2),
+              Col("HOST", cut=10, drop=1), Col("STATE"), Col("EXIT", drop=3),
+              Col("REASON", cut=10)]
+
+
+def nodes_lines(job: Job, width: int | None = None) -> list[str]:
+    """A job on several machines: each node, where it is and what its agent last said (the
+    job's state is theirs combined: one node failing fails the job)."""
+    from .nodes import records
+
+    recs = records(job)
+    if len(recs) < 2:
+        return []
+    rows = []
+    for i, rec in enumerate(recs):
+        agent = rec.get("agent") if isinstance(rec.get("agent"), dict) else {}
+        where = rec.get("host") or ("this machine" if rec.get("kind") == "LocalHost" else "-")
+        rows.append([str(i) + (" (rendezvous)" if i == 0 else ""), _shown(rec.get("instance")),
+                     _shown(rec.get("address")), _shown(where),
+                     _shown(agent.get("state") or ("collected" if rec.get("collected")
+                                                   else "-")),
+                     _shown(agent.get("exit_code")), _shown_long(agent.get("reason") or "")])
+    fitted = grid(NODES_COLS, rows, width=None if width is None else max(width - 4, 20))
+    return [f"  nodes     {len(recs)} (logs of node i: cloudtrain logs {job.id} --node i)"] + \
+        ["    " + line for line in fitted.splitlines()]
 
 
 def _shown_long(text) -> str:
@@ -614,7 +648,8 @@ def estimate_table(est, *, width: int | None = None) -> str:
     Money is per run (`$/RUN`), where `catalog` shows per hour (`$/H`) (D24)."""
     rows = []
     for r in est.rows:
-        row = [r.instance_type, f"{r.gpus:g}x {r.gpu}", duration(r.train_s),
+        row = [r.instance_type if r.nodes == 1 else f"{r.nodes} x {r.instance_type}",
+               f"{r.gpus * r.nodes:g}x {r.gpu}", duration(r.train_s),
                duration(r.total_s), money4(r.on_demand), money4(r.spot), ", ".join(r.marks),
                r.scaling]
         if est.staging_bytes or est.preread_s:
@@ -638,7 +673,9 @@ def estimate_table(est, *, width: int | None = None) -> str:
                   f"{k} {duration(v)} ({est.overheads.source[k]})"
                   for k, v in est.overheads.seconds.items()),
               f"cost: per-second billing (60 s minimum) + {est.disk_gb} GB gp3 root volume"
-              + (f" at {est.disk_mbps} MB/s" if est.disk_mbps else "")]
+              + (f" at {est.disk_mbps} MB/s" if est.disk_mbps else "")
+              + (f", for each of {est.nodes} instances (one cluster placement group)"
+                 if est.nodes > 1 else "")]
     if est.preread_s:
         later.append(f"data copy (in TOTAL and billed): reading the snapshot volumes once before "
                      f"training, {duration(est.preread_s)} at their provisioned throughput")
@@ -663,9 +700,10 @@ def estimate_line(row, market: str) -> str:
     copy = (f", copying the data {duration(row.staging_s)} ({row.staging_basis})"
             if row.staging_s else "")
     profile = f"; {row.profile_note}" if row.profile_note else ""
+    nodes = f" on {row.nodes} nodes" if row.nodes > 1 else ""
     return (f"estimate: training {duration(row.train_s)} ({row.scaling}{profile}){copy}, about "
-            f"{duration(row.total_s)} billed with boot and setup, {money(price)} {market}; "
-            f"`cloudtrain estimate` compares instance types")
+            f"{duration(row.total_s)} billed with boot and setup, {money(price)} {market}"
+            f"{nodes}; `cloudtrain estimate` compares instance types")
 
 
 def prepare_report(report) -> str:

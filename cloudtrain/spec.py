@@ -16,6 +16,7 @@ RECIPE, COMMAND = "recipe", "command"
 
 MAX_RUNTIME_MINUTES = config.LIMITS["max_runtime_minutes"][1]  # a week
 MAX_PROCS = 1024
+MAX_NODES = 64  # machines in one job (the published ImageNet runs used up to 16)
 # A job name: printable in one table cell (no newline, ANSI escape or bidi override), usable
 # as an argument, and never read as a job id prefix (ids are 8 hex digits).
 NAME_PATTERN = re.compile(r"[^\W_][\w.-]{0,63}")
@@ -26,7 +27,8 @@ FLAGS = {"instance_type": "--instance", "region": "--region", "ami": "--ami",
          "disk_gb": "--disk-gb", "max_price": "--max-price", "keep": "--keep",
          "idle_minutes": "--idle-minutes", "on_job": "--on", "gpus": "--gpus",
          "recover": "--recover/--no-recover", "max_restarts": "--max-restarts",
-         "fallback": "--fallback", "cpu_only": "--cpu-only", "market": "--spot/--on-demand"}
+         "fallback": "--fallback", "cpu_only": "--cpu-only", "market": "--spot/--on-demand",
+         "nodes": "--nodes"}
 MAX_RESTARTS = 100
 FALLBACKS = ("on-demand",)
 
@@ -48,6 +50,9 @@ class JobSpec:
     procs: int | None = None  # processes per host (torchrun recipes); None: the host's GPUs
     gpus_needed: int = 0  # GPUs on one host the recipe's arguments require (0: no requirement)
     gpus_exact: bool = True  # False: gpus_needed is a default that --procs may override
+    # Machines the job spans (nodes.py): one torchrun job over all of them, node 0 the
+    # rendezvous; every node gets the same files, setup and command.
+    nodes: int = 1
     # Cloud placement (ignored by the local backend)
     instance_type: str | None = None
     market: str = "on-demand"  # "on-demand" or "spot" (one-time request, terminate on interruption)
@@ -98,16 +103,23 @@ class JobSpec:
                 if base.get(k) != v:
                     text = rec.arguments[k].render(v) if rec and k in rec.arguments else str(v)
                     what.append(f"{k}={shlex.quote(text)}")
-            return " ".join(what)
+            return " ".join(what) + self._on_nodes()
         if len(self.command) == 1:
-            return self.command[0]
-        return shlex.join(self.command)
+            return self.command[0] + self._on_nodes()
+        return shlex.join(self.command) + self._on_nodes()
+
+    def _on_nodes(self) -> str:
+        return f" [{self.nodes} nodes]" if self.nodes > 1 else ""
 
     def processes(self, gpus: int) -> int:
         """How many processes the job starts on a host with `gpus` GPUs: --procs if given;
         else, for a recipe whose arguments are set up for N GPUs, N (refused on a host with
-        fewer); else one per GPU for torchrun recipes (one on a host without GPUs); else one."""
+        fewer); else one per GPU for torchrun recipes (one on a host without GPUs); else one.
+        On several nodes a recipe's `gpus` argument counts the processes of all of them:
+        each node starts its share."""
         n = self.gpus_needed
+        if self.nodes > 1 and self.gpus_exact and n > 1 and n % self.nodes == 0:
+            n //= self.nodes
         if self.procs:
             procs = self.procs
         elif n:
@@ -147,24 +159,57 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
                backend: str | None, max_runtime_minutes: float | None,
                settings: config.Settings, resume_from: str | None = None,
                placement: dict | None = None, procs: int | None = None,
-               include: tuple[str, ...] = (), data: tuple[str, ...] = ()) -> JobSpec:
+               include: tuple[str, ...] = (), data: tuple[str, ...] = (),
+               nodes: int | None = None) -> JobSpec:
     """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise).
     `placement`: instance_type, market, region, ami, disk_gb, max_price, keep, idle_minutes.
-    `data`: `--data NAME=SOURCE` / `--data NAME` (datasets.py)."""
+    `data`: `--data NAME=SOURCE` / `--data NAME` (datasets.py). `nodes`: `--nodes N`; else a
+    cloud recipe job gets the machines its variant was published on (recipe.yaml
+    `resources.nodes_per_variant`), anything else one."""
     from . import datasets
 
+    if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int)
+                              or not 1 <= nodes <= MAX_NODES):
+        raise UsageError(f"--nodes must be a whole number from 1 to {MAX_NODES}, got "
+                         f"{shown(nodes)}")
     flags = datasets.parse_data_flags(data)
     spec = _build_spec(recipe=recipe, command=command, workdir=workdir, profile=profile,
                        sets=sets, name=name, backend=backend,
                        max_runtime_minutes=max_runtime_minutes, settings=settings,
                        resume_from=resume_from, placement=placement, procs=procs,
-                       include=include)
+                       include=include, nodes=nodes)
+    _check_nodes(spec)
     spec.datasets = datasets.resolve(spec, settings, flags)
     return spec
 
 
+def _check_nodes(spec: JobSpec) -> None:
+    """Refuse a job on several machines that cannot be one."""
+    n = spec.nodes
+    if n == 1:
+        return
+    if spec.on_job:
+        raise UsageError(f"--nodes {n}: --on reuses one kept instance; a job on {n} machines "
+                         "needs new ones", hint="leave out --on")
+    if spec.kind == RECIPE:
+        from . import recipes
+
+        rec = recipes.load(spec.recipe)
+        if rec.launcher != "torchrun":
+            raise UsageError(f"--nodes {n}: recipe {rec.name} runs as one process on one "
+                             "machine; it cannot span machines",
+                             hint="recipes that can: " + ", ".join(
+                                 r for r in recipes.names()
+                                 if recipes.load(r).launcher == "torchrun"))
+        if spec.gpus_exact and spec.gpus_needed > 1 and spec.gpus_needed % n:
+            raise UsageError(f"recipe {rec.name} with gpus={spec.gpus_needed} on {n} nodes: "
+                             f"its gpus (processes in all) must split evenly over the nodes",
+                             hint=f"--set gpus={n * max(1, spec.gpus_needed // n)}, or "
+                                  f"--nodes a divisor of {spec.gpus_needed}")
+
+
 def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_runtime_minutes,
-                settings, resume_from, placement, procs, include) -> JobSpec:
+                settings, resume_from, placement, procs, include, nodes=None) -> JobSpec:
     placement = {k: v for k, v in (placement or {}).items() if v is not None}
     _check_inputs(dict(recipe=recipe, profile=profile, workdir=workdir, name=name,
                        backend=backend, resume_from=resume_from), placement, include)
@@ -237,15 +282,17 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
         needed = rec.gpus_needed(args)
         if procs is not None and procs > 1 and rec.launcher != "torchrun":
             raise UsageError(f"--procs: recipe {rec.name} runs as one process")
+        # The machines: --nodes, else on a cloud those the variant was published on.
+        nodes = nodes or (rec.nodes_published(args) if backend == "aws" and not on_job else 1)
         if backend == "aws" and not on_job:
-            _place_recipe(rec, args, placement, settings)
+            _place_recipe(rec, args, placement, settings, nodes)
         minutes = max_runtime_minutes or rec.resources.get("max_runtime_minutes") \
             or settings.max_runtime_minutes
         return JobSpec(kind=RECIPE, backend=backend, name=name, recipe=rec.name, profile=profile,
                        args=args, workdir=workdir_path, max_runtime_s=float(minutes) * 60,
                        resources=dict(rec.resources), requires=list(rec.requires),
                        resume_from=resume_from, procs=procs, gpus_needed=needed,
-                       gpus_exact=rec.gpus_exact(args), include=list(include),
+                       gpus_exact=rec.gpus_exact(args), include=list(include), nodes=nodes,
                        **placement)
     if procs is not None:
         raise UsageError("--procs applies to recipes started under torchrun; your own command "
@@ -258,7 +305,7 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
     minutes = max_runtime_minutes or settings.max_runtime_minutes
     return JobSpec(kind=COMMAND, backend=backend, name=name, command=list(command),
                    workdir=workdir_path, max_runtime_s=float(minutes) * 60,
-                   include=list(include), **placement)
+                   include=list(include), nodes=nodes or 1, **placement)
 
 
 def _recovery(given: dict, market: str, on_job: str | None) -> dict:
@@ -330,13 +377,16 @@ def _check_inputs(given: dict, placement: dict, include: tuple[str, ...]) -> Non
             raise UsageError(f"--include {shown(pattern)}: expected a path pattern, e.g. .env")
 
 
-def _place_recipe(rec, args: dict, placement: dict, settings: config.Settings) -> None:
+def _place_recipe(rec, args: dict, placement: dict, settings: config.Settings,
+                  nodes: int = 1) -> None:
     """A cloud recipe job's instance: the one asked for, which must have the GPUs the recipe's
-    arguments need; else, for a multi-GPU recipe, the cheapest type with them; else the
-    configured default type."""
+    arguments need (per node); else, for a multi-GPU recipe, the cheapest type with them;
+    else the configured default type."""
     from . import catalog
 
     needed = rec.gpus_needed(args)
+    if nodes > 1 and rec.gpus_exact(args) and needed % nodes == 0:  # `gpus`: in all
+        needed //= nodes
     if placement.get("instance_type"):
         t = catalog.get(placement["instance_type"])
         if t is not None and needed > t.gpus:
@@ -345,6 +395,8 @@ def _place_recipe(rec, args: dict, placement: dict, settings: config.Settings) -
                              hint=f"use --gpus {rec.gpu_request(args)}, or --set gpus={t.gpus:g}")
         return
     request = rec.gpu_request(args)
+    if needed != rec.gpus_needed(args):  # split over the nodes
+        request = f"{catalog.parse_gpus(request)[0]}:{needed}"
     if catalog.parse_gpus(request)[1] > 1:
         placement.update(_resolve_gpus(request, placement, settings))
     else:

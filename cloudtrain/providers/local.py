@@ -1,14 +1,43 @@
-"""The embedded default: this machine, no cloud account, nothing that bills."""
+"""The embedded default: this machine, no cloud account, nothing that bills.
+
+A job on several machines (--nodes N) runs node 0 here and nodes 1.. on the hosts listed in
+config.yaml's `local_nodes:`, over SSH (a lab, a few workstations; the tests use network
+namespaces), with the same agent, torchrun rendezvous and lifecycle as on a cloud.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import socket
 import time
 
 from .. import config
-from ..errors import MissingDependency
-from ..hosts import LocalHost, default_tmux_socket
+from ..errors import ConfigError, HostError, MissingDependency, UsageError
+from ..hosts import Host, LocalHost, SSHHost, default_tmux_socket
 from ..progress import SILENT, Reporter
 from ..state import Instance, Job, Store
+
+NODE_PATTERN = re.compile(r"(?:([A-Za-z_][\w.-]{0,31})@)?([A-Za-z0-9][A-Za-z0-9.-]{0,252})"
+                          r"(?::(\d{1,5}))?")
+KNOWN_NODES = "known_nodes.json"  # host keys of local_nodes, pinned on first contact
+
+
+def parse_nodes(text: str, key: str) -> list[tuple[str, str, int]]:
+    """config.yaml's local_nodes as [(user, host, port)]; a ConfigError names a bad entry."""
+    out = []
+    for entry in [e.strip() for e in (text or "").split(",") if e.strip()]:
+        m = NODE_PATTERN.fullmatch(entry)
+        port = int(m.group(3)) if m and m.group(3) else 22
+        if not m or not 1 <= port <= 65535:
+            raise ConfigError(f"config.yaml local_nodes: {config.shown(entry)} is not "
+                              "[user@]host[:port]")
+        out.append((m.group(1) or "root", m.group(2), port))
+    if out and not key:
+        raise ConfigError("config.yaml: local_nodes needs local_nodes_key (the private key "
+                          "that logs in to them)")
+    return out
 
 
 class LocalProvider:
@@ -23,6 +52,15 @@ class LocalProvider:
     def preflight(self, spec) -> None:
         host = self._host()
         host.require_tmux()
+        if getattr(spec, "nodes", 1) > 1:
+            listed = parse_nodes(self.settings.local_nodes, self.settings.local_nodes_key)
+            if len(listed) < spec.nodes - 1:
+                raise UsageError(
+                    f"--nodes {spec.nodes}: the local backend runs node 0 here and the others "
+                    f"on the hosts in config.yaml's local_nodes:, which lists {len(listed)}",
+                    hint="add hosts (local_nodes: user@10.0.0.2, user@10.0.0.3 and "
+                         "local_nodes_key: ~/.ssh/id_ed25519), or launch on a cloud "
+                         "(--instance TYPE)")
         if spec.requires:
             missing = host.missing_modules(spec.requires)
             if missing:
@@ -41,23 +79,119 @@ class LocalProvider:
             terminated_at=None, price_per_hour=0.0, details=None))
         return host
 
+    def acquire_nodes(self, store: Store, job: Job, spec, report: Reporter = SILENT
+                      ) -> list[Host]:
+        """This machine as node 0 and the first spec.nodes - 1 hosts of local_nodes, each
+        reached over SSH once (its host key pinned in $CLOUDTRAIN_HOME/known_nodes.json on
+        first contact, refused if it changes) and recorded as the job's instances."""
+        from .. import nodes
+        from ..ssh import Endpoint
+
+        listed = parse_nodes(self.settings.local_nodes, self.settings.local_nodes_key)
+        listed = listed[:spec.nodes - 1]
+        key = os.path.expanduser(self.settings.local_nodes_key)
+        known = self._known_nodes()
+        report.phase(f"node 0 is this machine; reaching {len(listed)} more over SSH: "
+                     + ", ".join(f"{u}@{h}:{p}" for u, h, p in listed))
+
+        def reach(i: int) -> Host:
+            if i == 0:
+                return self._host()
+            user, address, port = listed[i - 1]
+            label = f"{user}@{address}:{port}"
+            host = SSHHost(Endpoint(address, port, user, key, known.get(label)),
+                           default_tmux_socket(), "python3")
+            try:
+                host.home()
+            except HostError as exc:
+                raise HostError(f"local node {label}: {exc.message}", hint=exc.hint) from exc
+            return host
+
+        hosts = nodes.each(reach, spec.nodes)
+        self._pin(known, hosts[1:], listed)
+        hosts[0].peer_address = self.settings.node_address or self._address_towards(
+            hosts[1].endpoint.host, hosts[1].endpoint.port)
+        for h in hosts[1:]:
+            h.peer_address = h.endpoint.host
+        now = time.time()
+        for i, h in enumerate(hosts):
+            store.add_instance(Instance(
+                id=f"local-{job.id}" + (f"-n{i}" if i else ""), job_id=job.id,
+                provider=self.name, region=None, zone=None, instance_type="local",
+                market="local", state="running", launched_at=now, terminated_at=None,
+                price_per_hour=0.0, details={"node": i, "host": h.name}))
+        return hosts
+
+    def _known_nodes(self) -> dict:
+        path = config.home() / KNOWN_NODES
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)} \
+            if isinstance(found, dict) else {}
+
+    def _pin(self, known: dict, hosts: list, listed: list) -> None:
+        updated = dict(known)
+        for h, (user, address, port) in zip(hosts, listed):
+            updated[f"{user}@{address}:{port}"] = h.endpoint.host_key
+        if updated != known:
+            config.write_private(config.home() / KNOWN_NODES,
+                                 json.dumps(updated, indent=1).encode())
+
+    @staticmethod
+    def _address_towards(address: str, port: int) -> str:
+        """This machine's address on the route to `address` (no packet is sent: a UDP
+        socket's connect only picks the route)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((address, port))
+            return s.getsockname()[0]
+
+    def node_address(self, host: Host) -> str:
+        return host.peer_address or "127.0.0.1"
+
+    def node_instances(self, store: Store, job: Job, hosts: list) -> list[str | None]:
+        by_node = {(i.details or {}).get("node"): i.id for i in store.instances(job.id)}
+        return [by_node.get(i) for i in range(len(hosts))]
+
+    def efa_environment(self, spec) -> dict:
+        return {}
+
     def host_for(self, job: Job) -> LocalHost:
         info = job.host or {}
         return self._host(info.get("tmux_socket"), info.get("python"))
 
-    def setup(self, host: LocalHost) -> None:
-        """Nothing to install here: preflight checked tmux and the Python modules."""
+    def setup(self, host: Host) -> None:
+        """Nothing to install here: preflight checked tmux and the Python modules. A local
+        node over SSH must have python3 and tmux itself (`remote_python:` for one with the
+        job's modules)."""
+        if not isinstance(host, SSHHost):
+            return
+        found = host.run("command -v python3; printf 'tmux:'; command -v tmux",
+                         check=False).stdout.splitlines()
+        if "tmux:" in found or not found or found[0].startswith("tmux:"):
+            from ..hosts import TMUX_INSTALL_HINT
 
-    def gpus(self, spec, host: LocalHost) -> int:
+            raise MissingDependency(f"{host.name} needs python3 and tmux",
+                                    hint=TMUX_INSTALL_HINT)
+        # `remote_python:` names the interpreter with torch there, as for cloud instances.
+        host.python = self.settings.remote_python or found[0]
+
+    def gpus(self, spec, host: Host) -> int:
         return host.gpu_count()
 
-    def jobdir(self, job_id: str, host: LocalHost | None = None) -> str:
+    def jobdir(self, job_id: str, host: Host | None = None) -> str:
+        if isinstance(host, SSHHost):
+            return f"{host.home()}/.cloudtrain/jobs/{job_id}"
         return str(config.home() / "jobs" / job_id)
 
-    def data_dir(self, host: LocalHost | None = None) -> str:
+    def data_dir(self, host: Host | None = None) -> str:
+        if isinstance(host, SSHHost):
+            return f"{host.home()}/.cloudtrain/data"
         return str(config.home() / "data")
 
-    def data_mounts(self, store: Store, job: Job, host: LocalHost) -> dict[str, str]:
+    def data_mounts(self, store: Store, job: Job, host: LocalHost,
+                    instance: str | None = None) -> dict[str, str]:
         return {}  # no volumes here: a dataset on this machine is a path
 
     def agent_settings(self, spec) -> dict:
@@ -66,22 +200,29 @@ class LocalProvider:
     def shutdown(self, spec) -> tuple[str | None, float]:
         return None, 0.0  # never power off the user's own machine
 
-    def results_grant(self, store: Store, job: Job, spec) -> tuple[dict | None, str | None]:
+    def results_grant(self, store: Store, job: Job, spec, node: int = 0
+                      ) -> tuple[dict | None, str | None]:
         return None, None  # the job directory is here already, and outlives nothing
 
     def checkpoint_plan(self, store: Store, job: Job, expires_s: float) -> dict | None:
         return None  # a job here is never relaunched elsewhere: its checkpoints stay put
 
-    def fetch_results(self, store: Store, job: Job, local) -> dict | None:
+    def fetch_results(self, store: Store, job: Job, local, node: int = 0) -> dict | None:
         return None
 
     def plan(self, spec) -> list[tuple[str, str]]:
         self.preflight(spec)
         rows = [("backend", "local (this machine)"), ("runs", spec.display())]
+        if spec.nodes > 1:
+            listed = parse_nodes(self.settings.local_nodes, self.settings.local_nodes_key)
+            rows.append(("nodes", f"{spec.nodes}: this machine (node 0, the rendezvous) and "
+                                  + ", ".join(f"{u}@{h}:{p}" for u, h, p in
+                                              listed[:spec.nodes - 1]) + " over SSH"))
         if spec.kind == "recipe":  # D30: refused here as the launch refuses it
             gpus = self._host().gpu_count()
             procs = spec.processes(gpus)
-            rows.append(("processes", f"{procs} ({gpus} GPU(s) here)"))
+            rows.append(("processes", f"{procs} ({gpus} GPU(s) here)" + (
+                f" per node x {spec.nodes} nodes under torchrun" if spec.nodes > 1 else "")))
         warning = self.question(spec)
         if warning:
             rows.append(("WARNING", warning))

@@ -10,6 +10,7 @@ helpers here are the collective primitives they need.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -72,6 +73,21 @@ class World:
         box = [obj]
         td.broadcast_object_list(box, src=src)
         return box[0]
+
+    def agreement(self, module: torch.nn.Module) -> dict:
+        """What every rank ends with, gathered on every rank: its node (torchrun's
+        GROUP_RANK) and a sha256 of its module's parameters. A run over several processes or
+        machines writes it at its end: the ranks agree when every digest is the same."""
+        digest = hashlib.sha256()
+        for name, p in sorted(module.named_parameters(), key=lambda kv: kv[0]):
+            digest.update(name.encode())
+            digest.update(p.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+                          .numpy().tobytes())
+        mine = {"rank": self.rank, "node": int(os.environ.get("GROUP_RANK", "0") or 0),
+                "weights_sha256": digest.hexdigest()}
+        ranks = sorted(self.gather_objects(mine), key=lambda r: r["rank"])
+        return {"world_size": self.world_size, "nodes": len({r["node"] for r in ranks}),
+                "ranks": ranks, "identical": len({r["weights_sha256"] for r in ranks}) == 1}
 
     def close(self) -> None:
         if self.backend is not None and td.is_initialized():

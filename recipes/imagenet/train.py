@@ -628,6 +628,13 @@ def _train(args, world, stop) -> int:
                     print(f"{NAME}: stopped after epoch {epoch + 1}; checkpoint saved to "
                           f"{ckpt_path}", flush=True)
                 return stopping.EXIT_STOPPED
+        if world.world_size > 1:  # every rank must end with rank 0's weights
+            agree = world.agreement(model)
+            if world.main:
+                writer.write(event="ranks", **agree)
+                print(f"{NAME}: {agree['world_size']} ranks on {agree['nodes']} node(s) "
+                      + ("agree: identical weights" if agree["identical"] else
+                         "DISAGREE: their weights differ"), flush=True)
     finally:
         if writer is not None:
             writer.close()

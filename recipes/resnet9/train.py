@@ -1055,6 +1055,13 @@ def _train(args, world, stop: stopping.StopRequest) -> int:
         if world.main and args.runs > 1 and len(run_accs) > run:
             print(f"resnet9: run {run + 1} done: test acc {run_accs[run]:.4f}, train time "
                   f"{run_times[run]:.2f} s", flush=True)
+        if world.world_size > 1:  # every rank must end with rank 0's weights
+            agree = world.agreement(model)
+            if world.main:
+                writer.write(event="ranks", run=run, **agree)
+                print(f"resnet9: {agree['world_size']} ranks on {agree['nodes']} node(s) "
+                      + ("agree: identical weights" if agree["identical"] else
+                         "DISAGREE: their weights differ"), flush=True)
         return 0
 
     try:

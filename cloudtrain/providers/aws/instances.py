@@ -413,6 +413,10 @@ class InstancesMixin:
                     raise
             if ids:
                 self.call(region, "terminate_instances", InstanceIds=sorted(ids))
+            if int((job.spec or {}).get("nodes") or 1) > 1:
+                # Deleted here if its instances are gone already, else by the next cleanup
+                # (`down`, the next multi-node launch): a group in use cannot be deleted.
+                self.delete_placement_groups(region, job.id)
             if any(d.get("kind") == "snapshot" for d in (job.spec or {}).get("datasets") or []):
                 # Attached volumes go with their instance; one the launch made but never
                 # attached (or attached without DeleteOnTermination) would bill on alone.

@@ -13,7 +13,7 @@ from ...ssh import generate_ed25519
 from ...state import Store
 from .cache import RegionCache
 from .errors import AWSError
-from .tags import GROUP_NAME, LIVE_STATES, TAG_OWNER
+from .tags import EFA_GROUP_NAME, GROUP_NAME, LIVE_STATES, TAG_OWNER
 
 
 class NetworkMixin:
@@ -148,15 +148,17 @@ class NetworkMixin:
         return sorted(zones, key=lambda z: (z[3] not in prices, prices.get(z[3], 0.0)))
 
     def cleanup(self, store: Store, regions: set[str] | None = None) -> list[str]:
-        """Delete this owner's security group and key pairs where no live instance uses them
+        """Delete this owner's security groups, key pairs and empty placement groups where
+        no live instance uses them
         (any instance: EC2 would refuse the group with DependencyViolation anyway). No
         regions: every region the store knows plus the configured one, so `down --all` can
         call it with nothing active."""
         removed = []
         for region in sorted(regions or self.regions_in_use(store)):
             owner = self.owner(region)
+            self.delete_placement_groups(region, owner=owner)
             groups = self.call(region, "describe_security_groups", Filters=[
-                {"Name": "group-name", "Values": [GROUP_NAME]},
+                {"Name": "group-name", "Values": [GROUP_NAME, EFA_GROUP_NAME]},
                 {"Name": f"tag:{TAG_OWNER}", "Values": [owner]}])["SecurityGroups"]
             for g in groups:
                 if self._live(region, "instance.group-id", g["GroupId"]):

@@ -3,6 +3,7 @@
     preflight(spec)             credentials and instance type, before anything is created
     bootstrap(region)           key pair, security group and AMI, reused across jobs
     acquire(store, job, spec)   run_instances in each AZ in turn, record, wait, SSH -> SSHHost
+    acquire_nodes(store, job, spec)  N of them in one AZ and placement group (cluster.py)
     host_for(job)               SSHHost from the stored endpoint (host key pinned)
     release(store, job)         terminate by record and by tag: nothing bills afterwards
     reconcile(store)            one DescribeInstances per region: every instance tagged ours
@@ -31,6 +32,7 @@ from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Job, Store
 from .cache import CACHE_TTL_S, RegionCache
+from .cluster import EFA_GROUP_NAME, ClusterMixin
 from .errors import POLICY_FILE, AWSError, StaleCache, aws_errors
 from .images import DLAMI_PARAMETER, ImagesMixin
 from .instances import REARM_PATH, USER_DATA_DONE, USER_DATA_WAIT_S, InstancesMixin, \
@@ -54,8 +56,8 @@ def assumed_role(arn: str) -> tuple[str, str] | None:
     return None
 
 
-class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, ResultsStoreMixin,
-                  VolumesMixin):
+class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin,
+                  ResultsStoreMixin, VolumesMixin):
     name = "aws"
     DEFAULT_SOURCE = DEFAULT_SOURCE
 
@@ -372,9 +374,11 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
     def data_dir(self, host: SSHHost | None = None) -> str:
         return f"{self.root(host)}/data"
 
-    def data_mounts(self, store: Store, job: Job, host: SSHHost) -> dict[str, str]:
-        """The job's snapshot volumes, mounted read-only: {dataset: mountpoint}."""
-        return self.mount_snapshots(store, job, host)
+    def data_mounts(self, store: Store, job: Job, host: SSHHost,
+                    instance: str | None = None) -> dict[str, str]:
+        """The job's snapshot volumes (those of `instance`: one node's), mounted read-only:
+        {dataset: mountpoint}."""
+        return self.mount_snapshots(store, job, host, instance)
 
     def agent_settings(self, spec) -> dict:
         """What the agent on this host does beyond the job: watch the spot interruption
@@ -403,8 +407,8 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
         return (job.spec or {}).get("region") or self.region()
 
     def price_rows(self, spec, region: str | None = None) -> list[tuple[str, str]]:
-        """The instance's price and the most the job can cost (its whole max runtime), as
-        the plan shows them and `launch` asks about them."""
+        """The instances' price and the most the job can cost (its whole max runtime, every
+        node), as the plan shows them and `launch` asks about them."""
         region = region or self.region(spec)
         t = catalog.get(spec.instance_type) if spec.instance_type else None
         price = t.price(region, spec.market) if t else None
@@ -413,10 +417,14 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
                               "the catalog")]
         basis = catalog.on_demand_source(region) if spec.market == "on-demand" \
             else f"cheapest AZ: {catalog.spot_source(region)}"
-        cap = price * spec.max_runtime_s / 3600
-        return [("price", f"${price:.4f}/h ({basis})"),
+        n = max(1, int(spec.nodes or 1))
+        cap = price * n * spec.max_runtime_s / 3600
+        each = f"${price:.4f}/h ({basis})" if n == 1 else \
+            f"${price * n:.4f}/h for {n} nodes (${price:.4f}/h each; {basis})"
+        return [("price", each),
                 ("at most", f"${cap:.2f} if it runs its whole max runtime of "
-                            f"{spec.max_runtime_s / 60:g} min")]
+                            f"{spec.max_runtime_s / 60:g} min" + (" on every node" if n > 1
+                                                                   else ""))]
 
     def question(self, spec) -> str | None:
         """What `launch` asks before creating paid resources (none for --on: the kept instance
@@ -425,7 +433,9 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
             return None
         rows = dict(self.price_rows(spec))
         at_most = f"; at most {rows['at most']}" if "at most" in rows else ""
-        return (f"This launches a {spec.market} {spec.instance_type} in {self.region(spec)}, "
+        what = f"a {spec.market} {spec.instance_type}" if spec.nodes <= 1 else \
+            f"{spec.nodes} {spec.market} {spec.instance_type} instances"
+        return (f"This launches {what} in {self.region(spec)}, "
                 f"billed per second: {rows['price']}{at_most}.")
 
     # -- dry run ---------------------------------------------------------------------------------
@@ -452,10 +462,32 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
                                      f"{t.memory_gib:g} GiB"))
         if facts.note:
             rows.append(("note", facts.note))
+        if spec.nodes > 1:
+            rows.append(("nodes", f"{spec.nodes} instances in one AZ, one cluster placement "
+                                  f"group (created for the job, deleted after), all or none: "
+                                  f"a node that cannot be had releases the others and the "
+                                  f"next AZ is tried"))
+            efa = self.efa_plan(spec)
+            rows.append(("network", "TCP between the nodes (security group cloudtrain admits "
+                                    "its members); no EFA on " + spec.instance_type
+                         if efa is None else
+                         f"EFA, {efa['used']} interface{'s' if efa['used'] > 1 else ''} per "
+                         f"node (security group {EFA_GROUP_NAME}); NCCL over libfabric: "
+                         + " ".join(f"{k}={v}" for k, v in self.efa_environment(spec).items())
+                         + (f"; {efa['why']}" if efa["why"] else "")))
         if spec.kind == "recipe" and (t is not None or facts.source == "EC2"):
             procs = spec.processes(int(facts.gpus))
-            rows.append(("processes", f"{procs}" + (" (torchrun, one per GPU)" if procs > 1
-                                                    else "")))
+            if spec.nodes > 1:
+                rows.append(("processes", f"{procs} per node x {spec.nodes} nodes = "
+                                          f"{procs * spec.nodes} (torchrun --nnodes "
+                                          f"{spec.nodes}, rendezvous at node 0)"))
+            else:
+                rows.append(("processes", f"{procs}" + (" (torchrun, one per GPU)" if procs > 1
+                                                        else "")))
+        elif spec.nodes > 1:
+            rows.append(("processes", f"your command on each of {spec.nodes} nodes, with "
+                                      "CLOUDTRAIN_NODES, CLOUDTRAIN_NODE_RANK, MASTER_ADDR and "
+                                      "MASTER_PORT set (start torchrun with them)"))
         rows.append(("market", spec.market + (f", max price ${spec.max_price}/h"
                                               if spec.max_price is not None else "")))
         rows += self.price_rows(spec, region)
@@ -466,7 +498,8 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
                     f"provisioned for the data copy (+$"
                     f"{cost.gp3_performance_per_month(spec.disk_mbps) / cost.HOURS_PER_MONTH:.4f}"
                     "/h)")
-        rows.append(("disk", f"{disk} GB gp3{fast}, encrypted, deleted with the instance"))
+        rows.append(("disk", f"{disk} GB gp3{fast}, encrypted, deleted with the instance"
+                     + (" (each node its own)" if spec.nodes > 1 else "")))
         rows.append(("shutdown", "the agent powers the instance off after the job "
                      + ("(no: --keep)" if spec.keep else f"(after {self.shutdown(spec)[1]:g} s)")
                      + f"; user-data after {power_off_minutes(spec.max_runtime_s)} min"
@@ -476,9 +509,11 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
             where = "the other AZs of the region (cheapest spot price now first)" + (
                 ", then " + self.settings.regions if self.settings.regions else "") + (
                 ", then on-demand" if spec.fallback == "on-demand" else "")
+            new = "a new instance" if spec.nodes <= 1 else \
+                f"{spec.nodes} new instances (an interruption of any node relaunches all)"
             rows.append(("recovery", f"on a spot interruption the job continues from its last "
-                                     f"checkpoint (streamed to the job store) on a new "
-                                     f"instance, at most {spec.max_restarts} times: {where}; "
+                                     f"checkpoint (streamed to the job store) on {new}, at "
+                                     f"most {spec.max_restarts} times: {where}; "
                                      "a supervisor on this machine does it"))
         elif spec.market == "spot":
             rows.append(("recovery", "off (--no-recover): an interruption ends the job as "
@@ -497,7 +532,8 @@ class AWSProvider(InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin, Resul
             ami = self.resolve_ami(region, spec.ami)
             rows.append((step, ami))
             step = "permissions"
-            request = dict(ImageId=ami, InstanceType=spec.instance_type, MinCount=1, MaxCount=1,
+            request = dict(ImageId=ami, InstanceType=spec.instance_type,
+                           MinCount=spec.nodes, MaxCount=spec.nodes,
                            SubnetId=zones[0][1], DryRun=True)
             if spec.market == "spot":
                 request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {

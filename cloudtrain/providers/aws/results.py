@@ -47,10 +47,12 @@ class ResultsStoreMixin:
         return (f"s3://{bucket}/jobs/<job>/ before the power-off (log, metrics, checkpoints; "
                 f"kept {STORE_KEEP_DAYS} days; the instance gets a presigned POST, no keys)")
 
-    def results_grant(self, store: Store, job: Job, spec) -> tuple[dict | None, str | None]:
+    def results_grant(self, store: Store, job: Job, spec, node: int = 0
+                      ) -> tuple[dict | None, str | None]:
         """The agent's upload grant, valid for the job's whole life (its max runtime plus the
         power-off margin and an hour), and one line for the user. Without S3 permissions
-        the launch goes on, and the line says what is lost."""
+        the launch goes on, and the line says what is lost. `node`: node i > 0 of a job on
+        several machines stores under its own prefix (jobs/<id>/nodes/<i>/)."""
         import botocore.exceptions
 
         if not self.settings.job_store:
@@ -77,7 +79,7 @@ class ResultsStoreMixin:
                          "long-term credentials)")
             grant = jobstore.upload_grant(s3, bucket, job.id,
                                           int(min(lifetime, jobstore.GRANT_MAX_S)),
-                                          jobstore.POST_MAX_BYTES)
+                                          jobstore.POST_MAX_BYTES, node=node)
             return grant, note
         except (CloudtrainError, botocore.exceptions.ClientError,
                 botocore.exceptions.BotoCoreError) as exc:
@@ -114,9 +116,11 @@ class ResultsStoreMixin:
         except botocore.exceptions.BotoCoreError as exc:
             raise CloudtrainError(f"the job store could not be read: {exc}") from exc
 
-    def fetch_results(self, store: Store, job: Job, local: Path) -> dict | None:
-        """What the agent stored for the job, brought into `local` (checked as untrusted:
-        paths, sizes, the manifest's sha256). None when nothing was stored."""
+    def fetch_results(self, store: Store, job: Job, local: Path, node: int = 0
+                      ) -> dict | None:
+        """What the agent stored for the job (for node `node` of a job on several machines),
+        brought into `local` (checked as untrusted: paths, sizes, the manifest's sha256).
+        None when nothing was stored."""
         import boto3.exceptions
         import botocore.exceptions
 
@@ -126,7 +130,7 @@ class ResultsStoreMixin:
             try:
                 s3, bucket, account = self._job_store(region)
                 got = jobstore.fetch(s3, bucket, job.id, Path(local), limit,
-                                     expected_owner=account or None)
+                                     expected_owner=account or None, node=node)
             except botocore.exceptions.ClientError as exc:
                 raise CloudtrainError(f"the job store s3://.../jobs/{job.id}/ could not be read: "
                                       f"{_code(exc)}: {_message(exc)}") from exc

@@ -5,5 +5,6 @@ TAG_JOB, TAG_OWNER, TAG_RECIPE = "cloudtrain:job", "cloudtrain:owner", "cloudtra
 # was killed mid-relaunch finds the instance it had started instead of starting another.
 TAG_ATTEMPT = "cloudtrain:attempt"
 GROUP_NAME = "cloudtrain"
+EFA_GROUP_NAME = "cloudtrain-efa"  # all traffic between its members: EFA's OS bypass needs it
 # Instance states that bill, or may again (a stopped instance keeps its volumes).
 LIVE_STATES = ("pending", "running", "stopping", "stopped")

@@ -164,11 +164,16 @@ class VolumesMixin:
         details["data_volumes"] = volumes
         store.update_instance(instance_id, details=json.dumps(details))
 
-    def mount_snapshots(self, store: Store, job: Job, host) -> dict[str, str]:
-        """Mount each attached snapshot volume read-only below the host's root:
-        {dataset name: mountpoint}."""
+    def mount_snapshots(self, store: Store, job: Job, host,
+                        instance: str | None = None) -> dict[str, str]:
+        """Mount each snapshot volume attached to the job's instance (`instance`: that node's
+        of a job on several) read-only below the host's root: {dataset name: mountpoint}."""
         mounts: dict[str, str] = {}
         for inst in store.instances(job.id):
+            if instance is not None and inst.id != instance:
+                continue
+            if inst.state == "terminated":  # an earlier attempt's instance
+                continue
             for v in (inst.details or {}).get("data_volumes") or []:
                 mountpoint = f"{self.root(host)}/volumes/{v['name']}"
                 xen = v["device"].replace("/dev/sd", "/dev/xvd")

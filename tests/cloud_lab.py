@@ -1,0 +1,180 @@
+"""A cloud of network-namespace instances for end-to-end tests (root only): moto's EC2 and
+S3 on the bridge, a VPC whose two subnets (one per AZ) hold the namespaces' addresses, each
+namespace an instance with its own sshd, home directory (its disk) and tmux, a fake IMDSv2
+for spot notices, and what a test does as EC2 (take an instance back).
+
+moto hands out a subnet's addresses in order after the three AWS reserves: in us-east-1a
+10.200.0.4, .5, .6, ...; in us-east-1b 10.200.0.132, .133, ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import requests
+from moto.server import ThreadedMotoServer
+
+from aws_lab import AWS_ENV, REGION, AWSLab, _plain_http_stands_in_for_tls
+from conftest import wait_for
+from imds_lab import FakeIMDS
+from netns import GATEWAY, NetnsLab
+from sshd import SSHD, free_port
+
+BRIDGE = str(GATEWAY)
+ZONES = {"us-east-1a": "10.200.0.0/25", "us-east-1b": "10.200.0.128/25"}
+SPOT_REASON = ("Server.SpotInstanceTermination", "Server.SpotInstanceTermination: Spot "
+                                                 "instance termination")
+
+RECORDER = """#!/bin/bash
+# The instance's `shutdown -h now`: recorded (the test plays EC2's part).
+echo "{\\"jobdir\\": \\"$CLOUDTRAIN_JOB_DIR\\", \\"at\\": $(date +%s)}" >> {log}
+"""
+
+
+class CloudLab:
+    """Namespace instances (`hosts`: their addresses, each in the AZ whose subnet holds it),
+    moto on the bridge, the fake IMDS, and what the test does as EC2."""
+
+    def __init__(self, net: NetnsLab, tmp: Path, cli, ct_home: Path, monkeypatch,
+                 hosts: list[str]):
+        self.net, self.tmp, self.cli, self.home = net, tmp, cli, ct_home
+        self.port = free_port(BRIDGE)
+        self.server = ThreadedMotoServer(ip_address=BRIDGE, port=self.port, verbose=False)
+        self.server.start()
+        self.endpoint = f"http://{BRIDGE}:{self.port}"
+        requests.post(f"{self.endpoint}/moto-api/reset", timeout=10)
+        for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": self.endpoint}.items():
+            monkeypatch.setenv(k, v)
+        _plain_http_stands_in_for_tls(monkeypatch)
+        self.aws = AWSLab(self.endpoint, ct_home, tmp / "lab")
+        self.aws.work.mkdir()
+        self.aws.build_cloud("10.200.0.0/16", ZONES)
+        self.imds = FakeIMDS(host=BRIDGE, role=None)
+        self.hosts, self.sshds, self.homes = {}, {}, {}
+        # tmux's socket path must fit a Unix socket's 108 bytes: a short folder under /tmp
+        self.tmux_root = Path(tempfile.mkdtemp(prefix="ctr-", dir="/tmp"))
+        no_tmux = self._path_without_tmux()
+        for ip in hosts:
+            self.hosts[ip] = net.add_host(ip)
+            self.homes[ip] = tmp / f"home-{ip}"
+            server = SSHD(tmp / f"sshd-{ip}", host=ip, port=22, client_key=self.aws.key,
+                          netns=self.hosts[ip].name)
+            self.sshds[ip] = server
+            self.hosts[ip].sshds.append(server)
+        self.no_tmux_path = no_tmux
+        self.aws.console_output(self.aws.fingerprint_block(
+            *(s.host_key for s in self.sshds.values())))
+        self.log = tmp / "shutdowns.jsonl"
+        recorder = tmp / "shutdown"
+        recorder.write_text(RECORDER.replace("{log}", str(self.log)))
+        recorder.chmod(0o755)
+        self.aws.write_config(
+            ssh_port=22, ssh_wait_seconds=30.0, remote_root="~/.cloudtrain",
+            shutdown_command=str(recorder), shutdown_delay_seconds=0.0,
+            imds_url=self.imds.url, spot_poll_seconds=0.2, checkpoint_settle_seconds=0.2,
+            supervisor_poll_seconds=0.3, recovery_retry_seconds=1.0,
+            stale_after_seconds=20.0)
+
+    def _path_without_tmux(self) -> Path:
+        """A PATH for an instance whose user-data has not installed tmux yet."""
+        shim = self.tmp / "bin-no-tmux"
+        shim.mkdir()
+        for entry in os.scandir("/usr/bin"):
+            if entry.name != "tmux":
+                os.symlink(entry.path, shim / entry.name)
+        return shim
+
+    def start(self, ip: str, without_tmux: bool = False) -> None:
+        """Its sshd, with its own disk (HOME) and tmux (TMUX_TMPDIR); sshd takes the first
+        SetEnv line only, so it is one line, rewritten each time."""
+        self.homes[ip].mkdir(exist_ok=True)
+        (self.tmux_root / ip).mkdir(exist_ok=True)
+        server = self.sshds[ip]
+        lines = [l for l in server.config.read_text().splitlines() if not l.startswith("SetEnv")]
+        env = f"SetEnv HOME={self.homes[ip]} TMUX_TMPDIR={self.tmux_root / ip}"
+        if without_tmux:
+            env += f" PATH={self.no_tmux_path}"
+        server.config.write_text("\n".join(lines + [env]) + "\n")
+        server.start()
+
+    def restart_with_tmux(self, ip: str) -> None:
+        self.sshds[ip].stop()
+        self.start(ip)
+
+    def instances(self, job_id: str) -> list[dict]:
+        return self.aws.instances(**{"tag:cloudtrain:job": job_id})
+
+    def live(self, job_id: str) -> list[dict]:
+        return [i for i in self.instances(job_id) if i["State"]["Name"] != "terminated"]
+
+    def current(self, job_id: str) -> dict:
+        return wait_for(lambda: (self.live(job_id) or [None])[-1], timeout=120,
+                        what="the job's instance")
+
+    def take_back(self, instance: dict, reason: tuple[str, str] = SPOT_REASON) -> None:
+        """EC2 reclaims the spot instance (or, with another `reason`, an instance fails):
+        its processes and disk go, it is terminated with that reason."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models import ec2_backends
+        from moto.ec2.models.instances import StateReason
+
+        backend = ec2_backends[DEFAULT_ACCOUNT_ID][REGION]
+        backend.terminate_instances([instance["InstanceId"]])
+        backend.get_instance(instance["InstanceId"]).state_reason = StateReason(
+            reason[1], reason[0])
+        ip = instance["PrivateIpAddress"]
+        self.hosts[ip].close()  # sshd, agent, job, its tmux: every process in the namespace
+        for socket in (self.tmux_root / ip).glob("tmux-*/*"):  # and its tmux server
+            subprocess.run(["tmux", "-S", str(socket), "kill-server"], capture_output=True)
+        for status in self.homes[ip].glob(".cloudtrain/jobs/*/status.json"):
+            doc = json.loads(status.read_text() or "{}")
+            for pid in [doc.get("agent_pid")] + [p for p, _ in doc.get("descendants") or []]:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (TypeError, ValueError, ProcessLookupError):
+                    pass
+        shutil.rmtree(self.homes[ip], ignore_errors=True)
+
+    def metrics(self, ip: str, job_id: str) -> list[dict]:
+        path = self.homes[ip] / ".cloudtrain" / "jobs" / job_id / "metrics.jsonl"
+        try:
+            return [json.loads(l) for l in path.read_text().splitlines() if l.endswith("}")]
+        except (OSError, ValueError):
+            return []
+
+    def stored_checkpoint(self, job_id: str) -> dict | None:
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION,
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        try:
+            body = s3.get_object(Bucket=f"cloudtrain-123456789012-{REGION}",
+                                 Key=f"jobs/{job_id}/stream/latest.json")["Body"].read()
+        except Exception:
+            return None
+        return json.loads(body)
+
+    def leftovers(self) -> dict:
+        ec2 = self.aws.ec2
+        running = [i["InstanceId"] for i in self.aws.instances()
+                   if i["State"]["Name"] != "terminated"]
+        volumes = [v["VolumeId"] for v in ec2.describe_volumes()["Volumes"]
+                   if v["State"] not in ("deleted", "deleting")
+                   and not v.get("Attachments")]
+        spot = [r["SpotInstanceRequestId"] for r in
+                ec2.describe_spot_instance_requests()["SpotInstanceRequests"]
+                if r["State"] in ("open", "active")]
+        return {"instances": running, "volumes": volumes, "spot_requests": spot}
+
+    def close(self) -> None:
+        self.cli("supervisor", "stop", timeout=60)
+        self.imds.close()
+        self.server.stop()
+        self.aws.restore()
+        shutil.rmtree(self.tmux_root, ignore_errors=True)

@@ -1,0 +1,368 @@
+"""Issue 15: jobs on several instances through the AWS path, against in-process moto (with
+the placement groups moto lacks: tests/moto_placement.py) and, where SSH is needed, the
+lab's loopback sshd. The runs themselves (torchrun over namespace hosts) are in
+tests/e2e/test_multinode.py.
+
+All or nothing: N instances come from one RunInstances (MinCount = MaxCount = N) in one AZ
+and one cluster placement group; an AZ without capacity for all of them, or one instance that
+goes away before it runs, releases whatever came up and the next AZ is tried."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from aws_lab import REGION, aws, ec2_provider, moto_endpoint  # noqa: F401  (fixtures)
+from cloudtrain import catalog
+from cloudtrain.errors import PlacementError
+from cloudtrain.spec import JobSpec
+from cloudtrain.state import Store
+from conftest import error_line
+from moto_placement import PlacementGroups
+
+CAPACITY = ("Server.InsufficientInstanceCapacity",
+            "Server.InsufficientInstanceCapacity: Insufficient capacity")
+
+
+@pytest.fixture
+def groups(monkeypatch):
+    return PlacementGroups().install(monkeypatch)
+
+
+@pytest.fixture
+def cloud(ec2_provider, groups, ct_home):
+    """moto's EC2 with a default VPC (one subnet per AZ), a registered DLAMI, and a store."""
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name=REGION)
+    image = ec2.register_image(Name="Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.9 "
+                                    "(Ubuntu 24.04) 20261101", RootDeviceName="/dev/sda1")
+    with Store(ct_home / "state.db") as store:
+        yield ec2_provider, store, ec2, image["ImageId"]
+
+
+def _job(store: Store, spec: JobSpec):
+    return store.create_job(name=None, kind=spec.kind, recipe=spec.recipe,
+                            command=spec.display(), backend="aws", spec=spec.to_dict(),
+                            launcher="test:1")
+
+
+def _spec(nodes=3, instance="g5.12xlarge", market="on-demand", ami=None, **kw) -> JobSpec:
+    return JobSpec(kind="command", backend="aws", command=["true"], instance_type=instance,
+                   market=market, nodes=nodes, region=REGION, ami=ami, max_runtime_s=3600,
+                   **kw)
+
+
+def _boot(provider, ami):
+    return provider.bootstrap(REGION, ami)
+
+
+def _live(ec2, job_id):
+    return [i for r in ec2.describe_instances(Filters=[
+        {"Name": "tag:cloudtrain:job", "Values": [job_id]}])["Reservations"]
+        for i in r["Instances"] if i["State"]["Name"] != "terminated"]
+
+
+def _lose_in_zone(monkeypatch, zone: str, node: int):
+    """The `node`th instance of a RunInstances into `zone` goes away before it runs, as a
+    spot instance EC2 cannot keep, or a capacity shortfall after the request: terminated
+    with EC2's capacity reason."""
+    from moto.ec2.models.instances import InstanceBackend, StateReason
+
+    original = InstanceBackend.run_instances
+    lost = []
+
+    def run_instances(self, image_id, count, user_data, security_group_names, **kwargs):
+        reservation = original(self, image_id, count, user_data, security_group_names, **kwargs)
+        inst = reservation.instances[node] if len(reservation.instances) > node else None
+        if inst is not None and inst.availability_zone == zone:
+            self.terminate_instances([inst.id])
+            inst.state_reason = StateReason(CAPACITY[1], CAPACITY[0])
+            lost.append(inst.id)
+        return reservation
+
+    monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
+    return lost
+
+
+def test_nodes_come_from_one_request_in_one_placement_group(cloud, groups):
+    """Issue 15: N nodes are one RunInstances of N in one AZ, in a cluster placement group
+    tagged with the job and owner; each recorded with its node index (EC2's launch index)."""
+    provider, store, ec2, ami = cloud
+    spec = _spec(ami=ami)
+    job = _job(store, spec)
+    ids = provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), None,
+                                _silent())
+    assert len(ids) == 3
+    (launch,) = groups.launches
+    assert launch["count"] == 3 and launch["group"] == f"cloudtrain-{job.id}-a1-0"
+    (group,) = [groups.groups[n] for n in groups.live()]
+    tags = {t["Key"]: t["Value"] for t in group["Tags"]}
+    assert group["Strategy"] == "cluster" and tags["cloudtrain:job"] == job.id
+    assert tags["cloudtrain:owner"] == provider.owner(REGION)
+    recorded = {i.id: i for i in store.instances(job.id)}
+    assert [recorded[i].details["node"] for i in ids] == [0, 1, 2]
+    assert {recorded[i].zone for i in ids} == {"us-east-1a"}
+    assert len({i["Placement"]["AvailabilityZone"] for i in _live(ec2, job.id)}) == 1
+
+
+def test_a_node_lost_before_it_runs_releases_all_and_the_next_az_gets_the_job(
+        cloud, groups, monkeypatch):
+    """Issue 15, partial capacity: the 3rd instance in us-east-1a goes away before it runs
+    (EC2's capacity reason). The two that came up are terminated at once, that AZ's placement
+    group goes, and all three nodes come from us-east-1b."""
+    provider, store, ec2, ami = cloud
+    lost = _lose_in_zone(monkeypatch, "us-east-1a", node=2)
+    spec = _spec(ami=ami)
+    job = _job(store, spec)
+    ids = provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), None,
+                                _silent())
+    assert len(lost) == 1 and lost[0] not in ids
+    first, second = groups.launches
+    assert first["count"] == second["count"] == 3
+    assert {i["InstanceId"] for i in _live(ec2, job.id)} == set(ids)
+    assert {i["Placement"]["AvailabilityZone"] for i in _live(ec2, job.id)} == {"us-east-1b"}
+    # The first AZ's two survivors were terminated and recorded as such (they billed seconds).
+    gone = [i for i in store.instances(job.id) if i.id in first["ids"]]
+    assert len(gone) == 3 and all(i.state == "terminated" for i in gone)
+    events = [e.detail for e in store.events(job.id) if e.phase == "instance"]
+    assert len(events) == 2
+    # The first group could be deleted at once (its instances are terminated in moto).
+    assert groups.live() == [f"cloudtrain-{job.id}-a1-1"]
+
+
+def test_no_az_with_capacity_for_all_nodes_leaves_nothing(cloud, groups, monkeypatch):
+    """Issue 15: every AZ loses a node: a PlacementError saying what each AZ said, no
+    instance left running, no placement group left."""
+    provider, store, ec2, ami = cloud
+    _lose_in_zone(monkeypatch, "us-east-1a", node=1)
+    from moto.ec2.models.instances import InstanceBackend
+
+    once = InstanceBackend.run_instances
+
+    def everywhere(self, image_id, count, user_data, security_group_names, **kwargs):
+        reservation = once(self, image_id, count, user_data, security_group_names, **kwargs)
+        from moto.ec2.models.instances import StateReason
+
+        inst = reservation.instances[-1]
+        if inst.state != "terminated":
+            self.terminate_instances([inst.id])
+            inst.state_reason = StateReason(CAPACITY[1], CAPACITY[0])
+        return reservation
+
+    monkeypatch.setattr(InstanceBackend, "run_instances", everywhere)
+    spec = _spec(ami=ami)
+    job = _job(store, spec)
+    with pytest.raises(PlacementError) as err:
+        provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), None, _silent())
+    message = err.value.message
+    zones = [z for z in ("us-east-1a", "us-east-1b", "us-east-1c") if z in message]
+    assert len(zones) >= 2 and "before it ran" in message and "nothing is left running" in message
+    assert _live(ec2, job.id) == []
+    assert groups.live() == []
+    assert all(i.state == "terminated" for i in store.instances(job.id))
+
+
+def test_a_capacity_refusal_tries_the_next_az_before_anything_starts(cloud, groups):
+    """EC2 refuses the whole request (MinCount cannot be met: InsufficientInstanceCapacity):
+    nothing was created there; the next AZ is asked."""
+    provider, store, ec2, ami = cloud
+    client = provider.client("ec2", REGION, fail_fast=True)
+    calls = []
+
+    def refuse_first(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            from botocore.awsrequest import AWSResponse
+
+            return (AWSResponse("https://aws.invalid/", 500, {}, None),
+                    {"Error": {"Code": "InsufficientInstanceCapacity",
+                               "Message": "We currently do not have sufficient g5.12xlarge "
+                                          "capacity in the Availability Zone you requested"}})
+        return None
+
+    client.meta.events.register("before-call.ec2.RunInstances", refuse_first)
+    spec = _spec(ami=ami)
+    job = _job(store, spec)
+    ids = provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), None,
+                                _silent())
+    assert len(calls) == 2 and len(ids) == 3
+    assert len(groups.launches) == 1  # the refused request never reached moto
+    assert groups.live() == [f"cloudtrain-{job.id}-a1-1"]
+
+
+def test_efa_types_get_efa_interfaces_and_the_efa_group(cloud, groups):
+    """p4d.24xlarge supports 4 EFA interfaces: with `connect: private` each node gets the
+    primary ENA interface, an EFA-only one beside it and one on each further network card, in
+    the cloudtrain and cloudtrain-efa groups; cloudtrain-efa admits all traffic from itself."""
+    provider, store, ec2, ami = cloud
+    provider.settings.connect = "private"
+    spec = _spec(instance="p4d.24xlarge", ami=ami)
+    job = _job(store, spec)
+    efa = provider.efa_plan(spec, REGION)
+    assert efa == {"supported": 4, "used": 4, "rdma": True, "why": ""}
+    provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), efa, _silent())
+    (launch,) = groups.launches
+    interfaces = sorted(launch["interfaces"], key=lambda n: (n["NetworkCardIndex"],
+                                                              n["DeviceIndex"]))
+    assert [(n["NetworkCardIndex"], n["DeviceIndex"], n["InterfaceType"]) for n in interfaces] \
+        == [(0, 0, "interface"), (0, 1, "efa-only"), (1, 0, "efa-only"), (2, 0, "efa-only"),
+            (3, 0, "efa-only")]
+    (efa_group,) = ec2.describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": ["cloudtrain-efa"]}])["SecurityGroups"]
+    assert all(len(n["Groups"]) == 2 and efa_group["GroupId"] in n["Groups"] for n in interfaces)
+    (rule,) = efa_group["IpPermissions"]
+    assert rule["IpProtocol"] == "-1"
+    assert rule["UserIdGroupPairs"][0]["GroupId"] == efa_group["GroupId"]
+    assert provider.efa_environment(spec) == {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1",
+                                              "FI_EFA_USE_DEVICE_RDMA": "1"}
+
+
+def test_efa_with_public_addresses_is_one_interface_and_says_why(ec2_provider):
+    """An instance with a public IP gets one network interface at launch: one EFA (with ENA)
+    as the primary, and the plan says how to get all of them."""
+    spec = _spec(instance="p5.48xlarge")
+    ec2_provider.settings.connect = "public"
+    efa = ec2_provider.efa_plan(spec)
+    assert efa["used"] == 1 and efa["supported"] == 32 and "connect: private" in efa["why"]
+    (nic,) = ec2_provider.network_interfaces(spec, "subnet-1", ["sg-1", "sg-2"], efa)
+    assert nic["InterfaceType"] == "efa" and nic["AssociatePublicIpAddress"] is True
+    assert ec2_provider.efa_plan(_spec(instance="p3.16xlarge")) is None  # no EFA on p3
+    assert ec2_provider.efa_plan(_spec(nodes=1, instance="p4d.24xlarge")) is None
+
+
+def test_release_terminates_every_node_and_deletes_the_placement_group(cloud, groups):
+    provider, store, ec2, ami = cloud
+    spec = _spec(ami=ami)
+    job = _job(store, spec)
+    provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), None, _silent())
+    assert len(_live(ec2, job.id)) == 3 and len(groups.live()) == 1
+    provider.release(store, store.job(job.id), force=True)
+    assert _live(ec2, job.id) == []
+    assert groups.live() == []
+    assert all(i.state == "terminated" for i in store.instances(job.id))
+
+
+def test_a_placement_group_still_in_use_is_left_for_the_next_cleanup(cloud, groups):
+    """EC2 refuses to delete a group whose instances are still shutting down: release leaves
+    it (no error), and the next cleanup (`down`, the next launch) deletes it."""
+    provider, store, ec2, ami = cloud
+    spec = _spec(ami=ami)
+    job = _job(store, spec)
+    ids = provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), None,
+                                _silent())
+    assert provider.delete_placement_groups(REGION, job.id) == []  # in use: refused, kept
+    assert len(groups.live()) == 1
+    ec2.terminate_instances(InstanceIds=ids)
+    provider.cleanup(store, {REGION})
+    assert groups.live() == []
+
+
+# -- the dry run and the launch's checks ---------------------------------------------------
+
+
+def test_dry_run_16_nodes_without_an_account(cli, monkeypatch):
+    """Issue 15: the dry run of the published 16-machine ImageNet run on p3.16xlarge, with no
+    AWS account: 16 instances in a placement group, 8 processes on each, and the price of all
+    of them per hour and at most."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    out = cli.ok("launch", "--recipe", "imagenet", "--set", "variant=machines-16", "--set",
+                 "data_dir=/data/imagenet", "--instance", "p3.16xlarge", "--spot", "--dry-run",
+                 "--region", "us-east-1").stdout
+    rows = {line[2:15].strip(): line[15:] for line in out.splitlines()[1:]}
+    assert "[16 nodes]" in rows["job"]
+    assert rows["nodes"].startswith("16 instances in one AZ, one cluster placement group")
+    assert rows["processes"].startswith("8 per node x 16 nodes = 128")
+    assert "no EFA on p3.16xlarge" in rows["network"]
+    price = catalog.get("p3.16xlarge").price("us-east-1", "spot")
+    assert rows["price"].startswith(f"${16 * price:.4f}/h for 16 nodes (${price:.4f}/h each")
+    assert rows["at most"].startswith(f"${16 * price * 6:.2f} if it runs its whole max runtime "
+                                      "of 360 min on every node")
+    assert "on 16 nodes" in rows["estimate"]
+    explicit = cli.ok("launch", "--nodes", "16", "--instance", "p3.16xlarge", "--dry-run",
+                      "--region", "us-east-1", "--", "bash", "-c", "echo hi").stdout
+    assert "your command on each of 16 nodes" in explicit
+
+
+def test_the_recipe_variant_says_how_many_nodes_and_nodes_1_overrides(cli, monkeypatch):
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    four = cli.ok("launch", "--recipe", "imagenet", "--set", "variant=machines-4", "--set",
+                  "data_dir=/d", "--instance", "p3.16xlarge", "--dry-run").stdout
+    assert "[4 nodes]" in four and "8 per node x 4 nodes = 32" in four
+    one = cli.ok("launch", "--recipe", "imagenet", "--set", "variant=machines-4", "--set",
+                 "data_dir=/d", "--instance", "p3.16xlarge", "--nodes", "1", "--dry-run").stdout
+    assert "nodes" not in [line[2:15].strip() for line in one.splitlines()]
+
+
+@pytest.mark.parametrize("args, said", [
+    (("--nodes", "0", "--instance", "g5.xlarge", "--", "true"), "--nodes must be a whole number"),
+    (("--nodes", "65", "--instance", "g5.xlarge", "--", "true"), "from 1 to 64, got 65"),
+    (("--nodes", "2", "--recipe", "airbench94", "--instance", "g5.xlarge"),
+     "runs as one process on one machine"),
+    (("--nodes", "2", "--on", "abcdefgh", "--", "true"), "--on reuses one kept instance"),
+    (("--nodes", "2", "--recipe", "resnet9", "--set", "gpus=3", "--instance", "g5.12xlarge"),
+     "must split evenly over the nodes"),
+    (("--nodes", "2", "--", "true"), "the local backend runs node 0 here"),
+])
+def test_nodes_that_cannot_be_are_one_line(cli, args, said):
+    proc = cli("launch", "--dry-run", *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert said in error_line(proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_launch_with_no_capacity_for_all_nodes_leaves_nothing(cli, aws, monkeypatch, groups):
+    """Issue 15, at the CLI: every AZ loses a node before it runs. The launch fails with one
+    line naming each AZ; no instance, no placement group, the job failed with its cost."""
+    from moto.ec2.models.instances import InstanceBackend, StateReason
+
+    original = InstanceBackend.run_instances
+
+    def lose_last(self, image_id, count, user_data, security_group_names, **kwargs):
+        reservation = original(self, image_id, count, user_data, security_group_names, **kwargs)
+        last = reservation.instances[-1]
+        self.terminate_instances([last.id])
+        last.state_reason = StateReason(CAPACITY[1], CAPACITY[0])
+        return reservation
+
+    monkeypatch.setattr(InstanceBackend, "run_instances", lose_last)
+    proc = cli("launch", "--nodes", "3", "--instance", "g5.xlarge", "--yes", "--", "true",
+               timeout=120)
+    assert proc.returncode != 0
+    line = error_line(proc.stderr)
+    assert "no capacity for 3 x g5.xlarge" in line and "us-east-1a" in line \
+        and "us-east-1b" in line, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert [i for i in aws.instances() if i["State"]["Name"] != "terminated"] == []
+    assert groups.live() == []
+    (job,) = json.loads(cli.ok("status", "--json").stdout)
+    assert job["state"] == "failed"
+
+
+def _silent():
+    from cloudtrain.progress import SILENT
+
+    return SILENT
+
+
+def test_cost_of_a_job_on_nodes_sums_every_node(cloud, groups):
+    """Issue 15: the bill is every node of every attempt (each an instance in the ledger)."""
+    from cloudtrain import ledger
+
+    provider, store, ec2, ami = cloud
+    spec = _spec(ami=ami)
+    job = _job(store, spec)
+    provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), None, _silent())
+    started = time.time() - 3600
+    for inst in store.instances(job.id):
+        store.update_instance(inst.id, launched_at=started, terminated_at=started + 600,
+                              state="terminated", price_per_hour=5.672)
+    ledger.settle(store, store.job(job.id))
+    assert store.job(job.id).cost == pytest.approx(3 * 5.672 * 600 / 3600, rel=0.02)
+    assert json.dumps(store.job(job.id).cost_detail)  # priced per phase, serialisable
