@@ -177,11 +177,13 @@ class ClusterMixin:
         bill; they count against a limit per region."""
         filters = [{"Name": f"tag:{TAG_JOB}", "Values": [job_id]}] if job_id else \
             [{"Name": f"tag:{TAG_OWNER}", "Values": [owner]}]
+        import botocore.exceptions
+
         try:
             groups = self.call(region, "describe_placement_groups",
                                Filters=filters)["PlacementGroups"]
-        except AWSError:
-            return []  # not allowed to look: nothing of ours to find that way
+        except (CloudtrainError, botocore.exceptions.BotoCoreError):
+            return []  # not allowed to look, or no answer: the next cleanup looks again
         removed = []
         for g in groups:
             if g.get("State") in ("deleting", "deleted"):

@@ -156,7 +156,10 @@ class NetworkMixin:
         removed = []
         for region in sorted(regions or self.regions_in_use(store)):
             owner = self.owner(region)
-            self.delete_placement_groups(region, owner=owner)
+            if store is not None and store.db.execute(
+                    "SELECT 1 FROM jobs WHERE backend = 'aws' AND "
+                    "CAST(json_extract(spec, '$.nodes') AS INTEGER) > 1 LIMIT 1").fetchone():
+                self.delete_placement_groups(region, owner=owner)  # of jobs on several nodes
             groups = self.call(region, "describe_security_groups", Filters=[
                 {"Name": "group-name", "Values": [GROUP_NAME, EFA_GROUP_NAME]},
                 {"Name": f"tag:{TAG_OWNER}", "Values": [owner]}])["SecurityGroups"]
