@@ -506,9 +506,10 @@ def _launch_nodes(store: Store, settings: config.Settings, spec: JobSpec, provid
 
     def write(i: int) -> None:
         h, jd = hosts[i], jobdirs[i]
-        mounts = provider.data_mounts(store, job, h, instances[i]) if found else {}
-        stage = _stage_step(spec, settings, h, jd, data_dirs[i], found, mounts,
-                            report if i == 0 else progress.SILENT, store, job, quiet=i > 0)
+        with Store(store.path) as mine:  # a connection of this thread's own
+            mounts = provider.data_mounts(mine, job, h, instances[i]) if found else {}
+            stage = _stage_step(spec, settings, h, jd, data_dirs[i], found, mounts,
+                                progress.SILENT, mine, job, quiet=i > 0)
         node = {"nodes": n, "rank": i, "master": master, "port": port}
         restore = restore_argv(h, jd) if stream_from else None
         h.write_text(f"{jd}/run.sh", run_script(spec, jd, h.python, procs, stage, restore,
@@ -519,6 +520,8 @@ def _launch_nodes(store: Store, settings: config.Settings, spec: JobSpec, provid
             stream if i == 0 else None, env), indent=1))
 
     nodes.each(write, n)
+    for note in datasets.notes(spec, settings) if found else []:
+        report.note(note)
     report.phase(f"starting the job in tmux on {n} nodes (rendezvous {master}:{port})")
     started = time.time()
     nodes.each(lambda i: hosts[i].start_agent(job.id, jobdirs[i]), n)
@@ -892,12 +895,25 @@ def _probe_nodes(store: Store, settings: config.Settings, job: Job) -> dict | Jo
     stagings = [r.get("staging") if isinstance(r, dict) else None for r in reports]
     report["staging"] = next((st for st in stagings if not st or st.get("state") != "staged"),
                              stagings[0])
-    host = dict(job.host or {})
-    if isinstance(host.get("nodes"), list):
-        host["nodes"] = [{**rec, "agent": agent} for rec, agent in
-                         zip(host["nodes"], nodes.summary(statuses))]
-        store.update_job(job.id, host=host)
+    _record_node_agents(store, job.id, statuses)
     return report
+
+
+def _record_node_agents(store: Store, job_id: str, statuses: list) -> None:
+    """What each node's agent last said (state, exit code, reason), kept in the job's node
+    records for `status JOB`; a node not heard from keeps what it said before."""
+    from . import nodes
+
+    job = store.job(job_id)
+    host = dict(job.host or {})
+    where = host["collected_from"] if isinstance(host.get("collected_from"), dict) else host
+    recs = where.get("nodes")
+    if not isinstance(recs, list):
+        return
+    for rec, agent in zip(recs, nodes.summary(statuses)):
+        if agent.get("state") is not None:
+            rec["agent"] = agent
+    store.update_job(job_id, host=host)
 
 
 def _nodes_lost(store: Store, settings: config.Settings, job: Job, lost: dict,
@@ -922,8 +938,13 @@ def _nodes_lost(store: Store, settings: config.Settings, job: Job, lost: dict,
             continue
         spot = _spot_reason({inst: seen}) if seen else False
         try:
-            stored = (_from_job_store(store, job) if i == 0 else
-                      _node_from_store(store, job, i)) or {}
+            if i == 0:
+                stored = _from_job_store(store, job) or {}
+            else:
+                stored = _node_from_store(store, job, i)
+                if stored is not None:
+                    _mark_node_collected(store, job.id, i)
+                stored = stored or {}
         except CloudtrainError as store_exc:
             unreachable.append(f"node {i}: the job store could not be read "
                                f"({store_exc.message})")
@@ -947,14 +968,14 @@ def _nodes_lost(store: Store, settings: config.Settings, job: Job, lost: dict,
 
 def _node_from_store(store: Store, job: Job, node: int) -> dict | None:
     """Node i's files from the job store (its agent put them there before the power-off),
-    brought to jobs/<id>/nodes/<i>/; its stored status, or None when nothing was stored."""
+    brought to jobs/<id>/nodes/<i>/; its stored status, or None when nothing was stored. The
+    caller records the node as collected (_mark_node_collected)."""
     from . import nodes
 
     local = nodes.local_dir(job.id, node)
     fetched = providers.get(job.backend).fetch_results(store, job, local, node=node)
     if not fetched:
         return None
-    _mark_node_collected(store, job.id, node)
     return hostdata.clean_status(read_json(str(local / "status.json")))
 
 
@@ -972,14 +993,16 @@ def _mark_node_collected(store: Store, job_id: str, node: int) -> None:
 
 
 def _stop_nodes(job: Job, settings: config.Settings, wait: bool = True,
-                grace_s: float | None = None) -> list:
+                grace_s: float | None = None, store: Store | None = None) -> list:
     """Ask every node's agent still running the job to stop it (SIGTERM, SIGKILL after the
     grace period); with `wait`, until each has (bounded); without, only the signal. One
     node's failure to answer never holds the others. Returns each node's final status (or
-    the error), node 0 first."""
+    the error), node 0 first; with `store`, what they said is kept for `status JOB`."""
     from . import nodes
 
     recs = nodes.records(job)
+    if len(recs) < 2:
+        return []
     grace = settings.stop_grace_seconds if grace_s is None else grace_s
 
     def stop(i: int):
@@ -990,7 +1013,11 @@ def _stop_nodes(job: Job, settings: config.Settings, wait: bool = True,
             grace + STOP_MARGIN_S)
         return problem if problem is not None else result
 
-    return nodes.each(stop, len(recs)) if len(recs) > 1 else []
+    answers = nodes.each(stop, len(recs))
+    if store is not None:
+        _record_node_agents(store, job.id, [a if isinstance(a, dict) else None
+                                            for a in answers])
+    return answers
 
 
 def _host_lost(store: Store, settings: config.Settings, job: Job, exc: HostError) -> Job:
@@ -1178,13 +1205,17 @@ def _collect_nodes(store: Store, job: Job) -> None:
             h.write_text(f"{jd}/collected", str(time.time()))
         except HostError:
             try:
-                if _node_from_store(store, job, i) is None:
-                    return
+                with Store(store.path) as mine:  # a connection of this thread's own
+                    if _node_from_store(mine, job, i) is None:
+                        return
             except CloudtrainError:
                 return
-        _mark_node_collected(store, job.id, i)
+        done.append(i)
 
+    done: list[int] = []
     nodes.each(lambda i: collect(i) if i else None, len(recs))
+    for i in done:
+        _mark_node_collected(store, job.id, i)
 
 
 def _finish(store: Store, job: Job, collect: bool = True, force: bool = False) -> None:
@@ -1192,7 +1223,7 @@ def _finish(store: Store, job: Job, collect: bool = True, force: bool = False) -
     host back whatever happened to the files, settle the cost."""
     try:
         if len(_node_records(job)) > 1:  # the nodes still running the job stop first
-            _stop_nodes(store.job(job.id), config.Settings.load())
+            _stop_nodes(store.job(job.id), config.Settings.load(), store=store)
         if collect and not collect_files(store, store.job(job.id)):
             _collect_from_store(store, store.job(job.id))
     finally:
@@ -1411,7 +1442,7 @@ def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -
         problem = job.reason                          # no graceful stop to wait for
     elif job.jobdir and job.state in (state.RUNNING, state.STAGING) and \
             len(_node_records(job)) > 1:  # every node at once, each bounded
-        answers = _stop_nodes(job, settings, grace_s=grace)
+        answers = _stop_nodes(job, settings, grace_s=grace, store=store)
         status = answers[0] if isinstance(answers[0], dict) else {}
         problems = [f"node {i}: {a}" for i, a in enumerate(answers) if isinstance(a, str)]
         problem = "; ".join(problems) or None

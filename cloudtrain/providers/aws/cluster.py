@@ -240,13 +240,14 @@ class ClusterMixin:
             endpoint = Endpoint(addresses[i], self.settings.ssh_port, self.settings.ssh_user,
                                 str(boot["key_path"]))
             host = self._wait_ssh(region, ids[i], endpoint)
-            verified = self._check_host_key(store, job, region, ids[i], host, since)
-            host.home()
-            host.peer_address = privates[i]
-            store.update_instance(ids[i], state="running", details=json.dumps(
-                {**self._details(store, ids[i]), "address": addresses[i],
-                 "private_address": privates[i], "host_key": endpoint.host_key,
-                 "host_key_verified": verified, "node": i}))
+            with Store(store.path) as mine:  # a connection of this thread's own
+                verified = self._check_host_key(mine, job, region, ids[i], host, since)
+                host.home()
+                host.peer_address = privates[i]
+                mine.update_instance(ids[i], state="running", details=json.dumps(
+                    {**self._details(mine, ids[i]), "address": addresses[i],
+                     "private_address": privates[i], "host_key": endpoint.host_key,
+                     "host_key_verified": verified, "node": i}))
             return host
 
         hosts = nodes.each(reach, n)
