@@ -828,8 +828,9 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
             store.update_job(job.id, reason="spot interruption notice: uploading the "
                                             "checkpoint", **fields)
             return store.job(job.id)
-        return recovery.interrupted(store, settings, job, status, "spot interruption notice",
-                                    host_alive=True)
+        why = "spot interruption notice" if status.get("interruption") or \
+            len(_node_records(job)) < 2 else status.get("reason") or "spot instance interrupted"
+        return recovery.interrupted(store, settings, job, status, why, host_alive=True)
     if agent_state in state.TERMINAL_STATES:
         # Only the process that records the end collects and releases: two collecting at
         # once would race on the same files, and one releasing under the other cut it short.

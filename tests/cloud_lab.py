@@ -97,7 +97,10 @@ class CloudLab:
         (self.tmux_root / ip).mkdir(exist_ok=True)
         server = self.sshds[ip]
         lines = [l for l in server.config.read_text().splitlines() if not l.startswith("SetEnv")]
-        env = f"SetEnv HOME={self.homes[ip]} TMUX_TMPDIR={self.tmux_root / ip}"
+        # OMP_NUM_THREADS=1: every namespace host shares this machine's cores; a torch job on
+        # each would otherwise start as many threads as there are cores, on every host.
+        env = (f"SetEnv HOME={self.homes[ip]} TMUX_TMPDIR={self.tmux_root / ip} "
+               "OMP_NUM_THREADS=1")
         if without_tmux:
             env += f" PATH={self.no_tmux_path}"
         server.config.write_text("\n".join(lines + [env]) + "\n")

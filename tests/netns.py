@@ -97,6 +97,25 @@ def _delete_netns(ns: str) -> None:
     finally:  # a namespace still in use lives on unnamed until its processes exit
         if ns in _netns_names():
             _ip("netns", "del", ns)
+        shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+
+
+# `ip netns exec NS` mounts /etc/netns/NS/<file> over /etc/<file> for what it starts (the
+# hosts' sshds, so every process on a host). This machine's nameserver is out of a host's
+# reach (no forwarding): a name lookup there waited for DNS timeouts, and torch's TCPStore
+# looks up each peer's address (25 s per rendezvous). A host resolves the lab's addresses
+# from its hosts file, and anything else fails at once.
+NETNS_ETC = Path("/etc/netns")
+LAB_HOSTS = "127.0.0.1 localhost\n" + "".join(
+    f"{ip} lab-{str(ip).replace('.', '-')}\n" for ip in SUBNET.hosts())
+LAB_RESOLV = "# a lab host: no DNS here, lookups fail at once\nnameserver 127.0.0.1\n"
+
+
+def _host_etc(ns: str) -> None:
+    etc = NETNS_ETC / ns
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "hosts").write_text(LAB_HOSTS)
+    (etc / "resolv.conf").write_text(LAB_RESOLV)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -132,6 +151,10 @@ def cleanup_stale(prefix: str = PREFIX, skip_live: bool = True) -> list[str]:
         if stale(ns):
             _delete_netns(ns)
             removed.append(ns)
+    for etc in NETNS_ETC.glob(prefix + "*") if NETNS_ETC.is_dir() else []:
+        if stale(etc.name) and etc.name not in _netns_names():
+            shutil.rmtree(etc, ignore_errors=True)
+            removed.append(str(etc))
     return removed
 
 
@@ -336,6 +359,7 @@ class NetnsLab:
         host = NetnsHost(self, str(addr), ns, veth)
         self._namespaces.append(ns)
         _ip("netns", "add", ns)
+        _host_etc(ns)
         self.hosts[host.ip] = host
         # The pair is born with its inner end already in the namespace, named eth0.
         self._links.append(veth)

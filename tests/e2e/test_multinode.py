@@ -206,7 +206,7 @@ def test_spot_node_taken_back_relaunches_the_whole_job_elsewhere(lab, cli, ct_ho
     streamed to the job store, and the job finishes on 3 nodes whose ranks agree."""
     for ip in ZONE_A + ZONE_B:
         lab.start(ip)
-    job_id = cli.launch(*RESNET9, "--set", "epochs=12", "--nodes", "3", "--instance",
+    job_id = cli.launch(*RESNET9, "--set", "epochs=4", "--nodes", "3", "--instance",
                         "g5.xlarge", "--spot", timeout=300)
     wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("epoch"), timeout=240,
              interval=1.0, what="rank 0's first streamed checkpoint")
