@@ -53,7 +53,7 @@ def one(nodes: int, hosts: list[str]) -> dict:
                 work = tmp / "work"
                 work.mkdir()
                 (work / "job.sh").write_text('echo "node $CLOUDTRAIN_NODE_RANK up"; sleep 300\n')
-                t0 = time.perf_counter()
+                t0, t0_wall = time.perf_counter(), time.time()
                 job_id = cli.launch("--nodes", str(nodes), "--instance", "g5.xlarge",
                                     "--workdir", str(work), "--", "bash", "job.sh", timeout=600)
                 launched = time.perf_counter() - t0
@@ -65,8 +65,20 @@ def one(nodes: int, hosts: list[str]) -> dict:
                     time.sleep(0.01)
                 first = time.perf_counter() - t0
                 logins = [lab.sshds[ip].connections() for ip in hosts[:nodes]]
+                timeline = cli.job(job_id)["timeline"]
+                phases = {}
+                for p in timeline:
+                    if p["name"] in ("provisioning", "syncing", "setting-up") and \
+                            p["duration"] is not None:
+                        phases[p["name"]] = p["duration"]
+                running = next(p["start"] for p in timeline if p["name"] == "running")
+                phases["start"] = t0_wall + first - running
+                phases["before"] = timeline[0]["start"] - t0_wall
+                if os.environ.get("BENCH_VERBOSE"):
+                    print([(round(p["start"] - t0_wall, 2), p["name"]) for p in timeline])
                 cli("down", job_id, timeout=120)
-                return {"first_output_s": first, "launch_s": launched, "logins": logins}
+                return {"first_output_s": first, "launch_s": launched, "logins": logins,
+                        "phases": phases}
             finally:
                 lab.close()
 
@@ -93,6 +105,9 @@ def main() -> None:
               f"{args.runs} runs); launch returned after "
               f"{statistics.median(g['launch_s'] for g in got):.2f} s; SSH logins per node "
               f"{logins}")
+        print("    by phase (median s): " + ", ".join(
+            f"{k} {statistics.median(g['phases'].get(k, 0.0) for g in got):.2f}"
+            for k in ("before", "provisioning", "syncing", "setting-up", "start")))
     ratio = statistics.median(g["first_output_s"] for g in rows[args.nodes]) / \
         statistics.median(g["first_output_s"] for g in rows[1])
     print(f"{args.nodes} nodes / 1 node: {ratio:.2f}x (goal <= 1.3x)")

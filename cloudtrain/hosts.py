@@ -188,6 +188,24 @@ def sync_many(host: "Host", copies: list[tuple[Path, str, str | None, tuple[str,
     return sent
 
 
+def bundle(copies: list[tuple[Path, str, tuple[str, ...]]], into) -> tuple[int, int]:
+    """One tar stream of several directories, written once to the file object `into`, for
+    sending to many hosts (a job on several nodes): each (local dir, folder inside the
+    destination, include) as a sync would send it (the files git would keep, credentials
+    left out unless included). Returns (files, bytes of the files)."""
+    import tarfile
+
+    count = size = 0
+    with tarfile.open(fileobj=into, mode="w|") as tar:
+        for local, folder, include in copies:
+            for rel in list_files(local, include):
+                tar.add(Path(local) / rel, arcname=f"{folder}/{rel}" if folder else rel,
+                        recursive=False)
+                count += 1
+                size += (Path(local) / rel).lstat().st_size
+    return count, size
+
+
 class Host(ABC):
     """The verbs every host has; subclasses implement run/put/get/sync/read."""
 
@@ -511,6 +529,18 @@ class LocalHost(Host):
         Path(remote).parent.mkdir(parents=True, exist_ok=True)
         Path(remote).write_text(text)
 
+    def unpack(self, tar_path: Path, remote_dir: str,
+               sent: Callable[[int], None] | None = None) -> None:
+        """Extract a bundle() into remote_dir (with tar, as on a remote host)."""
+        Path(remote_dir).mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(["tar", "-x", "-C", remote_dir, "-f", str(tar_path)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise HostError(f"tar into {remote_dir} failed ({proc.returncode}): "
+                            f"{proc.stderr.strip()[-300:]}")
+        if sent is not None:
+            sent(Path(tar_path).stat().st_size)
+
     def sync(self, local_dir: Path, remote_dir: str, like: str | None = None,
              include: tuple[str, ...] = (), sent: Callable[[int], None] | None = None) -> int:
         """Copy the files git would keep; unchanged files (size and mtime) are skipped."""
@@ -797,6 +827,36 @@ class SSHHost(Host):
             raise HostError(f"rsync to {self.name}:{remote_dir} failed ({code}): "
                             + (stderr.strip().splitlines() or ["no output"])[-1])
         return count
+
+    def unpack(self, tar_path: Path, remote_dir: str,
+               sent: Callable[[int], None] | None = None) -> None:
+        """Stream a bundle() into remote_dir through one `tar -x` on this connection."""
+        chan = self.conn.open_exec(f"mkdir -p {shlex.quote(remote_dir)} && "
+                                   f"tar -x -C {shlex.quote(remote_dir)}")
+        chan.settimeout(STREAM_IDLE_S)
+        try:
+            done = 0
+            with open(tar_path, "rb") as f:
+                while True:
+                    chunk = f.read(1 << 20)
+                    if not chunk:
+                        break
+                    chan.sendall(chunk)
+                    done += len(chunk)
+                    if sent is not None:
+                        sent(done)
+            chan.shutdown_write()
+            if not chan.status_event.wait(STREAM_IDLE_S):
+                raise TimeoutError("no exit status")
+            code = chan.recv_exit_status()
+            err = chan.makefile_stderr("rb").read().decode("utf-8", "replace")
+        except (TimeoutError, OSError, EOFError) as exc:
+            raise HostError(f"tar into {self.name}:{remote_dir} stalled or broke: "
+                            f"{exc or type(exc).__name__}") from exc
+        finally:
+            chan.close()
+        if code != 0:
+            raise HostError(f"tar into {self.name}:{remote_dir} failed ({code}): {err.strip()}")
 
     def _tar(self, local_dir: Path, remote_dir: str, files: list[str],
              sent: Callable[[int], None] | None = None) -> int:

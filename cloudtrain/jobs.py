@@ -438,40 +438,43 @@ def _launch_nodes(store: Store, settings: config.Settings, spec: JobSpec, provid
 
     _advance(store, job.id, state.SYNCING)
     data_dirs = [provider.data_dir(h) for h in hosts]
-    copies = [_copies(store, spec, job, jobdirs[i], None, report if i == 0 else progress.SILENT)
-              for i in range(n)]
-    from .hosts import measure
+    # The same files go to every node: packed once into one tar stream, which each node
+    # unpacks through its own connection (one round trip, no rsync process per node).
+    copies = _copies(store, spec, job, "", None, report)
+    import tempfile
 
-    sizes = [measure(local, include) for local, _, _, include in copies[0]]
-    files, size = sum(f for f, _ in sizes), sum(b for _, b in sizes)
-    report.phase(f"syncing {files} file{'' if files == 1 else 's'}, "
-                 f"{progress.megabytes(size)} to each of {n} nodes")
-    report.transfer(size * n)
-    done = [0] * n
-    lock = threading.Lock()
+    from .hosts import bundle
 
-    def progress_of(i: int, base: int):
-        def sent(count: int) -> None:
-            with lock:
-                done[i] = base + count
-                report.sent(sum(done))
-        return sent
+    with tempfile.NamedTemporaryFile(prefix="cloudtrain-sync-", suffix=".tar") as tar:
+        files, size = bundle([(local, remote.lstrip("/"), include)
+                              for local, remote, _, include in copies], tar)
+        tar.flush()
+        packed = os.path.getsize(tar.name)
+        report.phase(f"syncing {files} file{'' if files == 1 else 's'}, "
+                     f"{progress.megabytes(size)} to each of {n} nodes")
+        report.transfer(packed * n)
+        done = [0] * n
+        lock = threading.Lock()
 
-    def prepare(i: int) -> int:
-        h, jd = hosts[i], jobdirs[i]
-        h.run("mkdir -p " + " ".join(shlex.quote(d) for d in (
-            f"{jd}/checkpoints", f"{jd}/work", data_dirs[i])))
-        h.install_agent(jd)
-        count = base = 0
-        for (local, remote, like, include), (_, nbytes) in zip(copies[i], sizes):
-            count += h.sync(local, remote, like, include=include, sent=progress_of(i, base))
-            base += nbytes
-        if source is not None:
-            _copy_checkpoints(source, h, jd)
-        return count
+        def progress_of(i: int):
+            def sent(count: int) -> None:
+                with lock:
+                    done[i] = count
+                    report.sent(sum(done))
+            return sent
 
-    sent = sum(nodes.each(prepare, n))
-    report.sent(size * n)
+        def prepare(i: int) -> int:
+            h, jd = hosts[i], jobdirs[i]
+            h.run("mkdir -p " + " ".join(shlex.quote(d) for d in (
+                f"{jd}/checkpoints", f"{jd}/work", data_dirs[i])))
+            h.install_agent(jd)
+            h.unpack(Path(tar.name), jd, sent=progress_of(i))
+            if source is not None:
+                _copy_checkpoints(source, h, jd)
+            return files
+
+        sent = sum(nodes.each(prepare, n))
+        report.sent(packed * n)
 
     _advance(store, job.id, state.SETTING_UP, detail=f"{sent} files sent to {n} nodes")
     report.phase(f"setting up {n} nodes")

@@ -365,12 +365,15 @@ class Relay:
             chan = self.conn.open_exec(shlex.join(argv))
 
             def upstream():
-                while True:
-                    data = client.recv(65536)
-                    if not data:
-                        chan.shutdown_write()
-                        return
-                    chan.sendall(data)
+                try:
+                    while True:
+                        data = client.recv(65536)
+                        if not data:
+                            chan.shutdown_write()
+                            return
+                        chan.sendall(data)
+                except (OSError, EOFError):
+                    return  # the downstream side ended first and shut the socket: done
 
             t = threading.Thread(target=upstream, daemon=True)
             t.start()
@@ -381,11 +384,14 @@ class Relay:
                 client.sendall(data)
             chan.close()
             # shutdown, not just close: the upstream thread still blocks in recv() on it,
-            # and a bare close() would neither wake it nor send the relay its EOF.
+            # and a bare close() would neither wake it nor send the relay its EOF. It is
+            # waited for before the socket is closed (a recv on a closed descriptor raised
+            # "Bad file descriptor" in that thread, printed as a traceback, under load).
             try:
                 client.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            t.join(CHANNEL_OPEN_TIMEOUT_S)
 
     def close(self) -> None:
         self.server.close()

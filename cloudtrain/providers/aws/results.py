@@ -65,8 +65,9 @@ class ResultsStoreMixin:
         region = getattr(spec, "store_region", None) or spec.region or self.region_of(job)
         try:
             s3, bucket, _ = self._job_store(region)
-            jobstore.ensure_bucket(s3, bucket, region, self.owner(region),
-                                   expire_days=STORE_KEEP_DAYS)
+            if node == 0:  # the other nodes' grants come right after node 0's, same bucket
+                jobstore.ensure_bucket(s3, bucket, region, self.owner(region),
+                                       expire_days=STORE_KEEP_DAYS)
             lifetime = spec.max_runtime_s + RUNTIME_MARGIN_MIN * 60 + 3600
             note = (f"results: s3://{bucket}/jobs/{job.id}/ when the job ends, whoever is "
                     f"watching (kept {STORE_KEEP_DAYS} days)")
