@@ -19,7 +19,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,59 +27,43 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
 
 
 def one(nodes: int, hosts: list[str]) -> dict:
-    import pytest
-
-    from cloud_lab import CloudLab
-    from conftest import CLI, TEST_CONFIG
+    from cloud_lab import bench_home, cloud_lab
     from moto_placement import PlacementGroups
-    from netns import NetnsLab
 
-    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
-        tmp = Path(tmp)
-        home = tmp / "ct-home"
-        home.mkdir()
-        (home / "config.yaml").write_text("".join(f"{k}: {v}\n" for k, v in TEST_CONFIG.items()))
-        mp.setenv("CLOUDTRAIN_HOME", str(home))
-        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        mp.setenv("CLOUDTRAIN_TMUX_SOCKET", f"ct-bench-nodes-{os.getpid()}")
-        cli = CLI(home)
+    with bench_home("nodes") as (tmp, home, mp, cli, socket):
         PlacementGroups().install(mp)
-        with NetnsLab(tmp / "netns") as net:
-            lab = CloudLab(net, tmp, cli, home, mp, hosts[:nodes])
-            try:
-                for ip in hosts[:nodes]:
-                    lab.start(ip)
-                work = tmp / "work"
-                work.mkdir()
-                (work / "job.sh").write_text('echo "node $CLOUDTRAIN_NODE_RANK up"; sleep 300\n')
-                t0, t0_wall = time.perf_counter(), time.time()
-                job_id = cli.launch("--nodes", str(nodes), "--instance", "g5.xlarge",
-                                    "--workdir", str(work), "--", "bash", "job.sh", timeout=600)
-                launched = time.perf_counter() - t0
-                logs = [lab.homes[ip] / ".cloudtrain" / "jobs" / job_id / "output.log"
-                        for ip in hosts[:nodes]]
-                while not all(p.exists() and b"up" in p.read_bytes() for p in logs):
-                    if time.perf_counter() - t0 > 600:
-                        raise SystemExit("a node printed nothing in 600 s")
-                    time.sleep(0.01)
-                first = time.perf_counter() - t0
-                logins = [lab.sshds[ip].connections() for ip in hosts[:nodes]]
-                timeline = cli.job(job_id)["timeline"]
-                phases = {}
-                for p in timeline:
-                    if p["name"] in ("provisioning", "syncing", "setting-up") and \
-                            p["duration"] is not None:
-                        phases[p["name"]] = p["duration"]
-                running = next(p["start"] for p in timeline if p["name"] == "running")
-                phases["start"] = t0_wall + first - running
-                phases["before"] = timeline[0]["start"] - t0_wall
-                if os.environ.get("BENCH_VERBOSE"):
-                    print([(round(p["start"] - t0_wall, 2), p["name"]) for p in timeline])
-                cli("down", job_id, timeout=120)
-                return {"first_output_s": first, "launch_s": launched, "logins": logins,
-                        "phases": phases}
-            finally:
-                lab.close()
+        with cloud_lab(cli, home, tmp, mp, hosts[:nodes], socket) as lab:
+            for ip in hosts[:nodes]:
+                lab.start(ip)
+            work = tmp / "work"
+            work.mkdir()
+            (work / "job.sh").write_text('echo "node $CLOUDTRAIN_NODE_RANK up"; sleep 300\n')
+            t0, t0_wall = time.perf_counter(), time.time()
+            job_id = cli.launch("--nodes", str(nodes), "--instance", "g5.xlarge",
+                                "--workdir", str(work), "--", "bash", "job.sh", timeout=600)
+            launched = time.perf_counter() - t0
+            logs = [lab.homes[ip] / ".cloudtrain" / "jobs" / job_id / "output.log"
+                    for ip in hosts[:nodes]]
+            while not all(p.exists() and b"up" in p.read_bytes() for p in logs):
+                if time.perf_counter() - t0 > 600:
+                    raise SystemExit("a node printed nothing in 600 s")
+                time.sleep(0.01)
+            first = time.perf_counter() - t0
+            logins = [lab.sshds[ip].connections() for ip in hosts[:nodes]]
+            timeline = cli.job(job_id)["timeline"]
+            phases = {}
+            for p in timeline:
+                if p["name"] in ("provisioning", "syncing", "setting-up") and \
+                        p["duration"] is not None:
+                    phases[p["name"]] = p["duration"]
+            running = next(p["start"] for p in timeline if p["name"] == "running")
+            phases["start"] = t0_wall + first - running
+            phases["before"] = timeline[0]["start"] - t0_wall
+            if os.environ.get("BENCH_VERBOSE"):
+                print([(round(p["start"] - t0_wall, 2), p["name"]) for p in timeline])
+            cli("down", job_id, timeout=120)
+            return {"first_output_s": first, "launch_s": launched, "logins": logins,
+                    "phases": phases}
 
 
 def main() -> None:

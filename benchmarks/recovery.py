@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,58 +27,43 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
 
 
 def one(case: str) -> dict:
-    import pytest
-
-    from conftest import CLI, TEST_CONFIG, wait_for
-    from netns import NetnsLab
-    from cloud_lab import CloudLab
+    from cloud_lab import bench_home, cloud_lab
+    from conftest import wait_for
     from test_spot_recovery import HOSTS, _own_job
 
-    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
-        tmp = Path(tmp)
-        home = tmp / "ct-home"
-        home.mkdir()
-        (home / "config.yaml").write_text("".join(f"{k}: {v}\n" for k, v in TEST_CONFIG.items()))
-        mp.setenv("CLOUDTRAIN_HOME", str(home))
-        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        mp.setenv("CLOUDTRAIN_TMUX_SOCKET", f"ct-bench-recovery-{os.getpid()}")
-        cli = CLI(home)
-        with NetnsLab(tmp / "netns") as net:
-            lab = CloudLab(net, tmp, cli, home, mp, list(HOSTS.values()))
-            try:
-                for ip in HOSTS.values():
-                    lab.start(ip)
-                work = _own_job(tmp, 80)
-                job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--workdir", str(work),
-                                    "--", "python3", "job.py", "80")
-                first = lab.current(job_id)
-                wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("step", 0) >= 20,
-                         timeout=60, what="a checkpoint at step 20")
-                time.sleep(0.4)  # mid-way between two checkpoints
-                if case == "notice":
-                    lab.imds.announce(first["PrivateIpAddress"])
-                    wait_for(lambda: lab.log.exists(), timeout=60, what="the power-off")
-                t0 = time.time()
-                lab.take_back(first)
-                job = wait_for(lambda: (lambda j: j if j["state"] in (
-                    "succeeded", "failed") else None)(cli.job(job_id)), timeout=180,
-                    interval=0.5, what="the job's end")
-                assert job["state"] == "succeeded", job["reason"]
-                a1, a2 = job["attempts"][:2]
-                rows = [json.loads(l) for l in
-                        (home / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()]
-                resumed = next(r["time"] for r in rows
-                               if r["step"] == (a2["resumed_step"] or 0) + 1 and r["time"] > t0)
-                marks = {}
-                for p in job["timeline"]:
-                    if p["start"] > t0:
-                        marks.setdefault(p["name"], p["start"])
-                wait_s = marks["host-key"] - marks["instance"]
-                return {"case": case, "overhead_s": resumed - t0 - wait_s,
-                        "instance_wait_s": wait_s, "lost_steps": a1["redone_steps"],
-                        "checkpoint_step": a2["resumed_step"]}
-            finally:
-                lab.close()
+    with bench_home("recovery") as (tmp, home, mp, cli, socket):
+        with cloud_lab(cli, home, tmp, mp, list(HOSTS.values()), socket) as lab:
+            for ip in HOSTS.values():
+                lab.start(ip)
+            work = _own_job(tmp, 80)
+            job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--workdir", str(work),
+                                "--", "python3", "job.py", "80")
+            first = lab.current(job_id)
+            wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("step", 0) >= 20,
+                     timeout=60, what="a checkpoint at step 20")
+            time.sleep(0.4)  # mid-way between two checkpoints
+            if case == "notice":
+                lab.imds.announce(first["PrivateIpAddress"])
+                wait_for(lambda: lab.log.exists(), timeout=60, what="the power-off")
+            t0 = time.time()
+            lab.take_back(first)
+            job = wait_for(lambda: (lambda j: j if j["state"] in (
+                "succeeded", "failed") else None)(cli.job(job_id)), timeout=180,
+                interval=0.5, what="the job's end")
+            assert job["state"] == "succeeded", job["reason"]
+            a1, a2 = job["attempts"][:2]
+            rows = [json.loads(l) for l in
+                    (home / "jobs" / job_id / "metrics.jsonl").read_text().splitlines()]
+            resumed = next(r["time"] for r in rows
+                           if r["step"] == (a2["resumed_step"] or 0) + 1 and r["time"] > t0)
+            marks = {}
+            for p in job["timeline"]:
+                if p["start"] > t0:
+                    marks.setdefault(p["name"], p["start"])
+            wait_s = marks["host-key"] - marks["instance"]
+            return {"case": case, "overhead_s": resumed - t0 - wait_s,
+                    "instance_wait_s": wait_s, "lost_steps": a1["redone_steps"],
+                    "checkpoint_step": a2["resumed_step"]}
 
 
 def main() -> None:

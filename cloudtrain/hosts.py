@@ -831,42 +831,22 @@ class SSHHost(Host):
     def unpack(self, tar_path: Path, remote_dir: str,
                sent: Callable[[int], None] | None = None) -> None:
         """Stream a bundle() into remote_dir through one `tar -x` on this connection."""
-        chan = self.conn.open_exec(f"mkdir -p {shlex.quote(remote_dir)} && "
-                                   f"tar -x -C {shlex.quote(remote_dir)}")
-        chan.settimeout(STREAM_IDLE_S)
-        try:
+        def write(chan) -> None:
             done = 0
             with open(tar_path, "rb") as f:
-                while True:
-                    chunk = f.read(1 << 20)
-                    if not chunk:
-                        break
+                while chunk := f.read(1 << 20):
                     chan.sendall(chunk)
                     done += len(chunk)
                     if sent is not None:
                         sent(done)
-            chan.shutdown_write()
-            if not chan.status_event.wait(STREAM_IDLE_S):
-                raise TimeoutError("no exit status")
-            code = chan.recv_exit_status()
-            err = chan.makefile_stderr("rb").read().decode("utf-8", "replace")
-        except (TimeoutError, OSError, EOFError) as exc:
-            raise HostError(f"tar into {self.name}:{remote_dir} stalled or broke: "
-                            f"{exc or type(exc).__name__}") from exc
-        finally:
-            chan.close()
-        if code != 0:
-            raise HostError(f"tar into {self.name}:{remote_dir} failed ({code}): {err.strip()}")
+
+        self._tar_stream(remote_dir, write, mkdir=True)
 
     def _tar(self, local_dir: Path, remote_dir: str, files: list[str],
              sent: Callable[[int], None] | None = None) -> int:
         import tarfile
 
-        chan = self.conn.open_exec(f"tar -x -C {shlex.quote(remote_dir)}")
-        # A stream has no overall deadline (its size is the user's), but a host that stops
-        # taking bytes, or never reports tar's end, for STREAM_IDLE_S is given up on.
-        chan.settimeout(STREAM_IDLE_S)
-        try:
+        def write(chan) -> None:
             writer = chan.makefile("wb")
             with tarfile.open(fileobj=writer, mode="w|") as tar:
                 done = 0
@@ -876,6 +856,21 @@ class SSHHost(Host):
                         done += (local_dir / rel).lstat().st_size
                         sent(done)
             writer.flush()
+
+        self._tar_stream(remote_dir, write)
+        return len(files)
+
+    def _tar_stream(self, remote_dir: str, write: Callable, mkdir: bool = False) -> None:
+        """`write(channel)` sends a tar stream to `tar -x -C remote_dir` on the host; then
+        its exit status. A stream has no overall deadline (its size is the user's), but a
+        host that stops taking bytes, or never reports tar's end, for STREAM_IDLE_S is given
+        up on. HostError if it broke or tar failed."""
+        where = shlex.quote(remote_dir)
+        chan = self.conn.open_exec((f"mkdir -p {where} && " if mkdir else "")
+                                   + f"tar -x -C {where}")
+        chan.settimeout(STREAM_IDLE_S)
+        try:
+            write(chan)
             chan.shutdown_write()
             if not chan.status_event.wait(STREAM_IDLE_S):
                 raise TimeoutError("no exit status")
@@ -888,7 +883,6 @@ class SSHHost(Host):
             chan.close()
         if code != 0:
             raise HostError(f"tar into {self.name}:{remote_dir} failed ({code}): {err.strip()}")
-        return len(files)
 
     def ssh_argv(self, *remote: str) -> list[str]:
         """The system ssh client, for interactive use, trusting only the pinned host key."""
@@ -916,6 +910,17 @@ class SSHHost(Host):
         return {**super().describe(), "host": self.endpoint.host, "port": self.endpoint.port,
                 "user": self.endpoint.user, "key_path": self.endpoint.key_path,
                 "host_key": self.endpoint.host_key, "python": self.python}
+
+
+def close_quietly(host) -> None:
+    """Close a host's connection, if it has one, ignoring that it may be broken already
+    (that is usually why it is being forgotten)."""
+    close = getattr(host, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - already broken
+            pass
 
 
 def from_description(info: dict) -> Host:

@@ -23,7 +23,7 @@ from . import config, datasets, hostdata, lease, progress, providers, state
 from .agent import metrics_tail, pid_alive, read_json
 from .errors import CloudtrainError, HostError, MissingDependency, NotFound, PlacementError, \
     UsageError
-from .hosts import Host, LocalHost, agent_dir, session_name, sync_many
+from .hosts import Host, LocalHost, agent_dir, close_quietly, session_name, sync_many
 from .spec import RECIPE, JobSpec
 from .state import Job, Store
 
@@ -782,13 +782,7 @@ def host_of(job: Job) -> Host:
 
 
 def _forget_host(job_id: str) -> None:
-    host = _open_hosts.pop(job_id, None)
-    close = getattr(host, "close", None)
-    if close is not None:
-        try:
-            close()
-        except Exception:  # already broken: that is why it is forgotten
-            pass
+    close_quietly(_open_hosts.pop(job_id, None))
 
 
 def refresh(store: Store, settings: config.Settings, job: Job) -> Job:

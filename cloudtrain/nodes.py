@@ -33,7 +33,7 @@ from typing import Callable, TypeVar
 
 from . import config
 from .errors import CloudtrainError
-from .hosts import Host, from_description
+from .hosts import Host, close_quietly, from_description
 from .state import Job
 
 T = TypeVar("T")
@@ -121,12 +121,7 @@ def forget(job_id: str) -> None:
         mine = [k for k in _open if k[0] == job_id]
         hosts = [_open.pop(k) for k in mine]
     for h in hosts:
-        close = getattr(h, "close", None)
-        if close is not None:
-            try:
-                close()
-            except Exception:  # already broken: that is why it is forgotten
-                pass
+        close_quietly(h)
 
 
 class NodeError(CloudtrainError):

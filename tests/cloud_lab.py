@@ -9,6 +9,7 @@ moto hands out a subnet's addresses in order after the three AWS reserves: in us
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -57,6 +58,7 @@ class CloudLab:
         self.aws.build_cloud("10.200.0.0/16", ZONES)
         self.imds = FakeIMDS(host=BRIDGE, role=None)
         self.hosts, self.sshds, self.homes = {}, {}, {}
+        self.host_env: dict[str, str] = {}  # more of each host's environment (start())
         # tmux's socket path must fit a Unix socket's 108 bytes: a short folder under /tmp
         self.tmux_root = Path(tempfile.mkdtemp(prefix="ctr-", dir="/tmp"))
         no_tmux = self._path_without_tmux()
@@ -97,10 +99,8 @@ class CloudLab:
         (self.tmux_root / ip).mkdir(exist_ok=True)
         server = self.sshds[ip]
         lines = [l for l in server.config.read_text().splitlines() if not l.startswith("SetEnv")]
-        # OMP_NUM_THREADS=1: every namespace host shares this machine's cores; a torch job on
-        # each would otherwise start as many threads as there are cores, on every host.
-        env = (f"SetEnv HOME={self.homes[ip]} TMUX_TMPDIR={self.tmux_root / ip} "
-               "OMP_NUM_THREADS=1")
+        env = f"SetEnv HOME={self.homes[ip]} TMUX_TMPDIR={self.tmux_root / ip}"
+        env += "".join(f" {k}={v}" for k, v in self.host_env.items())
         if without_tmux:
             env += f" PATH={self.no_tmux_path}"
         server.config.write_text("\n".join(lines + [env]) + "\n")
@@ -181,3 +181,34 @@ class CloudLab:
         self.server.stop()
         self.aws.restore()
         shutil.rmtree(self.tmux_root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def cloud_lab(cli, ct_home: Path, tmp: Path, monkeypatch, hosts: list[str], tmux_socket: str):
+    """A CloudLab of `hosts` for one test or benchmark run, jobs on their own tmux server
+    here; everything it made is gone afterwards."""
+    monkeypatch.setenv("CLOUDTRAIN_TMUX_SOCKET", tmux_socket)
+    with NetnsLab(tmp / "netns") as net:
+        lab = CloudLab(net, tmp, cli, ct_home, monkeypatch, hosts)
+        try:
+            yield lab
+        finally:
+            lab.close()
+            subprocess.run(["tmux", "-L", tmux_socket, "kill-server"], capture_output=True)
+
+
+@contextlib.contextmanager
+def bench_home(label: str):
+    """A benchmark's own CLOUDTRAIN_HOME (the tests' settings), MonkeyPatch and CLI."""
+    import pytest
+
+    from conftest import CLI, TEST_CONFIG
+
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        tmp = Path(tmp)
+        home = tmp / "ct-home"
+        home.mkdir()
+        (home / "config.yaml").write_text("".join(f"{k}: {v}\n" for k, v in TEST_CONFIG.items()))
+        mp.setenv("CLOUDTRAIN_HOME", str(home))
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        yield tmp, home, mp, CLI(home), f"ct-bench-{label}-{os.getpid()}"

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from cloud_lab import BRIDGE, CloudLab
+from cloud_lab import BRIDGE, cloud_lab
 from conftest import wait_for
 from moto_placement import PlacementGroups
-from netns import NetnsLab, netns_available
+from netns import netns_available
 
 reason = netns_available()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
@@ -38,17 +37,13 @@ FAILED_INSTANCE = ("Server.InternalError", "Server.InternalError: Internal error
 
 @pytest.fixture
 def lab(cli, ct_home, tmp_path, monkeypatch):
-    monkeypatch.setenv("CLOUDTRAIN_TMUX_SOCKET", f"ct-e2e-nodes-{os.getpid()}")
     groups = PlacementGroups().install(monkeypatch)
-    with NetnsLab(tmp_path / "netns") as net:
-        lab = CloudLab(net, tmp_path, cli, ct_home, monkeypatch, ZONE_A + ZONE_B)
+    with cloud_lab(cli, ct_home, tmp_path, monkeypatch, ZONE_A + ZONE_B,
+                   f"ct-e2e-nodes-{os.getpid()}") as lab:
         lab.groups = groups
-        try:
-            yield lab
-        finally:
-            lab.close()
-            subprocess.run(["tmux", "-L", os.environ["CLOUDTRAIN_TMUX_SOCKET"], "kill-server"],
-                           capture_output=True)
+        # Every namespace host shares this machine's 2 cores: one torch thread each, not 2.
+        lab.host_env["OMP_NUM_THREADS"] = "1"
+        yield lab
 
 
 def _nothing_left(lab, job_id: str) -> None:

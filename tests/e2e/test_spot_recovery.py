@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from cloud_lab import CloudLab
+from cloud_lab import cloud_lab
 from conftest import wait_for
-from netns import NetnsLab, netns_available
+from netns import netns_available
 
 reason = netns_available()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
@@ -65,15 +65,9 @@ print("done at step", step, flush=True)
 
 @pytest.fixture
 def lab(cli, ct_home, tmp_path, monkeypatch):
-    monkeypatch.setenv("CLOUDTRAIN_TMUX_SOCKET", f"ct-e2e-recovery-{os.getpid()}")
-    with NetnsLab(tmp_path / "netns") as net:
-        lab = CloudLab(net, tmp_path, cli, ct_home, monkeypatch, list(HOSTS.values()))
-        try:
-            yield lab
-        finally:
-            lab.close()
-            subprocess.run(["tmux", "-L", os.environ["CLOUDTRAIN_TMUX_SOCKET"], "kill-server"],
-                           capture_output=True)
+    with cloud_lab(cli, ct_home, tmp_path, monkeypatch, list(HOSTS.values()),
+                   f"ct-e2e-recovery-{os.getpid()}") as lab:
+        yield lab
 
 
 def _nothing_left(lab) -> None:

@@ -32,9 +32,8 @@ from ...hosts import SSHHost
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store
-from .errors import CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, AWSPlacementError, \
-    StaleCache
-from .instances import SERVER_ERRORS, UNANSWERED, Attempt
+from .errors import CAPACITY_ERRORS, QUOTA_ERRORS, AWSError, AWSPlacementError, StaleCache
+from .instances import Attempt
 from .tags import EFA_GROUP_NAME, TAG_ATTEMPT, TAG_JOB, TAG_OWNER
 
 # EFA interfaces per instance type (EC2 DescribeInstanceTypes NetworkInfo.EfaInfo, for the
@@ -299,14 +298,8 @@ class ClusterMixin:
                 response = self.call(region, "run_instances", fail_fast=True,
                                      ClientToken=token, **request)
             except BaseException as exc:
-                if not isinstance(exc, AWSError) or not exc.code or exc.code in SERVER_ERRORS:
-                    store.add_event(job.id, UNANSWERED, detail=f"ClientToken {token} in {zone}: "
-                                    f"{getattr(exc, 'message', None) or type(exc).__name__}")
-                if not isinstance(exc, AWSError):
-                    raise
-                if exc.code in STALE_ERRORS and not attempts:
-                    raise StaleCache(exc.code) from exc
-                if exc.code in CAPACITY_ERRORS:
+                if self.run_failed(store, job, token, zone, exc,
+                                   first=not attempts) in CAPACITY_ERRORS:
                     attempts.append(Attempt(zone, subnet, f"{exc.code}: {exc.aws_message}"))
                     self.delete_placement_groups(region, job.id)
                     continue

@@ -153,16 +153,7 @@ class InstancesMixin:
                 response = self.call(region, "run_instances", fail_fast=True,
                                      ClientToken=token, **request)
             except BaseException as exc:
-                # No answer, or AWS failed half-way (5xx): EC2 may have started an instance
-                # all the same. release() looks for it by tag, for longer than usual.
-                if not isinstance(exc, AWSError) or not exc.code or exc.code in SERVER_ERRORS:
-                    store.add_event(job.id, UNANSWERED, detail=f"ClientToken {token} in {zone}: "
-                                    f"{getattr(exc, 'message', None) or type(exc).__name__}")
-                if not isinstance(exc, AWSError):
-                    raise
-                code = exc.code
-                if code in STALE_ERRORS and not attempts:
-                    raise StaleCache(code) from exc
+                code = self.run_failed(store, job, token, zone, exc, first=not attempts)
                 if code in CAPACITY_ERRORS:
                     attempts.append(Attempt(zone, subnet, f"{code}: {exc.aws_message}"))
                     continue
@@ -204,6 +195,23 @@ class InstancesMixin:
                 "try --on-demand, a higher --max-price, another --instance or --region")
         raise AWSPlacementError(f"no capacity for {what} in {region}, every AZ tried: {tried}",
                                 hint=hint)
+
+    @staticmethod
+    def run_failed(store: Store, job: Job, token: str, zone: str, exc: BaseException,
+                   first: bool) -> str:
+        """A RunInstances that raised: AWS's error code for the caller to decide on (capacity:
+        the next AZ). No answer, or AWS failed half-way (5xx): EC2 may have started instances
+        all the same, so the timeline says so and release() looks for them by tag, for
+        longer than usual. Anything but an AWSError is raised again; a cached resource that
+        is gone (the first AZ's try) raises StaleCache."""
+        if not isinstance(exc, AWSError) or not exc.code or exc.code in SERVER_ERRORS:
+            store.add_event(job.id, UNANSWERED, detail=f"ClientToken {token} in {zone}: "
+                            f"{getattr(exc, 'message', None) or type(exc).__name__}")
+        if not isinstance(exc, AWSError):
+            raise exc
+        if exc.code in STALE_ERRORS and first:
+            raise StaleCache(exc.code) from exc
+        return exc.code
 
     def relaunch_order(self, zones: list[tuple], spec, region: str) -> list[tuple]:
         """The AZs in the order a launch tries them: the catalog's cheapest spot AZ first (the
