@@ -235,16 +235,39 @@ def recipe_job_dir(tmp_path: Path, recipe: str) -> Path:
 FAULT_TABLE: list[tuple[str, int, str, int]] = []
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (.ci/run: two workers), the end-to-end tests stay on one worker:
+    their network namespaces share 10.200.0.0/24 and one lab runs at a time anyway
+    (`--dist loadgroup` sends a group to one worker)."""
+    for item in items:
+        if "/tests/e2e/" in str(item.fspath):
+            item.add_marker(pytest.mark.xdist_group("netns"))
+
+
+def fault_rows(terminalreporter) -> list:
+    """FAULT_TABLE's rows as the tests' reports carry them (from any xdist worker)."""
+    rows, seen = [], set()
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            for name, value in getattr(rep, "user_properties", None) or []:
+                key = (getattr(rep, "nodeid", ""), tuple(value))
+                if name == "fault_table" and key not in seen:
+                    seen.add(key)
+                    rows.append(tuple(value))
+    return rows
+
+
 def pytest_terminal_summary(terminalreporter):
-    if not FAULT_TABLE:
+    rows = fault_rows(terminalreporter)
+    if not rows:
         return
     write = terminalreporter.write_line
     write("")
     write("fault injection over the AWS path (moto + sshd): what bills after each fault")
     write(f"{'scenario':52} {'after fault':>11}  {'cleanup':12} {'left':>4}")
-    for scenario, after_fault, cleanup, left in FAULT_TABLE:
+    for scenario, after_fault, cleanup, left in rows:
         write(f"{scenario:52} {after_fault:>11}  {cleanup:12} {left:>4}")
-    write(f"{len(FAULT_TABLE)} scenarios, {sum(1 for *_, left in FAULT_TABLE if left)} left "
+    write(f"{len(rows)} scenarios, {sum(1 for *_, left in rows if left)} left "
           "anything billing")
 
 

@@ -51,6 +51,16 @@ def billing(aws) -> dict:
             "spot_requests": len(spot)}
 
 
+@pytest.fixture(autouse=True)
+def _rows_in_the_report(request):
+    """The table's rows a test adds go with its report, so that the summary has them also
+    when a pytest-xdist worker ran the test (conftest.fault_rows)."""
+    before = len(FAULT_TABLE)
+    yield
+    for row in FAULT_TABLE[before:]:
+        request.node.user_properties.append(("fault_table", list(row)))
+
+
 def record(scenario: str, after_fault: dict, after_cleanup: dict, cleanup: str) -> None:
     FAULT_TABLE.append((scenario, len(after_fault["instances"]), cleanup,
                         len(after_cleanup["instances"]) + after_cleanup["volumes"]
