@@ -23,6 +23,12 @@ TEST_CONFIG = {
 }
 
 
+# pytest-xdist's workers inherit COLUMNS=80 and LINES=24 from their pseudo-terminal; the
+# commands under test size their tables by COLUMNS, so a test that wants a width says so.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _tmux_server():
     os.environ["CLOUDTRAIN_TMUX_SOCKET"] = TMUX_SOCKET
@@ -235,13 +241,18 @@ def recipe_job_dir(tmp_path: Path, recipe: str) -> Path:
 FAULT_TABLE: list[tuple[str, int, str, int]] = []
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (.ci/run: two workers), the end-to-end tests stay on one worker:
-    their network namespaces share 10.200.0.0/24 and one lab runs at a time anyway
-    (`--dist loadgroup` sends a group to one worker)."""
-    for item in items:
-        if "/tests/e2e/" in str(item.fspath):
-            item.add_marker(pytest.mark.xdist_group("netns"))
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (.ci/run: two workers), the end-to-end tests go to one worker as one
+    unit: their network namespaces share 10.200.0.0/24 and one lab runs at a time anyway. Every
+    other test is a unit of its own. (Our own scheduler, not `--dist loadgroup`: that one marks
+    groups by rewriting Item._nodeid, which pytest 9 no longer reads, so groups were ignored.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EndToEndTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/e2e" if nodeid.startswith("tests/e2e/") else nodeid
+
+    return EndToEndTogether(config, log)
 
 
 def fault_rows(terminalreporter) -> list:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,11 @@ def _rows(jobdir: Path) -> list[dict]:
     return [r for r in rows if "event" not in r]
 
 
-def test_imagenet_smoke_job_in_well_under_a_minute(cli, ct_home):
-    started = time.time()
+def test_imagenet_smoke_job_runs_its_progressive_sizes(cli, ct_home):
+    """The smoke profile end to end (its time, goal < 60 s: benchmarks/smoke_profiles.py)."""
     proc = cli("launch", "--recipe", "imagenet", "--profile", "smoke", "--follow", "--quiet",
                env={"OMP_NUM_THREADS": "1"}, timeout=300)
-    elapsed = time.time() - started
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert elapsed < 60, elapsed
     job_id = proc.stdout.splitlines()[0]
     job = cli.job(job_id)
     assert job["state"] == "succeeded"

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -529,13 +528,11 @@ def _env(job, data_dir):
 
 def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path, data_dir):
     job = recipe_job_dir(tmp_path, "airbench94")
-    started = time.time()
     proc = subprocess.run(recipe_command("airbench94"), cwd=job, env=_env(job, data_dir),
                           capture_output=True, text=True, timeout=120)
-    elapsed = time.time() - started
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[0].startswith("airbench94: starting (--epochs 2")
-    assert elapsed < 60
+    # its time against the goal (< 60 s): benchmarks/smoke_profiles.py
 
     rows = metrics.read_metrics(job / "metrics.jsonl")
     epochs = [r for r in rows if "train_loss" in r and "final_test_acc" not in r]

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -512,13 +511,11 @@ def _env(tmp_path, job):
 
 def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
     job = recipe_job_dir(tmp_path, "resnet9")
-    started = time.time()
     proc = subprocess.run(recipe_command("resnet9"), cwd=job, env=_env(tmp_path, job),
                           capture_output=True, text=True, timeout=120)
-    elapsed = time.time() - started
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[0].startswith("resnet9: starting (variant=bag-of-tricks")
-    assert elapsed < 60
+    # its time against the goal (< 60 s): benchmarks/smoke_profiles.py
 
     rows = train.metrics.read_metrics(job / "metrics.jsonl")
     epochs = [r for r in rows if "event" not in r]

@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -501,14 +500,12 @@ def _env(tmp_path, job):
 
 def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
     job = recipe_job_dir(tmp_path, "wide-resnet34")
-    started = time.time()
     proc = subprocess.run(recipe_command("wide-resnet34"), cwd=job, env=_env(tmp_path, job),
                           capture_output=True, text=True, timeout=120)
-    elapsed = time.time() - started
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[0].startswith(
         "wide-resnet34: starting (variant=1gpu, WRN-10-1")
-    assert elapsed < 60
+    # its time against the goal (< 60 s): benchmarks/smoke_profiles.py
 
     rows = train.metrics.read_metrics(job / "metrics.jsonl")
     epochs = [r for r in rows if "event" not in r]
