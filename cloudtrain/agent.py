@@ -70,6 +70,7 @@ LOG_UPLOAD_S = 15.0  # of that, kept for status.json, the log and the metrics af
 UPLOAD_TIMEOUT_S = 1800.0  # the power-off must come even if the results store hangs
 WAIT_POLL_S = 0.5
 STAGING_STATUS = "staging-status.json"  # written by stager.py while the datasets are copied
+SETUP_STATUS = "setup-status.json"  # written by run.sh when the job file's setup script fails
 
 
 def spot_notice(imds_url, timeout=1.0):
@@ -479,7 +480,8 @@ class Agent:
         elif exit_code == 0:
             state, reason = SUCCEEDED, None
         else:
-            state, reason = FAILED, staging_failure(self.jobdir) or exit_reason
+            state, reason = FAILED, staging_failure(self.jobdir) or \
+                setup_failure(self.jobdir) or exit_reason
         self.write_status(state=state, ended_at=now(), exit_code=exit_code, reason=reason,
                           descendants=[])
         # The checkpoint first, then the status and logs (which then record how it went).
@@ -600,6 +602,9 @@ class Agent:
             return None
         box = {}
         options = {} if include_checkpoints else {"include_checkpoints": False}
+        outputs = self.settings.get("outputs")
+        if isinstance(outputs, list) and outputs:
+            options["outputs"] = [str(o) for o in outputs]
 
         def work():
             try:
@@ -666,6 +671,17 @@ def staging_failure(jobdir):
         return None
     error = staging.get("error")
     return "data staging failed: %s" % (str(error)[:400] if error else "see output.log")
+
+
+def setup_failure(jobdir):
+    """Why the job's setup script (job file `setup:`) failed, from the marker run.sh writes,
+    or None: the reason is then the setup's exit, not the job's."""
+    status = read_json(os.path.join(jobdir, SETUP_STATUS))
+    if not isinstance(status, dict) or status.get("state") != "failed":
+        return None
+    code = status.get("exit_code")
+    code = code if isinstance(code, int) and not isinstance(code, bool) else "?"
+    return "setup failed (exit code %s; its output leads the job's log)" % code
 
 
 def metrics_tail(jobdir):

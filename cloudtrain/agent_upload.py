@@ -63,10 +63,12 @@ def safe_relpath(rel):
     return rel
 
 
-def job_files(jobdir, include_checkpoints=True):
+def job_files(jobdir, include_checkpoints=True, outputs=()):
     """[(relative path, absolute path)] in upload order, and [(relative path, reason)] for
     what cannot be uploaded. Only regular files: a symlink could point anywhere on the host.
-    Without `include_checkpoints`, nothing below checkpoints/ (they were streamed)."""
+    Without `include_checkpoints`, nothing below checkpoints/ (they were streamed).
+    `outputs`: the job's named outputs (`--output`), files or directories relative to the
+    job directory, after the checkpoints; one that is not there is said in the skipped."""
     files, skipped = [], []
 
     def consider(rel, path):
@@ -82,23 +84,42 @@ def job_files(jobdir, include_checkpoints=True):
         else:
             files.append((rel, path))
 
+    def tree(rel):
+        root = os.path.join(jobdir, rel)
+        if os.path.islink(root):
+            skipped.append((rel, "not a regular file"))
+        elif os.path.isdir(root):
+            for top, dirs, names in os.walk(root):  # followlinks=False: links not entered
+                dirs.sort()
+                for name in dirs:
+                    if os.path.islink(os.path.join(top, name)):
+                        skipped.append((_rel(jobdir, os.path.join(top, name)),
+                                        "not a regular file"))
+                for name in sorted(names):
+                    path = os.path.join(top, name)
+                    consider(_rel(jobdir, path), path)
+        elif os.path.lexists(root):
+            consider(rel, root)
+        else:
+            return False
+        return True
+
     for name in JOB_FILES:
         if os.path.lexists(os.path.join(jobdir, name)):
             consider(name, os.path.join(jobdir, name))
-    root = os.path.join(jobdir, CHECKPOINTS)
-    if not include_checkpoints:
-        return files, skipped
-    if os.path.islink(root):
-        skipped.append((CHECKPOINTS, "not a regular file"))
-    elif os.path.isdir(root):
-        for top, dirs, names in os.walk(root):  # followlinks=False: linked dirs are not entered
-            dirs.sort()
-            for name in dirs:
-                if os.path.islink(os.path.join(top, name)):
-                    skipped.append((_rel(jobdir, os.path.join(top, name)), "not a regular file"))
-            for name in sorted(names):
-                path = os.path.join(top, name)
-                consider(_rel(jobdir, path), path)
+    if include_checkpoints:
+        tree(CHECKPOINTS)
+    seen = set(rel for rel, _ in files)
+    for rel in outputs or ():
+        if safe_relpath(rel) is None or rel.split("/")[0] in (CHECKPOINTS,) + JOB_FILES:
+            skipped.append((str(rel)[:200], "not a path inside the job directory"))
+            continue
+        before = len(files)
+        if not tree(rel):
+            skipped.append((rel, "not found"))
+        # an output inside another output: each file once
+        files[before:] = [f for f in files[before:] if f[0] not in seen]
+        seen.update(r for r, _ in files[before:])
     return files, skipped
 
 
@@ -257,26 +278,28 @@ def _post_with_retries(grant, key, path_or_file, size, deadline):
                 source.close()
 
 
-def upload_job(jobdir, grant, timeout_s=60.0, include_checkpoints=True):
+def upload_job(jobdir, grant, timeout_s=60.0, include_checkpoints=True, outputs=()):
     """Upload `jobdir` through `grant` ({"url", "fields", "prefix", "max_bytes"?}) within
     `timeout_s` seconds. Returns {"ok", "files", "bytes", "error", "seconds"}: ok only when
     every file that could be sent was sent and the manifest went up last. Never raises.
     `include_checkpoints=False`: checkpoints/ is left out (the checkpoint stream stored it,
-    stream/latest.json names it); the manifest then says "checkpoints_in_stream": true."""
+    stream/latest.json names it); the manifest then says "checkpoints_in_stream": true.
+    `outputs`: the job's named outputs, uploaded after the checkpoints (job_files)."""
     started = time.time()
     result = {"ok": False, "files": 0, "bytes": 0, "error": None, "seconds": 0.0}
     try:
-        _upload(jobdir, grant, started + float(timeout_s), result, include_checkpoints)
+        _upload(jobdir, grant, started + float(timeout_s), result, include_checkpoints,
+                outputs)
     except Exception as exc:  # the agent is powering off: report, never raise
         result["error"] = "upload failed: %s: %s" % (type(exc).__name__, exc)
     result["seconds"] = round(time.time() - started, 3)
     return result
 
 
-def _upload(jobdir, grant, deadline, result, include_checkpoints=True):
+def _upload(jobdir, grant, deadline, result, include_checkpoints=True, outputs=()):
     prefix = grant["prefix"]
     limit = min(POST_MAX_BYTES, int(grant.get("max_bytes") or POST_MAX_BYTES))
-    files, not_sent = job_files(jobdir, include_checkpoints)
+    files, not_sent = job_files(jobdir, include_checkpoints, outputs)
     manifest = {"version": MANIFEST_VERSION, "files": [],
                 "skipped": [{"path": rel, "reason": why} for rel, why in not_sent]}
     if not include_checkpoints:

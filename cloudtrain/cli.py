@@ -138,6 +138,9 @@ class _LaunchCommand(click.Command):
 
     def parse_args(self, ctx, args):
         typed = list(args)  # click consumes the list it parses
+        # A job file is a word before any `--` (after it, words are the user's command).
+        ctx.meta["cloudtrain.before_dashdash"] = typed[:typed.index("--")] if "--" in typed \
+            else typed
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:
@@ -214,6 +217,15 @@ class _LaunchCommand(click.Command):
               "(makes the same checks as the launch).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before creating paid resources "
               "(nothing is asked without a terminal either).")
+@click.option("--env", "envs", multiple=True, metavar="KEY[=VALUE]", help="An environment "
+              "variable for the job (repeatable); KEY alone takes this shell's value.")
+@click.option("--secret", "secrets", multiple=True, metavar="KEY[=VALUE]", help="Like --env, "
+              "but the value is written to no file cloudtrain keeps (job.json, the store, logs).")
+@click.option("--setup", metavar="SCRIPT", help="Shell code run once per instance before the "
+              "job, in its working directory (e.g. 'pip install -r requirements.txt').")
+@click.option("--output", "outputs", multiple=True, metavar="PATH", help="A file or directory "
+              "the job writes (relative to its working directory) to bring home after it "
+              "(repeatable).")
 @click.option("--resume-from", metavar="JOB", help="Start from that job's last checkpoint "
               "(same recipe; sets resume=true).")
 @click.option("--follow", "-f", is_flag=True, help="Stream the log; exit with the job's outcome.")
@@ -221,12 +233,15 @@ class _LaunchCommand(click.Command):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, gpus, procs,
            nodes, spot, recover, max_restarts, fallback, region, ami, disk_gb, max_price, keep,
-           idle_minutes, on_job, include, data, cpu_only,
+           idle_minutes, on_job, include, data, cpu_only, envs, secrets, setup, outputs,
            dry_run, yes, resume_from, follow, quiet, command):
-    """Launch a recipe, or your own command after --, and return with its job id.
+    """Launch a recipe, or your own command after --, or a job file (job.yaml), and return
+    with its job id.
 
     \b
     Examples:
+      cloudtrain launch job.yaml
+      cloudtrain launch job.yaml --spot --set epochs=30    (flags override the file)
       cloudtrain launch --recipe resnet9 --profile smoke --follow
       cloudtrain launch --recipe resnet9 --set variant=dawn --set epochs=30
       cloudtrain launch --recipe resnet9 --resume-from 3f2a1b9c
@@ -236,24 +251,37 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
       cloudtrain launch --recipe imagenet --gpus V100:8 --data imagenet=s3://bkt/imagenet
       cloudtrain launch --recipe imagenet --set variant=machines-4 --instance p3.16xlarge --spot
       cloudtrain launch --nodes 2 --instance g5.12xlarge --workdir . -- bash train.sh
-    """
-    from . import jobs
-    from .spec import build_spec
+      cloudtrain launch --workdir . --setup 'pip install -r requirements.txt' \\
+          --env WANDB_PROJECT=cifar --secret WANDB_API_KEY --output results -- python train.py
 
+    \b
+    A job file (cloudtrain init writes a commented one):
+      name: cifar-run
+      workdir: .
+      setup: pip install -r requirements.txt
+      run: python train.py --epochs 30
+      envs: {WANDB_PROJECT: cifar}
+      secrets: {WANDB_API_KEY: null}     # null: this shell's value
+      outputs: [results]
+      resources: {instance: g5.xlarge, spot: true, max_runtime: 2h}
+    """
+    from . import jobfile, jobs
+    from .spec import from_options
+
+    ctx = click.get_current_context()
     settings = config.Settings.load()
-    market = None if spot is None else ("spot" if spot else "on-demand")
-    spec = build_spec(recipe=recipe, command=command, workdir=workdir, profile=profile,
-                      sets=sets, name=name, backend=backend,
-                      max_runtime_minutes=max_runtime, settings=settings,
-                      resume_from=resume_from, procs=procs, include=include, data=data,
-                      nodes=nodes,
-                      placement=dict(
-                               instance_type=instance_type, gpus=gpus, market=market,
-                               region=region, ami=ami,
-                               disk_gb=disk_gb, max_price=max_price, keep=keep,
-                               idle_minutes=idle_minutes, on_job=on_job, recover=recover,
-                               max_restarts=max_restarts, fallback=fallback,
-                               cpu_only=cpu_only))
+    options = {k: v for k, v in ctx.params.items()
+               if k not in ("dry_run", "yes", "follow", "quiet")}
+    options.update(max_runtime=max_runtime, command=command)
+    path = command[0] if command and jobfile.is_job_file(command[0]) and \
+        command[0] in ctx.meta.get("cloudtrain.before_dashdash", ()) else None
+    if path is not None:
+        typed = {k: v for k, v in options.items() if k != "command" and
+                 ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
+        if command[1:]:
+            typed["command"] = command[1:]
+        options = jobfile.merge(jobfile.load(path), typed)
+    spec = from_options(options, settings)
     with _store() as store:
         if dry_run:
             click.echo(render.plan(jobs.plan(spec, store, settings)))
@@ -575,21 +603,50 @@ def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh
 
 
 @cli.command()
+@click.option("--recipe", "-r", metavar="NAME", help="A job file for this bundled recipe "
+              "(default: for your own code).")
+@click.option("--output", "-o", "path", default="cloudtrain.yaml", show_default=True,
+              metavar="FILE", help="Where to write it (- prints it).")
+@click.option("--force", is_flag=True, help="Replace the file if it exists.")
+def init(recipe: str | None, path: str, force: bool) -> None:
+    """Write a commented job file to edit and run with `cloudtrain launch FILE`.
+
+    \b
+    Examples:
+      cloudtrain init
+      cloudtrain init --recipe resnet9 -o resnet9.yaml
+    """
+    from . import jobfile
+
+    text = jobfile.write_example(path, recipe, force)
+    if text:
+        click.echo(text, nl=False)
+    else:
+        click.echo(f"wrote {path}: edit it, then `cloudtrain launch {shlex.quote(path)}` "
+                   f"(--dry-run shows the plan and its price)")
+
+
+@cli.command(context_settings=CONTEXT)
 @click.argument("job")
 @_NODE
-def ssh(job: str, node: int) -> None:
-    """Open a shell on a job's instance (with its pinned host key).
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def ssh(job: str, node: int, command: tuple[str, ...]) -> None:
+    """Open a shell on a job's instance (with its pinned host key), or run one command there
+    (after --; its exit code is ssh's).
 
     \b
     Examples:
       cloudtrain ssh 3f2a1b9c
       cloudtrain ssh 3f2a1b9c --node 1
+      cloudtrain ssh 3f2a1b9c -- nvidia-smi
+      cloudtrain ssh 3f2a1b9c -- 'du -sh ~/.cloudtrain/jobs/*'
     """
     from . import jobs
 
     settings = config.Settings.load()
     with _store() as store:
-        argv = jobs.ssh_argv(store, settings, store.find_job(job), node)
+        argv = jobs.ssh_argv(store, settings, store.find_job(job), node, command,
+                             tty=sys.stdin.isatty())
     os.execvp(argv[0], argv)
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import agent as agent_module
+from . import config
 from . import hostdata
 from .errors import HostError, MissingDependency
 from .gitignore import list_files
@@ -245,8 +246,9 @@ class Host(ABC):
         ...
 
     @abstractmethod
-    def write_text(self, remote: str, text: str) -> None:
-        ...
+    def write_text(self, remote: str, text: str, private: bool = False) -> None:
+        """Write a file on the host; `private`: readable by its owner only (0600) before
+        any of `text` is in it (a job's secrets)."""
 
     # -- built on them ----------------------------------------------------------------------------
 
@@ -449,6 +451,50 @@ class Host(ABC):
                     return result
         return result
 
+    def pull_paths(self, remote_base: str, paths: list[str], local: Path,
+                   limit_bytes: float) -> PullResult:
+        """A job's named outputs (`--output`): each path below remote_base, a file or a
+        directory, into local/<path>, at most limit_bytes in all, with pull_tree's guards
+        (every name checked, nothing followed, nothing written outside `local`). A path
+        that is not there is reported as skipped, so the user hears of it."""
+        total = PullResult()
+        limit = float(limit_bytes)
+        limit = 0.0 if limit != limit else max(limit, 0.0)
+        local = Path(local)
+        local.mkdir(parents=True, exist_ok=True)
+        base = local.resolve()
+        for rel in paths:
+            parts = rel.split("/")
+            why = next((bad_name(p) for p in parts if bad_name(p)), None)
+            if why:
+                total.skip(rel, why)
+                continue
+            parent = "/".join(parts[:-1])
+            try:
+                listing = dict(self._listdir(f"{remote_base}/{parent}" if parent else remote_base))
+            except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError, PermissionError):
+                listing = {}
+            mode = listing.get(parts[-1])
+            target = base.joinpath(*parts)
+            if mode is None:
+                total.skip(rel, "not found")
+            elif not target.resolve().is_relative_to(base):
+                total.skip(rel, "resolves outside the destination")
+            elif stat.S_ISDIR(mode):
+                got = self.pull_tree(f"{remote_base}/{rel}", target, limit - total.bytes)
+                total.files += got.files
+                total.bytes += got.bytes
+                total.over_limit = got.over_limit
+                total.skipped_count += got.skipped_count
+                total.skipped.extend(got.skipped[:PULL_MAX_SKIPPED - len(total.skipped)])
+            elif stat.S_ISREG(mode):
+                self._pull_file(f"{remote_base}/{rel}", rel, target, limit, total)
+            else:
+                total.skip(rel, "symlink" if stat.S_ISLNK(mode) else "not a regular file")
+            if total.over_limit:
+                break
+        return total
+
     def _pull_file(self, remote: str, rel: str, target: Path, limit: float,
                    result: PullResult) -> bool:
         """Copy one file, counting what is read; False once the limit is passed."""
@@ -525,9 +571,12 @@ class LocalHost(Host):
             Path(local).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(remote, local)
 
-    def write_text(self, remote: str, text: str) -> None:
+    def write_text(self, remote: str, text: str, private: bool = False) -> None:
         Path(remote).parent.mkdir(parents=True, exist_ok=True)
-        Path(remote).write_text(text)
+        if private:
+            config.write_private(Path(remote), text)
+        else:
+            Path(remote).write_text(text)
 
     def unpack(self, tar_path: Path, remote_dir: str,
                sent: Callable[[int], None] | None = None) -> None:
@@ -710,9 +759,11 @@ class SSHHost(Host):
         with self.conn.sftp_op(f"get {remote}") as sftp:
             sftp.get(remote, str(local))
 
-    def write_text(self, remote: str, text: str) -> None:
+    def write_text(self, remote: str, text: str, private: bool = False) -> None:
         def write():
             with self.conn.sftp_op(f"write {remote}") as sftp, sftp.open(remote, "w") as f:
+                if private:
+                    f.chmod(0o600)  # before the first byte is in it
                 f.write(text.encode())
 
         self._into_dir(remote, write)
@@ -884,8 +935,9 @@ class SSHHost(Host):
         if code != 0:
             raise HostError(f"tar into {self.name}:{remote_dir} failed ({code}): {err.strip()}")
 
-    def ssh_argv(self, *remote: str) -> list[str]:
-        """The system ssh client, for interactive use, trusting only the pinned host key."""
+    def ssh_argv(self, *remote: str, tty: bool = True) -> list[str]:
+        """The system ssh client, trusting only the pinned host key; a terminal on the host
+        for interactive use (`tty`), none for a command whose output is piped."""
         from .config import home
 
         ep = self.endpoint
@@ -897,7 +949,7 @@ class SSHHost(Host):
         if ep.host_key:
             lines.append(f"{name} {ep.host_key}")
         known.write_text("\n".join(lines) + "\n")
-        argv = ["ssh", "-t", "-p", str(ep.port), "-o", f"UserKnownHostsFile={known}",
+        argv = ["ssh", "-t" if tty else "-T", "-p", str(ep.port), "-o", f"UserKnownHostsFile={known}",
                 "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes"]
         if ep.key_path:
             argv += ["-i", ep.key_path]

@@ -9,6 +9,7 @@ never imports boto3 or paramiko.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from . import agent as agent_module
 from . import config, datasets, hostdata, lease, progress, providers, state
 from .agent import metrics_tail, pid_alive, read_json
 from .errors import CloudtrainError, HostError, MissingDependency, NotFound, PlacementError, \
@@ -89,22 +91,30 @@ def expected(spec: JobSpec, store: Store | None = None):
 
 def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
                stage: list[str] | None = None, restore: list[str] | None = None,
-               node: dict | None = None, job_id: str = "") -> str:
+               node: dict | None = None, job_id: str = "", setup_once: bool = False) -> str:
     """The job's run.sh: cd into place and exec the command (no shell quoting games in tmux).
     A torchrun recipe on `procs` > 1 processes starts under torchrun, one process per GPU
     (`--standalone`: a private rendezvous on a free local port); on several machines (`node`:
     {nodes, rank, master, port}) every node starts torchrun with its rank and the rendezvous
     at node 0 (nodes.torchrun_argv). `restore`: the command that brings the last checkpoint
     from the job store (a relaunched spot job), and `stage`: the stager's, run first in that
-    order: the job starts only once both are complete."""
+    order: the job starts only once both are complete. The job file's `setup` runs next
+    (setup_lines; `setup_once`: skipped where it already ran unchanged, a kept instance).
+    A job's secrets are read first, from a file that is then deleted (job_secrets)."""
     # F1: nothing the user typed reaches this file outside shlex.quote; the one line that
     # names the job is JSON (newlines and control characters escaped) inside a comment.
     lines = ["#!/usr/bin/env bash", "set -e",
              "# cloudtrain job: " + json.dumps(spec.display())]
+    if spec.secrets:
+        from . import job_secrets
+
+        lines += job_secrets.run_lines(jobdir)
     if restore:
         lines.append(shlex.join(restore))
     if stage:
         lines.append(shlex.join(stage))
+    if spec.setup:
+        lines += setup_lines(spec, jobdir, setup_once)
     if spec.kind == RECIPE:
         from . import recipes
 
@@ -128,6 +138,65 @@ def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
         else:
             lines.append("exec " + shlex.join(spec.command))
     return "\n".join(lines) + "\n"
+
+
+SETUP_FILE = "setup.sh"
+
+
+def setup_lines(spec: JobSpec, jobdir: str, once: bool) -> list[str]:
+    """run.sh's lines for the job file's `setup` (in SETUP_FILE beside run.sh): run in the
+    job's working directory, its output in the job's log; a failure ends the job with the
+    setup's exit code and says so (agent.setup_failure). `once`: a marker named by the
+    script's sha256 beside the host's job directories skips it where it already ran
+    unchanged (a kept instance reused with --on); each fresh instance runs it."""
+    work = jobdir + "/work" if spec.kind != RECIPE or spec.workdir else jobdir
+    q = shlex.quote
+    marker = f"{jobdir.rsplit('/', 2)[0]}/setup-done/" + \
+        hashlib.sha256(spec.setup.encode()).hexdigest()[:32]
+    status = q(f"{jobdir}/{agent_module.SETUP_STATUS}")
+    run = [f"cd {q(work)}",
+           "echo 'cloudtrain: setup started'",
+           f"set +e; bash {q(jobdir + '/' + SETUP_FILE)}; _ct_rc=$?; set -e",
+           "if [ $_ct_rc -ne 0 ]; then printf '{\"state\": \"failed\", \"exit_code\": %d}\\n' "
+           f"$_ct_rc > {status}; "
+           "echo \"cloudtrain: setup failed (exit code $_ct_rc)\"; exit $_ct_rc; fi",
+           "echo 'cloudtrain: setup done'"]
+    if not once:
+        return run
+    return [f"if [ -e {q(marker)} ]; then echo 'cloudtrain: setup skipped: it ran unchanged "
+            "on this instance'; else",
+            *run, f"mkdir -p {q(marker.rsplit('/', 1)[0])} && touch {q(marker)}; fi"]
+
+
+def _setup_once(host: Host) -> bool:
+    """Whether setup may be skipped where it already ran unchanged: on an instance (kept and
+    reused), not on this machine, where each job's setup runs (nothing here is "kept")."""
+    return not isinstance(host, LocalHost)
+
+
+def _write_job_scripts(host: Host, jobdir: str, spec: JobSpec, job_id: str) -> None:
+    """Beside run.sh: the job file's setup script, and the secrets' private file (values
+    from the spec in memory, else, for a relaunch, from job_secrets' copy)."""
+    if spec.setup:
+        host.write_text(f"{jobdir}/{SETUP_FILE}", spec.setup)
+    if spec.secrets:
+        from . import job_secrets
+
+        values = spec.secret_values or job_secrets.load(job_id)
+        missing = [k for k in spec.secrets if k not in values]
+        if missing:
+            raise UsageError(f"the value of secret {missing[0]} is gone (its job ended, or "
+                             "its copy in $CLOUDTRAIN_HOME/secrets/ was removed)",
+                             hint="launch the job again with the secret")
+        host.write_text(f"{jobdir}/{job_secrets.HOST_FILE}", job_secrets.host_script(
+            {k: values[k] for k in spec.secrets}), private=True)
+
+
+def output_paths(spec: JobSpec) -> list[str]:
+    """The job's named outputs relative to its directory on the host: own code's below its
+    working directory (work/), a recipe's below the job directory."""
+    base = "work/" if spec.kind != RECIPE or spec.workdir else ""
+    return [base + p for p in spec.outputs]
 
 
 def _warn_about_workdir(workdir: Path, say: Callable[[str], None] | None) -> None:
@@ -199,6 +268,10 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
                            command=spec.display(), backend=spec.backend, spec=spec.to_dict(),
                            launcher=f"{socket.gethostname()}:{os.getpid()}")
     report.phase(f"launching job {job.id}: waiting until it starts (Ctrl-C cancels the launch)")
+    if spec.secret_values and spec.recover:  # a relaunch needs them when nobody is here
+        from . import job_secrets
+
+        job_secrets.save(job.id, spec.secret_values)
     if spec.recover:
         from . import recovery
 
@@ -299,8 +372,9 @@ def _launch_steps(store: Store, settings: config.Settings, spec: JobSpec, provid
                         job)
     stream_from = _restore_step(store, spec, provider, job, [host], [jobdir])
     restore = restore_argv(host, jobdir) if stream_from else None
+    _write_job_scripts(host, jobdir, spec, job.id)
     host.write_text(f"{jobdir}/run.sh", run_script(spec, jobdir, host.python, procs, stage,
-                                                   restore))
+                                                   restore, setup_once=_setup_once(host)))
     grant, note = provider.results_grant(store, job, spec)
     if note:  # where the results go when nobody is watching, or what is lost without it
         store.add_event(job.id, "results-store", detail=note)
@@ -397,7 +471,10 @@ def _job_settings(settings: config.Settings, spec: JobSpec, provider, job: Job, 
         "shutdown_delay_s": shutdown_delay,
         # Without a stored copy the power-off waits (bounded) for the CLI to collect.
         "collect_wait_s": max(shutdown_delay, settings.collect_wait_minutes * 60),
-        "env": {**env, **(node_env or {})},
+        # The job file's envs over cloudtrain's environment (CLOUDTRAIN_* are refused
+        # there), the node's rendezvous over both.
+        "env": {**env, **spec.envs, **(node_env or {})},
+        "outputs": output_paths(spec),
         "results_store": grant,
         **({"checkpoint_stream": stream} if stream else {}),
         **provider.agent_settings(spec),
@@ -515,8 +592,10 @@ def _launch_nodes(store: Store, settings: config.Settings, spec: JobSpec, provid
                                 progress.SILENT, mine, job, quiet=i > 0)
         node = {"nodes": n, "rank": i, "master": master, "port": port}
         restore = restore_argv(h, jd) if stream_from else None
+        _write_job_scripts(h, jd, spec, job.id)
         h.write_text(f"{jd}/run.sh", run_script(spec, jd, h.python, procs, stage, restore,
-                                                node=node, job_id=job.id))
+                                                node=node, job_id=job.id,
+                                                setup_once=_setup_once(h)))
         env = nodes.environment(n, i, master, port, found_out[i][1], efa)
         h.write_text(f"{jd}/job.json", json.dumps(_job_settings(
             settings, spec, provider, job, h, jd, data_dirs[i], gpus, procs, grants[i],
@@ -1158,6 +1237,10 @@ def collect_files(store: Store, job: Job) -> bool:
             config.write_private(local / name, data)
         pulled = host.pull_tree(f"{job.jobdir}/checkpoints", local / "checkpoints",
                                 settings.collect_checkpoints_mb * 1e6)
+        outputs = output_paths(JobSpec.from_dict(job.spec or {"kind": "command",
+                                                               "backend": job.backend}))
+        got = host.pull_paths(job.jobdir, outputs, local, settings.collect_checkpoints_mb * 1e6) \
+            if outputs else None
         # The agent waits (bounded) for this before it powers the instance off.
         host.write_text(f"{job.jobdir}/collected", str(time.time()))
     except HostError:
@@ -1169,9 +1252,25 @@ def collect_files(store: Store, job: Job) -> bool:
                if pulled.over_limit else "")
             + (f"; {pulled.skipped_count} entries skipped (links, devices or unsafe names)"
                if pulled.skipped_count else "")))
+    if got is not None:
+        store.add_event(job.id, "outputs", detail=outputs_note(got, local, settings))
     store.update_job(job.id, jobdir=str(local), host={"kind": "LocalHost", "collected_from":
                                                        job.host, "remote_jobdir": job.jobdir})
     return True
+
+
+def outputs_note(got, local: Path, settings: config.Settings) -> str:
+    """What came home of the job's named outputs (D39: a limit hit or a path not found is
+    said, never skipped silently)."""
+    note = f"outputs: {got.files} files ({got.bytes / 1e6:.1f} MB) brought home to {local}"
+    if got.over_limit:
+        note += (f"; the rest passed collect_checkpoints_mb ({settings.collect_checkpoints_mb:g}"
+                 " MB, config.yaml)")
+    if got.skipped_count:
+        shown_ = ", ".join(f"{p} ({why})" for p, why in got.skipped[:5])
+        more = got.skipped_count - min(len(got.skipped), 5)
+        note += f"; not brought home: {shown_}" + (f" and {more} more" if more > 0 else "")
+    return note
 
 
 NODE_FILES = ("output.log", "status.json", "job.json", "run.sh", datasets.STATUS_FILE)
@@ -1231,9 +1330,10 @@ def _finish(store: Store, job: Job, collect: bool = True, force: bool = False) -
 
             nodes.forget(job.id)
         if not store.job(job.id).active:
-            from . import recovery
+            from . import job_secrets, recovery
 
             recovery.close(store, store.job(job.id))
+            job_secrets.forget(job.id)  # it runs no more: nothing needs its secrets
     settle_cost(store, store.job(job.id))
 
 
@@ -1652,7 +1752,10 @@ def attach_argv(store: Store, settings: config.Settings, job: Job,
     return host.attach_argv(job.id)
 
 
-def ssh_argv(store: Store, settings: config.Settings, job: Job, node: int = 0) -> list[str]:
+def ssh_argv(store: Store, settings: config.Settings, job: Job, node: int = 0,
+             command: tuple[str, ...] = (), tty: bool = True) -> list[str]:
+    """The ssh line to a job's instance: a shell, or `command` run there (one word: shell
+    code as written; several: each word quoted, as `launch -- CMD` treats them)."""
     job = _on_its_host(store, settings, job, "ssh")
     host = _node_host(job, node)
     if job.backend == "local" and isinstance(host, LocalHost):
@@ -1661,7 +1764,9 @@ def ssh_argv(store: Store, settings: config.Settings, job: Job, node: int = 0) -
     if isinstance(host, LocalHost):  # its files were brought home: the instance is gone
         raise UsageError(_ended(job) + " and its instance is gone",
                          hint=f"cloudtrain logs {job.id}")
-    return host.ssh_argv()
+    if not command:
+        return host.ssh_argv()
+    return host.ssh_argv(command[0] if len(command) == 1 else shlex.join(command), tty=tty)
 
 
 def for_logs(store: Store, settings: config.Settings, ref: str) -> Job:

@@ -167,10 +167,15 @@ def own_command(command: list[str], workdir: str | None, cwd: str | None = None)
         return
     first = words[0]
     if first.lower().endswith(SPEC_SUFFIXES) and len(words) == 1:
-        raise UsageError(f"{first} is a file, not a command: cloudtrain has no task file yet "
-                         "(SkyPilot's task.yaml)",
-                         hint="run a recipe (cloudtrain launch --recipe NAME) or your own "
-                              "command: cloudtrain launch --workdir . -- python train.py")
+        from .jobfile import is_job_file
+
+        if is_job_file(first):
+            raise UsageError(f"{first} is a job file, not a command: give it before any --",
+                             hint=f"cloudtrain launch {shlex.quote(first)}")
+        raise UsageError(f"{first} is a file, not a command; cloudtrain's job files are YAML "
+                         "(job.yaml)", hint="cloudtrain init writes one; or run your own "
+                                            "command: cloudtrain launch --workdir . -- python "
+                                            "train.py")
     base = Path(workdir) if workdir else None
     for word in words:
         if word.startswith(("-", "/", "~", "$")) or "=" in word or \

@@ -85,6 +85,17 @@ class JobSpec:
     attempt: int = 1
     avoid_zones: list[str] = field(default_factory=list)
     store_region: str | None = None  # the job store's region: the first attempt's
+    # Job files (jobfile.py) and their flags: `setup` (shell, once per instance before the
+    # job), the job's environment `envs`, the names of its `secrets` (their values never go
+    # in the spec: job_secrets.py), and `outputs` brought home after the job (paths relative
+    # to the workdir for own code, to the job directory for recipes).
+    setup: str | None = None
+    envs: dict = field(default_factory=dict)
+    secrets: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    # The secrets' values, in memory only: to_dict() leaves them out, jobs.launch hands them
+    # to job_secrets (a private file for relaunches) and to the host (read, then deleted).
+    secret_values: dict = field(default_factory=dict, repr=False, compare=False)
 
     def display(self) -> str:
         """One line saying what runs: the recipe, its profile and the arguments that differ
@@ -143,7 +154,9 @@ class JobSpec:
         return procs
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data.pop("secret_values")  # never stored: job.json, state.db and logs get names only
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "JobSpec":
@@ -160,7 +173,9 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
                settings: config.Settings, resume_from: str | None = None,
                placement: dict | None = None, procs: int | None = None,
                include: tuple[str, ...] = (), data: tuple[str, ...] = (),
-               nodes: int | None = None) -> JobSpec:
+               nodes: int | None = None, setup: str | None = None,
+               envs: tuple[str, ...] = (), secrets: tuple[str, ...] = (),
+               outputs: tuple[str, ...] = ()) -> JobSpec:
     """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise).
     `placement`: instance_type, market, region, ami, disk_gb, max_price, keep, idle_minutes.
     `data`: `--data NAME=SOURCE` / `--data NAME` (datasets.py). `nodes`: `--nodes N`; else a
@@ -180,7 +195,33 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
                        include=include, nodes=nodes)
     _check_nodes(spec)
     spec.datasets = datasets.resolve(spec, settings, flags)
+    if setup is not None:
+        if not setup.strip() or "\0" in setup:
+            raise UsageError("--setup needs shell code, e.g. --setup 'pip install -r "
+                             "requirements.txt'")
+        spec.setup = setup
+    from .jobfile import environment
+
+    spec.envs = environment(envs, "--env")
+    spec.secret_values = environment(secrets, "--secret")
+    overlap = set(spec.envs) & set(spec.secret_values)
+    if overlap:
+        raise UsageError(f"{sorted(overlap)[0]} is given both as an environment variable and "
+                         "as a secret: keep it in one")
+    spec.secrets = sorted(spec.secret_values)
+    spec.outputs = [check_output(p) for p in outputs]
     return spec
+
+
+def check_output(path: str) -> str:
+    """An `--output` path: relative, inside the job's directory (no `..`), one line."""
+    text = str(path).strip()
+    parts = Path(text).parts
+    if not text or any(c in text for c in "\n\r\0") or Path(text).is_absolute() or \
+            ".." in parts or text.startswith("~"):
+        raise UsageError(f"--output {shown(path)}: expected a path relative to the job's "
+                         "working directory, e.g. results/ or model.pt")
+    return str(Path(*parts))
 
 
 def _check_nodes(spec: JobSpec) -> None:
@@ -417,3 +458,34 @@ def _resolve_gpus(request: str, placement: dict, settings: config.Settings) -> d
     market = placement.get("market") or settings.market
     chosen, region, _ = catalog.cheapest(gpu, count, regions, market)
     return {"instance_type": chosen.name, "region": region}
+
+
+# -- from launch options (the flags, a job file, or both: jobfile.merge) -----------------------
+
+OFF_WHEN_FALSE = ("keep", "cpu_only")  # flags that only switch something on
+
+
+def from_options(o: dict, settings: config.Settings) -> JobSpec:
+    """build_spec for `launch`'s options by name (the click parameter names, which the job
+    file's keys map to: jobfile.KEYS). `regions` (job files) narrows where --gpus looks."""
+    if o.get("regions"):
+        settings = dataclasses.replace(settings, regions=",".join(o["regions"]))
+    spot = o.get("spot")
+    market = None if spot is None else ("spot" if spot else "on-demand")
+    placement = {k: o.get(k) for k in ("instance_type", "gpus", "region", "ami", "disk_gb",
+                                       "max_price", "keep", "idle_minutes", "on_job",
+                                       "recover", "max_restarts", "fallback", "cpu_only")}
+    for k in OFF_WHEN_FALSE:
+        if placement[k] is False:
+            placement[k] = None
+    return build_spec(recipe=o.get("recipe"), command=tuple(o.get("command") or ()),
+                      workdir=o.get("workdir"), profile=o.get("profile"),
+                      sets=tuple(o.get("sets") or ()), name=o.get("name"),
+                      backend=o.get("backend"), max_runtime_minutes=o.get("max_runtime"),
+                      settings=settings, resume_from=o.get("resume_from"),
+                      procs=o.get("procs"), include=tuple(o.get("include") or ()),
+                      data=tuple(o.get("data") or ()), nodes=o.get("nodes"),
+                      setup=o.get("setup"), envs=tuple(o.get("envs") or ()),
+                      secrets=tuple(o.get("secrets") or ()),
+                      outputs=tuple(o.get("outputs") or ()),
+                      placement=dict(placement, market=market))

@@ -186,13 +186,22 @@ def test_d31_a_missing_deep_learning_ami_is_said_under_ami(moto):
 
 
 # D14
-def test_d14_a_task_file_given_as_the_command_is_refused(ct_home, tmp_path):
+def test_d14_a_task_file_given_after_double_dash_is_refused_and_one_before_it_runs(ct_home,
+                                                                                  tmp_path):
+    """D14 (issue 16): `launch task.yaml` reads the job file now; after `--` the same word is
+    a command, refused with the way to run the file; a .json "task file" is not ours."""
     (tmp_path / "task.yaml").write_text("run: python train.py\n")
+    (tmp_path / "task.json").write_text("{}\n")
+    env = {"CLOUDTRAIN_HOME": str(ct_home)}
     for flags in ([], ["--instance", "g5.xlarge"]):
-        err = refused(run("launch", *flags, "task.yaml", cwd=tmp_path,
-                          env={"CLOUDTRAIN_HOME": str(ct_home)}), "task.yaml is a file, not a "
-                                                                  "command")
-        assert "--workdir . -- python train.py" in err
+        err = refused(run("launch", *flags, "--", "task.yaml", cwd=tmp_path, env=env),
+                      "task.yaml is a job file, not a command: give it before any --")
+        assert "cloudtrain launch task.yaml" in err
+    err = refused(run("launch", "--", "task.json", cwd=tmp_path, env=env),
+                  "task.json is a file, not a command; cloudtrain's job files are YAML")
+    # the file itself is read: its `run` names train.py, which the job would not have
+    err = refused(run("launch", "task.yaml", cwd=tmp_path, env=env),
+                  "train.py: no such file, and without --workdir")
     assert no_jobs(ct_home)
 
 
