@@ -464,6 +464,9 @@ class Host(ABC):
         local.mkdir(parents=True, exist_ok=True)
         base = local.resolve()
         for rel in paths:
+            if total.over_limit:
+                total.skip(rel, "the limit was reached before it")
+                continue
             parts = rel.split("/")
             why = next((bad_name(p) for p in parts if bad_name(p)), None)
             if why:
@@ -491,8 +494,6 @@ class Host(ABC):
                 self._pull_file(f"{remote_base}/{rel}", rel, target, limit, total)
             else:
                 total.skip(rel, "symlink" if stat.S_ISLNK(mode) else "not a regular file")
-            if total.over_limit:
-                break
         return total
 
     def _pull_file(self, remote: str, rel: str, target: Path, limit: float,

@@ -1,0 +1,285 @@
+"""Issue 16: job files (`cloudtrain launch job.yaml`), setup, envs and secrets, outputs,
+`ssh JOB -- CMD` and `init`, through the real CLI: the local backend, and moto with a real
+sshd standing in for the instance."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
+from conftest import REPO, wait_for
+
+SECRET = "s3cr3t-7f1e9a-never-on-disk"
+
+OWN_CODE = """\
+name: {name}
+workdir: proj
+setup: |
+  echo installing-deps
+  touch setup-ran
+run: python3 train.py
+envs: {{GREETING: hello, COUNT: 3}}
+secrets: {{API_TOKEN: null}}
+outputs: [results, model.bin, missing-file]
+resources:
+  max_runtime: 10m
+"""
+
+TRAIN = """\
+import os
+os.makedirs("results", exist_ok=True)
+with open("results/summary.txt", "w") as f:
+    f.write("greeting=%s count=%s token_len=%d\\n" % (
+        os.environ.get("GREETING"), os.environ.get("COUNT"), len(os.environ.get("API_TOKEN", ""))))
+with open("model.bin", "wb") as f:
+    f.write(os.urandom(5000))
+print("setup ran before:", os.path.exists("setup-ran"), flush=True)
+"""
+
+
+def _project(tmp_path: Path, name: str = "own-1", text: str = OWN_CODE) -> Path:
+    (tmp_path / "proj").mkdir(exist_ok=True)
+    (tmp_path / "proj" / "train.py").write_text(TRAIN)
+    (tmp_path / "job.yaml").write_text(text.format(name=name))
+    return tmp_path / "job.yaml"
+
+
+def _run(args, cwd, env=None, timeout=180):
+    proc = subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def _files_holding(root: Path, needle: bytes) -> list[str]:
+    """Every file below root whose bytes contain `needle` (the store's -wal too)."""
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            try:
+                if needle in path.read_bytes():
+                    found.append(str(path))
+            except OSError:
+                pass
+    return found
+
+
+def test_own_code_job_file_runs_setup_envs_secrets_and_outputs_locally(ct_home, tmp_path):
+    """issue 16: a job file of own code (workdir, setup, run, envs, secrets, outputs) runs
+    on the local backend: setup first, in the workdir, its output in the log; the envs and
+    the secret in the job's environment; the secret in no file cloudtrain writes."""
+    _project(tmp_path)
+    proc = _run(["launch", "job.yaml", "--follow"], tmp_path, {"API_TOKEN": SECRET})
+    assert proc.returncode == 0, proc.stderr
+    log = proc.stdout
+    assert log.index("cloudtrain: setup started") < log.index("installing-deps") < \
+        log.index("cloudtrain: setup done") < log.index("setup ran before: True")
+    job = json.loads(_run(["status", "own-1", "--json"], tmp_path).stdout)
+    assert job["state"] == "succeeded" and job["name"] == "own-1"
+    assert job["spec"]["secrets"] == ["API_TOKEN"] and job["spec"]["envs"] == \
+        {"GREETING": "hello", "COUNT": "3"} and "secret_values" not in job["spec"]
+    summary = Path(job["jobdir"]) / "work" / "results" / "summary.txt"
+    assert summary.read_text() == f"greeting=hello count=3 token_len={len(SECRET)}\n"
+    # issue 16: secrets absent from every file cloudtrain writes: the job dir, the store
+    assert _files_holding(ct_home, SECRET.encode()) == []
+    db = sqlite3.connect(ct_home / "state.db")
+    dump = "\n".join(db.iterdump())
+    db.close()
+    assert SECRET not in dump and "API_TOKEN" in dump
+    assert not (ct_home / "secrets").exists() or not any((ct_home / "secrets").iterdir())
+
+
+def test_a_failing_setup_fails_the_job_and_says_so(ct_home, tmp_path):
+    """issue 16: setup's exit code ends the job before the command runs, with its reason."""
+    _project(tmp_path, "own-2", OWN_CODE.replace("touch setup-ran", "exit 7"))
+    proc = _run(["launch", "job.yaml", "--follow"], tmp_path, {"API_TOKEN": SECRET})
+    assert proc.returncode == 1
+    assert "setup ran before" not in proc.stdout and "setup failed (exit code 7)" in proc.stdout
+    job = json.loads(_run(["status", "own-2", "--json"], tmp_path).stdout)
+    assert job["state"] == "failed" and job["reason"].startswith("setup failed (exit code 7")
+
+
+def test_flags_override_the_file_and_repeated_flags_add_to_it(ct_home, tmp_path):
+    """issue 16: --name, --env, --set and --max-runtime given on the command line win over
+    the file's values; the file's other values stay."""
+    (tmp_path / "job.yaml").write_text(
+        "name: from-file\nrecipe: resnet9\nprofile: smoke\n"
+        "args: {seed: 1, synthetic_train: 256, synthetic_test: 128, epochs: 1}\n"
+        "envs: {A: file, B: file}\nresources: {max_runtime: 30m}\n")
+    proc = _run(["launch", "job.yaml", "--name", "from-flag", "--set", "seed=2", "--env",
+                 "B=flag", "--max-runtime", "20", "--follow", "--quiet"], tmp_path,
+                {"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    job = json.loads(_run(["status", "from-flag", "--json"], tmp_path).stdout)
+    spec = job["spec"]
+    assert job["state"] == "succeeded" and spec["recipe"] == "resnet9"
+    assert spec["args"]["seed"] == 2 and spec["args"]["synthetic_train"] == 256
+    assert spec["envs"] == {"A": "file", "B": "flag"} and spec["max_runtime_s"] == 1200
+    assert _run(["status", "from-file", "--json"], tmp_path).returncode == 2
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("name: x\nrun: [a\n", "job.yaml:3: not valid YAML"),
+    ("name: x\nresources:\n  spott: true\n", "job.yaml:3: resources.spott: unknown key; did "
+                                             "you mean spot?"),
+    ("name: x\nspot: true\n", "job.yaml:2: spot: unknown key; spot belongs at resources.spot"),
+    ("name: x\nrecipie: resnet9\n", "job.yaml:2: recipie: unknown key; did you mean recipe?"),
+    ("name: x\nresources:\n  disk_gb: lots\n", "job.yaml:3: resources.disk_gb: expected a "
+                                               "whole number, got text 'lots'"),
+    ("name: x\nresources:\n  spot: yes please\n", "job.yaml:3: resources.spot: expected true "
+                                                  "or false"),
+    ("name: x\nresources:\n  max_runtime: soon\n", "job.yaml:3: resources.max_runtime: "
+                                                   "expected minutes, or a duration"),
+    ("name: x\nresources:\n  disk_gb: 4\n", "job.yaml:3: resources.disk_gb: 4 is out of range"),
+    ("name: a\nname: b\nrun: echo hi\n", "job.yaml:2: name: given twice (first on line 1)"),
+    ("- a\n- b\n", "job.yaml:1: a job file is a mapping of keys"),
+    ("", "job.yaml: empty job file"),
+    ("recipe: resnet9\nrun: python x.py\n", "job.yaml:2: run: a job runs a recipe or your "
+                                            "own code, not both"),
+    ("run: echo hi\nenvs: {1BAD: x}\n", "job.yaml:2: envs.1BAD: not an environment variable "
+                                     "name"),
+    ("run: echo hi\nenvs: {CLOUDTRAIN_JOB_ID: x}\n", "--env CLOUDTRAIN_JOB_ID: CLOUDTRAIN_* "
+                                                  "variables are set by cloudtrain"),
+    ("run: echo hi\nsecrets: {NOT_SET_ANYWHERE_XYZ: null}\n",
+     "--secret NOT_SET_ANYWHERE_XYZ: no value given and NOT_SET_ANYWHERE_XYZ is not set here"),
+    ("run: echo hi\noutputs: [../escape]\n", "--output '../escape': expected a path relative"),
+    ("run: true\n", "job.yaml:1: run: expected text, got true/false"),  # YAML's bool
+    ("run: echo hi\nresources: {fallback: cheapest}\n", "job.yaml:2: resources.fallback: "
+                                                     "expected one of on-demand"),
+])
+def test_malformed_files_are_one_line_naming_the_key_and_line(ct_home, tmp_path, text,
+                                                               expected):
+    """issue 16: malformed YAML, unknown keys, wrong types: one line with the key and the
+    line number, exit 2, nothing created."""
+    (tmp_path / "job.yaml").write_text(text)
+    proc = _run(["launch", "job.yaml"], tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("Error: ") and expected in first, proc.stderr
+    assert json.loads(_run(["status", "--json"], tmp_path).stdout) == []
+
+
+def test_a_missing_job_file_and_one_given_after_double_dash(ct_home, tmp_path):
+    """issue 16: a job file that is not there is said as such, with `init` as the way."""
+    proc = _run(["launch", "nothere.yaml"], tmp_path)
+    assert proc.returncode == 2 and "nothere.yaml: no such job file" in proc.stderr
+    assert "cloudtrain init" in proc.stderr
+
+
+def test_init_writes_files_that_launch_reads(ct_home, tmp_path):
+    """issue 16: `cloudtrain init` writes a commented job file, for own code and for each
+    recipe, that `launch --dry-run` accepts; it never overwrites one without --force."""
+    assert _run(["init"], tmp_path).returncode == 0
+    text = (tmp_path / "cloudtrain.yaml").read_text()
+    assert text.startswith("# cloudtrain job file") and "setup: |" in text
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "requirements.txt").write_text("")
+    plan = _run(["launch", "cloudtrain.yaml", "--dry-run"], tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    again = _run(["init"], tmp_path)
+    assert again.returncode == 2 and "cloudtrain.yaml exists: not overwritten" in again.stderr
+    recipes = json.loads(_run(["recipes", "--json"], tmp_path).stdout)
+    for r in recipes:
+        name = r["name"]
+        proc = _run(["init", "--recipe", name, "-o", f"{name}.yaml"], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        plan = _run(["launch", f"{name}.yaml", "--dry-run"], tmp_path)
+        assert plan.returncode == 0, (name, plan.stderr)
+        assert name in plan.stdout
+
+
+def test_aws_resources_of_a_job_file_reach_the_dry_run_and_flags_override_them(
+        cli, aws, ct_home, tmp_path):
+    """issue 16: the AWS fields of a job file (instance, spot, region, disk, runtime, max
+    price, recovery) make the plan moto's dry run shows; a flag overrides the file."""
+    (tmp_path / "job.yaml").write_text(
+        "name: cloud-1\nrun: nvidia-smi\nresources:\n  instance: g5.xlarge\n  spot: true\n"
+        "  region: us-east-1\n  disk_gb: 123\n  max_runtime: 1.5h\n  max_price: 0.9\n"
+        "  max_restarts: 2\n")
+    proc = _run(["launch", "job.yaml", "--dry-run"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    plan = proc.stdout
+    assert "g5.xlarge" in plan and "spot" in plan and "123 GB" in plan, plan
+    assert "1h30m" in plan or "1.5 h" in plan or "90 min" in plan, plan
+    proc = _run(["launch", "job.yaml", "--dry-run", "--instance", "g5.2xlarge"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "g5.2xlarge" in proc.stdout and "g5.xlarge " not in proc.stdout
+    # the flag wins, and the file's recovery settings are then checked against it
+    proc = _run(["launch", "job.yaml", "--dry-run", "--on-demand"], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        "Error: --max-restarts applies to a recovering --spot job"), proc.stderr
+
+
+def _sleeping_job(tmp_path: Path, extra: str = "") -> None:
+    (tmp_path / "proj").mkdir(exist_ok=True)
+    (tmp_path / "proj" / "train.py").write_text(TRAIN)
+    (tmp_path / "job.yaml").write_text(
+        "name: remote-1\nworkdir: proj\nsetup: echo remote-setup\n"
+        "run: |\n  python3 train.py\n  echo ready\n  sleep 60\n"
+        "secrets: {API_TOKEN: null}\noutputs: [results, missing-file, model.bin, late]\n"
+        "resources: {instance: g5.xlarge}\n" + extra)
+
+
+def test_on_an_instance_secrets_stay_off_disk_ssh_runs_commands_and_outputs_come_home(
+        cli, aws, ct_home, tmp_path):
+    """issue 16: on an instance (moto + a real sshd) the secret reaches the job and no file
+    on either side; `ssh JOB -- CMD` runs one command and returns its exit code; named
+    outputs come home with the logs, a missing one and the size limit said (D39)."""
+    aws.write_config(collect_checkpoints_mb=0.004)  # 4 kB: model.bin (5 kB) passes it
+    _sleeping_job(tmp_path)
+    proc = _run(["launch", "job.yaml", "--quiet", "--yes"], tmp_path, {"API_TOKEN": SECRET})
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().splitlines()[-1]
+    wait_for(lambda: "ready" in cli.ok("logs", job_id).stdout, timeout=60, what="the job")
+    out = cli("ssh", job_id, "--", "echo", "$((6*7))")  # several words: each one quoted
+    assert out.returncode == 0 and out.stdout.strip() == "$((6*7))", out.stderr
+    out = cli("ssh", job_id, "--", "echo $((6*7)) && cat results/summary.txt 2>/dev/null; "
+                                   "exit 3")
+    assert out.returncode == 3 and out.stdout.splitlines()[0] == "42", (out.stdout, out.stderr)
+    remote = aws.work / "remote"
+    assert _files_holding(remote, SECRET.encode()) == []
+    assert _files_holding(ct_home, SECRET.encode()) == []
+    assert "remote-setup" in cli.ok("logs", job_id).stdout
+    cli.ok("down", job_id)
+    job = cli.job(job_id)
+    local = Path(job["jobdir"])
+    summary = (local / "work" / "results" / "summary.txt").read_text()
+    assert summary == f"greeting=None count=None token_len={len(SECRET)}\n"
+    assert not (local / "work" / "model.bin").exists()  # over the 4 kB limit
+    said = [p.get("detail") or "" for p in job["timeline"] if p["name"] == "outputs"]
+    assert said and "1 files" in said[0] and "passed collect_checkpoints_mb" in said[0], said
+    assert "missing-file (not found)" in said[0] and "late (the limit was reached" in said[0]
+    assert _files_holding(ct_home, SECRET.encode()) == []
+
+
+def test_setup_is_skipped_on_a_kept_instance_when_unchanged(cli, aws, ct_home, tmp_path):
+    """issue 16: setup runs once per instance: a job --on a kept instance skips it while it
+    is unchanged, and runs it again once it changes."""
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "x.py").write_text("print('job ran')\n")
+    (tmp_path / "job.yaml").write_text(
+        "workdir: proj\nsetup: echo setup-one\nrun: python3 x.py\n"
+        "resources: {instance: g5.xlarge, keep: true}\n")
+    first = _run(["launch", "job.yaml", "--follow", "--quiet"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    first_id = first.stdout.splitlines()[0]
+    assert "setup-one" in first.stdout
+    again = _run(["launch", "--on", first_id, "--workdir", "proj", "--setup", "echo setup-one",
+                  "--keep", "--follow", "--quiet", "--", "python3", "x.py"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "setup skipped: it ran unchanged on this instance" in again.stdout
+    assert "setup-one" not in again.stdout and "job ran" in again.stdout
+    second_id = again.stdout.splitlines()[0]
+    changed = _run(["launch", "--on", second_id, "--workdir", "proj", "--setup",
+                    "echo setup-two", "--follow", "--quiet", "--", "python3", "x.py"], tmp_path)
+    assert changed.returncode == 0, changed.stderr
+    assert "setup-two" in changed.stdout and "skipped" not in changed.stdout
+    assert len(aws.instances()) == 1
