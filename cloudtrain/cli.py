@@ -603,6 +603,29 @@ def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh
 
 
 @cli.command()
+@click.option("--region", callback=_region, help="Check this region (default: the one launch "
+              "uses: config.yaml, AWS_REGION, AWS_DEFAULT_REGION, the AWS profile).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_WIDE
+def check(region: str | None, as_json: bool, wide: bool) -> None:
+    """Every setting and where it came from, and whether AWS is ready: credentials, account,
+    region, Deep Learning AMI, GPU quotas for the recipes' instance types. Exit code 1 when
+    a launch would fail.
+
+    \b
+    Examples:
+      cloudtrain check
+      cloudtrain check --region eu-west-1 --json
+    """
+    from . import check as checks
+
+    report = checks.run(region=region)
+    click.echo(checks.to_json(report) if as_json else
+               checks.render(report, width=_width(wide), color=_color()))
+    sys.exit(checks.exit_code(report))
+
+
+@cli.command()
 @click.option("--recipe", "-r", metavar="NAME", help="A job file for this bundled recipe "
               "(default: for your own code).")
 @click.option("--output", "-o", "path", default="cloudtrain.yaml", show_default=True,

@@ -223,8 +223,9 @@ class Settings:
             elif value is not None:  # `key:` with no value keeps the built-in default
                 setattr(settings, key, _typed(path, key, value, type(getattr(settings, key))))
         settings.check(str(path))
-        if os.environ.get("CLOUDTRAIN_BACKEND"):
-            settings.backend = os.environ["CLOUDTRAIN_BACKEND"]
+        for key, variable in ENVIRONMENT.items():
+            if os.environ.get(variable):
+                setattr(settings, key, os.environ[variable])
         return settings
 
     def check(self, source: str) -> None:
@@ -258,6 +259,49 @@ class Settings:
                 check_region(region, f"`region{'s' if region in regions else ''}:`")
             except UsageError as exc:
                 raise ConfigError(f"{source}: {exc.message}", hint=exc.hint) from None
+
+
+# Settings an environment variable sets, over config.yaml (flags, applied by the caller, win
+# over both): setting -> variable.
+ENVIRONMENT = {"backend": "CLOUDTRAIN_BACKEND"}
+
+
+def origins() -> dict[str, str]:
+    """Where each setting's value comes from, read the way Settings.load() reads it: the
+    environment variable's name, `config.yaml line N` (`config.yaml` where the line cannot be
+    told), or `default` (also for `key:` left empty, which keeps the default). Meant after
+    Settings.load() succeeded: a config.yaml it refuses is the same ConfigError here."""
+    path = home() / "config.yaml"
+    given = {}
+    for key, value in _read_config(path).items():
+        if isinstance(key, str):
+            given[key.replace("-", "_")] = value
+    lines = _key_lines(path) if given else {}
+    found = {}
+    for field in dataclasses.fields(Settings):
+        name, variable = field.name, ENVIRONMENT.get(field.name)
+        if variable and os.environ.get(variable):
+            found[name] = variable
+        elif name in given and (given[name] is not None or name == "datasets"):
+            found[name] = f"config.yaml line {lines[name]}" if name in lines else "config.yaml"
+        else:
+            found[name] = "default"
+    return found
+
+
+def _key_lines(path: Path) -> dict[str, int]:
+    """The line (from 1) of each top-level key of a YAML mapping file, a later duplicate
+    winning as in yaml.safe_load; {} for anything that is not one."""
+    import yaml
+
+    try:
+        node = yaml.compose(path.read_bytes().decode("utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {str(key.value).replace("-", "_"): key.start_mark.line + 1
+            for key, _ in node.value if isinstance(key, yaml.ScalarNode)}
 
 
 MARKETS = ("on-demand", "spot")

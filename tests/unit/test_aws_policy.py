@@ -20,7 +20,7 @@ OWNER = "${aws:PrincipalArn}"
 # The code the policy is for: the AWS provider package and the S3 job store it uses.
 SOURCES = sorted((REPO / "cloudtrain" / "providers" / "aws").glob("*.py")) + \
     [p for p in [REPO / "cloudtrain" / "jobstore.py"] if p.exists()]
-SERVICES = ("ec2", "pricing", "sts", "ssm", "iam", "s3")
+SERVICES = ("ec2", "pricing", "sts", "ssm", "iam", "s3", "service-quotas")
 # Where AWS names the IAM action differently from the API operation (Service Authorization
 # Reference), and boto3 helpers that are not operations.
 ACTION_OF = {

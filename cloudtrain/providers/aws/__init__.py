@@ -4,6 +4,7 @@
     instances.py   RunInstances per AZ, waits, lookups by tag, termination, end times
     network.py     key pair, security group, subnets, cleanup of what nothing uses
     images.py      the Deep Learning AMI and its root device
+    account.py     where the credentials came from; EC2 vCPU quotas (Service Quotas)
     pricing.py     price list (on-demand, gp3) and spot price history
     errors.py      AWS error codes in our words (AWSError)
     cache.py       what bootstrap found, per profile and region

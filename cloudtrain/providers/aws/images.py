@@ -34,6 +34,18 @@ class ImagesMixin:
                            hint="pass --ami ami-... (an Ubuntu image with NVIDIA drivers and PyTorch)")
         return max(images, key=lambda i: i.get("CreationDate", ""))["ImageId"]
 
+    def image_facts(self, region: str, ami: str) -> dict:
+        """{id, name, created, architecture} of an AMI (`created`: AWS's CreationDate, ISO
+        8601); an AWSError when it does not exist in the region."""
+        images = self.call(region, "describe_images", ImageIds=[ami])["Images"]
+        if not images:
+            raise AWSError(f"AMI {ami} does not exist in {region}",
+                           hint="check --ami, or leave it out for the Deep Learning AMI")
+        image = images[0]
+        return {"id": image["ImageId"], "name": image.get("Name", ""),
+                "created": image.get("CreationDate", ""),
+                "architecture": image.get("Architecture", "")}
+
     def root_device(self, region: str, ami: str) -> str:
         """The AMI's root device name (/dev/sda1 on Ubuntu, /dev/xvda on Amazon Linux): the
         volume size and type only apply when the mapping names the real root device."""

@@ -31,6 +31,7 @@ from ...hosts import SSHHost
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Job, Store
+from .account import AccountMixin
 from .cache import CACHE_TTL_S, RegionCache
 from .cluster import EFA_GROUP_NAME, ClusterMixin
 from .errors import POLICY_FILE, AWSError, StaleCache, aws_errors
@@ -57,7 +58,7 @@ def assumed_role(arn: str) -> tuple[str, str] | None:
 
 
 class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin,
-                  ResultsStoreMixin, VolumesMixin):
+                  ResultsStoreMixin, VolumesMixin, AccountMixin):
     name = "aws"
     DEFAULT_SOURCE = DEFAULT_SOURCE
 

@@ -1,0 +1,87 @@
+"""What the account is and may run: where the credentials came from, and EC2's vCPU quotas
+per instance family (Service Quotas)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from .errors import AWSError, aws_errors
+
+# EC2 counts the vCPUs of running instances against one quota per family group, region and
+# market (EC2 User Guide, "On-Demand Instance quotas" and "Spot Instance quotas"; service code
+# ec2 in Service Quotas). A new account often has 0 for G and P: RunInstances then fails
+# with VcpuLimitExceeded, whichever AZ is tried.
+VCPU_QUOTAS = {
+    ("P", "on-demand"): ("L-417A185B", "Running On-Demand P instances"),
+    ("G", "on-demand"): ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    ("P", "spot"): ("L-7212CCBC", "All P Spot Instance Requests"),
+    ("G", "spot"): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
+}
+# Instance families (the letters before the generation) and the quota group they count in.
+FAMILY_GROUPS = {"p": "P", "g": "G", "gr": "G", "vt": "G"}
+
+# botocore's names for where credentials came from (Credentials.method), in words.
+CREDENTIAL_SOURCES = {
+    "env": "environment variables (AWS_ACCESS_KEY_ID)",
+    "shared-credentials-file": "the shared credentials file",
+    "config-file": "the AWS config file",
+    "sso": "AWS IAM Identity Center (SSO)",
+    "assume-role": "an assumed role (role_arn in the profile)",
+    "assume-role-with-web-identity": "a web identity token (AWS_WEB_IDENTITY_TOKEN_FILE)",
+    "custom-process": "a credential_process",
+    "iam-role": "the instance's role (instance metadata)",
+    "container-role": "the container's role",
+    "explicit": "given explicitly",
+}
+
+
+def vcpu_quota(instance_type: str, market: str) -> tuple[str, str, str] | None:
+    """(quota code, AWS's name for it, family group) of the vCPU quota that launching
+    `instance_type` in `market` counts against; None for a family not listed here."""
+    family = re.match(r"[a-z]+", instance_type or "")
+    group = FAMILY_GROUPS.get(family.group()) if family else None
+    found = VCPU_QUOTAS.get((group, market)) if group else None
+    return (*found, group) if found else None
+
+
+def quota_console_url(region: str, code: str) -> str:
+    """Where a quota's increase is requested in the AWS console."""
+    return (f"https://{region}.console.aws.amazon.com/servicequotas/home/services/ec2/quotas/"
+            f"{code}")
+
+
+class AccountMixin:
+    """AWSProvider's look at the account (needs self.session and self.client)."""
+
+    def credential_source(self, region: str) -> dict | None:
+        """{source (in words), method (botocore's), profile, access_key (masked)} of the
+        credentials the session found; None without any."""
+        credentials = self.credentials(region)
+        if credentials is None:
+            return None
+        profile = self.session(region).profile_name
+        source = CREDENTIAL_SOURCES.get(credentials.method, credentials.method)
+        if credentials.method == "shared-credentials-file":
+            source += " " + os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")
+        elif credentials.method == "config-file":
+            source += " " + os.environ.get("AWS_CONFIG_FILE", "~/.aws/config")
+        key = credentials.access_key or ""
+        return {"source": source, "method": credentials.method, "profile": profile,
+                "access_key": "*" * max(len(key) - 4, 0) + key[-4:]}
+
+    def ec2_quota(self, region: str, code: str) -> float:
+        """An EC2 quota's value for this account in `region`: the applied value, else AWS's
+        default (GetServiceQuota answers NoSuchResourceException for a quota whose applied
+        value is not available, e.g. one never changed in the account)."""
+        client = self.client("service-quotas", region)
+        try:
+            with aws_errors(region, "servicequotas"):
+                return float(client.get_service_quota(ServiceCode="ec2",
+                                                      QuotaCode=code)["Quota"]["Value"])
+        except AWSError as exc:
+            if exc.code != "NoSuchResourceException":
+                raise
+        with aws_errors(region, "servicequotas"):
+            return float(client.get_aws_default_service_quota(ServiceCode="ec2",
+                                                              QuotaCode=code)["Quota"]["Value"])
