@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from . import config, errors, render
+from . import completion, config, errors, render
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -103,7 +103,7 @@ def cli(ctx, debug: bool) -> None:
 
 
 @cli.command()
-@click.argument("name", required=False)
+@click.argument("name", required=False, shell_complete=completion.recipes)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_WIDE
 def recipes(name: str | None, as_json: bool, wide: bool) -> None:
@@ -167,9 +167,12 @@ class _LaunchCommand(click.Command):
 
 
 @cli.command(cls=_LaunchCommand, context_settings={**CONTEXT, "ignore_unknown_options": False})
-@click.option("--recipe", "-r", metavar="NAME", help="A bundled recipe (see `cloudtrain recipes`).")
-@click.option("--profile", "-p", metavar="NAME", help="A recipe profile, e.g. smoke.")
+@click.option("--recipe", "-r", metavar="NAME", shell_complete=completion.recipes,
+              help="A bundled recipe (see `cloudtrain recipes`).")
+@click.option("--profile", "-p", metavar="NAME", shell_complete=completion.profiles,
+              help="A recipe profile, e.g. smoke.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              shell_complete=completion.set_keys,
               help="Set a recipe argument (repeatable); checked against the recipe.")
 @click.option("--name", "-n", help="A name to refer to the job by.")
 @click.option("--backend", "-b", help="Where to run: local (default when no cloud is configured).")
@@ -178,6 +181,7 @@ class _LaunchCommand(click.Command):
 @click.option("--max-runtime", type=float, metavar="MINUTES",
               help="Stop the job after this long (default: the recipe's, else config).")
 @click.option("--instance", "-i", "instance_type", metavar="TYPE",
+              shell_complete=completion.instance_types,
               help="EC2 instance type, e.g. g5.xlarge (implies --backend aws).")
 @click.option("--gpus", metavar="GPU:N", help="Instead of --instance: the cheapest type with N of "
               "that GPU (e.g. V100:1, A100:8) in the allowed regions.")
@@ -203,7 +207,8 @@ class _LaunchCommand(click.Command):
 @click.option("--keep", is_flag=True, default=None, help="Keep the instance after the job (stop it "
               "with `cloudtrain down`).")
 @click.option("--idle-minutes", type=float, help="Power the instance off this long after the job.")
-@click.option("--on", "on_job", metavar="JOB", help="Run on that job's kept instance (--keep): "
+@click.option("--on", "on_job", metavar="JOB", shell_complete=completion.jobs,
+              help="Run on that job's kept instance (--keep): "
               "no provisioning, only changed files synced.")
 @click.option("--include", "include", multiple=True, metavar="PATTERN", help="Sync these workdir "
               "paths too, though they look like credentials (.aws/, .ssh/, .env, *.pem), which "
@@ -226,7 +231,8 @@ class _LaunchCommand(click.Command):
 @click.option("--output", "outputs", multiple=True, metavar="PATH", help="A file or directory "
               "the job writes (relative to its working directory) to bring home after it "
               "(repeatable).")
-@click.option("--resume-from", metavar="JOB", help="Start from that job's last checkpoint "
+@click.option("--resume-from", metavar="JOB", shell_complete=completion.jobs,
+              help="Start from that job's last checkpoint "
               "(same recipe; sets resume=true).")
 @click.option("--follow", "-f", is_flag=True, help="Stream the log; exit with the job's outcome.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the job id.")
@@ -338,7 +344,7 @@ def _follow(store, settings, job, offset: int = 0, node: int = 0) -> None:
 
 
 @cli.command()
-@click.argument("job", required=False)
+@click.argument("job", required=False, shell_complete=completion.jobs)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="Show at most this many jobs.")
@@ -428,7 +434,7 @@ _NODE = click.option("--node", type=click.IntRange(min=0), default=0, show_defau
 
 
 @cli.command()
-@click.argument("job")
+@click.argument("job", shell_complete=completion.jobs)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
 @click.option("--tail", "-n", type=click.IntRange(min=0), default=None,
               help="Only the last N lines (then follow from there with -f).")
@@ -460,7 +466,7 @@ def logs(job: str, follow: bool, tail: int | None, node: int) -> None:
 
 
 @cli.command()
-@click.argument("job")
+@click.argument("job", shell_complete=completion.jobs)
 @_NODE
 def attach(job: str, node: int) -> None:
     """Attach to a running job's tmux session (detach with Ctrl-b d).
@@ -521,10 +527,14 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
 
 
 @cli.command()
-@click.option("--recipe", "-r", required=True, metavar="NAME", help="A bundled recipe.")
-@click.option("--profile", "-p", metavar="NAME", callback=_given, help="A recipe profile.")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="A recipe argument.")
+@click.option("--recipe", "-r", required=True, metavar="NAME", shell_complete=completion.recipes,
+              help="A bundled recipe.")
+@click.option("--profile", "-p", metavar="NAME", callback=_given,
+              shell_complete=completion.profiles, help="A recipe profile.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              shell_complete=completion.set_keys, help="A recipe argument.")
 @click.option("--instance", "-i", "types", multiple=True, metavar="TYPE", callback=_given,
+              shell_complete=completion.instance_types,
               help="Only these instance types (repeatable).")
 @click.option("--gpus", metavar="GPU:N", callback=_given,
               help="Only types with N of this GPU, e.g. A10G:1 or A100:8.")
@@ -626,7 +636,8 @@ def check(region: str | None, as_json: bool, wide: bool) -> None:
 
 
 @cli.command()
-@click.option("--recipe", "-r", metavar="NAME", help="A job file for this bundled recipe "
+@click.option("--recipe", "-r", metavar="NAME", shell_complete=completion.recipes,
+              help="A job file for this bundled recipe "
               "(default: for your own code).")
 @click.option("--output", "-o", "path", default="cloudtrain.yaml", show_default=True,
               metavar="FILE", help="Where to write it (- prints it).")
@@ -650,7 +661,7 @@ def init(recipe: str | None, path: str, force: bool) -> None:
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("job")
+@click.argument("job", shell_complete=completion.jobs)
 @_NODE
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def ssh(job: str, node: int, command: tuple[str, ...]) -> None:
@@ -674,7 +685,7 @@ def ssh(job: str, node: int, command: tuple[str, ...]) -> None:
 
 
 @cli.command()
-@click.argument("jobs_", metavar="JOB...", nargs=-1)
+@click.argument("jobs_", metavar="JOB...", nargs=-1, shell_complete=completion.jobs)
 @click.option("--all", "every", is_flag=True, help="Stop every active job.")
 @click.option("--grace", type=float, default=None, metavar="SECONDS", callback=_grace,
               help="Time between SIGTERM and SIGKILL (default from config, 30 s).")
