@@ -128,3 +128,19 @@ def test_environment_words():
             assert part in exc.message
         else:
             raise AssertionError(word)
+
+
+def test_the_readme_example_is_a_valid_job_file():
+    """issue 16: the README documents the schema with a complete example: it parses, and it
+    names every key the schema has (commented-out alternatives included)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("### Job files"):]
+    block = section[section.index("```yaml\n") + 8:section.index("\n```", section.index(
+        "```yaml\n"))]
+    options = jobfile.parse(block, "README")
+    assert options["command"] == ("python train.py --epochs 30\n",)
+    for key in jobfile.KEYS:
+        leaf = key.path.rsplit(".", 1)[-1]
+        assert f"{leaf}:" in block, f"README's example does not show {key.path}"
