@@ -1225,6 +1225,8 @@ def collect_files(store: Store, job: Job) -> bool:
     local = config.home() / "jobs" / job.id
     _collect_nodes(store, job)
     job = store.job(job.id)
+    if job.jobdir and Path(job.jobdir) == local and isinstance(host_of(job), LocalHost):
+        _note_local_outputs(store, job)
     if not job.jobdir or Path(job.jobdir) == local or isinstance(host_of(job), LocalHost):
         return False
     host = host_of(job)
@@ -1257,6 +1259,21 @@ def collect_files(store: Store, job: Job) -> bool:
     store.update_job(job.id, jobdir=str(local), host={"kind": "LocalHost", "collected_from":
                                                        job.host, "remote_jobdir": job.jobdir})
     return True
+
+
+def _note_local_outputs(store: Store, job: Job) -> None:
+    """A job on this machine wrote its named outputs in place: say where, and which are not
+    there (once: a job is collected once)."""
+    outputs = output_paths(JobSpec.from_dict(job.spec or {"kind": "command",
+                                                           "backend": job.backend}))
+    if not outputs or any(e.phase == "outputs" for e in store.events(job.id)):
+        return
+    missing = [o for o in outputs if not os.path.lexists(Path(job.jobdir, o))]
+    note = f"outputs: in {job.jobdir}"
+    if missing:
+        note += "; not found: " + ", ".join(missing[:5]) + \
+            (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    store.add_event(job.id, "outputs", detail=note)
 
 
 def outputs_note(got, local: Path, settings: config.Settings) -> str:

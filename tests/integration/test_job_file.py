@@ -88,6 +88,8 @@ def test_own_code_job_file_runs_setup_envs_secrets_and_outputs_locally(ct_home, 
         {"GREETING": "hello", "COUNT": "3"} and "secret_values" not in job["spec"]
     summary = Path(job["jobdir"]) / "work" / "results" / "summary.txt"
     assert summary.read_text() == f"greeting=hello count=3 token_len={len(SECRET)}\n"
+    said = [p.get("detail") or "" for p in job["timeline"] if p["name"] == "outputs"]
+    assert said == [f"outputs: in {job['jobdir']}; not found: work/missing-file"], said
     # issue 16: secrets absent from every file cloudtrain writes: the job dir, the store
     assert _files_holding(ct_home, SECRET.encode()) == []
     db = sqlite3.connect(ct_home / "state.db")
