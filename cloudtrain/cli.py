@@ -346,6 +346,16 @@ def _follow(store, settings, job, offset: int = 0, node: int = 0) -> None:
 @cli.command()
 @click.argument("job", required=False, shell_complete=completion.jobs)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--all", "-a", "all_", is_flag=True, help="Every job the filters match (default: "
+              "jobs not finished, and at most 20 that finished in the last 7 days).")
+@click.option("--state", "states", multiple=True, metavar="STATE", help="Only jobs in this "
+              "state (repeatable, or a,b): pending, running, succeeded, failed, cancelled, ...")
+@click.option("--recipe", metavar="NAME", shell_complete=completion.recipes,
+              help="Only jobs of this recipe.")
+@click.option("--name", metavar="PATTERN", help="Only jobs of this name, or whose name this "
+              "shell glob matches ('exp-*').")
+@click.option("--since", metavar="AGE|DATE", help="Only jobs created since: 2h, 3d, 2w, or a "
+              "date (2026-11-01).")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="Show at most this many jobs.")
 @click.option("--refresh", is_flag=True, help="Also ask the cloud for every instance tagged as "
@@ -355,31 +365,43 @@ def _follow(store, settings, job, offset: int = 0, node: int = 0) -> None:
               "piped, the table is printed again every interval.")
 @click.option("--interval", type=click.FloatRange(min=0.1, max=3600), default=2.0,
               show_default=True, metavar="SECONDS", help="With --watch: seconds between updates.")
-def status(job: str | None, as_json: bool, limit: int | None, refresh: bool, wide: bool,
-           watch: bool, interval: float) -> None:
-    """Show all jobs, or one job in detail with its timeline.
+def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
+           recipe: str | None, name: str | None, since: str | None, limit: int | None,
+           refresh: bool, wide: bool, watch: bool, interval: float) -> None:
+    """Show active and recent jobs (-a: all), or one job in detail with its timeline.
 
     \b
     Examples:
       cloudtrain status
+      cloudtrain status -a --state failed --since 3d
+      cloudtrain status --name 'exp-*' --recipe resnet9
       cloudtrain status 3f2a1b9c --json
       cloudtrain status --refresh
       cloudtrain status --watch --interval 5
     """
-    from . import jobs
+    from . import history
 
     if watch and as_json:
         raise errors.UsageError("--watch redraws the table; --json prints once",
                                 hint="drop one of them")
+    filters = history.parse_filters(states, recipe, name, since)
+    if job and (filters.any() or all_ or limit):
+        raise errors.UsageError("-a, --state, --recipe, --name, --since and --limit choose "
+                                "jobs for the list, not for one job's detail",
+                                hint=f"cloudtrain status {job}")
     settings = config.Settings.load()
     with _store() as store:
         if refresh:
+            from . import jobs
+
             found = jobs.reconcile(store)
             if not as_json:
                 click.echo(render.cloud_instances(found, width=_width(wide)))
 
         def view() -> str:
             if job:
+                from . import jobs
+
                 d = jobs.detail(store, settings, job)
                 if as_json:
                     return render.detail_json(d.job, d.phases, d.log_tail, d.target, d.runs,
@@ -387,22 +409,87 @@ def status(job: str | None, as_json: bool, limit: int | None, refresh: bool, wid
                 return render.job_detail(d.job, d.phases, d.log_tail, d.target, runs=d.runs,
                                          attempts=d.attempts, recovery=d.recovery,
                                          width=_width(wide))
-            all_jobs = jobs.refresh_all(store, settings)
-            if limit:
-                all_jobs = all_jobs[:limit]
-            if as_json:
-                return render.jobs_json(all_jobs)
-            text = render.status_table(all_jobs, width=_width(wide), color=_color())
-            from . import supervisor
+            active = store.jobs(active_only=True)
+            if active:  # finished jobs need no refresh (nor the import of what does it)
+                from . import jobs
 
-            if supervisor.needed(store):
-                text += "\n" + render.supervisor_line(supervisor.state_of(config.home()))
+                jobs.refresh_active(store, settings, active)
+            shown, hidden = history.select(store, filters, all_=all_, limit=limit)
+            if as_json:
+                return render.jobs_json(shown)
+            text = render.status_table(shown, width=_width(wide), color=_color())
+            note = history.footer(hidden, filters, all_=all_)
+            if note:
+                text += "\n" + note
+            if active:
+                from . import supervisor
+
+                if supervisor.needed(store):
+                    text += "\n" + render.supervisor_line(supervisor.state_of(config.home()))
             return text
 
         if watch:
             _watch(view, interval)
         else:
             click.echo(view())
+
+
+def _remove(plan_of, dry_run: bool, yes: bool) -> None:
+    """rm and prune: say what goes and what stays (and why), ask in a terminal, remove."""
+    from . import history
+
+    with _store() as store:
+        plan = plan_of(store)
+        click.echo(render.removal_plan(plan), err=True)
+        if dry_run or not plan.removals:
+            sys.exit(errors.EXIT_FAILED if plan.refused else 0)
+        if not yes and sys.stdin.isatty() and sys.stderr.isatty() and \
+                not click.confirm("Remove them?", default=False, err=True):
+            raise errors.CloudtrainError("nothing removed", exit_code=errors.EXIT_FAILED)
+        summary = history.remove(store, plan)
+        click.echo(render.removal_summary(summary))
+        if summary.refused or plan.refused:
+            sys.exit(errors.EXIT_FAILED)
+
+
+@cli.command()
+@click.argument("refs", metavar="JOB...", nargs=-1, required=True,
+                shell_complete=completion.jobs)
+@click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask first (nothing is asked without a "
+              "terminal either).")
+def rm(refs: tuple[str, ...], dry_run: bool, yes: bool) -> None:
+    """Remove finished jobs: their records and $CLOUDTRAIN_HOME/jobs/<id>/. A job not
+    finished, or whose instance may still bill, is kept (stop it: cloudtrain down JOB).
+
+    \b
+    Examples:
+      cloudtrain rm 3f2a1b9c exp-2 --dry-run
+      cloudtrain rm 3f2a -y
+    """
+    from . import history
+
+    _remove(lambda store: history.plan_removal(store, refs), dry_run, yes)
+
+
+@cli.command()
+@click.option("--older-than", metavar="AGE|DATE", required=True, help="Jobs that finished "
+              "before then: 30d, 2w, or a date (2026-01-01).")
+@click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask first (nothing is asked without a "
+              "terminal either).")
+def prune(older_than: str, dry_run: bool, yes: bool) -> None:
+    """Remove the finished jobs that ended before --older-than: their records and files.
+    Jobs not finished, and jobs whose instance may still bill, are never touched.
+
+    \b
+    Examples:
+      cloudtrain prune --older-than 30d --dry-run
+      cloudtrain prune --older-than 2026-01-01 -y
+    """
+    from . import history
+
+    _remove(lambda store: history.plan_removal(store, older_than=older_than), dry_run, yes)
 
 
 def _watch(view, interval: float) -> None:

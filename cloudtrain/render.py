@@ -782,3 +782,44 @@ def args_lines(job: Job) -> list[str]:
     words = [f"{k}={shlex.quote(str(v).lower() if isinstance(v, bool) else str(v))}"
              for k, v in args.items()]
     return ["  args      " + " ".join(words)]
+
+
+# -- rm / prune (history.py's plans) -------------------------------------------------------
+
+
+def removal_size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def removal_plan(plan, verb: str = "remove") -> str:
+    """What will go (each job, its files) and what is kept and why."""
+    # a name or a link's target may hold terminal escapes: _printable
+    out = []
+    if plan.removals:
+        out.append(f"{verb} {len(plan.removals)} finished job(s) and {removal_size(plan.bytes)} "
+                   f"of files ({plan.files} files):")
+        for r in plan.removals:
+            job = r.job
+            what = "no files" if r.path is None else (
+                f"only the link {r.path} (to {_printable(r.link_to)})" if r.link_to is not None
+                else f"{r.path} ({removal_size(r.bytes)})")
+            ended = time.strftime("%Y-%m-%d", time.localtime(job.ended_at)) \
+                if job.ended_at else "?"
+            out.append(f"  {_printable(job.id)}  {_printable(job.name or '-')}  {job.state} "
+                       f"{ended}  {what}")
+    else:
+        out.append("nothing to remove")
+    out += refusal_lines(plan.refused)
+    return "\n".join(out)
+
+
+def refusal_lines(refused: list) -> list[str]:
+    return [f"kept: {r.reason}" + (f" ({r.hint})" if r.hint else "") for r in refused]
+
+
+def removal_summary(summary) -> str:
+    out = [f"removed {len(summary.removed)} job(s) and {removal_size(summary.bytes)} of files"]
+    return "\n".join(out + refusal_lines(summary.refused))

@@ -141,9 +141,49 @@ def _migration_5(db: sqlite3.Connection) -> None:
         """)
 
 
+def _migration_6(db: sqlite3.Connection) -> None:
+    # Job history (issue 16): `status` reads the jobs not finished (a partial index: a few
+    # rows among thousands) and the most recently finished ones, not every row; a name is
+    # looked up (find_job, --name) without reading them all. The partial index's condition is
+    # the one Store.find_jobs writes for "not finished", term for term: SQLite uses it only then.
+    _execute_script(db,
+        """
+        CREATE INDEX jobs_unfinished ON jobs(created_at)
+            WHERE state NOT IN ('succeeded', 'failed', 'preempted', 'cancelled');
+        CREATE INDEX jobs_finished_at ON jobs(coalesce(ended_at, created_at));
+        CREATE INDEX jobs_name ON jobs(name, created_at)
+        """)
+
+
 # Schema migrations, applied in order; the schema version is PRAGMA user_version.
-MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5]
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5,
+              _migration_6]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+# When a job finished: its end, else (a row without one) its creation (index jobs_finished_at).
+FINISHED_AT = "coalesce(ended_at, created_at)"
+TERMINAL_SQL = "(%s)" % ", ".join(f"'{s}'" for s in TERMINAL_STATES)
+
+
+def _fnmatchcase(name, pattern) -> int:
+    import fnmatch
+
+    return isinstance(name, str) and isinstance(pattern, str) and \
+        fnmatch.fnmatchcase(name, pattern)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobQuery:
+    """Which jobs Store.find_jobs and count_jobs mean: every condition given holds."""
+    states: tuple[str, ...] = ()        # the job is in one of these states (empty: any)
+    recipe: str | None = None           # the job ran this recipe
+    name: str | None = None             # the job has this name (with name_glob:
+    name_glob: str | None = None        # or one this shell glob, fnmatch, matches)
+    created_since: float | None = None  # created at or after this time (epoch seconds)
+    finished: bool | None = None        # True: in a terminal state; False: any other state
+    ended_since: float | None = None    # finished (FINISHED_AT) at or after this time
+    ended_before: float | None = None   # finished before this time
 
 
 @dataclasses.dataclass
@@ -509,6 +549,81 @@ class Store:
             sql += f" LIMIT {int(limit)}"
         rows = self.db.execute(sql, ACTIVE_STATES if active_only else ()).fetchall()
         return [Job.from_row(r) for r in rows]
+
+    # -- history (issue 16): jobs by filter, and forgetting a job ----------------------
+
+    def _where(self, query: JobQuery) -> tuple[str, list]:
+        terms, params = [], []
+        if query.states:
+            terms.append("state IN (%s)" % ",".join("?" * len(query.states)))
+            params += query.states
+        if query.finished is not None:  # a state no version wrote counts as not finished
+            # Constants written out, not bound: SQLite matches a partial index's condition
+            # (jobs_unfinished) only against the same literal terms. `+state` keeps the state
+            # index out of the finished query: by when they finished (jobs_finished_at) a
+            # few rows are read, by state nearly all of them.
+            terms.append(("+state IN %s" if query.finished else "state NOT IN %s")
+                         % TERMINAL_SQL)
+        if query.recipe is not None:
+            terms.append("recipe = ?")
+            params.append(query.recipe)
+        if query.name is not None or query.name_glob is not None:
+            glob = "name GLOB ?"
+            if query.name_glob is not None and "[" in query.name_glob:
+                # Sets differ: the shell's [!a] is SQLite's [^a], whose ^ is the shell's
+                # literal. Python's fnmatch decides those (a function call per row).
+                self.db.create_function("fnmatchcase", 2, _fnmatchcase, deterministic=True)
+                glob = "fnmatchcase(name, ?)"
+            names = [("name = ?", query.name), (glob, query.name_glob)]
+            terms.append("(%s)" % " OR ".join(t for t, v in names if v is not None))
+            params += [v for _, v in names if v is not None]
+        for column, op, value in (("created_at", ">=", query.created_since),
+                                  (FINISHED_AT, ">=", query.ended_since),
+                                  (FINISHED_AT, "<", query.ended_before)):
+            if value is not None:
+                terms.append(f"{column} {op} ?")
+                params.append(float(value))
+        return (" WHERE " + " AND ".join(terms)) if terms else "", params
+
+    def find_jobs(self, query: JobQuery, *, by_end: bool = False,
+                  limit: int | None = None) -> list[Job]:
+        """The jobs `query` matches, newest first: by creation, or with `by_end` by when they
+        finished (for finished jobs)."""
+        where, params = self._where(query)
+        order = f"{FINISHED_AT} DESC, id" if by_end else "created_at DESC, id"
+        sql = f"SELECT * FROM jobs{where} ORDER BY {order}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [Job.from_row(r) for r in self.db.execute(sql, params).fetchall()]
+
+    def count_jobs(self, query: JobQuery) -> int:
+        where, params = self._where(query)
+        return self.db.execute(f"SELECT count(*) FROM jobs{where}", params).fetchone()[0]
+
+    def job_tables(self) -> list[str]:
+        """Every table with a job_id column (a job's rows besides its `jobs` row), read from
+        the schema so that a table a later migration adds is never left holding rows of a
+        job that is gone."""
+        tables = [r["name"] for r in self.db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+            "AND name != 'jobs' ORDER BY name")]
+        return [t for t in tables
+                if any(c["name"] == "job_id" for c in self.db.execute(
+                    "SELECT name FROM pragma_table_info(?)", (t,)))]
+
+    def delete_job(self, job_id: str) -> int:
+        """Delete every row of the job, in every table (its own row last: the others refer
+        to it); how many rows went. Inside a transaction the caller holds (history.remove
+        holds one while it removes the job's files), else in one of its own."""
+        if not self.db.in_transaction:
+            with self.transaction():
+                return self.delete_job(job_id)
+        rows = 0
+        for table in self.job_tables():
+            quoted = '"%s"' % table.replace('"', '""')
+            rows += self.db.execute(f"DELETE FROM {quoted} WHERE job_id = ?",
+                                    (job_id,)).rowcount
+        return rows + self.db.execute("DELETE FROM jobs WHERE id = ?", (job_id,)).rowcount
 
     def update_job(self, job_id: str, **fields) -> None:
         """Set columns of a job (dicts are stored as JSON)."""

@@ -9,6 +9,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+from cloudtrain import state
 from conftest import wait_for
 
 
@@ -260,4 +261,4 @@ def test_store_is_wal_with_schema_version(cli, ct_home):
     cli.launch("--", "true")
     db = sqlite3.connect(ct_home / "state.db")
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 6 == state.SCHEMA_VERSION

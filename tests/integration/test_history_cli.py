@@ -1,0 +1,80 @@
+"""Issue 16: job history through the real CLI: status's default view and filters, rm and
+prune (never a running job, never without saying what)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+DAY = 86400.0
+
+
+def _age(ct_home, job_id: str, days: float) -> None:
+    """Make a job look `days` old (created and ended then)."""
+    db = sqlite3.connect(ct_home / "state.db")
+    t = time.time() - days * DAY
+    db.execute("UPDATE jobs SET created_at = ?, started_at = ?, ended_at = ? WHERE id = ?",
+               (t, t, t + 1, job_id))
+    db.commit()
+    db.close()
+
+
+def _ids(cli, *args) -> list[str]:
+    return [j["id"] for j in json.loads(cli.ok("status", "--json", *args).stdout)]
+
+
+def test_status_shows_active_and_recent_jobs_and_filters(cli, ct_home):
+    """issue 16: by default active jobs and recent finished ones; -a all; --state, --name,
+    --since filter; the footer says how many are hidden and how to see them."""
+    old = cli.launch("--name", "exp-old", "--", "true")
+    failed = cli.launch("--name", "exp-bad", "--", "false")
+    running = cli.launch("--name", "other-run", "--", "sleep", "60")
+    for j in (old, failed):
+        cli.wait(j)
+    _age(cli.home, old, 30)
+    shown = _ids(cli)
+    assert running in shown and failed in shown and old not in shown
+    table = cli.ok("status").stdout
+    assert "(1 older job not shown: cloudtrain status -a)" in table
+    assert set(_ids(cli, "-a")) == {old, failed, running}
+    assert _ids(cli, "-a", "--state", "failed") == [failed]
+    assert set(_ids(cli, "-a", "--name", "exp-*")) == {old, failed}
+    assert old not in _ids(cli, "-a", "--since", "7d")
+    bad = cli("status", "--state", "bogus")
+    assert bad.returncode == 2 and "--state 'bogus': not a job state" in bad.stderr
+    both = cli("status", running, "--state", "failed")
+    assert both.returncode == 2 and "not for one job's detail" in both.stderr
+    cli.ok("down", running)
+
+
+def test_rm_and_prune_never_touch_a_running_job_and_say_what_they_remove(cli, ct_home):
+    """issue 16: prune --older-than removes old finished jobs' records and directories,
+    keeps the running one (even when old), and --dry-run removes nothing."""
+    done = [cli.launch("--", "true") for _ in range(3)]
+    running = cli.launch("--", "sleep", "60")
+    for j in done:
+        cli.wait(j)
+    for j in (*done[:2], running):
+        _age(ct_home, j, 40)
+    dry = cli("prune", "--older-than", "30d", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "remove 2 finished job(s)" in dry.stderr and all(j in dry.stderr for j in done[:2])
+    assert all((ct_home / "jobs" / j).is_dir() for j in done)
+    proc = cli("prune", "--older-than", "30d")
+    assert proc.returncode == 0, proc.stderr
+    assert "removed 2 job(s)" in proc.stdout
+    assert not (ct_home / "jobs" / done[0]).exists() and (ct_home / "jobs" / done[2]).is_dir()
+    assert set(_ids(cli, "-a")) == {done[2], running}
+    db = sqlite3.connect(ct_home / "state.db")
+    assert db.execute("SELECT count(*) FROM events WHERE job_id = ?", (done[0],)).fetchone() \
+        == (0,)
+    db.close()
+    refused = cli("rm", running)
+    assert refused.returncode == 1 and "kept:" in refused.stderr and "cloudtrain down" in \
+        refused.stderr, refused.stderr
+    assert (ct_home / "jobs" / running).is_dir()
+    cli.ok("down", running)
+    gone = cli("rm", running[:5], "-y")
+    assert gone.returncode == 0 and "removed 1 job(s)" in gone.stdout, gone.stderr
+    assert _ids(cli, "-a") == [done[2]]
