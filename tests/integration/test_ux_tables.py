@@ -74,7 +74,7 @@ LISTINGS = [("recipes",), ("recipes", "resnet9"), ("recipes", "imagenet"),
 @pytest.mark.parametrize("width", [80, 120])
 def test_d7_every_listing_fits_columns(cli, many_jobs, width):
     env = {"COLUMNS": str(width)}
-    status = cli.ok("status", env=env).stdout
+    status = cli.ok("status", "-a", env=env).stdout  # -a: all 1,000 (issue 16's default: recent)
     _fits(status, width)
     rows = _lines(status)
     assert len(rows) == 1001 and rows[0].split()[:2] == ["ID", "NAME"]
@@ -85,7 +85,7 @@ def test_d7_every_listing_fits_columns(cli, many_jobs, width):
 
 
 def test_d7_wide_and_piped_output_keep_the_full_text(cli, many_jobs):
-    for args in (("status", "--wide"), ("status",)):  # --wide, or piped without COLUMNS
+    for args in (("status", "-a", "--wide"), ("status", "-a")):  # --wide, or piped, no COLUMNS
         out = cli.ok(*args, env={"COLUMNS": "80"} if "--wide" in args else {}).stdout
         assert f"{LONG_COMMAND} --seed 999" in out and f"{LONG_NAME}-999" in out
         assert "…" not in out
@@ -102,10 +102,10 @@ def test_d7_wide_and_piped_output_keep_the_full_text(cli, many_jobs):
 
 
 def test_d7_json_is_unchanged_by_columns(cli, many_jobs):
-    wide = cli.ok("status", "--json", env={"COLUMNS": "40"}).stdout
+    wide = cli.ok("status", "-a", "--json", env={"COLUMNS": "40"}).stdout
     data = json.loads(wide)
     assert len(data) == 1000 and data[0]["command"].startswith(LONG_COMMAND)
-    assert wide == cli.ok("status", "--json").stdout  # the same at any width
+    assert wide == cli.ok("status", "-a", "--json").stdout  # the same at any width
     est = json.loads(cli.ok("estimate", "--recipe", "resnet9", "--json",
                             env={"COLUMNS": "40"}).stdout)
     assert {"recipe", "region", "rows", "basis"} <= set(est)
