@@ -408,7 +408,7 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
                                               d.attempts, d.recovery)
                 return render.job_detail(d.job, d.phases, d.log_tail, d.target, runs=d.runs,
                                          attempts=d.attempts, recovery=d.recovery,
-                                         width=_width(wide))
+                                         width=_width(wide), trend=d.trend)
             active = store.jobs(active_only=True)
             if active:  # finished jobs need no refresh (nor the import of what does it)
                 from . import jobs
@@ -432,6 +432,69 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
             _watch(view, interval)
         else:
             click.echo(view())
+
+
+@cli.command()
+@click.argument("refs", metavar="JOB...", nargs=-1, required=True,
+                shell_complete=completion.jobs)
+@click.option("--csv", "as_csv", is_flag=True, help="Comma-separated rows, a job column first.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_WIDE
+def metrics(refs: tuple[str, ...], as_csv: bool, as_json: bool, wide: bool) -> None:
+    """Each job's metrics.jsonl as a per-epoch table (a running job's, read from its host).
+
+    \b
+    Examples:
+      cloudtrain metrics 3f2a1b9c
+      cloudtrain metrics 3f2a 19a3 --csv > curves.csv
+    """
+    from . import curves
+
+    if as_csv and as_json:
+        raise errors.UsageError("give --csv or --json, not both")
+    data = [curves.read_job(j.id, j.name, path) for j, path, _ in _metric_jobs(refs)]
+    click.echo(curves.to_csv(data) if as_csv else curves.to_json(data) if as_json else
+               curves.table(data, width=_width(wide)), nl=not as_csv)
+
+
+@cli.command()
+@click.argument("refs", metavar="JOB...", nargs=-1, required=True,
+                shell_complete=completion.jobs)
+@click.option("--output", "-o", default="curves.png", show_default=True, metavar="FILE",
+              type=click.Path(dir_okay=False), help="The picture: .png, .svg or .pdf.")
+@click.option("--target", type=float, default=None, metavar="ACC",
+              help="The target accuracy line, 0.94 or 94 (default: the jobs' recipe's).")
+@click.option("--title", default=None, help="A title over the plots.")
+def plot(refs: tuple[str, ...], output: str, target: float | None, title: str | None) -> None:
+    """Loss and accuracy against epoch and against wall time, several jobs overlaid, the
+    recipe's target as a line (matplotlib; no display needed).
+
+    \b
+    Examples:
+      cloudtrain plot 3f2a1b9c -o curves.png
+      cloudtrain plot 3f2a 19a3 7c0d -o compare.svg
+    """
+    from . import curves
+
+    found = _metric_jobs(refs)
+    targets = {t for _, _, t in found}
+    if target is None and len(targets) == 1:
+        target, metric = next(iter(targets))
+    else:
+        metric = next(iter(targets))[1] if len({m for _, m in targets}) == 1 else None
+    data = [curves.read_job(j.id, j.name, path) for j, path, _ in found]
+    for note in curves.plot(data, output, target=target, metric=metric, title=title):
+        click.echo(note, err=True)
+    click.echo(f"wrote {output}")
+
+
+def _metric_jobs(refs: tuple[str, ...]) -> list:
+    """(job, its metrics.jsonl here, its recipe's (target, metric)) for each JOB given."""
+    from . import jobs
+
+    with _store() as store:
+        found = [store.find_job(r) for r in refs]
+    return [(j, jobs.metrics_file(j), jobs.recipe_target(j)) for j in found]
 
 
 def _remove(plan_of, dry_run: bool, yes: bool) -> None:

@@ -1803,6 +1803,41 @@ def reconcile(store: Store) -> list[dict]:
     return providers.get("aws").reconcile(store)
 
 
+def metrics_file(job: Job) -> Path:
+    """The job's metrics.jsonl on this machine: its own (a job here, or one whose files came
+    home), else a fresh copy of the instance's (at most curves.MAX_BYTES) in jobs/<id>/;
+    where the instance cannot be read, the copy from before, if any."""
+    from .curves import MAX_BYTES
+
+    local = config.home() / "jobs" / job.id / "metrics.jsonl"
+    if not job.jobdir:
+        return local
+    host = host_of(job)
+    if isinstance(host, LocalHost):
+        return Path(job.jobdir) / "metrics.jsonl"
+    try:
+        data = host.read(f"{job.jobdir}/metrics.jsonl", 0, MAX_BYTES)
+    except HostError:
+        return local
+    local.parent.mkdir(parents=True, exist_ok=True)
+    config.write_private(local, data)
+    return local
+
+
+def recipe_target(job: Job) -> tuple[float | None, str | None]:
+    """The recipe's target (its accuracy, a fraction as metrics.jsonl writes it, and its
+    metric), or (None, None)."""
+    if not job.recipe:
+        return None, None
+    from . import recipes
+
+    try:
+        target = recipes.load(job.recipe).target or {}
+    except CloudtrainError:  # the recipe is gone or changed
+        return None, None
+    return target.get("value"), target.get("metric")
+
+
 @dataclass
 class Detail:
     job: Job
@@ -1812,6 +1847,7 @@ class Detail:
     runs: dict | None = None  # the recipe's runs_summary row (`--set runs=N`), once written
     attempts: list | None = None  # a recovering job's attempts (recovery.summary)
     recovery: dict | None = None  # what its interruptions cost (recovery.recovery_cost)
+    trend: str | None = None  # a sparkline of its accuracy by epoch (curves.accuracy_trend)
 
 
 def detail(store: Store, settings: config.Settings, ref: str, tail_lines: int = 10) -> Detail:
@@ -1828,4 +1864,13 @@ def detail(store: Store, settings: config.Settings, ref: str, tail_lines: int = 
 
     attempts = recovery.summary(store, job)
     return Detail(job, timeline(store, job), log_tail, probe.get("target"), probe.get("runs"),
-                  attempts, recovery.recovery_cost(attempts) if attempts else None)
+                  attempts, recovery.recovery_cost(attempts) if attempts else None,
+                  _trend(job))
+
+
+def _trend(job: Job) -> str | None:
+    """The accuracy sparkline of `status JOB` (None without accuracy rows)."""
+    from . import curves
+
+    rows, _ = curves.read_rows(metrics_file(job))
+    return curves.accuracy_trend(rows, metric=recipe_target(job)[1]) if rows else None

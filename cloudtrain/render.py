@@ -290,7 +290,7 @@ def detail_json(job: Job, phases, log_tail: bytes, target: dict | None,
 def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                now: float | None = None, runs: dict | None = None,
                attempts: list[dict] | None = None, recovery: dict | None = None,
-               width: int | None = None) -> str:
+               width: int | None = None, trend: str | None = None) -> str:
     """`status JOB`; `width`: the terminal's, which its tables fit (None: full length)."""
     now = time.time() if now is None else now
     out = [f"job {job.id}" + (f" ({job.name})" if job.name else ""),
@@ -329,6 +329,8 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                       if k not in ("time", "staging"))
     if shown:
         out.append(f"  metrics   {shown}")
+    if trend:
+        out.append(f"  trend     {trend}")
     if isinstance(target, dict) and target:
         accuracies = ", ".join(f"{k} {pct(target.get(k))}" for k in ("top5", "test_acc")
                                if target.get(k) is not None)
