@@ -558,3 +558,13 @@ def test_the_contract_names_every_key_the_code_reads():
         assert f"`{key}`" in text, key
     assert f"first {curves.MAX_BYTES >> 20} MB" in text
     assert f"{curves.MAX_ROWS:,} rows" in text
+
+
+def test_the_readme_carries_the_metrics_contract():
+    """issue 16: the metrics.jsonl contract for own code is documented in the README as the
+    code states it."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    body = curves.METRICS_CONTRACT.split("\n", 1)[1]
+    assert body.strip() in readme
