@@ -111,9 +111,11 @@ def job_files(jobdir, include_checkpoints=True, outputs=()):
         tree(CHECKPOINTS)
     seen = set(rel for rel, _ in files)
     for rel in outputs or ():
-        if safe_relpath(rel) is None or rel.split("/")[0] in (CHECKPOINTS,) + JOB_FILES:
+        if safe_relpath(rel) is None:
             skipped.append((str(rel)[:200], "not a path inside the job directory"))
             continue
+        if rel.split("/")[0] in (CHECKPOINTS,) + JOB_FILES:
+            continue  # brought home anyway
         before = len(files)
         if not tree(rel):
             skipped.append((rel, "not found"))

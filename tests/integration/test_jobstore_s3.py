@@ -419,3 +419,35 @@ def test_time_limit_stops_the_upload_without_a_manifest(s3_like, tmp_path):
     assert result["ok"] is False and result["files"] == 0 and result["seconds"] < 2
     assert "ran out of time" in result["error"] and "no manifest" in result["error"]
     assert not any(b"manifest.json" in body for body in server.seen)
+
+
+def test_named_outputs_go_up_after_the_checkpoints_and_come_back(s3, bucket, tmp_path):
+    """issue 16 (D39): a job's named outputs (files and directories below its working
+    directory) travel through the job store when nobody watched; one that is not there, or
+    that is not a path inside the job, is said in the manifest, never silently skipped."""
+    job = _job(tmp_path)
+    (job / "work" / "results" / "sub").mkdir(parents=True)
+    (job / "work" / "results" / "sub" / "a.csv").write_text("x,y\n1,2\n")
+    (job / "work" / "model.bin").write_bytes(os.urandom(3000))
+    (job / "work" / "ignored.txt").write_text("not an output")
+    grant = jobstore.upload_grant(s3, bucket, JOB, expires_s=600, max_bytes=1 << 30)
+    result = agent_upload.upload_job(str(job), json.loads(json.dumps(grant)), timeout_s=30,
+                                     outputs=["work/results", "work/model.bin",
+                                              "work/results/sub", "work/absent",
+                                              "../escape", "checkpoints"])
+    assert result["ok"] is True, result
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"jobs/{JOB}/manifest.json")[
+        "Body"].read())
+    paths = [f["path"] for f in manifest["files"]]
+    assert paths.count("work/results/sub/a.csv") == 1  # an output inside another: once
+    assert paths.index("work/model.bin") > max(i for i, p in enumerate(paths)
+                                               if p.startswith("checkpoints/"))
+    skipped = {s["path"]: s["reason"] for s in manifest["skipped"]}
+    assert skipped["work/absent"] == "not found"
+    assert skipped["../escape"] == "not a path inside the job directory"
+    assert "checkpoints" not in skipped  # brought home anyway, once
+    out = tmp_path / "fetched"
+    jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30)
+    assert (out / "work" / "results" / "sub" / "a.csv").read_text() == "x,y\n1,2\n"
+    assert (out / "work" / "model.bin").read_bytes() == (job / "work" / "model.bin").read_bytes()
+    assert not (out / "work" / "ignored.txt").exists()
