@@ -408,7 +408,8 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
                                               d.attempts, d.recovery)
                 return render.job_detail(d.job, d.phases, d.log_tail, d.target, runs=d.runs,
                                          attempts=d.attempts, recovery=d.recovery,
-                                         width=_width(wide), trend=d.trend)
+                                         width=_width(wide), trend=d.trend,
+                                         startup=d.startup)
             active = store.jobs(active_only=True)
             if active:  # finished jobs need no refresh (nor the import of what does it)
                 from . import jobs

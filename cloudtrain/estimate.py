@@ -171,6 +171,24 @@ def published_basis(recipe, args: dict, profile: str | None = None) -> Basis:
                  float(acc) if acc else None, text)
 
 
+def measured_seconds(recipe, args: dict, profile: str | None, gpu: str,
+                     gpus: int) -> tuple[float, str] | None:
+    """Training seconds measured with this project's code on `gpu` for these arguments
+    (recipe.yaml `measured`: same GPU model and count, its `when` arguments equal to these,
+    measured for the same profile or none), and the basis said; None without one.
+    Preferred over a published time scaled from another GPU (issue 17)."""
+    entries = [m for m in recipe.measured if m.get("gpu") == gpu and
+               int(m.get("gpus", 1)) == gpus and
+               all(args.get(k) == v for k, v in (m.get("when") or {}).items())]
+    # A profile (smoke) changes the model and the data: only its own figure is its figure.
+    entries = [m for m in entries if m.get("profile") == profile]
+    if not entries:
+        return None
+    m = entries[0]
+    said = ", ".join(str(m[k]) for k in ("torch", "date") if m.get(k))
+    return float(m["seconds"]), f"measured on {gpu}" + (f" ({said})" if said else "")
+
+
 def scaled_seconds(basis: Basis, gpu: str) -> tuple[float | None, str]:
     """Training seconds on `gpu` (same GPU count as the basis) and how they were obtained."""
     if gpu == basis.gpu:
@@ -262,7 +280,8 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
                             f"published on {basis.gpus} GPUs, {on.format(t.name)} has {have:g}",
                             nodes=nodes))
             continue
-        train_s, scaling = scaled_seconds(basis, t.gpu)
+        train_s, scaling = measured_seconds(recipe, args, profile, t.gpu, basis.gpus) or \
+            scaled_seconds(basis, t.gpu)
         if train_s is None:
             rows.append(Row(t.name, t.gpu, t.gpus, None, None, None, None, scaling, nodes=nodes))
             continue

@@ -1848,6 +1848,7 @@ class Detail:
     attempts: list | None = None  # a recovering job's attempts (recovery.summary)
     recovery: dict | None = None  # what its interruptions cost (recovery.recovery_cost)
     trend: str | None = None  # a sparkline of its accuracy by epoch (curves.accuracy_trend)
+    startup: dict | None = None  # the recipe's {"event": "startup"} row: before the 1st step
 
 
 def detail(store: Store, settings: config.Settings, ref: str, tail_lines: int = 10) -> Detail:
@@ -1865,12 +1866,15 @@ def detail(store: Store, settings: config.Settings, ref: str, tail_lines: int = 
     attempts = recovery.summary(store, job)
     return Detail(job, timeline(store, job), log_tail, probe.get("target"), probe.get("runs"),
                   attempts, recovery.recovery_cost(attempts) if attempts else None,
-                  _trend(job))
+                  *_from_metrics(job))
 
 
-def _trend(job: Job) -> str | None:
-    """The accuracy sparkline of `status JOB` (None without accuracy rows)."""
+def _from_metrics(job: Job) -> tuple[str | None, dict | None]:
+    """`status JOB`'s accuracy sparkline (None without accuracy rows) and the job's last
+    startup breakdown (None when it wrote none)."""
     from . import curves
 
-    rows, _ = curves.read_rows(metrics_file(job))
-    return curves.accuracy_trend(rows, metric=recipe_target(job)[1]) if rows else None
+    rows, events = curves.read_rows(metrics_file(job))
+    trend = curves.accuracy_trend(rows, metric=recipe_target(job)[1]) if rows else None
+    startup = [e for e in events if e.get("event") == "startup"]
+    return trend, (startup[-1] if startup else None)

@@ -127,6 +127,7 @@ class Recipe:
     data: list[dict] = field(default_factory=list)
     target: dict | None = None
     published: list[dict] = field(default_factory=list)
+    measured: list[dict] = field(default_factory=list)  # this project's own figures
     # Arguments a checkpoint is tied to: `--resume-from` refuses a run that changes one,
     # before launch (the script would refuse only once it runs).
     resume_must_match: list[str] = field(default_factory=list)
@@ -332,6 +333,21 @@ def parse_recipe(path: Path) -> Recipe:
     for i, entry_ in enumerate(published):
         _numbers(entry_, ("gpus", "seconds", "accuracy", "runs", "price_per_hour", "cost_usd"),
                  path, f"published[{i}]")
+    # Figures measured with this project's own code (benchmarks/gpu.py), kept apart from
+    # the published ones: gpu, gpus, seconds (the recipe's own timer), `when` (the arguments
+    # they hold for), torch, date, data, source. estimate prefers them on the same GPU. An
+    # entry without gpu and seconds only describes a measurement (what, command, hardware).
+    measured = _mappings(_optional(doc, "measured", list, path, "a list of measurements", []),
+                         path, "measured")
+    for i, entry_ in enumerate(measured):
+        _numbers(entry_, ("gpus", "seconds", "accuracy", "runs"), path, f"measured[{i}]")
+        when = entry_.get("when") or {}
+        if not isinstance(when, dict) or any(k not in arguments for k in when):
+            raise ConfigError(f"{path}: measured[{i}].when must map argument names to values")
+        if ("gpu" in entry_) != ("seconds" in entry_) or \
+                ("gpu" in entry_ and not isinstance(entry_["gpu"], str)):
+            raise ConfigError(f"{path}: measured[{i}]: gpu (a GPU model) and seconds go "
+                              "together (without them an entry only describes a measurement)")
     data = _mappings(_optional(doc, "data", list, path, "a list of datasets", []), path, "data")
     _check_data(data, arguments, path)
     must_match = _optional(doc, "resume_must_match", list, path, "a list of argument names", [])
@@ -342,7 +358,8 @@ def parse_recipe(path: Path) -> Recipe:
         name=name, path=path.parent, description=_require(doc, "description", str, path),
         entry=entry, requires=list(requires), arguments=arguments,
         profiles=profiles, resources=resources, data=list(data),
-        target=target, published=list(published), resume_must_match=list(must_match))
+        target=target, published=list(published), resume_must_match=list(must_match),
+        measured=list(measured))
 
 
 def _check_data(data: list[dict], arguments: dict, path: Path) -> None:

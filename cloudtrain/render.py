@@ -290,7 +290,8 @@ def detail_json(job: Job, phases, log_tail: bytes, target: dict | None,
 def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                now: float | None = None, runs: dict | None = None,
                attempts: list[dict] | None = None, recovery: dict | None = None,
-               width: int | None = None, trend: str | None = None) -> str:
+               width: int | None = None, trend: str | None = None,
+               startup: dict | None = None) -> str:
     """`status JOB`; `width`: the terminal's, which its tables fit (None: full length)."""
     now = time.time() if now is None else now
     out = [f"job {job.id}" + (f" ({job.name})" if job.name else ""),
@@ -331,6 +332,8 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
         out.append(f"  metrics   {shown}")
     if trend:
         out.append(f"  trend     {trend}")
+    if startup:
+        out.append(f"  startup   {startup_text(startup)}")
     if isinstance(target, dict) and target:
         accuracies = ", ".join(f"{k} {pct(target.get(k))}" for k in ("top5", "test_acc")
                                if target.get(k) is not None)
@@ -358,6 +361,15 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
         text = log_tail.decode("utf-8", "replace").rstrip("\n")
         out += ["    " + line for line in text.splitlines()]
     return "\n".join(out)
+
+
+def startup_text(row: dict) -> str:
+    """A recipe's startup row (issue 17): what came before its first training step."""
+    parts = [f"{k.replace('_', '-')} {duration(row[k])}" for k in
+             ("import", "data", "warm_up", "compile") if _finite(row.get(k)) is not None]
+    first = _finite(row.get("to_first_step"))
+    return ", ".join(parts) + (f"; first step {duration(first)} after the start"
+                               if first is not None else "")
 
 
 # The attempts table: the clock columns and the step counts go first in a narrow terminal.

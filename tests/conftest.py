@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,6 +28,17 @@ TEST_CONFIG = {
 # commands under test size their tables by COLUMNS, so a test that wants a width says so.
 for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
+
+
+@pytest.fixture(autouse=True)
+def _signals_as_a_shell_leaves_them():
+    """Each test starts with Ctrl-C as a shell gives it: SIGINT raises KeyboardInterrupt and no
+    signal is blocked, in this process and so in the processes it starts (which inherit an
+    ignored or blocked SIGINT across exec). Under pytest-xdist the Ctrl-C tests failed after
+    other tests had run in the same worker; serially they passed."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -21,6 +21,7 @@ import pickle
 import shutil
 import socket
 import urllib.error
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -146,10 +147,65 @@ def download_failed_message(reason: str, root: str | os.PathLike) -> str:
             f"generated data, or put {ARCHIVE} (or its {FOLDER}/ folder) in {root}")
 
 
+READY = ".ready.npz"  # <folder>.ready.npz beside a dataset's folder: its arrays (issue 17)
+
+
+def _ready_path(folder: str | os.PathLike) -> Path:
+    return Path(folder).with_name(Path(folder).name + READY)
+
+
+def read_ready(folder: str | os.PathLike) -> dict | None:
+    """The dataset read_cifar10(folder) returns, from the ready-to-load copy beside it (one
+    uncompressed .npz: no pickles, no torchvision import), or None when there is none or it
+    does not hold what read_cifar10 would (then the caller reads the folder and writes it)."""
+    try:
+        with np.load(_ready_path(folder), allow_pickle=False) as z:
+            ds = {"train": (z["x_train"], z["y_train"]), "test": (z["x_test"], z["y_test"]),
+                  "classes": [str(c) for c in z["classes"]]}
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+        return None
+    for x, y in (ds["train"], ds["test"]):
+        if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != (32, 32, 3) or \
+                y.ndim != 1 or len(y) != len(x) or y.dtype.kind not in "iu":
+            return None
+    return ds
+
+
+def write_ready(folder: str | os.PathLike, ds: dict) -> None:
+    """Keep `ds` (read from `folder`) ready to load next time: written beside the folder
+    under a temporary name, then renamed. A failure only costs the next job the slow read."""
+    path = _ready_path(folder)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, x_train=ds["train"][0], y_train=ds["train"][1],
+                     x_test=ds["test"][0], y_test=ds["test"][1],
+                     classes=np.array(ds["classes"], dtype=str))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_cached(folder: str | os.PathLike) -> dict:
+    """read_cifar10(folder), from its ready-to-load copy when there is one (written on the
+    first read)."""
+    ds = read_ready(folder)
+    if ds is None:
+        ds = read_cifar10(folder)
+        write_ready(folder, ds)
+    return ds
+
+
 def load_cifar10(root: str | os.PathLike) -> dict:
-    """Download CIFAR-10 into `root` on first use (torchvision checks the md5), then read it.
+    """Download CIFAR-10 into `root` on first use (torchvision checks the md5), then read it;
+    later jobs load the ready-to-load copy the first one wrote, without torchvision.
     The archive comes from $CLOUDTRAIN_CIFAR10_URL if set, else torchvision's own URL. A failed
     download raises DownloadFailed (one line, exit status 1)."""
+    ready = read_ready(Path(root) / FOLDER)
+    if ready is not None:
+        return ready
     try:
         import torchvision  # only the real-data path needs it; it takes seconds to import
     except ImportError as exc:
@@ -168,7 +224,7 @@ def load_cifar10(root: str | os.PathLike) -> dict:
             from None
     finally:
         socket.setdefaulttimeout(previous)
-    return read_cifar10(Path(root) / FOLDER)
+    return read_cached(Path(root) / FOLDER)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,4 +276,4 @@ def load_synthetic(root: str | os.PathLike, n_train: int, n_test: int, seed: int
                 os.replace(tmp, folder.parent)
             except OSError:  # lost a race to another writer: theirs is as good as ours
                 shutil.rmtree(tmp, ignore_errors=True)
-    return read_cifar10(folder)
+    return read_cached(folder)

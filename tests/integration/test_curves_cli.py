@@ -66,3 +66,18 @@ def test_status_of_a_job_shows_its_accuracy_sparkline(cli, three_jobs):
     assert len(trend) == 1 and "test_acc" in trend[0] and "90.00%" in trend[0]
     blocks = [c for c in trend[0] if c in "▁▂▃▄▅▆▇█"]
     assert len(blocks) == 5 and blocks == sorted(blocks)
+
+
+def test_status_of_a_job_shows_its_startup_breakdown(cli):
+    """issue 17: a recipe's {"event": "startup"} row is shown by `status JOB`."""
+    code = ("import json, os\n"
+            "p = os.path.join(os.environ['CLOUDTRAIN_JOB_DIR'], 'metrics.jsonl')\n"
+            "open(p, 'a').write(json.dumps({'event': 'startup', 'import': 1.25, 'data': 0.5,"
+            " 'compile': 12.0, 'to_first_step': 14.0, 'device': 'cuda'}) + '\\n')\n"
+            "assert float(os.environ['CLOUDTRAIN_STARTED_AT']) > 0\n")
+    job = cli.launch("--", "python3", "-c", code)
+    assert cli.wait(job)["state"] == "succeeded"
+    line = [l for l in cli.ok("status", job).stdout.splitlines()
+            if l.startswith("  startup ")]
+    assert line and "import 1.25s, data 0.50s, compile 12s; first step 14s after the start" \
+        in line[0], line

@@ -411,7 +411,10 @@ def _ckpt(tmp_path, job):
 
 
 def _rows(tmp_path, job):
-    return metrics.read_metrics(tmp_path / job / "metrics.jsonl")
+    """The job's metrics rows, less the startup rows (one per process: a resumed job has
+    two, each with its own timings)."""
+    return [r for r in metrics.read_metrics(tmp_path / job / "metrics.jsonl")
+            if r.get("event") != "startup"]
 
 
 def _assert_same_final_state(reference, resumed, label):

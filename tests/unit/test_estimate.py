@@ -2,6 +2,7 @@
 checked against hand-computed figures; overheads measured from the store's AWS jobs; the
 `estimate` command and the estimate line of `launch`."""
 import json
+import re
 
 import pytest
 
@@ -142,3 +143,40 @@ def test_launch_shows_the_estimate_of_what_it_starts(cli, pub):
     plan = cli.ok("launch", "--instance", "p3.2xlarge", "--region", "us-east-1", "--dry-run",
                   "--", "python", "-c", "pass").stdout
     assert "estimate" not in plan
+
+
+def test_a_figure_measured_on_the_same_gpu_wins_over_a_scaled_published_one():
+    """issue 17: recipe.yaml `measured` (this project's own figures) is the basis on the same
+    GPU model, for the arguments it was measured with; other GPUs scale the published one."""
+    rec = recipes.load("airbench94")
+    args = rec.resolve(None)
+    est = estimate.estimate(rec, args, "us-east-1", types=["p5.48xlarge", "g5.xlarge"])
+    rows = {r.instance_type: r for r in est.rows}
+    assert rows["p5.48xlarge"].train_s == 2.09
+    assert rows["p5.48xlarge"].scaling.startswith("measured on H100 (torch 2.11 + CUDA 13")
+    assert "TFLOPS from A100-80GB" in rows["g5.xlarge"].scaling
+    compiled = rec.resolve(None, ("compile=true",))
+    assert estimate.measured_seconds(rec, compiled, None, "H100", 1)[0] == 2.08
+    assert estimate.measured_seconds(rec, args, None, "H100", 8) is None  # not on 8 GPUs
+    assert estimate.measured_seconds(rec, args, "smoke", "H100", 1) is None
+    r9 = recipes.load("resnet9")
+    assert estimate.measured_seconds(r9, r9.resolve(None, ("variant=dawn",)), None, "H100",
+                                     1)[0] == 31.1
+    assert estimate.measured_seconds(r9, r9.resolve(None), None, "H100", 1) is None
+
+
+def test_measured_entries_are_checked_when_the_recipe_loads(tmp_path, monkeypatch):
+    """issue 17: a `measured` entry without gpu and seconds, or a `when` naming no argument,
+    is refused in one line when the recipe loads."""
+    from cloudtrain.errors import ConfigError
+
+    root = tmp_path / "recipes"
+    (root / "pub").mkdir(parents=True)
+    (root / "pub" / "train.py").write_text("print('hi')\n")
+    monkeypatch.setenv("CLOUDTRAIN_RECIPES", str(root))
+    for bad, message in (("  - {gpu: H100}\n", "gpu (a GPU model) and seconds go together"),
+                         ("  - {gpu: H100, seconds: 2, when: {nope: 1}}\n", "when must map"),
+                         ("  - {gpu: H100, seconds: fast}\n", "measured[0]")):
+        (root / "pub" / "recipe.yaml").write_text(RECIPE + "measured:\n" + bad)
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            recipes.load("pub")

@@ -252,3 +252,27 @@ def test_d17_missing_torchvision_is_one_line_too(tmp_path, monkeypatch):
     with pytest.raises(cifar10.DownloadFailed, match=r"^could not download CIFAR-10: "
                                                      r"torchvision is not installed"):
         cifar10.load_cifar10(tmp_path)
+
+
+def test_the_ready_to_load_copy_is_what_the_folder_holds_and_a_bad_one_is_redone(tmp_path):
+    """issue 17: the first read writes <folder>.ready.npz; later reads load it (the same
+    arrays, no pickles); a truncated or wrong one is read past and rewritten."""
+    train, test = _random_set(23, 0), _random_set(7, 1)
+    folder = cifar10.write_cifar10(tmp_path / "cifar-10-batches-py", train, test)
+    first = cifar10.read_cached(folder)
+    ready = tmp_path / "cifar-10-batches-py.ready.npz"
+    assert ready.is_file()
+    again = cifar10.read_ready(folder)
+    for split in ("train", "test"):
+        assert np.array_equal(again[split][0], first[split][0])
+        assert np.array_equal(again[split][1], first[split][1])
+    assert again["classes"] == first["classes"]
+    for junk in (ready.read_bytes()[:100], b"not numpy at all"):
+        ready.write_bytes(junk)
+        assert cifar10.read_ready(folder) is None
+        assert np.array_equal(cifar10.read_cached(folder)["train"][0], train[0])
+        assert cifar10.read_ready(folder) is not None  # rewritten whole
+    np.savez(ready, x_train=np.zeros((3, 8, 8, 3), np.uint8), y_train=np.zeros(3, np.int64),
+             x_test=np.zeros((1, 32, 32, 3), np.uint8), y_test=np.zeros(1, np.int64),
+             classes=np.array(["a"]))
+    assert cifar10.read_ready(folder) is None  # not 32x32 images: not ours

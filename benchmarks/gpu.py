@@ -1,0 +1,141 @@
+"""Every bundled recipe on the GPU this machine has (issue 17), timed by its own timer.
+
+On CUDA each CIFAR recipe runs full size on synthetic data made by the project's generator
+(50,000 train / 10,000 test images) unless real CIFAR-10 is in the data dir; ImageNet runs
+its `tiny` variant on generated JPEGs (the real set is 150 GB). Without a GPU the same code
+runs each recipe's smoke profile on the CPU, so the script and its table are tested here.
+
+For each recipe it prints one row: the recipe's own train time (the last metrics row's
+`train_time`), the wall time from the start to the first training step (the recipe's
+{"event": "startup"} row, where it writes one), steps per second, the peak GPU memory, the
+compile time (airbench with compile=true) and the process's wall time; with --runs N, the
+mean and standard deviation of N processes (the first also warms the data cache, which the
+others reuse: the steady state of a kept instance).
+
+Usage: python benchmarks/gpu.py [--recipe NAME ...] [--runs N] [--compile] [--cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from cloudtrain import recipes  # noqa: E402
+
+COLUMNS = ("RECIPE", "DEVICE", "TRAIN S", "FIRST STEP S", "STEPS/S", "PEAK MEM MB",
+           "COMPILE S", "WALL S")
+FULL = {"data": "synthetic", "synthetic_train": "50000", "synthetic_test": "10000"}
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def command(name: str, cuda: bool, compile_: bool) -> tuple[str, list[str]]:
+    """(label, argv) of one recipe's run: full size on CUDA, its smoke profile on the CPU."""
+    rec = recipes.load(name)
+    if cuda:
+        sets = [f"{k}={v}" for k, v in FULL.items() if k in rec.arguments]
+        if name == "imagenet":
+            sets = ["variant=tiny", "data=synthetic"]
+        profile = None
+    else:
+        sets, profile = [], "smoke" if "smoke" in rec.profiles else None
+    if compile_:
+        sets.append("compile=true")
+    if "device" in rec.arguments:
+        sets.append("device=" + ("cuda" if cuda else "cpu"))
+    args = rec.resolve(profile, tuple(sets))
+    label = name + (" compile" if compile_ else "")
+    return label, [sys.executable, str(rec.path / rec.entry), *rec.script_args(args)]
+
+
+def run_once(argv: list[str], job: Path, data: Path) -> dict:
+    """One process; its figures from its metrics.jsonl."""
+    job.mkdir(parents=True)
+    env = {**os.environ, "CLOUDTRAIN_JOB_DIR": str(job), "CLOUDTRAIN_DATA_DIR": str(data),
+           "PYTHONUNBUFFERED": "1", "CLOUDTRAIN_STARTED_AT": f"{time.time():.6f}"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, env=env, cwd=job, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise SystemExit(f"{Path(argv[1]).parent.name}: exit {proc.returncode}: "
+                         + " | ".join(tail))
+    rows, startup = [], {}
+    for line in (job / "metrics.jsonl").read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if row.get("event") == "startup":
+            startup = row
+        elif "event" not in row:
+            rows.append(row)
+    last = next((r for r in reversed(rows) if isinstance(r.get("train_time"), (int, float))),
+                rows[-1] if rows else {})
+    train = last.get("train_time")
+    step = last.get("step")
+    return {"device": startup.get("device", "cuda" if "cuda" in " ".join(argv) else "cpu"),
+            "train": train, "first": startup.get("to_first_step"),
+            "steps_s": step / train if isinstance(step, (int, float)) and train else None,
+            "mem": startup.get("peak_mem_mb"), "compile": startup.get("compile"),
+            "wall": wall}
+
+
+def cell(values: list) -> str:
+    values = [v for v in values if isinstance(v, (int, float))]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f}±{statistics.stdev(values):.2f}"
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [list(COLUMNS), *rows]) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+                     for r in [list(COLUMNS), *rows])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", action="append", choices=recipes.names())
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--compile", action="store_true", help="also airbench with compile=true")
+    ap.add_argument("--cpu", action="store_true", help="the CPU path even with a GPU")
+    args = ap.parse_args()
+    cuda = cuda_available() and not args.cpu
+    names = args.recipe or recipes.names()
+    plan = [command(n, cuda, False) for n in names]
+    if args.compile:
+        plan += [command(n, cuda, True) for n in names if n.startswith("airbench")]
+    print(f"# {'CUDA, full size' if cuda else 'CPU, smoke profiles'}; {args.runs} run(s) each",
+          flush=True)
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        for i, (label, argv) in enumerate(plan):
+            got = [run_once(argv, Path(tmp) / f"job-{i}-{r}", data) for r in range(args.runs)]
+            out.append([label, got[0]["device"], *(cell([g[k] for g in got]) for k in
+                        ("train", "first", "steps_s", "mem", "compile", "wall"))])
+    print(table(out))
+
+
+if __name__ == "__main__":
+    main()
