@@ -1,8 +1,8 @@
 """Every bundled recipe on the GPU this machine has (issue 17), timed by its own timer.
 
 On CUDA each CIFAR recipe runs full size on synthetic data made by the project's generator
-(50,000 train / 10,000 test images) unless real CIFAR-10 is in the data dir; ImageNet runs
-its `tiny` variant on generated JPEGs (the real set is 150 GB). Without a GPU the same code
+(50,000 train / 10,000 test images), as issue 17's figures were taken; ImageNet runs its
+`tiny` variant on generated JPEGs (the real set is 150 GB). Without a GPU the same code
 runs each recipe's smoke profile on the CPU, so the script and its table are tested here.
 
 For each recipe it prints one row: the recipe's own train time (the last metrics row's

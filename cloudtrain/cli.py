@@ -159,6 +159,13 @@ class _LaunchCommand(click.Command):
                 i += 1
             if cut is None:
                 raise
+            from .jobfile import is_job_file
+
+            if is_job_file(typed[cut]):
+                raise errors.UsageError(
+                    f"{exc.option_name} is not an option of cloudtrain launch",
+                    hint="a recipe argument is --set KEY=VALUE; launch's options go before or "
+                         "after the job file (cloudtrain launch --help)") from None
             raise errors.UsageError(
                 f"{exc.option_name} is not an option of cloudtrain launch; your own command "
                 "goes after --",
@@ -345,7 +352,8 @@ def _follow(store, settings, job, offset: int = 0, node: int = 0) -> None:
 
 @cli.command()
 @click.argument("job", required=False, shell_complete=completion.jobs)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (every job the "
+              "filters match, as -a).")
 @click.option("--all", "-a", "all_", is_flag=True, help="Every job the filters match (default: "
               "jobs not finished, and at most 20 that finished in the last 7 days).")
 @click.option("--state", "states", multiple=True, metavar="STATE", help="Only jobs in this "
@@ -415,7 +423,8 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
                 from . import jobs
 
                 jobs.refresh_active(store, settings, active)
-            shown, hidden = history.select(store, filters, all_=all_, limit=limit)
+            # --json is for scripts: every job the filters match, as before issue 16
+            shown, hidden = history.select(store, filters, all_=all_ or as_json, limit=limit)
             if as_json:
                 return render.jobs_json(shown)
             text = render.status_table(shown, width=_width(wide), color=_color())

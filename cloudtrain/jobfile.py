@@ -10,7 +10,7 @@ A SkyPilot user reads one at sight (task.yaml's keys where they mean the same):
       python train.py --epochs 30
     envs: {WANDB_PROJECT: cifar}   # the job's environment; null: this shell's value
     secrets: {WANDB_API_KEY: null} # the same, never written to job.json, the store or logs
-    outputs: [work/results]        # brought home besides checkpoints/ and the logs
+    outputs: [results]             # brought home besides checkpoints/ and the logs
     resources: {instance: g5.xlarge, spot: true, region: us-east-1, max_runtime: 2h}
 
 or a recipe with `recipe`, `profile` and `args` in place of `run`. The file is read with
@@ -337,16 +337,19 @@ def environment(words, what: str, environ=None) -> dict[str, str]:
     """`--env KEY=VALUE` / `--env KEY` (this shell's value) words as {KEY: VALUE}; the last
     word for a key wins. `what` is the flag, for messages."""
     environ = os.environ if environ is None else environ
-    out: dict[str, str] = {}
+    given: dict[str, str | None] = {}  # the last word for a name wins, a value or not
     for word in words or ():
         name, eq, value = str(word).partition("=")
-        if not ENV_NAME.fullmatch(name):
-            raise UsageError(f"{what} {shown(word)}: expected KEY=VALUE with KEY an environment "
-                             "variable name (letters, digits and _)")
+        if not ENV_NAME.fullmatch(name):  # the value may be a secret: never shown
+            raise UsageError(f"{what} {shown(name)}{'=...' if eq else ''}: expected KEY=VALUE "
+                             "with KEY an environment variable name (letters, digits and _)")
         if name.upper().startswith(RESERVED_ENV_PREFIX):
             raise UsageError(f"{what} {name}: CLOUDTRAIN_* variables are set by cloudtrain for "
                              "the job", hint="pick another name")
-        if not eq:
+        given[name] = value if eq else None
+    out: dict[str, str] = {}
+    for name, value in given.items():
+        if value is None:
             if name not in environ:
                 raise UsageError(f"{what} {name}: no value given and {name} is not set here",
                                  hint=f"{what} {name}=VALUE, or export {name} first")

@@ -791,6 +791,8 @@ def _abort_launch(store, settings, provider, job, host, exc) -> str | None:
                     pass
 
             nodes.each(stop_node, len(nodes.records(current)) if many else 1)
+        if (store.job(job.id).spec or {}).get("secrets"):
+            _drop_secrets(store.job(job.id), host)
         released = True
         try:
             provider.release(store, store.job(job.id), force=True)
@@ -808,6 +810,20 @@ def _abort_launch(store, settings, provider, job, host, exc) -> str | None:
             f"job {job.id}: its instance may still be running ({reason.splitlines()[0]})",
             hint=f"cloudtrain down {job.id} (it terminates by record and by tag)")
     return None
+
+
+def _drop_secrets(job: Job, host: Host | None) -> None:
+    """A launch that ends before run.sh ran: the secrets' host file goes (a kept instance or
+    this machine keeps its disk), and so does this machine's copy for relaunches."""
+    from . import job_secrets
+
+    job_secrets.forget(job.id)
+    if host is not None and job.jobdir:
+        try:
+            host.run("rm -f " + shlex.quote(f"{job.jobdir}/{job_secrets.HOST_FILE}"),
+                     check=False, timeout=30)
+        except Exception:  # the host may be what failed; an instance is terminated anyway
+            pass
 
 
 def _spot_taken(store, settings, provider, job) -> str | None:
@@ -1815,12 +1831,14 @@ def metrics_file(job: Job) -> Path:
     host = host_of(job)
     if isinstance(host, LocalHost):
         return Path(job.jobdir) / "metrics.jsonl"
+    if not job.active and local.exists():  # it writes no more: the copy is whole
+        return local
     try:
         data = host.read(f"{job.jobdir}/metrics.jsonl", 0, MAX_BYTES)
-    except HostError:
-        return local
-    local.parent.mkdir(parents=True, exist_ok=True)
-    config.write_private(local, data)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        config.write_private(local, data)
+    except (HostError, OSError):  # the instance is gone, or this disk refuses the copy
+        pass
     return local
 
 

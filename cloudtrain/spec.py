@@ -217,8 +217,8 @@ def check_output(path: str) -> str:
     """An `--output` path: relative, inside the job's directory (no `..`), one line."""
     text = str(path).strip()
     parts = Path(text).parts
-    if not text or any(c in text for c in "\n\r\0") or Path(text).is_absolute() or \
-            ".." in parts or text.startswith("~"):
+    if not text or any(c in text for c in "\n\r\0\\") or Path(text).is_absolute() or \
+            ".." in parts or text.startswith("~") or not parts or parts == (".",):
         raise UsageError(f"--output {shown(path)}: expected a path relative to the job's "
                          "working directory, e.g. results/ or model.pt")
     return str(Path(*parts))

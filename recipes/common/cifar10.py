@@ -154,12 +154,25 @@ def _ready_path(folder: str | os.PathLike) -> Path:
     return Path(folder).with_name(Path(folder).name + READY)
 
 
+def _source(folder: str | os.PathLike) -> list[str]:
+    """What the folder holds now (name, size, mtime of each file): the ready copy's key."""
+    out = []
+    for name in sorted(os.listdir(folder)):
+        st = os.stat(os.path.join(folder, name))
+        out.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
+    return out
+
+
 def read_ready(folder: str | os.PathLike) -> dict | None:
     """The dataset read_cifar10(folder) returns, from the ready-to-load copy beside it (one
-    uncompressed .npz: no pickles, no torchvision import), or None when there is none or it
-    does not hold what read_cifar10 would (then the caller reads the folder and writes it)."""
+    uncompressed .npz: no pickles, no torchvision import), or None when there is none, the
+    folder changed since it was written (files, sizes, times), or it does not hold what
+    read_cifar10 would (then the caller reads the folder and writes it again)."""
     try:
+        source = _source(folder)
         with np.load(_ready_path(folder), allow_pickle=False) as z:
+            if [str(x) for x in z["source"]] != source:
+                return None
             ds = {"train": (z["x_train"], z["y_train"]), "test": (z["x_test"], z["y_test"]),
                   "classes": [str(c) for c in z["classes"]]}
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
@@ -177,8 +190,10 @@ def write_ready(folder: str | os.PathLike, ds: dict) -> None:
     path = _ready_path(folder)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        source = _source(folder)
         with open(tmp, "wb") as f:
-            np.savez(f, x_train=ds["train"][0], y_train=ds["train"][1],
+            np.savez(f, source=np.array(source, dtype=str),
+                     x_train=ds["train"][0], y_train=ds["train"][1],
                      x_test=ds["test"][0], y_test=ds["test"][1],
                      classes=np.array(ds["classes"], dtype=str))
         os.replace(tmp, path)

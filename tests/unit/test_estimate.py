@@ -155,8 +155,9 @@ def test_a_figure_measured_on_the_same_gpu_wins_over_a_scaled_published_one():
     assert rows["p5.48xlarge"].train_s == 2.09
     assert rows["p5.48xlarge"].scaling.startswith("measured on H100 (torch 2.11 + CUDA 13")
     assert "TFLOPS from A100-80GB" in rows["g5.xlarge"].scaling
+    # measured eager: compile=true (max-autotune now) has no figure of its own yet
     compiled = rec.resolve(None, ("compile=true",))
-    assert estimate.measured_seconds(rec, compiled, None, "H100", 1)[0] == 2.08
+    assert estimate.measured_seconds(rec, compiled, None, "H100", 1) is None
     assert estimate.measured_seconds(rec, args, None, "H100", 8) is None  # not on 8 GPUs
     assert estimate.measured_seconds(rec, args, "smoke", "H100", 1) is None
     r9 = recipes.load("resnet9")

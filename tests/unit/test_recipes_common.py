@@ -272,7 +272,14 @@ def test_the_ready_to_load_copy_is_what_the_folder_holds_and_a_bad_one_is_redone
         assert cifar10.read_ready(folder) is None
         assert np.array_equal(cifar10.read_cached(folder)["train"][0], train[0])
         assert cifar10.read_ready(folder) is not None  # rewritten whole
-    np.savez(ready, x_train=np.zeros((3, 8, 8, 3), np.uint8), y_train=np.zeros(3, np.int64),
+    np.savez(ready, source=np.array(cifar10._source(folder)),
+             x_train=np.zeros((3, 8, 8, 3), np.uint8), y_train=np.zeros(3, np.int64),
              x_test=np.zeros((1, 32, 32, 3), np.uint8), y_test=np.zeros(1, np.int64),
              classes=np.array(["a"]))
     assert cifar10.read_ready(folder) is None  # not 32x32 images: not ours
+    # the folder replaced by another set: the copy is stale, and read past
+    other = _random_set(23, 5)
+    cifar10.read_cached(folder)
+    cifar10.write_cifar10(folder, other, test)
+    assert cifar10.read_ready(folder) is None
+    assert np.array_equal(cifar10.read_cached(folder)["train"][0], other[0])
