@@ -17,6 +17,7 @@ For airbench94, airbench95 and airbench96 (recipes/common/airbench.py) at full s
     python benchmarks/airbench_cpu.py --variants airbench94 --steps 5 --threads 2
 """
 import argparse
+import functools
 import sys
 
 import torch
@@ -41,8 +42,10 @@ def throughput(variant: str, batch_size: int, steps: int) -> float:
     x = torch.randn(batch_size, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (batch_size,))
 
+    forward = functools.partial(ab.forward_loss, net, label_smoothing=hyp["label_smoothing"])
+
     def step(n):
-        ab.train_step(net, opt, sched, x, y, hyp["label_smoothing"])
+        ab.train_step(forward, opt, sched, x, y)
         if n % hyp["ema_every"] == 0:
             lookahead.update(net, ab.lookahead_alpha(n, total, hyp))
 

@@ -80,19 +80,19 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import math
 import os
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import checkpoint, cifar10, distributed, metrics, runs, stopping
+from . import checkpoint, cifar10, compiling, distributed, metrics, runs, startup, stopping
 from .arguments import adder, parse_bool
 from .training import count_params, to_half_keep_bn_float
 
@@ -215,7 +215,13 @@ def build_parser(variant: str) -> argparse.ArgumentParser:
     arg("runs", type=int, default=1, help="independent trainings, run r with seed + r")
     arg("resume", type=parse_bool, default=False, help="continue from checkpoints/last.pt")
     arg("device", choices=["auto", "cpu", "cuda"], default="auto")
-    arg("compile", type=parse_bool, default=False, help="torch.compile the model")
+    arg("compile", type=parse_bool, default=False, help="torch.compile (see compile_scope)")
+    arg("compile_scope", choices=COMPILE_SCOPES, default="model",
+        help="with compile=true, what is compiled: model (the model's forward, as AB's "
+             "compiled variant), step (also the training forward and loss as one graph), "
+             "eval (also the whole evaluation with its TTA views as one graph), all (both)")
+    arg("compile_mode", choices=compiling.MODES, default="auto",
+        help="torch.compile mode; auto = max-autotune on CUDA, default on the CPU")
     arg("job_dir", default=None, help="default: $CLOUDTRAIN_JOB_DIR or ./cloudtrain-run")
     arg("data_dir", default=None, help="default: $CLOUDTRAIN_DATA_DIR or ~/.cloudtrain/data")
     arg("stop_at_step", type=int, default=None,
@@ -561,14 +567,20 @@ def tta_logits(fwd, x: torch.Tensor, level: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(fwd, net: nn.Module, images: torch.Tensor, labels: torch.Tensor, level: int,
+def eval_logits(fwd, images: torch.Tensor, level: int) -> torch.Tensor:
+    """The TTA logits of a batch of [0, 1] images (normalised here)."""
+    return tta_logits(fwd, normalise(images), level)
+
+
+def evaluate(logits, net: nn.Module, images: torch.Tensor, labels: torch.Tensor, level: int,
              batch: int = 2000) -> float:
-    """Accuracy on [0, 1] images (normalised here, batch by batch), BN in eval mode."""
+    """Accuracy on [0, 1] images, batch by batch, BN in eval mode. `logits(images, level)`
+    is Graphs.logits: eval_logits of the model, eager or compiled."""
     was_training = net.training
     net.eval()
     correct = torch.zeros((), dtype=torch.int64, device=labels.device)
     for xb, yb in zip(images.split(batch), labels.split(batch)):
-        correct += (tta_logits(fwd, normalise(xb), level).argmax(1) == yb).sum()
+        correct += (logits(xb, level).argmax(1) == yb).sum()
     net.train(was_training)
     return correct.item() / len(labels)
 
@@ -577,11 +589,17 @@ def evaluate(fwd, net: nn.Module, images: torch.Tensor, labels: torch.Tensor, le
 # Training
 
 
-def train_step(fwd, opt, sched, xb, yb, label_smoothing: float) -> tuple:
-    """One update; returns (summed loss, number correct), detached, on the device."""
+def forward_loss(fwd, xb, yb, label_smoothing: float) -> tuple:
+    """(summed label-smoothed cross-entropy, logits) of a batch."""
     logits = fwd(xb)
-    loss = F.cross_entropy(logits.float(), yb, label_smoothing=label_smoothing,
-                           reduction="none").sum()
+    return F.cross_entropy(logits.float(), yb, label_smoothing=label_smoothing,
+                           reduction="none").sum(), logits
+
+
+def train_step(forward, opt, sched, xb, yb) -> tuple:
+    """One update; returns (summed loss, number correct), detached, on the device.
+    `forward(xb, yb)` is Graphs.train: forward_loss of the model, eager or compiled."""
+    loss, logits = forward(xb, yb)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -615,55 +633,52 @@ class Clock:
         return self.total
 
 
-COMPILE_MODE_CUDA = "max-autotune"  # as AB's airbench94_compiled.py (issue 17)
-INDUCTOR_CACHE = "inductor-cache"  # in the data dir: a kept instance's next job reuses it
+COMPILE_SCOPES = ("model", "step", "eval", "all")
 
 
-def compiled_model(net: AirbenchNet, data_root, cuda: bool):
-    """torch.compile(net): on CUDA in max-autotune mode, as the published compiled variant
-    (autotuned kernels, CUDA graphs); on the CPU in the default mode. Inductor's caches (its
-    compiled graphs, the autotuning results) go to <data dir>/inductor-cache, which outlives
-    the job: `runs=N` compiles once, and the next job on a kept instance loads the graphs
-    instead of compiling them again ($TORCHINDUCTOR_CACHE_DIR, if set, wins)."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(data_root) / INDUCTOR_CACHE))
-    return torch.compile(net, mode=COMPILE_MODE_CUDA) if cuda else torch.compile(net)
+@dataclass
+class Graphs:
+    """What the runs call on the model, eager or compiled (compile=true, compile_scope):
+    train(xb, yb) -> (summed loss, logits), and logits(images, level) -> TTA logits."""
+    train: object
+    logits: object
+    compiled: bool
 
 
-def startup_row(t_start: float, t_imported: float, t_data: float, t_warm: float,
-                compiled: bool, device) -> dict:
-    """What the job paid for before its first training step (issue 17), as an
-    {"event": "startup"} metrics row: seconds of `import` (from the agent starting the job,
-    $CLOUDTRAIN_STARTED_AT, else from the script's first line), `data` (read and upload),
-    `warm_up` or `compile` (the warm-up with torch.compile in it), and `to_first_step`."""
-    try:
-        started = float(os.environ.get("CLOUDTRAIN_STARTED_AT") or t_start)
-    except ValueError:
-        started = t_start
-    started = min(started, t_start)
-    now = time.time()
-    row = {"event": "startup", "import": round(t_imported - started, 3),
-           "data": round(t_data - t_imported, 3),
-           ("compile" if compiled else "warm_up"): round(t_warm - t_data, 3),
-           "to_first_step": round(now - started, 3), "device": device.type}
-    if device.type == "cuda":
-        row["peak_mem_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-    return row
+def build_graphs(net: AirbenchNet, hyp: dict, args, data_root, cuda: bool) -> Graphs:
+    """compile_scope model: the model's forward compiled (AB's airbench94_compiled.py), used
+    by training and evaluation. step: the training forward and its loss compiled as one
+    graph. eval: the whole evaluation of a batch (normalise, the TTA views, their average)
+    compiled as one graph. all: step and eval. Issue 17 asks which gains most: benchmarks/
+    gpu.py --compile runs each scope on a GPU."""
+    smoothing = hyp["label_smoothing"]
+    if not args.compile:
+        return Graphs(functools.partial(forward_loss, net, label_smoothing=smoothing),
+                      functools.partial(eval_logits, net), False)
+    scope = args.compile_scope
+
+    def compile_(fn):
+        return compiling.compiled(fn, data_root, cuda, args.compile_mode)
+
+    fwd = compile_(net)
+    train = functools.partial(forward_loss, fwd, label_smoothing=smoothing)
+    logits = functools.partial(eval_logits, fwd)
+    if scope in ("step", "all"):
+        train = compile_(functools.partial(forward_loss, net, label_smoothing=smoothing))
+    if scope in ("eval", "all"):
+        logits = compile_(functools.partial(eval_logits, net))
+    return Graphs(train, logits, True)
 
 
-def describe_startup(row: dict) -> str:
-    parts = [f"{k.replace('_', '-')} {row[k]:.2f} s" for k in ("import", "data", "warm_up",
-                                                                 "compile") if k in row]
-    return f"startup: {', '.join(parts)}; first step {row['to_first_step']:.2f} s after start"
-
-
-def warm_up(fwd, net: AirbenchNet, hyp: dict, x_train: torch.Tensor, x_test: torch.Tensor,
-            y_test: torch.Tensor, compiled: bool) -> None:
+def warm_up(graphs: Graphs, net: AirbenchNet, hyp: dict, x_train: torch.Tensor,
+            x_test: torch.Tensor, y_test: torch.Tensor, variant: str = "airbench") -> None:
     """Off the clock, before the first run: run every graph the runs will use, on tensors laid
     out exactly as theirs (a batch of an even and of an odd epoch's views of the training
     images, with random labels, with the whitening bias trainable and frozen; the test set at
-    the final TTA level, with the bias in both states), then put the model's state back. No
-    optimizer step. Picks cuDNN algorithms; with compile, compiles (dynamo guards on strides,
-    grad mode and requires_grad, so each case is its own graph)."""
+    TTA level 0, as every epoch's evaluation, and at the final level, with the bias in both
+    states), then put the model's state back. No optimizer step. Picks cuDNN algorithms; with
+    compile, compiles (dynamo guards on strides, grad mode and requires_grad, so each case is
+    its own graph)."""
     device = x_train.device
     saved = copy.deepcopy(net.state_dict())
     bias_trainable = net.whiten.bias.requires_grad
@@ -682,20 +697,17 @@ def warm_up(fwd, net: AirbenchNet, hyp: dict, x_train: torch.Tensor, x_test: tor
             for trainable in (True, False):
                 set_whiten_bias_trainable(net, trainable)
                 for _ in range(2):
-                    F.cross_entropy(fwd(xb).float(), yb, reduction="none").sum().backward()
+                    graphs.train(xb, yb)[0].backward()
                     net.zero_grad(set_to_none=True)
         del data
         for trainable in (True, False):
             set_whiten_bias_trainable(net, trainable)
-            evaluate(fwd, net, x_test, y_test, hyp["tta_level"], hyp["eval_batch"])
+            for level in sorted({0, hyp["tta_level"]}):
+                evaluate(graphs.logits, net, x_test, y_test, level, hyp["eval_batch"])
     except Exception as exc:
-        if not compiled:
+        if not graphs.compiled:
             raise
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise SystemExit(
-            f"compile=true failed: torch.compile could not build the model on "
-            f"{device.type} ({type(exc).__name__}: {first}). On the CPU it needs a working "
-            f"C++ compiler; rerun with compile=false (the default).") from exc
+        raise compiling.failure(variant, exc, device.type) from exc
     finally:
         net.load_state_dict(saved)
         set_whiten_bias_trainable(net, bias_trainable)
@@ -723,7 +735,7 @@ class Job:
     x_test: torch.Tensor
     y_test: torch.Tensor
     net: AirbenchNet            # the model every run re-initialises in place
-    fwd: object                 # net, or torch.compile(net)
+    graphs: Graphs              # what the runs call on net: eager or compiled
     writer: metrics.MetricsWriter
     stop: stopping.StopRequest
     ckpt_path: object
@@ -776,7 +788,7 @@ def train_run(job: Job, r: int, saved: dict | None = None) -> float | None:
 
     # A fresh initialisation, copied into the job's one model (so a compiled model and its
     # graphs are reused by every run, as AB's compiled variant re-initialises in place).
-    net, fwd = job.net, job.fwd
+    net, graphs = job.net, job.graphs
     torch.manual_seed(seed)
     net.load_state_dict(build_net(hyp).state_dict())
     set_whiten_bias_trainable(net, True)
@@ -843,8 +855,8 @@ def train_run(job: Job, r: int, saved: dict | None = None) -> float | None:
                       f"batch {i}); checkpoint saved to {job.ckpt_path}", flush=True)
                 return None
             idx = order[i * bs:(i + 1) * bs]
-            loss, n_correct = train_step(fwd, opt, sched, images[idx], job.y_train[idx],
-                                         hyp["label_smoothing"])
+            loss, n_correct = train_step(graphs.train, opt, sched, images[idx],
+                                         job.y_train[idx])
             loss_sum += loss.double()
             correct += n_correct
             seen += len(idx)
@@ -857,7 +869,7 @@ def train_run(job: Job, r: int, saved: dict | None = None) -> float | None:
         train_time = clock.stop()
 
         # Off the clock: per-epoch accuracy (TTA level 0, as AB), metrics, checkpoint.
-        test_acc = evaluate(fwd, net, job.x_test, job.y_test, 0, hyp["eval_batch"])
+        test_acc = evaluate(graphs.logits, net, job.x_test, job.y_test, 0, hyp["eval_batch"])
         factor = lr_factor(step - 1, total, hyp)
         row = job.writer.write(
             **job.run_key(r), epoch=epoch + 1, epochs=n_epochs, step=step,
@@ -879,7 +891,7 @@ def train_run(job: Job, r: int, saved: dict | None = None) -> float | None:
     # The final evaluation is timed (AB): TTA level 2 over the test set, batches of 2000.
     level = hyp["tta_level"]
     clock.start()
-    acc = evaluate(fwd, net, job.x_test, job.y_test, level, hyp["eval_batch"])
+    acc = evaluate(graphs.logits, net, job.x_test, job.y_test, level, hyp["eval_batch"])
     train_time = clock.stop()
     # The run's result row: test_acc is the final (TTA) accuracy, the figure the records
     # report; the last epoch's training loss is repeated so the row reads on its own.
@@ -937,7 +949,8 @@ def _train_job(variant: str, args, stop: stopping.StopRequest, t_start: float) -
     job_dir = metrics.job_dir(args.job_dir)
     ckpt_path = checkpoint.last_checkpoint_path(job_dir)
 
-    t_imported = time.time()
+    marks = startup.Startup(t_start)
+    marks.mark("import")
     # Read the data from disk (download on first use) and upload it once: off the clock.
     root = cifar10.data_dir(args.data_dir)
     if args.data == "synthetic":
@@ -952,13 +965,13 @@ def _train_job(variant: str, args, stop: stopping.StopRequest, t_start: float) -
 
     x_train, y_train = to_device_images(xtr, device, dtype), torch.from_numpy(ytr).to(device)
     x_test, y_test = to_device_images(xte, device, dtype), torch.from_numpy(yte).to(device)
-    t_data = time.time()
+    marks.mark("data")
     net = to_training_precision(build_net(hyp).to(device), half=cuda)
-    fwd = compiled_model(net, root, cuda) if args.compile else net
+    graphs = build_graphs(net, hyp, args, root, cuda)
     if cuda or args.compile:
-        warm_up(fwd, net, hyp, x_train, x_test, y_test, compiled=args.compile)
-    t_warm = time.time()
-    job = Job(variant, args, hyp, device, x_train, y_train, x_test, y_test, net, fwd,
+        warm_up(graphs, net, hyp, x_train, x_test, y_test, variant)
+        marks.mark("compile" if args.compile else "warm_up")
+    job = Job(variant, args, hyp, device, x_train, y_train, x_test, y_test, net, graphs,
               metrics.MetricsWriter(job_dir / metrics.METRICS_FILE), stop, ckpt_path, t_start)
     saved = None
     if ckpt:
@@ -973,10 +986,13 @@ def _train_job(variant: str, args, stop: stopping.StopRequest, t_start: float) -
           f"(trainable {trainable:,}) widths={','.join(map(str, hyp['widths']))} "
           f"train={len(xtr)} test={len(xte)} batch={hyp['batch_size']} "
           f"steps={steps} ({len(xtr) // hyp['batch_size']}/epoch) epochs={hyp['epochs']} "
-          f"tta_level={hyp['tta_level']} runs={args.runs} compile={args.compile}", flush=True)
-    startup = startup_row(t_start, t_imported, t_data, t_warm, args.compile, device)
-    job.writer.write(**startup)
-    print(f"{variant}: {describe_startup(startup)}", flush=True)
+          f"tta_level={hyp['tta_level']} runs={args.runs} compile={args.compile}"
+          + (f" ({args.compile_scope}, mode "
+             f"{compiling.mode_for(args.compile_mode, cuda)})" if args.compile else ""),
+          flush=True)
+    row = marks.row(device)
+    job.writer.write(**row)
+    print(f"{variant}: {startup.describe(row)}", flush=True)
     _print_row(COLUMNS, header=True)
     try:
         for r in range(len(job.accs), args.runs):

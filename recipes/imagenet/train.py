@@ -164,7 +164,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from common import checkpoint, distributed, imagenet_data, imagenet_files  # noqa: E402
-from common import metrics, stopping  # noqa: E402
+from common import metrics, startup, stopping  # noqa: E402
 from common.training import MasterWeights, TrainClock, count_params  # noqa: E402
 from common.training import to_half_keep_bn_float  # noqa: E402
 from model import build_model, param_groups  # noqa: E402
@@ -409,6 +409,8 @@ def main(argv=None, args=None) -> int:
 
 
 def _train(args, world, stop) -> int:
+    marks = startup.Startup(T_START)
+    marks.mark("import")
     variant = VARIANTS[args.variant]
     if args.epochs is not None:
         variant = with_epochs(variant, args.epochs)
@@ -499,7 +501,12 @@ def _train(args, world, stop) -> int:
             imagenet_data.val_sizes(imagenet_files.source_root(root, source)
                                     / imagenet_files.VAL)
     world.barrier()
+    marks.mark("data")  # the folders indexed (synthetic: written), the model built
     writer = metrics.MetricsWriter(job_dir / metrics.METRICS_FILE) if world.main else None
+    if world.main:  # issue 17; the first batch's wait is the first epoch's data_wait
+        row = marks.row(device)
+        writer.write(**row)
+        print(f"{NAME}: {startup.describe(row)}", flush=True)
     loop_t0 = time.perf_counter()
 
     def loop_time() -> float:

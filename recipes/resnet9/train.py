@@ -141,6 +141,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the recipes/ folder
 from common import arguments  # noqa: E402  (stdlib only: before the slow imports)
 from common.arguments import parse_bool  # noqa: E402
+from common.compiling import MODES as COMPILE_MODES  # noqa: E402  (stdlib only, too)
 
 T_START = time.time()  # wall_time is measured from here
 
@@ -288,6 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
     arg("runs", type=int, default=1, help="train this many times (run r: seed + r), data once")
     arg("resume", type=parse_bool, default=False, help="continue from checkpoints/last.pt")
     arg("device", choices=["auto", "cpu", "cuda"], default="auto")
+    arg("compile", type=parse_bool, default=False,
+        help="torch.compile the training forward (compiled off the clock, before run 1)")
+    arg("compile_mode", choices=COMPILE_MODES, default="auto",
+        help="torch.compile mode; auto = max-autotune on CUDA, default on the CPU")
     arg("job_dir", default=None, help="default: $CLOUDTRAIN_JOB_DIR or ./cloudtrain-run")
     arg("data_dir", default=None, help="default: $CLOUDTRAIN_DATA_DIR or ~/.cloudtrain/data")
     arg("stop_at_step", type=int, default=None,
@@ -371,7 +376,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from common import checkpoint, cifar10, distributed, metrics, runs, stopping  # noqa: E402
+from common import (checkpoint, cifar10, compiling, distributed, metrics, runs,  # noqa: E402
+                    startup, stopping)
 from common.training import TrainClock, count_params, to_half_keep_bn_float  # noqa: E402
 
 # =============================================================================================
@@ -741,11 +747,11 @@ def init_model(variant: str, width_div: int, ghost_splits: int, seed: int, world
     return model
 
 
-def train_step(model, opt: NesterovSGD, xb, yb, lr: float, alpha: float, world=None):
+def train_step(fwd, opt: NesterovSGD, xb, yb, lr: float, alpha: float, world=None):
     """One update on a batch (a rank's share of it, when world has several ranks: the gradients
     are then averaged over ranks before the update); returns (per-image losses, number
-    correct) of this rank's images, both detached."""
-    logits = model(xb)
+    correct) of this rank's images, both detached. fwd: the model, or torch.compile(model)."""
+    logits = fwd(xb)
     losses = per_sample_loss(logits, yb, alpha)
     losses.sum().backward()
     if world is not None and world.world_size > 1:
@@ -825,6 +831,8 @@ def main(argv=None, args=None) -> int:
 
 
 def _train(args, world, stop: stopping.StopRequest) -> int:
+    marks = startup.Startup(T_START)
+    marks.mark("import")
     hyp = variant_hyp(args)
     epochs = args.epochs or hyp["epochs"]
     bs, gpus, rank = args.batch_size, args.gpus, world.rank
@@ -848,6 +856,7 @@ def _train(args, world, stop: stopping.StopRequest) -> int:
         ds = cifar10.load_cifar10(data_root)
     if world.main:
         world.barrier()
+    marks.mark("data")
     (x_train_u8, y_train_np), (x_test_u8, y_test_np) = ds["train"], ds["test"]
     spe = epoch_steps(len(x_train_u8), gpus, bs)
     if spe == 0:
@@ -928,14 +937,26 @@ def _train(args, world, stop: stopping.StopRequest) -> int:
         return stop.agreed(world, extra=args.stop_at_step is not None
                            and step >= args.stop_at_step)
 
+    compiled = {}  # compile=true: the first run's model and its compiled forward, kept
+
     def one_run(run: int, ckpt) -> int:
         seed = runs.run_seed(args.seed, run)
         if cuda:
             torch.backends.cudnn.benchmark = True
         model = init_model(args.variant, args.width_div, args.ghost_splits, seed, world, device,
                            filters, half=cuda, hyp=hyp)  # untimed: AP builds its model off the clock
-        if cuda and hyp["cuda_warmup"] and run == first_run:
+        fwd = model
+        if args.compile and compiled:  # later runs: the fresh weights into the compiled model
+            compiled["model"].load_state_dict(model.state_dict())
+            model, fwd = compiled["model"], compiled["fwd"]
+        elif args.compile:
+            fwd = compiling.compiled(model, data_root, cuda, args.compile_mode)
+            compiling.warm_up("resnet9", fwd, model, (bs, 3, CROP, CROP), dtype, device)
+            compiled.update(model=model, fwd=fwd)
+            marks.mark("compile")
+        elif cuda and hyp["cuda_warmup"] and run == first_run:
             cuda_warmup(model, hyp, bs, device, dtype)
+            marks.mark("warm_up")
         # AP times its DDP wrap and the broadcast of rank 0's weights; ours was just done, and
         # takes its time again on the clock (a second broadcast changes nothing).
         clock = TrainClock(ckpt["train_time"] if ckpt else prep_time, cuda)
@@ -983,6 +1004,10 @@ def _train(args, world, stop: stopping.StopRequest) -> int:
             return stopping.EXIT_STOPPED
 
         if world.main:
+            if run == first_run:  # what came before the first step (issue 17)
+                row = marks.row(device)
+                writer.write(**row)
+                print(f"resnet9: {startup.describe(row)}", flush=True)
             if args.runs > 1:
                 print(f"resnet9: run {run + 1} of {args.runs} (seed {seed})", flush=True)
             _print_row(("epoch", "lr", "train time", "train loss", "train acc", "test acc",
@@ -1008,7 +1033,7 @@ def _train(args, world, stop: stopping.StopRequest) -> int:
                                    f"{f', run {run + 1}' if args.runs > 1 else ''})")
                 step += 1
                 lr = lr_at(step, spe, hyp, epochs, bs)
-                losses, n_correct = train_step(model, opt, xb, yb, lr, hyp["label_smoothing"],
+                losses, n_correct = train_step(fwd, opt, xb, yb, lr, hyp["label_smoothing"],
                                                world)
                 loss_sum += losses.sum().double()
                 correct += n_correct

@@ -116,11 +116,13 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the recipes/ folder
 from common import arguments  # noqa: E402  (stdlib only: before the slow imports)
 from common.arguments import parse_bool  # noqa: E402
+from common.compiling import MODES as COMPILE_MODES  # noqa: E402  (stdlib only, too)
 
 T_START = time.time()  # wall_time is measured from here
 NAME = "wide-resnet34"
@@ -204,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     arg("runs", type=int, default=1, help="train this many times (seeds seed, seed+1, ...)")
     arg("resume", type=parse_bool, default=False, help="continue from checkpoints/last.pt")
     arg("device", choices=["auto", "cpu", "cuda"], default="auto")
+    arg("compile", type=parse_bool, default=False,
+        help="torch.compile the training forward (compiled off the clock, before run 0)")
+    arg("compile_mode", choices=COMPILE_MODES, default="auto",
+        help="torch.compile mode; auto = max-autotune on CUDA, default on the CPU")
     arg("job_dir", default=None, help="default: $CLOUDTRAIN_JOB_DIR or ./cloudtrain-run")
     arg("data_dir", default=None, help="default: $CLOUDTRAIN_DATA_DIR or ~/.cloudtrain/data")
     arg("stop_at_step", type=int, default=None,
@@ -242,7 +248,8 @@ from PIL import Image  # noqa: E402
 from torch import nn  # noqa: E402
 from torchvision import transforms  # noqa: E402
 
-from common import checkpoint, cifar10, distributed, metrics, runs, stopping  # noqa: E402
+from common import (checkpoint, cifar10, compiling, distributed, metrics, runs,  # noqa: E402
+                    startup, stopping)
 from common.training import (  # noqa: E402
     MasterWeights, TrainClock, count_params, to_half_keep_bn_float)
 
@@ -559,6 +566,8 @@ def _load_checkpoint(args, hyp, world, path):
 
 
 def _train(args, world, stop) -> int:
+    marks = startup.Startup(T_START)
+    marks.mark("import")
     hyp = resolve_hyp(args)
     device = world.device
     cuda = device.type == "cuda"
@@ -571,6 +580,7 @@ def _train(args, world, stop) -> int:
 
     # Data: read once; the test set normalised once (plain transforms, no randomness).
     ds = load_data(args, world)
+    marks.mark("data")
     (x_train_u8, y_train_np), (x_test_u8, y_test_np) = ds["train"], ds["test"]
     x_test = normalise(x_test_u8).to(device, torch.float16 if half else torch.float32)
     y_test = torch.from_numpy(y_test_np).to(device)
@@ -598,11 +608,13 @@ def _train(args, world, stop) -> int:
                   f"{world.world_size}, {world.world_size * bs:,} images a step",
                   flush=True)
     writer = metrics.MetricsWriter(job_dir / metrics.METRICS_FILE) if world.main else None
+    models = Models(compile=args.compile, mode=args.compile_mode,
+                    cache_root=cifar10.data_dir(args.data_dir), marks=marks)
     try:
         for run in range(ckpt["run"] if ckpt else 0, args.runs):
             code, acc = _train_run(args, hyp, world, stop, run, ckpt, accs, writer,
                                    (x_train_u8, y_train_np), (x_test, y_test), half,
-                                   loss_scale, ckpt_path)
+                                   loss_scale, ckpt_path, models)
             ckpt = None
             if code:
                 return code
@@ -617,8 +629,47 @@ def _train(args, world, stop) -> int:
     return 0
 
 
+@dataclass
+class Models:
+    """What the runs of a job share: with compile=true, the first run's model and its compiled
+    forward (later runs copy fresh weights into it: no second compile); the startup marks,
+    written as a row before the first step (issue 17)."""
+    compile: bool
+    mode: str
+    cache_root: Path
+    marks: startup.Startup | None
+    model: nn.Module | None = None
+    net: object = None
+
+    def build(self, depth: int, widen: int, world, half: bool, batch_size: int) -> tuple:
+        """(bare model, what the training steps call: DDP and/or compiled), warmed up."""
+        device = world.device
+        model = build_model(depth, widen).to(device)
+        if half:
+            to_half_keep_bn_float(model)
+        if self.model is not None:
+            self.model.load_state_dict(model.state_dict())
+            return self.model, self.net
+        net = wrap(model, world)
+        if self.compile:
+            net = compiling.compiled(net, self.cache_root, device.type == "cuda", self.mode)
+            compiling.warm_up(NAME, net, model, (batch_size, 3, CROP, CROP),
+                              torch.float16 if half else torch.float32, device)
+            self.marks.mark("compile")
+            self.model, self.net = model, net
+        return model, net
+
+    def write_startup(self, writer, world) -> None:
+        """Once, on rank 0, before the first step."""
+        if self.marks is not None and world.main:
+            row = self.marks.row(world.device)
+            writer.write(**row)
+            print(f"{NAME}: {startup.describe(row)}", flush=True)
+        self.marks = None
+
+
 def _train_run(args, hyp, world, stop, run, ckpt, accs_before, writer, train_data, test_data,
-               half, loss_scale, ckpt_path) -> tuple:
+               half, loss_scale, ckpt_path, models: Models) -> tuple:
     """One training run (of --runs). Returns (exit code, final test accuracy)."""
     device, cuda = world.device, world.device.type == "cuda"
     bs, epochs, lr_peak, clr = hyp["batch_size"], hyp["epochs"], hyp["lr"], hyp["clr"]
@@ -630,10 +681,7 @@ def _train_run(args, hyp, world, stop, run, ckpt, accs_before, writer, train_dat
 
     # The model: the same seed on every rank, and DDP broadcasts rank 0's weights anyway.
     torch.manual_seed(seed)
-    model = build_model(args.depth, args.widen).to(device)
-    if half:
-        to_half_keep_bn_float(model)
-    net = wrap(model, world)
+    model, net = models.build(args.depth, args.widen, world, half, bs)
     master = MasterWeights(model)
     opt = make_optimizer(master, hyp)
 
@@ -679,6 +727,7 @@ def _train_run(args, hyp, world, stop, run, ckpt, accs_before, writer, train_dat
         at_limit = args.stop_at_step is not None and step >= args.stop_at_step
         return stop.agreed(world, extra=at_limit)
 
+    models.write_startup(writer, world)
     if world.main:
         _print_row(("run", "epoch", "lr", "train time", "train loss", "train acc", "test acc",
                     "fastai time"), header=True)

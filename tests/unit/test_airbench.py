@@ -6,6 +6,7 @@ translate, cutout), lookahead and TTA, and training end to end: the smoke profil
 orchestrator runs it, resume after --stop_at_step and after SIGTERM / SIGUSR1 (bit-for-bit),
 the whitening bias freezing after 3 epochs, and runs=2.
 """
+import functools
 import math
 import os
 import signal
@@ -366,7 +367,9 @@ def test_warm_up_leaves_the_model_as_it_was_and_explains_a_failed_compile():
                       net.whiten.bias.requires_grad))
         return net(x)
 
-    ab.warm_up(counting, net, hyp, x_train, x_test, y_test, compiled=False)
+    graphs = ab.Graphs(functools.partial(ab.forward_loss, counting, label_smoothing=0.2),
+                       functools.partial(ab.eval_logits, counting), compiled=False)
+    ab.warm_up(graphs, net, hyp, x_train, x_test, y_test)
     after = net.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert net.training and net.whiten.bias.requires_grad
@@ -375,14 +378,44 @@ def test_warm_up_leaves_the_model_as_it_was_and_explains_a_failed_compile():
     assert {c[4] for c in train_calls} == {True, False} and all(c[2] for c in train_calls)
     assert {c[0][0] for c in calls if not c[3]} == {20, 10}  # every eval batch size
     assert {c[4] for c in calls if not c[3]} == {True, False}
-    assert len([c for c in calls if not c[3]]) == 2 * 2 * 6  # 2 batches x 6 views, twice
+    # 2 batches x (1 view at the per-epoch level 0 + 6 at the final level 2), bias both ways
+    assert len([c for c in calls if not c[3]]) == 2 * 2 * (1 + 6)
 
     def broken(x):
         raise RuntimeError("no working C++ compiler found")
 
-    with pytest.raises(SystemExit, match="compile=true failed.*no working C.. compiler.*"
-                                         "compile=false"):
-        ab.warm_up(broken, net, hyp, x_train, x_test, y_test, compiled=True)
+    with pytest.raises(SystemExit, match="airbench94: compile=true failed.*no working C.. "
+                                         "compiler.*compile=false"):
+        ab.warm_up(ab.Graphs(functools.partial(ab.forward_loss, broken, label_smoothing=0.2),
+                             functools.partial(ab.eval_logits, broken), compiled=True),
+                   net, hyp, x_train, x_test, y_test, "airbench94")
+
+
+@pytest.mark.parametrize("scope", ab.COMPILE_SCOPES)
+def test_each_compile_scope_compiles_what_it_names(scope, tmp_path, monkeypatch):
+    """issue 17: compile_scope model compiles the model's forward (used by training and
+    evaluation); step also the training forward + loss as one function; eval also the whole
+    TTA evaluation; all both. Inductor's cache goes to the data dir."""
+    compiled = []
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # so that what build_graphs sets is undone
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append((fn, kw)) or fn)
+    hyp = {**AB94, "widths": (8, 16, 16)}
+    net = ab.build_net(hyp)
+    args = ab.build_parser("airbench94").parse_args(
+        ["--compile", "true", "--compile_scope", scope])
+    graphs = ab.build_graphs(net, hyp, args, tmp_path, cuda=True)
+    assert graphs.compiled and compiled[0] == (net, {"mode": "max-autotune"})
+    functions = [getattr(fn, "func", None) for fn, _ in compiled[1:]]
+    assert functions == {"model": [], "step": [ab.forward_loss], "eval": [ab.eval_logits],
+                         "all": [ab.forward_loss, ab.eval_logits]}[scope]
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor-cache")
+    x, y = torch.rand(4, 3, 32, 32), torch.randint(0, 10, (4,))
+    loss, logits = graphs.train(x, y)  # every scope computes the same thing as eager
+    eager_loss, eager_logits = ab.forward_loss(net, x, y, hyp["label_smoothing"])
+    assert torch.equal(logits, eager_logits) and torch.equal(loss, eager_loss)
+    net.eval()
+    assert torch.equal(graphs.logits(x, 2), ab.tta_logits(net, ab.normalise(x), 2))
 
 
 # ---------------------------------------------------------------------------------------------

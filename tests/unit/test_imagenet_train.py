@@ -101,10 +101,13 @@ def test_tiny_schedule_runs_every_phase_and_resumes_exactly_around_the_switch(tm
     events = [json.loads(line) for line in
               (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
               if '"event"' in line]
-    assert [(e["event"], e["epoch"]) for e in events] == [("target_reached", 1)]
-    assert events[0]["train_time"] == rows[0]["train_time"]
-    assert events[0]["loop_time"] == rows[0]["loop_time"]
-    assert events[0]["wall_time"] == rows[0]["wall_time"]
+    # issue 17: the startup row first, then the target event
+    assert events[0]["event"] == "startup" and events[0]["device"] == "cpu", events[0]
+    assert 0 < events[0]["import"] <= events[0]["to_first_step"] < rows[0]["wall_time"]
+    assert [(e["event"], e["epoch"]) for e in events[1:]] == [("target_reached", 1)]
+    assert events[1]["train_time"] == rows[0]["train_time"]
+    assert events[1]["loop_time"] == rows[0]["loop_time"]
+    assert events[1]["wall_time"] == rows[0]["wall_time"]
     # Stopped inside the first phase, just before the 1 -> 2 switch, and at it.
     for job, stop in (("inside", 2), ("before-switch", 5), ("at-switch", 6)):
         assert _run(tmp_path, job, "--stop-at-step", str(stop)) == 143

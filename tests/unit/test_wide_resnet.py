@@ -523,6 +523,10 @@ def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
     assert epochs[0]["train_loss"] < math.log(10) + 0.05
     assert epochs[1]["train_loss"] < epochs[0]["train_loss"] - 0.1, epochs
     assert rows[-1]["event"] == "runs_summary" and rows[-1]["runs"] == 1
+    # issue 17: what came before the first step
+    assert rows[0]["event"] == "startup" and rows[0]["device"] == "cpu", rows[0]
+    assert 0 < rows[0]["import"] <= rows[0]["to_first_step"] < epochs[0]["wall_time"]
+    assert "wide-resnet34: startup: import" in proc.stdout
     ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
     assert {"model", "master", "optimizer", "epoch", "step", "train_time", "fastai_time",
             "target_reached", "rng", "args", "hyp", "world_size", "run"} <= set(ckpt)
@@ -571,3 +575,25 @@ def test_the_project_loader_accepts_the_recipe():
     assert by_variant["1gpu"]["cost_usd"] == 0.26 and by_variant["1gpu"]["gpus"] == 1
     assert set(recipe.arguments) >= {"variant", "depth", "widen", "workers", "seed", "runs",
                                      "resume", "fp16", "loss_scale", "clr"}
+
+
+def test_compile_true_compiles_once_and_trains_exactly_as_eager_on_the_cpu(tmp_path, capsys,
+                                                                          monkeypatch):
+    """issue 17: compile=true compiles the training forward before run 0 (its seconds in the
+    startup row), run 1 reuses the graphs (one startup row, one compile), and on the CPU the
+    compiled float32 model gives the eager run's figures."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # so that what the run sets is undone
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    common = ["--runs", "2", "--epochs", "1"]
+    assert _run(tmp_path, "compiled", *common, "--compile", "true") == 0
+    assert _run(tmp_path, "eager", *common) == 0
+    (start,) = _rows(tmp_path, "compiled", event="startup")
+    assert start["compile"] > 0 and start["to_first_step"] >= start["compile"]
+    assert "warm_up" not in _rows(tmp_path, "eager", event="startup")[0]
+    compiled, eager = _rows(tmp_path, "compiled"), _rows(tmp_path, "eager")
+    assert [(r["run"], r["epoch"]) for r in compiled] == [(0, 1), (1, 1)]
+    for a, b in zip(compiled, eager):
+        for key in ("train_loss", "train_acc", "test_acc"):
+            assert a[key] == pytest.approx(b[key], abs=1e-3), key
+    assert "compile" in capsys.readouterr().out
+    assert list((tmp_path / "data" / "inductor-cache").iterdir())
