@@ -8,11 +8,15 @@ runs each recipe's smoke profile on the CPU, so the script and its table are tes
 For each recipe it prints one row: the recipe's own train time (the last metrics row's
 `train_time`), the wall time from the start to the first training step (the recipe's
 {"event": "startup"} row, where it writes one), steps per second, the peak GPU memory, the
-compile time (airbench with compile=true) and the process's wall time; with --runs N, the
-mean and standard deviation of N processes (the first also warms the data cache, which the
-others reuse: the steady state of a kept instance).
+compile time and the process's wall time; with --runs N, the mean and standard deviation
+of N processes (the first also warms the data cache, which the others reuse: the steady
+state of a kept instance). With --compile it adds each recipe that has a `compile`
+argument with compile=true, and airbench94 once per compile_scope (model, step, eval, all:
+which part gains most); their COMPILE S is "first run / the others' mean", the cold
+inductor cache against the warm one. --yaml prints the figures as recipe.yaml `measured:`
+entries.
 
-Usage: python benchmarks/gpu.py [--recipe NAME ...] [--runs N] [--compile] [--cpu]
+Usage: python benchmarks/gpu.py [--recipe NAME ...] [--runs N] [--compile] [--cpu] [--yaml]
 """
 
 from __future__ import annotations
@@ -45,8 +49,10 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def command(name: str, cuda: bool, compile_: bool) -> tuple[str, list[str]]:
-    """(label, argv) of one recipe's run: full size on CUDA, its smoke profile on the CPU."""
+def command(name: str, cuda: bool, compile_: bool, scope: str | None = None
+            ) -> tuple[str, list[str], dict]:
+    """(label, argv, the settings that differ from the defaults) of one recipe's run: full
+    size on CUDA, its smoke profile on the CPU."""
     rec = recipes.load(name)
     if cuda:
         sets = [f"{k}={v}" for k, v in FULL.items() if k in rec.arguments]
@@ -57,11 +63,15 @@ def command(name: str, cuda: bool, compile_: bool) -> tuple[str, list[str]]:
         sets, profile = [], "smoke" if "smoke" in rec.profiles else None
     if compile_:
         sets.append("compile=true")
+    if scope:
+        sets.append(f"compile_scope={scope}")
     if "device" in rec.arguments:
         sets.append("device=" + ("cuda" if cuda else "cpu"))
     args = rec.resolve(profile, tuple(sets))
-    label = name + (" compile" if compile_ else "")
-    return label, [sys.executable, str(rec.path / rec.entry), *rec.script_args(args)]
+    label = name + (f" compile={scope or 'true'}" if compile_ else "")
+    when = ({"compile": True, **({"compile_scope": scope} if scope else {})} if compile_
+            else {"compile": False} if "compile" in rec.arguments else {})
+    return label, [sys.executable, str(rec.path / rec.entry), *rec.script_args(args)], when
 
 
 def run_once(argv: list[str], job: Path, data: Path) -> dict:
@@ -106,6 +116,39 @@ def cell(values: list) -> str:
     return f"{statistics.mean(values):.2f}±{statistics.stdev(values):.2f}"
 
 
+def compile_cell(values: list) -> str:
+    """The first run's compile (a cold cache) / the later runs' mean (the cache warm)."""
+    values = [v for v in values if isinstance(v, (int, float))]
+    if len(values) < 2:
+        return cell(values)
+    return f"{values[0]:.2f}/{statistics.mean(values[1:]):.2f}"
+
+
+def yaml_entries(results: list[tuple[str, dict, list[dict]]], gpu: str,
+                 torch_version: str) -> str:
+    """recipe.yaml `measured:` entries for the figures just taken (to paste, per recipe)."""
+    out = []
+    for label, when, got in results:
+        name = label.split()[0]
+        train = [g["train"] for g in got if isinstance(g["train"], (int, float))]
+        compiles = [g["compile"] for g in got if isinstance(g["compile"], (int, float))]
+        lines = [f"# {name}", f"  - gpu: {gpu}" if gpu else "  - hardware: CPU",
+                 "    gpus: 1"]
+        if gpu and train:
+            lines.append(f"    seconds: {statistics.mean(train):.2f}")
+        if when:
+            lines.append("    when: {" + ", ".join(f"{k}: {str(v).lower()}"
+                                              for k, v in when.items()) + "}")
+        if compiles:
+            lines.append(f"    compile_seconds: {compiles[0]:.1f}")
+            if len(compiles) > 1:
+                lines.append(f"    compile_cached_seconds: {statistics.mean(compiles[1:]):.1f}")
+        lines += [f'    torch: "{torch_version}"', f'    date: "{time.strftime("%Y-%m")}"',
+                  f'    source: "benchmarks/gpu.py, {len(got)} run(s)"']
+        out.append("\n".join(lines))
+    return "\n".join(out)
+
+
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [list(COLUMNS), *rows]) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
@@ -117,24 +160,39 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", action="append", choices=recipes.names())
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--compile", action="store_true", help="also airbench with compile=true")
+    ap.add_argument("--compile", action="store_true",
+                    help="also compile=true where a recipe has it; airbench94 by scope")
     ap.add_argument("--cpu", action="store_true", help="the CPU path even with a GPU")
+    ap.add_argument("--yaml", action="store_true", help="also print recipe.yaml entries")
     args = ap.parse_args()
     cuda = cuda_available() and not args.cpu
     names = args.recipe or recipes.names()
     plan = [command(n, cuda, False) for n in names]
     if args.compile:
-        plan += [command(n, cuda, True) for n in names if n.startswith("airbench")]
+        for n in names:
+            if "compile" not in recipes.load(n).arguments:
+                continue
+            scopes = ("model", "step", "eval", "all") if n == "airbench94" else (None,)
+            plan += [command(n, cuda, True, scope) for scope in scopes]
     print(f"# {'CUDA, full size' if cuda else 'CPU, smoke profiles'}; {args.runs} run(s) each",
           flush=True)
-    out = []
+    out, results = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "data"
-        for i, (label, argv) in enumerate(plan):
+        for i, (label, argv, when) in enumerate(plan):
+            data = Path(tmp) / f"data-{i}"  # its own: the first run meets a cold cache
             got = [run_once(argv, Path(tmp) / f"job-{i}-{r}", data) for r in range(args.runs)]
+            results.append((label, when, got))
             out.append([label, got[0]["device"], *(cell([g[k] for g in got]) for k in
-                        ("train", "first", "steps_s", "mem", "compile", "wall"))])
+                        ("train", "first", "steps_s", "mem")),
+                        compile_cell([g["compile"] for g in got]),
+                        cell([g["wall"] for g in got])])
     print(table(out))
+    if args.yaml:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0) if cuda else ""
+        print(yaml_entries(results, gpu, f"torch {torch.__version__}"
+                           + (f" + CUDA {torch.version.cuda}" if cuda else "")))
 
 
 if __name__ == "__main__":

@@ -132,6 +132,10 @@ class Recipe:
     # before launch (the script would refuse only once it runs).
     resume_must_match: list[str] = field(default_factory=list)
 
+    def compile_costs(self) -> list[dict]:
+        """The measured entries that say what compile=true costs before the first step."""
+        return [m for m in self.measured if isinstance(m.get("compile_seconds"), (int, float))]
+
     @property
     def gpus(self) -> int:
         return int(self.resources.get("gpus_per_node", 1)) * int(self.resources.get("nodes", 1))
@@ -337,10 +341,13 @@ def parse_recipe(path: Path) -> Recipe:
     # the published ones: gpu, gpus, seconds (the recipe's own timer), `when` (the arguments
     # they hold for), torch, date, data, source. estimate prefers them on the same GPU. An
     # entry without gpu and seconds only describes a measurement (what, command, hardware).
+    # compile_seconds / compile_cached_seconds: what compile=true cost before the first step,
+    # with a cold and with a warm inductor cache (issue 17; `recipes NAME` shows them).
     measured = _mappings(_optional(doc, "measured", list, path, "a list of measurements", []),
                          path, "measured")
     for i, entry_ in enumerate(measured):
-        _numbers(entry_, ("gpus", "seconds", "accuracy", "runs"), path, f"measured[{i}]")
+        _numbers(entry_, ("gpus", "seconds", "accuracy", "runs", "compile_seconds",
+                          "compile_cached_seconds"), path, f"measured[{i}]")
         when = entry_.get("when") or {}
         if not isinstance(when, dict) or any(k not in arguments for k in when):
             raise ConfigError(f"{path}: measured[{i}].when must map argument names to values")

@@ -581,7 +581,42 @@ def recipe_detail(r, *, width: int | None = None) -> str:
             out += _wrapped(head + _published_text(p), width, INDENT, INDENT + "  ")
             if p.get("source"):
                 out += _wrapped(f"source: {p['source']}", width, INDENT + "  ", INDENT + "    ")
+    timed = [m for m in r.measured if m.get("gpu") and m.get("seconds") is not None]
+    if timed:
+        out.append("  measured with this code (estimate prefers these on the same GPU)")
+        for m in timed:
+            out += _wrapped(_measured_text(m), width, INDENT, INDENT + "  ")
+    if "compile" in r.arguments:
+        out.append("  compile=true costs, before the first step (off the train clock, billed)")
+        costs = r.compile_costs()
+        for m in costs:
+            out += _wrapped(_compile_cost_text(m), width, INDENT, INDENT + "  ")
+        if not any(m.get("gpu") for m in costs):
+            out += _wrapped("on a GPU: not measured yet; `python benchmarks/gpu.py --compile "
+                            "--runs 2` measures it (run 1 compiles, run 2 reads the cache)",
+                            width, INDENT, INDENT + "  ")
     return "\n".join(out)
+
+
+def _when_text(m: dict) -> str:
+    return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                    for k, v in (m.get("when") or {}).items())
+
+
+def _measured_text(m: dict) -> str:
+    when = _when_text(m)
+    head = f"{m['gpu']} x{m.get('gpus', 1)}{f' [{when}]' if when else ''}: {m['seconds']:g} s"
+    return " / ".join(str(x) for x in (head, m.get("torch"), m.get("date")) if x)
+
+
+def _compile_cost_text(m: dict) -> str:
+    where = m.get("gpu") or m.get("hardware") or "?"
+    when = _when_text(m)
+    cached = m.get("compile_cached_seconds")
+    return (f"{where}{f' [{when}]' if when else ''}: {m['compile_seconds']:g} s the first time"
+            + (f", {cached:g} s from the data dir's cache (runs=N and the next job on a kept "
+               f"instance)" if isinstance(cached, (int, float)) else "")
+            + (f"; {m['data']}" if m.get("data") else ""))
 
 
 def plan(rows: list[tuple[str, str]]) -> str:

@@ -87,12 +87,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from . import compiling  # noqa: I001  (before torch: it reads $TORCHINDUCTOR_CACHE_DIR)
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import checkpoint, cifar10, compiling, distributed, metrics, runs, startup, stopping
+from . import checkpoint, cifar10, distributed, metrics, runs, startup, stopping
 from .arguments import adder, parse_bool
 from .training import count_params, to_half_keep_bn_float
 

@@ -5,8 +5,10 @@
   where autotuning buys nothing and costs minutes. Any of torch's modes can be asked for.
 * Cache. Inductor's caches (compiled graphs, autotuning results) go to
   <data dir>/inductor-cache, which outlives the job: `runs=N` compiles once, and the next job
-  on a kept instance loads the graphs instead of compiling them again ($TORCHINDUCTOR_CACHE_DIR,
-  if set, wins).
+  on a kept instance loads the graphs instead of compiling them again. A
+  $TORCHINDUCTOR_CACHE_DIR the job was started with wins; import this module before torch,
+  whose first look at its cache dir writes its default (/tmp/torchinductor_$USER) into the
+  environment (torchvision's import does that look).
 * Failure. torch.compile fails late, on the first call; `failure()` turns what it raised into
   one line that says how to run without it.
 """
@@ -18,6 +20,8 @@ from pathlib import Path
 MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_MODE = "max-autotune"  # as KellerJordan/cifar10-airbench legacy/airbench94_compiled.py
 INDUCTOR_CACHE = "inductor-cache"  # in the data dir: a kept instance's next job reuses it
+# What the job was started with, read before torch can write its default there.
+STARTED_WITH_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 
 
 def mode_for(requested: str, cuda: bool) -> str:
@@ -33,7 +37,8 @@ def compiled(fn, data_root, cuda: bool, mode: str = "auto"):
     """torch.compile(fn) in the run's mode, with inductor's caches in the data dir."""
     import torch
 
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(data_root) / INDUCTOR_CACHE))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = (STARTED_WITH_CACHE_DIR
+                                             or str(Path(data_root) / INDUCTOR_CACHE))
     chosen = mode_for(mode, cuda)
     return torch.compile(fn) if chosen == "default" else torch.compile(fn, mode=chosen)
 

@@ -56,3 +56,57 @@ def test_airbench_writes_its_startup_breakdown(tmp_path):
         assert row["device"] == "cpu" and set(row) >= {"import", "data", "to_first_step"}
         assert 0 <= row["data"] < row["to_first_step"] and row["import"] > 0
     assert list(data.rglob("*.ready.npz")), "the data was not cached ready to load"
+
+
+def _gpu_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_benchmark", REPO / "benchmarks" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_compile_figures_read_cold_then_cached_and_paste_into_recipe_yaml(tmp_path):
+    """issue 17: with --runs N the compile column says the first run's compile (a cold
+    inductor cache) and the later runs' mean (warm); --yaml writes entries that the recipe
+    loader accepts and `recipes NAME` shows as what compile costs."""
+    gpu = _gpu_module()
+    assert gpu.compile_cell([40.0, 3.0, 5.0]) == "40.00/4.00"
+    assert gpu.compile_cell([None, None]) == "-" and gpu.compile_cell([7.0]) == "7.00"
+    runs = [{"train": 1.70, "compile": 61.5}, {"train": 1.72, "compile": 4.1}]
+    text = gpu.yaml_entries([("airbench94 compile=step", {"compile": True,
+                                                          "compile_scope": "step"}, runs)],
+                            "NVIDIA H100 80GB HBM3", "torch 2.14.1 + CUDA 13.0")
+    assert text.splitlines()[0] == "# airbench94"
+    body = "\n".join(text.splitlines()[1:])
+    recipe_dir = tmp_path / "recipes" / "airbench94"
+    recipe_dir.mkdir(parents=True)
+    src = (REPO / "recipes" / "airbench94" / "recipe.yaml").read_text()
+    assert "\nmeasured:\n" in src
+    (recipe_dir / "recipe.yaml").write_text(src.replace("\nmeasured:\n",
+                                                        "\nmeasured:\n" + body + "\n"))
+    (recipe_dir / "train.py").write_text("")
+    sys.path.insert(0, str(REPO))
+    from cloudtrain import recipes, render
+
+    rec = recipes.parse_recipe(recipe_dir / "recipe.yaml")
+    (cost,) = [c for c in rec.compile_costs() if c.get("gpu")]  # beside the CPU's figure
+    assert cost["compile_seconds"] == 61.5 and cost["compile_cached_seconds"] == 4.1
+    assert cost["seconds"] == 1.71 and cost["when"] == {"compile": True,
+                                                        "compile_scope": "step"}
+    shown = render.recipe_detail(rec)
+    assert ("NVIDIA H100 80GB HBM3 [compile=true compile_scope=step]: 61.5 s the first time, "
+            "4.1 s from the data dir's cache") in shown
+    assert "not measured yet" not in shown
+
+
+def test_recipes_says_when_compile_was_not_measured_on_a_gpu():
+    """issue 17: `recipes airbench94` says what compile=true costs, or that nobody measured
+    it on a GPU yet and the command that does."""
+    proc = subprocess.run([sys.executable, "-m", "cloudtrain", "recipes", "resnet9"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "compile=true costs, before the first step" in out
+    assert "on a GPU: not measured yet; `python benchmarks/gpu.py --compile --runs 2`" in out

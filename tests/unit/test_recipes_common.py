@@ -283,3 +283,34 @@ def test_the_ready_to_load_copy_is_what_the_folder_holds_and_a_bad_one_is_redone
     cifar10.write_cifar10(folder, other, test)
     assert cifar10.read_ready(folder) is None
     assert np.array_equal(cifar10.read_cached(folder)["train"][0], other[0])
+
+
+COMPILE_CACHE_PROBE = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from common import compiling
+from torch._inductor.runtime import cache_dir_utils
+cache_dir_utils.cache_dir()  # what torchvision's import does: writes torch's default
+compiling.compiled(lambda x: x, sys.argv[2], cuda=False)
+print(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+"""
+
+
+@pytest.mark.parametrize("started_with", [None, "/tmp/users-own-cache"])
+def test_compiled_graphs_go_to_the_data_dir_even_after_torch_looked(tmp_path, started_with):
+    """issue 17: inductor's cache is <data dir>/inductor-cache (a kept instance's next job
+    reads it) even once torch has written its own default into the environment, as
+    wide-resnet34's torchvision import does; a $TORCHINDUCTOR_CACHE_DIR the job was started
+    with wins."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    if started_with:
+        env["TORCHINDUCTOR_CACHE_DIR"] = started_with
+    proc = subprocess.run([sys.executable, "-c", COMPILE_CACHE_PROBE,
+                           str(Path(__file__).resolve().parents[2] / "recipes"),
+                           str(tmp_path / "data")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (started_with or str(tmp_path / "data" / "inductor-cache"))
