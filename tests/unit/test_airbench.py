@@ -665,3 +665,29 @@ def test_recipe_yaml_loads_and_matches_the_script(variant):
         recipe.script_args(recipe.resolve(None, ("compile=true", "runs=3"))))
     assert defaults.compile and defaults.runs == 3 and defaults.batch_size == hyp["batch_size"]
     assert ab.variant_hyp(variant, defaults)["widths"] == hyp["widths"]
+
+
+def test_compile_scope_all_really_compiles_and_trains_as_eager(tmp_path, monkeypatch):
+    """issue 17, with torch.compile itself (its default mode on the CPU): the `all` scope
+    compiles the model, the training forward + loss (a functools.partial) and the whole TTA
+    evaluation, off the clock (the startup row's `compile`), into the data dir's cache; the
+    run then takes the eager run's steps to within float32 rounding."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # so that what the run sets is undone
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setattr(ab.compiling, "STARTED_WITH_CACHE_DIR", None)
+    epochs = ["--epochs", "2"]
+    assert _run(tmp_path, "compiled", *epochs, "--compile", "true",
+                "--compile_scope", "all") == 0
+    assert _run(tmp_path, "eager", *epochs) == 0
+    start = [r for r in metrics.read_metrics(tmp_path / "compiled" / "metrics.jsonl")
+             if r.get("event") == "startup"][0]
+    assert start["compile"] > 0 and "warm_up" not in start
+    assert list((tmp_path / "data" / "inductor-cache").iterdir())
+    compiled, eager = _rows(tmp_path, "compiled"), _rows(tmp_path, "eager")
+    assert [r.get("epoch") for r in compiled] == [r.get("epoch") for r in eager]
+    for a, b in zip(compiled, eager):
+        if "train_loss" in a and a.get("event") is None:
+            assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-3), (a, b)
+    final = [next(r["final_test_acc"] for r in rows if "final_test_acc" in r)
+             for rows in (compiled, eager)]
+    assert final[0] == pytest.approx(final[1], abs=0.05)  # 64 test images: 3 may flip
