@@ -161,6 +161,9 @@ def parse(text: str, where: str = "job.yaml") -> dict:
         raise UsageError(f"{where}:1: a job file is a mapping of keys (name:, run:, "
                          f"resources:, ...), not a {type(data).__name__}")
     lines = _lines(tree, where)
+    for key in AS_WRITTEN:
+        if key in data:
+            data[key] = _as_written(tree, key, data[key])
     options: dict = {}
     for key, value in data.items():
         if not isinstance(key, str):
@@ -182,6 +185,31 @@ def parse(text: str, where: str = "job.yaml") -> dict:
                              "your own code, not both (leave out recipe or run)")
         options["command"] = (options.pop("run"),)
     return options
+
+
+# Keys whose values are text the job sees as written: an environment variable's value.
+AS_WRITTEN = ("envs", "secrets")
+
+
+def _as_written(tree: yaml.MappingNode, key: str, value):
+    """envs: and secrets: names and values as the file writes them, not as YAML 1.1 reads a
+    plain scalar: `0755` stays 0755 (not 493), `yes` stays yes (not true), `12:30` stays
+    12:30 (not 750), `1.50` stays 1.50, a variable named OFF is not False. A null stays None
+    (this shell's value); a nested value is left for the checks to refuse."""
+    if not isinstance(value, dict):
+        return value
+    node = next((v for k, v in tree.value
+                 if isinstance(k, yaml.ScalarNode) and k.value == key), None)
+    if not isinstance(node, yaml.MappingNode) or len(node.value) != len(value):
+        return value
+    out = {}
+    for (k, v), (name, parsed) in zip(node.value, value.items()):
+        if isinstance(k, yaml.ScalarNode) and isinstance(name, (bool, int, float)):
+            name = k.value
+        if isinstance(v, yaml.ScalarNode) and isinstance(parsed, (bool, int, float)):
+            parsed = v.value
+        out[name] = parsed
+    return out
 
 
 def _lines(tree: yaml.MappingNode, where: str) -> dict[str, int]:

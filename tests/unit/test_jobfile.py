@@ -152,3 +152,15 @@ def test_the_readme_example_is_a_valid_job_file():
     for key in jobfile.KEYS:
         leaf = key.path.rsplit(".", 1)[-1]
         assert f"{leaf}:" in block, f"README's example does not show {key.path}"
+
+
+def test_envs_and_secrets_keep_their_values_as_written():
+    """A job file's environment values are the text the file holds, not YAML 1.1's reading
+    of it: a file mode, yes, a time of day and a version number reach the job as typed."""
+    o = jobfile.parse("run: python train.py\n"
+                      "envs: {MODE: 0755, FLAG: yes, AT: 12:30, V: 1.50, HEX: 0x1F, "
+                      "Q: '007', T: True, N: 3, OFF: null}\n"
+                      "secrets: {PIN: 0123, KEY: null}\n")
+    assert o["envs"] == ("MODE=0755", "FLAG=yes", "AT=12:30", "V=1.50", "HEX=0x1F", "Q=007",
+                         "T=True", "N=3", "OFF")
+    assert o["secrets"] == ("PIN=0123", "KEY")
