@@ -189,6 +189,19 @@ def measured_seconds(recipe, args: dict, profile: str | None, gpu: str,
     return float(m["seconds"]), f"measured on {gpu}" + (f" ({said})" if said else "")
 
 
+def compile_seconds(recipe, args: dict, gpu: str) -> float | None:
+    """compile=true: the first run's compile before its first step, measured on `gpu` with
+    these arguments' compile settings (recipe.yaml `measured` compile_seconds: a cold
+    inductor cache, as on a new instance); None when not compiling or not measured."""
+    if not args.get("compile"):
+        return None
+    for m in recipe.compile_costs():
+        if m.get("gpu") == gpu and all(args.get(k) == v
+                                       for k, v in (m.get("when") or {}).items()):
+            return float(m["compile_seconds"])
+    return None
+
+
 def scaled_seconds(basis: Basis, gpu: str) -> tuple[float | None, str]:
     """Training seconds on `gpu` (same GPU count as the basis) and how they were obtained."""
     if gpu == basis.gpu:
@@ -270,7 +283,7 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     gp3_month = gp3.per_gb_month + (cost.gp3_performance_per_month(disk_mbps) / disk
                                     if disk_mbps else 0.0)
     notes = [] if not gp3.approximate else [gp3.note]
-    rows = []
+    rows, unmeasured_compile = [], []
     nodes = max(1, int(nodes or 1))
     on = f"{nodes} x {{}}" if nodes > 1 else "{}"
     for t in candidates(basis, region, types, gpu_request, nodes):
@@ -287,6 +300,12 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
             continue
         if have > basis.gpus:  # the rest sit idle, and are paid for
             scaling += f"; uses {basis.gpus} of {have:g} GPUs"
+        compiling = compile_seconds(recipe, args, t.gpu)
+        if compiling is not None:  # billed before the first step, off the recipe's timer
+            train_s += compiling
+            scaling += f"; +{compiling:.0f} s compile (measured)"
+        elif args.get("compile"):
+            unmeasured_compile.append(t.gpu)
         staging_s, staging_basis = preread_s, "snapshot volume pre-read" if preread_s else ""
         if staging_bytes:
             rate, staging_basis = staging_rate(t.name, disk_mbps or cost.GP3_BASE_MBPS)
@@ -316,6 +335,11 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
                              else float("inf"), r.instance_type))
     if market == "spot":
         notes.append(f"spot: the cheapest AZ's price, {catalog.spot_source(region)}")
+    if unmeasured_compile:
+        notes.append("compile=true: the first run's compile is not in the figures for "
+                     + ", ".join(sorted(set(unmeasured_compile)))
+                     + f" (not measured there; `cloudtrain recipes {recipe.name}` says what is"
+                       " known, `python benchmarks/gpu.py --compile` measures it)")
     return Estimate(recipe.name, region, market, basis, over, disk, rows, notes,
                     staging_bytes=staging_bytes, disk_mbps=disk_mbps, preread_s=preread_s,
                     profile=profile, profile_note=note, nodes=nodes)

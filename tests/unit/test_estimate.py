@@ -166,6 +166,45 @@ def test_a_figure_measured_on_the_same_gpu_wins_over_a_scaled_published_one():
     assert estimate.measured_seconds(r9, r9.resolve(None), None, "H100", 1) is None
 
 
+COMPILED = """\
+name: comp
+description: a recipe with compile
+entry: train.py
+arguments:
+  compile: {type: bool, default: false}
+resources: {gpus_per_node: 1, disk_gb: 20}
+published:
+  - {result: "94%", time: "30 s", gpu: V100, gpus: 1, seconds: 30}
+measured:
+  - {gpu: V100, gpus: 1, seconds: 20, when: {compile: true}, compile_seconds: 75,
+     compile_cached_seconds: 5}
+  - {hardware: "2 CPU cores", when: {compile: true}, compile_seconds: 40}
+"""
+
+
+def test_compile_true_adds_the_measured_compile_or_says_it_is_missing(tmp_path, monkeypatch):
+    """issue 17: the first run's compile is billed before the first step: on a GPU where it
+    was measured (a cold cache, as on a new instance) it is in the training figure and the
+    basis says so; where it was not, a note says the figures leave it out."""
+    root = tmp_path / "recipes"
+    (root / "comp").mkdir(parents=True)
+    (root / "comp" / "recipe.yaml").write_text(COMPILED)
+    (root / "comp" / "train.py").write_text("")
+    monkeypatch.setenv("CLOUDTRAIN_RECIPES", str(root))
+    rec = recipes.load("comp")
+    types = ["p3.2xlarge", "g4dn.xlarge"]
+    est = estimate.estimate(rec, {"compile": True}, "us-east-1", types=types)
+    rows = {r.instance_type: r for r in est.rows}
+    assert rows["p3.2xlarge"].train_s == 20 + 75
+    assert "+75 s compile (measured)" in rows["p3.2xlarge"].scaling
+    assert rows["g4dn.xlarge"].train_s == pytest.approx(30 * 125 / 65)  # no compile figure
+    (note,) = [n for n in est.notes if n.startswith("compile=true")]
+    assert "not in the figures for T4 " in note and "V100" not in note
+    eager = estimate.estimate(rec, {"compile": False}, "us-east-1", types=types)
+    assert {r.instance_type: r.train_s for r in eager.rows}["p3.2xlarge"] == 30
+    assert not [n for n in eager.notes if n.startswith("compile=true")]
+
+
 def test_measured_entries_are_checked_when_the_recipe_loads(tmp_path, monkeypatch):
     """issue 17: a `measured` entry without gpu and seconds, or a `when` naming no argument,
     is refused in one line when the recipe loads."""
