@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -34,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from cloudtrain import recipes  # noqa: E402
+from cloudtrain import catalog, recipes  # noqa: E402
 
 COLUMNS = ("RECIPE", "DEVICE", "TRAIN S", "FIRST STEP S", "STEPS/S", "PEAK MEM MB",
            "COMPILE S", "WALL S")
@@ -124,6 +125,20 @@ def compile_cell(values: list) -> str:
     return f"{values[0]:.2f}/{statistics.mean(values[1:]):.2f}"
 
 
+def catalog_gpu(device_name: str) -> str:
+    """torch's device name as the catalog spells the GPU, the name `estimate` matches a
+    measured entry on: 'NVIDIA H100 80GB HBM3' -> H100, 'NVIDIA A100-SXM4-80GB' ->
+    A100-80GB, 'Tesla V100-SXM2-16GB' -> V100, 'NVIDIA L40S' -> L40S (not L4); the device
+    name itself when no catalog GPU fits."""
+    upper = device_name.upper()
+    for name in sorted(catalog.gpu_names(), key=len, reverse=True):
+        model, _, memory = name.partition("-")
+        if re.search(rf"(?<![A-Z0-9]){re.escape(model)}(?![A-Z0-9])", upper) and \
+                (not memory or memory in upper):
+            return name
+    return device_name
+
+
 def yaml_entries(results: list[tuple[str, dict, list[dict]]], gpu: str,
                  torch_version: str) -> str:
     """recipe.yaml `measured:` entries for the figures just taken (to paste, per recipe)."""
@@ -132,8 +147,8 @@ def yaml_entries(results: list[tuple[str, dict, list[dict]]], gpu: str,
         name = label.split()[0]
         train = [g["train"] for g in got if isinstance(g["train"], (int, float))]
         compiles = [g["compile"] for g in got if isinstance(g["compile"], (int, float))]
-        lines = [f"# {name}", f"  - gpu: {gpu}" if gpu else "  - hardware: CPU",
-                 "    gpus: 1"]
+        lines = [f"# {name}", (f"  - gpu: {catalog_gpu(gpu)}\n    hardware: \"{gpu}\""
+                               if gpu else "  - hardware: CPU"), "    gpus: 1"]
         if gpu and train:
             lines.append(f"    seconds: {statistics.mean(train):.2f}")
         if when:

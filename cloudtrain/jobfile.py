@@ -23,6 +23,7 @@ the line and the key, and suggests the nearest valid key, in one line (exit 2).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import os
 import re
@@ -163,7 +164,7 @@ def parse(text: str, where: str = "job.yaml") -> dict:
     lines = _lines(tree, where)
     for key in AS_WRITTEN:
         if key in data:
-            data[key] = _as_written(tree, key, data[key])
+            data[key] = _as_written(tree, key, data[key], where)
     options: dict = {}
     for key, value in data.items():
         if not isinstance(key, str):
@@ -191,22 +192,38 @@ def parse(text: str, where: str = "job.yaml") -> dict:
 AS_WRITTEN = ("envs", "secrets")
 
 
-def _as_written(tree: yaml.MappingNode, key: str, value):
+def _as_written(tree: yaml.MappingNode, key: str, value, where: str):
     """envs: and secrets: names and values as the file writes them, not as YAML 1.1 reads a
     plain scalar: `0755` stays 0755 (not 493), `yes` stays yes (not true), `12:30` stays
-    12:30 (not 750), `1.50` stays 1.50, a variable named OFF is not False. A null stays None
-    (this shell's value); a nested value is left for the checks to refuse."""
+    12:30 (not 750), `1.50` stays 1.50, a date stays as typed, a variable named OFF is not
+    False. A null stays None (this shell's value); a nested value is left for the checks to
+    refuse. A merge key (<<) or a name given twice is refused: the file's pairs and the
+    loaded mapping would no longer line up."""
     if not isinstance(value, dict):
         return value
     node = next((v for k, v in tree.value
                  if isinstance(k, yaml.ScalarNode) and k.value == key), None)
-    if not isinstance(node, yaml.MappingNode) or len(node.value) != len(value):
+    if not isinstance(node, yaml.MappingNode):
         return value
+    seen: dict[str, int] = {}
+    for k, _ in node.value:
+        line = k.start_mark.line + 1
+        if k.tag == "tag:yaml.org,2002:merge":
+            raise UsageError(f"{where}:{line}: {key}: a merge key (<<) is not supported here; "
+                             "write the variables out")
+        if isinstance(k, yaml.ScalarNode) and k.value in seen:
+            raise UsageError(f"{where}:{line}: {key}.{k.value}: given twice (first on line "
+                             f"{seen[k.value]})")
+        if isinstance(k, yaml.ScalarNode):
+            seen[k.value] = line
+    if len(node.value) != len(value):
+        return value
+    typed = (bool, int, float, datetime.date)
     out = {}
     for (k, v), (name, parsed) in zip(node.value, value.items()):
-        if isinstance(k, yaml.ScalarNode) and isinstance(name, (bool, int, float)):
+        if isinstance(k, yaml.ScalarNode) and isinstance(name, typed):
             name = k.value
-        if isinstance(v, yaml.ScalarNode) and isinstance(parsed, (bool, int, float)):
+        if isinstance(v, yaml.ScalarNode) and isinstance(parsed, typed):
             parsed = v.value
         out[name] = parsed
     return out

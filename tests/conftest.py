@@ -66,7 +66,9 @@ def ct_home(tmp_path, monkeypatch):
 def _kill_processes_under(folder: Path) -> list[int]:
     """SIGKILL every process whose command line names a path in `folder` (the test's own
     tmp_path): the agents, probes and jobs that fault-injection tests leave hanging on
-    purpose must not outlive the test (they did: `agent.py probe` of F4/F26, after a run)."""
+    purpose must not outlive the test (they did: `agent.py probe` of F4/F26, after a run).
+    Not the tmux server the whole session shares: it keeps the command line of the client
+    that started it, which may name the test's job dir."""
     mark = str(folder) + "/"
     killed = []
     for entry in Path("/proc").iterdir():
@@ -74,9 +76,10 @@ def _kill_processes_under(folder: Path) -> list[int]:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().decode("utf-8", "replace")
+            name = (entry / "comm").read_text().strip()
         except OSError:
             continue
-        if mark in cmdline:
+        if mark in cmdline and not name.startswith("tmux"):
             try:
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed.append(int(entry.name))

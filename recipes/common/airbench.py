@@ -705,6 +705,8 @@ def warm_up(graphs: Graphs, net: AirbenchNet, hyp: dict, x_train: torch.Tensor,
             set_whiten_bias_trainable(net, trainable)
             for level in sorted({0, hyp["tta_level"]}):
                 evaluate(graphs.logits, net, x_test, y_test, level, hyp["eval_batch"])
+    except torch.cuda.OutOfMemoryError:
+        raise
     except Exception as exc:
         if not graphs.compiled:
             raise

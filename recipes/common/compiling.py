@@ -47,17 +47,20 @@ def failure(recipe: str, exc: BaseException, device_type: str) -> SystemExit:
     """The one-line exit for a compile that failed on its first call."""
     first = (str(exc).strip().splitlines() or [""])[0][:300]
     return SystemExit(
-        f"{recipe}: compile=true failed: torch.compile could not build the model on "
-        f"{device_type} ({type(exc).__name__}: {first}). On the CPU it needs a working C++ "
-        f"compiler; rerun with compile=false (the default).")
+        f"{recipe}: compile=true failed on {device_type} ({type(exc).__name__}: {first}). "
+        + ("On the CPU torch.compile needs a working C++ compiler. " if device_type == "cpu"
+           else "") + "Rerun with compile=false (the default).")
 
 
-def warm_up(recipe: str, fwd, model, batch_shape: tuple, dtype, device, steps: int = 2) -> None:
+def warm_up(recipe: str, fwd, model, batches: list[tuple], dtype, device,
+            steps: int = 2) -> None:
     """Compile fwd's training graphs (forward and backward) before the clock starts: `steps`
     forward+backward passes of the real model in train mode on random contiguous batches of
-    the training batch's shape (a copy would be another module to compile), then its state
+    each shape in `batches` (the full batch, and a smaller last one where the loader keeps
+    it: a shape first met in training would compile there, on the clock), then its state
     put back (a train-mode forward moves the BatchNorm statistics) and its gradients dropped.
-    No optimizer step. Under DDP every rank must call it: the backward all-reduces."""
+    A copy of the model would be another module to compile. No optimizer step. Under DDP
+    every rank must call it: the backward all-reduces."""
     import copy
 
     import torch
@@ -68,12 +71,15 @@ def warm_up(recipe: str, fwd, model, batch_shape: tuple, dtype, device, steps: i
     gen = torch.Generator(device=device).manual_seed(0)
     model.train()
     try:
-        for _ in range(steps):
-            xb = torch.randn(*batch_shape, device=device, generator=gen).to(dtype)
-            logits = fwd(xb).float()
-            yb = torch.randint(0, logits.shape[1], (batch_shape[0],), device=device,
-                               generator=gen)
-            F.cross_entropy(logits, yb).backward()
+        for shape in batches:
+            for _ in range(steps):
+                xb = torch.randn(*shape, device=device, generator=gen).to(dtype)
+                logits = fwd(xb).float()
+                yb = torch.randint(0, logits.shape[1], (shape[0],), device=device,
+                                   generator=gen)
+                F.cross_entropy(logits, yb).backward()
+    except torch.cuda.OutOfMemoryError:
+        raise
     except Exception as exc:
         raise failure(recipe, exc, device.type) from exc
     finally:

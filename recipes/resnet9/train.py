@@ -950,11 +950,14 @@ def _train(args, world, stop: stopping.StopRequest) -> int:
             compiled["model"].load_state_dict(model.state_dict())
             model, fwd = compiled["model"], compiled["fwd"]
         elif args.compile:
+            marks.mark("data")  # the preprocessing and the model: not the compile's
             fwd = compiling.compiled(model, data_root, cuda, args.compile_mode)
-            compiling.warm_up("resnet9", fwd, model, (bs, 3, CROP, CROP), dtype, device)
+            # epoch_batches drops the last partial batch: one shape
+            compiling.warm_up("resnet9", fwd, model, [(bs, 3, CROP, CROP)], dtype, device)
             compiled.update(model=model, fwd=fwd)
             marks.mark("compile")
         elif cuda and hyp["cuda_warmup"] and run == first_run:
+            marks.mark("data")
             cuda_warmup(model, hyp, bs, device, dtype)
             marks.mark("warm_up")
         # AP times its DDP wrap and the broadcast of rank 0's weights; ours was just done, and

@@ -641,8 +641,10 @@ class Models:
     model: nn.Module | None = None
     net: object = None
 
-    def build(self, depth: int, widen: int, world, half: bool, batch_size: int) -> tuple:
-        """(bare model, what the training steps call: DDP and/or compiled), warmed up."""
+    def build(self, depth: int, widen: int, world, half: bool, batch_size: int,
+              rank_images: int) -> tuple:
+        """(bare model, what the training steps call: DDP and/or compiled), warmed up on
+        the full batch and on the epoch's last, smaller one (the loader keeps it)."""
         device = world.device
         model = build_model(depth, widen).to(device)
         if half:
@@ -652,8 +654,11 @@ class Models:
             return self.model, self.net
         net = wrap(model, world)
         if self.compile:
+            self.marks.mark("data")  # the test set's upload and the model: not the compile's
             net = compiling.compiled(net, self.cache_root, device.type == "cuda", self.mode)
-            compiling.warm_up(NAME, net, model, (batch_size, 3, CROP, CROP),
+            sizes = [batch_size] + ([rank_images % batch_size] if rank_images % batch_size
+                                    else [])
+            compiling.warm_up(NAME, net, model, [(n, 3, CROP, CROP) for n in sizes],
                               torch.float16 if half else torch.float32, device)
             self.marks.mark("compile")
             self.model, self.net = model, net
@@ -681,7 +686,8 @@ def _train_run(args, hyp, world, stop, run, ckpt, accs_before, writer, train_dat
 
     # The model: the same seed on every rank, and DDP broadcasts rank 0's weights anyway.
     torch.manual_seed(seed)
-    model, net = models.build(args.depth, args.widen, world, half, bs)
+    model, net = models.build(args.depth, args.widen, world, half, bs,
+                              math.ceil(len(dataset) / world.world_size))
     master = MasterWeights(model)
     opt = make_optimizer(master, hyp)
 

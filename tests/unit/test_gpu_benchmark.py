@@ -93,10 +93,11 @@ def test_compile_figures_read_cold_then_cached_and_paste_into_recipe_yaml(tmp_pa
     rec = recipes.parse_recipe(recipe_dir / "recipe.yaml")
     (cost,) = [c for c in rec.compile_costs() if c.get("gpu")]  # beside the CPU's figure
     assert cost["compile_seconds"] == 61.5 and cost["compile_cached_seconds"] == 4.1
+    assert cost["gpu"] == "H100"  # the catalog's name, which estimate matches on
     assert cost["seconds"] == 1.71 and cost["when"] == {"compile": True,
                                                         "compile_scope": "step"}
     shown = render.recipe_detail(rec)
-    assert ("NVIDIA H100 80GB HBM3 [compile=true compile_scope=step]: 61.5 s the first time, "
+    assert ("H100 [compile=true compile_scope=step]: 61.5 s the first time, "
             "4.1 s from the data dir's cache") in shown
     assert "not measured yet" not in shown
 
@@ -110,3 +111,17 @@ def test_recipes_says_when_compile_was_not_measured_on_a_gpu():
     out = proc.stdout
     assert "compile=true costs, before the first step" in out
     assert "on a GPU: not measured yet; `python benchmarks/gpu.py --compile --runs 2`" in out
+
+
+def test_device_names_become_the_catalogs_gpu_names():
+    """issue 17: a pasted entry names the GPU as the catalog does, or estimate never uses it."""
+    gpu = _gpu_module()
+    for device, name in (("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"),
+                         ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA A100-SXM4-40GB",
+                                                                   "A100"),
+                         ("Tesla V100-SXM2-16GB", "V100"), ("Tesla V100-SXM2-32GB",
+                                                            "V100-32GB"),
+                         ("Tesla T4", "T4"), ("NVIDIA A10G", "A10G"), ("NVIDIA L4", "L4"),
+                         ("NVIDIA L40S", "L40S"), ("NVIDIA GeForce RTX 4090",
+                                                   "NVIDIA GeForce RTX 4090")):
+        assert gpu.catalog_gpu(device) == name, device

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -164,3 +167,20 @@ def test_envs_and_secrets_keep_their_values_as_written():
     assert o["envs"] == ("MODE=0755", "FLAG=yes", "AT=12:30", "V=1.50", "HEX=0x1F", "Q=007",
                          "T=True", "N=3", "OFF")
     assert o["secrets"] == ("PIN=0123", "KEY")
+
+
+@pytest.mark.parametrize("text, error", [
+    ("envs: {PORT: 8080, <<: {MODE: off}}", "job.yaml:2: envs: a merge key"),
+    ("secrets: &s {K: 0755}\nenvs: {A: 010, <<: *s}", "job.yaml:3: envs: a merge key"),
+    ("envs: {A: 1, A: 0755}", "job.yaml:2: envs.A: given twice"),
+])
+def test_envs_that_would_not_line_up_with_the_file_are_refused(text, error):
+    """A merge key or a name given twice in envs/secrets is one line naming it: the values
+    as written could otherwise land on the wrong variable."""
+    with pytest.raises(UsageError, match=re.escape(error)):
+        jobfile.parse("run: python train.py\n" + text + "\n")
+
+
+def test_a_date_in_envs_stays_as_typed():
+    o = jobfile.parse("run: x\nenvs: {WHEN: 2001-12-14 21:59:43.10, DAY: 2001-12-14}\n")
+    assert o["envs"] == ("WHEN=2001-12-14 21:59:43.10", "DAY=2001-12-14")

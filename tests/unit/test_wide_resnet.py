@@ -584,14 +584,27 @@ def test_compile_true_compiles_once_and_trains_exactly_as_eager_on_the_cpu(tmp_p
     compiled float32 model gives the eager run's figures."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # so that what the run sets is undone
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
-    common = ["--runs", "2", "--epochs", "1"]
+    # 120 images in batches of 32: the loader keeps a last batch of 24, a second shape that
+    # the warm-up must compile too (else it compiles in the first epoch, on the clock)
+    common = ["--runs", "2", "--epochs", "1", "--synthetic_train", "120"]
+    counters = torch._dynamo.utils.counters["stats"]
+    seen = {}
+    real_warm_up = train.compiling.warm_up
+
+    def warm_up(*args, **kwargs):
+        real_warm_up(*args, **kwargs)
+        seen["graphs after the warm-up"] = counters["unique_graphs"]
+
+    monkeypatch.setattr(train.compiling, "warm_up", warm_up)
     assert _run(tmp_path, "compiled", *common, "--compile", "true") == 0
+    assert counters["unique_graphs"] == seen["graphs after the warm-up"] > 0
     assert _run(tmp_path, "eager", *common) == 0
     (start,) = _rows(tmp_path, "compiled", event="startup")
     assert start["compile"] > 0 and start["to_first_step"] >= start["compile"]
     assert "warm_up" not in _rows(tmp_path, "eager", event="startup")[0]
     compiled, eager = _rows(tmp_path, "compiled"), _rows(tmp_path, "eager")
     assert [(r["run"], r["epoch"]) for r in compiled] == [(0, 1), (1, 1)]
+    assert compiled[0]["step"] == 4  # 3 batches of 32 and one of 24
     for a, b in zip(compiled, eager):
         for key in ("train_loss", "train_acc", "test_acc"):
             assert a[key] == pytest.approx(b[key], abs=1e-3), key
