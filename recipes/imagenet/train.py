@@ -64,7 +64,9 @@ Outputs, under $CLOUDTRAIN_JOB_DIR (default ./cloudtrain-run) or --job-dir (rank
                          global_batch, source, min_scale, val_mode, val_size, lr, train_loss,
                          train_acc, test_acc (top-1), top5, test_loss, images_per_s,
                          data_wait, train_time, loop_time, val_time, wall_time; an
-                         {"event": "target_reached"} row the first time top5 >= 0.93
+                         {"event": "target_reached"} row the first time top5 >= 0.93;
+                         first, an {"event": "startup"} row (common.startup: import, data,
+                         to_first_step seconds)
   dawnbench.tsv          the DAWNBench table (see Timers)
   checkpoints/last.pt    see above
 Data: a prepared tree (`cloudtrain data prepare imagenet SRC DEST`) at --data-dir, default

@@ -121,7 +121,9 @@ Outputs, under $CLOUDTRAIN_JOB_DIR (default ./cloudtrain-run) or --job-dir (rank
                           (seconds) and time; an {"event": "target_reached"} row when a run's
                           test_acc first reaches 0.94; with runs > 1 a final
                           {"event": "runs_summary"} row (common.runs.summarise of the runs'
-                          final test_acc, plus their median and max train_time)
+                          final test_acc, plus their median and max train_time); first, an
+                          {"event": "startup"} row (common.startup: import, data, warm_up or
+                          compile seconds, to_first_step)
   checkpoints/last.pt     written atomically after every epoch, and at a step boundary on
                           SIGTERM or SIGUSR1 (then exit 143); --resume true continues from it,
                           bit-for-bit, also across runs and ranks

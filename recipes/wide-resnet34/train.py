@@ -96,7 +96,9 @@ Outputs, under $CLOUDTRAIN_JOB_DIR (default ./cloudtrain-run) or --job-dir (rank
                           test_loss (fractions / per image), train_time, fastai_time,
                           wall_time (seconds; see Timer), time; once per run an
                           {"event": "target_reached"} row when test_acc first reaches 0.94;
-                          at the end an {"event": "runs_summary"} row (common.runs.summarise)
+                          at the end an {"event": "runs_summary"} row (common.runs.summarise);
+                          first, an {"event": "startup"} row (common.startup: import, data,
+                          compile seconds with compile=true, to_first_step)
   checkpoints/last.pt     written atomically after every epoch, and at a step boundary on
                           SIGTERM or SIGUSR1 (agreed by all ranks; then exit 143); every rank
                           reads it on --resume true
