@@ -128,9 +128,15 @@ class CloudLab:
         from moto.ec2.models.instances import StateReason
 
         backend = ec2_backends[DEFAULT_ACCOUNT_ID][REGION]
+        # moto's terminate() writes "Client.UserInitiatedShutdown" after the state: a
+        # DescribeInstances served in between (the supervisor polls from another process)
+        # saw a user's shutdown, and the job failed instead of recovering (once, in CI). The
+        # instance takes EC2's reason first, and keeps it through terminate().
+        found = backend.get_instance(instance["InstanceId"])
+        why = StateReason(reason[1], reason[0])
+        found.__class__ = type("Reclaimed", (type(found),), {
+            "state_reason": property(lambda self: why, lambda self, value: None)})
         backend.terminate_instances([instance["InstanceId"]])
-        backend.get_instance(instance["InstanceId"]).state_reason = StateReason(
-            reason[1], reason[0])
         ip = instance["PrivateIpAddress"]
         self.hosts[ip].close()  # sshd, agent, job, its tmux: every process in the namespace
         for socket in (self.tmux_root / ip).glob("tmux-*/*"):  # and its tmux server
