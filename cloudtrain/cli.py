@@ -146,31 +146,18 @@ class _LaunchCommand(click.Command):
         except click.NoSuchOption as exc:
             if "--" in typed:
                 raise
-            valued = {o for p in self.params if isinstance(p, click.Option) and not p.is_flag
-                      for o in p.opts}
-            cut, i = None, 0
-            while i < len(typed):  # the first word that is not an option or its value
-                if typed[i] in valued:
-                    i += 2
-                    continue
-                if not typed[i].startswith("-"):
-                    cut = i
-                    break
-                i += 1
-            if cut is None:
-                raise
+            from .cmdline import Options, unknown_option
             from .jobfile import is_job_file
 
-            if is_job_file(typed[cut]):
-                raise errors.UsageError(
-                    f"{exc.option_name} is not an option of cloudtrain launch",
-                    hint="a recipe argument is --set KEY=VALUE; launch's options go before or "
-                         "after the job file (cloudtrain launch --help)") from None
-            raise errors.UsageError(
-                f"{exc.option_name} is not an option of cloudtrain launch; your own command "
-                "goes after --",
-                hint="cloudtrain launch " + shlex.join(typed[:cut] + ["--"] + typed[cut:])
-            ) from None
+            opts = [p for p in self.params if isinstance(p, click.Option)]
+            options = Options(
+                valued=frozenset(o for p in opts if not p.is_flag for o in p.opts),
+                flags=frozenset(o for p in opts if p.is_flag
+                                for o in (*p.opts, *p.secondary_opts)) | {"-h", "--help"})
+            advice = unknown_option(typed, exc.option_name, options, is_job_file)
+            if advice is None:
+                raise
+            raise errors.UsageError(advice.message, hint=advice.hint) from None
 
 
 @cli.command(cls=_LaunchCommand, context_settings={**CONTEXT, "ignore_unknown_options": False})
