@@ -345,8 +345,9 @@ def _follow(store, settings, job, offset: int = 0, node: int = 0) -> None:
               "jobs not finished, and at most 20 that finished in the last 7 days).")
 @click.option("--state", "states", multiple=True, metavar="STATE", help="Only jobs in this "
               "state (repeatable, or a,b): pending, running, succeeded, failed, cancelled, ...")
-@click.option("--recipe", metavar="NAME", shell_complete=completion.recipes,
-              help="Only jobs of this recipe.")
+@click.option("--recipe", "recipes_", multiple=True, metavar="NAME",
+              shell_complete=completion.recipes,
+              help="Only jobs of this recipe (repeatable, or a,b).")
 @click.option("--name", metavar="PATTERN", help="Only jobs of this name, or whose name this "
               "shell glob matches ('exp-*').")
 @click.option("--since", metavar="AGE|DATE", help="Only jobs created since: 2h, 3d, 2w, or a "
@@ -361,7 +362,7 @@ def _follow(store, settings, job, offset: int = 0, node: int = 0) -> None:
 @click.option("--interval", type=click.FloatRange(min=0.1, max=3600), default=2.0,
               show_default=True, metavar="SECONDS", help="With --watch: seconds between updates.")
 def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
-           recipe: str | None, name: str | None, since: str | None, limit: int | None,
+           recipes_: tuple[str, ...], name: str | None, since: str | None, limit: int | None,
            refresh: bool, wide: bool, watch: bool, interval: float) -> None:
     """Show active and recent jobs (-a: all), or one job in detail with its timeline.
 
@@ -379,8 +380,8 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
     if watch and as_json:
         raise errors.UsageError("--watch redraws the table; --json prints once",
                                 hint="drop one of them")
-    filters = history.parse_filters(states, recipe, name, since)
-    if job and (filters.any() or all_ or limit):
+    filters = history.parse_filters(states, recipes_, name, since)
+    if job is not None and (filters.any() or all_ or limit):
         raise errors.UsageError("-a, --state, --recipe, --name, --since and --limit choose "
                                 "jobs for the list, not for one job's detail",
                                 hint=f"cloudtrain status {job}")
@@ -394,7 +395,7 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
                 click.echo(render.cloud_instances(found, width=_width(wide)))
 
         def view() -> str:
-            if job:
+            if job is not None:  # U36: `status ''` is refused as `logs ''` is
                 from . import jobs
 
                 d = jobs.detail(store, settings, job)
@@ -414,7 +415,8 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
             shown, hidden = history.select(store, filters, all_=all_ or as_json, limit=limit)
             if as_json:
                 return render.jobs_json(shown)
-            text = render.status_table(shown, width=_width(wide), color=_color())
+            text = render.status_table(shown, width=_width(wide), color=_color()) if shown \
+                else history.empty_view(store, filters)
             note = history.footer(hidden, filters, all_=all_)
             if note:
                 text += "\n" + note

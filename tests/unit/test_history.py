@@ -124,7 +124,8 @@ def _reference(rows, states=(), recipe=None, name=None, since=None):
     """What the filters mean, computed in Python from the rows themselves."""
     return [r for r in rows
             if (not states or r["state"] in states)
-            and (recipe is None or r["recipe"] == recipe)
+            and (recipe is None or r["recipe"] in ",".join(
+                (recipe,) if isinstance(recipe, str) else recipe).split(","))
             and (name is None or r["name"] == name or fnmatch.fnmatchcase(r["name"], name))
             and (since is None or r["created_at"] >= since)]
 
@@ -133,6 +134,8 @@ def _reference(rows, states=(), recipe=None, name=None, since=None):
     (("failed",), None, None, None),
     (("failed", "cancelled"), None, None, None),
     ((), "resnet9", None, None),
+    ((), ("resnet9", "airbench94"), None, None),  # U18: several recipes: any of them
+    ((), ("resnet9,wide-resnet34",), None, None),
     ((), None, "exp-7*", None),
     ((), None, "exp-1?", None),
     ((), None, "exp-[!1-8]?", None),       # a shell set, negated with !
@@ -170,6 +173,32 @@ def test_a_name_with_glob_characters_also_matches_exactly(store):
                      "created_at": NOW - DAY, "ended_at": NOW - DAY}])
     shown, _ = history.select(store, history.parse_filters(name="run[1]"), all_=True, now=NOW)
     assert sorted(_ids(shown)) == ["0000000a", "0000000b"]
+
+
+def test_u18_several_recipes_all_count_and_the_footer_repeats_them(store):
+    """U18: `--recipe resnet9 --recipe airbench94` shows both recipes' jobs (it showed only
+    the last one's)."""
+    filters = history.parse_filters((), ("resnet9", "airbench94"), None, None, now=NOW)
+    assert filters.recipes == ("resnet9", "airbench94")
+    assert history.footer(2, filters) == ("(2 older jobs not shown: cloudtrain status -a "
+                                          "--recipe resnet9 --recipe airbench94)")
+
+
+def test_u6_an_empty_filter_result_says_what_matched_nothing(store):
+    """U6: a filter that matches nothing says so, with the count of all jobs and the command
+    that shows them; an unknown recipe name is said; "no jobs yet" only when there are none."""
+    assert history.empty_view(store, history.Filters()) == (
+        "no jobs yet: cloudtrain launch --recipe resnet9 --profile smoke --follow")
+    _insert(store, _thousand(seed=3)[:23])
+    assert history.empty_view(store, history.parse_filters(["running"], now=NOW)) == (
+        "no jobs match --state running (23 jobs in all: cloudtrain status -a)")
+    assert history.empty_view(store, history.parse_filters((), "resnet99", now=NOW)) == (
+        "no jobs match --recipe resnet99 (23 jobs in all: cloudtrain status -a); no recipe "
+        "is named resnet99 (cloudtrain recipes lists them)")
+    assert history.empty_view(store, history.parse_filters(name="nomatch*", now=NOW)) == (
+        "no jobs match --name 'nomatch*' (23 jobs in all: cloudtrain status -a)")
+    assert history.empty_view(store, history.Filters()) == (
+        "no active or recent jobs (23 jobs in all: cloudtrain status -a)")
 
 
 def test_footer_gives_the_command_with_the_same_filters(store):
