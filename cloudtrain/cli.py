@@ -536,7 +536,8 @@ def rm(refs: tuple[str, ...], dry_run: bool, yes: bool) -> None:
 
 @cli.command()
 @click.option("--older-than", metavar="AGE|DATE", required=True, help="Jobs that finished "
-              "before then: 30d, 2w, or a date (2026-01-01).")
+              "before then: 90min, 30d, 2w, 6mo, or a date (2026-01-01); not 6m (minutes or "
+              "months?).")
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask first (nothing is asked without a "
               "terminal either).")

@@ -41,7 +41,7 @@ class View:
 # this rule looks at; -a shows every job the filters match.
 DEFAULT_VIEW = View(finished_within_s=7 * 86400, finished_at_most=20)
 
-DURATION_UNITS = "m, h, d or w"  # ledger.parse_since's units
+DURATION_UNITS = "min, h, d, w or mo"  # ledger.DURATION_UNITS (m: minutes too)
 GLOB_CHARS = re.compile(r"[*?\[]")  # a --name with one of these is a pattern too
 
 
@@ -117,16 +117,23 @@ def parse_filters(states: tuple[str, ...] | list[str] = (),
                    since_text=since)
 
 
-def parse_time(text: str, flag: str, now: float) -> float:
-    """A point in the past as epoch seconds: a duration ago (30m, 2h, 3d, 2w: ledger's
-    `--since` units) or a date (2026-11-01, 2026-11-01T14:30; local time unless it says)."""
-    from .ledger import parse_since
+def parse_time(text: str, flag: str, now: float, *, destructive: bool = False) -> float:
+    """A point in the past as epoch seconds: a duration ago (30min, 2h, 3d, 2w, 6mo: ledger's
+    units) or a date (2026-11-01, 2026-11-01T14:30; local time unless it says). With
+    `destructive` (prune), `6m` is refused: it reads as minutes, and a cron line meant six
+    months would remove everything older than six minutes (U14)."""
+    from .ledger import duration_seconds, parse_since
 
     text = (text or "").strip()
     expected = (f"a duration ({DURATION_UNITS} after a number: 2h, 3d, 2w) or a date "
                 "(2026-11-01)")
     if not text:
         raise UsageError(f"{flag} needs a value: {expected}")
+    got = duration_seconds(text)
+    if destructive and got is not None and got[1] == "m":
+        number = text[:-1].strip()
+        raise UsageError(f"{flag} {shown(text)}: m could mean minutes or months",
+                         hint=f"write {number}min or {number}mo")
     try:
         at = parse_since(text, now)
     except UsageError:
@@ -221,6 +228,7 @@ class Refusal:
 class Plan:
     removals: list[Removal]
     refused: list[Refusal]
+    cutoff: float | None = None  # prune: jobs that finished before this time
 
     @property
     def bytes(self) -> int:
@@ -256,15 +264,13 @@ def plan_removal(store: Store, refs: tuple[str, ...] | list[str] = (), *,
     if refs:
         jobs: list[Job] = []
         for ref in refs:
-            try:
-                job = store.find_job(ref)
-            except UsageError as exc:  # NotFound, an ambiguous prefix: this one is kept
-                refused.append(Refusal(ref, exc.message, exc.hint))
-                continue
+            # U26: a reference that names no job (or an ambiguous prefix) is a usage error,
+            # raised before anything is removed, as every other command refuses it
+            job = store.find_job(ref)
             if all(j.id != job.id for j in jobs):
                 jobs.append(job)
     else:
-        cutoff = parse_time(older_than, "--older-than", now)
+        cutoff = parse_time(older_than, "--older-than", now, destructive=True)
         jobs = store.find_jobs(JobQuery(finished=True, ended_before=cutoff))
     removals = []
     active = store.find_jobs(JobQuery(finished=False))
@@ -274,7 +280,7 @@ def plan_removal(store: Store, refs: tuple[str, ...] | list[str] = (), *,
             refused.append(kept)
         else:
             removals.append(_measure(job, home))
-    return Plan(removals, refused)
+    return Plan(removals, refused, cutoff=None if refs else cutoff)
 
 
 def why_kept(store: Store, job: Job, active: list[Job] | None = None) -> Refusal | None:

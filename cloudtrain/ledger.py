@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import time
 from dataclasses import dataclass
 
@@ -129,16 +130,31 @@ class Row:
     staging: float = 0.0  # of `dollars`: copying datasets onto the disk before training
 
 
+# A duration's units, in seconds: m is minutes (30m), as `status --since` has always read it;
+# min and mo say minutes and months (30 days) without doubt, y is 365 days.
+DURATION_UNITS = {"s": 1, "min": 60, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400,
+                  "mo": 30 * 86400, "y": 365 * 86400}
+DURATION = re.compile(r"\s*([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*"
+                      r"(s|min|mo|m|h|d|w|y)\s*\Z")
+
+
+def duration_seconds(text: str) -> tuple[float, str] | None:
+    """'30d' -> (2592000.0, 'd'); None when `text` is not a number and a unit."""
+    m = DURATION.match(text or "")
+    if not m:
+        return None
+    return float(m.group(1)) * DURATION_UNITS[m.group(2)], m.group(2)
+
+
 def parse_since(text: str | None, now: float) -> float | None:
     from .errors import UsageError
 
     if not text:
         return None
-    units = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-    try:
-        return now - float(text[:-1]) * units[text[-1]]
-    except (KeyError, ValueError):
+    got = duration_seconds(text)
+    if got is None:
         raise UsageError(f"--since {text}: expected a number and a unit, e.g. 30d, 12h, 2w") from None
+    return now - got[0]
 
 
 def report(store: Store, by: str = "job", since: str | None = None,

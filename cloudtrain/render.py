@@ -845,13 +845,20 @@ def removal_size(n: int) -> str:
     return f"{n} B"
 
 
-def removal_plan(plan, verb: str = "remove") -> str:
-    """What will go (each job, its files) and what is kept and why."""
+def removal_plan(plan, verb: str = "remove", now: float | None = None) -> str:
+    """What will go (each job, its files, in aligned columns) and what is kept and why; for
+    prune, first the moment it cuts at, as a date and an age (U14)."""
     # a name or a link's target may hold terminal escapes: _printable
     out = []
+    if getattr(plan, "cutoff", None) is not None:
+        now = time.time() if now is None else now
+        ago = max(0.0, now - plan.cutoff)
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(plan.cutoff))
+        out.append(f"jobs that finished before {when} ({_spelled_age(ago)} ago):")
     if plan.removals:
         out.append(f"{verb} {len(plan.removals)} finished job(s) and {removal_size(plan.bytes)} "
                    f"of files ({plan.files} files):")
+        rows = []
         for r in plan.removals:
             job = r.job
             what = "no files" if r.path is None else (
@@ -859,12 +866,24 @@ def removal_plan(plan, verb: str = "remove") -> str:
                 else f"{r.path} ({removal_size(r.bytes)})")
             ended = time.strftime("%Y-%m-%d", time.localtime(job.ended_at)) \
                 if job.ended_at else "?"
-            out.append(f"  {_printable(job.id)}  {_printable(job.name or '-')}  {job.state} "
-                       f"{ended}  {what}")
+            rows.append([_printable(job.id), _printable(job.name or "-"), job.state, ended, what])
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        out += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4]
+                for row in rows]
     else:
         out.append("nothing to remove")
     out += refusal_lines(plan.refused)
     return "\n".join(out)
+
+
+def _spelled_age(seconds: float) -> str:
+    """30 days, 6 minutes, 1 hour: an age in the largest whole unit, words not letters."""
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    n = int(seconds)
+    return f"{n} second{'s' if n != 1 else ''}"
 
 
 def refusal_lines(refused: list) -> list[str]:
