@@ -1010,7 +1010,10 @@ def supervisor_status(as_json: bool) -> None:
     from . import supervisor
 
     info = supervisor.state_of(config.home())
-    click.echo(render.supervisor_json(info) if as_json else render.supervisor_line(info))
+    with _store() as store:
+        needed = supervisor.needed(store)
+    click.echo(render.supervisor_json(info) if as_json else
+               render.supervisor_line(info, needed=needed))
 
 
 @supervisor_group.command(name="start")

@@ -437,8 +437,12 @@ def _shown_long(text) -> str:
     return "".join(c if c.isprintable() else " " for c in str(text)[:300])
 
 
-def supervisor_line(info: dict) -> str:
+def supervisor_line(info: dict, needed: bool = True) -> str:
+    """The supervisor in one line; "NOT running" in capitals only when a recovering job needs
+    it (U35: with nothing to watch, not running is how it should be)."""
     if not info.get("running"):
+        if not needed:
+            return "supervisor: not running (no recovering spot job needs it)"
         return "supervisor: NOT running (any cloudtrain command restarts it while a recovering " \
                "job needs it)"
     beat = info.get("heartbeat_at")
