@@ -451,7 +451,8 @@ def metrics(refs: tuple[str, ...], as_csv: bool, as_json: bool, wide: bool) -> N
 
     if as_csv and as_json:
         raise errors.UsageError("give --csv or --json, not both")
-    data = [curves.read_job(j.id, j.name, path) for j, path, _ in _metric_jobs(refs)]
+    data = [curves.read_job(j.id, j.name, path, started_at=j.started_at, finished=not j.active)
+            for j, path, _ in _metric_jobs(refs)]
     click.echo(curves.to_csv(data) if as_csv else curves.to_json(data) if as_json else
                curves.table(data, width=_width(wide)), nl=not as_csv)
 
@@ -481,7 +482,8 @@ def plot(refs: tuple[str, ...], output: str, target: float | None, title: str | 
         target, metric = next(iter(targets))
     else:
         metric = next(iter(targets))[1] if len({m for _, m in targets}) == 1 else None
-    data = [curves.read_job(j.id, j.name, path) for j, path, _ in found]
+    data = [curves.read_job(j.id, j.name, path, started_at=j.started_at, finished=not j.active)
+            for j, path, _ in found]
     for note in curves.plot(data, output, target=target, metric=metric, title=title):
         click.echo(note, err=True)
     click.echo(f"wrote {output}")
