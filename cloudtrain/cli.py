@@ -654,9 +654,6 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
       cloudtrain catalog --region eu-west-1 --json
       cloudtrain catalog --refresh --region us-east-1
     """
-    import dataclasses
-    import json
-
     from . import catalog as catalog_module
 
     region = region or catalog_module.default_region()
@@ -668,10 +665,9 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
 
     types = catalog_module.matching(gpu, None, region)
     if as_json:
-        click.echo(json.dumps({"snapshot": catalog_module.SNAPSHOT, "region": region,
-                               "on_demand_source": catalog_module.on_demand_source(region),
-                               "spot_source": catalog_module.spot_source(region),
-                               "types": [dataclasses.asdict(t) for t in types]}, indent=1))
+        click.echo(render.catalog_json(types, region, catalog_module.SNAPSHOT,
+                                       catalog_module.on_demand_source(region),
+                                       catalog_module.spot_source(region)))
     else:
         click.echo(render.catalog_table(types, region, width=_width(wide)))
         click.echo(render.catalog_sources(region, catalog_module.on_demand_source(region),
@@ -753,11 +749,7 @@ def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh
             jobs.settle_all(store)
         rows, total = ledger.report(store, by, since)
     if as_json:
-        import dataclasses
-        import json
-
-        click.echo(json.dumps({"by": by, "rows": [dataclasses.asdict(r) for r in rows],
-                               "total": dataclasses.asdict(total)}, indent=1))
+        click.echo(ledger.report_json(rows, total, by))
     elif as_csv:
         click.echo(ledger.report_csv(rows, total, by), nl=False)
     else:

@@ -366,8 +366,9 @@ def to_csv(jobs: list[JobMetrics]) -> str:
 
 
 def to_json(jobs: list[JobMetrics]) -> str:
-    """`metrics --json`: [{job, name, rows, events, notes}], rows as read (cleaned)."""
-    return json.dumps([{"job": j.job, "name": j.name, "rows": j.rows, "events": j.events,
+    """`metrics --json`: [{id, name, rows, events, notes}], rows as read (cleaned); the job's
+    id is `id`, as in status --json (U25)."""
+    return json.dumps([{"id": j.job, "name": j.name, "rows": j.rows, "events": j.events,
                         "notes": j.notes} for j in jobs], indent=1)
 
 

@@ -312,7 +312,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                               if v)
     if billed_phases:  # a local job's phases cost nothing: no empty line (D35)
         out.append("  by phase  " + billed_phases)
-    if detail.get("to_target") is not None:
+    if detail.get("to_target") is not None and job.backend != "local":  # U29: nothing billed
         out.append(f"  to target {money4(detail['to_target'])}")
     expected = (job.spec or {}).get("expected")
     if expected:
@@ -450,6 +450,25 @@ def supervisor_line(info: dict, needed: bool = True) -> str:
     return (f"supervisor: running (pid {info.get('pid')}, watching {info.get('watching') or 0} "
             f"job(s){seen}; tmux -L {info.get('tmux_socket') or 'cloudtrain'} attach -t "
             f"{info.get('session')})")
+
+
+def whole(number):
+    """A count as an int where it is whole (JSON's `gpus: 1`, not 1.0); a fraction as is."""
+    return int(number) if isinstance(number, float) and number.is_integer() else number
+
+
+def catalog_json(types, region: str, snapshot: str, on_demand_source: str,
+                 spot_source: str) -> str:
+    """`catalog --json`: each type under `instance_type`, as estimate --json names it (U25)."""
+    out = []
+    for t in types:
+        data = dataclasses.asdict(t)
+        data = {"instance_type": data.pop("name"), **data}
+        data["gpus"] = whole(data["gpus"])
+        out.append(data)
+    return json.dumps({"snapshot": snapshot, "region": region,
+                       "on_demand_source": on_demand_source, "spot_source": spot_source,
+                       "types": out}, indent=1)
 
 
 def supervisor_json(info: dict) -> str:
@@ -683,18 +702,41 @@ def _estimated(dollars, settled: bool) -> str:
 
 
 def cost_report(rows, total, by: str, *, width: int | None = None) -> str:
+    """`cost-report`: a row per group and the total. By job (U29): each cloud job with its
+    name, date, what it ran and its instance types (JOBS would always be 1); the jobs run on
+    this machine, which cost nothing, as one row."""
     if not rows:
         return "no jobs in that period"
     copies = total.staging > 0  # the data copy's share, where any job staged data
-    body = [[r.key, str(r.jobs), _estimated(r.dollars, r.settled),
-             "" if r.settled else "estimate",
-             money4(r.to_target) if r.to_target is not None else ""]
-            + ([money4(r.staging) if r.staging else ""] if copies else []) for r in rows]
+    tail = lambda r: ([_estimated(r.dollars, r.settled), "" if r.settled else "estimate",  # noqa: E731
+                       money4(r.to_target) if r.to_target is not None else ""]
+                      + ([money4(r.staging) if r.staging else ""] if copies else []))
+    money_cols = [Col("COST"), Col("", cut=8, drop=3), Col("TO TARGET", drop=2)] + \
+        ([Col("OF WHICH DATA COPY", drop=1)] if copies else [])
+    if by == "job":
+        body = []
+        for r in rows:
+            if r.local:
+                head = ["local", f"{r.jobs} job{'s' if r.jobs != 1 else ''} on this machine",
+                        "", "", ""]
+            else:
+                head = [r.key, _printable(r.name or "-"),
+                        time.strftime("%Y-%m-%d", time.localtime(r.created_at))
+                        if _finite(r.created_at) is not None else "-",
+                        _printable(r.what or "-"), r.instances or "-"]
+            body.append(head + tail(r))
+        body.append(["TOTAL", f"{total.jobs} job{'s' if total.jobs != 1 else ''}", "", "", ""]
+                    + [_estimated(total.dollars, total.settled),
+                       "" if total.settled else "includes estimates", ""]
+                    + ([money4(total.staging)] if copies else []))
+        cols = [Col("ID"), Col("NAME", cut=12, drop=5), Col("DATE", drop=6),
+                Col("WHAT", cut=16, drop=4), Col("INSTANCE", cut=14, drop=7)] + money_cols
+        return grid(cols, body, width=width)
+    body = [[r.key, str(r.jobs)] + tail(r) for r in rows]
     body.append(["TOTAL", str(total.jobs), _estimated(total.dollars, total.settled),
                  "" if total.settled else "includes estimates", ""]
                 + ([money4(total.staging)] if copies else []))
-    cols = [Col(by.upper(), cut=16), Col("JOBS"), Col("COST"), Col("", cut=8, drop=3),
-            Col("TO TARGET", drop=2)] + ([Col("OF WHICH DATA COPY", drop=1)] if copies else [])
+    cols = [Col(by.upper(), cut=16), Col("JOBS")] + money_cols
     return grid(cols, body, width=width)
 
 

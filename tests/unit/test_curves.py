@@ -304,7 +304,7 @@ def test_json_is_a_list_of_jobs_with_their_rows(ct_home):
     """issue 16: --json is [{job, name, rows, events, notes}]."""
     a = job_at(ct_home, "aaaa", resnet9_rows(2) + [TARGET], name="fast")
     got = json.loads(curves.to_json([a, curves.read_job("bbbb")]))
-    assert [g["job"] for g in got] == ["aaaa", "bbbb"]
+    assert [g["id"] for g in got] == ["aaaa", "bbbb"]
     assert got[0]["name"] == "fast" and got[0]["rows"] == resnet9_rows(2)
     assert got[0]["events"] == [TARGET]
     assert got[1]["rows"] == [] and len(got[1]["notes"]) == 1
