@@ -82,7 +82,32 @@ def _grace(ctx, param, value: float | None) -> float | None:
     return None if value is None else config.finite(value, "--grace (seconds)", low=0, high=3600)
 
 
-@click.group(context_settings=CONTEXT)
+# U32: what SkyPilot, dstack and docker users type first, and what does it here.
+OTHER_TOOLS_VERBS = {
+    "queue": "cloudtrain status", "ps": "cloudtrain status", "ls": "cloudtrain status",
+    "list": "cloudtrain status", "jobs": "cloudtrain status",
+    "cancel": "cloudtrain down JOB", "stop": "cloudtrain down JOB",
+    "kill": "cloudtrain down JOB", "terminate": "cloudtrain down JOB",
+    "exec": "cloudtrain ssh JOB -- CMD; a new job on a kept instance: cloudtrain launch --on JOB",
+    "run": "cloudtrain launch -- CMD, or cloudtrain launch job.yaml",
+    "apply": "cloudtrain launch job.yaml", "start": "cloudtrain launch job.yaml",
+    "show-gpus": "cloudtrain catalog", "gpus": "cloudtrain catalog",
+    "cost": "cloudtrain cost-report", "log": "cloudtrain logs JOB",
+    "rm-all": "cloudtrain prune --older-than 30d",
+}
+
+
+class _Group(click.Group):
+    """The command group: a verb from another tool says which command does it here."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] in OTHER_TOOLS_VERBS and self.get_command(ctx, args[0]) is None:
+            raise errors.UsageError(f"cloudtrain has no {args[0]} command",
+                                    hint=f"use {OTHER_TOOLS_VERBS[args[0]]}")
+        return super().resolve_command(ctx, args)
+
+
+@click.group(cls=_Group, context_settings=CONTEXT)
 @click.option("--debug", is_flag=True, help="Show tracebacks for unexpected errors.")
 @click.version_option(package_name="cloudtrain")
 @click.pass_context
