@@ -67,6 +67,18 @@ def _width(wide: bool) -> int | None:
     return None
 
 
+def _rows_that_fit(limit: int | None) -> int | None:
+    """status --watch in a terminal: at most the jobs that fit its height (U31: a 20-line
+    terminal got 23 lines and scrolled), with the header, the footer and the supervisor's
+    line; piped, `limit` as given."""
+    if not sys.stdout.isatty():
+        return limit
+    import shutil
+
+    fit = max(1, shutil.get_terminal_size().lines - 4)
+    return fit if limit is None else min(limit, fit)
+
+
 def _color() -> bool:
     """Colours (job states) only in a terminal, and never with NO_COLOR set (no-color.org)."""
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR") \
@@ -437,7 +449,8 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
 
                 jobs.refresh_active(store, settings, active)
             # --json is for scripts: every job the filters match, as before issue 16
-            shown, hidden = history.select(store, filters, all_=all_ or as_json, limit=limit)
+            shown, hidden = history.select(store, filters, all_=all_ or as_json,
+                                           limit=_rows_that_fit(limit) if watch else limit)
             if as_json:
                 return render.jobs_json(shown)
             text = render.status_table(shown, width=_width(wide), color=_color()) if shown \

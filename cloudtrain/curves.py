@@ -313,7 +313,8 @@ def _job_table(job: JobMetrics, width: int | None) -> list[str]:
     for event in job.events[:MAX_EVENTS_SHOWN]:
         detail = ", ".join(f"{render._printable(k)} {cell(k, v)}" for k, v in event.items()
                            if k not in ("event", "time"))
-        out.append(f"event {render._shown(event.get('event'))}" + (f": {detail}" if detail else ""))
+        out += render._wrapped(f"event {render._shown(event.get('event'))}"
+                               + (f": {detail}" if detail else ""), width, "", "  ")  # U31
     if len(job.events) > MAX_EVENTS_SHOWN:
         out.append(f"... and {len(job.events) - MAX_EVENTS_SHOWN} more events (--json)")
     if not rows:

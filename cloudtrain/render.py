@@ -296,7 +296,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
     now = time.time() if now is None else now
     out = [f"job {job.id}" + (f" ({job.name})" if job.name else ""),
            f"  what      {job.command}",
-           *args_lines(job),
+           *args_lines(job, width),
            f"  backend   {job.backend}",
            f"  state     {job.state}" + (f": {job.reason}" if job.reason else ""),
            ]
@@ -360,7 +360,25 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
         out.append(f"  {title}:")
         text = log_tail.decode("utf-8", "replace").rstrip("\n")
         out += ["    " + line for line in text.splitlines()]
-    return "\n".join(out)
+    return "\n".join(_fitted(out, width))
+
+
+def _fitted(lines: list[str], width: int | None) -> list[str]:
+    """`status JOB`'s lines wrapped at `width` (U31): a `  key       value` line under its
+    value's column, a timeline or output line two spaces in; tables (fitted already) and
+    short lines as they are."""
+    if width is None:
+        return lines
+    out = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+        elif line.startswith("  ") and not line.startswith("   ") and line[11:12] == " ":
+            out += _wrapped(line[2:], width, "  ", " " * 12)
+        else:
+            lead = " " * (len(line) - len(line.lstrip(" ")))
+            out += _wrapped(line.lstrip(" "), width, lead, lead + "  ")
+    return out
 
 
 def startup_text(row: dict) -> str:
@@ -606,11 +624,13 @@ def recipe_detail(r, *, width: int | None = None) -> str:
                 out += _wrapped(f"source: {p['source']}", width, INDENT + "  ", INDENT + "    ")
     timed = [m for m in r.measured if m.get("gpu") and m.get("seconds") is not None]
     if timed:
-        out.append("  measured with this code (estimate prefers these on the same GPU)")
+        out += _wrapped("measured with this code (estimate prefers these on the same GPU)",
+                        width, "  ")
         for m in timed:
             out += _wrapped(_measured_text(m), width, INDENT, INDENT + "  ")
     if "compile" in r.arguments:
-        out.append("  compile=true costs, before the first step (off the train clock, billed)")
+        out += _wrapped("compile=true costs, before the first step (off the train clock, "
+                        "billed)", width, "  ")
         costs = r.compile_costs()
         for m in costs:
             out += _wrapped(_compile_cost_text(m), width, INDENT, INDENT + "  ")
@@ -753,8 +773,10 @@ def estimate_table(est, *, width: int | None = None) -> str:
             share = f" ({r.staging_s / r.total_s:.0%})" if r.total_s else ""
             row[3:3] = [duration(r.staging_s) + share if r.total_s else "-"]
         rows.append(row)
-    cols = [Col("TYPE"), Col("GPUS"), Col("TRAINING"), Col("TOTAL"), Col("$/RUN ON-DEMAND"),
-            Col("$/RUN SPOT"), Col("", cut=8, drop=2), Col("BASIS", cut=12, drop=1)]
+    # U31: in a narrow terminal TRAINING goes, then GPUS (the type's name says them)
+    cols = [Col("TYPE"), Col("GPUS", drop=5), Col("TRAINING", drop=4), Col("TOTAL"),
+            Col("$/RUN ON-DEMAND"), Col("$/RUN SPOT"), Col("", cut=8, drop=2),
+            Col("BASIS", cut=12, drop=1)]
     if est.staging_bytes or est.preread_s:
         cols[3:3] = [Col("DATA COPY", drop=3)]
     texts = [f"{est.recipe}{f' (profile {est.profile})' if est.profile else ''} in {est.region}: "
@@ -869,8 +891,9 @@ def datasets_json(rows: list[dict]) -> str:
     return json.dumps(rows, indent=1)
 
 
-def args_lines(job: Job) -> list[str]:
-    """`status JOB`: a recipe job's arguments as its script got them, all of them (D18)."""
+def args_lines(job: Job, width: int | None = None) -> list[str]:
+    """`status JOB`: a recipe job's arguments as its script got them, all of them (D18),
+    wrapped at `width` (U31)."""
     args = (job.spec or {}).get("args") if isinstance(job.spec, dict) else None
     if not isinstance(args, dict) or not args:
         return []
@@ -878,7 +901,7 @@ def args_lines(job: Job) -> list[str]:
 
     words = [f"{k}={shlex.quote(str(v).lower() if isinstance(v, bool) else str(v))}"
              for k, v in args.items()]
-    return ["  args      " + " ".join(words)]
+    return _wrapped("args      " + " ".join(words), width, "  ", " " * 12)
 
 
 # -- rm / prune (history.py's plans) -------------------------------------------------------
