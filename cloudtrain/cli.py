@@ -67,6 +67,18 @@ def _width(wide: bool) -> int | None:
     return None
 
 
+def _rows_that_fit(limit: int | None) -> int | None:
+    """status --watch in a terminal: at most the jobs that fit its height (U31: a 20-line
+    terminal got 23 lines and scrolled), with the header, the footer and the supervisor's
+    line; piped, `limit` as given."""
+    if not sys.stdout.isatty():
+        return limit
+    import shutil
+
+    fit = max(1, shutil.get_terminal_size().lines - 4)
+    return fit if limit is None else min(limit, fit)
+
+
 def _color() -> bool:
     """Colours (job states) only in a terminal, and never with NO_COLOR set (no-color.org)."""
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR") \
@@ -82,7 +94,32 @@ def _grace(ctx, param, value: float | None) -> float | None:
     return None if value is None else config.finite(value, "--grace (seconds)", low=0, high=3600)
 
 
-@click.group(context_settings=CONTEXT)
+# U32: what SkyPilot, dstack and docker users type first, and what does it here.
+OTHER_TOOLS_VERBS = {
+    "queue": "cloudtrain status", "ps": "cloudtrain status", "ls": "cloudtrain status",
+    "list": "cloudtrain status", "jobs": "cloudtrain status",
+    "cancel": "cloudtrain down JOB", "stop": "cloudtrain down JOB",
+    "kill": "cloudtrain down JOB", "terminate": "cloudtrain down JOB",
+    "exec": "cloudtrain ssh JOB -- CMD; a new job on a kept instance: cloudtrain launch --on JOB",
+    "run": "cloudtrain launch -- CMD, or cloudtrain launch job.yaml",
+    "apply": "cloudtrain launch job.yaml", "start": "cloudtrain launch job.yaml",
+    "show-gpus": "cloudtrain catalog", "gpus": "cloudtrain catalog",
+    "cost": "cloudtrain cost-report", "log": "cloudtrain logs JOB",
+    "rm-all": "cloudtrain prune --older-than 30d",
+}
+
+
+class _Group(click.Group):
+    """The command group: a verb from another tool says which command does it here."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] in OTHER_TOOLS_VERBS and self.get_command(ctx, args[0]) is None:
+            raise errors.UsageError(f"cloudtrain has no {args[0]} command",
+                                    hint=f"use {OTHER_TOOLS_VERBS[args[0]]}")
+        return super().resolve_command(ctx, args)
+
+
+@click.group(cls=_Group, context_settings=CONTEXT)
 @click.option("--debug", is_flag=True, help="Show tracebacks for unexpected errors.")
 @click.version_option(package_name="cloudtrain")
 @click.pass_context
@@ -146,31 +183,18 @@ class _LaunchCommand(click.Command):
         except click.NoSuchOption as exc:
             if "--" in typed:
                 raise
-            valued = {o for p in self.params if isinstance(p, click.Option) and not p.is_flag
-                      for o in p.opts}
-            cut, i = None, 0
-            while i < len(typed):  # the first word that is not an option or its value
-                if typed[i] in valued:
-                    i += 2
-                    continue
-                if not typed[i].startswith("-"):
-                    cut = i
-                    break
-                i += 1
-            if cut is None:
-                raise
+            from .cmdline import Options, unknown_option
             from .jobfile import is_job_file
 
-            if is_job_file(typed[cut]):
-                raise errors.UsageError(
-                    f"{exc.option_name} is not an option of cloudtrain launch",
-                    hint="a recipe argument is --set KEY=VALUE; launch's options go before or "
-                         "after the job file (cloudtrain launch --help)") from None
-            raise errors.UsageError(
-                f"{exc.option_name} is not an option of cloudtrain launch; your own command "
-                "goes after --",
-                hint="cloudtrain launch " + shlex.join(typed[:cut] + ["--"] + typed[cut:])
-            ) from None
+            opts = [p for p in self.params if isinstance(p, click.Option)]
+            options = Options(
+                valued=frozenset(o for p in opts if not p.is_flag for o in p.opts),
+                flags=frozenset(o for p in opts if p.is_flag
+                                for o in (*p.opts, *p.secondary_opts)) | {"-h", "--help"})
+            advice = unknown_option(typed, exc.option_name, options, is_job_file)
+            if advice is None:
+                raise
+            raise errors.UsageError(advice.message, hint=advice.hint) from None
 
 
 @cli.command(cls=_LaunchCommand, context_settings={**CONTEXT, "ignore_unknown_options": False})
@@ -358,8 +382,9 @@ def _follow(store, settings, job, offset: int = 0, node: int = 0) -> None:
               "jobs not finished, and at most 20 that finished in the last 7 days).")
 @click.option("--state", "states", multiple=True, metavar="STATE", help="Only jobs in this "
               "state (repeatable, or a,b): pending, running, succeeded, failed, cancelled, ...")
-@click.option("--recipe", metavar="NAME", shell_complete=completion.recipes,
-              help="Only jobs of this recipe.")
+@click.option("--recipe", "recipes_", multiple=True, metavar="NAME",
+              shell_complete=completion.recipes,
+              help="Only jobs of this recipe (repeatable, or a,b).")
 @click.option("--name", metavar="PATTERN", help="Only jobs of this name, or whose name this "
               "shell glob matches ('exp-*').")
 @click.option("--since", metavar="AGE|DATE", help="Only jobs created since: 2h, 3d, 2w, or a "
@@ -374,7 +399,7 @@ def _follow(store, settings, job, offset: int = 0, node: int = 0) -> None:
 @click.option("--interval", type=click.FloatRange(min=0.1, max=3600), default=2.0,
               show_default=True, metavar="SECONDS", help="With --watch: seconds between updates.")
 def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
-           recipe: str | None, name: str | None, since: str | None, limit: int | None,
+           recipes_: tuple[str, ...], name: str | None, since: str | None, limit: int | None,
            refresh: bool, wide: bool, watch: bool, interval: float) -> None:
     """Show active and recent jobs (-a: all), or one job in detail with its timeline.
 
@@ -392,8 +417,8 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
     if watch and as_json:
         raise errors.UsageError("--watch redraws the table; --json prints once",
                                 hint="drop one of them")
-    filters = history.parse_filters(states, recipe, name, since)
-    if job and (filters.any() or all_ or limit):
+    filters = history.parse_filters(states, recipes_, name, since)
+    if job is not None and (filters.any() or all_ or limit):
         raise errors.UsageError("-a, --state, --recipe, --name, --since and --limit choose "
                                 "jobs for the list, not for one job's detail",
                                 hint=f"cloudtrain status {job}")
@@ -407,7 +432,7 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
                 click.echo(render.cloud_instances(found, width=_width(wide)))
 
         def view() -> str:
-            if job:
+            if job is not None:  # U36: `status ''` is refused as `logs ''` is
                 from . import jobs
 
                 d = jobs.detail(store, settings, job)
@@ -424,10 +449,12 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
 
                 jobs.refresh_active(store, settings, active)
             # --json is for scripts: every job the filters match, as before issue 16
-            shown, hidden = history.select(store, filters, all_=all_ or as_json, limit=limit)
+            shown, hidden = history.select(store, filters, all_=all_ or as_json,
+                                           limit=_rows_that_fit(limit) if watch else limit)
             if as_json:
                 return render.jobs_json(shown)
-            text = render.status_table(shown, width=_width(wide), color=_color())
+            text = render.status_table(shown, width=_width(wide), color=_color()) if shown \
+                else history.empty_view(store, filters)
             note = history.footer(hidden, filters, all_=all_)
             if note:
                 text += "\n" + note
@@ -462,7 +489,8 @@ def metrics(refs: tuple[str, ...], as_csv: bool, as_json: bool, wide: bool) -> N
 
     if as_csv and as_json:
         raise errors.UsageError("give --csv or --json, not both")
-    data = [curves.read_job(j.id, j.name, path) for j, path, _ in _metric_jobs(refs)]
+    data = [curves.read_job(j.id, j.name, path, started_at=j.started_at, finished=not j.active)
+            for j, path, _ in _metric_jobs(refs)]
     click.echo(curves.to_csv(data) if as_csv else curves.to_json(data) if as_json else
                curves.table(data, width=_width(wide)), nl=not as_csv)
 
@@ -492,7 +520,8 @@ def plot(refs: tuple[str, ...], output: str, target: float | None, title: str | 
         target, metric = next(iter(targets))
     else:
         metric = next(iter(targets))[1] if len({m for _, m in targets}) == 1 else None
-    data = [curves.read_job(j.id, j.name, path) for j, path, _ in found]
+    data = [curves.read_job(j.id, j.name, path, started_at=j.started_at, finished=not j.active)
+            for j, path, _ in found]
     for note in curves.plot(data, output, target=target, metric=metric, title=title):
         click.echo(note, err=True)
     click.echo(f"wrote {output}")
@@ -547,7 +576,8 @@ def rm(refs: tuple[str, ...], dry_run: bool, yes: bool) -> None:
 
 @cli.command()
 @click.option("--older-than", metavar="AGE|DATE", required=True, help="Jobs that finished "
-              "before then: 30d, 2w, or a date (2026-01-01).")
+              "before then: 90min, 30d, 2w, 6mo, or a date (2026-01-01); not 6m (minutes or "
+              "months?).")
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask first (nothing is asked without a "
               "terminal either).")
@@ -662,9 +692,6 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
       cloudtrain catalog --region eu-west-1 --json
       cloudtrain catalog --refresh --region us-east-1
     """
-    import dataclasses
-    import json
-
     from . import catalog as catalog_module
 
     region = region or catalog_module.default_region()
@@ -676,10 +703,9 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
 
     types = catalog_module.matching(gpu, None, region)
     if as_json:
-        click.echo(json.dumps({"snapshot": catalog_module.SNAPSHOT, "region": region,
-                               "on_demand_source": catalog_module.on_demand_source(region),
-                               "spot_source": catalog_module.spot_source(region),
-                               "types": [dataclasses.asdict(t) for t in types]}, indent=1))
+        click.echo(render.catalog_json(types, region, catalog_module.SNAPSHOT,
+                                       catalog_module.on_demand_source(region),
+                                       catalog_module.spot_source(region)))
     else:
         click.echo(render.catalog_table(types, region, width=_width(wide)))
         click.echo(render.catalog_sources(region, catalog_module.on_demand_source(region),
@@ -761,11 +787,7 @@ def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh
             jobs.settle_all(store)
         rows, total = ledger.report(store, by, since)
     if as_json:
-        import dataclasses
-        import json
-
-        click.echo(json.dumps({"by": by, "rows": [dataclasses.asdict(r) for r in rows],
-                               "total": dataclasses.asdict(total)}, indent=1))
+        click.echo(ledger.report_json(rows, total, by))
     elif as_csv:
         click.echo(ledger.report_csv(rows, total, by), nl=False)
     else:
@@ -1020,7 +1042,10 @@ def supervisor_status(as_json: bool) -> None:
     from . import supervisor
 
     info = supervisor.state_of(config.home())
-    click.echo(render.supervisor_json(info) if as_json else render.supervisor_line(info))
+    with _store() as store:
+        needed = supervisor.needed(store)
+    click.echo(render.supervisor_json(info) if as_json else
+               render.supervisor_line(info, needed=needed))
 
 
 @supervisor_group.command(name="start")

@@ -35,7 +35,8 @@ A job, a recipe or your own script, appends one JSON object per line to
 flushes every line). A line without an `event` key is a metrics row, usually one per epoch:
 
 - `time`: unix seconds when the row was written (MetricsWriter adds it); the wall-clock axis
-  of `plot`, and the ELAPSED column of `metrics`.
+  of `plot` and the ELAPSED column of `metrics`, both counted from the job's start (when its
+  agent started it), so startup and the first epoch count.
 - `epoch`: epochs done (1 after the first); the x axis. `epochs`: the total (`3/10`).
 - `run`: which of several runs (`--runs N`); each run is its own curve.
 - `step`: optimiser steps so far; the x axis of a job that writes no `epoch`.
@@ -55,7 +56,8 @@ listed under the table, not plotted. A value is a finite number, a bool or a str
 200 characters); nested values, NaN, infinities and integers past 64 bits are dropped, and so
 are keys longer than 64 characters, keys past the 64th, lines that are not one JSON object,
 and a partial last line (one still being written). Where an epoch appears twice in a run (a
-resumed job redoing work) the later row is the one plotted. Only the first 64 MB and 100,000
+resumed job redoing work, a final evaluation completing the last epoch) the table, the plot
+and the sparkline show one row for it, the later values winning. Only the first 64 MB and 100,000
 rows of a file are read.
 """
 
@@ -70,11 +72,11 @@ PLOT_LIMIT = 1e12  # |value| past this is left off a plot (it would flatten ever
 ACCURACY_KEYS = ("test_acc", "top1", "val_acc", "acc", "accuracy", "top5")
 LOSS_ORDER = ("train_loss", "test_loss", "val_loss", "loss")
 # The first columns of the table, in this order; then other losses, other accuracies, the
-# time since the first row, then everything else (the first to go in a narrow terminal).
+# time since the job started, then everything else (the first to go in a narrow terminal).
 FIRST = ("run", "epoch", "train_loss", "test_loss", "train_acc", "test_acc", "top1", "top5")
 KEPT_LONGEST = ("lr", "step")
 # Where the wall-clock axis comes from: the first key any row has; (key, seconds per unit,
-# whether it is an absolute unix time to measure from the job's first row).
+# whether it is an absolute unix time to measure from the job's start, JobMetrics.start).
 TIME_SOURCES = (("time", 1.0, True), ("wall_time", 1.0, False), ("elapsed", 1.0, False),
                 ("hours", 3600.0, False))
 FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
@@ -89,6 +91,41 @@ class JobMetrics:
     rows: list[dict] = dataclasses.field(default_factory=list)  # no "event" key; cleaned
     events: list[dict] = dataclasses.field(default_factory=list)  # with an "event" key
     notes: list[str] = dataclasses.field(default_factory=list)  # what was left out, and why
+    started_at: float | None = None  # when the job started (its agent): time 0 of ELAPSED
+
+    @property
+    def epochs(self) -> list[dict]:
+        """The rows with one per (run, epoch): where a run writes an epoch again, later values
+        win over earlier ones, key by key (airbench's final row, its TTA accuracy, completes
+        the last epoch's row; a resumed job's redone epoch replaces the first try) and the row
+        moves to where the later one was written. Rows without an epoch stay as they are.
+        What the table, the plot and the sparkline show (U19); --csv and --json keep every
+        row as written."""
+        out: list[dict] = []
+        where: dict[tuple, int] = {}
+        for row in self.rows:
+            epoch = finite(row.get("epoch"))
+            if epoch is None:
+                out.append(row)
+                continue
+            key = (row.get("run"), epoch)
+            if key in where:
+                merged = {**out[where[key]], **row}
+                out[where[key]] = None
+                row = merged
+            where[key] = len(out)
+            out.append(row)
+        return [r for r in out if r is not None]
+
+    def start(self) -> float | None:
+        """Time 0 of the wall clock: when the job started, where that is known and not after
+        its first row (a clock skewed between machines); else the first row's time."""
+        first = next((t for t in (finite(r.get("time")) for r in self.rows) if t is not None),
+                     None)
+        began = finite(self.started_at)
+        if began is not None and (first is None or began <= first):
+            return began
+        return first
 
     @property
     def label(self) -> str:
@@ -163,10 +200,16 @@ def read_rows(path) -> tuple[list[dict], list[dict]]:
     return rows, events
 
 
-def read_job(job_id: str, name: str | None = None, path=None) -> JobMetrics:
-    """A job's metrics: from `path`, by default its copy at home (`metrics_path`)."""
+def read_job(job_id: str, name: str | None = None, path=None, *,
+             started_at: float | None = None, finished: bool = False) -> JobMetrics:
+    """A job's metrics: from `path`, by default its copy at home (`metrics_path`).
+    `started_at`: when the job started (ELAPSED and the plot's clock count from it, U10);
+    `finished`: the job has ended, so a missing file will not come (U19)."""
     rows, events, notes = _read(metrics_path(job_id) if path is None else path)
-    return JobMetrics(job=job_id, name=name, rows=rows, events=events, notes=notes)
+    if finished and notes and notes[0].startswith("no metrics.jsonl yet"):
+        notes[0] = "the job wrote no metrics.jsonl"
+    return JobMetrics(job=job_id, name=name, rows=rows, events=events, notes=notes,
+                      started_at=started_at)
 
 
 # -- which key is what ------------------------------------------------------------------------
@@ -212,9 +255,13 @@ def loss_keys(rows: list[dict]) -> list[str]:
                                         else len(LOSS_ORDER), found.index(k)))
 
 
-def _ordered(rows: list[dict]) -> tuple[list[str], list[str]]:
-    """(main columns, the rest) of the numeric keys, in table order."""
-    keys = [k for k in numeric_keys(rows) if k not in ("time", "epochs")]
+def _ordered(rows: list[dict], clock: bool = False) -> tuple[list[str], list[str]]:
+    """(main columns, the rest) of the numeric keys, in table order. `clock`: the table has
+    its ELAPSED column, so the recipes' own clocks (wall_time, elapsed: since their process
+    started, which a resumed job restarts) are left to --csv and --json (U10: one time
+    column, not two that disagree)."""
+    hidden = ("time", "epochs") + (("wall_time", "elapsed") if clock else ())
+    keys = [k for k in numeric_keys(rows) if k not in hidden]
     main = [k for k in FIRST if k in keys]
     main += [k for k in keys if k not in main and is_loss(k)]
     main += [k for k in keys if k not in main and is_accuracy(k)]
@@ -241,14 +288,14 @@ def cell(key: str, value) -> str:
 
 def _job_table(job: JobMetrics, width: int | None) -> list[str]:
     out = [f"job {render._printable(job.label)}"]
-    rows = job.rows
+    rows = job.epochs
     if rows:
-        main, rest = _ordered(rows)
+        times = [finite(r.get("time")) for r in rows]
+        t0 = job.start()  # ELAPSED: since the job started (U10)
+        main, rest = _ordered(rows, clock=t0 is not None)
         runs = {r.get("run") for r in rows}
         if len(runs) < 2 and "run" in main:
             main.remove("run")  # one run (resnet9 writes run 0 always): no column for it
-        times = [finite(r.get("time")) for r in rows]
-        t0 = next((t for t in times if t is not None), None)
         cols = [render.Col(k.upper(), right=k != "epoch") for k in main]
         if t0 is not None:
             cols.append(render.Col("ELAPSED", right=True))
@@ -266,7 +313,8 @@ def _job_table(job: JobMetrics, width: int | None) -> list[str]:
     for event in job.events[:MAX_EVENTS_SHOWN]:
         detail = ", ".join(f"{render._printable(k)} {cell(k, v)}" for k, v in event.items()
                            if k not in ("event", "time"))
-        out.append(f"event {render._shown(event.get('event'))}" + (f": {detail}" if detail else ""))
+        out += render._wrapped(f"event {render._shown(event.get('event'))}"
+                               + (f": {detail}" if detail else ""), width, "", "  ")  # U31
     if len(job.events) > MAX_EVENTS_SHOWN:
         out.append(f"... and {len(job.events) - MAX_EVENTS_SHOWN} more events (--json)")
     if not rows:
@@ -319,8 +367,9 @@ def to_csv(jobs: list[JobMetrics]) -> str:
 
 
 def to_json(jobs: list[JobMetrics]) -> str:
-    """`metrics --json`: [{job, name, rows, events, notes}], rows as read (cleaned)."""
-    return json.dumps([{"job": j.job, "name": j.name, "rows": j.rows, "events": j.events,
+    """`metrics --json`: [{id, name, rows, events, notes}], rows as read (cleaned); the job's
+    id is `id`, as in status --json (U25)."""
+    return json.dumps([{"id": j.job, "name": j.name, "rows": j.rows, "events": j.events,
                         "notes": j.notes} for j in jobs], indent=1)
 
 
@@ -367,8 +416,9 @@ def _last_run(rows: list[dict]) -> list[dict]:
 
 def accuracy_trend(rows: list[dict], *, metric: str | None = None, width: int = 20) -> str | None:
     """`status JOB`: the accuracy so far as one line, e.g. `test_acc ▁▃▅▆▇██ 94.02%`
-    (the latest run of a multi-run job); None when the rows hold no accuracy."""
-    rows = _last_run(rows)
+    (the latest run of a multi-run job, an epoch once); None when the rows hold no
+    accuracy."""
+    rows = _last_run(JobMetrics(job="", rows=rows).epochs)
     key = accuracy_key(rows, metric)
     if key is None:
         return None
@@ -401,13 +451,10 @@ def _points(pairs) -> tuple[list[float], list[float]]:
 def _curves(job: JobMetrics, keys: list[str], x_key: str | None,
             clock: tuple[str, float, bool] | None) -> list[_Curve]:
     """The job's rows split by run, each as points against `x_key` and the wall clock
-    (minutes since the job's first row)."""
-    t0 = None
-    if clock and clock[2]:
-        t0 = next((t for t in (finite(r.get(clock[0])) for r in job.rows) if t is not None),
-                  None)
+    (minutes since the job started, JobMetrics.start)."""
+    t0 = job.start() if clock and clock[2] else None
     runs: dict[object, list[dict]] = {}
-    for row in job.rows:
+    for row in job.epochs:
         run = row.get("run")
         runs.setdefault(run if finite(run) is not None else None, []).append(row)
     curves = []
@@ -485,8 +532,8 @@ def _prepare(job: JobMetrics, metric: str | None, notes: list[str]) -> _Job:
 def plot(jobs: list[JobMetrics], out, *, target: float | None = None,
          metric: str | None = None, title: str | None = None) -> list[str]:
     """`cloudtrain plot`: loss and accuracy against epoch (top) and wall-clock time since each
-    job's first row (bottom), one colour per job, `target` (the recipe's target accuracy, on
-    `metric`) as a dotted line; written to `out` (.png, .svg or .pdf) atomically. A job with
+    job started (bottom; since its first row where its start is not known), one colour per
+    job, `target` (the recipe's target accuracy, on `metric`) as a dotted line; written to `out` (.png, .svg or .pdf) atomically. A job with
     no metric rows is left out, with a note; with none left, a UsageError. Returns notes."""
     out = Path(out)
     fmt = _format(out)
@@ -563,7 +610,7 @@ def _finish(axes, prepared: list[_Job], plotted: dict, target: float | None,
     clocks = [p.clock for p in prepared if p.clock]
     x_label = " / ".join(x_names) or "epoch"
     acc_label = _text("accuracy" + (f" ({', '.join(acc_names)})" if acc_names else ""))
-    time_label = f"wall clock, {'hours' if hours else 'minutes'} since the job's first row"
+    time_label = f"wall clock, {'hours' if hours else 'minutes'} since the job started"
     if target is not None and target > 1 and plotted["acc"] and \
             all(0 <= a <= 1 for a in plotted["acc"]):
         target = target / 100  # --target 94 over accuracies written as fractions

@@ -41,7 +41,7 @@ class View:
 # this rule looks at; -a shows every job the filters match.
 DEFAULT_VIEW = View(finished_within_s=7 * 86400, finished_at_most=20)
 
-DURATION_UNITS = "m, h, d or w"  # ledger.parse_since's units
+DURATION_UNITS = "min, h, d, w or mo"  # ledger.DURATION_UNITS (m: minutes too)
 GLOB_CHARS = re.compile(r"[*?\[]")  # a --name with one of these is a pattern too
 
 
@@ -52,18 +52,18 @@ GLOB_CHARS = re.compile(r"[*?\[]")  # a --name with one of these is a pattern to
 class Filters:
     """The jobs `status` looks at: every filter given must match (None, empty: any)."""
     states: tuple[str, ...] = ()
-    recipe: str | None = None
+    recipes: tuple[str, ...] = ()
     name: str | None = None         # the name exactly, or a shell glob (*, ?, [...], [!...])
     since: float | None = None      # created at or after this time (epoch seconds)
     since_text: str | None = None   # --since as given (the footer repeats it)
 
     def any(self) -> bool:
         """Whether any filter was given."""
-        return bool(self.states or self.recipe or self.name or self.since is not None)
+        return bool(self.states or self.recipes or self.name or self.since is not None)
 
     def query(self) -> JobQuery:
         glob = self.name if self.name and GLOB_CHARS.search(self.name) else None
-        return JobQuery(states=self.states, recipe=self.recipe, name=self.name,
+        return JobQuery(states=self.states, recipes=self.recipes, name=self.name,
                         name_glob=glob, created_since=self.since)
 
     def options(self) -> list[str]:
@@ -71,19 +71,21 @@ class Filters:
         import shlex
 
         out = [f"--state {s}" for s in self.states]
-        for flag, value in (("--recipe", self.recipe), ("--name", self.name),
+        out += [f"--recipe {shlex.quote(r)}" for r in self.recipes]
+        for flag, value in (("--name", self.name),
                             ("--since", self.since_text)):
             if value is not None:
                 out.append(f"{flag} {shlex.quote(value)}")
         return out
 
 
-def parse_filters(states: tuple[str, ...] | list[str] = (), recipe: str | None = None,
+def parse_filters(states: tuple[str, ...] | list[str] = (),
+                  recipe: str | tuple[str, ...] | list[str] | None = None,
                   name: str | None = None, since: str | None = None, *,
                   now: float | None = None) -> Filters:
-    """Filters from `status` options as typed: --state (repeatable, or comma-separated),
-    --recipe, --name (exact or shell glob), --since (a duration ago or a date). Anything that
-    cannot be meant is a UsageError of one line."""
+    """Filters from `status` options as typed: --state and --recipe (each repeatable, or
+    comma-separated: any of them, U18), --name (exact or shell glob), --since (a duration ago
+    or a date). Anything that cannot be meant is a UsageError of one line."""
     wanted: list[str] = []
     for given in states:
         for s in str(given).split(","):
@@ -93,7 +95,13 @@ def parse_filters(states: tuple[str, ...] | list[str] = (), recipe: str | None =
                                  + ", ".join(STATES))
             if s not in wanted:
                 wanted.append(s)
-    for flag, value in (("--recipe", recipe), ("--name", name)):
+    given_recipes = (recipe,) if isinstance(recipe, str) else tuple(recipe or ())
+    recipes: list[str] = []
+    for value in given_recipes:
+        if not value.strip():
+            raise UsageError(f"--recipe needs a value, got {value!r}")
+        recipes += [r.strip() for r in value.split(",") if r.strip() and r.strip() not in recipes]
+    for flag, value in [*(("--recipe", r) for r in given_recipes), ("--name", name)]:
         if value is None:
             continue
         if not value.strip():
@@ -105,20 +113,27 @@ def parse_filters(states: tuple[str, ...] | list[str] = (), recipe: str | None =
     start = None
     if since is not None:
         start = parse_time(since, "--since", time.time() if now is None else now)
-    return Filters(states=tuple(wanted), recipe=recipe, name=name, since=start,
+    return Filters(states=tuple(wanted), recipes=tuple(recipes), name=name, since=start,
                    since_text=since)
 
 
-def parse_time(text: str, flag: str, now: float) -> float:
-    """A point in the past as epoch seconds: a duration ago (30m, 2h, 3d, 2w: ledger's
-    `--since` units) or a date (2026-11-01, 2026-11-01T14:30; local time unless it says)."""
-    from .ledger import parse_since
+def parse_time(text: str, flag: str, now: float, *, destructive: bool = False) -> float:
+    """A point in the past as epoch seconds: a duration ago (30min, 2h, 3d, 2w, 6mo: ledger's
+    units) or a date (2026-11-01, 2026-11-01T14:30; local time unless it says). With
+    `destructive` (prune), `6m` is refused: it reads as minutes, and a cron line meant six
+    months would remove everything older than six minutes (U14)."""
+    from .ledger import duration_seconds, parse_since
 
     text = (text or "").strip()
     expected = (f"a duration ({DURATION_UNITS} after a number: 2h, 3d, 2w) or a date "
                 "(2026-11-01)")
     if not text:
         raise UsageError(f"{flag} needs a value: {expected}")
+    got = duration_seconds(text)
+    if destructive and got is not None and got[1] == "m":
+        number = text[:-1].strip()
+        raise UsageError(f"{flag} {shown(text)}: m could mean minutes or months",
+                         hint=f"write {number}min or {number}mo")
     try:
         at = parse_since(text, now)
     except UsageError:
@@ -168,6 +183,26 @@ def footer(hidden: int, filters: Filters | None = None, *, all_: bool = False) -
     return f"({hidden} older {jobs} not shown: {command})"
 
 
+def empty_view(store: Store, filters: Filters | None = None) -> str:
+    """What `status` says when it shows no job (U6): "no jobs yet" only when there is none;
+    else what matched nothing, out of how many, and the command that lists them all (an
+    unknown recipe name said as such)."""
+    filters = filters or Filters()
+    total = store.count_jobs(JobQuery())
+    if total == 0:
+        return "no jobs yet: cloudtrain launch --recipe resnet9 --profile smoke --follow"
+    in_all = f"({total} {'job' if total == 1 else 'jobs'} in all: cloudtrain status -a)"
+    if not filters.any():
+        return f"no active or recent jobs {in_all}"
+    line = f"no jobs match {' '.join(filters.options())} {in_all}"
+    from . import recipes
+
+    unknown = [r for r in filters.recipes if r not in recipes.names()]
+    if unknown:
+        line += f"; no recipe is named {', '.join(unknown)} (cloudtrain recipes lists them)"
+    return line
+
+
 # -- rm and prune --------------------------------------------------------------------------
 
 JOB_ID = re.compile(r"[0-9a-f]{8}\Z")  # Store.create_job's ids: secrets.token_hex(4)
@@ -193,6 +228,7 @@ class Refusal:
 class Plan:
     removals: list[Removal]
     refused: list[Refusal]
+    cutoff: float | None = None  # prune: jobs that finished before this time
 
     @property
     def bytes(self) -> int:
@@ -228,15 +264,13 @@ def plan_removal(store: Store, refs: tuple[str, ...] | list[str] = (), *,
     if refs:
         jobs: list[Job] = []
         for ref in refs:
-            try:
-                job = store.find_job(ref)
-            except UsageError as exc:  # NotFound, an ambiguous prefix: this one is kept
-                refused.append(Refusal(ref, exc.message, exc.hint))
-                continue
+            # U26: a reference that names no job (or an ambiguous prefix) is a usage error,
+            # raised before anything is removed, as every other command refuses it
+            job = store.find_job(ref)
             if all(j.id != job.id for j in jobs):
                 jobs.append(job)
     else:
-        cutoff = parse_time(older_than, "--older-than", now)
+        cutoff = parse_time(older_than, "--older-than", now, destructive=True)
         jobs = store.find_jobs(JobQuery(finished=True, ended_before=cutoff))
     removals = []
     active = store.find_jobs(JobQuery(finished=False))
@@ -246,7 +280,7 @@ def plan_removal(store: Store, refs: tuple[str, ...] | list[str] = (), *,
             refused.append(kept)
         else:
             removals.append(_measure(job, home))
-    return Plan(removals, refused)
+    return Plan(removals, refused, cutoff=None if refs else cutoff)
 
 
 def why_kept(store: Store, job: Job, active: list[Job] | None = None) -> Refusal | None:

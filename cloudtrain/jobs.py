@@ -49,11 +49,14 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
                 ("note", note) for note in datasets.notes(spec, settings)]
         except CloudtrainError as exc:
             data_rows = [("data", f"cannot be read, the launch would stop: {exc.message}")]
+    renamed = None
     if store is not None:  # D18, D29: the checks the launch makes on the name, --on, --resume-from
-        check_name(store, spec)
+        renamed = check_name(store, spec)
         _kept_source(store, spec)
         _resume_source(store, settings or config.Settings.load(), spec)
     rows = [("job", spec.display()), *providers.get(spec.backend).plan(spec), *data_rows]
+    if renamed is not None:
+        rows.append(("name", name_note(spec, renamed, launched=False)))
     row = expected(spec, store)
     if row is not None:
         from .render import estimate_line
@@ -67,6 +70,7 @@ def question(spec: JobSpec) -> str | None:
     why a run here would not finish (a GPU recipe on a machine without a GPU)."""
     provider = providers.get(spec.backend)
     provider.preflight(spec)  # what cannot work is refused before anything is asked
+    provider.ready(spec)  # U5: nor is a launch asked about that cannot start (no credentials)
     return provider.question(spec)
 
 
@@ -230,17 +234,32 @@ def job_environment(job_id: str, data_dir: str, host: Host, gpus: int = 0, procs
 # -- launch --------------------------------------------------------------------------------------
 
 
-def check_name(store: Store, spec: JobSpec) -> None:
-    """A name refers to one job (D18): a name that a job in the store already has (in any
-    state: its record stays) is refused, not shadowed by the newer job."""
+def check_name(store: Store, spec: JobSpec) -> Job | None:
+    """A name refers to one job (D18), the newest of that name (U4): a name held by a job
+    that has not finished is refused (`down NAME` would not know which); one held by a
+    finished job moves to the new launch, so a job file with `name:` runs again and again.
+    Returns the finished job that gives up the name, if any."""
     if not spec.name:
-        return
+        return None
     taken = store.job_named(spec.name)
-    if taken is not None:
-        raise UsageError(f"--name {spec.name}: job {taken.id} ({taken.state}) already has "
-                         f"that name",
-                         hint=f"give another, e.g. --name {spec.name}-2, or see that job: "
-                              f"cloudtrain status {spec.name}")
+    if taken is None:
+        return None
+    if taken.active:
+        raise UsageError(f"--name {spec.name}: job {taken.id} ({taken.state}) has that name "
+                         f"and has not finished",
+                         hint=f"stop it first (cloudtrain down {spec.name}), or give another "
+                              f"name, e.g. --name {spec.name}-2")
+    return taken
+
+
+def name_note(spec: JobSpec, taken: Job | None, launched: bool) -> str | None:
+    """What a launch says of a name it takes over from a finished job (U4)."""
+    if taken is None:
+        return None
+    if launched:
+        return (f"the name {spec.name} moves from job {taken.id} ({taken.state}) to this one; "
+                f"that job keeps its id")
+    return f"{spec.name} now names job {taken.id} ({taken.state}); this job takes the name"
 
 
 def read_datasets(spec: JobSpec, settings: config.Settings) -> list:
@@ -256,10 +275,11 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
     running. While it works, the launcher holds the job's lease (lease.py), so a launcher
     killed outright (SIGKILL, a lost container) is noticed by any later `cloudtrain` command.
     `say` is a progress.Reporter (each phase as it starts) or a plain callback (notes only)."""
-    check_name(store, spec)
+    renamed = check_name(store, spec)
     report = progress.of(say)
     provider = providers.get(spec.backend)
     provider.preflight(spec)
+    provider.ready(spec)  # U5: nothing is recorded for a launch that cannot start
     # The datasets are read before anything is created: a missing prefix stops here.
     found = read_datasets(spec, settings) if found is None else found
     source = _resume_source(store, settings, spec)
@@ -268,6 +288,8 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
                            command=spec.display(), backend=spec.backend, spec=spec.to_dict(),
                            launcher=f"{socket.gethostname()}:{os.getpid()}")
     report.phase(f"launching job {job.id}: waiting until it starts (Ctrl-C cancels the launch)")
+    if renamed is not None:
+        report.note(name_note(spec, renamed, launched=True))
     if spec.secret_values and spec.recover:  # a relaunch needs them when nobody is here
         from . import job_secrets
 

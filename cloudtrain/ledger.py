@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import time
 from dataclasses import dataclass
 
@@ -121,12 +122,35 @@ GROUPINGS = ("job", "recipe", "instance", "day", "month")
 
 @dataclass
 class Row:
-    key: str
+    key: str  # the group: a job's id, a recipe, an instance, a day or a month
     jobs: int
     dollars: float
     settled: bool  # every contribution settled
     to_target: float | None = None
     staging: float = 0.0  # of `dollars`: copying datasets onto the disk before training
+    # By job (U29): what the job was; `local`: the one row of every job run on this machine,
+    # which costs nothing (a row each buried the cloud jobs).
+    name: str | None = None
+    created_at: float | None = None
+    what: str | None = None  # what it ran, as status's WHAT: the recipe and its arguments
+    instances: str | None = None  # instance types, e.g. "g5.xlarge" or "2 x p3.16xlarge"
+    local: bool = False
+
+
+# A duration's units, in seconds: m is minutes (30m), as `status --since` has always read it;
+# min and mo say minutes and months (30 days) without doubt, y is 365 days.
+DURATION_UNITS = {"s": 1, "min": 60, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400,
+                  "mo": 30 * 86400, "y": 365 * 86400}
+DURATION = re.compile(r"\s*([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*"
+                      r"(s|min|mo|m|h|d|w|y)\s*\Z")
+
+
+def duration_seconds(text: str) -> tuple[float, str] | None:
+    """'30d' -> (2592000.0, 'd'); None when `text` is not a number and a unit."""
+    m = DURATION.match(text or "")
+    if not m:
+        return None
+    return float(m.group(1)) * DURATION_UNITS[m.group(2)], m.group(2)
 
 
 def parse_since(text: str | None, now: float) -> float | None:
@@ -134,11 +158,10 @@ def parse_since(text: str | None, now: float) -> float | None:
 
     if not text:
         return None
-    units = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-    try:
-        return now - float(text[:-1]) * units[text[-1]]
-    except (KeyError, ValueError):
+    got = duration_seconds(text)
+    if got is None:
         raise UsageError(f"--since {text}: expected a number and a unit, e.g. 30d, 12h, 2w") from None
+    return now - got[0]
 
 
 def report(store: Store, by: str = "job", since: str | None = None,
@@ -148,8 +171,8 @@ def report(store: Store, by: str = "job", since: str | None = None,
     start = parse_since(since, now)
     where, params = ("WHERE created_at >= ?", (start,)) if start is not None else ("", ())
     jobs = store.db.execute(
-        f"SELECT id, name, recipe, command, created_at, cost, cost_settled, cost_detail "
-        f"FROM jobs {where} ORDER BY created_at DESC, id", params).fetchall()
+        f"SELECT id, name, recipe, command, backend, created_at, cost, cost_settled, "
+        f"cost_detail FROM jobs {where} ORDER BY created_at DESC, id", params).fetchall()
     rows: dict[str, Row] = {}
     if by == "instance":
         ids = [j["id"] for j in jobs]
@@ -160,6 +183,10 @@ def report(store: Store, by: str = "job", since: str | None = None,
         for r in inst:
             i = Instance(**{k: r[k] for k in Instance.__dataclass_fields__ if k != "details"},
                          details=json_column(r["details"]))
+            if i.provider == "local":  # U29: this machine is one row, not one per job
+                row = rows.setdefault(LOCAL, Row(LOCAL, 0, 0.0, True, local=True))
+                row.jobs += 1
+                continue
             key = f"{i.id} ({i.instance_type}, {i.market})"
             try:
                 billed = cost.instance_cost(run_of(i), now=now)
@@ -168,16 +195,23 @@ def report(store: Store, by: str = "job", since: str | None = None,
                 continue
             rows[key] = Row(key, 1, billed.dollars, billed.settled)
     else:
+        types = _instance_types(store, [j["id"] for j in jobs]) if by == "job" else {}
         for j in jobs:
-            if by == "job":
-                key = j["id"] + (f" {j['name']}" if j["name"] else "")
+            if by == "job" and j["backend"] == "local":
+                key = LOCAL  # U29: the jobs of this machine, which cost nothing, as one row
+            elif by == "job":
+                key = j["id"]
             elif by == "recipe":
                 key = j["recipe"] or "(own command)"
             elif by == "day":
                 key = time.strftime("%Y-%m-%d", time.localtime(j["created_at"]))
             else:
                 key = time.strftime("%Y-%m", time.localtime(j["created_at"]))
-            row = rows.setdefault(key, Row(key, 0, 0.0, True))
+            row = rows.setdefault(key, Row(key, 0, 0.0, True, local=key == LOCAL and by == "job"))
+            if by == "job" and not row.local:
+                row.name, row.created_at = j["name"], j["created_at"]
+                row.what = j["command"]
+                row.instances = types.get(j["id"])
             row.jobs += 1
             dollars = j["cost"]
             if dollars is None:  # never settled (a launch that failed before the job ran)
@@ -189,15 +223,31 @@ def report(store: Store, by: str = "job", since: str | None = None,
                 if isinstance(detail, dict) else None
             if isinstance(staging, (int, float)) and staging == staging:
                 row.staging += staging
-            if by == "job":
+            if by == "job" and not row.local:
                 row.to_target = detail.get("to_target") if isinstance(detail, dict) else None
-    ordered = list(rows.values()) if by in ("job", "instance") else \
+    local = rows.pop(LOCAL, None) if by in ("job", "instance") else None
+    ordered = list(rows.values()) + ([local] if local else []) if by in ("job", "instance") else \
         sorted(rows.values(), key=lambda r: r.key, reverse=by in ("day", "month"))
     total = Row("total", sum(r.jobs for r in ordered),
                 sum(r.dollars for r in ordered), all(r.settled for r in ordered),
                 staging=sum(r.staging for r in ordered))
     return ordered, total
 
+
+
+LOCAL = "local"  # the one row of the jobs (or instances) of this machine
+
+
+def _instance_types(store: Store, ids: list[str]) -> dict[str, str]:
+    """{job id: its instance types as a cell: "g5.xlarge", "2 x p3.16xlarge", "g5.xlarge,
+    p3.2xlarge" (a relaunch on another type)}; one query."""
+    counts: dict[str, dict[str, int]] = {}
+    for r in store.db.execute("SELECT job_id, instance_type FROM instances WHERE provider != "
+                              "'local' ORDER BY launched_at"):
+        counts.setdefault(r["job_id"], {}).setdefault(r["instance_type"] or "?", 0)
+        counts[r["job_id"]][r["instance_type"] or "?"] += 1
+    return {job: ", ".join(t if n == 1 else f"{n} x {t}" for t, n in by_type.items())
+            for job, by_type in counts.items() if job in set(ids)}
 
 
 def unrecorded_cost(store: Store, job_id: str, now: float) -> float | None:
@@ -214,11 +264,47 @@ def unrecorded_cost(store: Store, job_id: str, now: float) -> float | None:
         return None
 
 
+# The JSON name of what a row groups by: a job is "id" as in every other --json (U25).
+JSON_KEYS = {"job": "id"}
+
+
+def report_json(rows: list[Row], total: Row, by: str) -> str:
+    """`cost-report --json`: each row's group under the name of what it groups (id of a job,
+    recipe, instance, day, month), then jobs, dollars, settled, to_target, staging."""
+    import dataclasses
+    import json
+
+    name = JSON_KEYS.get(by, by)
+
+    def row(r: Row) -> dict:
+        data = dataclasses.asdict(r)
+        extra = ("name", "created_at", "what", "instances")
+        if by != "job" or r.local or r.key == "total":
+            for k in extra:
+                data.pop(k)
+        if not r.local:
+            data.pop("local")
+        return {name: data.pop("key"), **data}
+
+    return json.dumps({"by": by, "rows": [row(r) for r in rows], "total": row(total)},
+                      indent=1)
+
+
 def report_csv(rows: list[Row], total: Row, by: str) -> str:
+    """`cost-report --csv`: by job, also each job's name, creation time (ISO 8601), what it
+    ran and its instance types."""
     out = io.StringIO()
     w = csv.writer(out)
-    w.writerow([by, "jobs", "usd", "settled", "usd_to_target", "usd_data_copy"])
+    described = by == "job"
+    w.writerow([by, *(("name", "created", "what", "instances") if described else ()),
+                "jobs", "usd", "settled", "usd_to_target", "usd_data_copy"])
     for r in [*rows, total]:
-        w.writerow([r.key, r.jobs, f"{r.dollars:.6f}", "yes" if r.settled else "estimate",
+        extra = ()
+        if described:
+            created = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(r.created_at)) \
+                if r.created_at is not None else ""
+            extra = (r.name or "", created, r.what or "", r.instances or "")
+        w.writerow([r.key, *extra, r.jobs, f"{r.dollars:.6f}",
+                    "yes" if r.settled else "estimate",
                     "" if r.to_target is None else f"{r.to_target:.6f}", f"{r.staging:.6f}"])
     return out.getvalue()

@@ -296,7 +296,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
     now = time.time() if now is None else now
     out = [f"job {job.id}" + (f" ({job.name})" if job.name else ""),
            f"  what      {job.command}",
-           *args_lines(job),
+           *args_lines(job, width),
            f"  backend   {job.backend}",
            f"  state     {job.state}" + (f": {job.reason}" if job.reason else ""),
            ]
@@ -312,7 +312,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                               if v)
     if billed_phases:  # a local job's phases cost nothing: no empty line (D35)
         out.append("  by phase  " + billed_phases)
-    if detail.get("to_target") is not None:
+    if detail.get("to_target") is not None and job.backend != "local":  # U29: nothing billed
         out.append(f"  to target {money4(detail['to_target'])}")
     expected = (job.spec or {}).get("expected")
     if expected:
@@ -360,7 +360,25 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
         out.append(f"  {title}:")
         text = log_tail.decode("utf-8", "replace").rstrip("\n")
         out += ["    " + line for line in text.splitlines()]
-    return "\n".join(out)
+    return "\n".join(_fitted(out, width))
+
+
+def _fitted(lines: list[str], width: int | None) -> list[str]:
+    """`status JOB`'s lines wrapped at `width` (U31): a `  key       value` line under its
+    value's column, a timeline or output line two spaces in; tables (fitted already) and
+    short lines as they are."""
+    if width is None:
+        return lines
+    out = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+        elif line.startswith("  ") and not line.startswith("   ") and line[11:12] == " ":
+            out += _wrapped(line[2:], width, "  ", " " * 12)
+        else:
+            lead = " " * (len(line) - len(line.lstrip(" ")))
+            out += _wrapped(line.lstrip(" "), width, lead, lead + "  ")
+    return out
 
 
 def startup_text(row: dict) -> str:
@@ -437,8 +455,12 @@ def _shown_long(text) -> str:
     return "".join(c if c.isprintable() else " " for c in str(text)[:300])
 
 
-def supervisor_line(info: dict) -> str:
+def supervisor_line(info: dict, needed: bool = True) -> str:
+    """The supervisor in one line; "NOT running" in capitals only when a recovering job needs
+    it (U35: with nothing to watch, not running is how it should be)."""
     if not info.get("running"):
+        if not needed:
+            return "supervisor: not running (no recovering spot job needs it)"
         return "supervisor: NOT running (any cloudtrain command restarts it while a recovering " \
                "job needs it)"
     beat = info.get("heartbeat_at")
@@ -446,6 +468,25 @@ def supervisor_line(info: dict) -> str:
     return (f"supervisor: running (pid {info.get('pid')}, watching {info.get('watching') or 0} "
             f"job(s){seen}; tmux -L {info.get('tmux_socket') or 'cloudtrain'} attach -t "
             f"{info.get('session')})")
+
+
+def whole(number):
+    """A count as an int where it is whole (JSON's `gpus: 1`, not 1.0); a fraction as is."""
+    return int(number) if isinstance(number, float) and number.is_integer() else number
+
+
+def catalog_json(types, region: str, snapshot: str, on_demand_source: str,
+                 spot_source: str) -> str:
+    """`catalog --json`: each type under `instance_type`, as estimate --json names it (U25)."""
+    out = []
+    for t in types:
+        data = dataclasses.asdict(t)
+        data = {"instance_type": data.pop("name"), **data}
+        data["gpus"] = whole(data["gpus"])
+        out.append(data)
+    return json.dumps({"snapshot": snapshot, "region": region,
+                       "on_demand_source": on_demand_source, "spot_source": spot_source,
+                       "types": out}, indent=1)
 
 
 def supervisor_json(info: dict) -> str:
@@ -583,11 +624,13 @@ def recipe_detail(r, *, width: int | None = None) -> str:
                 out += _wrapped(f"source: {p['source']}", width, INDENT + "  ", INDENT + "    ")
     timed = [m for m in r.measured if m.get("gpu") and m.get("seconds") is not None]
     if timed:
-        out.append("  measured with this code (estimate prefers these on the same GPU)")
+        out += _wrapped("measured with this code (estimate prefers these on the same GPU)",
+                        width, "  ")
         for m in timed:
             out += _wrapped(_measured_text(m), width, INDENT, INDENT + "  ")
     if "compile" in r.arguments:
-        out.append("  compile=true costs, before the first step (off the train clock, billed)")
+        out += _wrapped("compile=true costs, before the first step (off the train clock, "
+                        "billed)", width, "  ")
         costs = r.compile_costs()
         for m in costs:
             out += _wrapped(_compile_cost_text(m), width, INDENT, INDENT + "  ")
@@ -679,18 +722,41 @@ def _estimated(dollars, settled: bool) -> str:
 
 
 def cost_report(rows, total, by: str, *, width: int | None = None) -> str:
+    """`cost-report`: a row per group and the total. By job (U29): each cloud job with its
+    name, date, what it ran and its instance types (JOBS would always be 1); the jobs run on
+    this machine, which cost nothing, as one row."""
     if not rows:
         return "no jobs in that period"
     copies = total.staging > 0  # the data copy's share, where any job staged data
-    body = [[r.key, str(r.jobs), _estimated(r.dollars, r.settled),
-             "" if r.settled else "estimate",
-             money4(r.to_target) if r.to_target is not None else ""]
-            + ([money4(r.staging) if r.staging else ""] if copies else []) for r in rows]
+    tail = lambda r: ([_estimated(r.dollars, r.settled), "" if r.settled else "estimate",  # noqa: E731
+                       money4(r.to_target) if r.to_target is not None else ""]
+                      + ([money4(r.staging) if r.staging else ""] if copies else []))
+    money_cols = [Col("COST"), Col("", cut=8, drop=3), Col("TO TARGET", drop=2)] + \
+        ([Col("OF WHICH DATA COPY", drop=1)] if copies else [])
+    if by == "job":
+        body = []
+        for r in rows:
+            if r.local:
+                head = ["local", f"{r.jobs} job{'s' if r.jobs != 1 else ''} on this machine",
+                        "", "", ""]
+            else:
+                head = [r.key, _printable(r.name or "-"),
+                        time.strftime("%Y-%m-%d", time.localtime(r.created_at))
+                        if _finite(r.created_at) is not None else "-",
+                        _printable(r.what or "-"), r.instances or "-"]
+            body.append(head + tail(r))
+        body.append(["TOTAL", f"{total.jobs} job{'s' if total.jobs != 1 else ''}", "", "", ""]
+                    + [_estimated(total.dollars, total.settled),
+                       "" if total.settled else "includes estimates", ""]
+                    + ([money4(total.staging)] if copies else []))
+        cols = [Col("ID"), Col("NAME", cut=12, drop=5), Col("DATE", drop=6),
+                Col("WHAT", cut=16, drop=4), Col("INSTANCE", cut=14, drop=7)] + money_cols
+        return grid(cols, body, width=width)
+    body = [[r.key, str(r.jobs)] + tail(r) for r in rows]
     body.append(["TOTAL", str(total.jobs), _estimated(total.dollars, total.settled),
                  "" if total.settled else "includes estimates", ""]
                 + ([money4(total.staging)] if copies else []))
-    cols = [Col(by.upper(), cut=16), Col("JOBS"), Col("COST"), Col("", cut=8, drop=3),
-            Col("TO TARGET", drop=2)] + ([Col("OF WHICH DATA COPY", drop=1)] if copies else [])
+    cols = [Col(by.upper(), cut=16), Col("JOBS")] + money_cols
     return grid(cols, body, width=width)
 
 
@@ -707,8 +773,10 @@ def estimate_table(est, *, width: int | None = None) -> str:
             share = f" ({r.staging_s / r.total_s:.0%})" if r.total_s else ""
             row[3:3] = [duration(r.staging_s) + share if r.total_s else "-"]
         rows.append(row)
-    cols = [Col("TYPE"), Col("GPUS"), Col("TRAINING"), Col("TOTAL"), Col("$/RUN ON-DEMAND"),
-            Col("$/RUN SPOT"), Col("", cut=8, drop=2), Col("BASIS", cut=12, drop=1)]
+    # U31: in a narrow terminal TRAINING goes, then GPUS (the type's name says them)
+    cols = [Col("TYPE"), Col("GPUS", drop=5), Col("TRAINING", drop=4), Col("TOTAL"),
+            Col("$/RUN ON-DEMAND"), Col("$/RUN SPOT"), Col("", cut=8, drop=2),
+            Col("BASIS", cut=12, drop=1)]
     if est.staging_bytes or est.preread_s:
         cols[3:3] = [Col("DATA COPY", drop=3)]
     texts = [f"{est.recipe}{f' (profile {est.profile})' if est.profile else ''} in {est.region}: "
@@ -823,8 +891,9 @@ def datasets_json(rows: list[dict]) -> str:
     return json.dumps(rows, indent=1)
 
 
-def args_lines(job: Job) -> list[str]:
-    """`status JOB`: a recipe job's arguments as its script got them, all of them (D18)."""
+def args_lines(job: Job, width: int | None = None) -> list[str]:
+    """`status JOB`: a recipe job's arguments as its script got them, all of them (D18),
+    wrapped at `width` (U31)."""
     args = (job.spec or {}).get("args") if isinstance(job.spec, dict) else None
     if not isinstance(args, dict) or not args:
         return []
@@ -832,7 +901,7 @@ def args_lines(job: Job) -> list[str]:
 
     words = [f"{k}={shlex.quote(str(v).lower() if isinstance(v, bool) else str(v))}"
              for k, v in args.items()]
-    return ["  args      " + " ".join(words)]
+    return _wrapped("args      " + " ".join(words), width, "  ", " " * 12)
 
 
 # -- rm / prune (history.py's plans) -------------------------------------------------------
@@ -845,13 +914,20 @@ def removal_size(n: int) -> str:
     return f"{n} B"
 
 
-def removal_plan(plan, verb: str = "remove") -> str:
-    """What will go (each job, its files) and what is kept and why."""
+def removal_plan(plan, verb: str = "remove", now: float | None = None) -> str:
+    """What will go (each job, its files, in aligned columns) and what is kept and why; for
+    prune, first the moment it cuts at, as a date and an age (U14)."""
     # a name or a link's target may hold terminal escapes: _printable
     out = []
+    if getattr(plan, "cutoff", None) is not None:
+        now = time.time() if now is None else now
+        ago = max(0.0, now - plan.cutoff)
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(plan.cutoff))
+        out.append(f"jobs that finished before {when} ({_spelled_age(ago)} ago):")
     if plan.removals:
         out.append(f"{verb} {len(plan.removals)} finished job(s) and {removal_size(plan.bytes)} "
                    f"of files ({plan.files} files):")
+        rows = []
         for r in plan.removals:
             job = r.job
             what = "no files" if r.path is None else (
@@ -859,12 +935,24 @@ def removal_plan(plan, verb: str = "remove") -> str:
                 else f"{r.path} ({removal_size(r.bytes)})")
             ended = time.strftime("%Y-%m-%d", time.localtime(job.ended_at)) \
                 if job.ended_at else "?"
-            out.append(f"  {_printable(job.id)}  {_printable(job.name or '-')}  {job.state} "
-                       f"{ended}  {what}")
+            rows.append([_printable(job.id), _printable(job.name or "-"), job.state, ended, what])
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        out += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4]
+                for row in rows]
     else:
         out.append("nothing to remove")
     out += refusal_lines(plan.refused)
     return "\n".join(out)
+
+
+def _spelled_age(seconds: float) -> str:
+    """30 days, 6 minutes, 1 hour: an age in the largest whole unit, words not letters."""
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    n = int(seconds)
+    return f"{n} second{'s' if n != 1 else ''}"
 
 
 def refusal_lines(refused: list) -> list[str]:

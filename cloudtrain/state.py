@@ -177,7 +177,7 @@ def _fnmatchcase(name, pattern) -> int:
 class JobQuery:
     """Which jobs Store.find_jobs and count_jobs mean: every condition given holds."""
     states: tuple[str, ...] = ()        # the job is in one of these states (empty: any)
-    recipe: str | None = None           # the job ran this recipe
+    recipes: tuple[str, ...] = ()       # the job ran one of these recipes (empty: any)
     name: str | None = None             # the job has this name (with name_glob:
     name_glob: str | None = None        # or one this shell glob, fnmatch, matches)
     created_since: float | None = None  # created at or after this time (epoch seconds)
@@ -564,9 +564,9 @@ class Store:
             # few rows are read, by state nearly all of them.
             terms.append(("+state IN %s" if query.finished else "state NOT IN %s")
                          % TERMINAL_SQL)
-        if query.recipe is not None:
-            terms.append("recipe = ?")
-            params.append(query.recipe)
+        if query.recipes:
+            terms.append("recipe IN (%s)" % ",".join("?" * len(query.recipes)))
+            params += query.recipes
         if query.name is not None or query.name_glob is not None:
             glob = "name GLOB ?"
             if query.name_glob is not None and "[" in query.name_glob:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -15,10 +16,11 @@ from conftest import REPO
 
 def run_in_terminal(args: list[str], *, env: dict | None = None, answer: str | None = None,
                     when: bytes = b"Proceed?", timeout: float = 60, columns: int = 100,
-                    cwd=REPO) -> tuple[int, str]:
+                    cwd=REPO, interrupt_after: float | None = None) -> tuple[int, str]:
     """Run `python -m cloudtrain ARGS` with stdin, stdout and stderr on a new pseudo-terminal
     (`columns` wide); type `answer` and Enter once `when` is shown. Returns the exit code and
-    everything it wrote. `env` adds to this process's environment; a None value removes."""
+    everything it wrote. `env` adds to this process's environment; a None value removes.
+    `interrupt_after`: seconds after which Ctrl-C is typed (a view that runs until then)."""
     full = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(columns)}
     for key, value in (env or {}).items():
         if value is None:
@@ -32,8 +34,14 @@ def run_in_terminal(args: list[str], *, env: dict | None = None, answer: str | N
     os.close(slave)
     out, answered = bytearray(), answer is None
     deadline = time.monotonic() + timeout
+    interrupt_at = None if interrupt_after is None else time.monotonic() + interrupt_after
     try:
         while time.monotonic() < deadline:
+            if interrupt_at is not None and time.monotonic() > interrupt_at:
+                # Ctrl-C as a terminal gives it: SIGINT to the foreground group (the pty here
+                # is not the child's controlling terminal, so typing ^C would not)
+                os.killpg(proc.pid, signal.SIGINT)
+                interrupt_at = None
             ready, _, _ = select.select([master], [], [], 0.2)
             if ready:
                 try:

@@ -3,6 +3,8 @@
 Contract, the same for every provider:
     name                        the backend's name, as `--backend` takes it
     preflight(spec)             refuse early (MissingDependency, UsageError) what cannot run
+    ready(spec)                 what a real launch needs beyond the dry run (credentials),
+                                checked before it asks or records anything
     plan(spec)                  what launch would do, as (what, value) rows; creates nothing
     acquire(store, job, spec)   get a host for the job, recording its instances; -> Host
     setup(host)                 make the host ready for the agent (python3, tmux)

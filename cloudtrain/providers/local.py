@@ -70,6 +70,9 @@ class LocalProvider:
                     hint="pip install 'cloudtrain[recipes]' (torch and torchvision) into this "
                          "environment, or set `python:` in config.yaml to one that has them")
 
+    def ready(self, spec) -> None:
+        """Nothing beyond preflight: this machine needs no credentials."""
+
     def acquire(self, store: Store, job: Job, spec, report: Reporter = SILENT) -> LocalHost:
         report.phase("running on this machine (local backend)")
         host = self._host()

@@ -83,14 +83,14 @@ def test_spot_job_pays_the_price_history_including_a_change(cli, aws, ct_home, m
     assert report["total"]["dollars"] == pytest.approx(expected, abs=1e-9)
     assert round(report["total"]["dollars"], 2) == round(expected, 2)
     by_instance = json.loads(cli.ok("cost-report", "--by", "instance", "--json").stdout)
-    assert by_instance["rows"][0]["key"].startswith(inst["id"])
+    assert by_instance["rows"][0]["instance"].startswith(inst["id"])
 
 
 def test_cost_report_groupings_and_csv(cli, aws, ct_home):
     for _ in range(2):
         assert cli("launch", "--instance", "g5.xlarge", "--follow", "--", "true").returncode == 0
     by_recipe = json.loads(cli.ok("cost-report", "--by", "recipe", "--json").stdout)
-    assert [r["key"] for r in by_recipe["rows"]] == ["(own command)"]
+    assert [r["recipe"] for r in by_recipe["rows"]] == ["(own command)"]
     assert by_recipe["rows"][0]["jobs"] == 2
     csv_text = cli.ok("cost-report", "--by", "month", "--csv").stdout.splitlines()
     assert csv_text[0] == "month,jobs,usd,settled,usd_to_target,usd_data_copy"
@@ -116,7 +116,7 @@ def test_catalog_refresh_takes_current_spot_prices_from_ec2(cli, aws, price_list
     proc = cli("catalog", "--refresh", "--region", "us-east-1", "--gpu", "A10G", "--json")
     assert proc.returncode == 0, proc.stderr
     assert "from EC2 now" in proc.stderr
-    g5 = [t for t in json.loads(proc.stdout)["types"] if t["name"] == "g5.xlarge"][0]
+    g5 = [t for t in json.loads(proc.stdout)["types"] if t["instance_type"] == "g5.xlarge"][0]
     assert g5["spot_snapshot"]["us-east-1"] == {"us-east-1a": 0.39, "us-east-1b": 0.47}
     # The dry run now quotes the live price.
     out = cli.ok("launch", "--instance", "g5.xlarge", "--spot", "--dry-run", "--", "true").stdout
@@ -150,7 +150,7 @@ def test_catalog_refresh_takes_on_demand_and_gp3_prices_from_the_price_list(
     assert "on-demand prices for 2 of" in proc.stderr and "(1 differ from before)" in proc.stderr
     assert "gp3 $0.09/GB-month" in proc.stderr
     data = json.loads(proc.stdout)
-    g5 = [t for t in data["types"] if t["name"] == "g5.xlarge"][0]
+    g5 = [t for t in data["types"] if t["instance_type"] == "g5.xlarge"][0]
     assert g5["on_demand"]["us-east-1"] == 1.10
     assert data["on_demand_source"].startswith("AWS price list fetched ")
     # Every query asked for Linux, shared tenancy, no pre-installed software, used capacity.

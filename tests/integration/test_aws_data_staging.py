@@ -190,7 +190,7 @@ def test_role_credentials_from_imdsv2_stage_the_data_and_no_user_secret_reaches_
     assert all(v >= 0 for v in by_phase.values())
     assert "staging $" in cli.ok("status", job_id).stdout
     report = json.loads(cli.ok("cost-report", "--json").stdout)
-    assert any(job_id in row["key"] for row in report["rows"])
+    assert any(job_id == row["id"] for row in report["rows"])
     assert _terminated(aws, job_id)
 
 

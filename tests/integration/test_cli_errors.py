@@ -235,3 +235,16 @@ def test_catch_all_still_reports_our_bugs(ct_home, monkeypatch, capsys):
     assert info.value.code == 1
     assert err == ("Error: internal error: KeyError: 'first line\\nsecond line' (run again with "
                    "--debug for the traceback)\n")
+
+
+@pytest.mark.parametrize("verb, points_to", [
+    ("queue", "cloudtrain status"), ("ps", "cloudtrain status"), ("cancel", "cloudtrain down JOB"),
+    ("stop", "cloudtrain down JOB"), ("exec", "cloudtrain ssh JOB -- CMD"),
+    ("apply", "cloudtrain launch job.yaml")])
+def test_u32_other_tools_verbs_point_to_ours(cli, verb, points_to):
+    """U32: SkyPilot's and dstack's verbs got click's `No such command` with no pointer."""
+    proc = cli(verb, "x")
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2 and lines[0] == f"Error: cloudtrain has no {verb} command"
+    assert lines[1].startswith(f"Hint: use {points_to}")

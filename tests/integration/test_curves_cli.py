@@ -38,7 +38,7 @@ def test_metrics_table_csv_and_json(cli, three_jobs):
     assert [int(r["epoch"]) for r in first] == [1, 2, 3, 4, 5]
     assert float(first[-1]["test_acc"]) == pytest.approx(0.9)
     data = json.loads(cli.ok("metrics", three_jobs[2], "--json").stdout)
-    assert data[0]["job"] == three_jobs[2] and len(data[0]["rows"]) == 5
+    assert data[0]["id"] == three_jobs[2] and len(data[0]["rows"]) == 5
     both = cli("metrics", three_jobs[0], "--csv", "--json")
     assert both.returncode == 2 and "not both" in both.stderr
 
@@ -81,3 +81,21 @@ def test_status_of_a_job_shows_its_startup_breakdown(cli):
             if l.startswith("  startup ")]
     assert line and "import 1.25s, data 0.50s, compile 12s; first step 14s after the start" \
         in line[0], line
+
+
+def test_u25_every_json_names_a_job_id_and_an_instance_type_the_same_way(cli, three_jobs):
+    """U25: the job's id was `id` (status), `job` (metrics), `key` (cost-report); an instance
+    type `instance_type` (estimate) and `name` (catalog), whose gpus was 1.0."""
+    job = three_jobs[0]
+    status = json.loads(cli.ok("status", job, "--json").stdout)
+    metrics = json.loads(cli.ok("metrics", job, "--json").stdout)[0]
+    cost = json.loads(cli.ok("cost-report", "--json").stdout)
+    assert status["id"] == metrics["id"] == job
+    assert cost["rows"] == [{"id": "local", "jobs": 3, "dollars": 0.0, "settled": True,
+                             "to_target": None, "staging": 0.0, "local": True}]  # U29
+    catalog = json.loads(cli.ok("catalog", "--gpu", "A10G", "--json").stdout)["types"]
+    estimate = json.loads(cli.ok("estimate", "--recipe", "resnet9", "--gpus", "A10G:1",
+                                 "--json").stdout)
+    g5 = next(t for t in catalog if t["instance_type"] == "g5.xlarge")
+    assert g5["gpus"] == 1 and isinstance(g5["gpus"], int)
+    assert "g5.xlarge" in {r["instance_type"] for r in estimate["rows"]}

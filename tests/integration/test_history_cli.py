@@ -49,6 +49,25 @@ def test_status_shows_active_and_recent_jobs_and_filters(cli, ct_home):
     cli.ok("down", running)
 
 
+def test_u6_u18_u36_filters_that_match_nothing_several_recipes_and_an_empty_job(
+        cli, ct_home, toy_recipes):
+    """U6: an empty filter result says what matched nothing (not "no jobs yet"); U18: two
+    --recipe both count; U36: `status ''` (an unset shell variable) is refused as `logs ''`."""
+    toy = cli.launch("--recipe", "toy")
+    own = cli.launch("--", "true")
+    cli.wait(toy), cli.wait(own)
+    none = cli.ok("status", "--state", "running").stdout.strip()
+    assert none == "no jobs match --state running (2 jobs in all: cloudtrain status -a)"
+    assert "no recipe is named resnet99" in cli.ok("status", "--recipe", "resnet99").stdout
+    assert _ids(cli, "--recipe", "toy") == [toy]
+    assert _ids(cli, "--recipe", "resnet9", "--recipe", "toy") == [toy]
+    assert _ids(cli, "--recipe", "resnet9,toy") == [toy]
+    for command in (("status", ""), ("status", "", "--json"), ("logs", "")):
+        proc = cli(*command)
+        assert proc.returncode == 2 and proc.stdout == "", (command, proc.stdout)
+        assert proc.stderr.startswith("Error: give a job id, id prefix or name"), proc.stderr
+
+
 def test_rm_and_prune_never_touch_a_running_job_and_say_what_they_remove(cli, ct_home):
     """issue 16: prune --older-than removes old finished jobs' records and directories,
     keeps the running one (even when old), and --dry-run removes nothing."""

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -41,27 +42,60 @@ def _store_state(ct_home: Path, job_id: str) -> str:
 # -- names and arguments ------------------------------------------------------------------------
 
 
-def test_d18_a_duplicate_name_is_refused_and_set_arguments_are_shown(cli, toy_recipes):
+def test_d18_u4_a_finished_jobs_name_goes_to_the_newest_launch(cli, toy_recipes):
+    """U4: a name held by a finished job is taken by the next launch of that name (the newest
+    wins, as dstack's apply does): a job file with `name:` runs again and again. The earlier
+    job keeps its id and its record."""
     first = cli("launch", "--recipe", "toy", "--set", "lr=0.25", "--set", "mode=slow",
                 "--name", "dawn24", "--follow", "--quiet")
     assert first.returncode == 0, first.stderr
     first_id = first.stdout.split()[0]
-    again = cli("launch", "--recipe", "toy", "--name", "dawn24")
-    assert again.returncode == 2
-    assert again.stderr.splitlines()[0] == (
-        f"Error: --name dawn24: job {first_id} (succeeded) already has that name")
-    assert "--name dawn24-2" in again.stderr and "cloudtrain status dawn24" in again.stderr
-    dry = cli("launch", "--recipe", "toy", "--name", "dawn24", "--dry-run")
-    assert dry.returncode == 2 and "already has that name" in dry.stderr
-    jobs = json.loads(cli.ok("status", "--json").stdout)
-    assert [j["id"] for j in jobs] == [first_id]  # nothing was launched
+    dry = cli.ok("launch", "--recipe", "toy", "--name", "dawn24", "--dry-run").stdout
+    assert f"dawn24 now names job {first_id} (succeeded); this job takes the name" in dry
+    again = cli("launch", "--recipe", "toy", "--name", "dawn24", "--follow", "--quiet")
+    assert again.returncode == 0, again.stderr
+    second_id = again.stdout.split()[0]
+    assert second_id != first_id
+    assert f"the name dawn24 moves from job {first_id} (succeeded) to this one" in again.stderr
+    assert cli.job("dawn24")["id"] == second_id  # the name is the newest job's
+    jobs = {j["id"]: j for j in json.loads(cli.ok("status", "--json").stdout)}
+    assert set(jobs) == {first_id, second_id}
     # WHAT: the arguments that differ from the recipe's (after the profile) ...
-    assert jobs[0]["command"] == "toy lr=0.25 mode=slow"
+    assert jobs[first_id]["command"] == "toy lr=0.25 mode=slow"
     row = [l for l in cli.ok("status").stdout.splitlines() if first_id in l][0]
     assert "toy lr=0.25 mode=slow" in row
     # ... and `status JOB` has them all, as the script got them.
-    detail = cli.ok("status", "dawn24").stdout
+    detail = cli.ok("status", first_id).stdout
     assert "  args      epochs=2 lr=0.25 mode=slow resume=false\n" in detail
+
+
+def test_d18_u4_an_active_jobs_name_is_refused(cli, toy_recipes):
+    """D18 still holds while the job of that name has not finished: two live jobs never share
+    a name (`down NAME` would not know which)."""
+    sleeper = cli.launch("--name", "busy", "--", "sleep", "60")
+    again = cli("launch", "--recipe", "toy", "--name", "busy")
+    assert again.returncode == 2
+    assert again.stderr.splitlines()[0] == (
+        f"Error: --name busy: job {sleeper} (running) has that name and has not finished")
+    assert "cloudtrain down busy" in again.stderr and "--name busy-2" in again.stderr
+    dry = cli("launch", "--recipe", "toy", "--name", "busy", "--dry-run")
+    assert dry.returncode == 2 and "has not finished" in dry.stderr
+    assert [j["id"] for j in json.loads(cli.ok("status", "--json").stdout)] == [sleeper]
+    cli.ok("down", "busy")
+
+
+def test_u4_a_job_file_runs_again_and_again(cli, tmp_path):
+    """U4: `cloudtrain launch cloudtrain.yaml` twice (the file init writes has a name:)."""
+    job = tmp_path / "proj" / "cloudtrain.yaml"
+    job.parent.mkdir()
+    job.write_text("name: my-training-run\nrun: echo hello from the file\n")
+    ids = []
+    for _ in range(3):
+        proc = cli("launch", str(job), "--follow", "--quiet")
+        assert proc.returncode == 0, proc.stderr
+        assert "hello from the file" in proc.stdout
+        ids.append(proc.stdout.split()[0])
+    assert len(set(ids)) == 3 and cli.job("my-training-run")["id"] == ids[-1]
 
 
 def test_d18_profile_and_arguments_in_what(cli, toy_recipes):
@@ -260,3 +294,34 @@ def test_d8_d9_d25_a_launch_that_failed_before_ssh(cli, aws):
     assert aws.ec2.describe_security_groups(Filters=[
         {"Name": "group-name", "Values": ["cloudtrain"]}])["SecurityGroups"] == []
     assert aws.ec2.describe_key_pairs()["KeyPairs"] == []
+
+
+def _no_credentials(tmp_path: Path) -> dict:
+    """An environment where botocore finds no credentials at all (no keys, no profile files,
+    no metadata service), and no region: a new laptop."""
+    empty = tmp_path / "empty-home"
+    empty.mkdir(exist_ok=True)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        assert name not in os.environ, f"the test runs with {name} set"
+    return {"HOME": str(empty), "AWS_CONFIG_FILE": str(empty / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(empty / "none"),
+            "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def test_u5_a_launch_without_credentials_records_nothing_and_keeps_the_name_free(cli, tmp_path):
+    """U5: the credentials are checked before the question and before the job is recorded, so
+    the launch that could not start leaves no job behind and its --name is still free."""
+    env = _no_credentials(tmp_path)
+    proc = cli("launch", "--instance", "g5.xlarge", "--spot", "--name", "aws1", "--", "true",
+               env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines()[0] == "Error: no AWS credentials found", proc.stderr
+    assert json.loads(cli.ok("status", "--json").stdout) == []
+    # In a terminal the error comes before any question about money.
+    code, out = run_in_terminal(["launch", "--instance", "g5.xlarge", "--spot", "--name",
+                                 "aws1", "--", "true"], env=env, timeout=60)
+    assert code == 1 and "no AWS credentials found" in out and "Proceed" not in out, out
+    assert json.loads(cli.ok("status", "--json").stdout) == []
+    local = cli.launch("--name", "aws1", "--", "true")  # the name was never taken
+    assert cli.job("aws1")["id"] == local

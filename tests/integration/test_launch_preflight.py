@@ -213,6 +213,21 @@ def test_d15_own_options_before_double_dash_are_explained(ct_home):
     assert "--procs" not in err  # click's "did you mean" pointed elsewhere
 
 
+
+def test_u3_hints_keep_launchs_options_and_never_turn_a_dry_run_into_a_launch(ct_home):
+    err = refused(run("launch", "--instance", "g5.xlarge", "--spot", "python", "train.py",
+                      "--epochs", "1", "--dry-run"), "--epochs is not an option")
+    assert "Hint: cloudtrain launch --instance g5.xlarge --spot --dry-run -- python train.py " \
+           "--epochs 1" in err
+    err = refused(run("launch", "--recipe", "resnet9", "--epochs", "3", "--dry-run"),
+                  "a recipe argument is --set KEY=VALUE")
+    assert "Hint: cloudtrain launch --recipe resnet9 --set epochs=3 --dry-run" in err
+    err = refused(run("launch", "-c", "mycluster", "proj/r9.yaml", "--dry-run"),
+                  "Error: -c is not an option of cloudtrain launch")
+    assert "-- mycluster" not in err
+    assert no_jobs(ct_home)
+
+
 # D16
 def test_d16_a_script_outside_the_workdir_is_refused_before_launch(ct_home, tmp_path):
     project = tmp_path / "project"

@@ -84,6 +84,42 @@ def test_d7_every_listing_fits_columns(cli, many_jobs, width):
         _fits(cli.ok(*args, env=env).stdout, width)
 
 
+def test_u31_what_did_not_fit_at_60_columns_fits(cli, toy_recipes):
+    """U31: at COLUMNS=60 estimate was 74 wide, recipes resnet9 73, metrics' event lines 84,
+    and status JOB's args line 226 at any width."""
+    env = {"COLUMNS": "60"}
+    for args in (("estimate", "--recipe", "resnet9"), ("recipes", "resnet9"),
+                 ("recipes", "airbench94")):
+        _fits(cli.ok(*args, env=env).stdout, 60)
+    writer = ("import json, os; f = open(os.path.join(os.environ['CLOUDTRAIN_JOB_DIR'], "
+              "'metrics.jsonl'), 'a'); f.write(json.dumps({'epoch': 1, 'test_acc': 0.5}) + "
+              "'\\n'); f.write(json.dumps({'event': 'target_reached', 'run': 0, 'epoch': 1, "
+              "'test_acc': 0.9402, 'train_time': 7.11, 'wall_time': 11.66, 'tta_level': 2, "
+              "'some_other_key': 123456}) + '\\n')")
+    own = cli.launch("--", "python3", "-c", writer)
+    toy = cli.launch("--recipe", "toy", "--set", "tag=" + "x" * 150)
+    cli.wait(own), cli.wait(toy)
+    _fits(cli.ok("metrics", own, env=env).stdout, 60)
+    detail = cli.ok("status", toy, env=env).stdout
+    _fits(detail, 60)
+    assert "x" * 40 in detail  # wrapped, not cut: every argument is still there
+    assert "x" * 150 in cli.ok("status", toy).stdout  # piped without COLUMNS: one line
+
+
+def test_u31_status_watch_fits_the_terminals_height(cli):
+    """U31: `status --watch` in a 20-line terminal printed 23 lines (it scrolled)."""
+    for _ in range(25):
+        cli.launch("--", "true")
+    code, out = run_in_terminal(["status", "--watch", "--interval", "0.5"],
+                                env={"LINES": "20"}, timeout=8, columns=100,
+                                interrupt_after=3)
+    lines = [l for l in out.replace("\r\n", "\n").split("\n") if l.strip()]
+    ids = {m.group(1) for l in lines
+           if (m := re.match(r"(?:\x1b\[[0-9;?]*[A-Za-z])*([0-9a-f]{8})  ", l))}
+    assert 0 < len(ids) <= 16, lines[:30]  # each frame: the 16 newest of the 25 jobs
+    assert any("9 older jobs not shown" in l for l in lines), lines[:30]
+
+
 def test_d7_wide_and_piped_output_keep_the_full_text(cli, many_jobs):
     for args in (("status", "-a", "--wide"), ("status", "-a")):  # --wide, or piped, no COLUMNS
         out = cli.ok(*args, env={"COLUMNS": "80"} if "--wide" in args else {}).stdout

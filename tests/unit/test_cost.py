@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -401,3 +402,51 @@ def test_prop_spot_matches_a_second_by_second_reference(a, d, history):
     b = spot_cost(start, start + d, history)
     assert b.dollars == pytest.approx(reference, abs=1e-9, rel=0)
     assert b.settled == (ordered[0].at <= start)
+
+
+def test_u29_cost_report_by_job_shows_cloud_jobs_and_this_machine_as_one_row(tmp_path):
+    """U29: every local job had its own $0.0000 row (and its own "instance" by instance);
+    JOBS was always 1 and the rows said nothing of date, recipe or instance."""
+    from cloudtrain import ledger, render
+    from cloudtrain.state import Instance, open_store
+
+    with open_store(tmp_path) as store:
+        for i in range(5):
+            job = store.create_job(name=f"smoke-{i}", kind="recipe", recipe="resnet9",
+                                   command="resnet9 (smoke)", backend="local", spec={},
+                                   at=1000.0 + i)
+            store.add_instance(Instance(id=f"local-{job.id}", job_id=job.id, provider="local",
+                                        region=None, zone=None, instance_type="local",
+                                        market="on-demand", state="terminated",
+                                        launched_at=1000.0 + i, terminated_at=1001.0 + i,
+                                        price_per_hour=0.0, details={}))
+            store.update_job(job.id, cost=0.0, cost_settled=1)
+        cloud = store.create_job(name="big", kind="recipe", recipe="imagenet",
+                                 command="imagenet machines-4", backend="aws", spec={},
+                                 at=1_795_000_000.0)
+        for n in range(2):
+            store.add_instance(Instance(id=f"i-{n}", job_id=cloud.id, provider="aws",
+                                        region="us-east-1", zone="us-east-1a",
+                                        instance_type="p3.16xlarge", market="spot",
+                                        state="terminated", launched_at=1_795_000_000.0,
+                                        terminated_at=1_795_003_600.0, price_per_hour=7.0,
+                                        details={}))
+        store.update_job(cloud.id, cost=14.0, cost_settled=1)
+        rows, total = ledger.report(store, "job", now=1_795_010_000.0)
+        assert [(r.key, r.jobs, r.local) for r in rows] == [(cloud.id, 1, False),
+                                                           ("local", 5, True)]
+        assert rows[0].instances == "2 x p3.16xlarge" and rows[0].what == "imagenet machines-4"
+        text = render.cost_report(rows, total, "job")
+        head, first, local, last = text.splitlines()
+        assert head.split()[:5] == ["ID", "NAME", "DATE", "WHAT", "INSTANCE"]
+        assert first.split()[:3] == [cloud.id, "big", "2026-11-18"]
+        assert "imagenet machines-4  2 x p3.16xlarge  $14.0000" in first
+        assert local.split()[:5] == ["local", "5", "jobs", "on", "this"]
+        assert last.split()[:3] == ["TOTAL", "6", "jobs"]
+        by_instance, _ = ledger.report(store, "instance", now=1_795_010_000.0)
+        assert [(r.key.split()[0], r.jobs) for r in by_instance] == [("i-0", 1), ("i-1", 1),
+                                                                     ("local", 5)]
+        data = json.loads(ledger.report_json(rows, total, "job"))
+        assert data["rows"][0]["id"] == cloud.id and data["rows"][0]["name"] == "big"
+        assert data["rows"][1] == {"id": "local", "jobs": 5, "dollars": 0.0, "settled": True,
+                                   "to_target": None, "staging": 0.0, "local": True}

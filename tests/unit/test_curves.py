@@ -175,21 +175,58 @@ def test_accuracy_and_loss_keys_are_picked_by_preference():
 
 def test_table_of_a_resnet9_job_exactly(ct_home):
     """issue 16: epoch first (with the total), losses, accuracies as percentages, time since
-    the first row, then the other numbers; the events under it."""
+    the job started (U10: its first row when the start is not known), then the other numbers
+    (not the recipe's own wall_time: one time column); the events under it."""
     rows = resnet9_rows(3)
     job = job_at(ct_home, "3f2a1b9c", rows + [dict(TARGET, epoch=3, test_acc=0.7901)])
     assert curves.table([job]) == "\n".join([
         "job 3f2a1b9c",
-        "EPOCH  TRAIN_LOSS  TEST_LOSS  TRAIN_ACC  TEST_ACC  ELAPSED   LR  STEP  TRAIN_TIME  "
-        "WALL_TIME",
-        "1/3         1.685      1.453     68.34%    66.34%    0.00s  0.3    97       0.79s  "
-        "    4.14s",
-        "2/3         1.324      1.116     76.46%    74.46%    0.94s  0.2   194       1.58s  "
-        "    5.08s",
-        "3/3         1.042     0.8639     82.28%    80.28%    1.88s  0.1   291       2.37s  "
-        "    6.02s",
+        "EPOCH  TRAIN_LOSS  TEST_LOSS  TRAIN_ACC  TEST_ACC  ELAPSED   LR  STEP  TRAIN_TIME",
+        "1/3         1.685      1.453     68.34%    66.34%    0.00s  0.3    97       0.79s",
+        "2/3         1.324      1.116     76.46%    74.46%    0.94s  0.2   194       1.58s",
+        "3/3         1.042     0.8639     82.28%    80.28%    1.88s  0.1   291       2.37s",
         "event target_reached: run 0, epoch 3, test_acc 79.01%, train_time 7.11s, "
         "wall_time 12s"])
+
+
+def test_u10_elapsed_and_the_plots_clock_count_from_the_jobs_start(ct_home, tmp_path):
+    """U10: ELAPSED said 0.00s at epoch 1 of a job that had run 46 s (startup and the first
+    epoch were dropped), and disagreed with WALL_TIME beside it; the plot's time axis ended
+    a 1 min job at 0.43 min. Both count from when the job started now."""
+    rows = resnet9_rows(3)  # epoch 1 written at T0 + 0.94
+    write_jsonl(ct_home / "jobs" / "s1b" / "metrics.jsonl", rows)
+    job = curves.read_job("s1b", started_at=T0 - 45)
+    lines = curves.table([job]).splitlines()
+    assert lines[1].split().count("ELAPSED") == 1 and "WALL_TIME" not in lines[1]
+    assert lines[2].split()[5] == "46s" and lines[4].split()[5] == "48s"
+    curve = curves._curves(job, ["test_acc"], "epoch", curves.TIME_SOURCES[0])[0]
+    assert curve.by_time["test_acc"][0] == pytest.approx([45.94 / 60, 46.88 / 60, 47.82 / 60])
+    # a start after the first row (clocks of two machines) is not believed
+    assert curves.read_job("s1b", started_at=T0 + 100).start() == rows[0]["time"]
+
+
+def test_u19_a_final_row_completes_its_epoch_in_the_table_plot_and_sparkline(ct_home):
+    """U19: airbench's final row (the TTA accuracy, no train_acc) showed as a second `2/2`
+    line with TRAIN_ACC `-`, and put a flat tail on the plot; it completes the epoch's row.
+    --json still has every row as written."""
+    rows = resnet9_rows(2)
+    final = {"time": rows[-1]["time"] + 0.3, "run": 0, "epoch": 2, "epochs": 2,
+             "step": 194, "train_loss": rows[-1]["train_loss"], "test_acc": 0.9412,
+             "final_test_acc": 0.9412, "tta_level": 2, "train_time": 1.9}
+    job = job_at(ct_home, "ab94", rows + [final])
+    body = curves.table([job]).splitlines()[2:]
+    assert [l.split()[0] for l in body] == ["1/2", "2/2"]
+    assert "94.12%" in body[1] and "-" not in body[1].split()[:6]
+    curve = curves._curves(job, ["test_acc"], "epoch", curves.TIME_SOURCES[0])[0]
+    assert curve.by_epoch["test_acc"][1] == [rows[0]["test_acc"], 0.9412]
+    assert len(curve.by_time["test_acc"][0]) == 2
+    assert curves.accuracy_trend(job.rows).endswith("94.12%")
+    assert len(json.loads(curves.to_json([job]))[0]["rows"]) == 3
+
+
+def test_u19_a_finished_job_without_metrics_says_it_wrote_none(ct_home):
+    assert curves.read_job("dddd1111", finished=True).notes == ["the job wrote no metrics.jsonl"]
+    assert curves.read_job("dddd1111").notes[0].startswith("no metrics.jsonl yet")
 
 
 def test_table_fits_the_width_by_dropping_the_extra_columns_first(ct_home):
@@ -267,7 +304,7 @@ def test_json_is_a_list_of_jobs_with_their_rows(ct_home):
     """issue 16: --json is [{job, name, rows, events, notes}]."""
     a = job_at(ct_home, "aaaa", resnet9_rows(2) + [TARGET], name="fast")
     got = json.loads(curves.to_json([a, curves.read_job("bbbb")]))
-    assert [g["job"] for g in got] == ["aaaa", "bbbb"]
+    assert [g["id"] for g in got] == ["aaaa", "bbbb"]
     assert got[0]["name"] == "fast" and got[0]["rows"] == resnet9_rows(2)
     assert got[0]["events"] == [TARGET]
     assert got[1]["rows"] == [] and len(got[1]["notes"]) == 1

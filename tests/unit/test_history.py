@@ -124,7 +124,8 @@ def _reference(rows, states=(), recipe=None, name=None, since=None):
     """What the filters mean, computed in Python from the rows themselves."""
     return [r for r in rows
             if (not states or r["state"] in states)
-            and (recipe is None or r["recipe"] == recipe)
+            and (recipe is None or r["recipe"] in ",".join(
+                (recipe,) if isinstance(recipe, str) else recipe).split(","))
             and (name is None or r["name"] == name or fnmatch.fnmatchcase(r["name"], name))
             and (since is None or r["created_at"] >= since)]
 
@@ -133,6 +134,8 @@ def _reference(rows, states=(), recipe=None, name=None, since=None):
     (("failed",), None, None, None),
     (("failed", "cancelled"), None, None, None),
     ((), "resnet9", None, None),
+    ((), ("resnet9", "airbench94"), None, None),  # U18: several recipes: any of them
+    ((), ("resnet9,wide-resnet34",), None, None),
     ((), None, "exp-7*", None),
     ((), None, "exp-1?", None),
     ((), None, "exp-[!1-8]?", None),       # a shell set, negated with !
@@ -172,6 +175,32 @@ def test_a_name_with_glob_characters_also_matches_exactly(store):
     assert sorted(_ids(shown)) == ["0000000a", "0000000b"]
 
 
+def test_u18_several_recipes_all_count_and_the_footer_repeats_them(store):
+    """U18: `--recipe resnet9 --recipe airbench94` shows both recipes' jobs (it showed only
+    the last one's)."""
+    filters = history.parse_filters((), ("resnet9", "airbench94"), None, None, now=NOW)
+    assert filters.recipes == ("resnet9", "airbench94")
+    assert history.footer(2, filters) == ("(2 older jobs not shown: cloudtrain status -a "
+                                          "--recipe resnet9 --recipe airbench94)")
+
+
+def test_u6_an_empty_filter_result_says_what_matched_nothing(store):
+    """U6: a filter that matches nothing says so, with the count of all jobs and the command
+    that shows them; an unknown recipe name is said; "no jobs yet" only when there are none."""
+    assert history.empty_view(store, history.Filters()) == (
+        "no jobs yet: cloudtrain launch --recipe resnet9 --profile smoke --follow")
+    _insert(store, _thousand(seed=3)[:23])
+    assert history.empty_view(store, history.parse_filters(["running"], now=NOW)) == (
+        "no jobs match --state running (23 jobs in all: cloudtrain status -a)")
+    assert history.empty_view(store, history.parse_filters((), "resnet99", now=NOW)) == (
+        "no jobs match --recipe resnet99 (23 jobs in all: cloudtrain status -a); no recipe "
+        "is named resnet99 (cloudtrain recipes lists them)")
+    assert history.empty_view(store, history.parse_filters(name="nomatch*", now=NOW)) == (
+        "no jobs match --name 'nomatch*' (23 jobs in all: cloudtrain status -a)")
+    assert history.empty_view(store, history.Filters()) == (
+        "no active or recent jobs (23 jobs in all: cloudtrain status -a)")
+
+
 def test_footer_gives_the_command_with_the_same_filters(store):
     """issue 16: the footer's command shows the hidden jobs: -a and the filters as given."""
     filters = history.parse_filters(["failed"], "resnet9", "exp *", "3d", now=NOW)
@@ -203,11 +232,50 @@ def test_since_takes_a_duration_or_a_date():
     assert history.parse_time("2026-11-01T00:00+00:00", "--since", NOW) == 1793491200.0
 
 
+def test_u14_durations_say_minutes_and_months_without_doubt():
+    """U14: min and mo are minutes and months (30 days), y a year; m stays minutes where it
+    only chooses what to show (status --since 30m), but prune, which deletes, refuses it: a
+    cron line `prune --older-than 6m` meant six months, not six minutes."""
+    assert history.parse_time("30min", "--since", NOW) == NOW - 1800
+    assert history.parse_time("30m", "--since", NOW) == NOW - 1800
+    assert history.parse_time("6mo", "--since", NOW) == NOW - 6 * 30 * DAY
+    assert history.parse_time("1y", "--since", NOW) == NOW - 365 * DAY
+    with pytest.raises(UsageError) as exc:
+        history.parse_time("6m", "--older-than", NOW, destructive=True)
+    assert exc.value.message == "--older-than '6m': m could mean minutes or months"
+    assert exc.value.hint == "write 6min or 6mo"
+    assert history.parse_time("6min", "--older-than", NOW, destructive=True) == NOW - 360
+
+
+def test_u14_prune_says_the_moment_it_cuts_at(store, ct_home):
+    """U14: the prune listing says before when jobs finished, as a date and an age."""
+    from cloudtrain import render
+
+    _job(store, ct_home, created=NOW - 90 * DAY)
+    plan = history.plan_removal(store, older_than="30d", now=NOW)
+    text = render.removal_plan(plan, now=NOW)
+    cut = datetime.datetime.fromtimestamp(NOW - 30 * DAY).strftime("%Y-%m-%d %H:%M")
+    assert text.splitlines()[0] == f"jobs that finished before {cut} (30 days ago):"
+
+
+def test_u26_the_removal_listing_is_aligned(store, ct_home):
+    """U26: a 64-character name does not push its row out of line with the others."""
+    from cloudtrain import render
+
+    _job(store, ct_home, name="n" * 64)
+    _job(store, ct_home, name="short")
+    lines = render.removal_plan(history.plan_removal(store, older_than="1d", now=NOW + 2 * DAY),
+                                now=NOW).splitlines()
+    rows = [l for l in lines if l.startswith("  ")]
+    assert len(rows) == 2
+    assert len({l.index(" succeeded ") for l in rows}) == 1, lines
+
+
 @pytest.mark.parametrize("text, message", [
-    ("", "--since needs a value: a duration (m, h, d or w after a number: 2h, 3d, 2w) or a "
-         "date (2026-11-01)"),
-    ("3x", "--since '3x': expected a duration (m, h, d or w after a number: 2h, 3d, 2w) or a "
-           "date (2026-11-01)"),
+    ("", "--since needs a value: a duration (min, h, d, w or mo after a number: 2h, 3d, 2w) "
+         "or a date (2026-11-01)"),
+    ("3x", "--since '3x': expected a duration (min, h, d, w or mo after a number: 2h, 3d, "
+           "2w) or a date (2026-11-01)"),
     ("yesterday", "--since 'yesterday': expected a duration"),
     ("2026-13-01", "--since '2026-13-01': expected a duration"),
     ("nand", "--since 'nand': expected a duration"),
@@ -337,26 +405,38 @@ def test_a_table_a_later_migration_adds_is_cleaned_too(store, ct_home):
     assert set(_rows(store, job.id).values()) == {0}
 
 
-def test_rm_takes_ids_prefixes_and_names_and_keeps_what_it_cannot_resolve(store, ct_home):
+def test_rm_takes_ids_prefixes_and_names_each_job_once(store, ct_home):
     """issue 16: rm accepts an id, a unique id prefix or a name (Store.find_job), each job
-    once; a reference that names no job, or an ambiguous prefix, is kept with its reason."""
+    once."""
     a = _job(store, ct_home, name="first")
     b = _job(store, ct_home, name="second")
     c = _job(store, ct_home)
-    for _ in range(40):  # enough jobs that some id prefix of one character is shared
+    for _ in range(40):
         _job(store, ct_home, files={})
-    ids = [r[0] for r in store.db.execute("SELECT id FROM jobs")]
-    shared = next(p for p in "0123456789abcdef" if sum(i.startswith(p) for i in ids) > 1)
-    plan = history.plan_removal(store, [a.id[:7], "second", c.id, c.id[:6], "nope", shared],
-                                now=NOW)
-    assert [r.job.id for r in plan.removals] == [a.id, b.id, c.id]
-    assert [(r.ref, r.reason.split(":")[0]) for r in plan.refused] == [
-        ("nope", "no job 'nope'"), (shared, f"job id prefix '{shared}' is ambiguous")]
+    plan = history.plan_removal(store, [a.id[:7], "second", c.id, c.id[:6]], now=NOW)
+    assert [r.job.id for r in plan.removals] == [a.id, b.id, c.id] and plan.refused == []
     history.remove(store, plan)
     for job in (a, b, c):
         assert set(_rows(store, job.id).values()) == {0}
         assert not (ct_home / "jobs" / job.id).exists()
     assert store.db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 40
+
+
+def test_u26_a_reference_that_names_no_job_refuses_the_whole_rm(store, ct_home):
+    """U26: `rm s1b nosuch` removed s1b, then failed (exit 1) on nosuch; every other command
+    refuses an unknown job with exit 2 before doing anything. rm does the same now: a typo in
+    a list of jobs removes none of them."""
+    a = _job(store, ct_home, name="first")
+    for _ in range(40):
+        _job(store, ct_home, files={})
+    ids = [r[0] for r in store.db.execute("SELECT id FROM jobs")]
+    shared = next(p for p in "0123456789abcdef" if sum(i.startswith(p) for i in ids) > 1)
+    for refs, message in (([a.id, "nope"], "no job 'nope'"),
+                          (["first", shared], f"job id prefix '{shared}' is ambiguous")):
+        with pytest.raises(UsageError) as exc:
+            history.plan_removal(store, refs, now=NOW)
+        assert exc.value.message.startswith(message) and exc.value.exit_code == 2
+    assert store.job(a.id) is not None and (ct_home / "jobs" / a.id).exists()
 
 
 @pytest.mark.parametrize("active", [s for s in state.ACTIVE_STATES])
@@ -560,7 +640,7 @@ def test_plan_and_summary_text(store, ct_home):
     ended = datetime.date.fromtimestamp(NOW - 60 * DAY + 2).isoformat()
     assert render.removal_plan(plan).splitlines() == [
         "remove 1 finished job(s) and 1.0 kB of files (2 files):",
-        f"  {job.id}  exp  succeeded {ended}  {ct_home}/jobs/{job.id} (1.0 kB)",
+        f"  {job.id}  exp  succeeded  {ended}  {ct_home}/jobs/{job.id} (1.0 kB)",
         f"kept: job {live.id} is succeeded but its instance aws-{live.id} is running and may "
         f"still bill (terminate it first: cloudtrain down {live.id})"]
     assert render.removal_summary(history.remove(store, plan)) == \

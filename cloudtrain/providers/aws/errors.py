@@ -94,6 +94,13 @@ def client_error(exc, region: str, service: str) -> AWSError:
     return AWSError(f"AWS {operation} failed in {region}: {code or 'error'}: {message}", **said)
 
 
+def no_credentials() -> MissingDependency:
+    return MissingDependency(
+        "no AWS credentials found",
+        hint="run `aws configure`, or set AWS_PROFILE (or AWS_ACCESS_KEY_ID and "
+             "AWS_SECRET_ACCESS_KEY); `cloudtrain launch --dry-run` works without")
+
+
 @contextlib.contextmanager
 def aws_errors(region: str, service: str = "ec2"):
     """Every botocore failure, said once, as one of ours (never an "internal error")."""
@@ -102,10 +109,7 @@ def aws_errors(region: str, service: str = "ec2"):
     try:
         yield
     except botocore.exceptions.NoCredentialsError as exc:
-        raise MissingDependency(
-            "no AWS credentials found",
-            hint="run `aws configure`, or set AWS_PROFILE (or AWS_ACCESS_KEY_ID and "
-                 "AWS_SECRET_ACCESS_KEY); `cloudtrain launch --dry-run` works without") from exc
+        raise no_credentials() from exc
     except botocore.exceptions.ClientError as exc:
         raise client_error(exc, region, service) from exc
     except (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError) as exc:

@@ -34,7 +34,7 @@ from ...state import Job, Store
 from .account import AccountMixin
 from .cache import CACHE_TTL_S, RegionCache
 from .cluster import EFA_GROUP_NAME, ClusterMixin
-from .errors import POLICY_FILE, AWSError, StaleCache, aws_errors
+from .errors import POLICY_FILE, AWSError, StaleCache, aws_errors, no_credentials
 from .images import DLAMI_PARAMETER, ImagesMixin
 from .instances import REARM_PATH, USER_DATA_DONE, USER_DATA_WAIT_S, InstancesMixin, \
     power_off_minutes, user_data_wait_command
@@ -182,6 +182,15 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         if spec.on_job:
             return None
         return self.check_type(spec, self.region(spec))
+
+    def ready(self, spec) -> None:
+        """What a real launch needs beyond the dry run, checked before it asks or records
+        anything (U5): credentials to launch with. The dry run works without them."""
+        if spec.on_job:
+            return
+        region = self.region(spec)
+        if self.credentials(region) is None:
+            raise no_credentials()
 
     def check_type(self, spec, region: str) -> preflight.TypeFacts:
         """preflight.instance_type with EC2's answers where the bundled catalog has none and
