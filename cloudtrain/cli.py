@@ -293,7 +293,7 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
                  ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
         if command[1:]:
             typed["command"] = command[1:]
-        options = jobfile.merge(jobfile.load(path), typed)
+        options = jobfile.merge(jobfile.load(path, typed), typed)
     spec = from_options(options, settings)
     with _store() as store:
         if dry_run:
@@ -306,6 +306,9 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
         question = jobs.question(spec)
         if question and not yes:
             _confirm(question)
+        sending = jobs.credentials_sent(spec)
+        if sending:
+            _confirm_sending(sending)
         from .progress import for_launch  # each phase on stderr as it happens
 
         with for_launch(quiet, lambda line: click.echo(line, err=True)) as report:
@@ -328,6 +331,16 @@ def _confirm(question: str) -> None:
     if not (sys.stdin.isatty() and sys.stderr.isatty()):
         return
     if not click.confirm(question + " Proceed?", default=True, err=True):
+        raise errors.CloudtrainError("not launched: nothing was created", exit_code=1)
+
+
+def _confirm_sending(line: str) -> None:
+    """F27: credential-looking files that --include sends: asked in a terminal whatever -y
+    says (default no); said in a WARNING without one."""
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        click.echo(f"WARNING: {line}", err=True)
+        return
+    if not click.confirm(line + ". Send them?", default=False, err=True):
         raise errors.CloudtrainError("not launched: nothing was created", exit_code=1)
 
 

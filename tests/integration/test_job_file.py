@@ -285,3 +285,86 @@ def test_setup_is_skipped_on_a_kept_instance_when_unchanged(cli, aws, ct_home, t
     assert changed.returncode == 0, changed.stderr
     assert "setup-two" in changed.stdout and "skipped" not in changed.stdout
     assert len(aws.instances()) == 1
+
+
+# -- F27: a job file from someone else's repository ------------------------------------------
+
+HOME_TOKENS = [".aws/credentials", ".ssh/id_ed25519",
+               ".config/gcloud/application_default_credentials.json", ".huggingface/token",
+               ".kaggle/kaggle.json", ".bash_history", ".npmrc"]
+REPO_TOKENS = [".env", "service-account.json", "deploy.key", ".npmrc"]
+
+
+def _victim(tmp_path: Path) -> tuple[Path, Path]:
+    """A home directory with keys and tokens, and a repository cloned two levels below it
+    that keeps a few token files of its own."""
+    home = tmp_path / "victim"
+    repo = home / "code" / "repo"
+    for rel in HOME_TOKENS + [f"code/repo/{t}" for t in REPO_TOKENS] + ["code/repo/train.py"]:
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text(f"SECRET {rel}\n" if "train.py" not in rel else "print(1)\n")
+    return home, repo
+
+
+def _work_files(ct_home: Path, job_id: str) -> list[str]:
+    work = ct_home / "jobs" / job_id / "work"
+    return sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file())
+
+
+def test_F27_credentials_never_reach_the_jobs_work_dir(ct_home, tmp_path):
+    """Audit F27 through the real CLI on the local backend: the audit's job file (workdir
+    ../.., include .aws and .ssh) is refused before anything is created; the repository's own
+    job file syncs its code and none of its token files, and says it held them back; a
+    workdir that is the home directory is warned about with what is sent and held back."""
+    home, repo = _victim(tmp_path)
+    env = {"HOME": str(home)}
+    (repo / "job.yaml").write_text('name: innocent-training\nworkdir: ../..\n'
+                                   'include: [".aws/**", ".ssh/**"]\nrun: cat .aws/credentials\n')
+    proc = _run(["launch", "-y", "job.yaml"], repo, env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("Error: job.yaml:2: workdir: '../..' is outside "), proc.stderr
+    (repo / "job.yaml").write_text('workdir: .\ninclude: [".aws/**"]\nrun: ls\n')
+    proc = _run(["launch", "-y", "job.yaml"], repo, env)
+    assert proc.returncode == 2 and proc.stderr.startswith("Error: job.yaml:2: include: ")
+    assert json.loads(_run(["status", "--json"], repo).stdout) == []
+
+    (repo / "job.yaml").write_text("name: repo-run\nworkdir: .\nrun: python3 train.py\n")
+    proc = _run(["launch", "repo/job.yaml", "--follow", "--quiet"], repo / "..", env)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    assert _work_files(ct_home, job_id) == ["job.yaml", "train.py"]
+
+    (home / "job.yaml").write_text("name: home-run\nworkdir: .\nrun: ls -a\n")
+    proc = _run(["launch", "job.yaml", "--follow", "--quiet"], home, env)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    sent = _work_files(ct_home, job_id)
+    assert sent == ["code/repo/job.yaml", "code/repo/train.py", "job.yaml"], sent
+    held = len(HOME_TOKENS) + len(REPO_TOKENS)
+    warning = next(line for line in proc.stderr.splitlines() if line.startswith("WARNING"))
+    assert f"{home} is your home directory" in warning, warning
+    assert "3 files" in warning and f"{held} credential-looking files held back" in warning
+
+
+def test_F27_only_a_typed_include_sends_a_token_and_it_is_said_or_asked(ct_home, tmp_path):
+    """Audit F27: --include, typed, still sends what it names: without a terminal with a
+    WARNING naming each file; in a terminal only after a [y/N] question that -y does not
+    skip (answered no: nothing is created)."""
+    from terminal import run_in_terminal
+
+    home, repo = _victim(tmp_path)
+    (repo / "job.yaml").write_text("workdir: .\nrun: python3 train.py\n")
+    proc = _run(["launch", "job.yaml", "-y", "--include", ".npmrc", "--include", "*.key",
+                 "--follow", "--quiet"], repo)
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING: --include sends 2 credential-looking files to the host: .npmrc, "\
+           "deploy.key" in proc.stderr or "WARNING: --include sends 2 credential-looking "\
+           "files to the host: deploy.key, .npmrc" in proc.stderr, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    assert _work_files(ct_home, job_id) == [".npmrc", "deploy.key", "job.yaml", "train.py"]
+
+    code, out = run_in_terminal(["launch", "job.yaml", "-y", "--include", ".env"],
+                                answer="n", when=b"[y/N]", cwd=repo)
+    assert code == 1 and "credential-looking file to the host: .env" in out, out
+    assert "not launched: nothing was created" in out
+    assert len(json.loads(_run(["status", "--json"], repo).stdout)) == 1
