@@ -177,7 +177,8 @@ class _LaunchCommand(click.Command):
 @click.option("--recipe", "-r", metavar="NAME", shell_complete=completion.recipes,
               help="A bundled recipe (see `cloudtrain recipes`).")
 @click.option("--profile", "-p", metavar="NAME", shell_complete=completion.profiles,
-              help="A recipe profile, e.g. smoke.")
+              help="A recipe profile, e.g. smoke; --profile none for the full run (drops a "
+              "job file's profile).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               shell_complete=completion.set_keys,
               help="Set a recipe argument (repeatable); checked against the recipe.")

@@ -3,7 +3,7 @@
 A SkyPilot user reads one at sight (task.yaml's keys where they mean the same):
 
     name: cifar-sweep-1
-    workdir: .                     # relative to where `launch` runs; synced (.gitignore honoured)
+    workdir: .                     # this file's directory or one below; synced (.gitignore honoured)
     setup: |                       # once per instance, before `run`, in the synced workdir
       pip install -r requirements.txt
     run: |
@@ -17,7 +17,13 @@ or a recipe with `recipe`, `profile` and `args` in place of `run`. The file is r
 `yaml.safe_load` and checked against KEYS, the schema the launch flags share: every key is one
 launch option, and a flag given on the command line overrides the file's value (a repeatable
 flag, --set, --env, --data, adds to the file's list, later winning). An error names the file,
-the line and the key, and suggests the nearest valid key, in one line (exit 2).
+the line and the key, and suggests the nearest valid key, in one line (exit 2); so does a
+check after this one on a value from the file (ORIGINS).
+
+A job file is code from a repository, perhaps someone else's (audit F27): its workdir is read
+from the file's own directory and must stay inside it, it cannot `include` credential-looking
+files, and a secret's value cannot be written in it. YAML anchors and aliases are refused
+before anything expands them (audit F33).
 """
 
 from __future__ import annotations
@@ -61,8 +67,8 @@ KEYS: tuple[Key, ...] = (
     Key("recipe", "recipe", "str", "a bundled recipe (--recipe); or `run` for your own code"),
     Key("profile", "profile", "str", "the recipe's profile, e.g. smoke (--profile)"),
     Key("args", "sets", "mapping", "recipe arguments, {key: value} (--set key=value)"),
-    Key("workdir", "workdir", "str", "directory synced into the job, relative to where "
-                                     "launch runs (--workdir)"),
+    Key("workdir", "workdir", "str", "directory synced into the job: this file's directory "
+                                     "or one below it (--workdir, typed, for another)"),
     Key("setup", "setup", "script", "shell script run once per instance before the job, in "
                                     "the workdir (--setup)"),
     Key("run", "run", "script", "your own code: the shell script the job runs, in the "
@@ -75,8 +81,8 @@ KEYS: tuple[Key, ...] = (
     Key("outputs", "outputs", "strings", "paths the job writes (relative to the workdir, or "
                                          "to the job directory for recipes) brought home "
                                          "after it (--output)"),
-    Key("include", "include", "strings", "workdir paths synced though they look like "
-                                         "credentials (--include)"),
+    Key("include", "include", "strings", "refused in a job file: only --include, typed, "
+                                         "sends a credential-looking file"),
     Key("datasets", "data", "mapping", "datasets staged before the job: {name: source or "
                                        "null for config.yaml's} (--data)"),
     Key("resources.backend", "backend", "str", "where to run: local or aws (--backend)"),
@@ -578,7 +584,8 @@ def example(recipe=None, filename: str = "cloudtrain.yaml") -> str:
                 f"name: {recipe.name}-run\n"
                 f"recipe: {recipe.name}\n"
                 f"# profiles: {profiles}\n"
-                + (f"profile: {profile}\n" if profile else "")
+                + (f"profile: {profile}            # optional: leave it out (or --profile none) "
+                   "for the full run\n" if profile else "")
                 + "# args: the recipe's arguments (cloudtrain recipes "
                   f"{recipe.name}); uncomment to set\n"
                 + "args:\n" + "\n".join(args) + "\n")
@@ -587,9 +594,10 @@ def example(recipe=None, filename: str = "cloudtrain.yaml") -> str:
                 "#   cloudtrain launch {file}            (flags override it: --spot, --env, ...)\n"
                 "#   cloudtrain launch {file} --dry-run  (the plan and its price)\n"
                 "name: my-training-run\n"
-                "workdir: .               # synced into the job (.gitignore honoured)\n"
+                "workdir: .               # this file's directory (or one below it), synced "
+                "(.gitignore honoured)\n"
                 "setup: |                 # once per instance, before run, in the workdir\n"
-                "  python -m pip install -q -r requirements.txt || true\n"
+                "  if [ -f requirements.txt ]; then python -m pip install -q -r requirements.txt; fi\n"
                 "run: |                   # the job: $CLOUDTRAIN_JOB_DIR/metrics.jsonl rows "
                 "show in status and plot\n"
                 "  python train.py\n"

@@ -463,6 +463,7 @@ def _resolve_gpus(request: str, placement: dict, settings: config.Settings) -> d
 # -- from launch options (the flags, a job file, or both: jobfile.merge) -----------------------
 
 OFF_WHEN_FALSE = ("keep", "cpu_only")  # flags that only switch something on
+NO_PROFILE = "none"  # `--profile none`: the recipe's full run, whatever a job file says (U34)
 
 
 def from_options(o: dict, settings: config.Settings) -> JobSpec:
@@ -478,8 +479,9 @@ def from_options(o: dict, settings: config.Settings) -> JobSpec:
     for k in OFF_WHEN_FALSE:
         if placement[k] is False:
             placement[k] = None
+    profile = None if o.get("profile") == NO_PROFILE else o.get("profile")
     return build_spec(recipe=o.get("recipe"), command=tuple(o.get("command") or ()),
-                      workdir=o.get("workdir"), profile=o.get("profile"),
+                      workdir=o.get("workdir"), profile=profile,
                       sets=tuple(o.get("sets") or ()), name=o.get("name"),
                       backend=o.get("backend"), max_runtime_minutes=o.get("max_runtime"),
                       settings=settings, resume_from=o.get("resume_from"),

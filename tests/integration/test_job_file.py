@@ -368,3 +368,16 @@ def test_F27_only_a_typed_include_sends_a_token_and_it_is_said_or_asked(ct_home,
     assert code == 1 and "credential-looking file to the host: .env" in out, out
     assert "not launched: nothing was created" in out
     assert len(json.loads(_run(["status", "--json"], repo).stdout)) == 1
+
+
+def test_U34_profile_none_drops_the_files_profile(ct_home, tmp_path):
+    """U34: a job file's `profile: smoke` can be dropped from the command line (`--profile ''`
+    was refused as needing a value), and --help says how."""
+    (tmp_path / "job.yaml").write_text("recipe: resnet9\nprofile: smoke\n")
+    with_file = _run(["launch", "job.yaml", "--dry-run"], tmp_path)
+    assert with_file.returncode == 0 and "resnet9 (smoke)" in with_file.stdout, with_file.stderr
+    dropped = _run(["launch", "job.yaml", "--profile", "none", "--dry-run"], tmp_path)
+    assert dropped.returncode == 0, dropped.stderr
+    job = next(line for line in dropped.stdout.splitlines() if line.strip().startswith("job "))
+    assert job.split()[1:] == ["resnet9"], dropped.stdout
+    assert "--profile none" in " ".join(_run(["launch", "--help"], tmp_path).stdout.split())

@@ -351,3 +351,33 @@ def json_str(text: str) -> str:
     import json
 
     return json.dumps(text)
+
+
+def test_U33_the_init_setup_line_neither_hides_failures_nor_logs_a_missing_file(tmp_path):
+    """U33: `pip install -r requirements.txt || true` logged an ERROR in every project
+    without one and hid real install failures: without the file the line does nothing,
+    with a broken one it fails."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = jobfile.example()
+    setup = example.split("setup: |")[1].splitlines()[1].strip()
+    assert "|| true" not in setup and "requirements.txt" in setup
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    quiet = subprocess.run(["bash", "-c", setup], cwd=tmp_path, capture_output=True,
+                           text=True, env=env, timeout=60)
+    assert quiet.returncode == 0 and quiet.stdout == quiet.stderr == "", quiet
+    (tmp_path / "requirements.txt").write_text("this is not !! a requirement\n")
+    broken = subprocess.run(["bash", "-c", setup], cwd=tmp_path, capture_output=True,
+                            text=True, env=env, timeout=60)
+    assert broken.returncode != 0, broken
+
+
+def test_U34_init_for_a_recipe_says_the_profile_is_optional():
+    """U34: the profile line `init --recipe` writes says how to leave it out."""
+    from cloudtrain import recipes
+
+    text = jobfile.example(recipes.load("resnet9"))
+    line = next(line for line in text.splitlines() if line.startswith("profile:"))
+    assert line.startswith("profile: smoke") and "optional" in line and "--profile none" in line
