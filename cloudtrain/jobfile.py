@@ -536,10 +536,12 @@ def item(option: str, word: str) -> str:
         else str(word)
 
 
-def environment(words, what: str, environ=None) -> dict[str, str]:
+def environment(words, what: str, environ=None, named: dict | None = None) -> dict[str, str]:
     """`--env KEY=VALUE` / `--env KEY` (this shell's value) words as {KEY: VALUE}; the last
-    word for a key wins. `what` is the flag, for messages."""
+    word for a key wins. `what` is the flag, for messages; `named`: {KEY: "job.yaml:5:
+    envs.KEY"} for the keys a job file gave, which messages name instead (U11)."""
     environ = os.environ if environ is None else environ
+    named = named or {}
     given: dict[str, str | None] = {}  # the last word for a name wins, a value or not
     for word in words or ():
         name, eq, value = str(word).partition("=")
@@ -547,18 +549,19 @@ def environment(words, what: str, environ=None) -> dict[str, str]:
             raise UsageError(f"{what} {shown(name)}{'=...' if eq else ''}: expected KEY=VALUE "
                              "with KEY an environment variable name (letters, digits and _)")
         if name.upper().startswith(RESERVED_ENV_PREFIX):
-            raise UsageError(f"{what} {name}: CLOUDTRAIN_* variables are set by cloudtrain for "
-                             "the job", hint="pick another name")
+            raise UsageError(f"{named.get(name) or f'{what} {name}'}: CLOUDTRAIN_* variables "
+                             "are set by cloudtrain for the job", hint="pick another name")
         given[name] = value if eq else None
     out: dict[str, str] = {}
     for name, value in given.items():
+        said = named.get(name) or f"{what} {name}"
         if value is None:
             if name not in environ:
-                raise UsageError(f"{what} {name}: no value given and {name} is not set here",
+                raise UsageError(f"{said}: no value given and {name} is not set here",
                                  hint=f"{what} {name}=VALUE, or export {name} first")
             value = environ[name]
         if "\0" in value:
-            raise UsageError(f"{what} {name}: a value cannot hold a NUL character")
+            raise UsageError(f"{said}: a value cannot hold a NUL character")
         out[name] = value
     return out
 

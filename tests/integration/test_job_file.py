@@ -148,11 +148,13 @@ def test_flags_override_the_file_and_repeated_flags_add_to_it(ct_home, tmp_path)
                                             "own code, not both"),
     ("run: echo hi\nenvs: {1BAD: x}\n", "job.yaml:2: envs.1BAD: not an environment variable "
                                      "name"),
-    ("run: echo hi\nenvs: {CLOUDTRAIN_JOB_ID: x}\n", "--env CLOUDTRAIN_JOB_ID: CLOUDTRAIN_* "
-                                                  "variables are set by cloudtrain"),
+    ("run: echo hi\nenvs: {CLOUDTRAIN_JOB_ID: x}\n", "job.yaml:2: envs.CLOUDTRAIN_JOB_ID: "
+                                                  "CLOUDTRAIN_* variables are set by cloudtrain"),
     ("run: echo hi\nsecrets: {NOT_SET_ANYWHERE_XYZ: null}\n",
-     "--secret NOT_SET_ANYWHERE_XYZ: no value given and NOT_SET_ANYWHERE_XYZ is not set here"),
-    ("run: echo hi\noutputs: [../escape]\n", "--output '../escape': expected a path relative"),
+     "job.yaml:2: secrets.NOT_SET_ANYWHERE_XYZ: no value given and NOT_SET_ANYWHERE_XYZ is not "
+     "set here"),
+    ("run: echo hi\noutputs: [../escape]\n", "job.yaml:2: outputs '../escape': expected a path "
+                                             "relative"),
     ("run: true\n", "job.yaml:1: run: expected text, got true/false"),  # YAML's bool
     ("run: echo hi\nresources: {fallback: cheapest}\n", "job.yaml:2: resources.fallback: "
                                                      "expected one of on-demand"),
@@ -214,10 +216,12 @@ def test_aws_resources_of_a_job_file_reach_the_dry_run_and_flags_override_them(
     proc = _run(["launch", "job.yaml", "--dry-run", "--instance", "g5.2xlarge"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "g5.2xlarge" in proc.stdout and "g5.xlarge " not in proc.stdout
-    # the flag wins, and the file's recovery settings are then checked against it
+    # the flag wins, and the file's recovery settings are then checked against it (U11:
+    # named where they are)
     proc = _run(["launch", "job.yaml", "--dry-run", "--on-demand"], tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith(
-        "Error: --max-restarts applies to a recovering --spot job"), proc.stderr
+        "Error: job.yaml:10: resources.max_restarts applies to a recovering --spot job"), \
+        proc.stderr
 
 
 def _sleeping_job(tmp_path: Path, extra: str = "") -> None:
@@ -381,3 +385,58 @@ def test_U34_profile_none_drops_the_files_profile(ct_home, tmp_path):
     job = next(line for line in dropped.stdout.splitlines() if line.strip().startswith("job "))
     assert job.split()[1:] == ["resnet9"], dropped.stdout
     assert "--profile none" in " ".join(_run(["launch", "--help"], tmp_path).stdout.split())
+
+
+@pytest.mark.parametrize("text, args, expected", [
+    ("recipe: resnet9\nargs:\n  seed: 1\n  epochs: ten\n", [],
+     "job.yaml:4: args.epochs: epochs must be an integer, got 'ten'"),
+    ("recipe: resnet9\nargs: {colour: red}\n", [],
+     "job.yaml:2: args.colour: recipe resnet9 has no argument 'colour'"),
+    ("recipe: resnet9\nprofile: quick\n", [],
+     "job.yaml:2: profile: recipe resnet9 has no profile 'quick'"),
+    ("run: echo hi\nresources: {keep: true}\n", [],
+     "job.yaml:2: resources.keep applies to cloud backends, not local"),
+    ("run: echo hi\nresources:\n  backend: local\n  idle_minutes: 5\n", [],
+     "job.yaml:4: resources.idle_minutes applies to cloud backends, not local"),
+    ("run: echo hi\nenvs:\n  A: 1\n  MODE_U11_UNSET: null\n", [],
+     "job.yaml:4: envs.MODE_U11_UNSET: no value given and MODE_U11_UNSET is not set here"),
+    ("run: echo hi\nworkdir: ./nope\n", [], "job.yaml:2: workdir: './nope' is not a directory"),
+    ("name: only-a-name\n", [], "job.yaml: nothing to run: give it run: (your own code) or "
+                               "recipe: (a bundled recipe)"),
+    ("recipe: resnet9\n", ["--", "echo", "hi"],
+     "job.yaml:1: recipe and a command after --: a job runs a recipe or your own command, "
+     "not both"),
+    ("run: echo hi\nprofile: smoke\n", [], "job.yaml:2: profile applies to recipes"),
+    ("name: 12ab\nrun: echo hi\n", [], "job.yaml:1: name: a name of hex digits reads as a job "
+                                       "id prefix"),
+    ("run: echo hi\nresources: {nodes: 2, backend: local}\n", [],
+     "job.yaml:2: resources.nodes: the local backend runs node 0 here"),
+    ("run: bash notes.txt\nworkdir: .\noutputs: [ok, /abs]\n", [],
+     "job.yaml:3: outputs '/abs': expected a path relative"),
+    ("run: echo hi\ndatasets: {'bad name': null}\n", [],
+     "job.yaml:2: datasets.bad name: 'bad name' is not a dataset name"),
+])
+def test_U11_errors_from_job_file_values_name_the_file_line_and_key(ct_home, tmp_path, text,
+                                                                      args, expected):
+    """U11: an error that comes from a job file's value names the file, the line and the key
+    (README: "one line naming the file, the line and the key"), not the flag that was never
+    typed; the same check on a typed flag still names the flag."""
+    (tmp_path / "notes.txt").write_text("hi\n")
+    (tmp_path / "job.yaml").write_text(text)
+    proc = _run(["launch", "job.yaml", "--dry-run", *args], tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("Error: " + expected), proc.stderr
+
+
+def test_U11_a_typed_flag_over_the_file_is_named_as_the_flag(ct_home, tmp_path):
+    """U11: what the flag typed replaced is not the file's: its error names the flag."""
+    (tmp_path / "job.yaml").write_text("recipe: resnet9\nargs: {epochs: 2}\n")
+    proc = _run(["launch", "job.yaml", "--dry-run", "--set", "epochs=ten"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("Error: --set epochs: epochs must be an integer"), proc.stderr
+    (tmp_path / "job.yaml").write_text("run: echo hi\nenvs: {MODE_U11_UNSET: null}\n")
+    proc = _run(["launch", "job.yaml", "--dry-run", "--env", "MODE_U11_UNSET=x", "--keep"],
+                tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        "Error: --keep applies to cloud backends, not local"), proc.stderr
