@@ -78,6 +78,15 @@ _WIDE = click.option("--wide", is_flag=True, help="Every column at full length. 
                      "columns go); output piped to another program is never cut.")
 
 
+def _duration(ctx, param, value: str | None) -> float | None:
+    """--max-runtime: minutes, or 90m, 2h, 1d, 45s, read as a job file's max_runtime (U17)."""
+    if value is None:
+        return None
+    from .jobfile import flag_minutes
+
+    return flag_minutes(value, param.opts[0])
+
+
 def _grace(ctx, param, value: float | None) -> float | None:
     return None if value is None else config.finite(value, "--grace (seconds)", low=0, high=3600)
 
@@ -186,8 +195,9 @@ class _LaunchCommand(click.Command):
 @click.option("--backend", "-b", help="Where to run: local (default when no cloud is configured).")
 @click.option("--workdir", "-w", type=click.Path(), help="Directory synced into the job "
               "(honours .gitignore); your command runs there.")
-@click.option("--max-runtime", type=float, metavar="MINUTES",
-              help="Stop the job after this long (default: the recipe's, else config).")
+@click.option("--max-runtime", metavar="DURATION", callback=_duration,
+              help="Stop the job after this long: minutes, or 90m, 2h, 1d, 45s (default: the "
+              "recipe's, else config).")
 @click.option("--instance", "-i", "instance_type", metavar="TYPE",
               shell_complete=completion.instance_types,
               help="EC2 instance type, e.g. g5.xlarge (implies --backend aws).")

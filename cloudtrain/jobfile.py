@@ -511,6 +511,16 @@ def minutes(text: str):
     return float(m.group(1)) * MINUTES[m.group(2) or "m"]
 
 
+def flag_minutes(text: str, flag: str) -> float:
+    """A duration flag's minutes (minutes(): `--max-runtime 2h`), or a UsageError naming it;
+    the range is the spec's to check."""
+    value = minutes(text)
+    if isinstance(value, str):
+        raise UsageError(f"{flag} {shown(text)}: expected minutes, or a duration like 90m, 2h, "
+                         "1d")
+    return value
+
+
 def merge(from_file: dict, given: dict) -> dict:
     """The launch options: the flags typed on the command line (`given`: {option: value},
     only those the user typed) over the file's. Repeated options add up, the file's first.

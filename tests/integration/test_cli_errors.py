@@ -112,7 +112,7 @@ def test_usage_errors_exit_2(cli, tmp_path):
         (["launch", "--set", "a=1", "--", "true"], "--set applies to recipes"),
         (["launch", "--workdir", str(tmp_path / "missing"), "--", "true"], "not a directory"),
         (["launch", "--backend", "gcp", "--", "true"], "unknown backend 'gcp'; known backends: local"),
-        (["launch", "--max-runtime", "-1", "--", "true"], "--max-runtime (minutes) must be more than 0"),
+        (["launch", "--max-runtime", "-1", "--", "true"], "--max-runtime '-1': expected minutes"),
         (["down"], "which jobs?"),
         (["frobnicate"], "No such command"),
         (["status", "--limit", "x"], "is not a valid integer"),
