@@ -54,12 +54,40 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
         check_name(store, spec)
         _kept_source(store, spec)
         _resume_source(store, settings or config.Settings.load(), spec)
-    rows = [("job", spec.display()), *providers.get(spec.backend).plan(spec), *data_rows]
+    rows = [("job", spec.display()), *_given_rows(spec),
+            *providers.get(spec.backend).plan(spec), *data_rows]
     row = expected(spec, store)
     if row is not None:
         from .render import estimate_line
 
         rows.append(("estimate", estimate_line(row, spec.market)[len("estimate: "):]))
+    return rows
+
+
+def _given_rows(spec: JobSpec) -> list[tuple[str, str]]:
+    """U12: what the job takes besides its command, as the plan's rows: its name, the
+    workdir's files (and those held back), setup's first line, the names of its envs and
+    secrets (never a secret's value), its outputs; warnings on what the workdir sends."""
+    rows = [("name", spec.name)] if spec.name else []
+    if spec.workdir:
+        found = survey(Path(spec.workdir), tuple(spec.include))
+        count, size = measure(Path(spec.workdir), files=found.files)
+        rows.append(("workdir", f"{spec.workdir}: {count} file{'' if count == 1 else 's'}, "
+                                f"{progress.megabytes(size)} to sync"
+                     + (f"; {_held_back(found.held_back)}" if found.held_back else "")))
+        for line in (workdir_warning(Path(spec.workdir), tuple(spec.include)),
+                     credentials_sent(spec)):
+            if line:
+                rows.append(("WARNING", line.removeprefix("WARNING: ")))
+    if spec.setup:
+        lines = [line.strip() for line in spec.setup.splitlines() if line.strip()]
+        more = len(lines) - 1
+        rows.append(("setup", lines[0] + (f" (and {more} more line{'' if more == 1 else 's'})"
+                                           if more else "")))
+    for key, names in (("env", sorted(spec.envs)), ("secrets", spec.secrets),
+                       ("outputs", spec.outputs)):
+        if names:
+            rows.append((key, ", ".join(names)))
     return rows
 
 

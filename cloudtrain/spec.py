@@ -104,7 +104,8 @@ class JobSpec:
     def display(self) -> str:
         """One line saying what runs: the recipe, its profile and the arguments that differ
         from what the profile (or the recipe) sets, `resnet9 (smoke) variant=dawn epochs=4`
-        (D18); or the command."""
+        (D18); or the command (shell code's lines joined by `; `, without the newline a job
+        file's `run: |` ends with)."""
         if self.kind == RECIPE:
             from . import recipes
 
@@ -119,8 +120,9 @@ class JobSpec:
                     text = rec.arguments[k].render(v) if rec and k in rec.arguments else str(v)
                     what.append(f"{k}={shlex.quote(text)}")
             return " ".join(what) + self._on_nodes()
-        if len(self.command) == 1:
-            return self.command[0] + self._on_nodes()
+        if len(self.command) == 1:  # shell code (a job file's run: |): one line (U12)
+            lines = [line.strip() for line in self.command[0].splitlines() if line.strip()]
+            return "; ".join(lines) + self._on_nodes()
         return shlex.join(self.command) + self._on_nodes()
 
     def _on_nodes(self) -> str:

@@ -440,3 +440,42 @@ def test_U11_a_typed_flag_over_the_file_is_named_as_the_flag(ct_home, tmp_path):
                 tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith(
         "Error: --keep applies to cloud backends, not local"), proc.stderr
+
+
+def test_U12_the_dry_run_shows_every_key_the_file_adds(ct_home, tmp_path):
+    """U12: `launch job.yaml --dry-run` showed only job, backend, runs, max runtime and cost:
+    now the name, the workdir (files to sync, their size, what was held back), setup's first
+    line, the env and secret names (never a secret's value), outputs and datasets; `run: |`
+    keeps no trailing newline in the plan, the launched line or `status JOB`."""
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text("print('x' * 10)\n")
+    (tmp_path / "proj" / "notes.md").write_text("n" * 3000)
+    (tmp_path / "proj" / ".env").write_text("TOKEN=1\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "job.yaml").write_text(
+        "name: full-plan\nworkdir: proj\nsetup: |\n  echo one\n  echo two\n"
+        "run: |\n  python3 train.py\nenvs: {MODE: fast, LEVEL: 3}\n"
+        "secrets: {API_TOKEN: null}\noutputs: [results, model.pt]\n"
+        f"datasets: {{cifar: {tmp_path / 'data'}}}\n")
+    proc = _run(["launch", "job.yaml", "--dry-run"], tmp_path, {"API_TOKEN": SECRET})
+    assert proc.returncode == 0, proc.stderr
+    plan = proc.stdout
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in plan.splitlines()[1:]}
+    assert rows["job"] == "python3 train.py" and rows["runs"] == "python3 train.py", plan
+    assert "\n\n" not in plan
+    assert rows["name"] == "full-plan"
+    assert rows["workdir"].startswith(str((tmp_path / "proj").resolve())), rows
+    assert "2 files, 3.0 kB to sync" in rows["workdir"], rows
+    assert "1 credential-looking file held back (.env)" in rows["workdir"], rows
+    assert rows["setup"] == "echo one (and 1 more line)", rows
+    assert rows["env"] == "LEVEL, MODE" and rows["secrets"] == "API_TOKEN", rows
+    assert rows["outputs"] == "results, model.pt" and "cifar" in rows["data"], rows
+    assert SECRET not in plan + proc.stderr
+
+    (tmp_path / "job.yaml").write_text("name: newline-run\nrun: |\n  echo hi\n")
+    proc = _run(["launch", "job.yaml"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "launched job " in proc.stdout and ": echo hi on local\n" in proc.stdout, proc.stdout
+    detail = _run(["status", "newline-run"], tmp_path).stdout
+    what = next(line for line in detail.splitlines() if line.strip().startswith("what"))
+    assert what.split(None, 1)[1] == "echo hi", detail
