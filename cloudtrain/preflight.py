@@ -25,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+from .config import shown
 from .errors import UsageError
 
 DEFAULT_ARCH = "x86_64"  # the Deep Learning AMI cloudtrain uses (images.DLAMI_PARAMETER)
@@ -116,16 +117,16 @@ def instance_type(name: str, region: str, *, cpu_ok: bool = False,
                         f"that {name} is offered there")
     else:
         if name.lower() in {k.lower() for k in types}:
-            raise UsageError(f"unknown instance type {name!r}{suggest(name, types)}: EC2 type "
+            raise UsageError(f"unknown instance type {shown(name)}{suggest(name, types)}: EC2 type "
                              "names are lower case")
         found = describe(name) if describe is not None else None
         if found is None and describe is not None:
-            raise UsageError(f"unknown instance type {name!r}{suggest(name, types)}: EC2 has "
+            raise UsageError(f"unknown instance type {shown(name)}{suggest(name, types)}: EC2 has "
                              "no such type", hint="cloudtrain catalog lists the GPU types")
         if found is None:  # no credentials: the catalog is all there is to go by
             hint = suggest(name, types)
             if hint:
-                raise UsageError(f"unknown instance type {name!r}{hint}",
+                raise UsageError(f"unknown instance type {shown(name)}{hint}",
                                  hint="cloudtrain catalog lists the GPU types")
             if not cpu_ok:
                 raise UsageError(f"{name} is not a GPU instance type in the bundled catalog",
