@@ -233,9 +233,15 @@ def _warn_about_workdir(workdir: Path, include: tuple[str, ...],
     """F6, F27: a workdir that is the home directory, holds it, or holds cloudtrain's own is
     synced without the credential-looking files (gitignore.CREDENTIAL_PATTERNS) but is almost
     surely a mistake: said with what is actually sent, what was held back, and what an
-    --include sent anyway."""
+    --include sent anyway. Of any other workdir, the credential-looking files held back."""
+    if say is None:
+        return
     line = workdir_warning(workdir, include)
-    if line and say is not None:
+    if line is None:  # any other workdir: what the sync leaves out, said (F27)
+        held = survey(workdir, include).held_back
+        line = f"{_held_back(held)} from the workdir (--include PATTERN sends one)" \
+            if held else None
+    if line:
         say(line)
 
 

@@ -337,6 +337,8 @@ def test_F27_credentials_never_reach_the_jobs_work_dir(ct_home, tmp_path):
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.splitlines()[0]
     assert _work_files(ct_home, job_id) == ["job.yaml", "train.py"]
+    assert "4 credential-looking files held back (.env, .npmrc, deploy.key, " \
+           "service-account.json) from the workdir" in proc.stderr, proc.stderr
 
     (home / "job.yaml").write_text("name: home-run\nworkdir: .\nrun: ls -a\n")
     proc = _run(["launch", "job.yaml", "--follow", "--quiet"], home, env)
