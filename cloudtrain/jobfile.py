@@ -3,7 +3,7 @@
 A SkyPilot user reads one at sight (task.yaml's keys where they mean the same):
 
     name: cifar-sweep-1
-    workdir: .                     # this file's directory or one below; synced (.gitignore honoured)
+    workdir: .                     # this file's directory or below; synced (.gitignore honoured)
     setup: |                       # once per instance, before `run`, in the synced workdir
       pip install -r requirements.txt
     run: |
@@ -610,7 +610,8 @@ def example(recipe=None, filename: str = "cloudtrain.yaml") -> str:
                 "workdir: .               # this file's directory (or one below it), synced "
                 "(.gitignore honoured)\n"
                 "setup: |                 # once per instance, before run, in the workdir\n"
-                "  if [ -f requirements.txt ]; then python -m pip install -q -r requirements.txt; fi\n"
+                "  if [ -f requirements.txt ]; then python -m pip install -q -r requirements.txt; "
+                "fi\n"
                 "run: |                   # the job: $CLOUDTRAIN_JOB_DIR/metrics.jsonl rows "
                 "show in status and plot\n"
                 "  python train.py\n"

@@ -394,8 +394,8 @@ def _recovery(given: dict, market: str, on_job: str | None, origins: dict) -> di
         raise UsageError(f"{_flag(origins, sorted(given)[0])}: --on runs on a kept instance, "
                          "which is not relaunched elsewhere")
     if recover and market != "spot":
-        raise UsageError(f"{_flag(origins, 'recover')} applies to --spot jobs: an on-demand "
-                         "instance is not interrupted", hint="add --spot")
+        raise UsageError(f"{origins.get('recover', '--recover')} applies to --spot jobs: an "
+                         "on-demand instance is not interrupted", hint="add --spot")
     enabled = market == "spot" and not on_job if recover is None else bool(recover)
     if not enabled and ("max_restarts" in given or "fallback" in given):
         what = _flag(origins, "max_restarts" if "max_restarts" in given else "fallback")
