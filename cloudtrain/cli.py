@@ -230,7 +230,8 @@ class _LaunchCommand(click.Command):
               "no provisioning, only changed files synced.")
 @click.option("--include", "include", multiple=True, metavar="PATTERN", help="Sync these workdir "
               "paths too, though they look like credentials (.aws/, .ssh/, .env, *.pem), which "
-              "are otherwise never synced (repeatable).")
+              "are otherwise never synced (repeatable); asks first in a terminal, even with -y. "
+              "A job file cannot do this.")
 @click.option("--data", "data", multiple=True, metavar="NAME[=SOURCE]", help="Stage dataset NAME "
               "before the job starts: from SOURCE (s3://BUCKET/PREFIX, snap-ID, or /path on "
               "the host), or from config.yaml's `datasets:` (repeatable).")
