@@ -90,6 +90,15 @@ _WIDE = click.option("--wide", is_flag=True, help="Every column at full length. 
                      "columns go); output piped to another program is never cut.")
 
 
+def _duration(ctx, param, value: str | None) -> float | None:
+    """--max-runtime: minutes, or 90m, 2h, 1d, 45s, read as a job file's max_runtime (U17)."""
+    if value is None:
+        return None
+    from .jobfile import flag_minutes
+
+    return flag_minutes(value, param.opts[0])
+
+
 def _grace(ctx, param, value: float | None) -> float | None:
     return None if value is None else config.finite(value, "--grace (seconds)", low=0, high=3600)
 
@@ -201,7 +210,8 @@ class _LaunchCommand(click.Command):
 @click.option("--recipe", "-r", metavar="NAME", shell_complete=completion.recipes,
               help="A bundled recipe (see `cloudtrain recipes`).")
 @click.option("--profile", "-p", metavar="NAME", shell_complete=completion.profiles,
-              help="A recipe profile, e.g. smoke.")
+              help="A recipe profile, e.g. smoke; --profile none for the full run (drops a "
+              "job file's profile).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               shell_complete=completion.set_keys,
               help="Set a recipe argument (repeatable); checked against the recipe.")
@@ -209,8 +219,9 @@ class _LaunchCommand(click.Command):
 @click.option("--backend", "-b", help="Where to run: local (default when no cloud is configured).")
 @click.option("--workdir", "-w", type=click.Path(), help="Directory synced into the job "
               "(honours .gitignore); your command runs there.")
-@click.option("--max-runtime", type=float, metavar="MINUTES",
-              help="Stop the job after this long (default: the recipe's, else config).")
+@click.option("--max-runtime", metavar="DURATION", callback=_duration,
+              help="Stop the job after this long: minutes, or 90m, 2h, 1d, 45s (default: the "
+              "recipe's, else config).")
 @click.option("--instance", "-i", "instance_type", metavar="TYPE",
               shell_complete=completion.instance_types,
               help="EC2 instance type, e.g. g5.xlarge (implies --backend aws).")
@@ -243,7 +254,8 @@ class _LaunchCommand(click.Command):
               "no provisioning, only changed files synced.")
 @click.option("--include", "include", multiple=True, metavar="PATTERN", help="Sync these workdir "
               "paths too, though they look like credentials (.aws/, .ssh/, .env, *.pem), which "
-              "are otherwise never synced (repeatable).")
+              "are otherwise never synced (repeatable); asks first in a terminal, even with -y. "
+              "A job file cannot do this.")
 @click.option("--data", "data", multiple=True, metavar="NAME[=SOURCE]", help="Stage dataset NAME "
               "before the job starts: from SOURCE (s3://BUCKET/PREFIX, snap-ID, or /path on "
               "the host), or from config.yaml's `datasets:` (repeatable).")
@@ -317,7 +329,7 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
                  ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
         if command[1:]:
             typed["command"] = command[1:]
-        options = jobfile.merge(jobfile.load(path), typed)
+        options = jobfile.merge(jobfile.load(path, typed), typed)
     spec = from_options(options, settings)
     with _store() as store:
         if dry_run:
@@ -330,6 +342,9 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
         question = jobs.question(spec)
         if question and not yes:
             _confirm(question)
+        sending = jobs.credentials_sent(spec)
+        if sending:
+            _confirm_sending(sending)
         from .progress import for_launch  # each phase on stderr as it happens
 
         with for_launch(quiet, lambda line: click.echo(line, err=True)) as report:
@@ -352,6 +367,16 @@ def _confirm(question: str) -> None:
     if not (sys.stdin.isatty() and sys.stderr.isatty()):
         return
     if not click.confirm(question + " Proceed?", default=True, err=True):
+        raise errors.CloudtrainError("not launched: nothing was created", exit_code=1)
+
+
+def _confirm_sending(line: str) -> None:
+    """F27: credential-looking files that --include sends: asked in a terminal whatever -y
+    says (default no); said in a WARNING without one."""
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        click.echo(f"WARNING: {line}", err=True)
+        return
+    if not click.confirm(line + ". Send them?", default=False, err=True):
         raise errors.CloudtrainError("not launched: nothing was created", exit_code=1)
 
 

@@ -115,9 +115,22 @@ def check_region(region: str, source: str = "") -> str:
     return region
 
 
+class _Shown(reprlib.Repr):
+    def repr_int(self, x: int, level: int) -> str:
+        """repr() of an integer over sys.get_int_max_str_digits() digits raises ValueError
+        (audit F38): its length instead."""
+        if x.bit_length() > 14000:  # about 4200 digits: well inside the limit below it
+            return f"<a number of {int(math.log10(abs(x))) + 1} digits>"
+        return super().repr_int(x, level)
+
+
+_SHOWN = _Shown()
+
+
 def shown(value) -> str:
-    """A value for an error message: its repr, cut short (a YAML alias bomb, 100,000 chars)."""
-    return reprlib.repr(value)
+    """A value for an error message: its repr, cut short (a YAML alias bomb, 100,000 chars;
+    an integer of 5000 digits)."""
+    return _SHOWN.repr(value)
 
 
 def finite(value, source: str, *, low: float | None = None, high: float | None = None,

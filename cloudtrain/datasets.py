@@ -208,17 +208,20 @@ def parse_declarations(value, where: str) -> dict[str, Source]:
             for name, source in value.items()}
 
 
-def parse_data_flags(values) -> dict[str, Source | None]:
+def parse_data_flags(values, named: dict | None = None) -> dict[str, Source | None]:
     """`--data NAME=SOURCE` (this job reads NAME from SOURCE) or `--data NAME` (the declared
-    source of NAME): {name: Source or None}."""
+    source of NAME): {name: Source or None}. `named`: {NAME: "job.yaml:6: datasets.NAME"} for
+    those a job file gave, which messages name instead of the flag (U11)."""
+    named = named or {}
     found: dict[str, Source | None] = {}
     for text in values or ():
-        name, eq, source = str(text).partition("=")
-        name = name.strip()
-        check_name(name, f"--data {config.shown(text)}")
+        raw, eq, source = str(text).partition("=")
+        name = raw.strip()
+        check_name(name, named.get(raw) or f"--data {config.shown(text)}")
         if name in found:
-            raise UsageError(f"--data {name} is given twice")
-        found[name] = parse_source(name, source.strip(), "--data") if eq else None
+            raise UsageError(f"{named.get(raw) or f'--data {name}'} is given twice")
+        found[name] = parse_source(name, source.strip(), named.get(raw) or "--data") \
+            if eq else None
     return found
 
 

@@ -8,36 +8,68 @@ entered (git cannot re-include a file inside one either). `.git` itself is never
 Credentials are never synced either, whatever .gitignore says (audit F6: `--workdir ~` sent
 the AWS keys, SSH keys and cloudtrain's own state to the instance): CREDENTIAL_PATTERNS and
 $CLOUDTRAIN_HOME when it lies inside the work directory, unless an `include` pattern (same
-syntax) names the path.
+syntax) names the path. Only the `--include` flag gives such patterns, and the launch asks
+before it sends what they name (audit F27: a job file from someone else's repository could
+otherwise send the keys to an instance its own code runs on). survey() says what was held
+back and what an include sent anyway, for the launch's warnings and the dry run.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ALWAYS_IGNORED = {".git"}
 
 # Well-known places for secrets, in .gitignore syntax (unanchored: at any depth). The README
-# quotes this list.
+# quotes this list. Audit F27: the keys F6 named were not all: cloud CLIs, package registries,
+# model hubs and shell histories keep tokens in a home directory too.
 CREDENTIAL_PATTERNS = (
-    ".aws/",
+    # SSH, GPG, git and the generic ones
     ".ssh/",
     ".gnupg/",
-    ".netrc",
-    ".env",
-    ".env.*",
-    "*.pem",
-    ".git-credentials",
-    "**/.docker/config.json",
-    "**/.kube/config",
-    ".pypirc",
     "id_rsa*",
     "id_dsa*",
     "id_ecdsa*",
     "id_ed25519*",
+    ".netrc",  # also where wandb keeps its API key
+    ".git-credentials",
+    ".env",
+    ".env.*",
+    ".envrc",
+    ".vault-token",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    # clouds
+    ".aws/",
+    ".azure/",
+    ".boto",
+    ".s3cfg",
+    "**/.config/gcloud/",
+    "application_default_credentials.json",
+    "*service-account*.json",
+    "*service_account*.json",
+    "**/.config/rclone/rclone.conf",
+    "**/.terraform.d/credentials.tfrc.json",
+    "**/.docker/config.json",
+    "**/.kube/config",
+    # registries, hubs and tools
+    ".pypirc",
+    ".npmrc",
+    "**/.config/gh/hosts.yml",
+    "**/.huggingface/token",
+    "**/.cache/huggingface/token",
+    "**/.cache/huggingface/stored_tokens",
+    "kaggle.json",
+    "**/.config/wandb/settings",
+    # shell and REPL histories: commands typed with tokens in them
+    ".*_history",
+    ".history",
+    "fish_history",
 )
 
 
@@ -144,22 +176,30 @@ def _state_dir_in(root: Path) -> str | None:
     return rel.as_posix() if rel.parts else "."
 
 
-def list_files(root: Path, include: tuple[str, ...] | list[str] = ()) -> list[str]:
-    """Relative paths (with '/') of the files under `root` that git would not ignore, less
-    credentials (CREDENTIAL_PATTERNS, $CLOUDTRAIN_HOME) unless an `include` pattern (gitignore
-    syntax) matches the file or a directory above it."""
+@dataclass
+class Survey:
+    """What a sync of a work directory sends, and what the credential guard kept out of it."""
+    files: list[str] = field(default_factory=list)  # sent: relative paths with '/'
+    held_back: list[str] = field(default_factory=list)  # credential-looking files left out
+    included: list[str] = field(default_factory=list)  # credential-looking, sent by `include`
+    state_dir: str | None = None  # $CLOUDTRAIN_HOME below the root ("." for the root)
+
+
+def survey(root: Path, include: tuple[str, ...] | list[str] = ()) -> Survey:
+    """The files under `root` that git would not ignore, less credentials
+    (CREDENTIAL_PATTERNS, $CLOUDTRAIN_HOME) unless an `include` pattern (gitignore syntax)
+    matches the file or a directory above it; with the credential-looking files held back
+    (counted inside held-back directories too) and those an include sent anyway."""
     root = Path(root)
-    files: list[str] = []
+    out = Survey(state_dir=_state_dir_in(root))
     wanted = parse("\n".join(include))
-    state_dir = _state_dir_in(root)
-    if state_dir == "." and not wanted:
-        return []  # the work directory is the state directory itself
+    if out.state_dir == "." and not wanted:
+        return out  # the work directory is the state directory itself
 
-    def secret(rel: str, is_dir: bool) -> bool:
-        return _ignored(CREDENTIAL_RULES, rel, is_dir) or rel == state_dir
-
-    def walk(directory: Path, rel_dir: str, rules: list[Rule], hidden: bool) -> None:
-        """`hidden`: inside a credential directory entered only for `include` patterns."""
+    def walk(directory: Path, rel_dir: str, rules: list[Rule], mode: str, named: bool) -> None:
+        """`mode`: "open", "secret" (inside a credential directory: files held back unless
+        named) or "state" (inside $CLOUDTRAIN_HOME: entered only for include patterns);
+        `named`: an include pattern names a directory above."""
         ignore_file = directory / ".gitignore"
         if ignore_file.is_file():
             rules = rules + parse(ignore_file.read_text(errors="replace"), rel_dir)
@@ -171,16 +211,28 @@ def list_files(root: Path, include: tuple[str, ...] | list[str] = ()) -> list[st
                 is_dir = entry.is_dir(follow_symlinks=False)
                 if _ignored(rules, rel, is_dir):
                     continue
-                included = bool(wanted) and _ignored(wanted, rel, is_dir)
-                inside = hidden and not included
-                if secret(rel, is_dir) and not included:
-                    if not (is_dir and wanted):
-                        continue
-                    inside = True  # look inside only for what `include` names
+                here = named or (bool(wanted) and _ignored(wanted, rel, is_dir))
+                kind = mode
+                if rel == out.state_dir:
+                    kind = "state"
+                elif mode == "open" and _ignored(CREDENTIAL_RULES, rel, is_dir):
+                    kind = "secret"
                 if is_dir:
-                    walk(Path(entry.path), rel, rules, inside)
-                elif (entry.is_file() or entry.is_symlink()) and not inside:
-                    files.append(rel)
+                    if kind != "state" or here or wanted:
+                        walk(Path(entry.path), rel, rules, kind, here)
+                elif not (entry.is_file() or entry.is_symlink()):
+                    continue
+                elif kind == "open" or here:
+                    out.files.append(rel)
+                    if kind != "open":
+                        out.included.append(rel)
+                elif kind == "secret":
+                    out.held_back.append(rel)
 
-    walk(root, "", [], state_dir == ".")
-    return files
+    walk(root, "", [], "state" if out.state_dir == "." else "open", False)
+    return out
+
+
+def list_files(root: Path, include: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """What a sync of `root` sends (survey().files)."""
+    return survey(root, include).files

@@ -164,10 +164,11 @@ def _sizes(local_dir: Path, files: list[str]) -> dict[str, int]:
     return out
 
 
-def measure(local_dir: Path, include: tuple[str, ...] = ()) -> tuple[int, int]:
+def measure(local_dir: Path, include: tuple[str, ...] = (),
+            files: list[str] | None = None) -> tuple[int, int]:
     """How many files, and bytes, a sync of local_dir sends at most (before `like` spares
-    the unchanged ones)."""
-    sizes = _sizes(Path(local_dir), list_files(local_dir, include))
+    the unchanged ones); `files`: the list when it is known already."""
+    sizes = _sizes(Path(local_dir), list_files(local_dir, include) if files is None else files)
     return len(sizes), sum(sizes.values())
 
 

@@ -3,7 +3,7 @@
 A SkyPilot user reads one at sight (task.yaml's keys where they mean the same):
 
     name: cifar-sweep-1
-    workdir: .                     # relative to where `launch` runs; synced (.gitignore honoured)
+    workdir: .                     # this file's directory or below; synced (.gitignore honoured)
     setup: |                       # once per instance, before `run`, in the synced workdir
       pip install -r requirements.txt
     run: |
@@ -17,7 +17,13 @@ or a recipe with `recipe`, `profile` and `args` in place of `run`. The file is r
 `yaml.safe_load` and checked against KEYS, the schema the launch flags share: every key is one
 launch option, and a flag given on the command line overrides the file's value (a repeatable
 flag, --set, --env, --data, adds to the file's list, later winning). An error names the file,
-the line and the key, and suggests the nearest valid key, in one line (exit 2).
+the line and the key, and suggests the nearest valid key, in one line (exit 2); so does a
+check after this one on a value from the file (ORIGINS).
+
+A job file is code from a repository, perhaps someone else's (audit F27): its workdir is read
+from the file's own directory and must stay inside it, it cannot `include` credential-looking
+files, and a secret's value cannot be written in it. YAML anchors and aliases are refused
+before anything expands them (audit F33).
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ import os
 import re
 import textwrap
 from pathlib import Path
+from typing import Collection
 
 import yaml
 
-from .config import shown
+from .config import check_region, shown
 from .errors import UsageError
 
 SUFFIXES = (".yaml", ".yml")
@@ -60,8 +67,8 @@ KEYS: tuple[Key, ...] = (
     Key("recipe", "recipe", "str", "a bundled recipe (--recipe); or `run` for your own code"),
     Key("profile", "profile", "str", "the recipe's profile, e.g. smoke (--profile)"),
     Key("args", "sets", "mapping", "recipe arguments, {key: value} (--set key=value)"),
-    Key("workdir", "workdir", "str", "directory synced into the job, relative to where "
-                                     "launch runs (--workdir)"),
+    Key("workdir", "workdir", "str", "directory synced into the job: this file's directory "
+                                     "or one below it (--workdir, typed, for another)"),
     Key("setup", "setup", "script", "shell script run once per instance before the job, in "
                                     "the workdir (--setup)"),
     Key("run", "run", "script", "your own code: the shell script the job runs, in the "
@@ -74,8 +81,8 @@ KEYS: tuple[Key, ...] = (
     Key("outputs", "outputs", "strings", "paths the job writes (relative to the workdir, or "
                                          "to the job directory for recipes) brought home "
                                          "after it (--output)"),
-    Key("include", "include", "strings", "workdir paths synced though they look like "
-                                         "credentials (--include)"),
+    Key("include", "include", "strings", "refused in a job file: only --include, typed, "
+                                         "sends a credential-looking file"),
     Key("datasets", "data", "mapping", "datasets staged before the job: {name: source or "
                                        "null for config.yaml's} (--data)"),
     Key("resources.backend", "backend", "str", "where to run: local or aws (--backend)"),
@@ -113,6 +120,8 @@ BY_PATH = {k.path: k for k in KEYS}
 SECTIONS = {"resources"}
 # Launch options that repeat: the file's list first, then the flags'.
 REPEATED = ("sets", "envs", "secrets", "outputs", "include", "data")
+# Keys whose values are mappings of names (args: {epochs: 30}): each name has its line.
+NAMED = {k.path for k in KEYS if k.kind == "mapping"}
 
 
 def is_job_file(word: str) -> bool:
@@ -120,10 +129,11 @@ def is_job_file(word: str) -> bool:
     return word.lower().endswith(SUFFIXES)
 
 
-def load(path: str | os.PathLike) -> dict:
+def load(path: str | os.PathLike, typed: Collection[str] = ()) -> dict:
     """The launch options a job file sets: {option: value} in the flags' own form (`sets`
     as ("k=v", ...), `spot` as a bool, `envs` as ("K=V", ...)), so the flags' checks apply
-    to both. `run` becomes the command (one string of shell code)."""
+    to both. `run` becomes the command (one string of shell code). `typed`: the options
+    given on the command line, which replace the file's (its workdir is then not read)."""
     p = Path(path)
     where = str(path)
     try:
@@ -140,21 +150,16 @@ def load(path: str | os.PathLike) -> dict:
         raise UsageError(f"{where}: not a text file (UTF-8)") from None
     except OSError as exc:
         raise UsageError(f"{where}: {exc.strerror or exc}") from None
-    return parse(text, where)
+    return parse(text, where, p.resolve().parent, typed)
 
 
-def parse(text: str, where: str = "job.yaml") -> dict:
-    """load() for the text of a job file; `where` names it in errors."""
-    try:
-        tree = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        at = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"{where}{at}: not valid YAML: {problem}") from None
-    except RecursionError:
-        raise UsageError(f"{where}: nested too deeply to be a job file") from None
+def parse(text: str, where: str = "job.yaml", base: Path | None = None,
+          typed: Collection[str] = ()) -> dict:
+    """load() for the text of a job file; `where` names it in errors, `base` is its
+    directory (default: where's). options[ORIGINS] says where each option's value came
+    from (`job.yaml:7: resources.disk_gb`; `envs.NAME` for one item of a list option), for
+    the checks after this one to name the file, the line and the key (U11)."""
+    tree, data = _read(text, where)
     if data is None:
         raise UsageError(f"{where}: empty job file",
                          hint="cloudtrain init writes a commented example")
@@ -165,7 +170,7 @@ def parse(text: str, where: str = "job.yaml") -> dict:
     for key in AS_WRITTEN:
         if key in data:
             data[key] = _as_written(tree, key, data[key], where)
-    options: dict = {}
+    file = _File(where, Path(where).parent if base is None else base, frozenset(typed), lines)
     for key, value in data.items():
         if not isinstance(key, str):
             raise UsageError(f"{where}: key {shown(key)} is not a name")
@@ -177,15 +182,105 @@ def parse(text: str, where: str = "job.yaml") -> dict:
                                  f"of keys ({', '.join(_section_keys(key))}), got "
                                  f"{_kind_of(value)}")
             for sub, v in value.items():
-                _take(options, f"{key}.{sub}", v, lines, where)
+                file.take(f"{key}.{sub}", v)
         else:
-            _take(options, key, value, lines, where)
+            file.take(key, value)
+    options, origins = file.options, file.origins
     if "run" in options:
         if "recipe" in options:
             raise UsageError(f"{where}:{lines.get('run', 1)}: run: a job runs a recipe or "
                              "your own code, not both (leave out recipe or run)")
         options["command"] = (options.pop("run"),)
+        origins["command"] = origins.pop("run")
+    origins[""] = where
+    options[ORIGINS] = origins
     return options
+
+
+ORIGINS = "origins"  # the key of parse()'s options that says where each one came from
+# Python refuses to turn a longer integer into text (int_max_str_digits): no setting takes one.
+MAX_DIGITS = 4300
+
+
+class _Loader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses anchors and aliases where it meets them, before anything
+    expands them (audit F33: a 489-byte file of nested aliases was a 10^9-item value in an
+    error message). A job file is a page of keys: nothing in it needs one."""
+
+    where = "job.yaml"
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise UsageError(f"{self.where}:{event.start_mark.line + 1}: YAML anchors and "
+                             "aliases (&name, *name) are not supported in a job file; write "
+                             "the value out")
+        return super().compose_node(parent, index)
+
+
+def _read(text: str, where: str):
+    """The file's node tree and its values, each value checked as it is built: a YAML error,
+    a value YAML cannot build (a 13th month) or a number too long to show is one line."""
+    loader = None
+    try:
+        loader = _Loader(text)  # reads the first characters already
+        loader.where = where
+        tree = loader.get_single_node()
+        if tree is None:
+            return None, None
+        _build_values(loader, tree, where)
+        return tree, loader.construct_document(tree)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        at = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"{where}{at}: not valid YAML: {problem}") from None
+    except RecursionError:
+        raise UsageError(f"{where}: nested too deeply to be a job file") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+# The scalars whose building can fail (the others are text, true/false or null).
+BUILT = {f"tag:yaml.org,2002:{t}" for t in ("int", "float", "timestamp")}
+
+
+def _build_values(loader: yaml.SafeLoader, tree: yaml.Node, where: str) -> None:
+    """Build every scalar once, in the file's order, naming the key of one that fails:
+    YAML reads `2001-13-45` as a date and fails, and an integer past MAX_DIGITS digits
+    (audit F38) would fail every message that shows it. A merge key is refused: building
+    merges it into its mapping, and envs: and secrets: as written could no longer line up
+    with the values."""
+    stack: list[tuple[yaml.Node, str]] = [(tree, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            for k, v in reversed(node.value):
+                if k.tag == "tag:yaml.org,2002:merge":  # building would merge it in place
+                    raise UsageError(f"{where}:{k.start_mark.line + 1}: {path or 'job file'}: "
+                                     "a merge key (<<) is not supported in a job file; write "
+                                     "the keys out")
+                name = path
+                if isinstance(k, yaml.ScalarNode):
+                    name = f"{path}.{k.value}" if path else k.value
+                stack += [(v, name), (k, path)]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += [(v, path) for v in reversed(node.value)]
+        elif isinstance(node, yaml.ScalarNode) and node.tag in BUILT:
+            at = f"{where}:{node.start_mark.line + 1}: {path or 'key'}"
+            if node.tag == "tag:yaml.org,2002:int" and len(node.value) > MAX_DIGITS:
+                raise UsageError(f"{at}: a number of {len(node.value)} digits; no setting "
+                                 "takes one")
+            try:
+                value = loader.construct_object(node)
+            except (ValueError, OverflowError) as exc:
+                raise UsageError(f"{at}: YAML cannot read {shown(node.value)}: "
+                                 f"{str(exc).splitlines()[0][:100]}") from None
+            if isinstance(value, int) and not isinstance(value, bool) and \
+                    abs(value) >= 10 ** MAX_DIGITS:
+                raise UsageError(f"{at}: a number of more than {MAX_DIGITS} digits; no "
+                                 "setting takes one")
 
 
 # Keys whose values are text the job sees as written: an environment variable's value.
@@ -197,8 +292,8 @@ def _as_written(tree: yaml.MappingNode, key: str, value, where: str):
     plain scalar: `0755` stays 0755 (not 493), `yes` stays yes (not true), `12:30` stays
     12:30 (not 750), `1.50` stays 1.50, a date stays as typed, a variable named OFF is not
     False. A null stays None (this shell's value); a nested value is left for the checks to
-    refuse. A merge key (<<) or a name given twice is refused: the file's pairs and the
-    loaded mapping would no longer line up."""
+    refuse. A name given twice is refused (and a merge key before this): the file's pairs
+    and the loaded mapping would no longer line up."""
     if not isinstance(value, dict):
         return value
     node = next((v for k, v in tree.value
@@ -208,9 +303,6 @@ def _as_written(tree: yaml.MappingNode, key: str, value, where: str):
     seen: dict[str, int] = {}
     for k, _ in node.value:
         line = k.start_mark.line + 1
-        if k.tag == "tag:yaml.org,2002:merge":
-            raise UsageError(f"{where}:{line}: {key}: a merge key (<<) is not supported here; "
-                             "write the variables out")
         if isinstance(k, yaml.ScalarNode) and k.value in seen:
             raise UsageError(f"{where}:{line}: {key}.{k.value}: given twice (first on line "
                              f"{seen[k.value]})")
@@ -230,8 +322,9 @@ def _as_written(tree: yaml.MappingNode, key: str, value, where: str):
 
 
 def _lines(tree: yaml.MappingNode, where: str) -> dict[str, int]:
-    """Each key's line (1-based), `section.key` for nested ones; a key given twice is an
-    error (safe_load would keep the last one silently)."""
+    """Each key's line (1-based), `section.key` for nested ones and `args.NAME` for the names
+    of the mapping keys (NAMED); a key given twice is an error (safe_load would keep the
+    last one silently)."""
     out: dict[str, int] = {}
 
     def walk(node: yaml.MappingNode, prefix: str) -> None:
@@ -243,7 +336,8 @@ def _lines(tree: yaml.MappingNode, where: str) -> dict[str, int]:
                 raise UsageError(f"{where}:{k.start_mark.line + 1}: {name}: given twice (first "
                                  f"on line {out[name]})")
             out[name] = k.start_mark.line + 1
-            if not prefix and k.value in SECTIONS and isinstance(v, yaml.MappingNode):
+            if not prefix and (k.value in SECTIONS or k.value in NAMED) and \
+                    isinstance(v, yaml.MappingNode):
                 walk(v, f"{k.value}.")
 
     walk(tree, "")
@@ -276,112 +370,188 @@ def _kind_of(value) -> str:
             list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
 
 
-def _take(options: dict, path: str, value, lines: dict, where: str) -> None:
-    """Check one key's value against its Key and store it as its launch option."""
-    line = lines.get(path, 1)
-    key = BY_PATH.get(path)
-    if key is None:
-        raise _unknown(path, line, where)
-    if value is None:  # `key:` with nothing: as if not given
-        return
+@dataclasses.dataclass
+class _File:
+    """The job file being read: where it is, its keys' lines, and what it sets so far."""
+    where: str
+    base: Path  # its directory: a workdir is read from here and stays below it
+    typed: frozenset  # the options given on the command line (the file's are not read)
+    lines: dict
+    options: dict = dataclasses.field(default_factory=dict)
+    origins: dict = dataclasses.field(default_factory=dict)
 
-    def bad(expected: str) -> UsageError:
-        return UsageError(f"{where}:{line}: {path}: expected {expected}, got "
-                          f"{_kind_of(value)} {shown(_short(value))}")
+    def at(self, path: str) -> str:
+        """`job.yaml:7: resources.disk_gb`: how messages name a key."""
+        return f"{self.where}:{self.lines.get(path, 1)}: {path}"
 
-    kind = key.kind
-    if kind in ("str", "script", "choice"):
-        if not isinstance(value, str):
-            raise bad("text")
-        if kind == "choice" and value not in key.choices:
-            raise UsageError(f"{where}:{line}: {path}: expected one of "
-                             f"{', '.join(key.choices)}, got {shown(value)}")
-        if not value.strip():
-            raise bad("a value")
-        options[key.option] = value
-    elif kind == "bool":
-        if not isinstance(value, bool):
-            raise bad("true or false")
-        options[key.option] = value
-    elif kind in ("int", "number", "minutes"):
-        number = _minutes(value) if kind == "minutes" and isinstance(value, str) else value
-        if isinstance(number, bool) or not isinstance(number, (int, float)) or \
-                (kind == "int" and not isinstance(number, int)):
-            raise bad("a whole number" if kind == "int" else
-                      "minutes, or a duration like 90m or 2h" if kind == "minutes" else
-                      "a number")
-        if number != number or (key.low is not None and number < key.low) or \
-                (key.high is not None and number > key.high) or \
-                (kind == "minutes" and number <= 0):
-            raise UsageError(f"{where}:{line}: {path}: {shown(value)} is out of range "
-                             f"({key.low:g} to {key.high:g})")
-        options[key.option] = number
-    elif kind == "strings":
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, list) or not all(isinstance(i, str) and i.strip()
-                                                  for i in items):
-            raise bad("a list of text")
-        options[key.option] = tuple(items)
-    elif kind == "mapping":
-        options[key.option] = _mapping(key, value, line, where, bad)
+    def take(self, path: str, value) -> None:
+        """Check one key's value against its Key and store it as its launch option."""
+        key = BY_PATH.get(path)
+        if key is None:
+            raise _unknown(path, self.lines.get(path, 1), self.where)
+        if value is None:  # `key:` with nothing: as if not given
+            return
+        at = self.at(path)
+        if path == "include":  # audit F27: the file may come from someone else's repository
+            raise UsageError(f"{at}: a job file cannot send credential-looking files (it may "
+                             "come from someone else's repository)",
+                             hint="type --include PATTERN on the command line to send one "
+                                  "(the launch asks first)")
+
+        def bad(expected: str) -> UsageError:
+            return UsageError(f"{at}: expected {expected}, got {_kind_of(value)} "
+                              f"{shown(value)}")
+
+        kind = key.kind
+        if kind in ("str", "script", "choice"):
+            if not isinstance(value, str):
+                raise bad("text")
+            if kind == "choice" and value not in key.choices:
+                raise UsageError(f"{at}: expected one of {', '.join(key.choices)}, got "
+                                 f"{shown(value)}")
+            if not value.strip():
+                raise bad("a value")
+            if path == "workdir":
+                if "workdir" in self.typed:  # the flag's replaces it: not read at all
+                    return
+                value = _workdir(value, self.base, at)
+        elif kind == "bool":
+            if not isinstance(value, bool):
+                raise bad("true or false")
+        elif kind in ("int", "number", "minutes"):
+            number = minutes(value) if kind == "minutes" and isinstance(value, str) else value
+            if isinstance(number, bool) or not isinstance(number, (int, float)) or \
+                    (kind == "int" and not isinstance(number, int)):
+                raise bad("a whole number" if kind == "int" else
+                          "minutes, or a duration like 90m or 2h" if kind == "minutes" else
+                          "a number")
+            if number != number or (key.low is not None and number < key.low) or \
+                    (key.high is not None and number > key.high) or \
+                    (kind == "minutes" and number <= 0):
+                raise UsageError(f"{at}: {shown(value)} is out of range ({key.low:g} to "
+                                 f"{key.high:g})")
+            value = number
+        elif kind == "strings":
+            items = [value] if isinstance(value, str) else value
+            if not isinstance(items, list) or not all(isinstance(i, str) and i.strip()
+                                                      for i in items):
+                raise bad("a list of text")
+            if path == "resources.regions":  # audit F38: checked as --region is
+                for item in items:
+                    try:
+                        check_region(item)
+                    except UsageError as exc:
+                        raise UsageError(f"{at}: {exc.message}", hint=exc.hint) from None
+            value = tuple(items)
+            self.origins.update({f"{key.option}.{i}": at for i in items})
+        elif kind == "mapping":
+            value = self._mapping(key, value, bad)
+        self.options[key.option] = value
+        self.origins[key.option] = at
+
+    def _mapping(self, key: Key, value, bad) -> tuple[str, ...]:
+        """args / envs / secrets / datasets: {name: scalar} as the flags' `NAME=VALUE` words
+        (`NAME` alone for a null: config.yaml's dataset, this shell's variable)."""
+        if not isinstance(value, dict):
+            raise bad("a mapping {name: value}")
+        out = []
+        for name, v in value.items():
+            if not isinstance(name, str) or not name.strip():
+                raise UsageError(f"{self.at(key.path)}: {shown(name)} is not a name")
+            at = self.at(f"{key.path}.{name}")
+            if key.option in ("envs", "secrets") and not ENV_NAME.fullmatch(name):
+                raise UsageError(f"{at}: not an environment variable name (letters, digits "
+                                 "and _, not starting with a digit)")
+            if isinstance(v, (dict, list)):
+                raise UsageError(f"{at}: expected a single value, got {_kind_of(v)}")
+            if key.option == "secrets" and v is not None:  # audit F38: never shown
+                raise UsageError(f"{at}: a secret's value does not belong in a job file (the "
+                                 "file travels with the workdir)",
+                                 hint=f"write `{name}: null` and export {name}, or pass "
+                                      f"--secret {name}=VALUE")
+            if v is None:
+                if key.option == "sets":
+                    raise UsageError(f"{at}: no value (leave the key out for the recipe's "
+                                     "default)")
+                out.append(name)
+            elif isinstance(v, bool):
+                out.append(f"{name}={'true' if v else 'false'}")
+            else:
+                out.append(f"{name}={v}")
+            self.origins[f"{key.option}.{name}"] = at
+        return tuple(out)
 
 
-def _mapping(key: Key, value, line: int, where: str, bad) -> tuple[str, ...]:
-    """args / envs / secrets / datasets: {name: scalar} as the flags' `NAME=VALUE` words
-    (`NAME` alone for a null: config.yaml's dataset, this shell's variable)."""
-    if not isinstance(value, dict):
-        raise bad("a mapping {name: value}")
-    out = []
-    for name, v in value.items():
-        if not isinstance(name, str) or not name.strip():
-            raise UsageError(f"{where}:{line}: {key.path}: {shown(name)} is not a name")
-        if key.option in ("envs", "secrets") and not ENV_NAME.fullmatch(name):
-            raise UsageError(f"{where}:{line}: {key.path}.{name}: not an environment variable "
-                             "name (letters, digits and _, not starting with a digit)")
-        if isinstance(v, (dict, list)):
-            raise UsageError(f"{where}:{line}: {key.path}.{name}: expected a single value, "
-                             f"got {_kind_of(v)}")
-        if v is None:
-            if key.option == "sets":
-                raise UsageError(f"{where}:{line}: args.{name}: no value (leave the key out "
-                                 "for the recipe's default)")
-            out.append(name)
-        elif isinstance(v, bool):
-            out.append(f"{name}={'true' if v else 'false'}")
-        else:
-            out.append(f"{name}={v}")
-    return tuple(out)
+def _workdir(value: str, base: Path, at: str) -> str:
+    """A job file's workdir as an absolute path: read from the file's directory `base`, and
+    inside it once links are resolved (audit F27: `workdir: ../..` or a link out of the
+    repository sent the home directory it was cloned into, keys and tokens with it). `at`:
+    the key's place, `job.yaml:2: workdir`."""
+    try:
+        base = base.resolve()
+        path = (base / Path(value).expanduser()).resolve()
+    except (OSError, RuntimeError) as exc:  # a loop of links, a name too long
+        raise UsageError(f"{at}: {shown(value)}: {getattr(exc, 'strerror', None) or exc}"
+                         ) from None
+    if not path.is_relative_to(base):
+        raise UsageError(f"{at}: {shown(value)} is outside {base}, the job file's directory: "
+                         "a job file syncs only its own directory or one below it",
+                         hint="to sync another directory, type it: --workdir DIR")
+    if not path.is_dir():
+        raise UsageError(f"{at}: {shown(value)} is not a directory")
+    return str(path)
 
 
-def _short(value) -> object:
-    text = repr(value) if not isinstance(value, str) else value
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _minutes(text: str):
-    """'90m', '2h', '1.5d', '45s', '30' -> minutes; anything else is returned unchanged."""
+def minutes(text: str):
+    """'90m', '2h', '1.5d', '45s', '30' (minutes) -> minutes; anything else is returned
+    unchanged. The job file's max_runtime and the --max-runtime flag read the same."""
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*", text)
     if not m:
         return text
     return float(m.group(1)) * MINUTES[m.group(2) or "m"]
 
 
+def flag_minutes(text: str, flag: str) -> float:
+    """A duration flag's minutes (minutes(): `--max-runtime 2h`), or a UsageError naming it;
+    the range is the spec's to check."""
+    value = minutes(text)
+    if isinstance(value, str):
+        raise UsageError(f"{flag} {shown(text)}: expected minutes, or a duration like 90m, 2h, "
+                         "1d")
+    return value
+
+
 def merge(from_file: dict, given: dict) -> dict:
     """The launch options: the flags typed on the command line (`given`: {option: value},
-    only those the user typed) over the file's. Repeated options add up, the file's first."""
+    only those the user typed) over the file's. Repeated options add up, the file's first.
+    ORIGINS keeps the file's place only for what the flags left to it."""
     merged = dict(from_file)
+    origins = dict(from_file.get(ORIGINS) or {})
     for option, value in given.items():
         if option in REPEATED:
             merged[option] = tuple(from_file.get(option, ())) + tuple(value)
+            for word in value:
+                origins.pop(f"{option}.{item(option, word)}", None)
         else:
             merged[option] = value
+            origins.pop(option, None)
+    merged[ORIGINS] = origins
     return merged
 
 
-def environment(words, what: str, environ=None) -> dict[str, str]:
+def item(option: str, word: str) -> str:
+    """What names one word of a repeated option in ORIGINS: the NAME of `--set NAME=VALUE`,
+    `--env`, `--secret` and `--data`; the whole word of `--output` and `--include`."""
+    return str(word).partition("=")[0] if option in ("sets", "envs", "secrets", "data") \
+        else str(word)
+
+
+def environment(words, what: str, environ=None, named: dict | None = None) -> dict[str, str]:
     """`--env KEY=VALUE` / `--env KEY` (this shell's value) words as {KEY: VALUE}; the last
-    word for a key wins. `what` is the flag, for messages."""
+    word for a key wins. `what` is the flag, for messages; `named`: {KEY: "job.yaml:5:
+    envs.KEY"} for the keys a job file gave, which messages name instead (U11)."""
     environ = os.environ if environ is None else environ
+    named = named or {}
     given: dict[str, str | None] = {}  # the last word for a name wins, a value or not
     for word in words or ():
         name, eq, value = str(word).partition("=")
@@ -389,18 +559,19 @@ def environment(words, what: str, environ=None) -> dict[str, str]:
             raise UsageError(f"{what} {shown(name)}{'=...' if eq else ''}: expected KEY=VALUE "
                              "with KEY an environment variable name (letters, digits and _)")
         if name.upper().startswith(RESERVED_ENV_PREFIX):
-            raise UsageError(f"{what} {name}: CLOUDTRAIN_* variables are set by cloudtrain for "
-                             "the job", hint="pick another name")
+            raise UsageError(f"{named.get(name) or f'{what} {name}'}: CLOUDTRAIN_* variables "
+                             "are set by cloudtrain for the job", hint="pick another name")
         given[name] = value if eq else None
     out: dict[str, str] = {}
     for name, value in given.items():
+        said = named.get(name) or f"{what} {name}"
         if value is None:
             if name not in environ:
-                raise UsageError(f"{what} {name}: no value given and {name} is not set here",
+                raise UsageError(f"{said}: no value given and {name} is not set here",
                                  hint=f"{what} {name}=VALUE, or export {name} first")
             value = environ[name]
         if "\0" in value:
-            raise UsageError(f"{what} {name}: a value cannot hold a NUL character")
+            raise UsageError(f"{said}: a value cannot hold a NUL character")
         out[name] = value
     return out
 
@@ -426,7 +597,8 @@ def example(recipe=None, filename: str = "cloudtrain.yaml") -> str:
                 f"name: {recipe.name}-run\n"
                 f"recipe: {recipe.name}\n"
                 f"# profiles: {profiles}\n"
-                + (f"profile: {profile}\n" if profile else "")
+                + (f"profile: {profile}            # optional: leave it out (or --profile none) "
+                   "for the full run\n" if profile else "")
                 + "# args: the recipe's arguments (cloudtrain recipes "
                   f"{recipe.name}); uncomment to set\n"
                 + "args:\n" + "\n".join(args) + "\n")
@@ -435,9 +607,11 @@ def example(recipe=None, filename: str = "cloudtrain.yaml") -> str:
                 "#   cloudtrain launch {file}            (flags override it: --spot, --env, ...)\n"
                 "#   cloudtrain launch {file} --dry-run  (the plan and its price)\n"
                 "name: my-training-run\n"
-                "workdir: .               # synced into the job (.gitignore honoured)\n"
+                "workdir: .               # this file's directory (or one below it), synced "
+                "(.gitignore honoured)\n"
                 "setup: |                 # once per instance, before run, in the workdir\n"
-                "  python -m pip install -q -r requirements.txt || true\n"
+                "  if [ -f requirements.txt ]; then python -m pip install -q -r requirements.txt; "
+                "fi\n"
                 "run: |                   # the job: $CLOUDTRAIN_JOB_DIR/metrics.jsonl rows "
                 "show in status and plot\n"
                 "  python train.py\n"

@@ -25,7 +25,8 @@ from . import config, datasets, hostdata, lease, progress, providers, state
 from .agent import metrics_tail, pid_alive, read_json
 from .errors import CloudtrainError, HostError, MissingDependency, NotFound, PlacementError, \
     UsageError
-from .hosts import Host, LocalHost, agent_dir, close_quietly, session_name, sync_many
+from .gitignore import survey
+from .hosts import Host, LocalHost, agent_dir, close_quietly, measure, session_name, sync_many
 from .spec import RECIPE, JobSpec
 from .state import Job, Store
 
@@ -54,14 +55,43 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
         renamed = check_name(store, spec)
         _kept_source(store, spec)
         _resume_source(store, settings or config.Settings.load(), spec)
-    rows = [("job", spec.display()), *providers.get(spec.backend).plan(spec), *data_rows]
-    if renamed is not None:
-        rows.append(("name", name_note(spec, renamed, launched=False)))
+    rows = [("job", spec.display()), *_given_rows(spec),
+            *providers.get(spec.backend).plan(spec), *data_rows]
+    if renamed is not None:  # U4: the name row says whose name it takes
+        rows = [("name", name_note(spec, renamed, launched=False)) if key == "name" else
+                (key, value) for key, value in rows]
     row = expected(spec, store)
     if row is not None:
         from .render import estimate_line
 
         rows.append(("estimate", estimate_line(row, spec.market)[len("estimate: "):]))
+    return rows
+
+
+def _given_rows(spec: JobSpec) -> list[tuple[str, str]]:
+    """U12: what the job takes besides its command, as the plan's rows: its name, the
+    workdir's files (and those held back), setup's first line, the names of its envs and
+    secrets (never a secret's value), its outputs; warnings on what the workdir sends."""
+    rows = [("name", spec.name)] if spec.name else []
+    if spec.workdir:
+        found = survey(Path(spec.workdir), tuple(spec.include))
+        count, size = measure(Path(spec.workdir), files=found.files)
+        rows.append(("workdir", f"{spec.workdir}: {count} file{'' if count == 1 else 's'}, "
+                                f"{progress.megabytes(size)} to sync"
+                     + (f"; {_held_back(found.held_back)}" if found.held_back else "")))
+        for line in (workdir_warning(Path(spec.workdir), tuple(spec.include)),
+                     credentials_sent(spec)):
+            if line:
+                rows.append(("WARNING", line.removeprefix("WARNING: ")))
+    if spec.setup:
+        lines = [line.strip() for line in spec.setup.splitlines() if line.strip()]
+        more = len(lines) - 1
+        rows.append(("setup", lines[0] + (f" (and {more} more line{'' if more == 1 else 's'})"
+                                           if more else "")))
+    for key, names in (("env", sorted(spec.envs)), ("secrets", spec.secrets),
+                       ("outputs", spec.outputs)):
+        if names:
+            rows.append((key, ", ".join(names)))
     return rows
 
 
@@ -203,13 +233,64 @@ def output_paths(spec: JobSpec) -> list[str]:
     return [base + p for p in spec.outputs]
 
 
-def _warn_about_workdir(workdir: Path, say: Callable[[str], None] | None) -> None:
-    """F6: a workdir that is the home directory, or holds cloudtrain's own, is synced without
-    the credential files (gitignore.CREDENTIAL_PATTERNS) but is almost surely a mistake."""
-    home = config.home()
-    if say is not None and (workdir == Path.home() or home.is_relative_to(workdir)):
-        say(f"WARNING: --workdir {workdir} is your home directory or holds {home}: all of it "
-            "is sent to the host (credential files and cloudtrain's state excepted)")
+def _warn_about_workdir(workdir: Path, include: tuple[str, ...],
+                        say: Callable[[str], None] | None) -> None:
+    """F6, F27: a workdir that is the home directory, holds it, or holds cloudtrain's own is
+    synced without the credential-looking files (gitignore.CREDENTIAL_PATTERNS) but is almost
+    surely a mistake: said with what is actually sent, what was held back, and what an
+    --include sent anyway. Of any other workdir, the credential-looking files held back."""
+    if say is None:
+        return
+    line = workdir_warning(workdir, include)
+    if line is None:  # any other workdir: what the sync leaves out, said (F27)
+        held = survey(workdir, include).held_back
+        line = f"{_held_back(held)} from the workdir (--include PATTERN sends one)" \
+            if held else None
+    if line:
+        say(line)
+
+
+def workdir_warning(workdir: Path, include: tuple[str, ...] = ()) -> str | None:
+    """The WARNING line for a workdir that is, or holds, the home directory or
+    $CLOUDTRAIN_HOME (None for any other)."""
+    where, home, state = Path(workdir).resolve(), Path.home().resolve(), config.home()
+    if where == home:
+        what = "is your home directory"
+    elif home.is_relative_to(where):
+        what = f"holds your home directory {home}"
+    elif state.is_relative_to(where):
+        what = f"holds cloudtrain's state {state}"
+    else:
+        return None
+    found = survey(where, include)
+    count, size = measure(where, files=found.files)
+    line = (f"WARNING: the workdir {where} {what}: {count} file{'' if count == 1 else 's'} "
+            f"({progress.megabytes(size)}) are sent to the host; "
+            f"{_held_back(found.held_back)}")
+    if found.included:
+        line += f"; sent anyway by --include: {', '.join(found.included)}"
+    return line
+
+
+def _held_back(files: list[str], shown: int = 5) -> str:
+    """`N credential-looking files held back (a, b, ... and M more)`."""
+    n = len(files)
+    if not n:
+        return "no credential-looking file found"
+    names = ", ".join(files[:shown]) + (f" and {n - shown} more" if n > shown else "")
+    return f"{n} credential-looking file{'' if n == 1 else 's'} held back ({names})"
+
+
+def credentials_sent(spec: JobSpec) -> str | None:
+    """F27: what `--include` sends that the sync would otherwise hold back, as the line the
+    launch asks (in a terminal, whatever -y says) or warns with: each file named."""
+    if not spec.workdir or not spec.include:
+        return None
+    sent = survey(Path(spec.workdir), tuple(spec.include)).included
+    if not sent:
+        return None
+    return (f"--include sends {len(sent)} credential-looking file{'' if len(sent) == 1 else 's'}"
+            f" to the host: {', '.join(sent)}")
 
 
 def job_environment(job_id: str, data_dir: str, host: Host, gpus: int = 0, procs: int = 1,
@@ -438,7 +519,7 @@ def _copies(store: Store, spec: JobSpec, job: Job, jobdir: str, like: str | None
             store.add_event(job.id, "fewer-machines", detail=note)
             report.note(note)
     if spec.workdir:
-        _warn_about_workdir(Path(spec.workdir), report)
+        _warn_about_workdir(Path(spec.workdir), tuple(spec.include), report)
         copies.append((Path(spec.workdir), f"{jobdir}/work", like and f"{like}/work",
                        tuple(spec.include)))
     return copies

@@ -7,7 +7,8 @@ can carry out.
     check_known_region(region, by)  a region that does not exist is an error naming it
     instance_type(name, region, ..) the type exists, is offered in the region, runs the AMI's
                                     architecture, and has a GPU (or cpu_ok says it need not)
-    own_command(command, workdir)   a file name given as the command, a script not in the workdir
+    own_command(command, workdir)   a file name given as the command, a file here that is no
+                                    command, a script not in the workdir
 
 Nothing here calls AWS itself: what only EC2 can answer (a type the bundled catalog does not
 hold, a region it does not cover) comes in as a `describe` callable from the AWS provider,
@@ -24,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+from .config import shown
 from .errors import UsageError
 
 DEFAULT_ARCH = "x86_64"  # the Deep Learning AMI cloudtrain uses (images.DLAMI_PARAMETER)
@@ -115,16 +117,16 @@ def instance_type(name: str, region: str, *, cpu_ok: bool = False,
                         f"that {name} is offered there")
     else:
         if name.lower() in {k.lower() for k in types}:
-            raise UsageError(f"unknown instance type {name!r}{suggest(name, types)}: EC2 type "
+            raise UsageError(f"unknown instance type {shown(name)}{suggest(name, types)}: EC2 type "
                              "names are lower case")
         found = describe(name) if describe is not None else None
         if found is None and describe is not None:
-            raise UsageError(f"unknown instance type {name!r}{suggest(name, types)}: EC2 has "
+            raise UsageError(f"unknown instance type {shown(name)}{suggest(name, types)}: EC2 has "
                              "no such type", hint="cloudtrain catalog lists the GPU types")
         if found is None:  # no credentials: the catalog is all there is to go by
             hint = suggest(name, types)
             if hint:
-                raise UsageError(f"unknown instance type {name!r}{hint}",
+                raise UsageError(f"unknown instance type {shown(name)}{hint}",
                                  hint="cloudtrain catalog lists the GPU types")
             if not cpu_ok:
                 raise UsageError(f"{name} is not a GPU instance type in the bundled catalog",
@@ -149,13 +151,17 @@ def instance_type(name: str, region: str, *, cpu_ok: bool = False,
     return facts
 
 
-def own_command(command: list[str], workdir: str | None, cwd: str | None = None) -> None:
+def own_command(command: list[str], workdir: str | None, cwd: str | None = None,
+                origin: str | None = None) -> None:
     """Refuse, before anything is created, an own command that cannot run: a job-spec file
-    given as the command (`cloudtrain launch task.yaml`), and a script path relative to the
-    job's directory that is not in the synced workdir (with none given, the job runs in an
-    empty directory)."""
+    given as the command (`cloudtrain launch task.yaml`), a file here given as the command
+    (`launch notjob.txt`: the shell looks commands up on PATH, not here), and a script path
+    relative to the job's directory that is not in the synced workdir (with none given, the
+    job runs in an empty directory). `origin`: the job file's `file:line: run` it came from,
+    which the message names (U11)."""
     if not command:
         return
+    at = f"{origin}: " if origin else ""
     cwd = cwd or os.getcwd()
     words = list(command)
     if len(words) == 1 and any(c.isspace() for c in words[0]):
@@ -170,12 +176,13 @@ def own_command(command: list[str], workdir: str | None, cwd: str | None = None)
         from .jobfile import is_job_file
 
         if is_job_file(first):
-            raise UsageError(f"{first} is a job file, not a command: give it before any --",
+            raise UsageError(f"{at}{first} is a job file, not a command: give it before any --",
                              hint=f"cloudtrain launch {shlex.quote(first)}")
-        raise UsageError(f"{first} is a file, not a command; cloudtrain's job files are YAML "
-                         "(job.yaml)", hint="cloudtrain init writes one; or run your own "
-                                            "command: cloudtrain launch --workdir . -- python "
-                                            "train.py")
+        raise UsageError(f"{at}{first} is a file, not a command; cloudtrain's job files are "
+                         "YAML (job.yaml)", hint="cloudtrain init writes one; or run your own "
+                                                 "command: cloudtrain launch --workdir . -- "
+                                                 "python train.py")
+    _not_a_command(first, [Path(cwd)] + ([Path(workdir)] if workdir else []), at)
     base = Path(workdir) if workdir else None
     for word in words:
         if word.startswith(("-", "/", "~", "$")) or "=" in word or \
@@ -187,17 +194,40 @@ def own_command(command: list[str], workdir: str | None, cwd: str | None = None)
         if base is not None:
             if not (base / word).exists():
                 here = Path(cwd, word).exists() and Path(cwd).resolve() != base
-                raise UsageError(f"{word} is not in --workdir {base}: the job runs there",
+                raise UsageError(f"{at}{word} is not in --workdir {base}: the job runs there",
                                  hint="add --workdir . (the current directory has it)" if here
                                  else "check the path, relative to --workdir")
         elif Path(cwd, word).exists():
-            raise UsageError(f"{word} is here, but without --workdir the job runs in an empty "
+            raise UsageError(f"{at}{word} is here, but without --workdir the job runs in an empty "
                              "directory", hint="add --workdir . to sync this directory "
                                                "(.gitignore honoured)")
         else:
-            raise UsageError(f"{word}: no such file, and without --workdir the job runs in an "
+            raise UsageError(f"{at}{word}: no such file, and without --workdir the job runs in an "
                              "empty directory",
                              hint="add --workdir DIR with your code in it")
+
+
+def _not_a_command(word: str, places: list[Path], at: str) -> None:
+    """U24: a file name here in command position (`notjob.txt`, `train.py`, `run.sh`) that
+    is no command on PATH: the shell would answer `command not found` (exit 127), on a cloud
+    only once the instance is up. Only names with a suffix are looked at: shell builtins
+    (`cd`, `test`) have none."""
+    import shutil
+
+    if "/" in word or "." not in word.lstrip(".") or shutil.which(word):
+        return
+    found = next((p / word for p in places if (p / word).is_file()), None)
+    if found is None:
+        return
+    quoted = shlex.quote(word)
+    if os.access(found, os.X_OK):
+        run = f"./{quoted}"
+    else:
+        run = f"{'python' if word.endswith('.py') else 'bash'} {quoted}"
+    raise UsageError(f"{at}{word} is a file here, not a command: the shell looks commands up "
+                     "on PATH and would answer 'command not found'",
+                     hint=f"cloudtrain launch -- {run}; or, if it is a job file, rename it to "
+                          f"{Path(word).stem}.yaml")
 
 
 def cpu_warning(spec) -> str | None:

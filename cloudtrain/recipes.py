@@ -63,7 +63,7 @@ class Argument:
     def parse(self, raw: object, source: str) -> object:
         """The typed value of `raw` (a string from --set, or a YAML value), or a UsageError."""
         def bad(expected: str) -> UsageError:
-            return UsageError(f"{source}: {self.name} must be {expected}, got {raw!r}")
+            return UsageError(f"{source}: {self.name} must be {expected}, got {shown(raw)}")
 
         if raw is None:
             return None
@@ -171,26 +171,34 @@ class Recipe:
         count = max(self.gpus_needed(values), int(self.resources.get("gpus_per_node", 1)))
         return f"{self.resources.get('gpu', 'V100')}:{count}"
 
-    def resolve(self, profile: str | None = None, sets: tuple[str, ...] = ()) -> dict:
-        """The arguments the script gets: defaults, then the profile, then each --set."""
+    def resolve(self, profile: str | None = None, sets: tuple[str, ...] = (),
+                origins: dict | None = None) -> dict:
+        """The arguments the script gets: defaults, then the profile, then each --set.
+        `origins`: where a job file gave the profile or an argument (jobfile.ORIGINS:
+        `profile`, `sets.NAME`), which messages name instead of the flag (U11)."""
+        origins = origins or {}
         values = {name: arg.default for name, arg in self.arguments.items()}
         if profile is not None:
             if profile not in self.profiles:
                 known = ", ".join(sorted(self.profiles)) or "none"
-                raise UsageError(f"recipe {self.name} has no profile '{profile}' (profiles: {known})")
+                at = f"{origins['profile']}: " if "profile" in origins else ""
+                raise UsageError(f"{at}recipe {self.name} has no profile '{profile}' (profiles: "
+                                 f"{known})")
             values.update(self.profiles[profile].get("set") or {})
         for item in sets:
             key, sep, raw = item.partition("=")
+            what = origins.get(f"sets.{key}")
             key = key.strip().replace("-", "_")
+            what = what or f"--set {key}"
             if not sep or not key:
-                raise UsageError(f"--set {item!r}: expected key=value")
+                raise UsageError(f"--set {shown(item)}: expected key=value")
             if key not in self.arguments:
                 close = difflib.get_close_matches(key, self.arguments, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
                 known = ", ".join(sorted(self.arguments))
-                raise UsageError(f"--set {key}: recipe {self.name} has no argument '{key}'{hint}; "
+                raise UsageError(f"{what}: recipe {self.name} has no argument '{key}'{hint}; "
                                  f"its arguments: {known}")
-            values[key] = self.arguments[key].parse(raw, f"--set {key}")
+            values[key] = self.arguments[key].parse(raw, what)
         return {k: v for k, v in values.items() if v is not None}
 
     def script_args(self, values: dict) -> list[str]:

@@ -96,11 +96,16 @@ class JobSpec:
     # The secrets' values, in memory only: to_dict() leaves them out, jobs.launch hands them
     # to job_secrets (a private file for relaunches) and to the host (read, then deleted).
     secret_values: dict = field(default_factory=dict, repr=False, compare=False)
+    # U11: where the options given in a job file came from, {option: "job.yaml:7:
+    # resources.disk_gb"} (jobfile.ORIGINS): checks name that instead of the flag, which
+    # nobody typed. In memory only, for the checks of this launch.
+    origins: dict = field(default_factory=dict, repr=False, compare=False)
 
     def display(self) -> str:
         """One line saying what runs: the recipe, its profile and the arguments that differ
         from what the profile (or the recipe) sets, `resnet9 (smoke) variant=dawn epochs=4`
-        (D18); or the command."""
+        (D18); or the command (shell code's lines joined by `; `, without the newline a job
+        file's `run: |` ends with)."""
         if self.kind == RECIPE:
             from . import recipes
 
@@ -115,8 +120,9 @@ class JobSpec:
                     text = rec.arguments[k].render(v) if rec and k in rec.arguments else str(v)
                     what.append(f"{k}={shlex.quote(text)}")
             return " ".join(what) + self._on_nodes()
-        if len(self.command) == 1:
-            return self.command[0] + self._on_nodes()
+        if len(self.command) == 1:  # shell code (a job file's run: |): one line (U12)
+            lines = [line.strip() for line in self.command[0].splitlines() if line.strip()]
+            return "; ".join(lines) + self._on_nodes()
         return shlex.join(self.command) + self._on_nodes()
 
     def _on_nodes(self) -> str:
@@ -156,6 +162,7 @@ class JobSpec:
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data.pop("secret_values")  # never stored: job.json, state.db and logs get names only
+        data.pop("origins")
         return data
 
     @classmethod
@@ -175,51 +182,63 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
                include: tuple[str, ...] = (), data: tuple[str, ...] = (),
                nodes: int | None = None, setup: str | None = None,
                envs: tuple[str, ...] = (), secrets: tuple[str, ...] = (),
-               outputs: tuple[str, ...] = ()) -> JobSpec:
+               outputs: tuple[str, ...] = (), origins: dict | None = None) -> JobSpec:
     """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise).
     `placement`: instance_type, market, region, ami, disk_gb, max_price, keep, idle_minutes.
     `data`: `--data NAME=SOURCE` / `--data NAME` (datasets.py). `nodes`: `--nodes N`; else a
     cloud recipe job gets the machines its variant was published on (recipe.yaml
-    `resources.nodes_per_variant`), anything else one."""
+    `resources.nodes_per_variant`), anything else one. `origins`: where the options a job
+    file gave came from (jobfile.ORIGINS); a message about one names that, not the flag."""
     from . import datasets
 
+    origins = origins or {}
     if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int)
                               or not 1 <= nodes <= MAX_NODES):
-        raise UsageError(f"--nodes must be a whole number from 1 to {MAX_NODES}, got "
-                         f"{shown(nodes)}")
-    flags = datasets.parse_data_flags(data)
+        raise UsageError(f"{origins.get('nodes', '--nodes')} must be a whole number from 1 to "
+                         f"{MAX_NODES}, got {shown(nodes)}")
+    flags = datasets.parse_data_flags(data, items(origins, "data"))
     spec = _build_spec(recipe=recipe, command=command, workdir=workdir, profile=profile,
                        sets=sets, name=name, backend=backend,
                        max_runtime_minutes=max_runtime_minutes, settings=settings,
                        resume_from=resume_from, placement=placement, procs=procs,
-                       include=include, nodes=nodes)
+                       include=include, nodes=nodes, origins=origins)
+    spec.origins = origins
     _check_nodes(spec)
     spec.datasets = datasets.resolve(spec, settings, flags)
     if setup is not None:
         if not setup.strip() or "\0" in setup:
-            raise UsageError("--setup needs shell code, e.g. --setup 'pip install -r "
-                             "requirements.txt'")
+            raise UsageError(f"{origins.get('setup', '--setup')} needs shell code, e.g. --setup "
+                             "'pip install -r requirements.txt'")
         spec.setup = setup
     from .jobfile import environment
 
-    spec.envs = environment(envs, "--env")
-    spec.secret_values = environment(secrets, "--secret")
+    spec.envs = environment(envs, "--env", named=items(origins, "envs"))
+    spec.secret_values = environment(secrets, "--secret", named=items(origins, "secrets"))
     overlap = set(spec.envs) & set(spec.secret_values)
     if overlap:
         raise UsageError(f"{sorted(overlap)[0]} is given both as an environment variable and "
                          "as a secret: keep it in one")
     spec.secrets = sorted(spec.secret_values)
-    spec.outputs = [check_output(p) for p in outputs]
+    named = items(origins, "outputs")
+    spec.outputs = [check_output(p, named.get(p, "--output")) for p in outputs]
     return spec
 
 
-def check_output(path: str) -> str:
-    """An `--output` path: relative, inside the job's directory (no `..`), one line."""
+def items(origins: dict, option: str) -> dict[str, str]:
+    """The places of a repeated option's items a job file gave: {NAME: "job.yaml:5:
+    envs.NAME"} for `envs`, {path: ...} for `outputs` (jobfile.item names them)."""
+    prefix = option + "."
+    return {k[len(prefix):]: v for k, v in origins.items() if k.startswith(prefix)}
+
+
+def check_output(path: str, what: str = "--output") -> str:
+    """An `--output` path: relative, inside the job's directory (no `..`), one line. `what`
+    names it: the flag, or the job file's `file:line: outputs`."""
     text = str(path).strip()
     parts = Path(text).parts
     if not text or any(c in text for c in "\n\r\0\\") or Path(text).is_absolute() or \
             ".." in parts or text.startswith("~") or not parts or parts == (".",):
-        raise UsageError(f"--output {shown(path)}: expected a path relative to the job's "
+        raise UsageError(f"{what} {shown(path)}: expected a path relative to the job's "
                          "working directory, e.g. results/ or model.pt")
     return str(Path(*parts))
 
@@ -229,15 +248,16 @@ def _check_nodes(spec: JobSpec) -> None:
     n = spec.nodes
     if n == 1:
         return
+    what = spec.origins.get("nodes", f"--nodes {n}")
     if spec.on_job:
-        raise UsageError(f"--nodes {n}: --on reuses one kept instance; a job on {n} machines "
+        raise UsageError(f"{what}: --on reuses one kept instance; a job on {n} machines "
                          "needs new ones", hint="leave out --on")
     if spec.kind == RECIPE:
         from . import recipes
 
         rec = recipes.load(spec.recipe)
         if rec.launcher != "torchrun":
-            raise UsageError(f"--nodes {n}: recipe {rec.name} runs as one process on one "
+            raise UsageError(f"{what}: recipe {rec.name} runs as one process on one "
                              "machine; it cannot span machines",
                              hint="recipes that can: " + ", ".join(
                                  r for r in recipes.names()
@@ -250,17 +270,20 @@ def _check_nodes(spec: JobSpec) -> None:
 
 
 def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_runtime_minutes,
-                settings, resume_from, placement, procs, include, nodes=None) -> JobSpec:
+                settings, resume_from, placement, procs, include, nodes=None,
+                origins=None) -> JobSpec:
+    origins = origins or {}
     placement = {k: v for k, v in (placement or {}).items() if v is not None}
     _check_inputs(dict(recipe=recipe, profile=profile, workdir=workdir, name=name,
-                       backend=backend, resume_from=resume_from), placement, include)
+                       backend=backend, resume_from=resume_from), placement, include, origins)
     recovery = {k: placement.pop(k) for k in ("recover", "max_restarts", "fallback")
                 if k in placement}
     gpus = placement.pop("gpus", None)
     if gpus:
         if placement.get("instance_type"):
-            raise UsageError("give --instance or --gpus, not both")
-        placement.update(_resolve_gpus(gpus, placement, settings))
+            raise UsageError(f"{_flag(origins, 'instance_type')} and {_flag(origins, 'gpus')}: "
+                             "give one, not both")
+        placement.update(_resolve_gpus(gpus, placement, settings, origins))
     on_job = placement.pop("on_job", None)
     if on_job and set(placement) - {"keep", "idle_minutes"}:
         raise UsageError("--on JOB reuses that job's instance: leave out --instance, --spot, "
@@ -273,41 +296,53 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
         placement.setdefault("market", settings.market)
         if on_job:
             placement["on_job"] = on_job
-        placement.update(_recovery(recovery, placement["market"], on_job))
+        placement.update(_recovery(recovery, placement["market"], on_job, origins))
     elif recovery:
-        raise UsageError(f"{FLAGS[sorted(recovery)[0]]} applies to cloud backends (spot "
-                         f"instances), not {backend}")
+        raise UsageError(f"{_flag(origins, sorted(recovery)[0])} applies to cloud backends "
+                         f"(spot instances), not {backend}")
     elif on_job or set(placement) - {"keep"} or placement.get("keep"):
         key = "on_job" if on_job else sorted(placement)[0]
-        flag = f"--{placement[key]}" if key == "market" else FLAGS[key]
-        flag = "--cpu-only" if key == "cpu_only" else flag
+        flag = _flag(origins, key) if key != "market" else \
+            origins.get("spot", f"--{placement[key]}")
         raise UsageError(f"{flag} applies to cloud backends, not {backend}")
     providers.get(backend)  # unknown backend: error now, before anything else
     if recipe and command:
-        raise UsageError("give either --recipe or a command after --, not both")
+        raise UsageError(f"{origins.get('recipe', '--recipe')} and "
+                         f"{origins.get('command', 'a command after --')}: a job runs a recipe "
+                         "or your own command, not both")
     if not recipe and not command:
+        if "" in origins:  # a job file that sets neither
+            raise UsageError(f"{origins['']}: nothing to run: give it run: (your own code) or "
+                             "recipe: (a bundled recipe)", hint="cloudtrain init writes an "
+                                                               "example of each")
         raise UsageError("nothing to run: give --recipe NAME or a command after --",
                          hint="cloudtrain launch --recipe resnet9 --profile smoke --follow")
     if command and not command[0].strip():
         raise UsageError(f"the command after -- starts with an empty word, {shown(command[0])}")
     if (profile or sets) and not recipe:
-        raise UsageError("--profile and --set apply to recipes; pass your own arguments after --")
+        first = sets[0].partition("=")[0] if sets else ""
+        what = origins.get("profile", "--profile") if profile else \
+            origins.get(f"sets.{first}", "--set")
+        raise UsageError(f"{what} applies to recipes; your own command takes its arguments "
+                         "itself (after --, or in run:)")
     workdir_path = None
     if workdir is not None:
+        what = origins.get("workdir", f"--workdir {shown(workdir)[1:-1]}")
         try:
             path = Path(workdir).expanduser()
             if not path.is_dir():
-                raise UsageError(f"--workdir {shown(workdir)[1:-1]}: not a directory")
+                raise UsageError(f"{what}: not a directory")
             workdir_path = str(path.resolve())
         except OSError as exc:  # a name too long, a loop of links, ...
-            raise UsageError(f"--workdir {shown(workdir)[1:-1]}: {exc.strerror or exc}") from None
+            raise UsageError(f"{what}: {exc.strerror or exc}") from None
     if include and workdir is None:
         raise UsageError("--include applies to the files --workdir syncs; give --workdir too")
     if procs is not None and not 1 <= procs <= MAX_PROCS:
-        raise UsageError(f"--procs must be between 1 and {MAX_PROCS}, got {procs}")
+        raise UsageError(f"{_flag(origins, 'procs')} must be between 1 and {MAX_PROCS}, got "
+                         f"{procs}")
     if max_runtime_minutes is not None:
-        finite(max_runtime_minutes, "--max-runtime (minutes)", low=0, low_open=True,
-               high=MAX_RUNTIME_MINUTES)
+        finite(max_runtime_minutes, origins.get("max_runtime", "--max-runtime (minutes)"),
+               low=0, low_open=True, high=MAX_RUNTIME_MINUTES)
     if resume_from and not recipe:
         raise UsageError("--resume-from continues a recipe's training; give --recipe too")
 
@@ -319,10 +354,11 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
             if "resume" not in rec.arguments:
                 raise UsageError(f"recipe {rec.name} cannot resume (it has no resume argument)")
             sets = (*sets, "resume=true")
-        args = rec.resolve(profile, sets)
+        args = rec.resolve(profile, sets, origins)
         needed = rec.gpus_needed(args)
         if procs is not None and procs > 1 and rec.launcher != "torchrun":
-            raise UsageError(f"--procs: recipe {rec.name} runs as one process")
+            raise UsageError(f"{_flag(origins, 'procs')}: recipe {rec.name} runs as one "
+                             "process")
         # The machines: --nodes, else on a cloud those the variant was published on.
         nodes = nodes or (rec.nodes_published(args) if backend == "aws" and not on_job else 1)
         if backend == "aws" and not on_job:
@@ -336,83 +372,96 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
                        gpus_exact=rec.gpus_exact(args), include=list(include), nodes=nodes,
                        **placement)
     if procs is not None:
-        raise UsageError("--procs applies to recipes started under torchrun; your own command "
-                         "can read $CLOUDTRAIN_GPUS and start torchrun itself")
+        raise UsageError(f"{_flag(origins, 'procs')} applies to recipes started under torchrun; "
+                         "your own command can read $CLOUDTRAIN_GPUS and start torchrun itself")
     if backend == "aws" and not on_job:
         placement.setdefault("instance_type", settings.instance_type)
     from .preflight import own_command
 
-    own_command(list(command), workdir_path)  # D14, D16: before anything is created
+    # D14, D16, U24: before anything is created
+    own_command(list(command), workdir_path, origin=origins.get("command"))
     minutes = max_runtime_minutes or settings.max_runtime_minutes
     return JobSpec(kind=COMMAND, backend=backend, name=name, command=list(command),
                    workdir=workdir_path, max_runtime_s=float(minutes) * 60,
                    include=list(include), nodes=nodes or 1, **placement)
 
 
-def _recovery(given: dict, market: str, on_job: str | None) -> dict:
+def _recovery(given: dict, market: str, on_job: str | None, origins: dict) -> dict:
     """Spot jobs recover by default; on-demand ones are not interrupted, so asking them to
     recover, or setting how, is refused rather than ignored."""
     recover = given.get("recover")
     if on_job and given:
-        raise UsageError(f"{FLAGS[sorted(given)[0]]}: --on runs on a kept instance, which is not "
-                         "relaunched elsewhere")
+        raise UsageError(f"{_flag(origins, sorted(given)[0])}: --on runs on a kept instance, "
+                         "which is not relaunched elsewhere")
     if recover and market != "spot":
-        raise UsageError("--recover applies to --spot jobs: an on-demand instance is not "
-                         "interrupted", hint="add --spot")
+        raise UsageError(f"{origins.get('recover', '--recover')} applies to --spot jobs: an "
+                         "on-demand instance is not interrupted", hint="add --spot")
     enabled = market == "spot" and not on_job if recover is None else bool(recover)
     if not enabled and ("max_restarts" in given or "fallback" in given):
-        what = "--max-restarts" if "max_restarts" in given else "--fallback"
+        what = _flag(origins, "max_restarts" if "max_restarts" in given else "fallback")
         raise UsageError(f"{what} applies to a recovering --spot job" +
                          (", not with --no-recover" if recover is False else ""),
                          hint=None if market == "spot" else "add --spot")
     restarts = given.get("max_restarts", 3)
     if isinstance(restarts, bool) or not isinstance(restarts, int) or \
             not 0 <= restarts <= MAX_RESTARTS:
-        raise UsageError(f"--max-restarts must be a whole number from 0 to {MAX_RESTARTS}, got "
-                         f"{shown(restarts)}")
+        raise UsageError(f"{_flag(origins, 'max_restarts')} must be a whole number from 0 to "
+                         f"{MAX_RESTARTS}, got {shown(restarts)}")
     fallback = given.get("fallback")
     if fallback is not None and fallback not in FALLBACKS:
-        raise UsageError(f"--fallback must be one of {', '.join(FALLBACKS)}, got {shown(fallback)}")
+        raise UsageError(f"{_flag(origins, 'fallback')} must be one of {', '.join(FALLBACKS)}, "
+                         f"got {shown(fallback)}")
     return {"recover": enabled, "max_restarts": restarts, "fallback": fallback}
 
 
-def _check_inputs(given: dict, placement: dict, include: tuple[str, ...]) -> None:
+def _flag(origins: dict, key: str) -> str:
+    """How a message names a launch option: the job file's `file:line: key` where the value
+    came from one (U11), else the flag (FLAGS, or the option's own name as a flag)."""
+    return origins.get(key) or FLAGS.get(key) or "--" + key.replace("_", "-")
+
+
+def _check_inputs(given: dict, placement: dict, include: tuple[str, ...],
+                  origins: dict) -> None:
     """Refuse what the user typed that would misbehave later: empty values (`--workdir ''`
     would sync the current directory, `--on ''` would launch a new instance), a region boto
     rejects, a name that breaks the status table or reads as a job id, numbers that are not."""
     for key, value in {**given, **placement}.items():
         if isinstance(value, str) and not value.strip():
-            flag = FLAGS.get(key) or "--" + key.replace("_", "-")
-            raise UsageError(f"{flag} needs a value, got {shown(value)}")
+            raise UsageError(f"{_flag(origins, key)} needs a value, got {shown(value)}")
     name = given.get("name")
     if name is not None:
+        what = origins.get("name", f"--name {shown(name)}")
         if not NAME_PATTERN.fullmatch(name):
-            raise UsageError(f"--name {shown(name)}: use 1 to 64 letters, digits, '.', '_' or "
-                             "'-', starting with a letter or digit")
+            raise UsageError(f"{what}: use 1 to 64 letters, digits, '.', '_' or '-', starting "
+                             "with a letter or digit")
         if ID_LIKE.fullmatch(name):
-            raise UsageError(f"--name {name}: a name of hex digits reads as a job id prefix",
+            raise UsageError(f"{origins.get('name', f'--name {name}')}: a name of hex digits "
+                             "reads as a job id prefix",
                              hint=f"add a letter past f, e.g. --name run-{name}")
     if placement.get("region"):
         from .preflight import check_known_region
 
-        check_known_region(check_region(placement["region"], "--region"))
+        source = _flag(origins, "region")
+        check_known_region(check_region(placement["region"], source), source)
     if placement.get("ami") and not AMI_PATTERN.fullmatch(placement["ami"]):
-        raise UsageError(f"--ami {shown(placement['ami'])}: expected an AMI id, e.g. "
-                         "ami-0123456789abcdef0")
+        raise UsageError(f"{origins.get('ami', '--ami')} {shown(placement['ami'])}: expected "
+                         "an AMI id, e.g. ami-0123456789abcdef0")
     if placement.get("instance_type") and not INSTANCE_PATTERN.fullmatch(placement["instance_type"]):
         from . import catalog
         from .preflight import suggest
 
         close = suggest(placement["instance_type"], catalog.load())
-        raise UsageError(f"--instance {shown(placement['instance_type'])}: "
+        raise UsageError(f"{_flag(origins, 'instance_type')} "
+                         f"{shown(placement['instance_type'])}: "
                          + (f"unknown instance type{close}" if close else
                             "expected an EC2 instance type, e.g. g5.xlarge"),
                          hint="cloudtrain catalog lists the GPU types")
     if "max_price" in placement:
-        finite(placement["max_price"], "--max-price (USD per hour)", low=0, low_open=True,
-               high=1000)
+        finite(placement["max_price"], origins.get("max_price", "--max-price (USD per hour)"),
+               low=0, low_open=True, high=1000)
     if "idle_minutes" in placement:
-        finite(placement["idle_minutes"], "--idle-minutes", low=0, high=MAX_RUNTIME_MINUTES)
+        finite(placement["idle_minutes"], _flag(origins, "idle_minutes"), low=0,
+               high=MAX_RUNTIME_MINUTES)
     for pattern in include:
         if not pattern.strip() or any(c in pattern for c in "\n\r\0"):
             raise UsageError(f"--include {shown(pattern)}: expected a path pattern, e.g. .env")
@@ -444,13 +493,15 @@ def _place_recipe(rec, args: dict, placement: dict, settings: config.Settings,
         placement["instance_type"] = settings.instance_type
 
 
-def _resolve_gpus(request: str, placement: dict, settings: config.Settings) -> dict:
+def _resolve_gpus(request: str, placement: dict, settings: config.Settings,
+                  origins: dict | None = None) -> dict:
     """`--gpus V100:1`: the cheapest matching type (and region) among the allowed regions:
     --region, else `regions:` from config.yaml, else the configured region."""
     from . import catalog
 
     gpu, count = catalog.parse_gpus(request)
-    finite(count, f"--gpus {request}: the count", low=0, low_open=True, high=64)
+    finite(count, f"{(origins or {}).get('gpus', '--gpus')} {request}: the count", low=0,
+           low_open=True, high=64)
     # D28: the region chain every command uses (AWS_REGION, the profile, ...), as --instance
     regions = [placement["region"]] if placement.get("region") else \
         [r.strip() for r in settings.regions.split(",") if r.strip()] or \
@@ -463,11 +514,15 @@ def _resolve_gpus(request: str, placement: dict, settings: config.Settings) -> d
 # -- from launch options (the flags, a job file, or both: jobfile.merge) -----------------------
 
 OFF_WHEN_FALSE = ("keep", "cpu_only")  # flags that only switch something on
+NO_PROFILE = "none"  # `--profile none`: the recipe's full run, whatever a job file says (U34)
 
 
 def from_options(o: dict, settings: config.Settings) -> JobSpec:
     """build_spec for `launch`'s options by name (the click parameter names, which the job
-    file's keys map to: jobfile.KEYS). `regions` (job files) narrows where --gpus looks."""
+    file's keys map to: jobfile.KEYS). `regions` (job files) narrows where --gpus looks;
+    jobfile.ORIGINS says which came from a job file, and from where (U11)."""
+    from .jobfile import ORIGINS
+
     if o.get("regions"):
         settings = dataclasses.replace(settings, regions=",".join(o["regions"]))
     spot = o.get("spot")
@@ -478,8 +533,9 @@ def from_options(o: dict, settings: config.Settings) -> JobSpec:
     for k in OFF_WHEN_FALSE:
         if placement[k] is False:
             placement[k] = None
+    profile = None if o.get("profile") == NO_PROFILE else o.get("profile")
     return build_spec(recipe=o.get("recipe"), command=tuple(o.get("command") or ()),
-                      workdir=o.get("workdir"), profile=o.get("profile"),
+                      workdir=o.get("workdir"), profile=profile,
                       sets=tuple(o.get("sets") or ()), name=o.get("name"),
                       backend=o.get("backend"), max_runtime_minutes=o.get("max_runtime"),
                       settings=settings, resume_from=o.get("resume_from"),
@@ -488,4 +544,5 @@ def from_options(o: dict, settings: config.Settings) -> JobSpec:
                       setup=o.get("setup"), envs=tuple(o.get("envs") or ()),
                       secrets=tuple(o.get("secrets") or ()),
                       outputs=tuple(o.get("outputs") or ()),
-                      placement=dict(placement, market=market))
+                      placement=dict(placement, market=market),
+                      origins=dict(o.get(ORIGINS) or {}))

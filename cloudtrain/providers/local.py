@@ -55,9 +55,10 @@ class LocalProvider:
         if getattr(spec, "nodes", 1) > 1:
             listed = parse_nodes(self.settings.local_nodes, self.settings.local_nodes_key)
             if len(listed) < spec.nodes - 1:
+                what = getattr(spec, "origins", {}).get("nodes", f"--nodes {spec.nodes}")
                 raise UsageError(
-                    f"--nodes {spec.nodes}: the local backend runs node 0 here and the others "
-                    f"on the hosts in config.yaml's local_nodes:, which lists {len(listed)}",
+                    f"{what}: the local backend runs node 0 here and the others on the hosts "
+                    f"in config.yaml's local_nodes:, which lists {len(listed)}",
                     hint="add hosts (local_nodes: user@10.0.0.2, user@10.0.0.3 and "
                          "local_nodes_key: ~/.ssh/id_ed25519), or launch on a cloud "
                          "(--instance TYPE)")

@@ -107,11 +107,12 @@ def test_missing_tmux_says_how_to_install_it(cli, tmp_path):
 def test_usage_errors_exit_2(cli, tmp_path):
     cases = [
         (["launch"], "nothing to run"),
-        (["launch", "--recipe", "x", "--", "true"], "either --recipe or a command"),
-        (["launch", "--set", "a=1", "--", "true"], "--profile and --set apply to recipes"),
+        (["launch", "--recipe", "x", "--", "true"], "--recipe and a command after --: a job "
+                                                    "runs a recipe or your own command"),
+        (["launch", "--set", "a=1", "--", "true"], "--set applies to recipes"),
         (["launch", "--workdir", str(tmp_path / "missing"), "--", "true"], "not a directory"),
         (["launch", "--backend", "gcp", "--", "true"], "unknown backend 'gcp'; known backends: local"),
-        (["launch", "--max-runtime", "-1", "--", "true"], "--max-runtime (minutes) must be more than 0"),
+        (["launch", "--max-runtime", "-1", "--", "true"], "--max-runtime '-1': expected minutes"),
         (["down"], "which jobs?"),
         (["frobnicate"], "No such command"),
         (["status", "--limit", "x"], "is not a valid integer"),

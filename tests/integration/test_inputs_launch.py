@@ -24,11 +24,23 @@ def _no_jobs(cli) -> bool:
     return json.loads(cli.ok("status", "--json").stdout) == []
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400", "soon", "2 hours", "-5"])
 def test_F18_max_runtime_must_be_finite(cli, value):
+    """F18, U17: what is not minutes or a duration is one line naming the flag."""
     _refused(cli, ["launch", "--max-runtime", value, "--", "true"],
-             f"--max-runtime (minutes) must be a finite number, got {float(value)!r}")
+             f"--max-runtime {config.shown(value)}: expected minutes, or a duration like 90m, "
+             "2h, 1d")
     assert _no_jobs(cli)
+
+
+@pytest.mark.parametrize("value, minutes", [("2h", 120), ("90m", 90), ("1d", 1440),
+                                            ("45s", 0.75), ("30", 30), ("1.5h", 90)])
+def test_U17_max_runtime_takes_the_job_files_durations(cli, value, minutes):
+    """U17: `--max-runtime 2h` was refused as not a float, while a job file's max_runtime
+    took it and the README maps one to the other: the same parser; a plain number stays
+    minutes."""
+    plan = cli.ok("launch", "--max-runtime", value, "--dry-run", "--", "true").stdout
+    assert f"max runtime  {minutes:g} min" in plan, plan
 
 
 def test_F18_max_runtime_is_bounded(cli):

@@ -148,11 +148,13 @@ def test_flags_override_the_file_and_repeated_flags_add_to_it(ct_home, tmp_path)
                                             "own code, not both"),
     ("run: echo hi\nenvs: {1BAD: x}\n", "job.yaml:2: envs.1BAD: not an environment variable "
                                      "name"),
-    ("run: echo hi\nenvs: {CLOUDTRAIN_JOB_ID: x}\n", "--env CLOUDTRAIN_JOB_ID: CLOUDTRAIN_* "
-                                                  "variables are set by cloudtrain"),
+    ("run: echo hi\nenvs: {CLOUDTRAIN_JOB_ID: x}\n", "job.yaml:2: envs.CLOUDTRAIN_JOB_ID: "
+                                                  "CLOUDTRAIN_* variables are set by cloudtrain"),
     ("run: echo hi\nsecrets: {NOT_SET_ANYWHERE_XYZ: null}\n",
-     "--secret NOT_SET_ANYWHERE_XYZ: no value given and NOT_SET_ANYWHERE_XYZ is not set here"),
-    ("run: echo hi\noutputs: [../escape]\n", "--output '../escape': expected a path relative"),
+     "job.yaml:2: secrets.NOT_SET_ANYWHERE_XYZ: no value given and NOT_SET_ANYWHERE_XYZ is not "
+     "set here"),
+    ("run: echo hi\noutputs: [../escape]\n", "job.yaml:2: outputs '../escape': expected a path "
+                                             "relative"),
     ("run: true\n", "job.yaml:1: run: expected text, got true/false"),  # YAML's bool
     ("run: echo hi\nresources: {fallback: cheapest}\n", "job.yaml:2: resources.fallback: "
                                                      "expected one of on-demand"),
@@ -214,10 +216,12 @@ def test_aws_resources_of_a_job_file_reach_the_dry_run_and_flags_override_them(
     proc = _run(["launch", "job.yaml", "--dry-run", "--instance", "g5.2xlarge"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "g5.2xlarge" in proc.stdout and "g5.xlarge " not in proc.stdout
-    # the flag wins, and the file's recovery settings are then checked against it
+    # the flag wins, and the file's recovery settings are then checked against it (U11:
+    # named where they are)
     proc = _run(["launch", "job.yaml", "--dry-run", "--on-demand"], tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith(
-        "Error: --max-restarts applies to a recovering --spot job"), proc.stderr
+        "Error: job.yaml:10: resources.max_restarts applies to a recovering --spot job"), \
+        proc.stderr
 
 
 def _sleeping_job(tmp_path: Path, extra: str = "") -> None:
@@ -285,3 +289,195 @@ def test_setup_is_skipped_on_a_kept_instance_when_unchanged(cli, aws, ct_home, t
     assert changed.returncode == 0, changed.stderr
     assert "setup-two" in changed.stdout and "skipped" not in changed.stdout
     assert len(aws.instances()) == 1
+
+
+# -- F27: a job file from someone else's repository ------------------------------------------
+
+HOME_TOKENS = [".aws/credentials", ".ssh/id_ed25519",
+               ".config/gcloud/application_default_credentials.json", ".huggingface/token",
+               ".kaggle/kaggle.json", ".bash_history", ".npmrc"]
+REPO_TOKENS = [".env", "service-account.json", "deploy.key", ".npmrc"]
+
+
+def _victim(tmp_path: Path) -> tuple[Path, Path]:
+    """A home directory with keys and tokens, and a repository cloned two levels below it
+    that keeps a few token files of its own."""
+    home = tmp_path / "victim"
+    repo = home / "code" / "repo"
+    for rel in HOME_TOKENS + [f"code/repo/{t}" for t in REPO_TOKENS] + ["code/repo/train.py"]:
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text(f"SECRET {rel}\n" if "train.py" not in rel else "print(1)\n")
+    return home, repo
+
+
+def _work_files(ct_home: Path, job_id: str) -> list[str]:
+    work = ct_home / "jobs" / job_id / "work"
+    return sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file())
+
+
+def test_F27_credentials_never_reach_the_jobs_work_dir(ct_home, tmp_path):
+    """Audit F27 through the real CLI on the local backend: the audit's job file (workdir
+    ../.., include .aws and .ssh) is refused before anything is created; the repository's own
+    job file syncs its code and none of its token files, and says it held them back; a
+    workdir that is the home directory is warned about with what is sent and held back."""
+    home, repo = _victim(tmp_path)
+    env = {"HOME": str(home)}
+    (repo / "job.yaml").write_text('name: innocent-training\nworkdir: ../..\n'
+                                   'include: [".aws/**", ".ssh/**"]\nrun: cat .aws/credentials\n')
+    proc = _run(["launch", "-y", "job.yaml"], repo, env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("Error: job.yaml:2: workdir: '../..' is outside "), proc.stderr
+    (repo / "job.yaml").write_text('workdir: .\ninclude: [".aws/**"]\nrun: ls\n')
+    proc = _run(["launch", "-y", "job.yaml"], repo, env)
+    assert proc.returncode == 2 and proc.stderr.startswith("Error: job.yaml:2: include: ")
+    assert json.loads(_run(["status", "--json"], repo).stdout) == []
+
+    (repo / "job.yaml").write_text("name: repo-run\nworkdir: .\nrun: python3 train.py\n")
+    proc = _run(["launch", "repo/job.yaml", "--follow", "--quiet"], repo / "..", env)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    assert _work_files(ct_home, job_id) == ["job.yaml", "train.py"]
+    assert "4 credential-looking files held back (.env, .npmrc, deploy.key, " \
+           "service-account.json) from the workdir" in proc.stderr, proc.stderr
+
+    (home / "job.yaml").write_text("name: home-run\nworkdir: .\nrun: ls -a\n")
+    proc = _run(["launch", "job.yaml", "--follow", "--quiet"], home, env)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    sent = _work_files(ct_home, job_id)
+    assert sent == ["code/repo/job.yaml", "code/repo/train.py", "job.yaml"], sent
+    held = len(HOME_TOKENS) + len(REPO_TOKENS)
+    warning = next(line for line in proc.stderr.splitlines() if line.startswith("WARNING"))
+    assert f"{home} is your home directory" in warning, warning
+    assert "3 files" in warning and f"{held} credential-looking files held back" in warning
+
+
+def test_F27_only_a_typed_include_sends_a_token_and_it_is_said_or_asked(ct_home, tmp_path):
+    """Audit F27: --include, typed, still sends what it names: without a terminal with a
+    WARNING naming each file; in a terminal only after a [y/N] question that -y does not
+    skip (answered no: nothing is created)."""
+    from terminal import run_in_terminal
+
+    home, repo = _victim(tmp_path)
+    (repo / "job.yaml").write_text("workdir: .\nrun: python3 train.py\n")
+    proc = _run(["launch", "job.yaml", "-y", "--include", ".npmrc", "--include", "*.key",
+                 "--follow", "--quiet"], repo)
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING: --include sends 2 credential-looking files to the host: .npmrc, "\
+           "deploy.key" in proc.stderr or "WARNING: --include sends 2 credential-looking "\
+           "files to the host: deploy.key, .npmrc" in proc.stderr, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    assert _work_files(ct_home, job_id) == [".npmrc", "deploy.key", "job.yaml", "train.py"]
+
+    code, out = run_in_terminal(["launch", "job.yaml", "-y", "--include", ".env"],
+                                answer="n", when=b"[y/N]", cwd=repo)
+    assert code == 1 and "credential-looking file to the host: .env" in out, out
+    assert "not launched: nothing was created" in out
+    assert len(json.loads(_run(["status", "--json"], repo).stdout)) == 1
+
+
+def test_U34_profile_none_drops_the_files_profile(ct_home, tmp_path):
+    """U34: a job file's `profile: smoke` can be dropped from the command line (`--profile ''`
+    was refused as needing a value), and --help says how."""
+    (tmp_path / "job.yaml").write_text("recipe: resnet9\nprofile: smoke\n")
+    with_file = _run(["launch", "job.yaml", "--dry-run"], tmp_path)
+    assert with_file.returncode == 0 and "resnet9 (smoke)" in with_file.stdout, with_file.stderr
+    dropped = _run(["launch", "job.yaml", "--profile", "none", "--dry-run"], tmp_path)
+    assert dropped.returncode == 0, dropped.stderr
+    job = next(line for line in dropped.stdout.splitlines() if line.strip().startswith("job "))
+    assert job.split()[1:] == ["resnet9"], dropped.stdout
+    assert "--profile none" in " ".join(_run(["launch", "--help"], tmp_path).stdout.split())
+
+
+@pytest.mark.parametrize("text, args, expected", [
+    ("recipe: resnet9\nargs:\n  seed: 1\n  epochs: ten\n", [],
+     "job.yaml:4: args.epochs: epochs must be an integer, got 'ten'"),
+    ("recipe: resnet9\nargs: {colour: red}\n", [],
+     "job.yaml:2: args.colour: recipe resnet9 has no argument 'colour'"),
+    ("recipe: resnet9\nprofile: quick\n", [],
+     "job.yaml:2: profile: recipe resnet9 has no profile 'quick'"),
+    ("run: echo hi\nresources: {keep: true}\n", [],
+     "job.yaml:2: resources.keep applies to cloud backends, not local"),
+    ("run: echo hi\nresources:\n  backend: local\n  idle_minutes: 5\n", [],
+     "job.yaml:4: resources.idle_minutes applies to cloud backends, not local"),
+    ("run: echo hi\nenvs:\n  A: 1\n  MODE_U11_UNSET: null\n", [],
+     "job.yaml:4: envs.MODE_U11_UNSET: no value given and MODE_U11_UNSET is not set here"),
+    ("run: echo hi\nworkdir: ./nope\n", [], "job.yaml:2: workdir: './nope' is not a directory"),
+    ("name: only-a-name\n", [], "job.yaml: nothing to run: give it run: (your own code) or "
+                               "recipe: (a bundled recipe)"),
+    ("recipe: resnet9\n", ["--", "echo", "hi"],
+     "job.yaml:1: recipe and a command after --: a job runs a recipe or your own command, "
+     "not both"),
+    ("run: echo hi\nprofile: smoke\n", [], "job.yaml:2: profile applies to recipes"),
+    ("name: 12ab\nrun: echo hi\n", [], "job.yaml:1: name: a name of hex digits reads as a job "
+                                       "id prefix"),
+    ("run: echo hi\nresources: {nodes: 2, backend: local}\n", [],
+     "job.yaml:2: resources.nodes: the local backend runs node 0 here"),
+    ("run: bash notes.txt\nworkdir: .\noutputs: [ok, /abs]\n", [],
+     "job.yaml:3: outputs '/abs': expected a path relative"),
+    ("run: echo hi\ndatasets: {'bad name': null}\n", [],
+     "job.yaml:2: datasets.bad name: 'bad name' is not a dataset name"),
+])
+def test_U11_errors_from_job_file_values_name_the_file_line_and_key(ct_home, tmp_path, text,
+                                                                      args, expected):
+    """U11: an error that comes from a job file's value names the file, the line and the key
+    (README: "one line naming the file, the line and the key"), not the flag that was never
+    typed; the same check on a typed flag still names the flag."""
+    (tmp_path / "notes.txt").write_text("hi\n")
+    (tmp_path / "job.yaml").write_text(text)
+    proc = _run(["launch", "job.yaml", "--dry-run", *args], tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("Error: " + expected), proc.stderr
+
+
+def test_U11_a_typed_flag_over_the_file_is_named_as_the_flag(ct_home, tmp_path):
+    """U11: what the flag typed replaced is not the file's: its error names the flag."""
+    (tmp_path / "job.yaml").write_text("recipe: resnet9\nargs: {epochs: 2}\n")
+    proc = _run(["launch", "job.yaml", "--dry-run", "--set", "epochs=ten"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("Error: --set epochs: epochs must be an integer"), proc.stderr
+    (tmp_path / "job.yaml").write_text("run: echo hi\nenvs: {MODE_U11_UNSET: null}\n")
+    proc = _run(["launch", "job.yaml", "--dry-run", "--env", "MODE_U11_UNSET=x", "--keep"],
+                tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        "Error: --keep applies to cloud backends, not local"), proc.stderr
+
+
+def test_U12_the_dry_run_shows_every_key_the_file_adds(ct_home, tmp_path):
+    """U12: `launch job.yaml --dry-run` showed only job, backend, runs, max runtime and cost:
+    now the name, the workdir (files to sync, their size, what was held back), setup's first
+    line, the env and secret names (never a secret's value), outputs and datasets; `run: |`
+    keeps no trailing newline in the plan, the launched line or `status JOB`."""
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text("print('x' * 10)\n")
+    (tmp_path / "proj" / "notes.md").write_text("n" * 3000)
+    (tmp_path / "proj" / ".env").write_text("TOKEN=1\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "job.yaml").write_text(
+        "name: full-plan\nworkdir: proj\nsetup: |\n  echo one\n  echo two\n"
+        "run: |\n  python3 train.py\nenvs: {MODE: fast, LEVEL: 3}\n"
+        "secrets: {API_TOKEN: null}\noutputs: [results, model.pt]\n"
+        f"datasets: {{cifar: {tmp_path / 'data'}}}\n")
+    proc = _run(["launch", "job.yaml", "--dry-run"], tmp_path, {"API_TOKEN": SECRET})
+    assert proc.returncode == 0, proc.stderr
+    plan = proc.stdout
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in plan.splitlines()[1:]}
+    assert rows["job"] == "python3 train.py" and rows["runs"] == "python3 train.py", plan
+    assert "\n\n" not in plan
+    assert rows["name"] == "full-plan"
+    assert rows["workdir"].startswith(str((tmp_path / "proj").resolve())), rows
+    assert "2 files, 3.0 kB to sync" in rows["workdir"], rows
+    assert "1 credential-looking file held back (.env)" in rows["workdir"], rows
+    assert rows["setup"] == "echo one (and 1 more line)", rows
+    assert rows["env"] == "LEVEL, MODE" and rows["secrets"] == "API_TOKEN", rows
+    assert rows["outputs"] == "results, model.pt" and "cifar" in rows["data"], rows
+    assert SECRET not in plan + proc.stderr
+
+    (tmp_path / "job.yaml").write_text("name: newline-run\nrun: |\n  echo hi\n")
+    proc = _run(["launch", "job.yaml"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "launched job " in proc.stdout and ": echo hi on local\n" in proc.stdout, proc.stdout
+    detail = _run(["status", "newline-run"], tmp_path).stdout
+    what = next(line for line in detail.splitlines() if line.strip().startswith("what"))
+    assert what.split(None, 1)[1] == "echo hi", detail

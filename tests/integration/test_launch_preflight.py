@@ -368,3 +368,29 @@ def test_d16_shell_code_and_scripts_the_job_makes_are_not_second_guessed(ct_home
     proc = run("launch", "-q", "--follow", "--", "bash", "-c",
                "echo 'echo made' > job.sh; bash job.sh", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
+
+
+# U24
+def test_u24_a_file_here_that_is_not_a_command_is_refused_before_anything(ct_home, tmp_path):
+    """U24: `launch notjob.txt`, an existing file that is neither a job file nor a command,
+    ran as a command and failed with exit 127 (on AWS after the instance booted): refused
+    before anything is created, with the ways to run it; with or without --, and from a job
+    file's run:. A command on PATH, and ./script, still go."""
+    (tmp_path / "notjob.txt").write_text("echo hi\n")
+    (tmp_path / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (tmp_path / "run.sh").chmod(0o755)
+    env = {"CLOUDTRAIN_HOME": str(ct_home)}
+    for args in (["notjob.txt"], ["--", "notjob.txt"], ["--workdir", ".", "notjob.txt", "x"]):
+        err = refused(run("launch", *args, cwd=tmp_path, env=env),
+                      "notjob.txt is a file here, not a command")
+        assert "Hint: cloudtrain launch -- bash notjob.txt" in err and ".yaml" in err, err
+    err = refused(run("launch", "--workdir", ".", "--", "run.sh", cwd=tmp_path, env=env),
+                  "run.sh is a file here, not a command")
+    assert "cloudtrain launch -- ./run.sh" in err
+    (tmp_path / "job.yaml").write_text("workdir: .\nrun: notjob.txt\n")
+    refused(run("launch", "job.yaml", cwd=tmp_path, env=env),
+            "job.yaml:2: run: notjob.txt is a file here, not a command")
+    assert no_jobs(ct_home)
+    proc = run("launch", "-q", "--follow", "--workdir", ".", "--", "./run.sh", cwd=tmp_path,
+               env=env)
+    assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr

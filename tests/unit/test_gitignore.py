@@ -80,3 +80,54 @@ def test_F6_the_list_is_exported_for_the_readme():
     from cloudtrain.gitignore import CREDENTIAL_PATTERNS
 
     assert ".aws/" in CREDENTIAL_PATTERNS and "*.pem" in CREDENTIAL_PATTERNS
+
+
+# Audit F27: the tokens a home directory holds besides the keys F6 named. Each one, synced,
+# is readable by the job's own code on an instance that has network access.
+F27_TOKENS = [
+    ".config/gcloud/application_default_credentials.json", ".config/gcloud/credentials.db",
+    ".config/gcloud/access_tokens.db", ".config/gcloud/configurations/config_default",
+    "project/application_default_credentials.json",
+    ".huggingface/token", ".cache/huggingface/token", ".cache/huggingface/stored_tokens",
+    ".kaggle/kaggle.json", ".config/wandb/settings", ".netrc",
+    ".config/gh/hosts.yml", ".npmrc", "web/.npmrc", ".pypirc",
+    ".azure/accessTokens.json", ".azure/msal_token_cache.json",
+    ".terraform.d/credentials.tfrc.json", ".envrc", "project/.envrc",
+    ".boto", ".s3cfg", ".config/rclone/rclone.conf", ".vault-token",
+    "tls/server.key", "certs/client.p12", "certs/client.pfx",
+    "service-account.json", "deploy/service-account-prod.json", "gcp/my-service-account.json",
+    ".bash_history", ".zsh_history", ".python_history", ".psql_history", ".mysql_history",
+    ".sqlite_history", ".node_repl_history", ".local/share/fish/fish_history",
+    ".docker/config.json", ".kube/config", ".git-credentials", ".gnupg/pubring.kbx",
+    ".aws/credentials", ".ssh/id_ed25519",
+]
+# Look-alikes that are code or data, not tokens: they still go.
+F27_CODE = ["train.py", "keys.py", "keyboard.json", "tokenizer/token_map.json",
+            "history/run1.csv", "docs/.envelope", "config/settings.yaml", "data/keys.txt",
+            "service.json", ".config/other-tool/settings"]
+
+
+def test_F27_every_common_token_is_held_back(root):
+    """Audit F27: every listed token stays home; the code beside them goes."""
+    _tree(root, F27_TOKENS + F27_CODE)
+    assert list_files(root) == sorted(F27_CODE)
+
+
+def test_F27_the_survey_counts_and_names_what_it_holds_back(root):
+    """Audit F27: a sync's survey says what is sent, what credential-looking files it held
+    back (inside held-back directories too) and which of those an include sent anyway."""
+    from cloudtrain.gitignore import survey
+
+    _tree(root, [".aws/credentials", ".aws/config", ".ssh/id_ed25519", ".npmrc", "train.py",
+                 "logs/.gitignore"])
+    (root / ".gitignore").write_text(".ssh/\n")  # ignored by git: not held back, just ignored
+    found = survey(root)
+    assert found.files == [".gitignore", "logs/.gitignore", "train.py"]
+    assert found.held_back == [".aws/config", ".aws/credentials", ".npmrc"]
+    assert found.included == []
+    found = survey(root, include=[".aws/credentials"])
+    assert found.files == [".aws/credentials", ".gitignore", "logs/.gitignore", "train.py"]
+    assert found.held_back == [".aws/config", ".npmrc"] and found.included == [".aws/credentials"]
+    found = survey(root, include=["*"])  # a pattern naming everything names the tokens too
+    assert found.included == [".aws/config", ".aws/credentials", ".npmrc"]
+    assert found.held_back == []
