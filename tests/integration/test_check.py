@@ -12,10 +12,11 @@ import re
 import pytest
 from moto import mock_aws
 
-from aws_lab import AWS_ENV, REGION, SUBNETS, AWSLab
+from aws_lab import AWS_ENV, REGION, SUBNETS, AWSLab, aws, moto_endpoint  # noqa: F401
 from cloudtrain import check
 from cloudtrain.config import Settings
 from moto_quotas import EC2Quotas
+from pricing_lab import price_list  # noqa: F401  (fixture)
 
 # moto's own fake keys (FOOBARKEY) would replace the credentials each test sets up.
 MOTO = {"core": {"mock_credentials": False, "passthrough": {"urls": [], "services": []},
@@ -393,3 +394,190 @@ def test_text_fits_the_width_and_json_carries_the_same(moto, dlami, quotas):
     assert g["data"]["code"] == "L-DB2E81BA" and g["data"]["vcpus"] == 0
     assert g["data"]["needs"][0] == {"instance_type": "g5.xlarge", "nodes": 1, "vcpus": 4.0,
                                      "for": g["data"]["needs"][0]["for"]}
+
+
+# -- check --launch (issue 25): one real launch, small, through the real lifecycle ------------------
+#
+# The lab: moto's EC2 and S3 server in this process, a real sshd answering at the instance's
+# private IP, the agent in real tmux, the Price List API's stand-in (tests/pricing_lab.py).
+
+LAUNCH_STEPS = ["credentials", "instance type", "key pair", "security group", "AMI",
+                "job store bucket", "RunInstances", "instance running", "SSH", "host key",
+                "sync", "setup", "agent", "job", "job store round trip", "collect",
+                "terminate", "cleanup", "bill"]
+STEP_LINE = re.compile(r"^(?P<name>\S.{0,19}?) +(?P<seconds>\d+\.\d) s  "
+                       r"(?P<verdict>ok  |FAILED: )(?P<detail>.*)$")
+NOT_ALLOWED = ("You are not authorized to perform this operation. User: "
+               "arn:aws:iam::123456789012:user/moto is not authorized to perform: {action} on "
+               "resource: arn:aws:ec2:us-east-1:123456789012:{what} because no identity-based "
+               "policy allows the {action} action. Encoded authorization failure message: "
+               "Zm9vYmFy")
+
+
+def _steps(stdout: str) -> list[dict]:
+    """The step lines of `check --launch`, parsed; every line before the closing ones is one."""
+    found = []
+    for line in stdout.splitlines():
+        m = STEP_LINE.match(line)
+        if m:
+            found.append(m.groupdict())
+    return found
+
+
+def _live(aws) -> list[str]:
+    return [i["InstanceId"] for i in aws.instances()
+            if i["State"]["Name"] not in ("terminated", "shutting-down")]
+
+
+def _stored(aws) -> list[str]:
+    """Every object in the lab account's job store."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=aws.endpoint, region_name=REGION,
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    bucket = f"cloudtrain-123456789012-{REGION}"
+    try:
+        return [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+    except s3.exceptions.NoSuchBucket:
+        return []
+
+
+@pytest.fixture
+def launch_lab(aws, price_list, monkeypatch):
+    """The AWS lab with the Price List API answering t3.micro's us-east-1 price, and the
+    placement groups moto lacks (the cleanup looks for the job's)."""
+    from moto_placement import PlacementGroups
+
+    PlacementGroups().install(monkeypatch)
+    price_list.instance(REGION, "t3.micro", "0.0104000000")
+    return aws
+
+
+def test_check_launch_runs_every_step_and_leaves_nothing(cli, launch_lab, ct_home):
+    """Issue 25: `check --launch` launches a t3.micro and runs the whole path once, each step
+    on one line with its time and `ok`: nothing is left running or stored, the instance was
+    launched like any job's (tagged, shutdown behaviour terminate), and the bill is the
+    60-second minimum at the price list's figure, to the fraction of a cent."""
+    aws = launch_lab
+    proc = cli("check", "--launch", timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = _steps(proc.stdout)
+    assert [s["name"] for s in steps] == LAUNCH_STEPS, proc.stdout
+    assert all(s["verdict"] == "ok  " for s in steps), proc.stdout
+    by = {s["name"]: s["detail"] for s in steps}
+    assert by["instance type"] == "t3.micro on-demand in us-east-1: $0.0104/h (AWS price list)"
+    assert by["host key"].startswith("verified SHA256:")
+    assert "1 file" in by["sync"]
+    assert "exited 0 on the instance and printed the synced check.txt" in by["job"]
+    assert "each matching the manifest's sha256" in by["job store round trip"]
+    assert "over SSH" in by["collect"]
+    assert "job-store objects deleted" in by["cleanup"] and "stay for the next launch" in \
+        by["cleanup"]
+
+    (raw,) = aws.instances()
+    assert raw["State"]["Name"] == "terminated" and raw["InstanceType"] == "t3.micro"
+    tags = aws.tags(raw)
+    job_id = tags["cloudtrain:job"]
+    assert tags["cloudtrain:owner"].startswith("arn:aws:") and tags["Name"].startswith(
+        f"cloudtrain-{job_id}-check-launch-")
+    attr = aws.ec2.describe_instance_attribute(InstanceId=raw["InstanceId"],
+                                               Attribute="instanceInitiatedShutdownBehavior")
+    assert attr["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+    assert raw["MetadataOptions"]["HttpTokens"] == "required"
+    assert _live(aws) == [] and _stored(aws) == []
+    assert aws.ec2.describe_volumes(Filters=[{"Name": "tag:cloudtrain:job",
+                                              "Values": [job_id]}])["Volumes"] == []
+    # The job is an ordinary one, with its cost recorded.
+    job = cli.job(job_id)
+    assert job["state"] == "succeeded"
+    assert "cloudtrain check --launch" in (ct_home / "jobs" / job_id / "output.log").read_text()
+    # The bill: a run under a minute is billed the minute, at $0.0104/h.
+    assert "60 s billed (the 60-second minimum; it ran" in by["bill"]
+    assert f"x $0.0104/h = ${0.0104 * 60 / 3600:.6f}" in by["bill"]
+    assert job["cost"] == pytest.approx(float(re.search(r"total \$(\d+\.\d+)", by["bill"])[1]),
+                                        abs=1e-6)
+    assert proc.stdout.splitlines()[-1].startswith("every step ok")
+
+
+def _deny_run_instances(monkeypatch):
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models.instances import InstanceBackend
+
+    def run_instances(self, *args, **kwargs):
+        raise EC2ClientError("UnauthorizedOperation", NOT_ALLOWED.format(
+            action="ec2:RunInstances", what="instance/*"))
+
+    monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
+
+
+def _deny_create_security_group(monkeypatch):
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models.security_groups import SecurityGroupBackend
+
+    def create_security_group(self, *args, **kwargs):
+        raise EC2ClientError("UnauthorizedOperation", NOT_ALLOWED.format(
+            action="ec2:CreateSecurityGroup", what="security-group/*"))
+
+    monkeypatch.setattr(SecurityGroupBackend, "create_security_group", create_security_group)
+
+
+def _deny_the_instances_upload(monkeypatch):
+    """S3 refuses the agent's presigned POST, as it does when the credentials that signed it
+    lack s3:PutObject (this machine's own PUTs still go through)."""
+    from moto.s3.exceptions import S3AccessDeniedError
+    from moto.s3.models import S3Backend
+
+    original = S3Backend.put_object
+
+    def put_object(self, *args, **kwargs):
+        if kwargs.get("request_method") == "POST":
+            raise S3AccessDeniedError()
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(S3Backend, "put_object", put_object)
+
+
+@pytest.mark.parametrize("deny, step, action, launched, as_json", [
+    (_deny_run_instances, "RunInstances", "ec2:RunInstances", False, False),
+    (_deny_create_security_group, "security group", "ec2:CreateSecurityGroup", False, True),
+    (_deny_the_instances_upload, "job store round trip", "s3:PutObject", True, True),
+])
+def test_check_launch_stops_at_a_refusal_naming_the_action_and_leaves_nothing(
+        cli, launch_lab, monkeypatch, deny, step, action, launched, as_json):
+    """Issue 25: AWS refusing one action (RunInstances; CreateSecurityGroup before it; S3
+    refusing the instance's upload after the instance runs) stops the check at that step,
+    which names the IAM action and says what to attach; what was started is terminated, the
+    job store holds nothing, the exit code is 1. The same steps as text lines and as data
+    (--json)."""
+    aws = launch_lab
+    deny(monkeypatch)
+    proc = cli("check", "--launch", *(["--json"] if as_json else []), timeout=240)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    if as_json:
+        data = json.loads(proc.stdout)
+        assert data["ok"] is False and data["exit_code"] == 1
+        steps = data["steps"]
+    else:
+        lines = proc.stdout.splitlines()
+        assert lines[-2] == f"{step}: attach infra/iam-policy-cli.json (it lists every " \
+            "action cloudtrain calls) to your IAM user or role; see infra/README.md"
+        assert re.fullmatch(rf"FAILED at {step}: nothing is left running; nothing was billed "
+                            r"\(job (\w+): cloudtrain status \1\)", lines[-1]), lines[-1]
+        steps = [{"name": s["name"], "ok": s["verdict"] == "ok  ", "detail": s["detail"],
+                  "hint": lines[-2]} for s in _steps(proc.stdout)]
+        data = {"cost_usd": 0, "job": None}
+    names = [s["name"] for s in steps]
+    bad = [s for s in steps if not s["ok"]]
+    assert [s["name"] for s in bad] == [step], steps
+    assert action in bad[0]["detail"] and "iam-policy-cli.json" in bad[0]["hint"]
+    # It went no further than the refusal, then took down what it had started.
+    assert names[names.index(step) + 1:] == (["terminate"] if launched else []) + \
+        ["cleanup", "bill"]
+    assert all(s["ok"] for s in steps if s["name"] in ("terminate", "cleanup", "bill"))
+    assert _live(aws) == [] and _stored(aws) == []
+    assert len(aws.instances()) == (1 if launched else 0)
+    if launched:
+        assert data["job"] and data["cost_usd"] > 0
+        assert cli.job(data["job"])["state"] in ("succeeded", "cancelled", "failed")
+    else:
+        assert data["cost_usd"] == 0

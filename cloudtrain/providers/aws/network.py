@@ -13,7 +13,7 @@ from ...ssh import generate_ed25519
 from ...state import Store
 from .cache import RegionCache
 from .errors import AWSError
-from .tags import EFA_GROUP_NAME, GROUP_NAME, LIVE_STATES, TAG_OWNER
+from .tags import EFA_GROUP_NAME, GROUP_NAME, LIVE_STATES, TAG_JOB, TAG_OWNER
 
 
 class NetworkMixin:
@@ -183,6 +183,22 @@ class NetworkMixin:
             if removed:
                 RegionCache(self.settings.aws_profile, region).clear()
         return removed
+
+    def leftovers(self, region: str, job_id: str) -> dict[str, list[str]]:
+        """What the cloud still holds of one job, by its tag: instances not yet terminated
+        (shutting-down included), volumes not deleted, placement groups not deleted. The key
+        pair and security group are not the job's: they are shared and reused."""
+        tag = [{"Name": f"tag:{TAG_JOB}", "Values": [job_id]}]
+        instances = [f"{r['InstanceId']} ({r['State']['Name']})"
+                     for r in self._query(region, {TAG_JOB: job_id})
+                     if r["State"]["Name"] != "terminated"]
+        volumes = [f"{v['VolumeId']} ({v.get('State')})" for v in self.call(
+            region, "describe_volumes", Filters=tag)["Volumes"]
+            if v.get("State") not in ("deleted",)]
+        groups = [g["GroupName"] for g in self.call(
+            region, "describe_placement_groups", Filters=tag)["PlacementGroups"]
+            if g.get("State") not in ("deleting", "deleted")]
+        return {"instances": instances, "volumes": volumes, "placement groups": groups}
 
     def _live(self, region: str, name: str, value: str) -> bool:
         """Whether an instance not yet terminated matches the filter `name` = `value`."""
