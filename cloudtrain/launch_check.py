@@ -117,15 +117,15 @@ class _Steps:
         CloudtrainError fails the step (raised on as _Stopped), an interruption too (raised
         on as it is)."""
         started = time.monotonic()
-        box = SimpleNamespace(detail="", data={})
+        box = SimpleNamespace(name=name, detail="", data={})  # the body may rename the step
         try:
             yield box
         except BaseException as exc:
-            self.add(failed(name, time.monotonic() - started, exc))
+            self.add(failed(box.name, time.monotonic() - started, exc))
             if isinstance(exc, CloudtrainError):
                 raise _Stopped() from exc
             raise
-        self.add(Step(name, time.monotonic() - started, True, box.detail, data=box.data))
+        self.add(Step(box.name, time.monotonic() - started, True, box.detail, data=box.data))
 
 
 def failed(name: str, seconds: float, exc: BaseException) -> Step:
@@ -349,7 +349,9 @@ def _spec(c: _Check, report: Report):
         settings=c.settings, data=data,
         placement={"instance_type": report.instance_type, "region": c.region,
                    "market": "on-demand", "cpu_only": None if c.gpu else True,
-                   "disk_gb": c.disk_gb})
+                   # the AMI's own size, the least EC2 takes; with data to stage, the
+                   # datasets' sizing decides (it keeps room for the AMI beside the copy)
+                   "disk_gb": None if data else c.disk_gb})
 
 
 def _run_job(c: _Check, steps: _Steps, report: Report) -> None:
@@ -369,6 +371,8 @@ def _run_job(c: _Check, steps: _Steps, report: Report) -> None:
         status = _wait_for_end(c, job)
         job = store.job(job.id)
         if status.get("state") != state.SUCCEEDED:
+            if c.role_probe and "data staging failed" in (status.get("reason") or ""):
+                s.name = "instance role"  # what failed is the read with the role
             raise _job_failed(c, status)
         out, _ = jobs.tail_log(job, 20) if job.jobdir else (b"", 0)
         if c.line.encode() not in out:

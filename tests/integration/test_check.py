@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
 
 import pytest
 from moto import mock_aws
@@ -581,3 +582,136 @@ def test_check_launch_stops_at_a_refusal_naming_the_action_and_leaves_nothing(
         assert cli.job(data["job"])["state"] in ("succeeded", "cancelled", "failed")
     else:
         assert data["cost_usd"] == 0
+
+
+@pytest.mark.parametrize("role_may_read", [True, False])
+def test_check_launch_reads_with_the_instance_role_when_one_is_configured(
+        cli, launch_lab, ct_home, monkeypatch, role_may_read):
+    """Issue 25: with `instance_profile` set, the job store round trip covers the instance
+    role too: an object put in the job store is read on the instance with the role's
+    credentials (IMDSv2), through the datasets' own staging path, and then deleted. A role
+    that may not read it fails the `instance role` step, naming s3:GetObject."""
+    import boto3
+
+    from imds_lab import FakeIMDS
+
+    aws = launch_lab
+    if not role_may_read:
+        from moto.s3.exceptions import S3AccessDeniedError
+        from moto.s3.models import S3Backend
+
+        original = S3Backend.get_object
+
+        def get_object(self, bucket_name, key_name, *args, **kwargs):
+            if key_name.endswith("/role-check.txt"):
+                raise S3AccessDeniedError()
+            return original(self, bucket_name, key_name, *args, **kwargs)
+
+        monkeypatch.setattr(S3Backend, "get_object", get_object)
+    iam = boto3.client("iam", endpoint_url=aws.endpoint, region_name=REGION,
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    iam.create_instance_profile(InstanceProfileName="cloudtrain-instance")
+    imds = FakeIMDS(role="cloudtrain-instance")
+    try:
+        aws.write_config(instance_profile="cloudtrain-instance", imds_url=imds.url)
+        proc = cli("check", "--launch", timeout=240)
+    finally:
+        imds.close()
+    steps = _steps(proc.stdout)
+    names = [s["name"] for s in steps]
+    if not role_may_read:
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert names[:8] == LAUNCH_STEPS[:6] + ["role test object", "RunInstances"]
+        assert names[-4:] == ["instance role", "terminate", "cleanup", "bill"], proc.stdout
+        bad = [s for s in steps if s["verdict"] != "ok  "]
+        assert [s["name"] for s in bad] == ["instance role"]
+        assert "could not read the test object with its role" in bad[0]["detail"]
+        assert "instance role: the role of instance profile cloudtrain-instance needs " \
+               "s3:GetObject on arn:aws:s3:::cloudtrain-123456789012-us-east-1/*" in proc.stdout
+        assert _live(aws) == [] and _stored(aws) == []
+        return
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert names == LAUNCH_STEPS[:6] + ["role test object"] + LAUNCH_STEPS[6:15] + \
+        ["instance role"] + LAUNCH_STEPS[15:], proc.stdout
+    assert all(s["verdict"] == "ok  " for s in steps), proc.stdout
+    role = {s["name"]: s["detail"] for s in steps}["instance role"]
+    assert "with the role of instance profile cloudtrain-instance" in role
+    # The role's credentials were asked for, with an IMDSv2 token.
+    assert any(method == "GET" and path.endswith("/cloudtrain-instance") and token
+               for method, path, token in imds.seen), imds.seen
+    assert _live(aws) == [] and _stored(aws) == []
+
+
+def test_check_launch_interrupted_terminates_what_it_started(cli, launch_lab):
+    """Issue 25: SIGTERM (a CI cancellation, `timeout`) while the check waits for SSH fails
+    that step as interrupted; the instance it started is terminated and checked gone before
+    it exits (130), and nothing is left in the job store."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    aws = launch_lab
+    aws.sshd.stop()
+    aws.write_config(ssh_wait_seconds=120.0)
+    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "check", "--launch"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stdout:  # each step is printed as it ends
+        seen.append(line)
+        if line.startswith("instance running"):
+            break
+    assert _live(aws), "".join(seen)
+    time.sleep(1.0)  # into the SSH wait
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    out = "".join(seen) + out
+    assert proc.returncode == 130, out + err
+    steps = {s["name"]: s for s in _steps(out)}
+    assert steps["SSH"]["verdict"] == "FAILED: " and \
+        steps["SSH"]["detail"].startswith("interrupted (SIGTERM)"), out
+    assert [n for n in steps][-3:] == ["terminate", "cleanup", "bill"]
+    assert all(steps[n]["verdict"] == "ok  " for n in ("terminate", "cleanup", "bill")), out
+    assert out.splitlines()[-1].startswith("interrupted (SIGTERM): nothing is left running")
+    assert "Traceback" not in err
+    assert _live(aws) == [] and _stored(aws) == []
+
+
+def test_everything_check_launch_asks_of_aws_is_allowed_by_the_cli_policy(launch_lab,
+                                                                          monkeypatch):
+    """Issue 25: every AWS call `check --launch` makes (recorded as botocore makes it), and
+    the instance's presigned POST (s3:PutObject, signed with the user's credentials), is
+    allowed by infra/iam-policy-cli.json alone, its instance type included: the policy a new
+    user attaches is all the check needs."""
+    import fnmatch
+    from pathlib import Path
+
+    import botocore.client
+
+    from cloudtrain import launch_check
+    from cloudtrain.providers.aws.errors import iam_action
+
+    made: set[str] = set()
+    original = botocore.client.BaseClient._make_api_call
+
+    def recorded(self, operation, params):
+        made.add(iam_action(self.meta.service_model.signing_name, operation))
+        return original(self, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", recorded)
+    report = launch_check.run()
+    assert report.ok, [launch_check.render_step(s) for s in report.steps]
+    policy = json.loads((Path(launch_check.__file__).parents[1] / "infra" /
+                         "iam-policy-cli.json").read_text())
+    allowed, types = set(), []
+    for s in policy["Statement"]:
+        actions = s["Action"] if isinstance(s["Action"], list) else [s["Action"]]
+        allowed |= set(actions)
+        if "ec2:RunInstances" in actions:
+            types += s.get("Condition", {}).get("StringLike", {}).get("ec2:InstanceType", [])
+    made.add("s3:PutObject")  # the instance's upload: a presigned POST signed with them
+    assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:DescribeVolumes",
+            "s3:DeleteObject", "pricing:GetProducts"} <= made
+    assert sorted(made - allowed) == []
+    assert any(fnmatch.fnmatchcase(report.instance_type, t) for t in types)
