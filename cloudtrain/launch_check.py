@@ -37,7 +37,7 @@ from typing import Callable
 
 from . import config, jobs, lease, progress, state
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CloudtrainError, HostError, \
-    MissingDependency, UsageError
+    UsageError
 
 # The instance a check launches. The cheapest x86_64 types (t3a.nano, t3.nano) have 0.5 GiB
 # of memory, and the Deep Learning AMI's first boot (Ubuntu 24.04: cloud-init, snapd's
@@ -229,13 +229,8 @@ def _read_only(c: _Check, steps: _Steps, report: Report, region_flag: str | None
     with steps.step("credentials") as s:
         c.region, source = c.provider.region_and_source(SimpleNamespace(region=region_flag))
         report.region = c.region
-        found = c.provider.credential_source(c.region)
-        if found is None:
-            raise MissingDependency("no AWS credentials found",
-                                    hint="run `aws configure` (or `aws sso login`), or set "
-                                         "AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
-                                         "AWS_SECRET_ACCESS_KEY")
-        c.owner = c.provider.owner(c.region)
+        c.owner = c.provider.owner(c.region)  # without credentials: how to get some
+        found = c.provider.credential_source(c.region) or {"source": "?"}
         parts = c.owner.split(":")
         account = parts[4] if len(parts) > 4 else "?"
         s.detail = (f"account {account} as {c.owner}, credentials from {found['source']}; "
@@ -630,12 +625,13 @@ def _teardown(c: _Check, steps: _Steps, report: Report) -> None:
     if not c.launched:
         return
     job = c.store.job(c.job_id) if c.job_id else None
+    if job is not None and job.active:
+        with contextlib.suppress(CloudtrainError):  # a job that ended: collect and release
+            job = jobs.refresh(c.store, c.settings, job)
     if job is not None and (job.active or any(i.state != "terminated"
                                               for i in c.store.instances(job.id))):
-        try:
-            jobs.cancel(c.store, c.settings, (job.id,), False)
-        except CloudtrainError:
-            pass  # the terminate step below says whether anything is still there
+        with contextlib.suppress(CloudtrainError):  # the terminate step says what is left
+            jobs.cancel(c.store, c.settings, (job.id,), False)  # as `down` stops it
     if job is not None and c.store.instances(job.id):
         with contextlib.suppress(_Stopped), steps.step("terminate") as s:
             s.detail = _terminated(c, job)
@@ -682,9 +678,14 @@ def _cleaned(c: _Check, job) -> tuple[str, dict]:
         raise CloudtrainError("still there: " + "; ".join(f"{k}: {', '.join(v)}"
                                                           for k, v in left.items()),
                               hint="cloudtrain down --all (it finds them by their tags)")
-    kept = (f"key pair {c.key_name} and security group {c.group} stay for the next launch, as "
-            "after every job (`cloudtrain down --all` removes them when nothing uses them)"
-            if c.key_name and c.group else "")
+    shared = p.shared_resources(region)
+    stay = []
+    if c.key_name and c.key_name in shared["key pairs"]:
+        stay.append(f"key pair {c.key_name}")
+    if c.group and c.group in shared["security groups"]:
+        stay.append(f"security group {c.group}")
+    kept = (" and ".join(stay) + " stay for the next launch, as after every job (`cloudtrain "
+            "down --all` removes them when nothing uses them)") if stay else ""
     if job is None:
         return "nothing was launched" + (f"; {kept}" if kept else ""), {}
     stored = f"{deleted} job-store objects deleted" if c.bucket else "no job store"
@@ -753,7 +754,7 @@ def render_end(report: Report) -> str:
     if report.interrupted:
         out.append(f"interrupted ({report.interrupted}): {after}{cost}{job}")
     elif first is None:
-        out.append(f"every step ok: this account and region can launch; {after}{cost}{job}")
+        out.append(f"every step ok: cloudtrain launches in {report.region}; {after}{cost}{job}")
     else:
         out.append(f"FAILED at {first.name}: {after}{cost}{job}")
     return "\n".join(out)

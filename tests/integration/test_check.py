@@ -715,3 +715,26 @@ def test_everything_check_launch_asks_of_aws_is_allowed_by_the_cli_policy(launch
             "s3:DeleteObject", "pricing:GetProducts"} <= made
     assert sorted(made - allowed) == []
     assert any(fnmatch.fnmatchcase(report.instance_type, t) for t in types)
+
+
+def test_check_launch_without_credentials_fails_at_once_and_creates_nothing(no_aws):
+    """Issue 25: with no AWS credentials `check --launch` stops at its first step, saying
+    how to get some, before it asks anything or creates anything (no network: no_aws)."""
+    from cloudtrain import launch_check
+
+    asked = []
+    report = launch_check.run(confirm=asked.append)
+    assert [(s.name, s.ok) for s in report.steps] == [("credentials", False)]
+    assert report.steps[0].detail == "no AWS credentials found"
+    assert "aws configure" in report.steps[0].hint
+    assert asked == [] and report.job_id is None
+    assert launch_check.exit_code(report) == 1
+    assert launch_check.render_end(report).splitlines()[-1] == \
+        "FAILED at credentials: nothing is left running"
+
+
+def test_gpu_without_launch_is_a_usage_error(cli):
+    """Issue 25: --gpu (and --yes) only mean something with --launch."""
+    proc = cli("check", "--gpu")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == "Error: --gpu applies to --launch"
