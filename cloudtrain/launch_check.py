@@ -39,14 +39,16 @@ from . import config, jobs, lease, progress, state
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CloudtrainError, HostError, \
     UsageError
 
-# The instance a check launches. The cheapest x86_64 types (t3a.nano, t3.nano) have 0.5 GiB
-# of memory, and the Deep Learning AMI's first boot (Ubuntu 24.04: cloud-init, snapd's
-# seeding, docker, the SSM agent; no swap) is not made for that little; t3.micro has 1 GiB,
-# is x86_64 (the DLAMI is) and Nitro, with the ENA network and NVMe disks the DLAMI's kernel
-# drives. AWS lists only GPU types for this AMI, and the check needs none of them: it boots
-# the image and runs the path, not CUDA. t3.micro is offered in every commercial region
-# (t3a.micro, a cent an hour cheaper, is not), and one exact type keeps the IAM policy's
-# instance-type condition (GPU families, and this) narrow. $0.0104/h in us-east-1.
+# The instance a check launches: the cheapest x86_64 type that can boot the Deep Learning
+# AMI. The DLAMI is x86_64 and needs a Nitro type (its kernel drives ENA networking and NVMe
+# disks, not Xen's: no t2). The cheapest Nitro x86_64 types, t3a.nano and t3.nano, have 0.5
+# GiB and no swap, less than the DLAMI's first boot is sized for (Ubuntu 24.04 with
+# cloud-init, snapd's seeding, docker and the SSM agent: a reasoned choice, not measured here,
+# where nothing reaches AWS); t3.micro has 1 GiB. AWS lists only GPU types for this AMI, and
+# the check needs none: it boots the image and runs the path, not CUDA. t3.micro is offered in
+# every commercial region (t3a.micro, $0.001/h cheaper, is not), and one exact type keeps the
+# IAM policy's instance-type condition (the GPU families, and this) narrow. $0.0104/h in
+# us-east-1.
 CHECK_TYPE = "t3.micro"
 # Its us-east-1 on-demand price, for when the Price List API cannot be asked (the bill then
 # says the figure is us-east-1's).
@@ -550,6 +552,8 @@ class _LaunchSteps(progress.Reporter):
         self.name, self.started, self.texts = name, time.monotonic(), [text]
 
     def note(self, line: str) -> None:
+        """The launch's remarks (where the results go, a warning) go with the step's data;
+        what matters of them is checked by a later step (the job store round trip)."""
         self.notes.append(line)
 
     def fail(self, exc: BaseException) -> None:
@@ -576,7 +580,9 @@ class _LaunchSteps(progress.Reporter):
         except CloudtrainError as exc:
             self.steps.add(failed(name, seconds, exc))
             raise
-        self.steps.add(Step(name, seconds, True, detail, data={"phases": self.texts}))
+        self.steps.add(Step(name, seconds, True, detail, data={
+            "phases": self.texts, **({"notes": self.notes} if self.notes else {})}))
+        self.notes = []
 
     def _detail(self, name: str) -> str:
         from .hosts import session_name

@@ -27,12 +27,18 @@ LOG_ALLOWANCE_BYTES = 512 << 20  # log, metrics and status, on top of the checkp
 
 class ResultsStoreMixin:
     def _job_store(self, region: str):
-        """(S3 client, bucket) of this account's job store in `region`."""
-        arn = self.owner(region)
-        account = arn.split(":")[4] if arn.count(":") >= 5 else ""
-        bucket = self.settings.job_store_bucket or jobstore.bucket_name(account, region)
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        return jobstore.s3_client(self.session(region), region, endpoint), bucket, account
+        """(S3 client, bucket, account) of this account's job store in `region`; the client
+        is made once per region (a launch asks for it several times)."""
+        key = ("job-store", region)
+        if key not in self._clients:
+            arn = self.owner(region)
+            account = arn.split(":")[4] if arn.count(":") >= 5 else ""
+            bucket = self.settings.job_store_bucket or jobstore.bucket_name(account, region)
+            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
+                "AWS_ENDPOINT_URL")
+            self._clients[key] = (jobstore.s3_client(self.session(region), region, endpoint),
+                                  bucket, account)
+        return self._clients[key]
 
     def ensure_job_store(self, region: str) -> tuple[str, bool]:
         """The job store's bucket in `region`, created and locked down on first use (later:
