@@ -738,3 +738,50 @@ def test_gpu_without_launch_is_a_usage_error(cli):
     proc = cli("check", "--gpu")
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[0] == "Error: --gpu applies to --launch"
+
+
+def test_check_launch_gpu_takes_the_regions_cheapest_whole_gpu_type(cli, launch_lab):
+    """Issue 25: `--gpu` launches the region's cheapest type with a whole GPU that runs the
+    x86_64 Deep Learning AMI (not the fractional g6f, not the arm64 g5g): g4dn.xlarge in
+    us-east-1, at the catalog's price, billed the same way."""
+    from cloudtrain import catalog
+
+    aws = launch_lab
+    proc = cli("check", "--launch", "--gpu", "--json", timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["instance_type"] == "g4dn.xlarge"
+    cheaper = [t.name for t in catalog.load().values()
+               if (t.on_demand.get(REGION) or 1e9) < data["price_per_hour"]]
+    assert cheaper and all(catalog.get(n).gpus < 1 or catalog.get(n).arch != "x86_64"
+                           for n in cheaper)
+    assert data["price_per_hour"] == catalog.get("g4dn.xlarge").on_demand[REGION]
+    (raw,) = aws.instances()
+    assert raw["InstanceType"] == "g4dn.xlarge" and raw["State"]["Name"] == "terminated"
+    (bill,) = data["steps"][-1]["data"]["instances"]
+    assert bill["billed_seconds"] == 60 and bill["compute_usd"] == pytest.approx(
+        data["price_per_hour"] * 60 / 3600)
+    assert data["cost_usd"] == pytest.approx(bill["usd"])
+
+
+def test_check_launch_at_a_quota_says_which_quota_to_raise(cli, launch_lab, monkeypatch):
+    """Issue 25: RunInstances refused for a quota (VcpuLimitExceeded) fails that step with
+    the quota a t3.micro counts against (not the GPU quotas a job's launch names) and where
+    to ask for more; nothing was started."""
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models.instances import InstanceBackend
+
+    def run_instances(self, *args, **kwargs):
+        raise EC2ClientError("VcpuLimitExceeded", "You have requested more vCPU capacity than "
+                             "your current vCPU limit of 0 allows")
+
+    monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
+    proc = cli("check", "--launch", "--json", timeout=240)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (bad,) = [s for s in json.loads(proc.stdout)["steps"] if not s["ok"]]
+    assert bad["name"] == "RunInstances" and "VcpuLimitExceeded" in bad["detail"]
+    assert bad["hint"] == ("ask AWS for more vCPUs of 'Running On-Demand Standard (A, C, D, H, "
+                           "I, M, R, T, Z) instances' (L-1216C47A) in us-east-1: https://us-east"
+                           "-1.console.aws.amazon.com/servicequotas/home/services/ec2/quotas/"
+                           "L-1216C47A")
+    assert launch_lab.instances() == []
