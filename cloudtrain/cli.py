@@ -824,16 +824,38 @@ def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh
               "uses: config.yaml, AWS_REGION, AWS_DEFAULT_REGION, the AWS profile).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_WIDE
-def check(region: str | None, as_json: bool, wide: bool) -> None:
+@click.option("--launch", is_flag=True, help="Also launch once, for real and small: a t3.micro "
+              "runs a tiny job through the whole path (key pair, security group, AMI, "
+              "RunInstances, SSH, sync, agent, job store, collection), then everything is "
+              "terminated and the bill shown (a cent or less).")
+@click.option("--gpu", is_flag=True, help="With --launch: on the region's cheapest GPU type "
+              "instead (g4dn.xlarge: a few cents).")
+@click.option("--yes", "-y", is_flag=True, help="With --launch: do not ask before launching.")
+def check(region: str | None, as_json: bool, wide: bool, launch: bool, gpu: bool,
+          yes: bool) -> None:
     """Every setting and where it came from, and whether AWS is ready: credentials, account,
     region, Deep Learning AMI, GPU quotas for the recipes' instance types. Exit code 1 when
-    a launch would fail.
+    a launch would fail. With --launch, one real launch, each step on one line with its
+    time and verdict; a failure names the permission, quota or setting that is missing.
 
     \b
     Examples:
       cloudtrain check
       cloudtrain check --region eu-west-1 --json
+      cloudtrain check --launch
+      cloudtrain check --launch --gpu --region us-west-2
     """
+    if (gpu or yes) and not launch:
+        raise errors.UsageError(f"{'--gpu' if gpu else '--yes'} applies to --launch",
+                                hint="cloudtrain check --launch" + (" --gpu" if gpu else ""))
+    if launch:
+        from . import launch_check
+
+        report = launch_check.run(
+            region=region, gpu=gpu, confirm=None if yes else _confirm,
+            say=None if as_json else lambda step: click.echo(launch_check.render_step(step)))
+        click.echo(launch_check.to_json(report) if as_json else launch_check.render_end(report))
+        sys.exit(launch_check.exit_code(report))
     from . import check as checks
 
     report = checks.run(region=region)

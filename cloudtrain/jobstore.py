@@ -5,6 +5,7 @@
     upload_grant(s3, bucket, job, ...)    a presigned POST for one job's prefix, for the agent
     credential_expiry(session)            when the credentials that sign a grant end
     fetch(s3, bucket, job, dir, limit)    the stored files, validated, into a local directory
+    put(s3, bucket, job, name, data)      one object under the job's prefix
     delete_job(s3, bucket, job)           every object under the job's prefix
     latest_checkpoint(s3, bucket, job)    the streamed checkpoint that stream/latest.json names
     restore_plan(s3, bucket, job, m, s)   that checkpoint as presigned GETs, for the new instance
@@ -309,6 +310,15 @@ def fetch(s3, bucket: str, job_id: str, local_dir: Path, limit_bytes: int, *,
         result.files.append(rel)
         result.bytes += size
     return result
+
+
+def put(s3, bucket: str, job_id: str, name: str, data: bytes, *,
+        expected_owner: str | None = None) -> str:
+    """Write one object, `name` under the job's prefix, encrypted SSE-S3; returns its key."""
+    key = job_prefix(job_id) + name
+    s3.put_object(Bucket=bucket, Key=key, Body=data, ServerSideEncryption="AES256",
+                  **_expected(expected_owner))
+    return key
 
 
 def delete_job(s3, bucket: str, job_id: str, *, expected_owner: str | None = None) -> int:

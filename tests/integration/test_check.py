@@ -8,14 +8,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
 
 import pytest
 from moto import mock_aws
 
-from aws_lab import AWS_ENV, REGION, SUBNETS, AWSLab
+from aws_lab import AWS_ENV, REGION, SUBNETS, AWSLab, aws, moto_endpoint  # noqa: F401
 from cloudtrain import check
 from cloudtrain.config import Settings
 from moto_quotas import EC2Quotas
+from pricing_lab import price_list  # noqa: F401  (fixture)
 
 # moto's own fake keys (FOOBARKEY) would replace the credentials each test sets up.
 MOTO = {"core": {"mock_credentials": False, "passthrough": {"urls": [], "services": []},
@@ -393,3 +395,393 @@ def test_text_fits_the_width_and_json_carries_the_same(moto, dlami, quotas):
     assert g["data"]["code"] == "L-DB2E81BA" and g["data"]["vcpus"] == 0
     assert g["data"]["needs"][0] == {"instance_type": "g5.xlarge", "nodes": 1, "vcpus": 4.0,
                                      "for": g["data"]["needs"][0]["for"]}
+
+
+# -- check --launch (issue 25): one real launch, small, through the real lifecycle ------------------
+#
+# The lab: moto's EC2 and S3 server in this process, a real sshd answering at the instance's
+# private IP, the agent in real tmux, the Price List API's stand-in (tests/pricing_lab.py).
+
+LAUNCH_STEPS = ["credentials", "instance type", "key pair", "security group", "AMI",
+                "job store bucket", "RunInstances", "instance running", "SSH", "host key",
+                "sync", "setup", "agent", "job", "job store round trip", "collect",
+                "terminate", "cleanup", "bill"]
+STEP_LINE = re.compile(r"^(?P<name>\S.{0,19}?) +(?P<seconds>\d+\.\d) s  "
+                       r"(?P<verdict>ok  |FAILED: )(?P<detail>.*)$")
+NOT_ALLOWED = ("You are not authorized to perform this operation. User: "
+               "arn:aws:iam::123456789012:user/moto is not authorized to perform: {action} on "
+               "resource: arn:aws:ec2:us-east-1:123456789012:{what} because no identity-based "
+               "policy allows the {action} action. Encoded authorization failure message: "
+               "Zm9vYmFy")
+
+
+def _steps(stdout: str) -> list[dict]:
+    """The step lines of `check --launch`, parsed; every line before the closing ones is one."""
+    found = []
+    for line in stdout.splitlines():
+        m = STEP_LINE.match(line)
+        if m:
+            found.append(m.groupdict())
+    return found
+
+
+def _live(aws) -> list[str]:
+    return [i["InstanceId"] for i in aws.instances()
+            if i["State"]["Name"] not in ("terminated", "shutting-down")]
+
+
+def _stored(aws) -> list[str]:
+    """Every object in the lab account's job store."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=aws.endpoint, region_name=REGION,
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    bucket = f"cloudtrain-123456789012-{REGION}"
+    try:
+        return [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+    except s3.exceptions.NoSuchBucket:
+        return []
+
+
+@pytest.fixture
+def launch_lab(aws, price_list, monkeypatch):
+    """The AWS lab with the Price List API answering t3.micro's us-east-1 price, and the
+    placement groups moto lacks (the cleanup looks for the job's)."""
+    from moto_placement import PlacementGroups
+
+    PlacementGroups().install(monkeypatch)
+    price_list.instance(REGION, "t3.micro", "0.0104000000")
+    return aws
+
+
+def test_check_launch_runs_every_step_and_leaves_nothing(cli, launch_lab, ct_home):
+    """Issue 25: `check --launch` launches a t3.micro and runs the whole path once, each step
+    on one line with its time and `ok`: nothing is left running or stored, the instance was
+    launched like any job's (tagged, shutdown behaviour terminate), and the bill is the
+    60-second minimum at the price list's figure, to the fraction of a cent."""
+    aws = launch_lab
+    proc = cli("check", "--launch", timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = _steps(proc.stdout)
+    assert [s["name"] for s in steps] == LAUNCH_STEPS, proc.stdout
+    assert all(s["verdict"] == "ok  " for s in steps), proc.stdout
+    by = {s["name"]: s["detail"] for s in steps}
+    assert by["instance type"] == "t3.micro on-demand in us-east-1: $0.0104/h (AWS price list)"
+    assert by["host key"].startswith("verified SHA256:")
+    assert "1 file" in by["sync"]
+    assert "exited 0 on the instance and printed the synced check.txt" in by["job"]
+    assert "each matching the manifest's sha256" in by["job store round trip"]
+    assert "over SSH" in by["collect"]
+    assert "job-store objects deleted" in by["cleanup"] and "stay for the next launch" in \
+        by["cleanup"]
+
+    (raw,) = aws.instances()
+    assert raw["State"]["Name"] == "terminated" and raw["InstanceType"] == "t3.micro"
+    tags = aws.tags(raw)
+    job_id = tags["cloudtrain:job"]
+    assert tags["cloudtrain:owner"].startswith("arn:aws:") and tags["Name"].startswith(
+        f"cloudtrain-{job_id}-check-launch-")
+    attr = aws.ec2.describe_instance_attribute(InstanceId=raw["InstanceId"],
+                                               Attribute="instanceInitiatedShutdownBehavior")
+    assert attr["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+    assert raw["MetadataOptions"]["HttpTokens"] == "required"
+    assert _live(aws) == [] and _stored(aws) == []
+    assert aws.ec2.describe_volumes(Filters=[{"Name": "tag:cloudtrain:job",
+                                              "Values": [job_id]}])["Volumes"] == []
+    # The job is an ordinary one, with its cost recorded.
+    job = cli.job(job_id)
+    assert job["state"] == "succeeded"
+    assert "cloudtrain check --launch" in (ct_home / "jobs" / job_id / "output.log").read_text()
+    # The bill: a run under a minute is billed the minute, at $0.0104/h.
+    assert "60 s billed (the 60-second minimum; it ran" in by["bill"]
+    assert f"x $0.0104/h = ${0.0104 * 60 / 3600:.6f}" in by["bill"]
+    assert job["cost"] == pytest.approx(float(re.search(r"total \$(\d+\.\d+)", by["bill"])[1]),
+                                        abs=1e-6)
+    assert proc.stdout.splitlines()[-1].startswith("every step ok")
+
+
+def _deny_run_instances(monkeypatch):
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models.instances import InstanceBackend
+
+    def run_instances(self, *args, **kwargs):
+        raise EC2ClientError("UnauthorizedOperation", NOT_ALLOWED.format(
+            action="ec2:RunInstances", what="instance/*"))
+
+    monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
+
+
+def _deny_create_security_group(monkeypatch):
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models.security_groups import SecurityGroupBackend
+
+    def create_security_group(self, *args, **kwargs):
+        raise EC2ClientError("UnauthorizedOperation", NOT_ALLOWED.format(
+            action="ec2:CreateSecurityGroup", what="security-group/*"))
+
+    monkeypatch.setattr(SecurityGroupBackend, "create_security_group", create_security_group)
+
+
+def _deny_the_instances_upload(monkeypatch):
+    """S3 refuses the agent's presigned POST, as it does when the credentials that signed it
+    lack s3:PutObject (this machine's own PUTs still go through)."""
+    from moto.s3.exceptions import S3AccessDeniedError
+    from moto.s3.models import S3Backend
+
+    original = S3Backend.put_object
+
+    def put_object(self, *args, **kwargs):
+        if kwargs.get("request_method") == "POST":
+            raise S3AccessDeniedError()
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(S3Backend, "put_object", put_object)
+
+
+@pytest.mark.parametrize("deny, step, action, launched, as_json", [
+    (_deny_run_instances, "RunInstances", "ec2:RunInstances", False, False),
+    (_deny_create_security_group, "security group", "ec2:CreateSecurityGroup", False, True),
+    (_deny_the_instances_upload, "job store round trip", "s3:PutObject", True, True),
+])
+def test_check_launch_stops_at_a_refusal_naming_the_action_and_leaves_nothing(
+        cli, launch_lab, monkeypatch, deny, step, action, launched, as_json):
+    """Issue 25: AWS refusing one action (RunInstances; CreateSecurityGroup before it; S3
+    refusing the instance's upload after the instance runs) stops the check at that step,
+    which names the IAM action and says what to attach; what was started is terminated, the
+    job store holds nothing, the exit code is 1. The same steps as text lines and as data
+    (--json)."""
+    aws = launch_lab
+    deny(monkeypatch)
+    proc = cli("check", "--launch", *(["--json"] if as_json else []), timeout=240)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    if as_json:
+        data = json.loads(proc.stdout)
+        assert data["ok"] is False and data["exit_code"] == 1
+        steps = data["steps"]
+    else:
+        lines = proc.stdout.splitlines()
+        assert lines[-2] == f"{step}: attach infra/iam-policy-cli.json (it lists every " \
+            "action cloudtrain calls) to your IAM user or role; see infra/README.md"
+        assert re.fullmatch(rf"FAILED at {step}: nothing is left running; nothing was billed "
+                            r"\(job (\w+): cloudtrain status \1\)", lines[-1]), lines[-1]
+        steps = [{"name": s["name"], "ok": s["verdict"] == "ok  ", "detail": s["detail"],
+                  "hint": lines[-2]} for s in _steps(proc.stdout)]
+        data = {"cost_usd": 0, "job": None}
+    names = [s["name"] for s in steps]
+    bad = [s for s in steps if not s["ok"]]
+    assert [s["name"] for s in bad] == [step], steps
+    assert action in bad[0]["detail"] and "iam-policy-cli.json" in bad[0]["hint"]
+    # It went no further than the refusal, then took down what it had started.
+    assert names[names.index(step) + 1:] == (["terminate"] if launched else []) + \
+        ["cleanup", "bill"]
+    assert all(s["ok"] for s in steps if s["name"] in ("terminate", "cleanup", "bill"))
+    assert _live(aws) == [] and _stored(aws) == []
+    assert len(aws.instances()) == (1 if launched else 0)
+    if launched:
+        assert data["job"] and data["cost_usd"] > 0
+        assert cli.job(data["job"])["state"] in ("succeeded", "cancelled", "failed")
+    else:
+        assert data["cost_usd"] == 0
+
+
+@pytest.mark.parametrize("role_may_read", [True, False])
+def test_check_launch_reads_with_the_instance_role_when_one_is_configured(
+        cli, launch_lab, ct_home, monkeypatch, role_may_read):
+    """Issue 25: with `instance_profile` set, the job store round trip covers the instance
+    role too: an object put in the job store is read on the instance with the role's
+    credentials (IMDSv2), through the datasets' own staging path, and then deleted. A role
+    that may not read it fails the `instance role` step, naming s3:GetObject."""
+    import boto3
+
+    from imds_lab import FakeIMDS
+
+    aws = launch_lab
+    if not role_may_read:
+        from moto.s3.exceptions import S3AccessDeniedError
+        from moto.s3.models import S3Backend
+
+        original = S3Backend.get_object
+
+        def get_object(self, bucket_name, key_name, *args, **kwargs):
+            if key_name.endswith("/role-check.txt"):
+                raise S3AccessDeniedError()
+            return original(self, bucket_name, key_name, *args, **kwargs)
+
+        monkeypatch.setattr(S3Backend, "get_object", get_object)
+    iam = boto3.client("iam", endpoint_url=aws.endpoint, region_name=REGION,
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    iam.create_instance_profile(InstanceProfileName="cloudtrain-instance")
+    imds = FakeIMDS(role="cloudtrain-instance")
+    try:
+        aws.write_config(instance_profile="cloudtrain-instance", imds_url=imds.url)
+        proc = cli("check", "--launch", timeout=240)
+    finally:
+        imds.close()
+    steps = _steps(proc.stdout)
+    names = [s["name"] for s in steps]
+    if not role_may_read:
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert names[:8] == LAUNCH_STEPS[:6] + ["role test object", "RunInstances"]
+        assert names[-4:] == ["instance role", "terminate", "cleanup", "bill"], proc.stdout
+        bad = [s for s in steps if s["verdict"] != "ok  "]
+        assert [s["name"] for s in bad] == ["instance role"]
+        assert "could not read the test object with its role" in bad[0]["detail"]
+        assert "instance role: the role of instance profile cloudtrain-instance needs " \
+               "s3:GetObject on arn:aws:s3:::cloudtrain-123456789012-us-east-1/*" in proc.stdout
+        assert _live(aws) == [] and _stored(aws) == []
+        return
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert names == LAUNCH_STEPS[:6] + ["role test object"] + LAUNCH_STEPS[6:15] + \
+        ["instance role"] + LAUNCH_STEPS[15:], proc.stdout
+    assert all(s["verdict"] == "ok  " for s in steps), proc.stdout
+    role = {s["name"]: s["detail"] for s in steps}["instance role"]
+    assert "with the role of instance profile cloudtrain-instance" in role
+    # The role's credentials were asked for, with an IMDSv2 token.
+    assert any(method == "GET" and path.endswith("/cloudtrain-instance") and token
+               for method, path, token in imds.seen), imds.seen
+    assert _live(aws) == [] and _stored(aws) == []
+
+
+def test_check_launch_interrupted_terminates_what_it_started(cli, launch_lab):
+    """Issue 25: SIGTERM (a CI cancellation, `timeout`) while the check waits for SSH fails
+    that step as interrupted; the instance it started is terminated and checked gone before
+    it exits (130), and nothing is left in the job store."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    aws = launch_lab
+    aws.sshd.stop()
+    aws.write_config(ssh_wait_seconds=120.0)
+    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "check", "--launch"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stdout:  # each step is printed as it ends
+        seen.append(line)
+        if line.startswith("instance running"):
+            break
+    assert _live(aws), "".join(seen)
+    time.sleep(1.0)  # into the SSH wait
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    out = "".join(seen) + out
+    assert proc.returncode == 130, out + err
+    steps = {s["name"]: s for s in _steps(out)}
+    assert steps["SSH"]["verdict"] == "FAILED: " and \
+        steps["SSH"]["detail"].startswith("interrupted (SIGTERM)"), out
+    assert [n for n in steps][-3:] == ["terminate", "cleanup", "bill"]
+    assert all(steps[n]["verdict"] == "ok  " for n in ("terminate", "cleanup", "bill")), out
+    assert out.splitlines()[-1].startswith("interrupted (SIGTERM): nothing is left running")
+    assert "Traceback" not in err
+    assert _live(aws) == [] and _stored(aws) == []
+
+
+def test_everything_check_launch_asks_of_aws_is_allowed_by_the_cli_policy(launch_lab,
+                                                                          monkeypatch):
+    """Issue 25: every AWS call `check --launch` makes (recorded as botocore makes it), and
+    the instance's presigned POST (s3:PutObject, signed with the user's credentials), is
+    allowed by infra/iam-policy-cli.json alone, its instance type included: the policy a new
+    user attaches is all the check needs."""
+    import fnmatch
+    from pathlib import Path
+
+    import botocore.client
+
+    from cloudtrain import launch_check
+    from cloudtrain.providers.aws.errors import iam_action
+
+    made: set[str] = set()
+    original = botocore.client.BaseClient._make_api_call
+
+    def recorded(self, operation, params):
+        made.add(iam_action(self.meta.service_model.signing_name, operation))
+        return original(self, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", recorded)
+    report = launch_check.run()
+    assert report.ok, [launch_check.render_step(s) for s in report.steps]
+    policy = json.loads((Path(launch_check.__file__).parents[1] / "infra" /
+                         "iam-policy-cli.json").read_text())
+    allowed, types = set(), []
+    for s in policy["Statement"]:
+        actions = s["Action"] if isinstance(s["Action"], list) else [s["Action"]]
+        allowed |= set(actions)
+        if "ec2:RunInstances" in actions:
+            types += s.get("Condition", {}).get("StringLike", {}).get("ec2:InstanceType", [])
+    made.add("s3:PutObject")  # the instance's upload: a presigned POST signed with them
+    assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:DescribeVolumes",
+            "s3:DeleteObject", "pricing:GetProducts"} <= made
+    assert sorted(made - allowed) == []
+    assert any(fnmatch.fnmatchcase(report.instance_type, t) for t in types)
+
+
+def test_check_launch_without_credentials_fails_at_once_and_creates_nothing(no_aws):
+    """Issue 25: with no AWS credentials `check --launch` stops at its first step, saying
+    how to get some, before it asks anything or creates anything (no network: no_aws)."""
+    from cloudtrain import launch_check
+
+    asked = []
+    report = launch_check.run(confirm=asked.append)
+    assert [(s.name, s.ok) for s in report.steps] == [("credentials", False)]
+    assert report.steps[0].detail == "no AWS credentials found"
+    assert "aws configure" in report.steps[0].hint
+    assert asked == [] and report.job_id is None
+    assert launch_check.exit_code(report) == 1
+    assert launch_check.render_end(report).splitlines()[-1] == \
+        "FAILED at credentials: nothing is left running"
+
+
+def test_gpu_without_launch_is_a_usage_error(cli):
+    """Issue 25: --gpu (and --yes) only mean something with --launch."""
+    proc = cli("check", "--gpu")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == "Error: --gpu applies to --launch"
+
+
+def test_check_launch_gpu_takes_the_regions_cheapest_whole_gpu_type(cli, launch_lab):
+    """Issue 25: `--gpu` launches the region's cheapest type with a whole GPU that runs the
+    x86_64 Deep Learning AMI (not the fractional g6f, not the arm64 g5g): g4dn.xlarge in
+    us-east-1, at the catalog's price, billed the same way."""
+    from cloudtrain import catalog
+
+    aws = launch_lab
+    proc = cli("check", "--launch", "--gpu", "--json", timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["instance_type"] == "g4dn.xlarge"
+    cheaper = [t.name for t in catalog.load().values()
+               if (t.on_demand.get(REGION) or 1e9) < data["price_per_hour"]]
+    assert cheaper and all(catalog.get(n).gpus < 1 or catalog.get(n).arch != "x86_64"
+                           for n in cheaper)
+    assert data["price_per_hour"] == catalog.get("g4dn.xlarge").on_demand[REGION]
+    (raw,) = aws.instances()
+    assert raw["InstanceType"] == "g4dn.xlarge" and raw["State"]["Name"] == "terminated"
+    (bill,) = data["steps"][-1]["data"]["instances"]
+    assert bill["billed_seconds"] == 60 and bill["compute_usd"] == pytest.approx(
+        data["price_per_hour"] * 60 / 3600)
+    assert data["cost_usd"] == pytest.approx(bill["usd"])
+
+
+def test_check_launch_at_a_quota_says_which_quota_to_raise(cli, launch_lab, monkeypatch):
+    """Issue 25: RunInstances refused for a quota (VcpuLimitExceeded) fails that step with
+    the quota a t3.micro counts against (not the GPU quotas a job's launch names) and where
+    to ask for more; nothing was started."""
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models.instances import InstanceBackend
+
+    def run_instances(self, *args, **kwargs):
+        raise EC2ClientError("VcpuLimitExceeded", "You have requested more vCPU capacity than "
+                             "your current vCPU limit of 0 allows")
+
+    monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
+    proc = cli("check", "--launch", "--json", timeout=240)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (bad,) = [s for s in json.loads(proc.stdout)["steps"] if not s["ok"]]
+    assert bad["name"] == "RunInstances" and "VcpuLimitExceeded" in bad["detail"]
+    assert bad["hint"] == ("ask AWS for more vCPUs of 'Running On-Demand Standard (A, C, D, H, "
+                           "I, M, R, T, Z) instances' (L-1216C47A) in us-east-1: https://us-east"
+                           "-1.console.aws.amazon.com/servicequotas/home/services/ec2/quotas/"
+                           "L-1216C47A")
+    assert launch_lab.instances() == []

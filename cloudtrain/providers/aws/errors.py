@@ -59,11 +59,28 @@ def is_permission_error(code: str) -> bool:
     return code in ("UnauthorizedOperation", "OptInRequired") or code.startswith("AccessDenied")
 
 
+# S3 operations whose IAM action has another name (AWS's Service Authorization Reference);
+# every other operation is authorised by the action of its own name.
+S3_ACTIONS = {"HeadBucket": "ListBucket", "ListObjectsV2": "ListBucket",
+              "PutBucketEncryption": "PutEncryptionConfiguration",
+              "PutPublicAccessBlock": "PutBucketPublicAccessBlock",
+              "PutBucketLifecycleConfiguration": "PutLifecycleConfiguration",
+              "DeleteObjects": "DeleteObject", "HeadObject": "GetObject"}
+
+
+def iam_action(service: str, operation: str) -> str:
+    """The IAM action that authorises an API operation: s3 HeadBucket -> s3:ListBucket."""
+    if service == "s3":
+        operation = S3_ACTIONS.get(operation, operation)
+    return f"{service}:{operation}"
+
+
 def denied_action(exc, service: str) -> str:
     """The IAM action AWS refused: AWS names it ("... is not authorized to perform:
-    ec2:RunInstances on resource ..."); otherwise the service and the operation."""
+    ec2:RunInstances on resource ..."); otherwise (S3 says only "Access Denied") the action
+    of the operation that was refused."""
     found = re.search(r"perform: ([\w-]+:\w+)", _message(exc))
-    return found.group(1) if found else f"{service}:{getattr(exc, 'operation_name', '?')}"
+    return found.group(1) if found else iam_action(service, getattr(exc, "operation_name", "?"))
 
 
 def client_error(exc, region: str, service: str) -> AWSError:

@@ -35,16 +35,21 @@ class ImagesMixin:
         return max(images, key=lambda i: i.get("CreationDate", ""))["ImageId"]
 
     def image_facts(self, region: str, ami: str) -> dict:
-        """{id, name, created, architecture} of an AMI (`created`: AWS's CreationDate, ISO
-        8601); an AWSError when it does not exist in the region."""
+        """{id, name, created, architecture, root_gb} of an AMI (`created`: AWS's
+        CreationDate, ISO 8601; `root_gb`: its root snapshot's size, the smallest root volume
+        RunInstances accepts for it, None where the image does not say); an AWSError when it
+        does not exist in the region."""
         images = self.call(region, "describe_images", ImageIds=[ami])["Images"]
         if not images:
             raise AWSError(f"AMI {ami} does not exist in {region}",
                            hint="check --ami, or leave it out for the Deep Learning AMI")
         image = images[0]
+        root = next((m.get("Ebs") or {} for m in image.get("BlockDeviceMappings") or []
+                     if m.get("DeviceName") == image.get("RootDeviceName")), {})
         return {"id": image["ImageId"], "name": image.get("Name", ""),
                 "created": image.get("CreationDate", ""),
-                "architecture": image.get("Architecture", "")}
+                "architecture": image.get("Architecture", ""),
+                "root_gb": root.get("VolumeSize")}
 
     def root_device(self, region: str, ami: str) -> str:
         """The AMI's root device name (/dev/sda1 on Ubuntu, /dev/xvda on Amazon Linux): the

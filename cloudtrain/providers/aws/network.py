@@ -13,7 +13,7 @@ from ...ssh import generate_ed25519
 from ...state import Store
 from .cache import RegionCache
 from .errors import AWSError
-from .tags import EFA_GROUP_NAME, GROUP_NAME, LIVE_STATES, TAG_OWNER
+from .tags import EFA_GROUP_NAME, GROUP_NAME, LIVE_STATES, TAG_JOB, TAG_OWNER
 
 
 class NetworkMixin:
@@ -160,29 +160,53 @@ class NetworkMixin:
                     "SELECT 1 FROM jobs WHERE backend = 'aws' AND "
                     "CAST(json_extract(spec, '$.nodes') AS INTEGER) > 1 LIMIT 1").fetchone():
                 self.delete_placement_groups(region, owner=owner)  # of jobs on several nodes
-            groups = self.call(region, "describe_security_groups", Filters=[
-                {"Name": "group-name", "Values": [GROUP_NAME, EFA_GROUP_NAME]},
-                {"Name": f"tag:{TAG_OWNER}", "Values": [owner]}])["SecurityGroups"]
-            for g in groups:
-                if self._live(region, "instance.group-id", g["GroupId"]):
+            shared = self.shared_resources(region)
+            for gid in shared["security groups"]:
+                if self._live(region, "instance.group-id", gid):
                     continue
                 try:
-                    self.call(region, "delete_security_group", GroupId=g["GroupId"])
-                    removed.append(g["GroupId"])
+                    self.call(region, "delete_security_group", GroupId=gid)
+                    removed.append(gid)
                 except AWSError as exc:
                     # An instance still shutting down holds the group: next time.
                     if exc.code != "DependencyViolation":
                         raise
-            keys = self.call(region, "describe_key_pairs", Filters=[
-                {"Name": f"tag:{TAG_OWNER}", "Values": [owner]}])["KeyPairs"]
-            for k in keys:
-                if self._live(region, "key-name", k["KeyName"]):
+            for name in shared["key pairs"]:
+                if self._live(region, "key-name", name):
                     continue
-                self.call(region, "delete_key_pair", KeyName=k["KeyName"])
-                removed.append(k["KeyName"])
+                self.call(region, "delete_key_pair", KeyName=name)
+                removed.append(name)
             if removed:
                 RegionCache(self.settings.aws_profile, region).clear()
         return removed
+
+    def shared_resources(self, region: str) -> dict[str, list[str]]:
+        """This owner's resources that every job in `region` reuses: {"security groups":
+        [ids] (cloudtrain, cloudtrain-efa), "key pairs": [names]}."""
+        owner = self.owner(region)
+        groups = self.call(region, "describe_security_groups", Filters=[
+            {"Name": "group-name", "Values": [GROUP_NAME, EFA_GROUP_NAME]},
+            {"Name": f"tag:{TAG_OWNER}", "Values": [owner]}])["SecurityGroups"]
+        keys = self.call(region, "describe_key_pairs", Filters=[
+            {"Name": f"tag:{TAG_OWNER}", "Values": [owner]}])["KeyPairs"]
+        return {"security groups": [g["GroupId"] for g in groups],
+                "key pairs": [k["KeyName"] for k in keys]}
+
+    def leftovers(self, region: str, job_id: str) -> dict[str, list[str]]:
+        """What the cloud still holds of one job, by its tag: instances not yet terminated
+        (shutting-down included), volumes not deleted, placement groups not deleted. The key
+        pair and security group are not the job's: they are shared and reused."""
+        tag = [{"Name": f"tag:{TAG_JOB}", "Values": [job_id]}]
+        instances = [f"{r['InstanceId']} ({r['State']['Name']})"
+                     for r in self._query(region, {TAG_JOB: job_id})
+                     if r["State"]["Name"] != "terminated"]
+        volumes = [f"{v['VolumeId']} ({v.get('State')})" for v in self.call(
+            region, "describe_volumes", Filters=tag)["Volumes"]
+            if v.get("State") not in ("deleted",)]
+        groups = [g["GroupName"] for g in self.call(
+            region, "describe_placement_groups", Filters=tag)["PlacementGroups"]
+            if g.get("State") not in ("deleting", "deleted")]
+        return {"instances": instances, "volumes": volumes, "placement groups": groups}
 
     def _live(self, region: str, name: str, value: str) -> bool:
         """Whether an instance not yet terminated matches the filter `name` = `value`."""

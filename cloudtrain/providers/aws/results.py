@@ -18,7 +18,7 @@ from pathlib import Path
 from ... import catalog, jobstore
 from ...errors import CloudtrainError
 from ...state import Job, Store
-from .errors import _code, _message
+from .errors import _code, _message, aws_errors, client_error
 from .instances import RUNTIME_MARGIN_MIN
 
 STORE_KEEP_DAYS = 30  # the bucket's lifecycle rule deletes a job's objects after this
@@ -27,12 +27,47 @@ LOG_ALLOWANCE_BYTES = 512 << 20  # log, metrics and status, on top of the checkp
 
 class ResultsStoreMixin:
     def _job_store(self, region: str):
-        """(S3 client, bucket) of this account's job store in `region`."""
-        arn = self.owner(region)
-        account = arn.split(":")[4] if arn.count(":") >= 5 else ""
-        bucket = self.settings.job_store_bucket or jobstore.bucket_name(account, region)
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        return jobstore.s3_client(self.session(region), region, endpoint), bucket, account
+        """(S3 client, bucket, account) of this account's job store in `region`; the client
+        is made once per region (a launch asks for it several times)."""
+        key = ("job-store", region)
+        if key not in self._clients:
+            arn = self.owner(region)
+            account = arn.split(":")[4] if arn.count(":") >= 5 else ""
+            bucket = self.settings.job_store_bucket or jobstore.bucket_name(account, region)
+            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
+                "AWS_ENDPOINT_URL")
+            self._clients[key] = (jobstore.s3_client(self.session(region), region, endpoint),
+                                  bucket, account)
+        return self._clients[key]
+
+    def ensure_job_store(self, region: str) -> tuple[str, bool]:
+        """The job store's bucket in `region`, created and locked down on first use (later:
+        one HeadBucket): (bucket, created now). S3's refusals are said with the action
+        refused (AWSError)."""
+        import botocore.exceptions
+
+        s3, bucket, _ = self._job_store(region)
+        try:
+            created = jobstore.ensure_bucket(s3, bucket, region, self.owner(region),
+                                             expire_days=STORE_KEEP_DAYS)
+        except botocore.exceptions.ClientError as exc:
+            raise client_error(exc, region, "s3") from exc
+        return bucket, created
+
+    def put_stored_object(self, region: str, job_id: str, name: str, data: bytes) -> str:
+        """Write one object under the job's prefix of the job store (`check --launch`: a file
+        the instance then reads with its role); returns its s3:// URL."""
+        s3, bucket, account = self._job_store(region)
+        with aws_errors(region, "s3"):
+            key = jobstore.put(s3, bucket, job_id, name, data, expected_owner=account or None)
+        return f"s3://{bucket}/{key}"
+
+    def delete_results(self, region: str, job_id: str) -> int:
+        """Delete what the job store holds for the job (every object under jobs/<id>/);
+        returns how many there were."""
+        s3, bucket, account = self._job_store(region)
+        with aws_errors(region, "s3"):
+            return jobstore.delete_job(s3, bucket, job_id, expected_owner=account or None)
 
     def results_plan(self, spec, region: str) -> str:
         """The dry run's line: where the results go, or what waiting for the CLI costs."""
@@ -66,8 +101,7 @@ class ResultsStoreMixin:
         try:
             s3, bucket, _ = self._job_store(region)
             if node == 0:  # the other nodes' grants come right after node 0's, same bucket
-                jobstore.ensure_bucket(s3, bucket, region, self.owner(region),
-                                       expire_days=STORE_KEEP_DAYS)
+                self.ensure_job_store(region)
             lifetime = spec.max_runtime_s + RUNTIME_MARGIN_MIN * 60 + 3600
             note = (f"results: s3://{bucket}/jobs/{job.id}/ when the job ends, whoever is "
                     f"watching (kept {STORE_KEEP_DAYS} days)")

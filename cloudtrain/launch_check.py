@@ -1,0 +1,776 @@
+"""`cloudtrain check --launch` (issue 25): the first contact with a real account, for cents.
+
+Nothing in the test suite reaches AWS, so the first real launch is the user's. This runs it
+once, small: one tiny job of your own kind through the real lifecycle (the provider's key
+pair, security group, AMI and RunInstances, SSH with the host key checked against the
+console output, the sync, the agent in tmux, the S3 job store, the collection, the release),
+on the cheapest instance that boots the Deep Learning AMI, each step timed and judged on one
+line; then everything it made is taken down again and the bill is shown to the fraction of a
+cent. A failure names what is missing (the IAM action AWS refused, the quota, the setting),
+stops there, terminates what it started (on Ctrl-C, SIGTERM and SIGHUP too) and exits 1.
+
+    run(region=None, gpu=False, say=None, confirm=None) -> Report
+    render_step(step)     one line: the step's name, its seconds, `ok  what was found` or
+                          `FAILED: why`
+    render_end(report)    the failed step's hint and the closing line
+    to_json(report)       the same for scripts
+    exit_code(report)     0 every step ok, 1 one failed, 130 interrupted
+
+The job is an ordinary job (`cloudtrain status -a` lists it, `cost-report` counts it): its
+command prints a file the sync sent, so that its log, read on the instance, from the job
+store and from the collected copy, proves each leg carried the bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import re
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+from . import config, jobs, lease, progress, state
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CloudtrainError, HostError, \
+    UsageError
+
+# The instance a check launches: the cheapest x86_64 type that can boot the Deep Learning
+# AMI. The DLAMI is x86_64 and needs a Nitro type (its kernel drives ENA networking and NVMe
+# disks, not Xen's: no t2). The cheapest Nitro x86_64 types, t3a.nano and t3.nano, have 0.5
+# GiB and no swap, less than the DLAMI's first boot is sized for (Ubuntu 24.04 with
+# cloud-init, snapd's seeding, docker and the SSM agent: a reasoned choice, not measured here,
+# where nothing reaches AWS); t3.micro has 1 GiB. AWS lists only GPU types for this AMI, and
+# the check needs none: it boots the image and runs the path, not CUDA. t3.micro is offered in
+# every commercial region (t3a.micro, $0.001/h cheaper, is not), and one exact type keeps the
+# IAM policy's instance-type condition (the GPU families, and this) narrow. $0.0104/h in
+# us-east-1.
+CHECK_TYPE = "t3.micro"
+# Its us-east-1 on-demand price, for when the Price List API cannot be asked (the bill then
+# says the figure is us-east-1's).
+CHECK_TYPE_PRICE = ("us-east-1", 0.0104)
+# The quota a t3 instance counts against (Service Quotas, service ec2), for the hint when
+# RunInstances says VcpuLimitExceeded.
+STANDARD_QUOTA = ("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) "
+                  "instances")
+# The job's maximum runtime: the agent stops it after this, and user-data powers the
+# instance off this long plus its 30-minute margin after boot even if this command dies.
+CHECK_MAX_RUNTIME_MINUTES = 5
+CHECK_FILE = "check.txt"  # the one file the sync sends; the job prints it
+ROLE_DATASET, ROLE_FILE = "cloudtrain-check", "role-check.txt"  # read with the instance role
+JOB_END_WAIT_S = 600.0  # from the agent's start to the job's end and its upload
+GONE_WAIT_S = 300.0  # for EC2 to finish terminating (the volume goes with the instance)
+NAME_WIDTH = 21
+
+
+@dataclasses.dataclass
+class Step:
+    name: str  # "credentials", "RunInstances", "job store round trip", ...
+    seconds: float
+    ok: bool
+    detail: str  # what was found, or why it failed (one line)
+    hint: str = ""  # a failure's remedy: the permission, quota or setting, and what to run
+    data: dict = dataclasses.field(default_factory=dict)  # the facts, for --json
+
+
+@dataclasses.dataclass
+class Report:
+    steps: list[Step] = dataclasses.field(default_factory=list)
+    region: str | None = None
+    instance_type: str | None = None
+    price_per_hour: float | None = None
+    job_id: str | None = None
+    cost_usd: float | None = None  # what EC2 bills for it, the 60-second minimum included
+    interrupted: str | None = None  # the signal's name, when one stopped it
+
+    @property
+    def ok(self) -> bool:
+        return not self.interrupted and all(s.ok for s in self.steps)
+
+
+def exit_code(report: Report) -> int:
+    if report.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+class _Stopped(Exception):
+    """A step failed (it is recorded): the check goes no further than the teardown."""
+
+
+class _Steps:
+    """The steps as they happen: each timed, recorded in the report and said at once."""
+
+    def __init__(self, report: Report, say: Callable[[Step], None] | None):
+        self.report, self.say = report, say
+
+    def add(self, step: Step) -> None:
+        self.report.steps.append(step)
+        if self.say is not None:
+            self.say(step)
+
+    @contextlib.contextmanager
+    def step(self, name: str):
+        """`with steps.step(name) as s:` the body sets s.detail (and s.data); a
+        CloudtrainError fails the step (raised on as _Stopped), an interruption too (raised
+        on as it is)."""
+        started = time.monotonic()
+        box = SimpleNamespace(name=name, detail="", data={})  # the body may rename the step
+        try:
+            yield box
+        except BaseException as exc:
+            self.add(failed(box.name, time.monotonic() - started, exc))
+            if isinstance(exc, CloudtrainError):
+                raise _Stopped() from exc
+            raise
+        self.add(Step(box.name, time.monotonic() - started, True, box.detail, data=box.data))
+
+
+def failed(name: str, seconds: float, exc: BaseException) -> Step:
+    """A failed step in words: AWS's refusal with its IAM action, an interruption with its
+    signal, anything else as it was said."""
+    if isinstance(exc, KeyboardInterrupt):
+        return Step(name, seconds, False, f"interrupted ({getattr(exc, 'signame', 'SIGINT')}): "
+                    "what was started is terminated", data={"interrupted": True})
+    if not isinstance(exc, CloudtrainError):
+        return Step(name, seconds, False, f"{type(exc).__name__}: {exc}")
+    data = {}
+    code = getattr(exc, "code", "") or ""
+    if code:
+        data["code"] = code
+    action = re.search(r"not allowed: ([\w-]+:\w+)", exc.message)
+    if action:
+        data["action"] = action.group(1)
+    hint = exc.hint or ""
+    from .providers.aws.errors import QUOTA_ERRORS
+
+    if code in QUOTA_ERRORS or any(q in exc.message for q in QUOTA_ERRORS):
+        data["quota"] = True
+    return Step(name, seconds, False, " ".join(exc.message.split()), hint, data)
+
+
+# -- the check -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Check:
+    """What the steps found and made, for the later steps and the teardown."""
+    settings: config.Settings
+    provider: object
+    store: state.Store
+    gpu: bool
+    nonce: str
+    region: str = ""
+    owner: str = ""
+    key_name: str = ""
+    group: str = ""
+    disk_gb: int | None = None
+    bucket: str | None = None  # None: no job store (job_store: false)
+    role_probe: str | None = None  # the job-store "job" whose object the role reads
+    workdir: Path | None = None
+    job_id: str | None = None
+    launched: bool = False  # the teardown has something to look at
+
+    @property
+    def name(self) -> str:
+        return f"check-launch-{self.nonce[:8]}"
+
+    @property
+    def line(self) -> str:
+        """What the synced file holds and the job prints."""
+        return f"cloudtrain check --launch {self.nonce}"
+
+    @property
+    def role_line(self) -> str:
+        return f"read with the instance role {self.nonce}"
+
+
+def run(region: str | None = None, gpu: bool = False,
+        say: Callable[[Step], None] | None = None,
+        confirm: Callable[[str], None] | None = None) -> Report:
+    """Launch, exercise and take down one tiny job; each step said with `say` as it ends.
+    `gpu`: on the region's cheapest GPU type instead of t3.micro. `confirm(question)` is
+    asked (and may raise) once the price is known, before anything is created."""
+    from .providers.aws import AWSProvider
+    from .state import open_store
+
+    report = Report()
+    steps = _Steps(report, say)
+    settings = config.Settings.load()
+    with open_store(config.home()) as store:
+        c = _Check(settings, AWSProvider(settings), store, gpu, secrets.token_hex(8))
+        try:
+            _read_only(c, steps, report, region)
+        except _Stopped:
+            return report
+        if confirm is not None:
+            confirm(_question(c, report))
+        try:
+            with lease.signals_interrupt():
+                try:
+                    _launch(c, steps, report)
+                except _Stopped:
+                    pass
+                except KeyboardInterrupt as exc:
+                    report.interrupted = getattr(exc, "signame", "SIGINT")
+                finally:
+                    with lease.uninterruptible("terminating what check --launch started"):
+                        _teardown(c, steps, report)
+        finally:
+            if c.workdir is not None:
+                shutil.rmtree(c.workdir, ignore_errors=True)
+    return report
+
+
+def _read_only(c: _Check, steps: _Steps, report: Report, region_flag: str | None) -> None:
+    """Who and where, and what it will launch at what price: nothing is created yet."""
+    with steps.step("credentials") as s:
+        c.region, source = c.provider.region_and_source(SimpleNamespace(region=region_flag))
+        report.region = c.region
+        c.owner = c.provider.owner(c.region)  # without credentials: how to get some
+        found = c.provider.credential_source(c.region) or {"source": "?"}
+        parts = c.owner.split(":")
+        account = parts[4] if len(parts) > 4 else "?"
+        s.detail = (f"account {account} as {c.owner}, credentials from {found['source']}; "
+                    f"region {c.region} (from {source})")
+        s.data = {"account": account, "arn": c.owner, "region": c.region,
+                  "region_source": source, **found}
+    with steps.step("instance type") as s:
+        itype, price, basis = _instance_type(c)
+        report.instance_type, report.price_per_hour = itype, price
+        s.detail = f"{itype} on-demand in {c.region}: ${price:.4f}/h ({basis})"
+        s.data = {"instance_type": itype, "price_per_hour": price, "price_source": basis}
+
+
+def _instance_type(c: _Check) -> tuple[str, float, str]:
+    """(type, on-demand USD/h, where the price came from): t3.micro, or with --gpu the
+    region's cheapest type with a whole NVIDIA GPU that runs the x86_64 Deep Learning AMI
+    (the fractional g6f/gr6f need NVIDIA's GRID driver, which the DLAMI does not carry; g5g
+    is arm64), that EC2 offers there."""
+    from . import catalog, preflight
+    from .providers.aws.errors import AWSError
+
+    region = c.region
+    if c.gpu:
+        types = sorted((t for t in catalog.load().values() if t.gpus >= 1
+                        and t.arch == preflight.DEFAULT_ARCH and t.on_demand.get(region)),
+                       key=lambda t: (t.on_demand[region], t.name))
+        if not types:
+            raise UsageError(f"the catalog has no on-demand GPU prices for {region}",
+                             hint=f"cloudtrain catalog --refresh --region {region} (it "
+                                  "fetches them), then check again")
+        for t in types:
+            if c.provider.type_offered(region, t.name) is not False:
+                return t.name, t.on_demand[region], catalog.on_demand_source(region)
+        raise AWSError(f"EC2 offers none of the GPU types the catalog prices in {region}",
+                       hint="cloudtrain check --launch --gpu --region us-east-1")
+    if c.provider.type_offered(region, CHECK_TYPE) is False:
+        raise AWSError(f"EC2 does not offer {CHECK_TYPE} in {region}",
+                       hint="cloudtrain check --launch --region us-east-1")
+    try:
+        price = c.provider.on_demand_prices(region, [CHECK_TYPE]).get(CHECK_TYPE)
+    except CloudtrainError:  # no pricing:GetProducts, or no answer: the bundled figure
+        price = None
+    if price is not None:
+        return CHECK_TYPE, price, "AWS price list"
+    where, fallback = CHECK_TYPE_PRICE
+    return CHECK_TYPE, fallback, f"the {where} list price; the Price List API did not answer" + (
+        "" if region == where else f", and {region}'s may differ")
+
+
+def _question(c: _Check, report: Report) -> str:
+    from .providers.aws.instances import power_off_minutes
+
+    minutes = power_off_minutes(CHECK_MAX_RUNTIME_MINUTES * 60)
+    return (f"This launches an on-demand {report.instance_type} in {c.region} for a few "
+            f"minutes, billed per second (60 s minimum) at ${report.price_per_hour:.4f}/h; "
+            f"it powers itself off after {minutes} min at the latest.")
+
+
+def _launch(c: _Check, steps: _Steps, report: Report) -> None:
+    """The resources a launch needs, then the job through the real lifecycle, then what it
+    left in the job store and what came home."""
+    p, region = c.provider, c.region
+    c.launched = True
+    with steps.step("key pair") as s:
+        c.key_name, path = p.ensure_key(region, c.owner)
+        s.detail = f"{c.key_name} (its private key: {path})"
+    with steps.step("security group") as s:
+        zones = p.subnets(region)
+        c.group = p.ensure_group(region, zones[0][2], c.owner)
+        s.detail = (f"{c.group} in {zones[0][2]}: SSH (port {c.settings.ssh_port}) from "
+                    f"{p.ssh_cidr()} only; subnets in {', '.join(z[0] for z in zones)}")
+    with steps.step("AMI") as s:
+        ami = p.resolve_ami(region, None)
+        facts = p.image_facts(region, ami)
+        c.disk_gb = facts.get("root_gb") or None
+        s.detail = f"{ami} {facts['name']}" + (f", root volume {c.disk_gb} GB"
+                                               if c.disk_gb else "")
+        s.data = facts
+    with steps.step("job store bucket") as s:
+        if not c.settings.job_store:
+            s.detail = "not checked: job_store is false in config.yaml"
+        else:
+            c.bucket, created = p.ensure_job_store(region)
+            s.detail = f"s3://{c.bucket}" + (": created now (private, encrypted, TLS only)"
+                                             if created else ": there, and ours")
+    if c.settings.instance_profile and c.bucket:
+        with steps.step("role test object") as s:
+            c.role_probe = f"{c.name}-role"
+            url = p.put_stored_object(region, c.role_probe, ROLE_FILE,
+                                      (c.role_line + "\n").encode())
+            s.detail = (f"{url}: the instance reads it with its role "
+                        f"({c.settings.instance_profile})")
+    _run_job(c, steps, report)
+
+
+def _spec(c: _Check, report: Report):
+    from .spec import build_spec
+
+    c.workdir = Path(tempfile.mkdtemp(prefix="cloudtrain-check-"))
+    (c.workdir / CHECK_FILE).write_text(c.line + "\n")
+    command = f"cat {CHECK_FILE}"
+    data: tuple[str, ...] = ()
+    if c.role_probe:
+        from .jobstore import job_prefix
+
+        data = (f"{ROLE_DATASET}=s3://{c.bucket}/{job_prefix(c.role_probe)}",)
+        command += f' "$CLOUDTRAIN_DATA_DIR/{ROLE_DATASET}/{ROLE_FILE}"'
+    return build_spec(
+        recipe=None, command=(command,), workdir=str(c.workdir), profile=None, sets=(),
+        name=c.name, backend="aws", max_runtime_minutes=CHECK_MAX_RUNTIME_MINUTES,
+        settings=c.settings, data=data,
+        placement={"instance_type": report.instance_type, "region": c.region,
+                   "market": "on-demand", "cpu_only": None if c.gpu else True,
+                   # the AMI's own size, the least EC2 takes; with data to stage, the
+                   # datasets' sizing decides (it keeps room for the AMI beside the copy)
+                   "disk_gb": None if data else c.disk_gb})
+
+
+def _run_job(c: _Check, steps: _Steps, report: Report) -> None:
+    store, settings = c.store, c.settings
+    spec = _spec(c, report)
+    launching = _LaunchSteps(steps, c, spec)
+    try:
+        job = jobs.launch(store, settings, spec, say=launching)
+    except BaseException as exc:
+        _note_job(c, report)
+        launching.fail(exc)
+        if isinstance(exc, CloudtrainError):
+            raise _Stopped() from exc
+        raise
+    _note_job(c, report)
+    with steps.step("job") as s:
+        status = _wait_for_end(c, job)
+        job = store.job(job.id)
+        if status.get("state") != state.SUCCEEDED:
+            if c.role_probe and "data staging failed" in (status.get("reason") or ""):
+                s.name = "instance role"  # what failed is the read with the role
+            raise _job_failed(c, status)
+        out, _ = jobs.tail_log(job, 20) if job.jobdir else (b"", 0)
+        if c.line.encode() not in out:
+            raise CloudtrainError(f"the job ran, but its output lacks the synced "
+                                  f"{CHECK_FILE}'s line: {_last_line(out)}")
+        s.detail = (f"`{spec.display()}` exited 0 on the instance and printed the synced "
+                    f"{CHECK_FILE}")
+        s.data = {"status": status}
+    if c.bucket:
+        with steps.step("job store round trip") as s:
+            s.detail, s.data = _round_trip(c, job, status)
+    if c.role_probe:
+        with steps.step("instance role") as s:
+            got = (Path(c.workdir) / "from-store" / "output.log")
+            if c.role_line.encode() not in (got.read_bytes() if got.exists() else b""):
+                raise CloudtrainError("the job's output lacks the object the instance was to "
+                                      "read with its role")
+            s.detail = (f"the instance read s3://{c.bucket}/jobs/{c.role_probe}/{ROLE_FILE} "
+                        f"with the role of instance profile {settings.instance_profile} "
+                        "(credentials from IMDSv2)")
+    with steps.step("collect") as s:
+        job = _finish(c, job)
+        local = config.home() / "jobs" / job.id / "output.log"
+        if not local.exists() or c.line.encode() not in local.read_bytes():
+            raise CloudtrainError(f"the job's log did not come home ({local})")
+        where = "from the job store" if (job.host or {}).get("from_store") else "over SSH"
+        s.detail = f"the job's log, status and settings {where} into {local.parent}"
+
+
+def _note_job(c: _Check, report: Report) -> None:
+    """The job's id once launch made one (it exists once any instance could)."""
+    try:
+        c.job_id = report.job_id = c.store.find_job(c.name).id
+    except CloudtrainError:
+        pass
+    if c.job_id:
+        _price(c, report.price_per_hour)
+
+
+def _price(c: _Check, price: float | None) -> None:
+    """The catalog knows GPU types only: a t3.micro is recorded without a price. The check's
+    price goes on its record, so that status and cost-report bill it too."""
+    for inst in c.store.instances(c.job_id):
+        if inst.price_per_hour is None and price is not None:
+            c.store.update_instance(inst.id, price_per_hour=price)
+
+
+def _wait_for_end(c: _Check, job) -> dict:
+    """The agent's status once the job ended and its results went up to the job store (or
+    could not: the status says so), read on the instance. If the instance is gone (it powered
+    off), the job's end as the lifecycle records it from the job store."""
+    deadline = time.monotonic() + JOB_END_WAIT_S
+    ended_at = None
+    while True:
+        try:
+            status = jobs.host_of(job).probe_job(job.jobdir, c.settings.stale_after_seconds
+                                                 ).get("status") or {}
+        except HostError:
+            job = jobs.refresh(c.store, c.settings, c.store.job(job.id))
+            if not job.active:
+                return {"state": job.state, "exit_code": job.exit_code, "reason": job.reason,
+                        "instance_gone": True}
+            status = {}
+        if status.get("state") in state.TERMINAL_STATES:
+            ended_at = ended_at or time.monotonic()
+            # The upload follows the end at once; without a grant there is none to wait for.
+            if "results_stored" in status or not c.bucket or \
+                    time.monotonic() - ended_at > 120:
+                return status
+        if time.monotonic() > deadline:
+            raise CloudtrainError(f"job {job.id} did not end within {JOB_END_WAIT_S:.0f} s of "
+                                  f"its start (agent: {status.get('state') or 'no answer'})",
+                                  hint=f"cloudtrain status {job.id}; cloudtrain logs {job.id}")
+        time.sleep(min(c.settings.poll_seconds, 2.0))
+
+
+def _job_failed(c: _Check, status: dict) -> CloudtrainError:
+    reason = status.get("reason") or f"exit code {status.get('exit_code')}"
+    if c.role_probe and "data staging failed" in reason:
+        return CloudtrainError(
+            f"the instance could not read the test object with its role: {reason}",
+            hint=f"the role of instance profile {c.settings.instance_profile} needs "
+                 f"s3:GetObject on arn:aws:s3:::{c.bucket}/* (infra/instance-role-policy.json, "
+                 "infra/README.md); check imds_url in config.yaml if it is not EC2's")
+    return CloudtrainError(f"the job {status.get('state') or 'did not end'}: {reason}",
+                           hint=f"cloudtrain logs {c.job_id} shows its output")
+
+
+def _last_line(out: bytes) -> str:
+    from .hostdata import clean_text
+
+    lines = out.decode("utf-8", "replace").strip().splitlines()
+    return clean_text(lines[-1], 200) if lines else "(no output)"
+
+
+def _round_trip(c: _Check, job, status: dict) -> tuple[str, dict]:
+    """The agent's upload from the instance (a presigned POST, signed with your
+    credentials) and the same files fetched back here, checked against the manifest."""
+    stored = status.get("results_stored")
+    if stored is None and not status.get("instance_gone"):
+        notes = [e.detail for e in c.store.events(job.id) if e.phase == "results-store"]
+        raise CloudtrainError("the instance uploaded nothing to the job store: "
+                              + (notes[-1] if notes else "it had no upload grant"))
+    if stored is not None and not stored.get("ok"):
+        error = stored.get("error") or "no reason given"
+        if "403" in error or "AccessDenied" in error:
+            raise CloudtrainError(
+                f"not allowed: s3:PutObject: S3 refused the instance's upload to "
+                f"s3://{c.bucket}/jobs/{job.id}/ ({error})",
+                hint="the presigned POST the instance uploads with is signed with your "
+                     "credentials: allow s3:PutObject on arn:aws:s3:::cloudtrain-*/* (attach "
+                     "infra/iam-policy-cli.json; infra/README.md)")
+        raise CloudtrainError(f"the instance's upload to s3://{c.bucket}/jobs/{job.id}/ "
+                              f"failed: {error}")
+    local = Path(c.workdir) / "from-store"
+    got = c.provider.fetch_results(c.store, job, local)
+    if not got or not got.get("complete"):
+        raise CloudtrainError(f"the job store holds no complete upload of job {job.id} "
+                              f"({'nothing' if not got else 'no manifest'})")
+    log = local / "output.log"
+    if not log.exists() or c.line.encode() not in log.read_bytes():
+        raise CloudtrainError("the job store's output.log lacks the synced file's line")
+    sent = f"{stored['files']} files, {stored['bytes']} bytes" if stored else "files"
+    return (f"the instance POSTed {sent} to s3://{c.bucket}/jobs/{job.id}/ (a presigned "
+            f"POST: no AWS keys on it); {got['files']} fetched back here, each matching the "
+            f"manifest's sha256", {"uploaded": stored, "fetched": got})
+
+
+def _finish(c: _Check, job):
+    """The lifecycle's own end: the refresh that sees the job ended brings its files home
+    (over SSH, else from the job store) and releases the instance."""
+    deadline = time.monotonic() + 120
+    job = c.store.job(job.id)
+    while job.active:
+        job = jobs.refresh(c.store, c.settings, job)
+        if job.active:
+            if time.monotonic() > deadline:
+                raise CloudtrainError(f"job {job.id} is still {job.state}")
+            time.sleep(min(c.settings.poll_seconds, 2.0))
+    return job
+
+
+# -- the launch's own phases, as steps -------------------------------------------------------------
+
+# A launch reports its phases (progress.Reporter) as it goes: each becomes one of the check's
+# steps, the step ending when the next one's phase begins.
+_PHASES = (
+    (re.compile(r"launching job "), "RunInstances"),  # bootstrap (cached), then the request
+    (re.compile(r"requesting "), "RunInstances"),
+    (re.compile(r"instance \S+ requested"), "instance running"),
+    (re.compile(r"instance \S+ running"), "instance running"),
+    (re.compile(r"waiting for SSH"), "SSH"),
+    (re.compile(r"checking \S+ host key"), "host key"),
+    (re.compile(r"syncing "), "sync"),
+    (re.compile(r"setting up the host"), "setup"),
+    (re.compile(r"starting the job in tmux"), "agent"),
+    (re.compile(r"started job "), None),  # the agent runs it: the launch is over
+)
+
+
+class _LaunchSteps(progress.Reporter):
+    """jobs.launch's reporter: turns its phases into steps, says each as it ends, and lets a
+    step that must fail (a host key nobody could check) stop the launch, which then
+    terminates what it started."""
+
+    def __init__(self, steps: _Steps, c: _Check, spec):
+        super().__init__()
+        self.steps, self.c, self.spec = steps, c, spec
+        self.notes: list[str] = []
+        self.name: str | None = "RunInstances"
+        self.started = time.monotonic()
+        self.texts: list[str] = []
+
+    def phase(self, text: str) -> None:
+        name = next((n for pattern, n in _PHASES if pattern.match(text)), self.name)
+        if name == self.name:
+            self.texts.append(text)
+            return
+        self._close()
+        self.name, self.started, self.texts = name, time.monotonic(), [text]
+
+    def note(self, line: str) -> None:
+        """The launch's remarks (where the results go, a warning) go with the step's data;
+        what matters of them is checked by a later step (the job store round trip)."""
+        self.notes.append(line)
+
+    def fail(self, exc: BaseException) -> None:
+        """The launch raised: the step under way failed (unless it said so itself)."""
+        if self.name is None:
+            return
+        step = failed(self.name, time.monotonic() - self.started, exc)
+        if step.data.get("quota") and not self.c.gpu:  # the launch's hint is the GPU quotas'
+            from .providers.aws.account import quota_console_url
+
+            code, quota = STANDARD_QUOTA
+            step.hint = (f"ask AWS for more vCPUs of '{quota}' ({code}) in {self.c.region}: "
+                         f"{quota_console_url(self.c.region, code)}")
+        self.steps.add(step)
+        self.name = None
+
+    def _close(self) -> None:
+        if self.name is None:
+            return
+        name, seconds = self.name, time.monotonic() - self.started
+        self.name = None
+        try:
+            detail = self._detail(name)
+        except CloudtrainError as exc:
+            self.steps.add(failed(name, seconds, exc))
+            raise
+        self.steps.add(Step(name, seconds, True, detail, data={
+            "phases": self.texts, **({"notes": self.notes} if self.notes else {})}))
+        self.notes = []
+
+    def _detail(self, name: str) -> str:
+        from .hosts import session_name
+        from .providers.aws.instances import power_off_minutes
+
+        c, store, last = self.c, self.c.store, (self.texts or [""])[-1]
+        job = store.find_job(c.name)
+        if name == "RunInstances":
+            inst = store.instances(job.id)[-1]
+            return (f"{inst.id} {inst.instance_type} on-demand in {inst.zone}, tagged "
+                    f"cloudtrain:job={job.id} with its volume, shutdown behaviour terminate, "
+                    f"IMDSv2 only; it powers itself off after "
+                    f"{power_off_minutes(self.spec.max_runtime_s)} min at the latest")
+        if name == "instance running":
+            return last.replace("instance ", "", 1)
+        if name == "SSH":
+            found = re.search(r"on (\S+)", last)
+            return f"{found.group(1) if found else 'the instance'} answered, key {c.key_name}"
+        if name == "host key":
+            seen = [e.detail or "" for e in store.events(job.id) if e.phase == "host-key"]
+            said = seen[-1] if seen else "not checked"
+            if "GetConsoleOutput refused" in said:
+                raise CloudtrainError(
+                    "not allowed: ec2:GetConsoleOutput: the host key could not be checked "
+                    f"against the instance's console ({said})",
+                    hint="allow ec2:GetConsoleOutput on your own instances (attach "
+                         "infra/iam-policy-cli.json): without it every launch trusts the "
+                         "first key it is shown")
+            return said
+        if name == "sync":
+            return last.replace("syncing ", "", 1) + f" ({CHECK_FILE}), by rsync over SSH"
+        if name == "setup":
+            python = (store.job(job.id).host or {}).get("python") or "python3"
+            return f"python ({python}) and tmux found"
+        if name == "agent":
+            return f"the agent runs the job in tmux session {session_name(job.id)}"
+        return last
+
+
+# -- taking it down -----------------------------------------------------------------------------
+
+
+def _teardown(c: _Check, steps: _Steps, report: Report) -> None:
+    """Whatever happened: the job stopped and its instance terminated (as `down` does),
+    then checked gone, its objects deleted from the job store, and the bill."""
+    if not c.launched:
+        return
+    job = c.store.job(c.job_id) if c.job_id else None
+    if job is not None and job.active:
+        with contextlib.suppress(CloudtrainError):  # a job that ended: collect and release
+            job = jobs.refresh(c.store, c.settings, job)
+    if job is not None and (job.active or any(i.state != "terminated"
+                                              for i in c.store.instances(job.id))):
+        with contextlib.suppress(CloudtrainError):  # the terminate step says what is left
+            jobs.cancel(c.store, c.settings, (job.id,), False)  # as `down` stops it
+    if job is not None and c.store.instances(job.id):
+        with contextlib.suppress(_Stopped), steps.step("terminate") as s:
+            s.detail = _terminated(c, job)
+    with contextlib.suppress(_Stopped), steps.step("cleanup") as s:
+        s.detail, s.data = _cleaned(c, job)
+    with contextlib.suppress(_Stopped), steps.step("bill") as s:
+        s.detail, s.data = _bill(c, job, report)
+
+
+def _terminated(c: _Check, job) -> str:
+    deadline = time.monotonic() + GONE_WAIT_S
+    while True:
+        states = c.provider.instance_states(c.store, job)
+        left = {i: s["state"] for i, s in states.items() if s["state"] != "terminated"}
+        if not left:
+            break
+        if time.monotonic() > deadline:
+            raise CloudtrainError(f"not terminated after {GONE_WAIT_S:.0f} s: " + ", ".join(
+                f"{i} ({s})" for i, s in sorted(left.items())),
+                hint=f"cloudtrain down {job.id} (it terminates by record and by tag)")
+        time.sleep(min(c.settings.poll_seconds, 5.0))
+    return ", ".join(sorted(states)) + " terminated (shutdown behaviour terminate: its root " \
+        "volume goes with it)"
+
+
+def _cleaned(c: _Check, job) -> tuple[str, dict]:
+    """Nothing of the job left in EC2 (by its tag: instances, volumes, placement groups) or in
+    the job store; the key pair and the security group stay, as after every launch."""
+    p, region = c.provider, c.region
+    left: dict = {}
+    if job is not None:
+        deadline = time.monotonic() + GONE_WAIT_S
+        while True:  # a terminated instance's volume takes a moment to go
+            left = {k: v for k, v in p.leftovers(region, job.id).items() if v}
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(min(c.settings.poll_seconds, 5.0))
+    deleted = 0
+    for prefix in [x for x in (c.job_id, c.role_probe) if x and c.bucket]:
+        deleted += p.delete_results(region, prefix)
+        if p.delete_results(region, prefix):  # none may be left (nothing uploads any more)
+            left.setdefault("job store objects", []).append(f"jobs/{prefix}/")
+    if left:
+        raise CloudtrainError("still there: " + "; ".join(f"{k}: {', '.join(v)}"
+                                                          for k, v in left.items()),
+                              hint="cloudtrain down --all (it finds them by their tags)")
+    shared = p.shared_resources(region)
+    stay = []
+    if c.key_name and c.key_name in shared["key pairs"]:
+        stay.append(f"key pair {c.key_name}")
+    if c.group and c.group in shared["security groups"]:
+        stay.append(f"security group {c.group}")
+    kept = (" and ".join(stay) + " stay for the next launch, as after every job (`cloudtrain "
+            "down --all` removes them when nothing uses them)") if stay else ""
+    if job is None:
+        return "nothing was launched" + (f"; {kept}" if kept else ""), {}
+    stored = f"{deleted} job-store objects deleted" if c.bucket else "no job store"
+    return (f"nothing of job {job.id} is left: no instance, volume or placement group; "
+            f"{stored}" + (f"; {kept}" if kept else ""), {"job_store_objects_deleted": deleted})
+
+
+def _bill(c: _Check, job, report: Report) -> tuple[str, dict]:
+    """Seconds billed (60 s minimum) x the price, and the root volume's seconds, per
+    instance, from EC2's launch and termination times: the job's recorded cost."""
+    from . import cost, ledger
+
+    if job is None or not c.store.instances(job.id):
+        report.cost_usd = 0.0
+        return "$0: nothing was launched", {"usd": 0.0}
+    c.provider.record_ends(c.store, c.store.job(job.id))
+    _price(c, report.price_per_hour)
+    jobs.settle_cost(c.store, c.store.job(job.id))
+    parts, rows = [], []
+    total = 0.0
+    now = time.time()
+    for inst in c.store.instances(job.id):
+        run_ = ledger.run_of(inst)
+        end = run_.end if run_.end is not None else now
+        ran = max(0.0, end - run_.start)
+        billed = cost.billed_seconds(run_.start, max(end, run_.start))
+        compute = cost.on_demand_cost(run_.start, end, run_.price_per_hour or 0.0)
+        disk = cost.ebs_cost(run_.start, end, run_.disk_gb, run_.gp3_per_gb_month) \
+            if run_.disk_gb and run_.gp3_per_gb_month is not None else None
+        usd = cost.instance_cost(run_, now=now).dollars  # what the job's record says
+        total += usd
+        text = (f"{inst.id}: {billed:.0f} s billed" + (f" (the 60-second minimum; it ran "
+                                                        f"{ran:.0f} s)" if ran < billed else "")
+                + f" x ${run_.price_per_hour or 0:.4f}/h = ${compute.dollars:.6f}")
+        if disk:
+            text += (f"; its {run_.disk_gb:g} GB gp3 root volume ${disk.dollars:.6f}")
+        parts.append(text)
+        rows.append({"instance": inst.id, "ran_seconds": ran, "billed_seconds": billed,
+                     "price_per_hour": run_.price_per_hour, "compute_usd": compute.dollars,
+                     "disk_gb": run_.disk_gb, "disk_usd": disk.dollars if disk else 0.0,
+                     "usd": usd, "settled": run_.end is not None})
+    report.cost_usd = total
+    return ("; ".join(parts) + f"; total ${total:.6f}"
+            + ("" if all(r["settled"] for r in rows) else " so far (not yet terminated)"),
+            {"instances": rows, "usd": total})
+
+
+# -- text and JSON ----------------------------------------------------------------------------------
+
+
+def render_step(step: Step) -> str:
+    verdict = f"ok  {step.detail}" if step.ok else f"FAILED: {step.detail}"
+    return f"{step.name:<{NAME_WIDTH}}{step.seconds:>6.1f} s  {verdict}"
+
+
+def render_end(report: Report) -> str:
+    """After the steps: each failure's remedy, then one line on the outcome."""
+    out = [f"{s.name}: {s.hint}" for s in report.steps if not s.ok and s.hint]
+    first = next((s for s in report.steps if not s.ok), None)
+    cost = "" if report.cost_usd is None else "; nothing was billed" if not report.cost_usd \
+        else f"; it cost ${report.cost_usd:.6f}"
+    job = f" (job {report.job_id}: cloudtrain status {report.job_id})" if report.job_id else ""
+    left = next((s for s in report.steps if s.name in ("terminate", "cleanup") and not s.ok),
+                None)
+    after = "SOMETHING MAY STILL BE THERE (see above)" if left else "nothing is left running"
+    if report.interrupted:
+        out.append(f"interrupted ({report.interrupted}): {after}{cost}{job}")
+    elif first is None:
+        out.append(f"every step ok: cloudtrain launches in {report.region}; {after}{cost}{job}")
+    else:
+        out.append(f"FAILED at {first.name}: {after}{cost}{job}")
+    return "\n".join(out)
+
+
+def to_json(report: Report) -> str:
+    steps = [dict(dataclasses.asdict(s), seconds=round(s.seconds, 3)) for s in report.steps]
+    return json.dumps({
+        "ok": report.ok, "exit_code": exit_code(report), "region": report.region,
+        "instance_type": report.instance_type, "price_per_hour": report.price_per_hour,
+        "job": report.job_id, "cost_usd": report.cost_usd, "interrupted": report.interrupted,
+        "steps": steps,
+    }, indent=1, default=str)
