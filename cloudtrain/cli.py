@@ -208,7 +208,7 @@ class _LaunchCommand(click.Command):
               help="Spot recovery: take an on-demand instance when no spot capacity is left.")
 @click.option("--region", help="AWS region (default: the AWS configuration's).")
 @click.option("--ami", help="AMI id (default: the current AWS Deep Learning PyTorch AMI).")
-@click.option("--disk-gb", type=click.IntRange(min=8, max=65536),
+@click.option("--disk-gb", type=click.IntRange(min=8, max=config.GP3_MAX_GB),
               help="Root volume size (default: the recipe's).")
 @click.option("--max-price", type=float, metavar="USD", help="Spot: the most to pay per hour.")
 @click.option("--keep", is_flag=True, default=None, help="Keep the instance after the job (stop it "
@@ -702,7 +702,7 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
 @click.option("--region", callback=_region,
               help="Prices of this region (default: the one launch uses: config.yaml, "
               "AWS_REGION, the AWS profile, else us-east-1).")
-@click.option("--disk-gb", type=click.IntRange(min=8, max=65536),
+@click.option("--disk-gb", type=click.IntRange(min=8, max=config.GP3_MAX_GB),
               help="Root volume (default: the recipe's).")
 @click.option("--nodes", type=int, metavar="N", help="Instances per run (default: the "
               "machines the recipe variant was published on).")

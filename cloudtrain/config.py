@@ -20,6 +20,9 @@ from .errors import ConfigError, UsageError
 # the name reaches boto3 (which raises InvalidRegionError) or becomes a path (keys/<region>/).
 REGION_PATTERN = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d+")
 INSTANCE_PATTERN = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")  # g5.xlarge, u-6tb1.metal
+# The largest root volume cloudtrain asks for: gp3's 16 TiB (EC2's VolumeSize for gp3 is
+# 1 to 16,384 GiB).
+GP3_MAX_GB = 16384
 
 
 def home() -> Path:
@@ -319,7 +322,7 @@ LIMITS = {
     "instance_wait_seconds": (0, WEEK_S, True),
     "ssh_wait_seconds": (0, WEEK_S, True),
     "poll_seconds": (0, 3600, True),
-    "disk_gb": (0, 65536, False),  # gp3's largest volume is 64 TiB
+    "disk_gb": (0, GP3_MAX_GB, False),
     "collect_checkpoints_mb": (0, 1 << 30, False),
     "collect_wait_minutes": (0, WEEK_S / 60, False),
     "staging_disk_mbps": (125, 1000, False),

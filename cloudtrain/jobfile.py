@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import shown
+from .config import GP3_MAX_GB, shown
 from .errors import UsageError
 
 SUFFIXES = (".yaml", ".yml")
@@ -87,7 +87,7 @@ KEYS: tuple[Key, ...] = (
     Key("resources.regions", "regions", "strings", "where `gpus` may look for the cheapest "
                                                    "type (config.yaml's regions)"),
     Key("resources.ami", "ami", "str", "AMI id (--ami)"),
-    Key("resources.disk_gb", "disk_gb", "int", "root volume in GB (--disk-gb)", 8, 65536),
+    Key("resources.disk_gb", "disk_gb", "int", "root volume in GB (--disk-gb)", 8, GP3_MAX_GB),
     Key("resources.max_runtime", "max_runtime", "minutes", "stop the job after this long: "
                                                            "minutes, or 90m, 2h, 1d "
                                                            "(--max-runtime)", 0, 7 * 1440),

@@ -153,6 +153,11 @@ class JobSpec:
                              f"--procs {procs}", hint=f"pass --procs {n}, or --set gpus={procs}")
         return procs
 
+    def root_gb(self, settings) -> int:
+        """The root volume's size: --disk-gb (or what preflight sized for the datasets),
+        else config.yaml's disk_gb, else the recipe's, else 100 GB."""
+        return int(self.disk_gb or settings.disk_gb or self.resources.get("disk_gb") or 100)
+
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data.pop("secret_values")  # never stored: job.json, state.db and logs get names only

@@ -117,7 +117,7 @@ def test_F25_errors_name_flags_that_exist(cli, args, message):
 @pytest.mark.parametrize("args, message", [
     (["status", "--limit", "0"], "0 is not in the range x>=1"),
     (["status", "--limit", "-1"], "-1 is not in the range x>=1"),
-    (["launch", "--disk-gb", "100000000", "--", "true"], "is not in the range 8<=x<=65536"),
+    (["launch", "--disk-gb", "100000000", "--", "true"], "is not in the range 8<=x<=16384"),
 ])
 def test_F25_click_ranges(cli, args, message):
     proc = cli(*args)

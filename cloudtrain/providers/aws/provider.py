@@ -492,7 +492,7 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         rows.append(("market", spec.market + (f", max price ${spec.max_price}/h"
                                               if spec.max_price is not None else "")))
         rows += self.price_rows(spec, region)
-        disk = spec.disk_gb or self.settings.disk_gb or int(spec.resources.get("disk_gb", 100))
+        disk = spec.root_gb(self.settings)
         fast = ""
         if spec.disk_mbps and spec.disk_mbps > cost.GP3_BASE_MBPS:  # for the data copy
             fast = (f", {spec.disk_mbps} MB/s and {cost.gp3_iops_for(spec.disk_mbps)} IOPS "
