@@ -36,6 +36,14 @@ class InstanceType:
             return min(zones.values()) if zones else None
         return self.on_demand.get(region)
 
+    def dearest(self, region: str, market: str = "on-demand") -> float | None:
+        """The highest price of the region: spot in its dearest AZ (a launch that finds no
+        capacity in the cheaper ones ends up there), else on-demand."""
+        if market == "spot":
+            zones = self.spot_snapshot.get(region) or {}
+            return max(zones.values()) if zones else None
+        return self.on_demand.get(region)
+
 
 def live_spot_path() -> Path:
     from .config import home

@@ -304,8 +304,8 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
         if row is not None and not quiet:
             click.echo(render.estimate_line(row, spec.market), err=True)
         question = jobs.question(spec)
-        if question and not yes:
-            _confirm(question)
+        if question:
+            _confirm(question, yes)
         from .progress import for_launch  # each phase on stderr as it happens
 
         with for_launch(quiet, lambda line: click.echo(line, err=True)) as report:
@@ -323,11 +323,15 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
         _follow(store, settings, job)
 
 
-def _confirm(question: str) -> None:
-    """D26: ask in a terminal; without one (scripts, CI) go on."""
-    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+def _confirm(question, yes: bool) -> None:
+    """The warnings, on stderr whether or not anyone is there (U15); then, D26: ask in a
+    terminal (unless --yes); without one (scripts, CI) go on."""
+    for warning in question.warnings:
+        click.echo(f"WARNING: {warning}", err=True)
+    if yes or not (sys.stdin.isatty() and sys.stderr.isatty()):
         return
-    if not click.confirm(question + " Proceed?", default=True, err=True):
+    if not click.confirm(" ".join(filter(None, [question.text, "Proceed?"])),
+                         default=question.default, err=True):
         raise errors.CloudtrainError("not launched: nothing was created", exit_code=1)
 
 

@@ -62,9 +62,9 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
     return rows
 
 
-def question(spec: JobSpec) -> str | None:
-    """What `launch` asks before it goes on: the price of the paid resources it creates, or
-    why a run here would not finish (a GPU recipe on a machine without a GPU)."""
+def question(spec: JobSpec) -> providers.Question | None:
+    """What `launch` says and asks before it goes on: the price of the paid resources it
+    creates, or why a run here would not finish (a GPU recipe on a machine without a GPU)."""
     provider = providers.get(spec.backend)
     provider.preflight(spec)  # what cannot work is refused before anything is asked
     return provider.question(spec)

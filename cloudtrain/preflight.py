@@ -200,10 +200,11 @@ def own_command(command: list[str], workdir: str | None, cwd: str | None = None)
                              hint="add --workdir DIR with your code in it")
 
 
-def cpu_warning(spec) -> str | None:
+def cpu_warning(spec) -> tuple[str, bool] | None:
     """For a recipe that trains on a GPU, run on a machine without one: how long its CPU figure
     (`resources.cpu_minutes`: the default run on 2 CPU cores, measured) says it would take,
-    against its max runtime, and the ways out."""
+    against its max runtime, and the ways out; and whether that is past the max runtime (the
+    run is predicted to fail)."""
     from . import recipes
 
     rec = recipes.load(spec.recipe)
@@ -218,4 +219,4 @@ def cpu_warning(spec) -> str | None:
     if minutes > limit:
         said += f", past its max runtime of {limit:g} min, which stops it as failed"
     return (said + f". For a quick check: --profile smoke; for the real run: --instance TYPE or "
-                   f"--gpus {rec.gpu_request(spec.args)}")
+                   f"--gpus {rec.gpu_request(spec.args)}"), minutes > limit

@@ -153,6 +153,18 @@ class JobSpec:
                              f"--procs {procs}", hint=f"pass --procs {n}, or --set gpus={procs}")
         return procs
 
+    def relaunch_places(self, settings, home: str | None) -> list[tuple[str, str]]:
+        """(region, market) in the order a relaunch tries them (recovery.py): the home region,
+        then `regions:` from config.yaml (not for data on an EBS snapshot, which lives in one
+        region; an S3 source is reachable from any), spot first, then on-demand with
+        --fallback on-demand."""
+        regions = [home] if home else []
+        if not any(d.get("kind") == "snapshot" for d in self.datasets or []):
+            regions += [r.strip() for r in settings.regions.split(",")
+                        if r.strip() and r.strip() not in regions]
+        markets = ["spot"] + (["on-demand"] if self.fallback == "on-demand" else [])
+        return [(region, market) for market in markets for region in regions]
+
     def root_gb(self, settings) -> int:
         """The root volume's size: --disk-gb (or what preflight sized for the datasets),
         else config.yaml's disk_gb, else the recipe's, else 100 GB."""

@@ -356,7 +356,8 @@ def test_dry_run_with_no_aws_account_at_all(cli, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "p3.2xlarge: 1x V100, 8 vCPU, 61 GiB" in proc.stdout
     assert "$3.0600/h (on-demand list price" in proc.stdout
-    assert "at most      $3.06 if it runs its whole max runtime of 60 min" in proc.stdout
+    assert "at most      $4.60: one instance of up to 90 min (the max runtime of 60 min + 30 " \
+        "until user-data powers it off), with its 60 GB gp3 disk ($0.0066/h)" in proc.stdout
     assert "not checked: no AWS credentials" in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", "--instance",
                            "p3.2xlarge", "--dry-run", "--", "true"], cwd=REPO, capture_output=True,

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from aws_lab import REGION, aws, ec2_provider, moto_endpoint  # noqa: F401  (fixtures)
-from cloudtrain import catalog
+from cloudtrain import catalog, cost
 from cloudtrain.errors import PlacementError
 from cloudtrain.spec import JobSpec
 from cloudtrain.state import Store
@@ -282,8 +282,14 @@ def test_dry_run_16_nodes_without_an_account(cli, monkeypatch):
     assert "no EFA on p3.16xlarge" in rows["network"]
     price = catalog.get("p3.16xlarge").price("us-east-1", "spot")
     assert rows["price"].startswith(f"${16 * price:.4f}/h for 16 nodes (${price:.4f}/h each")
-    assert rows["at most"].startswith(f"${16 * price * 6:.2f} if it runs its whole max runtime "
-                                      "of 360 min on every node")
+    # U9: 4 attempts (a spot job recovers, 3 restarts by default) of 16 instances, each until
+    # its power-off 390 min after it starts, in the dearest AZ, with its 400 GB disk
+    dearest = catalog.get("p3.16xlarge").dearest("us-east-1", "spot")
+    disk = 400 * catalog.gp3_price("us-east-1").per_gb_month / cost.HOURS_PER_MONTH
+    assert rows["at most"].startswith(
+        f"${4 * 16 * 6.5 * (dearest + disk):.2f}: 4 attempts (1 + 3 restarts) of up to 390 min "
+        "each (the max runtime of 360 min + 30 until user-data powers it off) on each of 16 "
+        "nodes"), rows["at most"]
     assert "on 16 nodes" in rows["estimate"]
     explicit = cli.ok("launch", "--nodes", "16", "--instance", "p3.16xlarge", "--dry-run",
                       "--region", "us-east-1", "--", "bash", "-c", "echo hi").stdout

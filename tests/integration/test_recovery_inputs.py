@@ -48,6 +48,26 @@ def test_F13_the_dry_run_says_a_spot_job_recovers_and_how(cli):
     assert "recovery" not in plain  # on-demand: nothing to recover from
 
 
+def test_u9_the_dry_run_s_at_most_covers_every_attempt_and_the_fallback(cli):
+    """The finding's command said "at most $0.43 if it runs its whole max runtime of 60 min":
+    one spot attempt. Six instances may run, the last five on demand, each to its power-off."""
+    from cloudtrain import catalog, cost
+
+    out = cli.ok("launch", "--recipe", "resnet9", "--instance", "g5.xlarge", "--spot",
+                 "--max-restarts", "5", "--fallback", "on-demand", "--region", "us-east-1",
+                 "--dry-run").stdout
+    row = next(l for l in out.splitlines() if l.strip().startswith("at most"))
+    g5 = catalog.get("g5.xlarge")
+    disk = 60 * catalog.gp3_price("us-east-1").per_gb_month / cost.HOURS_PER_MONTH
+    most = 1.5 * (g5.dearest("us-east-1", "spot") + disk) \
+        + 5 * 1.5 * (g5.price("us-east-1", "on-demand") + disk)
+    assert row.split(None, 2)[2] == (
+        f"${most:.2f}: 6 attempts (1 + 5 restarts) of up to 90 min each (the max runtime of "
+        f"60 min + 30 until user-data powers it off), spot at up to "
+        f"${g5.dearest('us-east-1', 'spot'):.4f}/h (the dearest AZ in the catalog), on-demand "
+        f"($1.0060/h) after spot runs out, each with its 60 GB gp3 disk (${disk:.4f}/h)")
+
+
 def _spec(**kw) -> JobSpec:
     return JobSpec(kind="command", backend="aws", command=["true"], instance_type="g5.xlarge",
                    market="spot", recover=True, **kw)
