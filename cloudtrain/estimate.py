@@ -352,7 +352,7 @@ def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: st
     """`cloudtrain estimate`: the recipe's arguments as launch would resolve them (the
     nodes too: --nodes, else the machines the variant was published on)."""
     from . import config, recipes
-    from .spec import MAX_NODES
+    from .spec import MAX_NODES, check_recipe_nodes
 
     if types and gpu_request:
         raise UsageError("give --instance or --gpus, not both")
@@ -361,6 +361,7 @@ def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: st
     rec = recipes.load(name)
     args = rec.resolve(profile, sets)
     nodes = nodes or rec.nodes_published(args)
+    check_recipe_nodes(rec, args, nodes)  # U8: what the launch would refuse is not priced
     settings = config.Settings.load()
     staged = staged_bytes(rec, args, settings)
     return estimate(rec, args, region or catalog.default_region(), market=market,

@@ -252,18 +252,36 @@ def _check_nodes(spec: JobSpec) -> None:
     if spec.kind == RECIPE:
         from . import recipes
 
-        rec = recipes.load(spec.recipe)
-        if rec.launcher != "torchrun":
-            raise UsageError(f"--nodes {n}: recipe {rec.name} runs as one process on one "
-                             "machine; it cannot span machines",
-                             hint="recipes that can: " + ", ".join(
-                                 r for r in recipes.names()
-                                 if recipes.load(r).launcher == "torchrun"))
-        if spec.gpus_exact and spec.gpus_needed > 1 and spec.gpus_needed % n:
-            raise UsageError(f"recipe {rec.name} with gpus={spec.gpus_needed} on {n} nodes: "
-                             f"its gpus (processes in all) must split evenly over the nodes",
-                             hint=f"--set gpus={n * max(1, spec.gpus_needed // n)}, or "
-                                  f"--nodes a divisor of {spec.gpus_needed}")
+        check_recipe_nodes(recipes.load(spec.recipe), spec.args, n)
+
+
+def check_recipe_nodes(rec, args: dict, nodes: int) -> None:
+    """Refuse a recipe on `nodes` machines that cannot run there (the launch, its dry run and
+    `estimate --nodes`): a recipe that is one process, or one whose `gpus` argument (its
+    processes in all: WORLD_SIZE must equal it, resnet9 stops at once otherwise) does not
+    split evenly over the nodes, each of which starts at least one."""
+    from . import recipes
+
+    if nodes == 1:
+        return
+    if rec.launcher != "torchrun":
+        raise UsageError(f"--nodes {nodes}: recipe {rec.name} runs as one process on one "
+                         "machine; it cannot span machines",
+                         hint="recipes that can: " + ", ".join(
+                             r for r in recipes.names()
+                             if recipes.load(r).launcher == "torchrun"))
+    gpus = rec.gpus_needed(args)
+    if not rec.gpus_exact(args) or gpus % nodes == 0:
+        return
+    if gpus < nodes:
+        raise UsageError(f"recipe {rec.name} with gpus={gpus} runs {gpus} process"
+                         f"{'es' if gpus > 1 else ''}: it cannot span {nodes} nodes",
+                         hint=f"--set gpus={nodes} (one process on each node), or "
+                              + ("leave out --nodes" if gpus == 1 else f"--nodes {gpus}"))
+    raise UsageError(f"recipe {rec.name} with gpus={gpus} on {nodes} nodes: its gpus "
+                     "(processes in all) must split evenly over the nodes",
+                     hint=f"--set gpus={nodes * (gpus // nodes)}, or --nodes a divisor of "
+                          f"{gpus}")
 
 
 def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_runtime_minutes,

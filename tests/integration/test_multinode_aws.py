@@ -323,6 +323,23 @@ def test_nodes_that_cannot_be_are_one_line(cli, args, said):
     assert "Traceback" not in proc.stderr
 
 
+def test_u8_a_recipe_job_that_cannot_span_its_nodes_is_refused_before_anything_boots(cli):
+    """resnet9 with gpus=1 is one process, and stops at once (exit 2) when torchrun starts it
+    with WORLD_SIZE 2: two instances would boot and bill, then fail. The dry run, the launch
+    and `estimate --nodes 2` refuse it in one line; gpus=2 (one process a node) runs."""
+    said = "Error: recipe resnet9 with gpus=1 runs 1 process: it cannot span 2 nodes"
+    hint = "Hint: --set gpus=2 (one process on each node), or leave out --nodes"
+    for args in (("launch", "--dry-run"), ("launch", "-y"), ("estimate",)):
+        proc = cli(*args, "--recipe", "resnet9", "--nodes", "2", "--instance", "g5.xlarge")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.splitlines() == [said, hint], proc.stderr
+    two = cli.ok("launch", "--dry-run", "--recipe", "resnet9", "--set", "gpus=2", "--nodes",
+                 "2", "--instance", "g5.xlarge").stdout
+    assert "1 per node x 2 nodes = 2" in two
+    cli.ok("estimate", "--recipe", "resnet9", "--set", "gpus=2", "--nodes", "2", "--instance",
+           "g5.xlarge")
+
+
 def test_a_launch_with_no_capacity_for_all_nodes_leaves_nothing(cli, aws, monkeypatch, groups):
     """Issue 15, at the CLI: every AZ loses a node before it runs. The launch fails with one
     line naming each AZ; no instance, no placement group, the job failed with its cost."""
