@@ -310,9 +310,11 @@ def _take(options: dict, path: str, value, lines: dict, where: str) -> None:
             raise bad("a whole number" if kind == "int" else
                       "minutes, or a duration like 90m or 2h" if kind == "minutes" else
                       "a number")
+        if kind == "minutes" and number <= 0:
+            raise UsageError(f"{where}:{line}: {path}: must be more than 0 minutes, got "
+                             f"{shown(value)}")
         if number != number or (key.low is not None and number < key.low) or \
-                (key.high is not None and number > key.high) or \
-                (kind == "minutes" and number <= 0):
+                (key.high is not None and number > key.high):
             raise UsageError(f"{where}:{line}: {path}: {shown(value)} is out of range "
                              f"({key.low:g} to {key.high:g})")
         options[key.option] = number

@@ -408,7 +408,8 @@ def _recovery(given: dict, market: str, on_job: str | None) -> dict:
     fallback = given.get("fallback")
     if fallback is not None and fallback not in FALLBACKS:
         raise UsageError(f"--fallback must be one of {', '.join(FALLBACKS)}, got {shown(fallback)}")
-    return {"recover": enabled, "max_restarts": restarts, "fallback": fallback}
+    # No restart is no recovery (U23): nothing relaunches, so no supervisor and no stream.
+    return {"recover": enabled and restarts > 0, "max_restarts": restarts, "fallback": fallback}
 
 
 def _check_inputs(given: dict, placement: dict, include: tuple[str, ...]) -> None:

@@ -500,7 +500,20 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         what = f"a {spec.market} {spec.instance_type}" if spec.nodes <= 1 else \
             f"{spec.nodes} {spec.market} {spec.instance_type} instances"
         return Question(f"This launches {what} in {self.region(spec)}, "
-                        f"billed per second: {rows['price']}{at_most}.")
+                        f"billed per second: {rows['price']}{at_most}.",
+                        self.warnings(spec, self.region(spec)))
+
+    def warnings(self, spec, region: str) -> list[str]:
+        """What the plan and the launch say before anything is bought (U23): a --max-price
+        below the catalog's cheapest spot price of the type there."""
+        t = catalog.get(spec.instance_type) if spec.instance_type else None
+        cheapest = t.price(region, "spot") if t is not None else None
+        if spec.market != "spot" or spec.max_price is None or cheapest is None or \
+                spec.max_price >= cheapest:
+            return []
+        return [f"--max-price ${spec.max_price:g}/h is below the cheapest spot price of "
+                f"{t.name} in {region} (${cheapest:.4f}/h in the catalog): EC2 starts no "
+                "instance while spot costs more"]
 
     # -- dry run ---------------------------------------------------------------------------------
 
@@ -554,6 +567,7 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
                                       "MASTER_PORT set (start torchrun with them)"))
         rows.append(("market", spec.market + (f", max price ${spec.max_price}/h"
                                               if spec.max_price is not None else "")))
+        rows += [("WARNING", warning) for warning in self.warnings(spec, region)]
         rows += self.price_rows(spec, region)
         disk = spec.root_gb(self.settings)
         fast = ""
@@ -580,7 +594,8 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
                                      f"most {spec.max_restarts} times: {where}; "
                                      "a supervisor on this machine does it"))
         elif spec.market == "spot":
-            rows.append(("recovery", "off (--no-recover): an interruption ends the job as "
+            why = "--max-restarts 0" if spec.max_restarts == 0 else "--no-recover"
+            rows.append(("recovery", f"off ({why}): an interruption ends the job as "
                                      "preempted"))
         if self.credentials(region) is None:
             rows.append(("AMI", f"resolved at launch from SSM {DLAMI_PARAMETER}"
