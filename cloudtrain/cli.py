@@ -685,9 +685,12 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
                                "spot_source": catalog_module.spot_source(region),
                                "types": [dataclasses.asdict(t) for t in types]}, indent=1))
     else:
-        click.echo(render.catalog_table(types, region, width=_width(wide)))
-        click.echo(render.catalog_sources(region, catalog_module.on_demand_source(region),
-                                          catalog_module.spot_source(region), width=_width(wide)))
+        unpriced = catalog_module.no_prices(region)
+        click.echo(render.catalog_table(types, region, width=_width(wide), unpriced=unpriced))
+        if unpriced is None:
+            click.echo(render.catalog_sources(region, catalog_module.on_demand_source(region),
+                                              catalog_module.spot_source(region),
+                                              width=_width(wide)))
 
 
 @cli.command()
@@ -1069,9 +1072,16 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=argv, prog_name="cloudtrain", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `cloudtrain data`: its help
+        exc.show()
+        sys.exit(errors.EXIT_USAGE)
+    except click.UsageError as exc:  # U20: one line, as every error of ours, not click's four
+        command = exc.ctx.command_path if exc.ctx is not None else "cloudtrain"
+        _fail(errors.UsageError(" ".join(exc.format_message().split()),
+                                hint=f"{command} --help"))
     except click.ClickException as exc:
         exc.show()
-        sys.exit(errors.EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
+        sys.exit(exc.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("\ninterrupted", err=True)
         sys.exit(errors.EXIT_INTERRUPTED)

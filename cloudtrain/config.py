@@ -7,11 +7,13 @@ environment variables and command-line flags (applied by the caller).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
 import reprlib
 import stat
+from functools import lru_cache
 from pathlib import Path
 
 from .errors import ConfigError, UsageError
@@ -111,11 +113,49 @@ def check_region(region: str, source: str = "") -> str:
     """`region` if it is shaped like an AWS region name, else a UsageError naming where it
     came from (--region, config.yaml, AWS_REGION, the profile)."""
     if not isinstance(region, str) or not REGION_PATTERN.fullmatch(region):
-        raise UsageError(f"{shown(region)} is not an AWS region name"
-                         + (f" (from {source})" if source else ""),
-                         hint="a region looks like us-east-1 or eu-west-2: "
-                              "cloudtrain launch --region us-east-1 ...")
+        raise region_error(region, source)
     return region
+
+
+def region_error(region, source: str = "") -> UsageError:
+    """The one wording, whatever the command, of a region that is not one (U20): shaped
+    wrong (check_region) or unknown to EC2 (preflight.check_known_region); the nearest
+    real one where there is one. The hint names no command: any may have been given it."""
+    said = [f"from {source}"] if source else []
+    close = closest(region, known_regions()) if isinstance(region, str) else []
+    if close:
+        said.append(f"did you mean {close[0]}?")
+    return UsageError(f"unknown AWS region {shown(region)}"
+                      + (f" ({'; '.join(said)})" if said else ""),
+                      hint="a region looks like us-east-1 or eu-west-2")
+
+
+@lru_cache(maxsize=1)
+def known_regions() -> frozenset[str]:
+    """EC2's regions in every partition (aws, aws-cn, aws-us-gov, ...), from the endpoint data
+    botocore ships: no network call (botocore is imported only when a region is checked)."""
+    import botocore.session
+
+    session = botocore.session.get_session()
+    found: set[str] = set()
+    for partition in session.get_available_partitions():
+        found |= set(session.get_available_regions("ec2", partition_name=partition))
+    return frozenset(found)
+
+
+def closest(word, choices, n: int = 1) -> list[str]:
+    """The choices nearest `word`, case-insensitive (an exact match but for case first)."""
+    lowered = {str(c).lower(): str(c) for c in choices}
+    if str(word).lower() in lowered:
+        return [lowered[str(word).lower()]]
+    return [lowered[c] for c in difflib.get_close_matches(str(word).lower(), list(lowered),
+                                                          n=n, cutoff=0.75)]
+
+
+def suggest(word, choices, n: int = 1) -> str:
+    """` (did you mean X?)` for the closest of `choices` (case-insensitive), else ``."""
+    close = closest(word, choices, n)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def shown(value) -> str:

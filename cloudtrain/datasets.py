@@ -80,7 +80,9 @@ def push(directory, url: str, *, shard_mb: int = 256, workers: int = 8,
     from .providers.aws.errors import aws_errors
 
     if region:
-        config.check_region(region, "--region")
+        from .preflight import check_known_region
+
+        check_known_region(config.check_region(region, "--region"))
     s3, region, _ = _s3_client(region, workers)
     with aws_errors(region, "s3"):
         return s3_datasets.push(s3, root, bucket, prefix, shard_bytes=shard_mb << 20,

@@ -243,19 +243,20 @@ def candidates(basis: Basis, region: str, types: list[str] | None, gpu_request: 
         for name in types:
             t = catalog.get(name)
             if t is None:
-                from .preflight import suggest
+                from .config import INSTANCE_PATTERN, suggest
+                from .preflight import instance_type_error, unknown_instance_type
 
-                raise UsageError(f"--instance {name}: not in the catalog"
-                                 f"{suggest(name, catalog.load())}",
-                                 hint="cloudtrain catalog lists the types")
+                if not INSTANCE_PATTERN.fullmatch(name):
+                    raise instance_type_error(name)
+                raise unknown_instance_type(name, "" if suggest(name, catalog.load()) else
+                                            "not in the bundled catalog, which has the prices")
             out.append(t)
         return out
     if gpu_request:
         gpu, count = catalog.parse_gpus(gpu_request)
         found = catalog.matching(gpu, count, region, source="--gpus")
         if not found:
-            raise UsageError(f"no instance type with {count:g}x {gpu} in {region}",
-                             hint="cloudtrain catalog --gpu NAME lists the types")
+            raise catalog.gpus_error(catalog.check_gpu(gpu, "--gpus"), count, [region])
         return found
     per_node = max(1, basis.gpus // max(1, nodes))
     return [t for t in catalog.matching(None, per_node, region) if t.arch == "x86_64"]
@@ -271,6 +272,9 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     before the job (first_read: preread), at their own rate; `profile`: the recipe profile
     the arguments came from (the figures say whose they are); `nodes`: instances per run,
     each billed (with its disk) for the whole run."""
+    unpriced = catalog.no_prices(region)
+    if unpriced is not None:  # U22: an empty table, exit 0, said nothing
+        raise unpriced
     basis = published_basis(recipe, args, profile)
     note = profile_note(recipe, profile)
     over = overheads(store)

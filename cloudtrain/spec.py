@@ -436,14 +436,9 @@ def _check_inputs(given: dict, placement: dict, include: tuple[str, ...]) -> Non
         raise UsageError(f"--ami {shown(placement['ami'])}: expected an AMI id, e.g. "
                          "ami-0123456789abcdef0")
     if placement.get("instance_type") and not INSTANCE_PATTERN.fullmatch(placement["instance_type"]):
-        from . import catalog
-        from .preflight import suggest
+        from .preflight import instance_type_error
 
-        close = suggest(placement["instance_type"], catalog.load())
-        raise UsageError(f"--instance {shown(placement['instance_type'])}: "
-                         + (f"unknown instance type{close}" if close else
-                            "expected an EC2 instance type, e.g. g5.xlarge"),
-                         hint="cloudtrain catalog lists the GPU types")
+        raise instance_type_error(placement["instance_type"])
     if "max_price" in placement:
         finite(placement["max_price"], "--max-price (USD per hour)", low=0, low_open=True,
                high=1000)

@@ -232,6 +232,9 @@ def test_missing_credentials_is_one_line(cli, aws):
     assert proc.returncode == 1
     assert error_line(proc.stderr) == "Error: no AWS credentials found"
     assert "aws configure" in proc.stderr and "Traceback" not in proc.stderr
+    # U21: a launch's own way on without credentials
+    assert proc.stderr.splitlines()[-1].endswith("; `cloudtrain launch --dry-run` works "
+                                                 "without")
 
 
 def test_keep_then_launch_on_reuses_the_instance(cli, aws, ct_home, tmp_path):

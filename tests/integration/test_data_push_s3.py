@@ -326,7 +326,11 @@ def test_the_command_without_credentials_says_so(s3, tree, moto_endpoint):
     proc = _cli(moto_endpoint, str(tree), f"s3://{BUCKET}/x",
                 AWS_ACCESS_KEY_ID="", AWS_SECRET_ACCESS_KEY="")
     assert proc.returncode == 1
-    assert proc.stderr.splitlines()[0] == "Error: no AWS credentials found"
+    # U21: the hint fits `data push`: it needs credentials, and a launch's dry run is no help
+    assert proc.stderr.splitlines() == [
+        "Error: no AWS credentials found",
+        "Hint: run `aws configure`, or set AWS_PROFILE (or AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY)"]
     assert _keys(s3, "x/") == []
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 
-from ...errors import CloudtrainError, MissingDependency, PlacementError, UsageError
+from ...errors import CloudtrainError, NoCredentials, PlacementError, UsageError
 
 # Errors that mean "not here, maybe in another AZ" (tried once per AZ, never retried blindly).
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity",
@@ -102,10 +102,10 @@ def aws_errors(region: str, service: str = "ec2"):
     try:
         yield
     except botocore.exceptions.NoCredentialsError as exc:
-        raise MissingDependency(
+        raise NoCredentials(
             "no AWS credentials found",
             hint="run `aws configure`, or set AWS_PROFILE (or AWS_ACCESS_KEY_ID and "
-                 "AWS_SECRET_ACCESS_KEY); `cloudtrain launch --dry-run` works without") from exc
+                 "AWS_SECRET_ACCESS_KEY)") from exc
     except botocore.exceptions.ClientError as exc:
         raise client_error(exc, region, service) from exc
     except (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError) as exc:

@@ -117,7 +117,7 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
                 return DEFAULT_REGION, DEFAULT_SOURCE
             source = "the AWS profile"
         check_region(region, source)
-        return check_known_region(region, f"{source}:"), source
+        return check_known_region(region, source), source
 
     def client(self, service: str, region: str, fail_fast: bool = False):
         """A client; fail_fast for run_instances (capacity errors are not retried, the next
