@@ -536,7 +536,7 @@ def staging_line(spec) -> str:
     needed = copy_seconds(spec)
     if spec.staging_allowance_s or needed:  # the copy runs inside the job's clock
         text = f"max runtime +{spec.staging_allowance_s / 60:.0f} min for it"
-        if spec.staging_allowance_s < needed:
+        if spec.staging_allowance_s < needed and spec.max_runtime_s >= config.WEEK_S:
             text += (f" (the one-week limit: the copy may take up to {needed / 60:.0f} min, the "
                      "rest from the job's own time)")
         parts.append(text)

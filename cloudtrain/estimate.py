@@ -273,7 +273,7 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     the arguments came from (the figures say whose they are); `nodes`: instances per run,
     each billed (with its disk) for the whole run."""
     unpriced = catalog.no_prices(region)
-    if unpriced is not None:  # U22: an empty table, exit 0, said nothing
+    if unpriced is not None:  # U22: nothing here could be priced; say where it could
         raise unpriced
     basis = published_basis(recipe, args, profile)
     note = profile_note(recipe, profile)

@@ -29,9 +29,9 @@ from ...config import check_region
 from ...errors import CloudtrainError, MissingDependency, UsageError
 from ...hosts import SSHHost
 from ...progress import SILENT, Reporter
-from .. import Question
 from ...ssh import Endpoint
 from ...state import Job, Store
+from .. import Question
 from .account import AccountMixin
 from .cache import CACHE_TTL_S, RegionCache
 from .cluster import EFA_GROUP_NAME, ClusterMixin
