@@ -36,6 +36,14 @@ class InstanceType:
             return min(zones.values()) if zones else None
         return self.on_demand.get(region)
 
+    def dearest(self, region: str, market: str = "on-demand") -> float | None:
+        """The highest price of the region: spot in its dearest AZ (a launch that finds no
+        capacity in the cheaper ones ends up there), else on-demand."""
+        if market == "spot":
+            zones = self.spot_snapshot.get(region) or {}
+            return max(zones.values()) if zones else None
+        return self.on_demand.get(region)
+
 
 def live_spot_path() -> Path:
     from .config import home
@@ -91,6 +99,54 @@ def regions() -> frozenset[str]:
                      for r in (*t.on_demand, *t.spot_snapshot))
 
 
+def priced_regions() -> list[str]:
+    """The regions the catalog has a price for: the bundled snapshot's, and any that
+    `catalog --refresh` fetched."""
+    return sorted({r for t in load().values() for r in (*t.on_demand, *t.spot_snapshot)})
+
+
+def no_prices(region: str):
+    """None where the catalog has prices for `region`; else the UsageError that says which
+    regions it has, and how to fetch this one's (U22). A region that is none is refused."""
+    from .errors import UsageError
+
+    check_region(region)
+    have = priced_regions()
+    if region in have:
+        return None
+    return UsageError(f"the catalog has no prices for {region} (it has {', '.join(have)})",
+                      hint=f"cloudtrain catalog --refresh --region {region} fetches them")
+
+
+def gpus_error(gpu: str, count: float, regions: list[str], market: str | None = None):
+    """The UsageError for `--gpus GPU:N` that no type has where asked (U21): which counts
+    the GPU comes in there, and its types (its larger-memory kin, A100-80GB beside A100,
+    named too); the one count to ask for where there is only one."""
+    from .errors import UsageError
+
+    head = (f"no instance type with {count:g}x {gpu}" + (" (spot)" if market == "spot" else "")
+            + f" in {', '.join(regions)}")
+
+    def offered(t: InstanceType) -> bool:
+        return any((market != "spot" and r in t.on_demand) or
+                   (market != "on-demand" and r in t.spot_snapshot) for r in regions)
+
+    kin = sorted((t for t in load().values() if (t.gpu == gpu or t.gpu.startswith(gpu + "-"))
+                  and offered(t)), key=lambda t: (t.gpu != gpu, t.gpus, t.name))
+    if not kin:
+        return UsageError(f"{head}: the catalog has no {gpu} there",
+                          hint=f"cloudtrain catalog --gpu {gpu} lists where it has it")
+    counts = [f"{c:g}" for c in sorted({t.gpus for t in kin if t.gpu == gpu}
+                                       or {t.gpus for t in kin})]
+    sizes = counts[0] if len(counts) == 1 else \
+        ", ".join(f"{c}-" for c in counts[:-1]) + f" and {counts[-1]}"
+    listed = ", ".join(f"{t.name} ({t.gpus:g}x {t.gpu})" for t in kin)
+    return UsageError(f"{head}: {gpu} comes {'only ' if len(counts) == 1 else ''}in {sizes}-GPU "
+                      f"types here: {listed}",
+                      hint=f"--gpus {gpu}:{counts[0]}" if len(counts) == 1 else
+                      f"cloudtrain catalog --gpu {gpu} lists them")
+
+
 def default_region() -> str:
     """The region a command uses when --region is not given: the one launch resolves
     (`region:` in config.yaml, AWS_REGION, AWS_DEFAULT_REGION, the AWS profile), else
@@ -107,8 +163,8 @@ def gpu_names() -> list[str]:
 def check_gpu(gpu: str, source: str = "--gpu") -> str:
     """The catalog's spelling of a GPU name (case-insensitive), else a UsageError with the
     nearest names."""
+    from .config import suggest
     from .errors import UsageError
-    from .preflight import suggest
 
     names = gpu_names()
     for name in names:
@@ -193,11 +249,7 @@ def cheapest(gpu: str, count: float, regions: list[str], market: str = "on-deman
                 if price is not None and (best is None or price < best[0]):
                     best = (price, t, region, None)
     if best is None:
-        have = sorted({f"{t.gpu}:{t.gpus:g}" for t in load().values()
-                       if any(r in t.on_demand for r in regions)})
-        raise UsageError(f"no instance type with {count:g}x {gpu} ({market}) in "
-                         f"{', '.join(regions)}; there are: {', '.join(have)}",
-                         hint="cloudtrain catalog --gpu NAME lists the types")
+        raise gpus_error(check_gpu(gpu, "--gpus"), count, regions, market)
     return best[1], best[2], best[3]
 
 

@@ -243,7 +243,7 @@ class _LaunchCommand(click.Command):
               help="Spot recovery: take an on-demand instance when no spot capacity is left.")
 @click.option("--region", help="AWS region (default: the AWS configuration's).")
 @click.option("--ami", help="AMI id (default: the current AWS Deep Learning PyTorch AMI).")
-@click.option("--disk-gb", type=click.IntRange(min=8, max=65536),
+@click.option("--disk-gb", type=click.IntRange(min=8, max=config.GP3_MAX_GB),
               help="Root volume size (default: the recipe's).")
 @click.option("--max-price", type=float, metavar="USD", help="Spot: the most to pay per hour.")
 @click.option("--keep", is_flag=True, default=None, help="Keep the instance after the job (stop it "
@@ -340,8 +340,8 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
         if row is not None and not quiet:
             click.echo(render.estimate_line(row, spec.market), err=True)
         question = jobs.question(spec)
-        if question and not yes:
-            _confirm(question)
+        if question:
+            _confirm(question, yes)
         sending = jobs.credentials_sent(spec)
         if sending:
             _confirm_sending(sending)
@@ -362,11 +362,15 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
         _follow(store, settings, job)
 
 
-def _confirm(question: str) -> None:
-    """D26: ask in a terminal; without one (scripts, CI) go on."""
-    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+def _confirm(question, yes: bool) -> None:
+    """The warnings, on stderr whether or not anyone is there (U15); then, D26: ask in a
+    terminal (unless --yes); without one (scripts, CI) go on."""
+    for warning in question.warnings:
+        click.echo(f"WARNING: {warning}", err=True)
+    if yes or not (sys.stdin.isatty() and sys.stderr.isatty()):
         return
-    if not click.confirm(question + " Proceed?", default=True, err=True):
+    if not click.confirm(" ".join(filter(None, [question.text, "Proceed?"])),
+                         default=question.default, err=True):
         raise errors.CloudtrainError("not launched: nothing was created", exit_code=1)
 
 
@@ -732,9 +736,12 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
                                        catalog_module.on_demand_source(region),
                                        catalog_module.spot_source(region)))
     else:
-        click.echo(render.catalog_table(types, region, width=_width(wide)))
-        click.echo(render.catalog_sources(region, catalog_module.on_demand_source(region),
-                                          catalog_module.spot_source(region), width=_width(wide)))
+        unpriced = catalog_module.no_prices(region)
+        click.echo(render.catalog_table(types, region, width=_width(wide), unpriced=unpriced))
+        if unpriced is None:
+            click.echo(render.catalog_sources(region, catalog_module.on_demand_source(region),
+                                              catalog_module.spot_source(region),
+                                              width=_width(wide)))
 
 
 @cli.command()
@@ -753,7 +760,7 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
 @click.option("--region", callback=_region,
               help="Prices of this region (default: the one launch uses: config.yaml, "
               "AWS_REGION, the AWS profile, else us-east-1).")
-@click.option("--disk-gb", type=click.IntRange(min=8, max=65536),
+@click.option("--disk-gb", type=click.IntRange(min=8, max=config.GP3_MAX_GB),
               help="Root volume (default: the recipe's).")
 @click.option("--nodes", type=int, metavar="N", help="Instances per run (default: the "
               "machines the recipe variant was published on).")
@@ -1137,9 +1144,16 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=argv, prog_name="cloudtrain", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `cloudtrain data`: its help
+        exc.show()
+        sys.exit(errors.EXIT_USAGE)
+    except click.UsageError as exc:  # U20: one line, as every error of ours, not click's four
+        command = exc.ctx.command_path if exc.ctx is not None else "cloudtrain"
+        _fail(errors.UsageError(" ".join(exc.format_message().split()),
+                                hint=f"{command} --help"))
     except click.ClickException as exc:
         exc.show()
-        sys.exit(errors.EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
+        sys.exit(exc.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("\ninterrupted", err=True)
         sys.exit(errors.EXIT_INTERRUPTED)

@@ -7,11 +7,13 @@ environment variables and command-line flags (applied by the caller).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
 import reprlib
 import stat
+from functools import lru_cache
 from pathlib import Path
 
 from .errors import ConfigError, UsageError
@@ -20,6 +22,11 @@ from .errors import ConfigError, UsageError
 # the name reaches boto3 (which raises InvalidRegionError) or becomes a path (keys/<region>/).
 REGION_PATTERN = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d+")
 INSTANCE_PATTERN = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")  # g5.xlarge, u-6tb1.metal
+# The largest root volume cloudtrain asks for: gp3's 64 TiB (65,536 GiB; AWS raised gp3 from
+# 16 TiB to 64 TiB and 80,000 IOPS in 2025, "Optimizing price performance with enhanced
+# Amazon EBS gp3 volumes", re:Invent 2025 STG320). A region that still refuses it answers
+# RunInstances with InvalidParameterValue, said as the launch's error.
+GP3_MAX_GB = 65536
 
 
 def home() -> Path:
@@ -108,10 +115,7 @@ def check_region(region: str, source: str = "") -> str:
     """`region` if it is shaped like an AWS region name, else a UsageError naming where it
     came from (--region, config.yaml, AWS_REGION, the profile)."""
     if not isinstance(region, str) or not REGION_PATTERN.fullmatch(region):
-        raise UsageError(f"{shown(region)} is not an AWS region name"
-                         + (f" (from {source})" if source else ""),
-                         hint="a region looks like us-east-1 or eu-west-2: "
-                              "cloudtrain launch --region us-east-1 ...")
+        raise region_error(region, source)
     return region
 
 
@@ -125,6 +129,47 @@ class _Shown(reprlib.Repr):
 
 
 _SHOWN = _Shown()
+
+
+def region_error(region, source: str = "") -> UsageError:
+    """The one wording, whatever the command, of a region that is not one (U20): shaped
+    wrong (check_region) or unknown to EC2 (preflight.check_known_region); the nearest
+    real one where there is one. The hint names no command: any may have been given it."""
+    said = [f"from {source}"] if source else []
+    close = closest(region, known_regions()) if isinstance(region, str) else []
+    if close:
+        said.append(f"did you mean {close[0]}?")
+    return UsageError(f"unknown AWS region {shown(region)}"
+                      + (f" ({'; '.join(said)})" if said else ""),
+                      hint="a region looks like us-east-1 or eu-west-2")
+
+
+@lru_cache(maxsize=1)
+def known_regions() -> frozenset[str]:
+    """EC2's regions in every partition (aws, aws-cn, aws-us-gov, ...), from the endpoint data
+    botocore ships: no network call (botocore is imported only when a region is checked)."""
+    import botocore.session
+
+    session = botocore.session.get_session()
+    found: set[str] = set()
+    for partition in session.get_available_partitions():
+        found |= set(session.get_available_regions("ec2", partition_name=partition))
+    return frozenset(found)
+
+
+def closest(word, choices, n: int = 1) -> list[str]:
+    """The choices nearest `word`, case-insensitive (an exact match but for case first)."""
+    lowered = {str(c).lower(): str(c) for c in choices}
+    if str(word).lower() in lowered:
+        return [lowered[str(word).lower()]]
+    return [lowered[c] for c in difflib.get_close_matches(str(word).lower(), list(lowered),
+                                                          n=n, cutoff=0.75)]
+
+
+def suggest(word, choices, n: int = 1) -> str:
+    """` (did you mean X?)` for the closest of `choices` (case-insensitive), else ``."""
+    close = closest(word, choices, n)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def shown(value) -> str:
@@ -332,7 +377,7 @@ LIMITS = {
     "instance_wait_seconds": (0, WEEK_S, True),
     "ssh_wait_seconds": (0, WEEK_S, True),
     "poll_seconds": (0, 3600, True),
-    "disk_gb": (0, 65536, False),  # gp3's largest volume is 64 TiB
+    "disk_gb": (0, GP3_MAX_GB, False),
     "collect_checkpoints_mb": (0, 1 << 30, False),
     "collect_wait_minutes": (0, WEEK_S / 60, False),
     "staging_disk_mbps": (125, 1000, False),

@@ -80,7 +80,9 @@ def push(directory, url: str, *, shard_mb: int = 256, workers: int = 8,
     from .providers.aws.errors import aws_errors
 
     if region:
-        config.check_region(region, "--region")
+        from .preflight import check_known_region
+
+        check_known_region(config.check_region(region, "--region"))
     s3, region, _ = _s3_client(region, workers)
     with aws_errors(region, "s3"):
         return s3_datasets.push(s3, root, bucket, prefix, shard_bytes=shard_mb << 20,
@@ -287,10 +289,12 @@ DISK_MARGIN_GB = 100
 IN_FLIGHT_SHARDS = 10
 
 
-def disk_needed(copied_bytes: float, shard_bytes: int = 0) -> int:
-    """GB of root volume a job copying `copied_bytes` of data onto it needs at least."""
+def disk_needed(copied_bytes: float, shard_bytes: int = 0,
+                in_flight: int = IN_FLIGHT_SHARDS) -> int:
+    """GB of root volume a job copying `copied_bytes` of data onto it needs at least, with
+    `in_flight` shards of `shard_bytes` downloaded beside their extracted files."""
     return math.ceil(copied_bytes / 1e9 * 1.05 + DISK_MARGIN_GB
-                     + IN_FLIGHT_SHARDS * shard_bytes / 1e9)
+                     + min(in_flight, IN_FLIGHT_SHARDS) * shard_bytes / 1e9)
 
 
 @dataclass
@@ -306,7 +310,8 @@ def preflight(spec, settings) -> list[Staged]:
     """Read what each of the job's datasets holds, before anything is created: a missing
     prefix, a refused read or a snapshot that does not exist stops the launch here. Records
     the sizes in `spec.staging` (shown by the dry run, `status JOB` and `data ls`), and sizes
-    the instance's disk to hold the copies when the user did not."""
+    the instance's disk to hold the copies when the user did not. The sizes are those S3
+    stores (a manifest's own numbers are only checked against them: F29)."""
     found: list[Staged] = []
     for source in spec.datasets:
         if source["kind"] == "s3":
@@ -317,26 +322,53 @@ def preflight(spec, settings) -> list[Staged]:
             found.append(Staged(source))
     spec.staging = {s.source["name"]: _summary(s) for s in found}
     # The copy runs inside the job's clock (the agent's max runtime, the instance's power-off
-    # timer): it gets time of its own on top, at a pessimistic rate.
-    read = sum(s.contents.bytes for s in found if s.contents is not None) + sum(
-        s.snapshot_gb * (1 << 30) for s in found
-        if s.snapshot_gb and s.source.get("first_read") == "preread")
-    allowance = STAGING_ALLOWANCE_S + read / STAGING_ALLOWANCE_RATE if read else 0.0
-    spec.max_runtime_s += allowance - spec.staging_allowance_s
-    spec.staging_allowance_s = allowance
-    copied_gb = sum(s.contents.file_bytes for s in found if s.contents is not None) / 1e9
-    if spec.backend != "local" and copied_gb and not spec.on_job:
-        need = disk_needed(copied_gb * 1e9, max(
-            (s.contents.manifest.shard_bytes for s in found
-             if s.contents is not None and s.contents.manifest is not None), default=0))
-        base = spec.disk_gb or settings.disk_gb or int(spec.resources.get("disk_gb") or 100)
+    # timer, the upload grant): it gets time of its own on top, at a pessimistic rate, as
+    # far as the one-week limit leaves room; past it, from the job's own time.
+    needed = copy_seconds(spec)
+    if needed >= config.WEEK_S:
+        raise UsageError(f"the datasets ({copy_bytes(spec) / 1e9:,.0f} GB) take up to "
+                         f"{needed / 60:,.0f} min to copy at the {STAGING_ALLOWANCE_RATE / 1e6:g}"
+                         f" MB/s the max runtime allows for: past the one-week limit "
+                         f"({config.WEEK_S / 60:,.0f} min)",
+                         hint="stage less data, or give the job a copy already on the host "
+                              "(--data NAME=/path, or an EBS snapshot: --data NAME=snap-...)")
+    base = spec.max_runtime_s - spec.staging_allowance_s
+    spec.staging_allowance_s = max(0.0, min(needed, config.WEEK_S - base))
+    spec.max_runtime_s = base + spec.staging_allowance_s
+    copied = sum(s.contents.file_bytes for s in found if s.contents is not None)
+    if spec.backend != "local" and copied and not spec.on_job:
+        sharded = [s.contents for s in found if s.contents is not None
+                   and s.contents.kind == "shards"]
+        need = disk_needed(copied, max((c.largest for c in sharded), default=0), max(
+            (len(c.manifest.shards) if c.manifest else IN_FLIGHT_SHARDS for c in sharded),
+            default=0))
+        if need > config.GP3_MAX_GB:
+            raise UsageError(f"the datasets take {copied / 1e9:,.0f} GB on disk: with the "
+                             f"system and the copies in flight the root volume would be "
+                             f"{need:,} GB, past gp3's largest ({config.GP3_MAX_GB:,} GiB)",
+                             hint="stage less data, or give it as an EBS snapshot (--data "
+                                  "NAME=snap-...), a volume of its own")
         if spec.disk_gb and spec.disk_gb < need:
-            raise UsageError(f"--disk-gb {spec.disk_gb}: the datasets take {copied_gb:.1f} GB "
-                             f"on disk; give at least {need}", hint=f"--disk-gb {need}")
-        spec.disk_gb = max(base, need)
-        if copied_gb >= STAGING_FAST_DISK_GB:  # the copy writes at the volume's speed
+            raise UsageError(f"--disk-gb {spec.disk_gb}: the datasets take {copied / 1e9:.1f} "
+                             f"GB on disk; give at least {need}", hint=f"--disk-gb {need}")
+        spec.disk_gb = max(spec.root_gb(settings), need)
+        if copied >= STAGING_FAST_DISK_GB * 1e9:  # the copy writes at the volume's speed
             spec.disk_mbps = settings.staging_disk_mbps
     return found
+
+
+def copy_bytes(spec) -> int:
+    """Bytes the staging reads before the job starts: each S3 dataset, and each snapshot
+    volume read once (first_read: preread), as preflight recorded them in spec.staging."""
+    return sum(int(((spec.staging or {}).get(d["name"]) or {}).get("bytes") or 0)
+               for d in spec.datasets if d["kind"] == "s3" or
+               (d["kind"] == "snapshot" and d.get("first_read") == "preread"))
+
+
+def copy_seconds(spec) -> float:
+    """The most the copy is expected to take: 10 minutes and the bytes at 100 MB/s."""
+    read = copy_bytes(spec)
+    return STAGING_ALLOWANCE_S + read / STAGING_ALLOWANCE_RATE if read else 0.0
 
 
 def _summary(s: Staged) -> dict:
@@ -504,8 +536,13 @@ def staging_line(spec) -> str:
                      for d in spec.datasets if d["kind"] not in ("path", "snapshot"))
         parts.append(f"on each of {nodes} nodes, at the same time (its own disk"
                      + (f"; {_gb(copied * nodes)} read in all" if copied else "") + ")")
-    if spec.staging_allowance_s:  # the copy runs inside the job's clock
-        parts.append(f"max runtime +{spec.staging_allowance_s / 60:.0f} min for it")
+    needed = copy_seconds(spec)
+    if spec.staging_allowance_s or needed:  # the copy runs inside the job's clock
+        text = f"max runtime +{spec.staging_allowance_s / 60:.0f} min for it"
+        if spec.staging_allowance_s < needed and spec.max_runtime_s >= config.WEEK_S:
+            text += (f" (the one-week limit: the copy may take up to {needed / 60:.0f} min, the "
+                     "rest from the job's own time)")
+        parts.append(text)
     return "; ".join(parts)
 
 

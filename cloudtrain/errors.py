@@ -44,6 +44,11 @@ class MissingDependency(CloudtrainError):
     """A program or module the job needs is not installed where it runs."""
 
 
+class NoCredentials(MissingDependency):
+    """A command needs cloud credentials and found none (its hint says where they go; a
+    command with a way on without them adds it)."""
+
+
 class HostError(CloudtrainError):
     """A command on a host failed or the host could not be reached."""
 

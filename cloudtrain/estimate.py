@@ -243,19 +243,20 @@ def candidates(basis: Basis, region: str, types: list[str] | None, gpu_request: 
         for name in types:
             t = catalog.get(name)
             if t is None:
-                from .preflight import suggest
+                from .config import INSTANCE_PATTERN, suggest
+                from .preflight import instance_type_error, unknown_instance_type
 
-                raise UsageError(f"--instance {name}: not in the catalog"
-                                 f"{suggest(name, catalog.load())}",
-                                 hint="cloudtrain catalog lists the types")
+                if not INSTANCE_PATTERN.fullmatch(name):
+                    raise instance_type_error(name)
+                raise unknown_instance_type(name, "" if suggest(name, catalog.load()) else
+                                            "not in the bundled catalog, which has the prices")
             out.append(t)
         return out
     if gpu_request:
         gpu, count = catalog.parse_gpus(gpu_request)
         found = catalog.matching(gpu, count, region, source="--gpus")
         if not found:
-            raise UsageError(f"no instance type with {count:g}x {gpu} in {region}",
-                             hint="cloudtrain catalog --gpu NAME lists the types")
+            raise catalog.gpus_error(catalog.check_gpu(gpu, "--gpus"), count, [region])
         return found
     per_node = max(1, basis.gpus // max(1, nodes))
     return [t for t in catalog.matching(None, per_node, region) if t.arch == "x86_64"]
@@ -271,6 +272,9 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     before the job (first_read: preread), at their own rate; `profile`: the recipe profile
     the arguments came from (the figures say whose they are); `nodes`: instances per run,
     each billed (with its disk) for the whole run."""
+    unpriced = catalog.no_prices(region)
+    if unpriced is not None:  # U22: nothing here could be priced; say where it could
+        raise unpriced
     basis = published_basis(recipe, args, profile)
     note = profile_note(recipe, profile)
     over = overheads(store)
@@ -352,7 +356,7 @@ def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: st
     """`cloudtrain estimate`: the recipe's arguments as launch would resolve them (the
     nodes too: --nodes, else the machines the variant was published on)."""
     from . import config, recipes
-    from .spec import MAX_NODES
+    from .spec import MAX_NODES, check_recipe_nodes
 
     if types and gpu_request:
         raise UsageError("give --instance or --gpus, not both")
@@ -361,6 +365,7 @@ def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: st
     rec = recipes.load(name)
     args = rec.resolve(profile, sets)
     nodes = nodes or rec.nodes_published(args)
+    check_recipe_nodes(rec, args, nodes)  # U8: what the launch would refuse is not priced
     settings = config.Settings.load()
     staged = staged_bytes(rec, args, settings)
     return estimate(rec, args, region or catalog.default_region(), market=market,

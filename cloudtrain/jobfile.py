@@ -39,7 +39,7 @@ from typing import Collection
 
 import yaml
 
-from .config import check_region, shown
+from .config import GP3_MAX_GB, check_region, shown
 from .errors import UsageError
 
 SUFFIXES = (".yaml", ".yml")
@@ -94,7 +94,7 @@ KEYS: tuple[Key, ...] = (
     Key("resources.regions", "regions", "strings", "where `gpus` may look for the cheapest "
                                                    "type (config.yaml's regions)"),
     Key("resources.ami", "ami", "str", "AMI id (--ami)"),
-    Key("resources.disk_gb", "disk_gb", "int", "root volume in GB (--disk-gb)", 8, 65536),
+    Key("resources.disk_gb", "disk_gb", "int", "root volume in GB (--disk-gb)", 8, GP3_MAX_GB),
     Key("resources.max_runtime", "max_runtime", "minutes", "stop the job after this long: "
                                                            "minutes, or 90m, 2h, 1d "
                                                            "(--max-runtime)", 0, 7 * 1440),
@@ -425,9 +425,10 @@ class _File:
                 raise bad("a whole number" if kind == "int" else
                           "minutes, or a duration like 90m or 2h" if kind == "minutes" else
                           "a number")
+            if kind == "minutes" and number <= 0:  # U23: not "out of range (0 to 10080)"
+                raise UsageError(f"{at}: must be more than 0 minutes, got {shown(value)}")
             if number != number or (key.low is not None and number < key.low) or \
-                    (key.high is not None and number > key.high) or \
-                    (kind == "minutes" and number <= 0):
+                    (key.high is not None and number > key.high):
                 raise UsageError(f"{at}: {shown(value)} is out of range ({key.low:g} to "
                                  f"{key.high:g})")
             value = number

@@ -23,8 +23,8 @@ from typing import Callable, Iterator
 from . import agent as agent_module
 from . import config, datasets, hostdata, lease, progress, providers, state
 from .agent import metrics_tail, pid_alive, read_json
-from .errors import CloudtrainError, HostError, MissingDependency, NotFound, PlacementError, \
-    UsageError
+from .errors import CloudtrainError, HostError, MissingDependency, NoCredentials, NotFound, \
+    PlacementError, UsageError
 from .gitignore import survey
 from .hosts import Host, LocalHost, agent_dir, close_quietly, measure, session_name, sync_many
 from .spec import RECIPE, JobSpec
@@ -95,9 +95,9 @@ def _given_rows(spec: JobSpec) -> list[tuple[str, str]]:
     return rows
 
 
-def question(spec: JobSpec) -> str | None:
-    """What `launch` asks before it goes on: the price of the paid resources it creates, or
-    why a run here would not finish (a GPU recipe on a machine without a GPU)."""
+def question(spec: JobSpec) -> providers.Question | None:
+    """What `launch` says and asks before it goes on: the price of the paid resources it
+    creates, or why a run here would not finish (a GPU recipe on a machine without a GPU)."""
     provider = providers.get(spec.backend)
     provider.preflight(spec)  # what cannot work is refused before anything is asked
     provider.ready(spec)  # U5: nor is a launch asked about that cannot start (no credentials)
@@ -384,6 +384,9 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
         # from the first signal to the end of the cleanup.
         with lease.renewing(store.path, job.id), lease.signals_interrupt():
             start_attempt(store, settings, spec, provider, job, report, found, source, kept)
+    except NoCredentials as exc:  # U21: the way on that only a launch has
+        exc.hint = f"{exc.hint}; `cloudtrain launch --dry-run` works without"
+        raise
     finally:
         store.update_job(job.id, lease_until=None)
     job = store.job(job.id)

@@ -2,9 +2,8 @@
 checks (a provider's plan() calls its preflight()), so a plan it shows is one the launch
 can carry out.
 
-    suggest(word, choices)          "did you mean ...?" for a mistyped name
-    known_regions()                 every EC2 region botocore knows, in every partition (offline)
     check_known_region(region, by)  a region that does not exist is an error naming it
+    unknown_instance_type(name, why)  the one error for a type that is not one, any command
     instance_type(name, region, ..) the type exists, is offered in the region, runs the AMI's
                                     architecture, and has a GPU (or cpu_ok says it need not)
     own_command(command, workdir)   a file name given as the command, a file here that is no
@@ -17,15 +16,13 @@ None without credentials.
 
 from __future__ import annotations
 
-import difflib
 import os
 import shlex
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from .config import shown
+from .config import known_regions, region_error, shown, suggest
 from .errors import UsageError
 
 DEFAULT_ARCH = "x86_64"  # the Deep Learning AMI cloudtrain uses (images.DLAMI_PARAMETER)
@@ -35,36 +32,33 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json", ".toml")
 SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".ipynb")
 
 
-def suggest(word: str, choices, n: int = 1) -> str:
-    """` (did you mean X?)` for the closest of `choices` (case-insensitive), else ``."""
-    lowered = {str(c).lower(): str(c) for c in choices}
-    if str(word).lower() in lowered:
-        return f" (did you mean {lowered[str(word).lower()]}?)"
-    close = difflib.get_close_matches(str(word).lower(), list(lowered), n=n, cutoff=0.75)
-    return f" (did you mean {' or '.join(lowered[c] for c in close)}?)" if close else ""
-
-
-@lru_cache(maxsize=1)
-def known_regions() -> frozenset[str]:
-    """EC2's regions in every partition (aws, aws-cn, aws-us-gov, ...), from the endpoint data
-    botocore ships: no network call."""
-    import botocore.session
-
-    session = botocore.session.get_session()
-    found: set[str] = set()
-    for partition in session.get_available_partitions():
-        found |= set(session.get_available_regions("ec2", partition_name=partition))
-    return frozenset(found)
-
-
 def check_known_region(region: str, source: str = "--region") -> str:
     """`region` if EC2 has such a region, else a UsageError that says it does not exist."""
     regions = known_regions()
     if regions and region not in regions:
-        raise UsageError(f"{source} {region}: there is no AWS region {region}"
-                         f"{suggest(region, regions)}",
-                         hint="cloudtrain catalog --region us-east-1 lists what a region offers")
+        raise region_error(region, source)
     return region
+
+
+def unknown_instance_type(name, why: str = "", origin: str | None = None) -> UsageError:
+    """The one wording, whatever the command, of an instance type that is not one (U20):
+    the nearest name in the catalog whatever the case, and why it is not one; `origin`: the
+    job file's `file:line: resources.instance` it came from (U11)."""
+    from . import catalog
+
+    return UsageError(f"{origin + ': ' if origin else ''}unknown instance type "
+                      f"{shown(name)}{suggest(name, catalog.load())}"
+                      + (f": {why}" if why else ""),
+                      hint="cloudtrain catalog lists the GPU types")
+
+
+def instance_type_error(name, origin: str | None = None) -> UsageError:
+    """A --instance that is not shaped like an EC2 type name (g5.xlarge, u-6tb1.metal)."""
+    from .config import INSTANCE_PATTERN
+
+    lower = isinstance(name, str) and INSTANCE_PATTERN.fullmatch(name.lower())
+    return unknown_instance_type(name, "EC2 type names are lower case" if lower else
+                                 "expected an EC2 instance type, e.g. g5.xlarge", origin)
 
 
 @dataclass
@@ -117,17 +111,13 @@ def instance_type(name: str, region: str, *, cpu_ok: bool = False,
                         f"that {name} is offered there")
     else:
         if name.lower() in {k.lower() for k in types}:
-            raise UsageError(f"unknown instance type {shown(name)}{suggest(name, types)}: EC2 type "
-                             "names are lower case")
+            raise unknown_instance_type(name, "EC2 type names are lower case")
         found = describe(name) if describe is not None else None
         if found is None and describe is not None:
-            raise UsageError(f"unknown instance type {shown(name)}{suggest(name, types)}: EC2 has "
-                             "no such type", hint="cloudtrain catalog lists the GPU types")
+            raise unknown_instance_type(name, "EC2 has no such type")
         if found is None:  # no credentials: the catalog is all there is to go by
-            hint = suggest(name, types)
-            if hint:
-                raise UsageError(f"unknown instance type {shown(name)}{hint}",
-                                 hint="cloudtrain catalog lists the GPU types")
+            if suggest(name, types):
+                raise unknown_instance_type(name)
             if not cpu_ok:
                 raise UsageError(f"{name} is not a GPU instance type in the bundled catalog",
                                  hint="cloudtrain catalog lists the GPU types; to run on a type "
@@ -230,10 +220,11 @@ def _not_a_command(word: str, places: list[Path], at: str) -> None:
                           f"{Path(word).stem}.yaml")
 
 
-def cpu_warning(spec) -> str | None:
+def cpu_warning(spec) -> tuple[str, bool] | None:
     """For a recipe that trains on a GPU, run on a machine without one: how long its CPU figure
     (`resources.cpu_minutes`: the default run on 2 CPU cores, measured) says it would take,
-    against its max runtime, and the ways out."""
+    against its max runtime, and the ways out; and whether that is past the max runtime (the
+    run is predicted to fail)."""
     from . import recipes
 
     rec = recipes.load(spec.recipe)
@@ -248,4 +239,4 @@ def cpu_warning(spec) -> str | None:
     if minutes > limit:
         said += f", past its max runtime of {limit:g} min, which stops it as failed"
     return (said + f". For a quick check: --profile smoke; for the real run: --instance TYPE or "
-                   f"--gpus {rec.gpu_request(spec.args)}")
+                   f"--gpus {rec.gpu_request(spec.args)}"), minutes > limit

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import finite, shown, yaml_problem
+from .config import GP3_MAX_GB, finite, shown, yaml_problem
 from .errors import ConfigError, NotFound, UsageError
 
 BUNDLED = Path(__file__).resolve().parent.parent / "recipes"
@@ -40,7 +40,7 @@ MAX_GPUS = 64  # on one host (the largest instances have 8; room for what comes)
 ARGUMENT_LIMITS = {"gpus": (1, MAX_GPUS, False), "epochs": (0, 100_000, True),
                    "runs": (1, 100_000, False)}
 # resources: numbers and their ranges (whole numbers except max_runtime_minutes).
-RESOURCE_LIMITS = {"gpus_per_node": (0, MAX_GPUS), "nodes": (1, 64), "disk_gb": (8, 65536),
+RESOURCE_LIMITS = {"gpus_per_node": (0, MAX_GPUS), "nodes": (1, 64), "disk_gb": (8, GP3_MAX_GB),
                    "max_runtime_minutes": (0, 7 * 24 * 60),
                    # the default run's minutes on 2 CPU cores, measured (preflight.cpu_warning)
                    "cpu_minutes": (0, 10 ** 7)}

@@ -201,13 +201,7 @@ def close(store: Store, job: Job) -> None:
 
 def places(spec: JobSpec, settings: config.Settings, home: str | None) -> list[tuple[str, str]]:
     """(region, market) in the order a relaunch tries them."""
-    regions = [home] if home else []
-    # Data on an EBS snapshot is in one region; an S3 source is reachable from any.
-    if not any(d.get("kind") == "snapshot" for d in spec.datasets or []):
-        regions += [r.strip() for r in settings.regions.split(",")
-                    if r.strip() and r.strip() not in regions]
-    markets = ["spot"] + (["on-demand"] if spec.fallback == "on-demand" else [])
-    return [(region, market) for market in markets for region in regions]
+    return spec.relaunch_places(settings, home)
 
 
 def attempt_spec(spec: JobSpec, n: int, region: str, market: str,

@@ -688,8 +688,11 @@ def cloud_instances(found: list[dict], now: float | None = None, width: int | No
     return text
 
 
-def catalog_table(types, region: str, *, width: int | None = None) -> str:
-    """Prices per hour (`$/H`), where `estimate` shows dollars per run (`$/RUN`) (D24)."""
+def catalog_table(types, region: str, *, width: int | None = None, unpriced=None) -> str:
+    """Prices per hour (`$/H`), where `estimate` shows dollars per run (`$/RUN`) (D24).
+    `unpriced`: catalog.no_prices(region), said instead of an empty table (U22)."""
+    if unpriced is not None:
+        return f"{unpriced.message}: {unpriced.hint}"
     if not types:
         return f"no instance types match in {region}"
     rows = []

@@ -159,6 +159,23 @@ class JobSpec:
                              f"--procs {procs}", hint=f"pass --procs {n}, or --set gpus={procs}")
         return procs
 
+    def relaunch_places(self, settings, home: str | None) -> list[tuple[str, str]]:
+        """(region, market) in the order a relaunch tries them (recovery.py): the home region,
+        then `regions:` from config.yaml (not for data on an EBS snapshot, which lives in one
+        region; an S3 source is reachable from any), spot first, then on-demand with
+        --fallback on-demand."""
+        regions = [home] if home else []
+        if not any(d.get("kind") == "snapshot" for d in self.datasets or []):
+            regions += [r.strip() for r in settings.regions.split(",")
+                        if r.strip() and r.strip() not in regions]
+        markets = ["spot"] + (["on-demand"] if self.fallback == "on-demand" else [])
+        return [(region, market) for market in markets for region in regions]
+
+    def root_gb(self, settings) -> int:
+        """The root volume's size: --disk-gb (or what preflight sized for the datasets),
+        else config.yaml's disk_gb, else the recipe's, else 100 GB."""
+        return int(self.disk_gb or settings.disk_gb or self.resources.get("disk_gb") or 100)
+
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data.pop("secret_values")  # never stored: job.json, state.db and logs get names only
@@ -255,18 +272,38 @@ def _check_nodes(spec: JobSpec) -> None:
     if spec.kind == RECIPE:
         from . import recipes
 
-        rec = recipes.load(spec.recipe)
-        if rec.launcher != "torchrun":
-            raise UsageError(f"{what}: recipe {rec.name} runs as one process on one "
-                             "machine; it cannot span machines",
-                             hint="recipes that can: " + ", ".join(
-                                 r for r in recipes.names()
-                                 if recipes.load(r).launcher == "torchrun"))
-        if spec.gpus_exact and spec.gpus_needed > 1 and spec.gpus_needed % n:
-            raise UsageError(f"recipe {rec.name} with gpus={spec.gpus_needed} on {n} nodes: "
-                             f"its gpus (processes in all) must split evenly over the nodes",
-                             hint=f"--set gpus={n * max(1, spec.gpus_needed // n)}, or "
-                                  f"--nodes a divisor of {spec.gpus_needed}")
+        check_recipe_nodes(recipes.load(spec.recipe), spec.args, n, what)
+
+
+def check_recipe_nodes(rec, args: dict, nodes: int, what: str | None = None) -> None:
+    """Refuse a recipe on `nodes` machines that cannot run there (the launch, its dry run and
+    `estimate --nodes`): a recipe that is one process, or one whose `gpus` argument (its
+    processes in all: WORLD_SIZE must equal it, resnet9 stops at once otherwise) does not
+    split evenly over the nodes, each of which starts at least one. `what`: where the node
+    count came from (`--nodes N`, or the job file's `file:line: resources.nodes`, U11)."""
+    from . import recipes
+
+    if nodes == 1:
+        return
+    what = what or f"--nodes {nodes}"
+    if rec.launcher != "torchrun":
+        raise UsageError(f"{what}: recipe {rec.name} runs as one process on one "
+                         "machine; it cannot span machines",
+                         hint="recipes that can: " + ", ".join(
+                             r for r in recipes.names()
+                             if recipes.load(r).launcher == "torchrun"))
+    gpus = rec.gpus_needed(args)
+    if not rec.gpus_exact(args) or gpus % nodes == 0:
+        return
+    if gpus < nodes:
+        raise UsageError(f"recipe {rec.name} with gpus={gpus} runs {gpus} process"
+                         f"{'es' if gpus > 1 else ''}: it cannot span {nodes} nodes",
+                         hint=f"--set gpus={nodes} (one process on each node), or "
+                              + ("leave out --nodes" if gpus == 1 else f"--nodes {gpus}"))
+    raise UsageError(f"recipe {rec.name} with gpus={gpus} on {nodes} nodes: its gpus "
+                     "(processes in all) must split evenly over the nodes",
+                     hint=f"--set gpus={nodes * (gpus // nodes)}, or --nodes a divisor of "
+                          f"{gpus}")
 
 
 def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_runtime_minutes,
@@ -411,7 +448,8 @@ def _recovery(given: dict, market: str, on_job: str | None, origins: dict) -> di
     if fallback is not None and fallback not in FALLBACKS:
         raise UsageError(f"{_flag(origins, 'fallback')} must be one of {', '.join(FALLBACKS)}, "
                          f"got {shown(fallback)}")
-    return {"recover": enabled, "max_restarts": restarts, "fallback": fallback}
+    # No restart is no recovery (U23): nothing relaunches, so no supervisor and no stream.
+    return {"recover": enabled and restarts > 0, "max_restarts": restarts, "fallback": fallback}
 
 
 def _flag(origins: dict, key: str) -> str:
@@ -447,15 +485,9 @@ def _check_inputs(given: dict, placement: dict, include: tuple[str, ...],
         raise UsageError(f"{origins.get('ami', '--ami')} {shown(placement['ami'])}: expected "
                          "an AMI id, e.g. ami-0123456789abcdef0")
     if placement.get("instance_type") and not INSTANCE_PATTERN.fullmatch(placement["instance_type"]):
-        from . import catalog
-        from .preflight import suggest
+        from .preflight import instance_type_error
 
-        close = suggest(placement["instance_type"], catalog.load())
-        raise UsageError(f"{_flag(origins, 'instance_type')} "
-                         f"{shown(placement['instance_type'])}: "
-                         + (f"unknown instance type{close}" if close else
-                            "expected an EC2 instance type, e.g. g5.xlarge"),
-                         hint="cloudtrain catalog lists the GPU types")
+        raise instance_type_error(placement["instance_type"], origins.get("instance_type"))
     if "max_price" in placement:
         finite(placement["max_price"], origins.get("max_price", "--max-price (USD per hour)"),
                low=0, low_open=True, high=1000)

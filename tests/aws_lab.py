@@ -256,6 +256,20 @@ def aws(moto_endpoint, ct_home, tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def stored_as(monkeypatch) -> dict:
+    """{key: size}: objects that moto's S3 (in this process) lists at that size rather than
+    their own, so that a test can store a 5 TiB shard in a few bytes. What a launch plans
+    with is S3's listing; the bytes are read only on the instance."""
+    from moto.s3.models import FakeKey
+
+    sizes: dict[str, int] = {}
+    own = FakeKey.size
+    monkeypatch.setattr(FakeKey, "size", property(lambda key: sizes.get(key.name,
+                                                                         own.fget(key))))
+    return sizes
+
+
+@pytest.fixture
 def ec2_provider(monkeypatch, ct_home):
     """An AWSProvider against in-process moto (`mock_aws`): no sshd, for the provider's own
     EC2 logic. Settings: us-east-1, SSH from 127.0.0.1/32, short polls."""

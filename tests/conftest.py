@@ -330,3 +330,14 @@ def tiny_prepared_imagenet(base: Path, seed: int) -> Path:
                                             val_per_class=2, seed=seed)
     imagenet_files.prepare_imagenet(base / "src", base / "imagenet", sizes=(40, 88), workers=1)
     return base / "imagenet"
+
+
+def lying_manifest(entries: int, size: int, shard_bytes: int | None = None) -> bytes:
+    """A dataset manifest whose every field parses and whose sums agree, for `entries` shards
+    of `size` bytes (one member each), sha256 all zeros: what anyone who can write a bucket
+    can put there, with or without shard objects behind it (the audit's F29)."""
+    from cloudtrain import shards
+
+    return shards.Manifest.build(shard_bytes or size, [shards.ShardEntry(
+        shards.shard_name(i), 1, size, size - 3 * shards.BLOCK, "0" * 64)
+        for i in range(entries)]).to_json().encode()

@@ -6,6 +6,7 @@ Contract, the same for every provider:
     ready(spec)                 what a real launch needs beyond the dry run (credentials),
                                 checked before it asks or records anything
     plan(spec)                  what launch would do, as (what, value) rows; creates nothing
+    question(spec)              what launch says and asks before it goes on: a Question or None
     acquire(store, job, spec)   get a host for the job, recording its instances; -> Host
     setup(host)                 make the host ready for the agent (python3, tmux)
     gpus(spec, host)            GPUs the job's host has (torchrun starts one process each)
@@ -29,9 +30,20 @@ Contract, the same for every provider:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ..errors import UsageError
 
 BACKENDS = ("local", "aws")
+
+
+@dataclass
+class Question:
+    """What `launch` says before it creates anything (a provider's question(spec)), and asks
+    in a terminal."""
+    text: str | None  # the question's own words (what is bought, at most what it costs)
+    warnings: list[str] = field(default_factory=list)  # said on stderr, asked or not
+    default: bool = True  # Enter's answer: no where the plan predicts the job fails
 
 
 def get(name: str):

@@ -17,6 +17,7 @@ from .. import config
 from ..errors import ConfigError, HostError, MissingDependency, UsageError
 from ..hosts import Host, LocalHost, SSHHost, default_tmux_socket
 from ..progress import SILENT, Reporter
+from . import Question
 from ..state import Instance, Job, Store
 
 NODE_PATTERN = re.compile(r"(?:([A-Za-z_][\w.-]{0,31})@)?([A-Za-z0-9][A-Za-z0-9.-]{0,252})"
@@ -227,19 +228,20 @@ class LocalProvider:
             procs = spec.processes(gpus)
             rows.append(("processes", f"{procs} ({gpus} GPU(s) here)" + (
                 f" per node x {spec.nodes} nodes under torchrun" if spec.nodes > 1 else "")))
-        warning = self.question(spec)
-        if warning:
-            rows.append(("WARNING", warning))
+        ask = self.question(spec)
+        rows += [("WARNING", warning) for warning in (ask.warnings if ask else [])]
         return rows + [("max runtime", f"{spec.max_runtime_s / 60:g} min"), ("cost", "$0.00")]
 
-    def question(self, spec) -> str | None:
+    def question(self, spec) -> Question | None:
         """D17: a GPU recipe's full run on a machine without a GPU would take hours (and be
-        stopped at its max runtime): said, and asked, before it starts."""
+        stopped at its max runtime): said, and asked, before it starts; Enter says no where
+        the run is predicted to fail (U15)."""
         from ..preflight import cpu_warning
 
         if spec.kind != "recipe" or spec.profile or self._host().gpu_count():
             return None
-        return cpu_warning(spec)
+        found = cpu_warning(spec)
+        return None if found is None else Question(None, [found[0]], default=not found[1])
 
     def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
         return {}  # this machine is always there

@@ -232,6 +232,9 @@ def test_missing_credentials_is_one_line(cli, aws):
     assert proc.returncode == 1
     assert error_line(proc.stderr) == "Error: no AWS credentials found"
     assert "aws configure" in proc.stderr and "Traceback" not in proc.stderr
+    # U21: a launch's own way on without credentials
+    assert proc.stderr.splitlines()[-1].endswith("; `cloudtrain launch --dry-run` works "
+                                                 "without")
 
 
 def test_keep_then_launch_on_reuses_the_instance(cli, aws, ct_home, tmp_path):
@@ -356,7 +359,8 @@ def test_dry_run_with_no_aws_account_at_all(cli, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "p3.2xlarge: 1x V100, 8 vCPU, 61 GiB" in proc.stdout
     assert "$3.0600/h (on-demand list price" in proc.stdout
-    assert "at most      $3.06 if it runs its whole max runtime of 60 min" in proc.stdout
+    assert "at most      $4.60: one instance of up to 90 min (the max runtime of 60 min + 30 " \
+        "until user-data powers it off), with its 60 GB gp3 disk ($0.0066/h)" in proc.stdout
     assert "not checked: no AWS credentials" in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", "--instance",
                            "p3.2xlarge", "--dry-run", "--", "true"], cwd=REPO, capture_output=True,

@@ -23,15 +23,15 @@ import boto3
 import pytest
 
 from imds_lab import FakeIMDS
-from aws_lab import REGION, aws, moto_endpoint
+from aws_lab import REGION, aws, moto_endpoint, stored_as
 from cloudtrain.providers.aws import datasets as s3_datasets
-from conftest import tiny_prepared_imagenet, wait_for
+from conftest import error_line, lying_manifest, tiny_prepared_imagenet, wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"),
                                 reason="needs openssh-server")
 pytest.importorskip("torch")
 
-__all__ = ["aws", "moto_endpoint"]  # the lab's fixtures
+__all__ = ["aws", "moto_endpoint", "stored_as"]  # the lab's fixtures
 BUCKET = "datasets-aws-test"
 PROFILE = "cloudtrain-instance"
 TINY = ("--set", "variant=tiny", "--set", "arch=resnet18", "--set", "workers=0",
@@ -356,39 +356,100 @@ def test_the_dry_run_shows_the_data_and_a_disk_sized_to_hold_it(
     assert aws.instances() == [] and "no jobs yet" in cli.ok("status").stdout
 
 
-def _big_manifest_dry_run(cli, s3) -> dict:
-    """The dry run's rows for a 12 GB dataset (a manifest that says so: a dry run reads
-    only the manifest, so its shards need not exist), with config.yaml's disk_gb 8."""
-    from cloudtrain import shards
-
-    big = shards.Manifest.build(1 << 30, [shards.ShardEntry(
-        shards.shard_name(i), 1000, 10**9, 10**9 - 2 * 10**6, "ab" * 32) for i in range(12)])
-    s3.put_object(Bucket=BUCKET, Key="big/manifest.json", Body=big.to_json().encode())
-    dry = cli.ok("launch", "--recipe", "imagenet", *TINY, "--data", f"imagenet=s3://{BUCKET}/big",
-                 "--instance", "g5.xlarge", "--dry-run", env=ENV).stdout
-    return {line.split()[0]: line.split(None, 1)[1] for line in dry.splitlines()[1:]
+def _rows(plan: str) -> dict:
+    return {line.split()[0]: line.split(None, 1)[1] for line in plan.splitlines()[1:]
             if line.startswith("  ") and len(line.split()) > 1}
 
 
-def test_the_dry_run_of_a_12_gb_dataset_sizes_the_disk_for_the_copy(cli, aws, s3):
+def _store_shards(s3, stored_as, prefix: str, entries: int, size: int) -> None:
+    """A dataset S3 lists as `entries` shards of `size` bytes (held in a byte each) with a
+    manifest that agrees."""
+    for i in range(entries):
+        key = f"{prefix}/shards/shard-{i:05d}.tar"
+        s3.put_object(Bucket=BUCKET, Key=key, Body=b"x")
+        stored_as[key] = size
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}/manifest.json",
+                  Body=lying_manifest(entries, size, shard_bytes=1 << 30))
+
+
+def _big_manifest_dry_run(cli, s3, stored_as) -> dict:
+    """The dry run's rows for a 12 GB dataset (twelve 1 GB shards as S3 lists them), with
+    config.yaml's disk_gb 8."""
+    _store_shards(s3, stored_as, "big", 12, 10**9)
+    dry = cli.ok("launch", "--recipe", "imagenet", *TINY, "--data", f"imagenet=s3://{BUCKET}/big",
+                 "--instance", "g5.xlarge", "--dry-run", env=ENV).stdout
+    return _rows(dry)
+
+
+def test_the_dry_run_of_a_12_gb_dataset_sizes_the_disk_for_the_copy(cli, aws, s3, stored_as):
     aws.write_config(disk_gb=8)
-    rows = _big_manifest_dry_run(cli, s3)
+    rows = _big_manifest_dry_run(cli, s3, stored_as)
     # the copy gets time of its own: 10 min + 12 GB at 100 MB/s
-    assert rows["data"] == (f"imagenet from s3://{BUCKET}/big (12.0 GB, 12,000 files, shards); "
+    assert rows["data"] == (f"imagenet from s3://{BUCKET}/big (12.0 GB, 12 files, shards); "
                             "max runtime +12 min for it")
-    # 11.98 GB of files, 5 % for the file system, the 100 GB margin and ten 1 GiB shards in
-    # flight: 124 GB, not the 8
-    assert rows["disk"].startswith("124 GB gp3"), rows["disk"]
+    # 11.99 GB of files, 5 % for the file system, the 100 GB margin and ten of the 1 GB
+    # shards in flight (S3's size, not the 1 GiB the manifest's shard_bytes says): 123 GB,
+    # not the 8
+    assert rows["disk"].startswith("123 GB gp3"), rows["disk"]
     assert aws.instances() == [] and "no jobs yet" in cli.ok("status").stdout
 
 
-def test_the_dry_run_states_the_faster_root_volume_a_large_copy_gets(cli, aws, s3):
+def test_the_dry_run_states_the_faster_root_volume_a_large_copy_gets(cli, aws, s3,
+                                                                     stored_as):
     aws.write_config(disk_gb=8)
-    rows = _big_manifest_dry_run(cli, s3)
+    rows = _big_manifest_dry_run(cli, s3, stored_as)
     # launch would provision 1000 MB/s and 4000 IOPS (run_request, test above) and bill
     # $40/month more for them: the dry run, "what launch would do", should say so
     assert "1000 MB/s and 4000 IOPS provisioned for the data copy (+$0.0548/h)" in \
         rows["disk"], rows["disk"]
+
+
+# -- F29: the manifest is bucket content ------------------------------------------------------
+
+
+def test_f29_the_audit_s_lying_manifests_stop_the_launch_before_anything_exists(
+        cli, aws, ct_home, s3):
+    """12 and 1,000 entries of 5 TiB, consistent sums, no shard objects behind them: they
+    took the max runtime to 11,725 and 916,990 min, the power-off timer with it, and the disk
+    to 124,345 GB and 5.8 PB. Now the launch stops in one line, and the dry run says why."""
+    for prefix, entries in (("huge12", 12), ("huge", 1000)):
+        s3.put_object(Bucket=BUCKET, Key=f"{prefix}/manifest.json",
+                      Body=lying_manifest(entries, 5 << 40))
+        said = (f"dataset s3://{BUCKET}/{prefix}: {entries:,} of the {entries:,} shards its "
+                "manifest lists are not stored (shards/shard-00000.tar first)")
+        proc = _launch(cli, data=f"imagenet=s3://{BUCKET}/{prefix}")
+        assert proc.returncode == 1 and error_line(proc.stderr) == f"Error: {said}"
+        assert len(proc.stderr.splitlines()) == 2, proc.stderr  # and its hint
+        rows = _rows(cli.ok("launch", "--data", f"imagenet=s3://{BUCKET}/{prefix}",
+                            "--instance", "g5.xlarge", "--dry-run", "--", "true").stdout)
+        assert rows["data"] == f"cannot be read, the launch would stop: {said}"
+        assert rows["disk"].startswith("100 GB gp3")
+        assert rows["shutdown"].endswith("user-data after 750 min regardless")  # 720 + 30
+    assert aws.instances() == [] and "no jobs yet" in cli.ok("status").stdout
+
+
+def test_f29_data_past_the_week_or_past_gp3_s_64_tib_is_refused_in_one_line(
+        cli, aws, ct_home, s3, stored_as):
+    """Consistent datasets that S3 really lists that large: twelve 5 TiB shards take longer
+    than the one-week limit to copy at the allowance's 100 MB/s; eight fit the week but not a
+    gp3 root volume with the copies in flight beside them."""
+    from cloudtrain import datasets
+
+    _store_shards(s3, stored_as, "week", 12, 5 << 40)
+    proc = _launch(cli, data=f"imagenet=s3://{BUCKET}/week")
+    minutes = (600 + 12 * (5 << 40) / 1e8) / 60
+    assert proc.returncode == 2 and error_line(proc.stderr) == (
+        f"Error: the datasets ({12 * (5 << 40) / 1e9:,.0f} GB) take up to {minutes:,.0f} min "
+        "to copy at the 100 MB/s the max runtime allows for: past the one-week limit "
+        "(10,080 min)")
+    _store_shards(s3, stored_as, "disk", 8, 5 << 40)
+    proc = _launch(cli, data=f"imagenet=s3://{BUCKET}/disk")
+    files = 8 * ((5 << 40) - 3 * 512)
+    assert proc.returncode == 2 and error_line(proc.stderr) == (
+        f"Error: the datasets take {files / 1e9:,.0f} GB on disk: with the system and the "
+        f"copies in flight the root volume would be {datasets.disk_needed(files, 5 << 40, 8):,}"
+        " GB, past gp3's largest (65,536 GiB)")
+    assert aws.instances() == [] and "no jobs yet" in cli.ok("status").stdout
 
 
 # -- nobody watching -----------------------------------------------------------------------------

@@ -158,7 +158,7 @@ def test_a_region_that_is_not_one_is_a_problem(no_aws, monkeypatch):
     report = check.run()
     region = by_name(report)["region"]
     assert region.verdict == "problem"
-    assert region.detail == "'moon' is not an AWS region name (from AWS_REGION)"
+    assert region.detail == "unknown AWS region 'moon' (from AWS_REGION)"
     assert "us-east-1" in region.hint
     assert check.exit_code(report) == 1
 

@@ -25,7 +25,7 @@ from aws_lab import moto_endpoint
 from cloudtrain import datasets, shards
 from cloudtrain.errors import CloudtrainError, NotFound, UsageError
 from cloudtrain.providers.aws import datasets as s3_datasets
-from conftest import REPO
+from conftest import REPO, lying_manifest
 
 sys.path.insert(0, str(REPO / "recipes"))
 from common import imagenet_files  # noqa: E402
@@ -191,6 +191,57 @@ def test_a_missing_or_broken_manifest_is_said(s3, tree):
         s3_datasets.read_manifest(s3, BUCKET, "bad")
 
 
+def test_f29_a_manifest_of_twelve_5_tib_shards_that_are_not_stored_is_refused(s3):
+    """The audit's 12-entry manifest (2 KB): 66 TB claimed, nothing behind it. Read at a
+    launch, it took the max runtime past the one-week limit and the disk to 124,345 GB."""
+    s3.put_object(Bucket=BUCKET, Key="huge12/manifest.json", Body=lying_manifest(12, 5 << 40))
+    with pytest.raises(CloudtrainError) as err:
+        s3_datasets.contents(s3, BUCKET, "huge12")
+    assert err.value.message == (f"dataset s3://{BUCKET}/huge12: 12 of the 12 shards its "
+                                 "manifest lists are not stored (shards/shard-00000.tar first)")
+    assert "\n" not in err.value.message + (err.value.hint or "")
+
+
+def test_f29_a_manifest_of_1000_shards_is_checked_with_one_listing(s3):
+    """The audit's 1,000-entry manifest (5 TiB each, 5.5 PB in all): refused from one
+    ListObjectsV2 of shards/ (one page here), without a request per shard."""
+    s3.put_object(Bucket=BUCKET, Key="huge/manifest.json", Body=lying_manifest(1000, 5 << 40))
+    s3.put_object(Bucket=BUCKET, Key="huge/shards/shard-00000.tar", Body=b"x" * 1024)
+    calls = _calls(s3)
+    with pytest.raises(CloudtrainError, match=r"^dataset s3://datasets-test/huge: 999 of the "
+                                              r"1,000 shards its manifest lists are not stored "
+                                              r"\(shards/shard-00001.tar first\)$"):
+        s3_datasets.contents(s3, BUCKET, "huge")
+    assert [c[0] for c in calls] == ["GetObject", "ListObjectsV2"]
+
+
+def test_f29_stored_shards_smaller_than_the_manifest_says_are_refused(s3, tree):
+    """Real shards, pushed; then a manifest that claims each is 5 TiB (sums consistent)."""
+    report = _push(s3, tree)
+    assert report.shards > 1
+    manifest = s3_datasets.read_manifest(s3, BUCKET, "imagenet")
+    claimed = 5 << 40
+    lie = shards.Manifest.build(claimed, [shards.ShardEntry(
+        s.name, s.files, claimed, s.file_bytes, s.sha256) for s in manifest.shards])
+    s3.put_object(Bucket=BUCKET, Key="imagenet/manifest.json", Body=lie.to_json().encode())
+    first = manifest.shards[0]
+    with pytest.raises(CloudtrainError) as err:
+        s3_datasets.contents(s3, BUCKET, "imagenet")
+    assert err.value.message == (
+        f"dataset s3://{BUCKET}/imagenet: shards/{first.name} is {first.bytes:,} bytes, its "
+        f"manifest says {claimed:,} ({report.shards} shards differ)")
+
+
+def test_f29_a_consistent_dataset_is_sized_by_what_s3_stores(s3, tree):
+    report = _push(s3, tree)
+    found = s3_datasets.contents(s3, BUCKET, "imagenet")
+    stored = {k: s3.head_object(Bucket=BUCKET, Key=k)["ContentLength"]
+              for k in _keys(s3, "imagenet/shards/")}
+    assert found.kind == "shards" and found.bytes == sum(stored.values()) == report.bytes
+    assert found.largest == max(stored.values())
+    assert found.file_bytes == report.file_bytes <= found.bytes
+
+
 def test_a_bucket_that_refuses_writes_is_an_error_in_words(s3, tree):
     s3.put_bucket_policy(Bucket=BUCKET, Policy=json.dumps({
         "Version": "2012-10-17", "Statement": [{
@@ -275,7 +326,11 @@ def test_the_command_without_credentials_says_so(s3, tree, moto_endpoint):
     proc = _cli(moto_endpoint, str(tree), f"s3://{BUCKET}/x",
                 AWS_ACCESS_KEY_ID="", AWS_SECRET_ACCESS_KEY="")
     assert proc.returncode == 1
-    assert proc.stderr.splitlines()[0] == "Error: no AWS credentials found"
+    # U21: the hint fits `data push`: it needs credentials, and a launch's dry run is no help
+    assert proc.stderr.splitlines() == [
+        "Error: no AWS credentials found",
+        "Hint: run `aws configure`, or set AWS_PROFILE (or AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY)"]
     assert _keys(s3, "x/") == []
 
 

@@ -141,6 +141,11 @@ def test_flags_override_the_file_and_repeated_flags_add_to_it(ct_home, tmp_path)
     ("name: x\nresources:\n  max_runtime: soon\n", "job.yaml:3: resources.max_runtime: "
                                                    "expected minutes, or a duration"),
     ("name: x\nresources:\n  disk_gb: 4\n", "job.yaml:3: resources.disk_gb: 4 is out of range"),
+    # U23: not "0 is out of range (0 to 10080)"
+    ("name: x\nresources:\n  max_runtime: 0\n", "job.yaml:3: resources.max_runtime: must be "
+                                                "more than 0 minutes, got 0"),
+    ("name: x\nresources:\n  max_runtime: -5\n", "job.yaml:3: resources.max_runtime: must "
+                                                 "be more than 0 minutes, got -5"),
     ("name: a\nname: b\nrun: echo hi\n", "job.yaml:2: name: given twice (first on line 1)"),
     ("- a\n- b\n", "job.yaml:1: a job file is a mapping of keys"),
     ("", "job.yaml: empty job file"),

@@ -98,7 +98,7 @@ def test_d28_gpus_looks_in_the_aws_chains_region():
 # D6
 def test_d6_unknown_region_is_named_with_the_nearest():
     refused(run("launch", "--recipe", "resnet9", "--instance", "g5.xlarge", "--region",
-                "xx-east-1", "--dry-run"), "there is no AWS region xx-east-1",
+                "xx-east-1", "--dry-run"), "unknown AWS region 'xx-east-1'",
             "did you mean us-east-1?")
 
 
@@ -311,11 +311,42 @@ def test_d17_a_gpu_recipe_on_this_cpu_says_what_it_would_take(ct_home, slow_reci
     assert "past its max runtime of 60 min" in warning
     assert "--profile smoke" in warning and "--gpus V100:1" in warning
     code, shown = in_a_terminal(["launch", "--recipe", "slow"], "n", env)
-    assert code == 1 and "Proceed? [Y/n]" in shown and "not launched" in shown, shown
+    assert code == 1 and "Proceed? [y/N]" in shown and "not launched" in shown, shown
     assert no_jobs(ct_home)
     # the smoke profile is what it suggests: not asked about
     assert "WARNING" not in run("launch", "--recipe", "slow", "--profile", "smoke", "--dry-run",
                                 env=env).stdout
+
+
+def test_u15_without_a_terminal_the_warning_is_still_said_on_its_own_line(ct_home, slow_recipe):
+    """`launch --recipe slow </dev/null` (a script, CI): nobody is asked, and the launch goes
+    on, but the 2.4 h CPU run predicted to fail is said on stderr first."""
+    env = {"CLOUDTRAIN_HOME": str(ct_home), **slow_recipe}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    proc = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", "--recipe", "slow",
+                           "--quiet"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          env={**base, **NO_AWS, **env}, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    (warning,) = [line for line in proc.stderr.splitlines() if "no GPU here" in line]
+    assert warning.startswith("WARNING: no GPU here: slow would take about 2.4 h on this CPU")
+    assert "past its max runtime of 60 min" in warning and "Proceed" not in proc.stderr
+    assert not no_jobs(ct_home)  # launched: nobody was there to say no
+
+
+def test_u15_in_a_terminal_enter_means_no_to_a_run_predicted_to_fail(ct_home, slow_recipe):
+    env = {"CLOUDTRAIN_HOME": str(ct_home), **slow_recipe}
+    code, shown = in_a_terminal(["launch", "--recipe", "slow"], "", env)
+    lines = shown.splitlines()
+    warning = next(i for i, line in enumerate(lines) if "no GPU here" in line)
+    assert lines[warning].startswith("WARNING: ") and "Proceed" not in lines[warning]
+    assert lines[warning + 1].startswith("Proceed? [y/N]"), shown
+    assert code == 1 and "not launched: nothing was created" in shown, shown
+    assert no_jobs(ct_home)
+    # within its max runtime (142 of 300 min): said, and Enter goes on
+    code, shown = in_a_terminal(["launch", "--recipe", "slow", "--max-runtime", "300"], "n",
+                                env)
+    assert "no GPU here: slow would take about 2.4 h" in shown and "past its max" not in shown
+    assert "Proceed? [Y/n]" in shown and code == 1, shown
 
 
 def test_d26_a_paid_launch_asks_with_its_price_and_yes_skips(ct_home, moto):
@@ -325,7 +356,10 @@ def test_d26_a_paid_launch_asks_with_its_price_and_yes_skips(ct_home, moto):
     code, shown = in_a_terminal(args, "n", env)
     assert code == 1, shown
     assert "This launches a spot g5.xlarge in us-east-1, billed per second: $0.4328/h" in shown
-    assert "at most $0.43" in shown and "Proceed? [Y/n]" in shown
+    # U9: the question quotes the dry run's "at most": all 4 attempts (3 restarts by default)
+    at_most = rows(run(*args, "--dry-run", env=env).stdout)["at most"]
+    assert ": 4 attempts (1 + 3 restarts) of up to 90 min each" in at_most
+    assert f"at most {at_most}. Proceed? [Y/n]" in shown.replace("\r\n", "")
     assert "not launched: nothing was created" in shown
     assert no_jobs(ct_home)
     import boto3
@@ -344,7 +378,7 @@ def test_d26_a_paid_launch_asks_with_its_price_and_yes_skips(ct_home, moto):
 
 
 def test_d36_catalog_names_unknown_regions_and_gpus():
-    refused(run("catalog", "--region", "xx-east-1"), "there is no AWS region xx-east-1")
+    refused(run("catalog", "--region", "xx-east-1"), "unknown AWS region 'xx-east-1'")
     refused(run("catalog", "--gpu", "V10"), "no instance type in the catalog has a GPU named "
                                             "'V10'", "did you mean V100?")
     proc = run("catalog", "--gpu", "v100")
@@ -357,7 +391,7 @@ def test_d36_estimate_names_unknown_gpus_types_and_regions_too():
     refused(run("estimate", "--recipe", "resnet9", "--instance", "g5.xlarg"),
             "did you mean g5.xlarge?")
     refused(run("estimate", "--recipe", "resnet9", "--region", "xx-east-1"),
-            "there is no AWS region xx-east-1")
+            "unknown AWS region 'xx-east-1'")
 
 
 # D16

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from aws_lab import REGION, aws, ec2_provider, moto_endpoint  # noqa: F401  (fixtures)
-from cloudtrain import catalog
+from cloudtrain import catalog, cost
 from cloudtrain.errors import PlacementError
 from cloudtrain.spec import JobSpec
 from cloudtrain.state import Store
@@ -282,8 +282,14 @@ def test_dry_run_16_nodes_without_an_account(cli, monkeypatch):
     assert "no EFA on p3.16xlarge" in rows["network"]
     price = catalog.get("p3.16xlarge").price("us-east-1", "spot")
     assert rows["price"].startswith(f"${16 * price:.4f}/h for 16 nodes (${price:.4f}/h each")
-    assert rows["at most"].startswith(f"${16 * price * 6:.2f} if it runs its whole max runtime "
-                                      "of 360 min on every node")
+    # U9: 4 attempts (a spot job recovers, 3 restarts by default) of 16 instances, each until
+    # its power-off 390 min after it starts, in the dearest AZ, with its 400 GB disk
+    dearest = catalog.get("p3.16xlarge").dearest("us-east-1", "spot")
+    disk = 400 * catalog.gp3_price("us-east-1").per_gb_month / cost.HOURS_PER_MONTH
+    assert rows["at most"].startswith(
+        f"${4 * 16 * 6.5 * (dearest + disk):.2f}: 4 attempts (1 + 3 restarts) of up to 390 min "
+        "each (the max runtime of 360 min + 30 until user-data powers it off) on each of 16 "
+        "nodes"), rows["at most"]
     assert "on 16 nodes" in rows["estimate"]
     explicit = cli.ok("launch", "--nodes", "16", "--instance", "p3.16xlarge", "--dry-run",
                       "--region", "us-east-1", "--", "bash", "-c", "echo hi").stdout
@@ -315,6 +321,23 @@ def test_nodes_that_cannot_be_are_one_line(cli, args, said):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert said in error_line(proc.stderr), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_u8_a_recipe_job_that_cannot_span_its_nodes_is_refused_before_anything_boots(cli):
+    """resnet9 with gpus=1 is one process, and stops at once (exit 2) when torchrun starts it
+    with WORLD_SIZE 2: two instances would boot and bill, then fail. The dry run, the launch
+    and `estimate --nodes 2` refuse it in one line; gpus=2 (one process a node) runs."""
+    said = "Error: recipe resnet9 with gpus=1 runs 1 process: it cannot span 2 nodes"
+    hint = "Hint: --set gpus=2 (one process on each node), or leave out --nodes"
+    for args in (("launch", "--dry-run"), ("launch", "-y"), ("estimate",)):
+        proc = cli(*args, "--recipe", "resnet9", "--nodes", "2", "--instance", "g5.xlarge")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.splitlines() == [said, hint], proc.stderr
+    two = cli.ok("launch", "--dry-run", "--recipe", "resnet9", "--set", "gpus=2", "--nodes",
+                 "2", "--instance", "g5.xlarge").stdout
+    assert "1 per node x 2 nodes = 2" in two
+    cli.ok("estimate", "--recipe", "resnet9", "--set", "gpus=2", "--nodes", "2", "--instance",
+           "g5.xlarge")
 
 
 def test_a_launch_with_no_capacity_for_all_nodes_leaves_nothing(cli, aws, monkeypatch, groups):

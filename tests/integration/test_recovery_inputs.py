@@ -48,6 +48,57 @@ def test_F13_the_dry_run_says_a_spot_job_recovers_and_how(cli):
     assert "recovery" not in plain  # on-demand: nothing to recover from
 
 
+def test_u9_the_dry_run_s_at_most_covers_every_attempt_and_the_fallback(cli):
+    """The finding's command said "at most $0.43 if it runs its whole max runtime of 60 min":
+    one spot attempt. Six instances may run, the last five on demand, each to its power-off."""
+    from cloudtrain import catalog, cost
+
+    out = cli.ok("launch", "--recipe", "resnet9", "--instance", "g5.xlarge", "--spot",
+                 "--max-restarts", "5", "--fallback", "on-demand", "--region", "us-east-1",
+                 "--dry-run").stdout
+    row = next(l for l in out.splitlines() if l.strip().startswith("at most"))
+    g5 = catalog.get("g5.xlarge")
+    disk = 60 * catalog.gp3_price("us-east-1").per_gb_month / cost.HOURS_PER_MONTH
+    most = 1.5 * (g5.dearest("us-east-1", "spot") + disk) \
+        + 5 * 1.5 * (g5.price("us-east-1", "on-demand") + disk)
+    assert row.split(None, 2)[2] == (
+        f"${most:.2f}: 6 attempts (1 + 5 restarts) of up to 90 min each (the max runtime of "
+        f"60 min + 30 until user-data powers it off), spot at up to "
+        f"${g5.dearest('us-east-1', 'spot'):.4f}/h (the dearest AZ in the catalog), on-demand "
+        f"($1.0060/h) after spot runs out, each with its 60 GB gp3 disk (${disk:.4f}/h)")
+
+
+def test_u23_no_restarts_is_recovery_off_and_said_so(cli):
+    """`--max-restarts 0` with recovery on said "at most 0 times": it is --no-recover."""
+    out = cli.ok("launch", "--instance", "g5.xlarge", "--region", "us-east-1", "--spot",
+                 "--max-restarts", "0", "--dry-run", "--", "true").stdout
+    line = next(l for l in out.splitlines() if l.strip().startswith("recovery"))
+    assert line.split(None, 1)[1] == ("off (--max-restarts 0): an interruption ends the job "
+                                      "as preempted")
+    assert "0 times" not in out and "supervisor" not in out
+
+
+def test_u23_a_max_price_below_the_cheapest_spot_price_is_warned_of(cli):
+    from cloudtrain import catalog
+
+    cheapest = catalog.get("g5.xlarge").price("us-east-1", "spot")
+    warning = (f"--max-price $0.1/h is below the cheapest spot price of g5.xlarge in us-east-1 "
+               f"(${cheapest:.4f}/h in the catalog): EC2 starts no instance while spot costs "
+               "more")
+    args = ("launch", "--instance", "g5.xlarge", "--region", "us-east-1", "--spot",
+            "--max-price", "0.1")
+    out = cli.ok(*args, "--dry-run", "--", "true").stdout
+    assert f"  WARNING      {warning}" in out.splitlines()
+    # a launch says it on stderr, terminal or not (here it stops later: no credentials)
+    proc = cli(*args, "-y", "--", "true", env={"AWS_ACCESS_KEY_ID": "",
+                                               "AWS_SECRET_ACCESS_KEY": "",
+                                               "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+                                               "AWS_CONFIG_FILE": "/nonexistent"})
+    assert f"WARNING: {warning}" in proc.stderr.splitlines(), proc.stderr
+    above = cli.ok(*args[:-1], f"{cheapest:.4f}", "--dry-run", "--", "true").stdout
+    assert "WARNING" not in above
+
+
 def _spec(**kw) -> JobSpec:
     return JobSpec(kind="command", backend="aws", command=["true"], instance_type="g5.xlarge",
                    market="spot", recover=True, **kw)

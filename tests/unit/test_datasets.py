@@ -257,6 +257,77 @@ def test_the_copy_gets_time_of_its_own_in_the_max_runtime(monkeypatch):
     assert datasets.staging_line(spec).endswith("; max runtime +18 min for it")
 
 
+def _stored(monkeypatch, size: int, largest: int = 256 << 20, manifest=None) -> None:
+    """The job's S3 dataset holds `size` bytes as S3 lists them (contents() checked the
+    manifest against that listing: test_data_push_s3.py)."""
+    from cloudtrain.providers.aws import datasets as s3_datasets
+
+    monkeypatch.setattr(datasets, "_read_s3", lambda spec, source: datasets.Staged(
+        source, s3_datasets.Contents("shards", 10, size, size, "ab" * 32, manifest,
+                                     largest=largest), "r"))
+
+
+def _staging_spec(minutes: float, backend: str = "aws") -> JobSpec:
+    return JobSpec(kind="command", backend=backend, max_runtime_s=minutes * 60, datasets=[
+        {"name": "d", "kind": "s3", "location": "s3://bkt/d", "dir": "d"}])
+
+
+def test_f29_the_copy_s_allowance_keeps_the_max_runtime_within_the_week(monkeypatch):
+    """The max runtime also sets the agent's limit, the user-data power-off timer and the
+    upload grant: with the copy's allowance added it stays within the one-week limit."""
+    _stored(monkeypatch, 50 * 10**9)  # 10 min + 500 s at 100 MB/s: 1100 s
+    spec = _staging_spec(config.WEEK_S / 60 - 10)
+    datasets.preflight(spec, config.Settings())
+    assert spec.staging_allowance_s == 600  # capped: ten minutes were left of the week
+    assert spec.max_runtime_s == config.WEEK_S
+    assert datasets.staging_line(spec).endswith(
+        "; max runtime +10 min for it (the one-week limit: the copy may take up to 18 min, "
+        "the rest from the job's own time)")
+    datasets.preflight(spec, config.Settings())  # read again (a dry run, then the launch)
+    assert spec.max_runtime_s == config.WEEK_S
+    full = _staging_spec(config.WEEK_S / 60)
+    datasets.preflight(full, config.Settings())
+    assert full.max_runtime_s == config.WEEK_S and full.staging_allowance_s == 0
+
+
+def test_f29_data_that_cannot_be_copied_within_the_week_is_refused(monkeypatch):
+    _stored(monkeypatch, 61 * 10**12)  # 610,000 s at 100 MB/s: past 604,800
+    with pytest.raises(UsageError) as err:
+        datasets.preflight(_staging_spec(60, backend="local"), config.Settings())
+    assert err.value.message == ("the datasets (61,000 GB) take up to 10,177 min to copy at "
+                                 "the 100 MB/s the max runtime allows for: past the one-week "
+                                 "limit (10,080 min)")
+
+
+def test_f29_a_root_volume_past_gp3_s_64_tib_is_refused(monkeypatch):
+    # 50,000 GB copies within the week, but ten 5 TiB shards in flight beside it do not fit
+    _stored(monkeypatch, 50 * 10**12, largest=5 << 40)
+    spec = _staging_spec(60)
+    need = datasets.disk_needed(50 * 10**12, 5 << 40)
+    with pytest.raises(UsageError) as err:
+        datasets.preflight(spec, config.Settings())
+    assert err.value.message == ("the datasets take 50,000 GB on disk: with the system and "
+                                 f"the copies in flight the root volume would be {need:,} GB, "
+                                 "past gp3's largest (65,536 GiB)")
+    _stored(monkeypatch, 60 * 10**12, largest=5 << 30)  # 63,000 + 100 + 10 x 5.4 GB fits
+    datasets.preflight(spec, config.Settings())
+    assert spec.disk_gb == datasets.disk_needed(60 * 10**12, 5 << 30) <= config.GP3_MAX_GB
+
+
+def test_f29_the_shards_in_flight_are_the_largest_stored_and_no_more_than_there_are(
+        monkeypatch):
+    """The manifest's own shard size (its word) no longer sizes the disk: two shards of 1 GB,
+    whatever shard_bytes it claims, are at most two of the largest in flight."""
+    from cloudtrain import shards
+
+    two = shards.Manifest.build(5 << 40, [shards.ShardEntry(
+        shards.shard_name(i), 1, 10**9, 10**9 - 3 * 512, "ab" * 32) for i in range(2)])
+    _stored(monkeypatch, 2 * 10**9, largest=10**9, manifest=two)
+    spec = _staging_spec(60)
+    datasets.preflight(spec, config.Settings())
+    assert spec.disk_gb == datasets.disk_needed(2 * 10**9, 10**9, in_flight=2) == 105
+
+
 def test_a_recipe_pointed_at_a_copy_on_the_host_stages_nothing():
     """`--set data_dir=PATH`: the tree is already where the job runs (an AMI, a mount)."""
     assert datasets.resolve(_spec(data_dir="/data/imagenet"), config.Settings(), {}) == []

@@ -124,7 +124,7 @@ def test_estimate_command(cli, pub):
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--instance", "p9.huge"), "--instance p9.huge: not in the catalog"),
+    (("--instance", "p9.huge"), "unknown instance type 'p9.huge': not in the bundled catalog"),
     (("--instance", "g5.xlarge", "--gpus", "A10G:1"), "give --instance or --gpus, not both"),
     (("--gpus", "V100:3"), "no instance type with 3x V100 in us-east-1"),
     (("--set", "variant=medium"), "--set variant"),
@@ -132,6 +132,38 @@ def test_estimate_command(cli, pub):
 def test_estimate_errors(cli, pub, args, message):
     proc = cli("estimate", "--recipe", "pub", "--region", "us-east-1", *args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_u21_a_gpu_sold_only_eight_to_an_instance_is_said_with_its_types(cli):
+    """`--gpus A100:1` matched nothing and said only that; A100 comes 8 to an instance."""
+    said = ("no instance type with 1x A100 in us-east-1: A100 comes only in 8-GPU types here: "
+            "p4d.24xlarge (8x A100), p4de.24xlarge (8x A100-80GB)")
+    proc = cli("estimate", "--recipe", "resnet9", "--gpus", "A100:1", "--region", "us-east-1")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"Error: {said}", "Hint: --gpus A100:8"]
+    proc = cli("launch", "--recipe", "resnet9", "--gpus", "A100:1", "--region", "us-east-1",
+               "--dry-run")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"Error: {said}", "Hint: --gpus A100:8"]
+    proc = cli("estimate", "--recipe", "resnet9", "--gpus", "H100:2", "--region", "us-east-1")
+    assert proc.stderr.splitlines()[0] == (
+        "Error: no instance type with 2x H100 in us-east-1: H100 comes in 1- and 8-GPU types "
+        "here: p5.4xlarge (1x H100), p5.48xlarge (8x H100)")
+
+
+def test_u22_a_region_the_catalog_has_no_prices_for_says_which_it_has(cli):
+    from cloudtrain import catalog
+
+    have = ", ".join(sorted(catalog.regions()))
+    proc = cli("estimate", "--recipe", "resnet9", "--region", "eu-north-1")
+    assert proc.returncode == 2  # nothing could be priced
+    assert proc.stderr.splitlines() == [
+        f"Error: the catalog has no prices for eu-north-1 (it has {have})",
+        "Hint: cloudtrain catalog --refresh --region eu-north-1 fetches them"]
+    out = cli.ok("catalog", "--region", "eu-north-1").stdout
+    assert out.splitlines() == [f"the catalog has no prices for eu-north-1 (it has {have}): "
+                                "cloudtrain catalog --refresh --region eu-north-1 fetches them"]
+    assert cli.ok("catalog", "--region", "eu-north-1", "--gpu", "V100").stdout == out
 
 
 def test_launch_shows_the_estimate_of_what_it_starts(cli, pub):

@@ -272,7 +272,7 @@ class ClusterMixin:
         """One RunInstances of spec.nodes instances per AZ, in AZ order, until one AZ gives
         all of them and none dies before it runs; their ids in launch order."""
         zones = self.relaunch_order(boot["zones"], spec, region)
-        disk = spec.disk_gb or self.settings.disk_gb or int(spec.resources.get("disk_gb", 100))
+        disk = spec.root_gb(self.settings)
         attempts: list[Attempt] = []
         n = spec.nodes
         for k, (zone, subnet, vpc, _zone_id) in enumerate(zones):

@@ -270,11 +270,14 @@ class Contents:
     identity: str  # sha256 that changes whenever the contents do
     manifest: shards.Manifest | None = None
     objects: list[dict] = field(default_factory=list)  # {key, path, bytes, md5}
+    largest: int = 0  # the largest shard (object) as stored: what one download in flight takes
 
 
 def contents(s3, bucket: str, prefix: str) -> Contents:
     """The dataset at s3://bucket/prefix: its manifest if it has one (what `data push`
-    writes), else the objects below it (at most MAX_PLAIN_OBJECTS). A NotFound when neither."""
+    writes), else the objects below it (at most MAX_PLAIN_OBJECTS). A NotFound when neither.
+    A manifest's shards are checked against what S3 stores (one listing of shards/): the
+    sizes a launch plans with (disk, time to copy) are S3's, not the manifest's word."""
     import hashlib
     import json
 
@@ -283,8 +286,10 @@ def contents(s3, bucket: str, prefix: str) -> Contents:
     except NotFound:
         manifest = None
     if manifest is not None:
-        return Contents("shards", manifest.files, manifest.bytes, manifest.file_bytes,
-                        hashlib.sha256(manifest.to_json().encode()).hexdigest(), manifest)
+        stored = _stored_shards(s3, bucket, prefix, manifest)
+        return Contents("shards", manifest.files, sum(stored), manifest.file_bytes,
+                        hashlib.sha256(manifest.to_json().encode()).hexdigest(), manifest,
+                        largest=max(stored))
     below = key(prefix.strip("/"), "")
     objects: list[dict] = []
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=below)
@@ -316,7 +321,37 @@ def contents(s3, bucket: str, prefix: str) -> Contents:
                             "the dataset's source")
     size = sum(o["bytes"] for o in objects)
     identity = hashlib.sha256(json.dumps(objects, sort_keys=True).encode()).hexdigest()
-    return Contents("objects", len(objects), size, size, identity, objects=objects)
+    return Contents("objects", len(objects), size, size, identity, objects=objects,
+                    largest=max(o["bytes"] for o in objects))
+
+
+def _stored_shards(s3, bucket: str, prefix: str, manifest: shards.Manifest) -> list[int]:
+    """The manifest's shards' sizes as S3 lists them, in its order; a CloudtrainError when one
+    is missing or not the size the manifest gives it. The manifest is bucket content, and
+    whoever can write the bucket can write any numbers in it (F29): a disk, a max runtime
+    and a power-off timer sized from them would be whatever they say."""
+    folder = shard_key(prefix.strip("/"), "")
+    listed: dict[str, int] = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder):
+        for item in page.get("Contents", []):
+            name, size = str(item.get("Key", ""))[len(folder):], item.get("Size")
+            if shards.SHARD_NAME.fullmatch(name) and isinstance(size, int):
+                listed[name] = size
+    url = f"s3://{bucket}/{prefix.strip('/')}"
+    where, again = f"dataset {url}", f"push it again: cloudtrain data push DIR {url}"
+    missing = [s.name for s in manifest.shards if s.name not in listed]
+    if missing:
+        raise CloudtrainError(
+            f"{where}: {len(missing):,} of the {len(manifest.shards):,} shards its manifest "
+            f"lists are not stored (shards/{missing[0]} first)", hint=again)
+    wrong = [s for s in manifest.shards if listed[s.name] != s.bytes]
+    if wrong:
+        s = wrong[0]
+        more = f" ({len(wrong):,} shards differ)" if len(wrong) > 1 else ""
+        raise CloudtrainError(
+            f"{where}: shards/{s.name} is {listed[s.name]:,} bytes, its manifest says "
+            f"{s.bytes:,}{more}", hint=again)
+    return [listed[s.name] for s in manifest.shards]
 
 
 def presign(s3, bucket: str, object_key: str, seconds: int = PRESIGN_SECONDS) -> str:

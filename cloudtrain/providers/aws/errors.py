@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 
-from ...errors import CloudtrainError, MissingDependency, PlacementError, UsageError
+from ...errors import CloudtrainError, NoCredentials, PlacementError, UsageError
 
 # Errors that mean "not here, maybe in another AZ" (tried once per AZ, never retried blindly).
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity",
@@ -111,11 +111,13 @@ def client_error(exc, region: str, service: str) -> AWSError:
     return AWSError(f"AWS {operation} failed in {region}: {code or 'error'}: {message}", **said)
 
 
-def no_credentials() -> MissingDependency:
-    return MissingDependency(
+def no_credentials() -> NoCredentials:
+    """No credentials anywhere in botocore's chain (a launch adds that its dry run needs
+    none: jobs.launch; other commands, data push, have no such way on, U21)."""
+    return NoCredentials(
         "no AWS credentials found",
         hint="run `aws configure`, or set AWS_PROFILE (or AWS_ACCESS_KEY_ID and "
-             "AWS_SECRET_ACCESS_KEY); `cloudtrain launch --dry-run` works without")
+             "AWS_SECRET_ACCESS_KEY)")
 
 
 @contextlib.contextmanager

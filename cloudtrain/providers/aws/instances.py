@@ -139,7 +139,7 @@ class InstancesMixin:
                                               boot["key_name"], boot["owner"])
         zones = self.relaunch_order(zones, spec, region)
         root_device = boot["root_device"]
-        disk = spec.disk_gb or self.settings.disk_gb or int(spec.resources.get("disk_gb", 100))
+        disk = spec.root_gb(self.settings)
         attempts: list[Attempt] = []
         for n, (zone, subnet, _vpc, _zone_id) in enumerate(zones):
             request = self.run_request(job, spec, subnet, group, ami, key_name, owner, disk,

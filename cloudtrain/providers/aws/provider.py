@@ -31,6 +31,7 @@ from ...hosts import SSHHost
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Job, Store
+from .. import Question
 from .account import AccountMixin
 from .cache import CACHE_TTL_S, RegionCache
 from .cluster import EFA_GROUP_NAME, ClusterMixin
@@ -116,7 +117,7 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
                 return DEFAULT_REGION, DEFAULT_SOURCE
             source = "the AWS profile"
         check_region(region, source)
-        return check_known_region(region, f"{source}:"), source
+        return check_known_region(region, source), source
 
     def client(self, service: str, region: str, fail_fast: bool = False):
         """A client; fail_fast for run_instances (capacity errors are not retried, the next
@@ -190,7 +191,9 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
             return
         region = self.region(spec)
         if self.credentials(region) is None:
-            raise no_credentials()
+            exc = no_credentials()
+            exc.hint = f"{exc.hint}; `cloudtrain launch --dry-run` works without"  # U21
+            raise exc
 
     def check_type(self, spec, region: str) -> preflight.TypeFacts:
         """preflight.instance_type with EC2's answers where the bundled catalog has none and
@@ -417,8 +420,8 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         return (job.spec or {}).get("region") or self.region()
 
     def price_rows(self, spec, region: str | None = None) -> list[tuple[str, str]]:
-        """The instances' price and the most the job can cost (its whole max runtime, every
-        node), as the plan shows them and `launch` asks about them."""
+        """The instances' price and the most the job can cost, as the plan shows them and
+        `launch` asks about them."""
         region = region or self.region(spec)
         t = catalog.get(spec.instance_type) if spec.instance_type else None
         price = t.price(region, spec.market) if t else None
@@ -428,15 +431,77 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         basis = catalog.on_demand_source(region) if spec.market == "on-demand" \
             else f"cheapest AZ: {catalog.spot_source(region)}"
         n = max(1, int(spec.nodes or 1))
-        cap = price * n * spec.max_runtime_s / 3600
         each = f"${price:.4f}/h ({basis})" if n == 1 else \
             f"${price * n:.4f}/h for {n} nodes (${price:.4f}/h each; {basis})"
-        return [("price", each),
-                ("at most", f"${cap:.2f} if it runs its whole max runtime of "
-                            f"{spec.max_runtime_s / 60:g} min" + (" on every node" if n > 1
-                                                                   else ""))]
+        return [("price", each), ("at most", self.at_most(spec, t, region))]
 
-    def question(self, spec) -> str | None:
+    def at_most(self, spec, t: catalog.InstanceType, region: str) -> str:
+        """The most the job can cost (U9), and what that assumes: every attempt (1 +
+        --max-restarts for a recovering spot job), each of its instances billed until
+        user-data powers it off (the max runtime + RUNTIME_MARGIN_MIN, whatever the agent
+        does), at the dearest price it may get (spot: the region's dearest AZ in the catalog,
+        or --max-price; a relaunch: the dearest place it may go, on demand with --fallback),
+        with its volumes (F29)."""
+        n = max(1, int(spec.nodes or 1))
+        minutes = power_off_minutes(spec.max_runtime_s)
+        attempts = 1 + spec.max_restarts if spec.recover else 1
+
+        def rate(where: str, market: str) -> float | None:  # an instance, USD/h
+            if market == "spot" and spec.max_price is not None:  # never billed above it
+                return min(spec.max_price, t.on_demand.get(where) or spec.max_price)
+            return t.dearest(where, market)
+
+        first = rate(region, spec.market)
+        places = spec.relaunch_places(self.settings, region) if attempts > 1 else []
+        priced = {(r, m): rate(r, m) for r, m in places}
+        later = [p + self.volumes_per_hour(spec, r) for (r, m), p in priced.items()
+                 if p is not None]
+        volumes = self.volumes_per_hour(spec, region)
+        total = n * minutes / 60 * (first + volumes
+                                    + (attempts - 1) * max(later, default=first + volumes))
+        margin = minutes - int(spec.max_runtime_s // 60)
+        text = (f"${total:.2f}: " + ("one instance" if attempts == 1 else
+                                     f"{attempts} attempts (1 + {attempts - 1} restarts)")
+                + f" of up to {minutes} min" + (" each" if attempts > 1 else "")
+                + f" (the max runtime of {spec.max_runtime_s / 60:g} min + {margin} until "
+                  "user-data powers it off)" + (f" on each of {n} nodes" if n > 1 else ""))
+        if spec.market == "spot":
+            spot = max([first] + [p for (_, m), p in priced.items() if m == "spot" and p])
+            text += (f", spot at up to ${spot:.4f}/h ("
+                     + ("--max-price" if spec.max_price is not None else
+                        "the dearest AZ in the catalog") + ")")
+            on_demand = [p for (_, m), p in priced.items() if m == "on-demand" and p]
+            if on_demand:
+                text += (f", on-demand ({'up to ' if len(on_demand) > 1 else ''}"
+                         f"${max(on_demand):.4f}/h) after spot runs out")
+        unpriced = sorted({r for (r, _), p in priced.items() if p is None})
+        if unpriced:
+            text += f", relaunches in {', '.join(unpriced)} not counted (no catalog price)"
+        vols = "".join(f" and the {gb:g} GB volume of dataset {name}"
+                       for name, gb in self.snapshot_volumes(spec))
+        return (text + f", {'each ' if attempts > 1 else ''}with its "
+                f"{spec.root_gb(self.settings)} GB gp3 disk{vols} (${volumes:.4f}/h)")
+
+    def snapshot_volumes(self, spec) -> list[tuple[str, float]]:
+        """(dataset, GiB) of each volume made from an EBS snapshot for the job."""
+        return [(d["name"], int(((spec.staging or {}).get(d["name"]) or {}).get("bytes") or 0)
+                 / (1 << 30)) for d in spec.datasets if d["kind"] == "snapshot"]
+
+    def volumes_per_hour(self, spec, region: str) -> float:
+        """USD per hour of an instance's EBS volumes in `region`: the gp3 root volume with
+        its provisioned throughput and IOPS, and each dataset's snapshot volume with its."""
+        gp3 = catalog.gp3_price(region).per_gb_month
+        month = spec.root_gb(self.settings) * gp3 + (
+            cost.gp3_performance_per_month(spec.disk_mbps) if spec.disk_mbps else 0.0)
+        by_name = {d["name"]: d for d in spec.datasets}
+        for name, gb in self.snapshot_volumes(spec):
+            d = by_name[name]
+            month += gb * gp3 + cost.gp3_performance_per_month(
+                int(d.get("throughput") or cost.GP3_BASE_MBPS),
+                int(d.get("iops") or cost.GP3_BASE_IOPS))
+        return month / cost.HOURS_PER_MONTH
+
+    def question(self, spec) -> Question | None:
         """What `launch` asks before creating paid resources (none for --on: the kept instance
         bills already)."""
         if spec.on_job:
@@ -445,8 +510,21 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         at_most = f"; at most {rows['at most']}" if "at most" in rows else ""
         what = f"a {spec.market} {spec.instance_type}" if spec.nodes <= 1 else \
             f"{spec.nodes} {spec.market} {spec.instance_type} instances"
-        return (f"This launches {what} in {self.region(spec)}, "
-                f"billed per second: {rows['price']}{at_most}.")
+        return Question(f"This launches {what} in {self.region(spec)}, "
+                        f"billed per second: {rows['price']}{at_most}.",
+                        self.warnings(spec, self.region(spec)))
+
+    def warnings(self, spec, region: str) -> list[str]:
+        """What the plan and the launch say before anything is bought (U23): a --max-price
+        below the catalog's cheapest spot price of the type there."""
+        t = catalog.get(spec.instance_type) if spec.instance_type else None
+        cheapest = t.price(region, "spot") if t is not None else None
+        if spec.market != "spot" or spec.max_price is None or cheapest is None or \
+                spec.max_price >= cheapest:
+            return []
+        return [f"--max-price ${spec.max_price:g}/h is below the cheapest spot price of "
+                f"{t.name} in {region} (${cheapest:.4f}/h in the catalog): EC2 starts no "
+                "instance while spot costs more"]
 
     # -- dry run ---------------------------------------------------------------------------------
 
@@ -500,8 +578,9 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
                                       "MASTER_PORT set (start torchrun with them)"))
         rows.append(("market", spec.market + (f", max price ${spec.max_price}/h"
                                               if spec.max_price is not None else "")))
+        rows += [("WARNING", warning) for warning in self.warnings(spec, region)]
         rows += self.price_rows(spec, region)
-        disk = spec.disk_gb or self.settings.disk_gb or int(spec.resources.get("disk_gb", 100))
+        disk = spec.root_gb(self.settings)
         fast = ""
         if spec.disk_mbps and spec.disk_mbps > cost.GP3_BASE_MBPS:  # for the data copy
             fast = (f", {spec.disk_mbps} MB/s and {cost.gp3_iops_for(spec.disk_mbps)} IOPS "
@@ -526,7 +605,8 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
                                      f"most {spec.max_restarts} times: {where}; "
                                      "a supervisor on this machine does it"))
         elif spec.market == "spot":
-            rows.append(("recovery", "off (--no-recover): an interruption ends the job as "
+            why = "--max-restarts 0" if spec.max_restarts == 0 else "--no-recover"
+            rows.append(("recovery", f"off ({why}): an interruption ends the job as "
                                      "preempted"))
         if self.credentials(region) is None:
             rows.append(("AMI", f"resolved at launch from SSM {DLAMI_PARAMETER}"
