@@ -339,7 +339,8 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
         row = jobs.expected(spec, store)
         if row is not None and not quiet:
             click.echo(render.estimate_line(row, spec.market), err=True)
-        question = jobs.question(spec)
+        question = jobs.question(spec, warn=lambda line: click.echo(f"WARNING: {line}",
+                                                                    err=True))
         if question:
             _confirm(question, yes)
         sending = jobs.credentials_sent(spec)
@@ -372,6 +373,13 @@ def _confirm(question, yes: bool) -> None:
     if not click.confirm(" ".join(filter(None, [question.text, "Proceed?"])),
                          default=question.default, err=True):
         raise errors.CloudtrainError("not launched: nothing was created", exit_code=1)
+
+
+def _confirm_text(text: str) -> None:
+    """A question in words (check --launch's): asked in a terminal, as a launch's is."""
+    from .providers import Question
+
+    _confirm(Question(text=text), yes=False)
 
 
 def _confirm_sending(line: str) -> None:
@@ -859,7 +867,7 @@ def check(region: str | None, as_json: bool, wide: bool, launch: bool, gpu: bool
         from . import launch_check
 
         report = launch_check.run(
-            region=region, gpu=gpu, confirm=None if yes else _confirm,
+            region=region, gpu=gpu, confirm=None if yes else _confirm_text,
             say=None if as_json else lambda step: click.echo(launch_check.render_step(step)))
         click.echo(launch_check.to_json(report) if as_json else launch_check.render_end(report))
         sys.exit(launch_check.exit_code(report))

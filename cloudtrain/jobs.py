@@ -95,13 +95,22 @@ def _given_rows(spec: JobSpec) -> list[tuple[str, str]]:
     return rows
 
 
-def question(spec: JobSpec) -> providers.Question | None:
+def question(spec: JobSpec, warn: Callable[[str], None] | None = None
+             ) -> providers.Question | None:
     """What `launch` says and asks before it goes on: the price of the paid resources it
-    creates, or why a run here would not finish (a GPU recipe on a machine without a GPU)."""
+    creates, or why a run here would not finish (a GPU recipe on a machine without a GPU).
+    `warn`: the plan's warnings are said through it at once (and left out of the question),
+    before the check that there are credentials to launch with (U5: before anything is asked
+    or recorded; a warning is neither)."""
     provider = providers.get(spec.backend)
     provider.preflight(spec)  # what cannot work is refused before anything is asked
+    asked = provider.question(spec)
+    if asked is not None and warn is not None:
+        for line in asked.warnings:
+            warn(line)
+        asked.warnings = []
     provider.ready(spec)  # U5: nor is a launch asked about that cannot start (no credentials)
-    return provider.question(spec)
+    return asked
 
 
 def expected(spec: JobSpec, store: Store | None = None):

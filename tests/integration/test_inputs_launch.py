@@ -151,7 +151,8 @@ def test_F25_click_ranges(cli, args, message):
      "--set epochs: epochs must be a finite number, got 'inf'"),
     (["launch", "--recipe", "resnet9", "--set", "runs=-1", "--dry-run"],
      "--set runs: runs must be at least 1, got -1"),
-    (["cost-report", "--since", "nand"], "--since 'nand' must be a finite number, got nan"),
+    (["cost-report", "--since", "nand"], "--since nand: expected a number and a unit, e.g. "
+                                         "30d, 12h, 2w"),
     (["cost-report", "--since", "-5d"], "--since '-5d' must be at least 0, got -432000.0"),
     (["cost-report", "--since", "5x"], "--since 5x: expected a number and a unit, e.g. 30d, "
                                        "12h, 2w"),

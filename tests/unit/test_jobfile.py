@@ -344,7 +344,7 @@ def test_F38_regions_are_checked_as_region_names(region):
     with pytest.raises(UsageError) as exc:
         jobfile.parse("run: x\nresources:\n  regions: [us-east-1, " + json_str(region) + "]\n")
     assert exc.value.message.startswith("job.yaml:3: resources.regions: "), exc.value.message
-    assert "is not an AWS region name" in exc.value.message
+    assert "unknown AWS region" in exc.value.message
 
 
 def json_str(text: str) -> str:
