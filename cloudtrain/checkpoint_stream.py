@@ -5,7 +5,8 @@ and imported by the agent by name; `restore` also runs as a command on the new i
 
     python3 checkpoint_stream.py restore PLAN JOBDIR
 
-Layout, under the job's prefix `jobs/<job_id>/` (the agent's presigned-POST grant covers it):
+Layout, under the job's prefix `jobs/<owner key>/<job_id>/` (jobstore.job_prefix; the agent's
+presigned-POST grant covers it):
 
     stream/a/<path>, stream/b/<path>   two slots, each meant to hold one whole snapshot:
                                        checkpoints/** plus metrics.jsonl and output.log
@@ -164,7 +165,7 @@ def other_slot(slot):
 
 
 def job_id_of(grant):
-    """`jobs/<job_id>/` -> job_id."""
+    """`jobs/<owner key>/<job_id>/` (or `jobs/<job_id>/`, the layout before owners) -> job_id."""
     return str(grant.get("prefix") or "").rstrip("/").rsplit("/", 1)[-1]
 
 
