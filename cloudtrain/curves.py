@@ -19,10 +19,9 @@ import io
 import json
 import math
 import os
-import stat
 from pathlib import Path
 
-from . import config, render
+from . import config, render, safefile
 from .agent import as_time as finite  # a finite float (not a bool), else None
 from .errors import UsageError
 from .hostdata import clean_row
@@ -107,18 +106,17 @@ def metrics_path(job_id: str) -> Path:
 
 def _read(path) -> tuple[list[dict], list[dict], list[str]]:
     """(rows, events, notes) of a metrics.jsonl; never raises."""
-    try:
-        # O_NONBLOCK: a job may leave a FIFO there, which would block open() for good.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:  # a job may leave a FIFO or a link to /dev/zero there (F34): refused at once
+        fd = safefile.open_regular(path)
     except FileNotFoundError:
         return [], [], [f"no metrics.jsonl yet ({path})"]
-    except (OSError, ValueError) as exc:  # a directory, no permission; a NUL in the name
+    except safefile.NotRegular as exc:
+        return [], [], [f"{path} is {exc.strerror}"]
+    except (OSError, ValueError) as exc:  # no permission; a NUL in the name
         return [], [], [f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}"]
     notes = []
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return [], [], [f"{path} is not a regular file"]
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_BYTES + 1)
     except OSError as exc:

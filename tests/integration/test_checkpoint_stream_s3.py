@@ -336,7 +336,9 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
         s3, bucket, grant, tmp_path):
     home = tmp_path / "agent-x"
     home.mkdir()
-    for source in (agent.__file__, agent_upload.__file__, cs.__file__):
+    from cloudtrain.hosts import agent_files
+
+    for source in agent_files():  # what a host gets
         shutil.copy(source, home)
     jobdir = tmp_path / "jobs" / JOB
     jobdir.mkdir(parents=True)
