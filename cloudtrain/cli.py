@@ -20,9 +20,23 @@ def _store():
     return open_store(config.home())
 
 
-def _echo_bytes(data: bytes) -> None:
+def _echo_bytes(data: bytes, screen=None, last: bool = False) -> None:
+    """A job's output to stdout: through `screen` (a hostdata.TerminalText) when given;
+    `last`: the end of it (a character cut short there is shown too)."""
+    if screen is not None:
+        data = screen.feed(data) + (screen.flush() if last else b"")
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
+
+
+def _screen(raw: bool = False):
+    """F36: on a terminal a job's output goes through hostdata.TerminalText (its escapes
+    dropped, colours kept); piped, or with --raw, it is the bytes as they are."""
+    if raw or not sys.stdout.isatty():
+        return None
+    from .hostdata import TerminalText
+
+    return TerminalText()
 
 
 def _region(ctx, param, value: str | None) -> str | None:
@@ -331,12 +345,14 @@ def _confirm(question: str) -> None:
         raise errors.CloudtrainError("not launched: nothing was created", exit_code=1)
 
 
-def _follow(store, settings, job, offset: int = 0, node: int = 0) -> None:
+def _follow(store, settings, job, offset: int = 0, node: int = 0, screen=None) -> None:
     from . import jobs
 
+    screen = screen or _screen()
     try:
         for chunk in jobs.follow(store, settings, job, offset, node):
-            _echo_bytes(chunk)
+            _echo_bytes(chunk, screen)
+        _echo_bytes(b"", screen, last=True)
     except KeyboardInterrupt:
         click.echo(f"\ndetached; job {job.id} keeps running. "
                    f"Stop it with: cloudtrain down {job.id}", err=True)
@@ -598,8 +614,10 @@ _NODE = click.option("--node", type=click.IntRange(min=0), default=0, show_defau
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
 @click.option("--tail", "-n", type=click.IntRange(min=0), default=None,
               help="Only the last N lines (then follow from there with -f).")
+@click.option("--raw", is_flag=True, help="The output's bytes as they are, escape sequences "
+              "included (on a terminal they are dropped, colours kept; piped, they are kept).")
 @_NODE
-def logs(job: str, follow: bool, tail: int | None, node: int) -> None:
+def logs(job: str, follow: bool, tail: int | None, raw: bool, node: int) -> None:
     """Print a job's output (node 0's for a job on several machines: rank 0's). With
     --follow, exit with the job's outcome (1: it did not succeed), as `launch --follow`
     does.
@@ -609,20 +627,22 @@ def logs(job: str, follow: bool, tail: int | None, node: int) -> None:
       cloudtrain logs 3f2a1b9c --tail 20
       cloudtrain logs 3f2a1b9c --follow
       cloudtrain logs 3f2a1b9c --node 2
+      cloudtrain logs 3f2a1b9c --raw > output.log
     """
     from . import jobs
 
     settings = config.Settings.load()
+    screen = _screen(raw)
     with _store() as store:
         record = jobs.for_logs(store, settings, job)
         offset = 0
         if tail is not None:
             data, offset = jobs.tail_log(record, tail, node)
-            _echo_bytes(data)
+            _echo_bytes(data, screen, last=not follow)
         elif not follow:
-            _echo_bytes(jobs.read_log(record, node=node))
+            _echo_bytes(jobs.read_log(record, node=node), screen, last=True)
         if follow:
-            _follow(store, settings, record, offset, node)
+            _follow(store, settings, record, offset, node, screen)
 
 
 @cli.command()
