@@ -204,7 +204,8 @@ class _LaunchCommand(click.Command):
 @click.option("--instance", "-i", "instance_type", metavar="TYPE",
               shell_complete=completion.instance_types,
               help="EC2 instance type, e.g. g5.xlarge (implies --backend aws).")
-@click.option("--gpus", metavar="GPU:N", help="Instead of --instance: the cheapest type with N of "
+@click.option("--gpus", metavar="GPU:N", shell_complete=completion.gpus,
+              help="Instead of --instance: the cheapest type with N of "
               "that GPU (e.g. V100:1, A100:8) in the allowed regions.")
 @click.option("--procs", type=int, metavar="N", help="Processes per host for torchrun recipes "
               "(default: one per GPU on the host, one without GPUs).")
@@ -257,7 +258,8 @@ class _LaunchCommand(click.Command):
               "(same recipe; sets resume=true).")
 @click.option("--follow", "-f", is_flag=True, help="Stream the log; exit with the job's outcome.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the job id.")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED,
+                shell_complete=completion.job_files)
 def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, gpus, procs,
            nodes, spot, recover, max_restarts, fallback, region, ami, disk_gb, max_price, keep,
            idle_minutes, on_job, include, data, cpu_only, envs, secrets, setup, outputs,
@@ -372,7 +374,8 @@ def _follow(store, settings, job, offset: int = 0, node: int = 0, screen=None) -
               "filters match, as -a).")
 @click.option("--all", "-a", "all_", is_flag=True, help="Every job the filters match (default: "
               "jobs not finished, and at most 20 that finished in the last 7 days).")
-@click.option("--state", "states", multiple=True, metavar="STATE", help="Only jobs in this "
+@click.option("--state", "states", multiple=True, metavar="STATE",
+              shell_complete=completion.states, help="Only jobs in this "
               "state (repeatable, or a,b): pending, running, succeeded, failed, cancelled, ...")
 @click.option("--recipe", metavar="NAME", shell_complete=completion.recipes,
               help="Only jobs of this recipe.")
@@ -716,7 +719,7 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
 @click.option("--instance", "-i", "types", multiple=True, metavar="TYPE", callback=_given,
               shell_complete=completion.instance_types,
               help="Only these instance types (repeatable).")
-@click.option("--gpus", metavar="GPU:N", callback=_given,
+@click.option("--gpus", metavar="GPU:N", callback=_given, shell_complete=completion.gpus,
               help="Only types with N of this GPU, e.g. A10G:1 or A100:8.")
 @click.option("--spot", is_flag=True, help="Mark the cheapest by spot price.")
 @click.option("--region", callback=_region,
