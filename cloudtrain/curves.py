@@ -223,15 +223,26 @@ def _ordered(rows: list[dict]) -> tuple[list[str], list[str]]:
 
 # -- the table --------------------------------------------------------------------------------
 
+# Beyond these a finite number is no accuracy, duration or time a job meant (audit F38: 1e308
+# showed as `inf%`, -1e308 seconds as 300 digits): shown as "-".
+MAX_ACCURACY = 100.0  # a fraction, or a percentage some scripts write
+MAX_SECONDS = 1e9  # about 30 years
+TIMES = (0.0, 1e11)  # unix seconds, 1970 to the year 5138
+
+
+def _within(v: float | None, low: float, high: float) -> float | None:
+    return v if v is not None and low <= v <= high else None
+
+
 def cell(key: str, value) -> str:
     """One value of a metrics row as a table cell."""
     v = finite(value)
     if v is None:
         return "-" if value is None else render.number(value)  # short plain text
     if is_accuracy(key):
-        return render.pct(v)
+        return render.pct(_within(v, -MAX_ACCURACY, MAX_ACCURACY))
     if is_seconds(key):
-        return render.duration(v)
+        return render.duration(_within(v, 0.0, MAX_SECONDS))
     if isinstance(value, int) and abs(value) < 10 ** 12:
         return str(value)
     return render.number(v)
@@ -245,7 +256,7 @@ def _job_table(job: JobMetrics, width: int | None) -> list[str]:
         runs = {r.get("run") for r in rows}
         if len(runs) < 2 and "run" in main:
             main.remove("run")  # one run (resnet9 writes run 0 always): no column for it
-        times = [finite(r.get("time")) for r in rows]
+        times = [_within(finite(r.get("time")), *TIMES) for r in rows]
         t0 = next((t for t in times if t is not None), None)
         cols = [render.Col(k.upper(), right=k != "epoch") for k in main]
         if t0 is not None:
@@ -257,7 +268,8 @@ def _job_table(job: JobMetrics, width: int | None) -> list[str]:
             line = [render.epoch_text(row) if k == "epoch" else cell(k, row.get(k))
                     for k in main]
             if t0 is not None:
-                line.append("-" if t is None else render.duration(t - t0))
+                line.append("-" if t is None else
+                            render.duration(_within(t - t0, 0.0, MAX_SECONDS)))
             line += [cell(k, row.get(k)) for k in rest]
             body.append(line)
         out.append(render.grid(cols, body, width=width))

@@ -235,3 +235,10 @@ def test_F36_fuzz_nothing_but_sgr_reaches_the_terminal(data):
             assert shown[i + 1] == "[" and all(p in "0123456789;:" for p in shown[i + 2:end])
         else:
             assert c in "\n\r\t\x1b" or unicodedata.category(c) != "Cc", repr(c)
+
+
+def test_F38_shared_formatters_never_spell_out_absurd_numbers():
+    """F38: `status` shows the same values: 1e308 as an accuracy is no `inf%`, -1e308 seconds
+    no 300-digit duration."""
+    assert render.pct(1e308) == "-" and render.pct(0.5) == "50.00%"
+    assert render.duration(-1e308) == "-1e+308s" and render.duration(-2) == "-2.00s"
