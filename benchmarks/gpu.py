@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from cloudtrain import catalog, recipes  # noqa: E402
+from cloudtrain.agent import group_alive  # noqa: E402
 
 COLUMNS = ("RECIPE", "DEVICE", "TRAIN S", "FIRST STEP S", "STEPS/S", "PEAK MEM MB",
            "COMPILE S", "WALL S")
@@ -68,31 +69,13 @@ def _stop(signum, frame) -> None:
     raise Stopped(signum)
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # Only zombies left (exited, not yet reaped by a parent that has gone) count as gone.
-    for entry in Path("/proc").iterdir():
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
-
-
 def wait_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
     """Wait for the recipe and everything in its process group (its loader workers); SIGKILL
     what is left after `grace_s`."""
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and (proc.poll() is None or _group_alive(proc.pid)):
+    while time.monotonic() < deadline and (proc.poll() is None or group_alive(proc.pid)):
         time.sleep(0.1)
-    if proc.poll() is None or _group_alive(proc.pid):
+    if proc.poll() is None or group_alive(proc.pid):
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -129,23 +129,16 @@ def test_device_names_become_the_catalogs_gpu_names():
 
 
 def _descendants(root: int) -> dict[int, str]:
-    """pid -> command line of every process below `root` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
+    """pid -> command line of every process below `root`."""
+    from cloudtrain.agent import descendants
+
+    found = {}
+    for pid in descendants(root):
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-        except (OSError, ValueError, IndexError):
+            found[pid] = (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(
+                "utf-8", "replace").replace("\0", " ")
+        except OSError:
             continue
-    found, todo = {}, [root]
-    while todo:
-        for pid in children.get(todo.pop(), []):
-            try:
-                found[pid] = (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(
-                    "utf-8", "replace").replace("\0", " ")
-            except OSError:
-                continue
-            todo.append(pid)
     return found
 
 
