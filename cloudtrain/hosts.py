@@ -36,7 +36,7 @@ from . import agent as agent_module
 from . import config
 from . import hostdata
 from . import safefile
-from .errors import HostError, MissingDependency
+from .errors import HostError, MissingDependency, NotRegularFile
 from .gitignore import list_files
 from .progress import Reporter, megabytes
 
@@ -624,7 +624,9 @@ class LocalHost(Host):
             return safefile.read_regular(path, offset, end)
         except FileNotFoundError:
             return b""
-        except OSError as exc:  # not a regular file, no permission, ...
+        except safefile.NotRegular as exc:
+            raise NotRegularFile(f"cannot read {path}: {exc.strerror}") from None
+        except OSError as exc:  # no permission, ...
             raise HostError(f"cannot read {path}: {exc.strerror or exc}") from None
 
     def tail(self, path: str, lines: int) -> tuple[bytes, int]:
@@ -632,6 +634,8 @@ class LocalHost(Host):
             data, size = safefile.read_tail(path, TAIL_WINDOW)
         except FileNotFoundError:
             return b"", 0
+        except safefile.NotRegular as exc:
+            raise NotRegularFile(f"cannot read {path}: {exc.strerror}") from None
         except OSError as exc:
             raise HostError(f"cannot read {path}: {exc.strerror or exc}") from None
         return last_lines(data, lines), size
@@ -785,8 +789,8 @@ class SSHHost(Host):
             return b""
         except HostError as exc:
             if isinstance(exc.__cause__, safefile.NotRegular):
-                raise HostError(f"cannot read {path} on {self.name}: "
-                                f"{exc.__cause__.strerror}") from None
+                raise NotRegularFile(f"cannot read {path} on {self.name}: "
+                                     f"{exc.__cause__.strerror}") from None
             raise
 
     def _hashes(self, directory: str, names: list[str]) -> dict[str, str]:

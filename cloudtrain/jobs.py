@@ -23,8 +23,8 @@ from typing import Callable, Iterator
 from . import agent as agent_module
 from . import config, datasets, hostdata, lease, progress, providers, state
 from .agent import metrics_tail, pid_alive, read_json
-from .errors import CloudtrainError, HostError, MissingDependency, NotFound, PlacementError, \
-    UsageError
+from .errors import CloudtrainError, HostError, MissingDependency, NotFound, NotRegularFile, \
+    PlacementError, UsageError
 from .hosts import Host, LocalHost, agent_dir, close_quietly, session_name, sync_many
 from .spec import RECIPE, JobSpec
 from .state import Job, Store
@@ -1250,7 +1250,10 @@ def collect_files(store: Store, job: Job) -> bool:
     try:
         for name in ("output.log", "metrics.jsonl", "status.json", "job.json", "run.sh",
                      datasets.STATUS_FILE):
-            data = host.read(f"{job.jobdir}/{name}")
+            try:
+                data = host.read(f"{job.jobdir}/{name}")
+            except NotRegularFile:
+                continue  # a FIFO or a link the job put there (F34): the rest comes home
             local.mkdir(parents=True, exist_ok=True)
             config.write_private(local / name, data)
         pulled = host.pull_tree(f"{job.jobdir}/checkpoints", local / "checkpoints",
@@ -1329,7 +1332,10 @@ def _collect_nodes(store: Store, job: Job) -> None:
             return
         try:
             for name in NODE_FILES:
-                data = h.read(f"{jd}/{name}")
+                try:
+                    data = h.read(f"{jd}/{name}")
+                except NotRegularFile:
+                    continue  # a FIFO or a link the job put there (F34)
                 local.mkdir(parents=True, exist_ok=True)
                 config.write_private(local / name, data)
             h.write_text(f"{jd}/collected", str(time.time()))

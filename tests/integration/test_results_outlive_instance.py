@@ -182,6 +182,26 @@ def test_without_a_job_store_the_launch_says_what_is_lost_and_the_power_off_wait
     assert raw["State"]["Name"] == "terminated"  # the CLI released it once it had collected
 
 
+def test_a_fifo_planted_as_metrics_does_not_keep_the_rest_from_coming_home_F34(
+        cli, aws, ct_home, job_script):
+    """F34: a job that leaves a FIFO where its metrics.jsonl was: the CLI's collection over
+    SSH (no job store) skips that file at once and brings the rest home."""
+    aws.write_config(job_store=False, collect_wait_minutes=1.0, shutdown_delay_seconds=0.0)
+    (job_script / "fifo.sh").write_text(
+        'bash job.sh; rm -f "$CLOUDTRAIN_JOB_DIR/metrics.jsonl"; '
+        'mkfifo "$CLOUDTRAIN_JOB_DIR/metrics.jsonl"\n')
+    job_id = cli.launch("--instance", "g5.xlarge", "--workdir", str(job_script), "--",
+                        "bash", "fifo.sh")
+    wait_for(lambda: json.loads((aws.work / "remote" / "jobs" / job_id / "status.json")
+                                .read_text())["state"] == "succeeded", timeout=30)
+    job = cli.job(job_id)
+    assert job["state"] == "succeeded", job
+    local = ct_home / "jobs" / job_id
+    assert (local / "output.log").read_text().splitlines()[-1] == "the last line"
+    assert not (local / "metrics.jsonl").exists()
+    assert (local / "checkpoints" / "run" / "last.pt").stat().st_size == 300000
+
+
 def test_the_dry_run_says_where_results_go_or_what_waiting_costs(cli, aws):
     plan = cli.ok("launch", "--instance", "g5.xlarge", "--dry-run", "--", "true").stdout
     assert ("s3://cloudtrain-<account>-us-east-1/jobs/<your user id>/<job>/ before the "
