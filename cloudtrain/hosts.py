@@ -102,8 +102,9 @@ def session_name(job_id: str) -> str:
 
 
 def agent_files() -> list[Path]:
-    """The files the agent runs from: agent.py, and beside it the uploader and the dataset
-    stager (with the shard reader it imports) where the package has them."""
+    """The files the agent runs from: agent.py, and beside it the reader of job-written files
+    it imports (safefile.py), the uploader and the dataset stager (with the shard reader it
+    imports) where the package has them."""
     extra = [AGENT_SOURCE.with_name(n) for n in ("safefile.py", "agent_upload.py",
                                                  "checkpoint_stream.py", "stager.py",
                                                  "shards.py")]
