@@ -16,6 +16,11 @@ which part gains most); their COMPILE S is "first run / the others' mean", the c
 inductor cache against the warm one. --yaml prints the figures as recipe.yaml `measured:`
 entries.
 
+Each recipe runs in a process group of its own, its output in files of its job directory.
+Stopped by SIGTERM or SIGINT (`timeout`, Ctrl-C), the benchmark forwards the signal to that
+group (the recipe checkpoints at a step boundary and ends; its loader workers with it), waits
+for all of it (SIGKILL after GRACE_S) and exits 128 + the signal.
+
 Usage: python benchmarks/gpu.py [--recipe NAME ...] [--runs N] [--compile] [--cpu] [--yaml]
 """
 
@@ -25,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,10 +42,45 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from cloudtrain import catalog, recipes  # noqa: E402
+from cloudtrain.agent import group_alive  # noqa: E402
 
 COLUMNS = ("RECIPE", "DEVICE", "TRAIN S", "FIRST STEP S", "STEPS/S", "PEAK MEM MB",
            "COMPILE S", "WALL S")
 FULL = {"data": "synthetic", "synthetic_train": "50000", "synthetic_test": "10000"}
+GRACE_S = 120.0  # after a forwarded SIGTERM: the recipe's step boundary, its checkpoint
+RUNNING: set = set()  # the recipe processes now running (one at a time)
+
+
+class Stopped(Exception):
+    """The benchmark was sent SIGTERM or SIGINT."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum, frame) -> None:
+    """Forward the signal to each running recipe's process group, then unwind to main."""
+    for proc in list(RUNNING):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+    raise Stopped(signum)
+
+
+def wait_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
+    """Wait for the recipe and everything in its process group (its loader workers); SIGKILL
+    what is left after `grace_s`."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and (proc.poll() is None or group_alive(proc.pid)):
+        time.sleep(0.1)
+    if proc.poll() is None or group_alive(proc.pid):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
 
 
 def cuda_available() -> bool:
@@ -81,10 +122,24 @@ def run_once(argv: list[str], job: Path, data: Path) -> dict:
     env = {**os.environ, "CLOUDTRAIN_JOB_DIR": str(job), "CLOUDTRAIN_DATA_DIR": str(data),
            "PYTHONUNBUFFERED": "1", "CLOUDTRAIN_STARTED_AT": f"{time.time():.6f}"}
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, env=env, cwd=job, capture_output=True, text=True)
+    # Output to files, not pipes: a benchmark killed outright leaves no recipe writing into a
+    # pipe nobody reads. Its own process group: a signal forwarded reaches its workers too.
+    with open(job / "stdout.txt", "wb") as out, open(job / "stderr.txt", "wb") as err:
+        proc = subprocess.Popen(argv, env=env, cwd=job, stdout=out, stderr=err,
+                                start_new_session=True)
+        RUNNING.add(proc)
+        try:
+            proc.wait()
+        except Stopped:
+            wait_group(proc)
+            raise
+        finally:
+            RUNNING.discard(proc)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        text = ((job / "stderr.txt").read_text(errors="replace")
+                or (job / "stdout.txt").read_text(errors="replace"))
+        tail = text.strip().splitlines()[-3:]
         raise SystemExit(f"{Path(argv[1]).parent.name}: exit {proc.returncode}: "
                          + " | ".join(tail))
     rows, startup = [], {}
@@ -180,6 +235,17 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="the CPU path even with a GPU")
     ap.add_argument("--yaml", action="store_true", help="also print recipe.yaml entries")
     args = ap.parse_args()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop)
+    try:
+        run(args)
+    except Stopped as stop:
+        print(f"# stopped by {signal.Signals(stop.signum).name}: the recipe was stopped and "
+              "waited for", file=sys.stderr, flush=True)
+        sys.exit(128 + stop.signum)
+
+
+def run(args) -> None:
     cuda = cuda_available() and not args.cpu
     names = args.recipe or recipes.names()
     plan = [command(n, cuda, False) for n in names]

@@ -36,6 +36,7 @@ from sshd import free_port  # noqa: E402
 
 REGION, ACCOUNT = "eu-west-1", "123456789012"
 JOB = "bench0001"
+KEY = "AIDAJQABLZS4A3QDU576Q"  # the caller's aws:userid (moto answers with its access key)
 
 
 def make_job(root: Path, checkpoint_mb: int, log_mb: int) -> Path:
@@ -70,7 +71,7 @@ def sink_upload(job: Path, runs: int) -> float:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     grant = {"url": f"http://127.0.0.1:{server.server_address[1]}/", "fields": {},
-             "prefix": f"jobs/{JOB}/"}
+             "prefix": jobstore.job_prefix(JOB, owner_key=KEY)}
     times = []
     for _ in range(runs):
         result = agent_upload.upload_job(str(job), grant, timeout_s=300)
@@ -101,10 +102,12 @@ def main() -> None:
         s3 = jobstore.s3_client(session, REGION, f"http://127.0.0.1:{port}")
         bucket = jobstore.bucket_name(ACCOUNT, REGION)
         started = time.perf_counter()
-        jobstore.ensure_bucket(s3, bucket, REGION, f"arn:aws:iam::{ACCOUNT}:user/bench")
+        jobstore.ensure_bucket(s3, bucket, REGION, f"arn:aws:iam::{ACCOUNT}:user/bench",
+                               owner_key=KEY)
         first = time.perf_counter() - started
         started = time.perf_counter()
-        jobstore.ensure_bucket(s3, bucket, REGION, f"arn:aws:iam::{ACCOUNT}:user/bench")
+        jobstore.ensure_bucket(s3, bucket, REGION, f"arn:aws:iam::{ACCOUNT}:user/bench",
+                               owner_key=KEY)
         later = time.perf_counter() - started
         # moto denies every object read under a Deny it cannot evaluate (aws:SecureTransport).
         s3.delete_bucket_policy(Bucket=bucket)
@@ -114,17 +117,20 @@ def main() -> None:
             total = sum(p.stat().st_size for p in job.rglob("*") if p.is_file())
             upload, status, full = [], [], []
             for run in range(args.runs):
-                jobstore.delete_job(s3, bucket, JOB)
+                jobstore.delete_job(s3, bucket, JOB, owner_key=KEY)
                 grant = jobstore.upload_grant(s3, bucket, JOB, expires_s=3600,
-                                              max_bytes=agent_upload.POST_MAX_BYTES)
+                                              max_bytes=agent_upload.POST_MAX_BYTES,
+                                              owner_key=KEY)
                 t0 = time.perf_counter()
                 result = agent_upload.upload_job(str(job), grant, timeout_s=300)
                 t1 = time.perf_counter()
                 assert result["ok"], result
                 small = jobstore.fetch(s3, bucket, JOB, Path(tmp) / f"s{run}", 1 << 30,
-                                       only=("status.json", "metrics.jsonl", "output.log"))
+                                       only=("status.json", "metrics.jsonl", "output.log"),
+                                       owner_key=KEY)
                 t2 = time.perf_counter()
-                everything = jobstore.fetch(s3, bucket, JOB, Path(tmp) / f"f{run}", 1 << 30)
+                everything = jobstore.fetch(s3, bucket, JOB, Path(tmp) / f"f{run}", 1 << 30,
+                                            owner_key=KEY)
                 t3 = time.perf_counter()
                 assert small.complete and everything.complete and not everything.skipped
                 assert everything.bytes == total

@@ -52,6 +52,11 @@ import sys
 import threading
 import time
 
+try:
+    from . import safefile  # imported as cloudtrain.agent (the CLI, LocalHost)
+except ImportError:
+    import safefile  # run as a script on the host, safefile.py beside it
+
 # Agent states as written to status.json. "starting" is before run.sh has a pid.
 STARTING, RUNNING = "starting", "running"
 SUCCEEDED, FAILED, CANCELLED, PREEMPTED = "succeeded", "failed", "cancelled", "preempted"
@@ -60,6 +65,7 @@ ACTIVE = (STARTING, RUNNING)
 POLL_S = 0.1
 METRICS_TAIL_BYTES = 65536
 METRICS_SCAN_BYTES = 16 << 20
+JSON_MAX_BYTES = 4 << 20  # status.json and the other small JSON files a job can write to
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 SPOT_POLL_S = 5.0  # AWS gives two minutes' notice; checking every 5 s leaves the job ~115 s
@@ -108,11 +114,14 @@ def shipped(name):
 
 
 def read_json(path, default=None):
-    """A JSON object from a file, or `default` when it is missing, not JSON, too deep or not
-    an object (the job can write anything into its directory)."""
+    """A JSON object from a file, or `default` when it is missing, not a regular file (a FIFO,
+    a symlink: safefile), over JSON_MAX_BYTES, not JSON, too deep or not an object (the job
+    can write anything into its directory)."""
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read().decode("utf-8"))
+        raw = safefile.read_regular(path, limit=JSON_MAX_BYTES + 1)
+        if len(raw) > JSON_MAX_BYTES:
+            return default
+        data = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return default
     return data if isinstance(data, dict) else default
@@ -691,12 +700,8 @@ def metrics_tail(jobdir):
     last runs_summary event. Rows come from the tail; the events from the whole file (up to
     METRICS_SCAN_BYTES), since a target reached early in a long run is far from the end."""
     path = os.path.join(jobdir, "metrics.jsonl")
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - METRICS_SCAN_BYTES))
-            data = f.read()
+    try:  # a FIFO or a link to /dev/zero planted there is refused at once (F34)
+        data, _ = safefile.read_tail(path, METRICS_SCAN_BYTES)
     except OSError:
         return None, None, None
     latest, target, summary = None, None, None
@@ -793,12 +798,10 @@ def probe(jobdir, stale_after_s=30.0, session=None, tmux_socket=None):
 def _tail_text(path, limit=300):
     """The last line of a small text file (what a failed start printed), or ""."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 4096))
-            lines = f.read().decode("utf-8", "replace").strip().splitlines()
+        data, _ = safefile.read_tail(path, 4096)
     except OSError:
         return ""
+    lines = data.decode("utf-8", "replace").strip().splitlines()
     return lines[-1][:limit] if lines else ""
 
 

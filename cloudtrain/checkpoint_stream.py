@@ -5,7 +5,8 @@ and imported by the agent by name; `restore` also runs as a command on the new i
 
     python3 checkpoint_stream.py restore PLAN JOBDIR
 
-Layout, under the job's prefix `jobs/<job_id>/` (the agent's presigned-POST grant covers it):
+Layout, under the job's prefix `jobs/<owner key>/<job_id>/` (jobstore.job_prefix; the agent's
+presigned-POST grant covers it):
 
     stream/a/<path>, stream/b/<path>   two slots, each meant to hold one whole snapshot:
                                        checkpoints/** plus metrics.jsonl and output.log
@@ -39,9 +40,10 @@ import urllib.error
 import urllib.request
 
 try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import agent_upload
+    from . import agent_upload, safefile
 except ImportError:
     import agent_upload
+    import safefile
 
 STREAM = "stream/"
 LATEST = "latest.json"
@@ -164,7 +166,7 @@ def other_slot(slot):
 
 
 def job_id_of(grant):
-    """`jobs/<job_id>/` -> job_id."""
+    """`jobs/<owner key>/<job_id>/` (or `jobs/<job_id>/`, the layout before owners) -> job_id."""
     return str(grant.get("prefix") or "").rstrip("/").rsplit("/", 1)[-1]
 
 
@@ -213,16 +215,12 @@ class _Snapshot(object):
                          for rel, _, _, st in self.files[:self.checkpoints])
 
     def _open(self, rel, path):
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-                         | getattr(os, "O_NONBLOCK", 0))  # a fifo planted there must not hang us
+        try:  # a FIFO or a link planted there is refused, not waited on or followed
+            fd = safefile.open_regular(path)
         except OSError:
-            return  # gone since the listing, or a link
+            return  # gone since the listing, or not a regular file
         f = os.fdopen(fd, "rb")
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            f.close()
-            return
         self.files.append((rel, f, st.st_size, st))
 
     def step(self):

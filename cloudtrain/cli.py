@@ -20,9 +20,23 @@ def _store():
     return open_store(config.home())
 
 
-def _echo_bytes(data: bytes) -> None:
+def _echo_bytes(data: bytes, screen=None, last: bool = False) -> None:
+    """A job's output to stdout: through `screen` (a hostdata.TerminalText) when given;
+    `last`: the end of it (a character cut short there is shown too)."""
+    if screen is not None:
+        data = screen.feed(data) + (screen.flush() if last else b"")
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
+
+
+def _screen(raw: bool = False):
+    """F36: on a terminal a job's output goes through hostdata.TerminalText (its escapes
+    dropped, colours kept); piped, or with --raw, it is the bytes as they are."""
+    if raw or not sys.stdout.isatty():
+        return None
+    from .hostdata import TerminalText
+
+    return TerminalText()
 
 
 def _region(ctx, param, value: str | None) -> str | None:
@@ -225,7 +239,8 @@ class _LaunchCommand(click.Command):
 @click.option("--instance", "-i", "instance_type", metavar="TYPE",
               shell_complete=completion.instance_types,
               help="EC2 instance type, e.g. g5.xlarge (implies --backend aws).")
-@click.option("--gpus", metavar="GPU:N", help="Instead of --instance: the cheapest type with N of "
+@click.option("--gpus", metavar="GPU:N", shell_complete=completion.gpus,
+              help="Instead of --instance: the cheapest type with N of "
               "that GPU (e.g. V100:1, A100:8) in the allowed regions.")
 @click.option("--procs", type=int, metavar="N", help="Processes per host for torchrun recipes "
               "(default: one per GPU on the host, one without GPUs).")
@@ -279,7 +294,8 @@ class _LaunchCommand(click.Command):
               "(same recipe; sets resume=true).")
 @click.option("--follow", "-f", is_flag=True, help="Stream the log; exit with the job's outcome.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the job id.")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED,
+                shell_complete=completion.job_files)
 def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, gpus, procs,
            nodes, spot, recover, max_restarts, fallback, region, ami, disk_gb, max_price, keep,
            idle_minutes, on_job, include, data, cpu_only, envs, secrets, setup, outputs,
@@ -392,12 +408,14 @@ def _confirm_sending(line: str) -> None:
         raise errors.CloudtrainError("not launched: nothing was created", exit_code=1)
 
 
-def _follow(store, settings, job, offset: int = 0, node: int = 0) -> None:
+def _follow(store, settings, job, offset: int = 0, node: int = 0, screen=None) -> None:
     from . import jobs
 
+    screen = screen or _screen()
     try:
         for chunk in jobs.follow(store, settings, job, offset, node):
-            _echo_bytes(chunk)
+            _echo_bytes(chunk, screen)
+        _echo_bytes(b"", screen, last=True)
     except KeyboardInterrupt:
         click.echo(f"\ndetached; job {job.id} keeps running. "
                    f"Stop it with: cloudtrain down {job.id}", err=True)
@@ -417,7 +435,8 @@ def _follow(store, settings, job, offset: int = 0, node: int = 0) -> None:
               "filters match, as -a).")
 @click.option("--all", "-a", "all_", is_flag=True, help="Every job the filters match (default: "
               "jobs not finished, and at most 20 that finished in the last 7 days).")
-@click.option("--state", "states", multiple=True, metavar="STATE", help="Only jobs in this "
+@click.option("--state", "states", multiple=True, metavar="STATE",
+              shell_complete=completion.states, help="Only jobs in this "
               "state (repeatable, or a,b): pending, running, succeeded, failed, cancelled, ...")
 @click.option("--recipe", "recipes_", multiple=True, metavar="NAME",
               shell_complete=completion.recipes,
@@ -665,8 +684,10 @@ _NODE = click.option("--node", type=click.IntRange(min=0), default=0, show_defau
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
 @click.option("--tail", "-n", type=click.IntRange(min=0), default=None,
               help="Only the last N lines (then follow from there with -f).")
+@click.option("--raw", is_flag=True, help="The output's bytes as they are, escape sequences "
+              "included (on a terminal they are dropped, colours kept; piped, they are kept).")
 @_NODE
-def logs(job: str, follow: bool, tail: int | None, node: int) -> None:
+def logs(job: str, follow: bool, tail: int | None, raw: bool, node: int) -> None:
     """Print a job's output (node 0's for a job on several machines: rank 0's). With
     --follow, exit with the job's outcome (1: it did not succeed), as `launch --follow`
     does.
@@ -676,20 +697,22 @@ def logs(job: str, follow: bool, tail: int | None, node: int) -> None:
       cloudtrain logs 3f2a1b9c --tail 20
       cloudtrain logs 3f2a1b9c --follow
       cloudtrain logs 3f2a1b9c --node 2
+      cloudtrain logs 3f2a1b9c --raw > output.log
     """
     from . import jobs
 
     settings = config.Settings.load()
+    screen = _screen(raw)
     with _store() as store:
         record = jobs.for_logs(store, settings, job)
         offset = 0
         if tail is not None:
             data, offset = jobs.tail_log(record, tail, node)
-            _echo_bytes(data)
+            _echo_bytes(data, screen, last=not follow)
         elif not follow:
-            _echo_bytes(jobs.read_log(record, node=node))
+            _echo_bytes(jobs.read_log(record, node=node), screen, last=True)
         if follow:
-            _follow(store, settings, record, offset, node)
+            _follow(store, settings, record, offset, node, screen)
 
 
 @cli.command()
@@ -762,7 +785,7 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
 @click.option("--instance", "-i", "types", multiple=True, metavar="TYPE", callback=_given,
               shell_complete=completion.instance_types,
               help="Only these instance types (repeatable).")
-@click.option("--gpus", metavar="GPU:N", callback=_given,
+@click.option("--gpus", metavar="GPU:N", callback=_given, shell_complete=completion.gpus,
               help="Only types with N of this GPU, e.g. A10G:1 or A100:8.")
 @click.option("--spot", is_flag=True, help="Mark the cheapest by spot price.")
 @click.option("--region", callback=_region,

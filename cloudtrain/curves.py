@@ -19,10 +19,9 @@ import io
 import json
 import math
 import os
-import stat
 from pathlib import Path
 
-from . import config, render
+from . import config, render, safefile
 from .agent import as_time as finite  # a finite float (not a bool), else None
 from .errors import UsageError
 from .hostdata import clean_row
@@ -144,18 +143,17 @@ def metrics_path(job_id: str) -> Path:
 
 def _read(path) -> tuple[list[dict], list[dict], list[str]]:
     """(rows, events, notes) of a metrics.jsonl; never raises."""
-    try:
-        # O_NONBLOCK: a job may leave a FIFO there, which would block open() for good.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:  # a job may leave a FIFO or a link to /dev/zero there (F34): refused at once
+        fd = safefile.open_regular(path)
     except FileNotFoundError:
         return [], [], [f"no metrics.jsonl yet ({path})"]
-    except (OSError, ValueError) as exc:  # a directory, no permission; a NUL in the name
+    except safefile.NotRegular as exc:
+        return [], [], [f"{path} is {exc.strerror}"]
+    except (OSError, ValueError) as exc:  # no permission; a NUL in the name
         return [], [], [f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}"]
     notes = []
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return [], [], [f"{path} is not a regular file"]
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_BYTES + 1)
     except OSError as exc:
@@ -272,15 +270,26 @@ def _ordered(rows: list[dict], clock: bool = False) -> tuple[list[str], list[str
 
 # -- the table --------------------------------------------------------------------------------
 
+# Beyond these a finite number is no accuracy, duration or time a job meant (audit F38: 1e308
+# showed as `inf%`, -1e308 seconds as 300 digits): shown as "-".
+MAX_ACCURACY = 100.0  # a fraction, or a percentage some scripts write
+MAX_SECONDS = 1e9  # about 30 years
+TIMES = (0.0, 1e11)  # unix seconds, 1970 to the year 5138
+
+
+def _within(v: float | None, low: float, high: float) -> float | None:
+    return v if v is not None and low <= v <= high else None
+
+
 def cell(key: str, value) -> str:
     """One value of a metrics row as a table cell."""
     v = finite(value)
     if v is None:
         return "-" if value is None else render.number(value)  # short plain text
     if is_accuracy(key):
-        return render.pct(v)
+        return render.pct(_within(v, -MAX_ACCURACY, MAX_ACCURACY))
     if is_seconds(key):
-        return render.duration(v)
+        return render.duration(_within(v, 0.0, MAX_SECONDS))
     if isinstance(value, int) and abs(value) < 10 ** 12:
         return str(value)
     return render.number(v)
@@ -290,7 +299,7 @@ def _job_table(job: JobMetrics, width: int | None) -> list[str]:
     out = [f"job {render._printable(job.label)}"]
     rows = job.epochs
     if rows:
-        times = [finite(r.get("time")) for r in rows]
+        times = [_within(finite(r.get("time")), *TIMES) for r in rows]
         t0 = job.start()  # ELAPSED: since the job started (U10)
         main, rest = _ordered(rows, clock=t0 is not None)
         runs = {r.get("run") for r in rows}
@@ -306,7 +315,8 @@ def _job_table(job: JobMetrics, width: int | None) -> list[str]:
             line = [render.epoch_text(row) if k == "epoch" else cell(k, row.get(k))
                     for k in main]
             if t0 is not None:
-                line.append("-" if t is None else render.duration(t - t0))
+                line.append("-" if t is None else
+                            render.duration(_within(t - t0, 0.0, MAX_SECONDS)))
             line += [cell(k, row.get(k)) for k in rest]
             body.append(line)
         out.append(render.grid(cols, body, width=width))

@@ -53,6 +53,11 @@ class HostError(CloudtrainError):
     """A command on a host failed or the host could not be reached."""
 
 
+class NotRegularFile(HostError):
+    """What is at a path a job writes to is a FIFO, a link, a device or a folder (F34): not
+    read, and not a reason to give up on the job's other files."""
+
+
 class PlacementError(CloudtrainError):
     """The instance asked for cannot be had where it was asked for, now: no capacity in any
     AZ, or a quota. A relaunch (recovery.py) then tries its next place or market."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import unicodedata
 
 from .agent import ACTIVE, CANCELLED, FAILED, PREEMPTED, SUCCEEDED
@@ -180,6 +181,116 @@ def clean_text(text: str, limit: int) -> str:
     text = "".join(" " if c in "\r\n\t" else c for c in text
                    if c in "\r\n\t" or unicodedata.category(c) not in HIDDEN)
     return text[:limit]
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # all Cc but \t \n \r
+_SGR = re.compile("\x1b\\[[0-9;:]{0,64}m")
+
+
+class TerminalText:
+    """A job's output (from the host or the job store), made safe for the user's terminal,
+    chunk by chunk (`logs -f`): a sequence or a UTF-8 character split across chunks is
+    handled whole. Audit F36: `logs` wrote a hostile log's escapes as they were: the window
+    title (OSC 0/2), the clipboard (OSC 52), a cleared screen (CSI 2J).
+
+    Kept: text, newline, carriage return, tab, and SGR colour sequences (`ESC [ params m`).
+    Dropped: every other CSI sequence, OSC, DCS, APC, PM and SOS strings (up to their BEL or
+    ST terminator, or to the end of the line, whichever comes first), other escape sequences,
+    C0 controls and DEL, and C1 controls (their CSI and string introducers as the ESC forms).
+    Bytes that are not UTF-8 come out as U+FFFD. For the bytes as they are: `logs --raw`."""
+
+    GROUND, ESC, ESC_INTER, CSI, STRING, STRING_ESC = range(6)
+    MAX_CSI = 64  # parameter characters; longer is not a colour
+    C1_STRINGS = "\x90\x98\x9d\x9e\x9f"  # DCS, SOS, OSC, PM, APC
+
+    def __init__(self):
+        import codecs
+
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._state, self._csi = self.GROUND, ""
+
+    def feed(self, data: bytes) -> bytes:
+        return self._filter(self._decoder.decode(data)).encode("utf-8")
+
+    def flush(self) -> bytes:
+        """What is left at the end (a UTF-8 character cut short); an open sequence is dropped."""
+        out = self._filter(self._decoder.decode(b"", final=True))
+        self._state, self._csi = self.GROUND, ""
+        return out.encode("utf-8")
+
+    def _filter(self, text: str) -> str:
+        out, i, n = [], 0, len(text)
+        while i < n:
+            if self._state == self.GROUND:  # plain text goes through in runs
+                found = _CONTROL.search(text, i)
+                end = found.start() if found else n
+                out.append(text[i:end])
+                if end == n:
+                    break
+                colour = _SGR.match(text, end)  # whole in this chunk: kept as it is
+                if colour:
+                    out.append(colour.group())
+                    i = colour.end()
+                    continue
+                i = end
+            c = text[i]
+            while c is not None:
+                c = self._step(c, out)
+            i += 1
+        return "".join(out)
+
+    def _step(self, c: str, out: list) -> str | None:
+        """Consume `c`; returns it back when a sequence ended on it and it is to be read
+        again in the ground state."""
+        state, o = self._state, ord(c)
+        if state == self.GROUND:
+            if c == "\x1b":
+                self._state = self.ESC
+            elif c in "\n\r\t":
+                out.append(c)
+            elif c == "\x9b":
+                self._state, self._csi = self.CSI, ""
+            elif c in self.C1_STRINGS:
+                self._state = self.STRING
+            elif unicodedata.category(c) != "Cc":  # C0, DEL and C1 are Cc
+                out.append(c)
+        elif state == self.ESC:
+            if c == "[":
+                self._state, self._csi = self.CSI, ""
+            elif c in "]P_^X":
+                self._state = self.STRING
+            elif 0x20 <= o <= 0x2F:
+                self._state = self.ESC_INTER
+            elif c != "\x1b":
+                self._state = self.GROUND
+                return None if 0x30 <= o <= 0x7E else c
+        elif state == self.ESC_INTER:
+            if not 0x20 <= o <= 0x2F:
+                self._state = self.GROUND
+                return None if 0x30 <= o <= 0x7E else c
+        elif state == self.CSI:
+            if 0x20 <= o <= 0x3F and len(self._csi) < self.MAX_CSI:
+                self._csi += c
+            else:
+                self._state = self.GROUND
+                if c == "m" and all(p in "0123456789;:" for p in self._csi):
+                    out.append("\x1b[" + self._csi + "m")
+                elif not 0x40 <= o <= 0x7E:
+                    return c  # not a final byte: the sequence is cut off here
+        elif state == self.STRING:
+            if c == "\x1b":
+                self._state = self.STRING_ESC
+            elif c in "\x07\x9c":
+                self._state = self.GROUND
+            elif c == "\n":
+                self._state = self.GROUND
+                return c
+        elif state == self.STRING_ESC:
+            self._state = self.GROUND if c == "\\" else self.STRING
+            if c == "\n":
+                self._state = self.GROUND
+                return c
+        return None
 
 
 def _count(value: object) -> int | None:

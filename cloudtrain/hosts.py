@@ -35,7 +35,8 @@ from typing import Callable
 from . import agent as agent_module
 from . import config
 from . import hostdata
-from .errors import HostError, MissingDependency
+from . import safefile
+from .errors import HostError, MissingDependency, NotRegularFile
 from .gitignore import list_files
 from .progress import Reporter, megabytes
 
@@ -101,10 +102,12 @@ def session_name(job_id: str) -> str:
 
 
 def agent_files() -> list[Path]:
-    """The files the agent runs from: agent.py, and beside it the uploader and the dataset
-    stager (with the shard reader it imports) where the package has them."""
-    extra = [AGENT_SOURCE.with_name(n) for n in ("agent_upload.py", "checkpoint_stream.py",
-                                                 "stager.py", "shards.py")]
+    """The files the agent runs from: agent.py, and beside it the reader of job-written files
+    it imports (safefile.py), the uploader and the dataset stager (with the shard reader it
+    imports) where the package has them."""
+    extra = [AGENT_SOURCE.with_name(n) for n in ("safefile.py", "agent_upload.py",
+                                                 "checkpoint_stream.py", "stager.py",
+                                                 "shards.py")]
     return [AGENT_SOURCE] + [p for p in extra if p.is_file()]
 
 
@@ -618,23 +621,26 @@ class LocalHost(Host):
         return copied
 
     def read(self, path: str, offset: int = 0, end: int | None = None) -> bytes:
+        # A job's files: a FIFO or a link to /dev/zero in their place is refused at once (F34).
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                return f.read() if end is None else f.read(max(end - offset, 0))
+            return safefile.read_regular(path, offset, end)
         except FileNotFoundError:
             return b""
-        except OSError as exc:  # a directory where the log should be, no permission, ...
+        except safefile.NotRegular as exc:
+            raise NotRegularFile(f"cannot read {path}: {exc.strerror}") from None
+        except OSError as exc:  # no permission, ...
             raise HostError(f"cannot read {path}: {exc.strerror or exc}") from None
 
     def tail(self, path: str, lines: int) -> tuple[bytes, int]:
         try:
-            size = os.path.getsize(path)
+            data, size = safefile.read_tail(path, TAIL_WINDOW)
         except FileNotFoundError:
             return b"", 0
+        except safefile.NotRegular as exc:
+            raise NotRegularFile(f"cannot read {path}: {exc.strerror}") from None
         except OSError as exc:
             raise HostError(f"cannot read {path}: {exc.strerror or exc}") from None
-        return last_lines(self.read(path, max(0, size - TAIL_WINDOW), size), lines), size
+        return last_lines(data, lines), size
 
     def probe_job(self, jobdir: str, stale_after_s: float) -> dict:
         # Same code the agent runs on remote hosts, without a process per job; what it read
@@ -662,18 +668,13 @@ class LocalHost(Host):
             return [(e.name, e.stat(follow_symlinks=False).st_mode) for e in entries]
 
     def _open_regular(self, path: str):
-        # O_NOFOLLOW and O_NONBLOCK: a symlink or FIFO swapped in after the listing is
-        # neither followed nor waited on.
+        # A symlink or FIFO swapped in after the listing is neither followed nor waited on.
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError as exc:
-            if isinstance(exc, FileNotFoundError):
-                raise
+            return os.fdopen(safefile.open_regular(path), "rb")
+        except FileNotFoundError:
+            raise
+        except OSError:
             return None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            return None
-        return os.fdopen(fd, "rb")
 
     def describe(self) -> dict:
         return {**super().describe(), "python": self.python}
@@ -771,12 +772,28 @@ class SSHHost(Host):
         self._into_dir(remote, write)
 
     def read(self, path: str, offset: int = 0, end: int | None = None) -> bytes:
+        # A job's files (F34): LSTAT first, so that a FIFO (whose open would hang the host's
+        # sftp-server) or a link to /dev/zero (a read without end) is refused, not opened;
+        # then FSTAT on the handle, and no read past the size it had.
         try:
-            with self.conn.sftp_op(f"read {path}") as sftp, sftp.open(path, "rb") as f:
-                f.seek(offset)
-                return f.read() if end is None else f.read(max(end - offset, 0))
+            with self.conn.sftp_op(f"read {path}") as sftp:
+                mode = sftp.lstat(path).st_mode or 0
+                if not stat.S_ISREG(mode):
+                    raise safefile.NotRegular(path, safefile.kind(mode))
+                with sftp.open(path, "rb") as f:
+                    attrs = f.stat()
+                    if not stat.S_ISREG(attrs.st_mode or 0):
+                        raise safefile.NotRegular(path, safefile.kind(attrs.st_mode or 0))
+                    stop = attrs.st_size if end is None else min(end, attrs.st_size)
+                    f.seek(offset)
+                    return f.read(max(stop - offset, 0))
         except FileNotFoundError:
             return b""
+        except HostError as exc:
+            if isinstance(exc.__cause__, safefile.NotRegular):
+                raise NotRegularFile(f"cannot read {path} on {self.name}: "
+                                     f"{exc.__cause__.strerror}") from None
+            raise
 
     def _hashes(self, directory: str, names: list[str]) -> dict[str, str]:
         out = self.run(f"cd {shlex.quote(directory)} 2>/dev/null && sha256sum -- "

@@ -24,7 +24,7 @@ from . import agent as agent_module
 from . import config, datasets, hostdata, lease, progress, providers, state
 from .agent import metrics_tail, pid_alive, read_json
 from .errors import CloudtrainError, HostError, MissingDependency, NoCredentials, NotFound, \
-    PlacementError, UsageError
+    NotRegularFile, PlacementError, UsageError
 from .gitignore import survey
 from .hosts import Host, LocalHost, agent_dir, close_quietly, measure, session_name, sync_many
 from .spec import RECIPE, JobSpec
@@ -1365,7 +1365,10 @@ def collect_files(store: Store, job: Job) -> bool:
     try:
         for name in ("output.log", "metrics.jsonl", "status.json", "job.json", "run.sh",
                      datasets.STATUS_FILE):
-            data = host.read(f"{job.jobdir}/{name}")
+            try:
+                data = host.read(f"{job.jobdir}/{name}")
+            except NotRegularFile:
+                continue  # a FIFO or a link the job put there (F34): the rest comes home
             local.mkdir(parents=True, exist_ok=True)
             config.write_private(local / name, data)
         pulled = host.pull_tree(f"{job.jobdir}/checkpoints", local / "checkpoints",
@@ -1444,7 +1447,10 @@ def _collect_nodes(store: Store, job: Job) -> None:
             return
         try:
             for name in NODE_FILES:
-                data = h.read(f"{jd}/{name}")
+                try:
+                    data = h.read(f"{jd}/{name}")
+                except NotRegularFile:
+                    continue  # a FIFO or a link the job put there (F34)
                 local.mkdir(parents=True, exist_ok=True)
                 config.write_private(local / name, data)
             h.write_text(f"{jd}/collected", str(time.time()))

@@ -10,13 +10,20 @@
     latest_checkpoint(s3, bucket, job)    the streamed checkpoint that stream/latest.json names
     restore_plan(s3, bucket, job, m, s)   that checkpoint as presigned GETs, for the new instance
 
-Layout: `jobs/<job_id>/<path in the job directory>`, and `jobs/<job_id>/manifest.json`
-written last by the uploader (cloudtrain/agent_upload.py, on the instance) as the sign that
+Layout: `jobs/<owner_key>/<job_id>/<path in the job directory>`, and
+`jobs/<owner_key>/<job_id>/manifest.json` written last by the uploader
+(cloudtrain/agent_upload.py, on the instance) as the sign that
 the upload is complete. The instance holds no AWS keys: the grant is an S3 presigned POST
 whose signed policy allows keys under the job's prefix only, each at most `max_bytes`, until
 it expires (no IAM role to create, no iam:PassRole needed).
 
-`jobs/<job_id>/stream/` is the checkpoint stream (cloudtrain/checkpoint_stream.py): two slots
+`<owner_key>` is the caller's `aws:userid` (STS GetCallerIdentity's UserId: an IAM user's unique
+id, `<role id>:<session name>` for an assumed role), which an IAM policy can name as
+`${aws:userid}`: infra/iam-policy-cli.json gives each principal its own prefix only. Jobs
+stored before owners were part of the key live under `jobs/<job_id>/` (`owner_key=None`
+below); the job's record says which (the provider keeps the owner key with the job).
+
+`<prefix>stream/` is the checkpoint stream (cloudtrain/checkpoint_stream.py): two slots
 `stream/a/`, `stream/b/` and `stream/latest.json` naming the one that holds a complete
 snapshot. fetch() leaves it alone, except that when the upload's manifest says the
 checkpoints went there (`checkpoints_in_stream`) it brings them from the named slot.
@@ -52,6 +59,10 @@ GRANT_MAX_S = 7 * 24 * 3600
 MANIFEST_MAX_BYTES = 16 << 20
 MAX_OBJECTS = 100_000  # a job prefix listing more than this is not a job's upload
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# aws:userid: AIDA... (21 characters), AROA...:session, the 12-digit account, account:name.
+# Never 8 characters: the policy's read of old-layout jobs (`jobs/????????/*`, 8-hex ids)
+# cannot reach an owner's prefix.
+OWNER_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9:+=,.@_-]{11,255}")
 ACCOUNT = re.compile(r"\d{12}")
 REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d{1,2}")
 # S3 answers HeadBucket without a body: only the status says what happened.
@@ -109,10 +120,14 @@ def bucket_name(account_id: str, region: str) -> str:
     return name
 
 
-def ensure_bucket(s3, bucket: str, region: str, owner: str, expire_days: int = 30) -> bool:
+def ensure_bucket(s3, bucket: str, region: str, owner: str, expire_days: int = 30, *,
+                  owner_key: str) -> bool:
     """Make sure `bucket` exists, is ours and is locked down; True when this call created it.
 
-    A later call costs one HeadBucket. On creation: Block Public Access (all four), default
+    A later call costs one listing of the caller's own prefix (`jobs/<owner_key>/`, one key:
+    the only listing infra/iam-policy-cli.json allows; HeadBucket would need s3:ListBucket on
+    the whole bucket). Creating the bucket is a one-time administrator's step
+    (infra/iam-policy-store-admin.json): on creation, Block Public Access (all four), default
     encryption SSE-S3 with a bucket key, a policy denying requests without TLS, lifecycle
     rules (objects under jobs/ expire after `expire_days`, incomplete multipart uploads are
     aborted after a day), then the tags. If configuring fails the new bucket is deleted, so
@@ -122,7 +137,8 @@ def ensure_bucket(s3, bucket: str, region: str, owner: str, expire_days: int = 3
 
     account, partition = _arn_account(owner), _arn_partition(owner)
     try:
-        s3.head_bucket(Bucket=bucket, **_expected(account))
+        s3.list_objects_v2(Bucket=bucket, Prefix=PREFIX + _owner_key(owner_key) + "/",
+                           MaxKeys=1, **_expected(account))
         return False
     except ClientError as exc:
         if _code(exc) in FORBIDDEN:
@@ -136,6 +152,11 @@ def ensure_bucket(s3, bucket: str, region: str, owner: str, expire_days: int = 3
     try:
         s3.create_bucket(**params)
     except ClientError as exc:
+        if _code(exc) in FORBIDDEN:
+            raise CloudtrainError(
+                f"the job store bucket {bucket} does not exist, and creating it is a one-time "
+                "administrator's step", hint="see 'The job store' in infra/README.md "
+                "(infra/iam-policy-store-admin.json)") from exc
         if _code(exc) == "BucketAlreadyExists":
             raise _not_ours(bucket, account) from exc
         if _code(exc) != "BucketAlreadyOwnedByYou":  # another cloudtrain of ours, just now
@@ -188,19 +209,22 @@ def _not_ours(bucket: str, account: str | None) -> CloudtrainError:
              f"{account or '<your account id>'}")
 
 
-def job_prefix(job_id: str, node: int = 0) -> str:
-    """The job's key prefix, `jobs/<id>/`; node i > 0 of a job on several machines stores
-    its own files under `jobs/<id>/nodes/<i>/`."""
+def job_prefix(job_id: str, node: int = 0, *, owner_key: str | None) -> str:
+    """The job's key prefix, `jobs/<owner_key>/<id>/` (None: `jobs/<id>/`, the layout
+    before owners); node i > 0 of a job on several machines stores its own files under
+    `<prefix>nodes/<i>/`."""
     _check_job_id(job_id)
     if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < 1024:
         raise UsageError(f"a node is numbered 0 to 1023, not {node!r}")
-    return f"{PREFIX}{job_id}/" + (f"nodes/{node}/" if node else "")
+    owner = f"{_owner_key(owner_key)}/" if owner_key is not None else ""
+    return f"{PREFIX}{owner}{job_id}/" + (f"nodes/{node}/" if node else "")
 
 
 def upload_grant(s3, bucket: str, job_id: str, expires_s: int, max_bytes: int,
-                 node: int = 0) -> dict:
-    """A presigned POST letting its holder write objects under `jobs/<job_id>/` only (node
-    i > 0: `jobs/<job_id>/nodes/<i>/`), each at most `max_bytes` (S3 allows 5 GB per POST),
+                 node: int = 0, *, owner_key: str | None) -> dict:
+    """A presigned POST letting its holder write objects under the job's prefix only
+    (job_prefix; node i > 0: `<prefix>nodes/<i>/`), each at most `max_bytes` (S3 allows 5 GB
+    per POST),
     for `expires_s` seconds, encrypted SSE-S3.
     Returns {"url", "fields", "prefix", "expires_at", "max_bytes"}, all JSON-serialisable:
     what agent_upload.upload_job takes.
@@ -209,7 +233,7 @@ def upload_grant(s3, bucket: str, job_id: str, expires_s: int, max_bytes: int,
     grant signed with temporary credentials (SSO, an assumed role, anything with a session
     token) is refused with 403 once that session ends, whatever `expires_s` says. Clamp
     `expires_s` to credential_expiry(session) and tell the user when that is short."""
-    prefix = job_prefix(job_id, node)
+    prefix = job_prefix(job_id, node, owner_key=owner_key)
     if not 0 < expires_s <= GRANT_MAX_S:
         raise UsageError(f"an upload grant lasts 1 s to 7 days, not {expires_s} s")
     if not 0 <= max_bytes <= POST_MAX_BYTES:
@@ -242,7 +266,7 @@ def credential_expiry(session) -> float | None:
 
 def fetch(s3, bucket: str, job_id: str, local_dir: Path, limit_bytes: int, *,
           only: tuple[str, ...] | None = None,
-          expected_owner: str | None = None, node: int = 0) -> FetchResult:
+          expected_owner: str | None = None, node: int = 0, owner_key: str | None) -> FetchResult:
     """Download what is stored for `job_id` into `local_dir` (at most `limit_bytes` in all).
 
     With a manifest (the upload finished) only the files it lists are fetched, and each must
@@ -254,11 +278,12 @@ def fetch(s3, bucket: str, job_id: str, local_dir: Path, limit_bytes: int, *,
     ("status.json", "output.log")). Every key is checked as an untrusted path: what could
     land outside `local_dir` is skipped, as is whatever would pass the limit.
     `expected_owner`: the account id; S3 then refuses a bucket some other account owns.
-    `node`: node i > 0 of a job on several machines (its own prefix, upload_grant)."""
+    `node`: node i > 0 of a job on several machines (its own prefix, upload_grant).
+    `owner_key`: the prefix's owner (job_prefix; None for a job stored before owners)."""
     from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import ClientError
 
-    prefix = job_prefix(job_id, node)
+    prefix = job_prefix(job_id, node, owner_key=owner_key)
     result = FetchResult()
     stored = _list(s3, bucket, prefix, expected_owner, result)
     if not stored:
@@ -271,7 +296,7 @@ def fetch(s3, bucket: str, job_id: str, local_dir: Path, limit_bytes: int, *,
         if listed is not None:
             wanted = _against_manifest(stored, listed, result)
         if in_stream and (only is None or any(o.startswith(CHECKPOINTS) for o in only)):
-            _streamed(s3, bucket, job_id, expected_owner, wanted, keys, result)
+            _streamed(s3, bucket, job_id, expected_owner, wanted, keys, result, owner_key)
     local = Path(local_dir)
     local.mkdir(parents=True, exist_ok=True)
     root = os.path.realpath(local)
@@ -313,18 +338,19 @@ def fetch(s3, bucket: str, job_id: str, local_dir: Path, limit_bytes: int, *,
 
 
 def put(s3, bucket: str, job_id: str, name: str, data: bytes, *,
-        expected_owner: str | None = None) -> str:
+        expected_owner: str | None = None, owner_key: str | None) -> str:
     """Write one object, `name` under the job's prefix, encrypted SSE-S3; returns its key."""
-    key = job_prefix(job_id) + name
+    key = job_prefix(job_id, owner_key=owner_key) + name
     s3.put_object(Bucket=bucket, Key=key, Body=data, ServerSideEncryption="AES256",
                   **_expected(expected_owner))
     return key
 
 
-def delete_job(s3, bucket: str, job_id: str, *, expected_owner: str | None = None) -> int:
+def delete_job(s3, bucket: str, job_id: str, *, expected_owner: str | None = None,
+               owner_key: str | None) -> int:
     """Delete every object under the job's prefix; returns how many."""
-    _check_job_id(job_id)
-    keys = [key for key, _ in _keys(s3, bucket, f"{PREFIX}{job_id}/", expected_owner)]
+    keys = [key for key, _ in _keys(s3, bucket, job_prefix(job_id, owner_key=owner_key),
+                                    expected_owner)]
     # DeleteObjects is an XML body, and XML 1.0 cannot carry most control characters: such
     # keys go one by one (DeleteObject names the key in the URL).
     plain = [k for k in keys if not _xml_unsafe(k)]
@@ -425,17 +451,18 @@ def _read_manifest(s3, bucket, prefix, entry, expected_owner, result
 
 
 def _streamed(s3, bucket, job_id, expected_owner, wanted: dict, keys: dict,
-              result: FetchResult) -> None:
+              result: FetchResult, owner_key: str | None) -> None:
     """The checkpoints the agent streamed instead of uploading them with the results: those
     of the snapshot stream/latest.json names, added to `wanted` (verified like the rest)."""
     try:
-        manifest = latest_checkpoint(s3, bucket, job_id, expected_owner=expected_owner)
+        manifest = latest_checkpoint(s3, bucket, job_id, expected_owner=expected_owner,
+                                     owner_key=owner_key)
     except StreamError as exc:
         result.skipped.append((CHECKPOINTS + "/", f"streamed, but {exc.reason}"))
         return
     if manifest is None:
         return  # the job wrote no checkpoint
-    stream = f"{PREFIX}{job_id}/{STREAM}{manifest['slot']}/"
+    stream = f"{job_prefix(job_id, owner_key=owner_key)}{STREAM}{manifest['slot']}/"
     for item in manifest["files"]:
         if item["path"].startswith(CHECKPOINTS + "/"):
             wanted[item["path"]] = (item["size"], item["sha256"])
@@ -443,16 +470,15 @@ def _streamed(s3, bucket, job_id, expected_owner, wanted: dict, keys: dict,
     result.streamed = manifest["seq"]
 
 
-def latest_checkpoint(s3, bucket: str, job_id: str, expected_owner: str | None = None
-                      ) -> dict | None:
+def latest_checkpoint(s3, bucket: str, job_id: str, expected_owner: str | None = None, *,
+                      owner_key: str | None) -> dict | None:
     """The checkpoint stream's manifest (stream/latest.json), checked field by field and
     against the objects of the slot it names (one listing): every file there, at its size.
     None when there is no latest.json; StreamError when it or its snapshot does not check
     out. Contents are checked (sha256) by whoever downloads them."""
     from botocore.exceptions import ClientError
 
-    _check_job_id(job_id)
-    stream = f"{PREFIX}{job_id}/{STREAM}"
+    stream = job_prefix(job_id, owner_key=owner_key) + STREAM
     try:
         obj = s3.get_object(Bucket=bucket, Key=stream + checkpoint_stream.LATEST,
                             **_expected(expected_owner))
@@ -509,17 +535,18 @@ def parse_manifest(data: bytes, job_id: str) -> dict:
 
 
 def restore_plan(s3, bucket: str, job_id: str, manifest: dict, expires_s: float,
-                 timeout_s: float = checkpoint_stream.RESTORE_TIMEOUT_S) -> dict:
+                 timeout_s: float = checkpoint_stream.RESTORE_TIMEOUT_S, *,
+                 owner_key: str | None) -> dict:
     """`manifest` (from latest_checkpoint) as the plan checkpoint_stream.restore takes on the
     new instance: each file with "url", a presigned GET of its object (valid `expires_s`,
     at most 7 days: SigV4's limit), and "timeout_s" for the whole restore. The instance needs
     no AWS credentials. A URL signed with temporary credentials dies with them."""
-    _check_job_id(job_id)
+    prefix = job_prefix(job_id, owner_key=owner_key)
     why = checkpoint_stream.check_manifest(manifest)
     if why is not None:
         raise StreamError(why)
     expires = int(max(1, min(float(expires_s), GRANT_MAX_S)))
-    slot = f"{PREFIX}{job_id}/{STREAM}{manifest['slot']}/"
+    slot = f"{prefix}{STREAM}{manifest['slot']}/"
     plan = dict(manifest)
     plan["files"] = [dict(item, url=s3.generate_presigned_url(
         "get_object", Params={"Bucket": bucket, "Key": slot + item["path"]},
@@ -579,6 +606,12 @@ def _verify(path: str, size: int, digest: str | None) -> str | None:
 def _remove(path: str) -> None:
     if os.path.isfile(path) and not os.path.islink(path):
         os.remove(path)
+
+
+def _owner_key(owner_key: str) -> str:
+    if not (isinstance(owner_key, str) and OWNER_KEY.fullmatch(owner_key)):
+        raise UsageError(f"not an AWS user id (aws:userid): {str(owner_key)[:100]!r}")
+    return owner_key
 
 
 def _check_job_id(job_id: str) -> None:

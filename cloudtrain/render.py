@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 
 from .agent import as_time as _finite  # a finite float, else None
@@ -36,10 +37,10 @@ def duration(seconds) -> str:
     s = _finite(seconds)
     if s is None:
         return _shown(seconds)
+    if abs(s) > 1e12:  # ~30,000 years (either way): not a duration worth spelling out
+        return f"{s:.3g}s"
     if s < 10:
         return f"{s:.2f}s"
-    if abs(s) > 1e12:  # ~30,000 years: not a duration worth spelling out
-        return f"{s:.3g}s"
     return fmt_duration(s)
 
 
@@ -78,6 +79,8 @@ def job_cost(job: Job) -> str:
 
 def pct(value) -> str:
     v = _finite(value)
+    if v is not None and not math.isfinite(v * 100):  # 1e308 is finite; 1e310 % is not
+        return "-"
     return _shown(value) if v is None else f"{v * 100:.2f}%"
 
 

@@ -85,6 +85,9 @@ class JobSpec:
     attempt: int = 1
     avoid_zones: list[str] = field(default_factory=list)
     store_region: str | None = None  # the job store's region: the first attempt's
+    # The job store's owner key (jobs/<store_owner>/<id>/), kept with the job at its first
+    # upload grant; None for a job stored before owner prefixes (jobs/<id>/).
+    store_owner: str | None = None
     # Job files (jobfile.py) and their flags: `setup` (shell, once per instance before the
     # job), the job's environment `envs`, the names of its `secrets` (their values never go
     # in the spec: job_secrets.py), and `outputs` brought home after the job (paths relative

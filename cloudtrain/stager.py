@@ -60,6 +60,14 @@ NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 HEX = re.compile(r"[0-9a-f]+")
 MD5 = re.compile(r"[0-9a-f]{32}")
 TIMEOUT_S = 60.0
+# A range that trickles in (audit F38: one byte a second kept one alive for ever, each read
+# inside TIMEOUT_S) is cut and retried: when fewer than STALL_BYTES came in STALL_S (or
+# nothing did), or when it takes longer than RANGE_MIN_S plus its bytes at FLOOR_RATE. S3
+# serves one connection at tens of MB/s; a middlebox holding it open does not.
+FLOOR_RATE = 1_000_000  # bytes per second
+RANGE_MIN_S = 30.0
+STALL_S = 20.0
+STALL_BYTES = 64 << 10
 IMDS_TIMEOUT_S = 10.0
 RETRIES = 5  # after the first try
 BACKOFF_CAP_S = 8.0
@@ -184,7 +192,23 @@ def check_plan(plan) -> list:
                     _need(isinstance(o.get("url"), str)
                           and o["url"].startswith(("http://", "https://")),
                           w + "url is not an http(s) URL")
+            _file_and_folder(where, d["bucket"], objs)
     return checked
+
+
+def _file_and_folder(where: str, bucket: str, objects: list) -> None:
+    """Two objects where one needs the other's path as a folder (keys `p/a` and `p/a/b`, which
+    S3 allows): no disk can hold both. StageError naming them."""
+    keys = {o["path"]: o["key"] for o in objects}
+    for path in keys:
+        parts = path.split("/")
+        for n in range(1, len(parts)):
+            folder = "/".join(parts[:n])
+            if folder in keys:
+                raise StageError("plan: %sobjects s3://%s/%s and s3://%s/%s: %s needs %s as a "
+                                 "folder, and %s is a file" % (
+                                     where, bucket, keys[folder][:300], bucket, keys[path][:300],
+                                     path[:300], folder[:300], folder[:300]))
 
 
 # -- S3 addresses and SigV4 ----------------------------------------------------------------
@@ -328,6 +352,22 @@ class RoleCredentials:
 # -- HTTP ---------------------------------------------------------------------------------
 
 
+def _bound(conn, deadline: float) -> None:
+    """The connection's next read waits at most until `deadline`, and at most STALL_S."""
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        sock.settimeout(max(0.05, min(TIMEOUT_S, STALL_S, deadline - time.monotonic())))
+
+
+def _stalled(got: int) -> str:
+    return "stalled: %d byte(s) in %g s (less than %d)" % (got, STALL_S, STALL_BYTES)
+
+
+def _slow(done: int, length: int, seconds: float) -> str:
+    return "%d of %d bytes in %.0f s: slower than %g MB/s" % (done, length, seconds,
+                                                             FLOOR_RATE / 1e6)
+
+
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, socket.timeout):
         return "timed out"
@@ -374,10 +414,9 @@ class Stager:
         self.status_path = str(status_path)
         self.out = out
         self.backoff_s = backoff_s
-        self.workers = plan["workers"]
-        self.part = plan["part_bytes"]
+        # From the plan once check_plan has passed it (run): it may not even be an object.
+        self.workers, self.part, self.progress_s = 1, 1 << 20, 5.0
         self.extractors = max(1, min(MAX_EXTRACTORS, os.cpu_count() or 1))
-        self.progress_s = float(plan.get("progress_s", 5))
         self.local = _Connections()
         self.active = set()  # connections in use, shut down to stop promptly
         self.active_lock = threading.Lock()
@@ -451,11 +490,13 @@ class Stager:
         key, conn = self._conn(parts)
         done = 0
         clean = False
+        deadline = time.monotonic() + RANGE_MIN_S + length / FLOOR_RATE
         with self.active_lock:
             self.active.add(conn)
         try:
             try:
                 conn.request("GET", path, headers=src.headers(extra))
+                _bound(conn, deadline)
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 if self.stop.is_set():
@@ -486,16 +527,35 @@ class Stager:
             declared = resp.getheader("Content-Length")
             if declared is not None and declared.strip() != str(length):
                 raise _Retry("a body of %s bytes, not %d" % (declared.strip()[:20], length))
+            began = time.monotonic()
+            window_at, window = began, 0  # the stall detector's window
             while done <= length:
                 try:
-                    data = resp.read(min(READ_CHUNK, length - done + 1))
+                    _bound(conn, deadline)  # no single read waits past the deadline
+                    # read1: what has come in, not a whole chunk (a trickle returns at once);
+                    # at the end read, which also ends the response (read1(0) would not)
+                    data = resp.read1(min(READ_CHUNK, length - done)) if done < length \
+                        else resp.read(1)
                 except (OSError, http.client.HTTPException) as exc:
                     if self.stop.is_set():
                         raise _Stopped() from None
+                    now = time.monotonic()
+                    if now >= deadline:
+                        raise _Retry(_slow(done, length, now - began)) from None
+                    if isinstance(exc, socket.timeout) and now - window_at >= STALL_S:
+                        raise _Retry(_stalled(window)) from None
                     raise _Retry("the body broke off after %d of %d bytes (%s)"
                                  % (done, length, _reason(exc))) from None
                 if not data:
                     break
+                now = time.monotonic()
+                window += len(data)
+                if now - window_at >= STALL_S:
+                    if window < STALL_BYTES:
+                        raise _Retry(_stalled(window))
+                    window_at, window = now, 0
+                if now >= deadline and done + len(data) < length:
+                    raise _Retry(_slow(done + len(data), length, now - began))
                 if done + len(data) > length:
                     raise _Retry("a body longer than the %d bytes asked" % length)
                 self._write(fd, data, start + done)
@@ -578,6 +638,8 @@ class Stager:
         datasets = None
         try:
             datasets = check_plan(self.plan)
+            self.workers, self.part = self.plan["workers"], self.plan["part_bytes"]
+            self.progress_s = float(self.plan.get("progress_s", 5))
             for d in datasets:
                 self.status["datasets"].append({
                     "name": d["name"], "kind": d["kind"], "state": "waiting",

@@ -160,11 +160,14 @@ class CloudLab:
     def stored_checkpoint(self, job_id: str) -> dict | None:
         import boto3
 
-        s3 = boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION,
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        creds = {"endpoint_url": self.endpoint, "region_name": REGION,
+                 "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+        owner_key = boto3.client("sts", **creds).get_caller_identity()["UserId"]  # aws:userid
+        s3 = boto3.client("s3", **creds)
         try:
             body = s3.get_object(Bucket=f"cloudtrain-123456789012-{REGION}",
-                                 Key=f"jobs/{job_id}/stream/latest.json")["Body"].read()
+                                 Key=f"jobs/{owner_key}/{job_id}/stream/latest.json"
+                                 )["Body"].read()
         except Exception:
             return None
         return json.loads(body)

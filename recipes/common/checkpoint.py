@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import operator
 import os
+import pickle
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -80,20 +82,34 @@ def _count(value) -> int | None:
 
 
 def load(path: str | os.PathLike, map_location="cpu"):
-    # weights_only=False: the file holds numpy/python RNG states, and we wrote it ourselves.
-    return torch.load(path, map_location=map_location, weights_only=False)
+    """The checkpoint at `path`, loaded as plain data: tensors, numbers, strings, lists, tuples
+    and dicts (torch's weights_only loader). A checkpoint may come from the job store (a
+    restored slot, --resume-from), which another principal or a compromised instance can write;
+    unpickling it would run whatever its reduce calls, with this job's secrets in the
+    environment. Anything else is refused with one line (SystemExit), and nothing runs."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))  # torch names what it would call
+        what = f"a call to {found.group(1)}" if found else "other objects"
+        raise SystemExit(f"{path}: refused to load the checkpoint: it holds {what}, not only "
+                         "tensors, numbers, strings, lists and dicts (a checkpoint is never "
+                         "unpickled)") from None
 
 
 def rng_states() -> dict:
     """Every RNG a training script may touch: python, numpy, torch CPU and the current CUDA
     device's (only that one: under torchrun each rank owns one GPU, and reading the others'
-    generators would open a CUDA context on every GPU from every rank)."""
+    generators would open a CUDA context on every GPU from every rank). Plain data only, so
+    that `load` takes it without unpickling: numpy's key array goes in as a tensor."""
     cuda = None
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         cuda = torch.cuda.get_rng_state()
+    name, key, pos, has_gauss, gauss = np.random.get_state()
     return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": random.getstate(),  # (version, 625 ints, gauss): a tuple of numbers
+        "numpy": {"name": name, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
         "torch": torch.get_rng_state(),
         "cuda": cuda,
     }
@@ -101,11 +117,10 @@ def rng_states() -> dict:
 
 def restore_rng_states(states: dict) -> None:
     random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    state = states["numpy"]
+    np.random.set_state((state["name"], state["key"].numpy().astype(np.uint32), state["pos"],
+                         state["has_gauss"], state["gauss"]))
     torch.set_rng_state(states["torch"])
     cuda = states.get("cuda")
     if cuda is not None and torch.cuda.is_available():
-        if isinstance(cuda, (list, tuple)):  # checkpoints from before: one state per device
-            torch.cuda.set_rng_state_all(cuda)
-        else:
-            torch.cuda.set_rng_state(cuda)
+        torch.cuda.set_rng_state(cuda)

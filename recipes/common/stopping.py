@@ -8,8 +8,10 @@ rank was signalled, all of them see it at the same step. Stdlib only, apart from
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
+import sys
 
 EXIT_STOPPED = 143  # 128 + SIGTERM, what a shell reports for a job stopped by SIGTERM
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -31,10 +33,14 @@ class StopRequest:
             # os.write, not print: a signal handler must not re-enter buffered IO.
             msg = (f"{self.name}: {signal.Signals(signum).name} received; checkpointing at the "
                    f"next step boundary\n")
-            os.write(2, msg.encode())
+            try:
+                os.write(2, msg.encode())
+            except OSError:  # stderr's reader is gone: the stop goes on without the line
+                pass
 
     def install(self) -> "StopRequest":
         self.signum = None
+        _end_workers_at_exit()
         for sig in self.signals:
             try:
                 self._previous[sig] = signal.signal(sig, self._handler)
@@ -72,3 +78,31 @@ def ignore_stop_signals(worker_id: int = 0) -> None:
     checkpoints at a step boundary) instead of killing a worker under it."""
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+_registered = False
+
+
+def _end_workers_at_exit() -> None:
+    """At the interpreter's exit, SIGKILL what is left of this process's multiprocessing
+    children (DataLoader workers). They ignore SIGTERM (ignore_stop_signals), and SIGTERM is
+    what multiprocessing's own exit handler sends them before it waits for them: a recipe
+    leaving through an exception with its loader still running (its output pipe gone, as
+    when the benchmark or agent reading it was killed: U37) waited for them for ever.
+    Registered once, after multiprocessing's handler, so it runs before it."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    import multiprocessing.util  # noqa: F401  (registers its exit handler: ours runs first)
+
+    atexit.register(_kill_children)
+
+
+def _kill_children() -> None:
+    mp = sys.modules.get("multiprocessing")
+    for child in mp.active_children() if mp is not None else ():
+        try:
+            child.kill()
+        except (OSError, ValueError, AttributeError):
+            pass

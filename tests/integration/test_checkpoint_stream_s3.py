@@ -32,8 +32,10 @@ REGION = "eu-west-1"
 ACCOUNT = "123456789012"
 OWNER = f"arn:aws:iam::{ACCOUNT}:user/tester"
 JOB = "cs12ab34"
+KEY = "AIDAJQABLZS4A3QDU576Q"  # the caller's aws:userid: its own prefix jobs/<KEY>/ (F32)
+PREFIX = f"jobs/{KEY}/{JOB}/"
 CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
-STREAM = f"jobs/{JOB}/stream/"
+STREAM = f"{PREFIX}stream/"
 
 
 @pytest.fixture
@@ -47,14 +49,15 @@ def s3(moto_endpoint, monkeypatch):  # noqa: F811
 @pytest.fixture
 def bucket(s3):
     name = jobstore.bucket_name(ACCOUNT, REGION)
-    jobstore.ensure_bucket(s3, name, REGION, OWNER)
+    jobstore.ensure_bucket(s3, name, REGION, OWNER, owner_key=KEY)
     s3.delete_bucket_policy(Bucket=name)  # moto cannot evaluate aws:SecureTransport (see there)
     return name
 
 
 @pytest.fixture
 def grant(s3, bucket):
-    return json.loads(json.dumps(jobstore.upload_grant(s3, bucket, JOB, 600, 1 << 30)))
+    return json.loads(json.dumps(jobstore.upload_grant(s3, bucket, JOB, 600, 1 << 30,
+                                                       owner_key=KEY)))
 
 
 def _save(jobdir: Path, files: dict[str, bytes], step: int) -> None:
@@ -80,8 +83,8 @@ def _tree(root: Path, under: str = "") -> dict[str, bytes]:
 
 
 def _restore_into(s3, bucket, target: Path, tmp_path: Path) -> dict:
-    manifest = jobstore.latest_checkpoint(s3, bucket, JOB)
-    plan = jobstore.restore_plan(s3, bucket, JOB, manifest, expires_s=600)
+    manifest = jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
+    plan = jobstore.restore_plan(s3, bucket, JOB, manifest, expires_s=600, owner_key=KEY)
     plan_path = tmp_path / f"plan-{target.name}.json"
     plan_path.write_text(json.dumps(plan))
     return cs.restore(str(plan_path), str(target))
@@ -107,7 +110,7 @@ def test_streamed_checkpoints_restore_byte_identical_and_alternate_slots(s3, buc
     try:
         rec = _wait("the first upload", lambda: streamer.last)
         assert rec["ok"] and (rec["seq"], rec["slot"], rec["step"]) == (1, "a", 10), rec
-        manifest = jobstore.latest_checkpoint(s3, bucket, JOB)
+        manifest = jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
         assert (manifest["seq"], manifest["slot"], manifest["step_source"]) == (1, "a",
                                                                                 "checkpoint")
         expected = _tree(job)
@@ -120,7 +123,7 @@ def test_streamed_checkpoints_restore_byte_identical_and_alternate_slots(s3, buc
         assert (rec["seq"], rec["slot"], rec["step"]) == (2, "b", 20)
     finally:
         streamer.stop(10)
-    assert jobstore.latest_checkpoint(s3, bucket, JOB)["slot"] == "b"
+    assert jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)["slot"] == "b"
     expected = _tree(job)
     status = _restore_into(s3, bucket, tmp_path / "new2", tmp_path)
     assert status["ok"] and (status["seq"], status["step"]) == (2, 20)
@@ -201,7 +204,7 @@ def test_a_partial_upload_is_never_used(s3, bucket, grant, proxy, tmp_path, cut)
     stored = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=STREAM + "b/")
               .get("Contents", [])]
     assert stored  # the other slot holds part of the new snapshot...
-    manifest = jobstore.latest_checkpoint(s3, bucket, JOB)
+    manifest = jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
     assert (manifest["seq"], manifest["slot"], manifest["step"]) == (1, "a", 1)  # ...unnamed
     status = _restore_into(s3, bucket, tmp_path / "new", tmp_path)
     assert status["ok"] and status["step"] == 1
@@ -224,19 +227,20 @@ def test_tampered_objects_are_refused(s3, bucket, grant, tmp_path):
 
     s3.put_object(Bucket=bucket, Key=key, Body=b"shorter")
     with pytest.raises(jobstore.StreamError, match="stored with 7 bytes, not 19"):
-        jobstore.latest_checkpoint(s3, bucket, JOB)
+        jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
     s3.delete_object(Bucket=bucket, Key=key)
     with pytest.raises(jobstore.StreamError, match="is not stored in slot a"):
-        jobstore.latest_checkpoint(s3, bucket, JOB)
+        jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
     s3.put_object(Bucket=bucket, Key=STREAM + "latest.json", Body=b"{not json")
     with pytest.raises(jobstore.StreamError, match="not JSON"):
-        jobstore.latest_checkpoint(s3, bucket, JOB)
+        jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
     s3.put_object(Bucket=bucket, Key=STREAM + "latest.json", Body=b" " * (2 << 20))
     with pytest.raises(jobstore.StreamError, match="bytes"):
-        jobstore.latest_checkpoint(s3, bucket, JOB)
+        jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
     s3.delete_object(Bucket=bucket, Key=STREAM + "latest.json")
-    assert jobstore.latest_checkpoint(s3, bucket, JOB) is None
-    assert jobstore.latest_checkpoint(s3, "cloudtrain-999999999999-eu-west-1", JOB) is None
+    assert jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY) is None
+    assert jobstore.latest_checkpoint(s3, "cloudtrain-999999999999-eu-west-1", JOB,
+                                      owner_key=KEY) is None
 
 
 def test_fetch_ignores_the_stream_and_delete_removes_it(s3, bucket, grant, tmp_path):
@@ -246,17 +250,19 @@ def test_fetch_ignores_the_stream_and_delete_removes_it(s3, bucket, grant, tmp_p
     (job / "status.json").write_text("{}")
     assert agent_upload.upload_job(str(job), grant, timeout_s=30)["ok"]
     out = tmp_path / "out"
-    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30)
+    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
     assert fetched.complete and fetched.skipped == [] and fetched.streamed is None
     assert not [f for f in fetched.files if "stream" in f]
     assert _tree(out) == _tree(job, "") and not (out / "stream").exists()
     # Only the stream stored (the job still runs): nothing to fetch, nothing skipped.
-    s3.delete_object(Bucket=bucket, Key=f"jobs/{JOB}/manifest.json")
+    s3.delete_object(Bucket=bucket, Key=f"{PREFIX}manifest.json")
     for rel in _tree(job):
-        s3.delete_object(Bucket=bucket, Key=f"jobs/{JOB}/{rel}")
-    assert not jobstore.fetch(s3, bucket, JOB, tmp_path / "o2", limit_bytes=1 << 30).found
-    assert jobstore.delete_job(s3, bucket, JOB) == 5  # latest.json and 4 files in slot a
-    assert s3.list_objects_v2(Bucket=bucket, Prefix=f"jobs/{JOB}/")["KeyCount"] == 0
+        s3.delete_object(Bucket=bucket, Key=f"{PREFIX}{rel}")
+    assert not jobstore.fetch(s3, bucket, JOB, tmp_path / "o2", limit_bytes=1 << 30,
+                              owner_key=KEY).found
+    # latest.json and 4 files in slot a
+    assert jobstore.delete_job(s3, bucket, JOB, owner_key=KEY) == 5
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=PREFIX)["KeyCount"] == 0
 
 
 # -- the agent, end to end ----------------------------------------------------------------------
@@ -330,7 +336,9 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
         s3, bucket, grant, tmp_path):
     home = tmp_path / "agent-x"
     home.mkdir()
-    for source in (agent.__file__, agent_upload.__file__, cs.__file__):
+    from cloudtrain.hosts import agent_files
+
+    for source in agent_files():  # what a host gets
         shutil.copy(source, home)
     jobdir = tmp_path / "jobs" / JOB
     jobdir.mkdir(parents=True)
@@ -370,7 +378,7 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
     assert final["seconds"] < agent.SPOT_UPLOAD_S and final["bytes"] > 400000
     assert f"checkpoint {final['seq']} (step {last_step}," in log
 
-    manifest = jobstore.latest_checkpoint(s3, bucket, JOB)
+    manifest = jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
     assert (manifest["seq"], manifest["slot"], manifest["step"]) == \
         (final["seq"], final["slot"], last_step)
     files = {f["path"]: f for f in manifest["files"]}
@@ -379,18 +387,18 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
 
     # Then the results, without the checkpoint a second time; their status.json has the flush.
     assert status["results_stored"]["ok"] is True
-    results = json.loads(s3.get_object(Bucket=bucket, Key=f"jobs/{JOB}/manifest.json")[
+    results = json.loads(s3.get_object(Bucket=bucket, Key=f"{PREFIX}manifest.json")[
         "Body"].read())
     assert results["checkpoints_in_stream"] is True
     assert not [f for f in results["files"] if f["path"].startswith("checkpoints/")]
-    stored_status = json.loads(s3.get_object(Bucket=bucket, Key=f"jobs/{JOB}/status.json")[
+    stored_status = json.loads(s3.get_object(Bucket=bucket, Key=f"{PREFIX}status.json")[
         "Body"].read())
     assert stored_status["checkpoint_stream"]["final"] is True
     assert stored_status["checkpoint_stream"]["seq"] == final["seq"]
 
     # `fetch` brings the job home with the streamed checkpoint in its place.
     out = tmp_path / "home"
-    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30)
+    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
     assert fetched.complete and fetched.streamed == final["seq"], fetched.skipped
     assert (out / "checkpoints" / "last.pt").read_bytes() == local
     assert "checkpoints/checkpoint-info.json" in fetched.files

@@ -416,3 +416,48 @@ def test_F19_a_job_overwriting_agent_py_in_its_jobdir_changes_nothing(kind, requ
     assert host.probe_job(str(jobdir), 10)["status"]["state"] == "running"
     assert host.stop_job(str(jobdir), 1)["state"] == "cancelled"
     wait_for(lambda: not host.session_alive(f"tamper{kind}"), what="session gone")
+
+
+def _probes_of(jobdir: Path) -> list[str]:
+    """`agent.py probe JOBDIR` processes still running on this machine (the lab's hosts)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"probe" in argv and str(jobdir).encode() in argv:
+            found.append(proc.name)
+    return found
+
+
+@pytest.mark.parametrize("plant", ["mkfifo", "ln -s /dev/zero"])
+@pytest.mark.parametrize("kind", ["local", "ssh"])
+def test_F34_a_job_planting_a_fifo_or_dev_zero_as_metrics_does_not_slow_status(
+        kind, plant, request, tmp_path):
+    """F34: a running job replaces its metrics.jsonl with a FIFO or a link to /dev/zero. The
+    probe (what `status` runs) answers at once with the job still running, reading the file
+    is a one-line refusal, and no probe process is left waiting on the host."""
+    host = LocalHost(TMUX_SOCKET) if kind == "local" else request.getfixturevalue("host")
+    name = f"plant{kind}{'fifo' if plant == 'mkfifo' else 'zero'}"
+    jobdir = tmp_path / "jobs" / name
+    jobdir.mkdir(parents=True)
+    host.install_agent(str(jobdir))
+    (jobdir / "run.sh").write_text(
+        'm="$CLOUDTRAIN_JOB_DIR/metrics.jsonl"; echo \'{"epoch": 1}\' > "$m"; rm -f "$m"; '
+        f'{plant} "$m"; echo planted; sleep 30\n')
+    (jobdir / "job.json").write_text(json.dumps({"heartbeat_s": 0.2, "grace_s": 1}))
+    host.start_agent(name, str(jobdir))
+    try:
+        wait_for(lambda: b"planted" in host.read(f"{jobdir}/output.log"),
+                 what="the job to plant its metrics.jsonl")
+        started = time.monotonic()
+        report = host.probe_job(str(jobdir), 10)
+        assert report["status"]["state"] == "running" and report["metrics"] is None
+        with pytest.raises(HostError, match="not a regular file"):
+            host.read(f"{jobdir}/metrics.jsonl")
+        assert time.monotonic() - started < 10  # before: 20 s, the probe's deadline
+        assert _probes_of(jobdir) == []
+    finally:
+        host.stop_job(str(jobdir), 1)
+        wait_for(lambda: not host.session_alive(name), what="session gone")

@@ -203,6 +203,30 @@ def test_d11_logs_follow_exits_with_the_jobs_outcome(cli):
     assert proc.stderr == f"job {ok} succeeded\n"
 
 
+def test_F36_logs_on_a_terminal_drop_a_jobs_escapes_raw_and_pipes_get_the_bytes(cli):
+    """F36: the log of a job is the host's text. On a terminal `logs` (and -f) keeps text and
+    colours and drops the title, clipboard and clear-screen sequences; `--raw` and a pipe give
+    the bytes as they are."""
+    import subprocess
+    import sys
+
+    script = ("printf 'before\\033]0;owned-title\\007\\033]52;c;SGVsbG8=\\007\\033[2J"
+              "\\033[31mred\\033[0m after\\n'")
+    job_id = cli.launch("--", "bash", "-c", script)
+    cli.wait(job_id)
+    raw = b"before\x1b]0;owned-title\x07\x1b]52;c;SGVsbG8=\x07\x1b[2J\x1b[31mred\x1b[0m after\n"
+    piped = subprocess.run([sys.executable, "-m", "cloudtrain", "logs", job_id],
+                           capture_output=True, cwd=REPO, timeout=60)
+    assert piped.returncode == 0 and piped.stdout == raw  # scripts get it byte for byte
+    for follow in ([], ["--follow"]):
+        code, shown = run_in_terminal(["logs", job_id, *follow], timeout=30)
+        assert code == 0, shown
+        assert "before\x1b[31mred\x1b[0m after" in shown, repr(shown)
+        assert "owned-title" not in shown and "SGVsbG8" not in shown and "\x1b[2J" not in shown
+    code, shown = run_in_terminal(["logs", job_id, "--raw"], timeout=30)
+    assert code == 0 and "\x1b]0;owned-title\x07" in shown and "\x1b[2J" in shown
+
+
 def test_d38_a_failed_launch_follow_says_it_once(cli):
     proc = cli("launch", "--follow", "--", "bash", "-c", "exit 1")
     assert proc.returncode == 1

@@ -28,6 +28,8 @@ REGION = "eu-west-1"
 ACCOUNT = "123456789012"  # moto's default account
 OWNER = f"arn:aws:iam::{ACCOUNT}:user/tester"
 JOB = "ab12cd34"
+KEY = "AIDAJQABLZS4A3QDU576Q"  # the caller's aws:userid: its own prefix jobs/<KEY>/ (F32)
+PREFIX = f"jobs/{KEY}/{JOB}/"
 CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 
 
@@ -44,7 +46,7 @@ def s3(moto_endpoint):  # noqa: F811
 @pytest.fixture
 def bucket(s3):
     name = jobstore.bucket_name(ACCOUNT, REGION)
-    jobstore.ensure_bucket(s3, name, REGION, OWNER)
+    jobstore.ensure_bucket(s3, name, REGION, OWNER, owner_key=KEY)
     # moto evaluates a Deny whose condition it cannot evaluate (aws:SecureTransport) as a
     # deny of every object read, TLS or not (moto/s3/models.py get_permission is given no
     # condition values): the TLS-only policy is checked by reading it back, not enforced here.
@@ -87,7 +89,8 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 def _upload(s3, bucket, job: Path, max_bytes: int = 1 << 30, timeout_s: float = 30.0) -> dict:
-    grant = jobstore.upload_grant(s3, bucket, JOB, expires_s=600, max_bytes=max_bytes)
+    grant = jobstore.upload_grant(s3, bucket, JOB, expires_s=600, max_bytes=max_bytes,
+                                  owner_key=KEY)
     return agent_upload.upload_job(str(job), json.loads(json.dumps(grant)), timeout_s=timeout_s)
 
 
@@ -96,7 +99,7 @@ def _upload(s3, bucket, job: Path, max_bytes: int = 1 << 30, timeout_s: float = 
 
 def test_new_bucket_is_private_encrypted_tls_only_expiring_and_tagged(s3):
     name = jobstore.bucket_name(ACCOUNT, REGION)
-    assert jobstore.ensure_bucket(s3, name, REGION, OWNER, expire_days=14) is True
+    assert jobstore.ensure_bucket(s3, name, REGION, OWNER, expire_days=14, owner_key=KEY) is True
 
     assert s3.get_bucket_location(Bucket=name)["LocationConstraint"] == REGION
     block = s3.get_public_access_block(Bucket=name)["PublicAccessBlockConfiguration"]
@@ -120,27 +123,45 @@ def test_new_bucket_is_private_encrypted_tls_only_expiring_and_tagged(s3):
     assert abort["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 1}
 
 
-def test_later_calls_cost_one_head_bucket(s3):
+def test_later_calls_cost_one_listing_of_the_callers_own_prefix(s3):
+    """F32: HeadBucket needs s3:ListBucket on the whole bucket, which the policy no longer
+    gives; a listing of the caller's own prefix (one key) says as much."""
     name = jobstore.bucket_name(ACCOUNT, REGION)
-    assert jobstore.ensure_bucket(s3, name, REGION, OWNER) is True
-    calls = _calls(s3)
-    assert jobstore.ensure_bucket(s3, name, REGION, OWNER) is False
-    assert calls == ["HeadBucket"]
+    assert jobstore.ensure_bucket(s3, name, REGION, OWNER, owner_key=KEY) is True
+    calls, asked = _calls(s3), []
+    s3.meta.events.register("provide-client-params.s3.ListObjectsV2",
+                            lambda params, **kw: asked.append(params["Prefix"]))
+    assert jobstore.ensure_bucket(s3, name, REGION, OWNER, owner_key=KEY) is False
+    assert calls == ["ListObjectsV2"] and asked == [f"jobs/{KEY}/"]
+
+
+def test_creating_the_bucket_without_the_admin_policy_says_it_is_an_admin_step_F32(s3):
+    """F32: creating and locking down the bucket is a one-time administrator's step
+    (infra/iam-policy-store-admin.json); an everyday user is told so, not given AccessDenied."""
+    name = jobstore.bucket_name(ACCOUNT, REGION)
+    _answer(s3, "CreateBucket", 403, "AccessDenied")
+    with pytest.raises(CloudtrainError) as err:
+        jobstore.ensure_bucket(s3, name, REGION, OWNER, owner_key=KEY)
+    assert err.value.message == (f"the job store bucket {name} does not exist, and creating it "
+                                 "is a one-time administrator's step")
+    assert "infra/README.md" in err.value.hint
+    assert name not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
 
 
 def test_us_east_1_bucket_is_created_without_a_location_constraint(moto_endpoint):  # noqa: F811
     requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
     s3 = _client(moto_endpoint, "us-east-1")
     name = jobstore.bucket_name(ACCOUNT, "us-east-1")
-    assert jobstore.ensure_bucket(s3, name, "us-east-1", OWNER) is True
+    assert jobstore.ensure_bucket(s3, name, "us-east-1", OWNER, owner_key=KEY) is True
     assert s3.get_bucket_location(Bucket=name)["LocationConstraint"] in (None, "")
 
 
 def test_a_racing_creator_of_our_own_is_fine(s3):
     name = jobstore.bucket_name(ACCOUNT, REGION)
     s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
-    _answer(s3, "HeadBucket", 404, "404")  # it did not exist a moment ago
-    assert jobstore.ensure_bucket(s3, name, REGION, OWNER) is False  # BucketAlreadyOwnedByYou
+    _answer(s3, "ListObjectsV2", 404, "NoSuchBucket")  # it did not exist a moment ago
+    # BucketAlreadyOwnedByYou
+    assert jobstore.ensure_bucket(s3, name, REGION, OWNER, owner_key=KEY) is False
     assert s3.get_bucket_lifecycle_configuration(Bucket=name)["Rules"]
 
 
@@ -159,19 +180,19 @@ def _squat(endpoint: str, name: str) -> None:
 def test_bucket_name_taken_by_another_account_is_a_clear_error(s3, moto_endpoint):  # noqa: F811
     name = jobstore.bucket_name(ACCOUNT, REGION)
     _squat(moto_endpoint, name)
-    # S3 answers HeadBucket with ExpectedBucketOwner=<our account> on their bucket with 403;
-    # moto ignores ExpectedBucketOwner, so that answer is given here by hook.
-    _answer(s3, "HeadBucket", 403, "403")
+    # S3 answers ListObjectsV2 with ExpectedBucketOwner=<our account> on their bucket with
+    # 403; moto ignores ExpectedBucketOwner, so that answer is given here by hook.
+    _answer(s3, "ListObjectsV2", 403, "AccessDenied")
     with pytest.raises(CloudtrainError, match=f"{name} belongs to another AWS account"):
-        jobstore.ensure_bucket(s3, name, REGION, OWNER)
+        jobstore.ensure_bucket(s3, name, REGION, OWNER, owner_key=KEY)
 
 
 def test_bucket_already_exists_on_create_is_a_clear_error(s3, moto_endpoint):  # noqa: F811
     name = jobstore.bucket_name(ACCOUNT, REGION)
     _squat(moto_endpoint, name)
-    _answer(s3, "HeadBucket", 404, "404")
+    _answer(s3, "ListObjectsV2", 404, "NoSuchBucket")
     with pytest.raises(CloudtrainError, match="belongs to another AWS account") as err:
-        jobstore.ensure_bucket(s3, name, REGION, OWNER)
+        jobstore.ensure_bucket(s3, name, REGION, OWNER, owner_key=KEY)
     assert "BucketAlreadyExists" in repr(err.value.__cause__)
 
 
@@ -188,11 +209,11 @@ def test_a_bucket_left_half_configured_is_deleted_so_the_next_call_starts_again(
 
     hook("before-call.s3.PutBucketLifecycleConfiguration", refuse, unique_id="refuse")
     with pytest.raises(Exception, match="AccessDenied"):
-        jobstore.ensure_bucket(s3, name, REGION, OWNER)
+        jobstore.ensure_bucket(s3, name, REGION, OWNER, owner_key=KEY)
     assert failing and name not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
     s3.meta.events.unregister("before-call.s3.PutBucketLifecycleConfiguration",
                               unique_id="refuse")
-    assert jobstore.ensure_bucket(s3, name, REGION, OWNER) is True
+    assert jobstore.ensure_bucket(s3, name, REGION, OWNER, owner_key=KEY) is True
     assert s3.get_bucket_lifecycle_configuration(Bucket=name)["Rules"]
 
 
@@ -211,15 +232,15 @@ def test_round_trip_brings_back_identical_bytes_and_a_complete_manifest(s3, buck
     assert result["bytes"] == sum(len(v) for v in expected.values())
 
     stored = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
-    assert stored == {f"jobs/{JOB}/{rel}" for rel in expected} | {f"jobs/{JOB}/manifest.json"}
-    manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"jobs/{JOB}/manifest.json")[
+    assert stored == {f"{PREFIX}{rel}" for rel in expected} | {f"{PREFIX}manifest.json"}
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"{PREFIX}manifest.json")[
         "Body"].read())
     assert {f["path"] for f in manifest["files"]} == set(expected)
     assert {s["path"] for s in manifest["skipped"]} == {"checkpoints/passwd",
                                                         "checkpoints/huge.bin"}
 
     out = tmp_path / "fetched"
-    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30)
+    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
     assert fetched.complete and fetched.found
     assert sorted(fetched.skipped) == [
         ("checkpoints/huge.bin", "not uploaded: larger than the 1073741824-byte upload limit"),
@@ -230,23 +251,41 @@ def test_round_trip_brings_back_identical_bytes_and_a_complete_manifest(s3, buck
     assert fetched.files[:4] == ["job.json", "metrics.jsonl", "output.log", "status.json"]
 
     only = jobstore.fetch(s3, bucket, JOB, tmp_path / "status", limit_bytes=1 << 20,
-                          only=("status.json", "output.log"))
+                          only=("status.json", "output.log"), owner_key=KEY)
     assert sorted(only.files) == ["output.log", "status.json"]
 
 
+def test_a_job_stored_before_owner_prefixes_still_reads_from_its_own_F32(s3, bucket, tmp_path):
+    """F32: a job recorded before owner prefixes (owner_key None) stored under jobs/<id>/;
+    reading it there still works, and neither layout sees the other's files."""
+    job = _job(tmp_path)
+    grant = jobstore.upload_grant(s3, bucket, JOB, expires_s=600, max_bytes=1 << 30,
+                                  owner_key=None)
+    assert grant["prefix"] == f"jobs/{JOB}/"
+    assert agent_upload.upload_job(str(job), json.loads(json.dumps(grant)), timeout_s=30)["ok"]
+    old = jobstore.fetch(s3, bucket, JOB, tmp_path / "old", limit_bytes=1 << 30, owner_key=None)
+    assert old.complete and _tree(tmp_path / "old") == _tree(job)
+    assert not jobstore.fetch(s3, bucket, JOB, tmp_path / "new", limit_bytes=1 << 30,
+                              owner_key=KEY).found
+    _upload(s3, bucket, job)  # the same job id under the owner's prefix
+    assert jobstore.delete_job(s3, bucket, JOB, owner_key=KEY) == len(_tree(job)) + 1
+    assert jobstore.fetch(s3, bucket, JOB, tmp_path / "old2", limit_bytes=1 << 30,
+                          owner_key=None).complete
+
+
 def test_nothing_stored_is_an_empty_result(s3, bucket, tmp_path):
-    fetched = jobstore.fetch(s3, bucket, JOB, tmp_path / "out", limit_bytes=1 << 20)
+    fetched = jobstore.fetch(s3, bucket, JOB, tmp_path / "out", limit_bytes=1 << 20, owner_key=KEY)
     assert not fetched.found and not fetched.complete and fetched.files == []
     missing = jobstore.fetch(s3, "cloudtrain-999999999999-eu-west-1", JOB, tmp_path / "o",
-                             limit_bytes=1 << 20)
+                             limit_bytes=1 << 20, owner_key=KEY)
     assert not missing.found
 
 
 def test_upload_without_its_manifest_is_reported_incomplete(s3, bucket, tmp_path):
     job = _job(tmp_path)
     assert _upload(s3, bucket, job)["ok"]
-    s3.delete_object(Bucket=bucket, Key=f"jobs/{JOB}/manifest.json")  # cut before the end
-    fetched = jobstore.fetch(s3, bucket, JOB, tmp_path / "out", limit_bytes=1 << 30)
+    s3.delete_object(Bucket=bucket, Key=f"{PREFIX}manifest.json")  # cut before the end
+    fetched = jobstore.fetch(s3, bucket, JOB, tmp_path / "out", limit_bytes=1 << 30, owner_key=KEY)
     assert fetched.found and not fetched.complete and fetched.uploaded_at is None
     assert "status.json" in fetched.files  # what is there still comes home, unverified
 
@@ -255,12 +294,12 @@ def test_contents_that_differ_from_the_manifest_are_not_kept(s3, bucket, tmp_pat
     job = _job(tmp_path)
     assert _upload(s3, bucket, job)["ok"]
     log = (job / "output.log").read_bytes()
-    s3.put_object(Bucket=bucket, Key=f"jobs/{JOB}/output.log", Body=b"X" * len(log))
-    s3.put_object(Bucket=bucket, Key=f"jobs/{JOB}/extra.sh", Body=b"rm -rf ~")
+    s3.put_object(Bucket=bucket, Key=f"{PREFIX}output.log", Body=b"X" * len(log))
+    s3.put_object(Bucket=bucket, Key=f"{PREFIX}extra.sh", Body=b"rm -rf ~")
     out = tmp_path / "out"
     out.mkdir()
     (out / "output.log").write_bytes(b"the copy fetched earlier")
-    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30)
+    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
     assert fetched.complete
     assert ("output.log", "sha256 differs from the manifest") in fetched.skipped
     assert ("extra.sh", "not in the manifest") in fetched.skipped
@@ -272,7 +311,7 @@ def test_contents_that_differ_from_the_manifest_are_not_kept(s3, bucket, tmp_pat
 
 
 def test_hostile_keys_are_skipped_and_nothing_lands_outside(s3, bucket, tmp_path):
-    prefix = f"jobs/{JOB}/"
+    prefix = PREFIX
     hostile = ["../../escaped", "..", "a/../../../escaped2", "/etc/passwd_copy", "//abs",
                "ctl\x01name", "tab\tname", "back\\..\\slash", "./dot", "dir//double",
                "linked/owned"]
@@ -284,7 +323,7 @@ def test_hostile_keys_are_skipped_and_nothing_lands_outside(s3, bucket, tmp_path
     out.mkdir(parents=True)
     (out / "linked").symlink_to(tmp_path)  # a link already in the folder leads out of it
 
-    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 20)
+    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 20, owner_key=KEY)
     assert fetched.files == ["status.json"] and not fetched.complete
     assert sorted(rel for rel, _ in fetched.skipped) == sorted(hostile)
     assert {why for _, why in fetched.skipped} == {"unsafe path"}
@@ -292,7 +331,7 @@ def test_hostile_keys_are_skipped_and_nothing_lands_outside(s3, bucket, tmp_path
     assert written == []
     assert [p.relative_to(box).as_posix() for p in box.rglob("*")] == \
         ["out", "out/linked", "out/status.json"]
-    assert jobstore.delete_job(s3, bucket, JOB) == len(hostile) + 1
+    assert jobstore.delete_job(s3, bucket, JOB, owner_key=KEY) == len(hostile) + 1
     assert s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["KeyCount"] == 0
 
 
@@ -300,7 +339,7 @@ def test_checkpoint_over_the_limit_is_not_downloaded(s3, bucket, tmp_path):
     job = _job(tmp_path, checkpoint_bytes=2 << 20)
     assert _upload(s3, bucket, job)["ok"]
     out = tmp_path / "out"
-    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 20)
+    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 20, owner_key=KEY)
     assert fetched.complete and fetched.bytes <= 1 << 20
     [(rel, why)] = [s for s in fetched.skipped if not s[1].startswith("not uploaded")]
     assert rel == "checkpoints/epoch_2/model.pt" and "limit" in why
@@ -309,7 +348,7 @@ def test_checkpoint_over_the_limit_is_not_downloaded(s3, bucket, tmp_path):
 
 
 def test_an_object_that_grows_after_listing_is_stopped_while_downloading(s3, bucket, tmp_path):
-    prefix = f"jobs/{JOB}/"
+    prefix = PREFIX
     s3.put_object(Bucket=bucket, Key=prefix + "output.log", Body=b"x" * 1000)
     other = _client(s3.meta.endpoint_url)
 
@@ -317,14 +356,15 @@ def test_an_object_that_grows_after_listing_is_stopped_while_downloading(s3, buc
         other.put_object(Bucket=bucket, Key=prefix + "output.log", Body=b"y" * (3 << 20))
     s3.meta.events.register("before-call.s3.HeadObject", grow)
     out = tmp_path / "out"
-    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30)
+    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
     assert fetched.files == [] and fetched.skipped[0][0] == "output.log"
     assert "more than the 1000 bytes listed" in fetched.skipped[0][1]
     assert list(out.iterdir()) == []
 
 
 def test_grant_for_a_missing_bucket_fails_readably_without_raising(s3, tmp_path):
-    grant = jobstore.upload_grant(s3, "cloudtrain-999999999999-eu-west-1", JOB, 60, 1 << 20)
+    grant = jobstore.upload_grant(s3, "cloudtrain-999999999999-eu-west-1", JOB, 60, 1 << 20,
+                                  owner_key=KEY)
     result = agent_upload.upload_job(str(_job(tmp_path)), grant, timeout_s=10)
     assert result["ok"] is False and result["files"] == 0
     assert "HTTP 404" in result["error"] and "NoSuchBucket" in result["error"]
@@ -430,13 +470,13 @@ def test_named_outputs_go_up_after_the_checkpoints_and_come_back(s3, bucket, tmp
     (job / "work" / "results" / "sub" / "a.csv").write_text("x,y\n1,2\n")
     (job / "work" / "model.bin").write_bytes(os.urandom(3000))
     (job / "work" / "ignored.txt").write_text("not an output")
-    grant = jobstore.upload_grant(s3, bucket, JOB, expires_s=600, max_bytes=1 << 30)
+    grant = jobstore.upload_grant(s3, bucket, JOB, expires_s=600, max_bytes=1 << 30, owner_key=KEY)
     result = agent_upload.upload_job(str(job), json.loads(json.dumps(grant)), timeout_s=30,
                                      outputs=["work/results", "work/model.bin",
                                               "work/results/sub", "work/absent",
                                               "../escape", "checkpoints"])
     assert result["ok"] is True, result
-    manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"jobs/{JOB}/manifest.json")[
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"{PREFIX}manifest.json")[
         "Body"].read())
     paths = [f["path"] for f in manifest["files"]]
     assert paths.count("work/results/sub/a.csv") == 1  # an output inside another: once
@@ -447,7 +487,7 @@ def test_named_outputs_go_up_after_the_checkpoints_and_come_back(s3, bucket, tmp
     assert skipped["../escape"] == "not a path inside the job directory"
     assert "checkpoints" not in skipped  # brought home anyway, once
     out = tmp_path / "fetched"
-    jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30)
+    jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
     assert (out / "work" / "results" / "sub" / "a.csv").read_text() == "x,y\n1,2\n"
     assert (out / "work" / "model.bin").read_bytes() == (job / "work" / "model.bin").read_bytes()
     assert not (out / "work" / "ignored.txt").exists()

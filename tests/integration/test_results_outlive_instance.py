@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 
-from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
+from aws_lab import REGION, aws, moto_endpoint  # noqa: F401  (fixtures)
 from conftest import wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
@@ -86,6 +86,40 @@ def test_results_come_home_from_the_job_store_after_the_instance_is_gone(
     assert raw["State"]["Name"] == "terminated"
 
 
+def test_results_are_kept_under_the_owners_prefix_and_a_job_from_before_reads_its_own_F32(
+        cli, aws, ct_home, job_script):
+    """F32: the job store keeps a job under jobs/<aws:userid>/<id>/ (the prefix the IAM
+    policy scopes to its owner), and the job's record keeps that owner key. A job recorded
+    before owner prefixes (no owner kept, its objects under jobs/<id>/) still comes home."""
+    import boto3
+
+    from cloudtrain.state import Store
+
+    job_id = _launch_and_let_it_end_alone(cli, aws, job_script)
+    creds = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing",
+             "region_name": REGION, "endpoint_url": aws.endpoint}
+    user_id = boto3.client("sts", **creds).get_caller_identity()["UserId"]
+    s3 = boto3.client("s3", **creds)
+    (bucket,) = [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
+    own = f"jobs/{user_id}/{job_id}/"
+    assert f"{own}manifest.json" in keys and all(k.startswith(own) for k in keys), keys
+    with Store(ct_home / "state.db") as store:
+        spec = store.job(job_id).spec
+        assert spec["store_owner"] == user_id
+        store.update_job(job_id, spec={k: v for k, v in spec.items() if k != "store_owner"})
+    for key in keys:  # where a job launched before F32 stored the same files
+        s3.copy_object(Bucket=bucket, Key=f"jobs/{job_id}/{key[len(own):]}",
+                       CopySource={"Bucket": bucket, "Key": key})
+        s3.delete_object(Bucket=bucket, Key=key)
+
+    job = cli.job(job_id)
+    assert job["state"] == "succeeded" and job["metrics"]["epoch"] == 3, job
+    assert cli.ok("logs", job_id).stdout.splitlines()[-1] == "the last line"
+    assert (ct_home / "jobs" / job_id / "checkpoints" / "run" / "last.pt").stat().st_size == \
+        300000
+
+
 def test_follow_survives_the_connection_dropping_as_the_job_ends(cli, aws, ct_home, job_script):
     """`launch --follow` while the connection to the instance drops as the job ends (every
     sshd session process of the lab's instance is killed): the whole log and the true
@@ -148,9 +182,30 @@ def test_without_a_job_store_the_launch_says_what_is_lost_and_the_power_off_wait
     assert raw["State"]["Name"] == "terminated"  # the CLI released it once it had collected
 
 
+def test_a_fifo_planted_as_metrics_does_not_keep_the_rest_from_coming_home_F34(
+        cli, aws, ct_home, job_script):
+    """F34: a job that leaves a FIFO where its metrics.jsonl was: the CLI's collection over
+    SSH (no job store) skips that file at once and brings the rest home."""
+    aws.write_config(job_store=False, collect_wait_minutes=1.0, shutdown_delay_seconds=0.0)
+    (job_script / "fifo.sh").write_text(
+        'bash job.sh; rm -f "$CLOUDTRAIN_JOB_DIR/metrics.jsonl"; '
+        'mkfifo "$CLOUDTRAIN_JOB_DIR/metrics.jsonl"\n')
+    job_id = cli.launch("--instance", "g5.xlarge", "--workdir", str(job_script), "--",
+                        "bash", "fifo.sh")
+    wait_for(lambda: json.loads((aws.work / "remote" / "jobs" / job_id / "status.json")
+                                .read_text())["state"] == "succeeded", timeout=30)
+    job = cli.job(job_id)
+    assert job["state"] == "succeeded", job
+    local = ct_home / "jobs" / job_id
+    assert (local / "output.log").read_text().splitlines()[-1] == "the last line"
+    assert not (local / "metrics.jsonl").exists()
+    assert (local / "checkpoints" / "run" / "last.pt").stat().st_size == 300000
+
+
 def test_the_dry_run_says_where_results_go_or_what_waiting_costs(cli, aws):
     plan = cli.ok("launch", "--instance", "g5.xlarge", "--dry-run", "--", "true").stdout
-    assert "s3://cloudtrain-<account>-us-east-1/jobs/<job>/ before the power-off" in plan
+    assert ("s3://cloudtrain-<account>-us-east-1/jobs/<your user id>/<job>/ before the "
+            "power-off") in plan
     aws.write_config(job_store=False, collect_wait_minutes=30)
     plan = cli.ok("launch", "--instance", "g5.xlarge", "--dry-run", "--", "true").stdout
     assert "waits up to 30 min after the job for the CLI to collect (billed, up to $0.50)" in plan

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -122,13 +123,19 @@ def test_agent_runs_under_python38_syntax():
     """The agent is copied to hosts with whatever python3 they have: keep it 3.8-compatible."""
     import ast
 
-    source = open(agent.__file__).read()
-    ast.parse(source, feature_version=(3, 8))
-    tree = ast.parse(source)
-    imported = {n.names[0].name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
-                 if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    from cloudtrain import safefile
+
+    beside = {"safefile"}  # shipped with it (hosts.agent_files), itself standard library only
+    for module in (agent, safefile):
+        source = open(module.__file__).read()
+        ast.parse(source, feature_version=(3, 8))
+        tree = ast.parse(source)
+        imported = {n.names[0].name.split(".")[0] for n in ast.walk(tree)
+                    if isinstance(n, ast.Import)}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                     if isinstance(n, ast.ImportFrom) and n.module}
+        assert imported - beside <= set(sys.stdlib_module_names), \
+            imported - beside - set(sys.stdlib_module_names)
 
 
 class _FakeIMDS:
@@ -347,6 +354,7 @@ def _after_job(tmp_path, settings: dict, upload: str | None = FAKE_UPLOAD, colle
     home = tmp_path / "agent-test"
     home.mkdir()
     shutil.copy(agent.__file__, home / "agent.py")
+    shutil.copy(Path(agent.__file__).with_name("safefile.py"), home / "safefile.py")
     if upload is not None:
         (home / "agent_upload.py").write_text(upload)
     (tmp_path / "rec.py").write_text(RECORDER)
@@ -421,3 +429,60 @@ def test_F16_a_failing_rearm_is_logged_not_fatal(tmp_path):
     log = (jobdir / "output.log").read_text()
     assert json.loads((jobdir / "status.json").read_text())["state"] == "succeeded"
     assert "job-ran" in log and log.count("rearm /nonexistent/rearm") == 2
+
+
+# -- F34: job-written files that are not regular files ---------------------------------------
+
+
+def _plant(path, kind: str) -> None:
+    """What a job can leave where the agent reads: a FIFO (an open() for reading waits for a
+    writer for ever), or a symlink to /dev/zero (a read to the end never ends)."""
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        os.symlink("/dev/zero", path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+@pytest.mark.parametrize("name", ["metrics.jsonl", "status.json", "staging-status.json"])
+def test_F34_the_probe_answers_at_once_whatever_the_job_planted(tmp_path, name, kind):
+    """F34: `agent.py probe` (the process `status` runs on the host) answers at once when the
+    job turned a file it reads into a FIFO or a link to /dev/zero, and is not left behind."""
+    live_agent = _sleeper("agent.py")
+    try:
+        _write_status(tmp_path, state="running", agent_pid=live_agent.pid,
+                      heartbeat_at=time.time())
+        (tmp_path / "metrics.jsonl").write_text(json.dumps({"epoch": 1}) + "\n")
+        _plant(tmp_path / name, kind)
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, agent.__file__, "probe", str(tmp_path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            out, err = proc.communicate(timeout=15)
+        finally:
+            proc.kill()  # a probe stuck on the FIFO must not outlive the test
+            proc.wait()
+        assert proc.returncode == 0, err
+        assert time.monotonic() - started < 10  # before: blocked until the 20 s deadline
+        report = json.loads(out)
+        if name == "metrics.jsonl":
+            assert report["status"]["state"] == "running" and report["metrics"] is None
+        elif name == "status.json":  # no `agent.py run` for this jobdir: recorded as failed
+            assert report["status"]["reason"] == "status.json is unreadable and the agent is gone"
+            assert report["metrics"] == {"epoch": 1}
+        else:
+            assert report["staging"] is None and report["metrics"] == {"epoch": 1}
+    finally:
+        live_agent.kill()
+        live_agent.wait()
+
+
+def test_F34_job_files_are_read_bounded(tmp_path):
+    """A huge status.json is not read whole: read_json takes at most its bound."""
+    with open(tmp_path / "status.json", "wb") as f:
+        f.write(b'{"state": "running", "pad": "' + b"x" * (agent.JSON_MAX_BYTES + 10) + b'"}')
+    assert agent.read_json(str(tmp_path / "status.json"), "too big") == "too big"
+    _plant(tmp_path / "status.json", "dev-zero")
+    assert agent.read_json(str(tmp_path / "status.json"), "not a file") == "not a file"

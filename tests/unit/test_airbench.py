@@ -440,7 +440,7 @@ def _run(tmp_path, job, *extra, variant="airbench94", data=None):
 
 
 def _ckpt(tmp_path, job):
-    return torch.load(tmp_path / job / "checkpoints" / "last.pt", weights_only=False)
+    return torch.load(tmp_path / job / "checkpoints" / "last.pt", weights_only=True)
 
 
 def _rows(tmp_path, job):
@@ -591,7 +591,7 @@ def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path, data_dir):
     assert [r["event"] for r in rows if "event" in r][-1] == "runs_summary"
     assert any(line.startswith("           0           2") for line in proc.stdout.splitlines())
 
-    ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
+    ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=True)
     state = ckpt["run_state"]
     assert {"model", "ema", "optimizer", "scheduler", "gen_state", "rng", "partial",
             "whiten_bias_trainable", "train_time", "epoch", "step", "done"} <= set(state)
@@ -609,7 +609,7 @@ def long_reference(tmp_path_factory, data_dir):
     tmp = tmp_path_factory.mktemp("long")
     assert ab.main("airbench94", TINY + ["--epochs", LONG, "--job-dir", str(tmp),
                                          "--data-dir", str(data_dir)]) == 0
-    return torch.load(tmp / "checkpoints" / "last.pt", weights_only=False)
+    return torch.load(tmp / "checkpoints" / "last.pt", weights_only=True)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
@@ -630,11 +630,11 @@ def test_signal_checkpoints_at_a_step_boundary_and_resumes_bit_for_bit(tmp_path,
             proc.kill()
     assert proc.returncode == 143, out
     assert signal.Signals(sig).name in out and "checkpoint saved" in out
-    stopped = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
+    stopped = torch.load(job / "checkpoints" / "last.pt", weights_only=True)
     assert 5 <= stopped["run_state"]["step"] < 60 and not stopped["run_state"]["done"]
     assert ab.main("airbench94", TINY + ["--epochs", LONG, "--resume", "true", "--job-dir",
                                          str(job), "--data-dir", str(data_dir)]) == 0
-    resumed = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
+    resumed = torch.load(job / "checkpoints" / "last.pt", weights_only=True)
     _assert_same_final_state(long_reference, resumed, signal.Signals(sig).name)
 
 

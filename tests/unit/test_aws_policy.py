@@ -52,7 +52,10 @@ def _only(action: str, resource_type: str) -> dict:
 
 
 def _allowed() -> set[str]:
-    return {a for s in POLICY["Statement"] + DATASETS["Statement"] if s["Effect"] == "Allow"
+    """Everything the three policies allow: the job store's bucket settings are the store
+    admin's (F32), the rest everyday."""
+    return {a for s in POLICY["Statement"] + DATASETS["Statement"] + STORE_ADMIN["Statement"]
+            if s["Effect"] == "Allow"
             for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])}
 
 
@@ -141,21 +144,103 @@ def test_F8_no_allow_without_a_scope_except_read_only_calls():
             assert all(a.split(":")[1].startswith(("Describe", "Get")) for a in actions), s["Sid"]
 
 
-def test_F8_job_store_actions_only_on_cloudtrain_buckets():
-    bucket = {"s3:CreateBucket", "s3:PutBucketPublicAccessBlock", "s3:PutEncryptionConfiguration",
-              "s3:PutBucketTagging", "s3:PutBucketPolicy", "s3:PutLifecycleConfiguration",
-              "s3:ListBucket"}
-    objects = {"s3:GetObject", "s3:PutObject", "s3:DeleteObject"}
-    for actions, resource in ((bucket, "arn:aws:s3:::cloudtrain-*"),
-                              (objects, "arn:aws:s3:::cloudtrain-*/*")):
-        for action in actions:
-            found = [s for s in POLICY["Statement"] if action in s["Action"]]
-            assert found and all(s["Resource"] == resource for s in found), action
+# The job store (F32): each principal its own key prefix, jobs/<aws:userid>/<job>/ (jobstore.py).
+OWN_PREFIX = "arn:aws:s3:::cloudtrain-*/jobs/${aws:userid}/*"
+# Jobs stored before owner prefixes: jobs/<8-hex id>/, read-only (jobstore.OWNER_KEY is never
+# 8 characters, so this pattern cannot reach an owner's prefix).
+OLD_LAYOUT = "arn:aws:s3:::cloudtrain-*/jobs/????????/*"
+BUCKET_SETTINGS = {"s3:CreateBucket", "s3:DeleteBucket", "s3:PutBucketPublicAccessBlock",
+                   "s3:PutEncryptionConfiguration", "s3:PutBucketTagging", "s3:PutBucketPolicy",
+                   "s3:PutLifecycleConfiguration"}
+STORE_ADMIN = json.loads((REPO / "infra" / "iam-policy-store-admin.json").read_text())
+
+
+def _listed(x) -> list:
+    return x if isinstance(x, list) else [x]
+
+
+def _store_problems(policy: dict) -> list[str]:
+    """What in `policy` lets one principal reach another's job store objects (F32)."""
+    problems = []
+    for s in policy["Statement"]:
+        actions = {a for a in _listed(s["Action"]) if a.startswith("s3:")}
+        resources = _listed(s["Resource"])
+        if s["Effect"] != "Allow" or not actions or not any("cloudtrain-" in r
+                                                             for r in resources):
+            continue
+        sid = s.get("Sid", "?")
+        if actions & BUCKET_SETTINGS:
+            problems.append(f"{sid}: bucket settings in the everyday policy")
+        for action in actions & {"s3:GetObject", "s3:PutObject", "s3:DeleteObject"}:
+            allowed = {OWN_PREFIX} | ({OLD_LAYOUT} if action == "s3:GetObject" else set())
+            if not set(resources) <= allowed or "Condition" in s:
+                problems.append(f"{sid}: {action} on {resources}")
+        if "s3:ListBucket" in actions:
+            prefixes = s.get("Condition", {}).get("StringLike", {}).get("s3:prefix")
+            if resources != ["arn:aws:s3:::cloudtrain-*"] or set(_listed(prefixes or [])) - {
+                    "jobs/${aws:userid}/*", "jobs/????????/*"} or not prefixes:
+                problems.append(f"{sid}: s3:ListBucket beyond the caller's prefix")
+    return problems
+
+
+def test_F32_job_store_objects_only_under_the_callers_own_prefix():
+    assert _store_problems(POLICY) == [] and _store_problems(DATASETS) == []
+    writes = [s for s in POLICY["Statement"] if {"s3:PutObject", "s3:DeleteObject"} &
+              set(_listed(s["Action"]))]
+    assert writes and all(_listed(s["Resource"]) == [OWN_PREFIX] for s in writes)
+    assert _statements("s3:GetObject") and _statements("s3:ListBucket")
+
+
+@pytest.mark.parametrize("widen", ["objects", "list", "settings"])
+def test_F32_the_check_fails_a_policy_without_the_owner_scope(widen):
+    """The check above is not vacuous: the grants before F32 fail it."""
+    policy = json.loads(json.dumps(POLICY))
+    if widen == "objects":
+        policy["Statement"].append({"Sid": "Old", "Effect": "Allow", "Action": [
+            "s3:GetObject", "s3:PutObject"], "Resource": "arn:aws:s3:::cloudtrain-*/*"})
+    elif widen == "list":
+        policy["Statement"].append({"Sid": "Old", "Effect": "Allow", "Action": "s3:ListBucket",
+                                    "Resource": "arn:aws:s3:::cloudtrain-*"})
+    else:
+        policy["Statement"].append({"Sid": "Old", "Effect": "Allow", "Action": [
+            "s3:PutBucketPolicy"], "Resource": "arn:aws:s3:::cloudtrain-*"})
+    assert _store_problems(policy) and _store_problems(policy)[0].startswith("Old:")
+
+
+def test_F32_the_policy_prefix_is_the_one_the_store_writes():
+    from fnmatch import fnmatchcase
+
+    from cloudtrain import jobstore
+
+    arn = "arn:aws:s3:::cloudtrain-123456789012-eu-west-1/"
+    for owner in ("AIDAJQABLZS4A3QDU576Q", "AROA3X42LBCDUVY8K5WCZ:alice@example.com",
+                  "123456789012", "123456789012:bob"):
+        key = jobstore.job_prefix("ab12cd34", owner_key=owner) + "status.json"
+        assert fnmatchcase(arn + key, OWN_PREFIX.replace("${aws:userid}", owner))
+        assert not fnmatchcase(arn + key, OLD_LAYOUT)  # the old layout's read misses it
+    old = jobstore.job_prefix("ab12cd34", owner_key=None) + "status.json"
+    assert fnmatchcase(arn + old, OLD_LAYOUT)
+
+
+def test_F32_bucket_settings_are_a_one_time_admin_step():
+    everyday = {a for s in POLICY["Statement"] + DATASETS["Statement"]
+                for a in _listed(s["Action"])}
+    assert not everyday & BUCKET_SETTINGS
+    admin = {a for s in STORE_ADMIN["Statement"] for a in _listed(s["Action"])}
+    assert BUCKET_SETTINGS <= admin
+    assert all(_listed(s["Resource"]) == ["arn:aws:s3:::cloudtrain-*"]
+               for s in STORE_ADMIN["Statement"])
+
+
+def test_F32_the_instance_role_has_no_bucket_grant():
+    role = json.loads((REPO / "infra" / "instance-role-policy.json").read_text())
+    assert "CLOUDTRAIN_BUCKET" not in json.dumps(role)
+    assert {a for s in role["Statement"] for a in _listed(s["Action"])} == {"s3:GetObject"}
 
 
 def test_F8_policy_fits_a_managed_policy():
     # IAM: a managed policy document is at most 6,144 characters, whitespace not counted.
-    for doc in (POLICY, DATASETS):
+    for doc in (POLICY, DATASETS, STORE_ADMIN):
         assert len("".join(json.dumps(doc, separators=(",", ":")).split())) <= 6144
 
 

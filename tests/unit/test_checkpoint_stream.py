@@ -133,7 +133,7 @@ def test_runs_under_python38_with_the_standard_library_only():
     imported = {n.names[0].name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree)
                  if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported - set(sys.stdlib_module_names) == {"agent_upload"}
+    assert imported - set(sys.stdlib_module_names) == {"agent_upload", "safefile"}
 
 
 def test_shipped_with_the_agent():

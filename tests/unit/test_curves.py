@@ -79,6 +79,23 @@ def test_reads_rows_and_events_from_the_home_copy(ct_home):
     assert curves.metrics_path("3f2a1b9c") == ct_home / "jobs" / "3f2a1b9c" / "metrics.jsonl"
 
 
+def test_F38_numbers_out_of_any_sane_range_show_as_a_dash(ct_home):
+    """F38: a finite 1e308 accuracy showed as `inf%`, a `time` or duration of -1e308 as a
+    duration of 300 digits. Accuracies past 0..100 (a fraction, or a percentage some scripts
+    write), durations that are negative or past ~30 years and times outside 1970..5138 are
+    `-`."""
+    rows = [{"time": T0, "epoch": 1, "test_acc": 1e308, "train_time": -1e308, "lr": 1e308},
+            {"time": -1e308, "epoch": 2, "test_acc": 0.5, "train_time": 1e308},
+            {"time": 1e308, "epoch": 3, "test_acc": -1e308, "train_time": 12.5}]
+    text = curves.table([job_at(ct_home, "big", rows)])
+    assert "inf" not in text and max(len(word) for word in text.split()) < 20, text
+    lines = text.splitlines()
+    assert lines[1].split() == ["EPOCH", "TEST_ACC", "ELAPSED", "LR", "TRAIN_TIME"], text
+    assert lines[2].split() == ["1", "-", "0.00s", "1e+308", "-"]
+    assert lines[3].split() == ["2", "50.00%", "-", "-", "-"]
+    assert lines[4].split() == ["3", "-", "-", "-", "12s"]
+
+
 def test_partial_last_line_is_skipped_quietly(tmp_path):
     """issue 16: the last line of a file still being written (no newline yet) is not a row
     and not counted as junk either."""
@@ -111,15 +128,18 @@ def test_values_that_do_not_fit_are_dropped_per_value(tmp_path):
     assert rows == [{"epoch": 2, "test_acc": "94.1%", "test_loss": 0.5}]
 
 
-@pytest.mark.parametrize("kind", ["missing", "directory", "fifo"])
+@pytest.mark.parametrize("kind", ["missing", "directory", "fifo", "dev-zero"])
 def test_a_file_that_is_not_there_or_not_a_file_reads_as_nothing(tmp_path, kind):
-    """issue 16: no metrics.jsonl yet, a directory, or a FIFO a job left there (which would
-    block a plain open for good) read as no rows, with the reason as a note."""
+    """issue 16, F34: no metrics.jsonl yet, a directory, a FIFO a job left there (which would
+    block a plain open for good) or a link to /dev/zero (a read without end) read as no rows,
+    with the reason as a note."""
     path = tmp_path / "metrics.jsonl"
     if kind == "directory":
         path.mkdir()
     elif kind == "fifo":
         os.mkfifo(path)
+    elif kind == "dev-zero":
+        os.symlink("/dev/zero", path)
     got = []
     reader = threading.Thread(target=lambda: got.append(curves.read_job("abc", path=path)),
                               daemon=True)

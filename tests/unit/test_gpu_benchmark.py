@@ -4,6 +4,7 @@ CPU), and its table parses; the startup row it reads is the recipe's."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -125,3 +126,100 @@ def test_device_names_become_the_catalogs_gpu_names():
                          ("NVIDIA L40S", "L40S"), ("NVIDIA GeForce RTX 4090",
                                                    "NVIDIA GeForce RTX 4090")):
         assert gpu.catalog_gpu(device) == name, device
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """pid -> command line of every process below `root`."""
+    from cloudtrain.agent import descendants
+
+    found = {}
+    for pid in descendants(root):
+        try:
+            found[pid] = (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(
+                "utf-8", "replace").replace("\0", " ")
+        except OSError:
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_U37_sigterm_to_the_benchmark_stops_its_recipe_and_the_recipes_loader_workers():
+    """U37: `timeout` (SIGTERM to the benchmark alone here) left the recipe and its loader
+    worker running, the recipe waiting on the worker for ever. The benchmark forwards the
+    signal to the recipe's process group and waits for it, workers included."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--recipe",
+                             "imagenet", "--cpu"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            now = _descendants(proc.pid)
+            seen.update(now)
+            if len([c for c in now.values() if "train.py" in c]) >= 2:  # the recipe + a worker
+                break
+            time.sleep(0.2)
+        assert len([c for c in seen.values() if "train.py" in c]) >= 2, (seen, proc.poll())
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        for pid in seen:  # whatever the benchmark left: not for the next test
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, err)
+    assert "stopped by SIGTERM" in err and "Traceback" not in err, err
+    assert [pid for pid in seen if _alive(pid)] == []
+
+
+def test_U37_a_recipe_whose_output_pipe_is_gone_ends_with_its_workers(tmp_path):
+    """U37, as `timeout` around the old benchmark did it: the reader of a recipe's output is
+    gone and SIGTERM reaches the recipe's whole group. The recipe stops at a step boundary,
+    its print fails, and it ends, its loader worker too: the worker ignores SIGTERM (so that
+    a stop reaches the training loop), and multiprocessing's exit sent it just that, then
+    waited on it for ever."""
+    import signal
+    import time
+
+    sys.path.insert(0, str(REPO))
+    from cloudtrain import recipes
+
+    rec = recipes.load("imagenet")
+    argv = [sys.executable, str(rec.path / rec.entry), *rec.script_args(rec.resolve("smoke"))]
+    (tmp_path / "job").mkdir()
+    env = {**os.environ, "CLOUDTRAIN_JOB_DIR": str(tmp_path / "job"),
+           "CLOUDTRAIN_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(argv, env=env, cwd=tmp_path / "job", stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    seen: dict[int, str] = {}
+    metrics = tmp_path / "job" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 240  # training (the startup row is written just before
+        while time.monotonic() < deadline and proc.poll() is None:  # step one), a worker up
+            seen.update(_descendants(proc.pid))
+            if seen and metrics.exists() and '"startup"' in metrics.read_text():
+                break
+            time.sleep(0.2)
+        assert seen and proc.poll() is None, "no loader worker started"
+        proc.stdout.close()  # the reader is gone
+        os.killpg(proc.pid, signal.SIGTERM)  # and the stop reaches the group
+        proc.wait(timeout=120)
+        deadline = time.monotonic() + 30  # the worker notices its parent is gone
+        while time.monotonic() < deadline and any(_alive(pid) for pid in seen):
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+        for pid in seen:
+            if _alive(pid):
+                os.kill(pid, 9)
+    assert proc.returncode != 0 and [pid for pid in seen if _alive(pid)] == []

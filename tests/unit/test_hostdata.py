@@ -187,3 +187,58 @@ def test_F19_render_the_audit_inputs():
     assert render.age("x", 5) == "-"
     assert render.epoch_text({"epoch": {"a": 1}, "epochs": 10 ** 100}).startswith("{'a': 1}/")
     assert len(render.number("x" * 10000)) <= render.MAX_SHOWN
+
+
+# -- F36: a job's output on the user's terminal ------------------------------------------------
+
+ESC = b"\x1b"
+HOSTILE_LOG = (b"start\n" + ESC + b"]0;owned-title\x07" + ESC + b"[2J"  # title, clear screen
+               + ESC + b"]52;c;SGVsbG8=\x07"  # OSC 52: write the clipboard
+               + ESC + b"P+q544e\x1b\\" + ESC + b"_apc\x1b\\" + ESC + b"^pm\x1b\\"  # DCS APC PM
+               + ESC + b"[31mred" + ESC + b"[0m \xc3\xa9t\xc3\xa9\t1\r\n"  # SGR colour, UTF-8
+               + b"\x07bell\x08\x00nul\x7f " + ESC + b"c" + ESC + b"[?1049h"  # C0, reset, alt
+               + "\u009b2J\u009d0;c1\u009c".encode() + b"end\n")  # C1 CSI and OSC, in UTF-8
+SHOWN = (b"start\n" + ESC + b"[31mred" + ESC + b"[0m \xc3\xa9t\xc3\xa9\t1\r\n" + b"bellnul end\n")
+
+
+def test_F36_terminal_text_keeps_text_and_colours_and_drops_every_other_sequence():
+    screen = hostdata.TerminalText()
+    assert screen.feed(HOSTILE_LOG) + screen.flush() == SHOWN
+
+
+def test_F36_a_sequence_split_across_chunks_is_still_dropped():
+    """Output arrives in chunks (`logs -f`): one byte at a time gives the same as all at once,
+    a UTF-8 character split in two included."""
+    screen = hostdata.TerminalText()
+    shown = b"".join(screen.feed(HOSTILE_LOG[i:i + 1]) for i in range(len(HOSTILE_LOG)))
+    assert shown + screen.flush() == SHOWN
+    for cut in range(1, len(HOSTILE_LOG)):
+        screen = hostdata.TerminalText()
+        assert screen.feed(HOSTILE_LOG[:cut]) + screen.feed(HOSTILE_LOG[cut:]) \
+            + screen.flush() == SHOWN, cut
+
+
+def test_F36_an_unterminated_string_sequence_does_not_hide_the_rest_of_the_log():
+    screen = hostdata.TerminalText()
+    shown = screen.feed(ESC + b"]0;" + b"x" * 100_000 + b"\nstill here\n") + screen.flush()
+    assert shown.endswith(b"still here\n") and ESC not in shown and len(shown) < 100
+
+
+@given(st.binary(max_size=300))
+@FUZZ
+def test_F36_fuzz_nothing_but_sgr_reaches_the_terminal(data):
+    screen = hostdata.TerminalText()
+    shown = (screen.feed(data) + screen.flush()).decode("utf-8")  # valid UTF-8, always
+    for i, c in enumerate(shown):
+        if c == "\x1b":  # only `ESC [ params m`
+            end = shown.index("m", i)
+            assert shown[i + 1] == "[" and all(p in "0123456789;:" for p in shown[i + 2:end])
+        else:
+            assert c in "\n\r\t\x1b" or unicodedata.category(c) != "Cc", repr(c)
+
+
+def test_F38_shared_formatters_never_spell_out_absurd_numbers():
+    """F38: `status` shows the same values: 1e308 as an accuracy is no `inf%`, -1e308 seconds
+    no 300-digit duration."""
+    assert render.pct(1e308) == "-" and render.pct(0.5) == "50.00%"
+    assert render.duration(-1e308) == "-1e+308s" and render.duration(-2) == "-2.00s"

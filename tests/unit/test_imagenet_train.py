@@ -44,7 +44,7 @@ def _run(tmp_path, job, *extra):
 
 
 def _ckpt(path):
-    return torch.load(path / "checkpoints" / "last.pt", weights_only=False)
+    return torch.load(path / "checkpoints" / "last.pt", weights_only=True)
 
 
 def _rows(job_dir):

@@ -17,6 +17,8 @@ import pytest
 from cloudtrain import agent_upload, jobstore
 from cloudtrain.errors import UsageError
 
+KEY = "AIDAJQABLZS4A3QDU576Q"  # an IAM user's aws:userid: its own prefix jobs/<KEY>/ (F32)
+
 
 def test_bucket_name_is_one_per_account_and_region_and_a_valid_s3_name():
     assert jobstore.bucket_name("123456789012", "eu-west-1") == "cloudtrain-123456789012-eu-west-1"
@@ -52,12 +54,13 @@ def _policy(grant: dict) -> dict:
 
 
 def test_grant_policy_limits_the_prefix_the_size_and_the_time():
+    """The signed policy holds the job's own prefix, under its owner's (F32)."""
     before = time.time()
     grant = jobstore.upload_grant(_s3(), "cloudtrain-123456789012-eu-west-1", "ab12cd34",
-                                  expires_s=3600, max_bytes=1 << 30)
+                                  expires_s=3600, max_bytes=1 << 30, owner_key=KEY)
     policy = _policy(grant)
     conditions = policy["conditions"]
-    assert ["starts-with", "$key", "jobs/ab12cd34/"] in conditions
+    assert ["starts-with", "$key", f"jobs/{KEY}/ab12cd34/"] in conditions
     assert ["content-length-range", 0, 1 << 30] in conditions
     assert {"x-amz-server-side-encryption": "AES256"} in conditions
     assert {"bucket": "cloudtrain-123456789012-eu-west-1"} in conditions
@@ -67,7 +70,7 @@ def test_grant_policy_limits_the_prefix_the_size_and_the_time():
         - time.timezone
     assert before + 3590 <= expiration <= time.time() + 3610
     assert before + 3600 <= grant["expires_at"] <= time.time() + 3600
-    assert grant["prefix"] == "jobs/ab12cd34/" and grant["max_bytes"] == 1 << 30
+    assert grant["prefix"] == f"jobs/{KEY}/ab12cd34/" and grant["max_bytes"] == 1 << 30
     assert "key" not in grant["fields"]
     # SigV4 at the bucket's regional endpoint: a new bucket redirects the global one.
     assert grant["fields"]["x-amz-algorithm"] == "AWS4-HMAC-SHA256"
@@ -81,7 +84,24 @@ def test_grant_policy_limits_the_prefix_the_size_and_the_time():
 def test_grant_refuses_bad_job_ids_lifetimes_and_sizes(job_id, expires_s, max_bytes):
     with pytest.raises(UsageError):
         jobstore.upload_grant(_s3(), "cloudtrain-123456789012-eu-west-1", job_id,
-                              expires_s=expires_s, max_bytes=max_bytes)
+                              expires_s=expires_s, max_bytes=max_bytes, owner_key=KEY)
+
+
+@pytest.mark.parametrize("owner_key", ["", "ab12cd34", "AIDA/../x", "a" * 300, "AIDA JQABLZS4A3Q",
+                                       "../AIDAJQABLZS4A3QDU576Q", 12345678901234])
+def test_a_bad_owner_key_is_refused_F32(owner_key):
+    """The owner key becomes part of every key: an 8-character one would fall under the
+    policy's read of the old layout (jobs/????????/*), a slash would leave the prefix."""
+    with pytest.raises(UsageError):
+        jobstore.job_prefix("ab12cd34", owner_key=owner_key)
+
+
+def test_the_prefix_is_the_owners_and_old_jobs_keep_theirs_F32():
+    assert jobstore.job_prefix("ab12cd34", owner_key=KEY) == f"jobs/{KEY}/ab12cd34/"
+    assert jobstore.job_prefix("ab12cd34", 2, owner_key=KEY) == f"jobs/{KEY}/ab12cd34/nodes/2/"
+    assert jobstore.job_prefix("ab12cd34", owner_key=None) == "jobs/ab12cd34/"
+    assert jobstore.job_prefix("ab12cd34", owner_key="AROA3X42LBCDUVY8K5WCZ:alice@example.com"
+                               ) == "jobs/AROA3X42LBCDUVY8K5WCZ:alice@example.com/ab12cd34/"
 
 
 def test_credential_expiry_is_none_for_long_term_keys():

@@ -1,5 +1,6 @@
 """recipes/common: the metrics log, atomic checkpoints, and CIFAR-10 in its on-disk format."""
 import json
+import os
 import pickle
 import random
 import sys
@@ -80,6 +81,40 @@ def test_rng_states_restore_every_generator(tmp_path):
     checkpoint.restore_rng_states(checkpoint.load(path)["rng"])
     second = (random.random(), np.random.rand(), torch.rand(3))
     assert first[0] == second[0] and first[1] == second[1] and torch.equal(first[2], second[2])
+
+
+def test_checkpoints_round_trip_as_plain_data_F32(tmp_path):
+    """F32: a checkpoint may come from the job store, which other principals (or a compromised
+    instance) can write: it is loaded with weights_only=True, so everything a recipe saves
+    (RNG states included) must be tensors, numbers, strings, lists and dicts."""
+    path = checkpoint.save_atomic({"rng": checkpoint.rng_states(), "step": 3,
+                                   "args": {"lr": 0.1, "name": "x", "flag": None}},
+                                  tmp_path / "last.pt")
+    loaded = torch.load(path, weights_only=True)  # raises on anything but plain data
+    assert loaded["step"] == 3 and loaded["args"] == {"lr": 0.1, "name": "x", "flag": None}
+    checkpoint.restore_rng_states(loaded["rng"])
+    assert np.random.get_state()[1].dtype == np.uint32
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_in_one_line_F32(tmp_path, capsys):
+    """F32: a pickled object whose reduce runs a command is refused, and nothing runs."""
+    marker = tmp_path / "ran"
+    path = tmp_path / "last.pt"
+    torch.save({"model": {"w": torch.zeros(2)}, "step": 1, "evil": _RunsCode(marker)}, path)
+    with pytest.raises(SystemExit) as stopped:
+        checkpoint.load(path)
+    message = str(stopped.value.code)
+    assert "\n" not in message and str(path) in message and "refus" in message
+    assert "system" in message  # names what it would have called
+    assert not marker.exists()
 
 
 # ---------------------------------------------------------------------------------------------

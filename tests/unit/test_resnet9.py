@@ -414,7 +414,7 @@ def _run(tmp_path, job, *extra):
 
 
 def _final(tmp_path, job):
-    return torch.load(tmp_path / job / "checkpoints" / "last.pt", weights_only=False)
+    return torch.load(tmp_path / job / "checkpoints" / "last.pt", weights_only=True)
 
 
 def _rows(tmp_path, job):
@@ -539,7 +539,7 @@ def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
     for line in ("       epoch", "           1", "           2"):
         assert any(out.startswith(line) for out in proc.stdout.splitlines()), proc.stdout
 
-    ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
+    ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=True)
     assert {"model", "ema", "optimizer", "epoch", "step", "train_time", "target_reached", "rng",
             "args"} <= set(ckpt)
     assert ckpt["epoch"] == 3 and ckpt["step"] == 48 and ckpt["args"]["width_div"] == 8
@@ -611,7 +611,7 @@ def test_signal_checkpoints_at_a_step_boundary_and_exits_143(tmp_path, sig):
             proc.kill()
     assert proc.returncode == 143, out
     assert f"{sig.name} received" in out and "checkpoint saved" in out
-    ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
+    ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=True)
     assert 4 <= ckpt["step"] < 200 and ckpt["epoch"] >= 1
     assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["checkpoint-info.json",
                                                                         "last.pt"]
@@ -646,5 +646,5 @@ def test_compile_true_compiles_once_off_the_clock_and_trains_as_eager(tmp_path):
              if a["epoch"] == 1]
     assert len(first) == 2 and all(abs(a - b) < 0.02 for a, b in first), first
     assert compiled[-1]["train_loss"] < compiled[-3]["train_loss"] - 0.3  # run 2 learns
-    ckpt = torch.load(tmp_path / "job-true" / "checkpoints" / "last.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "job-true" / "checkpoints" / "last.pt", weights_only=True)
     assert not [k for k in ckpt["model"] if "_orig_mod" in k]

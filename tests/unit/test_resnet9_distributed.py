@@ -118,7 +118,7 @@ def test_initial_weights_and_one_distributed_step(tmp_path):
     worker.write_text(WORKER)
     procs = _spawn([str(worker), str(TRAIN_PY), str(tmp_path)], 2, tmp_path / "logs")
     assert _wait(procs, tmp_path / "logs") == [0, 0], _errors(tmp_path / "logs")
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
 
     # Different seeds build different weights; after the broadcast every rank has rank 0's.
     assert not torch.equal(r0["own"]["layer1.0.conv.weight"], r1["own"]["layer1.0.conv.weight"])
@@ -180,7 +180,7 @@ def _torchrun(tmp_path, job, *extra):
 
 
 def _ckpt(tmp_path, job):
-    return torch.load(tmp_path / job / "checkpoints" / "last.pt", weights_only=False)
+    return torch.load(tmp_path / job / "checkpoints" / "last.pt", weights_only=True)
 
 
 def _epoch_rows(tmp_path, job):

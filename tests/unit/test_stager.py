@@ -722,3 +722,96 @@ def test_sigterm_stops_a_slow_staging_promptly_and_cleans_up(tmp_path):
     assert (doc["state"], doc["error"]) == ("failed", "interrupted")
     assert doc["datasets"][0]["state"] == "failed"
     assert not (_partial(dest) / ".staging").exists() and not (dest / "big").exists()
+
+
+# -- 11. F38: edge inputs -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("plan", [[], None, 3, "plan", [{"workers": 4}]])
+def test_F38_a_plan_that_is_not_an_object_is_a_designed_error(plan, tmp_path, capsys):
+    code, status, _ = _run(plan, tmp_path)
+    assert code == 1 and status["state"] == "failed"
+    assert _failure(capsys) == "plan: not a JSON object"
+
+
+def test_F38_an_object_that_is_also_a_folder_names_both_objects(s3, tmp_path, capsys):
+    """A plain prefix holding p/a and p/a/b: no file can be both; the error names the two
+    objects, not `.staging/obj-0: Is a directory`."""
+    d = _objects_dataset(s3, {"a": b"file", "a/b": b"under it", "c": b"fine"},
+                         tmp_path / "plain")
+    code, _, _ = _run(_plan([d]), tmp_path)
+    assert code == 1
+    assert _failure(capsys) == ("plan: dataset plain: objects s3://%s/plain/a and "
+                                "s3://%s/plain/a/b: a/b needs a as a folder, and a is a file"
+                                % (BUCKET, BUCKET))
+
+
+class _OneByteASecond(http.server.BaseHTTPRequestHandler):
+    """A connection that delivers one byte a second: never silent long enough for a socket
+    timeout, never done."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        a, b = map(int, self.headers["Range"].split("=")[1].split("-"))
+        self.send_response(206)
+        self.send_header("Content-Length", str(b - a + 1))
+        self.send_header("Content-Range", f"bytes {a}-{b}/{b - a + 1}")
+        self.end_headers()
+        try:
+            for _ in range(b - a + 1):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(1.0)
+        except OSError:
+            pass
+
+
+def _trickled(tmp_path, size: int) -> dict:
+    url, server = serve(_OneByteASecond)
+    plan = _plan([{"name": "slow", "dest": str(tmp_path / "slow"), "kind": "objects",
+                   "bucket": BUCKET, "prefix": "", "region": REGION, "endpoint": None,
+                   "auth": "presigned", "identity": "01",
+                   "objects": [{"key": "big", "path": "big", "bytes": size, "md5": None,
+                                "url": url + "/big?sig=1"}]}])
+    return plan, server
+
+
+@pytest.mark.parametrize("bound", ["stall", "deadline"])
+def test_F38_a_trickling_connection_is_retried_then_fails_with_its_reason(
+        bound, tmp_path, capsys, monkeypatch):
+    """F38: one byte a second kept a range alive for ever (the only bound was 60 s per socket
+    read). A stall detector (under STALL_BYTES in STALL_S) and a deadline per range (its bytes
+    at FLOOR_RATE, plus RANGE_MIN_S) end each try; after the retries, a clear reason. The
+    bounds are made short here; their defaults are the same code."""
+    monkeypatch.setattr(stager, "RETRIES", 1)
+    if bound == "stall":
+        monkeypatch.setattr(stager, "STALL_S", 1.5)
+    else:  # the stall detector satisfied by a byte a second; the range's deadline is not
+        monkeypatch.setattr(stager, "STALL_BYTES", 1)
+        monkeypatch.setattr(stager, "RANGE_MIN_S", 2.0)
+    plan, server = _trickled(tmp_path, 100)
+    started = time.monotonic()
+    try:
+        code, status, _ = _run(plan, tmp_path, backoff_s=0.01)
+    finally:
+        server.shutdown()
+        server.server_close()
+    took = time.monotonic() - started
+    assert code == 1 and took < 20, took
+    reason = _failure(capsys)
+    assert reason.startswith("reading s3://%s/big failed 2 times, last: " % BUCKET), reason
+    if bound == "stall":
+        assert re.search(r"stalled: \d byte\(s\) in 1\.5 s", reason), reason
+    else:
+        assert re.search(r"\d+ of 100 bytes in 2 s: slower than 1 MB/s", reason), reason
+    assert not (_partial(tmp_path / "slow") / ".staging").exists()
+
+
+def test_F38_the_default_bounds_end_a_trickle_in_minutes_not_never():
+    """The defaults: a 1 MiB part gets RANGE_MIN_S + about a second; silence or a trickle for
+    STALL_S ends a try; RETRIES + 1 tries of at most that are a few minutes."""
+    assert stager.FLOOR_RATE == 1_000_000 and 10 <= stager.RANGE_MIN_S <= 60
+    assert stager.STALL_S <= 30 and stager.STALL_BYTES >= 1024
+    assert (stager.RETRIES + 1) * stager.STALL_S + stager.RETRIES * stager.BACKOFF_CAP_S < 300

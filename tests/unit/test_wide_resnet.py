@@ -347,7 +347,7 @@ def test_two_gloo_processes_weights_shards_and_one_ddp_step(tmp_path):
     import torch.multiprocessing as mp
 
     mp.spawn(_dist_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert r0["world"] == (0, 2, "gloo") and r1["world"] == (1, 2, "gloo")
 
     # Identical initial weights: rank 0's, broadcast.
@@ -435,7 +435,7 @@ def _run(tmp_path, job, *extra):
 
 
 def _final(tmp_path, job):
-    return torch.load(tmp_path / job / "checkpoints" / "last.pt", weights_only=False)
+    return torch.load(tmp_path / job / "checkpoints" / "last.pt", weights_only=True)
 
 
 def _rows(tmp_path, job, event=None):
@@ -527,7 +527,7 @@ def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
     assert rows[0]["event"] == "startup" and rows[0]["device"] == "cpu", rows[0]
     assert 0 < rows[0]["import"] <= rows[0]["to_first_step"] < epochs[0]["wall_time"]
     assert "wide-resnet34: startup: import" in proc.stdout
-    ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
+    ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=True)
     assert {"model", "master", "optimizer", "epoch", "step", "train_time", "fastai_time",
             "target_reached", "rng", "args", "hyp", "world_size", "run"} <= set(ckpt)
     assert ckpt["epoch"] == 2 and ckpt["step"] == 16 and ckpt["args"]["widen"] == 1
@@ -550,7 +550,7 @@ def test_sigusr1_checkpoints_at_a_step_boundary_and_exits_143(tmp_path):
             proc.kill()
     assert proc.returncode == 143, out
     assert "SIGUSR1 received" in out and "checkpoint saved" in out
-    ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=False)
+    ckpt = torch.load(job / "checkpoints" / "last.pt", weights_only=True)
     assert 8 <= ckpt["step"] < 400 and ckpt["epoch"] >= 1
     assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["checkpoint-info.json",
                                                                         "last.pt"]

@@ -154,9 +154,7 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         role itself, path included (arn:aws:iam::A:role/PATH/R): asked of IAM (GetRole on
         one's own role), else the role without a path."""
         if not hasattr(self, "_owner"):
-            with aws_errors(region, "sts"):
-                sts = self.session(region).client("sts", region_name=region)
-                arn = sts.get_caller_identity()["Arn"]
+            arn = self._identity(region)["Arn"]
             role = assumed_role(arn)
             if role is not None:
                 try:
@@ -168,6 +166,21 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
             self._owner = arn
         return self._owner
 
+    def owner_key(self, region: str) -> str:
+        """The caller's aws:userid (GetCallerIdentity's UserId: an IAM user's unique id, or
+        `<role id>:<session name>`): the job store keeps each principal's jobs under
+        `jobs/<owner_key>/`, the prefix infra/iam-policy-cli.json names `${aws:userid}`."""
+        if not hasattr(self, "_owner_key"):
+            self._owner_key = self._identity(region)["UserId"]
+        return self._owner_key
+
+    def _identity(self, region: str) -> dict:
+        """STS GetCallerIdentity, asked once."""
+        if not hasattr(self, "_caller"):
+            with aws_errors(region, "sts"):
+                sts = self.session(region).client("sts", region_name=region)
+                self._caller = sts.get_caller_identity()
+        return self._caller
 
     def preflight(self, spec):
         """What the launch checks before anything is created, and the dry run with it: the
@@ -259,6 +272,8 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         access_key = credentials.access_key if credentials else None
         if entry.get("access_key") == access_key and entry.get("owner"):
             self._owner = entry["owner"]
+            if entry.get("owner_key"):
+                self._owner_key = entry["owner_key"]
         owner = self.owner(region)
         key_path = self.key_path(region)
         if entry.get("key_name") and key_path.exists():
@@ -285,7 +300,8 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
             ami = self.resolve_ami(region, None)
             root_device = self.root_device(region, ami)
             entry.update(ami=ami, root_device=root_device, ami_at=now)
-        entry.update(access_key=access_key, owner=owner, key_name=key_name)
+        entry.update(access_key=access_key, owner=owner, owner_key=self.owner_key(region),
+                     key_name=key_name)
         cache.save(entry)
         return {"owner": owner, "key_name": key_name, "key_path": key_path, "zones": zones,
                 "group": group, "ami": ami, "root_device": root_device}

@@ -5,8 +5,13 @@ powers off, and how they come home after it is gone (cloudtrain/jobstore.py does
     fetch_results(store, job, local)  the stored files into `local`; None when nothing is stored
 
 Why a presigned POST and not an instance role: no IAM role or iam:PassRole is needed, the
-grant is scoped to one job's key prefix (`jobs/<id>/`) and expires, and no AWS credential of
-any kind is put on the instance.
+grant is scoped to one job's key prefix (`jobs/<owner key>/<id>/`) and expires, and no AWS
+credential of any kind is put on the instance.
+
+The owner key (the caller's aws:userid, jobstore.job_prefix) is kept with the job (its spec's
+`store_owner`) at the first grant: a later command, a relaunch or another session of the same
+role reads the prefix the job wrote to. A job recorded before owner prefixes has none and is
+read from `jobs/<id>/`.
 """
 
 from __future__ import annotations
@@ -40,16 +45,18 @@ class ResultsStoreMixin:
                                   bucket, account)
         return self._clients[key]
 
-    def ensure_job_store(self, region: str) -> tuple[str, bool]:
-        """The job store's bucket in `region`, created and locked down on first use (later:
-        one HeadBucket): (bucket, created now). S3's refusals are said with the action
-        refused (AWSError)."""
+    def ensure_job_store(self, region: str, owner_key: str | None = None) -> tuple[str, bool]:
+        """The job store's bucket in `region`, checked with one listing of the caller's own
+        prefix (`owner_key`: the job's, by default the caller's), or created and locked down
+        by whoever may (F32: a one-time administrator's step): (bucket, created now). S3's
+        refusals are said with the action refused (AWSError)."""
         import botocore.exceptions
 
         s3, bucket, _ = self._job_store(region)
+        owner_key = owner_key if owner_key is not None else self.owner_key(region)
         try:
             created = jobstore.ensure_bucket(s3, bucket, region, self.owner(region),
-                                             expire_days=STORE_KEEP_DAYS)
+                                             expire_days=STORE_KEEP_DAYS, owner_key=owner_key)
         except botocore.exceptions.ClientError as exc:
             raise client_error(exc, region, "s3") from exc
         return bucket, created
@@ -59,15 +66,29 @@ class ResultsStoreMixin:
         the instance then reads with its role); returns its s3:// URL."""
         s3, bucket, account = self._job_store(region)
         with aws_errors(region, "s3"):
-            key = jobstore.put(s3, bucket, job_id, name, data, expected_owner=account or None)
+            key = jobstore.put(s3, bucket, job_id, name, data, expected_owner=account or None,
+                               owner_key=self.owner_key(region))
         return f"s3://{bucket}/{key}"
 
     def delete_results(self, region: str, job_id: str) -> int:
-        """Delete what the job store holds for the job (every object under jobs/<id>/);
-        returns how many there were."""
+        """Delete what the job store holds for the job (every object under the caller's
+        jobs/<owner>/<id>/); returns how many there were."""
         s3, bucket, account = self._job_store(region)
         with aws_errors(region, "s3"):
-            return jobstore.delete_job(s3, bucket, job_id, expected_owner=account or None)
+            return jobstore.delete_job(s3, bucket, job_id, expected_owner=account or None,
+                                       owner_key=self.owner_key(region))
+
+    def _store_owner(self, store: Store, job: Job, record: bool = False,
+                     region: str | None = None) -> str | None:
+        """The owner key of the job's prefix, as kept with the job; None for a job recorded
+        before owner prefixes (jobs/<id>/). `record`: a job without one takes the caller's
+        (the first grant: from then on the job writes, and is read, there)."""
+        kept = (store.job(job.id).spec or {}).get("store_owner")
+        if kept is not None or not record:
+            return kept
+        owner_key = self.owner_key(region)
+        store.update_job(job.id, spec={**store.job(job.id).spec, "store_owner": owner_key})
+        return owner_key
 
     def results_plan(self, spec, region: str) -> str:
         """The dry run's line: where the results go, or what waiting for the CLI costs."""
@@ -79,8 +100,9 @@ class ResultsStoreMixin:
             return (f"no S3 job store (job_store: false): the instance waits up to {wait:g} "
                     f"min after the job for the CLI to collect (billed{cost})")
         bucket = self.settings.job_store_bucket or f"cloudtrain-<account>-{region}"
-        return (f"s3://{bucket}/jobs/<job>/ before the power-off (log, metrics, checkpoints; "
-                f"kept {STORE_KEEP_DAYS} days; the instance gets a presigned POST, no keys)")
+        return (f"s3://{bucket}/jobs/<your user id>/<job>/ before the power-off (log, metrics, "
+                f"checkpoints; kept {STORE_KEEP_DAYS} days; the instance gets a presigned POST, "
+                "no keys)")
 
     def results_grant(self, store: Store, job: Job, spec, node: int = 0
                       ) -> tuple[dict | None, str | None]:
@@ -100,10 +122,12 @@ class ResultsStoreMixin:
         region = getattr(spec, "store_region", None) or spec.region or self.region_of(job)
         try:
             s3, bucket, _ = self._job_store(region)
+            owner_key = self._store_owner(store, job, record=True, region=region)
             if node == 0:  # the other nodes' grants come right after node 0's, same bucket
-                self.ensure_job_store(region)
+                self.ensure_job_store(region, owner_key)
             lifetime = spec.max_runtime_s + RUNTIME_MARGIN_MIN * 60 + 3600
-            note = (f"results: s3://{bucket}/jobs/{job.id}/ when the job ends, whoever is "
+            prefix = jobstore.job_prefix(job.id, owner_key=owner_key)
+            note = (f"results: s3://{bucket}/{prefix} when the job ends, whoever is "
                     f"watching (kept {STORE_KEEP_DAYS} days)")
             ends = jobstore.credential_expiry(self.session(region))
             if ends is not None and ends - time.time() < lifetime:
@@ -114,7 +138,8 @@ class ResultsStoreMixin:
                          "long-term credentials)")
             grant = jobstore.upload_grant(s3, bucket, job.id,
                                           int(min(lifetime, jobstore.GRANT_MAX_S)),
-                                          jobstore.POST_MAX_BYTES, node=node)
+                                          jobstore.POST_MAX_BYTES, node=node,
+                                          owner_key=owner_key)
             return grant, note
         except (CloudtrainError, botocore.exceptions.ClientError,
                 botocore.exceptions.BotoCoreError) as exc:
@@ -139,12 +164,15 @@ class ResultsStoreMixin:
             (job.spec or {}).get("store_region") or self.region_of(job)
         try:
             s3, bucket, account = self._job_store(region)
+            owner_key = self._store_owner(store, job)
             manifest = jobstore.latest_checkpoint(s3, bucket, job.id,
-                                                  expected_owner=account or None)
+                                                  expected_owner=account or None,
+                                                  owner_key=owner_key)
             if manifest is None:
                 return None
             return jobstore.restore_plan(s3, bucket, job.id, manifest,
-                                         int(min(expires_s, jobstore.GRANT_MAX_S)))
+                                         int(min(expires_s, jobstore.GRANT_MAX_S)),
+                                         owner_key=owner_key)
         except botocore.exceptions.ClientError as exc:
             raise CloudtrainError(f"the job store's checkpoint of job {job.id} could not be "
                                   f"read: {_code(exc)}: {_message(exc)}") from exc
@@ -161,13 +189,15 @@ class ResultsStoreMixin:
 
         regions = {i.region for i in store.instances(job.id) if i.region} or {self.region_of(job)}
         limit = int(self.settings.collect_checkpoints_mb * 1e6) + LOG_ALLOWANCE_BYTES
+        owner_key = self._store_owner(store, job)
         for region in sorted(regions):
             try:
                 s3, bucket, account = self._job_store(region)
                 got = jobstore.fetch(s3, bucket, job.id, Path(local), limit,
-                                     expected_owner=account or None, node=node)
+                                     expected_owner=account or None, node=node,
+                                     owner_key=owner_key)
             except botocore.exceptions.ClientError as exc:
-                raise CloudtrainError(f"the job store s3://.../jobs/{job.id}/ could not be read: "
+                raise CloudtrainError(f"the job store s3://.../{job.id}/ could not be read: "
                                       f"{_code(exc)}: {_message(exc)}") from exc
             except (botocore.exceptions.BotoCoreError, boto3.exceptions.Boto3Error) as exc:
                 raise CloudtrainError(f"the job store could not be read: {exc}") from exc
