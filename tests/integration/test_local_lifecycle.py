@@ -187,12 +187,12 @@ def test_down_all_stops_every_active_job(cli):
     ids = [cli.launch("--", "sleep", "60") for _ in range(3)]
     done = cli.launch("--", "true")
     cli.wait(done)
-    out = cli.ok("down", "--all").stdout
+    out = cli.ok("down", "--all", "-y").stdout
     for job_id in ids:
         assert f"{job_id}: cancelled" in out
         assert cli.job(job_id)["state"] == "cancelled"
     assert done not in out
-    assert cli.ok("down", "--all").stdout.strip() == "no active jobs"
+    assert cli.ok("down", "--all", "-y").stdout.strip() == "no active jobs"
 
 
 def test_agent_killed_with_sigkill_is_failed_not_running_forever(cli, ct_home):

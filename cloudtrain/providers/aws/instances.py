@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import catalog
-from ...config import check_region
+from ...config import REGION_PATTERN, check_region
 from ...errors import CloudtrainError, HostError, MissingDependency, UsageError
 from ...hosts import SSHHost, default_tmux_socket
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint, not_up_reason
 from ...state import Instance, Job, Store
+from .. import Sweep
 from .errors import AUTH_ERRORS, CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, \
     AWSPlacementError, StaleCache, aws_errors, is_permission_error
 from .hostkeys import FINGERPRINT_WAIT_S, console_fingerprints, fingerprint
@@ -48,6 +49,18 @@ def ec2_transition_time(reason: str) -> float | None:
         return None
     return float(calendar.timegm(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")))
 
+
+
+# A sweep asks every region the owner can have instances in (F28): this many at once, and
+# for at most this long in all (a region that has not answered by then is said unchecked).
+SWEEP_WORKERS = 16
+SWEEP_WAIT_S = 60.0
+
+
+def _partition(region: str) -> str:
+    """The AWS partition a region is in: credentials of one never work in another."""
+    return "aws-cn" if region.startswith("cn-") else \
+        "aws-us-gov" if region.startswith("us-gov-") else "aws"
 
 
 @dataclass
@@ -381,11 +394,11 @@ class InstancesMixin:
                                           "message": raw.get("StateReason", {}).get("Message", "")}
         return out
 
-    def _query(self, region: str, tags: dict[str, str | None]) -> list[dict]:
+    def _query(self, region: str, tags: dict[str, str | None], client=None) -> list[dict]:
         filters = [{"Name": f"tag:{k}", "Values": [v]} if v else {"Name": "tag-key", "Values": [k]}
                    for k, v in tags.items()]
         out = []
-        paginator = self.client("ec2", region).get_paginator("describe_instances")
+        paginator = (client or self.client("ec2", region)).get_paginator("describe_instances")
         with aws_errors(region):
             for page in paginator.paginate(Filters=filters):
                 for res in page["Reservations"]:
@@ -478,29 +491,121 @@ class InstancesMixin:
             store.update_instance(inst.id, **fields)
 
     def regions_in_use(self, store: Store | None) -> set[str]:
-        """The regions the store has instances in, plus the configured one."""
+        """The regions the store has instances in, plus the one launches use (the built-in
+        default included: it is where a job goes when nothing names a region, F28)."""
         regions = {r["region"] for r in store.db.execute(
             "SELECT DISTINCT region FROM instances WHERE provider = 'aws' AND region IS NOT NULL")
         } if store is not None else set()
         try:
-            region, source = self.region_and_source()
-            if source != self.DEFAULT_SOURCE:  # configured somewhere, not just the default
-                regions.add(region)
+            regions.add(self.region())
         except UsageError:
             pass
         return regions
 
-    def orphans(self, store: Store) -> list[dict]:
-        """Every live instance tagged as this owner's, in the regions we use, that no active
-        job of the store holds (nor an ended --keep job, whose instance is kept on purpose):
-        what `down --orphans` terminates when the local state was lost or never learned of
-        an instance (F12)."""
+    def sweep_regions(self, store: Store | None) -> tuple[list[str], str]:
+        """Every region the owner can have instances in, and how they were chosen: the
+        regions enabled for the account (DescribeRegions, asked in the region launches use;
+        opt-in regions not enabled cannot hold instances). Without that answer, every region
+        cloudtrain itself could have used: the one launches use (the default included),
+        those config.yaml names, those the store knows, and the bundled catalog's."""
+        home = self.region()
+        try:
+            answer = self.call(home, "describe_regions")
+            named = [r.get("RegionName") for r in answer.get("Regions") or []]
+            regions = {r for r in named if isinstance(r, str) and REGION_PATTERN.fullmatch(r)
+                       and _partition(r) == _partition(home)}
+            if regions:
+                return sorted(regions | {home}), "the regions enabled for the account"
+            why = "it listed none"
+        except MissingDependency:
+            raise
+        except CloudtrainError as exc:
+            why = exc.message
+        regions = self.regions_in_use(store) | set(catalog.regions())
+        regions |= {r.strip() for r in f"{self.settings.region},{self.settings.regions}"
+                    .split(",") if REGION_PATTERN.fullmatch(r.strip())}
+        return sorted(regions), (f"DescribeRegions failed ({why}), so the regions cloudtrain "
+                                 "could have used")
+
+    def _sweep_client(self, region: str):
+        """An EC2 client for a sweep: from the one session every region shares (a session
+        per region costs half a second each), with short timeouts and few retries."""
+        key = ("ec2-sweep", region)
+        with self._sweep_lock:
+            if key not in self._clients:
+                from botocore.config import Config
+
+                check_region(region)
+                self._clients[key] = self.session().client("ec2", region_name=region, config=Config(
+                    retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5,
+                    read_timeout=20))
+            return self._clients[key]
+
+    def sweep(self, store: Store | None, ask) -> Sweep:
+        """ask(region) in every region of sweep_regions at once, SWEEP_WORKERS at a time, in
+        daemon threads: a region that never answers holds the command up SWEEP_WAIT_S at
+        most, and is then said to be unchecked like one whose call failed. `ask` makes only
+        AWS calls (the store is not shared between threads)."""
+        import queue
+        import threading
+
+        regions, chosen_by = self.sweep_regions(store)
+        todo: queue.SimpleQueue = queue.SimpleQueue()
+        for region in regions:
+            todo.put(region)
+        answers: dict[str, object] = {}
+        failures: dict[str, str] = {}
+        finished = threading.Semaphore(0)
+
+        def work() -> None:
+            while True:
+                try:
+                    region = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    answers[region] = ask(region)
+                except CloudtrainError as exc:
+                    failures[region] = exc.message
+                except Exception as exc:  # noqa: BLE001 - said as that region's failure
+                    failures[region] = f"{type(exc).__name__}: {exc}"
+                finished.release()
+
+        for _ in range(min(SWEEP_WORKERS, len(regions))):
+            threading.Thread(target=work, daemon=True, name="cloudtrain-sweep").start()
+        deadline = time.monotonic() + SWEEP_WAIT_S
+        for _ in regions:
+            if not finished.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                break
+        answers, failures = dict(answers), dict(failures)
+        unchecked = {r: failures.get(r) or f"no answer in {SWEEP_WAIT_S:g} s"
+                     for r in regions if r not in answers}
+        return Sweep(answers, sorted(answers), unchecked, chosen_by)
+
+    def _tagged(self, region: str, tags: dict[str, str | None]) -> list[dict]:
+        """_query for a sweep (its own clients)."""
+        return self._query(region, tags, self._sweep_client(region))
+
+    def orphans(self, store: Store) -> Sweep:
+        """Every live instance tagged as this owner's, in every region it can have one
+        (sweep), that no active job of the store holds (nor an ended --keep job, whose
+        instance is kept on purpose), and its dataset volumes left unattached: what `down
+        --all` terminates when the local state was lost or never learned of an instance
+        (F12, F28). Sweep.found is the list; Sweep.unchecked the regions not asked."""
         held = {r["id"] for r in store.db.execute(
             "SELECT id, job_id FROM instances WHERE provider = 'aws' AND state != 'terminated'")
             if self._holds(store.job(r["job_id"]), store)}
+        owner = self.owner(self.region())
+
+        def ask(region: str) -> tuple[list[dict], list[dict]]:
+            return (self._tagged(region, {TAG_OWNER: owner}),
+                    self.dataset_volumes(region, owner, self._sweep_client(region)))
+
+        swept = self.sweep(store, ask)
         out = []
-        for region in sorted(self.regions_in_use(store)):
-            for raw in self._query(region, {TAG_OWNER: self.owner(region)}):
+        for region in swept.regions:
+            instances, volumes = swept.found[region]
+            for raw in instances:
                 if raw["State"]["Name"] not in LIVE_STATES or raw["InstanceId"] in held:
                     continue
                 tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
@@ -508,8 +613,9 @@ class InstancesMixin:
                             "job": tags.get(TAG_JOB), "type": raw.get("InstanceType"),
                             "state": raw["State"]["Name"],
                             "launched_at": raw["LaunchTime"].timestamp()})
-            out += self.orphan_volumes(store, region)
-        return out
+            out += self.orphan_volumes(store, region, volumes)
+        swept.found = out
+        return swept
 
     @staticmethod
     def _holds(job: Job, store: Store) -> bool:
@@ -527,15 +633,16 @@ class InstancesMixin:
         if ids:
             self.call(check_region(region), "terminate_instances", InstanceIds=sorted(ids))
 
-    def reconcile(self, store: Store) -> list[dict]:
-        """Every instance tagged as ours in the regions we use, one DescribeInstances each;
-        marks whether the store knows it. Updates the store's instance states."""
-        regions = self.regions_in_use(store)
+    def reconcile(self, store: Store) -> Sweep:
+        """Every instance tagged as ours in every region the owner can have one (sweep);
+        marks whether the store knows it, and updates the store's instance states.
+        Sweep.found is the list; Sweep.unchecked the regions that could not be asked."""
         known = {r["id"]: r["job_id"] for r in store.db.execute(
             "SELECT id, job_id FROM instances WHERE provider = 'aws'")}
+        swept = self.sweep(store, lambda region: self._tagged(region, {TAG_JOB: None}))
         found = []
-        for region in sorted(regions):
-            for raw in self._query(region, {TAG_JOB: None}):
+        for region in swept.regions:
+            for raw in swept.found[region]:
                 tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
                 state = raw["State"]["Name"]
                 found.append({"instance": raw["InstanceId"], "region": region, "state": state,
@@ -546,4 +653,5 @@ class InstancesMixin:
                     store.db.execute(
                         "UPDATE instances SET state = 'terminated', terminated_at = "
                         "COALESCE(terminated_at, ?) WHERE id = ?", (time.time(), raw["InstanceId"]))
-        return found
+        swept.found = found
+        return swept

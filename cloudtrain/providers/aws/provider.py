@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 
 from ... import catalog, config, cost, preflight
@@ -66,6 +67,7 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         self.settings = settings or config.Settings.load()
         self._sessions: dict[str, object] = {}
         self._clients: dict[tuple, object] = {}
+        self._sweep_lock = threading.Lock()  # sweep threads make their clients one at a time
 
     # -- sessions and clients ------------------------------------------------------------------
 
