@@ -25,6 +25,8 @@ Contract, the same for every provider:
                                 holds, in every such region: a Sweep whose found is
                                 [{id, region, job, type, state, launched_at}] (aws only)
     terminate(region, ids)      terminate those instances (aws only)
+    attempt_instances(store, job, n, regions)  live instances of attempt n of a recovering
+                                job, {region: [ids]}, by its attempt tag (aws only)
 """
 
 from __future__ import annotations

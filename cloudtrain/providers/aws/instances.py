@@ -249,20 +249,40 @@ class InstancesMixin:
         for raw in self._query(region, {TAG_JOB: job.id, TAG_ATTEMPT: str(attempt)}):
             if raw["State"]["Name"] not in ("pending", "running"):
                 continue
-            if raw["InstanceId"] not in {i.id for i in store.instances(job.id)}:
-                spot = raw.get("InstanceLifecycle") == "spot"
-                store.add_instance(Instance(
-                    id=raw["InstanceId"], job_id=job.id, provider=self.name, region=region,
-                    zone=raw.get("Placement", {}).get("AvailabilityZone"),
-                    instance_type=raw.get("InstanceType"),
-                    market="spot" if spot else "on-demand", state="requested",
-                    launched_at=raw["LaunchTime"].timestamp(), terminated_at=None,
-                    price_per_hour=None, details={"found_by_tag": True}))
-                store.add_event(job.id, "instance", detail=f"{raw['InstanceId']} in "
-                                f"{raw.get('Placement', {}).get('AvailabilityZone')} (attempt "
-                                f"{attempt}, found by its tags)")
+            self._record_found(store, job, region, raw, attempt)
             return raw["InstanceId"]
         return None
+
+    def attempt_instances(self, store: Store, job: Job, attempt: int,
+                          regions: list[str]) -> dict[str, list[str]]:
+        """Every live instance of this attempt of the job, by region, found by its attempt tag
+        in each of `regions` and in every region the store has a live instance of the job
+        in: a supervisor killed mid-relaunch may have left one in any place it tried (F30).
+        Recorded if the store did not know them."""
+        where = set(regions) | {i.region for i in store.instances(job.id)
+                                if i.region and i.state != "terminated"}
+        out: dict[str, list[str]] = {}
+        for region in sorted(where):
+            for raw in self._query(region, {TAG_JOB: job.id, TAG_ATTEMPT: str(attempt)}):
+                if raw["State"]["Name"] in LIVE_STATES:
+                    self._record_found(store, job, region, raw, attempt)
+                    out.setdefault(region, []).append(raw["InstanceId"])
+        return out
+
+    def _record_found(self, store: Store, job: Job, region: str, raw: dict, attempt: int) -> None:
+        """An instance of the attempt found by its tags: recorded if the store did not know
+        it (its minutes are billed like any other)."""
+        if raw["InstanceId"] in {i.id for i in store.instances(job.id)}:
+            return
+        spot = raw.get("InstanceLifecycle") == "spot"
+        zone = raw.get("Placement", {}).get("AvailabilityZone")
+        store.add_instance(Instance(
+            id=raw["InstanceId"], job_id=job.id, provider=self.name, region=region, zone=zone,
+            instance_type=raw.get("InstanceType"), market="spot" if spot else "on-demand",
+            state="requested", launched_at=raw["LaunchTime"].timestamp(), terminated_at=None,
+            price_per_hour=None, details={"found_by_tag": True}))
+        store.add_event(job.id, "instance", detail=f"{raw['InstanceId']} in {zone} (attempt "
+                        f"{attempt}, found by its tags)")
 
     def _describe(self, region: str, instance_id: str) -> dict:
         reservations = self.call(region, "describe_instances",
