@@ -1067,13 +1067,14 @@ def supervisor_stop() -> None:
 
 @supervisor_group.command(name="run", hidden=True)
 @click.option("--home", type=click.Path(), required=True)
-def supervisor_run(home: str) -> None:
+@click.option("--handover", type=click.Path(), default=None)
+def supervisor_run(home: str, handover: str | None) -> None:
     """The supervisor's loop (started inside tmux by `start`)."""
     from pathlib import Path
 
     from . import supervisor
 
-    supervisor.run(Path(home))
+    supervisor.run(Path(home), Path(handover) if handover else None)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -44,6 +44,12 @@ class MissingDependency(CloudtrainError):
     """A program or module the job needs is not installed where it runs."""
 
 
+class CredentialsError(CloudtrainError):
+    """The cloud refused the credentials, or they could not be loaded: expired, revoked, an
+    SSO session that ended. Nothing but new credentials helps (the recovery supervisor
+    pauses on it rather than fail the job)."""
+
+
 class HostError(CloudtrainError):
     """A command on a host failed or the host could not be reached."""
 

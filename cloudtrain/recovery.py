@@ -245,6 +245,9 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
     home = (before.region if before else None) or (first.region if first else None) or \
         provider.region(spec)
     store_region = first.region if first and first.region else home
+    # Temporary credentials may have expired while it waited: a CredentialsError here
+    # leaves the job recovering (the supervisor says so), not failed by a half-done launch.
+    provider.check_credentials(home)
     try:
         found = jobs.read_datasets(spec, settings)
     except CloudtrainError as exc:

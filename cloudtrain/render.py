@@ -443,8 +443,9 @@ def supervisor_line(info: dict) -> str:
                "job needs it)"
     beat = info.get("heartbeat_at")
     seen = f", last round {age(beat, time.time())} ago" if _finite(beat) is not None else ""
+    creds = f"; AWS credentials from {info['credentials']}" if info.get("credentials") else ""
     return (f"supervisor: running (pid {info.get('pid')}, watching {info.get('watching') or 0} "
-            f"job(s){seen}; tmux -L {info.get('tmux_socket') or 'cloudtrain'} attach -t "
+            f"job(s){seen}{creds}; tmux -L {info.get('tmux_socket') or 'cloudtrain'} attach -t "
             f"{info.get('session')})")
 
 

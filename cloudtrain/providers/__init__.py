@@ -27,6 +27,8 @@ Contract, the same for every provider:
     terminate(region, ids)      terminate those instances (aws only)
     attempt_instances(store, job, n, regions)  live instances of attempt n of a recovering
                                 job, {region: [ids]}, by its attempt tag (aws only)
+    check_credentials(region)   whether the cloud still accepts the credentials; a
+                                CredentialsError if not (aws only)
 """
 
 from __future__ import annotations

@@ -147,6 +147,13 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
 
     # -- identity and bootstrap ------------------------------------------------------------------
 
+    def check_credentials(self, region: str) -> None:
+        """Ask STS whether the credentials still work (GetCallerIdentity, never cached): a
+        relaunch asks before it starts anything, so that credentials that expired while it
+        waited pause the recovery instead of failing the launch half-way."""
+        with aws_errors(region, "sts"):
+            self.session(region).client("sts", region_name=region).get_caller_identity()
+
     def owner(self, region: str) -> str:
         """The caller's principal ARN: the cloudtrain:owner tag of everything this user
         creates, and what infra/iam-policy-cli.json compares it with (`${aws:PrincipalArn}`).
