@@ -168,6 +168,10 @@ class Settings:
     ssh_user: str = "ubuntu"
     ssh_port: int = 22
     ssh_cidr: str = ""  # who may reach port 22 ("" = this machine's public address /32)
+    # An instance's SSH host key is checked against the fingerprints it prints on its
+    # console; without them in time: "tofu" trusts it on first use (said at launch),
+    # "strict" refuses the instance (F37).
+    host_key_policy: str = "tofu"
     remote_python: str = ""  # "" = /opt/pytorch/bin/python where the AMI has it, else python3
     remote_root: str = "~/.cloudtrain"  # job and data directories on instances
     shutdown_command: str = "sudo shutdown -h now"  # how an instance powers itself off
@@ -243,7 +247,8 @@ class Settings:
                               "every running job looks dead")
         if self.disk_gb and self.disk_gb < 8:
             raise ConfigError(f"{source}: 'disk_gb' must be 0 (the recipe's) or at least 8")
-        for key, allowed in (("backend", BACKENDS), ("market", MARKETS), ("connect", CONNECTS)):
+        for key, allowed in (("backend", BACKENDS), ("market", MARKETS), ("connect", CONNECTS),
+                             ("host_key_policy", HOST_KEY_POLICIES)):
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{source}: '{key}' must be one of {', '.join(allowed)}, "
                                   f"got {shown(getattr(self, key))}")
@@ -306,6 +311,7 @@ def _key_lines(path: Path) -> dict[str, int]:
 
 MARKETS = ("on-demand", "spot")
 CONNECTS = ("public", "private")
+HOST_KEY_POLICIES = ("tofu", "strict")
 WEEK_S = 7 * 86400.0
 # Numeric settings: (lowest, highest, whether the lowest itself is refused). NaN and inf are
 # always refused: `t - started > nan` is never true, so a NaN limit is no limit.

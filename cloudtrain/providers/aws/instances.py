@@ -18,7 +18,7 @@ from ...state import Instance, Job, Store
 from .. import Sweep
 from .errors import AUTH_ERRORS, CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, \
     AWSPlacementError, StaleCache, aws_errors, is_permission_error
-from .hostkeys import FINGERPRINT_WAIT_S, console_fingerprints, fingerprint
+from .hostkeys import console_fingerprints, fingerprint, fingerprint_window
 from .tags import LIVE_STATES, TAG_ATTEMPT, TAG_JOB, TAG_OWNER, TAG_RECIPE
 
 USER_DATA = Path(__file__).resolve().parents[3] / "infra" / "user-data.sh"
@@ -339,18 +339,24 @@ class InstancesMixin:
                             f"{region} --latest; check the security group allows {self.ssh_cidr()}")
 
     def _check_host_key(self, store: Store, job: Job, region: str, instance_id: str,
-                        host: SSHHost, since: float) -> bool:
+                        host: SSHHost, instance_type: str | None,
+                        report: Reporter = SILENT) -> bool:
         """Accept the key the SSH server presented only if the instance listed its
-        fingerprint on the console (F5); wait for that list until FINGERPRINT_WAIT_S after
-        `since` (never longer than the SSH wait itself), then trust on first use. Recorded in the job's timeline either way; a key
-        that is not on a list is refused before anything is sent to the host."""
+        fingerprint on the console (F5). Called as SSH answers: the fingerprints are waited
+        for from then on (fingerprint_window, F37), then the key is trusted on first use, said
+        at launch as a WARNING, or with `host_key_policy: strict` refused (the instance is
+        then terminated like on any failed launch). Recorded in the job's timeline either
+        way; a key that is not on a list is refused before anything is sent to the host."""
         seen = fingerprint(host.conn.host_key)
-        waited = min(FINGERPRINT_WAIT_S, self.settings.ssh_wait_seconds)
-        deadline = since + waited
+        started = time.monotonic()
+        waited = fingerprint_window(instance_type, self.settings.ssh_wait_seconds, latest=True)
         while True:
-            text = self._console(region, instance_id)
+            text, latest = self._console_read(region, instance_id)
+            if not latest:  # a snapshot console (Xen): it lags by minutes
+                waited = fingerprint_window(instance_type, self.settings.ssh_wait_seconds,
+                                            latest=False)
             listed = console_fingerprints(text or "")
-            if listed or text is None or time.monotonic() >= deadline:
+            if listed or text is None or time.monotonic() >= started + waited:
                 break
             time.sleep(self.settings.poll_seconds)
         if listed and seen not in listed:
@@ -367,8 +373,18 @@ class InstancesMixin:
                                                       "console output")
             return True
         why = ("the console output is not readable: ec2:GetConsoleOutput refused" if text is None
-               else f"no fingerprints in the console output after {waited:g} s")
+               else f"no fingerprints in its console output after {waited:g} s")
+        if self.settings.host_key_policy == "strict":
+            host.close()
+            store.add_event(job.id, "host-key", detail=f"REFUSED {seen}: {why} "
+                                                      "(host_key_policy: strict)")
+            raise AWSError(f"host key of {instance_id} not checked: {why}, and "
+                           "host_key_policy is strict",
+                           hint="launch again (on Xen types such as p3 the console lags by "
+                                "minutes), allow ec2:GetConsoleOutput, or set host_key_policy: "
+                                "tofu in config.yaml")
         store.add_event(job.id, "host-key", detail=f"trusted on first use: {seen} ({why})")
+        report.note(f"WARNING: host key of {instance_id} trusted on first use ({why})")
         return False
 
     def console_text(self, region: str, instance_id: str) -> str:
@@ -377,8 +393,14 @@ class InstancesMixin:
 
     def _console(self, region: str, instance_id: str) -> str | None:
         """The console output; "" when there is none (yet), None when it may not be read."""
+        return self._console_read(region, instance_id)[0]
+
+    def _console_read(self, region: str, instance_id: str) -> tuple[str | None, bool]:
+        """_console's answer, and whether it came from the live buffer (False: EC2's
+        snapshot, which lags)."""
         import base64
 
+        latest = True
         try:
             # Latest=True: the live buffer instead of the snapshot EC2 refreshes every few
             # minutes; only Nitro instances have it (p3 is Xen), so ask again without.
@@ -386,19 +408,20 @@ class InstancesMixin:
                             Latest=True).get("Output")
         except AWSError as exc:
             if is_permission_error(exc.code) or exc.code in AUTH_ERRORS:
-                return None  # asking again, without Latest, would be refused the same way
+                return None, True  # asking again, without Latest, would be refused the same way
+            latest = False
             try:
                 out = self.call(region, "get_console_output", InstanceId=instance_id).get("Output")
             except CloudtrainError:
-                return ""
+                return "", latest
         except CloudtrainError:
-            return ""
+            return "", latest
         if not out:
-            return ""
+            return "", latest
         try:  # EC2 sends it base64-encoded (moto's server sends the plain text)
-            return base64.b64decode(out, validate=True).decode("utf-8", "replace")
+            return base64.b64decode(out, validate=True).decode("utf-8", "replace"), latest
         except ValueError:
-            return out
+            return out, latest
 
     def console_tail(self, region: str, instance_id: str) -> str:
         text = self.console_text(region, instance_id)

@@ -307,10 +307,10 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         if found is None:
             self.attach_snapshots(store, job, spec, region, instance, zone, boot["owner"])
         endpoint = Endpoint(address, self.settings.ssh_port, self.settings.ssh_user, str(key_path))
-        since = time.monotonic()
         host = self._wait_ssh(region, instance, endpoint, report)
         report.phase(f"checking {instance}'s host key against its console output")
-        verified = self._check_host_key(store, job, region, instance, host, since)
+        verified = self._check_host_key(store, job, region, instance, host, spec.instance_type,
+                                        report)
         host.home()  # the first command, only now that the key is settled
         store.update_instance(instance, state="running", details=json.dumps(
             {**self._details(store, instance), "address": address, "host_key": endpoint.host_key,
