@@ -175,6 +175,36 @@ def test_down_kills_a_job_that_ignores_sigterm_after_the_grace(cli, ct_home):
     assert not _process_alive(status["pid"])
 
 
+def test_U2_down_grace_gives_a_slow_sigterm_handler_its_time(cli, ct_home):
+    """--grace longer than the configured one (2 s here): a job that needs 4 s to checkpoint
+    after SIGTERM is not SIGKILLed at 2 s."""
+    job_id = cli.launch("--", "bash", "-c", "trap 'sleep 4; echo cleaned; exit 0' TERM; "
+                        "echo ready; while true; do sleep 0.1; done")
+    wait_for(lambda: "ready" in cli.ok("logs", job_id).stdout, what="job start")
+    t0 = time.monotonic()
+    assert f"{job_id}: cancelled" in cli.ok("down", job_id, "--grace", "10").stdout
+    took = time.monotonic() - t0
+    assert "cleaned" in cli.ok("logs", job_id).stdout
+    assert 4.0 <= took < 10.0 + 5, took
+    status = json.loads((ct_home / "jobs" / job_id / "status.json").read_text())
+    assert status["state"] == "cancelled" and status["exit_code"] == 0
+
+
+def test_U2_a_short_grace_kills_sooner_than_the_configured_one(cli, ct_home):
+    config = ct_home / "config.yaml"
+    config.write_text(config.read_text().replace("stop_grace_seconds: 2.0",
+                                                 "stop_grace_seconds: 15"))
+    job_id = cli.launch("--", "bash", "-c",
+                        "trap '' TERM; echo ready; while true; do sleep 0.1; done")
+    wait_for(lambda: "ready" in cli.ok("logs", job_id).stdout, what="job start")
+    t0 = time.monotonic()
+    cli.ok("down", job_id, "--grace", "1")
+    took = time.monotonic() - t0
+    assert 1.0 <= took < 6.0, took  # ~1 s and a round trip, not the configured 15 s
+    status = json.loads((ct_home / "jobs" / job_id / "status.json").read_text())
+    assert status["state"] == "cancelled" and status["exit_code"] == 128 + signal.SIGKILL
+
+
 def test_down_on_finished_job_says_so(cli):
     job_id = cli.launch("--", "true")
     cli.wait(job_id)
