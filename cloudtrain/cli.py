@@ -78,6 +78,15 @@ _WIDE = click.option("--wide", is_flag=True, help="Every column at full length. 
                      "columns go); output piped to another program is never cut.")
 
 
+def _settings_whatever_config_says():
+    """The settings for a command that must work whatever config.yaml says (down, status,
+    logs; U7): a mistake there is a WARNING line on stderr, once, and that setting keeps its
+    default."""
+    click.get_current_context().with_resource(
+        config.tolerating(lambda line: click.echo(line, err=True)))
+    return config.Settings.load()
+
+
 def _grace(ctx, param, value: float | None) -> float | None:
     return None if value is None else config.finite(value, "--grace (seconds)", low=0, high=3600)
 
@@ -397,7 +406,7 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
         raise errors.UsageError("-a, --state, --recipe, --name, --since and --limit choose "
                                 "jobs for the list, not for one job's detail",
                                 hint=f"cloudtrain status {job}")
-    settings = config.Settings.load()
+    settings = _settings_whatever_config_says()
     with _store() as store:
         if refresh:
             from . import jobs
@@ -635,7 +644,7 @@ def logs(job: str, follow: bool, tail: int | None, node: int) -> None:
     """
     from . import jobs
 
-    settings = config.Settings.load()
+    settings = _settings_whatever_config_says()
     with _store() as store:
         record = jobs.for_logs(store, settings, job)
         offset = 0
@@ -891,7 +900,7 @@ def down(jobs_: tuple[str, ...], every: bool, grace: float | None, yes: bool) ->
     if every and not jobs_ and not yes and not _can_ask():
         raise _nobody_to_ask("down --all stops every job and terminates every instance tagged "
                              "as yours that no job here holds", "cloudtrain down --all -y")
-    settings = config.Settings.load()
+    settings = _settings_whatever_config_says()
     with _store() as store:
         if every and not jobs_ and not yes:
             targets = jobs.down_targets(store)

@@ -16,7 +16,6 @@ None without credentials.
 
 from __future__ import annotations
 
-import difflib
 import os
 import shlex
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+from .config import suggest  # noqa: F401  ("did you mean", used here and by callers)
 from .errors import UsageError
 
 DEFAULT_ARCH = "x86_64"  # the Deep Learning AMI cloudtrain uses (images.DLAMI_PARAMETER)
@@ -32,14 +32,6 @@ DEFAULT_ARCH = "x86_64"  # the Deep Learning AMI cloudtrain uses (images.DLAMI_P
 SPEC_SUFFIXES = (".yaml", ".yml", ".json", ".toml")
 SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".ipynb")
 
-
-def suggest(word: str, choices, n: int = 1) -> str:
-    """` (did you mean X?)` for the closest of `choices` (case-insensitive), else ``."""
-    lowered = {str(c).lower(): str(c) for c in choices}
-    if str(word).lower() in lowered:
-        return f" (did you mean {lowered[str(word).lower()]}?)"
-    close = difflib.get_close_matches(str(word).lower(), list(lowered), n=n, cutoff=0.75)
-    return f" (did you mean {' or '.join(lowered[c] for c in close)}?)" if close else ""
 
 
 @lru_cache(maxsize=1)

@@ -262,28 +262,12 @@ def run(home: Path | None = None, handover: Path | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_term)
     started = time.time()
-    idle_since = None
-    next_try: dict[str, float] = {}
     _say(f"supervisor {os.getpid()} watching {home}")
     try:
-        while not stopping["flag"]:
-            if not (home / "state.db").exists():
-                break  # the home went away (a test's, a user's rm -rf)
-            settings = config.Settings.load()
-            with state.open_store(home) as store:
-                jobs_now = watched(store)
-                _write_info(home, started, len(jobs_now), credentials)
-                for job in jobs_now:
-                    if stopping["flag"]:
-                        break
-                    _round(store, settings, job, next_try, credentials)
-            if jobs_now:
-                idle_since = None
-            elif idle_since is None:
-                idle_since = time.monotonic()
-            elif time.monotonic() - idle_since > IDLE_EXIT_S:
-                break
-            _sleep(settings.supervisor_poll_seconds, stopping)
+        # A config.yaml mistake made while it runs must not end the recovery: said in its
+        # log (once), that setting at its default (U7).
+        with config.tolerating(_say):
+            _loop(home, started, stopping, credentials)
     except _Stop:
         pass
     finally:
@@ -294,6 +278,30 @@ def run(home: Path | None = None, handover: Path | None = None) -> int:
             pass
         os.close(fd)
     return 0
+
+
+def _loop(home: Path, started: float, stopping: dict, credentials: str) -> None:
+    """Rounds over the watched jobs until stopped, or idle for IDLE_EXIT_S."""
+    idle_since = None
+    next_try: dict[str, float] = {}
+    while not stopping["flag"]:
+        if not (home / "state.db").exists():
+            break  # the home went away (a test's, a user's rm -rf)
+        settings = config.Settings.load()
+        with state.open_store(home) as store:
+            jobs_now = watched(store)
+            _write_info(home, started, len(jobs_now), credentials)
+            for job in jobs_now:
+                if stopping["flag"]:
+                    break
+                _round(store, settings, job, next_try, credentials)
+        if jobs_now:
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > IDLE_EXIT_S:
+            break
+        _sleep(settings.supervisor_poll_seconds, stopping)
 
 
 def _round(store: state.Store, settings: config.Settings, job: state.Job,

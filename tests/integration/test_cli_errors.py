@@ -125,12 +125,15 @@ def test_usage_errors_exit_2(cli, tmp_path):
 
 def test_corrupt_config_is_one_line(cli, ct_home):
     (ct_home / "config.yaml").write_text("stop_grace_seconds: [unclosed\n")
-    proc = cli("status")
+    proc = cli("launch", "--", "true")
     assert proc.returncode == 2
     assert proc.stderr.startswith("Error: ") and "config.yaml is not valid YAML: line 2" in proc.stderr
     assert len(proc.stderr.splitlines()) == 1
+    proc = cli("status")  # U7: status still works, on the defaults, and says why
+    assert proc.returncode == 0 and proc.stderr.startswith("WARNING: ")
+    assert "config.yaml is not valid YAML: line 2" in proc.stderr
     (ct_home / "config.yaml").write_text("no_such_setting: 1\n")
-    proc = cli("status")
+    proc = cli("launch", "--", "true")
     assert "unknown setting 'no_such_setting'" in proc.stderr and proc.returncode == 2
 
 
