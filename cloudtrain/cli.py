@@ -1101,8 +1101,13 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(errors.EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("\ninterrupted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
+        # click turns a KeyboardInterrupt into Abort (after a newline of its own)
+        cause = exc.__cause__ if isinstance(exc, click.exceptions.Abort) else exc
+        if isinstance(cause, errors.Interrupted):  # what it left behind (U30)
+            click.echo(f"interrupted: {cause.message}", err=True)
+        else:
+            click.echo("\ninterrupted", err=True)
         sys.exit(errors.EXIT_INTERRUPTED)
     except errors.CloudtrainError as exc:
         _fail(exc)

@@ -61,3 +61,11 @@ class PlacementError(CloudtrainError):
 
 class JobFailed(CloudtrainError):
     """The job ended in a state other than succeeded (used by `launch --follow`)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what it left behind: said as `interrupted: <message>` (exit 130)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message

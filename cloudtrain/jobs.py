@@ -23,8 +23,8 @@ from typing import Callable, Iterator
 from . import agent as agent_module
 from . import config, datasets, hostdata, lease, progress, providers, state
 from .agent import metrics_tail, pid_alive, read_json
-from .errors import CloudtrainError, HostError, MissingDependency, NotFound, PlacementError, \
-    UsageError
+from .errors import CloudtrainError, HostError, Interrupted, MissingDependency, NotFound, \
+    PlacementError, UsageError
 from .hosts import Host, LocalHost, agent_dir, close_quietly, session_name, sync_many
 from .spec import RECIPE, JobSpec
 from .state import Job, Store
@@ -1539,7 +1539,15 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
         if job.id in seen:
             continue
         seen.add(job.id)
-        outcomes.append(_stop_one(store, settings, job, grace))
+        try:
+            outcomes.append(_stop_one(store, settings, job, grace))
+        except KeyboardInterrupt:  # U30: say what is left as it is
+            rest = [j.id for j in targets if j.id not in seen]
+            raise Interrupted(
+                f"job {job.id} may still be running: its stop had begun but not finished (it "
+                "is not marked cancelled, and any instance of it still runs)"
+                + (f"; not stopped at all: {', '.join(rest)}" if rest else "")
+                + f"; run `cloudtrain down {' '.join([job.id] + rest)}` again") from None
     tags: list[str] = []
     swept: list[StopOutcome] = []
     if every or unknown:

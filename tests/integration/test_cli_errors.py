@@ -238,3 +238,33 @@ def test_catch_all_still_reports_our_bugs(ct_home, monkeypatch, capsys):
     assert info.value.code == 1
     assert err == ("Error: internal error: KeyError: 'first line\\nsecond line' (run again with "
                    "--debug for the traceback)\n")
+
+
+CTRL_C_ON_IMPORT = """
+import os, signal, sys
+
+class CtrlC:
+    # Ctrl-C exactly while the CLI loads: when `{module}` is first imported
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+"""
+
+
+@pytest.mark.parametrize("module", ["click", "cloudtrain.render"])
+def test_U30_ctrl_c_while_the_command_loads_is_one_line(ct_home, tmp_path, module):
+    """The first fraction of a second goes to importing the CLI: a Ctrl-C then is the same
+    one line as later, never a traceback."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(CTRL_C_ON_IMPORT.format(module=module))
+    env = {**os.environ, "PYTHONPATH": str(hook)}
+    proc = subprocess.run([sys.executable, "-m", "cloudtrain", "status"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip() == "interrupted"

@@ -6,11 +6,13 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from cloudtrain import state
-from conftest import wait_for
+from conftest import REPO, wait_for
 
 
 def test_command_job_runs_in_tmux_and_is_recorded(cli, ct_home):
@@ -203,6 +205,26 @@ def test_U2_a_short_grace_kills_sooner_than_the_configured_one(cli, ct_home):
     assert 1.0 <= took < 6.0, took  # ~1 s and a round trip, not the configured 15 s
     status = json.loads((ct_home / "jobs" / job_id / "status.json").read_text())
     assert status["state"] == "cancelled" and status["exit_code"] == 128 + signal.SIGKILL
+
+
+def test_U30_ctrl_c_during_downs_grace_says_what_the_job_is_left_in(cli, ct_home):
+    job_id = cli.launch("--", "bash", "-c", "trap 'sleep 30' TERM; echo ready; "
+                        "while true; do sleep 0.1; done")
+    wait_for(lambda: "ready" in cli.ok("logs", job_id).stdout, what="job start")
+    down = subprocess.Popen([sys.executable, "-m", "cloudtrain", "down", job_id, "--grace",
+                             "60"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    wait_for(lambda: (ct_home / "jobs" / job_id / "cancel").exists(), what="the stop begun")
+    time.sleep(0.5)
+    down.send_signal(signal.SIGINT)
+    out, err = down.communicate(timeout=30)
+    assert down.returncode == 130, (out, err)
+    assert "Traceback" not in err
+    assert err.strip() == (f"interrupted: job {job_id} may still be running: its stop had "
+                           "begun but not finished (it is not marked cancelled, and any "
+                           f"instance of it still runs); run `cloudtrain down {job_id}` again")
+    assert cli.job(job_id)["state"] == "running"  # which is what it said
+    assert f"{job_id}: cancelled" in cli.ok("down", job_id, "--grace", "0").stdout
 
 
 def test_down_on_finished_job_says_so(cli):
