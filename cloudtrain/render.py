@@ -639,11 +639,11 @@ def cloud_instances(found: list[dict], now: float | None = None, width: int | No
     live = [f for f in found if f["state"] != "terminated"]
     unchecked = dict(getattr(sweep, "unchecked", None) or {})
     regions = list(getattr(sweep, "regions", None) or [])
-    where = ""
+    checked = ""  # "34 regions checked (how they were chosen): a, b, ..."
     if regions:
         other = " other" if unchecked else ""
-        where = (f" in the {len(regions)}{other} region{'s' if len(regions) != 1 else ''} "
-                 f"checked ({sweep.chosen_by}): {', '.join(regions)}")
+        checked = (f"{len(regions)}{other} region{'s' if len(regions) != 1 else ''} checked "
+                   f"({sweep.chosen_by}): {', '.join(regions)}")
     lines = []
     if live:
         rows = [[f["instance"], f["region"], f["type"] or "-", f["state"], f["job"] or "-",
@@ -655,13 +655,13 @@ def cloud_instances(found: list[dict], now: float | None = None, width: int | No
             lines.append("an instance this store does not know may be billing: `cloudtrain down "
                          "--all` terminates every one no job holds (or `cloudtrain down JOB` by "
                          "its job)")
-        if where:
-            lines += _wrapped("cloud: looked" + where, width, "", "  ")
+        if checked:
+            lines += _wrapped(f"cloud: {checked}", width, "", "  ")
     elif not unchecked:
-        lines += _wrapped("cloud: no instance tagged cloudtrain is running" + where, width,
-                          "", "  ")
+        lines += _wrapped("cloud: no instance tagged cloudtrain is running" + (
+            f" in the {checked}" if checked else ""), width, "", "  ")
     elif regions:
-        lines += _wrapped("cloud: none found" + where, width, "", "  ")
+        lines += _wrapped(f"cloud: none found in the {checked}", width, "", "  ")
     lines += [line for region, why in sorted(unchecked.items())
               for line in _wrapped(f"cloud: could not check {region}: {why}", width, "", "  ")]
     if unchecked:

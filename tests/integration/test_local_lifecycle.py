@@ -164,13 +164,17 @@ def test_down_sends_sigterm_and_marks_cancelled(cli, ct_home):
 
 
 def test_down_kills_a_job_that_ignores_sigterm_after_the_grace(cli, ct_home):
+    """U2: after the --grace given (1 s), not the configured one (15 s here)."""
+    config = ct_home / "config.yaml"
+    config.write_text(config.read_text().replace("stop_grace_seconds: 2.0",
+                                                 "stop_grace_seconds: 15"))
     job_id = cli.launch("--", "bash", "-c",
                         "trap '' TERM; echo ready; while true; do sleep 0.1; done")
     wait_for(lambda: "ready" in cli.ok("logs", job_id).stdout, what="job start")
     t0 = time.monotonic()
     cli.ok("down", job_id, "--grace", "1")
     took = time.monotonic() - t0
-    assert 1.0 <= took < 10, took
+    assert 1.0 <= took < 6.0, took  # ~1 s and a round trip
     status = json.loads((ct_home / "jobs" / job_id / "status.json").read_text())
     assert status["state"] == "cancelled"
     assert status["exit_code"] == 128 + signal.SIGKILL
@@ -190,21 +194,6 @@ def test_U2_down_grace_gives_a_slow_sigterm_handler_its_time(cli, ct_home):
     assert 4.0 <= took < 10.0 + 5, took
     status = json.loads((ct_home / "jobs" / job_id / "status.json").read_text())
     assert status["state"] == "cancelled" and status["exit_code"] == 0
-
-
-def test_U2_a_short_grace_kills_sooner_than_the_configured_one(cli, ct_home):
-    config = ct_home / "config.yaml"
-    config.write_text(config.read_text().replace("stop_grace_seconds: 2.0",
-                                                 "stop_grace_seconds: 15"))
-    job_id = cli.launch("--", "bash", "-c",
-                        "trap '' TERM; echo ready; while true; do sleep 0.1; done")
-    wait_for(lambda: "ready" in cli.ok("logs", job_id).stdout, what="job start")
-    t0 = time.monotonic()
-    cli.ok("down", job_id, "--grace", "1")
-    took = time.monotonic() - t0
-    assert 1.0 <= took < 6.0, took  # ~1 s and a round trip, not the configured 15 s
-    status = json.loads((ct_home / "jobs" / job_id / "status.json").read_text())
-    assert status["state"] == "cancelled" and status["exit_code"] == 128 + signal.SIGKILL
 
 
 def test_U30_ctrl_c_during_downs_grace_says_what_the_job_is_left_in(cli, ct_home):
