@@ -1648,12 +1648,14 @@ def _stop_orphans(store: Store, refs: list[str] | None) -> list[tuple[str, StopO
     """Terminate live instances tagged as ours that no job in the store holds (all of them,
     or those whose job tag starts with one of `refs`), in every region the owner can have
     one (F28: the store and config.yaml may be a fresh machine's). Without any AWS
-    credentials there is nothing to find, unless this store used AWS.
+    configuration or credentials there is nothing to find, unless this store used AWS.
     Besides the instances: "sweep" outcomes that say which regions were checked, and each
     region that could not be (ok False: something may bill there)."""
     backend = "aws"
     used = _cloud_used(store, backend)
     provider = providers.get(backend)
+    if not (used or provider.configured()):  # no AWS on this machine: nothing to look with
+        return []
     try:
         swept = provider.orphans(store)
     except CloudtrainError as exc:

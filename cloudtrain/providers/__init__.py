@@ -29,6 +29,8 @@ Contract, the same for every provider:
                                 job, {region: [ids]}, by its attempt tag (aws only)
     check_credentials(region)   whether the cloud still accepts the credentials; a
                                 CredentialsError if not (aws only)
+    configured()                whether this machine may have credentials for it, told
+                                without a network call (aws only)
 """
 
 from __future__ import annotations

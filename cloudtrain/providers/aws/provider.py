@@ -49,6 +49,13 @@ DEFAULT_SOURCE = ("the default: no --region, AWS_REGION, AWS_DEFAULT_REGION, `re
                   "config.yaml or in the AWS profile")
 
 
+# Variables through which boto3 finds credentials without a file (keys, a profile, a web
+# identity or container role).
+CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ROLE_ARN",
+                        "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                        "AWS_CONTAINER_CREDENTIALS_FULL_URI")
+
+
 def assumed_role(arn: str) -> tuple[str, str] | None:
     """(role ARN without a path, role name) for an STS assumed-role session ARN, else None."""
     parts = arn.split(":", 5)
@@ -133,6 +140,17 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
             self._clients[key] = self.session(region).client(service, region_name=region,
                                                              config=cfg)
         return self._clients[key]
+
+    def configured(self) -> bool:
+        """Whether this machine may have AWS credentials, told without asking for them
+        (botocore's chain ends at the instance metadata service, a second's wait off EC2): a
+        credentials variable, an AWS config or credentials file, or settings that name AWS."""
+        if self.settings.backend == self.name or self.settings.region or \
+                self.settings.aws_profile or any(os.environ.get(v) for v in CREDENTIAL_VARIABLES):
+            return True
+        files = (os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials",
+                 os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config")
+        return any(os.path.isfile(os.path.expanduser(f)) for f in files)
 
     def credentials(self, region: str):
         """The session's credentials, None without any (a broken credential_process or an
