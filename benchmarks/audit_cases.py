@@ -418,7 +418,7 @@ for _server in (None, "denied", "garbage", "error500"):
                                   "--", "true"]),
             ("launch --gpus A10G:1", ["launch", "-q", "--gpus", "A10G:1", "--", "true"]),
             ("launch --spot", ["launch", "-q", "-i", "g5.xlarge", "--spot", "--", "true"]),
-            ("down --all", ["down", "--all"]),
+            ("down --all", ["down", "--all", "-y"]),
             ("down aws job", ["down", "{aws}"])):
         AWS_CASES.append((f"{_label} [{_server or 'closed port'}]", _server, _argv))
 # credentials absent altogether (no stub server reached)

@@ -109,7 +109,7 @@ def main() -> None:
         CALLS.clear()
         cli("status", "--refresh")
         refresh_calls = dict(CALLS)
-        cli("down", "--all")
+        cli("down", "--all", "-y")
     finally:
         lab.sshd.stop()
         os.system(f"tmux -L {os.environ['CLOUDTRAIN_TMUX_SOCKET']} kill-server 2>/dev/null")

@@ -316,6 +316,7 @@ class Agent:
         self.status = {}
         self.stop_reason = None  # why we are stopping the job, once we are
         self.stop_state = None
+        self.stop_grace = None  # `stop --grace`'s, over job.json's grace_s
         self.kill_at = None
         self.proc = None
         self.lock = threading.Lock()
@@ -350,7 +351,7 @@ class Agent:
     def on_signal(self, signum, frame):
         if self.stop_reason is None:
             if os.path.exists(self.path("cancel")):
-                self.request_stop(CANCELLED, "cancelled by user")
+                self.request_stop(CANCELLED, "cancelled by user", self.cancel_grace())
             else:
                 self.request_stop(CANCELLED, "agent received %s" % signal.Signals(signum).name)
         elif signum == signal.SIGINT:
@@ -379,10 +380,17 @@ class Agent:
                 except ChildProcessError:
                     pass
 
-    def request_stop(self, state, reason):
-        self.stop_state, self.stop_reason = state, reason
+    def cancel_grace(self):
+        """The grace period `stop` was given (`cloudtrain down --grace`, U2), written into the
+        cancel file; None: the launch's (job.json)."""
+        request = read_json(self.path("cancel"))
+        grace = as_time(request.get("grace_s")) if isinstance(request, dict) else None
+        return grace if grace is not None and grace >= 0 else None
+
+    def request_stop(self, state, reason, grace_s=None):
+        self.stop_state, self.stop_reason, self.stop_grace = state, reason, grace_s
         self.signal_job(signal.SIGTERM)
-        self.kill_at = now() + self.grace_s
+        self.kill_at = now() + (self.grace_s if grace_s is None else grace_s)
 
     def watch_spot(self):
         """On a spot instance: when AWS announces the interruption, stop the job (SIGTERM, so
@@ -456,7 +464,7 @@ class Agent:
         threading.Thread(target=self.watch_spot, daemon=True).start()
         self.streamer = self.start_stream()
         if self.stop_reason is not None:  # a signal arrived before the job existed
-            self.request_stop(self.stop_state, self.stop_reason)
+            self.request_stop(self.stop_state, self.stop_reason, self.stop_grace)
 
         next_beat = started + self.heartbeat_s
         while self.proc.poll() is None:
@@ -817,8 +825,8 @@ def stop(jobdir, grace_s=None, wait_s=None, signal_only=False):
     settings = read_json(os.path.join(jobdir, "job.json"), {}) or {}
     grace_s = as_time(settings.get("grace_s"), 30.0) if grace_s is None else float(grace_s)
     wait_s = grace_s + 10.0 if wait_s is None else wait_s
-    with open(os.path.join(jobdir, "cancel"), "w") as f:
-        f.write(str(now()))
+    # The agent reads the grace period from here when the SIGTERM below reaches it.
+    write_json(os.path.join(jobdir, "cancel"), {"at": now(), "grace_s": grace_s})
     agent_pid = as_pid(status.get("agent_pid"))
     if signal_only:
         if pid_alive(agent_pid, "agent.py"):

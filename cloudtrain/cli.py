@@ -113,6 +113,15 @@ def _duration(ctx, param, value: str | None) -> float | None:
     return flag_minutes(value, param.opts[0])
 
 
+def _settings_whatever_config_says():
+    """The settings for a command that must work whatever config.yaml says (down, status,
+    logs; U7): a mistake there is a WARNING line on stderr, once, and that setting keeps its
+    default."""
+    click.get_current_context().with_resource(
+        config.tolerating(lambda line: click.echo(line, err=True)))
+    return config.Settings.load()
+
+
 def _grace(ctx, param, value: float | None) -> float | None:
     return None if value is None else config.finite(value, "--grace (seconds)", low=0, high=3600)
 
@@ -478,14 +487,18 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
         raise errors.UsageError("-a, --state, --recipe, --name, --since and --limit choose "
                                 "jobs for the list, not for one job's detail",
                                 hint=f"cloudtrain status {job}")
-    settings = config.Settings.load()
+    settings = _settings_whatever_config_says()
     with _store() as store:
         if refresh:
             from . import jobs
 
-            found = jobs.reconcile(store)
+            swept = jobs.reconcile(store)
+            text = render.cloud_instances(swept.found, width=_width(wide), sweep=swept)
             if not as_json:
-                click.echo(render.cloud_instances(found, width=_width(wide)))
+                click.echo(text)
+            elif swept.unchecked:  # the JSON is the jobs; what was not checked goes to stderr
+                click.echo("\n".join(l for l in text.splitlines() if "could not check" in l),
+                           err=True)
 
         def view() -> str:
             if job is not None:  # U36: `status ''` is refused as `logs ''` is
@@ -525,6 +538,8 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
             _watch(view, interval)
         else:
             click.echo(view())
+        if refresh and swept.unchecked:  # not every region could be asked: not all clear
+            raise SystemExit(errors.EXIT_FAILED)
 
 
 @cli.command()
@@ -592,8 +607,21 @@ def _metric_jobs(refs: tuple[str, ...]) -> list:
     return [(j, jobs.metrics_file(j), jobs.recipe_target(j)) for j in found]
 
 
-def _remove(plan_of, dry_run: bool, yes: bool) -> None:
-    """rm and prune: say what goes and what stays (and why), ask in a terminal, remove."""
+def _can_ask() -> bool:
+    """Whether someone can answer a question: stdin and stderr (where it is asked) are a
+    terminal."""
+    return sys.stdin.isatty() and sys.stderr.isatty()
+
+
+def _nobody_to_ask(what: str, example: str) -> errors.UsageError:
+    """U13: what destroys is refused without a terminal to ask, unless -y says go on."""
+    return errors.UsageError(f"{what} and there is no terminal to ask",
+                             hint=f"add -y to go on without asking: {example}")
+
+
+def _remove(plan_of, dry_run: bool, yes: bool, command: str) -> None:
+    """rm and prune: say what goes and what stays (and why), ask in a terminal (without one,
+    -y is needed), remove."""
     from . import history
 
     with _store() as store:
@@ -601,8 +629,10 @@ def _remove(plan_of, dry_run: bool, yes: bool) -> None:
         click.echo(render.removal_plan(plan), err=True)
         if dry_run or not plan.removals:
             sys.exit(errors.EXIT_FAILED if plan.refused else 0)
-        if not yes and sys.stdin.isatty() and sys.stderr.isatty() and \
-                not click.confirm("Remove them?", default=False, err=True):
+        if not yes and not _can_ask():
+            raise _nobody_to_ask(f"{command.split()[0]} removes {len(plan.removals)} finished "
+                                 "job(s)", f"cloudtrain {command} -y")
+        if not yes and not click.confirm("Remove them?", default=False, err=True):
             raise errors.CloudtrainError("nothing removed", exit_code=errors.EXIT_FAILED)
         summary = history.remove(store, plan)
         click.echo(render.removal_summary(summary))
@@ -614,8 +644,8 @@ def _remove(plan_of, dry_run: bool, yes: bool) -> None:
 @click.argument("refs", metavar="JOB...", nargs=-1, required=True,
                 shell_complete=completion.jobs)
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask first (nothing is asked without a "
-              "terminal either).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask first (needed without a terminal "
+              "to ask).")
 def rm(refs: tuple[str, ...], dry_run: bool, yes: bool) -> None:
     """Remove finished jobs: their records and $CLOUDTRAIN_HOME/jobs/<id>/. A job not
     finished, or whose instance may still bill, is kept (stop it: cloudtrain down JOB).
@@ -627,7 +657,8 @@ def rm(refs: tuple[str, ...], dry_run: bool, yes: bool) -> None:
     """
     from . import history
 
-    _remove(lambda store: history.plan_removal(store, refs), dry_run, yes)
+    _remove(lambda store: history.plan_removal(store, refs), dry_run, yes,
+            "rm " + shlex.join(refs))
 
 
 @cli.command()
@@ -635,8 +666,8 @@ def rm(refs: tuple[str, ...], dry_run: bool, yes: bool) -> None:
               "before then: 90min, 30d, 2w, 6mo, or a date (2026-01-01); not 6m (minutes or "
               "months?).")
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask first (nothing is asked without a "
-              "terminal either).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask first (needed without a terminal "
+              "to ask).")
 def prune(older_than: str, dry_run: bool, yes: bool) -> None:
     """Remove the finished jobs that ended before --older-than: their records and files.
     Jobs not finished, and jobs whose instance may still bill, are never touched.
@@ -648,7 +679,8 @@ def prune(older_than: str, dry_run: bool, yes: bool) -> None:
     """
     from . import history
 
-    _remove(lambda store: history.plan_removal(store, older_than=older_than), dry_run, yes)
+    _remove(lambda store: history.plan_removal(store, older_than=older_than), dry_run, yes,
+            "prune --older-than " + shlex.quote(older_than))
 
 
 def _watch(view, interval: float) -> None:
@@ -701,7 +733,7 @@ def logs(job: str, follow: bool, tail: int | None, raw: bool, node: int) -> None
     """
     from . import jobs
 
-    settings = config.Settings.load()
+    settings = _settings_whatever_config_says()
     screen = _screen(raw)
     with _store() as store:
         record = jobs.for_logs(store, settings, job)
@@ -956,25 +988,28 @@ def ssh(job: str, node: int, command: tuple[str, ...]) -> None:
 @click.option("--all", "every", is_flag=True, help="Stop every active job.")
 @click.option("--grace", type=float, default=None, metavar="SECONDS", callback=_grace,
               help="Time between SIGTERM and SIGKILL (default from config, 30 s).")
-@click.option("--yes", "-y", is_flag=True, help="--all: do not ask first (it does not ask "
-              "without a terminal either).")
+@click.option("--yes", "-y", is_flag=True, help="--all: do not ask first (needed without a "
+              "terminal to ask).")
 def down(jobs_: tuple[str, ...], every: bool, grace: float | None, yes: bool) -> None:
     """Stop jobs: SIGTERM to the job, SIGKILL after a grace period; release their hosts.
     --all stops every active job, terminates instances tagged as ours that no job here
-    holds, and removes the unused security group and key pair; in a terminal it lists
-    the jobs and asks first.
+    holds (in every region), and removes the unused security group and key pair; in a
+    terminal it lists the jobs and asks first (without one it needs -y).
 
     \b
     Examples:
       cloudtrain down 3f2a1b9c
       cloudtrain down --all --yes
+      cloudtrain down 3f2a1b9c --grace 120
     """
     from . import jobs
 
-    settings = config.Settings.load()
+    if every and not jobs_ and not yes and not _can_ask():
+        raise _nobody_to_ask("down --all stops every job and terminates every instance tagged "
+                             "as yours that no job here holds", "cloudtrain down --all -y")
+    settings = _settings_whatever_config_says()
     with _store() as store:
-        # Asked only in a terminal: scripts and CI (no TTY) go on as before.
-        if every and not jobs_ and not yes and sys.stdin.isatty() and sys.stdout.isatty():
+        if every and not jobs_ and not yes:
             targets = jobs.down_targets(store)
             if targets:  # it destroys: the default answer is no
                 click.echo(f"down --all stops these {len(targets)} job(s) and terminates "
@@ -984,10 +1019,7 @@ def down(jobs_: tuple[str, ...], every: bool, grace: float | None, yes: bool) ->
                     click.echo("nothing stopped", err=True)
                     raise SystemExit(errors.EXIT_FAILED)
         outcomes = jobs.cancel(store, settings, jobs_, every, grace)
-    if not outcomes:
-        click.echo("no active jobs")
-    for o in outcomes:
-        click.echo(f"{o.ref}: {o.note}")
+    click.echo(render.stop_outcomes(outcomes))
     if any(not o.ok for o in outcomes):  # something may still be running: say so in the code
         raise SystemExit(errors.EXIT_FAILED)
 
@@ -1154,13 +1186,14 @@ def supervisor_stop() -> None:
 
 @supervisor_group.command(name="run", hidden=True)
 @click.option("--home", type=click.Path(), required=True)
-def supervisor_run(home: str) -> None:
+@click.option("--handover", type=click.Path(), default=None)
+def supervisor_run(home: str, handover: str | None) -> None:
     """The supervisor's loop (started inside tmux by `start`)."""
     from pathlib import Path
 
     from . import supervisor
 
-    supervisor.run(Path(home))
+    supervisor.run(Path(home), Path(handover) if handover else None)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -1185,8 +1218,13 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("\ninterrupted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
+        # click turns a KeyboardInterrupt into Abort (after a newline of its own)
+        cause = exc.__cause__ if isinstance(exc, click.exceptions.Abort) else exc
+        if isinstance(cause, errors.Interrupted):  # what it left behind (U30)
+            click.echo(f"interrupted: {cause.message}", err=True)
+        else:
+            click.echo("\ninterrupted", err=True)
         sys.exit(errors.EXIT_INTERRUPTED)
     except errors.CloudtrainError as exc:
         _fail(exc)

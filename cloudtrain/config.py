@@ -6,6 +6,7 @@ environment variables and command-line flags (applied by the caller).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -178,6 +179,17 @@ def shown(value) -> str:
     return _SHOWN.repr(value)
 
 
+def suggest(word: str, choices, n: int = 1) -> str:
+    """` (did you mean X?)` for the closest of `choices` (case-insensitive), else ``."""
+    import difflib
+
+    lowered = {str(c).lower(): str(c) for c in choices}
+    if str(word).lower() in lowered:
+        return f" (did you mean {lowered[str(word).lower()]}?)"
+    close = difflib.get_close_matches(str(word).lower(), list(lowered), n=n, cutoff=0.75)
+    return f" (did you mean {' or '.join(lowered[c] for c in close)}?)" if close else ""
+
+
 def finite(value, source: str, *, low: float | None = None, high: float | None = None,
            low_open: bool = False) -> float:
     """`value` as a float if it is a finite number in range, else a UsageError naming `source`
@@ -226,6 +238,10 @@ class Settings:
     ssh_user: str = "ubuntu"
     ssh_port: int = 22
     ssh_cidr: str = ""  # who may reach port 22 ("" = this machine's public address /32)
+    # An instance's SSH host key is checked against the fingerprints it prints on its
+    # console; without them in time: "tofu" trusts it on first use (said at launch),
+    # "strict" refuses the instance (F37).
+    host_key_policy: str = "tofu"
     remote_python: str = ""  # "" = /opt/pytorch/bin/python where the AMI has it, else python3
     remote_root: str = "~/.cloudtrain"  # job and data directories on instances
     shutdown_command: str = "sudo shutdown -h now"  # how an instance powers itself off
@@ -261,26 +277,53 @@ class Settings:
 
     @classmethod
     def load(cls) -> "Settings":
+        """The settings in force. A config.yaml mistake is a ConfigError naming its line
+        (and the setting meant, for a typo); inside tolerating() it is a warning
+        instead, said once, and that setting keeps its built-in default (U7)."""
         path = home() / "config.yaml"
         settings = cls()
+        try:
+            given = _read_config(path)
+        except ConfigError as exc:
+            if not _tolerant:
+                raise
+            _warn(f"{exc.message}; using the built-in defaults")
+            given = {}
         fields = {f.name: f for f in dataclasses.fields(cls)}
-        for key, value in _read_config(path).items():
-            if not isinstance(key, str):
-                raise ConfigError(f"{path}: setting names are words, got {shown(key)}")
-            key = key.replace("-", "_")
-            if key not in fields:
-                known = ", ".join(sorted(fields))
-                raise ConfigError(f"{path}: unknown setting '{shown(key)[1:-1]}' (known: {known})")
-            if key == "datasets":
-                from . import datasets
+        lines = _key_lines(path) if given else {}
+        for key, value in given.items():
+            try:
+                if not isinstance(key, str):
+                    raise ConfigError(f"{path}: setting names are words, got {shown(key)}")
+                key = key.replace("-", "_")
+                where = f"{path} line {lines[key]}" if key in lines else str(path)
+                if key not in fields:
+                    raise ConfigError(
+                        f"{where}: unknown setting '{shown(key)[1:-1]}'{suggest(key, fields)}",
+                        hint=f"fix or remove {_line_of(where)}config.yaml; every setting, and "
+                             "where its value comes from: cloudtrain check")
+                if key == "datasets":
+                    from . import datasets
 
-                try:
-                    settings.datasets = datasets.parse_declarations(value, str(path))
-                except UsageError as exc:
-                    raise ConfigError(exc.message, hint=exc.hint) from None
-            elif value is not None:  # `key:` with no value keeps the built-in default
-                setattr(settings, key, _typed(path, key, value, type(getattr(settings, key))))
-        settings.check(str(path))
+                    try:
+                        settings.datasets = datasets.parse_declarations(value, where)
+                    except UsageError as exc:
+                        raise ConfigError(exc.message, hint=exc.hint) from None
+                elif value is not None:  # `key:` with no value keeps the built-in default
+                    setattr(settings, key, _typed(where, key, value,
+                                                  type(getattr(settings, key))))
+            except ConfigError as exc:
+                if not _tolerant:
+                    raise
+                _warn(f"{exc.message}; " + ("ignored" if "unknown setting" in exc.message
+                                            or "setting names" in exc.message
+                                            else "using its default"))
+        for keys, exc in settings.problems(str(path), lines):
+            if not _tolerant:
+                raise exc
+            _warn(f"{exc.message}; using the default")
+            for key in keys:
+                setattr(settings, key, getattr(cls(), key))
         for key, variable in ENVIRONMENT.items():
             if os.environ.get(variable):
                 setattr(settings, key, os.environ[variable])
@@ -288,35 +331,83 @@ class Settings:
 
     def check(self, source: str) -> None:
         """Refuse values that would misbehave later (a ConfigError naming `source`)."""
+        for _, exc in self.problems(source, {}):
+            raise exc
+
+    def problems(self, source: str, lines: dict[str, int]) -> list[tuple[tuple[str, ...],
+                                                                          ConfigError]]:
+        """Values that would misbehave later: (the settings concerned, a ConfigError naming
+        `source` and the line of the first of them where `lines` has it)."""
         from .providers import BACKENDS
+
+        found = []
+
+        def bad(keys: tuple[str, ...], message: str, hint: str | None = None) -> None:
+            where = f"{source} line {lines[keys[0]]}" if keys[0] in lines else source
+            found.append((keys, ConfigError(f"{where}: {message}", hint=hint or (
+                f"fix or remove {_line_of(where)}config.yaml" if keys[0] in lines else None))))
 
         for key, (low, high, low_open) in LIMITS.items():
             try:
                 finite(getattr(self, key), f"'{key}'", low=low, high=high, low_open=low_open)
             except UsageError as exc:
-                raise ConfigError(f"{source}: {exc.message}") from None
+                bad((key,), exc.message)
         if self.stale_after_seconds <= self.heartbeat_seconds:
-            raise ConfigError(f"{source}: 'stale_after_seconds' ({self.stale_after_seconds:g}) must "
-                              f"be more than 'heartbeat_seconds' ({self.heartbeat_seconds:g}), or "
-                              "every running job looks dead")
+            bad(("stale_after_seconds", "heartbeat_seconds"),
+                f"'stale_after_seconds' ({self.stale_after_seconds:g}) must be more than "
+                f"'heartbeat_seconds' ({self.heartbeat_seconds:g}), or every running job looks "
+                "dead")
         if self.disk_gb and self.disk_gb < 8:
-            raise ConfigError(f"{source}: 'disk_gb' must be 0 (the recipe's) or at least 8")
-        for key, allowed in (("backend", BACKENDS), ("market", MARKETS), ("connect", CONNECTS)):
+            bad(("disk_gb",), "'disk_gb' must be 0 (the recipe's) or at least 8")
+        for key, allowed in (("backend", BACKENDS), ("market", MARKETS), ("connect", CONNECTS),
+                             ("host_key_policy", HOST_KEY_POLICIES)):
             if getattr(self, key) not in allowed:
-                raise ConfigError(f"{source}: '{key}' must be one of {', '.join(allowed)}, "
-                                  f"got {shown(getattr(self, key))}")
+                bad((key,), f"'{key}' must be one of {', '.join(allowed)}, got "
+                            f"{shown(getattr(self, key))}")
         if not INSTANCE_PATTERN.fullmatch(self.instance_type):
-            raise ConfigError(f"{source}: 'instance_type' must be an EC2 instance type, e.g. "
-                              f"g5.xlarge, got {shown(self.instance_type)}")
+            bad(("instance_type",), "'instance_type' must be an EC2 instance type, e.g. "
+                                    f"g5.xlarge, got {shown(self.instance_type)}")
         if not self.remote_root.startswith(("/", "~")):
-            raise ConfigError(f"{source}: 'remote_root' must be an absolute path or start with "
-                              f"~, got {shown(self.remote_root)}")
-        regions = [r.strip() for r in self.regions.split(",") if r.strip()]
-        for region in ([self.region] if self.region else []) + regions:
-            try:
-                check_region(region, f"`region{'s' if region in regions else ''}:`")
-            except UsageError as exc:
-                raise ConfigError(f"{source}: {exc.message}", hint=exc.hint) from None
+            bad(("remote_root",), "'remote_root' must be an absolute path or start with ~, got "
+                                  f"{shown(self.remote_root)}")
+        for key in ("region", "regions"):
+            for region in [r.strip() for r in getattr(self, key).split(",") if r.strip()]:
+                try:
+                    check_region(region, f"`{key}:`")
+                except UsageError as exc:
+                    bad((key,), exc.message, exc.hint)
+                    break
+        return found
+
+
+# Set inside tolerating(): how to warn, and what was said already (each mistake once).
+_tolerant: dict = {}
+
+
+@contextlib.contextmanager
+def tolerating(warn):
+    """Inside this block a config.yaml mistake is said once through `warn` (as a
+    `WARNING: ...` line) and that setting keeps its built-in default, rather than refusing
+    the command: for what must work whatever config.yaml says (down, status, logs, the
+    recovery supervisor; U7). `check` and `launch` still refuse."""
+    before = dict(_tolerant)
+    _tolerant.update(warn=warn, said=set())
+    try:
+        yield
+    finally:
+        _tolerant.clear()
+        _tolerant.update(before)
+
+
+def _warn(message: str) -> None:
+    if message not in _tolerant["said"]:
+        _tolerant["said"].add(message)
+        _tolerant["warn"](f"WARNING: {message}")
+
+
+def _line_of(where: str) -> str:
+    """"line N of " for a `<path> line N` location, else ""."""
+    return f"line {where.rsplit(' line ', 1)[1]} of " if " line " in where else ""
 
 
 # Settings an environment variable sets, over config.yaml (flags, applied by the caller, win
@@ -364,6 +455,7 @@ def _key_lines(path: Path) -> dict[str, int]:
 
 MARKETS = ("on-demand", "spot")
 CONNECTS = ("public", "private")
+HOST_KEY_POLICIES = ("tofu", "strict")
 WEEK_S = 7 * 86400.0
 # Numeric settings: (lowest, highest, whether the lowest itself is refused). NaN and inf are
 # always refused: `t - started > nan` is never true, so a NaN limit is no limit.
@@ -414,11 +506,13 @@ def _read_config(path: Path) -> dict:
     return values
 
 
-def _typed(path: Path, key: str, value, kind: type):
+def _typed(path: Path | str, key: str, value, kind: type):
     """A config.yaml value as the setting's type: YAML true/false for flags, numbers for
-    numbers (a quoted number too), text for text; a ConfigError otherwise."""
+    numbers (a quoted number too), text for text; a ConfigError otherwise. `path`: where
+    the value is (the file, or `<file> line N`)."""
     def bad(what: str) -> ConfigError:
-        return ConfigError(f"{path}: '{key}' must be {what}, got {shown(value)}")
+        return ConfigError(f"{path}: '{key}' must be {what}, got {shown(value)}",
+                           hint=f"fix or remove {_line_of(str(path))}config.yaml")
 
     if kind is bool:
         if not isinstance(value, bool):

@@ -49,6 +49,12 @@ class NoCredentials(MissingDependency):
     command with a way on without them adds it)."""
 
 
+class CredentialsError(CloudtrainError):
+    """The cloud refused the credentials, or they could not be loaded: expired, revoked, an
+    SSO session that ended. Nothing but new credentials helps (the recovery supervisor
+    pauses on it rather than fail the job)."""
+
+
 class HostError(CloudtrainError):
     """A command on a host failed or the host could not be reached."""
 
@@ -65,3 +71,11 @@ class PlacementError(CloudtrainError):
 
 class JobFailed(CloudtrainError):
     """The job ended in a state other than succeeded (used by `launch --follow`)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what it left behind: said as `interrupted: <message>` (exit 130)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message

@@ -23,8 +23,8 @@ from typing import Callable, Iterator
 from . import agent as agent_module
 from . import config, datasets, hostdata, lease, progress, providers, state
 from .agent import metrics_tail, pid_alive, read_json
-from .errors import CloudtrainError, HostError, MissingDependency, NoCredentials, NotFound, \
-    NotRegularFile, PlacementError, UsageError
+from .errors import CloudtrainError, HostError, Interrupted, MissingDependency, NoCredentials, \
+    NotFound, NotRegularFile, PlacementError, UsageError
 from .gitignore import survey
 from .hosts import Host, LocalHost, agent_dir, close_quietly, measure, session_name, sync_many
 from .spec import RECIPE, JobSpec
@@ -1620,6 +1620,9 @@ class StopOutcome:
     stopped: bool  # False: it had already ended
     note: str
     ok: bool = True  # False: something may still be running (said in the note)
+    # "job" or "orphan": something stopped (or not); "sweep": where the cloud was looked
+    # at, and each region that could not be (ok False)
+    kind: str = "job"
 
 
 STOP_MARGIN_S = 30.0  # beyond the grace period, how long a graceful stop may take
@@ -1657,20 +1660,31 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
         if job.id in seen:
             continue
         seen.add(job.id)
-        outcomes.append(_stop_one(store, settings, job, grace))
+        try:
+            outcomes.append(_stop_one(store, settings, job, grace))
+        except KeyboardInterrupt:  # U30: say what is left as it is
+            rest = [j.id for j in targets if j.id not in seen]
+            raise Interrupted(
+                f"job {job.id} may still be running: its stop had begun but not finished (it "
+                "is not marked cancelled, and any instance of it still runs)"
+                + (f"; not stopped at all: {', '.join(rest)}" if rest else "")
+                + f"; run `cloudtrain down {' '.join([job.id] + rest)}` again") from None
     tags: list[str] = []
+    swept: list[StopOutcome] = []
     if every or unknown:
-        orphans = _stop_orphans(store, settings, None if every else unknown,
-                                required=bool(unknown))
-        tags = [tag for tag, _ in orphans]
-        outcomes += [outcome for _, outcome in orphans]
+        orphans = _stop_orphans(store, None if every else unknown)
+        tags = [tag for tag, o in orphans if o.kind == "orphan"]
+        outcomes += [o for _, o in orphans if o.kind != "sweep"]
+        swept = [o for _, o in orphans if o.kind == "sweep"]
     missing = [r for r in unknown if not any(t.startswith(r) for t in tags)]
-    if missing and not outcomes:
+    complete = all(o.ok for o in swept)
+    if missing and not outcomes and complete:
         store.find_job(missing[0])  # raises the usual NotFound, with its hint
-    outcomes += [StopOutcome(r, None, False, "no such job (here or tagged in the cloud)", False)
-                 for r in missing]
+    outcomes += [StopOutcome(r, None, False, "no such job (here or tagged in the cloud)"
+                             if complete else "no such job here, nor tagged in the regions "
+                             "that could be checked", False, kind="orphan") for r in missing]
     _cleanup_clouds(store, settings, [o.job for o in outcomes if o.job is not None], every)
-    return outcomes
+    return outcomes + swept
 
 
 def down_targets(store: Store) -> list[Job]:
@@ -1751,29 +1765,30 @@ def _bounded(call, seconds: float):
     return box.get("result"), box.get("error")
 
 
-def _stop_orphans(store: Store, settings: config.Settings, refs: list[str] | None,
-                  required: bool
-                  ) -> list[tuple[str, StopOutcome]]:
+def _stop_orphans(store: Store, refs: list[str] | None) -> list[tuple[str, StopOutcome]]:
     """Terminate live instances tagged as ours that no job in the store holds (all of them,
-    or those whose job tag starts with one of `refs`). Only clouds this machine has used or
-    is set up for are asked; without credentials there is nothing to find."""
+    or those whose job tag starts with one of `refs`), in every region the owner can have
+    one (F28: the store and config.yaml may be a fresh machine's). Without any AWS
+    configuration or credentials there is nothing to find, unless this store used AWS.
+    Besides the instances: "sweep" outcomes that say which regions were checked, and each
+    region that could not be (ok False: something may bill there)."""
     backend = "aws"
     used = _cloud_used(store, backend)
-    if not (used or _cloud_configured(settings, backend) or required):
-        return []
     provider = providers.get(backend)
+    if not (used or provider.configured()):  # no AWS on this machine: nothing to look with
+        return []
     try:
-        found = provider.orphans(store)
+        swept = provider.orphans(store)
     except CloudtrainError as exc:
-        # No credentials on a machine that never used the cloud: nothing of ours to find.
-        # Any other failure may hide something billing: said, and the exit code says so.
-        if required or used or not isinstance(exc, MissingDependency):
-            return [("", StopOutcome(f"{backend} instances", None, False,
-                                     f"could not look for untracked instances: {exc.message}",
-                                     False))]
+        # No credentials on a machine that never used the cloud: nothing of ours to find
+        # (a job named here is then simply no job). Any other failure may hide something
+        # billing: said, and the exit code says so.
+        if used or not isinstance(exc, MissingDependency):
+            return [("", StopOutcome(backend, None, False, "could not look for untracked "
+                                     f"instances: {exc.message}", False, kind="sweep"))]
         return []
     outcomes = []
-    for orphan in found:
+    for orphan in swept.found:
         tag = orphan.get("job") or ""
         if refs is not None and not any(tag.startswith(r) for r in refs if r):
             continue
@@ -1782,13 +1797,28 @@ def _stop_orphans(store: Store, settings: config.Settings, refs: list[str] | Non
             what, done = ("volume", "deleted") if orphan["id"].startswith("vol-") else \
                 ("instance", "terminated")
             outcome = StopOutcome(orphan["id"], None, True,
-                                  f"{what} of job {tag or '?'} not in this store: {done}")
+                                  f"{what} of job {tag or '?'} not in this store: {done}",
+                                  kind="orphan")
         except CloudtrainError as exc:
             outcome = StopOutcome(orphan["id"], None, False,
                                   f"job {tag or '?'}: TERMINATE FAILED, still running: "
-                                  f"{exc.message}", False)
+                                  f"{exc.message}", False, kind="orphan")
         outcomes.append((tag, outcome))
+    outcomes += [("", outcome) for outcome in sweep_outcomes(backend, swept)]
     return outcomes
+
+
+def sweep_outcomes(backend: str, swept) -> list[StopOutcome]:
+    """Each region that could not be checked (ok False), then the regions that were."""
+    out = [StopOutcome(backend, None, False, f"could not check {region}: {why}", False,
+                       kind="sweep") for region, why in sorted(swept.unchecked.items())]
+    if swept.regions:
+        other = " other" if swept.unchecked else ""
+        out.append(StopOutcome(backend, None, False, f"checked {len(swept.regions)}{other} "
+                               f"region{'s' if len(swept.regions) != 1 else ''} "
+                               f"({swept.chosen_by}): {', '.join(swept.regions)}",
+                               kind="sweep"))
+    return out
 
 
 def _cloud_used(store: Store, backend: str) -> bool:
@@ -1935,8 +1965,10 @@ def for_logs(store: Store, settings: config.Settings, ref: str) -> Job:
     return job
 
 
-def reconcile(store: Store) -> list[dict]:
-    """Every instance the cloud has tagged as ours, and whether the store knows it."""
+def reconcile(store: Store):
+    """Every instance the cloud has tagged as ours, in every region the owner can have one,
+    and whether the store knows it: a providers.Sweep whose `found` is the list, and
+    `unchecked` the regions that could not be asked."""
     return providers.get("aws").reconcile(store)
 
 

@@ -22,7 +22,8 @@ is skipped; with none anywhere the job waits in `recovering` and is tried again 
 
 Who does it: the supervisor (supervisor.py), a process of its own on the launching machine.
 Everything it knows is in the store (the job's state and attempts) and in EC2's tags (the
-attempt's instance), so a supervisor killed half-way is restarted and goes on.
+attempt's instance), so a supervisor killed half-way is restarted and goes on: with the
+instance it had started, in whichever region that was, never beside it (F30).
 
 This module never imports boto3 or paramiko: the provider and the hosts do that.
 """
@@ -238,13 +239,19 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
     home = (before.region if before else None) or (first.region if first else None) or \
         provider.region(spec)
     store_region = first.region if first and first.region else home
+    # Temporary credentials may have expired while it waited: a CredentialsError here
+    # leaves the job recovering (the supervisor says so), not failed by a half-done launch.
+    provider.check_credentials(home)
     try:
         found = jobs.read_datasets(spec, settings)
     except CloudtrainError as exc:
         return _give_up(store, job, f"its datasets cannot be read for the relaunch: "
                                     f"{exc.message}")
+    order = places(spec, settings, home)
+    if last is not None and last.ended_at is None and n > 1:  # a relaunch begun before
+        order = _open_attempt_first(store, provider, job, last, order)
     failures = []
-    for region, market in places(spec, settings, home):
+    for region, market in order:
         attempt = attempt_spec(spec, n, region, market, before, store_region)
         if not store.set_state(job.id, state.PROVISIONING, expect=state.RECOVERING,
                                detail=f"attempt {n}: {market} {attempt.instance_type} in "
@@ -275,6 +282,30 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
     store.update_job(job.id, reason="relaunch waits for capacity: " + "; ".join(failures))
     store.add_event(job.id, "relaunch-waiting", detail="; ".join(failures)[:500])
     return store.job(job.id)
+
+
+def _open_attempt_first(store: Store, provider, job: Job, attempt: Attempt,
+                        order: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """F30: a supervisor killed mid-relaunch may have started the open attempt's instance in
+    any place it tried, the first place or not. Before any place is tried again, those
+    instances are looked up everywhere (by the attempt's tag, and where the store has the
+    job's live instances); the relaunch goes on in the region of the one it started last
+    (the attempt's region), and the others are terminated, so that a place tried first
+    never starts a second instance while one bills elsewhere."""
+    live = provider.attempt_instances(store, job, attempt.n, [r for r, _ in order])
+    if not live:
+        return order
+    keep = attempt.region if attempt.region in live else sorted(live)[0]
+    for region, ids in sorted(live.items()):
+        if region == keep:
+            continue
+        provider.terminate(region, ids)
+        for instance in ids:
+            store.update_instance(instance, state="terminated", terminated_at=time.time())
+        store.add_event(job.id, "instance", detail=f"attempt {attempt.n}'s {', '.join(ids)} "
+                        f"in {region} terminated: the relaunch goes on in {keep}")
+    market = attempt.market or "spot"
+    return [(keep, market)] + [p for p in order if p != (keep, market)]
 
 
 def _give_up(store: Store, job: Job, why: str) -> Job:

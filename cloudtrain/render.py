@@ -468,8 +468,9 @@ def supervisor_line(info: dict, needed: bool = True) -> str:
                "job needs it)"
     beat = info.get("heartbeat_at")
     seen = f", last round {age(beat, time.time())} ago" if _finite(beat) is not None else ""
+    creds = f"; AWS credentials from {info['credentials']}" if info.get("credentials") else ""
     return (f"supervisor: running (pid {info.get('pid')}, watching {info.get('watching') or 0} "
-            f"job(s){seen}; tmux -L {info.get('tmux_socket') or 'cloudtrain'} attach -t "
+            f"job(s){seen}{creds}; tmux -L {info.get('tmux_socket') or 'cloudtrain'} attach -t "
             f"{info.get('session')})")
 
 
@@ -675,20 +676,55 @@ CLOUD_COLS = [Col("INSTANCE"), Col("REGION", drop=2), Col("TYPE", drop=3), Col("
               Col("JOB"), Col("AGE", drop=1), Col("KNOWN", cut=3)]
 
 
-def cloud_instances(found: list[dict], now: float | None = None, width: int | None = None
-                    ) -> str:
+def cloud_instances(found: list[dict], now: float | None = None, width: int | None = None,
+                    sweep=None) -> str:
+    """`status --refresh`: the instances tagged cloudtrain, then (with the Sweep that found
+    them) each region that could not be checked and the regions that were. "No instance is
+    running" is said only when every region answered (F28)."""
     now = time.time() if now is None else now
     live = [f for f in found if f["state"] != "terminated"]
-    if not live:
-        return "cloud: no instance tagged cloudtrain is running"
-    rows = [[f["instance"], f["region"], f["type"] or "-", f["state"], f["job"] or "-",
-             age(f["launched_at"], now), "yes" if f["tracked"] else "NO: not in the local store"]
-            for f in live]
-    text = "instances tagged cloudtrain in the cloud:\n" + grid(CLOUD_COLS, rows, width=width)
-    if any(not f["tracked"] for f in live):
-        text += ("\nan instance this store does not know may be billing: `cloudtrain down "
-                 "--all` terminates every one no job holds (or `cloudtrain down JOB` by its job)")
-    return text
+    unchecked = dict(getattr(sweep, "unchecked", None) or {})
+    regions = list(getattr(sweep, "regions", None) or [])
+    checked = ""  # "34 regions checked (how they were chosen): a, b, ..."
+    if regions:
+        other = " other" if unchecked else ""
+        checked = (f"{len(regions)}{other} region{'s' if len(regions) != 1 else ''} checked "
+                   f"({sweep.chosen_by}): {', '.join(regions)}")
+    lines = []
+    if live:
+        rows = [[f["instance"], f["region"], f["type"] or "-", f["state"], f["job"] or "-",
+                 age(f["launched_at"], now),
+                 "yes" if f["tracked"] else "NO: not in the local store"] for f in live]
+        lines.append("instances tagged cloudtrain in the cloud:\n"
+                     + grid(CLOUD_COLS, rows, width=width))
+        if any(not f["tracked"] for f in live):
+            lines.append("an instance this store does not know may be billing: `cloudtrain down "
+                         "--all` terminates every one no job holds (or `cloudtrain down JOB` by "
+                         "its job)")
+        if checked:
+            lines += _wrapped(f"cloud: {checked}", width, "", "  ")
+    elif not unchecked:
+        lines += _wrapped("cloud: no instance tagged cloudtrain is running" + (
+            f" in the {checked}" if checked else ""), width, "", "  ")
+    elif regions:
+        lines += _wrapped(f"cloud: none found in the {checked}", width, "", "  ")
+    lines += [line for region, why in sorted(unchecked.items())
+              for line in _wrapped(f"cloud: could not check {region}: {why}", width, "", "  ")]
+    if unchecked:
+        lines.append("something tagged cloudtrain may be running where the cloud could not be "
+                     "checked")
+    return "\n".join(lines)
+
+
+def stop_outcomes(outcomes: list) -> str:
+    """`down`: one line per job or instance, then where the cloud was looked at. "no active
+    jobs" is an all-clear only when every region could be checked (F28)."""
+    lines = [f"{o.ref}: {o.note}" for o in outcomes]
+    if not any(o.kind != "sweep" for o in outcomes):
+        lines.insert(0, "no active jobs" if all(o.ok for o in outcomes) else
+                     "no active jobs in this store; not every region could be checked: "
+                     "something may still be running there")
+    return "\n".join(lines)
 
 
 def catalog_table(types, region: str, *, width: int | None = None, unpriced=None) -> str:

@@ -35,19 +35,27 @@ import time
 from pathlib import Path
 
 from . import config, state
-from .errors import CloudtrainError, MissingDependency
+from .errors import CloudtrainError, CredentialsError, MissingDependency
 
 LOCK = "supervisor.lock"
 INFO = "supervisor.json"  # pid, started_at, heartbeat_at, watching: for `status`
-ENV = "supervisor.env"  # the environment it runs with (AWS settings), the user's only
 LOG = "supervisor.log"
+# The environment the supervisor needs from the command that started it goes over in a file
+# of this name (0600, a random suffix) that it reads and deletes before anything else; the
+# command deletes it too once the supervisor holds its lock, or gives up. The tmux server it
+# runs under may be older than that shell, and have none of it.
+HANDOVER = ".supervisor-start-"
+LEGACY_ENV = "supervisor.env"  # where versions before F31 left it, secrets and all, for good
 START_WAIT_S = 10.0
 IDLE_EXIT_S = 30.0  # with nothing to watch for this long, it leaves
-# The environment the supervisor needs from the command that started it: the tmux server
-# it runs under may be older than that shell, and have none of it.
 ENV_PREFIXES = ("AWS_", "CLOUDTRAIN_")
 ENV_NAMES = ("PATH", "HOME", "USER", "LANG", "VIRTUAL_ENV", "PYTHONPATH", "SSL_CERT_FILE",
              "REQUESTS_CA_BUNDLE", "TMPDIR")
+# Credentials in the environment (aws-vault, CI secrets, SSO exports), as opposed to those
+# the AWS chain finds by itself (a profile, the SSO cache), which need nothing handed over.
+ENV_CREDENTIALS = "AWS_SECRET_ACCESS_KEY"
+FROM_ENVIRONMENT = "the environment of the command that started it"
+FROM_CHAIN = "the AWS chain (profile, SSO cache)"
 
 
 def session(home: Path) -> str:
@@ -85,6 +93,7 @@ def state_of(home: Path) -> dict:
             "started_at": info.get("started_at") if running else None,
             "heartbeat_at": info.get("heartbeat_at") if running else None,
             "watching": info.get("watching") if running else None,
+            "credentials": info.get("credentials") if running else None,
             "session": session(home), "tmux_socket": info.get("tmux_socket")}
 
 
@@ -129,7 +138,11 @@ def watchdog() -> str | None:
 
 def start(home: Path | None = None) -> int | None:
     """Start `cloudtrain supervisor run` in a tmux session of its own and wait (bounded) until
-    it holds the lock. Returns its pid."""
+    it holds the lock. Returns its pid. What it needs of this process's environment (AWS
+    settings, and credentials kept only there) is handed over in a private file that it
+    deletes at once; nothing of it stays on disk (F31)."""
+    import secrets
+
     from .hosts import default_tmux_socket
 
     home = Path(home or config.home())
@@ -137,9 +150,26 @@ def start(home: Path | None = None) -> int | None:
     env = {k: v for k, v in os.environ.items()
            if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
     env["CLOUDTRAIN_HOME"] = str(home)
-    config.write_private(home / ENV, json.dumps(env).encode())
-    command = shlex.join([sys.executable, "-m", "cloudtrain", "supervisor", "run",
-                          "--home", str(home)])
+    (home / LEGACY_ENV).unlink(missing_ok=True)
+    for stale in home.glob(HANDOVER + "*"):  # a start killed before it could delete its own
+        stale.unlink(missing_ok=True)
+    handover = home / f"{HANDOVER}{secrets.token_hex(8)}"
+    config.write_private(handover, json.dumps(env).encode())
+    try:
+        return _start_in_tmux(home, socket, handover)
+    finally:
+        handover.unlink(missing_ok=True)
+
+
+def _start_in_tmux(home: Path, socket: str, handover: Path) -> int | None:
+    # The same cloudtrain as this command's (a source checkout's too): the tmux server's
+    # environment may name another, or none.
+    package_root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join([package_root] + [p for p in os.environ.get(
+        "PYTHONPATH", "").split(os.pathsep) if p and p != package_root])
+    command = shlex.join(["env", f"PYTHONPATH={path}", sys.executable, "-m", "cloudtrain",
+                          "supervisor", "run", "--home", str(home), "--handover",
+                          str(handover)])
     log = shlex.quote(str(home / LOG))
     try:
         subprocess.run(["tmux", "-L", socket, "kill-session", "-t", session(home)],
@@ -160,6 +190,24 @@ def start(home: Path | None = None) -> int | None:
             return state_of(home).get("pid")
         time.sleep(0.05)
     raise CloudtrainError(f"it did not start within {START_WAIT_S:.0f} s (see {home / LOG})")
+
+
+def _take(handover: Path | None) -> dict:
+    """The environment start() handed over, read and deleted before anything else."""
+    if handover is None or not handover.name.startswith(HANDOVER):
+        return {}
+    try:
+        text = handover.read_text()
+    except OSError:
+        return {}
+    finally:
+        handover.unlink(missing_ok=True)
+    try:
+        env = json.loads(text)
+    except ValueError:
+        return {}
+    return {k: str(v) for k, v in env.items() if isinstance(k, str)} \
+        if isinstance(env, dict) else {}
 
 
 def stop(home: Path | None = None, wait_s: float = 30.0) -> bool:
@@ -183,18 +231,19 @@ def stop(home: Path | None = None, wait_s: float = 30.0) -> bool:
 
 
 class _Stop(Exception):
-    pass
+    """Leave now (the cloud refused the credentials)."""
 
 
-def run(home: Path | None = None) -> int:
-    """The supervisor itself. Exits 0 at once if another holds the lock."""
+def run(home: Path | None = None, handover: Path | None = None) -> int:
+    """The supervisor itself, with the environment start() handed over. Exits 0 at once if
+    another holds the lock. AWS credentials that were only in that environment live in this
+    process's memory and nowhere else: when they expire, it says so (on the jobs it watches
+    and in its log) and leaves; the next command run with valid ones restarts it."""
+    env = _take(handover)
     home = Path(home or config.home())
     home.mkdir(parents=True, exist_ok=True)
-    try:
-        env = json.loads((home / ENV).read_text())
-        os.environ.update({k: str(v) for k, v in env.items() if isinstance(k, str)})
-    except (OSError, ValueError, AttributeError):
-        pass
+    os.environ.update(env)
+    credentials = FROM_ENVIRONMENT if env.get(ENV_CREDENTIALS) else FROM_CHAIN
     os.environ["CLOUDTRAIN_HOME"] = str(home)
     fd = os.open(home / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -213,28 +262,14 @@ def run(home: Path | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_term)
     started = time.time()
-    idle_since = None
-    next_try: dict[str, float] = {}
     _say(f"supervisor {os.getpid()} watching {home}")
     try:
-        while not stopping["flag"]:
-            if not (home / "state.db").exists():
-                break  # the home went away (a test's, a user's rm -rf)
-            settings = config.Settings.load()
-            with state.open_store(home) as store:
-                jobs_now = watched(store)
-                _write_info(home, started, len(jobs_now))
-                for job in jobs_now:
-                    if stopping["flag"]:
-                        break
-                    _round(store, settings, job, next_try)
-            if jobs_now:
-                idle_since = None
-            elif idle_since is None:
-                idle_since = time.monotonic()
-            elif time.monotonic() - idle_since > IDLE_EXIT_S:
-                break
-            _sleep(settings.supervisor_poll_seconds, stopping)
+        # A config.yaml mistake made while it runs must not end the recovery: said in its
+        # log (once), that setting at its default (U7).
+        with config.tolerating(_say):
+            _loop(home, started, stopping, credentials)
+    except _Stop:
+        pass
     finally:
         _say(f"supervisor {os.getpid()} leaves")
         try:
@@ -245,10 +280,35 @@ def run(home: Path | None = None) -> int:
     return 0
 
 
+def _loop(home: Path, started: float, stopping: dict, credentials: str) -> None:
+    """Rounds over the watched jobs until stopped, or idle for IDLE_EXIT_S."""
+    idle_since = None
+    next_try: dict[str, float] = {}
+    while not stopping["flag"]:
+        if not (home / "state.db").exists():
+            break  # the home went away (a test's, a user's rm -rf)
+        settings = config.Settings.load()
+        with state.open_store(home) as store:
+            jobs_now = watched(store)
+            _write_info(home, started, len(jobs_now), credentials)
+            for job in jobs_now:
+                if stopping["flag"]:
+                    break
+                _round(store, settings, job, next_try, credentials)
+        if jobs_now:
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > IDLE_EXIT_S:
+            break
+        _sleep(settings.supervisor_poll_seconds, stopping)
+
+
 def _round(store: state.Store, settings: config.Settings, job: state.Job,
-           next_try: dict[str, float]) -> None:
+           next_try: dict[str, float], credentials: str = FROM_CHAIN) -> None:
     """One look at one job: refresh a running one (an interruption shows up here), relaunch a
-    recovering one when it is due. One job's trouble never stops the others."""
+    recovering one when it is due. One job's trouble never stops the others, except
+    credentials the cloud refuses: said on every job it watches, and it leaves (_Stop)."""
     from . import jobs, recovery
 
     try:
@@ -264,6 +324,17 @@ def _round(store: state.Store, settings: config.Settings, job: state.Job,
         else:
             next_try.pop(job.id, None)
             _say(f"job {job.id}: {job.state}")
+    except CredentialsError as exc:
+        what = ("the credentials it was started with (from the environment) were refused, "
+                "expired perhaps" if credentials == FROM_ENVIRONMENT else
+                "the AWS chain's credentials were refused, expired perhaps")
+        note = (f"recovery paused: {what}: {exc.message}; any cloudtrain command run with "
+                "valid AWS credentials restarts the supervisor")
+        for watched_job in watched(store):
+            store.update_job(watched_job.id, reason=note)
+            store.add_event(watched_job.id, "supervisor", detail=note)
+        _say(note)
+        raise _Stop() from exc
     except CloudtrainError as exc:
         _say(f"job {job.id}: {exc.message}")
     except Exception as exc:  # a bug must not end recovery for every job
@@ -273,12 +344,13 @@ def _round(store: state.Store, settings: config.Settings, job: state.Job,
         traceback.print_exc()
 
 
-def _write_info(home: Path, started: float, watching: int) -> None:
+def _write_info(home: Path, started: float, watching: int, credentials: str) -> None:
     from .hosts import default_tmux_socket
 
     config.write_private(home / INFO, json.dumps({
         "pid": os.getpid(), "started_at": started, "heartbeat_at": time.time(),
-        "watching": watching, "tmux_socket": default_tmux_socket()}).encode())
+        "watching": watching, "tmux_socket": default_tmux_socket(),
+        "credentials": credentials}).encode())
 
 
 def _sleep(seconds: float, stopping: dict) -> None:

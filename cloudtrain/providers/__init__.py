@@ -22,10 +22,18 @@ Contract, the same for every provider:
     record_ends(store, job)     termination times and prices from the cloud, for the bill
     cleanup(store, regions)     remove shared resources (group, key pair) nothing uses; with no
                                 regions (aws): the store's regions and the configured one
-    reconcile(store)            every instance the cloud has tagged as ours (aws only)
+    reconcile(store)            every instance the cloud has tagged as ours, in every region
+                                the owner can have one: a Sweep (aws only)
     orphans(store)              live instances tagged with our owner that no active or kept job
-                                holds: [{id, region, job, type, state, launched_at}] (aws only)
+                                holds, in every such region: a Sweep whose found is
+                                [{id, region, job, type, state, launched_at}] (aws only)
     terminate(region, ids)      terminate those instances (aws only)
+    attempt_instances(store, job, n, regions)  live instances of attempt n of a recovering
+                                job, {region: [ids]}, by its attempt tag (aws only)
+    check_credentials(region)   whether the cloud still accepts the credentials; a
+                                CredentialsError if not (aws only)
+    configured()                whether this machine may have credentials for it, told
+                                without a network call (aws only)
 """
 
 from __future__ import annotations
@@ -44,6 +52,17 @@ class Question:
     text: str | None  # the question's own words (what is bought, at most what it costs)
     warnings: list[str] = field(default_factory=list)  # said on stderr, asked or not
     default: bool = True  # Enter's answer: no where the plan predicts the job fails
+
+
+@dataclass
+class Sweep:
+    """A look for what is tagged ours in every region: what was found, the regions that
+    answered, those that could not be asked (region -> why), and how the regions were
+    chosen. Nothing may be called "all clear" while `unchecked` is not empty."""
+    found: object  # per region while sweeping; the caller's list afterwards
+    regions: list[str]
+    unchecked: dict[str, str]
+    chosen_by: str
 
 
 def get(name: str):

@@ -70,7 +70,7 @@ def test_resnet9_smoke_through_the_aws_path_on_a_namespace_host(cli, ct_home, tm
             assert remote["state"] == "succeeded"
             assert "resnet9: done" in (ct_home / "jobs" / job_id / "output.log").read_text()
 
-            cli.ok("down", "--all")
+            cli.ok("down", "--all", "-y")
             running = [i for i in lab.instances() if i["State"]["Name"] != "terminated"]
             assert running == []
         finally:

@@ -150,7 +150,7 @@ def test_a_namespace_host_stages_s3_data_with_its_role_credentials_then_reads_it
 
             # Nothing bills: the instance is terminated, and `down --all` leaves nothing.
             assert raw["State"]["Name"] == "terminated"
-            cli.ok("down", "--all")
+            cli.ok("down", "--all", "-y")
             running = [i for i in lab.instances() if i["State"]["Name"] != "terminated"]
             assert running == []
         finally:

@@ -111,7 +111,7 @@ def test_d3_launch_phases_in_a_terminal_and_piped(ct_home, tmp_path, monkeypatch
             assert re.fullmatch(r"[0-9a-f]{8}\n", quiet.stdout), quiet.stdout
             assert "launching job" not in quiet.stderr and "syncing" not in quiet.stderr
         finally:
-            subprocess.run([sys.executable, "-m", "cloudtrain", "down", "--all"],
+            subprocess.run([sys.executable, "-m", "cloudtrain", "down", "--all", "-y"],
                            capture_output=True, timeout=60, cwd=REPO)
             subprocess.run(["tmux", "-L", tmux_socket, "kill-server"], capture_output=True)
             server.stop()

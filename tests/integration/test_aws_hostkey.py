@@ -63,6 +63,65 @@ def test_F5_no_fingerprints_on_the_console_is_trust_on_first_use_recorded(cli, a
     # The lab's SSH wait is 5 s: the wait for fingerprints is never longer than it.
     assert event.startswith("trusted on first use: SHA256:") and "after 5 s" in event
     assert _details(ct_home, job_id)["host_key_verified"] is False
+    # F37: and the launch itself says so, not only the timeline
+    (instance,) = [i["InstanceId"] for i in aws.instances()]
+    assert f"WARNING: host key of {instance} trusted on first use (no fingerprints in its " \
+           "console output after 5 s)" in proc.stderr
+
+
+def test_F37_the_wait_for_fingerprints_counts_from_when_ssh_answers(cli, aws, ct_home):
+    """sshd answers late (5 s into an 8 s SSH wait) and cloud-init prints the keys 5 s after
+    that: counted from the start of the SSH wait the window had closed (trust on first use);
+    counted from the answer, the key is verified."""
+    import threading
+    import time
+
+    aws.write_config(ssh_wait_seconds=8.0)
+    aws.console_output("Linux version 6.8.0-1015-aws\ncloud-init: still running\n")
+    aws.sshd.stop()
+    block = aws.fingerprint_block(aws.sshd.host_key)
+    done = threading.Event()
+
+    def boot():
+        while not done.is_set() and not [i for i in aws.instances()
+                                         if i["State"]["Name"] == "running"]:
+            time.sleep(0.05)
+        if done.wait(5.0):
+            return
+        aws.sshd.start()
+        if not done.wait(5.0):
+            aws.console_output(block)
+
+    booting = threading.Thread(target=boot)
+    booting.start()
+    try:
+        proc = cli("launch", "--instance", "g5.xlarge", "--follow", "--quiet", "--", "echo",
+                   "hi", timeout=120)
+    finally:
+        done.set()
+        booting.join()
+    assert proc.returncode == 0, proc.stderr
+    (event,) = _host_key_events(cli, proc.stdout.splitlines()[0])
+    assert event.startswith("verified SHA256:"), event
+    assert "WARNING" not in proc.stderr
+
+
+def test_F37_strict_policy_refuses_a_key_it_cannot_check(cli, aws, ct_home):
+    aws.write_config(host_key_policy="strict")
+    aws.console_output("Linux version 6.8.0-1015-aws\ncloud-init: still running\n")
+    proc = cli("launch", "--instance", "g5.xlarge", "--", "echo", "hi", timeout=90)
+    assert proc.returncode == 1, proc.stderr
+    (instance,) = aws.instances()
+    assert error_line(proc.stderr) == (
+        f"Error: host key of {instance['InstanceId']} not checked: no fingerprints in its "
+        "console output after 5 s, and host_key_policy is strict")
+    assert "trusted on first use" not in proc.stderr
+    assert instance["State"]["Name"] == "terminated"
+    job = json.loads(cli.ok("status", "--json").stdout)[0]
+    assert job["state"] == "failed"
+    (event,) = _host_key_events(cli, job["id"])
+    assert event.startswith("REFUSED SHA256:") and "host_key_policy: strict" in event
+    assert not (aws.work / "remote" / "jobs").exists()  # nothing was sent to that host
 
 
 def test_F5_console_output_refused_is_trust_on_first_use_at_once(cli, aws, monkeypatch):
@@ -83,3 +142,4 @@ def test_F5_console_output_refused_is_trust_on_first_use_at_once(cli, aws, monke
     (event,) = _host_key_events(cli, proc.stdout.splitlines()[0])
     assert event.startswith("trusted on first use: SHA256:")
     assert "ec2:GetConsoleOutput refused" in event
+    assert "WARNING: host key of i-" in proc.stderr and "GetConsoleOutput refused" in proc.stderr

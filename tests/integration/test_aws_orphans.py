@@ -66,13 +66,13 @@ def test_F12_orphans_are_live_owner_tagged_instances_no_job_holds(ec2_provider, 
     gone = _start(p, me, "gonejob1")
     p.terminate("us-east-1", [gone])
 
-    found = {o["id"]: o for o in p.orphans(store)}
+    found = {o["id"]: o for o in p.orphans(store).found}
     assert set(found) == {leaked, unknown}
     assert found[unknown]["job"] == "lostjob1" and found[unknown]["region"] == "us-east-1"
     assert found[unknown]["type"] == "g5.xlarge" and found[unknown]["launched_at"] > 0
 
     p.terminate("us-east-1", sorted(found))
-    assert p.orphans(store) == []
+    assert p.orphans(store).found == []
     assert _state(p, leaked) == _state(p, unknown) == "terminated"
     assert _state(p, held) == _state(p, kept_instance) == "running"
 
@@ -90,7 +90,7 @@ def test_F14_a_keep_job_that_never_ran_does_not_keep_its_instance(ec2_provider, 
     (lost,) = store.instances(never_ran.id)
     (kept,) = store.instances(ran.id)
     assert _state(p, lost.id) == "terminated" and _state(p, kept.id) == "running"
-    assert p.orphans(store) == []  # the kept one is held, the other is gone
+    assert p.orphans(store).found == []  # the kept one is held, the other is gone
 
 
 @pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
@@ -124,3 +124,145 @@ def test_F12_release_after_a_lost_run_instances_answer_finds_the_new_instance(cl
     job = json.loads(cli.ok("status", "--json").stdout)[0]
     timeline = [p["name"] for p in cli.job(job["id"])["timeline"]]
     assert "run-instances-unanswered" in timeline
+
+
+# -- F28 / U1: a lost state and no region configured --------------------------------------------
+
+
+@pytest.fixture
+def lost_home(moto_endpoint, ct_home, monkeypatch):
+    """Another machine, or a wiped $CLOUDTRAIN_HOME: a fresh home (no state, a config.yaml
+    without `region:`), AWS credentials in the environment and no region anywhere (no
+    AWS_REGION, AWS_DEFAULT_REGION or profile), as F28 and U1 found it. Returns a function
+    that starts an instance tagged as the caller's in a region."""
+    import boto3
+    import requests
+    from botocore.config import Config
+
+    from aws_lab import AWS_ENV
+
+    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    for k, v in AWS_ENV.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    assert "region" not in (ct_home / "config.yaml").read_text()
+
+    def start(region: str, job_id: str) -> str:
+        kw = dict(endpoint_url=moto_endpoint, region_name=region,
+                  config=Config(retries={"max_attempts": 1}), aws_access_key_id="testing",
+                  aws_secret_access_key="testing")
+        owner = boto3.client("sts", **kw).get_caller_identity()["Arn"]
+        (raw,) = boto3.client("ec2", **kw).run_instances(
+            ImageId="ami-12345678", MinCount=1, MaxCount=1, InstanceType="g5.xlarge",
+            TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                {"Key": OWNER_TAG, "Value": owner}, {"Key": JOB_TAG, "Value": job_id}]}]
+        )["Instances"]
+        start.clients[raw["InstanceId"]] = boto3.client("ec2", **kw)
+        return raw["InstanceId"]
+
+    start.clients = {}
+
+    def state(instance_id: str) -> str:
+        (res,) = start.clients[instance_id].describe_instances(
+            InstanceIds=[instance_id])["Reservations"]
+        return res["Instances"][0]["State"]["Name"]
+
+    start.state = state
+    return start
+
+
+def _refuse_in(monkeypatch, region: str) -> None:
+    """DescribeInstances in `region` refused (a region the policy denies, or an SCP)."""
+    original = InstanceBackend.describe_instances
+
+    def describe(self, *args, **kwargs):
+        if self.region_name == region:
+            raise EC2ClientError("UnauthorizedOperation", "You are not authorized to perform "
+                                 "this operation. User: x is not authorized to perform: "
+                                 "ec2:DescribeInstances")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(InstanceBackend, "describe_instances", describe)
+
+
+def test_F28_down_all_with_a_lost_state_and_no_region_finds_the_instance(cli, lost_home):
+    instance = lost_home("us-east-1", "6a92bfde")
+    proc = cli("down", "--all", "-y", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{instance}: instance of job 6a92bfde not in this store: terminated" in proc.stdout
+    assert "no active jobs" not in proc.stdout
+    asked = next(l for l in proc.stdout.splitlines() if l.startswith("aws: checked"))
+    assert "us-east-1" in asked and "us-west-2" in asked and "eu-west-1" in asked
+    assert lost_home.state(instance) in ("shutting-down", "terminated")
+
+
+def test_F28_a_configured_region_does_not_hide_the_default_one(cli, lost_home, ct_home):
+    with open(ct_home / "config.yaml", "a") as f:
+        f.write("region: us-west-2\n")
+    east = lost_home("us-east-1", "6a92bfde")
+    west = lost_home("eu-west-1", "7b03c0ef")
+    proc = cli("down", "--all", "-y", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for instance in (east, west):
+        assert f"{instance}: instance of job" in proc.stdout
+        assert lost_home.state(instance) in ("shutting-down", "terminated")
+
+
+def test_F28_down_job_known_only_from_its_tag_in_any_region(cli, lost_home):
+    instance = lost_home("us-west-2", "6a92bfde")
+    proc = cli("down", "-y", "6a92", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{instance}: instance of job 6a92bfde not in this store: terminated" in proc.stdout
+    assert lost_home.state(instance) in ("shutting-down", "terminated")
+
+
+def test_F28_status_refresh_with_a_lost_state_lists_the_instance(cli, lost_home):
+    instance = lost_home("us-east-1", "6a92bfde")
+    out = cli.ok("status", "--refresh", timeout=180).stdout
+    line = next(l for l in out.splitlines() if instance in l)
+    assert "us-east-1" in line and "6a92bfde" in line and "NO: not in the local store" in line
+    assert "no instance tagged cloudtrain is running" not in out
+    assert "regions checked" in out and "us-west-2" in out
+
+
+def test_F28_a_region_that_cannot_be_asked_is_never_an_all_clear(cli, lost_home, monkeypatch):
+    _refuse_in(monkeypatch, "eu-west-1")
+    proc = cli("down", "--all", "-y", timeout=180)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "aws: could not check eu-west-1: not allowed: ec2:DescribeInstances" in proc.stdout
+    assert "no active jobs" not in proc.stdout.replace("no active jobs in this store", "")
+    proc = cli("status", "--refresh", timeout=180)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    refreshed = proc.stdout
+    assert "could not check eu-west-1: not allowed" in refreshed
+    assert "no instance tagged cloudtrain is running" not in refreshed
+    # the same for a job id no store knows: not "no such job" while a region went unasked
+    by_id = cli("down", "-y", "6a92bfde", timeout=180)
+    assert by_id.returncode == 1
+    assert "could not check eu-west-1" in by_id.stdout + by_id.stderr
+    assert "no such job (here or tagged in the cloud)" not in by_id.stdout
+
+
+def test_F28_without_describe_regions_the_regions_cloudtrain_could_use_are_asked(
+        cli, lost_home, ct_home, monkeypatch):
+    from moto.ec2.models import EC2Backend
+
+    def refused(self, *args, **kwargs):
+        raise EC2ClientError("UnauthorizedOperation", "You are not authorized to perform "
+                             "this operation. User: x is not authorized to perform: "
+                             "ec2:DescribeRegions")
+
+    monkeypatch.setattr(EC2Backend, "describe_regions", refused)
+    with open(ct_home / "config.yaml", "a") as f:
+        f.write("regions: ca-central-1, us-west-2\n")
+    default = lost_home("us-east-1", "6a92bfde")  # where launches go when nothing is set
+    listed = lost_home("ca-central-1", "7b03c0ef")  # a region of `regions:`
+    proc = cli("down", "--all", "-y", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for instance in (default, listed):
+        assert f"{instance}: instance of job" in proc.stdout
+        assert lost_home.state(instance) in ("shutting-down", "terminated")
+    asked = next(l for l in proc.stdout.splitlines() if l.startswith("aws: checked"))
+    assert "DescribeRegions" in asked and "ca-central-1" in asked and "us-east-1" in asked

@@ -211,9 +211,9 @@ def test_down_all_deletes_a_dataset_volume_no_job_holds(cli, aws, snap, ct_home)
             dict(t, Value=launching.id) if t["Key"] == "cloudtrain:job" else t
             for t in tags]}])["VolumeId"]
     with Store(ct_home / "state.db") as store:
-        found = {o["id"] for o in AWSProvider().orphans(store)}
+        found = {o["id"] for o in AWSProvider().orphans(store).found}
     assert left in found and held not in found and other not in found
-    proc = cli("down", "--all")  # (which also cancels the launching job, and its volume goes)
+    proc = cli("down", "--all", "-y")  # (which also cancels the launching job, and its volume goes)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "volume of job deadbeef not in this store: deleted" in proc.stdout + proc.stderr
     states = {v["VolumeId"]: v["State"] for v in aws.ec2.describe_volumes()["Volumes"]}

@@ -364,8 +364,9 @@ def test_a_config_yaml_refused_is_a_problem_and_the_rest_still_runs(no_aws, ct_h
     report = check.run()
     config = by_name(report)["config"]
     assert config.verdict == "problem"
-    assert config.detail.startswith(f"{ct_home / 'config.yaml'}: 'market' must be one of "
-                                    "on-demand, spot, got 'cheap'")
+    assert config.detail.startswith(f"{ct_home / 'config.yaml'} line 1: 'market' must be one "
+                                    "of on-demand, spot, got 'cheap'")
+    assert config.hint.startswith("fix or remove line 1 of")  # U7: the line it names
     assert report.settings == []
     assert by_name(report)["credentials"].verdict == "warning"
     assert check.exit_code(report) == 1

@@ -181,12 +181,15 @@ def test_u20_a_bad_region_is_said_the_same_by_launch_estimate_catalog_and_data_p
 
 def test_corrupt_config_is_one_line(cli, ct_home):
     (ct_home / "config.yaml").write_text("stop_grace_seconds: [unclosed\n")
-    proc = cli("status")
+    proc = cli("launch", "--", "true")
     assert proc.returncode == 2
     assert proc.stderr.startswith("Error: ") and "config.yaml is not valid YAML: line 2" in proc.stderr
     assert len(proc.stderr.splitlines()) == 1
+    proc = cli("status")  # U7: status still works, on the defaults, and says why
+    assert proc.returncode == 0 and proc.stderr.startswith("WARNING: ")
+    assert "config.yaml is not valid YAML: line 2" in proc.stderr
     (ct_home / "config.yaml").write_text("no_such_setting: 1\n")
-    proc = cli("status")
+    proc = cli("launch", "--", "true")
     assert "unknown setting 'no_such_setting'" in proc.stderr and proc.returncode == 2
 
 
@@ -304,3 +307,33 @@ def test_u32_other_tools_verbs_point_to_ours(cli, verb, points_to):
     lines = proc.stderr.splitlines()
     assert len(lines) == 2 and lines[0] == f"Error: cloudtrain has no {verb} command"
     assert lines[1].startswith(f"Hint: use {points_to}")
+
+
+CTRL_C_ON_IMPORT = """
+import os, signal, sys
+
+class CtrlC:
+    # Ctrl-C exactly while the CLI loads: when `{module}` is first imported
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+"""
+
+
+@pytest.mark.parametrize("module", ["click", "cloudtrain.render"])
+def test_U30_ctrl_c_while_the_command_loads_is_one_line(ct_home, tmp_path, module):
+    """The first fraction of a second goes to importing the CLI: a Ctrl-C then is the same
+    one line as later, never a traceback."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(CTRL_C_ON_IMPORT.format(module=module))
+    env = {**os.environ, "PYTHONPATH": str(hook)}
+    proc = subprocess.run([sys.executable, "-m", "cloudtrain", "status"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip() == "interrupted"

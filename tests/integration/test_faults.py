@@ -266,7 +266,7 @@ def test_F4_down_all_goes_on_past_a_job_it_cannot_reach(cli, aws, ct_home):
     second = _running_job(cli, aws, ct_home)
     _break_ssh(ct_home, first, "connection refused", aws)
     after_fault = billing(aws)
-    proc = cli("down", "--all", timeout=150)
+    proc = cli("down", "--all", "-y", timeout=150)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {cli.job(first)["state"], cli.job(second)["state"]} == {"cancelled"}
     after = billing(aws)
@@ -287,7 +287,7 @@ def test_F12_down_all_with_the_state_lost_terminates_tagged_instances(cli, aws, 
     assert after_fault["instances"]
     refreshed = cli.ok("status", "--refresh").stdout
     assert "cloudtrain down --all" in refreshed  # says how to end what it cannot track
-    proc = cli("down", "--all")
+    proc = cli("down", "--all", "-y")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "not in this store: terminated" in proc.stdout
     after = billing(aws)
@@ -329,5 +329,5 @@ def test_F11_a_concurrent_status_never_kills_a_launched_job(cli, aws, ct_home):
     assert seen and set(seen) == {0}
     assert [cli.job(j)["state"] for j in ids] == ["running"] * 3
     assert len(billing(aws)["instances"]) == 3
-    cli.ok("down", "--all")
+    cli.ok("down", "--all", "-y")
     assert billing(aws)["instances"] == []

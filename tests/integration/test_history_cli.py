@@ -81,7 +81,7 @@ def test_rm_and_prune_never_touch_a_running_job_and_say_what_they_remove(cli, ct
     assert dry.returncode == 0, dry.stderr
     assert "remove 2 finished job(s)" in dry.stderr and all(j in dry.stderr for j in done[:2])
     assert all((ct_home / "jobs" / j).is_dir() for j in done)
-    proc = cli("prune", "--older-than", "30d")
+    proc = cli("prune", "--older-than", "30d", "-y")
     assert proc.returncode == 0, proc.stderr
     assert "removed 2 job(s)" in proc.stdout
     assert not (ct_home / "jobs" / done[0]).exists() and (ct_home / "jobs" / done[2]).is_dir()
@@ -98,3 +98,22 @@ def test_rm_and_prune_never_touch_a_running_job_and_say_what_they_remove(cli, ct
     gone = cli("rm", running[:5], "-y")
     assert gone.returncode == 0 and "removed 1 job(s)" in gone.stdout, gone.stderr
     assert _ids(cli, "-a") == [done[2]]
+
+
+def test_U13_rm_and_prune_without_a_terminal_need_yes(cli, ct_home):
+    """Nobody can answer: refused in one line with the hint -y, nothing removed."""
+    done = [cli.launch("--", "true") for _ in range(2)]
+    for j in done:
+        cli.wait(j)
+        _age(ct_home, j, 40)
+    for args in (["rm", done[0]], ["prune", "--older-than", "30d"]):
+        proc = cli(*args, input="")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        error = [l for l in proc.stderr.splitlines() if l.startswith("Error: ")]
+        assert error == [f"Error: {args[0]} removes 1 finished job(s) and there is no terminal "
+                         "to ask" if args[0] == "rm" else "Error: prune removes 2 finished "
+                         "job(s) and there is no terminal to ask"], proc.stderr
+        assert "Hint: add -y" in proc.stderr
+        assert all((ct_home / "jobs" / j).is_dir() for j in done)
+    assert cli("prune", "--older-than", "30d", "--dry-run").returncode == 0  # asks nothing
+    assert "removed 2 job(s)" in cli.ok("prune", "--older-than", "30d", "-y").stdout

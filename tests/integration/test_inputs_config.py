@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, wait_for
 
 
 def _one_error(proc, *fragments: str) -> None:
@@ -56,7 +56,39 @@ def _one_error(proc, *fragments: str) -> None:
 ])
 def test_F21_bad_config_values_are_one_line_config_errors(cli, ct_home, text, fragment):
     (ct_home / "config.yaml").write_text(text)
-    _one_error(cli("status"), "config.yaml", fragment)
+    _one_error(cli("launch", "--dry-run", "--", "true"), "config.yaml", fragment)
+    # U7: what stops or shows jobs still works: the same words, as a warning, and exit 0
+    proc = cli("status")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("WARNING: ") and fragment in proc.stderr, proc.stderr
+
+
+def test_U7_a_typo_in_config_yaml_never_blocks_down_status_or_logs(cli, ct_home):
+    job_id = cli.launch("--", "bash", "-c", "echo started; sleep 60")
+    wait_for(lambda: "started" in cli.ok("logs", job_id).stdout, what="job start")
+    path = ct_home / "config.yaml"
+    path.write_text(path.read_text() + "regoin: us-east-1\nstop_grace_seconds_: 1\n")
+    line = (f"WARNING: {path} line 4: unknown setting 'regoin' (did you mean region?); "
+            "ignored")
+    for args in (("status",), ("status", job_id), ("logs", job_id)):
+        proc = cli.ok(*args)
+        assert proc.stderr.splitlines()[0] == line, (args, proc.stderr)
+        assert proc.stderr.count(line) == 1, proc.stderr  # once, however often it is read
+        assert "line 5: unknown setting 'stop_grace_seconds_' (did you mean " \
+               "stop_grace_seconds?)" in proc.stderr
+    down = cli.ok("down", job_id)
+    assert f"{job_id}: cancelled" in down.stdout and down.stderr.count(line) == 1
+    # a command that starts something still refuses, naming the line and the likely setting
+    proc = cli("launch", "--", "true")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == (f"Error: {path} line 4: unknown setting 'regoin' "
+                                           "(did you mean region?)")
+    assert proc.stderr.splitlines()[1].startswith("Hint: fix or remove line 4")
+    # a file that is no mapping at all: every setting at its default, said once
+    path.write_text("- just\n- a list\n")
+    proc = cli.ok("status")
+    assert proc.stderr == (f"WARNING: {path} must be a mapping of setting: value; using the "
+                           "built-in defaults\n")
 
 
 def test_F21_yaml_booleans_are_not_truthy_strings(ct_home):
@@ -77,17 +109,18 @@ def test_F21_quoted_numbers_and_empty_values(cli, ct_home):
 
 def test_F21_config_that_is_not_utf8_a_directory_or_unreadable(cli, ct_home):
     path = ct_home / "config.yaml"
+    launch = ("launch", "--dry-run", "--", "true")
     path.write_bytes(b"backend: \xff\xfe\n")
-    _one_error(cli("status"), f"{path} is not UTF-8 text (byte 9)")
+    _one_error(cli(*launch), f"{path} is not UTF-8 text (byte 9)")
     path.unlink()
     path.mkdir()
-    _one_error(cli("status"), f"{path} is a directory, not a settings file")
+    _one_error(cli(*launch), f"{path} is a directory, not a settings file")
     path.rmdir()
     path.write_text("backend: local\n")
     path.chmod(0)
     if os.access(path, os.R_OK):
         pytest.skip("running as root: every file is readable")
-    _one_error(cli("status"), f"{path} cannot be read: Permission denied")
+    _one_error(cli(*launch), f"{path} cannot be read: Permission denied")
 
 
 @pytest.mark.parametrize("value, fragment", [

@@ -95,7 +95,7 @@ def test_F10_an_endpoint_answering_html_is_said_not_crashed_on(cli, ct_home, mon
         env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_address[1]}",
                "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_DEFAULT_REGION": "us-east-1"}
-        for args in (("status", "--refresh"), ("down", "--all"),
+        for args in (("status", "--refresh"), ("down", "--all", "-y"),
                      ("catalog", "--refresh", "--region", "us-east-1")):
             proc = cli(*args, env=env)
             assert "internal error" not in proc.stderr, (args, proc.stderr)

@@ -281,12 +281,23 @@ def test_d26_down_all_lists_and_asks_in_a_terminal(cli):
     assert cli.job(job_id)["state"] == "running"
     code, out = _in_terminal(["down", "--all"], "y")
     assert code == 0 and f"{job_id}: cancelled" in out, out
-    # -y does not ask; without a terminal it does not ask either (scripts, CI)
+    # -y does not ask
     other = cli.launch("--", "sleep", "60")
     code, out = _in_terminal(["down", "--all", "-y"], "n")
     assert code == 0 and "Proceed" not in out and f"{other}: cancelled" in out, out
-    third = cli.launch("--", "sleep", "60")
-    assert f"{third}: cancelled" in cli.ok("down", "--all").stdout
+
+
+def test_U13_down_all_without_a_terminal_needs_yes(cli):
+    """Nobody can answer (an IDE task, a tool runner, ssh without -t): refused in one line
+    with the hint, nothing stopped; -y goes on."""
+    job_id = cli.launch("--", "sleep", "60")
+    proc = cli("down", "--all", input="")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines()[0].startswith("Error: down --all stops every job")
+    assert "no terminal to ask" in proc.stderr and "Hint: add -y" in proc.stderr
+    assert proc.stdout == "" and cli.job(job_id)["state"] == "running"
+    assert f"{job_id}: cancelled" in cli.ok("down", "--all", "-y").stdout
+    assert cli.ok("down", "--all", "-y").stdout.strip() == "no active jobs"
 
 
 # -- a cloud job that never started ---------------------------------------------------------------
@@ -314,7 +325,8 @@ def test_d8_d9_d25_a_launch_that_failed_before_ssh(cli, aws):
     assert aws.ec2.describe_security_groups(Filters=[
         {"Name": "group-name", "Values": ["cloudtrain"]}])["SecurityGroups"]
     assert aws.ec2.describe_key_pairs()["KeyPairs"]
-    assert cli.ok("down", "--all").stdout.strip() == "no active jobs"
+    lines = cli.ok("down", "--all", "-y").stdout.splitlines()
+    assert lines[0] == "no active jobs" and lines[1].startswith("aws: checked ")
     assert aws.ec2.describe_security_groups(Filters=[
         {"Name": "group-name", "Values": ["cloudtrain"]}])["SecurityGroups"] == []
     assert aws.ec2.describe_key_pairs()["KeyPairs"] == []

@@ -6,11 +6,13 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from cloudtrain import state
-from conftest import wait_for
+from conftest import REPO, wait_for
 
 
 def test_command_job_runs_in_tmux_and_is_recorded(cli, ct_home):
@@ -162,17 +164,56 @@ def test_down_sends_sigterm_and_marks_cancelled(cli, ct_home):
 
 
 def test_down_kills_a_job_that_ignores_sigterm_after_the_grace(cli, ct_home):
+    """U2: after the --grace given (1 s), not the configured one (15 s here)."""
+    config = ct_home / "config.yaml"
+    config.write_text(config.read_text().replace("stop_grace_seconds: 2.0",
+                                                 "stop_grace_seconds: 15"))
     job_id = cli.launch("--", "bash", "-c",
                         "trap '' TERM; echo ready; while true; do sleep 0.1; done")
     wait_for(lambda: "ready" in cli.ok("logs", job_id).stdout, what="job start")
     t0 = time.monotonic()
     cli.ok("down", job_id, "--grace", "1")
     took = time.monotonic() - t0
-    assert 1.0 <= took < 10, took
+    assert 1.0 <= took < 6.0, took  # ~1 s and a round trip
     status = json.loads((ct_home / "jobs" / job_id / "status.json").read_text())
     assert status["state"] == "cancelled"
     assert status["exit_code"] == 128 + signal.SIGKILL
     assert not _process_alive(status["pid"])
+
+
+def test_U2_down_grace_gives_a_slow_sigterm_handler_its_time(cli, ct_home):
+    """--grace longer than the configured one (2 s here): a job that needs 4 s to checkpoint
+    after SIGTERM is not SIGKILLed at 2 s."""
+    job_id = cli.launch("--", "bash", "-c", "trap 'sleep 4; echo cleaned; exit 0' TERM; "
+                        "echo ready; while true; do sleep 0.1; done")
+    wait_for(lambda: "ready" in cli.ok("logs", job_id).stdout, what="job start")
+    t0 = time.monotonic()
+    assert f"{job_id}: cancelled" in cli.ok("down", job_id, "--grace", "10").stdout
+    took = time.monotonic() - t0
+    assert "cleaned" in cli.ok("logs", job_id).stdout
+    assert 4.0 <= took < 10.0 + 5, took
+    status = json.loads((ct_home / "jobs" / job_id / "status.json").read_text())
+    assert status["state"] == "cancelled" and status["exit_code"] == 0
+
+
+def test_U30_ctrl_c_during_downs_grace_says_what_the_job_is_left_in(cli, ct_home):
+    job_id = cli.launch("--", "bash", "-c", "trap 'sleep 30' TERM; echo ready; "
+                        "while true; do sleep 0.1; done")
+    wait_for(lambda: "ready" in cli.ok("logs", job_id).stdout, what="job start")
+    down = subprocess.Popen([sys.executable, "-m", "cloudtrain", "down", job_id, "--grace",
+                             "60"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    wait_for(lambda: (ct_home / "jobs" / job_id / "cancel").exists(), what="the stop begun")
+    time.sleep(0.5)
+    down.send_signal(signal.SIGINT)
+    out, err = down.communicate(timeout=30)
+    assert down.returncode == 130, (out, err)
+    assert "Traceback" not in err
+    assert err.strip() == (f"interrupted: job {job_id} may still be running: its stop had "
+                           "begun but not finished (it is not marked cancelled, and any "
+                           f"instance of it still runs); run `cloudtrain down {job_id}` again")
+    assert cli.job(job_id)["state"] == "running"  # which is what it said
+    assert f"{job_id}: cancelled" in cli.ok("down", job_id, "--grace", "0").stdout
 
 
 def test_down_on_finished_job_says_so(cli):
@@ -187,12 +228,12 @@ def test_down_all_stops_every_active_job(cli):
     ids = [cli.launch("--", "sleep", "60") for _ in range(3)]
     done = cli.launch("--", "true")
     cli.wait(done)
-    out = cli.ok("down", "--all").stdout
+    out = cli.ok("down", "--all", "-y").stdout
     for job_id in ids:
         assert f"{job_id}: cancelled" in out
         assert cli.job(job_id)["state"] == "cancelled"
     assert done not in out
-    assert cli.ok("down", "--all").stdout.strip() == "no active jobs"
+    assert cli.ok("down", "--all", "-y").stdout.strip() == "no active jobs"
 
 
 def test_agent_killed_with_sigkill_is_failed_not_running_forever(cli, ct_home):

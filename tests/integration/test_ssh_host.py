@@ -121,3 +121,29 @@ def test_agent_in_tmux_over_ssh(host, sshd, tmp_path):
     assert final["state"] == "cancelled"
     wait_for(lambda: not host.session_alive("sshjob"), what="session gone")
     assert sshd.connections() == 1
+
+
+def test_U2_the_grace_of_a_stop_over_ssh_is_the_one_given(host, sshd, tmp_path):
+    """job.json says 1 s (the launch's grace); a stop with 8 s gives the job's SIGTERM
+    handler its 3 s, and a stop with 1 s of a job launched with 20 s kills it after ~1 s."""
+    import time
+
+    for name, trap, launched, grace in (("slowstop", "sleep 3; echo cleaned; exit 0", 1, 8),
+                                        ("stubborn", "", 20, 1)):
+        jobdir = str(tmp_path / "jobs" / name)
+        host.install_agent(jobdir)
+        host.write_text(f"{jobdir}/run.sh", f"trap '{trap}' TERM; echo ready; "
+                                            "while true; do sleep 0.1; done\n")
+        host.write_text(f"{jobdir}/job.json", json.dumps({"heartbeat_s": 0.2,
+                                                          "grace_s": launched}))
+        host.start_agent(name, jobdir)
+        wait_for(lambda: b"ready" in host.read(f"{jobdir}/output.log"), what="job start")
+        t0 = time.monotonic()
+        final = host.stop_job(jobdir, grace)
+        took = time.monotonic() - t0
+        assert final["state"] == "cancelled", final
+        if name == "slowstop":
+            assert b"cleaned" in host.read(f"{jobdir}/output.log")
+            assert final["exit_code"] == 0 and 3.0 <= took < grace + 5, took
+        else:
+            assert final["exit_code"] == 137 and 1.0 <= took < 6.0, took

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
-from cloudtrain.providers.aws.hostkeys import console_fingerprints, fingerprint
+from cloudtrain.providers.aws.hostkeys import console_fingerprints, fingerprint, \
+    fingerprint_window
 
 
 def test_F5_fingerprint_is_what_ssh_keygen_prints(tmp_path):
@@ -47,3 +48,15 @@ def test_F5_no_block_or_truncated_fingerprint_lists_nothing():
     text = ("-----BEGIN SSH HOST KEY FINGERPRINTS-----\n"
             f"256 {A[:-3]} root@host (ED25519)\n")  # the console was cut mid-line
     assert console_fingerprints(text) == set()
+
+
+def test_F37_xen_types_wait_at_least_three_minutes_for_their_console():
+    """Xen instances (p3, p2, g3, ...) have no `Latest` console: EC2 serves a snapshot that
+    lags by minutes. Nitro ones wait at most 120 s (never longer than the SSH wait)."""
+    assert fingerprint_window("g5.xlarge", 300.0, latest=True) == 120.0
+    assert fingerprint_window("g5.xlarge", 5.0, latest=True) == 5.0
+    for xen in ("p3.2xlarge", "p3.16xlarge", "p2.xlarge", "g3.4xlarge", "g3s.xlarge"):
+        assert fingerprint_window(xen, 5.0, latest=True) >= 180.0, xen
+    assert fingerprint_window("p3dn.24xlarge", 5.0, latest=True) == 5.0  # Nitro
+    # a type not known as Xen whose console turns out to have no live buffer
+    assert fingerprint_window("x9.large", 5.0, latest=False) >= 180.0

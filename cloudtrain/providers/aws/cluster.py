@@ -231,16 +231,17 @@ class ClusterMixin:
                                       boot["owner"])
         from ... import nodes
 
-        since = time.monotonic()
         report.phase(f"waiting for SSH on {n} nodes (at most "
                      f"{self.settings.ssh_wait_seconds:.0f} s)")
+        warnings: list[str] = []  # said once every node is reached: no display from threads
 
         def reach(i: int) -> SSHHost:
             endpoint = Endpoint(addresses[i], self.settings.ssh_port, self.settings.ssh_user,
                                 str(boot["key_path"]))
             host = self._wait_ssh(region, ids[i], endpoint)
             with Store(store.path) as mine:  # a connection of this thread's own
-                verified = self._check_host_key(mine, job, region, ids[i], host, since)
+                verified = self._check_host_key(mine, job, region, ids[i], host,
+                                                spec.instance_type, Reporter(warnings.append))
                 host.home()
                 host.peer_address = privates[i]
                 mine.update_instance(ids[i], state="running", details=json.dumps(
@@ -249,7 +250,11 @@ class ClusterMixin:
                      "host_key_verified": verified, "node": i}))
             return host
 
-        hosts = nodes.each(reach, n)
+        try:
+            hosts = nodes.each(reach, n)
+        finally:
+            for line in warnings:
+                report.note(line)
         report.phase(f"{n} nodes up: " + ", ".join(h.name for h in hosts))
         return hosts
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import re
 
-from ...errors import CloudtrainError, NoCredentials, PlacementError, UsageError
+from ...errors import CloudtrainError, CredentialsError, MissingDependency, NoCredentials, \
+    PlacementError, UsageError
 
 # Errors that mean "not here, maybe in another AZ" (tried once per AZ, never retried blindly).
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity",
@@ -37,6 +38,10 @@ class AWSError(CloudtrainError):
         super().__init__(message, hint=hint)
         self.code = code
         self.aws_message = aws_message  # AWS's own words, for callers that rephrase
+
+
+class AWSCredentialsError(AWSError, CredentialsError):
+    """AWS refused the credentials (expired, revoked) or they could not be loaded."""
 
 
 class AWSPlacementError(AWSError, PlacementError):
@@ -92,7 +97,7 @@ def client_error(exc, region: str, service: str) -> AWSError:
     message = _message(exc).split(" Encoded authorization failure message:")[0]
     said = {"code": code, "aws_message": message}
     if code in AUTH_ERRORS:
-        return AWSError(f"AWS refused the credentials ({code}): {message}",
+        return AWSCredentialsError(f"AWS refused the credentials ({code}): {message}",
                         hint="refresh them (aws sso login, or new access keys)", **said)
     if code == "OptInRequired":
         return AWSError(f"AWS refused {denied_action(exc, service)} in {region} (OptInRequired): "
@@ -139,8 +144,8 @@ def aws_errors(region: str, service: str = "ec2"):
     except (botocore.exceptions.PartialCredentialsError, botocore.exceptions.SSOError,
             botocore.exceptions.TokenRetrievalError,
             botocore.exceptions.CredentialRetrievalError) as exc:
-        raise AWSError(f"AWS credentials could not be loaded: {exc}",
-                       hint="refresh them (aws sso login, or new access keys)") from exc
+        raise AWSCredentialsError(f"AWS credentials could not be loaded: {exc}",
+                                  hint="refresh them (aws sso login, or new access keys)") from exc
     except botocore.exceptions.BotoCoreError as exc:
         raise AWSError(f"AWS call failed in {region}: {exc}") from exc
     except (KeyError, TypeError) as exc:

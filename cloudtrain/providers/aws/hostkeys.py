@@ -21,10 +21,16 @@ import hashlib
 import re
 
 # How long acquire waits for the fingerprints to appear in the console output, counted from
-# the start of the SSH wait. keys-to-console runs in cloud-final after user-data
-# (scripts-user), and EC2's non-"Latest" console output lags by minutes on some types. A
-# config.py setting would be better (`host_key_wait_seconds`); a module constant until then.
+# the moment SSH answers (F37): keys-to-console runs in cloud-final after user-data
+# (scripts-user), so sshd is up before the keys are printed. Never longer than the SSH wait.
 FINGERPRINT_WAIT_S = 120.0
+# Xen instances have no live console buffer (GetConsoleOutput's Latest is Nitro-only): EC2
+# serves a snapshot it refreshes every few minutes, so they get at least this long.
+XEN_FINGERPRINT_WAIT_S = 180.0
+# The Xen-based families among those cloudtrain launches (and a few general ones); p3dn is
+# Nitro. A type not listed whose console turns out to have no live buffer counts too.
+XEN_FAMILIES = frozenset({"p2", "p3", "g2", "g3", "g3s", "f1", "c4", "m4", "r4", "t2", "x1",
+                          "x1e", "d2", "h1", "i3"})
 
 BEGIN = "-----BEGIN SSH HOST KEY FINGERPRINTS-----"
 END = "-----END SSH HOST KEY FINGERPRINTS-----"
@@ -44,6 +50,17 @@ def console_fingerprints(text: str) -> set[str]:
         elif inside:
             found.update(f"SHA256:{m}" for m in _FINGERPRINT.findall(line))
     return found
+
+
+def fingerprint_window(instance_type: str | None, ssh_wait_s: float, latest: bool) -> float:
+    """Seconds to wait for the fingerprints once SSH answers: FINGERPRINT_WAIT_S (at most the
+    SSH wait), and at least XEN_FINGERPRINT_WAIT_S for a Xen type or a console without a
+    live buffer (`latest` False)."""
+    window = min(FINGERPRINT_WAIT_S, ssh_wait_s)
+    family = (instance_type or "").split(".")[0]
+    if family in XEN_FAMILIES or not latest:
+        window = max(window, XEN_FINGERPRINT_WAIT_S)
+    return window
 
 
 def fingerprint(host_key: str) -> str:

@@ -9,15 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import catalog
-from ...config import check_region
+from ...config import REGION_PATTERN, check_region
 from ...errors import CloudtrainError, HostError, MissingDependency, UsageError
 from ...hosts import SSHHost, default_tmux_socket
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint, not_up_reason
 from ...state import Instance, Job, Store
+from .. import Sweep
 from .errors import AUTH_ERRORS, CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, \
     AWSPlacementError, StaleCache, aws_errors, is_permission_error
-from .hostkeys import FINGERPRINT_WAIT_S, console_fingerprints, fingerprint
+from .hostkeys import console_fingerprints, fingerprint, fingerprint_window
 from .tags import LIVE_STATES, TAG_ATTEMPT, TAG_JOB, TAG_OWNER, TAG_RECIPE
 
 USER_DATA = Path(__file__).resolve().parents[3] / "infra" / "user-data.sh"
@@ -48,6 +49,18 @@ def ec2_transition_time(reason: str) -> float | None:
         return None
     return float(calendar.timegm(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")))
 
+
+
+# A sweep asks every region the owner can have instances in (F28): this many at once, and
+# for at most this long in all (a region that has not answered by then is said unchecked).
+SWEEP_WORKERS = 16
+SWEEP_WAIT_S = 60.0
+
+
+def _partition(region: str) -> str:
+    """The AWS partition a region is in: credentials of one never work in another."""
+    return "aws-cn" if region.startswith("cn-") else \
+        "aws-us-gov" if region.startswith("us-gov-") else "aws"
 
 
 @dataclass
@@ -236,20 +249,40 @@ class InstancesMixin:
         for raw in self._query(region, {TAG_JOB: job.id, TAG_ATTEMPT: str(attempt)}):
             if raw["State"]["Name"] not in ("pending", "running"):
                 continue
-            if raw["InstanceId"] not in {i.id for i in store.instances(job.id)}:
-                spot = raw.get("InstanceLifecycle") == "spot"
-                store.add_instance(Instance(
-                    id=raw["InstanceId"], job_id=job.id, provider=self.name, region=region,
-                    zone=raw.get("Placement", {}).get("AvailabilityZone"),
-                    instance_type=raw.get("InstanceType"),
-                    market="spot" if spot else "on-demand", state="requested",
-                    launched_at=raw["LaunchTime"].timestamp(), terminated_at=None,
-                    price_per_hour=None, details={"found_by_tag": True}))
-                store.add_event(job.id, "instance", detail=f"{raw['InstanceId']} in "
-                                f"{raw.get('Placement', {}).get('AvailabilityZone')} (attempt "
-                                f"{attempt}, found by its tags)")
+            self._record_found(store, job, region, raw, attempt)
             return raw["InstanceId"]
         return None
+
+    def attempt_instances(self, store: Store, job: Job, attempt: int,
+                          regions: list[str]) -> dict[str, list[str]]:
+        """Every live instance of this attempt of the job, by region, found by its attempt tag
+        in each of `regions` and in every region the store has a live instance of the job
+        in: a supervisor killed mid-relaunch may have left one in any place it tried (F30).
+        Recorded if the store did not know them."""
+        where = set(regions) | {i.region for i in store.instances(job.id)
+                                if i.region and i.state != "terminated"}
+        out: dict[str, list[str]] = {}
+        for region in sorted(where):
+            for raw in self._query(region, {TAG_JOB: job.id, TAG_ATTEMPT: str(attempt)}):
+                if raw["State"]["Name"] in LIVE_STATES:
+                    self._record_found(store, job, region, raw, attempt)
+                    out.setdefault(region, []).append(raw["InstanceId"])
+        return out
+
+    def _record_found(self, store: Store, job: Job, region: str, raw: dict, attempt: int) -> None:
+        """An instance of the attempt found by its tags: recorded if the store did not know
+        it (its minutes are billed like any other)."""
+        if raw["InstanceId"] in {i.id for i in store.instances(job.id)}:
+            return
+        spot = raw.get("InstanceLifecycle") == "spot"
+        zone = raw.get("Placement", {}).get("AvailabilityZone")
+        store.add_instance(Instance(
+            id=raw["InstanceId"], job_id=job.id, provider=self.name, region=region, zone=zone,
+            instance_type=raw.get("InstanceType"), market="spot" if spot else "on-demand",
+            state="requested", launched_at=raw["LaunchTime"].timestamp(), terminated_at=None,
+            price_per_hour=None, details={"found_by_tag": True}))
+        store.add_event(job.id, "instance", detail=f"{raw['InstanceId']} in {zone} (attempt "
+                        f"{attempt}, found by its tags)")
 
     def _describe(self, region: str, instance_id: str) -> dict:
         reservations = self.call(region, "describe_instances",
@@ -306,18 +339,24 @@ class InstancesMixin:
                             f"{region} --latest; check the security group allows {self.ssh_cidr()}")
 
     def _check_host_key(self, store: Store, job: Job, region: str, instance_id: str,
-                        host: SSHHost, since: float) -> bool:
+                        host: SSHHost, instance_type: str | None,
+                        report: Reporter = SILENT) -> bool:
         """Accept the key the SSH server presented only if the instance listed its
-        fingerprint on the console (F5); wait for that list until FINGERPRINT_WAIT_S after
-        `since` (never longer than the SSH wait itself), then trust on first use. Recorded in the job's timeline either way; a key
-        that is not on a list is refused before anything is sent to the host."""
+        fingerprint on the console (F5). Called as SSH answers: the fingerprints are waited
+        for from then on (fingerprint_window, F37), then the key is trusted on first use, said
+        at launch as a WARNING, or with `host_key_policy: strict` refused (the instance is
+        then terminated like on any failed launch). Recorded in the job's timeline either
+        way; a key that is not on a list is refused before anything is sent to the host."""
         seen = fingerprint(host.conn.host_key)
-        waited = min(FINGERPRINT_WAIT_S, self.settings.ssh_wait_seconds)
-        deadline = since + waited
+        started = time.monotonic()
+        waited = fingerprint_window(instance_type, self.settings.ssh_wait_seconds, latest=True)
         while True:
-            text = self._console(region, instance_id)
+            text, latest = self._console_read(region, instance_id)
+            if not latest:  # a snapshot console (Xen): it lags by minutes
+                waited = fingerprint_window(instance_type, self.settings.ssh_wait_seconds,
+                                            latest=False)
             listed = console_fingerprints(text or "")
-            if listed or text is None or time.monotonic() >= deadline:
+            if listed or text is None or time.monotonic() >= started + waited:
                 break
             time.sleep(self.settings.poll_seconds)
         if listed and seen not in listed:
@@ -334,8 +373,18 @@ class InstancesMixin:
                                                       "console output")
             return True
         why = ("the console output is not readable: ec2:GetConsoleOutput refused" if text is None
-               else f"no fingerprints in the console output after {waited:g} s")
+               else f"no fingerprints in its console output after {waited:g} s")
+        if self.settings.host_key_policy == "strict":
+            host.close()
+            store.add_event(job.id, "host-key", detail=f"REFUSED {seen}: {why} "
+                                                      "(host_key_policy: strict)")
+            raise AWSError(f"host key of {instance_id} not checked: {why}, and "
+                           "host_key_policy is strict",
+                           hint="launch again (on Xen types such as p3 the console lags by "
+                                "minutes), allow ec2:GetConsoleOutput, or set host_key_policy: "
+                                "tofu in config.yaml")
         store.add_event(job.id, "host-key", detail=f"trusted on first use: {seen} ({why})")
+        report.note(f"WARNING: host key of {instance_id} trusted on first use ({why})")
         return False
 
     def console_text(self, region: str, instance_id: str) -> str:
@@ -344,8 +393,14 @@ class InstancesMixin:
 
     def _console(self, region: str, instance_id: str) -> str | None:
         """The console output; "" when there is none (yet), None when it may not be read."""
+        return self._console_read(region, instance_id)[0]
+
+    def _console_read(self, region: str, instance_id: str) -> tuple[str | None, bool]:
+        """_console's answer, and whether it came from the live buffer (False: EC2's
+        snapshot, which lags)."""
         import base64
 
+        latest = True
         try:
             # Latest=True: the live buffer instead of the snapshot EC2 refreshes every few
             # minutes; only Nitro instances have it (p3 is Xen), so ask again without.
@@ -353,19 +408,20 @@ class InstancesMixin:
                             Latest=True).get("Output")
         except AWSError as exc:
             if is_permission_error(exc.code) or exc.code in AUTH_ERRORS:
-                return None  # asking again, without Latest, would be refused the same way
+                return None, True  # asking again, without Latest, would be refused the same way
+            latest = False
             try:
                 out = self.call(region, "get_console_output", InstanceId=instance_id).get("Output")
             except CloudtrainError:
-                return ""
+                return "", latest
         except CloudtrainError:
-            return ""
+            return "", latest
         if not out:
-            return ""
+            return "", latest
         try:  # EC2 sends it base64-encoded (moto's server sends the plain text)
-            return base64.b64decode(out, validate=True).decode("utf-8", "replace")
+            return base64.b64decode(out, validate=True).decode("utf-8", "replace"), latest
         except ValueError:
-            return out
+            return out, latest
 
     def console_tail(self, region: str, instance_id: str) -> str:
         text = self.console_text(region, instance_id)
@@ -381,11 +437,11 @@ class InstancesMixin:
                                           "message": raw.get("StateReason", {}).get("Message", "")}
         return out
 
-    def _query(self, region: str, tags: dict[str, str | None]) -> list[dict]:
+    def _query(self, region: str, tags: dict[str, str | None], client=None) -> list[dict]:
         filters = [{"Name": f"tag:{k}", "Values": [v]} if v else {"Name": "tag-key", "Values": [k]}
                    for k, v in tags.items()]
         out = []
-        paginator = self.client("ec2", region).get_paginator("describe_instances")
+        paginator = (client or self.client("ec2", region)).get_paginator("describe_instances")
         with aws_errors(region):
             for page in paginator.paginate(Filters=filters):
                 for res in page["Reservations"]:
@@ -478,29 +534,121 @@ class InstancesMixin:
             store.update_instance(inst.id, **fields)
 
     def regions_in_use(self, store: Store | None) -> set[str]:
-        """The regions the store has instances in, plus the configured one."""
+        """The regions the store has instances in, plus the one launches use (the built-in
+        default included: it is where a job goes when nothing names a region, F28)."""
         regions = {r["region"] for r in store.db.execute(
             "SELECT DISTINCT region FROM instances WHERE provider = 'aws' AND region IS NOT NULL")
         } if store is not None else set()
         try:
-            region, source = self.region_and_source()
-            if source != self.DEFAULT_SOURCE:  # configured somewhere, not just the default
-                regions.add(region)
+            regions.add(self.region())
         except UsageError:
             pass
         return regions
 
-    def orphans(self, store: Store) -> list[dict]:
-        """Every live instance tagged as this owner's, in the regions we use, that no active
-        job of the store holds (nor an ended --keep job, whose instance is kept on purpose):
-        what `down --orphans` terminates when the local state was lost or never learned of
-        an instance (F12)."""
+    def sweep_regions(self, store: Store | None) -> tuple[list[str], str]:
+        """Every region the owner can have instances in, and how they were chosen: the
+        regions enabled for the account (DescribeRegions, asked in the region launches use;
+        opt-in regions not enabled cannot hold instances). Without that answer, every region
+        cloudtrain itself could have used: the one launches use (the default included),
+        those config.yaml names, those the store knows, and the bundled catalog's."""
+        home = self.region()
+        try:
+            answer = self.call(home, "describe_regions")
+            named = [r.get("RegionName") for r in answer.get("Regions") or []]
+            regions = {r for r in named if isinstance(r, str) and REGION_PATTERN.fullmatch(r)
+                       and _partition(r) == _partition(home)}
+            if regions:
+                return sorted(regions | {home}), "the regions enabled for the account"
+            why = "it listed none"
+        except MissingDependency:
+            raise
+        except CloudtrainError as exc:
+            why = exc.message
+        regions = self.regions_in_use(store) | set(catalog.regions())
+        regions |= {r.strip() for r in f"{self.settings.region},{self.settings.regions}"
+                    .split(",") if REGION_PATTERN.fullmatch(r.strip())}
+        return sorted(regions), (f"DescribeRegions failed ({why}), so the regions cloudtrain "
+                                 "could have used")
+
+    def _sweep_client(self, region: str):
+        """An EC2 client for a sweep: from the one session every region shares (a session
+        per region costs half a second each), with short timeouts and few retries."""
+        key = ("ec2-sweep", region)
+        with self._sweep_lock:
+            if key not in self._clients:
+                from botocore.config import Config
+
+                check_region(region)
+                self._clients[key] = self.session().client("ec2", region_name=region, config=Config(
+                    retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5,
+                    read_timeout=20))
+            return self._clients[key]
+
+    def sweep(self, store: Store | None, ask) -> Sweep:
+        """ask(region) in every region of sweep_regions at once, SWEEP_WORKERS at a time, in
+        daemon threads: a region that never answers holds the command up SWEEP_WAIT_S at
+        most, and is then said to be unchecked like one whose call failed. `ask` makes only
+        AWS calls (the store is not shared between threads)."""
+        import queue
+        import threading
+
+        regions, chosen_by = self.sweep_regions(store)
+        todo: queue.SimpleQueue = queue.SimpleQueue()
+        for region in regions:
+            todo.put(region)
+        answers: dict[str, object] = {}
+        failures: dict[str, str] = {}
+        finished = threading.Semaphore(0)
+
+        def work() -> None:
+            while True:
+                try:
+                    region = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    answers[region] = ask(region)
+                except CloudtrainError as exc:
+                    failures[region] = exc.message
+                except Exception as exc:  # noqa: BLE001 - said as that region's failure
+                    failures[region] = f"{type(exc).__name__}: {exc}"
+                finished.release()
+
+        for _ in range(min(SWEEP_WORKERS, len(regions))):
+            threading.Thread(target=work, daemon=True, name="cloudtrain-sweep").start()
+        deadline = time.monotonic() + SWEEP_WAIT_S
+        for _ in regions:
+            if not finished.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                break
+        answers, failures = dict(answers), dict(failures)
+        unchecked = {r: failures.get(r) or f"no answer in {SWEEP_WAIT_S:g} s"
+                     for r in regions if r not in answers}
+        return Sweep(answers, sorted(answers), unchecked, chosen_by)
+
+    def _tagged(self, region: str, tags: dict[str, str | None]) -> list[dict]:
+        """_query for a sweep (its own clients)."""
+        return self._query(region, tags, self._sweep_client(region))
+
+    def orphans(self, store: Store) -> Sweep:
+        """Every live instance tagged as this owner's, in every region it can have one
+        (sweep), that no active job of the store holds (nor an ended --keep job, whose
+        instance is kept on purpose), and its dataset volumes left unattached: what `down
+        --all` terminates when the local state was lost or never learned of an instance
+        (F12, F28). Sweep.found is the list; Sweep.unchecked the regions not asked."""
         held = {r["id"] for r in store.db.execute(
             "SELECT id, job_id FROM instances WHERE provider = 'aws' AND state != 'terminated'")
             if self._holds(store.job(r["job_id"]), store)}
+        owner = self.owner(self.region())
+
+        def ask(region: str) -> tuple[list[dict], list[dict]]:
+            return (self._tagged(region, {TAG_OWNER: owner}),
+                    self.dataset_volumes(region, owner, self._sweep_client(region)))
+
+        swept = self.sweep(store, ask)
         out = []
-        for region in sorted(self.regions_in_use(store)):
-            for raw in self._query(region, {TAG_OWNER: self.owner(region)}):
+        for region in swept.regions:
+            instances, volumes = swept.found[region]
+            for raw in instances:
                 if raw["State"]["Name"] not in LIVE_STATES or raw["InstanceId"] in held:
                     continue
                 tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
@@ -508,8 +656,9 @@ class InstancesMixin:
                             "job": tags.get(TAG_JOB), "type": raw.get("InstanceType"),
                             "state": raw["State"]["Name"],
                             "launched_at": raw["LaunchTime"].timestamp()})
-            out += self.orphan_volumes(store, region)
-        return out
+            out += self.orphan_volumes(store, region, volumes)
+        swept.found = out
+        return swept
 
     @staticmethod
     def _holds(job: Job, store: Store) -> bool:
@@ -527,15 +676,16 @@ class InstancesMixin:
         if ids:
             self.call(check_region(region), "terminate_instances", InstanceIds=sorted(ids))
 
-    def reconcile(self, store: Store) -> list[dict]:
-        """Every instance tagged as ours in the regions we use, one DescribeInstances each;
-        marks whether the store knows it. Updates the store's instance states."""
-        regions = self.regions_in_use(store)
+    def reconcile(self, store: Store) -> Sweep:
+        """Every instance tagged as ours in every region the owner can have one (sweep);
+        marks whether the store knows it, and updates the store's instance states.
+        Sweep.found is the list; Sweep.unchecked the regions that could not be asked."""
         known = {r["id"]: r["job_id"] for r in store.db.execute(
             "SELECT id, job_id FROM instances WHERE provider = 'aws'")}
+        swept = self.sweep(store, lambda region: self._tagged(region, {TAG_JOB: None}))
         found = []
-        for region in sorted(regions):
-            for raw in self._query(region, {TAG_JOB: None}):
+        for region in swept.regions:
+            for raw in swept.found[region]:
                 tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
                 state = raw["State"]["Name"]
                 found.append({"instance": raw["InstanceId"], "region": region, "state": state,
@@ -546,4 +696,5 @@ class InstancesMixin:
                     store.db.execute(
                         "UPDATE instances SET state = 'terminated', terminated_at = "
                         "COALESCE(terminated_at, ?) WHERE id = ?", (time.time(), raw["InstanceId"]))
-        return found
+        swept.found = found
+        return swept

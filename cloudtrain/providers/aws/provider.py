@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 
 from ... import catalog, config, cost, preflight
@@ -49,6 +50,13 @@ DEFAULT_SOURCE = ("the default: no --region, AWS_REGION, AWS_DEFAULT_REGION, `re
                   "config.yaml or in the AWS profile")
 
 
+# Variables through which boto3 finds credentials without a file (keys, a profile, a web
+# identity or container role).
+CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ROLE_ARN",
+                        "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                        "AWS_CONTAINER_CREDENTIALS_FULL_URI")
+
+
 def assumed_role(arn: str) -> tuple[str, str] | None:
     """(role ARN without a path, role name) for an STS assumed-role session ARN, else None."""
     parts = arn.split(":", 5)
@@ -67,6 +75,7 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         self.settings = settings or config.Settings.load()
         self._sessions: dict[str, object] = {}
         self._clients: dict[tuple, object] = {}
+        self._sweep_lock = threading.Lock()  # sweep threads make their clients one at a time
 
     # -- sessions and clients ------------------------------------------------------------------
 
@@ -133,6 +142,17 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
                                                              config=cfg)
         return self._clients[key]
 
+    def configured(self) -> bool:
+        """Whether this machine may have AWS credentials, told without asking for them
+        (botocore's chain ends at the instance metadata service, a second's wait off EC2): a
+        credentials variable, an AWS config or credentials file, or settings that name AWS."""
+        if self.settings.backend == self.name or self.settings.region or \
+                self.settings.aws_profile or any(os.environ.get(v) for v in CREDENTIAL_VARIABLES):
+            return True
+        files = (os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials",
+                 os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config")
+        return any(os.path.isfile(os.path.expanduser(f)) for f in files)
+
     def credentials(self, region: str):
         """The session's credentials, None without any (a broken credential_process or an
         expired SSO token is an error in words, not a traceback)."""
@@ -145,6 +165,13 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
             return getattr(self.client("ec2", region, fail_fast), method)(**kwargs)
 
     # -- identity and bootstrap ------------------------------------------------------------------
+
+    def check_credentials(self, region: str) -> None:
+        """Ask STS whether the credentials still work (GetCallerIdentity, never cached): a
+        relaunch asks before it starts anything, so that credentials that expired while it
+        waited pause the recovery instead of failing the launch half-way."""
+        with aws_errors(region, "sts"):
+            self.session(region).client("sts", region_name=region).get_caller_identity()
 
     def owner(self, region: str) -> str:
         """The caller's principal ARN: the cloudtrain:owner tag of everything this user
@@ -326,10 +353,10 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         if found is None:
             self.attach_snapshots(store, job, spec, region, instance, zone, boot["owner"])
         endpoint = Endpoint(address, self.settings.ssh_port, self.settings.ssh_user, str(key_path))
-        since = time.monotonic()
         host = self._wait_ssh(region, instance, endpoint, report)
         report.phase(f"checking {instance}'s host key against its console output")
-        verified = self._check_host_key(store, job, region, instance, host, since)
+        verified = self._check_host_key(store, job, region, instance, host, spec.instance_type,
+                                        report)
         host.home()  # the first command, only now that the key is settled
         store.update_instance(instance, state="running", details=json.dumps(
             {**self._details(store, instance), "address": address, "host_key": endpoint.host_key,

@@ -30,7 +30,7 @@ import time
 from ...errors import CloudtrainError, NotFound, UsageError
 from ...state import Job, Store
 from .errors import _code, aws_errors
-from .tags import TAG_JOB
+from .tags import TAG_JOB, TAG_OWNER
 
 DEVICES = ("/dev/sdf", "/dev/sdg", "/dev/sdh", "/dev/sdi", "/dev/sdj", "/dev/sdk")
 VOLUME_WAIT_S = 600.0  # a large volume from a snapshot can take minutes to be available
@@ -187,19 +187,20 @@ class VolumesMixin:
                 mounts[v["name"]] = mountpoint
         return mounts
 
-    def orphan_volumes(self, store: Store, region: str) -> list[dict]:
-        """This owner's dataset volumes left unattached whose job is not being launched (a
-        launcher killed between CreateVolume and AttachVolume): what `down --all` deletes,
-        in the shape of `orphans()`' instances."""
-        from .tags import TAG_OWNER
-
+    def dataset_volumes(self, region: str, owner: str, client=None) -> list[dict]:
+        """This owner's dataset volumes in the region that no instance has attached."""
         with aws_errors(region):
-            vols = self.client("ec2", region).describe_volumes(Filters=[
-                {"Name": f"tag:{TAG_OWNER}", "Values": [self.owner(region)]},
+            return (client or self.client("ec2", region)).describe_volumes(Filters=[
+                {"Name": f"tag:{TAG_OWNER}", "Values": [owner]},
                 {"Name": "tag-key", "Values": ["cloudtrain:dataset"]},
                 {"Name": "status", "Values": ["available"]}]).get("Volumes") or []
+
+    def orphan_volumes(self, store: Store, region: str, volumes: list[dict]) -> list[dict]:
+        """Of those `volumes` (dataset_volumes), the ones whose job is not being launched (a
+        launcher killed between CreateVolume and AttachVolume): what `down --all` deletes,
+        in the shape of `orphans()`' instances."""
         out = []
-        for v in vols:
+        for v in volumes:
             tags = {t["Key"]: t["Value"] for t in v.get("Tags", [])}
             try:
                 active = store.job(tags.get(TAG_JOB, "")).active

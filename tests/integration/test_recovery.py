@@ -1,0 +1,137 @@
+"""recovery.relaunch against in-process moto (two regions): what a supervisor killed half-way
+through a relaunch leaves, and what the next one does with it."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from moto.ec2.exceptions import EC2ClientError
+from moto.ec2.models.instances import InstanceBackend
+
+from aws_lab import AWS_ENV, DLAMI_PARAMETER
+from cloudtrain import jobs, recovery, state
+from cloudtrain.config import Settings
+from cloudtrain.spec import JobSpec
+from cloudtrain.state import open_store
+
+HOME, OTHER = "us-east-1", "us-west-2"
+
+
+class Killed(BaseException):
+    """SIGKILL of the supervisor: nothing after it runs (no cleanup, no release)."""
+
+
+@pytest.fixture
+def two_regions(monkeypatch, ct_home):
+    """moto in this process, a DLAMI in both regions, `regions: us-east-1, us-west-2`."""
+    from moto import mock_aws
+
+    for k, v in AWS_ENV.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k, raising=False)
+    with open(ct_home / "config.yaml", "a") as f:
+        f.write(f"region: {HOME}\nregions: {HOME}, {OTHER}\nssh_cidr: 127.0.0.1/32\n"
+                "poll_seconds: 0.05\nssh_wait_seconds: 1\ninstance_wait_seconds: 5\n")
+    with mock_aws():
+        import boto3
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ssm.models import Parameter, ssm_backends
+
+        for region in (HOME, OTHER):
+            ec2 = boto3.client("ec2", region_name=region)
+            image = ec2.register_image(Name="Deep Learning OSS Nvidia Driver AMI GPU PyTorch",
+                                       RootDeviceName="/dev/sda1")["ImageId"]
+            ssm_backends[DEFAULT_ACCOUNT_ID][region]._parameters[DLAMI_PARAMETER].append(
+                Parameter(account_id=DEFAULT_ACCOUNT_ID, name=DLAMI_PARAMETER, value=image,
+                          parameter_type="String", description=None, allowed_pattern=None,
+                          keyid=None, last_modified_date=datetime.datetime.now(), version=1,
+                          data_type="text"))
+        yield {r: boto3.client("ec2", region_name=r) for r in (HOME, OTHER)}
+
+
+def _recovering_job(store) -> state.Job:
+    """A spot job whose first instance (in the home region) was interrupted."""
+    spec = JobSpec(kind="command", backend="aws", command=["sleep", "600"],
+                   instance_type="g5.xlarge", market="spot", recover=True, max_restarts=3,
+                   region=HOME)
+    job = store.create_job(name=None, kind="command", recipe=None, command="sleep 600",
+                           backend="aws", spec=spec.to_dict())
+    store.add_attempt(job.id, 1, region=HOME, zone=f"{HOME}a", market="spot",
+                      instance_type="g5.xlarge")
+    store.update_attempt(job.id, 1, ended_at=1.0, outcome=recovery.INTERRUPTED)
+    store.set_state(job.id, state.RECOVERING, reason="spot interruption")
+    return store.job(job.id)
+
+
+def _live(ec2s, job_id) -> list[tuple[str, str, str]]:
+    out = []
+    for region, ec2 in ec2s.items():
+        for res in ec2.describe_instances(Filters=[
+                {"Name": "tag:cloudtrain:job", "Values": [job_id]}])["Reservations"]:
+            for raw in res["Instances"]:
+                if raw["State"]["Name"] in ("pending", "running"):
+                    tags = {t["Key"]: t["Value"] for t in raw["Tags"]}
+                    out.append((region, raw["InstanceId"], tags["cloudtrain:attempt"]))
+    return sorted(out)
+
+
+def test_F30_a_supervisor_killed_mid_relaunch_elsewhere_leaves_one_instance(
+        two_regions, ct_home, monkeypatch):
+    from cloudtrain.providers.aws import AWSProvider
+
+    store = open_store(ct_home)
+    job = _recovering_job(store)
+    waited: list[str] = []
+
+    def wait_then_die(self, region, instance_id, report=None):
+        waited.append(instance_id)
+        raise Killed()
+
+    original_abort = jobs._abort_launch
+
+    def no_cleanup(store_, settings_, provider, job_, host, exc):
+        if isinstance(exc, Killed):
+            raise exc
+        return original_abort(store_, settings_, provider, job_, host, exc)
+
+    original_run = InstanceBackend.run_instances
+    no_capacity = {HOME}
+
+    def run_instances(self, *args, **kwargs):
+        if self.region_name in no_capacity:
+            raise EC2ClientError("InsufficientInstanceCapacity", "We currently do not have "
+                                 "sufficient g5.xlarge capacity")
+        return original_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
+    monkeypatch.setattr(AWSProvider, "_wait_running", wait_then_die)
+    monkeypatch.setattr(jobs, "_abort_launch", no_cleanup)
+
+    # supervisor A: no capacity at home, an instance started in us-west-2, then SIGKILL
+    with pytest.raises(Killed):
+        recovery.relaunch(store, Settings.load(), job)
+    (first,) = _live(two_regions, job.id)
+    assert first[0] == OTHER and first[2] == "2" and waited == [first[1]]
+    # the next command finds the supervisor gone; capacity is back at home
+    assert recovery.launcher_died(store, store.job(job.id)).state == state.RECOVERING
+    no_capacity.clear()
+    # and an earlier supervisor had got an instance of the same attempt at home, unrecorded
+    (stray,) = two_regions[HOME].run_instances(
+        ImageId="ami-12345678", MinCount=1, MaxCount=1, InstanceType="g5.xlarge",
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [
+            {"Key": "cloudtrain:job", "Value": job.id},
+            {"Key": "cloudtrain:attempt", "Value": "2"}]}])["Instances"]
+
+    # supervisor B goes on with A's instance, and terminates the other before anything else:
+    # one instance bills, not two or three
+    with pytest.raises(Killed):
+        recovery.relaunch(store, Settings.load(), store.job(job.id))
+    assert _live(two_regions, job.id) == [first]
+    assert waited == [first[1], first[1]]
+    assert store.attempt(job.id).region == OTHER
+    recorded = {i.id: i for i in store.instances(job.id)}
+    assert recorded[stray["InstanceId"]].state == "terminated"  # billed until now, recorded
+    assert any(e.phase == "instance" and stray["InstanceId"] in (e.detail or "")
+               and "terminated" in e.detail for e in store.events(job.id))
