@@ -101,7 +101,7 @@ def test_rm_and_prune_never_touch_a_running_job_and_say_what_they_remove(cli, ct
 
 
 def test_U13_rm_and_prune_without_a_terminal_need_yes(cli, ct_home):
-    """Nobody can answer: refused in one line with the hint -y, nothing removed."""
+    """U13: Nobody can answer: refused in one line with the hint -y, nothing removed."""
     done = [cli.launch("--", "true") for _ in range(2)]
     for j in done:
         cli.wait(j)

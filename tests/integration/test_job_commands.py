@@ -288,7 +288,7 @@ def test_d26_down_all_lists_and_asks_in_a_terminal(cli):
 
 
 def test_U13_down_all_without_a_terminal_needs_yes(cli):
-    """Nobody can answer (an IDE task, a tool runner, ssh without -t): refused in one line
+    """U13: Nobody can answer (an IDE task, a tool runner, ssh without -t): refused in one line
     with the hint, nothing stopped; -y goes on."""
     job_id = cli.launch("--", "sleep", "60")
     proc = cli("down", "--all", input="")

@@ -319,7 +319,7 @@ def test_d17_a_gpu_recipe_on_this_cpu_says_what_it_would_take(ct_home, slow_reci
 
 
 def test_u15_without_a_terminal_the_warning_is_still_said_on_its_own_line(ct_home, slow_recipe):
-    """`launch --recipe slow </dev/null` (a script, CI): nobody is asked, and the launch goes
+    """U15: `launch --recipe slow </dev/null` (a script, CI): nobody is asked, and the launch goes
     on, but the 2.4 h CPU run predicted to fail is said on stderr first."""
     env = {"CLOUDTRAIN_HOME": str(ct_home), **slow_recipe}
     base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
@@ -334,6 +334,8 @@ def test_u15_without_a_terminal_the_warning_is_still_said_on_its_own_line(ct_hom
 
 
 def test_u15_in_a_terminal_enter_means_no_to_a_run_predicted_to_fail(ct_home, slow_recipe):
+    """U15: in a terminal, a run the plan predicts to fail (past its max runtime) is asked
+    about with [y/N]: Enter means no."""
     env = {"CLOUDTRAIN_HOME": str(ct_home), **slow_recipe}
     code, shown = in_a_terminal(["launch", "--recipe", "slow"], "", env)
     lines = shown.splitlines()

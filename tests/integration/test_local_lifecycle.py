@@ -197,6 +197,8 @@ def test_U2_down_grace_gives_a_slow_sigterm_handler_its_time(cli, ct_home):
 
 
 def test_U30_ctrl_c_during_downs_grace_says_what_the_job_is_left_in(cli, ct_home):
+    """U30: Ctrl-C during down's grace period said only `interrupted`; it says which job may
+    still be running and what to run next."""
     job_id = cli.launch("--", "bash", "-c", "trap 'sleep 30' TERM; echo ready; "
                         "while true; do sleep 0.1; done")
     wait_for(lambda: "ready" in cli.ok("logs", job_id).stdout, what="job start")

@@ -324,7 +324,7 @@ def test_nodes_that_cannot_be_are_one_line(cli, args, said):
 
 
 def test_u8_a_recipe_job_that_cannot_span_its_nodes_is_refused_before_anything_boots(cli):
-    """resnet9 with gpus=1 is one process, and stops at once (exit 2) when torchrun starts it
+    """U8: resnet9 with gpus=1 is one process, and stops at once (exit 2) when torchrun starts it
     with WORLD_SIZE 2: two instances would boot and bill, then fail. The dry run, the launch
     and `estimate --nodes 2` refuse it in one line; gpus=2 (one process a node) runs."""
     said = "Error: recipe resnet9 with gpus=1 runs 1 process: it cannot span 2 nodes"

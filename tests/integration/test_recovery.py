@@ -79,6 +79,8 @@ def _live(ec2s, job_id) -> list[tuple[str, str, str]]:
 
 def test_F30_a_supervisor_killed_mid_relaunch_elsewhere_leaves_one_instance(
         two_regions, ct_home, monkeypatch):
+    """F30: supervisor A started attempt 2 in a second region and was killed; B must go on
+    with that instance (or terminate it), never start another beside it."""
     from cloudtrain.providers.aws import AWSProvider
 
     store = open_store(ct_home)

@@ -29,7 +29,7 @@ def _files_holding(root: Path, *needles: str) -> list[str]:
 
 @pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
 def test_F31_environment_credentials_never_rest_in_the_home(cli, aws, ct_home, monkeypatch):
-    """aws-vault, CI secrets, SSO exports: credentials in the environment only. The
+    """F31: aws-vault, CI secrets, SSO exports: credentials in the environment only. The
     supervisor a spot launch starts gets them without their being left in a file: none in
     $CLOUDTRAIN_HOME while it runs, nor after it leaves."""
     secret = "auditSECRET" + secrets.token_hex(8)
@@ -66,7 +66,7 @@ def _nowhere(home: Path, secret: str, token: str) -> None:
 
 
 def test_F31_expired_credentials_pause_recovery_and_say_so(ct_home, monkeypatch):
-    """Temporary credentials expire while the supervisor waits to relaunch: the job is not
+    """F31: Temporary credentials expire while the supervisor waits to relaunch: the job is not
     failed over it; it stays `recovering`, its reason says what happened and what to do, and
     the supervisor leaves (the next command with valid credentials restarts it)."""
     import botocore.client

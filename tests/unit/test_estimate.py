@@ -152,6 +152,8 @@ def test_u21_a_gpu_sold_only_eight_to_an_instance_is_said_with_its_types(cli):
 
 
 def test_u22_a_region_the_catalog_has_no_prices_for_says_which_it_has(cli):
+    """U22: estimate and catalog for a region the bundled catalog has no prices for say which
+    regions it has and suggest catalog --refresh."""
     from cloudtrain import catalog
 
     have = ", ".join(sorted(catalog.regions()))
