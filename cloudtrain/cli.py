@@ -522,11 +522,12 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
                                            limit=_rows_that_fit(limit) if watch else limit)
             if as_json:
                 return render.jobs_json(shown)
-            text = render.status_table(shown, width=_width(wide), color=_color()) if shown \
-                else history.empty_view(store, filters)
-            note = history.footer(hidden, filters, all_=all_)
-            if note:
-                text += "\n" + note
+            if shown:
+                text = render.status_table(shown, width=_width(wide), color=_color())
+                note = history.footer(hidden, filters, all_=all_)
+                text += "\n" + note if note else ""
+            else:  # U6: what matched nothing, and how many jobs there are (no footer again)
+                text = history.empty_view(store, filters)
             if active:
                 from . import supervisor
 

@@ -117,3 +117,13 @@ def test_U13_rm_and_prune_without_a_terminal_need_yes(cli, ct_home):
         assert all((ct_home / "jobs" / j).is_dir() for j in done)
     assert cli("prune", "--older-than", "30d", "--dry-run").returncode == 0  # asks nothing
     assert "removed 2 job(s)" in cli.ok("prune", "--older-than", "30d", "-y").stdout
+
+
+def test_u6_an_empty_default_view_says_the_count_once(cli, ct_home):
+    """U6: with every job older than the default view, status said the count twice: once in
+    its empty line and again in the footer."""
+    job = cli.launch("--", "true")
+    cli.wait(job)
+    _age(cli.home, job, 30)
+    out = cli.ok("status").stdout.strip()
+    assert out == "no active or recent jobs (1 job in all: cloudtrain status -a)"
