@@ -33,6 +33,14 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in str(text))
 
 
+def error_line(text: str) -> str:
+    """An error's message (or hint) as one line: a newline, an escape or another control
+    character it quotes from the input is shown as \\n, \\x1b, ..., never acted on (B2: an env
+    name holding a newline split its error over two lines)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in str(text))
+
+
 def duration(seconds) -> str:
     s = _finite(seconds)
     if s is None:
