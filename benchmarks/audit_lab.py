@@ -188,7 +188,8 @@ def lost_state(lab: Lab, name: str, config: str, env_region: str | None, out: li
 
 def relaunch(lab: Lab, name: str, where: str, out: list) -> Scenario:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CLOUDTRAIN_"))}
-    env.update(PYTHONPATH=os.pathsep.join([str(harness.TREE), str(harness.TREE / "tests")]),
+    env.update(PYTHONPATH=os.pathsep.join([str(harness.TREE), str(harness.TREE / "tests"),
+                                           str(harness.TREE / "tests" / "integration")]),
                PYTHONDONTWRITEBYTECODE="1")
     outcome = harness.run_process([harness.PYTHON, __file__, "relaunch", where], env,
                                   lab.root, lab.timeout * 2, shown=["(relaunch)", where])
@@ -444,108 +445,47 @@ def run(args) -> LabFigures:
 # -- the relaunch simulation (a process of its own) ----------------------------------------------
 
 
-class Killed(BaseException):
-    """SIGKILL of the supervisor: nothing after it runs (no cleanup, no release)."""
-
-
 def simulate_relaunch(where: str) -> dict:
     """Supervisor A starts attempt 2's instance (in the second region when the home one has
     no capacity: `other`; at home: `same`) and is killed while waiting for it; the next
     command finds it gone; supervisor B relaunches (capacity back at home), and is stopped at
-    the same point. The job's live instances then: one is the job's, any other bills idle."""
-    import datetime
+    the same point. The job's live instances then: one is the job's, any other bills idle.
+    tests/integration/test_recovery.py's lab and kill points, outside pytest."""
+    import pytest
 
-    import boto3
-    from moto import mock_aws
-    from moto.core import DEFAULT_ACCOUNT_ID
-    from moto.ec2.exceptions import EC2ClientError
-    from moto.ec2.models.instances import InstanceBackend
-    from moto.ssm.models import Parameter, ssm_backends
+    from test_recovery import HOME, Killed, _live, _recovering_job, killed_while_waiting
+    from test_recovery import two_regions as lab
 
-    from aws_lab import AWS_ENV, DLAMI_PARAMETER
-
-    home_region, other = "us-east-1", "us-west-2"
     ct_home = Path(tempfile.mkdtemp(prefix="ct-audit-relaunch-"))
-    os.environ.update(AWS_ENV)
-    os.environ.pop("AWS_ENDPOINT_URL", None)
-    os.environ["CLOUDTRAIN_HOME"] = str(ct_home)
-    (ct_home / "config.yaml").write_text(
-        f"region: {home_region}\nregions: {home_region}, {other}\nssh_cidr: 127.0.0.1/32\n"
-        "poll_seconds: 0.05\nssh_wait_seconds: 1\ninstance_wait_seconds: 5\n")
-    from cloudtrain import jobs, recovery, state
-    from cloudtrain.config import Settings
-    from cloudtrain.providers.aws import AWSProvider
-    from cloudtrain.spec import JobSpec
-    from cloudtrain.state import open_store
+    (ct_home / "config.yaml").write_text("")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("CLOUDTRAIN_HOME", str(ct_home))
+    cloud = lab.__wrapped__(patch, ct_home)  # the fixture's generator: moto, both regions
+    ec2s = next(cloud)
+    try:
+        from cloudtrain import recovery
+        from cloudtrain.config import Settings
+        from cloudtrain.state import open_store
 
-    with mock_aws():
-        ec2s = {r: boto3.client("ec2", region_name=r) for r in (home_region, other)}
-        for region, ec2 in ec2s.items():
-            image = ec2.register_image(Name="Deep Learning OSS Nvidia Driver AMI GPU PyTorch",
-                                       RootDeviceName="/dev/sda1")["ImageId"]
-            ssm_backends[DEFAULT_ACCOUNT_ID][region]._parameters[DLAMI_PARAMETER].append(
-                Parameter(account_id=DEFAULT_ACCOUNT_ID, name=DLAMI_PARAMETER, value=image,
-                          parameter_type="String", description=None, allowed_pattern=None,
-                          keyid=None, last_modified_date=datetime.datetime.now(), version=1,
-                          data_type="text"))
         store = open_store(ct_home)
-        spec = JobSpec(kind="command", backend="aws", command=["sleep", "600"],
-                       instance_type="g5.xlarge", market="spot", recover=True,
-                       max_restarts=3, region=home_region)
-        job = store.create_job(name=None, kind="command", recipe=None, command="sleep 600",
-                               backend="aws", spec=spec.to_dict())
-        store.add_attempt(job.id, 1, region=home_region, zone=f"{home_region}a", market="spot",
-                          instance_type="g5.xlarge")
-        store.update_attempt(job.id, 1, ended_at=1.0, outcome=recovery.INTERRUPTED)
-        store.set_state(job.id, state.RECOVERING, reason="spot interruption")
-
-        def wait_then_die(self, region, instance_id, report=None):
-            raise Killed()
-
-        original_abort = jobs._abort_launch
-
-        def no_cleanup(store_, settings_, provider, job_, host, exc):
-            if isinstance(exc, Killed):
-                raise exc
-            return original_abort(store_, settings_, provider, job_, host, exc)
-
-        original_run = InstanceBackend.run_instances
-        no_capacity = {home_region} if where == "other" else set()
-
-        def run_instances(self, *args, **kwargs):
-            if self.region_name in no_capacity:
-                raise EC2ClientError("InsufficientInstanceCapacity", "We currently do not "
-                                     "have sufficient g5.xlarge capacity")
-            return original_run(self, *args, **kwargs)
-
-        InstanceBackend.run_instances = run_instances
-        AWSProvider._wait_running = wait_then_die
-        jobs._abort_launch = no_cleanup
-
-        def live() -> list:
-            found = []
-            for region, ec2 in ec2s.items():
-                for res in ec2.describe_instances(Filters=[
-                        {"Name": "tag:cloudtrain:job", "Values": [job.id]}])["Reservations"]:
-                    for raw in res["Instances"]:
-                        if raw["State"]["Name"] in ("pending", "running"):
-                            tags = {t["Key"]: t["Value"] for t in raw["Tags"]}
-                            found.append([region, raw["InstanceId"],
-                                          tags.get("cloudtrain:attempt")])
-            return sorted(found)
-
+        job = _recovering_job(store)
+        no_capacity = {HOME} if where == "other" else set()
+        killed_while_waiting(patch, no_capacity)
         try:
             recovery.relaunch(store, Settings.load(), job)
         except Killed:
             pass
-        after_fault = len(live())
+        after_fault = len(_live(ec2s, job.id))
         recovery.launcher_died(store, store.job(job.id))
         no_capacity.clear()
         try:
             recovery.relaunch(store, Settings.load(), store.job(job.id))
         except Killed:
             pass
-        return {"after_fault": after_fault, "live": live()}
+        return {"after_fault": after_fault, "live": [list(x) for x in _live(ec2s, job.id)]}
+    finally:
+        cloud.close()
+        patch.undo()
 
 
 if __name__ == "__main__":

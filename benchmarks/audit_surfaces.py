@@ -16,6 +16,7 @@ import http.server
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -23,7 +24,7 @@ import unicodedata
 from pathlib import Path
 
 import audit_cases as corpus
-from audit_harness import (Case, Outcome, Scratch, check_markers, classify, closed_port,
+from audit_harness import (Case, Outcome, Scratch, check_markers, closed_port,
                            files_holding, launch_in_case, replace_with, wait_jobs,
                            wait_running, write)
 
@@ -600,8 +601,6 @@ def rm_prune_case(label: str) -> Case:
             for item in jobdir.iterdir():
                 if item.is_file():
                     write(target / item.name, item.read_bytes())
-            import shutil
-
             shutil.rmtree(jobdir)
             jobdir.symlink_to(target)
         elif label == "rm a job whose dir holds a hardlink to outside":
