@@ -732,7 +732,7 @@ RM_PRUNE_CASES = [
     "rm a job whose dir is a symlink", "rm a job whose dir holds a hardlink to outside",
     "rm ../../x", "rm %", "prune --older-than 0s", "prune --older-than nan",
     "prune --older-than -1d", "prune --older-than 1e400d",
-    "prune a symlinked job dir",
+    "prune a symlinked job dir", "rm a job whose dir holds a FIFO and a loop of links",
 ]
 
 # sync: credential files in a home directory. CREDENTIALS_F6: the kinds the 2026-11-23 audit
@@ -759,6 +759,7 @@ SYNC_CASES = [
     "file names that look like rsync options", "home through a symlinked workdir",
     "CLOUDTRAIN_HOME inside the workdir", "a job file in the home, workdir .",
     "--include typed (sent with a warning, by design)",
+    "a workdir holding a FIFO, a socket and a link to /dev/zero",
 ]
 SECRETS_CASES = ["--secret KEY=VALUE", "--secret KEY from the environment",
                  "job file secrets: {KEY: null}", "job file secret written inline"]

@@ -541,6 +541,7 @@ def healthy_jobs(args) -> HealthyFigures:
         jobs = wait_all_ended(env, root, args.timeout)
     finally:
         kill_tmux(sock)
+        harness.kill_left_under(root)
         shutil.rmtree(root, ignore_errors=True)
     not_ok = [j for j in jobs if j["state"] != "succeeded"]
     bad_readers = [o for o in readers if o.kind in ("TRACEBACK", "HANG")]

@@ -155,6 +155,17 @@ def kill_tmux(sock: str) -> None:
         path.unlink(missing_ok=True)
 
 
+def kill_left_under(folder: Path) -> None:
+    """SIGKILL what a case left running that names its scratch folder (an agent that outlives
+    its tmux server, a probe, a job of an instance the lab "terminated"), as the tests do
+    (tests/conftest.py's kill_processes_under: every process found was started by the case)."""
+    try:
+        from conftest import kill_processes_under
+    except ImportError:  # a tree from before it
+        return
+    kill_processes_under(folder)
+
+
 def closed_port() -> int:
     """A 127.0.0.1 port nothing listens on (connections are refused)."""
     with socket.socket() as s:
@@ -384,8 +395,7 @@ def run_case(case: Case, number: int, template: Template | None, root: Path, url
         scratch.flaws.clear()
     finally:
         kill_tmux(sock)
-        for extra in scratch.extra.get("sockets", ()):
-            kill_tmux(extra)
+        kill_left_under(scratch_dir)
         shutil.rmtree(scratch_dir, ignore_errors=True)
     kind = "harness" if outcomes and outcomes[0].kind == "harness" else \
         min((o.kind for o in outcomes), key=KINDS.index, default="ok")

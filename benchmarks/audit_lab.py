@@ -84,6 +84,7 @@ class Lab:
         aws_lab._plain_http_stands_in_for_tls(_Patch())
         self.lab = None
         self.sock = None
+        self.base = None
 
     def fresh(self, name: str, sshd: bool = True):
         """(home, env, lab or None): a reset moto; with `sshd`, the lab's VPC, DLAMI, key and
@@ -95,7 +96,7 @@ class Lab:
 
         self.close_scenario()
         requests.post(f"{self.endpoint}/moto-api/reset", timeout=10)
-        base = self.root / name.replace(" ", "-").replace("/", "-")
+        base = self.base = self.root / name.replace(" ", "-").replace("/", "-")
         home = base / "home"
         home.mkdir(parents=True)
         self.sock = f"{harness.RUN_ID}-lab-{len(list(self.root.iterdir()))}"
@@ -116,6 +117,8 @@ class Lab:
             self.lab = None
         if self.sock:
             kill_tmux(self.sock)
+        if self.base is not None:  # an agent the lab's "termination" could not stop
+            harness.kill_left_under(self.base)
 
     def close(self) -> None:
         self.close_scenario()

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -605,6 +606,11 @@ def rm_prune_case(label: str) -> Case:
             jobdir.symlink_to(target)
         elif label == "rm a job whose dir holds a hardlink to outside":
             os.link(s.outside / "victim.txt", jobdir / "hardlink")
+        elif label == "rm a job whose dir holds a FIFO and a loop of links":
+            os.mkfifo(jobdir / "pipe")
+            (jobdir / "loop").symlink_to("loop")
+            (jobdir / "checkpoints").mkdir(exist_ok=True)
+            (jobdir / "checkpoints" / "up").symlink_to("..")
 
     ref = {"rm ../../x": "../../x", "rm %": "%"}.get(label, "{job}")
     if label == "rm a running job":
@@ -659,6 +665,11 @@ def sync_case(label: str) -> Case:
             (s.dir / "code" / "home-link").symlink_to(s.dir)
         elif label == "a job file in the home, workdir .":
             write(s.dir / "job.yaml", "name: home-run\nworkdir: .\nrun: ls -a\n")
+        elif label.startswith("a workdir holding a FIFO"):
+            os.mkfifo(s.dir / "project" / "pipe")
+            (s.dir / "project" / "zero").symlink_to("/dev/zero")
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.bind(str(s.dir / "project" / "sock"))
         elif label == "a job file with workdir ../..":
             write(s.dir / JOB_FILE, "workdir: ../..\nrun: cat .aws/credentials\n")
         elif label == "a job file with include .aws/.ssh":
@@ -668,7 +679,8 @@ def sync_case(label: str) -> Case:
         argv = ["launch", "--dry-run", "--workdir", "{dir}", "--", "true"]
     elif label in ("a project below home as --workdir", "credentials in a project subfolder",
                    "a link to .aws inside the workdir", "a newline file name (F3)",
-                   "file names that look like rsync options"):
+                   "file names that look like rsync options",
+                   "a workdir holding a FIFO, a socket and a link to /dev/zero"):
         argv = ["launch", "-q", "--workdir", "{dir}/project", "--", "true"]
     elif label == "home through a symlinked workdir":
         argv = ["launch", "-q", "--workdir", "{dir}/code/home-link", "--", "true"]
