@@ -226,6 +226,9 @@ def sigterm_into_launch(lab: Lab, name: str, seconds: float, out: list) -> Scena
     kind = classify(rc, err, stdout.decode("utf-8", "replace"))
     if rc == 130 and "interrupted" in err and kind == "other":
         kind = "error"  # the designed line of an interrupted launch (exit 130)
+    if rc == -signal.SIGTERM:  # it came before the launch set its handler (while loading,
+        # before any instance): the default action; what bills is counted below regardless
+        kind, err = "ok", "(ended by the SIGTERM before its handler was set)\n"
     out.append(Outcome(kind, argv, rc, err, time.monotonic() - start))
     after = instances(lab.billing())
     out.append(lab.run(["status"], env, home.parent))
