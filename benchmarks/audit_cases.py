@@ -255,9 +255,9 @@ STATE_ROWS: list[tuple[str, str, object]] = [
     ("instances", "instance_type", None),
 ]
 # commands that read the database; {aws} is the job whose row is corrupted
-STATE_READERS = [["status"], ["status", "{aws}", "--json"], ["status", "{aws}"], ["logs", "{aws}"],
-                 ["cost-report", "--by", "instance"], ["cost-report", "--by", "day", "--csv"],
-                 ["down", "{aws}"]]
+STATE_READERS = [["status"], ["status", "{aws}", "--json"], ["status", "{aws}"],
+                 ["logs", "{aws}"], ["cost-report", "--by", "instance"],
+                 ["cost-report", "--by", "day", "--csv"], ["down", "{aws}"]]
 
 # CLOUDTRAIN_HOME values ({dir}: the case's scratch directory, where `afile` is a file)
 HOMES = {

@@ -62,8 +62,6 @@ class Outcome:
         if self.kind == "TRACEBACK":  # the catch-all's line, after any progress lines
             return next((line for line in lines if "internal error" in line or
                          masked_bug(line)), lines[-1])
-        if self.kind == "other" and self.stdout.strip():
-            return f"(stderr empty) stdout: {self.stdout.strip().splitlines()[-1]}"
         return next((line for line in lines if line.startswith(DESIGNED) or
                      FOLLOWED.match(line)), lines[0])
 
@@ -80,9 +78,10 @@ def masked_bug(text: str) -> bool:
 
 
 # The one line a designed refusal starts with: the CLI's, and the stager's and the checkpoint
-# restore's on the instance, and rm's for a job it keeps.
+# restore's on the instance, rm's for a job it keeps, and a cloud listing's for a region it
+# could not ask (README: never "nothing running").
 DESIGNED = ("Error: ", "cloudtrain staging failed: ", "cloudtrain: checkpoint restore failed: ",
-            "kept: ")
+            "kept: ", "cloud: could not check ", "aws: could not check ")
 # launch --follow's and logs --follow's one line on a job that did not succeed (exit 1)
 FOLLOWED = re.compile(r"job [0-9a-f]{8} (failed|cancelled|preempted)\b")
 

@@ -184,9 +184,9 @@ def lost_state(lab: Lab, name: str, config: str, env_region: str | None, out: li
     outcome = lab.run(["down", "--all", "-y"], env, home.parent, timeout=240)
     out.append(outcome)
     left = lab.billing()
+    said = (outcome.stdout.strip().splitlines() or [outcome.first_line])[-1]
     return Scenario(name, after, "down --all -y", len(left),
-                    f"still running: {', '.join(left)}; down said: "
-                    f"{short(outcome.stdout.strip().splitlines()[-1] if outcome.stdout.strip() else outcome.first_line, 90)}")
+                    f"still running: {', '.join(left)}; down said: {short(said, 90)}")
 
 
 def relaunch(lab: Lab, name: str, where: str, out: list) -> Scenario:
@@ -425,7 +425,8 @@ def run(args) -> LabFigures:
             print(f"  {name:58} {result.after_fault:>2} after the fault, "
                   f"{result.left} left after `{result.cleanup}` ({time.monotonic() - t0:.0f} s)"
                   + (f"  NOT MEASURED: {result.error}" if result.error else "")
-                  + (f"\n      {kind}: {short(next(o for o in out if o.kind == kind).first_line, 120)}"
+                  + (f"\n      {kind}: "
+                     f"{short(next(o for o in out if o.kind == kind).first_line, 120)}"
                      if kind in ("TRACEBACK", "HANG", "other") else ""))
         out, flaws = [], []
         try:

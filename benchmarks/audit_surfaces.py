@@ -303,7 +303,7 @@ def injection_cases() -> list[Case]:
     return cases
 
 
-# -- metrics x commands (F19, F34, F38) -------------------------------------------------------------
+# -- metrics x commands (F19, F34, F38) --------------------------------------------------------
 
 
 def plant_metrics(s: Scratch, label: str, content) -> None:
@@ -340,7 +340,7 @@ def shard_cases() -> list[Case]:
     return cases
 
 
-# -- stager plans (F38) ------------------------------------------------------------------------------
+# -- stager plans (F38) ------------------------------------------------------------------------
 
 STAGE = ["{python}", "-m", "cloudtrain.stager", "{dir}/plan.json",
          "{dir}/job/staging-status.json"]
@@ -532,7 +532,7 @@ def jobstore_cases() -> list[Case]:
             for case in corpus.JOBSTORE_CASES]
 
 
-# -- completion (F35) ---------------------------------------------------------------------------------
+# -- completion (F35) --------------------------------------------------------------------------
 
 
 def complete(s: Scratch, shell: str) -> Outcome:
@@ -582,7 +582,7 @@ def completion_cases() -> list[Case]:
     return cases
 
 
-# -- rm and prune ----------------------------------------------------------------------------------------
+# -- rm and prune ------------------------------------------------------------------------------
 
 
 def rm_prune_case(label: str) -> Case:
@@ -635,7 +635,7 @@ def rm_prune_cases() -> list[Case]:
     return [rm_prune_case(label) for label in corpus.RM_PRUNE_CASES]
 
 
-# -- sync (F6, F27, F3) ------------------------------------------------------------------------------
+# -- sync (F6, F27, F3) ------------------------------------------------------------------------
 
 
 def sync_case(label: str) -> Case:
@@ -708,7 +708,7 @@ def sync_cases() -> list[Case]:
     return [sync_case(label) for label in corpus.SYNC_CASES]
 
 
-# -- secrets -----------------------------------------------------------------------------------------
+# -- secrets -----------------------------------------------------------------------------------
 
 SECRET = "auditSECRETvalue-5d1c9e"
 
