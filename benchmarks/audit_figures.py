@@ -18,7 +18,7 @@ and the sets of the one of 2026-11-23 on request.
   --results  time from a job's end to its results being readable without the instance
              (benchmarks/job_store_roundtrip.py)
 
---inputs, --healthy and --orphans run by default (9 minutes on this 2-core machine, shared);
+--inputs, --healthy and --orphans run by default (6 to 9 minutes on this 2-core machine, shared);
 --all adds --faults, --results and the old sets. Every program runs as a fresh process (a
 `python -m cloudtrain`, the stager, the checkpoint restore, a driver in audit_drivers.py) in
 its own temporary CLOUDTRAIN_HOME and HOME, on a private tmux socket killed afterwards, under
