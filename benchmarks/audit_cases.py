@@ -255,9 +255,9 @@ STATE_ROWS: list[tuple[str, str, object]] = [
     ("instances", "instance_type", None),
 ]
 # commands that read the database; {aws} is the job whose row is corrupted
-STATE_READERS = [["status"], ["status", "{aws}", "--json"], ["logs", "{aws}"],
-                 ["cost-report", "--by", "instance"], ["cost-report", "--by", "day", "--csv"],
-                 ["down", "{aws}"]]
+STATE_READERS = [["status"], ["status", "{aws}", "--json"], ["status", "{aws}"],
+                 ["logs", "{aws}"], ["cost-report", "--by", "instance"],
+                 ["cost-report", "--by", "day", "--csv"], ["down", "{aws}"]]
 
 # CLOUDTRAIN_HOME values ({dir}: the case's scratch directory, where `afile` is a file)
 HOMES = {
@@ -425,3 +425,341 @@ for _server in (None, "denied", "garbage", "error500"):
 AWS_NO_CREDENTIALS = [["catalog", "--refresh"], ["status", "--refresh"],
                       ["launch", "-q", "-i", "g5.xlarge", "--", "true"],
                       ["cost-report", "--refresh"]]
+
+
+# == the surfaces of the 2026-11-27 audit (/work/shared/findings/audit-2026-11-27.md) ==========
+#
+# Placeholders filled in by the runner besides {dir}: {outside} is a folder of marker files
+# beside the job's directory (anything written or removed there is a write outside the job
+# dir), {M} a marker file's path prefix (a file {M}-... appearing means injected code ran).
+
+def alias_bomb(levels: int, key: str = "name") -> str:
+    """The audit's F33 file: nested lists of aliases, 10^levels items once expanded (9
+    levels: 489 bytes)."""
+    lines = [f"{key}:", '  - &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, levels):
+        lines.append(f"  - &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]")
+    return "\n".join(lines) + "\nrun: echo hi\n"
+
+
+def nested_key(path: str, yaml_value: str) -> str:
+    """`resources.disk_gb` -> 'resources:\n  disk_gb: VALUE\n'."""
+    head, _, leaf = path.rpartition(".")
+    if head:
+        return f"{head}:\n  {leaf}: {yaml_value}\n"
+    return f"{path}: {yaml_value}\n"
+
+
+# The audit's 14 keys that take text, a list or a number (F33), each given the alias bomb.
+BOMB_KEYS = ["name", "setup", "run", "workdir", "recipe", "profile", "outputs", "include",
+             "resources.spot", "resources.disk_gb", "resources.max_runtime", "resources.nodes",
+             "resources.instance", "resources.regions"]
+BIG_INT = "9" * 4301
+
+RUN = "run: echo ok\n"
+# Job files: label -> text (bytes where it must be exact). `launch FILE --dry-run` for each,
+# then a real local launch where the dry run passes on the local backend.
+JOB_FILES: dict[str, str | bytes] = {
+    # YAML the loader must not obey or choke on
+    "python tag apply": "name: !!python/object/apply:os.system ['touch {M}-tag']\n" + RUN,
+    "python tag name": "name: !!python/name:os.system\n" + RUN,
+    "python tag module": "run: !!python/module:os\n",
+    "binary tag": "name: !!binary aGVsbG8=\n" + RUN,
+    "set tag": "name: !!set {a, b}\n" + RUN,
+    "timestamp name": "name: 2026-11-27\n" + RUN,
+    "bad date": "name: 2026-13-45\n" + RUN,
+    "float tag nan": "resources:\n  max_runtime: !!float .nan\n" + RUN,
+    "NUL byte raw": b"name: a\x00b\nrun: echo ok\n",
+    "NUL escaped in name": 'name: "a\\0b"\n' + RUN,
+    "NUL in env value": 'envs: {A: "x\\0y"}\n' + RUN,
+    "tab indent": "resources:\n\tspot: true\n" + RUN,
+    "tab value": "name:\tx\n" + RUN,
+    "duplicate keys": "name: a\nname: b\n" + RUN,
+    "duplicate env keys": "envs:\n  A: 1\n  A: 2\n" + RUN,
+    "duplicate sections": "resources: {spot: false}\nresources: {nodes: 1}\n" + RUN,
+    "merge key in envs": "envs:\n  <<: {A: 1}\n  B: 2\n" + RUN,
+    "merge key top": "<<: {name: merged}\n" + RUN,
+    "anchor and alias": "name: &n x\nprofile: *n\n" + RUN,
+    "recursive alias": "name: &o [*o]\n" + RUN,
+    "recursive mapping alias": "envs: &e {A: *e}\n" + RUN,
+    "alias bomb 3 levels": alias_bomb(3),
+    "alias bomb 8 levels": alias_bomb(8),
+    **{f"alias bomb 9 levels in {k}": alias_bomb(9, k.split(".")[-1]) if "." not in k else
+       "resources:\n" + "\n".join("  " + line for line in alias_bomb(9, k.split(".")[1])
+                                  .splitlines()[:-1]) + "\n" + RUN
+       for k in BOMB_KEYS},
+    "nesting 100000 deep": "name: " + "[" * 100_000 + "]" * 100_000 + "\n" + RUN,
+    "nesting 5000 deep mapping": "name: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n" + RUN,
+    "over 1 MB": RUN + "# " + "x" * (1 << 20) + "\n",
+    "1 MB value": "name: " + "x" * ((1 << 20) - 100) + "\n" + RUN,
+    "4301-digit disk_gb": nested_key("resources.disk_gb", BIG_INT) + RUN,
+    "4301-digit arg": f"recipe: resnet9\nargs: {{epochs: {BIG_INT}}}\n",
+    "4301-digit nodes": nested_key("resources.nodes", BIG_INT) + RUN,
+    "4301-digit env value": f"envs: {{A: {BIG_INT}}}\n" + RUN,
+    "4301-digit name": f"name: {BIG_INT}\n" + RUN,
+    "4301-digit key": f"envs: {{{BIG_INT}: 1}}\n" + RUN,
+    # the shape of the file
+    "empty": "",
+    "a list": "- name: x\n",
+    "a scalar": "echo hi\n",
+    "only comments": "# nothing\n",
+    "non-UTF-8": b"name: \xff\xfe\nrun: echo ok\n",
+    "UTF-16": ("name: x\n" + RUN).encode("utf-16"),
+    "unknown key": "nmae: x\n" + RUN,
+    "unknown resource key": "resources: {gpu: 1}\n" + RUN,
+    "resources a list": "resources: [spot]\n" + RUN,
+    "recipe and run": "recipe: resnet9\n" + RUN,
+    "int key": "1: 2\n" + RUN,
+    "null key": "~: 1\n" + RUN,
+    "invalid YAML": "name: [x\n" + RUN,
+    # names, env names, outputs, datasets, regions, instances, AMIs
+    "name empty": "name: ''\n" + RUN,
+    "name newline": 'name: "a\\nb"\n' + RUN,
+    "name ANSI": 'name: "\\e[31mred"\n' + RUN,
+    "name 100k": "name: " + "n" * 100_000 + "\n" + RUN,
+    "name traversal": "name: ../../x\n" + RUN,
+    "name dash": "name: -x\n" + RUN,
+    "name a list": "name: [a]\n" + RUN,
+    "env name digit": "envs: {1A: x}\n" + RUN,
+    "env name dash": "envs: {A-B: x}\n" + RUN,
+    "env name space": "envs: {'A B': x}\n" + RUN,
+    "env name with =": "envs: {'A=B': x}\n" + RUN,
+    "env name empty": "envs: {'': x}\n" + RUN,
+    "env name CLOUDTRAIN_": "envs: {CLOUDTRAIN_JOB_DIR: /etc}\n" + RUN,
+    "env name non-ASCII": "envs: {É: x}\n" + RUN,
+    "env value a list": "envs: {A: [1, 2]}\n" + RUN,
+    "env value unset here": "envs: {AUDIT_NOT_SET_ANYWHERE: null}\n" + RUN,
+    "envs a list": "envs: [A, B]\n" + RUN,
+    "output traversal": "outputs: [../../x]\n" + RUN,
+    "output absolute": "outputs: [/etc]\n" + RUN,
+    "output home": "outputs: ['~']\n" + RUN,
+    "output newline": 'outputs: ["a\\nb"]\n' + RUN,
+    "output glob": "outputs: ['*']\n" + RUN,
+    "output empty": "outputs: ['']\n" + RUN,
+    "output dict": "outputs: [{a: 1}]\n" + RUN,
+    "dataset traversal source": "datasets: {x: 's3://bucket/../x'}\n" + RUN,
+    "dataset traversal name": "datasets: {'../x': 's3://bucket/x'}\n" + RUN,
+    "dataset file URL": "datasets: {x: 'file:///etc'}\n" + RUN,
+    "dataset /etc/passwd": "datasets: {x: /etc/passwd}\n" + RUN,
+    "dataset unknown null": "datasets: {nothere: null}\n" + RUN,
+    "dataset a list": "datasets: {x: [a]}\n" + RUN,
+    "region traversal": "resources: {region: ../x}\n" + RUN,
+    "region shell": "resources: {region: '$(touch {M}-region)'}\n" + RUN,
+    "region upper": "resources: {region: US-EAST-1}\n" + RUN,
+    "region a list": "resources: {region: [us-east-1]}\n" + RUN,
+    "regions hostile": "resources: {regions: [us-east-1, '$(id)', ../x]}\n" + RUN,
+    "regions a number": "resources: {regions: 5}\n" + RUN,
+    "instance shell": "resources: {instance: 'g5.xlarge; touch {M}-instance'}\n" + RUN,
+    "instance traversal": "resources: {instance: ../x}\n" + RUN,
+    "instance 1000 chars": "resources: {instance: " + "x" * 1000 + "}\n" + RUN,
+    "instance a number": "resources: {instance: 5}\n" + RUN,
+    "ami shell": "resources: {instance: g5.xlarge, ami: 'ami-1; touch {M}-ami'}\n" + RUN,
+    "ami traversal": "resources: {instance: g5.xlarge, ami: ../x}\n" + RUN,
+    "ami long": "resources: {instance: g5.xlarge, ami: ami-" + "f" * 1000 + "}\n" + RUN,
+    # numbers
+    **{f"disk_gb {v}": nested_key("resources.disk_gb", v) + RUN
+       for v in (".nan", "-1", "1e400", "'10'", "true", "7", "70000", "1.5")},
+    **{f"max_runtime {v}": nested_key("resources.max_runtime", v) + RUN
+       for v in (".nan", ".inf", "-5", "0", "2x", "1e400", "999999d", "'1e3m'")},
+    "max_price nan": "resources: {spot: true, max_price: .nan}\n" + RUN,
+    "max_price -1": "resources: {spot: true, max_price: -1}\n" + RUN,
+    "nodes 0": "resources: {nodes: 0}\n" + RUN,
+    "nodes 65": "resources: {nodes: 65}\n" + RUN,
+    "nodes 1.5": "resources: {nodes: 1.5}\n" + RUN,
+    "procs 0": "resources: {procs: 0}\n" + RUN,
+    "idle_minutes -1": "resources: {keep: true, idle_minutes: -1}\n" + RUN,
+    "max_restarts 101": "resources: {spot: true, recover: true, max_restarts: 101}\n" + RUN,
+    "spot a string": "resources: {spot: 'yes'}\n" + RUN,
+    "fallback spot": "resources: {fallback: spot}\n" + RUN,
+    # workdir out of the repository, include, inline secrets (F27, F38)
+    "workdir ../..": "workdir: ../..\nrun: cat .aws/credentials\n",
+    "workdir ..": "workdir: ..\n" + RUN,
+    "workdir absolute home": "workdir: {dir}\n" + RUN,
+    "workdir /": "workdir: /\n" + RUN,
+    "workdir ~": "workdir: '~'\n" + RUN,
+    "workdir symlink out": "workdir: out\n" + RUN,  # code/repo/out -> ../.. (made by runner)
+    "workdir symlink loop": "workdir: loop\n" + RUN,
+    "workdir a file": "workdir: job.yaml\n" + RUN,
+    "workdir missing": "workdir: nowhere\n" + RUN,
+    "workdir . (control)": "workdir: .\n" + RUN,
+    "include .aws and .ssh": "workdir: .\ninclude: ['.aws/**', '.ssh/**']\nrun: ls\n",
+    "include with ../..": "workdir: ../..\ninclude: ['.aws/**', '.ssh/**']\n"
+                          "run: cat .aws/credentials\n",
+    "include a pattern": "include: ['*.key']\n" + RUN,
+    "secret inline value": "secrets: {TOKEN: s3cr3t-inline-audit}\n" + RUN,
+    "secret inline number": "secrets: {TOKEN: 12345678}\n" + RUN,
+    "secret inline empty": "secrets: {TOKEN: ''}\n" + RUN,
+    "secret name bad": "secrets: {'A B': null}\n" + RUN,
+}
+INLINE_SECRET = "s3cr3t-inline-audit"
+
+# F1 again: each of these in every flag and job-file field; a file {M}-<n> appearing means a
+# shell ran part of it.
+INJECTIONS = {
+    "$() ` ' \" ;": "x$(touch {M}-1)`touch {M}-2`';touch {M}-3;'\";touch {M}-4;\";touch {M}-5",
+    "newline": "x\ntouch {M}-6\ny",
+}
+# (label, launch argv before `--`, the command after it); {P} is the payload. Each is run as
+# `launch --dry-run`, then as a real local launch.
+INJECTION_FLAGS: list[tuple[str, list[str], list[str]]] = [
+    ("--env value", ["--env", "A={P}"], ["true"]),
+    ("--env name", ["--env", "{P}=1"], ["true"]),
+    ("--secret value", ["--secret", "TOKEN={P}"], ["true"]),
+    ("--output", ["--output", "{P}"], ["true"]),
+    ("--name", ["--name", "{P}"], ["true"]),
+    ("--data", ["--data", "d={P}"], ["true"]),
+    ("--data name", ["--data", "{P}=/tmp"], ["true"]),
+    ("--workdir", ["--workdir", "{dir}/{P}"], ["true"]),  # the folder is made by the runner
+    ("--include", ["--include", "{P}"], ["true"]),
+    ("--set (a user recipe)", ["--recipe", "toy", "--set", "tag={P}"], []),
+    ("--region", ["--region", "{P}", "-i", "g5.xlarge"], ["true"]),
+    ("--instance", ["--instance", "{P}"], ["true"]),
+    ("--ami", ["--ami", "{P}", "-i", "g5.xlarge"], ["true"]),
+    ("the command's arguments", [], ["echo", "{P}"]),
+    ("CLOUDTRAIN_HOME", [], ["true"]),  # the state directory's own name holds the payload
+]
+# (label, job-file text); {P} is the payload written as a YAML double-quoted string
+INJECTION_FIELDS: list[tuple[str, str]] = [
+    ("name", "name: {P}\nrun: echo ok\n"),
+    ("envs name", "envs: {{{P}: 1}}\nrun: echo ok\n"),
+    ("envs value", "envs: {{A: {P}}}\nrun: echo ok\n"),
+    ("secrets name", "secrets: {{{P}: null}}\nrun: echo ok\n"),
+    ("outputs", "outputs: [{P}]\nrun: echo ok\n"),
+    ("workdir", "workdir: {P}\nrun: echo ok\n"),  # the folder is made by the runner
+    ("datasets", "datasets: {{d: {P}}}\nrun: echo ok\n"),
+    ("region", "resources: {{region: {P}}}\nrun: echo ok\n"),
+    ("instance", "resources: {{instance: {P}}}\nrun: echo ok\n"),
+    ("ami", "resources: {{instance: g5.xlarge, ami: {P}}}\nrun: echo ok\n"),
+    ("recipe args", "recipe: toy\nargs: {{tag: {P}}}\n"),
+    ("profile", "recipe: toy\nprofile: {P}\n"),
+]
+
+# metrics.jsonl planted in a finished job's directory (F19, F34, F38), on top of
+# METRICS_FILES; None: made by the runner (a FIFO, a link)
+METRICS_HOSTILE: dict[str, str | bytes | None] = {
+    "a FIFO": None,
+    "a link to /dev/zero": None,
+    "a link to /etc/shadow": None,
+    "1e308 values": '{"epoch": 1, "test_acc": 1e308, "train_loss": 1e308}\n',
+    "-1e308 times": '{"epoch": 1, "time": -1e308, "train_time": -1e308, "test_acc": 0.5}\n',
+    "NaN time": '{"epoch": 1, "time": NaN, "test_acc": 0.5}\n',
+    "ANSI keys": '{"epoch": 1, "\\u001b]0;owned\\u0007\\u001b[2Jacc": 0.5, '
+                 '"\\u001b[31mloss": 1}\n',
+    "RLO and newline keys": '{"epoch": 1, "\\u202eacc": 0.5, "a\\nb": 1}\n',
+    "negative epochs": '{"epoch": -5, "epochs": -1, "test_acc": 0.5}\n{"epoch": -1e308}\n',
+    "time strings": '{"epoch": 1, "time": "noon", "train_time": "1 h", "test_acc": "x"}\n',
+    "huge lines 20 x 1 MB": "".join('{"epoch": %d, "n": "%s"}\n' % (i, "x" * (1 << 20))
+                                    for i in range(20)),
+}
+METRICS_COMMANDS = [["metrics", "{job}"], ["metrics", "--csv", "{job}"],
+                    ["metrics", "--json", "{job}"], ["plot", "{job}", "-o", "{dir}/m.png"],
+                    ["plot", "{job}", "-o", "{dir}/m.svg"], ["status"], ["status", "{job}"],
+                    ["status", "--json"]]
+
+# Shards (shards.extract_shard): what a bucket writer can put in a tar. The driver builds
+# each (benchmarks/audit_surfaces.py, tar_case).
+TAR_CASES = [
+    "member ../evil", "member ../../../evil", "member absolute into outside",
+    "member a/../../../evil", "member ./a", "member a//b", "member .hidden", "member .git/x",
+    "member with backslash", "member with NUL", "member non-UTF-8", "name of 4097 bytes",
+    "component of 256 bytes", "symlink to outside", "symlink then write through it",
+    "hardlink to /etc/passwd", "hardlink to outside", "char device", "block device", "FIFO",
+    "directory", "contiguous file", "duplicate member", "file and folder", "GNU longname ../..",
+    "GNU longlink", "global pax header", "8 MB pax header", "sparse pax key",
+    "pax path override ../evil", "setuid file", "entry lies about sha256",
+    "entry says larger", "entry says smaller", "entry lies about files",
+    "entry lies about file bytes", "endless stream", "garbage bytes", "empty stream",
+    "truncated tar", "link already in dest", "a good shard (control)",
+]
+# Manifests (shards.Manifest.from_json): text, or None for the driver to build
+MANIFEST_CASES: dict[str, str | bytes | None] = {
+    "invalid JSON": "{",
+    "NaN": None,
+    "nesting 100000 deep": '{"a":' * 100_000 + "1" + "}" * 100_000,
+    "5000-digit integer": None,
+    "UTF-16": None,
+    "17 MB": None,
+    "totals that do not add up": None,
+    "shard named ../../x.tar": None,
+    "created 9999-99-99": None,
+    "extra keys": None,
+    "a list": "[]",
+    "version 2": None,
+    "bool as a count": None,
+    "1e400 bytes": None,
+    "a good manifest (control)": None,
+}
+
+# Stager plans (python -m cloudtrain.stager PLAN STATUS) against a lying local "S3".
+STAGER_CASES = [
+    "object path ..", "object path absolute", "object path hidden", "object path NUL",
+    "object path empty", "duplicate paths", "file and folder", "short body", "longer body",
+    "endless body", "403", "404", "500 always", "302 to a metadata-like address",
+    "md5 mismatch", "size lies (smaller)", "size lies (larger)", "file:// URL", "dest /",
+    "dest relative", "dest a file", "dest holds files", "bad name", "workers 0", "workers 10^9",
+    "plan version 2", "plan a list", "plan a string", "kind unknown",
+    "shard with ../ member through the stager", "trickle (1 byte/s)", "good objects (control)",
+    "path dataset pointing outside",
+]
+# Checkpoint restore plans (python -m cloudtrain.checkpoint_stream restore PLAN JOBDIR)
+RESTORE_CASES = [
+    "path ..", "path absolute", "run.sh", "job.json", ".secrets.env", "sha256 mismatch",
+    "size mismatch", "symlink at checkpoints/", "symlink at the file", "symlink at output.log",
+    "file and folder", "10001 files", "bytes total lies", "timeout NaN", "file:// URL",
+    "plan not JSON", "plan a list", "500 always", "a good plan (control)",
+]
+# The job store reader (jobstore.fetch) against moto's S3, keys written as the instance's
+# grant could
+HOSTILE_KEYS = ["../../x", "/abs", "a/../../../x", "C:x", "a\\..\\..\\x", "%2e%2e/x",
+                "new\nline", "\u202eexe.txt", "n" * 300, "checkpoints/../../../x"]
+JOBSTORE_CASES = [
+    "hostile keys, no manifest", "hostile keys listed in a manifest",
+    "manifest lies about sha256", "junk manifest", "manifest a list", "manifest entry types",
+    "link checkpoints -> outside in the local dir", "link status.json -> outside",
+    "streamed checkpoints with a hostile latest.json", "job id ../x", "job id a/b", "job id ..",
+    "job id ''", "job id of 200 characters", "owner key hostile",
+]
+# Completion (F35): a job whose command is a multi-line script, and one with escapes
+COMPLETION_JOBS = {
+    "multi-line run": "run: |\n  echo one\n  plain\n  $(touch {M}-completion)\n  x\n",
+    "escapes in run": 'run: "printf \\e]0;owned\\a\\e[2J; echo x"\n',
+}
+COMPLETION_SHELLS = ["zsh", "bash", "fish"]
+
+# rm and prune (11)
+RM_PRUNE_CASES = [
+    "rm a running job", "rm a job whose dir links to outside folders",
+    "rm a job whose dir is a symlink", "rm a job whose dir holds a hardlink to outside",
+    "rm ../../x", "rm %", "prune --older-than 0s", "prune --older-than nan",
+    "prune --older-than -1d", "prune --older-than 1e400d",
+    "prune a symlinked job dir", "rm a job whose dir holds a FIFO and a loop of links",
+]
+
+# sync: credential files in a home directory. CREDENTIALS_F6: the kinds the 2026-11-23 audit
+# listed (held back since); CREDENTIALS_F27: the 24 the 2026-11-27 audit found sent.
+CREDENTIALS_F6 = [
+    ".aws/credentials", ".aws/config", ".ssh/id_ed25519", ".ssh/id_rsa", ".netrc",
+    ".git-credentials", "project/.env", "project/.env.local", "certs/server.pem",
+    ".gnupg/private-keys-v1.d/key", ".pypirc", ".docker/config.json",
+]
+CREDENTIALS_F27 = [
+    ".config/gcloud/application_default_credentials.json", ".config/gcloud/credentials.db",
+    ".huggingface/token", ".cache/huggingface/token", ".cache/huggingface/stored_tokens",
+    ".kaggle/kaggle.json", ".config/wandb/settings", ".config/gh/hosts.yml", ".npmrc",
+    ".azure/accessTokens.json", ".terraform.d/credentials.tfrc.json", ".envrc", ".boto",
+    ".s3cfg", ".config/rclone/rclone.conf", ".vault-token", "tls/client.key",
+    "certs/client.p12", "certs/site.pfx", "service-account.json", ".bash_history",
+    ".zsh_history", ".python_history", ".local/share/fish/fish_history",
+]
+SYNC_CASES = [
+    "home as --workdir", "home as --workdir, dry run", "a job file with workdir ../..",
+    "a job file with include .aws/.ssh", "a project below home as --workdir",
+    "a .gitignore that re-includes .aws", "credentials in a project subfolder",
+    "a link to .aws inside the workdir", "a newline file name (F3)",
+    "file names that look like rsync options", "home through a symlinked workdir",
+    "CLOUDTRAIN_HOME inside the workdir", "a job file in the home, workdir .",
+    "--include typed (sent with a warning, by design)",
+    "a workdir holding a FIFO, a socket and a link to /dev/zero",
+]
+SECRETS_CASES = ["--secret KEY=VALUE", "--secret KEY from the environment",
+                 "job file secrets: {KEY: null}", "job file secret written inline"]

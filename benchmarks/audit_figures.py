@@ -1,30 +1,44 @@
-"""The audit's figures (/work/shared/findings/audit-2026-11-23.md, "Figures"), measured on
-today's code:
+"""The hostile audits' figures, measured on today's code: the audit of 2026-11-27
+(/work/shared/findings/audit-2026-11-27.md, "Counts (as the last audit counted)") by default,
+and the sets of the one of 2026-11-23 on request.
 
-  --inputs   bad inputs tried -> tracebacks and hangs (the audit: 373 -> 67 tracebacks, 0 hangs)
-  --healthy  healthy local jobs killed by concurrent read-only `status` (the audit: 8 of 80)
-  --orphans  fault-injection scenarios that leave anything billing (the audit: 10 of 50),
-             from tests/integration/test_faults.py (moto + a loopback sshd)
+  --inputs   bad inputs tried -> tracebacks and hangs, per set, and what the sets' checks
+             found: injected code that ran, secrets leaked (credential files a sync sent,
+             --secret values in files, ps or tmux), writes outside the job dir (a marker tree
+             beside it, checked before and after every store, restore, shard, stager and
+             rm/prune case). The 2026-11-27 sets by default (audit_surfaces.py); --only picks
+             sets, --old-sets adds the 2026-11-23 ones (CLI arguments, config.yaml, state.db,
+             CLOUDTRAIN_HOME, user recipes, job-side files, AWS stand-ins)
+  --healthy  healthy local jobs killed by concurrent read-only `status`, half of them from
+             another hostname (the audit: 0 of 30)
+  --orphans  the audit's 10 orphan (billing) scenarios against moto and a loopback sshd
+             (audit_lab.py), what is left billing after the documented cleanup, and the
+             AWS keys a spot launch's supervisor may leave in $CLOUDTRAIN_HOME (F31)
+  --faults   tests/integration/test_faults.py's table (the 2026-11-23 audit's 50 scenarios)
   --results  time from a job's end to its results being readable without the instance
              (benchmarks/job_store_roundtrip.py)
 
-All parts run by default. Every `cloudtrain` runs as a fresh `python -m cloudtrain` process
-in its own temporary CLOUDTRAIN_HOME and HOME, on a private tmux socket killed afterwards,
-with AWS_EC2_METADATA_DISABLED=true, fake credentials and AWS_ENDPOINT_URL on 127.0.0.1 (a
-closed port, or a stub that answers AccessDenied / garbage / 500): nothing leaves this machine
-and a user's own jobs are never touched. The corpus is in benchmarks/audit_cases.py.
+--inputs, --healthy and --orphans run by default (6 to 9 minutes on this 2-core machine, shared);
+--all adds --faults, --results and the old sets. Every program runs as a fresh process (a
+`python -m cloudtrain`, the stager, the checkpoint restore, a driver in audit_drivers.py) in
+its own temporary CLOUDTRAIN_HOME and HOME, on a private tmux socket killed afterwards, under
+a 2 GB address-space limit, with AWS_EC2_METADATA_DISABLED=true, fake credentials and
+AWS_ENDPOINT_URL on 127.0.0.1 (a closed port, a stub that answers AccessDenied / garbage /
+500, moto, or a lying HTTP "S3"): nothing leaves this machine and a user's own jobs are
+never touched. The corpus is in benchmarks/audit_cases.py.
 
-Each input is sorted as the audit did: TRACEBACK (a Python traceback, or the CLI's catch-all
-"internal error"), HANG (no exit within --timeout), a designed error (`Error: ...`, non-zero
-exit), a click usage error, or ok. An input that runs several commands takes the worst.
+Each input is sorted as the audits did: TRACEBACK (a Python traceback, the CLI's catch-all
+"internal error", or an exception's name as the reason of a refusal), HANG (no exit within
+--timeout), a designed error (`Error: ...`, non-zero exit), a click usage error, or ok. An
+input that runs several commands takes the worst.
 
 The code measured is a snapshot of HEAD (`git archive`, by default) so that edits made to the
 checkout while this runs cannot mix versions; --tree worktree measures the checkout as it is,
 --tree DIR another copy.
 
-Usage: python benchmarks/audit_figures.py [--inputs] [--healthy] [--orphans] [--results]
-           [--tree HEAD|worktree|REV|DIR] [--workers 4] [--timeout 60] [--inputs-budget 540]
-           [--only SET ...]
+Usage: python benchmarks/audit_figures.py [--inputs] [--healthy] [--orphans] [--faults]
+           [--results] [--all] [--old-sets] [--only SET ...] [--tree HEAD|worktree|REV|DIR]
+           [--workers 4] [--timeout 60] [--inputs-budget 660] [--memory-limit-mb 2048]
 """
 
 from __future__ import annotations
@@ -41,7 +55,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -49,126 +62,38 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "benchmarks")]
+sys.path[:0] = [str(Path(__file__).resolve().parent)]
 
 import audit_cases as corpus  # noqa: E402
-
-PYTHON = sys.executable
-RUN_ID = f"ctaudit-{os.getpid()}"
-TREE = ROOT  # the source tree measured: set by use_tree()
+import audit_harness as harness  # noqa: E402
+import audit_surfaces as surfaces  # noqa: E402
+from audit_harness import (FLAW_KINDS, KINDS, PYTHON, ROOT, RUN_ID, Case, Outcome,  # noqa: E402
+                           Result, Scratch, closed_port, cloudtrain, isolated_env, kill_tmux,
+                           launch_in_case, make_template, replace_with, run_case, short,
+                           wait_running, write)
 
 
 def use_tree(choice: str, scratch: Path) -> str:
     """Measure `choice` (HEAD or another revision exported with `git archive`, `worktree`
     for this checkout, or a directory); returns how to name it in the figures."""
-    global TREE
     if choice == "worktree":
-        TREE, name = ROOT, f"the checkout at {git_head()}"
+        tree, name = ROOT, f"the checkout at {git_head()}"
     elif Path(choice).is_dir():
-        TREE, name = Path(choice).resolve(), str(Path(choice).resolve())
+        tree, name = Path(choice).resolve(), str(Path(choice).resolve())
     else:
         rev = subprocess.run(["git", "rev-parse", "--short", choice], cwd=ROOT, check=True,
                              capture_output=True, text=True).stdout.strip()
-        TREE = scratch / f"tree-{rev}"
-        TREE.mkdir()
+        tree = scratch / f"tree-{rev}"
+        tree.mkdir()
         archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True,
                                  capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(TREE)], input=archive, check=True)
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
         name = f"commit {rev} ({choice}, exported)"
-    sys.path.insert(0, str(TREE))  # the harness's own imports of cloudtrain (fixtures)
+    harness.TREE = tree
+    sys.path.insert(0, str(tree))  # the harness's own imports of cloudtrain (fixtures, labs)
+    sys.path.insert(1, str(tree / "tests"))
     return name
-
-# worst first: the kind of an input that ran several commands is its worst command's
-KINDS = ("TRACEBACK", "HANG", "other", "error", "usage", "ok", "harness")
-
-
-# -- running one `cloudtrain` ---------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Outcome:
-    kind: str
-    argv: list[str]
-    returncode: int | None
-    stderr: str
-    seconds: float
-    stdout: str = ""
-
-    @property
-    def first_line(self) -> str:
-        lines = self.stderr.strip().splitlines()
-        if not lines and self.stdout.strip():
-            return f"(stderr empty) stdout: {self.stdout.strip().splitlines()[-1]}"
-        if not lines:
-            return f"(exit {self.returncode}, nothing on stderr)"
-        if "Traceback (most recent call last)" in self.stderr:
-            return f"{lines[0]} ... {lines[-1]}"  # the exception itself is the last line
-        if self.kind == "TRACEBACK":  # the catch-all's line, after any progress lines
-            return next(line for line in lines if "internal error" in line)
-        if self.kind == "other" and self.stdout.strip():
-            return f"(stderr empty) stdout: {self.stdout.strip().splitlines()[-1]}"
-        return lines[0]
-
-
-def classify(returncode: int | None, stderr: str, stdout: str = "") -> str:
-    if returncode is None:
-        return "HANG"
-    if "Traceback (most recent call last)" in stderr or "internal error" in stderr:
-        return "TRACEBACK"
-    if returncode == 0:
-        return "ok"
-    if stderr.startswith("Usage:") or "Try 'cloudtrain" in stderr:
-        return "usage"
-    if any(line.startswith("Error: ") for line in stderr.splitlines()):
-        return "error"
-    if not stderr.strip() and stdout.strip():  # `down`: one line per job, exit 1 if any failed
-        return "error"
-    return "other"
-
-
-def cloudtrain(argv: list[str], env: dict, cwd: Path, timeout: float) -> Outcome:
-    start = time.monotonic()
-    try:
-        proc = subprocess.run([PYTHON, "-m", "cloudtrain", *argv], env=env, cwd=cwd,
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        err = (exc.stderr or b"").decode("utf-8", "replace")
-        return Outcome("HANG", argv, None, err or f"(no exit in {timeout:.0f} s)",
-                       time.monotonic() - start)
-    err, out = proc.stderr.decode("utf-8", "replace"), proc.stdout.decode("utf-8", "replace")
-    return Outcome(classify(proc.returncode, err, out), argv, proc.returncode, err,
-                   time.monotonic() - start, out)
-
-
-def kill_tmux(sock: str) -> None:
-    """End our private tmux server, and remove the socket file it leaves behind."""
-    subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, timeout=10)
-    path = Path(os.environ.get("TMUX_TMPDIR") or "/tmp") / f"tmux-{os.getuid()}" / sock
-    if sock.startswith(RUN_ID) and path.is_socket():
-        path.unlink(missing_ok=True)
-
-
-def closed_port() -> int:
-    """A 127.0.0.1 port nothing listens on (connections are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def isolated_env(scratch: Path, home: Path | str, sock: str, endpoint: str) -> dict:
-    """The environment of every cloudtrain run here: nothing of the user's, nothing off-host."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AWS_", "CLOUDTRAIN_", "TMUX"))}
-    env.update(HOME=str(scratch), CLOUDTRAIN_HOME=str(home), CLOUDTRAIN_TMUX_SOCKET=sock,
-               PYTHONPATH=str(TREE), PYTHONDONTWRITEBYTECODE="1", TERM="dumb",
-               AWS_EC2_METADATA_DISABLED="true", AWS_ENDPOINT_URL=endpoint,
-               AWS_ACCESS_KEY_ID="AKIAAUDITFAKE0000000", AWS_SECRET_ACCESS_KEY="audit-fake",
-               AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE="/nonexistent/aws-config",
-               AWS_SHARED_CREDENTIALS_FILE="/nonexistent/aws-credentials")
-    return env
 
 
 # -- AWS stand-ins on 127.0.0.1 --------------------------------------------------------------
@@ -232,164 +157,8 @@ def start_stubs() -> tuple[dict[str | None, str], list[http.server.HTTPServer]]:
     return urls, servers
 
 
-# -- one bad input ----------------------------------------------------------------------------
 
-
-@dataclasses.dataclass
-class Scratch:
-    """What a case gets: its own directory, state directory, tmux socket and environment."""
-
-    dir: Path
-    home: Path
-    sock: str
-    env: dict
-    ids: dict[str, str]
-    timeout: float
-
-    def run(self, argv: list[str]) -> Outcome:
-        return cloudtrain(self.fill(argv), self.env, self.dir, self.timeout)
-
-    def fill(self, argv: list[str]) -> list[str]:
-        out = []
-        for arg in argv:
-            for key, value in {**self.ids, "dir": str(self.dir)}.items():
-                arg = arg.replace("{" + key + "}", value)
-            out.append(arg)
-        return out
-
-    def jobdir(self, key: str = "job") -> Path:
-        return self.home / "jobs" / self.ids[key]
-
-
-@dataclasses.dataclass
-class Case:
-    set: str
-    label: str
-    commands: list[list[str]]  # ["@sleep", "2"] waits between commands
-    prepare: Callable[[Scratch], None] | None = None
-    endpoint: str | None = None  # a StubAWS mode; None: a closed port
-    home: str | None = None  # CLOUDTRAIN_HOME other than the case's own copy of the template
-
-
-@dataclasses.dataclass
-class Result:
-    case: Case
-    kind: str
-    outcomes: list[Outcome]
-
-    @property
-    def worst(self) -> Outcome | None:
-        return next((o for o in self.outcomes if o.kind == self.kind), None)
-
-
-@dataclasses.dataclass
-class Template:
-    """A state directory with two finished local jobs and one finished AWS job (with its
-    instance row), copied into every case."""
-
-    home: Path
-    ids: dict[str, str]
-
-
-def make_template(root: Path, endpoint: str, timeout: float) -> Template:
-    home = root / "template-home"
-    sock = f"{RUN_ID}-template"
-    env = isolated_env(root, home, sock, endpoint)
-    ids = {}
-    for key in ("job", "job2"):
-        argv = ["launch", "-q", "--name", f"fixture-{key}", "--", "true"]
-        out = subprocess.run([PYTHON, "-m", "cloudtrain", *argv], env=env, cwd=root,
-                             capture_output=True, text=True, timeout=timeout)
-        if out.returncode:
-            raise SystemExit(f"cannot launch the fixture job: {out.stderr.strip()}")
-        ids[key] = out.stdout.strip().splitlines()[-1]
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        out = subprocess.run([PYTHON, "-m", "cloudtrain", "status", "--json"], env=env, cwd=root,
-                             capture_output=True, text=True, timeout=timeout)
-        if all(j["state"] == "succeeded" for j in json.loads(out.stdout or "[]")):
-            break
-        time.sleep(0.5)
-    kill_tmux(sock)
-    ids["aws"] = add_aws_job(home)
-    ids["p1"] = ids["job"][:1]
-    return Template(home, ids)
-
-
-def add_aws_job(home: Path) -> str:
-    """A finished job with an AWS instance row, written through the project's own Store (as
-    tests/integration/test_inputs_state.py does)."""
-    from cloudtrain import state
-    from cloudtrain.state import Instance, Store
-
-    os.environ["CLOUDTRAIN_HOME"] = str(home)  # Store may consult config.home()
-    with Store(home / "state.db") as store:
-        job = store.create_job(name="fixture-aws", kind="command", recipe=None, command="true",
-                               backend="aws", spec={"kind": "command", "backend": "aws"})
-        store.add_instance(Instance(
-            id="i-0a0d17a0d17a0d17a", job_id=job.id, provider="aws", region="us-east-1",
-            zone="us-east-1a", instance_type="g5.xlarge", market="spot", state="terminated",
-            launched_at=time.time() - 3600, terminated_at=time.time() - 60,
-            price_per_hour=1.0, details={"disk_gb": 100}))
-        store.set_state(job.id, state.SUCCEEDED, exit_code=0,
-                        metrics={"epoch": 1, "train_loss": 0.5, "test_acc": 0.9},
-                        cost=1.0, cost_detail={"phases": {"run": 1.0}})
-    return job.id
-
-
-def run_case(case: Case, number: int, template: Template, root: Path, urls: dict,
-             timeout: float) -> Result:
-    scratch_dir = root / f"case-{number:04d}"
-    scratch_dir.mkdir()
-    (scratch_dir / "afile").write_text("a file\n")
-    home = scratch_dir / "home"
-    shutil.copytree(template.home, home, symlinks=True)
-    sock = f"{RUN_ID}-{number}"
-    home_value = case.home.replace("{dir}", str(scratch_dir)) if case.home else home
-    env = isolated_env(scratch_dir, home_value, sock, urls[case.endpoint])
-    scratch = Scratch(scratch_dir, home, sock, env, dict(template.ids), timeout)
-    outcomes = []
-    try:
-        if case.prepare:
-            case.prepare(scratch)
-        for argv in case.commands:
-            if argv[0] == "@sleep":
-                time.sleep(float(argv[1]))
-                continue
-            outcomes.append(scratch.run(argv))
-    except Exception as exc:  # the harness's own failure: shown, never counted as the CLI's
-        outcomes = [Outcome("harness", ["(prepare)"], -1, f"harness: {exc!r}", 0.0)]
-    finally:
-        kill_tmux(sock)
-        shutil.rmtree(scratch_dir, ignore_errors=True)
-    kind = "harness" if outcomes and outcomes[0].kind == "harness" else \
-        min((o.kind for o in outcomes), key=KINDS.index, default="ok")
-    return Result(case, kind, outcomes)
-
-
-# -- the corpus as Cases -------------------------------------------------------------------
-
-
-def write(path: Path, content: str | bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    path.write_bytes(content if isinstance(content, bytes) else content.encode())
-
-
-def replace_with(path: Path, shape: str) -> None:
-    """Put something that is not a plain file at `path`."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-    if shape == "directory":
-        path.mkdir()
-    elif shape.startswith("symlink to "):
-        path.symlink_to(shape.removeprefix("symlink to "))
-    elif shape == "dangling symlink":
-        path.symlink_to(path.parent / "nowhere" / "x")
-    elif shape == "symlink loop":
-        path.symlink_to(path)
+# -- the 2026-11-23 audit's sets ----------------------------------------------------------------
 
 
 def cli_cases() -> list[Case]:
@@ -517,27 +286,6 @@ def recipe_cases() -> list[Case]:
                     for shape in corpus.RECIPE_SHAPES]
 
 
-def wait_running(s: Scratch, job_key: str = "job", seconds: float = 20) -> None:
-    status = s.jobdir(job_key) / "status.json"
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if json.loads(status.read_text()).get("state") == "running":
-                return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"job {s.ids[job_key]} not running after {seconds:.0f} s")
-
-
-def launch_in_case(s: Scratch, argv: list[str]) -> None:
-    out = s.run(["launch", "-q", *argv])
-    if out.returncode != 0:
-        raise RuntimeError(f"launch failed: {out.first_line}")
-    s.ids["job"] = out.stdout.split()[-1]
-    s.ids["p1"] = s.ids["job"][:1]
-
-
 def stopped_job(s: Scratch) -> None:
     """A running local job whose agent and process are gone (its tmux server killed)."""
     launch_in_case(s, ["--", "sleep", "300"])
@@ -601,8 +349,16 @@ def aws_cases() -> list[Case]:
                          no_credentials) for argv in corpus.AWS_NO_CREDENTIALS]
 
 
-CASE_SETS = {"cli": cli_cases, "config": config_cases, "state": state_cases, "home": home_cases,
-             "recipes": recipe_cases, "jobside": jobside_cases, "aws": aws_cases}
+OLD_SETS = {"cli": cli_cases, "config": config_cases, "state": state_cases, "home": home_cases,
+            "recipes": recipe_cases, "jobside": jobside_cases, "aws-stubs": aws_cases}
+# The 2026-11-27 audit's table, in its order; `relaunch` and `aws` are the lab's (--orphans).
+AUDIT_TABLE = ["job files", "injection launches", "metrics x commands", "shards and manifests",
+               "stager plans", "restore plans", "job store", "completion", "rm/prune", "sync",
+               "secrets", "relaunch", "aws"]
+
+
+def case_sets(args) -> dict:
+    return {**surfaces.case_sets(args.timeout), **OLD_SETS}
 
 
 # -- part 1: bad inputs ---------------------------------------------------------------------
@@ -610,15 +366,15 @@ CASE_SETS = {"cli": cli_cases, "config": config_cases, "state": state_cases, "ho
 
 @dataclasses.dataclass
 class InputFigures:
-    tried: int
-    tracebacks: int
-    hangs: int
+    results: list[Result]
     not_run: int
 
+    @property
+    def tried(self) -> int:
+        return len(self.results)
 
-def short(text: str, width: int = 150) -> str:
-    text = text.encode("unicode_escape").decode("ascii")
-    return text if len(text) <= width else text[: width - 3] + "..."
+    def count(self, kind: str) -> int:
+        return sum(r.kind == kind for r in self.results)
 
 
 def cause(outcome: Outcome) -> str:
@@ -631,11 +387,19 @@ def cause(outcome: Outcome) -> str:
     return re.sub(r"\b[0-9a-f]{8}\b|(?<![\w-])\d+(?![\w-])", "N", text)[:100]
 
 
+def chosen_sets(args) -> list[str]:
+    if args.only:
+        return args.only
+    names = list(surfaces.case_sets(args.timeout))
+    return names + list(OLD_SETS) if args.old_sets else names
+
+
 def bad_inputs(args) -> InputFigures:
+    builders = case_sets(args)
     # round-robin over the sets, so that a spent budget leaves out a little of each
-    sets = [make() for name, make in CASE_SETS.items() if not args.only or name in args.only]
+    sets = [builders[name]() for name in chosen_sets(args)]
     cases = [c for group in itertools.zip_longest(*sets) for c in group if c is not None]
-    print(f"== bad inputs: {len(cases)} cases, {args.workers} at a time, "
+    print(f"== bad inputs: {len(cases)} cases in {len(sets)} sets, {args.workers} at a time, "
           f"{args.timeout:.0f} s per command (HANG after), budget {args.inputs_budget:.0f} s")
     urls, servers = start_stubs()
     root = Path(tempfile.mkdtemp(prefix="ct-audit-inputs-"))
@@ -662,26 +426,39 @@ def bad_inputs(args) -> InputFigures:
     finally:
         for server in servers:
             server.shutdown()
+        surfaces.stop_servers()
         kill_tmux(f"{RUN_ID}-template")
         shutil.rmtree(root, ignore_errors=True)
 
+    if args.show:
+        for r in results:
+            o = r.worst
+            print(f"  {r.kind:9} [{r.case.set}] {short(r.case.label, 60)} "
+                  f"({len(r.outcomes)} run): "
+                  f"{short(o.first_line if o else '', 120)}"
+                  + "".join(f"\n            FLAW {k}: {short(t, 100)}" for k, t in r.flaws))
     broken = [r for r in results if r.kind == "harness"]  # not inputs: the harness failed
     results = [r for r in results if r.kind != "harness"]
     by_set: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for r in results:
         by_set[r.case.set][r.kind] += 1
-    header = f"{'set':24} {'inputs':>6} {'tracebacks':>10} {'hangs':>5} {'errors':>6} " \
-             f"{'usage':>5} {'other':>5} {'ok':>5}"
+        for flaw, _ in r.flaws:
+            by_set[r.case.set][flaw] += 1
+    header = (f"{'set':24} {'inputs':>6} {'tracebacks':>10} {'hangs':>5} {'errors':>6} "
+              f"{'usage':>5} {'other':>5} {'ok':>5} {'flaws':>5}")
     print(f"\n{header}\n{'-' * len(header)}")
     total = collections.Counter()
     for name, counts in by_set.items():
         total.update(counts)
-        print(f"{name:24} {sum(counts.values()):6} {counts['TRACEBACK']:10} {counts['HANG']:5} "
-              f"{counts['error']:6} {counts['usage']:5} {counts['other']:5} {counts['ok']:5}")
-    print(f"{'total':24} {sum(total.values()):6} {total['TRACEBACK']:10} {total['HANG']:5} "
-          f"{total['error']:6} {total['usage']:5} {total['other']:5} {total['ok']:5}")
+        print(f"{name:24} {sum(counts[k] for k in KINDS):6} {counts['TRACEBACK']:10} "
+              f"{counts['HANG']:5} {counts['error']:6} {counts['usage']:5} {counts['other']:5} "
+              f"{counts['ok']:5} {sum(counts[k] for k in FLAW_KINDS):5}")
+    print(f"{'total':24} {sum(total[k] for k in KINDS):6} {total['TRACEBACK']:10} "
+          f"{total['HANG']:5} {total['error']:6} {total['usage']:5} {total['other']:5} "
+          f"{total['ok']:5} {sum(total[k] for k in FLAW_KINDS):5}")
     print(f"({time.monotonic() - start:.0f} s; 'other' = non-zero exit with nothing said, "
-          f"listed below; {len(broken)} cases the harness could not set up are not counted)")
+          f"listed below; 'flaws' = what the checks found, in the summary; {len(broken)} cases "
+          "the harness could not set up are not counted)")
     if skipped:
         left = collections.Counter(c.set for c in skipped)
         print(f"NOT RUN (budget spent): {len(skipped)} cases: "
@@ -704,9 +481,13 @@ def bad_inputs(args) -> InputFigures:
         for r in found:
             o = r.worst
             print(f"  [{r.case.set}] {short(r.case.label, 70)}")
-            print(f"      $ cloudtrain {short(shlex.join(o.argv), 140)}")
+            print(f"      $ {short(shlex.join(o.argv), 140)}")
             print(f"      -> exit {o.returncode}: {short(o.first_line)}")
-    return InputFigures(len(results), total["TRACEBACK"], total["HANG"], len(skipped))
+    sent = [r for r in results if r.case.set == "sync" and r.case.label == "home as --workdir"]
+    if sent:
+        print(f"\nsync, a home as --workdir: {len(sent[0].flaws)} of "
+              f"{len(surfaces.credential_files())} credential files reached the job's work dir")
+    return InputFigures(results, len(skipped))
 
 
 # -- part 2: healthy jobs killed by read-only commands -----------------------------------------
@@ -718,12 +499,23 @@ class HealthyFigures:
     killed: int
     launch_failures: int
     reader_tracebacks: int
+    not_ok: list[dict]
+
+
+def other_host(argv: list[str]) -> list[str]:
+    """argv as run on another machine sharing the home (a container): another hostname, so
+    only the launch lease can tell a live launcher (unshare --uts, root only)."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return argv
+    return ["unshare", "--uts", "sh", "-c", 'hostname ct-audit-other && exec "$@"', "sh",
+            *argv]
 
 
 def healthy_jobs(args) -> HealthyFigures:
-    rounds, per_round = args.rounds, 20
+    rounds, per_round, readers_per_host = args.rounds, 15, 6
     print(f"\n== healthy jobs: {rounds} rounds of {per_round} parallel local launches "
-          f"(`-- true`), 10-20 parallel `status` during each")
+          f"(`-- true`), {readers_per_host} parallel `status` from this host and "
+          f"{readers_per_host} from another hostname during each")
     root = Path(tempfile.mkdtemp(prefix="ct-audit-healthy-"))
     sock = f"{RUN_ID}-healthy"
     env = isolated_env(root, root / "home", sock, f"http://127.0.0.1:{closed_port()}")
@@ -731,43 +523,47 @@ def healthy_jobs(args) -> HealthyFigures:
     start = time.monotonic()
     try:
         for r in range(rounds):
-            n_readers = 10 + (5 * r) % 11  # 10, 15, 20, 10, ...
-            with concurrent.futures.ThreadPoolExecutor(per_round + n_readers) as pool:
+            with concurrent.futures.ThreadPoolExecutor(per_round + 2 * readers_per_host) as pool:
                 launches = [pool.submit(cloudtrain, ["launch", "-q", "--name", f"run-{r}-{i}",
                                                      "--", "true"], env, root, args.timeout)
                             for i in range(per_round)]
 
-                def reader(delay):
+                def reader(delay, elsewhere):
                     time.sleep(delay)
-                    return cloudtrain(["status"], env, root, args.timeout)
+                    argv = [PYTHON, "-m", "cloudtrain", "status"]
+                    return harness.run_process(other_host(argv) if elsewhere else argv, env,
+                                               root, args.timeout, shown=["status"])
 
-                statuses = [pool.submit(reader, 0.1 * i) for i in range(n_readers)]
+                statuses = [pool.submit(reader, 0.15 * i, i % 2 == 1)
+                            for i in range(2 * readers_per_host)]
                 launch_failures += [f.result() for f in launches if f.result().kind != "ok"]
                 readers += [f.result() for f in statuses]
         jobs = wait_all_ended(env, root, args.timeout)
     finally:
         kill_tmux(sock)
+        harness.kill_left_under(root)
         shutil.rmtree(root, ignore_errors=True)
     not_ok = [j for j in jobs if j["state"] != "succeeded"]
     bad_readers = [o for o in readers if o.kind in ("TRACEBACK", "HANG")]
     print(f"{len(jobs)} jobs recorded of {rounds * per_round} launched, {len(launch_failures)} "
-          f"launches failed, {len(readers)} status runs ({len(bad_readers)} TRACEBACK/HANG); "
-          f"{time.monotonic() - start:.0f} s")
+          f"launches failed, {len(readers)} status runs ({sum(o.kind == 'ok' for o in readers)} "
+          f"ok, {len(bad_readers)} TRACEBACK/HANG); {time.monotonic() - start:.0f} s")
     print(f"jobs not succeeded: {len(not_ok)}")
     for j in not_ok:
         print(f"  {j['id']} {j.get('name')}: {j['state']}: {j.get('reason')}")
     for o in launch_failures + bad_readers:
         print(f"  {o.kind}: cloudtrain {shlex.join(o.argv)} -> exit {o.returncode}: "
               f"{short(o.first_line)}")
-    return HealthyFigures(rounds * per_round, len(not_ok), len(launch_failures), len(bad_readers))
+    return HealthyFigures(rounds * per_round, len(not_ok), len(launch_failures),
+                          len(bad_readers), not_ok)
 
 
 def wait_all_ended(env: dict, cwd: Path, timeout: float, seconds: float = 90) -> list[dict]:
     """Every job once none is active any more (or after `seconds`, as they are)."""
     deadline = time.monotonic() + seconds
     while True:
-        proc = subprocess.run([PYTHON, "-m", "cloudtrain", "status", "--json"], env=env, cwd=cwd,
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run([PYTHON, "-m", "cloudtrain", "status", "--json", "-a"], env=env,
+                              cwd=cwd, capture_output=True, text=True, timeout=timeout)
         jobs = json.loads(proc.stdout or "[]")
         active = [j for j in jobs if j["state"] not in ("succeeded", "failed", "cancelled")]
         if not active or time.monotonic() > deadline:
@@ -775,32 +571,32 @@ def wait_all_ended(env: dict, cwd: Path, timeout: float, seconds: float = 90) ->
         time.sleep(1)
 
 
-# -- part 3: orphans --------------------------------------------------------------------------
+# -- part 4: the fault-injection table of tests/integration/test_faults.py -----------------------
 
 
 @dataclasses.dataclass
-class OrphanFigures:
+class FaultFigures:
     scenarios: int | None
     left: int | None
     verdict: str
 
 
-def orphans(args) -> OrphanFigures:
-    print("\n== orphans: fault injection over the AWS path (tests/integration/test_faults.py)")
+def faults(args) -> FaultFigures:
+    print("\n== faults: fault injection over the AWS path (tests/integration/test_faults.py)")
     if not Path("/usr/sbin/sshd").exists():
         print("openssh-server is not installed (/usr/sbin/sshd): the scenarios cannot run")
-        return OrphanFigures(None, None, "not run: no openssh-server")
+        return FaultFigures(None, None, "not run: no openssh-server")
     command = [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                "tests/integration/test_faults.py"]
     start = time.monotonic()
     try:
-        proc = subprocess.run(command, cwd=TREE, capture_output=True, text=True,
-                              timeout=args.orphans_timeout)
+        proc = subprocess.run(command, cwd=harness.TREE, capture_output=True, text=True,
+                              timeout=args.faults_timeout)
         output = proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
             else (exc.stdout or "")
-        output += f"\n(timed out after {args.orphans_timeout:.0f} s)"
+        output += f"\n(timed out after {args.faults_timeout:.0f} s)"
     lines = output.splitlines()
     table = []
     for i, line in enumerate(lines):
@@ -816,24 +612,24 @@ def orphans(args) -> OrphanFigures:
     print(f"pytest: {verdict} ({time.monotonic() - start:.0f} s)")
     match = re.search(r"(\d+) scenarios, (\d+) left anything billing", "\n".join(table))
     if not match:
-        return OrphanFigures(None, None, verdict)
-    return OrphanFigures(int(match[1]), int(match[2]), verdict)
+        return FaultFigures(None, None, verdict)
+    return FaultFigures(int(match[1]), int(match[2]), verdict)
 
 
-# -- part 4: results outlive the instance --------------------------------------------------------
+# -- part 5: results outlive the instance --------------------------------------------------------
 
 
 def results_time(args) -> str:
     print("\n== results: job end -> results readable without the instance "
           "(benchmarks/job_store_roundtrip.py --runs 3)")
-    script = TREE / "benchmarks" / "job_store_roundtrip.py"
+    script = harness.TREE / "benchmarks" / "job_store_roundtrip.py"
     if not script.exists():
         print("benchmarks/job_store_roundtrip.py does not exist")
         return "not measured (no benchmarks/job_store_roundtrip.py)"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env["AWS_EC2_METADATA_DISABLED"] = "true"
     try:
-        proc = subprocess.run([PYTHON, str(script), "--runs", "3"], cwd=TREE, env=env,
+        proc = subprocess.run([PYTHON, str(script), "--runs", "3"], cwd=harness.TREE, env=env,
                               capture_output=True, text=True, timeout=args.results_timeout)
     except subprocess.TimeoutExpired:
         print(f"timed out after {args.results_timeout:.0f} s")
@@ -849,6 +645,60 @@ def results_time(args) -> str:
         " (moto S3 on 127.0.0.1, median of 3)"
 
 
+# -- the summary, as the audit counted -------------------------------------------------------------
+
+
+def summary(inputs: InputFigures | None, lab, healthy: HealthyFigures | None) -> None:
+    """The audit's "Counts": the per-set table, then one line per figure, each with the cases
+    that failed listed under it."""
+    results = list(inputs.results) if inputs else []
+    if lab:
+        results += lab.results
+    if results:
+        by_set: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for r in results:
+            by_set[r.case.set][r.kind] += 1
+        order = [s for s in AUDIT_TABLE if s in by_set] + \
+            [s for s in by_set if s not in AUDIT_TABLE]
+        print(f"| {'set':22} | {'inputs':>6} | {'tracebacks':>10} | {'hangs':>5} |")
+        print(f"|{'-' * 24}|{'-' * 8}|{'-' * 12}|{'-' * 7}|")
+        for name in order:
+            c = by_set[name]
+            print(f"| {name:22} | {sum(c.values()):6} | {c['TRACEBACK']:10} | {c['HANG']:5} |")
+        print()
+        bad = [r for r in results if r.kind in ("TRACEBACK", "HANG")]
+        extra = f" ({inputs.not_run} not run: budget spent)" if inputs and inputs.not_run else ""
+        print(f"Bad inputs tried: {len(results)}. Tracebacks: "
+              f"{sum(r.kind == 'TRACEBACK' for r in results)}. Hangs: "
+              f"{sum(r.kind == 'HANG' for r in results)}.{extra}")
+        for r in bad:
+            print(f"  - {r.kind} [{r.case.set}] {short(r.case.label, 60)}: "
+                  f"{short(r.worst.first_line, 110)}")
+    if lab:
+        left = [s for s in lab.scenarios if s.left]
+        print(f"Orphan (billing) scenarios tried: {len(lab.scenarios)}. Left billing: "
+              f"{sum(s.left for s in lab.scenarios)}.")
+        for s in left:
+            print(f"  - {s.name}: {s.left} left after `{s.cleanup}`: {s.detail}")
+        for s in lab.scenarios:
+            if s.error:
+                print(f"  - {s.name}: NOT MEASURED: {s.error}")
+    if healthy:
+        print(f"Healthy jobs killed by read-only commands: {healthy.killed} of "
+              f"{healthy.launched}" + (f" ({healthy.launch_failures} launches failed)"
+                                       if healthy.launch_failures else ""))
+        for j in healthy.not_ok:
+            print(f"  - {j['id']} {j.get('name')}: {j['state']}: {short(j.get('reason') or '')}")
+    if results:
+        for kind, title in (("leak", "Secrets leaked"), ("outside", "Writes outside the job dir"),
+                            ("injection", "Injected code that ran"),
+                            ("broken", "Other checks failed")):
+            found = [(r, text) for r in results for k, text in r.flaws if k == kind]
+            print(f"{title}: {len(found)}")
+            for r, text in found:
+                print(f"  - [{r.case.set}] {short(r.case.label, 60)}: {short(text, 100)}")
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -856,26 +706,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--inputs", action="store_true", help="part 1: bad inputs")
     parser.add_argument("--healthy", action="store_true", help="part 2: healthy jobs killed")
-    parser.add_argument("--orphans", action="store_true", help="part 3: fault injection")
-    parser.add_argument("--results", action="store_true", help="part 4: results time")
-    parser.add_argument("--only", nargs="*", choices=sorted(CASE_SETS),
-                        help="only these input sets")
+    parser.add_argument("--orphans", action="store_true",
+                        help="part 3: the audit's orphan scenarios (moto + sshd)")
+    parser.add_argument("--faults", action="store_true",
+                        help="part 4: tests/integration/test_faults.py's table")
+    parser.add_argument("--results", action="store_true", help="part 5: results time")
+    parser.add_argument("--all", action="store_true",
+                        help="every part, and the 2026-11-23 sets with the inputs")
+    parser.add_argument("--only", nargs="*", choices=sorted(
+        [*surfaces.case_sets(0), *OLD_SETS]), help="only these input sets")
+    parser.add_argument("--old-sets", action="store_true",
+                        help="the 2026-11-23 audit's input sets as well")
+    parser.add_argument("--show", action="store_true",
+                        help="one line per input case: its kind and what it said")
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=["inputs", "healthy", "orphans"], help="leave these parts out")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds per cloudtrain command before it counts as a HANG")
+                        help="seconds per command before it counts as a HANG")
     parser.add_argument("--tree", default="HEAD",
                         help="the code to measure: HEAD (default) or another git revision, "
                              "exported; `worktree` for this checkout as it is; or a directory")
-    parser.add_argument("--inputs-budget", type=float, default=540.0,
+    parser.add_argument("--inputs-budget", type=float, default=660.0,
                         help="seconds after which no new input case starts")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--orphans-timeout", type=float, default=420.0)
+    parser.add_argument("--memory-limit-mb", type=int, default=2048,
+                        help="address space of every program run (0: no limit)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--faults-timeout", type=float, default=420.0)
     parser.add_argument("--results-timeout", type=float, default=240.0)
     args = parser.parse_args()
-    chosen = [p for p in ("inputs", "healthy", "orphans", "results") if getattr(args, p)]
-    chosen = chosen or ["inputs", "healthy", "orphans", "results"]
+    parts = ("inputs", "healthy", "orphans", "faults", "results")
+    chosen = [p for p in parts if getattr(args, p)]
+    if args.all:
+        chosen, args.old_sets = list(parts), True
+    chosen = [p for p in chosen or ["inputs", "healthy", "orphans"] if p not in args.skip]
     if shutil.which("tmux") is None and {"inputs", "healthy"} & set(chosen):
         raise SystemExit("tmux is not installed: local jobs (parts 1 and 2) need it")
+    harness.MEMORY_LIMIT = args.memory_limit_mb << 20
 
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.monotonic()
@@ -885,7 +752,12 @@ def main() -> None:
         print(f"measuring {measured}")
         inputs = bad_inputs(args) if "inputs" in chosen else None
         healthy = healthy_jobs(args) if "healthy" in chosen else None
-        orphan = orphans(args) if "orphans" in chosen else None
+        lab = None
+        if "orphans" in chosen:
+            import audit_lab
+
+            lab = audit_lab.run(args)
+        fault = faults(args) if "faults" in chosen else None
         results = results_time(args) if "results" in chosen else None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -894,23 +766,17 @@ def main() -> None:
     print(f"audit figures, {started:%Y-%m-%d %H:%M} UTC, {time.monotonic() - t0:.0f} s, "
           f"{measured}")
     print(f"$ {shlex.join([Path(PYTHON).name, *sys.argv])}")
-    print("                                      audit (2026-11-23)   now")
-    if inputs:
-        extra = f" ({inputs.not_run} not run)" if inputs.not_run else ""
-        print(f"bad inputs tried / tracebacks / hangs   373 / 67 / 0       "
-              f"{inputs.tried} / {inputs.tracebacks} / {inputs.hangs}{extra}")
-    if orphan:
-        now = (f"{orphan.scenarios} / {orphan.left}" if orphan.scenarios is not None
+    print("the audit of 2026-11-27 counted: 532 bad inputs, 17 tracebacks, 1 hang; 10 orphan "
+          "scenarios, 3 left billing;\n0 of 30 healthy jobs killed; secrets leaked: yes; "
+          "writes outside the job dir: no. Now:\n")
+    summary(inputs, lab, healthy)
+    if fault:
+        now = (f"{fault.scenarios} / {fault.left}" if fault.scenarios is not None
                else "not measured")
-        print(f"orphan scenarios / left billing        50 / 10            {now} "
-              f"(pytest: {orphan.verdict})")
-    if healthy:
-        print(f"healthy jobs killed / launched         8 / 80             "
-              f"{healthy.killed} / {healthy.launched}"
-              + (f" ({healthy.launch_failures} launches failed)" if healthy.launch_failures
-                 else ""))
+        print(f"test_faults.py scenarios / left billing: {now} (pytest: {fault.verdict}; "
+              "the audit of 2026-11-23: 50 / 10)")
     if results:
-        print(f"job end -> results readable            (not measured)     {results}")
+        print(f"job end -> results readable: {results}")
     print("=" * 78)
 
 

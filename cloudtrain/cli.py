@@ -1253,9 +1253,9 @@ def _debug_first(argv: list[str]) -> tuple[list[str], bool]:
 
 
 def _fail(exc: errors.CloudtrainError) -> None:
-    click.echo(f"Error: {exc.message}", err=True)
+    click.echo(f"Error: {render.error_line(exc.message)}", err=True)
     if exc.hint:
-        click.echo(f"Hint: {exc.hint}", err=True)
+        click.echo(f"Hint: {render.error_line(exc.hint)}", err=True)
     sys.exit(exc.exit_code)
 
 

@@ -220,7 +220,8 @@ def survey(root: Path, include: tuple[str, ...] | list[str] = ()) -> Survey:
                 if is_dir:
                     if kind != "state" or here or wanted:
                         walk(Path(entry.path), rel, rules, kind, here)
-                elif not (entry.is_file() or entry.is_symlink()):
+                # a link is sent as a link, never followed here (a loop of them: ELOOP)
+                elif not (entry.is_symlink() or entry.is_file()):
                     continue
                 elif kind == "open" or here:
                     out.files.append(rel)

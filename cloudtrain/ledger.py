@@ -219,8 +219,8 @@ def report(store: Store, by: str = "job", since: str | None = None,
             row.dollars += dollars or 0.0
             row.settled = row.settled and bool(j["cost_settled"])
             detail = json_column(j["cost_detail"]) or {}
-            staging = (detail.get("phases") or {}).get("staging") \
-                if isinstance(detail, dict) else None
+            phases = detail.get("phases") if isinstance(detail, dict) else None
+            staging = phases.get("staging") if isinstance(phases, dict) else None  # F22
             if isinstance(staging, (int, float)) and staging == staging:
                 row.staging += staging
             if by == "job" and not row.local:

@@ -33,6 +33,14 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in str(text))
 
 
+def error_line(text: str) -> str:
+    """An error's message (or hint) as one line: a newline, an escape or another control
+    character it quotes from the input is shown as \\n, \\x1b, ..., never acted on (B2: an env
+    name holding a newline split its error over two lines)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in str(text))
+
+
 def duration(seconds) -> str:
     s = _finite(seconds)
     if s is None:
@@ -311,8 +319,9 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                                                   if job.backend == "local" else
                                                   ("" if job.cost_settled else " (estimate)"))]
     detail = job.cost_detail or {}
-    billed_phases = ", ".join(f"{k} {money4(v)}" for k, v in (detail.get("phases") or {}).items()
-                              if v)
+    by_phase = detail.get("phases")  # a dict as cloudtrain writes it; else the row is damaged
+    billed_phases = ", ".join(f"{k} {money4(v)}" for k, v in by_phase.items()
+                              if v) if isinstance(by_phase, dict) else ""
     if billed_phases:  # a local job's phases cost nothing: no empty line (D35)
         out.append("  by phase  " + billed_phases)
     if detail.get("to_target") is not None and job.backend != "local":  # U29: nothing billed
@@ -322,7 +331,8 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
         out.append(f"  estimated {money4(expected.get('usd'))} before launch: training "
                    f"{duration(expected.get('train_s'))} ({expected.get('basis')}), "
                    f"{duration(expected.get('total_s'))} billed")
-    for note in detail.get("notes") or []:
+    notes = detail.get("notes")
+    for note in notes if isinstance(notes, list) else []:
         out.append(f"  cost note {note}")
     for name, info in ((job.spec or {}).get("staging") or {}).items():
         out.append(f"  data      {_shown(name)}: {_staged_size(info)}")

@@ -60,10 +60,10 @@ def ct_home(tmp_path, monkeypatch):
     # finds none: tests never send traffic off this machine.
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     yield home
-    _kill_processes_under(tmp_path)
+    kill_processes_under(tmp_path)
 
 
-def _kill_processes_under(folder: Path) -> list[int]:
+def kill_processes_under(folder: Path) -> list[int]:
     """SIGKILL every process whose command line names a path in `folder` (the test's own
     tmp_path): the agents, probes and jobs that fault-injection tests leave hanging on
     purpose must not outlive the test (they did: `agent.py probe` of F4/F26, after a run).

@@ -337,3 +337,27 @@ def test_U30_ctrl_c_while_the_command_loads_is_one_line(ct_home, tmp_path, modul
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr.strip() == "interrupted"
+
+
+@pytest.mark.parametrize("args, text", [
+    (("launch", "job.yaml", "--dry-run"), 'envs: {"A\\ntouch /tmp/x": 1}\nrun: echo ok\n'),
+    (("launch", "job.yaml", "--dry-run"), 'recipe: resnet9\nargs: {"a\\nb": 1}\n'),
+    (("launch", "job.yaml", "--dry-run"), 'recipe: resnet9\nprofile: "a\\nb\\u001b[2J"\n'),
+    (("launch", "--recipe", "resnet9", "--set", "a\nb=1", "--dry-run"), None),
+    (("launch", "--recipe", "resnet9", "--profile", "a\nb", "--dry-run"), None),
+])
+def test_B2_an_error_quoting_a_newline_of_the_input_is_still_one_line(cli, tmp_path, args,
+                                                                      text):
+    """Found by benchmarks/audit_figures.py (injection launches): an env name, a recipe
+    argument or a profile holding a newline (or an escape) was quoted as it was, and the
+    error went on over a second line that began with the rest of the input. Every error is
+    one line: what it quotes shows its newlines as \\n and its escapes as \\x1b."""
+    if text is not None:
+        (tmp_path / "job.yaml").write_text(text)
+        args = tuple(str(tmp_path / a) if a == "job.yaml" else a for a in args)
+    proc = cli(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("Error: ") and all(l.startswith("Hint: ") for l in lines[1:]), \
+        proc.stderr
+    assert "\\n" in lines[0] and "\x1b" not in proc.stderr

@@ -146,6 +146,25 @@ def test_F22_a_bad_value_in_a_row_is_read_as_missing(cli, ct_home, table, column
         assert shown[column] in ({}, None)
 
 
+@pytest.mark.parametrize("detail", ['{"phases": [1]}', '{"phases": "run"}',
+                                    '{"phases": {"staging": "x"}, "to_target": [1]}',
+                                    '{"notes": "abc", "to_target": "x"}'])
+def test_F22_a_cost_detail_of_another_shape_is_read_as_missing(ct_home, detail):
+    """F22, found again by benchmarks/audit_figures.py (--old-sets): a job's cost_detail that
+    is a JSON object whose phases are not one ended every cost-report but `--by instance`, and
+    `status JOB`, in "internal error: AttributeError: 'list' object has no attribute 'get'"."""
+    job_id = ended_job(ct_home)
+    db = sqlite3.connect(ct_home / "state.db")
+    db.execute("UPDATE jobs SET cost_detail = ? WHERE id = ?", (detail, job_id))
+    db.commit()
+    db.close()
+    commands = [["cost-report", "--by", by, *extra] for by in GROUPINGS
+                for extra in ([], ["--csv"], ["--json"])]
+    for args in commands + [["status", job_id], ["status", job_id, "--json"], ["status"]]:
+        code, stderr = run(args)
+        assert code == 0 and stderr == "", (args, stderr)
+
+
 def test_F22_a_long_job_reference_is_not_found(cli):
     ref = "a" * 100_000
     for command in ("status", "logs"):

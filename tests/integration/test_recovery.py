@@ -65,6 +65,40 @@ def _recovering_job(store) -> state.Job:
     return store.job(job.id)
 
 
+def killed_while_waiting(monkeypatch, no_capacity: set) -> list[str]:
+    """A supervisor SIGKILLed while it waits for the instance it started (Killed, no cleanup
+    after it), in a cloud whose regions in `no_capacity` (the caller may change it) refuse
+    RunInstances for capacity. Returns the ids it waited for, as it waits.
+    (benchmarks/audit_lab.py runs the audit's relaunch scenarios with it.)"""
+    from cloudtrain.providers.aws import AWSProvider
+
+    waited: list[str] = []
+
+    def wait_then_die(self, region, instance_id, report=None):
+        waited.append(instance_id)
+        raise Killed()
+
+    original_abort = jobs._abort_launch
+
+    def no_cleanup(store_, settings_, provider, job_, host, exc):
+        if isinstance(exc, Killed):
+            raise exc
+        return original_abort(store_, settings_, provider, job_, host, exc)
+
+    original_run = InstanceBackend.run_instances
+
+    def run_instances(self, *args, **kwargs):
+        if self.region_name in no_capacity:
+            raise EC2ClientError("InsufficientInstanceCapacity", "We currently do not have "
+                                 "sufficient g5.xlarge capacity")
+        return original_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
+    monkeypatch.setattr(AWSProvider, "_wait_running", wait_then_die)
+    monkeypatch.setattr(jobs, "_abort_launch", no_cleanup)
+    return waited
+
+
 def _live(ec2s, job_id) -> list[tuple[str, str, str]]:
     out = []
     for region, ec2 in ec2s.items():
@@ -81,35 +115,10 @@ def test_F30_a_supervisor_killed_mid_relaunch_elsewhere_leaves_one_instance(
         two_regions, ct_home, monkeypatch):
     """F30: supervisor A started attempt 2 in a second region and was killed; B must go on
     with that instance (or terminate it), never start another beside it."""
-    from cloudtrain.providers.aws import AWSProvider
-
     store = open_store(ct_home)
     job = _recovering_job(store)
-    waited: list[str] = []
-
-    def wait_then_die(self, region, instance_id, report=None):
-        waited.append(instance_id)
-        raise Killed()
-
-    original_abort = jobs._abort_launch
-
-    def no_cleanup(store_, settings_, provider, job_, host, exc):
-        if isinstance(exc, Killed):
-            raise exc
-        return original_abort(store_, settings_, provider, job_, host, exc)
-
-    original_run = InstanceBackend.run_instances
     no_capacity = {HOME}
-
-    def run_instances(self, *args, **kwargs):
-        if self.region_name in no_capacity:
-            raise EC2ClientError("InsufficientInstanceCapacity", "We currently do not have "
-                                 "sufficient g5.xlarge capacity")
-        return original_run(self, *args, **kwargs)
-
-    monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
-    monkeypatch.setattr(AWSProvider, "_wait_running", wait_then_die)
-    monkeypatch.setattr(jobs, "_abort_launch", no_cleanup)
+    waited = killed_while_waiting(monkeypatch, no_capacity)
 
     # supervisor A: no capacity at home, an instance started in us-west-2, then SIGKILL
     with pytest.raises(Killed):

@@ -131,3 +131,16 @@ def test_F27_the_survey_counts_and_names_what_it_holds_back(root):
     found = survey(root, include=["*"])  # a pattern naming everything names the tokens too
     assert found.included == [".aws/config", ".aws/credentials", ".npmrc"]
     assert found.held_back == []
+
+
+def test_B1_a_link_loop_in_the_workdir_is_a_link_not_a_crash(root):
+    """Found by benchmarks/audit_figures.py (job files): a repository holding a link that
+    points at itself (`loop -> loop`) made `launch --dry-run` end in "internal error:
+    OSError: Too many levels of symbolic links". A link is listed as a link, as any other,
+    whatever it points at."""
+    _tree(root, ["train.py"])
+    (root / "loop").symlink_to("loop")
+    (root / "sub").mkdir()
+    (root / "sub" / "a").symlink_to("b")
+    (root / "sub" / "b").symlink_to("a")
+    assert list_files(root) == ["loop", "sub/a", "sub/b", "train.py"]
