@@ -69,6 +69,9 @@ resources: {instance: g5.xlarge, spot: true, max_runtime: 2h}
 
 def environment() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CLOUDTRAIN_"))}
+    # The checkout this script is in, not whatever `cloudtrain` the Python finds from the
+    # scratch folder it runs in (an editable install of another checkout).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.update(CLOUDTRAIN_HOME=str(HOME), HOME=str(WORK), COLUMNS="100", NO_COLOR="1",
                AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE="/nonexistent",
                AWS_SHARED_CREDENTIALS_FILE="/nonexistent", LC_ALL="C.UTF-8", TZ="UTC")

@@ -1254,8 +1254,9 @@ def _debug_first(argv: list[str]) -> tuple[list[str], bool]:
 
 def _fail(exc: errors.CloudtrainError) -> None:
     click.echo(f"Error: {render.error_line(exc.message)}", err=True)
-    if exc.hint:
-        click.echo(f"Hint: {render.error_line(exc.hint)}", err=True)
+    if exc.hint:  # a hint may be laid out on several lines of ours (a config.yaml example)
+        click.echo("Hint: " + "\n".join(render.error_line(line)
+                                        for line in exc.hint.split("\n")), err=True)
     sys.exit(exc.exit_code)
 
 

@@ -361,3 +361,13 @@ def test_B2_an_error_quoting_a_newline_of_the_input_is_still_one_line(cli, tmp_p
     assert lines[0].startswith("Error: ") and all(l.startswith("Hint: ") for l in lines[1:]), \
         proc.stderr
     assert "\\n" in lines[0] and "\x1b" not in proc.stderr
+
+
+def test_B2_a_hint_laid_out_on_lines_of_ours_keeps_them(cli):
+    """B2 escapes what an error quotes from the input; a hint that shows a config.yaml example
+    on lines of its own keeps them (it had become one line with literal \\n in it)."""
+    proc = cli("launch", "--recipe", "imagenet", "--set", "variant=machines-4", "--instance",
+               "p3.16xlarge", "--spot", "--dry-run")
+    assert proc.returncode == 2
+    assert "Hint: declare it once in config.yaml, e.g.\n  datasets:\n    imagenet: " \
+           "s3://my-bucket/imagenet\n" in proc.stderr, proc.stderr
