@@ -605,15 +605,6 @@ def _read_json(path, limit=PLAN_MAX_BYTES):
     return doc if isinstance(doc, dict) else None
 
 
-def _write_json(path, data):
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _inside(root, rel):
     """The path for `rel` below `root` (resolved), or None: not a safe relative path, or it
     would resolve elsewhere (a link already in the job directory, at any level)."""
@@ -753,7 +744,7 @@ def restore(plan_path, jobdir):
             if item["path"] in LOGS and not _append_into(tmp, target):
                 os.replace(tmp, target)
         for folder in sorted({os.path.dirname(t) for t in targets}):
-            _fsync_dir(folder)
+            safefile.fsync_dir(folder)
         status.update(ok=True, files=len(targets), bytes=plan["bytes"],
                       signature=[list(s) for s in signature(root)])
     except RestoreError as exc:
@@ -771,23 +762,10 @@ def restore(plan_path, jobdir):
     if status["error"] is not None:
         status["error"] = " ".join(str(status["error"]).split())[:500]
     try:
-        _write_json(os.path.join(jobdir, RESTORE_STATUS), status)
+        safefile.write_json(os.path.join(jobdir, RESTORE_STATUS), status)
     except OSError:
         pass
     return status
-
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def main(argv):

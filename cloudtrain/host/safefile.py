@@ -1,4 +1,4 @@
-"""Reading a file that a job, an instance or a bucket may have planted.
+"""Reading and writing files where a job, an instance or a bucket may have planted things.
 
 Standard library only, Python 3.8+: shipped to the host beside agent.py (which imports it
 either way: as part of the package, or from its own folder), and used by the CLI for the same
@@ -16,9 +16,20 @@ after any listing), and reads a bounded number of bytes.
                                         the file had when opened
     kind(st_mode) -> str                what a file that is not regular is, in words
     read_tail(path, nbytes) -> (bytes, size)   the last `nbytes` and the size then
+
+Writing, the same way for everything on the host side (one copy of each):
+
+    write_atomic(path, data, sync=True)  replace the file whole (a reader sees the old one or
+                                        the new one), through a temporary file beside it
+                                        that is never a planted link
+    write_json(path, data, sync=True)   the same, of json.dumps(data)
+    fsync_dir(path)                     a folder's entries to the disk (after renames in it)
+    make_folders(root, parts, made) -> path   root/parts..., made one folder at a time, a
+                                        link or a file on the way refused (NotFolder)
 """
 
 import errno
+import json
 import os
 import stat
 
@@ -28,6 +39,14 @@ class NotRegular(OSError):
 
     def __init__(self, path, what):
         super().__init__(errno.EINVAL, "not a regular file (%s)" % what, path)
+        self.what = what
+
+
+class NotFolder(OSError):
+    """What is on the way to a folder is not one (a symbolic link, a file)."""
+
+    def __init__(self, path, what):
+        super().__init__(errno.ENOTDIR, "not a folder (%s)" % what, path)
         self.what = what
 
 
@@ -101,3 +120,74 @@ def _read(fd, offset, end, limit):
         chunks.append(data)
         got += len(data)
     return b"".join(chunks)
+
+
+def write_atomic(path, data, sync=True):
+    """Replace the file at `path` by one holding the bytes `data`: written to a temporary file
+    beside it, then renamed over it, so a reader sees the old file or the new one, never half
+    of one. sync: the bytes reach the disk before the rename (a crash leaves the old file or
+    the whole new one). The temporary file is opened without following a link (one planted
+    there is refused, not written through) and removed again when anything fails."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
+                     0o666)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json(path, data, sync=True):
+    """write_atomic of the object `data` as JSON (json.dump's bytes: ASCII, no newline)."""
+    write_atomic(path, json.dumps(data).encode("ascii"), sync)
+
+
+def fsync_dir(path):
+    """Make the renames and new names in the folder `path` durable. Nothing happens where
+    there is no folder (a FIFO is not waited on, a link not followed) or it cannot be synced."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                     | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def make_folders(root, parts, made=None):
+    """The folder root/parts[0]/parts[1]/..., each one made (0o755) where it is missing, one
+    at a time: never os.makedirs, which follows a link already on the way out of root. What is
+    on the way must be a folder, checked after our own mkdir too (another process may swap
+    it); a link or anything else there raises NotFolder (`what`: "a symbolic link", "a file",
+    ...; `filename`: its path). A folder made by someone else meanwhile is taken like one
+    already there. Each folder this call made is appended to `made`, for a caller that takes
+    them back on a later failure."""
+    path = root
+    for part in parts:
+        path = os.path.join(path, part)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            try:
+                os.mkdir(path, 0o755)
+                if made is not None:
+                    made.append(path)
+            except FileExistsError:  # made meanwhile by another thread or process
+                pass
+            mode = os.lstat(path).st_mode
+        if not stat.S_ISDIR(mode):
+            raise NotFolder(path, "a file" if stat.S_ISREG(mode) else kind(mode))
+    return path
