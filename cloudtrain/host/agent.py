@@ -114,17 +114,9 @@ def shipped(name):
 
 
 def read_json(path, default=None):
-    """A JSON object from a file, or `default` when it is missing, not a regular file (a FIFO,
-    a symlink: safefile), over JSON_MAX_BYTES, not JSON, too deep or not an object (the job
-    can write anything into its directory)."""
-    try:
-        raw = safefile.read_regular(path, limit=JSON_MAX_BYTES + 1)
-        if len(raw) > JSON_MAX_BYTES:
-            return default
-        data = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return default
-    return data if isinstance(data, dict) else default
+    """A JSON object from a file of the job directory (JSON_MAX_BYTES at most), or `default`
+    when there is none (safefile.read_json)."""
+    return safefile.read_json(path, JSON_MAX_BYTES, default)
 
 
 def as_pid(value):

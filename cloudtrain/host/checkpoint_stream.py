@@ -391,7 +391,7 @@ class Streamer(object):
         not uploaded again unless they change (restore-status.json holds their signature)."""
         if not self._start_seq or self._good is not None or self._seq != self._start_seq:
             return
-        status = _read_json(os.path.join(self.jobdir, RESTORE_STATUS))
+        status = safefile.read_json(os.path.join(self.jobdir, RESTORE_STATUS), PLAN_MAX_BYTES)
         if not (status and status.get("ok") is True and status.get("seq") == self._seq
                 and isinstance(status.get("signature"), list)):
             return
@@ -593,18 +593,6 @@ class _Transient(Exception):
     """Worth another try: a connection error, a 5xx, a body cut short."""
 
 
-def _read_json(path, limit=PLAN_MAX_BYTES):
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-        if len(data) > limit:
-            return None
-        doc = json.loads(data.decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def _inside(root, rel):
     """The path for `rel` below `root` (resolved), or None: not a safe relative path, or it
     would resolve elsewhere (a link already in the job directory, at any level)."""
@@ -617,7 +605,7 @@ def _inside(root, rel):
 
 
 def _load_plan(plan_path):
-    plan = _read_json(plan_path)
+    plan = safefile.read_json(plan_path, PLAN_MAX_BYTES)
     if plan is None:
         raise RestoreError("the plan %s is not a readable JSON object" % plan_path)
     why = check_manifest(plan)

@@ -16,6 +16,8 @@ after any listing), and reads a bounded number of bytes.
                                         the file had when opened
     kind(st_mode) -> str                what a file that is not regular is, in words
     read_tail(path, nbytes) -> (bytes, size)   the last `nbytes` and the size then
+    read_json(path, limit, default)     the JSON object in a regular file of at most `limit`
+                                        bytes, or `default`
 
 Writing, the same way for everything on the host side (one copy of each):
 
@@ -105,6 +107,20 @@ def read_tail(path, nbytes):
         return _read(fd, size - nbytes, size, nbytes), size
     finally:
         os.close(fd)
+
+
+def read_json(path, limit, default=None):
+    """The JSON object in the regular file at `path`, or `default` when it is missing, not a
+    regular file (read_regular), over `limit` bytes, not UTF-8 JSON, too deep or not an
+    object: the job can write anything into its directory."""
+    try:
+        raw = read_regular(path, limit=limit + 1)
+        if len(raw) > limit:
+            return default
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return default
+    return data if isinstance(data, dict) else default
 
 
 def _read(fd, offset, end, limit):

@@ -15,6 +15,35 @@ import pytest
 from cloudtrain.host import safefile
 
 
+# -- read_json -----------------------------------------------------------------------------------
+
+
+def test_read_json_gives_an_object_or_the_default(tmp_path):
+    path = tmp_path / "status.json"
+    path.write_text('{"state": "running"}')
+    assert safefile.read_json(str(path), 100) == {"state": "running"}
+    assert safefile.read_json(str(path), 10) is None  # over the bound
+    assert safefile.read_json(str(path), 10, {}) == {}
+    for data in (b"[1, 2]", b"not json", b"[" * 100_000, b'{"a": "\xff"}'):
+        path.write_bytes(data)
+        assert safefile.read_json(str(path), 1 << 20, "default") == "default", data[:10]
+    assert safefile.read_json(str(tmp_path / "gone"), 100) is None
+    os.symlink(tmp_path / "elsewhere.json", tmp_path / "link.json")
+    (tmp_path / "elsewhere.json").write_text('{"planted": true}')
+    assert safefile.read_json(str(tmp_path / "link.json"), 100) is None  # never followed
+
+
+def test_read_json_does_not_wait_on_a_fifo_planted_in_its_place(tmp_path):
+    """The checkpoint stream read restore-status.json (the job's folder) with open(): a FIFO
+    there held its thread for ever."""
+    os.mkfifo(tmp_path / "restore-status.json")
+    code = ("import sys; from cloudtrain.host import safefile; "
+            "print(safefile.read_json(sys.argv[1], 100))")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "restore-status.json")],
+                          timeout=20, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "None\n"), done.stderr
+
+
 # -- write_atomic / write_json ----------------------------------------------------------------
 
 
