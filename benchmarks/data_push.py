@@ -39,7 +39,7 @@ import boto3  # noqa: E402
 import requests  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 
-from cloudtrain import shards  # noqa: E402
+from cloudtrain.host import shards  # noqa: E402
 from cloudtrain.providers.aws import datasets as s3_datasets  # noqa: E402
 from sshd import free_port  # noqa: E402
 

@@ -1,5 +1,5 @@
 """Staging a dataset onto a host, as an instance does before its job: the real stager
-(cloudtrain/stager.py, run as `python3 stager.py PLAN STATUS` the way run.sh runs it), with
+(cloudtrain/host/stager.py, run as `python3 stager.py PLAN STATUS` the way run.sh runs it), with
 the plan the launch writes (datasets.host_plan), against moto's S3 server on 127.0.0.1.
 
 It prints MB/s and files/s of:
@@ -48,7 +48,7 @@ from imds_lab import FakeIMDS  # noqa: E402
 from sshd import free_port  # noqa: E402
 
 REGION, BUCKET = "eu-west-1", "bench-datasets"
-STAGER = ROOT / "cloudtrain" / "stager.py"
+STAGER = ROOT / "cloudtrain" / "host" / "stager.py"
 
 
 def plan_for(prefix: str, auth: str, dest: Path, imds_url: str) -> dict:

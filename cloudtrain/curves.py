@@ -21,9 +21,10 @@ import math
 import os
 from pathlib import Path
 
-from . import config, render, safefile
-from .agent import as_time as finite  # a finite float (not a bool), else None
+from . import config, render
 from .errors import UsageError
+from .host import safefile
+from .host.agent import as_time as finite  # a finite float (not a bool), else None
 from .hostdata import clean_row
 
 METRICS_CONTRACT = """\

@@ -3,7 +3,7 @@
     parse_s3_url(url)                     (bucket, prefix), or a one-line UsageError
     push(directory, url, ...)             the tree as tar shards and a manifest -> PushReport
 
-The shard format is cloudtrain/shards.py; the S3 work is cloudtrain/providers/aws/datasets.py
+The shard format is cloudtrain/host/shards.py; the S3 work is cloudtrain/providers/aws/datasets.py
 (boto3 stays there). Credentials and profile are the AWS provider's (config.yaml's
 `aws_profile:`, then the AWS chain); AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL points the
 client elsewhere (moto in the tests), as for the job store.
@@ -464,7 +464,7 @@ def _read_snapshot(spec, source: dict) -> Staged:
 
 def host_plan(found: list[Staged], spec, settings, data_dir: str,
               mounts: dict[str, str] | None = None) -> dict | None:
-    """The stager's plan (cloudtrain/stager.py) for the copies onto the host, or None when
+    """The stager's plan (cloudtrain/host/stager.py) for the copies onto the host, or None when
     the job stages nothing. With an instance profile the instance signs its own requests
     with the role's credentials; otherwise each object gets a presigned link (the user's
     credentials never leave this machine either way)."""

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import agent as agent_module
 from . import config
 from . import hostdata
-from . import safefile
+from .host import agent as agent_module
+from .host import safefile
 from .errors import HostError, MissingDependency, NotRegularFile
 from .gitignore import list_files
 from .progress import Reporter, megabytes
@@ -102,13 +102,11 @@ def session_name(job_id: str) -> str:
 
 
 def agent_files() -> list[Path]:
-    """The files the agent runs from: agent.py, and beside it the reader of job-written files
-    it imports (safefile.py), the uploader and the dataset stager (with the shard reader it
-    imports) where the package has them."""
-    extra = [AGENT_SOURCE.with_name(n) for n in ("safefile.py", "agent_upload.py",
-                                                 "checkpoint_stream.py", "stager.py",
-                                                 "shards.py")]
-    return [AGENT_SOURCE] + [p for p in extra if p.is_file()]
+    """The files the agent runs from: every module of cloudtrain/host/ (agent.py first), put
+    side by side in the host's agent directory, where they import each other by name."""
+    beside = sorted(p for p in AGENT_SOURCE.parent.glob("*.py")
+                    if p.name not in (AGENT_SOURCE.name, "__init__.py"))
+    return [AGENT_SOURCE] + beside
 
 
 def agent_version() -> str:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from . import agent as agent_module
+from .host import agent as agent_module
 from . import config, datasets, hostdata, lease, progress, providers, state
-from .agent import metrics_tail, pid_alive, read_json
+from .host.agent import metrics_tail, pid_alive, read_json
 from .errors import CloudtrainError, HostError, Interrupted, MissingDependency, NoCredentials, \
     NotFound, NotRegularFile, PlacementError, UsageError
 from .gitignore import survey
@@ -747,7 +747,7 @@ def _restore_step(store: Store, spec: JobSpec, provider, job: Job, hosts: list[H
         store.add_event(job.id, "restore", detail=f"attempt {spec.attempt}: no checkpoint in "
                                                   "the job store, the job starts over")
         return None
-    from .checkpoint_stream import LOGS
+    from .host.checkpoint_stream import LOGS
 
     for i, (host, jobdir) in enumerate(zip(hosts, jobdirs)):
         # Node 0's log and metrics are the job's: the other nodes take its checkpoint only.

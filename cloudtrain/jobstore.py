@@ -12,7 +12,7 @@
 
 Layout: `jobs/<owner_key>/<job_id>/<path in the job directory>`, and
 `jobs/<owner_key>/<job_id>/manifest.json` written last by the uploader
-(cloudtrain/agent_upload.py, on the instance) as the sign that
+(cloudtrain/host/agent_upload.py, on the instance) as the sign that
 the upload is complete. The instance holds no AWS keys: the grant is an S3 presigned POST
 whose signed policy allows keys under the job's prefix only, each at most `max_bytes`, until
 it expires (no IAM role to create, no iam:PassRole needed).
@@ -23,7 +23,7 @@ id, `<role id>:<session name>` for an assumed role), which an IAM policy can nam
 stored before owners were part of the key live under `jobs/<job_id>/` (`owner_key=None`
 below); the job's record says which (the provider keeps the owner key with the job).
 
-`<prefix>stream/` is the checkpoint stream (cloudtrain/checkpoint_stream.py): two slots
+`<prefix>stream/` is the checkpoint stream (cloudtrain/host/checkpoint_stream.py): two slots
 `stream/a/`, `stream/b/` and `stream/latest.json` naming the one that holds a complete
 snapshot. fetch() leaves it alone, except that when the upload's manifest says the
 checkpoints went there (`checkpoints_in_stream`) it brings them from the named slot.
@@ -46,9 +46,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import checkpoint_stream
-from .agent_upload import CHECKPOINTS, MANIFEST, POST_MAX_BYTES, safe_relpath
 from .errors import CloudtrainError, UsageError
+from .host import checkpoint_stream
+from .host.agent_upload import CHECKPOINTS, MANIFEST, POST_MAX_BYTES, safe_relpath
 
 PREFIX = "jobs/"
 STREAM = checkpoint_stream.STREAM  # "stream/": the checkpoint stream, below the job's prefix

@@ -336,7 +336,7 @@ def lying_manifest(entries: int, size: int, shard_bytes: int | None = None) -> b
     """A dataset manifest whose every field parses and whose sums agree, for `entries` shards
     of `size` bytes (one member each), sha256 all zeros: what anyone who can write a bucket
     can put there, with or without shard objects behind it (the audit's F29)."""
-    from cloudtrain import shards
+    from cloudtrain.host import shards
 
     return shards.Manifest.build(shard_bytes or size, [shards.ShardEntry(
         shards.shard_name(i), 1, size, size - 3 * shards.BLOCK, "0" * 64)

@@ -6,7 +6,7 @@ old checkpoint or the new one, never half of one, even if SIGKILL lands mid-save
 
 A checkpoint dict with "step" and/or "epoch" also gets `checkpoint-info.json` beside it
 ({"step", "epoch", "file"}, written the same way, after the checkpoint): the agent's
-checkpoint stream (cloudtrain/checkpoint_stream.py) reads where a streamed checkpoint is from
+checkpoint stream (cloudtrain/host/checkpoint_stream.py) reads where a streamed checkpoint is from
 there without unpickling it.
 """
 from __future__ import annotations

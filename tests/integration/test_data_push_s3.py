@@ -22,7 +22,8 @@ import pytest
 import requests
 
 from aws_lab import moto_endpoint
-from cloudtrain import datasets, shards
+from cloudtrain import datasets
+from cloudtrain.host import shards
 from cloudtrain.errors import CloudtrainError, NotFound, UsageError
 from cloudtrain.providers.aws import datasets as s3_datasets
 from conftest import REPO, lying_manifest

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import agent
+from cloudtrain.host import agent
 
 
 def _sleeper(*extra: str) -> subprocess.Popen:
@@ -123,7 +123,7 @@ def test_agent_runs_under_python38_syntax():
     """The agent is copied to hosts with whatever python3 they have: keep it 3.8-compatible."""
     import ast
 
-    from cloudtrain import safefile
+    from cloudtrain.host import safefile
 
     beside = {"safefile"}  # shipped with it (hosts.agent_files), itself standard library only
     for module in (agent, safefile):

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from cloudtrain import agent_upload, checkpoint_stream as cs, jobstore
+from cloudtrain import jobstore
+from cloudtrain.host import agent_upload, checkpoint_stream as cs
 
 PREFIX = "jobs/ab12cd34/"
 

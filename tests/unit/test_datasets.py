@@ -318,7 +318,7 @@ def test_f29_the_shards_in_flight_are_the_largest_stored_and_no_more_than_there_
         monkeypatch):
     """The manifest's own shard size (its word) no longer sizes the disk: two shards of 1 GB,
     whatever shard_bytes it claims, are at most two of the largest in flight."""
-    from cloudtrain import shards
+    from cloudtrain.host import shards
 
     two = shards.Manifest.build(5 << 40, [shards.ShardEntry(
         shards.shard_name(i), 1, 10**9, 10**9 - 3 * 512, "ab" * 32) for i in range(2)])

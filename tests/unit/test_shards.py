@@ -1,4 +1,4 @@
-"""cloudtrain/shards.py: cutting a tree into shards, deterministic tar bytes, the manifest read
+"""cloudtrain/host/shards.py: cutting a tree into shards, deterministic tar bytes, the manifest read
 as untrusted (fuzzed), and extract_shard refusing every kind of bad shard with nothing left
 behind. Real files, real tars (tarfile, and the system's `tar` reading ours)."""
 
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloudtrain import shards
-from cloudtrain.shards import FileEntry, Manifest, ShardEntry
+from cloudtrain.host import shards
+from cloudtrain.host.shards import FileEntry, Manifest, ShardEntry
 
 MTIME = 1_700_000_000
 

@@ -1,4 +1,4 @@
-"""cloudtrain/stager.py, the on-instance staging of datasets, against moto's S3 server on
+"""cloudtrain/host/stager.py, the on-instance staging of datasets, against moto's S3 server on
 127.0.0.1: real shards pushed by `datasets.push`, read back through presigned URLs or requests
 signed with credentials from a fake IMDSv2, through proxies that count, check signatures,
 answer 503, cut bodies short or trickle."""
@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 
 from aws_lab import moto_endpoint
 from imds_lab import FakeIMDS, serve
-from cloudtrain import shards, stager
+from cloudtrain.host import shards, stager
 from cloudtrain.providers.aws import datasets as s3_datasets
 from conftest import REPO
 
@@ -700,9 +700,9 @@ def test_sigterm_stops_a_slow_staging_promptly_and_cleans_up(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     status = tmp_path / "status.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.Popen([sys.executable, "cloudtrain/stager.py", str(tmp_path / "plan.json"),
-                             str(status)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "cloudtrain/host/stager.py",
+                             str(tmp_path / "plan.json"), str(status)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert asked.wait(10), proc.communicate(timeout=5)
         time.sleep(0.5)

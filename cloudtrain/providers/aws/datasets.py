@@ -1,4 +1,4 @@
-"""Datasets in S3 as tar shards (cloudtrain/shards.py): what `cloudtrain data push` does.
+"""Datasets in S3 as tar shards (cloudtrain/host/shards.py): what `cloudtrain data push` does.
 
     client(session, region, endpoint_url, connections)  an S3 client for many threads
     push(s3, root, bucket, prefix, ...)   the tree's shards, then its manifest -> PushReport
@@ -31,7 +31,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ... import shards
+from ...host import shards
 from ...errors import CloudtrainError, NotFound
 from .errors import AWSError, _code
 

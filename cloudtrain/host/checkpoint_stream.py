@@ -391,7 +391,7 @@ class Streamer(object):
         not uploaded again unless they change (restore-status.json holds their signature)."""
         if not self._start_seq or self._good is not None or self._seq != self._start_seq:
             return
-        status = _read_json(os.path.join(self.jobdir, RESTORE_STATUS))
+        status = safefile.read_json(os.path.join(self.jobdir, RESTORE_STATUS), PLAN_MAX_BYTES)
         if not (status and status.get("ok") is True and status.get("seq") == self._seq
                 and isinstance(status.get("signature"), list)):
             return
@@ -593,27 +593,6 @@ class _Transient(Exception):
     """Worth another try: a connection error, a 5xx, a body cut short."""
 
 
-def _read_json(path, limit=PLAN_MAX_BYTES):
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-        if len(data) > limit:
-            return None
-        doc = json.loads(data.decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _write_json(path, data):
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _inside(root, rel):
     """The path for `rel` below `root` (resolved), or None: not a safe relative path, or it
     would resolve elsewhere (a link already in the job directory, at any level)."""
@@ -626,7 +605,7 @@ def _inside(root, rel):
 
 
 def _load_plan(plan_path):
-    plan = _read_json(plan_path)
+    plan = safefile.read_json(plan_path, PLAN_MAX_BYTES)
     if plan is None:
         raise RestoreError("the plan %s is not a readable JSON object" % plan_path)
     why = check_manifest(plan)
@@ -753,7 +732,7 @@ def restore(plan_path, jobdir):
             if item["path"] in LOGS and not _append_into(tmp, target):
                 os.replace(tmp, target)
         for folder in sorted({os.path.dirname(t) for t in targets}):
-            _fsync_dir(folder)
+            safefile.fsync_dir(folder)
         status.update(ok=True, files=len(targets), bytes=plan["bytes"],
                       signature=[list(s) for s in signature(root)])
     except RestoreError as exc:
@@ -771,23 +750,10 @@ def restore(plan_path, jobdir):
     if status["error"] is not None:
         status["error"] = " ".join(str(status["error"]).split())[:500]
     try:
-        _write_json(os.path.join(jobdir, RESTORE_STATUS), status)
+        safefile.write_json(os.path.join(jobdir, RESTORE_STATUS), status)
     except OSError:
         pass
     return status
-
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def main(argv):

@@ -47,9 +47,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-try:
-    from . import shards
+try:  # in the package (the orchestrator, tests), or shipped beside it on the host
+    from . import safefile, shards
 except ImportError:
+    import safefile
     import shards
 
 PLAN_VERSION = 1
@@ -600,17 +601,11 @@ class Stager:
     # - status and progress ------------------------------------------------------------
 
     def write_status(self) -> None:
-        tmp = "%s.tmp.%d" % (self.status_path, os.getpid())
         try:
-            with open(tmp, "w") as f:
-                json.dump(self.status, f, indent=1)
-                f.write("\n")
-            os.replace(tmp, self.status_path)
+            safefile.write_atomic(self.status_path,
+                                  (json.dumps(self.status, indent=1) + "\n").encode("ascii"),
+                                  sync=False)
         except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
 
@@ -728,7 +723,8 @@ class Stager:
         if _read_doc(os.path.join(partial, PARTIAL)).get("identity") != d["identity"]:
             shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial, exist_ok=True)
-        _write_doc(os.path.join(partial, PARTIAL), {"identity": d["identity"]})
+        safefile.write_json(os.path.join(partial, PARTIAL), {"identity": d["identity"]},
+                            sync=False)
         if d["auth"] == "role" and self.role is None:
             self.role = RoleCredentials(self.plan["imds_url"])
         if d["auth"] == "role":
@@ -746,9 +742,9 @@ class Stager:
             except ValueError as exc:
                 raise StageError(str(exc)) from None
         os.unlink(os.path.join(partial, PARTIAL))
-        _write_doc(marker, {"identity": d["identity"], "name": d["name"],
-                            "files": rec["files_total"], "bytes": rec["bytes_total"],
-                            "staged_at": time.time()})
+        safefile.write_json(marker, {"identity": d["identity"], "name": d["name"],
+                                     "files": rec["files_total"], "bytes": rec["bytes_total"],
+                                     "staged_at": time.time()}, sync=False)
 
     def _preread(self, root: str, rec: dict, t0: float) -> None:
         """Read every file below root once, `workers` at a time: a volume made from an EBS
@@ -858,13 +854,6 @@ def _read_doc(path: str) -> dict:
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
-
-
-def _write_doc(path: str, doc: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, path)
 
 
 def _check_replaceable(dest: str) -> None:
@@ -1121,7 +1110,7 @@ class _Run:
                 self.cond.notify_all()
 
     def finish(self, job: _Job) -> int:
-        if self.d["kind"] == "shards":  # in the pool; shards._folder takes folders made meanwhile
+        if self.d["kind"] == "shards":  # in the pool; make_folders takes folders made meanwhile
             pending = self.pool.apply_async(_extract, (job.tmp, self.dest, job.item))
             # A pool replaces a worker that died (killed, out of memory) but not its task:
             # never wait for ever. A shard extracts at tens of MB/s at the very least.
@@ -1149,7 +1138,12 @@ class _Run:
                 raise ValueError("%s is not what its listing says: md5 %s, not %s" % (
                     job.src.name, h.hexdigest(), o["md5"]))
         parts = o["path"].split("/")
-        parent = _folder(self.root, parts[:-1], o["path"])
+        try:
+            parent = safefile.make_folders(self.root, parts[:-1])
+        except safefile.NotFolder as exc:
+            raise ValueError("%r cannot be written: %r in the destination is a link or a file, "
+                             "not a folder" % (o["path"][:200],
+                                               exc.filename[len(self.root) + 1:][:200])) from None
         os.replace(job.tmp, os.path.join(parent, parts[-1]))
         return 1
 
@@ -1164,25 +1158,6 @@ def _extractor_signals() -> None:
 def _extract(tmp: str, dest: str, entry) -> int:
     with open(tmp, "rb") as f:
         return shards.extract_shard(f, dest, entry)
-
-
-def _folder(root: str, parts: list, name: str) -> str:
-    """root/parts..., made one folder at a time; a link or a file on the way is refused."""
-    path = root
-    for part in parts:
-        path = os.path.join(path, part)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            try:
-                os.mkdir(path, 0o755)
-            except FileExistsError:  # made by another thread meanwhile
-                pass
-            st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode):
-            raise ValueError("%r cannot be written: %r in the destination is a link or a file, "
-                             "not a folder" % (name[:200], path[len(root) + 1:][:200]))
-    return path
 
 
 def stage(plan: dict, status_path, out=sys.stdout, backoff_s: float = 0.5) -> int:

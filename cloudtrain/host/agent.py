@@ -114,17 +114,9 @@ def shipped(name):
 
 
 def read_json(path, default=None):
-    """A JSON object from a file, or `default` when it is missing, not a regular file (a FIFO,
-    a symlink: safefile), over JSON_MAX_BYTES, not JSON, too deep or not an object (the job
-    can write anything into its directory)."""
-    try:
-        raw = safefile.read_regular(path, limit=JSON_MAX_BYTES + 1)
-        if len(raw) > JSON_MAX_BYTES:
-            return default
-        data = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return default
-    return data if isinstance(data, dict) else default
+    """A JSON object from a file of the job directory (JSON_MAX_BYTES at most), or `default`
+    when there is none (safefile.read_json)."""
+    return safefile.read_json(path, JSON_MAX_BYTES, default)
 
 
 def as_pid(value):
@@ -145,26 +137,13 @@ def as_time(value, default=None):
     return value if math.isfinite(value) else default
 
 
-def write_json(path, data):
-    """Write atomically: a reader sees the old file or the new one, never half of one."""
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def save_status(path, status):
     """Record a status decided from outside the agent (probe, stop, reap). A job directory
     that is gone, or a status.json that is no file any more, does not change the answer."""
     try:
-        write_json(path, status)
+        safefile.write_json(path, status)
     except OSError:
-        try:
-            os.unlink("%s.%d.tmp" % (path, os.getpid()))
-        except OSError:
-            pass
+        pass
 
 
 def pid_alive(pid, needle=None):
@@ -330,7 +309,7 @@ class Agent:
         with self.lock:
             self.status.update(fields)
             self.status["heartbeat_at"] = now()
-            write_json(self.path("status.json"), self.status)
+            safefile.write_json(self.path("status.json"), self.status)
 
     def log_line(self, text):
         """A line of the agent's own in output.log (where the user looks first)."""
@@ -826,7 +805,7 @@ def stop(jobdir, grace_s=None, wait_s=None, signal_only=False):
     grace_s = as_time(settings.get("grace_s"), 30.0) if grace_s is None else float(grace_s)
     wait_s = grace_s + 10.0 if wait_s is None else wait_s
     # The agent reads the grace period from here when the SIGTERM below reaches it.
-    write_json(os.path.join(jobdir, "cancel"), {"at": now(), "grace_s": grace_s})
+    safefile.write_json(os.path.join(jobdir, "cancel"), {"at": now(), "grace_s": grace_s})
     agent_pid = as_pid(status.get("agent_pid"))
     if signal_only:
         if pid_alive(agent_pid, "agent.py"):

@@ -42,6 +42,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+try:  # in the package (the orchestrator, tests), or shipped beside it on the host
+    from . import safefile
+except ImportError:
+    import safefile
+
 MANIFEST_VERSION = 1
 MAX_SHARDS = 100_000  # shard-%05d
 MAX_OBJECT_BYTES = 5 << 40  # S3's largest object, 5 TiB
@@ -476,9 +481,14 @@ def _place(work: str, root: str, names: list[tuple[str, int]]) -> None:
         for i, (name, _) in enumerate(names):
             parts = name.split("/")
             try:
-                parent = _folder(root, parts[:-1], name, made)
+                parent = safefile.make_folders(root, parts[:-1], made)
                 target = os.path.join(parent, parts[-1])
                 os.replace(os.path.join(work, str(i)), target)
+            except safefile.NotFolder as exc:  # a link or a file already in dest on the way
+                if exc.what == "a symbolic link":
+                    raise _Bad(f"{name[:200]!r} would be written through a link") from None
+                raise _Bad(f"{name[:200]!r}: {exc.filename[len(root) + 1:][:200]!r} is a file "
+                           "in the destination, not a folder") from None
             except OSError as exc:  # a folder where the file goes, a name the disk refuses
                 if exc.errno not in CLASHES:
                     raise
@@ -493,29 +503,6 @@ def _place(work: str, root: str, names: list[tuple[str, int]]) -> None:
             except OSError:
                 pass
         raise
-
-
-def _folder(root: str, parts: list[str], name: str, made: list[str]) -> str:
-    """root/parts..., made one folder at a time (never os.makedirs, which follows a link
-    already in dest out of it); a link or a file on the way is refused."""
-    path = root
-    for part in parts:
-        path = os.path.join(path, part)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            try:
-                os.mkdir(path, 0o755)
-                made.append(path)
-                continue
-            except FileExistsError:  # another shard, extracted at the same time, made it:
-                st = os.lstat(path)  # checked like any folder already there
-        if stat.S_ISLNK(st.st_mode):  # a link already in dest, pointing elsewhere
-            raise _Bad(f"{name[:200]!r} would be written through a link")
-        if not stat.S_ISDIR(st.st_mode):
-            raise _Bad(f"{name[:200]!r}: {path[len(root) + 1:][:200]!r} is a file in "
-                       "the destination, not a folder")
-    return path
 
 
 def extract_shard(fileobj, dest: Path, entry: ShardEntry) -> int:

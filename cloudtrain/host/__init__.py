@@ -1,0 +1,26 @@
+"""The host side: what is shipped to the machine that runs a job and runs there.
+
+Standard library only, Python 3.8+. The orchestrator copies these modules (all but this
+file) into `<root>/agent-<version>/` on the host (hosts.agent_files, Host.install_agent) and
+runs them there with the host's python3 as plain scripts:
+
+    agent.py              runs one job in tmux, keeps its job directory truthful
+    agent_upload.py       the job's files to the S3 job store through a presigned POST
+    checkpoint_stream.py  checkpoints to the job store while the job runs; `restore`
+    stager.py             the job's datasets from S3 onto the host before the job
+    shards.py             the tar shard format of `cloudtrain data push` (the stager reads it)
+    safefile.py           bounded reads that follow no link, atomic writes, folders made
+                          without following links
+
+So a module here imports nothing outside this folder and the standard library
+(tests/unit/test_host_package.py checks), and imports its neighbours either way, as part of
+this package on the orchestrator or from its own folder on the host:
+
+    try:
+        from . import safefile
+    except ImportError:
+        import safefile
+
+The orchestrator imports from here (never the other way round). This file imports nothing,
+so that importing one module does not import the others.
+"""
