@@ -690,7 +690,7 @@ MANIFEST_CASES: dict[str, str | bytes | None] = {
     "a good manifest (control)": None,
 }
 
-# Stager plans (python -m cloudtrain.stager PLAN STATUS) against a lying local "S3".
+# Stager plans (python -m cloudtrain.host.stager PLAN STATUS) against a lying local "S3".
 STAGER_CASES = [
     "object path ..", "object path absolute", "object path hidden", "object path NUL",
     "object path empty", "duplicate paths", "file and folder", "short body", "longer body",
@@ -701,7 +701,7 @@ STAGER_CASES = [
     "shard with ../ member through the stager", "trickle (1 byte/s)", "good objects (control)",
     "path dataset pointing outside",
 ]
-# Checkpoint restore plans (python -m cloudtrain.checkpoint_stream restore PLAN JOBDIR)
+# Checkpoint restore plans (python -m cloudtrain.host.checkpoint_stream restore PLAN JOBDIR)
 RESTORE_CASES = [
     "path ..", "path absolute", "run.sh", "job.json", ".secrets.env", "sha256 mismatch",
     "size mismatch", "symlink at checkpoints/", "symlink at the file", "symlink at output.log",

@@ -145,7 +145,7 @@ def tar_case(case: str, dest: Path, outside: str) -> tuple[bytes, list, dict, ob
 
 
 def drive_shard(case: str, dest: str, outside: str) -> None:
-    from cloudtrain import shards
+    from cloudtrain.host import shards
 
     dest_path = Path(dest)
     data, members, override, stream = tar_case(case, dest_path, outside)
@@ -168,7 +168,7 @@ def drive_shard(case: str, dest: str, outside: str) -> None:
 
 
 def manifest_text(case: str) -> str | bytes:
-    from cloudtrain import shards
+    from cloudtrain.host import shards
 
     entries = [shards.ShardEntry(shards.shard_name(i), 2, 4096, 1000, "ab" * 32)
                for i in range(3)]
@@ -201,7 +201,7 @@ def manifest_text(case: str) -> str | bytes:
 
 
 def drive_manifest(case: str, text_file: str | None = None) -> None:
-    from cloudtrain import shards
+    from cloudtrain.host import shards
 
     text = Path(text_file).read_bytes() if text_file else manifest_text(case)
     try:

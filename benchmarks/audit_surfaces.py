@@ -342,7 +342,7 @@ def shard_cases() -> list[Case]:
 
 # -- stager plans (F38) ------------------------------------------------------------------------
 
-STAGE = ["{python}", "-m", "cloudtrain.stager", "{dir}/plan.json",
+STAGE = ["{python}", "-m", "cloudtrain.host.stager", "{dir}/plan.json",
          "{dir}/job/staging-status.json"]
 OBJECT = b"an object's bytes\n" * 100
 
@@ -463,7 +463,7 @@ def stager_cases(timeout: float) -> list[Case]:
 
 # -- checkpoint restore plans ---------------------------------------------------------------------
 
-RESTORE = ["{python}", "-m", "cloudtrain.checkpoint_stream", "restore", "{dir}/plan.json",
+RESTORE = ["{python}", "-m", "cloudtrain.host.checkpoint_stream", "restore", "{dir}/plan.json",
            "{dir}/job"]
 
 
