@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from cloudtrain import agent_upload, checkpoint_stream as cs, jobstore
+from cloudtrain import agent_upload, checkpoint_stream as cs
+from cloudtrain.providers.aws import jobstore
 
 PREFIX = "jobs/ab12cd34/"
 
