@@ -40,7 +40,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 import boto3  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 
-from cloudtrain import config, datasets  # noqa: E402
+from cloudtrain import config, datasets, datasources  # noqa: E402
+from cloudtrain.providers.aws import AWSProvider  # noqa: E402
 from cloudtrain.providers.aws import datasets as s3_datasets  # noqa: E402
 from cloudtrain.spec import JobSpec  # noqa: E402
 from data_push import make_tree, rate  # noqa: E402
@@ -53,12 +54,11 @@ STAGER = ROOT / "cloudtrain" / "host" / "stager.py"
 
 def plan_for(prefix: str, auth: str, dest: Path, imds_url: str) -> dict:
     """The stager's plan for s3://BUCKET/prefix, made by the launch's own code."""
-    source = datasets.parse_source("bench", f"s3://{BUCKET}/{prefix}", "benchmark").to_dict()
-    s3, _, _ = datasets._s3_client(REGION)
-    staged = datasets.Staged({**source, "dir": dest.name},
-                             s3_datasets.contents(s3, BUCKET, prefix), REGION)
+    source = datasources.parse_source("bench", f"s3://{BUCKET}/{prefix}", "benchmark").to_dict()
     settings = config.Settings(imds_url=imds_url,
                                instance_profile="bench" if auth == "role" else "")
+    staged = AWSProvider(settings).read_dataset(  # as a launch reads it, from REGION
+        JobSpec(kind="command", backend="aws", region=REGION), {**source, "dir": dest.name})
     spec = JobSpec(kind="command", backend="aws" if auth == "role" else "local")
     return datasets.host_plan([staged], spec, settings, str(dest.parent))
 

@@ -31,8 +31,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import boto3  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 
-from cloudtrain import jobstore  # noqa: E402
 from cloudtrain.host import agent_upload  # noqa: E402
+from cloudtrain.providers.aws import jobstore  # noqa: E402
 from sshd import free_port  # noqa: E402
 
 REGION, ACCOUNT = "eu-west-1", "123456789012"

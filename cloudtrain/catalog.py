@@ -17,6 +17,7 @@ from pathlib import Path
 
 CATALOG = Path(__file__).resolve().parent / "data" / "aws-gpu-vms.csv"
 SNAPSHOT = "SkyPilot AWS catalog v9 @ 2c3d7ea (July 2026 or later)"
+DEFAULT_ARCH = "x86_64"  # the Deep Learning AMI cloudtrain uses (images.DLAMI_PARAMETER)
 
 
 @dataclass
@@ -147,15 +148,6 @@ def gpus_error(gpu: str, count: float, regions: list[str], market: str | None = 
                       f"cloudtrain catalog --gpu {gpu} lists them")
 
 
-def default_region() -> str:
-    """The region a command uses when --region is not given: the one launch resolves
-    (`region:` in config.yaml, AWS_REGION, AWS_DEFAULT_REGION, the AWS profile), else
-    us-east-1, the same for every command."""
-    from . import providers
-
-    return providers.get("aws").region()
-
-
 def gpu_names() -> list[str]:
     return sorted({t.gpu for t in load().values()})
 
@@ -179,9 +171,16 @@ def check_region(region: str, source: str = "--region") -> str:
     one is a UsageError with the nearest names."""
     if region in regions():
         return region
-    from .preflight import check_known_region
+    from .config import check_known_region
 
     return check_known_region(region, source)
+
+
+def gpu_request(resources: dict, needed: int) -> str:
+    """`V100:8`: what a cloud job asks for when no instance is given, from a recipe's
+    `resources:` and the GPUs its arguments need on one host (0: no requirement)."""
+    count = max(needed, int(resources.get("gpus_per_node", 1)))
+    return f"{resources.get('gpu', 'V100')}:{count}"
 
 
 def parse_gpus(request: str) -> tuple[str, float]:
@@ -223,20 +222,19 @@ def cheapest(gpu: str, count: float, regions: list[str], market: str = "on-deman
              ) -> tuple[InstanceType, str, str | None]:
     """The cheapest type with `count` x `gpu` in `regions`: (type, region, spot AZ id or None).
     An impossible request is a UsageError that lists what exists."""
-    from . import preflight
     from .errors import UsageError
 
     best = None
     found = matching(gpu, count, source="--gpus")
-    other_arch = sorted({t.arch for t in found if t.arch != preflight.DEFAULT_ARCH})
-    if found and len(other_arch) == 1 and all(t.arch != preflight.DEFAULT_ARCH for t in found):
+    other_arch = sorted({t.arch for t in found if t.arch != DEFAULT_ARCH})
+    if found and len(other_arch) == 1 and all(t.arch != DEFAULT_ARCH for t in found):
         raise UsageError(f"--gpus {gpu}:{count:g}: the types with it "
                          f"({', '.join(t.name for t in found[:4])}) are {other_arch[0]}, and "
-                         f"the Deep Learning AMI is {preflight.DEFAULT_ARCH}",
+                         f"the Deep Learning AMI is {DEFAULT_ARCH}",
                          hint="choose another GPU (cloudtrain catalog), or pass --instance TYPE "
                               f"with an {other_arch[0]} --ami")
     for t in found:
-        if t.arch != preflight.DEFAULT_ARCH:  # the Deep Learning AMI is x86_64 (D21)
+        if t.arch != DEFAULT_ARCH:  # the Deep Learning AMI is x86_64 (D21)
             continue
         for region in regions:
             if market == "spot":

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from . import config
-from .errors import EXIT_FAILED, EXIT_OK, CloudtrainError
+from .errors import EXIT_FAILED, EXIT_OK, CloudError, CloudtrainError
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
 MARKETS = ("on-demand", "spot")
@@ -118,12 +118,12 @@ def _configuration(checks: list[Check]) -> tuple[config.Settings, list[Setting],
 
 
 def _aws(settings: config.Settings, region_flag: str | None, checks: list[Check]) -> None:
-    from .providers.aws import AWSProvider
-    from .providers.aws.provider import DEFAULT_REGION
+    from . import providers
 
-    provider = AWSProvider(settings)
+    provider = providers.get("aws", settings)
     region = _region(provider, region_flag, checks)
-    if not _credentials(provider, settings, region or DEFAULT_REGION, checks) or not region:
+    if not _credentials(provider, settings, region or provider.DEFAULT_REGION, checks) or \
+            not region:
         return
     if _account(provider, region, checks) is None:
         return  # AWS refused the credentials, or cannot be reached: nothing more will answer
@@ -144,7 +144,7 @@ def _region(provider, region_flag: str | None, checks: list[Check]) -> str | Non
                             exc.hint or "cloudtrain check --region us-east-1"))
         return None
     if source == "the AWS profile":
-        source += f" {provider.session().profile_name}"
+        source += f" {provider.profile()}"
     checks.append(Check("region", OK, f"{region} (from {source})",
                         data={"region": region, "source": source}))
     return region
@@ -203,10 +203,8 @@ def _image(provider, region: str, checks: list[Check]) -> None:
 def _failed(name: str, exc: CloudtrainError, what: str) -> Check:
     """A call that failed: AWS refusing a permission is a warning naming it (the check could
     not look; the launch may not need it), anything else a problem."""
-    from .providers.aws.errors import is_permission_error
-
     code = getattr(exc, "code", "")
-    if code and is_permission_error(code):
+    if isinstance(exc, CloudError) and exc.denied:
         return Check(name, WARNING, f"{what} not checked: {exc.message}",
                      exc.hint or ISSUE_HINT, {"code": code})
     return Check(name, PROBLEM, exc.message, exc.hint or ISSUE_HINT, {"code": code})
@@ -267,12 +265,9 @@ def _quotas(provider, settings: config.Settings, region: str, needs: list[Need],
     """One row per vCPU quota the needs count against, the configured market first: below the
     smallest need is a problem (a warning for the other market), below the largest a
     warning naming what does not fit."""
-    from .providers.aws.account import quota_console_url, vcpu_quota
-    from .providers.aws.errors import AWSError, denied_action, is_permission_error
-
     quotas: dict[tuple, list[Need]] = {}
     for need in needs:
-        quota = vcpu_quota(need.instance_type, need.market)
+        quota = provider.vcpu_quota(need.instance_type, need.market)
         if quota is not None:
             quotas.setdefault((need.market, quota), []).append(need)
     order = sorted(quotas, key=lambda k: (k[0] != settings.market, k[1][2], k[0]))
@@ -280,28 +275,27 @@ def _quotas(provider, settings: config.Settings, region: str, needs: list[Need],
         name = f"quota {group} {market}"
         try:
             value = provider.ec2_quota(region, code)
-        except AWSError as exc:
-            if exc.code and is_permission_error(exc.code):
-                action = denied_action(exc.__cause__, "servicequotas") if exc.__cause__ \
-                    else "servicequotas:GetServiceQuota"
+        except CloudError as exc:
+            if exc.denied:
+                action = exc.refused_action("servicequotas") or "servicequotas:GetServiceQuota"
                 checks.append(Check("quotas", WARNING, f"GPU quotas not checked: not allowed: "
                                     f"{action} in {region} ({exc.code})",
                                     f"allow servicequotas:GetServiceQuota and "
                                     f"servicequotas:GetAWSDefaultServiceQuota to see them (a "
                                     f"launch does not need them), or look in the console: "
-                                    f"{quota_console_url(region, code)}", {"code": exc.code}))
+                                    f"{provider.quota_console_url(region, code)}",
+                                    {"code": exc.code}))
                 return
             checks.append(Check(name, WARNING, f"{quota_name} ({code}) not checked: "
                                 f"{exc.message}", exc.hint or ISSUE_HINT))
             continue
         checks.append(_quota_check(name, code, quota_name, value, quotas[(market, (code,
-                                   quota_name, group))], region, market == settings.market))
+                                   quota_name, group))], region, market == settings.market,
+                                   provider.quota_console_url(region, code)))
 
 
 def _quota_check(name: str, code: str, quota_name: str, value: float, needs: list[Need],
-                 region: str, configured: bool) -> Check:
-    from .providers.aws.account import quota_console_url
-
+                 region: str, configured: bool, url: str) -> Check:
     sizes: dict[tuple[str, int], list[str]] = {}
     for n in needs:
         sizes.setdefault((n.instance_type, n.nodes), []).append(n.what)
@@ -322,7 +316,6 @@ def _quota_check(name: str, code: str, quota_name: str, value: float, needs: lis
     head = f"{quota_name} ({code}): {value:g} vCPUs"
     flag = "--spot" if needs[0].market == "spot" else "--on-demand"
     market = "" if configured else f" (for {flag})"
-    url = quota_console_url(region, code)
     if value >= largest[0]:
         return Check(name, OK, f"{head}: enough for every recipe; the most: "
                      f"{need_text(largest)}", data=data)

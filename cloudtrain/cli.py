@@ -785,14 +785,15 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
       cloudtrain catalog --region eu-west-1 --json
       cloudtrain catalog --refresh --region us-east-1
     """
-    from . import catalog as catalog_module
+    from . import catalog as catalog_module, providers
 
-    region = region or catalog_module.default_region()
+    # --region, else the region launch resolves (config.yaml, AWS_REGION, AWS_DEFAULT_REGION,
+    # the AWS profile), else us-east-1: the same for every command
+    region = region or providers.get("aws").region()
     if refresh:
-        from . import pricing
-
-        click.echo(pricing.refresh_list_prices(region), err=True)
-        click.echo(pricing.refresh_spot(region), err=True)
+        provider = providers.get("aws")
+        click.echo(provider.refresh_list_prices(region), err=True)
+        click.echo(provider.refresh_spot(region), err=True)
 
     types = catalog_module.matching(gpu, None, region)
     if as_json:
@@ -1066,11 +1067,11 @@ def data() -> None:
 @_WIDE
 def data_ls(check, as_json, wide) -> None:
     """List the datasets declared in config.yaml: source, size, and where each was last staged."""
-    from . import datasets
+    from . import datasets, providers
 
     settings = config.Settings.load()
     with _store() as store:
-        rows = datasets.listing(store, settings, check=check)
+        rows = datasets.listing(store, settings, providers.get("aws", settings) if check else None)
     click.echo(render.datasets_json(rows) if as_json else
                render.datasets_table(rows, width=_width(wide)))
 
@@ -1135,11 +1136,13 @@ def data_push(directory, url, shard_mb, workers, region) -> None:
     Example:
       cloudtrain data push /data/imagenet s3://my-bucket/imagenet
     """
-    from . import datasets
+    from . import datasets, providers
 
     with _progress_bars() as progress:
-        report = datasets.push(directory, url, shard_mb=shard_mb, workers=workers,
-                               region=region, progress=progress)
+        root, bucket, prefix = datasets.check_push(directory, url, shard_mb, workers, region)
+        report = providers.get("aws").push_dataset(root, bucket, prefix, shard_mb=shard_mb,
+                                                   workers=workers, region=region,
+                                                   progress=progress)
     click.echo(render.push_report(report))
 
 @cli.group(name="supervisor")

@@ -12,12 +12,11 @@ import difflib
 import math
 import os
 import re
-import reprlib
 import stat
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import ConfigError, UsageError
+from .errors import ConfigError, UsageError, shown
 
 # What AWS region names look like (us-east-1, us-gov-west-1, ap-southeast-2): checked before
 # the name reaches boto3 (which raises InvalidRegionError) or becomes a path (keys/<region>/).
@@ -120,21 +119,9 @@ def check_region(region: str, source: str = "") -> str:
     return region
 
 
-class _Shown(reprlib.Repr):
-    def repr_int(self, x: int, level: int) -> str:
-        """repr() of an integer over sys.get_int_max_str_digits() digits raises ValueError
-        (audit F38): its length instead."""
-        if x.bit_length() > 14000:  # about 4200 digits: well inside the limit below it
-            return f"<a number of {int(math.log10(abs(x))) + 1} digits>"
-        return super().repr_int(x, level)
-
-
-_SHOWN = _Shown()
-
-
 def region_error(region, source: str = "") -> UsageError:
     """The one wording, whatever the command, of a region that is not one (U20): shaped
-    wrong (check_region) or unknown to EC2 (preflight.check_known_region); the nearest
+    wrong (check_region) or unknown to EC2 (check_known_region); the nearest
     real one where there is one. The hint names no command: any may have been given it."""
     said = [f"from {source}"] if source else []
     close = closest(region, known_regions()) if isinstance(region, str) else []
@@ -158,6 +145,14 @@ def known_regions() -> frozenset[str]:
     return frozenset(found)
 
 
+def check_known_region(region: str, source: str = "--region") -> str:
+    """`region` if EC2 has such a region, else a UsageError that says it does not exist."""
+    regions = known_regions()
+    if regions and region not in regions:
+        raise region_error(region, source)
+    return region
+
+
 def closest(word, choices, n: int = 1) -> list[str]:
     """The choices nearest `word`, case-insensitive (an exact match but for case first)."""
     lowered = {str(c).lower(): str(c) for c in choices}
@@ -171,23 +166,6 @@ def suggest(word, choices, n: int = 1) -> str:
     """` (did you mean X?)` for the closest of `choices` (case-insensitive), else ``."""
     close = closest(word, choices, n)
     return f" (did you mean {' or '.join(close)}?)" if close else ""
-
-
-def shown(value) -> str:
-    """A value for an error message: its repr, cut short (a YAML alias bomb, 100,000 chars;
-    an integer of 5000 digits)."""
-    return _SHOWN.repr(value)
-
-
-def suggest(word: str, choices, n: int = 1) -> str:
-    """` (did you mean X?)` for the closest of `choices` (case-insensitive), else ``."""
-    import difflib
-
-    lowered = {str(c).lower(): str(c) for c in choices}
-    if str(word).lower() in lowered:
-        return f" (did you mean {lowered[str(word).lower()]}?)"
-    close = difflib.get_close_matches(str(word).lower(), list(lowered), n=n, cutoff=0.75)
-    return f" (did you mean {' or '.join(lowered[c] for c in close)}?)" if close else ""
 
 
 def finite(value, source: str, *, low: float | None = None, high: float | None = None,
@@ -261,7 +239,7 @@ class Settings:
     # job for the CLI to bring the results home before it powers off: billed, and said.
     collect_wait_minutes: float = 10.0
     # Datasets, declared once: {NAME: SOURCE} (s3://bucket/prefix, snap-..., /path on the
-    # host, or a mapping with `source:` and options); datasets.py parses them.
+    # host, or a mapping with `source:` and options); datasources.py parses them.
     datasets: dict = dataclasses.field(default_factory=dict)
     # The root volume's gp3 throughput (MB/s) for a job that copies data from S3 onto it:
     # 125 comes with the volume; more is billed (catalog.gp3_price) and speeds the copy.
@@ -303,10 +281,10 @@ class Settings:
                         hint=f"fix or remove {_line_of(where)}config.yaml; every setting, and "
                              "where its value comes from: cloudtrain check")
                 if key == "datasets":
-                    from . import datasets
+                    from .datasources import parse_declarations  # only when there are some
 
                     try:
-                        settings.datasets = datasets.parse_declarations(value, where)
+                        settings.datasets = parse_declarations(value, where)
                     except UsageError as exc:
                         raise ConfigError(exc.message, hint=exc.hint) from None
                 elif value is not None:  # `key:` with no value keeps the built-in default
@@ -338,8 +316,6 @@ class Settings:
                                                                           ConfigError]]:
         """Values that would misbehave later: (the settings concerned, a ConfigError naming
         `source` and the line of the first of them where `lines` has it)."""
-        from .providers import BACKENDS
-
         found = []
 
         def bad(keys: tuple[str, ...], message: str, hint: str | None = None) -> None:
@@ -453,6 +429,7 @@ def _key_lines(path: Path) -> dict[str, int]:
             for key, _ in node.value if isinstance(key, yaml.ScalarNode)}
 
 
+BACKENDS = ("local", "aws")  # where a job can run: providers.get(name)
 MARKETS = ("on-demand", "spot")
 CONNECTS = ("public", "private")
 HOST_KEY_POLICIES = ("tofu", "strict")

@@ -1,73 +1,43 @@
-"""Datasets on the cloud, the user's side: `cloudtrain data push DIR s3://bucket/prefix`.
+"""Datasets, the orchestrator's side: which datasets a job stages, what they hold before
+launch, the stager's plan, and the lines that say so.
 
-    parse_s3_url(url)                     (bucket, prefix), or a one-line UsageError
-    push(directory, url, ...)             the tree as tar shards and a manifest -> PushReport
+    check_push(directory, url, ...)       `data push`'s arguments -> (folder, bucket, prefix)
+    resolve(spec, settings, flags, data)  the datasets a job stages, for its spec
+    preflight(spec, settings, provider)   what each holds, read before anything is created
+    host_plan(found, spec, ...)           the stager's plan for the host
+    notes(spec, settings, found)          what to know before paying for the copies
+    listing(store, settings, provider)    `data ls`
 
-The shard format is cloudtrain/host/shards.py; the S3 work is cloudtrain/providers/aws/datasets.py
-(boto3 stays there). Credentials and profile are the AWS provider's (config.yaml's
-`aws_profile:`, then the AWS chain); AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL points the
-client elsewhere (moto in the tests), as for the job store.
+The shard format is cloudtrain/host/shards.py. How a SOURCE is written and parsed is
+datasources.py. Nothing here talks to a cloud: what a source holds is read by the provider
+given in (its read_dataset: the AWS provider reads S3 and EBS snapshots with the user's
+credentials, in its datasets module).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from . import config
-from .errors import NotFound, UsageError
+from .errors import CloudtrainError, UsageError
+
+if TYPE_CHECKING:  # parsed only on the paths that read sources (status does not)
+    from .datasources import Source
 
 MAX_SHARD_MB = 100_000  # 10,000 parts of 64 MB make 640 GB: far below S3's part limit
 MAX_WORKERS = 64
-# S3's rules for new bucket names: 3-63 of a-z 0-9 . -, a letter or digit at each end.
-BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-IP_LIKE = re.compile(r"\d+\.\d+\.\d+\.\d+")
-PREFIX_PART = re.compile(r"[A-Za-z0-9!_.*'()=+,;:@ -]+")
-URL_HINT = "cloudtrain data push /data/imagenet s3://my-bucket/imagenet"
 
 
-def parse_s3_url(url: str) -> tuple[str, str]:
-    """`s3://bucket/some/prefix` -> ("bucket", "some/prefix"); a trailing "/" is dropped."""
-    shown = config.shown(url)
-    if not isinstance(url, str) or not url.startswith("s3://"):
-        raise UsageError(f"{shown} is not an s3://BUCKET/PREFIX address", hint=URL_HINT)
-    bucket, _, prefix = url[len("s3://"):].partition("/")
-    if not BUCKET.fullmatch(bucket) or ".." in bucket or IP_LIKE.fullmatch(bucket):
-        raise UsageError(f"{config.shown(bucket)} is not an S3 bucket name (3 to 63 of a-z, "
-                         "0-9, '.' and '-', a letter or digit at each end)", hint=URL_HINT)
-    prefix = prefix.rstrip("/")
-    if prefix:
-        parts = prefix.split("/")
-        if any(p in (".", "..") or not PREFIX_PART.fullmatch(p) for p in parts) \
-                or len(prefix) > 512:
-            raise UsageError(f"{config.shown(prefix)} is not a prefix cloudtrain writes under: "
-                             "no empty, '.' or '..' parts, at most 512 characters of letters, "
-                             "digits and !_.*'()=+,;:@- or space", hint=URL_HINT)
-    return bucket, prefix
+def check_push(directory, url: str, shard_mb: int, workers: int,
+               region: str | None = None) -> tuple[Path, str, str]:
+    """`data push`'s arguments, checked before any settings or credentials are looked at:
+    (the folder, bucket, prefix), or a one-line UsageError."""
+    from .datasources import parse_s3_url
 
-
-def _s3_client(region: str | None, workers: int = 8):
-    """An S3 client with the user's credentials (config.yaml's `aws_profile:`, then the AWS
-    chain), its region, and the endpoint it talks to (None: AWS itself)."""
-    from .providers.aws import AWSProvider
-    from .providers.aws import datasets as s3_datasets
-
-    provider = AWSProvider()
-    region = region or provider.region()  # the same chain as every command's
-    session = provider.session(region)
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return (s3_datasets.client(session, region, endpoint, workers * s3_datasets.PART_THREADS),
-            region, endpoint)
-
-
-def push(directory, url: str, *, shard_mb: int = 256, workers: int = 8,
-         region: str | None = None, progress=None):
-    """Push the tree at `directory` to `url` (resumable: run it again after an interruption,
-    it uploads only the shards not already stored). Returns a PushReport."""
     bucket, prefix = parse_s3_url(url)
     if not isinstance(shard_mb, int) or not 1 <= shard_mb <= MAX_SHARD_MB:
         raise UsageError(f"--shard-mb must be from 1 to {MAX_SHARD_MB}, not {shard_mb}")
@@ -76,155 +46,9 @@ def push(directory, url: str, *, shard_mb: int = 256, workers: int = 8,
     root = Path(directory)
     if not root.is_dir():
         raise UsageError(f"{str(directory)!r} is not a folder")
-    from .providers.aws import datasets as s3_datasets
-    from .providers.aws.errors import aws_errors
-
     if region:
-        from .preflight import check_known_region
-
-        check_known_region(config.check_region(region, "--region"))
-    s3, region, _ = _s3_client(region, workers)
-    with aws_errors(region, "s3"):
-        return s3_datasets.push(s3, root, bucket, prefix, shard_bytes=shard_mb << 20,
-                                workers=workers, progress=progress, region=region)
-
-
-# -- declared datasets: config.yaml `datasets:`, a recipe's `data:`, `--data NAME=SOURCE` -------
-
-NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
-SNAPSHOT = re.compile(r"snap-[0-9a-f]{8}([0-9a-f]{9})?")
-KINDS = ("s3", "snapshot", "path")
-FIRST_READS = ("preread", "fsr", "none")
-# gp3: 3,000 IOPS and 125 MB/s come with the volume; up to 16,000 IOPS and 1,000 MB/s are
-# bought (the throughput at most IOPS / 4).
-GP3_BASE_MBPS, GP3_MAX_MBPS, GP3_BASE_IOPS, GP3_MAX_IOPS = 125, 1000, 3000, 16000
-OPTIONS = {"s3": {"source"}, "path": {"path"},
-           "snapshot": {"source", "throughput", "iops", "first_read"}}
-DECLARE_HINT = ("declare it once in config.yaml, e.g.\n  datasets:\n    imagenet: "
-                "s3://my-bucket/imagenet\nor pass --data imagenet=s3://my-bucket/imagenet "
-                "(push a prepared tree there with `cloudtrain data push DIR s3://...`)")
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where a dataset comes from: an S3 prefix (staged onto the instance's disk), an EBS
-    snapshot (a volume made from it, mounted read-only), or a path already on the host."""
-    name: str
-    kind: str  # one of KINDS
-    location: str  # s3://bucket/prefix, snap-..., or /abs/path
-    throughput: int = GP3_BASE_MBPS  # snapshot: the volume's MB/s
-    iops: int = GP3_BASE_IOPS  # snapshot: the volume's IOPS
-    first_read: str = "preread"  # snapshot: how the fresh volume's first-read penalty is paid
-
-    def to_dict(self) -> dict:
-        doc = {"name": self.name, "kind": self.kind, "location": self.location}
-        if self.kind == "snapshot":
-            doc.update(throughput=self.throughput, iops=self.iops, first_read=self.first_read)
-        return doc
-
-    @classmethod
-    def from_dict(cls, doc: dict) -> "Source":
-        return cls(**{k: doc[k] for k in ("name", "kind", "location", "throughput", "iops",
-                                          "first_read") if k in doc})
-
-    def describe(self) -> str:
-        if self.kind == "snapshot":
-            return (f"{self.location} (gp3 {self.throughput} MB/s, {self.iops} IOPS, first "
-                    f"read: {self.first_read})")
-        return self.location
-
-
-def check_name(name, where: str) -> str:
-    if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise UsageError(f"{where}: {config.shown(name)} is not a dataset name (1 to 64 of "
-                         "a-z, 0-9, '_', '.', '-', starting with a letter or digit)")
-    return name
-
-
-def parse_source(name: str, value, where: str) -> Source:
-    """A SOURCE as written in config.yaml or after `--data NAME=`: `s3://bucket/prefix`,
-    `snap-0123...`, an absolute path, or a mapping `{source: ..., <options>}` /
-    `{path: /abs/path}`. A one-line UsageError naming `where` otherwise."""
-    check_name(name, where)
-    options: dict = {}
-    if isinstance(value, dict):
-        options = dict(value)
-        if "path" in options and "source" not in options:
-            text = options.pop("path")
-            if not isinstance(text, str) or not text.startswith("/"):
-                raise UsageError(f"{where}: {name}: path must be an absolute path on the host, "
-                                 f"got {config.shown(text)}")
-        else:
-            text = options.pop("source", None)
-    else:
-        text = value
-    if not isinstance(text, str) or not text.strip():
-        raise UsageError(f"{where}: {name}: expected s3://BUCKET/PREFIX, snap-ID or an absolute "
-                         f"path, got {config.shown(text)}", hint=DECLARE_HINT)
-    if text.startswith("s3://"):
-        bucket, prefix = parse_s3_url(text)
-        kind, location = "s3", f"s3://{bucket}/{prefix}".rstrip("/")
-    elif SNAPSHOT.fullmatch(text):
-        kind, location = "snapshot", text
-    elif text.startswith("/") and "\0" not in text and "\n" not in text and len(text) < 4096:
-        kind, location = "path", os.path.normpath(text)
-    else:
-        raise UsageError(f"{where}: {name}: {config.shown(text)} is not s3://BUCKET/PREFIX, an "
-                         "EBS snapshot id (snap-...) or an absolute path", hint=DECLARE_HINT)
-    unknown = set(options) - (OPTIONS[kind] - {"source", "path"})
-    if unknown:
-        raise UsageError(f"{where}: {name}: unknown option(s) {', '.join(sorted(map(str, unknown)))}"
-                         f" for a{'n' if kind == 's3' else ''} {kind} source")
-    extra = {}
-    if kind == "snapshot":
-        throughput = _whole(options.get("throughput", GP3_BASE_MBPS), f"{where}: {name}: "
-                            "throughput (MB/s)", GP3_BASE_MBPS, GP3_MAX_MBPS)
-        iops = _whole(options.get("iops", max(GP3_BASE_IOPS, throughput * 4)),
-                      f"{where}: {name}: iops", GP3_BASE_IOPS, GP3_MAX_IOPS)
-        if throughput * 4 > iops:  # gp3: at most 0.25 MB/s per provisioned IOPS
-            raise UsageError(f"{where}: {name}: gp3 allows at most iops / 4 MB/s: "
-                             f"{throughput} MB/s needs at least {throughput * 4} iops")
-        first = options.get("first_read", "preread")
-        if first not in FIRST_READS:
-            raise UsageError(f"{where}: {name}: first_read must be one of "
-                             f"{', '.join(FIRST_READS)}, got {config.shown(first)}")
-        extra = {"throughput": throughput, "iops": iops, "first_read": first}
-    return Source(name, kind, location, **extra)
-
-
-def _whole(value, what: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise UsageError(f"{what} must be a whole number from {low} to {high}, "
-                         f"got {config.shown(value)}")
-    return value
-
-
-def parse_declarations(value, where: str) -> dict[str, Source]:
-    """config.yaml's `datasets:` mapping of NAME: SOURCE."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise UsageError(f"{where}: `datasets:` must be a mapping of NAME: SOURCE",
-                         hint=DECLARE_HINT)
-    return {name: parse_source(name, source, f"{where}: datasets")
-            for name, source in value.items()}
-
-
-def parse_data_flags(values, named: dict | None = None) -> dict[str, Source | None]:
-    """`--data NAME=SOURCE` (this job reads NAME from SOURCE) or `--data NAME` (the declared
-    source of NAME): {name: Source or None}. `named`: {NAME: "job.yaml:6: datasets.NAME"} for
-    those a job file gave, which messages name instead of the flag (U11)."""
-    named = named or {}
-    found: dict[str, Source | None] = {}
-    for text in values or ():
-        raw, eq, source = str(text).partition("=")
-        name = raw.strip()
-        check_name(name, named.get(raw) or f"--data {config.shown(text)}")
-        if name in found:
-            raise UsageError(f"{named.get(raw) or f'--data {name}'} is given twice")
-        found[name] = parse_source(name, source.strip(), named.get(raw) or "--data") \
-            if eq else None
-    return found
+        config.check_known_region(config.check_region(region, "--region"))
+    return root, bucket, prefix
 
 
 def needed(recipe_data: list[dict], args: dict) -> list[dict]:
@@ -237,19 +61,18 @@ def needed(recipe_data: list[dict], args: dict) -> list[dict]:
             and not (entry.get("dir_arg") and args.get(entry["dir_arg"]))]
 
 
-def resolve(spec, settings, flags: dict[str, Source | None]) -> list[dict]:
+def resolve(spec, settings, flags: dict[str, Source | None],
+            recipe_data: list[dict]) -> list[dict]:
     """The datasets a job stages, as [{name, dir, kind, location, ...}] for its spec: each
-    dataset its recipe reads, from `--data`, else config.yaml; a dataset with a public origin
-    and no declared source is downloaded by the recipe as before. A dataset with neither is a
-    UsageError, before anything is created. Your own command stages what `--data` names."""
+    dataset its recipe reads (`recipe_data`: the recipe's `data:` entries), from `--data`, else
+    config.yaml; a dataset with a public origin and no declared source is downloaded by the
+    recipe as before. A dataset with neither is a UsageError, before anything is created. Your
+    own command stages what `--data` names."""
+    from .datasources import DECLARE_HINT
+
     declared = settings.datasets
     out: list[dict] = []
-    if spec.recipe:
-        from . import recipes
-
-        entries = needed(recipes.load(spec.recipe).data, spec.args)
-    else:
-        entries = []
+    entries = needed(recipe_data, spec.args) if spec.recipe else []
     named = {e["name"] for e in entries}
     for name in flags:
         if name not in named:
@@ -301,25 +124,31 @@ def disk_needed(copied_bytes: float, shard_bytes: int = 0,
 class Staged:
     """One dataset of a job, read before launch: its source and what it holds."""
     source: dict  # an entry of JobSpec.datasets
-    contents: object = None  # providers.aws.datasets.Contents (s3) or None
+    # s3: what the prefix holds, as the provider found it (kind "shards" or "objects", files,
+    # bytes, file_bytes, identity, largest, manifest, objects); None otherwise
+    contents: object = None
     region: str = ""  # the bucket's region (s3)
     snapshot_gb: int = 0  # the snapshot's size (snapshot)
+    temporary: bool = False  # s3: read with temporary (session) credentials
+    # s3: the stager's entry for it, made by the provider (presigned links, or none when the
+    # instance signs with its role: the argument)
+    entry: Callable[[bool], dict] | None = None
 
 
-def preflight(spec, settings) -> list[Staged]:
+def preflight(spec, settings, provider) -> list[Staged]:
     """Read what each of the job's datasets holds, before anything is created: a missing
-    prefix, a refused read or a snapshot that does not exist stops the launch here. Records
-    the sizes in `spec.staging` (shown by the dry run, `status JOB` and `data ls`), and sizes
-    the instance's disk to hold the copies when the user did not. The sizes are those S3
-    stores (a manifest's own numbers are only checked against them: F29)."""
+    prefix, a refused read or a snapshot that does not exist stops the launch here. `provider`:
+    the job's (its read_dataset). Records the sizes in `spec.staging` (shown by the
+    dry run, `status JOB` and `data ls`), and sizes the instance's disk to hold the copies
+    when the user did not. The sizes are those S3 stores (a manifest's own numbers are only
+    checked against them: F29)."""
     found: list[Staged] = []
     for source in spec.datasets:
-        if source["kind"] == "s3":
-            found.append(_read_s3(spec, source))
-        elif source["kind"] == "snapshot":
-            found.append(_read_snapshot(spec, source))
-        else:
-            found.append(Staged(source))
+        if source["kind"] == "snapshot" and spec.on_job:
+            raise UsageError(f"dataset {source['name']}: an EBS snapshot becomes a volume of a "
+                             "new instance; --on reuses one", hint="launch without --on")
+        found.append(Staged(source) if source["kind"] == "path" else
+                     provider.read_dataset(spec, source))
     spec.staging = {s.source["name"]: _summary(s) for s in found}
     # The copy runs inside the job's clock (the agent's max runtime, the instance's power-off
     # timer, the upload grant): it gets time of its own on top, at a pessimistic rate, as
@@ -384,9 +213,10 @@ def _summary(s: Staged) -> dict:
 INTER_REGION_USD_PER_GB = 0.02  # S3 to EC2 in another region (us-east-1 list price)
 
 
-def notes(spec, settings) -> list[str]:
+def notes(spec, settings, found: list[Staged]) -> list[str]:
     """What a user should know about the copies before paying for them: a bucket in another
-    region (slower, and billed per GB), presigned links that die with a session."""
+    region (slower, and billed per GB), presigned links that die with a session (`found`:
+    what preflight read)."""
     out = []
     instance_region = spec.region or settings.region
     for d in spec.datasets:
@@ -398,68 +228,12 @@ def notes(spec, settings) -> list[str]:
                        f"in {instance_region}: the copy crosses regions (slower, and about "
                        f"${INTER_REGION_USD_PER_GB * gb:.2f} of transfer for {gb:.1f} GB)")
     if any(d["kind"] == "s3" for d in spec.datasets) and not (
-            spec.backend == "aws" and settings.instance_profile) and _session_credentials():
+            spec.backend == "aws" and settings.instance_profile) and \
+            any(s.temporary for s in found):
         out.append("the instance reads the datasets through links signed with your temporary "
                    "(session) credentials: they stop working when that session expires; set "
                    "instance_profile in config.yaml (infra/README.md) for long copies")
     return out
-
-
-def _session_credentials() -> bool:
-    """Whether the user's AWS credentials are a temporary session's (SSO, an assumed role)."""
-    try:
-        from .providers.aws import AWSProvider
-
-        creds = AWSProvider().session(None).get_credentials()
-        return bool(creds is not None and creds.get_frozen_credentials().token)
-    except Exception:  # no credentials, no profile: nothing to warn of
-        return False
-
-
-def _read_s3(spec, source: dict) -> Staged:
-    from .providers.aws import datasets as s3_datasets
-    from .providers.aws.errors import aws_errors
-
-    bucket, prefix = parse_s3_url(source["location"])
-    region = spec.region if spec.backend == "aws" and spec.region else None
-    s3, region, _ = _s3_client(region)
-    with aws_errors(region, "s3"):
-        where = _bucket_region(s3, bucket) or region
-        if where != region:
-            s3, _, _ = _s3_client(where)
-        contents = s3_datasets.contents(s3, bucket, prefix)
-    return Staged(source, contents, where)
-
-
-def _bucket_region(s3, bucket: str) -> str | None:
-    """The bucket's region from HeadBucket's x-amz-bucket-region header (S3 sends it on a
-    refusal or a redirect too); None when it does not say."""
-    from botocore.exceptions import ClientError
-
-    try:
-        meta = s3.head_bucket(Bucket=bucket)["ResponseMetadata"]
-    except ClientError as exc:
-        meta = exc.response.get("ResponseMetadata", {})
-        if str(exc.response.get("Error", {}).get("Code")) in ("404", "NoSuchBucket", "NotFound"):
-            raise NotFound(f"no S3 bucket named {bucket}",
-                           hint="fix the dataset's source (config.yaml `datasets:` or --data)"
-                           ) from None
-    found = (meta.get("HTTPHeaders") or {}).get("x-amz-bucket-region")
-    return found if isinstance(found, str) and config.REGION_PATTERN.fullmatch(found) else None
-
-
-def _read_snapshot(spec, source: dict) -> Staged:
-    if spec.on_job:
-        raise UsageError(f"dataset {source['name']}: an EBS snapshot becomes a volume of a new "
-                         "instance; --on reuses one", hint="launch without --on")
-    if spec.backend != "aws":
-        raise UsageError(f"dataset {source['name']}: an EBS snapshot ({source['location']}) "
-                         f"becomes a volume on an AWS instance; the {spec.backend} backend "
-                         "cannot use it", hint="use --backend aws, or a path: on this machine")
-    from .providers import get
-
-    size_gb = get("aws").snapshot_size(spec, source["location"])
-    return Staged(source, None, snapshot_gb=size_gb)
 
 
 def host_plan(found: list[Staged], spec, settings, data_dir: str,
@@ -482,30 +256,10 @@ def host_plan(found: list[Staged], spec, settings, data_dir: str,
             entry.update(kind="path", path=(mounts or {})[src["name"]],
                          preread=src.get("first_read") == "preread")
         else:
-            entry.update(_s3_entry(s, role))
+            entry.update(s.entry(role))
         entries.append(entry)
     return {"version": 1, "workers": STAGING_WORKERS, "part_bytes": STAGING_PART_BYTES,
             "progress_s": 5, "imds_url": settings.imds_url, "datasets": entries}
-
-
-def _s3_entry(s: Staged, role: bool) -> dict:
-    from .providers.aws import datasets as s3_datasets
-
-    bucket, prefix = parse_s3_url(s.source["location"])
-    s3, _, endpoint = _s3_client(s.region)
-    c = s.contents
-    entry = {"kind": c.kind, "bucket": bucket, "prefix": prefix, "region": s.region,
-             "endpoint": endpoint, "auth": "role" if role else "presigned",
-             "identity": c.identity}
-    if c.kind == "shards":
-        entry["manifest"] = json.loads(c.manifest.to_json())
-        if not role:
-            entry["shard_urls"] = [s3_datasets.presign(s3, bucket, s3_datasets.shard_key(
-                prefix, sh.name)) for sh in c.manifest.shards]
-    else:
-        entry["objects"] = [dict(o, **({} if role else {"url": s3_datasets.presign(
-            s3, bucket, o["key"])})) for o in c.objects]
-    return entry
 
 
 # -- on the host: the plan file run.sh hands the stager, and what it reports back ----------------
@@ -582,9 +336,10 @@ def staged_line(staging: dict) -> str:
 # -- `cloudtrain data ls` ------------------------------------------------------------------------
 
 
-def listing(store, settings, check: bool = False) -> list[dict]:
+def listing(store, settings, provider=None) -> list[dict]:
     """The declared datasets (config.yaml), each with its source, its size (as last read at
-    a launch, or now with `check`), and the last job that staged it: when, where, how fast."""
+    a launch, or now by `provider`: the AWS provider's dataset_size), and the last job that
+    staged it: when, where, how fast."""
     last: dict[str, dict] = {}
     for job in store.jobs():  # newest first
         for d in (job.spec or {}).get("datasets") or []:
@@ -607,22 +362,10 @@ def listing(store, settings, check: bool = False) -> list[dict]:
                "size": seen.get("size"), "last_staged": {k: seen[k] for k in
                                                          ("job", "at", "where", "detail")
                                                          if k in seen} or None}
-        if check and source.kind == "s3":
-            row["size"] = _check_size(source)
+        if provider is not None and source.kind == "s3":
+            try:
+                row["size"] = provider.dataset_size(source.location)
+            except CloudtrainError as exc:
+                row["size"] = {"error": exc.message}
         rows.append(row)
     return rows
-
-
-def _check_size(source: Source) -> dict:
-    from .errors import CloudtrainError
-    from .providers.aws import datasets as s3_datasets
-    from .providers.aws.errors import aws_errors
-
-    bucket, prefix = parse_s3_url(source.location)
-    try:
-        s3, region, _ = _s3_client(None)
-        with aws_errors(region, "s3"):
-            c = s3_datasets.contents(s3, bucket, prefix)
-    except CloudtrainError as exc:
-        return {"error": exc.message}
-    return {"kind": c.kind, "files": c.files, "bytes": c.bytes, "file_bytes": c.file_bytes}

@@ -6,6 +6,9 @@ next) and the exit code the process ends with.
 
 from __future__ import annotations
 
+import math
+import reprlib
+
 # Exit codes, named once.
 EXIT_OK = 0
 EXIT_FAILED = 1  # a job failed, or an operation could not be done
@@ -64,6 +67,26 @@ class NotRegularFile(HostError):
     read, and not a reason to give up on the job's other files."""
 
 
+class CloudError(CloudtrainError):
+    """A cloud call that failed, in words; a provider's own errors say more (AWSError)."""
+
+    code = ""  # the cloud's error code, where there is one (callers branch on it)
+
+    @property
+    def denied(self) -> bool:
+        """The cloud refused a permission: a check may go on without that call."""
+        return False
+
+    @property
+    def quota(self) -> bool:
+        """A quota refused it: no other place of the same account will do better."""
+        return False
+
+    def refused_action(self, service: str) -> str | None:
+        """The permission the cloud refused (`ec2:RunInstances`), where it can be told."""
+        return None
+
+
 class PlacementError(CloudtrainError):
     """The instance asked for cannot be had where it was asked for, now: no capacity in any
     AZ, or a quota. A relaunch (recovery.py) then tries its next place or market."""
@@ -79,3 +102,21 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
+
+
+class _Shown(reprlib.Repr):
+    def repr_int(self, x: int, level: int) -> str:
+        """repr() of an integer over sys.get_int_max_str_digits() digits raises ValueError
+        (audit F38): its length instead."""
+        if x.bit_length() > 14000:  # about 4200 digits: well inside the limit below it
+            return f"<a number of {int(math.log10(abs(x))) + 1} digits>"
+        return super().repr_int(x, level)
+
+
+_SHOWN = _Shown()
+
+
+def shown(value) -> str:
+    """A value for an error message: its repr, cut short (a YAML alias bomb, 100,000 chars;
+    an integer of 5000 digits)."""
+    return _SHOWN.repr(value)

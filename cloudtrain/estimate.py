@@ -368,7 +368,11 @@ def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: st
     check_recipe_nodes(rec, args, nodes)  # U8: what the launch would refuse is not priced
     settings = config.Settings.load()
     staged = staged_bytes(rec, args, settings)
-    return estimate(rec, args, region or catalog.default_region(), market=market,
+    if not region:  # the region launch resolves, else us-east-1: the same for every command
+        from . import providers
+
+        region = providers.get("aws").region()
+    return estimate(rec, args, region, market=market,
                     types=types, gpu_request=gpu_request, disk_gb=disk_gb, store=store,
                     staging_bytes=staged, disk_mbps=_disk_mbps(staged, settings),
                     preread_s=preread_seconds(rec, args, settings), profile=profile,

@@ -45,9 +45,9 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
     if spec.datasets:
         try:
             settings = settings or config.Settings.load()
-            read_datasets(spec, settings)
+            found = read_datasets(spec, settings)
             data_rows = [("data", datasets.staging_line(spec))] + [
-                ("note", note) for note in datasets.notes(spec, settings)]
+                ("note", note) for note in datasets.notes(spec, settings, found)]
         except CloudtrainError as exc:
             data_rows = [("data", f"cannot be read, the launch would stop: {exc.message}")]
     renamed = None
@@ -354,7 +354,7 @@ def name_note(spec: JobSpec, taken: Job | None, launched: bool) -> str | None:
 
 def read_datasets(spec: JobSpec, settings: config.Settings) -> list:
     """Read what the job's datasets hold (datasets.preflight), before anything is created."""
-    return datasets.preflight(spec, settings)
+    return datasets.preflight(spec, settings, providers.get(spec.backend, settings))
 
 
 def launch(store: Store, settings: config.Settings, spec: JobSpec,
@@ -542,7 +542,7 @@ def _stage_step(spec: JobSpec, settings: config.Settings, host: Host, jobdir: st
                 store: Store, job: Job, quiet: bool = False) -> list[str] | None:
     """The stager's command for run.sh (its plan written to the host), or None: no data."""
     plan = datasets.host_plan(found or [], spec, settings, data_dir, mounts)
-    for note in datasets.notes(spec, settings) if found and not quiet else []:
+    for note in datasets.notes(spec, settings, found) if found and not quiet else []:
         store.add_event(job.id, "data-note", detail=note)
         report.note(note)
     if plan is None:
@@ -717,7 +717,7 @@ def _launch_nodes(store: Store, settings: config.Settings, spec: JobSpec, provid
             stream if i == 0 else None, env), indent=1))
 
     nodes.each(write, n)
-    for note in datasets.notes(spec, settings) if found else []:
+    for note in datasets.notes(spec, settings, found) if found else []:
         report.note(note)
     report.phase(f"starting the job in tmux on {n} nodes (rendezvous {master}:{port})")
     started = time.time()

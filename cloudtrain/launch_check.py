@@ -36,8 +36,8 @@ from types import SimpleNamespace
 from typing import Callable
 
 from . import config, jobs, lease, progress, state
-from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CloudtrainError, HostError, \
-    UsageError
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CloudError, CloudtrainError, \
+    HostError, UsageError
 
 # The instance a check launches: the cheapest x86_64 type that can boot the Deep Learning
 # AMI. The DLAMI is x86_64 and needs a Nitro type (its kernel drives ENA networking and NVMe
@@ -146,9 +146,7 @@ def failed(name: str, seconds: float, exc: BaseException) -> Step:
     if action:
         data["action"] = action.group(1)
     hint = exc.hint or ""
-    from .providers.aws.errors import QUOTA_ERRORS
-
-    if code in QUOTA_ERRORS or any(q in exc.message for q in QUOTA_ERRORS):
+    if isinstance(exc, CloudError) and exc.quota:
         data["quota"] = True
     return Step(name, seconds, False, " ".join(exc.message.split()), hint, data)
 
@@ -171,6 +169,7 @@ class _Check:
     disk_gb: int | None = None
     bucket: str | None = None  # None: no job store (job_store: false)
     role_probe: str | None = None  # the job-store "job" whose object the role reads
+    role_url: str | None = None  # s3:// of that object
     workdir: Path | None = None
     job_id: str | None = None
     launched: bool = False  # the teardown has something to look at
@@ -195,14 +194,14 @@ def run(region: str | None = None, gpu: bool = False,
     """Launch, exercise and take down one tiny job; each step said with `say` as it ends.
     `gpu`: on the region's cheapest GPU type instead of t3.micro. `confirm(question)` is
     asked (and may raise) once the price is known, before anything is created."""
-    from .providers.aws import AWSProvider
+    from . import providers
     from .state import open_store
 
     report = Report()
     steps = _Steps(report, say)
     settings = config.Settings.load()
     with open_store(config.home()) as store:
-        c = _Check(settings, AWSProvider(settings), store, gpu, secrets.token_hex(8))
+        c = _Check(settings, providers.get("aws", settings), store, gpu, secrets.token_hex(8))
         try:
             _read_only(c, steps, report, region)
         except _Stopped:
@@ -251,13 +250,12 @@ def _instance_type(c: _Check) -> tuple[str, float, str]:
     region's cheapest type with a whole NVIDIA GPU that runs the x86_64 Deep Learning AMI
     (the fractional g6f/gr6f need NVIDIA's GRID driver, which the DLAMI does not carry; g5g
     is arm64), that EC2 offers there."""
-    from . import catalog, preflight
-    from .providers.aws.errors import AWSError
+    from . import catalog
 
     region = c.region
     if c.gpu:
         types = sorted((t for t in catalog.load().values() if t.gpus >= 1
-                        and t.arch == preflight.DEFAULT_ARCH and t.on_demand.get(region)),
+                        and t.arch == catalog.DEFAULT_ARCH and t.on_demand.get(region)),
                        key=lambda t: (t.on_demand[region], t.name))
         if not types:
             raise UsageError(f"the catalog has no on-demand GPU prices for {region}",
@@ -266,10 +264,10 @@ def _instance_type(c: _Check) -> tuple[str, float, str]:
         for t in types:
             if c.provider.type_offered(region, t.name) is not False:
                 return t.name, t.on_demand[region], catalog.on_demand_source(region)
-        raise AWSError(f"EC2 offers none of the GPU types the catalog prices in {region}",
+        raise CloudError(f"EC2 offers none of the GPU types the catalog prices in {region}",
                        hint="cloudtrain check --launch --gpu --region us-east-1")
     if c.provider.type_offered(region, CHECK_TYPE) is False:
-        raise AWSError(f"EC2 does not offer {CHECK_TYPE} in {region}",
+        raise CloudError(f"EC2 does not offer {CHECK_TYPE} in {region}",
                        hint="cloudtrain check --launch --region us-east-1")
     try:
         price = c.provider.on_demand_prices(region, [CHECK_TYPE]).get(CHECK_TYPE)
@@ -283,9 +281,7 @@ def _instance_type(c: _Check) -> tuple[str, float, str]:
 
 
 def _question(c: _Check, report: Report) -> str:
-    from .providers.aws.instances import power_off_minutes
-
-    minutes = power_off_minutes(CHECK_MAX_RUNTIME_MINUTES * 60)
+    minutes = c.provider.power_off_minutes(CHECK_MAX_RUNTIME_MINUTES * 60)
     return (f"This launches an on-demand {report.instance_type} in {c.region} for a few "
             f"minutes, billed per second (60 s minimum) at ${report.price_per_hour:.4f}/h; "
             f"it powers itself off after {minutes} min at the latest.")
@@ -294,19 +290,19 @@ def _question(c: _Check, report: Report) -> str:
 def _launch(c: _Check, steps: _Steps, report: Report) -> None:
     """The resources a launch needs, then the job through the real lifecycle, then what it
     left in the job store and what came home."""
-    p, region = c.provider, c.region
+    provider, region = c.provider, c.region
     c.launched = True
     with steps.step("key pair") as s:
-        c.key_name, path = p.ensure_key(region, c.owner)
+        c.key_name, path = provider.ensure_key(region, c.owner)
         s.detail = f"{c.key_name} (its private key: {path})"
     with steps.step("security group") as s:
-        zones = p.subnets(region)
-        c.group = p.ensure_group(region, zones[0][2], c.owner)
+        zones = provider.subnets(region)
+        c.group = provider.ensure_group(region, zones[0][2], c.owner)
         s.detail = (f"{c.group} in {zones[0][2]}: SSH (port {c.settings.ssh_port}) from "
-                    f"{p.ssh_cidr()} only; subnets in {', '.join(z[0] for z in zones)}")
+                    f"{provider.ssh_cidr()} only; subnets in {', '.join(z[0] for z in zones)}")
     with steps.step("AMI") as s:
-        ami = p.resolve_ami(region, None)
-        facts = p.image_facts(region, ami)
+        ami = provider.resolve_ami(region, None)
+        facts = provider.image_facts(region, ami)
         c.disk_gb = facts.get("root_gb") or None
         s.detail = f"{ami} {facts['name']}" + (f", root volume {c.disk_gb} GB"
                                                if c.disk_gb else "")
@@ -315,15 +311,15 @@ def _launch(c: _Check, steps: _Steps, report: Report) -> None:
         if not c.settings.job_store:
             s.detail = "not checked: job_store is false in config.yaml"
         else:
-            c.bucket, created = p.ensure_job_store(region)
+            c.bucket, created = provider.ensure_job_store(region)
             s.detail = f"s3://{c.bucket}" + (": created now (private, encrypted, TLS only)"
                                              if created else ": there, and ours")
     if c.settings.instance_profile and c.bucket:
         with steps.step("role test object") as s:
             c.role_probe = f"{c.name}-role"
-            url = p.put_stored_object(region, c.role_probe, ROLE_FILE,
-                                      (c.role_line + "\n").encode())
-            s.detail = (f"{url}: the instance reads it with its role "
+            c.role_url = provider.put_stored_object(region, c.role_probe, ROLE_FILE,
+                                                    (c.role_line + "\n").encode())
+            s.detail = (f"{c.role_url}: the instance reads it with its role "
                         f"({c.settings.instance_profile})")
     _run_job(c, steps, report)
 
@@ -335,10 +331,8 @@ def _spec(c: _Check, report: Report):
     (c.workdir / CHECK_FILE).write_text(c.line + "\n")
     command = f"cat {CHECK_FILE}"
     data: tuple[str, ...] = ()
-    if c.role_probe:
-        from .jobstore import job_prefix
-
-        data = (f"{ROLE_DATASET}=s3://{c.bucket}/{job_prefix(c.role_probe)}",)
+    if c.role_url:  # the folder the object is in, as a dataset of the job
+        data = (f"{ROLE_DATASET}={c.role_url.rsplit('/', 1)[0]}",)
         command += f' "$CLOUDTRAIN_DATA_DIR/{ROLE_DATASET}/{ROLE_FILE}"'
     return build_spec(
         recipe=None, command=(command,), workdir=str(c.workdir), profile=None, sets=(),
@@ -562,11 +556,9 @@ class _LaunchSteps(progress.Reporter):
             return
         step = failed(self.name, time.monotonic() - self.started, exc)
         if step.data.get("quota") and not self.c.gpu:  # the launch's hint is the GPU quotas'
-            from .providers.aws.account import quota_console_url
-
             code, quota = STANDARD_QUOTA
             step.hint = (f"ask AWS for more vCPUs of '{quota}' ({code}) in {self.c.region}: "
-                         f"{quota_console_url(self.c.region, code)}")
+                         f"{self.c.provider.quota_console_url(self.c.region, code)}")
         self.steps.add(step)
         self.name = None
 
@@ -586,7 +578,6 @@ class _LaunchSteps(progress.Reporter):
 
     def _detail(self, name: str) -> str:
         from .hosts import session_name
-        from .providers.aws.instances import power_off_minutes
 
         c, store, last = self.c, self.c.store, (self.texts or [""])[-1]
         job = store.find_job(c.name)
@@ -595,7 +586,7 @@ class _LaunchSteps(progress.Reporter):
             return (f"{inst.id} {inst.instance_type} on-demand in {inst.zone}, tagged "
                     f"cloudtrain:job={job.id} with its volume, shutdown behaviour terminate, "
                     f"IMDSv2 only; it powers itself off after "
-                    f"{power_off_minutes(self.spec.max_runtime_s)} min at the latest")
+                    f"{c.provider.power_off_minutes(self.spec.max_runtime_s)} min at the latest")
         if name == "instance running":
             return last.replace("instance ", "", 1)
         if name == "SSH":
@@ -666,25 +657,25 @@ def _terminated(c: _Check, job) -> str:
 def _cleaned(c: _Check, job) -> tuple[str, dict]:
     """Nothing of the job left in EC2 (by its tag: instances, volumes, placement groups) or in
     the job store; the key pair and the security group stay, as after every launch."""
-    p, region = c.provider, c.region
+    provider, region = c.provider, c.region
     left: dict = {}
     if job is not None:
         deadline = time.monotonic() + GONE_WAIT_S
         while True:  # a terminated instance's volume takes a moment to go
-            left = {k: v for k, v in p.leftovers(region, job.id).items() if v}
+            left = {k: v for k, v in provider.leftovers(region, job.id).items() if v}
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(min(c.settings.poll_seconds, 5.0))
     deleted = 0
     for prefix in [x for x in (c.job_id, c.role_probe) if x and c.bucket]:
-        deleted += p.delete_results(region, prefix)
-        if p.delete_results(region, prefix):  # none may be left (nothing uploads any more)
+        deleted += provider.delete_results(region, prefix)
+        if provider.delete_results(region, prefix):  # none may be left (nothing uploads any more)
             left.setdefault("job store objects", []).append(f"jobs/{prefix}/")
     if left:
         raise CloudtrainError("still there: " + "; ".join(f"{k}: {', '.join(v)}"
                                                           for k, v in left.items()),
                               hint="cloudtrain down --all (it finds them by their tags)")
-    shared = p.shared_resources(region)
+    shared = provider.shared_resources(region)
     stay = []
     if c.key_name and c.key_name in shared["key pairs"]:
         stay.append(f"key pair {c.key_name}")

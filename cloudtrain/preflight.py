@@ -2,12 +2,12 @@
 checks (a provider's plan() calls its preflight()), so a plan it shows is one the launch
 can carry out.
 
-    check_known_region(region, by)  a region that does not exist is an error naming it
     unknown_instance_type(name, why)  the one error for a type that is not one, any command
     instance_type(name, region, ..) the type exists, is offered in the region, runs the AMI's
                                     architecture, and has a GPU (or cpu_ok says it need not)
-    own_command(command, workdir)   a file name given as the command, a file here that is no
-                                    command, a script not in the workdir
+    own_command(command, workdir, is_job_file=)  a file name given as the command, a file
+                                    here that is no command, a script not in the workdir
+    cpu_warning(spec)               a GPU recipe run on a machine without one: how long it takes
 
 Nothing here calls AWS itself: what only EC2 can answer (a type the bundled catalog does not
 hold, a region it does not cover) comes in as a `describe` callable from the AWS provider,
@@ -22,30 +22,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .config import known_regions, region_error, shown, suggest
+from . import catalog
+from .catalog import DEFAULT_ARCH
+from .config import INSTANCE_PATTERN, shown, suggest
 from .errors import UsageError
 
-DEFAULT_ARCH = "x86_64"  # the Deep Learning AMI cloudtrain uses (images.DLAMI_PARAMETER)
 # What a job-spec file looks like (SkyPilot's task.yaml, dstack's .dstack.yml): given as the
 # command it would be run as a program on an instance that was booted and billed for it.
 SPEC_SUFFIXES = (".yaml", ".yml", ".json", ".toml")
 SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".ipynb")
 
 
-def check_known_region(region: str, source: str = "--region") -> str:
-    """`region` if EC2 has such a region, else a UsageError that says it does not exist."""
-    regions = known_regions()
-    if regions and region not in regions:
-        raise region_error(region, source)
-    return region
-
-
 def unknown_instance_type(name, why: str = "", origin: str | None = None) -> UsageError:
     """The one wording, whatever the command, of an instance type that is not one (U20):
     the nearest name in the catalog whatever the case, and why it is not one; `origin`: the
     job file's `file:line: resources.instance` it came from (U11)."""
-    from . import catalog
-
     return UsageError(f"{origin + ': ' if origin else ''}unknown instance type "
                       f"{shown(name)}{suggest(name, catalog.load())}"
                       + (f": {why}" if why else ""),
@@ -54,8 +45,6 @@ def unknown_instance_type(name, why: str = "", origin: str | None = None) -> Usa
 
 def instance_type_error(name, origin: str | None = None) -> UsageError:
     """A --instance that is not shaped like an EC2 type name (g5.xlarge, u-6tb1.metal)."""
-    from .config import INSTANCE_PATTERN
-
     lower = isinstance(name, str) and INSTANCE_PATTERN.fullmatch(name.lower())
     return unknown_instance_type(name, "EC2 type names are lower case" if lower else
                                  "expected an EC2 instance type, e.g. g5.xlarge", origin)
@@ -83,8 +72,6 @@ def instance_type(name: str, region: str, *, cpu_ok: bool = False,
     `ami_arch`: the AMI's architecture (None: not known without credentials). UsageError for
     a type that does not exist, is not offered there, cannot run the AMI, or has no GPU when
     `cpu_ok` is not set."""
-    from . import catalog
-
     types = catalog.load()
     t = types.get(name)
     note = None
@@ -142,13 +129,14 @@ def instance_type(name: str, region: str, *, cpu_ok: bool = False,
 
 
 def own_command(command: list[str], workdir: str | None, cwd: str | None = None,
-                origin: str | None = None) -> None:
+                origin: str | None = None, *, is_job_file: Callable[[str], bool]) -> None:
     """Refuse, before anything is created, an own command that cannot run: a job-spec file
     given as the command (`cloudtrain launch task.yaml`), a file here given as the command
     (`launch notjob.txt`: the shell looks commands up on PATH, not here), and a script path
     relative to the job's directory that is not in the synced workdir (with none given, the
     job runs in an empty directory). `origin`: the job file's `file:line: run` it came from,
-    which the message names (U11)."""
+    which the message names (U11); `is_job_file`: whether a word names one of ours
+    (jobfile.is_job_file)."""
     if not command:
         return
     at = f"{origin}: " if origin else ""
@@ -163,8 +151,6 @@ def own_command(command: list[str], workdir: str | None, cwd: str | None = None,
         return
     first = words[0]
     if first.lower().endswith(SPEC_SUFFIXES) and len(words) == 1:
-        from .jobfile import is_job_file
-
         if is_job_file(first):
             raise UsageError(f"{at}{first} is a job file, not a command: give it before any --",
                              hint=f"cloudtrain launch {shlex.quote(first)}")
@@ -224,19 +210,18 @@ def cpu_warning(spec) -> tuple[str, bool] | None:
     """For a recipe that trains on a GPU, run on a machine without one: how long its CPU figure
     (`resources.cpu_minutes`: the default run on 2 CPU cores, measured) says it would take,
     against its max runtime, and the ways out; and whether that is past the max runtime (the
-    run is predicted to fail)."""
-    from . import recipes
-
-    rec = recipes.load(spec.recipe)
-    if int(rec.resources.get("gpus_per_node", 0)) < 1:
+    run is predicted to fail). The recipe's resources are the spec's (spec.build_spec copies
+    them)."""
+    resources = spec.resources
+    if int(resources.get("gpus_per_node", 0)) < 1:
         return None
     limit = spec.max_runtime_s / 60
-    minutes = rec.resources.get("cpu_minutes")
+    minutes = resources.get("cpu_minutes")
     if not minutes or minutes <= 10:  # no figure to go by, or not worth a question
         return None
     took = f"about {minutes / 60:.1f} h" if minutes >= 90 else f"about {minutes:g} min"
-    said = f"no GPU here: {rec.name} would take {took} on this CPU (its figure for 2 cores)"
+    said = f"no GPU here: {spec.recipe} would take {took} on this CPU (its figure for 2 cores)"
     if minutes > limit:
         said += f", past its max runtime of {limit:g} min, which stops it as failed"
     return (said + f". For a quick check: --profile smoke; for the real run: --instance TYPE or "
-                   f"--gpus {rec.gpu_request(spec.args)}"), minutes > limit
+                   f"--gpus {catalog.gpu_request(resources, spec.gpus_needed)}"), minutes > limit

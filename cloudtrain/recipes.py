@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .catalog import gpu_request
 from .config import GP3_MAX_GB, finite, shown, yaml_problem
 from .errors import ConfigError, NotFound, UsageError
 
@@ -168,8 +169,7 @@ class Recipe:
 
     def gpu_request(self, values: dict) -> str:
         """`V100:8`: what a cloud job of this recipe asks for when no instance is given."""
-        count = max(self.gpus_needed(values), int(self.resources.get("gpus_per_node", 1)))
-        return f"{self.resources.get('gpu', 'V100')}:{count}"
+        return gpu_request(self.resources, self.gpus_needed(values))
 
     def resolve(self, profile: str | None = None, sets: tuple[str, ...] = (),
                 origins: dict | None = None) -> dict:
@@ -382,12 +382,12 @@ def _check_data(data: list[dict], arguments: dict, path: Path) -> None:
     reads it), `download:` (whether the recipe fetches it itself when no source is declared),
     `dir:` (the folder below $CLOUDTRAIN_DATA_DIR it is read from), `dir_arg:` (the argument
     that points the recipe at a copy elsewhere instead: set, nothing is staged), `size_mb:`."""
-    from . import datasets
+    from . import datasources
 
     for i, entry in enumerate(data):
         where = f"{path}: data[{i}]"
         try:
-            datasets.check_name(entry.get("name"), where)
+            datasources.check_name(entry.get("name"), where)
         except UsageError as exc:
             raise ConfigError(exc.message) from None
         when = entry.get("when") or {}
@@ -398,7 +398,7 @@ def _check_data(data: list[dict], arguments: dict, path: Path) -> None:
         if entry.get("dir_arg") is not None and entry["dir_arg"] not in arguments:
             raise ConfigError(f"{where}: dir_arg must name an argument of this recipe")
         folder = entry.get("dir", entry["name"])
-        if not isinstance(folder, str) or not datasets.NAME.fullmatch(folder.lower()):
+        if not isinstance(folder, str) or not datasources.NAME.fullmatch(folder.lower()):
             raise ConfigError(f"{where}: dir must be one folder name below the data dir")
         _numbers(entry, ("size_mb",), path, f"data[{i}]")
 

@@ -897,7 +897,7 @@ def prepare_report(report) -> str:
 
 
 def push_report(report) -> str:
-    """`data push`'s result (a providers.aws.datasets.PushReport): what is stored now, what
+    """`data push`'s result (a PushReport, from the AWS provider): what is stored now, what
     this run uploaded, and what it left out of the tree."""
     mb = report.uploaded_bytes / 1e6
     rate = f", {mb / report.seconds:.1f} MB/s" if report.seconds > 0 and mb else ""

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import config, providers
-from .config import INSTANCE_PATTERN, check_region, finite, shown
+from .config import INSTANCE_PATTERN, check_known_region, check_region, finite, shown
 from .errors import UsageError
 
 RECIPE, COMMAND = "recipe", "command"
@@ -205,18 +205,18 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
                outputs: tuple[str, ...] = (), origins: dict | None = None) -> JobSpec:
     """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise).
     `placement`: instance_type, market, region, ami, disk_gb, max_price, keep, idle_minutes.
-    `data`: `--data NAME=SOURCE` / `--data NAME` (datasets.py). `nodes`: `--nodes N`; else a
+    `data`: `--data NAME=SOURCE` / `--data NAME` (datasources.py). `nodes`: `--nodes N`; else a
     cloud recipe job gets the machines its variant was published on (recipe.yaml
     `resources.nodes_per_variant`), anything else one. `origins`: where the options a job
     file gave came from (jobfile.ORIGINS); a message about one names that, not the flag."""
-    from . import datasets
+    from . import datasets, datasources, recipes
 
     origins = origins or {}
     if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int)
                               or not 1 <= nodes <= MAX_NODES):
         raise UsageError(f"{origins.get('nodes', '--nodes')} must be a whole number from 1 to "
                          f"{MAX_NODES}, got {shown(nodes)}")
-    flags = datasets.parse_data_flags(data, items(origins, "data"))
+    flags = datasources.parse_data_flags(data, items(origins, "data"))
     spec = _build_spec(recipe=recipe, command=command, workdir=workdir, profile=profile,
                        sets=sets, name=name, backend=backend,
                        max_runtime_minutes=max_runtime_minutes, settings=settings,
@@ -224,7 +224,8 @@ def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | N
                        include=include, nodes=nodes, origins=origins)
     spec.origins = origins
     _check_nodes(spec)
-    spec.datasets = datasets.resolve(spec, settings, flags)
+    spec.datasets = datasets.resolve(spec, settings, flags,
+                                     recipes.load(spec.recipe).data if spec.recipe else [])
     if setup is not None:
         if not setup.strip() or "\0" in setup:
             raise UsageError(f"{origins.get('setup', '--setup')} needs shell code, e.g. --setup "
@@ -416,10 +417,12 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
                          "your own command can read $CLOUDTRAIN_GPUS and start torchrun itself")
     if backend == "aws" and not on_job:
         placement.setdefault("instance_type", settings.instance_type)
+    from .jobfile import is_job_file
     from .preflight import own_command
 
     # D14, D16, U24: before anything is created
-    own_command(list(command), workdir_path, origin=origins.get("command"))
+    own_command(list(command), workdir_path, origin=origins.get("command"),
+                is_job_file=is_job_file)
     minutes = max_runtime_minutes or settings.max_runtime_minutes
     return JobSpec(kind=COMMAND, backend=backend, name=name, command=list(command),
                    workdir=workdir_path, max_runtime_s=float(minutes) * 60,
@@ -480,8 +483,6 @@ def _check_inputs(given: dict, placement: dict, include: tuple[str, ...],
                              "reads as a job id prefix",
                              hint=f"add a letter past f, e.g. --name run-{name}")
     if placement.get("region"):
-        from .preflight import check_known_region
-
         source = _flag(origins, "region")
         check_known_region(check_region(placement["region"], source), source)
     if placement.get("ami") and not AMI_PATTERN.fullmatch(placement["ami"]):

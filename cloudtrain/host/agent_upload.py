@@ -2,7 +2,7 @@
 
 Standard library only, Python 3.8+: copied onto the host beside agent.py and imported by it.
 The host holds no AWS keys. The orchestrator hands it a *grant*: an S3 presigned POST
-(cloudtrain/jobstore.py: upload_grant) that lets anyone holding it write objects under one
+(cloudtrain/providers/aws/jobstore.py: upload_grant) that lets anyone holding it write objects under one
 job's key prefix, each at most `max_bytes`, until it expires. A POST carries one object, so
 each file is its own request:
 

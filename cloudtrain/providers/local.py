@@ -14,10 +14,11 @@ import socket
 import time
 
 from .. import config
+from ..datasets import Staged
 from ..errors import ConfigError, HostError, MissingDependency, UsageError
 from ..hosts import Host, LocalHost, SSHHost, default_tmux_socket
 from ..progress import SILENT, Reporter
-from . import Question
+from .base import Question
 from ..state import Instance, Job, Store
 
 NODE_PATTERN = re.compile(r"(?:([A-Za-z_][\w.-]{0,31})@)?([A-Za-z0-9][A-Za-z0-9.-]{0,252})"
@@ -44,8 +45,8 @@ def parse_nodes(text: str, key: str) -> list[tuple[str, str, int]]:
 class LocalProvider:
     name = "local"
 
-    def __init__(self):
-        self.settings = config.Settings.load()
+    def __init__(self, settings: config.Settings | None = None):
+        self.settings = settings or config.Settings.load()
 
     def _host(self, tmux: str | None = None, python: str | None = None) -> LocalHost:
         return LocalHost(tmux or default_tmux_socket(), python or self.settings.python or None)
@@ -242,6 +243,17 @@ class LocalProvider:
             return None
         found = cpu_warning(spec)
         return None if found is None else Question(None, [found[0]], default=not found[1])
+
+    def read_dataset(self, spec, source: dict) -> Staged:
+        """An S3 dataset is read with the user's AWS credentials whatever the backend (the
+        host fetches it with presigned links); an EBS snapshot needs an AWS instance."""
+        if source["kind"] == "snapshot":
+            raise UsageError(f"dataset {source['name']}: an EBS snapshot ({source['location']}) "
+                             f"becomes a volume on an AWS instance; the {spec.backend} backend "
+                             "cannot use it", hint="use --backend aws, or a path: on this machine")
+        from .aws import AWSProvider
+
+        return AWSProvider(self.settings).read_dataset(spec, source)
 
     def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
         return {}  # this machine is always there

@@ -26,8 +26,8 @@ import pytest
 import requests
 
 from aws_lab import moto_endpoint  # noqa: F401  (fixture)
-from cloudtrain import jobstore
 from cloudtrain.host import agent, agent_upload, checkpoint_stream as cs
+from cloudtrain.providers.aws import jobstore
 
 REGION = "eu-west-1"
 ACCOUNT = "123456789012"

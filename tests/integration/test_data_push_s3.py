@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from aws_lab import moto_endpoint
-from cloudtrain import datasets
+from cloudtrain import datasources
 from cloudtrain.host import shards
 from cloudtrain.errors import CloudtrainError, NotFound, UsageError
 from cloudtrain.providers.aws import datasets as s3_datasets
@@ -265,13 +265,13 @@ def test_a_bucket_that_refuses_writes_is_an_error_in_words(s3, tree):
 ])
 def test_bad_addresses_are_refused(url, said):
     with pytest.raises(UsageError, match="^" + said.replace(".", r"\.").replace("/", "/")):
-        datasets.parse_s3_url(url)
+        datasources.parse_s3_url(url)
 
 
 def test_addresses_parse():
-    assert datasets.parse_s3_url("s3://my-bucket/imagenet/") == ("my-bucket", "imagenet")
-    assert datasets.parse_s3_url("s3://my.bucket") == ("my.bucket", "")
-    assert datasets.parse_s3_url("s3://b12/a/b c/d") == ("b12", "a/b c/d")
+    assert datasources.parse_s3_url("s3://my-bucket/imagenet/") == ("my-bucket", "imagenet")
+    assert datasources.parse_s3_url("s3://my.bucket") == ("my.bucket", "")
+    assert datasources.parse_s3_url("s3://b12/a/b c/d") == ("b12", "a/b c/d")
 
 
 # -- the real command, in its own process --------------------------------------------------

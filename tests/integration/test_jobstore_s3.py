@@ -21,8 +21,8 @@ import requests
 from botocore.awsrequest import AWSResponse
 
 from aws_lab import moto_endpoint  # noqa: F401  (fixture)
-from cloudtrain import jobstore
 from cloudtrain.host import agent_upload
+from cloudtrain.providers.aws import jobstore
 from cloudtrain.errors import CloudtrainError
 
 REGION = "eu-west-1"

@@ -17,9 +17,8 @@ POLICY = json.loads((REPO / "infra" / "iam-policy-cli.json").read_text())
 # policy (the first is near IAM's 6,144-character limit), attached beside it.
 DATASETS = json.loads((REPO / "infra" / "iam-policy-datasets.json").read_text())
 OWNER = "${aws:PrincipalArn}"
-# The code the policy is for: the AWS provider package and the S3 job store it uses.
-SOURCES = sorted((REPO / "cloudtrain" / "providers" / "aws").glob("*.py")) + \
-    [p for p in [REPO / "cloudtrain" / "jobstore.py"] if p.exists()]
+# The code the policy is for: the AWS provider package (the S3 job store is in it).
+SOURCES = sorted((REPO / "cloudtrain" / "providers" / "aws").glob("*.py"))
 SERVICES = ("ec2", "pricing", "sts", "ssm", "iam", "s3", "service-quotas")
 # Where AWS names the IAM action differently from the API operation (Service Authorization
 # Reference), and boto3 helpers that are not operations.
@@ -210,7 +209,7 @@ def test_F32_the_check_fails_a_policy_without_the_owner_scope(widen):
 def test_F32_the_policy_prefix_is_the_one_the_store_writes():
     from fnmatch import fnmatchcase
 
-    from cloudtrain import jobstore
+    from cloudtrain.providers.aws import jobstore
 
     arn = "arn:aws:s3:::cloudtrain-123456789012-eu-west-1/"
     for owner in ("AIDAJQABLZS4A3QDU576Q", "AROA3X42LBCDUVY8K5WCZ:alice@example.com",

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from cloudtrain import jobstore
 from cloudtrain.host import agent_upload, checkpoint_stream as cs
+from cloudtrain.providers.aws import jobstore
 
 PREFIX = "jobs/ab12cd34/"
 

@@ -5,27 +5,28 @@ estimate and the bill."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloudtrain import config, cost, datasets, estimate, ledger, recipes
+from cloudtrain import config, cost, datasets, datasources, estimate, ledger, recipes
 from cloudtrain.errors import ConfigError, UsageError
 from cloudtrain.spec import JobSpec
 from cloudtrain.state import Instance, Store
 
 
 def test_sources_of_each_kind_and_their_options():
-    s3 = datasets.parse_source("imagenet", "s3://my-bucket/data/imagenet/", "here")
+    s3 = datasources.parse_source("imagenet", "s3://my-bucket/data/imagenet/", "here")
     assert (s3.kind, s3.location) == ("s3", "s3://my-bucket/data/imagenet")
-    snap = datasets.parse_source("imagenet", {"source": "snap-0123456789abcdef0",
+    snap = datasources.parse_source("imagenet", {"source": "snap-0123456789abcdef0",
                                               "throughput": 1000, "first_read": "fsr"}, "here")
     assert (snap.kind, snap.throughput, snap.iops, snap.first_read) == \
         ("snapshot", 1000, 4000, "fsr")  # gp3: 1000 MB/s needs 4000 IOPS
-    assert datasets.parse_source("x", {"path": "/data/x/"}, "here").location == "/data/x"
-    assert datasets.parse_source("x", "/data//x", "here").kind == "path"
-    assert datasets.Source.from_dict(snap.to_dict()) == snap
+    assert datasources.parse_source("x", {"path": "/data/x/"}, "here").location == "/data/x"
+    assert datasources.parse_source("x", "/data//x", "here").kind == "path"
+    assert datasources.Source.from_dict(snap.to_dict()) == snap
 
 
 @pytest.mark.parametrize("value,words", [
@@ -44,7 +45,7 @@ def test_sources_of_each_kind_and_their_options():
 ])
 def test_bad_sources_are_one_line_usage_errors(value, words):
     with pytest.raises(UsageError) as err:
-        datasets.parse_source("imagenet", value, "config.yaml")
+        datasources.parse_source("imagenet", value, "config.yaml")
     assert words in err.value.message and "\n" not in err.value.message
 
 
@@ -57,11 +58,11 @@ def test_bad_sources_are_one_line_usage_errors(value, words):
     | st.lists(inner, max_size=3), max_leaves=8))
 def test_fuzz_any_declaration_is_a_source_or_a_usage_error(name, value):
     try:
-        source = datasets.parse_source(name, value, "fuzz")
+        source = datasources.parse_source(name, value, "fuzz")
     except UsageError as exc:
         assert exc.message and "\n" not in exc.message
     else:
-        assert source.kind in datasets.KINDS and datasets.NAME.fullmatch(source.name)
+        assert source.kind in datasources.KINDS and datasources.NAME.fullmatch(source.name)
 
 
 def test_config_yaml_declares_datasets_and_refuses_bad_ones(ct_home):
@@ -79,10 +80,10 @@ def test_config_yaml_declares_datasets_and_refuses_bad_ones(ct_home):
 
 
 def test_data_flags_name_a_source_or_the_declared_one():
-    flags = datasets.parse_data_flags(("imagenet=s3://bkt/in", "cifar10"))
+    flags = datasources.parse_data_flags(("imagenet=s3://bkt/in", "cifar10"))
     assert flags["imagenet"].location == "s3://bkt/in" and flags["cifar10"] is None
     with pytest.raises(UsageError, match="given twice"):
-        datasets.parse_data_flags(("a=/x", "a=/y"))
+        datasources.parse_data_flags(("a=/x", "a=/y"))
 
 
 def _spec(recipe="imagenet", **args):
@@ -91,34 +92,39 @@ def _spec(recipe="imagenet", **args):
                    args=rec.resolve(None, tuple(f"{k}={v}" for k, v in args.items())))
 
 
+def _resolve(spec, settings, flags):
+    return datasets.resolve(spec, settings, flags,
+                            recipes.load(spec.recipe).data if spec.recipe else [])
+
+
 def test_which_datasets_a_job_stages():
     settings = config.Settings()
     # imagenet with synthetic data reads nothing; with the real set it needs a source
-    assert datasets.resolve(_spec(data="synthetic"), settings, {}) == []
+    assert _resolve(_spec(data="synthetic"), settings, {}) == []
     with pytest.raises(UsageError) as err:
-        datasets.resolve(_spec(), settings, {})
+        _resolve(_spec(), settings, {})
     assert "reads dataset imagenet, which has no source" in err.value.message
     assert "datasets:" in err.value.hint
-    settings.datasets = {"imagenet": datasets.parse_source("imagenet", "s3://bkt/in", "c")}
-    (entry,) = datasets.resolve(_spec(), settings, {})
+    settings.datasets = {"imagenet": datasources.parse_source("imagenet", "s3://bkt/in", "c")}
+    (entry,) = _resolve(_spec(), settings, {})
     assert entry["dir"] == "imagenet" and entry["location"] == "s3://bkt/in"
     # --data wins over config.yaml; a recipe only takes the datasets it reads
-    flag = datasets.parse_data_flags(("imagenet=s3://other/in",))
-    assert datasets.resolve(_spec(), settings, flag)[0]["location"] == "s3://other/in"
+    flag = datasources.parse_data_flags(("imagenet=s3://other/in",))
+    assert _resolve(_spec(), settings, flag)[0]["location"] == "s3://other/in"
     with pytest.raises(UsageError, match="recipe resnet9 with these arguments reads cifar10"):
-        datasets.resolve(_spec("resnet9"), settings, datasets.parse_data_flags(("imagenet",)))
+        _resolve(_spec("resnet9"), settings, datasources.parse_data_flags(("imagenet",)))
     # CIFAR-10 has a public origin: downloaded as before unless declared, then staged into
     # the folder torchvision reads
-    assert datasets.resolve(_spec("resnet9"), settings, {}) == []
-    cifar = datasets.resolve(_spec("resnet9"), settings,
-                             datasets.parse_data_flags(("cifar10=s3://bkt/cifar",)))
+    assert _resolve(_spec("resnet9"), settings, {}) == []
+    cifar = _resolve(_spec("resnet9"), settings,
+                             datasources.parse_data_flags(("cifar10=s3://bkt/cifar",)))
     assert cifar[0]["dir"] == "cifar-10-batches-py"
     # your own command stages what --data names, into a folder of that name
     own = JobSpec(kind="command", backend="aws", command=["python", "train.py"])
-    assert datasets.resolve(own, settings, datasets.parse_data_flags(("imagenet",)))[0][
+    assert _resolve(own, settings, datasources.parse_data_flags(("imagenet",)))[0][
         "dir"] == "imagenet"
     with pytest.raises(UsageError, match="no source is declared for mine"):
-        datasets.resolve(own, settings, datasets.parse_data_flags(("mine",)))
+        _resolve(own, settings, datasources.parse_data_flags(("mine",)))
 
 
 def test_progress_and_staged_lines_from_an_untrusted_status():
@@ -220,6 +226,8 @@ def test_a_snapshot_read_once_before_training_is_in_the_estimate(ct_home):
 
 
 def test_notes_on_a_cross_region_copy_and_links_that_die_with_a_session(monkeypatch):
+    from cloudtrain.providers.aws import AWSProvider
+
     for k, v in {"AWS_ACCESS_KEY_ID": "AKIAX", "AWS_SECRET_ACCESS_KEY": "s",
                  "AWS_CONFIG_FILE": "/nonexistent",
                  "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}.items():
@@ -229,40 +237,45 @@ def test_notes_on_a_cross_region_copy_and_links_that_die_with_a_session(monkeypa
     spec = JobSpec(kind="command", backend="aws", region="us-east-1", datasets=[
         {"name": "imagenet", "kind": "s3", "location": "s3://bkt/in", "dir": "imagenet"}],
         staging={"imagenet": {"kind": "shards", "bytes": 150 * 10**9, "region": "eu-west-1"}})
-    (note,) = datasets.notes(spec, settings)
+
+    def read():  # what preflight found: read with the credentials of the moment
+        return [datasets.Staged(spec.datasets[0], temporary=AWSProvider(
+            settings).temporary_credentials())]
+
+    (note,) = datasets.notes(spec, settings, read())
     assert note == ("dataset imagenet: its bucket is in eu-west-1, the instance in us-east-1: "
                     "the copy crosses regions (slower, and about $3.00 of transfer for "
                     "150.0 GB)")
     spec.staging["imagenet"]["region"] = "us-east-1"
-    assert datasets.notes(spec, settings) == []
+    assert datasets.notes(spec, settings, read()) == []
     monkeypatch.setenv("AWS_SESSION_TOKEN", "a-session")
-    (note,) = datasets.notes(spec, settings)
+    (note,) = datasets.notes(spec, settings, read())
     assert "temporary (session) credentials" in note
     settings.instance_profile = "cloudtrain-instance"  # the instance signs with its role
-    assert datasets.notes(spec, settings) == []
+    assert datasets.notes(spec, settings, read()) == []
 
 
-def test_the_copy_gets_time_of_its_own_in_the_max_runtime(monkeypatch):
+def test_the_copy_gets_time_of_its_own_in_the_max_runtime():
     from cloudtrain.providers.aws import datasets as s3_datasets
 
-    monkeypatch.setattr(datasets, "_read_s3", lambda spec, source: datasets.Staged(
+    provider = SimpleNamespace(read_dataset=lambda spec, source: datasets.Staged(
         source, s3_datasets.Contents("shards", 10, 50 * 10**9, 50 * 10**9, "ab" * 32), "r"))
     spec = JobSpec(kind="command", backend="aws", max_runtime_s=3600.0, datasets=[
         {"name": "d", "kind": "s3", "location": "s3://bkt/d", "dir": "d"}])
-    datasets.preflight(spec, config.Settings())
+    datasets.preflight(spec, config.Settings(), provider)
     assert spec.staging_allowance_s == 600 + 500  # 10 min + 50 GB at 100 MB/s
     assert spec.max_runtime_s == 3600 + 1100
-    datasets.preflight(spec, config.Settings())  # read again (a dry run, then the launch)
+    datasets.preflight(spec, config.Settings(), provider)  # read again (a dry run, then the launch)
     assert spec.max_runtime_s == 3600 + 1100
     assert datasets.staging_line(spec).endswith("; max runtime +18 min for it")
 
 
-def _stored(monkeypatch, size: int, largest: int = 256 << 20, manifest=None) -> None:
-    """The job's S3 dataset holds `size` bytes as S3 lists them (contents() checked the
+def _stored(size: int, largest: int = 256 << 20, manifest=None) -> SimpleNamespace:
+    """A provider whose S3 dataset holds `size` bytes as S3 lists them (contents() checked the
     manifest against that listing: test_data_push_s3.py)."""
     from cloudtrain.providers.aws import datasets as s3_datasets
 
-    monkeypatch.setattr(datasets, "_read_s3", lambda spec, source: datasets.Staged(
+    return SimpleNamespace(read_dataset=lambda spec, source: datasets.Staged(
         source, s3_datasets.Contents("shards", 10, size, size, "ab" * 32, manifest,
                                      largest=largest), "r"))
 
@@ -272,66 +285,65 @@ def _staging_spec(minutes: float, backend: str = "aws") -> JobSpec:
         {"name": "d", "kind": "s3", "location": "s3://bkt/d", "dir": "d"}])
 
 
-def test_f29_the_copy_s_allowance_keeps_the_max_runtime_within_the_week(monkeypatch):
+def test_f29_the_copy_s_allowance_keeps_the_max_runtime_within_the_week():
     """The max runtime also sets the agent's limit, the user-data power-off timer and the
     upload grant: with the copy's allowance added it stays within the one-week limit."""
-    _stored(monkeypatch, 50 * 10**9)  # 10 min + 500 s at 100 MB/s: 1100 s
+    provider = _stored(50 * 10**9)  # 10 min + 500 s at 100 MB/s: 1100 s
     spec = _staging_spec(config.WEEK_S / 60 - 10)
-    datasets.preflight(spec, config.Settings())
+    datasets.preflight(spec, config.Settings(), provider)
     assert spec.staging_allowance_s == 600  # capped: ten minutes were left of the week
     assert spec.max_runtime_s == config.WEEK_S
     assert datasets.staging_line(spec).endswith(
         "; max runtime +10 min for it (the one-week limit: the copy may take up to 18 min, "
         "the rest from the job's own time)")
-    datasets.preflight(spec, config.Settings())  # read again (a dry run, then the launch)
+    datasets.preflight(spec, config.Settings(), provider)  # read again (a dry run, then the launch)
     assert spec.max_runtime_s == config.WEEK_S
     full = _staging_spec(config.WEEK_S / 60)
-    datasets.preflight(full, config.Settings())
+    datasets.preflight(full, config.Settings(), provider)
     assert full.max_runtime_s == config.WEEK_S and full.staging_allowance_s == 0
 
 
-def test_f29_data_that_cannot_be_copied_within_the_week_is_refused(monkeypatch):
-    _stored(monkeypatch, 61 * 10**12)  # 610,000 s at 100 MB/s: past 604,800
+def test_f29_data_that_cannot_be_copied_within_the_week_is_refused():
+    provider = _stored(61 * 10**12)  # 610,000 s at 100 MB/s: past 604,800
     with pytest.raises(UsageError) as err:
-        datasets.preflight(_staging_spec(60, backend="local"), config.Settings())
+        datasets.preflight(_staging_spec(60, backend="local"), config.Settings(), provider)
     assert err.value.message == ("the datasets (61,000 GB) take up to 10,177 min to copy at "
                                  "the 100 MB/s the max runtime allows for: past the one-week "
                                  "limit (10,080 min)")
 
 
-def test_f29_a_root_volume_past_gp3_s_64_tib_is_refused(monkeypatch):
+def test_f29_a_root_volume_past_gp3_s_64_tib_is_refused():
     # 50,000 GB copies within the week, but ten 5 TiB shards in flight beside it do not fit
-    _stored(monkeypatch, 50 * 10**12, largest=5 << 40)
+    provider = _stored(50 * 10**12, largest=5 << 40)
     spec = _staging_spec(60)
     need = datasets.disk_needed(50 * 10**12, 5 << 40)
     with pytest.raises(UsageError) as err:
-        datasets.preflight(spec, config.Settings())
+        datasets.preflight(spec, config.Settings(), provider)
     assert err.value.message == ("the datasets take 50,000 GB on disk: with the system and "
                                  f"the copies in flight the root volume would be {need:,} GB, "
                                  "past gp3's largest (65,536 GiB)")
-    _stored(monkeypatch, 60 * 10**12, largest=5 << 30)  # 63,000 + 100 + 10 x 5.4 GB fits
-    datasets.preflight(spec, config.Settings())
+    provider = _stored(60 * 10**12, largest=5 << 30)  # 63,000 + 100 + 10 x 5.4 GB fits
+    datasets.preflight(spec, config.Settings(), provider)
     assert spec.disk_gb == datasets.disk_needed(60 * 10**12, 5 << 30) <= config.GP3_MAX_GB
 
 
-def test_f29_the_shards_in_flight_are_the_largest_stored_and_no_more_than_there_are(
-        monkeypatch):
+def test_f29_the_shards_in_flight_are_the_largest_stored_and_no_more_than_there_are():
     """The manifest's own shard size (its word) no longer sizes the disk: two shards of 1 GB,
     whatever shard_bytes it claims, are at most two of the largest in flight."""
     from cloudtrain.host import shards
 
     two = shards.Manifest.build(5 << 40, [shards.ShardEntry(
         shards.shard_name(i), 1, 10**9, 10**9 - 3 * 512, "ab" * 32) for i in range(2)])
-    _stored(monkeypatch, 2 * 10**9, largest=10**9, manifest=two)
+    provider = _stored(2 * 10**9, largest=10**9, manifest=two)
     spec = _staging_spec(60)
-    datasets.preflight(spec, config.Settings())
+    datasets.preflight(spec, config.Settings(), provider)
     assert spec.disk_gb == datasets.disk_needed(2 * 10**9, 10**9, in_flight=2) == 105
 
 
 def test_a_recipe_pointed_at_a_copy_on_the_host_stages_nothing():
     """`--set data_dir=PATH`: the tree is already where the job runs (an AMI, a mount)."""
-    assert datasets.resolve(_spec(data_dir="/data/imagenet"), config.Settings(), {}) == []
+    assert _resolve(_spec(data_dir="/data/imagenet"), config.Settings(), {}) == []
     with pytest.raises(UsageError, match="recipe imagenet with these arguments reads no "
                                          "dataset"):
-        datasets.resolve(_spec(data_dir="/data/imagenet"), config.Settings(),
-                         datasets.parse_data_flags(("imagenet=s3://bkt/in",)))
+        _resolve(_spec(data_dir="/data/imagenet"), config.Settings(),
+                         datasources.parse_data_flags(("imagenet=s3://bkt/in",)))

@@ -14,8 +14,8 @@ import time
 import boto3
 import pytest
 
-from cloudtrain import jobstore
 from cloudtrain.host import agent_upload
+from cloudtrain.providers.aws import jobstore
 from cloudtrain.errors import UsageError
 
 KEY = "AIDAJQABLZS4A3QDU576Q"  # an IAM user's aws:userid: its own prefix jobs/<KEY>/ (F32)

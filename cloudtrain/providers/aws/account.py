@@ -54,6 +54,14 @@ def quota_console_url(region: str, code: str) -> str:
 class AccountMixin:
     """AWSProvider's look at the account (needs self.session and self.client)."""
 
+    vcpu_quota = staticmethod(vcpu_quota)
+    quota_console_url = staticmethod(quota_console_url)
+
+    def profile(self) -> str:
+        """The AWS profile the session uses (config.yaml's `aws_profile:`, AWS_PROFILE, or
+        the default)."""
+        return self.session().profile_name
+
     def credential_source(self, region: str) -> dict | None:
         """{source (in words), method (botocore's), profile, access_key (masked)} of the
         credentials the session found; None without any."""

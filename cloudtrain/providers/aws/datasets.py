@@ -1,5 +1,8 @@
-"""Datasets in S3 as tar shards (cloudtrain/host/shards.py): what `cloudtrain data push` does.
+"""Datasets in S3 as tar shards (cloudtrain/host/shards.py): what `cloudtrain data push` does,
+and what a launch reads of a job's datasets (S3 prefixes, EBS snapshots) before it starts.
 
+    DatasetsMixin                         AWSProvider's verbs: push_dataset, read_dataset,
+                                          dataset_size
     client(session, region, endpoint_url, connections)  an S3 client for many threads
     push(s3, root, bucket, prefix, ...)   the tree's shards, then its manifest -> PushReport
     read_manifest(s3, bucket, prefix)     the dataset's manifest, checked as untrusted
@@ -23,6 +26,7 @@ on disk), each with s3transfer's multipart upload (64 MB parts, `PART_THREADS` t
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -31,9 +35,12 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ... import config
+from ...datasets import Staged
+from ...datasources import parse_s3_url
 from ...host import shards
 from ...errors import CloudtrainError, NotFound
-from .errors import AWSError, _code
+from .errors import AWSError, _code, aws_errors
 
 MANIFEST = "manifest.json"
 PART_BYTES = 64 << 20
@@ -359,3 +366,98 @@ def presign(s3, bucket: str, object_key: str, seconds: int = PRESIGN_SECONDS) ->
     instance without an instance profile reads the dataset, with no credentials on it."""
     return s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": object_key},
                                      ExpiresIn=seconds)
+
+
+class DatasetsMixin:
+    """AWSProvider's datasets (needs self.session, self.region, self.settings, and
+    snapshot_size from volumes.py). Credentials and profile are the provider's (config.yaml's
+    `aws_profile:`, then the AWS chain); AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL points the
+    client elsewhere (moto in the tests), as for the job store."""
+
+    def _dataset_client(self, region: str | None, workers: int = 8):
+        """(S3 client, its region, the endpoint it talks to: None for AWS itself)."""
+        region = region or self.region()  # the same chain as every command's
+        session = self.session(region)
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return client(session, region, endpoint, workers * PART_THREADS), region, endpoint
+
+    def push_dataset(self, root: Path, bucket: str, prefix: str, *, shard_mb: int = 256,
+                     workers: int = 8, region: str | None = None, progress=None) -> PushReport:
+        """`cloudtrain data push` (its arguments checked: datasets.check_push): the tree at
+        `root` as shards under s3://bucket/prefix (resumable: run it again after an
+        interruption, it uploads only the shards not already stored)."""
+        s3, region, _ = self._dataset_client(region, workers)
+        with aws_errors(region, "s3"):
+            return push(s3, root, bucket, prefix, shard_bytes=shard_mb << 20,
+                        workers=workers, progress=progress, region=region)
+
+    def read_dataset(self, spec, source: dict) -> Staged:
+        """What one of the job's datasets holds, read before launch (datasets.preflight): an
+        S3 prefix with the user's credentials, from the bucket's own region; a snapshot's
+        size."""
+        if source["kind"] == "snapshot":
+            return Staged(source, None, snapshot_gb=self.snapshot_size(spec, source["location"]))
+        bucket, prefix = parse_s3_url(source["location"])
+        region = spec.region if spec.backend == "aws" and spec.region else None
+        s3, region, endpoint = self._dataset_client(region)
+        with aws_errors(region, "s3"):
+            where = _bucket_region(s3, bucket) or region
+            if where != region:
+                s3, _, endpoint = self._dataset_client(where)
+            found = contents(s3, bucket, prefix)
+        return Staged(source, found, where, temporary=self.temporary_credentials(),
+                      entry=lambda role: _stager_entry(s3, endpoint, bucket, prefix, where,
+                                                       found, role))
+
+    def dataset_size(self, location: str) -> dict:
+        """`data ls --check`: what the S3 prefix at `location` holds now."""
+        bucket, prefix = parse_s3_url(location)
+        s3, region, _ = self._dataset_client(None)
+        with aws_errors(region, "s3"):
+            c = contents(s3, bucket, prefix)
+        return {"kind": c.kind, "files": c.files, "bytes": c.bytes, "file_bytes": c.file_bytes}
+
+    def temporary_credentials(self) -> bool:
+        """Whether the user's AWS credentials are a temporary session's (SSO, an assumed
+        role): links signed with them die with the session."""
+        try:
+            creds = self.session(None).get_credentials()
+            return bool(creds is not None and creds.get_frozen_credentials().token)
+        except Exception:  # no credentials, no profile: nothing to warn of
+            return False
+
+
+def _bucket_region(s3, bucket: str) -> str | None:
+    """The bucket's region from HeadBucket's x-amz-bucket-region header (S3 sends it on a
+    refusal or a redirect too); None when it does not say."""
+    from botocore.exceptions import ClientError
+
+    try:
+        meta = s3.head_bucket(Bucket=bucket)["ResponseMetadata"]
+    except ClientError as exc:
+        meta = exc.response.get("ResponseMetadata", {})
+        if str(exc.response.get("Error", {}).get("Code")) in ("404", "NoSuchBucket", "NotFound"):
+            raise NotFound(f"no S3 bucket named {bucket}",
+                           hint="fix the dataset's source (config.yaml `datasets:` or --data)"
+                           ) from None
+    found = (meta.get("HTTPHeaders") or {}).get("x-amz-bucket-region")
+    return found if isinstance(found, str) and config.REGION_PATTERN.fullmatch(found) else None
+
+
+def _stager_entry(s3, endpoint: str | None, bucket: str, prefix: str, region: str,
+                  c: Contents, role: bool) -> dict:
+    """The stager's entry for an S3 dataset (cloudtrain/stager.py): with `role` the instance
+    signs its own requests with its role's credentials; otherwise each object gets a
+    presigned link (the user's credentials never leave this machine either way)."""
+    entry = {"kind": c.kind, "bucket": bucket, "prefix": prefix, "region": region,
+             "endpoint": endpoint, "auth": "role" if role else "presigned",
+             "identity": c.identity}
+    if c.kind == "shards":
+        entry["manifest"] = json.loads(c.manifest.to_json())
+        if not role:
+            entry["shard_urls"] = [presign(s3, bucket, shard_key(prefix, sh.name))
+                                   for sh in c.manifest.shards]
+    else:
+        entry["objects"] = [dict(o, **({} if role else {"url": presign(s3, bucket, o["key"])}))
+                            for o in c.objects]
+    return entry

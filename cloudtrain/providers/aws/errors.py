@@ -6,8 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 
-from ...errors import CloudtrainError, CredentialsError, MissingDependency, NoCredentials, \
-    PlacementError, UsageError
+from ...errors import CloudError, CredentialsError, NoCredentials, PlacementError, UsageError
 
 # Errors that mean "not here, maybe in another AZ" (tried once per AZ, never retried blindly).
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity",
@@ -29,7 +28,7 @@ POLICY_FILE = "infra/iam-policy-cli.json"
 # late, deep inside client creation, and the name is also a path component (keys/<region>).
 
 
-class AWSError(CloudtrainError):
+class AWSError(CloudError):
     """An AWS call that failed, in words; `code` is AWS's error code where there is one
     (callers branch on it: DryRunOperation, DependencyViolation, capacity codes)."""
 
@@ -38,6 +37,18 @@ class AWSError(CloudtrainError):
         super().__init__(message, hint=hint)
         self.code = code
         self.aws_message = aws_message  # AWS's own words, for callers that rephrase
+
+    @property
+    def denied(self) -> bool:
+        return is_permission_error(self.code)
+
+    @property
+    def quota(self) -> bool:
+        return self.code in QUOTA_ERRORS or any(q in self.message for q in QUOTA_ERRORS)
+
+    def refused_action(self, service: str) -> str | None:
+        """The IAM action AWS refused, from the botocore error this one was raised from."""
+        return denied_action(self.__cause__, service) if self.__cause__ else None
 
 
 class AWSCredentialsError(AWSError, CredentialsError):

@@ -15,7 +15,7 @@ from ...hosts import SSHHost, default_tmux_socket
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint, not_up_reason
 from ...state import Instance, Job, Store
-from .. import Sweep
+from ..base import Sweep
 from .errors import AUTH_ERRORS, CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, \
     AWSPlacementError, StaleCache, aws_errors, is_permission_error
 from .hostkeys import console_fingerprints, fingerprint, fingerprint_window
@@ -88,6 +88,8 @@ def user_data_wait_command(marker: str, seconds: float) -> str:
 class InstancesMixin:
     """AWSProvider's instances (needs self.call, self.client, self.settings, self.region and
     the price lookups)."""
+
+    power_off_minutes = staticmethod(power_off_minutes)
 
     def _details(self, store: Store, instance_id: str) -> dict:
         row = store.db.execute("SELECT details FROM instances WHERE id = ?",

@@ -1,9 +1,12 @@
-"""Prices: the Price List Query API (on-demand, gp3) and EC2's spot price history."""
+"""Prices: the Price List Query API (on-demand, gp3) and EC2's spot price history; `catalog
+--refresh` keeps what they say for the catalog (refresh_list_prices, refresh_spot)."""
 
 from __future__ import annotations
 
 import json
+import time
 
+from ... import catalog
 from .errors import aws_errors
 
 # The Price List Query API answers from us-east-1 (also eu-central-1, ap-south-1) for every
@@ -86,6 +89,32 @@ class PricingMixin:
                         zones[p["AvailabilityZone"]] = (at, float(p["SpotPrice"]))
         return {t: {z: price for z, (_, price) in zones.items()} for t, zones in latest.items()}
 
+    def refresh_spot(self, region: str) -> str:
+        """Ask EC2 for the current spot price of every catalog type offered in `region`; keep
+        them (per AZ name) for the catalog, --gpus and dry-run estimates. Returns a summary."""
+        types = _offered(region)
+        prices: dict[str, dict[str, float]] = {}
+        for i in range(0, len(types), 50):  # keep each request's filter list modest
+            prices.update(self.current_spot_prices(region, types[i:i + 50]))
+        path = catalog.save_live_spot(region, prices, time.time())
+        zones = sum(len(z) for z in prices.values())
+        return (f"spot prices for {len(prices)} of {len(types)} types ({zones} AZ prices) in "
+                f"{region}, from EC2 now; kept in {path}")
+
+    def refresh_list_prices(self, region: str) -> str:
+        """Ask the AWS price list for the on-demand price of every catalog type offered in
+        `region`, and for gp3 storage; keep them for the catalog, estimates and costs."""
+        types = _offered(region)
+        prices = self.on_demand_prices(region, types)
+        gp3 = self.gp3_price(region)
+        changed = sum(1 for name, price in prices.items()
+                      if catalog.get(name).on_demand.get(region) != price)
+        path = catalog.save_list_prices(region, prices, gp3, time.time())
+        return (f"on-demand prices for {len(prices)} of {len(types)} types in {region} "
+                f"({changed} differ from before)"
+                + (f", gp3 ${gp3:g}/GB-month" if gp3 is not None else ", no gp3 price")
+                + f", from the AWS price list; kept in {path}")
+
     def spot_history(self, region: str, zone: str, instance_type: str, start: float,
                      end: float) -> list[list[float]]:
         """[(at, USD/h)] for Linux/UNIX in that AZ, from the last change before `start`."""
@@ -103,3 +132,9 @@ class PricingMixin:
                 for p in page["SpotPriceHistory"]:
                     points.append([p["Timestamp"].timestamp(), float(p["SpotPrice"])])
         return sorted(points)
+
+
+def _offered(region: str) -> list[str]:
+    """The catalog's types offered in `region` (on-demand or spot), by name."""
+    return sorted(t.name for t in catalog.load().values()
+                  if region in t.on_demand or region in t.spot_snapshot)

@@ -32,10 +32,11 @@ from ...hosts import SSHHost
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Job, Store
-from .. import Question
+from ..base import Question
 from .account import AccountMixin
 from .cache import CACHE_TTL_S, RegionCache
 from .cluster import EFA_GROUP_NAME, ClusterMixin
+from .datasets import DatasetsMixin
 from .errors import POLICY_FILE, AWSError, StaleCache, aws_errors, no_credentials
 from .images import DLAMI_PARAMETER, ImagesMixin
 from .instances import REARM_PATH, USER_DATA_DONE, USER_DATA_WAIT_S, InstancesMixin, \
@@ -67,9 +68,9 @@ def assumed_role(arn: str) -> tuple[str, str] | None:
 
 
 class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin,
-                  ResultsStoreMixin, VolumesMixin, AccountMixin):
+                  ResultsStoreMixin, VolumesMixin, AccountMixin, DatasetsMixin):
     name = "aws"
-    DEFAULT_SOURCE = DEFAULT_SOURCE
+    DEFAULT_REGION, DEFAULT_SOURCE = DEFAULT_REGION, DEFAULT_SOURCE
 
     def __init__(self, settings: config.Settings | None = None):
         self.settings = settings or config.Settings.load()
@@ -109,8 +110,6 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         `region:` in config.yaml, AWS_REGION, AWS_DEFAULT_REGION, the AWS profile's; else
         us-east-1 (the catalog's and estimate's default), said as such. botocore itself reads
         AWS_DEFAULT_REGION only (D2), so AWS_REGION is read here."""
-        from ...preflight import check_known_region
-
         if spec is not None and spec.region:
             source = "--region"
             region = spec.region
@@ -126,7 +125,7 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
                 return DEFAULT_REGION, DEFAULT_SOURCE
             source = "the AWS profile"
         check_region(region, source)
-        return check_known_region(region, source), source
+        return config.check_known_region(region, source), source
 
     def client(self, service: str, region: str, fail_fast: bool = False):
         """A client; fail_fast for run_instances (capacity errors are not retried, the next
@@ -240,7 +239,7 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         there are credentials to ask with (DescribeInstanceTypes, ...TypeOfferings, the
         --ami's architecture)."""
         describe = offered = None
-        ami_arch = None if spec.ami else preflight.DEFAULT_ARCH
+        ami_arch = None if spec.ami else catalog.DEFAULT_ARCH
         try:
             credentials = self.credentials(region)
         except CloudtrainError:
@@ -267,8 +266,8 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         arches = found[0].get("ProcessorInfo", {}).get("SupportedArchitectures") or []
         return {"gpus": sum(g.get("Count", 0) for g in gpus),
                 "gpu": gpus[0].get("Name") if gpus else None,
-                "arch": preflight.DEFAULT_ARCH if preflight.DEFAULT_ARCH in arches
-                else (arches[0] if arches else preflight.DEFAULT_ARCH)}
+                "arch": catalog.DEFAULT_ARCH if catalog.DEFAULT_ARCH in arches
+                else (arches[0] if arches else catalog.DEFAULT_ARCH)}
 
     def type_offered(self, region: str, name: str) -> bool | None:
         """Whether EC2 offers the type in the region; None when it could not be asked."""

@@ -1,5 +1,5 @@
 """The job store verbs of the AWS provider: where a job's results go before its instance
-powers off, and how they come home after it is gone (cloudtrain/jobstore.py does the S3 work).
+powers off, and how they come home after it is gone (jobstore.py beside it does the S3 work).
 
     results_grant(store, job, spec)   a presigned POST for the agent, and what to tell the user
     fetch_results(store, job, local)  the stored files into `local`; None when nothing is stored
@@ -20,7 +20,8 @@ import os
 import time
 from pathlib import Path
 
-from ... import catalog, jobstore
+from ... import catalog
+from . import jobstore
 from ...errors import CloudtrainError
 from ...state import Job, Store
 from .errors import _code, _message, aws_errors, client_error

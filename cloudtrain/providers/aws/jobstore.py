@@ -46,9 +46,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import CloudtrainError, UsageError
-from .host import checkpoint_stream
-from .host.agent_upload import CHECKPOINTS, MANIFEST, POST_MAX_BYTES, safe_relpath
+from ...errors import CloudtrainError, UsageError
+from ...host import checkpoint_stream
+from ...host.agent_upload import CHECKPOINTS, MANIFEST, POST_MAX_BYTES, safe_relpath
 
 PREFIX = "jobs/"
 STREAM = checkpoint_stream.STREAM  # "stream/": the checkpoint stream, below the job's prefix
