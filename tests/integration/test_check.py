@@ -684,14 +684,19 @@ def test_everything_check_launch_asks_of_aws_is_allowed_by_the_cli_policy(launch
     """Issue 25: every AWS call `check --launch` makes (recorded as botocore makes it), and
     the instance's presigned POST (s3:PutObject, signed with the user's credentials), is
     allowed by infra/iam-policy-cli.json alone, its instance type included: the policy a new
-    user attaches is all the check needs."""
+    user attaches is all the check needs, once the job store's bucket exists (F32: creating
+    it is the administrator's one-time step, infra/iam-policy-store-admin.json, made here
+    before the calls are recorded)."""
     import fnmatch
     from pathlib import Path
 
     import botocore.client
 
-    from cloudtrain import launch_check
+    from cloudtrain import launch_check, providers
     from cloudtrain.providers.aws.errors import iam_action
+
+    admin = providers.get("aws")
+    admin.ensure_job_store(admin.region())  # the administrator's step, before the user's
 
     made: set[str] = set()
     original = botocore.client.BaseClient._make_api_call
