@@ -222,7 +222,7 @@ def drive_jobstore(case: str, local: str, outside: str) -> None:
     import boto3
     from moto import mock_aws
 
-    from cloudtrain import jobstore
+    from cloudtrain.providers.aws import jobstore
     from cloudtrain.errors import CloudtrainError
 
     from audit_cases import HOSTILE_KEYS

@@ -249,7 +249,7 @@ def test_F13_supervisor_killed_mid_recovery_no_duplicate_no_lost_attempt(lab, cl
     _nothing_left(lab)
 
 
-def test_F13_max_restarts_used_up_fails_with_its_reason(lab, cli, tmp_path):
+def test_F13_U23_max_restarts_0_ends_preempted_and_nothing_relaunches(lab, cli, tmp_path):
     for ip in HOSTS.values():
         lab.start(ip)
     work = _own_job(tmp_path, 200)
@@ -259,9 +259,13 @@ def test_F13_max_restarts_used_up_fails_with_its_reason(lab, cli, tmp_path):
     wait_for(lambda: lab.metrics(first["PrivateIpAddress"], job_id), timeout=60,
              what="the job to run")
     lab.take_back(first)
-    job = _wait_state(cli, job_id, ("succeeded", "failed", "cancelled"), timeout=60)
-    assert job["state"] == "failed"
-    assert "--max-restarts 0 used up after 1 attempt" in job["reason"]
+    # U23: no restart is no recovery: the loss is the job's end, said as it happened, and
+    # nothing is relaunched (before U23 this ran a supervisor that gave up at once)
+    job = _wait_state(cli, job_id, ("succeeded", "failed", "cancelled", "preempted"),
+                      timeout=120)
+    assert job["state"] == "preempted"
+    assert job["reason"] == "spot instance interrupted"
+    assert job["spec"]["recover"] is False
     assert len(lab.instances(job_id)) == 1
     _nothing_left(lab)
 
