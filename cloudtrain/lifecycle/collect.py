@@ -267,6 +267,7 @@ def node_from_store(store: Store, job: Job, node: int) -> dict | None:
 
 
 def mark_node_collected(store: Store, job_id: str, node: int) -> None:
+    """Node i's files are home: its record says so, and where (it is read there from now)."""
     job = store.job(job_id)
     host = dict(job.host or {})
     where = host["collected_from"] if host.get("collected_from") is not None else host
@@ -278,7 +279,7 @@ def mark_node_collected(store: Store, job_id: str, node: int) -> None:
 
 
 def stop_nodes(job: Job, settings: config.Settings, wait: bool = True,
-                grace_s: float | None = None, store: Store | None = None) -> list:
+               grace_s: float | None = None, store: Store | None = None) -> list:
     """Ask every node's agent still running the job to stop it (SIGTERM, SIGKILL after the
     grace period); with `wait`, until each has (bounded); without, only the signal. One
     node's failure to answer never holds the others. Returns each node's final status (or

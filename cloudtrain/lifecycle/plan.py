@@ -156,7 +156,7 @@ def read_datasets(spec: JobSpec, settings: config.Settings) -> list:
 
 
 def warn_about_workdir(workdir: Path, include: tuple[str, ...],
-                        say: Callable[[str], None] | None) -> None:
+                       say: Callable[[str], None] | None) -> None:
     """F6, F27: a workdir that is the home directory, holds it, or holds cloudtrain's own is
     synced without the credential-looking files (gitignore.CREDENTIAL_PATTERNS) but is almost
     surely a mistake: said with what is actually sent, what was held back, and what an

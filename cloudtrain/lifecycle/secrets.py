@@ -1,6 +1,7 @@
-"""Stage: every stage that handles a job's secrets (`--secret KEY`, job file `secrets:`):
-in its environment, in no file cloudtrain keeps about it. It may call config only (the
-bottom of the lifecycle package).
+"""Stage: none of its own; a job's secrets (`--secret KEY`, job file `secrets:`), which
+launch sends to the hosts and keeps for relaunches, and collect (or an aborted launch)
+drops: in the job's environment, in no file cloudtrain keeps about it. It calls config only
+(the bottom of the lifecycle package).
 
 The spec, job.json, state.db and the logs hold the names only. The values travel twice:
 - to the host, as a private file beside run.sh that run.sh reads and deletes before anything

@@ -44,6 +44,8 @@ def kept_source(store: Store, spec: JobSpec) -> Job | None:
 
 
 def resume_source(store: Store, settings: config.Settings, spec: JobSpec) -> Job | None:
+    """The job whose checkpoints `--resume-from` takes: ended, the same recipe, started,
+    its checkpoint written with the arguments this run has (D33)."""
     if not spec.resume_from:
         return None
     # Refreshed first: a job whose instance went away unseen has its checkpoints in the job

@@ -221,6 +221,7 @@ def _cloud_configured(settings: config.Settings, backend: str) -> bool:
 
 
 def holds_instance(store: Store, job: Job) -> bool:
+    """Whether the job holds a cloud instance that may still bill (a kept one, say)."""
     return any(i.state != "terminated" and i.provider != "local" for i in store.instances(job.id))
 
 

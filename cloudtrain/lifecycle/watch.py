@@ -259,6 +259,7 @@ def _check_launcher(store: Store, job: Job) -> Job:
 
 
 def spot_reason(states: dict) -> bool:
+    """Whether EC2 says it took one of these instances back (a spot interruption)."""
     return any(s["state"] in ("shutting-down", "terminated") and
                ("Spot" in s.get("reason", "") or "Spot" in s.get("message", ""))
                for s in states.values())
