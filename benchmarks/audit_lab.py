@@ -470,7 +470,7 @@ def simulate_relaunch(where: str) -> dict:
     cloud = lab.__wrapped__(patch, ct_home)  # the fixture's generator: moto, both regions
     ec2s = next(cloud)
     try:
-        from cloudtrain import recovery
+        from cloudtrain.lifecycle import recovery
         from cloudtrain.config import Settings
         from cloudtrain.state import open_store
 

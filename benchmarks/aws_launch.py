@@ -72,7 +72,7 @@ def main() -> None:
     lab = AWSLab(os.environ["AWS_ENDPOINT_URL"], tmp / "home", tmp / "lab")
     lab.build(free_port())
     lab.write_config(shutdown_delay_seconds=0.0)
-    from cloudtrain import jobs as jobs_module
+    from cloudtrain.lifecycle import group, inspect, watch
     from cloudtrain.ssh import Connection
     from cloudtrain.state import open_store
 
@@ -90,7 +90,7 @@ def main() -> None:
                 while not (log.exists() and log.read_bytes()):
                     time.sleep(0.002)
                 took = time.perf_counter() - t0
-                phases = {p.name: p for p in jobs_module.timeline(store, job)}
+                phases = {p.name: p for p in inspect.timeline(store, job)}
             firsts.append(took)
             print("  run: %.3f s; phases: %s" % (took, ", ".join(
                 f"{n} {p.duration:.3f}" for n, p in phases.items() if p.duration is not None)))
@@ -103,9 +103,9 @@ def main() -> None:
 
             with open_store(tmp / "home") as store:
                 while store.job(job.id).active:
-                    jobs_module.refresh(store, Settings.load(), store.job(job.id))
+                    watch.refresh(store, Settings.load(), store.job(job.id))
                     time.sleep(0.05)
-            jobs_module._open_hosts.clear()
+            group.forget(job.id)
         CALLS.clear()
         cli("status", "--refresh")
         refresh_calls = dict(CALLS)

@@ -70,13 +70,13 @@ def main() -> None:
             took, proc = timed("status", "--refresh")
             assert proc.returncode == 0, proc.stderr
             warm.append(took)
-        from cloudtrain import jobs
+        from cloudtrain.lifecycle import stop
         from cloudtrain.state import open_store
 
         with open_store(home) as store:
             CALLS.clear()
             t0 = time.perf_counter()
-            swept = jobs.reconcile(store)
+            swept = stop.reconcile(store)
             in_process = time.perf_counter() - t0
         down, proc = timed("down", "--all", "-y")
         assert proc.returncode == 0 and "terminated" in proc.stdout, proc.stdout + proc.stderr

@@ -164,7 +164,7 @@ def cli(ctx, debug: bool) -> None:
     """
     if ctx.invoked_subcommand not in (None, "supervisor") and "--help" not in sys.argv \
             and "-h" not in sys.argv:
-        from . import supervisor
+        from .lifecycle import supervisor
 
         line = supervisor.watchdog()  # recovering jobs need it running
         if line:
@@ -339,7 +339,9 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
       outputs: [results]
       resources: {instance: g5.xlarge, spot: true, max_runtime: 2h}
     """
-    from . import jobfile, jobs
+    from . import jobfile
+    from .lifecycle import launch as launching
+    from .lifecycle import plan
     from .spec import from_options
 
     ctx = click.get_current_context()
@@ -358,23 +360,23 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
     spec = from_options(options, settings)
     with _store() as store:
         if dry_run:
-            click.echo(render.plan(jobs.plan(spec, store, settings)))
+            click.echo(render.plan(plan.plan(spec, store, settings)))
             return
-        found = jobs.read_datasets(spec, settings)  # a missing dataset stops the launch here
-        row = jobs.expected(spec, store)
+        found = plan.read_datasets(spec, settings)  # a missing dataset stops the launch here
+        row = plan.expected(spec, store)
         if row is not None and not quiet:
             click.echo(render.estimate_line(row, spec.market), err=True)
-        question = jobs.question(spec, warn=lambda line: click.echo(f"WARNING: {line}",
+        question = plan.question(spec, warn=lambda line: click.echo(f"WARNING: {line}",
                                                                     err=True))
         if question:
             _confirm(question, yes)
-        sending = jobs.credentials_sent(spec)
+        sending = plan.credentials_sent(spec)
         if sending:
             _confirm_sending(sending)
         from .progress import for_launch  # each phase on stderr as it happens
 
         with for_launch(quiet, lambda line: click.echo(line, err=True)) as report:
-            job = jobs.launch(store, settings, spec, say=report, found=found)
+            job = launching.launch(store, settings, spec, say=report, found=found)
         if quiet:
             click.echo(job.id)
         else:
@@ -418,11 +420,11 @@ def _confirm_sending(line: str) -> None:
 
 
 def _follow(store, settings, job, offset: int = 0, node: int = 0, screen=None) -> None:
-    from . import jobs
+    from .lifecycle import inspect
 
     screen = screen or _screen()
     try:
-        for chunk in jobs.follow(store, settings, job, offset, node):
+        for chunk in inspect.follow(store, settings, job, offset, node):
             _echo_bytes(chunk, screen)
         _echo_bytes(b"", screen, last=True)
     except KeyboardInterrupt:
@@ -490,9 +492,9 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
     settings = _settings_whatever_config_says()
     with _store() as store:
         if refresh:
-            from . import jobs
+            from .lifecycle import stop
 
-            swept = jobs.reconcile(store)
+            swept = stop.reconcile(store)
             text = render.cloud_instances(swept.found, width=_width(wide), sweep=swept)
             if not as_json:
                 click.echo(text)
@@ -502,9 +504,9 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
 
         def view() -> str:
             if job is not None:  # U36: `status ''` is refused as `logs ''` is
-                from . import jobs
+                from .lifecycle import inspect
 
-                d = jobs.detail(store, settings, job)
+                d = inspect.detail(store, settings, job)
                 if as_json:
                     return render.detail_json(d.job, d.phases, d.log_tail, d.target, d.runs,
                                               d.attempts, d.recovery)
@@ -514,9 +516,9 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
                                          startup=d.startup)
             active = store.jobs(active_only=True)
             if active:  # finished jobs need no refresh (nor the import of what does it)
-                from . import jobs
+                from .lifecycle.watch import refresh_active
 
-                jobs.refresh_active(store, settings, active)
+                refresh_active(store, settings, active)
             # --json is for scripts: every job the filters match, as before issue 16
             shown, hidden = history.select(store, filters, all_=all_ or as_json,
                                            limit=_rows_that_fit(limit) if watch else limit)
@@ -529,7 +531,7 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
             else:  # U6: what matched nothing, and how many jobs there are (no footer again)
                 text = history.empty_view(store, filters)
             if active:
-                from . import supervisor
+                from .lifecycle import supervisor
 
                 if supervisor.needed(store):
                     text += "\n" + render.supervisor_line(supervisor.state_of(config.home()))
@@ -601,11 +603,11 @@ def plot(refs: tuple[str, ...], output: str, target: float | None, title: str | 
 
 def _metric_jobs(refs: tuple[str, ...]) -> list:
     """(job, its metrics.jsonl here, its recipe's (target, metric)) for each JOB given."""
-    from . import jobs
+    from .lifecycle import inspect
 
     with _store() as store:
         found = [store.find_job(r) for r in refs]
-    return [(j, jobs.metrics_file(j), jobs.recipe_target(j)) for j in found]
+    return [(j, inspect.metrics_file(j), inspect.recipe_target(j)) for j in found]
 
 
 def _can_ask() -> bool:
@@ -732,18 +734,18 @@ def logs(job: str, follow: bool, tail: int | None, raw: bool, node: int) -> None
       cloudtrain logs 3f2a1b9c --node 2
       cloudtrain logs 3f2a1b9c --raw > output.log
     """
-    from . import jobs
+    from .lifecycle import inspect
 
     settings = _settings_whatever_config_says()
     screen = _screen(raw)
     with _store() as store:
-        record = jobs.for_logs(store, settings, job)
+        record = inspect.for_logs(store, settings, job)
         offset = 0
         if tail is not None:
-            data, offset = jobs.tail_log(record, tail, node)
+            data, offset = inspect.tail_log(record, tail, node)
             _echo_bytes(data, screen, last=not follow)
         elif not follow:
-            _echo_bytes(jobs.read_log(record, node=node), screen, last=True)
+            _echo_bytes(inspect.read_log(record, node=node), screen, last=True)
         if follow:
             _follow(store, settings, record, offset, node, screen)
 
@@ -758,12 +760,12 @@ def attach(job: str, node: int) -> None:
     Example:
       cloudtrain attach 3f2a1b9c
     """
-    from . import jobs
+    from .lifecycle import inspect
 
     settings = config.Settings.load()
     terminal = sys.stdin.isatty() and sys.stdout.isatty()
     with _store() as store:
-        argv = jobs.attach_argv(store, settings, store.find_job(job), terminal, node)
+        argv = inspect.attach_argv(store, settings, store.find_job(job), terminal, node)
     os.execvp(argv[0], argv)
 
 
@@ -877,11 +879,12 @@ def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh
       cloudtrain cost-report --since 30d
       cloudtrain cost-report --by recipe --csv
     """
-    from . import jobs, ledger
+    from . import ledger
+    from .lifecycle import collect
 
     with _store() as store:
         if refresh:
-            jobs.settle_all(store)
+            collect.settle_all(store)
         rows, total = ledger.report(store, by, since)
     if as_json:
         click.echo(ledger.report_json(rows, total, by))
@@ -976,12 +979,12 @@ def ssh(job: str, node: int, command: tuple[str, ...]) -> None:
       cloudtrain ssh 3f2a1b9c -- nvidia-smi
       cloudtrain ssh 3f2a1b9c -- 'du -sh ~/.cloudtrain/jobs/*'
     """
-    from . import jobs
+    from .lifecycle import inspect
 
     settings = config.Settings.load()
     with _store() as store:
-        argv = jobs.ssh_argv(store, settings, store.find_job(job), node, command,
-                             tty=sys.stdin.isatty())
+        argv = inspect.ssh_argv(store, settings, store.find_job(job), node, command,
+                                tty=sys.stdin.isatty())
     os.execvp(argv[0], argv)
 
 
@@ -1004,7 +1007,7 @@ def down(jobs_: tuple[str, ...], every: bool, grace: float | None, yes: bool) ->
       cloudtrain down --all --yes
       cloudtrain down 3f2a1b9c --grace 120
     """
-    from . import jobs
+    from .lifecycle import stop
 
     if every and not jobs_ and not yes and not _can_ask():
         raise _nobody_to_ask("down --all stops every job and terminates every instance tagged "
@@ -1012,7 +1015,7 @@ def down(jobs_: tuple[str, ...], every: bool, grace: float | None, yes: bool) ->
     settings = _settings_whatever_config_says()
     with _store() as store:
         if every and not jobs_ and not yes:
-            targets = jobs.down_targets(store)
+            targets = stop.down_targets(store)
             if targets:  # it destroys: the default answer is no
                 click.echo(f"down --all stops these {len(targets)} job(s) and terminates "
                            f"their instances:", err=True)
@@ -1020,7 +1023,7 @@ def down(jobs_: tuple[str, ...], every: bool, grace: float | None, yes: bool) ->
                 if not click.confirm("Proceed?", default=False, err=True):
                     click.echo("nothing stopped", err=True)
                     raise SystemExit(errors.EXIT_FAILED)
-        outcomes = jobs.cancel(store, settings, jobs_, every, grace)
+        outcomes = stop.cancel(store, settings, jobs_, every, grace)
     click.echo(render.stop_outcomes(outcomes))
     if any(not o.ok for o in outcomes):  # something may still be running: say so in the code
         raise SystemExit(errors.EXIT_FAILED)
@@ -1160,7 +1163,7 @@ def supervisor_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def supervisor_status(as_json: bool) -> None:
     """Whether the supervisor runs, and what it watches."""
-    from . import supervisor
+    from .lifecycle import supervisor
 
     info = supervisor.state_of(config.home())
     with _store() as store:
@@ -1172,7 +1175,7 @@ def supervisor_status(as_json: bool) -> None:
 @supervisor_group.command(name="start")
 def supervisor_start() -> None:
     """Start it now (any command starts it when a recovering job needs it)."""
-    from . import supervisor
+    from .lifecycle import supervisor
 
     with _store() as store:
         line = supervisor.ensure(store)
@@ -1183,7 +1186,7 @@ def supervisor_start() -> None:
 @supervisor_group.command(name="stop")
 def supervisor_stop() -> None:
     """Stop it (the next command restarts it while recovering jobs need it)."""
-    from . import supervisor
+    from .lifecycle import supervisor
 
     click.echo("stopped" if supervisor.stop(config.home()) else "not running")
 
@@ -1195,9 +1198,9 @@ def supervisor_run(home: str, handover: str | None) -> None:
     """The supervisor's loop (started inside tmux by `start`)."""
     from pathlib import Path
 
-    from . import supervisor
+    from .lifecycle import recovery
 
-    supervisor.run(Path(home), Path(handover) if handover else None)
+    recovery.supervise(Path(home), Path(handover) if handover else None)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -289,9 +289,9 @@ def why_kept(store: Store, job: Job, active: list[Job] | None = None) -> Refusal
     if job.state not in state.TERMINAL_STATES:
         return Refusal(job.id, f"job {job.id} is {job.state}: only finished jobs are removed",
                        f"stop it first: cloudtrain down {job.id}")
-    # The rule `down` uses (jobs._holds_instance): an instance on a cloud that is not known
-    # to be terminated may still bill (a --keep job's kept instance, a launch cut short); a
-    # local one costs nothing.
+    # The rule `down` uses (lifecycle.stop.holds_instance): an instance on a cloud that is
+    # not known to be terminated may still bill (a --keep job's kept instance, a launch cut
+    # short); a local one costs nothing.
     live = [i for i in store.instances(job.id) if i.state != "terminated"
             and i.provider != "local"]
     if live:
@@ -397,7 +397,7 @@ def remove(store: Store, plan: Plan, *, home: Path | None = None) -> Summary:
                 try:
                     _remove_path(_job_path(home, job_id))
                     _remove_path(home / "secrets" / f"{job_id}.json" if _job_path(
-                        home, job_id) is not None else None)  # job_secrets' copy, if any
+                        home, job_id) is not None else None)  # lifecycle.secrets' copy, if any
                     batch_rows += store.delete_job(job_id)
                 except OSError as exc:
                     db.execute("ROLLBACK TO remove_job")

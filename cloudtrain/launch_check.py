@@ -35,9 +35,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
-from . import config, jobs, lease, progress, state
+from . import config, progress, state
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CloudError, CloudtrainError, \
     HostError, UsageError
+from .lifecycle import collect, group, inspect, launch, lease, stop, watch
 
 # The instance a check launches: the cheapest x86_64 type that can boot the Deep Learning
 # AMI. The DLAMI is x86_64 and needs a Nitro type (its kernel drives ENA networking and NVMe
@@ -350,7 +351,7 @@ def _run_job(c: _Check, steps: _Steps, report: Report) -> None:
     spec = _spec(c, report)
     launching = _LaunchSteps(steps, c, spec)
     try:
-        job = jobs.launch(store, settings, spec, say=launching)
+        job = launch.launch(store, settings, spec, say=launching)
     except BaseException as exc:
         _note_job(c, report)
         launching.fail(exc)
@@ -365,7 +366,7 @@ def _run_job(c: _Check, steps: _Steps, report: Report) -> None:
             if c.role_probe and "data staging failed" in (status.get("reason") or ""):
                 s.name = "instance role"  # what failed is the read with the role
             raise _job_failed(c, status)
-        out, _ = jobs.tail_log(job, 20) if job.jobdir else (b"", 0)
+        out, _ = inspect.tail_log(job, 20) if job.jobdir else (b"", 0)
         if c.line.encode() not in out:
             raise CloudtrainError(f"the job ran, but its output lacks the synced "
                                   f"{CHECK_FILE}'s line: {_last_line(out)}")
@@ -419,10 +420,10 @@ def _wait_for_end(c: _Check, job) -> dict:
     ended_at = None
     while True:
         try:
-            status = jobs.host_of(job).probe_job(job.jobdir, c.settings.stale_after_seconds
+            status = group.host_of(job).probe_job(job.jobdir, c.settings.stale_after_seconds
                                                  ).get("status") or {}
         except HostError:
-            job = jobs.refresh(c.store, c.settings, c.store.job(job.id))
+            job = watch.refresh(c.store, c.settings, c.store.job(job.id))
             if not job.active:
                 return {"state": job.state, "exit_code": job.exit_code, "reason": job.reason,
                         "instance_gone": True}
@@ -498,7 +499,7 @@ def _finish(c: _Check, job):
     deadline = time.monotonic() + 120
     job = c.store.job(job.id)
     while job.active:
-        job = jobs.refresh(c.store, c.settings, job)
+        job = watch.refresh(c.store, c.settings, job)
         if job.active:
             if time.monotonic() > deadline:
                 raise CloudtrainError(f"job {job.id} is still {job.state}")
@@ -525,7 +526,7 @@ _PHASES = (
 
 
 class _LaunchSteps(progress.Reporter):
-    """jobs.launch's reporter: turns its phases into steps, says each as it ends, and lets a
+    """launch.launch's reporter: turns its phases into steps, says each as it ends, and lets a
     step that must fail (a host key nobody could check) stop the launch, which then
     terminates what it started."""
 
@@ -624,11 +625,11 @@ def _teardown(c: _Check, steps: _Steps, report: Report) -> None:
     job = c.store.job(c.job_id) if c.job_id else None
     if job is not None and job.active:
         with contextlib.suppress(CloudtrainError):  # a job that ended: collect and release
-            job = jobs.refresh(c.store, c.settings, job)
+            job = watch.refresh(c.store, c.settings, job)
     if job is not None and (job.active or any(i.state != "terminated"
                                               for i in c.store.instances(job.id))):
         with contextlib.suppress(CloudtrainError):  # the terminate step says what is left
-            jobs.cancel(c.store, c.settings, (job.id,), False)  # as `down` stops it
+            stop.cancel(c.store, c.settings, (job.id,), False)  # as `down` stops it
     if job is not None and c.store.instances(job.id):
         with contextlib.suppress(_Stopped), steps.step("terminate") as s:
             s.detail = _terminated(c, job)
@@ -700,7 +701,7 @@ def _bill(c: _Check, job, report: Report) -> tuple[str, dict]:
         return "$0: nothing was launched", {"usd": 0.0}
     c.provider.record_ends(c.store, c.store.job(job.id))
     _price(c, report.price_per_hour)
-    jobs.settle_cost(c.store, c.store.job(job.id))
+    collect.settle_cost(c.store, c.store.job(job.id))
     parts, rows = [], []
     total = 0.0
     now = time.time()

@@ -3,7 +3,7 @@
     count(job)                  the nodes a job spans (1 for most)
     records(job)                each node's record: how to reach it, its job directory, the
                                 address its peers use, its instance
-    host(job, i)                node i's host, one connection per node, kept for the process
+    jobdir(job, i)              node i's job directory (on its host, or here once collected)
     each(fn, n)                 fn(i) for every node at once, in threads; results in node
                                 order, the first failure raised naming its node
     rendezvous_script()         what one round trip on each node finds out: the network
@@ -18,22 +18,21 @@
                                 cancelled or interrupted ends the whole job
 
 Each node runs its own agent in its own tmux, from the same run.sh apart from its rank; the
-lifecycle (jobs.py) probes, stops, collects and releases all of them. Node 0's job directory
-is the job's (its metrics, checkpoints and log are the job's); node i's files come home to
+lifecycle (lifecycle/, over a group.NodeGroup, which also keeps the connections to the nodes)
+launches, probes, stops, collects and releases all of them. Node 0's job directory is the
+job's (its metrics, checkpoints and log are the job's); node i's files come home to
 `jobs/<id>/nodes/<i>/`.
 """
 
 from __future__ import annotations
 
 import shlex
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, TypeVar
 
 from . import config
 from .errors import CloudtrainError
-from .hosts import Host, close_quietly, from_description
 from .state import Job
 
 T = TypeVar("T")
@@ -44,10 +43,6 @@ MASTER_PORT = 29500  # torchrun's default; node 0 takes the first free port from
 # fate, then a failure (the node whose job failed first is the cause; the others' collective
 # calls fail after it), then a cancel.
 _WORST = ("preempted", "failed", "cancelled")
-
-# Hosts of the nodes > 0 this process has opened: (job id, node) -> Host.
-_open: dict[tuple[str, int], Host] = {}
-_lock = threading.Lock()
 
 
 def count(job_or_spec) -> int:
@@ -84,44 +79,6 @@ def jobdir(job: Job, node: int) -> str | None:
     if recs[node].get("collected"):
         return str(local_dir(job.id, node))
     return recs[node].get("jobdir")
-
-
-def host(job: Job, node: int) -> Host:
-    """Node i's host: node 0 is jobs.host_of(job); node i's connection is opened once and
-    kept (one SSH connection per node for the whole launch and every probe after it)."""
-    from . import jobs
-
-    if node == 0:
-        return jobs.host_of(job)
-    recs = records(job)
-    if node >= len(recs):
-        raise CloudtrainError(f"job {job.id} has no node {node} (it has {len(recs) or 1})")
-    if recs[node].get("collected"):
-        from .hosts import LocalHost
-
-        return LocalHost()
-    with _lock:
-        cached = _open.get((job.id, node))
-        if cached is not None:
-            return cached
-        made = from_description(recs[node])
-        _open[(job.id, node)] = made
-        return made
-
-
-def keep(job_id: str, node: int, h: Host) -> None:
-    """Remember a host the launch opened, so later steps reuse its connection."""
-    with _lock:
-        _open[(job_id, node)] = h
-
-
-def forget(job_id: str) -> None:
-    """Close and forget the job's node connections (the nodes are gone or collected)."""
-    with _lock:
-        mine = [k for k in _open if k[0] == job_id]
-        hosts = [_open.pop(k) for k in mine]
-    for h in hosts:
-        close_quietly(h)
 
 
 class NodeError(CloudtrainError):

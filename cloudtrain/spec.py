@@ -74,7 +74,7 @@ class JobSpec:
     staging: dict = field(default_factory=dict)
     disk_mbps: int | None = None  # the root volume's provisioned gp3 MB/s (None: its own 125)
     staging_allowance_s: float = 0.0  # added to max_runtime_s for the data copy (preflight)
-    # Spot recovery (recovery.py): on an interruption the job continues on a new instance
+    # Spot recovery (lifecycle/recovery.py): on an interruption the job continues on a new instance
     # from its last checkpoint, at most max_restarts times; `fallback` "on-demand" lets a
     # relaunch that finds no spot capacity anywhere take an on-demand instance.
     recover: bool = False
@@ -90,14 +90,15 @@ class JobSpec:
     store_owner: str | None = None
     # Job files (jobfile.py) and their flags: `setup` (shell, once per instance before the
     # job), the job's environment `envs`, the names of its `secrets` (their values never go
-    # in the spec: job_secrets.py), and `outputs` brought home after the job (paths relative
+    # in the spec: lifecycle/secrets.py), and `outputs` brought home after the job (paths relative
     # to the workdir for own code, to the job directory for recipes).
     setup: str | None = None
     envs: dict = field(default_factory=dict)
     secrets: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
-    # The secrets' values, in memory only: to_dict() leaves them out, jobs.launch hands them
-    # to job_secrets (a private file for relaunches) and to the host (read, then deleted).
+    # The secrets' values, in memory only: to_dict() leaves them out, lifecycle.launch hands
+    # them to lifecycle.secrets (a private file for relaunches) and to the host (read, then
+    # deleted).
     secret_values: dict = field(default_factory=dict, repr=False, compare=False)
     # U11: where the options given in a job file came from, {option: "job.yaml:7:
     # resources.disk_gb"} (jobfile.ORIGINS): checks name that instead of the flag, which
@@ -163,10 +164,10 @@ class JobSpec:
         return procs
 
     def relaunch_places(self, settings, home: str | None) -> list[tuple[str, str]]:
-        """(region, market) in the order a relaunch tries them (recovery.py): the home region,
-        then `regions:` from config.yaml (not for data on an EBS snapshot, which lives in one
-        region; an S3 source is reachable from any), spot first, then on-demand with
-        --fallback on-demand."""
+        """(region, market) in the order a relaunch tries them (lifecycle/recovery.py): the
+        home region, then `regions:` from config.yaml (not for data on an EBS snapshot, which
+        lives in one region; an S3 source is reachable from any), spot first, then on-demand
+        with --fallback on-demand."""
         regions = [home] if home else []
         if not any(d.get("kind") == "snapshot" for d in self.datasets or []):
             regions += [r.strip() for r in settings.regions.split(",")

@@ -9,7 +9,8 @@ import socket
 import subprocess
 import sys
 
-from cloudtrain import config, jobs, state
+from cloudtrain import config, state
+from cloudtrain.lifecycle import watch
 from conftest import REPO, wait_for_job_state
 
 
@@ -48,7 +49,7 @@ def test_F11_a_status_acting_on_an_old_snapshot_never_fails_a_job_that_moved_on(
         snapshot = store.job(job.id)  # what status listed
         store.set_state(job.id, state.SETTING_UP)
         store.set_state(job.id, state.RUNNING)  # the launcher finished, then exited
-        after = jobs._check_launcher(store, snapshot)
+        after = watch._check_launcher(store, snapshot)
         assert after.state == state.RUNNING
         assert store.job(job.id).state == state.RUNNING
         # The same check on a current snapshot does fail an abandoned launch.
@@ -56,7 +57,7 @@ def test_F11_a_status_acting_on_an_old_snapshot_never_fails_a_job_that_moved_on(
                                  backend="local", spec={},
                                  launcher=f"{socket.gethostname()}:{dead}")
         store.set_state(other.id, state.SYNCING)
-        assert jobs.refresh(store, settings, store.job(other.id)).state == state.FAILED
+        assert watch.refresh(store, settings, store.job(other.id)).state == state.FAILED
 
 
 def test_F13_sigterm_and_sighup_during_a_local_launch_cancel_it_cleanly(cli, ct_home,

@@ -10,7 +10,8 @@ from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models.instances import InstanceBackend
 
 from aws_lab import AWS_ENV, DLAMI_PARAMETER
-from cloudtrain import jobs, recovery, state
+from cloudtrain import state
+from cloudtrain.lifecycle import attempts, launch, recovery, watch
 from cloudtrain.config import Settings
 from cloudtrain.spec import JobSpec
 from cloudtrain.state import open_store
@@ -60,7 +61,7 @@ def _recovering_job(store) -> state.Job:
                            backend="aws", spec=spec.to_dict())
     store.add_attempt(job.id, 1, region=HOME, zone=f"{HOME}a", market="spot",
                       instance_type="g5.xlarge")
-    store.update_attempt(job.id, 1, ended_at=1.0, outcome=recovery.INTERRUPTED)
+    store.update_attempt(job.id, 1, ended_at=1.0, outcome=attempts.INTERRUPTED)
     store.set_state(job.id, state.RECOVERING, reason="spot interruption")
     return store.job(job.id)
 
@@ -78,7 +79,7 @@ def killed_while_waiting(monkeypatch, no_capacity: set) -> list[str]:
         waited.append(instance_id)
         raise Killed()
 
-    original_abort = jobs._abort_launch
+    original_abort = launch.abort_launch
 
     def no_cleanup(store_, settings_, provider, job_, host, exc):
         if isinstance(exc, Killed):
@@ -95,7 +96,7 @@ def killed_while_waiting(monkeypatch, no_capacity: set) -> list[str]:
 
     monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
     monkeypatch.setattr(AWSProvider, "_wait_running", wait_then_die)
-    monkeypatch.setattr(jobs, "_abort_launch", no_cleanup)
+    monkeypatch.setattr(launch, "abort_launch", no_cleanup)
     return waited
 
 
@@ -126,7 +127,7 @@ def test_F30_a_supervisor_killed_mid_relaunch_elsewhere_leaves_one_instance(
     (first,) = _live(two_regions, job.id)
     assert first[0] == OTHER and first[2] == "2" and waited == [first[1]]
     # the next command finds the supervisor gone; capacity is back at home
-    assert recovery.launcher_died(store, store.job(job.id)).state == state.RECOVERING
+    assert watch.launcher_died(store, store.job(job.id)).state == state.RECOVERING
     no_capacity.clear()
     # and an earlier supervisor had got an instance of the same attempt at home, unrecorded
     (stray,) = two_regions[HOME].run_instances(

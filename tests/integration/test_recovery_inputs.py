@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cloudtrain import recovery
+from cloudtrain.lifecycle import attempts, recovery
 from cloudtrain.config import Settings
 from cloudtrain.spec import JobSpec
 from cloudtrain.state import Attempt
@@ -143,10 +143,10 @@ def test_F13_redone_steps_and_their_price_per_attempt(ct_home):
     store.update_attempt(job.id, 1, ended_at=1700.0, outcome="interrupted", last_step=600)
     store.update_attempt(job.id, 2, resumed_step=500, last_step=1200, ended_at=2500.0,
                          outcome="succeeded")
-    rows = recovery.summary(store, store.job(job.id))
+    rows = attempts.summary(store, store.job(job.id))
     assert [r["redone_steps"] for r in rows] == [100, None]
     assert rows[0]["redone_usd"] == pytest.approx(100 * 1.0 * 3.6 / 3600)
-    totals = recovery.recovery_cost(rows)
+    totals = attempts.recovery_cost(rows)
     assert totals == {"attempts": 2, "interruptions": 1, "redone_steps": 100,
                       "redone_usd": round(100 * 3.6 / 3600, 4)}
     assert json.dumps(rows)  # what `status --json` prints

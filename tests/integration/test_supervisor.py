@@ -74,7 +74,8 @@ def test_F31_expired_credentials_pause_recovery_and_say_so(ct_home, monkeypatch)
     from moto import mock_aws
 
     from aws_lab import AWS_ENV
-    from cloudtrain import state, supervisor
+    from cloudtrain import state
+    from cloudtrain.lifecycle import recovery, supervisor
     from cloudtrain.config import Settings
     from cloudtrain.state import open_store
     from test_recovery import _recovering_job
@@ -95,8 +96,8 @@ def test_F31_expired_credentials_pause_recovery_and_say_so(ct_home, monkeypatch)
     with mock_aws():
         store = open_store(ct_home)
         job = _recovering_job(store)
-        with pytest.raises(supervisor._Stop):
-            supervisor._round(store, Settings.load(), job, {}, supervisor.FROM_ENVIRONMENT)
+        with pytest.raises(supervisor.Stop):
+            recovery.round_(store, Settings.load(), job, {}, supervisor.FROM_ENVIRONMENT)
         job = store.job(job.id)
         assert job.state == state.RECOVERING
         assert job.reason.startswith("recovery paused: the credentials it was started with "

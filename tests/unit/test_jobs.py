@@ -1,8 +1,8 @@
-"""jobs.py: the launch's warnings about what a workdir sends (audit F6, F27)."""
+"""lifecycle/plan.py: the launch's warnings about what a workdir sends (audit F6, F27)."""
 
 from __future__ import annotations
 
-from cloudtrain.jobs import workdir_warning
+from cloudtrain.lifecycle.plan import workdir_warning
 
 
 def _tree(root, files):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from cloudtrain import nodes
 from cloudtrain.errors import CloudtrainError, UsageError
-from cloudtrain.jobs import run_script
+from cloudtrain.lifecycle.scripts import run_script
 from cloudtrain.spec import JobSpec
 
 

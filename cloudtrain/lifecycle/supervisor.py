@@ -1,20 +1,24 @@
-"""The recovery supervisor: the process that relaunches interrupted spot jobs, whether or
-not anyone is watching.
+"""Stage: recovery's process, the one that relaunches interrupted spot jobs whether or not
+anyone is watching. This module is the process itself (is it running, start it, stop it, its
+loop); what a round does (refresh a job, relaunch it) is recovery.round_, handed to run().
+It calls nothing else of the lifecycle, so that any stage may start it (ensure) and every
+`cloudtrain` command may check it cheaply (watchdog).
 
-    state(home)              is it running (pid, since, last heartbeat), and what it watches
+    state_of(home)           is it running (pid, since, last heartbeat), and what it watches
     needed(store)            whether any job needs it (an active job launched to recover)
     ensure(store, settings)  start it if it is needed and not running; a line to say, or None
-    start(settings)          start it: detached, in its own tmux session on this machine
+    start(home)              start it: detached, in its own tmux session on this machine
     stop(home)               stop it (SIGTERM; it finishes the step it is in)
-    run(home)                the loop itself (`cloudtrain supervisor run`, inside tmux)
+    run(home, handover, round_)  the loop itself (`cloudtrain supervisor run`, inside tmux,
+                             through recovery.supervise)
 
 One per CLOUDTRAIN_HOME: the running one holds an exclusive lock on `supervisor.lock` (the
 kernel drops it when the process dies, however it dies), so "is it running" is "is the lock
 held", with no stale pid files to believe. It keeps no state of its own: each round it reads
-the store (the jobs, their attempts) and acts through jobs.refresh (which notices an
-interruption) and recovery.relaunch (which starts the next attempt; the attempt's instance is
-tagged with its number, so a supervisor killed half-way finds it again). Any `cloudtrain`
-command restarts a dead supervisor while recovering jobs exist (cli.py calls ensure).
+the store (the jobs, their attempts) and acts through recovery.round_ (watch.refresh notices an
+interruption, recovery.relaunch starts the next attempt; the attempt's instance is tagged with
+its number, so a supervisor killed half-way finds it again). Any `cloudtrain` command restarts
+a dead supervisor while recovering jobs exist (cli.py calls watchdog).
 
 It runs in tmux so that closing the terminal it was started from does not stop it, and so
 that `tmux -L <socket> attach -t <session>` shows what it is doing. It leaves when no job
@@ -33,9 +37,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
-from . import config, state
-from .errors import CloudtrainError, CredentialsError, MissingDependency
+from .. import config, state
+from ..errors import CloudtrainError, MissingDependency
 
 LOCK = "supervisor.lock"
 INFO = "supervisor.json"  # pid, started_at, heartbeat_at, watching: for `status`
@@ -143,7 +148,7 @@ def start(home: Path | None = None) -> int | None:
     deletes at once; nothing of it stays on disk (F31)."""
     import secrets
 
-    from .hosts import default_tmux_socket
+    from ..hosts import default_tmux_socket
 
     home = Path(home or config.home())
     socket = default_tmux_socket()
@@ -164,7 +169,7 @@ def start(home: Path | None = None) -> int | None:
 def _start_in_tmux(home: Path, socket: str, handover: Path) -> int | None:
     # The same cloudtrain as this command's (a source checkout's too): the tmux server's
     # environment may name another, or none.
-    package_root = str(Path(__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join([package_root] + [p for p in os.environ.get(
         "PYTHONPATH", "").split(os.pathsep) if p and p != package_root])
     command = shlex.join(["env", f"PYTHONPATH={path}", sys.executable, "-m", "cloudtrain",
@@ -230,15 +235,20 @@ def stop(home: Path | None = None, wait_s: float = 30.0) -> bool:
 # -- the loop -------------------------------------------------------------------------------
 
 
-class _Stop(Exception):
-    """Leave now (the cloud refused the credentials)."""
+class Stop(Exception):
+    """Leave now (the cloud refused the credentials): raised by a round."""
 
 
-def run(home: Path | None = None, handover: Path | None = None) -> int:
-    """The supervisor itself, with the environment start() handed over. Exits 0 at once if
-    another holds the lock. AWS credentials that were only in that environment live in this
-    process's memory and nowhere else: when they expire, it says so (on the jobs it watches
-    and in its log) and leaves; the next command run with valid ones restarts it."""
+# One look at one job: (store, settings, job, next_try, credentials) -> None (recovery.round_).
+Round = Callable[[state.Store, config.Settings, state.Job, dict, str], None]
+
+
+def run(home: Path | None, handover: Path | None, round_: Round) -> int:
+    """The supervisor itself, with the environment start() handed over, doing `round_` on
+    each watched job. Exits 0 at once if another holds the lock. AWS credentials that were
+    only in that environment live in this process's memory and nowhere else: when they
+    expire, it says so (on the jobs it watches and in its log) and leaves; the next command
+    run with valid ones restarts it."""
     env = _take(handover)
     home = Path(home or config.home())
     home.mkdir(parents=True, exist_ok=True)
@@ -262,16 +272,16 @@ def run(home: Path | None = None, handover: Path | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_term)
     started = time.time()
-    _say(f"supervisor {os.getpid()} watching {home}")
+    say(f"supervisor {os.getpid()} watching {home}")
     try:
         # A config.yaml mistake made while it runs must not end the recovery: said in its
         # log (once), that setting at its default (U7).
-        with config.tolerating(_say):
-            _loop(home, started, stopping, credentials)
-    except _Stop:
+        with config.tolerating(say):
+            _loop(home, started, stopping, credentials, round_)
+    except Stop:
         pass
     finally:
-        _say(f"supervisor {os.getpid()} leaves")
+        say(f"supervisor {os.getpid()} leaves")
         try:
             (home / INFO).unlink()
         except OSError:
@@ -280,7 +290,7 @@ def run(home: Path | None = None, handover: Path | None = None) -> int:
     return 0
 
 
-def _loop(home: Path, started: float, stopping: dict, credentials: str) -> None:
+def _loop(home: Path, started: float, stopping: dict, credentials: str, round_: Round) -> None:
     """Rounds over the watched jobs until stopped, or idle for IDLE_EXIT_S."""
     idle_since = None
     next_try: dict[str, float] = {}
@@ -294,7 +304,7 @@ def _loop(home: Path, started: float, stopping: dict, credentials: str) -> None:
             for job in jobs_now:
                 if stopping["flag"]:
                     break
-                _round(store, settings, job, next_try, credentials)
+                round_(store, settings, job, next_try, credentials)
         if jobs_now:
             idle_since = None
         elif idle_since is None:
@@ -304,48 +314,8 @@ def _loop(home: Path, started: float, stopping: dict, credentials: str) -> None:
         _sleep(settings.supervisor_poll_seconds, stopping)
 
 
-def _round(store: state.Store, settings: config.Settings, job: state.Job,
-           next_try: dict[str, float], credentials: str = FROM_CHAIN) -> None:
-    """One look at one job: refresh a running one (an interruption shows up here), relaunch a
-    recovering one when it is due. One job's trouble never stops the others, except
-    credentials the cloud refuses: said on every job it watches, and it leaves (_Stop)."""
-    from . import jobs, recovery
-
-    try:
-        job = jobs.refresh(store, settings, job)
-        if job.state != state.RECOVERING or time.time() < next_try.get(job.id, 0.0):
-            return
-        _say(f"job {job.id}: relaunching ({job.reason})")
-        job = recovery.relaunch(store, settings, job, say=_say)
-        if job.state == state.RECOVERING:  # nowhere to go yet: ask again later
-            next_try[job.id] = time.time() + settings.recovery_retry_seconds
-            _say(f"job {job.id}: {job.reason}; next try in "
-                 f"{settings.recovery_retry_seconds:g} s")
-        else:
-            next_try.pop(job.id, None)
-            _say(f"job {job.id}: {job.state}")
-    except CredentialsError as exc:
-        what = ("the credentials it was started with (from the environment) were refused, "
-                "expired perhaps" if credentials == FROM_ENVIRONMENT else
-                "the AWS chain's credentials were refused, expired perhaps")
-        note = (f"recovery paused: {what}: {exc.message}; any cloudtrain command run with "
-                "valid AWS credentials restarts the supervisor")
-        for watched_job in watched(store):
-            store.update_job(watched_job.id, reason=note)
-            store.add_event(watched_job.id, "supervisor", detail=note)
-        _say(note)
-        raise _Stop() from exc
-    except CloudtrainError as exc:
-        _say(f"job {job.id}: {exc.message}")
-    except Exception as exc:  # a bug must not end recovery for every job
-        import traceback
-
-        _say(f"job {job.id}: internal error: {type(exc).__name__}: {exc}")
-        traceback.print_exc()
-
-
 def _write_info(home: Path, started: float, watching: int, credentials: str) -> None:
-    from .hosts import default_tmux_socket
+    from ..hosts import default_tmux_socket
 
     config.write_private(home / INFO, json.dumps({
         "pid": os.getpid(), "started_at": started, "heartbeat_at": time.time(),
@@ -359,5 +329,6 @@ def _sleep(seconds: float, stopping: dict) -> None:
         time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
+    """A line of the supervisor's log (its stdout, in supervisor.log)."""
     print(time.strftime("%Y-%m-%d %H:%M:%S ") + line, flush=True)

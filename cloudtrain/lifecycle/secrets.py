@@ -1,12 +1,14 @@
-"""A job's secrets (`--secret KEY`, job file `secrets:`): in its environment, in no file
-cloudtrain keeps about it.
+"""Stage: none of its own; a job's secrets (`--secret KEY`, job file `secrets:`), which
+launch sends to the hosts and keeps for relaunches, and collect (or an aborted launch)
+drops: in the job's environment, in no file cloudtrain keeps about it. It calls config only
+(the bottom of the lifecycle package).
 
 The spec, job.json, state.db and the logs hold the names only. The values travel twice:
 - to the host, as a private file beside run.sh that run.sh reads and deletes before anything
   else runs (HOST_FILE; each node of a job on several machines gets its own);
 - to a private file on this machine ($CLOUDTRAIN_HOME/secrets/<job id>.json, mode 0600,
   outside the job's directory), kept only while the job may be relaunched (spot recovery)
-  and deleted when the job ends (jobs._finish) or its record is removed.
+  and deleted when the job ends (collect.finish) or its record is removed.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from . import config
+from .. import config
 
 HOST_FILE = ".secrets.env"
 

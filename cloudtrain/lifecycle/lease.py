@@ -1,5 +1,6 @@
-"""While a job is being launched: the lease that says its launcher is alive, and the signals
-that must end a launch the way Ctrl-C does.
+"""Stage: while a job is being launched (or relaunched): the lease that says its launcher is
+alive, and the signals that must end a launch the way Ctrl-C does. It calls nothing of the
+lifecycle; state only (the bottom of the package).
 
 A launch creates things that bill (an instance) before it has a host to hand the job to, so
 two questions need answers that do not depend on which machine asks:
@@ -45,7 +46,7 @@ def _in_main_thread() -> bool:
 def renewing(db_path: Path, job_id: str):
     """Hold the job's launch lease for the duration of the block (renewed from a thread with
     its own database connection; SQLite connections are not shared between threads)."""
-    from .state import Store
+    from ..state import Store
 
     stop = threading.Event()
     with Store(db_path) as store:

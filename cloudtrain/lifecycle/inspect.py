@@ -1,0 +1,277 @@
+"""Stage: inspect, what the commands that read a job show: its timeline and detail
+(`status JOB`), its log (`logs`, `logs --follow`), its metrics file (`plot`), and the command
+lines `attach` and `ssh` run. Every one refreshes the job first and answers from its current
+state. It may call stop (whether an ended job still holds its instance), watch, collect,
+group and attempts.
+
+    timeline(store, job)                  the job's phases, from its events
+    detail(store, settings, ref)          what `status JOB` shows
+    read_log / tail_log / follow          the job's output (a node's with `node`)
+    for_logs(store, settings, ref)        the job whose output `logs` prints
+    attach_argv / ssh_argv                tmux's and ssh's command lines to the job
+    metrics_file(job) / recipe_target(job)  for `plot`
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .. import config, state
+from ..errors import CloudtrainError, HostError, UsageError
+from ..hosts import Host, LocalHost
+from ..nodes import jobdir as node_jobdir
+from ..nodes import records
+from ..state import Job, Store
+from . import attempts, group
+from .collect import read_record
+from .stop import holds_instance
+from .watch import refresh
+
+FOLLOW_POLL_S = 0.2
+REFRESH_EVERY_S = 1.0
+
+
+@dataclass
+class Phase:
+    name: str
+    start: float
+    duration: float | None  # None: still in this phase
+    detail: str | None = None
+
+
+def timeline(store: Store, job: Job) -> list[Phase]:
+    events = store.events(job.id)
+    phases = []
+    for i, ev in enumerate(events):
+        if ev.phase in state.TERMINAL_STATES:
+            phases.append(Phase(ev.phase, ev.at, 0.0, ev.detail))
+            continue
+        end = events[i + 1].at if i + 1 < len(events) else None
+        phases.append(Phase(ev.phase, ev.at, None if end is None else max(end - ev.at, 0.0),
+                            ev.detail))
+    return phases
+
+
+@dataclass
+class Detail:
+    job: Job
+    phases: list[Phase]
+    log_tail: bytes  # the last lines of output
+    target: dict | None  # the recipe's target_reached row, if it was reached
+    runs: dict | None = None  # the recipe's runs_summary row (`--set runs=N`), once written
+    attempts: list | None = None  # a recovering job's attempts (attempts.summary)
+    recovery: dict | None = None  # what its interruptions cost (attempts.recovery_cost)
+    trend: str | None = None  # a sparkline of its accuracy by epoch (curves.accuracy_trend)
+    startup: dict | None = None  # the recipe's {"event": "startup"} row: before the 1st step
+
+
+def detail(store: Store, settings: config.Settings, ref: str, tail_lines: int = 10) -> Detail:
+    job = refresh(store, settings, store.find_job(ref))
+    probe, log_tail = {}, b""
+    if job.jobdir:
+        host = group.host_of(job)
+        try:
+            probe = read_record(job, settings.stale_after_seconds)
+            log_tail, _ = host.tail(f"{job.jobdir}/output.log", tail_lines)
+        except HostError as exc:  # the instance is gone and its files were not collected
+            log_tail = f"(output not available: {exc.message})\n".encode()
+    rows = attempts.summary(store, job)
+    return Detail(job, timeline(store, job), log_tail, probe.get("target"), probe.get("runs"),
+                  rows, attempts.recovery_cost(rows) if rows else None,
+                  *_from_metrics(job))
+
+
+def _from_metrics(job: Job) -> tuple[str | None, dict | None]:
+    """`status JOB`'s accuracy sparkline (None without accuracy rows) and the job's last
+    startup breakdown (None when it wrote none)."""
+    from .. import curves
+
+    rows, events = curves.read_rows(metrics_file(job))
+    trend = curves.accuracy_trend(rows, metric=recipe_target(job)[1]) if rows else None
+    startup = [e for e in events if e.get("event") == "startup"]
+    return trend, (startup[-1] if startup else None)
+
+
+def metrics_file(job: Job) -> Path:
+    """The job's metrics.jsonl on this machine: its own (a job here, or one whose files came
+    home), else a fresh copy of the instance's (at most curves.MAX_BYTES) in jobs/<id>/;
+    where the instance cannot be read, the copy from before, if any."""
+    from ..curves import MAX_BYTES
+
+    local = config.home() / "jobs" / job.id / "metrics.jsonl"
+    if not job.jobdir:
+        return local
+    host = group.host_of(job)
+    if isinstance(host, LocalHost):
+        return Path(job.jobdir) / "metrics.jsonl"
+    if not job.active and local.exists():  # it writes no more: the copy is whole
+        return local
+    try:
+        data = host.read(f"{job.jobdir}/metrics.jsonl", 0, MAX_BYTES)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        config.write_private(local, data)
+    except (HostError, OSError):  # the instance is gone, or this disk refuses the copy
+        pass
+    return local
+
+
+def recipe_target(job: Job) -> tuple[float | None, str | None]:
+    """The recipe's target (its accuracy, a fraction as metrics.jsonl writes it, and its
+    metric), or (None, None)."""
+    if not job.recipe:
+        return None, None
+    from .. import recipes
+
+    try:
+        target = recipes.load(job.recipe).target or {}
+    except CloudtrainError:  # the recipe is gone or changed
+        return None, None
+    return target.get("value"), target.get("metric")
+
+
+def _log_of(job: Job, node: int) -> tuple[Host | None, str | None]:
+    """(host, output.log path) of the job's node `node` (0: the job's own log)."""
+    _check_node(job, node)
+    where = node_jobdir(job, node) if node else job.jobdir
+    if not where:
+        return None, None
+    return group.node_host(job, node), f"{where}/output.log"
+
+
+def read_log(job: Job, offset: int = 0, node: int = 0) -> bytes:
+    host, path = _log_of(job, node)
+    return host.read(path, offset) if host is not None else b""
+
+
+def tail_log(job: Job, lines: int, node: int = 0) -> tuple[bytes, int]:
+    """The last `lines` lines of the job's output (of node `node`) and the offset where the
+    file ended."""
+    host, path = _log_of(job, node)
+    return host.tail(path, lines) if host is not None else (b"", 0)
+
+
+def follow(store: Store, settings: config.Settings, job: Job, offset: int = 0,
+           node: int = 0) -> Iterator[bytes]:
+    """Yield the job's output (node `node`'s) as it is written, until the job has ended and
+    all is read."""
+    host, where = None, None
+    next_refresh = 0.0
+    while True:
+        job = store.job(job.id)
+        current, path = _log_of(job, node)
+        if path != where:  # its files were brought home: read them there from now on
+            host, where = None, path
+        if path and host is None:
+            host = current
+        if host is not None:
+            try:
+                chunk = host.read(path, offset)
+            except (HostError, OSError):
+                # The connection dropped (often: the instance powered off as the job ended).
+                # Forget it; the refresh below finds the job's end and where its files are now.
+                group.forget(job.id)
+                if node:
+                    group.forget_nodes(job.id)
+                host, chunk, next_refresh = None, b"", 0.0
+            if chunk:
+                offset += len(chunk)
+                yield chunk
+                continue
+        if not job.active:
+            return
+        if time.monotonic() >= next_refresh:
+            job = refresh(store, settings, job)
+            next_refresh = time.monotonic() + REFRESH_EVERY_S
+            if not job.active:
+                continue  # read what the job wrote last, then stop
+        time.sleep(FOLLOW_POLL_S)
+
+
+def for_logs(store: Store, settings: config.Settings, ref: str) -> Job:
+    """The job whose output `logs` prints, refreshed (a job whose instance is gone is then
+    read from where its files went). One that never started has no output: why (D9)."""
+    job = refresh(store, settings, store.find_job(ref))
+    if not job.active and not _ran(store, job):
+        raise CloudtrainError(f"job {job.id} never started: {_why(job)}",
+                              hint=f"cloudtrain status {job.id}")
+    return job
+
+
+def _ran(store: Store, job: Job) -> bool:
+    """Whether the job got as far as running (or staging data for) its command."""
+    return bool(job.jobdir) and any(e.phase in (state.RUNNING, state.STAGING)
+                                    for e in store.events(job.id))
+
+
+def _why(job: Job) -> str:
+    return job.reason or job.state
+
+
+def _ended(job: Job) -> str:
+    return f"job {job.id} has ended ({job.state}" + (f": {job.reason}" if job.reason else "") + ")"
+
+
+def _on_its_host(store: Store, settings: config.Settings, job: Job, action: str) -> Job:
+    """The job, refreshed, if it is where `attach`/`ssh` can reach it; else the reason why
+    not (D8, D13): it never started, it has ended, or it has no host yet."""
+    job = refresh(store, settings, job)
+    if not job.active and not _ran(store, job):
+        if job.backend != "local":
+            raise UsageError(f"job {job.id} has no instance ({_why(job)})",
+                             hint=f"cloudtrain status {job.id}")
+        raise UsageError(f"job {job.id} never started: {_why(job)}",
+                         hint=f"cloudtrain status {job.id}")
+    if not job.active and not (action == "ssh" and holds_instance(store, job)):
+        raise UsageError(_ended(job), hint=f"cloudtrain logs {job.id}")
+    if job.active and job.state not in (state.RUNNING, state.STAGING):
+        raise UsageError(f"job {job.id} is {job.state}: nothing to {action} to yet",
+                         hint=f"cloudtrain logs {job.id} --follow (it waits for the start)")
+    return job
+
+
+def _check_node(job: Job, node: int) -> None:
+    """`--node N` names one of the job's nodes."""
+    if node and node >= len(records(job)):
+        raise UsageError(f"--node {node}: job {job.id} runs on "
+                         f"{len(records(job)) or 1} node(s), numbered from 0")
+
+
+def _node_host(job: Job, node: int) -> Host:
+    _check_node(job, node)
+    return group.node_host(job, node)
+
+
+def attach_argv(store: Store, settings: config.Settings, job: Job,
+                terminal: bool = True, node: int = 0) -> list[str]:
+    """tmux's command line that attaches to the job's session (on node `node`). `terminal`:
+    whether this process has one (tmux needs it: "open terminal failed: not a terminal",
+    D40)."""
+    job = _on_its_host(store, settings, job, "attach")
+    if not terminal:
+        raise UsageError(f"attach needs a terminal; use cloudtrain logs {job.id} -f")
+    host = _node_host(job, node)
+    if not host.session_alive(job.id):
+        raise UsageError(f"job {job.id} has no tmux session any more",
+                         hint=f"cloudtrain status {job.id}")
+    return host.attach_argv(job.id)
+
+
+def ssh_argv(store: Store, settings: config.Settings, job: Job, node: int = 0,
+             command: tuple[str, ...] = (), tty: bool = True) -> list[str]:
+    """The ssh line to a job's instance: a shell, or `command` run there (one word: shell
+    code as written; several: each word quoted, as `launch -- CMD` treats them)."""
+    job = _on_its_host(store, settings, job, "ssh")
+    host = _node_host(job, node)
+    if job.backend == "local" and isinstance(host, LocalHost):
+        raise UsageError(f"job {job.id} runs on this machine: use cloudtrain attach {job.id}",
+                         hint=f"cloudtrain logs {job.id}")
+    if isinstance(host, LocalHost):  # its files were brought home: the instance is gone
+        raise UsageError(_ended(job) + " and its instance is gone",
+                         hint=f"cloudtrain logs {job.id}")
+    if not command:
+        return host.ssh_argv()
+    return host.ssh_argv(command[0] if len(command) == 1 else shlex.join(command), tty=tty)

@@ -1,0 +1,215 @@
+"""Stage: plan, before anything is created or billed: what `launch --dry-run` shows, what
+a launch says and asks first (the question, the estimate), and the checks of the name, the
+workdir and the sources a launch makes before it records anything. It may call sources
+(and through them watch).
+
+    plan(spec, store, settings)       the dry run's rows
+    question(spec, warn)              the price to confirm, or why a run would not finish
+    expected(spec, store)             the estimate of a cloud recipe job, kept with its spec
+    check_name(store, spec)           the finished job whose name this launch takes, if any
+    name_note(spec, taken, launched)  what is said of that
+    read_datasets(spec, settings)     what the job's datasets hold (a missing one stops here)
+    workdir_warning / credentials_sent / warn_about_workdir  what a workdir would send
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from .. import config, datasets, progress, providers
+from ..errors import CloudtrainError, UsageError
+from ..gitignore import survey
+from ..hosts import measure
+from ..spec import JobSpec
+from ..state import Job, Store
+from .sources import kept_source, resume_source
+
+
+def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | None = None
+         ) -> list[tuple[str, str]]:
+    """What `launch` would do for this spec (`--dry-run`): nothing is created or billed. The
+    datasets are read (with the user's credentials) for their sizes; one that cannot be read
+    is said, as the launch would stop on it."""
+    data_rows = []
+    if spec.datasets:
+        try:
+            settings = settings or config.Settings.load()
+            found = read_datasets(spec, settings)
+            data_rows = [("data", datasets.staging_line(spec))] + [
+                ("note", note) for note in datasets.notes(spec, settings, found)]
+        except CloudtrainError as exc:
+            data_rows = [("data", f"cannot be read, the launch would stop: {exc.message}")]
+    renamed = None
+    if store is not None:  # D18, D29: the checks the launch makes on the name, --on, --resume-from
+        renamed = check_name(store, spec)
+        kept_source(store, spec)
+        resume_source(store, settings or config.Settings.load(), spec)
+    rows = [("job", spec.display()), *_given_rows(spec),
+            *providers.get(spec.backend).plan(spec), *data_rows]
+    if renamed is not None:  # U4: the name row says whose name it takes
+        rows = [("name", name_note(spec, renamed, launched=False)) if key == "name" else
+                (key, value) for key, value in rows]
+    row = expected(spec, store)
+    if row is not None:
+        from ..render import estimate_line
+
+        rows.append(("estimate", estimate_line(row, spec.market)[len("estimate: "):]))
+    return rows
+
+
+def _given_rows(spec: JobSpec) -> list[tuple[str, str]]:
+    """U12: what the job takes besides its command, as the plan's rows: its name, the
+    workdir's files (and those held back), setup's first line, the names of its envs and
+    secrets (never a secret's value), its outputs; warnings on what the workdir sends."""
+    rows = [("name", spec.name)] if spec.name else []
+    if spec.workdir:
+        found = survey(Path(spec.workdir), tuple(spec.include))
+        count, size = measure(Path(spec.workdir), files=found.files)
+        rows.append(("workdir", f"{spec.workdir}: {count} file{'' if count == 1 else 's'}, "
+                                f"{progress.megabytes(size)} to sync"
+                     + (f"; {_held_back(found.held_back)}" if found.held_back else "")))
+        for line in (workdir_warning(Path(spec.workdir), tuple(spec.include)),
+                     credentials_sent(spec)):
+            if line:
+                rows.append(("WARNING", line.removeprefix("WARNING: ")))
+    if spec.setup:
+        lines = [line.strip() for line in spec.setup.splitlines() if line.strip()]
+        more = len(lines) - 1
+        rows.append(("setup", lines[0] + (f" (and {more} more line{'' if more == 1 else 's'})"
+                                           if more else "")))
+    for key, names in (("env", sorted(spec.envs)), ("secrets", spec.secrets),
+                       ("outputs", spec.outputs)):
+        if names:
+            rows.append((key, ", ".join(names)))
+    return rows
+
+
+def question(spec: JobSpec, warn: Callable[[str], None] | None = None
+             ) -> providers.Question | None:
+    """What `launch` says and asks before it goes on: the price of the paid resources it
+    creates, or why a run here would not finish (a GPU recipe on a machine without a GPU).
+    `warn`: the plan's warnings are said through it at once (and left out of the question),
+    before the check that there are credentials to launch with (U5: before anything is asked
+    or recorded; a warning is neither)."""
+    provider = providers.get(spec.backend)
+    provider.preflight(spec)  # what cannot work is refused before anything is asked
+    asked = provider.question(spec)
+    if asked is not None and warn is not None:
+        for line in asked.warnings:
+            warn(line)
+        asked.warnings = []
+    provider.ready(spec)  # U5: nor is a launch asked about that cannot start (no credentials)
+    return asked
+
+
+def expected(spec: JobSpec, store: Store | None = None):
+    """The estimate (time and cost) of a cloud recipe job on its instance type, from the
+    recipe's published result (estimate.py); None where there is no basis for one."""
+    if spec.backend != "aws" or spec.on_job:
+        return None
+    from .. import estimate
+
+    try:
+        region = providers.get(spec.backend).region(spec)
+    except CloudtrainError:
+        return None
+    row = estimate.for_spec(spec, region, store)
+    if row is not None:  # kept with the job, so `status JOB` can set it against the bill
+        spec.expected = {"train_s": row.train_s, "total_s": row.total_s, "market": spec.market,
+                         "usd": row.spot if spec.market == "spot" else row.on_demand,
+                         "basis": row.scaling}
+    return row
+
+
+def check_name(store: Store, spec: JobSpec) -> Job | None:
+    """A name refers to one job (D18), the newest of that name (U4): a name held by a job
+    that has not finished is refused (`down NAME` would not know which); one held by a
+    finished job moves to the new launch, so a job file with `name:` runs again and again.
+    Returns the finished job that gives up the name, if any."""
+    if not spec.name:
+        return None
+    taken = store.job_named(spec.name)
+    if taken is None:
+        return None
+    if taken.active:
+        raise UsageError(f"--name {spec.name}: job {taken.id} ({taken.state}) has that name "
+                         f"and has not finished",
+                         hint=f"stop it first (cloudtrain down {spec.name}), or give another "
+                              f"name, e.g. --name {spec.name}-2")
+    return taken
+
+
+def name_note(spec: JobSpec, taken: Job | None, launched: bool) -> str | None:
+    """What a launch says of a name it takes over from a finished job (U4)."""
+    if taken is None:
+        return None
+    if launched:
+        return (f"the name {spec.name} moves from job {taken.id} ({taken.state}) to this one; "
+                f"that job keeps its id")
+    return f"{spec.name} now names job {taken.id} ({taken.state}); this job takes the name"
+
+
+def read_datasets(spec: JobSpec, settings: config.Settings) -> list:
+    """Read what the job's datasets hold (datasets.preflight), before anything is created."""
+    return datasets.preflight(spec, settings, providers.get(spec.backend, settings))
+
+
+def warn_about_workdir(workdir: Path, include: tuple[str, ...],
+                       say: Callable[[str], None] | None) -> None:
+    """F6, F27: a workdir that is the home directory, holds it, or holds cloudtrain's own is
+    synced without the credential-looking files (gitignore.CREDENTIAL_PATTERNS) but is almost
+    surely a mistake: said with what is actually sent, what was held back, and what an
+    --include sent anyway. Of any other workdir, the credential-looking files held back."""
+    if say is None:
+        return
+    line = workdir_warning(workdir, include)
+    if line is None:  # any other workdir: what the sync leaves out, said (F27)
+        held = survey(workdir, include).held_back
+        line = f"{_held_back(held)} from the workdir (--include PATTERN sends one)" \
+            if held else None
+    if line:
+        say(line)
+
+
+def workdir_warning(workdir: Path, include: tuple[str, ...] = ()) -> str | None:
+    """The WARNING line for a workdir that is, or holds, the home directory or
+    $CLOUDTRAIN_HOME (None for any other)."""
+    where, home, state = Path(workdir).resolve(), Path.home().resolve(), config.home()
+    if where == home:
+        what = "is your home directory"
+    elif home.is_relative_to(where):
+        what = f"holds your home directory {home}"
+    elif state.is_relative_to(where):
+        what = f"holds cloudtrain's state {state}"
+    else:
+        return None
+    found = survey(where, include)
+    count, size = measure(where, files=found.files)
+    line = (f"WARNING: the workdir {where} {what}: {count} file{'' if count == 1 else 's'} "
+            f"({progress.megabytes(size)}) are sent to the host; "
+            f"{_held_back(found.held_back)}")
+    if found.included:
+        line += f"; sent anyway by --include: {', '.join(found.included)}"
+    return line
+
+
+def _held_back(files: list[str], shown: int = 5) -> str:
+    """`N credential-looking files held back (a, b, ... and M more)`."""
+    n = len(files)
+    if not n:
+        return "no credential-looking file found"
+    names = ", ".join(files[:shown]) + (f" and {n - shown} more" if n > shown else "")
+    return f"{n} credential-looking file{'' if n == 1 else 's'} held back ({names})"
+
+
+def credentials_sent(spec: JobSpec) -> str | None:
+    """F27: what `--include` sends that the sync would otherwise hold back, as the line the
+    launch asks (in a terminal, whatever -y says) or warns with: each file named."""
+    if not spec.workdir or not spec.include:
+        return None
+    sent = survey(Path(spec.workdir), tuple(spec.include)).included
+    if not sent:
+        return None
+    return (f"--include sends {len(sent)} credential-looking file{'' if len(sent) == 1 else 's'}"
+            f" to the host: {', '.join(sent)}")

@@ -1,0 +1,194 @@
+"""Stage: launch's files on the host, the ones a job's host runs and reads: run.sh (with
+the setup script, the secrets' file, the stager's and the restore's commands before the
+job's own), job.json (what the agent enforces, the job's environment) and the stager's plan.
+Only text and the host's verbs; it calls secrets, nothing else of the lifecycle.
+
+    run_script(spec, jobdir, ...)     run.sh
+    setup_lines(spec, jobdir, once)   run.sh's lines for the job file's `setup`
+    write_job_scripts(host, ..)       beside run.sh: setup.sh and the secrets' private file
+    job_settings(...)                 job.json
+    job_environment(...)              the job's CLOUDTRAIN_* environment
+    output_paths(spec)                the job's named outputs, relative to its directory
+    stage_plan(...)                   the stager's plan on the host, and its command
+    restore_argv(host, jobdir)        the command that fetches a relaunch's checkpoint
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+
+from ..host import agent as agent_module
+from .. import config, datasets
+from ..errors import UsageError
+from ..hosts import Host, LocalHost, agent_dir
+from ..nodes import torchrun_argv
+from ..spec import RECIPE, JobSpec
+from . import secrets
+
+SETUP_FILE = "setup.sh"
+RESTORE_PLAN = "restore.json"  # on the host: the checkpoint to fetch before the job starts
+
+
+def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
+               stage: list[str] | None = None, restore: list[str] | None = None,
+               node: dict | None = None, job_id: str = "", setup_once: bool = False) -> str:
+    """The job's run.sh: cd into place and exec the command (no shell quoting games in tmux).
+    A torchrun recipe on `procs` > 1 processes starts under torchrun, one process per GPU
+    (`--standalone`: a private rendezvous on a free local port); on several machines (`node`:
+    {nodes, rank, master, port}) every node starts torchrun with its rank and the rendezvous
+    at node 0 (nodes.torchrun_argv). `restore`: the command that brings the last checkpoint
+    from the job store (a relaunched spot job), and `stage`: the stager's, run first in that
+    order: the job starts only once both are complete. The job file's `setup` runs next
+    (setup_lines; `setup_once`: skipped where it already ran unchanged, a kept instance).
+    A job's secrets are read first, from a file that is then deleted (secrets.py)."""
+    # F1: nothing the user typed reaches this file outside shlex.quote; the one line that
+    # names the job is JSON (newlines and control characters escaped) inside a comment.
+    lines = ["#!/usr/bin/env bash", "set -e",
+             "# cloudtrain job: " + json.dumps(spec.display())]
+    if spec.secrets:
+        lines += secrets.run_lines(jobdir)
+    if restore:
+        lines.append(shlex.join(restore))
+    if stage:
+        lines.append(shlex.join(stage))
+    if spec.setup:
+        lines += setup_lines(spec, jobdir, setup_once)
+    if spec.kind == RECIPE:
+        from .. import recipes
+
+        rec = recipes.load(spec.recipe)
+        lines.append(f"cd {shlex.quote(jobdir)}")
+        starter = [python]
+        if node is not None and node["nodes"] > 1:
+            starter = torchrun_argv(python, node["nodes"], node["rank"], procs, node["master"],
+                                    node["port"], job_id or "cloudtrain")
+        elif procs > 1:
+            starter = [python, "-m", "torch.distributed.run", "--standalone",
+                       f"--nproc_per_node={procs}"]
+        lines.append("exec " + shlex.join([*starter, rec.entry_path(),
+                                           *rec.script_args(spec.args)]))
+    else:
+        lines.append(f"cd {shlex.quote(jobdir + '/work')}")
+        if len(spec.command) == 1:
+            lines.append(spec.command[0])  # one string: the user's shell code, as written
+        else:
+            lines.append("exec " + shlex.join(spec.command))
+    return "\n".join(lines) + "\n"
+
+
+def setup_lines(spec: JobSpec, jobdir: str, once: bool) -> list[str]:
+    """run.sh's lines for the job file's `setup` (in SETUP_FILE beside run.sh): run in the
+    job's working directory, its output in the job's log; a failure ends the job with the
+    setup's exit code and says so (agent.setup_failure). `once`: a marker named by the
+    script's sha256 beside the host's job directories skips it where it already ran
+    unchanged (a kept instance reused with --on); each fresh instance runs it."""
+    work = jobdir + "/work" if spec.kind != RECIPE or spec.workdir else jobdir
+    q = shlex.quote
+    marker = f"{jobdir.rsplit('/', 2)[0]}/setup-done/" + \
+        hashlib.sha256(spec.setup.encode()).hexdigest()[:32]
+    status = q(f"{jobdir}/{agent_module.SETUP_STATUS}")
+    run = [f"cd {q(work)}",
+           "echo 'cloudtrain: setup started'",
+           f"set +e; bash {q(jobdir + '/' + SETUP_FILE)}; _ct_rc=$?; set -e",
+           "if [ $_ct_rc -ne 0 ]; then printf '{\"state\": \"failed\", \"exit_code\": %d}\\n' "
+           f"$_ct_rc > {status}; "
+           "echo \"cloudtrain: setup failed (exit code $_ct_rc)\"; exit $_ct_rc; fi",
+           "echo 'cloudtrain: setup done'"]
+    if not once:
+        return run
+    return [f"if [ -e {q(marker)} ]; then echo 'cloudtrain: setup skipped: it ran unchanged "
+            "on this instance'; else",
+            *run, f"mkdir -p {q(marker.rsplit('/', 1)[0])} && touch {q(marker)}; fi"]
+
+
+def setup_once(host: Host) -> bool:
+    """Whether setup may be skipped where it already ran unchanged: on an instance (kept and
+    reused), not on this machine, where each job's setup runs (nothing here is "kept")."""
+    return not isinstance(host, LocalHost)
+
+
+def write_job_scripts(host: Host, jobdir: str, spec: JobSpec, job_id: str) -> None:
+    """Beside run.sh: the job file's setup script, and the secrets' private file (values
+    from the spec in memory, else, for a relaunch, from secrets.py's copy)."""
+    if spec.setup:
+        host.write_text(f"{jobdir}/{SETUP_FILE}", spec.setup)
+    if spec.secrets:
+        values = spec.secret_values or secrets.load(job_id)
+        missing = [k for k in spec.secrets if k not in values]
+        if missing:
+            raise UsageError(f"the value of secret {missing[0]} is gone (its job ended, or "
+                             "its copy in $CLOUDTRAIN_HOME/secrets/ was removed)",
+                             hint="launch the job again with the secret")
+        host.write_text(f"{jobdir}/{secrets.HOST_FILE}", secrets.host_script(
+            {k: values[k] for k in spec.secrets}), private=True)
+
+
+def output_paths(spec: JobSpec) -> list[str]:
+    """The job's named outputs relative to its directory on the host: own code's below its
+    working directory (work/), a recipe's below the job directory."""
+    base = "work/" if spec.kind != RECIPE or spec.workdir else ""
+    return [base + p for p in spec.outputs]
+
+
+def job_environment(job_id: str, data_dir: str, host: Host, gpus: int = 0, procs: int = 1,
+                    jobdir: str | None = None, attempt: int = 1) -> dict:
+    """Environment for the job. On this machine the tmux server may be older than this
+    shell, so what the job needs from the launching environment (PATH with its virtualenv)
+    is passed here; a remote host keeps its own. CLOUDTRAIN_CHECKPOINT_DIR is where the job
+    saves its checkpoints (a relaunched spot job finds its last one there, restored before
+    it starts); CLOUDTRAIN_ATTEMPT counts the job's instances (1, then 2 after a relaunch)."""
+    env = {"CLOUDTRAIN_JOB_ID": job_id, "CLOUDTRAIN_DATA_DIR": data_dir,
+           "CLOUDTRAIN_GPUS": str(gpus), "CLOUDTRAIN_PROCS": str(procs),
+           "CLOUDTRAIN_ATTEMPT": str(attempt)}
+    if jobdir:
+        env["CLOUDTRAIN_CHECKPOINT_DIR"] = f"{jobdir}/checkpoints"
+    if isinstance(host, LocalHost):
+        for key in ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX"):
+            if key in os.environ:
+                env[key] = os.environ[key]
+    return env
+
+
+def job_settings(settings: config.Settings, spec: JobSpec, provider, job_id: str, host: Host,
+                 jobdir: str, data_dir: str, gpus: int, procs: int, grant: dict | None,
+                 stream: dict | None, node_env: dict | None = None) -> dict:
+    """The host's job.json: what the agent enforces and the job's environment."""
+    shutdown_command, shutdown_delay = provider.shutdown(spec)
+    env = job_environment(job_id, data_dir, host, gpus, procs, jobdir, spec.attempt)
+    return {
+        "job_id": job_id,
+        "max_runtime_s": spec.max_runtime_s,
+        "grace_s": settings.stop_grace_seconds,
+        "heartbeat_s": settings.heartbeat_seconds,
+        "shutdown_command": shutdown_command,
+        "shutdown_delay_s": shutdown_delay,
+        # Without a stored copy the power-off waits (bounded) for the CLI to collect.
+        "collect_wait_s": max(shutdown_delay, settings.collect_wait_minutes * 60),
+        # The job file's envs over cloudtrain's environment (CLOUDTRAIN_* are refused
+        # there), the node's rendezvous over both.
+        "env": {**env, **spec.envs, **(node_env or {})},
+        "outputs": output_paths(spec),
+        "results_store": grant,
+        **({"checkpoint_stream": stream} if stream else {}),
+        **provider.agent_settings(spec),
+    }
+
+
+def stage_plan(spec: JobSpec, settings: config.Settings, host: Host, jobdir: str,
+               data_dir: str, found: list | None, mounts: dict) -> list[str] | None:
+    """The stager's command for run.sh (its plan written to the host), or None: no data."""
+    plan = datasets.host_plan(found or [], spec, settings, data_dir, mounts)
+    if plan is None:
+        return None
+    host.write_text(f"{jobdir}/{datasets.PLAN_FILE}", json.dumps(plan))
+    return [host.python, f"{agent_dir(jobdir)}/stager.py", f"{jobdir}/{datasets.PLAN_FILE}",
+            f"{jobdir}/{datasets.STATUS_FILE}"]
+
+
+def restore_argv(host: Host, jobdir: str) -> list[str]:
+    """run.sh's first line on a relaunched job's host: fetch the checkpoint of its plan."""
+    return [host.python, f"{agent_dir(jobdir)}/checkpoint_stream.py", "restore",
+            f"{jobdir}/{RESTORE_PLAN}", jobdir]

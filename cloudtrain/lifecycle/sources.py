@@ -1,0 +1,112 @@
+"""Stage: a launch's sources, what a new job takes from an earlier one: `--on JOB` (the
+kept instance it runs on, its files the baseline of the sync) and `--resume-from JOB` (the
+checkpoints it starts from). Both are checked before anything is launched (plan and launch
+call the same checks). It may call watch (to learn of an earlier job's end) and group.
+
+    kept_source(store, spec)              the job whose kept instance `--on` reuses
+    resume_source(store, settings, spec)  the job whose checkpoints `--resume-from` takes
+    remote_jobdir(job)                    where a job's directory is on its host
+    copy_checkpoints(source, host, jobdir)  the source's checkpoints into the new job
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from .. import config
+from ..errors import UsageError
+from ..hosts import Host, LocalHost
+from ..spec import JobSpec
+from ..state import Job, Store
+from . import group
+from .watch import refresh
+
+CHECKPOINT_COPY_TIMEOUT_S = 3600.0  # `--on` with --resume-from: copying GBs on the host
+
+
+def kept_source(store: Store, spec: JobSpec) -> Job | None:
+    """The job whose kept instance `--on` reuses: ended, with its instance still running."""
+    if not spec.on_job:
+        return None
+    source = store.find_job(spec.on_job)
+    if source.active:  # learn of an end nobody has seen yet (D29)
+        source = refresh(store, config.Settings.load(), source)
+    if source.backend != spec.backend:
+        raise UsageError(f"--on {source.id}: that job ran on {source.backend}, not {spec.backend}")
+    if source.active:
+        raise UsageError(f"--on {source.id}: the job is still {source.state}; wait for it, or "
+                         f"`cloudtrain down {source.id}`")
+    if not any(i.state != "terminated" for i in store.instances(source.id)):
+        raise UsageError(f"--on {source.id}: its instance is gone (launch it with --keep to reuse "
+                         "it)")
+    return source
+
+
+def resume_source(store: Store, settings: config.Settings, spec: JobSpec) -> Job | None:
+    """The job whose checkpoints `--resume-from` takes: ended, the same recipe, started,
+    its checkpoint written with the arguments this run has (D33)."""
+    if not spec.resume_from:
+        return None
+    # Refreshed first: a job whose instance went away unseen has its checkpoints in the job
+    # store, and its end is learnt (and its files brought home) here.
+    source = refresh(store, settings, store.find_job(spec.resume_from))
+    if source.active:  # refreshed just now (D12): it really is still running
+        raise UsageError(f"--resume-from {source.id}: the job is still {source.state}",
+                         hint=f"wait for its end (cloudtrain logs {source.id} --follow), or "
+                              f"stop it: cloudtrain down {source.id}")
+    if source.recipe != spec.recipe:
+        raise UsageError(f"--resume-from {source.id}: that job ran {source.command}, "
+                         f"not recipe {spec.recipe}")
+    if not source.jobdir:
+        raise UsageError(f"--resume-from {source.id}: the job never started, so it has no checkpoint")
+    _check_resumable(source, spec)
+    return source
+
+
+def _check_resumable(source: Job, spec: JobSpec) -> None:
+    """The arguments the recipe's checkpoint is tied to (recipe.yaml `resume_must_match`)
+    are the same in both jobs, checked before anything is launched (D33): the recipe itself
+    would refuse only once its instance is up, e.g. resnet9's "checkpoints/last.pt is for 2
+    epochs, this run asks for 4"."""
+    from .. import recipes
+
+    rec = recipes.load(spec.recipe)
+    before = (source.spec or {}).get("args") or {}
+    for key in rec.resume_must_match:
+        old, new = before.get(key), spec.args.get(key)
+        if old != new:
+            def said(value):
+                return "the recipe's default" if value is None else f"{key}={value}"
+
+            raise UsageError(f"--resume-from {source.id}: its checkpoint was written with "
+                             f"{said(old)}, this run has {said(new)}; recipe {rec.name} "
+                             f"resumes only with the same {key}",
+                             hint=f"--set {key}={old}" if old is not None else
+                             f"leave out --set {key}")
+
+
+def remote_jobdir(job: Job) -> str | None:
+    """Where a job's directory is on its host, also after its files were collected home."""
+    return (job.host or {}).get("remote_jobdir") or job.jobdir
+
+
+def copy_checkpoints(source: Job, host: Host, jobdir: str) -> None:
+    """The source job's checkpoints into the new job: copied on the host they share, or
+    sent from this machine where they were collected (a cloud job's, after it ended)."""
+    source_host = group.host_of(source)
+    src = f"{source.jobdir}/checkpoints"
+    found = source_host.run(f"test -d {shlex.quote(src)} && ls -A {shlex.quote(src)}",
+                            check=False).stdout.split()
+    if not found:
+        raise UsageError(f"--resume-from {source.id}: it saved no checkpoint"
+                         + ("" if source.backend == "local" else
+                            " that was brought home (its instance is gone)"))
+    if source_host.describe() == host.describe():
+        host.run(f"cp -a {shlex.quote(src)}/. {shlex.quote(jobdir)}/checkpoints/",
+                 timeout=CHECKPOINT_COPY_TIMEOUT_S)
+    elif isinstance(source_host, LocalHost):
+        host.sync(Path(src), f"{jobdir}/checkpoints")
+    else:
+        raise UsageError(f"--resume-from {source.id}: its checkpoints are still on its own "
+                         f"instance; wait until it ends (they are brought home then)")
