@@ -207,8 +207,8 @@ def corrupt_state(scratch: Scratch, shape: str) -> None:
             conn.execute("CREATE TABLE jobs (x)")
             if version is None:  # the current version, with a table of another shape
                 conn.execute("PRAGMA user_version = 1")
-                from cloudtrain import state
-                version = state.SCHEMA_VERSION
+                from cloudtrain import state_schema
+                version = state_schema.SCHEMA_VERSION
             conn.execute(f"PRAGMA user_version = {version}")
     else:
         replace_with(db, shape)

@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass
 
 from . import cost
-from .state import Instance, Job, Store, json_column
+from .state import Instance, Job, Store
+from .state_columns import json_column
 
 # Timeline phases -> the cost phases a user reads.
 COST_PHASES = (("boot", ("provisioning", "instance")), ("setup", ("syncing", "setting-up")),

@@ -4,13 +4,16 @@ The database is the ledger of what happened; the hosts (and, for clouds, the pro
 tags) are the truth about what runs. One file, `$CLOUDTRAIN_HOME/state.db`, in WAL mode so
 that many `cloudtrain` processes can read while one writes; every write is a short
 `BEGIN IMMEDIATE` transaction with a generous busy timeout.
+
+This module holds the job states, the records (Job, Instance, Attempt, Event, JobQuery) and
+the Store that reads and writes them; the schema's migrations are in state_schema, how a
+column's value is read and written in state_columns. It imports only those, config and errors.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import secrets
 import sqlite3
@@ -20,6 +23,8 @@ from pathlib import Path
 
 from .config import private_file, shown
 from .errors import CloudtrainError, NotFound, UsageError
+from .state_columns import bindable, cached_metrics, json_column, read_row
+from .state_schema import MIGRATIONS, SCHEMA_VERSION
 
 # Job states, in lifecycle order. A job is "active" until it reaches a terminal state.
 PENDING, PROVISIONING, SYNCING, SETTING_UP, STAGING, RUNNING = (
@@ -31,134 +36,6 @@ ACTIVE_STATES = (PENDING, PROVISIONING, SYNCING, SETTING_UP, STAGING, RUNNING, R
 TERMINAL_STATES = (SUCCEEDED, FAILED, PREEMPTED, CANCELLED)
 
 BUSY_TIMEOUT_S = 30.0
-
-
-def _execute_script(db: sqlite3.Connection, script: str) -> None:
-    """Run statements one by one: executescript() would COMMIT the migration's transaction."""
-    for statement in script.split(";"):
-        if statement.strip():
-            db.execute(statement)
-
-
-def _migration_1(db: sqlite3.Connection) -> None:
-    _execute_script(db,
-        """
-        CREATE TABLE jobs (
-            id          TEXT PRIMARY KEY,
-            name        TEXT,
-            kind        TEXT NOT NULL,      -- 'recipe' or 'command'
-            recipe      TEXT,
-            command     TEXT NOT NULL,      -- what runs, for display
-            backend     TEXT NOT NULL,
-            state       TEXT NOT NULL,
-            created_at  REAL NOT NULL,
-            started_at  REAL,               -- the job's command started (agent clock)
-            ended_at    REAL,
-            exit_code   INTEGER,
-            reason      TEXT,
-            spec        TEXT NOT NULL,      -- JobSpec as JSON
-            host        TEXT,               -- how to reach the host again, JSON
-            jobdir      TEXT,               -- the job directory on that host
-            metrics     TEXT,               -- the latest metrics row, JSON (a cache)
-            cost        REAL                -- dollars, NULL until known
-        );
-        CREATE INDEX jobs_created_at ON jobs(created_at);
-        CREATE INDEX jobs_state ON jobs(state);
-        CREATE TABLE instances (
-            id              TEXT PRIMARY KEY,
-            job_id          TEXT NOT NULL REFERENCES jobs(id),
-            provider        TEXT NOT NULL,
-            region          TEXT,
-            zone            TEXT,
-            instance_type   TEXT,
-            market          TEXT,           -- 'on-demand', 'spot' or 'local'
-            state           TEXT NOT NULL,  -- requested | running | terminated
-            launched_at     REAL,
-            terminated_at   REAL,
-            price_per_hour  REAL,
-            details         TEXT            -- provider-specific JSON
-        );
-        CREATE INDEX instances_job ON instances(job_id);
-        CREATE TABLE events (
-            id      INTEGER PRIMARY KEY AUTOINCREMENT,
-            job_id  TEXT NOT NULL REFERENCES jobs(id),
-            phase   TEXT NOT NULL,
-            at      REAL NOT NULL,
-            detail  TEXT
-        );
-        CREATE INDEX events_job ON events(job_id, id);
-        """
-    )
-
-
-def _migration_2(db: sqlite3.Connection) -> None:
-    # Which process is launching the job ("hostname:pid"): a launch whose process died
-    # half-way is then shown as failed instead of "syncing" for ever.
-    db.execute("ALTER TABLE jobs ADD COLUMN launcher TEXT")
-
-
-def _migration_3(db: sqlite3.Connection) -> None:
-    # Whether `cost` is final (every instance terminated, its prices known) and how it
-    # breaks down (per phase, to the target, notes), so reports work offline.
-    db.execute("ALTER TABLE jobs ADD COLUMN cost_settled INTEGER NOT NULL DEFAULT 0")
-    db.execute("ALTER TABLE jobs ADD COLUMN cost_detail TEXT")
-
-
-def _migration_4(db: sqlite3.Connection) -> None:
-    # The launch lease: the launching process renews it while it works; a job still being
-    # launched whose lease ran out was abandoned (its launcher was killed), whichever machine
-    # or container notices. Replaces the hostname + pid check, which only the launching
-    # machine could make.
-    db.execute("ALTER TABLE jobs ADD COLUMN lease_until REAL")
-
-
-def _migration_5(db: sqlite3.Connection) -> None:
-    # Spot recovery: one job, several attempts. Each attempt is one instance's try at the
-    # job (a launch, or a relaunch after an interruption): where it ran, from which
-    # checkpoint it resumed, how and why it ended, and the last step it is known to have run
-    # (the steps between that and the checkpoint the next attempt resumes from are redone).
-    _execute_script(db,
-        """
-        CREATE TABLE attempts (
-            job_id        TEXT NOT NULL REFERENCES jobs(id),
-            n             INTEGER NOT NULL,   -- 1 for the launch, then 2, 3, ...
-            instance_id   TEXT,
-            region        TEXT,
-            zone          TEXT,
-            market        TEXT,
-            instance_type TEXT,
-            started_at    REAL NOT NULL,      -- the (re)launch began
-            running_at    REAL,               -- the job's command started on the host
-            ended_at      REAL,
-            outcome       TEXT,               -- interrupted | succeeded | failed | cancelled
-            end_reason    TEXT,
-            resumed_step  INTEGER,            -- the checkpoint's step it resumed from
-            resumed_seq   INTEGER,            -- the job store's checkpoint sequence number
-            last_step     INTEGER,            -- the last step it is known to have run
-            checkpoint    TEXT,               -- JSON: its last checkpoint upload (final one)
-            PRIMARY KEY (job_id, n)
-        )
-        """)
-
-
-def _migration_6(db: sqlite3.Connection) -> None:
-    # Job history (issue 16): `status` reads the jobs not finished (a partial index: a few
-    # rows among thousands) and the most recently finished ones, not every row; a name is
-    # looked up (find_job, --name) without reading them all. The partial index's condition is
-    # the one Store.find_jobs writes for "not finished", term for term: SQLite uses it only then.
-    _execute_script(db,
-        """
-        CREATE INDEX jobs_unfinished ON jobs(created_at)
-            WHERE state NOT IN ('succeeded', 'failed', 'preempted', 'cancelled');
-        CREATE INDEX jobs_finished_at ON jobs(coalesce(ended_at, created_at));
-        CREATE INDEX jobs_name ON jobs(name, created_at)
-        """)
-
-
-# Schema migrations, applied in order; the schema version is PRAGMA user_version.
-MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5,
-              _migration_6]
-SCHEMA_VERSION = len(MIGRATIONS)
 
 
 # When a job finished: its end, else (a row without one) its creation (index jobs_finished_at).
@@ -220,7 +97,7 @@ class Job:
         for key in ("spec", "host", "metrics", "cost_detail"):
             values[key] = json_column(values[key]) or ({} if key == "spec" else None)
         if values["metrics"]:
-            values["metrics"] = _metrics(values["metrics"])
+            values["metrics"] = cached_metrics(values["metrics"])
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
 
@@ -269,111 +146,6 @@ class Instance:
     details: dict | None
 
 
-# -- reading rows defensively --------------------------------------------------------------
-# The database is a file the user (or a crash, or another tool) can change under us. A value
-# of the wrong type in one row must not break `status` for every job: every row passes through
-# `_row`, which turns what cannot be right into NULL (a JSON column that is not a JSON object,
-# text in a REAL column), so each reader sees either a sound value or None.
-
-JSON_COLUMNS = frozenset({"spec", "host", "metrics", "cost_detail", "details", "checkpoint"})
-REAL_COLUMNS = frozenset({"created_at", "started_at", "ended_at", "cost", "lease_until", "at",
-                          "launched_at", "terminated_at", "price_per_hour", "running_at"})
-MONEY_COLUMNS = frozenset({"cost", "price_per_hour"})
-LATEST_TIME = 253402300799.0  # 9999-12-31: later, time.localtime() fails
-INTEGER_COLUMNS = frozenset({"exit_code", "cost_settled", "n", "resumed_step", "resumed_seq",
-                             "last_step"})
-TEXT_COLUMNS = frozenset({"id", "job_id", "name", "kind", "recipe", "command", "backend",
-                          "state", "reason", "jobdir", "launcher", "phase", "detail", "provider",
-                          "region", "zone", "instance_type", "market", "instance_id",
-                          "outcome", "end_reason"})
-# Metrics the status table shows as numbers: a cached value that is not one is dropped.
-NUMERIC_METRICS = frozenset({"epoch", "epochs", "step", "train_loss", "loss", "test_acc",
-                             "accuracy", "time"})
-
-
-def json_column(text) -> dict | None:
-    """A JSON column's value: the object it holds, or None (empty, not JSON, not an object)."""
-    if not isinstance(text, (str, bytes)) or not text:
-        return None
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _clean(name: str, value):
-    if value is None:
-        return None
-    if name in JSON_COLUMNS:
-        obj = json_column(value)
-        if obj is None:
-            return None
-        if name == "details":
-            fixed = _details(obj)
-            return value if fixed == obj else json.dumps(fixed)
-        return value
-    if name in REAL_COLUMNS:  # times (epoch seconds) and dollars: never negative
-        ok = isinstance(value, (int, float)) and math.isfinite(value) and value >= 0 and \
-            (name in MONEY_COLUMNS or value <= LATEST_TIME)
-        return float(value) if ok else None
-    if name in INTEGER_COLUMNS:
-        return value if isinstance(value, int) else (0 if name == "cost_settled" else None)
-    if name in TEXT_COLUMNS and not isinstance(value, str):
-        value = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-    if name == "jobdir" and not value.startswith(("/", "~")):
-        return None  # a relative job directory would resolve against wherever `status` runs
-    return value
-
-
-def _row(cursor: sqlite3.Cursor, values: tuple) -> sqlite3.Row:
-    names = [d[0] for d in cursor.description]
-    return sqlite3.Row(cursor, tuple(_clean(n, v) for n, v in zip(names, values)))
-
-
-def _metrics(row: dict) -> dict:
-    """A cached metrics row as status can show it: numbers stay numbers (finite), other values
-    are kept only where they are not expected to be numbers."""
-    out = {}
-    for key, value in row.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            continue
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if number or (key not in NUMERIC_METRICS and isinstance(value, (str, bool))):
-            out[key] = value
-    return out
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
-        math.isfinite(value) and value >= 0
-
-
-def _details(details: dict) -> dict:
-    """An instance's details as the bill reads them: the volume's size and price are numbers,
-    the spot price history a list of [time, price] pairs (anything else is left out)."""
-    out = {k: v for k, v in details.items()
-           if k not in ("disk_gb", "gp3_per_gb_month") or _number(v)}
-    if "spot_history" in details:
-        history = details["spot_history"]
-        out["spot_history"] = [p for p in history if isinstance(p, list) and len(p) == 2
-                               and all(_number(x) for x in p)] \
-            if isinstance(history, list) else []
-    return out
-
-
-def _bindable(value):
-    """A value SQLite can store: dicts and lists as JSON, ints beyond 64 bits as floats, and
-    anything else as its text."""
-    if value is None or isinstance(value, (str, bytes, float, bool)):
-        return value
-    if isinstance(value, int):
-        return value if -(1 << 63) <= value < (1 << 63) else float(value)
-    if isinstance(value, (dict, list, tuple)):
-        return json.dumps(value, default=str)
-    return str(value)
-
-
 def database_error(path: Path, exc: sqlite3.Error) -> CloudtrainError:
     """What a failing state database means to the user, in one line with what to do."""
     code = getattr(exc, "sqlite_errorname", "")
@@ -419,7 +191,7 @@ class Store:
                              hint="check that the file and its folder are yours and writable") \
                 from None
         self.db = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        self.db.row_factory = _row
+        self.db.row_factory = read_row
         try:
             self.db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             if self.db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
@@ -666,7 +438,7 @@ class Store:
     @staticmethod
     def _update(db: sqlite3.Connection, job_id: str, fields: dict) -> None:
         columns = ", ".join(f"{key} = ?" for key in fields)
-        values = [_bindable(v) for v in fields.values()]
+        values = [bindable(v) for v in fields.values()]
         db.execute(f"UPDATE jobs SET {columns} WHERE id = ?", (*values, job_id))
 
     # -- events -------------------------------------------------------------------------
@@ -692,13 +464,13 @@ class Store:
             db.execute(
                 "INSERT INTO instances (%s) VALUES (%s)"
                 % (", ".join(values), ", ".join("?" * len(values))),
-                tuple(_bindable(v) for v in values.values()))
+                tuple(bindable(v) for v in values.values()))
 
     def update_instance(self, instance_id: str, **fields) -> None:
         columns = ", ".join(f"{key} = ?" for key in fields)
         with self.transaction() as db:
             db.execute(f"UPDATE instances SET {columns} WHERE id = ?",
-                       (*(_bindable(v) for v in fields.values()), instance_id))
+                       (*(bindable(v) for v in fields.values()), instance_id))
 
     def instances(self, job_id: str) -> list[Instance]:
         rows = self.db.execute(
@@ -731,7 +503,7 @@ class Store:
         with self.transaction() as db:
             cur = db.execute("INSERT OR IGNORE INTO attempts (%s) VALUES (%s)" % (
                 ", ".join(values), ", ".join("?" * len(values))),
-                tuple(_bindable(v) for v in values.values()))
+                tuple(bindable(v) for v in values.values()))
         return cur.rowcount == 1
 
     def update_attempt(self, job_id: str, n: int, *, only_if_open: bool = False,
@@ -746,7 +518,7 @@ class Store:
         if only_if_open:
             sql += " AND ended_at IS NULL"
         with self.transaction() as db:
-            cur = db.execute(sql, (*(_bindable(v) for v in fields.values()), job_id, int(n)))
+            cur = db.execute(sql, (*(bindable(v) for v in fields.values()), job_id, int(n)))
         return cur.rowcount == 1
 
     def attempts(self, job_id: str) -> list[Attempt]:

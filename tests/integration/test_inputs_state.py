@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-from cloudtrain import state
+from cloudtrain import state, state_schema
 from cloudtrain.cli import main
 from cloudtrain.state import Instance, Store
 
@@ -96,7 +96,7 @@ def test_F22_state_db_is_a_directory(cli, ct_home):
 
 @pytest.mark.parametrize("version, schema, fragment", [
     (0, "CREATE TABLE jobs (x)", "table jobs already exists"),
-    (state.SCHEMA_VERSION, "CREATE TABLE jobs (x)", "no such"),
+    (state_schema.SCHEMA_VERSION, "CREATE TABLE jobs (x)", "no such"),
 ])
 def test_F22_a_foreign_schema_is_named(cli, ct_home, version, schema, fragment):
     db = sqlite3.connect(ct_home / "state.db")

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from cloudtrain import state
+from cloudtrain import state_schema
 from conftest import REPO, wait_for
 
 
@@ -304,4 +304,4 @@ def test_store_is_wal_with_schema_version(cli, ct_home):
     cli.launch("--", "true")
     db = sqlite3.connect(ct_home / "state.db")
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 6 == state.SCHEMA_VERSION
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 6 == state_schema.SCHEMA_VERSION

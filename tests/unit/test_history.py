@@ -13,7 +13,7 @@ import sqlite3
 
 import pytest
 
-from cloudtrain import history, render, state
+from cloudtrain import history, render, state, state_schema
 from cloudtrain.errors import UsageError
 from cloudtrain.state import Instance, Store
 
@@ -652,14 +652,14 @@ def test_migration_6_keeps_a_version_5_store(tmp_path):
     """issue 16: a store of schema 5 opens with the history indexes added and its jobs kept."""
     path = tmp_path / "v5.db"
     db = sqlite3.connect(path, isolation_level=None)
-    for migration in state.MIGRATIONS[:5]:
+    for migration in state_schema.MIGRATIONS[:5]:
         migration(db)
     db.execute("PRAGMA user_version = 5")
     db.execute("INSERT INTO jobs (id, kind, command, backend, state, created_at, spec) "
                "VALUES ('abcd1234', 'command', 'true', 'local', 'running', 1.0, '{}')")
     db.close()
     store = Store(path)
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == state_schema.SCHEMA_VERSION
     assert _ids(history.select(store, now=NOW)[0]) == ["abcd1234"]
     store.close()
 

@@ -5,7 +5,7 @@ import sqlite3
 
 import pytest
 
-from cloudtrain import state
+from cloudtrain import state, state_schema
 from cloudtrain.errors import NotFound, UsageError
 from cloudtrain.state import Store
 
@@ -25,7 +25,7 @@ def _job(store, name=None, at=None):
 def test_new_store_has_schema_and_wal(tmp_path):
     Store(tmp_path / "s.db").close()
     db = sqlite3.connect(tmp_path / "s.db")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION
+    assert db.execute("PRAGMA user_version").fetchone()[0] == state_schema.SCHEMA_VERSION
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"jobs", "instances", "events"} <= tables
@@ -88,7 +88,7 @@ def test_metrics_and_host_round_trip_as_json(store):
 def test_migrating_a_version_1_store_keeps_its_jobs(tmp_path):
     path = tmp_path / "old.db"
     db = sqlite3.connect(path, isolation_level=None)
-    state.MIGRATIONS[0](db)
+    state_schema.MIGRATIONS[0](db)
     db.execute("PRAGMA user_version = 1")
     db.execute("INSERT INTO jobs (id, kind, command, backend, state, created_at, spec) "
                "VALUES ('abcd1234', 'command', 'true', 'local', 'succeeded', 1.0, '{}')")
@@ -96,7 +96,7 @@ def test_migrating_a_version_1_store_keeps_its_jobs(tmp_path):
     store = Store(path)
     job = store.job("abcd1234")
     assert job.state == "succeeded" and job.launcher is None
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == state.SCHEMA_VERSION
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == state_schema.SCHEMA_VERSION
     store.close()
 
 
