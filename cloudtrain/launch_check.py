@@ -19,11 +19,14 @@ stops there, terminates what it started (on Ctrl-C, SIGTERM and SIGHUP too) and 
 The job is an ordinary job (`cloudtrain status -a` lists it, `cost-report` counts it): its
 command prints a file the sync sent, so that its log, read on the instance, from the job
 store and from the collected copy, proves each leg carried the bytes.
+
+This module holds the steps, from the credentials to the collection, and the report's text
+and JSON; the steps' bookkeeping (Step, Report, Check) is in launch_check_steps, the
+teardown and the bill in launch_check_teardown. It drives the lifecycle's stages like the CLI.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import re
@@ -38,7 +41,9 @@ from typing import Callable
 from . import config, progress, state
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CloudError, CloudtrainError, \
     HostError, UsageError
-from .lifecycle import collect, group, inspect, launch, lease, stop, watch
+from .launch_check_steps import Check, Report, Step, Steps, Stopped, failed
+from .launch_check_teardown import record_price, teardown
+from .lifecycle import group, inspect, launch, lease, watch
 
 # The instance a check launches: the cheapest x86_64 type that can boot the Deep Learning
 # AMI. The DLAMI is x86_64 and needs a Nitro type (its kernel drives ENA networking and NVMe
@@ -64,33 +69,7 @@ CHECK_MAX_RUNTIME_MINUTES = 5
 CHECK_FILE = "check.txt"  # the one file the sync sends; the job prints it
 ROLE_DATASET, ROLE_FILE = "cloudtrain-check", "role-check.txt"  # read with the instance role
 JOB_END_WAIT_S = 600.0  # from the agent's start to the job's end and its upload
-GONE_WAIT_S = 300.0  # for EC2 to finish terminating (the volume goes with the instance)
 NAME_WIDTH = 21
-
-
-@dataclasses.dataclass
-class Step:
-    name: str  # "credentials", "RunInstances", "job store round trip", ...
-    seconds: float
-    ok: bool
-    detail: str  # what was found, or why it failed (one line)
-    hint: str = ""  # a failure's remedy: the permission, quota or setting, and what to run
-    data: dict = dataclasses.field(default_factory=dict)  # the facts, for --json
-
-
-@dataclasses.dataclass
-class Report:
-    steps: list[Step] = dataclasses.field(default_factory=list)
-    region: str | None = None
-    instance_type: str | None = None
-    price_per_hour: float | None = None
-    job_id: str | None = None
-    cost_usd: float | None = None  # what EC2 bills for it, the 60-second minimum included
-    interrupted: str | None = None  # the signal's name, when one stopped it
-
-    @property
-    def ok(self) -> bool:
-        return not self.interrupted and all(s.ok for s in self.steps)
 
 
 def exit_code(report: Report) -> int:
@@ -99,94 +78,7 @@ def exit_code(report: Report) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-class _Stopped(Exception):
-    """A step failed (it is recorded): the check goes no further than the teardown."""
-
-
-class _Steps:
-    """The steps as they happen: each timed, recorded in the report and said at once."""
-
-    def __init__(self, report: Report, say: Callable[[Step], None] | None):
-        self.report, self.say = report, say
-
-    def add(self, step: Step) -> None:
-        self.report.steps.append(step)
-        if self.say is not None:
-            self.say(step)
-
-    @contextlib.contextmanager
-    def step(self, name: str):
-        """`with steps.step(name) as s:` the body sets s.detail (and s.data); a
-        CloudtrainError fails the step (raised on as _Stopped), an interruption too (raised
-        on as it is)."""
-        started = time.monotonic()
-        box = SimpleNamespace(name=name, detail="", data={})  # the body may rename the step
-        try:
-            yield box
-        except BaseException as exc:
-            self.add(failed(box.name, time.monotonic() - started, exc))
-            if isinstance(exc, CloudtrainError):
-                raise _Stopped() from exc
-            raise
-        self.add(Step(box.name, time.monotonic() - started, True, box.detail, data=box.data))
-
-
-def failed(name: str, seconds: float, exc: BaseException) -> Step:
-    """A failed step in words: AWS's refusal with its IAM action, an interruption with its
-    signal, anything else as it was said."""
-    if isinstance(exc, KeyboardInterrupt):
-        return Step(name, seconds, False, f"interrupted ({getattr(exc, 'signame', 'SIGINT')}): "
-                    "what was started is terminated", data={"interrupted": True})
-    if not isinstance(exc, CloudtrainError):
-        return Step(name, seconds, False, f"{type(exc).__name__}: {exc}")
-    data = {}
-    code = getattr(exc, "code", "") or ""
-    if code:
-        data["code"] = code
-    action = re.search(r"not allowed: ([\w-]+:\w+)", exc.message)
-    if action:
-        data["action"] = action.group(1)
-    hint = exc.hint or ""
-    if isinstance(exc, CloudError) and exc.quota:
-        data["quota"] = True
-    return Step(name, seconds, False, " ".join(exc.message.split()), hint, data)
-
-
 # -- the check -----------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Check:
-    """What the steps found and made, for the later steps and the teardown."""
-    settings: config.Settings
-    provider: object
-    store: state.Store
-    gpu: bool
-    nonce: str
-    region: str = ""
-    owner: str = ""
-    key_name: str = ""
-    group: str = ""
-    disk_gb: int | None = None
-    bucket: str | None = None  # None: no job store (job_store: false)
-    role_probe: str | None = None  # the job-store "job" whose object the role reads
-    role_url: str | None = None  # s3:// of that object
-    workdir: Path | None = None
-    job_id: str | None = None
-    launched: bool = False  # the teardown has something to look at
-
-    @property
-    def name(self) -> str:
-        return f"check-launch-{self.nonce[:8]}"
-
-    @property
-    def line(self) -> str:
-        """What the synced file holds and the job prints."""
-        return f"cloudtrain check --launch {self.nonce}"
-
-    @property
-    def role_line(self) -> str:
-        return f"read with the instance role {self.nonce}"
 
 
 def run(region: str | None = None, gpu: bool = False,
@@ -199,13 +91,13 @@ def run(region: str | None = None, gpu: bool = False,
     from .state import open_store
 
     report = Report()
-    steps = _Steps(report, say)
+    steps = Steps(report, say)
     settings = config.Settings.load()
     with open_store(config.home()) as store:
-        c = _Check(settings, providers.get("aws", settings), store, gpu, secrets.token_hex(8))
+        c = Check(settings, providers.get("aws", settings), store, gpu, secrets.token_hex(8))
         try:
             _read_only(c, steps, report, region)
-        except _Stopped:
+        except Stopped:
             return report
         if confirm is not None:
             confirm(_question(c, report))
@@ -213,20 +105,20 @@ def run(region: str | None = None, gpu: bool = False,
             with lease.signals_interrupt():
                 try:
                     _launch(c, steps, report)
-                except _Stopped:
+                except Stopped:
                     pass
                 except KeyboardInterrupt as exc:
                     report.interrupted = getattr(exc, "signame", "SIGINT")
                 finally:
                     with lease.uninterruptible("terminating what check --launch started"):
-                        _teardown(c, steps, report)
+                        teardown(c, steps, report)
         finally:
             if c.workdir is not None:
                 shutil.rmtree(c.workdir, ignore_errors=True)
     return report
 
 
-def _read_only(c: _Check, steps: _Steps, report: Report, region_flag: str | None) -> None:
+def _read_only(c: Check, steps: Steps, report: Report, region_flag: str | None) -> None:
     """Who and where, and what it will launch at what price: nothing is created yet."""
     with steps.step("credentials") as s:
         c.region, source = c.provider.region_and_source(SimpleNamespace(region=region_flag))
@@ -246,7 +138,7 @@ def _read_only(c: _Check, steps: _Steps, report: Report, region_flag: str | None
         s.data = {"instance_type": itype, "price_per_hour": price, "price_source": basis}
 
 
-def _instance_type(c: _Check) -> tuple[str, float, str]:
+def _instance_type(c: Check) -> tuple[str, float, str]:
     """(type, on-demand USD/h, where the price came from): t3.micro, or with --gpu the
     region's cheapest type with a whole NVIDIA GPU that runs the x86_64 Deep Learning AMI
     (the fractional g6f/gr6f need NVIDIA's GRID driver, which the DLAMI does not carry; g5g
@@ -281,14 +173,14 @@ def _instance_type(c: _Check) -> tuple[str, float, str]:
         "" if region == where else f", and {region}'s may differ")
 
 
-def _question(c: _Check, report: Report) -> str:
+def _question(c: Check, report: Report) -> str:
     minutes = c.provider.power_off_minutes(CHECK_MAX_RUNTIME_MINUTES * 60)
     return (f"This launches an on-demand {report.instance_type} in {c.region} for a few "
             f"minutes, billed per second (60 s minimum) at ${report.price_per_hour:.4f}/h; "
             f"it powers itself off after {minutes} min at the latest.")
 
 
-def _launch(c: _Check, steps: _Steps, report: Report) -> None:
+def _launch(c: Check, steps: Steps, report: Report) -> None:
     """The resources a launch needs, then the job through the real lifecycle, then what it
     left in the job store and what came home."""
     provider, region = c.provider, c.region
@@ -325,7 +217,7 @@ def _launch(c: _Check, steps: _Steps, report: Report) -> None:
     _run_job(c, steps, report)
 
 
-def _spec(c: _Check, report: Report):
+def _spec(c: Check, report: Report):
     from .spec import build_spec
 
     c.workdir = Path(tempfile.mkdtemp(prefix="cloudtrain-check-"))
@@ -346,7 +238,7 @@ def _spec(c: _Check, report: Report):
                    "disk_gb": None if data else c.disk_gb})
 
 
-def _run_job(c: _Check, steps: _Steps, report: Report) -> None:
+def _run_job(c: Check, steps: Steps, report: Report) -> None:
     store, settings = c.store, c.settings
     spec = _spec(c, report)
     launching = _LaunchSteps(steps, c, spec)
@@ -356,7 +248,7 @@ def _run_job(c: _Check, steps: _Steps, report: Report) -> None:
         _note_job(c, report)
         launching.fail(exc)
         if isinstance(exc, CloudtrainError):
-            raise _Stopped() from exc
+            raise Stopped() from exc
         raise
     _note_job(c, report)
     with steps.step("job") as s:
@@ -394,25 +286,16 @@ def _run_job(c: _Check, steps: _Steps, report: Report) -> None:
         s.detail = f"the job's log, status and settings {where} into {local.parent}"
 
 
-def _note_job(c: _Check, report: Report) -> None:
+def _note_job(c: Check, report: Report) -> None:
     """The job's id once launch made one (it exists once any instance could)."""
     try:
         c.job_id = report.job_id = c.store.find_job(c.name).id
     except CloudtrainError:
         pass
     if c.job_id:
-        _price(c, report.price_per_hour)
+        record_price(c, report.price_per_hour)
 
-
-def _price(c: _Check, price: float | None) -> None:
-    """The catalog knows GPU types only: a t3.micro is recorded without a price. The check's
-    price goes on its record, so that status and cost-report bill it too."""
-    for inst in c.store.instances(c.job_id):
-        if inst.price_per_hour is None and price is not None:
-            c.store.update_instance(inst.id, price_per_hour=price)
-
-
-def _wait_for_end(c: _Check, job) -> dict:
+def _wait_for_end(c: Check, job) -> dict:
     """The agent's status once the job ended and its results went up to the job store (or
     could not: the status says so), read on the instance. If the instance is gone (it powered
     off), the job's end as the lifecycle records it from the job store."""
@@ -441,7 +324,7 @@ def _wait_for_end(c: _Check, job) -> dict:
         time.sleep(min(c.settings.poll_seconds, 2.0))
 
 
-def _job_failed(c: _Check, status: dict) -> CloudtrainError:
+def _job_failed(c: Check, status: dict) -> CloudtrainError:
     reason = status.get("reason") or f"exit code {status.get('exit_code')}"
     if c.role_probe and "data staging failed" in reason:
         return CloudtrainError(
@@ -460,7 +343,7 @@ def _last_line(out: bytes) -> str:
     return clean_text(lines[-1], 200) if lines else "(no output)"
 
 
-def _round_trip(c: _Check, job, status: dict) -> tuple[str, dict]:
+def _round_trip(c: Check, job, status: dict) -> tuple[str, dict]:
     """The agent's upload from the instance (a presigned POST, signed with your
     credentials) and the same files fetched back here, checked against the manifest."""
     stored = status.get("results_stored")
@@ -493,7 +376,7 @@ def _round_trip(c: _Check, job, status: dict) -> tuple[str, dict]:
             f"manifest's sha256", {"uploaded": stored, "fetched": got})
 
 
-def _finish(c: _Check, job):
+def _finish(c: Check, job):
     """The lifecycle's own end: the refresh that sees the job ended brings its files home
     (over SSH, else from the job store) and releases the instance."""
     deadline = time.monotonic() + 120
@@ -530,7 +413,7 @@ class _LaunchSteps(progress.Reporter):
     step that must fail (a host key nobody could check) stop the launch, which then
     terminates what it started."""
 
-    def __init__(self, steps: _Steps, c: _Check, spec):
+    def __init__(self, steps: Steps, c: Check, spec):
         super().__init__()
         self.steps, self.c, self.spec = steps, c, spec
         self.notes: list[str] = []
@@ -612,123 +495,6 @@ class _LaunchSteps(progress.Reporter):
         if name == "agent":
             return f"the agent runs the job in tmux session {session_name(job.id)}"
         return last
-
-
-# -- taking it down -----------------------------------------------------------------------------
-
-
-def _teardown(c: _Check, steps: _Steps, report: Report) -> None:
-    """Whatever happened: the job stopped and its instance terminated (as `down` does),
-    then checked gone, its objects deleted from the job store, and the bill."""
-    if not c.launched:
-        return
-    job = c.store.job(c.job_id) if c.job_id else None
-    if job is not None and job.active:
-        with contextlib.suppress(CloudtrainError):  # a job that ended: collect and release
-            job = watch.refresh(c.store, c.settings, job)
-    if job is not None and (job.active or any(i.state != "terminated"
-                                              for i in c.store.instances(job.id))):
-        with contextlib.suppress(CloudtrainError):  # the terminate step says what is left
-            stop.cancel(c.store, c.settings, (job.id,), False)  # as `down` stops it
-    if job is not None and c.store.instances(job.id):
-        with contextlib.suppress(_Stopped), steps.step("terminate") as s:
-            s.detail = _terminated(c, job)
-    with contextlib.suppress(_Stopped), steps.step("cleanup") as s:
-        s.detail, s.data = _cleaned(c, job)
-    with contextlib.suppress(_Stopped), steps.step("bill") as s:
-        s.detail, s.data = _bill(c, job, report)
-
-
-def _terminated(c: _Check, job) -> str:
-    deadline = time.monotonic() + GONE_WAIT_S
-    while True:
-        states = c.provider.instance_states(c.store, job)
-        left = {i: s["state"] for i, s in states.items() if s["state"] != "terminated"}
-        if not left:
-            break
-        if time.monotonic() > deadline:
-            raise CloudtrainError(f"not terminated after {GONE_WAIT_S:.0f} s: " + ", ".join(
-                f"{i} ({s})" for i, s in sorted(left.items())),
-                hint=f"cloudtrain down {job.id} (it terminates by record and by tag)")
-        time.sleep(min(c.settings.poll_seconds, 5.0))
-    return ", ".join(sorted(states)) + " terminated (shutdown behaviour terminate: its root " \
-        "volume goes with it)"
-
-
-def _cleaned(c: _Check, job) -> tuple[str, dict]:
-    """Nothing of the job left in EC2 (by its tag: instances, volumes, placement groups) or in
-    the job store; the key pair and the security group stay, as after every launch."""
-    provider, region = c.provider, c.region
-    left: dict = {}
-    if job is not None:
-        deadline = time.monotonic() + GONE_WAIT_S
-        while True:  # a terminated instance's volume takes a moment to go
-            left = {k: v for k, v in provider.leftovers(region, job.id).items() if v}
-            if not left or time.monotonic() > deadline:
-                break
-            time.sleep(min(c.settings.poll_seconds, 5.0))
-    deleted = 0
-    for prefix in [x for x in (c.job_id, c.role_probe) if x and c.bucket]:
-        deleted += provider.delete_results(region, prefix)
-        if provider.delete_results(region, prefix):  # none may be left (nothing uploads any more)
-            left.setdefault("job store objects", []).append(f"jobs/{prefix}/")
-    if left:
-        raise CloudtrainError("still there: " + "; ".join(f"{k}: {', '.join(v)}"
-                                                          for k, v in left.items()),
-                              hint="cloudtrain down --all (it finds them by their tags)")
-    shared = provider.shared_resources(region)
-    stay = []
-    if c.key_name and c.key_name in shared["key pairs"]:
-        stay.append(f"key pair {c.key_name}")
-    if c.group and c.group in shared["security groups"]:
-        stay.append(f"security group {c.group}")
-    kept = (" and ".join(stay) + " stay for the next launch, as after every job (`cloudtrain "
-            "down --all` removes them when nothing uses them)") if stay else ""
-    if job is None:
-        return "nothing was launched" + (f"; {kept}" if kept else ""), {}
-    stored = f"{deleted} job-store objects deleted" if c.bucket else "no job store"
-    return (f"nothing of job {job.id} is left: no instance, volume or placement group; "
-            f"{stored}" + (f"; {kept}" if kept else ""), {"job_store_objects_deleted": deleted})
-
-
-def _bill(c: _Check, job, report: Report) -> tuple[str, dict]:
-    """Seconds billed (60 s minimum) x the price, and the root volume's seconds, per
-    instance, from EC2's launch and termination times: the job's recorded cost."""
-    from . import cost, ledger
-
-    if job is None or not c.store.instances(job.id):
-        report.cost_usd = 0.0
-        return "$0: nothing was launched", {"usd": 0.0}
-    c.provider.record_ends(c.store, c.store.job(job.id))
-    _price(c, report.price_per_hour)
-    collect.settle_cost(c.store, c.store.job(job.id))
-    parts, rows = [], []
-    total = 0.0
-    now = time.time()
-    for inst in c.store.instances(job.id):
-        run_ = ledger.run_of(inst)
-        end = run_.end if run_.end is not None else now
-        ran = max(0.0, end - run_.start)
-        billed = cost.billed_seconds(run_.start, max(end, run_.start))
-        compute = cost.on_demand_cost(run_.start, end, run_.price_per_hour or 0.0)
-        disk = cost.ebs_cost(run_.start, end, run_.disk_gb, run_.gp3_per_gb_month) \
-            if run_.disk_gb and run_.gp3_per_gb_month is not None else None
-        usd = cost.instance_cost(run_, now=now).dollars  # what the job's record says
-        total += usd
-        text = (f"{inst.id}: {billed:.0f} s billed" + (f" (the 60-second minimum; it ran "
-                                                        f"{ran:.0f} s)" if ran < billed else "")
-                + f" x ${run_.price_per_hour or 0:.4f}/h = ${compute.dollars:.6f}")
-        if disk:
-            text += (f"; its {run_.disk_gb:g} GB gp3 root volume ${disk.dollars:.6f}")
-        parts.append(text)
-        rows.append({"instance": inst.id, "ran_seconds": ran, "billed_seconds": billed,
-                     "price_per_hour": run_.price_per_hour, "compute_usd": compute.dollars,
-                     "disk_gb": run_.disk_gb, "disk_usd": disk.dollars if disk else 0.0,
-                     "usd": usd, "settled": run_.end is not None})
-    report.cost_usd = total
-    return ("; ".join(parts) + f"; total ${total:.6f}"
-            + ("" if all(r["settled"] for r in rows) else " so far (not yet terminated)"),
-            {"instances": rows, "usd": total})
 
 
 # -- text and JSON ----------------------------------------------------------------------------------
