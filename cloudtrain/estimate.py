@@ -278,15 +278,7 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     basis = published_basis(recipe, args, profile)
     note = profile_note(recipe, profile)
     over = overheads(store)
-    disk = int(disk_gb or recipe.resources.get("disk_gb", 100))
-    if staging_bytes:  # the copies need room (datasets.preflight sizes the disk the same way)
-        from .datasets import disk_needed
-
-        disk = max(disk, disk_needed(staging_bytes, 256 << 20))  # `data push`'s shards
-    gp3 = catalog.gp3_price(region)
-    gp3_month = gp3.per_gb_month + (cost.gp3_performance_per_month(disk_mbps) / disk
-                                    if disk_mbps else 0.0)
-    notes = [] if not gp3.approximate else [gp3.note]
+    disk, gp3_month, notes = _disk(recipe, region, disk_gb, staging_bytes, disk_mbps)
     rows, unmeasured_compile = [], []
     nodes = max(1, int(nodes or 1))
     on = f"{nodes} x {{}}" if nodes > 1 else "{}"
@@ -327,16 +319,7 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
                         profile_note=note, nodes=nodes))
         if t.gpu in TFLOPS_NOTES and TFLOPS_NOTES[t.gpu] not in notes:
             notes.append(TFLOPS_NOTES[t.gpu])
-    priced = [r for r in rows if (r.spot if market == "spot" else r.on_demand) is not None]
-    if priced:
-        key = (lambda r: r.spot) if market == "spot" else (lambda r: r.on_demand)
-        min(priced, key=key).marks.append("cheapest")
-    timed = [r for r in rows if r.total_s is not None]
-    if timed:
-        min(timed, key=lambda r: r.total_s).marks.append("fastest")
-    rows.sort(key=lambda r: (r.total_s is None, (r.spot if market == "spot" else r.on_demand)
-                             if (r.spot if market == "spot" else r.on_demand) is not None
-                             else float("inf"), r.instance_type))
+    _rank(rows, market)
     if market == "spot":
         notes.append(f"spot: the cheapest AZ's price, {catalog.spot_source(region)}")
     if unmeasured_compile:
@@ -347,6 +330,36 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     return Estimate(recipe.name, region, market, basis, over, disk, rows, notes,
                     staging_bytes=staging_bytes, disk_mbps=disk_mbps, preread_s=preread_s,
                     profile=profile, profile_note=note, nodes=nodes)
+
+
+def _disk(recipe, region: str, disk_gb: int | None, staging_bytes: int,
+          disk_mbps: int) -> tuple[int, float, list[str]]:
+    """(the root volume's GB, its gp3 USD per GB-month with the throughput bought beyond
+    the base, the notes on that price)."""
+    disk = int(disk_gb or recipe.resources.get("disk_gb", 100))
+    if staging_bytes:  # the copies need room (datasets.preflight sizes the disk the same way)
+        from .datasets import disk_needed
+
+        disk = max(disk, disk_needed(staging_bytes, 256 << 20))  # `data push`'s shards
+    gp3 = catalog.gp3_price(region)
+    gp3_month = gp3.per_gb_month + (cost.gp3_performance_per_month(disk_mbps) / disk
+                                    if disk_mbps else 0.0)
+    return disk, gp3_month, [] if not gp3.approximate else [gp3.note]
+
+
+def _rank(rows: list[Row], market: str) -> None:
+    """Mark the cheapest row (in `market`) and the fastest, then sort: timed before untimed,
+    by price (unpriced last), by name."""
+    priced = [r for r in rows if (r.spot if market == "spot" else r.on_demand) is not None]
+    if priced:
+        key = (lambda r: r.spot) if market == "spot" else (lambda r: r.on_demand)
+        min(priced, key=key).marks.append("cheapest")
+    timed = [r for r in rows if r.total_s is not None]
+    if timed:
+        min(timed, key=lambda r: r.total_s).marks.append("fastest")
+    rows.sort(key=lambda r: (r.total_s is None, (r.spot if market == "spot" else r.on_demand)
+                             if (r.spot if market == "spot" else r.on_demand) is not None
+                             else float("inf"), r.instance_type))
 
 
 def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: str | None,

@@ -256,6 +256,43 @@ def _numbers(values: dict, keys, path: Path, where: str, limits: dict | None = N
 
 def parse_recipe(path: Path) -> Recipe:
     """Read and validate one recipe.yaml (ConfigError naming the file on any problem)."""
+    doc = _document(path)
+    name = _require(doc, "name", str, path)
+    if name != path.parent.name:
+        raise ConfigError(f"{path}: name '{name}' differs from its folder '{path.parent.name}'")
+    entry = _entry(doc, path)
+    requires = _optional(doc, "requires", list, path, "a list of module names", [])
+    for module in requires:
+        if not isinstance(module, str) or not module.strip():
+            raise ConfigError(f"{path}: 'requires' lists module names, got {shown(module)}")
+    arguments = _arguments(doc, path)
+    profiles = _profiles(doc, arguments, path)
+    resources = _resources(doc, path)
+    target = _optional(doc, "target", dict, path, "a mapping (metric, value)", None)
+    if target is not None:
+        _numbers(target, ("value",), path, "target")
+    published = _mappings(_optional(doc, "published", list, path, "a list of results", []),
+                          path, "published")
+    for i, entry_ in enumerate(published):
+        _numbers(entry_, ("gpus", "seconds", "accuracy", "runs", "price_per_hour", "cost_usd"),
+                 path, f"published[{i}]")
+    measured = _measured(doc, arguments, path)
+    data = _mappings(_optional(doc, "data", list, path, "a list of datasets", []), path, "data")
+    _check_data(data, arguments, path)
+    must_match = _optional(doc, "resume_must_match", list, path, "a list of argument names", [])
+    for key in must_match:
+        if key not in arguments:
+            raise ConfigError(f"{path}: resume_must_match names unknown argument {shown(key)}")
+    return Recipe(
+        name=name, path=path.parent, description=_require(doc, "description", str, path),
+        entry=entry, requires=list(requires), arguments=arguments,
+        profiles=profiles, resources=resources, data=list(data),
+        target=target, published=list(published), resume_must_match=list(must_match),
+        measured=list(measured))
+
+
+def _document(path: Path) -> dict:
+    """recipe.yaml's mapping, read as YAML."""
     import yaml
 
     try:
@@ -270,9 +307,11 @@ def parse_recipe(path: Path) -> Recipe:
         raise ConfigError(f"{path}: nested too deeply") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: must be a mapping")
-    name = _require(doc, "name", str, path)
-    if name != path.parent.name:
-        raise ConfigError(f"{path}: name '{name}' differs from its folder '{path.parent.name}'")
+    return doc
+
+
+def _entry(doc: dict, path: Path) -> str:
+    """The entry point: a file inside the recipe's folder."""
     entry = _require(doc, "entry", str, path)
     folder = path.parent.resolve()
     script = (folder / entry).resolve()
@@ -280,10 +319,11 @@ def parse_recipe(path: Path) -> Recipe:
         raise ConfigError(f"{path}: entry {shown(entry)} is outside the recipe folder")
     if not script.is_file():
         raise ConfigError(f"{path}: entry {shown(entry)} does not exist")
-    requires = _optional(doc, "requires", list, path, "a list of module names", [])
-    for module in requires:
-        if not isinstance(module, str) or not module.strip():
-            raise ConfigError(f"{path}: 'requires' lists module names, got {shown(module)}")
+    return entry
+
+
+def _arguments(doc: dict, path: Path) -> dict[str, Argument]:
+    """`arguments:`, each a word with a type (its choices, its default parsed as that type)."""
     arguments = {}
     for arg_name, spec in (_require(doc, "arguments", dict, path)).items():
         if not isinstance(arg_name, str) or not ARGUMENT_NAME.fullmatch(arg_name):
@@ -304,6 +344,11 @@ def parse_recipe(path: Path) -> Recipe:
         except UsageError as exc:
             raise ConfigError(exc.message) from None
         arguments[arg_name] = arg
+    return arguments
+
+
+def _profiles(doc: dict, arguments: dict[str, Argument], path: Path) -> dict:
+    """`profiles:`, each setting known arguments (their values parsed as those arguments)."""
     profiles = _optional(doc, "profiles", dict, path, "a mapping of profile: settings", {})
     for prof_name, prof in profiles.items():
         if not isinstance(prof_name, str):
@@ -322,6 +367,11 @@ def parse_recipe(path: Path) -> Recipe:
                 sets[key] = arguments[key].parse(value, f"{path}: profile {prof_name}:")
             except UsageError as exc:
                 raise ConfigError(exc.message) from None
+    return profiles
+
+
+def _resources(doc: dict, path: Path) -> dict:
+    """`resources:`: the launcher, GPUs and machines (per variant too) within their limits."""
     resources = _optional(doc, "resources", dict, path, "a mapping", {})
     if resources.get("launcher", "python") not in LAUNCHERS:
         raise ConfigError(f"{path}: resources.launcher must be one of {', '.join(LAUNCHERS)}")
@@ -337,20 +387,17 @@ def parse_recipe(path: Path) -> Recipe:
              {v: RESOURCE_LIMITS["nodes"] for v in nodes_per_variant})
     if not isinstance(resources.get("gpu", ""), str):
         raise ConfigError(f"{path}: resources.gpu must be a GPU name, e.g. V100")
-    target = _optional(doc, "target", dict, path, "a mapping (metric, value)", None)
-    if target is not None:
-        _numbers(target, ("value",), path, "target")
-    published = _mappings(_optional(doc, "published", list, path, "a list of results", []),
-                          path, "published")
-    for i, entry_ in enumerate(published):
-        _numbers(entry_, ("gpus", "seconds", "accuracy", "runs", "price_per_hour", "cost_usd"),
-                 path, f"published[{i}]")
-    # Figures measured with this project's own code (benchmarks/gpu.py), kept apart from
-    # the published ones: gpu, gpus, seconds (the recipe's own timer), `when` (the arguments
-    # they hold for), torch, date, data, source. estimate prefers them on the same GPU. An
-    # entry without gpu and seconds only describes a measurement (what, command, hardware).
-    # compile_seconds / compile_cached_seconds: what compile=true cost before the first step,
-    # with a cold and with a warm inductor cache (issue 17; `recipes NAME` shows them).
+    return resources
+
+
+def _measured(doc: dict, arguments: dict[str, Argument], path: Path) -> list[dict]:
+    """`measured:`: figures measured with this project's own code (benchmarks/gpu.py), kept
+    apart from the published ones: gpu, gpus, seconds (the recipe's own timer), `when` (the
+    arguments they hold for), torch, date, data, source. estimate prefers them on the same
+    GPU. An entry without gpu and seconds only describes a measurement (what, command,
+    hardware). compile_seconds / compile_cached_seconds: what compile=true cost before the
+    first step, with a cold and with a warm inductor cache (issue 17; `recipes NAME` shows
+    them)."""
     measured = _mappings(_optional(doc, "measured", list, path, "a list of measurements", []),
                          path, "measured")
     for i, entry_ in enumerate(measured):
@@ -363,18 +410,7 @@ def parse_recipe(path: Path) -> Recipe:
                 ("gpu" in entry_ and not isinstance(entry_["gpu"], str)):
             raise ConfigError(f"{path}: measured[{i}]: gpu (a GPU model) and seconds go "
                               "together (without them an entry only describes a measurement)")
-    data = _mappings(_optional(doc, "data", list, path, "a list of datasets", []), path, "data")
-    _check_data(data, arguments, path)
-    must_match = _optional(doc, "resume_must_match", list, path, "a list of argument names", [])
-    for key in must_match:
-        if key not in arguments:
-            raise ConfigError(f"{path}: resume_must_match names unknown argument {shown(key)}")
-    return Recipe(
-        name=name, path=path.parent, description=_require(doc, "description", str, path),
-        entry=entry, requires=list(requires), arguments=arguments,
-        profiles=profiles, resources=resources, data=list(data),
-        target=target, published=list(published), resume_must_match=list(must_match),
-        measured=list(measured))
+    return measured
 
 
 def _check_data(data: list[dict], arguments: dict, path: Path) -> None:
