@@ -26,7 +26,8 @@ import pytest
 import requests
 
 from aws_lab import moto_endpoint  # noqa: F401  (fixture)
-from cloudtrain.host import agent, agent_upload, checkpoint_manifest, checkpoint_restore
+from cloudtrain.host import agent_store, agent_upload, checkpoint_manifest, checkpoint_restore
+from cloudtrain.host import job_status
 from cloudtrain.host import checkpoint_stream as cs
 from cloudtrain.providers.aws import jobstore
 
@@ -356,7 +357,7 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         def streamed():
-            status = agent.read_json(str(jobdir / "status.json")) or {}
+            status = job_status.read_json(str(jobdir / "status.json")) or {}
             record = status.get("checkpoint_stream") or {}
             return record if record.get("uploads", 0) >= 2 else None
         running = _wait("two streamed checkpoints", streamed)
@@ -377,7 +378,7 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
     last_step = int(log.split("final checkpoint ")[1].split()[0])
     assert final["final"] is True and final["ok"] is True and final["error"] is None, final
     assert final["step"] == last_step and final["uploads"] >= 3
-    assert final["seconds"] < agent.SPOT_UPLOAD_S and final["bytes"] > 400000
+    assert final["seconds"] < agent_store.SPOT_UPLOAD_S and final["bytes"] > 400000
     assert f"checkpoint {final['seq']} (step {last_step}," in log
 
     manifest = jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
