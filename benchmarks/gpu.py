@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from cloudtrain import catalog, recipes  # noqa: E402
-from cloudtrain.host.agent import group_alive  # noqa: E402
+from cloudtrain.host.job_processes import group_alive  # noqa: E402
 
 COLUMNS = ("RECIPE", "DEVICE", "TRAIN S", "FIRST STEP S", "STEPS/S", "PEAK MEM MB",
            "COMPILE S", "WALL S")

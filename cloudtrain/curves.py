@@ -24,7 +24,7 @@ from pathlib import Path
 from . import config, render
 from .errors import UsageError
 from .host import safefile
-from .host.agent import as_time as finite  # a finite float (not a bool), else None
+from .host.job_status import as_time as finite  # a finite float (not a bool), else None
 from .hostdata import clean_row
 
 METRICS_CONTRACT = """\

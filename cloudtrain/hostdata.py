@@ -16,9 +16,9 @@ import re
 import unicodedata
 
 from .errors import HostError
-from .host.agent import ACTIVE, CANCELLED, FAILED, PREEMPTED, SUCCEEDED
-from .host.agent import as_pid as pid
-from .host.agent import as_time as finite
+from .host.job_status import ACTIVE, CANCELLED, FAILED, PREEMPTED, SUCCEEDED
+from .host.job_status import as_pid as pid
+from .host.job_status import as_time as finite
 
 AGENT_STATES = (*ACTIVE, SUCCEEDED, FAILED, CANCELLED, PREEMPTED)
 MAX_ANSWER_BYTES = 4 << 20  # a probe answer is a few KB; more is not an agent talking

@@ -7,8 +7,8 @@ import json
 import math
 import time
 
-from .host.agent import as_time as _finite  # a finite float, else None
-from .host.agent import fmt_duration
+from .host.job_status import as_time as _finite  # a finite float, else None
+from .host.job_status import fmt_duration
 from .state import Job
 
 

@@ -24,8 +24,8 @@ Subcommands:
                     period), wait for it, and print the final status (`--nowait 1`: only
                     ask, and print the status as it is)
 
-The agent lives outside the job directory (`<root>/agent-<hash>/agent.py`, beside the
-optional `agent_upload.py`), so a job that writes into its own directory cannot replace the
+The agent lives outside the job directory (`<root>/agent-<hash>/agent.py`, beside the other
+modules of cloudtrain/host/), so a job that writes into its own directory cannot replace the
 code that probes and stops it. Everything read back from the job directory (status.json,
 metrics.jsonl, job.json) may have been written by the job: it is read under guard.
 
@@ -41,6 +41,10 @@ job.json keys that switch on more (absent: nothing happens):
                     the results. Recorded in status.json as `checkpoint_stream`
     collect_wait_s  how long to wait for the CLI's `collected` marker when there is no stored
                     copy of the results (default: shutdown_delay_s)
+
+This module holds the agent's run, probe and stop and the command; it imports job_status
+(states, guarded reads), job_processes (the job's processes), agent_store (the uploads to the
+job store) and safefile.
 """
 
 import json
@@ -52,28 +56,28 @@ import sys
 import threading
 import time
 
-try:
-    from . import safefile  # imported as cloudtrain.agent (the CLI, LocalHost)
-except ImportError:
-    import safefile  # run as a script on the host, safefile.py beside it
-
-# Agent states as written to status.json. "starting" is before run.sh has a pid.
-STARTING, RUNNING = "starting", "running"
-SUCCEEDED, FAILED, CANCELLED, PREEMPTED = "succeeded", "failed", "cancelled", "preempted"
-ACTIVE = (STARTING, RUNNING)
+try:  # imported as cloudtrain.host.agent (the CLI, LocalHost)
+    from . import safefile
+    from .agent_store import StoreUploads
+    from .job_processes import (MAX_RECORDED_PIDS, PR_SET_CHILD_SUBREAPER, describe_exit,
+                                descendants, group_alive, kill_recorded, pid_alive, prctl,
+                                proc_state, set_pdeathsig, signal_group)
+    from .job_status import (ACTIVE, CANCELLED, FAILED, PREEMPTED, RUNNING, STARTING,
+                             SUCCEEDED, as_pid, as_time, fmt_duration, metrics_tail, now,
+                             read_json, save_status)
+except ImportError:  # run as a script on the host, its neighbours beside it
+    import safefile
+    from agent_store import StoreUploads
+    from job_processes import (MAX_RECORDED_PIDS, PR_SET_CHILD_SUBREAPER, describe_exit,
+                               descendants, group_alive, kill_recorded, pid_alive, prctl,
+                               proc_state, set_pdeathsig, signal_group)
+    from job_status import (ACTIVE, CANCELLED, FAILED, PREEMPTED, RUNNING, STARTING,
+                            SUCCEEDED, as_pid, as_time, fmt_duration, metrics_tail, now,
+                            read_json, save_status)
 
 POLL_S = 0.1
-METRICS_TAIL_BYTES = 65536
-METRICS_SCAN_BYTES = 16 << 20
-JSON_MAX_BYTES = 4 << 20  # status.json and the other small JSON files a job can write to
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 SPOT_POLL_S = 5.0  # AWS gives two minutes' notice; checking every 5 s leaves the job ~115 s
-MAX_RECORDED_PIDS = 4096  # descendants written to status.json at each heartbeat
 REARM_TIMEOUT_S = 60.0
-SPOT_UPLOAD_S = 75.0  # after a spot notice: what is left of the two minutes, with a margin
-LOG_UPLOAD_S = 15.0  # of that, kept for status.json, the log and the metrics after the checkpoint
-UPLOAD_TIMEOUT_S = 1800.0  # the power-off must come even if the results store hangs
 WAIT_POLL_S = 0.5
 STAGING_STATUS = "staging-status.json"  # written by stager.py while the datasets are copied
 SETUP_STATUS = "setup-status.json"  # written by run.sh when the job file's setup script fails
@@ -98,194 +102,9 @@ def spot_notice(imds_url, timeout=1.0):
         return None
 
 
-def now():
-    return time.time()
-
-
-def shipped(name):
-    """A module shipped beside this script (agent_upload, checkpoint_stream), imported by
-    name: they are ours, not the standard library's."""
-    import importlib
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    return importlib.import_module(name)
-
-
-def read_json(path, default=None):
-    """A JSON object from a file of the job directory (JSON_MAX_BYTES at most), or `default`
-    when there is none (safefile.read_json)."""
-    return safefile.read_json(path, JSON_MAX_BYTES, default)
-
-
-def as_pid(value):
-    """A positive int pid, or None (status.json may hold "abc", 0, -1, true or a list)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < (1 << 31):
-        return None
-    return value
-
-
-def as_time(value, default=None):
-    """A finite number of seconds, or `default`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return default
-    try:
-        value = float(value)
-    except OverflowError:
-        return default
-    return value if math.isfinite(value) else default
-
-
-def save_status(path, status):
-    """Record a status decided from outside the agent (probe, stop, reap). A job directory
-    that is gone, or a status.json that is no file any more, does not change the answer."""
-    try:
-        safefile.write_json(path, status)
-    except OSError:
-        pass
-
-
-def pid_alive(pid, needle=None):
-    """Whether `pid` exists (and, on Linux, runs a command line containing `needle`)."""
-    pid = as_pid(pid)
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    if needle:
-        try:
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
-        except OSError:
-            return True  # no /proc (macOS): trust the pid
-        if "zombie" in _proc_state(pid) or needle not in cmdline:
-            return False
-    return True
-
-
-def _proc_state(pid):
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith("State:"):
-                    return line.lower()
-    except OSError:
-        pass
-    return ""
-
-
-def group_alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def signal_group(pgid, sig):
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def describe_exit(returncode):
-    """(exit_code, reason) in shell terms: a signal-killed job exits 128+N."""
-    if returncode < 0:
-        sig = -returncode
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = "signal %d" % sig
-        return 128 + sig, "killed by %s" % name
-    if returncode == 0:
-        return 0, None
-    return returncode, "exited with code %d" % returncode
-
-
-def fmt_duration(seconds):
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return "%dh%02dm%02ds" % (h, m, s) if h else ("%dm%02ds" % (m, s) if m else "%ds" % s)
-
-
-def _prctl(option, arg):
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(option, arg, 0, 0, 0) == 0
-    except Exception:  # not Linux, or no libc
-        return False
-
-
-def proc_stat(pid):
-    """(ppid, start time in clock ticks since boot) from /proc/<pid>/stat, or None.
-    The start time (field 22) tells a process from a later one that got the same pid."""
-    try:
-        with open("/proc/%s/stat" % pid) as f:
-            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[1]), int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def descendants(root, with_start=False):
-    """Every process below `root` in the process tree (from /proc; [] without it); with
-    `with_start`, [pid, start time] pairs."""
-    children, start = {}, {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
-        stat = proc_stat(name)
-        if stat is None:
-            continue
-        children.setdefault(stat[0], []).append(int(name))
-        start[int(name)] = stat[1]
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return [[p, start[p]] for p in found] if with_start else found
-
-
-def kill_recorded(recorded):
-    """SIGKILL the recorded [pid, start time] pairs that are still those processes."""
-    if not isinstance(recorded, list):
-        return
-    for item in recorded[:MAX_RECORDED_PIDS]:
-        if not (isinstance(item, list) and len(item) == 2):
-            continue
-        pid, start = as_pid(item[0]), item[1]
-        stat = proc_stat(pid) if pid else None
-        if stat is not None and stat[1] == start and pid != os.getpid():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def _set_pdeathsig():
-    """In the child: die with the agent (Linux), so a killed agent leaves no orphan job
-    (elsewhere the probe's reaping still covers it)."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 class Agent:
+    """One job's run in its job directory, from run.sh's start to the power-off."""
+
     def __init__(self, jobdir):
         self.jobdir = os.path.abspath(jobdir)
         self.settings = read_json(self.path("job.json"), {}) or {}
@@ -299,8 +118,7 @@ class Agent:
         self.kill_at = None
         self.proc = None
         self.lock = threading.Lock()
-        self.streamer = None  # checkpoint_stream.Streamer, while the job runs
-        self.stream_seen = None  # its last record as written to status.json
+        self.store = StoreUploads(self)  # checkpoints and results to the job store
 
     def path(self, name):
         return os.path.join(self.jobdir, name)
@@ -353,7 +171,7 @@ class Agent:
         """Collect the exit status of re-parented orphans (not the job's own bash, which
         Popen waits for), so none stays a zombie."""
         for pid in descendants(os.getpid()):
-            if pid != self.proc.pid and "zombie" in _proc_state(pid):
+            if pid != self.proc.pid and "zombie" in proc_state(pid):
                 try:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
@@ -408,27 +226,24 @@ class Agent:
     # -- run ----------------------------------------------------------------------------------
 
     def run(self):
+        """Start run.sh, watch it to its end, record that end, store the results and power
+        off (a cloud host); the exit code of `agent.py run`."""
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self.on_signal)
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the job come to us, not to init
+        prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the job come to us, not to init
         self.write_status(state=STARTING, agent_pid=os.getpid(), pid=None, started_at=None,
                           ended_at=None, exit_code=None, reason=None)
         # In the background: a slow sudo must not hold back the heartbeat (a probe would
         # take the agent for dead).
         rearming = threading.Thread(target=self.rearm, args=("start_minutes",), daemon=True)
         rearming.start()
-        env = dict(os.environ)
-        env.update({k: str(v) for k, v in (self.settings.get("env") or {}).items()})
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env["CLOUDTRAIN_JOB_DIR"] = self.jobdir
-        # The zero of the job's own startup breakdown (import, data, warm-up: issue 17).
-        env["CLOUDTRAIN_STARTED_AT"] = "%.6f" % time.time()
+        env = self.job_env()
         log = open(self.path("output.log"), "ab")
         try:
             self.proc = subprocess.Popen(
                 ["bash", self.path("run.sh")], cwd=self.jobdir, env=env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_set_pdeathsig)
+                start_new_session=True, preexec_fn=set_pdeathsig)
         except OSError as exc:
             log.write(("cloudtrain agent: could not start run.sh: %s\n" % exc).encode())
             log.close()
@@ -441,10 +256,31 @@ class Agent:
         pump = threading.Thread(target=self.pump, args=(self.proc.stdout, log), daemon=True)
         pump.start()
         threading.Thread(target=self.watch_spot, daemon=True).start()
-        self.streamer = self.start_stream()
+        self.store.start_stream()
         if self.stop_reason is not None:  # a signal arrived before the job existed
             self.request_stop(self.stop_state, self.stop_reason, self.stop_grace)
+        self.supervise(started)
+        rearming.join(REARM_TIMEOUT_S)  # its process is ours too, and must not be killed below
+        self.clean_up()
+        pump.join(timeout=5)
+        log.close()
+        self.record_end()
+        self.maybe_shutdown(self.store.after_job())
+        return 0
 
+    def job_env(self):
+        """run.sh's environment: ours, job.json's env, and where the job is."""
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in (self.settings.get("env") or {}).items()})
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env["CLOUDTRAIN_JOB_DIR"] = self.jobdir
+        # The zero of the job's own startup breakdown (import, data, warm-up: issue 17).
+        env["CLOUDTRAIN_STARTED_AT"] = "%.6f" % time.time()
+        return env
+
+    def supervise(self, started):
+        """Until run.sh ends: the maximum runtime, the SIGKILL after the grace period, the
+        heartbeat and the checkpoint stream's record."""
         next_beat = started + self.heartbeat_s
         while self.proc.poll() is None:
             t = now()
@@ -458,11 +294,11 @@ class Agent:
             if t >= next_beat:
                 self.beat()
                 next_beat = t + self.heartbeat_s
-            self.note_stream()
+            self.store.note_stream()
             time.sleep(POLL_S)
 
-        rearming.join(REARM_TIMEOUT_S)  # its process is ours too, and must not be killed below
-        # run.sh ended; whatever it left behind, in its group or not, goes too (no orphans).
+    def clean_up(self):
+        """run.sh ended; whatever it left behind, in its group or not, goes too (no orphans)."""
         self.signal_job(signal.SIGKILL)
         deadline = now() + 5
         while now() < deadline:
@@ -470,8 +306,10 @@ class Agent:
             if not [p for p in descendants(os.getpid()) if p != self.proc.pid]:
                 break
             time.sleep(POLL_S)
-        pump.join(timeout=5)
-        log.close()
+
+    def record_end(self):
+        """The job's end in status.json: the state and reason a stop asked for, else its exit
+        (a failed staging or setup says so rather than run.sh's exit code)."""
         exit_code, exit_reason = describe_exit(self.proc.returncode)
         if self.stop_reason is not None:
             state, reason = self.stop_state, self.stop_reason
@@ -482,13 +320,6 @@ class Agent:
                 setup_failure(self.jobdir) or exit_reason
         self.write_status(state=state, ended_at=now(), exit_code=exit_code, reason=reason,
                           descendants=[])
-        # The checkpoint first, then the status and logs (which then record how it went).
-        limit, t0 = self.upload_limit(), now()
-        streamed = self.finish_stream(limit)
-        stored = self.store_results(max(limit - (now() - t0), min(limit, LOG_UPLOAD_S)),
-                                    include_checkpoints=not (streamed and streamed.get("ok")))
-        self.maybe_shutdown(stored)
-        return 0
 
     # -- after the job ----------------------------------------------------------------------------
 
@@ -517,123 +348,6 @@ class Agent:
             tail = proc.stdout.decode("utf-8", "replace").strip().splitlines()[-3:]
             self.log_line("rearm %s exited with %d%s" % (" ".join(command), proc.returncode,
                                                         (": " + " / ".join(tail)) if tail else ""))
-
-    def upload_limit(self):
-        """Seconds for storing the checkpoint and the results after the job: after a spot
-        notice only what is left of its two minutes."""
-        limit = as_time(self.settings.get("results_store_timeout_s"), UPLOAD_TIMEOUT_S)
-        if self.stop_state == PREEMPTED:  # AWS gives two minutes' notice, part of it spent
-            limit = min(limit, SPOT_UPLOAD_S)
-        return max(limit, 0.0)
-
-    def start_stream(self):
-        """The checkpoint streamer, when job.json asks for one and there is a grant to upload
-        with; None otherwise (said in output.log). It must never stop the job."""
-        conf = self.settings.get("checkpoint_stream")
-        if conf is None:
-            return None
-        if not isinstance(conf, dict):
-            self.log_line("checkpoint_stream in job.json is not an object: checkpoints are "
-                          "not streamed")
-            return None
-        grant = self.settings.get("results_store")
-        if not isinstance(grant, dict):
-            self.log_line("no job store to stream checkpoints to (no results_store grant): "
-                          "checkpoints are not streamed")
-            return None
-        slot = conf.get("start_slot")
-        try:
-            streamer = shipped("checkpoint_stream").Streamer(
-                self.jobdir, grant, settle_s=as_time(conf.get("settle_s"), 2.0),
-                poll_s=as_time(conf.get("poll_s"), 1.0),
-                start_seq=as_pid(conf.get("start_seq")) or 0,  # as_pid: a positive int
-                start_slot=slot if slot in ("a", "b") else None,
-                attempt=as_pid(conf.get("attempt")))
-            streamer.start()
-        except BaseException as exc:  # ImportError, a bad grant, a bug
-            self.log_line("checkpoint streaming could not start: %s: %s"
-                          % (type(exc).__name__, exc))
-            return None
-        return streamer
-
-    def note_stream(self):
-        """Record the streamer's last upload in status.json when it is a new one."""
-        if self.streamer is None:
-            return
-        last = self.streamer.last
-        if last is None or last == self.stream_seen:
-            return
-        self.stream_seen = last
-        self.write_status(checkpoint_stream=dict(last, uploads=self.streamer.uploads))
-
-    def finish_stream(self, limit):
-        """At the job's end: stop the streamer, then upload the checkpoints if they changed
-        since its last upload (the one written on SIGTERM, after a spot notice), within
-        `limit` less what the logs need after a notice. Recorded in status.json with
-        "final": true; returns that record (None without streaming)."""
-        if self.streamer is None:
-            return None
-        if self.stop_state == PREEMPTED:
-            limit = max(0.0, limit - LOG_UPLOAD_S)
-        t0 = now()
-        self.streamer.stop(timeout_s=limit)
-        rec = self.streamer.flush(max(0.0, limit - (now() - t0)), final=True)
-        rec = dict(rec, final=True, uploads=self.streamer.uploads)
-        self.write_status(checkpoint_stream=rec)
-        if rec.get("ok") and rec.get("seq") is not None:
-            self.log_line("checkpoint %s (step %s, %.1f MB) is in the job store (%.1f s)"
-                          % (rec["seq"], "unknown" if rec.get("step") is None else rec["step"],
-                             (rec.get("bytes") or 0) / 1e6, rec.get("seconds") or 0.0))
-        elif not rec.get("ok"):
-            self.log_line("the last checkpoint did not reach the job store: %s"
-                          % (rec.get("error") or "no reason given"))
-        return rec
-
-    def store_results(self, limit=None, include_checkpoints=True):
-        """Upload the job's results with `agent_upload.upload_job(jobdir, grant)` (the module
-        beside this script), before the host powers off, within `limit` seconds (default:
-        upload_limit()). Without `include_checkpoints` (the checkpoint stream stored them)
-        checkpoints/ is left out. Whatever happens is recorded in status.json as
-        `results_stored`; nothing here may stop the power-off."""
-        grant = self.settings.get("results_store")
-        if grant is None:
-            return None
-        box = {}
-        options = {} if include_checkpoints else {"include_checkpoints": False}
-        outputs = self.settings.get("outputs")
-        if isinstance(outputs, list) and outputs:
-            options["outputs"] = [str(o) for o in outputs]
-
-        def work():
-            try:
-                box["result"] = shipped("agent_upload").upload_job(
-                    self.jobdir, grant, timeout_s=limit, **options)
-            except BaseException as exc:  # ImportError, SystemExit, a bug in the uploader
-                box["error"] = "%s: %s" % (type(exc).__name__, exc)
-
-        if limit is None:
-            limit = self.upload_limit()
-        worker = threading.Thread(target=work, daemon=True)
-        worker.start()
-        worker.join(timeout=limit)
-        result = box.get("result")
-        if worker.is_alive():
-            error = "the upload did not finish in %s" % fmt_duration(limit)
-        elif "error" in box:
-            error = box["error"]
-        elif not isinstance(result, dict):
-            error = "upload_job returned %s, not a dict" % type(result).__name__
-        else:
-            error = result.get("error")
-        result = result if isinstance(result, dict) else {}
-        count = lambda v: v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
-        stored = {"at": now(), "ok": result.get("ok") is True and not worker.is_alive(),
-                  "files": count(result.get("files")), "bytes": count(result.get("bytes")),
-                  "error": None if error is None else str(error)[:500]}
-        if not stored["ok"]:
-            self.log_line("storing the results failed: %s" % (stored["error"] or "no reason given"))
-        self.write_status(results_stored=stored)
-        return stored
 
     def kept(self):
         """A host kept after the job: none was to power off, or `keep` was asked for later."""
@@ -680,37 +394,6 @@ def setup_failure(jobdir):
     code = status.get("exit_code")
     code = code if isinstance(code, int) and not isinstance(code, bool) else "?"
     return "setup failed (exit code %s; its output leads the job's log)" % code
-
-
-def metrics_tail(jobdir):
-    """The latest metrics row (not an event row), the first target_reached event and the
-    last runs_summary event. Rows come from the tail; the events from the whole file (up to
-    METRICS_SCAN_BYTES), since a target reached early in a long run is far from the end."""
-    path = os.path.join(jobdir, "metrics.jsonl")
-    try:  # a FIFO or a link to /dev/zero planted there is refused at once (F34)
-        data, _ = safefile.read_tail(path, METRICS_SCAN_BYTES)
-    except OSError:
-        return None, None, None
-    latest, target, summary = None, None, None
-    tail_from = len(data) - METRICS_TAIL_BYTES
-    offset = 0
-    for line in data.splitlines(True):
-        start, offset = offset, offset + len(line)
-        if start < tail_from and b'"event"' not in line:
-            continue  # an old plain row: only the newest matters
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            continue  # a line cut by the window or being written; or deep nesting
-        if not isinstance(row, dict):
-            continue
-        if row.get("event") == "target_reached":
-            target = target or row
-        elif row.get("event") == "runs_summary":
-            summary = row
-        elif "event" not in row:
-            latest = row
-    return latest, target, summary
 
 
 def reap(jobdir, status, reason):

@@ -1,7 +1,8 @@
 """Checkpoints streamed to the S3 job store while the job runs, and restored on a new instance.
 
 Standard library only, Python 3.8+: shipped to the host beside agent.py and agent_upload.py
-and imported by the agent by name; `restore` also runs as a command on the new instance:
+and imported by the agent by name; `restore` (checkpoint_restore.py) also runs as a command
+on the new instance:
 
     python3 checkpoint_stream.py restore PLAN JOBDIR
 
@@ -21,131 +22,42 @@ upload is never used.
 
     Streamer(jobdir, grant, ...)   in the agent: watches <jobdir>/checkpoints, uploads each
                                    checkpoint once it has settled; flush() at the job's end
-    restore(plan_path, jobdir)     on the new instance: the files a plan (the manifest with a
+    checkpoint_restore.restore     on the new instance: the files a plan (the manifest with a
                                    presigned GET URL per file) names, verified, then swapped in
-    check_manifest(doc)            why a manifest is not valid, or None (jobstore.py uses it)
+    checkpoint_manifest            what a snapshot holds; check_manifest (jobstore.py uses it)
+
+This module holds the Streamer and the command; it imports checkpoint_manifest,
+checkpoint_restore, agent_upload and safefile.
 """
 
-import hashlib
-import http.client
 import json
-import math
 import os
-import re
-import stat
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 try:  # in the package (the orchestrator, tests), or shipped beside it on the host
     from . import agent_upload, safefile
+    from .checkpoint_manifest import (CHECKPOINTS, CHUNK, INFO, LATEST, LOGS, RESTORE_STATUS,
+                                      SLOTS, STREAM, VERSION, as_count, checkpoint_files,
+                                      is_time, signature, step_from_info, step_from_metrics)
+    from .checkpoint_restore import PLAN_MAX_BYTES, restore
 except ImportError:
     import agent_upload
     import safefile
-
-STREAM = "stream/"
-LATEST = "latest.json"
-SLOTS = ("a", "b")
-VERSION = 1
-CHECKPOINTS = agent_upload.CHECKPOINTS
-INFO = "checkpoint-info.json"  # {"step", "epoch", "file"}, beside the checkpoint (checkpoint.py)
-LOGS = ("metrics.jsonl", "output.log")  # restored too: the resumed job appends to them
-RESTORE_STATUS = "restore-status.json"
-STEP_SOURCES = ("checkpoint", "metrics")
+    from checkpoint_manifest import (CHECKPOINTS, CHUNK, INFO, LATEST, LOGS, RESTORE_STATUS,
+                                     SLOTS, STREAM, VERSION, as_count, checkpoint_files,
+                                     is_time, signature, step_from_info, step_from_metrics)
+    from checkpoint_restore import PLAN_MAX_BYTES, restore
 
 UPLOAD_TIMEOUT_S = 1800.0  # one snapshot from the background thread
 RETRY_AFTER_S = 30.0  # a snapshot that failed is tried again after this (or a newer one settles)
 STOP_WAIT_S = 30.0
 INFO_MAX_BYTES = 65536
 METRICS_TAIL_BYTES = 1 << 20
-MANIFEST_MAX_BYTES = 1 << 20  # latest.json (jobstore reads at most this much)
-PLAN_MAX_BYTES = 16 << 20
-MAX_FILES = 10000
-RESTORE_TIMEOUT_S = 1800.0
-RESTORE_TRIES = 4  # per file, on connection errors and 5xx only
-RESTORE_BACKOFF_S = 1.0  # 1 s, 2 s, 4 s
-CHUNK = 1 << 20
-HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
 
-# -- what a snapshot holds ------------------------------------------------------------------
-
-
-def checkpoint_files(jobdir):
-    """[(relative path, absolute path)], sorted, of what is streamed from <jobdir>/checkpoints:
-    files and folders whose names do not start with "." (a save in progress: checkpoint.py
-    writes `.last.pt.tmp-<pid>`), not entered through links, with portable names. Whether each
-    is a regular file is for the caller's lstat/fstat to say."""
-    root = os.path.join(jobdir, CHECKPOINTS)
-    found = []
-    if os.path.islink(root) or not os.path.isdir(root):
-        return found
-    for top, dirs, names in os.walk(root):  # followlinks=False
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in names:
-            if name.startswith("."):
-                continue
-            path = os.path.join(top, name)
-            rel = os.path.relpath(path, jobdir).replace(os.sep, "/")
-            if agent_upload.safe_relpath(rel) is not None and agent_upload._utf8(rel):
-                found.append((rel, path))
-    return sorted(found)
-
-
-def signature(jobdir):
-    """The checkpoints as they are now: a sorted tuple of (relpath, size, mtime_ns, inode) of
-    the regular files checkpoint_files lists. A new checkpoint renamed into place changes the
-    inode even when its size and mtime happen to match."""
-    sig = []
-    for rel, path in checkpoint_files(jobdir):
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue  # removed since the listing (an old checkpoint rotated away)
-        if stat.S_ISREG(st.st_mode):
-            sig.append((rel, st.st_size, st.st_mtime_ns, st.st_ino))
-    return tuple(sig)
-
-
-def as_count(value):
-    """A non-negative int from a JSON value (an integral float too), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if value >= 0 else None
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and value >= 0:
-        return int(value)
-    return None
-
-
-def step_from_info(data):
-    """(step, epoch) from checkpoint-info.json's bytes, or None when it is not usable."""
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(doc, dict):
-        return None
-    step, epoch = as_count(doc.get("step")), as_count(doc.get("epoch"))
-    return None if step is None and epoch is None else (step, epoch)
-
-
-def step_from_metrics(data):
-    """(step, epoch) of the last plain row (no "event") of metrics.jsonl bytes that has a
-    step or an epoch, or None."""
-    for line in reversed(data.splitlines()):
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            continue  # the first line of a tail window, a line being written
-        if not isinstance(row, dict) or "event" in row:
-            continue
-        step, epoch = as_count(row.get("step")), as_count(row.get("epoch"))
-        if step is not None or epoch is not None:
-            return step, epoch
-    return None
+# -- a snapshot, opened ----------------------------------------------------------------------
 
 
 def _pread_all(fd, offset, size):
@@ -405,7 +317,7 @@ class Streamer(object):
             self._good.update(step=as_count(status.get("step")),
                               epoch=as_count(status.get("epoch")),
                               bytes=as_count(status.get("bytes")) or 0, ok=True,
-                              at=status.get("at") if _is_time(status.get("at")) else None)
+                              at=status.get("at") if is_time(status.get("at")) else None)
 
     def _attempt(self, final, deadline, flushing=False):
         started = time.time()
@@ -514,246 +426,6 @@ class _BytesSource(object):
         out = self.data[self.pos:self.pos + n]
         self.pos += len(out)
         return out
-
-
-# -- manifest ----------------------------------------------------------------------------------
-
-
-def _is_int(value, low=None):
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and (low is None or value >= low))
-
-
-def _is_time(value):
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value) and value >= 0)
-
-
-def check_manifest(doc):
-    """Why `doc` (parsed latest.json, or a restore plan) is not a valid manifest, or None.
-    Nothing in it is trusted: whoever held the grant could have written it."""
-    if not isinstance(doc, dict):
-        return "not a JSON object"
-    if doc.get("version") != VERSION or isinstance(doc.get("version"), bool):
-        return "version is not %d" % VERSION
-    if not isinstance(doc.get("job_id"), str) or not 0 < len(doc["job_id"]) <= 128:
-        return "job_id is not a job id"
-    if not _is_int(doc.get("seq"), 1):
-        return "seq is not an int >= 1"
-    if doc.get("slot") not in SLOTS or not isinstance(doc.get("slot"), str):
-        return "slot is not a or b"
-    for key in ("step", "epoch", "attempt"):
-        if doc.get(key) is not None and not _is_int(doc.get(key), 0):
-            return "%s is not an int >= 0 or null" % key
-    if doc.get("step_source") is not None and doc.get("step_source") not in STEP_SOURCES:
-        return "step_source is not checkpoint, metrics or null"
-    for key in ("taken_at", "uploaded_at", "upload_seconds"):
-        if not _is_time(doc.get(key)):
-            return "%s is not a number of seconds" % key
-    if not isinstance(doc.get("final"), bool):
-        return "final is not true or false"
-    files = doc.get("files")
-    if not isinstance(files, list) or len(files) > MAX_FILES:
-        return "files is not a list of at most %d entries" % MAX_FILES
-    seen, total = set(), 0
-    for item in files:
-        if not isinstance(item, dict):
-            return "a files entry is not an object"
-        path, size, digest = item.get("path"), item.get("size"), item.get("sha256")
-        if (not isinstance(path, str) or agent_upload.safe_relpath(path) is None
-                or not agent_upload._utf8(path)):
-            return "unsafe path %r" % (path,)
-        if not (path.startswith(CHECKPOINTS + "/") or path in LOGS):
-            return "%r is neither a checkpoint nor a log" % (path,)
-        if not _is_int(size, 0):
-            return "the size of %r is not an int >= 0" % (path,)
-        if not isinstance(digest, str) or not HEX64.match(digest):
-            return "the sha256 of %r is not 64 hex digits" % (path,)
-        if path in seen:
-            return "%r is listed twice" % (path,)
-        seen.add(path)
-        total += size
-    for path in seen:  # "checkpoints/a" and "checkpoints/a/b" cannot both be files
-        parts = path.split("/")
-        if any("/".join(parts[:i]) in seen for i in range(1, len(parts))):
-            return "%r is listed as a file and as a folder" % (path,)
-    if not _is_int(doc.get("bytes"), 0) or doc["bytes"] != total:
-        return "bytes is not the sum of the files' sizes"
-    return None
-
-
-# -- restore -----------------------------------------------------------------------------------
-
-
-class RestoreError(Exception):
-    """A restore that cannot succeed; the message says why, in one line."""
-
-
-class _Transient(Exception):
-    """Worth another try: a connection error, a 5xx, a body cut short."""
-
-
-def _inside(root, rel):
-    """The path for `rel` below `root` (resolved), or None: not a safe relative path, or it
-    would resolve elsewhere (a link already in the job directory, at any level)."""
-    if agent_upload.safe_relpath(rel) is None:
-        return None
-    target = os.path.join(root, *rel.split("/"))
-    if os.path.realpath(target) != target or not target.startswith(root.rstrip(os.sep) + os.sep):
-        return None
-    return target
-
-
-def _load_plan(plan_path):
-    plan = safefile.read_json(plan_path, PLAN_MAX_BYTES)
-    if plan is None:
-        raise RestoreError("the plan %s is not a readable JSON object" % plan_path)
-    why = check_manifest(plan)
-    if why is not None:
-        raise RestoreError("the plan is not a valid manifest: %s" % why)
-    for item in plan["files"]:
-        url = item.get("url")
-        if not isinstance(url, str) or not url.startswith(("https://", "http://")):
-            raise RestoreError("the plan has no http(s) URL for %r" % item["path"])
-    timeout = plan.get("timeout_s", RESTORE_TIMEOUT_S)
-    if not _is_time(timeout) or timeout <= 0:
-        raise RestoreError("the plan's timeout_s is not a positive number")
-    return plan, float(timeout)
-
-
-def _get(url, tmp, size, digest, deadline, rel):
-    """Download `url` into the new file `tmp`: exactly `size` bytes with this sha256."""
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    h, got = hashlib.sha256(), 0
-    with os.fdopen(fd, "wb") as out:
-        try:
-            timeout = max(1.0, min(60.0, deadline - time.time()))
-            with urllib.request.urlopen(url, timeout=timeout) as resp:
-                while True:
-                    if time.time() > deadline:
-                        raise RestoreError("ran out of time downloading %s" % rel)
-                    block = resp.read(CHUNK)
-                    if not block:
-                        break
-                    got += len(block)
-                    if got > size:
-                        raise RestoreError("%s: more than the %d bytes listed" % (rel, size))
-                    h.update(block)
-                    out.write(block)
-        except urllib.error.HTTPError as exc:
-            detail = agent_upload._s3_error(exc.read(agent_upload.ERROR_BODY_BYTES) or b"")
-            message = "HTTP %d for %s: %s" % (exc.code, rel, detail)
-            if exc.code >= 500:
-                raise _Transient(message)
-            raise RestoreError(message + (" (the presigned URL has expired?)"
-                                          if exc.code == 403 else ""))
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            raise _Transient("%s: %s" % (rel, reason))
-        out.flush()
-        os.fsync(out.fileno())
-    if got != size:
-        raise _Transient("%s: %d bytes downloaded, %d listed" % (rel, got, size))
-    if h.hexdigest() != digest:
-        raise RestoreError("%s: the sha256 differs from the manifest" % rel)
-
-
-def _download(url, tmp, size, digest, deadline, rel):
-    for attempt in range(RESTORE_TRIES):
-        try:
-            return _get(url, tmp, size, digest, deadline, rel)
-        except _Transient as exc:
-            delay = RESTORE_BACKOFF_S * 2 ** attempt
-            if attempt == RESTORE_TRIES - 1 or time.time() + delay > deadline:
-                raise RestoreError("%s (after %d tries)" % (exc, attempt + 1))
-            time.sleep(delay)
-
-
-def _append_into(tmp, target):
-    """Add a restored log to the end of the one already at `target`, in place; False when
-    there is none. The agent holds output.log open for appending from before run.sh (which
-    runs the restore) starts: a file renamed over it would take the job's output nowhere."""
-    try:
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        return False
-    with os.fdopen(fd, "ab") as dst, open(tmp, "rb") as src:
-        if not stat.S_ISREG(os.fstat(dst.fileno()).st_mode):
-            raise RestoreError("%s is not a file" % os.path.basename(target))
-        while True:
-            block = src.read(CHUNK)
-            if not block:
-                break
-            dst.write(block)
-        dst.flush()
-        os.fsync(dst.fileno())
-    return True
-
-
-def restore(plan_path, jobdir):
-    """Download the snapshot `plan_path` names into `jobdir`: every file into a temporary file
-    beside its place, verified (size, sha256), and only once all are, each renamed into place
-    (metrics.jsonl and output.log, when there already, get the restored copy appended in
-    place instead). A failure before that point replaces nothing. Returns, and writes as
-    <jobdir>/restore-status.json, {"ok", "seq", "step", "epoch", "files", "bytes", "seconds",
-    "error"}, plus "slot", "at" and the restored checkpoints' "signature" (the Streamer does
-    not upload them again)."""
-    started = time.time()
-    status = {"ok": False, "seq": None, "step": None, "epoch": None, "files": 0, "bytes": 0,
-              "seconds": 0.0, "error": None, "slot": None, "signature": None}
-    staged = []
-    try:
-        plan, timeout = _load_plan(plan_path)
-        status.update(seq=plan["seq"], slot=plan["slot"], step=plan.get("step"),
-                      epoch=plan.get("epoch"))
-        deadline = started + timeout
-        os.makedirs(jobdir, exist_ok=True)
-        root = os.path.realpath(jobdir)
-        targets = []
-        for item in plan["files"]:  # every path is checked before anything is written
-            target = _inside(root, item["path"])
-            if target is None:
-                raise RestoreError("unsafe path %r: nothing restored" % item["path"])
-            if os.path.lexists(target) and not stat.S_ISREG(os.lstat(target).st_mode):
-                raise RestoreError("%s is there and not a file: nothing restored" % item["path"])
-            targets.append(target)
-        for item, target in zip(plan["files"], targets):
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            if _inside(root, item["path"]) != target:  # a folder made just now, not a link
-                raise RestoreError("%s changed while it was restored" % item["path"])
-            tmp = os.path.join(os.path.dirname(target), ".%s.%d.restoring"
-                               % (os.path.basename(target), os.getpid()))
-            staged.append(tmp)
-            _download(item["url"], tmp, item["size"], item["sha256"], deadline, item["path"])
-        for item, target, tmp in zip(plan["files"], targets, staged):  # checkpoints first
-            if item["path"] not in LOGS:
-                os.replace(tmp, target)
-        for item, target, tmp in zip(plan["files"], targets, staged):
-            if item["path"] in LOGS and not _append_into(tmp, target):
-                os.replace(tmp, target)
-        for folder in sorted({os.path.dirname(t) for t in targets}):
-            safefile.fsync_dir(folder)
-        status.update(ok=True, files=len(targets), bytes=plan["bytes"],
-                      signature=[list(s) for s in signature(root)])
-    except RestoreError as exc:
-        status["error"] = str(exc)
-    except Exception as exc:
-        status["error"] = "%s: %s" % (type(exc).__name__, exc)
-    finally:
-        for tmp in staged:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-    status["seconds"] = round(time.time() - started, 3)
-    status["at"] = time.time()
-    if status["error"] is not None:
-        status["error"] = " ".join(str(status["error"]).split())[:500]
-    try:
-        safefile.write_json(os.path.join(jobdir, RESTORE_STATUS), status)
-    except OSError:
-        pass
-    return status
 
 
 def main(argv):

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from .. import config, datasets, hostdata, ledger, nodes, providers, state
-from ..host.agent import metrics_tail, read_json
+from ..host.job_status import metrics_tail, read_json
 from ..errors import CloudtrainError, HostError, NotRegularFile
 from ..hosts import LocalHost
 from ..spec import JobSpec

@@ -329,7 +329,7 @@ def _restore(a: _Launch, nodes: NodeGroup) -> dict | None:
         a.store.add_event(a.job.id, "restore", detail=f"attempt {spec.attempt}: no checkpoint "
                                                       "in the job store, the job starts over")
         return None
-    from ..host.checkpoint_stream import LOGS
+    from ..host.checkpoint_manifest import LOGS
 
     # Node 0's log and metrics are the job's: the other nodes take its checkpoint only.
     files = [f for f in plan.get("files") or [] if f.get("path") not in LOGS]

@@ -18,7 +18,7 @@ import socket
 import time
 
 from .. import config, datasets, ledger, nodes, providers, state
-from ..host.agent import pid_alive
+from ..host.job_processes import pid_alive
 from ..errors import CloudtrainError, HostError
 from ..spec import JobSpec
 from ..state import Job, Store

@@ -1,6 +1,6 @@
 """The checkpoint stream against moto's S3 server: the agent's Streamer POSTing through the
 job's presigned grant, the orchestrator's latest_checkpoint and restore_plan reading it back,
-and checkpoint_stream.restore downloading through presigned GETs into a fresh job directory.
+and checkpoint_restore.restore downloading through presigned GETs into a fresh job directory.
 
 moto does not check a presigned POST's policy (tests/integration/test_jobstore_s3.py says
 where that is covered). Failures mid-snapshot come from a small proxy in front of moto that
@@ -26,7 +26,9 @@ import pytest
 import requests
 
 from aws_lab import moto_endpoint  # noqa: F401  (fixture)
-from cloudtrain.host import agent, agent_upload, checkpoint_stream as cs
+from cloudtrain.host import agent_store, agent_upload, checkpoint_manifest, checkpoint_restore
+from cloudtrain.host import job_status
+from cloudtrain.host import checkpoint_stream as cs
 from cloudtrain.providers.aws import jobstore
 
 REGION = "eu-west-1"
@@ -43,7 +45,7 @@ STREAM = f"{PREFIX}stream/"
 def s3(moto_endpoint, monkeypatch):  # noqa: F811
     requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
     monkeypatch.setattr(agent_upload, "BACKOFF_S", 0.01)
-    monkeypatch.setattr(cs, "RESTORE_BACKOFF_S", 0.01)
+    monkeypatch.setattr(checkpoint_restore, "RESTORE_BACKOFF_S", 0.01)
     return jobstore.s3_client(boto3.Session(region_name=REGION, **CREDS), REGION, moto_endpoint)
 
 
@@ -63,7 +65,7 @@ def grant(s3, bucket):
 
 def _save(jobdir: Path, files: dict[str, bytes], step: int) -> None:
     """Checkpoint files renamed into place, then checkpoint-info.json, as save_atomic does."""
-    for rel, data in {**files, cs.INFO: json.dumps({"step": step, "epoch": step // 10}
+    for rel, data in {**files, checkpoint_manifest.INFO: json.dumps({"step": step, "epoch": step // 10}
                                                    ).encode()}.items():
         path = jobdir / "checkpoints" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +82,7 @@ def _tree(root: Path, under: str = "") -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and not p.name.startswith(".")
             and p.relative_to(root).as_posix().startswith(under)
-            and p.name != cs.RESTORE_STATUS}
+            and p.name != checkpoint_manifest.RESTORE_STATUS}
 
 
 def _restore_into(s3, bucket, target: Path, tmp_path: Path) -> dict:
@@ -88,7 +90,7 @@ def _restore_into(s3, bucket, target: Path, tmp_path: Path) -> dict:
     plan = jobstore.restore_plan(s3, bucket, JOB, manifest, expires_s=600, owner_key=KEY)
     plan_path = tmp_path / f"plan-{target.name}.json"
     plan_path.write_text(json.dumps(plan))
-    return cs.restore(str(plan_path), str(target))
+    return checkpoint_restore.restore(str(plan_path), str(target))
 
 
 def _wait(what, check, timeout=15.0):
@@ -355,7 +357,7 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         def streamed():
-            status = agent.read_json(str(jobdir / "status.json")) or {}
+            status = job_status.read_json(str(jobdir / "status.json")) or {}
             record = status.get("checkpoint_stream") or {}
             return record if record.get("uploads", 0) >= 2 else None
         running = _wait("two streamed checkpoints", streamed)
@@ -376,7 +378,7 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
     last_step = int(log.split("final checkpoint ")[1].split()[0])
     assert final["final"] is True and final["ok"] is True and final["error"] is None, final
     assert final["step"] == last_step and final["uploads"] >= 3
-    assert final["seconds"] < agent.SPOT_UPLOAD_S and final["bytes"] > 400000
+    assert final["seconds"] < agent_store.SPOT_UPLOAD_S and final["bytes"] > 400000
     assert f"checkpoint {final['seq']} (step {last_step}," in log
 
     manifest = jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)

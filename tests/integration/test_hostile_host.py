@@ -208,7 +208,7 @@ class Freezer:
     answering without closing anything, as one stuck in D state or behind a dropped route."""
 
     def __init__(self, sshd):
-        from cloudtrain.host.agent import descendants
+        from cloudtrain.host.job_processes import descendants
 
         self.session = descendants(sshd.proc.pid)
 

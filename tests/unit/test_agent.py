@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.host import agent
+from cloudtrain.host import agent, agent_store, job_processes, job_status
 
 
 def _sleeper(*extra: str) -> subprocess.Popen:
@@ -74,7 +74,7 @@ def test_metrics_tail_returns_latest_row_and_first_target(tmp_path):
             {"epoch": 2, "test_acc": 0.95}, {"event": "target_reached", "epoch": 3}]
     text = "".join(json.dumps(r) + "\n" for r in rows) + '{"epoch": 3, "test_'  # torn last line
     (tmp_path / "metrics.jsonl").write_text(text)
-    latest, target, summary = agent.metrics_tail(str(tmp_path))
+    latest, target, summary = job_status.metrics_tail(str(tmp_path))
     assert latest == {"epoch": 2, "test_acc": 0.95}
     assert target == {"event": "target_reached", "epoch": 2}
     assert summary is None
@@ -83,13 +83,13 @@ def test_metrics_tail_returns_latest_row_and_first_target(tmp_path):
 def test_metrics_tail_finds_events_far_from_the_end(tmp_path, monkeypatch):
     """A long multi-run job: the first target event is megabytes before the tail window, the
     runs summary comes last; only the newest plain row counts."""
-    monkeypatch.setattr(agent, "METRICS_TAIL_BYTES", 4096)
+    monkeypatch.setattr(job_status, "METRICS_TAIL_BYTES", 4096)
     lines = [json.dumps({"event": "target_reached", "epoch": 7, "run": 0})]
     lines += [json.dumps({"epoch": i % 10 + 1, "run": i // 10, "test_acc": 0.9})
               for i in range(20000)]
     lines.append(json.dumps({"event": "runs_summary", "runs": 2000, "mean_acc": 0.9401}))
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    latest, target, summary = agent.metrics_tail(str(tmp_path))
+    latest, target, summary = job_status.metrics_tail(str(tmp_path))
     assert target == {"event": "target_reached", "epoch": 7, "run": 0}
     assert summary == {"event": "runs_summary", "runs": 2000, "mean_acc": 0.9401}
     assert latest == {"epoch": 10, "run": 1999, "test_acc": 0.9}
@@ -125,8 +125,9 @@ def test_agent_runs_under_python38_syntax():
 
     from cloudtrain.host import safefile
 
-    beside = {"safefile"}  # shipped with it (hosts.agent_files), itself standard library only
-    for module in (agent, safefile):
+    # shipped with it (hosts.agent_files), each itself standard library only
+    beside = {"safefile", "agent_store", "job_processes", "job_status"}
+    for module in (agent, agent_store, job_processes, job_status, safefile):
         source = open(module.__file__).read()
         ast.parse(source, feature_version=(3, 8))
         tree = ast.parse(source)
@@ -237,8 +238,8 @@ def test_F19_metrics_tail_skips_deep_and_non_object_rows(tmp_path):
     deep = '{"a":' * 9000 + "1" + "}" * 9000  # 54 KB, as in the audit
     (tmp_path / "metrics.jsonl").write_text(
         json.dumps({"epoch": 1}) + "\n" + deep + "\n[1, 2]\n" + "3\n")
-    assert agent.metrics_tail(str(tmp_path)) == ({"epoch": 1}, None, None)
-    assert agent.read_json(str(tmp_path / "metrics.jsonl"), "dflt") == "dflt"
+    assert job_status.metrics_tail(str(tmp_path)) == ({"epoch": 1}, None, None)
+    assert job_status.read_json(str(tmp_path / "metrics.jsonl"), "dflt") == "dflt"
 
 
 # -- F20: an agent that never starts --------------------------------------------------------------
@@ -292,7 +293,7 @@ def _cmdline(pid: int) -> str:
 
 
 def _alive(pid: int) -> bool:
-    return bool(_cmdline(pid)) and "zombie" not in agent._proc_state(pid)
+    return bool(_cmdline(pid)) and "zombie" not in job_processes.proc_state(pid)
 
 
 def test_F17_reap_kills_recorded_descendants_that_left_the_group(tmp_path):
@@ -319,11 +320,11 @@ def test_F17_reap_kills_recorded_descendants_that_left_the_group(tmp_path):
 def test_F17_a_recorded_pid_reused_by_another_process_is_spared(tmp_path):
     other = _sleeper()
     try:
-        start = agent.proc_stat(other.pid)[1]
-        agent.kill_recorded([[other.pid, start + 1], ["x", 1], [other.pid], "junk"])
+        start = job_processes.proc_stat(other.pid)[1]
+        job_processes.kill_recorded([[other.pid, start + 1], ["x", 1], [other.pid], "junk"])
         time.sleep(0.1)
         assert other.poll() is None
-        agent.kill_recorded([[other.pid, start]])
+        job_processes.kill_recorded([[other.pid, start]])
         assert other.wait(timeout=5) == -9
     finally:
         other.kill()
@@ -353,8 +354,11 @@ def _after_job(tmp_path, settings: dict, upload: str | None = FAKE_UPLOAD, colle
     on `true`; returns the final status, the recorder's calls, and the seconds it took."""
     home = tmp_path / "agent-test"
     home.mkdir()
-    shutil.copy(agent.__file__, home / "agent.py")
-    shutil.copy(Path(agent.__file__).with_name("safefile.py"), home / "safefile.py")
+    from cloudtrain.hosts import agent_files
+
+    for source in agent_files():  # what a host gets, but for the uploader (a fake, or none)
+        if source.name != "agent_upload.py":
+            shutil.copy(source, home / source.name)
     if upload is not None:
         (home / "agent_upload.py").write_text(upload)
     (tmp_path / "rec.py").write_text(RECORDER)
@@ -482,7 +486,7 @@ def test_F34_the_probe_answers_at_once_whatever_the_job_planted(tmp_path, name, 
 def test_F34_job_files_are_read_bounded(tmp_path):
     """A huge status.json is not read whole: read_json takes at most its bound."""
     with open(tmp_path / "status.json", "wb") as f:
-        f.write(b'{"state": "running", "pad": "' + b"x" * (agent.JSON_MAX_BYTES + 10) + b'"}')
-    assert agent.read_json(str(tmp_path / "status.json"), "too big") == "too big"
+        f.write(b'{"state": "running", "pad": "' + b"x" * (job_status.JSON_MAX_BYTES + 10) + b'"}')
+    assert job_status.read_json(str(tmp_path / "status.json"), "too big") == "too big"
     _plant(tmp_path / "status.json", "dev-zero")
-    assert agent.read_json(str(tmp_path / "status.json"), "not a file") == "not a file"
+    assert job_status.read_json(str(tmp_path / "status.json"), "not a file") == "not a file"

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from cloudtrain.host import agent_upload, checkpoint_stream as cs
+from cloudtrain.host import agent_upload, checkpoint_manifest, checkpoint_restore
+from cloudtrain.host import checkpoint_stream as cs
 from cloudtrain.providers.aws import jobstore
 
 PREFIX = "jobs/ab12cd34/"
@@ -101,7 +102,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def store(monkeypatch):
     monkeypatch.setattr(agent_upload, "BACKOFF_S", 0.01)
-    monkeypatch.setattr(cs, "RESTORE_BACKOFF_S", 0.01)
+    monkeypatch.setattr(checkpoint_restore, "RESTORE_BACKOFF_S", 0.01)
     server = Store()
     yield server
     server.shutdown()
@@ -117,7 +118,7 @@ def _save(jobdir: Path, data: bytes, name: str = "last.pt", step=None, epoch=Non
     os.replace(tmp, folder / name)
     if step is not None or epoch is not None:
         (folder / ".info.tmp").write_text(json.dumps({"step": step, "epoch": epoch, "file": name}))
-        os.replace(folder / ".info.tmp", folder / cs.INFO)
+        os.replace(folder / ".info.tmp", folder / checkpoint_manifest.INFO)
     return folder / name
 
 
@@ -128,19 +129,25 @@ def _sha(data: bytes) -> str:
 # -- the module ships to hosts ------------------------------------------------------------------
 
 
-def test_runs_under_python38_with_the_standard_library_only():
-    source = Path(cs.__file__).read_text()
+@pytest.mark.parametrize("module, ours", [
+    (cs, {"agent_upload", "safefile", "checkpoint_manifest", "checkpoint_restore"}),
+    (checkpoint_restore, {"agent_upload", "safefile", "checkpoint_manifest"}),
+    (checkpoint_manifest, {"agent_upload"}),
+], ids=lambda m: getattr(m, "__name__", "").rpartition(".")[2] or None)
+def test_runs_under_python38_with_the_standard_library_only(module, ours):
+    source = Path(module.__file__).read_text()
     tree = ast.parse(source, feature_version=(3, 8))
     imported = {n.names[0].name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree)
                  if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported - set(sys.stdlib_module_names) == {"agent_upload", "safefile"}
+    assert imported - set(sys.stdlib_module_names) == ours
 
 
 def test_shipped_with_the_agent():
     from cloudtrain.hosts import agent_files
 
-    assert "checkpoint_stream.py" in [p.name for p in agent_files()]
+    shipped = [p.name for p in agent_files()]
+    assert {"checkpoint_stream.py", "checkpoint_manifest.py", "checkpoint_restore.py"} <= set(shipped)
 
 
 # -- what a snapshot holds and when it is taken -----------------------------------------------
@@ -157,14 +164,14 @@ def test_signature_lists_regular_checkpoints_only_and_sees_a_rename(tmp_path):
     (ckpt / "passwd").symlink_to("/etc/passwd")
     (ckpt / "linked").symlink_to(tmp_path)
     os.mkfifo(ckpt / "fifo")
-    sig = cs.signature(str(tmp_path))
+    sig = checkpoint_manifest.signature(str(tmp_path))
     assert [s[0] for s in sig] == ["checkpoints/last.pt", "checkpoints/run/opt.pt"]
     st = path.stat()
     assert sig[0] == ("checkpoints/last.pt", 3, st.st_mtime_ns, st.st_ino)
-    assert cs.signature(str(tmp_path)) == sig
+    assert checkpoint_manifest.signature(str(tmp_path)) == sig
     _save(tmp_path, b"two")  # same size, maybe the same mtime: a new inode all the same
-    assert cs.signature(str(tmp_path)) != sig
-    assert cs.signature(str(tmp_path / "nowhere")) == ()
+    assert checkpoint_manifest.signature(str(tmp_path)) != sig
+    assert checkpoint_manifest.signature(str(tmp_path / "nowhere")) == ()
 
 
 def test_a_checkpoint_is_taken_once_it_has_settled_and_only_once(tmp_path, store):
@@ -200,7 +207,7 @@ def test_the_manifest_names_the_slot_once_every_file_is_stored(tmp_path, store):
     assert rec["ok"] is True and rec["final"] is True, rec
     assert store.posts[-1] == PREFIX + "stream/latest.json"  # last, after every file
     latest = store.latest()
-    assert cs.check_manifest(latest) is None
+    assert checkpoint_manifest.check_manifest(latest) is None
     assert latest["seq"] == 1 and latest["slot"] == "a" and latest["final"] is True
     assert (latest["step"], latest["epoch"], latest["step_source"]) == (7, 2, "checkpoint")
     assert latest["job_id"] == "ab12cd34" and latest["attempt"] == 1
@@ -226,7 +233,7 @@ def test_step_from_the_metrics_when_there_is_no_checkpoint_info(tmp_path, store)
     assert (rec["step"], rec["epoch"]) == (200, 2)
     assert (latest["step"], latest["epoch"], latest["step_source"]) == (200, 2, "metrics")
     # An unusable checkpoint-info.json falls back to the metrics too; none at all: null.
-    (tmp_path / "checkpoints" / cs.INFO).write_text('{"step": "many"}')
+    (tmp_path / "checkpoints" / checkpoint_manifest.INFO).write_text('{"step": "many"}')
     assert cs.Streamer(str(tmp_path), store.grant()).flush(30)["step"] == 200
     (tmp_path / "metrics.jsonl").unlink()
     cs.Streamer(str(tmp_path), store.grant()).flush(30)
@@ -234,13 +241,13 @@ def test_step_from_the_metrics_when_there_is_no_checkpoint_info(tmp_path, store)
 
 
 def test_step_readers():
-    assert cs.step_from_info(b'{"step": 12, "epoch": 3.0, "file": "last.pt"}') == (12, 3)
-    assert cs.step_from_info(b'{"step": null, "epoch": 4}') == (None, 4)
+    assert checkpoint_manifest.step_from_info(b'{"step": 12, "epoch": 3.0, "file": "last.pt"}') == (12, 3)
+    assert checkpoint_manifest.step_from_info(b'{"step": null, "epoch": 4}') == (None, 4)
     for junk in (b"", b"[]", b'{"step": -1}', b'{"step": true}', b'{"step": 1.5}', b"\xff",
                  b'{"a":' * 5000 + b"1" + b"}" * 5000):
-        assert cs.step_from_info(junk) is None
-    assert cs.step_from_metrics(b'{"step": 3}\n{"event": "x", "step": 9}\n[1]\n7\n') == (3, None)
-    assert cs.step_from_metrics(b'{"loss": 1}\n') is None
+        assert checkpoint_manifest.step_from_info(junk) is None
+    assert checkpoint_manifest.step_from_metrics(b'{"step": 3}\n{"event": "x", "step": 9}\n[1]\n7\n') == (3, None)
+    assert checkpoint_manifest.step_from_metrics(b'{"loss": 1}\n') is None
 
 
 def test_slots_alternate_and_a_restored_attempt_continues_the_sequence(tmp_path, store):
@@ -381,14 +388,14 @@ def _stored(tmp_path, store, files: dict[str, bytes], step=5) -> dict:
     for rel, data in files.items():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes(data)
-    (src / "checkpoints" / cs.INFO).write_text(json.dumps({"step": step, "epoch": 1}))
+    (src / "checkpoints" / checkpoint_manifest.INFO).write_text(json.dumps({"step": step, "epoch": 1}))
     assert cs.Streamer(str(src), store.grant()).flush(30)["ok"]
     return store.plan()
 
 
 def _restore(tmp_path, plan: dict, jobdir: Path) -> dict:
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    return cs.restore(str(tmp_path / "plan.json"), str(jobdir))
+    return checkpoint_restore.restore(str(tmp_path / "plan.json"), str(jobdir))
 
 
 def test_restore_brings_back_identical_files_and_appends_the_logs_in_place(tmp_path, store):
@@ -410,7 +417,7 @@ def test_restore_brings_back_identical_files_and_appends_the_logs_in_place(tmp_p
         assert (job / rel).read_bytes() == files[rel]
     assert (job / "output.log").read_bytes() == (b"cloudtrain agent: starting\n"
                                                  b"attempt 1 said this\nattempt 2 goes on\n")
-    assert json.loads((job / cs.RESTORE_STATUS).read_text())["ok"] is True
+    assert json.loads((job / checkpoint_manifest.RESTORE_STATUS).read_text())["ok"] is True
     assert not [p for p in job.rglob(".*")]  # no temporary file left
 
 
@@ -506,7 +513,7 @@ def test_restore_command_prints_one_line_and_exits_1_on_failure(tmp_path, store)
     assert bad.returncode == 1 and bad.stdout == ""
     assert bad.stderr.startswith("cloudtrain: checkpoint restore failed: ")
     assert bad.stderr.count("\n") == 1
-    assert json.loads((tmp_path / "job2" / cs.RESTORE_STATUS).read_text())["ok"] is False
+    assert json.loads((tmp_path / "job2" / checkpoint_manifest.RESTORE_STATUS).read_text())["ok"] is False
 
 
 def test_a_restored_checkpoint_is_not_uploaded_again(tmp_path, store):
@@ -584,7 +591,7 @@ def test_parse_manifest_raises_only_stream_error_on_anything(data):
     except jobstore.StreamError as exc:
         assert "\n" not in exc.message
         return
-    assert cs.check_manifest(manifest) is None  # what comes back is a valid manifest
+    assert checkpoint_manifest.check_manifest(manifest) is None  # what comes back is a valid manifest
 
 
 # -- recipes/common/checkpoint.py ------------------------------------------------------------
@@ -599,7 +606,7 @@ def test_save_atomic_writes_checkpoint_info_beside_the_checkpoint(tmp_path):
     checkpoint.save_atomic({"step": torch.tensor(12), "epoch": 3, "w": torch.ones(2)}, path)
     info = json.loads((path.parent / "checkpoint-info.json").read_text())
     assert info == {"step": 12, "epoch": 3, "file": "last.pt"}
-    assert cs.step_from_info((path.parent / "checkpoint-info.json").read_bytes()) == (12, 3)
+    assert checkpoint_manifest.step_from_info((path.parent / "checkpoint-info.json").read_bytes()) == (12, 3)
     checkpoint.save_atomic({"epoch": 4.5, "w": 1}, path)
     assert json.loads((path.parent / "checkpoint-info.json").read_text()) == \
         {"step": None, "epoch": None, "file": "last.pt"}

@@ -130,7 +130,7 @@ def test_device_names_become_the_catalogs_gpu_names():
 
 def _descendants(root: int) -> dict[int, str]:
     """pid -> command line of every process below `root`."""
-    from cloudtrain.host.agent import descendants
+    from cloudtrain.host.job_processes import descendants
 
     found = {}
     for pid in descendants(root):

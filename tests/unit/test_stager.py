@@ -1,4 +1,5 @@
-"""cloudtrain/host/stager.py, the on-instance staging of datasets, against moto's S3 server on
+"""cloudtrain/host/stager.py and its stage_* modules (plan, SigV4, ranged GETs, the download
+run), the on-instance staging of datasets, against moto's S3 server on
 127.0.0.1: real shards pushed by `datasets.push`, read back through presigned URLs or requests
 signed with credentials from a fake IMDSv2, through proxies that count, check signatures,
 answer 503, cut bodies short or trickle."""
@@ -37,7 +38,7 @@ from hypothesis import strategies as st
 
 from aws_lab import moto_endpoint
 from imds_lab import FakeIMDS, serve
-from cloudtrain.host import shards, stager
+from cloudtrain.host import shards, stage_fetch, stage_sigv4, stager
 from cloudtrain.providers.aws import datasets as s3_datasets
 from conftest import REPO
 
@@ -206,8 +207,8 @@ def _botocore_headers(url: str, creds: dict, when=WHEN, region=REGION) -> dict:
 def test_sign_get_gives_the_authorization_botocore_gives(token, bucket, endpoint):
     creds = dict(ROLE, Token=token)
     key = "imagenet/train/a file ünï+x=y&z~(1).jpg"
-    url = stager.object_url(bucket, key, REGION, endpoint)
-    mine = stager.sign_get(url, REGION, creds, WHEN, {"Range": "bytes=0-9"})
+    url = stage_sigv4.object_url(bucket, key, REGION, endpoint)
+    mine = stage_sigv4.sign_get(url, REGION, creds, WHEN, {"Range": "bytes=0-9"})
     theirs = _botocore_headers(url, creds)
     assert mine["Authorization"] == theirs["Authorization"]
     assert mine["X-Amz-Date"] == theirs["X-Amz-Date"] == "20261123T180509Z"
@@ -229,9 +230,9 @@ def test_sign_get_gives_the_authorization_botocore_gives(token, bucket, endpoint
 def test_sign_get_matches_botocore_for_any_key(key, token, second):
     when = datetime.datetime(2024, 1, 1) + datetime.timedelta(seconds=second)
     creds = dict(ROLE, Token=token)
-    url = stager.object_url("stage-test", key, "eu-west-1")
+    url = stage_sigv4.object_url("stage-test", key, "eu-west-1")
     assert url.split(".amazonaws.com/", 1)[1] == percent_encode(key, safe="/~")
-    mine = stager.sign_get(url, "eu-west-1", creds, when)
+    mine = stage_sigv4.sign_get(url, "eu-west-1", creds, when)
     assert mine["Authorization"] == _botocore_headers(url, creds, when, "eu-west-1")[
         "Authorization"]
 
@@ -473,7 +474,7 @@ def test_role_credentials_are_renewed_five_minutes_before_they_expire():
     expires = datetime.datetime(2030, 1, 1, 0, 10, tzinfo=datetime.timezone.utc).timestamp()
     now = [expires - 3600]
     try:
-        creds = stager.RoleCredentials(imds.url, clock=lambda: now[0])
+        creds = stage_sigv4.RoleCredentials(imds.url, clock=lambda: now[0])
         assert creds.get()["AccessKeyId"] == "ASIAROLEKEY"
         now[0] = expires - 301
         creds.get()
@@ -653,7 +654,7 @@ def test_a_full_disk_says_how_far_it_got_and_what_to_do(s3, pushed, moto_endpoin
     def full(fd, data, offset):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(stager.os, "pwrite", full)
+    monkeypatch.setattr(stage_fetch.os, "pwrite", full)
     dest = tmp_path / "imagenet"
     code, status, _ = _run(_plan([_shards_dataset(s3, pushed, dest, moto_endpoint)]), tmp_path)
     assert code == 1
@@ -785,12 +786,12 @@ def test_F38_a_trickling_connection_is_retried_then_fails_with_its_reason(
     read). A stall detector (under STALL_BYTES in STALL_S) and a deadline per range (its bytes
     at FLOOR_RATE, plus RANGE_MIN_S) end each try; after the retries, a clear reason. The
     bounds are made short here; their defaults are the same code."""
-    monkeypatch.setattr(stager, "RETRIES", 1)
+    monkeypatch.setattr(stage_fetch, "RETRIES", 1)
     if bound == "stall":
-        monkeypatch.setattr(stager, "STALL_S", 1.5)
+        monkeypatch.setattr(stage_fetch, "STALL_S", 1.5)
     else:  # the stall detector satisfied by a byte a second; the range's deadline is not
-        monkeypatch.setattr(stager, "STALL_BYTES", 1)
-        monkeypatch.setattr(stager, "RANGE_MIN_S", 2.0)
+        monkeypatch.setattr(stage_fetch, "STALL_BYTES", 1)
+        monkeypatch.setattr(stage_fetch, "RANGE_MIN_S", 2.0)
     plan, server = _trickled(tmp_path, 100)
     started = time.monotonic()
     try:
@@ -812,6 +813,6 @@ def test_F38_a_trickling_connection_is_retried_then_fails_with_its_reason(
 def test_F38_the_default_bounds_end_a_trickle_in_minutes_not_never():
     """The defaults: a 1 MiB part gets RANGE_MIN_S + about a second; silence or a trickle for
     STALL_S ends a try; RETRIES + 1 tries of at most that are a few minutes."""
-    assert stager.FLOOR_RATE == 1_000_000 and 10 <= stager.RANGE_MIN_S <= 60
-    assert stager.STALL_S <= 30 and stager.STALL_BYTES >= 1024
-    assert (stager.RETRIES + 1) * stager.STALL_S + stager.RETRIES * stager.BACKOFF_CAP_S < 300
+    assert stage_fetch.FLOOR_RATE == 1_000_000 and 10 <= stage_fetch.RANGE_MIN_S <= 60
+    assert stage_fetch.STALL_S <= 30 and stage_fetch.STALL_BYTES >= 1024
+    assert (stage_fetch.RETRIES + 1) * stage_fetch.STALL_S + stage_fetch.RETRIES * stage_fetch.BACKOFF_CAP_S < 300

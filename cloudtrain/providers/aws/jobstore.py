@@ -47,12 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import CloudtrainError, UsageError
-from ...host import checkpoint_stream
+from ...host import checkpoint_manifest
 from ...host.agent_upload import CHECKPOINTS, MANIFEST, POST_MAX_BYTES, safe_relpath
 
 PREFIX = "jobs/"
-STREAM = checkpoint_stream.STREAM  # "stream/": the checkpoint stream, below the job's prefix
-LATEST_MAX_BYTES = checkpoint_stream.MANIFEST_MAX_BYTES  # stream/latest.json
+STREAM = checkpoint_manifest.STREAM  # "stream/": the checkpoint stream, below the job's prefix
+LATEST_MAX_BYTES = checkpoint_manifest.MANIFEST_MAX_BYTES  # stream/latest.json
 TAG_OWNER = "cloudtrain:owner"  # the same tag key as every other cloudtrain resource
 # SigV4 signatures last at most 7 days; the same bound is kept for POST policies.
 GRANT_MAX_S = 7 * 24 * 3600
@@ -480,7 +480,7 @@ def latest_checkpoint(s3, bucket: str, job_id: str, expected_owner: str | None =
 
     stream = job_prefix(job_id, owner_key=owner_key) + STREAM
     try:
-        obj = s3.get_object(Bucket=bucket, Key=stream + checkpoint_stream.LATEST,
+        obj = s3.get_object(Bucket=bucket, Key=stream + checkpoint_manifest.LATEST,
                             **_expected(expected_owner))
     except ClientError as exc:
         if _code(exc) in ("NoSuchKey", "NoSuchBucket", "404", "NotFound"):
@@ -523,7 +523,7 @@ def parse_manifest(data: bytes, job_id: str) -> dict:
         doc = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise StreamError(f"latest.json is not JSON: {exc}") from None
-    why = checkpoint_stream.check_manifest(doc)
+    why = checkpoint_manifest.check_manifest(doc)
     if why is not None:
         raise StreamError(f"latest.json: {why}")
     if doc["job_id"] != job_id:
@@ -535,14 +535,14 @@ def parse_manifest(data: bytes, job_id: str) -> dict:
 
 
 def restore_plan(s3, bucket: str, job_id: str, manifest: dict, expires_s: float,
-                 timeout_s: float = checkpoint_stream.RESTORE_TIMEOUT_S, *,
+                 timeout_s: float = checkpoint_manifest.RESTORE_TIMEOUT_S, *,
                  owner_key: str | None) -> dict:
-    """`manifest` (from latest_checkpoint) as the plan checkpoint_stream.restore takes on the
+    """`manifest` (from latest_checkpoint) as the plan checkpoint_restore.restore takes on the
     new instance: each file with "url", a presigned GET of its object (valid `expires_s`,
     at most 7 days: SigV4's limit), and "timeout_s" for the whole restore. The instance needs
     no AWS credentials. A URL signed with temporary credentials dies with them."""
     prefix = job_prefix(job_id, owner_key=owner_key)
-    why = checkpoint_stream.check_manifest(manifest)
+    why = checkpoint_manifest.check_manifest(manifest)
     if why is not None:
         raise StreamError(why)
     expires = int(max(1, min(float(expires_s), GRANT_MAX_S)))

@@ -1,0 +1,170 @@
+"""S3 addresses, SigV4 signing of a GET, and the instance role's credentials (IMDSv2).
+
+Standard library only, Python 3.8+; shipped beside stager.py. Imports stage_plan (StageError,
+reason) and nothing else of ours.
+
+    object_url(bucket, key, region, endpoint=None) -> url
+    quote_key(key) -> the key URI-encoded as SigV4 wants it
+    host_header(parts) -> the Host header for a urlsplit() result
+    sign_get(url, region, creds, now, extra_headers=None) -> headers
+    RoleCredentials(imds_url).get() -> {AccessKeyId, SecretAccessKey, Token, Expiration}
+"""
+
+import datetime
+import hashlib
+import hmac
+import http.client
+import json
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+try:  # in the package (the orchestrator, tests), or shipped beside it on the host
+    from .stage_plan import StageError, reason
+except ImportError:
+    from stage_plan import StageError, reason
+
+IMDS_TIMEOUT_S = 10.0
+REFRESH_S = 300.0  # credentials are renewed when fewer seconds than this remain
+UNSIGNED = "UNSIGNED-PAYLOAD"
+NO_PROFILE = ("the instance has no instance profile: set instance_profile in config.yaml "
+              "(infra/README.md)")
+
+
+def quote_key(key: str) -> str:
+    """Every byte of the key's UTF-8 except A-Z a-z 0-9 - _ . ~ percent-encoded, '/' kept."""
+    return urllib.parse.quote(key, safe="/~")
+
+
+def object_url(bucket: str, key: str, region: str, endpoint=None) -> str:
+    k = quote_key(key)
+    if endpoint:
+        return "%s/%s/%s" % (endpoint.rstrip("/"), bucket, k)
+    if "." in bucket:
+        return "https://s3.%s.amazonaws.com/%s/%s" % (region, bucket, k)
+    return "https://%s.s3.%s.amazonaws.com/%s" % (bucket, region, k)
+
+
+def host_header(parts) -> str:
+    """host[:port] of a urlsplit() result, the port left out where it is the scheme's."""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = "[%s]" % host
+    port = parts.port
+    if port is None or (parts.scheme, port) in (("http", 80), ("https", 443)):
+        return host
+    return "%s:%d" % (host, port)
+
+
+def _hmac(key: bytes, msg: str) -> bytes:
+    return hmac.new(key, msg.encode("utf-8"), hashlib.sha256).digest()
+
+
+def sign_get(url: str, region: str, creds: dict, now, extra_headers=None) -> dict:
+    """The headers that make a GET of `url` (its path already URI-encoded) an S3 SigV4
+    request at `now` (a UTC datetime): Host, X-Amz-Date, X-Amz-Content-SHA256
+    (UNSIGNED-PAYLOAD), X-Amz-Security-Token when creds has a Token, Authorization, plus
+    `extra_headers` (unsigned). creds: {AccessKeyId, SecretAccessKey, Token (optional)}."""
+    parts = urllib.parse.urlsplit(url)
+    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
+    day = amz_date[:8]
+    signed = {"host": host_header(parts), "x-amz-content-sha256": UNSIGNED,
+              "x-amz-date": amz_date}
+    token = creds.get("Token")
+    if token:
+        signed["x-amz-security-token"] = token
+    query = sorted((urllib.parse.quote(k, safe="-_.~"), urllib.parse.quote(v, safe="-_.~"))
+                   for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+    names = sorted(signed)
+    canonical = "\n".join([
+        "GET", parts.path or "/", "&".join("%s=%s" % kv for kv in query),
+        "".join("%s:%s\n" % (n, " ".join(signed[n].split())) for n in names),
+        ";".join(names), UNSIGNED])
+    scope = "%s/%s/s3/aws4_request" % (day, region)
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope,
+                         hashlib.sha256(canonical.encode("utf-8")).hexdigest()])
+    key = _hmac(("AWS4" + creds["SecretAccessKey"]).encode("utf-8"), day)
+    for part in (region, "s3", "aws4_request"):
+        key = _hmac(key, part)
+    signature = hmac.new(key, to_sign.encode("utf-8"), hashlib.sha256).hexdigest()
+    headers = {"Host": signed["host"], "X-Amz-Date": amz_date, "X-Amz-Content-SHA256": UNSIGNED}
+    if token:
+        headers["X-Amz-Security-Token"] = token
+    headers["Authorization"] = "AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, " \
+        "Signature=%s" % (creds["AccessKeyId"], scope, ";".join(names), signature)
+    if extra_headers:
+        headers.update(extra_headers)
+    return headers
+
+
+def _parse_expiration(text) -> float:
+    try:
+        return datetime.datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(
+            tzinfo=datetime.timezone.utc).timestamp()
+    except (TypeError, ValueError):
+        raise StageError("the instance metadata service gave credentials with an unreadable "
+                         "Expiration %r" % str(text)[:40]) from None
+
+
+class RoleCredentials:
+    """The instance role's credentials from IMDSv2, renewed (once, under a lock) when fewer
+    than five minutes remain before they expire."""
+
+    def __init__(self, imds_url: str, clock=time.time):
+        self.imds = imds_url.rstrip("/")
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.creds = None
+        self.expires = 0.0
+
+    def _call(self, method: str, path: str, headers: dict) -> bytes:
+        req = urllib.request.Request(self.imds + path, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=IMDS_TIMEOUT_S) as resp:
+                return resp.read(1 << 20)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            raise
+        except (OSError, http.client.HTTPException) as exc:
+            raise StageError("the instance metadata service at %s did not answer (%s)"
+                             % (self.imds, reason(exc))) from None
+
+    def _fetch(self) -> dict:
+        try:
+            token = self._call("PUT", "/latest/api/token",
+                               {"X-aws-ec2-metadata-token-ttl-seconds": "21600"}).decode().strip()
+            auth = {"X-aws-ec2-metadata-token": token}
+            listing = "/latest/meta-data/iam/security-credentials/"
+            try:
+                roles = self._call("GET", listing, auth).decode("utf-8", "replace")
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404:
+                    raise StageError(NO_PROFILE) from None
+                raise
+            role = (roles.splitlines() or [""])[0].strip()
+            if not role:
+                raise StageError(NO_PROFILE)
+            doc = json.loads(self._call("GET", listing + urllib.parse.quote(role), auth))
+        except urllib.error.HTTPError as exc:
+            raise StageError("the instance metadata service refused %s (HTTP %d)"
+                             % (exc.url, exc.code)) from None
+        except (ValueError, UnicodeError):
+            raise StageError("the instance metadata service gave unreadable credentials") \
+                from None
+        if not isinstance(doc, dict) or not all(isinstance(doc.get(k), str) for k in
+                                                ("AccessKeyId", "SecretAccessKey")):
+            raise StageError("the instance metadata service gave no AccessKeyId and "
+                             "SecretAccessKey for the role")
+        token = doc.get("Token")
+        return {"AccessKeyId": doc["AccessKeyId"], "SecretAccessKey": doc["SecretAccessKey"],
+                "Token": token if isinstance(token, str) else None,
+                "Expiration": _parse_expiration(doc.get("Expiration"))}
+
+    def get(self) -> dict:
+        with self.lock:
+            if self.creds is None or self.expires - self.clock() < REFRESH_S:
+                self.creds = self._fetch()
+                self.expires = self.creds["Expiration"]
+            return self.creds
