@@ -52,7 +52,7 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
                 (key, value) for key, value in rows]
     row = expected(spec, store)
     if row is not None:
-        from ..render import estimate_line
+        from ..catalog_views import estimate_line
 
         rows.append(("estimate", estimate_line(row, spec.market)[len("estimate: "):]))
     return rows
