@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import shutil
 from pathlib import Path
 
@@ -195,6 +196,33 @@ def test_every_layer_entry_names_a_module():
     stale = [e for group in LAYERS for e in group
              if not (e in names or (e.endswith(".") and any(n.startswith(e) for n in names)))]
     assert not stale, f"LAYERS entries that name no module: {stale}"
+
+
+def _drawn_as(entry: str) -> str:
+    """How ARCHITECTURE.md names a LAYERS entry: a module by its last name, a package with /."""
+    special = {"cloudtrain": "cloudtrain/__init__", "cloudtrain.lifecycle": "lifecycle/__init__"}
+    if entry in special:
+        return special[entry]
+    name = entry.removeprefix("cloudtrain.").removeprefix("lifecycle.")
+    return name[:-1] + "/" if name.endswith(".") else name
+
+
+def test_architecture_md_draws_these_layers():
+    """ARCHITECTURE.md draws LAYERS top to bottom: every entry, each below the layers above."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    block = text[text.index("## The layers"):text.index("## The host side")]
+    drawn = re.sub(r"`[^`]*`", "", "\n".join(line for line in block.splitlines()
+                                             if line.startswith("    ")))
+    where = {}
+    for group in LAYERS:
+        for entry in group:
+            found = re.search(rf"(?<![\w.]){re.escape(_drawn_as(entry))}(?!\w)", drawn)
+            assert found, f"ARCHITECTURE.md does not draw {entry} as {_drawn_as(entry)}"
+            where[entry] = found.start()
+    above = -1
+    for group in LAYERS:
+        assert min(where[e] for e in group) > above, f"ARCHITECTURE.md draws {group} too high"
+        above = max(where[e] for e in group)
 
 
 # -- the check can fail ---------------------------------------------------------------------
