@@ -404,7 +404,7 @@ def _confirm(question, yes: bool) -> None:
 
 def _confirm_text(text: str) -> None:
     """A question in words (check --launch's): asked in a terminal, as a launch's is."""
-    from .providers import Question
+    from .providers.base import Question
 
     _confirm(Question(text=text), yes=False)
 
