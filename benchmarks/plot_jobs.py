@@ -5,7 +5,7 @@ Prints the median over --runs of:
     from $CLOUDTRAIN_HOME/jobs/<id>/ and writing the plot (matplotlib's import included),
     what `cloudtrain plot` costs apart from click and the job store;
   - the same process without the plot (`import cloudtrain.curves` and reading): the floor;
-  - in this process, matplotlib already imported: curves.plot alone, and curves.table.
+  - in this process, matplotlib already imported: plots.plot alone, and curves.table.
 
 Usage: python benchmarks/plot_jobs.py [--jobs 3] [--epochs 100] [--runs 5] [--format png]
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from cloudtrain import curves  # noqa: E402
+from cloudtrain import curves, plots  # noqa: E402
 
 
 def fill(home: Path, jobs: int, epochs: int) -> list[str]:
@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=100)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--format", choices=sorted(f.lstrip(".") for f in curves.FORMATS),
+    ap.add_argument("--format", choices=sorted(f.lstrip(".") for f in plots.FORMATS),
                     default="png")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,19 +82,19 @@ def main() -> None:
         out = Path(tmp) / f"curves.{args.format}"
         env = {**os.environ, "CLOUDTRAIN_HOME": str(home), "PYTHONPATH": str(REPO)}
         read = f"jobs = [curves.read_job(i) for i in {ids!r}]"
-        whole = timed([sys.executable, "-c", f"from cloudtrain import curves; {read}; "
-                       f"curves.plot(jobs, {str(out)!r}, target=0.94)"], env, args.runs)
+        whole = timed([sys.executable, "-c", f"from cloudtrain import curves, plots; {read}; "
+                       f"plots.plot(jobs, {str(out)!r}, target=0.94)"], env, args.runs)
         floor = timed([sys.executable, "-c", f"from cloudtrain import curves; {read}"], env,
                       args.runs)
         size = out.stat().st_size
 
         os.environ["CLOUDTRAIN_HOME"] = str(home)
         jobs = [curves.read_job(i) for i in ids]
-        curves.plot(jobs, out, target=0.94)  # imports matplotlib
+        plots.plot(jobs, out, target=0.94)  # imports matplotlib
         in_plot, in_table = [], []
         for _ in range(args.runs):
             t = time.perf_counter()
-            curves.plot(jobs, out, target=0.94)
+            plots.plot(jobs, out, target=0.94)
             in_plot.append(time.perf_counter() - t)
             t = time.perf_counter()
             curves.table(jobs, width=120)
@@ -104,7 +104,7 @@ def main() -> None:
           f"{args.runs} runs, python {sys.version.split()[0]}")
     print("  " + figure("whole process (import, read, plot)", whole))
     print("  " + figure("process without the plot (import curves, read)", floor))
-    print("  " + figure("curves.plot in process (matplotlib imported)", in_plot))
+    print("  " + figure("plots.plot in process (matplotlib imported)", in_plot))
     print("  " + figure("curves.table in process", in_table))
 
 

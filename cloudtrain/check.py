@@ -355,7 +355,7 @@ VERDICT_STYLES = {OK: "green", WARNING: "yellow", PROBLEM: "red"}
 def render(report: Report, width: int | None = None, color: bool = False) -> str:
     """The settings table, the checks table, then each warning's and problem's hint, and a
     summary line; tables fit `width` (None: full length)."""
-    from .render import Col, grid
+    from .cells import Col, grid
 
     out = []
     if report.settings:

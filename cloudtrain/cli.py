@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from . import completion, config, errors, render
+from . import catalog_views, cells, completion, config, errors, job_views
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -188,14 +188,14 @@ def recipes(name: str | None, as_json: bool, wide: bool) -> None:
 
     if name is not None:
         recipe = recipes_module.load(name)
-        click.echo(render.recipe_json(recipe) if as_json else
-                   render.recipe_detail(recipe, width=_width(wide)))
+        click.echo(catalog_views.recipe_json(recipe) if as_json else
+                   catalog_views.recipe_detail(recipe, width=_width(wide)))
         return
     found, broken = recipes_module.survey()
     if as_json:
-        click.echo(render.recipes_json(found))
+        click.echo(catalog_views.recipes_json(found))
         return
-    click.echo(render.recipes_table(found, width=_width(wide)))
+    click.echo(catalog_views.recipes_table(found, width=_width(wide)))
     if broken:
         click.echo("\nbroken (fix or remove them):\n" + "\n".join(f"  {exc.message}"
                                                                for exc in broken))
@@ -360,12 +360,12 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
     spec = from_options(options, settings)
     with _store() as store:
         if dry_run:
-            click.echo(render.plan(plan.plan(spec, store, settings)))
+            click.echo(catalog_views.plan(plan.plan(spec, store, settings)))
             return
         found = plan.read_datasets(spec, settings)  # a missing dataset stops the launch here
         row = plan.expected(spec, store)
         if row is not None and not quiet:
-            click.echo(render.estimate_line(row, spec.market), err=True)
+            click.echo(catalog_views.estimate_line(row, spec.market), err=True)
         question = plan.question(spec, warn=lambda line: click.echo(f"WARNING: {line}",
                                                                     err=True))
         if question:
@@ -404,7 +404,7 @@ def _confirm(question, yes: bool) -> None:
 
 def _confirm_text(text: str) -> None:
     """A question in words (check --launch's): asked in a terminal, as a launch's is."""
-    from .providers import Question
+    from .providers.base import Question
 
     _confirm(Question(text=text), yes=False)
 
@@ -495,7 +495,7 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
             from .lifecycle import stop
 
             swept = stop.reconcile(store)
-            text = render.cloud_instances(swept.found, width=_width(wide), sweep=swept)
+            text = job_views.cloud_instances(swept.found, width=_width(wide), sweep=swept)
             if not as_json:
                 click.echo(text)
             elif swept.unchecked:  # the JSON is the jobs; what was not checked goes to stderr
@@ -508,9 +508,9 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
 
                 d = inspect.detail(store, settings, job)
                 if as_json:
-                    return render.detail_json(d.job, d.phases, d.log_tail, d.target, d.runs,
+                    return job_views.detail_json(d.job, d.phases, d.log_tail, d.target, d.runs,
                                               d.attempts, d.recovery)
-                return render.job_detail(d.job, d.phases, d.log_tail, d.target, runs=d.runs,
+                return job_views.job_detail(d.job, d.phases, d.log_tail, d.target, runs=d.runs,
                                          attempts=d.attempts, recovery=d.recovery,
                                          width=_width(wide), trend=d.trend,
                                          startup=d.startup)
@@ -523,9 +523,9 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
             shown, hidden = history.select(store, filters, all_=all_ or as_json,
                                            limit=_rows_that_fit(limit) if watch else limit)
             if as_json:
-                return render.jobs_json(shown)
+                return job_views.jobs_json(shown)
             if shown:
-                text = render.status_table(shown, width=_width(wide), color=_color())
+                text = job_views.status_table(shown, width=_width(wide), color=_color())
                 note = history.footer(hidden, filters, all_=all_)
                 text += "\n" + note if note else ""
             else:  # U6: what matched nothing, and how many jobs there are (no footer again)
@@ -534,7 +534,7 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
                 from .lifecycle import supervisor
 
                 if supervisor.needed(store):
-                    text += "\n" + render.supervisor_line(supervisor.state_of(config.home()))
+                    text += "\n" + job_views.supervisor_line(supervisor.state_of(config.home()))
             return text
 
         if watch:
@@ -586,7 +586,7 @@ def plot(refs: tuple[str, ...], output: str, target: float | None, title: str | 
       cloudtrain plot 3f2a1b9c -o curves.png
       cloudtrain plot 3f2a 19a3 7c0d -o compare.svg
     """
-    from . import curves
+    from . import curves, plots
 
     found = _metric_jobs(refs)
     targets = {t for _, _, t in found}
@@ -596,7 +596,7 @@ def plot(refs: tuple[str, ...], output: str, target: float | None, title: str | 
         metric = next(iter(targets))[1] if len({m for _, m in targets}) == 1 else None
     data = [curves.read_job(j.id, j.name, path, started_at=j.started_at, finished=not j.active)
             for j, path, _ in found]
-    for note in curves.plot(data, output, target=target, metric=metric, title=title):
+    for note in plots.plot(data, output, target=target, metric=metric, title=title):
         click.echo(note, err=True)
     click.echo(f"wrote {output}")
 
@@ -629,7 +629,7 @@ def _remove(plan_of, dry_run: bool, yes: bool, command: str) -> None:
 
     with _store() as store:
         plan = plan_of(store)
-        click.echo(render.removal_plan(plan), err=True)
+        click.echo(job_views.removal_plan(plan), err=True)
         if dry_run or not plan.removals:
             sys.exit(errors.EXIT_FAILED if plan.refused else 0)
         if not yes and not _can_ask():
@@ -638,7 +638,7 @@ def _remove(plan_of, dry_run: bool, yes: bool, command: str) -> None:
         if not yes and not click.confirm("Remove them?", default=False, err=True):
             raise errors.CloudtrainError("nothing removed", exit_code=errors.EXIT_FAILED)
         summary = history.remove(store, plan)
-        click.echo(render.removal_summary(summary))
+        click.echo(job_views.removal_summary(summary))
         if summary.refused or plan.refused:
             sys.exit(errors.EXIT_FAILED)
 
@@ -799,14 +799,14 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
 
     types = catalog_module.matching(gpu, None, region)
     if as_json:
-        click.echo(render.catalog_json(types, region, catalog_module.SNAPSHOT,
+        click.echo(catalog_views.catalog_json(types, region, catalog_module.SNAPSHOT,
                                        catalog_module.on_demand_source(region),
                                        catalog_module.spot_source(region)))
     else:
         unpriced = catalog_module.no_prices(region)
-        click.echo(render.catalog_table(types, region, width=_width(wide), unpriced=unpriced))
+        click.echo(catalog_views.catalog_table(types, region, width=_width(wide), unpriced=unpriced))
         if unpriced is None:
-            click.echo(render.catalog_sources(region, catalog_module.on_demand_source(region),
+            click.echo(catalog_views.catalog_sources(region, catalog_module.on_demand_source(region),
                                               catalog_module.spot_source(region),
                                               width=_width(wide)))
 
@@ -857,7 +857,7 @@ def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, nodes, a
 
         click.echo(json.dumps(dataclasses.asdict(est), indent=1))
     else:
-        click.echo(render.estimate_table(est, width=_width(wide)))
+        click.echo(catalog_views.estimate_table(est, width=_width(wide)))
 
 
 @cli.command("cost-report")
@@ -891,7 +891,7 @@ def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh
     elif as_csv:
         click.echo(ledger.report_csv(rows, total, by), nl=False)
     else:
-        click.echo(render.cost_report(rows, total, by, width=_width(wide)))
+        click.echo(catalog_views.cost_report(rows, total, by, width=_width(wide)))
 
 
 @cli.command()
@@ -1019,12 +1019,12 @@ def down(jobs_: tuple[str, ...], every: bool, grace: float | None, yes: bool) ->
             if targets:  # it destroys: the default answer is no
                 click.echo(f"down --all stops these {len(targets)} job(s) and terminates "
                            f"their instances:", err=True)
-                click.echo(render.status_table(targets), err=True)
+                click.echo(job_views.status_table(targets), err=True)
                 if not click.confirm("Proceed?", default=False, err=True):
                     click.echo("nothing stopped", err=True)
                     raise SystemExit(errors.EXIT_FAILED)
         outcomes = stop.cancel(store, settings, jobs_, every, grace)
-    click.echo(render.stop_outcomes(outcomes))
+    click.echo(job_views.stop_outcomes(outcomes))
     if any(not o.ok for o in outcomes):  # something may still be running: say so in the code
         raise SystemExit(errors.EXIT_FAILED)
 
@@ -1075,8 +1075,8 @@ def data_ls(check, as_json, wide) -> None:
     settings = config.Settings.load()
     with _store() as store:
         rows = datasets.listing(store, settings, providers.get("aws", settings) if check else None)
-    click.echo(render.datasets_json(rows) if as_json else
-               render.datasets_table(rows, width=_width(wide)))
+    click.echo(catalog_views.datasets_json(rows) if as_json else
+               catalog_views.datasets_table(rows, width=_width(wide)))
 
 
 @data.command("prepare")
@@ -1114,7 +1114,7 @@ def data_prepare(dataset, src, dest, sizes, quality, workers, blacklist, labels)
         report = dataprep.prepare(dataset, src, dest, sizes=dataprep.parse_sizes(sizes),
                                   quality=quality, workers=workers, blacklist=blacklist,
                                   labels=labels, progress=progress)
-    click.echo(render.prepare_report(report))
+    click.echo(catalog_views.prepare_report(report))
 
 
 
@@ -1146,7 +1146,7 @@ def data_push(directory, url, shard_mb, workers, region) -> None:
         report = providers.get("aws").push_dataset(root, bucket, prefix, shard_mb=shard_mb,
                                                    workers=workers, region=region,
                                                    progress=progress)
-    click.echo(render.push_report(report))
+    click.echo(catalog_views.push_report(report))
 
 @cli.group(name="supervisor")
 def supervisor_group() -> None:
@@ -1168,8 +1168,8 @@ def supervisor_status(as_json: bool) -> None:
     info = supervisor.state_of(config.home())
     with _store() as store:
         needed = supervisor.needed(store)
-    click.echo(render.supervisor_json(info) if as_json else
-               render.supervisor_line(info, needed=needed))
+    click.echo(job_views.supervisor_json(info) if as_json else
+               job_views.supervisor_line(info, needed=needed))
 
 
 @supervisor_group.command(name="start")
@@ -1180,7 +1180,7 @@ def supervisor_start() -> None:
     with _store() as store:
         line = supervisor.ensure(store)
     info = supervisor.state_of(config.home())
-    click.echo(line or render.supervisor_line(info))
+    click.echo(line or job_views.supervisor_line(info))
 
 
 @supervisor_group.command(name="stop")
@@ -1259,9 +1259,9 @@ def _debug_first(argv: list[str]) -> tuple[list[str], bool]:
 
 
 def _fail(exc: errors.CloudtrainError) -> None:
-    click.echo(f"Error: {render.error_line(exc.message)}", err=True)
+    click.echo(f"Error: {cells.error_line(exc.message)}", err=True)
     if exc.hint:  # a hint may be laid out on several lines of ours (a config.yaml example)
-        click.echo("Hint: " + "\n".join(render.error_line(line)
+        click.echo("Hint: " + "\n".join(cells.error_line(line)
                                         for line in exc.hint.split("\n")), err=True)
     sys.exit(exc.exit_code)
 

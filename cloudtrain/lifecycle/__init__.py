@@ -27,7 +27,7 @@ Imports go one way only, down this list (inside functions too), with no cycle:
     lease        the launch lease and the signals that end a launch
     secrets      a job's secret values                                (bottom)
 
-Below the package: spec, recipes, estimate, render, ledger, datasets, providers, hosts,
+Below the package: spec, recipes, estimate, the views, ledger, datasets, providers, hosts,
 nodes, state, config and the host side. This file imports nothing, so that `cloudtrain
 --help` and `status` import only the stages they use.
 """

@@ -21,6 +21,7 @@ from .. import config, datasets, progress, providers
 from ..errors import CloudtrainError, UsageError
 from ..gitignore import survey
 from ..hosts import measure
+from ..providers.base import Question
 from ..spec import JobSpec
 from ..state import Job, Store
 from .sources import kept_source, resume_source
@@ -52,7 +53,7 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
                 (key, value) for key, value in rows]
     row = expected(spec, store)
     if row is not None:
-        from ..render import estimate_line
+        from ..catalog_views import estimate_line
 
         rows.append(("estimate", estimate_line(row, spec.market)[len("estimate: "):]))
     return rows
@@ -86,7 +87,7 @@ def _given_rows(spec: JobSpec) -> list[tuple[str, str]]:
 
 
 def question(spec: JobSpec, warn: Callable[[str], None] | None = None
-             ) -> providers.Question | None:
+             ) -> Question | None:
     """What `launch` says and asks before it goes on: the price of the paid resources it
     creates, or why a run here would not finish (a GPU recipe on a machine without a GPU).
     `warn`: the plan's warnings are said through it at once (and left out of the question),

@@ -245,6 +245,6 @@ def _cleanup_clouds(store: Store, settings: config.Settings, jobs: list[Job],
 
 def reconcile(store: Store):
     """Every instance the cloud has tagged as ours, in every region the owner can have one,
-    and whether the store knows it: a providers.Sweep whose `found` is the list, and
+    and whether the store knows it: a providers.base.Sweep whose `found` is the list, and
     `unchecked` the regions that could not be asked."""
     return providers.get("aws").reconcile(store)

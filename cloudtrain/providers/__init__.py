@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from ..config import BACKENDS
 from ..errors import UsageError
-from .base import Question, Sweep  # what launch asks, what a sweep found: providers.Question
 
-__all__ = ["BACKENDS", "Question", "Sweep", "get"]
+__all__ = ["get"]
 
 
 def get(name: str, settings=None):

@@ -324,7 +324,7 @@ sys.meta_path.insert(0, CtrlC())
 """
 
 
-@pytest.mark.parametrize("module", ["click", "cloudtrain.render"])
+@pytest.mark.parametrize("module", ["click", "cloudtrain.job_views"])
 def test_U30_ctrl_c_while_the_command_loads_is_one_line(ct_home, tmp_path, module):
     """U30: The first fraction of a second goes to importing the CLI: a Ctrl-C then is the same
     one line as later, never a traceback."""

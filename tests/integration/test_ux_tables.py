@@ -151,7 +151,7 @@ def test_d7_json_is_unchanged_by_columns(cli, many_jobs):
 
 def test_states_are_coloured_only_in_a_terminal(ct_home):
     """Piped: no escapes (above). In a terminal: the STATE cell coloured, unless NO_COLOR."""
-    from cloudtrain import render
+    from cloudtrain import job_views
     from cloudtrain.state import Job, open_store
 
     with open_store(ct_home) as store:
@@ -164,9 +164,9 @@ def test_states_are_coloured_only_in_a_terminal(ct_home):
               backend="local", state="failed", created_at=1.8e9, started_at=1.8e9,
               ended_at=1.8e9 + 5, exit_code=1, reason=None, spec={}, host=None, jobdir=None,
               metrics=None, cost=None)
-    coloured = render.status_table([job], now=1.8e9 + 10, color=True)
+    coloured = job_views.status_table([job], now=1.8e9 + 10, color=True)
     assert "\x1b[31mfailed (1)" in coloured
-    assert not ANSI.search(render.status_table([job], now=1.8e9 + 10))
+    assert not ANSI.search(job_views.status_table([job], now=1.8e9 + 10))
     code, tty = run_in_terminal(["status"], env={"NO_COLOR": None})
     assert code == 0 and "\x1b[32msucceeded" in tty and "\x1b[31mfailed (1)" in tty
     code, plain = run_in_terminal(["status"], env={"NO_COLOR": "1"})
@@ -292,7 +292,7 @@ def test_status_watch_refreshes_and_ctrl_c_exits_zero(cli, many_jobs):
 def test_d7_status_job_attempts_and_cloud_instances_fit(width):
     """The tables inside `status JOB` (a recovering job's attempts) and `status --refresh`
     (instances tagged as ours) fit the terminal too; at full length nothing is cut."""
-    from cloudtrain import render
+    from cloudtrain import job_views
 
     attempts = [{"attempt": n, "instance": f"i-0{n}23456789abcdef0", "zone": "us-east-1b",
                  "market": "spot", "started_at": 1.8e9, "ended_at": 1.8e9 + 600,
@@ -300,17 +300,17 @@ def test_d7_status_job_attempts_and_cloud_instances_fit(width):
                  "last_step": 100 * n + 40, "redone_steps": 3, "usd": 0.1234,
                  "reason": "EC2 took the spot instance back (instance-terminated-no-capacity)"}
                 for n in range(1, 4)]
-    lines = render.attempts_lines(attempts, {"interruptions": 3, "redone_steps": 9,
+    lines = job_views.attempts_lines(attempts, {"interruptions": 3, "redone_steps": 9,
                                              "redone_usd": 0.01}, width=width)
     table = [line for line in lines[1:] if not re.match(r"    \d+: ", line)]  # not reasons
     assert len(table) == 4 and "INSTANCE" in table[0], lines
     _fits("\n".join(table), width)
     assert "i-0123456789abcdef0" in "\n".join(lines)  # ids are never cut
-    full = render.attempts_lines(attempts, {"interruptions": 3}, width=None)
+    full = job_views.attempts_lines(attempts, {"interruptions": 3}, width=None)
     assert any("RESUMED AT" in line and "LAST STEP" in line for line in full)
     found = [{"instance": f"i-0{n}23456789abcdef0", "region": "ap-southeast-2",
               "type": "p4de.24xlarge", "state": "running", "job": f"abcd{n:04d}",
               "launched_at": 1.8e9, "tracked": False} for n in range(3)]
-    text = render.cloud_instances(found, now=1.8e9 + 60, width=width)
+    text = job_views.cloud_instances(found, now=1.8e9 + 60, width=width)
     _fits("\n".join(text.splitlines()[:4]), width)
     assert "i-0023456789abcdef0" in text

@@ -407,7 +407,7 @@ def test_prop_spot_matches_a_second_by_second_reference(a, d, history):
 def test_u29_cost_report_by_job_shows_cloud_jobs_and_this_machine_as_one_row(tmp_path):
     """U29: every local job had its own $0.0000 row (and its own "instance" by instance);
     JOBS was always 1 and the rows said nothing of date, recipe or instance."""
-    from cloudtrain import ledger, render
+    from cloudtrain import catalog_views, ledger
     from cloudtrain.state import Instance, open_store
 
     with open_store(tmp_path) as store:
@@ -436,7 +436,7 @@ def test_u29_cost_report_by_job_shows_cloud_jobs_and_this_machine_as_one_row(tmp
         assert [(r.key, r.jobs, r.local) for r in rows] == [(cloud.id, 1, False),
                                                            ("local", 5, True)]
         assert rows[0].instances == "2 x p3.16xlarge" and rows[0].what == "imagenet machines-4"
-        text = render.cost_report(rows, total, "job")
+        text = catalog_views.cost_report(rows, total, "job")
         head, first, local, last = text.splitlines()
         assert head.split()[:5] == ["ID", "NAME", "DATE", "WHAT", "INSTANCE"]
         assert first.split()[:3] == [cloud.id, "big", "2026-11-18"]

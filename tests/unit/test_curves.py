@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloudtrain import curves
+from cloudtrain import curves, plots
 from cloudtrain.curves import JobMetrics
 from cloudtrain.errors import UsageError
 
@@ -219,7 +219,7 @@ def test_u10_elapsed_and_the_plots_clock_count_from_the_jobs_start(ct_home, tmp_
     lines = curves.table([job]).splitlines()
     assert lines[1].split().count("ELAPSED") == 1 and "WALL_TIME" not in lines[1]
     assert lines[2].split()[5] == "46s" and lines[4].split()[5] == "48s"
-    curve = curves._curves(job, ["test_acc"], "epoch", curves.TIME_SOURCES[0])[0]
+    curve = plots._curves(job, ["test_acc"], "epoch", plots.TIME_SOURCES[0])[0]
     assert curve.by_time["test_acc"][0] == pytest.approx([45.94 / 60, 46.88 / 60, 47.82 / 60])
     # a start after the first row (clocks of two machines) is not believed
     assert curves.read_job("s1b", started_at=T0 + 100).start() == rows[0]["time"]
@@ -237,7 +237,7 @@ def test_u19_a_final_row_completes_its_epoch_in_the_table_plot_and_sparkline(ct_
     body = curves.table([job]).splitlines()[2:]
     assert [l.split()[0] for l in body] == ["1/2", "2/2"]
     assert "94.12%" in body[1] and "-" not in body[1].split()[:6]
-    curve = curves._curves(job, ["test_acc"], "epoch", curves.TIME_SOURCES[0])[0]
+    curve = plots._curves(job, ["test_acc"], "epoch", plots.TIME_SOURCES[0])[0]
     assert curve.by_epoch["test_acc"][1] == [rows[0]["test_acc"], 0.9412]
     assert len(curve.by_time["test_acc"][0]) == 2
     assert curves.accuracy_trend(job.rows).endswith("94.12%")
@@ -394,7 +394,7 @@ def test_hostile_numbers_plot_or_say_why(tmp_path_factory, rows, target):
     path = write_jsonl(tmp_path_factory.mktemp("p") / "metrics.jsonl", rows)
     out = path.parent / "curves.png"
     job = curves.read_job("abcd1234", name=r"$\undefined{$ _y", path=path)  # not TeX
-    curves.plot([job], out, target=target)
+    plots.plot([job], out, target=target)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -406,7 +406,7 @@ def test_plot_leaves_off_numbers_too_big_to_draw(tmp_path):
         {"epoch": 2, "time": 1.7e308, "train_loss": -1.7e308, "test_acc": 1.7e308},
         {"epoch": 3, "time": 60, "train_loss": 5e-324, "test_acc": 0.5},
         {"epoch": 1e308, "time": 120, "train_loss": 0.5, "test_acc": 0.6}])
-    assert curves.plot([curves.read_job("a", path=path)], tmp_path / "c.png") == []
+    assert plots.plot([curves.read_job("a", path=path)], tmp_path / "c.png") == []
     assert _colour_count(_image(tmp_path / "c.png")) > 50
 
 
@@ -446,8 +446,8 @@ def test_plot_writes_a_png_for_one_job_and_for_three(three_jobs, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     one, three = out / "one.png", out / "three.png"
-    assert curves.plot(three_jobs[:1], one, target=0.94) == []
-    assert curves.plot(three_jobs, three, target=0.94) == []
+    assert plots.plot(three_jobs[:1], one, target=0.94) == []
+    assert plots.plot(three_jobs, three, target=0.94) == []
     a, b = _image(one), _image(three)
     assert a.shape == b.shape == (800, 1200, 4)
     assert _colour_count(a) > 100
@@ -461,7 +461,7 @@ def test_plot_writes_a_png_for_one_job_and_for_three(three_jobs, tmp_path):
 def test_plot_format_follows_the_suffix(three_jobs, tmp_path, suffix, magic):
     """issue 16: -o curves.svg is SVG, .pdf PDF; the suffix in any case."""
     out = tmp_path / f"curves{suffix}"
-    curves.plot(three_jobs, out)
+    plots.plot(three_jobs, out)
     assert out.read_bytes().startswith(magic)
 
 
@@ -472,7 +472,7 @@ def test_plot_refuses_an_unknown_suffix(three_jobs, tmp_path, name):
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(UsageError) as exc:
-        curves.plot(three_jobs, out / name)
+        plots.plot(three_jobs, out / name)
     assert "\n" not in exc.value.message and ".png, .svg or .pdf" in exc.value.message
     assert os.listdir(out) == []
 
@@ -483,31 +483,31 @@ def test_a_job_without_rows_is_an_error_alone_and_a_note_among_others(ct_home, t
     empty = curves.read_job("eeee0000")
     with pytest.raises(UsageError, match=r"^job eeee0000 has no metric rows to plot \(no "
                                          r"metrics.jsonl yet"):
-        curves.plot([empty], tmp_path / "c.png")
+        plots.plot([empty], tmp_path / "c.png")
     full = job_at(ct_home, "ffff1111", resnet9_rows(3))
-    notes = curves.plot([empty, full], tmp_path / "c.png")
+    notes = plots.plot([empty, full], tmp_path / "c.png")
     assert notes == [f"eeee0000: no metric rows (no metrics.jsonl yet "
                      f"({ct_home}/jobs/eeee0000/metrics.jsonl)), left out of the plot"]
     assert (tmp_path / "c.png").stat().st_size > 10_000
     with pytest.raises(UsageError, match="none of these jobs"):
-        curves.plot([empty, curves.read_job("dddd")], tmp_path / "c.png")
+        plots.plot([empty, curves.read_job("dddd")], tmp_path / "c.png")
 
 
 def test_plot_names_what_it_could_not_draw(ct_home, tmp_path):
     """issue 16: no time in the rows, no epoch, or not the target metric: a note each."""
     job = job_at(ct_home, "aaaa", [{"step": 10, "train_loss": 1.0, "test_acc": 0.5}])
-    notes = curves.plot([job], tmp_path / "c.png", target=0.9, metric="top5")
+    notes = plots.plot([job], tmp_path / "c.png", target=0.9, metric="top5")
     assert notes == ["aaaa: no top5 in its rows; test_acc drawn instead",
                      "aaaa: no time in its rows, left off the time plots"]
     job = job_at(ct_home, "bbbb", [{"time": T0, "train_loss": 1.0}])
-    assert curves.plot([job], tmp_path / "c.png") == [
+    assert plots.plot([job], tmp_path / "c.png") == [
         "bbbb: no epoch or step in its rows, left off the epoch plots"]
 
 
 def test_plot_cannot_write_is_a_usage_error(three_jobs, tmp_path):
     """issue 16: a folder that is not there is one line naming the file, no traceback."""
     with pytest.raises(UsageError, match="cannot write .*nowhere/c.png: No such file"):
-        curves.plot(three_jobs, tmp_path / "nowhere" / "c.png")
+        plots.plot(three_jobs, tmp_path / "nowhere" / "c.png")
 
 
 @pytest.mark.parametrize("target, why", [(float("nan"), "a finite number"), ("high", "a finite"),
@@ -516,7 +516,7 @@ def test_plot_refuses_a_target_that_is_not_an_accuracy(three_jobs, tmp_path, tar
     """issue 16: the target accuracy is a finite number from 0 to 100 (a fraction or a
     percentage); 9e307 would overflow matplotlib's tick arithmetic."""
     with pytest.raises(UsageError, match=f"^the target accuracy must be {why}"):
-        curves.plot(three_jobs, tmp_path / "c.png", target=target)
+        plots.plot(three_jobs, tmp_path / "c.png", target=target)
 
 
 def test_runs_are_separate_curves_and_a_redone_epoch_is_drawn_once(ct_home):
@@ -525,7 +525,7 @@ def test_runs_are_separate_curves_and_a_redone_epoch_is_drawn_once(ct_home):
     first = resnet9_rows(4, run=0)
     redo = [dict(r, test_acc=r["test_acc"] + 0.01, time=r["time"] + 60) for r in first[2:]]
     job = job_at(ct_home, "aaaa", first + redo + resnet9_rows(2, run=1, start=T0 + 120))
-    c0, c1 = curves._curves(job, ["test_acc"], "epoch", curves.TIME_SOURCES[0])
+    c0, c1 = plots._curves(job, ["test_acc"], "epoch", plots.TIME_SOURCES[0])
     xs, ys = c0.by_epoch["test_acc"]
     assert xs == [1, 2, 3, 4]
     assert ys == [r["test_acc"] for r in first[:2] + redo]
@@ -537,11 +537,11 @@ def test_runs_are_separate_curves_and_a_redone_epoch_is_drawn_once(ct_home):
 
 def test_plot_never_needs_a_display_and_curves_imports_no_matplotlib(tmp_path):
     """issue 16: with a GUI backend asked for and no display, plot still writes (it never
-    imports pyplot); importing cloudtrain.curves alone imports no matplotlib."""
+    imports pyplot); importing cloudtrain.curves and plots alone imports no matplotlib."""
     path = write_jsonl(tmp_path / "m.jsonl", resnet9_rows(3))
     out = tmp_path / "c.png"
-    code = ("import sys; from cloudtrain import curves; assert 'matplotlib' not in sys.modules; "
-            f"curves.plot([curves.read_job('a', path={str(path)!r})], {str(out)!r}); "
+    code = ("import sys; from cloudtrain import curves, plots; assert 'matplotlib' not in sys.modules; "
+            f"plots.plot([curves.read_job('a', path={str(path)!r})], {str(out)!r}); "
             "assert 'matplotlib.pyplot' not in sys.modules; print('ok')")
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     env["MPLBACKEND"] = "TkAgg"
@@ -611,7 +611,7 @@ def test_the_contract_names_every_key_the_code_reads():
     pick, and the limits the reader has."""
     text = " ".join(curves.METRICS_CONTRACT.split())
     for key in (*curves.ACCURACY_KEYS, *curves.LOSS_ORDER[:2], "epoch", "epochs", "run",
-                "step", "event", *(k for k, _, _ in curves.TIME_SOURCES)):
+                "step", "event", *(k for k, _, _ in plots.TIME_SOURCES)):
         assert f"`{key}`" in text, key
     assert f"first {curves.MAX_BYTES >> 20} MB" in text
     assert f"{curves.MAX_ROWS:,} rows" in text

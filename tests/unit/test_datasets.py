@@ -195,18 +195,18 @@ def test_cost_report_splits_out_the_data_copy(tmp_path):
         rows, total = ledger.report(store, "recipe")
     assert [(r.key, r.jobs, r.staging) for r in rows] == [("imagenet", 2, 0.75)]
     assert total.staging == 0.75
-    from cloudtrain import render
+    from cloudtrain import catalog_views
 
-    assert "OF WHICH DATA COPY" in render.cost_report(rows, total, "recipe")
+    assert "OF WHICH DATA COPY" in catalog_views.cost_report(rows, total, "recipe")
     assert ledger.report_csv(rows, total, "recipe").splitlines()[1].endswith(",0.750000")
 
 
 def test_push_report_shows_a_skipped_name_without_its_control_characters():
-    from cloudtrain import render
+    from cloudtrain import catalog_views
     from cloudtrain.providers.aws.datasets import PushReport
 
     report = PushReport("s3://b/p", skipped=[("evil\x1b[2Jname\n", "a socket")])
-    text = render.push_report(report)
+    text = catalog_views.push_report(report)
     assert "evil?[2Jname? (a socket)" in text and "\x1b" not in text
 
 
@@ -219,10 +219,10 @@ def test_a_snapshot_read_once_before_training_is_in_the_estimate(ct_home):
     assert est.preread_s == pytest.approx(160_000 / 500)  # the recipe's 160 GB at 500 MB/s
     assert row.staging_s == pytest.approx(320.0)
     assert row.total_s == pytest.approx(row.train_s + est.overheads.total + 320.0)
-    from cloudtrain import render
+    from cloudtrain import catalog_views
 
     assert "reading the snapshot volumes once before training, 5m20s" in \
-        render.estimate_table(est)
+        catalog_views.estimate_table(est)
 
 
 def test_notes_on_a_cross_region_copy_and_links_that_die_with_a_session(monkeypatch):

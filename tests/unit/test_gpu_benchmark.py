@@ -89,7 +89,7 @@ def test_compile_figures_read_cold_then_cached_and_paste_into_recipe_yaml(tmp_pa
                                                         "\nmeasured:\n" + body + "\n"))
     (recipe_dir / "train.py").write_text("")
     sys.path.insert(0, str(REPO))
-    from cloudtrain import recipes, render
+    from cloudtrain import catalog_views, recipes
 
     rec = recipes.parse_recipe(recipe_dir / "recipe.yaml")
     (cost,) = [c for c in rec.compile_costs() if c.get("gpu")]  # beside the CPU's figure
@@ -97,7 +97,7 @@ def test_compile_figures_read_cold_then_cached_and_paste_into_recipe_yaml(tmp_pa
     assert cost["gpu"] == "H100"  # the catalog's name, which estimate matches on
     assert cost["seconds"] == 1.71 and cost["when"] == {"compile": True,
                                                         "compile_scope": "step"}
-    shown = render.recipe_detail(rec)
+    shown = catalog_views.recipe_detail(rec)
     assert ("H100 [compile=true compile_scope=step]: 61.5 s the first time, "
             "4.1 s from the data dir's cache") in shown
     assert "not measured yet" not in shown

@@ -13,7 +13,7 @@ import sqlite3
 
 import pytest
 
-from cloudtrain import history, render, state, state_schema
+from cloudtrain import history, job_views, state, state_schema
 from cloudtrain.errors import UsageError
 from cloudtrain.state import Instance, Store
 
@@ -249,22 +249,22 @@ def test_u14_durations_say_minutes_and_months_without_doubt():
 
 def test_u14_prune_says_the_moment_it_cuts_at(store, ct_home):
     """U14: the prune listing says before when jobs finished, as a date and an age."""
-    from cloudtrain import render
+    from cloudtrain import job_views
 
     _job(store, ct_home, created=NOW - 90 * DAY)
     plan = history.plan_removal(store, older_than="30d", now=NOW)
-    text = render.removal_plan(plan, now=NOW)
+    text = job_views.removal_plan(plan, now=NOW)
     cut = datetime.datetime.fromtimestamp(NOW - 30 * DAY).strftime("%Y-%m-%d %H:%M")
     assert text.splitlines()[0] == f"jobs that finished before {cut} (30 days ago):"
 
 
 def test_u26_the_removal_listing_is_aligned(store, ct_home):
     """U26: a 64-character name does not push its row out of line with the others."""
-    from cloudtrain import render
+    from cloudtrain import job_views
 
     _job(store, ct_home, name="n" * 64)
     _job(store, ct_home, name="short")
-    lines = render.removal_plan(history.plan_removal(store, older_than="1d", now=NOW + 2 * DAY),
+    lines = job_views.removal_plan(history.plan_removal(store, older_than="1d", now=NOW + 2 * DAY),
                                 now=NOW).splitlines()
     rows = [l for l in lines if l.startswith("  ")]
     assert len(rows) == 2
@@ -638,14 +638,14 @@ def test_plan_and_summary_text(store, ct_home):
     live = _job(store, ct_home, instance=("aws", "running"))
     plan = history.plan_removal(store, [job.id, live.id], now=NOW)
     ended = datetime.date.fromtimestamp(NOW - 60 * DAY + 2).isoformat()
-    assert render.removal_plan(plan).splitlines() == [
+    assert job_views.removal_plan(plan).splitlines() == [
         "remove 1 finished job(s) and 1.0 kB of files (2 files):",
         f"  {job.id}  exp  succeeded  {ended}  {ct_home}/jobs/{job.id} (1.0 kB)",
         f"kept: job {live.id} is succeeded but its instance aws-{live.id} is running and may "
         f"still bill (terminate it first: cloudtrain down {live.id})"]
-    assert render.removal_summary(history.remove(store, plan)) == \
+    assert job_views.removal_summary(history.remove(store, plan)) == \
         "removed 1 job(s) and 1.0 kB of files"
-    assert render.removal_plan(history.Plan([], [])) == "nothing to remove"
+    assert job_views.removal_plan(history.Plan([], [])) == "nothing to remove"
 
 
 def test_migration_6_keeps_a_version_5_store(tmp_path):
@@ -709,6 +709,6 @@ def test_plan_text_cannot_steer_the_terminal(store, ct_home):
     job = _job(store, ct_home, name="a\x1b[2Jb", files={})
     (ct_home / "jobs").mkdir(exist_ok=True)
     os.symlink("/tmp/x\x1b]0;owned\x07", ct_home / "jobs" / job.id)
-    text = render.removal_plan(history.plan_removal(store, [job.id], now=NOW))
+    text = job_views.removal_plan(history.plan_removal(store, [job.id], now=NOW))
     assert "\x1b" not in text and "\x07" not in text
     assert "a?[2Jb" in text and "(to /tmp/x?]0;owned?)" in text

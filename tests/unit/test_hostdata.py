@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloudtrain import hostdata, render
+from cloudtrain import cells, hostdata, job_views
 from cloudtrain.errors import HostError
 from cloudtrain.state import Job
 
@@ -157,11 +157,11 @@ anything = json_values | st.floats(allow_nan=True, allow_infinity=True) | st.int
 @FUZZ
 @given(value=anything, other=anything)
 def test_F19_fuzz_formatters_never_raise(value, other):
-    for fmt in (render.number, render.pct, render.duration, render.clock, render.money,
-                render.money4, render.epoch_text):
+    for fmt in (cells.number, cells.pct, cells.duration, cells.clock, cells.money,
+                cells.money4, cells.epoch_text):
         assert isinstance(fmt(value), str)
-    assert isinstance(render.age(value, other), str)
-    assert isinstance(render._metric(value if isinstance(value, str) else "k", value), str)
+    assert isinstance(cells.age(value, other), str)
+    assert isinstance(job_views._metric(value if isinstance(value, str) else "k", value), str)
 
 
 @FUZZ
@@ -173,20 +173,20 @@ def test_F19_fuzz_status_table_and_detail_never_raise(metrics, started, ended, e
               state="failed", created_at=1.7e9, started_at=started, ended_at=ended,
               exit_code=exit_code, reason=None, spec={}, host=None, jobdir=None, metrics=metrics,
               cost=None)
-    assert "abcd1234" in render.status_table([job], now=1.8e9)
-    assert "abcd1234" in render.job_detail(job, [], b"", target=target, runs=runs, now=1.8e9)
+    assert "abcd1234" in job_views.status_table([job], now=1.8e9)
+    assert "abcd1234" in job_views.job_detail(job, [], b"", target=target, runs=runs, now=1.8e9)
 
 
 def test_F19_render_the_audit_inputs():
-    assert render.pct("94.1%") == "94.1%"
-    assert render.number(None) == "-"
-    assert render.duration(math.nan) == "nan" and render.duration(math.inf) == "inf"
-    assert render.duration(1e300) == "1e+300s"
-    assert render.pct(0.9412) == "94.12%" and render.duration(75) == "1m15s"
-    assert render.clock(1e300) == "1e+300" or render.clock(1e300).startswith("1")
-    assert render.age("x", 5) == "-"
-    assert render.epoch_text({"epoch": {"a": 1}, "epochs": 10 ** 100}).startswith("{'a': 1}/")
-    assert len(render.number("x" * 10000)) <= render.MAX_SHOWN
+    assert cells.pct("94.1%") == "94.1%"
+    assert cells.number(None) == "-"
+    assert cells.duration(math.nan) == "nan" and cells.duration(math.inf) == "inf"
+    assert cells.duration(1e300) == "1e+300s"
+    assert cells.pct(0.9412) == "94.12%" and cells.duration(75) == "1m15s"
+    assert cells.clock(1e300) == "1e+300" or cells.clock(1e300).startswith("1")
+    assert cells.age("x", 5) == "-"
+    assert cells.epoch_text({"epoch": {"a": 1}, "epochs": 10 ** 100}).startswith("{'a': 1}/")
+    assert len(cells.number("x" * 10000)) <= cells.MAX_SHOWN
 
 
 # -- F36: a job's output on the user's terminal ------------------------------------------------
@@ -240,5 +240,5 @@ def test_F36_fuzz_nothing_but_sgr_reaches_the_terminal(data):
 def test_F38_shared_formatters_never_spell_out_absurd_numbers():
     """F38: `status` shows the same values: 1e308 as an accuracy is no `inf%`, -1e308 seconds
     no 300-digit duration."""
-    assert render.pct(1e308) == "-" and render.pct(0.5) == "50.00%"
-    assert render.duration(-1e308) == "-1e+308s" and render.duration(-2) == "-2.00s"
+    assert cells.pct(1e308) == "-" and cells.pct(0.5) == "50.00%"
+    assert cells.duration(-1e308) == "-1e+308s" and cells.duration(-2) == "-2.00s"
