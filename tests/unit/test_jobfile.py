@@ -16,7 +16,7 @@ from cloudtrain.errors import UsageError
 def test_every_key_maps_to_a_launch_option_of_the_cli():
     """issue 16: one schema the flags share: each job file key sets a parameter `launch`
     has (or one the spec reads directly: run's command, regions)."""
-    from cloudtrain.cli import launch
+    from cloudtrain.cli.launching import launch
 
     params = {p.name for p in launch.params}
     for key in jobfile.KEYS:
