@@ -118,10 +118,7 @@ class _LaunchCommand(click.Command):
 @click.option("--quiet", "-q", is_flag=True, help="Print only the job id.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED,
                 shell_complete=completion.job_files)
-def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_type, gpus, procs,
-           nodes, spot, recover, max_restarts, fallback, region, ami, disk_gb, max_price, keep,
-           idle_minutes, on_job, include, data, cpu_only, envs, secrets, setup, outputs,
-           dry_run, yes, resume_from, follow, quiet, command):
+def launch(dry_run: bool, yes: bool, follow: bool, quiet: bool, **flags) -> None:
     """Launch a recipe, or your own command after --, or a job file (job.yaml), and return
     with its job id.
 
@@ -152,55 +149,52 @@ def launch(recipe, profile, sets, name, backend, workdir, max_runtime, instance_
       outputs: [results]
       resources: {instance: g5.xlarge, spot: true, max_runtime: 2h}
     """
-    from .. import jobfile
+    from ..jobfile import for_launch
     from ..lifecycle import launch as launching
     from ..lifecycle import plan
-    from ..spec import from_options
+    from ..progress import for_launch as phases
+    from ..spec import build_spec
 
     ctx = click.get_current_context()
     settings = config.Settings.load()
-    options = {k: v for k, v in ctx.params.items()
-               if k not in ("dry_run", "yes", "follow", "quiet")}
-    options.update(max_runtime=max_runtime, command=command)
-    path = command[0] if command and jobfile.is_job_file(command[0]) and \
-        command[0] in ctx.meta.get("cloudtrain.before_dashdash", ()) else None
-    if path is not None:
-        typed = {k: v for k, v in options.items() if k != "command" and
-                 ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
-        if command[1:]:
-            typed["command"] = command[1:]
-        options = jobfile.merge(jobfile.load(path, typed), typed)
-    spec = from_options(options, settings)
+    typed = {k for k in ctx.params
+             if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
+    options = for_launch(flags, typed, ctx.meta.get("cloudtrain.before_dashdash", ()))
+    spec = build_spec(options, settings)
     with job_store() as store:
         if dry_run:
             click.echo(render.plan(plan.plan(spec, store, settings)))
             return
         found = plan.read_datasets(spec, settings)  # a missing dataset stops the launch here
-        row = plan.expected(spec, store)
-        if row is not None and not quiet:
-            click.echo(render.estimate_line(row, spec.market), err=True)
-        question = plan.question(spec, warn=lambda line: click.echo(f"WARNING: {line}",
-                                                                    err=True))
-        if question:
-            confirm(question, yes)
-        sending = plan.credentials_sent(spec)
-        if sending:
-            confirm_sending(sending)
-        from ..progress import for_launch  # each phase on stderr as it happens
-
-        with for_launch(quiet, lambda line: click.echo(line, err=True)) as report:
+        ask_first(spec, store, yes, quiet)
+        with phases(quiet, lambda line: click.echo(line, err=True)) as report:  # on stderr
             job = launching.launch(store, settings, spec, say=report, found=found)
         if quiet:
             click.echo(job.id)
         else:
             click.echo(f"launched job {job.id}: {job.command} on {job.backend}", err=follow)
-        if not follow:
-            if not quiet:
-                click.echo(f"  follow:  cloudtrain logs {job.id} --follow\n"
-                           f"  attach:  cloudtrain attach {job.id}\n"
-                           f"  stop:    cloudtrain down {job.id}")
-            return
-        follow_job(store, settings, job)
+        if follow:
+            follow_job(store, settings, job)
+        elif not quiet:
+            click.echo(f"  follow:  cloudtrain logs {job.id} --follow\n"
+                       f"  attach:  cloudtrain attach {job.id}\n"
+                       f"  stop:    cloudtrain down {job.id}")
+
+
+def ask_first(spec, store, yes: bool, quiet: bool) -> None:
+    """Before a launch: its expected time and cost, its warnings, and the questions a
+    terminal is asked (a price, the credential-looking files --include sends)."""
+    from ..lifecycle import plan
+
+    row = plan.expected(spec, store)
+    if row is not None and not quiet:
+        click.echo(render.estimate_line(row, spec.market), err=True)
+    question = plan.question(spec, warn=lambda line: click.echo(f"WARNING: {line}", err=True))
+    if question:
+        confirm(question, yes)
+    sending = plan.credentials_sent(spec)
+    if sending:
+        confirm_sending(sending)
 
 
 def confirm_sending(line: str) -> None:

@@ -2,7 +2,7 @@
 check, init.
 
 Imports the terminal helpers and the shared options of this package; recipes, catalog,
-estimate, ledger, check and jobfile when a command runs."""
+estimate, ledger, check and the job template when a command runs."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import sys
 import click
 
 from .. import completion, config, errors, render
+from ..market import Market
 from .options import WIDE, given, region_name, since_age
 from .terminal import colored, confirm_text, job_store, table_width
 
@@ -125,7 +126,7 @@ def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, nodes, a
 
     with job_store() as store:
         est = estimate_module.for_recipe(recipe, profile, sets, region,
-                                         market="spot" if spot else "on-demand",
+                                         market=Market.SPOT if spot else Market.ON_DEMAND,
                                          types=list(types), gpu_request=gpus, disk_gb=disk_gb,
                                          store=store, nodes=nodes)
     if as_json:
@@ -231,9 +232,9 @@ def init(recipe: str | None, path: str, force: bool) -> None:
       cloudtrain init
       cloudtrain init --recipe resnet9 -o resnet9.yaml
     """
-    from .. import jobfile
+    from ..job_template import write_example
 
-    text = jobfile.write_example(path, recipe, force)
+    text = write_example(path, recipe, force)
     if text:
         click.echo(text, nl=False)
     else:
