@@ -9,9 +9,15 @@ of the machine falls on each alike.
 Usage:
     python benchmarks/status_1000_jobs.py [--jobs N] [--runs R] [--tree DIR ...]
 
-Measured (2 shared cores under other engineers' test runs, i26-merge at 524ba88 vs i26-cli):
+Measured on 2 cores shared with other engineers' test runs, both trees in the same run:
     python benchmarks/status_1000_jobs.py --tree /work/wt-merge26 --tree .
-    (figures: see the commit that last changed this docstring)
+                        i26-merge (524ba88)   i26-cli (cli/ package, LaunchOptions, Market)
+    status              0.078 s               0.080 s
+    status -a           0.131 s               0.136 s
+    floor               0.071 s               0.075 s
+Nearly all of `status` is the floor: Python, click, render, state and config. What is left on
+the status path that it does not need: render imports the host side's agent module (for
+as_time and fmt_duration), and with it host.safefile.
 """
 
 from __future__ import annotations
@@ -75,7 +81,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         fill(home, args.jobs)
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
+        # the warm-up run writes each tree's bytecode, as an installed package has it
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("PYTHONPATH", "PYTHONSAFEPATH", "PYTHONDONTWRITEBYTECODE")}
         env.update(CLOUDTRAIN_HOME=str(home), NO_COLOR="1")
         cpu: dict[tuple[Path, str], list[float]] = {}
         for run in range(args.runs + 1):
