@@ -1,4 +1,9 @@
-"""JobSpec: what to run (a recipe, or your own command) and where (backend, resources)."""
+"""JobSpec: what to run (a recipe, or your own command) and where (backend, resources), and
+build_spec, which checks a LaunchOptions (the flags, a job file, or both) and turns it into one.
+
+Imports the settings (config), the providers' registry, launch_options and market; recipes,
+datasets, datasources, catalog, preflight and jobfile's environment reading when it builds.
+"""
 
 from __future__ import annotations
 
@@ -103,7 +108,7 @@ class JobSpec:
     # deleted).
     secret_values: dict = field(default_factory=dict, repr=False, compare=False)
     # U11: where the options given in a job file came from, {option: "job.yaml:7:
-    # resources.disk_gb"} (jobfile.ORIGINS): checks name that instead of the flag, which
+    # resources.disk_gb"} (LaunchOptions.origins): checks name that instead of the flag, which
     # nobody typed. In memory only, for the checks of this launch.
     origins: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -242,7 +247,7 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
 
 def items(origins: dict, option: str) -> dict[str, str]:
     """The places of a repeated option's items a job file gave: {NAME: "job.yaml:5:
-    envs.NAME"} for `envs`, {path: ...} for `outputs` (jobfile.item names them)."""
+    envs.NAME"} for `envs`, {path: ...} for `outputs` (launch_options.item names them)."""
     prefix = option + "."
     return {k[len(prefix):]: v for k, v in origins.items() if k.startswith(prefix)}
 
