@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from .market import Market
+
 CATALOG = Path(__file__).resolve().parent / "data" / "aws-gpu-vms.csv"
 SNAPSHOT = "SkyPilot AWS catalog v9 @ 2c3d7ea (July 2026 or later)"
 DEFAULT_ARCH = "x86_64"  # the Deep Learning AMI cloudtrain uses (images.DLAMI_PARAMETER)
@@ -32,7 +34,7 @@ class InstanceType:
     spot_snapshot: dict[str, dict[str, float]] = field(default_factory=dict)  # region -> az id -> USD/h
 
     def price(self, region: str, market: str = "on-demand") -> float | None:
-        if market == "spot":
+        if market == Market.SPOT:
             zones = self.spot_snapshot.get(region) or {}
             return min(zones.values()) if zones else None
         return self.on_demand.get(region)
@@ -40,7 +42,7 @@ class InstanceType:
     def dearest(self, region: str, market: str = "on-demand") -> float | None:
         """The highest price of the region: spot in its dearest AZ (a launch that finds no
         capacity in the cheaper ones ends up there), else on-demand."""
-        if market == "spot":
+        if market == Market.SPOT:
             zones = self.spot_snapshot.get(region) or {}
             return max(zones.values()) if zones else None
         return self.on_demand.get(region)
@@ -125,12 +127,12 @@ def gpus_error(gpu: str, count: float, regions: list[str], market: str | None = 
     named too); the one count to ask for where there is only one."""
     from .errors import UsageError
 
-    head = (f"no instance type with {count:g}x {gpu}" + (" (spot)" if market == "spot" else "")
+    head = (f"no instance type with {count:g}x {gpu}" + (" (spot)" if market == Market.SPOT else "")
             + f" in {', '.join(regions)}")
 
     def offered(t: InstanceType) -> bool:
-        return any((market != "spot" and r in t.on_demand) or
-                   (market != "on-demand" and r in t.spot_snapshot) for r in regions)
+        return any((market != Market.SPOT and r in t.on_demand) or
+                   (market != Market.ON_DEMAND and r in t.spot_snapshot) for r in regions)
 
     kin = sorted((t for t in load().values() if (t.gpu == gpu or t.gpu.startswith(gpu + "-"))
                   and offered(t)), key=lambda t: (t.gpu != gpu, t.gpus, t.name))
@@ -237,7 +239,7 @@ def cheapest(gpu: str, count: float, regions: list[str], market: str = "on-deman
         if t.arch != DEFAULT_ARCH:  # the Deep Learning AMI is x86_64 (D21)
             continue
         for region in regions:
-            if market == "spot":
+            if market == Market.SPOT:
                 zones = t.spot_snapshot.get(region) or {}
                 for zone, price in zones.items():
                     if best is None or price < best[0]:

@@ -15,6 +15,7 @@ import time
 from . import cells
 from .cells import Col, age, duration, grid, money, money4, table
 from .host.job_status import as_time as _finite  # a finite float, else None
+from .market import Market
 
 
 
@@ -304,7 +305,7 @@ def estimate_table(est, *, width: int | None = None) -> str:
 
 def estimate_line(row, market: str) -> str:
     """The line `launch` prints for what it is about to start."""
-    price = row.spot if market == "spot" else row.on_demand
+    price = row.spot if market == Market.SPOT else row.on_demand
     copy = (f", copying the data {duration(row.staging_s)} ({row.staging_basis})"
             if row.staging_s else "")
     profile = f"; {row.profile_note}" if row.profile_note else ""

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 
 from . import config
 from .errors import EXIT_FAILED, EXIT_OK, CloudError, CloudtrainError
+from .market import Market
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
 MARKETS = ("on-demand", "spot")
@@ -314,7 +315,7 @@ def _quota_check(name: str, code: str, quota_name: str, value: float, needs: lis
             "needs": [{"instance_type": t, "nodes": n, "vcpus": v, "for": sizes[(t, n)]}
                       for v, t, n in rows]}
     head = f"{quota_name} ({code}): {value:g} vCPUs"
-    flag = "--spot" if needs[0].market == "spot" else "--on-demand"
+    flag = "--spot" if needs[0].market == Market.SPOT else "--on-demand"
     market = "" if configured else f" (for {flag})"
     if value >= largest[0]:
         return Check(name, OK, f"{head}: enough for every recipe; the most: "

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterable, Sequence
 
+from .market import Market
+
 __all__ = [
     "MIN_BILLED_SECONDS", "HOURS_PER_MONTH", "GP3_PRICE_PER_GB_MONTH", "PricePoint", "Billed",
     "Gp3Price", "InstanceRun", "Phase", "billed_seconds", "on_demand_cost", "spot_cost",
@@ -220,12 +222,12 @@ def _run_charges(run: InstanceRun, now) -> tuple[list[_Charge], tuple[str, ...]]
     if run.market == "local":
         return [], ()
     notes: tuple[str, ...] = ()
-    if run.market == "on-demand":
+    if run.market == Market.ON_DEMAND:
         if run.price_per_hour is None:
             raise ValueError(f"{run.instance_id}: on-demand run without price_per_hour")
         charges = [_constant_charge(run.start, run.end, _nonneg("price_per_hour",
                                                                 run.price_per_hour), now)]
-    elif run.market == "spot":
+    elif run.market == Market.SPOT:
         if run.spot_history:
             charges = [_spot_charge(run.start, run.end, run.spot_history, now)]
         elif run.price_per_hour is not None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from . import catalog, cost
 from .errors import UsageError
+from .market import Market
 
 # Peak dense (no sparsity) FP16/BF16 tensor-core TFLOPS per GPU, from NVIDIA's datasheets.
 GPU_TFLOPS: dict[str, float] = {
@@ -320,7 +321,7 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
         if t.gpu in TFLOPS_NOTES and TFLOPS_NOTES[t.gpu] not in notes:
             notes.append(TFLOPS_NOTES[t.gpu])
     _rank(rows, market)
-    if market == "spot":
+    if market == Market.SPOT:
         notes.append(f"spot: the cheapest AZ's price, {catalog.spot_source(region)}")
     if unmeasured_compile:
         notes.append("compile=true: the first run's compile is not in the figures for "
@@ -350,16 +351,18 @@ def _disk(recipe, region: str, disk_gb: int | None, staging_bytes: int,
 def _rank(rows: list[Row], market: str) -> None:
     """Mark the cheapest row (in `market`) and the fastest, then sort: timed before untimed,
     by price (unpriced last), by name."""
-    priced = [r for r in rows if (r.spot if market == "spot" else r.on_demand) is not None]
+    def price(r: Row) -> float | None:
+        return r.spot if market == Market.SPOT else r.on_demand
+
+    priced = [r for r in rows if price(r) is not None]
     if priced:
-        key = (lambda r: r.spot) if market == "spot" else (lambda r: r.on_demand)
-        min(priced, key=key).marks.append("cheapest")
+        min(priced, key=price).marks.append("cheapest")
     timed = [r for r in rows if r.total_s is not None]
     if timed:
         min(timed, key=lambda r: r.total_s).marks.append("fastest")
-    rows.sort(key=lambda r: (r.total_s is None, (r.spot if market == "spot" else r.on_demand)
-                             if (r.spot if market == "spot" else r.on_demand) is not None
-                             else float("inf"), r.instance_type))
+    rows.sort(key=lambda r: (r.total_s is None,
+                             price(r) if price(r) is not None else float("inf"),
+                             r.instance_type))
 
 
 def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: str | None,

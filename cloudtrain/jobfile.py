@@ -18,7 +18,7 @@ or a recipe with `recipe`, `profile` and `args` in place of `run`. The file is r
 launch option, and a flag given on the command line overrides the file's value (a repeatable
 flag, --set, --env, --data, adds to the file's list, later winning). An error names the file,
 the line and the key, and suggests the nearest valid key, in one line (exit 2); so does a
-check after this one on a value from the file (ORIGINS).
+check after this one on a value from the file (LaunchOptions.origins).
 
 A job file is code from a repository, perhaps someone else's (audit F27): its workdir is read
 from the file's own directory and must stay inside it, it cannot `include` credential-looking
@@ -33,7 +33,6 @@ import datetime
 import difflib
 import os
 import re
-import textwrap
 from pathlib import Path
 from typing import Collection
 
@@ -41,6 +40,7 @@ import yaml
 
 from .config import GP3_MAX_GB, check_region, shown
 from .errors import UsageError
+from .launch_options import LaunchOptions
 
 SUFFIXES = (".yaml", ".yml")
 MAX_BYTES = 1 << 20  # a job file is a page of YAML; a megabyte is something else
@@ -118,8 +118,6 @@ KEYS: tuple[Key, ...] = (
 )
 BY_PATH = {k.path: k for k in KEYS}
 SECTIONS = {"resources"}
-# Launch options that repeat: the file's list first, then the flags'.
-REPEATED = ("sets", "envs", "secrets", "outputs", "include", "data")
 # Keys whose values are mappings of names (args: {epochs: 30}): each name has its line.
 NAMED = {k.path for k in KEYS if k.kind == "mapping"}
 
@@ -129,11 +127,25 @@ def is_job_file(word: str) -> bool:
     return word.lower().endswith(SUFFIXES)
 
 
-def load(path: str | os.PathLike, typed: Collection[str] = ()) -> dict:
-    """The launch options a job file sets: {option: value} in the flags' own form (`sets`
-    as ("k=v", ...), `spot` as a bool, `envs` as ("K=V", ...)), so the flags' checks apply
-    to both. `run` becomes the command (one string of shell code). `typed`: the options
-    given on the command line, which replace the file's (its workdir is then not read)."""
+def for_launch(flags: dict, typed: Collection[str], before_dashdash: Collection[str]
+               ) -> LaunchOptions:
+    """`launch`'s options: its flags (`flags`: {option: value}, `typed`: those given on the
+    command line), over a job file's where the command's first word names one and comes
+    before any `--` (after it, words are the user's command)."""
+    options = LaunchOptions.of(flags)
+    command = options.command
+    if not (command and is_job_file(command[0]) and command[0] in before_dashdash):
+        return options
+    given = LaunchOptions.of({k: v for k, v in flags.items() if k in typed and k != "command"})
+    given.command = command[1:]
+    return given.over(load(command[0], given.given()))
+
+
+def load(path: str | os.PathLike, typed: Collection[str] = ()) -> LaunchOptions:
+    """The launch options a job file sets, in the flags' own form (`sets` as ("k=v", ...),
+    `spot` as a bool, `envs` as ("K=V", ...)), so the flags' checks apply to both. `run`
+    becomes the command (one string of shell code). `typed`: the options given on the
+    command line, which replace the file's (its workdir is then not read)."""
     p = Path(path)
     where = str(path)
     try:
@@ -154,9 +166,9 @@ def load(path: str | os.PathLike, typed: Collection[str] = ()) -> dict:
 
 
 def parse(text: str, where: str = "job.yaml", base: Path | None = None,
-          typed: Collection[str] = ()) -> dict:
+          typed: Collection[str] = ()) -> LaunchOptions:
     """load() for the text of a job file; `where` names it in errors, `base` is its
-    directory (default: where's). options[ORIGINS] says where each option's value came
+    directory (default: where's). The options' `origins` say where each value came
     from (`job.yaml:7: resources.disk_gb`; `envs.NAME` for one item of a list option), for
     the checks after this one to name the file, the line and the key (U11)."""
     tree, data = _read(text, where)
@@ -193,11 +205,9 @@ def parse(text: str, where: str = "job.yaml", base: Path | None = None,
         options["command"] = (options.pop("run"),)
         origins["command"] = origins.pop("run")
     origins[""] = where
-    options[ORIGINS] = origins
-    return options
+    return LaunchOptions.of(options, origins)
 
 
-ORIGINS = "origins"  # the key of parse()'s options that says where each one came from
 # Python refuses to turn a longer integer into text (int_max_str_digits): no setting takes one.
 MAX_DIGITS = 4300
 
@@ -522,31 +532,6 @@ def flag_minutes(text: str, flag: str) -> float:
     return value
 
 
-def merge(from_file: dict, given: dict) -> dict:
-    """The launch options: the flags typed on the command line (`given`: {option: value},
-    only those the user typed) over the file's. Repeated options add up, the file's first.
-    ORIGINS keeps the file's place only for what the flags left to it."""
-    merged = dict(from_file)
-    origins = dict(from_file.get(ORIGINS) or {})
-    for option, value in given.items():
-        if option in REPEATED:
-            merged[option] = tuple(from_file.get(option, ())) + tuple(value)
-            for word in value:
-                origins.pop(f"{option}.{item(option, word)}", None)
-        else:
-            merged[option] = value
-            origins.pop(option, None)
-    merged[ORIGINS] = origins
-    return merged
-
-
-def item(option: str, word: str) -> str:
-    """What names one word of a repeated option in ORIGINS: the NAME of `--set NAME=VALUE`,
-    `--env`, `--secret` and `--data`; the whole word of `--output` and `--include`."""
-    return str(word).partition("=")[0] if option in ("sets", "envs", "secrets", "data") \
-        else str(word)
-
-
 def environment(words, what: str, environ=None, named: dict | None = None) -> dict[str, str]:
     """`--env KEY=VALUE` / `--env KEY` (this shell's value) words as {KEY: VALUE}; the last
     word for a key wins. `what` is the flag, for messages; `named`: {KEY: "job.yaml:5:
@@ -575,86 +560,3 @@ def environment(words, what: str, environ=None, named: dict | None = None) -> di
             raise UsageError(f"{said}: a value cannot hold a NUL character")
         out[name] = value
     return out
-
-
-# -- `cloudtrain init` ---------------------------------------------------------------------------
-
-
-def example(recipe=None, filename: str = "cloudtrain.yaml") -> str:
-    """A commented job file: for `recipe` (a recipes.Recipe) its profiles and arguments; else
-    for your own code. Every key it shows is in KEYS (a test loads what it writes)."""
-    if recipe is not None:
-        profiles = ", ".join(sorted(recipe.profiles)) or "none"
-        profile = "smoke" if "smoke" in recipe.profiles else None
-        args = []
-        for name, arg in recipe.arguments.items():
-            default = arg.render(arg.default) if arg.default is not None else None
-            help_text = textwrap.shorten(str(arg.help or ""), 60, placeholder="...")
-            args.append(f"  # {name}: {default if default not in (None, '') else '...'}"
-                        + (f"    # {help_text}" if help_text else ""))
-        head = (f"# cloudtrain job file: the {recipe.name} recipe. Run it with\n"
-                f"#   cloudtrain launch {{file}}            (flags override it: --set, --spot, ...)\n"
-                f"#   cloudtrain launch {{file}} --dry-run  (the plan and its price)\n"
-                f"name: {recipe.name}-run\n"
-                f"recipe: {recipe.name}\n"
-                f"# profiles: {profiles}\n"
-                + (f"profile: {profile}            # optional: leave it out (or --profile none) "
-                   "for the full run\n" if profile else "")
-                + "# args: the recipe's arguments (cloudtrain recipes "
-                  f"{recipe.name}); uncomment to set\n"
-                + "args:\n" + "\n".join(args) + "\n")
-    else:
-        head = ("# cloudtrain job file: your own code. Run it with\n"
-                "#   cloudtrain launch {file}            (flags override it: --spot, --env, ...)\n"
-                "#   cloudtrain launch {file} --dry-run  (the plan and its price)\n"
-                "name: my-training-run\n"
-                "workdir: .               # this file's directory (or one below it), synced "
-                "(.gitignore honoured)\n"
-                "setup: |                 # once per instance, before run, in the workdir\n"
-                "  if [ -f requirements.txt ]; then python -m pip install -q -r requirements.txt; "
-                "fi\n"
-                "run: |                   # the job: $CLOUDTRAIN_JOB_DIR/metrics.jsonl rows "
-                "show in status and plot\n"
-                "  python train.py\n"
-                "envs:                    # the job's environment (null: this shell's value)\n"
-                "  PYTHONHASHSEED: 0\n"
-                "# secrets:               # like envs, but never written to any file cloudtrain "
-                "keeps\n"
-                "#   WANDB_API_KEY: null\n"
-                "# outputs: [results]     # files your code writes, brought home after the job\n")
-    resources = ("resources:               # where it runs (default: this machine)\n"
-                 "  # backend: aws         # implied by instance, gpus, spot or region\n"
-                 "  # instance: g5.xlarge\n"
-                 "  # gpus: A10G:1         # instead of instance: the cheapest type with these\n"
-                 "  # spot: true\n"
-                 "  # region: us-east-1\n"
-                 "  # disk_gb: 100\n"
-                 "  # nodes: 1\n"
-                 + ("  # max_runtime: 2h      # default: the recipe's\n" if recipe is not None
-                    else "  max_runtime: 2h\n"))
-    return (head + resources).replace("{file}", filename)
-
-
-def write_example(path: str, recipe_name: str | None = None, force: bool = False) -> str:
-    """`cloudtrain init`: the example for a recipe (by name) or for your own code, written to
-    `path` (never over an existing file without `force`); "-" returns the text instead."""
-    recipe = None
-    if recipe_name is not None:
-        from . import recipes
-
-        recipe = recipes.load(recipe_name)
-    name = "cloudtrain.yaml" if path == "-" else Path(path).name
-    text = example(recipe, name)
-    if path == "-":
-        return text
-    if not is_job_file(path):
-        raise UsageError(f"{path}: a job file's name ends in .yaml or .yml")
-    target = Path(path)
-    if target.exists() and not force:
-        raise UsageError(f"{path} exists: not overwritten", hint="--force to replace it, or "
-                                                                 "-o another.yaml")
-    try:
-        target.write_text(text)
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from None
-    return ""

@@ -218,6 +218,7 @@ def _launch(c: Check, steps: Steps, report: Report) -> None:
 
 
 def _spec(c: Check, report: Report):
+    from .launch_options import LaunchOptions
     from .spec import build_spec
 
     c.workdir = Path(tempfile.mkdtemp(prefix="cloudtrain-check-"))
@@ -227,15 +228,13 @@ def _spec(c: Check, report: Report):
     if c.role_url:  # the folder the object is in, as a dataset of the job
         data = (f"{ROLE_DATASET}={c.role_url.rsplit('/', 1)[0]}",)
         command += f' "$CLOUDTRAIN_DATA_DIR/{ROLE_DATASET}/{ROLE_FILE}"'
-    return build_spec(
-        recipe=None, command=(command,), workdir=str(c.workdir), profile=None, sets=(),
-        name=c.name, backend="aws", max_runtime_minutes=CHECK_MAX_RUNTIME_MINUTES,
-        settings=c.settings, data=data,
-        placement={"instance_type": report.instance_type, "region": c.region,
-                   "market": "on-demand", "cpu_only": None if c.gpu else True,
-                   # the AMI's own size, the least EC2 takes; with data to stage, the
-                   # datasets' sizing decides (it keeps room for the AMI beside the copy)
-                   "disk_gb": None if data else c.disk_gb})
+    return build_spec(LaunchOptions(
+        command=(command,), workdir=str(c.workdir), name=c.name, backend="aws",
+        max_runtime=CHECK_MAX_RUNTIME_MINUTES, data=data, instance_type=report.instance_type,
+        region=c.region, spot=False, cpu_only=None if c.gpu else True,
+        # the AMI's own size, the least EC2 takes; with data to stage, the
+        # datasets' sizing decides (it keeps room for the AMI beside the copy)
+        disk_gb=None if data else c.disk_gb), c.settings)
 
 
 def _run_job(c: Check, steps: Steps, report: Report) -> None:

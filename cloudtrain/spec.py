@@ -1,4 +1,9 @@
-"""JobSpec: what to run (a recipe, or your own command) and where (backend, resources)."""
+"""JobSpec: what to run (a recipe, or your own command) and where (backend, resources), and
+build_spec, which checks a LaunchOptions (the flags, a job file, or both) and turns it into one.
+
+Imports the settings (config), the providers' registry, launch_options and market; recipes,
+datasets, datasources, catalog, preflight and jobfile's environment reading when it builds.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ from pathlib import Path
 from . import config, providers
 from .config import INSTANCE_PATTERN, check_known_region, check_region, finite, shown
 from .errors import UsageError
+from .launch_options import LaunchOptions
+from .market import Market
 
 RECIPE, COMMAND = "recipe", "command"
 
@@ -30,7 +37,7 @@ FLAGS = {"instance_type": "--instance", "region": "--region", "ami": "--ami",
          "fallback": "--fallback", "cpu_only": "--cpu-only", "market": "--spot/--on-demand",
          "nodes": "--nodes"}
 MAX_RESTARTS = 100
-FALLBACKS = ("on-demand",)
+FALLBACKS = (Market.ON_DEMAND,)
 
 
 @dataclass
@@ -55,7 +62,7 @@ class JobSpec:
     nodes: int = 1
     # Cloud placement (ignored by the local backend)
     instance_type: str | None = None
-    market: str = "on-demand"  # "on-demand" or "spot" (one-time request, terminate on interruption)
+    market: Market = Market.ON_DEMAND
     region: str | None = None
     ami: str | None = None  # None: the current AWS Deep Learning PyTorch AMI
     disk_gb: int | None = None
@@ -101,7 +108,7 @@ class JobSpec:
     # deleted).
     secret_values: dict = field(default_factory=dict, repr=False, compare=False)
     # U11: where the options given in a job file came from, {option: "job.yaml:7:
-    # resources.disk_gb"} (jobfile.ORIGINS): checks name that instead of the flag, which
+    # resources.disk_gb"} (LaunchOptions.origins): checks name that instead of the flag, which
     # nobody typed. In memory only, for the checks of this launch.
     origins: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -172,7 +179,7 @@ class JobSpec:
         if not any(d.get("kind") == "snapshot" for d in self.datasets or []):
             regions += [r.strip() for r in settings.regions.split(",")
                         if r.strip() and r.strip() not in regions]
-        markets = ["spot"] + (["on-demand"] if self.fallback == "on-demand" else [])
+        markets = [Market.SPOT] + ([Market.ON_DEMAND] if self.fallback == Market.ON_DEMAND else [])
         return [(region, market) for market in markets for region in regions]
 
     def root_gb(self, settings) -> int:
@@ -189,66 +196,58 @@ class JobSpec:
     @classmethod
     def from_dict(cls, data: dict) -> "JobSpec":
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        spec = cls(**{k: v for k, v in data.items() if k in names})
+        spec.market = Market(spec.market)
+        return spec
 
 
 # -- from what the user typed ----------------------------------------------------------------
 
 
-def build_spec(*, recipe: str | None, command: tuple[str, ...], workdir: str | None,
-               profile: str | None, sets: tuple[str, ...], name: str | None,
-               backend: str | None, max_runtime_minutes: float | None,
-               settings: config.Settings, resume_from: str | None = None,
-               placement: dict | None = None, procs: int | None = None,
-               include: tuple[str, ...] = (), data: tuple[str, ...] = (),
-               nodes: int | None = None, setup: str | None = None,
-               envs: tuple[str, ...] = (), secrets: tuple[str, ...] = (),
-               outputs: tuple[str, ...] = (), origins: dict | None = None) -> JobSpec:
-    """Validate what the user asked for and turn it into a JobSpec (UsageError otherwise).
-    `placement`: instance_type, market, region, ami, disk_gb, max_price, keep, idle_minutes.
-    `data`: `--data NAME=SOURCE` / `--data NAME` (datasources.py). `nodes`: `--nodes N`; else a
-    cloud recipe job gets the machines its variant was published on (recipe.yaml
-    `resources.nodes_per_variant`), anything else one. `origins`: where the options a job
-    file gave came from (jobfile.ORIGINS); a message about one names that, not the flag."""
+def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
+    """Validate what the user asked for (the flags, a job file, or both) and turn it into a
+    JobSpec (UsageError otherwise). `data`: `--data NAME=SOURCE` / `--data NAME`
+    (datasources.py). `nodes`: `--nodes N`; else a cloud recipe job gets the machines its
+    variant was published on (recipe.yaml `resources.nodes_per_variant`), anything else one.
+    `regions` (job files) narrows where --gpus looks. `origins`: where the options a job
+    file gave came from (U11); a message about one names that, not the flag."""
     from . import datasets, datasources, recipes
+    from .jobfile import environment
 
-    origins = origins or {}
+    if o.regions:
+        settings = dataclasses.replace(settings, regions=",".join(o.regions))
+    origins = dict(o.origins)
+    nodes = o.nodes
     if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int)
                               or not 1 <= nodes <= MAX_NODES):
         raise UsageError(f"{origins.get('nodes', '--nodes')} must be a whole number from 1 to "
                          f"{MAX_NODES}, got {shown(nodes)}")
-    flags = datasources.parse_data_flags(data, items(origins, "data"))
-    spec = _build_spec(recipe=recipe, command=command, workdir=workdir, profile=profile,
-                       sets=sets, name=name, backend=backend,
-                       max_runtime_minutes=max_runtime_minutes, settings=settings,
-                       resume_from=resume_from, placement=placement, procs=procs,
-                       include=include, nodes=nodes, origins=origins)
+    flags = datasources.parse_data_flags(o.data, items(origins, "data"))
+    spec = _build_spec(o, settings, origins)
     spec.origins = origins
     _check_nodes(spec)
     spec.datasets = datasets.resolve(spec, settings, flags,
                                      recipes.load(spec.recipe).data if spec.recipe else [])
-    if setup is not None:
-        if not setup.strip() or "\0" in setup:
+    if o.setup is not None:
+        if not o.setup.strip() or "\0" in o.setup:
             raise UsageError(f"{origins.get('setup', '--setup')} needs shell code, e.g. --setup "
                              "'pip install -r requirements.txt'")
-        spec.setup = setup
-    from .jobfile import environment
-
-    spec.envs = environment(envs, "--env", named=items(origins, "envs"))
-    spec.secret_values = environment(secrets, "--secret", named=items(origins, "secrets"))
+        spec.setup = o.setup
+    spec.envs = environment(o.envs, "--env", named=items(origins, "envs"))
+    spec.secret_values = environment(o.secrets, "--secret", named=items(origins, "secrets"))
     overlap = set(spec.envs) & set(spec.secret_values)
     if overlap:
         raise UsageError(f"{sorted(overlap)[0]} is given both as an environment variable and "
                          "as a secret: keep it in one")
     spec.secrets = sorted(spec.secret_values)
     named = items(origins, "outputs")
-    spec.outputs = [check_output(p, named.get(p, "--output")) for p in outputs]
+    spec.outputs = [check_output(p, named.get(p, "--output")) for p in o.outputs]
     return spec
 
 
 def items(origins: dict, option: str) -> dict[str, str]:
     """The places of a repeated option's items a job file gave: {NAME: "job.yaml:5:
-    envs.NAME"} for `envs`, {path: ...} for `outputs` (jobfile.item names them)."""
+    envs.NAME"} for `envs`, {path: ...} for `outputs` (launch_options.item names them)."""
     prefix = option + "."
     return {k[len(prefix):]: v for k, v in origins.items() if k.startswith(prefix)}
 
@@ -311,13 +310,38 @@ def check_recipe_nodes(rec, args: dict, nodes: int, what: str | None = None) -> 
                           f"{gpus}")
 
 
-def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_runtime_minutes,
-                settings, resume_from, placement, procs, include, nodes=None,
-                origins=None) -> JobSpec:
-    origins = origins or {}
-    placement = {k: v for k, v in (placement or {}).items() if v is not None}
-    _check_inputs(dict(recipe=recipe, profile=profile, workdir=workdir, name=name,
-                       backend=backend, resume_from=resume_from), placement, include, origins)
+def _build_spec(o: LaunchOptions, settings: config.Settings, origins: dict) -> JobSpec:
+    """What runs where, checked: the placement first (it says which backend is meant), then
+    what runs, a recipe or the user's own command."""
+    backend, placement = _placement(o, settings, origins)
+    workdir = _check_what_runs(o, origins)
+    if o.recipe:
+        return _recipe_spec(o, backend, placement, workdir, settings, origins)
+    if o.procs is not None:
+        raise UsageError(f"{_flag(origins, 'procs')} applies to recipes started under torchrun; "
+                         "your own command can read $CLOUDTRAIN_GPUS and start torchrun itself")
+    if backend == "aws" and not placement.get("on_job"):
+        placement.setdefault("instance_type", settings.instance_type)
+    from .jobfile import is_job_file
+    from .preflight import own_command
+
+    # D14, D16, U24: before anything is created
+    own_command(list(o.command), workdir, origin=origins.get("command"),
+                is_job_file=is_job_file)
+    minutes = o.max_runtime or settings.max_runtime_minutes
+    return JobSpec(kind=COMMAND, backend=backend, name=o.name, command=list(o.command),
+                   workdir=workdir, max_runtime_s=float(minutes) * 60,
+                   include=list(o.include), nodes=o.nodes or 1, **placement)
+
+
+def _placement(o: LaunchOptions, settings: config.Settings, origins: dict
+               ) -> tuple[str, dict]:
+    """The backend and the cloud placement (JobSpec's fields): --gpus resolved to a type,
+    the market and its recovery; a cloud option for another backend refused."""
+    placement = o.placement()
+    _check_inputs(dict(recipe=o.recipe, profile=o.recipe_profile(), workdir=o.workdir,
+                       name=o.name, backend=o.backend, resume_from=o.resume_from),
+                  placement, o.include, origins)
     recovery = {k: placement.pop(k) for k in ("recover", "max_restarts", "fallback")
                 if k in placement}
     gpus = placement.pop("gpus", None)
@@ -333,9 +357,9 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
     # Any cloud placement option (--instance, --gpus, --spot, --region, --ami, ...) says which
     # backend is meant, as --instance always did (D27).
     cloud = on_job or set(placement) - {"keep"}
-    backend = backend or ("aws" if cloud else settings.backend)
+    backend = o.backend or ("aws" if cloud else settings.backend)
     if backend == "aws":
-        placement.setdefault("market", settings.market)
+        placement.setdefault("market", Market(settings.market))
         if on_job:
             placement["on_job"] = on_job
         placement.update(_recovery(recovery, placement["market"], on_job, origins))
@@ -348,6 +372,13 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
             origins.get("spot", f"--{placement[key]}")
         raise UsageError(f"{flag} applies to cloud backends, not {backend}")
     providers.get(backend)  # unknown backend: error now, before anything else
+    return backend, placement
+
+
+def _check_what_runs(o: LaunchOptions, origins: dict) -> str | None:
+    """Refuse what cannot run (a recipe and a command, neither, a recipe's options for a
+    command, ...); the workdir as an absolute path."""
+    recipe, command = o.recipe, o.command
     if recipe and command:
         raise UsageError(f"{origins.get('recipe', '--recipe')} and "
                          f"{origins.get('command', 'a command after --')}: a job runs a recipe "
@@ -361,91 +392,83 @@ def _build_spec(*, recipe, command, workdir, profile, sets, name, backend, max_r
                          hint="cloudtrain launch --recipe resnet9 --profile smoke --follow")
     if command and not command[0].strip():
         raise UsageError(f"the command after -- starts with an empty word, {shown(command[0])}")
-    if (profile or sets) and not recipe:
-        first = sets[0].partition("=")[0] if sets else ""
-        what = origins.get("profile", "--profile") if profile else \
+    if (o.recipe_profile() or o.sets) and not recipe:
+        first = o.sets[0].partition("=")[0] if o.sets else ""
+        what = origins.get("profile", "--profile") if o.recipe_profile() else \
             origins.get(f"sets.{first}", "--set")
         raise UsageError(f"{what} applies to recipes; your own command takes its arguments "
                          "itself (after --, or in run:)")
-    workdir_path = None
-    if workdir is not None:
-        what = origins.get("workdir", f"--workdir {shown(workdir)[1:-1]}")
+    workdir = None
+    if o.workdir is not None:
+        what = origins.get("workdir", f"--workdir {shown(o.workdir)[1:-1]}")
         try:
-            path = Path(workdir).expanduser()
+            path = Path(o.workdir).expanduser()
             if not path.is_dir():
                 raise UsageError(f"{what}: not a directory")
-            workdir_path = str(path.resolve())
+            workdir = str(path.resolve())
         except OSError as exc:  # a name too long, a loop of links, ...
             raise UsageError(f"{what}: {exc.strerror or exc}") from None
-    if include and workdir is None:
+    if o.include and o.workdir is None:
         raise UsageError("--include applies to the files --workdir syncs; give --workdir too")
-    if procs is not None and not 1 <= procs <= MAX_PROCS:
+    if o.procs is not None and not 1 <= o.procs <= MAX_PROCS:
         raise UsageError(f"{_flag(origins, 'procs')} must be between 1 and {MAX_PROCS}, got "
-                         f"{procs}")
-    if max_runtime_minutes is not None:
-        finite(max_runtime_minutes, origins.get("max_runtime", "--max-runtime (minutes)"),
+                         f"{o.procs}")
+    if o.max_runtime is not None:
+        finite(o.max_runtime, origins.get("max_runtime", "--max-runtime (minutes)"),
                low=0, low_open=True, high=MAX_RUNTIME_MINUTES)
-    if resume_from and not recipe:
+    if o.resume_from and not recipe:
         raise UsageError("--resume-from continues a recipe's training; give --recipe too")
-
-    if recipe:
-        from . import recipes
-
-        rec = recipes.load(recipe)
-        if resume_from:
-            if "resume" not in rec.arguments:
-                raise UsageError(f"recipe {rec.name} cannot resume (it has no resume argument)")
-            sets = (*sets, "resume=true")
-        args = rec.resolve(profile, sets, origins)
-        needed = rec.gpus_needed(args)
-        if procs is not None and procs > 1 and rec.launcher != "torchrun":
-            raise UsageError(f"{_flag(origins, 'procs')}: recipe {rec.name} runs as one "
-                             "process")
-        # The machines: --nodes, else on a cloud those the variant was published on.
-        nodes = nodes or (rec.nodes_published(args) if backend == "aws" and not on_job else 1)
-        if backend == "aws" and not on_job:
-            _place_recipe(rec, args, placement, settings, nodes)
-        minutes = max_runtime_minutes or rec.resources.get("max_runtime_minutes") \
-            or settings.max_runtime_minutes
-        return JobSpec(kind=RECIPE, backend=backend, name=name, recipe=rec.name, profile=profile,
-                       args=args, workdir=workdir_path, max_runtime_s=float(minutes) * 60,
-                       resources=dict(rec.resources), requires=list(rec.requires),
-                       resume_from=resume_from, procs=procs, gpus_needed=needed,
-                       gpus_exact=rec.gpus_exact(args), include=list(include), nodes=nodes,
-                       **placement)
-    if procs is not None:
-        raise UsageError(f"{_flag(origins, 'procs')} applies to recipes started under torchrun; "
-                         "your own command can read $CLOUDTRAIN_GPUS and start torchrun itself")
-    if backend == "aws" and not on_job:
-        placement.setdefault("instance_type", settings.instance_type)
-    from .jobfile import is_job_file
-    from .preflight import own_command
-
-    # D14, D16, U24: before anything is created
-    own_command(list(command), workdir_path, origin=origins.get("command"),
-                is_job_file=is_job_file)
-    minutes = max_runtime_minutes or settings.max_runtime_minutes
-    return JobSpec(kind=COMMAND, backend=backend, name=name, command=list(command),
-                   workdir=workdir_path, max_runtime_s=float(minutes) * 60,
-                   include=list(include), nodes=nodes or 1, **placement)
+    return workdir
 
 
-def _recovery(given: dict, market: str, on_job: str | None, origins: dict) -> dict:
+def _recipe_spec(o: LaunchOptions, backend: str, placement: dict, workdir: str | None,
+                 settings: config.Settings, origins: dict) -> JobSpec:
+    """A recipe's job: its arguments resolved (profile, --set, resume), its machines and, on
+    a cloud, its instance type."""
+    from . import recipes
+
+    rec = recipes.load(o.recipe)
+    sets, profile, procs = o.sets, o.recipe_profile(), o.procs
+    if o.resume_from:
+        if "resume" not in rec.arguments:
+            raise UsageError(f"recipe {rec.name} cannot resume (it has no resume argument)")
+        sets = (*sets, "resume=true")
+    args = rec.resolve(profile, sets, origins)
+    needed = rec.gpus_needed(args)
+    if procs is not None and procs > 1 and rec.launcher != "torchrun":
+        raise UsageError(f"{_flag(origins, 'procs')}: recipe {rec.name} runs as one "
+                         "process")
+    # The machines: --nodes, else on a cloud those the variant was published on.
+    new_hosts = backend == "aws" and not placement.get("on_job")
+    nodes = o.nodes or (rec.nodes_published(args) if new_hosts else 1)
+    if new_hosts:
+        _place_recipe(rec, args, placement, settings, nodes)
+    minutes = o.max_runtime or rec.resources.get("max_runtime_minutes") \
+        or settings.max_runtime_minutes
+    return JobSpec(kind=RECIPE, backend=backend, name=o.name, recipe=rec.name, profile=profile,
+                   args=args, workdir=workdir, max_runtime_s=float(minutes) * 60,
+                   resources=dict(rec.resources), requires=list(rec.requires),
+                   resume_from=o.resume_from, procs=procs, gpus_needed=needed,
+                   gpus_exact=rec.gpus_exact(args), include=list(o.include), nodes=nodes,
+                   **placement)
+
+
+def _recovery(given: dict, market: Market, on_job: str | None, origins: dict) -> dict:
     """Spot jobs recover by default; on-demand ones are not interrupted, so asking them to
     recover, or setting how, is refused rather than ignored."""
     recover = given.get("recover")
     if on_job and given:
         raise UsageError(f"{_flag(origins, sorted(given)[0])}: --on runs on a kept instance, "
                          "which is not relaunched elsewhere")
-    if recover and market != "spot":
+    if recover and market != Market.SPOT:
         raise UsageError(f"{origins.get('recover', '--recover')} applies to --spot jobs: an "
                          "on-demand instance is not interrupted", hint="add --spot")
-    enabled = market == "spot" and not on_job if recover is None else bool(recover)
+    enabled = market == Market.SPOT and not on_job if recover is None else bool(recover)
     if not enabled and ("max_restarts" in given or "fallback" in given):
         what = _flag(origins, "max_restarts" if "max_restarts" in given else "fallback")
         raise UsageError(f"{what} applies to a recovering --spot job" +
                          (", not with --no-recover" if recover is False else ""),
-                         hint=None if market == "spot" else "add --spot")
+                         hint=None if market == Market.SPOT else "add --spot")
     restarts = given.get("max_restarts", 3)
     if isinstance(restarts, bool) or not isinstance(restarts, int) or \
             not 0 <= restarts <= MAX_RESTARTS:
@@ -543,43 +566,6 @@ def _resolve_gpus(request: str, placement: dict, settings: config.Settings,
     regions = [placement["region"]] if placement.get("region") else \
         [r.strip() for r in settings.regions.split(",") if r.strip()] or \
         [providers.get("aws").region()]
-    market = placement.get("market") or settings.market
+    market = placement.get("market") or Market(settings.market)
     chosen, region, _ = catalog.cheapest(gpu, count, regions, market)
     return {"instance_type": chosen.name, "region": region}
-
-
-# -- from launch options (the flags, a job file, or both: jobfile.merge) -----------------------
-
-OFF_WHEN_FALSE = ("keep", "cpu_only")  # flags that only switch something on
-NO_PROFILE = "none"  # `--profile none`: the recipe's full run, whatever a job file says (U34)
-
-
-def from_options(o: dict, settings: config.Settings) -> JobSpec:
-    """build_spec for `launch`'s options by name (the click parameter names, which the job
-    file's keys map to: jobfile.KEYS). `regions` (job files) narrows where --gpus looks;
-    jobfile.ORIGINS says which came from a job file, and from where (U11)."""
-    from .jobfile import ORIGINS
-
-    if o.get("regions"):
-        settings = dataclasses.replace(settings, regions=",".join(o["regions"]))
-    spot = o.get("spot")
-    market = None if spot is None else ("spot" if spot else "on-demand")
-    placement = {k: o.get(k) for k in ("instance_type", "gpus", "region", "ami", "disk_gb",
-                                       "max_price", "keep", "idle_minutes", "on_job",
-                                       "recover", "max_restarts", "fallback", "cpu_only")}
-    for k in OFF_WHEN_FALSE:
-        if placement[k] is False:
-            placement[k] = None
-    profile = None if o.get("profile") == NO_PROFILE else o.get("profile")
-    return build_spec(recipe=o.get("recipe"), command=tuple(o.get("command") or ()),
-                      workdir=o.get("workdir"), profile=profile,
-                      sets=tuple(o.get("sets") or ()), name=o.get("name"),
-                      backend=o.get("backend"), max_runtime_minutes=o.get("max_runtime"),
-                      settings=settings, resume_from=o.get("resume_from"),
-                      procs=o.get("procs"), include=tuple(o.get("include") or ()),
-                      data=tuple(o.get("data") or ()), nodes=o.get("nodes"),
-                      setup=o.get("setup"), envs=tuple(o.get("envs") or ()),
-                      secrets=tuple(o.get("secrets") or ()),
-                      outputs=tuple(o.get("outputs") or ()),
-                      placement=dict(placement, market=market),
-                      origins=dict(o.get(ORIGINS) or {}))

@@ -21,6 +21,7 @@ from .. import config, datasets, progress, providers
 from ..errors import CloudtrainError, UsageError
 from ..gitignore import survey
 from ..hosts import measure
+from ..market import Market
 from ..providers.base import Question
 from ..spec import JobSpec
 from ..state import Job, Store
@@ -118,7 +119,7 @@ def expected(spec: JobSpec, store: Store | None = None):
     row = estimate.for_spec(spec, region, store)
     if row is not None:  # kept with the job, so `status JOB` can set it against the bill
         spec.expected = {"train_s": row.train_s, "total_s": row.total_s, "market": spec.market,
-                         "usd": row.spot if spec.market == "spot" else row.on_demand,
+                         "usd": row.spot if spec.market == Market.SPOT else row.on_demand,
                          "basis": row.scaling}
     return row
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .. import config, providers, state
 from ..errors import CloudtrainError, CredentialsError, PlacementError
+from ..market import Market
 from ..spec import JobSpec
 from ..state import Attempt, Job, Store
 from . import lease, supervisor
@@ -55,7 +56,7 @@ def attempt_spec(spec: JobSpec, n: int, region: str, market: str,
     data.update(attempt=n, region=region, market=market, store_region=store_region,
                 avoid_zones=[interrupted_attempt.zone] if interrupted_attempt
                 and interrupted_attempt.zone and interrupted_attempt.region == region else [])
-    if market != "spot":
+    if market != Market.SPOT:
         data["max_price"] = None
     return JobSpec.from_dict(data)
 

@@ -9,6 +9,7 @@ import pytest
 
 from cloudtrain import config
 from cloudtrain.errors import UsageError
+from cloudtrain.launch_options import LaunchOptions
 from cloudtrain.spec import build_spec
 
 
@@ -188,18 +189,14 @@ def test_F25_status_limit_shows_that_many(cli):
 
 
 def test_include_is_stored_on_the_spec(tmp_path):
-    spec = build_spec(recipe=None, command=("true",), workdir=str(tmp_path), profile=None,
-                      sets=(), name=None, backend=None, max_runtime_minutes=None,
-                      settings=config.Settings(), include=(".env", ".aws/config"))
+    spec = build_spec(LaunchOptions(command=("true",), workdir=str(tmp_path),
+                                    include=(".env", ".aws/config")), config.Settings())
     assert spec.include == [".env", ".aws/config"]
     assert spec.to_dict()["include"] == [".env", ".aws/config"]
-    assert build_spec(recipe=None, command=("true",), workdir=None, profile=None, sets=(),
-                      name=None, backend=None, max_runtime_minutes=None,
-                      settings=config.Settings()).include == []
+    assert build_spec(LaunchOptions(command=("true",)), config.Settings()).include == []
     with pytest.raises(UsageError, match="--include '': expected a path pattern"):
-        build_spec(recipe=None, command=("true",), workdir=str(tmp_path), profile=None,
-                   sets=(), name=None, backend=None, max_runtime_minutes=None,
-                   settings=config.Settings(), include=("",))
+        build_spec(LaunchOptions(command=("true",), workdir=str(tmp_path), include=("",)),
+                   config.Settings())
 
 
 def test_F23_recipes_lists_the_good_ones_and_names_the_broken_one(cli, toy_recipes):

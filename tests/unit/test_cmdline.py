@@ -8,7 +8,7 @@ import shlex
 import pytest
 from hypothesis import given, strategies as st
 
-from cloudtrain import cli as cli_module
+from cloudtrain.cli.launching import launch
 from cloudtrain.cmdline import Options, unknown_option
 from cloudtrain.jobfile import is_job_file
 
@@ -17,7 +17,7 @@ def launch_options() -> Options:
     """launch's real options, as the CLI computes them."""
     import click
 
-    opts = [p for p in cli_module.launch.params if isinstance(p, click.Option)]
+    opts = [p for p in launch.params if isinstance(p, click.Option)]
     return Options(valued=frozenset(o for p in opts if not p.is_flag for o in p.opts),
                    flags=frozenset(o for p in opts if p.is_flag
                                    for o in (*p.opts, *p.secondary_opts)) | {"-h", "--help"})

@@ -9,14 +9,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloudtrain import jobfile
+from cloudtrain import job_template, jobfile
 from cloudtrain.errors import UsageError
+from cloudtrain.launch_options import LaunchOptions
 
 
 def test_every_key_maps_to_a_launch_option_of_the_cli():
     """issue 16: one schema the flags share: each job file key sets a parameter `launch`
     has (or one the spec reads directly: run's command, regions)."""
-    from cloudtrain.cli import launch
+    from cloudtrain.cli.launching import launch
 
     params = {p.name for p in launch.params}
     for key in jobfile.KEYS:
@@ -54,21 +55,21 @@ resources:
   fallback: on-demand
 """
     o = jobfile.parse(text, "job.yaml", tmp_path)
-    assert o["command"] == ("python train.py\n",) and "run" not in o
-    assert o["workdir"] == str((tmp_path / "src").resolve())
-    assert o["envs"] == ("A=1", "B=true", "C=text", "D") and o["secrets"] == ("TOKEN",)
-    assert o["data"] == ("imagenet=s3://bkt/imagenet", "cifar10")
-    assert o["max_runtime"] == 120.0 and o["disk_gb"] == 200 and o["spot"] is True
-    assert o["regions"] == ("eu-west-1", "us-east-1") and o["fallback"] == "on-demand"
-    assert o["instance_type"] == "g5.xlarge" and o["keep"] is False and o["nodes"] == 2
+    assert o.command == ("python train.py\n",) and not hasattr(o, "run")
+    assert o.workdir == str((tmp_path / "src").resolve())
+    assert o.envs == ("A=1", "B=true", "C=text", "D") and o.secrets == ("TOKEN",)
+    assert o.data == ("imagenet=s3://bkt/imagenet", "cifar10")
+    assert o.max_runtime == 120.0 and o.disk_gb == 200 and o.spot is True
+    assert o.regions == ("eu-west-1", "us-east-1") and o.fallback == "on-demand"
+    assert o.instance_type == "g5.xlarge" and o.keep is False and o.nodes == 2
 
 
 def test_merge_lets_typed_flags_win_and_repeated_ones_add_up():
     """issue 16: flags override the file; --set/--env/--data/... add to its lists."""
-    from_file = {"name": "a", "sets": ("seed=1", "epochs=2"), "envs": ("X=1",), "spot": True}
-    merged = jobfile.merge(from_file, {"name": "b", "sets": ("seed=3",), "spot": False})
-    assert merged == {"name": "b", "sets": ("seed=1", "epochs=2", "seed=3"),
-                      "envs": ("X=1",), "spot": False, jobfile.ORIGINS: {}}
+    from_file = LaunchOptions(name="a", sets=("seed=1", "epochs=2"), envs=("X=1",), spot=True)
+    merged = LaunchOptions(name="b", sets=("seed=3",), spot=False).over(from_file)
+    assert merged == LaunchOptions(name="b", sets=("seed=1", "epochs=2", "seed=3"),
+                                   envs=("X=1",), spot=False)
 
 
 @given(st.text(max_size=300))
@@ -80,7 +81,7 @@ def test_any_text_is_a_job_file_or_one_line_error(text):
     except UsageError as exc:
         assert "\n" not in exc.message and exc.message.startswith("f.yaml")
     else:
-        assert isinstance(options, dict)
+        assert isinstance(options, LaunchOptions)
 
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
@@ -104,8 +105,8 @@ def test_any_structure_is_checked_without_a_traceback(data):
     except UsageError as exc:
         assert "\n" not in exc.message and exc.message.startswith("f.yaml")
     else:
-        for option, value in options.items():
-            assert option in {k.option for k in jobfile.KEYS} | {"command", jobfile.ORIGINS}
+        for option, value in options.given().items():
+            assert option in {k.option for k in jobfile.KEYS} | {"command"}
             assert value is not None
 
 
@@ -113,10 +114,10 @@ def test_init_examples_are_valid_job_files():
     """issue 16: what `cloudtrain init` writes parses, for own code and each recipe."""
     from cloudtrain import recipes
 
-    assert jobfile.parse(jobfile.example())["command"] == ("python train.py\n",)
+    assert jobfile.parse(job_template.example()).command == ("python train.py\n",)
     for name in recipes.names():
-        options = jobfile.parse(jobfile.example(recipes.load(name)))
-        assert options["recipe"] == name and "command" not in options
+        options = jobfile.parse(job_template.example(recipes.load(name)))
+        assert options.recipe == name and options.command == ()
 
 
 def test_environment_words():
@@ -152,7 +153,7 @@ def test_the_readme_example_is_a_valid_job_file():
     block = section[section.index("```yaml\n") + 8:section.index("\n```", section.index(
         "```yaml\n"))]
     options = jobfile.parse(block, "README")
-    assert options["command"] == ("python train.py --epochs 30\n",)
+    assert options.command == ("python train.py --epochs 30\n",)
     for key in jobfile.KEYS:
         leaf = key.path.rsplit(".", 1)[-1]
         assert f"{leaf}:" in block, f"README's example does not show {key.path}"
@@ -165,9 +166,9 @@ def test_envs_and_secrets_keep_their_values_as_written():
                       "envs: {MODE: 0755, FLAG: yes, AT: 12:30, V: 1.50, HEX: 0x1F, "
                       "Q: '007', T: True, N: 3, OFF: null}\n"
                       "secrets: {KEY: null, NO: null}\n")
-    assert o["envs"] == ("MODE=0755", "FLAG=yes", "AT=12:30", "V=1.50", "HEX=0x1F", "Q=007",
+    assert o.envs == ("MODE=0755", "FLAG=yes", "AT=12:30", "V=1.50", "HEX=0x1F", "Q=007",
                          "T=True", "N=3", "OFF")
-    assert o["secrets"] == ("KEY", "NO")
+    assert o.secrets == ("KEY", "NO")
 
 
 @pytest.mark.parametrize("text, error", [
@@ -184,7 +185,7 @@ def test_envs_that_would_not_line_up_with_the_file_are_refused(text, error):
 
 def test_a_date_in_envs_stays_as_typed():
     o = jobfile.parse("run: x\nenvs: {WHEN: 2001-12-14 21:59:43.10, DAY: 2001-12-14}\n")
-    assert o["envs"] == ("WHEN=2001-12-14 21:59:43.10", "DAY=2001-12-14")
+    assert o.envs == ("WHEN=2001-12-14 21:59:43.10", "DAY=2001-12-14")
 
 
 # -- F27: a job file is code from someone else's repository --------------------------------
@@ -228,7 +229,7 @@ def test_F27_workdir_is_relative_to_the_job_file_not_the_current_directory(tmp_p
     home, repo = _repo(tmp_path)
     (repo / "job.yaml").write_text("workdir: src\nrun: python train.py\n")
     monkeypatch.chdir(home)  # home has no src/: the file's directory decides
-    assert jobfile.load(repo / "job.yaml")["workdir"] == str((repo / "src").resolve())
+    assert jobfile.load(repo / "job.yaml").workdir == str((repo / "src").resolve())
     (repo / "job.yaml").write_text("workdir: nope\nrun: ls\n")
     with pytest.raises(UsageError, match=r"job\.yaml:1: workdir: 'nope' is not a directory"):
         jobfile.load(repo / "job.yaml")
@@ -239,7 +240,7 @@ def test_F27_a_typed_workdir_replaces_the_files_without_its_check(tmp_path):
     and the file's own workdir is then not read at all."""
     home, repo = _repo(tmp_path)
     (repo / "job.yaml").write_text("workdir: ../..\nrun: ls\n")
-    assert "workdir" not in jobfile.load(repo / "job.yaml", typed={"workdir"})
+    assert jobfile.load(repo / "job.yaml", typed={"workdir"}).workdir is None
 
 
 @pytest.mark.parametrize("include", ['[".aws/**", ".ssh/**"]', ".env", "'*'", "[notes.txt]"])
@@ -361,7 +362,7 @@ def test_U33_the_init_setup_line_neither_hides_failures_nor_logs_a_missing_file(
     import sys
     from pathlib import Path
 
-    example = jobfile.example()
+    example = job_template.example()
     setup = example.split("setup: |")[1].splitlines()[1].strip()
     assert "|| true" not in setup and "requirements.txt" in setup
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
@@ -378,6 +379,6 @@ def test_U34_init_for_a_recipe_says_the_profile_is_optional():
     """U34: the profile line `init --recipe` writes says how to leave it out."""
     from cloudtrain import recipes
 
-    text = jobfile.example(recipes.load("resnet9"))
+    text = job_template.example(recipes.load("resnet9"))
     line = next(line for line in text.splitlines() if line.startswith("profile:"))
     assert line.startswith("profile: smoke") and "optional" in line and "--profile none" in line

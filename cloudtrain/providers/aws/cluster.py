@@ -29,6 +29,7 @@ import time
 from ... import catalog
 from ...errors import CloudtrainError
 from ...hosts import SSHHost
+from ...market import Market
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store
@@ -329,7 +330,7 @@ class ClusterMixin:
                     state="requested",
                     launched_at=raw["LaunchTime"].timestamp() if raw.get("LaunchTime")
                     else time.time(), terminated_at=None,
-                    price_per_hour=price if spec.market == "on-demand" else None,
+                    price_per_hour=price if spec.market == Market.ON_DEMAND else None,
                     details={"subnet": subnet, "ami": boot["ami"], "key_name": boot["key_name"],
                              "group": boot["group"], "disk_gb": disk,
                              "disk_mbps": spec.disk_mbps, "node": i, "attempt": attempt,
@@ -435,7 +436,7 @@ class ClusterMixin:
             store.add_instance(Instance(
                 id=raw["InstanceId"], job_id=job.id, provider=self.name, region=region,
                 zone=raw.get("Placement", {}).get("AvailabilityZone"),
-                instance_type=raw.get("InstanceType"), market="spot" if spot else "on-demand",
+                instance_type=raw.get("InstanceType"), market=Market.SPOT if spot else Market.ON_DEMAND,
                 state="requested", launched_at=raw["LaunchTime"].timestamp(),
                 terminated_at=None, price_per_hour=None,
                 details={"found_by_tag": True, "node": i, "attempt": spec.attempt}))

@@ -12,6 +12,7 @@ from ... import catalog
 from ...config import REGION_PATTERN, check_region
 from ...errors import CloudtrainError, HostError, MissingDependency, UsageError
 from ...hosts import SSHHost, default_tmux_socket
+from ...market import Market
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint, not_up_reason
 from ...state import Instance, Job, Store
@@ -138,7 +139,7 @@ class InstancesMixin:
         )
         if self.settings.instance_profile:
             request["IamInstanceProfile"] = {"Name": self.settings.instance_profile}
-        if spec.market == "spot":
+        if spec.market == Market.SPOT:
             options = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
             if spec.max_price is not None:
                 options["MaxPrice"] = f"{spec.max_price:.4f}"
@@ -197,7 +198,7 @@ class InstancesMixin:
                 id=instance_id, job_id=job.id, provider=self.name, region=region, zone=zone,
                 instance_type=spec.instance_type, market=spec.market, state="requested",
                 launched_at=raw["LaunchTime"].timestamp() if raw.get("LaunchTime") else time.time(),
-                terminated_at=None, price_per_hour=price if spec.market == "on-demand" else None,
+                terminated_at=None, price_per_hour=price if spec.market == Market.ON_DEMAND else None,
                 details={"subnet": subnet, "ami": ami, "key_name": key_name, "group": group,
                          "disk_gb": disk, "disk_mbps": spec.disk_mbps,
                          "attempts": [a.__dict__ for a in attempts]}))
@@ -206,7 +207,7 @@ class InstancesMixin:
         tried = "; ".join(f"{a.zone}: {a.error}" for a in attempts)
         what = f"{spec.instance_type} ({spec.market})"
         hint = ("try --spot / --on-demand, another --instance or --region, or later"
-                if spec.market == "on-demand" else
+                if spec.market == Market.ON_DEMAND else
                 "try --on-demand, a higher --max-price, another --instance or --region")
         raise AWSPlacementError(f"no capacity for {what} in {region}, every AZ tried: {tried}",
                                 hint=hint)
@@ -233,7 +234,7 @@ class InstancesMixin:
         first launch); a relaunch asks EC2 for the spot prices now, and the AZs that were
         just interrupted (spec.avoid_zones) come last."""
         ordered = self.order_zones(zones, spec.instance_type, region, spec.market)
-        if int(getattr(spec, "attempt", 1) or 1) > 1 and spec.market == "spot":
+        if int(getattr(spec, "attempt", 1) or 1) > 1 and spec.market == Market.SPOT:
             try:
                 now = self.current_spot_prices(region, [spec.instance_type]).get(
                     spec.instance_type) or {}
@@ -280,7 +281,7 @@ class InstancesMixin:
         zone = raw.get("Placement", {}).get("AvailabilityZone")
         store.add_instance(Instance(
             id=raw["InstanceId"], job_id=job.id, provider=self.name, region=region, zone=zone,
-            instance_type=raw.get("InstanceType"), market="spot" if spot else "on-demand",
+            instance_type=raw.get("InstanceType"), market=Market.SPOT if spot else Market.ON_DEMAND,
             state="requested", launched_at=raw["LaunchTime"].timestamp(), terminated_at=None,
             price_per_hour=None, details={"found_by_tag": True}))
         store.add_event(job.id, "instance", detail=f"{raw['InstanceId']} in {zone} (attempt "
@@ -515,7 +516,7 @@ class InstancesMixin:
         spot instances the price history of their AZ over their life: what the bill uses."""
         for inst in store.instances(job.id):
             if inst.state == "terminated" and inst.terminated_at and not (
-                    inst.market == "spot" and not (inst.details or {}).get("spot_history")):
+                    inst.market == Market.SPOT and not (inst.details or {}).get("spot_history")):
                 continue
             raw = {}
             try:
@@ -524,7 +525,7 @@ class InstancesMixin:
                 pass
             ended = ec2_transition_time(raw.get("StateTransitionReason", "")) or time.time()
             fields = {"state": "terminated", "terminated_at": inst.terminated_at or ended}
-            if inst.market == "spot":
+            if inst.market == Market.SPOT:
                 details = dict(inst.details or {})
                 try:
                     details["spot_history"] = self.spot_history(

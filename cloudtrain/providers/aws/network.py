@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 from ... import catalog, config
+from ...market import Market
 from ...ssh import generate_ed25519
 from ...state import Store
 from .cache import RegionCache
@@ -142,7 +143,7 @@ class NetworkMixin:
         """Spot: the AZ the catalog's snapshot prices lowest first (AZ ids, which differ from
         AZ names per account); AZs without a known price keep their order, after those."""
         t = catalog.get(instance_type)
-        prices = (t.spot_snapshot.get(region) or {}) if t and market == "spot" else {}
+        prices = (t.spot_snapshot.get(region) or {}) if t and market == Market.SPOT else {}
         if not prices:
             return list(zones)
         return sorted(zones, key=lambda z: (z[3] not in prices, prices.get(z[3], 0.0)))

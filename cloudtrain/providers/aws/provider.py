@@ -29,6 +29,7 @@ from ... import catalog, config, cost, preflight
 from ...config import check_region
 from ...errors import CloudtrainError, MissingDependency, UsageError
 from ...hosts import SSHHost
+from ...market import Market
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Job, Store
@@ -215,9 +216,9 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         --on, which reuses a kept job's instance: jobs checks that one)."""
         if not spec.instance_type and not spec.on_job:  # --on: the kept job's instance
             raise UsageError("which instance? pass --instance (e.g. g5.xlarge)")
-        if spec.market not in ("on-demand", "spot"):
+        if spec.market not in tuple(Market):
             raise UsageError(f"market must be on-demand or spot, not {spec.market!r}")
-        if spec.max_price is not None and spec.market != "spot":
+        if spec.max_price is not None and spec.market != Market.SPOT:
             raise UsageError("--max-price applies to --spot")
         if spec.on_job:
             return None
@@ -445,7 +446,7 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
             "start_minutes": power_off_minutes(spec.max_runtime_s),
             "idle_minutes": (max(1, int(math.ceil(spec.idle_minutes))) if spec.keep
                              and spec.idle_minutes is not None else None)}}
-        if spec.market == "spot":
+        if spec.market == Market.SPOT:
             settings["imds_url"] = self.settings.imds_url
             settings["spot_poll_s"] = self.settings.spot_poll_seconds
         return settings
@@ -470,7 +471,7 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         if price is None:
             return [("price", f"no {spec.market} price for {spec.instance_type} in {region} in "
                               "the catalog")]
-        basis = catalog.on_demand_source(region) if spec.market == "on-demand" \
+        basis = catalog.on_demand_source(region) if spec.market == Market.ON_DEMAND \
             else f"cheapest AZ: {catalog.spot_source(region)}"
         n = max(1, int(spec.nodes or 1))
         each = f"${price:.4f}/h ({basis})" if n == 1 else \
@@ -489,7 +490,7 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         attempts = 1 + spec.max_restarts if spec.recover else 1
 
         def rate(where: str, market: str) -> float | None:  # an instance, USD/h
-            if market == "spot" and spec.max_price is not None:  # never billed above it
+            if market == Market.SPOT and spec.max_price is not None:  # never billed above it
                 return min(spec.max_price, t.on_demand.get(where) or spec.max_price)
             return t.dearest(where, market)
 
@@ -507,12 +508,12 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
                 + f" of up to {minutes} min" + (" each" if attempts > 1 else "")
                 + f" (the max runtime of {spec.max_runtime_s / 60:g} min + {margin} until "
                   "user-data powers it off)" + (f" on each of {n} nodes" if n > 1 else ""))
-        if spec.market == "spot":
-            spot = max([first] + [p for (_, m), p in priced.items() if m == "spot" and p])
+        if spec.market == Market.SPOT:
+            spot = max([first] + [p for (_, m), p in priced.items() if m == Market.SPOT and p])
             text += (f", spot at up to ${spot:.4f}/h ("
                      + ("--max-price" if spec.max_price is not None else
                         "the dearest AZ in the catalog") + ")")
-            on_demand = [p for (_, m), p in priced.items() if m == "on-demand" and p]
+            on_demand = [p for (_, m), p in priced.items() if m == Market.ON_DEMAND and p]
             if on_demand:
                 text += (f", on-demand ({'up to ' if len(on_demand) > 1 else ''}"
                          f"${max(on_demand):.4f}/h) after spot runs out")
@@ -561,7 +562,7 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         below the catalog's cheapest spot price of the type there."""
         t = catalog.get(spec.instance_type) if spec.instance_type else None
         cheapest = t.price(region, "spot") if t is not None else None
-        if spec.market != "spot" or spec.max_price is None or cheapest is None or \
+        if spec.market != Market.SPOT or spec.max_price is None or cheapest is None or \
                 spec.max_price >= cheapest:
             return []
         return [f"--max-price ${spec.max_price:g}/h is below the cheapest spot price of "
@@ -639,14 +640,14 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
         if spec.recover:
             where = "the other AZs of the region (cheapest spot price now first)" + (
                 ", then " + self.settings.regions if self.settings.regions else "") + (
-                ", then on-demand" if spec.fallback == "on-demand" else "")
+                ", then on-demand" if spec.fallback == Market.ON_DEMAND else "")
             new = "a new instance" if spec.nodes <= 1 else \
                 f"{spec.nodes} new instances (an interruption of any node relaunches all)"
             rows.append(("recovery", f"on a spot interruption the job continues from its last "
                                      f"checkpoint (streamed to the job store) on {new}, at "
                                      f"most {spec.max_restarts} times: {where}; "
                                      "a supervisor on this machine does it"))
-        elif spec.market == "spot":
+        elif spec.market == Market.SPOT:
             why = "--max-restarts 0" if spec.max_restarts == 0 else "--no-recover"
             rows.append(("recovery", f"off ({why}): an interruption ends the job as "
                                      "preempted"))
@@ -667,7 +668,7 @@ class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, Prici
             request = dict(ImageId=ami, InstanceType=spec.instance_type,
                            MinCount=spec.nodes, MaxCount=spec.nodes,
                            SubnetId=zones[0][1], DryRun=True)
-            if spec.market == "spot":
+            if spec.market == Market.SPOT:
                 request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
                     "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
             try:
