@@ -23,8 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # Top to bottom. A name ending in "." is a package: every module under it (and its
 # __init__), unless a longer name places one of them elsewhere.
 LAYERS: list[tuple[str, ...]] = [
-    ("cloudtrain.__main__", "cloudtrain.cli"),
-    ("cloudtrain.launch_check", "cloudtrain.check"),
+    ("cloudtrain.__main__", "cloudtrain.cli."),
+    ("cloudtrain.launch_check", "cloudtrain.check", "cloudtrain.job_template"),
+    ("cloudtrain.launch_check_teardown",),
+    ("cloudtrain.launch_check_steps",),
     # the lifecycle, one stage a layer (lifecycle/__init__.py lists the same order)
     ("cloudtrain.lifecycle.recovery",),
     ("cloudtrain.lifecycle.inspect",),
@@ -44,6 +46,7 @@ LAYERS: list[tuple[str, ...]] = [
     # what a launch is made of, and the commands that read the store
     ("cloudtrain.spec", "cloudtrain.jobfile", "cloudtrain.estimate", "cloudtrain.history",
      "cloudtrain.completion", "cloudtrain.dataprep", "cloudtrain.cmdline"),
+    ("cloudtrain.launch_options",),
     # what the commands print; the recipes; the cost ledger
     ("cloudtrain.job_views", "cloudtrain.catalog_views", "cloudtrain.plots",
      "cloudtrain.curves", "cloudtrain.recipes", "cloudtrain.ledger"),
@@ -53,9 +56,10 @@ LAYERS: list[tuple[str, ...]] = [
      "cloudtrain.cells"),
     ("cloudtrain.catalog", "cloudtrain.state", "cloudtrain.cost", "cloudtrain.gitignore",
      "cloudtrain.hostdata"),
+    ("cloudtrain.state_schema", "cloudtrain.state_columns"),
     ("cloudtrain.config",),
     ("cloudtrain.datasources",),
-    ("cloudtrain.errors",),
+    ("cloudtrain.errors", "cloudtrain.market"),
     ("cloudtrain.host.",),
     ("cloudtrain",),
 ]
