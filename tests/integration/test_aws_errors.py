@@ -11,15 +11,15 @@ import sys
 
 import pytest
 
-from aws_lab import ec2_provider  # noqa: F401  (fixture)
+from labs.aws import ec2_provider  # noqa: F401  (fixture)
 from cloudtrain.config import Settings
 from cloudtrain.errors import CloudtrainError, UsageError
 from cloudtrain.providers.aws import AWSError, AWSProvider
 from cloudtrain.spec import JobSpec
 from conftest import REPO
+from labs.credentials import KEYS_ENV, NO_AWS_FILES
 
-CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-         "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+CREDS = {**KEYS_ENV, **NO_AWS_FILES}
 
 
 @pytest.fixture

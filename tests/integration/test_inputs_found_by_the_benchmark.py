@@ -11,12 +11,15 @@ import os
 import shutil
 import signal
 import sys
-import threading
 import time
 
 import pytest
 
-from conftest import REPO, wait_for
+from conftest import REPO
+
+from labs.credentials import KEYS_ENV
+from labs.loopback import serve
+from labs.polling import wait_for
 
 
 def test_a_job_reference_that_is_not_utf8_is_no_job(cli):
@@ -91,12 +94,9 @@ class _Portal(http.server.BaseHTTPRequestHandler):
 
 
 def test_F10_an_endpoint_answering_html_is_said_not_crashed_on(cli, ct_home, monkeypatch):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Portal)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url, server = serve(_Portal)
     try:
-        env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_address[1]}",
-               "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_DEFAULT_REGION": "us-east-1"}
+        env = {"AWS_ENDPOINT_URL": url, **KEYS_ENV, "AWS_DEFAULT_REGION": "us-east-1"}
         for args in (("status", "--refresh"), ("down", "--all", "-y"),
                      ("catalog", "--refresh", "--region", "us-east-1")):
             proc = cli(*args, env=env)
