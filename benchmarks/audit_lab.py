@@ -1,5 +1,5 @@
 """Part 3 of benchmarks/audit_figures.py: the audit of 2026-11-27's orphan (billing)
-scenarios, against the labs the tests use (tests/aws_lab.py: moto's server in this process
+scenarios, against the labs the tests use (tests/labs/aws.py: moto's server in this process
 and one loopback sshd answering at every private IP moto hands out; in-process `mock_aws`
 for the supervisor's relaunch), each counted as the audit counted: what is left billing
 (live instances, volumes of live instances, open spot requests) after the documented
@@ -72,8 +72,8 @@ class Lab:
     def __init__(self, root: Path, timeout: float):
         from moto.server import ThreadedMotoServer
 
-        import aws_lab
-        from sshd import free_port
+        import labs.aws as aws_lab
+        from labs.loopback import free_port
 
         self.root, self.timeout = root, timeout
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
@@ -91,8 +91,9 @@ class Lab:
         instance, and its config.yaml."""
         import requests
 
-        import aws_lab
-        from sshd import free_port
+        import labs.aws as aws_lab
+        from labs.credentials import AWS_ENV
+        from labs.loopback import free_port
 
         self.close_scenario()
         requests.post(f"{self.endpoint}/moto-api/reset", timeout=10)
@@ -101,7 +102,7 @@ class Lab:
         home.mkdir(parents=True)
         self.sock = f"{harness.RUN_ID}-lab-{len(list(self.root.iterdir()))}"
         env = isolated_env(base, home, self.sock, self.endpoint)
-        env.update(aws_lab.AWS_ENV)
+        env.update(AWS_ENV)
         env["AWS_ENDPOINT_URL"] = self.endpoint
         if sshd:
             (base / "lab").mkdir()
@@ -128,9 +129,11 @@ class Lab:
         import boto3
         from botocore.config import Config
 
+        from labs.credentials import CLIENT_CREDS
+
         return boto3.client("ec2", endpoint_url=self.endpoint, region_name=region,
                             config=Config(retries={"max_attempts": 1}),
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+                            **CLIENT_CREDS)
 
     def billing(self, regions=("us-east-1",)) -> list[str]:
         """What still bills: live instances, volumes attached to them, open spot requests."""
@@ -161,8 +164,10 @@ def _tagged_instance(lab: Lab, region: str, job_id: str) -> str:
     """An instance tagged as the caller's, of a job no store here knows (another machine's)."""
     import boto3
 
+    from labs.credentials import CLIENT_CREDS
+
     owner = boto3.client("sts", endpoint_url=lab.endpoint, region_name=region,
-                         aws_access_key_id="testing", aws_secret_access_key="testing"
+                         **CLIENT_CREDS
                          ).get_caller_identity()["Arn"]
     (raw,) = lab.ec2(region).run_instances(
         ImageId="ami-12345678", MinCount=1, MaxCount=1, InstanceType="g5.xlarge",
@@ -265,8 +270,10 @@ def lying_manifest(lab: Lab, name: str, out: list) -> Scenario:
     home, env, _ = lab.fresh(name)
     import boto3
 
+    from labs.credentials import CLIENT_CREDS
+
     s3 = boto3.client("s3", endpoint_url=lab.endpoint, region_name="us-east-1",
-                      aws_access_key_id="testing", aws_secret_access_key="testing")
+                      **CLIENT_CREDS)
     s3.create_bucket(Bucket="audit-data")
     tree = home.parent / "dataset"
     for i in range(6):
@@ -378,7 +385,7 @@ def _secrets_in(home: Path, when: str, flaws: list) -> None:
 
 def run(args) -> LabFigures:
     print("\n== orphans: the audit's 10 orphan (billing) scenarios against moto and a loopback "
-          "sshd (tests/aws_lab.py), and F31's supervisor secrets")
+          "sshd (tests/labs/aws.py), and F31's supervisor secrets")
     if not Path(SSHD).exists():
         print("openssh-server is not installed (/usr/sbin/sshd): the scenarios cannot run")
         return LabFigures([Scenario("all", 0, "", 0, error="no openssh-server")], [])

@@ -26,8 +26,9 @@ import botocore.client  # noqa: E402
 import requests  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 
-from aws_lab import AWS_ENV, AWSLab  # noqa: E402
-from sshd import free_port  # noqa: E402
+from labs.aws import AWSLab  # noqa: E402
+from labs.credentials import AWS_ENV
+from labs.loopback import free_port  # noqa: E402
 
 CALLS: collections.Counter = collections.Counter()
 _original = botocore.client.BaseClient._make_api_call

@@ -41,7 +41,8 @@ from moto.server import ThreadedMotoServer  # noqa: E402
 
 from cloudtrain.host import shards  # noqa: E402
 from cloudtrain.providers.aws import datasets as s3_datasets  # noqa: E402
-from sshd import free_port  # noqa: E402
+from labs.credentials import CLIENT_CREDS  # noqa: E402
+from labs.loopback import free_port  # noqa: E402
 
 REGION, BUCKET, PREFIX = "eu-west-1", "bench-datasets", "imagenet"
 
@@ -93,8 +94,7 @@ def main() -> None:
     try:
         tree = work / "tree"
         total = make_tree(tree, args.files, args.kb)
-        session = boto3.Session(region_name=REGION, aws_access_key_id="testing",
-                                aws_secret_access_key="testing")
+        session = boto3.Session(region_name=REGION, **CLIENT_CREDS)
         s3 = s3_datasets.client(session, REGION, endpoint,
                                 args.workers * s3_datasets.PART_THREADS)
         print(f"data push on loopback: {args.files} files of {args.kb} KB "

@@ -45,8 +45,8 @@ from cloudtrain.providers.aws import AWSProvider  # noqa: E402
 from cloudtrain.providers.aws import datasets as s3_datasets  # noqa: E402
 from cloudtrain.spec import JobSpec  # noqa: E402
 from data_push import make_tree, rate  # noqa: E402
-from imds_lab import FakeIMDS  # noqa: E402
-from sshd import free_port  # noqa: E402
+from labs.imds import FakeIMDS  # noqa: E402
+from labs.loopback import free_port  # noqa: E402
 
 REGION, BUCKET = "eu-west-1", "bench-datasets"
 STAGER = ROOT / "cloudtrain" / "host" / "stager.py"

@@ -33,7 +33,8 @@ from moto.server import ThreadedMotoServer  # noqa: E402
 
 from cloudtrain.host import agent_upload  # noqa: E402
 from cloudtrain.providers.aws import jobstore  # noqa: E402
-from sshd import free_port  # noqa: E402
+from labs.credentials import CLIENT_CREDS  # noqa: E402
+from labs.loopback import free_port  # noqa: E402
 
 REGION, ACCOUNT = "eu-west-1", "123456789012"
 JOB = "bench0001"
@@ -98,7 +99,7 @@ def main() -> None:
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     try:
-        session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
+        session = boto3.Session(**CLIENT_CREDS,
                                 region_name=REGION)
         s3 = jobstore.s3_client(session, REGION, f"http://127.0.0.1:{port}")
         bucket = jobstore.bucket_name(ACCOUNT, REGION)

@@ -29,9 +29,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import boto3  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 
-from aws_lab import AWS_ENV  # noqa: E402
+from labs.credentials import AWS_ENV  # noqa: E402
 from aws_launch import CALLS  # noqa: E402  (counts EC2 calls made in this process)
-from sshd import free_port  # noqa: E402
+from labs.loopback import free_port  # noqa: E402
 
 
 def timed(*args: str) -> tuple[float, subprocess.CompletedProcess]:

@@ -27,8 +27,8 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
 
 
 def one(nodes: int, hosts: list[str]) -> dict:
-    from cloud_lab import bench_home, cloud_lab
-    from moto_placement import PlacementGroups
+    from labs.cloud import bench_home, cloud_lab
+    from labs.moto_placement import PlacementGroups
 
     with bench_home("nodes") as (tmp, home, mp, cli, socket):
         PlacementGroups().install(mp)
@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from netns import netns_available
+    from labs.netns import netns_available
 
     why = netns_available()
     if why:

@@ -27,8 +27,8 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
 
 
 def one(case: str) -> dict:
-    from cloud_lab import bench_home, cloud_lab
-    from conftest import wait_for
+    from labs.cloud import bench_home, cloud_lab
+    from labs.polling import wait_for
     from test_spot_recovery import HOSTS, _own_job
 
     with bench_home("recovery") as (tmp, home, mp, cli, socket):
@@ -70,7 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from netns import netns_available
+    from labs.netns import netns_available
 
     why = netns_available()
     if why:

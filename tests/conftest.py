@@ -8,10 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from labs.polling import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 TMUX_SOCKET = f"cloudtrain-test-{os.getpid()}"
@@ -169,14 +170,12 @@ class CLI:
         return json.loads(self.ok("status", job_id, "--json").stdout)
 
     def wait(self, job_id: str, states=("succeeded", "failed", "cancelled"), timeout=60) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
+        def ended():
             job = self.job(job_id)
-            if job["state"] in states:
-                return job
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} still {job['state']} after {timeout}s")
-            time.sleep(0.2)
+            return job if job["state"] in states else None
+
+        return wait_for(ended, timeout=timeout, interval=0.2,
+                        what=f"job {job_id} to be {' or '.join(states)}")
 
 
 @pytest.fixture
@@ -187,16 +186,6 @@ def cli(ct_home) -> CLI:
 def error_line(stderr: str) -> str:
     """The `Error: ...` line of a command's stderr (a launch says its phases first, D3)."""
     return next((line for line in stderr.splitlines() if line.startswith("Error: ")), "")
-
-
-def wait_for(predicate, timeout=20.0, interval=0.1, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def wait_for_job_state(ct_home: Path, wanted: str, timeout: float = 60) -> str:

@@ -9,12 +9,9 @@ import os
 import subprocess
 
 import pytest
-import requests
-from moto.server import ThreadedMotoServer
 
-from aws_lab import AWS_ENV, AWSLab
-from netns import NetnsLab, netns_available
-from sshd import free_port
+from labs.aws import moto_lab
+from labs.netns import GATEWAY, NetnsLab, netns_available
 
 reason = netns_available()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
@@ -28,24 +25,15 @@ def test_resnet9_smoke_through_the_aws_path_on_a_namespace_host(cli, ct_home, tm
                                                                 monkeypatch):
     tmux_socket = f"ct-e2e-{os.getpid()}"
     monkeypatch.setenv("CLOUDTRAIN_TMUX_SOCKET", tmux_socket)
-    with NetnsLab(tmp_path / "netns") as net:
+    # moto listens on the bridge, so the host's shutdown shim can reach it too.
+    with NetnsLab(tmp_path / "netns") as net, \
+            moto_lab(str(GATEWAY), ct_home, tmp_path / "lab", monkeypatch, "10.200.0.0/16", {"us-east-1a": "10.200.0.0/24"}) as lab:
         host = net.add_host(HOST_IP)
-        # moto listens on the bridge, so the host's shutdown shim can reach it too.
-        port = free_port("10.200.0.1")
-        server = ThreadedMotoServer(ip_address="10.200.0.1", port=port, verbose=False)
-        server.start()
         try:
-            endpoint = f"http://10.200.0.1:{port}"
-            requests.post(f"{endpoint}/moto-api/reset", timeout=10)
-            for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
-                monkeypatch.setenv(k, v)
-            lab = AWSLab(endpoint, ct_home, tmp_path / "lab")
-            lab.work.mkdir()
-            lab.build_cloud("10.200.0.0/16", {"us-east-1a": "10.200.0.0/24"})
             sshd = host.start_sshd(client_key=lab.key)
             # The instance's console prints its host key's fingerprint (F5: checked before
             # anything is uploaded).
-            lab.console_output(lab.fingerprint_block(sshd.host_key))
+            lab.serve_hosts(sshd)
             lab.write_config(ssh_port=22, ssh_wait_seconds=20.0)
 
             # --no-recover: no supervisor, so the one SSH login counted below is the launch's
@@ -75,6 +63,3 @@ def test_resnet9_smoke_through_the_aws_path_on_a_namespace_host(cli, ct_home, tm
             assert running == []
         finally:
             subprocess.run(["tmux", "-L", tmux_socket, "kill-server"], capture_output=True)
-            server.stop()
-            if "lab" in locals():
-                lab.restore()

@@ -18,14 +18,12 @@ from pathlib import Path
 
 import boto3
 import pytest
-import requests
-from moto.server import ThreadedMotoServer
 
-from aws_lab import AWS_ENV, REGION, AWSLab
+from labs.aws import moto_lab
+from labs.credentials import CLIENT_CREDS, REGION
 from conftest import tiny_prepared_imagenet
-from imds_lab import FakeIMDS
-from netns import GATEWAY, NetnsLab, netns_available
-from sshd import free_port
+from labs.imds import FakeIMDS
+from labs.netns import GATEWAY, NetnsLab, netns_available
 
 reason = netns_available()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
@@ -69,26 +67,17 @@ def test_a_namespace_host_stages_s3_data_with_its_role_credentials_then_reads_it
     monkeypatch.setattr(S3Response, "get_object", recording_get_object)
     tmux_socket = f"ct-e2e-staging-{os.getpid()}"
     monkeypatch.setenv("CLOUDTRAIN_TMUX_SOCKET", tmux_socket)
-    with NetnsLab(tmp_path / "netns") as net:
+    with NetnsLab(tmp_path / "netns") as net, \
+            moto_lab(BRIDGE, ct_home, tmp_path / "lab", monkeypatch, "10.200.0.0/16", {"us-east-1a": "10.200.0.0/24"}) as lab:
         host = net.add_host(HOST_IP)
-        port = free_port(BRIDGE)
-        server = ThreadedMotoServer(ip_address=BRIDGE, port=port, verbose=False)
-        server.start()
         imds = None
         try:
             imds = FakeIMDS(host=BRIDGE, role=ROLE, token=IMDS_TOKEN, creds={
                 "AccessKeyId": ROLE_KEY, "SecretAccessKey": ROLE_SECRET, "Token": ROLE_TOKEN})
-            endpoint = f"http://{BRIDGE}:{port}"
-            requests.post(f"{endpoint}/moto-api/reset", timeout=10)
-            for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
-                monkeypatch.setenv(k, v)
-            lab = AWSLab(endpoint, ct_home, tmp_path / "lab")
-            lab.work.mkdir()
-            lab.build_cloud("10.200.0.0/16", {"us-east-1a": "10.200.0.0/24"})
             sshd = host.start_sshd(client_key=lab.key)
-            lab.console_output(lab.fingerprint_block(sshd.host_key))
-            creds = {"endpoint_url": endpoint, "region_name": REGION,
-                     "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+            lab.serve_hosts(sshd)
+            creds = {"endpoint_url": lab.endpoint, "region_name": REGION,
+                     **CLIENT_CREDS}
             boto3.client("iam", **creds).create_instance_profile(InstanceProfileName=PROFILE)
             boto3.client("s3", **creds).create_bucket(Bucket=BUCKET)
             lab.write_config(ssh_port=22, ssh_wait_seconds=20.0, instance_profile=PROFILE,
@@ -157,6 +146,3 @@ def test_a_namespace_host_stages_s3_data_with_its_role_credentials_then_reads_it
             subprocess.run(["tmux", "-L", tmux_socket, "kill-server"], capture_output=True)
             if imds is not None:
                 imds.close()
-            server.stop()
-            if "lab" in locals():
-                lab.restore()

@@ -12,14 +12,11 @@ import subprocess
 import sys
 
 import pytest
-import requests
-from moto.server import ThreadedMotoServer
 
-from aws_lab import AWS_ENV, AWSLab
-from terminal import run_in_terminal
+from labs.aws import moto_lab
+from labs.terminal import run_in_terminal
 from conftest import REPO
-from netns import NetnsLab, netns_available
-from sshd import free_port
+from labs.netns import GATEWAY, NetnsLab, netns_available
 
 reason = netns_available()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
@@ -59,21 +56,11 @@ def test_d3_launch_phases_in_a_terminal_and_piped(ct_home, tmp_path, monkeypatch
     (work / "train.py").write_text("print('trained')\n")
     (work / "a.bin").write_bytes(b"a" * 1_000_000)
     (work / "b.bin").write_bytes(b"b" * 500_000)
-    with NetnsLab(tmp_path / "netns") as net:
+    with NetnsLab(tmp_path / "netns") as net, \
+            moto_lab(str(GATEWAY), ct_home, tmp_path / "lab", monkeypatch, "10.200.0.0/16", {"us-east-1a": "10.200.0.0/24"}) as lab:
         hosts = [net.add_host(ip) for ip in HOST_IPS]
-        port = free_port("10.200.0.1")
-        server = ThreadedMotoServer(ip_address="10.200.0.1", port=port, verbose=False)
-        server.start()
         try:
-            endpoint = f"http://10.200.0.1:{port}"
-            requests.post(f"{endpoint}/moto-api/reset", timeout=10)
-            for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
-                monkeypatch.setenv(k, v)
-            lab = AWSLab(endpoint, ct_home, tmp_path / "lab")
-            lab.work.mkdir()
-            lab.build_cloud("10.200.0.0/16", {"us-east-1a": "10.200.0.0/24"})
-            keys = [h.start_sshd(client_key=lab.key).host_key for h in hosts]
-            lab.console_output(lab.fingerprint_block(*keys))
+            lab.serve_hosts(*[h.start_sshd(client_key=lab.key) for h in hosts])
             lab.write_config(ssh_port=22, ssh_wait_seconds=20.0)
             argv = [sys.executable, "-m", "cloudtrain", "launch", "--instance", "g5.xlarge",
                     "--spot", "--no-recover", "--yes", "--workdir", str(work), "--", "python",
@@ -114,6 +101,3 @@ def test_d3_launch_phases_in_a_terminal_and_piped(ct_home, tmp_path, monkeypatch
             subprocess.run([sys.executable, "-m", "cloudtrain", "down", "--all", "-y"],
                            capture_output=True, timeout=60, cwd=REPO)
             subprocess.run(["tmux", "-L", tmux_socket, "kill-server"], capture_output=True)
-            server.stop()
-            if "lab" in locals():
-                lab.restore()

@@ -1,5 +1,5 @@
 """Issue 15 end to end: one job on several machines. Through the real AWS path (moto's EC2 and
-S3 on the bridge, with placement groups: tests/moto_placement.py) onto instances that are
+S3 on the bridge, with placement groups: tests/labs/moto_placement.py) onto instances that are
 network namespaces, each with its own sshd, home directory (its disk) and tmux; torchrun on
 every node, gloo between them over the bridge, node 0 the rendezvous. Also the local backend
 over namespace hosts listed in `local_nodes:`.
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from cloud_lab import BRIDGE, cloud_lab
-from conftest import wait_for
-from moto_placement import PlacementGroups
-from netns import netns_available
+from labs.cloud import BRIDGE, cloud_lab
+from labs.polling import wait_for
+from labs.moto_placement import PlacementGroups
+from labs.netns import netns_available
 
 reason = netns_available()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),

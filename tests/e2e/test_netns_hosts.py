@@ -1,4 +1,4 @@
-"""Self-test of tests/netns.py: two namespaces as two instances, each with its own sshd,
+"""Self-test of tests/labs/netns.py: two namespaces as two instances, each with its own sshd,
 reachable from here and from each other on 10.200.0.0/24; nothing left behind."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from cloudtrain.hosts import SSHHost
 from cloudtrain.ssh import Endpoint
-from conftest import wait_for
-from netns import NetnsLab, cleanup_stale, netns_available
+from labs.polling import wait_for
+from labs.netns import NetnsLab, cleanup_stale, netns_available
 
 REASON = netns_available()
 pytestmark = [

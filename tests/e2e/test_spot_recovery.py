@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from cloud_lab import cloud_lab
-from conftest import wait_for
-from netns import netns_available
+from labs.cloud import cloud_lab
+from labs.polling import wait_for
+from labs.netns import netns_available
 
 reason = netns_available()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),

@@ -13,8 +13,9 @@ import pytest
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models.instances import InstanceBackend
 
-from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
-from conftest import REPO, error_line, wait_for
+from labs.aws import aws, moto_endpoint  # noqa: F401  (fixtures)
+from conftest import REPO, error_line
+from labs.polling import wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
 

@@ -13,8 +13,8 @@ import pytest
 from moto.core.responses import ActionResult
 from moto.ec2.responses.spot_instances import SpotInstances
 
-from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
-from pricing_lab import price_list  # noqa: F401  (fixture)
+from labs.aws import aws, moto_endpoint  # noqa: F401  (fixtures)
+from labs.pricing import price_list  # noqa: F401  (fixture)
 
 GP3 = 0.08 / (730 * 3600)  # USD per GB-second, us-east-1
 
@@ -124,7 +124,7 @@ def test_catalog_refresh_takes_current_spot_prices_from_ec2(cli, aws, price_list
 
 
 def test_a_running_job_shows_its_cost_so_far_as_an_estimate(cli, aws, ct_home):
-    from conftest import wait_for
+    from labs.polling import wait_for
 
     job_id = cli.launch("--instance", "g5.xlarge", "--", "bash", "-c", "echo up; sleep 60")
     wait_for(lambda: "up" in cli.ok("logs", job_id).stdout, timeout=30, what="job output")

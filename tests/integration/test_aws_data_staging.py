@@ -1,6 +1,6 @@
 """Issue 12 on the AWS backend: a job's datasets staged onto the instance's disk before it
 starts, through the real CLI, moto's EC2/S3/IAM server and a real sshd standing in for the
-instance (tests/aws_lab.py). No real AWS.
+instance (tests/labs/aws.py). No real AWS.
 
 - With `instance_profile:` the instance reads the bucket with its own role's credentials,
   fetched from IMDSv2 (a fake one here, at config.yaml's `imds_url`): the plan on the host has
@@ -22,10 +22,12 @@ import os
 import boto3
 import pytest
 
-from imds_lab import FakeIMDS
-from aws_lab import REGION, aws, moto_endpoint, stored_as
+from labs.imds import FakeIMDS
+from labs.aws import aws, moto_endpoint, stored_as
+from labs.credentials import CLIENT_CREDS, REGION
 from cloudtrain.providers.aws import datasets as s3_datasets
-from conftest import error_line, lying_manifest, tiny_prepared_imagenet, wait_for
+from conftest import error_line, lying_manifest, tiny_prepared_imagenet
+from labs.polling import wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"),
                                 reason="needs openssh-server")
@@ -140,7 +142,7 @@ def _plan_on_host(aws, job_id) -> str:
 def test_role_credentials_from_imdsv2_stage_the_data_and_no_user_secret_reaches_the_host(
         cli, aws, ct_home, prepared, s3, imds, s3_gets, run_requests):
     boto3.client("iam", endpoint_url=aws.endpoint, region_name=REGION,
-                 aws_access_key_id="testing", aws_secret_access_key="testing"
+                 **CLIENT_CREDS
                  ).create_instance_profile(InstanceProfileName=PROFILE)
     aws.write_config(instance_profile=PROFILE, imds_url=imds.url)
     _push(cli, prepared)

@@ -5,21 +5,23 @@ the provider's own clients, so everything else still reaches moto."""
 
 from __future__ import annotations
 
+import http.server
 import os
 import subprocess
 import sys
 
 import pytest
 
-from aws_lab import ec2_provider  # noqa: F401  (fixture)
+from labs.aws import ec2_provider  # noqa: F401  (fixture)
 from cloudtrain.config import Settings
 from cloudtrain.errors import CloudtrainError, UsageError
 from cloudtrain.providers.aws import AWSError, AWSProvider
 from cloudtrain.spec import JobSpec
 from conftest import REPO
+from labs.credentials import KEYS_ENV, NO_AWS_FILES
+from labs.loopback import serve
 
-CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-         "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+CREDS = {**KEYS_ENV, **NO_AWS_FILES}
 
 
 @pytest.fixture
@@ -176,3 +178,35 @@ def test_F10_unreadable_credentials_are_an_aws_error(provider, monkeypatch):
     monkeypatch.setattr(session, "get_credentials", broken)
     with pytest.raises(AWSError, match="AWS credentials could not be loaded"):
         provider.credentials("us-east-1")
+
+
+class _Portal(http.server.BaseHTTPRequestHandler):
+    """A captive portal: 200 and an HTML page, whatever is asked."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b"<html><body>Please log in to the hotel Wi-Fi</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST
+
+    def log_message(self, *args):
+        pass
+
+
+def test_F10_an_endpoint_answering_html_is_said_not_crashed_on(cli, ct_home, monkeypatch):
+    url, server = serve(_Portal)
+    try:
+        env = {"AWS_ENDPOINT_URL": url, **KEYS_ENV, "AWS_DEFAULT_REGION": "us-east-1"}
+        for args in (("status", "--refresh"), ("down", "--all", "-y"),
+                     ("catalog", "--refresh", "--region", "us-east-1")):
+            proc = cli(*args, env=env)
+            assert "internal error" not in proc.stderr, (args, proc.stderr)
+            assert proc.returncode == 1 and "not an AWS reply" in proc.stdout + proc.stderr, \
+                (args, proc.stdout, proc.stderr)
+    finally:
+        server.shutdown()

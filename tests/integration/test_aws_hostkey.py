@@ -10,7 +10,7 @@ import sqlite3
 
 import pytest
 
-from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
+from labs.aws import aws, moto_endpoint  # noqa: F401  (fixtures)
 from conftest import error_line
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")

@@ -4,7 +4,7 @@ when no job is active. In-process moto."""
 
 from __future__ import annotations
 
-from aws_lab import ec2_provider  # noqa: F401  (fixture)
+from labs.aws import ec2_provider  # noqa: F401  (fixture)
 from cloudtrain.state import open_store
 
 OWNER_TAG = "cloudtrain:owner"

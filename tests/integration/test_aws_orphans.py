@@ -11,8 +11,9 @@ import pytest
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models.instances import InstanceBackend
 
-from aws_lab import aws, ec2_provider, moto_endpoint  # noqa: F401  (fixtures)
+from labs.aws import aws, ec2_provider, moto_endpoint  # noqa: F401  (fixtures)
 from cloudtrain.state import Instance, open_store
+from labs.credentials import CLIENT_CREDS
 
 OWNER_TAG, JOB_TAG = "cloudtrain:owner", "cloudtrain:job"
 
@@ -139,7 +140,7 @@ def lost_home(moto_endpoint, ct_home, monkeypatch):
     import requests
     from botocore.config import Config
 
-    from aws_lab import AWS_ENV
+    from labs.credentials import AWS_ENV
 
     requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
     for k, v in AWS_ENV.items():
@@ -151,8 +152,7 @@ def lost_home(moto_endpoint, ct_home, monkeypatch):
 
     def start(region: str, job_id: str) -> str:
         kw = dict(endpoint_url=moto_endpoint, region_name=region,
-                  config=Config(retries={"max_attempts": 1}), aws_access_key_id="testing",
-                  aws_secret_access_key="testing")
+                  config=Config(retries={"max_attempts": 1}), **CLIENT_CREDS)
         owner = boto3.client("sts", **kw).get_caller_identity()["Arn"]
         (raw,) = boto3.client("ec2", **kw).run_instances(
             ImageId="ami-12345678", MinCount=1, MaxCount=1, InstanceType="g5.xlarge",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from aws_lab import ec2_provider  # noqa: F401  (fixture)
+from labs.aws import ec2_provider  # noqa: F401  (fixture)
 from cloudtrain.config import Settings
 from cloudtrain.providers.aws import AWSProvider
 from cloudtrain.providers.aws.provider import assumed_role

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
-from conftest import wait_for
+from labs.aws import aws, moto_endpoint  # noqa: F401  (fixtures)
+from labs.polling import wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
 

@@ -18,7 +18,8 @@ import time
 import pytest
 from moto.ec2.models.elastic_block_store import EBSBackend
 
-from aws_lab import REGION, aws, moto_endpoint  # noqa: F401  (fixtures)
+from labs.aws import aws, moto_endpoint  # noqa: F401  (fixtures)
+from labs.credentials import CLIENT_CREDS, REGION
 from conftest import tiny_prepared_imagenet
 
 pytest.importorskip("torch")
@@ -31,7 +32,7 @@ LSBLK = """#!{python}
 # The lab instance's lsblk: its "disks" are the volumes moto has attached to any instance.
 import sys, boto3
 ec2 = boto3.client("ec2", endpoint_url={endpoint!r}, region_name={region!r},
-                   aws_access_key_id="testing", aws_secret_access_key="testing")
+                   **{creds!r})
 args = sys.argv[1:]
 if "NAME,SERIAL" in args:
     for v in ec2.describe_volumes()["Volumes"]:
@@ -67,7 +68,7 @@ def snap(aws, tree, moto_endpoint, monkeypatch):
     mounts = aws.work / "mounts.log"
     (shims / "sudo").write_text(SUDO.format(log=mounts, tree=tree, lab_sudo=shims / "sudo.lab"))
     (shims / "lsblk").write_text(LSBLK.format(python=sys.executable, endpoint=moto_endpoint,
-                                              region=REGION))
+                                              region=REGION, creds=CLIENT_CREDS))
     for name in ("sudo", "lsblk"):
         (shims / name).chmod(0o755)
     vol = aws.ec2.create_volume(Size=30, AvailabilityZone="us-east-1a", VolumeType="gp3")

@@ -1,7 +1,7 @@
 """`cloudtrain check` (issue 16): the settings and where each came from, then the AWS side
 (credentials, account, region, the Deep Learning AMI, GPU vCPU quotas against what the
 recipes launch), each with a verdict; against in-process moto with Service Quotas for EC2
-added (tests/moto_quotas.py), and with no AWS at all."""
+added (tests/labs/moto_quotas.py), and with no AWS at all."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import time
 import pytest
 from moto import mock_aws
 
-from aws_lab import AWS_ENV, REGION, SUBNETS, AWSLab, aws, moto_endpoint  # noqa: F401
+from labs.aws import SUBNETS, AWSLab, aws, moto_endpoint  # noqa: F401
+from labs.credentials import AWS_ENV, CLIENT_CREDS, REGION
 from cloudtrain import check
 from cloudtrain.config import Settings
-from moto_quotas import EC2Quotas
-from pricing_lab import price_list  # noqa: F401  (fixture)
+from labs.moto_quotas import EC2Quotas
+from labs.pricing import price_list  # noqa: F401  (fixture)
 
 # moto's own fake keys (FOOBARKEY) would replace the credentials each test sets up.
 MOTO = {"core": {"mock_credentials": False, "passthrough": {"urls": [], "services": []},
@@ -401,7 +402,7 @@ def test_text_fits_the_width_and_json_carries_the_same(moto, dlami, quotas):
 # -- check --launch (issue 25): one real launch, small, through the real lifecycle ------------------
 #
 # The lab: moto's EC2 and S3 server in this process, a real sshd answering at the instance's
-# private IP, the agent in real tmux, the Price List API's stand-in (tests/pricing_lab.py).
+# private IP, the agent in real tmux, the Price List API's stand-in (tests/labs/pricing.py).
 
 LAUNCH_STEPS = ["credentials", "instance type", "key pair", "security group", "AMI",
                 "job store bucket", "RunInstances", "instance running", "SSH", "host key",
@@ -436,7 +437,7 @@ def _stored(aws) -> list[str]:
     import boto3
 
     s3 = boto3.client("s3", endpoint_url=aws.endpoint, region_name=REGION,
-                      aws_access_key_id="testing", aws_secret_access_key="testing")
+                      **CLIENT_CREDS)
     bucket = f"cloudtrain-123456789012-{REGION}"
     try:
         return [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
@@ -448,7 +449,7 @@ def _stored(aws) -> list[str]:
 def launch_lab(aws, price_list, monkeypatch):
     """The AWS lab with the Price List API answering t3.micro's us-east-1 price, and the
     placement groups moto lacks (the cleanup looks for the job's)."""
-    from moto_placement import PlacementGroups
+    from labs.moto_placement import PlacementGroups
 
     PlacementGroups().install(monkeypatch)
     price_list.instance(REGION, "t3.micro", "0.0104000000")
@@ -594,7 +595,7 @@ def test_check_launch_reads_with_the_instance_role_when_one_is_configured(
     that may not read it fails the `instance role` step, naming s3:GetObject."""
     import boto3
 
-    from imds_lab import FakeIMDS
+    from labs.imds import FakeIMDS
 
     aws = launch_lab
     if not role_may_read:
@@ -610,7 +611,7 @@ def test_check_launch_reads_with_the_instance_role_when_one_is_configured(
 
         monkeypatch.setattr(S3Backend, "get_object", get_object)
     iam = boto3.client("iam", endpoint_url=aws.endpoint, region_name=REGION,
-                       aws_access_key_id="testing", aws_secret_access_key="testing")
+                       **CLIENT_CREDS)
     iam.create_instance_profile(InstanceProfileName="cloudtrain-instance")
     imds = FakeIMDS(role="cloudtrain-instance")
     try:

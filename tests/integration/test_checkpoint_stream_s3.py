@@ -25,11 +25,12 @@ import boto3
 import pytest
 import requests
 
-from aws_lab import moto_endpoint  # noqa: F401  (fixture)
+from labs.aws import moto_endpoint  # noqa: F401  (fixture)
 from cloudtrain.host import agent_store, agent_upload, checkpoint_manifest, checkpoint_restore
 from cloudtrain.host import job_status
 from cloudtrain.host import checkpoint_stream as cs
 from cloudtrain.providers.aws import jobstore
+from labs.credentials import CLIENT_CREDS
 
 REGION = "eu-west-1"
 ACCOUNT = "123456789012"
@@ -37,7 +38,7 @@ OWNER = f"arn:aws:iam::{ACCOUNT}:user/tester"
 JOB = "cs12ab34"
 KEY = "AIDAJQABLZS4A3QDU576Q"  # the caller's aws:userid: its own prefix jobs/<KEY>/ (F32)
 PREFIX = f"jobs/{KEY}/{JOB}/"
-CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+CREDS = CLIENT_CREDS
 STREAM = f"{PREFIX}stream/"
 
 

@@ -371,3 +371,15 @@ def test_B2_a_hint_laid_out_on_lines_of_ours_keeps_them(cli):
     assert proc.returncode == 2
     assert "Hint: declare it once in config.yaml, e.g.\n  datasets:\n    imagenet: " \
            "s3://my-bucket/imagenet\n" in proc.stderr, proc.stderr
+
+
+def test_a_job_reference_that_is_not_utf8_is_no_job(cli):
+    for command in ("status", "logs", "down"):
+        proc = cli(command, "\udcff")  # what Python makes of a lone 0xff byte in argv
+        assert proc.returncode == 2 and "no job" in proc.stderr, proc.stderr
+        assert "internal error" not in proc.stderr
+
+
+def test_a_workdir_name_too_long_is_a_usage_error(cli):
+    proc = cli("launch", "-q", "--workdir", "a" * 100_000, "--", "true")
+    assert proc.returncode == 2 and "File name too long" in proc.stderr, proc.stderr

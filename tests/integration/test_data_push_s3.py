@@ -21,7 +21,7 @@ import boto3
 import pytest
 import requests
 
-from aws_lab import moto_endpoint
+from labs.aws import moto_endpoint
 from cloudtrain import datasources
 from cloudtrain.host import shards
 from cloudtrain.errors import CloudtrainError, NotFound, UsageError
@@ -30,13 +30,12 @@ from conftest import REPO, lying_manifest
 
 sys.path.insert(0, str(REPO / "recipes"))
 from common import imagenet_files  # noqa: E402
+from labs.credentials import CLIENT_CREDS, aws_env
 
 REGION = "eu-west-1"
 BUCKET = "datasets-test"
-CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
-ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-       "AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION, "AWS_CONFIG_FILE": "/nonexistent",
-       "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"}
+CREDS = CLIENT_CREDS
+ENV = aws_env(REGION)
 SHARD = 64 << 10  # small shards: the tree of ~0.3 MB makes several
 __all__ = ["moto_endpoint"]  # the server fixture, used by name below
 

@@ -13,9 +13,10 @@ import boto3
 import pytest
 import requests
 
-from aws_lab import moto_endpoint
+from labs.aws import moto_endpoint
 from cloudtrain.providers.aws import datasets as s3_datasets
 from conftest import tiny_prepared_imagenet
+from labs import credentials
 
 pytest.importorskip("torch")
 
@@ -34,10 +35,7 @@ def prepared(tmp_path_factory):
 @pytest.fixture
 def aws_env(moto_endpoint, monkeypatch):
     requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION,
-           "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-           "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL_S3": moto_endpoint,
+    env = {**credentials.aws_env(REGION), "AWS_ENDPOINT_URL_S3": moto_endpoint,
            "OMP_NUM_THREADS": "1"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)

@@ -30,8 +30,9 @@ import time
 import pytest
 from moto.ec2.models.instances import InstanceBackend
 
-from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
-from conftest import FAULT_TABLE, REPO, wait_for
+from labs.aws import aws, moto_endpoint  # noqa: F401  (fixtures)
+from conftest import FAULT_TABLE, REPO
+from labs.polling import wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
 

@@ -19,7 +19,8 @@ from cloudtrain import hosts
 from cloudtrain.errors import HostError
 from cloudtrain.hosts import LocalHost, SSHHost
 from cloudtrain.ssh import Endpoint
-from conftest import TMUX_SOCKET, wait_for
+from conftest import TMUX_SOCKET
+from labs.polling import wait_for
 from test_ssh_host import host, sshd  # noqa: F401  (fixtures: a real sshd and an SSHHost on it)
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")

@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from conftest import REPO, wait_for
+from conftest import REPO
+
+from labs.polling import wait_for
 
 
 def _one_error(proc, *fragments: str) -> None:

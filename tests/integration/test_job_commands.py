@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
-from terminal import run_in_terminal
-from conftest import REPO, TOY_RECIPE, wait_for
+from labs.aws import aws, moto_endpoint  # noqa: F401  (fixtures)
+from labs.terminal import run_in_terminal
+from conftest import REPO, TOY_RECIPE
+from labs.polling import wait_for
 
 
 def _ended_unseen(ct_home: Path, job_id: str, timeout: float = 20) -> None:

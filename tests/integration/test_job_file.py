@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
-from conftest import REPO, wait_for
+from labs.aws import aws, moto_endpoint  # noqa: F401  (fixtures)
+from conftest import REPO
+from labs.polling import wait_for
 
 SECRET = "s3cr3t-7f1e9a-never-on-disk"
 
@@ -361,7 +362,7 @@ def test_F27_only_a_typed_include_sends_a_token_and_it_is_said_or_asked(ct_home,
     """Audit F27: --include, typed, still sends what it names: without a terminal with a
     WARNING naming each file; in a terminal only after a [y/N] question that -y does not
     skip (answered no: nothing is created)."""
-    from terminal import run_in_terminal
+    from labs.terminal import run_in_terminal
 
     home, repo = _victim(tmp_path)
     (repo / "job.yaml").write_text("workdir: .\nrun: python3 train.py\n")

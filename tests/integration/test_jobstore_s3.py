@@ -20,10 +20,11 @@ import pytest
 import requests
 from botocore.awsrequest import AWSResponse
 
-from aws_lab import moto_endpoint  # noqa: F401  (fixture)
+from labs.aws import moto_endpoint  # noqa: F401  (fixture)
 from cloudtrain.host import agent_upload
 from cloudtrain.providers.aws import jobstore
 from cloudtrain.errors import CloudtrainError
+from labs.credentials import CLIENT_CREDS
 
 REGION = "eu-west-1"
 ACCOUNT = "123456789012"  # moto's default account
@@ -31,7 +32,7 @@ OWNER = f"arn:aws:iam::{ACCOUNT}:user/tester"
 JOB = "ab12cd34"
 KEY = "AIDAJQABLZS4A3QDU576Q"  # the caller's aws:userid: its own prefix jobs/<KEY>/ (F32)
 PREFIX = f"jobs/{KEY}/{JOB}/"
-CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+CREDS = CLIENT_CREDS
 
 
 def _client(endpoint: str, region: str = REGION):

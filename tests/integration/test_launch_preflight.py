@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from aws_lab import AWS_ENV, moto_endpoint  # noqa: F401  (fixture)
+from labs.aws import moto_endpoint  # noqa: F401  (fixture)
+from labs.credentials import AWS_ENV, CLIENT_CREDS
 from conftest import REPO
-from terminal import run_in_terminal
+from labs.terminal import run_in_terminal
 
 NO_AWS = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent",
           "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
@@ -367,7 +368,7 @@ def test_d26_a_paid_launch_asks_with_its_price_and_yes_skips(ct_home, moto):
     import boto3
 
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=moto["AWS_ENDPOINT_URL"],
-                       aws_access_key_id="testing", aws_secret_access_key="testing")
+                       **CLIENT_CREDS)
     assert ec2.describe_instances()["Reservations"] == []
     # --yes: not asked; the launch goes on (and stops here at a later step: this sandbox
     # cannot look up its own address for the security group)

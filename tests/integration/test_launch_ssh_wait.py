@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
+from labs.aws import aws, moto_endpoint  # noqa: F401  (fixtures)
 from conftest import REPO
-from sshd import free_port
+from labs.loopback import free_port
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
 

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from cloudtrain import state_schema
-from conftest import REPO, wait_for
+from conftest import REPO
+from labs.polling import wait_for
 
 
 def test_command_job_runs_in_tmux_and_is_recorded(cli, ct_home):

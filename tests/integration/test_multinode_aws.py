@@ -1,5 +1,5 @@
 """Issue 15: jobs on several instances through the AWS path, against in-process moto (with
-the placement groups moto lacks: tests/moto_placement.py) and, where SSH is needed, the
+the placement groups moto lacks: tests/labs/moto_placement.py) and, where SSH is needed, the
 lab's loopback sshd. The runs themselves (torchrun over namespace hosts) are in
 tests/e2e/test_multinode.py.
 
@@ -14,13 +14,14 @@ import time
 
 import pytest
 
-from aws_lab import REGION, aws, ec2_provider, moto_endpoint  # noqa: F401  (fixtures)
+from labs.aws import aws, ec2_provider, moto_endpoint  # noqa: F401  (fixtures)
+from labs.credentials import REGION
 from cloudtrain import catalog, cost
 from cloudtrain.errors import PlacementError
 from cloudtrain.spec import JobSpec
 from cloudtrain.state import Store
 from conftest import error_line
-from moto_placement import PlacementGroups
+from labs.moto_placement import PlacementGroups
 
 CAPACITY = ("Server.InsufficientInstanceCapacity",
             "Server.InsufficientInstanceCapacity: Insufficient capacity")

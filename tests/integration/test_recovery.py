@@ -9,7 +9,8 @@ import pytest
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models.instances import InstanceBackend
 
-from aws_lab import AWS_ENV, DLAMI_PARAMETER
+from labs.aws import DLAMI_PARAMETER
+from labs.credentials import AWS_ENV
 from cloudtrain import state
 from cloudtrain.lifecycle import attempts, launch, recovery, watch
 from cloudtrain.config import Settings

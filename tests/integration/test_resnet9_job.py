@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import wait_for
+from labs.polling import wait_for
 
 pytest.importorskip("torch")
 

@@ -16,8 +16,9 @@ import shutil
 
 import pytest
 
-from aws_lab import REGION, aws, moto_endpoint  # noqa: F401  (fixtures)
-from conftest import wait_for
+from labs.aws import aws, moto_endpoint  # noqa: F401  (fixtures)
+from labs.credentials import CLIENT_CREDS, REGION
+from labs.polling import wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
 
@@ -96,7 +97,7 @@ def test_results_are_kept_under_the_owners_prefix_and_a_job_from_before_reads_it
     from cloudtrain.state import Store
 
     job_id = _launch_and_let_it_end_alone(cli, aws, job_script)
-    creds = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing",
+    creds = {**CLIENT_CREDS,
              "region_name": REGION, "endpoint_url": aws.endpoint}
     user_id = boto3.client("sts", **creds).get_caller_identity()["UserId"]
     s3 = boto3.client("s3", **creds)

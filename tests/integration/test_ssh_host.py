@@ -12,8 +12,9 @@ import pytest
 from cloudtrain.errors import HostError
 from cloudtrain.hosts import CommandFailed, SSHHost
 from cloudtrain.ssh import Endpoint, HostKeyMismatch
-from conftest import TMUX_SOCKET, wait_for
-from sshd import SSHD
+from conftest import TMUX_SOCKET
+from labs.polling import wait_for
+from labs.sshd import SSHD
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server")
 
@@ -97,7 +98,7 @@ def test_host_key_is_pinned(sshd, tmp_path):
 
 
 def test_unreachable_and_bad_key(tmp_path, sshd):
-    from sshd import free_port
+    from labs.loopback import free_port
 
     with pytest.raises(HostError, match="cannot reach"):
         SSHHost(Endpoint("127.0.0.1", free_port(), "root", str(sshd.client_key))).run("true")

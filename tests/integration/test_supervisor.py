@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
-from conftest import REPO, wait_for
+from labs.aws import aws, moto_endpoint  # noqa: F401  (fixtures)
+from conftest import REPO
+from labs.polling import wait_for
 
 
 def _files_holding(root: Path, *needles: str) -> list[str]:
@@ -73,7 +74,7 @@ def test_F31_expired_credentials_pause_recovery_and_say_so(ct_home, monkeypatch)
     from botocore.exceptions import ClientError
     from moto import mock_aws
 
-    from aws_lab import AWS_ENV
+    from labs.credentials import AWS_ENV
     from cloudtrain import state
     from cloudtrain.lifecycle import recovery, supervisor
     from cloudtrain.config import Settings

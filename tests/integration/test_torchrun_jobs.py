@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
-from conftest import wait_for
+from labs.aws import aws, moto_endpoint  # noqa: F401  (fixtures)
+from labs.polling import wait_for
 
 DIST_RECIPE = """\
 name: dist

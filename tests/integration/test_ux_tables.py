@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from aws_lab import aws, moto_endpoint  # noqa: F401  (fixtures)
-from terminal import run_in_terminal
+from labs.aws import aws, moto_endpoint  # noqa: F401  (fixtures)
+from labs.terminal import run_in_terminal
 from conftest import REPO
 
 ANSI = re.compile(r"\x1b\[")

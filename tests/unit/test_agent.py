@@ -297,7 +297,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_F17_reap_kills_recorded_descendants_that_left_the_group(tmp_path):
-    from conftest import wait_for
+    from labs.polling import wait_for
 
     host, jobdir = _local_job(tmp_path, "setsid1", "bash -c 'setsid sleep 777 & sleep 555'\n")
     host.start_agent("setsid1", str(jobdir))

@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from sshd import free_port
+from labs.loopback import free_port
 from torchvision import transforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes"))

@@ -173,7 +173,7 @@ def test_a_file_that_shrinks_while_sent_is_an_error_not_a_short_object():
 
 
 def test_upload_to_nowhere_reports_and_never_raises(tmp_path):
-    from sshd import free_port
+    from labs.loopback import free_port
 
     grant = {"url": f"http://127.0.0.1:{free_port()}/", "fields": {}, "prefix": "jobs/x/"}
     started = time.monotonic()

@@ -36,16 +36,18 @@ from botocore.utils import percent_encode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aws_lab import moto_endpoint
-from imds_lab import FakeIMDS, serve
+from labs.aws import moto_endpoint
+from labs.imds import FakeIMDS
+from labs.loopback import serve
 from cloudtrain.host import shards, stage_fetch, stage_sigv4, stager
 from cloudtrain.providers.aws import datasets as s3_datasets
 from conftest import REPO
+from labs.credentials import CLIENT_CREDS
 
 __all__ = ["moto_endpoint"]  # the server fixture, used by name below
 REGION = "us-east-1"
 BUCKET = "stage-test"
-CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+CREDS = CLIENT_CREDS
 SHARD = 64 << 10
 MiB = 1 << 20
 WHEN = datetime.datetime(2026, 11, 23, 18, 5, 9)

@@ -18,14 +18,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import requests
-from moto.server import ThreadedMotoServer
-
-from aws_lab import AWS_ENV, REGION, AWSLab, _plain_http_stands_in_for_tls
-from conftest import wait_for
-from imds_lab import FakeIMDS
-from netns import GATEWAY, NetnsLab
-from sshd import SSHD, free_port
+from .aws import _plain_http_stands_in_for_tls, moto_lab
+from .credentials import CLIENT_CREDS, REGION
+from .imds import FakeIMDS
+from .netns import GATEWAY, NetnsLab
+from .polling import wait_for
+from .sshd import SSHD
 
 BRIDGE = str(GATEWAY)
 ZONES = {"us-east-1a": "10.200.0.0/25", "us-east-1b": "10.200.0.128/25"}
@@ -45,17 +43,11 @@ class CloudLab:
     def __init__(self, net: NetnsLab, tmp: Path, cli, ct_home: Path, monkeypatch,
                  hosts: list[str]):
         self.net, self.tmp, self.cli, self.home = net, tmp, cli, ct_home
-        self.port = free_port(BRIDGE)
-        self.server = ThreadedMotoServer(ip_address=BRIDGE, port=self.port, verbose=False)
-        self.server.start()
-        self.endpoint = f"http://{BRIDGE}:{self.port}"
-        requests.post(f"{self.endpoint}/moto-api/reset", timeout=10)
-        for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": self.endpoint}.items():
-            monkeypatch.setenv(k, v)
+        self._moto = contextlib.ExitStack()  # moto's server and its console text (close())
+        self.aws = self._moto.enter_context(moto_lab(BRIDGE, ct_home, tmp / "lab", monkeypatch,
+                                                     "10.200.0.0/16", ZONES))
+        self.endpoint = self.aws.endpoint
         _plain_http_stands_in_for_tls(monkeypatch)
-        self.aws = AWSLab(self.endpoint, ct_home, tmp / "lab")
-        self.aws.work.mkdir()
-        self.aws.build_cloud("10.200.0.0/16", ZONES)
         self.imds = FakeIMDS(host=BRIDGE, role=None)
         self.hosts, self.sshds, self.homes = {}, {}, {}
         self.host_env: dict[str, str] = {}  # more of each host's environment (start())
@@ -70,8 +62,7 @@ class CloudLab:
             self.sshds[ip] = server
             self.hosts[ip].sshds.append(server)
         self.no_tmux_path = no_tmux
-        self.aws.console_output(self.aws.fingerprint_block(
-            *(s.host_key for s in self.sshds.values())))
+        self.aws.serve_hosts(*self.sshds.values())
         self.log = tmp / "shutdowns.jsonl"
         recorder = tmp / "shutdown"
         recorder.write_text(RECORDER.replace("{log}", str(self.log)))
@@ -160,8 +151,7 @@ class CloudLab:
     def stored_checkpoint(self, job_id: str) -> dict | None:
         import boto3
 
-        creds = {"endpoint_url": self.endpoint, "region_name": REGION,
-                 "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+        creds = {"endpoint_url": self.endpoint, "region_name": REGION, **CLIENT_CREDS}
         owner_key = boto3.client("sts", **creds).get_caller_identity()["UserId"]  # aws:userid
         s3 = boto3.client("s3", **creds)
         try:
@@ -187,8 +177,7 @@ class CloudLab:
     def close(self) -> None:
         self.cli("supervisor", "stop", timeout=60)
         self.imds.close()
-        self.server.stop()
-        self.aws.restore()
+        self._moto.close()
         shutil.rmtree(self.tmux_root, ignore_errors=True)
 
 
@@ -211,7 +200,7 @@ def bench_home(label: str):
     """A benchmark's own CLOUDTRAIN_HOME (the tests' settings), MonkeyPatch and CLI."""
     import pytest
 
-    from conftest import CLI, TEST_CONFIG
+    from conftest import CLI, TEST_CONFIG  # the tests' settings and command runner
 
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
         tmp = Path(tmp)

@@ -7,16 +7,12 @@ import getpass
 import os
 import socket
 import subprocess
-import time
 from pathlib import Path
 
+from .loopback import free_port
+from .polling import wait_for
+
 SSHD_BIN = "/usr/sbin/sshd"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class SSHD:
@@ -64,16 +60,17 @@ class SSHD:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]
         self.log = open(self.dir / "sshd.log", "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("sshd exited: " + (self.dir / "sshd.log").read_text())
-            try:
-                with socket.create_connection((self.host, self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("sshd did not start listening")
+        wait_for(self._listening, timeout=10, interval=0.05, what="sshd to start listening")
+        return self
+
+    def _listening(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError("sshd exited: " + (self.dir / "sshd.log").read_text())
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.2):
+                return True
+        except OSError:
+            return False
 
     def connections(self) -> int:
         """How many SSH logins this server accepted (from its log)."""

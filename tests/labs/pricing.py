@@ -6,10 +6,11 @@ boto3 reaches it through AWS_ENDPOINT_URL_PRICING, the same way it reaches the r
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+
+from .loopback import serve
 
 
 def price_item(attributes: dict, unit: str, usd: str, sku: str) -> str:
@@ -79,10 +80,7 @@ def price_list(monkeypatch):
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", f"http://127.0.0.1:{server.server_port}")
+    url, server = serve(Handler)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", url)
     yield prices
-    server.shutdown()
-    server.server_close()
+    server.close()

@@ -40,7 +40,7 @@ import time
 import warnings
 from pathlib import Path
 
-from sshd import SSHD
+from .sshd import SSHD
 
 PREFIX = "ctl"
 SUBNET = ipaddress.ip_network("10.200.0.0/24")

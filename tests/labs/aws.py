@@ -2,11 +2,16 @@
 whose subnets are loopback ranges, and one real sshd listening on every address those
 subnets can hand out, so the instance moto "starts" answers SSH at its private IP.
 
+`moto_lab` is the one builder of "moto on an address + sshd hosts" for labs elsewhere (the
+bridge of network-namespace hosts: tests/e2e, labs/cloud.py): the caller starts the hosts'
+sshds, trusting `lab.key`, and hands them to `lab.serve_hosts`.
+
 Faults are injected by patching moto's backend (it runs in this process, in a thread).
 """
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import ipaddress
 import json
@@ -21,17 +26,14 @@ from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
 from cloudtrain.ssh import generate_ed25519
-from sshd import SSHD, free_port
 
-REGION = "us-east-1"
+from .credentials import AWS_ENV, CLIENT_CREDS, REGION
+from .loopback import free_port
+from .sshd import SSHD
+
 SUBNETS = {"us-east-1a": "127.0.1.0/28", "us-east-1b": "127.0.2.0/28"}
 DLAMI_PARAMETER = ("/aws/service/deeplearning/ami/x86_64/"
                    "oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id")
-
-AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
-           "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-           "AWS_EC2_METADATA_DISABLED": "true"}
 
 SHUTDOWN_RECORDER = """#!{python}
 # Stands in for `sudo shutdown -h now` on an instance launched with shutdown behaviour
@@ -42,7 +44,7 @@ job = json.load(open(os.path.join(os.environ["CLOUDTRAIN_JOB_DIR"], "job.json"))
 with open({log!r}, "a") as f:
     f.write(json.dumps({{"job": job, "at": time.time()}}) + "\\n")
 ec2 = boto3.client("ec2", endpoint_url={endpoint!r}, region_name={region!r},
-                   aws_access_key_id="testing", aws_secret_access_key="testing")
+                   aws_access_key_id={key!r}, aws_secret_access_key={secret!r})
 ids = [i["InstanceId"] for r in ec2.describe_instances(Filters=[
     {{"Name": "tag:cloudtrain:job", "Values": [job]}}])["Reservations"] for i in r["Instances"]]
 if ids:
@@ -67,7 +69,7 @@ class AWSLab:
         self.home = home
         self.work = work
         self.ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name=REGION,
-                                config=Config(retries={"max_attempts": 1}), **_creds())
+                                config=Config(retries={"max_attempts": 1}), **CLIENT_CREDS)
         self.shutdown_log = work / "shutdowns.jsonl"
         self.sshd: SSHD | None = None
 
@@ -83,8 +85,12 @@ class AWSLab:
         self.sshd.listen_on(listen)
         self.install_sudo_shim()
         self.sshd.start()
-        # Like a real instance, the "instance" prints its host key fingerprints on the console.
-        self.console_output(self.fingerprint_block(self.sshd.host_key))
+        self.serve_hosts(self.sshd)
+
+    def serve_hosts(self, *sshds: SSHD) -> None:
+        """The instances moto starts are these sshds' hosts: like a real instance, each prints
+        its host key's fingerprint on the console (one console text for every instance)."""
+        self.console_output(self.fingerprint_block(*(s.host_key for s in sshds)))
 
     def install_sudo_shim(self) -> None:
         """What `sudo -n /usr/local/bin/cloudtrain-rearm N` does on the "instance": this
@@ -169,7 +175,8 @@ class AWSLab:
         recorder = self.work / "fake-shutdown"
         recorder.write_text(SHUTDOWN_RECORDER.format(
             python=sys.executable, log=str(self.shutdown_log), endpoint=self.endpoint,
-            region=REGION))
+            region=REGION, key=CLIENT_CREDS["aws_access_key_id"],
+            secret=CLIENT_CREDS["aws_secret_access_key"]))
         recorder.chmod(recorder.stat().st_mode | stat.S_IXUSR)
         self.recorder = recorder
         return public
@@ -208,17 +215,50 @@ class AWSLab:
         return [json.loads(l) for l in self.shutdown_log.read_text().splitlines()]
 
 
-def _creds() -> dict:
-    return {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+@contextlib.contextmanager
+def moto_server(host: str = "127.0.0.1"):
+    """moto's server (EC2, S3, SSM, STS, IAM, ...) in this process on a free port of `host`
+    (loopback, or the bridge that namespace hosts reach): yields its endpoint URL."""
+    port = free_port(host)
+    server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def use_moto(endpoint: str, monkeypatch) -> None:
+    """A fresh moto (reset) and this process's AWS (its environment, so the `cloudtrain`
+    processes it starts too) pointed at it, as the fake account."""
+    requests.post(f"{endpoint}/moto-api/reset", timeout=10)
+    for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(k, v)
+
+
+@contextlib.contextmanager
+def moto_lab(host: str, home: Path, work: Path, monkeypatch, vpc_cidr: str,
+             subnets: dict[str, str]):
+    """Moto on `host` + sshd hosts: moto's server at `host`, reset, the environment pointed
+    at it, and an AWSLab (in `work`) with a VPC of `subnets` ({zone: cidr}), the DLAMI,
+    cloudtrain's key and the shutdown recorder. The caller starts its hosts' sshds trusting
+    `lab.key` and passes them to `lab.serve_hosts`; moto stops and its console text is put
+    back on exit."""
+    with moto_server(host) as endpoint:
+        use_moto(endpoint, monkeypatch)
+        lab = AWSLab(endpoint, home, work)
+        lab.work.mkdir()
+        lab.build_cloud(vpc_cidr, subnets)
+        try:
+            yield lab
+        finally:
+            lab.restore()
 
 
 @pytest.fixture(scope="session")
 def moto_endpoint():
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 def _plain_http_stands_in_for_tls(monkeypatch) -> None:
@@ -241,10 +281,7 @@ def _plain_http_stands_in_for_tls(monkeypatch) -> None:
 
 @pytest.fixture
 def aws(moto_endpoint, ct_home, tmp_path, monkeypatch):
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
-    for k, v in AWS_ENV.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    use_moto(moto_endpoint, monkeypatch)
     _plain_http_stands_in_for_tls(monkeypatch)
     lab = AWSLab(moto_endpoint, ct_home, tmp_path / "lab")
     lab.work.mkdir()

@@ -10,19 +10,10 @@ import http.server
 import json
 import threading
 
+from .loopback import serve
+
 CREDS_PATH = "/latest/meta-data/iam/security-credentials/"
 SPOT_PATH = "/latest/meta-data/spot/instance-action"
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-
-def serve(handler, host: str = "127.0.0.1") -> tuple[str, _Server]:
-    """An HTTP server for `handler` on a free port of `host`, in a thread: (url, server)."""
-    server = _Server((host, 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return "http://%s:%d" % (host, server.server_address[1]), server
 
 
 class FakeIMDS:
@@ -91,5 +82,4 @@ class FakeIMDS:
         self.spot_actions[host_ip] = {"action": action, "time": at}
 
     def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()

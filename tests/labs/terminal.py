@@ -10,8 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[2]  # the checkout: `python -m cloudtrain` runs here
 
 
 def run_in_terminal(args: list[str], *, env: dict | None = None, answer: str | None = None,

@@ -1,0 +1,74 @@
+"""Watching a job (cloudtrain/lifecycle/watch.py: `status` refreshes, reaps a job whose
+agent died, checks an unfinished launch's launcher) on the local backend: read-only commands
+never change a healthy job (F11), and a broken job directory never breaks them (F19)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cloudtrain import config, state
+from cloudtrain.lifecycle import watch
+from labs.polling import wait_for
+
+
+def test_F11_a_status_acting_on_an_old_snapshot_never_fails_a_job_that_moved_on(ct_home):
+    """`status` lists the active jobs, then checks each one's launcher. If the launcher
+    finished the launch (RUNNING) and exited in between, the stale snapshot must not fail the
+    job: the check is a compare-and-set on the state it saw."""
+    settings = config.Settings.load()
+    with state.open_store(config.home()) as store:
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True).stdout.strip()
+        job = store.create_job(name=None, kind="command", recipe=None, command="true",
+                               backend="local", spec={}, launcher=f"{socket.gethostname()}:{dead}")
+        store.set_state(job.id, state.SYNCING)
+        snapshot = store.job(job.id)  # what status listed
+        store.set_state(job.id, state.SETTING_UP)
+        store.set_state(job.id, state.RUNNING)  # the launcher finished, then exited
+        after = watch._check_launcher(store, snapshot)
+        assert after.state == state.RUNNING
+        assert store.job(job.id).state == state.RUNNING
+        # The same check on a current snapshot does fail an abandoned launch.
+        other = store.create_job(name=None, kind="command", recipe=None, command="true",
+                                 backend="local", spec={},
+                                 launcher=f"{socket.gethostname()}:{dead}")
+        store.set_state(other.id, state.SYNCING)
+        assert watch.refresh(store, settings, store.job(other.id)).state == state.FAILED
+
+
+@pytest.fixture
+def dead_agent_job(cli, ct_home):
+    """A running local job whose agent was killed: the next status reaps it."""
+    job_id = cli.launch("--", "sleep", "30")
+    jobdir = ct_home / "jobs" / job_id
+    status = wait_for(lambda: json.loads((jobdir / "status.json").read_text())
+                      if (jobdir / "status.json").exists() else None, what="status.json")
+    os.killpg(status["pgid"], signal.SIGKILL)
+    os.kill(status["agent_pid"], signal.SIGKILL)
+    time.sleep(0.3)
+    return job_id, jobdir
+
+
+@pytest.mark.parametrize("damage", ["status.json is a directory", "output.log is a directory",
+                                    "the job directory is gone"])
+def test_F19_a_broken_job_directory_never_breaks_status(cli, dead_agent_job, damage):
+    job_id, jobdir = dead_agent_job
+    if damage == "the job directory is gone":
+        shutil.rmtree(jobdir)
+    else:
+        name = damage.split()[0]
+        (jobdir / name).unlink()
+        (jobdir / name).mkdir()
+    for args in (("status",), ("status", job_id), ("status", "--json"), ("logs", job_id)):
+        proc = cli(*args)
+        assert "internal error" not in proc.stderr, (args, proc.stderr)
+    assert cli.job(job_id)["state"] in ("failed", "running")

@@ -1,0 +1,22 @@
+"""The labs the tests (and some benchmarks) build on: stand-ins for what cloudtrain talks to,
+each real where it can be (a real sshd, real tmux, real network namespaces) and faked only at
+the edges (moto for AWS). Imported as `labs.<module>` (tests/ is on sys.path: pytest's
+rootdir-relative conftest, and the benchmarks put it there).
+
+    credentials     the one fake AWS account: region, keys as environment and as boto3 kwargs
+    loopback        free_port, and `serve`: a small HTTP server on loopback, in a thread
+    polling         wait_for: poll a predicate until it holds or time runs out
+    sshd            a throwaway real sshd (its own host key, one authorised client key)
+    aws             moto's server + a VPC of loopback subnets + one sshd at every address they
+                    hand out (`AWSLab`, fixtures `moto_endpoint`, `aws`, `ec2_provider`, ...);
+                    `moto_server` and `AWSLab.serve_hosts`: moto on any address (the bridge)
+                    and the sshd hosts its instances are
+    netns           network namespaces as instances (root only; the e2e tests)
+    cloud           a cloud of namespace instances: moto on the bridge, one sshd per host,
+                    a fake IMDS, EC2's part in a spot reclaim (the e2e tests, benchmarks)
+    imds            a fake instance metadata service (IMDSv2)
+    pricing         a stand-in for the Price List Query API (fixture `price_list`)
+    moto_placement  placement groups, which moto lacks
+    moto_quotas     EC2's Service Quotas, which moto lacks
+    terminal        the real `cloudtrain` on a pseudo-terminal
+"""

@@ -1,0 +1,39 @@
+"""Loopback networking for the labs: a free TCP port, and a small HTTP server in a thread
+(the stand-ins for AWS APIs moto lacks, proxies, captive portals)."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on at `host` right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class QuietServer(http.server.ThreadingHTTPServer):
+    """A threading HTTP server whose request threads never hold up the test's exit."""
+
+    daemon_threads = True
+
+    @property
+    def url(self) -> str:
+        return "http://%s:%d" % self.server_address[:2]
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def serve(handler, host: str = "127.0.0.1", server_class: type = QuietServer
+          ) -> tuple[str, QuietServer]:
+    """An HTTP server for `handler` on a free port of `host`, in a thread: (url, server);
+    `server.close()` stops it. `server_class` (a QuietServer) may carry state for the
+    handler."""
+    server = server_class((host, 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server.url, server
