@@ -73,7 +73,7 @@ PROBE_TIMEOUT_S = 20.0  # `agent.py probe` reads two small files
 STOP_EXTRA_S = 30.0  # `agent.py stop` waits the grace period, then this long at most
 STREAM_IDLE_S = 120.0  # a tar stream that moves no byte for this long is dead
 AGENT_START_TIMEOUT_S = 15.0  # from tmux new-session to the agent's first status.json
-AGENT_START_POLL_S = 0.1
+AGENT_START_POLL_S = 0.02  # one SFTP read of status.json a time: no process started
 # pull_tree bounds on what a host may make us walk.
 PULL_MAX_ENTRIES = 100_000
 PULL_MAX_DEPTH = 64
@@ -280,13 +280,14 @@ class Host(ABC):
     def agent_path(self, jobdir: str) -> str:
         return f"{agent_dir(jobdir)}/agent.py"
 
-    def install_agent(self, jobdir: str) -> None:
+    def install_agent(self, jobdir: str, make: tuple[str, ...] = ()) -> None:
         """Put the agent where `start_agent`, `probe_job` and `stop_job` run it from:
-        `agent_dir(jobdir)`, skipped when that directory already holds the same files."""
+        `agent_dir(jobdir)`, skipped when that directory already holds the same files. The
+        directories in `make` (the job's) are created in the same round trip."""
         directory = agent_dir(jobdir)
         files = agent_files()
         want = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
-        if self._hashes(directory, list(want)) == want:
+        if self._make_and_hash(directory, list(want), make) == want:
             return
         for path in files:
             # Under a temporary name, then renamed: a probe running the agent at this moment
@@ -296,8 +297,10 @@ class Host(ABC):
             self._rename(tmp, f"{directory}/{path.name}")
 
     @abstractmethod
-    def _hashes(self, directory: str, names: list[str]) -> dict[str, str]:
-        """sha256 hex of each of these files in `directory` that exists (one round trip)."""
+    def _make_and_hash(self, directory: str, names: list[str], make: tuple[str, ...] = ()
+                       ) -> dict[str, str]:
+        """Create `make` and `directory` (with their parents), then the sha256 hex of each of
+        these files in `directory` that exists: one round trip."""
 
     @abstractmethod
     def _rename(self, src: str, dst: str) -> None:
@@ -342,7 +345,7 @@ class Host(ABC):
                 return
             if gone or time.monotonic() > deadline:
                 break
-            gone = not self.session_alive(job_id)  # then one last look at status.json
+            gone = self._agent_gone(job_id, pid)  # then one last look at status.json
             if not gone:
                 time.sleep(AGENT_START_POLL_S)
         self.run(self.tmux("kill-session", "-t", session_name(job_id)), check=False)
@@ -355,6 +358,10 @@ class Host(ABC):
 
     def session_alive(self, job_id: str) -> bool:
         return self.run(self.tmux("has-session", "-t", session_name(job_id)), check=False).ok
+
+    def _agent_gone(self, job_id: str, pid: int | None) -> bool:
+        """Whether the agent's tmux session ended (pid: the pane's process, the agent)."""
+        return not self.session_alive(job_id)
 
     def attach_argv(self, job_id: str) -> list[str]:
         return ["tmux", "-L", self.tmux_socket, "attach-session", "-t", session_name(job_id)]
@@ -649,7 +656,10 @@ class LocalHost(Host):
     def stop_job(self, jobdir: str, grace_s: float, wait: bool = True) -> dict | None:
         return hostdata.clean_status(agent_module.stop(jobdir, grace_s, signal_only=not wait))
 
-    def _hashes(self, directory: str, names: list[str]) -> dict[str, str]:
+    def _make_and_hash(self, directory: str, names: list[str], make: tuple[str, ...] = ()
+                       ) -> dict[str, str]:
+        for path in (*make, directory):
+            os.makedirs(path, exist_ok=True)
         found = {}
         for name in names:
             try:
@@ -725,8 +735,11 @@ class SSHHost(Host):
             self._conn = None
 
     def home(self) -> str:
+        """The login directory ($HOME), asked over SFTP, whose server runs in it: no shell
+        is started for it (a login shell costs a process and the user's rc files)."""
         if self._home is None:
-            self._home = self.run('printf %s "$HOME"').stdout
+            with self.conn.sftp_op("home directory") as sftp:
+                self._home = sftp.normalize(".")
         return self._home
 
     def run(self, command: str, check: bool = True, timeout: float | None = None) -> Result:
@@ -793,10 +806,12 @@ class SSHHost(Host):
                                      f"{exc.__cause__.strerror}") from None
             raise
 
-    def _hashes(self, directory: str, names: list[str]) -> dict[str, str]:
-        out = self.run(f"cd {shlex.quote(directory)} 2>/dev/null && sha256sum -- "
-                       + " ".join(shlex.quote(n) for n in names) + " 2>/dev/null",
-                       check=False).stdout
+    def _make_and_hash(self, directory: str, names: list[str], make: tuple[str, ...] = ()
+                       ) -> dict[str, str]:
+        out = self.run("mkdir -p -- " + " ".join(shlex.quote(d) for d in (*make, directory))
+                       + f" && cd {shlex.quote(directory)} && {{ sha256sum -- "
+                       + " ".join(shlex.quote(n) for n in names) + " 2>/dev/null || true; }"
+                       ).stdout
         found = {}
         for line in out.splitlines():
             digest, _, name = line.partition("  ")
@@ -807,6 +822,18 @@ class SSHHost(Host):
     def _rename(self, src: str, dst: str) -> None:
         with self.conn.sftp_op(f"rename {src}") as sftp:
             sftp.posix_rename(src, dst)
+
+    def _agent_gone(self, job_id: str, pid: int | None) -> bool:
+        """/proc/<pid> still there (one SFTP stat, no process started on the host): not
+        gone. Otherwise, or on a host without /proc, tmux is asked."""
+        if pid is not None:
+            try:
+                with self.conn.sftp_op(f"stat /proc/{pid}") as sftp:
+                    sftp.stat(f"/proc/{pid}")
+                return False
+            except (FileNotFoundError, HostError):
+                pass
+        return not self.session_alive(job_id)
 
     def _listdir(self, path: str) -> list[tuple[str, int]]:
         # SFTP READDIR answers with lstat attributes: a symlink is a symlink, not its target.
