@@ -28,7 +28,7 @@ import time
 
 from ... import catalog
 from ...errors import CloudtrainError
-from ...hosts import SSHHost
+from ...ssh_host import SSHHost
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store

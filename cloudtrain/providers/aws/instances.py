@@ -11,7 +11,8 @@ from pathlib import Path
 from ... import catalog
 from ...config import REGION_PATTERN, check_region
 from ...errors import CloudtrainError, HostError, MissingDependency, UsageError
-from ...hosts import SSHHost, default_tmux_socket
+from ...hosts import default_tmux_socket
+from ...ssh_host import SSHHost
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint, not_up_reason
 from ...state import Instance, Job, Store

@@ -28,7 +28,7 @@ import time
 from ... import catalog, config, cost, preflight
 from ...config import check_region
 from ...errors import CloudtrainError, MissingDependency, UsageError
-from ...hosts import SSHHost
+from ...ssh_host import SSHHost
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Job, Store
