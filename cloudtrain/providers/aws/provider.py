@@ -34,6 +34,7 @@ from ...ssh import Endpoint
 from ...state import Job, Store
 from ..base import Question
 from .account import AccountMixin
+from .boot import BootMixin
 from .cache import CACHE_TTL_S, RegionCache
 from .cluster import EFA_GROUP_NAME, ClusterMixin
 from .datasets import DatasetsMixin
@@ -41,6 +42,7 @@ from .errors import POLICY_FILE, AWSError, StaleCache, aws_errors, no_credential
 from .images import DLAMI_PARAMETER, ImagesMixin
 from .instances import REARM_PATH, USER_DATA_DONE, USER_DATA_WAIT_S, InstancesMixin, \
     power_off_minutes, user_data_wait_command
+from .inventory import InventoryMixin
 from .network import NetworkMixin
 from .pricing import PricingMixin
 from .results import ResultsStoreMixin
@@ -67,8 +69,9 @@ def assumed_role(arn: str) -> tuple[str, str] | None:
     return None
 
 
-class AWSProvider(ClusterMixin, InstancesMixin, NetworkMixin, ImagesMixin, PricingMixin,
-                  ResultsStoreMixin, VolumesMixin, AccountMixin, DatasetsMixin):
+class AWSProvider(ClusterMixin, InstancesMixin, BootMixin, InventoryMixin, NetworkMixin,
+                  ImagesMixin, PricingMixin, ResultsStoreMixin, VolumesMixin, AccountMixin,
+                  DatasetsMixin):
     name = "aws"
     DEFAULT_REGION, DEFAULT_SOURCE = DEFAULT_REGION, DEFAULT_SOURCE
 
