@@ -22,8 +22,6 @@ import hashlib
 import os
 import shlex
 import stat
-import subprocess
-import sys
 import time
 import unicodedata
 import uuid

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +17,8 @@ from .host import agent as agent_module
 from .host import safefile
 from .errors import HostError, MissingDependency, NotRegularFile
 from .gitignore import list_files
-from .hosts import (TAIL_WINDOW, TMUX_INSTALL_HINT, CommandFailed, Host, Result, bundle,
-                    last_lines, session_name)
+from .hosts import (TAIL_WINDOW, TMUX_INSTALL_HINT, CommandFailed, Host, Result, last_lines,
+                    session_name)
 
 
 class LocalHost(Host):

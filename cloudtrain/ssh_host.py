@@ -13,11 +13,10 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from . import config
 from .host import safefile
 from .errors import HostError, NotRegularFile
 from .gitignore import list_files
-from .hosts import CommandFailed, Host, Result, bundle, file_sizes, session_name
+from .hosts import CommandFailed, Host, Result, file_sizes, session_name
 
 # Deadlines for remote calls (audit F26: one hung host hung `status`, `down` and `down --all`).
 RUN_TIMEOUT_S = 300.0  # any command that does not say otherwise

@@ -7,9 +7,9 @@ import time
 
 from ...errors import CloudtrainError, HostError
 from ...hosts import default_tmux_socket
-from ...ssh_host import SSHHost
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint, not_up_reason
+from ...ssh_host import SSHHost
 from ...state import Job, Store
 from .errors import AUTH_ERRORS, AWSError, is_permission_error
 from .hostkeys import console_fingerprints, fingerprint, fingerprint_window

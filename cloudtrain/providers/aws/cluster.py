@@ -28,9 +28,9 @@ import time
 
 from ... import catalog
 from ...errors import CloudtrainError
-from ...ssh_host import SSHHost
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
+from ...ssh_host import SSHHost
 from ...state import Instance, Job, Store
 from .errors import CAPACITY_ERRORS, QUOTA_ERRORS, AWSError, AWSPlacementError, StaleCache
 from .instances import Attempt
