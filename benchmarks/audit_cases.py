@@ -708,7 +708,7 @@ RESTORE_CASES = [
     "file and folder", "10001 files", "bytes total lies", "timeout NaN", "file:// URL",
     "plan not JSON", "plan a list", "500 always", "a good plan (control)",
 ]
-# The job store reader (jobstore.fetch) against moto's S3, keys written as the instance's
+# The job store reader (jobstore_fetch.fetch) against moto's S3, keys written as the instance's
 # grant could
 HOSTILE_KEYS = ["../../x", "/abs", "a/../../../x", "C:x", "a\\..\\..\\x", "%2e%2e/x",
                 "new\nline", "\u202eexe.txt", "n" * 300, "checkpoints/../../../x"]

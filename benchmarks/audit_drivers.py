@@ -4,7 +4,7 @@ PYTHONPATH, never by hand.
 
     audit_drivers.py shard CASE DEST OUTSIDE        shards.extract_shard of a hostile tar
     audit_drivers.py manifest CASE                  shards.Manifest.from_json
-    audit_drivers.py jobstore CASE LOCAL OUTSIDE    jobstore.fetch from moto's S3 (in-process)
+    audit_drivers.py jobstore CASE LOCAL OUTSIDE    jobstore_fetch.fetch from moto's S3 (in-process)
 
 A refusal the code designed (the reader's own exception) is one line `Error: ...` and exit
 1; anything else propagates as a traceback, which the runner counts as one. `FLAW: ...` on
@@ -222,7 +222,7 @@ def drive_jobstore(case: str, local: str, outside: str) -> None:
     import boto3
     from moto import mock_aws
 
-    from cloudtrain.providers.aws import jobstore
+    from cloudtrain.providers.aws import jobstore_fetch
     from cloudtrain.errors import CloudtrainError
 
     from audit_cases import HOSTILE_KEYS
@@ -290,7 +290,7 @@ def drive_jobstore(case: str, local: str, outside: str) -> None:
         else:
             harness(f"no such job store case {case!r}")
         try:
-            result = jobstore.fetch(s3, BUCKET, job_id, local_dir, 1 << 30, owner_key=owner)
+            result = jobstore_fetch.fetch(s3, BUCKET, job_id, local_dir, 1 << 30, owner_key=owner)
         except CloudtrainError as exc:
             refused(exc.message if hasattr(exc, "message") else str(exc))
     for rel, why in result.skipped:

@@ -33,6 +33,7 @@ from moto.server import ThreadedMotoServer  # noqa: E402
 
 from cloudtrain.host import agent_upload  # noqa: E402
 from cloudtrain.providers.aws import jobstore  # noqa: E402
+from cloudtrain.providers.aws import jobstore_fetch  # noqa: E402
 from labs.credentials import CLIENT_CREDS  # noqa: E402
 from labs.loopback import free_port  # noqa: E402
 
@@ -127,11 +128,11 @@ def main() -> None:
                 result = agent_upload.upload_job(str(job), grant, timeout_s=300)
                 t1 = time.perf_counter()
                 assert result["ok"], result
-                small = jobstore.fetch(s3, bucket, JOB, Path(tmp) / f"s{run}", 1 << 30,
+                small = jobstore_fetch.fetch(s3, bucket, JOB, Path(tmp) / f"s{run}", 1 << 30,
                                        only=("status.json", "metrics.jsonl", "output.log"),
                                        owner_key=KEY)
                 t2 = time.perf_counter()
-                everything = jobstore.fetch(s3, bucket, JOB, Path(tmp) / f"f{run}", 1 << 30,
+                everything = jobstore_fetch.fetch(s3, bucket, JOB, Path(tmp) / f"f{run}", 1 << 30,
                                             owner_key=KEY)
                 t3 = time.perf_counter()
                 assert small.complete and everything.complete and not everything.skipped

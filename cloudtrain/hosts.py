@@ -7,8 +7,10 @@
     read(path, offset, end)       bytes [offset, end) of a (growing) file
 
 and, built on those, what every host does the same way: install the agent and start it in
-tmux, probe and stop a job through the agent, bring a tree of files home. `LocalHost` is this
-machine through subprocess; an SSH host implements the same verbs over one connection.
+tmux, probe and stop a job through the agent, bring a tree of files home. The hosts themselves
+are below: local_host.py (this machine, through subprocess), ssh_host.py (the same verbs over
+one SSH connection); host_kinds.py tells which one a stored record names. This module imports
+neither.
 
 Whatever comes back from a host (names, sizes, JSON, exit codes) is untrusted: code on the
 instance can write into the job's directory, and the instance has a public address.
@@ -19,11 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
-import shutil
 import stat
-import subprocess
-import sys
-import threading
 import time
 import unicodedata
 import uuid
@@ -32,11 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import config
 from . import hostdata
 from .host import agent as agent_module
-from .host import safefile
-from .errors import HostError, MissingDependency, NotRegularFile
+from .errors import HostError
 from .gitignore import list_files
 from .progress import Reporter, megabytes
 
@@ -68,12 +64,10 @@ class CommandFailed(HostError):
 
 TAIL_WINDOW = 1 << 20  # `logs --tail` looks at most this far back
 # Deadlines for remote calls (audit F26: one hung host hung `status`, `down` and `down --all`).
-RUN_TIMEOUT_S = 300.0  # any command that does not say otherwise
 PROBE_TIMEOUT_S = 20.0  # `agent.py probe` reads two small files
 STOP_EXTRA_S = 30.0  # `agent.py stop` waits the grace period, then this long at most
-STREAM_IDLE_S = 120.0  # a tar stream that moves no byte for this long is dead
 AGENT_START_TIMEOUT_S = 15.0  # from tmux new-session to the agent's first status.json
-AGENT_START_POLL_S = 0.1
+AGENT_START_POLL_S = 0.02  # one SFTP read of status.json a time: no process started
 # pull_tree bounds on what a host may make us walk.
 PULL_MAX_ENTRIES = 100_000
 PULL_MAX_DEPTH = 64
@@ -155,7 +149,7 @@ class PullResult:
             self.skipped.append((ascii(path)[1:-1], reason))
 
 
-def _sizes(local_dir: Path, files: list[str]) -> dict[str, int]:
+def file_sizes(local_dir: Path, files: list[str]) -> dict[str, int]:
     out = {}
     for rel in files:
         try:
@@ -169,7 +163,7 @@ def measure(local_dir: Path, include: tuple[str, ...] = (),
             files: list[str] | None = None) -> tuple[int, int]:
     """How many files, and bytes, a sync of local_dir sends at most (before `like` spares
     the unchanged ones); `files`: the list when it is known already."""
-    sizes = _sizes(Path(local_dir), list_files(local_dir, include) if files is None else files)
+    sizes = file_sizes(Path(local_dir), list_files(local_dir, include) if files is None else files)
     return len(sizes), sum(sizes.values())
 
 
@@ -280,13 +274,14 @@ class Host(ABC):
     def agent_path(self, jobdir: str) -> str:
         return f"{agent_dir(jobdir)}/agent.py"
 
-    def install_agent(self, jobdir: str) -> None:
+    def install_agent(self, jobdir: str, make: tuple[str, ...] = ()) -> None:
         """Put the agent where `start_agent`, `probe_job` and `stop_job` run it from:
-        `agent_dir(jobdir)`, skipped when that directory already holds the same files."""
+        `agent_dir(jobdir)`, skipped when that directory already holds the same files. The
+        directories in `make` (the job's) are created in the same round trip."""
         directory = agent_dir(jobdir)
         files = agent_files()
         want = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
-        if self._hashes(directory, list(want)) == want:
+        if self._make_and_hash(directory, list(want), make) == want:
             return
         for path in files:
             # Under a temporary name, then renamed: a probe running the agent at this moment
@@ -296,8 +291,10 @@ class Host(ABC):
             self._rename(tmp, f"{directory}/{path.name}")
 
     @abstractmethod
-    def _hashes(self, directory: str, names: list[str]) -> dict[str, str]:
-        """sha256 hex of each of these files in `directory` that exists (one round trip)."""
+    def _make_and_hash(self, directory: str, names: list[str], make: tuple[str, ...] = ()
+                       ) -> dict[str, str]:
+        """Create `make` and `directory` (with their parents), then the sha256 hex of each of
+        these files in `directory` that exists: one round trip."""
 
     @abstractmethod
     def _rename(self, src: str, dst: str) -> None:
@@ -342,7 +339,7 @@ class Host(ABC):
                 return
             if gone or time.monotonic() > deadline:
                 break
-            gone = not self.session_alive(job_id)  # then one last look at status.json
+            gone = self._agent_gone(job_id, pid)  # then one last look at status.json
             if not gone:
                 time.sleep(AGENT_START_POLL_S)
         self.run(self.tmux("kill-session", "-t", session_name(job_id)), check=False)
@@ -355,6 +352,10 @@ class Host(ABC):
 
     def session_alive(self, job_id: str) -> bool:
         return self.run(self.tmux("has-session", "-t", session_name(job_id)), check=False).ok
+
+    def _agent_gone(self, job_id: str, pid: int | None) -> bool:
+        """Whether the agent's tmux session ended (pid: the pane's process, the agent)."""
+        return not self.session_alive(job_id)
 
     def attach_argv(self, job_id: str) -> list[str]:
         return ["tmux", "-L", self.tmux_socket, "attach-session", "-t", session_name(job_id)]
@@ -541,446 +542,6 @@ class Host(ABC):
         return {"kind": type(self).__name__, "tmux_socket": self.tmux_socket}
 
 
-class LocalHost(Host):
-    """This machine. Commands run through bash; files are copied directly."""
-
-    name = "this machine"
-
-    def __init__(self, tmux_socket: str = "cloudtrain", python: str | None = None):
-        super().__init__(tmux_socket)
-        self.python = python or sys.executable
-
-    def run(self, command: str, check: bool = True, timeout: float | None = None) -> Result:
-        try:
-            proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as exc:
-            raise HostError(f"on {self.name}: `{command}` did not finish in {timeout:.0f} s") from exc
-        result = Result(command, proc.returncode, proc.stdout, proc.stderr)
-        if check and not result.ok:
-            raise CommandFailed(self, result)
-        return result
-
-    def require_tmux(self) -> None:
-        if shutil.which("tmux") is None:
-            raise MissingDependency("tmux is not installed on this machine", hint=TMUX_INSTALL_HINT)
-
-    def put(self, local: Path, remote: str) -> None:
-        Path(remote).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(local, remote)
-
-    def get(self, remote: str, local: Path) -> None:
-        if Path(remote).resolve() != Path(local).resolve():
-            Path(local).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(remote, local)
-
-    def write_text(self, remote: str, text: str, private: bool = False) -> None:
-        Path(remote).parent.mkdir(parents=True, exist_ok=True)
-        if private:
-            config.write_private(Path(remote), text)
-        else:
-            Path(remote).write_text(text)
-
-    def unpack(self, tar_path: Path, remote_dir: str,
-               sent: Callable[[int], None] | None = None) -> None:
-        """Extract a bundle() into remote_dir (with tar, as on a remote host)."""
-        Path(remote_dir).mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(["tar", "-x", "-C", remote_dir, "-f", str(tar_path)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise HostError(f"tar into {remote_dir} failed ({proc.returncode}): "
-                            f"{proc.stderr.strip()[-300:]}")
-        if sent is not None:
-            sent(Path(tar_path).stat().st_size)
-
-    def sync(self, local_dir: Path, remote_dir: str, like: str | None = None,
-             include: tuple[str, ...] = (), sent: Callable[[int], None] | None = None) -> int:
-        """Copy the files git would keep; unchanged files (size and mtime) are skipped."""
-        copied = done = 0
-        for rel in list_files(local_dir, include):
-            src, dst = Path(local_dir) / rel, Path(remote_dir) / rel
-            if sent is not None:
-                done += src.lstat().st_size
-                sent(done)
-            if src.is_symlink():
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                if dst.is_symlink() or dst.exists():
-                    dst.unlink()
-                os.symlink(os.readlink(src), dst)
-                continue
-            st = src.stat()
-            if dst.exists():
-                dt = dst.stat()
-                if dt.st_size == st.st_size and int(dt.st_mtime) == int(st.st_mtime):
-                    continue
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst)
-            copied += 1
-        return copied
-
-    def read(self, path: str, offset: int = 0, end: int | None = None) -> bytes:
-        # A job's files: a FIFO or a link to /dev/zero in their place is refused at once (F34).
-        try:
-            return safefile.read_regular(path, offset, end)
-        except FileNotFoundError:
-            return b""
-        except safefile.NotRegular as exc:
-            raise NotRegularFile(f"cannot read {path}: {exc.strerror}") from None
-        except OSError as exc:  # no permission, ...
-            raise HostError(f"cannot read {path}: {exc.strerror or exc}") from None
-
-    def tail(self, path: str, lines: int) -> tuple[bytes, int]:
-        try:
-            data, size = safefile.read_tail(path, TAIL_WINDOW)
-        except FileNotFoundError:
-            return b"", 0
-        except safefile.NotRegular as exc:
-            raise NotRegularFile(f"cannot read {path}: {exc.strerror}") from None
-        except OSError as exc:
-            raise HostError(f"cannot read {path}: {exc.strerror or exc}") from None
-        return last_lines(data, lines), size
-
-    def probe_job(self, jobdir: str, stale_after_s: float) -> dict:
-        # Same code the agent runs on remote hosts, without a process per job; what it read
-        # from the job directory is checked the same way.
-        return hostdata.clean_report(agent_module.probe(
-            jobdir, stale_after_s, session_name(Path(jobdir).name), self.tmux_socket))
-
-    def stop_job(self, jobdir: str, grace_s: float, wait: bool = True) -> dict | None:
-        return hostdata.clean_status(agent_module.stop(jobdir, grace_s, signal_only=not wait))
-
-    def _hashes(self, directory: str, names: list[str]) -> dict[str, str]:
-        found = {}
-        for name in names:
-            try:
-                found[name] = hashlib.sha256(Path(directory, name).read_bytes()).hexdigest()
-            except OSError:
-                pass
-        return found
-
-    def _rename(self, src: str, dst: str) -> None:
-        os.replace(src, dst)
-
-    def _listdir(self, path: str) -> list[tuple[str, int]]:
-        with os.scandir(path) as entries:
-            return [(e.name, e.stat(follow_symlinks=False).st_mode) for e in entries]
-
-    def _open_regular(self, path: str):
-        # A symlink or FIFO swapped in after the listing is neither followed nor waited on.
-        try:
-            return os.fdopen(safefile.open_regular(path), "rb")
-        except FileNotFoundError:
-            raise
-        except OSError:
-            return None
-
-    def describe(self) -> dict:
-        return {**super().describe(), "python": self.python}
-
-
-class _SFTPReader:
-    """An open remote file whose reads are guarded like every other SFTP call."""
-
-    def __init__(self, conn, path: str, f):
-        self.conn, self.path, self.f = conn, path, f
-
-    def read(self, n: int) -> bytes:
-        with self.conn.sftp_op(f"read {self.path}"):
-            return self.f.read(n)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            self.f.close()
-        except Exception:  # the connection may be what failed
-            pass
-
-
-class SSHHost(Host):
-    """A machine reached over SSH: every verb goes through one paramiko connection."""
-
-    def __init__(self, endpoint, tmux_socket: str = "cloudtrain", python: str = "python3"):
-        super().__init__(tmux_socket)
-        self.endpoint = endpoint
-        self.python = python
-        self.name = endpoint.label()
-        self._conn = None
-        self._home: str | None = None
-        self._has_rsync: bool | None = None
-
-    @property
-    def conn(self):
-        if self._conn is None:
-            from .ssh import Connection
-
-            self._conn = Connection(self.endpoint)
-            self.endpoint.host_key = self._conn.host_key  # pinned from now on
-        return self._conn
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def home(self) -> str:
-        if self._home is None:
-            self._home = self.run('printf %s "$HOME"').stdout
-        return self._home
-
-    def run(self, command: str, check: bool = True, timeout: float | None = None) -> Result:
-        """Every remote command has a deadline: `timeout`, else RUN_TIMEOUT_S."""
-        code, out, err = self.conn.exec(command, timeout=RUN_TIMEOUT_S if timeout is None
-                                        else timeout)
-        result = Result(command, code, out.decode("utf-8", "replace"),
-                        err.decode("utf-8", "replace"), out)
-        if check and not result.ok:
-            raise CommandFailed(self, result)
-        return result
-
-    def _into_dir(self, remote: str, write) -> None:
-        """Write over SFTP; create the directory (one more round trip) only if missing."""
-        try:
-            write()
-        except FileNotFoundError:
-            self.run(f"mkdir -p {shlex.quote(str(Path(remote).parent))}")
-            write()
-
-    def put(self, local: Path, remote: str) -> None:
-        def write():
-            with self.conn.sftp_op(f"put {remote}") as sftp:
-                sftp.put(str(local), remote)
-                sftp.chmod(remote, os.stat(local).st_mode & 0o777)
-
-        self._into_dir(remote, write)
-
-    def get(self, remote: str, local: Path) -> None:
-        Path(local).parent.mkdir(parents=True, exist_ok=True)
-        with self.conn.sftp_op(f"get {remote}") as sftp:
-            sftp.get(remote, str(local))
-
-    def write_text(self, remote: str, text: str, private: bool = False) -> None:
-        def write():
-            with self.conn.sftp_op(f"write {remote}") as sftp, sftp.open(remote, "w") as f:
-                if private:
-                    f.chmod(0o600)  # before the first byte is in it
-                f.write(text.encode())
-
-        self._into_dir(remote, write)
-
-    def read(self, path: str, offset: int = 0, end: int | None = None) -> bytes:
-        # A job's files (F34): LSTAT first, so that a FIFO (whose open would hang the host's
-        # sftp-server) or a link to /dev/zero (a read without end) is refused, not opened;
-        # then FSTAT on the handle, and no read past the size it had.
-        try:
-            with self.conn.sftp_op(f"read {path}") as sftp:
-                mode = sftp.lstat(path).st_mode or 0
-                if not stat.S_ISREG(mode):
-                    raise safefile.NotRegular(path, safefile.kind(mode))
-                with sftp.open(path, "rb") as f:
-                    attrs = f.stat()
-                    if not stat.S_ISREG(attrs.st_mode or 0):
-                        raise safefile.NotRegular(path, safefile.kind(attrs.st_mode or 0))
-                    stop = attrs.st_size if end is None else min(end, attrs.st_size)
-                    f.seek(offset)
-                    return f.read(max(stop - offset, 0))
-        except FileNotFoundError:
-            return b""
-        except HostError as exc:
-            if isinstance(exc.__cause__, safefile.NotRegular):
-                raise NotRegularFile(f"cannot read {path} on {self.name}: "
-                                     f"{exc.__cause__.strerror}") from None
-            raise
-
-    def _hashes(self, directory: str, names: list[str]) -> dict[str, str]:
-        out = self.run(f"cd {shlex.quote(directory)} 2>/dev/null && sha256sum -- "
-                       + " ".join(shlex.quote(n) for n in names) + " 2>/dev/null",
-                       check=False).stdout
-        found = {}
-        for line in out.splitlines():
-            digest, _, name = line.partition("  ")
-            if name in names:
-                found[name] = digest
-        return found
-
-    def _rename(self, src: str, dst: str) -> None:
-        with self.conn.sftp_op(f"rename {src}") as sftp:
-            sftp.posix_rename(src, dst)
-
-    def _listdir(self, path: str) -> list[tuple[str, int]]:
-        # SFTP READDIR answers with lstat attributes: a symlink is a symlink, not its target.
-        with self.conn.sftp_op(f"list {path}") as sftp:
-            return [(a.filename, a.st_mode or 0) for a in sftp.listdir_attr(path)]
-
-    def _open_regular(self, path: str):
-        with self.conn.sftp_op(f"open {path}") as sftp:
-            f = sftp.open(path, "rb")
-            # FSTAT on the open handle: what was opened, whatever the listing said. (A symlink
-            # swapped in would be followed on the host, but only to a file the host's own
-            # user can read anyway; the local side is what F2 protects.)
-            if not stat.S_ISREG(f.stat().st_mode or 0):
-                f.close()
-                return None
-        return _SFTPReader(self.conn, path, f)
-
-    def sync(self, local_dir: Path, remote_dir: str, like: str | None = None,
-             include: tuple[str, ...] = (), sent: Callable[[int], None] | None = None) -> int:
-        """rsync over this connection where both ends have rsync (hard-linking what is
-        unchanged since `like`), else a tar stream."""
-        files = list_files(local_dir, include)
-        self.run(f"mkdir -p {shlex.quote(remote_dir)}")
-        if not files:
-            return 0
-        if self._has_rsync is None:
-            self._has_rsync = (shutil.which("rsync") is not None
-                               and self.run("command -v rsync", check=False).ok)
-        if self._has_rsync:
-            return self._rsync(Path(local_dir), remote_dir, files, like, sent)
-        return self._tar(Path(local_dir), remote_dir, files, sent)
-
-    def _rsync(self, local_dir: Path, remote_dir: str, files: list[str],
-               like: str | None = None, sent: Callable[[int], None] | None = None) -> int:
-        relay = self.conn.relay()
-        extra = [f"--link-dest={like}"] if like else []
-        sizes = _sizes(local_dir, files) if sent is not None else {}
-        # NUL-separated names (git allows a newline in a name; audit F3 saw "ok\nsecret.txt"
-        # split into two entries and a gitignored secret.txt uploaded), and --protect-args so
-        # the remote shell never sees the paths. rsync names each file (--out-format) as it
-        # sends it: that is the progress.
-        names = "".join(f + "\0" for f in files).encode("utf-8", "surrogateescape")
-        err: list[bytes] = []
-        try:
-            proc = subprocess.Popen(
-                ["rsync", "-a", "--protect-args", *extra, "--from0", "--files-from=-",
-                 "--out-format=%n", "-e", relay.rsh(), f"{local_dir}/", f"remote:{remote_dir}/"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-            def feed() -> None:
-                try:
-                    proc.stdin.write(names)
-                    proc.stdin.close()
-                except OSError:  # rsync ended early: its exit code says why
-                    pass
-
-            threads = [threading.Thread(target=feed, daemon=True),
-                       threading.Thread(target=lambda: err.append(proc.stderr.read()),
-                                        daemon=True)]
-            for t in threads:
-                t.start()
-            timer = threading.Timer(3600, proc.kill)
-            timer.daemon = True
-            timer.start()
-            count = done = 0
-            try:
-                for raw in proc.stdout:
-                    line = raw.decode("utf-8", "replace").rstrip("\n")
-                    if line and not line.endswith("/"):
-                        count += 1
-                        if sent is not None:
-                            done += sizes.get(line, 0)
-                            sent(done)
-                code = proc.wait()
-            finally:
-                timer.cancel()
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            for t in threads:
-                t.join(5)
-        finally:
-            relay.close()
-        if code != 0:
-            stderr = b"".join(err).decode("utf-8", "replace")
-            raise HostError(f"rsync to {self.name}:{remote_dir} failed ({code}): "
-                            + (stderr.strip().splitlines() or ["no output"])[-1])
-        return count
-
-    def unpack(self, tar_path: Path, remote_dir: str,
-               sent: Callable[[int], None] | None = None) -> None:
-        """Stream a bundle() into remote_dir through one `tar -x` on this connection."""
-        def write(chan) -> None:
-            done = 0
-            with open(tar_path, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    chan.sendall(chunk)
-                    done += len(chunk)
-                    if sent is not None:
-                        sent(done)
-
-        self._tar_stream(remote_dir, write, mkdir=True)
-
-    def _tar(self, local_dir: Path, remote_dir: str, files: list[str],
-             sent: Callable[[int], None] | None = None) -> int:
-        import tarfile
-
-        def write(chan) -> None:
-            writer = chan.makefile("wb")
-            with tarfile.open(fileobj=writer, mode="w|") as tar:
-                done = 0
-                for rel in files:
-                    tar.add(local_dir / rel, arcname=rel, recursive=False)
-                    if sent is not None:
-                        done += (local_dir / rel).lstat().st_size
-                        sent(done)
-            writer.flush()
-
-        self._tar_stream(remote_dir, write)
-        return len(files)
-
-    def _tar_stream(self, remote_dir: str, write: Callable, mkdir: bool = False) -> None:
-        """`write(channel)` sends a tar stream to `tar -x -C remote_dir` on the host; then
-        its exit status. A stream has no overall deadline (its size is the user's), but a
-        host that stops taking bytes, or never reports tar's end, for STREAM_IDLE_S is given
-        up on. HostError if it broke or tar failed."""
-        where = shlex.quote(remote_dir)
-        chan = self.conn.open_exec((f"mkdir -p {where} && " if mkdir else "")
-                                   + f"tar -x -C {where}")
-        chan.settimeout(STREAM_IDLE_S)
-        try:
-            write(chan)
-            chan.shutdown_write()
-            if not chan.status_event.wait(STREAM_IDLE_S):
-                raise TimeoutError("no exit status")
-            code = chan.recv_exit_status()
-            err = chan.makefile_stderr("rb").read().decode("utf-8", "replace")
-        except (TimeoutError, OSError, EOFError) as exc:
-            raise HostError(f"tar into {self.name}:{remote_dir} stalled or broke: "
-                            f"{exc or type(exc).__name__}") from exc
-        finally:
-            chan.close()
-        if code != 0:
-            raise HostError(f"tar into {self.name}:{remote_dir} failed ({code}): {err.strip()}")
-
-    def ssh_argv(self, *remote: str, tty: bool = True) -> list[str]:
-        """The system ssh client, trusting only the pinned host key; a terminal on the host
-        for interactive use (`tty`), none for a command whose output is piped."""
-        from .config import home
-
-        ep = self.endpoint
-        known = home() / "known_hosts"
-        known.parent.mkdir(parents=True, exist_ok=True)
-        name = ep.host if ep.port == 22 else f"[{ep.host}]:{ep.port}"
-        lines = [l for l in (known.read_text().splitlines() if known.exists() else [])
-                 if not l.startswith(name + " ")]
-        if ep.host_key:
-            lines.append(f"{name} {ep.host_key}")
-        known.write_text("\n".join(lines) + "\n")
-        argv = ["ssh", "-t" if tty else "-T", "-p", str(ep.port), "-o", f"UserKnownHostsFile={known}",
-                "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes"]
-        if ep.key_path:
-            argv += ["-i", ep.key_path]
-        return argv + [f"{ep.user}@{ep.host}", *remote]
-
-    def attach_argv(self, job_id: str) -> list[str]:
-        return self.ssh_argv(self.tmux("attach-session", "-t", session_name(job_id)))
-
-    def describe(self) -> dict:
-        return {**super().describe(), "host": self.endpoint.host, "port": self.endpoint.port,
-                "user": self.endpoint.user, "key_path": self.endpoint.key_path,
-                "host_key": self.endpoint.host_key, "python": self.python}
-
-
 def close_quietly(host) -> None:
     """Close a host's connection, if it has one, ignoring that it may be broken already
     (that is usually why it is being forgotten)."""
@@ -990,19 +551,3 @@ def close_quietly(host) -> None:
             close()
         except Exception:  # noqa: BLE001 - already broken
             pass
-
-
-def from_description(info: dict) -> Host:
-    """The host a describe() record names (a job's `host`, a node's record): this machine,
-    or one reached over SSH with its pinned host key."""
-    kind = info.get("kind")
-    if kind == "LocalHost":
-        return LocalHost(info.get("tmux_socket") or "cloudtrain", info.get("python"))
-    if kind == "SSHHost" and info.get("host"):
-        from .ssh import Endpoint
-
-        endpoint = Endpoint(info["host"], info.get("port") or 22, info.get("user") or "ubuntu",
-                            info.get("key_path"), info.get("host_key"))
-        return SSHHost(endpoint, info.get("tmux_socket") or "cloudtrain",
-                       info.get("python") or "python3")
-    raise HostError(f"no way to reach a host recorded as {str(kind)[:40]!r}")

@@ -109,6 +109,7 @@ def data_push(directory, url, shard_mb, workers, region) -> None:
         report = providers.get("aws").push_dataset(root, bucket, prefix, shard_mb=shard_mb,
                                                    workers=workers, region=region,
                                                    progress=progress)
+    click.echo(catalog_views.push_report(report))
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from pathlib import Path
 from .. import config, datasets, hostdata, ledger, nodes, providers, state
 from ..host.job_status import metrics_tail, read_json
 from ..errors import CloudtrainError, HostError, NotRegularFile
-from ..hosts import LocalHost
+from ..local_host import LocalHost
 from ..spec import JobSpec
 from ..state import Job, Store
 from . import attempts, group, secrets

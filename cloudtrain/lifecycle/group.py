@@ -26,7 +26,9 @@ from typing import Callable, Iterator, TypeVar
 
 from .. import nodes, providers
 from ..errors import CloudtrainError
-from ..hosts import Host, LocalHost, close_quietly, from_description
+from ..host_kinds import from_description
+from ..hosts import Host, close_quietly
+from ..local_host import LocalHost
 from ..state import Job, Store
 
 T = TypeVar("T")

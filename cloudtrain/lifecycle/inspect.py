@@ -22,7 +22,8 @@ from typing import Iterator
 
 from .. import config, state
 from ..errors import CloudtrainError, HostError, UsageError
-from ..hosts import Host, LocalHost
+from ..hosts import Host
+from ..local_host import LocalHost
 from ..nodes import jobdir as node_jobdir
 from ..nodes import records
 from ..state import Job, Store

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import socket
 import tempfile
 import threading
@@ -186,12 +185,12 @@ def _acquire(a: _Launch, kept: Job | None) -> NodeGroup:
 
 
 def _prepare(nodes: NodeGroup, i: int) -> None:
-    """Steps mkdir and agent on node i: its job, checkpoint and data directories (one round
-    trip), and the agent (skipped where the same files are there)."""
-    host, jobdir = nodes.hosts[i], nodes.jobdirs[i]
-    host.run("mkdir -p " + " ".join(shlex.quote(d) for d in (
-        f"{jobdir}/checkpoints", f"{jobdir}/work", nodes.data_dirs[i])))
-    host.install_agent(jobdir)
+    """Steps mkdir and agent on node i: its job, checkpoint and data directories, made in
+    the round trip that looks at the agent, and the agent (skipped where the same files
+    are there)."""
+    jobdir = nodes.jobdirs[i]
+    nodes.hosts[i].install_agent(jobdir, make=(f"{jobdir}/checkpoints", f"{jobdir}/work",
+                                               nodes.data_dirs[i]))
 
 
 def _sync(a: _Launch, nodes: NodeGroup, kept: Job | None, source: Job | None) -> int:

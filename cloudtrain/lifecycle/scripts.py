@@ -23,7 +23,8 @@ import shlex
 from ..host import agent as agent_module
 from .. import config, datasets
 from ..errors import UsageError
-from ..hosts import Host, LocalHost, agent_dir
+from ..hosts import Host, agent_dir
+from ..local_host import LocalHost
 from ..nodes import torchrun_argv
 from ..spec import RECIPE, JobSpec
 from . import secrets

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from .. import config
 from ..errors import UsageError
-from ..hosts import Host, LocalHost
+from ..hosts import Host
+from ..local_host import LocalHost
 from ..spec import JobSpec
 from ..state import Job, Store
 from . import group

@@ -16,7 +16,9 @@ import time
 from .. import config
 from ..datasets import Staged
 from ..errors import ConfigError, HostError, MissingDependency, UsageError
-from ..hosts import Host, LocalHost, SSHHost, default_tmux_socket
+from ..hosts import Host, default_tmux_socket
+from ..local_host import LocalHost
+from ..ssh_host import SSHHost
 from ..progress import SILENT, Reporter
 from .base import Question
 from ..state import Instance, Job, Store

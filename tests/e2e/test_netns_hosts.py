@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from cloudtrain.hosts import SSHHost
+from cloudtrain.ssh_host import SSHHost
 from cloudtrain.ssh import Endpoint
 from labs.polling import wait_for
 from labs.netns import NetnsLab, cleanup_stale, netns_available

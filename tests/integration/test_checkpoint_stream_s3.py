@@ -29,7 +29,7 @@ from labs.aws import moto_endpoint  # noqa: F401  (fixture)
 from cloudtrain.host import agent_store, agent_upload, checkpoint_manifest, checkpoint_restore
 from cloudtrain.host import job_status
 from cloudtrain.host import checkpoint_stream as cs
-from cloudtrain.providers.aws import jobstore
+from cloudtrain.providers.aws import jobstore, jobstore_fetch
 from labs.credentials import CLIENT_CREDS
 
 REGION = "eu-west-1"
@@ -87,8 +87,8 @@ def _tree(root: Path, under: str = "") -> dict[str, bytes]:
 
 
 def _restore_into(s3, bucket, target: Path, tmp_path: Path) -> dict:
-    manifest = jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
-    plan = jobstore.restore_plan(s3, bucket, JOB, manifest, expires_s=600, owner_key=KEY)
+    manifest = jobstore_fetch.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
+    plan = jobstore_fetch.restore_plan(s3, bucket, JOB, manifest, expires_s=600, owner_key=KEY)
     plan_path = tmp_path / f"plan-{target.name}.json"
     plan_path.write_text(json.dumps(plan))
     return checkpoint_restore.restore(str(plan_path), str(target))
@@ -114,7 +114,7 @@ def test_streamed_checkpoints_restore_byte_identical_and_alternate_slots(s3, buc
     try:
         rec = _wait("the first upload", lambda: streamer.last)
         assert rec["ok"] and (rec["seq"], rec["slot"], rec["step"]) == (1, "a", 10), rec
-        manifest = jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
+        manifest = jobstore_fetch.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
         assert (manifest["seq"], manifest["slot"], manifest["step_source"]) == (1, "a",
                                                                                 "checkpoint")
         expected = _tree(job)
@@ -127,7 +127,7 @@ def test_streamed_checkpoints_restore_byte_identical_and_alternate_slots(s3, buc
         assert (rec["seq"], rec["slot"], rec["step"]) == (2, "b", 20)
     finally:
         streamer.stop(10)
-    assert jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)["slot"] == "b"
+    assert jobstore_fetch.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)["slot"] == "b"
     expected = _tree(job)
     status = _restore_into(s3, bucket, tmp_path / "new2", tmp_path)
     assert status["ok"] and (status["seq"], status["step"]) == (2, 20)
@@ -208,7 +208,7 @@ def test_a_partial_upload_is_never_used(s3, bucket, grant, proxy, tmp_path, cut)
     stored = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=STREAM + "b/")
               .get("Contents", [])]
     assert stored  # the other slot holds part of the new snapshot...
-    manifest = jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
+    manifest = jobstore_fetch.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
     assert (manifest["seq"], manifest["slot"], manifest["step"]) == (1, "a", 1)  # ...unnamed
     status = _restore_into(s3, bucket, tmp_path / "new", tmp_path)
     assert status["ok"] and status["step"] == 1
@@ -230,20 +230,20 @@ def test_tampered_objects_are_refused(s3, bucket, grant, tmp_path):
     assert sorted(p.name for p in (new / "checkpoints").iterdir()) == ["last.pt"]
 
     s3.put_object(Bucket=bucket, Key=key, Body=b"shorter")
-    with pytest.raises(jobstore.StreamError, match="stored with 7 bytes, not 19"):
-        jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
+    with pytest.raises(jobstore_fetch.StreamError, match="stored with 7 bytes, not 19"):
+        jobstore_fetch.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
     s3.delete_object(Bucket=bucket, Key=key)
-    with pytest.raises(jobstore.StreamError, match="is not stored in slot a"):
-        jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
+    with pytest.raises(jobstore_fetch.StreamError, match="is not stored in slot a"):
+        jobstore_fetch.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
     s3.put_object(Bucket=bucket, Key=STREAM + "latest.json", Body=b"{not json")
-    with pytest.raises(jobstore.StreamError, match="not JSON"):
-        jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
+    with pytest.raises(jobstore_fetch.StreamError, match="not JSON"):
+        jobstore_fetch.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
     s3.put_object(Bucket=bucket, Key=STREAM + "latest.json", Body=b" " * (2 << 20))
-    with pytest.raises(jobstore.StreamError, match="bytes"):
-        jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
+    with pytest.raises(jobstore_fetch.StreamError, match="bytes"):
+        jobstore_fetch.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
     s3.delete_object(Bucket=bucket, Key=STREAM + "latest.json")
-    assert jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY) is None
-    assert jobstore.latest_checkpoint(s3, "cloudtrain-999999999999-eu-west-1", JOB,
+    assert jobstore_fetch.latest_checkpoint(s3, bucket, JOB, owner_key=KEY) is None
+    assert jobstore_fetch.latest_checkpoint(s3, "cloudtrain-999999999999-eu-west-1", JOB,
                                       owner_key=KEY) is None
 
 
@@ -254,7 +254,7 @@ def test_fetch_ignores_the_stream_and_delete_removes_it(s3, bucket, grant, tmp_p
     (job / "status.json").write_text("{}")
     assert agent_upload.upload_job(str(job), grant, timeout_s=30)["ok"]
     out = tmp_path / "out"
-    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
+    fetched = jobstore_fetch.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
     assert fetched.complete and fetched.skipped == [] and fetched.streamed is None
     assert not [f for f in fetched.files if "stream" in f]
     assert _tree(out) == _tree(job, "") and not (out / "stream").exists()
@@ -262,7 +262,7 @@ def test_fetch_ignores_the_stream_and_delete_removes_it(s3, bucket, grant, tmp_p
     s3.delete_object(Bucket=bucket, Key=f"{PREFIX}manifest.json")
     for rel in _tree(job):
         s3.delete_object(Bucket=bucket, Key=f"{PREFIX}{rel}")
-    assert not jobstore.fetch(s3, bucket, JOB, tmp_path / "o2", limit_bytes=1 << 30,
+    assert not jobstore_fetch.fetch(s3, bucket, JOB, tmp_path / "o2", limit_bytes=1 << 30,
                               owner_key=KEY).found
     # latest.json and 4 files in slot a
     assert jobstore.delete_job(s3, bucket, JOB, owner_key=KEY) == 5
@@ -382,7 +382,7 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
     assert final["seconds"] < agent_store.SPOT_UPLOAD_S and final["bytes"] > 400000
     assert f"checkpoint {final['seq']} (step {last_step}," in log
 
-    manifest = jobstore.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
+    manifest = jobstore_fetch.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
     assert (manifest["seq"], manifest["slot"], manifest["step"]) == \
         (final["seq"], final["slot"], last_step)
     files = {f["path"]: f for f in manifest["files"]}
@@ -402,7 +402,7 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
 
     # `fetch` brings the job home with the streamed checkpoint in its place.
     out = tmp_path / "home"
-    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
+    fetched = jobstore_fetch.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
     assert fetched.complete and fetched.streamed == final["seq"], fetched.skipped
     assert (out / "checkpoints" / "last.pt").read_bytes() == local
     assert "checkpoints/checkpoint-info.json" in fetched.files

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import hosts
+from cloudtrain import hosts, ssh_host
 from cloudtrain.errors import HostError
-from cloudtrain.hosts import LocalHost, SSHHost
+from cloudtrain.local_host import LocalHost
+from cloudtrain.ssh_host import SSHHost
 from cloudtrain.ssh import Endpoint
 from conftest import TMUX_SOCKET
 from labs.polling import wait_for
@@ -320,7 +321,7 @@ def test_F26_a_host_that_freezes_after_opening_the_channel_still_times_out(host,
 
 
 def test_F26_a_tar_sync_into_a_frozen_host_gives_up(host, sshd, tmp_path, monkeypatch):
-    monkeypatch.setattr(hosts, "STREAM_IDLE_S", 1.0)
+    monkeypatch.setattr(ssh_host, "STREAM_IDLE_S", 1.0)
     src = tmp_path / "src"
     src.mkdir()
     (src / "big.bin").write_bytes(os.urandom(8 << 20))  # more than the channel's window
@@ -346,7 +347,7 @@ def test_F26_a_tar_sync_into_a_frozen_host_gives_up(host, sshd, tmp_path, monkey
 
 
 def test_F26_a_run_without_a_timeout_gets_the_default_deadline(host, monkeypatch):
-    monkeypatch.setattr(hosts, "RUN_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(ssh_host, "RUN_TIMEOUT_S", 1.0)
     with pytest.raises(HostError, match="did not finish in 1 s"):
         host.run("sleep 30")
 

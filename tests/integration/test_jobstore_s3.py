@@ -22,7 +22,7 @@ from botocore.awsrequest import AWSResponse
 
 from labs.aws import moto_endpoint  # noqa: F401  (fixture)
 from cloudtrain.host import agent_upload
-from cloudtrain.providers.aws import jobstore
+from cloudtrain.providers.aws import jobstore, jobstore_fetch
 from cloudtrain.errors import CloudtrainError
 from labs.credentials import CLIENT_CREDS
 
@@ -242,7 +242,7 @@ def test_round_trip_brings_back_identical_bytes_and_a_complete_manifest(s3, buck
                                                         "checkpoints/huge.bin"}
 
     out = tmp_path / "fetched"
-    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
+    fetched = jobstore_fetch.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
     assert fetched.complete and fetched.found
     assert sorted(fetched.skipped) == [
         ("checkpoints/huge.bin", "not uploaded: larger than the 1073741824-byte upload limit"),
@@ -252,7 +252,7 @@ def test_round_trip_brings_back_identical_bytes_and_a_complete_manifest(s3, buck
     assert sorted(fetched.files) == sorted(expected) and fetched.bytes == result["bytes"]
     assert fetched.files[:4] == ["job.json", "metrics.jsonl", "output.log", "status.json"]
 
-    only = jobstore.fetch(s3, bucket, JOB, tmp_path / "status", limit_bytes=1 << 20,
+    only = jobstore_fetch.fetch(s3, bucket, JOB, tmp_path / "status", limit_bytes=1 << 20,
                           only=("status.json", "output.log"), owner_key=KEY)
     assert sorted(only.files) == ["output.log", "status.json"]
 
@@ -265,20 +265,20 @@ def test_a_job_stored_before_owner_prefixes_still_reads_from_its_own_F32(s3, buc
                                   owner_key=None)
     assert grant["prefix"] == f"jobs/{JOB}/"
     assert agent_upload.upload_job(str(job), json.loads(json.dumps(grant)), timeout_s=30)["ok"]
-    old = jobstore.fetch(s3, bucket, JOB, tmp_path / "old", limit_bytes=1 << 30, owner_key=None)
+    old = jobstore_fetch.fetch(s3, bucket, JOB, tmp_path / "old", limit_bytes=1 << 30, owner_key=None)
     assert old.complete and _tree(tmp_path / "old") == _tree(job)
-    assert not jobstore.fetch(s3, bucket, JOB, tmp_path / "new", limit_bytes=1 << 30,
+    assert not jobstore_fetch.fetch(s3, bucket, JOB, tmp_path / "new", limit_bytes=1 << 30,
                               owner_key=KEY).found
     _upload(s3, bucket, job)  # the same job id under the owner's prefix
     assert jobstore.delete_job(s3, bucket, JOB, owner_key=KEY) == len(_tree(job)) + 1
-    assert jobstore.fetch(s3, bucket, JOB, tmp_path / "old2", limit_bytes=1 << 30,
+    assert jobstore_fetch.fetch(s3, bucket, JOB, tmp_path / "old2", limit_bytes=1 << 30,
                           owner_key=None).complete
 
 
 def test_nothing_stored_is_an_empty_result(s3, bucket, tmp_path):
-    fetched = jobstore.fetch(s3, bucket, JOB, tmp_path / "out", limit_bytes=1 << 20, owner_key=KEY)
+    fetched = jobstore_fetch.fetch(s3, bucket, JOB, tmp_path / "out", limit_bytes=1 << 20, owner_key=KEY)
     assert not fetched.found and not fetched.complete and fetched.files == []
-    missing = jobstore.fetch(s3, "cloudtrain-999999999999-eu-west-1", JOB, tmp_path / "o",
+    missing = jobstore_fetch.fetch(s3, "cloudtrain-999999999999-eu-west-1", JOB, tmp_path / "o",
                              limit_bytes=1 << 20, owner_key=KEY)
     assert not missing.found
 
@@ -287,7 +287,7 @@ def test_upload_without_its_manifest_is_reported_incomplete(s3, bucket, tmp_path
     job = _job(tmp_path)
     assert _upload(s3, bucket, job)["ok"]
     s3.delete_object(Bucket=bucket, Key=f"{PREFIX}manifest.json")  # cut before the end
-    fetched = jobstore.fetch(s3, bucket, JOB, tmp_path / "out", limit_bytes=1 << 30, owner_key=KEY)
+    fetched = jobstore_fetch.fetch(s3, bucket, JOB, tmp_path / "out", limit_bytes=1 << 30, owner_key=KEY)
     assert fetched.found and not fetched.complete and fetched.uploaded_at is None
     assert "status.json" in fetched.files  # what is there still comes home, unverified
 
@@ -301,7 +301,7 @@ def test_contents_that_differ_from_the_manifest_are_not_kept(s3, bucket, tmp_pat
     out = tmp_path / "out"
     out.mkdir()
     (out / "output.log").write_bytes(b"the copy fetched earlier")
-    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
+    fetched = jobstore_fetch.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
     assert fetched.complete
     assert ("output.log", "sha256 differs from the manifest") in fetched.skipped
     assert ("extra.sh", "not in the manifest") in fetched.skipped
@@ -325,7 +325,7 @@ def test_hostile_keys_are_skipped_and_nothing_lands_outside(s3, bucket, tmp_path
     out.mkdir(parents=True)
     (out / "linked").symlink_to(tmp_path)  # a link already in the folder leads out of it
 
-    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 20, owner_key=KEY)
+    fetched = jobstore_fetch.fetch(s3, bucket, JOB, out, limit_bytes=1 << 20, owner_key=KEY)
     assert fetched.files == ["status.json"] and not fetched.complete
     assert sorted(rel for rel, _ in fetched.skipped) == sorted(hostile)
     assert {why for _, why in fetched.skipped} == {"unsafe path"}
@@ -341,7 +341,7 @@ def test_checkpoint_over_the_limit_is_not_downloaded(s3, bucket, tmp_path):
     job = _job(tmp_path, checkpoint_bytes=2 << 20)
     assert _upload(s3, bucket, job)["ok"]
     out = tmp_path / "out"
-    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 20, owner_key=KEY)
+    fetched = jobstore_fetch.fetch(s3, bucket, JOB, out, limit_bytes=1 << 20, owner_key=KEY)
     assert fetched.complete and fetched.bytes <= 1 << 20
     [(rel, why)] = [s for s in fetched.skipped if not s[1].startswith("not uploaded")]
     assert rel == "checkpoints/epoch_2/model.pt" and "limit" in why
@@ -358,7 +358,7 @@ def test_an_object_that_grows_after_listing_is_stopped_while_downloading(s3, buc
         other.put_object(Bucket=bucket, Key=prefix + "output.log", Body=b"y" * (3 << 20))
     s3.meta.events.register("before-call.s3.HeadObject", grow)
     out = tmp_path / "out"
-    fetched = jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
+    fetched = jobstore_fetch.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
     assert fetched.files == [] and fetched.skipped[0][0] == "output.log"
     assert "more than the 1000 bytes listed" in fetched.skipped[0][1]
     assert list(out.iterdir()) == []
@@ -489,7 +489,7 @@ def test_named_outputs_go_up_after_the_checkpoints_and_come_back(s3, bucket, tmp
     assert skipped["../escape"] == "not a path inside the job directory"
     assert "checkpoints" not in skipped  # brought home anyway, once
     out = tmp_path / "fetched"
-    jobstore.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
+    jobstore_fetch.fetch(s3, bucket, JOB, out, limit_bytes=1 << 30, owner_key=KEY)
     assert (out / "work" / "results" / "sub" / "a.csv").read_text() == "x,y\n1,2\n"
     assert (out / "work" / "model.bin").read_bytes() == (job / "work" / "model.bin").read_bytes()
     assert not (out / "work" / "ignored.txt").exists()

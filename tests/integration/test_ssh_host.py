@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.errors import HostError
-from cloudtrain.hosts import CommandFailed, SSHHost
+from cloudtrain.hosts import CommandFailed
+from cloudtrain.ssh_host import SSHHost
 from cloudtrain.ssh import Endpoint, HostKeyMismatch
 from conftest import TMUX_SOCKET
 from labs.polling import wait_for

@@ -247,7 +247,7 @@ def test_F19_metrics_tail_skips_deep_and_non_object_rows(tmp_path):
 
 def _local_job(tmp_path, job_id: str, run_sh: str, python: str | None = None):
     """A job directory on this machine, laid out as launch makes it, agent installed."""
-    from cloudtrain.hosts import LocalHost
+    from cloudtrain.local_host import LocalHost
     from conftest import TMUX_SOCKET
 
     host = LocalHost(TMUX_SOCKET, python=python)

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cloudtrain.host import agent_upload, checkpoint_manifest, checkpoint_restore
 from cloudtrain.host import checkpoint_stream as cs
-from cloudtrain.providers.aws import jobstore
+from cloudtrain.providers.aws import jobstore_fetch
 
 PREFIX = "jobs/ab12cd34/"
 
@@ -544,23 +544,23 @@ def _valid() -> dict:
 
 
 def test_parse_manifest_accepts_a_valid_one_and_names_what_is_wrong():
-    assert jobstore.parse_manifest(json.dumps(_valid()).encode(), "ab12cd34") == _valid()
+    assert jobstore_fetch.parse_manifest(json.dumps(_valid()).encode(), "ab12cd34") == _valid()
     cases = [({"seq": 0}, "seq"), ({"seq": True}, "seq"), ({"slot": "c"}, "slot"),
              ({"version": 2}, "version"), ({"bytes": 7}, "bytes"), ({"final": 1}, "final"),
              ({"step": -1}, "step"), ({"step_source": "guess"}, "step_source"),
              ({"taken_at": float("nan")}, "taken_at"), ({"job_id": "other"}, "other")]
     for change, word in cases:
-        with pytest.raises(jobstore.StreamError, match=word):
-            jobstore.parse_manifest(json.dumps(dict(_valid(), **change)).encode(), "ab12cd34")
+        with pytest.raises(jobstore_fetch.StreamError, match=word):
+            jobstore_fetch.parse_manifest(json.dumps(dict(_valid(), **change)).encode(), "ab12cd34")
     twice = _valid()
     twice["files"].append(dict(twice["files"][0]))
     twice["bytes"] = 10
-    with pytest.raises(jobstore.StreamError, match="listed twice"):
-        jobstore.parse_manifest(json.dumps(twice).encode(), "ab12cd34")
+    with pytest.raises(jobstore_fetch.StreamError, match="listed twice"):
+        jobstore_fetch.parse_manifest(json.dumps(twice).encode(), "ab12cd34")
     nested = _valid()
     nested["files"].append({"path": "checkpoints/last.pt/x", "size": 0, "sha256": "c" * 64})
-    with pytest.raises(jobstore.StreamError, match="a file and as a folder"):
-        jobstore.parse_manifest(json.dumps(nested).encode(), "ab12cd34")
+    with pytest.raises(jobstore_fetch.StreamError, match="a file and as a folder"):
+        jobstore_fetch.parse_manifest(json.dumps(nested).encode(), "ab12cd34")
 
 
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
@@ -587,8 +587,8 @@ def test_parse_manifest_raises_only_stream_error_on_anything(data):
             doc[key] = value
         raw = json.dumps(doc).encode()
     try:
-        manifest = jobstore.parse_manifest(raw, "ab12cd34")
-    except jobstore.StreamError as exc:
+        manifest = jobstore_fetch.parse_manifest(raw, "ab12cd34")
+    except jobstore_fetch.StreamError as exc:
         assert "\n" not in exc.message
         return
     assert checkpoint_manifest.check_manifest(manifest) is None  # what comes back is a valid manifest

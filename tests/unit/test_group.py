@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from cloudtrain.hosts import LocalHost
+from cloudtrain.local_host import LocalHost
 from cloudtrain.lifecycle import group
 from cloudtrain.lifecycle.group import NodeGroup
 from cloudtrain.state import open_store

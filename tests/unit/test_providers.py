@@ -65,7 +65,8 @@ def compatible(want, got, returned: bool) -> bool:
 
 def test_compatible_refuses_what_does_not_fit():
     """The check below can fail: a wider return, another container, another class."""
-    from cloudtrain.hosts import Host, SSHHost
+    from cloudtrain.hosts import Host
+    from cloudtrain.ssh_host import SSHHost
 
     assert compatible(Host, SSHHost, returned=True)
     assert not compatible(SSHHost, Host, returned=True)

@@ -28,10 +28,10 @@ import time
 
 from ... import catalog
 from ...errors import CloudtrainError
-from ...hosts import SSHHost
 from ...market import Market
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
+from ...ssh_host import SSHHost
 from ...state import Instance, Job, Store
 from .errors import CAPACITY_ERRORS, QUOTA_ERRORS, AWSError, AWSPlacementError, StaleCache
 from .instances import Attempt
@@ -319,26 +319,9 @@ class ClusterMixin:
                     raise AWSError(f"run_instances of {n} nodes failed in {zone}: {exc.code}: "
                                    f"{exc.aws_message}", code=exc.code) from exc
                 raise
-            raws = sorted(response["Instances"], key=lambda r: r.get("AmiLaunchIndex", 0))
-            ids = [r["InstanceId"] for r in raws]
-            price = (catalog.get(spec.instance_type).price(region, "on-demand")
-                     if catalog.get(spec.instance_type) else None)
-            for i, raw in enumerate(raws):  # recorded before any waiting: every path ends them
-                store.add_instance(Instance(
-                    id=raw["InstanceId"], job_id=job.id, provider=self.name, region=region,
-                    zone=zone, instance_type=spec.instance_type, market=spec.market,
-                    state="requested",
-                    launched_at=raw["LaunchTime"].timestamp() if raw.get("LaunchTime")
-                    else time.time(), terminated_at=None,
-                    price_per_hour=price if spec.market == Market.ON_DEMAND else None,
-                    details={"subnet": subnet, "ami": boot["ami"], "key_name": boot["key_name"],
-                             "group": boot["group"], "disk_gb": disk,
-                             "disk_mbps": spec.disk_mbps, "node": i, "attempt": attempt,
-                             "placement_group": group,
-                             "efa_interfaces": efa["used"] if efa else 0,
-                             "attempts": [a.__dict__ for a in attempts]}))
-            store.add_event(job.id, "instance", detail=f"{n} nodes in {zone} ({group}): "
-                            + ", ".join(ids))
+            ids = self._record_cluster(store, job, spec, region, response["Instances"], {
+                "zone": zone, "subnet": subnet, "group": group, "disk": disk, "boot": boot,
+                "attempt": attempt, "efa": efa, "attempts": attempts})
             if len(ids) != n:  # EC2 honours MinCount; never go on with part of a cluster
                 self._give_back(store, region, ids)
                 raise AWSError(f"EC2 started {len(ids)} of the {n} instances asked for")
@@ -356,6 +339,34 @@ class ClusterMixin:
             f"no capacity for {n} x {spec.instance_type} ({spec.market}) in one AZ of {region}, "
             f"every AZ tried (nothing is left running): {tried}",
             hint="try later, fewer --nodes, --on-demand / --spot, or another --region")
+
+    def _record_cluster(self, store: Store, job: Job, spec, region: str, raws: list[dict],
+                        where: dict) -> list[str]:
+        """The instances one RunInstances started, recorded before any waiting (every path
+        ends them), each with its node rank in launch order; their ids. `where`: the zone,
+        subnet, placement group, disk, bootstrap, attempt, EFA and the AZs tried before."""
+        raws = sorted(raws, key=lambda r: r.get("AmiLaunchIndex", 0))
+        ids = [r["InstanceId"] for r in raws]
+        boot, efa = where["boot"], where["efa"]
+        price = (catalog.get(spec.instance_type).price(region, "on-demand")
+                 if catalog.get(spec.instance_type) else None)
+        for i, raw in enumerate(raws):
+            store.add_instance(Instance(
+                id=raw["InstanceId"], job_id=job.id, provider=self.name, region=region,
+                zone=where["zone"], instance_type=spec.instance_type, market=spec.market,
+                state="requested",
+                launched_at=raw["LaunchTime"].timestamp() if raw.get("LaunchTime")
+                else time.time(), terminated_at=None,
+                price_per_hour=price if spec.market == Market.ON_DEMAND else None,
+                details={"subnet": where["subnet"], "ami": boot["ami"],
+                         "key_name": boot["key_name"], "group": boot["group"],
+                         "disk_gb": where["disk"], "disk_mbps": spec.disk_mbps, "node": i,
+                         "attempt": where["attempt"], "placement_group": where["group"],
+                         "efa_interfaces": efa["used"] if efa else 0,
+                         "attempts": [a.__dict__ for a in where["attempts"]]}))
+        store.add_event(job.id, "instance", detail=f"{spec.nodes} nodes in {where['zone']} "
+                        f"({where['group']}): " + ", ".join(ids))
+        return ids
 
     def _give_back(self, store: Store, region: str, ids: list[str]) -> None:
         """Terminate a part of a cluster at once (it bills while the next AZ is tried)."""

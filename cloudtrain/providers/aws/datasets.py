@@ -107,9 +107,6 @@ def check_bucket(s3, bucket: str, region: str) -> None:
 def push(s3, root: Path, bucket: str, prefix: str, *, shard_bytes: int, workers: int,
          progress=None, region: str = "") -> PushReport:
     """Upload the tree at `root` as shards under `prefix`, then its manifest."""
-    from boto3.exceptions import S3UploadFailedError
-    from boto3.s3.transfer import TransferConfig
-
     started = time.monotonic()
     prefix = prefix.strip("/")
     report = PushReport(f"s3://{bucket}/{prefix}")
@@ -122,25 +119,80 @@ def push(s3, root: Path, bucket: str, prefix: str, *, shard_bytes: int, workers:
         raise CloudtrainError(f"nothing to push: {root} holds no files"
                               + (f" ({len(report.skipped)} left out)" if report.skipped else ""))
     check_bucket(s3, bucket, region)
-    transfer = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES,
-                              max_concurrency=PART_THREADS)
-    manifest_gone = threading.Lock()
-    state = {"manifest_deleted": False}
-    stop = threading.Event()  # Ctrl-C or a failure: running uploads end at their next chunk
+    entries = _upload_shards(_ShardUploader(s3, root, bucket, prefix), plans, workers, report,
+                             progress)
+    manifest = shards.Manifest.build(shard_bytes, [entries[i] for i in range(len(plans))])
+    s3.put_object(Bucket=bucket, Key=key(prefix, MANIFEST), Body=manifest.to_json().encode(),
+                  ContentType="application/json")
+    report.deleted = _delete_stale(s3, bucket, prefix, len(plans))
+    report.shards, report.files = len(plans), manifest.files
+    report.bytes, report.file_bytes = manifest.bytes, manifest.file_bytes
+    report.seconds = time.monotonic() - started
+    return report
 
-    def still_going(_sent: int = 0) -> None:
-        if stop.is_set():
+
+def _upload_shards(uploader: "_ShardUploader", plans: list, workers: int, report: PushReport,
+                   progress) -> dict[int, shards.ShardEntry]:
+    """Every shard through `workers` threads, counted in `report`; the entries by index. A
+    failure or Ctrl-C stops the uploads still running at their next chunk."""
+    entries: dict[int, shards.ShardEntry] = {}
+    with tempfile.TemporaryDirectory(prefix="cloudtrain-push-") as tmp, \
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="push") as pool:
+        pending = {pool.submit(uploader.one, p, tmp): p.index for p in plans}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_EXCEPTION)
+                for future in done:
+                    entry, uploaded = future.result()
+                    entries[pending.pop(future)] = entry
+                    report.uploaded += uploaded
+                    report.already += not uploaded
+                    report.uploaded_bytes += entry.bytes if uploaded else 0
+                    if progress:
+                        progress(len(entries), len(plans), "shards")
+        except ValueError as exc:  # a file changed while being pushed
+            uploader.stop.set()
+            pool.shutdown(cancel_futures=True)
+            raise CloudtrainError(str(exc), hint="push again once the tree is still") from None
+        except BaseException:
+            uploader.stop.set()
+            pool.shutdown(cancel_futures=True)
+            raise
+    return entries
+
+
+class _ShardUploader:
+    """One shard at a time, from any thread: skipped when the bucket holds the same bytes,
+    else written to a temporary file and uploaded. The old manifest is deleted before the
+    first shard is overwritten (a reader never pairs it with new shards)."""
+
+    def __init__(self, s3, root: Path, bucket: str, prefix: str):
+        from boto3.s3.transfer import TransferConfig
+
+        self.s3, self.root, self.bucket, self.prefix = s3, root, bucket, prefix
+        self.transfer = TransferConfig(multipart_threshold=PART_BYTES,
+                                       multipart_chunksize=PART_BYTES,
+                                       max_concurrency=PART_THREADS)
+        self.manifest_gone = threading.Lock()
+        self.manifest_deleted = False
+        self.stop = threading.Event()  # Ctrl-C or a failure: uploads end at their next chunk
+
+    def still_going(self, _sent: int = 0) -> None:
+        if self.stop.is_set():
             raise _PushStopped()
 
-    def before_overwrite() -> None:
-        with manifest_gone:
-            if not state["manifest_deleted"]:
-                s3.delete_object(Bucket=bucket, Key=key(prefix, MANIFEST))
-                state["manifest_deleted"] = True
+    def before_overwrite(self) -> None:
+        with self.manifest_gone:
+            if not self.manifest_deleted:
+                self.s3.delete_object(Bucket=self.bucket, Key=key(self.prefix, MANIFEST))
+                self.manifest_deleted = True
 
-    def one(plan: shards.ShardPlan, tmp: str) -> tuple[shards.ShardEntry, bool]:
-        target = shard_key(prefix, plan.name)
-        still_going()
+    def one(self, plan: shards.ShardPlan, tmp: str) -> tuple[shards.ShardEntry, bool]:
+        from boto3.exceptions import S3UploadFailedError
+
+        s3, bucket, root = self.s3, self.bucket, self.root
+        target = shard_key(self.prefix, plan.name)
+        self.still_going()
         stored = _head(s3, bucket, target)
         if stored is not None:
             entry = shards.write_shard(root, plan)  # hashed only, nothing on disk
@@ -150,11 +202,11 @@ def push(s3, root: Path, bucket: str, prefix: str, *, shard_bytes: int, workers:
         try:
             with open(path, "wb") as out:
                 entry = shards.write_shard(root, plan, out)
-            before_overwrite()
-            still_going()
+            self.before_overwrite()
+            self.still_going()
             # s3transfer aborts the multipart upload when the callback raises: no parts
             # are left billing in the bucket after a Ctrl-C.
-            s3.upload_file(path, bucket, target, Config=transfer, Callback=still_going,
+            s3.upload_file(path, bucket, target, Config=self.transfer, Callback=self.still_going,
                            ExtraArgs={"Metadata": {"sha256": entry.sha256},
                                       "ContentType": "application/x-tar"})
         except S3UploadFailedError as exc:  # boto3's wrapper around the ClientError
@@ -168,38 +220,6 @@ def push(s3, root: Path, bucket: str, prefix: str, *, shard_bytes: int, workers:
             if os.path.exists(path):
                 os.unlink(path)
         return entry, True
-
-    entries: dict[int, shards.ShardEntry] = {}
-    with tempfile.TemporaryDirectory(prefix="cloudtrain-push-") as tmp, \
-            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="push") as pool:
-        pending = {pool.submit(one, p, tmp): p.index for p in plans}
-        try:
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_EXCEPTION)
-                for future in done:
-                    entry, uploaded = future.result()
-                    entries[pending.pop(future)] = entry
-                    report.uploaded += uploaded
-                    report.already += not uploaded
-                    report.uploaded_bytes += entry.bytes if uploaded else 0
-                    if progress:
-                        progress(len(entries), len(plans), "shards")
-        except ValueError as exc:  # a file changed while being pushed
-            stop.set()
-            pool.shutdown(cancel_futures=True)
-            raise CloudtrainError(str(exc), hint="push again once the tree is still") from None
-        except BaseException:
-            stop.set()
-            pool.shutdown(cancel_futures=True)
-            raise
-    manifest = shards.Manifest.build(shard_bytes, [entries[i] for i in range(len(plans))])
-    s3.put_object(Bucket=bucket, Key=key(prefix, MANIFEST), Body=manifest.to_json().encode(),
-                  ContentType="application/json")
-    report.deleted = _delete_stale(s3, bucket, prefix, len(plans))
-    report.shards, report.files = len(plans), manifest.files
-    report.bytes, report.file_bytes = manifest.bytes, manifest.file_bytes
-    report.seconds = time.monotonic() - started
-    return report
 
 
 def _head(s3, bucket: str, target: str) -> tuple[int, str] | None:

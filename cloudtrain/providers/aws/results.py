@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from ... import catalog
-from . import jobstore
+from . import jobstore, jobstore_fetch
 from ...errors import CloudtrainError
 from ...state import Job, Store
 from .errors import _code, _message, aws_errors, client_error
@@ -153,7 +153,7 @@ class ResultsStoreMixin:
 
     def checkpoint_plan(self, store: Store, job: Job, expires_s: float) -> dict | None:
         """The job's latest checkpoint in the job store (streamed there by the agent as it was
-        written, jobstore.latest_checkpoint) as a restore plan for the new host: presigned
+        written, jobstore_fetch.latest_checkpoint) as a restore plan for the new host: presigned
         GETs, so the host needs no AWS credentials. None when none was stored; a manifest or
         object that does not check out raises (the relaunch says why)."""
         import botocore.exceptions
@@ -166,12 +166,12 @@ class ResultsStoreMixin:
         try:
             s3, bucket, account = self._job_store(region)
             owner_key = self._store_owner(store, job)
-            manifest = jobstore.latest_checkpoint(s3, bucket, job.id,
+            manifest = jobstore_fetch.latest_checkpoint(s3, bucket, job.id,
                                                   expected_owner=account or None,
                                                   owner_key=owner_key)
             if manifest is None:
                 return None
-            return jobstore.restore_plan(s3, bucket, job.id, manifest,
+            return jobstore_fetch.restore_plan(s3, bucket, job.id, manifest,
                                          int(min(expires_s, jobstore.GRANT_MAX_S)),
                                          owner_key=owner_key)
         except botocore.exceptions.ClientError as exc:
@@ -194,7 +194,7 @@ class ResultsStoreMixin:
         for region in sorted(regions):
             try:
                 s3, bucket, account = self._job_store(region)
-                got = jobstore.fetch(s3, bucket, job.id, Path(local), limit,
+                got = jobstore_fetch.fetch(s3, bucket, job.id, Path(local), limit,
                                      expected_owner=account or None, node=node,
                                      owner_key=owner_key)
             except botocore.exceptions.ClientError as exc:

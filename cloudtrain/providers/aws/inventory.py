@@ -1,0 +1,323 @@
+"""Inventory: the instances that are ours, found by tag in one region or every one the
+account has (sweep), terminated (release, terminate), reconciled with the store, and their
+end times for the bill."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ... import catalog
+from ...config import REGION_PATTERN, check_region
+from ...errors import CloudtrainError, MissingDependency, UsageError
+from ...state import Instance, Job, Store
+from ...market import Market
+from ..base import Sweep
+from .errors import aws_errors
+from .instances import UNANSWERED
+from .tags import LIVE_STATES, TAG_JOB, TAG_OWNER
+
+# How long release() keeps looking by tag for the instance of an unanswered RunInstances.
+RELEASE_LOOKUP_S = 60.0
+
+
+def ec2_transition_time(reason: str) -> float | None:
+    """EC2 puts the time of a stop or termination in StateTransitionReason:
+    'User initiated (2026-11-22 03:00:00 GMT)'."""
+    import calendar
+    import re
+
+    m = re.search(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)", reason or "")
+    if not m:
+        return None
+    return float(calendar.timegm(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")))
+
+
+
+# A sweep asks every region the owner can have instances in (F28): this many at once, and
+# for at most this long in all (a region that has not answered by then is said unchecked).
+SWEEP_WORKERS = 16
+SWEEP_WAIT_S = 60.0
+
+
+def _partition(region: str) -> str:
+    """The AWS partition a region is in: credentials of one never work in another."""
+    return "aws-cn" if region.startswith("cn-") else \
+        "aws-us-gov" if region.startswith("us-gov-") else "aws"
+
+
+class InventoryMixin:
+    """AWSProvider's instances by tag (needs self.call, self.client, self.settings and the
+    price lookups)."""
+
+    def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
+        """EC2's view of the job's instances: id -> {state, reason, terminated}."""
+        out = {}
+        for region in {i.region for i in store.instances(job.id) if i.region}:
+            for raw in self._query(region, {TAG_JOB: job.id}):
+                out[raw["InstanceId"]] = {"state": raw["State"]["Name"],
+                                          "reason": raw.get("StateReason", {}).get("Code", ""),
+                                          "message": raw.get("StateReason", {}).get("Message", "")}
+        return out
+
+    def _query(self, region: str, tags: dict[str, str | None], client=None) -> list[dict]:
+        filters = [{"Name": f"tag:{k}", "Values": [v]} if v else {"Name": "tag-key", "Values": [k]}
+                   for k, v in tags.items()]
+        out = []
+        paginator = (client or self.client("ec2", region)).get_paginator("describe_instances")
+        with aws_errors(region):
+            for page in paginator.paginate(Filters=filters):
+                for res in page["Reservations"]:
+                    out.extend(res["Instances"])
+        return out
+
+    def release(self, store: Store, job: Job, force: bool = False) -> None:
+        """Terminate what the job has: the recorded instances and anything tagged with its id
+        (a request whose answer was lost still started an instance). A --keep job's instance
+        stays until `cloudtrain down` (force)."""
+        events = [e.phase for e in store.events(job.id)]
+        # --keep keeps an instance that ran the job; one that never did (the launch failed or
+        # its launcher died, F14) goes like any other.
+        if (job.spec or {}).get("keep") and not force and job.state != "cancelled" \
+                and "running" in events:
+            return
+        recorded = store.instances(job.id)
+        regions = {i.region for i in recorded if i.region} or {self.region_of(job)}
+        # RunInstances went unanswered (timeout, dropped connection, 5xx, interrupted): an
+        # instance may exist that the store never heard of, and DescribeInstances is
+        # eventually consistent, so a seconds-old instance can be missing from a tag lookup.
+        # Look again, bounded, until it shows up (F12).
+        lost = UNANSWERED in events and not recorded
+        until = time.monotonic() + RELEASE_LOOKUP_S if lost else None
+        for region in regions:
+            ids = {i.id for i in recorded if i.region == region and i.state != "terminated"}
+            try:
+                ids |= self._find_by_tag(region, job.id, until)
+            except MissingDependency:
+                # No AWS credentials at all, nothing recorded and no request unanswered:
+                # this launch never reached EC2, there is nothing to look for.
+                if recorded or lost:
+                    raise
+            if ids:
+                self.call(region, "terminate_instances", InstanceIds=sorted(ids))
+            if int((job.spec or {}).get("nodes") or 1) > 1:
+                # Deleted here if its instances are gone already, else by the next cleanup
+                # (`down`, the next multi-node launch): a group in use cannot be deleted.
+                self.delete_placement_groups(region, job.id)
+            if any(d.get("kind") == "snapshot" for d in (job.spec or {}).get("datasets") or []):
+                # Attached volumes go with their instance; one the launch made but never
+                # attached (or attached without DeleteOnTermination) would bill on alone.
+                # By tag, not by record: a launcher killed right after CreateVolume
+                # recorded nothing.
+                self.delete_job_volumes(region, job.id)
+            for raw in self._query(region, {TAG_JOB: job.id}) if ids else []:
+                known = {i.id for i in store.instances(job.id)}
+                if raw["InstanceId"] not in known:  # found by tag only: record it now
+                    store.add_instance(Instance(
+                        id=raw["InstanceId"], job_id=job.id, provider=self.name, region=region,
+                        zone=raw.get("Placement", {}).get("AvailabilityZone"),
+                        instance_type=raw.get("InstanceType"), market=(job.spec or {}).get("market"),
+                        state="requested", launched_at=raw["LaunchTime"].timestamp(),
+                        terminated_at=None, price_per_hour=None, details={"found_by_tag": True}))
+        self.record_ends(store, job)
+
+    def _find_by_tag(self, region: str, job_id: str, until: float | None) -> set[str]:
+        """The job's instances not yet terminated, by its tag; with `until`, asked again
+        every poll_seconds until one shows up or that time passes."""
+        while True:
+            found = {r["InstanceId"] for r in self._query(region, {TAG_JOB: job_id})
+                     if r["State"]["Name"] != "terminated"}
+            if found or until is None or time.monotonic() >= until:
+                return found
+            time.sleep(self.settings.poll_seconds)
+
+    def record_ends(self, store: Store, job: Job) -> None:
+        """Termination times from EC2 (its state-transition reason carries the time), and for
+        spot instances the price history of their AZ over their life: what the bill uses."""
+        for inst in store.instances(job.id):
+            if inst.state == "terminated" and inst.terminated_at and not (
+                    inst.market == Market.SPOT and not (inst.details or {}).get("spot_history")):
+                continue
+            raw = {}
+            try:
+                raw = self._describe(inst.region, inst.id)
+            except Exception:  # gone from EC2's view (about an hour after termination)
+                pass
+            ended = ec2_transition_time(raw.get("StateTransitionReason", "")) or time.time()
+            fields = {"state": "terminated", "terminated_at": inst.terminated_at or ended}
+            if inst.market == Market.SPOT:
+                details = dict(inst.details or {})
+                try:
+                    details["spot_history"] = self.spot_history(
+                        inst.region, raw.get("Placement", {}).get("AvailabilityZone") or inst.zone,
+                        inst.instance_type, inst.launched_at, fields["terminated_at"])
+                except CloudtrainError:
+                    pass  # the cost stays an estimate; `cost-report --refresh` asks again
+                fields["details"] = json.dumps(details)
+            store.update_instance(inst.id, **fields)
+
+    def regions_in_use(self, store: Store | None) -> set[str]:
+        """The regions the store has instances in, plus the one launches use (the built-in
+        default included: it is where a job goes when nothing names a region, F28)."""
+        regions = {r["region"] for r in store.db.execute(
+            "SELECT DISTINCT region FROM instances WHERE provider = 'aws' AND region IS NOT NULL")
+        } if store is not None else set()
+        try:
+            regions.add(self.region())
+        except UsageError:
+            pass
+        return regions
+
+    def sweep_regions(self, store: Store | None) -> tuple[list[str], str]:
+        """Every region the owner can have instances in, and how they were chosen: the
+        regions enabled for the account (DescribeRegions, asked in the region launches use;
+        opt-in regions not enabled cannot hold instances). Without that answer, every region
+        cloudtrain itself could have used: the one launches use (the default included),
+        those config.yaml names, those the store knows, and the bundled catalog's."""
+        home = self.region()
+        try:
+            answer = self.call(home, "describe_regions")
+            named = [r.get("RegionName") for r in answer.get("Regions") or []]
+            regions = {r for r in named if isinstance(r, str) and REGION_PATTERN.fullmatch(r)
+                       and _partition(r) == _partition(home)}
+            if regions:
+                return sorted(regions | {home}), "the regions enabled for the account"
+            why = "it listed none"
+        except MissingDependency:
+            raise
+        except CloudtrainError as exc:
+            why = exc.message
+        regions = self.regions_in_use(store) | set(catalog.regions())
+        regions |= {r.strip() for r in f"{self.settings.region},{self.settings.regions}"
+                    .split(",") if REGION_PATTERN.fullmatch(r.strip())}
+        return sorted(regions), (f"DescribeRegions failed ({why}), so the regions cloudtrain "
+                                 "could have used")
+
+    def _sweep_client(self, region: str):
+        """An EC2 client for a sweep: from the one session every region shares (a session
+        per region costs half a second each), with short timeouts and few retries."""
+        key = ("ec2-sweep", region)
+        with self._sweep_lock:
+            if key not in self._clients:
+                from botocore.config import Config
+
+                check_region(region)
+                self._clients[key] = self.session().client("ec2", region_name=region, config=Config(
+                    retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5,
+                    read_timeout=20))
+            return self._clients[key]
+
+    def sweep(self, store: Store | None, ask) -> Sweep:
+        """ask(region) in every region of sweep_regions at once, SWEEP_WORKERS at a time, in
+        daemon threads: a region that never answers holds the command up SWEEP_WAIT_S at
+        most, and is then said to be unchecked like one whose call failed. `ask` makes only
+        AWS calls (the store is not shared between threads)."""
+        import queue
+        import threading
+
+        regions, chosen_by = self.sweep_regions(store)
+        todo: queue.SimpleQueue = queue.SimpleQueue()
+        for region in regions:
+            todo.put(region)
+        answers: dict[str, object] = {}
+        failures: dict[str, str] = {}
+        finished = threading.Semaphore(0)
+
+        def work() -> None:
+            while True:
+                try:
+                    region = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    answers[region] = ask(region)
+                except CloudtrainError as exc:
+                    failures[region] = exc.message
+                except Exception as exc:  # noqa: BLE001 - said as that region's failure
+                    failures[region] = f"{type(exc).__name__}: {exc}"
+                finished.release()
+
+        for _ in range(min(SWEEP_WORKERS, len(regions))):
+            threading.Thread(target=work, daemon=True, name="cloudtrain-sweep").start()
+        deadline = time.monotonic() + SWEEP_WAIT_S
+        for _ in regions:
+            if not finished.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                break
+        answers, failures = dict(answers), dict(failures)
+        unchecked = {r: failures.get(r) or f"no answer in {SWEEP_WAIT_S:g} s"
+                     for r in regions if r not in answers}
+        return Sweep(answers, sorted(answers), unchecked, chosen_by)
+
+    def _tagged(self, region: str, tags: dict[str, str | None]) -> list[dict]:
+        """_query for a sweep (its own clients)."""
+        return self._query(region, tags, self._sweep_client(region))
+
+    def orphans(self, store: Store) -> Sweep:
+        """Every live instance tagged as this owner's, in every region it can have one
+        (sweep), that no active job of the store holds (nor an ended --keep job, whose
+        instance is kept on purpose), and its dataset volumes left unattached: what `down
+        --all` terminates when the local state was lost or never learned of an instance
+        (F12, F28). Sweep.found is the list; Sweep.unchecked the regions not asked."""
+        held = {r["id"] for r in store.db.execute(
+            "SELECT id, job_id FROM instances WHERE provider = 'aws' AND state != 'terminated'")
+            if self._holds(store.job(r["job_id"]), store)}
+        owner = self.owner(self.region())
+
+        def ask(region: str) -> tuple[list[dict], list[dict]]:
+            return (self._tagged(region, {TAG_OWNER: owner}),
+                    self.dataset_volumes(region, owner, self._sweep_client(region)))
+
+        swept = self.sweep(store, ask)
+        out = []
+        for region in swept.regions:
+            instances, volumes = swept.found[region]
+            for raw in instances:
+                if raw["State"]["Name"] not in LIVE_STATES or raw["InstanceId"] in held:
+                    continue
+                tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+                out.append({"id": raw["InstanceId"], "region": region,
+                            "job": tags.get(TAG_JOB), "type": raw.get("InstanceType"),
+                            "state": raw["State"]["Name"],
+                            "launched_at": raw["LaunchTime"].timestamp()})
+            out += self.orphan_volumes(store, region, volumes)
+        swept.found = out
+        return swept
+
+    @staticmethod
+    def _holds(job: Job, store: Store) -> bool:
+        """Whether the job still holds its instance: it is active, or it ran with --keep
+        (kept for `launch --on` until `down`)."""
+        return job.active or (bool((job.spec or {}).get("keep"))
+                              and "running" in [e.phase for e in store.events(job.id)])
+
+    def terminate(self, region: str, ids: list[str]) -> None:
+        """Terminate these instances (the caller has decided they are ours and unused)."""
+        volumes = [i for i in ids if i.startswith("vol-")]
+        ids = [i for i in ids if not i.startswith("vol-")]
+        for volume in volumes:  # a dataset volume left unattached (volumes.py)
+            self.call(check_region(region), "delete_volume", VolumeId=volume)
+        if ids:
+            self.call(check_region(region), "terminate_instances", InstanceIds=sorted(ids))
+
+    def reconcile(self, store: Store) -> Sweep:
+        """Every instance tagged as ours in every region the owner can have one (sweep);
+        marks whether the store knows it, and updates the store's instance states.
+        Sweep.found is the list; Sweep.unchecked the regions that could not be asked."""
+        known = {r["id"]: r["job_id"] for r in store.db.execute(
+            "SELECT id, job_id FROM instances WHERE provider = 'aws'")}
+        swept = self.sweep(store, lambda region: self._tagged(region, {TAG_JOB: None}))
+        found = []
+        for region in swept.regions:
+            for raw in swept.found[region]:
+                tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+                state = raw["State"]["Name"]
+                found.append({"instance": raw["InstanceId"], "region": region, "state": state,
+                              "type": raw.get("InstanceType"), "job": tags.get(TAG_JOB),
+                              "tracked": raw["InstanceId"] in known,
+                              "launched_at": raw["LaunchTime"].timestamp()})
+                if raw["InstanceId"] in known and state == "terminated":
+                    store.db.execute(
+                        "UPDATE instances SET state = 'terminated', terminated_at = "
+                        "COALESCE(terminated_at, ?) WHERE id = ?", (time.time(), raw["InstanceId"]))
+        swept.found = found
+        return swept

@@ -1,0 +1,262 @@
+"""What a launch would do and cost, said before anything is bought: the dry run's rows
+(plan), the price rows and the most a job can cost (price_rows, at_most), and the question
+`launch` asks (question, warnings). Creates nothing; asks EC2 only with DryRun."""
+
+from __future__ import annotations
+
+from ... import catalog, cost
+from ...errors import CloudtrainError
+from ...market import Market
+from ..base import Question
+from .cluster import EFA_GROUP_NAME
+from .errors import POLICY_FILE, AWSError
+from .images import DLAMI_PARAMETER
+from .instances import power_off_minutes
+
+
+class PlanMixin:
+    """AWSProvider's dry run and price question (needs self.settings, self.preflight,
+    self.region_and_source, self.call and the network and image lookups)."""
+
+    def price_rows(self, spec, region: str | None = None) -> list[tuple[str, str]]:
+        """The instances' price and the most the job can cost, as the plan shows them and
+        `launch` asks about them."""
+        region = region or self.region(spec)
+        t = catalog.get(spec.instance_type) if spec.instance_type else None
+        price = t.price(region, spec.market) if t else None
+        if price is None:
+            return [("price", f"no {spec.market} price for {spec.instance_type} in {region} in "
+                              "the catalog")]
+        basis = catalog.on_demand_source(region) if spec.market == Market.ON_DEMAND \
+            else f"cheapest AZ: {catalog.spot_source(region)}"
+        n = max(1, int(spec.nodes or 1))
+        each = f"${price:.4f}/h ({basis})" if n == 1 else \
+            f"${price * n:.4f}/h for {n} nodes (${price:.4f}/h each; {basis})"
+        return [("price", each), ("at most", self.at_most(spec, t, region))]
+
+    def at_most(self, spec, t: catalog.InstanceType, region: str) -> str:
+        """The most the job can cost (U9), and what that assumes: every attempt (1 +
+        --max-restarts for a recovering spot job), each of its instances billed until
+        user-data powers it off (the max runtime + RUNTIME_MARGIN_MIN, whatever the agent
+        does), at the dearest price it may get (spot: the region's dearest AZ in the catalog,
+        or --max-price; a relaunch: the dearest place it may go, on demand with --fallback),
+        with its volumes (F29)."""
+        n = max(1, int(spec.nodes or 1))
+        minutes = power_off_minutes(spec.max_runtime_s)
+        attempts = 1 + spec.max_restarts if spec.recover else 1
+
+        def rate(where: str, market: str) -> float | None:  # an instance, USD/h
+            if market == Market.SPOT and spec.max_price is not None:  # never billed above it
+                return min(spec.max_price, t.on_demand.get(where) or spec.max_price)
+            return t.dearest(where, market)
+
+        first = rate(region, spec.market)
+        places = spec.relaunch_places(self.settings, region) if attempts > 1 else []
+        priced = {(r, m): rate(r, m) for r, m in places}
+        later = [p + self.volumes_per_hour(spec, r) for (r, m), p in priced.items()
+                 if p is not None]
+        volumes = self.volumes_per_hour(spec, region)
+        total = n * minutes / 60 * (first + volumes
+                                    + (attempts - 1) * max(later, default=first + volumes))
+        margin = minutes - int(spec.max_runtime_s // 60)
+        text = (f"${total:.2f}: " + ("one instance" if attempts == 1 else
+                                     f"{attempts} attempts (1 + {attempts - 1} restarts)")
+                + f" of up to {minutes} min" + (" each" if attempts > 1 else "")
+                + f" (the max runtime of {spec.max_runtime_s / 60:g} min + {margin} until "
+                  "user-data powers it off)" + (f" on each of {n} nodes" if n > 1 else ""))
+        if spec.market == Market.SPOT:
+            spot = max([first] + [p for (_, m), p in priced.items() if m == Market.SPOT and p])
+            text += (f", spot at up to ${spot:.4f}/h ("
+                     + ("--max-price" if spec.max_price is not None else
+                        "the dearest AZ in the catalog") + ")")
+            on_demand = [p for (_, m), p in priced.items() if m == Market.ON_DEMAND and p]
+            if on_demand:
+                text += (f", on-demand ({'up to ' if len(on_demand) > 1 else ''}"
+                         f"${max(on_demand):.4f}/h) after spot runs out")
+        unpriced = sorted({r for (r, _), p in priced.items() if p is None})
+        if unpriced:
+            text += f", relaunches in {', '.join(unpriced)} not counted (no catalog price)"
+        vols = "".join(f" and the {gb:g} GB volume of dataset {name}"
+                       for name, gb in self.snapshot_volumes(spec))
+        return (text + f", {'each ' if attempts > 1 else ''}with its "
+                f"{spec.root_gb(self.settings)} GB gp3 disk{vols} (${volumes:.4f}/h)")
+
+    def snapshot_volumes(self, spec) -> list[tuple[str, float]]:
+        """(dataset, GiB) of each volume made from an EBS snapshot for the job."""
+        return [(d["name"], int(((spec.staging or {}).get(d["name"]) or {}).get("bytes") or 0)
+                 / (1 << 30)) for d in spec.datasets if d["kind"] == "snapshot"]
+
+    def volumes_per_hour(self, spec, region: str) -> float:
+        """USD per hour of an instance's EBS volumes in `region`: the gp3 root volume with
+        its provisioned throughput and IOPS, and each dataset's snapshot volume with its."""
+        gp3 = catalog.gp3_price(region).per_gb_month
+        month = spec.root_gb(self.settings) * gp3 + (
+            cost.gp3_performance_per_month(spec.disk_mbps) if spec.disk_mbps else 0.0)
+        by_name = {d["name"]: d for d in spec.datasets}
+        for name, gb in self.snapshot_volumes(spec):
+            d = by_name[name]
+            month += gb * gp3 + cost.gp3_performance_per_month(
+                int(d.get("throughput") or cost.GP3_BASE_MBPS),
+                int(d.get("iops") or cost.GP3_BASE_IOPS))
+        return month / cost.HOURS_PER_MONTH
+
+    def question(self, spec) -> Question | None:
+        """What `launch` asks before creating paid resources (none for --on: the kept instance
+        bills already)."""
+        if spec.on_job:
+            return None
+        rows = dict(self.price_rows(spec))
+        at_most = f"; at most {rows['at most']}" if "at most" in rows else ""
+        what = f"a {spec.market} {spec.instance_type}" if spec.nodes <= 1 else \
+            f"{spec.nodes} {spec.market} {spec.instance_type} instances"
+        return Question(f"This launches {what} in {self.region(spec)}, "
+                        f"billed per second: {rows['price']}{at_most}.",
+                        self.warnings(spec, self.region(spec)))
+
+    def warnings(self, spec, region: str) -> list[str]:
+        """What the plan and the launch say before anything is bought (U23): a --max-price
+        below the catalog's cheapest spot price of the type there."""
+        t = catalog.get(spec.instance_type) if spec.instance_type else None
+        cheapest = t.price(region, "spot") if t is not None else None
+        if spec.market != Market.SPOT or spec.max_price is None or cheapest is None or \
+                spec.max_price >= cheapest:
+            return []
+        return [f"--max-price ${spec.max_price:g}/h is below the cheapest spot price of "
+                f"{t.name} in {region} (${cheapest:.4f}/h in the catalog): EC2 starts no "
+                "instance while spot costs more"]
+
+    # -- dry run ---------------------------------------------------------------------------------
+
+    def plan(self, spec) -> list[tuple[str, str]]:
+        """What launch would do, as (what, value) rows; creates nothing, bills nothing. With
+        credentials it also resolves AZs and AMI and asks EC2 (DryRun=True) whether
+        RunInstances would be allowed."""
+        facts = self.preflight(spec)
+        region, source = self.region_and_source(spec)
+        rows = [("backend", "aws"),
+                ("region", region + ("" if source == "--region" else f" ({source})"))]
+        if spec.on_job:
+            rows.append(("instance", f"the kept instance of job {spec.on_job} (--on): no "
+                                     "provisioning, only changed files synced"))
+            return rows
+        t = catalog.get(spec.instance_type)
+        rows += self._plan_machines(spec, facts, t)
+        rows.append(("market", spec.market + (f", max price ${spec.max_price}/h"
+                                              if spec.max_price is not None else "")))
+        rows += [("WARNING", warning) for warning in self.warnings(spec, region)]
+        rows += self.price_rows(spec, region)
+        rows += self._plan_lifecycle(spec, region)
+        return rows + self._plan_checks(spec, region)
+
+    def _plan_machines(self, spec, facts, t) -> list[tuple[str, str]]:
+        """The plan's rows about the machines: the instance type, each node and the
+        network between them, the processes on each."""
+        rows: list[tuple[str, str]] = []
+        if t is None:
+            gpus = f"{facts.gpus:g}x {facts.gpu}" if facts.gpus else "no GPU (--cpu-only)"
+            rows.append(("instance", f"{spec.instance_type}: {gpus} (not in the bundled "
+                                     "catalog: price unknown)"))
+        else:
+            rows.append(("instance", f"{t.name}: {t.gpus:g}x {t.gpu}, {t.vcpus:g} vCPU, "
+                                     f"{t.memory_gib:g} GiB"))
+        if facts.note:
+            rows.append(("note", facts.note))
+        if spec.nodes > 1:
+            rows.append(("nodes", f"{spec.nodes} instances in one AZ, one cluster placement "
+                                  f"group (created for the job, deleted after), all or none: "
+                                  f"a node that cannot be had releases the others and the "
+                                  f"next AZ is tried"))
+            efa = self.efa_plan(spec)
+            rows.append(("network", "TCP between the nodes (security group cloudtrain admits "
+                                    "its members); no EFA on " + spec.instance_type
+                         if efa is None else
+                         f"EFA, {efa['used']} interface{'s' if efa['used'] > 1 else ''} per "
+                         f"node (security group {EFA_GROUP_NAME}); NCCL over libfabric: "
+                         + " ".join(f"{k}={v}" for k, v in self.efa_environment(spec).items())
+                         + (f"; {efa['why']}" if efa["why"] else "")))
+        if spec.kind == "recipe" and (t is not None or facts.source == "EC2"):
+            procs = spec.processes(int(facts.gpus))
+            if spec.nodes > 1:
+                rows.append(("processes", f"{procs} per node x {spec.nodes} nodes = "
+                                          f"{procs * spec.nodes} (torchrun --nnodes "
+                                          f"{spec.nodes}, rendezvous at node 0)"))
+            else:
+                rows.append(("processes", f"{procs}" + (" (torchrun, one per GPU)" if procs > 1
+                                                        else "")))
+        elif spec.nodes > 1:
+            rows.append(("processes", f"your command on each of {spec.nodes} nodes, with "
+                                      "CLOUDTRAIN_NODES, CLOUDTRAIN_NODE_RANK, MASTER_ADDR and "
+                                      "MASTER_PORT set (start torchrun with them)"))
+        return rows
+
+    def _plan_lifecycle(self, spec, region: str) -> list[tuple[str, str]]:
+        """The plan's rows about the instance's life: its disk, when it powers off, where
+        the results go, what a spot interruption does."""
+        rows: list[tuple[str, str]] = []
+        disk = spec.root_gb(self.settings)
+        fast = ""
+        if spec.disk_mbps and spec.disk_mbps > cost.GP3_BASE_MBPS:  # for the data copy
+            fast = (f", {spec.disk_mbps} MB/s and {cost.gp3_iops_for(spec.disk_mbps)} IOPS "
+                    f"provisioned for the data copy (+$"
+                    f"{cost.gp3_performance_per_month(spec.disk_mbps) / cost.HOURS_PER_MONTH:.4f}"
+                    "/h)")
+        rows.append(("disk", f"{disk} GB gp3{fast}, encrypted, deleted with the instance"
+                     + (" (each node its own)" if spec.nodes > 1 else "")))
+        rows.append(("shutdown", "the agent powers the instance off after the job "
+                     + ("(no: --keep)" if spec.keep else f"(after {self.shutdown(spec)[1]:g} s)")
+                     + f"; user-data after {power_off_minutes(spec.max_runtime_s)} min"
+                     " regardless"))
+        rows.append(("results", self.results_plan(spec, region)))
+        if spec.recover:
+            where = "the other AZs of the region (cheapest spot price now first)" + (
+                ", then " + self.settings.regions if self.settings.regions else "") + (
+                ", then on-demand" if spec.fallback == Market.ON_DEMAND else "")
+            new = "a new instance" if spec.nodes <= 1 else \
+                f"{spec.nodes} new instances (an interruption of any node relaunches all)"
+            rows.append(("recovery", f"on a spot interruption the job continues from its last "
+                                     f"checkpoint (streamed to the job store) on {new}, at "
+                                     f"most {spec.max_restarts} times: {where}; "
+                                     "a supervisor on this machine does it"))
+        elif spec.market == Market.SPOT:
+            why = "--max-restarts 0" if spec.max_restarts == 0 else "--no-recover"
+            rows.append(("recovery", f"off ({why}): an interruption ends the job as "
+                                     "preempted"))
+        return rows
+
+    def _plan_checks(self, spec, region: str) -> list[tuple[str, str]]:
+        """The plan's rows that ask AWS (with credentials): the AZs to try, the AMI, and
+        whether RunInstances would be allowed (EC2 DryRun)."""
+        rows: list[tuple[str, str]] = []
+        if self.credentials(region) is None:
+            rows.append(("AMI", f"resolved at launch from SSM {DLAMI_PARAMETER}"
+                         if not spec.ami else spec.ami))
+            rows.append(("permissions", "not checked: no AWS credentials (this plan needs none)"))
+            return rows
+        step = "AZs to try"  # D31: a failure is said under the row it is about
+        try:
+            zones = self.subnets(region)
+            zones = self.order_zones(zones, spec.instance_type, region, spec.market)
+            rows.append((step, ", ".join(z[0] for z in zones)))
+            step = "AMI"
+            ami = self.resolve_ami(region, spec.ami)
+            rows.append((step, ami))
+            step = "permissions"
+            request = dict(ImageId=ami, InstanceType=spec.instance_type,
+                           MinCount=spec.nodes, MaxCount=spec.nodes,
+                           SubnetId=zones[0][1], DryRun=True)
+            if spec.market == Market.SPOT:
+                request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+                    "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+            try:
+                self.call(region, "run_instances", fail_fast=True, **request)
+                rows.append((step, "RunInstances: EC2 answered without DryRunOperation"))
+            except AWSError as exc:
+                if exc.code == "DryRunOperation":
+                    rows.append((step, "RunInstances allowed (EC2 DryRun)"))
+                elif exc.code == "UnauthorizedOperation":
+                    rows.append((step, f"RunInstances DENIED: attach {POLICY_FILE}"))
+                else:
+                    rows.append((step, f"RunInstances: {exc.code}: {exc.aws_message}"))
+        except CloudtrainError as exc:
+            rows.append((step, exc.message))
+        return rows
