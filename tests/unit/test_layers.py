@@ -51,6 +51,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("cloudtrain.job_views", "cloudtrain.catalog_views", "cloudtrain.plots",
      "cloudtrain.curves", "cloudtrain.recipes", "cloudtrain.ledger"),
     ("cloudtrain.providers.",),
+    ("cloudtrain.host_kinds",),
+    ("cloudtrain.local_host", "cloudtrain.ssh_host"),
     ("cloudtrain.hosts", "cloudtrain.ssh", "cloudtrain.nodes"),
     ("cloudtrain.datasets", "cloudtrain.preflight", "cloudtrain.progress",
      "cloudtrain.cells"),
