@@ -237,6 +237,7 @@ class AutoScalingLab:
         self.instances: dict[str, LabInstance] = {}  # every instance a group launched
         self.lost_zones: dict[str, dict[str, float]] = {}  # group -> AZ -> when it lost one
         self._retry_at: dict[str, float] = {}
+        self._unreplaced: dict[str, list[str]] = {}  # group -> lost instances, oldest first
         self._unsupported: set = set()
         # more of a user-data's environment (cloud-init gives it only PATH): how an instance
         # reaches the lab's AWS, as CLOUDTRAIN_UD_* reach user-data.sh's test paths
@@ -388,6 +389,7 @@ class AutoScalingLab:
                 for key in [k for k, a in backend.scheduled_actions.items()
                             if a.auto_scaling_group_name == name]:
                     del backend.scheduled_actions[key]  # they go with their group on AWS
+                lab._unreplaced.pop(name, None)
                 lab.event("group-deleted", group=name, force=force)
             return result
 
@@ -449,10 +451,13 @@ class AutoScalingLab:
 
     # --- launching ------------------------------------------------------------------------
     def _launch(self, group, count: int, replaces: list[str] | None = None) -> None:
-        replaces = list(replaces or [])
+        """Launch `count` instances for `group`; each takes the place of the first of
+        `replaces` (lost instances) left, which it removes."""
         for _ in range(count):
             try:
-                inst = self._launch_one(group, replaces.pop(0) if replaces else None)
+                inst = self._launch_one(group, replaces[0] if replaces else None)
+                if replaces:
+                    replaces.pop(0)
             except Exception as exc:  # noqa: BLE001 - AWS: a failed launch activity
                 self._retry_at[group.name] = time.time() + LAUNCH_RETRY_S
                 self.event("launch-failed", group=group.name, error=str(exc))
@@ -590,6 +595,11 @@ class AutoScalingLab:
                    and i.failed is None and i.state == "running"]
         for inst in gone:
             self._teardown(inst, inst.moto.state_reason.code or inst.state)
+        for inst in list(self.instances.values()):
+            if inst.host is None and inst.terminated_at is None and inst.state in IN_SERVICE_GONE:
+                inst.terminated_at = time.time()  # before it booted
+                self.event("terminated", instance=inst.id, group=inst.group, zone=inst.zone,
+                           reason=inst.moto.state_reason.code or inst.state, booted=False)
         for inst in new:
             self._boot(inst)
         for inst in list(self.instances.values()):
@@ -612,6 +622,7 @@ class AutoScalingLab:
                 if instance.state in ("stopped", "stopping"):
                     terminate_with_reason(instance.id, HEALTH_REASON)
                 self.lost_zones.setdefault(group.name, {})[instance.placement.zone] = now
+                self._unreplaced.setdefault(group.name, []).append(instance.id)
                 self.event("lost", group=group.name, instance=instance.id,
                            zone=instance.placement.zone, reason=instance.state_reason.code)
             if len(kept) != len(group.instance_states):
@@ -622,10 +633,7 @@ class AutoScalingLab:
             missing = (group.desired_capacity or 0) - len(group.active_instances())
             if missing <= 0 or now < self._retry_at.get(group.name, 0):
                 continue
-            lost = [i.id for i in self.instances.values() if i.group == group.name
-                    and i.state in IN_SERVICE_GONE and not any(
-                        j.replaces == i.id for j in self.instances.values())]
-            self._launch(group, missing, replaces=lost)
+            self._launch(group, missing, replaces=self._unreplaced.get(group.name))
 
     def _scheduled_actions(self, backend, now: float) -> None:
         for key, action in list(backend.scheduled_actions.items()):
@@ -700,7 +708,7 @@ class AutoScalingLab:
         cloud, ip = self.cloud, inst.ip
         if ip in cloud.net.hosts:
             if any(i.ip == ip and i.host is not None and i.terminated_at is None
-                   for i in self.instances.values()):
+                   for i in list(self.instances.values())):
                 return  # the address's last instance is still going: next tick
             inst.failed = f"{ip} is one of the lab's pre-declared hosts"
             self.event("boot-failed", instance=inst.id, error=inst.failed)

@@ -249,6 +249,31 @@ def test_shutdown_in_user_data_terminates_the_instance(lab):
                                                           ForceDelete=True)
 
 
+def test_the_labs_shutdown_command_on_an_instance_terminates_it(lab):
+    """The agent's power-off as the lab's config names it (cloud_lab's recorder, standing for
+    `sudo shutdown -h now`), run over SSH on a group's instance: the instance is terminated
+    as EC2 does on an OS power-off, the call recorded with the job dir it came from; the
+    group replaces the instance."""
+    _group(lab, "g9", SLEEPER)
+    (inst,) = lab.asg.wait_for_group("g9", 1)
+    from cloudtrain.hosts import SSHHost
+    from cloudtrain.ssh import Endpoint
+
+    ssh = SSHHost(Endpoint(inst.ip, 22, inst.sshd.user, str(lab.aws.key)))
+    ssh.run(f"CLOUDTRAIN_JOB_DIR=/jobs/x {lab.tmp / 'shutdown'}", check=True)
+    wait_for(lambda: _moto_state(lab, inst.id)["State"]["Name"] == "terminated", timeout=10,
+             what="its termination")
+    assert _moto_state(lab, inst.id)["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"
+    (request,) = lab.asg.log("power-off-request")
+    assert request["command"] == ["poweroff"] and request["jobdir"] == "/jobs/x"
+    assert not lab.log.exists()  # this machine's recorder was not the one that ran
+    (second,) = wait_for(lambda: [i for i in lab.asg.wait_for_group("g9", 1)
+                                  if i.id != inst.id], timeout=30, what="the replacement")
+    assert second.replaces == inst.id
+    _client(lab, "autoscaling").delete_auto_scaling_group(AutoScalingGroupName="g9",
+                                                          ForceDelete=True)
+
+
 def _rendered_user_data(shutdown_command: str = "sudo shutdown -h now") -> str:
     """infra/user-data.sh as the AWS provider renders it for a job of 60 min max runtime."""
     from cloudtrain.config import Settings
