@@ -245,7 +245,6 @@ class AutoScalingLab:
         # True: the fingerprint block comes before the user-data's output (not cloud-init's
         # order; for a test that wants the keys while a user-data still runs)
         self.keys_first = False
-        self.recorder = self.dir / "power-recorder"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="asg-lab", daemon=True)
         self._install(monkeypatch)
