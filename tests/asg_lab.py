@@ -51,7 +51,24 @@ that make a group do what AWS does for what cloudtrain relies on:
   boot-failed, user-data-start, user-data-exit, power-off-request, power-off, lost, terminated,
   scheduled-action, group-deleted, error.
 
-Start it with `cloud_lab(..., autoscaling=True)`: `lab.asg`. Addresses: moto hands out each
+Start it with `cloud_lab(..., autoscaling=True)`: `lab.asg`, an AutoScalingLab. For tests:
+
+    lab.asg.wait_for_group(name, n)    n live instances that ran their user-data (LabInstance)
+    lab.asg.live(name)                 the group's booted instances that run now
+    inst.ip, .zone, .host, .sshd, .replaces, .user_data_exit, .power_off_at
+    inst.path("/var/lib/x")            a path as the instance sees it; inst.enter(): a
+                                       command prefix that runs in it (nsenter)
+    lab.asg.console(id)                its console output (GetConsoleOutput's text)
+    lab.asg.log("launch", ...)         the events, each {"t", "event", ...}; errors(): the
+                                       lab's own failures (a test ends with none)
+    lab.asg.leftovers()                instances, volumes, spot requests, groups, launch
+                                       templates, lab hosts still up
+    lab.asg.kill_launching_machine()   the laptop closes (kill_launching_machine below)
+    lab.asg.user_data_env              more of each user-data's environment
+    lab.asg.placement = PlacementGroups(...).install(mp)   groups' PlacementGroup honoured
+    lab.take_back(instance), lab.imds.announce(ip)         EC2 takes a spot instance back
+
+Addresses: moto hands out each
 subnet's addresses in order (10.200.0.4, .5, ... in us-east-1a; .132, ... in us-east-1b) and
 reuses a terminated instance's; an instance whose address is one of the lab's pre-declared
 hosts (CloudLab's `hosts`) cannot boot (a boot-failed event), so give a lab with groups no
@@ -97,8 +114,9 @@ USER_HOME = "/home/ubuntu"  # the DLAMI's default user's home: the instance's ho
 IMDS_ADDRESS = "169.254.169.254"
 SHUTDOWN_REASON = ("Client.InstanceInitiatedShutdown",
                    "Client.InstanceInitiatedShutdown: Instance initiated shutdown")
-HEALTH_REASON = ("Server.ScheduledStop",  # what a group's health check leaves on a stopped one
-                 "Server.ScheduledStop: Stopped instance replaced by its Auto Scaling group")
+# a stopped instance, terminated by its group's health check (a TerminateInstances of AWS's)
+HEALTH_REASON = ("Client.UserInitiatedShutdown",
+                 "Client.UserInitiatedShutdown: User initiated shutdown")
 CLOUD_INIT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 IN_SERVICE_GONE = ("terminated", "shutting-down", "stopped", "stopping")
 

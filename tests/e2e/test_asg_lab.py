@@ -380,3 +380,62 @@ def test_kill_launching_machine_spares_the_instances(lab, ct_home):
             proc.wait()
     _client(lab, "autoscaling").delete_auto_scaling_group(AutoScalingGroupName="g8",
                                                           ForceDelete=True)
+
+
+def test_a_group_as_cloudtrain_makes_it_launches_spot_with_its_template(lab, monkeypatch):
+    """A MixedInstancesPolicy group (spot above an on-demand base of 0, two types) over a
+    template with a gp3 root volume, volume tags and instance-metadata tags, in a placement
+    group: its instances are spot of the first override's type, in the placement group, with
+    the template's volume (tagged, deleted with the instance: nothing left) and shutdown
+    behaviour; IMDS serves their tags; the placement group is in use until the group goes."""
+    from moto_placement import PlacementGroups
+
+    groups = PlacementGroups().install(monkeypatch)
+    lab.asg.placement = groups
+    ec2, asg = _client(lab, "ec2"), _client(lab, "autoscaling")
+    ec2.create_placement_group(GroupName="job-pg", Strategy="cluster")
+    ec2.create_launch_template(LaunchTemplateName="g10-lt", LaunchTemplateData={
+        "ImageId": lab.aws.ami, "InstanceInitiatedShutdownBehavior": "terminate",
+        "UserData": base64.b64encode(SLEEPER.encode()).decode(),
+        "MetadataOptions": {"HttpTokens": "required", "InstanceMetadataTags": "enabled"},
+        "BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {
+            "VolumeSize": 100, "VolumeType": "gp3", "Encrypted": True,
+            "DeleteOnTermination": True}}],
+        "TagSpecifications": [{"ResourceType": "volume",
+                               "Tags": [{"Key": "cloudtrain:job", "Value": "g10"}]}]})
+    asg.create_auto_scaling_group(
+        AutoScalingGroupName="g10", MinSize=2, MaxSize=2, DesiredCapacity=2,
+        PlacementGroup="job-pg",
+        VPCZoneIdentifier=",".join(lab.aws.subnets[z] for z in ZONES),
+        Tags=[{"Key": "cloudtrain:job", "Value": "g10", "PropagateAtLaunch": True}],
+        MixedInstancesPolicy={
+            "LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateName": "g10-lt",
+                                                               "Version": "$Latest"},
+                               "Overrides": [{"InstanceType": "g5.xlarge"},
+                                             {"InstanceType": "g6.xlarge"}]},
+            "InstancesDistribution": {"OnDemandBaseCapacity": 0,
+                                      "OnDemandPercentageAboveBaseCapacity": 0,
+                                      "SpotAllocationStrategy": "price-capacity-optimized"}})
+    pair = lab.asg.wait_for_group("g10", 2)
+    found = [_moto_state(lab, i.id) for i in pair]
+    assert {f["InstanceType"] for f in found} == {"g5.xlarge"}
+    assert {f.get("InstanceLifecycle") for f in found} == {"spot"}
+    assert {f["Placement"]["GroupName"] for f in found} == {"job-pg"}
+    volumes = ec2.describe_volumes()["Volumes"]
+    assert sorted(v["Size"] for v in volumes) == [100, 100]
+    assert all({"Key": "cloudtrain:job", "Value": "g10"} in v["Tags"] for v in volumes)
+    attr = ec2.describe_instance_attribute(InstanceId=pair[0].id,
+                                           Attribute="instanceInitiatedShutdownBehavior")
+    assert attr["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+    tags = lab.imds.metadata[pair[0].ip]
+    assert tags["/latest/meta-data/tags/instance/cloudtrain:job"] == "g10"
+    assert tags["/latest/meta-data/instance-life-cycle"] == "spot"
+    with pytest.raises(ClientError, match="InUse"):
+        ec2.delete_placement_group(GroupName="job-pg")
+    asg.delete_auto_scaling_group(AutoScalingGroupName="g10", ForceDelete=True)
+    lab.asg.wait_for_group("g10", 0, timeout=10)
+    ec2.delete_placement_group(GroupName="job-pg")
+    ec2.delete_launch_template(LaunchTemplateName="g10-lt")
+    assert lab.asg.leftovers() == {"instances": [], "volumes": [], "spot_requests": [],
+                                   "groups": [], "launch_templates": [], "hosts": []}
+    assert ec2.describe_volumes()["Volumes"] == []
