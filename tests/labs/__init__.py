@@ -16,6 +16,8 @@ rootdir-relative conftest, and the benchmarks put it there).
                     a fake IMDS, EC2's part in a spot reclaim (the e2e tests, benchmarks)
     imds            a fake instance metadata service (IMDSv2)
     pricing         a stand-in for the Price List Query API (fixture `price_list`)
+    asg             moto's Auto Scaling groups made to behave as AWS's (instances boot as
+                    namespace hosts and run their user-data, lost ones are replaced)
     moto_placement  placement groups, which moto lacks
     moto_quotas     EC2's Service Quotas, which moto lacks
     terminal        the real `cloudtrain` on a pseudo-terminal

@@ -36,6 +36,28 @@ echo "{\\"jobdir\\": \\"$CLOUDTRAIN_JOB_DIR\\", \\"at\\": $(date +%s)}" >> {log}
 """
 
 
+def terminate_with_reason(instance_id: str, reason: tuple[str, str], stop: bool = False) -> None:
+    """Terminate (or, with `stop`, stop) an instance in moto's backend as EC2 does by itself,
+    with EC2's state reason (code, message), as DescribeInstances then shows it."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ec2.models import ec2_backends
+    from moto.ec2.models.instances import StateReason
+
+    backend = ec2_backends[DEFAULT_ACCOUNT_ID][REGION]
+    # moto's terminate() writes "Client.UserInitiatedShutdown" after the state: a
+    # DescribeInstances served in between (the supervisor polls from another process)
+    # saw a user's shutdown, and the job failed instead of recovering (once, in CI). The
+    # instance takes EC2's reason first, and keeps it through terminate().
+    found = backend.get_instance(instance_id)
+    why = StateReason(reason[1], reason[0])
+    found.__class__ = type("Reclaimed", (type(found),), {
+        "state_reason": property(lambda self: why, lambda self, value: None)})
+    if stop:
+        backend.stop_instances([instance_id])
+    else:
+        backend.terminate_instances([instance_id])
+
+
 class CloudLab:
     """Namespace instances (`hosts`: their addresses, each in the AZ whose subnet holds it),
     moto on the bridge, the fake IMDS, and what the test does as EC2."""
@@ -51,6 +73,7 @@ class CloudLab:
         self.imds = FakeIMDS(host=BRIDGE, role=None)
         self.hosts, self.sshds, self.homes = {}, {}, {}
         self.host_env: dict[str, str] = {}  # more of each host's environment (start())
+        self.asg = None  # the AutoScalingLab, when cloud_lab(autoscaling=True) made one
         # tmux's socket path must fit a Unix socket's 108 bytes: a short folder under /tmp
         self.tmux_root = Path(tempfile.mkdtemp(prefix="ctr-", dir="/tmp"))
         no_tmux = self._path_without_tmux()
@@ -114,20 +137,7 @@ class CloudLab:
     def take_back(self, instance: dict, reason: tuple[str, str] = SPOT_REASON) -> None:
         """EC2 reclaims the spot instance (or, with another `reason`, an instance fails):
         its processes and disk go, it is terminated with that reason."""
-        from moto.core import DEFAULT_ACCOUNT_ID
-        from moto.ec2.models import ec2_backends
-        from moto.ec2.models.instances import StateReason
-
-        backend = ec2_backends[DEFAULT_ACCOUNT_ID][REGION]
-        # moto's terminate() writes "Client.UserInitiatedShutdown" after the state: a
-        # DescribeInstances served in between (the supervisor polls from another process)
-        # saw a user's shutdown, and the job failed instead of recovering (once, in CI). The
-        # instance takes EC2's reason first, and keeps it through terminate().
-        found = backend.get_instance(instance["InstanceId"])
-        why = StateReason(reason[1], reason[0])
-        found.__class__ = type("Reclaimed", (type(found),), {
-            "state_reason": property(lambda self: why, lambda self, value: None)})
-        backend.terminate_instances([instance["InstanceId"]])
+        terminate_with_reason(instance["InstanceId"], reason)
         ip = instance["PrivateIpAddress"]
         self.hosts[ip].close()  # sshd, agent, job, its tmux: every process in the namespace
         for socket in (self.tmux_root / ip).glob("tmux-*/*"):  # and its tmux server
@@ -182,15 +192,23 @@ class CloudLab:
 
 
 @contextlib.contextmanager
-def cloud_lab(cli, ct_home: Path, tmp: Path, monkeypatch, hosts: list[str], tmux_socket: str):
+def cloud_lab(cli, ct_home: Path, tmp: Path, monkeypatch, hosts: list[str], tmux_socket: str,
+              autoscaling: bool = False):
     """A CloudLab of `hosts` for one test or benchmark run, jobs on their own tmux server
-    here; everything it made is gone afterwards."""
+    here; everything it made is gone afterwards. With `autoscaling`, `lab.asg` makes moto's
+    Auto Scaling groups behave as AWS's (tests/labs/asg.py)."""
     monkeypatch.setenv("CLOUDTRAIN_TMUX_SOCKET", tmux_socket)
     with NetnsLab(tmp / "netns") as net:
         lab = CloudLab(net, tmp, cli, ct_home, monkeypatch, hosts)
         try:
+            if autoscaling:
+                from labs.asg import AutoScalingLab
+
+                lab.asg = AutoScalingLab(lab, monkeypatch).start()
             yield lab
         finally:
+            if lab.asg is not None:
+                lab.asg.close()
             lab.close()
             subprocess.run(["tmux", "-L", tmux_socket, "kill-server"], capture_output=True)
 

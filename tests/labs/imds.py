@@ -1,6 +1,7 @@
 """A fake EC2 instance metadata service (IMDSv2) for tests of what an instance reads with its
 role: a session token for a PUT carrying a TTL header; for GETs carrying that token, the
-role's name and its credentials. It records (method, path, TTL or token header) of every
+role's name and its credentials, and per host (by client address) its own role and more
+metadata (`roles`, `metadata`). It records (method, path, TTL or token header) of every
 request in `seen`, so a test can check that none went without the token, and the client
 address of each in `clients` (a namespace host's own address, in the e2e tests)."""
 
@@ -26,6 +27,12 @@ class FakeIMDS:
         # {client address: notice}: what spot/instance-action answers that host (404 for
         # every other, as for an instance with no interruption scheduled)
         self.spot_actions: dict[str, dict] = {}
+        # {client address: role}: that host's role, None for a host without an instance
+        # profile; a host not listed has `role`
+        self.roles: dict[str, str | None] = {}
+        # {client address: {path: text}}: more metadata that host reads (instance-id,
+        # placement/availability-zone, ...); a path not listed is a 404
+        self.metadata: dict[str, dict[str, str]] = {}
         self.clients: list[str] = []  # in step with `seen`
         lock = threading.Lock()
         creds = creds or {"AccessKeyId": "ASIAROLEKEY", "SecretAccessKey": "role/secret",
@@ -60,16 +67,21 @@ class FakeIMDS:
                     imds.clients.append(self.client_address[0])
                 if got != token:
                     return self.answer(401)
+                client = self.client_address[0]
                 if self.path == SPOT_PATH:
-                    notice = imds.spot_actions.get(self.client_address[0])
+                    notice = imds.spot_actions.get(client)
                     return self.answer(200, json.dumps(notice).encode()) if notice \
                         else self.answer(404)
-                if role and self.path == CREDS_PATH:
-                    return self.answer(200, role.encode() + b"\n")
-                if role and self.path == CREDS_PATH + role:
+                host_role = imds.roles[client] if client in imds.roles else role
+                if host_role and self.path == CREDS_PATH:
+                    return self.answer(200, host_role.encode() + b"\n")
+                if host_role and self.path == CREDS_PATH + host_role:
                     return self.answer(200, json.dumps(dict(
                         creds, Code="Success", Type="AWS-HMAC",
                         Expiration=expiration)).encode())
+                text = imds.metadata.get(client, {}).get(self.path)
+                if text is not None:
+                    return self.answer(200, text.encode())
                 self.answer(404)
 
         self.url, self.server = serve(Handler, host)

@@ -372,3 +372,16 @@ class NetnsLab:
         _ip(*inside, "link", "set", "dev", "eth0", "up")
         _ip(*inside, "route", "add", "default", "via", str(GATEWAY))
         return host
+
+    def remove_host(self, ip: str) -> None:
+        """Take one host away (an instance terminated): its processes, namespace and veth go,
+        and its address may be given to a new host."""
+        host = self.hosts.pop(ip)
+        try:
+            host.close()
+        finally:
+            if _link_exists(host.veth):
+                _ip("link", "del", "dev", host.veth)
+            _delete_netns(host.name)
+            self._links.remove(host.veth)
+            self._namespaces.remove(host.name)

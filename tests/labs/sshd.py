@@ -53,13 +53,15 @@ class SSHD:
         with open(self.authorized, "a") as f:
             f.write(public_line.strip() + "\n")
 
+    def argv(self) -> list[str]:
+        """The command that runs this sshd (inside its network namespace, if it has one)."""
+        cmd = [SSHD_BIN, "-D", "-e", "-f", str(self.config)]
+        return ["ip", "netns", "exec", self.netns, *cmd] if self.netns else cmd
+
     def start(self) -> "SSHD":
         os.makedirs("/run/sshd", exist_ok=True)
-        cmd = [SSHD_BIN, "-D", "-e", "-f", str(self.config)]
-        if self.netns:
-            cmd = ["ip", "netns", "exec", self.netns, *cmd]
         self.log = open(self.dir / "sshd.log", "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.argv(), stdout=self.log, stderr=subprocess.STDOUT)
         wait_for(self._listening, timeout=10, interval=0.05, what="sshd to start listening")
         return self
 
