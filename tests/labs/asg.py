@@ -462,7 +462,7 @@ class AutoScalingLab:
         from moto.autoscaling.models import autoscaling_backends
         from moto.core import DEFAULT_ACCOUNT_ID
 
-        from aws_lab import REGION
+        from labs.credentials import REGION
 
         return autoscaling_backends[DEFAULT_ACCOUNT_ID][REGION]
 
@@ -898,7 +898,7 @@ class AutoScalingLab:
         except OSError:
             out = ""
         out = out.replace("\r\n", "\n").replace("\n", "\r\n")
-        from aws_lab import AWSLab
+        from labs.aws import AWSLab
 
         keys = AWSLab.fingerprint_block(inst.sshd.host_key).split("\r\n", 1)[1]
         if self.keys_first:
