@@ -6,6 +6,8 @@ It may call watch, collect, group and lease.
     cancel(store, settings, refs, every)  stop jobs (and with --all, the untracked ones)
     down_targets(store)                   what `down --all` stops
     holds_instance(store, job)            an ended job that still holds a (kept) instance
+    holds_group(store, job)               ... or an Auto Scaling group (it deletes the group
+                                          before it terminates anything)
     reconcile(store)                      every instance tagged as ours, and whether we know it
 """
 
@@ -97,14 +99,17 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
 def down_targets(store: Store) -> list[Job]:
     """What `down --all` stops: every active job, and --keep jobs that ended but still hold
     an instance."""
-    return store.jobs(active_only=True) + [j for j in store.jobs()
-                                           if not j.active and holds_instance(store, j)]
+    return store.jobs(active_only=True) + [
+        j for j in store.jobs() if not j.active and (holds_instance(store, j)
+                                                     or holds_group(store, j))]
 
 
 def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -> StopOutcome:
     """One job: a bounded graceful stop where it runs, then release whatever happens."""
     if not job.active and holds_instance(store, job):
         return _release_outcome(store, job, True, f"{job.state}; its kept instance terminated")
+    if not job.active and holds_group(store, job):  # an Auto Scaling group may start more
+        return _release_outcome(store, job, True, job.state)
     try:
         job = refresh(store, settings, job)
     except Exception as exc:  # the cloud or host misbehaving must not keep it billing
@@ -141,15 +146,40 @@ def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -
 
 def _release_outcome(store: Store, job: Job, stopped: bool, note: str,
                      collect: bool = True) -> StopOutcome:
+    """The job's Auto Scaling group deleted first (it would replace what is terminated
+    next), then its instances released; a group that could not be deleted is said, and
+    its instances are terminated all the same."""
+    failed = None
     try:
+        with lease.uninterruptible("deleting the job's auto scaling group"):
+            deleted, failed = _delete_groups(store, job)
+        if deleted:
+            note += f"; its auto scaling group {', '.join(deleted)} deleted"
         with lease.uninterruptible("terminating the job's instance"):
             finish(store, job, collect=collect, force=True)
     except Exception as exc:
         message = exc.message if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
-        return StopOutcome(job.id, store.job(job.id), stopped,
-                           f"{note}; RELEASE FAILED, its instance may still be running: {message}",
+        if message != failed:  # release says the group's failure again: once is enough
+            note += f"; RELEASE FAILED, its instance may still be running: {message}"
+        return StopOutcome(job.id, store.job(job.id), stopped, note + _group_failure(failed),
                            ok=False)
-    return StopOutcome(job.id, store.job(job.id), stopped, note)
+    return StopOutcome(job.id, store.job(job.id), stopped, note + _group_failure(failed),
+                       ok=failed is None)
+
+
+def _group_failure(failed: str | None) -> str:
+    return f"; GROUP DELETE FAILED, it may start instances again: {failed}" if failed else ""
+
+
+def _delete_groups(store: Store, job: Job) -> tuple[list[str], str | None]:
+    """Delete a cloud job's Auto Scaling groups (by record and by tag): (the names deleted,
+    why it failed or None)."""
+    if job.backend != "aws":
+        return [], None
+    try:
+        return providers.get(job.backend).delete_job_groups(store, job), None
+    except CloudtrainError as exc:
+        return [], exc.message
 
 
 def _stop_orphans(store: Store, refs: list[str] | None) -> list[tuple[str, StopOutcome]]:
@@ -175,9 +205,14 @@ def _stop_orphans(store: Store, refs: list[str] | None) -> list[tuple[str, StopO
                                      f"instances: {exc.message}", False, kind="sweep"))]
         return []
     outcomes = []
-    for orphan in swept.found:
+    # Groups first (a group replaces an instance terminated before it), templates last.
+    order = {"group": 0, "launch-template": 2}
+    for orphan in sorted(swept.found, key=lambda o: order.get(o.get("kind"), 1)):
         tag = orphan.get("job") or ""
         if refs is not None and not any(tag.startswith(r) for r in refs if r):
+            continue
+        if orphan.get("kind") in order:
+            outcomes.append((tag, _delete_orphan_group(provider, orphan, tag)))
             continue
         try:
             provider.terminate(orphan["region"], [orphan["id"]])
@@ -193,6 +228,19 @@ def _stop_orphans(store: Store, refs: list[str] | None) -> list[tuple[str, StopO
         outcomes.append((tag, outcome))
     outcomes += [("", outcome) for outcome in sweep_outcomes(backend, swept)]
     return outcomes
+
+
+def _delete_orphan_group(provider, orphan: dict, tag: str) -> StopOutcome:
+    """An Auto Scaling group (and its template), or a template left alone, of a job the
+    store does not hold: deleted."""
+    what = "auto scaling group" if orphan["kind"] == "group" else "launch template"
+    try:
+        provider.delete_job_group(orphan["region"], orphan["id"])
+    except CloudtrainError as exc:
+        return StopOutcome(orphan["id"], None, False, f"job {tag or '?'}: GROUP DELETE FAILED, "
+                           f"it may start instances again: {exc.message}", False, kind="orphan")
+    return StopOutcome(orphan["id"], None, True, f"{what} of job {tag or '?'} not in this "
+                       "store: deleted", kind="orphan")
 
 
 def sweep_outcomes(backend: str, swept) -> list[StopOutcome]:
@@ -218,6 +266,12 @@ def _cloud_configured(settings: config.Settings, backend: str) -> bool:
     empty store): it is the default backend, or a region is configured."""
     return bool(settings.backend == backend or settings.region or os.environ.get("AWS_REGION")
                 or os.environ.get("AWS_DEFAULT_REGION"))
+
+
+def holds_group(store: Store, job: Job) -> bool:
+    """Whether the store says a cloud job has an Auto Scaling group not yet deleted (which
+    may start instances; read from the job's timeline, no cloud call)."""
+    return job.backend == "aws" and bool(providers.get(job.backend).recorded_groups(store, job))
 
 
 def holds_instance(store: Store, job: Job) -> bool:

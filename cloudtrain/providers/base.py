@@ -137,6 +137,14 @@ class CloudProvider(Provider, Protocol):
     def attempt_instances(self, store: Store, job: Job, attempt: int, regions: list[str]
                           ) -> dict[str, list[str]]:
         """Live instances of attempt n of a recovering job, by its attempt tag."""
+    def create_job_group(self, store: Store, job: Job, spec, user_data: str) -> str:
+        """A recovering spot job's Auto Scaling group, its template and deadline: its name."""
+    def recorded_groups(self, store: Store, job: Job) -> list[tuple[str, str]]:
+        """(region, name) of the job's groups its timeline says exist (no cloud call)."""
+    def delete_job_groups(self, store: Store, job: Job) -> list[str]:
+        """Delete the job's groups (by record and by tag) and templates: the names deleted."""
+    def delete_job_group(self, region: str, name: str) -> bool:
+        """Delete one group (its instances end with it) and its template; whether it was."""
     def adopt(self, store: Store, kept: Job, job: Job) -> Host:
         """The host of a kept job, taken over by a new job (`launch --on`)."""
 

@@ -16,10 +16,12 @@ POLICY = json.loads((REPO / "infra" / "iam-policy-cli.json").read_text())
 # Datasets on snapshot volumes and in the user's own bucket (issue 12): a second managed
 # policy (the first is near IAM's 6,144-character limit), attached beside it.
 DATASETS = json.loads((REPO / "infra" / "iam-policy-datasets.json").read_text())
+# Auto Scaling groups and their launch templates (issue 27): a third, beside the two.
+AUTOSCALING = json.loads((REPO / "infra" / "iam-policy-autoscaling.json").read_text())
 OWNER = "${aws:PrincipalArn}"
 # The code the policy is for: the AWS provider package (the S3 job store is in it).
 SOURCES = sorted((REPO / "cloudtrain" / "providers" / "aws").glob("*.py"))
-SERVICES = ("ec2", "pricing", "sts", "ssm", "iam", "s3", "service-quotas")
+SERVICES = ("ec2", "pricing", "sts", "ssm", "iam", "s3", "service-quotas", "autoscaling")
 # Where AWS names the IAM action differently from the API operation (Service Authorization
 # Reference), and boto3 helpers that are not operations.
 ACTION_OF = {
@@ -50,11 +52,12 @@ def _only(action: str, resource_type: str) -> dict:
     return found[0]["Condition"] if "Condition" in found[0] else {}
 
 
-def _allowed() -> set[str]:
-    """Everything the three policies allow: the job store's bucket settings are the store
-    admin's (F32), the rest everyday."""
+def _allowed(groups: dict | None = None) -> set[str]:
+    """Everything the four policies allow: the job store's bucket settings are the store
+    admin's (F32), the rest everyday; `groups` in place of the Auto Scaling policy."""
+    groups = AUTOSCALING if groups is None else groups
     return {a for s in POLICY["Statement"] + DATASETS["Statement"] + STORE_ADMIN["Statement"]
-            if s["Effect"] == "Allow"
+            + groups["Statement"] if s["Effect"] == "Allow"
             for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])}
 
 
@@ -137,7 +140,7 @@ def test_F8_created_resources_carry_the_callers_owner_tag(action, kind):
 
 def test_F8_no_allow_without_a_scope_except_read_only_calls():
     """`Resource: *` only for calls AWS offers no resource-level permission for."""
-    for s in POLICY["Statement"] + DATASETS["Statement"]:
+    for s in POLICY["Statement"] + DATASETS["Statement"] + AUTOSCALING["Statement"]:
         actions = s["Action"] if isinstance(s["Action"], list) else [s["Action"]]
         if s["Resource"] == "*":
             assert all(a.split(":")[1].startswith(("Describe", "Get")) for a in actions), s["Sid"]
@@ -239,7 +242,7 @@ def test_F32_the_instance_role_has_no_bucket_grant():
 
 def test_F8_policy_fits_a_managed_policy():
     # IAM: a managed policy document is at most 6,144 characters, whitespace not counted.
-    for doc in (POLICY, DATASETS, STORE_ADMIN):
+    for doc in (POLICY, DATASETS, STORE_ADMIN, AUTOSCALING):
         assert len("".join(json.dumps(doc, separators=(",", ":")).split())) <= 6144
 
 
@@ -265,3 +268,73 @@ def test_issue12_the_instance_role_reads_datasets_and_writes_nothing_there():
                           json.dumps(s["Resource"])]
     assert all(r.startswith("arn:aws:s3:::DATASET_BUCKET") for s in dataset_statements
                for r in s["Resource"])
+
+
+# -- Auto Scaling groups and launch templates (issue 27) ----------------------------------------
+
+GROUP_ARN = "arn:aws:autoscaling:*:*:autoScalingGroup:*:autoScalingGroupName/cloudtrain-*"
+TEMPLATE_ARN = "arn:aws:ec2:*:*:launch-template/*"
+
+
+def _group_statements(action: str) -> list[dict]:
+    return [s for s in AUTOSCALING["Statement"] if s["Effect"] == "Allow"
+            and action in _listed(s["Action"])]
+
+
+def test_issue27_every_group_and_template_call_is_in_the_autoscaling_policy():
+    calls = _calls()
+    groups = {a for a in calls if a.startswith("autoscaling:") or "LaunchTemplate" in a}
+    assert {"autoscaling:CreateAutoScalingGroup", "autoscaling:DeleteAutoScalingGroup",
+            "autoscaling:PutScheduledUpdateGroupAction", "autoscaling:DescribeAutoScalingGroups",
+            "ec2:CreateLaunchTemplate", "ec2:DeleteLaunchTemplate",
+            "ec2:DescribeLaunchTemplates"} <= groups  # the scan sees groups.py
+    assert all("groups.py" in calls[a] for a in groups if a.startswith("autoscaling:"))
+    everyday = {a for s in AUTOSCALING["Statement"] for a in _listed(s["Action"])}
+    assert groups <= everyday, f"not in infra/iam-policy-autoscaling.json: {groups - everyday}"
+
+
+@pytest.mark.parametrize("drop", ["all", "CreateGroupOwnerTag", "OwnGroupsDeadlineDelete",
+                                  "CreateTemplateOwnerTag"])
+def test_issue27_a_policy_without_the_group_statements_fails_the_check(drop):
+    """The check above is not vacuous: without the new statements, calls are missing."""
+    policy = {"Statement": [s for s in AUTOSCALING["Statement"]
+                            if drop != "all" and s["Sid"] != drop]}
+    missing = {a for a in _calls() if a not in _allowed(policy)}
+    assert missing
+    if drop == "all":
+        assert {"autoscaling:CreateAutoScalingGroup", "ec2:CreateLaunchTemplate"} <= missing
+
+
+@pytest.mark.parametrize("action,resource", [
+    ("autoscaling:CreateAutoScalingGroup", GROUP_ARN), ("ec2:CreateLaunchTemplate", TEMPLATE_ARN),
+    ("autoscaling:CreateOrUpdateTags", GROUP_ARN)])
+def test_issue27_groups_and_templates_are_created_with_the_callers_owner_and_a_job(action,
+                                                                                   resource):
+    (s,) = _group_statements(action)
+    assert _listed(s["Resource"]) == [resource]
+    assert s["Condition"]["StringEquals"]["aws:RequestTag/cloudtrain:owner"] == OWNER
+    assert s["Condition"]["Null"] == {"aws:RequestTag/cloudtrain:job": "false"}
+
+
+@pytest.mark.parametrize("action,resource", [
+    ("autoscaling:DeleteAutoScalingGroup", GROUP_ARN),
+    ("autoscaling:PutScheduledUpdateGroupAction", GROUP_ARN),
+    ("ec2:DeleteLaunchTemplate", TEMPLATE_ARN), ("ec2:RunInstances", TEMPLATE_ARN)])
+def test_issue27_only_the_callers_own_groups_and_templates_change(action, resource):
+    (s,) = _group_statements(action)
+    assert _listed(s["Resource"]) == [resource]
+    assert s["Condition"]["StringEquals"] == {"aws:ResourceTag/cloudtrain:owner": OWNER}
+
+
+def test_issue27_template_tags_only_at_creation_and_the_role_only_to_ec2():
+    (tags,) = _group_statements("ec2:CreateTags")
+    assert tags["Condition"]["StringEquals"]["ec2:CreateAction"] == "CreateLaunchTemplate"
+    assert tags["Condition"]["StringEquals"]["aws:RequestTag/cloudtrain:owner"] == OWNER
+    # A template that names the instance profile is passed by the group's creator: the CLI
+    # policy's PassRole, for that one role and to EC2 only, covers it.
+    (passing,) = _statements("iam:PassRole")
+    assert _listed(passing["Resource"]) == ["arn:aws:iam::*:role/cloudtrain-instance"]
+    assert passing["Condition"]["StringEquals"] == {"iam:PassedToService": "ec2.amazonaws.com"}
+    (linked,) = _group_statements("iam:CreateServiceLinkedRole")
+    assert linked["Condition"]["StringEquals"] == {
+        "iam:AWSServiceName": "autoscaling.amazonaws.com"}

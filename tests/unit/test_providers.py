@@ -131,11 +131,18 @@ def called_verbs() -> dict[str, list[str]]:
     return found
 
 
+# Verbs declared ahead of their caller, each with the slice that calls it; a verb leaves this
+# list when that slice lands (the test below then holds it to being called).
+NOT_YET_CALLED = {
+    "create_job_group": "issue 27: launch makes a recovering spot job's group (next slice)",
+}
+
+
 def test_every_verb_called_on_a_provider_is_in_the_contract_and_no_other():
     called = called_verbs()
     assert {"acquire", "release", "read_dataset", "orphans"} <= set(called)  # the scan sees
     listed = members(base.CloudProvider)
     unknown = {verb: where for verb, where in called.items() if verb not in listed}
     assert not unknown, f"called on a provider, not in providers/base.py: {unknown}"
-    unused = sorted(set(listed) - set(called))
+    unused = sorted(set(listed) - set(called) - set(NOT_YET_CALLED))
     assert not unused, f"in providers/base.py, used nowhere: {unused}"

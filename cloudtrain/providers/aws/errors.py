@@ -23,6 +23,14 @@ STALE_ERRORS = {"InvalidKeyPair.NotFound", "InvalidGroup.NotFound", "InvalidAMII
 
 
 POLICY_FILE = "infra/iam-policy-cli.json"
+# Auto Scaling groups and their launch templates (issue 27): a second policy beside it.
+GROUPS_POLICY_FILE = "infra/iam-policy-autoscaling.json"
+
+
+def policy_file(action: str) -> str:
+    """The policy file that allows an IAM action cloudtrain calls."""
+    return GROUPS_POLICY_FILE if action.startswith("autoscaling:") or \
+        "LaunchTemplate" in action else POLICY_FILE
 # The region names boto accepts, checked before any client is made: botocore's own check
 # (InvalidRegionError, "Provided region_name ... doesn't match a supported format") fires
 # late, deep inside client creation, and the name is also a path component (keys/<region>).
@@ -119,8 +127,8 @@ def client_error(exc, region: str, service: str) -> AWSError:
     if is_permission_error(code):
         action = denied_action(exc, service)
         return AWSError(f"not allowed: {action} in {region} ({code}): {message}",
-                        hint=f"attach {POLICY_FILE} (it lists every action cloudtrain calls) to "
-                             f"your IAM user or role; see infra/README.md", **said)
+                        hint=f"attach {policy_file(action)} (it lists every action cloudtrain "
+                             f"calls) to your IAM user or role; see infra/README.md", **said)
     if code in ("RequestLimitExceeded", "Throttling", "ThrottlingException"):
         return AWSError(f"AWS is throttling {operation} in {region} after retries: {message}",
                         hint="try again in a minute", **said)

@@ -13,7 +13,7 @@ from ...errors import CloudtrainError, MissingDependency, UsageError
 from ...state import Instance, Job, Store
 from ...market import Market
 from ..base import Sweep
-from .errors import aws_errors
+from .errors import AWSError, aws_errors
 from .instances import UNANSWERED
 from .tags import LIVE_STATES, TAG_JOB, TAG_OWNER
 
@@ -72,8 +72,9 @@ class InventoryMixin:
         return out
 
     def release(self, store: Store, job: Job, force: bool = False) -> None:
-        """Terminate what the job has: the recorded instances and anything tagged with its id
-        (a request whose answer was lost still started an instance). A --keep job's instance
+        """Terminate what the job has: its Auto Scaling group first (groups.py), then the
+        recorded instances and anything tagged with its id (a request whose answer was lost
+        still started an instance). A --keep job's instance
         stays until `cloudtrain down` (force)."""
         events = [e.phase for e in store.events(job.id)]
         # --keep keeps an instance that ran the job; one that never did (the launch failed or
@@ -81,6 +82,15 @@ class InventoryMixin:
         if (job.spec or {}).get("keep") and not force and job.state != "cancelled" \
                 and "running" in events:
             return
+        # The job's Auto Scaling group first: it would replace what is terminated below. Its
+        # instances are terminated even if it cannot be deleted; that is said at the end.
+        try:
+            self.delete_job_groups(store, job)
+            group_error = None
+        except MissingDependency as exc:  # no credentials: as for the instances below
+            group_error = exc if self.recorded_groups(store, job) else None
+        except CloudtrainError as exc:
+            group_error = exc
         recorded = store.instances(job.id)
         regions = {i.region for i in recorded if i.region} or {self.region_of(job)}
         # RunInstances went unanswered (timeout, dropped connection, 5xx, interrupted): an
@@ -120,6 +130,8 @@ class InventoryMixin:
                         state="requested", launched_at=raw["LaunchTime"].timestamp(),
                         terminated_at=None, price_per_hour=None, details={"found_by_tag": True}))
         self.record_ends(store, job)
+        if group_error is not None:
+            raise group_error
 
     def _find_by_tag(self, region: str, job_id: str, until: float | None) -> set[str]:
         """The job's instances not yet terminated, by its tag; with `until`, asked again
@@ -193,16 +205,17 @@ class InventoryMixin:
         return sorted(regions), (f"DescribeRegions failed ({why}), so the regions cloudtrain "
                                  "could have used")
 
-    def _sweep_client(self, region: str):
-        """An EC2 client for a sweep: from the one session every region shares (a session
-        per region costs half a second each), with short timeouts and few retries."""
-        key = ("ec2-sweep", region)
+    def _sweep_client(self, region: str, service: str = "ec2"):
+        """A client for a sweep (EC2's, or `service`'s): from the one session every region
+        shares (a session per region costs half a second each), with short timeouts and few
+        retries."""
+        key = (f"{service}-sweep", region)
         with self._sweep_lock:
             if key not in self._clients:
                 from botocore.config import Config
 
                 check_region(region)
-                self._clients[key] = self.session().client("ec2", region_name=region, config=Config(
+                self._clients[key] = self.session().client(service, region_name=region, config=Config(
                     retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5,
                     read_timeout=20))
             return self._clients[key]
@@ -255,22 +268,36 @@ class InventoryMixin:
     def orphans(self, store: Store) -> Sweep:
         """Every live instance tagged as this owner's, in every region it can have one
         (sweep), that no active job of the store holds (nor an ended --keep job, whose
-        instance is kept on purpose), and its dataset volumes left unattached: what `down
+        instance is kept on purpose), its dataset volumes left unattached, and the Auto
+        Scaling groups and launch templates of jobs that hold none (kind "group",
+        "launch-template"; groups.py): what `down
         --all` terminates when the local state was lost or never learned of an instance
         (F12, F28). Sweep.found is the list; Sweep.unchecked the regions not asked."""
-        held = {r["id"] for r in store.db.execute(
+        rows = store.db.execute(
             "SELECT id, job_id FROM instances WHERE provider = 'aws' AND state != 'terminated'")
-            if self._holds(store.job(r["job_id"]), store)}
+        held_rows = [r for r in rows if self._holds(store.job(r["job_id"]), store)]
+        held = {r["id"] for r in held_rows}
+        # A job that runs (or keeps its instance) holds its Auto Scaling group too.
+        held_jobs = {r["job_id"] for r in held_rows} | {j.id for j in store.jobs(active_only=True)}
         owner = self.owner(self.region())
 
-        def ask(region: str) -> tuple[list[dict], list[dict]]:
+        def ask(region: str) -> tuple[list[dict], list[dict], list[dict]]:
+            try:
+                groups = self.group_orphans(region, owner, held_jobs)
+            except AWSError as exc:
+                # Without Auto Scaling permissions (infra/iam-policy-autoscaling.json not
+                # attached) no group of this owner's can exist: it could not have made one.
+                if not exc.denied:
+                    raise
+                groups = []
             return (self._tagged(region, {TAG_OWNER: owner}),
-                    self.dataset_volumes(region, owner, self._sweep_client(region)))
+                    self.dataset_volumes(region, owner, self._sweep_client(region)), groups)
 
         swept = self.sweep(store, ask)
         out = []
         for region in swept.regions:
-            instances, volumes = swept.found[region]
+            instances, volumes, groups = swept.found[region]
+            out += groups
             for raw in instances:
                 if raw["State"]["Name"] not in LIVE_STATES or raw["InstanceId"] in held:
                     continue

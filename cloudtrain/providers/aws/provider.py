@@ -5,7 +5,9 @@
     acquire(store, job, spec)   run_instances in each AZ in turn, record, wait, SSH -> SSHHost
     acquire_nodes(store, job, spec)  N of them in one AZ and placement group (cluster.py)
     host_for(job)               SSHHost from the stored endpoint (host key pinned)
-    release(store, job)         terminate by record and by tag: nothing bills afterwards
+    release(store, job)         delete its Auto Scaling group, then terminate by record and
+                                by tag: nothing bills afterwards
+    create_job_group(...)       a recovering spot job's Auto Scaling group (groups.py)
     reconcile(store)            one DescribeInstances per region: every instance tagged ours
     orphans(store)              live instances of this owner that no active or kept job holds
     terminate(region, ids)      terminate those
@@ -39,6 +41,7 @@ from .cache import CACHE_TTL_S, RegionCache
 from .cluster import ClusterMixin
 from .datasets import DatasetsMixin
 from .errors import AWSError, StaleCache, aws_errors, no_credentials
+from .groups import GroupsMixin
 from .images import ImagesMixin
 from .instances import (
     REARM_PATH, USER_DATA_DONE, USER_DATA_WAIT_S, InstancesMixin, power_off_minutes,
@@ -71,7 +74,7 @@ def assumed_role(arn: str) -> tuple[str, str] | None:
     return None
 
 
-class AWSProvider(PlanMixin, ClusterMixin, InstancesMixin, BootMixin, InventoryMixin, NetworkMixin,
+class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, InstancesMixin, BootMixin, InventoryMixin, NetworkMixin,
                   ImagesMixin, PricingMixin, ResultsStoreMixin, VolumesMixin, AccountMixin,
                   DatasetsMixin):
     name = "aws"
@@ -163,10 +166,12 @@ class AWSProvider(PlanMixin, ClusterMixin, InstancesMixin, BootMixin, InventoryM
         with aws_errors(region, "sts"):
             return self.session(region).get_credentials()
 
-    def call(self, region: str, method: str, fail_fast: bool = False, **kwargs):
-        """One EC2 call, with AWS's errors turned into ours where we know what to say."""
-        with aws_errors(region):
-            return getattr(self.client("ec2", region, fail_fast), method)(**kwargs)
+    def call(self, region: str, method: str, fail_fast: bool = False, service: str = "ec2",
+             **kwargs):
+        """One call (EC2's unless `service` names another, e.g. autoscaling), with AWS's
+        errors turned into ours where we know what to say."""
+        with aws_errors(region, service):
+            return getattr(self.client(service, region, fail_fast), method)(**kwargs)
 
     # -- identity and bootstrap ------------------------------------------------------------------
 

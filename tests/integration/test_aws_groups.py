@@ -1,0 +1,362 @@
+"""A recovering spot job's EC2 Auto Scaling group (issue 27), against moto in this process:
+the launch template and group the provider makes (providers/aws/groups.py), the scheduled
+action that is the last kill switch at the deadline, their deletion (idempotent), finding
+them by tag in every region, and `down` deleting a job's group before it terminates the
+job's instances, with the local state kept or lost."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import time
+
+import boto3
+import pytest
+
+from labs.aws import ec2_provider  # noqa: F401  (fixture)
+from labs.credentials import REGION
+from labs.moto_placement import PlacementGroups
+from test_aws_errors import _refuse
+from cloudtrain import config
+from cloudtrain.errors import CloudtrainError
+from cloudtrain.lifecycle import stop
+from cloudtrain.market import Market
+from cloudtrain.providers.aws.instances import RUNTIME_MARGIN_MIN
+from cloudtrain.spec import JobSpec
+from cloudtrain.state import Store
+
+OTHER = "eu-west-1"
+USER_DATA = "#!/bin/bash\necho 'the bootstrap of the other slice' > /var/lib/ct-boot\n"
+DLAMI = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.9 (Ubuntu 24.04) 20261101"
+
+
+@pytest.fixture
+def cloud(ec2_provider, monkeypatch, ct_home):
+    """moto with a default VPC per region (one subnet per AZ), a DLAMI-named image in two
+    regions, placement groups, a config that names the region, and a store."""
+    PlacementGroups().install(monkeypatch)
+    with (ct_home / "config.yaml").open("a") as f:
+        f.write(f"region: {REGION}\nssh_cidr: 127.0.0.1/32\npoll_seconds: 0.05\n")
+    images = {r: boto3.client("ec2", region_name=r).register_image(
+        Name=DLAMI, RootDeviceName="/dev/sda1")["ImageId"] for r in (REGION, OTHER)}
+    with Store(ct_home / "state.db") as store:
+        yield ec2_provider, store, images
+
+
+def _spec(image, nodes=1, region=REGION, instance="g5.xlarge", **kw) -> JobSpec:
+    return JobSpec(kind="command", backend="aws", command=["true"], instance_type=instance,
+                   market=Market.SPOT, nodes=nodes, region=region, ami=image,
+                   max_runtime_s=3600, recover=True, **kw)
+
+
+def _job(store: Store, spec: JobSpec):
+    job = store.create_job(name=None, kind=spec.kind, recipe=spec.recipe,
+                           command=spec.display(), backend="aws", spec=spec.to_dict(),
+                           launcher="test:1")
+    store.set_state(job.id, "running")
+    return store.job(job.id)
+
+
+def _asg(region=REGION):
+    return boto3.client("autoscaling", region_name=region)
+
+
+def _ec2(region=REGION):
+    return boto3.client("ec2", region_name=region)
+
+
+def _group(name, region=REGION) -> dict | None:
+    found = _asg(region).describe_auto_scaling_groups(AutoScalingGroupNames=[name])
+    return (found["AutoScalingGroups"] or [None])[0]
+
+
+def _templates(job_id, region=REGION) -> list[dict]:
+    return _ec2(region).describe_launch_templates(Filters=[
+        {"Name": "tag:cloudtrain:job", "Values": [job_id]}])["LaunchTemplates"]
+
+
+def _live(job_id, region=REGION) -> list[dict]:
+    return [i for r in _ec2(region).describe_instances(Filters=[
+        {"Name": "tag:cloudtrain:job", "Values": [job_id]}])["Reservations"]
+        for i in r["Instances"] if i["State"]["Name"] not in ("terminated", "shutting-down")]
+
+
+def _tags(raw: list[dict]) -> dict:
+    return {t["Key"]: t["Value"] for t in raw}
+
+
+def _offering_zones(instance: str) -> set[str]:
+    found = _ec2().describe_instance_type_offerings(LocationType="availability-zone", Filters=[
+        {"Name": "instance-type", "Values": [instance]}])["InstanceTypeOfferings"]
+    return {o["Location"] for o in found}
+
+
+def _subnet_zones(group: dict) -> list[str]:
+    ids = group["VPCZoneIdentifier"].split(",")
+    return sorted(s["AvailabilityZone"] for s in _ec2().describe_subnets(SubnetIds=ids)["Subnets"])
+
+
+@pytest.fixture
+def api_calls(monkeypatch) -> list[str]:
+    """Every AWS operation any client made from now on, in order ("autoscaling.Delete..."),
+    recorded through botocore's before-call hook on each client boto3 makes."""
+    calls: list[str] = []
+    original = boto3.session.Session.client
+
+    def client(self, *args, **kwargs):
+        made = original(self, *args, **kwargs)
+        made.meta.events.register("before-call", lambda model, **_: calls.append(
+            f"{model.service_model.endpoint_prefix}.{model.name}"))
+        return made
+
+    monkeypatch.setattr(boto3.session.Session, "client", client)
+    return calls
+
+
+# -- making a group -----------------------------------------------------------------------------
+
+def test_a_one_node_group_is_spot_in_every_az_with_the_type_over_the_jobs_template(cloud):
+    p, store, images = cloud
+    spec = _spec(images[REGION])
+    job = _job(store, spec)
+    before = time.time()
+    name = p.create_job_group(store, job, spec, USER_DATA)
+    after = time.time()
+
+    group = _group(name)
+    assert group["MinSize"] == group["MaxSize"] == group["DesiredCapacity"] == 1
+    zones = _offering_zones("g5.xlarge")
+    assert "us-east-1e" not in zones  # moto's g5 is not offered there: left out
+    assert _subnet_zones(group) == sorted(zones)
+    policy = group["MixedInstancesPolicy"]
+    assert policy["InstancesDistribution"] == {
+        "OnDemandBaseCapacity": 0, "OnDemandPercentageAboveBaseCapacity": 0,
+        "SpotAllocationStrategy": "price-capacity-optimized"}
+    assert policy["LaunchTemplate"]["Overrides"] == [{"InstanceType": "g5.xlarge"}]
+    assert policy["LaunchTemplate"]["LaunchTemplateSpecification"]["LaunchTemplateName"] == name
+    tags = {t["Key"]: t for t in group["Tags"]}
+    assert tags["cloudtrain:job"]["Value"] == job.id
+    assert tags["cloudtrain:owner"]["Value"] == p.owner(REGION)
+    assert all(t["PropagateAtLaunch"] for t in tags.values())
+    assert "cloudtrain:attempt" not in tags  # a replacement is no attempt of the launch's
+    assert group["NewInstancesProtectedFromScaleIn"] is False
+    assert not group.get("CapacityRebalance")
+    assert not group.get("PlacementGroup")
+
+    (template,) = _templates(job.id)
+    assert template["LaunchTemplateName"] == name
+    assert _tags(template["Tags"])["cloudtrain:owner"] == p.owner(REGION)
+    data = _ec2().describe_launch_template_versions(
+        LaunchTemplateId=template["LaunchTemplateId"])["LaunchTemplateVersions"][0][
+        "LaunchTemplateData"]
+    boot = p.bootstrap(REGION, images[REGION])
+    assert data["ImageId"] == images[REGION] and data["InstanceType"] == "g5.xlarge"
+    assert data["KeyName"] == boot["key_name"] and data["SecurityGroupIds"] == [boot["group"]]
+    assert data["InstanceInitiatedShutdownBehavior"] == "terminate"
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert data["MetadataOptions"]["InstanceMetadataTags"] == "enabled"
+    assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    (disk,) = data["BlockDeviceMappings"]
+    assert disk["DeviceName"] == boot["root_device"]
+    assert disk["Ebs"]["VolumeType"] == "gp3" and disk["Ebs"]["Encrypted"] is True
+    assert disk["Ebs"]["DeleteOnTermination"] is True and disk["Ebs"]["VolumeSize"] == 100
+    kinds = {t["ResourceType"]: _tags(t["Tags"]) for t in data["TagSpecifications"]}
+    assert kinds["instance"]["cloudtrain:job"] == kinds["volume"]["cloudtrain:job"] == job.id
+    assert base64.b64decode(data["UserData"]).decode() == USER_DATA
+    assert "IamInstanceProfile" not in data  # none configured
+    assert "InstanceMarketOptions" not in data  # a mixed-instances group refuses it
+
+    (action,) = _asg().describe_scheduled_actions(
+        AutoScalingGroupName=name)["ScheduledUpdateGroupActions"]
+    assert action["MinSize"] == action["MaxSize"] == action["DesiredCapacity"] == 0
+    deadline = action["StartTime"].timestamp()
+    margin = 3600 + RUNTIME_MARGIN_MIN * 60
+    assert before + margin - 1 <= deadline <= after + margin + 1
+
+    assert len(_live(job.id)) == 1  # moto launched it, tagged through the group
+    assert p.recorded_groups(store, job) == [(REGION, name)]
+
+
+def test_the_template_names_the_instance_profile_when_one_is_configured(cloud):
+    p, store, images = cloud
+    p.settings.instance_profile = "cloudtrain-instance"
+    spec = _spec(images[REGION])
+    job = _job(store, spec)
+    p.create_job_group(store, job, spec, USER_DATA)
+    (template,) = _templates(job.id)
+    data = _ec2().describe_launch_template_versions(
+        LaunchTemplateId=template["LaunchTemplateId"])["LaunchTemplateVersions"][0][
+        "LaunchTemplateData"]
+    assert data["IamInstanceProfile"] == {"Name": "cloudtrain-instance"}
+
+
+def test_a_three_node_group_is_in_the_jobs_placement_group_in_one_az(cloud):
+    p, store, images = cloud
+    spec = _spec(images[REGION], nodes=3, instance="g5.12xlarge")
+    job = _job(store, spec)
+    name = p.create_job_group(store, job, spec, USER_DATA)
+    group = _group(name)
+    assert group["MinSize"] == group["MaxSize"] == group["DesiredCapacity"] == 3
+    placement = _ec2().describe_placement_groups(Filters=[
+        {"Name": "tag:cloudtrain:job", "Values": [job.id]}])["PlacementGroups"]
+    (pg,) = placement
+    assert group["PlacementGroup"] == pg["GroupName"] and pg["Strategy"] == "cluster"
+    # A cluster placement group is in one AZ: the group's subnets are that AZ's.
+    (zone,) = _subnet_zones(group)
+    assert zone in _offering_zones("g5.12xlarge")
+
+
+def test_creating_twice_is_one_group_and_one_template(cloud):
+    p, store, images = cloud
+    spec = _spec(images[REGION])
+    job = _job(store, spec)
+    first = p.create_job_group(store, job, spec, USER_DATA)
+    assert p.create_job_group(store, job, spec, USER_DATA) == first
+    assert len(_templates(job.id)) == 1
+    assert len(_asg().describe_auto_scaling_groups()["AutoScalingGroups"]) == 1
+    assert len(_asg().describe_scheduled_actions(
+        AutoScalingGroupName=first)["ScheduledUpdateGroupActions"]) == 1
+
+
+def test_access_denied_on_the_group_leaves_no_template_behind(cloud):
+    p, store, images = cloud
+    spec = _spec(images[REGION])
+    job = _job(store, spec)
+    _refuse(p.client("autoscaling", REGION), "CreateAutoScalingGroup", "AccessDenied",
+            "User: arn:aws:iam::123456789012:user/u is not authorized to perform: "
+            "autoscaling:CreateAutoScalingGroup")
+    with pytest.raises(CloudtrainError) as caught:
+        p.create_job_group(store, job, spec, USER_DATA)
+    assert "\n" not in caught.value.message
+    assert "autoscaling:CreateAutoScalingGroup" in caught.value.message
+    assert "iam-policy-autoscaling.json" in caught.value.hint
+    assert _templates(job.id) == []
+    assert _asg().describe_auto_scaling_groups()["AutoScalingGroups"] == []
+
+
+def test_a_refused_scheduled_action_takes_the_group_down_with_it(cloud):
+    """A group without its deadline could bill forever: it is not left standing."""
+    p, store, images = cloud
+    spec = _spec(images[REGION])
+    job = _job(store, spec)
+    _refuse(p.client("autoscaling", REGION), "PutScheduledUpdateGroupAction", "AccessDenied",
+            "not authorized")
+    with pytest.raises(CloudtrainError):
+        p.create_job_group(store, job, spec, USER_DATA)
+    assert _asg().describe_auto_scaling_groups()["AutoScalingGroups"] == []
+    assert _templates(job.id) == [] and _live(job.id) == []
+
+
+# -- deleting and finding -----------------------------------------------------------------------
+
+def test_deleting_a_group_is_idempotent_and_ends_its_instances_and_template(cloud):
+    p, store, images = cloud
+    spec = _spec(images[REGION], nodes=3, instance="g5.12xlarge")
+    job = _job(store, spec)
+    name = p.create_job_group(store, job, spec, USER_DATA)
+    assert len(_live(job.id)) == 3
+    assert p.delete_job_groups(store, job) == [name]
+    assert _group(name) is None and _templates(job.id) == [] and _live(job.id) == []
+    assert p.delete_job_groups(store, job) == []  # again: nothing left, no error
+    p.delete_job_group(REGION, name)  # and by name, twice
+    assert p.recorded_groups(store, job) == []
+
+
+def test_groups_and_templates_are_found_by_tag_in_every_region(cloud, ct_home, tmp_path):
+    p, store, images = cloud
+    here, there = _spec(images[REGION]), _spec(images[OTHER], region=OTHER)
+    a, b = _job(store, here), _job(store, there)
+    name_a = p.create_job_group(store, a, here, USER_DATA)
+    name_b = p.create_job_group(store, b, there, USER_DATA)
+    # A template whose group is already gone (a launcher killed between the two calls).
+    p.delete_job_group(OTHER, name_b)
+    p.create_launch_template(OTHER, b, there, USER_DATA)
+
+    with Store(tmp_path / "lost.db") as lost:  # the local state lost
+        swept = p.orphans(lost)
+    found = {(o["region"], o.get("kind"), o["job"]) for o in swept.found}
+    assert (REGION, "group", a.id) in found and (OTHER, "launch-template", b.id) in found
+    assert {o["id"] for o in swept.found if o.get("kind") == "group"} == {name_a}
+    assert not swept.unchecked
+    assert {REGION, OTHER} <= set(swept.regions)
+
+    held = p.orphans(store)  # with the store that holds both jobs: nothing is an orphan
+    assert [o for o in held.found if o.get("kind")] == []
+
+
+# -- down ---------------------------------------------------------------------------------------
+
+def _settings():
+    return config.Settings.load()
+
+
+def test_down_job_deletes_its_group_before_it_terminates(cloud, api_calls):
+    p, store, images = cloud
+    spec = _spec(images[REGION])
+    job = _job(store, spec)
+    name = p.create_job_group(store, job, spec, USER_DATA)
+    (raw,) = _live(job.id)
+    p._record_found(store, job, REGION, raw, 1)  # the instance known to the store
+    api_calls.clear()
+    (outcome,) = stop.cancel(store, _settings(), (job.id,), False)
+    assert outcome.ok, outcome.note
+    assert f"auto scaling group {name} deleted" in outcome.note
+    assert "autoscaling.DeleteAutoScalingGroup" in api_calls
+    assert api_calls.index("autoscaling.DeleteAutoScalingGroup") < api_calls.index(
+        "ec2.TerminateInstances")
+    assert _group(name) is None and _templates(job.id) == [] and _live(job.id) == []
+
+
+def test_down_all_with_the_local_state_lost_deletes_the_group_first(cloud, api_calls,
+                                                                   tmp_path):
+    p, store, images = cloud
+    spec = _spec(images[REGION], nodes=3, instance="g5.12xlarge")
+    job = _job(store, spec)
+    name = p.create_job_group(store, job, spec, USER_DATA)
+    api_calls.clear()
+    with Store(tmp_path / "lost.db") as lost:
+        outcomes = stop.cancel(lost, _settings(), (), True)
+    notes = [o.note for o in outcomes if o.kind == "orphan"]
+    assert f"auto scaling group of job {job.id} not in this store: deleted" in notes
+    assert all(o.ok for o in outcomes), [o.note for o in outcomes]
+    deleted = api_calls.index("autoscaling.DeleteAutoScalingGroup")
+    assert "ec2.TerminateInstances" not in api_calls[:deleted]
+    assert _group(name) is None and _templates(job.id) == [] and _live(job.id) == []
+
+
+def test_down_says_a_group_it_cannot_delete(cloud, monkeypatch, tmp_path):
+    p, store, images = cloud
+    spec = _spec(images[REGION])
+    job = _job(store, spec)
+    name = p.create_job_group(store, job, spec, USER_DATA)
+    from moto.autoscaling.models import AutoScalingBackend
+    from moto.autoscaling.exceptions import AutoscalingClientError
+
+    def refuse(self, *args, **kwargs):
+        raise AutoscalingClientError("AccessDenied", "User is not authorized to perform: "
+                        "autoscaling:DeleteAutoScalingGroup")
+
+    monkeypatch.setattr(AutoScalingBackend, "delete_auto_scaling_group", refuse)
+    (outcome,) = stop.cancel(store, _settings(), (job.id,), False)
+    assert not outcome.ok
+    assert "GROUP DELETE FAILED" in outcome.note and "nothing" not in outcome.note
+    assert _group(name) is not None
+
+    with Store(tmp_path / "lost.db") as lost:
+        outcomes = stop.cancel(lost, _settings(), (), True)
+    failed = [o for o in outcomes if o.kind == "orphan" and not o.ok]
+    assert failed and "GROUP DELETE FAILED" in failed[0].note
+
+
+def test_down_of_an_ended_job_whose_group_is_left_is_not_nothing_to_stop(cloud):
+    p, store, images = cloud
+    spec = _spec(images[REGION])
+    job = _job(store, spec)
+    name = p.create_job_group(store, job, spec, USER_DATA)
+    store.set_state(job.id, "failed", only_if_active=False)
+    for inst in store.instances(job.id):
+        store.update_instance(inst.id, state="terminated")
+    assert job.id in [j.id for j in stop.down_targets(store)]
+    (outcome,) = stop.cancel(store, _settings(), (job.id,), False)
+    assert "nothing to stop" not in outcome.note and outcome.ok
+    assert _group(name) is None and _live(job.id) == []
