@@ -99,9 +99,10 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
 def down_targets(store: Store) -> list[Job]:
     """What `down --all` stops: every active job, and --keep jobs that ended but still hold
     an instance."""
+    aws = providers.get("aws")  # one, not one per job: each loads config.yaml
     return store.jobs(active_only=True) + [
         j for j in store.jobs() if not j.active and (holds_instance(store, j)
-                                                     or holds_group(store, j))]
+                                                     or holds_group(store, j, aws))]
 
 
 def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -> StopOutcome:
@@ -268,10 +269,12 @@ def _cloud_configured(settings: config.Settings, backend: str) -> bool:
                 or os.environ.get("AWS_DEFAULT_REGION"))
 
 
-def holds_group(store: Store, job: Job) -> bool:
+def holds_group(store: Store, job: Job, provider=None) -> bool:
     """Whether the store says a cloud job has an Auto Scaling group not yet deleted (which
     may start instances; read from the job's timeline, no cloud call)."""
-    return job.backend == "aws" and bool(providers.get(job.backend).recorded_groups(store, job))
+    if job.backend != "aws":
+        return False
+    return bool((provider or providers.get(job.backend)).recorded_groups(store, job))
 
 
 def holds_instance(store: Store, job: Job) -> bool:

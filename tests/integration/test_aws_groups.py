@@ -7,7 +7,6 @@ job's instances, with the local state kept or lost."""
 from __future__ import annotations
 
 import base64
-import datetime
 import time
 
 import boto3

@@ -7,6 +7,7 @@
     hostkeys.py        the console's SSH host key fingerprints
     inventory.py       instances by tag in every region: release, terminate, sweep, end times
     cluster.py         N nodes in one AZ and placement group, all or nothing; EFA
+    groups.py          a recovering spot job's Auto Scaling group, template and deadline
     network.py         key pair, security group, subnets, cleanup of what nothing uses
     images.py          the Deep Learning AMI and its root device
     volumes.py         datasets on EBS snapshots, as volumes of the job's instances
