@@ -99,10 +99,10 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
 def down_targets(store: Store) -> list[Job]:
     """What `down --all` stops: every active job, and --keep jobs that ended but still hold
     an instance."""
-    aws = providers.get("aws")  # one, not one per job: each loads config.yaml
+    aws_provider = providers.get("aws")  # one, not one per job: each loads config.yaml
     return store.jobs(active_only=True) + [
         j for j in store.jobs() if not j.active and (holds_instance(store, j)
-                                                     or holds_group(store, j, aws))]
+                                                     or holds_group(store, j, aws_provider))]
 
 
 def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -> StopOutcome:
@@ -274,7 +274,8 @@ def holds_group(store: Store, job: Job, provider=None) -> bool:
     may start instances; read from the job's timeline, no cloud call)."""
     if job.backend != "aws":
         return False
-    return bool((provider or providers.get(job.backend)).recorded_groups(store, job))
+    provider = provider or providers.get(job.backend)
+    return bool(provider.recorded_groups(store, job))
 
 
 def holds_instance(store: Store, job: Job) -> bool:
