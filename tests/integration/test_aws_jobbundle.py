@@ -32,11 +32,11 @@ from cloudtrain.providers.aws import jobbundle
 from cloudtrain.providers.local import LocalProvider
 from cloudtrain.spec import COMMAND, JobSpec
 from labs import credentials
-from labs.aws import moto_endpoint
+from labs.aws import aws, moto_endpoint
 from labs.imds import FakeIMDS
 from labs.polling import wait_for
 
-__all__ = ["moto_endpoint"]
+__all__ = ["aws", "moto_endpoint"]  # the lab's fixtures
 
 REGION = "us-east-1"
 BUCKET = "cloudtrain-123456789012-us-east-1"
@@ -229,3 +229,47 @@ def test_a_hostile_archive_with_a_consistent_manifest_is_refused(lab, kind):
     refused(lab, b, bootstrap.EXIT_ARCHIVE, "archive is refused")
     assert not (lab.tmp / "escaped.txt").exists()
     assert not (Path(b["jobdir"]) / "work" / "ok.txt").exists()  # checked before unpacked
+
+
+def test_a_recovering_spot_launch_uploads_its_bundle_and_says_so(cli, aws, ct_home, tmp_path):
+    """The launch's one place (lifecycle/launch.py, step bundle): a spot job that recovers
+    and has a job store gets its bundle, said in the timeline with its size; the bundle
+    holds the synced files and the very run.sh and job.json the launch wrote on the host."""
+    from cloudtrain.state import open_store
+
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "train.py").write_text("print('hi')\n")
+    proc = cli("launch", "--instance", "g5.xlarge", "--spot", "--workdir", str(work),
+               "--follow", "--quiet", "--", "python3", "train.py", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    store = open_store(ct_home)
+    (event,) = [e for e in store.events(job_id) if e.phase == "bundle"]
+    assert "MB (1 synced files) to s3://" in event.detail
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=aws.endpoint)
+    owner = store.job(job_id).spec["store_owner"]
+    base = f"jobs/{owner}/{job_id}/bundle/"
+    doc = json.loads(s3.get_object(Bucket=event.detail.split("s3://")[1].split("/")[0],
+                                   Key=base + "manifest.json")["Body"].read())
+    bucket = event.detail.split("s3://")[1].split("/")[0]
+    jobdir = Path(doc["jobdir"])
+    for name in ("run.sh", "job.json"):
+        got = s3.get_object(Bucket=bucket, Key=base + "job/" + name)["Body"].read()
+        assert got == (jobdir / name).read_bytes()
+    tar = s3.get_object(Bucket=bucket, Key=base + "files.tar")["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        assert t.getnames() == ["work/train.py"]
+    assert doc["archive"] == {"files": 1, "bytes": len("print('hi')\n")}
+    assert {o["name"] for o in doc["objects"]} >= {"files.tar", "start.sh", "job/run.sh",
+                                                   "job/job.json", "agent/agent.py"}
+
+
+def test_a_launch_that_does_not_recover_uploads_no_bundle(cli, aws, ct_home):
+    from cloudtrain.state import open_store
+
+    proc = cli("launch", "--instance", "g5.xlarge", "--spot", "--no-recover", "--follow",
+               "--quiet", "--", "true", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    assert not [e for e in open_store(ct_home).events(job_id) if e.phase == "bundle"]
