@@ -2,7 +2,8 @@
 
 Standard library only, Python 3.8+; shipped beside agent.py (and run from a copy fetched by the
 instance's user-data). Imports stage_sigv4 and stage_fetch (the role's signed GETs), safefile,
-and nothing else of ours.
+checkpoint_manifest and checkpoint_restore (the latest checkpoint, restored as a relaunch's
+run.sh restores it), and nothing else of ours.
 
     python3 bootstrap.py --bucket B --prefix jobs/<owner>/<job>/ --jobdir DIR --region R
                          [--endpoint URL] [--imds URL]
@@ -22,7 +23,9 @@ checked before (the manifest's bound) and while it comes (no byte more than list
 sha256 after. Only once every object is verified: the archive is checked member by member
 (regular files only, relative names without `..`, NUL or newlines, no more files or bytes than
 the manifest says) and unpacked into the job directory without following any link, the job's
-files put beside it, the agent's files in its directory, and start.sh run. Nothing of the
+files put beside it, the agent's files in its directory; then the latest checkpoint slot the job
+streamed (stream/latest.json) is restored (checkpoint_restore.restore, each GET signed with the
+role) and job.json's checkpoint stream goes on from it; then start.sh runs. Nothing of the
 bundle is trusted until its sha256 matches: whoever can write under the job's prefix could have
 written anything there.
 
@@ -45,11 +48,13 @@ import urllib.error
 import urllib.request
 
 try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import safefile
+    from . import checkpoint_manifest, checkpoint_restore, safefile
     from .stage_fetch import Fetcher, Source
     from .stage_plan import StageError
     from .stage_sigv4 import RoleCredentials, object_url, sign_get
 except ImportError:
+    import checkpoint_manifest
+    import checkpoint_restore
     import safefile
     from stage_fetch import Fetcher, Source
     from stage_plan import StageError
@@ -82,6 +87,7 @@ EXIT_MANIFEST = 4  # no manifest (a partial upload), or one that is too large or
 EXIT_OBJECT = 5  # an object missing, of another size, or another sha256
 EXIT_ARCHIVE = 6  # a member that cannot be unpacked safely; more files or bytes than listed
 EXIT_WRITE = 7  # the job directory could not be written
+EXIT_RESTORE = 8  # a stored checkpoint that could not be restored
 EXIT_AGENT = 9  # the agent did not start
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,100}")
@@ -190,38 +196,46 @@ class Bundle:
         except StageError as exc:
             raise Failed(EXIT_CREDENTIALS, str(exc)) from None
 
-    def manifest(self):
-        """The manifest's JSON, read to at most MANIFEST_MAX_BYTES (one byte more refuses it)."""
+    def sign(self, url):
+        """The headers that make a GET of `url` one of the role's (SigV4, now)."""
         import datetime
 
-        url = self.url(MANIFEST)
         now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
-        req = urllib.request.Request(url, headers=sign_get(url, self.region, self.creds.get(),
-                                                           now))
-        where = "s3://%s/%s" % (self.bucket, self.key(MANIFEST))
+        return sign_get(url, self.region, self.creds.get(), now)
+
+    def manifest(self):
+        """The bundle's manifest: Failed where there is none (an upload that did not finish)."""
+        return self.get_json(self.key(MANIFEST), MANIFEST_MAX_BYTES, EXIT_MANIFEST,
+                             "the bundle was never uploaded, or its upload did not finish")
+
+    def get_json(self, key, limit, code, missing=None):
+        """The JSON object at `key`, read to at most `limit` bytes (one byte more refuses
+        it); None where there is none and `missing` is None, else Failed(code)."""
+        url = object_url(self.bucket, key, self.region, self.endpoint)
+        req = urllib.request.Request(url, headers=self.sign(url))
+        where = "s3://%s/%s" % (self.bucket, key)
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
-                data = resp.read(MANIFEST_MAX_BYTES + 1)
+                data = resp.read(limit + 1)
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code == 404:
-                raise Failed(EXIT_MANIFEST, "no %s: the bundle was never uploaded, or its "
-                             "upload did not finish" % where) from None
+                if missing is None:
+                    return None
+                raise Failed(code, "no %s: %s" % (where, missing)) from None
             if exc.code == 403:
-                raise Failed(EXIT_MANIFEST, "access denied to %s (403): the instance role "
-                             "needs s3:GetObject on its job's prefix "
+                raise Failed(code, "access denied to %s (403): the instance role needs "
+                             "s3:GetObject on its job's prefix "
                              "(infra/instance-role-policy.json)" % where) from None
-            raise Failed(EXIT_MANIFEST, "reading %s was refused (HTTP %d)"
-                         % (where, exc.code)) from None
+            raise Failed(code, "reading %s was refused (HTTP %d)" % (where, exc.code)) from None
         except OSError as exc:
-            raise Failed(EXIT_MANIFEST, "reading %s failed: %s" % (where, exc)) from None
-        if len(data) > MANIFEST_MAX_BYTES:
-            raise Failed(EXIT_MANIFEST, "%s is larger than %d bytes: refused"
-                         % (where, MANIFEST_MAX_BYTES))
+            raise Failed(code, "reading %s failed: %s" % (where, exc)) from None
+        if len(data) > limit:
+            raise Failed(code, "%s is larger than %d bytes: refused" % (where, limit))
         try:
             return json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            raise Failed(EXIT_MANIFEST, "%s is not JSON" % where) from None
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise Failed(code, "%s is not JSON" % where) from None
 
     def download(self, name, size, digest, path):
         """The object into the new file `path`: exactly `size` bytes (Fetcher refuses a body
@@ -359,6 +373,43 @@ def start_agent(jobdir, start_sh, timeout_s=AGENT_START_S):
                  % (timeout_s, jobdir))
 
 
+def restore_latest(bundle, root):
+    """The latest checkpoint slot the job streamed to its job store, restored into the job
+    directory by checkpoint_restore.restore (the relaunch's restore step: every file checked
+    against its size and sha256, swapped in only once all are), each GET signed with the role;
+    job.json's checkpoint stream then goes on after it (its seq and slot), as a relaunch's
+    does. None when nothing was streamed yet: the job starts over."""
+    stream = bundle.prefix + checkpoint_manifest.STREAM
+    doc = bundle.get_json(stream + checkpoint_manifest.LATEST,
+                          checkpoint_manifest.MANIFEST_MAX_BYTES, EXIT_RESTORE)
+    if doc is None:
+        return None
+    why = checkpoint_manifest.check_manifest(doc)
+    if why is not None:
+        raise Failed(EXIT_RESTORE, "the stored checkpoint's latest.json: %s" % why)
+    job_path = os.path.join(root, "job.json")
+    job = safefile.read_json(job_path, FILE_MAX_BYTES)
+    if not isinstance(job, dict) or doc.get("job_id") != job.get("job_id"):
+        raise Failed(EXIT_RESTORE, "the stored checkpoint is job %r's, not this job's"
+                     % str(doc.get("job_id"))[:100])
+    slot = "%s%s/" % (stream, doc["slot"])
+    plan = dict(doc, files=[dict(item, url=object_url(bundle.bucket, slot + item["path"],
+                                                      bundle.region, bundle.endpoint))
+                            for item in doc["files"]])
+    plan_path = os.path.join(root, checkpoint_manifest.RESTORE_PLAN)
+    safefile.write_json(plan_path, plan)
+    status = checkpoint_restore.restore(plan_path, root, sign=bundle.sign)
+    if not status.get("ok"):
+        raise Failed(EXIT_RESTORE, "restoring checkpoint %s failed: %s"
+                     % (doc.get("seq"), status.get("error")))
+    stream_settings = job.get("checkpoint_stream")
+    if isinstance(stream_settings, dict):
+        job["checkpoint_stream"] = dict(stream_settings, start_seq=doc["seq"],
+                                        start_slot=doc["slot"])
+        safefile.write_atomic(job_path, json.dumps(job, indent=1).encode())
+    return status
+
+
 def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL):
     """Fetch, verify and unpack the job's bundle into `jobdir`, then start the agent. Returns
     the status written to <jobdir>/bootstrap-status.json; Failed on any failure."""
@@ -383,7 +434,19 @@ def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL):
     members = check_archive(local[ARCHIVE], *counts)
     try:
         unpack(local[ARCHIVE], members, root)
-        # hosts.agent_dir(jobdir): <root>/agent-<version> for <root>/jobs/<id>
+        for name, path in local.items():
+            if name.startswith(JOB_DIR):
+                os.chmod(path, 0o600 if name.endswith(".json") else 0o700)
+                os.replace(path, os.path.join(root, name[len(JOB_DIR):]))
+        for name in ("checkpoints", "work"):
+            safefile.make_folders(root, [name])
+    except safefile.NotFolder as exc:
+        raise Failed(EXIT_ARCHIVE, "cannot unpack below %s: %s is %s" % (
+            jobdir, exc.filename, exc.what)) from None
+    except OSError as exc:
+        raise Failed(EXIT_WRITE, "cannot write the job's files: %s" % exc) from None
+    restored = restore_latest(bundle, root)
+    try:  # last, outside the job directory: hosts.agent_dir, <root>/agent-<version>
         agent_root = os.path.join(os.path.dirname(os.path.dirname(root)), agent_dir)
         os.makedirs(agent_root, exist_ok=True)
         for name, path in local.items():
@@ -391,19 +454,12 @@ def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL):
                 with open(path, "rb") as f:
                     safefile.write_atomic(os.path.join(agent_root, name[len(AGENT_DIR):]),
                                           f.read())
-        for name, path in local.items():
-            if name.startswith(JOB_DIR):
-                os.chmod(path, 0o600 if name.endswith(".json") else 0o700)
-                os.replace(path, os.path.join(root, name[len(JOB_DIR):]))
-    except safefile.NotFolder as exc:
-        raise Failed(EXIT_ARCHIVE, "cannot unpack below %s: %s is %s" % (
-            jobdir, exc.filename, exc.what)) from None
     except OSError as exc:
-        raise Failed(EXIT_WRITE, "cannot write the job's files: %s" % exc) from None
-    for name in ("checkpoints", "work"):
-        os.makedirs(os.path.join(root, name), exist_ok=True)
+        raise Failed(EXIT_WRITE, "cannot write the agent's files: %s" % exc) from None
     pid = start_agent(root, local[START])
     status = {"ok": True, "stage": "started", "agent_pane_pid": pid,
+              "restored": restored and {k: restored.get(k) for k in
+                                        ("seq", "slot", "step", "epoch", "files", "bytes")},
               "files": len(members), "seconds": round(time.time() - started, 3),
               "error": None, "exit_code": 0, "at": time.time()}
     write_status(root, status)

@@ -25,7 +25,7 @@ from pathlib import Path
 from ..host import agent as agent_module
 from .. import config, datasets
 from ..errors import UsageError
-from ..host import bootstrap
+from ..host import bootstrap, checkpoint_manifest
 from ..hosts import Host, agent_dir, agent_files, bundle
 from ..local_host import LocalHost
 from ..nodes import torchrun_argv
@@ -33,7 +33,7 @@ from ..spec import RECIPE, JobSpec
 from . import secrets
 
 SETUP_FILE = "setup.sh"
-RESTORE_PLAN = "restore.json"  # on the host: the checkpoint to fetch before the job starts
+RESTORE_PLAN = checkpoint_manifest.RESTORE_PLAN  # on the host, before the job starts
 
 
 def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,

@@ -65,7 +65,7 @@ def lab(moto_endpoint, tmp_path, monkeypatch):
     imds.close()
 
 
-def make_bundle(lab, tmp: Path) -> dict:
+def make_bundle(lab, tmp: Path, stream: dict | None = None) -> dict:
     """A launch-shaped bundle: a workdir synced as launch lists it, run.sh, setup.sh and
     job.json written through the launch's own functions on a host, uploaded by jobbundle.
     Returns what the instance must end up with."""
@@ -85,7 +85,7 @@ def make_bundle(lab, tmp: Path) -> dict:
                                                            job_id=JOB, setup_once=False))
     host.write_text(f"{jobdir}/job.json", json.dumps(scripts.job_settings(
         config.Settings(), spec, LocalProvider(config.Settings()), JOB, host, jobdir,
-        str(tmp / "data"), 0, 1, None, None), indent=1))
+        str(tmp / "data"), 0, 1, None, stream), indent=1))
     parts_dir = tmp / "parts"
     parts_dir.mkdir()
     parts, meta = scripts.bundle_parts(host, jobdir, JOB, [(work, "work", ())],
@@ -273,3 +273,51 @@ def test_a_launch_that_does_not_recover_uploads_no_bundle(cli, aws, ct_home):
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.splitlines()[0]
     assert not [e for e in open_store(ct_home).events(job_id) if e.phase == "bundle"]
+
+
+def store_checkpoint(lab, files: dict[str, bytes], seq: int = 3, slot: str = "b",
+                     tamper: str | None = None) -> dict:
+    """A checkpoint the job streamed: its files in slot `slot`, then stream/latest.json."""
+    import hashlib
+
+    stream = PREFIX + "stream/"
+    listed = []
+    for path, data in files.items():
+        lab.s3.put_object(Bucket=BUCKET, Key=f"{stream}{slot}/{path}",
+                          Body=b"X" * len(data) if path == tamper else data)
+        listed.append({"path": path, "size": len(data),
+                       "sha256": hashlib.sha256(data).hexdigest()})
+    doc = {"version": 1, "job_id": JOB, "seq": seq, "slot": slot, "step": 40, "epoch": 2,
+           "step_source": "checkpoint", "taken_at": 1.0, "uploaded_at": 2.0,
+           "upload_seconds": 0.5, "final": False, "attempt": 1, "files": listed,
+           "bytes": sum(len(d) for d in files.values())}
+    lab.s3.put_object(Bucket=BUCKET, Key=stream + "latest.json", Body=json.dumps(doc))
+    return doc
+
+
+def test_the_latest_stored_checkpoint_is_restored_before_the_agent_starts(lab):
+    b = make_bundle(lab, lab.tmp, stream={"settle_s": 2.0, "poll_s": 1.0, "start_seq": 0,
+                                          "start_slot": None, "attempt": 1})
+    ckpt = {"checkpoints/model.pt": os.urandom(50_000), "metrics.jsonl": b'{"step": 40}\n'}
+    store_checkpoint(lab, ckpt)
+    done = run_bootstrap(lab, b["jobdir"])
+    assert done.returncode == 0, done.stderr
+    jobdir = Path(b["jobdir"])
+    for rel, data in ckpt.items():
+        assert (jobdir / rel).read_bytes()[:len(data)] == data, rel
+    job = json.loads((jobdir / "job.json").read_text())
+    said = json.loads((jobdir / bootstrap.STATUS_FILE).read_text())
+    assert said["restored"]["seq"] == 3 and said["restored"]["slot"] == "b"
+    assert said["restored"]["files"] == 2
+    # The stream goes on after the restored checkpoint, as a relaunch's does.
+    assert job["checkpoint_stream"] == {"settle_s": 2.0, "poll_s": 1.0, "start_seq": 3,
+                                        "start_slot": "b", "attempt": 1}
+    wait_for(lambda: (jobdir / "status.json").exists(), timeout=20)
+
+
+def test_a_stored_checkpoint_that_does_not_check_out_stops_the_start(lab):
+    b = make_bundle(lab, lab.tmp)
+    store_checkpoint(lab, {"checkpoints/model.pt": os.urandom(1000)},
+                     tamper="checkpoints/model.pt")
+    refused(lab, b, bootstrap.EXIT_RESTORE, "sha256")
+    assert not (Path(b["jobdir"]) / "checkpoints" / "model.pt").exists()
