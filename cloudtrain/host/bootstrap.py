@@ -208,9 +208,14 @@ class Bundle:
         return self.get_json(self.key(MANIFEST), MANIFEST_MAX_BYTES, EXIT_MANIFEST,
                              "the bundle was never uploaded, or its upload did not finish")
 
-    def get_json(self, key, limit, code, missing=None):
+    def get_json(self, key, limit, code, missing=None, denied_is_missing=False):
         """The JSON object at `key`, read to at most `limit` bytes (one byte more refuses
-        it); None where there is none and `missing` is None, else Failed(code)."""
+        it); None where there is none and `missing` is None, else Failed(code).
+
+        S3 answers a GET of a missing key with 403, not 404, to a caller without
+        s3:ListBucket on the bucket (the instance role has none): `denied_is_missing` takes
+        a 403 as "not there", for a key the same statement of the role covers as one read
+        already (stream/ beside bundle/)."""
         url = object_url(self.bucket, key, self.region, self.endpoint)
         req = urllib.request.Request(url, headers=self.sign(url))
         where = "s3://%s/%s" % (self.bucket, key)
@@ -219,14 +224,16 @@ class Bundle:
                 data = resp.read(limit + 1)
         except urllib.error.HTTPError as exc:
             exc.close()
-            if exc.code == 404:
+            if exc.code == 404 or (exc.code == 403 and denied_is_missing):
                 if missing is None:
                     return None
                 raise Failed(code, "no %s: %s" % (where, missing)) from None
             if exc.code == 403:
-                raise Failed(code, "access denied to %s (403): the instance role needs "
-                             "s3:GetObject on its job's prefix "
-                             "(infra/instance-role-policy.json)" % where) from None
+                raise Failed(code, "access denied to %s (403): it is not there (%s; S3 says "
+                             "403 for a missing key to a role that may not list the bucket), "
+                             "or the instance role lacks s3:GetObject on it "
+                             "(infra/instance-role-policy.json)"
+                             % (where, missing or "never stored")) from None
             raise Failed(code, "reading %s was refused (HTTP %d)" % (where, exc.code)) from None
         except OSError as exc:
             raise Failed(code, "reading %s failed: %s" % (where, exc)) from None
@@ -381,7 +388,8 @@ def restore_latest(bundle, root):
     does. None when nothing was streamed yet: the job starts over."""
     stream = bundle.prefix + checkpoint_manifest.STREAM
     doc = bundle.get_json(stream + checkpoint_manifest.LATEST,
-                          checkpoint_manifest.MANIFEST_MAX_BYTES, EXIT_RESTORE)
+                          checkpoint_manifest.MANIFEST_MAX_BYTES, EXIT_RESTORE,
+                          denied_is_missing=True)
     if doc is None:
         return None
     why = checkpoint_manifest.check_manifest(doc)

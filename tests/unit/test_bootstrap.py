@@ -238,3 +238,37 @@ def test_a_link_in_the_workdir_is_said_before_a_bundle_no_instance_would_take(tm
     into.mkdir()
     with pytest.raises(UsageError, match="work/latest is a link"):
         scripts.bundle_parts(LocalHost(), str(jobdir), "j1", [(work, "work", ())], [], into)
+
+
+def test_a_403_is_a_missing_key_only_where_the_role_read_its_neighbour(monkeypatch):
+    """S3 answers 403 for a missing key to a role without s3:ListBucket: no checkpoint yet
+    (stream/latest.json) is not an error, a 403 on the manifest says both readings."""
+    import http.server
+
+    from labs.imds import FakeIMDS
+    from labs.loopback import serve
+
+    class Denied(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            body = b"<Error><Code>AccessDenied</Code></Error>"
+            self.send_response(403)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    url, server = serve(Denied)
+    imds = FakeIMDS()
+    try:
+        b = bootstrap.Bundle("bucket", "jobs/o/j1/", "us-east-1", url, imds.url)
+        assert b.get_json("jobs/o/j1/stream/latest.json", 100, bootstrap.EXIT_RESTORE,
+                          denied_is_missing=True) is None
+        with pytest.raises(bootstrap.Failed) as err:
+            b.manifest()
+        assert err.value.code == bootstrap.EXIT_MANIFEST
+        assert "it is not there" in str(err.value) and "lacks s3:GetObject" in str(err.value)
+    finally:
+        server.close()
+        imds.close()
