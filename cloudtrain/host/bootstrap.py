@@ -308,8 +308,8 @@ def check_archive(path, files, nbytes):
 def unpack(path, members, root):
     """Each checked member into root/<name>: folders made one at a time without following a
     link (safefile.make_folders), each file written beside its place and renamed over it
-    (opened with O_NOFOLLOW), its mode's permission bits kept, and never more bytes than the
-    member's size."""
+    (safefile.write_atomic: opened with O_NOFOLLOW), its mode's permission bits kept, and
+    never more bytes than the member's size."""
     with tarfile.open(path, mode="r:") as tar:
         for member in members:
             parts = member.name.split("/")
@@ -318,27 +318,19 @@ def unpack(path, members, root):
             if os.path.lexists(target) and not stat.S_ISREG(os.lstat(target).st_mode):
                 raise Failed(EXIT_ARCHIVE, "%s is in the job directory already and is not a "
                              "file" % member.name)
-            src = tar.extractfile(member)
-            tmp = os.path.join(folder, ".%s.%d.unpacking" % (parts[-1][:100], os.getpid()))
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                         | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    left = member.size
-                    while left:
-                        chunk = src.read(min(CHUNK, left))
-                        if not chunk:
-                            raise Failed(EXIT_ARCHIVE, "%s is cut short" % member.name)
-                        out.write(chunk)
-                        left -= len(chunk)
-                os.chmod(tmp, member.mode & 0o755 | 0o600)
-                os.replace(tmp, target)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            safefile.write_atomic(target, _chunks(tar.extractfile(member), member),
+                                  sync=False, mode=member.mode & 0o755 | 0o600)
+
+
+def _chunks(src, member):
+    """The member's bytes, a block at a time, never more than its size."""
+    left = member.size
+    while left:
+        chunk = src.read(min(CHUNK, left))
+        if not chunk:
+            raise Failed(EXIT_ARCHIVE, "%s is cut short" % member.name)
+        left -= len(chunk)
+        yield chunk
 
 
 def _job_root(jobdir):

