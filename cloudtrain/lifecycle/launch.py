@@ -414,10 +414,16 @@ def _upload_bundle(a: _Launch, nodes: NodeGroup,
     a.report.phase("uploading the job's bundle to its job store")
     names = ["run.sh", "job.json"] + ([scripts.SETUP_FILE] if a.spec.setup else []) \
         + ([datasets.PLAN_FILE] if staged else [])
-    with tempfile.TemporaryDirectory(prefix="cloudtrain-bundle-") as tmp:
-        parts, meta = scripts.bundle_parts(nodes.hosts[0], nodes.jobdirs[0], a.job.id, copies,
-                                           names, Path(tmp))
-        line = a.provider.upload_bundle(a.store, a.job, a.spec, parts, meta)
+    try:
+        with tempfile.TemporaryDirectory(prefix="cloudtrain-bundle-") as tmp:
+            parts, meta = scripts.bundle_parts(nodes.hosts[0], nodes.jobdirs[0], a.job.id,
+                                               copies, names, Path(tmp))
+            line = a.provider.upload_bundle(a.store, a.job, a.spec, parts, meta)
+    except CloudtrainError as exc:
+        # The job runs as it would have without a bundle; only an instance that starts it
+        # alone needs one, and the supervisor here still relaunches over SSH.
+        line = (f"no bundle in the job store ({' '.join(exc.message.split())}): a replacement "
+                "instance cannot start the job by itself; the supervisor here relaunches it")
     if line:
         a.store.add_event(a.job.id, "bundle", detail=line)
         a.report.note(line)

@@ -262,6 +262,28 @@ def test_a_recovering_spot_launch_uploads_its_bundle_and_says_so(cli, aws, ct_ho
                                                    "job/job.json", "agent/agent.py"}
 
 
+def test_a_bundle_that_cannot_be_made_is_said_and_the_launch_goes_on(cli, aws, ct_home,
+                                                                     tmp_path):
+    """A workdir link (refused in a bundle: an instance never unpacks one) does not fail a
+    recovering spot launch after it paid for the instance: the job runs, and the timeline and
+    the launch's notes say that a replacement could not start it alone."""
+    from cloudtrain.state import open_store
+
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "train.py").write_text("print('hi')\n")
+    (work / "latest").symlink_to("train.py")
+    proc = cli("launch", "--instance", "g5.xlarge", "--spot", "--workdir", str(work),
+               "--follow", "--", "python3", "train.py", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "no bundle in the job store" in proc.stderr
+    store = open_store(ct_home)
+    (job,) = [j for j in store.jobs() if j.spec.get("workdir") == str(work)]
+    assert job.state == "succeeded"
+    (event,) = [e for e in store.events(job.id) if e.phase == "bundle"]
+    assert "is a link" in event.detail and "cannot start the job by itself" in event.detail
+
+
 def test_a_launch_that_does_not_recover_uploads_no_bundle(cli, aws, ct_home):
     from cloudtrain.state import open_store
 
