@@ -300,6 +300,17 @@ class Host(ABC):
     def _rename(self, src: str, dst: str) -> None:
         """Replace dst by src atomically."""
 
+    def start_command(self, job_id: str, jobdir: str) -> str:
+        """The shell line that starts the job's agent in a new detached tmux session and
+        prints the pane's pid: what start_agent runs, and what an instance that starts the
+        job by itself runs from its bundle (host/bootstrap.py)."""
+        # `exec`: the pane's process is the agent itself, so tmux's pane_pid is its pid.
+        agent_cmd = "exec {} 2>>{}".format(
+            shlex.join([self.python, self.agent_path(jobdir), "run", jobdir]),
+            shlex.quote(f"{jobdir}/agent.err"))
+        return self.tmux("new-session", "-d", "-P", "-F", "#{pane_pid}", "-s",
+                         session_name(job_id), "-x", "200", "-y", "50", agent_cmd)
+
     def start_agent(self, job_id: str, jobdir: str) -> None:
         """Start `agent.py run <jobdir>` as the command of a new detached tmux session, and
         wait until the agent proves it runs: a status.json with its pid (audit F20: a tmux
@@ -310,12 +321,7 @@ class Host(ABC):
         The tmux server exits when its last session ends; a new-session that reaches it while
         it is exiting fails with "server exited unexpectedly" (seen with many jobs launched
         at once). That, and only that kind of failure, is tried again."""
-        # `exec`: the pane's process is the agent itself, so tmux's pane_pid is its pid.
-        agent_cmd = "exec {} 2>>{}".format(
-            shlex.join([self.python, self.agent_path(jobdir), "run", jobdir]),
-            shlex.quote(f"{jobdir}/agent.err"))
-        command = self.tmux("new-session", "-d", "-P", "-F", "#{pane_pid}", "-s",
-                            session_name(job_id), "-x", "200", "-y", "50", agent_cmd)
+        command = self.start_command(job_id, jobdir)
         for attempt in range(TMUX_START_TRIES):
             result = self.run(command, check=False)
             if result.ok:

@@ -31,6 +31,7 @@ CHECKPOINTS = agent_upload.CHECKPOINTS
 INFO = "checkpoint-info.json"  # {"step", "epoch", "file"}, beside the checkpoint (checkpoint.py)
 LOGS = ("metrics.jsonl", "output.log")  # restored too: the resumed job appends to them
 RESTORE_STATUS = "restore-status.json"
+RESTORE_PLAN = "restore.json"  # in the job directory: the checkpoint to fetch before the job
 STEP_SOURCES = ("checkpoint", "metrics")
 MANIFEST_MAX_BYTES = 1 << 20  # latest.json (jobstore reads at most this much)
 MAX_FILES = 10000

@@ -4,8 +4,11 @@ Standard library only, Python 3.8+; shipped beside agent.py; run through checkpo
 command (`python3 checkpoint_stream.py restore PLAN JOBDIR`) by run.sh before the job starts.
 Imports checkpoint_manifest, agent_upload and safefile, nothing else of ours.
 
-    restore(plan_path, jobdir)   the files a plan (the manifest with a presigned GET URL per
-                                 file) names, verified, then swapped in
+    restore(plan_path, jobdir, sign=None)
+                                 the files a plan (the manifest with a presigned GET URL per
+                                 file) names, verified, then swapped in; `sign`: the URLs are
+                                 plain object URLs, each GET signed with the instance role
+                                 (host/bootstrap.py: an instance that starts its job alone)
 """
 
 import hashlib
@@ -67,14 +70,16 @@ def _load_plan(plan_path):
     return plan, float(timeout)
 
 
-def _get(url, tmp, size, digest, deadline, rel):
-    """Download `url` into the new file `tmp`: exactly `size` bytes with this sha256."""
+def _get(url, tmp, size, digest, deadline, rel, sign=None):
+    """Download `url` into the new file `tmp`: exactly `size` bytes with this sha256;
+    `sign(url)`: the headers that sign the GET (None: the URL is presigned)."""
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
     h, got = hashlib.sha256(), 0
     with os.fdopen(fd, "wb") as out:
         try:
             timeout = max(1.0, min(60.0, deadline - time.time()))
-            with urllib.request.urlopen(url, timeout=timeout) as resp:
+            req = urllib.request.Request(url, headers=sign(url) if sign else {})
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 while True:
                     if time.time() > deadline:
                         raise RestoreError("ran out of time downloading %s" % rel)
@@ -104,10 +109,10 @@ def _get(url, tmp, size, digest, deadline, rel):
         raise RestoreError("%s: the sha256 differs from the manifest" % rel)
 
 
-def _download(url, tmp, size, digest, deadline, rel):
+def _download(url, tmp, size, digest, deadline, rel, sign=None):
     for attempt in range(RESTORE_TRIES):
         try:
-            return _get(url, tmp, size, digest, deadline, rel)
+            return _get(url, tmp, size, digest, deadline, rel, sign)
         except _Transient as exc:
             delay = RESTORE_BACKOFF_S * 2 ** attempt
             if attempt == RESTORE_TRIES - 1 or time.time() + delay > deadline:
@@ -136,7 +141,7 @@ def _append_into(tmp, target):
     return True
 
 
-def restore(plan_path, jobdir):
+def restore(plan_path, jobdir, sign=None):
     """Download the snapshot `plan_path` names into `jobdir`: every file into a temporary file
     beside its place, verified (size, sha256), and only once all are, each renamed into place
     (metrics.jsonl and output.log, when there already, get the restored copy appended in
@@ -170,7 +175,8 @@ def restore(plan_path, jobdir):
             tmp = os.path.join(os.path.dirname(target), ".%s.%d.restoring"
                                % (os.path.basename(target), os.getpid()))
             staged.append(tmp)
-            _download(item["url"], tmp, item["size"], item["sha256"], deadline, item["path"])
+            _download(item["url"], tmp, item["size"], item["sha256"], deadline, item["path"],
+                      sign)
         for item, target, tmp in zip(plan["files"], targets, staged):  # checkpoints first
             if item["path"] not in LOGS:
                 os.replace(tmp, target)

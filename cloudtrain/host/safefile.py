@@ -138,18 +138,23 @@ def _read(fd, offset, end, limit):
     return b"".join(chunks)
 
 
-def write_atomic(path, data, sync=True):
-    """Replace the file at `path` by one holding the bytes `data`: written to a temporary file
+def write_atomic(path, data, sync=True, mode=None):
+    """Replace the file at `path` by one holding the bytes `data` (or each bytes an iterable
+    `data` yields, for a file too large to hold at once): written to a temporary file
     beside it, then renamed over it, so a reader sees the old file or the new one, never half
     of one. sync: the bytes reach the disk before the rename (a crash leaves the old file or
-    the whole new one). The temporary file is opened without following a link (one planted
-    there is refused, not written through) and removed again when anything fails."""
+    the whole new one). `mode`: its permission bits (default: 0o666 less the umask). The
+    temporary file is opened without following a link (one planted there is refused, not
+    written through) and removed again when anything fails."""
     tmp = "%s.%d.tmp" % (path, os.getpid())
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
-                     0o666)
+                     0o666 if mode is None else 0o600)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for chunk in (data,) if isinstance(data, (bytes, bytearray)) else data:
+                f.write(chunk)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             if sync:
                 f.flush()
                 os.fsync(f.fileno())

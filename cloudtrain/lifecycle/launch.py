@@ -21,6 +21,8 @@ rendezvous and the node environment are for several only).
     results grant   _grants                 where the agent stores the results
     stream          _stream_settings        a recovering job's checkpoint stream
     job files       _write_files            setup.sh, secrets, run.sh, job.json
+    bundle          _upload_bundle          a recovering job's files to its job store, for an
+                                            instance that starts it by itself (issue 27)
     start           _start                  the agent in tmux on every node
 
 It may call abort, plan, sources (and below them), scripts, group, attempts, secrets, lease and
@@ -149,7 +151,8 @@ def _launch_steps(a: _Launch, source: Job | None, kept: Job | None
     _advance(a.store, a.job.id, state.PROVISIONING)
     nodes = _acquire(a, kept)
     _advance(a.store, a.job.id, state.SYNCING)
-    sent = _sync(a, nodes, kept, source)
+    copies = _copies(a)
+    sent = _sync(a, nodes, copies, kept, source)
     _advance(a.store, a.job.id, state.SETTING_UP, detail=f"{sent} files sent"
              + (f" to {nodes.n} nodes" if nodes.n > 1 else ""))
     gpus, rendezvous = _set_up(a, nodes)
@@ -163,6 +166,8 @@ def _launch_steps(a: _Launch, source: Job | None, kept: Job | None
                                            "checkpoint_stream": True})
     _write_files(a, nodes, gpus, procs, stages, stream_from is not None, grants, stream,
                  rendezvous)
+    if a.spec.recover and grants[0] is not None and a.spec.attempt == 1:
+        _upload_bundle(a, nodes, copies, stages[0] is not None)
     return _start(a, nodes, procs, rendezvous)
 
 
@@ -193,11 +198,11 @@ def _prepare(nodes: NodeGroup, i: int) -> None:
                                                nodes.data_dirs[i]))
 
 
-def _sync(a: _Launch, nodes: NodeGroup, kept: Job | None, source: Job | None) -> int:
+def _sync(a: _Launch, nodes: NodeGroup, copies: list[tuple[Path, str, tuple[str, ...]]],
+          kept: Job | None, source: Job | None) -> int:
     """Steps mkdir, agent, copies and checkpoints: the job's files on every node; the number
     of files sent. One node syncs each folder (rsync where it can, only what changed since
     the kept job's copy for --on, with byte progress); several get one tar bundle."""
-    copies = _copies(a)
     if nodes.n == 1:
         _prepare(nodes, 0)
         jobdir, like = nodes.jobdirs[0], remote_jobdir(kept) if kept is not None else None
@@ -398,6 +403,30 @@ def _write_files(a: _Launch, nodes: NodeGroup, gpus: int, procs: int,
             procs, grants[i], stream if i == 0 else None, env), indent=1))
 
     nodes.each(write)
+
+
+def _upload_bundle(a: _Launch, nodes: NodeGroup,
+                   copies: list[tuple[Path, str, tuple[str, ...]]], staged: bool) -> None:
+    """Step bundle: a recovering job with a job store gets its bundle there (the first
+    attempt's; a relaunch keeps it), what host/bootstrap.py on a replacement instance starts
+    the job from with nothing of this machine: the synced files (the same listing), node 0's
+    job files as written just now, the agent, and the agent's start line."""
+    a.report.phase("uploading the job's bundle to its job store")
+    names = ["run.sh", "job.json"] + ([scripts.SETUP_FILE] if a.spec.setup else []) \
+        + ([datasets.PLAN_FILE] if staged else [])
+    try:
+        with tempfile.TemporaryDirectory(prefix="cloudtrain-bundle-") as tmp:
+            parts, meta = scripts.bundle_parts(nodes.hosts[0], nodes.jobdirs[0], a.job.id,
+                                               copies, names, Path(tmp))
+            line = a.provider.upload_bundle(a.store, a.job, a.spec, parts, meta)
+    except CloudtrainError as exc:
+        # The job runs as it would have without a bundle; only an instance that starts it
+        # alone needs one, and the supervisor here still relaunches over SSH.
+        line = (f"no bundle in the job store ({' '.join(exc.message.split())}): a replacement "
+                "instance cannot start the job by itself; the supervisor here relaunches it")
+    if line:
+        a.store.add_event(a.job.id, "bundle", detail=line)
+        a.report.note(line)
 
 
 def _start(a: _Launch, nodes: NodeGroup, procs: int, rendezvous: tuple[str, int] | None

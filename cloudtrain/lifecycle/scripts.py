@@ -11,6 +11,7 @@ Only text and the host's verbs; it calls secrets, nothing else of the lifecycle.
     output_paths(spec)                the job's named outputs, relative to its directory
     stage_plan(...)                   the stager's plan on the host, and its command
     restore_argv(host, jobdir)        the command that fetches a relaunch's checkpoint
+    bundle_parts(host, jobdir, ...)   the job's bundle: what an instance starts it from alone
 """
 
 from __future__ import annotations
@@ -19,18 +20,20 @@ import hashlib
 import json
 import os
 import shlex
+from pathlib import Path
 
 from ..host import agent as agent_module
 from .. import config, datasets
 from ..errors import UsageError
-from ..hosts import Host, agent_dir
+from ..host import bootstrap, checkpoint_manifest
+from ..hosts import Host, agent_dir, agent_files, bundle
 from ..local_host import LocalHost
 from ..nodes import torchrun_argv
 from ..spec import RECIPE, JobSpec
 from . import secrets
 
 SETUP_FILE = "setup.sh"
-RESTORE_PLAN = "restore.json"  # on the host: the checkpoint to fetch before the job starts
+RESTORE_PLAN = checkpoint_manifest.RESTORE_PLAN  # on the host, before the job starts
 
 
 def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
@@ -193,3 +196,50 @@ def restore_argv(host: Host, jobdir: str) -> list[str]:
     """run.sh's first line on a relaunched job's host: fetch the checkpoint of its plan."""
     return [host.python, f"{agent_dir(jobdir)}/checkpoint_stream.py", "restore",
             f"{jobdir}/{RESTORE_PLAN}", jobdir]
+
+
+def bundle_parts(host: Host, jobdir: str, job_id: str, copies: list, names: list[str],
+                 into: Path) -> tuple[list[tuple[str, Path]], dict]:
+    """The job's bundle (host/bootstrap.py's layout), as files in the folder `into`: the
+    synced files as one tar (hosts.bundle, the listing a sync sends: modes kept, no link
+    followed), the job's files `names` as launch wrote them on `host` (read back: the same
+    bytes), the agent's files, and start.sh (the line Host.start_agent runs). Returns
+    ([(name in the bundle, local file)], the manifest's fields besides the objects). The
+    secrets' file is never part of it: a job's secret values stay off the job store."""
+    into = Path(into)
+    archive = into / bootstrap.ARCHIVE
+    with open(archive, "wb") as f:
+        bundle(copies, f)
+    files, size = _archive_counts(archive)
+    parts = [(bootstrap.ARCHIVE, archive)]
+    for name in names:
+        local = into / f"job-{name}"
+        local.write_bytes(host.read(f"{jobdir}/{name}"))
+        parts.append((bootstrap.JOB_DIR + name, local))
+    parts += [(bootstrap.AGENT_DIR + p.name, p) for p in agent_files()]
+    start = into / bootstrap.START
+    start.write_text("#!/bin/sh\n" + host.start_command(job_id, jobdir) + "\n")
+    parts.append((bootstrap.START, start))
+    meta = {"job_id": job_id, "jobdir": jobdir, "agent_dir": Path(agent_dir(jobdir)).name,
+            "archive": {"files": files, "bytes": size}}
+    return parts, meta
+
+
+def _archive_counts(archive: Path) -> tuple[int, int]:
+    """(files, bytes) of the bundle's tar as written (what the instance checks it against).
+    A link in it is refused here: the instance refuses every link in a bundle (it cannot
+    tell a planted one from the user's), so the job could never start there."""
+    import tarfile
+
+    files = size = 0
+    with tarfile.open(archive, mode="r:") as tar:
+        for member in tar:
+            if not member.isreg():
+                raise UsageError(f"{member.name} is a {'link' if member.issym() or member.islnk() else 'special file'}: "
+                                 "an instance that starts this recovering job by itself "
+                                 "takes regular files only",
+                                 hint="replace it by the file it names, leave it out "
+                                      "(.gitignore), or launch with --no-recover")
+            files += 1
+            size += member.size
+    return files, size

@@ -94,6 +94,11 @@ class Provider(Protocol):
     def checkpoint_plan(self, store: Store, job: Job, expires_s: float) -> dict | None:
         """The latest checkpoint the job streamed to its job store, as a restore plan."""
 
+    def upload_bundle(self, store: Store, job: Job, spec, parts: list[tuple[str, Path]],
+                      meta: dict) -> str | None:
+        """The job's bundle to its job store (what an instance starts it from by itself);
+        a line saying where and how much, None without a job store."""
+
     # -- after the job
     def fetch_results(self, store: Store, job: Job, local: Path, node: int = 0
                       ) -> dict | None:

@@ -12,6 +12,7 @@ import os
 import re
 import socket
 import time
+from pathlib import Path
 
 from .. import config
 from ..datasets import Staged
@@ -214,6 +215,10 @@ class LocalProvider:
 
     def checkpoint_plan(self, store: Store, job: Job, expires_s: float) -> dict | None:
         return None  # a job here is never relaunched elsewhere: its checkpoints stay put
+
+    def upload_bundle(self, store: Store, job: Job, spec, parts: list[tuple[str, Path]],
+                      meta: dict) -> str | None:
+        return None  # no job store here: a job on this machine is never started elsewhere
 
     def fetch_results(self, store: Store, job: Job, local, node: int = 0) -> dict | None:
         return None

@@ -338,3 +338,54 @@ def test_issue27_template_tags_only_at_creation_and_the_role_only_to_ec2():
     (linked,) = _group_statements("iam:CreateServiceLinkedRole")
     assert linked["Condition"]["StringEquals"] == {
         "iam:AWSServiceName": "autoscaling.amazonaws.com"}
+
+
+ROLE = json.loads((REPO / "infra" / "instance-role-policy.json").read_text())
+BUNDLE_READ = {"arn:aws:s3:::cloudtrain-*/jobs/*/bundle/*",
+               "arn:aws:s3:::cloudtrain-*/jobs/*/stream/*"}
+
+
+def _bundle_problems(role: dict) -> list[str]:
+    """Why an instance role cannot start a job from its bundle (issue 27), or reads more than
+    the job store's bundles and checkpoint slots of its own account."""
+    reads = [s for s in role["Statement"] if s["Effect"] == "Allow"
+             and any(r.startswith("arn:aws:s3:::cloudtrain-") for r in _listed(s["Resource"]))]
+    if not reads:
+        return ["no statement reads the job store's bundles"]
+    problems = []
+    for s in reads:
+        if _listed(s["Action"]) != ["s3:GetObject"]:
+            problems.append(f"{s.get('Sid')}: {s['Action']} beyond s3:GetObject")
+        if set(_listed(s["Resource"])) - BUNDLE_READ:
+            problems.append(f"{s.get('Sid')}: objects beyond bundle/ and stream/")
+        if s.get("Condition") != {"StringEquals": {
+                "aws:ResourceAccount": "${aws:PrincipalAccount}"}}:
+            problems.append(f"{s.get('Sid')}: buckets of other accounts")
+    if BUNDLE_READ - {r for s in reads for r in _listed(s["Resource"])}:
+        problems.append("bundle/ or stream/ not readable")
+    return problems
+
+
+def test_issue27_the_instance_role_reads_its_job_store_bundles_and_checkpoints_only():
+    """An instance that starts its job alone reads bundle/ (host/bootstrap.py) and the
+    checkpoint slots (stream/) with its role; nothing else of the job store, nothing written,
+    only buckets of its own account."""
+    assert _bundle_problems(ROLE) == []
+    from cloudtrain.host import bootstrap, checkpoint_manifest
+
+    assert bootstrap.BUNDLE == "bundle/" and checkpoint_manifest.STREAM == "stream/"
+
+
+@pytest.mark.parametrize("change", ["without", "write", "everything", "any-account"])
+def test_issue27_the_check_fails_a_role_without_the_bundle_read_or_with_more(change):
+    role = json.loads(json.dumps(ROLE))
+    (read,) = [s for s in role["Statement"] if s["Sid"] == "ReadJobBundlesAndCheckpoints"]
+    if change == "without":
+        role["Statement"].remove(read)
+    elif change == "write":
+        read["Action"] = ["s3:GetObject", "s3:PutObject"]
+    elif change == "everything":
+        read["Resource"] = ["arn:aws:s3:::cloudtrain-*/*"]
+    else:
+        del read["Condition"]
+    assert _bundle_problems(role)

@@ -3,6 +3,8 @@ powers off, and how they come home after it is gone (jobstore.py beside it does 
 
     results_grant(store, job, spec)   a presigned POST for the agent, and what to tell the user
     fetch_results(store, job, local)  the stored files into `local`; None when nothing is stored
+    upload_bundle(store, job, spec, parts, meta)   what an instance starts the job from
+                                      (jobbundle.py), under the job's prefix
 
 Why a presigned POST and not an instance role: no IAM role or iam:PassRole is needed, the
 grant is scoped to one job's key prefix (`jobs/<owner key>/<id>/`) and expires, and no AWS
@@ -21,7 +23,7 @@ import time
 from pathlib import Path
 
 from ... import catalog
-from . import jobstore, jobstore_fetch
+from . import jobbundle, jobstore, jobstore_fetch
 from ...errors import CloudtrainError
 from ...state import Job, Store
 from .errors import _code, _message, aws_errors, client_error
@@ -45,6 +47,21 @@ class ResultsStoreMixin:
             self._clients[key] = (jobstore.s3_client(self.session(region), region, endpoint),
                                   bucket, account)
         return self._clients[key]
+
+    def upload_bundle(self, store: Store, job: Job, spec, parts: list[tuple[str, Path]],
+                      meta: dict) -> str:
+        """The job's bundle (jobbundle.py) under its prefix in the job store, with the
+        caller's credentials, the manifest last; where it went and its size, in words."""
+        region = getattr(spec, "store_region", None) or spec.region or self.region_of(job)
+        s3, bucket, account = self._job_store(region)
+        prefix = jobstore.job_prefix(job.id, owner_key=self._store_owner(store, job))
+        with aws_errors(region, "s3"):
+            doc = jobbundle.upload(s3, bucket, prefix, parts, meta,
+                                   expected_owner=account or None)
+        size = sum(o["size"] for o in doc["objects"])
+        return (f"bundle: {len(doc['objects'])} objects, {size / 1e6:.1f} MB "
+                f"({meta['archive']['files']} synced files) to "
+                f"s3://{bucket}/{prefix}bundle/, for an instance that starts the job by itself")
 
     def ensure_job_store(self, region: str, owner_key: str | None = None) -> tuple[str, bool]:
         """The job store's bucket in `region`, checked with one listing of the caller's own

