@@ -9,15 +9,17 @@ of the machine falls on each alike.
 Usage:
     python benchmarks/status_1000_jobs.py [--jobs N] [--runs R] [--tree DIR ...]
 
-Measured on 2 cores shared with other engineers' test runs, both trees in the same run:
-    python benchmarks/status_1000_jobs.py --tree /work/wt-merge26 --tree .
-                        i26-merge (524ba88)   i26-cli (cli/ package, LaunchOptions, Market)
-    status              0.078 s               0.080 s
-    status -a           0.131 s               0.136 s
-    floor               0.071 s               0.075 s
-Nearly all of `status` is the floor: Python, click, render, state and config. What is left on
-the status path that it does not need: render imports the host side's agent module (for
-as_time and fmt_duration), and with it host.safefile.
+Measured on 2 cores while the whole test suite ran beside it, both trees in the same run
+(`git archive ed37304 | tar -x -C /tmp/before`, main before issue 26's restructuring):
+    python benchmarks/status_1000_jobs.py --tree /tmp/before --tree .
+                        before (ed37304)      after (issue 26: lifecycle/, cli/, splits)
+    status              0.084 s               0.080 s
+    status -a           0.141 s               0.140 s
+    floor               0.075 s               0.072 s
+Nearly all of `status` is the floor: Python, click, the views, state and config. The status
+path imports one host-side module, host/job_status.py (stdlib, with host/safefile.py), for
+as_time and fmt_duration: the agent formats the same values on the instance, where nothing
+outside cloudtrain/host/ exists, so their one definition lives there.
 """
 
 from __future__ import annotations
