@@ -324,7 +324,7 @@ def make_template(root: Path, endpoint: str, timeout: float) -> Template:
 
 def add_aws_job(home: Path) -> str:
     """A finished job with an AWS instance row, written through the project's own Store (as
-    tests/integration/test_inputs_state.py does)."""
+    tests/integration/test_state_cli.py does)."""
     from cloudtrain import state
     from cloudtrain.state import Instance, Store
 

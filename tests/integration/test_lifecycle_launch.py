@@ -1,4 +1,6 @@
-"""Interrupting a launch at any phase leaves nothing running and nothing unexplained.
+"""The launch stage (cloudtrain/lifecycle/launch.py) through the real CLI on the local backend:
+the phases it says (D3), and interrupting a launch at any phase leaves nothing running and
+nothing unexplained.
 
 The launch is slowed down for real (a work directory of many files takes a while to sync),
 and the real CLI process is interrupted while the store says it is syncing.
@@ -83,3 +85,28 @@ def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(cli, ct_home)
     cli.ok("down", job_id)
     status = json.loads((ct_home / "jobs" / job_id / "status.json").read_text())
     assert status["state"] == "cancelled"
+
+
+# -- the phases a local launch says (D3) -------------------------------------------------------
+
+def test_d3_local_launch_says_its_phases_in_order_as_plain_lines(cli, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text("print('trained')\n")
+    (work / "data.bin").write_bytes(b"x" * 2_500_000)
+    proc = cli.ok("launch", "--workdir", str(work), "--", "python", "train.py")
+    job_id = proc.stdout.split("launched job ")[1][:8]
+    assert proc.stderr.splitlines() == [
+        f"launching job {job_id}: waiting until it starts (Ctrl-C cancels the launch)",
+        "running on this machine (local backend)",
+        "syncing 2 files, 2.5 MB",
+        "setting up the host",
+        "starting the job in tmux",
+        f"started job {job_id}",
+    ]
+    assert cli.wait(job_id)["state"] == "succeeded"
+
+
+def test_d3_quiet_local_launch_prints_only_the_id(cli, tmp_path):
+    proc = cli.ok("launch", "-q", "--", "true")
+    assert len(proc.stdout.strip()) == 8 and proc.stderr == ""

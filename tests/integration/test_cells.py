@@ -1,4 +1,6 @@
-"""Tables that fit the terminal and listings that say what their numbers are (issue 14):
+"""cloudtrain/cells.py and the views that print with it, through the real CLI.
+
+Tables that fit the terminal and listings that say what their numbers are (issue 14):
 D7 (every listing fits COLUMNS, --wide shows all), D20 (an unsettled AWS cost is the estimate
 from the instance's own times, not $0), D22 (the help's examples work in the default region),
 D23 (a profile's estimate says whose figures they are), D24 ($/RUN vs $/H), D34/D35 (recipe

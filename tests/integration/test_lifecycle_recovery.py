@@ -1,4 +1,6 @@
-"""Issue 13's launch options, as a user types them: spot jobs recover by default, and the
+"""cloudtrain/lifecycle/recovery.py: its options through the CLI and its relaunch plans.
+
+Issue 13's launch options, as a user types them: spot jobs recover by default, and the
 recovery options are refused in one line where they cannot apply (no traceback, exit 2)."""
 
 from __future__ import annotations

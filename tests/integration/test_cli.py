@@ -1,4 +1,6 @@
-"""Property-based fuzzing of what users type and what lies on disk (audit area 6, F21-F25):
+"""cloudtrain/cli/__init__.py (main: exit statuses, one designed error) end to end.
+
+Property-based fuzzing of what users type and what lies on disk (audit area 6, F21-F25):
 command-line arguments, config.yaml and the rows of state.db. Whatever the input, the CLI
 ends with exit status 0, 1 or 2, and a failure is a designed `Error: ...` line (or click's
 usage message), never a traceback or "internal error".
@@ -21,7 +23,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cloudtrain import config
 from conftest import TOY_RECIPE
-from test_inputs_state import ended_job, readers, run
+from test_state_cli import ended_job, readers, run
 
 
 def fuzz(examples: int) -> settings:

@@ -1,4 +1,6 @@
-"""A host that lies, stalls or plants things: what comes back from it is untrusted (audit F2,
+"""cloudtrain/hosts.py: what the Host interface brings back, over a real sshd and locally.
+
+A host that lies, stalls or plants things: what comes back from it is untrusted (audit F2,
 F3, F7, F19, F26). Real sshd on loopback and real files; a hostile host is played by code in
 the job directory, or (for names no real filesystem can hold) by a host whose listing lies."""
 

@@ -1,4 +1,6 @@
-"""The SSH wait of an AWS launch (moto) against an instance whose port accepts TCP but sends
+"""cloudtrain/ssh.py: connecting to an instance that is still booting.
+
+The SSH wait of an AWS launch (moto) against an instance whose port accepts TCP but sends
 no SSH banner, the way an instance looks while it boots: one short line while it retries, no
 paramiko traceback (D4); `--debug` still shows paramiko's log."""
 

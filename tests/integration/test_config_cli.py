@@ -1,4 +1,6 @@
-"""config.yaml and CLOUDTRAIN_HOME: whatever is in them, one designed line and exit 2 (F21),
+"""cloudtrain/config.py (settings, CLOUDTRAIN_HOME, private files) through the real CLI.
+
+config.yaml and CLOUDTRAIN_HOME: whatever is in them, one designed line and exit 2 (F21),
 and the state directory and database are the user's alone (F7)."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""A corrupt, foreign or hand-edited state.db (F22): an unusable database is one line naming the
+"""cloudtrain/state.py (the store) through the real CLI.
+
+A corrupt, foreign or hand-edited state.db (F22): an unusable database is one line naming the
 file, with what to do; a bad value in one row is read as missing, never a crash."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The whole lifecycle on the local backend: real tmux, the real agent, the real CLI process."""
+"""cloudtrain/providers/local.py: the whole lifecycle on the local backend.
+
+The whole lifecycle on the local backend: real tmux, the real agent, the real CLI process."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""What `launch` and the other commands refuse up front (F18, F23-F25): one designed line,
+"""cloudtrain/cli/launching.py (`launch`, its options) and the refusals shared by other commands.
+
+What `launch` and the other commands refuse up front (F18, F23-F25): one designed line,
 exit 2, flags named as they exist, and nothing created."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Nothing is paid for a plan that cannot work (issue 14; findings D1-D36 of the first-hour
+"""cloudtrain/preflight.py: the checks of a launch and of its dry run, through the real CLI.
+
+Nothing is paid for a plan that cannot work (issue 14; findings D1-D36 of the first-hour
 report): the checks a launch makes before creating anything, made the same by the dry run;
 the region from the AWS chain for every command; the confirmation before spending.
 
