@@ -368,7 +368,7 @@ def supervisor_secrets(lab: Lab, out: list, flaws: list) -> None:
 def _secrets_in(home: Path, when: str, flaws: list) -> None:
     """The secret key in no file; the session token only where AWS requires it: the job
     store's presigned POST signed with session credentials carries it as a form field in the
-    job's job.json (tests/integration/test_supervisor.py says the same)."""
+    job's job.json (tests/integration/test_lifecycle_supervisor.py says the same)."""
     for rel in harness.files_holding(home, SECRET):
         flaws.append(("leak", f"AWS_SECRET_ACCESS_KEY in $CLOUDTRAIN_HOME/{rel} ({when})"))
     for rel in harness.files_holding(home, TOKEN):

@@ -1,5 +1,6 @@
-"""The job store without a server: names, untrusted paths, the grant's signed policy,
-credential expiry, and the uploader's file list and request body."""
+"""cloudtrain/providers/aws/jobstore.py (and the host side's uploader) without a server: names,
+untrusted paths, the grant's signed policy, credential expiry, and the uploader's file list and
+request body."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The recovery supervisor on this machine: what it is handed when it starts, and what it
-says when AWS refuses its credentials."""
+"""cloudtrain/lifecycle/supervisor.py: the recovery supervisor on this machine, what it is
+handed when it starts, and what it says when AWS refuses its credentials."""
 
 from __future__ import annotations
 
