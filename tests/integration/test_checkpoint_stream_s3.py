@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -31,6 +30,9 @@ from cloudtrain.host import job_status
 from cloudtrain.host import checkpoint_stream as cs
 from cloudtrain.providers.aws import jobstore, jobstore_fetch
 from labs.credentials import CLIENT_CREDS
+from labs.imds import FakeIMDS
+from labs.loopback import QuietServer, serve
+from labs.polling import wait_for
 
 REGION = "eu-west-1"
 ACCOUNT = "123456789012"
@@ -94,16 +96,6 @@ def _restore_into(s3, bucket, target: Path, tmp_path: Path) -> dict:
     return checkpoint_restore.restore(str(plan_path), str(target))
 
 
-def _wait(what, check, timeout=15.0):
-    deadline = time.time() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_streamed_checkpoints_restore_byte_identical_and_alternate_slots(s3, bucket, grant,
                                                                          tmp_path):
     job = tmp_path / "job"
@@ -112,7 +104,7 @@ def test_streamed_checkpoints_restore_byte_identical_and_alternate_slots(s3, buc
     streamer = cs.Streamer(str(job), grant, settle_s=0.1, poll_s=0.02, attempt=1)
     streamer.start()
     try:
-        rec = _wait("the first upload", lambda: streamer.last)
+        rec = wait_for(lambda: streamer.last, 15.0, 0.02, "the first upload")
         assert rec["ok"] and (rec["seq"], rec["slot"], rec["step"]) == (1, "a", 10), rec
         manifest = jobstore_fetch.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
         assert (manifest["seq"], manifest["slot"], manifest["step_source"]) == (1, "a",
@@ -123,7 +115,8 @@ def test_streamed_checkpoints_restore_byte_identical_and_alternate_slots(s3, buc
 
         second = {"last.pt": os.urandom(2 << 20), "run/optimizer.pt": os.urandom(999)}
         _save(job, second, step=20)
-        rec = _wait("the second upload", lambda: streamer.uploads == 2 and streamer.last)
+        rec = wait_for(lambda: streamer.uploads == 2 and streamer.last, 15.0, 0.02,
+                       "the second upload")
         assert (rec["seq"], rec["slot"], rec["step"]) == (2, "b", 20)
     finally:
         streamer.stop(10)
@@ -137,20 +130,17 @@ def test_streamed_checkpoints_restore_byte_identical_and_alternate_slots(s3, buc
     assert body == first["last.pt"]
 
 
-class _Proxy(http.server.ThreadingHTTPServer):
-    """Forwards POSTs to moto; `fail(n)` (n: the POST's number, from 1) answers 500 instead;
-    `delay_s` before each forward (a slow link)."""
-
-    daemon_threads = True
+class _Proxy(QuietServer):
+    """Forwards POSTs to `upstream` (moto); `fail(n)` (n: the POST's number, from 1) answers 500
+    instead; `delay_s` before each forward (a slow link)."""
 
     def handle_error(self, request, client_address):
         pass  # a client that hung up mid-request (an upload cut short) is part of the test
 
-    def __init__(self, upstream: str):
-        super().__init__(("127.0.0.1", 0), _ProxyHandler)
-        self.upstream, self.count, self.delay_s = upstream, 0, 0.0
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.upstream, self.count, self.delay_s = "", 0, 0.0
         self.fail = lambda n: False
-        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
 
     def grant(self, grant: dict) -> dict:
         path = grant["url"].split("/", 3)[3]
@@ -179,10 +169,10 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def proxy(moto_endpoint):  # noqa: F811
-    server = _Proxy(moto_endpoint)
+    _, server = serve(_ProxyHandler, server_class=_Proxy)
+    server.upstream = moto_endpoint
     yield server
-    server.shutdown()
-    server.server_close()
+    server.close()
 
 
 @pytest.mark.parametrize("cut", ["server-fails", "deadline"])
@@ -305,37 +295,6 @@ sys.exit(143)
 """
 
 
-class _SpotNotice(http.server.ThreadingHTTPServer):
-    """IMDSv2 on loopback: spot/instance-action is 404 until `announce`."""
-
-    daemon_threads = True
-
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), _IMDSHandler)
-        self.announce = False
-        self.url = f"http://127.0.0.1:{self.server_address[1]}"
-        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
-
-
-class _IMDSHandler(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def do_PUT(self):
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"token")
-
-    def do_GET(self):
-        if not self.server.announce:
-            self.send_response(404)
-            self.end_headers()
-            return
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b'{"action": "terminate", "time": "2026-11-22T04:00:00Z"}')
-
-
 def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notice(
         s3, bucket, grant, tmp_path):
     home = tmp_path / "agent-x"
@@ -348,7 +307,7 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
     jobdir.mkdir(parents=True)
     (jobdir / "job.py").write_text(JOB_SCRIPT)
     (jobdir / "run.sh").write_text(f"exec {sys.executable} job.py\n")
-    imds = _SpotNotice()
+    imds = FakeIMDS(role=None)  # spot/instance-action is a 404 until announced
     (jobdir / "job.json").write_text(json.dumps({
         "job_id": JOB, "heartbeat_s": 0.1, "grace_s": 10, "imds_url": imds.url,
         "spot_poll_s": 0.1, "results_store": grant,
@@ -361,16 +320,15 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
             status = job_status.read_json(str(jobdir / "status.json")) or {}
             record = status.get("checkpoint_stream") or {}
             return record if record.get("uploads", 0) >= 2 else None
-        running = _wait("two streamed checkpoints", streamed)
+        running = wait_for(streamed, 15.0, 0.02, "two streamed checkpoints")
         assert running["ok"] and running["final"] is False and running["error"] is None
-        imds.announce = True
+        imds.announce("127.0.0.1")
         assert proc.wait(timeout=30) == 0, proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-        imds.shutdown()
-        imds.server_close()
+        imds.close()
 
     status = json.loads((jobdir / "status.json").read_text())
     assert status["state"] == "preempted"
