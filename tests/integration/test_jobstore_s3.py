@@ -12,7 +12,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import threading
 from pathlib import Path
 
 import boto3
@@ -25,6 +24,7 @@ from cloudtrain.host import agent_upload
 from cloudtrain.providers.aws import jobstore, jobstore_fetch
 from cloudtrain.errors import CloudtrainError
 from labs.credentials import CLIENT_CREDS
+from labs.loopback import serve
 
 REGION = "eu-west-1"
 ACCOUNT = "123456789012"  # moto's default account
@@ -398,13 +398,10 @@ class _S3Like(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def s3_like(monkeypatch):
     monkeypatch.setattr(agent_upload, "BACKOFF_S", 0.1)  # the schedule, faster
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _S3Like)
+    url, server = serve(_S3Like)
     _S3Like.script, _S3Like.seen = [], []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/", _S3Like
-    server.shutdown()
-    server.server_close()
+    yield f"{url}/", _S3Like
+    server.close()
 
 
 EXPIRED = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code>"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.host import agent, agent_store, job_processes, job_status
+from labs.loopback import serve
 
 
 def _sleeper(*extra: str) -> subprocess.Popen:
@@ -144,7 +145,6 @@ class _FakeIMDS:
 
     def __init__(self):
         import http.server
-        import threading
 
         self.announce = False
         self.tokens_seen = []
@@ -171,12 +171,10 @@ class _FakeIMDS:
                 self.end_headers()
                 self.wfile.write(b'{"action": "terminate", "time": "2026-11-22T04:00:00Z"}')
 
-        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url, self.server = serve(Handler)
 
     def close(self):
-        self.server.shutdown()
+        self.server.close()
 
 
 def test_spot_interruption_notice_stops_the_job_as_preempted(tmp_path):

@@ -22,28 +22,29 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from cloudtrain.host import agent_upload, checkpoint_manifest, checkpoint_restore
 from cloudtrain.host import checkpoint_stream as cs
 from cloudtrain.providers.aws import jobstore_fetch
+from labs.loopback import QuietServer, serve
 
 PREFIX = "jobs/ab12cd34/"
 
 
-class Store(http.server.ThreadingHTTPServer):
+class Store(QuietServer):
     """POST: a multipart form as the uploader sends it -> objects[key]; GET /<key>: it back.
     `fail(key)`: a status to answer instead (None: store it); `bytes_per_s`: read the body
-    at that rate (a slow link)."""
-
-    daemon_threads = True
+    at that rate (a slow link). Started by labs.loopback.serve."""
 
     def handle_error(self, request, client_address):
         pass  # a client that hung up mid-request (an upload cut short) is part of the test
 
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.objects: dict[str, bytes] = {}
         self.posts: list[str] = []
         self.fail = lambda key: None
         self.bytes_per_s = None
-        self.url = f"http://127.0.0.1:{self.server_address[1]}/"
-        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return super().url + "/"
 
     def grant(self) -> dict:
         return {"url": self.url, "fields": {"policy": "p"}, "prefix": PREFIX,
@@ -103,10 +104,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def store(monkeypatch):
     monkeypatch.setattr(agent_upload, "BACKOFF_S", 0.01)
     monkeypatch.setattr(checkpoint_restore, "RESTORE_BACKOFF_S", 0.01)
-    server = Store()
+    _, server = serve(_Handler, server_class=Store)
     yield server
-    server.shutdown()
-    server.server_close()
+    server.close()
 
 
 def _save(jobdir: Path, data: bytes, name: str = "last.pt", step=None, epoch=None) -> Path:
