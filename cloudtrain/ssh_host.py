@@ -70,11 +70,11 @@ class SSHHost(Host):
             self._conn = None
 
     def home(self) -> str:
-        """The login directory ($HOME), asked over SFTP, whose server runs in it: no shell
-        is started for it (a login shell costs a process and the user's rc files)."""
+        """The login shell's $HOME, where the agent and every command run: asked once per
+        connection. Not SFTP's start directory (the passwd home), which a host may set apart
+        from $HOME (sshd's SetEnv, as the namespace lab gives each host its own disk)."""
         if self._home is None:
-            with self.conn.sftp_op("home directory") as sftp:
-                self._home = sftp.normalize(".")
+            self._home = self.run('printf %s "$HOME"').stdout
         return self._home
 
     def run(self, command: str, check: bool = True, timeout: float | None = None) -> Result:

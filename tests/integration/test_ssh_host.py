@@ -35,6 +35,25 @@ def host(sshd):
     h.close()
 
 
+def test_home_is_the_login_shells_HOME_not_the_sftp_start_directory(tmp_path):
+    """The job directory lives under the HOME the login shell gets (the agent and every
+    command run there), which may differ from the passwd home SFTP starts in: the namespace
+    lab gives each host its own HOME with SetEnv, and two hosts with one passwd home once
+    shared a job directory (two ranks 1, no rank 2: torchrun waited for ever)."""
+    home = tmp_path / "its-own-home"
+    home.mkdir()
+    server = SSHD(tmp_path / "sshd")
+    server.config.write_text(server.config.read_text() + f"SetEnv HOME={home}\n")
+    server.start()
+    h = SSHHost(Endpoint(server.host, server.port, server.user, str(server.client_key)),
+                TMUX_SOCKET)
+    try:
+        assert h.home() == str(home)
+    finally:
+        h.close()
+        server.stop()
+
+
 def test_run_put_get_read_on_one_connection(host, sshd, tmp_path):
     assert host.run("echo hi; echo err >&2").stdout == "hi\n"
     with pytest.raises(CommandFailed) as info:
