@@ -359,3 +359,39 @@ def test_down_of_an_ended_job_whose_group_is_left_is_not_nothing_to_stop(cloud):
     (outcome,) = stop.cancel(store, _settings(), (job.id,), False)
     assert "nothing to stop" not in outcome.note and outcome.ok
     assert _group(name) is None and _live(job.id) == []
+
+
+def test_down_with_the_cli_policy_alone_skips_the_group_lookups_it_may_not_make(cloud,
+                                                                               monkeypatch):
+    """A user who attached only infra/iam-policy-cli.json: the lookups of groups and
+    templates by tag are refused, and `down` of a job that has no recorded group terminates
+    its instance as before (whoever may not describe groups could not have made one)."""
+    from moto.autoscaling.exceptions import AutoscalingClientError
+    from moto.autoscaling.models import AutoScalingBackend
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models import EC2Backend
+
+    p, store, images = cloud
+    spec = _spec(images[REGION])
+    job = _job(store, spec)
+    raw = _ec2().run_instances(ImageId=images[REGION], InstanceType="g5.xlarge", MinCount=1,
+                               MaxCount=1, TagSpecifications=[{
+                                   "ResourceType": "instance",
+                                   "Tags": [{"Key": "cloudtrain:job", "Value": job.id}]}]
+                               )["Instances"][0]
+    p._record_found(store, job, REGION, raw, 1)
+
+    def refused_groups(self, *args, **kwargs):
+        raise AutoscalingClientError("AccessDenied", "User is not authorized to perform: "
+                                     "autoscaling:DescribeAutoScalingGroups")
+
+    def refused_templates(self, *args, **kwargs):
+        raise EC2ClientError("UnauthorizedOperation", "You are not authorized to perform "
+                             "this operation: ec2:DescribeLaunchTemplates")
+
+    monkeypatch.setattr(AutoScalingBackend, "describe_auto_scaling_groups", refused_groups)
+    monkeypatch.setattr(EC2Backend, "describe_launch_templates", refused_templates)
+    (outcome,) = stop.cancel(store, _settings(), (job.id,), False)
+    assert outcome.ok, outcome.note
+    assert "group" not in outcome.note
+    assert _live(job.id) == []
