@@ -16,7 +16,7 @@ on a 2-core machine shared with other engineers' work, `python benchmarks/aws_la
     sitting 1 (load average 11-13)  before        after
     excluding the instance wait     6.33 / 5.19   3.95 / 3.44
     provisioning                    2.22 / 1.60   1.49 / 1.40  (boto's EC2 model, CPU-bound)
-    host-key                        0.55 / 0.50   0.07 / 0.07  ($HOME over SFTP, no command)
+    host-key                        0.55 / 0.50   0.07 / 0.07  ($HOME over SFTP; since reverted)
     syncing                         1.07 / 0.86   0.44 / 0.47  (mkdir in the agent check)
     setting-up                      0.61 / 0.56   0.58 / 0.63
     start->output                   1.87 / 1.19   1.30 / 0.99  (agent wait: /proc over SFTP)
@@ -27,12 +27,21 @@ on a 2-core machine shared with other engineers' work, `python benchmarks/aws_la
     syncing                         0.31 / 0.48   0.28 / 0.22
     start->output                   0.72 / 0.76   0.47 / 0.74
 
-    SSH commands per launch         6-8           3
+    SSH commands per launch         6-8           3 (4 since: $HOME from the shell)
 
 Five days before (6333168), at load ~2, the same launch took 2.78 s here with 4 SSH commands;
 its 0.65 s was measured on an idle machine. Each phase now makes no more round trips than it
 did then (host-key and syncing fewer); at load ~4 the launch is at the goal (1.46 / 1.67 s),
 under load 11 it is not.
+
+After the merge, on a quiet machine (load average 0.8), one after the other: main before the
+restructuring (ed37304, `git archive ed37304 | tar -x -C /tmp/before`, its own benchmark) and
+now, `python benchmarks/aws_launch.py --runs 3`:
+    excluding the instance wait     before 1.336 s        now 1.021 s
+    SSH commands per launch         6-8                    4
+(now: provisioning 0.38, host-key 0.14, syncing 0.11, setting-up 0.14, start->output 0.26 s).
+The fourth command is the login shell's $HOME (SSHHost.home): SFTP's start directory is the
+passwd home, which a host may set apart from $HOME, as the namespace lab does.
 """
 
 from __future__ import annotations
