@@ -15,23 +15,11 @@ the caller's credentials; the instance only ever reads.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from ...host import bootstrap
-
-CHUNK = 1 << 20
-
-
-def sha256_of(path: Path) -> tuple[int, str]:
-    """(size, sha256 hex) of a local file."""
-    h, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
+from .jobstore import sha256_of
 
 
 def manifest(parts: list[tuple[str, Path]], meta: dict) -> dict:

@@ -37,9 +37,11 @@ dicts stay inside this module.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
+from pathlib import Path
 
 from ...errors import CloudtrainError, UsageError
 from ...host import checkpoint_manifest
@@ -303,3 +305,14 @@ def _arn_partition(arn: str) -> str:
 
 def error_code(exc) -> str:
     return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+
+
+def sha256_of(path: Path | str) -> tuple[int, str]:
+    """(size, sha256 hex) of a local file: what a manifest lists, and what a download is
+    checked against."""
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+            size += len(block)
+    return size, h.hexdigest()

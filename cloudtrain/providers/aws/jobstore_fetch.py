@@ -13,7 +13,6 @@ boto3 is imported inside functions only.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -25,7 +24,7 @@ from ...host import checkpoint_manifest
 from ...host.agent_upload import CHECKPOINTS, MANIFEST, safe_relpath
 from .jobstore import (
     GRANT_MAX_S, LATEST_MAX_BYTES, MANIFEST_MAX_BYTES, MAX_OBJECTS, STREAM, error_code,
-    job_prefix, list_keys, owner_check)
+    job_prefix, list_keys, owner_check, sha256_of)
 
 
 class StreamError(CloudtrainError):
@@ -345,11 +344,7 @@ def _verify(path: str, size: int, digest: str | None) -> str | None:
         return f"{actual} bytes downloaded, {size} listed"
     if digest is None:
         return None
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return None if h.hexdigest() == digest else "sha256 differs from the manifest"
+    return None if sha256_of(path)[1] == digest else "sha256 differs from the manifest"
 
 
 def _remove(path: str) -> None:
