@@ -48,8 +48,6 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
         except HostError as exc:
             return _host_lost(store, settings, job, exc)
     fields = {}
-    if (job.reason or "").startswith(UNREACHABLE):  # it answers again
-        fields["reason"] = None
     if report.get("metrics"):
         fields["metrics"] = report["metrics"]
     status = report.get("status") or {}
@@ -79,6 +77,8 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
                            reason=status.get("reason"), **fields):
             finish(store, job)
         return store.job(job.id)
+    if (job.reason or "").startswith(UNREACHABLE):  # it answers again (an end above
+        fields["reason"] = None                       # sets its own reason)
     if fields:
         store.update_job(job.id, **fields)
     if job.backend != "local":  # what it has cost so far (an estimate until it ends)

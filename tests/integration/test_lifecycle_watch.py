@@ -72,3 +72,18 @@ def test_F19_a_broken_job_directory_never_breaks_status(cli, dead_agent_job, dam
         proc = cli(*args)
         assert "internal error" not in proc.stderr, (args, proc.stderr)
     assert cli.job(job_id)["state"] in ("failed", "running")
+
+
+def test_a_job_that_answers_again_with_its_end_is_recorded_not_an_internal_error(cli, ct_home):
+    """A job marked "host unreachable" (a probe that got no answer) whose host answers again
+    with the job's end: the end is recorded with the agent's reason. The refresh once passed
+    `reason` twice to set_state and `launch --follow` ended in 'internal error: TypeError'
+    (seen when the lab's connection dropped as the job ended)."""
+    job_id = cli.launch("--", "sh", "-c", "sleep 1; exit 3")
+    with state.open_store(config.home()) as store:
+        store.update_job(job_id, reason=f"{watch.UNREACHABLE}: no answer in 5 s")
+    time.sleep(2.5)  # the job ends meanwhile
+    job = wait_for(lambda: (lambda j: j if j["state"] == "failed" else None)(cli.job(job_id)),
+                   what="the job's end recorded")
+    assert job["exit_code"] == 3
+    assert not (job["reason"] or "").startswith(watch.UNREACHABLE)
