@@ -95,6 +95,9 @@ class JobSpec:
     # The job store's owner key (jobs/<store_owner>/<id>/), kept with the job at its first
     # upload grant; None for a job stored before owner prefixes (jobs/<id>/).
     store_owner: str | None = None
+    # The job's Auto Scaling group (issue 27), kept with the job once it is made: AWS
+    # relaunches the job, not the supervisor (lifecycle/autoscaled.py reads its attempts).
+    auto_scaling_group: str | None = None
     # Job files (jobfile.py) and their flags: `setup` (shell, once per instance before the
     # job), the job's environment `envs`, the names of its `secrets` (their values never go
     # in the spec: lifecycle/secrets.py), and `outputs` brought home after the job (paths relative

@@ -4,12 +4,14 @@
 #
 # THIS FILE IS A TEMPLATE. cloudtrain's AWS provider renders it with plain Python
 # str.replace() and sends the result as UserData. The placeholders are these names,
-# each wrapped in two at-signs on both sides, and they occur only in the three
+# each wrapped in two at-signs on both sides, and they occur only in the four
 # here-documents below (never in comments, so a multi-line value cannot escape one):
 #   JOB_ID               the cloudtrain job id
 #   MAX_RUNTIME_MINUTES  integer minutes: the job's max runtime plus a safety margin
 #   SHUTDOWN_COMMAND     shell command that powers the machine off
 #                        (production: "shutdown -h now"; user-data already runs as root)
+#   BOOT_SCRIPT          empty, or (a job of an Auto Scaling group) a bash script that
+#                        writes the boot loader and runs it (providers/aws/group_launch.py)
 # No other templating and no escaping: the here-documents are quoted, so any
 # characters in the values are safe. Users never pass this file themselves.
 #
@@ -196,5 +198,27 @@ fi
 
 # Second marker: setup steps that need tmux/rsync can wait for this file.
 [ -d "$STATE_DIR" ] && now_utc >"$STATE_DIR/user-data-done"
+
+# A job of an Auto Scaling group (a recovering spot job): every instance of the group starts the
+# job by itself. BOOT_SCRIPT (rendered by cloudtrain's AWS provider, empty for every other job)
+# writes the boot loader and runs it, detached: it fetches bootstrap.py and the host files from
+# the job store with the instance role, checks their sha256, and bootstrap.py starts the job
+# from its bundle (or, on the group's first instance, leaves it to the launching machine).
+# Detached, so that this script ends and cloud-init prints the host keys to the console.
+BOOT_SCRIPT=$(cat <<'CLOUDTRAIN_BOOT_EOF'
+@@BOOT_SCRIPT@@
+CLOUDTRAIN_BOOT_EOF
+)
+case $BOOT_SCRIPT in
+    ''|@@*) ;;
+    *)
+        if [ -d "$STATE_DIR" ] && printf '%s\n' "$BOOT_SCRIPT" >"$STATE_DIR/boot.sh"; then
+            SETSID=$(command -v setsid 2>/dev/null)
+            nohup $SETSID bash "$STATE_DIR/boot.sh" </dev/null >>"$LOG" 2>&1 &
+            log "boot: started (pid $!): the job starts from its bundle in the job store"
+        else
+            log "WARNING: cannot write $STATE_DIR/boot.sh: this instance cannot start the job"
+        fi ;;
+esac
 log "done"
 exit 0

@@ -80,6 +80,7 @@ NAME_MAX = 4096
 DEPTH_MAX = 64
 AGENT_START_S = 15.0  # the agent's first status.json, as Host.start_agent waits for it
 IMDS_URL = "http://169.254.169.254"
+MANIFEST_POLL_S = 2.0  # how often an instance waiting for the bundle asks for it
 
 EXIT_USAGE = 2
 EXIT_CREDENTIALS = 3  # no role credentials from IMDSv2
@@ -410,9 +411,26 @@ def restore_latest(bundle, root):
     return status
 
 
-def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL):
+def wait_for_manifest(bundle, wait_s):
+    """The bundle's manifest once it is there (the launch uploads it once the job's files are
+    written), asked every MANIFEST_POLL_S for up to `wait_s`; Failed after that."""
+    deadline = time.time() + wait_s
+    while True:
+        doc = bundle.get_json(bundle.key(MANIFEST), MANIFEST_MAX_BYTES, EXIT_MANIFEST,
+                              denied_is_missing=True)
+        if doc is not None:
+            return doc
+        if time.time() >= deadline:
+            raise Failed(EXIT_MANIFEST, "no bundle in the job store after %.0f s: the launch "
+                         "did not finish" % wait_s)
+        time.sleep(MANIFEST_POLL_S)
+
+
+def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, wait_s=0):
     """Fetch, verify and unpack the job's bundle into `jobdir`, then start the agent. Returns
-    the status written to <jobdir>/bootstrap-status.json; Failed on any failure."""
+    the status written to <jobdir>/bootstrap-status.json; Failed on any failure. `wait_s`: an
+    instance of the job's Auto Scaling group, which waits that long for the bundle, and leaves
+    the job alone where the launching machine has written its files (the group's first)."""
     started = time.time()
     try:  # first: every later failure is said in its status file
         root = _job_root(jobdir)
@@ -420,7 +438,16 @@ def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL):
         raise Failed(EXIT_WRITE, "cannot make %s: %s" % (jobdir, exc)) from None
     bundle = Bundle(bucket, prefix, region, endpoint, imds)
     bundle.credentials()
-    objects, counts, agent_dir = check_manifest(bundle.manifest(), jobdir)
+    doc = bundle.manifest() if not wait_s else wait_for_manifest(bundle, wait_s)
+    if wait_s and os.path.exists(os.path.join(root, "job.json")):
+        # The group's first instance: the launching machine wrote the job's files here over
+        # SSH before it uploaded the bundle, and starts the agent itself.
+        status = {"ok": True, "stage": "started by the launching machine", "error": None,
+                  "exit_code": 0, "seconds": round(time.time() - started, 3),
+                  "at": time.time()}
+        write_status(root, status)
+        return status
+    objects, counts, agent_dir = check_manifest(doc, jobdir)
     try:
         staging = safefile.make_folders(root, [STAGING])
         for name in os.listdir(staging):  # a bootstrap cut short before (a reboot)
@@ -474,6 +501,8 @@ def main(argv=None):
     parser.add_argument("--region", required=True)
     parser.add_argument("--endpoint", default=None, help="an S3 endpoint URL (tests)")
     parser.add_argument("--imds", default=IMDS_URL, help="the metadata service (tests)")
+    parser.add_argument("--wait-s", type=float, default=0.0,
+                        help="wait this long for the bundle (an Auto Scaling instance)")
     args = parser.parse_args(argv)
     jobdir = args.jobdir
     try:
@@ -482,7 +511,7 @@ def main(argv=None):
         if not PREFIX.fullmatch(args.prefix):
             raise Failed(EXIT_USAGE, "--prefix must be jobs/<owner>/<job>/")
         bootstrap(args.bucket, args.prefix, os.path.normpath(jobdir), args.region,
-                  args.endpoint, args.imds)
+                  args.endpoint, args.imds, max(0.0, args.wait_s))
         return 0
     except Failed as exc:
         line = " ".join(str(exc).split())[:500]

@@ -1,8 +1,9 @@
 """The stager's plan, checked, and how a staging failure is said.
 
 Standard library only, Python 3.8+; shipped beside stager.py (see stager.py for the plan's
-shape and the command). Imports shards and nothing else of ours: the lowest of the stager's
-modules (stage_plan <- stage_sigv4 <- stage_fetch <- stage_run <- stager).
+shape and the command). Imports shards and stage_errors (StageError, reason: kept apart so that the
+signer needs nothing else) and nothing else of ours (stage_errors <- stage_plan <- stage_fetch
+<- stage_run <- stager; stage_errors <- stage_sigv4).
 
     check_plan(plan) -> [dataset]   every field the stager reads checked; StageError otherwise
     StageError                      a one-line reason staging failed
@@ -16,24 +17,15 @@ import socket
 
 try:  # in the package (the orchestrator, tests), or shipped beside it on the host
     from . import shards
+    from .stage_errors import StageError, reason
 except ImportError:
     import shards
+    from stage_errors import StageError, reason
 
 PLAN_VERSION = 1
 NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 HEX = re.compile(r"[0-9a-f]+")
 MD5 = re.compile(r"[0-9a-f]{32}")
-
-
-class StageError(Exception):
-    """A one-line reason staging failed."""
-
-
-def reason(exc: BaseException) -> str:
-    if isinstance(exc, socket.timeout):
-        return "timed out"
-    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-    return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
 def disk_reason(exc: OSError) -> str:

@@ -1,6 +1,6 @@
 """S3 addresses, SigV4 signing of a GET, and the instance role's credentials (IMDSv2).
 
-Standard library only, Python 3.8+; shipped beside stager.py. Imports stage_plan (StageError,
+Standard library only, Python 3.8+; shipped beside stager.py. Imports stage_errors (StageError,
 reason) and nothing else of ours.
 
     object_url(bucket, key, region, endpoint=None) -> url
@@ -22,9 +22,9 @@ import urllib.parse
 import urllib.request
 
 try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from .stage_plan import StageError, reason
+    from .stage_errors import StageError, reason
 except ImportError:
-    from stage_plan import StageError, reason
+    from stage_errors import StageError, reason
 
 IMDS_TIMEOUT_S = 10.0
 REFRESH_S = 300.0  # credentials are renewed when fewer seconds than this remain

@@ -167,7 +167,7 @@ def _launch_steps(a: _Launch, source: Job | None, kept: Job | None
     _write_files(a, nodes, gpus, procs, stages, stream_from is not None, grants, stream,
                  rendezvous)
     if a.spec.recover and grants[0] is not None and a.spec.attempt == 1:
-        _upload_bundle(a, nodes, copies, stages[0] is not None)
+        _upload_bundle(a, nodes, copies, stages[0] is not None, required=bool(grouped))
     return _start(a, nodes, procs, rendezvous)
 
 
@@ -385,6 +385,8 @@ def _write_files(a: _Launch, nodes: NodeGroup, gpus: int, procs: int,
     the rendezvous) and job.json (node 0's with the checkpoint stream; on several nodes, the
     node's environment)."""
     efa = a.provider.efa_environment(a.spec) if rendezvous else None
+    # A job of an Auto Scaling group: node 0's agent ends the group with the job.
+    grouped = a.provider.group_settings(a.store, a.job, a.spec)
 
     def write(i: int) -> None:
         host, jobdir = nodes.hosts[i], nodes.jobdirs[i]
@@ -398,19 +400,23 @@ def _write_files(a: _Launch, nodes: NodeGroup, gpus: int, procs: int,
             a.spec, jobdir, host.python, procs, stages[i],
             scripts.restore_argv(host, jobdir) if restore else None, node=node,
             job_id=a.job.id, setup_once=scripts.setup_once(host)))
-        host.write_text(f"{jobdir}/job.json", json.dumps(scripts.job_settings(
+        host.write_text(f"{jobdir}/job.json", json.dumps({**scripts.job_settings(
             a.settings, a.spec, a.provider, a.job.id, host, jobdir, nodes.data_dirs[i], gpus,
-            procs, grants[i], stream if i == 0 else None, env), indent=1))
+            procs, grants[i], stream if i == 0 else None, env), **(grouped if i == 0 else {})},
+            indent=1))
 
     nodes.each(write)
 
 
 def _upload_bundle(a: _Launch, nodes: NodeGroup,
-                   copies: list[tuple[Path, str, tuple[str, ...]]], staged: bool) -> None:
+                   copies: list[tuple[Path, str, tuple[str, ...]]], staged: bool,
+                   required: bool = False) -> None:
     """Step bundle: a recovering job with a job store gets its bundle there (the first
     attempt's; a relaunch keeps it), what host/bootstrap.py on a replacement instance starts
     the job from with nothing of this machine: the synced files (the same listing), node 0's
-    job files as written just now, the agent, and the agent's start line."""
+    job files as written just now, the agent, and the agent's start line. `required`: a job
+    of an Auto Scaling group, whose every replacement starts from the bundle: without one the
+    launch fails (and its group is deleted), rather than leave a group that cannot recover."""
     a.report.phase("uploading the job's bundle to its job store")
     names = ["run.sh", "job.json"] + ([scripts.SETUP_FILE] if a.spec.setup else []) \
         + ([datasets.PLAN_FILE] if staged else [])
@@ -420,6 +426,8 @@ def _upload_bundle(a: _Launch, nodes: NodeGroup,
                                                copies, names, Path(tmp))
             line = a.provider.upload_bundle(a.store, a.job, a.spec, parts, meta)
     except CloudtrainError as exc:
+        if required:
+            raise
         # The job runs as it would have without a bundle; only an instance that starts it
         # alone needs one, and the supervisor here still relaunches over SSH.
         line = (f"no bundle in the job store ({' '.join(exc.message.split())}): a replacement "

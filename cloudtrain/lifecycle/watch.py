@@ -22,7 +22,7 @@ from ..host.job_processes import pid_alive
 from ..errors import CloudtrainError, HostError
 from ..spec import JobSpec
 from ..state import Job, Store
-from . import attempts, group, supervisor
+from . import attempts, autoscaled, group, supervisor
 from .collect import (collect_files, finish, from_job_store, mark_node_collected,
                       node_from_store, probe_files, record_node_agents, record_staged,
                       stop_nodes)
@@ -60,6 +60,12 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
         if record_staged(store, job, staging):  # the data is complete: the job itself runs
             fields["metrics"] = report.get("metrics") or None
     agent_state = status.get("state")
+    if agent_state == state.PREEMPTED and autoscaled.grouped(job):
+        # AWS Auto Scaling replaces the instance; nothing here relaunches or releases.
+        store.update_job(job.id, reason="spot interruption notice: the checkpoint goes to the "
+                                        "job store, AWS Auto Scaling relaunches the job",
+                         **fields)
+        return store.job(job.id)
     if agent_state == state.PREEMPTED and (job.spec or {}).get("recover"):
         if not attempts.drained(job, status):  # the notice's checkpoint is on its way up
             stop_nodes(job, settings, wait=False)  # the other nodes' jobs checkpoint too
@@ -192,6 +198,8 @@ def _host_lost(store: Store, settings: config.Settings, job: Job, exc: HostError
     for inst in store.instances(job.id):
         if inst.provider != "local" and inst.id not in states:
             states[inst.id] = {"state": "terminated", "reason": "", "message": "no longer listed"}
+    if autoscaled.grouped(job):
+        return _group_host_lost(store, job, states, exc)
     if not (states and all(s["state"] in ("shutting-down", "terminated")
                            for s in states.values())):
         store.update_job(job.id, reason=f"{UNREACHABLE}: {exc.message}")
@@ -227,6 +235,35 @@ def _host_lost(store: Store, settings: config.Settings, job: Job, exc: HostError
         store.set_state(job.id, state.PREEMPTED if spot else state.FAILED, reason=reason,
                         detail=reason)
     finish(store, store.job(job.id), collect=False, force=True)  # it is gone anyway
+    return store.job(job.id)
+
+
+def _group_host_lost(store: Store, job: Job, states: dict, exc: HostError) -> Job:
+    """The host of a job that AWS Auto Scaling relaunches does not answer. Its instance still
+    runs: only unreachable now. Gone: the job went on elsewhere (its attempts are read from
+    the job store), or it has ended, and its end and files are read from there."""
+    current = store.attempt(job.id)
+    mine = current.instance_id if current is not None and current.instance_id else None
+    gone = ("shutting-down", "terminated")
+    if mine is not None and states.get(mine, {}).get("state") not in gone:
+        store.update_job(job.id, reason=f"{UNREACHABLE}: {exc.message}")
+        return store.job(job.id)
+    why = f"{mine or 'its instance'} " + ("taken back" if spot_reason(
+        {mine: states[mine]} if mine in states else states) else "gone")
+    try:
+        final = autoscaled.lost(store, job, states, why)
+        if final is None:
+            return store.job(job.id)
+        status = from_job_store(store, job) or {}
+    except CloudtrainError as store_exc:  # throttled, expired credentials: ask again later
+        store.update_job(job.id, reason=f"{UNREACHABLE}; the job store could not be read "
+                                        f"({store_exc.message}): status tries again")
+        return store.job(job.id)
+    ended = final["ended_at"] or status.get("ended_at") or time.time()
+    code = final["exit_code"] if final["exit_code"] is not None else status.get("exit_code")
+    if store.set_state(job.id, final["state"], at=ended, detail=final["reason"],
+                       exit_code=code, reason=final["reason"], expect=job.state):
+        finish(store, store.job(job.id), collect=False, force=True)  # it is gone anyway
     return store.job(job.id)
 
 

@@ -98,6 +98,12 @@ class Provider(Protocol):
                       meta: dict) -> str | None:
         """The job's bundle to its job store (what an instance starts it from by itself);
         a line saying where and how much, None without a job store."""
+    def group_settings(self, store: Store, job: Job, spec) -> dict:
+        """job.json's settings for a job that AWS Auto Scaling relaunches (the agent ends
+        the job's group with the job); {} for any other job."""
+    def group_record(self, store: Store, job: Job) -> dict:
+        """What the instances of a job's Auto Scaling group wrote to its job store:
+        {"attempts": [...], "final": the job's end or None}."""
 
     # -- after the job
     def fetch_results(self, store: Store, job: Job, local: Path, node: int = 0

@@ -220,6 +220,12 @@ class LocalProvider:
                       meta: dict) -> str | None:
         return None  # no job store here: a job on this machine is never started elsewhere
 
+    def group_settings(self, store: Store, job: Job, spec) -> dict:
+        return {}  # nothing here is relaunched by anyone but the supervisor
+
+    def group_record(self, store: Store, job: Job) -> dict:
+        return {"attempts": [], "final": None}  # no group here
+
     def fetch_results(self, store: Store, job: Job, local, node: int = 0) -> dict | None:
         return None
 

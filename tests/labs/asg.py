@@ -111,6 +111,10 @@ USER_DATA_LIMIT = 16384  # EC2: "User data is limited to 16 KB, in raw form"
 CONSOLE_LIMIT = 65536  # GetConsoleOutput: the last 64 KB
 OVERLAID = ("/etc", "/var", "/opt", "/usr", "/run", "/root", "/home", "/mnt", "/srv")
 USER_HOME = "/home/ubuntu"  # the DLAMI's default user's home: the instance's home dir
+# ... and root's: the lab's SSH user is root, so its sessions (and user-data, run as root) see
+# the instance's home at /root, the same path on every instance of a group, as /home/ubuntu is
+# for the DLAMI's user on AWS
+ROOT_HOME = "/root"
 IMDS_ADDRESS = "169.254.169.254"
 SHUTDOWN_REASON = ("Client.InstanceInitiatedShutdown",
                    "Client.InstanceInitiatedShutdown: Instance initiated shutdown")
@@ -767,6 +771,7 @@ class AutoScalingLab:
         inst.sshd = server
         host.sshds.append(server)
         cloud.sshds[ip] = server
+        cloud.session_homes[ip] = ROOT_HOME  # the home, as root's (the lab's SSH user) is
         cloud.start(ip)  # its SetEnv (HOME, TMUX_TMPDIR, host_env), then sshd
         if forwarder.stdout.readline().strip() != "ready":
             raise RuntimeError("the IMDS forwarder did not start")
@@ -811,6 +816,7 @@ class AutoScalingLab:
                          f"workdir={d / 'work'} overlay {target}")
         lines.append(f"mkdir -p {USER_HOME}")
         lines.append(f"mount --bind {shlex.quote(str(home))} {USER_HOME}")
+        lines.append(f"mount --bind {shlex.quote(str(home))} {ROOT_HOME}")
         lab_recorder = self.cloud.tmp / "shutdown"  # cloud_lab.RECORDER
         if lab_recorder.exists():
             lines.append(f"mount --bind {shlex.quote(str(power_off))} "
@@ -873,8 +879,12 @@ class AutoScalingLab:
         inst.path("/var/lib/cloud/instance/user-data.txt").write_bytes(raw)
         (scripts / "part-001").write_bytes(raw)
         (scripts / "part-001").chmod(0o700)
-        env = {"PATH": CLOUD_INIT_PATH, "LANG": "C.UTF-8", **self.cloud.host_env,
-               **self.user_data_env}
+        # root's tmux directory is the instance's own, as its SSH sessions' is (TMUX_TMPDIR):
+        # on AWS each instance has its own /tmp; here they share this machine's
+        tmux = self.cloud.tmux_root / inst.ip
+        tmux.mkdir(exist_ok=True)
+        env = {"PATH": CLOUD_INIT_PATH, "LANG": "C.UTF-8", "HOME": ROOT_HOME,
+               "TMUX_TMPDIR": str(tmux), **self.cloud.host_env, **self.user_data_env}
         with open(inst.dir / "console.log", "ab") as out:
             inst.process = subprocess.Popen(
                 [*inst.enter(), "env", "-i", *[f"{k}={v}" for k, v in env.items()],
@@ -923,6 +933,7 @@ class AutoScalingLab:
         for table in (cloud.hosts, cloud.sshds):
             if table.get(ip) in (inst.host, inst.sshd):
                 del table[ip]
+        cloud.session_homes.pop(ip, None)
         if cloud.homes.get(ip) == cloud.tmp / f"home-{ip}":
             shutil.rmtree(cloud.homes.pop(ip), ignore_errors=True)
         shutil.rmtree(cloud.tmux_root / ip, ignore_errors=True)

@@ -73,12 +73,16 @@ class InstancesMixin:
                 {"Key": TAG_ATTEMPT, "Value": str(getattr(spec, "attempt", 1) or 1)},
                 {"Key": "Name", "Value": f"cloudtrain-{job.id}" + (f"-{job.name}" if job.name else "")}]
 
-    def user_data(self, job: Job, spec) -> str:
+    def user_data(self, job: Job, spec, boot_script: str = "") -> str:
+        """infra/user-data.sh rendered for the job; `boot_script`: what an Auto Scaling
+        group's instance runs to start the job by itself (group_launch.py), last, so that
+        nothing in it is taken for a placeholder."""
         minutes = power_off_minutes(spec.max_runtime_s)
         command = self.settings.shutdown_command.replace("sudo ", "")  # user-data runs as root
         return (USER_DATA.read_text().replace("@@JOB_ID@@", job.id)
                 .replace("@@MAX_RUNTIME_MINUTES@@", str(minutes))
-                .replace("@@SHUTDOWN_COMMAND@@", command))
+                .replace("@@SHUTDOWN_COMMAND@@", command)
+                .replace("@@BOOT_SCRIPT@@", boot_script))
 
     @staticmethod
     def _performance(spec) -> dict:

@@ -41,6 +41,7 @@ from .cache import CACHE_TTL_S, RegionCache
 from .cluster import ClusterMixin
 from .datasets import DatasetsMixin
 from .errors import AWSError, StaleCache, aws_errors, no_credentials
+from .group_launch import GroupLaunchMixin
 from .groups import GroupsMixin
 from .images import ImagesMixin
 from .instances import (
@@ -74,7 +75,7 @@ def assumed_role(arn: str) -> tuple[str, str] | None:
     return None
 
 
-class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, InstancesMixin, BootMixin, InventoryMixin, NetworkMixin,
+class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, GroupLaunchMixin, InstancesMixin, BootMixin, InventoryMixin, NetworkMixin,
                   ImagesMixin, PricingMixin, ResultsStoreMixin, VolumesMixin, AccountMixin,
                   DatasetsMixin):
     name = "aws"
@@ -349,6 +350,9 @@ class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, InstancesMixin, BootMixi
         found = self.attempt_instance(store, job, region, spec.attempt) \
             if spec.attempt > 1 else None
         instance = found
+        grouped = self.group_recovery(spec) is None and spec.attempt == 1
+        if instance is None and grouped:  # issue 27: AWS Auto Scaling relaunches this one
+            instance = self.acquire_from_group(store, job, spec, report)
         if instance is None:
             try:
                 instance = self._run(store, job, spec, region, boot, report)
@@ -366,10 +370,16 @@ class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, InstancesMixin, BootMixi
         report.phase(f"checking {instance}'s host key against its console output")
         verified = self._check_host_key(store, job, region, instance, host, spec.instance_type,
                                         report)
-        host.home()  # the first command, only now that the key is settled
+        home = host.home()  # the first command, only now that the key is settled
         store.update_instance(instance, state="running", details=json.dumps(
             {**self._details(store, instance), "address": address, "host_key": endpoint.host_key,
              "host_key_verified": verified}))
+        if grouped:
+            if self.jobdir(job.id, host) != self.group_jobdir(job):
+                raise AWSError(f"{instance}'s home is {home}, not {self.group_jobdir(job)}'s: "
+                               "a replacement instance would not find the job's files",
+                               hint="set ssh_user in config.yaml to the AMI's user")
+            self.record_attempt(store, job, spec, 1, instance)
         return host
 
     def adopt(self, store: Store, kept: Job, job: Job) -> SSHHost:

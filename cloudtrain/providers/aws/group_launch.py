@@ -1,0 +1,302 @@
+"""A recovering spot job launched through its Auto Scaling group: AWS relaunches it, not us.
+
+    group_recovery(spec)                      None where the job runs in a group, else why not
+    acquire_from_group(store, job, spec, boot, report)   boot files, group, its first instance
+    group_settings(store, job, spec)          job.json's "auto_scaling" (what the agent ends)
+    record_attempt(store, job, spec, n, instance)        attempts/<n>.json in the job store
+
+The launch of such a job (issue 27) differs from RunInstances' in where its instance comes from
+and in what every instance carries: before the group is made, `<prefix>boot.tar` (the host
+modules) goes to the job store; the launch template's user-data holds the boot loader
+(host/boot_loader.py with the two modules it imports) and the tar's sha256; at boot the loader
+fetches the tar with the instance role, checks it, and runs bootstrap.py, which waits for the
+job's bundle. On the group's first instance the launching machine syncs and starts the job over
+SSH as for any job (bootstrap.py finds the job's files there and leaves it alone); the bundle
+goes to the store before the agent starts; a replacement, on a fresh disk, starts the job from
+it, resumed from the last checkpoint in the store. Nothing of this machine is needed after the
+launch: the group replaces a lost instance by itself, the agent ends the group with the job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import re
+import shlex
+import tarfile
+import time
+from pathlib import Path
+
+from ...market import Market
+from ...progress import SILENT, Reporter
+from ...state import Instance, Job, Store
+from . import jobstore
+from .errors import AWSError, aws_errors
+from .groups import group_name
+
+HOST_DIR = Path(__file__).resolve().parent.parent.parent / "host"
+# The boot loader and what it imports, written into the user-data (read in this order).
+LOADER_FILES = ("stage_errors.py", "stage_sigv4.py", "boot_loader.py")
+BOOT_TAR = "boot.tar"  # below the job's prefix: bootstrap.py and every host module
+BOOT_DIR = "/var/lib/cloudtrain/boot"  # on the instance, where the loader puts them
+# How long bootstrap.py on the group's first instance waits for the bundle: the launch's sync
+# and setup (a replacement finds it there at once).
+BUNDLE_WAIT_S = 3600
+GROUP_START_WAIT_S = 600.0  # for the group to launch its first instance
+USER_DATA_MAX = 16384  # EC2's limit on user-data, in raw (here gzipped) form
+
+
+def boot_tar() -> tuple[bytes, str]:
+    """The host modules as one tar (names only, fixed times and modes: the same bytes for the
+    same files) and its sha256."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(HOST_DIR.glob("*.py")):
+            if path.name == "__init__.py":
+                continue
+            data = path.read_bytes()
+            info = tarfile.TarInfo(path.name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    data = out.getvalue()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def boot_script(loader_args: list[str], bootstrap_args: list[str], run_as: str) -> str:
+    """The bash the user-data runs (detached) on every instance of the group: the loader's
+    files written from here-documents, then the loader run as `run_as` where that user exists
+    (the SSH user: the job's files are then that user's, as on a launch over SSH)."""
+    lines = ["set -u", f"DIR={BOOT_DIR}", 'mkdir -p "$DIR"']
+    for name in LOADER_FILES:
+        text = (HOST_DIR / name).read_text()
+        end = "CLOUDTRAIN_FILE_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+        if end in text:  # never: the marker is the text's own hash
+            raise RuntimeError(f"{name} holds its own here-document marker")
+        lines += [f"cat >\"$DIR/{name}\" <<'{end}'", text.rstrip("\n"), end]
+    argv = " ".join(shlex.quote(a) for a in ["--dir", BOOT_DIR, *loader_args, "--",
+                                             *bootstrap_args])
+    user = shlex.quote(run_as)
+    lines += [
+        f"RUN_AS={user}",
+        'if [ "$(id -u)" = 0 ] && [ "$RUN_AS" != root ] && id -u "$RUN_AS" >/dev/null 2>&1 '
+        '&& command -v runuser >/dev/null 2>&1; then',
+        '    chown -R "$RUN_AS" "$DIR"',
+        '    HOME_DIR=$(getent passwd "$RUN_AS" | cut -d: -f6)',
+        f'    exec runuser -u "$RUN_AS" -- env HOME="$HOME_DIR" python3 "$DIR/boot_loader.py" {argv}',
+        "fi",
+        f'exec python3 "$DIR/boot_loader.py" {argv}',
+    ]
+    return "\n".join(lines)
+
+
+def instance_home(user: str) -> str:
+    """The SSH user's home on the instance (the DLAMI's ubuntu: /home/ubuntu; root: /root):
+    the same on every instance of the group, so the bundle's job directory is every one's."""
+    return "/root" if user == "root" else f"/home/{user}"
+
+
+class GroupLaunchMixin:
+    """AWSProvider's launch through an Auto Scaling group (needs GroupsMixin, the job store of
+    ResultsStoreMixin, InstancesMixin's user_data and the call/bootstrap of the provider)."""
+
+    def group_recovery(self, spec) -> str | None:
+        """None where AWS Auto Scaling relaunches this job; else why the supervisor on this
+        machine does (said in the plan)."""
+        if not getattr(spec, "recover", False) or spec.market != Market.SPOT:
+            return "not a recovering spot job"
+        if spec.nodes > 1:
+            return ("a job on several nodes is relaunched by the supervisor on this machine "
+                    "(the nodes' rendezvous through the job store is not built yet)")
+        if not self.settings.instance_profile:
+            return ("no instance_profile in config.yaml: a replacement instance needs the "
+                    "instance role to read the job's bundle from the job store "
+                    "(infra/README.md)")
+        if not self.settings.job_store:
+            return "job_store: false: a replacement instance starts the job from the job store"
+        return None
+
+    def group_jobdir(self, job: Job) -> str:
+        """The job directory on every instance of its group."""
+        root = self.settings.remote_root
+        home = instance_home(self.settings.ssh_user)
+        root = home + root[1:] if root.startswith("~") else root
+        return f"{root}/jobs/{job.id}"
+
+    def _store_place(self, store: Store, job: Job, spec) -> tuple[str, str, str, object]:
+        """(region, bucket, job prefix, s3 client) of the job's job store, made ready."""
+        region = getattr(spec, "store_region", None) or spec.region or self.region_of(job)
+        s3, bucket, _ = self._job_store(region)
+        owner_key = self._store_owner(store, job, record=True, region=region)
+        self.ensure_job_store(region, owner_key)
+        return region, bucket, jobstore.job_prefix(job.id, owner_key=owner_key), s3
+
+    def acquire_from_group(self, store: Store, job: Job, spec, report: Reporter = SILENT) -> str:
+        """The boot files to the job store, the group (groups.create_job_group) with the
+        user-data that starts the job on any instance, and the group's first instance,
+        recorded as the job's (from here on every failure path deletes the group)."""
+        import gzip
+
+        region = self.region(spec)
+        store_region, bucket, prefix, s3 = self._store_place(store, job, spec)
+        data, digest = boot_tar()
+        _, _, account = self._job_store(store_region)
+        with aws_errors(store_region, "s3"):
+            s3.put_object(Bucket=bucket, Key=prefix + BOOT_TAR, Body=data,
+                          ServerSideEncryption="AES256",
+                          **({"ExpectedBucketOwner": account} if account else {}))
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        where = ["--region", store_region] + (["--endpoint", endpoint] if endpoint else [])
+        loader = ["--bucket", bucket, "--key", prefix + BOOT_TAR, "--sha256", digest, *where,
+                  "--imds", self.settings.imds_url]
+        boot = ["--bucket", bucket, "--prefix", prefix, "--jobdir", self.group_jobdir(job),
+                *where, "--imds", self.settings.imds_url, "--wait-s", str(BUNDLE_WAIT_S)]
+        script = boot_script(loader, boot, self.settings.ssh_user)
+        user_data = gzip.compress(self.user_data(job, spec, script).encode(), 9, mtime=0)
+        if len(user_data) > USER_DATA_MAX:
+            raise AWSError(f"the job's user-data is {len(user_data)} bytes gzipped, more than "
+                           f"EC2's {USER_DATA_MAX}")
+        report.phase(f"creating the job's Auto Scaling group in {region}")
+        name = self.create_job_group(store, job, spec, user_data)
+        store.update_job(job.id, spec={**store.job(job.id).spec, "auto_scaling_group": name})
+        report.phase("waiting for AWS Auto Scaling to launch the instance")
+        return self._group_instance(store, job, spec, region, name)
+
+    def _group_instance(self, store: Store, job: Job, spec, region: str, name: str) -> str:
+        """The group's first instance, recorded (the job's instance from now on)."""
+        deadline = time.monotonic() + GROUP_START_WAIT_S
+        while True:
+            found = self.call(region, "describe_auto_scaling_groups", service="autoscaling",
+                              AutoScalingGroupNames=[name])["AutoScalingGroups"]
+            ids = [i["InstanceId"] for g in found for i in g.get("Instances", [])
+                   if not i.get("LifecycleState", "").startswith("Terminat")]
+            if ids:
+                break
+            if time.monotonic() >= deadline:
+                raise AWSError(f"the Auto Scaling group {name} launched no instance in "
+                               f"{GROUP_START_WAIT_S:.0f} s", hint=f"cloudtrain down {job.id}")
+            time.sleep(self.settings.poll_seconds)
+        instance_id = ids[0]
+        raw = self.call(region, "describe_instances", InstanceIds=[instance_id])
+        inst = raw["Reservations"][0]["Instances"][0]
+        zone = inst.get("Placement", {}).get("AvailabilityZone")
+        launched = inst.get("LaunchTime")
+        store.add_instance(Instance(
+            id=instance_id, job_id=job.id, provider=self.name, region=region, zone=zone,
+            instance_type=spec.instance_type, market=spec.market, state="requested",
+            launched_at=launched.timestamp() if launched else time.time(), terminated_at=None,
+            price_per_hour=None,
+            details={"subnet": inst.get("SubnetId"), "ami": inst.get("ImageId"),
+                     "key_name": inst.get("KeyName"), "auto_scaling_group": name,
+                     "disk_gb": spec.root_gb(self.settings), "disk_mbps": spec.disk_mbps}))
+        store.add_event(job.id, "instance", detail=f"{instance_id} in {zone} "
+                                                   f"(Auto Scaling group {name})")
+        return instance_id
+
+    def group_settings(self, store: Store, job: Job, spec) -> dict:
+        """job.json's "auto_scaling" for a job of a group (the agent ends its group with the
+        job; bootstrap.py counts the restarts): {} for any other job."""
+        if self.group_recovery(spec) is not None:
+            return {}
+        store_region, bucket, prefix, _ = self._store_place(store, job, spec)
+        endpoint = os.environ.get("AWS_ENDPOINT_URL")
+        return {"auto_scaling": {"group": group_name(job.id), "region": self.region(spec),
+                                 "endpoint": endpoint, "max_restarts": spec.max_restarts,
+                                 "prefix": prefix, "bucket": bucket,
+                                 "store_region": store_region}}
+
+    def record_attempt(self, store: Store, job: Job, spec, n: int, instance_id: str) -> None:
+        """attempts/<n>.json in the job store: the attempt that this machine started (a
+        replacement's is written by its bootstrap.py), so that counting starts at 1."""
+        _, bucket, prefix, s3 = self._store_place(store, job, spec)
+        inst = next((i for i in store.instances(job.id) if i.id == instance_id), None)
+        doc = {"attempt": n, "instance": instance_id, "zone": inst and inst.zone,
+               "type": spec.instance_type, "lifecycle": "spot", "started_at": time.time(),
+               "by": "launch"}
+        with aws_errors(self.region(spec), "s3"):
+            s3.put_object(Bucket=bucket, Key=f"{prefix}attempts/{n}.json",
+                          Body=json.dumps(doc).encode(), ServerSideEncryption="AES256")
+
+    def group_record(self, store: Store, job: Job) -> dict:
+        """What the job's instances wrote to the job store while nobody here watched: each
+        attempt (attempts/<n>.json: instance, AZ, type, start) and the job's end (final.json),
+        checked as untrusted input: {"attempts": [doc, ...] by n, "final": doc or None}."""
+        spec = job.spec or {}
+        region = spec.get("store_region") or spec.get("region") or self.region_of(job)
+        s3, bucket, account = self._job_store(region)
+        prefix = jobstore.job_prefix(job.id, owner_key=self._store_owner(store, job))
+        owner = account or None
+        out: dict = {"attempts": [], "final": None}
+        with aws_errors(region, "s3"):
+            keys = dict(jobstore.list_keys(s3, bucket, prefix + ATTEMPTS, owner))
+            for key, size in sorted(keys.items()):
+                doc = _small_json(s3, bucket, key, size, owner)
+                attempt = check_attempt(doc)
+                if attempt is not None and key == f"{prefix}{ATTEMPTS}{attempt['attempt']}.json":
+                    out["attempts"].append(attempt)
+                if len(out["attempts"]) >= MAX_ATTEMPTS:
+                    break
+            final = dict(jobstore.list_keys(s3, bucket, prefix + FINAL, owner))
+            if prefix + FINAL in final:
+                out["final"] = check_final(_small_json(s3, bucket, prefix + FINAL,
+                                                       final[prefix + FINAL], owner))
+        out["attempts"].sort(key=lambda a: a["attempt"])
+        return out
+
+
+ATTEMPTS, FINAL = "attempts/", "final.json"
+MAX_ATTEMPTS = 1000
+RECORD_MAX_BYTES = 64 << 10
+INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
+ZONE = re.compile(r"[a-z]{2}(-[a-z0-9]+){1,4}")
+TYPE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)?\.[a-z0-9]+")
+ENDS = ("succeeded", "failed", "cancelled", "preempted")
+
+
+def _small_json(s3, bucket: str, key: str, size: int, owner: str | None):
+    """The JSON at `key`, or None where it is too large or not JSON."""
+    if size > RECORD_MAX_BYTES:
+        return None
+    body = s3.get_object(Bucket=bucket, Key=key, **jobstore.owner_check(owner))["Body"]
+    data = body.read(RECORD_MAX_BYTES + 1)
+    try:
+        return json.loads(data) if len(data) <= RECORD_MAX_BYTES else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+def _time(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and 1e9 < value < 1e11 else None
+
+
+def check_attempt(doc) -> dict | None:
+    """An attempt's record with every field checked (None: not one)."""
+    if not isinstance(doc, dict):
+        return None
+    n, inst = doc.get("attempt"), doc.get("instance")
+    if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_ATTEMPTS) \
+            or not (isinstance(inst, str) and INSTANCE_ID.fullmatch(inst)):
+        return None
+    zone, kind = doc.get("zone"), doc.get("type")
+    return {"attempt": n, "instance": inst,
+            "zone": zone if isinstance(zone, str) and ZONE.fullmatch(zone) else None,
+            "type": kind if isinstance(kind, str) and TYPE.fullmatch(kind) else None,
+            "lifecycle": "on-demand" if doc.get("lifecycle") == "on-demand" else "spot",
+            "started_at": _time(doc.get("started_at")), "by": str(doc.get("by"))[:20]}
+
+
+def check_final(doc) -> dict | None:
+    """The job's end as its agent (or a bootstrap that gave up) recorded it (None: not one)."""
+    if not isinstance(doc, dict) or doc.get("state") not in ENDS:
+        return None
+    code, reason, attempt = doc.get("exit_code"), doc.get("reason"), doc.get("attempt")
+    return {"state": doc["state"],
+            "exit_code": code if isinstance(code, int) and not isinstance(code, bool)
+            and -1024 < code < 1024 else None,
+            "reason": " ".join(reason.split())[:300] if isinstance(reason, str) else None,
+            "ended_at": _time(doc.get("ended_at")),
+            "attempt": attempt if isinstance(attempt, int) and not isinstance(attempt, bool)
+            and 1 <= attempt <= MAX_ATTEMPTS else None}
