@@ -148,8 +148,6 @@ class CloudProvider(Provider, Protocol):
     def attempt_instances(self, store: Store, job: Job, attempt: int, regions: list[str]
                           ) -> dict[str, list[str]]:
         """Live instances of attempt n of a recovering job, by its attempt tag."""
-    def create_job_group(self, store: Store, job: Job, spec, user_data: str) -> str:
-        """A recovering spot job's Auto Scaling group, its template and deadline: its name."""
     def recorded_groups(self, store: Store, job: Job) -> list[tuple[str, str]]:
         """(region, name) of the job's groups its timeline says exist (no cloud call)."""
     def delete_job_groups(self, store: Store, job: Job) -> list[str]:
