@@ -55,7 +55,8 @@ class GroupsMixin:
 
     # -- making ------------------------------------------------------------------------------
 
-    def create_launch_template(self, region: str, job: Job, spec, user_data: str) -> str:
+    def create_launch_template(self, region: str, job: Job, spec, user_data: str | bytes
+                               ) -> str:
         """The job's launch template, made once (a second call finds it): what launch's
         RunInstances request holds today (AMI, type, key, security group, the encrypted gp3
         root volume, shutdown behaviour terminate, IMDSv2 with hop limit 1, the instance
@@ -75,7 +76,8 @@ class GroupsMixin:
         data["MetadataOptions"] = {**request["MetadataOptions"], "InstanceMetadataTags": "enabled"}
         data["TagSpecifications"] = [{"ResourceType": kind, "Tags": tags}
                                      for kind in ("instance", "volume")]
-        data["UserData"] = base64.b64encode(user_data.encode()).decode()
+        raw = user_data if isinstance(user_data, bytes) else user_data.encode()  # gzip: bytes
+        data["UserData"] = base64.b64encode(raw).decode()
         name = group_name(job.id)
         try:
             made = self.call(region, "create_launch_template", LaunchTemplateName=name,
@@ -90,7 +92,7 @@ class GroupsMixin:
                              LaunchTemplateNames=[name])["LaunchTemplates"]
         return found["LaunchTemplateId"]
 
-    def create_job_group(self, store: Store, job: Job, spec, user_data: str) -> str:
+    def create_job_group(self, store: Store, job: Job, spec, user_data: str | bytes) -> str:
         """The job's Auto Scaling group, and its template: spec.nodes instances (desired =
         min = max), in the region's AZs that offer the type (one AZ, in the job's cluster
         placement group, for a job on several nodes: such a group is tied to one AZ), spot

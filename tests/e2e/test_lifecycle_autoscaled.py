@@ -1,0 +1,105 @@
+"""Issue 27 end to end: a spot job that AWS Auto Scaling relaunches, with the laptop closed.
+
+Through the real AWS path against the lab's moto, with tests/labs/asg.py playing AWS Auto
+Scaling: every instance the job's group launches is a namespace host that runs the launch
+template's user-data at boot; a lost instance is replaced; a deleted group's instances go.
+The launching machine's every cloudtrain process (the supervisor too) is killed once the job
+runs, and nothing of it runs again until the job has ended and nothing is left in moto; only
+then does `cloudtrain status` run, and it learns the attempts from the job store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from labs.cloud import cloud_lab
+from labs.polling import wait_for
+from labs.netns import netns_available
+
+reason = netns_available()
+pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
+              pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs sshd"),
+              pytest.mark.slow]
+torch = pytest.importorskip("torch")
+
+PROFILE = "ct-instance"
+# The smoke profile, longer (64 steps), so an interruption lands mid-training.
+RESNET9 = ("--recipe", "resnet9", "--profile", "smoke", "--set", "epochs=4",
+           "--set", "synthetic_train=2048", "--set", "batch_size=128", "--set", "ghost_splits=4")
+
+
+@pytest.fixture
+def lab(cli, ct_home, tmp_path, monkeypatch):
+    with cloud_lab(cli, ct_home, tmp_path, monkeypatch, [], f"ct-e2e-autoscaled-{os.getpid()}",
+                   autoscaling=True) as lab:
+        import boto3
+
+        from labs.credentials import CLIENT_CREDS, REGION
+
+        iam = boto3.client("iam", endpoint_url=lab.endpoint, region_name=REGION, **CLIENT_CREDS)
+        iam.create_role(RoleName="ct-instance-role", AssumeRolePolicyDocument=json.dumps({
+            "Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Action": "sts:AssumeRole",
+                "Principal": {"Service": "ec2.amazonaws.com"}}]}))
+        iam.create_instance_profile(InstanceProfileName=PROFILE)
+        iam.add_role_to_instance_profile(InstanceProfileName=PROFILE, RoleName="ct-instance-role")
+        config = ct_home / "config.yaml"
+        config.write_text(config.read_text() + f"instance_profile: {PROFILE}\n")
+        yield lab
+        assert lab.asg.errors() == []
+
+
+def _everything_gone(lab) -> dict:
+    left = lab.asg.leftovers()
+    return {k: v for k, v in left.items() if v}
+
+
+def test_laptop_closed_instance_taken_back_the_group_relaunches_and_the_job_succeeds(
+        lab, cli, ct_home, tmp_path):
+    """A resnet9 spot job launched into its Auto Scaling group; the launching machine is
+    then closed (every cloudtrain process killed); the instance is taken back mid-training
+    without a notice. The group's replacement starts the job from its bundle in the job
+    store, resumes from the last streamed checkpoint and ends it: the agent records the end
+    and deletes the group. Nothing is left; only then does `status` run, and shows the job
+    succeeded with 2 attempts, each priced, and weights equal to an uninterrupted run's."""
+    job_id = cli.launch(*RESNET9, "--instance", "g5.xlarge", "--spot")
+    job = cli.job(job_id)
+    assert job["state"] in ("running", "staging"), job
+    name = f"cloudtrain-{job_id}"
+    (first,) = lab.asg.wait_for_group(name, 1)
+    wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("epoch"), timeout=180,
+             what="the first streamed checkpoint")
+    lab.asg.kill_launching_machine()
+    lab.take_back({"InstanceId": first.id, "PrivateIpAddress": first.ip})
+    replacement = wait_for(lambda: next((i for i in lab.asg.live(name) if i.id != first.id),
+                                        None), timeout=120, what="the replacement")
+    wait_for(lambda: not _everything_gone(lab), timeout=400, interval=1.0,
+             what=f"the job to end and its group to go: {lab.asg.leftovers()}")
+    assert replacement.user_data_exit == 0
+
+    job = cli.job(job_id)  # the first cloudtrain command since the laptop closed
+    assert job["state"] == "succeeded", (job["reason"], job["timeline"])
+    attempts = job["attempts"]
+    assert [a["attempt"] for a in attempts] == [1, 2], attempts
+    assert attempts[0]["instance"] == first.id and attempts[1]["instance"] == replacement.id
+    assert attempts[0]["outcome"] == "interrupted"
+    assert all(a["usd"] is not None and a["usd"] > 0 for a in attempts), attempts
+    out = cli.ok("status", job_id).stdout
+    assert "attempts  2: 1 interrupted" in out, out
+    log = cli.ok("logs", job_id).stdout
+    assert "resnet9: done, 4 epochs" in log, log[-2000:]
+
+    plain = cli.launch(*RESNET9, "--backend", "local")
+    assert cli.wait(plain, timeout=180)["state"] == "succeeded"
+    assert job["metrics"]["step"] == cli.job(plain)["metrics"]["step"] == 64
+    ours = torch.load(ct_home / "jobs" / job_id / "checkpoints" / "last.pt",
+                      map_location="cpu", weights_only=False)["model"]
+    theirs = torch.load(Path(cli.job(plain)["jobdir"]) / "checkpoints" / "last.pt",
+                        map_location="cpu", weights_only=False)["model"]
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
