@@ -167,7 +167,8 @@ def _launch_steps(a: _Launch, source: Job | None, kept: Job | None
     _write_files(a, nodes, gpus, procs, stages, stream_from is not None, grants, stream,
                  rendezvous)
     if a.spec.recover and grants[0] is not None and a.spec.attempt == 1:
-        _upload_bundle(a, nodes, copies, stages[0] is not None, required=bool(grouped))
+        grouped = bool((a.store.job(a.job.id).spec or {}).get("auto_scaling_group"))
+        _upload_bundle(a, nodes, copies, stages[0] is not None, required=grouped)
     return _start(a, nodes, procs, rendezvous)
 
 

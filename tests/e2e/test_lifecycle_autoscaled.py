@@ -49,7 +49,13 @@ def lab(cli, ct_home, tmp_path, monkeypatch):
         iam.create_instance_profile(InstanceProfileName=PROFILE)
         iam.add_role_to_instance_profile(InstanceProfileName=PROFILE, RoleName="ct-instance-role")
         config = ct_home / "config.yaml"
-        config.write_text(config.read_text() + f"instance_profile: {PROFILE}\n")
+        # The job directory is the same path on every instance of the group, as
+        # ~/.cloudtrain is on AWS (/home/ubuntu on the DLAMI): each lab instance has its
+        # home there too.
+        text = "".join(line for line in config.read_text().splitlines(keepends=True)
+                       if not line.startswith("remote_root:"))
+        config.write_text(text + f"instance_profile: {PROFILE}\n"
+                          "remote_root: /home/ubuntu/.cloudtrain\n")
         yield lab
         assert lab.asg.errors() == []
 
@@ -67,7 +73,7 @@ def test_laptop_closed_instance_taken_back_the_group_relaunches_and_the_job_succ
     store, resumes from the last streamed checkpoint and ends it: the agent records the end
     and deletes the group. Nothing is left; only then does `status` run, and shows the job
     succeeded with 2 attempts, each priced, and weights equal to an uninterrupted run's."""
-    job_id = cli.launch(*RESNET9, "--instance", "g5.xlarge", "--spot")
+    job_id = cli.launch(*RESNET9, "--instance", "g5.xlarge", "--spot", timeout=300)
     job = cli.job(job_id)
     assert job["state"] in ("running", "staging"), job
     name = f"cloudtrain-{job_id}"

@@ -111,10 +111,7 @@ USER_DATA_LIMIT = 16384  # EC2: "User data is limited to 16 KB, in raw form"
 CONSOLE_LIMIT = 65536  # GetConsoleOutput: the last 64 KB
 OVERLAID = ("/etc", "/var", "/opt", "/usr", "/run", "/root", "/home", "/mnt", "/srv")
 USER_HOME = "/home/ubuntu"  # the DLAMI's default user's home: the instance's home dir
-# ... and root's: the lab's SSH user is root, so its sessions (and user-data, run as root) see
-# the instance's home at /root, the same path on every instance of a group, as /home/ubuntu is
-# for the DLAMI's user on AWS
-ROOT_HOME = "/root"
+ROOT_HOME = "/root"  # root's: user-data's HOME
 IMDS_ADDRESS = "169.254.169.254"
 SHUTDOWN_REASON = ("Client.InstanceInitiatedShutdown",
                    "Client.InstanceInitiatedShutdown: Instance initiated shutdown")
@@ -497,9 +494,10 @@ class AutoScalingLab:
             if group.ec2_launch_template else None
         data = version.data if version else {}
         user_data = _user_data_bytes(group.user_data)
-        if user_data and len(user_data) > USER_DATA_LIMIT:
+        raw = base64.b64decode(str(group.user_data)) if group.user_data else b""
+        if len(raw) > USER_DATA_LIMIT:  # in raw form: gzipped, as sent, not as it unpacks
             raise LaunchError(f"User data is limited to {USER_DATA_LIMIT} bytes "
-                              f"(this one is {len(user_data)})")
+                              f"(this one is {len(raw)})")
         profile = data.get("IamInstanceProfile") or {}
         found = None
         if profile:
@@ -771,7 +769,6 @@ class AutoScalingLab:
         inst.sshd = server
         host.sshds.append(server)
         cloud.sshds[ip] = server
-        cloud.session_homes[ip] = ROOT_HOME  # the home, as root's (the lab's SSH user) is
         cloud.start(ip)  # its SetEnv (HOME, TMUX_TMPDIR, host_env), then sshd
         if forwarder.stdout.readline().strip() != "ready":
             raise RuntimeError("the IMDS forwarder did not start")
@@ -816,7 +813,6 @@ class AutoScalingLab:
                          f"workdir={d / 'work'} overlay {target}")
         lines.append(f"mkdir -p {USER_HOME}")
         lines.append(f"mount --bind {shlex.quote(str(home))} {USER_HOME}")
-        lines.append(f"mount --bind {shlex.quote(str(home))} {ROOT_HOME}")
         lab_recorder = self.cloud.tmp / "shutdown"  # cloud_lab.RECORDER
         if lab_recorder.exists():
             lines.append(f"mount --bind {shlex.quote(str(power_off))} "
@@ -933,7 +929,6 @@ class AutoScalingLab:
         for table in (cloud.hosts, cloud.sshds):
             if table.get(ip) in (inst.host, inst.sshd):
                 del table[ip]
-        cloud.session_homes.pop(ip, None)
         if cloud.homes.get(ip) == cloud.tmp / f"home-{ip}":
             shutil.rmtree(cloud.homes.pop(ip), ignore_errors=True)
         shutil.rmtree(cloud.tmux_root / ip, ignore_errors=True)

@@ -72,9 +72,6 @@ class CloudLab:
         _plain_http_stands_in_for_tls(monkeypatch)
         self.imds = FakeIMDS(host=BRIDGE, role=None)
         self.hosts, self.sshds, self.homes = {}, {}, {}
-        # HOME as an instance's SSH sessions see it, where it is not the home's own path (an
-        # Auto Scaling instance's, asg.py: /root, its home bind-mounted there)
-        self.session_homes: dict = {}
         self.host_env: dict[str, str] = {}  # more of each host's environment (start())
         self.asg = None  # the AutoScalingLab, when cloud_lab(autoscaling=True) made one
         # tmux's socket path must fit a Unix socket's 108 bytes: a short folder under /tmp
@@ -116,8 +113,7 @@ class CloudLab:
         (self.tmux_root / ip).mkdir(exist_ok=True)
         server = self.sshds[ip]
         lines = [l for l in server.config.read_text().splitlines() if not l.startswith("SetEnv")]
-        home = self.session_homes.get(ip, self.homes[ip])
-        env = f"SetEnv HOME={home} TMUX_TMPDIR={self.tmux_root / ip}"
+        env = f"SetEnv HOME={self.homes[ip]} TMUX_TMPDIR={self.tmux_root / ip}"
         env += "".join(f" {k}={v}" for k, v in self.host_env.items())
         if without_tmux:
             env += f" PATH={self.no_tmux_path}"
