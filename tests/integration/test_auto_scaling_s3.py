@@ -23,7 +23,7 @@ from cloudtrain.host import auto_scaling
 from cloudtrain.hosts import agent_files
 from cloudtrain.providers.aws import jobstore
 from labs import credentials
-from labs.aws import moto_endpoint
+from labs.aws import group_with_template, moto_endpoint
 from labs.imds import FakeIMDS
 
 __all__ = ["moto_endpoint"]  # the lab's fixture
@@ -40,26 +40,6 @@ RECORDER = """import json, sys, time
 with open(sys.argv[1], "a") as f:
     f.write(json.dumps({"argv": sys.argv[2:], "at": time.time()}) + "\\n")
 """
-
-
-def make_group(endpoint: str, name: str = GROUP) -> tuple:
-    """A launch template and an Auto Scaling group named `name` in moto, as the launch makes
-    them (providers/aws/groups.py); returns the (autoscaling, ec2) clients."""
-    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=endpoint)
-    asg = boto3.client("autoscaling", region_name=REGION, endpoint_url=endpoint)
-    ec2.create_launch_template(LaunchTemplateName=name, LaunchTemplateData={
-        "ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
-    asg.create_auto_scaling_group(AutoScalingGroupName=name, MinSize=1, MaxSize=1,
-                                  DesiredCapacity=1, AvailabilityZones=[f"{REGION}a"],
-                                  LaunchTemplate={"LaunchTemplateName": name})
-    return asg, ec2
-
-
-def groups(asg, ec2, name: str = GROUP) -> tuple[list, list]:
-    return ([g["AutoScalingGroupName"] for g in asg.describe_auto_scaling_groups()[
-        "AutoScalingGroups"] if g["AutoScalingGroupName"] == name],
-            [t["LaunchTemplateName"] for t in ec2.describe_launch_templates()[
-                "LaunchTemplates"] if t["LaunchTemplateName"] == name])
 
 
 def stored(s3, key: str) -> dict | None:
@@ -83,8 +63,8 @@ def lab(moto_endpoint, tmp_path, monkeypatch):
                                   "/latest/meta-data/instance-life-cycle": "spot"}
     grant = json.loads(json.dumps(jobstore.upload_grant(s3, BUCKET, JOB, 600, 1 << 30,
                                                         owner_key=OWNER)))
-    asg, ec2 = make_group(moto_endpoint)
-    yield type("Lab", (), dict(s3=s3, imds=imds, grant=grant, asg=asg, ec2=ec2,
+    asg, ec2, present = group_with_template(moto_endpoint, GROUP, REGION)
+    yield type("Lab", (), dict(s3=s3, imds=imds, grant=grant, asg=asg, present=present,
                                endpoint=moto_endpoint, tmp=tmp_path))
     imds.close()
 
@@ -130,12 +110,12 @@ def run_agent(lab, run_sh: str, announce_after: float | None = None, **settings)
                                                 ("exit 3\n", "failed", 3)])
 def test_a_job_that_ends_stores_its_end_then_deletes_its_group_and_template(
         lab, run_sh, state, code):
-    assert groups(lab.asg, lab.ec2) == ([GROUP], [GROUP])
+    assert lab.present() == ([GROUP], [GROUP])
     jobdir, status, offs = run_agent(lab, run_sh)
     final = stored(lab.s3, PREFIX + auto_scaling.FINAL)
     assert final is not None and final["state"] == state and final["exit_code"] == code
     assert (final["attempt"], final["instance"]) == (2, INSTANCE)
-    assert groups(lab.asg, lab.ec2) == ([], [])  # AWS relaunches nothing after the end
+    assert lab.present() == ([], [])  # AWS relaunches nothing after the end
     assert len(offs) == 1 and status["group_ended"] is True
     assert status["final_stored"]["at"] <= status["shutdown_requested_at"] <= offs[0]["at"]
     assert "auto_scaling_errors" not in status
@@ -153,7 +133,7 @@ def test_a_preempted_end_leaves_the_group_for_its_replacement(lab):
     jobdir, status, offs = run_agent(lab, "sleep 30\n", announce_after=1.0)
     assert status["state"] == "preempted"
     assert stored(lab.s3, PREFIX + auto_scaling.FINAL) is None
-    assert groups(lab.asg, lab.ec2) == ([GROUP], [GROUP])
+    assert lab.present() == ([GROUP], [GROUP])
     assert len(offs) == 1 and "group_ended" not in status
 
 
@@ -179,7 +159,7 @@ def test_a_sigterm_without_a_cancel_is_the_instance_going_away_not_an_end(lab):
     assert home.exists()
     assert status["state"] == "preempted" and "without a cancel" in status["reason"]
     assert stored(lab.s3, PREFIX + auto_scaling.FINAL) is None
-    assert groups(lab.asg, lab.ec2) == ([GROUP], [GROUP])
+    assert lab.present() == ([GROUP], [GROUP])
     assert len(offs) == 1
 
 
@@ -194,7 +174,7 @@ def test_a_store_that_does_not_answer_is_said_and_the_power_off_still_comes(lab)
     assert status["state"] == "succeeded" and len(offs) == 1
     assert [e["step"] for e in status["auto_scaling_errors"]] == ["final.json"]
     assert "final.json was not stored" in (jobdir / "output.log").read_text()
-    assert groups(lab.asg, lab.ec2) == ([GROUP], [GROUP])
+    assert lab.present() == ([GROUP], [GROUP])
 
 
 def test_a_role_that_cannot_end_the_group_is_said_and_the_power_off_still_comes(lab):
@@ -208,7 +188,7 @@ def test_a_role_that_cannot_end_the_group_is_said_and_the_power_off_still_comes(
     assert [e["step"] for e in errors] == ["delete group", "set group to 0",
                                            "delete launch template"]
     assert all("instance profile" in e["error"] for e in errors)
-    assert groups(lab.asg, lab.ec2) == ([GROUP], [GROUP])
+    assert lab.present() == ([GROUP], [GROUP])
 
 
 def test_an_invalid_auto_scaling_setting_is_said_and_the_power_off_still_comes(lab):
@@ -217,7 +197,7 @@ def test_an_invalid_auto_scaling_setting_is_said_and_the_power_off_still_comes(l
     assert len(offs) == 1
     assert status["auto_scaling_errors"][0]["step"] == "auto_scaling"
     assert "auto_scaling.group is not a group" in (jobdir / "output.log").read_text()
-    assert groups(lab.asg, lab.ec2) == ([GROUP], [GROUP])
+    assert lab.present() == ([GROUP], [GROUP])
 
 
 def test_end_group_goes_on_to_the_template_when_the_group_is_gone_already(lab):
@@ -231,7 +211,7 @@ def test_end_group_goes_on_to_the_template_when_the_group_is_gone_already(lab):
     assert [(s, ok) for s, ok, _ in steps] == [("delete group", True),
                                                ("delete launch template", True)]
     assert "already" in steps[0][2]
-    assert groups(lab.asg, lab.ec2) == ([], [])
+    assert lab.present() == ([], [])
 
 
 def test_end_group_sets_the_group_to_0_where_deleting_it_is_refused(lab, monkeypatch):

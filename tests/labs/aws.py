@@ -321,3 +321,25 @@ def ec2_provider(monkeypatch, ct_home):
         monkeypatch.delenv(k, raising=False)
     with mock_aws():
         yield AWSProvider(Settings(region=REGION, ssh_cidr="127.0.0.1/32", poll_seconds=0.05))
+
+
+def group_with_template(endpoint: str, name: str, region: str = REGION) -> tuple:
+    """A launch template and an Auto Scaling group of one instance, both named `name`, in the
+    moto server at `endpoint`, as the launch makes a recovering job's (providers/aws/groups.py,
+    in short); returns its (autoscaling, ec2) clients and a function listing which of the two
+    still exist: ([group] or [], [template] or [])."""
+    ec2 = boto3.client("ec2", region_name=region, endpoint_url=endpoint)
+    asg = boto3.client("autoscaling", region_name=region, endpoint_url=endpoint)
+    ec2.create_launch_template(LaunchTemplateName=name, LaunchTemplateData={
+        "ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
+    asg.create_auto_scaling_group(AutoScalingGroupName=name, MinSize=1, MaxSize=1,
+                                  DesiredCapacity=1, AvailabilityZones=[f"{region}a"],
+                                  LaunchTemplate={"LaunchTemplateName": name})
+
+    def present() -> tuple[list, list]:
+        return ([g["AutoScalingGroupName"] for g in asg.describe_auto_scaling_groups()[
+            "AutoScalingGroups"] if g["AutoScalingGroupName"] == name],
+                [t["LaunchTemplateName"] for t in ec2.describe_launch_templates()[
+                    "LaunchTemplates"] if t["LaunchTemplateName"] == name])
+
+    return asg, ec2, present
