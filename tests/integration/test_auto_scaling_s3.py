@@ -13,17 +13,13 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import boto3
 import pytest
-import requests
 
 from cloudtrain.host import auto_scaling
 from cloudtrain.hosts import agent_files
 from cloudtrain.providers.aws import jobstore
-from labs import credentials
-from labs.aws import group_with_template, moto_endpoint
+from labs.aws import fresh_store, group_with_template, moto_endpoint
 from labs.imds import FakeIMDS
 
 __all__ = ["moto_endpoint"]  # the lab's fixture
@@ -51,11 +47,7 @@ def stored(s3, key: str) -> dict | None:
 
 @pytest.fixture
 def lab(moto_endpoint, tmp_path, monkeypatch):
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
-    for k, v in credentials.aws_env(REGION).items():
-        monkeypatch.setenv(k, v)
-    s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint)
-    s3.create_bucket(Bucket=BUCKET)
+    s3 = fresh_store(moto_endpoint, monkeypatch, BUCKET, REGION)
     imds = FakeIMDS(role="ct-instance")
     imds.metadata["127.0.0.1"] = {"/latest/meta-data/instance-id": INSTANCE,
                                   "/latest/meta-data/placement/availability-zone": "us-east-1b",

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import boto3
 import pytest
-import requests
 
 from cloudtrain import config
 from cloudtrain.host import bootstrap
@@ -32,8 +31,7 @@ from cloudtrain.local_host import LocalHost
 from cloudtrain.providers.aws import jobbundle
 from cloudtrain.providers.local import LocalProvider
 from cloudtrain.spec import COMMAND, JobSpec
-from labs import credentials
-from labs.aws import aws, moto_endpoint
+from labs.aws import aws, fresh_store, moto_endpoint
 from labs.imds import FakeIMDS
 from labs.polling import wait_for
 
@@ -47,11 +45,7 @@ PREFIX = f"jobs/AIDAEXAMPLEOWNER0001/{JOB}/"
 
 @pytest.fixture
 def lab(moto_endpoint, tmp_path, monkeypatch):
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
-    for k, v in credentials.aws_env(REGION).items():
-        monkeypatch.setenv(k, v)
-    s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint)
-    s3.create_bucket(Bucket=BUCKET)
+    s3 = fresh_store(moto_endpoint, monkeypatch, BUCKET, REGION)
     imds = FakeIMDS(role="ct-instance")
     socket = f"ct-bundle-{uuid.uuid4().hex[:8]}"
     # What the instance has: the host-side files in a folder of their own, nothing else.

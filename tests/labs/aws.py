@@ -343,3 +343,17 @@ def group_with_template(endpoint: str, name: str, region: str = REGION) -> tuple
                     "LaunchTemplates"] if t["LaunchTemplateName"] == name])
 
     return asg, ec2, present
+
+
+def fresh_store(endpoint: str, monkeypatch, bucket: str, region: str = REGION):
+    """The moto server at `endpoint` emptied, this process's AWS settings the lab account's
+    in `region`, and `bucket` made: returns its S3 client (an instance's tests then add the
+    fake IMDS, labs.imds)."""
+    from . import credentials
+
+    requests.post(f"{endpoint}/moto-api/reset", timeout=10)
+    for k, v in credentials.aws_env(region).items():
+        monkeypatch.setenv(k, v)
+    s3 = boto3.client("s3", region_name=region, endpoint_url=endpoint)
+    s3.create_bucket(Bucket=bucket)
+    return s3
