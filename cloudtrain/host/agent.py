@@ -41,6 +41,12 @@ job.json keys that switch on more (absent: nothing happens):
                     the results. Recorded in status.json as `checkpoint_stream`
     collect_wait_s  how long to wait for the CLI's `collected` marker when there is no stored
                     copy of the results (default: shutdown_delay_s)
+    auto_scaling    the job's Auto Scaling group (auto_scaling.settings): when the job has
+                    truly ended (not preempted), after the checkpoint's last flush and the
+                    results, final.json goes to the job store; before the power-off the
+                    group and its launch template are deleted, so that AWS relaunches
+                    nothing. A signal without `agent.py stop`'s cancel file is then the
+                    instance going away (a reclaim without notice): preempted, not an end
 
 This module holds the agent's run, probe and stop and the command; it imports job_status
 (states, guarded reads), job_processes (the job's processes), agent_store (the uploads to the
@@ -58,7 +64,7 @@ import time
 
 try:  # imported as cloudtrain.host.agent (the CLI, LocalHost)
     from . import safefile
-    from .agent_store import StoreUploads
+    from .agent_store import StoreUploads, shipped
     from .job_processes import (MAX_RECORDED_PIDS, PR_SET_CHILD_SUBREAPER, describe_exit,
                                 descendants, group_alive, kill_recorded, pid_alive, prctl,
                                 proc_state, set_pdeathsig, signal_group)
@@ -67,7 +73,7 @@ try:  # imported as cloudtrain.host.agent (the CLI, LocalHost)
                              read_json, save_status)
 except ImportError:  # run as a script on the host, its neighbours beside it
     import safefile
-    from agent_store import StoreUploads
+    from agent_store import StoreUploads, shipped
     from job_processes import (MAX_RECORDED_PIDS, PR_SET_CHILD_SUBREAPER, describe_exit,
                                descendants, group_alive, kill_recorded, pid_alive, prctl,
                                proc_state, set_pdeathsig, signal_group)
@@ -149,6 +155,13 @@ class Agent:
         if self.stop_reason is None:
             if os.path.exists(self.path("cancel")):
                 self.request_stop(CANCELLED, "cancelled by user", self.cancel_grace())
+            elif self.settings.get("auto_scaling") is not None:
+                # AWS reclaims a spot instance without notice by shutting it down: systemd's
+                # SIGTERM reaches us. Only `stop` (down) writes the cancel file, so any
+                # other signal is the instance going away, and its group's replacement
+                # resumes the job: no final.json, the group is kept.
+                self.request_stop(PREEMPTED, "agent received %s without a cancel: the "
+                                  "instance is going away" % signal.Signals(signum).name)
             else:
                 self.request_stop(CANCELLED, "agent received %s" % signal.Signals(signum).name)
         elif signum == signal.SIGINT:
@@ -265,7 +278,9 @@ class Agent:
         pump.join(timeout=5)
         log.close()
         self.record_end()
-        self.maybe_shutdown(self.store.after_job())
+        stored = self.store.after_job()
+        self.record_final()
+        self.maybe_shutdown(stored)
         return 0
 
     def job_env(self):
@@ -349,6 +364,75 @@ class Agent:
             self.log_line("rearm %s exited with %d%s" % (" ".join(command), proc.returncode,
                                                         (": " + " / ".join(tail)) if tail else ""))
 
+    def group(self):
+        """job.json's auto_scaling, checked (auto_scaling.settings), or None: no group, or
+        one that is not valid (said in output.log and status.json)."""
+        if self.settings.get("auto_scaling") is None:
+            return None
+        if not hasattr(self, "_group"):
+            try:
+                self._group = shipped("auto_scaling").settings(self.settings)
+            except Exception as exc:  # Invalid, ImportError: the power-off still comes
+                self._group = None
+                self.group_failed("auto_scaling", "auto_scaling in job.json: %s" % exc)
+        return self._group
+
+    def group_failed(self, step, line):
+        self.log_line(line)
+        with self.lock:
+            failures = list(self.status.get("auto_scaling_errors") or [])
+        self.write_status(auto_scaling_errors=failures + [{"step": step, "error": line[:500]}])
+
+    def record_final(self):
+        """A job run by a group that has truly ended (any end but preempted): its final.json
+        in the job store, through the results grant, so that a replacement that boots anyway
+        starts nothing (bootstrap.py reads it). Recorded in status.json as `final_stored`."""
+        conf = self.group()
+        if conf is None or self.status.get("state") == PREEMPTED:
+            return None
+        auto_scaling = shipped("auto_scaling")
+        grant = self.settings.get("results_store")
+        env = self.settings.get("env") if isinstance(self.settings.get("env"), dict) else {}
+        attempt = str(env.get("CLOUDTRAIN_ATTEMPT", "")).strip()
+        attempt = int(attempt) if attempt.isdigit() and len(attempt) < 7 else None
+        ident = auto_scaling.identity(self.settings.get("imds_url") or auto_scaling.IMDS_URL)
+        doc = auto_scaling.final_doc(self.status.get("state"), self.status.get("exit_code"),
+                                     self.status.get("reason"), attempt, ident["instance"])
+        try:
+            if not isinstance(grant, dict):
+                raise ValueError("no results_store grant in job.json")
+            shipped("agent_upload").post_json(grant, conf["prefix"] + auto_scaling.FINAL, doc)
+        except Exception as exc:  # UploadError, a bad grant: said, and the power-off goes on
+            self.group_failed("final.json", "final.json was not stored: %s" % exc)
+            return None
+        self.write_status(final_stored=dict(doc, at=now()))
+        self.log_line("the job's end is in the job store (%s%s)" % (conf["prefix"],
+                                                                    auto_scaling.FINAL))
+        return doc
+
+    def end_group(self):
+        """Before the power-off of a job whose end is stored: its group and launch template
+        deleted with the role's credentials (IMDSv2), so that AWS starts no replacement.
+        Each step's failure is a line; the power-off follows whatever happens (the group's
+        scheduled action at the deadline is the backstop)."""
+        conf = self.group()
+        if conf is None or not self.status.get("final_stored"):
+            return
+        auto_scaling = shipped("auto_scaling")
+        try:
+            creds = shipped("stage_sigv4").RoleCredentials(self.settings.get("imds_url")
+                                                    or auto_scaling.IMDS_URL)
+            steps = auto_scaling.end_group(conf, creds)
+        except Exception as exc:
+            steps = [("end group", False, "ending group %s failed: %s: %s"
+                      % (conf["group"], type(exc).__name__, exc))]
+        for step, ok, line in steps:
+            if ok:
+                self.log_line(line)
+            else:
+                self.group_failed(step, line)
+        self.write_status(group_ended=all(ok for _, ok, _ in steps))
+
     def kept(self):
         """A host kept after the job: none was to power off, or `keep` was asked for later."""
         return not self.settings.get("shutdown_command") or os.path.exists(self.path("keep"))
@@ -367,6 +451,7 @@ class Agent:
         if self.kept():
             self.rearm("idle_minutes")
             return
+        self.end_group()
         self.write_status(shutdown_requested_at=now())
         subprocess.call(self.settings["shutdown_command"], shell=True,
                         env=dict(os.environ, CLOUDTRAIN_JOB_DIR=self.jobdir))

@@ -199,9 +199,9 @@ def _form(fields, filename, boundary):
     return "".join(head).encode("utf-8"), ("\r\n--%s--\r\n" % boundary).encode("ascii")
 
 
-def _s3_error(body):
-    """'Code: Message' from an S3 XML error body (read with a regex: never parse XML from
-    the network with a full parser here)."""
+def aws_error(body):
+    """'Code: Message' from an AWS XML error body (S3's, Auto Scaling's, EC2's), read with a
+    regex: never parse XML from the network with a full parser here."""
     text = body.decode("utf-8", "replace")
     code = re.search(r"<Code>([^<]{1,200})</Code>", text)
     message = re.search(r"<Message>([^<]{1,500})</Message>", text)
@@ -239,7 +239,7 @@ def post_file(grant, key, source, size, deadline):
         with _OPENER.open(request, timeout=_socket_timeout(deadline)) as resp:
             resp.read(ERROR_BODY_BYTES)
     except urllib.error.HTTPError as exc:
-        detail = _s3_error(exc.read(ERROR_BODY_BYTES) or b"")
+        detail = aws_error(exc.read(ERROR_BODY_BYTES) or b"")
         if exc.code == 403:
             raise UploadError(
                 "S3 refused the upload grant (403 %s): it has expired or does not cover %s"
@@ -278,6 +278,16 @@ def _post_with_retries(grant, key, path_or_file, size, deadline):
         finally:
             if opened:
                 source.close()
+
+
+def post_json(grant, key, doc, timeout_s=60.0):
+    """One small JSON object (`doc`) stored at `key` (below the grant's prefix) through the
+    grant, with post_file's retries; UploadError when it could not be."""
+    if not key.startswith(grant.get("prefix") or "\0"):
+        raise UploadError("%s is outside the grant's prefix %s" % (key, grant.get("prefix")),
+                          retry=False)
+    data = json.dumps(doc, sort_keys=True).encode("utf-8")
+    _post_with_retries(grant, key, io.BytesIO(data), len(data), time.time() + float(timeout_s))
 
 
 def upload_job(jobdir, grant, timeout_s=60.0, include_checkpoints=True, outputs=()):

@@ -6,7 +6,7 @@ checkpoint_manifest and checkpoint_restore (the latest checkpoint, restored as a
 run.sh restores it), and nothing else of ours.
 
     python3 bootstrap.py --bucket B --prefix jobs/<owner>/<job>/ --jobdir DIR --region R
-                         [--endpoint URL] [--imds URL]
+                         [--endpoint URL] [--imds URL] [--group NAME --max-restarts N]
 
 The orchestrator (providers/aws/jobbundle.py) uploads at launch, under the job's prefix:
 
@@ -29,12 +29,21 @@ role) and job.json's checkpoint stream goes on from it; then start.sh runs. Noth
 bundle is trusted until its sha256 matches: whoever can write under the job's prefix could have
 written anything there.
 
+A job run by an Auto Scaling group (job.json's "auto_scaling", host/auto_scaling.py): before
+the restore, final.json in the job store means the job has ended: the group and its launch
+template are deleted, the instance powers off, and nothing runs (EXIT_ENDED). Else the attempts
+recorded there are counted; past --max-restarts, final.json says preempted and the same end
+follows (EXIT_RESTARTS); otherwise attempts/<n>.json records this instance, the job's env says
+CLOUDTRAIN_ATTEMPT=n, and a restored checkpoint leaves the RESUME marker that run.sh turns into
+the recipe's resume argument.
+
 Every failure prints one line on stderr, writes <jobdir>/bootstrap-status.json saying why, and
 exits with its own code (EXIT_*); the agent is never started on a partial or unverified bundle.
 """
 
 import argparse
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -48,11 +57,13 @@ import urllib.error
 import urllib.request
 
 try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import checkpoint_manifest, checkpoint_restore, safefile
+    from . import agent_upload, auto_scaling, checkpoint_manifest, checkpoint_restore, safefile
     from .stage_fetch import Fetcher, Source
     from .stage_plan import StageError
     from .stage_sigv4 import RoleCredentials, object_url, sign_get
 except ImportError:
+    import agent_upload
+    import auto_scaling
     import checkpoint_manifest
     import checkpoint_restore
     import safefile
@@ -90,6 +101,10 @@ EXIT_ARCHIVE = 6  # a member that cannot be unpacked safely; more files or bytes
 EXIT_WRITE = 7  # the job directory could not be written
 EXIT_RESTORE = 8  # a stored checkpoint that could not be restored
 EXIT_AGENT = 9  # the agent did not start
+EXIT_ENDED = 10  # the job has ended (final.json): nothing to run; its group ended, power-off
+EXIT_RESTARTS = 11  # past --max-restarts: final.json says preempted; group ended, power-off
+EXIT_STORE = 12  # the job store's records (final.json, attempts/) could not be read or written
+RESUME = ".cloudtrain-resume"  # in the job directory: a checkpoint was restored, run.sh resumes
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,100}")
 AGENT_NAME = re.compile(r"[a-z_][a-z0-9_]{0,60}\.py")
@@ -211,7 +226,21 @@ class Bundle:
 
     def get_json(self, key, limit, code, missing=None, denied_is_missing=False):
         """The JSON object at `key`, read to at most `limit` bytes (one byte more refuses
-        it); None where there is none and `missing` is None, else Failed(code).
+        it); None where there is none and `missing` is None, else Failed(code)."""
+        data = self.get_bytes(key, limit, code, missing, denied_is_missing)
+        if data is None:
+            return None
+        where = "s3://%s/%s" % (self.bucket, key)
+        if len(data) > limit:
+            raise Failed(code, "%s is larger than %d bytes: refused" % (where, limit))
+        try:
+            return json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise Failed(code, "%s is not JSON" % where) from None
+
+    def get_bytes(self, key, limit, code, missing=None, denied_is_missing=False):
+        """The object at `key`, at most `limit` + 1 of its bytes (more than `limit`: it is
+        larger); None where there is none and `missing` is None, else Failed(code).
 
         S3 answers a GET of a missing key with 403, not 404, to a caller without
         s3:ListBucket on the bucket (the instance role has none): `denied_is_missing` takes
@@ -222,7 +251,7 @@ class Bundle:
         where = "s3://%s/%s" % (self.bucket, key)
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
-                data = resp.read(limit + 1)
+                return resp.read(limit + 1)
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code == 404 or (exc.code == 403 and denied_is_missing):
@@ -236,14 +265,8 @@ class Bundle:
                              "(infra/instance-role-policy.json)"
                              % (where, missing or "never stored")) from None
             raise Failed(code, "reading %s was refused (HTTP %d)" % (where, exc.code)) from None
-        except OSError as exc:
+        except (OSError, http.client.HTTPException) as exc:
             raise Failed(code, "reading %s failed: %s" % (where, exc)) from None
-        if len(data) > limit:
-            raise Failed(code, "%s is larger than %d bytes: refused" % (where, limit))
-        try:
-            return json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise Failed(code, "%s is not JSON" % where) from None
 
     def download(self, name, size, digest, path):
         """The object into the new file `path`: exactly `size` bytes (Fetcher refuses a body
@@ -426,11 +449,132 @@ def wait_for_manifest(bundle, wait_s):
         time.sleep(MANIFEST_POLL_S)
 
 
-def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, wait_s=0):
-    """Fetch, verify and unpack the job's bundle into `jobdir`, then start the agent. Returns
-    the status written to <jobdir>/bootstrap-status.json; Failed on any failure. `wait_s`: an
-    instance of the job's Auto Scaling group, which waits that long for the bundle, and leaves
-    the job alone where the launching machine has written its files (the group's first)."""
+def group_settings(root, bucket, prefix, group=None, max_restarts=None):
+    """(job.json, its auto_scaling checked) of the unpacked bundle; (job, None) for a job not
+    run by a group. `group`/`max_restarts` (user-data's --group, --max-restarts) must agree
+    with it; --max-restarts, where given, is the count."""
+    job = safefile.read_json(os.path.join(root, "job.json"), FILE_MAX_BYTES)
+    if not isinstance(job, dict):
+        raise Failed(EXIT_MANIFEST, "the bundle's job.json is not a JSON object")
+    try:
+        conf = auto_scaling.settings(job)
+    except auto_scaling.Invalid as exc:
+        raise Failed(EXIT_MANIFEST, "the bundle's job.json: %s" % exc) from None
+    if conf is None:
+        if group is not None:
+            raise Failed(EXIT_USAGE, "--group %s, but the bundle's job.json has no "
+                         "auto_scaling: not a job run by a group" % group)
+        return job, None
+    for name, given in (("group", group), ("prefix", prefix), ("bucket", bucket)):
+        if given is not None and conf[name] != given:
+            raise Failed(EXIT_USAGE, "--%s %s, but the bundle's job.json says %s"
+                         % (name, given, conf[name]))
+    if max_restarts is not None:
+        conf["max_restarts"] = max_restarts
+    return job, conf
+
+
+def power_off(job, root):
+    """job.json's shutdown_command (the agent's power-off; the lab's names a recorder);
+    None when it ran, else the line saying why not."""
+    command = job.get("shutdown_command")
+    if not command:
+        return "no shutdown_command in job.json: the instance stays up"
+    if not isinstance(command, str):
+        return "job.json's shutdown_command is not a command: the instance stays up"
+    try:
+        code = subprocess.call(command, shell=True, stdin=subprocess.DEVNULL, timeout=60,
+                               env=dict(os.environ, CLOUDTRAIN_JOB_DIR=root))
+    except (OSError, subprocess.SubprocessError) as exc:
+        return "the power-off did not run: %s" % exc
+    return None if code == 0 else "the power-off exited with %d" % code
+
+
+def end_here(bundle, conf, job, root, code, line):
+    """Nothing is to run here: the job's group and launch template deleted (AWS starts no
+    more), the power-off, and Failed(code) with `line` and what of that failed."""
+    try:
+        steps = auto_scaling.end_group(conf, bundle.creds)
+    except Exception as exc:  # a bug must not keep the power-off from coming
+        steps = [("end group", False, "ending group %s failed: %s: %s"
+                  % (conf["group"], type(exc).__name__, exc))]
+    failed = [text for _, ok, text in steps if not ok]
+    off = power_off(job, root)
+    raise Failed(code, "; ".join([line] + failed + ([off] if off else [])))
+
+
+def store_record(job, key, doc):
+    """`doc` at `key` in the job store, through job.json's results grant (the role may not
+    write there: only the launch's presigned POST may)."""
+    grant = job.get("results_store")
+    if not isinstance(grant, dict) or not isinstance(grant.get("url"), str):
+        raise Failed(EXIT_STORE, "no results_store grant in job.json to write %s with" % key)
+    try:
+        agent_upload.post_json(grant, key, doc)
+    except (agent_upload.UploadError, agent_upload.FileUnreadable) as exc:
+        raise Failed(EXIT_STORE, "%s could not be written: %s" % (key, exc)) from None
+
+
+def take_attempt(bundle, conf, job, root, imds):
+    """This instance's attempt at a job run by a group: EXIT_ENDED when final.json is there
+    (whatever it holds: its presence is the end), EXIT_RESTARTS when its attempts are past
+    max_restarts (final.json written, preempted), both after ending the group and powering
+    off. Else the attempt recorded (attempts/<n>.json, read back: a role that cannot read it
+    would count 1 for ever) and n returned. Attempts are counted by GETs of 1, 2, ... until
+    one is missing (403 too: the role may not list), at most max_restarts + 1 of them."""
+    prefix, limit = conf["prefix"], auto_scaling.RECORD_MAX_BYTES
+    where = "s3://%s/%s" % (conf["bucket"], prefix)
+    data = bundle.get_bytes(prefix + auto_scaling.FINAL, limit, EXIT_STORE,
+                            denied_is_missing=True)
+    if data is not None:
+        doc = auto_scaling.read_record(data) or {}
+        state = doc.get("state") if doc.get("state") in auto_scaling.ENDED_STATES else \
+            "its record unreadable"
+        end_here(bundle, conf, job, root, EXIT_ENDED, "the job has ended (%s, %s%s): nothing "
+                 "to run" % (state, where, auto_scaling.FINAL))
+    ident = auto_scaling.identity(imds)
+    last, last_doc, most = 0, None, conf["max_restarts"] + 1
+    while last < most:
+        data = bundle.get_bytes(auto_scaling.attempt_key(prefix, last + 1), limit, EXIT_STORE,
+                                denied_is_missing=True)
+        if data is None:
+            break
+        last, last_doc = last + 1, auto_scaling.read_record(data)
+    if last and ident["instance"] and (last_doc or {}).get("instance") == ident["instance"]:
+        return last  # this instance's own, recorded already (the launch's, or a reboot's)
+    n = last + 1
+    if n - 1 > conf["max_restarts"]:
+        reason = "all %d restarts used (--max-restarts %d)" % (n - 2, conf["max_restarts"])
+        store_record(job, prefix + auto_scaling.FINAL, auto_scaling.final_doc(
+            "preempted", None, reason, n - 1, ident["instance"]))
+        end_here(bundle, conf, job, root, EXIT_RESTARTS, "the job is over: %s; final.json "
+                 "says preempted" % reason)
+    key = auto_scaling.attempt_key(prefix, n)
+    store_record(job, key, auto_scaling.attempt_doc(n, ident))
+    bundle.get_bytes(key, limit, EXIT_STORE, "written just now, but the instance role cannot "
+                     "read it back: it needs s3:GetObject on jobs/*/attempts/* "
+                     "(infra/instance-role-policy.json), or attempts are never counted")
+    return n
+
+
+def set_attempt(root, job, n):
+    """job.json as the agent reads it for attempt n: CLOUDTRAIN_ATTEMPT in the job's env,
+    the checkpoint stream's attempt."""
+    env = job.get("env") if isinstance(job.get("env"), dict) else {}
+    job["env"] = dict(env, CLOUDTRAIN_ATTEMPT=str(n))
+    if isinstance(job.get("checkpoint_stream"), dict):
+        job["checkpoint_stream"] = dict(job["checkpoint_stream"], attempt=n)
+    safefile.write_atomic(os.path.join(root, "job.json"), json.dumps(job, indent=1).encode())
+
+
+def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, group=None,
+              max_restarts=None, wait_s=0):
+    """Fetch, verify and unpack the job's bundle into `jobdir`; for a job run by a group
+    (job.json's auto_scaling), take this instance's attempt (take_attempt); then restore the
+    latest checkpoint and start the agent. Returns the status written to
+    <jobdir>/bootstrap-status.json; Failed on any failure. `wait_s`: an instance of the
+    job's Auto Scaling group, which waits that long for the bundle, and leaves the job alone
+    where the launching machine has written its files (the group's first instance)."""
     started = time.time()
     try:  # first: every later failure is said in its status file
         root = _job_root(jobdir)
@@ -472,7 +616,24 @@ def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, wait
             jobdir, exc.filename, exc.what)) from None
     except OSError as exc:
         raise Failed(EXIT_WRITE, "cannot write the job's files: %s" % exc) from None
+    job, conf = group_settings(root, bucket, prefix, group, max_restarts)
+    attempt = None
+    if conf is not None:
+        attempt = take_attempt(bundle, conf, job, root, imds)
+        try:
+            set_attempt(root, job, attempt)
+        except OSError as exc:
+            raise Failed(EXIT_WRITE, "cannot write job.json: %s" % exc) from None
+    try:
+        os.unlink(os.path.join(root, RESUME))  # from a bootstrap before, on this disk
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise Failed(EXIT_WRITE, "cannot clear %s: %s" % (RESUME, exc)) from None
     restored = restore_latest(bundle, root)
+    if restored:  # run.sh adds the recipe's resume argument (scripts.run_script)
+        safefile.write_json(os.path.join(root, RESUME), {
+            "attempt": attempt, "seq": restored.get("seq"), "step": restored.get("step")})
     try:  # last, outside the job directory: hosts.agent_dir, <root>/agent-<version>
         agent_root = os.path.join(os.path.dirname(os.path.dirname(root)), agent_dir)
         os.makedirs(agent_root, exist_ok=True)
@@ -484,7 +645,7 @@ def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, wait
     except OSError as exc:
         raise Failed(EXIT_WRITE, "cannot write the agent's files: %s" % exc) from None
     pid = start_agent(root, local[START])
-    status = {"ok": True, "stage": "started", "agent_pane_pid": pid,
+    status = {"ok": True, "stage": "started", "agent_pane_pid": pid, "attempt": attempt,
               "restored": restored and {k: restored.get(k) for k in
                                         ("seq", "slot", "step", "epoch", "files", "bytes")},
               "files": len(members), "seconds": round(time.time() - started, 3),
@@ -501,17 +662,30 @@ def main(argv=None):
     parser.add_argument("--region", required=True)
     parser.add_argument("--endpoint", default=None, help="an S3 endpoint URL (tests)")
     parser.add_argument("--imds", default=IMDS_URL, help="the metadata service (tests)")
+    parser.add_argument("--group", default=None, help="the job's Auto Scaling group")
+    parser.add_argument("--max-restarts", default=None, help="replacements allowed")
     parser.add_argument("--wait-s", type=float, default=0.0,
                         help="wait this long for the bundle (an Auto Scaling instance)")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse printed its one usage line
+        return EXIT_USAGE if exc.code else 0
     jobdir = args.jobdir
     try:
         if not os.path.isabs(jobdir) or check_name(jobdir.strip("/")) is not None:
             raise Failed(EXIT_USAGE, "--jobdir must be an absolute path without `..`")
         if not PREFIX.fullmatch(args.prefix):
             raise Failed(EXIT_USAGE, "--prefix must be jobs/<owner>/<job>/")
+        if args.group is not None and not auto_scaling.GROUP.fullmatch(args.group):
+            raise Failed(EXIT_USAGE, "--group must be an Auto Scaling group's name")
+        restarts = args.max_restarts
+        if restarts is not None:
+            if not restarts.isdigit() or int(restarts) > auto_scaling.MAX_RESTARTS_LIMIT:
+                raise Failed(EXIT_USAGE, "--max-restarts must be a number from 0 to %d"
+                             % auto_scaling.MAX_RESTARTS_LIMIT)
+            restarts = int(restarts)
         bootstrap(args.bucket, args.prefix, os.path.normpath(jobdir), args.region,
-                  args.endpoint, args.imds, max(0.0, args.wait_s))
+                  args.endpoint, args.imds, args.group, restarts, max(0.0, args.wait_s))
         return 0
     except Failed as exc:
         line = " ".join(str(exc).split())[:500]

@@ -92,7 +92,7 @@ def _get(url, tmp, size, digest, deadline, rel, sign=None):
                     h.update(block)
                     out.write(block)
         except urllib.error.HTTPError as exc:
-            detail = agent_upload._s3_error(exc.read(agent_upload.ERROR_BODY_BYTES) or b"")
+            detail = agent_upload.aws_error(exc.read(agent_upload.ERROR_BODY_BYTES) or b"")
             message = "HTTP %d for %s: %s" % (exc.code, rel, detail)
             if exc.code >= 500:
                 raise _Transient(message)

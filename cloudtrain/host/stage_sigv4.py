@@ -1,4 +1,5 @@
-"""S3 addresses, SigV4 signing of a GET, and the instance role's credentials (IMDSv2).
+"""S3 addresses, SigV4 signing (an S3 GET, or any service's request), and the instance
+role's credentials (IMDSv2).
 
 Standard library only, Python 3.8+; shipped beside stager.py. Imports stage_errors (StageError,
 reason) and nothing else of ours.
@@ -7,6 +8,7 @@ reason) and nothing else of ours.
     quote_key(key) -> the key URI-encoded as SigV4 wants it
     host_header(parts) -> the Host header for a urlsplit() result
     sign_get(url, region, creds, now, extra_headers=None) -> headers
+    sign_request(method, url, region, creds, now, service, body) -> headers (any service)
     RoleCredentials(imds_url).get() -> {AccessKeyId, SecretAccessKey, Token, Expiration}
 """
 
@@ -67,11 +69,25 @@ def sign_get(url: str, region: str, creds: dict, now, extra_headers=None) -> dic
     request at `now` (a UTC datetime): Host, X-Amz-Date, X-Amz-Content-SHA256
     (UNSIGNED-PAYLOAD), X-Amz-Security-Token when creds has a Token, Authorization, plus
     `extra_headers` (unsigned). creds: {AccessKeyId, SecretAccessKey, Token (optional)}."""
+    return sign_request("GET", url, region, creds, now, "s3", extra_headers=extra_headers)
+
+
+def sign_request(method: str, url: str, region: str, creds: dict, now, service: str = "s3",
+                 body: bytes = b"", extra_headers=None) -> dict:
+    """The SigV4 headers of a `method` request of `url` (path URI-encoded, its query string
+    the request's parameters) to `service` in `region` at `now`. S3 is signed with an
+    unsigned payload (X-Amz-Content-SHA256: UNSIGNED-PAYLOAD, as botocore does over TLS);
+    every other service (the Query APIs: autoscaling, ec2) with the sha256 of `body`, which
+    they require. `extra_headers` are sent, not signed."""
     parts = urllib.parse.urlsplit(url)
     amz_date = now.strftime("%Y%m%dT%H%M%SZ")
     day = amz_date[:8]
-    signed = {"host": host_header(parts), "x-amz-content-sha256": UNSIGNED,
-              "x-amz-date": amz_date}
+    signed = {"host": host_header(parts), "x-amz-date": amz_date}
+    if service == "s3":
+        payload = UNSIGNED
+        signed["x-amz-content-sha256"] = UNSIGNED
+    else:
+        payload = hashlib.sha256(body).hexdigest()
     token = creds.get("Token")
     if token:
         signed["x-amz-security-token"] = token
@@ -79,17 +95,19 @@ def sign_get(url: str, region: str, creds: dict, now, extra_headers=None) -> dic
                    for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
     names = sorted(signed)
     canonical = "\n".join([
-        "GET", parts.path or "/", "&".join("%s=%s" % kv for kv in query),
+        method, parts.path or "/", "&".join("%s=%s" % kv for kv in query),
         "".join("%s:%s\n" % (n, " ".join(signed[n].split())) for n in names),
-        ";".join(names), UNSIGNED])
-    scope = "%s/%s/s3/aws4_request" % (day, region)
+        ";".join(names), payload])
+    scope = "%s/%s/%s/aws4_request" % (day, region, service)
     to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope,
                          hashlib.sha256(canonical.encode("utf-8")).hexdigest()])
     key = _hmac(("AWS4" + creds["SecretAccessKey"]).encode("utf-8"), day)
-    for part in (region, "s3", "aws4_request"):
+    for part in (region, service, "aws4_request"):
         key = _hmac(key, part)
     signature = hmac.new(key, to_sign.encode("utf-8"), hashlib.sha256).hexdigest()
-    headers = {"Host": signed["host"], "X-Amz-Date": amz_date, "X-Amz-Content-SHA256": UNSIGNED}
+    headers = {"Host": signed["host"], "X-Amz-Date": amz_date}
+    if service == "s3":
+        headers["X-Amz-Content-SHA256"] = UNSIGNED
     if token:
         headers["X-Amz-Security-Token"] = token
     headers["Authorization"] = "AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, " \

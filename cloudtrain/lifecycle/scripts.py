@@ -47,7 +47,9 @@ def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
     from the job store (a relaunched spot job), and `stage`: the stager's, run first in that
     order: the job starts only once both are complete. The job file's `setup` runs next
     (setup_lines; `setup_once`: skipped where it already ran unchanged, a kept instance).
-    A job's secrets are read first, from a file that is then deleted (secrets.py)."""
+    A job's secrets are read first, from a file that is then deleted (secrets.py). A
+    recovering job's resumable recipe resumes where bootstrap.py left its RESUME marker (a
+    replacement instance that restored a checkpoint)."""
     # F1: nothing the user typed reaches this file outside shlex.quote; the one line that
     # names the job is JSON (newlines and control characters escaped) inside a comment.
     lines = ["#!/usr/bin/env bash", "set -e",
@@ -72,6 +74,13 @@ def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
         elif procs > 1:
             starter = [python, "-m", "torch.distributed.run", "--standalone",
                        f"--nproc_per_node={procs}"]
+        if spec.recover and "resume" in rec.arguments and not spec.args.get("resume"):
+            # The bundle holds attempt 1's run.sh; a replacement whose bootstrap restored a
+            # checkpoint leaves its marker, and the same run.sh then resumes from it.
+            args = {k: v for k, v in spec.args.items() if k != "resume"}
+            resumed = [*starter, rec.entry_path(), *rec.script_args({**args, "resume": True})]
+            lines.append(f"if [ -e {shlex.quote(jobdir + '/' + bootstrap.RESUME)} ]; then "
+                         f"exec {shlex.join(resumed)}; fi")
         lines.append("exec " + shlex.join([*starter, rec.entry_path(),
                                            *rec.script_args(spec.args)]))
     else:

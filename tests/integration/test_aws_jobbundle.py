@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import os
 import shutil
 import subprocess
@@ -21,7 +22,6 @@ from pathlib import Path
 
 import boto3
 import pytest
-import requests
 
 from cloudtrain import config
 from cloudtrain.host import bootstrap
@@ -31,8 +31,7 @@ from cloudtrain.local_host import LocalHost
 from cloudtrain.providers.aws import jobbundle
 from cloudtrain.providers.local import LocalProvider
 from cloudtrain.spec import COMMAND, JobSpec
-from labs import credentials
-from labs.aws import aws, moto_endpoint
+from labs.aws import aws, fresh_store, moto_endpoint
 from labs.imds import FakeIMDS
 from labs.polling import wait_for
 
@@ -46,11 +45,7 @@ PREFIX = f"jobs/AIDAEXAMPLEOWNER0001/{JOB}/"
 
 @pytest.fixture
 def lab(moto_endpoint, tmp_path, monkeypatch):
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
-    for k, v in credentials.aws_env(REGION).items():
-        monkeypatch.setenv(k, v)
-    s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint)
-    s3.create_bucket(Bucket=BUCKET)
+    s3 = fresh_store(moto_endpoint, monkeypatch, BUCKET, REGION)
     imds = FakeIMDS(role="ct-instance")
     socket = f"ct-bundle-{uuid.uuid4().hex[:8]}"
     # What the instance has: the host-side files in a folder of their own, nothing else.
@@ -65,10 +60,13 @@ def lab(moto_endpoint, tmp_path, monkeypatch):
     imds.close()
 
 
-def make_bundle(lab, tmp: Path, stream: dict | None = None) -> dict:
+def make_bundle(lab, tmp: Path, stream: dict | None = None, spec: JobSpec | None = None,
+                python: str | None = None, job_extra: dict | None = None) -> dict:
     """A launch-shaped bundle: a workdir synced as launch lists it, run.sh, setup.sh and
     job.json written through the launch's own functions on a host, uploaded by jobbundle.
-    Returns what the instance must end up with."""
+    `spec`, `python`: another job than the default command's (run.sh's interpreter);
+    `job_extra`: more of job.json (what a group's launch adds). Returns what the instance
+    must end up with."""
     work = tmp / "src"
     (work / "pkg").mkdir(parents=True)
     (work / "train.sh").write_text("echo trained > result.txt\n")
@@ -77,35 +75,38 @@ def make_bundle(lab, tmp: Path, stream: dict | None = None) -> dict:
     (work / ".env").write_text("SECRET=1\n")  # a credential: a sync leaves it out
     host = LocalHost(tmux_socket=lab.socket)
     jobdir = str(tmp / "inst" / "jobs" / JOB)
-    spec = JobSpec(kind=COMMAND, backend="local", command=["sh", "train.sh"],
-                   workdir=str(work), setup="echo setup ran > setup.txt")
+    spec = spec or JobSpec(kind=COMMAND, backend="local", command=["sh", "train.sh"],
+                           workdir=str(work), setup="echo setup ran > setup.txt")
     host.run(f"mkdir -p {jobdir}")
     scripts.write_job_scripts(host, jobdir, spec, JOB)
-    host.write_text(f"{jobdir}/run.sh", scripts.run_script(spec, jobdir, host.python,
+    host.write_text(f"{jobdir}/run.sh", scripts.run_script(spec, jobdir, python or host.python,
                                                            job_id=JOB, setup_once=False))
-    host.write_text(f"{jobdir}/job.json", json.dumps(scripts.job_settings(
+    host.write_text(f"{jobdir}/job.json", json.dumps({**scripts.job_settings(
         config.Settings(), spec, LocalProvider(config.Settings()), JOB, host, jobdir,
-        str(tmp / "data"), 0, 1, None, stream), indent=1))
+        str(tmp / "data"), 0, 1, None, stream), **(job_extra or {})}, indent=1))
     parts_dir = tmp / "parts"
     parts_dir.mkdir()
-    parts, meta = scripts.bundle_parts(host, jobdir, JOB, [(work, "work", ())],
-                                       ["run.sh", "job.json", scripts.SETUP_FILE], parts_dir)
+    names = ["run.sh", "job.json"] + ([scripts.SETUP_FILE] if spec.setup else [])
+    parts, meta = scripts.bundle_parts(host, jobdir, JOB, [(work, "work", ())], names,
+                                       parts_dir)
     jobbundle.upload(lab.s3, BUCKET, PREFIX, parts, meta)
     want = {name: Path(jobdir, name).read_bytes()
-            for name in ("run.sh", "job.json", scripts.SETUP_FILE)}
+            for name in ("run.sh", "job.json", scripts.SETUP_FILE) if Path(jobdir, name).exists()}
     want["work/train.sh"] = (work / "train.sh").read_bytes()
     want["work/pkg/data.bin"] = (work / "pkg" / "data.bin").read_bytes()
     shutil.rmtree(tmp / "inst")  # the replacement instance has nothing of the first
     return {"jobdir": jobdir, "want": want, "parts": parts, "meta": meta}
 
 
-def run_bootstrap(lab, jobdir: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_bootstrap(lab, jobdir: str, timeout: float = 60, *extra: str
+                  ) -> subprocess.CompletedProcess:
     # No AWS keys on the instance; no bytecode written beside the shipped files.
     env = {"PATH": os.environ["PATH"], "HOME": str(lab.tmp), "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run(
         [sys.executable, str(lab.shipped / "bootstrap.py"), "--bucket", BUCKET, "--prefix",
          PREFIX, "--jobdir", jobdir, "--region", REGION, "--endpoint", lab.endpoint,
-         "--imds", lab.imds.url], capture_output=True, text=True, env=env, timeout=timeout)
+         "--imds", lab.imds.url, *extra], capture_output=True, text=True, env=env,
+        timeout=timeout)
 
 
 def files_below(root: Path) -> set[str]:
@@ -340,3 +341,187 @@ def test_a_stored_checkpoint_that_does_not_check_out_stops_the_start(lab):
                      tamper="checkpoints/model.pt")
     refused(lab, b, bootstrap.EXIT_RESTORE, "sha256")
     assert not (Path(b["jobdir"]) / "checkpoints" / "model.pt").exists()
+
+
+# -- a job run by an Auto Scaling group (issue 27, item 3): the end, the count, the resume ---
+
+GROUP = f"cloudtrain-{JOB}"
+INSTANCE = "i-0replacement0002"
+ARGS_STUB = """#!/bin/sh
+# stands in for python3 in run.sh: prints the recipe's arguments and the attempt
+echo "attempt=$CLOUDTRAIN_ATTEMPT args=$*" >> "$CLOUDTRAIN_JOB_DIR/ran.txt"
+"""
+
+
+@pytest.fixture
+def group_lab(lab):
+    """The lab, plus the job's group and launch template in moto, the instance's identity
+    in the fake IMDS, the job's upload grant, and a recorder for the power-off."""
+    from cloudtrain.providers.aws import jobstore
+    from labs.aws import group_with_template
+
+    lab.asg, _, lab.present = group_with_template(lab.endpoint, GROUP, REGION)
+    lab.imds.metadata["127.0.0.1"] = {
+        "/latest/meta-data/instance-id": INSTANCE,
+        "/latest/meta-data/placement/availability-zone": "us-east-1c",
+        "/latest/meta-data/instance-type": "g5.xlarge",
+        "/latest/meta-data/instance-life-cycle": "spot"}
+    lab.grant = json.loads(json.dumps(jobstore.upload_grant(
+        lab.s3, BUCKET, JOB, 600, 1 << 30, owner_key="AIDAEXAMPLEOWNER0001")))
+    lab.offs = lab.tmp / "offs.txt"
+    stub = lab.tmp / "python-stub"
+    stub.write_text(ARGS_STUB)
+    stub.chmod(0o755)
+    lab.stub = stub
+    return lab
+
+
+def group_bundle(lab, max_restarts: int = 3, stream: dict | None = None) -> dict:
+    """A recovering resnet9 job's bundle (run.sh as the launch writes it for attempt 1),
+    with the group's job.json; run.sh's interpreter prints what it was given."""
+    from cloudtrain.spec import RECIPE
+
+    spec = JobSpec(kind=RECIPE, backend="aws", recipe="resnet9", args={"epochs": 2},
+                   recover=True, max_restarts=max_restarts)
+    extra = {"auto_scaling": {"group": GROUP, "region": REGION, "endpoint": lab.endpoint,
+                              "max_restarts": max_restarts, "prefix": PREFIX,
+                              "bucket": BUCKET},
+             "results_store": lab.grant, "shutdown_delay_s": 0, "collect_wait_s": 0,
+             "shutdown_command": f"echo off >> {shlex.quote(str(lab.offs))}"}
+    return make_bundle(lab, lab.tmp, stream=stream, spec=spec, python=str(lab.stub),
+                       job_extra=extra)
+
+
+def put_record(lab, name: str, body) -> None:
+    lab.s3.put_object(Bucket=BUCKET, Key=PREFIX + name,
+                      Body=body if isinstance(body, bytes) else json.dumps(body))
+
+
+def record(lab, name: str) -> dict | None:
+    try:
+        return json.loads(lab.s3.get_object(Bucket=BUCKET, Key=PREFIX + name)["Body"].read())
+    except lab.s3.exceptions.NoSuchKey:
+        return None
+
+
+def group_args(max_restarts: int = 3) -> tuple[str, ...]:
+    return ("--group", GROUP, "--max-restarts", str(max_restarts))
+
+
+def powered_off(lab) -> int:
+    return lab.offs.read_text().count("off") if lab.offs.exists() else 0
+
+
+def test_a_replacement_records_attempt_2_and_resumes_from_the_stored_checkpoint(group_lab):
+    lab = group_lab
+    b = group_bundle(lab, stream={"settle_s": 2.0, "poll_s": 1.0, "start_seq": 0,
+                                  "start_slot": None, "attempt": 1})
+    put_record(lab, "attempts/1.json", {"attempt": 1, "instance": "i-0first", "by": "launch"})
+    store_checkpoint(lab, {"checkpoints/model.pt": os.urandom(5000)})
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args())
+    assert done.returncode == 0, done.stderr
+    mine = record(lab, "attempts/2.json")
+    assert mine["attempt"] == 2 and mine["by"] == "bootstrap"
+    assert (mine["instance"], mine["zone"], mine["type"], mine["lifecycle"]) == (
+        INSTANCE, "us-east-1c", "g5.xlarge", "spot")
+    jobdir = Path(b["jobdir"])
+    ran = wait_for(lambda: (jobdir / "ran.txt").exists() and (jobdir / "ran.txt").read_text(),
+                   timeout=30)
+    assert ran.startswith("attempt=2 args=recipes/resnet9/train.py --epochs 2")
+    assert ran.rstrip().endswith("--resume true")
+    job = json.loads((jobdir / "job.json").read_text())
+    assert job["env"]["CLOUDTRAIN_ATTEMPT"] == "2" and job["checkpoint_stream"]["attempt"] == 2
+    said = json.loads((jobdir / bootstrap.STATUS_FILE).read_text())
+    assert said["attempt"] == 2 and said["restored"]["seq"] == 3
+    assert lab.present() == ([GROUP], [GROUP]) and powered_off(lab) == 0
+
+
+def test_the_first_instance_without_a_checkpoint_starts_over_and_does_not_resume(group_lab):
+    """Attempt 1's run.sh, unchanged, when no checkpoint was restored: no resume argument and
+    nothing said about one; the launch's own record names this instance, so none is added."""
+    lab = group_lab
+    b = group_bundle(lab)
+    put_record(lab, "attempts/1.json", {"attempt": 1, "instance": INSTANCE, "by": "launch"})
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args())
+    assert done.returncode == 0, done.stderr
+    jobdir = Path(b["jobdir"])
+    ran = wait_for(lambda: (jobdir / "ran.txt").exists() and (jobdir / "ran.txt").read_text(),
+                   timeout=30)
+    assert ran == "attempt=1 args=recipes/resnet9/train.py --epochs 2\n"
+    assert record(lab, "attempts/2.json") is None
+    assert record(lab, "attempts/1.json")["by"] == "launch"
+    assert "resume" not in (jobdir / "output.log").read_text().lower()
+
+
+@pytest.mark.parametrize("body", [{"state": "succeeded", "exit_code": 0}, b"not json",
+                                  b"{" * 100_000, b"x" * 200_000, [1, 2], {"state": 7}],
+                         ids=["succeeded", "not-json", "deep", "huge", "a-list", "bad-state"])
+def test_a_replacement_that_finds_the_jobs_end_deletes_the_group_and_powers_off(group_lab,
+                                                                             body):
+    lab = group_lab
+    b = group_bundle(lab)
+    put_record(lab, "final.json", body)
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args())
+    assert done.returncode == bootstrap.EXIT_ENDED, done.stderr
+    assert done.stderr.count("\n") == 1 and "the job has ended" in done.stderr
+    assert lab.present() == ([], []) and powered_off(lab) == 1
+    jobdir = Path(b["jobdir"])
+    assert not (jobdir / "status.json").exists()  # no agent, no job
+    assert record(lab, "attempts/1.json") is None
+
+
+def test_past_max_restarts_the_job_ends_preempted_and_the_group_goes(group_lab):
+    lab = group_lab
+    b = group_bundle(lab, max_restarts=1)
+    put_record(lab, "attempts/1.json", {"attempt": 1, "instance": "i-0first"})
+    put_record(lab, "attempts/2.json", b"\xff garbage, still an attempt")
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args(1))
+    assert done.returncode == bootstrap.EXIT_RESTARTS, done.stderr
+    assert "all 1 restarts used (--max-restarts 1)" in done.stderr
+    final = record(lab, "final.json")
+    assert final["state"] == "preempted" and final["instance"] == INSTANCE
+    assert final["attempt"] == 2 and "--max-restarts 1" in final["reason"]
+    assert record(lab, "attempts/3.json") is None
+    assert lab.present() == ([], []) and powered_off(lab) == 1
+    said = json.loads((Path(b["jobdir"]) / bootstrap.STATUS_FILE).read_text())
+    assert said["exit_code"] == bootstrap.EXIT_RESTARTS and not said["ok"]
+
+
+def test_attempts_are_counted_by_gets_bounded_by_max_restarts(group_lab):
+    """Attempts 1..N stored: N + 1 is recorded while it is within max_restarts, and the count
+    never reads past max_restarts + 1 records, whatever else is stored."""
+    lab = group_lab
+    b = group_bundle(lab, max_restarts=5)
+    for n in range(1, 4):
+        put_record(lab, f"attempts/{n}.json", {"attempt": n})
+    put_record(lab, "attempts/9.json", {"attempt": 9})  # after a gap: not counted
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args(5))
+    assert done.returncode == 0, done.stderr
+    assert record(lab, "attempts/4.json")["instance"] == INSTANCE
+
+
+def test_a_store_that_refuses_the_attempt_record_stops_the_start(group_lab):
+    """The grant cannot write (nothing answers at its URL): one line, EXIT_STORE, no agent;
+    the group stays (a transient failure must not end the job)."""
+    from labs.loopback import free_port
+
+    lab = group_lab
+    lab.grant = dict(lab.grant, url=f"http://127.0.0.1:{free_port()}/")
+    b = group_bundle(lab)
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args())
+    assert done.returncode == bootstrap.EXIT_STORE, done.stderr
+    assert done.stderr.count("\n") == 1 and "attempts/1.json could not be written" in done.stderr
+    assert not (Path(b["jobdir"]) / "status.json").exists()
+    assert lab.present() == ([GROUP], [GROUP]) and powered_off(lab) == 0
+
+
+@pytest.mark.parametrize("extra, words", [
+    (("--group", "cloudtrain-other"), "--group cloudtrain-other, but"),
+    (("--group", "a b"), "--group must be"),
+    (("--group", GROUP, "--max-restarts", "-1"), "--max-restarts must be"),
+])
+def test_group_arguments_that_do_not_fit_the_bundle_end_in_one_line(group_lab, extra, words):
+    b = group_bundle(group_lab)
+    done = run_bootstrap(group_lab, b["jobdir"], 60, *extra)
+    assert done.returncode == bootstrap.EXIT_USAGE and words in done.stderr
+    assert done.stderr.count("\n") == 1

@@ -321,3 +321,39 @@ def ec2_provider(monkeypatch, ct_home):
         monkeypatch.delenv(k, raising=False)
     with mock_aws():
         yield AWSProvider(Settings(region=REGION, ssh_cidr="127.0.0.1/32", poll_seconds=0.05))
+
+
+def group_with_template(endpoint: str, name: str, region: str = REGION) -> tuple:
+    """A launch template and an Auto Scaling group of one instance, both named `name`, in the
+    moto server at `endpoint`, as the launch makes a recovering job's (providers/aws/groups.py,
+    in short); returns its (autoscaling, ec2) clients and a function listing which of the two
+    still exist: ([group] or [], [template] or [])."""
+    ec2 = boto3.client("ec2", region_name=region, endpoint_url=endpoint)
+    asg = boto3.client("autoscaling", region_name=region, endpoint_url=endpoint)
+    ec2.create_launch_template(LaunchTemplateName=name, LaunchTemplateData={
+        "ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
+    asg.create_auto_scaling_group(AutoScalingGroupName=name, MinSize=1, MaxSize=1,
+                                  DesiredCapacity=1, AvailabilityZones=[f"{region}a"],
+                                  LaunchTemplate={"LaunchTemplateName": name})
+
+    def present() -> tuple[list, list]:
+        return ([g["AutoScalingGroupName"] for g in asg.describe_auto_scaling_groups()[
+            "AutoScalingGroups"] if g["AutoScalingGroupName"] == name],
+                [t["LaunchTemplateName"] for t in ec2.describe_launch_templates()[
+                    "LaunchTemplates"] if t["LaunchTemplateName"] == name])
+
+    return asg, ec2, present
+
+
+def fresh_store(endpoint: str, monkeypatch, bucket: str, region: str = REGION):
+    """The moto server at `endpoint` emptied, this process's AWS settings the lab account's
+    in `region`, and `bucket` made: returns its S3 client (an instance's tests then add the
+    fake IMDS, labs.imds)."""
+    from . import credentials
+
+    requests.post(f"{endpoint}/moto-api/reset", timeout=10)
+    for k, v in credentials.aws_env(region).items():
+        monkeypatch.setenv(k, v)
+    s3 = boto3.client("s3", region_name=region, endpoint_url=endpoint)
+    s3.create_bucket(Bucket=bucket)
+    return s3

@@ -237,7 +237,9 @@ def test_F32_bucket_settings_are_a_one_time_admin_step():
 def test_F32_the_instance_role_has_no_bucket_grant():
     role = json.loads((REPO / "infra" / "instance-role-policy.json").read_text())
     assert "CLOUDTRAIN_BUCKET" not in json.dumps(role)
-    assert {a for s in role["Statement"] for a in _listed(s["Action"])} == {"s3:GetObject"}
+    # In S3 it only reads; besides, it only ends its job's group (issue 27, GROUP_END).
+    assert {a for s in role["Statement"] for a in _listed(s["Action"])} - GROUP_END == \
+        {"s3:GetObject"}
 
 
 def test_F8_policy_fits_a_managed_policy():
@@ -343,6 +345,9 @@ def test_issue27_template_tags_only_at_creation_and_the_role_only_to_ec2():
 ROLE = json.loads((REPO / "infra" / "instance-role-policy.json").read_text())
 BUNDLE_READ = {"arn:aws:s3:::cloudtrain-*/jobs/*/bundle/*",
                "arn:aws:s3:::cloudtrain-*/jobs/*/stream/*"}
+# A replacement reads the job's end and counts its attempts (host/bootstrap.py).
+RECORDS_READ = {"arn:aws:s3:::cloudtrain-*/jobs/*/final.json",
+                "arn:aws:s3:::cloudtrain-*/jobs/*/attempts/*"}
 
 
 def _bundle_problems(role: dict) -> list[str]:
@@ -356,13 +361,45 @@ def _bundle_problems(role: dict) -> list[str]:
     for s in reads:
         if _listed(s["Action"]) != ["s3:GetObject"]:
             problems.append(f"{s.get('Sid')}: {s['Action']} beyond s3:GetObject")
-        if set(_listed(s["Resource"])) - BUNDLE_READ:
-            problems.append(f"{s.get('Sid')}: objects beyond bundle/ and stream/")
+        if set(_listed(s["Resource"])) - BUNDLE_READ - RECORDS_READ:
+            problems.append(f"{s.get('Sid')}: objects beyond bundle/, stream/, final.json "
+                            "and attempts/")
         if s.get("Condition") != {"StringEquals": {
                 "aws:ResourceAccount": "${aws:PrincipalAccount}"}}:
             problems.append(f"{s.get('Sid')}: buckets of other accounts")
-    if BUNDLE_READ - {r for s in reads for r in _listed(s["Resource"])}:
+    readable = {r for s in reads for r in _listed(s["Resource"])}
+    if BUNDLE_READ - readable:
         problems.append("bundle/ or stream/ not readable")
+    if RECORDS_READ - readable:
+        problems.append("final.json or attempts/ not readable")
+    return problems
+
+
+GROUP_END = {"autoscaling:DeleteAutoScalingGroup", "autoscaling:UpdateAutoScalingGroup",
+             "ec2:DeleteLaunchTemplate"}
+GROUP_RESOURCES = {"autoscaling": GROUP_ARN, "ec2": TEMPLATE_ARN}
+
+
+def _group_end_problems(role: dict) -> list[str]:
+    """Why an instance role cannot end its job's group (host/auto_scaling.end_group), or may
+    change more than groups and launch templates tagged as cloudtrain's jobs'."""
+    problems, found = [], set()
+    for s in role["Statement"]:
+        actions = set(_listed(s["Action"]))
+        if s["Effect"] != "Allow" or not actions & (GROUP_END | {"autoscaling:*", "ec2:*"}):
+            continue
+        if actions - GROUP_END:
+            problems.append(f"{s.get('Sid')}: {sorted(actions - GROUP_END)} beyond ending a group")
+        for action in actions & GROUP_END:
+            if _listed(s["Resource"]) != [GROUP_RESOURCES[action.split(":")[0]]]:
+                problems.append(f"{s.get('Sid')}: {action} on {s['Resource']}")
+        tags = (s.get("Condition") or {}).get("Null") or {}
+        if tags.get("aws:ResourceTag/cloudtrain:owner") != "false" or \
+                tags.get("aws:ResourceTag/cloudtrain:job") != "false":
+            problems.append(f"{s.get('Sid')}: not only resources tagged with an owner and a job")
+        found |= actions & GROUP_END
+    if GROUP_END - found:
+        problems.append(f"not allowed: {sorted(GROUP_END - found)}")
     return problems
 
 
@@ -389,3 +426,34 @@ def test_issue27_the_check_fails_a_role_without_the_bundle_read_or_with_more(cha
     else:
         del read["Condition"]
     assert _bundle_problems(role)
+
+
+def test_issue27_the_instance_role_ends_only_tagged_job_groups_and_reads_their_records():
+    """The agent at a job's end and a replacement that finds it over delete (or set to 0)
+    the job's group and delete its launch template (host/auto_scaling.end_group); bootstrap
+    reads final.json and attempts/ (host/bootstrap.take_attempt): nothing more."""
+    from cloudtrain.host import auto_scaling
+
+    assert _group_end_problems(ROLE) == [] and _bundle_problems(ROLE) == []
+    assert auto_scaling.FINAL == "final.json" and auto_scaling.ATTEMPTS == "attempts/"
+
+
+@pytest.mark.parametrize("change", ["without-groups", "without-templates", "without-records",
+                                    "untagged", "any-group", "more-actions"])
+def test_issue27_the_check_fails_a_role_without_the_group_statements_or_with_more(change):
+    role = json.loads(json.dumps(ROLE))
+    by_sid = {s["Sid"]: s for s in role["Statement"]}
+    groups, templates = by_sid["EndJobGroups"], by_sid["DeleteJobLaunchTemplates"]
+    if change == "without-groups":
+        role["Statement"].remove(groups)
+    elif change == "without-templates":
+        role["Statement"].remove(templates)
+    elif change == "without-records":
+        role["Statement"].remove(by_sid["ReadJobEndsAndAttempts"])
+    elif change == "untagged":
+        del templates["Condition"]
+    elif change == "any-group":
+        groups["Resource"] = "*"
+    else:
+        groups["Action"] = groups["Action"] + ["autoscaling:CreateAutoScalingGroup"]
+    assert _group_end_problems(role) or _bundle_problems(role)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from unittest import mock
 
@@ -818,3 +819,27 @@ def test_F38_the_default_bounds_end_a_trickle_in_minutes_not_never():
     assert stage_fetch.FLOOR_RATE == 1_000_000 and 10 <= stage_fetch.RANGE_MIN_S <= 60
     assert stage_fetch.STALL_S <= 30 and stage_fetch.STALL_BYTES >= 1024
     assert (stage_fetch.RETRIES + 1) * stage_fetch.STALL_S + stage_fetch.RETRIES * stage_fetch.BACKOFF_CAP_S < 300
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40),
+       token=st.one_of(st.none(), st.text("abc+/=", min_size=1, max_size=20)),
+       service=st.sampled_from(["autoscaling", "ec2"]))
+def test_sign_request_signs_a_query_api_call_as_botocore_does(name, token, service):
+    """The Auto Scaling and EC2 calls of host/auto_scaling.py: a GET whose query string holds
+    the parameters, the payload's sha256 signed (those services refuse UNSIGNED-PAYLOAD)."""
+    from botocore.auth import SigV4Auth
+
+    creds = dict(ROLE, Token=token)
+    query = urllib.parse.urlencode({"Action": "DeleteAutoScalingGroup", "Version": "2011-01-01",
+                                    "AutoScalingGroupName": name, "ForceDelete": "true"},
+                                   quote_via=urllib.parse.quote, safe="-_.~")
+    url = f"https://{service}.eu-west-1.amazonaws.com/?{query}"
+    mine = stage_sigv4.sign_request("GET", url, "eu-west-1", creds, WHEN, service)
+    req = AWSRequest(method="GET", url=url)
+    auth = SigV4Auth(Credentials(creds["AccessKeyId"], creds["SecretAccessKey"],
+                                 creds.get("Token")), service, "eu-west-1")
+    with mock.patch.object(botocore.auth, "get_current_datetime", lambda: WHEN):
+        auth.add_auth(req)
+    assert mine["Authorization"] == req.headers["Authorization"]
+    assert "X-Amz-Content-SHA256" not in mine

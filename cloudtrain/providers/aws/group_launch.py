@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from ...market import Market
+from ...host import auto_scaling
 from ...progress import SILENT, Reporter
 from ...state import Instance, Job, Store
 from . import jobstore
@@ -152,7 +153,8 @@ class GroupLaunchMixin:
         loader = ["--bucket", bucket, "--key", prefix + BOOT_TAR, "--sha256", digest, *where,
                   "--imds", self.settings.imds_url]
         boot = ["--bucket", bucket, "--prefix", prefix, "--jobdir", self.group_jobdir(job),
-                *where, "--imds", self.settings.imds_url, "--wait-s", str(BUNDLE_WAIT_S)]
+                *where, "--imds", self.settings.imds_url, "--wait-s", str(BUNDLE_WAIT_S),
+                "--group", group_name(job.id), "--max-restarts", str(spec.max_restarts)]
         script = boot_script(loader, boot, self.settings.ssh_user)
         user_data = gzip.compress(self.user_data(job, spec, script).encode(), 9, mtime=0)
         if len(user_data) > USER_DATA_MAX:
@@ -246,13 +248,13 @@ class GroupLaunchMixin:
         return out
 
 
-ATTEMPTS, FINAL = "attempts/", "final.json"
+ATTEMPTS, FINAL = auto_scaling.ATTEMPTS, auto_scaling.FINAL
 MAX_ATTEMPTS = 1000
-RECORD_MAX_BYTES = 64 << 10
+RECORD_MAX_BYTES = auto_scaling.RECORD_MAX_BYTES
 INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 ZONE = re.compile(r"[a-z]{2}(-[a-z0-9]+){1,4}")
 TYPE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)?\.[a-z0-9]+")
-ENDS = ("succeeded", "failed", "cancelled", "preempted")
+ENDS = auto_scaling.ENDED_STATES
 
 
 def _small_json(s3, bucket: str, key: str, size: int, owner: str | None):

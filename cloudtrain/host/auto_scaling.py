@@ -1,0 +1,229 @@
+"""A job run by an Auto Scaling group, seen from its instance: the job store's records of its
+end and its attempts, and the end of its own group and launch template.
+
+Standard library only, Python 3.8+; shipped beside agent.py. Imports stage_sigv4 (the role's
+credentials, SigV4), stage_plan (StageError), agent_upload (posts through the job's grant,
+AWS error bodies) and nothing else of ours. The orchestrator imports the key names from here.
+
+job.json's "auto_scaling" (written by the launch, provider.agent_settings):
+
+    {"group": "cloudtrain-<job>", "region": R, "endpoint": URL or null, "max_restarts": N,
+     "prefix": "jobs/<owner>/<job>/", "bucket": B}
+
+Under the job's prefix in the job store:
+
+    final.json          {"state", "exit_code", "reason", "ended_at", "attempt", "instance"}:
+                        written once the job has truly ended (not on a preemption); an
+                        instance that finds it starts nothing and ends the group
+    attempts/<n>.json   {"attempt", "instance", "zone", "type", "lifecycle", "started_at",
+                        "by"}: n = 1 written by the launch, n >= 2 by bootstrap.py
+
+    settings(job) -> dict or None           job.json's "auto_scaling", checked (Invalid)
+    final_doc(...) / attempt_doc(...)       the records, as the contract above writes them
+    identity(imds) -> {instance, zone, type, lifecycle}   this instance, from IMDSv2
+    end_group(conf, creds) -> [(step, ok, line)]          the group deleted (or set to 0),
+                                                          then its launch template
+"""
+
+import datetime
+import json
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+try:  # in the package (the orchestrator, tests), or shipped beside it on the host
+    from .agent_upload import ERROR_BODY_BYTES, aws_error
+    from .stage_plan import StageError
+    from .stage_sigv4 import sign_request
+except ImportError:
+    from agent_upload import ERROR_BODY_BYTES, aws_error
+    from stage_plan import StageError
+    from stage_sigv4 import sign_request
+
+FINAL = "final.json"
+ATTEMPTS = "attempts/"
+ENDED_STATES = ("succeeded", "failed", "cancelled", "preempted")
+RECORD_MAX_BYTES = 64 << 10  # a record bigger than this is not one of ours
+MAX_RESTARTS_LIMIT = 1000  # also bounds the GETs that count the attempts
+AUTOSCALING_VERSION = "2011-01-01"
+EC2_VERSION = "2016-11-15"
+CALL_TIMEOUT_S = 20.0
+TRIES = 3  # per call, on a connection error, 5xx or throttling only
+IMDS_URL = "http://169.254.169.254"
+
+GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # also a launch template's name
+REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
+PREFIX = re.compile(r"jobs/([A-Za-z0-9][A-Za-z0-9:+=,.@_-]{0,255}/)?"
+                    r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}/")
+BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+# Answers that mean "already gone": nothing left to delete.
+GROUP_GONE = re.compile(r"not found|does not exist", re.I)
+TEMPLATE_GONE = "InvalidLaunchTemplateName.NotFoundException"
+TRANSIENT = ("Throttling", "RequestLimitExceeded", "ServiceUnavailable", "InternalFailure")
+
+
+class Invalid(ValueError):
+    """job.json's auto_scaling is not one the launch writes."""
+
+
+def attempt_key(prefix, n):
+    return "%s%s%d.json" % (prefix, ATTEMPTS, n)
+
+
+def _count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def settings(job):
+    """job.json's "auto_scaling", every field checked; None when the job has none (a job
+    not run by a group). Invalid, naming the field, when it is not one the launch writes."""
+    conf = job.get("auto_scaling") if isinstance(job, dict) else None
+    if conf is None:
+        return None
+    if not isinstance(conf, dict):
+        raise Invalid("auto_scaling is not an object")
+    checks = (("group", GROUP), ("region", REGION), ("prefix", PREFIX), ("bucket", BUCKET))
+    for name, pattern in checks:
+        if not isinstance(conf.get(name), str) or not pattern.fullmatch(conf[name]):
+            raise Invalid("auto_scaling.%s is not a %s" % (name, name))
+    endpoint = conf.get("endpoint")
+    if endpoint is not None and not (isinstance(endpoint, str)
+                                     and endpoint.startswith(("http://", "https://"))):
+        raise Invalid("auto_scaling.endpoint is neither null nor an http(s) URL")
+    restarts = conf.get("max_restarts")
+    if not _count(restarts) or restarts > MAX_RESTARTS_LIMIT:
+        raise Invalid("auto_scaling.max_restarts is not a number from 0 to %d"
+                      % MAX_RESTARTS_LIMIT)
+    return {"group": conf["group"], "region": conf["region"], "prefix": conf["prefix"],
+            "bucket": conf["bucket"], "endpoint": endpoint, "max_restarts": restarts}
+
+
+def final_doc(state, exit_code, reason, attempt, instance, ended_at=None):
+    int_code = isinstance(exit_code, int) and not isinstance(exit_code, bool)
+    return {"state": state, "exit_code": exit_code if int_code else None,
+            "reason": None if reason is None else str(reason)[:2000],
+            "ended_at": time.time() if ended_at is None else ended_at,
+            "attempt": attempt, "instance": instance}
+
+
+def attempt_doc(n, ident, by="bootstrap", started_at=None):
+    return {"attempt": n, "instance": ident.get("instance"), "zone": ident.get("zone"),
+            "type": ident.get("type"), "lifecycle": ident.get("lifecycle"),
+            "started_at": time.time() if started_at is None else started_at, "by": by}
+
+
+def read_record(data):
+    """A stored record's bytes (at most RECORD_MAX_BYTES + 1 read) as a dict, or None when
+    they are not one: too large, not UTF-8, not JSON, not an object. Never raises."""
+    if data is None or len(data) > RECORD_MAX_BYTES:
+        return None
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+# -- this instance ---------------------------------------------------------------------------
+
+IDENTITY = {"instance": "instance-id", "zone": "placement/availability-zone",
+            "type": "instance-type", "lifecycle": "instance-life-cycle"}
+IDENTITY_TEXT = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def identity(imds=IMDS_URL, timeout=5.0):
+    """{instance, zone, type, lifecycle} of this instance from IMDSv2; a value it did not
+    give (or gave in a shape no EC2 value has) is None. Never raises."""
+    out = dict.fromkeys(IDENTITY)
+    base = imds.rstrip("/")
+    try:
+        req = urllib.request.Request(base + "/latest/api/token", method="PUT",
+                                     headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            token = resp.read(4096).decode("ascii", "replace").strip()
+    except (OSError, ValueError):
+        return out
+    for name, path in IDENTITY.items():
+        req = urllib.request.Request(base + "/latest/meta-data/" + path,
+                                     headers={"X-aws-ec2-metadata-token": token})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                text = resp.read(256).decode("ascii", "replace").strip()
+        except (OSError, ValueError):
+            continue
+        out[name] = text if IDENTITY_TEXT.fullmatch(text) else None
+    if out["lifecycle"] == "normal":  # IMDS says "normal" for on-demand
+        out["lifecycle"] = "on-demand"
+    return out
+
+
+# -- the group's end -------------------------------------------------------------------------
+
+def endpoint_url(service, region, endpoint=None):
+    """The Query API's address: the lab's one endpoint for every service, else AWS's."""
+    if endpoint:
+        return endpoint.rstrip("/") + "/"
+    return "https://%s.%s.amazonaws.com/" % (service, region)
+
+
+def call(service, params, region, creds, endpoint=None, clock=time.sleep):
+    """One Query API call (a signed GET, the parameters in its query string). Returns
+    (True, "") or (False, "Code: Message"); a connection error, a 5xx or throttling is tried
+    TRIES times (1 s, then 2 s apart). `creds` is stage_sigv4.RoleCredentials."""
+    query = urllib.parse.urlencode(sorted(params.items()), quote_via=urllib.parse.quote,
+                                   safe="-_.~")
+    url = endpoint_url(service, region, endpoint) + "?" + query
+    why = ""
+    for attempt in range(TRIES):
+        try:
+            now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+            req = urllib.request.Request(url, headers=sign_request(
+                "GET", url, region, creds.get(), now, service))
+        except StageError as exc:
+            return False, "no role credentials: %s" % exc
+        try:
+            with urllib.request.urlopen(req, timeout=CALL_TIMEOUT_S) as resp:
+                resp.read(ERROR_BODY_BYTES)
+            return True, ""
+        except urllib.error.HTTPError as exc:
+            why = aws_error(exc.read(ERROR_BODY_BYTES) or b"") or "HTTP %d" % exc.code
+            exc.close()
+            if exc.code < 500 and not why.startswith(TRANSIENT):
+                return False, why
+        except (OSError, ValueError) as exc:
+            why = "cannot reach %s: %s" % (endpoint_url(service, region, endpoint),
+                                            getattr(exc, "reason", None) or exc)
+        if attempt < TRIES - 1:
+            clock(2 ** attempt)
+    return False, why
+
+
+def end_group(conf, creds, clock=time.sleep):
+    """The job's group deleted with its instances (ForceDelete: this one too, which is on its
+    way to power off), or, where that is refused, set to 0; then its launch template (named
+    as the group). [(step, ok, line)], one per call made; "already gone" counts as done."""
+    region, endpoint, name = conf["region"], conf["endpoint"], conf["group"]
+    steps = []
+    ok, why = call("autoscaling", {"Action": "DeleteAutoScalingGroup", "Version":
+                                   AUTOSCALING_VERSION, "AutoScalingGroupName": name,
+                                   "ForceDelete": "true"}, region, creds, endpoint, clock)
+    if ok or GROUP_GONE.search(why):
+        steps.append(("delete group", True, "group %s deleted%s" % (
+            name, "" if ok else " already (%s)" % why)))
+    else:
+        steps.append(("delete group", False, "deleting group %s failed: %s" % (name, why)))
+        ok, why = call("autoscaling", {"Action": "UpdateAutoScalingGroup", "Version":
+                                       AUTOSCALING_VERSION, "AutoScalingGroupName": name,
+                                       "MinSize": "0", "MaxSize": "0",
+                                       "DesiredCapacity": "0"}, region, creds, endpoint, clock)
+        steps.append(("set group to 0", ok, "group %s set to 0" % name if ok else
+                      "setting group %s to 0 failed: %s" % (name, why)))
+    ok, why = call("ec2", {"Action": "DeleteLaunchTemplate", "Version": EC2_VERSION,
+                           "LaunchTemplateName": name}, region, creds, endpoint, clock)
+    gone = not ok and why.startswith(TEMPLATE_GONE)
+    steps.append(("delete launch template", ok or gone,
+                  "launch template %s deleted%s" % (name, " already" if gone else "")
+                  if ok or gone else "deleting launch template %s failed: %s" % (name, why)))
+    return steps

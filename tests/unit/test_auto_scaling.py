@@ -1,0 +1,136 @@
+"""host/auto_scaling.py alone: job.json's auto_scaling checked field by field, the stored
+records read under guard (whatever is in the job store), the Query calls' retries."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from cloudtrain.host import auto_scaling
+from labs.loopback import serve
+
+GOOD = {"group": "cloudtrain-j1", "region": "us-east-1", "endpoint": None, "max_restarts": 3,
+        "prefix": "jobs/AIDAOWNER/j1/", "bucket": "cloudtrain-123456789012-us-east-1"}
+
+
+def test_a_good_setting_is_read_and_none_is_not_a_group():
+    assert auto_scaling.settings({"auto_scaling": GOOD}) == GOOD
+    assert auto_scaling.settings({"auto_scaling": dict(GOOD, endpoint="http://127.0.0.1:5")}
+                                 )["endpoint"] == "http://127.0.0.1:5"
+    assert auto_scaling.settings({}) is None and auto_scaling.settings(None) is None
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("group", "a b", "group"), ("group", "x;rm -rf /", "group"), ("group", 7, "group"),
+    ("region", "us-east-1; x", "region"), ("prefix", "jobs/../x/", "prefix"),
+    ("prefix", "other/o/j/", "prefix"), ("bucket", "A_B", "bucket"),
+    ("endpoint", "file:///etc/passwd", "endpoint"), ("endpoint", 5, "endpoint"),
+    ("max_restarts", -1, "max_restarts"), ("max_restarts", True, "max_restarts"),
+    ("max_restarts", 10 ** 9, "max_restarts"), ("max_restarts", "3", "max_restarts"),
+])
+def test_a_setting_not_the_launchs_is_refused_naming_its_field(field, value, words):
+    with pytest.raises(auto_scaling.Invalid, match=words):
+        auto_scaling.settings({"auto_scaling": dict(GOOD, **{field: value})})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=30),
+                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=12),
+                                                                        c, max_size=6)))
+def test_any_json_as_auto_scaling_is_read_or_refused_never_a_crash(value):
+    try:
+        conf = auto_scaling.settings({"auto_scaling": value})
+    except auto_scaling.Invalid:
+        return
+    assert conf is None or set(conf) == set(GOOD)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=200), st.just(b"{" * 50_000), st.just(b"x" * 70_000),
+                 st.recursive(st.none() | st.integers() | st.text(max_size=20),
+                              lambda c: st.lists(c, max_size=3)
+                              | st.dictionaries(st.text(max_size=8), c, max_size=4))
+                 .map(lambda v: json.dumps(v).encode())))
+def test_a_stored_record_is_a_dict_or_none_whatever_its_bytes(data):
+    doc = auto_scaling.read_record(data)
+    assert doc is None or isinstance(doc, dict)
+    if len(data) > auto_scaling.RECORD_MAX_BYTES:
+        assert doc is None
+
+
+def test_the_records_have_the_contracts_fields():
+    ident = {"instance": "i-1", "zone": "us-east-1a", "type": "g5.xlarge", "lifecycle": "spot"}
+    assert set(auto_scaling.attempt_doc(2, ident)) == {
+        "attempt", "instance", "zone", "type", "lifecycle", "started_at", "by"}
+    final = auto_scaling.final_doc("failed", True, "x" * 5000, 2, "i-1")
+    assert set(final) == {"state", "exit_code", "reason", "ended_at", "attempt", "instance"}
+    assert final["exit_code"] is None and len(final["reason"]) == 2000
+    assert auto_scaling.attempt_key("jobs/o/j/", 3) == "jobs/o/j/attempts/3.json"
+
+
+class _Creds:
+    def get(self):
+        return {"AccessKeyId": "AKIA", "SecretAccessKey": "s", "Token": None}
+
+
+def _answering(*answers):
+    """A loopback Query endpoint answering (code, body) in turn; records each query."""
+    import http.server
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            seen.append(dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query)))
+            code, body = answers[min(len(seen), len(answers)) - 1]
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    url, server = serve(Handler)
+    return url, server, seen
+
+
+def _error(code):
+    return f"<ErrorResponse><Error><Code>{code}</Code><Message>m</Message></Error>" \
+           "</ErrorResponse>".encode()
+
+
+def test_only_throttling_and_5xx_are_tried_again():
+    slept = []
+    url, server, seen = _answering((400, _error("Throttling")), (503, b""), (200, b"<ok/>"))
+    try:
+        assert auto_scaling.call("autoscaling", {"Action": "X"}, "us-east-1", _Creds(), url,
+                                 slept.append) == (True, "")
+        assert len(seen) == 3 and slept == [1, 2]
+    finally:
+        server.close()
+    url, server, seen = _answering((403, _error("AccessDenied")))
+    try:
+        ok, why = auto_scaling.call("ec2", {"Action": "X"}, "us-east-1", _Creds(), url,
+                                    slept.append)
+        assert not ok and why == "AccessDenied: m" and len(seen) == 1
+    finally:
+        server.close()
+
+
+def test_the_group_is_set_to_0_where_deleting_it_is_refused_and_the_template_goes_on():
+    url, server, seen = _answering((403, _error("AccessDenied")), (200, b""), (400, _error(
+        auto_scaling.TEMPLATE_GONE)))
+    try:
+        steps = auto_scaling.end_group(dict(GOOD, endpoint=url), _Creds(), lambda s: None)
+    finally:
+        server.close()
+    assert [q["Action"] for q in seen] == ["DeleteAutoScalingGroup", "UpdateAutoScalingGroup",
+                                           "DeleteLaunchTemplate"]
+    assert seen[1]["DesiredCapacity"] == seen[1]["MaxSize"] == seen[1]["MinSize"] == "0"
+    assert [(s, ok) for s, ok, _ in steps] == [
+        ("delete group", False), ("set group to 0", True), ("delete launch template", True)]
+    assert "already" in steps[2][2]
