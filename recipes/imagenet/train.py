@@ -446,6 +446,7 @@ def _train(args, world, stop) -> int:
             from None
     workers = (args.workers if args.workers is not None
                else imagenet_data.default_workers(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    marks.pin_threads(workers)
     loaders = Loaders(root, args.seed, args.decode, folders)
     dtype = torch.float16 if half or amp else torch.float32
     prep = imagenet_data.Normaliser(device, dtype, channels_last=variant.precision == "amp"
