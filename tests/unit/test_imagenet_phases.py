@@ -341,3 +341,22 @@ def test_batch_div_divides_every_batch_and_the_lr_with_it():
     assert s.batches[0] == math.ceil(math.ceil(N / 8) / 32)
     ffcv = phases.with_batch_div(VARIANTS["ffcv-rn50-16"], 64)
     assert (plan(ffcv, 0).batch, plan(ffcv, 0).val_batch) == (8, 8)
+
+
+def test_recipe_yaml_data_path_epochs_are_the_tables():
+    """issue 28: estimate's data bound counts the epochs each variant reads each folder from
+    recipe.yaml (cloudtrain does not import the recipe): they are these tables' counts."""
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "recipes" / "imagenet" /
+                          "recipe.yaml").read_text())
+    counted = {}
+    for name, v in VARIANTS.items():
+        if name == "tiny":
+            continue
+        folders = {}
+        for e in range(v.epochs):
+            folder = "sz/160" if plan(v, e).source == "sz/160" else "full"
+            folders[folder] = folders.get(folder, 0) + 1
+        counted[name] = folders
+    assert doc["data_path"]["epochs"] == counted
