@@ -6,6 +6,14 @@ throughput. That ratio is an *optimistic* bound: small CIFAR models are limited 
 bandwidth, kernel launches and the input pipeline long before tensor cores, so a faster GPU
 gains less than the ratio says. Each row says which basis it used.
 
+The training time is also bounded by what feeds the GPUs (issue 28): where the recipe says
+how fast its loader decodes (recipe.yaml `data_path`: images per CPU-second by folder, the
+epochs each variant reads each folder), the data-bound time is the run's images over the
+type's vCPUs times that rate, and training takes the larger of the two bounds; the row says
+which bound it used and why. A published time (FFCV's on 8 A100s) is shown only where the
+data path can reach it. vCPUs count hyper-threads, which decode less than a core each, and
+every vCPU is taken as decoding: the data bound is the optimistic side.
+
 Around the training come overheads a published time never includes, each either measured
 from your own past jobs (median per phase of the AWS jobs in the store) or an assumed
 default, and labelled as which:
@@ -111,6 +119,9 @@ class Row:
     staging_basis: str = ""
     profile_note: str = ""  # a profile the figures are not for (Estimate.profile_note)
     nodes: int = 1  # instances of this type the job runs on (every one billed)
+    gpu_bound_s: float | None = None  # training seconds the GPUs alone need
+    data_bound_s: float | None = None  # seconds the type's CPUs need to decode the run's images
+    bound: str = ""  # "gpu" | "data": which of the two train_s is; "" where no data bound
 
 
 @dataclass
@@ -213,6 +224,24 @@ def scaled_seconds(basis: Basis, gpu: str) -> tuple[float | None, str]:
     return basis.seconds * theirs / mine, f"x{theirs:g}/{mine:g} TFLOPS from {basis.gpu}"
 
 
+def data_bound(recipe, args: dict, vcpus: float, nodes: int = 1) -> tuple[float, str] | None:
+    """Seconds the type's CPUs need to decode the run's training images with decode=cpu
+    (recipe.yaml data_path: images per epoch, the epochs read from each folder, images per
+    CPU-second from each), and how; None where the recipe or the variant has no such
+    figures, or the images are decoded on the GPU (no measured rate yet)."""
+    path = getattr(recipe, "data_path", None)
+    if not path or args.get("decode") == "gpu" or vcpus <= 0:
+        return None
+    epochs = (path.get("epochs") or {}).get(args.get("variant"))
+    if not epochs:
+        return None
+    cpus = vcpus * max(1, nodes)
+    seconds = sum(n * path["images_per_epoch"] / (cpus * path["per_core"][folder])
+                  for folder, n in epochs.items())
+    rates = " and ".join(f"{path['per_core'][f]:g}/s per core from {f}" for f in epochs)
+    return seconds, f"{cpus:g} vCPUs decoding at {rates}"
+
+
 def overheads(store=None) -> Overheads:
     """Boot and setup: the median over past AWS jobs in the store where there are any;
     startup and teardown: assumed."""
@@ -297,6 +326,19 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
             continue
         if have > basis.gpus:  # the rest sit idle, and are paid for
             scaling += f"; uses {basis.gpus} of {have:g} GPUs"
+        gpu_s, data_s, bound = train_s, None, ""
+        fed = data_bound(recipe, args, t.vcpus, nodes)
+        if fed is not None:
+            data_s, how = fed
+            if data_s > train_s:
+                bound, train_s = "data", data_s
+                scaling = (f"data-bound: {how} need {_minutes(data_s)}, the GPUs "
+                           f"{_minutes(gpu_s)} ({scaling}: not reachable with this data path)")
+            else:
+                bound = "gpu"
+                scaling += f"; GPU-bound: {how} need {_minutes(data_s)}"
+        elif getattr(recipe, "data_path", None) and args.get("decode") == "gpu":
+            scaling += "; decode=gpu: no measured GPU decode rate, GPU-bound time only"
         compiling = compile_seconds(recipe, args, t.gpu)
         if compiling is not None:  # billed before the first step, off the recipe's timer
             train_s += compiling
@@ -317,7 +359,8 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
         rows.append(Row(t.name, t.gpu, t.gpus, train_s, total,
                         dollars(t.price(region, "on-demand")), dollars(t.price(region, "spot")),
                         scaling, staging_s=staging_s, staging_basis=staging_basis,
-                        profile_note=note, nodes=nodes))
+                        profile_note=note, nodes=nodes, gpu_bound_s=gpu_s,
+                        data_bound_s=data_s, bound=bound))
         if t.gpu in TFLOPS_NOTES and TFLOPS_NOTES[t.gpu] not in notes:
             notes.append(TFLOPS_NOTES[t.gpu])
     _rank(rows, market)
@@ -331,6 +374,10 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     return Estimate(recipe.name, region, market, basis, over, disk, rows, notes,
                     staging_bytes=staging_bytes, disk_mbps=disk_mbps, preread_s=preread_s,
                     profile=profile, profile_note=note, nodes=nodes)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
 
 
 def _disk(recipe, region: str, disk_gb: int | None, staging_bytes: int,

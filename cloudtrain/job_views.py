@@ -175,8 +175,29 @@ def startup_text(row: dict) -> str:
     parts = [f"{k.replace('_', '-')} {duration(row[k])}" for k in
              ("import", "data", "warm_up", "compile") if _finite(row.get(k)) is not None]
     first = _finite(row.get("to_first_step"))
+    threads = _threads_text(row)
     return ", ".join(parts) + (f"; first step {duration(first)} after the start"
-                               if first is not None else "")
+                               if first is not None else "") + (f"; {threads}" if threads else "")
+
+
+def _count(value) -> int | None:
+    """A whole count from the host's row, or None (a float, a bool, text, a negative)."""
+    return value if type(value) is int and 0 <= value < 10**6 else None
+
+
+def _threads_text(row: dict) -> str:
+    """The startup row's torch threads and why (issue 28, recipes/common/startup.py)."""
+    threads = _count(row.get("threads"))
+    if threads is None:
+        return ""
+    if row.get("threads_from") == "job":
+        return f"torch threads {threads} (the job's OMP_NUM_THREADS)"
+    cores, procs = _count(row.get("cores")), _count(row.get("procs"))
+    if row.get("threads_from") != "cores" or cores is None or procs is None:
+        return f"torch threads {threads}"
+    less = _count(row.get("loader_workers")) or 0
+    return (f"torch threads {threads} ({cores} cores / {procs} processes"
+            + (f", less {less} loader workers" if less else "") + ")")
 
 
 # The attempts table: the clock columns and the step counts go first in a narrow terminal.

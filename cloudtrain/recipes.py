@@ -129,6 +129,9 @@ class Recipe:
     target: dict | None = None
     published: list[dict] = field(default_factory=list)
     measured: list[dict] = field(default_factory=list)  # this project's own figures
+    # What feeds the GPUs (issue 28): images_per_epoch, per_core {folder: images per
+    # CPU-second, decode=cpu}, epochs {variant: {folder: epochs}}; estimate's data bound.
+    data_path: dict | None = None
     # Arguments a checkpoint is tied to: `--resume-from` refuses a run that changes one,
     # before launch (the script would refuse only once it runs).
     resume_must_match: list[str] = field(default_factory=list)
@@ -288,7 +291,7 @@ def parse_recipe(path: Path) -> Recipe:
         entry=entry, requires=list(requires), arguments=arguments,
         profiles=profiles, resources=resources, data=list(data),
         target=target, published=list(published), resume_must_match=list(must_match),
-        measured=list(measured))
+        measured=list(measured), data_path=_data_path(doc, path))
 
 
 def _document(path: Path) -> dict:
@@ -388,6 +391,27 @@ def _resources(doc: dict, path: Path) -> dict:
     if not isinstance(resources.get("gpu", ""), str):
         raise ConfigError(f"{path}: resources.gpu must be a GPU name, e.g. V100")
     return resources
+
+
+def _data_path(doc: dict, path: Path) -> dict | None:
+    """`data_path:` (issue 28): images_per_epoch, per_core {folder: images per CPU-second}
+    and epochs {variant: {folder: epochs}}, every folder of `epochs` one of per_core's."""
+    data_path = _optional(doc, "data_path", dict, path, "a mapping", None)
+    if data_path is None:
+        return None
+    _numbers(data_path, ("images_per_epoch",), path, "data_path")
+    rates = data_path.get("per_core")
+    epochs = data_path.get("epochs")
+    if not data_path.get("images_per_epoch") or not isinstance(rates, dict) or not rates \
+            or not isinstance(epochs, dict):
+        raise ConfigError(f"{path}: data_path needs images_per_epoch, per_core and epochs")
+    _numbers(rates, list(rates), path, "data_path.per_core")
+    for variant, folders in epochs.items():
+        if not isinstance(folders, dict) or any(f not in rates for f in folders):
+            raise ConfigError(f"{path}: data_path.epochs.{variant} must map folders of "
+                              "per_core to epochs")
+        _numbers(folders, list(folders), path, f"data_path.epochs.{variant}")
+    return data_path
 
 
 def _measured(doc: dict, arguments: dict[str, Argument], path: Path) -> list[dict]:

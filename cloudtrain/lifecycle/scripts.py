@@ -4,6 +4,7 @@ job's own), job.json (what the agent enforces, the job's environment) and the st
 Only text and the host's verbs; it calls secrets, nothing else of the lifecycle.
 
     run_script(spec, jobdir, ...)     run.sh
+    threads_line(procs)               run.sh's line: torch's threads per process (issue 28)
     setup_lines(spec, jobdir, once)   run.sh's lines for the job file's `setup`
     write_job_scripts(host, ..)       beside run.sh: setup.sh and the secrets' private file
     job_settings(...)                 job.json
@@ -67,6 +68,7 @@ def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
 
         rec = recipes.load(spec.recipe)
         lines.append(f"cd {shlex.quote(jobdir)}")
+        lines.append(threads_line(procs))
         starter = [python]
         if node is not None and node["nodes"] > 1:
             starter = torchrun_argv(python, node["nodes"], node["rank"], procs, node["master"],
@@ -90,6 +92,25 @@ def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
         else:
             lines.append("exec " + shlex.join(spec.command))
     return "\n".join(lines) + "\n"
+
+
+def threads_line(procs: int) -> str:
+    """run.sh's line that gives each of a recipe's `procs` processes on this host its share of
+    the host's usable cores as torch's intra-op threads (OMP_NUM_THREADS, at least 1), unless
+    the job's environment already says (a job file's `envs`, or the launching shell on this
+    machine): theirs wins. Without it torch takes every core in each process, and torchrun
+    sets 1 for every process of a multi-process run (its "Setting OMP_NUM_THREADS
+    environment variable for each process to be 1 in default" warning), which leaves 11 of
+    a p4d's 12 vCPUs per GPU to the loader alone. CLOUDTRAIN_CORES tells the recipe that
+    cloudtrain chose, and from what (recipes/common/startup.pin_threads says it in the job's
+    startup row)."""
+    procs = max(1, int(procs))
+    return ('if [ -z "${OMP_NUM_THREADS:-}" ]; then '
+            "CLOUDTRAIN_CORES=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null "
+            "|| echo 1); "
+            f"OMP_NUM_THREADS=$(( CLOUDTRAIN_CORES / {procs} )); "
+            '[ "$OMP_NUM_THREADS" -ge 1 ] || OMP_NUM_THREADS=1; '
+            "export OMP_NUM_THREADS CLOUDTRAIN_CORES; fi")
 
 
 def setup_lines(spec: JobSpec, jobdir: str, once: bool) -> list[str]:
@@ -159,7 +180,9 @@ def job_environment(job_id: str, data_dir: str, host: Host, gpus: int = 0, procs
     if jobdir:
         env["CLOUDTRAIN_CHECKPOINT_DIR"] = f"{jobdir}/checkpoints"
     if isinstance(host, LocalHost):
-        for key in ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX"):
+        # OMP_NUM_THREADS: the launching shell's choice of torch's threads, which run.sh's
+        # threads_line keeps (the tmux server's copy may be from an older shell).
+        for key in ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "OMP_NUM_THREADS"):
             if key in os.environ:
                 env[key] = os.environ[key]
     return env

@@ -14,9 +14,11 @@ Variants (`--variant`; phases.py has every table)
                  weights, loss scale 128; weight decay on every parameter. Published: 93.002%
                  top-5 at TSV row 41, 2.9575 h on a p3.16xlarge ($72.40 on demand).
   machines-N     DX train.py schedules for N = 1, 4, 8, 16 machines of 8 GPUs: bn0 init, no
-                 weight decay on BatchNorm, loss scale 1024, rectangular validation at 288.
-                 Multi-node launch is not there yet: on one host they run with the published
-                 per-GPU batch and an lr scaled to the smaller global batch, and say so.
+                 weight decay on BatchNorm, loss scale 1024, rectangular validation at 288;
+                 machines-8 as its published run logged it (phases.py says which copy each
+                 table follows). `cloudtrain launch` starts them on N machines by default;
+                 on fewer (`--nodes K`, or one host by hand) they keep the published per-GPU
+                 batch, scale the lr to the smaller global batch, and say so.
   ffcv-rn50-E    FF rn50 configs, E in 16, 24, 32, 40, 56, 88: 160 -> 192 px ramp, BlurPool,
                  label smoothing 0.1, AMP, 512 per GPU, validation at 256 with the 224/256 crop
                  ratio and flip TTA.
@@ -446,6 +448,7 @@ def _train(args, world, stop) -> int:
             from None
     workers = (args.workers if args.workers is not None
                else imagenet_data.default_workers(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    marks.pin_threads(workers)
     loaders = Loaders(root, args.seed, args.decode, folders)
     dtype = torch.float16 if half or amp else torch.float32
     prep = imagenet_data.Normaliser(device, dtype, channels_last=variant.precision == "amp"

@@ -568,7 +568,7 @@ def _load_checkpoint(args, hyp, world, path):
 
 
 def _train(args, world, stop) -> int:
-    marks = startup.Startup(T_START)
+    marks = startup.Startup(T_START, loader_workers=args.workers)
     marks.mark("import")
     hyp = resolve_hyp(args)
     device = world.device

@@ -254,3 +254,59 @@ def test_measured_entries_are_checked_when_the_recipe_loads(tmp_path, monkeypatc
         (root / "pub" / "recipe.yaml").write_text(RECIPE + "measured:\n" + bad)
         with pytest.raises(ConfigError, match=re.escape(message)):
             recipes.load("pub")
+
+
+# -- issue 28: bounded by what feeds the GPUs -------------------------------------------------
+
+IMAGES, FULL, SMALL = 1_281_167, 226, 765  # recipe.yaml data_path (issue 28's measurements)
+
+
+def _bounds(cli, variant, *extra):
+    proc = cli.ok("estimate", "--recipe", "imagenet", "--set", f"variant={variant}",
+                  "-i", "p3.16xlarge", "-i", "p4d.24xlarge", "-i", "p5.48xlarge", "--json",
+                  *extra)
+    return {r["instance_type"]: r for r in json.loads(proc.stdout)["rows"]}
+
+
+def test_ffcvs_published_a100_time_is_out_of_reach_of_a_p4ds_cpus(cli):
+    """FFCV 16 epochs from full-size JPEGs: 16 x 1,281,167 images over 96 vCPUs x 226/s is
+    945 s, more than FFCV's published 894 s on 8 A100: the p4d row is data-bound and says
+    the published time is not reachable; the p5's 192 vCPUs cannot feed 8 H100s either; the
+    p3.16xlarge's V100s are slower than its 64 vCPUs."""
+    rows = _bounds(cli, "ffcv-rn50-16")
+    p4d, p5, p3 = rows["p4d.24xlarge"], rows["p5.48xlarge"], rows["p3.16xlarge"]
+    assert p4d["data_bound_s"] == pytest.approx(16 * IMAGES / (96 * FULL))
+    assert (p4d["bound"], p4d["gpu_bound_s"]) == ("data", 894)
+    assert p4d["train_s"] == pytest.approx(945.0, abs=1)
+    assert p4d["scaling"].startswith("data-bound: 96 vCPUs decoding at 226/s per core")
+    assert "not reachable with this data path" in p4d["scaling"]
+    assert p5["bound"] == "data" and p5["data_bound_s"] == pytest.approx(
+        16 * IMAGES / (192 * FULL))
+    assert p5["gpu_bound_s"] == pytest.approx(894 * 312 / 989)
+    assert p3["bound"] == "gpu" and p3["train_s"] == pytest.approx(894 * 312 / 125)
+    assert p3["data_bound_s"] == pytest.approx(16 * IMAGES / (64 * FULL))
+    assert "GPU-bound: 64 vCPUs" in p3["scaling"]
+
+
+def test_dawn_reads_the_160_px_copies_and_stays_gpu_bound_everywhere(cli):
+    """dawn-1x8: 18 epochs at 765/s per core from the 160 px copies, 27 at 226 from full size."""
+    rows = _bounds(cli, "dawn-1x8")
+    for name, vcpus in (("p3.16xlarge", 64), ("p4d.24xlarge", 96), ("p5.48xlarge", 192)):
+        row = rows[name]
+        assert row["data_bound_s"] == pytest.approx(
+            18 * IMAGES / (vcpus * SMALL) + 27 * IMAGES / (vcpus * FULL)), name
+        assert row["bound"] == "gpu" and row["train_s"] == row["gpu_bound_s"], name
+    assert rows["p3.16xlarge"]["train_s"] == 10647
+
+
+def test_decode_gpu_has_no_measured_rate_and_says_so(cli):
+    row = _bounds(cli, "ffcv-rn50-16", "--set", "decode=gpu")["p4d.24xlarge"]
+    assert (row["bound"], row["data_bound_s"], row["train_s"]) == ("", None, 894)
+    assert "decode=gpu: no measured GPU decode rate" in row["scaling"]
+
+
+def test_the_table_says_the_bound_in_words(cli):
+    out = cli.ok("estimate", "--recipe", "imagenet", "--set", "variant=ffcv-rn50-16", "-i",
+                 "p4d.24xlarge", "--wide").stdout
+    assert "data-bound: 96 vCPUs decoding at 226/s per core from full need 15.7 min, the " \
+           "GPUs 14.9 min (published: not reachable with this data path)" in out

@@ -153,6 +153,89 @@ def test_dx_model_settings():
             (True, 0.01, "bn_modules", 1024.0, 1)
 
 
+
+# -- machines-8: the published run, as it logged itself (issue 28) ----------------------------
+
+# The first line of cybertronai/imagenet18@218ef7e:dawn/logs/single_machine/debug.log, the
+# 8-machine run (64 ranks: "Distributed: success (0/64)"), its `phases` argument verbatim.
+# diux-dev/imagenet18@59a8f25 train.py ends the last lr phase at 35, the DAWNBench entry's
+# schedule link (@f0fc713 train.py#L62) at 36; the run trained to 37.
+DX_8_LOGGED = ("[{'ep': 0, 'sz': 128, 'bs': 128, 'trndir': '-sz/160'}, {'ep': (0, 6), 'lr': "
+               "(1.92, 3.84)}, {'ep': 6, 'bs': 256, 'keep_dl': True}, {'ep': 6, 'lr': 3.84}, "
+               "{'ep': (11, 14), 'lr': (3.84, 1.92)}, {'ep': 14, 'sz': 224, 'bs': 128, "
+               "'trndir': '-sz/352', 'min_scale': 0.087, 'lr': 1.92}, {'ep': 17, 'bs': 224, "
+               "'keep_dl': True}, {'ep': (17, 23), 'lr': (1.92, 0.336)}, {'ep': (23, 29), "
+               "'lr': (0.336, 0.0336)}, {'ep': 29, 'sz': 288, 'bs': 128, 'min_scale': 0.5, "
+               "'rect_val': True}, {'ep': (29, 37), 'lr': (0.0192, 0.0019199999999999998)}]")
+DX_8_BATCHES = 157  # "Epoch: [0][157/157]": ceil(ceil(1,281,167 / 64) / 128) per rank
+
+
+def _dx_logged_epoch(phases, epoch):
+    """DX train_imagenet_nv.py's reading of its phases for one epoch: the data settings in
+    force (the last 'sz'/'bs'/'trndir'/... given at or before it) and the lr phase."""
+    data, lr = {"trndir": "", "min_scale": 0.08, "rect_val": False}, None
+    for p in phases:
+        start = p["ep"][0] if isinstance(p["ep"], tuple) else p["ep"]
+        if start > epoch:
+            continue
+        if "lr" in p:
+            lr = p
+        if not isinstance(p["ep"], tuple):
+            if "sz" in p:  # a new loader: DX resets what the phase does not name
+                data = {"trndir": "", "min_scale": 0.08, "rect_val": False}
+            data.update({k: v for k, v in p.items() if k not in ("ep", "lr", "keep_dl")})
+    return data, lr
+
+
+def _dx_logged_lr(lr_phase, epoch, batch, n):
+    """DX Scheduler: a constant, or linear per batch counted from 1."""
+    if not isinstance(lr_phase["ep"], tuple):
+        return lr_phase["lr"]
+    (a, b), (lo, hi) = lr_phase["ep"], lr_phase["lr"]
+    return lo + ((epoch - a) * n + batch + 1) * (hi - lo) / ((b - a) * n)
+
+
+def test_machines_8_is_the_published_run_epoch_by_epoch():
+    """Every epoch of the logged run: size, per-GPU batch, folder, min_scale, validation mode,
+    and the lr at the first, middle and last batch; the run's 37 epochs (DX's tot_epochs is
+    the last phase's end: the log's last row is epoch 36)."""
+    import ast
+
+    logged = ast.literal_eval(DX_8_LOGGED)
+    v = VARIANTS["machines-8"]
+    assert (v.epochs, v.nodes, v.gpus) == (37, 8, 64)
+    assert v.epochs == max(max(p["ep"]) if isinstance(p["ep"], tuple) else p["ep"]
+                           for p in logged)
+    assert v.source == "cybertronai/imagenet18@218ef7e:dawn/logs/single_machine/debug.log"
+    for epoch in range(v.epochs):
+        data, lr_phase = _dx_logged_epoch(logged, epoch)
+        p = plan(v, epoch)
+        assert (p.size, p.batch, p.source, p.min_scale, p.val_mode) == (
+            data["sz"], data["bs"], data["trndir"].lstrip("-"), data["min_scale"],
+            "rect" if data["rect_val"] else "center"), epoch
+        for batch in (0, DX_8_BATCHES // 2, DX_8_BATCHES - 1):
+            assert lr_of("machines-8", epoch, batch, DX_8_BATCHES) == pytest.approx(
+                _dx_logged_lr(lr_phase, epoch, batch, DX_8_BATCHES), rel=1e-12), (epoch, batch)
+
+
+@pytest.mark.parametrize("epoch, batch, logged", [
+    (0, 0, 1.9220382165605094),      # "Changing LR from None to 1.9220382165605094"
+    (29, 0, 0.019186242038216558),   # the 288 px phase's first batch: 1/(8 x 157) of the way
+    (34, 156, 0.006240000000000001),
+    (36, 156, 0.0019200000000000016),  # the run's last batch: lr / 1000
+])
+def test_machines_8_lr_equals_what_the_run_printed(epoch, batch, logged):
+    """Values the run printed ("Changing LR from ... to X") at known batches: with (29, 35)
+    the first batch of epoch 29 would be 0.0191817, and epoch 36 would not exist."""
+    assert lr_of("machines-8", epoch, batch, DX_8_BATCHES) == pytest.approx(logged, rel=1e-12)
+
+
+def test_every_table_names_the_copy_it_follows():
+    for v in VARIANTS.values():
+        assert v.source, v.name
+    assert {VARIANTS[n].source for n in ("machines-1", "machines-4", "machines-16")} == {
+        "diux-dev/imagenet18@59a8f25:train.py"}
+
 # -- 3C FFCV ----------------------------------------------------------------------------------
 
 def test_ffcv_resolution_16_epochs():
@@ -258,3 +341,22 @@ def test_batch_div_divides_every_batch_and_the_lr_with_it():
     assert s.batches[0] == math.ceil(math.ceil(N / 8) / 32)
     ffcv = phases.with_batch_div(VARIANTS["ffcv-rn50-16"], 64)
     assert (plan(ffcv, 0).batch, plan(ffcv, 0).val_batch) == (8, 8)
+
+
+def test_recipe_yaml_data_path_epochs_are_the_tables():
+    """issue 28: estimate's data bound counts the epochs each variant reads each folder from
+    recipe.yaml (cloudtrain does not import the recipe): they are these tables' counts."""
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "recipes" / "imagenet" /
+                          "recipe.yaml").read_text())
+    counted = {}
+    for name, v in VARIANTS.items():
+        if name == "tiny":
+            continue
+        folders = {}
+        for e in range(v.epochs):
+            folder = "sz/160" if plan(v, e).source == "sz/160" else "full"
+            folders[folder] = folders.get(folder, 0) + 1
+        counted[name] = folders
+    assert doc["data_path"]["epochs"] == counted

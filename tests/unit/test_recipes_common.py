@@ -349,3 +349,50 @@ def test_compiled_graphs_go_to_the_data_dir_even_after_torch_looked(tmp_path, st
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == (started_with or str(tmp_path / "data" / "inductor-cache"))
+
+
+# ---------------------------------------------------------------------------------------------
+# startup: torch's threads per process (issue 28)
+
+from common import startup  # noqa: E402
+
+
+@pytest.mark.parametrize("env, workers, expected", [
+    # cloudtrain's run.sh counted 12 cores; torchrun says 8 processes here; 11 loader workers
+    ({"OMP_NUM_THREADS": "12", "CLOUDTRAIN_CORES": "96", "LOCAL_WORLD_SIZE": "8"}, 11,
+     {"threads": 1, "threads_from": "cores", "cores": 96, "procs": 8, "loader_workers": 11}),
+    # the CIFAR recipes keep their data on the GPU: no workers, the whole share
+    ({"OMP_NUM_THREADS": "12", "CLOUDTRAIN_CORES": "96", "LOCAL_WORLD_SIZE": "8"}, 0,
+     {"threads": 12, "threads_from": "cores", "cores": 96, "procs": 8, "loader_workers": 0}),
+    # the imagenet smoke on 2 cores with 1 worker: 1 thread (6 min 38 s -> 40.7 s in issue 28)
+    ({"CLOUDTRAIN_CORES": "2"}, 1,
+     {"threads": 1, "threads_from": "cores", "cores": 2, "procs": 1, "loader_workers": 1}),
+    # more processes than cores: still one thread each
+    ({"CLOUDTRAIN_CORES": "4", "LOCAL_WORLD_SIZE": "8"}, 0,
+     {"threads": 1, "threads_from": "cores", "cores": 4, "procs": 8, "loader_workers": 0}),
+    # the job's own OMP_NUM_THREADS (no CLOUDTRAIN_CORES: cloudtrain did not set it) wins
+    ({"OMP_NUM_THREADS": "3", "LOCAL_WORLD_SIZE": "8"}, 11,
+     {"threads": 3, "threads_from": "job"}),
+])
+def test_threads_are_the_cores_share_less_the_loader_or_the_jobs_own(env, workers, expected):
+    assert startup.thread_choice(workers, env) == expected
+
+
+def test_run_by_hand_the_threads_come_from_this_processes_affinity():
+    got = startup.thread_choice(0, {"OMP_NUM_THREADS": "not a number"})
+    assert got["threads_from"] == "cores" and got["cores"] == len(os.sched_getaffinity(0))
+
+
+def test_the_startup_row_says_the_threads_torch_was_given(one_torch_thread):
+    marks = startup.Startup(time.time(), env={"CLOUDTRAIN_CORES": "6", "LOCAL_WORLD_SIZE": "2"},
+                            loader_workers=1)
+    assert torch.get_num_threads() == 2
+    marks.pin_threads(2)
+    row = marks.row(torch.device("cpu"))
+    assert torch.get_num_threads() == 1
+    assert {k: row[k] for k in ("threads", "threads_from", "cores", "procs",
+                                "loader_workers")} == {"threads": 1, "threads_from": "cores",
+                                                       "cores": 6, "procs": 2,
+                                                       "loader_workers": 2}
+    assert startup.describe(row).endswith(
+        "; torch threads 1 (6 cores / 2 processes, less 2 loader workers)")
