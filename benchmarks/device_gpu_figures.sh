@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Issue 28's GPU figures on a lent one-GPU machine, in one call; everything lands in $OUT.
+#
+#   OUT=/some/dir bash benchmarks/device_gpu_figures.sh          # the GPU machine
+#   OUT=/tmp/x bash benchmarks/device_gpu_figures.sh --cpu       # here: the same steps, tiny
+#
+# (a) benchmarks/gpu.py --runs 1 for every recipe (CIFAR full size on synthetic data, imagenet
+#     tiny on generated JPEGs), then airbench94 with --compile --runs 2: tables and recipe.yaml
+#     entries in $OUT/gpu_recipes.txt and $OUT/gpu_compile.txt.
+# (b) benchmarks/imagenet_gpu_feed.py: images/s per GPU of the PIL loader (and torchvision's
+#     nvjpeg path, and DALI where it imports) at 128 and 224 px, and the data-wait share of a
+#     ResNet-50 step, on generated JPEGs: $OUT/feed.txt and $OUT/feed.json.
+# Each part runs under its own `timeout` (seconds: A1_S, A2_S, B_S; the defaults add up to 7.5
+# min with the install), so one stuck part costs only its own figures; each log is in $OUT.
+#
+# The machine's python3 has torch, torchvision, click, pyyaml, rich, numpy, pillow (no boto3,
+# paramiko or DALI; benchmarks/gpu.py imports cloudtrain.catalog, cloudtrain.recipes and
+# cloudtrain.host only, which need none of them). DALI: if /tmp/dali/*.whl exist they are
+# installed one by one with `pip install --no-index --no-deps --target /tmp/site`: put there
+# the nvidia_dali_cuda130 2.4.0 wheel (199 MB: ship it in chunks) and the dependencies its
+# METADATA names that the image lacks. Checked in a bare venv here: `import nvidia.dali` and a
+# CPU decode need optree, gast, astunparse and nvidia-nvimgcodec-cu13 (25 MB, the decoders);
+# the GPU decode wants nvidia-nvjpeg (4 MB, CUDA 13's libnvjpeg) beside it; makefun, libcst,
+# nvtx are for DALI's experimental/dynamic API (small: ship them). Not needed for JPEGs:
+# nvidia-libnvcomp-cu13 (28 MB), nvidia-nvjpeg2k-cu13, nvidia-nvtiff-cu13. optree, libcst and
+# nvtx are per-Python wheels (cp3XX): take the image's Python's. six, packaging, numpy are
+# there already.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to the folder for the figures}"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+SMOKE=0
+[ "${1:-}" = "--cpu" ] && SMOKE=1
+A1_S=${A1_S:-200}
+A2_S=${A2_S:-150}
+B_S=${B_S:-90}
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/steps.log"; }
+
+log "start on $(hostname); $($PY -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' 2>&1)"
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+
+if compgen -G "/tmp/dali/*.whl" > /dev/null; then
+  log "installing /tmp/dali/*.whl into /tmp/site, one wheel at a time"
+  for wheel in /tmp/dali/*.whl; do  # a wheel for another Python is skipped, not fatal
+    timeout 90 "$PY" -m pip install -q --no-index --no-deps --target /tmp/site "$wheel" \
+      >> "$OUT/dali_install.log" 2>&1 || log "not installed: $(basename "$wheel")"
+  done
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+"$PY" -c 'import nvidia.dali as d; print("DALI", d.__version__, "from", d.__file__)' \
+  > "$OUT/dali_import.log" 2>&1 && log "$(tail -1 "$OUT/dali_import.log")" \
+  || log "DALI does not import here: dali_import.log"
+
+if [ "$SMOKE" = 1 ]; then
+  GPU_ARGS=(--cpu --recipe resnet9)
+  COMPILE_ARGS=(--cpu --recipe airbench94 --runs 1)
+  FEED_ARGS=(--cpu --images 24 --sizes 32,48 --batch 8 --steps 3 --arch resnet18)
+else
+  GPU_ARGS=()
+  COMPILE_ARGS=(--recipe airbench94 --compile --runs 2)
+  FEED_ARGS=(--images 512 --batch 128 --steps 30)
+fi
+
+log "(a1) benchmarks/gpu.py --runs 1, every recipe"
+timeout -s TERM "$A1_S" "$PY" benchmarks/gpu.py --runs 1 --yaml "${GPU_ARGS[@]}" \
+  > "$OUT/gpu_recipes.txt" 2> "$OUT/gpu_recipes.err"
+log "(a1) rc $?"
+
+log "(a2) benchmarks/gpu.py airbench94 --compile --runs 2"
+timeout -s TERM "$A2_S" "$PY" benchmarks/gpu.py --yaml "${COMPILE_ARGS[@]}" \
+  > "$OUT/gpu_compile.txt" 2> "$OUT/gpu_compile.err"
+log "(a2) rc $?"
+
+log "(b) benchmarks/imagenet_gpu_feed.py"
+timeout -s TERM "$B_S" "$PY" benchmarks/imagenet_gpu_feed.py "${FEED_ARGS[@]}" \
+  --json "$OUT/feed.json" > "$OUT/feed.txt" 2> "$OUT/feed.err"
+log "(b) rc $?"
+log "done"
