@@ -12,11 +12,12 @@
 #     ResNet-50 step, on generated JPEGs: $OUT/feed.txt and $OUT/feed.json.
 # Each part runs under its own `timeout` (seconds: A1_S, A2_S, B_S; the defaults add up to 7.5
 # min with the install), so one stuck part costs only its own figures; each log is in $OUT.
+# PARTS picks and orders them (default "a1 a2 b").
 #
 # The machine's python3 has torch, torchvision, click, pyyaml, rich, numpy, pillow (no boto3,
 # paramiko or DALI; benchmarks/gpu.py imports cloudtrain.catalog, cloudtrain.recipes and
 # cloudtrain.host only, which need none of them). DALI: if /tmp/dali/*.whl exist they are
-# installed one by one with `pip install --no-index --no-deps --target /tmp/site`: put there
+# unpacked into /tmp/site (PYTHONPATH; as `pip install --no-deps --target` would): put there
 # the nvidia_dali_cuda130 2.4.0 wheel (199 MB: ship it in chunks) and the dependencies its
 # METADATA names that the image lacks. Checked in a bare venv here: `import nvidia.dali` and a
 # CPU decode need optree, gast, astunparse and nvidia-nvimgcodec-cu13 (25 MB, the decoders);
@@ -41,13 +42,25 @@ log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/steps.log"; }
 log "start on $(hostname); $($PY -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' 2>&1)"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 
-if compgen -G "/tmp/dali/*.whl" > /dev/null; then
-  log "installing /tmp/dali/*.whl into /tmp/site, one wheel at a time"
-  for wheel in /tmp/dali/*.whl; do  # a wheel for another Python is skipped, not fatal
-    timeout 90 "$PY" -m pip install -q --no-index --no-deps --target /tmp/site "$wheel" \
-      >> "$OUT/dali_install.log" 2>&1 || log "not installed: $(basename "$wheel")"
+# Wheels are zip files: unpacked into one folder they merge (pip --target, one wheel at a time,
+# skips a wheel whose top folder, nvidia/, is already there). A *.tar.xz is such a folder packed.
+if compgen -G "/tmp/dali/*.whl" > /dev/null || compgen -G "/tmp/dali/*.tar.xz" > /dev/null; then
+  log "unpacking /tmp/dali/ into /tmp/site"
+  mkdir -p /tmp/site
+  for f in /tmp/dali/*.whl /tmp/dali/*.tar.xz; do
+    [ -e "$f" ] || continue
+    case "$f" in
+      *.whl) "$PY" -m zipfile -e "$f" /tmp/site ;;
+      *) "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' "$f" /tmp/site ;;
+    esac >> "$OUT/dali_install.log" 2>&1 || log "not unpacked: $(basename "$f")"
   done
+  # torch's CUDA wheels make nvidia/ a regular package; this one, first on the path, spans
+  # every nvidia/ folder on it (DALI's and torch's), and DALI's decoder finds libnvjpeg.
+  echo "__path__ = __import__('pkgutil').extend_path(__path__, __name__)" \
+    > /tmp/site/nvidia/__init__.py
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  [ -d /tmp/site/nvidia/cu13/lib ] && \
+    export LD_LIBRARY_PATH="/tmp/site/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 "$PY" -c 'import nvidia.dali as d; print("DALI", d.__version__, "from", d.__file__)' \
   > "$OUT/dali_import.log" 2>&1 && log "$(tail -1 "$OUT/dali_import.log")" \
@@ -63,18 +76,22 @@ else
   FEED_ARGS=(--images 512 --batch 128 --steps 30)
 fi
 
-log "(a1) benchmarks/gpu.py --runs 1, every recipe"
-timeout -s TERM "$A1_S" "$PY" benchmarks/gpu.py --runs 1 --yaml "${GPU_ARGS[@]}" \
-  > "$OUT/gpu_recipes.txt" 2> "$OUT/gpu_recipes.err"
-log "(a1) rc $?"
-
-log "(a2) benchmarks/gpu.py airbench94 --compile --runs 2"
-timeout -s TERM "$A2_S" "$PY" benchmarks/gpu.py --yaml "${COMPILE_ARGS[@]}" \
-  > "$OUT/gpu_compile.txt" 2> "$OUT/gpu_compile.err"
-log "(a2) rc $?"
-
-log "(b) benchmarks/imagenet_gpu_feed.py"
-timeout -s TERM "$B_S" "$PY" benchmarks/imagenet_gpu_feed.py "${FEED_ARGS[@]}" \
-  --json "$OUT/feed.json" > "$OUT/feed.txt" 2> "$OUT/feed.err"
-log "(b) rc $?"
+part_a1() {
+  timeout -s TERM "$A1_S" "$PY" benchmarks/gpu.py --runs 1 --yaml "${GPU_ARGS[@]}" \
+    > "$OUT/gpu_recipes.txt" 2> "$OUT/gpu_recipes.err"
+}
+part_a2() {
+  timeout -s TERM "$A2_S" "$PY" benchmarks/gpu.py --yaml "${COMPILE_ARGS[@]}" \
+    > "$OUT/gpu_compile.txt" 2> "$OUT/gpu_compile.err"
+}
+part_b() {
+  timeout -s TERM "$B_S" "$PY" benchmarks/imagenet_gpu_feed.py "${FEED_ARGS[@]}" \
+    --json "$OUT/feed.json" > "$OUT/feed.txt" 2> "$OUT/feed.err"
+}
+# a1: gpu.py --runs 1, every recipe; a2: airbench94 --compile --runs 2; b: the data path
+for part in ${PARTS:-a1 a2 b}; do
+  log "($part) start"
+  "part_$part"
+  log "($part) rc $?"
+done
 log "done"

@@ -55,23 +55,9 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def loader_rate(kind, ds, order, args, device, device_id, prep) -> float:
-    """Images per second into normalised device batches, after the first batch."""
-    seen, start = 0, None
-    for x, y in batches_of(kind, ds, order, args.batch, args.workers, device, device_id):
-        prep(x)
-        if start is None:
-            sync(device)
-            start = time.perf_counter()
-            continue
-        seen += len(y)
-    sync(device)
-    return seen / (time.perf_counter() - start)
-
-
-def train_figures(kind, ds, order, args, device, device_id, prep, model, opt) -> tuple:
-    """(images per second, data-wait share) over training steps after the first."""
-    scaler = torch.amp.GradScaler(enabled=device.type == "cuda")
+def timed(kind, ds, order, args, device, device_id, prep, step=None) -> tuple:
+    """(images per second, share of the time blocked on the loader) after the first batch,
+    each normalised batch given to `step` (None: the loader alone)."""
     it = batches_of(kind, ds, order, args.batch, args.workers, device, device_id)
     wait = seen = 0.0
     start = None
@@ -84,12 +70,8 @@ def train_figures(kind, ds, order, args, device, device_id, prep, model, opt) ->
         if start is not None:
             wait += time.perf_counter() - t
         x = prep(x)
-        with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
-            loss = torch.nn.functional.cross_entropy(model(x), y.to(device) % 1000)
-        opt.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
+        if step is not None:
+            step(x, y.to(device, non_blocking=True))
         if start is None:
             sync(device)
             start = time.perf_counter()
@@ -98,6 +80,20 @@ def train_figures(kind, ds, order, args, device, device_id, prep, model, opt) ->
     sync(device)
     total = time.perf_counter() - start
     return seen / total, wait / total
+
+
+def train_step(model, opt, device):
+    """One SGD step of `model` (AMP float16 on CUDA) on a normalised batch."""
+    scaler = torch.amp.GradScaler(enabled=device.type == "cuda")
+
+    def step(x, y):
+        with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
+            loss = torch.nn.functional.cross_entropy(model(x), y % 1000)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    return step
 
 
 def main() -> None:
@@ -150,9 +146,9 @@ def main() -> None:
             order = [i % n for i in range((args.steps + 1) * args.batch)]
             for kind in kinds:
                 try:
-                    rate = loader_rate(kind, ds, order, args, device, device_id, prep)
-                    train_rate, share = train_figures(kind, ds, order, args, device, device_id,
-                                                      prep, model, opt)
+                    rate, _ = timed(kind, ds, order, args, device, device_id, prep)
+                    train_rate, share = timed(kind, ds, order, args, device, device_id, prep,
+                                              train_step(model, opt, device))
                 except Exception as exc:  # a path that fails here is a figure, not a stop
                     print(f"{kind:<5} {size:>4} failed: {type(exc).__name__}: {exc}",
                           flush=True)

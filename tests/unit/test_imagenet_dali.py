@@ -18,21 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes"))
 from common import distributed  # noqa: E402
 from common import imagenet_dali as DD  # noqa: E402
 from common import imagenet_data as D  # noqa: E402
-from common.imagenet_files import write_synthetic_official  # noqa: E402
+from test_imagenet_data import tree  # noqa: E402,F401  (3 x 4 images: grey, CMYK)
 
 SIZE = 32
 
 needs_dali = pytest.mark.skipif(not DD.available(), reason="NVIDIA DALI is not installed "
                                 "(pip install '.[dali]')")
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> Path:
-    """3 classes x 4 images (RGB, one grayscale, one CMYK), sides 24..96, aspect 0.5..2."""
-    root = tmp_path_factory.mktemp("imagenet")
-    write_synthetic_official(root, classes=3, train_per_class=4, val_per_class=1, min_side=24,
-                             max_side=96)
-    return root / "train"
 
 
 # ---------------------------------------------------------------------------------------------
