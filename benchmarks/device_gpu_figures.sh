@@ -45,9 +45,10 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 # Wheels are zip files: unpacked into one folder they merge (pip --target, one wheel at a time,
 # skips a wheel whose top folder, nvidia/, is already there). A *.tar.xz is such a folder packed.
 if compgen -G "/tmp/dali/*.whl" > /dev/null || compgen -G "/tmp/dali/*.tar.xz" > /dev/null; then
-  log "unpacking /tmp/dali/ into /tmp/site"
   mkdir -p /tmp/site
-  for f in /tmp/dali/*.whl /tmp/dali/*.tar.xz; do
+  [ -d /tmp/site/nvidia/dali ] && log "DALI already unpacked in /tmp/site" || \
+    log "unpacking /tmp/dali/ into /tmp/site"
+  [ -d /tmp/site/nvidia/dali ] || for f in /tmp/dali/*.whl /tmp/dali/*.tar.xz; do
     [ -e "$f" ] || continue
     case "$f" in
       *.whl) "$PY" -m zipfile -e "$f" /tmp/site ;;
@@ -89,7 +90,7 @@ part_b() {
     --json "$OUT/feed.json" > "$OUT/feed.txt" 2> "$OUT/feed.err"
 }
 # a1: gpu.py --runs 1, every recipe; a2: airbench94 --compile --runs 2; b: the data path
-for part in ${PARTS:-a1 a2 b}; do
+for part in ${PARTS-a1 a2 b}; do  # PARTS="" : the DALI unpacking alone
   log "($part) start"
   "part_$part"
   log "($part) rc $?"
