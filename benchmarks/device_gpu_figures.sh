@@ -7,12 +7,14 @@
 # (a) benchmarks/gpu.py --runs 1 for every recipe (CIFAR full size on synthetic data, imagenet
 #     tiny on generated JPEGs), then airbench94 with --compile --runs 2: tables and recipe.yaml
 #     entries in $OUT/gpu_recipes.txt and $OUT/gpu_compile.txt.
+# (c) benchmarks/imagenet_dali_check.py: the DALI path on the GPU (nvJPEG) against the PIL
+#     loader, order, sharding, labels, validation geometry: $OUT/dali_check.txt (first: cheap).
 # (b) benchmarks/imagenet_gpu_feed.py: images/s per GPU of the PIL loader (and torchvision's
 #     nvjpeg path, and DALI where it imports) at 128 and 224 px, and the data-wait share of a
 #     ResNet-50 step, on generated JPEGs: $OUT/feed.txt and $OUT/feed.json.
-# Each part runs under its own `timeout` (seconds: A1_S, A2_S, B_S; the defaults add up to 7.5
-# min with the install), so one stuck part costs only its own figures; each log is in $OUT.
-# PARTS picks and orders them (default "a1 a2 b").
+# Each part runs under its own `timeout` (seconds: C_S, A1_S, A2_S, B_S; the defaults add up
+# to 7.7 min with the unpacking), so one stuck part costs only its own figures; each log is in
+# $OUT. PARTS picks and orders them (default "c a1 a2 b").
 #
 # The machine's python3 has torch, torchvision, click, pyyaml, rich, numpy, pillow (no boto3,
 # paramiko or DALI; benchmarks/gpu.py imports cloudtrain.catalog, cloudtrain.recipes and
@@ -24,8 +26,8 @@
 # the GPU decode wants nvidia-nvjpeg (4 MB, CUDA 13's libnvjpeg) beside it; makefun, libcst,
 # nvtx are for DALI's experimental/dynamic API (small: ship them). Not needed for JPEGs:
 # nvidia-libnvcomp-cu13 (28 MB), nvidia-nvjpeg2k-cu13, nvidia-nvtiff-cu13. optree, libcst and
-# nvtx are per-Python wheels (cp3XX): take the image's Python's. six, packaging, numpy are
-# there already.
+# nvtx are per-Python wheels: the lent H200's python3 is 3.12.3 (torch 2.11.0+cu130,
+# torchvision 0.26.0, no optree; seen 2026-11), so cp312. six, packaging, numpy are there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder for the figures}"
@@ -34,12 +36,14 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 SMOKE=0
 [ "${1:-}" = "--cpu" ] && SMOKE=1
-A1_S=${A1_S:-200}
-A2_S=${A2_S:-150}
-B_S=${B_S:-90}
+C_S=${C_S:-50}
+A1_S=${A1_S:-180}
+A2_S=${A2_S:-130}
+B_S=${B_S:-80}
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/steps.log"; }
 
-log "start on $(hostname); $($PY -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' 2>&1)"
+log "start on $(hostname); $($PY -c 'import torch; c = torch.cuda.is_available()
+print(torch.__version__, torch.cuda.get_device_name(0) if c else "no GPU")' 2>&1)"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 
 # Wheels are zip files: unpacked into one folder they merge (pip --target, one wheel at a time,
@@ -52,7 +56,8 @@ if compgen -G "/tmp/dali/*.whl" > /dev/null || compgen -G "/tmp/dali/*.tar.xz" >
     [ -e "$f" ] || continue
     case "$f" in
       *.whl) "$PY" -m zipfile -e "$f" /tmp/site ;;
-      *) "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' "$f" /tmp/site ;;
+      *) "$PY" -c 'import sys, tarfile
+tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' "$f" /tmp/site ;;
     esac >> "$OUT/dali_install.log" 2>&1 || log "not unpacked: $(basename "$f")"
   done
   # torch's CUDA wheels make nvidia/ a regular package; this one, first on the path, spans
@@ -71,12 +76,18 @@ if [ "$SMOKE" = 1 ]; then
   GPU_ARGS=(--cpu --recipe resnet9)
   COMPILE_ARGS=(--cpu --recipe airbench94 --runs 1)
   FEED_ARGS=(--cpu --images 24 --sizes 32,48 --batch 8 --steps 3 --arch resnet18)
+  CHECK_ARGS=(--cpu)
 else
   GPU_ARGS=()
   COMPILE_ARGS=(--recipe airbench94 --compile --runs 2)
-  FEED_ARGS=(--images 512 --batch 128 --steps 30)
+  FEED_ARGS=(--images 384 --batch 128 --steps 30)
+  CHECK_ARGS=()
 fi
 
+part_c() {
+  timeout -s TERM "$C_S" "$PY" benchmarks/imagenet_dali_check.py "${CHECK_ARGS[@]}" \
+    > "$OUT/dali_check.txt" 2>&1
+}
 part_a1() {
   timeout -s TERM "$A1_S" "$PY" benchmarks/gpu.py --runs 1 --yaml "${GPU_ARGS[@]}" \
     > "$OUT/gpu_recipes.txt" 2> "$OUT/gpu_recipes.err"
@@ -89,8 +100,9 @@ part_b() {
   timeout -s TERM "$B_S" "$PY" benchmarks/imagenet_gpu_feed.py "${FEED_ARGS[@]}" \
     --json "$OUT/feed.json" > "$OUT/feed.txt" 2> "$OUT/feed.err"
 }
-# a1: gpu.py --runs 1, every recipe; a2: airbench94 --compile --runs 2; b: the data path
-for part in ${PARTS-a1 a2 b}; do  # PARTS="" : the DALI unpacking alone
+# c: DALI against PIL; a1: gpu.py --runs 1, every recipe; a2: airbench94 --compile --runs 2;
+# b: the data path's figures
+for part in ${PARTS-c a1 a2 b}; do  # PARTS="" : the DALI unpacking alone
   log "($part) start"
   "part_$part"
   log "($part) rc $?"

@@ -16,7 +16,8 @@ channels_last and AMP float16 on CUDA (FFCV's setting), float32 on the CPU; data
 time blocked on the loader, as train.py's data_wait.
 
     python benchmarks/imagenet_gpu_feed.py                    # on a GPU machine
-    python benchmarks/imagenet_gpu_feed.py --cpu --images 24 --sizes 32,48 --batch 8 --steps 4 --arch resnet18
+    python benchmarks/imagenet_gpu_feed.py --cpu --images 24 --sizes 32,48 --batch 8 \
+        --steps 4 --arch resnet18
 """
 import argparse
 import json

@@ -144,8 +144,8 @@ def _measured(batch: torch.Tensor, width: int, height: int) -> list:
 def test_dali_crops_keep_the_recipes_area_aspect_and_flip_as_the_pil_loader_does(tmp_path):
     """The same 120 draws of both loaders on a 400x300 coordinate image: every crop's area
     fraction in [min_scale, 1] and aspect in [3/4, 4/3] (within the measurement's 4 %), about
-    half of them flipped, the areas spread over the range with the PIL loader's mean. The measurement is checked on
-    the PIL loader's crops, whose boxes are known (augment_params)."""
+    half of them flipped, the areas spread over the range with the PIL loader's mean. The
+    measurement is checked on the PIL loader's crops, whose boxes are known (augment_params)."""
     width, height, n, min_scale = 400, 300, 120, 0.35
     folder = tmp_path / "train"
     (folder / "n0").mkdir(parents=True)
