@@ -7,13 +7,15 @@
 # (a) benchmarks/gpu.py --runs 1 for every recipe (CIFAR full size on synthetic data, imagenet
 #     tiny on generated JPEGs), then airbench94 with --compile --runs 2: tables and recipe.yaml
 #     entries in $OUT/gpu_recipes.txt and $OUT/gpu_compile.txt.
-# (c) benchmarks/imagenet_dali_check.py: the DALI path on the GPU (nvJPEG) against the PIL
-#     loader, order, sharding, labels, validation geometry: $OUT/dali_check.txt (first: cheap).
+# (c) tests/unit/test_imagenet_dali.py with DALI_TEST_DEVICE=0: the DALI tests (order,
+#     sharding, resume, crop geometry, validation geometry against the PIL loader) with the
+#     nvJPEG decoder and GPU operators, and the GPU pipeline against the CPU one:
+#     $OUT/dali_tests.txt (first: cheap).
 # (b) benchmarks/imagenet_gpu_feed.py: images/s per GPU of the PIL loader (and torchvision's
 #     nvjpeg path, and DALI where it imports) at 128 and 224 px, and the data-wait share of a
 #     ResNet-50 step, on generated JPEGs: $OUT/feed.txt and $OUT/feed.json.
 # Each part runs under its own `timeout` (seconds: C_S, A1_S, A2_S, B_S; the defaults add up
-# to 7.7 min with the unpacking), so one stuck part costs only its own figures; each log is in
+# to 7.5 min with the unpacking), so one stuck part costs only its own figures; each log is in
 # $OUT. PARTS picks and orders them (default "c a1 a2 b").
 #
 # The machine's python3 has torch, torchvision, click, pyyaml, rich, numpy, pillow (no boto3,
@@ -36,10 +38,10 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 SMOKE=0
 [ "${1:-}" = "--cpu" ] && SMOKE=1
-C_S=${C_S:-50}
+C_S=${C_S:-60}
 A1_S=${A1_S:-180}
 A2_S=${A2_S:-130}
-B_S=${B_S:-80}
+B_S=${B_S:-70}
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/steps.log"; }
 
 log "start on $(hostname); $($PY -c 'import torch; c = torch.cuda.is_available()
@@ -76,17 +78,17 @@ if [ "$SMOKE" = 1 ]; then
   GPU_ARGS=(--cpu --recipe resnet9)
   COMPILE_ARGS=(--cpu --recipe airbench94 --runs 1)
   FEED_ARGS=(--cpu --images 24 --sizes 32,48 --batch 8 --steps 3 --arch resnet18)
-  CHECK_ARGS=(--cpu)
+  DALI_DEVICE=""
 else
   GPU_ARGS=()
   COMPILE_ARGS=(--recipe airbench94 --compile --runs 2)
   FEED_ARGS=(--images 384 --batch 128 --steps 30)
-  CHECK_ARGS=()
+  DALI_DEVICE=0
 fi
 
 part_c() {
-  timeout -s TERM "$C_S" "$PY" benchmarks/imagenet_dali_check.py "${CHECK_ARGS[@]}" \
-    > "$OUT/dali_check.txt" 2>&1
+  DALI_TEST_DEVICE=$DALI_DEVICE timeout -s TERM "$C_S" "$PY" -m pytest -q -p no:cacheprovider \
+    -o addopts=-ra tests/unit/test_imagenet_dali.py > "$OUT/dali_tests.txt" 2>&1
 }
 part_a1() {
   timeout -s TERM "$A1_S" "$PY" benchmarks/gpu.py --runs 1 --yaml "${GPU_ARGS[@]}" \

@@ -1,7 +1,12 @@
 """recipes/common/imagenet_dali.py: the DALI loader, run on DALI's CPU-only pipeline
 (device_id=None) against the PIL loader of recipes/common/imagenet_data.py on real JPEG trees.
-Skipped only where DALI does not import (.ci/run installs the `dali` extra)."""
+Skipped only where DALI does not import (.ci/run installs the `dali` extra).
+
+With DALI_TEST_DEVICE=<cuda device id> the same tests run DALI on that GPU (nvJPEG "mixed"
+decoding, GPU operators; benchmarks/device_gpu_figures.sh does this on a lent GPU), plus one
+that compares the GPU pipeline with the CPU one."""
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +26,7 @@ from common import imagenet_data as D  # noqa: E402
 from test_imagenet_data import tree  # noqa: E402,F401  (3 x 4 images: grey, CMYK)
 
 SIZE = 32
+DEVICE = int(os.environ["DALI_TEST_DEVICE"]) if os.environ.get("DALI_TEST_DEVICE") else None
 
 needs_dali = pytest.mark.skipif(not DD.available(), reason="NVIDIA DALI is not installed "
                                 "(pip install '.[dali]')")
@@ -66,12 +72,13 @@ def test_train_batches_carry_the_pil_loaders_labels_in_its_order_and_shapes(tree
     ds = D.TrainSet(tree, SIZE, 0.35, seed=0)
     order = distributed.epoch_indices(len(ds), 1, 0, seed=0, epoch=0)
     pil = list(D.train_loader(ds, order, 5, 0, drop_last=False, pin_memory=False))
-    dali = list(DD.TrainPipelines(ds, None, 1).batches(order, 0, 0, 5, drop_last=False))
+    dali = list(DD.TrainPipelines(ds, DEVICE, 1).batches(order, 0, 0, 5, drop_last=False))
     assert [len(y) for _, y in dali] == [5, 5, 2]
     for (x, y), (px, py) in zip(dali, pil, strict=True):
         assert x.dtype == torch.uint8 and x.shape == px.shape == (len(y), 3, SIZE, SIZE)
+        assert x.is_cuda == (DEVICE is not None)
         assert y.dtype == torch.int64 and y.tolist() == py.tolist()
-    dropped = list(DD.TrainPipelines(ds, None, 1).batches(order, 0, 0, 5, drop_last=True))
+    dropped = list(DD.TrainPipelines(ds, DEVICE, 1).batches(order, 0, 0, 5, drop_last=True))
     assert [len(y) for _, y in dropped] == [5, 5]
 
 
@@ -83,7 +90,7 @@ def test_ranks_share_out_every_image_exactly_once_per_epoch(tree, world_size):
     seen = []
     for rank in range(world_size):
         order = distributed.epoch_indices(n, world_size, rank, seed=0, epoch=1)
-        got = [i for _, _, idx in DD.TrainPipelines(ds, None, 1).batches(
+        got = [i for _, _, idx in DD.TrainPipelines(ds, DEVICE, 1).batches(
             order, 1, rank, 4, drop_last=False, with_indices=True) for i in idx.tolist()]
         assert got == order  # the PIL loader's sampler, in its order
         seen += got
@@ -94,7 +101,7 @@ def test_ranks_share_out_every_image_exactly_once_per_epoch(tree, world_size):
 def test_a_resumed_epoch_starts_at_the_sample_after_the_last_trained_batch(tree):
     ds = D.TrainSet(tree, SIZE, 0.35, seed=0)
     order = distributed.epoch_indices(len(ds), 1, 0, seed=0, epoch=2)
-    tp = DD.TrainPipelines(ds, None, 1)
+    tp = DD.TrainPipelines(ds, DEVICE, 1)
     whole = [idx.tolist() for _, _, idx in tp.batches(order, 2, 0, 3, False, with_indices=True)]
     resumed = [idx.tolist() for _, y, idx in tp.batches(order, 2, 0, 3, False, start_batch=2,
                                                           with_indices=True)]
@@ -105,12 +112,27 @@ def test_a_resumed_epoch_starts_at_the_sample_after_the_last_trained_batch(tree)
 def test_crops_repeat_for_a_seed_and_change_with_the_epoch(tree):
     ds = D.TrainSet(tree, SIZE, 0.08, seed=5)
     order = list(range(len(ds)))
-    tp = DD.TrainPipelines(ds, None, 2)
+    tp = DD.TrainPipelines(ds, DEVICE, 2)
     first = torch.cat([x for x, _ in tp.batches(order, 0, 0, 4, False)])
     again = torch.cat([x for x, _ in tp.batches(order, 0, 0, 4, False)])
     other = torch.cat([x for x, _ in tp.batches(order, 1, 0, 4, False)])
     assert torch.equal(first, again)
     assert not torch.equal(first, other)
+
+
+@needs_dali
+@pytest.mark.skipif(DEVICE is None, reason="DALI_TEST_DEVICE: a GPU to compare with")
+def test_the_gpu_pipeline_draws_the_cpu_pipelines_crops_for_a_seed(tree):
+    """nvJPEG against libjpeg-turbo: the same windows and flips give pixels a few levels apart;
+    other windows would differ by tens."""
+    ds = D.TrainSet(tree, SIZE, 0.08, seed=3)
+    order = list(range(len(ds)))
+    gpu = torch.cat([x for x, _ in DD.TrainPipelines(ds, DEVICE, 2).batches(order, 0, 0, 4,
+                                                                              False)])
+    cpu = torch.cat([x for x, _ in DD.TrainPipelines(ds, None, 2).batches(order, 0, 0, 4,
+                                                                            False)])
+    diff = (gpu.cpu().float() - cpu.float()).abs().mean(dim=(1, 2, 3))
+    assert diff.max() < 4, diff.tolist()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,9 +181,9 @@ def test_dali_crops_keep_the_recipes_area_aspect_and_flip_as_the_pil_loader_does
                                                  D.sample_seed(0, 0, k))
         assert area == pytest.approx(w * h / (width * height), rel=0.05)
         assert aspect == pytest.approx(w / h, rel=0.05) and flipped == flip
-    dali = torch.cat([x for x, _ in DD.TrainPipelines(ds, None, 2).batches(order, 0, 0, 40,
+    dali = torch.cat([x for x, _ in DD.TrainPipelines(ds, DEVICE, 2).batches(order, 0, 0, 40,
                                                                              False)])
-    measured = _measured(dali, width, height)
+    measured = _measured(dali.cpu(), width, height)
     areas = [a for a, _, _ in measured]
     assert all(min_scale * 0.96 <= a <= 1.04 for a in areas)
     assert all(0.75 * 0.96 <= asp <= 4 / 3 * 1.04 for _, asp, _ in measured)
@@ -188,12 +210,12 @@ def test_val_batches_have_valsets_shapes_labels_and_pixels_within_the_filters_di
     for rank in range(2):
         batches = D.val_batches(len(vs), 4, 2, rank, vs.order)
         pil = list(D.val_loader(vs, batches, 0, False))
-        dali = list(DD.val_batches_dali(vs, batches, None, 1))
+        dali = list(DD.val_batches_dali(vs, batches, DEVICE, 1))
         assert len(dali) == len(pil)
         for (x, y), (px, py) in zip(dali, pil):
             assert x.shape == px.shape and y.tolist() == py.tolist()
             if len(y):
-                assert (x.float() - px.float()).abs().mean() < mean_diff
+                assert (x.cpu().float() - px.float()).abs().mean() < mean_diff
 
 
 # ---------------------------------------------------------------------------------------------
