@@ -5,7 +5,9 @@ FFCV's ResNet-50 configs, on one code path.
 
 Read it top to bottom: command line, data, model and optimiser, evaluation, the training loop.
 The tables are in phases.py, the models in model.py, the loaders in
-recipes/common/imagenet_data.py and the on-disk layout in recipes/common/imagenet_files.py.
+recipes/common/imagenet_data.py (PIL; decode=cpu and gpu) and recipes/common/imagenet_dali.py
+(NVIDIA DALI; decode=dali, and auto on CUDA where it is installed), the on-disk layout in
+recipes/common/imagenet_files.py.
 The facts this recipe must match are in shared/recipes-spec.md sections 3 and 4.
 
 Variants (`--variant`; phases.py has every table)
