@@ -17,6 +17,13 @@ The decode="gpu" row is what the workers still do when the GPU decodes (read the
 the file, draw the crop, hand the bytes over): about 4,800 items/s in one process here, but
 through a worker about 1,100-1,400 img/s, bound by handing 3.5 MB batches between processes.
 
+Beside the recipe's PIL loader, two more training pipelines on the same files (issue 28): plain
+torchvision (ImageFolder, RandomResizedCrop, RandomHorizontalFlip, ToTensor, Normalize: what
+the recipe's uint8 hand-over saves) and DALI's CPU pipeline (common.imagenet_dali with
+device_id=None: libjpeg-turbo decode with the random crop, resize, flip; the worker count is
+its thread count), if DALI is installed, at 128 px from the 160 px copies, 192 px (FFCV's last
+size; its 500 px copies are not written yet, so from full size) and 224 px from full size.
+
 img/s/core is img/s divided by the worker count. On this 2-core machine the main process
 shares the cores with 2 workers, so the 1-worker figure is the cleaner per-core rate, and it
 is the one the cores-needed table uses: cores = GPUs x GPU rate / (img/s/core). GPU rates are
@@ -41,6 +48,7 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes"))
+from common import imagenet_dali as DD  # noqa: E402
 from common import imagenet_data as D  # noqa: E402
 from common.imagenet_files import prepare_imagenet, resized_source, source_root  # noqa: E402
 
@@ -87,6 +95,16 @@ def steady_rate(loader_of, n_images: int, passes: int) -> float:
     return seen / (time.perf_counter() - start)
 
 
+def torchvision_loader(folder: Path, size: int, batch: int, workers: int):
+    """Plain torchvision: ImageFolder, RandomResizedCrop(size), flip, ToTensor, Normalize."""
+    from torchvision import datasets, transforms
+    tf = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
+                             transforms.ToTensor(),
+                             transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+    return torch.utils.data.DataLoader(datasets.ImageFolder(folder, tf), batch_size=batch,
+                                       shuffle=True, num_workers=workers)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=200, help="train images (and val)")
@@ -113,9 +131,9 @@ def main() -> None:
         root = base / "prepared"
         rows = []
 
-        def measure(kind, source, size, make_loader):
+        def measure(kind, source, size, make_loader, passes=args.passes):
             for workers in worker_counts:
-                rate = steady_rate(lambda: make_loader(workers), args.images, args.passes)
+                rate = steady_rate(lambda: make_loader(workers), args.images, passes)
                 rows.append((kind, source, size, workers, rate, rate / workers))
                 print(f"{kind:<16} {source:<7} {size:>4} {workers:>7} {rate:>8.0f} "
                       f"{rate / workers:>10.0f}", flush=True)
@@ -128,6 +146,18 @@ def main() -> None:
                 ds = D.TrainSet(source_root(root, source) / "train", size, 0.08, seed=0)
                 measure("train", name, size, lambda w, ds=ds: D.train_loader(
                     ds, order, args.batch, w, drop_last=False, pin_memory=False))
+        for size, name in ((128, "sz/160"), (192, "full"), (224, "full")):
+            folder = source_root(root, SOURCES[name]) / "train"
+            measure("torchvision", name, size, lambda w, f=folder, s=size: torchvision_loader(
+                f, s, args.batch, w))
+            if DD.available():
+                ds = D.TrainSet(folder, size, 0.08, seed=0)
+                # one pipeline over all the passes (a new one is built per epoch)
+                measure("dali cpu", name, size, lambda w, ds=ds: DD.TrainPipelines(
+                    ds, None, w).batches(order * args.passes, 0, 0, args.batch,
+                                         drop_last=False), passes=1)
+        if not DD.available():
+            print("dali cpu: NVIDIA DALI is not installed (pip install -e '.[dali]')")
         gpu = D.TrainSet(root / "train", 128, 0.08, seed=0, decode="gpu")
         measure("train gpu-decode", "full", "any", lambda w: D.train_loader(
             gpu, order, args.batch, w, drop_last=False, pin_memory=False))

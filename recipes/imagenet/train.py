@@ -5,7 +5,9 @@ FFCV's ResNet-50 configs, on one code path.
 
 Read it top to bottom: command line, data, model and optimiser, evaluation, the training loop.
 The tables are in phases.py, the models in model.py, the loaders in
-recipes/common/imagenet_data.py and the on-disk layout in recipes/common/imagenet_files.py.
+recipes/common/imagenet_data.py (PIL; decode=cpu and gpu) and recipes/common/imagenet_dali.py
+(NVIDIA DALI; decode=dali, and auto on CUDA where it is installed), the on-disk layout in
+recipes/common/imagenet_files.py.
 The facts this recipe must match are in shared/recipes-spec.md sections 3 and 4.
 
 Variants (`--variant`; phases.py has every table)
@@ -117,8 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
              "global batch; must divide the variant's batches")
     arg("workers", type=int, default=None,
         help="DataLoader processes per GPU process; default: cores per process minus one")
-    arg("decode", choices=["cpu", "gpu"], default="cpu",
-        help="cpu: PIL in the workers; gpu: nvjpeg through torchvision.io.decode_jpeg")
+    arg("decode", choices=["auto", "cpu", "gpu", "dali"], default="auto",
+        help="auto: dali on CUDA where NVIDIA DALI is installed, else cpu; cpu: PIL in the "
+             "workers; gpu: nvjpeg through torchvision.io.decode_jpeg; dali: DALI's pipeline "
+             "(common.imagenet_dali; on the CPU without CUDA)")
     arg("fp16", type=parse_bool, default=True,
         help="CUDA only: the variant's half precision (master weights or AMP)")
     arg("loss_scale", type=float, default=None, help="static loss scale; default the variant's")
@@ -167,7 +171,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from common import checkpoint, distributed, imagenet_data, imagenet_files  # noqa: E402
+from common import checkpoint, distributed, imagenet_dali, imagenet_data  # noqa: E402
+from common import imagenet_files  # noqa: E402
 from common import metrics, startup, stopping  # noqa: E402
 from common.training import MasterWeights, TrainClock, count_params  # noqa: E402
 from common.training import to_half_keep_bn_float  # noqa: E402
@@ -256,7 +261,8 @@ class Loaders:
         ds = self.train_sets.get(plan.source)
         if ds is None:
             ds = self.train_sets[plan.source] = imagenet_data.TrainSet(
-                folder, plan.size, plan.min_scale, self.seed, decode=self.decode,
+                folder, plan.size, plan.min_scale, self.seed,
+                decode="gpu" if self.decode == "gpu" else "cpu",
                 listing=self.listings.get(plan.source))
         ds.size, ds.min_scale = plan.size, plan.min_scale
         return ds
@@ -449,7 +455,13 @@ def _train(args, world, stop) -> int:
     workers = (args.workers if args.workers is not None
                else imagenet_data.default_workers(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     marks.pin_threads(workers)
-    loaders = Loaders(root, args.seed, args.decode, folders)
+    try:
+        decode = imagenet_dali.choose_decode(args.decode, cuda)
+    except ValueError as exc:
+        raise SystemExit(f"{NAME}: {exc}") from None
+    dali_device = (device.index if device.index is not None else torch.cuda.current_device()
+                   ) if cuda else None
+    loaders = Loaders(root, args.seed, decode, folders)
     dtype = torch.float16 if half or amp else torch.float32
     prep = imagenet_data.Normaliser(device, dtype, channels_last=variant.precision == "amp"
                                     and cuda)
@@ -489,6 +501,7 @@ def _train(args, world, stop) -> int:
               f"params={params:,} device={device.type} precision={precision} "
               f"processes={world.world_size} train={n_train:,} classes={len(classes)} "
               f"epochs={variant.epochs} steps={sched.total_steps} workers={workers} "
+              f"decode={decode}{' (auto)' if args.decode == 'auto' else ''} "
               f"data={root}", flush=True)
         if world.world_size != variant.gpus or variant.batch_div != 1:
             batches = ("the published per-GPU batches" if variant.batch_div == 1 else
@@ -550,10 +563,14 @@ def _train(args, world, stop) -> int:
             trainset.epoch = epoch
             indices = distributed.epoch_indices(n_train, world.world_size, world.rank, args.seed,
                                                   epoch)
-            loader = imagenet_data.train_loader(
-                trainset, indices, plan.batch, workers, drop_last=variant.drop_last,
-                pin_memory=cuda, start_batch=skip)
-            if args.decode == "gpu":
+            if decode == "dali":  # workers: DALI's threads
+                loader = imagenet_dali.TrainPipelines(trainset, dali_device, workers).batches(
+                    indices, epoch, world.rank, plan.batch, variant.drop_last, start_batch=skip)
+            else:
+                loader = imagenet_data.train_loader(
+                    trainset, indices, plan.batch, workers, drop_last=variant.drop_last,
+                    pin_memory=cuda, start_batch=skip)
+            if decode == "gpu":
                 gpu_decoder = imagenet_data.GpuDecoder(device, plan.size)
             # This rank's (loss sum, top-1, top-5, images) of the epoch, on the device (no
             # host sync per step); a resumed epoch starts from the checkpoint's sums.
@@ -600,8 +617,11 @@ def _train(args, world, stop) -> int:
             valset = loaders.val(plan)
             val_batches = imagenet_data.val_batches(len(valset), plan.val_batch,
                                                     world.world_size, world.rank, valset.order)
-            val = evaluate(model, imagenet_data.val_loader(valset, val_batches, workers,
-                                                           pin_memory=cuda),
+            val = evaluate(model, imagenet_dali.val_batches_dali(valset, val_batches,
+                                                                dali_device, workers)
+                           if decode == "dali" else
+                           imagenet_data.val_loader(valset, val_batches, workers,
+                                                    pin_memory=cuda),
                            prep, world, variant.val_tta, amp)
             val_time = time.perf_counter() - t_val
             tsv_rows.append((epoch, train_time / 3600, 100 * val["top1"], 100 * val["top5"]))
