@@ -152,3 +152,25 @@ def test_F13_redone_steps_and_their_price_per_attempt(ct_home):
     assert totals == {"attempts": 2, "interruptions": 1, "redone_steps": 100,
                       "redone_usd": round(100 * 3.6 / 3600, 4)}
     assert json.dumps(rows)  # what `status --json` prints
+
+
+def test_the_dry_run_says_who_relaunches_a_spot_job_and_where(cli, ct_home):
+    """Issue 27: with an instance profile (a replacement reads the job's bundle with it) a
+    recovering spot job is relaunched by AWS Auto Scaling, and the plan says so and what it
+    does not do; without one, or with a fallback AWS cannot follow, the supervisor here does,
+    and the plan says why, and that it needs this machine on."""
+    args = ("launch", "--instance", "g5.xlarge", "--region", "us-east-1", "--spot",
+            "--dry-run", "--", "true")
+    line = next(l for l in cli.ok(*args).stdout.splitlines()
+                if l.strip().startswith("recovery"))
+    assert "a supervisor on this machine does it, so only while this machine is on" in line
+    assert "no instance_profile in config.yaml" in line
+    config = ct_home / "config.yaml"
+    config.write_text(config.read_text() + "instance_profile: cloudtrain-instance\n")
+    line = next(l for l in cli.ok(*args).stdout.splitlines()
+                if l.strip().startswith("recovery"))
+    assert "relaunched by AWS Auto Scaling in the region's AZs (the job's group)" in line
+    assert "no move to another region or to on-demand" in line
+    fallback = cli.ok(*args[:-3], "--fallback", "on-demand", "--dry-run", "--", "true").stdout
+    line = next(l for l in fallback.splitlines() if l.strip().startswith("recovery"))
+    assert "then on-demand" in line and "--fallback on-demand or more regions" in line

@@ -111,6 +111,10 @@ class GroupLaunchMixin:
         if spec.nodes > 1:
             return ("a job on several nodes is relaunched by the supervisor on this machine "
                     "(the nodes' rendezvous through the job store is not built yet)")
+        if spec.fallback == Market.ON_DEMAND or self.settings.regions:
+            return ("--fallback on-demand or more regions (regions: in config.yaml): AWS Auto "
+                    "Scaling relaunches in the job's region and market only, so the supervisor "
+                    "on this machine does it")
         if not self.settings.instance_profile:
             return ("no instance_profile in config.yaml: a replacement instance needs the "
                     "instance role to read the job's bundle from the job store "

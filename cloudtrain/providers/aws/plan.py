@@ -213,10 +213,22 @@ class PlanMixin:
                 ", then on-demand" if spec.fallback == Market.ON_DEMAND else "")
             new = "a new instance" if spec.nodes <= 1 else \
                 f"{spec.nodes} new instances (an interruption of any node relaunches all)"
-            rows.append(("recovery", f"on a spot interruption the job continues from its last "
-                                     f"checkpoint (streamed to the job store) on {new}, at "
-                                     f"most {spec.max_restarts} times: {where}; "
-                                     "a supervisor on this machine does it"))
+            grouped = self.group_recovery(spec)
+            if grouped is None:
+                rows.append(("recovery", f"on a spot interruption the job continues from its "
+                                         "last checkpoint (streamed to the job store) on a new "
+                                         f"instance, at most {spec.max_restarts} times: "
+                                         "relaunched by AWS Auto Scaling in the region's AZs "
+                                         "(the job's group), this machine needed for nothing "
+                                         "after the launch; no move to another region or to "
+                                         "on-demand (the supervisor here does that only for "
+                                         "the jobs it relaunches)"))
+            else:
+                rows.append(("recovery", f"on a spot interruption the job continues from its "
+                                         f"last checkpoint (streamed to the job store) on {new},"
+                                         f" at most {spec.max_restarts} times: {where}; a "
+                                         "supervisor on this machine does it, so only while "
+                                         f"this machine is on ({grouped})"))
         elif spec.market == Market.SPOT:
             why = "--max-restarts 0" if spec.max_restarts == 0 else "--no-recover"
             rows.append(("recovery", f"off ({why}): an interruption ends the job as "
