@@ -520,7 +520,7 @@ def take_attempt(bundle, conf, job, root, imds):
     (whatever it holds: its presence is the end), EXIT_RESTARTS when its attempts are past
     max_restarts (final.json written, preempted), both after ending the group and powering
     off. Else the attempt recorded (attempts/<n>.json, read back: a role that cannot read it
-    would count 1 for ever) and n returned. Attempts are counted by GETs of 1, 2, ... until
+    would count 1 for ever) and (n, its record) returned. Attempts are counted by GETs of 1, 2, ... until
     one is missing (403 too: the role may not list), at most max_restarts + 1 of them."""
     prefix, limit = conf["prefix"], auto_scaling.RECORD_MAX_BYTES
     where = "s3://%s/%s" % (conf["bucket"], prefix)
@@ -541,7 +541,7 @@ def take_attempt(bundle, conf, job, root, imds):
             break
         last, last_doc = last + 1, auto_scaling.read_record(data)
     if last and ident["instance"] and (last_doc or {}).get("instance") == ident["instance"]:
-        return last  # this instance's own, recorded already (the launch's, or a reboot's)
+        return last, last_doc  # this instance's own, recorded already (the launch's, a reboot's)
     n = last + 1
     if n - 1 > conf["max_restarts"]:
         reason = "all %d restarts used (--max-restarts %d)" % (n - 2, conf["max_restarts"])
@@ -550,11 +550,12 @@ def take_attempt(bundle, conf, job, root, imds):
         end_here(bundle, conf, job, root, EXIT_RESTARTS, "the job is over: %s; final.json "
                  "says preempted" % reason)
     key = auto_scaling.attempt_key(prefix, n)
-    store_record(job, key, auto_scaling.attempt_doc(n, ident))
+    doc = auto_scaling.attempt_doc(n, ident)
+    store_record(job, key, doc)
     bundle.get_bytes(key, limit, EXIT_STORE, "written just now, but the instance role cannot "
                      "read it back: it needs s3:GetObject on jobs/*/attempts/* "
                      "(infra/instance-role-policy.json), or attempts are never counted")
-    return n
+    return n, doc
 
 
 def set_attempt(root, job, n):
@@ -617,9 +618,9 @@ def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, grou
     except OSError as exc:
         raise Failed(EXIT_WRITE, "cannot write the job's files: %s" % exc) from None
     job, conf = group_settings(root, bucket, prefix, group, max_restarts)
-    attempt = None
+    attempt = record = None
     if conf is not None:
-        attempt = take_attempt(bundle, conf, job, root, imds)
+        attempt, record = take_attempt(bundle, conf, job, root, imds)
         try:
             set_attempt(root, job, attempt)
         except OSError as exc:
@@ -634,6 +635,14 @@ def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, grou
     if restored:  # run.sh adds the recipe's resume argument (scripts.run_script)
         safefile.write_json(os.path.join(root, RESUME), {
             "attempt": attempt, "seq": restored.get("seq"), "step": restored.get("step")})
+        if conf is not None and isinstance(record, dict) and attempt > 1:
+            # the attempt's record says where it resumed (the launching machine's attempts
+            # table shows it); a failure to say so costs only that line
+            try:
+                store_record(job, auto_scaling.attempt_key(conf["prefix"], attempt), dict(
+                    record, resumed_step=restored.get("step"), resumed_seq=restored.get("seq")))
+            except Failed:
+                pass
     try:  # last, outside the job directory: hosts.agent_dir, <root>/agent-<version>
         agent_root = os.path.join(os.path.dirname(os.path.dirname(root)), agent_dir)
         os.makedirs(agent_root, exist_ok=True)

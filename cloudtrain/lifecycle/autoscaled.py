@@ -44,6 +44,9 @@ def learn(store: Store, job: Job) -> dict | None:
                                          if i.region), None)
     for doc in record["attempts"]:
         n = doc["attempt"]
+        if n in known and known[n].resumed_step is None and doc["resumed_step"] is not None:
+            store.update_attempt(job.id, n, resumed_step=doc["resumed_step"],
+                                 resumed_seq=doc["resumed_seq"])  # said after the restore
         if n == 1 or n in known:
             continue
         started = doc["started_at"]
@@ -66,7 +69,8 @@ def learn(store: Store, job: Job) -> dict | None:
         store.add_attempt(job.id, n, started_at=started, instance_id=doc["instance"],
                           region=region, zone=doc["zone"], market=doc["lifecycle"],
                           instance_type=doc["type"] or spec.get("instance_type"),
-                          running_at=started)
+                          running_at=started, resumed_step=doc["resumed_step"],
+                          resumed_seq=doc["resumed_seq"])
         known[n] = store.attempt(job.id, n)
     return record["final"]
 

@@ -65,14 +65,16 @@ def _everything_gone(lab) -> dict:
     return {k: v for k, v in left.items() if v}
 
 
+@pytest.mark.parametrize("notice", [False, True], ids=["no-notice", "notice"])
 def test_laptop_closed_instance_taken_back_the_group_relaunches_and_the_job_succeeds(
-        lab, cli, ct_home, tmp_path):
+        lab, cli, ct_home, tmp_path, notice):
     """A resnet9 spot job launched into its Auto Scaling group; the launching machine is
-    then closed (every cloudtrain process killed); the instance is taken back mid-training
-    without a notice. The group's replacement starts the job from its bundle in the job
-    store, resumes from the last streamed checkpoint and ends it: the agent records the end
-    and deletes the group. Nothing is left; only then does `status` run, and shows the job
-    succeeded with 2 attempts, each priced, and weights equal to an uninterrupted run's."""
+    then closed (every cloudtrain process killed); the instance is taken back mid-training,
+    without a notice, or with one (the agent uploads the checkpoint it asks for and powers
+    off). The group's replacement starts the job from its bundle in the job store, resumes
+    from the last streamed checkpoint and ends it: the agent records the end and deletes the
+    group. Nothing is left; only then does `status` run, and shows the job succeeded with 2
+    attempts, each priced, and weights equal to an uninterrupted run's."""
     job_id = cli.launch(*RESNET9, "--instance", "g5.xlarge", "--spot", timeout=300)
     job = cli.job(job_id)
     assert job["state"] in ("running", "staging"), job
@@ -81,7 +83,13 @@ def test_laptop_closed_instance_taken_back_the_group_relaunches_and_the_job_succ
     wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("epoch"), timeout=180,
              what="the first streamed checkpoint")
     lab.asg.kill_launching_machine()
-    lab.take_back({"InstanceId": first.id, "PrivateIpAddress": first.ip})
+    if notice:
+        lab.imds.announce(first.ip)
+        wait_for(lambda: first.id not in [i.id for i in lab.asg.live(name)]
+                 or first.power_off_at is not None, timeout=120,
+                 what="the agent to finish its notice")
+    if first.id in [i.id for i in lab.asg.live(name)]:
+        lab.take_back({"InstanceId": first.id, "PrivateIpAddress": first.ip})
     replacement = wait_for(lambda: next((i for i in lab.asg.live(name) if i.id != first.id),
                                         None), timeout=120, what="the replacement")
     wait_for(lambda: not _everything_gone(lab), timeout=400, interval=1.0,
@@ -94,6 +102,7 @@ def test_laptop_closed_instance_taken_back_the_group_relaunches_and_the_job_succ
     assert [a["attempt"] for a in attempts] == [1, 2], attempts
     assert attempts[0]["instance"] == first.id and attempts[1]["instance"] == replacement.id
     assert attempts[0]["outcome"] == "interrupted"
+    assert attempts[1]["resumed_step"] is not None and 0 < attempts[1]["resumed_step"] < 64
     assert all(a["usd"] is not None and a["usd"] > 0 for a in attempts), attempts
     out = cli.ok("status", job_id).stdout
     assert "attempts  2: 1 interrupted" in out, out

@@ -291,7 +291,14 @@ def check_attempt(doc) -> dict | None:
             "zone": zone if isinstance(zone, str) and ZONE.fullmatch(zone) else None,
             "type": kind if isinstance(kind, str) and TYPE.fullmatch(kind) else None,
             "lifecycle": "on-demand" if doc.get("lifecycle") == "on-demand" else "spot",
-            "started_at": _time(doc.get("started_at")), "by": str(doc.get("by"))[:20]}
+            "started_at": _time(doc.get("started_at")), "by": str(doc.get("by"))[:20],
+            "resumed_step": _count(doc.get("resumed_step")),
+            "resumed_seq": _count(doc.get("resumed_seq"))}
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) \
+        and 0 <= value < 1 << 53 else None
 
 
 def check_final(doc) -> dict | None:
