@@ -17,6 +17,8 @@ It calls attempts (the ledger) and nothing else of the lifecycle.
 
 from __future__ import annotations
 
+import time
+
 from .. import providers
 from ..market import Market
 from ..state import Instance, Job, Store
@@ -32,8 +34,10 @@ def grouped(job: Job) -> bool:
 def learn(store: Store, job: Job) -> dict | None:
     """Record the attempts the job store holds that this machine has not seen (each one's
     instance too, and the end of the one before it); the job's final record, or None while
-    it runs."""
+    it runs. A group that AWS emptied (the deadline's scheduled action) or that is gone,
+    with no final record, is the job's end too: nothing runs it any more."""
     record = providers.get(job.backend).group_record(store, job)
+    final = record["final"] or _ended_without_word(record.get("group"))
     known = {a.n: a for a in store.attempts(job.id)}
     if not known:
         store.add_attempt(job.id, 1, started_at=job.created_at)
@@ -72,7 +76,20 @@ def learn(store: Store, job: Job) -> dict | None:
                           running_at=started, resumed_step=doc["resumed_step"],
                           resumed_seq=doc["resumed_seq"])
         known[n] = store.attempt(job.id, n)
-    return record["final"]
+    return final
+
+
+def _ended_without_word(group: dict | None) -> dict | None:
+    """The job's end where no agent recorded one: its group at 0 (the scheduled action at
+    the deadline: every agent was broken) or deleted (by `down`, or by hand)."""
+    if group is None or not (group.get("gone") or group.get("desired") == 0):
+        return None
+    why = ("the job's Auto Scaling group was deleted with no end recorded by its agent"
+           if group.get("gone") else
+           "the max runtime passed: AWS Auto Scaling's scheduled action set the job's group to "
+           "0 at the deadline, with no end recorded by its agent")
+    return {"state": "failed", "exit_code": None, "reason": why, "ended_at": time.time(),
+            "attempt": None}
 
 
 def lost(store: Store, job: Job, states: dict, why: str) -> dict | None:

@@ -118,3 +118,60 @@ def test_laptop_closed_instance_taken_back_the_group_relaunches_and_the_job_succ
                         map_location="cpu", weights_only=False)["model"]
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def _kill_everything_of_the_job(lab, inst, job_id: str) -> None:
+    """The agent, the job and every power-off timer on the instance gone, the instance kept:
+    nothing on it will ever report, stop or power it off."""
+    import signal
+    import subprocess
+
+    status = json.loads((lab.homes[inst.ip] / ".cloudtrain" / "jobs" / job_id /
+                         "status.json").read_text())
+    marker = inst.path("/var/lib/cloudtrain/user-data-ran").read_text()
+    watchdog = [int(line.split("=", 1)[1]) for line in marker.splitlines()
+                if line.startswith("watchdog_pid=")]
+    for pid in [status["agent_pid"], status.get("pid"), *watchdog]:
+        for kill in (lambda p: os.killpg(p, signal.SIGKILL), lambda p: os.kill(p, signal.SIGKILL)):
+            try:
+                kill(int(pid))
+            except (TypeError, ValueError, ProcessLookupError, PermissionError):
+                pass
+    subprocess.run([*inst.enter(), "shutdown", "-c"], check=True, capture_output=True)
+    wait_for(lambda: inst.power_off_at is None, timeout=10, what="the pending shutdown cancelled")
+
+
+def test_an_agent_that_never_reports_stops_billing_at_the_deadline(lab, cli, tmp_path):
+    """The job's agent, its job and the instance's power-off timers are killed, the instance
+    kept, the launching machine closed: nothing will ever end it but AWS. At the deadline
+    (max runtime + the power-off margin) the group's scheduled action sets it to 0 and the
+    instance goes; `status` then says the job failed, and why, and deletes the empty group
+    and its template: nothing is left."""
+    from cloudtrain.providers.aws.instances import RUNTIME_MARGIN_MIN
+
+    work = tmp_path / "own"
+    work.mkdir()
+    (work / "job.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(3600)\n")
+    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--max-runtime", "10m",
+                        "--workdir", str(work), "--", "python3", "job.py", timeout=300)
+    name = f"cloudtrain-{job_id}"
+    (inst,) = lab.asg.wait_for_group(name, 1)
+    wait_for(lambda: (lambda s: s.exists() and json.loads(s.read_text()).get("pid"))(
+        lab.homes[inst.ip] / ".cloudtrain" / "jobs" / job_id / "status.json"),
+        timeout=60, what="the job to run")
+    lab.asg.kill_launching_machine()
+    _kill_everything_of_the_job(lab, inst, job_id)
+    time.sleep(2)
+    assert [i.id for i in lab.asg.live(name)] == [inst.id]  # nothing ends it by itself
+    lab.asg.advance((10 + RUNTIME_MARGIN_MIN) * 60 - 30)
+    time.sleep(1)
+    assert [i.id for i in lab.asg.live(name)] == [inst.id]  # not before the deadline
+    lab.asg.advance(60)
+    wait_for(lambda: not lab.asg.live(name) and not lab.asg.leftovers()["instances"],
+             timeout=60, what="the scheduled action to end the instance")
+    assert lab.asg.log("scheduled-action")[-1]["desired"] == 0
+
+    job = cli.job(job_id)
+    assert job["state"] == "failed", (job["reason"], job["timeline"])
+    assert "scheduled action set the job's group to 0 at the deadline" in job["reason"]
+    assert _everything_gone(lab) == {}, lab.asg.leftovers()

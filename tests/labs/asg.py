@@ -64,6 +64,7 @@ Start it with `cloud_lab(..., autoscaling=True)`: `lab.asg`, an AutoScalingLab. 
     lab.asg.leftovers()                instances, volumes, spot requests, groups, launch
                                        templates, lab hosts still up
     lab.asg.kill_launching_machine()   the laptop closes (kill_launching_machine below)
+    lab.asg.advance(s)                 AWS's clock s ahead, for scheduled actions
     lab.asg.user_data_env              more of each user-data's environment
     lab.asg.placement = PlacementGroups(...).install(mp)   groups' PlacementGroup honoured
     lab.take_back(instance), lab.imds.announce(ip)         EC2 takes a spot instance back
@@ -258,6 +259,9 @@ class AutoScalingLab:
         self._retry_at: dict[str, float] = {}
         self._unreplaced: dict[str, list[str]] = {}  # group -> lost instances, oldest first
         self._unsupported: set = set()
+        # How far AWS's clock is ahead of this machine's for scheduled actions (advance()):
+        # a test of a deadline an hour away cannot wait that hour.
+        self.clock_ahead_s = 0.0
         # more of a user-data's environment (cloud-init gives it only PATH): how an instance
         # reaches the lab's AWS, as CLOUDTRAIN_UD_* reach user-data.sh's test paths
         self.user_data_env: dict[str, str] = {"AWS_ENDPOINT_URL": cloud.endpoint}
@@ -269,6 +273,12 @@ class AutoScalingLab:
         self._install(monkeypatch)
 
     # --- what a test uses -----------------------------------------------------------------
+    def advance(self, seconds: float) -> None:
+        """AWS's clock moves on by `seconds` for scheduled actions (they fire when their time
+        has come on it); instances, timers and everything else keep this machine's time."""
+        with self.lock:
+            self.clock_ahead_s += seconds
+
     def start(self) -> "AutoScalingLab":
         self._thread.start()
         return self
@@ -605,7 +615,7 @@ class AutoScalingLab:
         backend = self._backends()
         with self.lock:
             self._power_offs(now)
-            self._scheduled_actions(backend, now)
+            self._scheduled_actions(backend, now + self.clock_ahead_s)
             self._reap(backend, now)
             self._replace(backend, now)
             gone = [i for i in self.instances.values() if i.host is not None

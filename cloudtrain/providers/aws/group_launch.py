@@ -228,7 +228,8 @@ class GroupLaunchMixin:
     def group_record(self, store: Store, job: Job) -> dict:
         """What the job's instances wrote to the job store while nobody here watched: each
         attempt (attempts/<n>.json: instance, AZ, type, start) and the job's end (final.json),
-        checked as untrusted input: {"attempts": [doc, ...] by n, "final": doc or None}."""
+        checked as untrusted input: {"attempts": [doc, ...] by n, "final": doc or None,
+        "group": its size (_group_size)}."""
         spec = job.spec or {}
         region = spec.get("store_region") or spec.get("region") or self.region_of(job)
         s3, bucket, account = self._job_store(region)
@@ -249,7 +250,22 @@ class GroupLaunchMixin:
                 out["final"] = check_final(_small_json(s3, bucket, prefix + FINAL,
                                                        final[prefix + FINAL], owner))
         out["attempts"].sort(key=lambda a: a["attempt"])
+        out["group"] = self._group_size(job)
         return out
+
+    def _group_size(self, job: Job) -> dict | None:
+        """{"desired": n} of the job's group, {"gone": True} where there is none, None where
+        Auto Scaling cannot be asked (the CLI policy alone)."""
+        name = (job.spec or {}).get("auto_scaling_group")
+        if not name:
+            return None
+        try:
+            found = self.call(self.region_of(job), "describe_auto_scaling_groups",
+                              service="autoscaling", AutoScalingGroupNames=[name]
+                              )["AutoScalingGroups"]
+        except AWSError:
+            return None
+        return {"desired": int(found[0].get("DesiredCapacity") or 0)} if found else {"gone": True}
 
 
 ATTEMPTS, FINAL = auto_scaling.ATTEMPTS, auto_scaling.FINAL
