@@ -1,0 +1,116 @@
+"""Issue 27: a spot interruption recovered by AWS Auto Scaling with the laptop closed, against
+the supervisor on a laptop that stays on (benchmarks/recovery.py's case), in the same lab.
+
+Runs on namespace hosts (root only), through the real AWS path against moto, with
+tests/labs/asg.py playing AWS Auto Scaling (tests/e2e/test_lifecycle_autoscaled.py's lab). A
+job of your own code (a step every 0.15 s, a checkpoint every 5 steps; test_spot_recovery's)
+is launched into its group; every cloudtrain process of the launching machine is killed; its
+instance is taken back without a notice mid-way between two checkpoints. Prints, per case:
+
+  total      termination -> the first training step on the replacement
+  wait       the instance's own wait, excluded from the overhead: for the group, the
+             replacement's launch -> its user-data's start (AWS's boot); for the supervisor,
+             RunInstances answered -> SSH answered
+  overhead   total - wait: for the group, noticing the loss (the lab's AWS: a 0.1 s tick),
+             the boot loader, bootstrap (the bundle fetched and checked, the checkpoint
+             restored), agent and job start; for the supervisor, detection, the relaunch's
+             EC2 calls, sync, setup, restore, agent and job start
+
+    sudo .venv/bin/python benchmarks/autoscaled_recovery.py [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e"), str(ROOT / "benchmarks")]
+
+PROFILE = "ct-instance"
+
+
+def _first_step_after(path: Path, t0: float) -> float | None:
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+    except (OSError, ValueError):
+        return None
+    return next((r["time"] for r in rows if r.get("time", 0) > t0), None)
+
+
+def grouped() -> dict:
+    import boto3
+
+    from labs.cloud import bench_home, cloud_lab
+    from labs.credentials import CLIENT_CREDS, REGION
+    from labs.polling import wait_for
+    from test_spot_recovery import _own_job
+
+    with bench_home("autoscaled") as (tmp, home, mp, cli, socket):
+        with cloud_lab(cli, home, tmp, mp, [], socket, autoscaling=True) as lab:
+            iam = boto3.client("iam", endpoint_url=lab.endpoint, region_name=REGION,
+                               **CLIENT_CREDS)
+            iam.create_role(RoleName="ct-role", AssumeRolePolicyDocument="{}")
+            iam.create_instance_profile(InstanceProfileName=PROFILE)
+            iam.add_role_to_instance_profile(InstanceProfileName=PROFILE, RoleName="ct-role")
+            config = home / "config.yaml"
+            config.write_text("".join(l for l in config.read_text().splitlines(keepends=True)
+                                      if not l.startswith("remote_root:"))
+                              + f"instance_profile: {PROFILE}\n"
+                              "remote_root: /home/ubuntu/.cloudtrain\n")
+            work = _own_job(tmp, 80)
+            job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--workdir", str(work),
+                                "--", "python3", "job.py", "80", timeout=300)
+            name = f"cloudtrain-{job_id}"
+            (first,) = lab.asg.wait_for_group(name, 1)
+            wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("step", 0) >= 20,
+                     timeout=60, what="a checkpoint at step 20")
+            lab.asg.kill_launching_machine()
+            time.sleep(0.4)  # mid-way between two checkpoints
+            t0 = time.time()
+            lab.take_back({"InstanceId": first.id, "PrivateIpAddress": first.ip})
+            new = wait_for(lambda: next((i for i in lab.asg.live(name) if i.id != first.id),
+                                        None), timeout=60, what="the replacement")
+            metrics = lab.homes[new.ip] / ".cloudtrain" / "jobs" / job_id / "metrics.jsonl"
+            step = wait_for(lambda: _first_step_after(metrics, t0), timeout=120,
+                            interval=0.05, what="the replacement's first step")
+            launched = next(e["t"] for e in lab.asg.log("launch") if e["instance"] == new.id)
+            started = next(e["t"] for e in lab.asg.log("user-data-start")
+                           if e["instance"] == new.id)
+            wait_for(lambda: not any(lab.asg.leftovers().values()), timeout=180,
+                     what="the job's end, nothing left")
+            job = cli.job(job_id)
+            assert job["state"] == "succeeded", job["reason"]
+            return {"total_s": step - t0, "wait_s": started - launched,
+                    "overhead_s": step - t0 - (started - launched)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    from labs.netns import netns_available
+
+    why = netns_available()
+    if why:
+        sys.exit(f"needs network namespaces: {why}")
+    import recovery  # benchmarks/recovery.py: the supervisor on a laptop that stays on
+
+    print(f"{'case':<34} {'total s':>8} {'wait s':>8} {'overhead s':>20}  "
+          "(medians of runs; overhead min-max)")
+    for case, run in (("AWS Auto Scaling, laptop closed", grouped),
+                      ("supervisor here, laptop on", lambda: recovery.one("no-notice"))):
+        got = [run() for _ in range(args.runs)]
+        total = [g.get("total_s", g["overhead_s"] + g.get("instance_wait_s", 0)) for g in got]
+        wait = [g.get("wait_s", g.get("instance_wait_s", 0.0)) for g in got]
+        over = [g["overhead_s"] for g in got]
+        print(f"{case:<34} {statistics.median(total):>8.2f} {statistics.median(wait):>8.2f} "
+              f"{statistics.median(over):>8.2f} ({min(over):.2f}-{max(over):.2f})")
+
+
+if __name__ == "__main__":
+    main()
