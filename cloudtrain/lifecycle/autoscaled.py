@@ -12,7 +12,8 @@ the other.
     lost(store, job, states, why)    the recorded instance is gone: the job goes on elsewhere
                                      (None), or its end is known (the final record)
 
-It calls attempts (the ledger) and nothing else of the lifecycle.
+It calls attempts (the ledger) and group (the hosts this process keeps open), and nothing
+else of the lifecycle.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from __future__ import annotations
 import time
 
 from .. import providers
+from ..errors import CloudtrainError
 from ..market import Market
 from ..state import Instance, Job, Store
-from . import attempts
+from . import attempts, group
 
 REPLACED = "taken back; relaunched by AWS Auto Scaling"
 
@@ -104,6 +106,18 @@ def lost(store: Store, job: Job, states: dict, why: str) -> dict | None:
     if live and current is not None and current.instance_id in live:
         line = (f"{why}; AWS Auto Scaling relaunched it: attempt {current.n} on "
                 f"{current.instance_id}")
+        try:  # from now on status, logs and down reach the job there
+            host = providers.get(job.backend).follow_replacement(store, job,
+                                                                 current.instance_id)
+        except CloudtrainError as exc:
+            line += f" (not reachable yet: {exc.message})"
+        else:
+            store.update_job(job.id, host=host, reason=None)
+            store.add_event(job.id, "replacement", detail=f"attempt {current.n} on "
+                                                          f"{current.instance_id} "
+                                                          f"({host['host']})")
+            group.forget(job.id)
+            return None
     else:
         line = f"{why}; AWS Auto Scaling is relaunching it"
     store.update_job(job.id, reason=line)

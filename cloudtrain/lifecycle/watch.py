@@ -242,14 +242,20 @@ def _group_host_lost(store: Store, job: Job, states: dict, exc: HostError) -> Jo
     """The host of a job that AWS Auto Scaling relaunches does not answer. Its instance still
     runs: only unreachable now. Gone: the job went on elsewhere (its attempts are read from
     the job store), or it has ended, and its end and files are read from there."""
+    fresh = store.job(job.id)
+    if (fresh.host or {}).get("host") != (job.host or {}).get("host"):
+        return fresh  # the record moved to a replacement since this snapshot was read
     current = store.attempt(job.id)
     mine = current.instance_id if current is not None and current.instance_id else None
     gone = ("shutting-down", "terminated")
-    if mine is not None and states.get(mine, {}).get("state") not in gone:
+    recorded = next((i.id for i in store.instances(job.id)
+                     if (i.details or {}).get("address") == (job.host or {}).get("host")), None)
+    if mine is not None and states.get(mine, {}).get("state") not in gone and recorded == mine:
         store.update_job(job.id, reason=f"{UNREACHABLE}: {exc.message}")
         return store.job(job.id)
-    why = f"{mine or 'its instance'} " + ("taken back" if spot_reason(
-        {mine: states[mine]} if mine in states else states) else "gone")
+    lost_one = recorded or mine
+    why = f"{lost_one or 'its instance'} " + ("taken back" if spot_reason(
+        {lost_one: states[lost_one]} if lost_one in states else states) else "gone")
     try:
         final = autoscaled.lost(store, job, states, why)
         if final is None:

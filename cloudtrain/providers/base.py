@@ -101,6 +101,9 @@ class Provider(Protocol):
     def group_settings(self, store: Store, job: Job, spec) -> dict:
         """job.json's settings for a job that AWS Auto Scaling relaunches (the agent ends
         the job's group with the job); {} for any other job."""
+    def follow_replacement(self, store: Store, job: Job, instance_id: str) -> dict:
+        """The job's host record for the instance its Auto Scaling group put in place of
+        the recorded one (its host key checked as at launch)."""
     def group_record(self, store: Store, job: Job) -> dict:
         """What the instances of a job's Auto Scaling group wrote to its job store:
         {"attempts": [...], "final": the job's end or None}."""

@@ -223,6 +223,9 @@ class LocalProvider:
     def group_settings(self, store: Store, job: Job, spec) -> dict:
         return {}  # nothing here is relaunched by anyone but the supervisor
 
+    def follow_replacement(self, store: Store, job: Job, instance_id: str) -> dict:
+        raise UsageError("a job on this machine has no Auto Scaling group")
+
     def group_record(self, store: Store, job: Job) -> dict:
         return {"attempts": [], "final": None}  # no group here
 

@@ -175,3 +175,35 @@ def test_an_agent_that_never_reports_stops_billing_at_the_deadline(lab, cli, tmp
     assert job["state"] == "failed", (job["reason"], job["timeline"])
     assert "scheduled action set the job's group to 0 at the deadline" in job["reason"]
     assert _everything_gone(lab) == {}, lab.asg.leftovers()
+
+
+def test_with_the_laptop_on_status_and_logs_follow_the_job_to_its_replacement(lab, cli, tmp_path):
+    """The laptop stays on (its supervisor too): once AWS Auto Scaling has replaced the
+    taken instance, the job's record follows it there (the replacement's host key checked
+    against its console, as at launch): `status` says it runs, `logs` reads the replacement's
+    log, and the job's end is seen and collected as for any job; nothing is left."""
+    from test_spot_recovery import _own_job
+
+    work = _own_job(tmp_path, 60)
+    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--workdir", str(work), "--",
+                        "python3", "job.py", "60", timeout=300)
+    name = f"cloudtrain-{job_id}"
+    (first,) = lab.asg.wait_for_group(name, 1)
+    wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("step", 0) >= 10, timeout=60,
+             what="a streamed checkpoint at step 10")
+    lab.take_back({"InstanceId": first.id, "PrivateIpAddress": first.ip})
+    new = wait_for(lambda: next((i for i in lab.asg.live(name) if i.id != first.id), None),
+                   timeout=60, what="the replacement")
+    job = wait_for(lambda: (lambda j: j if j["host"].get("host") == new.ip
+                            or j["state"] == "succeeded" else None)(cli.job(job_id)),
+                   timeout=120, interval=0.5, what="the record to follow the replacement")
+    if job["state"] != "succeeded":
+        assert job["state"] == "running" and not job["reason"], job["reason"]
+        assert "attempt 2 starts at step" in cli.ok("logs", job_id).stdout
+    job = cli.wait(job_id, timeout=180)
+    assert job["state"] == "succeeded", (job["reason"], job["timeline"])
+    assert [a["instance"] for a in job["attempts"]] == [first.id, new.id]
+    assert any(p["name"] == "replacement" for p in job["timeline"]) or \
+        job["attempts"][1]["outcome"] == "succeeded"
+    assert "done at step 60" in cli.ok("logs", job_id).stdout
+    wait_for(lambda: _everything_gone(lab) == {}, timeout=60, what="nothing left")

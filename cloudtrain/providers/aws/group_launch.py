@@ -33,6 +33,7 @@ from pathlib import Path
 from ...market import Market
 from ...host import auto_scaling
 from ...progress import SILENT, Reporter
+from ...ssh import Endpoint
 from ...state import Instance, Job, Store
 from . import jobstore
 from .errors import AWSError, aws_errors
@@ -252,6 +253,27 @@ class GroupLaunchMixin:
         out["attempts"].sort(key=lambda a: a["attempt"])
         out["group"] = self._group_size(job)
         return out
+
+    def follow_replacement(self, store: Store, job: Job, instance_id: str) -> dict:
+        """The job's host record for the instance AWS Auto Scaling put in place of its own:
+        its address, and its host key checked against its console output as at launch
+        (boot.py; refused on a mismatch). The job's other settings (user, key, python, tmux
+        socket) are the first instance's: the same launch template."""
+        region = self.region_of(job)
+        info = dict(job.host or {})
+        address = self._wait_running(region, instance_id)
+        endpoint = Endpoint(address, info.get("port", self.settings.ssh_port),
+                            info.get("user", self.settings.ssh_user), info.get("key_path"))
+        host = self._wait_ssh(region, instance_id, endpoint)
+        try:
+            verified = self._check_host_key(store, job, region, instance_id, host,
+                                            (job.spec or {}).get("instance_type"))
+        finally:
+            host.close()
+        store.update_instance(instance_id, details=json.dumps(
+            {**self._details(store, instance_id), "address": address,
+             "host_key": endpoint.host_key, "host_key_verified": verified}))
+        return {**info, "host": address, "host_key": endpoint.host_key}
 
     def _group_size(self, job: Job) -> dict | None:
         """{"desired": n} of the job's group, {"gone": True} where there is none, None where
