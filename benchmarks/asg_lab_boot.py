@@ -59,11 +59,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--losses", type=int, default=5)
     args = parser.parse_args()
-    from labs.netns import netns_available
+    from labs.netns import require_netns
 
-    why = netns_available()
-    if why:
-        sys.exit(f"needs network namespaces: {why}")
+    require_netns()
     rows = [row for _ in range(args.runs) for row in one(args.losses)]
     print(f"{len(rows)} replacements; seconds, median (min-max)")
     for key in ("detect", "boot", "user-data", "total", "exited"):

@@ -93,11 +93,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from labs.netns import netns_available
+    from labs.netns import require_netns
 
-    why = netns_available()
-    if why:
-        sys.exit(f"needs network namespaces: {why}")
+    require_netns()
     import recovery  # benchmarks/recovery.py: the supervisor on a laptop that stays on
 
     print(f"{'case':<34} {'total s':>8} {'wait s':>8} {'overhead s':>20}  "

@@ -71,11 +71,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from labs.netns import netns_available
+    from labs.netns import require_netns
 
-    why = netns_available()
-    if why:
-        sys.exit(f"needs network namespaces: {why}")
+    require_netns()
     hosts = [f"10.200.0.{4 + i}" for i in range(args.nodes)]  # moto's order in us-east-1a
     rows = {}
     for n in (1, args.nodes):

@@ -70,11 +70,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from labs.netns import netns_available
+    from labs.netns import require_netns
 
-    why = netns_available()
-    if why:
-        sys.exit(f"needs network namespaces: {why}")
+    require_netns()
     print(f"{'case':<10} {'overhead s':>12} {'instance wait s':>16} {'lost steps':>11}  "
           "(each a median of runs; min-max)")
     for case in ("no-notice", "notice"):

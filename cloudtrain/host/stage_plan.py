@@ -13,14 +13,13 @@ signer needs nothing else) and nothing else of ours (stage_errors <- stage_plan 
 import json
 import os
 import re
-import socket
 
 try:  # in the package (the orchestrator, tests), or shipped beside it on the host
     from . import shards
-    from .stage_errors import StageError, reason
+    from .stage_errors import StageError, reason  # noqa: F401 - said from here too
 except ImportError:
     import shards
-    from stage_errors import StageError, reason
+    from stage_errors import StageError, reason  # noqa: F401 - said from here too
 
 PLAN_VERSION = 1
 NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")

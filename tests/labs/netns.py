@@ -35,6 +35,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -159,6 +160,13 @@ def cleanup_stale(prefix: str = PREFIX, skip_live: bool = True) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
+def require_netns() -> None:
+    """For a benchmark on namespace hosts: exit with why not, where a NetnsLab cannot run."""
+    why = netns_available()
+    if why:
+        sys.exit(f"needs network namespaces: {why}")
+
+
 def netns_available() -> str | None:
     """None if a NetnsLab can run here, else why not (for pytest.skip). Tries a throwaway
     namespace, with a bridge and a veth pair made inside it (the root namespace is not

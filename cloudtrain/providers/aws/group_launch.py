@@ -175,10 +175,7 @@ class GroupLaunchMixin:
         """The group's first instance, recorded (the job's instance from now on)."""
         deadline = time.monotonic() + GROUP_START_WAIT_S
         while True:
-            found = self.call(region, "describe_auto_scaling_groups", service="autoscaling",
-                              AutoScalingGroupNames=[name])["AutoScalingGroups"]
-            ids = [i["InstanceId"] for g in found for i in g.get("Instances", [])
-                   if not i.get("LifecycleState", "").startswith("Terminat")]
+            _, ids = self.group_members(region, name)
             if ids:
                 break
             if time.monotonic() >= deadline:
@@ -282,9 +279,7 @@ class GroupLaunchMixin:
         if not name:
             return None
         try:
-            found = self.call(self.region_of(job), "describe_auto_scaling_groups",
-                              service="autoscaling", AutoScalingGroupNames=[name]
-                              )["AutoScalingGroups"]
+            found, _ = self.group_members(self.region_of(job), name)
         except AWSError:
             return None
         return {"desired": int(found[0].get("DesiredCapacity") or 0)} if found else {"gone": True}

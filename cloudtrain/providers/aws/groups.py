@@ -314,16 +314,21 @@ class GroupsMixin:
                 raise
         return existed
 
+    def group_members(self, region: str, name: str) -> tuple[list[dict], list[str]]:
+        """(the group as Auto Scaling describes it: [] where there is none, the ids of its
+        instances that are not terminating)."""
+        found = self.call(region, "describe_auto_scaling_groups", service="autoscaling",
+                          AutoScalingGroupNames=[name])["AutoScalingGroups"]
+        return found, [i["InstanceId"] for g in found for i in g.get("Instances", [])
+                       if not i.get("LifecycleState", "").startswith("Terminat")]
+
     def _wait_group_gone(self, region: str, name: str) -> None:
         """Until the group is gone or every instance it holds is terminating (AWS deletes a
         group asynchronously: "Delete in progress" while its instances shut down), at most
         GROUP_DELETE_WAIT_S."""
         deadline = time.monotonic() + GROUP_DELETE_WAIT_S
         while True:
-            found = self.call(region, "describe_auto_scaling_groups", service="autoscaling",
-                              AutoScalingGroupNames=[name])["AutoScalingGroups"]
-            running = [i["InstanceId"] for g in found for i in g.get("Instances", [])
-                       if not i.get("LifecycleState", "").startswith("Terminat")]
+            found, running = self.group_members(region, name)
             if not found or not running and found[0].get("Status"):
                 return
             if not running:  # no instance, not yet marked deleting: EC2's view decides
