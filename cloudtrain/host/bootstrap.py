@@ -702,11 +702,47 @@ def main(argv=None):
     except Exception as exc:  # anything unforeseen still ends in one line and a status
         line = "%s: %s" % (type(exc).__name__, " ".join(str(exc).split())[:400])
         code = EXIT_WRITE
+    here = os.path.isabs(jobdir) and os.path.isdir(jobdir) and not os.path.islink(jobdir)
+    if args.group is not None and code in GIVE_UP and auto_scaling.GROUP.fullmatch(args.group):
+        try:
+            left = give_up(args, jobdir if here else None, line, code)
+        except Exception as exc:  # noqa: BLE001 - the power-off (the boot script's) still comes
+            left = ["giving up failed: %s: %s" % (type(exc).__name__, exc)]
+        line = "; ".join([line, "the job is ended: no instance of its group can start it"]
+                         + left)
     sys.stderr.write("bootstrap: %s\n" % line)
-    if os.path.isabs(jobdir) and os.path.isdir(jobdir) and not os.path.islink(jobdir):
+    if here:
         write_status(jobdir, {"ok": False, "stage": "failed", "error": line,
                               "exit_code": code, "at": time.time()})
     return code
+
+
+# Failures every instance of a job's group would meet (the same bundle and checkpoint): the job
+# ends there rather than AWS starting one instance after another until the deadline. A store
+# that refuses the attempt's record (EXIT_STORE) may be a passing failure: that instance only
+# powers off (the boot script), and the next one tries again.
+GIVE_UP = (EXIT_MANIFEST, EXIT_OBJECT, EXIT_ARCHIVE, EXIT_RESTORE)
+
+
+def give_up(args, jobdir, line, code):
+    """An instance of a job's group that cannot start it, for a reason in GIVE_UP: the job
+    recorded failed (final.json, through the bundle's grant where its job.json was unpacked
+    here), then its group and launch template deleted with the role. The power-off is the
+    boot script's. Returns what of that failed, in words."""
+    left = []
+    job = None
+    if jobdir is not None and os.path.isfile(os.path.join(jobdir, "job.json")):
+        job = safefile.read_json(os.path.join(jobdir, "job.json"), FILE_MAX_BYTES)
+    if isinstance(job, dict):
+        try:
+            store_record(job, args.prefix + auto_scaling.FINAL, auto_scaling.final_doc(
+                "failed", None, "an instance of the job's Auto Scaling group could not start "
+                "it: %s" % line, None, None))
+        except Failed as exc:
+            left.append(str(exc))
+    conf = {"group": args.group, "region": args.region, "endpoint": args.endpoint}
+    steps = auto_scaling.end_group(conf, RoleCredentials(args.imds))
+    return left + [text for _, ok, text in steps if not ok]
 
 
 if __name__ == "__main__":

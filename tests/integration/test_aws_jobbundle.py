@@ -525,3 +525,46 @@ def test_group_arguments_that_do_not_fit_the_bundle_end_in_one_line(group_lab, e
     done = run_bootstrap(group_lab, b["jobdir"], 60, *extra)
     assert done.returncode == bootstrap.EXIT_USAGE and words in done.stderr
     assert done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("how", ["tampered bundle", "bad checkpoint"])
+def test_a_failure_every_instance_would_meet_ends_the_job_not_a_loop_of_instances(group_lab,
+                                                                                  how):
+    """Issue 27: a replacement that cannot start the job for a reason every instance of the
+    group would meet (the bundle not what its manifest says; the stored checkpoint not what
+    its manifest says) ends the job: final.json says failed and why where the bundle's job.json
+    was unpacked (its grant writes it), and the group and its template are deleted, so AWS does
+    not start one instance after another until the deadline. One line, the same exit code."""
+    lab = group_lab
+    b = group_bundle(lab)
+    put_record(lab, "attempts/1.json", {"attempt": 1, "instance": "i-0first", "by": "launch"})
+    if how == "tampered bundle":
+        _tamper(lab, b, "sha256")
+        code = bootstrap.EXIT_OBJECT
+    else:
+        store_checkpoint(lab, {"checkpoints/model.pt": os.urandom(1000)},
+                         tamper="checkpoints/model.pt")
+        code = bootstrap.EXIT_RESTORE
+    assert lab.present() == ([GROUP], [GROUP])
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args())
+    assert done.returncode == code, done.stderr
+    assert done.stderr.count("\n") == 1 and "the job is ended" in done.stderr, done.stderr
+    assert lab.present() == ([], [])
+    final = record(lab, "final.json")
+    if how == "bad checkpoint":  # the job's files were there: the end is recorded
+        assert final["state"] == "failed" and "sha256" in final["reason"], final
+    else:  # nothing of the bundle was trusted: the group's absence says it
+        assert final is None
+    assert not (Path(b["jobdir"]) / "status.json").exists()  # no agent ran
+
+
+def test_a_passing_failure_leaves_the_group_for_the_next_instance(group_lab):
+    """No role credentials from IMDS on this instance (EXIT_CREDENTIALS): not every
+    instance's lot, so the group stays and the next instance tries again."""
+    lab = group_lab
+    b = group_bundle(lab)
+    lab.imds.roles["127.0.0.1"] = None  # this instance has no instance profile
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args())
+    assert done.returncode == bootstrap.EXIT_CREDENTIALS, done.stderr
+    assert "the job is ended" not in done.stderr
+    assert lab.present() == ([GROUP], [GROUP]) and record(lab, "final.json") is None

@@ -42,7 +42,9 @@ from .groups import group_name
 HOST_DIR = Path(__file__).resolve().parent.parent.parent / "host"
 # The boot loader and what it imports, written into the user-data (read in this order).
 LOADER_FILES = ("stage_errors.py", "stage_sigv4.py", "boot_loader.py")
-BOOT_TAR = "boot.tar"  # below the job's prefix: bootstrap.py and every host module
+# below the job's prefix, with the bundle (the instance role reads bundle/*): bootstrap.py and
+# every host module
+BOOT_TAR = "bundle/boot.tar"
 BOOT_DIR = "/var/lib/cloudtrain/boot"  # on the instance, where the loader puts them
 # How long bootstrap.py on the group's first instance waits for the bundle: the launch's sync
 # and setup (a replacement finds it there at once).
@@ -83,13 +85,24 @@ def boot_script(loader_args: list[str], bootstrap_args: list[str], run_as: str) 
     user = shlex.quote(run_as)
     lines += [
         f"RUN_AS={user}",
+        "AS=",
         'if [ "$(id -u)" = 0 ] && [ "$RUN_AS" != root ] && id -u "$RUN_AS" >/dev/null 2>&1 '
         '&& command -v runuser >/dev/null 2>&1; then',
         '    chown -R "$RUN_AS" "$DIR"',
-        '    HOME_DIR=$(getent passwd "$RUN_AS" | cut -d: -f6)',
-        f'    exec runuser -u "$RUN_AS" -- env HOME="$HOME_DIR" python3 "$DIR/boot_loader.py" {argv}',
+        '    AS="runuser -u $RUN_AS -- env HOME=$(getent passwd "$RUN_AS" | cut -d: -f6)"',
         "fi",
-        f'exec python3 "$DIR/boot_loader.py" {argv}',
+        f'$AS python3 "$DIR/boot_loader.py" {argv}',
+        "CODE=$?",
+        # 0: the job runs (or the launching machine starts it); 10, 11: bootstrap ended the
+        # group and powered off. Anything else: this instance cannot run the job, so it
+        # does not stay up billing (bootstrap ended the job where it could).
+        'case $CODE in',
+        '    0|10|11) ;;',
+        '    *) echo "cloudtrain boot: exit $CODE: this instance cannot run the job; '
+        'powering off"',
+        '       SHUTDOWN=$(cat /var/lib/cloudtrain/shutdown-command 2>/dev/null)',
+        '       eval "${SHUTDOWN:-shutdown -h now}" ;;',
+        'esac',
     ]
     return "\n".join(lines)
 
