@@ -395,3 +395,32 @@ def test_down_with_the_cli_policy_alone_skips_the_group_lookups_it_may_not_make(
     assert outcome.ok, outcome.note
     assert "group" not in outcome.note
     assert _live(job.id) == []
+
+
+def test_a_launch_without_auto_scaling_permissions_falls_back_to_the_supervisor(cloud):
+    """Issue 27: an instance profile is configured but the Auto Scaling policy is not
+    attached: AWS refuses the launch template; the launch goes on without a group (the
+    supervisor here relaunches the job), says so as a WARNING in the timeline, leaves nothing
+    of the group, and the job's job.json gets no auto_scaling settings."""
+    p, store, images = cloud
+    p.settings.instance_profile = "cloudtrain-instance"
+    spec = _spec(images[REGION])
+    assert p.group_recovery(spec) is None
+    job = _job(store, spec)
+    # in-process moto takes its own requests for plain HTTP: the store's DenyInsecureTransport
+    # statement would refuse the boot files' upload, which on AWS (HTTPS) it allows
+    p.ensure_job_store(REGION, p.owner_key(REGION))
+    s3, bucket, _ = p._job_store(REGION)
+    s3.delete_bucket_policy(Bucket=bucket)
+    _refuse(p.client("ec2", REGION), "CreateLaunchTemplate", "UnauthorizedOperation",
+            "You are not authorized to perform this operation. User: "
+            "arn:aws:iam::123456789012:user/u is not authorized to perform: "
+            "ec2:CreateLaunchTemplate")
+    assert p.acquire_from_group_or_say(store, job, spec) is None
+    said = [e.detail for e in store.events(job.id) if e.phase == "recovery"]
+    assert len(said) == 1 and said[0].startswith("WARNING: AWS refused the job's Auto Scaling")
+    assert "the supervisor on this machine relaunches it" in said[0]
+    assert _templates(job.id) == [] and _group(f"cloudtrain-{job.id}") is None
+    assert _live(job.id) == []
+    assert p.group_settings(store, job, spec) == {}
+    assert not (store.job(job.id).spec or {}).get("auto_scaling_group")

@@ -144,13 +144,21 @@ class GroupLaunchMixin:
         root = home + root[1:] if root.startswith("~") else root
         return f"{root}/jobs/{job.id}"
 
-    def _store_place(self, store: Store, job: Job, spec) -> tuple[str, str, str, object]:
-        """(region, bucket, job prefix, s3 client) of the job's job store, made ready."""
+    def _store_place(self, store: Store, job: Job, spec) -> tuple[str, str, str]:
+        """(region, bucket, job prefix) of the job's job store, made ready."""
         region = getattr(spec, "store_region", None) or spec.region or self.region_of(job)
-        s3, bucket, _ = self._job_store(region)
+        _, bucket, _ = self._job_store(region)
         owner_key = self._store_owner(store, job, record=True, region=region)
         self.ensure_job_store(region, owner_key)
-        return region, bucket, jobstore.job_prefix(job.id, owner_key=owner_key), s3
+        return region, bucket, jobstore.job_prefix(job.id, owner_key=owner_key)
+
+    def _store_put(self, store: Store, job: Job, region: str, name: str, data: bytes) -> None:
+        """One object under the job's prefix (jobstore.put: encrypted, the bucket's owner
+        checked)."""
+        s3, bucket, account = self._job_store(region)
+        with aws_errors(region, "s3"):
+            jobstore.put(s3, bucket, job.id, name, data, expected_owner=account or None,
+                         owner_key=self._store_owner(store, job))
 
     def acquire_from_group(self, store: Store, job: Job, spec, report: Reporter = SILENT) -> str:
         """The boot files to the job store, the group (groups.create_job_group) with the
@@ -159,13 +167,9 @@ class GroupLaunchMixin:
         import gzip
 
         region = self.region(spec)
-        store_region, bucket, prefix, s3 = self._store_place(store, job, spec)
+        store_region, bucket, prefix = self._store_place(store, job, spec)
         data, digest = boot_tar()
-        _, _, account = self._job_store(store_region)
-        with aws_errors(store_region, "s3"):
-            s3.put_object(Bucket=bucket, Key=prefix + BOOT_TAR, Body=data,
-                          ServerSideEncryption="AES256",
-                          **({"ExpectedBucketOwner": account} if account else {}))
+        self._store_put(store, job, store_region, BOOT_TAR, data)
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         where = ["--region", store_region] + (["--endpoint", endpoint] if endpoint else [])
         loader = ["--bucket", bucket, "--key", prefix + BOOT_TAR, "--sha256", digest, *where,
@@ -183,6 +187,24 @@ class GroupLaunchMixin:
         store.update_job(job.id, spec={**store.job(job.id).spec, "auto_scaling_group": name})
         report.phase("waiting for AWS Auto Scaling to launch the instance")
         return self._group_instance(store, job, spec, region, name)
+
+    def acquire_from_group_or_say(self, store: Store, job: Job, spec,
+                                  report: Reporter = SILENT) -> str | None:
+        """acquire_from_group; None where AWS refuses it for want of permissions (the
+        Auto Scaling policy, infra/iam-policy-autoscaling.json, is not attached): the job is
+        then launched as any other and the supervisor here relaunches it, said as a WARNING
+        (nothing of the group is left: create_job_group deletes what it made)."""
+        try:
+            return self.acquire_from_group(store, job, spec, report)
+        except AWSError as exc:
+            if not exc.denied:
+                raise
+            note = (f"WARNING: AWS refused the job's Auto Scaling group ({exc.message}): the "
+                    "supervisor on this machine relaunches it instead, only while this machine "
+                    "is on (infra/iam-policy-autoscaling.json lets AWS do it)")
+            store.add_event(job.id, "recovery", detail=note)
+            report.note(note)
+            return None
 
     def _group_instance(self, store: Store, job: Job, spec, region: str, name: str) -> str:
         """The group's first instance, recorded (the job's instance from now on)."""
@@ -215,9 +237,9 @@ class GroupLaunchMixin:
     def group_settings(self, store: Store, job: Job, spec) -> dict:
         """job.json's "auto_scaling" for a job of a group (the agent ends its group with the
         job; bootstrap.py counts the restarts): {} for any other job."""
-        if self.group_recovery(spec) is not None:
-            return {}
-        store_region, bucket, prefix, _ = self._store_place(store, job, spec)
+        if not (store.job(job.id).spec or {}).get("auto_scaling_group"):
+            return {}  # not run by a group (or AWS refused to make one)
+        store_region, bucket, prefix = self._store_place(store, job, spec)
         endpoint = os.environ.get("AWS_ENDPOINT_URL")
         return {"auto_scaling": {"group": group_name(job.id), "region": self.region(spec),
                                  "endpoint": endpoint, "max_restarts": spec.max_restarts,
@@ -227,14 +249,13 @@ class GroupLaunchMixin:
     def record_attempt(self, store: Store, job: Job, spec, n: int, instance_id: str) -> None:
         """attempts/<n>.json in the job store: the attempt that this machine started (a
         replacement's is written by its bootstrap.py), so that counting starts at 1."""
-        _, bucket, prefix, s3 = self._store_place(store, job, spec)
+        store_region, _, _ = self._store_place(store, job, spec)
         inst = next((i for i in store.instances(job.id) if i.id == instance_id), None)
         doc = {"attempt": n, "instance": instance_id, "zone": inst and inst.zone,
                "type": spec.instance_type, "lifecycle": "spot", "started_at": time.time(),
                "by": "launch"}
-        with aws_errors(self.region(spec), "s3"):
-            s3.put_object(Bucket=bucket, Key=f"{prefix}attempts/{n}.json",
-                          Body=json.dumps(doc).encode(), ServerSideEncryption="AES256")
+        self._store_put(store, job, store_region, f"{ATTEMPTS}{n}.json",
+                        json.dumps(doc).encode())
 
     def group_record(self, store: Store, job: Job) -> dict:
         """What the job's instances wrote to the job store while nobody here watched: each

@@ -352,7 +352,8 @@ class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, GroupLaunchMixin, Instan
         instance = found
         grouped = self.group_recovery(spec) is None and spec.attempt == 1
         if instance is None and grouped:  # issue 27: AWS Auto Scaling relaunches this one
-            instance = self.acquire_from_group(store, job, spec, report)
+            instance = self.acquire_from_group_or_say(store, job, spec, report)
+            grouped = instance is not None
         if instance is None:
             try:
                 instance = self._run(store, job, spec, region, boot, report)
