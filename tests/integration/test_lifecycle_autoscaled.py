@@ -11,7 +11,7 @@ import pytest
 
 from labs.aws import ec2_provider  # noqa: F401  (fixture)
 from labs.credentials import REGION
-from test_aws_group_launch import T0, GroupJob
+from test_aws_group_launch_moto import T0, GroupJob
 from cloudtrain.lifecycle import attempts, autoscaled
 from cloudtrain.market import Market
 from cloudtrain.state import Instance, Store

@@ -23,6 +23,7 @@ from hypothesis import given, settings, strategies as st
 
 from cloudtrain.config import Settings
 from cloudtrain.host import boot_loader
+from cloudtrain.hostdata import HIDDEN
 from cloudtrain.market import Market
 from cloudtrain.providers.aws import AWSProvider, group_launch
 from cloudtrain.providers.aws.group_launch import (
@@ -125,7 +126,7 @@ def _int(value) -> bool:
 
 
 def _one_clean_line(text: str) -> bool:
-    return all(unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Zl", "Zp") for c in text)
+    return all(unicodedata.category(c) not in HIDDEN for c in text)
 
 
 def _when(value) -> bool:

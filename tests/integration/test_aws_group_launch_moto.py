@@ -1,4 +1,5 @@
-"""providers/aws/group_launch.py against moto in this process (issue 27): group_record reads
+"""providers/aws/group_launch.py against moto in this process (issue 27; the module alone is
+tests/unit/test_aws_group_launch.py): group_record reads
 what a job's instances left in the job store while nobody watched (attempts/<n>.json and
 final.json, put here with boto3, garbage, oversized and misnamed ones among them) and gives
 back only checked records; _group_size tells a running group from an emptied and a deleted
@@ -13,9 +14,10 @@ import time
 import boto3
 import pytest
 
-from labs.aws import ec2_provider  # noqa: F401  (fixture)
+from labs.aws import _plain_http_stands_in_for_tls, ec2_provider  # noqa: F401  (fixture)
 from labs.credentials import REGION
 from test_aws_errors import _refuse
+from test_aws_groups import cloud  # noqa: F401  (fixture)
 from cloudtrain.host import auto_scaling
 from cloudtrain.providers.aws import jobstore
 from cloudtrain.providers.aws.group_launch import MAX_ATTEMPTS, RECORD_MAX_BYTES
@@ -209,3 +211,54 @@ def test_a_job_without_a_group_or_a_caller_who_may_not_ask_has_no_size(grouped):
     spec = {k: v for k, v in grouped.job.spec.items() if k != "auto_scaling_group"}
     grouped.store.update_job(grouped.id, spec=spec)
     assert grouped.provider._group_size(grouped.job) is None
+
+
+# -- the launch through a group ---------------------------------------------------------------
+
+def test_a_launch_through_its_group_leaves_what_a_replacement_boots_from(cloud, monkeypatch):
+    """acquire_from_group in moto: boot.tar in the job store (the bytes boot_tar makes),
+    the group's launch template with the gzipped user-data whose boot script names that
+    tar, its sha256 and the job's group; the group's first instance recorded as the job's;
+    then record_attempt's attempts/1.json reads back through group_record (the launch's own
+    record passes the checks every instance's does) and group_settings names the same
+    store."""
+    import base64
+    import gzip
+
+    from test_aws_groups import _job, _spec
+    from cloudtrain.providers.aws.group_launch import BOOT_TAR, boot_tar
+
+    _plain_http_stands_in_for_tls(monkeypatch)
+    p, store, images = cloud
+    p.settings.instance_profile = "cloudtrain-instance"
+    spec = _spec(images[REGION])
+    job = _job(store, spec)
+    assert p.group_recovery(spec) is None
+    instance = p.acquire_from_group(store, job, spec)
+    job = store.job(job.id)
+    name = job.spec["auto_scaling_group"]
+    assert name == GROUP_OF.format(job.id)
+    [row] = store.instances(job.id)
+    assert row.id == instance and row.details["auto_scaling_group"] == name
+
+    s3, bucket, _ = p._job_store(REGION)
+    prefix = jobstore.job_prefix(job.id, owner_key=job.spec["store_owner"])
+    data, digest = boot_tar()
+    assert s3.get_object(Bucket=bucket, Key=prefix + BOOT_TAR)["Body"].read() == data
+
+    version = boto3.client("ec2", region_name=REGION).describe_launch_template_versions(
+        LaunchTemplateName=name)["LaunchTemplateVersions"][-1]
+    user_data = gzip.decompress(base64.b64decode(version["LaunchTemplateData"]["UserData"]))
+    text = user_data.decode()
+    assert f"--sha256 {digest}" in text and f"--key {prefix}{BOOT_TAR}" in text
+    assert f"--group {name}" in text and f"--jobdir /home/ubuntu/.cloudtrain/jobs/{job.id}" \
+        in text and f"--bucket {bucket}" in text
+
+    p.record_attempt(store, job, spec, 1, instance)
+    [first] = p.group_record(store, job)["attempts"]
+    assert (first["attempt"], first["instance"], first["zone"], first["type"], first["by"]) \
+        == (1, instance, row.zone, "g5.xlarge", "launch")
+    assert first["started_at"] is not None
+    conf = p.group_settings(store, job, spec)["auto_scaling"]
+    assert (conf["group"], conf["bucket"], conf["prefix"], conf["max_restarts"]) == \
+        (name, bucket, prefix, spec.max_restarts)
