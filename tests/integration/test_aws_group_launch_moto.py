@@ -1,10 +1,11 @@
-"""providers/aws/group_launch.py against moto in this process (issue 27; the module alone is
-tests/unit/test_aws_group_launch.py): group_record reads
-what a job's instances left in the job store while nobody watched (attempts/<n>.json and
-final.json, put here with boto3, garbage, oversized and misnamed ones among them) and gives
-back only checked records; _group_size tells a running group from an emptied and a deleted
-one. The helpers here (a job of a group, its records, its group) serve
-test_lifecycle_autoscaled.py too."""
+"""providers/aws/group_launch.py against moto in this process (issue 27; the module alone:
+tests/unit/test_aws_group_launch.py): the launch through a group (boot.tar, the template's
+user-data, the first instance, attempts/1.json); group_record reads what a job's instances
+left in the job store while nobody watched (attempts/<n>.json and final.json, put here with
+boto3, garbage, oversized and misnamed ones among them) and gives back only checked records;
+_group_size tells a running group from an emptied, a deleted and an unaskable one. The
+helpers here (a job of a group, its records, its group) serve test_lifecycle_autoscaled.py
+too."""
 
 from __future__ import annotations
 
