@@ -10,7 +10,6 @@ too."""
 from __future__ import annotations
 
 import json
-import time
 
 import boto3
 import pytest
