@@ -45,9 +45,10 @@ class BootError(Exception):
     """One line: why the boot files could not be had."""
 
 
-def fetch(url, region, creds, wait_s=FETCH_WAIT_S):
+def fetch(url, region, creds, wait_s=None):
     """The object's bytes (at most TAR_MAX_BYTES), tried again on 403, 404, 5xx or no answer
-    until `wait_s` has passed."""
+    until `wait_s` (None: FETCH_WAIT_S, read at the call) has passed."""
+    wait_s = FETCH_WAIT_S if wait_s is None else wait_s
     deadline = time.time() + wait_s
     while True:
         try:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ...market import Market
 from ...host import auto_scaling
+from ...hostdata import clean_text
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store
@@ -73,7 +74,7 @@ def boot_script(loader_args: list[str], bootstrap_args: list[str], run_as: str) 
     """The bash the user-data runs (detached) on every instance of the group: the loader's
     files written from here-documents, then the loader run as `run_as` where that user exists
     (the SSH user: the job's files are then that user's, as on a launch over SSH)."""
-    lines = ["set -u", f"DIR={BOOT_DIR}", 'mkdir -p "$DIR"']
+    lines = ["set -u", f"DIR={shlex.quote(BOOT_DIR)}", 'mkdir -p "$DIR"']
     for name in LOADER_FILES:
         text = (HOST_DIR / name).read_text()
         end = "CLOUDTRAIN_FILE_" + hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -358,9 +359,15 @@ def check_attempt(doc) -> dict | None:
             "zone": zone if isinstance(zone, str) and ZONE.fullmatch(zone) else None,
             "type": kind if isinstance(kind, str) and TYPE.fullmatch(kind) else None,
             "lifecycle": "on-demand" if doc.get("lifecycle") == "on-demand" else "spot",
-            "started_at": _time(doc.get("started_at")), "by": str(doc.get("by"))[:20],
+            "started_at": _time(doc.get("started_at")), "by": _line(doc.get("by"), 20),
             "resumed_step": _count(doc.get("resumed_step")),
             "resumed_seq": _count(doc.get("resumed_seq"))}
+
+
+def _line(value, limit: int) -> str:
+    """`value` as one line of at most `limit` characters, without control characters
+    (a terminal escape in a record must not reach `status`)."""
+    return " ".join(clean_text(str(value), limit * 4).split())[:limit]
 
 
 def _count(value) -> int | None:
@@ -376,7 +383,7 @@ def check_final(doc) -> dict | None:
     return {"state": doc["state"],
             "exit_code": code if isinstance(code, int) and not isinstance(code, bool)
             and -1024 < code < 1024 else None,
-            "reason": " ".join(reason.split())[:300] if isinstance(reason, str) else None,
+            "reason": _line(reason, 300) if isinstance(reason, str) else None,
             "ended_at": _time(doc.get("ended_at")),
             "attempt": attempt if isinstance(attempt, int) and not isinstance(attempt, bool)
             and 1 <= attempt <= MAX_ATTEMPTS else None}

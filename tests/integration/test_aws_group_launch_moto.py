@@ -1,0 +1,264 @@
+"""providers/aws/group_launch.py against moto in this process (issue 27; the module alone:
+tests/unit/test_aws_group_launch.py): the launch through a group (boot.tar, the template's
+user-data, the first instance, attempts/1.json); group_record reads what a job's instances
+left in the job store while nobody watched (attempts/<n>.json and final.json, put here with
+boto3, garbage, oversized and misnamed ones among them) and gives back only checked records;
+_group_size tells a running group from an emptied, a deleted and an unaskable one. The
+helpers here (a job of a group, its records, its group) serve test_lifecycle_autoscaled.py
+too."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+
+from labs.aws import _plain_http_stands_in_for_tls, ec2_provider  # noqa: F401  (fixture)
+from labs.credentials import REGION
+from test_aws_errors import _refuse
+from test_aws_groups import cloud  # noqa: F401  (fixture)
+from cloudtrain.host import auto_scaling
+from cloudtrain.providers.aws import jobstore
+from cloudtrain.providers.aws.group_launch import MAX_ATTEMPTS, RECORD_MAX_BYTES
+from cloudtrain.state import Store
+
+OWNER = "AIDAEXAMPLEOWNER0001"
+GROUP_OF = "cloudtrain-{}"
+T0 = 1_760_000_000.0
+
+
+class GroupJob:
+    """A recovering spot job recorded here as a launch through its group leaves it (its
+    region, its job store's owner key, its group's name), the job store's bucket made, and
+    ways to write what its instances would write and to change its group as AWS would."""
+
+    def __init__(self, provider, store: Store):
+        self.provider, self.store = provider, store
+        self.s3 = boto3.client("s3", region_name=REGION)
+        self.asg = boto3.client("autoscaling", region_name=REGION)
+        self.ec2 = boto3.client("ec2", region_name=REGION)
+        _, self.bucket, _ = provider._job_store(REGION)
+        self.s3.create_bucket(Bucket=self.bucket)
+        job = store.create_job(name=None, kind="command", recipe=None, command="true",
+                               backend="aws", spec={}, launcher="test:1", at=T0)
+        self.id = job.id
+        self.group = GROUP_OF.format(job.id)
+        store.update_job(job.id, spec={"region": REGION, "store_owner": OWNER,
+                                       "instance_type": "g5.xlarge", "market": "spot",
+                                       "auto_scaling_group": self.group})
+        store.set_state(job.id, "running")
+        self.prefix = jobstore.job_prefix(job.id, owner_key=OWNER)
+
+    @property
+    def job(self):
+        return self.store.job(self.id)
+
+    def put(self, name: str, body) -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.s3.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=data)
+
+    def attempt(self, n: int, instance: str, started_at: float, **over) -> dict:
+        """attempts/<n>.json as bootstrap.py (or the launch, for 1) writes it."""
+        doc = {"attempt": n, "instance": instance, "zone": "us-east-1b", "type": "g5.xlarge",
+               "lifecycle": "spot", "started_at": started_at,
+               "by": "launch" if n == 1 else "bootstrap", **over}
+        self.put(f"{auto_scaling.ATTEMPTS}{n}.json", doc)
+        return doc
+
+    def final(self, **over) -> dict:
+        doc = {"state": "succeeded", "exit_code": 0, "reason": None, "ended_at": T0 + 900,
+               "attempt": 3, "instance": "i-0333333333333333c", **over}
+        self.put(auto_scaling.FINAL, doc)
+        return doc
+
+    def make_group(self, desired: int = 1) -> list[str]:
+        """The job's launch template and group, as groups.py makes them (in short); the ids
+        of the instances moto started for it."""
+        self.ec2.create_launch_template(LaunchTemplateName=self.group, LaunchTemplateData={
+            "ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
+        self.asg.create_auto_scaling_group(
+            AutoScalingGroupName=self.group, MinSize=desired, MaxSize=max(desired, 1),
+            DesiredCapacity=desired, AvailabilityZones=[f"{REGION}a", f"{REGION}b"],
+            LaunchTemplate={"LaunchTemplateName": self.group})
+        return self.members()
+
+    def members(self) -> list[str]:
+        found = self.asg.describe_auto_scaling_groups(
+            AutoScalingGroupNames=[self.group])["AutoScalingGroups"]
+        return [i["InstanceId"] for g in found for i in g["Instances"]]
+
+    def empty_group(self) -> None:
+        """What the scheduled action at the deadline does: min = desired = 0."""
+        self.asg.update_auto_scaling_group(AutoScalingGroupName=self.group, MinSize=0,
+                                           DesiredCapacity=0)
+
+    def delete_group(self) -> None:
+        self.asg.delete_auto_scaling_group(AutoScalingGroupName=self.group, ForceDelete=True)
+
+
+@pytest.fixture
+def grouped(ec2_provider, ct_home):
+    with Store(ct_home / "state.db") as store:
+        yield GroupJob(ec2_provider, store)
+
+
+def numbers(record: dict) -> list[int]:
+    return [a["attempt"] for a in record["attempts"]]
+
+
+def test_the_records_the_instances_left_come_back_checked_by_number(grouped):
+    one = grouped.attempt(1, "i-0111111111111111a", T0)
+    grouped.attempt(2, "i-0222222222222222b", T0 + 100, resumed_step=40, resumed_seq=2)
+    grouped.attempt(10, "i-0aaaaaaaaaaaaaaa0", T0 + 1000)  # "10" sorts before "2" as a key
+    record = grouped.provider.group_record(grouped.store, grouped.job)
+    assert numbers(record) == [1, 2, 10]
+    assert record["attempts"][0] == {**one, "resumed_step": None, "resumed_seq": None}
+    assert (record["attempts"][1]["resumed_step"], record["attempts"][1]["resumed_seq"]) == \
+        (40, 2)
+    assert record["final"] is None and record["group"] == {"gone": True}
+
+
+@pytest.mark.parametrize("name, body", [
+    ("3.json", b"\x00\xffnot json"),
+    ("3.json", b"[" * 100_000),                                 # deeper than JSON may go
+    ("3.json", b'{"attempt": 3, "instance": "i-03333333333333333", "pad": "'
+               + b"x" * RECORD_MAX_BYTES + b'"}'),             # over the size of a record
+    ("3.json", {"attempt": 4, "instance": "i-04444444444444444"}),  # under another's name
+    ("4.json", {"attempt": 3, "instance": "i-03333333333333333"}),
+    ("3.json", ["attempt", 3]),
+    ("3.json", {"attempt": 3, "instance": "i-0333; rm -rf /"}),
+    ("sub/3.json", {"attempt": 3, "instance": "i-03333333333333333"}),
+    ("3.json.bak", {"attempt": 3, "instance": "i-03333333333333333"}),
+], ids=["garbage", "deep", "huge", "wrong-key-4-in-3", "wrong-key-3-in-4", "list",
+        "bad-instance", "nested", "suffix"])
+def test_a_record_not_an_attempt_under_its_own_name_is_left_out(grouped, name, body):
+    grouped.attempt(1, "i-0111111111111111a", T0)
+    grouped.attempt(2, "i-0222222222222222b", T0 + 100)
+    grouped.put(auto_scaling.ATTEMPTS + name, body)
+    assert numbers(grouped.provider.group_record(grouped.store, grouped.job)) == [1, 2]
+
+
+def test_an_attempt_record_s_bad_fields_are_dropped_and_escapes_never_come_back(grouped):
+    grouped.attempt(2, "i-0222222222222222b", "yesterday", zone="us-east-1b\x1b[2J",
+                    type=7, lifecycle="on-demand", by="\x1b]0;pwned\x07boot", resumed_step=-3)
+    [got] = grouped.provider.group_record(grouped.store, grouped.job)["attempts"]
+    assert got["instance"] == "i-0222222222222222b" and got["lifecycle"] == "on-demand"
+    assert (got["started_at"], got["zone"], got["type"], got["resumed_step"]) == \
+        (None, None, None, None)
+    assert got["by"].isprintable() and "\x1b" not in got["by"]
+
+
+@pytest.mark.parametrize("body, want", [
+    ({"state": "succeeded", "exit_code": 0, "ended_at": T0 + 900, "attempt": 3},
+     {"state": "succeeded", "exit_code": 0, "reason": None, "ended_at": T0 + 900,
+      "attempt": 3}),
+    ({"state": "failed", "exit_code": 9, "reason": "OOM\x1b[31m\nkilled", "ended_at": "now"},
+     {"state": "failed", "exit_code": 9, "reason": "OOM[31m killed",
+      "ended_at": None, "attempt": None}),
+    ({"state": "running"}, None),
+    (b"{not json", None),
+    (b'{"state": "failed", "reason": "' + b"y" * RECORD_MAX_BYTES + b'"}', None),
+], ids=["good", "bad-fields", "not-an-end", "garbage", "huge"])
+def test_the_final_record_comes_back_checked(grouped, body, want):
+    grouped.put(auto_scaling.FINAL, body)
+    assert grouped.provider.group_record(grouped.store, grouped.job)["final"] == want
+
+
+def test_another_job_s_records_are_not_this_job_s(grouped):
+    """The same names under another job's prefix (and under the layout before owners)."""
+    for prefix in (jobstore.job_prefix("other123", owner_key=OWNER),
+                   jobstore.job_prefix(grouped.id, owner_key=None)):
+        grouped.s3.put_object(Bucket=grouped.bucket, Key=prefix + "attempts/2.json",
+                              Body=json.dumps({"attempt": 2,
+                                               "instance": "i-0222222222222222b"}).encode())
+        grouped.s3.put_object(Bucket=grouped.bucket, Key=prefix + auto_scaling.FINAL,
+                              Body=json.dumps({"state": "failed"}).encode())
+    record = grouped.provider.group_record(grouped.store, grouped.job)
+    assert record["attempts"] == [] and record["final"] is None
+
+
+def test_at_most_max_attempts_are_read(grouped, monkeypatch):
+    from cloudtrain.providers.aws import group_launch
+
+    monkeypatch.setattr(group_launch, "MAX_ATTEMPTS", 3)
+    for n in range(1, 6):
+        grouped.attempt(n, f"i-0{n:016x}", T0 + n)
+    assert numbers(grouped.provider.group_record(grouped.store, grouped.job)) == [1, 2, 3]
+    assert MAX_ATTEMPTS >= 100  # a real job's restarts are far fewer
+
+
+# -- the group's size -------------------------------------------------------------------------
+
+def test_the_group_s_size_running_emptied_and_deleted(grouped):
+    size = lambda: grouped.provider._group_size(grouped.job)  # noqa: E731
+    assert size() == {"gone": True}  # recorded, not there (deleted by hand before this)
+    assert len(grouped.make_group(desired=1)) == 1
+    assert size() == {"desired": 1}
+    grouped.empty_group()
+    assert size() == {"desired": 0}
+    grouped.delete_group()
+    assert size() == {"gone": True}
+    assert grouped.provider.group_record(grouped.store, grouped.job)["group"] == {"gone": True}
+
+
+def test_a_job_without_a_group_or_a_caller_who_may_not_ask_has_no_size(grouped):
+    grouped.make_group(desired=1)
+    _refuse(grouped.provider.client("autoscaling", REGION), "DescribeAutoScalingGroups",
+            "AccessDenied", "User: arn:aws:iam::123456789012:user/me is not authorized to "
+            "perform: autoscaling:DescribeAutoScalingGroups")
+    assert grouped.provider._group_size(grouped.job) is None
+    spec = {k: v for k, v in grouped.job.spec.items() if k != "auto_scaling_group"}
+    grouped.store.update_job(grouped.id, spec=spec)
+    assert grouped.provider._group_size(grouped.job) is None
+
+
+# -- the launch through a group ---------------------------------------------------------------
+
+def test_a_launch_through_its_group_leaves_what_a_replacement_boots_from(cloud, monkeypatch):
+    """acquire_from_group in moto: boot.tar in the job store (the bytes boot_tar makes),
+    the group's launch template with the gzipped user-data whose boot script names that
+    tar, its sha256 and the job's group; the group's first instance recorded as the job's;
+    then record_attempt's attempts/1.json reads back through group_record (the launch's own
+    record passes the checks every instance's does) and group_settings names the same
+    store."""
+    import base64
+    import gzip
+
+    from test_aws_groups import _job, _spec
+    from cloudtrain.providers.aws.group_launch import BOOT_TAR, boot_tar
+
+    _plain_http_stands_in_for_tls(monkeypatch)
+    p, store, images = cloud
+    p.settings.instance_profile = "cloudtrain-instance"
+    spec = _spec(images[REGION])
+    job = _job(store, spec)
+    assert p.group_recovery(spec) is None
+    instance = p.acquire_from_group(store, job, spec)
+    job = store.job(job.id)
+    name = job.spec["auto_scaling_group"]
+    assert name == GROUP_OF.format(job.id)
+    [row] = store.instances(job.id)
+    assert row.id == instance and row.details["auto_scaling_group"] == name
+
+    s3, bucket, _ = p._job_store(REGION)
+    prefix = jobstore.job_prefix(job.id, owner_key=job.spec["store_owner"])
+    data, digest = boot_tar()
+    assert s3.get_object(Bucket=bucket, Key=prefix + BOOT_TAR)["Body"].read() == data
+
+    version = boto3.client("ec2", region_name=REGION).describe_launch_template_versions(
+        LaunchTemplateName=name)["LaunchTemplateVersions"][-1]
+    user_data = gzip.decompress(base64.b64decode(version["LaunchTemplateData"]["UserData"]))
+    text = user_data.decode()
+    assert f"--sha256 {digest}" in text and f"--key {prefix}{BOOT_TAR}" in text
+    assert f"--group {name}" in text and f"--jobdir /home/ubuntu/.cloudtrain/jobs/{job.id}" \
+        in text and f"--bucket {bucket}" in text
+
+    p.record_attempt(store, job, spec, 1, instance)
+    [first] = p.group_record(store, job)["attempts"]
+    assert (first["attempt"], first["instance"], first["zone"], first["type"], first["by"]) \
+        == (1, instance, row.zone, "g5.xlarge", "launch")
+    assert first["started_at"] is not None
+    conf = p.group_settings(store, job, spec)["auto_scaling"]
+    assert (conf["group"], conf["bucket"], conf["prefix"], conf["max_restarts"]) == \
+        (name, bucket, prefix, spec.max_restarts)

@@ -1,0 +1,357 @@
+"""providers/aws/group_launch.py without AWS (issue 27): the records a job's instances leave in
+the job store, read back as untrusted input (check_attempt, check_final, under any input);
+the boot script the user-data carries (it fits EC2's limit gzipped inside the real user-data,
+and bash writes the loader's files byte for byte and runs it with its arguments intact, alone
+and from the rendered user-data); boot.tar (the same bytes each time, every host module, and
+one the real loader takes); and why a job is or is not relaunched by AWS Auto Scaling."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import math
+import os
+import subprocess
+import tarfile
+import unicodedata
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from cloudtrain.config import Settings
+from cloudtrain.host import boot_loader
+from cloudtrain.hostdata import HIDDEN
+from cloudtrain.market import Market
+from cloudtrain.providers.aws import AWSProvider, group_launch
+from cloudtrain.providers.aws.group_launch import (
+    HOST_DIR, INSTANCE_ID, LOADER_FILES, MAX_ATTEMPTS, TYPE, USER_DATA_MAX, ZONE,
+    boot_script, boot_tar, check_attempt, check_final)
+from test_aws_user_data import Box, _job, _spec
+
+ATTEMPT_KEYS = {"attempt", "instance", "zone", "type", "lifecycle", "started_at", "by",
+                "resumed_step", "resumed_seq"}
+FINAL_KEYS = {"state", "exit_code", "reason", "ended_at", "attempt"}
+NOW = 1_760_000_000.0
+
+
+def good_attempt(**over) -> dict:
+    return {"attempt": 2, "instance": "i-0123456789abcdef0", "zone": "us-east-1b",
+            "type": "g5.xlarge", "lifecycle": "spot", "started_at": NOW, "by": "bootstrap",
+            "resumed_step": 1200, "resumed_seq": 7, **over}
+
+
+# -- the records, as untrusted input ---------------------------------------------------------
+
+def test_a_good_attempt_is_taken_as_written():
+    assert check_attempt(good_attempt()) == good_attempt()
+    assert check_attempt(good_attempt(lifecycle="on-demand"))["lifecycle"] == "on-demand"
+
+
+@pytest.mark.parametrize("over", [
+    {"attempt": 0}, {"attempt": -1}, {"attempt": MAX_ATTEMPTS + 1}, {"attempt": True},
+    {"attempt": 2.0}, {"attempt": "2"}, {"attempt": None},
+    {"instance": "i-123"}, {"instance": "i-0123456789ABCDEF0"}, {"instance": "x-0123456789"},
+    {"instance": "i-0123456789abcdef0\n"}, {"instance": 7}, {"instance": None},
+])
+def test_an_attempt_without_its_number_or_instance_is_not_one(over):
+    assert check_attempt(good_attempt(**over)) is None
+
+
+@pytest.mark.parametrize("field, value", [
+    ("zone", "us-east-1b; rm -rf /"), ("zone", "US-EAST-1B"), ("zone", 5),
+    ("type", "g5.xlarge\x1b[2J"), ("type", ["g5.xlarge"]), ("started_at", True),
+    ("started_at", float("nan")), ("started_at", float("inf")), ("started_at", 5),
+    ("started_at", 1e12), ("started_at", "1760000000"), ("resumed_step", -1),
+    ("resumed_step", True), ("resumed_step", 1 << 53), ("resumed_step", 3.0),
+    ("resumed_seq", "7"),
+])
+def test_a_bad_field_of_an_attempt_is_dropped_not_the_attempt(field, value):
+    got = check_attempt(good_attempt(**{field: value}))
+    assert got is not None and got[field] is None
+    assert {k: v for k, v in got.items() if k != field} == \
+        {k: v for k, v in good_attempt().items() if k != field}
+
+
+def test_a_lifecycle_other_than_on_demand_is_spot():
+    for value in ("spot", "scheduled", None, 1, "ON-DEMAND"):
+        assert check_attempt(good_attempt(lifecycle=value))["lifecycle"] == "spot"
+
+
+@pytest.mark.parametrize("state", ["succeeded", "failed", "cancelled", "preempted"])
+def test_a_final_record_of_an_end_is_taken(state):
+    got = check_final({"state": state, "exit_code": 3, "reason": "  out of\n memory ",
+                       "ended_at": NOW, "attempt": 2})
+    assert got == {"state": state, "exit_code": 3, "reason": "out of memory", "ended_at": NOW,
+                   "attempt": 2}
+
+
+@pytest.mark.parametrize("doc", [None, [], "succeeded", {"state": "running"}, {"state": None},
+                                 {"state": ["succeeded"]}, {"exit_code": 0}])
+def test_a_final_record_without_an_end_state_is_not_one(doc):
+    assert check_final(doc) is None
+
+
+def test_a_final_record_s_bad_fields_are_dropped():
+    got = check_final({"state": "failed", "exit_code": True, "reason": "x" * 5000,
+                       "ended_at": float("nan"), "attempt": MAX_ATTEMPTS + 1})
+    assert got["exit_code"] is None and got["ended_at"] is None and got["attempt"] is None
+    assert len(got["reason"]) == 300
+    assert check_final({"state": "failed", "exit_code": 4096})["exit_code"] is None
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=12)
+ANY = JSON | st.sets(st.integers(), max_size=3) | st.binary(max_size=10) | st.tuples(JSON)
+NEAR = {"attempt": st.integers(-3, MAX_ATTEMPTS + 3) | st.booleans() | ANY,
+        "instance": st.from_regex(INSTANCE_ID, fullmatch=True) | st.text(max_size=24) | ANY,
+        "zone": st.from_regex(ZONE, fullmatch=True) | ANY,
+        "type": st.from_regex(TYPE, fullmatch=True) | ANY,
+        "lifecycle": st.sampled_from(["spot", "on-demand"]) | ANY,
+        "started_at": st.floats(0, 2e11) | ANY, "by": ANY,
+        "resumed_step": st.integers(-5, 1 << 54) | ANY, "resumed_seq": ANY,
+        "state": st.sampled_from(["succeeded", "failed", "cancelled", "preempted"]) | ANY,
+        "exit_code": st.integers(-2000, 2000) | ANY, "reason": st.text(max_size=400) | ANY,
+        "ended_at": st.floats(allow_nan=True) | ANY}
+DOCS = ANY | st.fixed_dictionaries({}, optional=NEAR)
+
+
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _one_clean_line(text: str) -> bool:
+    return all(unicodedata.category(c) not in HIDDEN for c in text)
+
+
+def _when(value) -> bool:
+    return value is None or (type(value) is float and math.isfinite(value)
+                             and 1e9 < value < 1e11)
+
+
+@settings(max_examples=600, deadline=None)
+@given(DOCS)
+def test_any_attempt_record_is_refused_or_comes_back_well_typed(doc):
+    got = check_attempt(doc)
+    if got is None:
+        return
+    assert set(got) == ATTEMPT_KEYS
+    assert _int(got["attempt"]) and 1 <= got["attempt"] <= MAX_ATTEMPTS
+    assert isinstance(got["instance"], str) and INSTANCE_ID.fullmatch(got["instance"])
+    assert got["zone"] is None or ZONE.fullmatch(got["zone"])
+    assert got["type"] is None or TYPE.fullmatch(got["type"])
+    assert got["lifecycle"] in ("spot", "on-demand") and _when(got["started_at"])
+    assert isinstance(got["by"], str) and len(got["by"]) <= 20 and _one_clean_line(got["by"])
+    for key in ("resumed_step", "resumed_seq"):
+        assert got[key] is None or (_int(got[key]) and 0 <= got[key] < 1 << 53)
+    json.dumps(got, allow_nan=False)  # what the store and status take
+
+
+@settings(max_examples=600, deadline=None)
+@given(DOCS)
+def test_any_final_record_is_refused_or_comes_back_well_typed(doc):
+    got = check_final(doc)
+    if got is None:
+        return
+    assert set(got) == FINAL_KEYS
+    assert got["state"] in ("succeeded", "failed", "cancelled", "preempted")
+    assert got["exit_code"] is None or (_int(got["exit_code"]) and -1024 < got["exit_code"] < 1024)
+    assert got["reason"] is None or (isinstance(got["reason"], str) and len(got["reason"]) <= 300
+                                     and _one_clean_line(got["reason"]))
+    assert _when(got["ended_at"])
+    assert got["attempt"] is None or (_int(got["attempt"]) and 1 <= got["attempt"] <= MAX_ATTEMPTS)
+    json.dumps(got, allow_nan=False)
+
+
+# -- boot.tar ---------------------------------------------------------------------------------
+
+def test_boot_tar_is_the_same_bytes_each_time_and_holds_every_host_module():
+    data, digest = boot_tar()
+    again, digest2 = boot_tar()
+    assert data == again and digest == digest2 == hashlib.sha256(data).hexdigest()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = tar.getmembers()
+        got = {m.name: tar.extractfile(m).read() for m in members}
+    want = {p.name: p.read_bytes() for p in HOST_DIR.glob("*.py") if p.name != "__init__.py"}
+    assert got == want and "bootstrap.py" in got and "agent.py" in got
+    assert all(m.isreg() and m.mtime == 0 and m.mode == 0o644 and m.uid == 0 and not m.uname
+               for m in members)
+    assert [m.name for m in members] == sorted(got)
+
+
+def test_boot_tar_is_one_the_loader_takes(tmp_path):
+    """Every name in it passes the loader's own checks, and it is well under its limit."""
+    data, digest = boot_tar()
+    assert len(data) < boot_loader.TAR_MAX_BYTES / 4
+    names = boot_loader.unpack(data, digest, str(tmp_path))
+    assert sorted(names) == sorted(p.name for p in HOST_DIR.glob("*.py")
+                                   if p.name != "__init__.py")
+    assert (tmp_path / "bootstrap.py").read_bytes() == (HOST_DIR / "bootstrap.py").read_bytes()
+
+
+# -- the boot script --------------------------------------------------------------------------
+
+LOADER_ARGS = ["--bucket", "cloudtrain-123456789012-ap-southeast-2", "--key",
+               "jobs/AROAEXAMPLEROLEID0001:some-long-sso-session-name@example.com/"
+               "abcd1234/boot.tar", "--sha256", "f" * 64, "--region", "ap-southeast-2",
+               "--endpoint", "https://s3.ap-southeast-2.amazonaws.com", "--imds",
+               "http://169.254.169.254"]
+BOOT_ARGS = ["--bucket", "cloudtrain-123456789012-ap-southeast-2", "--prefix",
+             "jobs/AROAEXAMPLEROLEID0001:some-long-sso-session-name@example.com/abcd1234/",
+             "--jobdir", "/home/ubuntu/.cloudtrain/jobs/abcd1234", "--region",
+             "ap-southeast-2", "--imds", "http://169.254.169.254", "--wait-s", "3600",
+             "--group", "cloudtrain-abcd1234", "--max-restarts", "3"]
+HOSTILE = ["it's \"quoted\"", "$(touch pwned)", "`touch pwned`", "a\nb", "*", "-- x", "~", ""]
+
+
+def test_the_user_data_with_the_boot_script_fits_ec2_s_limit_gzipped():
+    """As acquire_from_group sends it: the real user-data with the script, gzipped (level
+    9, no mtime). The figure is printed: what is left for more of the host side."""
+    provider = AWSProvider(Settings())
+    script = boot_script(LOADER_ARGS, BOOT_ARGS, "ubuntu")
+    text = provider.user_data(_job(), _spec(), script)
+    assert script in text and "@@" not in text.replace("@@*", "")
+    packed = gzip.compress(text.encode(), 9, mtime=0)
+    print(f"user-data: {len(text)} bytes, {len(packed)} gzipped of {USER_DATA_MAX}")
+    assert len(packed) <= USER_DATA_MAX * 3 // 4  # a margin for the loader to grow
+
+
+class Shim:
+    """A folder standing in for the instance: `python3` on PATH records its arguments (one
+    JSON list) instead of running the loader; BOOT_DIR points below it."""
+
+    def __init__(self, root: Path, monkeypatch):
+        self.root = root
+        self.boot = root / "var" / "lib" / "cloudtrain" / "boot dir"  # a space: quoted?
+        monkeypatch.setattr(group_launch, "BOOT_DIR", str(self.boot))
+        self.bin = root / "bin"
+        self.bin.mkdir()
+        self.calls = root / "python3-calls.jsonl"
+        import sys
+
+        (self.bin / "python3").write_text(
+            f"#!{sys.executable}\nimport json, os, sys\n"
+            f"open({str(self.calls)!r}, 'a').write(json.dumps([os.getcwd()] + sys.argv[1:])"
+            f" + '\\n')\n")
+        (self.bin / "python3").chmod(0o755)
+        self.env = {"PATH": f"{self.bin}:{os.environ['PATH']}", "HOME": str(root)}
+
+    def recorded(self) -> list[list[str]]:
+        return [json.loads(l) for l in self.calls.read_text().splitlines()] \
+            if self.calls.exists() else []
+
+    def check_loader_files(self) -> None:
+        for name in LOADER_FILES:
+            assert (self.boot / name).read_bytes() == (HOST_DIR / name).read_bytes(), name
+        assert sorted(p.name for p in self.boot.iterdir()) == sorted(LOADER_FILES)
+
+
+def test_the_boot_script_writes_the_loader_byte_for_byte_and_runs_it_with_its_args(
+        tmp_path, monkeypatch):
+    """bash runs the script in a folder of its own, as a user that does not exist on this
+    machine (so never through runuser): the three files are the package's, and the loader
+    gets --dir, its args, `--` and bootstrap's args exactly, hostile ones included."""
+    shim = Shim(tmp_path, monkeypatch)
+    script = boot_script(LOADER_ARGS + HOSTILE, BOOT_ARGS + HOSTILE, "no-such-user-ct27")
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=shim.env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    shim.check_loader_files()
+    [call] = shim.recorded()
+    assert call[1:] == [str(shim.boot / "boot_loader.py"), "--dir", str(shim.boot),
+                        *LOADER_ARGS, *HOSTILE, "--", *BOOT_ARGS, *HOSTILE]
+    assert not any(p.name == "pwned" for p in tmp_path.rglob("*"))
+
+
+def test_the_rendered_user_data_starts_the_boot_script_detached(tmp_path, monkeypatch):
+    """The BOOT_SCRIPT section of infra/user-data.sh: the script lands in the state folder
+    as rendered and runs there in the background; user-data itself ends at once."""
+    from labs.polling import wait_for
+
+    (tmp_path / "inst").mkdir()
+    shim = Shim(tmp_path / "inst", monkeypatch)
+    box = Box(tmp_path)
+    try:
+        script = boot_script(LOADER_ARGS, BOOT_ARGS + HOSTILE, "no-such-user-ct27")
+        text = AWSProvider(Settings(shutdown_command=f"sudo {tmp_path}/fakebin/poweroff now")
+                           ).user_data(_job(), _spec(), script)
+        (tmp_path / "ud.sh").write_text(text)
+        env = {**box.env, "PATH": f"{shim.bin}:{box.env['PATH']}"}
+        proc = box._run(["bash", str(tmp_path / "ud.sh")], env)
+        assert proc.returncode == 0, proc.stderr
+        assert (box.state / "boot.sh").read_text() == script + "\n"
+        [call] = wait_for(shim.recorded, timeout=20, what="the detached boot script's loader")
+        assert call[call.index("--") + 1:] == BOOT_ARGS + HOSTILE
+        shim.check_loader_files()
+        assert "boot: started" in (tmp_path / "user-data.log").read_text()
+    finally:
+        box.stop()
+
+
+def test_user_data_without_a_boot_script_starts_none(tmp_path):
+    box = Box(tmp_path)
+    try:
+        assert box.user_data().returncode == 0
+        assert not (box.state / "boot.sh").exists()
+        assert "boot:" not in (tmp_path / "user-data.log").read_text()
+    finally:
+        box.stop()
+
+
+def test_a_host_file_holding_the_here_document_marker_is_refused(tmp_path, monkeypatch):
+    """The marker is the text's own hash, so no file holds it by chance; one that did would
+    end its here-document early (the rest run as bash), so it is refused, not written."""
+    import types
+
+    host = tmp_path / "host"
+    host.mkdir()
+    for name in LOADER_FILES:
+        (host / name).write_text((HOST_DIR / name).read_text())
+    monkeypatch.setattr(group_launch, "HOST_DIR", host)
+    assert boot_script([], [], "ubuntu").count("CLOUDTRAIN_FILE_") == 2 * len(LOADER_FILES)
+    # A hash that does not depend on the text stands in for a file made to hold its own.
+    fixed = hashlib.sha256(b"fixed")
+    monkeypatch.setattr(group_launch, "hashlib", types.SimpleNamespace(sha256=lambda _: fixed))
+    (host / "stage_sigv4.py").write_text(f"x = 1\nCLOUDTRAIN_FILE_{fixed.hexdigest()[:16]}\n")
+    with pytest.raises(RuntimeError, match="stage_sigv4.py holds its own here-document"):
+        boot_script([], [], "ubuntu")
+
+
+# -- who relaunches the job ------------------------------------------------------------------
+
+def _recovering(**over):
+    from cloudtrain.spec import JobSpec
+
+    fields = dict(kind="command", backend="aws", command=["true"], instance_type="g5.xlarge",
+                  market=Market.SPOT, recover=True, max_runtime_s=3600)
+    fields.update(over)
+    return JobSpec(**fields)
+
+
+GROUPED = dict(instance_profile="cloudtrain-instance")
+
+
+@pytest.mark.parametrize("settings_over, spec_over, words", [
+    ({}, {"recover": False}, "not a recovering spot job"),
+    ({}, {"market": Market.ON_DEMAND}, "not a recovering spot job"),
+    ({}, {"nodes": 3}, "several nodes"),
+    ({}, {"fallback": Market.ON_DEMAND}, "--fallback on-demand"),
+    ({"regions": "us-east-1,us-west-2"}, {}, "more regions"),
+    ({"instance_profile": ""}, {}, "no instance_profile"),
+    ({"job_store": False}, {}, "job_store: false"),
+])
+def test_a_job_aws_cannot_relaunch_says_why(settings_over, spec_over, words):
+    provider = AWSProvider(Settings(**{**GROUPED, **settings_over}))
+    why = provider.group_recovery(_recovering(**spec_over))
+    assert why is not None and words in why
+
+
+def test_a_recovering_spot_job_with_an_instance_role_runs_in_a_group():
+    assert AWSProvider(Settings(**GROUPED)).group_recovery(_recovering()) is None
+    assert AWSProvider(Settings(**GROUPED)).group_settings(None, None, _recovering(
+        recover=False)) == {}
