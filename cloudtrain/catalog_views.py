@@ -331,6 +331,11 @@ def prepare_report(report) -> str:
         sizes = ", ".join(str(n) for n in report.sizes)
         lines.append(f"resized copies: shorter side {sizes} px, {report.resample}, JPEG quality "
                      f"{report.quality}; smaller images kept as they are")
+    capped = getattr(report, "max_sides", ())
+    if capped:
+        sides = ", ".join(str(n) for n in capped)
+        lines.append(f"FFCV's copies (max/): longer side at most {sides} px, "
+                     f"{report.capped_resample}, every image a JPEG at quality {report.quality}")
     return "\n".join(lines)
 
 
