@@ -35,6 +35,11 @@ Where this file had to choose
   * FF's resolution ramp is evaluated per epoch (FF `get_resolution(epoch)`): 160 px up to
     `start_ramp`, 192 from `end_ramp`, in between interpolated and rounded to a multiple of 32,
     which in every rn50 config is a single 160 -> 192 step.
+  * FF's data. FF trains and validates its rn50s from `write_imagenet.sh 500 0.50 90`'s
+    files: the longer side at most 500 px (OpenCV INTER_AREA), half the images JPEG q90, half
+    raw pixels. Its variants `prefer` the max/500 copies (`data prepare --max-sides 500`: the
+    same resize, every image a q90 JPEG) and read them, train and val, where the prepared
+    dataset has them; else the full-size JPEGs. The job's startup row says which.
   * Validation reads the folder its phase trains from (DX DataManager: valdir defaults to
     trndir), so a 128 px phase validates from the 160 px copies. For FI the spec only says
     the 128 px phase trains from `-sz/160`; we validate it the DX way too.
@@ -108,6 +113,7 @@ class Variant:
     batch_div: int = 1          # every per-GPU batch divided by this (a GPU with less memory)
     notes: tuple = field(default_factory=tuple)
     source: str = ""            # the copy this table follows (repo@commit:path)
+    prefers: str = ""           # the copy read instead of full-size where it exists ("max/500")
 
     @property
     def gpus(self) -> int:
@@ -237,6 +243,7 @@ def _dx_sixteen() -> Variant:
 FFCV_RN50 = {16: (11, 13), 24: (17, 20), 32: (23, 27), 40: (29, 34), 56: (41, 48),
              88: (65, 76)}
 FFCV_LR, FFCV_PEAK, FFCV_MIN_RES, FFCV_MAX_RES, FFCV_VAL_RES = 1.7, 2, 160, 192, 256
+FFCV_TREE = "max/500"  # FF's data: common.imagenet_files.capped_source(500)
 
 
 def ffcv_resolution(epoch: int, start_ramp: int, end_ramp: int,
@@ -267,9 +274,12 @@ def _ffcv(epochs: int) -> Variant:
         lrs=(LrPhase(0, 1e-4 * lr, FFCV_PEAK, lr), LrPhase(FFCV_PEAK, lr, epochs, 0.0)),
         batch_offset=0, wd_rule="bn_names", blurpool=True, label_smoothing=0.1,
         precision="amp", drop_last=True, val_tta=True,
-        notes=("FF trains from its .beton files (max side 500 px, half of the images re-encoded "
-               "at JPEG quality 90); we read the JPEG tree",),
+        notes=("FF trains and validates from its .beton files (`write_imagenet.sh 500 0.50 "
+               "90`: longer side at most 500 px, half of the images JPEG at quality 90, half "
+               "raw pixels); we read max/500 (the same resize, every image a q90 JPEG: "
+               "`data prepare --max-sides 500`) where it is there, else the full-size JPEGs",),
         source=f"libffcv/ffcv-imagenet@4dd291a:rn50_configs/rn50_{epochs}_epochs.yaml",
+        prefers=FFCV_TREE,
     )
 
 
@@ -433,6 +443,14 @@ def with_batch_div(variant: Variant, div: int) -> Variant:
         raise ValueError(f"batch_div {div} must divide {variant.name}'s per-GPU batches "
                          f"({', '.join(str(p.batch) for p in variant.data)})")
     return replace(variant, batch_div=div)
+
+
+def reading(variant: Variant, tree: str) -> Variant:
+    """The variant with its full-size phases reading `tree` (its `prefers`, where the
+    prepared dataset has it) instead; train and validation both, as FF reads its .beton
+    files for both."""
+    return replace(variant, data=tuple(replace(p, source=tree) if p.source == "" else p
+                                       for p in variant.data))
 
 
 def with_epochs(variant: Variant, epochs: int) -> Variant:
