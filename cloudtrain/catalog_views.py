@@ -111,6 +111,8 @@ def recipe_detail(r, *, width: int | None = None) -> str:
                     width, "  ", "             ")
     if r.target:
         out.append(f"  target     {r.target.get('metric')} >= {r.target.get('value')}")
+        for variant, own in (r.target.get("per_variant") or {}).items():
+            out.append(f"             {variant}: {own.get('metric')} >= {own.get('value')}")
     out.append("  arguments  (--set name=value)")
     out += _arguments_lines(r, width)
     if r.profiles:

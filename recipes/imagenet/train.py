@@ -69,7 +69,8 @@ Outputs, under $CLOUDTRAIN_JOB_DIR (default ./cloudtrain-run) or --job-dir (rank
                          global_batch, source, min_scale, val_mode, val_size, lr, train_loss,
                          train_acc, test_acc (top-1), top5, test_loss, images_per_s,
                          data_wait, train_time, loop_time, val_time, wall_time; an
-                         {"event": "target_reached"} row the first time top5 >= 0.93;
+                         {"event": "target_reached"} row the first time the variant's
+                         target is met (top5 >= 0.93; ffcv-rn50-E: FFCV's top-1, phases.py);
                          first, an {"event": "startup"} row (common.startup: import, data,
                          to_first_step seconds; for the ffcv variants `tree`, max/500 or
                          full, the folders read, and `tree_why`)
@@ -673,14 +674,15 @@ def _train(args, world, stop) -> int:
                       f"top1 {val['top1']:.4f} top5 {val['top5']:.4f} "
                       f"{row['images_per_s']:.1f} img/s wait {data_wait:.2f}s train "
                       f"{train_time:.2f}s", flush=True)
-                if val["top5"] >= variant.target_top5 and not target_reached:
+                if reached(val, variant) and not target_reached:
                     writer.write(event="target_reached", epoch=epoch + 1, top5=val["top5"],
-                                 test_acc=val["top1"], train_time=row["train_time"],
+                                 test_acc=val["top1"], metric=variant.target_metric,
+                                 target=variant.target, train_time=row["train_time"],
                                  loop_time=row["loop_time"], wall_time=row["wall_time"])
-                    print(f"{NAME}: reached {variant.target_top5:.0%} top-5 at epoch "
+                    print(f"{NAME}: reached {target_text(variant)} at epoch "
                           f"{epoch + 1}: train time {train_time / 3600:.4f} h, loop time "
                           f"{row['loop_time'] / 3600:.4f} h", flush=True)
-            if val["top5"] >= variant.target_top5:
+            if reached(val, variant):
                 target_reached = True
             save(partial[world.rank], 0.0, 0.0)
             if stop_requested() and epoch + 1 < variant.epochs:
@@ -705,6 +707,23 @@ def _train(args, world, stop) -> int:
               f"loop time {loop_time():.2f} s, wall time {time.time() - T_START:.2f} s",
               flush=True)
     return 0
+
+
+def reached(val: dict, variant) -> bool:
+    """The variant's target (DAWNBench's 93% top-5; FFCV's top-1 of that config) is met."""
+    return val[variant.target_metric] >= variant.target
+
+
+def target_text(variant) -> str:
+    """"93.0% top-5", or "73.8% top-1 (FFCV's README: top-5 90.8%, its logs: 91.84%)"."""
+    names = {"top1": "top-1", "top5": "top-5"}
+    text = f"{variant.target:.1%} {names[variant.target_metric]}"
+    figures = dict(variant.second)
+    if "top5" in figures:
+        text += (f" (FFCV's README: top-5 {figures['top5']:.1%}"
+                 + (f", its logs: {figures['top5_logs']:.2%}" if "top5_logs" in figures else "")
+                 + ")")
+    return text
 
 
 def batch_sums(loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

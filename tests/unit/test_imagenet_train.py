@@ -362,3 +362,13 @@ def test_choose_tree_needs_train_and_val_and_leaves_other_variants_alone(tmp_pat
     assert variant.sources() == ["max/500"] and tree["tree"] == "max/500"
     assert [p.size for p in variant.data] == [p.size for p in ffcv.data]
     assert train.choose_tree(tmp_path, dawn) == (dawn, {})
+
+
+def test_the_target_is_the_variants_metric():
+    ffcv, dawn = train.VARIANTS["ffcv-rn50-32"], train.VARIANTS["dawn-1x8"]
+    assert train.reached({"top1": 0.766, "top5": 0.90}, ffcv)
+    assert not train.reached({"top1": 0.765, "top5": 0.95}, ffcv)  # top-5 alone is not it
+    assert train.reached({"top1": 0.1, "top5": 0.93}, dawn)
+    assert not train.reached({"top1": 0.9, "top5": 0.929}, dawn)
+    assert train.target_text(ffcv) == "76.6% top-1 (FFCV's README: top-5 92.7%, its logs: 93.47%)"
+    assert train.target_text(dawn) == "93.0% top-5"
