@@ -96,13 +96,18 @@ def test_data_prepare_help_shows_an_example():
     assert "cloudtrain data prepare imagenet ~/ILSVRC2012 /data/imagenet" in proc.stdout
 
 
-def test_prepare_without_pillow_names_the_install_command(official, tmp_path):
-    """The real CLI entry point in a Python where `import PIL` fails."""
-    src, _ = official
-    code = ("import sys; sys.modules['PIL'] = None; from cloudtrain.cli import main; "
-            f"main(['data', 'prepare', 'imagenet', {str(src)!r}, {str(tmp_path / 'out')!r}])")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+def prepare_without(module: str, *args: str) -> subprocess.CompletedProcess:
+    """`data prepare imagenet ARGS` through the real CLI entry point in a Python where
+    `import <module>` fails."""
+    code = (f"import sys; sys.modules[{module!r}] = None; from cloudtrain.cli import main; "
+            f"main(['data', 'prepare', 'imagenet', *{list(args)!r}])")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, cwd=REPO)
+
+
+def test_prepare_without_pillow_names_the_install_command(official, tmp_path):
+    src, _ = official
+    proc = prepare_without("PIL", str(src), str(tmp_path / "out"))
     assert (proc.returncode, proc.stdout) == (1, "")
     assert proc.stderr == (f"Error: data prepare needs Pillow, which this Python "
                            f"({sys.executable}) does not have; install them with: pip install pillow "
@@ -162,11 +167,7 @@ def test_prepare_max_sides_bad_value_or_no_opencv_is_one_line(official, tmp_path
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         2, "", "Error: --max-sides: 'big' is not a size in pixels (1..4096); give e.g. "
                "--max-sides 500\n")
-    code = ("import sys; sys.modules['cv2'] = None; from cloudtrain.cli import main; "
-            f"main(['data', 'prepare', 'imagenet', {str(src)!r}, {str(dest)!r}, "
-            "'--max-sides', '500'])")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, cwd=REPO)
+    proc = prepare_without("cv2", str(src), str(dest), "--max-sides", "500")
     assert (proc.returncode, proc.stdout) == (1, "")
     assert proc.stderr == (f"Error: data prepare needs OpenCV, which this Python "
                            f"({sys.executable}) does not have; install them with: pip install "

@@ -227,7 +227,11 @@ def test_recipe_yaml_declares_exactly_the_scripts_arguments():
     assert set(rec.arguments["variant"].choices) == set(train.VARIANTS)
     assert rec.nodes_published({"variant": "machines-16"}) == 16
     assert rec.nodes_published({"variant": "dawn-1x8"}) == 1
-    assert recipes.load("imagenet").target == {"metric": "top5", "value": 0.93}
+    target = recipes.load("imagenet").target
+    assert (target["metric"], target["value"]) == ("top5", 0.93)
+    assert {name: (own["metric"], own["value"]) for name, own in target["per_variant"].items()
+            } == {name: (v.target_metric, v.target) for name, v in train.VARIANTS.items()
+                  if (v.target_metric, v.target) != ("top5", 0.93)}
 
 
 # ---------------------------------------------------------------------------------------------
