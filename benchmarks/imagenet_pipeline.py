@@ -22,19 +22,28 @@ torchvision (ImageFolder, RandomResizedCrop, RandomHorizontalFlip, ToTensor, Nor
 the recipe's uint8 hand-over saves) and DALI's CPU pipeline (common.imagenet_dali with
 device_id=None: libjpeg-turbo decode with the random crop, resize, flip; the worker count is
 its thread count), if DALI is installed, at 128 px from the 160 px copies, 192 px (FFCV's last
-size; its 500 px copies are not written yet, so from full size) and 224 px from full size.
+size) from full size and 224 px from full size. FFCV's own data (the max/500 copies, longer
+side at most 500 px, `data prepare --max-sides 500`; needs OpenCV) gets rows of its own: the
+PIL loader, torchvision and DALI at 160 and 192 px from them, beside the same from full size.
+
+FFCV's writer stores half of its images as raw pixels; `data prepare` stores every max/500
+image as a JPEG. The "FFCV storage" lines weigh that on the max/500 copies of these files: the
+bytes on disk of the JPEGs against the raw RGB pixels (width x height x 3), and PIL's decode
+of a JPEG (libjpeg-turbo, one core) against reading the raw pixels from a file.
 
 img/s/core is img/s divided by the worker count. On this 2-core machine the main process
 shares the cores with 2 workers, so the 1-worker figure is the cleaner per-core rate, and it
 is the one the cores-needed table uses: cores = GPUs x GPU rate / (img/s/core). GPU rates are
 an assumption (--gpu-rates, images per second per GPU, training): the defaults 1,400 / 560 /
 340 img/s per V100 at 128 / 224 / 288 px make fast.ai's 3A phase table (18 epochs at 128, 23
-at 224, 4 at 288 on 8 V100s) take 2.9 h, about its published 2.96 h. Cores here are not a
+at 224, 4 at 288 on 8 V100s) take 2.9 h, about its published 2.96 h; 760 at 192 px is the
+224 px rate scaled by the pixels. Cores here are not a
 p3.16xlarge's (Xeon E5-2686 v4, 2.3 GHz, 64 vCPUs = 32 cores) and Pillow is not the
 pillow-simd fast.ai and DIU installed (faster resizing, the same decoder).
 
     python benchmarks/imagenet_pipeline.py
     python benchmarks/imagenet_pipeline.py --images 400 --gpu-rates 128:3000,224:1100,288:700
+    python benchmarks/imagenet_pipeline.py --only ffcv   # FFCV's rows and the storage lines
 """
 import argparse
 import os
@@ -50,11 +59,13 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes"))
 from common import imagenet_dali as DD  # noqa: E402
 from common import imagenet_data as D  # noqa: E402
-from common.imagenet_files import prepare_imagenet, resized_source, source_root  # noqa: E402
+from common.imagenet_files import capped_source, prepare_imagenet, resized_source  # noqa: E402
+from common.imagenet_files import list_images, source_root  # noqa: E402
 
 SHAPES = ((500, 375),) * 6 + ((375, 500),) * 2 + ((500, 333), (500, 500))
 CLASSES = 10
-SOURCES = {"full": "", "sz/160": resized_source(160), "sz/352": resized_source(352)}
+SOURCES = {"full": "", "sz/160": resized_source(160), "sz/352": resized_source(352),
+           "max/500": capped_source(500)}
 HOST_VCPUS = {"p3.16xlarge (8x V100)": 64, "p4d.24xlarge (8x A100)": 96}
 
 
@@ -105,6 +116,57 @@ def torchvision_loader(folder: Path, size: int, batch: int, workers: int):
                                        shuffle=True, num_workers=workers)
 
 
+def storage_figures(folder: Path, reps: int = 3) -> dict:
+    """FFCV's raw half against JPEG, on the files under `folder` (max/500/train): bytes on disk
+    of the JPEGs and of their raw RGB pixels, and seconds per image to decode a JPEG with PIL
+    (to an RGB array, as the loaders do) and to read the same pixels raw from a file (the
+    median of `reps` passes each, after one pass that warms the page cache)."""
+    samples, _ = list_images(folder)
+    paths = [folder / rel for rel, _ in samples]
+    jpeg_bytes = sum(p.stat().st_size for p in paths)
+    raws = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, p in enumerate(paths):
+            with Image.open(p) as image:
+                pixels = np.asarray(image.convert("RGB"))
+            raw = Path(tmp) / f"{i}.raw"
+            pixels.tofile(raw)
+            raws.append((raw, pixels.shape))
+        raw_bytes = sum(r.stat().st_size for r, _ in raws)
+
+        def decode_jpegs():
+            for p in paths:
+                with Image.open(p) as image:
+                    np.asarray(image.convert("RGB"))
+
+        def read_raws():
+            for r, shape in raws:
+                np.fromfile(r, np.uint8).reshape(shape)
+
+        times = {}
+        for name, fn in (("jpeg", decode_jpegs), ("raw", read_raws)):
+            fn()
+            runs = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                fn()
+                runs.append(time.perf_counter() - t0)
+            times[name] = sorted(runs)[len(runs) // 2] / len(paths)
+    return {"images": len(paths), "jpeg_bytes": jpeg_bytes, "raw_bytes": raw_bytes,
+            "jpeg_s": times["jpeg"], "raw_s": times["raw"]}
+
+
+def print_storage(fig: dict) -> None:
+    n = fig["images"]
+    print(f"\nFFCV storage, max/500 train copies ({n} images): JPEG q90 "
+          f"{fig['jpeg_bytes'] / n / 1e3:.0f} KB/image, raw RGB {fig['raw_bytes'] / n / 1e3:.0f} "
+          f"KB/image ({fig['raw_bytes'] / fig['jpeg_bytes']:.1f}x); PIL decode "
+          f"{fig['jpeg_s'] * 1e3:.2f} ms/image ({1 / fig['jpeg_s']:.0f}/s on one core), raw read "
+          f"{fig['raw_s'] * 1e3:.3f} ms/image; FFCV's 50% raw: "
+          f"{(fig['raw_bytes'] + fig['jpeg_bytes']) / 2 / fig['jpeg_bytes']:.1f}x the bytes of "
+          f"all-JPEG, {(fig['jpeg_s'] + fig['raw_s']) / 2 / fig['jpeg_s']:.0%} of its decode time")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=200, help="train images (and val)")
@@ -112,9 +174,12 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=3, help="passes over the images")
     parser.add_argument("--workers", default="1,2", help="DataLoader worker counts to time")
     parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--gpu-rates", default="128:1400,224:560,288:340",
+    parser.add_argument("--gpu-rates", default="128:1400,192:760,224:560,288:340",
                         help="training img/s per GPU at each size (default: V100, see above)")
     parser.add_argument("--dir", default=None, help="keep the images here (default: temp)")
+    parser.add_argument("--only", choices=["all", "ffcv"], default="all",
+                        help="ffcv: only FFCV's rows (160 and 192 px from max/500 and full "
+                             "size) and the storage lines")
     args = parser.parse_args()
     gpu_rates = {int(k): float(v) for k, v in (p.split(":") for p in args.gpu_rates.split(","))}
     worker_counts = [int(w) for w in args.workers.split(",")]
@@ -124,9 +189,9 @@ def main() -> None:
         base = Path(args.dir or tmp)
         t0 = time.perf_counter()
         kb = write_source(base / "src", args.images)
-        prepare_imagenet(base / "src", base / "prepared", sizes=(160, 352))
+        prepare_imagenet(base / "src", base / "prepared", sizes=(160, 352), max_sides=(500,))
         print(f"{args.images} train + {args.images} val JPEGs, mean {kb:.0f} KB, with 160 and "
-              f"352 px copies: {time.perf_counter() - t0:.1f} s; cores here: "
+              f"352 px copies and max/500 (FFCV's): {time.perf_counter() - t0:.1f} s; cores here: "
               f"{len(os.sched_getaffinity(0))}, torch threads 1", flush=True)
         root = base / "prepared"
         rows = []
@@ -141,6 +206,26 @@ def main() -> None:
         print(f"\n{'pipeline':<16} {'source':<7} {'size':>4} {'workers':>7} {'img/s':>8} "
               f"{'img/s/core':>10}")
         order = list(range(args.images))
+
+        def ffcv_rows():
+            # FFCV's training sizes, 160 -> 192 px, from its copies and from full size
+            for size in (160, 192):
+                for name in ("max/500", "full"):
+                    folder = source_root(root, SOURCES[name]) / "train"
+                    ds = D.TrainSet(folder, size, 0.08, seed=0)
+                    measure("train", name, size, lambda w, ds=ds: D.train_loader(
+                        ds, order, args.batch, w, drop_last=False, pin_memory=False))
+                    measure("torchvision", name, size, lambda w, f=folder, s=size:
+                            torchvision_loader(f, s, args.batch, w))
+                    if DD.available():
+                        measure("dali cpu", name, size, lambda w, ds=ds: DD.TrainPipelines(
+                            ds, None, w).batches(order * args.passes, 0, 0, args.batch,
+                                                 drop_last=False), passes=1)
+
+        if args.only == "ffcv":
+            ffcv_rows()
+            print_storage(storage_figures(source_root(root, SOURCES["max/500"]) / "train"))
+            return
         for size in (128, 224, 288):
             for name, source in SOURCES.items():
                 ds = D.TrainSet(source_root(root, source) / "train", size, 0.08, seed=0)
@@ -156,6 +241,7 @@ def main() -> None:
                 measure("dali cpu", name, size, lambda w, ds=ds: DD.TrainPipelines(
                     ds, None, w).batches(order * args.passes, 0, 0, args.batch,
                                          drop_last=False), passes=1)
+        ffcv_rows()
         if not DD.available():
             print("dali cpu: NVIDIA DALI is not installed (pip install -e '.[dali]')")
         gpu = D.TrainSet(root / "train", 128, 0.08, seed=0, decode="gpu")
@@ -169,6 +255,7 @@ def main() -> None:
                 batches = D.val_batches(len(ds), args.batch, 1, 0, ds.order)
                 measure(f"val {mode}", name, size,
                         lambda w, ds=ds, b=batches: D.val_loader(ds, b, w, pin_memory=False))
+        storage = storage_figures(source_root(root, SOURCES["max/500"]) / "train")
 
     per_core = {(r[0], r[1], r[2]): r[5] for r in rows if r[3] == min(worker_counts)}
     print(f"\nWhat it means for {args.gpus} GPUs (training; img/s/core with "
@@ -178,8 +265,12 @@ def main() -> None:
               ("128 px from full size", 128, "full"),
               ("224 px from full size (3A, DIU 16)", 224, "full"),
               ("224 px from sz/352 (DIU 4, 8)", 224, "sz/352"),
-              ("288 px from full size (3A, DIU)", 288, "full"))
+              ("288 px from full size (3A, DIU)", 288, "full"),
+              ("192 px from max/500 (FFCV)", 192, "max/500"),
+              ("192 px from full size", 192, "full"))
     for label, size, source in phases:
+        if size not in gpu_rates:
+            continue
         host = args.gpus * gpu_rates[size]
         print(f"{label:<34} {gpu_rates[size]:>9.0f} {host:>10.0f} "
               f"{host / per_core[('train', source, size)]:>12.1f}")
@@ -189,6 +280,7 @@ def main() -> None:
           f"{host / gpu_core:>12.1f}")
     print("hosts: " + ", ".join(f"{k}: {v} vCPUs" for k, v in HOST_VCPUS.items())
           + f"; each GPU process also needs a core of its own ({args.gpus} more)")
+    print_storage(storage)
     print("load average at the end (1, 5, 15 min): %.1f %.1f %.1f; other processes on these "
           "cores lower the figures, the 2-worker ones most" % os.getloadavg())
 

@@ -111,6 +111,8 @@ def recipe_detail(r, *, width: int | None = None) -> str:
                     width, "  ", "             ")
     if r.target:
         out.append(f"  target     {r.target.get('metric')} >= {r.target.get('value')}")
+        for variant, own in (r.target.get("per_variant") or {}).items():
+            out.append(f"             {variant}: {own.get('metric')} >= {own.get('value')}")
     out.append("  arguments  (--set name=value)")
     out += _arguments_lines(r, width)
     if r.profiles:
@@ -331,6 +333,11 @@ def prepare_report(report) -> str:
         sizes = ", ".join(str(n) for n in report.sizes)
         lines.append(f"resized copies: shorter side {sizes} px, {report.resample}, JPEG quality "
                      f"{report.quality}; smaller images kept as they are")
+    capped = getattr(report, "max_sides", ())
+    if capped:
+        sides = ", ".join(str(n) for n in capped)
+        lines.append(f"FFCV's copies (max/): longer side at most {sides} px, "
+                     f"{report.capped_resample}, every image a JPEG at quality {report.quality}")
     return "\n".join(lines)
 
 

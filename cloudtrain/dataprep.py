@@ -2,8 +2,8 @@
 
 The work is done by the bundled recipes' own code (recipes/common/imagenet_files.py), so the
 layout the prepare step writes and the one the imagenet recipe reads are defined in one place.
-This module finds that code, checks that Pillow and numpy are there, and turns its ValueError
-and OSError into cloudtrain's one-line errors.
+This module finds that code, checks that Pillow and numpy are there (and OpenCV, for FFCV's
+max/<N> copies), and turns its ValueError and OSError into cloudtrain's one-line errors.
 """
 
 from __future__ import annotations
@@ -17,20 +17,23 @@ from .recipes import BUNDLED
 
 DATASETS = ("imagenet",)
 INSTALL = "install them with: pip install pillow numpy"
+CV2 = "opencv-python-headless"
 
 
-def _imagenet_files():
+def _imagenet_files(opencv: bool = False):
     """recipes/common/imagenet_files.py, imported as `common.imagenet_files` the way recipes
     import it (so the prepare step's worker processes can find its functions by name)."""
     missing = []
-    for name, module in (("Pillow", "PIL"), ("numpy", "numpy")):
+    needed = (("Pillow", "PIL"), ("numpy", "numpy")) + ((("OpenCV", "cv2"),) if opencv else ())
+    for name, module in needed:
         try:
             importlib.import_module(module)
         except ImportError:
             missing.append(name)
     if missing:
         raise MissingDependency(f"data prepare needs {' and '.join(missing)}, which this Python "
-                                f"({sys.executable}) does not have; {INSTALL}")
+                                f"({sys.executable}) does not have; {INSTALL}"
+                                + (f" {CV2}" if "OpenCV" in missing else ""))
     if str(BUNDLED) not in sys.path:
         sys.path.insert(0, str(BUNDLED))
     from common import imagenet_files
@@ -43,12 +46,13 @@ def _one_line(text: str) -> str:
 
 
 def prepare(dataset: str, src, dest, *, sizes=(160, 352), quality: int = 90,
-            workers: int | None = None, blacklist=None, labels=None, progress=None):
+            workers: int | None = None, blacklist=None, labels=None, progress=None,
+            max_sides=()):
     """Prepare `dataset` from the extracted official archives at `src` into `dest`; returns the
     dataset's report (for imagenet: imagenet_files.PrepareReport). Raises cloudtrain errors."""
     if dataset not in DATASETS:
         raise UsageError(f"unknown dataset {dataset!r}; known datasets: {', '.join(DATASETS)}")
-    files = _imagenet_files()
+    files = _imagenet_files(opencv=bool(max_sides))
     src, dest = Path(src).expanduser(), Path(dest).expanduser()
     if not src.is_dir():
         raise NotFound(f"{src}: no such folder")
@@ -59,7 +63,8 @@ def prepare(dataset: str, src, dest, *, sizes=(160, 352), quality: int = 90,
         return files.prepare_imagenet(
             src, dest, sizes=sizes, quality=quality, workers=workers,
             blacklist=Path(blacklist).expanduser() if blacklist else None,
-            labels=Path(labels).expanduser() if labels else None, progress=progress)
+            labels=Path(labels).expanduser() if labels else None, progress=progress,
+            max_sides=max_sides)
     except ValueError as exc:
         raise UsageError(_one_line(exc)) from exc
     except OSError as exc:
@@ -69,14 +74,15 @@ def prepare(dataset: str, src, dest, *, sizes=(160, 352), quality: int = 90,
                                    "same command again: it goes on where it stopped") from exc
 
 
-def parse_sizes(text: str) -> tuple[int, ...]:
+def parse_sizes(text: str, option: str = "--sizes", example: str = "160,352"
+                ) -> tuple[int, ...]:
     """--sizes "160,352" -> (160, 352); "" -> () (full size only)."""
     sizes = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
         if not part.isdigit() or not 1 <= int(part) <= 4096:
-            raise UsageError(f"--sizes: {part!r} is not a size in pixels (1..4096); "
-                             "give e.g. --sizes 160,352")
+            raise UsageError(f"{option}: {part!r} is not a size in pixels (1..4096); "
+                             f"give e.g. {option} {example}")
         sizes.append(int(part))
     return tuple(sizes)

@@ -274,6 +274,15 @@ def parse_recipe(path: Path) -> Recipe:
     target = _optional(doc, "target", dict, path, "a mapping (metric, value)", None)
     if target is not None:
         _numbers(target, ("value",), path, "target")
+        per_variant = target.get("per_variant") or {}
+        if not isinstance(per_variant, dict) or not all(
+                isinstance(t, dict) and isinstance(t.get("metric"), str) and "value" in t
+                for t in per_variant.values()):
+            raise ConfigError(f"{path}: target.per_variant maps a variant to its own target "
+                              "{metric, value, ...}")
+        for variant, own in per_variant.items():
+            _numbers(own, [k for k in own if k != "metric"], path,
+                     f"target.per_variant.{variant}")
     published = _mappings(_optional(doc, "published", list, path, "a list of results", []),
                           path, "published")
     for i, entry_ in enumerate(published):

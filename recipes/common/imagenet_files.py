@@ -14,11 +14,17 @@ The prepared layout (what the imagenet recipe reads; one folder, so it copies as
   train/<wnid>/*.JPEG, val/<wnid>/*.JPEG    full size, hard links to the source where possible
   sz/<N>/train/..., sz/<N>/val/...          shorter side resized to N (fast.ai and DIU kept
                                             these in a sibling folder `<root>-sz/<N>`)
+  max/<N>/train/..., max/<N>/val/...        longer side at most N, every image re-encoded as
+                                            an RGB JPEG: what FFCV's writer stores (max/500 is
+                                            `write_imagenet.sh 500 0.50 90`'s, JPEG-only)
 fast.ai (DAWNBench) and DIU (imagenet18) train the 128 px phase from the 160 px copy; DIU's 4-
 and 8-machine schedules train the 224 px phase from a 352 px copy, and DIU validates from the
-folder it trains from, so val gets resized copies too.
+folder it trains from, so val gets resized copies too. FFCV (ffcv-imagenet) trains and
+validates its ResNet-50s from copies whose longer side is at most 500 px: the ffcv-rn50-*
+variants read max/500 where it exists.
 
-stdlib, numpy and PIL only: no torch, so the CLI can import this without paying for torch.
+stdlib, numpy and PIL only (and OpenCV, imported when max/<N> copies are written): no torch,
+so the CLI can import this without paying for torch.
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ import numpy as np
 TRAIN = "train"
 VAL = "val"
 RESIZED = "sz"  # dest/sz/<N>/{train,val}
+CAPPED = "max"  # dest/max/<N>/{train,val}
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")
 VAL_SOLUTION = "LOC_val_solution.csv"
 VAL_NAME = "ILSVRC2012_val_%08d.JPEG"
@@ -49,6 +56,11 @@ VAL_NAME = "ILSVRC2012_val_%08d.JPEG"
 def resized_source(size: int) -> str:
     """The source name of the copy resized to `size` on the shorter side: 160 -> "sz/160"."""
     return f"{RESIZED}/{int(size)}"
+
+
+def capped_source(side: int) -> str:
+    """The source name of the copy whose longer side is at most `side`: 500 -> "max/500"."""
+    return f"{CAPPED}/{int(side)}"
 
 
 def source_root(root: Path, source: str) -> Path:
@@ -216,6 +228,7 @@ def write_synthetic_official(root: Path, classes: int = 10, train_per_class: int
 # prepare: the official layout -> train/<wnid>, val/<wnid> and resized copies sz/<N>
 
 RESAMPLE = "bicubic"  # Pillow's bicubic widens its support when it shrinks: antialiased
+CAPPED_RESAMPLE = "OpenCV INTER_AREA"  # the max/<N> copies: FFCV's writer's (see capped_size)
 DEFAULT_SIZES = (160, 352)
 DEFAULT_QUALITY = 90
 _STATE = ".prepare"  # dest/.prepare: the lock and the per-tar "extracted" markers
@@ -239,6 +252,8 @@ class PrepareReport:
     quality: int  # JPEG quality of the resized copies (full-size files are never re-encoded)
     resample: str
     blacklisted: int  # validation images left out (blacklist=)
+    max_sides: tuple[int, ...] = ()  # the max/<N> copies (FFCV's): longer side at most N
+    capped_resample: str = CAPPED_RESAMPLE
 
 
 def _fail(message: str):
@@ -355,11 +370,65 @@ def resized_size(width: int, height: int, size: int) -> tuple[int, int]:
     return max(1, round(width * size / height)), size
 
 
+# FFCV's copies (max/<N>). What FFCV's writer does, read in its source:
+#   libffcv/ffcv-imagenet@4dd291a122096a2032ec9fd19633e1b9aff3577d write_imagenet.sh and
+#   write_imagenet.py: `./write_imagenet.sh 500 0.50 90` (its README: "the dataset used for the
+#   results above") passes max_resolution=500, write_mode=proportion, compress_probability=0.50,
+#   jpeg_quality=90 to RGBImageField, over torchvision's ImageFolder (PIL, .convert("RGB")).
+#   libffcv/ffcv@3a12966b3afe3a81733a732e633317d747bfaac7 ffcv/fields/rgb_image.py: `resizer`
+#   takes ratio = max_resolution / max(width, height) and, only if ratio < 1, resizes to
+#   (ratio * (width, height)).astype(int) (truncated) with cv2.INTER_AREA; `encode` then stores
+#   the image as a JPEG with probability 0.5 (`encode_jpeg`: RGB -> BGR, cv2.imencode('.jpg',
+#   IMWRITE_JPEG_QUALITY 90): libjpeg's 4:2:0 default) and as raw RGB pixels otherwise, and
+#   an image already small enough goes the same way, unresized.
+# We store every image as the JPEG half does (the raw half is the choice we do not follow:
+# data prepare --help and the README say why, with the figure), with OpenCV's own INTER_AREA
+# and encoder: Pillow has no filter that equals INTER_AREA (its BOX samples pixel centres,
+# INTER_AREA weighs partial pixels; on 40 generated 520-1400 px images Pillow's closest,
+# HAMMING, differs by 0.9 levels on average and up to 18), so the copies need OpenCV
+# (opencv-python-headless, in the recipes extra).
+
+
+def capped_size(width: int, height: int, side: int) -> tuple[int, int]:
+    """FFCV's resizer: (width, height) scaled by side / the longer side, truncated to whole
+    pixels, when that ratio is below 1; else unchanged. At least 1 pixel a side (FFCV would
+    hand OpenCV a 0, which it refuses)."""
+    ratio = side / max(width, height)
+    if ratio >= 1:
+        return width, height
+    return max(1, int(ratio * width)), max(1, int(ratio * height))
+
+
+def _require_cv2():
+    try:
+        import cv2
+    except ImportError:
+        _fail("the max/<N> copies (FFCV's) need OpenCV, which this Python does not have; "
+              "install it with: pip install opencv-python-headless")
+    return cv2
+
+
+def encode_capped(rgb, side: int, quality: int) -> bytes:
+    """One max/<side> file: the RGB uint8 array (height, width, 3) resized as FFCV's writer
+    resizes, encoded as its JPEG half encodes (see above)."""
+    cv2 = _require_cv2()
+    height, width = rgb.shape[:2]
+    size = capped_size(width, height, side)
+    if size != (width, height):
+        rgb = cv2.resize(rgb, size, interpolation=cv2.INTER_AREA)
+    ok, data = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR),
+                            [int(cv2.IMWRITE_JPEG_QUALITY), int(quality)])
+    if not ok:
+        raise ValueError("OpenCV could not encode the image as JPEG")
+    return data.tobytes()
+
+
 def _process_chunk(items: list[tuple[str, str]], dest: str, sizes: tuple[int, ...],
-                   quality: int) -> dict:
+                   quality: int, max_sides: tuple[int, ...] = ()) -> dict:
     """For each (source file, "split/wnid/name"): the full-size file in dest (link or copy),
-    then every resized copy missing in dest/sz/<N>. Decodes an image only when a resized copy
-    is missing. Errors are returned per image, never raised, so one bad file stops no pool."""
+    then every resized copy missing in dest/sz/<N> and every capped copy missing in
+    dest/max/<N>. Decodes an image only when a copy is missing. Errors are returned per image,
+    never raised, so one bad file stops no pool."""
     from PIL import Image
 
     stats = {"written": 0, "skipped": 0, "linked": 0, "bytes": 0, "errors": []}
@@ -378,13 +447,20 @@ def _process_chunk(items: list[tuple[str, str]], dest: str, sizes: tuple[int, ..
             else:
                 put(_link_or_copy(Path(source), full))
             missing = [n for n in sizes if not (root / resized_source(n) / rel).exists()]
-            stats["skipped"] += len(sizes) - len(missing)
-            if not missing:
+            capped = [n for n in max_sides if not (root / capped_source(n) / rel).exists()]
+            stats["skipped"] += len(sizes) - len(missing) + len(max_sides) - len(capped)
+            if not missing and not capped:
                 continue
             with Image.open(full) as image:
                 image.load()
                 width, height = image.size
                 rgb = image.convert("RGB")
+            for n in capped:
+                target = root / capped_source(n) / rel
+                tmp = target.with_name(target.name + ".tmp")
+                tmp.write_bytes(encode_capped(np.asarray(rgb), n, quality))
+                os.replace(tmp, target)
+                put((False, target.stat().st_size))
             for n in missing:
                 target = root / resized_source(n) / rel
                 if min(width, height) <= n:  # already small enough: the file as it is
@@ -418,7 +494,8 @@ def _lock(dest: Path):
 
 def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = DEFAULT_QUALITY,
                      workers: int | None = None, blacklist: Path | None = None,
-                     labels: Path | None = None, progress=None) -> PrepareReport:
+                     labels: Path | None = None, progress=None,
+                     max_sides=()) -> PrepareReport:
     """Turn the extracted official archives at `src` into the prepared layout at `dest`.
 
     src: train/<wnid>/*.JPEG or train/<wnid>.tar (ILSVRC2012_img_train.tar's per-class tars;
@@ -432,7 +509,11 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
     (rounded to the pixel), Pillow's bicubic filter (antialiased when shrinking), converted to
     RGB, JPEG at `quality` (90 by default, Pillow's default 4:2:0 chroma subsampling), EXIF
     orientation ignored as the training loaders ignore it. An image whose shorter side is
-    already <= N is put there unchanged (linked or copied). Every class folder exists in every
+    already <= N is put there unchanged (linked or copied). For each N in `max_sides`,
+    max/N/train and max/N/val: FFCV's writer's copies (see CAPPED_RESAMPLE's comment): the
+    longer side scaled to N and truncated to the pixel where it is longer than N, OpenCV's
+    INTER_AREA, and every image, resized or not, an RGB JPEG at `quality` from OpenCV's
+    encoder (needs opencv-python-headless). Every class folder exists in every
     split, even empty, so ImageFolder class indices agree between train and val.
 
     Every file appears whole (temp file + os.replace, or a single link), so a killed run
@@ -449,6 +530,11 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
     sizes = tuple(sorted({int(n) for n in sizes}))
     if any(n < 1 for n in sizes):
         _fail(f"sizes must be positive pixel counts, got {sizes}")
+    max_sides = tuple(sorted({int(n) for n in max_sides}))
+    if any(n < 1 for n in max_sides):
+        _fail(f"max_sides must be positive pixel counts, got {max_sides}")
+    if max_sides:
+        _require_cv2()
     if not 1 <= int(quality) <= 100:
         _fail(f"quality must be 1..100, got {quality}")
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
@@ -510,12 +596,14 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
 
     lock = _lock(dest)
     try:
+        bases = ([dest] + [dest / resized_source(n) for n in sizes]
+                 + [dest / capped_source(n) for n in max_sides])
         for split in (TRAIN, VAL):
-            for base in [dest] + [dest / resized_source(n) for n in sizes]:
+            for base in bases:
                 for wnid in wnids:
                     (base / split / wnid).mkdir(parents=True, exist_ok=True)
         if skip:  # stale blacklisted images from an earlier run without the blacklist go
-            for base in [dest] + [dest / resized_source(n) for n in sizes]:
+            for base in bases:
                 for wnid in wnids:
                     for name in _files(base / VAL / wnid):
                         if Path(name).stem in skip:
@@ -563,8 +651,8 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
             items = sorted(train_items, key=lambda item: item[1]) + val_items
             step = max(1, min(_CHUNK, len(items) // (8 * workers)))  # small runs: 8 per worker
             chunks = [items[i:i + step] for i in range(0, len(items), step)]
-            futures = {pool.submit(_process_chunk, chunk, str(dest), sizes, int(quality)):
-                       len(chunk) for chunk in chunks}
+            futures = {pool.submit(_process_chunk, chunk, str(dest), sizes, int(quality),
+                                   max_sides): len(chunk) for chunk in chunks}
             done = 0
             progress(0, len(items), "images")
             for future in as_completed(futures):
@@ -582,11 +670,12 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
         lock.close()
 
     counts = {TRAIN: len(items) - len(val_items), VAL: len(val_items)}
-    for n in sizes:
-        counts[f"{resized_source(n)}/{TRAIN}"] = counts[TRAIN]
-        counts[f"{resized_source(n)}/{VAL}"] = counts[VAL]
+    for source in [resized_source(n) for n in sizes] + [capped_source(n) for n in max_sides]:
+        counts[f"{source}/{TRAIN}"] = counts[TRAIN]
+        counts[f"{source}/{VAL}"] = counts[VAL]
     return PrepareReport(
         dest=dest, classes=len(wnids), counts=counts, written=totals["written"],
         skipped=totals["skipped"], linked=totals["linked"], extracted=totals["extracted"],
         bytes_written=totals["bytes"], seconds=round(time.monotonic() - started, 3),
-        sizes=sizes, quality=int(quality), resample=RESAMPLE, blacklisted=blacklisted)
+        sizes=sizes, quality=int(quality), resample=RESAMPLE, blacklisted=blacklisted,
+        max_sides=max_sides)

@@ -96,13 +96,18 @@ def test_data_prepare_help_shows_an_example():
     assert "cloudtrain data prepare imagenet ~/ILSVRC2012 /data/imagenet" in proc.stdout
 
 
-def test_prepare_without_pillow_names_the_install_command(official, tmp_path):
-    """The real CLI entry point in a Python where `import PIL` fails."""
-    src, _ = official
-    code = ("import sys; sys.modules['PIL'] = None; from cloudtrain.cli import main; "
-            f"main(['data', 'prepare', 'imagenet', {str(src)!r}, {str(tmp_path / 'out')!r}])")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+def prepare_without(module: str, *args: str) -> subprocess.CompletedProcess:
+    """`data prepare imagenet ARGS` through the real CLI entry point in a Python where
+    `import <module>` fails."""
+    code = (f"import sys; sys.modules[{module!r}] = None; from cloudtrain.cli import main; "
+            f"main(['data', 'prepare', 'imagenet', *{list(args)!r}])")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, cwd=REPO)
+
+
+def test_prepare_without_pillow_names_the_install_command(official, tmp_path):
+    src, _ = official
+    proc = prepare_without("PIL", str(src), str(tmp_path / "out"))
     assert (proc.returncode, proc.stdout) == (1, "")
     assert proc.stderr == (f"Error: data prepare needs Pillow, which this Python "
                            f"({sys.executable}) does not have; install them with: pip install pillow "
@@ -139,3 +144,32 @@ def test_ctrl_c_stops_cleanly_and_the_next_run_finishes_the_job(tmp_path):
     wrote = re.search(r"^wrote (\d+) files .*; (\d+) were already there", again.stdout, re.M)
     assert (int(wrote[1]), int(wrote[2])) == (130 * 4 - there, there)
     assert len(list(dest.glob("sz/*/*/*/*.JPEG"))) == 130 * 3
+
+
+def test_prepare_max_sides_writes_ffcvs_copies_and_says_how(official, tmp_path):
+    pytest.importorskip("cv2", reason="opencv-python-headless (the recipes extra)")
+    src, wnids = official
+    dest = tmp_path / "imagenet"
+    proc = run("data", "prepare", "imagenet", str(src), str(dest), "--sizes", "",
+               "--max-sides", "40", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[4:6] == ["max/40/train  12", "max/40/val    6"]
+    assert lines[-1] == ("FFCV's copies (max/): longer side at most 40 px, OpenCV INTER_AREA, "
+                         "every image a JPEG at quality 90")
+    assert imagenet_files.list_images(dest / "max/40/val")[1] == wnids
+
+
+def test_prepare_max_sides_bad_value_or_no_opencv_is_one_line(official, tmp_path):
+    src, _ = official
+    dest = tmp_path / "imagenet"
+    proc = run("data", "prepare", "imagenet", str(src), str(dest), "--max-sides", "500,big")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        2, "", "Error: --max-sides: 'big' is not a size in pixels (1..4096); give e.g. "
+               "--max-sides 500\n")
+    proc = prepare_without("cv2", str(src), str(dest), "--max-sides", "500")
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == (f"Error: data prepare needs OpenCV, which this Python "
+                           f"({sys.executable}) does not have; install them with: pip install "
+                           "pillow numpy opencv-python-headless\n")
+    assert not dest.exists()

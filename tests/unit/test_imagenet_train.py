@@ -227,7 +227,11 @@ def test_recipe_yaml_declares_exactly_the_scripts_arguments():
     assert set(rec.arguments["variant"].choices) == set(train.VARIANTS)
     assert rec.nodes_published({"variant": "machines-16"}) == 16
     assert rec.nodes_published({"variant": "dawn-1x8"}) == 1
-    assert recipes.load("imagenet").target == {"metric": "top5", "value": 0.93}
+    target = recipes.load("imagenet").target
+    assert (target["metric"], target["value"]) == ("top5", 0.93)
+    assert {name: (own["metric"], own["value"]) for name, own in target["per_variant"].items()
+            } == {name: (v.target_metric, v.target) for name, v in train.VARIANTS.items()
+                  if (v.target_metric, v.target) != ("top5", 0.93)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,3 +309,70 @@ def test_two_gloo_ranks_validate_every_image_once(tmp_path):
     assert alone["n"] == 20
     assert (alone["top1"], alone["top5"]) == (rows[-1]["test_acc"], rows[-1]["top5"])
     assert alone["loss"] == pytest.approx(rows[-1]["test_loss"], rel=1e-6)
+
+
+def _startup(job_dir):
+    rows = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    return next(r for r in rows if r.get("event") == "startup")
+
+
+FFCV_ONE_EPOCH = ["--variant", "ffcv-rn50-16", "--epochs", "1", "--batch-div", "64"]
+
+
+def test_ffcv_variant_reads_the_500_px_tree_when_there_and_full_size_otherwise(tmp_path, capsys):
+    """The same synthetic dataset first without max/500 (full size, and the startup row says
+    how to get FFCV's copies), then with them (data prepare --max-sides 500): the run reads
+    max/500 for train and val, says so, and a checkpoint of the first cannot resume the
+    second."""
+    pytest.importorskip("cv2", reason="opencv-python-headless (the recipes extra)")
+    assert _run(tmp_path, "full", *FFCV_ONE_EPOCH) == 0
+    row = _startup(tmp_path / "full")
+    assert row["tree"] == "full" and "--max-sides 500" in row["tree_why"]
+    assert _rows(tmp_path / "full")[0]["source"] == "full"
+    assert "data prepare imagenet SRC DEST --max-sides 500" in capsys.readouterr().out
+
+    args = train.build_parser().parse_args(SMALL + FFCV_ONE_EPOCH + [
+        "--data-dir", str(tmp_path / "data")])
+    src, root = train.synthetic_root(args, train.VARIANTS["ffcv-rn50-16"])
+    report = train.imagenet_files.prepare_imagenet(src, root, sizes=(), max_sides=(500,),
+                                                   workers=1)
+    assert report.counts["max/500/train"] == 32
+    # the copies are FFCV's re-encodings: other bytes than the full-size files
+    full = sorted((root / "train").rglob("*.JPEG"))[1]
+    assert full.read_bytes() != (root / "max/500/train" / full.relative_to(root / "train")
+                                 ).read_bytes()
+    assert _run(tmp_path, "max", *FFCV_ONE_EPOCH) == 0
+    row = _startup(tmp_path / "max")
+    assert row["tree"] == "max/500" and row["tree_why"].startswith("max/500 is there")
+    (epoch,) = _rows(tmp_path / "max")
+    assert (epoch["source"], epoch["val_images"]) == ("max/500", 12)
+    assert "(max/500 is there: FFCV's data" in capsys.readouterr().out
+
+    shutil.copytree(tmp_path / "full", tmp_path / "again")
+    with pytest.raises(SystemExit, match="trained from full folders, this run would read "
+                                         "max/500") as info:
+        _run(tmp_path, "again", *FFCV_ONE_EPOCH, "--resume", "true")
+    assert "\n" not in str(info.value)
+
+
+def test_choose_tree_needs_train_and_val_and_leaves_other_variants_alone(tmp_path):
+    ffcv, dawn = train.VARIANTS["ffcv-rn50-24"], train.VARIANTS["dawn-1x8"]
+    assert ffcv.prefers == "max/500" and ffcv.sources() == [""]
+    (tmp_path / "max/500/train").mkdir(parents=True)
+    variant, tree = train.choose_tree(tmp_path, ffcv)  # no val/: not FFCV's data
+    assert variant is ffcv and tree["tree"] == "full"
+    (tmp_path / "max/500/val").mkdir()
+    variant, tree = train.choose_tree(tmp_path, ffcv)
+    assert variant.sources() == ["max/500"] and tree["tree"] == "max/500"
+    assert [p.size for p in variant.data] == [p.size for p in ffcv.data]
+    assert train.choose_tree(tmp_path, dawn) == (dawn, {})
+
+
+def test_the_target_is_the_variants_metric():
+    ffcv, dawn = train.VARIANTS["ffcv-rn50-32"], train.VARIANTS["dawn-1x8"]
+    assert train.reached({"top1": 0.766, "top5": 0.90}, ffcv)
+    assert not train.reached({"top1": 0.765, "top5": 0.95}, ffcv)  # top-5 alone is not it
+    assert train.reached({"top1": 0.1, "top5": 0.93}, dawn)
+    assert not train.reached({"top1": 0.9, "top5": 0.929}, dawn)
+    assert train.target_text(ffcv) == "76.6% top-1 (FFCV's README: top-5 92.7%, its logs: 93.47%)"
+    assert train.target_text(dawn) == "93.0% top-5"

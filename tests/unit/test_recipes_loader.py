@@ -97,6 +97,10 @@ def test_bool_is_not_an_int(tmp_path):
     (lambda t: t + "resources: {nodes_per_variant: [4]}\n",
      r"must be a mapping of variant: machines \(resources.nodes_per_variant\)"),
     (lambda t: t + "target: 0.94\n", "'target' must be a mapping"),
+    (lambda t: t + "target: {metric: top5, value: 0.93, per_variant: {a: 0.7}}\n",
+     r"target.per_variant maps a variant to its own target"),
+    (lambda t: t + "target: {metric: top5, value: 0.93, per_variant: {a: {metric: top1, "
+                   "value: x}}}\n", r"target.per_variant.a.value must be a finite number"),
     (lambda t: t + "data: {name: x}\n", "'data' must be a list of datasets"),
     (lambda t: t.replace("  n: {", "  'bad name': {"), "argument name 'bad name' must be a word"),
     (lambda t: t.replace("entry: train.py", "entry: ../../../../etc/hostname"),
