@@ -121,8 +121,8 @@ def metrics_file(job: Job) -> Path:
 
 
 def recipe_target(job: Job) -> tuple[float | None, str | None]:
-    """The recipe's target (its accuracy, a fraction as metrics.jsonl writes it, and its
-    metric), or (None, None)."""
+    """The recipe's target for the job's variant (its accuracy, a fraction as metrics.jsonl
+    writes it, and its metric), or (None, None)."""
     if not job.recipe:
         return None, None
     from .. import recipes
@@ -131,6 +131,10 @@ def recipe_target(job: Job) -> tuple[float | None, str | None]:
         target = recipes.load(job.recipe).target or {}
     except CloudtrainError:  # the recipe is gone or changed
         return None, None
+    # a variant with a metric of its own (imagenet's ffcv-rn50-*: FFCV's top-1)
+    variant = ((job.spec or {}).get("args") or {}).get("variant")
+    own = (target.get("per_variant") or {}).get(variant) if isinstance(variant, str) else None
+    target = own or target
     return target.get("value"), target.get("metric")
 
 
