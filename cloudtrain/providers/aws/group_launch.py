@@ -124,18 +124,17 @@ class GroupLaunchMixin:
         if not getattr(spec, "recover", False) or spec.market != Market.SPOT:
             return "not a recovering spot job"
         if spec.nodes > 1:
-            return ("a job on several nodes is relaunched by the supervisor on this machine "
-                    "(the nodes' rendezvous through the job store is not built yet)")
+            return ("a job on several nodes: their rendezvous through the job store is not "
+                    "built yet")
         if spec.fallback == Market.ON_DEMAND or self.settings.regions:
-            return ("--fallback on-demand or more regions (regions: in config.yaml): AWS Auto "
-                    "Scaling relaunches in the job's region and market only, so the supervisor "
-                    "on this machine does it")
+            return ("--fallback on-demand or more regions (regions: in config.yaml), which "
+                    "AWS Auto Scaling cannot follow: it relaunches in the job's region and "
+                    "market only")
         if not self.settings.instance_profile:
-            return ("no instance_profile in config.yaml: a replacement instance needs the "
-                    "instance role to read the job's bundle from the job store "
-                    "(infra/README.md)")
+            return ("no instance_profile in config.yaml, the role a replacement instance "
+                    "reads the job's bundle with: infra/README.md")
         if not self.settings.job_store:
-            return "job_store: false: a replacement instance starts the job from the job store"
+            return "job_store: false, and a replacement starts the job from the job store"
         return None
 
     def group_jobdir(self, job: Job) -> str:
@@ -238,7 +237,8 @@ class GroupLaunchMixin:
     def group_settings(self, store: Store, job: Job, spec) -> dict:
         """job.json's "auto_scaling" for a job of a group (the agent ends its group with the
         job; bootstrap.py counts the restarts): {} for any other job."""
-        if not (store.job(job.id).spec or {}).get("auto_scaling_group"):
+        if self.group_recovery(spec) is not None \
+                or not (store.job(job.id).spec or {}).get("auto_scaling_group"):
             return {}  # not run by a group (or AWS refused to make one)
         store_region, bucket, prefix = self._store_place(store, job, spec)
         endpoint = os.environ.get("AWS_ENDPOINT_URL")

@@ -228,7 +228,7 @@ class PlanMixin:
                                          f"last checkpoint (streamed to the job store) on {new},"
                                          f" at most {spec.max_restarts} times: {where}; a "
                                          "supervisor on this machine does it, so only while "
-                                         f"this machine is on ({grouped})"))
+                                         f"this machine is on: {grouped}"))
         elif spec.market == Market.SPOT:
             why = "--max-restarts 0" if spec.max_restarts == 0 else "--no-recover"
             rows.append(("recovery", f"off ({why}): an interruption ends the job as "
