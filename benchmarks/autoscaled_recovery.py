@@ -2,7 +2,7 @@
 the supervisor on a laptop that stays on (benchmarks/recovery.py's case), in the same lab.
 
 Runs on namespace hosts (root only), through the real AWS path against moto, with
-tests/labs/asg.py playing AWS Auto Scaling (tests/e2e/test_lifecycle_autoscaled.py's lab). A
+tests/labs/asg.py playing AWS Auto Scaling (tests/e2e/test_autoscaled_recovery.py's lab). A
 job of your own code (a step every 0.15 s, a checkpoint every 5 steps; test_spot_recovery's)
 is launched into its group; every cloudtrain process of the launching machine is killed; its
 instance is taken back without a notice mid-way between two checkpoints. Prints, per case:
