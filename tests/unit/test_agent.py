@@ -124,11 +124,11 @@ def test_agent_runs_under_python38_syntax():
     """The agent is copied to hosts with whatever python3 they have: keep it 3.8-compatible."""
     import ast
 
-    from cloudtrain.host import safefile
+    from cloudtrain.host import agent_control, safefile
 
     # shipped with it (hosts.agent_files), each itself standard library only
-    beside = {"safefile", "agent_store", "job_processes", "job_status"}
-    for module in (agent, agent_store, job_processes, job_status, safefile):
+    beside = {"safefile", "agent_control", "agent_store", "job_processes", "job_status"}
+    for module in (agent, agent_control, agent_store, job_processes, job_status, safefile):
         source = open(module.__file__).read()
         ast.parse(source, feature_version=(3, 8))
         tree = ast.parse(source)

@@ -149,7 +149,10 @@ class GroupLaunchMixin:
         region = getattr(spec, "store_region", None) or spec.region or self.region_of(job)
         _, bucket, _ = self._job_store(region)
         owner_key = self._store_owner(store, job, record=True, region=region)
-        self.ensure_job_store(region, owner_key)
+        ready = ("job-store-ready", region, owner_key)  # one check a launch, not one a call
+        if ready not in self._clients:
+            self.ensure_job_store(region, owner_key)
+            self._clients[ready] = True
         return region, bucket, jobstore.job_prefix(job.id, owner_key=owner_key)
 
     def _store_put(self, store: Store, job: Job, region: str, name: str, data: bytes) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...host import bootstrap
+from ...host import bundle_reader
 from .jobstore import sha256_of
 
 
@@ -29,7 +29,7 @@ def manifest(parts: list[tuple[str, Path]], meta: dict) -> dict:
     for name, path in parts:
         size, digest = sha256_of(path)
         objects.append({"name": name, "size": size, "sha256": digest})
-    return {"version": bootstrap.VERSION, **meta, "objects": objects}
+    return {"version": bundle_reader.VERSION, **meta, "objects": objects}
 
 
 def upload(s3, bucket: str, prefix: str, parts: list[tuple[str, Path]], meta: dict,
@@ -40,17 +40,17 @@ def upload(s3, bucket: str, prefix: str, parts: list[tuple[str, Path]], meta: di
     from boto3.s3.transfer import TransferConfig
 
     doc = manifest(parts, meta)
-    base = prefix + bootstrap.BUNDLE
+    base = prefix + bundle_reader.BUNDLE
     owner = {"ExpectedBucketOwner": expected_owner} if expected_owner else {}
-    s3.delete_object(Bucket=bucket, Key=base + bootstrap.MANIFEST, **owner)
+    s3.delete_object(Bucket=bucket, Key=base + bundle_reader.MANIFEST, **owner)
     config = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20)
     for name, path in parts:
         with open(path, "rb") as f:
             s3.upload_fileobj(f, bucket, base + name, ExtraArgs=dict(owner), Config=config)
     body = json.dumps(doc, indent=1).encode()
-    if len(body) > bootstrap.MANIFEST_MAX_BYTES:
+    if len(body) > bundle_reader.MANIFEST_MAX_BYTES:
         raise ValueError(f"the bundle's manifest is {len(body)} bytes, more than the "
-                         f"{bootstrap.MANIFEST_MAX_BYTES} an instance reads")
-    s3.put_object(Bucket=bucket, Key=base + bootstrap.MANIFEST, Body=body,
+                         f"{bundle_reader.MANIFEST_MAX_BYTES} an instance reads")
+    s3.put_object(Bucket=bucket, Key=base + bundle_reader.MANIFEST, Body=body,
                   ContentType="application/json", **owner)
     return doc
