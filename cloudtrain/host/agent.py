@@ -236,7 +236,8 @@ class Agent:
 
     def run(self):
         """Start run.sh, watch it to its end, record that end, store the results and power
-        off (a cloud host); the exit code of `agent.py run`."""
+        off (a cloud host); the exit code of `agent.py run`. A node of a job on several nodes
+        of an Auto Scaling group runs it again after AWS replaced a peer (host/regroup.py)."""
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self.on_signal)
         prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the job come to us, not to init
@@ -246,6 +247,24 @@ class Agent:
         # take the agent for dead).
         rearming = threading.Thread(target=self.rearm, args=("start_minutes",), daemon=True)
         rearming.start()
+        team = self.team()
+        while True:
+            if self.run_once(team, rearming) is not None:
+                return 1
+            if team is None or not team.again():
+                break
+        stored = self.store.after_job()
+        if team is not None:
+            team.before_final()
+        if team is None or team.writes_final():
+            self.record_final()
+        if team is not None:
+            team.before_power_off()
+        self.maybe_shutdown(stored)
+        return 0
+
+    def run_once(self, team, rearming):
+        """run.sh from its start to its end, recorded; None, or 1 where it could not start."""
         env = self.job_env()
         log = open(self.path("output.log"), "ab")
         try:
@@ -265,6 +284,8 @@ class Agent:
         pump = threading.Thread(target=self.pump, args=(self.proc.stdout, log), daemon=True)
         pump.start()
         threading.Thread(target=self.watch_spot, daemon=True).start()
+        if team is not None:
+            team.start_watch()
         self.store.start_stream()
         if self.stop_reason is not None:  # a signal arrived before the job existed
             self.request_stop(self.stop_state, self.stop_reason, self.stop_grace)
@@ -274,10 +295,34 @@ class Agent:
         pump.join(timeout=5)
         log.close()
         self.record_end()
-        stored = self.store.after_job()
-        self.record_final()
-        self.maybe_shutdown(stored)
-        return 0
+        return None
+
+    def team(self):
+        """This node's regroup.Team where the job runs on several nodes of an Auto Scaling
+        group, else None."""
+        conf = self.group()
+        if conf is None or conf["nodes"] < 2:
+            return None
+        try:
+            regroup, reader = shipped("regroup"), shipped("bundle_reader")
+            imds = self.settings.get("imds_url") or shipped("auto_scaling").IMDS_URL
+            return regroup.Team(self, conf, reader.Bundle(
+                conf["bucket"], conf["prefix"], conf["store_region"], conf["endpoint"], imds),
+                shipped("stage_sigv4").RoleCredentials(imds),
+                shipped("auto_scaling").identity(imds))
+        except Exception as exc:  # noqa: BLE001 - the job still runs, without regrouping
+            self.group_failed("regroup", "this node cannot meet its peers again after a "
+                              "loss: %s: %s" % (type(exc).__name__, exc))
+            return None
+
+    def reload(self, settings):
+        """The next run's job.json (a regroup rewrote it): its settings, a fresh store of
+        uploads, no stop asked for."""
+        self.settings = settings
+        self.heartbeat_s = as_time(settings.get("heartbeat_s"), 2.0)
+        self.store = StoreUploads(self)
+        self.stop_reason = self.stop_state = self.stop_grace = self.kill_at = None
+        self.__dict__.pop("_group", None)
 
     def job_env(self):
         """run.sh's environment: ours, job.json's env, and where the job is."""

@@ -8,7 +8,11 @@ AWS error bodies) and nothing else of ours. The orchestrator imports the key nam
 job.json's "auto_scaling" (written by the launch, provider.agent_settings):
 
     {"group": "cloudtrain-<job>", "region": R, "endpoint": URL or null, "max_restarts": N,
-     "prefix": "jobs/<owner>/<job>/", "bucket": B}
+     "prefix": "jobs/<owner>/<job>/", "bucket": B, "store_region": R,
+     "nodes": N, "rank": r, "members": [{"rank", "instance", "address"}], "stream": {...}}
+
+(the last four for a job on several nodes, host/regroup.py: this node's rank, the attempt's
+nodes, and the checkpoint stream that rank 0 runs)
 
 Under the job's prefix in the job store:
 
@@ -51,6 +55,7 @@ AUTOSCALING_VERSION = "2011-01-01"
 EC2_VERSION = "2016-11-15"
 CALL_TIMEOUT_S = 20.0
 TRIES = 3  # per call, on a connection error, 5xx or throttling only
+ANSWER_MAX_BYTES = 1 << 20  # of a call's answer, read
 IMDS_URL = "http://169.254.169.254"
 
 GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # also a launch template's name
@@ -58,6 +63,8 @@ REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
 PREFIX = re.compile(r"jobs/([A-Za-z0-9][A-Za-z0-9:+=,.@_-]{0,255}/)?"
                     r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}/")
 BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+INSTANCE = re.compile(r"i-[0-9a-f]{8,17}")
+NODES_MAX = 64  # the most nodes of one job's group
 # Answers that mean "already gone": nothing left to delete.
 GROUP_GONE = re.compile(r"not found|does not exist", re.I)
 TEMPLATE_GONE = "InvalidLaunchTemplateName.NotFoundException"
@@ -96,8 +103,28 @@ def settings(job):
     if not _count(restarts) or restarts > MAX_RESTARTS_LIMIT:
         raise Invalid("auto_scaling.max_restarts is not a number from 0 to %d"
                       % MAX_RESTARTS_LIMIT)
+    nodes = conf.get("nodes", 1)
+    if not _count(nodes) or not 1 <= nodes <= NODES_MAX:
+        raise Invalid("auto_scaling.nodes is not a number from 1 to %d" % NODES_MAX)
+    rank = conf.get("rank", 0)
+    if not _count(rank) or rank >= nodes:
+        raise Invalid("auto_scaling.rank is not a rank of its %d nodes" % nodes)
+    members = conf.get("members", [])
+    if not isinstance(members, list) or len(members) > nodes or not all(
+            isinstance(m, dict) and isinstance(m.get("instance"), str)
+            and INSTANCE.fullmatch(m["instance"]) for m in members):
+        raise Invalid("auto_scaling.members is not a list of the nodes' instances")
+    stream = conf.get("stream")
+    if stream is not None and not isinstance(stream, dict):
+        raise Invalid("auto_scaling.stream is not an object")
+    store_region = conf.get("store_region") or conf["region"]
+    if not isinstance(store_region, str) or not REGION.fullmatch(store_region):
+        raise Invalid("auto_scaling.store_region is not a region")
     return {"group": conf["group"], "region": conf["region"], "prefix": conf["prefix"],
-            "bucket": conf["bucket"], "endpoint": endpoint, "max_restarts": restarts}
+            "bucket": conf["bucket"], "endpoint": endpoint, "max_restarts": restarts,
+            "nodes": nodes, "rank": rank, "store_region": store_region,
+            "members": [{"instance": m["instance"], "rank": m.get("rank")} for m in members],
+            "stream": stream}
 
 
 def final_doc(state, exit_code, reason, attempt, instance, ended_at=None):
@@ -129,12 +156,13 @@ def read_record(data):
 # -- this instance ---------------------------------------------------------------------------
 
 IDENTITY = {"instance": "instance-id", "zone": "placement/availability-zone",
-            "type": "instance-type", "lifecycle": "instance-life-cycle"}
+            "type": "instance-type", "lifecycle": "instance-life-cycle",
+            "address": "local-ipv4"}
 IDENTITY_TEXT = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
 def identity(imds=IMDS_URL, timeout=5.0):
-    """{instance, zone, type, lifecycle} of this instance from IMDSv2; a value it did not
+    """{instance, zone, type, lifecycle, address} of this instance from IMDSv2; a value it did not
     give (or gave in a shape no EC2 value has) is None. Never raises."""
     out = dict.fromkeys(IDENTITY)
     base = imds.rstrip("/")
@@ -172,6 +200,12 @@ def call(service, params, region, creds, endpoint=None, clock=time.sleep):
     """One Query API call (a signed GET, the parameters in its query string). Returns
     (True, "") or (False, "Code: Message"); a connection error, a 5xx or throttling is tried
     TRIES times (1 s, then 2 s apart). `creds` is stage_sigv4.RoleCredentials."""
+    ok, why, _ = ask(service, params, region, creds, endpoint, clock)
+    return ok, why
+
+
+def ask(service, params, region, creds, endpoint=None, clock=time.sleep):
+    """call, with the answer's body (at most ANSWER_MAX_BYTES, as text): (ok, why, body)."""
     query = urllib.parse.urlencode(sorted(params.items()), quote_via=urllib.parse.quote,
                                    safe="-_.~")
     url = endpoint_url(service, region, endpoint) + "?" + query
@@ -182,22 +216,42 @@ def call(service, params, region, creds, endpoint=None, clock=time.sleep):
             req = urllib.request.Request(url, headers=sign_request(
                 "GET", url, region, creds.get(), now, service))
         except StageError as exc:
-            return False, "no role credentials: %s" % exc
+            return False, "no role credentials: %s" % exc, ""
         try:
             with urllib.request.urlopen(req, timeout=CALL_TIMEOUT_S) as resp:
-                resp.read(ERROR_BODY_BYTES)
-            return True, ""
+                body = resp.read(ANSWER_MAX_BYTES)
+            return True, "", body.decode("utf-8", "replace")
         except urllib.error.HTTPError as exc:
             why = aws_error(exc.read(ERROR_BODY_BYTES) or b"") or "HTTP %d" % exc.code
             exc.close()
             if exc.code < 500 and not why.startswith(TRANSIENT):
-                return False, why
+                return False, why, ""
         except (OSError, ValueError) as exc:
             why = "cannot reach %s: %s" % (endpoint_url(service, region, endpoint),
                                             getattr(exc, "reason", None) or exc)
         if attempt < TRIES - 1:
             clock(2 ** attempt)
-    return False, why
+    return False, why, ""
+
+
+# The states in which an instance still runs, or is about to (EC2's instanceState name).
+ALIVE = ("pending", "running")
+_STATE = re.compile(r"<instanceId>(i-[0-9a-f]{8,17})</instanceId>.*?<instanceState>\s*"
+                    r"<code>[0-9]+</code>\s*<name>([a-z-]{1,20})</name>", re.S)
+
+
+def instance_states(conf, creds, ids, clock=time.sleep):
+    """{instance id: EC2's state name} of `ids` (DescribeInstances with the role; an id EC2
+    no longer knows is left out), or None with the line saying why it could not be asked."""
+    params = {"Action": "DescribeInstances", "Version": EC2_VERSION}
+    for i, ident in enumerate(sorted(ids)[:100], 1):
+        params["InstanceId.%d" % i] = ident
+    ok, why, body = ask("ec2", params, conf["region"], creds, conf["endpoint"], clock)
+    if not ok and why.startswith("InvalidInstanceID.NotFound"):
+        return {}, ""  # gone long enough for EC2 to forget it
+    if not ok:
+        return None, why
+    return {ident: state for ident, state in _STATE.findall(body) if ident in ids}, ""
 
 
 def end_group(conf, creds, clock=time.sleep):

@@ -50,7 +50,8 @@ import sys
 import time
 
 try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import agent_upload, auto_scaling, checkpoint_manifest, checkpoint_restore, safefile
+    from . import (agent_upload, auto_scaling, checkpoint_manifest, checkpoint_restore, regroup,
+                   safefile)
     from .bundle_reader import (  # noqa: F401 - the layout and codes are said from here too
         AGENT_DIR, AGENT_START_S, ARCHIVE, BUNDLE, Bundle, EXIT_AGENT, EXIT_ARCHIVE,
         EXIT_CREDENTIALS, EXIT_ENDED, EXIT_MANIFEST, EXIT_OBJECT, EXIT_RESTARTS,
@@ -64,6 +65,7 @@ except ImportError:
     import auto_scaling
     import checkpoint_manifest
     import checkpoint_restore
+    import regroup
     import safefile
     from bundle_reader import (  # noqa: F401
         AGENT_DIR, AGENT_START_S, ARCHIVE, BUNDLE, Bundle, EXIT_AGENT, EXIT_ARCHIVE,
@@ -134,9 +136,14 @@ def restore_latest(bundle, root):
         raise Failed(EXIT_RESTORE, "the stored checkpoint is job %r's, not this job's"
                      % str(doc.get("job_id"))[:100])
     slot = "%s%s/" % (stream, doc["slot"])
-    plan = dict(doc, files=[dict(item, url=object_url(bundle.bucket, slot + item["path"],
-                                                      bundle.region, bundle.endpoint))
-                            for item in doc["files"]])
+    files = doc["files"]
+    if ((job.get("auto_scaling") or {}).get("rank") or 0) != 0:
+        # node 0's log and metrics are the job's: the other ranks take its checkpoint only
+        files = [f for f in files if f["path"] not in checkpoint_manifest.LOGS]
+    plan = dict(doc, bytes=sum(f["size"] for f in files),
+                files=[dict(item, url=object_url(bundle.bucket, slot + item["path"],
+                                                 bundle.region, bundle.endpoint))
+                       for item in files])
     plan_path = os.path.join(root, checkpoint_manifest.RESTORE_PLAN)
     safefile.write_json(plan_path, plan)
     status = checkpoint_restore.restore(plan_path, root, sign=bundle.sign)
@@ -285,6 +292,47 @@ def set_attempt(root, job, n):
     safefile.write_atomic(os.path.join(root, "job.json"), json.dumps(job, indent=1).encode())
 
 
+def join_attempt(bundle, root, job, n, conf=None, record=None):
+    """This node's part in attempt n: job.json written for it (CLOUDTRAIN_ATTEMPT=n), the
+    latest streamed checkpoint restored and its RESUME marker left for run.sh; with `conf`
+    and this instance's attempt `record`, the record says where it resumed. The job.json
+    now on disk and the checkpoint restored (None: nothing was streamed yet)."""
+    try:
+        if n is not None:
+            set_attempt(root, job, n)
+        os.unlink(os.path.join(root, RESUME))  # from a run before, on this disk
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise Failed(EXIT_WRITE, "cannot write job.json or clear %s: %s" % (RESUME, exc)) \
+            from None
+    restored = restore_latest(bundle, root)
+    if restored:  # run.sh adds the recipe's resume argument (scripts.run_script)
+        safefile.write_json(os.path.join(root, RESUME), {
+            "attempt": n, "seq": restored.get("seq"), "step": restored.get("step")})
+        if conf is not None and isinstance(record, dict) and n > 1 \
+                and record.get("attempt") == n:
+            # the attempt's record says where it resumed (the launching machine's attempts
+            # table shows it); a failure to say so costs only that line
+            try:
+                store_record(job, auto_scaling.attempt_key(conf["prefix"], n), dict(
+                    record, resumed_step=restored.get("step"), resumed_seq=restored.get("seq")))
+            except Failed:
+                pass
+    return safefile.read_json(os.path.join(root, "job.json"), FILE_MAX_BYTES), restored
+
+
+def meet_others(bundle, conf, job, n, imds):
+    """A new node of a job on several nodes (a replacement): it meets the others at attempt n
+    or a newer one (host/regroup.py); its job.json for the rank it is given, and the attempt."""
+    prefix = conf["prefix"]
+    me = regroup.mine(auto_scaling.identity(imds), None)
+    n, ranks = regroup.meet(bundle, regroup.records_grant(job, prefix), prefix, n,
+                            conf["nodes"], me)
+    rank = next(m["rank"] for m in ranks if m["instance"] == me["instance"])
+    return regroup.take_part(job, prefix, rank, ranks), n
+
+
 def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, group=None,
               max_restarts=None, wait_s=0):
     """Fetch, verify and unpack the job's bundle into `jobdir`; for a job run by a group
@@ -338,28 +386,9 @@ def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, grou
     attempt = record = None
     if conf is not None:
         attempt, record = take_attempt(bundle, conf, job, root, imds)
-        try:
-            set_attempt(root, job, attempt)
-        except OSError as exc:
-            raise Failed(EXIT_WRITE, "cannot write job.json: %s" % exc) from None
-    try:
-        os.unlink(os.path.join(root, RESUME))  # from a bootstrap before, on this disk
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise Failed(EXIT_WRITE, "cannot clear %s: %s" % (RESUME, exc)) from None
-    restored = restore_latest(bundle, root)
-    if restored:  # run.sh adds the recipe's resume argument (scripts.run_script)
-        safefile.write_json(os.path.join(root, RESUME), {
-            "attempt": attempt, "seq": restored.get("seq"), "step": restored.get("step")})
-        if conf is not None and isinstance(record, dict) and attempt > 1:
-            # the attempt's record says where it resumed (the launching machine's attempts
-            # table shows it); a failure to say so costs only that line
-            try:
-                store_record(job, auto_scaling.attempt_key(conf["prefix"], attempt), dict(
-                    record, resumed_step=restored.get("step"), resumed_seq=restored.get("seq")))
-            except Failed:
-                pass
+        if conf["nodes"] > 1:
+            job, attempt = meet_others(bundle, conf, job, attempt, imds)
+    _, restored = join_attempt(bundle, root, job, attempt, conf, record)
     try:  # last, outside the job directory: hosts.agent_dir, <root>/agent-<version>
         agent_root = os.path.join(os.path.dirname(os.path.dirname(root)), agent_dir)
         os.makedirs(agent_root, exist_ok=True)

@@ -9,6 +9,7 @@ bootstrap's, said here because every check ends in one (Failed).
 """
 
 import hashlib
+import html
 import http.client
 import json
 import os
@@ -17,6 +18,7 @@ import stat
 import tarfile
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 
 try:  # in the package (the orchestrator, tests), or shipped beside it on the host
@@ -71,6 +73,9 @@ AGENT_VERSION = re.compile(r"agent-[0-9a-f]{12}")
 PREFIX = re.compile(r"jobs/([A-Za-z0-9][A-Za-z0-9:+=,.@_-]{0,255}/)?"
                     r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}/")
 SHA256 = re.compile(r"[0-9a-f]{64}")
+KEY = re.compile(r"jobs/[A-Za-z0-9:+=,.@_/-]{1,600}")  # a listed key we may read
+LIST_MAX_KEYS = 100
+LIST_MAX_BYTES = 1 << 20
 CHUNK = 1 << 20
 
 
@@ -226,6 +231,38 @@ class Bundle:
             raise Failed(code, "reading %s was refused (HTTP %d)" % (where, exc.code)) from None
         except (OSError, http.client.HTTPException) as exc:
             raise Failed(code, "reading %s failed: %s" % (where, exc)) from None
+
+    def list_keys(self, prefix, code, limit=LIST_MAX_KEYS):
+        """{key: size} of the objects below `prefix` (one ListObjectsV2 page of at most
+        `limit`, signed with the role: it may list attempts/ only), every key checked against
+        KEY; a key that is not one is left out. Failed(code) where S3 refuses."""
+        query = urllib.parse.urlencode({"list-type": "2", "prefix": prefix,
+                                        "max-keys": str(limit)}, quote_via=urllib.parse.quote)
+        url = object_url(self.bucket, "", self.region, self.endpoint) + "?" + query
+        req = urllib.request.Request(url, headers=self.sign(url))
+        where = "s3://%s/%s" % (self.bucket, prefix)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                body = resp.read(LIST_MAX_BYTES + 1)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            raise Failed(code, "listing %s was refused (HTTP %d): the instance role needs "
+                         "s3:ListBucket on jobs/*/attempts/* (infra/instance-role-policy.json)"
+                         % (where, exc.code)) from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise Failed(code, "listing %s failed: %s" % (where, exc)) from None
+        if len(body) > LIST_MAX_BYTES:
+            raise Failed(code, "the listing of %s is larger than %d bytes: refused"
+                         % (where, LIST_MAX_BYTES))
+        text = body.decode("utf-8", "replace")
+        found = {}
+        for item in re.findall(r"<Contents>(.*?)</Contents>", text, re.S)[:limit]:
+            key = re.search(r"<Key>([^<]*)</Key>", item)
+            size = re.search(r"<Size>([0-9]{1,15})</Size>", item)
+            key = key and html.unescape(key.group(1))
+            if key and size and key.startswith(prefix) and KEY.fullmatch(key):
+                found[key] = int(size.group(1))
+        return found
 
     def download(self, name, size, digest, path):
         """The object into the new file `path`: exactly `size` bytes (Fetcher refuses a body

@@ -167,8 +167,7 @@ def _launch_steps(a: _Launch, source: Job | None, kept: Job | None
     _write_files(a, nodes, gpus, procs, stages, stream_from is not None, grants, stream,
                  rendezvous)
     if a.spec.recover and grants[0] is not None and a.spec.attempt == 1:
-        grouped = bool((a.store.job(a.job.id).spec or {}).get("auto_scaling_group"))
-        _upload_bundle(a, nodes, copies, stages[0] is not None, required=grouped)
+        _upload_bundle(a, nodes, copies, stages[0] is not None, required=_grouped(a))
     return _start(a, nodes, procs, rendezvous)
 
 
@@ -352,12 +351,22 @@ def _grants(a: _Launch, nodes: NodeGroup) -> list[dict | None]:
     under its own prefix); the line about it is said once."""
     grants = []
     for i in range(nodes.n):
+        if i and grants[0] is not None and _grouped(a):
+            # The nodes of a group hold the job's one grant, each storing below nodes/<i>/
+            # (any node may come to hold any rank: host/regroup.py).
+            grants.append({**grants[0], "prefix": grants[0]["prefix"] + f"nodes/{i}/"})
+            continue
         grant, note = a.provider.results_grant(a.store, a.job, a.spec, node=i)
         if note and i == 0:  # where the results go when nobody is watching, or what is lost
             a.store.add_event(a.job.id, "results-store", detail=note)
             a.report.note(note)
         grants.append(grant)
     return grants
+
+
+def _grouped(a: _Launch) -> bool:
+    """Whether the job runs in its Auto Scaling group (AWS relaunches it, issue 27)."""
+    return bool((a.store.job(a.job.id).spec or {}).get("auto_scaling_group"))
 
 
 def _stream_settings(a: _Launch, grant: dict | None, stream_from: dict | None) -> dict | None:
@@ -386,15 +395,26 @@ def _write_files(a: _Launch, nodes: NodeGroup, gpus: int, procs: int,
     the rendezvous) and job.json (node 0's with the checkpoint stream; on several nodes, the
     node's environment)."""
     efa = a.provider.efa_environment(a.spec) if rendezvous else None
-    # A job of an Auto Scaling group: node 0's agent ends the group with the job.
+    # A job of an Auto Scaling group: node 0's agent ends the group with the job; on several
+    # nodes each agent knows its rank, the attempt's nodes and rank 0's checkpoint stream (a
+    # node meets the others again after AWS replaced one: host/regroup.py).
     grouped = a.provider.group_settings(a.store, a.job, a.spec)
+    members = [{"rank": i, "instance": nodes.instances[i], "address": nodes.addresses[i]}
+               for i in range(nodes.n)]
+
+    def group_part(i: int) -> dict:
+        if not grouped or rendezvous is None:
+            return grouped if i == 0 else {}
+        return {"auto_scaling": {**grouped["auto_scaling"], "rank": i, "members": members,
+                                 "stream": stream}}
 
     def write(i: int) -> None:
         host, jobdir = nodes.hosts[i], nodes.jobdirs[i]
         node, env = None, None
         if rendezvous is not None:
             master, port = rendezvous
-            node = {"nodes": nodes.n, "rank": i, "master": master, "port": port}
+            node = {"nodes": nodes.n, "rank": i, "master": master, "port": port,
+                    "from_env": bool(grouped)}
             env = environment(nodes.n, i, master, port, nodes.ifaces[i], efa)
         scripts.write_job_scripts(host, jobdir, a.spec, a.job.id)
         host.write_text(f"{jobdir}/run.sh", scripts.run_script(
@@ -403,8 +423,7 @@ def _write_files(a: _Launch, nodes: NodeGroup, gpus: int, procs: int,
             job_id=a.job.id, setup_once=scripts.setup_once(host)))
         host.write_text(f"{jobdir}/job.json", json.dumps({**scripts.job_settings(
             a.settings, a.spec, a.provider, a.job.id, host, jobdir, nodes.data_dirs[i], gpus,
-            procs, grants[i], stream if i == 0 else None, env), **(grouped if i == 0 else {})},
-            indent=1))
+            procs, grants[i], stream if i == 0 else None, env), **group_part(i)}, indent=1))
 
     nodes.each(write)
 

@@ -70,7 +70,13 @@ def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
         lines.append(f"cd {shlex.quote(jobdir)}")
         lines.append(threads_line(procs))
         starter = [python]
-        if node is not None and node["nodes"] > 1:
+        if node is not None and node["nodes"] > 1 and node.get("from_env"):
+            # A node of an Auto Scaling group: its rank and the rendezvous are job.json's
+            # (the agent's environment), which host/regroup.py rewrites when the nodes meet
+            # again; the bundle's run.sh is then every node's.
+            starter = torchrun_argv(python, node["nodes"], NODE_RANK_VAR, procs, MASTER_VAR,
+                                    PORT_VAR, job_id or "cloudtrain")
+        elif node is not None and node["nodes"] > 1:
             starter = torchrun_argv(python, node["nodes"], node["rank"], procs, node["master"],
                                     node["port"], job_id or "cloudtrain")
         elif procs > 1:
@@ -82,9 +88,9 @@ def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
             args = {k: v for k, v in spec.args.items() if k != "resume"}
             resumed = [*starter, rec.entry_path(), *rec.script_args({**args, "resume": True})]
             lines.append(f"if [ -e {shlex.quote(jobdir + '/' + bootstrap.RESUME)} ]; then "
-                         f"exec {shlex.join(resumed)}; fi")
-        lines.append("exec " + shlex.join([*starter, rec.entry_path(),
-                                           *rec.script_args(spec.args)]))
+                         f"exec {_joined(starter, resumed[len(starter):])}; fi")
+        lines.append("exec " + _joined(starter, [rec.entry_path(),
+                                                 *rec.script_args(spec.args)]))
     else:
         lines.append(f"cd {shlex.quote(jobdir + '/work')}")
         if len(spec.command) == 1:
@@ -92,6 +98,21 @@ def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
         else:
             lines.append("exec " + shlex.join(spec.command))
     return "\n".join(lines) + "\n"
+
+
+# torchrun's node arguments read from the node's environment (a node of a group): these
+# stand-ins, which shlex leaves unquoted, become "$VAR" in the starter's part of the line only.
+NODE_RANK_VAR, MASTER_VAR, PORT_VAR = ("@CLOUDTRAIN_NODE_RANK@", "@MASTER_ADDR@",
+                                       "@MASTER_PORT@")
+
+
+def _joined(starter: list[str], rest: list[str]) -> str:
+    """The exec line's words: the starter's, with the node's variables expanded by bash, then
+    the recipe's, all quoted."""
+    head = shlex.join(starter)
+    for var in (NODE_RANK_VAR, MASTER_VAR, PORT_VAR):
+        head = head.replace(var, '"$' + var.strip("@") + '"')
+    return head + (" " + shlex.join(rest) if rest else "")
 
 
 def threads_line(procs: int) -> str:

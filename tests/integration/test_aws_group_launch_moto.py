@@ -234,7 +234,7 @@ def test_a_launch_through_its_group_leaves_what_a_replacement_boots_from(cloud, 
     spec = _spec(images[REGION])
     job = _job(store, spec)
     assert p.group_recovery(spec) is None
-    instance = p.acquire_from_group(store, job, spec)
+    (instance,) = p.acquire_from_group(store, job, spec)
     job = store.job(job.id)
     name = job.spec["auto_scaling_group"]
     assert name == GROUP_OF.format(job.id)

@@ -16,8 +16,12 @@ GOOD = {"group": "cloudtrain-j1", "region": "us-east-1", "endpoint": None, "max_
         "prefix": "jobs/AIDAOWNER/j1/", "bucket": "cloudtrain-123456789012-us-east-1"}
 
 
+ONE_NODE = {"nodes": 1, "rank": 0, "members": [], "stream": None,
+            "store_region": "us-east-1"}
+
+
 def test_a_good_setting_is_read_and_none_is_not_a_group():
-    assert auto_scaling.settings({"auto_scaling": GOOD}) == GOOD
+    assert auto_scaling.settings({"auto_scaling": GOOD}) == dict(GOOD, **ONE_NODE)
     assert auto_scaling.settings({"auto_scaling": dict(GOOD, endpoint="http://127.0.0.1:5")}
                                  )["endpoint"] == "http://127.0.0.1:5"
     assert auto_scaling.settings({}) is None and auto_scaling.settings(None) is None
@@ -30,10 +34,26 @@ def test_a_good_setting_is_read_and_none_is_not_a_group():
     ("endpoint", "file:///etc/passwd", "endpoint"), ("endpoint", 5, "endpoint"),
     ("max_restarts", -1, "max_restarts"), ("max_restarts", True, "max_restarts"),
     ("max_restarts", 10 ** 9, "max_restarts"), ("max_restarts", "3", "max_restarts"),
+    ("nodes", 0, "nodes"), ("nodes", 65, "nodes"), ("nodes", True, "nodes"),
+    ("rank", 1, "rank"), ("rank", -1, "rank"), ("members", [{"instance": "x; y"}], "members"),
+    ("members", "i-0123456789abcdef0", "members"), ("stream", [], "stream"),
+    ("store_region", "us east", "store_region"),
 ])
 def test_a_setting_not_the_launchs_is_refused_naming_its_field(field, value, words):
     with pytest.raises(auto_scaling.Invalid, match=words):
         auto_scaling.settings({"auto_scaling": dict(GOOD, **{field: value})})
+
+
+def test_a_job_on_several_nodes_says_its_rank_its_nodes_and_rank_0s_stream():
+    """Issue 27: job.json of node 2 of 3 (host/regroup.py reads it)."""
+    members = [{"instance": "i-%017x" % k, "rank": k, "address": "10.0.0.%d" % k}
+               for k in range(3)]
+    conf = auto_scaling.settings({"auto_scaling": dict(
+        GOOD, nodes=3, rank=2, members=members, stream={"settle_s": 1})})
+    assert (conf["nodes"], conf["rank"], conf["stream"]) == (3, 2, {"settle_s": 1})
+    assert conf["members"] == [{"instance": m["instance"], "rank": m["rank"]} for m in members]
+    with pytest.raises(auto_scaling.Invalid, match="members"):  # more members than nodes
+        auto_scaling.settings({"auto_scaling": dict(GOOD, nodes=2, rank=0, members=members)})
 
 
 @settings(max_examples=200, deadline=None)

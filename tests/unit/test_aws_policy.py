@@ -237,8 +237,9 @@ def test_F32_bucket_settings_are_a_one_time_admin_step():
 def test_F32_the_instance_role_has_no_bucket_grant():
     role = json.loads((REPO / "infra" / "instance-role-policy.json").read_text())
     assert "CLOUDTRAIN_BUCKET" not in json.dumps(role)
-    # In S3 it only reads; besides, it only ends its job's group (issue 27, GROUP_END).
-    assert {a for s in role["Statement"] for a in _listed(s["Action"])} - GROUP_END == \
+    # In S3 it only reads; besides, it only ends its job's group (issue 27, GROUP_END) and
+    # sees its peers (PEERS).
+    assert {a for s in role["Statement"] for a in _listed(s["Action"])} - GROUP_END - PEERS == \
         {"s3:GetObject"}
 
 
@@ -354,7 +355,8 @@ def _bundle_problems(role: dict) -> list[str]:
     """Why an instance role cannot start a job from its bundle (issue 27), or reads more than
     the job store's bundles and checkpoint slots of its own account."""
     reads = [s for s in role["Statement"] if s["Effect"] == "Allow"
-             and any(r.startswith("arn:aws:s3:::cloudtrain-") for r in _listed(s["Resource"]))]
+             and any(r.startswith("arn:aws:s3:::cloudtrain-") for r in _listed(s["Resource"]))
+             and s.get("Sid") != "ListJobAttempts"]
     if not reads:
         return ["no statement reads the job store's bundles"]
     problems = []
@@ -401,6 +403,66 @@ def _group_end_problems(role: dict) -> list[str]:
     if GROUP_END - found:
         problems.append(f"not allowed: {sorted(GROUP_END - found)}")
     return problems
+
+
+PEERS = {"s3:ListBucket", "ec2:DescribeInstances"}
+
+
+def _peer_problems(role: dict) -> list[str]:
+    """Why the nodes of a job on several nodes cannot meet again after a loss
+    (host/regroup.py: they list attempts/<n>/ and ask EC2 whether a peer still runs), or
+    may list more than the job store's attempts/."""
+    by_sid = {s.get("Sid"): s for s in role["Statement"]}
+    problems = []
+    listing = by_sid.get("ListJobAttempts")
+    if listing is None:
+        problems.append("attempts/ cannot be listed")
+    else:
+        if _listed(listing["Action"]) != ["s3:ListBucket"] or \
+                _listed(listing["Resource"]) != ["arn:aws:s3:::cloudtrain-*"]:
+            problems.append("ListJobAttempts: more than listing the job stores")
+        cond = listing.get("Condition") or {}
+        if cond.get("StringLike") != {"s3:prefix": "jobs/*/attempts/*"}:
+            problems.append("ListJobAttempts: prefixes beyond attempts/")
+        if cond.get("StringEquals") != {"aws:ResourceAccount": "${aws:PrincipalAccount}"}:
+            problems.append("ListJobAttempts: buckets of other accounts")
+    peers = by_sid.get("SeeJobPeers")
+    if peers is None or _listed(peers["Action"]) != ["ec2:DescribeInstances"]:
+        problems.append("the peers' state cannot be asked, or more than that is allowed")
+    for s in role["Statement"]:
+        if s.get("Sid") not in ("ListJobAttempts", "SeeJobPeers") and \
+                set(_listed(s["Action"])) & PEERS:
+            problems.append(f"{s.get('Sid')}: {sorted(set(_listed(s['Action'])) & PEERS)}")
+    return problems
+
+
+def test_issue27_several_nodes_list_only_attempts_and_see_their_peers():
+    """A node of a job on several nodes lists attempts/<n>/ (who has joined) and asks EC2
+    whether a peer still runs: nothing else listed, and nothing but DescribeInstances."""
+    assert _peer_problems(ROLE) == []
+    from cloudtrain.host import regroup
+
+    assert regroup.member_key("jobs/o/j/", 2, "i-0123456789abcdef0").startswith(
+        "jobs/o/j/attempts/")
+
+
+@pytest.mark.parametrize("change", ["without-list", "any-prefix", "any-account", "more",
+                                    "without-describe"])
+def test_issue27_the_check_fails_a_role_that_cannot_meet_or_lists_more(change):
+    role = json.loads(json.dumps(ROLE))
+    by_sid = {s["Sid"]: s for s in role["Statement"]}
+    listing = by_sid["ListJobAttempts"]
+    if change == "without-list":
+        role["Statement"].remove(listing)
+    elif change == "any-prefix":
+        listing["Condition"]["StringLike"]["s3:prefix"] = "jobs/*"
+    elif change == "any-account":
+        del listing["Condition"]["StringEquals"]
+    elif change == "more":
+        listing["Action"] = ["s3:ListBucket", "s3:PutObject"]
+    else:
+        role["Statement"].remove(by_sid["SeeJobPeers"])
+    assert _peer_problems(role)
 
 
 def test_issue27_the_instance_role_reads_its_job_store_bundles_and_checkpoints_only():

@@ -213,9 +213,13 @@ class ClusterMixin:
             report.phase(f"EFA: {efa['used']} interface{'s' if efa['used'] > 1 else ''} per "
                          f"node" + (f" ({efa['why']})" if efa["why"] else ""))
         found = self._attempt_nodes(store, job, region, spec) if spec.attempt > 1 else None
+        # issue 27: a recovering spot job whose group AWS Auto Scaling keeps at N nodes
+        grouped = found is None and spec.attempt == 1 and self.group_recovery(spec) is None
+        ids = self.acquire_from_group_or_say(store, job, spec, report) if grouped else None
+        grouped = ids is not None
         if found is not None:
             ids = found
-        else:
+        elif ids is None:
             try:
                 ids = self._run_cluster(store, job, spec, region, boot, efa, report)
             except StaleCache:
@@ -257,6 +261,9 @@ class ClusterMixin:
             for line in warnings:
                 report.note(line)
         report.phase(f"{n} nodes up: " + ", ".join(h.name for h in hosts))
+        if grouped:
+            self.check_group_jobdir(job, hosts[0], ids[0])
+            self.record_attempt(store, job, spec, 1, ids[0])
         return hosts
 
     def node_address(self, host: SSHHost) -> str:

@@ -37,6 +37,7 @@ from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store
 from . import jobstore
+from .cluster import EFA_INTERFACES
 from .errors import AWSError, aws_errors
 from .groups import group_name
 
@@ -123,9 +124,9 @@ class GroupLaunchMixin:
         machine does (said in the plan)."""
         if not getattr(spec, "recover", False) or spec.market != Market.SPOT:
             return "not a recovering spot job"
-        if spec.nodes > 1:
-            return ("a job on several nodes: their rendezvous through the job store is not "
-                    "built yet")
+        if spec.nodes > 1 and EFA_INTERFACES.get(spec.instance_type):
+            return (f"{spec.instance_type} has EFA, and the group's launch template does not "
+                    "give its instances EFA interfaces yet")
         if spec.fallback == Market.ON_DEMAND or self.settings.regions:
             return ("--fallback on-demand or more regions (regions: in config.yaml), which "
                     "AWS Auto Scaling cannot follow: it relaunches in the job's region and "
@@ -143,6 +144,15 @@ class GroupLaunchMixin:
         home = instance_home(self.settings.ssh_user)
         root = home + root[1:] if root.startswith("~") else root
         return f"{root}/jobs/{job.id}"
+
+    def check_group_jobdir(self, job: Job, host, instance: str, home: str | None = None
+                           ) -> None:
+        """The job directory over SSH is the one every instance of the group starts it in."""
+        if self.jobdir(job.id, host) != self.group_jobdir(job):
+            raise AWSError(f"{instance}'s home is {home or host.home()}, not "
+                           f"{self.group_jobdir(job)}'s: a replacement instance would not "
+                           "find the job's files",
+                           hint="set ssh_user in config.yaml to the AMI's user")
 
     def _store_place(self, store: Store, job: Job, spec) -> tuple[str, str, str]:
         """(region, bucket, job prefix) of the job's job store, made ready."""
@@ -163,10 +173,12 @@ class GroupLaunchMixin:
             jobstore.put(s3, bucket, job.id, name, data, expected_owner=account or None,
                          owner_key=self._store_owner(store, job))
 
-    def acquire_from_group(self, store: Store, job: Job, spec, report: Reporter = SILENT) -> str:
+    def acquire_from_group(self, store: Store, job: Job, spec, report: Reporter = SILENT
+                           ) -> list[str]:
         """The boot files to the job store, the group (groups.create_job_group) with the
-        user-data that starts the job on any instance, and the group's first instance,
-        recorded as the job's (from here on every failure path deletes the group)."""
+        user-data that starts the job on any instance, and the group's first instances (one
+        per node), recorded as the job's (from here on every failure path deletes the
+        group)."""
         import gzip
 
         region = self.region(spec)
@@ -188,11 +200,12 @@ class GroupLaunchMixin:
         report.phase(f"creating the job's Auto Scaling group in {region}")
         name = self.create_job_group(store, job, spec, user_data)
         store.update_job(job.id, spec={**store.job(job.id).spec, "auto_scaling_group": name})
-        report.phase("waiting for AWS Auto Scaling to launch the instance")
-        return self._group_instance(store, job, spec, region, name)
+        report.phase("waiting for AWS Auto Scaling to launch the instance"
+                     + (f"s of {spec.nodes} nodes" if spec.nodes > 1 else ""))
+        return self._group_instances(store, job, spec, region, name)
 
     def acquire_from_group_or_say(self, store: Store, job: Job, spec,
-                                  report: Reporter = SILENT) -> str | None:
+                                  report: Reporter = SILENT) -> list[str] | None:
         """acquire_from_group; None where AWS refuses it for want of permissions (the
         Auto Scaling policy, infra/iam-policy-autoscaling.json, is not attached): the job is
         then launched as any other and the supervisor here relaunches it, said as a WARNING
@@ -209,33 +222,40 @@ class GroupLaunchMixin:
             report.note(note)
             return None
 
-    def _group_instance(self, store: Store, job: Job, spec, region: str, name: str) -> str:
-        """The group's first instance, recorded (the job's instance from now on)."""
+    def _group_instances(self, store: Store, job: Job, spec, region: str, name: str
+                         ) -> list[str]:
+        """The group's first instances, one per node (in instance-id order: node 0 first),
+        recorded (the job's instances from now on)."""
         deadline = time.monotonic() + GROUP_START_WAIT_S
         while True:
             _, ids = self.group_members(region, name)
-            if ids:
+            if len(ids) >= spec.nodes:
                 break
             if time.monotonic() >= deadline:
-                raise AWSError(f"the Auto Scaling group {name} launched no instance in "
-                               f"{GROUP_START_WAIT_S:.0f} s", hint=f"cloudtrain down {job.id}")
+                raise AWSError(f"the Auto Scaling group {name} launched {len(ids)} of "
+                               f"{spec.nodes} instances in {GROUP_START_WAIT_S:.0f} s",
+                               hint=f"cloudtrain down {job.id}")
             time.sleep(self.settings.poll_seconds)
-        instance_id = ids[0]
-        raw = self.call(region, "describe_instances", InstanceIds=[instance_id])
-        inst = raw["Reservations"][0]["Instances"][0]
-        zone = inst.get("Placement", {}).get("AvailabilityZone")
-        launched = inst.get("LaunchTime")
-        store.add_instance(Instance(
-            id=instance_id, job_id=job.id, provider=self.name, region=region, zone=zone,
-            instance_type=spec.instance_type, market=spec.market, state="requested",
-            launched_at=launched.timestamp() if launched else time.time(), terminated_at=None,
-            price_per_hour=None,
-            details={"subnet": inst.get("SubnetId"), "ami": inst.get("ImageId"),
-                     "key_name": inst.get("KeyName"), "auto_scaling_group": name,
-                     "disk_gb": spec.root_gb(self.settings), "disk_mbps": spec.disk_mbps}))
-        store.add_event(job.id, "instance", detail=f"{instance_id} in {zone} "
-                                                   f"(Auto Scaling group {name})")
-        return instance_id
+        ids = sorted(ids)[:spec.nodes]
+        raw = self.call(region, "describe_instances", InstanceIds=ids)
+        found = {i["InstanceId"]: i for r in raw["Reservations"] for i in r["Instances"]}
+        for node, instance_id in enumerate(ids):
+            inst = found.get(instance_id) or {}
+            zone = inst.get("Placement", {}).get("AvailabilityZone")
+            launched = inst.get("LaunchTime")
+            store.add_instance(Instance(
+                id=instance_id, job_id=job.id, provider=self.name, region=region, zone=zone,
+                instance_type=spec.instance_type, market=spec.market, state="requested",
+                launched_at=launched.timestamp() if launched else time.time(),
+                terminated_at=None, price_per_hour=None,
+                details={"subnet": inst.get("SubnetId"), "ami": inst.get("ImageId"),
+                         "key_name": inst.get("KeyName"), "auto_scaling_group": name,
+                         "disk_gb": spec.root_gb(self.settings), "disk_mbps": spec.disk_mbps,
+                         **({"node": node} if spec.nodes > 1 else {})}))
+            store.add_event(job.id, "instance", detail=f"{instance_id} in {zone} "
+                            f"(Auto Scaling group {name}" +
+                            (f", node {node})" if spec.nodes > 1 else ")"))
+        return ids
 
     def group_settings(self, store: Store, job: Job, spec) -> dict:
         """job.json's "auto_scaling" for a job of a group (the agent ends its group with the
@@ -248,7 +268,7 @@ class GroupLaunchMixin:
         return {"auto_scaling": {"group": group_name(job.id), "region": self.region(spec),
                                  "endpoint": endpoint, "max_restarts": spec.max_restarts,
                                  "prefix": prefix, "bucket": bucket,
-                                 "store_region": store_region}}
+                                 "store_region": store_region, "nodes": spec.nodes}}
 
     def record_attempt(self, store: Store, job: Job, spec, n: int, instance_id: str) -> None:
         """attempts/<n>.json in the job store: the attempt that this machine started (a

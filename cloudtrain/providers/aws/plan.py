@@ -215,10 +215,15 @@ class PlanMixin:
                 f"{spec.nodes} new instances (an interruption of any node relaunches all)"
             grouped = self.group_recovery(spec)
             if grouped is None:
+                place = "the region's AZs" if spec.nodes <= 1 else \
+                    "the job's placement group"
+                lost = "a new instance" if spec.nodes <= 1 else (
+                    "a new instance in place of the lost node (the other nodes stay; all "
+                    f"{spec.nodes} meet again through the job store and resume together)")
                 rows.append(("recovery", f"on a spot interruption the job continues from its "
-                                         "last checkpoint (streamed to the job store) on a new "
-                                         f"instance, at most {spec.max_restarts} times: "
-                                         "relaunched by AWS Auto Scaling in the region's AZs "
+                                         f"last checkpoint (streamed to the job store) on "
+                                         f"{lost}, at most {spec.max_restarts} times: "
+                                         f"relaunched by AWS Auto Scaling in {place} "
                                          "(the job's group), this machine needed for nothing "
                                          "after the launch; no move to another region or to "
                                          "on-demand (the supervisor here does that only for "

@@ -352,8 +352,8 @@ class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, GroupLaunchMixin, Instan
         instance = found
         grouped = self.group_recovery(spec) is None and spec.attempt == 1
         if instance is None and grouped:  # issue 27: AWS Auto Scaling relaunches this one
-            instance = self.acquire_from_group_or_say(store, job, spec, report)
-            grouped = instance is not None
+            ids = self.acquire_from_group_or_say(store, job, spec, report)
+            instance, grouped = ids and ids[0], ids is not None
         if instance is None:
             try:
                 instance = self._run(store, job, spec, region, boot, report)
@@ -376,10 +376,7 @@ class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, GroupLaunchMixin, Instan
             {**self._details(store, instance), "address": address, "host_key": endpoint.host_key,
              "host_key_verified": verified}))
         if grouped:
-            if self.jobdir(job.id, host) != self.group_jobdir(job):
-                raise AWSError(f"{instance}'s home is {home}, not {self.group_jobdir(job)}'s: "
-                               "a replacement instance would not find the job's files",
-                               hint="set ssh_user in config.yaml to the AMI's user")
+            self.check_group_jobdir(job, host, instance, home)
             self.record_attempt(store, job, spec, 1, instance)
         return host
 

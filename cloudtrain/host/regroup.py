@@ -1,0 +1,425 @@
+"""A job of an Auto Scaling group on several nodes: after AWS replaces one, the nodes meet again
+through the job store, and every one resumes from the last streamed checkpoint.
+
+Standard library only, Python 3.8+; shipped beside agent.py. Imports auto_scaling, agent_upload,
+bundle_reader, job_status and safefile, and nothing else of ours.
+
+The group holds N instances; AWS knows no ranks. When it replaces a lost one, the replacement's
+bootstrap.py records the next attempt (attempts/<n>.json) and meets the others; each other
+node's agent sees the new attempt (Team.watch: one GET every WATCH_S), or finds its part of
+the job failed with a peer gone (Team.look_for_loss: EC2's state of each peer), stops its part
+(the collective calls hang or fail without the lost node) and meets them too:
+
+    attempts/<n>/<instance>.json   {"instance", "rank", "address", "iface", "port", "at"}: a
+                                   node of attempt n (rank: its rank before; null: new)
+    attempts/<n>/ended-<rank>.json rank k > 0 has stored its results at the job's end
+
+Each node writes its own record through the job's grant and lists the attempt's records
+(s3:ListBucket on attempts/ only) until N are there (meet); every node then ranks them the same
+way (ranked: a node keeps its rank, the new ones take the free ranks in instance-id order);
+rank 0's address and port are the rendezvous. A newer attempt recorded during the wait (one
+more node lost) moves every node to it; final.json (the job has ended) ends the wait. Each node
+then takes its part (take_part: the node environment, its results under nodes/<rank>/, the
+checkpoint stream for rank 0 only), restores the latest streamed checkpoint (every rank resumes
+from the same one), and runs run.sh again.
+
+At the job's end rank 0 waits (bounded) for the others' ended-<rank>.json before it records
+final.json and ends the group; the others wait for final.json and leave the power-off to the
+group's deletion (a node powering off while the group lives would be replaced).
+"""
+
+import fcntl
+import ipaddress
+import os
+import re
+import socket
+import struct
+import threading
+import time
+
+try:  # in the package (the orchestrator, tests), or shipped beside it on the host
+    from . import agent_upload, auto_scaling, safefile
+    from .bundle_reader import EXIT_ENDED, EXIT_STORE, FILE_MAX_BYTES, Failed
+    from .job_status import CANCELLED, FAILED, PREEMPTED, RUNNING, now
+except ImportError:
+    import agent_upload
+    import auto_scaling
+    import safefile
+    from bundle_reader import EXIT_ENDED, EXIT_STORE, FILE_MAX_BYTES, Failed
+    from job_status import CANCELLED, FAILED, PREEMPTED, RUNNING, now
+
+REGROUP = "regrouping"  # status.json's state between a node's stop and its next run
+MASTER_PORT = 29500  # torchrun's default; the rendezvous takes the first free port from here
+NODES_MAX = 64
+WATCH_S = 2.0  # how often a running node asks for a newer attempt
+MEET_POLL_S = 1.0  # how often a meeting node lists the attempt's records
+REPLACE_WAIT_S = 1800.0  # a node whose peer is lost waits this long for AWS to replace it
+MEET_WAIT_S = 900.0  # once a node has joined an attempt, for the others to join
+LOST_WAIT_S = 150.0  # after a failed run, how long to look for a lost peer (a notice's 2 min)
+STOP_GRACE_S = 10.0  # the job's grace when its node leaves it to meet the others
+END_WAIT_S = 300.0  # rank 0 for the others' results; the others for final.json
+INSTANCE = auto_scaling.INSTANCE
+MEMBER = re.compile(r"(i-[0-9a-f]{8,17})\.json")
+IFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
+
+
+def member_key(prefix, n, instance):
+    return "%s%s%d/%s.json" % (prefix, auto_scaling.ATTEMPTS, n, instance)
+
+
+def ended_key(prefix, n, rank):
+    return "%s%s%d/ended-%d.json" % (prefix, auto_scaling.ATTEMPTS, n, rank)
+
+
+def records_grant(job, prefix):
+    """The job's grant (every node of a group holds the job-wide one), for its records."""
+    grant = job.get("results_store")
+    if not isinstance(grant, dict) or not isinstance(grant.get("url"), str):
+        raise Failed(EXIT_STORE, "no results_store grant in job.json to write the job's "
+                     "records with")
+    return dict(grant, prefix=prefix)
+
+
+def check_member(doc, nodes):
+    """A node's record with every field checked, or None (not one)."""
+    if not isinstance(doc, dict):
+        return None
+    inst, rank, address = doc.get("instance"), doc.get("rank"), doc.get("address")
+    port, iface = doc.get("port"), doc.get("iface")
+    if not (isinstance(inst, str) and INSTANCE.fullmatch(inst)):
+        return None
+    if rank is not None and not (isinstance(rank, int) and not isinstance(rank, bool)
+                                 and 0 <= rank < nodes):
+        rank = None
+    try:
+        address = str(ipaddress.IPv4Address(address))
+    except (ipaddress.AddressValueError, ValueError, TypeError):
+        return None
+    if not (isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536):
+        return None
+    iface = iface if isinstance(iface, str) and IFACE.fullmatch(iface) else None
+    return {"instance": inst, "rank": rank, "address": address, "port": port, "iface": iface}
+
+
+def ranked(found, nodes):
+    """The attempt's nodes in rank order, the same on every node, or None until there are
+    exactly `nodes`: a node keeps the rank it had (the smaller instance id where two claim
+    one), the others take the free ranks in instance-id order."""
+    if len(found) != nodes:
+        return None
+    by_id = sorted(found, key=lambda m: m["instance"])
+    ranks = {}
+    for m in by_id:
+        if m["rank"] is not None and m["rank"] not in ranks:
+            ranks[m["rank"]] = m
+    placed = {id(m) for m in ranks.values()}
+    free = iter(r for r in range(nodes) if r not in ranks)
+    for m in by_id:
+        if id(m) not in placed:
+            ranks[next(free)] = m
+    return [dict(ranks[r], rank=r) for r in range(nodes)]
+
+
+def interface_of(address):
+    """The name of the network interface that holds `address` (gloo and NCCL bind to it),
+    or None."""
+    for _, name in socket.if_nameindex():
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            if socket.inet_ntoa(raw[20:24]) == address:
+                return name
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return None
+
+
+def free_port(start=MASTER_PORT):
+    """The first TCP port from `start` that binds (the rendezvous, where this node is rank 0)."""
+    for port in range(start, min(start + 1000, 65536)):
+        s = socket.socket()
+        try:
+            s.bind(("", port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
+    return start
+
+
+def mine(ident, rank):
+    """This node's record: its instance and private address (IMDS), the interface that holds
+    it, a free port, the rank it had (None: a new node)."""
+    address = ident.get("address")
+    if not ident.get("instance") or not address:
+        raise Failed(EXIT_STORE, "IMDS gave no instance id or private address: this node "
+                     "cannot meet the others")
+    return {"instance": ident["instance"], "rank": rank, "address": address,
+            "iface": interface_of(address), "port": free_port(), "at": time.time()}
+
+
+def newest(reader, prefix, n):
+    """The newest attempt recorded from n on (GETs of attempts/<n+1>.json, ... until one is
+    missing)."""
+    for _ in range(auto_scaling.MAX_RESTARTS_LIMIT):
+        data = reader.get_bytes(auto_scaling.attempt_key(prefix, n + 1),
+                                auto_scaling.RECORD_MAX_BYTES, EXIT_STORE,
+                                denied_is_missing=True)
+        if data is None:
+            return n
+        n += 1
+    return n
+
+
+def ended(reader, prefix):
+    """Whether final.json is there (the job has ended, whatever it says)."""
+    return reader.get_bytes(prefix + auto_scaling.FINAL, auto_scaling.RECORD_MAX_BYTES,
+                            EXIT_STORE, denied_is_missing=True) is not None
+
+
+def members(reader, prefix, n, nodes):
+    """Attempt n's nodes as their records say (listed, each read and checked)."""
+    found = []
+    listed = reader.list_keys("%s%s%d/" % (prefix, auto_scaling.ATTEMPTS, n), EXIT_STORE)
+    for key, size in sorted(listed.items()):
+        name = MEMBER.fullmatch(key.rsplit("/", 1)[-1])
+        if name is None or size > auto_scaling.RECORD_MAX_BYTES:
+            continue
+        doc = check_member(auto_scaling.read_record(reader.get_bytes(
+            key, auto_scaling.RECORD_MAX_BYTES, EXIT_STORE, denied_is_missing=True)), nodes)
+        if doc is not None and doc["instance"] == name.group(1):
+            found.append(doc)
+    return found
+
+
+def meet(reader, grant, prefix, at_least, nodes, me, wait_s=REPLACE_WAIT_S,
+         meet_s=MEET_WAIT_S, poll_s=MEET_POLL_S, say=None):
+    """Wait for attempt `at_least` (or a newer one) to be recorded, join the newest, and wait
+    for all `nodes` of it; (n, the nodes ranked). Failed(EXIT_ENDED) once final.json is
+    there; Failed(EXIT_STORE) after `wait_s` without the attempt, or `meet_s` without all of
+    its nodes."""
+    say = say or (lambda line: None)
+    start, joined, since, n = time.time(), None, None, at_least - 1
+    while True:
+        if ended(reader, prefix):
+            raise Failed(EXIT_ENDED, "the job has ended (final.json) while its nodes met")
+        n = newest(reader, prefix, n)
+        if n >= at_least:
+            if joined != n:
+                agent_upload.post_json(grant, member_key(prefix, n, me["instance"]), me)
+                joined, since = n, time.time()
+                say("attempt %d: joined as %s (rank before: %s); waiting for %d nodes"
+                    % (n, me["instance"], me["rank"], nodes))
+            ranks = ranked(members(reader, prefix, n, nodes), nodes)
+            if ranks is not None and any(m["instance"] == me["instance"] for m in ranks):
+                return n, ranks
+            if time.time() - since > meet_s:
+                raise Failed(EXIT_STORE, "attempt %d: not all %d nodes met in %.0f s"
+                             % (n, nodes, meet_s))
+        elif time.time() - start > wait_s:
+            raise Failed(EXIT_STORE, "no replacement node recorded in %.0f s: AWS found no "
+                         "capacity for it" % wait_s)
+        time.sleep(poll_s)
+
+
+def take_part(job, prefix, rank, ranks):
+    """job.json for this node's part in the attempt: its rank, the rendezvous at rank 0, its
+    interface, its results below nodes/<rank>/ (rank 0: the job's), the checkpoint stream for
+    rank 0 only, and the attempt's nodes (what look_for_loss asks EC2 about)."""
+    job = dict(job)
+    me, master = ranks[rank], ranks[0]
+    env = dict(job.get("env") or {})
+    env.update(CLOUDTRAIN_NODES=str(len(ranks)), CLOUDTRAIN_NODE_RANK=str(rank),
+               MASTER_ADDR=master["address"], MASTER_PORT=str(master["port"]))
+    for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if me.get("iface"):
+            env[key] = me["iface"]
+        else:
+            env.pop(key, None)
+    job["env"] = env
+    if isinstance(job.get("results_store"), dict):
+        job["results_store"] = dict(job["results_store"], prefix=prefix + (
+            "" if rank == 0 else "nodes/%d/" % rank))
+    conf = dict(job.get("auto_scaling") or {})
+    if rank == 0 and isinstance(conf.get("stream"), dict):
+        job["checkpoint_stream"] = dict(conf["stream"])
+    else:
+        job.pop("checkpoint_stream", None)
+    conf.update(rank=rank, members=[{"rank": m["rank"], "instance": m["instance"],
+                                     "address": m["address"]} for m in ranks])
+    job["auto_scaling"] = conf
+    return job
+
+
+class Team:
+    """An agent's part in a job of an Auto Scaling group on several nodes (job.json's
+    auto_scaling with nodes > 1): the watch for a newer attempt, the meeting after a loss,
+    the waits at the end. `reader`: a bundle_reader.Bundle over the job store; `creds`: the
+    role's (stage_sigv4.RoleCredentials)."""
+
+    def __init__(self, agent, conf, reader, creds, ident):
+        self.agent, self.conf, self.reader, self.creds = agent, conf, reader, creds
+        self.ident = ident
+        self.newer = None  # the attempt the watch found recorded
+        self.final_seen = False  # final.json was there already: not ours to write
+
+    @property
+    def rank(self):
+        return self.conf.get("rank") or 0
+
+    def attempt(self):
+        env = self.agent.settings.get("env") or {}
+        text = str(env.get("CLOUDTRAIN_ATTEMPT", "1"))
+        return int(text) if text.isdigit() and len(text) < 7 else 1
+
+    def watch(self):
+        """While run.sh runs: a newer attempt recorded (AWS replaced a node) stops this node's
+        part of the job, to meet the others."""
+        agent, n = self.agent, self.attempt()
+        while agent.proc is not None and agent.proc.poll() is None:
+            try:
+                found = newest(self.reader, self.conf["prefix"], n)
+            except Failed:
+                found = n  # the store did not answer: asked again next time
+            if found > n and agent.stop_reason is None:
+                self.newer = found
+                agent.log_line("attempt %d recorded: AWS replaced a node of the job; this "
+                               "node stops its part and meets the others" % found)
+                agent.request_stop(REGROUP, "attempt %d: a node was replaced" % found,
+                                   STOP_GRACE_S)
+                return
+            time.sleep(WATCH_S)
+
+    def start_watch(self):
+        threading.Thread(target=self.watch, daemon=True).start()
+
+    def look_for_loss(self):
+        """After a failed run that nobody asked to stop: the attempt to meet at when a peer is
+        gone (EC2 says it is not running, or a newer attempt is recorded) within LOST_WAIT_S,
+        else None (the failure is the job's own)."""
+        n, mine_id = self.attempt(), self.ident.get("instance")
+        peers = [m["instance"] for m in self.conf.get("members") or []
+                 if m.get("instance") != mine_id]
+        deadline = now() + LOST_WAIT_S
+        while True:
+            try:
+                if newest(self.reader, self.conf["prefix"], n) > n:
+                    return n + 1
+            except Failed:
+                pass
+            states, why = auto_scaling.instance_states(self.conf, self.creds, peers)
+            lost = [p for p in peers if states is not None and states.get(p) not in
+                    auto_scaling.ALIVE]
+            if lost:
+                self.agent.log_line("node %s is gone (%s): the job goes on after AWS "
+                                    "replaces it" % (lost[0], states.get(lost[0], "unknown")))
+                return n + 1
+            if now() >= deadline:
+                if states is None:
+                    self.agent.log_line("the peers' state could not be asked (%s)" % why)
+                return None
+            time.sleep(WATCH_S)
+
+    def again(self):
+        """After run.sh ended: True when this node met the others in a newer attempt and is to
+        run its part again (job.json, the checkpoint and the agent's settings are then the
+        new attempt's); False when the job's end is its own."""
+        agent = self.agent
+        state = agent.status.get("state")
+        if self.newer is None:
+            if state != FAILED or agent.stop_reason is not None:
+                return False  # succeeded, cancelled, preempted, out of time: the job's end
+            self.newer = self.look_for_loss()
+            if self.newer is None:
+                return False
+        at_least, self.newer = self.newer, None
+        agent.store.finish_stream(agent.store.upload_limit())  # rank 0's checkpoint first
+        agent.write_status(state=RUNNING, ended_at=None, exit_code=None, reason=None,
+                           pid=None, regroup={"to": at_least, "at": now()})
+        try:
+            job = self.meet_again(at_least)
+        except Failed as exc:
+            self.final_seen = exc.code == EXIT_ENDED
+            agent.write_status(state=CANCELLED if self.final_seen else FAILED, ended_at=now(),
+                               reason="meeting the other nodes: %s" % exc)
+            return False
+        except Exception as exc:  # a bug: the job's end, said, and the power-off still comes
+            agent.write_status(state=FAILED, ended_at=now(), reason="meeting the other "
+                               "nodes failed: %s: %s" % (type(exc).__name__, exc))
+            return False
+        agent.reload(job)
+        return True
+
+    def meet_again(self, at_least):
+        """Meet the others at attempt >= at_least, take this node's part, restore the latest
+        checkpoint; the new job.json."""
+        try:  # bootstrap imports this module: imported here, once both are loaded
+            from . import bootstrap
+        except ImportError:
+            import bootstrap
+
+        root, prefix = self.agent.jobdir, self.conf["prefix"]
+        job = safefile.read_json(os.path.join(root, "job.json"), FILE_MAX_BYTES)
+        if not isinstance(job, dict):
+            raise Failed(EXIT_STORE, "job.json is not a JSON object")
+        me = mine(self.ident, self.rank)
+        n, ranks = meet(self.reader, records_grant(job, prefix), prefix, at_least,
+                        self.conf["nodes"], me, say=self.agent.log_line)
+        rank = next(m["rank"] for m in ranks if m["instance"] == me["instance"])
+        self.agent.log_line("attempt %d: rank %d of %d, rendezvous %s:%d"
+                            % (n, rank, len(ranks), ranks[0]["address"], ranks[0]["port"]))
+        job, _ = bootstrap.join_attempt(self.reader, root, take_part(job, prefix, rank, ranks), n)
+        return job
+
+    def before_final(self):
+        """Rank 0 at the job's end: the other ranks' results stored first (bounded), since
+        ending the group ends their instances. Others: their mark that they have."""
+        prefix, n = self.conf["prefix"], self.attempt()
+        if self.rank != 0:
+            try:
+                agent_upload.post_json(records_grant(self.agent.settings, prefix),
+                                       ended_key(prefix, n, self.rank),
+                                       {"rank": self.rank, "state": self.agent.status.get(
+                                           "state"), "instance": self.ident.get("instance")})
+            except Exception as exc:  # noqa: BLE001 - said; rank 0's wait is bounded
+                self.agent.log_line("could not mark this node's end: %s" % exc)
+            return
+        waiting = set(range(1, self.conf["nodes"]))
+        deadline = now() + END_WAIT_S
+        while waiting and now() < deadline:
+            for k in sorted(waiting):
+                try:
+                    if self.reader.get_bytes(ended_key(prefix, n, k), 4096, EXIT_STORE,
+                                             denied_is_missing=True) is not None:
+                        waiting.discard(k)
+                except Failed:
+                    pass
+            if waiting:
+                time.sleep(WATCH_S)
+        if waiting:
+            self.agent.log_line("ranks %s did not say they stored their results in %.0f s"
+                                % (sorted(waiting), END_WAIT_S))
+
+    def before_power_off(self):
+        """Ranks k > 0 at the job's end: wait (bounded) for final.json, and then for the group's
+        deletion to end this instance; a node that powered off while the group lives would be
+        replaced."""
+        if self.rank == 0 or self.agent.status.get("state") == PREEMPTED:
+            return
+        deadline = now() + 2 * END_WAIT_S
+        while now() < deadline:
+            try:
+                if ended(self.reader, self.conf["prefix"]):
+                    break
+            except Failed:
+                pass
+            time.sleep(WATCH_S)
+        time.sleep(min(120.0, max(0.0, deadline - now())))
+
+    def writes_final(self):
+        """Whether this agent records the job's end: rank 0's, unless it was there already."""
+        return self.rank == 0 and not self.final_seen
+
