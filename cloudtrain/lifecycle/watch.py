@@ -147,6 +147,14 @@ def _nodes_lost(store: Store, settings: config.Settings, job: Job, lost: dict,
     recs = nodes.records(job)
     states = providers.get(job.backend).instance_states(store, job)
     recorded = {i.id for i in store.instances(job.id)}
+    if autoscaled.grouped(job):
+        gone = [recs[i].get("instance") for i in sorted(lost) if recs[i].get("instance")
+                and (states.get(recs[i]["instance"]) or {"state": "terminated"})["state"]
+                in ("shutting-down", "terminated")]
+        if gone:  # AWS replaces it and the nodes meet again (host/regroup.py)
+            return _group_went_on(store, job, autoscaled.learn, f"node {gone[0]} " + (
+                "taken back" if spot_reason({gone[0]: states[gone[0]]} if gone[0] in states
+                                            else states) else "gone"))
     unreachable = []
     for i, exc in lost.items():
         inst = recs[i].get("instance")
@@ -256,11 +264,27 @@ def _group_host_lost(store: Store, job: Job, states: dict, exc: HostError) -> Jo
     lost_one = recorded or mine
     why = f"{lost_one or 'its instance'} " + ("taken back" if spot_reason(
         {lost_one: states[lost_one]} if lost_one in states else states) else "gone")
+    return _group_went_on(store, job, lambda st, j: autoscaled.lost(st, j, states, why), why)
+
+
+def _group_went_on(store: Store, job: Job, learn, why: str) -> Job:
+    """A job of an Auto Scaling group lost an instance: `learn(store, job)` reads its
+    attempts from the job store and returns its final record, or None while it runs on (AWS
+    replaced the instance: the reason says so). Its end is recorded, its files read from the
+    job store."""
     try:
-        final = autoscaled.lost(store, job, states, why)
+        final = learn(store, job)
         if final is None:
+            fresh = store.job(job.id)
+            if len(nodes.records(fresh)) > 1:  # the replacement is not followed from here
+                store.update_job(job.id, reason=f"{why}; AWS Auto Scaling relaunches it and "
+                                                "the nodes meet again: the job store says "
+                                                "how it ends")
             return store.job(job.id)
         status = from_job_store(store, job) or {}
+        for i in range(1, len(nodes.records(job))):  # each node's files, nodes/<i>/
+            if node_from_store(store, job, i) is not None:
+                mark_node_collected(store, job.id, i)
     except CloudtrainError as store_exc:  # throttled, expired credentials: ask again later
         store.update_job(job.id, reason=f"{UNREACHABLE}; the job store could not be read "
                                         f"({store_exc.message}): status tries again")

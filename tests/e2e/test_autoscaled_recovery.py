@@ -219,3 +219,79 @@ def test_with_the_laptop_on_status_and_logs_follow_the_job_to_its_replacement(la
         job["attempts"][1]["outcome"] == "succeeded"
     assert "done at step 60" in cli.ok("logs", job_id).stdout
     wait_for(lambda: _everything_gone(lab) == {}, timeout=60, what="nothing left")
+
+
+# resnet9's smoke run over 3 processes, one per node (gloo on the CPU): 512 images in 3
+# shards, 5 steps an epoch, 6 epochs (30 steps), a checkpoint each epoch.
+RESNET9_NODES = ("--recipe", "resnet9", "--profile", "smoke", "--set", "gpus=3",
+                 "--set", "epochs=6")
+_PLAIN_NODES: dict = {}
+
+
+def _uninterrupted_nodes(cli) -> tuple[int, dict]:
+    """The same 3-process run on this machine (torchrun, gloo), uninterrupted: its steps and
+    final weights. The ranks, shards and reduction order are the 3 nodes'."""
+    if not _PLAIN_NODES:
+        plain = cli.launch(*RESNET9_NODES, "--procs", "3", "--backend", "local")
+        assert cli.wait(plain, timeout=300)["state"] == "succeeded"
+        _PLAIN_NODES["steps"] = cli.job(plain)["metrics"]["step"]
+        _PLAIN_NODES["model"] = torch.load(
+            Path(cli.job(plain)["jobdir"]) / "checkpoints" / "last.pt", map_location="cpu",
+            weights_only=False)["model"]
+    return _PLAIN_NODES["steps"], _PLAIN_NODES["model"]
+
+
+def test_three_nodes_laptop_closed_node_0_taken_back_the_nodes_meet_again_and_succeed(
+        lab, cli, ct_home, monkeypatch):
+    """Issue 27's multi-node done-when: a resnet9 job on 3 nodes of one Auto Scaling group (in
+    its placement group); the launching machine is closed; node 0 (the rendezvous, the
+    checkpoint stream) is taken back mid-training without a notice. AWS puts a replacement in
+    the group; the two other nodes see the new attempt (or their run failing with a peer
+    gone), stop their part and meet the replacement through the job store, which takes the
+    free rank 0; all three restore the last streamed checkpoint and finish the job. Nothing
+    is left; only then does `status` run: succeeded, 2 attempts, each priced, and weights
+    equal to an uninterrupted 3-process run's."""
+    from labs.moto_placement import PlacementGroups
+
+    lab.asg.placement = PlacementGroups().install(monkeypatch)
+    lab.host_env["OMP_NUM_THREADS"] = "1"  # 3 nodes share 2 cores
+    job_id = cli.launch(*RESNET9_NODES, "--nodes", "3", "--instance", "g5.xlarge", "--spot",
+                        timeout=300)
+    name = f"cloudtrain-{job_id}"
+    first = lab.asg.wait_for_group(name, 3)
+    nodes = cli.job(job_id)["nodes"]
+    assert {n["instance"] for n in nodes} == {i.id for i in first}
+    (zero,) = [i for i in first if i.id == nodes[0]["instance"]]
+    wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("epoch"), timeout=240,
+             interval=1.0, what="rank 0's first streamed checkpoint")
+    lab.asg.kill_launching_machine()
+    lab.take_back({"InstanceId": zero.id, "PrivateIpAddress": zero.ip})
+    replacement = wait_for(lambda: next((i for i in lab.asg.live(name)
+                                         if i.id not in {f.id for f in first}), None),
+                           timeout=120, what="the replacement")
+    wait_for(lambda: not _everything_gone(lab), timeout=600, interval=1.0,
+             what=f"the job to end and its group to go: {lab.asg.leftovers()}")
+    assert replacement.user_data_exit == 0
+    assert lab.asg.log("launch")[-1]["instance"] == replacement.id  # no launch after it
+
+    job = cli.job(job_id)  # the first cloudtrain command since the laptop closed
+    assert job["state"] == "succeeded", (job["reason"], job["timeline"])
+    attempts = job["attempts"]
+    assert [a["attempt"] for a in attempts] == [1, 2], attempts
+    assert attempts[0]["outcome"] == "interrupted"
+    assert attempts[1]["instance"] == replacement.id
+    assert attempts[1]["resumed_step"] is not None and 0 < attempts[1]["resumed_step"] < 30
+    assert all(a["usd"] is not None and a["usd"] > 0 for a in attempts), attempts
+    out = cli.ok("status", job_id).stdout
+    assert "attempts  2: 1 interrupted" in out, out
+    # The survivors kept their ranks; the replacement took node 0's and ran the rendezvous
+    # (their files came home from the job store, nodes/<rank>/).
+    for rank in (1, 2):
+        log = (ct_home / "jobs" / job_id / "nodes" / str(rank) / "output.log").read_text()
+        assert f"attempt 2: rank {rank} of 3, rendezvous {replacement.ip}:" in log, log[-3000:]
+    steps, theirs = _uninterrupted_nodes(cli)
+    assert job["metrics"]["step"] == steps == 30
+    ours = torch.load(ct_home / "jobs" / job_id / "checkpoints" / "last.pt",
+                      map_location="cpu", weights_only=False)["model"]
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
