@@ -309,7 +309,7 @@ class Agent:
             return regroup.Team(self, conf, reader.Bundle(
                 conf["bucket"], conf["prefix"], conf["store_region"], conf["endpoint"], imds),
                 shipped("stage_sigv4").RoleCredentials(imds),
-                shipped("auto_scaling").identity(imds))
+                shipped("auto_scaling").identity(imds), shipped("bootstrap").join_attempt)
         except Exception as exc:  # noqa: BLE001 - the job still runs, without regrouping
             self.group_failed("regroup", "this node cannot meet its peers again after a "
                               "loss: %s: %s" % (type(exc).__name__, exc))

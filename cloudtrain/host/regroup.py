@@ -258,11 +258,12 @@ class Team:
     """An agent's part in a job of an Auto Scaling group on several nodes (job.json's
     auto_scaling with nodes > 1): the watch for a newer attempt, the meeting after a loss,
     the waits at the end. `reader`: a bundle_reader.Bundle over the job store; `creds`: the
-    role's (stage_sigv4.RoleCredentials)."""
+    role's (stage_sigv4.RoleCredentials); `join`: bootstrap.join_attempt (the new attempt's
+    job.json written, its checkpoint restored, as on a replacement)."""
 
-    def __init__(self, agent, conf, reader, creds, ident):
+    def __init__(self, agent, conf, reader, creds, ident, join):
         self.agent, self.conf, self.reader, self.creds = agent, conf, reader, creds
-        self.ident = ident
+        self.ident, self.join = ident, join
         self.newer = None  # the attempt the watch found recorded
         self.final_seen = False  # final.json was there already: not ours to write
 
@@ -356,11 +357,6 @@ class Team:
     def meet_again(self, at_least):
         """Meet the others at attempt >= at_least, take this node's part, restore the latest
         checkpoint; the new job.json."""
-        try:  # bootstrap imports this module: imported here, once both are loaded
-            from . import bootstrap
-        except ImportError:
-            import bootstrap
-
         root, prefix = self.agent.jobdir, self.conf["prefix"]
         job = safefile.read_json(os.path.join(root, "job.json"), FILE_MAX_BYTES)
         if not isinstance(job, dict):
@@ -371,7 +367,7 @@ class Team:
         rank = next(m["rank"] for m in ranks if m["instance"] == me["instance"])
         self.agent.log_line("attempt %d: rank %d of %d, rendezvous %s:%d"
                             % (n, rank, len(ranks), ranks[0]["address"], ranks[0]["port"]))
-        job, _ = bootstrap.join_attempt(self.reader, root, take_part(job, prefix, rank, ranks), n)
+        job, _ = self.join(self.reader, root, take_part(job, prefix, rank, ranks), n)
         return job
 
     def before_final(self):
