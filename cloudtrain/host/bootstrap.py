@@ -54,7 +54,7 @@ try:  # in the package (the orchestrator, tests), or shipped beside it on the ho
                    safefile)
     from .bundle_reader import (  # noqa: F401 - the layout and codes are said from here too
         AGENT_DIR, AGENT_START_S, ARCHIVE, BUNDLE, Bundle, EXIT_AGENT, EXIT_ARCHIVE,
-        EXIT_CREDENTIALS, EXIT_ENDED, EXIT_MANIFEST, EXIT_OBJECT, EXIT_RESTARTS,
+        EXIT_CREDENTIALS, EXIT_ENDED, EXIT_GRANT, EXIT_MANIFEST, EXIT_OBJECT, EXIT_RESTARTS,
         EXIT_RESTORE, EXIT_STORE, EXIT_USAGE, EXIT_WRITE, FILE_MAX_BYTES, Failed,
         IMDS_URL, JOB_DIR, MANIFEST, MANIFEST_MAX_BYTES, MANIFEST_POLL_S, PREFIX,
         RESUME, STAGING, START, STATUS_FILE, VERSION, check_archive, check_manifest,
@@ -69,7 +69,7 @@ except ImportError:
     import safefile
     from bundle_reader import (  # noqa: F401
         AGENT_DIR, AGENT_START_S, ARCHIVE, BUNDLE, Bundle, EXIT_AGENT, EXIT_ARCHIVE,
-        EXIT_CREDENTIALS, EXIT_ENDED, EXIT_MANIFEST, EXIT_OBJECT, EXIT_RESTARTS,
+        EXIT_CREDENTIALS, EXIT_ENDED, EXIT_GRANT, EXIT_MANIFEST, EXIT_OBJECT, EXIT_RESTARTS,
         EXIT_RESTORE, EXIT_STORE, EXIT_USAGE, EXIT_WRITE, FILE_MAX_BYTES, Failed,
         IMDS_URL, JOB_DIR, MANIFEST, MANIFEST_MAX_BYTES, MANIFEST_POLL_S, PREFIX,
         RESUME, STAGING, START, STATUS_FILE, VERSION, check_archive, check_manifest,
@@ -229,14 +229,23 @@ def end_here(bundle, conf, job, root, code, line):
 
 def store_record(job, key, doc):
     """`doc` at `key` in the job store, through job.json's results grant (the role may not
-    write there: only the launch's presigned POST may)."""
+    write there: only the launch's presigned POST may). A grant past its end, or one S3
+    refuses, is EXIT_GRANT: every instance of the group would meet it (GIVE_UP); a store that
+    does not answer, EXIT_STORE."""
     grant = job.get("results_store")
     if not isinstance(grant, dict) or not isinstance(grant.get("url"), str):
         raise Failed(EXIT_STORE, "no results_store grant in job.json to write %s with" % key)
+    ends = grant.get("expires_at")
+    if isinstance(ends, (int, float)) and not isinstance(ends, bool) and ends < time.time():
+        raise Failed(EXIT_GRANT, "the job's upload grant ended at %s: %s cannot be written, "
+                     "nor any checkpoint or result" % (time.strftime(
+                         "%Y-%m-%d %H:%M:%S UTC", time.gmtime(ends)), key))
     try:
         agent_upload.post_json(grant, key, doc)
     except (agent_upload.UploadError, agent_upload.FileUnreadable) as exc:
-        raise Failed(EXIT_STORE, "%s could not be written: %s" % (key, exc)) from None
+        code = EXIT_GRANT if str(exc).startswith("S3 refused the upload grant (403") \
+            else EXIT_STORE
+        raise Failed(code, "%s could not be written: %s" % (key, exc)) from None
 
 
 def take_attempt(bundle, conf, job, root, imds):
@@ -463,11 +472,11 @@ def main(argv=None):
     return code
 
 
-# Failures every instance of a job's group would meet (the same bundle and checkpoint): the job
-# ends there rather than AWS starting one instance after another until the deadline. A store
-# that refuses the attempt's record (EXIT_STORE) may be a passing failure: that instance only
+# Failures every instance of a job's group would meet (the same bundle, checkpoint and grant):
+# the job ends there rather than AWS starting one instance after another until the deadline.
+# A store that does not answer (EXIT_STORE) may be a passing failure: that instance only
 # powers off (the boot script), and the next one tries again.
-GIVE_UP = (EXIT_MANIFEST, EXIT_OBJECT, EXIT_ARCHIVE, EXIT_RESTORE)
+GIVE_UP = (EXIT_MANIFEST, EXIT_OBJECT, EXIT_ARCHIVE, EXIT_RESTORE, EXIT_GRANT)
 
 
 def give_up(args, jobdir, line, code):

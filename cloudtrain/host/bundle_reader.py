@@ -65,6 +65,7 @@ EXIT_AGENT = 9  # the agent did not start
 EXIT_ENDED = 10  # the job has ended (final.json): nothing to run; its group ended, power-off
 EXIT_RESTARTS = 11  # past --max-restarts: final.json says preempted; group ended, power-off
 EXIT_STORE = 12  # the job store's records (final.json, attempts/) could not be read or written
+EXIT_GRANT = 13  # the job's upload grant has expired or is refused: no instance can record
 RESUME = ".cloudtrain-resume"  # in the job directory: a checkpoint was restored, run.sh resumes
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,100}")

@@ -561,6 +561,49 @@ def test_a_failure_every_instance_would_meet_ends_the_job_not_a_loop_of_instance
     assert not (Path(b["jobdir"]) / "status.json").exists()  # no agent ran
 
 
+@pytest.mark.parametrize("how", ["ended", "refused"])
+def test_an_ended_grant_ends_the_job_instead_of_one_instance_after_another(group_lab, how):
+    """Issue 27: the job's upload grant has ended (signed by temporary credentials that
+    expired, or past its life) or S3 refuses it: no instance of the group can record its
+    attempt, stream a checkpoint or store results, so the first that meets it ends the group
+    (EXIT_GRANT) rather than the boot script powering off one replacement after another until
+    the deadline. final.json cannot be written with that grant: the group's absence says it."""
+    import http.server
+
+    from labs.loopback import serve
+
+    class Refusing(http.server.BaseHTTPRequestHandler):  # S3's answer to an expired policy
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = (b"<Error><Code>AccessDenied</Code><Message>Invalid according to Policy: "
+                    b"Policy expired.</Message></Error>")
+            self.send_response(403)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    lab = group_lab
+    server = None
+    if how == "ended":
+        lab.grant = dict(lab.grant, expires_at=time.time() - 60)
+    else:  # expires_at still ahead (temporary credentials of unknown end signed it)
+        url, server = serve(Refusing)
+        lab.grant = dict(lab.grant, url=url + "/")
+    b = group_bundle(lab)
+    put_record(lab, "attempts/1.json", {"attempt": 1, "instance": "i-0first", "by": "launch"})
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args())
+    assert done.returncode == bootstrap.EXIT_GRANT, done.stderr
+    assert done.stderr.count("\n") == 1 and "the job is ended" in done.stderr, done.stderr
+    assert ("grant ended at" if how == "ended" else "refused the upload grant") in done.stderr
+    assert lab.present() == ([], []) and record(lab, "final.json") is None
+    assert record(lab, "attempts/2.json") is None
+    if server is not None:
+        server.close()
+
+
 def test_a_passing_failure_leaves_the_group_for_the_next_instance(group_lab):
     """No role credentials from IMDS on this instance (EXIT_CREDENTIALS): not every
     instance's lot, so the group stays and the next instance tries again."""
