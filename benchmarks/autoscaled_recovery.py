@@ -16,7 +16,11 @@ instance is taken back without a notice mid-way between two checkpoints. Prints,
              restored), agent and job start; for the supervisor, detection, the relaunch's
              EC2 calls, sync, setup, restore, agent and job start
 
-    sudo .venv/bin/python benchmarks/autoscaled_recovery.py [--runs N]
+    sudo .venv/bin/python benchmarks/autoscaled_recovery.py [--runs N] [--nodes N]
+
+With --nodes N (issue 27's jobs on several nodes) the job runs on N nodes of one group; node 0
+is taken back; total is termination -> the first step of rank 0 (the replacement) once the
+other nodes have seen the new attempt, stopped their part and met it through the job store.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def _first_step_after(path: Path, t0: float) -> float | None:
     return next((r["time"] for r in rows if r.get("time", 0) > t0), None)
 
 
-def grouped() -> dict:
+def grouped(nodes: int = 1) -> dict:
     import boto3
 
     from labs.cloud import bench_home, cloud_lab
@@ -64,17 +68,21 @@ def grouped() -> dict:
                               "remote_root: /home/ubuntu/.cloudtrain\n")
             work = _own_job(tmp, 80)
             job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--workdir", str(work),
-                                "--", "python3", "job.py", "80", timeout=300)
+                                "--nodes", str(nodes), "--", "python3", "job.py", "80",
+                                timeout=300)
             name = f"cloudtrain-{job_id}"
-            (first,) = lab.asg.wait_for_group(name, 1)
+            members = lab.asg.wait_for_group(name, nodes)
+            zero = cli.job(job_id)["nodes"][0]["instance"] if nodes > 1 else members[0].id
+            (first,) = [i for i in members if i.id == zero]  # node 0: its metrics are rank 0's
             wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("step", 0) >= 20,
                      timeout=60, what="a checkpoint at step 20")
             lab.asg.kill_launching_machine()
             time.sleep(0.4)  # mid-way between two checkpoints
             t0 = time.time()
             lab.take_back({"InstanceId": first.id, "PrivateIpAddress": first.ip})
-            new = wait_for(lambda: next((i for i in lab.asg.live(name) if i.id != first.id),
-                                        None), timeout=60, what="the replacement")
+            new = wait_for(lambda: next((i for i in lab.asg.live(name)
+                                         if i.id not in {m.id for m in members}), None),
+                           timeout=60, what="the replacement")
             metrics = lab.homes[new.ip] / ".cloudtrain" / "jobs" / job_id / "metrics.jsonl"
             step = wait_for(lambda: _first_step_after(metrics, t0), timeout=120,
                             interval=0.05, what="the replacement's first step")
@@ -92,6 +100,10 @@ def grouped() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="a job on N nodes: node 0 is taken back, the replacement takes "
+                             "rank 0 once the nodes have met again (the supervisor's case "
+                             "is then not run)")
     args = parser.parse_args()
     from labs.netns import require_netns
 
@@ -100,8 +112,12 @@ def main() -> None:
 
     print(f"{'case':<34} {'total s':>8} {'wait s':>8} {'overhead s':>20}  "
           "(medians of runs; overhead min-max)")
-    for case, run in (("AWS Auto Scaling, laptop closed", grouped),
-                      ("supervisor here, laptop on", lambda: recovery.one("no-notice"))):
+    cases = [("AWS Auto Scaling, laptop closed", grouped),
+             ("supervisor here, laptop on", lambda: recovery.one("no-notice"))]
+    if args.nodes > 1:
+        cases = [(f"AWS Auto Scaling, {args.nodes} nodes, laptop closed",
+                  lambda: grouped(args.nodes))]
+    for case, run in cases:
         got = [run() for _ in range(args.runs)]
         total = [g.get("total_s", g["overhead_s"] + g.get("instance_wait_s", 0)) for g in got]
         wait = [g.get("wait_s", g.get("instance_wait_s", 0.0)) for g in got]

@@ -68,7 +68,7 @@ try:  # imported as cloudtrain.host.agent (the CLI, LocalHost)
     from .agent_store import StoreUploads, shipped
     from .job_processes import (MAX_RECORDED_PIDS, PR_SET_CHILD_SUBREAPER, describe_exit,
                                 descendants, prctl, proc_state, set_pdeathsig, signal_group)
-    from .job_status import (CANCELLED, FAILED, PREEMPTED, RUNNING, STARTING, SUCCEEDED,
+    from .job_status import (CANCELLED, FAILED, PREEMPTED, REGROUP, RUNNING, STARTING, SUCCEEDED,
                              as_time, fmt_duration, now, read_json)
 except ImportError:  # run as a script on the host, its neighbours beside it
     import safefile
@@ -76,7 +76,7 @@ except ImportError:  # run as a script on the host, its neighbours beside it
     from agent_store import StoreUploads, shipped
     from job_processes import (MAX_RECORDED_PIDS, PR_SET_CHILD_SUBREAPER, describe_exit,
                                descendants, prctl, proc_state, set_pdeathsig, signal_group)
-    from job_status import (CANCELLED, FAILED, PREEMPTED, RUNNING, STARTING, SUCCEEDED,
+    from job_status import (CANCELLED, FAILED, PREEMPTED, REGROUP, RUNNING, STARTING, SUCCEEDED,
                             as_time, fmt_duration, now, read_json)
 
 SPOT_POLL_S = 5.0  # AWS gives two minutes' notice; checking every 5 s leaves the job ~115 s
@@ -119,6 +119,7 @@ class Agent:
         self.stop_grace = None  # `stop --grace`'s, over job.json's grace_s
         self.kill_at = None
         self.proc = None
+        self.held_end = None  # a run's end while regroup.Team decides what it means
         self.lock = threading.Lock()
         self.store = StoreUploads(self)  # checkpoints and results to the job store
 
@@ -294,7 +295,7 @@ class Agent:
         self.clean_up()
         pump.join(timeout=5)
         log.close()
-        self.record_end()
+        self.record_end(hold=team is not None)
         return None
 
     def team(self):
@@ -322,6 +323,7 @@ class Agent:
         self.heartbeat_s = as_time(settings.get("heartbeat_s"), 2.0)
         self.store = StoreUploads(self)
         self.stop_reason = self.stop_state = self.stop_grace = self.kill_at = None
+        self.held_end = None
         self.__dict__.pop("_group", None)
 
     def job_env(self):
@@ -363,9 +365,12 @@ class Agent:
                 break
             time.sleep(POLL_S)
 
-    def record_end(self):
+    def record_end(self, hold=False):
         """The job's end in status.json: the state and reason a stop asked for, else its exit
-        (a failed staging or setup says so rather than run.sh's exit code)."""
+        (a failed staging or setup says so rather than run.sh's exit code). `hold` (a node of
+        a job on several nodes of a group): a run left to meet the others, or failed with
+        nobody asking, is kept in self.held_end and status.json still says running, until
+        regroup.Team.again decides whether a lost peer was the cause."""
         exit_code, exit_reason = describe_exit(self.proc.returncode)
         if self.stop_reason is not None:
             state, reason = self.stop_state, self.stop_reason
@@ -374,8 +379,14 @@ class Agent:
         else:
             state, reason = FAILED, staging_failure(self.jobdir) or \
                 setup_failure(self.jobdir) or exit_reason
-        self.write_status(state=state, ended_at=now(), exit_code=exit_code, reason=reason,
-                          descendants=[])
+        end = dict(state=state, ended_at=now(), exit_code=exit_code, reason=reason)
+        self.held_end = None
+        if hold and (state == REGROUP or (state == FAILED and self.stop_reason is None)):
+            self.held_end = end
+            self.write_status(state=RUNNING, descendants=[],
+                              regroup={"run_ended": dict(end), "at": now()})
+            return
+        self.write_status(descendants=[], **end)
 
     # -- after the job ----------------------------------------------------------------------------
 

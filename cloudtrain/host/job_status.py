@@ -26,6 +26,9 @@ except ImportError:
 STARTING, RUNNING = "starting", "running"
 SUCCEEDED, FAILED, CANCELLED, PREEMPTED = "succeeded", "failed", "cancelled", "preempted"
 ACTIVE = (STARTING, RUNNING)
+# A node of a job on several nodes that leaves its part to meet the others (host/regroup.py):
+# the stop's state, never written to status.json (which says running meanwhile).
+REGROUP = "regrouping"
 
 METRICS_TAIL_BYTES = 65536
 METRICS_SCAN_BYTES = 16 << 20

@@ -40,15 +40,14 @@ import time
 try:  # in the package (the orchestrator, tests), or shipped beside it on the host
     from . import agent_upload, auto_scaling, safefile
     from .bundle_reader import EXIT_ENDED, EXIT_STORE, FILE_MAX_BYTES, Failed
-    from .job_status import CANCELLED, FAILED, PREEMPTED, RUNNING, now
+    from .job_status import CANCELLED, FAILED, PREEMPTED, REGROUP, RUNNING, now
 except ImportError:
     import agent_upload
     import auto_scaling
     import safefile
     from bundle_reader import EXIT_ENDED, EXIT_STORE, FILE_MAX_BYTES, Failed
-    from job_status import CANCELLED, FAILED, PREEMPTED, RUNNING, now
+    from job_status import CANCELLED, FAILED, PREEMPTED, REGROUP, RUNNING, now
 
-REGROUP = "regrouping"  # status.json's state between a node's stop and its next run
 MASTER_PORT = 29500  # torchrun's default; the rendezvous takes the first free port from here
 NODES_MAX = 64
 WATCH_S = 2.0  # how often a running node asks for a newer attempt
@@ -262,10 +261,16 @@ class Team:
     job.json written, its checkpoint restored, as on a replacement)."""
 
     def __init__(self, agent, conf, reader, creds, ident, join):
-        self.agent, self.conf, self.reader, self.creds = agent, conf, reader, creds
+        self.agent, self.first_conf, self.reader, self.creds = agent, conf, reader, creds
         self.ident, self.join = ident, join
         self.newer = None  # the attempt the watch found recorded
         self.final_seen = False  # final.json was there already: not ours to write
+
+    @property
+    def conf(self):
+        """job.json's auto_scaling as it is now: the attempt's nodes change with each meeting
+        (agent.reload)."""
+        return self.agent.group() or self.first_conf
 
     @property
     def rank(self):
@@ -329,14 +334,16 @@ class Team:
         run its part again (job.json, the checkpoint and the agent's settings are then the
         new attempt's); False when the job's end is its own."""
         agent = self.agent
-        state = agent.status.get("state")
+        end = agent.held_end  # None: succeeded, cancelled, preempted, out of time: the end
+        if end is None:
+            return False
         if self.newer is None:
-            if state != FAILED or agent.stop_reason is not None:
-                return False  # succeeded, cancelled, preempted, out of time: the job's end
             self.newer = self.look_for_loss()
-            if self.newer is None:
+            if self.newer is None:  # a failure of the job's own
+                agent.held_end = None
+                agent.write_status(**end)
                 return False
-        at_least, self.newer = self.newer, None
+        at_least, self.newer, agent.held_end = self.newer, None, None
         agent.store.finish_stream(agent.store.upload_limit())  # rank 0's checkpoint first
         agent.write_status(state=RUNNING, ended_at=None, exit_code=None, reason=None,
                            pid=None, regroup={"to": at_least, "at": now()})

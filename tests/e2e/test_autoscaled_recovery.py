@@ -241,16 +241,19 @@ def _uninterrupted_nodes(cli) -> tuple[int, dict]:
     return _PLAIN_NODES["steps"], _PLAIN_NODES["model"]
 
 
-def test_three_nodes_laptop_closed_node_0_taken_back_the_nodes_meet_again_and_succeed(
-        lab, cli, ct_home, monkeypatch):
+@pytest.mark.parametrize("lost, notice", [(0, False), (2, True)],
+                         ids=["node-0-no-notice", "node-2-notice"])
+def test_three_nodes_laptop_closed_a_node_taken_back_the_nodes_meet_again_and_succeed(
+        lab, cli, ct_home, monkeypatch, lost, notice):
     """Issue 27's multi-node done-when: a resnet9 job on 3 nodes of one Auto Scaling group (in
-    its placement group); the launching machine is closed; node 0 (the rendezvous, the
-    checkpoint stream) is taken back mid-training without a notice. AWS puts a replacement in
-    the group; the two other nodes see the new attempt (or their run failing with a peer
-    gone), stop their part and meet the replacement through the job store, which takes the
-    free rank 0; all three restore the last streamed checkpoint and finish the job. Nothing
-    is left; only then does `status` run: succeeded, 2 attempts, each priced, and weights
-    equal to an uninterrupted 3-process run's."""
+    its placement group); the launching machine is closed; a node is taken back
+    mid-training: node 0 (the rendezvous, the checkpoint stream) without a notice, or node 2
+    after one (its agent stops and powers off; the others' runs fail with it gone, and they
+    find it gone in EC2). AWS puts a replacement in the group; the other nodes stop their
+    part and meet the replacement through the job store, which takes the free rank; all
+    three restore the last streamed checkpoint and finish the job. Nothing is left; only then
+    does `status` run: succeeded, 2 attempts, each priced, and weights equal to an
+    uninterrupted 3-process run's."""
     from labs.moto_placement import PlacementGroups
 
     lab.asg.placement = PlacementGroups().install(monkeypatch)
@@ -261,11 +264,17 @@ def test_three_nodes_laptop_closed_node_0_taken_back_the_nodes_meet_again_and_su
     first = lab.asg.wait_for_group(name, 3)
     nodes = cli.job(job_id)["nodes"]
     assert {n["instance"] for n in nodes} == {i.id for i in first}
-    (zero,) = [i for i in first if i.id == nodes[0]["instance"]]
+    (gone,) = [i for i in first if i.id == nodes[lost]["instance"]]
     wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("epoch"), timeout=240,
              interval=1.0, what="rank 0's first streamed checkpoint")
     lab.asg.kill_launching_machine()
-    lab.take_back({"InstanceId": zero.id, "PrivateIpAddress": zero.ip})
+    if notice:
+        lab.imds.announce(gone.ip)
+        wait_for(lambda: gone.id not in [i.id for i in lab.asg.live(name)]
+                 or gone.power_off_at is not None, timeout=120,
+                 what="the agent to finish its notice")
+    if gone.id in [i.id for i in lab.asg.live(name)]:
+        lab.take_back({"InstanceId": gone.id, "PrivateIpAddress": gone.ip})
     replacement = wait_for(lambda: next((i for i in lab.asg.live(name)
                                          if i.id not in {f.id for f in first}), None),
                            timeout=120, what="the replacement")
@@ -280,15 +289,19 @@ def test_three_nodes_laptop_closed_node_0_taken_back_the_nodes_meet_again_and_su
     assert [a["attempt"] for a in attempts] == [1, 2], attempts
     assert attempts[0]["outcome"] == "interrupted"
     assert attempts[1]["instance"] == replacement.id
-    assert attempts[1]["resumed_step"] is not None and 0 < attempts[1]["resumed_step"] < 30
+    assert attempts[1]["resumed_step"] is not None and 0 < attempts[1]["resumed_step"] < 30, (
+        attempts, lab.stored_checkpoint(job_id))
     assert all(a["usd"] is not None and a["usd"] > 0 for a in attempts), attempts
     out = cli.ok("status", job_id).stdout
     assert "attempts  2: 1 interrupted" in out, out
-    # The survivors kept their ranks; the replacement took node 0's and ran the rendezvous
-    # (their files came home from the job store, nodes/<rank>/).
-    for rank in (1, 2):
-        log = (ct_home / "jobs" / job_id / "nodes" / str(rank) / "output.log").read_text()
-        assert f"attempt 2: rank {rank} of 3, rendezvous {replacement.ip}:" in log, log[-3000:]
+    # The survivors kept their ranks; the replacement took the lost one's (their files came
+    # home from the job store: rank 0's as the job's, the others' from nodes/<rank>/).
+    master = replacement.ip if lost == 0 else nodes[0]["address"]
+    for rank in (0, 1, 2):
+        log = (ct_home / "jobs" / job_id / ("nodes/%d" % rank if rank else "") /
+               "output.log").read_text()
+        if rank != lost:
+            assert f"attempt 2: rank {rank} of 3, rendezvous {master}:" in log, log[-3000:]
     steps, theirs = _uninterrupted_nodes(cli)
     assert job["metrics"]["step"] == steps == 30
     ours = torch.load(ct_home / "jobs" / job_id / "checkpoints" / "last.pt",
