@@ -91,6 +91,8 @@ def check_member(doc, nodes):
     if rank is not None and not (isinstance(rank, int) and not isinstance(rank, bool)
                                  and 0 <= rank < nodes):
         rank = None
+    if not isinstance(address, str):  # IPv4Address takes a number too: 167837959 is 10.1.1.7
+        return None
     try:
         address = str(ipaddress.IPv4Address(address))
     except (ipaddress.AddressValueError, ValueError, TypeError):
