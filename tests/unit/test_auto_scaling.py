@@ -154,3 +154,30 @@ def test_the_group_is_set_to_0_where_deleting_it_is_refused_and_the_template_goe
     assert [(s, ok) for s, ok, _ in steps] == [
         ("delete group", False), ("set group to 0", True), ("delete launch template", True)]
     assert "already" in steps[2][2]
+
+
+def test_instance_states_read_only_the_asked_ids_and_a_refusal_is_none_and_why():
+    """An answer that lists more than was asked (or lies about it) gives only the asked ids;
+    EC2's refusal is (None, its code and message), asked once."""
+    body = ("<DescribeInstancesResponse><reservationSet><item><instancesSet>"
+            "<item><instanceId>i-0000000a</instanceId><imageId>ami-1</imageId>"
+            "<instanceState><code>16</code><name>running</name></instanceState></item>"
+            "<item><instanceId>i-0000000f</instanceId>"
+            "<instanceState><code>48</code><name>terminated</name></instanceState></item>"
+            "</instancesSet></item></reservationSet></DescribeInstancesResponse>").encode()
+    url, server, seen = _answering((200, body))
+    try:
+        conf = dict(GOOD, endpoint=url)
+        assert auto_scaling.instance_states(conf, _Creds(), ["i-0000000a", "i-0000000b"]) == (
+            {"i-0000000a": "running"}, "")
+    finally:
+        server.close()
+    assert seen[0]["Action"] == "DescribeInstances"
+    assert (seen[0]["InstanceId.1"], seen[0]["InstanceId.2"]) == ("i-0000000a", "i-0000000b")
+    url, server, seen = _answering((403, _error("UnauthorizedOperation")))
+    try:
+        assert auto_scaling.instance_states(dict(GOOD, endpoint=url), _Creds(), ["i-0000000a"],
+                                            lambda s: None) == (None, "UnauthorizedOperation: m")
+    finally:
+        server.close()
+    assert len(seen) == 1
