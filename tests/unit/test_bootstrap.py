@@ -275,33 +275,11 @@ def test_a_403_is_a_missing_key_only_where_the_role_read_its_neighbour(monkeypat
         imds.close()
 
 
-def _listing(status: int, body: bytes):
-    """A loopback S3 that answers every GET with `status` and `body`; records the queries."""
-    import http.server
-    import urllib.parse
-
-    from labs.loopback import serve
-
-    seen = []
-
-    class Answer(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def do_GET(self):
-            seen.append(dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query)))
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    return serve(Answer), seen
-
-
 def _list(status: int, body: bytes, prefix: str = "jobs/o/j1/attempts/2/"):
     from labs.imds import FakeIMDS
+    from labs.loopback import answering
 
-    (url, server), seen = _listing(status, body)
+    url, server, seen = answering((status, body))
     imds = FakeIMDS()
     try:
         b = bundle_reader.Bundle("bucket", "jobs/o/j1/", "us-east-1", url, imds.url)
