@@ -90,6 +90,8 @@ def check_member(doc, nodes):
     if rank is not None and not (isinstance(rank, int) and not isinstance(rank, bool)
                                  and 0 <= rank < nodes):
         rank = None
+    if not isinstance(address, str):  # IPv4Address takes a number too: 167837959 is 10.1.1.7
+        return None
     try:
         address = str(ipaddress.IPv4Address(address))
     except (ipaddress.AddressValueError, ValueError, TypeError):
@@ -181,10 +183,10 @@ def ended(reader, prefix):
 
 def members(reader, prefix, n, nodes):
     """Attempt n's nodes as their records say (listed, each read and checked)."""
-    found = []
-    listed = reader.list_keys("%s%s%d/" % (prefix, auto_scaling.ATTEMPTS, n), EXIT_STORE)
+    found, folder = [], "%s%s%d/" % (prefix, auto_scaling.ATTEMPTS, n)
+    listed = reader.list_keys(folder, EXIT_STORE)
     for key, size in sorted(listed.items()):
-        name = MEMBER.fullmatch(key.rsplit("/", 1)[-1])
+        name = MEMBER.fullmatch(key[len(folder):])  # directly in the folder: not sub/<id>.json
         if name is None or size > auto_scaling.RECORD_MAX_BYTES:
             continue
         doc = check_member(auto_scaling.read_record(reader.get_bytes(

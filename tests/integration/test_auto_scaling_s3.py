@@ -18,9 +18,7 @@ import pytest
 
 from cloudtrain.host import auto_scaling
 from cloudtrain.hosts import agent_files
-from cloudtrain.providers.aws import jobstore
-from labs.aws import fresh_store, group_with_template, moto_endpoint
-from labs.imds import FakeIMDS
+from labs.aws import group_with_template, instance_store, moto_endpoint
 
 __all__ = ["moto_endpoint"]  # the lab's fixture
 
@@ -47,14 +45,11 @@ def stored(s3, key: str) -> dict | None:
 
 @pytest.fixture
 def lab(moto_endpoint, tmp_path, monkeypatch):
-    s3 = fresh_store(moto_endpoint, monkeypatch, BUCKET, REGION)
-    imds = FakeIMDS(role="ct-instance")
+    s3, imds, grant = instance_store(moto_endpoint, monkeypatch, BUCKET, JOB, OWNER, REGION)
     imds.metadata["127.0.0.1"] = {"/latest/meta-data/instance-id": INSTANCE,
                                   "/latest/meta-data/placement/availability-zone": "us-east-1b",
                                   "/latest/meta-data/instance-type": "g5.xlarge",
                                   "/latest/meta-data/instance-life-cycle": "spot"}
-    grant = json.loads(json.dumps(jobstore.upload_grant(s3, BUCKET, JOB, 600, 1 << 30,
-                                                        owner_key=OWNER)))
     asg, ec2, present = group_with_template(moto_endpoint, GROUP, REGION)
     yield type("Lab", (), dict(s3=s3, imds=imds, grant=grant, asg=asg, present=present,
                                endpoint=moto_endpoint, tmp=tmp_path))
@@ -226,3 +221,50 @@ def test_end_group_sets_the_group_to_0_where_deleting_it_is_refused(lab, monkeyp
     group = lab.asg.describe_auto_scaling_groups(AutoScalingGroupNames=[GROUP])[
         "AutoScalingGroups"][0]
     assert (group["MinSize"], group["MaxSize"], group["DesiredCapacity"]) == (0, 0, 0)
+
+
+# -- a job on several nodes (host/regroup.py): its peers as EC2 sees them, and this node ------
+
+def _instances(lab, count: int) -> list[str]:
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=lab.endpoint)
+    return [i["InstanceId"] for i in ec2.run_instances(
+        ImageId="ami-12c6146b", InstanceType="g5.xlarge", MinCount=count,
+        MaxCount=count)["Instances"]], ec2
+
+
+def test_instance_states_are_ec2s_asked_with_the_role(lab):
+    """DescribeInstances signed with the role's credentials (the fake IMDS's, no AWS keys):
+    a running peer and a terminated one, each with EC2's state name; ids EC2 does not know
+    make the whole call an InvalidInstanceID.NotFound, which is "gone", not a failure."""
+    from cloudtrain.host.stage_sigv4 import RoleCredentials
+
+    (up, down), ec2 = _instances(lab, 2)
+    ec2.terminate_instances(InstanceIds=[down])
+    creds = RoleCredentials(lab.imds.url)
+    assert auto_scaling.instance_states(group_conf(lab), creds, [up, down]) == (
+        {up: "running", down: "terminated"}, "")
+    assert auto_scaling.instance_states(group_conf(lab), creds, [up]) == ({up: "running"}, "")
+    assert auto_scaling.instance_states(group_conf(lab), creds, ["i-0123456789abcdef0"]) == (
+        {}, "")
+    assert any(p.startswith("/latest/meta-data/iam/security-credentials/")
+               for _, p, _ in lab.imds.seen)
+
+
+def test_instance_states_that_cannot_be_asked_are_none_and_why(lab):
+    from cloudtrain.host.stage_sigv4 import RoleCredentials
+
+    (up,), _ = _instances(lab, 1)
+    lab.imds.roles["127.0.0.1"] = None  # no instance profile
+    states, why = auto_scaling.instance_states(group_conf(lab), RoleCredentials(lab.imds.url),
+                                               [up], clock=lambda s: None)
+    assert states is None and "no role credentials" in why
+
+
+def test_identity_says_this_instances_private_address(lab):
+    lab.imds.metadata["127.0.0.1"]["/latest/meta-data/local-ipv4"] = "10.0.3.17"
+    ident = auto_scaling.identity(lab.imds.url)
+    assert (ident["instance"], ident["address"]) == (INSTANCE, "10.0.3.17")
+    lab.imds.metadata["127.0.0.1"]["/latest/meta-data/local-ipv4"] = "10.0.3.17\n; rm -rf"
+    assert auto_scaling.identity(lab.imds.url)["address"] is None

@@ -357,3 +357,20 @@ def fresh_store(endpoint: str, monkeypatch, bucket: str, region: str = REGION):
     s3 = boto3.client("s3", region_name=region, endpoint_url=endpoint)
     s3.create_bucket(Bucket=bucket)
     return s3
+
+
+def instance_store(endpoint: str, monkeypatch, bucket: str, job: str, owner: str,
+                   region: str = REGION) -> tuple:
+    """The job store as an instance of job `job` meets it: the moto server emptied and
+    `bucket` made (fresh_store), a fake IMDS that gives the instance role's credentials
+    (labs.imds), and the job's upload grant as job.json carries it (jobstore.upload_grant,
+    through JSON). Returns (s3, imds, grant); the caller closes imds."""
+    from cloudtrain.providers.aws import jobstore
+
+    from .imds import FakeIMDS
+
+    s3 = fresh_store(endpoint, monkeypatch, bucket, region)
+    imds = FakeIMDS(role="ct-instance")
+    grant = json.loads(json.dumps(jobstore.upload_grant(s3, bucket, job, 600, 1 << 30,
+                                                        owner_key=owner)))
+    return s3, imds, grant

@@ -37,3 +37,27 @@ def serve(handler, host: str = "127.0.0.1", server_class: type = QuietServer
     server = server_class((host, 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server.url, server
+
+
+def answering(*answers: tuple[int, bytes], host: str = "127.0.0.1"):
+    """An HTTP server that answers the n-th GET with answers[n] as (status, body), the last
+    one from then on (an AWS endpoint saying what a test wants): (url, server, seen), where
+    `seen` gets each request's query as a dict."""
+    import urllib.parse
+
+    seen: list[dict] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            seen.append(dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query)))
+            code, body = answers[min(len(seen), len(answers)) - 1]
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    url, server = serve(Handler, host)
+    return url, server, seen

@@ -4,13 +4,12 @@ records read under guard (whatever is in the job store), the Query calls' retrie
 from __future__ import annotations
 
 import json
-import urllib.parse
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from cloudtrain.host import auto_scaling
-from labs.loopback import serve
+from labs.loopback import answering
 
 GOOD = {"group": "cloudtrain-j1", "region": "us-east-1", "endpoint": None, "max_restarts": 3,
         "prefix": "jobs/AIDAOWNER/j1/", "bucket": "cloudtrain-123456789012-us-east-1"}
@@ -96,28 +95,6 @@ class _Creds:
         return {"AccessKeyId": "AKIA", "SecretAccessKey": "s", "Token": None}
 
 
-def _answering(*answers):
-    """A loopback Query endpoint answering (code, body) in turn; records each query."""
-    import http.server
-
-    seen = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def do_GET(self):
-            seen.append(dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query)))
-            code, body = answers[min(len(seen), len(answers)) - 1]
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    url, server = serve(Handler)
-    return url, server, seen
-
-
 def _error(code):
     return f"<ErrorResponse><Error><Code>{code}</Code><Message>m</Message></Error>" \
            "</ErrorResponse>".encode()
@@ -125,14 +102,14 @@ def _error(code):
 
 def test_only_throttling_and_5xx_are_tried_again():
     slept = []
-    url, server, seen = _answering((400, _error("Throttling")), (503, b""), (200, b"<ok/>"))
+    url, server, seen = answering((400, _error("Throttling")), (503, b""), (200, b"<ok/>"))
     try:
         assert auto_scaling.call("autoscaling", {"Action": "X"}, "us-east-1", _Creds(), url,
                                  slept.append) == (True, "")
         assert len(seen) == 3 and slept == [1, 2]
     finally:
         server.close()
-    url, server, seen = _answering((403, _error("AccessDenied")))
+    url, server, seen = answering((403, _error("AccessDenied")))
     try:
         ok, why = auto_scaling.call("ec2", {"Action": "X"}, "us-east-1", _Creds(), url,
                                     slept.append)
@@ -142,7 +119,7 @@ def test_only_throttling_and_5xx_are_tried_again():
 
 
 def test_the_group_is_set_to_0_where_deleting_it_is_refused_and_the_template_goes_on():
-    url, server, seen = _answering((403, _error("AccessDenied")), (200, b""), (400, _error(
+    url, server, seen = answering((403, _error("AccessDenied")), (200, b""), (400, _error(
         auto_scaling.TEMPLATE_GONE)))
     try:
         steps = auto_scaling.end_group(dict(GOOD, endpoint=url), _Creds(), lambda s: None)
@@ -154,3 +131,30 @@ def test_the_group_is_set_to_0_where_deleting_it_is_refused_and_the_template_goe
     assert [(s, ok) for s, ok, _ in steps] == [
         ("delete group", False), ("set group to 0", True), ("delete launch template", True)]
     assert "already" in steps[2][2]
+
+
+def test_instance_states_read_only_the_asked_ids_and_a_refusal_is_none_and_why():
+    """An answer that lists more than was asked (or lies about it) gives only the asked ids;
+    EC2's refusal is (None, its code and message), asked once."""
+    body = ("<DescribeInstancesResponse><reservationSet><item><instancesSet>"
+            "<item><instanceId>i-0000000a</instanceId><imageId>ami-1</imageId>"
+            "<instanceState><code>16</code><name>running</name></instanceState></item>"
+            "<item><instanceId>i-0000000f</instanceId>"
+            "<instanceState><code>48</code><name>terminated</name></instanceState></item>"
+            "</instancesSet></item></reservationSet></DescribeInstancesResponse>").encode()
+    url, server, seen = answering((200, body))
+    try:
+        conf = dict(GOOD, endpoint=url)
+        assert auto_scaling.instance_states(conf, _Creds(), ["i-0000000a", "i-0000000b"]) == (
+            {"i-0000000a": "running"}, "")
+    finally:
+        server.close()
+    assert seen[0]["Action"] == "DescribeInstances"
+    assert (seen[0]["InstanceId.1"], seen[0]["InstanceId.2"]) == ("i-0000000a", "i-0000000b")
+    url, server, seen = answering((403, _error("UnauthorizedOperation")))
+    try:
+        assert auto_scaling.instance_states(dict(GOOD, endpoint=url), _Creds(), ["i-0000000a"],
+                                            lambda s: None) == (None, "UnauthorizedOperation: m")
+    finally:
+        server.close()
+    assert len(seen) == 1

@@ -1,6 +1,7 @@
 """host/bootstrap.py's checks, and the bundle the orchestrator builds for it
 (lifecycle/scripts.bundle_parts, providers/aws/jobbundle.manifest): what an instance accepts
-from the job store before it starts a job by itself (issue 27, item 1)."""
+from the job store before it starts a job by itself (issue 27, item 1); and what the bundle
+reader takes from a listing of attempts/ (Bundle.list_keys, host/regroup.py's)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 from cloudtrain.errors import UsageError
 from cloudtrain.gitignore import list_files
-from cloudtrain.host import bootstrap
+from cloudtrain.host import bootstrap, bundle_reader
 from cloudtrain.hosts import agent_dir, agent_files
 from cloudtrain.lifecycle import scripts
 from cloudtrain.local_host import LocalHost
@@ -272,3 +273,58 @@ def test_a_403_is_a_missing_key_only_where_the_role_read_its_neighbour(monkeypat
     finally:
         server.close()
         imds.close()
+
+
+def _list(status: int, body: bytes, prefix: str = "jobs/o/j1/attempts/2/"):
+    from labs.imds import FakeIMDS
+    from labs.loopback import answering
+
+    url, server, seen = answering((status, body))
+    imds = FakeIMDS()
+    try:
+        b = bundle_reader.Bundle("bucket", "jobs/o/j1/", "us-east-1", url, imds.url)
+        return b.list_keys(prefix, bundle_reader.EXIT_STORE), seen
+    finally:
+        server.close()
+        imds.close()
+
+
+def _contents(*items: tuple[str, str]) -> bytes:
+    rows = "".join(f"<Contents><Key>{k}</Key><Size>{s}</Size></Contents>" for k, s in items)
+    return f"<?xml version='1.0'?><ListBucketResult>{rows}</ListBucketResult>".encode()
+
+
+def test_a_listing_keeps_only_the_prefixs_keys_that_may_be_read_unescaped():
+    """What a ListObjectsV2 answer (or whoever stands in for S3) lists is checked key by key:
+    XML character references are undone before the checks, a key outside the prefix, one
+    KEY does not take, or one without a size is left out."""
+    p = "jobs/o/j1/attempts/2/"
+    keys, seen = _list(200, _contents(
+        (p + "i-0123456789abcdef0.json", "120"),
+        ("jobs&#x2F;o/j1/attempts/2/i-&#48;123456789abcdef1.json", "7"),  # escaped, ours
+        ("jobs/o/j1/attempts/20/i-0123456789abcdef2.json", "5"),  # another attempt's
+        ("jobs/o/other/attempts/2/i-0123456789abcdef3.json", "5"),
+        (p + "a&amp;b.json", "5"), (p + "a b.json", "5"), (p + "x&lt;y", "5"),
+        (p + "no-size.json", "x"), (p + "huge.json", "9" * 16)))
+    assert keys == {p + "i-0123456789abcdef0.json": 120, p + "i-0123456789abcdef1.json": 7}
+    assert seen == [{"list-type": "2", "prefix": p, "max-keys": str(bundle_reader.LIST_MAX_KEYS)}]
+
+
+def test_a_listing_over_its_byte_limit_or_refused_is_a_failure_that_says_so():
+    p = "jobs/o/j1/attempts/2/"
+    big = _contents(*[(p + "i-%017x.json" % k, "1") for k in range(12_000)])
+    assert len(big) > bundle_reader.LIST_MAX_BYTES
+    with pytest.raises(bundle_reader.Failed) as err:
+        _list(200, big)
+    assert err.value.code == bundle_reader.EXIT_STORE and "larger than" in str(err.value)
+    with pytest.raises(bundle_reader.Failed) as err:
+        _list(403, b"<Error><Code>AccessDenied</Code></Error>")
+    assert err.value.code == bundle_reader.EXIT_STORE
+    assert "HTTP 403" in str(err.value) and "s3:ListBucket" in str(err.value)
+
+
+def test_a_listing_reads_at_most_its_page_of_keys():
+    p = "jobs/o/j1/attempts/2/"
+    keys, _ = _list(200, _contents(*[(p + "i-%017x.json" % k, "1")
+                                     for k in range(bundle_reader.LIST_MAX_KEYS + 50)]))
+    assert len(keys) == bundle_reader.LIST_MAX_KEYS

@@ -1,0 +1,229 @@
+"""host/regroup.py against moto's S3 and EC2 (issue 27, a job on several nodes of an Auto Scaling
+group): the nodes meet through the job store as on an instance, each reading with the role's
+credentials from the fake IMDS (bundle_reader.Bundle: signed GETs and ListObjectsV2) and
+writing its record through the job's real presigned-POST grant; each meeting node runs in a
+thread of its own. After a failed run, a real agent's Team asks EC2 whether a peer is gone."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from cloudtrain.host import auto_scaling, regroup
+from cloudtrain.host.bundle_reader import EXIT_ENDED, EXIT_STORE, Bundle, Failed
+from labs.aws import instance_store, moto_endpoint
+from labs.polling import wait_for
+
+__all__ = ["moto_endpoint"]  # the lab's fixture
+
+REGION = "us-east-1"
+BUCKET = "cloudtrain-123456789012-us-east-1"
+OWNER = "AIDAEXAMPLEOWNER0001"
+JOB = "regroup01"
+PREFIX = f"jobs/{OWNER}/{JOB}/"
+FAST = {"poll_s": 0.2, "wait_s": 30.0, "meet_s": 30.0}
+
+
+@pytest.fixture
+def lab(moto_endpoint, tmp_path, monkeypatch):
+    s3, imds, grant = instance_store(moto_endpoint, monkeypatch, BUCKET, JOB, OWNER, REGION)
+    yield type("Lab", (), dict(s3=s3, imds=imds, grant=grant, endpoint=moto_endpoint,
+                               tmp=tmp_path))
+    imds.close()
+
+
+def put(lab, name: str, body) -> None:
+    lab.s3.put_object(Bucket=BUCKET, Key=PREFIX + name,
+                      Body=body if isinstance(body, bytes) else json.dumps(body))
+
+
+def stored_keys(lab, below: str) -> list[str]:
+    got = lab.s3.list_objects_v2(Bucket=BUCKET, Prefix=PREFIX + below).get("Contents", [])
+    return sorted(o["Key"][len(PREFIX + below):] for o in got)
+
+
+def node(k: int, rank: int | None) -> dict:
+    """Node k's record as regroup.mine makes it (the loopback address, its interface)."""
+    return regroup.mine({"instance": "i-%017x" % (0xA0 + k), "address": "127.0.0.1"}, rank)
+
+
+class Meeting:
+    """Nodes meeting in threads, each with its own reader (its own role credentials)."""
+
+    def __init__(self, lab, nodes: int):
+        self.lab, self.nodes = lab, nodes
+        self.grant = regroup.records_grant({"results_store": lab.grant}, PREFIX)
+        self.out: dict[str, object] = {}
+        self.threads: list[threading.Thread] = []
+
+    def join(self, me: dict, at_least: int, **kw) -> None:
+        reader = Bundle(BUCKET, PREFIX, REGION, self.lab.endpoint, self.lab.imds.url)
+
+        def run():
+            try:
+                self.out[me["instance"]] = regroup.meet(reader, self.grant, PREFIX, at_least,
+                                                        self.nodes, me, **dict(FAST, **kw))
+            except Exception as exc:  # noqa: BLE001 - what the test looks at
+                self.out[me["instance"]] = exc
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def results(self, timeout: float = 60) -> dict:
+        for t in self.threads:
+            t.join(timeout)
+            assert not t.is_alive(), "a node is still meeting"
+        return self.out
+
+
+def test_three_nodes_meet_and_every_one_ranks_them_alike(lab):
+    """Attempt 2: node a had rank 0, node c rank 2, b replaced the lost rank 1 (no rank)."""
+    put(lab, "attempts/2.json", {"attempt": 2, "instance": node(1, None)["instance"]})
+    a, b, c = node(0, 0), node(1, None), node(2, 2)
+    meeting = Meeting(lab, 3)
+    started = time.monotonic()
+    for me in (c, b, a):
+        meeting.join(me, 2)
+    out = meeting.results()
+    seconds = time.monotonic() - started
+    assert all(isinstance(v, tuple) for v in out.values()), out
+    (n, ranks), *others = out.values()
+    assert n == 2 and all(o == (n, ranks) for o in others)  # the same answer on every node
+    assert [m["instance"] for m in ranks] == [a["instance"], b["instance"], c["instance"]]
+    assert ranks[0]["address"] == "127.0.0.1" and ranks[0]["iface"] == "lo"
+    assert stored_keys(lab, "attempts/2/") == sorted(m["instance"] + ".json" for m in ranks)
+    print(f"three nodes met in {seconds:.2f} s")
+
+
+def test_a_newer_attempt_recorded_while_they_wait_moves_every_node_to_it(lab):
+    """Two nodes have joined attempt 2 when one more node is lost and its replacement records
+    attempt 3: both move to 3 and meet the replacement there."""
+    put(lab, "attempts/2.json", {"attempt": 2})
+    a, b, c = node(0, 0), node(1, 1), node(2, None)
+    meeting = Meeting(lab, 3)
+    meeting.join(a, 2)
+    meeting.join(b, 2)
+    assert wait_for(lambda: len(stored_keys(lab, "attempts/2/")) == 2, timeout=30)
+    put(lab, "attempts/3.json", {"attempt": 3})
+    meeting.join(c, 3)
+    out = meeting.results()
+    assert {v[0] if isinstance(v, tuple) else v for v in out.values()} == {3}, out
+    assert len({json.dumps(v[1]) for v in out.values()}) == 1
+    assert [m["instance"] for m in out[a["instance"]][1]] == [a["instance"], b["instance"],
+                                                              c["instance"]]
+    assert len(stored_keys(lab, "attempts/3/")) == 3
+
+
+def test_the_jobs_end_recorded_while_a_node_waits_ends_its_wait(lab):
+    put(lab, "attempts/2.json", {"attempt": 2})
+    me = node(0, 0)
+    meeting = Meeting(lab, 2)
+    meeting.join(me, 2)
+    assert wait_for(lambda: stored_keys(lab, "attempts/2/"), timeout=30)
+    put(lab, auto_scaling.FINAL, {"state": "succeeded"})
+    exc = meeting.results(timeout=15)[me["instance"]]
+    assert isinstance(exc, Failed) and exc.code == EXIT_ENDED, exc
+
+
+def test_a_node_left_alone_stops_waiting_with_a_store_failure(lab):
+    """Nobody else joins within meet_s; no attempt recorded at all within wait_s."""
+    put(lab, "attempts/2.json", {"attempt": 2})
+    meeting = Meeting(lab, 3)
+    meeting.join(node(0, 0), 2, meet_s=1.0)
+    meeting.join(node(1, 1), 3, wait_s=1.0)  # attempt 3 never comes
+    out = meeting.results(timeout=20)
+    alone, unreplaced = out[node(0, 0)["instance"]], out[node(1, 1)["instance"]]
+    assert isinstance(alone, Failed) and alone.code == EXIT_STORE
+    assert "not all 3 nodes met" in str(alone)
+    assert isinstance(unreplaced, Failed) and unreplaced.code == EXIT_STORE
+    assert "no replacement node recorded" in str(unreplaced)
+    assert stored_keys(lab, "attempts/3/") == []  # nothing joined an attempt not recorded
+
+
+def test_junk_among_an_attempts_records_is_passed_over_not_fatal(lab):
+    """Whatever else is under attempts/2/ (the grant lets any node write there) is not a
+    node: two real nodes still meet as two."""
+    good = {"instance": "i-00000000000000f1", "rank": 0, "address": "10.0.0.9", "port": 1}
+    put(lab, "attempts/2.json", {"attempt": 2})
+    put(lab, "attempts/2/i-00000000000000f1.json", b"{not json")
+    put(lab, "attempts/2/i-00000000000000f2.json",
+        dict(good, instance="i-00000000000000f2",
+             pad="x" * (auto_scaling.RECORD_MAX_BYTES + 1)))
+    put(lab, "attempts/2/i-00000000000000f3.json", dict(good, instance="i-00000000000000f4"))
+    put(lab, "attempts/2/notaninstance.json", dict(good, instance="i-00000000000000f5"))
+    put(lab, "attempts/2/i-00000000000000f6 x.json", dict(good, instance="i-00000000000000f6"))
+    put(lab, "attempts/2/sub/i-00000000000000f7.json", dict(good, instance="i-00000000000000f7"))
+    put(lab, "attempts/2/ended-1.json", {"rank": 1})
+    a, b = node(0, 0), node(1, 1)
+    meeting = Meeting(lab, 2)
+    meeting.join(a, 2)
+    meeting.join(b, 2)
+    out = meeting.results()
+    assert all(isinstance(v, tuple) for v in out.values()), out
+    assert [m["instance"] for m in out[a["instance"]][1]] == [a["instance"], b["instance"]]
+
+
+# -- after a failed run: is a peer gone? (Team.look_for_loss, a real agent's Team) ----------
+
+def agent_team(lab, monkeypatch, peers: list[str], me: str):
+    """A real host/agent.Agent on a job directory of a job on 3 nodes (job.json as the launch
+    and take_part write it), and its Team; the fake IMDS says this instance is `me`."""
+    from cloudtrain.host.agent import Agent
+    from cloudtrain.host.agent_store import shipped
+
+    lab.imds.metadata["127.0.0.1"] = {"/latest/meta-data/instance-id": me,
+                                      "/latest/meta-data/local-ipv4": "127.0.0.1"}
+    jobdir = Path(lab.tmp, "jobs", JOB)
+    jobdir.mkdir(parents=True)
+    members = [{"rank": k, "instance": i, "address": "10.0.0.%d" % k}
+               for k, i in enumerate([me] + peers)]
+    (jobdir / "job.json").write_text(json.dumps({
+        "job_id": JOB, "imds_url": lab.imds.url, "results_store": lab.grant,
+        "env": {"CLOUDTRAIN_ATTEMPT": "2"},
+        "auto_scaling": {"group": f"cloudtrain-{JOB}", "region": REGION,
+                         "endpoint": lab.endpoint, "max_restarts": 3, "prefix": PREFIX,
+                         "bucket": BUCKET, "nodes": 3, "rank": 0, "members": members}}))
+    team = Agent(str(jobdir)).team()
+    assert team is not None, (jobdir / "output.log").read_text()
+    # the agent's regroup is the shipped module (imported by name, as on the host)
+    monkeypatch.setattr(shipped("regroup"), "WATCH_S", 0.1)
+    monkeypatch.setattr(shipped("regroup"), "LOST_WAIT_S", 1.0)
+    return team, jobdir
+
+
+def _ec2_instances(lab, count: int) -> tuple[list[str], object]:
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=lab.endpoint)
+    return [i["InstanceId"] for i in ec2.run_instances(
+        ImageId="ami-12c6146b", InstanceType="g5.xlarge", MinCount=count,
+        MaxCount=count)["Instances"]], ec2
+
+
+def test_a_peer_ec2_says_is_terminated_means_the_next_attempt(lab, monkeypatch):
+    (me, p1, p2), ec2 = _ec2_instances(lab, 3)
+    ec2.terminate_instances(InstanceIds=[p2])
+    team, jobdir = agent_team(lab, monkeypatch, [p1, p2], me)
+    assert team.look_for_loss() == 3
+    assert f"node {p2} is gone (terminated)" in (jobdir / "output.log").read_text()
+
+
+def test_a_newer_attempt_recorded_means_it_even_with_every_peer_running(lab, monkeypatch):
+    (me, p1, p2), _ = _ec2_instances(lab, 3)
+    team, _ = agent_team(lab, monkeypatch, [p1, p2], me)
+    put(lab, "attempts/3.json", {"attempt": 3})
+    assert team.look_for_loss() == 3
+
+
+def test_every_peer_running_is_the_jobs_own_failure_after_lost_wait(lab, monkeypatch):
+    (me, p1, p2), _ = _ec2_instances(lab, 3)
+    team, jobdir = agent_team(lab, monkeypatch, [p1, p2], me)
+    started = time.monotonic()
+    assert team.look_for_loss() is None
+    assert 1.0 <= time.monotonic() - started < 10
+    log = jobdir / "output.log"
+    assert not log.exists() or "is gone" not in log.read_text()
