@@ -94,7 +94,11 @@ def test_bash_sources_the_script_and_completes(cli, two_jobs, tmp_path):
 class _Bash:
     """An interactive bash on a pseudo-terminal with the README's completion line sourced:
     `tab(line)` types the line and Tab twice, and returns what bash then shows (a unique
-    answer is put on the line; several are listed)."""
+    answer is put on the line; several are listed). Readline handles keys in order and runs
+    the completion before the next key, so a key bound to print a marker, typed after the
+    Tabs, says when bash has shown everything: no waiting for the terminal to go quiet."""
+
+    MARK = b"<tab-done>"  # printf's output only: the typed command does not contain it
 
     def __init__(self, cwd: Path):
         import pty
@@ -106,31 +110,28 @@ class _Bash:
                                      stdout=slave, stderr=slave, cwd=cwd, env=env,
                                      start_new_session=True)
         os.close(slave)
-        self.send(b'eval "$(_CLOUDTRAIN_COMPLETE=bash_source cloudtrain)"; echo sourced\n',
-                  until=b"sourced\r\n$ ")
+        self.send(b'eval "$(_CLOUDTRAIN_COMPLETE=bash_source cloudtrain)"; '
+                  b"bind -x '\"\\C-t\": printf \"<tab-%s>\\n\" done'; printf '<%s>\\n' sourced\n",
+                  until=b"<sourced>\r\n$ ")
 
-    def send(self, data: bytes, until: bytes | None = None, quiet_s: float = 1.5) -> str:
-        """Write `data`; read until `until` shows (or until nothing came for `quiet_s`)."""
+    def send(self, data: bytes, until: bytes) -> str:
+        """Write `data`; read until `until` shows (a minute at most)."""
         import select
         import time
 
         os.write(self.master, data)
-        out, last, deadline = b"", time.monotonic(), time.monotonic() + 60
-        while time.monotonic() < deadline:
+        out, deadline = b"", time.monotonic() + 60
+        while until not in out:
+            assert time.monotonic() < deadline, f"no {until!r} from bash in 60 s: {out!r}"
             ready, _, _ = select.select([self.master], [], [], 0.1)
             if ready:
                 out += os.read(self.master, 65536)
-                last = time.monotonic()
-                if until is not None and until in out:
-                    break
-            elif until is None and time.monotonic() - last > quiet_s:
-                break
         return out.decode("utf-8", "replace")
 
     def tab(self, line: str) -> str:
-        shown = self.send(line.encode() + b"\t\t", quiet_s=3.0)
-        self.send(b"\x15")  # Ctrl-U: an empty line for the next one
-        return shown
+        shown = self.send(line.encode() + b"\t\t\x14", until=self.MARK)  # Ctrl-T: the marker
+        self.send(b"\x15\x14", until=self.MARK)  # Ctrl-U: an empty line for the next one
+        return shown[:shown.index(self.MARK.decode())]
 
     def close(self) -> None:
         self.proc.kill()
