@@ -210,7 +210,11 @@ def meet(reader, grant, prefix, at_least, nodes, me, wait_s=REPLACE_WAIT_S,
         n = newest(reader, prefix, n)
         if n >= at_least:
             if joined != n:
-                agent_upload.post_json(grant, member_key(prefix, n, me["instance"]), me)
+                try:
+                    agent_upload.post_json(grant, member_key(prefix, n, me["instance"]), me)
+                except (agent_upload.UploadError, agent_upload.FileUnreadable) as exc:
+                    raise Failed(EXIT_STORE, "this node's record of attempt %d could not be "
+                                 "written: %s" % (n, exc)) from None
                 joined, since = n, time.time()
                 say("attempt %d: joined as %s (rank before: %s); waiting for %d nodes"
                     % (n, me["instance"], me["rank"], nodes))
