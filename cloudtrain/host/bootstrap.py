@@ -227,14 +227,17 @@ def end_here(bundle, conf, job, root, code, line):
     raise Failed(code, "; ".join([line] + failed + ([off] if off else [])))
 
 
-def store_record(job, key, doc):
+def store_record(job, key, doc, prefix=None):
     """`doc` at `key` in the job store, through job.json's results grant (the role may not
     write there: only the launch's presigned POST may). A grant past its end, or one S3
     refuses, is EXIT_GRANT: every instance of the group would meet it (GIVE_UP); a store that
-    does not answer, EXIT_STORE."""
+    does not answer, EXIT_STORE. `prefix`: the job's, for a node of rank k > 0 whose grant
+    says nodes/<k>/ (every node of a group holds the job-wide grant: host/regroup.py)."""
     grant = job.get("results_store")
     if not isinstance(grant, dict) or not isinstance(grant.get("url"), str):
         raise Failed(EXIT_STORE, "no results_store grant in job.json to write %s with" % key)
+    if prefix is not None:
+        grant = dict(grant, prefix=prefix)
     ends = grant.get("expires_at")
     if isinstance(ends, (int, float)) and not isinstance(ends, bool) and ends < time.time():
         raise Failed(EXIT_GRANT, "the job's upload grant ended at %s: %s cannot be written, "
@@ -325,7 +328,8 @@ def join_attempt(bundle, root, job, n, conf=None, record=None):
             # table shows it); a failure to say so costs only that line
             try:
                 store_record(job, auto_scaling.attempt_key(conf["prefix"], n), dict(
-                    record, resumed_step=restored.get("step"), resumed_seq=restored.get("seq")))
+                    record, resumed_step=restored.get("step"), resumed_seq=restored.get("seq")),
+                    prefix=conf["prefix"])
             except Failed:
                 pass
     return safefile.read_json(os.path.join(root, "job.json"), FILE_MAX_BYTES), restored
