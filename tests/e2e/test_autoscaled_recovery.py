@@ -75,6 +75,28 @@ def _uninterrupted(cli) -> tuple[int, dict]:
     return _PLAIN["steps"], _PLAIN["model"]
 
 
+def _same_as_uninterrupted(ct_home: Path, job: dict, steps: int, theirs: dict,
+                           expected: int) -> None:
+    """The job ran `expected` steps, as the uninterrupted run did, to the same weights."""
+    assert job["metrics"]["step"] == steps == expected
+    ours = torch.load(ct_home / "jobs" / job["id"] / "checkpoints" / "last.pt",
+                      map_location="cpu", weights_only=False)["model"]
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def _take_back(lab, name: str, inst, notice: bool) -> None:
+    """EC2 takes the group's instance back: at once, or after a notice, once its agent has
+    finished with it (stored the checkpoint, powered off)."""
+    if notice:
+        lab.imds.announce(inst.ip)
+        wait_for(lambda: inst.id not in [i.id for i in lab.asg.live(name)]
+                 or inst.power_off_at is not None, timeout=120,
+                 what="the agent to finish its notice")
+    if inst.id in [i.id for i in lab.asg.live(name)]:
+        lab.take_back({"InstanceId": inst.id, "PrivateIpAddress": inst.ip})
+
+
 def _everything_gone(lab) -> dict:
     left = lab.asg.leftovers()
     return {k: v for k, v in left.items() if v}
@@ -98,13 +120,7 @@ def test_laptop_closed_instance_taken_back_the_group_relaunches_and_the_job_succ
     wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("epoch"), timeout=180,
              what="the first streamed checkpoint")
     lab.asg.kill_launching_machine()
-    if notice:
-        lab.imds.announce(first.ip)
-        wait_for(lambda: first.id not in [i.id for i in lab.asg.live(name)]
-                 or first.power_off_at is not None, timeout=120,
-                 what="the agent to finish its notice")
-    if first.id in [i.id for i in lab.asg.live(name)]:
-        lab.take_back({"InstanceId": first.id, "PrivateIpAddress": first.ip})
+    _take_back(lab, name, first, notice)
     replacement = wait_for(lambda: next((i for i in lab.asg.live(name) if i.id != first.id),
                                         None), timeout=120, what="the replacement")
     wait_for(lambda: not _everything_gone(lab), timeout=400, interval=1.0,
@@ -124,12 +140,7 @@ def test_laptop_closed_instance_taken_back_the_group_relaunches_and_the_job_succ
     log = cli.ok("logs", job_id).stdout
     assert "resnet9: done, 4 epochs" in log, log[-2000:]
 
-    steps, theirs = _uninterrupted(cli)
-    assert job["metrics"]["step"] == steps == 64
-    ours = torch.load(ct_home / "jobs" / job_id / "checkpoints" / "last.pt",
-                      map_location="cpu", weights_only=False)["model"]
-    assert ours.keys() == theirs.keys()
-    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    _same_as_uninterrupted(ct_home, job, *_uninterrupted(cli), 64)
 
 
 def _kill_everything_of_the_job(lab, inst, job_id: str) -> None:
@@ -268,13 +279,7 @@ def test_three_nodes_laptop_closed_a_node_taken_back_the_nodes_meet_again_and_su
     wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("epoch"), timeout=240,
              interval=1.0, what="rank 0's first streamed checkpoint")
     lab.asg.kill_launching_machine()
-    if notice:
-        lab.imds.announce(gone.ip)
-        wait_for(lambda: gone.id not in [i.id for i in lab.asg.live(name)]
-                 or gone.power_off_at is not None, timeout=120,
-                 what="the agent to finish its notice")
-    if gone.id in [i.id for i in lab.asg.live(name)]:
-        lab.take_back({"InstanceId": gone.id, "PrivateIpAddress": gone.ip})
+    _take_back(lab, name, gone, notice)
     replacement = wait_for(lambda: next((i for i in lab.asg.live(name)
                                          if i.id not in {f.id for f in first}), None),
                            timeout=120, what="the replacement")
@@ -302,9 +307,4 @@ def test_three_nodes_laptop_closed_a_node_taken_back_the_nodes_meet_again_and_su
                "output.log").read_text()
         if rank != lost:
             assert f"attempt 2: rank {rank} of 3, rendezvous {master}:" in log, log[-3000:]
-    steps, theirs = _uninterrupted_nodes(cli)
-    assert job["metrics"]["step"] == steps == 30
-    ours = torch.load(ct_home / "jobs" / job_id / "checkpoints" / "last.pt",
-                      map_location="cpu", weights_only=False)["model"]
-    assert ours.keys() == theirs.keys()
-    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    _same_as_uninterrupted(ct_home, job, *_uninterrupted_nodes(cli), 30)
