@@ -299,6 +299,7 @@ def test_three_nodes_laptop_closed_a_node_taken_back_the_nodes_meet_again_and_su
     assert all(a["usd"] is not None and a["usd"] > 0 for a in attempts), attempts
     out = cli.ok("status", job_id).stdout
     assert "attempts  2: 1 interrupted" in out, out
+    assert lab.asg.placement.live() == []  # its placement group went with the job
     # The survivors kept their ranks; the replacement took the lost one's (their files came
     # home from the job store: rank 0's as the job's, the others' from nodes/<rank>/).
     master = replacement.ip if lost == 0 else nodes[0]["address"]

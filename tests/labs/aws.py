@@ -228,10 +228,15 @@ def moto_server(host: str = "127.0.0.1"):
         server.stop()
 
 
+# moto's reset empties every backend of every region: seconds on a loaded 2-core machine
+# (10 s timed out twice in one CI run, with both workers training).
+RESET_TIMEOUT_S = 120
+
+
 def use_moto(endpoint: str, monkeypatch) -> None:
     """A fresh moto (reset) and this process's AWS (its environment, so the `cloudtrain`
     processes it starts too) pointed at it, as the fake account."""
-    requests.post(f"{endpoint}/moto-api/reset", timeout=10)
+    requests.post(f"{endpoint}/moto-api/reset", timeout=RESET_TIMEOUT_S)
     for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
         monkeypatch.setenv(k, v)
 
@@ -351,7 +356,7 @@ def fresh_store(endpoint: str, monkeypatch, bucket: str, region: str = REGION):
     fake IMDS, labs.imds)."""
     from . import credentials
 
-    requests.post(f"{endpoint}/moto-api/reset", timeout=10)
+    requests.post(f"{endpoint}/moto-api/reset", timeout=RESET_TIMEOUT_S)
     for k, v in credentials.aws_env(region).items():
         monkeypatch.setenv(k, v)
     s3 = boto3.client("s3", region_name=region, endpoint_url=endpoint)
