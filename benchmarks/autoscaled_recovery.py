@@ -61,6 +61,11 @@ def grouped(nodes: int = 1) -> dict:
             iam.create_role(RoleName="ct-role", AssumeRolePolicyDocument="{}")
             iam.create_instance_profile(InstanceProfileName=PROFILE)
             iam.add_role_to_instance_profile(InstanceProfileName=PROFILE, RoleName="ct-role")
+            if nodes > 1:  # a cluster placement group holds the group's nodes
+                from labs.moto_placement import PlacementGroups
+
+                lab.asg.placement = PlacementGroups().install(mp)
+                lab.host_env["OMP_NUM_THREADS"] = "1"
             config = home / "config.yaml"
             config.write_text("".join(l for l in config.read_text().splitlines(keepends=True)
                                       if not l.startswith("remote_root:"))
