@@ -120,6 +120,7 @@ class Agent:
         self.kill_at = None
         self.proc = None
         self.held_end = None  # a run's end while regroup.Team decides what it means
+        self.team_now = None  # regroup.Team, for a node of a job on several nodes of a group
         self.lock = threading.Lock()
         self.store = StoreUploads(self)  # checkpoints and results to the job store
 
@@ -209,6 +210,8 @@ class Agent:
                 self.write_status(interruption=dict(notice, noticed_at=now()))
                 self.request_stop(PREEMPTED, "spot interruption notice: %s at %s"
                                   % (notice.get("action"), notice.get("time")))
+                if self.team_now is not None:  # its peers learn it at once, not from EC2
+                    self.team_now.leaving()
                 return
             time.sleep(float(self.settings.get("spot_poll_s", SPOT_POLL_S)))
 
@@ -248,7 +251,7 @@ class Agent:
         # take the agent for dead).
         rearming = threading.Thread(target=self.rearm, args=("start_minutes",), daemon=True)
         rearming.start()
-        team = self.team()
+        team = self.team_now = self.team()
         while True:
             if self.run_once(team, rearming) is not None:
                 return 1

@@ -13,6 +13,7 @@ the job failed with a peer gone (Team.look_for_loss: EC2's state of each peer), 
     attempts/<n>/<instance>.json   {"instance", "rank", "address", "iface", "port", "at"}: a
                                    node of attempt n (rank: its rank before; null: new)
     attempts/<n>/ended-<rank>.json rank k > 0 has stored its results at the job's end
+    attempts/<n>/leaving-<rank>.json   that node had a spot notice: it is going away
 
 Each node writes its own record through the job's grant and lists the attempt's records
 (s3:ListBucket on attempts/ only) until N are there (meet); every node then ranks them the same
@@ -54,7 +55,10 @@ WATCH_S = 2.0  # how often a running node asks for a newer attempt
 MEET_POLL_S = 1.0  # how often a meeting node lists the attempt's records
 REPLACE_WAIT_S = 1800.0  # a node whose peer is lost waits this long for AWS to replace it
 MEET_WAIT_S = 900.0  # once a node has joined an attempt, for the others to join
-LOST_WAIT_S = 150.0  # after a failed run, how long to look for a lost peer (a notice's 2 min)
+# After a failed run, how long to look for a lost peer before the failure is the job's own: a
+# peer taken back without notice is shutting-down in EC2 within seconds; one with a notice
+# says so first (leaving-<rank>.json), while it still runs, storing its checkpoint.
+LOST_WAIT_S = 30.0
 STOP_GRACE_S = 10.0  # the job's grace when its node leaves it to meet the others
 END_WAIT_S = 300.0  # rank 0 for the others' results; the others for final.json
 INSTANCE = auto_scaling.INSTANCE
@@ -68,6 +72,10 @@ def member_key(prefix, n, instance):
 
 def ended_key(prefix, n, rank):
     return "%s%s%d/ended-%d.json" % (prefix, auto_scaling.ATTEMPTS, n, rank)
+
+
+def leaving_key(prefix, n, rank):
+    return "%s%s%d/leaving-%d.json" % (prefix, auto_scaling.ATTEMPTS, n, rank)
 
 
 def records_grant(job, prefix):
@@ -312,14 +320,21 @@ class Team:
         """After a failed run that nobody asked to stop: the attempt to meet at when a peer is
         gone (EC2 says it is not running, or a newer attempt is recorded) within LOST_WAIT_S,
         else None (the failure is the job's own)."""
-        n, mine_id = self.attempt(), self.ident.get("instance")
-        peers = [m["instance"] for m in self.conf.get("members") or []
-                 if m.get("instance") != mine_id]
+        n, mine_id, prefix = self.attempt(), self.ident.get("instance"), self.conf["prefix"]
+        members = [m for m in self.conf.get("members") or [] if m.get("instance") != mine_id]
+        peers = [m["instance"] for m in members]
         deadline = now() + LOST_WAIT_S
         while True:
             try:
-                if newest(self.reader, self.conf["prefix"], n) > n:
+                if newest(self.reader, prefix, n) > n:
                     return n + 1
+                for m in members:
+                    if isinstance(m.get("rank"), int) and self.reader.get_bytes(
+                            leaving_key(prefix, n, m["rank"]), 4096, EXIT_STORE,
+                            denied_is_missing=True) is not None:
+                        self.agent.log_line("node %s had a spot notice: the job goes on "
+                                            "after AWS replaces it" % m["instance"])
+                        return n + 1
             except Failed:
                 pass
             states, why = auto_scaling.instance_states(self.conf, self.creds, peers)
@@ -334,6 +349,18 @@ class Team:
                     self.agent.log_line("the peers' state could not be asked (%s)" % why)
                 return None
             time.sleep(WATCH_S)
+
+    def leaving(self):
+        """A spot notice on this node: its peers are told at once (their runs fail with it
+        gone, and EC2 says running until it powers off)."""
+        prefix = self.conf["prefix"]
+        try:
+            agent_upload.post_json(records_grant(self.agent.settings, prefix),
+                                   leaving_key(prefix, self.attempt(), self.rank),
+                                   {"rank": self.rank, "instance": self.ident.get("instance"),
+                                    "at": time.time()})
+        except Exception as exc:  # noqa: BLE001 - its peers then learn it from EC2
+            self.agent.log_line("could not tell the other nodes of the notice: %s" % exc)
 
     def again(self):
         """After run.sh ended: True when this node met the others in a newer attempt and is to

@@ -309,3 +309,33 @@ def test_three_nodes_laptop_closed_a_node_taken_back_the_nodes_meet_again_and_su
         if rank != lost:
             assert f"attempt 2: rank {rank} of 3, rendezvous {master}:" in log, log[-3000:]
     _same_as_uninterrupted(ct_home, job, *_uninterrupted_nodes(cli), 30)
+
+
+def test_three_nodes_whose_job_fails_end_failed_with_nothing_left(lab, cli, tmp_path,
+                                                                  monkeypatch):
+    """The job's own failure on a group of 3 nodes, the launching machine closed: every node
+    looks for a lost peer (none: EC2 says all run, none had a notice), so the failure is the
+    job's; rank 0 waits for the others' results, records final.json (failed, the exit code)
+    and deletes the group, which ends the others: nothing is left, nothing was relaunched,
+    and `status` then says failed and why."""
+    from labs.moto_placement import PlacementGroups
+
+    lab.asg.placement = PlacementGroups().install(monkeypatch)
+    work = tmp_path / "own"
+    work.mkdir()
+    (work / "job.py").write_text("import sys, time\nprint('up', flush=True)\ntime.sleep(3)\n"
+                                 "sys.exit(3)\n")
+    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--nodes", "3", "--workdir",
+                        str(work), "--", "python3", "job.py", timeout=300)
+    name = f"cloudtrain-{job_id}"
+    first = lab.asg.wait_for_group(name, 3)
+    lab.asg.kill_launching_machine()
+    wait_for(lambda: not _everything_gone(lab), timeout=240, interval=1.0,
+             what=f"the job to end and its group to go: {lab.asg.leftovers()}")
+    # nothing relaunched: the group launched its 3 nodes and no more
+    assert sorted(e["instance"] for e in lab.asg.log("launch")) == sorted(i.id for i in first)
+    job = cli.job(job_id)
+    assert job["state"] == "failed", (job["reason"], job["timeline"])
+    assert job["exit_code"] == 3 and "exit" in (job["reason"] or ""), job["reason"]
+    assert [a["attempt"] for a in job["attempts"]] == [1]
+    assert lab.asg.placement.live() == []

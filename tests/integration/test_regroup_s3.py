@@ -227,3 +227,30 @@ def test_every_peer_running_is_the_jobs_own_failure_after_lost_wait(lab, monkeyp
     assert 1.0 <= time.monotonic() - started < 10
     log = jobdir / "output.log"
     assert not log.exists() or "is gone" not in log.read_text()
+
+
+def test_a_peer_with_a_spot_notice_says_so_and_its_peers_go_on_at_once(lab, monkeypatch):
+    """A node that had a spot notice still runs (it stores its checkpoint), so EC2 says
+    running: its leaving-<rank>.json (Team.leaving, through the job's grant) is what tells
+    the others at once that their failed run was its loss, not the job's own."""
+    from cloudtrain.host import regroup
+
+    (me, p1, p2), _ = _ec2_instances(lab, 3)
+    team, jobdir = agent_team(lab, monkeypatch, [p1, p2], me)
+    team.leaving()  # this node's own notice: its marker, rank 0 of attempt 2
+    mine = json.loads(lab.s3.get_object(Bucket=BUCKET, Key=PREFIX + "attempts/2/leaving-0.json")
+                      ["Body"].read())
+    assert mine["rank"] == 0 and mine["instance"] == me
+    assert team.look_for_loss() is None  # its own marker is not a peer's (LOST_WAIT_S 1 s)
+    monkeypatch.setattr(shipped_regroup(), "LOST_WAIT_S", 30.0)
+    put(lab, regroup.leaving_key(PREFIX, 2, 2)[len(PREFIX):], {"rank": 2, "instance": p2})
+    started = time.monotonic()
+    assert team.look_for_loss() == 3
+    assert time.monotonic() - started < 10  # not LOST_WAIT_S
+    assert f"node {p2} had a spot notice" in (jobdir / "output.log").read_text()
+
+
+def shipped_regroup():
+    from cloudtrain.host.agent_store import shipped
+
+    return shipped("regroup")
