@@ -14,7 +14,8 @@ import click
 from .. import catalog_views, completion, config, errors
 from ..market import Market
 from .options import WIDE, given, region_name, since_age
-from .terminal import colored, confirm_text, job_store, table_width
+from .terminal import (colored, confirm_text, job_store, settings_whatever_config_says,
+                       table_width)
 
 
 @click.command()
@@ -146,7 +147,9 @@ def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, nodes, a
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV output.")
 @click.option("--refresh", is_flag=True, help="Settle estimates first (asks EC2 for termination "
-              "times and spot price history).")
+              "times and spot price history), and bring running jobs up to date as `status` "
+              "does (the instances AWS Auto Scaling put in place of lost ones, read from the "
+              "job store).")
 @WIDE
 def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh: bool,
                 wide: bool) -> None:
@@ -162,6 +165,11 @@ def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh
 
     with job_store() as store:
         if refresh:
+            active = store.jobs(active_only=True)
+            if active:
+                from ..lifecycle.watch import refresh_active
+
+                refresh_active(store, settings_whatever_config_says(), active)
             collect.settle_all(store)
         rows, total = ledger.report(store, by, since)
     if as_json:

@@ -188,3 +188,31 @@ def test_a_replacement_running_but_not_reachable_yet_is_said_and_not_followed(gr
                              f"on {replacement} (not reachable yet: ")
     assert grouped.job.host == host_before
     assert not [e for e in grouped.store.events(grouped.id) if e.phase == "replacement"]
+
+
+def test_cost_report_refresh_prices_the_replacement_aws_put_in_while_nobody_looked(grouped):
+    """`cost-report --refresh` brings running jobs up to date as `status` does: the job's
+    recorded instance is gone (its host does not answer), the store holds attempt 2 on the
+    group's replacement, and the report then counts that instance too (issue 27: cost-report
+    alone did not read the store)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from cloudtrain.cli import cli
+    from labs.loopback import free_port
+
+    g = grouped
+    [replacement] = g.members()
+    g.attempt(2, replacement, T0 + 100)
+    g.store.update_job(g.id, jobdir="/home/ubuntu/.cloudtrain/jobs/" + g.id, host={
+        "kind": "SSHHost", "host": "127.0.0.1", "port": free_port(), "user": "ubuntu",
+        "key_path": None, "host_key": None})
+    before = {i.id for i in g.store.instances(g.id)}
+    assert replacement not in before
+    done = CliRunner().invoke(cli, ["cost-report", "--refresh", "--json"])
+    assert done.exit_code == 0, done.output
+    assert replacement in {i.id for i in g.store.instances(g.id)}
+    assert [a.n for a in g.store.attempts(g.id)] == [1, 2]
+    report = json.loads(done.output)
+    assert g.id in json.dumps(report)
