@@ -276,10 +276,8 @@ def _group_went_on(store: Store, job: Job, learn, why: str) -> Job:
         final = learn(store, job)
         if final is None:
             fresh = store.job(job.id)
-            if len(nodes.records(fresh)) > 1:  # the replacement is not followed from here
-                store.update_job(job.id, reason=f"{why}; AWS Auto Scaling relaunches it and "
-                                                "the nodes meet again: the job store says "
-                                                "how it ends")
+            if len(nodes.records(fresh)) > 1:  # followed once the nodes have met again
+                return _follow_nodes(store, fresh, why)
             return store.job(job.id)
         status = from_job_store(store, job) or {}
         for i in range(1, len(nodes.records(job))):  # each node's files, nodes/<i>/
@@ -294,6 +292,28 @@ def _group_went_on(store: Store, job: Job, learn, why: str) -> Job:
     if store.set_state(job.id, final["state"], at=ended, detail=final["reason"],
                        exit_code=code, reason=final["reason"], expect=job.state):
         finish(store, store.job(job.id), collect=False, force=True)  # it is gone anyway
+    return store.job(job.id)
+
+
+def _follow_nodes(store: Store, job: Job, why: str) -> Job:
+    """A job on several nodes of a group goes on after AWS replaced one: once the nodes have
+    met again, its record follows them (status, logs and down reach them there); until then
+    its reason says so."""
+    try:
+        host = providers.get(job.backend).follow_nodes(store, job)
+    except CloudtrainError as exc:
+        host, why = None, f"{why} (the new node is not reachable yet: {exc.message})"
+    if host is None:
+        store.update_job(job.id, reason=f"{why}; AWS Auto Scaling relaunches it and the nodes "
+                                        "meet again")
+        return store.job(job.id)
+    current = store.attempt(job.id)
+    store.update_job(job.id, host=host, reason=None)
+    store.add_event(job.id, "replacement", detail=f"attempt {current.n if current else '?'}: "
+                    + ", ".join(f"node {i} {r.get('instance')}" for i, r in
+                                enumerate(host["nodes"])))
+    group.forget(job.id)
+    group.forget_nodes(job.id)
     return store.job(job.id)
 
 

@@ -104,6 +104,9 @@ class Provider(Protocol):
     def follow_replacement(self, store: Store, job: Job, instance_id: str) -> dict:
         """The job's host record for the instance its Auto Scaling group put in place of
         the recorded one (its host key checked as at launch)."""
+    def follow_nodes(self, store: Store, job: Job) -> dict | None:
+        """A job on several nodes of a group: its host record for the nodes of its newest
+        attempt once they have met again (None until then)."""
     def group_record(self, store: Store, job: Job) -> dict:
         """What the instances of a job's Auto Scaling group wrote to its job store:
         {"attempts": [...], "final": the job's end or None}."""

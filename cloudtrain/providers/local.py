@@ -226,6 +226,9 @@ class LocalProvider:
     def follow_replacement(self, store: Store, job: Job, instance_id: str) -> dict:
         raise UsageError("a job on this machine has no Auto Scaling group")
 
+    def follow_nodes(self, store: Store, job: Job) -> dict | None:
+        raise UsageError("a job on this machine has no Auto Scaling group")
+
     def group_record(self, store: Store, job: Job) -> dict:
         return {"attempts": [], "final": None}  # no group here
 

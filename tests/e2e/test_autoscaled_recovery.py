@@ -339,3 +339,42 @@ def test_three_nodes_whose_job_fails_end_failed_with_nothing_left(lab, cli, tmp_
     assert job["exit_code"] == 3 and "exit" in (job["reason"] or ""), job["reason"]
     assert [a["attempt"] for a in job["attempts"]] == [1]
     assert lab.asg.placement.live() == []
+
+
+def test_three_nodes_laptop_on_the_record_follows_the_nodes_after_they_meet(lab, cli,
+                                                                             tmp_path,
+                                                                             monkeypatch):
+    """The laptop stays on (its supervisor too) while node 0 of a 3-node group job is taken
+    back: once the nodes have met the replacement, the job's record follows them (the
+    replacement's host key checked against its console), so `status` says it runs, `logs`
+    reads rank 0's log on the replacement, and the job's end is seen and collected as for any
+    job; nothing is left."""
+    from labs.moto_placement import PlacementGroups
+    from test_spot_recovery import _own_job
+
+    lab.asg.placement = PlacementGroups().install(monkeypatch)
+    work = _own_job(tmp_path, 120)
+    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--nodes", "3", "--workdir",
+                        str(work), "--", "python3", "job.py", "120", timeout=300)
+    name = f"cloudtrain-{job_id}"
+    first = lab.asg.wait_for_group(name, 3)
+    nodes = cli.job(job_id)["nodes"]
+    (zero,) = [i for i in first if i.id == nodes[0]["instance"]]
+    wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("step", 0) >= 10, timeout=60,
+             what="a streamed checkpoint at step 10")
+    _take_back(lab, name, zero, notice=False)
+    new = wait_for(lambda: next((i for i in lab.asg.live(name)
+                                 if i.id not in {f.id for f in first}), None),
+                   timeout=60, what="the replacement")
+    job = wait_for(lambda: (lambda j: j if j["nodes"][0]["instance"] == new.id
+                            or j["state"] == "succeeded" else None)(cli.job(job_id)),
+                   timeout=120, interval=0.5, what="the record to follow the nodes")
+    if job["state"] != "succeeded":
+        assert job["state"] == "running" and not job["reason"], job["reason"]
+        assert [n["instance"] for n in job["nodes"][1:]] == [n["instance"] for n in nodes[1:]]
+        assert "attempt 2 starts at step" in cli.ok("logs", job_id).stdout
+    job = cli.wait(job_id, timeout=180)
+    assert job["state"] == "succeeded", (job["reason"], job["timeline"])
+    assert [a["attempt"] for a in job["attempts"]] == [1, 2]
+    assert "done at step 120" in cli.ok("logs", job_id).stdout
+    wait_for(lambda: _everything_gone(lab) == {}, timeout=90, what="nothing left")

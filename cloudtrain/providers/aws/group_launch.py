@@ -330,6 +330,48 @@ class GroupLaunchMixin:
              "host_key": endpoint.host_key, "host_key_verified": verified}))
         return {**info, "host": address, "host_key": endpoint.host_key}
 
+    def follow_nodes(self, store: Store, job: Job) -> dict | None:
+        """A job on several nodes of its group, after AWS replaced one: its host record for
+        the nodes of the newest attempt once they have met (attempts/<n>/<instance>.json,
+        each record checked and ranked as the nodes rank them, host/regroup.py), a node now
+        on another instance reached at that instance's address with its host key checked
+        against its console (follow_replacement). None until all of them have met."""
+        from ...host import regroup
+
+        spec = job.spec or {}
+        recs = [dict(r) for r in (job.host or {}).get("nodes") or []]
+        record = self.group_record(store, job)
+        if not recs or not record["attempts"]:
+            return None
+        n = record["attempts"][-1]["attempt"]
+        region = spec.get("store_region") or spec.get("region") or self.region_of(job)
+        s3, bucket, account = self._job_store(region)
+        prefix = jobstore.job_prefix(job.id, owner_key=self._store_owner(store, job))
+        found = []
+        with aws_errors(region, "s3"):
+            listed = dict(jobstore.list_keys(s3, bucket, f"{prefix}{ATTEMPTS}{n}/",
+                                             account or None))
+            for key, size in sorted(listed.items())[:MAX_ATTEMPTS]:
+                name = regroup.MEMBER.fullmatch(key[len(f"{prefix}{ATTEMPTS}{n}/"):])
+                doc = regroup.check_member(_small_json(s3, bucket, key, size, account or None),
+                                           len(recs)) if name else None
+                if doc is not None and doc["instance"] == name.group(1):
+                    found.append(doc)
+        ranks = regroup.ranked(found, len(recs))
+        if ranks is None:
+            return None
+        for m in ranks:
+            rec = recs[m["rank"]]
+            if rec.get("instance") == m["instance"]:
+                continue
+            moved = self.follow_replacement(store, job, m["instance"])
+            store.update_instance(m["instance"], details=json.dumps(
+                {**self._details(store, m["instance"]), "node": m["rank"]}))
+            rec.update(host=moved["host"], host_key=moved["host_key"], instance=m["instance"],
+                       address=m["address"], iface=m["iface"])
+        return {**(job.host or {}), "host": recs[0]["host"], "host_key": recs[0].get("host_key"),
+                "nodes": recs}
+
     def _group_size(self, job: Job) -> dict | None:
         """{"desired": n} of the job's group, {"gone": True} where there is none, None where
         Auto Scaling cannot be asked (the CLI policy alone)."""
