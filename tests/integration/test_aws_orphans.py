@@ -14,6 +14,7 @@ from moto.ec2.models.instances import InstanceBackend
 from labs.aws import aws, ec2_provider, moto_endpoint  # noqa: F401  (fixtures)
 from cloudtrain.state import Instance, open_store
 from labs.credentials import CLIENT_CREDS
+from labs.aws import reset_moto
 
 OWNER_TAG, JOB_TAG = "cloudtrain:owner", "cloudtrain:job"
 
@@ -137,12 +138,11 @@ def lost_home(moto_endpoint, ct_home, monkeypatch):
     AWS_REGION, AWS_DEFAULT_REGION or profile), as F28 and U1 found it. Returns a function
     that starts an instance tagged as the caller's in a region."""
     import boto3
-    import requests
     from botocore.config import Config
 
     from labs.credentials import AWS_ENV
 
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    reset_moto(moto_endpoint)
     for k, v in AWS_ENV.items():
         monkeypatch.setenv(k, v)
     for k in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):

@@ -33,6 +33,7 @@ from labs.credentials import CLIENT_CREDS
 from labs.imds import FakeIMDS
 from labs.loopback import QuietServer, serve
 from labs.polling import wait_for
+from labs.aws import reset_moto
 
 REGION = "eu-west-1"
 ACCOUNT = "123456789012"
@@ -46,7 +47,7 @@ STREAM = f"{PREFIX}stream/"
 
 @pytest.fixture
 def s3(moto_endpoint, monkeypatch):  # noqa: F811
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    reset_moto(moto_endpoint)
     monkeypatch.setattr(agent_upload, "BACKOFF_S", 0.01)
     monkeypatch.setattr(checkpoint_restore, "RESTORE_BACKOFF_S", 0.01)
     return jobstore.s3_client(boto3.Session(region_name=REGION, **CREDS), REGION, moto_endpoint)

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import boto3
 import pytest
-import requests
 
 from labs.aws import moto_endpoint
 from cloudtrain import datasources
@@ -31,6 +30,7 @@ from conftest import REPO, lying_manifest
 sys.path.insert(0, str(REPO / "recipes"))
 from common import imagenet_files  # noqa: E402
 from labs.credentials import CLIENT_CREDS, aws_env
+from labs.aws import reset_moto
 
 REGION = "eu-west-1"
 BUCKET = "datasets-test"
@@ -61,7 +61,7 @@ def _files(root: Path) -> dict[str, str]:
 
 @pytest.fixture
 def s3(moto_endpoint):
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    reset_moto(moto_endpoint)
     client = s3_datasets.client(boto3.Session(region_name=REGION, **CREDS), REGION,
                                 moto_endpoint, 16)
     client.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})

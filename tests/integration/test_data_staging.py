@@ -11,12 +11,12 @@ import json
 
 import boto3
 import pytest
-import requests
 
 from labs.aws import moto_endpoint
 from cloudtrain.providers.aws import datasets as s3_datasets
 from conftest import tiny_prepared_imagenet
 from labs import credentials
+from labs.aws import reset_moto
 
 pytest.importorskip("torch")
 
@@ -34,7 +34,7 @@ def prepared(tmp_path_factory):
 
 @pytest.fixture
 def aws_env(moto_endpoint, monkeypatch):
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    reset_moto(moto_endpoint)
     env = {**credentials.aws_env(REGION), "AWS_ENDPOINT_URL_S3": moto_endpoint,
            "OMP_NUM_THREADS": "1"}
     for k, v in env.items():

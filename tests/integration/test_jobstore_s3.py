@@ -16,7 +16,6 @@ from pathlib import Path
 
 import boto3
 import pytest
-import requests
 from botocore.awsrequest import AWSResponse
 
 from labs.aws import moto_endpoint  # noqa: F401  (fixture)
@@ -25,6 +24,7 @@ from cloudtrain.providers.aws import jobstore, jobstore_fetch
 from cloudtrain.errors import CloudtrainError
 from labs.credentials import CLIENT_CREDS
 from labs.loopback import serve
+from labs.aws import reset_moto
 
 REGION = "eu-west-1"
 ACCOUNT = "123456789012"  # moto's default account
@@ -41,7 +41,7 @@ def _client(endpoint: str, region: str = REGION):
 
 @pytest.fixture
 def s3(moto_endpoint):  # noqa: F811
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    reset_moto(moto_endpoint)
     return _client(moto_endpoint)
 
 
@@ -151,7 +151,7 @@ def test_creating_the_bucket_without_the_admin_policy_says_it_is_an_admin_step_F
 
 
 def test_us_east_1_bucket_is_created_without_a_location_constraint(moto_endpoint):  # noqa: F811
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    reset_moto(moto_endpoint)
     s3 = _client(moto_endpoint, "us-east-1")
     name = jobstore.bucket_name(ACCOUNT, "us-east-1")
     assert jobstore.ensure_bucket(s3, name, "us-east-1", OWNER, owner_key=KEY) is True

@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-import requests
 
 from labs.aws import moto_endpoint  # noqa: F401  (fixture)
 from labs.credentials import AWS_ENV, CLIENT_CREDS
 from conftest import REPO
 from labs.terminal import run_in_terminal
+from labs.aws import reset_moto
 
 NO_AWS = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent",
           "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
@@ -62,7 +62,7 @@ def no_jobs(home: Path) -> bool:
 @pytest.fixture
 def moto(moto_endpoint):  # noqa: F811
     """AWS credentials and a fresh moto server: EC2 answers what the catalog cannot."""
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    reset_moto(moto_endpoint)
     return {**AWS_ENV, "AWS_ENDPOINT_URL": moto_endpoint}
 
 

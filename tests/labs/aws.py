@@ -233,10 +233,15 @@ def moto_server(host: str = "127.0.0.1"):
 RESET_TIMEOUT_S = 120
 
 
+def reset_moto(endpoint: str) -> None:
+    """moto's server at `endpoint` emptied (every backend, every region)."""
+    requests.post(f"{endpoint}/moto-api/reset", timeout=RESET_TIMEOUT_S)
+
+
 def use_moto(endpoint: str, monkeypatch) -> None:
     """A fresh moto (reset) and this process's AWS (its environment, so the `cloudtrain`
     processes it starts too) pointed at it, as the fake account."""
-    requests.post(f"{endpoint}/moto-api/reset", timeout=RESET_TIMEOUT_S)
+    reset_moto(endpoint)
     for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
         monkeypatch.setenv(k, v)
 
@@ -356,7 +361,7 @@ def fresh_store(endpoint: str, monkeypatch, bucket: str, region: str = REGION):
     fake IMDS, labs.imds)."""
     from . import credentials
 
-    requests.post(f"{endpoint}/moto-api/reset", timeout=RESET_TIMEOUT_S)
+    reset_moto(endpoint)
     for k, v in credentials.aws_env(region).items():
         monkeypatch.setenv(k, v)
     s3 = boto3.client("s3", region_name=region, endpoint_url=endpoint)

@@ -28,7 +28,6 @@ from unittest import mock
 import boto3
 import botocore.auth
 import pytest
-import requests
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
@@ -44,6 +43,7 @@ from cloudtrain.host import shards, stage_fetch, stage_sigv4, stager
 from cloudtrain.providers.aws import datasets as s3_datasets
 from conftest import REPO
 from labs.credentials import CLIENT_CREDS
+from labs.aws import reset_moto
 
 __all__ = ["moto_endpoint"]  # the server fixture, used by name below
 REGION = "us-east-1"
@@ -82,7 +82,7 @@ def _files(root: Path) -> dict[str, str]:
 
 @pytest.fixture
 def s3(moto_endpoint):
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    reset_moto(moto_endpoint)
     client = s3_datasets.client(boto3.Session(region_name=REGION, **CREDS), REGION,
                                 moto_endpoint, 16)
     client.create_bucket(Bucket=BUCKET)
