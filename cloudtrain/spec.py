@@ -2,7 +2,8 @@
 build_spec, which checks a LaunchOptions (the flags, a job file, or both) and turns it into one.
 
 Imports the settings (config), the providers' registry, launch_options and market; recipes,
-datasets, datasources, catalog, preflight and jobfile's environment reading when it builds.
+datasets, datasources, catalog, preflight and job_env (the environment's values) when it
+builds.
 """
 
 from __future__ import annotations
@@ -114,6 +115,9 @@ class JobSpec:
     # resources.disk_gb"} (LaunchOptions.origins): checks name that instead of the flag, which
     # nobody typed. In memory only, for the checks of this launch.
     origins: dict = field(default_factory=dict, repr=False, compare=False)
+    # The values taken from this shell's environment (job_env.Taken: names and where a job
+    # file named them, never a value), for the launch's question and the dry run. In memory.
+    from_shell: list = field(default_factory=list, repr=False, compare=False)
 
     def display(self) -> str:
         """One line saying what runs: the recipe, its profile and the arguments that differ
@@ -194,6 +198,7 @@ class JobSpec:
         data = dataclasses.asdict(self)
         data.pop("secret_values")  # never stored: job.json, state.db and logs get names only
         data.pop("origins")
+        data.pop("from_shell")
         return data
 
     @classmethod
@@ -214,12 +219,15 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
     variant was published on (recipe.yaml `resources.nodes_per_variant`), anything else one.
     `regions` (job files) narrows where --gpus looks. `origins`: where the options a job
     file gave came from (U11); a message about one names that, not the flag."""
-    from . import datasets, datasources, recipes
-    from .jobfile import environment
+    from . import datasets, datasources, job_env, recipes
+    from .job_env import environment
 
     if o.regions:
         settings = dataclasses.replace(settings, regions=",".join(o.regions))
     origins = dict(o.origins)
+    # F39: a job file that names a cloud's credentials is refused before anything else
+    from_shell = job_env.taken(o.envs, o.secrets, origins)
+    job_env.refuse_cloud_credentials(from_shell)
     nodes = o.nodes
     if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int)
                               or not 1 <= nodes <= MAX_NODES):
@@ -236,6 +244,7 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
             raise UsageError(f"{origins.get('setup', '--setup')} needs shell code, e.g. --setup "
                              "'pip install -r requirements.txt'")
         spec.setup = o.setup
+    spec.from_shell = from_shell
     spec.envs = environment(o.envs, "--env", named=items(origins, "envs"))
     spec.secret_values = environment(o.secrets, "--secret", named=items(origins, "secrets"))
     overlap = set(spec.envs) & set(spec.secret_values)
