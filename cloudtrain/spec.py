@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import config, providers
 from .config import INSTANCE_PATTERN, check_known_region, check_region, finite, shown
-from .errors import UsageError
+from .errors import UsageError, named_at
 from .launch_options import LaunchOptions
 from .market import Market
 
@@ -237,8 +237,12 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
     spec = _build_spec(o, settings, origins)
     spec.origins = origins
     _check_nodes(spec)
-    spec.datasets = datasets.resolve(spec, settings, flags,
-                                     recipes.load(spec.recipe).data if spec.recipe else [])
+    try:
+        spec.datasets = datasets.resolve(spec, settings, flags,
+                                         recipes.load(spec.recipe).data if spec.recipe else [])
+    except UsageError as exc:  # U11: `--data NAME: ...` about a job file's datasets.NAME
+        name = exc.message.split(":", 1)[0].removeprefix("--data ")
+        raise named_at(exc, origins.get(f"data.{name}"), f"--data {name}") from None
     if o.setup is not None:
         if not o.setup.strip() or "\0" in o.setup:
             raise UsageError(f"{origins.get('setup', '--setup')} needs shell code, e.g. --setup "
@@ -338,7 +342,9 @@ def _build_spec(o: LaunchOptions, settings: config.Settings, origins: dict) -> J
     from .preflight import own_command
 
     # D14, D16, U24: before anything is created
+    # a job file's run: reads its scripts from its own directory (workdir: . is that one)
     own_command(list(o.command), workdir, origin=origins.get("command"),
+                cwd=str(Path(origins[""]).parent) if "command" in origins else None,
                 is_job_file=is_job_file)
     minutes = o.max_runtime or settings.max_runtime_minutes
     return JobSpec(kind=COMMAND, backend=backend, name=o.name, command=list(o.command),
@@ -439,7 +445,10 @@ def _recipe_spec(o: LaunchOptions, backend: str, placement: dict, workdir: str |
     a cloud, its instance type."""
     from . import recipes
 
-    rec = recipes.load(o.recipe)
+    try:
+        rec = recipes.load(o.recipe)
+    except UsageError as exc:
+        raise named_at(exc, origins.get("recipe"), "--recipe") from None
     sets, profile, procs = o.sets, o.recipe_profile(), o.procs
     if o.resume_from:
         if "resume" not in rec.arguments:
@@ -571,13 +580,20 @@ def _resolve_gpus(request: str, placement: dict, settings: config.Settings,
     --region, else `regions:` from config.yaml, else the configured region."""
     from . import catalog
 
-    gpu, count = catalog.parse_gpus(request)
-    finite(count, f"{(origins or {}).get('gpus', '--gpus')} {request}: the count", low=0,
-           low_open=True, high=64)
-    # D28: the region chain every command uses (AWS_REGION, the profile, ...), as --instance
-    regions = [placement["region"]] if placement.get("region") else \
-        [r.strip() for r in settings.regions.split(",") if r.strip()] or \
-        [providers.get("aws").region()]
-    market = placement.get("market") or Market(settings.market)
-    chosen, region, _ = catalog.cheapest(gpu, count, regions, market)
+    origin = (origins or {}).get("gpus")
+    try:
+        gpu, count = catalog.parse_gpus(request)
+        finite(count, f"{origin or '--gpus'} {request}: the count", low=0, low_open=True,
+               high=64)
+        # D28: the region chain every command uses (AWS_REGION, the profile, ...), as
+        # --instance
+        regions = [placement["region"]] if placement.get("region") else \
+            [r.strip() for r in settings.regions.split(",") if r.strip()] or \
+            [providers.get("aws").region()]
+        market = placement.get("market") or Market(settings.market)
+        chosen, region, _ = catalog.cheapest(gpu, count, regions, market)
+    except UsageError as exc:  # U11: a job file's `gpus:` is named where it is
+        if origin and exc.message.startswith(origin):
+            raise
+        raise named_at(exc, origin, "--gpus") from None
     return {"instance_type": chosen.name, "region": region}

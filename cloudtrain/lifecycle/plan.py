@@ -83,22 +83,21 @@ def _given_rows(spec: JobSpec) -> list[tuple[str, str]]:
         rows.append(("setup", lines[0] + (f" (and {more} more line{'' if more == 1 else 's'})"
                                            if more else "")))
     shell = {t.name: t for t in spec.from_shell}
-    for key, names in (("env", sorted(spec.envs)), ("secrets", spec.secrets),
-                       ("outputs", spec.outputs)):
+    for key, names in (("env", sorted(spec.envs)), ("secrets", spec.secrets)):
         if names:
-            rows.append((key, ", ".join(names) + _from_shell(names, shell)))
+            rows.append((key, ", ".join(n + _from_shell(shell.get(n)) for n in names)))
+    if spec.outputs:
+        rows.append(("outputs", ", ".join(spec.outputs)))
     return rows
 
 
-def _from_shell(names: list[str], shell: dict) -> str:
-    """F39: which of these values come from your environment (names only), and which of
-    them the job file asks for, which the launch asks you about first."""
-    mine = [n for n in names if n in shell]
-    if not mine:
+def _from_shell(taken) -> str:
+    """F39: what the dry run says of a value that comes from your environment (its name
+    only): and whether the launch asks first (a job file's, not one you typed)."""
+    if taken is None:
         return ""
-    asked = [n for n in mine if shell[n].at]
-    return f"; from your environment: {', '.join(mine)}" + (
-        f" (the job file's {', '.join(asked)}: the launch asks you first)" if asked else "")
+    return " (from your environment: the launch asks first)" if taken.at else \
+        " (from your environment)"
 
 
 def taken_from_shell(spec: JobSpec):

@@ -512,6 +512,22 @@ def test_U34_profile_none_drops_the_files_profile(ct_home, tmp_path):
      "job.yaml:3: outputs '/abs': expected a path relative"),
     ("run: echo hi\ndatasets: {'bad name': null}\n", [],
      "job.yaml:2: datasets.bad name: 'bad name' is not a dataset name"),
+    # U11 (2026-12-01): still without file:line, naming the flag
+    ("name: x\nrecipe: resnet\n", [],
+     "job.yaml:2: recipe: unknown recipe 'resnet' (did you mean resnet9?); known recipes: "),
+    ("run: echo hi\nresources:\n  instance: g5.xlarg\n", [],
+     "job.yaml:3: resources.instance: unknown instance type 'g5.xlarg' (did you mean "
+     "g5.xlarge?)"),
+    ("run: echo hi\nresources:\n  region: us-east-1\n  gpus: A100:1\n", [],
+     "job.yaml:4: resources.gpus: no instance type with 1x A100 in us-east-1: A100 comes only "
+     "in 8-GPU types here"),
+    ("run: echo hi\nresources:\n  region: us-east-1\n  gpus: Z100:1\n", [],
+     "job.yaml:4: resources.gpus: Z100: no instance type in the catalog has a GPU named 'Z100' "
+     "(did you mean V100?)"),
+    ("recipe: resnet9\ndatasets: {imagenet: null}\n", [],
+     "job.yaml:2: datasets.imagenet: recipe resnet9 with these arguments reads cifar10"),
+    ("run: echo hi\ndatasets:\n  imagenet: null\n", [],
+     "job.yaml:3: datasets.imagenet: no source is declared for imagenet"),
 ])
 def test_U11_errors_from_job_file_values_name_the_file_line_and_key(ct_home, tmp_path, text,
                                                                       args, expected):
@@ -524,6 +540,37 @@ def test_U11_errors_from_job_file_values_name_the_file_line_and_key(ct_home, tmp
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     first = proc.stderr.splitlines()[0]
     assert first.startswith("Error: " + expected), proc.stderr
+
+
+@pytest.mark.parametrize("text, error, hint", [
+    ("run: echo hi\nresources:\n  region: us-east-1\n  gpus: A100:1\n",
+     "job.yaml:4: resources.gpus: no instance type with 1x A100", "Hint: resources.gpus: A100:8"),
+    ("name: x\nrun: python train.py\n",
+     "job.yaml:2: run: train.py: no such file, and without workdir: the job runs in an empty "
+     "directory", "Hint: add workdir: DIR (job.yaml's directory or one below it) with your "
+                  "code in it"),
+    ("name: x\nrun: python here.py\n",
+     "job.yaml:2: run: here.py is here, but without workdir: the job runs in an empty directory",
+     "Hint: add `workdir: .` to job.yaml to sync its directory (.gitignore honoured)"),
+    ("name: x\nworkdir: sub\nrun: python here.py\n",
+     "job.yaml:3: run: here.py is not in workdir: sub: the job runs there",
+     "Hint: write `workdir: .` (job.yaml's directory has it)"),
+    ("name: x\nworkdir: sub\nrun: python nowhere.py\n",
+     "job.yaml:3: run: nowhere.py is not in workdir: sub: the job runs there",
+     "Hint: check the path, relative to workdir:"),
+])
+def test_U11_hints_name_the_key_not_the_flag(ct_home, tmp_path, text, error, hint):
+    """U11: a job file's `gpus: A100:1` was refused with the hint `--gpus A100:8`, and a `run:`
+    naming a script not synced with `add --workdir DIR`: a job file's user is told the key
+    to write, at the file's line."""
+    (tmp_path / "here.py").write_text("print(1)\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "job.yaml").write_text(text)
+    proc = _run(["launch", "job.yaml", "--dry-run"], tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("Error: " + error), proc.stderr
+    assert lines[1] == hint, proc.stderr
 
 
 def test_U11_a_typed_flag_over_the_file_is_named_as_the_flag(ct_home, tmp_path):
@@ -567,8 +614,7 @@ def test_U12_the_dry_run_shows_every_key_the_file_adds(ct_home, tmp_path):
     assert rows["setup"] == "echo one (and 1 more line)", rows
     assert rows["env"] == "LEVEL, MODE", rows
     # F39: which value comes from your environment, by name only
-    assert rows["secrets"] == "API_TOKEN; from your environment: API_TOKEN (the job file's " \
-                              "API_TOKEN: the launch asks you first)", rows
+    assert rows["secrets"] == "API_TOKEN (from your environment: the launch asks first)", rows
     assert SECRET not in plan
     assert rows["outputs"] == "results, model.pt" and "cifar" in rows["data"], rows
     assert SECRET not in plan + proc.stderr
