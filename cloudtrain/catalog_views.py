@@ -325,6 +325,9 @@ def prepare_report(report) -> str:
              table(rows, ["FOLDER", "IMAGES"])]
     if report.blacklisted:
         lines.append(f"{report.blacklisted} blacklisted validation images left out")
+    if getattr(report, "links_skipped", 0):
+        lines.append(f"{report.links_skipped} links in the source skipped (a link is never "
+                     "carried into the prepared folder)")
     megabytes = report.bytes_written / 1e6
     lines.append(f"wrote {report.written} files ({report.linked} hard links, "
                  f"{report.extracted} from tars, {megabytes:.1f} MB); {report.skipped} were "

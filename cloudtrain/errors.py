@@ -35,6 +35,24 @@ class UsageError(CloudtrainError):
     exit_code = EXIT_USAGE
 
 
+def named_at(exc: UsageError, origin: str | None, flag: str) -> UsageError:
+    """U11: an error a check raised about a value a job file gave, named at the file's line
+    and key (`origin`: `job.yaml:4: resources.gpus`) rather than by `flag` (`--gpus`), which
+    nobody typed; a hint that is the flag with a value becomes the key with it. Without an
+    origin (the flag was typed), `exc` as it is."""
+    if not origin:
+        return exc
+    message = exc.message
+    for said in (f"{flag}: ", f"{flag} "):  # "--data x: ..." -> "..."; "--gpus Z100: ..." ->
+        if message.startswith(said):        # "Z100: ..."
+            message = message[len(said):]
+            break
+    hint = exc.hint
+    if hint and hint.startswith(f"{flag} "):  # "--gpus A100:8" -> "resources.gpus: A100:8"
+        hint = f"{origin.rsplit(': ', 1)[-1]}: {hint[len(flag) + 1:]}"
+    return type(exc)(f"{origin}: {message}", hint=hint, exit_code=exc.exit_code)
+
+
 class NotFound(UsageError):
     """A named thing (job, recipe) does not exist."""
 

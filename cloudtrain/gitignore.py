@@ -35,7 +35,11 @@ CREDENTIAL_PATTERNS = (
     "id_ecdsa*",
     "id_ed25519*",
     ".netrc",  # also where wandb keeps its API key
+    "_netrc",  # its name on Windows
     ".git-credentials",
+    "**/.config/git/credentials",  # git's credential store under XDG_CONFIG_HOME
+    ".password-store/",  # pass
+    "**/.local/share/keyrings/",  # GNOME Keyring
     ".env",
     ".env.*",
     ".envrc",
@@ -56,16 +60,52 @@ CREDENTIAL_PATTERNS = (
     "**/.config/rclone/rclone.conf",
     "**/.terraform.d/credentials.tfrc.json",
     "**/.docker/config.json",
+    ".dockercfg",
+    "**/.config/containers/auth.json",  # podman, buildah, skopeo
     "**/.kube/config",
+    "**/.kube/config[-_.]*",  # one per cluster: config-prod, config.staging
+    "**/.kube/*kubeconfig*",
+    ".databrickscfg",
+    ".oci/",  # Oracle Cloud
+    "**/.config/doctl/config.yaml",  # DigitalOcean
+    "**/.config/hcloud/cli.toml",  # Hetzner Cloud
+    ".terraformrc",
     # registries, hubs and tools
     ".pypirc",
     ".npmrc",
+    ".yarnrc.yml",
+    "**/.gem/credentials",
+    "**/.cargo/credentials",
+    "**/.cargo/credentials.toml",
+    "**/.composer/auth.json",
+    "**/.config/composer/auth.json",
+    "**/.m2/settings.xml",  # Maven's server passwords
+    "**/.m2/settings-security.xml",
+    "**/.gradle/gradle.properties",
+    "**/.ivy2/.credentials",
+    "**/.sbt/.credentials",
     "**/.config/gh/hosts.yml",
+    "**/.config/hub",  # the older GitHub CLI's token
+    "**/.config/ngrok/ngrok.yml",
+    "**/.ngrok2/ngrok.yml",
     "**/.huggingface/token",
     "**/.cache/huggingface/token",
     "**/.cache/huggingface/stored_tokens",
     "kaggle.json",
     "**/.config/wandb/settings",
+    # databases' passwords
+    ".pgpass",
+    ".my.cnf",
+    # browsers' saved passwords and cookies (Firefox's profiles wherever they are)
+    "logins.json",
+    "key3.db",
+    "key4.db",
+    "cookies.sqlite",
+    "**/.mozilla/",
+    "**/.config/google-chrome/",
+    "**/.config/chromium/",
+    "**/.config/BraveSoftware/",
+    "**/Library/Application Support/Google/Chrome/",  # macOS
     # shell and REPL histories: commands typed with tokens in them
     ".*_history",
     ".history",

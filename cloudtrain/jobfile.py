@@ -22,8 +22,9 @@ check after this one on a value from the file (LaunchOptions.origins).
 
 A job file is code from a repository, perhaps someone else's (audit F27): its workdir is read
 from the file's own directory and must stay inside it, it cannot `include` credential-looking
-files, and a secret's value cannot be written in it. YAML anchors and aliases are refused
-before anything expands them (audit F33).
+files, and a secret's value cannot be written in it; a value it takes from this shell
+(`KEY: null`) is refused for a cloud's credentials and asked about otherwise (job_env.py,
+audit F39). YAML anchors and aliases are refused before anything expands them (audit F33).
 """
 
 from __future__ import annotations
@@ -40,13 +41,11 @@ import yaml
 
 from .config import GP3_MAX_GB, check_region, shown
 from .errors import UsageError
+from .job_env import ENV_NAME
 from .launch_options import LaunchOptions
 
 SUFFIXES = (".yaml", ".yml")
 MAX_BYTES = 1 << 20  # a job file is a page of YAML; a megabyte is something else
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-# The job's own variables (jobs.job_environment) are cloudtrain's to set.
-RESERVED_ENV_PREFIX = "CLOUDTRAIN_"
 MINUTES = {"s": 1 / 60, "m": 1.0, "h": 60.0, "d": 1440.0}
 
 
@@ -530,33 +529,3 @@ def flag_minutes(text: str, flag: str) -> float:
         raise UsageError(f"{flag} {shown(text)}: expected minutes, or a duration like 90m, 2h, "
                          "1d")
     return value
-
-
-def environment(words, what: str, environ=None, named: dict | None = None) -> dict[str, str]:
-    """`--env KEY=VALUE` / `--env KEY` (this shell's value) words as {KEY: VALUE}; the last
-    word for a key wins. `what` is the flag, for messages; `named`: {KEY: "job.yaml:5:
-    envs.KEY"} for the keys a job file gave, which messages name instead (U11)."""
-    environ = os.environ if environ is None else environ
-    named = named or {}
-    given: dict[str, str | None] = {}  # the last word for a name wins, a value or not
-    for word in words or ():
-        name, eq, value = str(word).partition("=")
-        if not ENV_NAME.fullmatch(name):  # the value may be a secret: never shown
-            raise UsageError(f"{what} {shown(name)}{'=...' if eq else ''}: expected KEY=VALUE "
-                             "with KEY an environment variable name (letters, digits and _)")
-        if name.upper().startswith(RESERVED_ENV_PREFIX):
-            raise UsageError(f"{named.get(name) or f'{what} {name}'}: CLOUDTRAIN_* variables "
-                             "are set by cloudtrain for the job", hint="pick another name")
-        given[name] = value if eq else None
-    out: dict[str, str] = {}
-    for name, value in given.items():
-        said = named.get(name) or f"{what} {name}"
-        if value is None:
-            if name not in environ:
-                raise UsageError(f"{said}: no value given and {name} is not set here",
-                                 hint=f"{what} {name}=VALUE, or export {name} first")
-            value = environ[name]
-        if "\0" in value:
-            raise UsageError(f"{said}: a value cannot hold a NUL character")
-        out[name] = value
-    return out

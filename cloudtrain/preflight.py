@@ -160,6 +160,8 @@ def own_command(command: list[str], workdir: str | None, cwd: str | None = None,
                                                  "python train.py")
     _not_a_command(first, [Path(cwd)] + ([Path(workdir)] if workdir else []), at)
     base = Path(workdir) if workdir else None
+    # U11: a job file's user is told the key to write, a typed command's the flag
+    flag, file = ("workdir:", origin.split(":", 1)[0]) if origin else ("--workdir", None)
     for word in words:
         if word.startswith(("-", "/", "~", "$")) or "=" in word or \
                 any(c.isspace() for c in word):  # an option, a variable, shell code (-c '...')
@@ -170,17 +172,33 @@ def own_command(command: list[str], workdir: str | None, cwd: str | None = None,
         if base is not None:
             if not (base / word).exists():
                 here = Path(cwd, word).exists() and Path(cwd).resolve() != base
-                raise UsageError(f"{at}{word} is not in --workdir {base}: the job runs there",
-                                 hint="add --workdir . (the current directory has it)" if here
-                                 else "check the path, relative to --workdir")
+                shown_base = (_below(base, cwd) or base) if file else base
+                hint = f"check the path, relative to {flag}"
+                if here:
+                    hint = f"write `workdir: .` ({file}'s directory has it)" if file else \
+                        "add --workdir . (the current directory has it)"
+                raise UsageError(f"{at}{word} is not in {flag} {shown_base}: the job runs there",
+                                 hint=hint)
         elif Path(cwd, word).exists():
-            raise UsageError(f"{at}{word} is here, but without --workdir the job runs in an empty "
-                             "directory", hint="add --workdir . to sync this directory "
-                                               "(.gitignore honoured)")
+            raise UsageError(f"{at}{word} is here, but without {flag} the job runs in an empty "
+                             "directory",
+                             hint=f"add `workdir: .` to {file} to sync its directory (.gitignore "
+                                  "honoured)" if file else "add --workdir . to sync this "
+                                                           "directory (.gitignore honoured)")
         else:
-            raise UsageError(f"{at}{word}: no such file, and without --workdir the job runs in an "
+            raise UsageError(f"{at}{word}: no such file, and without {flag} the job runs in an "
                              "empty directory",
-                             hint="add --workdir DIR with your code in it")
+                             hint=f"add workdir: DIR ({file}'s directory or one below it) with "
+                                  "your code in it" if file else
+                                  "add --workdir DIR with your code in it")
+
+
+def _below(path: Path, base: str) -> str | None:
+    """`path` relative to `base` where it lies below it (a job file's workdir, as written)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path(base).resolve()))
+    except ValueError:
+        return None
 
 
 def _not_a_command(word: str, places: list[Path], at: str) -> None:

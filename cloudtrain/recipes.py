@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .catalog import gpu_request
-from .config import GP3_MAX_GB, finite, shown, yaml_problem
+from .config import GP3_MAX_GB, finite, shown, suggest, yaml_problem
 from .errors import ConfigError, NotFound, UsageError
 
 BUNDLED = Path(__file__).resolve().parent.parent / "recipes"
@@ -490,7 +490,7 @@ def load(name: str) -> Recipe:
     found = _candidates()
     if name not in found:
         known = ", ".join(sorted(found)) or "none"
-        raise NotFound(f"unknown recipe '{name}'; known recipes: {known}",
+        raise NotFound(f"unknown recipe '{name}'{suggest(name, found)}; known recipes: {known}",
                        hint="cloudtrain recipes lists them with what they reproduce")
     return parse_recipe(found[name])
 

@@ -2,7 +2,8 @@
 build_spec, which checks a LaunchOptions (the flags, a job file, or both) and turns it into one.
 
 Imports the settings (config), the providers' registry, launch_options and market; recipes,
-datasets, datasources, catalog, preflight and jobfile's environment reading when it builds.
+datasets, datasources, catalog, preflight and job_env (the environment's values) when it
+builds.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from . import config, providers
 from .config import INSTANCE_PATTERN, check_known_region, check_region, finite, shown
-from .errors import UsageError
+from .errors import UsageError, named_at
 from .launch_options import LaunchOptions
 from .market import Market
 
@@ -114,6 +115,9 @@ class JobSpec:
     # resources.disk_gb"} (LaunchOptions.origins): checks name that instead of the flag, which
     # nobody typed. In memory only, for the checks of this launch.
     origins: dict = field(default_factory=dict, repr=False, compare=False)
+    # The values taken from this shell's environment (job_env.Taken: names and where a job
+    # file named them, never a value), for the launch's question and the dry run. In memory.
+    from_shell: list = field(default_factory=list, repr=False, compare=False)
 
     def display(self) -> str:
         """One line saying what runs: the recipe, its profile and the arguments that differ
@@ -194,6 +198,7 @@ class JobSpec:
         data = dataclasses.asdict(self)
         data.pop("secret_values")  # never stored: job.json, state.db and logs get names only
         data.pop("origins")
+        data.pop("from_shell")
         return data
 
     @classmethod
@@ -214,12 +219,15 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
     variant was published on (recipe.yaml `resources.nodes_per_variant`), anything else one.
     `regions` (job files) narrows where --gpus looks. `origins`: where the options a job
     file gave came from (U11); a message about one names that, not the flag."""
-    from . import datasets, datasources, recipes
-    from .jobfile import environment
+    from . import datasets, datasources, job_env, recipes
+    from .job_env import environment
 
     if o.regions:
         settings = dataclasses.replace(settings, regions=",".join(o.regions))
     origins = dict(o.origins)
+    # F39: a job file that names a cloud's credentials is refused before anything else
+    from_shell = job_env.taken(o.envs, o.secrets, origins)
+    job_env.refuse_cloud_credentials(from_shell)
     nodes = o.nodes
     if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int)
                               or not 1 <= nodes <= MAX_NODES):
@@ -229,13 +237,18 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
     spec = _build_spec(o, settings, origins)
     spec.origins = origins
     _check_nodes(spec)
-    spec.datasets = datasets.resolve(spec, settings, flags,
-                                     recipes.load(spec.recipe).data if spec.recipe else [])
+    try:
+        spec.datasets = datasets.resolve(spec, settings, flags,
+                                         recipes.load(spec.recipe).data if spec.recipe else [])
+    except UsageError as exc:  # U11: `--data NAME: ...` about a job file's datasets.NAME
+        name = exc.message.split(":", 1)[0].removeprefix("--data ")
+        raise named_at(exc, origins.get(f"data.{name}"), f"--data {name}") from None
     if o.setup is not None:
         if not o.setup.strip() or "\0" in o.setup:
             raise UsageError(f"{origins.get('setup', '--setup')} needs shell code, e.g. --setup "
                              "'pip install -r requirements.txt'")
         spec.setup = o.setup
+    spec.from_shell = from_shell
     spec.envs = environment(o.envs, "--env", named=items(origins, "envs"))
     spec.secret_values = environment(o.secrets, "--secret", named=items(origins, "secrets"))
     overlap = set(spec.envs) & set(spec.secret_values)
@@ -329,7 +342,9 @@ def _build_spec(o: LaunchOptions, settings: config.Settings, origins: dict) -> J
     from .preflight import own_command
 
     # D14, D16, U24: before anything is created
+    # a job file's run: reads its scripts from its own directory (workdir: . is that one)
     own_command(list(o.command), workdir, origin=origins.get("command"),
+                cwd=str(Path(origins[""]).parent) if "command" in origins else None,
                 is_job_file=is_job_file)
     minutes = o.max_runtime or settings.max_runtime_minutes
     return JobSpec(kind=COMMAND, backend=backend, name=o.name, command=list(o.command),
@@ -430,7 +445,10 @@ def _recipe_spec(o: LaunchOptions, backend: str, placement: dict, workdir: str |
     a cloud, its instance type."""
     from . import recipes
 
-    rec = recipes.load(o.recipe)
+    try:
+        rec = recipes.load(o.recipe)
+    except UsageError as exc:
+        raise named_at(exc, origins.get("recipe"), "--recipe") from None
     sets, profile, procs = o.sets, o.recipe_profile(), o.procs
     if o.resume_from:
         if "resume" not in rec.arguments:
@@ -562,13 +580,20 @@ def _resolve_gpus(request: str, placement: dict, settings: config.Settings,
     --region, else `regions:` from config.yaml, else the configured region."""
     from . import catalog
 
-    gpu, count = catalog.parse_gpus(request)
-    finite(count, f"{(origins or {}).get('gpus', '--gpus')} {request}: the count", low=0,
-           low_open=True, high=64)
-    # D28: the region chain every command uses (AWS_REGION, the profile, ...), as --instance
-    regions = [placement["region"]] if placement.get("region") else \
-        [r.strip() for r in settings.regions.split(",") if r.strip()] or \
-        [providers.get("aws").region()]
-    market = placement.get("market") or Market(settings.market)
-    chosen, region, _ = catalog.cheapest(gpu, count, regions, market)
+    origin = (origins or {}).get("gpus")
+    try:
+        gpu, count = catalog.parse_gpus(request)
+        finite(count, f"{origin or '--gpus'} {request}: the count", low=0, low_open=True,
+               high=64)
+        # D28: the region chain every command uses (AWS_REGION, the profile, ...), as
+        # --instance
+        regions = [placement["region"]] if placement.get("region") else \
+            [r.strip() for r in settings.regions.split(",") if r.strip()] or \
+            [providers.get("aws").region()]
+        market = placement.get("market") or Market(settings.market)
+        chosen, region, _ = catalog.cheapest(gpu, count, regions, market)
+    except UsageError as exc:  # U11: a job file's `gpus:` is named where it is
+        if origin and exc.message.startswith(origin):
+            raise
+        raise named_at(exc, origin, "--gpus") from None
     return {"instance_type": chosen.name, "region": region}

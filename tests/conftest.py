@@ -263,6 +263,23 @@ def recipe_job_dir(tmp_path: Path, recipe: str) -> Path:
     return job
 
 
+def resume_refusals(resume, path: Path, checkpoints: list[dict]) -> list[str]:
+    """F46: what a recipe's `resume()` ends with (its SystemExit's one line) from each of
+    `checkpoints` written at `path` in turn, and last from an empty file there."""
+    import torch
+
+    said = []
+    for checkpoint in [*checkpoints, None]:
+        if checkpoint is None:
+            path.write_bytes(b"")
+        else:
+            torch.save(checkpoint, path)
+        with pytest.raises(SystemExit) as stopped:
+            resume()
+        said.append(str(stopped.value.code))
+    return said
+
+
 # Rows of the fault-injection table (tests/integration/test_faults.py): scenario, instances
 # billing right after the fault, the documented cleanup run, what still bills after it.
 FAULT_TABLE: list[tuple[str, int, str, int]] = []

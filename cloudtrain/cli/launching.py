@@ -183,13 +183,17 @@ def launch(dry_run: bool, yes: bool, follow: bool, quiet: bool, **flags) -> None
 
 def ask_first(spec, store, yes: bool, quiet: bool) -> None:
     """Before a launch: its expected time and cost, its warnings, and the questions a
-    terminal is asked (a price, the credential-looking files --include sends)."""
+    terminal is asked (a price, the values a job file takes from this shell, the
+    credential-looking files --include sends)."""
     from ..lifecycle import plan
 
     row = plan.expected(spec, store)
     if row is not None and not quiet:
         click.echo(catalog_views.estimate_line(row, spec.market), err=True)
     question = plan.question(spec, warn=lambda line: click.echo(f"WARNING: {line}", err=True))
+    taking = plan.taken_from_shell(spec)
+    if taking:
+        confirm_sending(taking.said, taking.ask, refusal=taking.refusal)
     if question:
         confirm(question, yes)
     sending = plan.credentials_sent(spec)
@@ -197,11 +201,15 @@ def ask_first(spec, store, yes: bool, quiet: bool) -> None:
         confirm_sending(sending)
 
 
-def confirm_sending(line: str) -> None:
-    """F27: credential-looking files that --include sends: asked in a terminal whatever -y
-    says (default no); said in a WARNING without one."""
+def confirm_sending(line: str, ask: str = "Send them?",
+                    refusal: errors.UsageError | None = None) -> None:
+    """F27, F39: what would send credentials (files --include sends, values a job file takes
+    from this shell): asked in a terminal whatever -y says (default no); without one, the
+    `refusal`, or else said in a WARNING."""
     if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        if refusal is not None:
+            raise refusal
         click.echo(f"WARNING: {line}", err=True)
         return
-    if not click.confirm(line + ". Send them?", default=False, err=True):
+    if not click.confirm(f"{line}. {ask}", default=False, err=True):
         raise errors.CloudtrainError("not launched: nothing was created", exit_code=1)

@@ -10,6 +10,7 @@ workdir and the sources a launch makes before it records anything. It may call s
     name_note(spec, taken, launched)  what is said of that
     read_datasets(spec, settings)     what the job's datasets hold (a missing one stops here)
     workdir_warning / credentials_sent / warn_about_workdir  what a workdir would send
+    taken_from_shell(spec)            what a job file takes from this shell, asked first
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .. import config, datasets, progress, providers
 from ..errors import CloudtrainError, UsageError
 from ..gitignore import survey
 from ..hosts import measure
+from ..job_env import consent
 from ..market import Market
 from ..providers.base import Question
 from ..spec import JobSpec
@@ -80,11 +82,29 @@ def _given_rows(spec: JobSpec) -> list[tuple[str, str]]:
         more = len(lines) - 1
         rows.append(("setup", lines[0] + (f" (and {more} more line{'' if more == 1 else 's'})"
                                            if more else "")))
-    for key, names in (("env", sorted(spec.envs)), ("secrets", spec.secrets),
-                       ("outputs", spec.outputs)):
+    shell = {t.name: t for t in spec.from_shell}
+    for key, names in (("env", sorted(spec.envs)), ("secrets", spec.secrets)):
         if names:
-            rows.append((key, ", ".join(names)))
+            rows.append((key, ", ".join(n + _from_shell(shell.get(n)) for n in names)))
+    if spec.outputs:
+        rows.append(("outputs", ", ".join(spec.outputs)))
     return rows
+
+
+def _from_shell(taken) -> str:
+    """F39: what the dry run says of a value that comes from your environment (its name
+    only): and whether the launch asks first (a job file's, not one you typed)."""
+    if taken is None:
+        return ""
+    return " (from your environment: the launch asks first)" if taken.at else \
+        " (from your environment)"
+
+
+def taken_from_shell(spec: JobSpec):
+    """F39: the values a job file takes from this shell, as the question the launch asks in a
+    terminal whatever -y says, and the error without one (job_env.Consent); None when the
+    job file takes none (a typed --secret NAME is the user's own)."""
+    return consent(spec.from_shell, spec.origins.get(""))
 
 
 def question(spec: JobSpec, warn: Callable[[str], None] | None = None

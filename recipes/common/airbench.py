@@ -965,6 +965,14 @@ def _train_job(variant: str, args, stop: stopping.StopRequest, t_start: float) -
         raise SystemExit(f"{variant}: {len(xtr)} training images < one batch of "
                          f"{hyp['batch_size']}")
     ckpt = _load_resume(variant, args, ckpt_path)
+    if ckpt:
+        steps = total_steps(len(xtr), hyp["batch_size"], hyp["epochs"])
+        state = ckpt.get("run_state") or {}
+        checkpoint.check_schedule(
+            ckpt_path, variant, step=(state.get("step", 0), steps),
+            epoch=(state.get("epoch", 0), math.ceil(steps / (len(xtr) // hyp["batch_size"]))),
+            run=(ckpt.get("run"), args.runs - 1),
+            completed_runs=(checkpoint.count_of(ckpt.get("accs")), args.runs))
 
     x_train, y_train = to_device_images(xtr, device, dtype), torch.from_numpy(ytr).to(device)
     x_test, y_test = to_device_images(xte, device, dtype), torch.from_numpy(yte).to(device)

@@ -81,20 +81,80 @@ def _count(value) -> int | None:
     return None
 
 
-def load(path: str | os.PathLike, map_location="cpu"):
+def load(path: str | os.PathLike, map_location="cpu") -> dict:
     """The checkpoint at `path`, loaded as plain data: tensors, numbers, strings, lists, tuples
     and dicts (torch's weights_only loader). A checkpoint may come from the job store (a
     restored slot, --resume-from), which another principal or a compromised instance can write;
     unpickling it would run whatever its reduce calls, with this job's secrets in the
-    environment. Anything else is refused with one line (SystemExit), and nothing runs."""
+    environment. Anything else is refused with one line (SystemExit), and nothing runs: code,
+    a damaged file (empty, truncated, sizes that do not add up), something other than a
+    checkpoint's mapping, or a tensor that claims more elements than the file stores."""
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        data = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))  # torch names what it would call
         what = f"a call to {found.group(1)}" if found else "other objects"
         raise SystemExit(f"{path}: refused to load the checkpoint: it holds {what}, not only "
                          "tensors, numbers, strings, lists and dicts (a checkpoint is never "
                          "unpickled)") from None
+    except Exception as exc:  # noqa: BLE001 - any other failure is a damaged file
+        # An empty file is EOFError; a truncated one, a record whose size does not match its
+        # tensor, or a view torch cannot size is RuntimeError; a cut zip can be OSError.
+        raise SystemExit(f"{path}: refused to load the checkpoint: it is damaged or not a "
+                         f"checkpoint ({_first_line(exc)})") from None
+    if not isinstance(data, dict):
+        raise SystemExit(f"{path}: refused to load the checkpoint: it holds "
+                         f"{type(data).__name__}, not a checkpoint's mapping")
+    claimed = _overlapping_view(data)
+    if claimed is not None:
+        raise SystemExit(f"{path}: refused to load the checkpoint: a tensor of {claimed} "
+                         "elements over fewer stored (a view that copying would allocate "
+                         "in full)")
+    return data
+
+
+def _first_line(exc: BaseException, most: int = 160) -> str:
+    line = (str(exc).strip().splitlines() or [""])[0]
+    line = line if len(line) <= most else line[:most - 3] + "..."
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def _overlapping_view(data, most_items: int = 1_000_000) -> int | None:
+    """The element count of the first tensor that claims more elements than its storage
+    holds (a stride-0 view of 10^14 elements over 4 floats loads at once, and the first
+    copy asks for 400 TB); None when there is none."""
+    stack, seen = [data], 0
+    while stack and seen < most_items:
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, torch.Tensor):
+            stored = item.untyped_storage().nbytes() // max(item.element_size(), 1)
+            if item.numel() > stored:
+                return item.numel()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return None
+
+
+def count_of(items) -> int | None:
+    """How many items a checkpoint's list holds (the runs it completed), None for anything
+    else: check_schedule refuses that."""
+    return len(items) if isinstance(items, (list, tuple)) else None
+
+
+def check_schedule(path: str | os.PathLike, recipe: str, **counts: tuple) -> None:
+    """Refuse to resume from a checkpoint whose counts are not whole numbers from 0 to this
+    run's schedule: `step=(the saved step, the run's last step)`, `epoch=(..., epochs)`. A
+    checkpoint whose step is past the end would end the training at once with the weights
+    it holds, and the job would report success (whoever can write the job store could)."""
+    for key, (saved, most) in counts.items():
+        n = _count(saved)
+        if n is None or not 0 <= n <= most:
+            shown = repr(saved) if n is None else str(n)
+            raise SystemExit(f"{recipe}: {path}: refused to resume: its {key} is "
+                             f"{shown[:40]}, outside this run's schedule (0 to {most})")
 
 
 def rng_states() -> dict:

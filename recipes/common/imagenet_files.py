@@ -254,6 +254,7 @@ class PrepareReport:
     blacklisted: int  # validation images left out (blacklist=)
     max_sides: tuple[int, ...] = ()  # the max/<N> copies (FFCV's): longer side at most N
     capped_resample: str = CAPPED_RESAMPLE
+    links_skipped: int = 0  # links in src (images, class folders, tars): never carried
 
 
 def _fail(message: str):
@@ -304,9 +305,46 @@ def _read_blacklist(path: Path) -> set[str]:
     return stems
 
 
-def _files(folder: Path) -> list[str]:
+def _files(folder: Path, links: set[str] | None = None) -> list[str]:
+    """The image files in `folder`: regular files only. A link is never one (audit F48: a
+    link `x.JPEG -> ~/.ssh/id_ed25519` in SRC became the same link in DEST, and a copy
+    would have held the key): those named like images go to `links` when given."""
     with os.scandir(folder) as it:
-        return sorted(e.name for e in it if e.is_file() and _is_image(e.name))
+        entries = [(e.name, e.is_symlink(), e.is_file(follow_symlinks=False)) for e in it
+                   if _is_image(e.name)]
+    if links is not None:
+        links.update(str(Path(folder) / name) for name, link, _ in entries if link)
+    return sorted(name for name, link, regular in entries if regular and not link)
+
+
+def _folders(folder: Path, links: set[str]) -> list[tuple[str, bool]]:
+    """(name, is a folder) of the entries of `folder`, hidden ones left out; a link (to a
+    folder or a file) is never one of them, and goes to `links`."""
+    with os.scandir(folder) as it:
+        entries = sorted((e.name, e.is_symlink(), e.is_dir(follow_symlinks=False))
+                         for e in it if not e.name.startswith("."))
+    links.update(str(Path(folder) / name) for name, link, _ in entries if link)
+    return [(name, is_dir) for name, link, is_dir in entries if not link]
+
+
+# What decoding one image costs a worker per pixel, at most: the decoded image (4 bytes in
+# RGBA, CMYK or 32-bit modes), its RGB conversion, NumPy's copy and OpenCV's colour-converted
+# one (3 bytes each), and the resize's output and intermediates.
+BYTES_PER_PIXEL = 16
+
+
+def max_pixels(workers: int) -> int:
+    """The most pixels one worker decodes: Pillow's own warning bound (89.5 Mpx: above it
+    Pillow only warns, and refuses only twice as many), less where this machine's memory
+    shared by `workers` holds fewer at BYTES_PER_PIXEL."""
+    from PIL import Image
+
+    bound = Image.MAX_IMAGE_PIXELS or 1024 * 1024 * 1024 // 4 // 3
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not on this platform: Pillow's bound
+        return int(bound)
+    return int(min(bound, memory // max(workers, 1) // BYTES_PER_PIXEL))
 
 
 def _check_member(member: tarfile.TarInfo, tar: Path) -> str | None:
@@ -349,7 +387,10 @@ def _extract_tar(tar: str, out: str) -> tuple[list[str], int, int]:
 
 def _link_or_copy(source: Path, target: Path) -> tuple[bool, int]:
     """Hard-link `target` to `source`; copy (via a temp file) where links cannot be made.
-    Returns (linked, bytes written)."""
+    Returns (linked, bytes written). A source that is a link is refused (link() would link
+    the link itself, and a copy would follow it)."""
+    if source.is_symlink():
+        raise ValueError("a link, never carried into the prepared folder")
     try:
         os.link(source, target)
         return True, 0
@@ -424,12 +465,17 @@ def encode_capped(rgb, side: int, quality: int) -> bytes:
 
 
 def _process_chunk(items: list[tuple[str, str]], dest: str, sizes: tuple[int, ...],
-                   quality: int, max_sides: tuple[int, ...] = ()) -> dict:
+                   quality: int, max_sides: tuple[int, ...] = (),
+                   pixel_limit: int | None = None) -> dict:
     """For each (source file, "split/wnid/name"): the full-size file in dest (link or copy),
     then every resized copy missing in dest/sz/<N> and every capped copy missing in
-    dest/max/<N>. Decodes an image only when a copy is missing. Errors are returned per image,
-    never raised, so one bad file stops no pool."""
+    dest/max/<N>. Decodes an image only when a copy is missing, and only of at most
+    `pixel_limit` pixels (max_pixels). Errors are returned per image, never raised, so one bad
+    file stops no pool."""
     from PIL import Image
+
+    if pixel_limit is not None:  # Pillow refuses past twice its bound; ours is checked below
+        Image.MAX_IMAGE_PIXELS = pixel_limit
 
     stats = {"written": 0, "skipped": 0, "linked": 0, "bytes": 0, "errors": []}
     root = Path(dest)
@@ -451,9 +497,12 @@ def _process_chunk(items: list[tuple[str, str]], dest: str, sizes: tuple[int, ..
             stats["skipped"] += len(sizes) - len(missing) + len(max_sides) - len(capped)
             if not missing and not capped:
                 continue
-            with Image.open(full) as image:
-                image.load()
+            with Image.open(full) as image:  # reads the header only
                 width, height = image.size
+                if pixel_limit is not None and width * height > pixel_limit:
+                    raise ValueError(f"{width * height / 1e6:.1f} Mpx, more than the "
+                                     f"{pixel_limit / 1e6:.1f} Mpx a worker may decode here")
+                image.load()
                 rgb = image.convert("RGB")
             for n in capped:
                 target = root / capped_source(n) / rel
@@ -495,7 +544,7 @@ def _lock(dest: Path):
 def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = DEFAULT_QUALITY,
                      workers: int | None = None, blacklist: Path | None = None,
                      labels: Path | None = None, progress=None,
-                     max_sides=()) -> PrepareReport:
+                     max_sides=(), pixel_limit: int | None = None) -> PrepareReport:
     """Turn the extracted official archives at `src` into the prepared layout at `dest`.
 
     src: train/<wnid>/*.JPEG or train/<wnid>.tar (ILSVRC2012_img_train.tar's per-class tars;
@@ -521,7 +570,10 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
     run at a time holds dest/.prepare/lock. `workers` processes (default os.cpu_count()) do the
     work; `progress(done, total, stage)` is called from this process, stage "extract" (only
     when there are tars to unpack) then "images". `blacklist`: the devkit's ILSVRC2012_validation_blacklist.txt (1-based val
-    image numbers); those images are left out of every val folder. Bad input raises
+    image numbers); those images are left out of every val folder. A link in src (an image,
+    a class folder, a tar) is skipped and counted (`links_skipped`): nothing in dest is a link
+    or comes through one. An image of more than `pixel_limit` pixels (default max_pixels()
+    for `workers`) is not decoded: it counts as unreadable. Bad input raises
     ValueError with a one-line message; unreadable images are all reported at the end (up to
     5 named).
     """
@@ -548,11 +600,12 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
     if real_dest == real_src or real_src in real_dest.parents:
         _fail(f"dest {dest} is inside src {src}; choose a folder outside it")
     progress = progress or (lambda done, total, stage: None)
+    pixel_limit = max_pixels(workers) if pixel_limit is None else int(pixel_limit)
+    links: set[str] = set()  # what src holds as links: skipped, said in the report
 
     # Train classes: folders and per-class tars (a folder wins over a tar of the same wnid).
-    with os.scandir(src / TRAIN) as it:
-        entries = sorted((e.name, e.is_dir()) for e in it)
-    folders = [name for name, is_dir in entries if is_dir and not name.startswith(".")]
+    entries = _folders(src / TRAIN, links)
+    folders = [name for name, is_dir in entries if is_dir]
     tars = {name[:-4]: src / TRAIN / name for name, is_dir in entries
             if not is_dir and name.endswith(".tar") and name[:-4] not in folders}
     wnids = sorted(set(folders) | set(tars))
@@ -565,20 +618,19 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
     blacklisted = 0
     val_dir = src / VAL
     if val_dir.is_dir():
-        with os.scandir(val_dir) as it:
-            val_folders = sorted(e.name for e in it if e.is_dir() and not e.name.startswith("."))
+        val_folders = [name for name, is_dir in _folders(val_dir, links) if is_dir]
         if val_folders:
             unknown = [w for w in val_folders if w not in wnids]
             if unknown:
                 _fail(f"{val_dir} has class folders with no train class: {_names_list(unknown)}")
             pairs = [(name, w, val_dir / w / name) for w in val_folders
-                     for name in _files(val_dir / w)]
+                     for name in _files(val_dir / w, links)]
         else:
             label_file = Path(labels) if labels else src / VAL_SOLUTION
             if not label_file.is_file():
                 _fail(f"{val_dir} is flat but there is no label file {label_file} (give --labels)")
             by_stem = _read_labels(label_file)
-            names = _files(val_dir)
+            names = _files(val_dir, links)
             unlabelled = [n for n in names if Path(n).stem not in by_stem]
             if unlabelled:
                 _fail(f"val images with no label in {label_file}: {_names_list(unlabelled)}")
@@ -615,7 +667,7 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
         pool = ProcessPoolExecutor(max_workers=workers, initializer=_ignore_sigint)
         try:
             train_items = [(str(src / TRAIN / w / name), f"{TRAIN}/{w}/{name}")
-                           for w in folders for name in _files(src / TRAIN / w)]
+                           for w in folders for name in _files(src / TRAIN / w, links)]
             todo = {}
             for wnid, tar in tars.items():
                 marker = dest / _STATE / f"{wnid}.extracted"
@@ -652,7 +704,7 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
             step = max(1, min(_CHUNK, len(items) // (8 * workers)))  # small runs: 8 per worker
             chunks = [items[i:i + step] for i in range(0, len(items), step)]
             futures = {pool.submit(_process_chunk, chunk, str(dest), sizes, int(quality),
-                                   max_sides): len(chunk) for chunk in chunks}
+                                   max_sides, pixel_limit): len(chunk) for chunk in chunks}
             done = 0
             progress(0, len(items), "images")
             for future in as_completed(futures):
@@ -678,4 +730,4 @@ def prepare_imagenet(src: Path, dest: Path, sizes=DEFAULT_SIZES, quality: int = 
         skipped=totals["skipped"], linked=totals["linked"], extracted=totals["extracted"],
         bytes_written=totals["bytes"], seconds=round(time.monotonic() - started, 3),
         sizes=sizes, quality=int(quality), resample=RESAMPLE, blacklisted=blacklisted,
-        max_sides=max_sides)
+        max_sides=max_sides, links_skipped=len(links))

@@ -497,6 +497,8 @@ def _train(args, world, stop) -> int:
     stepper = Stepper(net, model, master, opt, variant, loss_scale, amp)
 
     ckpt = _load_checkpoint(args, world, ckpt_path) if args.resume else None
+    if ckpt:
+        checkpoint.check_schedule(ckpt_path, NAME, step=(ckpt.get("step"), sched.total_steps))
     step, target_reached, tsv_rows = 0, False, []
     clock, loop_base = TrainClock(0.0, cuda), 0.0
     partial = torch.zeros(world.world_size, 4, dtype=torch.float64)  # loss, top1, top5, seen

@@ -880,6 +880,10 @@ def _train(args, world, stop: stopping.StopRequest) -> int:
             if ckpt["epochs"] != epochs:
                 raise SystemExit(f"resnet9: {ckpt_path} is for {ckpt['epochs']} epochs, "
                                  f"this run asks for {epochs}")
+            checkpoint.check_schedule(
+                ckpt_path, "resnet9", step=(ckpt.get("step"), spe * epochs),
+                epoch=(ckpt.get("epoch"), epochs), run=(ckpt.get("run", 0), args.runs - 1),
+                completed_runs=(checkpoint.count_of(ckpt.get("run_accs", [])), args.runs))
             if world.main:
                 print(f"resnet9: resuming from run {ckpt.get('run', 0)}, epoch {ckpt['epoch']} "
                       f"(step {ckpt['step']}) of {ckpt_path}", flush=True)

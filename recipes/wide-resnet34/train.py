@@ -591,6 +591,11 @@ def _train(args, world, stop) -> int:
     nb = spe * epochs  # FA: len(trn_dl) * cycle_len
 
     ckpt = _load_checkpoint(args, hyp, world, ckpt_path) if args.resume else None
+    if ckpt:
+        checkpoint.check_schedule(ckpt_path, NAME, step=(ckpt.get("step"), nb),
+                                  epoch=(ckpt.get("epoch"), epochs),
+                                  completed_runs=(checkpoint.count_of(ckpt.get("accs")),
+                                                  args.runs - 1))
     accs = list(ckpt["accs"]) if ckpt else []  # final test accuracy of each finished run
     if cycle_nb(nb, hyp["clr"][1]) < 1:
         raise SystemExit(f"{NAME}: {nb} steps are too few for the lr cycle (pct "

@@ -22,7 +22,8 @@ def test_unknown_recipe_lists_the_known_ones(cli, toy_recipes):
     proc = cli("launch", "--recipe", "resnet99")
     assert proc.returncode == 2
     first = proc.stderr.splitlines()[0]
-    assert first.startswith("Error: unknown recipe 'resnet99'; known recipes: ")
+    assert first.startswith("Error: unknown recipe 'resnet99' (did you mean resnet9?); known "
+                            "recipes: ")  # U11: the nearest name
     assert set(first.split("known recipes: ")[1].split(", ")) >= {"toy", "resnet9"}
     assert _no_jobs(cli)
 

@@ -78,7 +78,8 @@ def test_own_code_job_file_runs_setup_envs_secrets_and_outputs_locally(ct_home, 
     on the local backend: setup first, in the workdir, its output in the log; the envs and
     the secret in the job's environment; the secret in no file cloudtrain writes."""
     _project(tmp_path)
-    proc = _run(["launch", "job.yaml", "--follow"], tmp_path, {"API_TOKEN": SECRET})
+    proc = _run(["launch", "job.yaml", "--secret", "API_TOKEN", "--follow"], tmp_path,
+                {"API_TOKEN": SECRET})
     assert proc.returncode == 0, proc.stderr
     log = proc.stdout
     assert log.index("cloudtrain: setup started") < log.index("installing-deps") < \
@@ -103,7 +104,8 @@ def test_own_code_job_file_runs_setup_envs_secrets_and_outputs_locally(ct_home, 
 def test_a_failing_setup_fails_the_job_and_says_so(ct_home, tmp_path):
     """issue 16: setup's exit code ends the job before the command runs, with its reason."""
     _project(tmp_path, "own-2", OWN_CODE.replace("touch setup-ran", "exit 7"))
-    proc = _run(["launch", "job.yaml", "--follow"], tmp_path, {"API_TOKEN": SECRET})
+    proc = _run(["launch", "job.yaml", "--secret", "API_TOKEN", "--follow"], tmp_path,
+                {"API_TOKEN": SECRET})
     assert proc.returncode == 1
     assert "setup ran before" not in proc.stdout and "setup failed (exit code 7)" in proc.stdout
     job = json.loads(_run(["status", "own-2", "--json"], tmp_path).stdout)
@@ -247,7 +249,8 @@ def test_on_an_instance_secrets_stay_off_disk_ssh_runs_commands_and_outputs_come
     outputs come home with the logs, a missing one and the size limit said (D39)."""
     aws.write_config(collect_checkpoints_mb=0.004)  # 4 kB: model.bin (5 kB) passes it
     _sleeping_job(tmp_path)
-    proc = _run(["launch", "job.yaml", "--quiet", "--yes"], tmp_path, {"API_TOKEN": SECRET})
+    proc = _run(["launch", "job.yaml", "--secret", "API_TOKEN", "--quiet", "--yes"], tmp_path,
+                {"API_TOKEN": SECRET})
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip().splitlines()[-1]
     wait_for(lambda: "ready" in cli.ok("logs", job_id).stdout, timeout=60, what="the job")
@@ -382,6 +385,92 @@ def test_F27_only_a_typed_include_sends_a_token_and_it_is_said_or_asked(ct_home,
     assert len(json.loads(_run(["status", "--json"], repo).stdout)) == 1
 
 
+# -- F39: a job file takes values from the launching shell --------------------------------------
+
+VICTIM_ENV = {"AWS_SECRET_ACCESS_KEY": "VICTIMENVSECRET1201", "AWS_SESSION_TOKEN":
+              "VICTIMSESSION1201", "GITHUB_TOKEN": "ghp_VICTIM1201",
+              "WANDB_API_KEY": "wandb-VICTIM-1201"}
+ENVSTEAL = ('name: envsteal\nrun: echo "got $AWS_SECRET_ACCESS_KEY|$AWS_SESSION_TOKEN|'
+            '$GITHUB_TOKEN"\nsecrets:\n  AWS_SECRET_ACCESS_KEY: null\n  AWS_SESSION_TOKEN: ~\n'
+            '  GITHUB_TOKEN: ~\n')
+
+
+def _said_nothing_of(proc_or_text, values=VICTIM_ENV.values()) -> bool:
+    text = proc_or_text if isinstance(proc_or_text, str) else \
+        proc_or_text.stdout + proc_or_text.stderr
+    return not any(v in text for v in values)
+
+
+def test_F39_the_audits_job_file_is_refused_before_anything_runs(ct_home, tmp_path):
+    """Audit F39 through the real CLI: the audit's `envsteal` job file, launched in a shell
+    holding AWS keys and a GitHub token, took them into its own `run:` without a word. Its
+    cloud credentials are now refused in one line naming the file, line and key, -y or not,
+    dry run or not: nothing is created, no value is shown. Typed on the command line, the
+    same names are the user's to send."""
+    (tmp_path / "job.yaml").write_text(ENVSTEAL)
+    for args in (["-y", "--follow"], ["--dry-run"]):
+        proc = _run(["launch", "job.yaml", *args], tmp_path, VICTIM_ENV)
+        assert proc.returncode == 2, (proc.stdout, proc.stderr)
+        assert proc.stderr.splitlines()[0] == (
+            "Error: job.yaml:4: secrets.AWS_SECRET_ACCESS_KEY: a job file cannot take your "
+            "cloud credentials from this shell's environment (it may come from someone "
+            "else's repository)"), proc.stderr
+        assert "type --secret AWS_SECRET_ACCESS_KEY on the command line" in proc.stderr
+        assert _said_nothing_of(proc)
+    assert json.loads(_run(["status", "--json"], tmp_path).stdout) == []
+    assert not (ct_home / "jobs").exists() or not any((ct_home / "jobs").iterdir())
+
+    typed = ["--secret", "AWS_SECRET_ACCESS_KEY", "--secret", "AWS_SESSION_TOKEN", "--secret",
+             "GITHUB_TOKEN"]
+    proc = _run(["launch", "job.yaml", *typed, "--follow", "--quiet"], tmp_path, VICTIM_ENV)
+    assert proc.returncode == 0, proc.stderr
+    assert "got VICTIMENVSECRET1201|VICTIMSESSION1201|ghp_VICTIM1201" in proc.stdout
+
+
+def test_F39_what_a_job_file_takes_from_this_shell_is_asked_whatever_y_says(ct_home,
+                                                                           tmp_path):
+    """Audit F39: any other value a job file takes from this shell (the documented
+    `secrets: {WANDB_API_KEY: null}`, a GitHub token, a null env) is named in a [y/N]
+    question that -y does not skip: answered no, nothing runs and the value reaches no
+    `run:`; answered yes, it does. Without a terminal the launch is refused in one line
+    whose hint is the command that sends them, and that command runs."""
+    from labs.terminal import run_in_terminal
+
+    (tmp_path / "job.yaml").write_text(
+        'name: wandb-run\nrun: echo "got $WANDB_API_KEY|$GITHUB_TOKEN|$WANDB_PROJECT"\n'
+        "envs: {WANDB_PROJECT: null}\nsecrets:\n  WANDB_API_KEY: null\n  GITHUB_TOKEN: ~\n")
+    env = {**VICTIM_ENV, "WANDB_PROJECT": "proj-1201"}
+    proc = _run(["launch", "job.yaml", "-y", "--follow"], tmp_path, env)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    error, hint = proc.stderr.splitlines()[:2]
+    assert error == ("Error: job.yaml:3: envs.WANDB_PROJECT: job.yaml takes 3 values from your "
+                     "environment (WANDB_PROJECT, WANDB_API_KEY, GITHUB_TOKEN) and there is no "
+                     "terminal to ask"), proc.stderr
+    command = ("cloudtrain launch job.yaml --env WANDB_PROJECT --secret WANDB_API_KEY "
+               "--secret GITHUB_TOKEN")
+    assert hint == f"Hint: to send them, type them: {command}", proc.stderr
+    assert _said_nothing_of(proc) and "proj-1201" not in proc.stderr
+    assert json.loads(_run(["status", "--json"], tmp_path).stdout) == []
+
+    full = {k: v for k, v in env.items()}
+    code, out = run_in_terminal(["launch", "job.yaml", "-y", "--follow"], env=full,
+                                answer="n", when=b"[y/N]", cwd=tmp_path)
+    assert code == 1 and "not launched: nothing was created" in out, out
+    asked = " ".join(out.split())
+    assert ("job.yaml takes 3 values from your environment into the job: WANDB_PROJECT (envs, "
+            "line 3), WANDB_API_KEY (secrets, line 5, credential-like), GITHUB_TOKEN (secrets, "
+            "line 6, credential-like). Send them? [y/N]") in asked, out
+    assert _said_nothing_of(out)
+    assert json.loads(_run(["status", "--json"], tmp_path).stdout) == []
+
+    code, out = run_in_terminal(["launch", "job.yaml", "-y", "--follow"], env=full,
+                                answer="y", when=b"[y/N]", cwd=tmp_path)
+    assert code == 0 and "got wandb-VICTIM-1201|ghp_VICTIM1201|proj-1201" in out, out
+    proc = _run(command.split()[1:] + ["--follow", "--quiet"], tmp_path, env)
+    assert proc.returncode == 0, proc.stderr
+    assert "got wandb-VICTIM-1201|ghp_VICTIM1201|proj-1201" in proc.stdout
+
+
 def test_U34_profile_none_drops_the_files_profile(ct_home, tmp_path):
     """U34: a job file's `profile: smoke` can be dropped from the command line (`--profile ''`
     was refused as needing a value), and --help says how."""
@@ -423,6 +512,22 @@ def test_U34_profile_none_drops_the_files_profile(ct_home, tmp_path):
      "job.yaml:3: outputs '/abs': expected a path relative"),
     ("run: echo hi\ndatasets: {'bad name': null}\n", [],
      "job.yaml:2: datasets.bad name: 'bad name' is not a dataset name"),
+    # U11 (2026-12-01): still without file:line, naming the flag
+    ("name: x\nrecipe: resnet\n", [],
+     "job.yaml:2: recipe: unknown recipe 'resnet' (did you mean resnet9?); known recipes: "),
+    ("run: echo hi\nresources:\n  instance: g5.xlarg\n", [],
+     "job.yaml:3: resources.instance: unknown instance type 'g5.xlarg' (did you mean "
+     "g5.xlarge?)"),
+    ("run: echo hi\nresources:\n  region: us-east-1\n  gpus: A100:1\n", [],
+     "job.yaml:4: resources.gpus: no instance type with 1x A100 in us-east-1: A100 comes only "
+     "in 8-GPU types here"),
+    ("run: echo hi\nresources:\n  region: us-east-1\n  gpus: Z100:1\n", [],
+     "job.yaml:4: resources.gpus: Z100: no instance type in the catalog has a GPU named 'Z100' "
+     "(did you mean V100?)"),
+    ("recipe: resnet9\ndatasets: {imagenet: null}\n", [],
+     "job.yaml:2: datasets.imagenet: recipe resnet9 with these arguments reads cifar10"),
+    ("run: echo hi\ndatasets:\n  imagenet: null\n", [],
+     "job.yaml:3: datasets.imagenet: no source is declared for imagenet"),
 ])
 def test_U11_errors_from_job_file_values_name_the_file_line_and_key(ct_home, tmp_path, text,
                                                                       args, expected):
@@ -435,6 +540,37 @@ def test_U11_errors_from_job_file_values_name_the_file_line_and_key(ct_home, tmp
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     first = proc.stderr.splitlines()[0]
     assert first.startswith("Error: " + expected), proc.stderr
+
+
+@pytest.mark.parametrize("text, error, hint", [
+    ("run: echo hi\nresources:\n  region: us-east-1\n  gpus: A100:1\n",
+     "job.yaml:4: resources.gpus: no instance type with 1x A100", "Hint: resources.gpus: A100:8"),
+    ("name: x\nrun: python train.py\n",
+     "job.yaml:2: run: train.py: no such file, and without workdir: the job runs in an empty "
+     "directory", "Hint: add workdir: DIR (job.yaml's directory or one below it) with your "
+                  "code in it"),
+    ("name: x\nrun: python here.py\n",
+     "job.yaml:2: run: here.py is here, but without workdir: the job runs in an empty directory",
+     "Hint: add `workdir: .` to job.yaml to sync its directory (.gitignore honoured)"),
+    ("name: x\nworkdir: sub\nrun: python here.py\n",
+     "job.yaml:3: run: here.py is not in workdir: sub: the job runs there",
+     "Hint: write `workdir: .` (job.yaml's directory has it)"),
+    ("name: x\nworkdir: sub\nrun: python nowhere.py\n",
+     "job.yaml:3: run: nowhere.py is not in workdir: sub: the job runs there",
+     "Hint: check the path, relative to workdir:"),
+])
+def test_U11_hints_name_the_key_not_the_flag(ct_home, tmp_path, text, error, hint):
+    """U11: a job file's `gpus: A100:1` was refused with the hint `--gpus A100:8`, and a `run:`
+    naming a script not synced with `add --workdir DIR`: a job file's user is told the key
+    to write, at the file's line."""
+    (tmp_path / "here.py").write_text("print(1)\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "job.yaml").write_text(text)
+    proc = _run(["launch", "job.yaml", "--dry-run"], tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("Error: " + error), proc.stderr
+    assert lines[1] == hint, proc.stderr
 
 
 def test_U11_a_typed_flag_over_the_file_is_named_as_the_flag(ct_home, tmp_path):
@@ -476,7 +612,10 @@ def test_U12_the_dry_run_shows_every_key_the_file_adds(ct_home, tmp_path):
     assert "2 files, 3.0 kB to sync" in rows["workdir"], rows
     assert "1 credential-looking file held back (.env)" in rows["workdir"], rows
     assert rows["setup"] == "echo one (and 1 more line)", rows
-    assert rows["env"] == "LEVEL, MODE" and rows["secrets"] == "API_TOKEN", rows
+    assert rows["env"] == "LEVEL, MODE", rows
+    # F39: which value comes from your environment, by name only
+    assert rows["secrets"] == "API_TOKEN (from your environment: the launch asks first)", rows
+    assert SECRET not in plan
     assert rows["outputs"] == "results, model.pt" and "cifar" in rows["data"], rows
     assert SECRET not in plan + proc.stderr
 

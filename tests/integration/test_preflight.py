@@ -202,9 +202,10 @@ def test_d14_a_task_file_given_after_double_dash_is_refused_and_one_before_it_ru
         assert "cloudtrain launch task.yaml" in err
     err = refused(run("launch", "--", "task.json", cwd=tmp_path, env=env),
                   "task.json is a file, not a command; cloudtrain's job files are YAML")
-    # the file itself is read: its `run` names train.py, which the job would not have
+    # the file itself is read: its `run` names train.py, which the job would not have (U11:
+    # said at the file's line, naming the key to write)
     err = refused(run("launch", "task.yaml", cwd=tmp_path, env=env),
-                  "train.py: no such file, and without --workdir")
+                  "task.yaml:1: run: train.py: no such file, and without workdir:")
     assert no_jobs(ct_home)
 
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import recipe_command, recipe_job_dir
+from conftest import recipe_command, recipe_job_dir, resume_refusals
 import torch
 import torch.nn.functional as F
 import yaml
@@ -506,6 +506,28 @@ def test_whitening_bias_trains_for_3_epochs_then_freezes(straight, tmp_path, dat
     assert torch.equal(after3["optimizer"]["state"][bias_id]["momentum_buffer"],
                        final["optimizer"]["state"][bias_id]["momentum_buffer"])
     assert bias_id == n_bn
+
+
+def test_resume_refuses_a_damaged_checkpoint_or_counts_past_the_schedule_F46(tmp_path,
+                                                                          data_dir):
+    """F46: a run state whose step or epoch lies past the schedule (TINY: 20 steps in 4
+    epochs), a run past --runs, more completed runs than --runs: one line each; so is an
+    empty checkpoint."""
+    assert _run(tmp_path, "j", "--stop-at-step", "3", data=data_dir) == 143
+    path = tmp_path / "j" / "checkpoints" / "last.pt"
+    saved = _ckpt(tmp_path, "j")
+    state = saved["run_state"]
+    said = resume_refusals(lambda: _run(tmp_path, "j", "--resume", "true", data=data_dir), path,
+                           [{**saved, "run_state": {**state, "step": 10 ** 18}},
+                            {**saved, "run_state": {**state, "epoch": 5}}, {**saved, "run": 3},
+                            {**saved, "accs": [0.9, 0.9]}])
+    refused = f"airbench94: {path}: refused to resume: its "
+    assert said[:-1] == [
+        refused + "step is 1000000000000000000, outside this run's schedule (0 to 20)",
+        refused + "epoch is 5, outside this run's schedule (0 to 4)",
+        refused + "run is 3, outside this run's schedule (0 to 0)",
+        refused + "completed_runs is 2, outside this run's schedule (0 to 1)"]
+    assert said[-1].startswith(f"{path}: refused to load the checkpoint: it is damaged")
 
 
 def test_runs_write_a_summary_and_resume_between_runs(tmp_path, data_dir):

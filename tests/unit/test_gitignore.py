@@ -113,6 +113,40 @@ def test_F27_every_common_token_is_held_back(root):
     assert list_files(root) == sorted(F27_CODE)
 
 
+# Audit F47: what `--workdir ~` still sent (the first five), and the other well-known
+# credential files of a home directory: git's XDG store, Maven, Databricks, hub, browsers'
+# saved passwords and cookies, PostgreSQL and MySQL passwords, netrc's Windows name,
+# package managers' tokens (yarn, gem, cargo, composer, Gradle, sbt/ivy), Oracle Cloud,
+# DigitalOcean, Hetzner, ngrok, pass and GNOME's keyrings.
+F47_TOKENS = [
+    ".config/git/credentials", ".m2/settings.xml", ".m2/settings-security.xml",
+    ".databrickscfg", ".config/hub",
+    ".mozilla/firefox/abcd1234.default-release/logins.json",
+    ".mozilla/firefox/abcd1234.default-release/key4.db",
+    "Library/Application Support/Firefox/Profiles/x.default/logins.json",
+    ".config/google-chrome/Default/Login Data", ".config/chromium/Default/Cookies",
+    "Library/Application Support/Google/Chrome/Default/Login Data",
+    ".pgpass", ".my.cnf", "_netrc", ".yarnrc.yml", ".gem/credentials",
+    ".cargo/credentials", ".cargo/credentials.toml", ".composer/auth.json",
+    ".config/composer/auth.json", ".gradle/gradle.properties", ".ivy2/.credentials",
+    ".sbt/.credentials", ".oci/config", ".oci/oci_api_key.pem", ".config/doctl/config.yaml",
+    ".config/hcloud/cli.toml", ".config/ngrok/ngrok.yml", ".ngrok2/ngrok.yml",
+    ".password-store/email.gpg", ".local/share/keyrings/login.keyring", ".terraformrc",
+    ".dockercfg", ".config/containers/auth.json", ".kube/config-prod",
+    ".kube/staging.kubeconfig",
+]
+F47_CODE = ["settings.xml", "pom.xml", "gradle.properties.example", "cargo/credentials.md",
+            "docs/logins.md", "config/hub.py", "my.cnf.example"]
+
+
+def test_F47_the_other_well_known_credential_files_are_held_back(root):
+    """Audit F47: with `--workdir ~`, 5 of 24 credential-like files were still sent
+    (.config/git/credentials, .m2/settings.xml, .databrickscfg, .config/hub, Firefox's
+    logins.json); they and the other well-known ones stay home, code of like names goes."""
+    _tree(root, F47_TOKENS + F47_CODE)
+    assert list_files(root) == sorted(F47_CODE)
+
+
 def test_F27_the_survey_counts_and_names_what_it_holds_back(root):
     """Audit F27: a sync's survey says what is sent, what credential-looking files it held
     back (inside held-back directories too) and which of those an include sent anyway."""

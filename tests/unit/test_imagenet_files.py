@@ -415,6 +415,64 @@ def test_prepare_reports_every_unreadable_image_after_doing_the_rest(official, t
     assert len(list((tmp_path / "dest" / "sz/20").rglob("*.JPEG"))) == 36 - 2
 
 
+def test_prepare_never_carries_a_link_from_src_into_dest_F48(official, tmp_path):
+    """F48: a symlink `x.JPEG -> ~/.ssh/id_ed25519` in SRC ended up as the same link in DEST
+    (os.link linked the link; the copy fallback would have copied the key's bytes). Links in
+    SRC, to a file or as a class folder, in train and in val, are skipped: none reaches DEST,
+    and the report counts them."""
+    src = _copy(official, tmp_path / "src")
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    key = home / ".ssh" / "id_ed25519"
+    key.write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY-----\nPRIVATE-F48\n")
+    (home / "photos").mkdir()
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(home / "photos" / "me.JPEG")
+    wnids = sorted(p.name for p in (src / "train").iterdir())
+    (src / "train" / wnids[0] / "x.JPEG").symlink_to(key)
+    (src / "train" / wnids[1] / "y.JPEG").symlink_to(src / "train" / wnids[0] / f"{wnids[0]}_1.JPEG")
+    (src / "train" / "n99999999").symlink_to(home / "photos", target_is_directory=True)
+    (src / "val" / "ILSVRC2012_val_00000999.JPEG").symlink_to(key)
+    dest = tmp_path / "dest"
+    report = inf.prepare_imagenet(src, dest, sizes=(20,), workers=2)
+    assert report.links_skipped == 4 and report.classes == 4
+    assert report.counts["train"] == 24 and report.counts["val"] == 12
+    links = [p for p in dest.rglob("*") if p.is_symlink()]
+    assert links == []
+    for path in dest.rglob("*"):
+        if path.is_file():
+            assert b"PRIVATE-F48" not in path.read_bytes(), path
+            assert not path.samefile(home / "photos" / "me.JPEG")
+    from cloudtrain.catalog_views import prepare_report
+
+    said = prepare_report(report)
+    assert "4 links in the source skipped (a link is never carried into the prepared " \
+           "folder)" in said, said
+
+
+def test_prepare_refuses_to_decode_more_pixels_than_a_worker_may_hold_F48(official, tmp_path):
+    """F48: a 144 Mpx PNG of a few hundred KB decoded with only Pillow's warning (about
+    0.5 GB as RGB, then NumPy's and OpenCV's copies, in every worker). An image of more
+    pixels than the bound (at most Pillow's own 89 Mpx, less where a worker's share of this
+    machine's memory is smaller) is counted unreadable before it is decoded, and said so."""
+    src = _copy(official, tmp_path / "src")
+    wnid = sorted(p.name for p in (src / "train").iterdir())[1]
+    big = src / "train" / wnid / f"{wnid}_big.JPEG"  # a PNG named .JPEG, as in the audit
+    Image.new("1", (12000, 12000)).save(big, format="PNG")
+    assert big.stat().st_size < 1_000_000
+    bound = inf.max_pixels(workers=2)
+    assert 16_000_000 <= bound <= Image.MAX_IMAGE_PIXELS
+    with pytest.raises(ValueError) as caught:
+        inf.prepare_imagenet(src, tmp_path / "dest", sizes=(20,), workers=2)
+    message = str(caught.value)
+    assert message == (f"1 unreadable images: train/{wnid}/{wnid}_big.JPEG (ValueError: 144.0 "
+                       f"Mpx, more than the {bound / 1e6:.1f} Mpx a worker may decode here)")
+    # a smaller bound, as on a machine with less memory per worker: larger images go too
+    with pytest.raises(ValueError, match=r"^\d+ unreadable images: .* Mpx, more than the 0.0 "
+                                         r"Mpx a worker may decode here\)"):
+        inf.prepare_imagenet(src, tmp_path / "dest2", sizes=(20,), workers=2,
+                             pixel_limit=1000)
+
+
 def _error(tmp_path, official, case):
     """Set up one bad input; returns the prepare_imagenet kwargs."""
     src = _copy(official, tmp_path / "src")

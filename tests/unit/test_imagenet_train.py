@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import import_recipe_file, recipe_command, recipe_job_dir
+from conftest import import_recipe_file, recipe_command, recipe_job_dir, resume_refusals
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "imagenet"
@@ -120,6 +120,19 @@ def test_resume_refuses_a_checkpoint_from_other_arguments(tmp_path):
     assert _run(tmp_path, "j", "--stop-at-step", "1") == 143
     with pytest.raises(SystemExit, match="seed=0, this run has 1"):
         _run(tmp_path, "j", "--seed", "1", "--resume", "true")
+
+
+def test_resume_refuses_a_damaged_checkpoint_or_a_step_past_the_schedule_F46(tmp_path):
+    """F46: the tiny schedule has 14 steps: a checkpoint at step 15 or 10^18 is refused in
+    one line, and so is an empty one."""
+    assert _run(tmp_path, "j", "--stop-at-step", "1") == 143
+    path = tmp_path / "j" / "checkpoints" / "last.pt"
+    saved = _ckpt(tmp_path / "j")
+    said = resume_refusals(lambda: _run(tmp_path, "j", "--resume", "true"), path,
+                           [{**saved, "step": 15}, {**saved, "step": 10 ** 18}])
+    assert said[:-1] == [f"{train.NAME}: {path}: refused to resume: its step is {step}, outside "
+                         "this run's schedule (0 to 14)" for step in (15, 10 ** 18)]
+    assert said[-1].startswith(f"{path}: refused to load the checkpoint: it is damaged")
 
 
 def test_a_tree_whose_copies_disagree_is_refused_in_one_line(tmp_path):

@@ -120,29 +120,6 @@ def test_init_examples_are_valid_job_files():
         assert options.recipe == name and options.command == ()
 
 
-def test_environment_words():
-    """issue 16: --env KEY=VALUE, KEY from this shell, and the refusals."""
-    env = {"HOME_ISH": "/h"}
-    assert jobfile.environment(["A=1", "A=2", "HOME_ISH", "E="], "--env", env) == \
-        {"A": "2", "HOME_ISH": "/h", "E": ""}
-    # a file's `KEY: null` (this shell's value) filled in by a later flag's KEY=VALUE
-    assert jobfile.environment(["TOKEN", "TOKEN=x"], "--secret", env) == {"TOKEN": "x"}
-    try:
-        jobfile.environment(["BAD-NAME=hunter2"], "--secret", env)
-    except UsageError as exc:
-        assert "hunter2" not in exc.message and "BAD-NAME" in exc.message
-    else:
-        raise AssertionError("a bad name was taken")
-    for word, part in [("1A=x", "expected KEY=VALUE"), ("UNSET_ONE", "is not set here"),
-                       ("CLOUDTRAIN_JOB_DIR=x", "set by cloudtrain"), ("A=\0", "NUL")]:
-        try:
-            jobfile.environment([word], "--env", env)
-        except UsageError as exc:
-            assert part in exc.message
-        else:
-            raise AssertionError(word)
-
-
 def test_the_readme_example_is_a_valid_job_file():
     """issue 16: the README documents the schema with a complete example: it parses, and it
     names every key the schema has (commented-out alternatives included)."""

@@ -47,7 +47,7 @@ LAYERS: list[tuple[str, ...]] = [
     # what a launch is made of, and the commands that read the store
     ("cloudtrain.spec", "cloudtrain.jobfile", "cloudtrain.estimate", "cloudtrain.history",
      "cloudtrain.completion", "cloudtrain.dataprep", "cloudtrain.cmdline"),
-    ("cloudtrain.launch_options",),
+    ("cloudtrain.launch_options", "cloudtrain.job_env"),
     # what the commands print; the recipes; the cost ledger
     ("cloudtrain.job_views", "cloudtrain.catalog_views", "cloudtrain.plots",
      "cloudtrain.curves", "cloudtrain.recipes", "cloudtrain.ledger"),

@@ -117,6 +117,82 @@ def test_a_checkpoint_that_would_run_code_is_refused_in_one_line_F32(tmp_path, c
     assert not marker.exists()
 
 
+def _rewritten(src: Path, dst: Path, edit) -> Path:
+    """A copy of torch's zip checkpoint `src` with its pickle's bytes passed through edit()."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            if info.filename.endswith("/data.pkl"):
+                changed = edit(data)
+                assert changed != data, "the edit did not apply"
+                data = changed
+            zout.writestr(info.filename, data)
+    return dst
+
+
+def _damaged_checkpoints(tmp_path: Path) -> dict[str, Path]:
+    """The audit's damaged checkpoints (F46), built with torch: an empty file, a truncated
+    one, one whose storage claims 1 GB over 16 bytes, a view of 10^12 elements on 4 floats,
+    a stride-0 view of 10^14 elements, a file that is a list."""
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.zeros(4), "step": 1}, good)
+    data = good.read_bytes()
+    out = {"empty": tmp_path / "empty.pt", "truncated": tmp_path / "truncated.pt",
+           "cut at the end": tmp_path / "cut.pt", "a list": tmp_path / "list.pt"}
+    out["empty"].write_bytes(b"")
+    out["truncated"].write_bytes(data[:len(data) // 2])
+    out["cut at the end"].write_bytes(data[:-30])
+    torch.save([torch.zeros(2)], out["a list"])
+    size, stride = b"K\x04\x85", b"K\x01\x85"  # (4,) and (1,) in the pickle
+    out["1 GB storage over 16 bytes"] = _rewritten(
+        good, tmp_path / "storage.pt", lambda p: p.replace(b"cpuq\x06K\x04t", b"cpuq\x06J"
+                                                           + (1 << 28).to_bytes(4, "little") + b"t"))
+    out["10^12 elements on 4 floats"] = _rewritten(
+        good, tmp_path / "view.pt", lambda p: p.replace(size, b"\x8a\x06" + (10 ** 12).to_bytes(
+            6, "little") + b"\x85"))
+    out["stride-0 view of 10^14"] = _rewritten(
+        good, tmp_path / "stride0.pt", lambda p: p.replace(size, b"\x8a\x06" + (10 ** 14).to_bytes(
+            6, "little") + b"\x85").replace(stride, b"K\x00\x85"))
+    return out
+
+
+def test_damaged_checkpoints_are_refused_in_one_line_F46(tmp_path):
+    """F46: only UnpicklingError was one line; an empty, truncated or inconsistent checkpoint
+    ended the training script in a raw traceback (EOFError, RuntimeError from the zip reader,
+    a record size that does not match, an allocator asked for 400 TB by the first copy of a
+    stride-0 view). Each is now the same one-line refusal, naming the file."""
+    for what, path in _damaged_checkpoints(tmp_path).items():
+        with pytest.raises(SystemExit) as stopped:
+            checkpoint.load(path)
+        message = str(stopped.value.code)
+        assert isinstance(stopped.value.code, str), what
+        assert "\n" not in message and message.startswith(f"{path}: refused to load the "
+                                                          "checkpoint: "), (what, message)
+    assert checkpoint.load(tmp_path / "good.pt")["step"] == 1
+
+
+@pytest.mark.parametrize("saved, most, refused", [
+    (0, 10, False), (10, 10, False), (11, 10, True), (10 ** 18, 10, True), (-1, 10, True),
+    ("5", 10, True), (None, 10, True), (True, 10, True), (2.5, 10, True),
+    (torch.tensor(4), 10, False)])
+def test_a_step_past_the_schedule_is_refused_F46(tmp_path, saved, most, refused):
+    """F46: a checkpoint whose step is 10^18 loaded fine, and a recipe that resumes from it
+    ends its training at once with the checkpoint's weights. Counts outside the run's
+    schedule (or not whole numbers) are refused in one line."""
+    path = checkpoint.save_atomic({"step": saved}, tmp_path / "last.pt")
+    step = checkpoint.load(path)["step"]
+    if not refused:
+        checkpoint.check_schedule(path, "resnet9", step=(step, most))
+        return
+    with pytest.raises(SystemExit) as stopped:
+        checkpoint.check_schedule(path, "resnet9", step=(step, most))
+    assert str(stopped.value.code).startswith(f"resnet9: {path}: refused to resume: its step "
+                                              "is "), stopped.value.code
+    assert f"outside this run's schedule (0 to {most})" in str(stopped.value.code)
+
+
 # ---------------------------------------------------------------------------------------------
 # cifar10: the real on-disk format
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import import_recipe_file, recipe_command, recipe_job_dir
+from conftest import import_recipe_file, recipe_command, recipe_job_dir, resume_refusals
 import torch
 import torch.nn.functional as F
 
@@ -462,6 +462,26 @@ def test_resume_refuses_a_checkpoint_from_other_arguments(tmp_path):
     with pytest.raises(SystemExit, match="width_div=16, this run has 8"):
         train.main(TINY + ["--width_div", "8", "--resume", "true", "--job-dir",
                            str(tmp_path / "j"), "--data-dir", str(tmp_path / "data")])
+
+
+def test_resume_refuses_a_damaged_checkpoint_or_counts_past_the_schedule_F46(tmp_path):
+    """F46: a checkpoint whose step, epoch, run or completed runs lie past this run's schedule
+    (the 2-epoch, 8-step TINY run) is refused in one line, as is an empty one; before, a step
+    of 10^18 ended the training at once and the job succeeded."""
+    assert _run(tmp_path, "j", "--stop-at-step", "1") == 143
+    path = tmp_path / "j" / "checkpoints" / "last.pt"
+    saved = _final(tmp_path, "j")
+    said = resume_refusals(lambda: _run(tmp_path, "j", "--resume", "true"), path, [
+        {**saved, "step": 10 ** 18}, {**saved, "step": 9}, {**saved, "epoch": 3},
+        {**saved, "run": 1}, {**saved, "run_accs": [0.99, 0.99]}])
+    refused = f"resnet9: {path}: refused to resume: its "
+    assert said[:-1] == [
+        refused + "step is 1000000000000000000, outside this run's schedule (0 to 8)",
+        refused + "step is 9, outside this run's schedule (0 to 8)",
+        refused + "epoch is 3, outside this run's schedule (0 to 2)",
+        refused + "run is 1, outside this run's schedule (0 to 0)",
+        refused + "completed_runs is 2, outside this run's schedule (0 to 1)"]
+    assert said[-1].startswith(f"{path}: refused to load the checkpoint: it is damaged")
 
 
 def _summary(tmp_path, job):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import import_recipe_file, recipe_command, recipe_job_dir
+from conftest import import_recipe_file, recipe_command, recipe_job_dir, resume_refusals
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -477,6 +477,23 @@ def test_resume_refuses_a_checkpoint_from_other_arguments(tmp_path):
         _run(tmp_path, "j", "--widen", "2", "--resume", "true")
     with pytest.raises(SystemExit, match="hyperparameters"):
         _run(tmp_path, "j", "--wd", "1e-3", "--resume", "true")
+
+
+def test_resume_refuses_a_damaged_checkpoint_or_counts_past_the_schedule_F46(tmp_path):
+    """F46: a step past the run's last (TINY: 8), an epoch past its epochs, more completed
+    runs than this one's place: one line; before, `step >= nb` ended the run at once with the
+    checkpoint's weights and accuracy. An empty checkpoint is one line too."""
+    assert _run(tmp_path, "j", "--stop-at-step", "1") == 143
+    path = tmp_path / "j" / "checkpoints" / "last.pt"
+    saved = _final(tmp_path, "j")
+    said = resume_refusals(lambda: _run(tmp_path, "j", "--resume", "true"), path, [
+        {**saved, "step": 10 ** 18}, {**saved, "epoch": 5}, {**saved, "accs": [0.9]}])
+    refused = f"{train.NAME}: {path}: refused to resume: its "
+    assert said[:-1] == [
+        refused + "step is 1000000000000000000, outside this run's schedule (0 to 8)",
+        refused + "epoch is 5, outside this run's schedule (0 to 2)",
+        refused + "completed_runs is 1, outside this run's schedule (0 to 0)"]
+    assert said[-1].startswith(f"{path}: refused to load the checkpoint: it is damaged")
 
 
 def test_runs_repeat_with_their_own_seeds_and_summarise(tmp_path, capsys):

@@ -29,7 +29,7 @@ import time
 
 from ... import catalog, config, preflight
 from ...config import check_region
-from ...errors import CloudtrainError, MissingDependency, UsageError
+from ...errors import CloudtrainError, MissingDependency, UsageError, named_at
 from ...market import Market
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
@@ -260,8 +260,13 @@ class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, GroupLaunchMixin, Instan
             offered = lambda name: self.type_offered(region, name)  # noqa: E731
             if spec.ami:
                 ami_arch = self.ami_architecture(region, spec.ami)
-        return preflight.instance_type(spec.instance_type, region, cpu_ok=spec.cpu_only,
-                                       ami_arch=ami_arch, describe=describe, offered=offered)
+        try:
+            return preflight.instance_type(spec.instance_type, region, cpu_ok=spec.cpu_only,
+                                           ami_arch=ami_arch, describe=describe,
+                                           offered=offered)
+        except UsageError as exc:  # U11: a job file's `instance:` is named where it is
+            raise named_at(exc, getattr(spec, "origins", {}).get("instance_type"),
+                           "--instance") from None
 
     def describe_type(self, region: str, name: str) -> dict | None:
         """{gpus, gpu, arch} of an instance type from EC2; None when EC2 has no such type; {}
