@@ -385,4 +385,6 @@ def datasets_table(rows: list[dict], *, width: int | None = None) -> str:
 
 
 def datasets_json(rows: list[dict]) -> str:
-    return json.dumps(rows, indent=1)
+    """`data ls --json`: when a dataset was last staged (`at`) in ISO 8601 UTC (U25)."""
+    return json.dumps(cells.json_times(rows, lambda k: cells.is_time_key(k) or k == "at"),
+                      indent=1)

@@ -44,10 +44,12 @@ def status_table(jobs: list[Job], now: float | None = None, *, width: int | None
 
 
 def job_json(job: Job, now: float | None = None) -> dict:
+    """A job as --json gives it: its times in ISO 8601 UTC (U25); its metrics row as the job
+    wrote it."""
     now = time.time() if now is None else now
     data = dataclasses.asdict(job)
     data["runtime_s"] = runtime(job, now)
-    return data
+    return {**cells.json_times(data), "metrics": data["metrics"]}
 
 
 def jobs_json(jobs: list[Job]) -> str:
@@ -59,10 +61,11 @@ def detail_json(job: Job, phases, log_tail: bytes, target: dict | None,
                 runs: dict | None = None, attempts: list[dict] | None = None,
                 recovery: dict | None = None) -> str:
     data = job_json(job)
-    data["timeline"] = [dataclasses.asdict(p) for p in phases]
+    data["timeline"] = [{**dataclasses.asdict(p), "start": cells.iso_time(p.start)}
+                        for p in phases]
     data["target"] = target
     data["runs"] = runs
-    data["attempts"] = attempts or []
+    data["attempts"] = cells.json_times(attempts or [])
     data["recovery"] = recovery
     from .nodes import records
 
@@ -282,7 +285,7 @@ def supervisor_line(info: dict, needed: bool = True) -> str:
 
 
 def supervisor_json(info: dict) -> str:
-    return json.dumps(info, indent=1)
+    return json.dumps(cells.json_times(info), indent=1)
 
 
 def _metric(key, value) -> str:
