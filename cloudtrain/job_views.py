@@ -304,19 +304,20 @@ CLOUD_COLS = [Col("INSTANCE"), Col("REGION", drop=2), Col("TYPE", drop=3), Col("
 
 
 def cloud_instances(found: list[dict], now: float | None = None, width: int | None = None,
-                    sweep=None) -> str:
+                    sweep=None, listed: bool = False) -> str:
     """`status --refresh`: the instances tagged cloudtrain, then (with the Sweep that found
-    them) each region that could not be checked and the regions that were. "No instance is
-    running" is said only when every region answered (F28)."""
+    them) each region that could not be checked and how many were; `listed` (--wide): which
+    (U54: 34 names on every refresh). "No instance is running" is said only when every
+    region answered (F28)."""
     now = time.time() if now is None else now
     live = [f for f in found if f["state"] != "terminated"]
     unchecked = dict(getattr(sweep, "unchecked", None) or {})
     regions = list(getattr(sweep, "regions", None) or [])
-    checked = ""  # "34 regions checked (how they were chosen): a, b, ..."
+    checked = ""  # "34 regions checked (how they were chosen)[: a, b, ...]"
     if regions:
         other = " other" if unchecked else ""
         checked = (f"{len(regions)}{other} region{'s' if len(regions) != 1 else ''} checked "
-                   f"({sweep.chosen_by}): {', '.join(regions)}")
+                   f"({sweep.chosen_by})" + (f": {', '.join(regions)}" if listed else ""))
     lines = []
     if live:
         rows = [[f["instance"], f["region"], f["type"] or "-", f["state"], f["job"] or "-",
@@ -343,10 +344,13 @@ def cloud_instances(found: list[dict], now: float | None = None, width: int | No
     return "\n".join(lines)
 
 
-def stop_outcomes(outcomes: list) -> str:
-    """`down`: one line per job or instance, then where the cloud was looked at. "no active
-    jobs" is an all-clear only when every region could be checked (F28)."""
-    lines = [f"{o.ref}: {o.note}" for o in outcomes]
+def stop_outcomes(outcomes: list, listed: bool = False) -> str:
+    """`down`: one line per job or instance, then where the cloud was looked at: how many
+    regions, and with `listed` (--wide) which (U54). "no active jobs" is an all-clear only
+    when every region could be checked (F28)."""
+    lines = [f"{o.ref}: {o.note}" + (f": {', '.join(o.regions)}"
+                                     if listed and getattr(o, "regions", ()) else "")
+             for o in outcomes]
     if not any(o.kind != "sweep" for o in outcomes):
         lines.insert(0, "no active jobs" if all(o.ok for o in outcomes) else
                      "no active jobs in this store; not every region could be checked: "
