@@ -30,13 +30,14 @@ class _LaunchCommand(click.Command):
                 raise
             from ..cmdline import Options, unknown_option
             from ..jobfile import is_job_file
+            from ..preflight import script_here
 
             opts = [p for p in self.params if isinstance(p, click.Option)]
             options = Options(
                 valued=frozenset(o for p in opts if not p.is_flag for o in p.opts),
                 flags=frozenset(o for p in opts if p.is_flag
                                 for o in (*p.opts, *p.secondary_opts)) | {"-h", "--help"})
-            advice = unknown_option(typed, exc.option_name, options, is_job_file)
+            advice = unknown_option(typed, exc.option_name, options, is_job_file, script_here)
             if advice is None:
                 raise
             raise errors.UsageError(advice.message, hint=advice.hint) from None
