@@ -137,15 +137,17 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
         out.append(f"  runs      {runs.get('runs')}: mean {pct(runs.get('mean_acc'))} (sd "
                    f"{pct(runs.get('std_acc'))}), {runs.get('reached')} of {runs.get('runs')} "
                    f"reached {pct(runs.get('target'))}")
-    if job.jobdir:
-        out.append(f"  jobdir    {job.jobdir}")
+    if job.jobdir:  # U52: a path on the instance until the job's files come home
+        remote = isinstance(job.host, dict) and job.host.get("kind") not in (None, "LocalHost")
+        out.append(f"  jobdir    {'on the instance: ' if remote else ''}{job.jobdir}")
     if attempts and (len(attempts) > 1 or (job.spec or {}).get("recover")):
         out += attempts_lines(attempts, recovery or {}, width=width)
     out += nodes_lines(job, width=width)
     out.append("  timeline")
-    for ph in phases:
+    for ph in phases:  # U53: after the job's end nothing is "(now)" (its outputs, collected)
         took = "" if ph.name in ("succeeded", "failed", "cancelled", "preempted") else (
-            duration(ph.duration) if ph.duration is not None else "(now)")
+            duration(ph.duration) if ph.duration is not None else
+            "(now)" if job.active else "")
         out.append(f"    {ph.name:<13} {clock(ph.start)}  {took:<8} {ph.detail or ''}".rstrip())
     if log_tail:
         title = "last output" if job.state != "failed" else "last output (failed)"

@@ -128,10 +128,8 @@ def follow_job(store, settings, job, offset: int = 0, node: int = 0, screen=None
                    f"Stop it with: cloudtrain down {job.id}", err=True)
         raise SystemExit(errors.EXIT_INTERRUPTED)
     job = store.job(job.id)
-    summary = f"job {job.id} {job.state}"
-    if job.reason:
-        summary += f": {job.reason}"
-    click.echo(summary, err=True)  # the one line on the outcome (D38): the exit code says the rest
+    for line in inspect.ending(store, job):  # the outcome (D38), a declared output not found
+        click.echo(line, err=True)
     if job.state != "succeeded":
         raise SystemExit(errors.EXIT_FAILED)
 
