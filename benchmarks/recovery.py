@@ -20,6 +20,7 @@ import json
 import statistics
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,9 +58,10 @@ def one(case: str) -> dict:
             resumed = next(r["time"] for r in rows
                            if r["step"] == (a2["resumed_step"] or 0) + 1 and r["time"] > t0)
             marks = {}
-            for p in job["timeline"]:
-                if p["start"] > t0:
-                    marks.setdefault(p["name"], p["start"])
+            for p in job["timeline"]:  # --json's times are ISO 8601 UTC
+                start = datetime.fromisoformat(p["start"]).timestamp()
+                if start > t0:
+                    marks.setdefault(p["name"], start)
             wait_s = marks["host-key"] - marks["instance"]
             return {"case": case, "overhead_s": resumed - t0 - wait_s,
                     "instance_wait_s": wait_s, "lost_steps": a1["redone_steps"],

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from . import config
+from .cells import json_times
 from .errors import EXIT_FAILED, EXIT_OK, CloudError, CloudtrainError
 from .market import Market
 
@@ -397,10 +398,11 @@ def _wrapped(text: str, width: int | None) -> list[str]:
 
 
 def to_json(report: Report) -> str:
-    return json.dumps({
-        "exit_code": exit_code(report), "problems": report.count(PROBLEM),
+    return json.dumps(json_times({
+        "ok": exit_code(report) == EXIT_OK, "exit_code": exit_code(report),
+        "problems": report.count(PROBLEM),
         "warnings": report.count(WARNING), "config_path": report.config_path,
         "settings": [{"name": s.name, "value": _value_json(s.value), "source": s.source}
                      for s in report.settings],
         "checks": [dataclasses.asdict(c) for c in report.checks],
-    }, indent=1, default=str)
+    }), indent=1, default=str)

@@ -7,6 +7,7 @@ group and attempts.
     timeline(store, job)                  the job's phases, from its events
     detail(store, settings, ref)          what `status JOB` shows
     read_log / tail_log / follow          the job's output (a node's with `node`)
+    ending(store, job)                    what a followed job's end says
     for_logs(store, settings, ref)        the job whose output `logs` prints
     attach_argv / ssh_argv                tmux's and ssh's command lines to the job
     metrics_file(job) / recipe_target(job)  for `plot`
@@ -194,6 +195,18 @@ def follow(store: Store, settings: config.Settings, job: Job, offset: int = 0,
             if not job.active:
                 continue  # read what the job wrote last, then stop
         time.sleep(FOLLOW_POLL_S)
+
+
+def ending(store: Store, job: Job) -> list[str]:
+    """What a followed job's end says (`launch -f`, `logs -f`): the one line on its outcome
+    (D38), and the job's outputs note where a declared output was not found or not brought
+    home (U53: it was only in `status JOB`'s timeline)."""
+    lines = [f"job {job.id} {job.state}" + (f": {job.reason}" if job.reason else "")]
+    note = next((e.detail for e in reversed(store.events(job.id)) if e.phase == "outputs"),
+                None)
+    if note and ("; not found: " in note or "; not brought home: " in note):  # collect's notes
+        lines.append(note)
+    return lines
 
 
 def for_logs(store: Store, settings: config.Settings, ref: str) -> Job:

@@ -359,7 +359,8 @@ def _grants(a: _Launch, nodes: NodeGroup) -> list[dict | None]:
         grant, note = a.provider.results_grant(a.store, a.job, a.spec, node=i)
         if note and i == 0:  # where the results go when nobody is watching, or what is lost
             a.store.add_event(a.job.id, "results-store", detail=note)
-            a.report.note(note)
+            (a.report.info if grant is not None and not note.startswith("WARNING")
+             else a.report.note)(note)
         grants.append(grant)
     return grants
 

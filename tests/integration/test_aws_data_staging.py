@@ -479,6 +479,10 @@ def test_a_staging_job_that_ends_unwatched_still_splits_copy_and_training(
     timeline = _timeline(job)
     assert timeline["running"]["detail"].startswith("data staged: mine ")
     # the copy took well under the 3 s the command slept: the phases split there
-    assert timeline["succeeded"]["start"] - timeline["running"]["start"] >= 3.0
+    from datetime import datetime  # --json's times are ISO 8601 (U25)
+
+    took = datetime.fromisoformat(timeline["succeeded"]["start"]) - \
+        datetime.fromisoformat(timeline["running"]["start"])
+    assert took.total_seconds() >= 3.0
     by_phase = job["cost_detail"]["phases"]
     assert by_phase["training"] > by_phase["staging"] >= 0

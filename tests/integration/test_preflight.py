@@ -73,7 +73,8 @@ def test_d1_dry_run_without_a_region_plans_in_the_default_one_and_says_so():
     proc = run("launch", "--recipe", "resnet9", "--instance", "g5.xlarge", "--spot", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     region = rows(proc.stdout)["region"]
-    assert region.startswith("us-east-1 (the default: no --region, AWS_REGION"), region
+    assert region.startswith("us-east-1 (the default: no --region, `region:` in config.yaml, "
+                             "AWS_REGION"), region
     assert "$0.4328/h" in rows(proc.stdout)["price"]
 
 
@@ -344,8 +345,11 @@ def test_u15_in_a_terminal_enter_means_no_to_a_run_predicted_to_fail(ct_home, sl
     code, shown = in_a_terminal(["launch", "--recipe", "slow"], "", env)
     lines = shown.splitlines()
     warning = next(i for i, line in enumerate(lines) if "no GPU here" in line)
-    assert lines[warning].startswith("WARNING: ") and "Proceed" not in lines[warning]
-    assert lines[warning + 1].startswith("Proceed? [y/N]"), shown
+    asked = next(i for i, line in enumerate(lines) if "Proceed?" in line)
+    # the warning, wrapped at the terminal's width (U42), then the question on its own line
+    assert lines[warning].startswith("WARNING: ") and asked > warning, shown
+    assert all(line.startswith("  ") for line in lines[warning + 1:asked]), shown
+    assert lines[asked].startswith("Proceed? [y/N]"), shown
     assert code == 1 and "not launched: nothing was created" in shown, shown
     assert no_jobs(ct_home)
     # within its max runtime (142 of 300 min): said, and Enter goes on
@@ -365,7 +369,8 @@ def test_d26_a_paid_launch_asks_with_its_price_and_yes_skips(ct_home, moto):
     # U9: the question quotes the dry run's "at most": all 4 attempts (3 restarts by default)
     at_most = rows(run(*args, "--dry-run", env=env).stdout)["at most"]
     assert ": 4 attempts (1 + 3 restarts) of up to 90 min each" in at_most
-    assert f"at most {at_most}. Proceed? [Y/n]" in shown.replace("\r\n", "")
+    # wrapped at the terminal's width (U42): the same words
+    assert " ".join(f"at most {at_most}. Proceed? [Y/n]".split()) in " ".join(shown.split())
     assert "not launched: nothing was created" in shown
     assert no_jobs(ct_home)
     import boto3

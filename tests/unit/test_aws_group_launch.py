@@ -341,7 +341,8 @@ GROUPED = dict(instance_profile="cloudtrain-instance")
     ({}, {"market": Market.ON_DEMAND}, "not a recovering spot job"),
     ({}, {"fallback": Market.ON_DEMAND}, "--fallback on-demand"),
     ({"regions": "us-east-1,us-west-2"}, {}, "more regions"),
-    ({"instance_profile": ""}, {}, "no instance_profile"),
+    ({"instance_profile": ""}, {}, "set `instance_profile:` in config.yaml to let AWS Auto "
+                                   "Scaling do it"),
     ({"job_store": False}, {}, "job_store: false"),
 ])
 def test_a_job_aws_cannot_relaunch_says_why(settings_over, spec_over, words):

@@ -33,3 +33,52 @@ def test_the_startup_line_says_torchs_threads_and_why():
                                    "cores": "\x1b[2J", "procs": 1}).endswith("; torch threads 2")
     assert "threads" not in job_views.startup_text({**base, "threads": "\x1b[2J"})
     assert "threads" not in job_views.startup_text({**base, "threads": True})
+
+
+def _job(**over):
+    from cloudtrain.state import Job
+
+    fields = dict(id="a39620f2", name=None, kind="command", recipe=None, command="python t.py",
+                  backend="aws", state="running", created_at=1.8e9, started_at=1.8e9 + 60,
+                  ended_at=None, exit_code=None, reason=None, spec={}, host=None, jobdir=None,
+                  metrics=None, cost=None)
+    fields.update(over)
+    return Job(**fields)
+
+
+def _row(text: str, key: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"  {key} "))
+
+
+def test_u52_a_running_aws_jobs_jobdir_is_labelled_as_on_the_instance():
+    """U52: `status JOB` of a running AWS job showed `jobdir  <remote_root>/jobs/a39620f2`,
+    a path on the instance, under the label that shows the local copy once the job ends."""
+    remote = _job(host={"kind": "SSHHost", "host": "10.0.0.5", "user": "ubuntu"},
+                  jobdir="/home/ubuntu/.cloudtrain/jobs/a39620f2")
+    assert _row(job_views.job_detail(remote, [], b"", now=1.8e9 + 120), "jobdir") == \
+        "  jobdir    on the instance: /home/ubuntu/.cloudtrain/jobs/a39620f2"
+    home = _job(state="succeeded", ended_at=1.8e9 + 100, jobdir="/u/.cloudtrain/jobs/a39620f2",
+                host={"kind": "LocalHost", "collected_from": remote.host,
+                      "remote_jobdir": remote.jobdir})
+    assert _row(job_views.job_detail(home, [], b"", now=1.8e9 + 120), "jobdir") == \
+        "  jobdir    /u/.cloudtrain/jobs/a39620f2"
+    local = _job(backend="local", host={"kind": "LocalHost"}, jobdir="/u/.cloudtrain/jobs/x")
+    assert _row(job_views.job_detail(local, [], b"", now=1.8e9 + 120), "jobdir") == \
+        "  jobdir    /u/.cloudtrain/jobs/x"
+
+
+def test_u53_an_event_after_the_end_has_no_now_duration():
+    """U53: in an ended job's timeline the `outputs` event after `succeeded` showed its
+    duration as `(now)`; a running job's last phase still does."""
+    from cloudtrain.lifecycle.inspect import Phase
+
+    phases = [Phase("running", 1.8e9 + 60, 40.0), Phase("succeeded", 1.8e9 + 100, 0.0),
+              Phase("outputs", 1.8e9 + 100.5, None, "outputs: in /x; not found: missing.pt")]
+    ended = _job(backend="local", state="succeeded", ended_at=1.8e9 + 100)
+    lines = job_views.job_detail(ended, phases, b"", now=1.8e9 + 200).splitlines()
+    line = next(l for l in lines if l.startswith("    outputs "))
+    assert "(now)" not in line and line.endswith("outputs: in /x; not found: missing.pt"), line
+    running = _job(backend="local")
+    lines = job_views.job_detail(running, phases[:1] + [Phase("running", 1.8e9 + 100, None)],
+                                 b"", now=1.8e9 + 200).splitlines()
+    assert "(now)" in [l for l in lines if l.startswith("    running ")][-1]

@@ -55,8 +55,8 @@ from .results import ResultsStoreMixin
 from .volumes import VolumesMixin
 
 DEFAULT_REGION = "us-east-1"  # where a job goes when no region is configured anywhere
-DEFAULT_SOURCE = ("the default: no --region, AWS_REGION, AWS_DEFAULT_REGION, `region:` in "
-                  "config.yaml or in the AWS profile")
+DEFAULT_SOURCE = ("the default: no --region, `region:` in config.yaml, AWS_REGION, "
+                  "AWS_DEFAULT_REGION or region in the AWS profile")  # config.REGION_DEFAULT's order
 
 
 # Variables through which boto3 finds credentials without a file (keys, a profile, a web

@@ -150,10 +150,10 @@ class ResultsStoreMixin:
             ends = jobstore.credential_expiry(self.session(region))
             if ends is not None and ends - time.time() < lifetime:
                 lifetime = max(60.0, ends - time.time())
-                note += (f"; your AWS credentials are temporary and end in "
-                         f"{lifetime / 60:.0f} min: a job ending after that cannot store its "
-                         f"results (keep `cloudtrain logs {job.id} -f` running, or use "
-                         "long-term credentials)")
+                note = (f"WARNING: {note}; your AWS credentials are temporary and end in "
+                        f"{lifetime / 60:.0f} min: a job ending after that cannot store its "
+                        f"results (keep `cloudtrain logs {job.id} -f` running, or use "
+                        "long-term credentials)")
             grant = jobstore.upload_grant(s3, bucket, job.id,
                                           int(min(lifetime, jobstore.GRANT_MAX_S)),
                                           jobstore.POST_MAX_BYTES, node=node,
