@@ -8,8 +8,9 @@ recipe.yaml:
     set: {argument: value}), resources (gpus_per_node, nodes, gpu (the GPU model its published
     results used, for picking a default instance), launcher (python | torchrun: one process
     per GPU on the host), disk_gb, max_runtime_minutes),
-    data (name, source, size_mb), target (metric, value), published (result, time, hardware,
-    source, and which variant; for estimates: gpu, gpus, seconds, accuracy, runs).
+    data (name, source, size_mb, reads: the folders each variant reads), target (metric,
+    value), published (result, time, hardware, source, and which variant; for estimates:
+    gpu, gpus, seconds, accuracy, runs).
 An argument named `gpus` is the number of GPUs (processes) the recipe's arguments are set
 up for: a job then needs exactly that many on one host. `resources.gpus_per_variant`
 ({variant: N}) gives the default count per variant (`--procs` overrides it);
@@ -470,6 +471,33 @@ def _check_data(data: list[dict], arguments: dict, path: Path) -> None:
         if not isinstance(folder, str) or not datasources.NAME.fullmatch(folder.lower()):
             raise ConfigError(f"{where}: dir must be one folder name below the data dir")
         _numbers(entry, ("size_mb",), path, f"data[{i}]")
+        if entry.get("reads") is not None:
+            _check_reads(entry["reads"], arguments, f"{where}: reads")
+
+
+def _check_reads(reads, arguments: dict, where: str) -> None:
+    """A `data:` entry's `reads:`, the folders of the dataset the job reads, checked before
+    a launch: `by` (the argument that picks them, e.g. variant), `folders` ({value: [folder,
+    ...]}, "" the dataset's top), `within` (sub-folders each of them must have, e.g. [train,
+    val]), `prepare` (the command that makes missing ones: SRC and DEST as given, each
+    `{name}` the numbers of the missing `name/N` folders, e.g. `--sizes {sz}`)."""
+    def paths(value) -> bool:
+        return isinstance(value, list) and all(
+            isinstance(f, str) and (f == "" or (f.strip("/") == f and ".." not in f.split("/")))
+            for f in value)
+
+    if not isinstance(reads, dict) or set(reads) - {"by", "folders", "within", "prepare"}:
+        raise ConfigError(f"{where} must be a mapping of by, folders, within and prepare")
+    if reads.get("by") not in arguments:
+        raise ConfigError(f"{where}.by must name an argument of this recipe")
+    folders = reads.get("folders")
+    if not isinstance(folders, dict) or not all(paths(v) for v in folders.values()):
+        raise ConfigError(f"{where}.folders must map each value of {reads['by']} to a list of "
+                          "relative folders (\"\" the dataset's top)")
+    if not paths(reads.get("within", [""])):
+        raise ConfigError(f"{where}.within must be a list of relative folders")
+    if not isinstance(reads.get("prepare", ""), str):
+        raise ConfigError(f"{where}.prepare must be a command line")
 
 
 def _candidates() -> dict[str, Path]:
