@@ -5,7 +5,7 @@ recipe.yaml:
     name, description, entry (the script, relative to the recipe folder),
     requires (Python modules the job imports), arguments (each: type int|float|bool|str|choice,
     default (null = not passed), help, choices for `choice`), profiles (each: description,
-    set: {argument: value}), resources (gpus_per_node, nodes, gpu (the GPU model its published
+    set: {argument: value}, resources: its own disk_gb and max_runtime_minutes), resources (gpus_per_node, nodes, gpu (the GPU model its published
     results used, for picking a default instance), launcher (python | torchrun: one process
     per GPU on the host), disk_gb, max_runtime_minutes),
     data (name, source, size_mb, reads: the folders each variant reads), target (metric,
@@ -136,6 +136,12 @@ class Recipe:
     # Arguments a checkpoint is tied to: `--resume-from` refuses a run that changes one,
     # before launch (the script would refuse only once it runs).
     resume_must_match: list[str] = field(default_factory=list)
+
+    def resources_for(self, profile: str | None) -> dict:
+        """The resources a run with `profile` plans with: the recipe's, with what the
+        profile sets of its own (a smoke run's disk and max runtime, not the full run's)."""
+        own = (self.profiles.get(profile) or {}).get("resources") if profile else None
+        return {**self.resources, **(own or {})}
 
     def compile_costs(self) -> list[dict]:
         """The measured entries that say what compile=true costs before the first step."""
@@ -360,8 +366,13 @@ def _arguments(doc: dict, path: Path) -> dict[str, Argument]:
     return arguments
 
 
+PROFILE_RESOURCES = ("disk_gb", "max_runtime_minutes")  # what a profile may plan with itself
+
+
 def _profiles(doc: dict, arguments: dict[str, Argument], path: Path) -> dict:
-    """`profiles:`, each setting known arguments (their values parsed as those arguments)."""
+    """`profiles:`, each setting known arguments (their values parsed as those arguments),
+    and perhaps `resources:` of its own (PROFILE_RESOURCES: a smoke run is planned with its
+    own disk and max runtime)."""
     profiles = _optional(doc, "profiles", dict, path, "a mapping of profile: settings", {})
     for prof_name, prof in profiles.items():
         if not isinstance(prof_name, str):
@@ -380,6 +391,13 @@ def _profiles(doc: dict, arguments: dict[str, Argument], path: Path) -> dict:
                 sets[key] = arguments[key].parse(value, f"{path}: profile {prof_name}:")
             except UsageError as exc:
                 raise ConfigError(exc.message) from None
+        own = _optional(prof, "resources", dict, path, f"a mapping (profile '{prof_name}')", {})
+        if set(own) - set(PROFILE_RESOURCES):
+            raise ConfigError(f"{path}: profile '{prof_name}': resources may set "
+                              f"{' and '.join(PROFILE_RESOURCES)}, not "
+                              f"{', '.join(sorted(set(own) - set(PROFILE_RESOURCES)))}")
+        _numbers(own, PROFILE_RESOURCES, path, f"profiles.{prof_name}.resources",
+                 RESOURCE_LIMITS)
     return profiles
 
 

@@ -446,11 +446,12 @@ def _recipe_spec(o: LaunchOptions, backend: str, placement: dict, workdir: str |
     nodes = o.nodes or (rec.nodes_published(args) if new_hosts else 1)
     if new_hosts:
         _place_recipe(rec, args, placement, settings, nodes)
-    minutes = o.max_runtime or rec.resources.get("max_runtime_minutes") \
+    resources = rec.resources_for(profile)  # a smoke run plans with its own disk and time
+    minutes = o.max_runtime or resources.get("max_runtime_minutes") \
         or settings.max_runtime_minutes
     return JobSpec(kind=RECIPE, backend=backend, name=o.name, recipe=rec.name, profile=profile,
                    args=args, workdir=workdir, max_runtime_s=float(minutes) * 60,
-                   resources=dict(rec.resources), requires=list(rec.requires),
+                   resources=resources, requires=list(rec.requires),
                    resume_from=o.resume_from, procs=procs, gpus_needed=needed,
                    gpus_exact=rec.gpus_exact(args), include=list(o.include), nodes=nodes,
                    **placement)
