@@ -143,6 +143,16 @@ class Recipe:
         own = (self.profiles.get(profile) or {}).get("resources") if profile else None
         return {**self.resources, **(own or {})}
 
+    def target_for(self, values: dict) -> dict:
+        """The run's target for these arguments, {metric, value, ...}: the variant's own
+        where it has one (imagenet's ffcv-rn50-*: FFCV's top-1), else the recipe's; {}
+        without one."""
+        target = self.target or {}
+        variant = values.get("variant")
+        own = (target.get("per_variant") or {}).get(variant) if isinstance(variant, str) \
+            else None
+        return dict(own or {k: v for k, v in target.items() if k != "per_variant"})
+
     def compile_costs(self) -> list[dict]:
         """The measured entries that say what compile=true costs before the first step."""
         return [m for m in self.measured if isinstance(m.get("compile_seconds"), (int, float))]

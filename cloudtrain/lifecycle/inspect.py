@@ -128,13 +128,9 @@ def recipe_target(job: Job) -> tuple[float | None, str | None]:
     from .. import recipes
 
     try:
-        target = recipes.load(job.recipe).target or {}
+        target = recipes.load(job.recipe).target_for((job.spec or {}).get("args") or {})
     except CloudtrainError:  # the recipe is gone or changed
         return None, None
-    # a variant with a metric of its own (imagenet's ffcv-rn50-*: FFCV's top-1)
-    variant = ((job.spec or {}).get("args") or {}).get("variant")
-    own = (target.get("per_variant") or {}).get(variant) if isinstance(variant, str) else None
-    target = own or target
     return target.get("value"), target.get("metric")
 
 
