@@ -406,6 +406,9 @@ def staged_line(staging: dict) -> str:
         if d.get("state") == "skipped":
             parts.append(f"{d['name']} already on the host")
             continue
+        if d.get("kind") == "path" and not d.get("files_done"):  # linked, nothing read
+            parts.append(f"{d['name']} linked, not copied")
+            continue
         secs = d.get("seconds")
         text = f"{d['name']} {_gb(d.get('bytes_done'))}, {d.get('files_done') or 0:,} files"
         if secs:

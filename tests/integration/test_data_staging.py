@@ -167,6 +167,12 @@ def test_a_path_source_on_this_machine_is_linked_not_copied(cli, ct_home, prepar
     assert _jpegs(prepared) in proc.stdout.splitlines()
     link = ct_home / "data" / "imagenet"
     assert link.is_symlink() and link.resolve() == prepared.resolve()
+    # U60: the log said `staging imagenet: 0.0 of 0.0 GB (100%), 0 of 0 files, 0 MB/s`
+    job_id = proc.stdout.splitlines()[0]
+    log = cli.ok("logs", job_id).stdout
+    assert f"cloudtrain staging imagenet: linked {prepared}" in log and "0.0 of 0.0" not in log
+    assert _timeline(cli, job_id)["running"]["detail"] == \
+        "data staged: imagenet linked, not copied"
     gone = cli("launch", "--recipe", "imagenet", *TINY, "--data", "imagenet=/no/such/folder")
     assert gone.returncode != 0 and "/no/such/folder is not a folder" in gone.stderr
 

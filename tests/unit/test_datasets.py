@@ -425,3 +425,14 @@ def test_u41_an_s3_dataset_is_checked_by_its_manifest_s_folders_or_its_objects()
         datasets.preflight(spec, settings, provider(only40))
     assert "has no train, val, which" in err.value.message
     assert "--sizes ''" in err.value.hint
+
+
+def test_u60_a_linked_path_is_said_as_linked_in_the_timeline():
+    """U60: a path on the host is linked, not copied: the timeline's staged line said
+    `imagenet 0.0 MB, 0 files` for it."""
+    from cloudtrain import hostdata
+
+    staging = hostdata.clean_staging({"state": "staged", "datasets": [
+        {"name": "imagenet", "kind": "path", "state": "staged", "bytes_total": 0,
+         "bytes_done": 0, "files_total": 0, "files_done": 0, "mb_s": 0.0, "seconds": 0.01}]})
+    assert datasets.staged_line(staging) == "data staged: imagenet linked, not copied"
