@@ -308,6 +308,13 @@ def notes(spec, settings, found: list[Staged]) -> list[str]:
             out.append(f"dataset {d['name']}: its bucket is in {info['region']}, the instance "
                        f"in {instance_region}: the copy crosses regions (slower, and about "
                        f"${INTER_REGION_USD_PER_GB * gb:.2f} of transfer for {gb:.1f} GB)")
+    for s in found:  # a manifest pushed before folders were listed (check_folders could not)
+        if s.source.get("reads") and s.contents is not None and \
+                s.contents.has_folder("") is None:
+            out.append(f"dataset {s.source['name']}: its manifest lists no folders (pushed "
+                       "by an older cloudtrain), so whether it has what the job reads is "
+                       f"found out on the instance; `cloudtrain data push DIR "
+                       f"{s.source['location']}` again lists them")
     if any(d["kind"] == "s3" for d in spec.datasets) and not (
             spec.backend == "aws" and settings.instance_profile) and \
             any(s.temporary for s in found):

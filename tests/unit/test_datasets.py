@@ -413,7 +413,11 @@ def test_u41_an_s3_dataset_is_checked_by_its_manifest_s_folders_or_its_objects()
     with pytest.raises(datasets.MissingFolders, match="has no sz/40/train"):
         datasets.preflight(spec, settings, provider(objects=objects))
     spec.datasets = _resolve(spec, settings, flags)
-    datasets.preflight(spec, settings, provider(shards.Manifest.build(2048, [entry])))
+    found = datasets.preflight(spec, settings, provider(shards.Manifest.build(2048, [entry])))
+    assert datasets.notes(spec, settings, found) == [
+        "dataset imagenet: its manifest lists no folders (pushed by an older cloudtrain), so "
+        "whether it has what the job reads is found out on the instance; `cloudtrain data "
+        "push DIR s3://bkt/imagenet` again lists them"]
     machines4 = _spec(variant="machines-4")
     machines4.datasets = _resolve(machines4, settings, flags)
     datasets.preflight(machines4, settings, provider(listed))  # sz/160 and sz/352: all there
