@@ -39,8 +39,18 @@ def status_table(jobs: list[Job], now: float | None = None, *, width: int | None
                      age(job.created_at, now), duration(runtime(job, now)),
                      "data" if job.state == "staging" else epoch_text(m),
                      number(m.get("train_loss", m.get("loss"))),
-                     pct(m.get("test_acc", m.get("accuracy"))), job_cost(job)])
+                     pct(m.get(accuracy_key(job, m))), job_cost(job)])
     return grid(STATUS_COLUMNS, rows, width=width, color=color, styles={"STATE": state_style})
+
+
+def accuracy_key(job: Job, metrics: dict) -> str:
+    """The ACC column's metric: the recipe's target metric where the row has it (imagenet's
+    top5, as `status JOB` and `plot` show), else test_acc, else accuracy."""
+    target = (job.spec or {}).get("target")
+    metric = target.get("metric") if isinstance(target, dict) else None
+    if isinstance(metric, str) and metric in metrics:
+        return metric
+    return "test_acc" if "test_acc" in metrics else "accuracy"
 
 
 def job_json(job: Job, now: float | None = None) -> dict:

@@ -38,6 +38,14 @@ TERMINAL_STATES = (SUCCEEDED, FAILED, PREEMPTED, CANCELLED)
 BUSY_TIMEOUT_S = 30.0
 
 
+def on_host(job) -> bool:
+    """Whether what runs of `job` is on its host, for a probe to read: the data staged, the
+    job file's setup (`setting-up` once the launch is over: no launcher holds its lease; during
+    the launch `setting-up` is the launcher's own work), the command."""
+    return job.state in (STAGING, RUNNING) or (
+        job.state == SETTING_UP and job.lease_until is None and bool(job.jobdir))
+
+
 # When a job finished: its end, else (a row without one) its creation (index jobs_finished_at).
 FINISHED_AT = "coalesce(ended_at, created_at)"
 TERMINAL_SQL = "(%s)" % ", ".join(f"'{s}'" for s in TERMINAL_STATES)

@@ -129,13 +129,9 @@ def recipe_target(job: Job) -> tuple[float | None, str | None]:
     from .. import recipes
 
     try:
-        target = recipes.load(job.recipe).target or {}
+        target = recipes.load(job.recipe).target_for((job.spec or {}).get("args") or {})
     except CloudtrainError:  # the recipe is gone or changed
         return None, None
-    # a variant with a metric of its own (imagenet's ffcv-rn50-*: FFCV's top-1)
-    variant = ((job.spec or {}).get("args") or {}).get("variant")
-    own = (target.get("per_variant") or {}).get(variant) if isinstance(variant, str) else None
-    target = own or target
     return target.get("value"), target.get("metric")
 
 
@@ -220,9 +216,10 @@ def for_logs(store: Store, settings: config.Settings, ref: str) -> Job:
 
 
 def _ran(store: Store, job: Job) -> bool:
-    """Whether the job got as far as running (or staging data for) its command."""
-    return bool(job.jobdir) and any(e.phase in (state.RUNNING, state.STAGING)
-                                    for e in store.events(job.id))
+    """Whether the job got as far as running (or staging data for, or setting up) its
+    command: a phase of its host's, or its agent's start."""
+    return bool(job.jobdir) and (job.started_at is not None or any(
+        e.phase in (state.RUNNING, state.STAGING) for e in store.events(job.id)))
 
 
 def _why(job: Job) -> str:
@@ -245,7 +242,7 @@ def _on_its_host(store: Store, settings: config.Settings, job: Job, action: str)
                          hint=f"cloudtrain status {job.id}")
     if not job.active and not (action == "ssh" and holds_instance(store, job)):
         raise UsageError(_ended(job), hint=f"cloudtrain logs {job.id}")
-    if job.active and job.state not in (state.RUNNING, state.STAGING):
+    if job.active and not state.on_host(job):
         raise UsageError(f"job {job.id} is {job.state}: nothing to {action} to yet",
                          hint=f"cloudtrain logs {job.id} --follow (it waits for the start)")
     return job

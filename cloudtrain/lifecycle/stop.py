@@ -126,14 +126,13 @@ def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float,
     status, problem = {}, None
     if (job.reason or "").startswith(UNREACHABLE):  # the probe just now got no answer:
         problem = job.reason                          # no graceful stop to wait for
-    elif job.jobdir and job.state in (state.RUNNING, state.STAGING) and \
-            len(records(job)) > 1:  # every node at once, each bounded
+    elif job.jobdir and state.on_host(job) and len(records(job)) > 1:  # every node at once, each bounded
         _say_stopping(say, job, grace, len(records(job)))
         answers = stop_nodes(job, settings, grace_s=grace, store=store)
         status = answers[0] if isinstance(answers[0], dict) else {}
         problems = [f"node {i}: {a}" for i, a in enumerate(answers) if isinstance(a, str)]
         problem = "; ".join(problems) or None
-    elif job.jobdir and job.state in (state.RUNNING, state.STAGING):
+    elif job.jobdir and state.on_host(job):
         _say_stopping(say, job, grace)
         status, problem = bounded(lambda: group.host_of(job).stop_job(job.jobdir, grace) or {},
                                    grace + STOP_MARGIN_S)

@@ -368,7 +368,7 @@ def test_d26_a_paid_launch_asks_with_its_price_and_yes_skips(ct_home, moto):
     assert "This launches a spot g5.xlarge in us-east-1, billed per second: $0.4328/h" in shown
     # U9: the question quotes the dry run's "at most": all 4 attempts (3 restarts by default)
     at_most = rows(run(*args, "--dry-run", env=env).stdout)["at most"]
-    assert ": 4 attempts (1 + 3 restarts) of up to 90 min each" in at_most
+    assert ": 4 attempts (1 + 3 restarts) of up to 50 min each" in at_most  # smoke: 20 + 30
     # wrapped at the terminal's width (U42): the same words
     assert " ".join(f"at most {at_most}. Proceed? [Y/n]".split()) in " ".join(shown.split())
     assert "not launched: nothing was created" in shown
@@ -439,3 +439,20 @@ def test_u24_a_file_here_that_is_not_a_command_is_refused_before_anything(ct_hom
     proc = run("launch", "-q", "--follow", "--workdir", ".", "--", "./run.sh", cwd=tmp_path,
                env=env)
     assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr
+
+
+def test_u58_a_smoke_profile_is_planned_with_its_own_disk_and_runtime():
+    """U58: `launch --recipe imagenet --profile smoke --instance g5.xlarge --dry-run` kept
+    the full recipe's 400 GB disk and 360-minute max runtime (`at most $7.00 ... 400 GB`)
+    for a run of seconds; the plan and the estimate now use the profile's own."""
+    proc = run("launch", "--recipe", "imagenet", "--profile", "smoke", "--instance",
+               "g5.xlarge", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    rows = dict(line.strip().split(None, 1) for line in proc.stdout.splitlines()[1:]
+                if line.startswith("  ") and len(line.split()) > 1)
+    assert rows["disk"].startswith("100 GB gp3"), rows["disk"]
+    assert "up to 50 min (the max runtime of 20 min + 30 until user-data powers it off)" in \
+        rows["at"], rows["at"]
+    full = run("launch", "--recipe", "imagenet", "--set", "variant=tiny", "--instance",
+               "g5.xlarge", "--dry-run", "--set", "data=synthetic")
+    assert "400 GB gp3" in full.stdout and "max runtime of 360 min" in full.stdout

@@ -318,3 +318,11 @@ def test_the_table_says_the_bound_in_words(cli):
                  "p4d.24xlarge", "--wide").stdout
     assert "data-bound: 96 vCPUs decoding at 226/s per core from full need 15.7 min, the " \
            "GPUs 14.9 min (published: not reachable with this data path)" in out
+
+
+def test_u58_the_estimate_bills_a_profile_s_own_disk():
+    """U58: a smoke run's estimate billed the full recipe's 400 GB disk too."""
+    imagenet = recipes.load("imagenet")
+    assert estimate._disk(imagenet, "us-east-1", None, 0, 0, "smoke")[0] == 100
+    assert estimate._disk(imagenet, "us-east-1", None, 0, 0)[0] == 400
+    assert estimate._disk(imagenet, "us-east-1", 50, 0, 0, "smoke")[0] == 50  # --disk-gb

@@ -82,3 +82,38 @@ def test_u53_an_event_after_the_end_has_no_now_duration():
     lines = job_views.job_detail(running, phases[:1] + [Phase("running", 1.8e9 + 100, None)],
                                  b"", now=1.8e9 + 200).splitlines()
     assert "(now)" in [l for l in lines if l.startswith("    running ")][-1]
+
+
+def test_u50_the_acc_column_is_the_recipe_s_target_metric():
+    """U50: for an imagenet job the list's ACC was test_acc (top-1, 87.50%) where the
+    recipe's target, `status JOB`'s trend and `plot` use top-5 (100.00%). A job keeps its
+    recipe's target for its arguments (spec.target) and the column shows that metric; a
+    job without one, or a row without that metric, shows test_acc as before."""
+    from cloudtrain import config
+    from cloudtrain.launch_options import LaunchOptions
+    from cloudtrain.spec import build_spec
+    from cloudtrain.state import Job
+
+    def job(spec, metrics):
+        return Job(id="a1b2c3d4", name=None, kind="recipe", recipe="imagenet",
+                   command="imagenet", backend="local", state="succeeded", created_at=1.8e9, started_at=1.8e9,
+                   ended_at=1.8e9 + 30, exit_code=0, reason=None, spec=spec, host=None,
+                   jobdir=None, metrics=metrics, cost=0.0)
+
+    def acc(table):
+        header, row = (line.split("  ") for line in table.splitlines()[:2])
+        cells_ = [c.strip() for c in row if c.strip()]
+        return cells_[[c.strip() for c in header if c.strip()].index("ACC")]
+
+    smoke = build_spec(LaunchOptions(recipe="imagenet", profile="smoke"), config.Settings())
+    assert smoke.target == {"metric": "top5", "value": 0.93}
+    ffcv = build_spec(LaunchOptions(recipe="imagenet", sets=("variant=ffcv-rn50-32",
+                                                      "data=synthetic")),
+                      config.Settings())
+    assert ffcv.target["metric"] == "top1"
+    row = {"epoch": 4, "epochs": 4, "test_acc": 0.875, "top5": 1.0, "train_loss": 1.5}
+    assert acc(job_views.status_table([job(smoke.to_dict(), row)], now=1.8e9 + 60)) == \
+        "100.00%"
+    assert acc(job_views.status_table([job({}, row)], now=1.8e9 + 60)) == "87.50%"
+    assert acc(job_views.status_table([job(ffcv.to_dict(), row)], now=1.8e9 + 60)) == \
+        "87.50%"  # FFCV's top-1 is test_acc: no `top1` key in the rows
