@@ -180,38 +180,6 @@ def test_F10_unreadable_credentials_are_an_aws_error(provider, monkeypatch):
         provider.credentials("us-east-1")
 
 
-class _Portal(http.server.BaseHTTPRequestHandler):
-    """A captive portal: 200 and an HTML page, whatever is asked."""
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = b"<html><body>Please log in to the hotel Wi-Fi</body></html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST
-
-    def log_message(self, *args):
-        pass
-
-
-def test_F10_an_endpoint_answering_html_is_said_not_crashed_on(cli, ct_home, monkeypatch):
-    url, server = serve(_Portal)
-    try:
-        env = {"AWS_ENDPOINT_URL": url, **KEYS_ENV, "AWS_DEFAULT_REGION": "us-east-1"}
-        for args in (("status", "--refresh"), ("down", "--all", "-y"),
-                     ("catalog", "--refresh", "--region", "us-east-1")):
-            proc = cli(*args, env=env)
-            assert "internal error" not in proc.stderr, (args, proc.stderr)
-            assert proc.returncode == 1 and "not an AWS reply" in proc.stdout + proc.stderr, \
-                (args, proc.stdout, proc.stderr)
-    finally:
-        server.shutdown()
-
-
 # -- U59: answers that are not AWS's ---------------------------------------------------------
 
 MOTO_500 = (b"<!doctype html>\n<html lang=en>\n<title>500 Internal Server Error</title>\n"
@@ -237,6 +205,22 @@ class _Foreign(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+def test_F10_an_endpoint_answering_html_is_said_not_crashed_on(cli, ct_home, monkeypatch):
+    url, server = serve(_Foreign)  # a captive portal: 200 and an HTML page, whatever is asked
+    server.answer, server.requests = (
+        200, "text/html", b"<html><body>Please log in to the hotel Wi-Fi</body></html>"), 0
+    try:
+        env = {"AWS_ENDPOINT_URL": url, **KEYS_ENV, "AWS_DEFAULT_REGION": "us-east-1"}
+        for args in (("status", "--refresh"), ("down", "--all", "-y"),
+                     ("catalog", "--refresh", "--region", "us-east-1")):
+            proc = cli(*args, env=env)
+            assert "internal error" not in proc.stderr, (args, proc.stderr)
+            assert proc.returncode == 1 and "not an AWS reply" in proc.stdout + proc.stderr, \
+                (args, proc.stdout, proc.stderr)
+    finally:
+        server.shutdown()
 
 
 @pytest.fixture
