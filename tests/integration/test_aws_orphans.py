@@ -295,3 +295,35 @@ def test_F28_without_describe_regions_the_regions_cloudtrain_could_use_are_asked
         assert lost_home.state(instance) in ("shutting-down", "terminated")
     asked = next(l for l in proc.stdout.splitlines() if l.startswith("aws: checked"))
     assert "DescribeRegions" in asked and "ca-central-1" in asked and "us-east-1" in asked
+
+
+def test_F41_release_terminates_by_record_only_what_ec2_shows_as_the_job_s(ec2_provider,
+                                                                            ct_home):
+    """F41: `release` (down, the job's end, an abort) terminated every instance the store
+    recorded for the job. A store may hold a record learnt from the job store before those
+    were checked: an untagged `prod-database` and another job's instance. Only instances EC2
+    shows with the job's tag are terminated (by record or found by tag); the others stay,
+    each said once in the job's events."""
+    p = ec2_provider
+    me = p.owner("us-east-1")
+    store = open_store(ct_home)
+    job = _job(store, "running", ran=True)
+    mine = _start(p, me, job.id)
+    prod = p.call("us-east-1", "run_instances", ImageId=p.call(
+        "us-east-1", "describe_images", Owners=["amazon"])["Images"][0]["ImageId"],
+        MinCount=1, MaxCount=1, InstanceType="t3.micro", TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": "Name", "Value": "prod-database"}]}]
+    )["Instances"][0]["InstanceId"]
+    theirs = _start(p, me, "0ther0b1")
+    for instance in (mine, prod, theirs):
+        _record(store, job, instance)
+    p.release(store, job, force=True)
+    p.release(store, job, force=True)  # `down` again: said once
+    assert _state(p, mine) == "terminated"
+    assert _state(p, prod) == _state(p, theirs) == "running"
+    said = [e.detail for e in store.events(job.id) if e.phase == "release"]
+    assert sorted(said) == sorted([
+        f"{prod} NOT terminated: the job's record names it, but EC2 shows it with no "
+        "cloudtrain:job tag, not this job's",
+        f"{theirs} NOT terminated: the job's record names it, but EC2 shows it with job "
+        "0ther0b1's tag, not this job's"])

@@ -323,9 +323,10 @@ def test_resume_from_refuses_what_cannot_resume(cli, toy_recipes):
      "Error: Permission denied: /home/u/.cloudtrain/jobs/x/output.log"),
     (RecursionError("maximum recursion depth exceeded"), 2,
      "Error: an input is nested too deeply to read (a YAML or JSON file, or an argument)"),
-    (sqlite3.DatabaseError("database disk image is malformed"), 2,
-     "Error: {home}/state.db is not a usable cloudtrain database: database disk image is "
-     "malformed"),
+    # C2: move-it-aside advice only where a check finds the file unusable (test_state_cli)
+    (sqlite3.DatabaseError("database disk image is malformed"), 1,
+     "Error: {home}/state.db failed (database disk image is malformed), and it could not be "
+     "checked: there is no such file"),
     (sqlite3.OperationalError("database is locked"), 1,
      "Error: {home}/state.db is locked by another cloudtrain process (database is locked)"),
 ])

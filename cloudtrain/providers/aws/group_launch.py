@@ -446,10 +446,13 @@ def check_final(doc) -> dict | None:
     if not isinstance(doc, dict) or doc.get("state") not in ENDS:
         return None
     code, reason, attempt = doc.get("exit_code"), doc.get("reason"), doc.get("attempt")
+    inst = doc.get("instance")
     return {"state": doc["state"],
             "exit_code": code if isinstance(code, int) and not isinstance(code, bool)
             and -1024 < code < 1024 else None,
             "reason": _line(reason, 300) if isinstance(reason, str) else None,
             "ended_at": _time(doc.get("ended_at")),
             "attempt": attempt if isinstance(attempt, int) and not isinstance(attempt, bool)
-            and 1 <= attempt <= MAX_ATTEMPTS else None}
+            and 1 <= attempt <= MAX_ATTEMPTS else None,
+            # the instance that wrote it, whose word it is (autoscaled.ends_here checks it)
+            "instance": inst if isinstance(inst, str) and INSTANCE_ID.fullmatch(inst) else None}
