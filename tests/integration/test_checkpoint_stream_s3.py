@@ -365,3 +365,58 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
     assert fetched.complete and fetched.streamed == final["seq"], fetched.skipped
     assert (out / "checkpoints" / "last.pt").read_bytes() == local
     assert "checkpoints/checkpoint-info.json" in fetched.files
+
+
+def test_C1_the_agent_streams_a_checkpoint_written_every_0_3_s_with_the_launchs_settings(
+        s3, bucket, grant, tmp_path):
+    """C1: a job that saves a checkpoint every 0.3 s, its stream as the launch sets it
+    (settle_s 2 from checkpoint_settle_seconds, poll_s 1): the checkpoints reach S3 while the
+    job writes them, the stored one a few steps behind the newest at most. Before, nothing
+    was stored until the job stopped writing (a reclaim without notice went back to the
+    start)."""
+    home = tmp_path / "agent-x"
+    home.mkdir()
+    from cloudtrain.hosts import agent_files
+
+    for source in agent_files():
+        shutil.copy(source, home)
+    jobdir = tmp_path / "jobs" / JOB
+    jobdir.mkdir(parents=True)
+    (jobdir / "job.py").write_text(JOB_SCRIPT)
+    (jobdir / "run.sh").write_text(f"exec {sys.executable} job.py\n")
+    imds = FakeIMDS(role=None)
+    (jobdir / "job.json").write_text(json.dumps({
+        "job_id": JOB, "heartbeat_s": 0.1, "grace_s": 10, "imds_url": imds.url,
+        "spot_poll_s": 0.1, "results_store": grant,
+        "checkpoint_stream": {"settle_s": 2.0, "poll_s": 1.0, "start_seq": 0,
+                              "start_slot": None, "attempt": 1}}))
+    proc = subprocess.Popen([sys.executable, str(home / "agent.py"), "run", str(jobdir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def newest_saved() -> int:
+        said = [line for line in (jobdir / "output.log").read_text().splitlines()
+                if line.startswith("saved ")]
+        return int(said[-1].split()[1]) if said else 0
+
+    try:
+        seen = []
+        deadline = time.time() + 20
+        while len({s for s, _ in seen}) < 4:
+            assert time.time() < deadline, seen
+            manifest = jobstore_fetch.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
+            if manifest is not None:
+                seen.append((manifest["step"], newest_saved()))
+            time.sleep(0.3)
+        assert proc.poll() is None  # still writing: nothing of this came from the end
+        stored = [s for s, _ in seen]
+        assert stored == sorted(stored)
+        assert all(newest - step <= 4 for step, newest in seen), seen
+        status = job_status.read_json(str(jobdir / "status.json"))
+        assert status["state"] == "running" and status["checkpoint_stream"]["ok"]
+        imds.announce("127.0.0.1")
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        imds.close()
