@@ -341,9 +341,9 @@ def meet_others(bundle, conf, job, n, imds):
     prefix = conf["prefix"]
     me = regroup.mine(auto_scaling.identity(imds), None)
     n, ranks = regroup.meet(bundle, regroup.records_grant(job, prefix), prefix, n,
-                            conf["nodes"], me)
+                            conf["nodes"], me, regroup.group_peers(conf, bundle.creds))
     rank = next(m["rank"] for m in ranks if m["instance"] == me["instance"])
-    return regroup.take_part(job, prefix, rank, ranks), n
+    return regroup.take_part(job, prefix, rank, ranks, me["iface"]), n
 
 
 def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, group=None,

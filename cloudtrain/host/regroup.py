@@ -87,8 +87,23 @@ def records_grant(job, prefix):
     return dict(grant, prefix=prefix)
 
 
+# The addresses a VPC's instances may have: RFC 1918, and the shared range AWS lets a VPC
+# use (RFC 6598). Never loopback, link-local (the IMDS), multicast, broadcast or public.
+PRIVATE = tuple(ipaddress.IPv4Network(n) for n in
+                ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"))
+
+
+def private(address):
+    """Whether `address` (an IPv4Address) may be an instance's private address in a VPC."""
+    return any(address in net for net in PRIVATE) and address not in (
+        net.network_address for net in PRIVATE) and address not in (
+        net.broadcast_address for net in PRIVATE)
+
+
 def check_member(doc, nodes):
-    """A node's record with every field checked, or None (not one)."""
+    """A node's record with every field checked, or None (not one): its address must be one
+    a VPC may give (`private`). `iface` is what the writer says of its own interface: no
+    node ever takes it for itself (take_part)."""
     if not isinstance(doc, dict):
         return None
     inst, rank, address = doc.get("instance"), doc.get("rank"), doc.get("address")
@@ -101,9 +116,12 @@ def check_member(doc, nodes):
     if not isinstance(address, str):  # IPv4Address takes a number too: 167837959 is 10.1.1.7
         return None
     try:
-        address = str(ipaddress.IPv4Address(address))
+        parsed = ipaddress.IPv4Address(address)
     except (ipaddress.AddressValueError, ValueError, TypeError):
         return None
+    if not private(parsed):
+        return None
+    address = str(parsed)
     if not (isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536):
         return None
     iface = iface if isinstance(iface, str) and IFACE.fullmatch(iface) else None
@@ -170,6 +188,21 @@ def mine(ident, rank):
             "iface": interface_of(address), "port": free_port(), "at": time.time()}
 
 
+def group_peers(conf, creds, say=None):
+    """meet's `peers`: {instance: private address} of what EC2 lists in the job's group now
+    (auto_scaling.group_instances), or None, said once, when it cannot be asked."""
+    said = []
+
+    def peers():
+        listed, why = auto_scaling.group_instances(conf, creds)
+        if listed is None and not said and say is not None:
+            said.append(why)
+            say("EC2 could not be asked which instances are the job's (%s): asking again"
+                % why)
+        return listed
+    return peers
+
+
 def newest(reader, prefix, n):
     """The newest attempt recorded from n on (GETs of attempts/<n+1>.json, ... until one is
     missing)."""
@@ -190,7 +223,8 @@ def ended(reader, prefix):
 
 
 def members(reader, prefix, n, nodes):
-    """Attempt n's nodes as their records say (listed, each read and checked)."""
+    """Attempt n's nodes as their records say (listed, each read and checked). Any node of
+    the group can write any record: meet keeps only those EC2 agrees with."""
     found, folder = [], "%s%s%d/" % (prefix, auto_scaling.ATTEMPTS, n)
     listed = reader.list_keys(folder, EXIT_STORE)
     for key, size in sorted(listed.items()):
@@ -204,12 +238,14 @@ def members(reader, prefix, n, nodes):
     return found
 
 
-def meet(reader, grant, prefix, at_least, nodes, me, wait_s=REPLACE_WAIT_S,
+def meet(reader, grant, prefix, at_least, nodes, me, peers, wait_s=REPLACE_WAIT_S,
          meet_s=MEET_WAIT_S, poll_s=MEET_POLL_S, say=None):
     """Wait for attempt `at_least` (or a newer one) to be recorded, join the newest, and wait
-    for all `nodes` of it; (n, the nodes ranked). Failed(EXIT_ENDED) once final.json is
-    there; Failed(EXIT_STORE) after `wait_s` without the attempt, or `meet_s` without all of
-    its nodes."""
+    for all `nodes` of it; (n, the nodes ranked). A record counts only where `peers()` (EC2:
+    {instance: private address} of the job's group, or None when it cannot be asked) lists
+    that instance at that address; EC2 is asked once `nodes` records are there.
+    Failed(EXIT_ENDED) once final.json is there; Failed(EXIT_STORE) after `wait_s` without
+    the attempt, or `meet_s` without all of its nodes."""
     say = say or (lambda line: None)
     start, joined, since, n = time.time(), None, None, at_least - 1
     while True:
@@ -226,9 +262,15 @@ def meet(reader, grant, prefix, at_least, nodes, me, wait_s=REPLACE_WAIT_S,
                 joined, since = n, time.time()
                 say("attempt %d: joined as %s (rank before: %s); waiting for %d nodes"
                     % (n, me["instance"], me["rank"], nodes))
-            ranks = ranked(members(reader, prefix, n, nodes), nodes)
-            if ranks is not None and any(m["instance"] == me["instance"] for m in ranks):
-                return n, ranks
+            found = members(reader, prefix, n, nodes)
+            if len(found) >= nodes:
+                listed = peers()
+                if listed is not None:
+                    found = [m for m in found if listed.get(m["instance"]) == m["address"]]
+                    ranks = ranked(found, nodes)
+                    if ranks is not None and any(m["instance"] == me["instance"]
+                                                 for m in ranks):
+                        return n, ranks
             if time.time() - since > meet_s:
                 raise Failed(EXIT_STORE, "attempt %d: not all %d nodes met in %.0f s"
                              % (n, nodes, meet_s))
@@ -238,18 +280,20 @@ def meet(reader, grant, prefix, at_least, nodes, me, wait_s=REPLACE_WAIT_S,
         time.sleep(poll_s)
 
 
-def take_part(job, prefix, rank, ranks):
+def take_part(job, prefix, rank, ranks, iface=None):
     """job.json for this node's part in the attempt: its rank, the rendezvous at rank 0, its
-    interface, its results below nodes/<rank>/ (rank 0: the job's), the checkpoint stream for
+    interface (`iface`: this node's own, interface_of its own address; never what a record
+    says), its results below nodes/<rank>/ (rank 0: the job's), the checkpoint stream for
     rank 0 only, and the attempt's nodes (what look_for_loss asks EC2 about)."""
     job = dict(job)
-    me, master = ranks[rank], ranks[0]
+    master = ranks[0]
     env = dict(job.get("env") or {})
     env.update(CLOUDTRAIN_NODES=str(len(ranks)), CLOUDTRAIN_NODE_RANK=str(rank),
                MASTER_ADDR=master["address"], MASTER_PORT=str(master["port"]))
+    iface = iface if isinstance(iface, str) and IFACE.fullmatch(iface) else None
     for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        if me.get("iface"):
-            env[key] = me["iface"]
+        if iface:
+            env[key] = iface
         else:
             env.pop(key, None)
     job["env"] = env
@@ -403,16 +447,20 @@ class Team:
             raise Failed(EXIT_STORE, "job.json is not a JSON object")
         me = mine(self.ident, self.rank)
         n, ranks = meet(self.reader, records_grant(job, prefix), prefix, at_least,
-                        self.conf["nodes"], me, say=self.agent.log_line)
+                        self.conf["nodes"], me, group_peers(self.conf, self.creds,
+                                                            self.agent.log_line),
+                        say=self.agent.log_line)
         rank = next(m["rank"] for m in ranks if m["instance"] == me["instance"])
         self.agent.log_line("attempt %d: rank %d of %d, rendezvous %s:%d"
                             % (n, rank, len(ranks), ranks[0]["address"], ranks[0]["port"]))
-        job, _ = self.join(self.reader, root, take_part(job, prefix, rank, ranks), n)
+        job, _ = self.join(self.reader, root, take_part(job, prefix, rank, ranks, me["iface"]),
+                           n)
         return job
 
     def before_final(self):
         """Rank 0 at the job's end: the other ranks' results stored first (bounded), since
-        ending the group ends their instances. Others: their mark that they have."""
+        ending the group ends their instances; a newer attempt (a node lost meanwhile, whose
+        replacement will find final.json) ends the wait. Others: their mark that they have."""
         prefix, n = self.conf["prefix"], self.attempt()
         if self.rank != 0:
             try:
@@ -458,4 +506,3 @@ class Team:
     def writes_final(self):
         """Whether this agent records the job's end: rank 0's, unless it was there already."""
         return self.rank == 0 and not self.final_seen
-
