@@ -323,6 +323,7 @@ class Team:
         self.ident, self.join = ident, join
         self.newer = None  # the attempt the watch found recorded
         self.final_seen = False  # final.json was there already: not ours to write
+        self.end_seen = False  # a rank k > 0 has waited for the job's end (rejoin)
 
     @property
     def conf(self):
@@ -481,11 +482,53 @@ class Team:
                         waiting.discard(k)
                 except Failed:
                     pass
+            if waiting and self._newer(n):
+                self.agent.log_line("a node was replaced after the job's end: ranks %s "
+                                    "stored what they could" % sorted(waiting))
+                return
             if waiting:
                 time.sleep(WATCH_S)
         if waiting:
             self.agent.log_line("ranks %s did not say they stored their results in %.0f s"
                                 % (sorted(waiting), END_WAIT_S))
+
+    def _newer(self, n):
+        try:
+            return newest(self.reader, self.conf["prefix"], n) > n
+        except Failed:
+            return False
+
+    def rejoin(self):
+        """Ranks k > 0 whose part has ended: the job's end is rank 0's to record. Until
+        final.json says it (bounded), a newer attempt means rank 0's node was lost before it
+        could (a spot notice or a reclaim while it stored the job's end): this node meets the
+        replacement and runs its part again, from the last streamed checkpoint. True when it
+        did (job.json and the agent's settings are then the new attempt's)."""
+        agent = self.agent
+        if self.rank == 0 or agent.status.get("state") in (PREEMPTED, CANCELLED):
+            return False
+        n, deadline = self.attempt(), now() + 2 * END_WAIT_S
+        while now() < deadline:
+            try:
+                if ended(self.reader, self.conf["prefix"]):
+                    self.end_seen = True
+                    return False
+                found = newest(self.reader, self.conf["prefix"], n)
+            except Failed:
+                found = n
+            if found > n:
+                agent.log_line("attempt %d recorded before the job's end: rank 0's node was "
+                               "replaced; this node meets it and runs its part again" % found)
+                end = {k: agent.status.get(k) for k in ("state", "ended_at", "exit_code",
+                                                        "reason")}
+                self.newer, agent.held_end = found, end
+                if self.again():
+                    return True
+                agent.write_status(**end)  # its part stands as it ended
+                return False
+            time.sleep(WATCH_S)
+        self.end_seen = True  # waited long enough: the power-off need not wait again
+        return False
 
     def before_power_off(self):
         """Ranks k > 0 at the job's end: wait (bounded) for final.json, and then for the group's
@@ -494,7 +537,7 @@ class Team:
         if self.rank == 0 or self.agent.status.get("state") == PREEMPTED:
             return
         deadline = now() + 2 * END_WAIT_S
-        while now() < deadline:
+        while now() < deadline and not self.end_seen:
             try:
                 if ended(self.reader, self.conf["prefix"]):
                     break

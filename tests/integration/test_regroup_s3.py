@@ -362,3 +362,49 @@ def shipped_regroup():
     from cloudtrain.host.agent_store import shipped
 
     return shipped("regroup")
+
+
+# -- C3: a job on 3 nodes through faults, every order and timing one attempt per fault --------
+
+# (rank lost, when: a step of rank 0's, or "end" once the other ranks have ended their part,
+# seconds of notice before the reclaim or None for none)
+FAULTS = [
+    [(1, 12, None), (0, 28, 1.5)],  # C3: node 1 without notice, then node 0 after a notice
+    [(1, 12, None), (0, "end", 1.5)],  # C3 as it went: node 0's notice after the others ended
+    [(0, 10, None), (2, "end", 0.5)],
+    [(0, "end", None)],  # the rendezvous lost without notice after the others ended
+    [(2, 10, 0.3), (0, 22, None)],
+]
+
+
+@pytest.mark.parametrize("faults", FAULTS, ids=lambda f: "+".join(
+    f"{r}@{at}{'' if s is None else '~%.1fs' % s}" for r, at, s in f))
+def test_C3_three_nodes_recover_with_one_attempt_per_fault_and_succeed(moto_endpoint, tmp_path,
+                                                                      monkeypatch, faults):
+    """C3: a job on 3 nodes of its group (the real agent, Team and bootstrap on each, AWS's
+    part played by labs.group_nodes) loses nodes in turn, the rendezvous (rank 0) among
+    them, with or without a notice, mid-run or once the other ranks had ended their part.
+    Each loss costs one replacement and one attempt at most, rank 0's replacement is met
+    like any other, and the job ends succeeded with every step taken. Before, a rank k > 0 that had
+    ended waited for a final.json that its lost rank 0 never wrote, then powered off: AWS
+    replaced it, each power-off an attempt more (C3: two faults used three restarts, and the
+    job ended preempted)."""
+    from labs.group_nodes import GroupNodes
+
+    with GroupNodes(moto_endpoint, tmp_path, monkeypatch, nodes=3, steps=40, end_s=1.0,
+                    max_restarts=len(faults) + 1) as lab:
+        for rank, at, notice_s in faults:
+            if at == "end":
+                lab.wait_step(lab.steps)
+                time.sleep(0.3)  # the other ranks' part has ended; rank 0 is saving
+            else:
+                lab.wait_step(at)
+            lab.take_back(lab.node(rank, running=at != "end"), notice_s)
+        final = lab.wait_end(180)
+        assert final["state"] == "succeeded", lab.describe()
+        # one replacement and one attempt per fault at most (none for a node lost once the
+        # job's end was recorded: its replacement finds final.json and ends)
+        assert len(lab.attempts()) <= len(faults) + 1, lab.describe()
+        assert len(lab.launched) <= 3 + len(faults), lab.describe()
+        assert final["attempt"] == len(lab.attempts()), lab.describe()  # ended on the last
+        assert lab.step() == lab.steps and lab.errors == []
