@@ -52,14 +52,20 @@ except ImportError:
 MASTER_PORT = 29500  # torchrun's default; the rendezvous takes the first free port from here
 NODES_MAX = 64
 WATCH_S = 2.0  # how often a running node asks for a newer attempt
-MEET_POLL_S = 1.0  # how often a meeting node lists the attempt's records
+MEET_POLL_S = 0.5  # how often a meeting node lists the attempt's records
 REPLACE_WAIT_S = 1800.0  # a node whose peer is lost waits this long for AWS to replace it
 MEET_WAIT_S = 900.0  # once a node has joined an attempt, for the others to join
 # After a failed run, how long to look for a lost peer before the failure is the job's own: a
 # peer taken back without notice is shutting-down in EC2 within seconds; one with a notice
 # says so first (leaving-<rank>.json), while it still runs, storing its checkpoint.
 LOST_WAIT_S = 30.0
-STOP_GRACE_S = 10.0  # the job's grace when its node leaves it to meet the others
+PEERS_S = 10.0  # how often a running node asks EC2 whether its peers still run
+GONE = ("shutting-down", "terminated", "stopping", "stopped")  # EC2's, of a lost node
+# The job's grace when its node leaves it to meet the others: a peer is gone, so its
+# collectives wait for that peer (gloo and NCCL never see a reclaimed instance's connections
+# close) and it cannot reach the step boundary where it would save; its last checkpoint is
+# in the stream already.
+STOP_GRACE_S = 3.0
 END_WAIT_S = 300.0  # rank 0 for the others' results; the others for final.json
 INSTANCE = auto_scaling.INSTANCE
 MEMBER = re.compile(r"(i-[0-9a-f]{8,17})\.json")
@@ -322,6 +328,7 @@ class Team:
         self.agent, self.first_conf, self.reader, self.creds = agent, conf, reader, creds
         self.ident, self.join = ident, join
         self.newer = None  # the attempt the watch found recorded
+        self.seen_at = None  # when
         self.final_seen = False  # final.json was there already: not ours to write
         self.end_seen = False  # a rank k > 0 has waited for the job's end (rejoin)
 
@@ -341,20 +348,34 @@ class Team:
         return int(text) if text.isdigit() and len(text) < 7 else 1
 
     def watch(self):
-        """While run.sh runs: a newer attempt recorded (AWS replaced a node) stops this node's
-        part of the job, to meet the others."""
+        """While run.sh runs: a newer attempt recorded (AWS replaced a node), or a peer EC2
+        says is gone (asked every PEERS_S), stops this node's part of the job, to meet the
+        others. A reclaimed instance's connections never close: the job's collectives wait
+        for it, and would until the replacement recorded its attempt, minutes later."""
         agent, n = self.agent, self.attempt()
+        mine_id = self.ident.get("instance")
+        peers = [m["instance"] for m in self.conf.get("members") or []
+                 if m.get("instance") != mine_id]
+        asked = now()
         while agent.proc is not None and agent.proc.poll() is None:
+            why = None
             try:
                 found = newest(self.reader, self.conf["prefix"], n)
             except Failed:
                 found = n  # the store did not answer: asked again next time
-            if found > n and agent.stop_reason is None:
-                self.newer = found
-                agent.log_line("attempt %d recorded: AWS replaced a node of the job; this "
-                               "node stops its part and meets the others" % found)
-                agent.request_stop(REGROUP, "attempt %d: a node was replaced" % found,
-                                   STOP_GRACE_S)
+            if found > n:
+                why = "attempt %d recorded: AWS replaced a node of the job" % found
+            elif peers and now() - asked >= PEERS_S:
+                asked = now()
+                states, _ = auto_scaling.instance_states(self.conf, self.creds, peers)
+                gone = [p for p in peers if (states or {}).get(p) in GONE]
+                if gone:
+                    found = n + 1
+                    why = "node %s is gone (%s)" % (gone[0], states[gone[0]])
+            if why is not None and agent.stop_reason is None:
+                self.newer, self.seen_at = found, now()
+                agent.log_line("%s; this node stops its part and meets the others" % why)
+                agent.request_stop(REGROUP, why, STOP_GRACE_S)
                 return
             time.sleep(WATCH_S)
 
@@ -416,17 +437,22 @@ class Team:
         if end is None:
             return False
         if self.newer is None:
-            self.newer = self.look_for_loss()
+            self.newer, self.seen_at = self.look_for_loss(), now()
             if self.newer is None:  # a failure of the job's own
                 agent.held_end = None
                 agent.write_status(**end)
                 return False
         at_least, self.newer, agent.held_end = self.newer, None, None
+        # where a regroup's time goes, in status.json: the run's end, the loss seen (a newer
+        # attempt, a peer gone), the checkpoint stored, all nodes met, the checkpoint restored
+        timeline = {"to": at_least, "at": now(), "run_ended": end.get("ended_at"),
+                    "loss_seen": self.seen_at}
         agent.store.finish_stream(agent.store.upload_limit())  # rank 0's checkpoint first
+        timeline["stored"] = now()
         agent.write_status(state=RUNNING, ended_at=None, exit_code=None, reason=None,
-                           pid=None, regroup={"to": at_least, "at": now()})
+                           pid=None, regroup=timeline)
         try:
-            job = self.meet_again(at_least)
+            job = self.meet_again(at_least, timeline)
         except Failed as exc:
             self.final_seen = exc.code == EXIT_ENDED
             agent.write_status(state=CANCELLED if self.final_seen else FAILED, ended_at=now(),
@@ -437,11 +463,13 @@ class Team:
                                "nodes failed: %s: %s" % (type(exc).__name__, exc))
             return False
         agent.reload(job)
+        agent.write_status(regroup=timeline)
         return True
 
-    def meet_again(self, at_least):
+    def meet_again(self, at_least, timeline=None):
         """Meet the others at attempt >= at_least, take this node's part, restore the latest
-        checkpoint; the new job.json."""
+        checkpoint; the new job.json. `timeline` gets the times it met and restored."""
+        timeline = {} if timeline is None else timeline
         root, prefix = self.agent.jobdir, self.conf["prefix"]
         job = safefile.read_json(os.path.join(root, "job.json"), FILE_MAX_BYTES)
         if not isinstance(job, dict):
@@ -452,10 +480,12 @@ class Team:
                                                             self.agent.log_line),
                         say=self.agent.log_line)
         rank = next(m["rank"] for m in ranks if m["instance"] == me["instance"])
+        timeline.update(met=now(), attempt=n)
         self.agent.log_line("attempt %d: rank %d of %d, rendezvous %s:%d"
                             % (n, rank, len(ranks), ranks[0]["address"], ranks[0]["port"]))
         job, _ = self.join(self.reader, root, take_part(job, prefix, rank, ranks, me["iface"]),
                            n)
+        timeline["restored"] = now()
         return job
 
     def before_final(self):
@@ -521,7 +551,7 @@ class Team:
                                "replaced; this node meets it and runs its part again" % found)
                 end = {k: agent.status.get(k) for k in ("state", "ended_at", "exit_code",
                                                         "reason")}
-                self.newer, agent.held_end = found, end
+                self.newer, self.seen_at, agent.held_end = found, now(), end
                 if self.again():
                     return True
                 agent.write_status(**end)  # its part stands as it ended

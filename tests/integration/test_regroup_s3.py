@@ -408,3 +408,28 @@ def test_C3_three_nodes_recover_with_one_attempt_per_fault_and_succeed(moto_endp
         assert len(lab.launched) <= 3 + len(faults), lab.describe()
         assert final["attempt"] == len(lab.attempts()), lab.describe()  # ended on the last
         assert lab.step() == lab.steps and lab.errors == []
+
+
+def test_a_running_node_stops_its_part_once_ec2_says_a_peer_is_gone(lab, monkeypatch):
+    """Issue 34's timing: a reclaimed peer's connections never close, so the job's
+    collectives hang; the watch asks EC2 every PEERS_S and stops this node's part (to meet
+    the others at the next attempt) without waiting for the replacement to record it."""
+    import subprocess
+
+    from cloudtrain.host.job_status import REGROUP
+
+    (me, p1, p2), client = _ec2_instances(lab, 3)
+    team, jobdir = agent_team(lab, monkeypatch, [p1, p2], me)
+    monkeypatch.setattr(shipped_regroup(), "PEERS_S", 0.2)
+    agent = team.agent
+    agent.proc = subprocess.Popen(["sleep", "2"], start_new_session=True)
+    team.watch()  # every peer runs: the run ends by itself
+    assert agent.stop_reason is None and team.newer is None
+    agent.proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    client.terminate_instances(InstanceIds=[p2])
+    started = time.monotonic()
+    team.watch()
+    assert time.monotonic() - started < 10
+    assert agent.stop_state == REGROUP and team.newer == 3
+    assert agent.proc.wait(timeout=10) != 0  # asked to stop
+    assert f"node {p2} is gone (terminated)" in (jobdir / "output.log").read_text()

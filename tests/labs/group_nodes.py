@@ -57,7 +57,7 @@ GROUP = f"cloudtrain-{JOB_ID}"
 
 # AWS's and the host side's waits, made short (module.NAME: seconds) in every node's process.
 TIMING = {"regroup.WATCH_S": 0.2, "regroup.MEET_POLL_S": 0.2, "regroup.LOST_WAIT_S": 3.0,
-          "regroup.STOP_GRACE_S": 2.0, "regroup.END_WAIT_S": 8.0,
+          "regroup.STOP_GRACE_S": 2.0, "regroup.END_WAIT_S": 8.0, "regroup.PEERS_S": 1.0,
           "regroup.REPLACE_WAIT_S": 60.0, "regroup.MEET_WAIT_S": 30.0,
           "checkpoint_stream.LOOK_S": 0.1}
 
