@@ -6,9 +6,9 @@ bundle_reader, job_status and safefile, and nothing else of ours.
 
 The group holds N instances; AWS knows no ranks. When it replaces a lost one, the replacement's
 bootstrap.py records the next attempt (attempts/<n>.json) and meets the others; each other
-node's agent sees the new attempt (Team.watch: one GET every WATCH_S), or finds its part of
-the job failed with a peer gone (Team.look_for_loss: EC2's state of each peer), stops its part
-(the collective calls hang or fail without the lost node) and meets them too:
+node's agent sees the new attempt (Team.watch: one GET every WATCH_S) or a peer gone in EC2
+(every PEERS_S), or finds its part of the job failed with a peer gone (Team.look_for_loss),
+stops its part (the collective calls hang or fail without the lost node) and meets them too:
 
     attempts/<n>/<instance>.json   {"instance", "rank", "address", "iface", "port", "at"}: a
                                    node of attempt n (rank: its rank before; null: new)
@@ -16,7 +16,10 @@ the job failed with a peer gone (Team.look_for_loss: EC2's state of each peer), 
     attempts/<n>/leaving-<rank>.json   that node had a spot notice: it is going away
 
 Each node writes its own record through the job's grant and lists the attempt's records
-(s3:ListBucket on attempts/ only) until N are there (meet); every node then ranks them the same
+(s3:ListBucket on attempts/ only) until N are there (meet). Every node of the group holds that
+grant, so a record counts only where EC2 lists its instance in the job's group at its address
+(DescribeInstances by tag, with the role), and a node's interface is its own, never a
+record's. Every node then ranks them the same
 way (ranked: a node keeps its rank, the new ones take the free ranks in instance-id order);
 rank 0's address and port are the rendezvous. A newer attempt recorded during the wait (one
 more node lost) moves every node to it; final.json (the job has ended) ends the wait. Each node
@@ -26,7 +29,9 @@ from the same one), and runs run.sh again.
 
 At the job's end rank 0 waits (bounded) for the others' ended-<rank>.json before it records
 final.json and ends the group; the others wait for final.json and leave the power-off to the
-group's deletion (a node powering off while the group lives would be replaced).
+group's deletion (a node powering off while the group lives would be replaced). A newer
+attempt recorded before final.json (rank 0's node lost while it stored the end) brings them
+back to meet its replacement (Team.rejoin): one attempt per lost node.
 """
 
 import fcntl
@@ -328,7 +333,7 @@ class Team:
         self.agent, self.first_conf, self.reader, self.creds = agent, conf, reader, creds
         self.ident, self.join = ident, join
         self.newer = None  # the attempt the watch found recorded
-        self.seen_at = None  # when
+        self.seen_at = None  # when this node saw it (or look_for_loss found a peer gone)
         self.final_seen = False  # final.json was there already: not ours to write
         self.end_seen = False  # a rank k > 0 has waited for the job's end (rejoin)
 
