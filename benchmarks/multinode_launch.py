@@ -20,6 +20,7 @@ import os
 import statistics
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,11 +57,13 @@ def one(nodes: int, hosts: list[str]) -> dict:
                 if p["name"] in ("provisioning", "syncing", "setting-up") and \
                         p["duration"] is not None:
                     phases[p["name"]] = p["duration"]
-            running = next(p["start"] for p in timeline if p["name"] == "running")
+            at = {id(p): datetime.fromisoformat(p["start"]).timestamp()  # ISO 8601 UTC
+                  for p in timeline}
+            running = next(at[id(p)] for p in timeline if p["name"] == "running")
             phases["start"] = t0_wall + first - running
-            phases["before"] = timeline[0]["start"] - t0_wall
+            phases["before"] = at[id(timeline[0])] - t0_wall
             if os.environ.get("BENCH_VERBOSE"):
-                print([(round(p["start"] - t0_wall, 2), p["name"]) for p in timeline])
+                print([(round(at[id(p)] - t0_wall, 2), p["name"]) for p in timeline])
             cli("down", job_id, timeout=120)
             return {"first_output_s": first, "launch_s": launched, "logins": logins,
                     "phases": phases}

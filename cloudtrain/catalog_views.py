@@ -176,17 +176,17 @@ def _compile_cost_text(m: dict) -> str:
             + (f"; {m['data']}" if m.get("data") else ""))
 
 
-def plan(rows: list[tuple[str, str]]) -> str:
-    width = max(len(k) for k, _ in rows)
-    return "dry run: nothing created, nothing billed\n" + "\n".join(
-        f"  {k:<{width}}  {v}" for k, v in rows)
+def plan(rows: list[tuple[str, str]], *, width: int | None = None) -> str:
+    """The dry run's rows, each value wrapped at `width` under its column (U42: an 80-column
+    terminal split its 300-character rows mid-word); None: a row a line."""
+    keys = max(len(k) for k, _ in rows)
+    hang = " " * (keys + 4)
+    return "\n".join(["dry run: nothing created, nothing billed"] + [
+        line for k, v in rows for line in cells.wrapped(v, width, f"  {k:<{keys}}  ", hang)])
 
 
-def catalog_table(types, region: str, *, width: int | None = None, unpriced=None) -> str:
-    """Prices per hour (`$/H`), where `estimate` shows dollars per run (`$/RUN`) (D24).
-    `unpriced`: catalog.no_prices(region), said instead of an empty table (U22)."""
-    if unpriced is not None:
-        return f"{unpriced.message}: {unpriced.hint}"
+def catalog_table(types, region: str, *, width: int | None = None) -> str:
+    """Prices per hour (`$/H`), where `estimate` shows dollars per run (`$/RUN`) (D24)."""
     if not types:
         return f"no instance types match in {region}"
     rows = []
@@ -388,4 +388,6 @@ def datasets_table(rows: list[dict], *, width: int | None = None) -> str:
 
 
 def datasets_json(rows: list[dict]) -> str:
-    return json.dumps(rows, indent=1)
+    """`data ls --json`: when a dataset was last staged (`at`) in ISO 8601 UTC (U25)."""
+    return json.dumps(cells.json_times(rows, lambda k: cells.is_time_key(k) or k == "at"),
+                      indent=1)

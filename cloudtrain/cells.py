@@ -78,6 +78,39 @@ def clock(ts) -> str:
         return f"{t:.0f}"
 
 
+def iso_time(ts) -> str | None:
+    """A moment as JSON gives it: ISO 8601 in UTC to the millisecond
+    (`2026-12-01T09:30:12.345Z`); None for what is no finite time."""
+    import datetime
+
+    t = _finite(ts)
+    if t is None:
+        return None
+    try:
+        when = datetime.datetime.fromtimestamp(t, datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError):  # past what datetime holds
+        return None
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def is_time_key(key) -> bool:
+    """Whether a field holds a moment (unix seconds in cloudtrain's records): `*_at`, and
+    the launch lease's `lease_until`."""
+    return isinstance(key, str) and (key.endswith("_at") or key == "lease_until")
+
+
+def json_times(value, keys=is_time_key):
+    """`value` (dicts and lists, as a --json output holds them) with every number under a
+    time field as iso_time's text, so every --json output gives times one way."""
+    if isinstance(value, dict):
+        return {k: (iso_time(v) if keys(k) and isinstance(v, (int, float))
+                    and not isinstance(v, bool) else json_times(v, keys))
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_times(v, keys) for v in value]
+    return value
+
+
 def money(value) -> str:
     v = _finite(value)
     return shown(value) if v is None else f"${v:,.2f}"

@@ -2,7 +2,8 @@
 before a launch finds out. Like SkyPilot's `sky check` and dstack's `config`: every setting with
 its value and where it came from, then the AWS side: the region and its source, the
 credentials and where they came from, the account, the Deep Learning AMI in the region, and
-the account's GPU vCPU quotas against what the recipes launch.
+the account's GPU vCPU quotas against what the recipes launch, the job store bucket and the
+instance profile (whether a spot job is relaunched without this machine).
 
     run(region=None) -> Report                 the checks: read-only AWS calls, none without
                                                credentials
@@ -26,6 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from . import config
+from .cells import json_times
 from .errors import EXIT_FAILED, EXIT_OK, CloudError, CloudtrainError
 from .market import Market
 
@@ -129,6 +131,8 @@ def _aws(settings: config.Settings, region_flag: str | None, checks: list[Check]
     if _account(provider, region, checks) is None:
         return  # AWS refused the credentials, or cannot be reached: nothing more will answer
     _image(provider, region, checks)
+    _job_store(provider, settings, region, checks)
+    _recovery(provider, settings, region, checks)
     try:
         needs = _recipe_needs(settings, region, checks)
     except CloudtrainError as exc:  # the catalog's prices under an unusable CLOUDTRAIN_HOME
@@ -199,6 +203,88 @@ def _image(provider, region: str, checks: list[Check]) -> None:
     created = (facts["created"] or "")[:10] or "an unknown date"
     checks.append(Check("AMI", OK, f"{facts['id']} {facts['name']}, created {created}",
                         data=facts))
+
+
+STORE_HINT = "see 'The job store' in infra/README.md"
+PROFILE_HINT = ("set instance_profile: in config.yaml to a profile with the role of "
+                "infra/instance-role-policy.json (infra/README.md)")
+
+
+def _job_store(provider, settings: config.Settings, region: str, checks: list[Check]) -> None:
+    """The job store's bucket, looked at without changing anything: there and ours, not made
+    yet (the first launch makes it, where the credentials may), or one a launch cannot use."""
+    if not settings.job_store:
+        checks.append(Check("job store", WARNING, "off (job_store: false in config.yaml): a "
+                            "job's results come home only while cloudtrain watches it over "
+                            "SSH, and a spot job is relaunched only from this machine",
+                            "remove job_store: false from config.yaml; " + STORE_HINT,
+                            {"job_store": False}))
+        return
+    try:
+        bucket, there = provider.job_store_found(region)
+    except CloudtrainError as exc:
+        checks.append(_failed("job store", exc, "the job store bucket"))
+        return
+    if there:
+        checks.append(Check("job store", OK, f"s3://{bucket}: there, and ours",
+                            data={"bucket": bucket, "exists": True}))
+        return
+    checks.append(Check("job store", WARNING, f"s3://{bucket} does not exist yet: the first "
+                        "launch creates it where your credentials may (else it is an "
+                        "administrator's one-time step)",
+                        "cloudtrain check --launch makes it and tries it; " + STORE_HINT,
+                        {"bucket": bucket, "exists": False}))
+
+
+def _recovery(provider, settings: config.Settings, region: str, checks: list[Check]) -> None:
+    """Whether an interrupted spot job is relaunched without this machine (AWS Auto Scaling,
+    which needs the instance profile a replacement reads the job's bundle with, and the job
+    store it reads it from) or only while this machine is on (the supervisor here): the
+    instance profile looked up in IAM, read-only."""
+    name = settings.instance_profile
+    off = " and AWS Auto Scaling relaunches it with this machine off"
+    if not name:
+        why, hint = "no instance_profile in config.yaml", PROFILE_HINT + off
+    else:
+        why, hint = _profile(provider, region, name, checks), PROFILE_HINT + off
+    if why is None and not settings.job_store:
+        why, hint = ("job_store: false, and a replacement starts the job from the job store",
+                     "remove job_store: false from config.yaml" + off)
+    if why is None and settings.regions:
+        why, hint = ("regions: in config.yaml, which AWS Auto Scaling cannot follow",
+                     "remove regions: from config.yaml" + off)
+    if why is None:
+        checks.append(Check("spot recovery", OK, "AWS Auto Scaling relaunches an interrupted "
+                            "spot job: this machine may be off (a job with --fallback "
+                            "on-demand still needs it)", data={"without_this_machine": True}))
+        return
+    checks.append(Check("spot recovery", WARNING, "a supervisor on this machine relaunches an "
+                        f"interrupted spot job, only while this machine is on ({why})", hint,
+                        {"without_this_machine": False}))
+
+
+def _profile(provider, region: str, name: str, checks: list[Check]) -> str | None:
+    """The instance profile's row; why AWS cannot relaunch with it, or None where it can."""
+    try:
+        roles = provider.instance_profile_roles(region, name)
+    except CloudtrainError as exc:
+        checks.append(_failed("instance profile", exc, f"instance profile {name}"))
+        return f"instance profile {name} not looked at"
+    if roles is None:
+        checks.append(Check("instance profile", PROBLEM, f"{name} (instance_profile in "
+                            "config.yaml) does not exist in this account: RunInstances "
+                            "refuses a launch with it",
+                            "create it (infra/README.md), or fix the name", {"name": name}))
+        return f"instance profile {name} does not exist"
+    if not roles:
+        checks.append(Check("instance profile", PROBLEM, f"{name} has no role: its instances "
+                            "get no credentials to read the job store",
+                            "add the role of infra/instance-role-policy.json to it "
+                            "(infra/README.md)", {"name": name, "roles": []}))
+        return f"instance profile {name} has no role"
+    checks.append(Check("instance profile", OK, f"{name}, role {', '.join(roles)}",
+                        data={"name": name, "roles": roles}))
+    return None
 
 
 def _failed(name: str, exc: CloudtrainError, what: str) -> Check:
@@ -397,10 +483,11 @@ def _wrapped(text: str, width: int | None) -> list[str]:
 
 
 def to_json(report: Report) -> str:
-    return json.dumps({
-        "exit_code": exit_code(report), "problems": report.count(PROBLEM),
+    return json.dumps(json_times({
+        "ok": exit_code(report) == EXIT_OK, "exit_code": exit_code(report),
+        "problems": report.count(PROBLEM),
         "warnings": report.count(WARNING), "config_path": report.config_path,
         "settings": [{"name": s.name, "value": _value_json(s.value), "source": s.source}
                      for s in report.settings],
         "checks": [dataclasses.asdict(c) for c in report.checks],
-    }, indent=1, default=str)
+    }), indent=1, default=str)

@@ -6,8 +6,9 @@ the hint puts `--` before the command and keeps launch's own options (`--dry-run
 wherever they were typed) in front of it, so a dry run stays a dry run. With a recipe, an
 unknown `--epochs 3` is a recipe argument: the hint is `--set epochs=3`, when the recipe has
 that argument. An unknown option before any command word is just not an option of launch:
-no `--` is suggested there. Pure functions of the words; no click, no I/O but the recipe's
-arguments.
+no `--` is suggested there; a script the command names that is here adds `--workdir .`
+(U46). Pure functions of the words; no click, no I/O but the recipe's arguments and what
+the caller's `script_here` looks at.
 """
 
 from __future__ import annotations
@@ -108,9 +109,12 @@ def _recipe_argument(words: list[str], at: int, recipe: str) -> Advice:
 
 
 def unknown_option(words: list[str], option: str, options: Options,
-                   is_job_file=lambda word: False) -> Advice | None:
+                   is_job_file=lambda word: False, script_here=lambda words: None
+                   ) -> Advice | None:
     """What to say of `option`, which click does not know, in launch's `words` (everything
-    after `launch`, no `--` among them). None: click's own message is as good."""
+    after `launch`, no `--` among them). None: click's own message is as good.
+    `script_here(command)`: a script of the command that is in this directory
+    (preflight.script_here), which the hint adds `--workdir .` for (U46)."""
     at = next((i for i, w in enumerate(words) if w == option or w.startswith(option + "=")),
               None)
     if at is None:
@@ -130,6 +134,10 @@ def unknown_option(words: list[str], option: str, options: Options,
                       "a recipe argument is --set KEY=VALUE; launch's options go before or "
                       "after the job file (cloudtrain launch --help)")
     ours, theirs = _split_launch_options(words[start:], options)
-    fixed = words[:start] + ours + ["--"] + theirs
+    given = words[:start] + ours
+    if not any(w in ("--workdir", "-w") or w.startswith("--workdir=") for w in given) \
+            and script_here(theirs):  # without it the job runs in an empty directory
+        given += ["--workdir", "."]
+    fixed = given + ["--"] + theirs
     return Advice(f"{option} is not an option of cloudtrain launch; your own command goes "
                   "after --", "cloudtrain launch " + shlex.join(fixed))

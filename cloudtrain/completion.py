@@ -145,22 +145,26 @@ def set_keys(ctx, param, incomplete: str) -> list[CompletionItem]:
 
 @_quiet
 def instance_types(ctx, param, incomplete: str) -> list[CompletionItem]:
-    """The catalog's GPU instance types, with their GPUs."""
+    """The catalog's GPU instance types, with their GPUs: those the Deep Learning AMI runs on
+    (x86_64; an arm64 type is refused without an --ami built for it), all with --ami."""
     from . import catalog
 
+    any_arch = bool((ctx.params or {}).get("ami"))
     return [CompletionItem(t.name, help=f"{t.gpus:g} x {t.gpu}")
             for t in sorted(catalog.load().values(), key=lambda t: t.name)
-            if t.name.startswith(incomplete)]
+            if t.name.startswith(incomplete) and (any_arch or t.arch == catalog.DEFAULT_ARCH)]
 
 
 @_quiet
 def gpus(ctx, param, incomplete: str) -> list[CompletionItem]:
-    """`GPU:N` for every GPU and whole count the catalog has, with the types that have it."""
+    """`GPU:N` for every GPU and whole count the catalog has on types --gpus may pick (the
+    Deep Learning AMI's architecture, x86_64: T4g's arm64 g5g types are refused), with the
+    types that have it."""
     from . import catalog
 
     found: dict[str, list[str]] = {}
     for t in catalog.load().values():
-        if t.gpus >= 1 and t.gpus == int(t.gpus):
+        if t.gpus >= 1 and t.gpus == int(t.gpus) and t.arch == catalog.DEFAULT_ARCH:
             found.setdefault(f"{t.gpu}:{t.gpus:g}", []).append(t.name)
     return [CompletionItem(key, help=_help(", ".join(sorted(names))))
             for key, names in sorted(found.items())

@@ -119,6 +119,12 @@ def check_region(region: str, source: str = "") -> str:
     return region
 
 
+# The region every command takes without --region, in this order (AWSProvider.region_and_
+# source decides it): said in each --region's help, one way.
+REGION_DEFAULT = ("`region:` in config.yaml, then AWS_REGION, AWS_DEFAULT_REGION, the AWS "
+                  "profile's, else us-east-1")
+
+
 def region_error(region, source: str = "") -> UsageError:
     """The one wording, whatever the command, of a region that is not one (U20): shaped
     wrong (check_region) or unknown to EC2 (check_known_region); the nearest

@@ -290,6 +290,21 @@ def cell(key: str, value) -> str:
     return cells.number(v)
 
 
+def _drop_order(main: list[str], rows: list[dict], after: int) -> dict[str, int]:
+    """In a terminal too narrow for every column (U31: ELAPSED wrapped at 60 columns), the
+    main columns go after the `after` others: the other losses first, then the training
+    accuracies, train_loss, ELAPSED and the other accuracies; the epoch (and run) and the
+    first accuracy stay."""
+    kept = accuracy_key(rows)
+    losses = [k for k in main if is_loss(k) and k != "train_loss"]
+    trained = [k for k in main if is_accuracy(k) and k.startswith("train")]
+    accuracies = [k for k in main if is_accuracy(k) and k not in trained and k != kept]
+    order = losses[::-1] + trained[::-1] + [k for k in main if k == "train_loss"] + \
+        ["ELAPSED"] + accuracies[::-1]
+    order += [k for k in main if k not in order and k not in ("run", "epoch", kept)]
+    return {k: after + 1 + i for i, k in enumerate(order)}
+
+
 def _job_table(job: JobMetrics, width: int | None) -> list[str]:
     out = [f"job {cells.printable(job.label)}"]
     rows = job.epochs
@@ -300,9 +315,10 @@ def _job_table(job: JobMetrics, width: int | None) -> list[str]:
         runs = {r.get("run") for r in rows}
         if len(runs) < 2 and "run" in main:
             main.remove("run")  # one run (resnet9 writes run 0 always): no column for it
-        cols = [cells.Col(k.upper(), right=k != "epoch") for k in main]
+        drop = _drop_order(main, rows, len(rest))
+        cols = [cells.Col(k.upper(), right=k != "epoch", drop=drop.get(k, 0)) for k in main]
         if t0 is not None:
-            cols.append(cells.Col("ELAPSED", right=True))
+            cols.append(cells.Col("ELAPSED", right=True, drop=drop["ELAPSED"]))
         cols += [cells.Col(k.upper(), right=True, drop=len(rest) - i)
                  for i, k in enumerate(rest)]
         body = []

@@ -4,6 +4,7 @@ launch, the stager's plan, and the lines that say so.
     check_push(directory, url, ...)       `data push`'s arguments -> (folder, bucket, prefix)
     resolve(spec, settings, flags, data)  the datasets a job stages, for its spec
     preflight(spec, settings, provider)   what each holds, read before anything is created
+                                          (and whether it has the folders the job reads)
     host_plan(found, spec, ...)           the stager's plan for the host
     notes(spec, settings, found)          what to know before paying for the copies
     listing(store, settings, provider)    `data ls`
@@ -97,7 +98,24 @@ def resolve(spec, settings, flags: dict[str, Source | None],
             raise UsageError(f"dataset {name}: {source.location} is not a folder on this machine")
         out.append({**source.to_dict(), "dir": entry.get("dir") or name,
                     "size_mb": entry.get("size_mb")})
+        reads = _reads(entry, spec)
+        if reads:
+            out[-1]["reads"] = reads
     return out
+
+
+def _reads(entry: dict, spec) -> dict | None:
+    """What of the dataset the job reads (the recipe's `reads:` for its arguments), for
+    preflight to check before anything is created: {folders, within, by, prepare}."""
+    reads = entry.get("reads")
+    if not reads:
+        return None
+    by = reads["by"]
+    folders = reads["folders"].get(str(spec.args.get(by)))
+    if folders is None:
+        return None
+    return {"folders": list(folders), "within": list(reads.get("within") or [""]),
+            "by": f"{by}={spec.args.get(by)}", "prepare": reads.get("prepare") or ""}
 
 
 # -- before launch: what each dataset holds, read with the user's credentials ---------------------
@@ -149,6 +167,7 @@ def preflight(spec, settings, provider) -> list[Staged]:
                              "new instance; --on reuses one", hint="launch without --on")
         found.append(Staged(source) if source["kind"] == "path" else
                      provider.read_dataset(spec, source))
+        check_folders(found[-1], spec)
     spec.staging = {s.source["name"]: _summary(s) for s in found}
     # The copy runs inside the job's clock (the agent's max runtime, the instance's power-off
     # timer, the upload grant): it gets time of its own on top, at a pessimistic rate, as
@@ -184,6 +203,68 @@ def preflight(spec, settings, provider) -> list[Staged]:
         if copied >= STAGING_FAST_DISK_GB * 1e9:  # the copy writes at the volume's speed
             spec.disk_mbps = settings.staging_disk_mbps
     return found
+
+
+class MissingFolders(UsageError):
+    """A dataset lacks folders the job reads: the launch, and its dry run, stop on it."""
+
+
+MISSING_SHOWN = 6
+
+
+def check_folders(staged: Staged, spec) -> None:
+    """The dataset holds every folder the job reads (its `reads`, from the recipe), where
+    that can be told before launch: a path on this machine for a local job, an S3 dataset's
+    manifest folder list or objects. A MissingFolders naming them, with the command that
+    makes them, otherwise; a path on an instance or a snapshot is the recipe's to check."""
+    source, reads = staged.source, staged.source.get("reads")
+    if not reads:
+        return
+    if source["kind"] == "path" and spec.backend == "local":
+        def has(folder: str) -> bool | None:
+            return os.path.isdir(os.path.join(source["location"], *folder.split("/")))
+    elif source["kind"] == "s3" and staged.contents is not None:
+        has = staged.contents.has_folder
+    else:
+        return
+    missing, lacking = [], []
+    for top in reads["folders"]:
+        gaps = [p for p in (_join(top, w) for w in reads["within"]) if has(p) is False]
+        missing += gaps
+        if gaps:
+            lacking.append(top)
+    if not missing:
+        return
+    shown_ = ", ".join(missing[:MISSING_SHOWN]) + (
+        f" and {len(missing) - MISSING_SHOWN} more" if len(missing) > MISSING_SHOWN else "")
+    raise MissingFolders(f"dataset {source['name']} at {source['location']} has no {shown_}, "
+                         f"which recipe {spec.recipe} with {reads['by']} reads",
+                         hint=_prepare_hint(reads["prepare"], lacking, source))
+
+
+def _join(top: str, below: str) -> str:
+    return "/".join(p for p in (top, below) if p)
+
+
+def _prepare_hint(template: str, lacking: list[str], source: dict) -> str | None:
+    """The recipe's prepare command for the folders it lacks: each `{name}` the numbers of
+    the lacking `name/N` folders (`--sizes {sz}` -> `--sizes 40,88`; '' for none); DEST the
+    dataset's path here, or DEST then pushed to its S3 prefix."""
+    import re
+    import shlex
+
+    if not template:
+        return None
+
+    def numbers(match) -> str:
+        found = [f.split("/", 1)[1] for f in lacking
+                 if f.split("/", 1)[0] == match.group(1) and "/" in f]
+        return ",".join(found) or "''"
+
+    line = re.sub(r"\{(\w+)\}", numbers, template)
+    if source["kind"] == "path":
+        return line.replace("DEST", shlex.quote(source["location"]))
+    return f"{line}, then cloudtrain data push DEST {source['location']}"
 
 
 def copy_bytes(spec) -> int:
@@ -227,6 +308,13 @@ def notes(spec, settings, found: list[Staged]) -> list[str]:
             out.append(f"dataset {d['name']}: its bucket is in {info['region']}, the instance "
                        f"in {instance_region}: the copy crosses regions (slower, and about "
                        f"${INTER_REGION_USD_PER_GB * gb:.2f} of transfer for {gb:.1f} GB)")
+    for s in found:  # a manifest pushed before folders were listed (check_folders could not)
+        if s.source.get("reads") and s.contents is not None and \
+                s.contents.has_folder("") is None:
+            out.append(f"dataset {s.source['name']}: its manifest lists no folders (pushed "
+                       "by an older cloudtrain), so whether it has what the job reads is "
+                       f"found out on the instance; `cloudtrain data push DIR "
+                       f"{s.source['location']}` again lists them")
     if any(d["kind"] == "s3" for d in spec.datasets) and not (
             spec.backend == "aws" and settings.instance_profile) and \
             any(s.temporary for s in found):
@@ -324,6 +412,9 @@ def staged_line(staging: dict) -> str:
     for d in staging.get("datasets") or []:
         if d.get("state") == "skipped":
             parts.append(f"{d['name']} already on the host")
+            continue
+        if d.get("kind") == "path" and not d.get("files_done"):  # linked, nothing read
+            parts.append(f"{d['name']} linked, not copied")
             continue
         secs = d.get("seconds")
         text = f"{d['name']} {_gb(d.get('bytes_done'))}, {d.get('files_done') or 0:,} files"

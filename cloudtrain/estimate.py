@@ -308,7 +308,7 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     basis = published_basis(recipe, args, profile)
     note = profile_note(recipe, profile)
     over = overheads(store)
-    disk, gp3_month, notes = _disk(recipe, region, disk_gb, staging_bytes, disk_mbps)
+    disk, gp3_month, notes = _disk(recipe, region, disk_gb, staging_bytes, disk_mbps, profile)
     rows, unmeasured_compile = [], []
     nodes = max(1, int(nodes or 1))
     on = f"{nodes} x {{}}" if nodes > 1 else "{}"
@@ -381,10 +381,10 @@ def _minutes(seconds: float) -> str:
 
 
 def _disk(recipe, region: str, disk_gb: int | None, staging_bytes: int,
-          disk_mbps: int) -> tuple[int, float, list[str]]:
+          disk_mbps: int, profile: str | None = None) -> tuple[int, float, list[str]]:
     """(the root volume's GB, its gp3 USD per GB-month with the throughput bought beyond
-    the base, the notes on that price)."""
-    disk = int(disk_gb or recipe.resources.get("disk_gb", 100))
+    the base, the notes on that price); `profile`: a profile's own disk (a smoke run's)."""
+    disk = int(disk_gb or recipe.resources_for(profile).get("disk_gb", 100))
     if staging_bytes:  # the copies need room (datasets.preflight sizes the disk the same way)
         from .datasets import disk_needed
 

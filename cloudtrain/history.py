@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from . import state
-from .config import shown
+from .config import shown, suggest
 from .errors import NotFound, UsageError
 from .state import Job, JobQuery, Store
 
@@ -91,8 +91,8 @@ def parse_filters(states: tuple[str, ...] | list[str] = (),
         for s in str(given).split(","):
             s = s.strip().lower()
             if s not in STATES:
-                raise UsageError(f"--state {shown(given)}: not a job state; the states are "
-                                 + ", ".join(STATES))
+                raise UsageError(f"--state {shown(given)}: not a job state{suggest(s, STATES)}; "
+                                 "the states are " + ", ".join(STATES))
             if s not in wanted:
                 wanted.append(s)
     given_recipes = (recipe,) if isinstance(recipe, str) else tuple(recipe or ())

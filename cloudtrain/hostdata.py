@@ -73,7 +73,19 @@ def clean_report(report: object) -> dict:
             "metrics": clean_row(report.get("metrics")),
             "target": clean_row(report.get("target")),
             "runs": clean_row(report.get("runs")),
-            "staging": clean_staging(report.get("staging"))}
+            "staging": clean_staging(report.get("staging")),
+            "setup": clean_setup(report.get("setup"))}
+
+
+SETUP_STATES = ("running", "done", "failed")
+
+
+def clean_setup(value: object) -> dict | None:
+    """run.sh's word on the job file's setup (setup-status.json): its state and times."""
+    if not isinstance(value, dict) or value.get("state") not in SETUP_STATES:
+        return None
+    return {"state": value["state"], "started_at": finite(value.get("started_at")),
+            "ended_at": finite(value.get("ended_at"))}
 
 
 STAGING_STATES = ("staging", "staged", "failed")

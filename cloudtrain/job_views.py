@@ -39,15 +39,27 @@ def status_table(jobs: list[Job], now: float | None = None, *, width: int | None
                      age(job.created_at, now), duration(runtime(job, now)),
                      "data" if job.state == "staging" else epoch_text(m),
                      number(m.get("train_loss", m.get("loss"))),
-                     pct(m.get("test_acc", m.get("accuracy"))), job_cost(job)])
+                     pct(m.get(accuracy_key(job, m))), job_cost(job)])
     return grid(STATUS_COLUMNS, rows, width=width, color=color, styles={"STATE": state_style})
 
 
+def accuracy_key(job: Job, metrics: dict) -> str:
+    """The ACC column's metric: the recipe's target metric where the row has it (imagenet's
+    top5, as `status JOB` and `plot` show), else test_acc, else accuracy."""
+    target = (job.spec or {}).get("target")
+    metric = target.get("metric") if isinstance(target, dict) else None
+    if isinstance(metric, str) and metric in metrics:
+        return metric
+    return "test_acc" if "test_acc" in metrics else "accuracy"
+
+
 def job_json(job: Job, now: float | None = None) -> dict:
+    """A job as --json gives it: its times in ISO 8601 UTC (U25); its metrics row as the job
+    wrote it."""
     now = time.time() if now is None else now
     data = dataclasses.asdict(job)
     data["runtime_s"] = runtime(job, now)
-    return data
+    return {**cells.json_times(data), "metrics": data["metrics"]}
 
 
 def jobs_json(jobs: list[Job]) -> str:
@@ -59,10 +71,11 @@ def detail_json(job: Job, phases, log_tail: bytes, target: dict | None,
                 runs: dict | None = None, attempts: list[dict] | None = None,
                 recovery: dict | None = None) -> str:
     data = job_json(job)
-    data["timeline"] = [dataclasses.asdict(p) for p in phases]
+    data["timeline"] = [{**dataclasses.asdict(p), "start": cells.iso_time(p.start)}
+                        for p in phases]
     data["target"] = target
     data["runs"] = runs
-    data["attempts"] = attempts or []
+    data["attempts"] = cells.json_times(attempts or [])
     data["recovery"] = recovery
     from .nodes import records
 
@@ -134,15 +147,17 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
         out.append(f"  runs      {runs.get('runs')}: mean {pct(runs.get('mean_acc'))} (sd "
                    f"{pct(runs.get('std_acc'))}), {runs.get('reached')} of {runs.get('runs')} "
                    f"reached {pct(runs.get('target'))}")
-    if job.jobdir:
-        out.append(f"  jobdir    {job.jobdir}")
+    if job.jobdir:  # U52: a path on the instance until the job's files come home
+        remote = isinstance(job.host, dict) and job.host.get("kind") not in (None, "LocalHost")
+        out.append(f"  jobdir    {'on the instance: ' if remote else ''}{job.jobdir}")
     if attempts and (len(attempts) > 1 or (job.spec or {}).get("recover")):
         out += attempts_lines(attempts, recovery or {}, width=width)
     out += nodes_lines(job, width=width)
     out.append("  timeline")
-    for ph in phases:
+    for ph in phases:  # U53: after the job's end nothing is "(now)" (its outputs, collected)
         took = "" if ph.name in ("succeeded", "failed", "cancelled", "preempted") else (
-            duration(ph.duration) if ph.duration is not None else "(now)")
+            duration(ph.duration) if ph.duration is not None else
+            "(now)" if job.active else "")
         out.append(f"    {ph.name:<13} {clock(ph.start)}  {took:<8} {ph.detail or ''}".rstrip())
     if log_tail:
         title = "last output" if job.state != "failed" else "last output (failed)"
@@ -282,7 +297,7 @@ def supervisor_line(info: dict, needed: bool = True) -> str:
 
 
 def supervisor_json(info: dict) -> str:
-    return json.dumps(info, indent=1)
+    return json.dumps(cells.json_times(info), indent=1)
 
 
 def _metric(key, value) -> str:
@@ -301,19 +316,20 @@ CLOUD_COLS = [Col("INSTANCE"), Col("REGION", drop=2), Col("TYPE", drop=3), Col("
 
 
 def cloud_instances(found: list[dict], now: float | None = None, width: int | None = None,
-                    sweep=None) -> str:
+                    sweep=None, listed: bool = False) -> str:
     """`status --refresh`: the instances tagged cloudtrain, then (with the Sweep that found
-    them) each region that could not be checked and the regions that were. "No instance is
-    running" is said only when every region answered (F28)."""
+    them) each region that could not be checked and how many were; `listed` (--wide): which
+    (U54: 34 names on every refresh). "No instance is running" is said only when every
+    region answered (F28)."""
     now = time.time() if now is None else now
     live = [f for f in found if f["state"] != "terminated"]
     unchecked = dict(getattr(sweep, "unchecked", None) or {})
     regions = list(getattr(sweep, "regions", None) or [])
-    checked = ""  # "34 regions checked (how they were chosen): a, b, ..."
+    checked = ""  # "34 regions checked (how they were chosen)[: a, b, ...]"
     if regions:
         other = " other" if unchecked else ""
         checked = (f"{len(regions)}{other} region{'s' if len(regions) != 1 else ''} checked "
-                   f"({sweep.chosen_by}): {', '.join(regions)}")
+                   f"({sweep.chosen_by})" + (f": {', '.join(regions)}" if listed else ""))
     lines = []
     if live:
         rows = [[f["instance"], f["region"], f["type"] or "-", f["state"], f["job"] or "-",
@@ -340,10 +356,13 @@ def cloud_instances(found: list[dict], now: float | None = None, width: int | No
     return "\n".join(lines)
 
 
-def stop_outcomes(outcomes: list) -> str:
-    """`down`: one line per job or instance, then where the cloud was looked at. "no active
-    jobs" is an all-clear only when every region could be checked (F28)."""
-    lines = [f"{o.ref}: {o.note}" for o in outcomes]
+def stop_outcomes(outcomes: list, listed: bool = False) -> str:
+    """`down`: one line per job or instance, then where the cloud was looked at: how many
+    regions, and with `listed` (--wide) which (U54). "no active jobs" is an all-clear only
+    when every region could be checked (F28)."""
+    lines = [f"{o.ref}: {o.note}" + (f": {', '.join(o.regions)}"
+                                     if listed and getattr(o, "regions", ()) else "")
+             for o in outcomes]
     if not any(o.kind != "sweep" for o in outcomes):
         lines.insert(0, "no active jobs" if all(o.ok for o in outcomes) else
                      "no active jobs in this store; not every region could be checked: "

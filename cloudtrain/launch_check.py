@@ -39,6 +39,7 @@ from types import SimpleNamespace
 from typing import Callable
 
 from . import config, progress, state
+from .cells import json_times
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CloudError, CloudtrainError, \
     HostError, UsageError
 from .launch_check_steps import Check, Report, Step, Steps, Stopped, failed
@@ -525,9 +526,9 @@ def render_end(report: Report) -> str:
 
 def to_json(report: Report) -> str:
     steps = [dict(dataclasses.asdict(s), seconds=round(s.seconds, 3)) for s in report.steps]
-    return json.dumps({
+    return json.dumps(json_times({
         "ok": report.ok, "exit_code": exit_code(report), "region": report.region,
         "instance_type": report.instance_type, "price_per_hour": report.price_per_hour,
         "job": report.job_id, "cost_usd": report.cost_usd, "interrupted": report.interrupted,
         "steps": steps,
-    }, indent=1, default=str)
+    }), indent=1, default=str)

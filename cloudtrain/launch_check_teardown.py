@@ -63,7 +63,12 @@ def _cleaned(c: Check, job) -> tuple[str, dict]:
     if job is not None:
         deadline = time.monotonic() + GONE_WAIT_S
         while True:  # a terminated instance's volume takes a moment to go
-            left = {k: v for k, v in provider.leftovers(region, job.id).items() if v}
+            try:
+                left = {k: v for k, v in provider.leftovers(region, job.id).items() if v}
+            except CloudtrainError as exc:  # AWS could not be asked: said, then the bill
+                raise CloudtrainError(f"could not verify the cleanup: {exc.message}",
+                                      hint="cloudtrain down --all finds and stops what is left "
+                                           "by its tags") from exc
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(min(c.settings.poll_seconds, 5.0))

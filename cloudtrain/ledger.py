@@ -287,8 +287,10 @@ def report_json(rows: list[Row], total: Row, by: str) -> str:
             data.pop("local")
         return {name: data.pop("key"), **data}
 
-    return json.dumps({"by": by, "rows": [row(r) for r in rows], "total": row(total)},
-                      indent=1)
+    from .cells import json_times  # a job's created_at in ISO 8601 UTC (U25)
+
+    return json.dumps(json_times({"by": by, "rows": [row(r) for r in rows],
+                                  "total": row(total)}), indent=1)
 
 
 def report_csv(rows: list[Row], total: Row, by: str) -> str:

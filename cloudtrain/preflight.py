@@ -163,11 +163,7 @@ def own_command(command: list[str], workdir: str | None, cwd: str | None = None,
     # U11: a job file's user is told the key to write, a typed command's the flag
     flag, file = ("workdir:", origin.split(":", 1)[0]) if origin else ("--workdir", None)
     for word in words:
-        if word.startswith(("-", "/", "~", "$")) or "=" in word or \
-                any(c.isspace() for c in word):  # an option, a variable, shell code (-c '...')
-            continue
-        script = word.lower().endswith(SCRIPT_SUFFIXES) or word.startswith("./")
-        if not script:
+        if not _script_path(word):
             continue
         if base is not None:
             if not (base / word).exists():
@@ -199,6 +195,21 @@ def _below(path: Path, base: str) -> str | None:
         return str(Path(path).resolve().relative_to(Path(base).resolve()))
     except ValueError:
         return None
+
+
+def _script_path(word: str) -> bool:
+    """Whether a word of a command names a script relative to where the job runs (not an
+    option, a variable, an absolute path or shell code such as -c '...')."""
+    if word.startswith(("-", "/", "~", "$")) or "=" in word or any(c.isspace() for c in word):
+        return False
+    return word.lower().endswith(SCRIPT_SUFFIXES) or word.startswith("./")
+
+
+def script_here(command: list[str], cwd: str | None = None) -> str | None:
+    """The first script a command names that is in `cwd` (default: here): the job needs
+    --workdir . to have it (own_command refuses it without)."""
+    cwd = cwd or os.getcwd()
+    return next((w for w in command if _script_path(w) and Path(cwd, w).exists()), None)
 
 
 def _not_a_command(word: str, places: list[Path], at: str) -> None:

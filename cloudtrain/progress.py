@@ -51,6 +51,11 @@ class Reporter:
         if self._say is not None:
             self._say(line)
 
+    def info(self, line: str) -> None:
+        """A note only for the user's information (where the results go): said as any
+        note, except by a quiet launch (Quiet)."""
+        self.note(line)
+
     def close(self) -> None:
         """The launch has returned or failed: stop any live display."""
 
@@ -175,12 +180,20 @@ class Live(Lines):
             self.live.stop()
 
 
+class Quiet(Reporter):
+    """`launch -q`: the warnings and remarks that matter are said through `say`; a note
+    only for information is not (U45: -q printed where the results go on AWS)."""
+
+    def info(self, line: str) -> None:
+        pass
+
+
 def for_launch(quiet: bool, say: Callable[[str], None]) -> Reporter:
     """The reporter `launch` uses: notes only with --quiet (through `say`); a live display
     when stderr is a terminal; plain lines otherwise, and also with --debug, whose log lines
     would fight with a live display."""
     if quiet:
-        return Reporter(say)
+        return Quiet(say)
     debug_log = bool(logging.getLogger().handlers)
     if sys.stderr.isatty() and not debug_log:
         try:

@@ -5,11 +5,12 @@ recipe.yaml:
     name, description, entry (the script, relative to the recipe folder),
     requires (Python modules the job imports), arguments (each: type int|float|bool|str|choice,
     default (null = not passed), help, choices for `choice`), profiles (each: description,
-    set: {argument: value}), resources (gpus_per_node, nodes, gpu (the GPU model its published
+    set: {argument: value}, resources: its own disk_gb and max_runtime_minutes), resources (gpus_per_node, nodes, gpu (the GPU model its published
     results used, for picking a default instance), launcher (python | torchrun: one process
     per GPU on the host), disk_gb, max_runtime_minutes),
-    data (name, source, size_mb), target (metric, value), published (result, time, hardware,
-    source, and which variant; for estimates: gpu, gpus, seconds, accuracy, runs).
+    data (name, source, size_mb, reads: the folders each variant reads), target (metric,
+    value), published (result, time, hardware, source, and which variant; for estimates:
+    gpu, gpus, seconds, accuracy, runs).
 An argument named `gpus` is the number of GPUs (processes) the recipe's arguments are set
 up for: a job then needs exactly that many on one host. `resources.gpus_per_variant`
 ({variant: N}) gives the default count per variant (`--procs` overrides it);
@@ -135,6 +136,22 @@ class Recipe:
     # Arguments a checkpoint is tied to: `--resume-from` refuses a run that changes one,
     # before launch (the script would refuse only once it runs).
     resume_must_match: list[str] = field(default_factory=list)
+
+    def resources_for(self, profile: str | None) -> dict:
+        """The resources a run with `profile` plans with: the recipe's, with what the
+        profile sets of its own (a smoke run's disk and max runtime, not the full run's)."""
+        own = (self.profiles.get(profile) or {}).get("resources") if profile else None
+        return {**self.resources, **(own or {})}
+
+    def target_for(self, values: dict) -> dict:
+        """The run's target for these arguments, {metric, value, ...}: the variant's own
+        where it has one (imagenet's ffcv-rn50-*: FFCV's top-1), else the recipe's; {}
+        without one."""
+        target = self.target or {}
+        variant = values.get("variant")
+        own = (target.get("per_variant") or {}).get(variant) if isinstance(variant, str) \
+            else None
+        return dict(own or {k: v for k, v in target.items() if k != "per_variant"})
 
     def compile_costs(self) -> list[dict]:
         """The measured entries that say what compile=true costs before the first step."""
@@ -359,8 +376,13 @@ def _arguments(doc: dict, path: Path) -> dict[str, Argument]:
     return arguments
 
 
+PROFILE_RESOURCES = ("disk_gb", "max_runtime_minutes")  # what a profile may plan with itself
+
+
 def _profiles(doc: dict, arguments: dict[str, Argument], path: Path) -> dict:
-    """`profiles:`, each setting known arguments (their values parsed as those arguments)."""
+    """`profiles:`, each setting known arguments (their values parsed as those arguments),
+    and perhaps `resources:` of its own (PROFILE_RESOURCES: a smoke run is planned with its
+    own disk and max runtime)."""
     profiles = _optional(doc, "profiles", dict, path, "a mapping of profile: settings", {})
     for prof_name, prof in profiles.items():
         if not isinstance(prof_name, str):
@@ -379,6 +401,13 @@ def _profiles(doc: dict, arguments: dict[str, Argument], path: Path) -> dict:
                 sets[key] = arguments[key].parse(value, f"{path}: profile {prof_name}:")
             except UsageError as exc:
                 raise ConfigError(exc.message) from None
+        own = _optional(prof, "resources", dict, path, f"a mapping (profile '{prof_name}')", {})
+        if set(own) - set(PROFILE_RESOURCES):
+            raise ConfigError(f"{path}: profile '{prof_name}': resources may set "
+                              f"{' and '.join(PROFILE_RESOURCES)}, not "
+                              f"{', '.join(sorted(set(own) - set(PROFILE_RESOURCES)))}")
+        _numbers(own, PROFILE_RESOURCES, path, f"profiles.{prof_name}.resources",
+                 RESOURCE_LIMITS)
     return profiles
 
 
@@ -470,6 +499,33 @@ def _check_data(data: list[dict], arguments: dict, path: Path) -> None:
         if not isinstance(folder, str) or not datasources.NAME.fullmatch(folder.lower()):
             raise ConfigError(f"{where}: dir must be one folder name below the data dir")
         _numbers(entry, ("size_mb",), path, f"data[{i}]")
+        if entry.get("reads") is not None:
+            _check_reads(entry["reads"], arguments, f"{where}: reads")
+
+
+def _check_reads(reads, arguments: dict, where: str) -> None:
+    """A `data:` entry's `reads:`, the folders of the dataset the job reads, checked before
+    a launch: `by` (the argument that picks them, e.g. variant), `folders` ({value: [folder,
+    ...]}, "" the dataset's top), `within` (sub-folders each of them must have, e.g. [train,
+    val]), `prepare` (the command that makes missing ones: SRC and DEST as given, each
+    `{name}` the numbers of the missing `name/N` folders, e.g. `--sizes {sz}`)."""
+    def paths(value) -> bool:
+        return isinstance(value, list) and all(
+            isinstance(f, str) and (f == "" or (f.strip("/") == f and ".." not in f.split("/")))
+            for f in value)
+
+    if not isinstance(reads, dict) or set(reads) - {"by", "folders", "within", "prepare"}:
+        raise ConfigError(f"{where} must be a mapping of by, folders, within and prepare")
+    if reads.get("by") not in arguments:
+        raise ConfigError(f"{where}.by must name an argument of this recipe")
+    folders = reads.get("folders")
+    if not isinstance(folders, dict) or not all(paths(v) for v in folders.values()):
+        raise ConfigError(f"{where}.folders must map each value of {reads['by']} to a list of "
+                          "relative folders (\"\" the dataset's top)")
+    if not paths(reads.get("within", [""])):
+        raise ConfigError(f"{where}.within must be a list of relative folders")
+    if not isinstance(reads.get("prepare", ""), str):
+        raise ConfigError(f"{where}.prepare must be a command line")
 
 
 def _candidates() -> dict[str, Path]:

@@ -73,6 +73,9 @@ class JobSpec:
     on_job: str | None = None  # run on that (kept) job's instance instead of a new one
     cpu_only: bool = False  # an instance type without a GPU, on purpose (else refused)
     expected: dict | None = None  # the estimate shown before launch: train_s, total_s, usd
+    # A recipe's target for these arguments ({metric, value}: imagenet's top5 0.93), kept with
+    # the job so that `status` shows that metric without reading the recipe again.
+    target: dict | None = None
     # Workdir paths (gitignore-style patterns) synced although they look like credentials
     # (.aws/, .ssh/, .env, *.pem, $CLOUDTRAIN_HOME), which the sync otherwise always leaves out.
     include: list[str] = field(default_factory=list)
@@ -464,11 +467,13 @@ def _recipe_spec(o: LaunchOptions, backend: str, placement: dict, workdir: str |
     nodes = o.nodes or (rec.nodes_published(args) if new_hosts else 1)
     if new_hosts:
         _place_recipe(rec, args, placement, settings, nodes)
-    minutes = o.max_runtime or rec.resources.get("max_runtime_minutes") \
+    resources = rec.resources_for(profile)  # a smoke run plans with its own disk and time
+    minutes = o.max_runtime or resources.get("max_runtime_minutes") \
         or settings.max_runtime_minutes
     return JobSpec(kind=RECIPE, backend=backend, name=o.name, recipe=rec.name, profile=profile,
                    args=args, workdir=workdir, max_runtime_s=float(minutes) * 60,
-                   resources=dict(rec.resources), requires=list(rec.requires),
+                   resources=resources, requires=list(rec.requires),
+                   target=rec.target_for(args) or None,
                    resume_from=o.resume_from, procs=procs, gpus_needed=needed,
                    gpus_exact=rec.gpus_exact(args), include=list(o.include), nodes=nodes,
                    **placement)

@@ -7,7 +7,8 @@ that many `cloudtrain` processes can read while one writes; every write is a sho
 
 This module holds the job states, the records (Job, Instance, Attempt, Event, JobQuery) and
 the Store that reads and writes them; the schema's migrations are in state_schema, how a
-column's value is read and written in state_columns. It imports only those, config and errors.
+column's value is read and written in state_columns, whether a failing file is unusable in
+state_check. It imports only those, config and errors.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import time
 from pathlib import Path
 
 from .config import private_file, shown
-from .errors import CloudtrainError, NotFound, UsageError
+from .errors import NotFound, UsageError
 from .state_columns import bindable, cached_metrics, json_column, read_row
+from .state_check import check_database, database_error  # noqa: F401  (the CLI's too)
 from .state_schema import MIGRATIONS, SCHEMA_VERSION
 
 # Job states, in lifecycle order. A job is "active" until it reaches a terminal state.
@@ -36,6 +38,14 @@ ACTIVE_STATES = (PENDING, PROVISIONING, SYNCING, SETTING_UP, STAGING, RUNNING, R
 TERMINAL_STATES = (SUCCEEDED, FAILED, PREEMPTED, CANCELLED)
 
 BUSY_TIMEOUT_S = 30.0
+
+
+def on_host(job) -> bool:
+    """Whether what runs of `job` is on its host, for a probe to read: the data staged, the
+    job file's setup (`setting-up` once the launch is over: no launcher holds its lease; during
+    the launch `setting-up` is the launcher's own work), the command."""
+    return job.state in (STAGING, RUNNING) or (
+        job.state == SETTING_UP and job.lease_until is None and bool(job.jobdir))
 
 
 # When a job finished: its end, else (a row without one) its creation (index jobs_finished_at).
@@ -144,23 +154,6 @@ class Instance:
     terminated_at: float | None
     price_per_hour: float | None
     details: dict | None
-
-
-def database_error(path: Path, exc: sqlite3.Error) -> CloudtrainError:
-    """What a failing state database means to the user, in one line with what to do."""
-    code = getattr(exc, "sqlite_errorname", "")
-    if code in ("SQLITE_BUSY", "SQLITE_LOCKED") or "locked" in str(exc):
-        return CloudtrainError(f"{path} is locked by another cloudtrain process ({exc})",
-                               hint="try again when it is done")
-    if code == "SQLITE_FULL":
-        return CloudtrainError(f"cannot write {path}: the disk is full")
-    if code in ("SQLITE_CANTOPEN", "SQLITE_READONLY", "SQLITE_PERM", "SQLITE_AUTH") or \
-            code.startswith("SQLITE_IOERR"):
-        return UsageError(f"cannot use {path}: {exc}",
-                          hint="check that the file and its folder are yours and writable")
-    return UsageError(f"{path} is not a usable cloudtrain database: {exc}",
-                      hint=f"move it aside (mv {path} {path}.broken) or restore it from a "
-                           "backup; cloudtrain then starts a new, empty one")
 
 
 class Store:
@@ -444,10 +437,26 @@ class Store:
     # -- events -------------------------------------------------------------------------
 
     def add_event(self, job_id: str, phase: str, *, at: float | None = None,
-                  detail: str | None = None) -> None:
+                  detail: str | None = None, once: bool = False) -> bool:
+        """Record an event; with `once`, only if the job has no event of this phase and
+        detail yet (a fact that several processes may notice at the same time is said once).
+        Returns whether it was recorded."""
         with self.transaction() as db:
-            db.execute("INSERT INTO events (job_id, phase, at, detail) VALUES (?, ?, ?, ?)",
-                       (job_id, phase, time.time() if at is None else at, detail))
+            return self._add_event(db, job_id, phase, time.time() if at is None else at,
+                                   detail, once)
+
+    @staticmethod
+    def _add_event(db: sqlite3.Connection, job_id: str, phase: str, at: float,
+                   detail: str | None, once: bool) -> bool:
+        if once:
+            cur = db.execute(
+                "INSERT INTO events (job_id, phase, at, detail) SELECT ?, ?, ?, ? WHERE NOT "
+                "EXISTS (SELECT 1 FROM events WHERE job_id = ? AND phase = ? AND detail IS ?)",
+                (job_id, phase, at, detail, job_id, phase, detail))
+        else:
+            cur = db.execute("INSERT INTO events (job_id, phase, at, detail) VALUES "
+                             "(?, ?, ?, ?)", (job_id, phase, at, detail))
+        return cur.rowcount == 1
 
     def events(self, job_id: str) -> list[Event]:
         rows = self.db.execute(
@@ -457,14 +466,22 @@ class Store:
 
     # -- instances ----------------------------------------------------------------------
 
-    def add_instance(self, instance: Instance) -> None:
+    def add_instance(self, instance: Instance, event: tuple[str, str] | None = None) -> bool:
+        """Record an instance, and with it `event` (phase, detail); nothing where the store
+        knows that instance already (another process recorded it first: the store's
+        attempts are learnt by `status` and the supervisor at once). Returns whether it was
+        recorded."""
         values = dataclasses.asdict(instance)
         values["details"] = values["details"] or None
         with self.transaction() as db:
-            db.execute(
-                "INSERT INTO instances (%s) VALUES (%s)"
+            cur = db.execute(
+                "INSERT INTO instances (%s) VALUES (%s) ON CONFLICT (id) DO NOTHING"
                 % (", ".join(values), ", ".join("?" * len(values))),
                 tuple(bindable(v) for v in values.values()))
+            added = cur.rowcount == 1
+            if added and event is not None:
+                self._add_event(db, instance.job_id, event[0], time.time(), event[1], False)
+        return added
 
     def update_instance(self, instance_id: str, **fields) -> None:
         columns = ", ".join(f"{key} = ?" for key in fields)
@@ -501,7 +518,8 @@ class Store:
         values = {"job_id": job_id, "n": int(n),
                   "started_at": time.time() if started_at is None else started_at, **fields}
         with self.transaction() as db:
-            cur = db.execute("INSERT OR IGNORE INTO attempts (%s) VALUES (%s)" % (
+            cur = db.execute("INSERT INTO attempts (%s) VALUES (%s) "
+                             "ON CONFLICT (job_id, n) DO NOTHING" % (
                 ", ".join(values), ", ".join("?" * len(values))),
                 tuple(bindable(v) for v in values.values()))
         return cur.rowcount == 1

@@ -136,3 +136,28 @@ def _migration_6(db: sqlite3.Connection) -> None:
 MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5,
               _migration_6]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def schema_problem(db: sqlite3.Connection) -> str | None:
+    """How the database's schema differs from the one the migrations write (its version, a
+    table or a column missing), or None where it is that schema (extra tables or columns
+    are allowed: a newer cloudtrain may add them)."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version < SCHEMA_VERSION:
+        return f"schema version {version}, not {SCHEMA_VERSION}"
+    want = sqlite3.connect(":memory:")
+    try:
+        for migration in MIGRATIONS:
+            migration(want)
+        for (table,) in want.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                     "AND name NOT LIKE 'sqlite_%' ORDER BY name"):
+            have = {r[0] for r in db.execute("SELECT name FROM pragma_table_info(?)", (table,))}
+            if not have:
+                return f"no table {table}"
+            missing = sorted({r[0] for r in want.execute(
+                "SELECT name FROM pragma_table_info(?)", (table,))} - have)
+            if missing:
+                return f"table {table} has no column {', '.join(missing)}"
+    finally:
+        want.close()
+    return None

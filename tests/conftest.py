@@ -326,15 +326,17 @@ def pytest_terminal_summary(terminalreporter):
           "anything billing")
 
 
-def tiny_prepared_imagenet(base: Path, seed: int) -> Path:
+def tiny_prepared_imagenet(base: Path, seed: int, sizes=(40, 88), classes: int = 3) -> Path:
     """A small ImageNet tree in the prepared layout (train/, val/, sz/40/, sz/88/: what the
-    imagenet recipe's tiny variant reads), made with the real prepare code: base/imagenet."""
+    imagenet recipe's tiny variant reads), made with the real prepare code: base/imagenet,
+    from the official layout in base/src. `sizes`: the resized copies (data prepare's
+    default is 160 and 352, which the tiny variant does not read)."""
     sys.path.insert(0, str(REPO / "recipes"))
     from common import imagenet_files
 
-    imagenet_files.write_synthetic_official(base / "src", classes=3, train_per_class=6,
+    imagenet_files.write_synthetic_official(base / "src", classes=classes, train_per_class=6,
                                             val_per_class=2, seed=seed)
-    imagenet_files.prepare_imagenet(base / "src", base / "imagenet", sizes=(40, 88), workers=1)
+    imagenet_files.prepare_imagenet(base / "src", base / "imagenet", sizes=sizes, workers=1)
     return base / "imagenet"
 
 

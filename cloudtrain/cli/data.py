@@ -106,8 +106,8 @@ def data_prepare(dataset, src, dest, sizes, max_sides, quality, workers, blackli
               help="Target size of each tar shard (a larger file is a shard of its own).")
 @click.option("--workers", type=int, default=8, show_default=True,
               help="Shards made and uploaded at a time (each a temporary file while it goes).")
-@click.option("--region", callback=region_name, help="The bucket's AWS region (default: the AWS "
-              "profile's, or config.yaml's).")
+@click.option("--region", callback=region_name, help="The bucket's AWS region (default: "
+              f"{config.REGION_DEFAULT}).")
 def data_push(directory, url, shard_mb, workers, region) -> None:
     """Upload the prepared tree DIR to S3 as tar shards plus a manifest (resumable).
 

@@ -71,7 +71,8 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
             from ..lifecycle import stop
 
             swept = stop.reconcile(store)
-            text = job_views.cloud_instances(swept.found, width=table_width(wide), sweep=swept)
+            text = job_views.cloud_instances(swept.found, width=table_width(wide), sweep=swept,
+                                             listed=wide)
             if not as_json:
                 click.echo(text)
             elif swept.unchecked:  # the JSON is the jobs; what was not checked goes to stderr

@@ -11,7 +11,7 @@ import click
 
 from .. import catalog_views, completion, config, errors
 from .options import CONTEXT, duration
-from .terminal import confirm, follow_job, job_store
+from .terminal import confirm, follow_job, job_store, said, table_width
 
 
 class _LaunchCommand(click.Command):
@@ -30,13 +30,14 @@ class _LaunchCommand(click.Command):
                 raise
             from ..cmdline import Options, unknown_option
             from ..jobfile import is_job_file
+            from ..preflight import script_here
 
             opts = [p for p in self.params if isinstance(p, click.Option)]
             options = Options(
                 valued=frozenset(o for p in opts if not p.is_flag for o in p.opts),
                 flags=frozenset(o for p in opts if p.is_flag
                                 for o in (*p.opts, *p.secondary_opts)) | {"-h", "--help"})
-            advice = unknown_option(typed, exc.option_name, options, is_job_file)
+            advice = unknown_option(typed, exc.option_name, options, is_job_file, script_here)
             if advice is None:
                 raise
             raise errors.UsageError(advice.message, hint=advice.hint) from None
@@ -73,12 +74,14 @@ class _LaunchCommand(click.Command):
               help="Spot (one-time, terminated on interruption) or on-demand (default).")
 @click.option("--recover/--no-recover", "recover", default=None,
               help="Spot: on an interruption, continue on a new instance from the last "
-              "checkpoint (default for --spot; a supervisor on this machine does it).")
+              "checkpoint (default for --spot). AWS Auto Scaling relaunches it where "
+              "`instance_profile:` is set in config.yaml; else a supervisor on this machine "
+              "does, only while this machine is on.")
 @click.option("--max-restarts", type=int, metavar="N",
               help="Spot recovery: relaunch at most N times (default 3).")
 @click.option("--fallback", type=click.Choice(["on-demand"]),
               help="Spot recovery: take an on-demand instance when no spot capacity is left.")
-@click.option("--region", help="AWS region (default: the AWS configuration's).")
+@click.option("--region", help=f"AWS region (default: {config.REGION_DEFAULT}).")
 @click.option("--ami", help="AMI id (default: the current AWS Deep Learning PyTorch AMI).")
 @click.option("--disk-gb", type=click.IntRange(min=8, max=config.GP3_MAX_GB),
               help="Root volume size (default: the recipe's).")
@@ -125,18 +128,22 @@ def launch(dry_run: bool, yes: bool, follow: bool, quiet: bool, **flags) -> None
     \b
     Examples:
       cloudtrain launch job.yaml
-      cloudtrain launch job.yaml --spot --set epochs=30    (flags override the file)
+      cloudtrain launch job.yaml --spot --set epochs=30  (flags override it)
       cloudtrain launch --recipe resnet9 --profile smoke --follow
       cloudtrain launch --recipe resnet9 --set variant=dawn --set epochs=30
       cloudtrain launch --recipe resnet9 --resume-from 3f2a1b9c
       cloudtrain launch --workdir . -- python train.py --lr 0.1
       cloudtrain launch --recipe resnet9 --instance g5.xlarge --spot --dry-run
       cloudtrain launch --recipe resnet9 --set gpus=8 --gpus V100:8
-      cloudtrain launch --recipe imagenet --gpus V100:8 --data imagenet=s3://bkt/imagenet
-      cloudtrain launch --recipe imagenet --set variant=machines-4 --instance p3.16xlarge --spot
-      cloudtrain launch --nodes 2 --instance g5.12xlarge --workdir . -- bash train.sh
+      cloudtrain launch --recipe imagenet --gpus V100:8 \\
+          --data imagenet=s3://bkt/imagenet
+      cloudtrain launch --recipe imagenet --set variant=machines-4 \\
+          --instance p3.16xlarge --spot
+      cloudtrain launch --nodes 2 --instance g5.12xlarge --workdir . \\
+          -- bash train.sh
       cloudtrain launch --workdir . --setup 'pip install -r requirements.txt' \\
-          --env WANDB_PROJECT=cifar --secret WANDB_API_KEY --output results -- python train.py
+          --env WANDB_PROJECT=cifar --secret WANDB_API_KEY --output results \\
+          -- python train.py
 
     \b
     A job file (cloudtrain init writes a commented one):
@@ -163,7 +170,8 @@ def launch(dry_run: bool, yes: bool, follow: bool, quiet: bool, **flags) -> None
     spec = build_spec(options, settings)
     with job_store() as store:
         if dry_run:
-            click.echo(catalog_views.plan(plan.plan(spec, store, settings)))
+            click.echo(catalog_views.plan(plan.plan(spec, store, settings),
+                                          width=table_width(False)))
             return
         found = plan.read_datasets(spec, settings)  # a missing dataset stops the launch here
         ask_first(spec, store, yes, quiet)
@@ -189,8 +197,9 @@ def ask_first(spec, store, yes: bool, quiet: bool) -> None:
 
     row = plan.expected(spec, store)
     if row is not None and not quiet:
-        click.echo(catalog_views.estimate_line(row, spec.market), err=True)
-    question = plan.question(spec, warn=lambda line: click.echo(f"WARNING: {line}", err=True))
+        click.echo(said(catalog_views.estimate_line(row, spec.market)), err=True)
+    question = plan.question(spec, warn=lambda line: click.echo(said(f"WARNING: {line}"),
+                                                                err=True))
     taking = plan.taken_from_shell(spec)
     if taking:
         confirm_sending(taking.said, taking.ask, refusal=taking.refusal)
@@ -211,5 +220,6 @@ def confirm_sending(line: str, ask: str = "Send them?",
             raise refusal
         click.echo(f"WARNING: {line}", err=True)
         return
-    if not click.confirm(f"{line}. {ask}", default=False, err=True):
+    if not click.confirm(said(f"{line}. {ask}", room=len(" [y/N]: ")), default=False,
+                         err=True):
         raise errors.CloudtrainError("not launched: nothing was created", exit_code=1)

@@ -51,8 +51,8 @@ def recipes(name: str | None, as_json: bool, wide: bool) -> None:
 @click.command()
 @click.option("--gpu", callback=given,
               help="Only types with this GPU (V100, A100, H100, A10G, T4, L4, ...).")
-@click.option("--region", callback=region_name, help="Prices of this region (default: the one "
-              "launch uses: config.yaml, AWS_REGION, the AWS profile, else us-east-1).")
+@click.option("--region", callback=region_name, help="Prices of this region (default: "
+              f"{config.REGION_DEFAULT}).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--refresh", is_flag=True, help="Fetch the region's on-demand and gp3 prices from "
               "the AWS price list and its spot prices from EC2 (kept under $CLOUDTRAIN_HOME).")
@@ -76,18 +76,19 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
         click.echo(provider.refresh_list_prices(region), err=True)
         click.echo(provider.refresh_spot(region), err=True)
 
+    unpriced = catalog_module.no_prices(region)
+    if unpriced is not None:  # U48: exit 2 with the error, as estimate does (U22's words)
+        raise unpriced
     types = catalog_module.matching(gpu, None, region)
     if as_json:
         click.echo(catalog_views.catalog_json(types, region, catalog_module.SNAPSHOT,
                                        catalog_module.on_demand_source(region),
                                        catalog_module.spot_source(region)))
     else:
-        unpriced = catalog_module.no_prices(region)
-        click.echo(catalog_views.catalog_table(types, region, width=table_width(wide), unpriced=unpriced))
-        if unpriced is None:
-            click.echo(catalog_views.catalog_sources(region, catalog_module.on_demand_source(region),
-                                              catalog_module.spot_source(region),
-                                              width=table_width(wide)))
+        click.echo(catalog_views.catalog_table(types, region, width=table_width(wide)))
+        click.echo(catalog_views.catalog_sources(region, catalog_module.on_demand_source(region),
+                                          catalog_module.spot_source(region),
+                                          width=table_width(wide)))
 
 
 @click.command()
@@ -104,8 +105,7 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
               help="Only types with N of this GPU, e.g. A10G:1 or A100:8.")
 @click.option("--spot", is_flag=True, help="Mark the cheapest by spot price.")
 @click.option("--region", callback=region_name,
-              help="Prices of this region (default: the one launch uses: config.yaml, "
-              "AWS_REGION, the AWS profile, else us-east-1).")
+              help=f"Prices of this region (default: {config.REGION_DEFAULT}).")
 @click.option("--disk-gb", type=click.IntRange(min=8, max=config.GP3_MAX_GB),
               help="Root volume (default: the recipe's).")
 @click.option("--nodes", type=int, metavar="N", help="Instances per run (default: the "
@@ -120,8 +120,8 @@ def estimate(recipe, profile, sets, types, gpus, spot, region, disk_gb, nodes, a
     Examples:
       cloudtrain estimate --recipe resnet9
       cloudtrain estimate --recipe airbench94 --gpus A10G:1 --spot
-      cloudtrain estimate --recipe resnet9 --instance p3.2xlarge --instance g5.xlarge
-      cloudtrain estimate --recipe imagenet --set variant=machines-16 --instance p3.16xlarge
+      cloudtrain estimate --recipe resnet9 -i p3.2xlarge -i g5.xlarge
+      cloudtrain estimate -r imagenet --set variant=machines-16 -i p3.16xlarge
     """
     from .. import estimate as estimate_module
 
@@ -181,8 +181,8 @@ def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh
 
 
 @click.command()
-@click.option("--region", callback=region_name, help="Check this region (default: the one launch "
-              "uses: config.yaml, AWS_REGION, AWS_DEFAULT_REGION, the AWS profile).")
+@click.option("--region", callback=region_name, help="Check this region (default: "
+              f"{config.REGION_DEFAULT}).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @WIDE
 @click.option("--launch", is_flag=True, help="Also launch once, for real and small: a t3.micro "

@@ -22,7 +22,10 @@ from .terminal import can_ask, job_store, nobody_to_ask, settings_whatever_confi
               help="Time between SIGTERM and SIGKILL (default from config, 30 s).")
 @click.option("--yes", "-y", is_flag=True, help="--all: do not ask first (needed without a "
               "terminal to ask).")
-def down(jobs_: tuple[str, ...], every: bool, grace: float | None, yes: bool) -> None:
+@click.option("--wide", is_flag=True, help="Name every region the cloud was checked in "
+              "(default: how many).")
+def down(jobs_: tuple[str, ...], every: bool, grace: float | None, yes: bool,
+         wide: bool) -> None:
     """Stop jobs: SIGTERM to the job, SIGKILL after a grace period; release their hosts.
     --all stops every active job, terminates instances tagged as ours that no job here
     holds (in every region), and removes the unused security group and key pair; in a
@@ -50,8 +53,9 @@ def down(jobs_: tuple[str, ...], every: bool, grace: float | None, yes: bool) ->
                 if not click.confirm("Proceed?", default=False, err=True):
                     click.echo("nothing stopped", err=True)
                     raise SystemExit(errors.EXIT_FAILED)
-        outcomes = stop.cancel(store, settings, jobs_, every, grace)
-    click.echo(job_views.stop_outcomes(outcomes))
+        outcomes = stop.cancel(store, settings, jobs_, every, grace,
+                               say=lambda line: click.echo(line, err=True))
+    click.echo(job_views.stop_outcomes(outcomes, listed=wide))
     if any(not o.ok for o in outcomes):  # something may still be running: say so in the code
         raise SystemExit(errors.EXIT_FAILED)
 

@@ -42,8 +42,9 @@ def supervisor_start() -> None:
 
     with job_store() as store:
         line = supervisor.ensure(store)
+        needed = supervisor.needed(store)
     info = supervisor.state_of(config.home())
-    click.echo(line or job_views.supervisor_line(info))
+    click.echo(line or job_views.supervisor_line(info, needed=needed))
 
 
 @supervisor_group.command(name="stop")

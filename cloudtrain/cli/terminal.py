@@ -83,12 +83,29 @@ def confirm(question, yes: bool) -> None:
     """The warnings, on stderr whether or not anyone is there (U15); then, D26: ask in a
     terminal (unless --yes); without one (scripts, CI) go on."""
     for warning in question.warnings:
-        click.echo(f"WARNING: {warning}", err=True)
+        click.echo(said(f"WARNING: {warning}"), err=True)
     if yes or not (sys.stdin.isatty() and sys.stderr.isatty()):
         return
-    if not click.confirm(" ".join(filter(None, [question.text, "Proceed?"])),
-                         default=question.default, err=True):
+    if not click.confirm(said(" ".join(filter(None, [question.text, "Proceed?"])),
+                              room=len(" [Y/n]: ")), default=question.default, err=True):
         raise errors.CloudtrainError("not launched: nothing was created", exit_code=1)
+
+
+def said(text: str, room: int = 0) -> str:
+    """A line said on stderr before a launch (its estimate, a warning, the question): in a
+    terminal, wrapped at its width with later lines indented (U42: a 500-character question
+    split words at the terminal's edge), `room` left for what follows (click's ` [Y/n]: `);
+    piped, one line as it is."""
+    if not sys.stderr.isatty():
+        return text
+    import shutil
+
+    from ..cells import wrapped
+
+    columns = os.environ.get("COLUMNS", "").strip()
+    width = int(columns) if columns.isdigit() and int(columns) > 0 else \
+        shutil.get_terminal_size().columns
+    return "\n".join(wrapped(text, width - room, "", "  "))
 
 
 def confirm_text(text: str) -> None:
@@ -111,10 +128,8 @@ def follow_job(store, settings, job, offset: int = 0, node: int = 0, screen=None
                    f"Stop it with: cloudtrain down {job.id}", err=True)
         raise SystemExit(errors.EXIT_INTERRUPTED)
     job = store.job(job.id)
-    summary = f"job {job.id} {job.state}"
-    if job.reason:
-        summary += f": {job.reason}"
-    click.echo(summary, err=True)  # the one line on the outcome (D38): the exit code says the rest
+    for line in inspect.ending(store, job):  # the outcome (D38), a declared output not found
+        click.echo(line, err=True)
     if job.state != "succeeded":
         raise SystemExit(errors.EXIT_FAILED)
 

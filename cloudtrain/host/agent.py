@@ -255,13 +255,15 @@ class Agent:
         while True:
             if self.run_once(team, rearming) is not None:
                 return 1
-            if team is None or not team.again():
+            if team is not None and team.again():
+                continue
+            stored = self.store.after_job()
+            if team is not None:
+                team.before_final()
+            if team is None or team.writes_final():
+                self.record_final()
+            if team is None or not team.rejoin():
                 break
-        stored = self.store.after_job()
-        if team is not None:
-            team.before_final()
-        if team is None or team.writes_final():
-            self.record_final()
         if team is not None:
             team.before_power_off()
         self.maybe_shutdown(stored)

@@ -23,6 +23,9 @@ except ImportError:  # run as a script on the host, its neighbours beside it
 
 POLL_S = 0.1
 STAGING_STATUS = "staging-status.json"  # written by stager.py while the datasets are copied
+# run.sh's word on the job file's setup: {"state": "running", "started_at"} while it runs, then
+# "done" with ended_at, or "failed" with its exit code (agent.setup_failure reads that)
+SETUP_STATUS = "setup-status.json"
 
 
 def reap(jobdir, status, reason):
@@ -91,7 +94,8 @@ def probe(jobdir, stale_after_s=30.0, session=None, tmux_socket=None):
                           % fmt_duration(min(t - beat, 1e9)))
     latest, target, summary = metrics_tail(jobdir)
     return {"status": status, "now": t, "metrics": latest, "target": target, "runs": summary,
-            "staging": read_json(os.path.join(jobdir, STAGING_STATUS))}
+            "staging": read_json(os.path.join(jobdir, STAGING_STATUS)),
+            "setup": read_json(os.path.join(jobdir, SETUP_STATUS))}
 
 
 def _tail_text(path, limit=300):

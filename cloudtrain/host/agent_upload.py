@@ -35,7 +35,8 @@ import uuid
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 # Uploaded in this order (checkpoints after them, the manifest last).
-JOB_FILES = ("status.json", "job.json", "metrics.jsonl", "output.log", "staging-status.json")
+JOB_FILES = ("status.json", "job.json", "metrics.jsonl", "output.log", "staging-status.json",
+             "setup-status.json")
 CHECKPOINTS = "checkpoints"
 # "The maximum allowed object size for a POST upload is 5 GB" (S3 POST Object docs); larger
 # objects need a multipart upload, which a presigned POST cannot do.

@@ -27,6 +27,8 @@ Under the job's prefix in the job store:
     identity(imds) -> {instance, zone, type, lifecycle}   this instance, from IMDSv2
     end_group(conf, creds) -> [(step, ok, line)]          the group deleted (or set to 0),
                                                           then its launch template
+    group_instances(conf, creds) -> ({id: address}, why)  what EC2 lists in the job's group
+    instance_states(conf, creds, ids) -> ({id: state}, why)
 """
 
 import datetime
@@ -36,6 +38,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from xml.etree import ElementTree
 
 try:  # in the package (the orchestrator, tests), or shipped beside it on the host
     from .agent_upload import ERROR_BODY_BYTES, aws_error
@@ -252,6 +255,66 @@ def instance_states(conf, creds, ids, clock=time.sleep):
     if not ok:
         return None, why
     return {ident: state for ident, state in _STATE.findall(body) if ident in ids}, ""
+
+
+# The job's tag on everything it launches (providers/aws/tags.py TAG_JOB); AWS Auto Scaling
+# tags each instance it launches with its group's name.
+JOB_TAG = "cloudtrain:job"
+GROUP_TAG = "aws:autoscaling:groupName"
+PAGES_MAX = 10  # of DescribeInstances' answer (NODES_MAX instances fit in one)
+
+
+def job_id(conf):
+    """The job's id: the last part of its prefix in the job store (jobs/<owner>/<job>/)."""
+    return conf["prefix"].rstrip("/").rsplit("/", 1)[-1]
+
+
+def _local(tag):
+    return tag.rsplit("}", 1)[-1]
+
+
+def _instances(body):
+    """{instance id: private IPv4 address or None} of a DescribeInstances answer, and its
+    nextToken (None on the last page)."""
+    root = ElementTree.fromstring(body)
+    found, token = {}, None
+    for el in root.iter():
+        name = _local(el.tag)
+        if name == "nextToken" and el.text:
+            token = el.text.strip()
+        if name != "instancesSet":
+            continue
+        for item in el:
+            fields = {_local(child.tag): (child.text or "").strip() for child in item}
+            ident = fields.get("instanceId", "")
+            if INSTANCE.fullmatch(ident):
+                found[ident] = fields.get("privateIpAddress") or None
+    return found, token
+
+
+def group_instances(conf, creds, clock=time.sleep):
+    """({instance id: private IPv4 address} of the instances EC2 lists in the job's group
+    now: its Auto Scaling group's tag, the job's tag, pending or running; None, the line
+    saying why it could not be asked). DescribeInstances with the role (SeeJobPeers)."""
+    params = {"Action": "DescribeInstances", "Version": EC2_VERSION,
+              "Filter.1.Name": "tag:" + GROUP_TAG, "Filter.1.Value.1": conf["group"],
+              "Filter.2.Name": "tag:" + JOB_TAG, "Filter.2.Value.1": job_id(conf),
+              "Filter.3.Name": "instance-state-name", "Filter.3.Value.1": "pending",
+              "Filter.3.Value.2": "running"}
+    found = {}
+    for _ in range(PAGES_MAX):
+        ok, why, body = ask("ec2", params, conf["region"], creds, conf["endpoint"], clock)
+        if not ok:
+            return None, why
+        try:
+            page, token = _instances(body)
+        except ElementTree.ParseError as exc:
+            return None, "EC2's answer is not XML: %s" % exc
+        found.update(page)
+        if not token:
+            return found, ""
+        params["NextToken"] = token
+    return found, ""
 
 
 def end_group(conf, creds, clock=time.sleep):

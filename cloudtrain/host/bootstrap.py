@@ -341,9 +341,23 @@ def meet_others(bundle, conf, job, n, imds):
     prefix = conf["prefix"]
     me = regroup.mine(auto_scaling.identity(imds), None)
     n, ranks = regroup.meet(bundle, regroup.records_grant(job, prefix), prefix, n,
-                            conf["nodes"], me)
+                            conf["nodes"], me, regroup.group_peers(conf, bundle.creds))
     rank = next(m["rank"] for m in ranks if m["instance"] == me["instance"])
-    return regroup.take_part(job, prefix, rank, ranks), n
+    return regroup.take_part(job, prefix, rank, ranks, me["iface"]), n
+
+
+def enter_job(bundle, root, job, conf, imds):
+    """This instance's part in the job whose files are in `root`: for a job run by a group
+    (`conf`), its attempt taken (take_attempt) and, on several nodes, the others met; then
+    job.json written for it and the latest checkpoint restored (join_attempt). Returns (the
+    attempt or None, the checkpoint restored or None)."""
+    attempt = record = None
+    if conf is not None:
+        attempt, record = take_attempt(bundle, conf, job, root, imds)
+        if conf["nodes"] > 1:
+            job, attempt = meet_others(bundle, conf, job, attempt, imds)
+    _, restored = join_attempt(bundle, root, job, attempt, conf, record)
+    return attempt, restored
 
 
 def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, group=None,
@@ -396,12 +410,7 @@ def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, grou
     except OSError as exc:
         raise Failed(EXIT_WRITE, "cannot write the job's files: %s" % exc) from None
     job, conf = group_settings(root, bucket, prefix, group, max_restarts)
-    attempt = record = None
-    if conf is not None:
-        attempt, record = take_attempt(bundle, conf, job, root, imds)
-        if conf["nodes"] > 1:
-            job, attempt = meet_others(bundle, conf, job, attempt, imds)
-    _, restored = join_attempt(bundle, root, job, attempt, conf, record)
+    attempt, restored = enter_job(bundle, root, job, conf, imds)
     try:  # last, outside the job directory: hosts.agent_dir, <root>/agent-<version>
         agent_root = os.path.join(os.path.dirname(os.path.dirname(root)), agent_dir)
         os.makedirs(agent_root, exist_ok=True)

@@ -20,8 +20,9 @@ NOT name, and latest.json is written only once every file of it is stored: a sna
 short (a spot notice, the time limit, S3 failing) leaves the named slot as it was. A partial
 upload is never used.
 
-    Streamer(jobdir, grant, ...)   in the agent: watches <jobdir>/checkpoints, uploads each
-                                   checkpoint once it has settled; flush() at the job's end
+    Streamer(jobdir, grant, ...)   in the agent: watches <jobdir>/checkpoints, uploads the
+                                   newest whole checkpoint, one upload at a time, however
+                                   often the job writes one; flush() at the job's end
     checkpoint_restore.restore     on the new instance: the files a plan (the manifest with a
                                    presigned GET URL per file) names, verified, then swapped in
     checkpoint_manifest            what a snapshot holds; check_manifest (jobstore.py uses it)
@@ -30,8 +31,11 @@ This module holds the Streamer and the command; it imports checkpoint_manifest,
 checkpoint_restore, agent_upload and safefile.
 """
 
+import errno
+import fcntl
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -51,7 +55,9 @@ except ImportError:
     from checkpoint_restore import PLAN_MAX_BYTES, restore
 
 UPLOAD_TIMEOUT_S = 1800.0  # one snapshot from the background thread
-RETRY_AFTER_S = 30.0  # a snapshot that failed is tried again after this (or a newer one settles)
+RETRY_AFTER_S = 30.0  # a snapshot S3 refused is tried again after this (or a newer one)
+LOOK_S = 0.2  # the longest time between two looks at the checkpoints (a listing and an lstat each)
+STILL_S = 0.05  # the checkpoints must not change over this: a save of several files is whole
 STOP_WAIT_S = 30.0
 INFO_MAX_BYTES = 65536
 METRICS_TAIL_BYTES = 1 << 20
@@ -80,6 +86,37 @@ def other_slot(slot):
 def job_id_of(grant):
     """`jobs/<owner key>/<job_id>/` (or `jobs/<job_id>/`, the layout before owners) -> job_id."""
     return str(grant.get("prefix") or "").rstrip("/").rsplit("/", 1)[-1]
+
+
+def open_for_writing(fd):
+    """Whether some process has the file open for writing now: True, False, or None where
+    this file system cannot tell. Linux refuses a read lease (EAGAIN) on a file that any
+    process has open for writing; the lease is given back at once. A writer that opens the
+    file in that instant waits for it and sends its holder a signal, here SIGURG, which is
+    ignored unless handled (SIGIO, the default, would end the agent)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except (AttributeError, ValueError):
+        return None  # not Linux
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EBUSY):
+            return True
+        return None  # EINVAL (no leases here: NFS, FUSE), EACCES (not the file's owner)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    except OSError:
+        pass
+    return False
+
+
+class Moved(Exception):
+    """A checkpoint file was written to in place while it was uploaded: not named."""
+
+
+class NotYet(Exception):
+    """The checkpoints are being written: a file is open for writing, or (where that cannot be
+    told) was written to within settle_s, or the files changed while they were opened."""
 
 
 class SnapshotError(Exception):
@@ -151,6 +188,17 @@ class _Snapshot(object):
                     return found[0], found[1], "metrics"
         return None, None, None
 
+    def check_whole(self, settle_s):
+        """NotYet unless every checkpoint file is whole: no process has it open for writing
+        (a file renamed into place, as recipes/common/checkpoint.py saves, never is), or,
+        where that cannot be told, it has not been written to for settle_s."""
+        for rel, f, _, st in self.files[:self.checkpoints]:
+            writing = open_for_writing(f.fileno())
+            if writing:
+                raise NotYet("%s is open for writing" % rel)
+            if writing is None and time.time() - st.st_mtime < settle_s:
+                raise NotYet("%s was written to %.1f s ago" % (rel, time.time() - st.st_mtime))
+
     def changed(self):
         """The first checkpoint written to in place since it was opened, or None (a recipe
         that saves without a rename could be caught mid-write: such an upload is not named)."""
@@ -174,12 +222,18 @@ def _new_record(final, seq=None, slot=None):
 class Streamer(object):
     """Uploads <jobdir>/checkpoints to the job store as the job writes them.
 
-    start() runs a daemon thread that looks every `poll_s`: once the checkpoints differ from
-    the last upload and have stayed the same for `settle_s`, it uploads a snapshot. stop()
-    ends it; flush() uploads what is new, synchronously, within a time limit (at the job's
-    end). `last` is the record of the last upload attempt; nothing here raises out of the
-    thread. A restored attempt passes `start_seq`/`start_slot` (from the manifest it resumed
-    from): its first upload is seq start_seq+1, into the other slot."""
+    start() runs a daemon thread that looks every `poll_s` (at most LOOK_S apart): once the
+    checkpoints differ from the last upload and are whole (Snapshot.check_whole: no file open
+    for writing, none changed over STILL_S), it uploads them, however often the job writes
+    them. One upload at a time; a checkpoint written during an upload waits for it, and the
+    next upload takes the newest then (those in between are skipped). A file written to in
+    place during its upload is not named (the next look takes it again). stop() ends it;
+    flush() uploads what is new, synchronously, within a time limit (at the job's end).
+    `last` is the record of the last upload attempt; nothing here raises out of the thread.
+    `settle_s`: where this file system cannot tell whether a file is open for writing, how
+    long it must not have been written to. A restored attempt passes
+    `start_seq`/`start_slot` (from the manifest it resumed from): its first upload is seq
+    start_seq+1, into the other slot."""
 
     def __init__(self, jobdir, grant, settle_s=2.0, poll_s=1.0, start_seq=0, start_slot=None,
                  attempt=None):
@@ -189,7 +243,7 @@ class Streamer(object):
         self.jobdir = os.path.abspath(jobdir)
         self.grant = grant
         self.settle_s = float(settle_s)
-        self.poll_s = float(poll_s)
+        self.poll_s = min(float(poll_s), LOOK_S)
         self.attempt = attempt
         self.job_id = job_id_of(grant)
         self._seq = int(start_seq or 0)  # of the snapshot latest.json names (as far as we know)
@@ -199,8 +253,8 @@ class Streamer(object):
         self._good_sig = None
         self._pending = None  # a manifest whose POST failed: S3 may or may not have it
         self._failed_sig, self._retry_at = None, 0.0
-        self._seen, self._seen_at = None, 0.0
         self._inflight = None  # the signature being uploaded
+        self._moved = False  # the last upload failed only because a file was written to
         self._last = None
         self._uploads = 0
         self._lock = threading.Lock()  # one upload at a time: the thread's or flush's
@@ -263,13 +317,11 @@ class Streamer(object):
 
     def poll_once(self, now=None):
         """One look at the checkpoints (the thread calls this every poll_s): returns the
-        record of an upload it made, or None. `now`: a monotonic clock reading."""
+        record of an upload it made, or None (nothing new, or not whole yet). `now`: a
+        monotonic clock reading."""
         t = time.monotonic() if now is None else now
         sig = signature(self.jobdir)
-        if sig != self._seen:
-            self._seen, self._seen_at = sig, t
-            return None
-        if not sig or sig == self._good_sig or t - self._seen_at < self.settle_s:
+        if not sig or sig == self._good_sig:
             return None
         if sig == self._failed_sig and t < self._retry_at:
             return None
@@ -279,10 +331,10 @@ class Streamer(object):
         if not self._lock.acquire(blocking=False):
             return None  # flush is uploading
         try:
-            rec = self._attempt(False, time.time() + UPLOAD_TIMEOUT_S)
+            rec = self._attempt(False, time.time() + UPLOAD_TIMEOUT_S, seen=sig)
         finally:
             self._lock.release()
-        if not rec["ok"]:
+        if rec is not None and not rec["ok"] and not self._moved:
             self._failed_sig, self._retry_at = sig, t + RETRY_AFTER_S
         return rec
 
@@ -319,10 +371,12 @@ class Streamer(object):
                               bytes=as_count(status.get("bytes")) or 0, ok=True,
                               at=status.get("at") if is_time(status.get("at")) else None)
 
-    def _attempt(self, final, deadline, flushing=False):
+    def _attempt(self, final, deadline, flushing=False, seen=None):
+        """One snapshot taken and sent: its record, that of the one already stored, or None
+        when the thread's look (`seen`: the signature it saw) found the files not whole."""
         started = time.time()
         rec = _new_record(final)
-        snap, stored = None, None
+        snap, stored, moved = None, None, False
         try:
             if self._pending is not None:
                 self._resolve_pending(deadline)
@@ -336,8 +390,14 @@ class Streamer(object):
                 snap = _Snapshot(self.jobdir)
                 if not snap.sig:
                     raise SnapshotError("the checkpoints were removed before the upload")
+                if seen is not None:
+                    self._still(snap, seen)
                 self._inflight = snap.sig
                 self._send(snap, final, deadline, rec)
+        except NotYet:
+            return None  # (finally: closed) the next look tries again
+        except Moved as exc:
+            rec["error"], moved = str(exc), True  # the next look takes the newest
         except (agent_upload.UploadError, agent_upload.FileUnreadable, SnapshotError) as exc:
             rec["error"] = str(exc)
         except Exception as exc:  # never raise into the agent
@@ -357,8 +417,19 @@ class Streamer(object):
             rec["error"] = " ".join(str(rec["error"]).split())[:500]
         if rec["ok"] and rec["seq"] is not None:
             self._good = dict(rec)
+        self._moved = moved
         self._last = rec
         return rec
+
+    def _still(self, snap, seen):
+        """NotYet unless the opened files are those the look saw, whole, and the checkpoints
+        have not changed over STILL_S (a save of several files has ended)."""
+        if snap.sig != seen:
+            raise NotYet("the checkpoints changed while they were opened")
+        snap.check_whole(self.settle_s)
+        self._stop.wait(STILL_S)
+        if signature(self.jobdir) != seen:
+            raise NotYet("the checkpoints changed over %.2f s" % STILL_S)
 
     def _send(self, snap, final, deadline, rec):
         """Upload `snap` into the slot latest.json does not name, then latest.json."""
@@ -388,7 +459,7 @@ class Streamer(object):
             files.append({"path": rel, "size": size, "sha256": digest})
         moved = snap.changed()
         if moved is not None:
-            raise SnapshotError("%s was written to while it was uploaded; not named" % moved)
+            raise Moved("%s was written to while it was uploaded; not named" % moved)
         total = sum(item["size"] for item in files)
         rec["bytes"] = total
         manifest = {"version": VERSION, "job_id": self.job_id, "seq": seq, "slot": slot,

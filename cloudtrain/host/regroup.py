@@ -6,9 +6,9 @@ bundle_reader, job_status and safefile, and nothing else of ours.
 
 The group holds N instances; AWS knows no ranks. When it replaces a lost one, the replacement's
 bootstrap.py records the next attempt (attempts/<n>.json) and meets the others; each other
-node's agent sees the new attempt (Team.watch: one GET every WATCH_S), or finds its part of
-the job failed with a peer gone (Team.look_for_loss: EC2's state of each peer), stops its part
-(the collective calls hang or fail without the lost node) and meets them too:
+node's agent sees the new attempt (Team.watch: one GET every WATCH_S) or a peer gone in EC2
+(every PEERS_S), or finds its part of the job failed with a peer gone (Team.look_for_loss),
+stops its part (the collective calls hang or fail without the lost node) and meets them too:
 
     attempts/<n>/<instance>.json   {"instance", "rank", "address", "iface", "port", "at"}: a
                                    node of attempt n (rank: its rank before; null: new)
@@ -16,7 +16,10 @@ the job failed with a peer gone (Team.look_for_loss: EC2's state of each peer), 
     attempts/<n>/leaving-<rank>.json   that node had a spot notice: it is going away
 
 Each node writes its own record through the job's grant and lists the attempt's records
-(s3:ListBucket on attempts/ only) until N are there (meet); every node then ranks them the same
+(s3:ListBucket on attempts/ only) until N are there (meet). Every node of the group holds that
+grant, so a record counts only where EC2 lists its instance in the job's group at its address
+(DescribeInstances by tag, with the role), and a node's interface is its own, never a
+record's. Every node then ranks them the same
 way (ranked: a node keeps its rank, the new ones take the free ranks in instance-id order);
 rank 0's address and port are the rendezvous. A newer attempt recorded during the wait (one
 more node lost) moves every node to it; final.json (the job has ended) ends the wait. Each node
@@ -26,7 +29,9 @@ from the same one), and runs run.sh again.
 
 At the job's end rank 0 waits (bounded) for the others' ended-<rank>.json before it records
 final.json and ends the group; the others wait for final.json and leave the power-off to the
-group's deletion (a node powering off while the group lives would be replaced).
+group's deletion (a node powering off while the group lives would be replaced). A newer
+attempt recorded before final.json (rank 0's node lost while it stored the end) brings them
+back to meet its replacement (Team.rejoin): one attempt per lost node.
 """
 
 import fcntl
@@ -52,14 +57,20 @@ except ImportError:
 MASTER_PORT = 29500  # torchrun's default; the rendezvous takes the first free port from here
 NODES_MAX = 64
 WATCH_S = 2.0  # how often a running node asks for a newer attempt
-MEET_POLL_S = 1.0  # how often a meeting node lists the attempt's records
+MEET_POLL_S = 0.5  # how often a meeting node lists the attempt's records
 REPLACE_WAIT_S = 1800.0  # a node whose peer is lost waits this long for AWS to replace it
 MEET_WAIT_S = 900.0  # once a node has joined an attempt, for the others to join
 # After a failed run, how long to look for a lost peer before the failure is the job's own: a
 # peer taken back without notice is shutting-down in EC2 within seconds; one with a notice
 # says so first (leaving-<rank>.json), while it still runs, storing its checkpoint.
 LOST_WAIT_S = 30.0
-STOP_GRACE_S = 10.0  # the job's grace when its node leaves it to meet the others
+PEERS_S = 10.0  # how often a running node asks EC2 whether its peers still run
+GONE = ("shutting-down", "terminated", "stopping", "stopped")  # EC2's, of a lost node
+# The job's grace when its node leaves it to meet the others: a peer is gone, so its
+# collectives wait for that peer (gloo and NCCL never see a reclaimed instance's connections
+# close) and it cannot reach the step boundary where it would save; its last checkpoint is
+# in the stream already.
+STOP_GRACE_S = 3.0
 END_WAIT_S = 300.0  # rank 0 for the others' results; the others for final.json
 INSTANCE = auto_scaling.INSTANCE
 MEMBER = re.compile(r"(i-[0-9a-f]{8,17})\.json")
@@ -87,8 +98,23 @@ def records_grant(job, prefix):
     return dict(grant, prefix=prefix)
 
 
+# The addresses a VPC's instances may have: RFC 1918, and the shared range AWS lets a VPC
+# use (RFC 6598). Never loopback, link-local (the IMDS), multicast, broadcast or public.
+PRIVATE = tuple(ipaddress.IPv4Network(n) for n in
+                ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"))
+
+
+def private(address):
+    """Whether `address` (an IPv4Address) may be an instance's private address in a VPC."""
+    return any(address in net for net in PRIVATE) and address not in (
+        net.network_address for net in PRIVATE) and address not in (
+        net.broadcast_address for net in PRIVATE)
+
+
 def check_member(doc, nodes):
-    """A node's record with every field checked, or None (not one)."""
+    """A node's record with every field checked, or None (not one): its address must be one
+    a VPC may give (`private`). `iface` is what the writer says of its own interface: no
+    node ever takes it for itself (take_part)."""
     if not isinstance(doc, dict):
         return None
     inst, rank, address = doc.get("instance"), doc.get("rank"), doc.get("address")
@@ -101,9 +127,12 @@ def check_member(doc, nodes):
     if not isinstance(address, str):  # IPv4Address takes a number too: 167837959 is 10.1.1.7
         return None
     try:
-        address = str(ipaddress.IPv4Address(address))
+        parsed = ipaddress.IPv4Address(address)
     except (ipaddress.AddressValueError, ValueError, TypeError):
         return None
+    if not private(parsed):
+        return None
+    address = str(parsed)
     if not (isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536):
         return None
     iface = iface if isinstance(iface, str) and IFACE.fullmatch(iface) else None
@@ -170,6 +199,21 @@ def mine(ident, rank):
             "iface": interface_of(address), "port": free_port(), "at": time.time()}
 
 
+def group_peers(conf, creds, say=None):
+    """meet's `peers`: {instance: private address} of what EC2 lists in the job's group now
+    (auto_scaling.group_instances), or None, said once, when it cannot be asked."""
+    said = []
+
+    def peers():
+        listed, why = auto_scaling.group_instances(conf, creds)
+        if listed is None and not said and say is not None:
+            said.append(why)
+            say("EC2 could not be asked which instances are the job's (%s): asking again"
+                % why)
+        return listed
+    return peers
+
+
 def newest(reader, prefix, n):
     """The newest attempt recorded from n on (GETs of attempts/<n+1>.json, ... until one is
     missing)."""
@@ -190,7 +234,8 @@ def ended(reader, prefix):
 
 
 def members(reader, prefix, n, nodes):
-    """Attempt n's nodes as their records say (listed, each read and checked)."""
+    """Attempt n's nodes as their records say (listed, each read and checked). Any node of
+    the group can write any record: meet keeps only those EC2 agrees with."""
     found, folder = [], "%s%s%d/" % (prefix, auto_scaling.ATTEMPTS, n)
     listed = reader.list_keys(folder, EXIT_STORE)
     for key, size in sorted(listed.items()):
@@ -204,12 +249,14 @@ def members(reader, prefix, n, nodes):
     return found
 
 
-def meet(reader, grant, prefix, at_least, nodes, me, wait_s=REPLACE_WAIT_S,
+def meet(reader, grant, prefix, at_least, nodes, me, peers, wait_s=REPLACE_WAIT_S,
          meet_s=MEET_WAIT_S, poll_s=MEET_POLL_S, say=None):
     """Wait for attempt `at_least` (or a newer one) to be recorded, join the newest, and wait
-    for all `nodes` of it; (n, the nodes ranked). Failed(EXIT_ENDED) once final.json is
-    there; Failed(EXIT_STORE) after `wait_s` without the attempt, or `meet_s` without all of
-    its nodes."""
+    for all `nodes` of it; (n, the nodes ranked). A record counts only where `peers()` (EC2:
+    {instance: private address} of the job's group, or None when it cannot be asked) lists
+    that instance at that address; EC2 is asked once `nodes` records are there.
+    Failed(EXIT_ENDED) once final.json is there; Failed(EXIT_STORE) after `wait_s` without
+    the attempt, or `meet_s` without all of its nodes."""
     say = say or (lambda line: None)
     start, joined, since, n = time.time(), None, None, at_least - 1
     while True:
@@ -226,9 +273,15 @@ def meet(reader, grant, prefix, at_least, nodes, me, wait_s=REPLACE_WAIT_S,
                 joined, since = n, time.time()
                 say("attempt %d: joined as %s (rank before: %s); waiting for %d nodes"
                     % (n, me["instance"], me["rank"], nodes))
-            ranks = ranked(members(reader, prefix, n, nodes), nodes)
-            if ranks is not None and any(m["instance"] == me["instance"] for m in ranks):
-                return n, ranks
+            found = members(reader, prefix, n, nodes)
+            if len(found) >= nodes:
+                listed = peers()
+                if listed is not None:
+                    found = [m for m in found if listed.get(m["instance"]) == m["address"]]
+                    ranks = ranked(found, nodes)
+                    if ranks is not None and any(m["instance"] == me["instance"]
+                                                 for m in ranks):
+                        return n, ranks
             if time.time() - since > meet_s:
                 raise Failed(EXIT_STORE, "attempt %d: not all %d nodes met in %.0f s"
                              % (n, nodes, meet_s))
@@ -238,18 +291,20 @@ def meet(reader, grant, prefix, at_least, nodes, me, wait_s=REPLACE_WAIT_S,
         time.sleep(poll_s)
 
 
-def take_part(job, prefix, rank, ranks):
+def take_part(job, prefix, rank, ranks, iface=None):
     """job.json for this node's part in the attempt: its rank, the rendezvous at rank 0, its
-    interface, its results below nodes/<rank>/ (rank 0: the job's), the checkpoint stream for
+    interface (`iface`: this node's own, interface_of its own address; never what a record
+    says), its results below nodes/<rank>/ (rank 0: the job's), the checkpoint stream for
     rank 0 only, and the attempt's nodes (what look_for_loss asks EC2 about)."""
     job = dict(job)
-    me, master = ranks[rank], ranks[0]
+    master = ranks[0]
     env = dict(job.get("env") or {})
     env.update(CLOUDTRAIN_NODES=str(len(ranks)), CLOUDTRAIN_NODE_RANK=str(rank),
                MASTER_ADDR=master["address"], MASTER_PORT=str(master["port"]))
+    iface = iface if isinstance(iface, str) and IFACE.fullmatch(iface) else None
     for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        if me.get("iface"):
-            env[key] = me["iface"]
+        if iface:
+            env[key] = iface
         else:
             env.pop(key, None)
     job["env"] = env
@@ -278,7 +333,9 @@ class Team:
         self.agent, self.first_conf, self.reader, self.creds = agent, conf, reader, creds
         self.ident, self.join = ident, join
         self.newer = None  # the attempt the watch found recorded
+        self.seen_at = None  # when this node saw it (or look_for_loss found a peer gone)
         self.final_seen = False  # final.json was there already: not ours to write
+        self.end_seen = False  # a rank k > 0 has waited for the job's end (rejoin)
 
     @property
     def conf(self):
@@ -296,20 +353,34 @@ class Team:
         return int(text) if text.isdigit() and len(text) < 7 else 1
 
     def watch(self):
-        """While run.sh runs: a newer attempt recorded (AWS replaced a node) stops this node's
-        part of the job, to meet the others."""
+        """While run.sh runs: a newer attempt recorded (AWS replaced a node), or a peer EC2
+        says is gone (asked every PEERS_S), stops this node's part of the job, to meet the
+        others. A reclaimed instance's connections never close: the job's collectives wait
+        for it, and would until the replacement recorded its attempt, minutes later."""
         agent, n = self.agent, self.attempt()
+        mine_id = self.ident.get("instance")
+        peers = [m["instance"] for m in self.conf.get("members") or []
+                 if m.get("instance") != mine_id]
+        asked = now()
         while agent.proc is not None and agent.proc.poll() is None:
+            why = None
             try:
                 found = newest(self.reader, self.conf["prefix"], n)
             except Failed:
                 found = n  # the store did not answer: asked again next time
-            if found > n and agent.stop_reason is None:
-                self.newer = found
-                agent.log_line("attempt %d recorded: AWS replaced a node of the job; this "
-                               "node stops its part and meets the others" % found)
-                agent.request_stop(REGROUP, "attempt %d: a node was replaced" % found,
-                                   STOP_GRACE_S)
+            if found > n:
+                why = "attempt %d recorded: AWS replaced a node of the job" % found
+            elif peers and now() - asked >= PEERS_S:
+                asked = now()
+                states, _ = auto_scaling.instance_states(self.conf, self.creds, peers)
+                gone = [p for p in peers if (states or {}).get(p) in GONE]
+                if gone:
+                    found = n + 1
+                    why = "node %s is gone (%s)" % (gone[0], states[gone[0]])
+            if why is not None and agent.stop_reason is None:
+                self.newer, self.seen_at = found, now()
+                agent.log_line("%s; this node stops its part and meets the others" % why)
+                agent.request_stop(REGROUP, why, STOP_GRACE_S)
                 return
             time.sleep(WATCH_S)
 
@@ -371,17 +442,22 @@ class Team:
         if end is None:
             return False
         if self.newer is None:
-            self.newer = self.look_for_loss()
+            self.newer, self.seen_at = self.look_for_loss(), now()
             if self.newer is None:  # a failure of the job's own
                 agent.held_end = None
                 agent.write_status(**end)
                 return False
         at_least, self.newer, agent.held_end = self.newer, None, None
+        # where a regroup's time goes, in status.json: the run's end, the loss seen (a newer
+        # attempt, a peer gone), the checkpoint stored, all nodes met, the checkpoint restored
+        timeline = {"to": at_least, "at": now(), "run_ended": end.get("ended_at"),
+                    "loss_seen": self.seen_at}
         agent.store.finish_stream(agent.store.upload_limit())  # rank 0's checkpoint first
+        timeline["stored"] = now()
         agent.write_status(state=RUNNING, ended_at=None, exit_code=None, reason=None,
-                           pid=None, regroup={"to": at_least, "at": now()})
+                           pid=None, regroup=timeline)
         try:
-            job = self.meet_again(at_least)
+            job = self.meet_again(at_least, timeline)
         except Failed as exc:
             self.final_seen = exc.code == EXIT_ENDED
             agent.write_status(state=CANCELLED if self.final_seen else FAILED, ended_at=now(),
@@ -392,27 +468,35 @@ class Team:
                                "nodes failed: %s: %s" % (type(exc).__name__, exc))
             return False
         agent.reload(job)
+        agent.write_status(regroup=timeline)
         return True
 
-    def meet_again(self, at_least):
+    def meet_again(self, at_least, timeline=None):
         """Meet the others at attempt >= at_least, take this node's part, restore the latest
-        checkpoint; the new job.json."""
+        checkpoint; the new job.json. `timeline` gets the times it met and restored."""
+        timeline = {} if timeline is None else timeline
         root, prefix = self.agent.jobdir, self.conf["prefix"]
         job = safefile.read_json(os.path.join(root, "job.json"), FILE_MAX_BYTES)
         if not isinstance(job, dict):
             raise Failed(EXIT_STORE, "job.json is not a JSON object")
         me = mine(self.ident, self.rank)
         n, ranks = meet(self.reader, records_grant(job, prefix), prefix, at_least,
-                        self.conf["nodes"], me, say=self.agent.log_line)
+                        self.conf["nodes"], me, group_peers(self.conf, self.creds,
+                                                            self.agent.log_line),
+                        say=self.agent.log_line)
         rank = next(m["rank"] for m in ranks if m["instance"] == me["instance"])
+        timeline.update(met=now(), attempt=n)
         self.agent.log_line("attempt %d: rank %d of %d, rendezvous %s:%d"
                             % (n, rank, len(ranks), ranks[0]["address"], ranks[0]["port"]))
-        job, _ = self.join(self.reader, root, take_part(job, prefix, rank, ranks), n)
+        job, _ = self.join(self.reader, root, take_part(job, prefix, rank, ranks, me["iface"]),
+                           n)
+        timeline["restored"] = now()
         return job
 
     def before_final(self):
         """Rank 0 at the job's end: the other ranks' results stored first (bounded), since
-        ending the group ends their instances. Others: their mark that they have."""
+        ending the group ends their instances; a newer attempt (a node lost meanwhile, whose
+        replacement will find final.json) ends the wait. Others: their mark that they have."""
         prefix, n = self.conf["prefix"], self.attempt()
         if self.rank != 0:
             try:
@@ -433,11 +517,53 @@ class Team:
                         waiting.discard(k)
                 except Failed:
                     pass
+            if waiting and self._newer(n):
+                self.agent.log_line("a node was replaced after the job's end: ranks %s "
+                                    "stored what they could" % sorted(waiting))
+                return
             if waiting:
                 time.sleep(WATCH_S)
         if waiting:
             self.agent.log_line("ranks %s did not say they stored their results in %.0f s"
                                 % (sorted(waiting), END_WAIT_S))
+
+    def _newer(self, n):
+        try:
+            return newest(self.reader, self.conf["prefix"], n) > n
+        except Failed:
+            return False
+
+    def rejoin(self):
+        """Ranks k > 0 whose part has ended: the job's end is rank 0's to record. Until
+        final.json says it (bounded), a newer attempt means rank 0's node was lost before it
+        could (a spot notice or a reclaim while it stored the job's end): this node meets the
+        replacement and runs its part again, from the last streamed checkpoint. True when it
+        did (job.json and the agent's settings are then the new attempt's)."""
+        agent = self.agent
+        if self.rank == 0 or agent.status.get("state") in (PREEMPTED, CANCELLED):
+            return False
+        n, deadline = self.attempt(), now() + 2 * END_WAIT_S
+        while now() < deadline:
+            try:
+                if ended(self.reader, self.conf["prefix"]):
+                    self.end_seen = True
+                    return False
+                found = newest(self.reader, self.conf["prefix"], n)
+            except Failed:
+                found = n
+            if found > n:
+                agent.log_line("attempt %d recorded before the job's end: rank 0's node was "
+                               "replaced; this node meets it and runs its part again" % found)
+                end = {k: agent.status.get(k) for k in ("state", "ended_at", "exit_code",
+                                                        "reason")}
+                self.newer, self.seen_at, agent.held_end = found, now(), end
+                if self.again():
+                    return True
+                agent.write_status(**end)  # its part stands as it ended
+                return False
+            time.sleep(WATCH_S)
+        self.end_seen = True  # waited long enough: the power-off need not wait again
+        return False
 
     def before_power_off(self):
         """Ranks k > 0 at the job's end: wait (bounded) for final.json, and then for the group's
@@ -446,7 +572,7 @@ class Team:
         if self.rank == 0 or self.agent.status.get("state") == PREEMPTED:
             return
         deadline = now() + 2 * END_WAIT_S
-        while now() < deadline:
+        while now() < deadline and not self.end_seen:
             try:
                 if ended(self.reader, self.conf["prefix"]):
                     break
@@ -458,4 +584,3 @@ class Team:
     def writes_final(self):
         """Whether this agent records the job's end: rank 0's, unless it was there already."""
         return self.rank == 0 and not self.final_seen
-

@@ -7,6 +7,7 @@ instance, which has no third-party packages.
     plan(root, shard_bytes)              both
     write_shard(root, shard, fileobj)    the shard's tar, streamed, -> ShardEntry (sha256, bytes)
     Manifest.to_json / from_json         the dataset's table of shards (from_json: untrusted)
+    folders_of(paths)                    the folders a manifest lists (what a launch checks)
     extract_shard(fileobj, dest, entry)  a downloaded shard into dest, all of it or nothing
     verify_tree(dest, manifest)          the staged tree holds the manifest's files and bytes
 
@@ -51,6 +52,11 @@ MANIFEST_VERSION = 1
 MAX_SHARDS = 100_000  # shard-%05d
 MAX_OBJECT_BYTES = 5 << 40  # S3's largest object, 5 TiB
 MAX_MANIFEST_BYTES = 16 << 20
+# The folders a manifest lists, so that a launch can tell before anything is billed whether
+# the tree holds what the job reads (imagenet's sz/40/train): those up to three levels deep,
+# when there are at most MAX_FOLDERS of them (ImageNet's class folders make about 2,000).
+FOLDER_DEPTH = 3
+MAX_FOLDERS = 100_000
 BLOCK = 512  # a tar block: each member is a header block plus its data padded to blocks
 SHARD_NAME = re.compile(r"shard-[0-9]{5}\.tar")
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -238,19 +244,33 @@ class Manifest:
     bytes: int  # of all shards: what a staging downloads
     file_bytes: int  # of all files: what they take on disk
     shards: tuple[ShardEntry, ...]
+    # The tree's folders to FOLDER_DEPTH levels (folders_of); None: not listed (a manifest
+    # pushed before they were, or a tree with more than MAX_FOLDERS of them)
+    folders: tuple[str, ...] | None = None
 
     @classmethod
-    def build(cls, shard_bytes: int, shards: list[ShardEntry]) -> "Manifest":
+    def build(cls, shard_bytes: int, shards: list[ShardEntry],
+              folders: tuple[str, ...] | None = None) -> "Manifest":
         return cls(MANIFEST_VERSION, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    shard_bytes, sum(s.files for s in shards), sum(s.bytes for s in shards),
-                   sum(s.file_bytes for s in shards), tuple(shards))
+                   sum(s.file_bytes for s in shards), tuple(shards), folders)
 
     def to_json(self) -> str:
         doc = {"version": self.version, "created": self.created, "shard_bytes": self.shard_bytes,
                "files": self.files, "bytes": self.bytes, "file_bytes": self.file_bytes,
                "shards": [{"name": s.name, "files": s.files, "bytes": s.bytes,
                            "file_bytes": s.file_bytes, "sha256": s.sha256} for s in self.shards]}
+        if self.folders is not None:
+            doc["folders"] = list(self.folders)
         return json.dumps(doc, indent=1) + "\n"
+
+    def has_folder(self, folder: str) -> bool | None:
+        """Whether the tree has `folder` (a relative path; one deeper than FOLDER_DEPTH is
+        looked up by its first levels), or None when the manifest lists no folders."""
+        if self.folders is None:
+            return None
+        parts = [p for p in folder.split("/") if p]
+        return not parts or "/".join(parts[:FOLDER_DEPTH]) in self.folders
 
     @classmethod
     def from_json(cls, text, max_shards: int = MAX_SHARDS) -> "Manifest":
@@ -262,7 +282,21 @@ class Manifest:
             raise ValueError("manifest: nested too deeply") from None
 
 
+def folders_of(paths) -> tuple[str, ...] | None:
+    """The folders that hold the files at `paths` (relative POSIX paths), to FOLDER_DEPTH
+    levels, sorted; None when there are more than MAX_FOLDERS."""
+    found: set[str] = set()
+    for path in paths:
+        parts = path.split("/")[:-1][:FOLDER_DEPTH]
+        for i in range(1, len(parts) + 1):
+            found.add("/".join(parts[:i]))
+        if len(found) > MAX_FOLDERS:
+            return None
+    return tuple(sorted(found))
+
+
 MANIFEST_KEYS = {"version", "created", "shard_bytes", "files", "bytes", "file_bytes", "shards"}
+OPTIONAL_KEYS = {"folders"}
 SHARD_KEYS = {"name", "files", "bytes", "file_bytes", "sha256"}
 
 
@@ -297,8 +331,9 @@ def _parse_manifest(text, max_shards: int) -> Manifest:
         doc = json.loads(text, parse_constant=_reject_constant)
     except ValueError as exc:  # JSONDecodeError, a too-long integer
         _bad(f"not JSON ({str(exc).splitlines()[0][:100]})")
-    if not isinstance(doc, dict) or set(doc) != MANIFEST_KEYS:
-        _bad(f"not an object with exactly the keys {', '.join(sorted(MANIFEST_KEYS))}")
+    if not isinstance(doc, dict) or not MANIFEST_KEYS <= set(doc) <= MANIFEST_KEYS | OPTIONAL_KEYS:
+        _bad(f"not an object with exactly the keys {', '.join(sorted(MANIFEST_KEYS))} (and "
+             f"perhaps {', '.join(sorted(OPTIONAL_KEYS))})")
     if type(doc["version"]) is not int or doc["version"] != MANIFEST_VERSION:
         _bad(f"version is not {MANIFEST_VERSION} (a newer cloudtrain wrote it?)")
     created = doc["created"]
@@ -320,7 +355,22 @@ def _parse_manifest(text, max_shards: int) -> Manifest:
         if _int(doc, key, "") != total:
             _bad(f"{key} is {doc[key]}, its shards add up to {total}")
     return Manifest(MANIFEST_VERSION, created, shard_bytes, doc["files"], doc["bytes"],
-                    doc["file_bytes"], shards)
+                    doc["file_bytes"], shards, _folders(doc.get("folders")))
+
+
+def _folders(listed) -> tuple[str, ...] | None:
+    """A manifest's folder list, checked: sorted, unique, safe relative paths."""
+    if listed is None:
+        return None
+    if not isinstance(listed, list) or len(listed) > MAX_FOLDERS:
+        _bad(f"folders is not a list of at most {MAX_FOLDERS} paths")
+    for i, folder in enumerate(listed):
+        if not isinstance(folder, str) or safe_member(folder) or \
+                folder.count("/") >= FOLDER_DEPTH:
+            _bad(f"folders[{i}] is not a relative path of at most {FOLDER_DEPTH} levels")
+        if i and folder <= listed[i - 1]:
+            _bad(f"folders[{i}] is out of order or repeated")
+    return tuple(listed)
 
 
 def _shard(index: int, item) -> ShardEntry:

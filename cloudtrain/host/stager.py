@@ -109,6 +109,14 @@ class Stager:
         print(line, file=self.out, flush=True)
         self.write_status()
 
+    def linked(self, d: dict, rec: dict, t0: float) -> None:
+        """A dataset already on the host, linked and not read: said as that, not as a copy
+        of 0 bytes."""
+        rec.update(state="staged", seconds=round(time.time() - t0, 3))
+        print("cloudtrain staging %s: linked %s" % (rec["name"], d["path"]), file=self.out,
+              flush=True)
+        self.write_status()
+
     # - running ------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -171,8 +179,10 @@ class Stager:
             self._link(d)
             if d.get("preread"):
                 self._preread(d["path"], rec, t0)
-            rec["state"] = "staged"
-            self.progress(rec, t0)
+                rec["state"] = "staged"
+                self.progress(rec, t0)
+                return
+            self.linked(d, rec, t0)
             return
         dest = d["dest"].rstrip("/")
         if d["kind"] == "shards":

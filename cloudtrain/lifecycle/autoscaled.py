@@ -9,6 +9,8 @@ the other.
 
     grouped(job)                     whether the job runs in an Auto Scaling group
     learn(store, job)                the store's attempts recorded here; its final record
+    not_the_job_s(instance, ec2, job)  why EC2 does not bear out that an instance is the job's
+    ends_here(final, store, job, ec2)  final.json as the end, where it fits EC2 and attempts
     lost(store, job, states, why)    the recorded instance is gone: the job goes on elsewhere
                                      (None), or its end is known (the final record)
 
@@ -23,7 +25,7 @@ import time
 from .. import providers
 from ..errors import CloudtrainError
 from ..market import Market
-from ..state import Instance, Job, Store
+from ..state import SUCCEEDED, Instance, Job, Store
 from . import attempts, group
 
 REPLACED = "taken back; relaunched by AWS Auto Scaling"
@@ -37,48 +39,161 @@ def learn(store: Store, job: Job) -> dict | None:
     """Record the attempts the job store holds that this machine has not seen (each one's
     instance too, and the end of the one before it); the job's final record, or None while
     it runs. A group that AWS emptied (the deadline's scheduled action) or that is gone,
-    with no final record, is the job's end too: nothing runs it any more."""
-    record = providers.get(job.backend).group_record(store, job)
-    final = record["final"] or _ended_without_word(record.get("group"))
+    with no final record, is the job's end too: nothing runs it any more.
+
+    The job store is written through the job's grant, which any of its instances holds (and
+    anyone who read it): a record is believed only where EC2 agrees. An attempt is the
+    job's only if EC2 shows its instance with the job's tag (and in the job's group); any
+    other is passed over, said once, neither recorded nor priced (`release` would terminate
+    what is recorded). final.json is the end only if it fits what EC2 and the attempts say
+    (ends_here). Recording is idempotent: `status` and the supervisor may learn the same
+    attempts at the same moment."""
+    provider = providers.get(job.backend)
+    record = provider.group_record(store, job)
     known = {a.n: a for a in store.attempts(job.id)}
     if not known:
         store.add_attempt(job.id, 1, started_at=job.created_at)
         known = {a.n: a for a in store.attempts(job.id)}
-    instances = {i.id for i in store.instances(job.id)}
     spec = job.spec or {}
     region = spec.get("region") or next((i.region for i in store.instances(job.id)
                                          if i.region), None)
+    fresh = [d for d in record["attempts"] if d["attempt"] != 1 and d["attempt"] not in known]
+    # EC2's view of the job's instances: only those that carry its tag are in it.
+    ec2 = provider.instance_states(store, job) if fresh or record["final"] else {}
+    manifest: list = []  # the latest streamed checkpoint's manifest, read once if needed
     for doc in record["attempts"]:
         n = doc["attempt"]
-        if n in known and known[n].resumed_step is None and doc["resumed_step"] is not None:
+        if n in known and known[n].resumed_step is None and doc["resumed_step"] is not None \
+                and doc["instance"] == known[n].instance_id:
             store.update_attempt(job.id, n, resumed_step=doc["resumed_step"],
                                  resumed_seq=doc["resumed_seq"])  # said after the restore
         if n == 1 or n in known:
+            continue
+        why = not_the_job_s(doc["instance"], ec2, job)
+        if why is not None:
+            store.add_event(job.id, PASSED_OVER, once=True, detail=(
+                f"attempts/{n}.json names {doc['instance']}, {why}: not taken as the job's "
+                "(neither recorded nor priced)"))
             continue
         started = doc["started_at"]
         before = known.get(n - 1) or store.attempt(job.id)
         if before is not None and before.ended_at is None:
             store.update_attempt(job.id, before.n, only_if_open=True,
                                  ended_at=started, outcome=attempts.INTERRUPTED,
-                                 end_reason=REPLACED)
-        if doc["instance"] not in instances:
-            store.add_instance(Instance(
-                id=doc["instance"], job_id=job.id, provider=job.backend, region=region,
-                zone=doc["zone"], instance_type=doc["type"] or spec.get("instance_type"),
-                market=Market.ON_DEMAND if doc["lifecycle"] == "on-demand" else Market.SPOT,
-                state="running", launched_at=started, terminated_at=None,
-                price_per_hour=None,
-                details={"auto_scaling_group": spec.get("auto_scaling_group"), "attempt": n}))
-            instances.add(doc["instance"])
-            store.add_event(job.id, "instance", detail=f"{doc['instance']} in {doc['zone']} "
-                                                       f"(attempt {n}, by AWS Auto Scaling)")
+                                 end_reason=REPLACED,
+                                 last_step=_last_step(store, job, before, manifest))
+        store.add_instance(Instance(
+            id=doc["instance"], job_id=job.id, provider=job.backend, region=region,
+            zone=doc["zone"], instance_type=doc["type"] or spec.get("instance_type"),
+            market=Market.ON_DEMAND if doc["lifecycle"] == "on-demand" else Market.SPOT,
+            state="running", launched_at=started, terminated_at=None,
+            price_per_hour=None,
+            details={"auto_scaling_group": spec.get("auto_scaling_group"), "attempt": n}),
+            event=("instance", f"{doc['instance']} in {doc['zone']} (attempt {n}, by AWS "
+                               "Auto Scaling)"))
         store.add_attempt(job.id, n, started_at=started, instance_id=doc["instance"],
                           region=region, zone=doc["zone"], market=doc["lifecycle"],
                           instance_type=doc["type"] or spec.get("instance_type"),
                           running_at=started, resumed_step=doc["resumed_step"],
                           resumed_seq=doc["resumed_seq"])
         known[n] = store.attempt(job.id, n)
-    return final
+    final, why = ends_here(record["final"], store, job, ec2, record.get("group"))
+    if why is not None:
+        store.add_event(job.id, PASSED_OVER, once=True, detail=(
+            f"final.json ({record['final']['state']}) is not taken as the job's end: {why}"))
+    return final or _ended_without_word(record.get("group"))
+
+
+PASSED_OVER = "passed-over"  # the event of a job store record that EC2 does not bear out
+LIVE = ("pending", "running")
+
+
+def not_the_job_s(instance: str, ec2: dict, job: Job) -> str | None:
+    """Why `instance` is not the job's as EC2 sees it (`ec2`: instance_states, the instances
+    that carry the job's tag), or None where it is. The group's tag (which only AWS Auto
+    Scaling sets: no principal may write an aws: tag) must name the job's group on a live
+    instance; one that has left its group (detached, or ended by the group) may no longer
+    carry it."""
+    seen = ec2.get(instance)
+    if seen is None:
+        return (f"which EC2 does not show with the job's tag (cloudtrain:job={job.id}; it "
+                "stops listing an instance about an hour after its end)")
+    group = (job.spec or {}).get("auto_scaling_group")
+    if group and seen.get("group") != group and (
+            seen.get("group") is not None or seen.get("state") in LIVE):
+        where = f"Auto Scaling group {seen['group']}" if seen.get("group") else \
+            "no Auto Scaling group"
+        return f"which EC2 shows in {where}, not in the job's {group}"
+    return None
+
+
+def ends_here(final: dict | None, store: Store, job: Job, ec2: dict,
+              group: dict | None = None) -> tuple[dict | None, str | None]:
+    """final.json as the job's end where it fits what EC2 and the attempts say, else
+    (None, why not). An agent's end names its attempt (or its instance, that attempt's); a
+    bootstrap that found the restarts used up names the last attempt and itself; one that
+    could not start the job names neither, and says failed. Whatever it names must be the
+    job's, and no later attempt of the job may still run: a success while a replacement
+    trains is not the end. Where nothing runs the job any more (its `group` deleted or at
+    0, no instance of it live), it is the end whatever it names: EC2 stops listing an
+    instance about an hour after it ended, so the records of a job that ended while this
+    machine was off for longer cannot be checked, and nothing contradicts them."""
+    if final is None:
+        return None, None
+    why = _final_unfit(final, store, job, ec2)
+    if why is None:
+        return final, None
+    stopped = (group or {}).get("gone") or (group or {}).get("desired") == 0
+    anonymous = final.get("attempt") is None and final.get("instance") is None
+    if stopped and not any(s.get("state") in LIVE for s in ec2.values()) and not (
+            anonymous and final["state"] == SUCCEEDED):
+        return final, None
+    return None, why
+
+
+def _final_unfit(final: dict, store: Store, job: Job, ec2: dict) -> str | None:
+    have = {a.n: a for a in store.attempts(job.id)}
+    n, instance = final.get("attempt"), final.get("instance")
+    if n is not None and n not in have:
+        return f"it names attempt {n}, which the job does not have"
+    if instance is not None:
+        why = not_the_job_s(instance, ec2, job)
+        if why is not None:
+            return f"it names {instance}, {why}"
+        if n is None:
+            n = next((a.n for a in have.values() if a.instance_id == instance), None)
+    if n is None and final["state"] == SUCCEEDED:
+        return "a success that names no attempt or instance of the job"
+    later = [a for k, a in sorted(have.items()) if n is not None and k > n and a.instance_id
+             and (ec2.get(a.instance_id) or {}).get("state") in LIVE]
+    if later:
+        return (f"attempt {later[-1].n} of the job still runs on {later[-1].instance_id} "
+                f"(final.json names attempt {n})")
+    return None
+
+
+def _last_step(store: Store, job: Job, attempt, manifest: list) -> int | None:
+    """The last step an attempt that AWS replaced is known to have run: the step of the
+    latest checkpoint it streamed to the job store (its manifest names the attempt), or its
+    latest metrics row's where this machine followed that attempt's instance (`status`
+    refreshed the job's metrics from it), whichever is later. `manifest` caches the
+    manifest across the attempts of one look ([] until read)."""
+    steps = []
+    host = (job.host or {}).get("host")
+    at = [i.id for i in store.instances(job.id) if host and (i.details or {}).get("address")
+          == host]
+    if at == [attempt.instance_id]:
+        step = attempts.last_step(job, None)
+        if step is not None:
+            steps.append(step)
+    if not manifest:
+        try:
+            manifest.append(providers.get(job.backend).checkpoint_plan(store, job, 60.0) or {})
+        except CloudtrainError:
+            manifest.append({})
+    if manifest[0].get("attempt") == attempt.n and isinstance(manifest[0].get("step"), int):
+        steps.append(manifest[0]["step"])
+    return max(steps) if steps else None
 
 
 def _ended_without_word(group: dict | None) -> dict | None:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from .. import config, datasets, hostdata, ledger, nodes, providers, state
+from ..host import agent_control
 from ..host.job_status import metrics_tail, read_json
 from ..errors import CloudtrainError, HostError, NotRegularFile
 from ..local_host import LocalHost
@@ -210,6 +211,8 @@ def probe_files(jobdir: str) -> dict:
     return hostdata.clean_report({"status": read_json(os.path.join(jobdir, "status.json")),
                                   "staging": read_json(os.path.join(jobdir,
                                                                     datasets.STATUS_FILE)),
+                                  "setup": read_json(os.path.join(jobdir,
+                                                                  agent_control.SETUP_STATUS)),
                                   "now": time.time(), "metrics": latest, "target": target,
                                   "runs": summary})
 
@@ -242,17 +245,36 @@ def from_job_store(store: Store, job: Job) -> dict | None:
     if report.get("metrics"):
         store.update_job(job.id, metrics=report["metrics"])
     record_staged(store, store.job(job.id), report.get("staging"))
+    record_set_up(store, store.job(job.id), report.get("setup"))
     return report.get("status")
 
 
 def record_staged(store: Store, job: Job, staging: dict | None) -> bool:
-    """A job still in `staging` whose stager said the data is complete runs from then on:
-    the `running` event at the stager's own end time (also when it is learnt only after the
-    job ended, from the job store), so the cost of the copy and of the training split there."""
+    """A job still in `staging` whose stager said the data is complete runs from then on (or
+    runs its job file's setup first: `setting-up`): the event at the stager's own end time
+    (also when it is learnt only after the job ended, from the job store), so the cost of
+    the copy and of the training split there."""
     if job.state != state.STAGING or not staging or staging.get("state") != "staged":
         return False
-    return store.set_state(job.id, state.RUNNING, at=staging.get("ended_at") or time.time(),
+    return store.set_state(job.id, state.SETTING_UP if (job.spec or {}).get("setup") else
+                           state.RUNNING, at=staging.get("ended_at") or time.time(),
                            detail=datasets.staged_line(staging), expect=state.STAGING)
+
+
+def record_set_up(store: Store, job: Job, setup: dict | None) -> bool:
+    """A job running its job file's setup on its host (`setting-up` after the launch) whose
+    setup is done runs its command from then on: the `running` event at the setup's own end
+    (run.sh's setup-status.json), so that the setup is the setup phase's time and cost."""
+    if not (state.on_host(job) and job.state == state.SETTING_UP) or not setup or \
+            setup.get("state") != "done":
+        return False
+    ended = setup.get("ended_at")
+    # run.sh's clock has whole seconds: never before the phase it ends
+    at = max([ended or time.time()] + [e.at for e in store.events(job.id)])
+    return store.set_state(job.id, state.RUNNING, at=at,
+                           detail="setup done" + (f" in {ended - setup['started_at']:.0f} s"
+                                                  if ended and setup.get("started_at") else ""),
+                           expect=state.SETTING_UP)
 
 
 def node_from_store(store: Store, job: Job, node: int) -> dict | None:

@@ -7,6 +7,7 @@ group and attempts.
     timeline(store, job)                  the job's phases, from its events
     detail(store, settings, ref)          what `status JOB` shows
     read_log / tail_log / follow          the job's output (a node's with `node`)
+    ending(store, job)                    what a followed job's end says
     for_logs(store, settings, ref)        the job whose output `logs` prints
     attach_argv / ssh_argv                tmux's and ssh's command lines to the job
     metrics_file(job) / recipe_target(job)  for `plot`
@@ -128,13 +129,9 @@ def recipe_target(job: Job) -> tuple[float | None, str | None]:
     from .. import recipes
 
     try:
-        target = recipes.load(job.recipe).target or {}
+        target = recipes.load(job.recipe).target_for((job.spec or {}).get("args") or {})
     except CloudtrainError:  # the recipe is gone or changed
         return None, None
-    # a variant with a metric of its own (imagenet's ffcv-rn50-*: FFCV's top-1)
-    variant = ((job.spec or {}).get("args") or {}).get("variant")
-    own = (target.get("per_variant") or {}).get(variant) if isinstance(variant, str) else None
-    target = own or target
     return target.get("value"), target.get("metric")
 
 
@@ -196,6 +193,18 @@ def follow(store: Store, settings: config.Settings, job: Job, offset: int = 0,
         time.sleep(FOLLOW_POLL_S)
 
 
+def ending(store: Store, job: Job) -> list[str]:
+    """What a followed job's end says (`launch -f`, `logs -f`): the one line on its outcome
+    (D38), and the job's outputs note where a declared output was not found or not brought
+    home (U53: it was only in `status JOB`'s timeline)."""
+    lines = [f"job {job.id} {job.state}" + (f": {job.reason}" if job.reason else "")]
+    note = next((e.detail for e in reversed(store.events(job.id)) if e.phase == "outputs"),
+                None)
+    if note and ("; not found: " in note or "; not brought home: " in note):  # collect's notes
+        lines.append(note)
+    return lines
+
+
 def for_logs(store: Store, settings: config.Settings, ref: str) -> Job:
     """The job whose output `logs` prints, refreshed (a job whose instance is gone is then
     read from where its files went). One that never started has no output: why (D9)."""
@@ -207,9 +216,10 @@ def for_logs(store: Store, settings: config.Settings, ref: str) -> Job:
 
 
 def _ran(store: Store, job: Job) -> bool:
-    """Whether the job got as far as running (or staging data for) its command."""
-    return bool(job.jobdir) and any(e.phase in (state.RUNNING, state.STAGING)
-                                    for e in store.events(job.id))
+    """Whether the job got as far as running (or staging data for, or setting up) its
+    command: a phase of its host's, or its agent's start."""
+    return bool(job.jobdir) and (job.started_at is not None or any(
+        e.phase in (state.RUNNING, state.STAGING) for e in store.events(job.id)))
 
 
 def _why(job: Job) -> str:
@@ -232,7 +242,7 @@ def _on_its_host(store: Store, settings: config.Settings, job: Job, action: str)
                          hint=f"cloudtrain status {job.id}")
     if not job.active and not (action == "ssh" and holds_instance(store, job)):
         raise UsageError(_ended(job), hint=f"cloudtrain logs {job.id}")
-    if job.active and job.state not in (state.RUNNING, state.STAGING):
+    if job.active and not state.on_host(job):
         raise UsageError(f"job {job.id} is {job.state}: nothing to {action} to yet",
                          hint=f"cloudtrain logs {job.id} --follow (it waits for the start)")
     return job

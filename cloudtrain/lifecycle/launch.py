@@ -112,13 +112,15 @@ def start_attempt(store: Store, settings: config.Settings, spec: JobSpec, provid
     try:
         started, detail = _launch_steps(_Launch(store, settings, spec, provider, job, report,
                                                 found), source, kept)
-        # With data to stage, the job runs once the stager says it is complete
-        # (refresh moves it on, at the stager's own clock).
-        _advance(store, job.id, state.STAGING if found else state.RUNNING,
+        # With data to stage, the job runs once the stager says it is complete, and with a
+        # job file's setup once that is done (refresh moves it on, at their own clocks).
+        _advance(store, job.id, state.STAGING if found else
+                 state.SETTING_UP if spec.setup else state.RUNNING,
                  detail=datasets.staging_line(spec) if found else detail, at=started)
         if spec.recover:
             attempts.started(store, job.id, spec.attempt, started)
-        report.phase(f"started job {job.id}" + (": its data is staged first" if found else ""))
+        report.phase(f"started job {job.id}" + (": its data is staged first" if found else
+                                                ": its setup runs first" if spec.setup else ""))
     except BaseException as exc:
         if isinstance(exc, PlacementError) and spec.attempt > 1:
             raise  # nothing was created here; the relaunch tries its next place
@@ -359,7 +361,8 @@ def _grants(a: _Launch, nodes: NodeGroup) -> list[dict | None]:
         grant, note = a.provider.results_grant(a.store, a.job, a.spec, node=i)
         if note and i == 0:  # where the results go when nobody is watching, or what is lost
             a.store.add_event(a.job.id, "results-store", detail=note)
-            a.report.note(note)
+            (a.report.info if grant is not None and not note.startswith("WARNING")
+             else a.report.note)(note)
         grants.append(grant)
     return grants
 

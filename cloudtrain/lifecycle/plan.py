@@ -42,6 +42,8 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
             found = read_datasets(spec, settings)
             data_rows = [("data", datasets.staging_line(spec))] + [
                 ("note", note) for note in datasets.notes(spec, settings, found)]
+        except datasets.MissingFolders:
+            raise  # the data is there, but not what the job reads: refused, as the launch is
         except CloudtrainError as exc:
             data_rows = [("data", f"cannot be read, the launch would stop: {exc.message}")]
     renamed = None

@@ -23,10 +23,9 @@ import os
 import shlex
 from pathlib import Path
 
-from ..host import agent as agent_module
 from .. import config, datasets
 from ..errors import UsageError
-from ..host import bootstrap, checkpoint_manifest
+from ..host import agent_control, bootstrap, checkpoint_manifest
 from ..hosts import Host, agent_dir, agent_files, bundle
 from ..local_host import LocalHost
 from ..nodes import torchrun_argv
@@ -144,18 +143,27 @@ def setup_lines(spec: JobSpec, jobdir: str, once: bool) -> list[str]:
     q = shlex.quote
     marker = f"{jobdir.rsplit('/', 2)[0]}/setup-done/" + \
         hashlib.sha256(spec.setup.encode()).hexdigest()[:32]
-    status = q(f"{jobdir}/{agent_module.SETUP_STATUS}")
-    run = [f"cd {q(work)}",
+    status = q(f"{jobdir}/{agent_control.SETUP_STATUS}")
+
+    def said(state: str) -> str:
+        """setup-status.json: where the setup is (`status` shows the job setting-up until it
+        is done: watch.refresh), in whole seconds (`date +%N` is GNU's only)."""
+        ended = "null" if state == "running" else '"$(date +%s)"'
+        return (f"printf '{{\"state\": \"{state}\", \"started_at\": %s, \"ended_at\": %s}}"
+                f"\\n' \"$_ct_t0\" {ended} > {status}")
+
+    run = [f"cd {q(work)}", "_ct_t0=$(date +%s)", said("running"),
            "echo 'cloudtrain: setup started'",
            f"set +e; bash {q(jobdir + '/' + SETUP_FILE)}; _ct_rc=$?; set -e",
            "if [ $_ct_rc -ne 0 ]; then printf '{\"state\": \"failed\", \"exit_code\": %d}\\n' "
            f"$_ct_rc > {status}; "
            "echo \"cloudtrain: setup failed (exit code $_ct_rc)\"; exit $_ct_rc; fi",
+           said("done"),
            "echo 'cloudtrain: setup done'"]
     if not once:
         return run
     return [f"if [ -e {q(marker)} ]; then echo 'cloudtrain: setup skipped: it ran unchanged "
-            "on this instance'; else",
+            f"on this instance'; _ct_t0=$(date +%s); {said('done')}; else",
             *run, f"mkdir -p {q(marker.rsplit('/', 1)[0])} && touch {q(marker)}; fi"]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 from .. import config, providers, state
 from ..errors import CloudtrainError, Interrupted, MissingDependency, NotFound, UsageError
@@ -35,10 +36,12 @@ class StopOutcome:
     # "job" or "orphan": something stopped (or not); "sweep": where the cloud was looked
     # at, and each region that could not be (ok False)
     kind: str = "job"
+    regions: tuple[str, ...] = ()  # a sweep's regions checked (the note says how many)
 
 
 def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every: bool,
-           grace_s: float | None = None) -> list[StopOutcome]:
+           grace_s: float | None = None,
+           say: Callable[[str], None] | None = None) -> list[StopOutcome]:
     """Stop jobs: SIGTERM to the job, SIGKILL after the grace period; mark them cancelled and
     terminate their instances.
 
@@ -47,7 +50,8 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
     API whether or not the stop worked. One job's failure never stops the others. `--all`
     also terminates instances tagged as ours that no job in the store holds (F12: a lost or
     other machine's state), and a reference that is no job here may name such an instance's
-    job."""
+    job. `say`: each graceful stop as it begins (the grace period can be minutes of silence).
+    """
     if every and refs:
         raise UsageError("give job ids or --all, not both")
     if not every and not refs:
@@ -70,7 +74,7 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
             continue
         seen.add(job.id)
         try:
-            outcomes.append(_stop_one(store, settings, job, grace))
+            outcomes.append(_stop_one(store, settings, job, grace, say))
         except KeyboardInterrupt:  # U30: say what is left as it is
             rest = [j.id for j in targets if j.id not in seen]
             raise Interrupted(
@@ -105,7 +109,8 @@ def down_targets(store: Store) -> list[Job]:
                                                      or holds_group(store, j, aws_provider))]
 
 
-def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -> StopOutcome:
+def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float,
+              say: Callable[[str], None] | None = None) -> StopOutcome:
     """One job: a bounded graceful stop where it runs, then release whatever happens."""
     if not job.active and holds_instance(store, job):
         return _release_outcome(store, job, True, f"{job.state}; its kept instance terminated")
@@ -121,13 +126,14 @@ def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -
     status, problem = {}, None
     if (job.reason or "").startswith(UNREACHABLE):  # the probe just now got no answer:
         problem = job.reason                          # no graceful stop to wait for
-    elif job.jobdir and job.state in (state.RUNNING, state.STAGING) and \
-            len(records(job)) > 1:  # every node at once, each bounded
+    elif job.jobdir and state.on_host(job) and len(records(job)) > 1:  # every node at once, each bounded
+        _say_stopping(say, job, grace, len(records(job)))
         answers = stop_nodes(job, settings, grace_s=grace, store=store)
         status = answers[0] if isinstance(answers[0], dict) else {}
         problems = [f"node {i}: {a}" for i, a in enumerate(answers) if isinstance(a, str)]
         problem = "; ".join(problems) or None
-    elif job.jobdir and job.state in (state.RUNNING, state.STAGING):
+    elif job.jobdir and state.on_host(job):
+        _say_stopping(say, job, grace)
         status, problem = bounded(lambda: group.host_of(job).stop_job(job.jobdir, grace) or {},
                                    grace + STOP_MARGIN_S)
         status = status if isinstance(status, dict) else {}
@@ -143,6 +149,14 @@ def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -
                               if problem else "")
     return _release_outcome(store, job, note.startswith("cancelled"), note,
                             collect=problem is None)
+
+
+def _say_stopping(say: Callable[[str], None] | None, job: Job, grace: float,
+                  nodes: int = 1) -> None:
+    """The graceful stop, said as it is sent: the job has `grace` seconds to end."""
+    if say is not None:
+        where = f" on its {nodes} nodes" if nodes > 1 else ""
+        say(f"stopping {job.id}{where}: SIGTERM sent, SIGKILL in {grace:g} s")
 
 
 def _release_outcome(store: Store, job: Job, stopped: bool, note: str,
@@ -252,8 +266,8 @@ def sweep_outcomes(backend: str, swept) -> list[StopOutcome]:
         other = " other" if swept.unchecked else ""
         out.append(StopOutcome(backend, None, False, f"checked {len(swept.regions)}{other} "
                                f"region{'s' if len(swept.regions) != 1 else ''} "
-                               f"({swept.chosen_by}): {', '.join(swept.regions)}",
-                               kind="sweep"))
+                               f"({swept.chosen_by})", kind="sweep",
+                               regions=tuple(swept.regions)))
     return out
 
 

@@ -121,7 +121,8 @@ def ensure(store: state.Store, settings: config.Settings | None = None) -> str |
         if not needed(store) or _held(home):
             return None
         pid = start(home)
-        return f"recovery supervisor started (pid {pid}, tmux session {session(home)})"
+        said = f"pid {pid}, " if pid is not None else ""
+        return f"recovery supervisor started ({said}tmux session {session(home)})"
     except CloudtrainError as exc:
         return f"WARNING: the recovery supervisor could not start: {exc.message}"
     except OSError as exc:
@@ -143,7 +144,8 @@ def watchdog() -> str | None:
 
 def start(home: Path | None = None) -> int | None:
     """Start `cloudtrain supervisor run` in a tmux session of its own and wait (bounded) until
-    it holds the lock. Returns its pid. What it needs of this process's environment (AWS
+    it holds the lock. Returns its pid, once it has said it (None if it has not within the
+    wait: only a pid it wrote is a true one). What it needs of this process's environment (AWS
     settings, and credentials kept only there) is handed over in a private file that it
     deletes at once; nothing of it stays on disk (F31)."""
     import secrets
@@ -192,9 +194,31 @@ def _start_in_tmux(home: Path, socket: str, handover: Path) -> int | None:
     deadline = time.monotonic() + START_WAIT_S
     while time.monotonic() < deadline:
         if _held(home):
-            return state_of(home).get("pid")
+            break
         time.sleep(0.05)
-    raise CloudtrainError(f"it did not start within {START_WAIT_S:.0f} s (see {home / LOG})")
+    else:
+        raise CloudtrainError(f"it did not start within {START_WAIT_S:.0f} s (see {home / LOG})")
+    # It writes its pid just after it takes the lock; a supervisor.json left by one killed
+    # with SIGKILL names a process that is gone.
+    while True:
+        pid = state_of(home).get("pid")
+        if isinstance(pid, int) and not isinstance(pid, bool) and _alive(pid):
+            return pid
+        if time.monotonic() >= deadline or not _held(home):
+            return None
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # another user's: alive
+        return True
+    except (ProcessLookupError, OverflowError, ValueError):
+        return False
+    return True
 
 
 def _take(handover: Path | None) -> dict:
@@ -272,6 +296,7 @@ def run(home: Path | None, handover: Path | None, round_: Round) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_term)
     started = time.time()
+    _write_info(home, started, None, credentials)  # its pid, at once: start() waits for it
     say(f"supervisor {os.getpid()} watching {home}")
     try:
         # A config.yaml mistake made while it runs must not end the recovery: said in its
@@ -314,7 +339,7 @@ def _loop(home: Path, started: float, stopping: dict, credentials: str, round_: 
         _sleep(settings.supervisor_poll_seconds, stopping)
 
 
-def _write_info(home: Path, started: float, watching: int, credentials: str) -> None:
+def _write_info(home: Path, started: float, watching: int | None, credentials: str) -> None:
     from ..hosts import default_tmux_socket
 
     config.write_private(home / INFO, json.dumps({

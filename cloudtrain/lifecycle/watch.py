@@ -24,8 +24,8 @@ from ..spec import JobSpec
 from ..state import Job, Store
 from . import attempts, autoscaled, group, supervisor
 from .collect import (collect_files, finish, from_job_store, mark_node_collected,
-                      node_from_store, probe_files, record_node_agents, record_staged,
-                      stop_nodes)
+                      node_from_store, probe_files, record_node_agents, record_set_up,
+                      record_staged, stop_nodes)
 
 UNREACHABLE = "host unreachable"  # the reason a job has while its host does not answer
 
@@ -34,7 +34,7 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
     """Bring an active job's record up to date from its host (one probe round trip)."""
     if job.state == state.RECOVERING:  # the supervisor's to relaunch
         return job
-    if job.active and job.state not in (state.RUNNING, state.STAGING):
+    if job.active and not state.on_host(job):
         return _check_launcher(store, job)
     if not job.active or not job.jobdir:
         return job
@@ -59,6 +59,7 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
                              "staging": datasets.progress_line(staging)}
         if record_staged(store, job, staging):  # the data is complete: the job itself runs
             fields["metrics"] = report.get("metrics") or None
+    record_set_up(store, store.job(job.id), report.get("setup"))  # its setup is done
     agent_state = status.get("state")
     if agent_state == state.PREEMPTED and autoscaled.grouped(job):
         # AWS Auto Scaling replaces the instance; nothing here relaunches or releases.

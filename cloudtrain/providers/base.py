@@ -183,6 +183,8 @@ class CloudProvider(Provider, Protocol):
         """(code, name, family group) of the vCPU quota a launch of that type counts against."""
     def ec2_quota(self, region: str, code: str) -> float:
         """That quota's value for the account in the region."""
+    def instance_profile_roles(self, region: str, name: str) -> list[str] | None:
+        """Read-only: the roles of that instance profile; None where there is none."""
     def quota_console_url(self, region: str, code: str) -> str:
         """Where that quota's increase is asked for."""
     def power_off_minutes(self, max_runtime_s: float) -> int:
@@ -203,6 +205,8 @@ class CloudProvider(Provider, Protocol):
         """{id, name, created, architecture, root_gb} of that image."""
     def ensure_job_store(self, region: str, owner_key: str | None = None) -> tuple[str, bool]:
         """The job store's bucket, made on first use: (bucket, made now)."""
+    def job_store_found(self, region: str) -> tuple[str, bool]:
+        """Read-only: the job store's bucket, and whether it is there and ours."""
     def put_stored_object(self, region: str, job_id: str, name: str, data: bytes) -> str:
         """One object under the job's prefix of the job store; its s3:// URL."""
     def delete_results(self, region: str, job_id: str) -> int:

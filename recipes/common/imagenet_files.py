@@ -34,6 +34,7 @@ import fcntl
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import tarfile
@@ -61,6 +62,17 @@ def resized_source(size: int) -> str:
 def capped_source(side: int) -> str:
     """The source name of the copy whose longer side is at most `side`: 500 -> "max/500"."""
     return f"{CAPPED}/{int(side)}"
+
+
+def prepare_command(dest: Path, sources) -> str:
+    """The `cloudtrain data prepare` line that makes `sources` ("" full size, "sz/N",
+    "max/N") in `dest`: `--sizes` names exactly the resized copies (`''`: none, where the
+    default would make 160 and 352), `--max-sides` the capped ones."""
+    sizes = [s.split("/")[1] for s in sources if s.startswith(RESIZED + "/")]
+    sides = [s.split("/")[1] for s in sources if s.startswith(CAPPED + "/")]
+    line = (f"cloudtrain data prepare imagenet SRC {shlex.quote(str(dest))} "
+            f"--sizes {','.join(sizes) or repr('')}")
+    return line + (f" --max-sides {','.join(sides)}" if sides else "")
 
 
 def source_root(root: Path, source: str) -> Path:

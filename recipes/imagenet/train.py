@@ -234,7 +234,10 @@ def check_tree(root: Path, variant) -> dict:
     same files as the full-size one (the loaders index every folder by position, so a copy
     that lacks a file would shift the labels): {source: (train samples, classes)}. One line
     naming what is wrong and how to fix it otherwise."""
-    fix = f"run `cloudtrain data prepare imagenet SRC {root}`"
+    fix = f"run `{imagenet_files.prepare_command(root, variant.sources())}`"
+    lacking = [s for s in variant.sources()
+               if not all((imagenet_files.source_root(root, s) / split).is_dir()
+                          for split in (imagenet_files.TRAIN, imagenet_files.VAL))]
     found, reference = {}, None
     for source in variant.sources():
         base = imagenet_files.source_root(root, source)
@@ -243,7 +246,8 @@ def check_tree(root: Path, variant) -> dict:
             if not (base / split).is_dir():
                 raise SystemExit(
                     f"{NAME}: no {base / split}; variant {variant.name} reads "
-                    + ", ".join(s or "full-size" for s in variant.sources()) + f": {fix}")
+                    + ", ".join(s or "full-size" for s in variant.sources())
+                    + f": run `{imagenet_files.prepare_command(root, lacking)}`")
             try:
                 samples, classes = imagenet_files.list_images(base / split)
             except ValueError as exc:

@@ -239,17 +239,16 @@ RESNET9_NODES = ("--recipe", "resnet9", "--profile", "smoke", "--set", "gpus=3",
 _PLAIN_NODES: dict = {}
 
 
-def _uninterrupted_nodes(cli) -> tuple[int, dict]:
+def _uninterrupted_nodes(cli, recipe: tuple = RESNET9_NODES) -> tuple[int, dict]:
     """The same 3-process run on this machine (torchrun, gloo), uninterrupted: its steps and
     final weights. The ranks, shards and reduction order are the 3 nodes'."""
-    if not _PLAIN_NODES:
-        plain = cli.launch(*RESNET9_NODES, "--procs", "3", "--backend", "local")
+    if recipe not in _PLAIN_NODES:
+        plain = cli.launch(*recipe, "--procs", "3", "--backend", "local")
         assert cli.wait(plain, timeout=300)["state"] == "succeeded"
-        _PLAIN_NODES["steps"] = cli.job(plain)["metrics"]["step"]
-        _PLAIN_NODES["model"] = torch.load(
+        _PLAIN_NODES[recipe] = (cli.job(plain)["metrics"]["step"], torch.load(
             Path(cli.job(plain)["jobdir"]) / "checkpoints" / "last.pt", map_location="cpu",
-            weights_only=False)["model"]
-    return _PLAIN_NODES["steps"], _PLAIN_NODES["model"]
+            weights_only=False)["model"])
+    return _PLAIN_NODES[recipe]
 
 
 @pytest.mark.parametrize("lost, notice", [(0, False), (2, True)],
@@ -308,6 +307,54 @@ def test_three_nodes_laptop_closed_a_node_taken_back_the_nodes_meet_again_and_su
         if rank != lost:
             assert f"attempt 2: rank {rank} of 3, rendezvous {master}:" in log, log[-3000:]
     _same_as_uninterrupted(ct_home, job, *_uninterrupted_nodes(cli), 30)
+
+
+# C3's run: 10 epochs of 5 steps, so that a second loss lands mid-training or near its end
+RESNET9_NODES_LONG = ("--recipe", "resnet9", "--profile", "smoke", "--set", "gpus=3",
+                      "--set", "epochs=10")
+
+
+def test_C3_three_nodes_lose_node_1_then_the_rendezvous_after_a_notice_and_succeed(
+        lab, cli, ct_home, monkeypatch):
+    """C3, the chaos run's sequence: a resnet9 job on 3 nodes, the launching machine
+    closed; node 1 is taken back without a notice; once the three train again, node 0 (the
+    rendezvous, the checkpoint stream) has a spot notice and is taken back 15 s later.
+    Each loss is one replacement and one attempt; the job ends succeeded (before: its two
+    faults used three restarts and it ended preempted) with the weights of an uninterrupted
+    run, and nothing is left."""
+    from labs.moto_placement import PlacementGroups
+
+    lab.asg.placement = PlacementGroups().install(monkeypatch)
+    lab.host_env["OMP_NUM_THREADS"] = "1"  # 3 nodes share 2 cores
+    job_id = cli.launch(*RESNET9_NODES_LONG, "--nodes", "3", "--instance", "g5.xlarge",
+                        "--spot", "--max-restarts", "3", timeout=300)
+    name = f"cloudtrain-{job_id}"
+    first = lab.asg.wait_for_group(name, 3)
+    nodes = cli.job(job_id)["nodes"]
+    by_rank = {k: next(i for i in first if i.id == n["instance"]) for k, n in enumerate(nodes)}
+    wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("epoch"), timeout=240,
+             interval=1.0, what="rank 0's first streamed checkpoint")
+    lab.asg.kill_launching_machine()
+    _take_back(lab, name, by_rank[1], notice=False)
+    wait_for(lambda: next((i for i in lab.asg.live(name) if i.id not in
+                           {f.id for f in first}), None), timeout=120, what="the replacement")
+    resumed = (lab.stored_checkpoint(job_id) or {}).get("step") or 0
+    wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("step", 0) > resumed,
+             timeout=400, interval=1.0, what="the three training again")
+    zero = by_rank[0]
+    lab.imds.announce(zero.ip)
+    time.sleep(15)
+    if zero.id in [i.id for i in lab.asg.live(name)]:
+        lab.take_back({"InstanceId": zero.id, "PrivateIpAddress": zero.ip})
+    wait_for(lambda: not _everything_gone(lab), timeout=900, interval=1.0,
+             what=f"the job to end and its group to go: {lab.asg.leftovers()}")
+
+    job = cli.job(job_id)
+    assert job["state"] == "succeeded", (job["reason"], job["timeline"])
+    launched = [e["instance"] for e in lab.asg.log("launch")]
+    assert len(launched) == 5, launched  # 3, and one replacement per loss
+    assert [a["attempt"] for a in job["attempts"]] == [1, 2, 3], job["attempts"]
+    _same_as_uninterrupted(ct_home, job, *_uninterrupted_nodes(cli, RESNET9_NODES_LONG), 50)
 
 
 def test_three_nodes_whose_job_fails_end_failed_with_nothing_left(lab, cli, tmp_path,

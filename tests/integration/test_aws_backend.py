@@ -369,7 +369,8 @@ def test_dry_run_with_no_aws_account_at_all(cli, tmp_path):
     # D1: no region anywhere is the default region, said as such (the plan and the launch
     # resolve it the same way), not a refusal whose hint did not work.
     assert proc.returncode == 0, proc.stderr
-    assert "us-east-1 (the default: no --region, AWS_REGION, AWS_DEFAULT_REGION" in proc.stdout
+    assert ("us-east-1 (the default: no --region, `region:` in config.yaml, AWS_REGION, "
+            "AWS_DEFAULT_REGION") in proc.stdout
 
 
 def test_checkpoints_come_home_and_resume_on_a_new_instance(cli, aws, ct_home, toy_recipes):

@@ -406,6 +406,26 @@ def test_the_dry_run_states_the_faster_root_volume_a_large_copy_gets(cli, aws, s
         rows["disk"], rows["disk"]
 
 
+def test_u41_a_pushed_tree_without_the_variant_s_folders_is_refused_before_any_instance(
+        cli, aws, ct_home, s3, tmp_path):
+    """U41, the finding's commands: a tree prepared with the default sizes, pushed, then the
+    smoke profile on the real data on a g5.xlarge. The dry run read the manifest and passed,
+    and the job would have failed on the instance after boot and the copy; now the dry run
+    and the launch refuse it by the manifest's folder list, and nothing is created."""
+    tree = tiny_prepared_imagenet(tmp_path, seed=4, sizes=(160, 352), classes=2)
+    _push(cli, tree, "defaults")
+    args = ("launch", "--recipe", "imagenet", "--profile", "smoke", "--set", "data=imagenet",
+            "--data", f"imagenet=s3://{BUCKET}/defaults", "--instance", "g5.xlarge")
+    for extra in (("--dry-run",), ("-y",)):
+        proc = cli(*args, *extra)
+        assert proc.returncode == 2, proc.stderr
+        assert error_line(proc.stderr) == (
+            f"Error: dataset imagenet at s3://{BUCKET}/defaults has no sz/40/train, sz/40/val, "
+            "sz/88/train, sz/88/val, which recipe imagenet with variant=tiny reads")
+        assert "--sizes 40,88, then cloudtrain data push DEST" in proc.stderr
+    assert aws.instances() == [] and "no jobs yet" in cli.ok("status").stdout
+
+
 # -- F29: the manifest is bucket content ------------------------------------------------------
 
 
@@ -479,6 +499,10 @@ def test_a_staging_job_that_ends_unwatched_still_splits_copy_and_training(
     timeline = _timeline(job)
     assert timeline["running"]["detail"].startswith("data staged: mine ")
     # the copy took well under the 3 s the command slept: the phases split there
-    assert timeline["succeeded"]["start"] - timeline["running"]["start"] >= 3.0
+    from datetime import datetime  # --json's times are ISO 8601 (U25)
+
+    took = datetime.fromisoformat(timeline["succeeded"]["start"]) - \
+        datetime.fromisoformat(timeline["running"]["start"])
+    assert took.total_seconds() >= 3.0
     by_phase = job["cost_detail"]["phases"]
     assert by_phase["training"] > by_phase["staging"] >= 0

@@ -180,14 +180,23 @@ def test_F10_unreadable_credentials_are_an_aws_error(provider, monkeypatch):
         provider.credentials("us-east-1")
 
 
-class _Portal(http.server.BaseHTTPRequestHandler):
-    """A captive portal: 200 and an HTML page, whatever is asked."""
+# -- U59: answers that are not AWS's ---------------------------------------------------------
+
+MOTO_500 = (b"<!doctype html>\n<html lang=en>\n<title>500 Internal Server Error</title>\n"
+            b"<h1>Internal Server Error</h1>\n<p>The server encountered an internal error and "
+            b"was unable to complete your request.</p>\n")
+
+
+class _Foreign(http.server.BaseHTTPRequestHandler):
+    """Whatever is asked, the answer the server holds: (status, content type, body); each
+    request counted."""
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = b"<html><body>Please log in to the hotel Wi-Fi</body></html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
+        status, kind, body = self.server.answer
+        self.server.requests += 1
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -199,7 +208,9 @@ class _Portal(http.server.BaseHTTPRequestHandler):
 
 
 def test_F10_an_endpoint_answering_html_is_said_not_crashed_on(cli, ct_home, monkeypatch):
-    url, server = serve(_Portal)
+    url, server = serve(_Foreign)  # a captive portal: 200 and an HTML page, whatever is asked
+    server.answer, server.requests = (
+        200, "text/html", b"<html><body>Please log in to the hotel Wi-Fi</body></html>"), 0
     try:
         env = {"AWS_ENDPOINT_URL": url, **KEYS_ENV, "AWS_DEFAULT_REGION": "us-east-1"}
         for args in (("status", "--refresh"), ("down", "--all", "-y"),
@@ -210,3 +221,83 @@ def test_F10_an_endpoint_answering_html_is_said_not_crashed_on(cli, ct_home, mon
                 (args, proc.stdout, proc.stderr)
     finally:
         server.shutdown()
+
+
+@pytest.fixture
+def foreign(monkeypatch, ct_home):
+    """An AWSProvider whose clients reach a loopback server answering what the test sets
+    (`server.answer`), retrying once (the provider's clients retry six times)."""
+    from botocore.config import Config
+
+    for k, v in CREDS.items():
+        monkeypatch.setenv(k, v)
+    url, server = serve(_Foreign)
+    server.answer, server.requests = (500, "text/html; charset=utf-8", MOTO_500), 0
+    provider = AWSProvider(Settings(region="us-east-1"))
+
+    def client(service):
+        return provider.session("us-east-1").client(
+            service, region_name="us-east-1", endpoint_url=url,
+            config=Config(retries={"max_attempts": 1, "mode": "standard"}))
+
+    yield server, client
+    server.close()
+
+
+def test_u59_an_html_error_page_is_one_line_with_the_call_and_the_status(foreign):
+    """U59: moto's HTML 500 for DescribePlacementGroups ended `check --launch` as an
+    "internal error" (botocore's ResponseParserError, the whole page in it), and Service
+    Quotas' HTML answers became error messages holding the whole page. Each is one line:
+    the call, the region, the HTTP status; a 5xx is retried as the transient error it is."""
+    from cloudtrain.providers.aws.errors import aws_errors
+
+    server, client = foreign
+    said = f"(HTTP 500: not an AWS reply: text/html, {len(MOTO_500)} bytes)"
+    for service, call, operation in (("ec2", "describe_placement_groups",
+                                      "DescribePlacementGroups"),
+                                     ("service-quotas", "list_services", "ListServices"),
+                                     ("s3", "list_buckets", "ListBuckets"),
+                                     ("sts", "get_caller_identity", "GetCallerIdentity")):
+        server.requests = 0
+        with pytest.raises(AWSError) as err:
+            with aws_errors("us-east-1", service):
+                getattr(client(service), call)()
+        assert err.value.message == f"{operation} failed in us-east-1 {said}", service
+        assert err.value.code == "500" and "proxy" in err.value.hint
+        assert server.requests == 2, service  # retried once, as any 5xx
+    # a proxy's plain-text 502, and a captive portal's 200 page
+    server.answer = (502, "text/plain", b"upstream connect error or disconnect/reset")
+    with pytest.raises(AWSError, match=r"^DescribeVpcs failed in us-east-1 \(HTTP 502: not an "
+                                       r"AWS reply: text/plain, 42 bytes\)$"):
+        with aws_errors("us-east-1"):
+            client("ec2").describe_vpcs()
+    server.answer = (200, "text/html", b"<!DOCTYPE html><p>Log in to the hotel Wi-Fi")
+    with pytest.raises(AWSError, match=r"^DescribeVpcs failed in us-east-1 \(HTTP 200: not an "
+                                       r"AWS reply: text/html\)$"):
+        with aws_errors("us-east-1"):
+            client("ec2").describe_vpcs()
+    # AWS's own error documents are left as they are
+    server.answer = (400, "text/xml", b"<Response><Errors><Error><Code>InvalidParameterValue"
+                     b"</Code><Message>bad filter</Message></Error></Errors></Response>")
+    with pytest.raises(AWSError) as err:
+        with aws_errors("us-east-1"):
+            client("ec2").describe_vpcs()
+    assert err.value.code == "InvalidParameterValue" and err.value.message.endswith(
+        "InvalidParameterValue: bad filter")
+
+
+def test_u59_a_page_botocore_cannot_read_is_an_aws_error_even_without_the_hook(foreign):
+    """Where a client was made without the provider's hook, botocore's ResponseParserError
+    is still said in one line, not an internal error."""
+    import boto3
+
+    from cloudtrain.providers.aws.errors import aws_errors
+
+    server, client = foreign
+    plain = boto3.Session(region_name="us-east-1").client(
+        "ec2", endpoint_url=client("ec2").meta.endpoint_url)
+    with pytest.raises(AWSError, match=r"^AWS in us-east-1 answered something botocore cannot "
+                                       r"read \(Unable to parse response") as err:
+        with aws_errors("us-east-1"):
+            plain.describe_vpcs()
+    assert "<html" not in err.value.message

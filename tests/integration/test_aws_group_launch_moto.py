@@ -73,15 +73,39 @@ class GroupJob:
         return doc
 
     def make_group(self, desired: int = 1) -> list[str]:
-        """The job's launch template and group, as groups.py makes them (in short); the ids
-        of the instances moto started for it."""
+        """The job's launch template and group, as groups.py makes them (in short: the job's
+        tag goes to each instance the group launches, beside the group's own tag, which AWS
+        sets); the ids of the instances moto started for it."""
         self.ec2.create_launch_template(LaunchTemplateName=self.group, LaunchTemplateData={
             "ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
         self.asg.create_auto_scaling_group(
             AutoScalingGroupName=self.group, MinSize=desired, MaxSize=max(desired, 1),
             DesiredCapacity=desired, AvailabilityZones=[f"{REGION}a", f"{REGION}b"],
-            LaunchTemplate={"LaunchTemplateName": self.group})
+            LaunchTemplate={"LaunchTemplateName": self.group},
+            Tags=[{"Key": "cloudtrain:job", "Value": self.id, "PropagateAtLaunch": True,
+                   "ResourceId": self.group, "ResourceType": "auto-scaling-group"}])
         return self.members()
+
+    def replace(self, instance: str) -> str:
+        """EC2 takes `instance` back (a spot reclaim: TerminateInstances) and the group
+        launches its replacement, as AWS does: the replacement's id."""
+        before = set(self.members())
+        self.ec2.terminate_instances(InstanceIds=[instance])
+        [new] = set(self.members()) - before
+        return new
+
+    def stranger(self, **tags: str) -> str:
+        """An instance outside the job's group, carrying only `tags` (a Name, another job's
+        tag): what a forged record may name."""
+        spec = [{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v}
+                                                      for k, v in tags.items()]}] if tags else []
+        return self.ec2.run_instances(ImageId="ami-12c6146b", InstanceType="t3.micro",
+                                      MinCount=1, MaxCount=1, TagSpecifications=spec
+                                      )["Instances"][0]["InstanceId"]
+
+    def state_of(self, instance: str) -> str:
+        [res] = self.ec2.describe_instances(InstanceIds=[instance])["Reservations"]
+        return res["Instances"][0]["State"]["Name"]
 
     def members(self) -> list[str]:
         found = self.asg.describe_auto_scaling_groups(
@@ -150,12 +174,14 @@ def test_an_attempt_record_s_bad_fields_are_dropped_and_escapes_never_come_back(
 
 
 @pytest.mark.parametrize("body, want", [
-    ({"state": "succeeded", "exit_code": 0, "ended_at": T0 + 900, "attempt": 3},
+    ({"state": "succeeded", "exit_code": 0, "ended_at": T0 + 900, "attempt": 3,
+      "instance": "i-0333333333333333c"},
      {"state": "succeeded", "exit_code": 0, "reason": None, "ended_at": T0 + 900,
-      "attempt": 3}),
-    ({"state": "failed", "exit_code": 9, "reason": "OOM\x1b[31m\nkilled", "ended_at": "now"},
+      "attempt": 3, "instance": "i-0333333333333333c"}),
+    ({"state": "failed", "exit_code": 9, "reason": "OOM\x1b[31m\nkilled", "ended_at": "now",
+      "instance": "i-../x"},
      {"state": "failed", "exit_code": 9, "reason": "OOM[31m killed",
-      "ended_at": None, "attempt": None}),
+      "ended_at": None, "attempt": None, "instance": None}),
     ({"state": "running"}, None),
     (b"{not json", None),
     (b'{"state": "failed", "reason": "' + b"y" * RECORD_MAX_BYTES + b'"}', None),

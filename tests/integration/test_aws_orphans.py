@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 from moto.ec2.exceptions import EC2ClientError
@@ -189,7 +190,7 @@ def _refuse_in(monkeypatch, region: str) -> None:
 
 def test_F28_down_all_with_a_lost_state_and_no_region_finds_the_instance(cli, lost_home):
     instance = lost_home("us-east-1", "6a92bfde")
-    proc = cli("down", "--all", "-y", timeout=180)
+    proc = cli("down", "--all", "-y", "--wide", timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{instance}: instance of job 6a92bfde not in this store: terminated" in proc.stdout
     assert "no active jobs" not in proc.stdout
@@ -220,11 +221,39 @@ def test_F28_down_job_known_only_from_its_tag_in_any_region(cli, lost_home):
 
 def test_F28_status_refresh_with_a_lost_state_lists_the_instance(cli, lost_home):
     instance = lost_home("us-east-1", "6a92bfde")
-    out = cli.ok("status", "--refresh", timeout=180).stdout
+    out = cli.ok("status", "--refresh", "--wide", timeout=180).stdout
     line = next(l for l in out.splitlines() if instance in l)
     assert "us-east-1" in line and "6a92bfde" in line and "NO: not in the local store" in line
     assert "no instance tagged cloudtrain is running" not in out
     assert "regions checked" in out and "us-west-2" in out
+
+
+def test_u54_down_all_and_status_refresh_say_how_many_regions_and_name_them_with_wide(
+        cli, lost_home):
+    """U54: `status --refresh` and `down --all` printed all 34 region names in one line of
+    about 600 characters every time. A count (and how they were chosen) is enough; --wide
+    names them."""
+    from cloudtrain import config
+
+    regions = sorted(r for r in config.known_regions() if r.count("-") == 2)
+    lost_home("us-east-1", "6a92bfde")
+    refreshed = cli.ok("status", "--refresh", timeout=180).stdout
+    line = next(l for l in refreshed.splitlines() if "regions checked" in l)
+    assert re.fullmatch(r"cloud: \d+ regions checked \(the regions enabled for the account\)",
+                        line), line
+    assert "us-west-2" not in refreshed and "eu-west-1" not in refreshed
+    wide = cli.ok("status", "--refresh", "--wide", timeout=180).stdout
+    assert "eu-west-1, " in wide and "us-west-2" in wide
+    proc = cli("down", "--all", "-y", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    swept = [l for l in proc.stdout.splitlines() if l.startswith("aws: checked")]
+    assert len(swept) == 1 and re.fullmatch(
+        r"aws: checked \d+ regions \(the regions enabled for the account\)", swept[0]), swept
+    count = int(swept[0].split()[2])
+    assert count >= 10 and not [r for r in regions if r in proc.stdout], proc.stdout
+    listed = cli.ok("down", "--all", "-y", "--wide", timeout=180).stdout
+    named = next(l for l in listed.splitlines() if l.startswith("aws: checked"))
+    assert len(named.split(": ", 2)[2].split(", ")) == count, named
 
 
 def test_F28_a_region_that_cannot_be_asked_is_never_an_all_clear(cli, lost_home, monkeypatch):
@@ -259,10 +288,42 @@ def test_F28_without_describe_regions_the_regions_cloudtrain_could_use_are_asked
         f.write("regions: ca-central-1, us-west-2\n")
     default = lost_home("us-east-1", "6a92bfde")  # where launches go when nothing is set
     listed = lost_home("ca-central-1", "7b03c0ef")  # a region of `regions:`
-    proc = cli("down", "--all", "-y", timeout=180)
+    proc = cli("down", "--all", "-y", "--wide", timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for instance in (default, listed):
         assert f"{instance}: instance of job" in proc.stdout
         assert lost_home.state(instance) in ("shutting-down", "terminated")
     asked = next(l for l in proc.stdout.splitlines() if l.startswith("aws: checked"))
     assert "DescribeRegions" in asked and "ca-central-1" in asked and "us-east-1" in asked
+
+
+def test_F41_release_terminates_by_record_only_what_ec2_shows_as_the_job_s(ec2_provider,
+                                                                            ct_home):
+    """F41: `release` (down, the job's end, an abort) terminated every instance the store
+    recorded for the job. A store may hold a record learnt from the job store before those
+    were checked: an untagged `prod-database` and another job's instance. Only instances EC2
+    shows with the job's tag are terminated (by record or found by tag); the others stay,
+    each said once in the job's events."""
+    p = ec2_provider
+    me = p.owner("us-east-1")
+    store = open_store(ct_home)
+    job = _job(store, "running", ran=True)
+    mine = _start(p, me, job.id)
+    prod = p.call("us-east-1", "run_instances", ImageId=p.call(
+        "us-east-1", "describe_images", Owners=["amazon"])["Images"][0]["ImageId"],
+        MinCount=1, MaxCount=1, InstanceType="t3.micro", TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": "Name", "Value": "prod-database"}]}]
+    )["Instances"][0]["InstanceId"]
+    theirs = _start(p, me, "0ther0b1")
+    for instance in (mine, prod, theirs):
+        _record(store, job, instance)
+    p.release(store, job, force=True)
+    p.release(store, job, force=True)  # `down` again: said once
+    assert _state(p, mine) == "terminated"
+    assert _state(p, prod) == _state(p, theirs) == "running"
+    said = [e.detail for e in store.events(job.id) if e.phase == "release"]
+    assert sorted(said) == sorted([
+        f"{prod} NOT terminated: the job's record names it, but EC2 shows it with no "
+        "cloudtrain:job tag, not this job's",
+        f"{theirs} NOT terminated: the job's record names it, but EC2 shows it with job "
+        "0ther0b1's tag, not this job's"])

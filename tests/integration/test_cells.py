@@ -316,3 +316,126 @@ def test_d7_status_job_attempts_and_cloud_instances_fit(width):
     text = job_views.cloud_instances(found, now=1.8e9 + 60, width=width)
     _fits("\n".join(text.splitlines()[:4]), width)
     assert "i-0023456789abcdef0" in text
+
+
+PLAN_ARGS = ("launch", "--recipe", "resnet9", "--instance", "g5.xlarge", "--spot", "--dry-run")
+
+
+def _continued(lines: list[str], indent: int) -> list[str]:
+    """The lines of a wrapped plan that continue the row above them."""
+    return [line for line in lines[1:] if line[:indent].strip() == "" and line.strip()]
+
+
+@pytest.mark.parametrize("width", [60, 80])
+def test_u42_the_plan_wraps_at_the_terminal_under_its_value_column(cli, width):
+    """U42: the dry run's rows were lines of 120-330 characters that an 80-column terminal
+    split mid-word (`AWS_DEFAULT_REGI` / `ON`). Now each row wraps at the terminal's width,
+    its later lines under the value column, no word cut that fits the column; piped, each
+    row is still one line."""
+    piped = cli.ok(*PLAN_ARGS).stdout
+    shown = cli.ok(*PLAN_ARGS, env={"COLUMNS": str(width)}).stdout
+    _fits(shown, width)
+    rows = _lines(piped)[1:]
+    keys = max(len(r[2:].split("  ", 1)[0]) for r in rows)
+    value_at = 2 + keys + 2
+    assert all(r[value_at - 1] == " " and r[value_at] != " " for r in rows), rows
+    more = _continued(_lines(shown), value_at)
+    assert more and all(line.startswith(" " * value_at) and line[value_at] != " "
+                        for line in more), more
+    fitting = [w for w in piped.split() if len(w) <= width - value_at]
+    words = shown.split()
+    assert all(w in words for w in fitting), [w for w in fitting if w not in words]
+
+
+def test_u42_the_recovery_row_says_cause_then_remedy(cli):
+    """U42: `a supervisor on this machine does it, so only while this machine is on: no
+    instance_profile in config.yaml, the role ... with: infra/README.md`: three clauses, and
+    the reader could not tell cause from remedy."""
+    row = next(l for l in _lines(cli.ok(*PLAN_ARGS).stdout) if l.strip().startswith("recovery"))
+    assert row.endswith("relaunched by a supervisor on this machine (only while it is on); "
+                        "set `instance_profile:` in config.yaml to let AWS Auto Scaling do it "
+                        "(the role a replacement instance reads the job's bundle with: "
+                        "infra/README.md)"), row
+
+
+@pytest.mark.parametrize("width", [60, 80])
+def test_u42_the_paid_launch_question_wraps_at_the_terminal(aws, width):
+    """U42: the `Proceed? [Y/n]` question was one paragraph of 500 characters; the estimate
+    line before it 150. In a terminal both now wrap at its width; answered no, nothing is
+    created."""
+    code, out = run_in_terminal(["launch", "--recipe", "resnet9", "--instance", "g5.xlarge",
+                                 "--spot"], answer="n", when=b"[Y/n]", columns=width,
+                                timeout=90)
+    assert code == 1 and "not launched" in out, out
+    lines = out.replace("\r\n", "\n").split("\n")
+    assert not [l for l in lines if len(l) > width], [l for l in lines if len(l) > width]
+    question = out[out.index("This launches"):out.index("[Y/n]")]
+    assert "\n" in question.strip() and "Proceed?" in question, question
+    assert " ".join(question.split()).startswith("This launches a spot g5.xlarge in "), question
+    assert not aws.instances()
+
+
+def test_u31_metrics_of_an_imagenet_like_job_fit_60_columns(cli):
+    """U31: at 60 columns `metrics` of a job with losses, training accuracy, top-1 and top-5
+    was 64 wide (ELAPSED wrapped in the terminal): the other losses and training columns
+    now go first; the epoch, the first accuracy and ELAPSED stay."""
+    writer = ("import json, os; f = open(os.path.join(os.environ['CLOUDTRAIN_JOB_DIR'], "
+              "'metrics.jsonl'), 'a'); [f.write(json.dumps({'epoch': e, 'epochs': 16, "
+              "'train_loss': 1.2, 'test_loss': 1.1, 'train_acc': 0.5, 'top1': 0.6, "
+              "'top5': 0.8, 'lr': 0.1, 'step': 100 * e}) + '\\n') for e in range(1, 17)]")
+    job = cli.launch("--", "python3", "-c", writer)
+    cli.wait(job)
+    narrow = cli.ok("metrics", job, env={"COLUMNS": "60"}).stdout
+    _fits(narrow, 60)
+    header = _lines(narrow)[1].split()
+    assert header[0] == "EPOCH" and "TOP1" in header and "ELAPSED" in header, header
+    assert "TEST_LOSS" not in header
+    full = _lines(cli.ok("metrics", job, "--wide").stdout)[1].split()
+    assert {"TEST_LOSS", "TRAIN_LOSS", "TRAIN_ACC", "TOP5", "LR", "STEP"} <= set(full)
+
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+def _times(value, path="") -> list[tuple[str, object]]:
+    """Every (path, value) under a key that names a moment (`*_at`, lease_until, a
+    timeline's start)."""
+    out = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "metrics":  # the job's own row, as it wrote it
+                continue
+            here = f"{path}.{k}"
+            if k.endswith("_at") or k in ("lease_until", "start", "at"):
+                out.append((here, v))
+            else:
+                out += _times(v, here)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _times(v, f"{path}[{i}]")
+    return out
+
+
+def test_u25_every_json_output_gives_times_in_iso_8601_utc(cli):
+    """U25: times were unix floats (`"created_at": 1796165870.11`) in every --json output;
+    `check --json` had `exit_code` but no `ok`, where `check --launch --json` has both."""
+    job = cli.launch("--", "true")
+    cli.wait(job)
+    outputs = {args: json.loads(cli.ok(*args).stdout) for args in (
+        ("status", "--json"), ("status", job, "--json"), ("cost-report", "--json"),
+        ("supervisor", "status", "--json"))}
+    found = [t for data in outputs.values() for t in _times(data)]
+    named = {p.rsplit(".", 1)[-1].split("[")[0] for p, _ in found}
+    assert {"created_at", "started_at", "ended_at", "start"} <= named, named
+    numbers = [(p, v) for p, v in found if isinstance(v, (int, float))]
+    assert not numbers, numbers
+    assert all(v is None or ISO_UTC.match(v) for _, v in found), found
+    created = outputs[("status", "--json")][0]["created_at"]
+    assert created == outputs[("status", job, "--json")]["created_at"]
+    import datetime
+
+    when = datetime.datetime.fromisoformat(created.replace("Z", "+00:00"))
+    assert abs(when.timestamp() - time.time()) < 600
+    checked = cli("check", "--json")
+    data = json.loads(checked.stdout)
+    assert data["ok"] is (data["exit_code"] == 0) and data["exit_code"] == checked.returncode

@@ -211,6 +211,91 @@ def test_the_deep_learning_ami_found_in_the_region(moto, dlami):
     assert ami.data["id"] == dlami.ami
 
 
+def _store_and_profile(ct_home, profile: str | None = "cloudtrain-instance",
+                       bucket: bool = True, role: bool = True) -> None:
+    """In moto: the account's job store bucket, an instance profile (with its role), and
+    config.yaml naming `profile`."""
+    import boto3
+
+    if bucket:
+        boto3.client("s3", region_name=REGION, **CLIENT_CREDS).create_bucket(
+            Bucket=f"cloudtrain-123456789012-{REGION}")
+    iam = boto3.client("iam", region_name=REGION, **CLIENT_CREDS)
+    iam.create_instance_profile(InstanceProfileName="cloudtrain-instance")
+    if role:
+        iam.create_role(RoleName="cloudtrain-instance", AssumeRolePolicyDocument="{}")
+        iam.add_role_to_instance_profile(InstanceProfileName="cloudtrain-instance",
+                                         RoleName="cloudtrain-instance")
+    if profile:
+        (ct_home / "config.yaml").write_text(f"instance_profile: {profile}\n")
+
+
+def test_u57_check_looks_at_the_job_store_and_says_spot_recovery_needs_this_machine(
+        moto, dlami, ct_home):
+    """U57: plain `check` said "no problem" without looking at the job store bucket or
+    instance_profile, on which it depends whether a spot job is relaunched with this machine
+    off. Both are looked at, read-only: a bucket not made yet is said (and not made), and
+    without instance_profile the supervisor here relaunches, only while this machine is on."""
+    import boto3
+
+    report = check.run()
+    found = by_name(report)
+    store = found["job store"]
+    assert store.verdict == "warning" and store.detail.startswith(
+        f"s3://cloudtrain-123456789012-{REGION} does not exist yet: the first launch creates it")
+    recovery = found["spot recovery"]
+    assert recovery.verdict == "warning" and recovery.detail == (
+        "a supervisor on this machine relaunches an interrupted spot job, only while this "
+        "machine is on (no instance_profile in config.yaml)")
+    assert recovery.hint.startswith("set instance_profile: in config.yaml") and \
+        "with this machine off" in recovery.hint
+    assert "instance profile" not in found
+    assert boto3.client("s3", region_name=REGION, **CLIENT_CREDS).list_buckets()["Buckets"] == []
+    shown = check.render(report)
+    assert "spot recovery: set instance_profile: in config.yaml" in shown
+    assert "job store: cloudtrain check --launch makes it and tries it" in shown
+
+
+def test_u57_with_the_bucket_and_an_instance_profile_aws_relaunches_without_this_machine(
+        moto, dlami, ct_home):
+    _store_and_profile(ct_home)
+    found = by_name(check.run())
+    assert (found["job store"].verdict, found["job store"].detail) == (
+        "ok", f"s3://cloudtrain-123456789012-{REGION}: there, and ours")
+    assert (found["instance profile"].verdict, found["instance profile"].detail) == (
+        "ok", "cloudtrain-instance, role cloudtrain-instance")
+    assert found["spot recovery"].verdict == "ok" and found["spot recovery"].detail.startswith(
+        "AWS Auto Scaling relaunches an interrupted spot job: this machine may be off")
+
+
+@pytest.mark.parametrize("profile, role, detail", [
+    ("nope", True, "nope (instance_profile in config.yaml) does not exist in this account: "
+                   "RunInstances refuses a launch with it"),
+    ("cloudtrain-instance", False, "cloudtrain-instance has no role: its instances get no "
+                                   "credentials to read the job store"),
+])
+def test_u57_an_instance_profile_a_launch_cannot_use_is_a_problem(moto, dlami, ct_home,
+                                                                   profile, role, detail):
+    _store_and_profile(ct_home, profile, role=role)
+    report = check.run()
+    found = by_name(report)
+    assert (found["instance profile"].verdict, found["instance profile"].detail) == (
+        "problem", detail)
+    assert found["spot recovery"].verdict == "warning"
+    assert check.exit_code(report) == 1
+
+
+def test_u57_job_store_off_is_said_with_what_it_costs(moto, dlami, ct_home):
+    _store_and_profile(ct_home, bucket=False)
+    with open(ct_home / "config.yaml", "a") as f:
+        f.write("job_store: false\n")
+    found = by_name(check.run())
+    assert found["job store"].verdict == "warning" and \
+        found["job store"].detail.startswith("off (job_store: false in config.yaml)")
+    assert found["spot recovery"].detail.endswith(
+        "(job_store: false, and a replacement starts the job from the job store)")
+
+
 def test_no_deep_learning_ami_in_the_region_is_a_problem(moto, quotas):
     """Issue 16: a region without the DLAMI (neither its SSM parameter nor an image by name)
     is a problem with a hint: a launch without --ami would fail."""
@@ -249,10 +334,12 @@ def test_describe_images_denied_is_a_warning_naming_the_permission(moto, dlami, 
 # -- GPU quotas --------------------------------------------------------------------------------
 
 
-def test_quotas_that_cover_every_recipe_are_ok(moto, dlami, quotas):
+def test_quotas_that_cover_every_recipe_are_ok(moto, dlami, quotas, ct_home):
     """Issue 16: each vCPU quota the recipes' instances count against (G and P, on-demand and
-    spot) is read from Service Quotas and is ok when it covers the largest need; exit 0."""
+    spot) is read from Service Quotas and is ok when it covers the largest need; exit 0
+    (and, with the job store and an instance profile there, nothing else to say: U57)."""
     quotas.set_all(on_demand_g=64, on_demand_p=1024, spot_g=64, spot_p=1024)
+    _store_and_profile(ct_home)
     report = check.run()
     found = by_name(report)
     assert [c.name for c in report.checks if c.name.startswith("quota")] == QUOTA_ROWS
@@ -328,6 +415,33 @@ def test_quotas_denied_is_one_warning_naming_the_permission(moto, dlami, quotas)
     assert check.exit_code(report) == 0
 
 
+def test_u59_quota_rows_say_an_html_answer_in_one_line(moto, dlami, quotas, monkeypatch):
+    """U59: Service Quotas answering an HTML error page (a proxy's, moto's) put the whole page
+    into each quota row; each row now says the call and the HTTP status. botocore retries the
+    5xx (without its backoff's sleeps here) before the row says so."""
+    import botocore.retries.standard
+    from moto.servicequotas.responses import ServiceQuotasResponse
+
+    page = "<!doctype html>\n<html lang=en>\n<title>500 Internal Server Error</title>\n"
+    asked = []
+
+    def html(self):
+        asked.append(1)
+        return page, {"status": 500, "Content-Type": "text/html; charset=utf-8"}
+
+    monkeypatch.setattr(ServiceQuotasResponse, "get_service_quota", html)
+    monkeypatch.setattr(botocore.retries.standard.ExponentialBackoff, "delay_amount",
+                        lambda self, context: 0)
+    found = by_name(check.run())
+    for row in QUOTA_ROWS:
+        assert found[row].verdict == "warning", found[row]
+        assert found[row].detail.endswith(
+            f"not checked: GetServiceQuota failed in us-east-1 (HTTP 500: not an AWS reply: "
+            f"text/html, {len(page)} bytes)"), found[row].detail
+        assert "<" not in found[row].detail
+    assert len(asked) == 7 * len(QUOTA_ROWS)  # each retried, as any 5xx
+
+
 # -- the settings and where each came from -------------------------------------------------------
 
 
@@ -389,7 +503,9 @@ def test_text_fits_the_width_and_json_carries_the_same(moto, dlami, quotas):
     assert "  https://us-east-1.console.aws.amazon.com/servicequotas/home/services/ec2/quotas/" \
            "L-DB2E81BA" in long
     data = json.loads(check.to_json(report))
-    assert data["exit_code"] == 1 and data["problems"] == 1 and data["warnings"] == 1
+    assert data["exit_code"] == 1 and data["problems"] == 1 and data["warnings"] == 3
+    assert [c["name"] for c in data["checks"] if c["verdict"] == "warning"][:2] == [
+        "job store", "spot recovery"]  # U57: not made yet; no instance_profile
     assert len(data["settings"]) == len(report.settings)
     verdicts = {c["name"]: c["verdict"] for c in data["checks"]}
     assert verdicts["quota G on-demand"] == "problem" and verdicts["AMI"] == "ok"
@@ -584,6 +700,31 @@ def test_check_launch_stops_at_a_refusal_naming_the_action_and_leaves_nothing(
         assert cli.job(data["job"])["state"] in ("succeeded", "cancelled", "failed")
     else:
         assert data["cost_usd"] == 0
+
+
+def test_u59_an_answer_that_is_not_aws_s_at_cleanup_is_said_and_the_bill_still_comes(
+        cli, aws, price_list, monkeypatch):
+    """U59: moto answered DescribePlacementGroups with an HTML 500 in the cleanup step;
+    `check --launch` printed `FAILED: ResponseParserError` with the raw page, then ended as an
+    internal error without the bill. Now the cleanup says in one line what it could not ask,
+    and the bill follows."""
+    from moto.ec2.responses import EC2Response
+
+    def broken(self):
+        raise RuntimeError("not implemented in this lab")
+
+    monkeypatch.setattr(EC2Response, "describe_placement_groups", broken, raising=False)
+    price_list.instance(REGION, "t3.micro", "0.0104000000")
+    proc = cli("check", "--launch", timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "internal error" not in proc.stderr and "<html" not in proc.stdout + proc.stderr
+    steps = {s["name"]: s for s in _steps(proc.stdout)}
+    assert list(steps)[-2:] == ["cleanup", "bill"], proc.stdout
+    assert re.fullmatch(r"could not verify the cleanup: DescribePlacementGroups failed in "
+                        r"us-east-1 \(HTTP 500: not an AWS reply: text/html, [0-9,]+ bytes\)",
+                        steps["cleanup"]["detail"]), steps["cleanup"]
+    assert steps["bill"]["verdict"] == "ok  " and "60 s billed" in steps["bill"]["detail"]
+    assert _live(aws) == []
 
 
 @pytest.mark.parametrize("role_may_read", [True, False])

@@ -9,6 +9,7 @@ stops forwarding, as S3 or the network would.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import json
@@ -296,8 +297,11 @@ sys.exit(143)
 """
 
 
-def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notice(
-        s3, bucket, grant, tmp_path):
+@contextlib.contextmanager
+def _agent(tmp_path, grant, settle_s: float, poll_s: float):
+    """The agent as a host runs it (the shipped files), on JOB_SCRIPT, streaming with these
+    settings: (its process, the job directory, the fake IMDS whose spot notice it reads);
+    killed at the end if it still runs."""
     home = tmp_path / "agent-x"
     home.mkdir()
     from cloudtrain.hosts import agent_files
@@ -312,11 +316,22 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
     (jobdir / "job.json").write_text(json.dumps({
         "job_id": JOB, "heartbeat_s": 0.1, "grace_s": 10, "imds_url": imds.url,
         "spot_poll_s": 0.1, "results_store": grant,
-        "checkpoint_stream": {"settle_s": 0.1, "poll_s": 0.05, "start_seq": 0,
+        "checkpoint_stream": {"settle_s": settle_s, "poll_s": poll_s, "start_seq": 0,
                               "start_slot": None, "attempt": 1}}))
     proc = subprocess.Popen([sys.executable, str(home / "agent.py"), "run", str(jobdir)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
+        yield proc, jobdir, imds
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        imds.close()
+
+
+def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notice(
+        s3, bucket, grant, tmp_path):
+    with _agent(tmp_path, grant, 0.1, 0.05) as (proc, jobdir, imds):
         def streamed():
             status = job_status.read_json(str(jobdir / "status.json")) or {}
             record = status.get("checkpoint_stream") or {}
@@ -325,11 +340,6 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
         assert running["ok"] and running["final"] is False and running["error"] is None
         imds.announce("127.0.0.1")
         assert proc.wait(timeout=30) == 0, proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        imds.close()
 
     status = json.loads((jobdir / "status.json").read_text())
     assert status["state"] == "preempted"
@@ -365,3 +375,34 @@ def test_agent_streams_checkpoints_and_flushes_the_one_written_on_the_spot_notic
     assert fetched.complete and fetched.streamed == final["seq"], fetched.skipped
     assert (out / "checkpoints" / "last.pt").read_bytes() == local
     assert "checkpoints/checkpoint-info.json" in fetched.files
+
+
+def test_C1_the_agent_streams_a_checkpoint_written_every_0_3_s_with_the_launchs_settings(
+        s3, bucket, grant, tmp_path):
+    """C1: a job that saves a checkpoint every 0.3 s, its stream as the launch sets it
+    (settle_s 2 from checkpoint_settle_seconds, poll_s 1): the checkpoints reach S3 while the
+    job writes them, the stored one a few steps behind the newest at most. Before, nothing
+    was stored until the job stopped writing (a reclaim without notice went back to the
+    start)."""
+    def newest_saved(jobdir) -> int:
+        said = [line for line in (jobdir / "output.log").read_text().splitlines()
+                if line.startswith("saved ")]
+        return int(said[-1].split()[1]) if said else 0
+
+    with _agent(tmp_path, grant, 2.0, 1.0) as (proc, jobdir, imds):
+        seen = []
+        deadline = time.time() + 20
+        while len({s for s, _ in seen}) < 4:
+            assert time.time() < deadline, seen
+            manifest = jobstore_fetch.latest_checkpoint(s3, bucket, JOB, owner_key=KEY)
+            if manifest is not None:
+                seen.append((manifest["step"], newest_saved(jobdir)))
+            time.sleep(0.3)
+        assert proc.poll() is None  # still writing: nothing of this came from the end
+        stored = [s for s, _ in seen]
+        assert stored == sorted(stored)
+        assert all(newest - step <= 4 for step, newest in seen), seen
+        status = job_status.read_json(str(jobdir / "status.json"))
+        assert status["state"] == "running" and status["checkpoint_stream"]["ok"]
+        imds.announce("127.0.0.1")
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()

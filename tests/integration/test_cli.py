@@ -143,7 +143,7 @@ COLUMNS = {
 }
 JSON_KEYS = ["train_loss", "test_acc", "epoch", "epochs", "loss", "time", "kind", "phases",
              "to_target", "notes", "remote_jobdir", "tmux_socket", "spot_history", "disk_gb",
-             "gp3_per_gb_month", "expected", "recipe", "x"]
+             "gp3_per_gb_month", "expected", "recipe", "target", "metric", "x"]
 JSON_VALUES = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(-2 ** 63, 2 ** 63 - 1), st.floats(),
               st.text(max_size=8)),

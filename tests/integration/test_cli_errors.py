@@ -220,6 +220,72 @@ def test_every_command_help_has_an_example(cli):
         assert "Example" in out and f"cloudtrain {name}" in out, name
 
 
+def _commands(group=None, path=()):
+    """Every command's words (`data push`, `supervisor start`, ...), groups included."""
+    import click
+
+    from cloudtrain.cli import cli as top
+
+    group = group or top
+    for name, command in group.commands.items():
+        yield (*path, name), command
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+
+
+def test_u56_every_help_fits_80_columns(cli):
+    """U56: example lines of 82-94 columns in `launch --help` and 83-90 in `estimate
+    --help`. Every line of every command's help now fits an 80-column terminal."""
+    too_wide = {}
+    for words, _ in _commands():
+        out = cli.ok(*words, "--help", env={"COLUMNS": "80"}).stdout
+        wide = [line for line in out.splitlines() if len(line) > 80]
+        if wide:
+            too_wide[" ".join(words)] = wide
+    assert not too_wide, too_wide
+
+
+def test_u56_the_region_default_is_told_one_way_in_its_resolution_order(cli, ct_home):
+    """U56: `launch --region` said "the AWS configuration's", catalog and estimate
+    "config.yaml, AWS_REGION, the AWS profile, else us-east-1", data push "the AWS
+    profile's, or config.yaml's". Every --region now says the one order the commands
+    follow, which this checks against what `catalog` takes."""
+    import click
+
+    said = {" ".join(words): p.help for words, command in _commands()
+            for p in command.params if isinstance(p, click.Option) and p.name == "region"}
+    assert {"launch", "catalog", "estimate", "check", "data push"} <= set(said), said
+    defaults = {help.split("(default: ", 1)[1] for help in said.values()}
+    assert defaults == {"`region:` in config.yaml, then AWS_REGION, AWS_DEFAULT_REGION, the "
+                        "AWS profile's, else us-east-1)."}, said
+    clean = {k: None for k in os.environ if k.startswith("AWS_")}
+
+    def region(config_region=None, **env):
+        (ct_home / "config.yaml").write_text(f"region: {config_region}\n" if config_region
+                                             else "")
+        full = {k: v for k, v in {**os.environ, **clean, **env}.items() if v is not None}
+        full.update(AWS_CONFIG_FILE="/nonexistent", AWS_SHARED_CREDENTIALS_FILE="/nonexistent")
+        proc = subprocess.run([sys.executable, "-m", "cloudtrain", "catalog", "--json"],
+                              capture_output=True, text=True, cwd=REPO, env=full)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["region"]
+
+    assert region("eu-west-1", AWS_REGION="us-west-2", AWS_DEFAULT_REGION="us-east-2") == \
+        "eu-west-1"
+    assert region(None, AWS_REGION="us-west-2", AWS_DEFAULT_REGION="us-east-2") == "us-west-2"
+    assert region(None, AWS_DEFAULT_REGION="us-east-2") == "us-east-2"
+    assert region(None) == "us-east-1"
+
+
+def test_u56_recover_says_who_relaunches(cli):
+    """U56: `--recover`'s help said "a supervisor on this machine does it", untrue with
+    `instance_profile:` set (AWS Auto Scaling relaunches then)."""
+    text = " ".join(cli.ok("launch", "--help").stdout.split())
+    recover = text[text.index("--recover / --no-recover"):text.index("--max-restarts")]
+    assert "AWS Auto Scaling relaunches it where `instance_profile:` is set" in recover
+    assert "else a supervisor on this machine does, only while this machine is on" in recover
+
+
 def test_resume_from_continues_from_the_last_checkpoint(cli, toy_recipes, ct_home):
     first = cli("launch", "--recipe", "toy", "--set", "epochs=2", "--follow", "--quiet")
     assert first.returncode == 0, first.stderr
@@ -257,9 +323,10 @@ def test_resume_from_refuses_what_cannot_resume(cli, toy_recipes):
      "Error: Permission denied: /home/u/.cloudtrain/jobs/x/output.log"),
     (RecursionError("maximum recursion depth exceeded"), 2,
      "Error: an input is nested too deeply to read (a YAML or JSON file, or an argument)"),
-    (sqlite3.DatabaseError("database disk image is malformed"), 2,
-     "Error: {home}/state.db is not a usable cloudtrain database: database disk image is "
-     "malformed"),
+    # C2: move-it-aside advice only where a check finds the file unusable (test_state_cli)
+    (sqlite3.DatabaseError("database disk image is malformed"), 1,
+     "Error: {home}/state.db failed (database disk image is malformed), and it could not be "
+     "checked: there is no such file"),
     (sqlite3.OperationalError("database is locked"), 1,
      "Error: {home}/state.db is locked by another cloudtrain process (database is locked)"),
 ])

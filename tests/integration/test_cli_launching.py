@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from labs.aws import aws, moto_endpoint  # noqa: F401  (fixtures)
 from cloudtrain import config
 from cloudtrain.errors import UsageError
 from cloudtrain.launch_options import LaunchOptions
@@ -216,3 +217,19 @@ def test_F23_recipes_lists_the_good_ones_and_names_the_broken_one(cli, toy_recip
     proc = cli("recipes", "")  # not the list
     assert proc.returncode == 2 and proc.stderr.startswith("Error: unknown recipe ''")
     cli.ok("recipes", "toy")
+
+
+def test_u45_launch_quiet_prints_only_the_job_id_on_aws_too(cli, aws):
+    """U45: `launch -q --instance g5.xlarge -- ...` printed the id and then, on stderr,
+    `results: s3://cloudtrain-.../jobs/.../ when the job ends, whoever is watching`; the
+    help says "Print only the job id", as it is on the local backend. Without -q the line
+    is still said, and the timeline keeps it."""
+    proc = cli("launch", "-q", "--instance", "g5.xlarge", "--", "true", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    assert len(job_id) == 8 and proc.stdout == job_id + "\n", proc.stdout
+    assert "results: s3://" not in proc.stderr and proc.stderr == "", proc.stderr
+    stored = [p for p in cli.job(job_id)["timeline"] if p["name"] == "results-store"]
+    assert stored and stored[0]["detail"].startswith("results: s3://"), stored
+    loud = cli("launch", "--instance", "g5.xlarge", "--", "true", timeout=120)
+    assert loud.returncode == 0 and "results: s3://" in loud.stderr, loud.stderr

@@ -69,6 +69,22 @@ def test_recipes_profiles_set_keys_and_instance_types_complete():
     assert "resnet9" in _complete("cloudtrain recipes ")
 
 
+def test_u55_gpus_and_instance_types_complete_only_what_launch_accepts(cli):
+    """U55: `--gpus <Tab>` offered T4g:1 and T4g:2, whose g5g types are arm64: launch refuses
+    them (the Deep Learning AMI is x86_64). Only what launch takes is offered; `--instance`
+    offers the arm64 types once an --ami is given (one built for them may run there)."""
+    offered = _complete("cloudtrain launch --gpus ")
+    assert "A10G:1" in offered and "V100:8" in offered
+    assert not [g for g in offered if g.startswith("T4g")], offered
+    assert _complete("cloudtrain estimate --gpus T4") == ["T4:1", "T4:4", "T4:8"]
+    types = _complete("cloudtrain launch --instance g5")
+    assert "g5.xlarge" in types and not [t for t in types if t.startswith("g5g.")], types
+    refused = cli("launch", "--gpus", "T4g:1", "--dry-run", "--", "true")
+    assert refused.returncode == 2 and "arm64" in refused.stderr
+    mine = _complete("cloudtrain launch --ami ami-0123456789abcdef0 --instance g5g.")
+    assert "g5g.xlarge" in mine
+
+
 def test_completion_of_a_broken_store_answers_nothing(ct_home):
     """issue 16: completion never prints an error into the command line."""
     (ct_home / "state.db").write_bytes(b"not a database" * 100)

@@ -118,9 +118,14 @@ def test_a_pushed_tree_comes_back_identical_shard_by_shard(s3, tree, tmp_path):
         assert entry.bytes <= SHARD + 20 * 512 or entry.files == 1  # tar records of 10 KiB
     assert _files(tmp_path / "staged") == source
     stored = json.loads(s3.get_object(Bucket=BUCKET, Key="imagenet/manifest.json")["Body"].read())
-    assert sorted(stored) == ["bytes", "created", "file_bytes", "files", "shard_bytes",
-                              "shards", "version"]
+    assert sorted(stored) == ["bytes", "created", "file_bytes", "files", "folders",
+                              "shard_bytes", "shards", "version"]
     assert stored["version"] == 1 and stored["shard_bytes"] == SHARD
+    # U41: the folders a launch checks against what the job reads, to three levels
+    classes = sorted(p.name for p in (tree / "train").iterdir())
+    assert len(classes) == 3 and stored["folders"] == sorted(
+        ["sz", "sz/40", "sz/40/train", "sz/40/val", "train", "val"]
+        + [f"{split}/{c}" for split in ("train", "val") for c in classes])
 
 
 def test_pushing_again_uploads_only_the_missing_shard(s3, tree):

@@ -14,7 +14,7 @@ import pytest
 
 from labs.aws import moto_endpoint
 from cloudtrain.providers.aws import datasets as s3_datasets
-from conftest import tiny_prepared_imagenet
+from conftest import error_line, tiny_prepared_imagenet
 from labs import credentials
 from labs.aws import reset_moto
 
@@ -167,5 +167,48 @@ def test_a_path_source_on_this_machine_is_linked_not_copied(cli, ct_home, prepar
     assert _jpegs(prepared) in proc.stdout.splitlines()
     link = ct_home / "data" / "imagenet"
     assert link.is_symlink() and link.resolve() == prepared.resolve()
+    # U60: the log said `staging imagenet: 0.0 of 0.0 GB (100%), 0 of 0 files, 0 MB/s`
+    job_id = proc.stdout.splitlines()[0]
+    log = cli.ok("logs", job_id).stdout
+    assert f"cloudtrain staging imagenet: linked {prepared}" in log and "0.0 of 0.0" not in log
+    assert _timeline(cli, job_id)["running"]["detail"] == \
+        "data staged: imagenet linked, not copied"
     gone = cli("launch", "--recipe", "imagenet", *TINY, "--data", "imagenet=/no/such/folder")
     assert gone.returncode != 0 and "/no/such/folder is not a folder" in gone.stderr
+
+
+def test_u41_a_tree_without_the_variant_s_folders_stops_launch_and_dry_run(
+        cli, ct_home, aws_env, tmp_path):
+    """U41: `data prepare` with its default sizes (sz/160, sz/352), then the tiny variant
+    (sz/40, sz/88), as a path here and pushed to S3: the dry run passed and the job failed
+    on the host. Now the dry run and the launch refuse it in one line, before anything is
+    created, with the command that makes the missing folders; run, it makes them."""
+    env, _ = aws_env
+    tree = tiny_prepared_imagenet(tmp_path, seed=2, sizes=(160, 352), classes=2)
+    said = (f"has no sz/40/train, sz/40/val, sz/88/train, sz/88/val, which recipe imagenet "
+            "with variant=tiny reads")
+    for extra in (("--dry-run",), ()):
+        proc = cli("launch", "--recipe", "imagenet", *TINY, "--data", f"imagenet={tree}",
+                   *extra, env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert error_line(proc.stderr) == f"Error: dataset imagenet at {tree} {said}"
+        assert f"Hint: cloudtrain data prepare imagenet SRC {tree} --sizes 40,88" in \
+            proc.stderr
+    cli.ok("data", "push", str(tree), f"s3://{BUCKET}/defaults", "--shard-mb", "1", env=env)
+    for extra in (("--dry-run",), ()):
+        proc = cli("launch", "--recipe", "imagenet", *TINY, "--data",
+                   f"imagenet=s3://{BUCKET}/defaults", *extra, env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert error_line(proc.stderr) == \
+            f"Error: dataset imagenet at s3://{BUCKET}/defaults {said}"
+        assert ("Hint: cloudtrain data prepare imagenet SRC DEST --sizes 40,88, then "
+                f"cloudtrain data push DEST s3://{BUCKET}/defaults") in proc.stderr
+    assert "no jobs yet" in cli.ok("status").stdout
+    # the hint's command makes the folders; the same dry runs then pass
+    cli.ok("data", "prepare", "imagenet", str(tmp_path / "src"), str(tree), "--sizes", "40,88",
+           "--workers", "1", env=env, timeout=120)
+    cli.ok("data", "push", str(tree), f"s3://{BUCKET}/defaults", "--shard-mb", "1", env=env)
+    for data in (str(tree), f"s3://{BUCKET}/defaults"):
+        plan = cli.ok("launch", "--recipe", "imagenet", *TINY, "--data", f"imagenet={data}",
+                      "--dry-run", env=env).stdout
+        assert "data" in plan and "no jobs yet" in cli.ok("status").stdout

@@ -5,6 +5,7 @@ well under a minute"), and a dataset in the official archives' layout made ready
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -45,6 +46,11 @@ def test_imagenet_smoke_job_runs_its_progressive_sizes(cli, ct_home):
         assert (f"target    reached at epoch {e['epoch']}: top5 {e['top5']:.2%}, test_acc "
                 f"{e['test_acc']:.2%}, train time") in shown
     assert "top5 " in shown and "images_per_s" in shown
+    # U50: the list's ACC column is that metric too (it showed test_acc, top-1)
+    assert rows[-1]["top5"] != rows[-1]["test_acc"], rows[-1]  # else nothing tells them apart
+    header, row = (re.split(r"\s{2,}", line.strip()) for line in
+                   cli.ok("status", "--wide").stdout.splitlines()[:2])
+    assert row[0] == job_id and row[header.index("ACC")] == f"{rows[-1]['top5']:.2%}", row
     # the generated data went to the shared data dir, prepared like the real set
     prepared = [p for p in (ct_home / "data").iterdir() if not p.name.endswith("-src")]
     assert len(prepared) == 1 and (prepared[0] / "sz" / "40" / "train").is_dir()

@@ -60,6 +60,30 @@ def _run(args, cwd, env=None, timeout=180):
     return proc
 
 
+def test_u53_launch_follow_says_a_declared_output_it_could_not_find(ct_home, tmp_path):
+    """U53: a job file with `outputs: [results, model.bin, missing-file]` ended `launch -f`
+    with only `job ... succeeded`; `not found: work/missing-file` was only in `status JOB`'s
+    timeline, whose `outputs` event after `succeeded` showed `(now)` as its duration."""
+    _project(tmp_path, name="own-u53")
+    proc = _run(["launch", "job.yaml", "--secret", "API_TOKEN", "--follow"], tmp_path,
+                {"API_TOKEN": SECRET})
+    assert proc.returncode == 0, proc.stderr
+    job = json.loads(_run(["status", "own-u53", "--json"], tmp_path).stdout)
+    assert proc.stderr.splitlines()[-2:] == [
+        f"job {job['id']} succeeded",
+        f"outputs: in {job['jobdir']}; not found: work/missing-file"], proc.stderr
+    detail = _run(["status", "own-u53"], tmp_path).stdout
+    line = next(l for l in detail.splitlines() if l.strip().startswith("outputs "))
+    assert "(now)" not in line, line
+    (tmp_path / "job.yaml").write_text(OWN_CODE.format(name="own-u53b").replace(
+        "outputs: [results, model.bin, missing-file]", "outputs: [results, model.bin]"))
+    proc = _run(["launch", "job.yaml", "--secret", "API_TOKEN", "--follow"], tmp_path,
+                {"API_TOKEN": SECRET})
+    # every output found: nothing more is said than the outcome
+    assert proc.returncode == 0 and proc.stderr.splitlines()[-1].endswith(" succeeded"), \
+        proc.stderr
+
+
 def _files_holding(root: Path, needle: bytes) -> list[str]:
     """Every file below root whose bytes contain `needle` (the store's -wal too)."""
     found = []

@@ -16,28 +16,25 @@ from cloudtrain.lifecycle import attempts, autoscaled
 from cloudtrain.market import Market
 from cloudtrain.state import Instance, Store
 
-I1, I2, I3 = "i-0111111111111111a", "i-0222222222222222b", "i-0333333333333333c"
-
-
 @pytest.fixture
 def grouped(ec2_provider, ct_home):
-    """A group's job as its launch recorded it: attempt 1 on its first instance; its group
-    in moto (one instance) and attempts/1.json in the job store. Short waits for the
-    provider that `providers.get` makes from config.yaml."""
+    """A group's job as its launch recorded it: attempt 1 on the group's first instance (in
+    moto, tagged with the job as groups.py tags them; `g.i1`); attempts/1.json in the job
+    store. Short waits for the provider that `providers.get` makes from config.yaml."""
     with (ct_home / "config.yaml").open("a") as f:
         f.write(f"region: {REGION}\npoll_seconds: 0.05\ninstance_wait_seconds: 2\n"
                 "ssh_wait_seconds: 1\n")
     with Store(ct_home / "state.db") as store:
         g = GroupJob(ec2_provider, store)
-        g.make_group(desired=1)
+        [g.i1] = g.make_group(desired=1)
         store.add_instance(Instance(
-            id=I1, job_id=g.id, provider="aws", region=REGION, zone="us-east-1a",
+            id=g.i1, job_id=g.id, provider="aws", region=REGION, zone="us-east-1a",
             instance_type="g5.xlarge", market=Market.SPOT, state="running", launched_at=T0,
             terminated_at=None, price_per_hour=None,
             details={"auto_scaling_group": g.group}))
-        store.add_attempt(g.id, 1, started_at=T0, instance_id=I1, region=REGION,
+        store.add_attempt(g.id, 1, started_at=T0, instance_id=g.i1, region=REGION,
                           zone="us-east-1a", market="spot", instance_type="g5.xlarge")
-        g.attempt(1, I1, T0)
+        g.attempt(1, g.i1, T0)
         yield g
 
 
@@ -48,15 +45,17 @@ def rows(g: GroupJob) -> tuple[list, list[str], list[str]]:
 
 
 def test_the_store_s_attempts_become_attempt_and_instance_rows_once(grouped):
-    grouped.attempt(2, I2, T0 + 100, zone="us-east-1b")
-    grouped.attempt(3, I3, T0 + 250, zone="us-east-1a", lifecycle="on-demand",
+    i2 = grouped.replace(grouped.i1)
+    i3 = grouped.replace(i2)
+    grouped.attempt(2, i2, T0 + 100, zone="us-east-1b")
+    grouped.attempt(3, i3, T0 + 250, zone="us-east-1a", lifecycle="on-demand",
                     type="g6.xlarge")
     assert autoscaled.learn(grouped.store, grouped.job) is None  # the group runs: no end
     first = rows(grouped)
     assert autoscaled.learn(grouped.store, grouped.job) is None
     assert rows(grouped) == first  # a second look adds nothing
     found, instances, events = first
-    assert [a.n for a in found] == [1, 2, 3] and instances == [I1, I2, I3]
+    assert [a.n for a in found] == [1, 2, 3] and instances == [grouped.i1, i2, i3]
     assert len(events) == 2 and "attempt 2" in events[0] and "attempt 3" in events[1]
     one, two, three = found
     # Each attempt ended, interrupted, when the next one started (the bill's boundary).
@@ -65,31 +64,35 @@ def test_the_store_s_attempts_become_attempt_and_instance_rows_once(grouped):
     assert (two.ended_at, two.outcome) == (T0 + 250, attempts.INTERRUPTED)
     assert three.ended_at is None and three.outcome is None
     assert (two.instance_id, two.zone, two.market, two.started_at, two.running_at) == \
-        (I2, "us-east-1b", "spot", T0 + 100, T0 + 100)
+        (i2, "us-east-1b", "spot", T0 + 100, T0 + 100)
     assert (three.instance_id, three.market, three.instance_type, three.region) == \
-        (I3, "on-demand", "g6.xlarge", REGION)
-    third = next(i for i in grouped.store.instances(grouped.id) if i.id == I3)
+        (i3, "on-demand", "g6.xlarge", REGION)
+    third = next(i for i in grouped.store.instances(grouped.id) if i.id == i3)
     assert (third.market, third.launched_at, third.zone, third.instance_type) == \
         (Market.ON_DEMAND, T0 + 250, "us-east-1a", "g6.xlarge")
     assert third.details == {"auto_scaling_group": grouped.group, "attempt": 3}
+    assert not [e for e in grouped.store.events(grouped.id) if e.phase == "passed-over"]
 
 
 def test_attempts_seen_one_at_a_time_end_each_other_as_they_come(grouped):
-    grouped.attempt(2, I2, T0 + 100)
+    i2 = grouped.replace(grouped.i1)
+    grouped.attempt(2, i2, T0 + 100)
     autoscaled.learn(grouped.store, grouped.job)
     assert grouped.store.attempt(grouped.id).n == 2
     assert grouped.store.attempt(grouped.id, 2).ended_at is None
-    grouped.attempt(3, I3, T0 + 250)
+    i3 = grouped.replace(i2)
+    grouped.attempt(3, i3, T0 + 250)
     autoscaled.learn(grouped.store, grouped.job)
     two = grouped.store.attempt(grouped.id, 2)
     assert (two.ended_at, two.outcome) == (T0 + 250, attempts.INTERRUPTED)
-    assert [i.id for i in grouped.store.instances(grouped.id)] == [I1, I2, I3]
+    assert [i.id for i in grouped.store.instances(grouped.id)] == [grouped.i1, i2, i3]
 
 
 def test_an_attempt_whose_record_is_missing_does_not_stop_the_next(grouped):
     """attempts/2.json never reached the store (its instance died first): attempt 3 is
     recorded, and the latest attempt known here (1) ends at 3's start."""
-    grouped.attempt(3, I3, T0 + 250)
+    i3 = grouped.replace(grouped.replace(grouped.i1))
+    grouped.attempt(3, i3, T0 + 250)
     autoscaled.learn(grouped.store, grouped.job)
     assert [a.n for a in grouped.store.attempts(grouped.id)] == [1, 3]
     assert grouped.store.attempt(grouped.id, 1).ended_at == T0 + 250
@@ -98,24 +101,25 @@ def test_an_attempt_whose_record_is_missing_does_not_stop_the_next(grouped):
 def test_an_attempt_on_an_instance_already_recorded_adds_no_second_instance_row(grouped):
     """A restart on the same instance (bootstrap run again after a reboot) names the first
     attempt's instance: one instance row still, the attempt recorded on it."""
-    grouped.attempt(2, I1, T0 + 100)
+    grouped.attempt(2, grouped.i1, T0 + 100)
     autoscaled.learn(grouped.store, grouped.job)
     _, instances, events = rows(grouped)
-    assert instances == [I1] and events == []
-    assert grouped.store.attempt(grouped.id, 2).instance_id == I1
+    assert instances == [grouped.i1] and events == []
+    assert grouped.store.attempt(grouped.id, 2).instance_id == grouped.i1
 
 
 def test_the_resumed_step_said_after_the_restore_updates_the_row(grouped):
     """bootstrap posts attempts/<n>.json at boot, then again with where it resumed: the row
     made from the first gets the step from the second, once."""
-    grouped.attempt(2, I2, T0 + 100)
+    i2 = grouped.replace(grouped.i1)
+    grouped.attempt(2, i2, T0 + 100)
     autoscaled.learn(grouped.store, grouped.job)
     assert grouped.store.attempt(grouped.id, 2).resumed_step is None
-    grouped.attempt(2, I2, T0 + 100, resumed_step=1200, resumed_seq=4)
+    grouped.attempt(2, i2, T0 + 100, resumed_step=1200, resumed_seq=4)
     autoscaled.learn(grouped.store, grouped.job)
     two = grouped.store.attempt(grouped.id, 2)
     assert (two.resumed_step, two.resumed_seq) == (1200, 4)
-    grouped.attempt(2, I2, T0 + 100, resumed_step=5, resumed_seq=1)  # never moved back
+    grouped.attempt(2, i2, T0 + 100, resumed_step=5, resumed_seq=1)  # never moved back
     autoscaled.learn(grouped.store, grouped.job)
     assert grouped.store.attempt(grouped.id, 2).resumed_step == 1200
     assert len(grouped.store.attempts(grouped.id)) == 2
@@ -126,15 +130,16 @@ def test_garbage_in_the_store_records_nothing(grouped):
     grouped.put("attempts/3.json", {"attempt": 3, "instance": "i-../../etc"})
     assert autoscaled.learn(grouped.store, grouped.job) is None
     assert [a.n for a in grouped.store.attempts(grouped.id)] == [1]
-    assert [i.id for i in grouped.store.instances(grouped.id)] == [I1]
+    assert [i.id for i in grouped.store.instances(grouped.id)] == [grouped.i1]
 
 
 def test_the_final_record_is_the_job_s_end(grouped):
-    grouped.attempt(2, I2, T0 + 100)
-    grouped.final(state="failed", exit_code=3, reason="loss went NaN", attempt=2)
+    i2 = grouped.replace(grouped.i1)
+    grouped.attempt(2, i2, T0 + 100)
+    grouped.final(state="failed", exit_code=3, reason="loss went NaN", attempt=2, instance=i2)
     final = autoscaled.learn(grouped.store, grouped.job)
     assert final == {"state": "failed", "exit_code": 3, "reason": "loss went NaN",
-                     "ended_at": T0 + 900, "attempt": 2}
+                     "ended_at": T0 + 900, "attempt": 2, "instance": i2}
     assert [a.n for a in grouped.store.attempts(grouped.id)] == [1, 2]  # recorded all the same
 
 
@@ -154,7 +159,7 @@ def test_a_deleted_group_with_no_final_record_is_a_failed_end_saying_so(grouped)
 
 def test_a_final_record_wins_over_the_group_s_state(grouped):
     """The agent records the end, then deletes its group: the end is the agent's."""
-    grouped.final(state="succeeded", exit_code=0)
+    grouped.final(state="succeeded", exit_code=0, attempt=1, instance=grouped.i1)
     grouped.delete_group()
     assert autoscaled.learn(grouped.store, grouped.job)["state"] == "succeeded"
 
@@ -162,29 +167,32 @@ def test_a_final_record_wins_over_the_group_s_state(grouped):
 def test_an_instance_lost_while_aws_relaunches_is_no_end(grouped):
     """The recorded instance is gone, its replacement not yet in the store: no end, and
     the job says AWS is relaunching it."""
-    assert autoscaled.lost(grouped.store, grouped.job, {I1: {"state": "terminated"}},
-                           f"{I1} was taken back") is None
-    assert grouped.job.reason == f"{I1} was taken back; AWS Auto Scaling is relaunching it"
+    i1 = grouped.i1
+    assert autoscaled.lost(grouped.store, grouped.job, {i1: {"state": "terminated"}},
+                           f"{i1} was taken back") is None
+    assert grouped.job.reason == f"{i1} was taken back; AWS Auto Scaling is relaunching it"
     assert grouped.job.state == "running"
 
 
 def test_a_lost_instance_of_an_emptied_group_is_the_job_s_end(grouped):
     grouped.empty_group()
-    final = autoscaled.lost(grouped.store, grouped.job, {I1: {"state": "terminated"}}, "gone")
+    final = autoscaled.lost(grouped.store, grouped.job, {grouped.i1: {"state": "terminated"}},
+                            "gone")
     assert final["state"] == "failed" and "scheduled action" in final["reason"]
 
 
 def test_a_replacement_running_but_not_reachable_yet_is_said_and_not_followed(grouped):
-    """The group's own instance in moto is the replacement (attempt 2 in the store): the
-    job's host is not moved to it while SSH does not answer; the reason says so, and the
-    next look tries again."""
-    [replacement] = grouped.members()
+    """The group's replacement in moto (attempt 2 in the store): the job's host is not
+    moved to it while SSH does not answer; the reason says so, and the next look tries
+    again."""
+    i1 = grouped.i1
+    replacement = grouped.replace(i1)
     grouped.attempt(2, replacement, T0 + 100)
     host_before = grouped.job.host
-    states = {I1: {"state": "terminated"}, replacement: {"state": "running"}}
-    assert autoscaled.lost(grouped.store, grouped.job, states, f"{I1} was taken back") is None
+    states = {i1: {"state": "terminated"}, replacement: {"state": "running"}}
+    assert autoscaled.lost(grouped.store, grouped.job, states, f"{i1} was taken back") is None
     reason = grouped.job.reason
-    assert reason.startswith(f"{I1} was taken back; AWS Auto Scaling relaunched it: attempt 2 "
+    assert reason.startswith(f"{i1} was taken back; AWS Auto Scaling relaunched it: attempt 2 "
                              f"on {replacement} (not reachable yet: ")
     assert grouped.job.host == host_before
     assert not [e for e in grouped.store.events(grouped.id) if e.phase == "replacement"]
@@ -203,7 +211,7 @@ def test_cost_report_refresh_prices_the_replacement_aws_put_in_while_nobody_look
     from labs.loopback import free_port
 
     g = grouped
-    [replacement] = g.members()
+    replacement = g.replace(g.i1)
     g.attempt(2, replacement, T0 + 100)
     g.store.update_job(g.id, jobdir="/home/ubuntu/.cloudtrain/jobs/" + g.id, host={
         "kind": "SSHHost", "host": "127.0.0.1", "port": free_port(), "user": "ubuntu",
@@ -216,3 +224,212 @@ def test_cost_report_refresh_prices_the_replacement_aws_put_in_while_nobody_look
     assert [a.n for a in g.store.attempts(g.id)] == [1, 2]
     report = json.loads(done.output)
     assert g.id in json.dumps(report)
+
+
+# -- F41: a record is believed only where EC2 agrees -----------------------------------------
+
+def passed_over(g: GroupJob) -> list[str]:
+    return [e.detail for e in g.store.events(g.id) if e.phase == autoscaled.PASSED_OVER]
+
+
+def test_F41_a_forged_attempt_naming_an_instance_not_the_job_s_is_passed_over_and_spared(
+        grouped):
+    """F41 (the audit's reproduction): attempts/<n>.json is written through the job's grant,
+    which any instance of the job holds. Records naming an untagged `prod-database` and
+    another job's instance were recorded as the job's, priced, and terminated by `down` /
+    the job's end. Now each is passed over, said once, neither recorded nor priced, and
+    `release` leaves both running while it ends the job's own."""
+    g = grouped
+    prod = g.stranger(Name="prod-database")
+    theirs = g.stranger(**{"cloudtrain:job": "0ther0b1", "Name": "another job"})
+    g.attempt(2, prod, T0 + 100)
+    g.attempt(3, theirs, T0 + 200)
+    assert autoscaled.learn(g.store, g.job) is None
+    assert autoscaled.learn(g.store, g.job) is None  # a second look says nothing new
+    found, instances, events = rows(g)
+    assert [a.n for a in found] == [1] and instances == [g.i1] and events == []
+    assert found[0].ended_at is None  # nothing ended attempt 1
+    said = passed_over(g)
+    assert said == [
+        f"attempts/2.json names {prod}, which EC2 does not show with the job's tag "
+        f"(cloudtrain:job={g.id}; it stops listing an instance about an hour after its end): "
+        "not taken as the job's (neither recorded nor priced)",
+        f"attempts/3.json names {theirs}, which EC2 does not show with the job's tag "
+        f"(cloudtrain:job={g.id}; it stops listing an instance about an hour after its end): "
+        "not taken as the job's (neither recorded nor priced)"]
+    g.provider.release(g.store, g.job)
+    assert g.state_of(prod) == g.state_of(theirs) == "running"
+    assert g.state_of(g.i1) == "terminated"
+
+
+def test_F41_an_instance_of_the_job_but_outside_its_group_is_not_an_attempt(grouped):
+    """The job's tag alone is not enough for a live instance of a grouped job: the group's
+    own tag (aws:autoscaling:groupName, which only AWS sets) must name the job's group."""
+    g = grouped
+    loose = g.stranger(**{"cloudtrain:job": g.id})
+    g.attempt(2, loose, T0 + 100)
+    autoscaled.learn(g.store, g.job)
+    assert [a.n for a in g.store.attempts(g.id)] == [1]
+    assert passed_over(g) == [
+        f"attempts/2.json names {loose}, which EC2 shows in no Auto Scaling group, not in the "
+        f"job's {g.group}: not taken as the job's (neither recorded nor priced)"]
+
+
+@pytest.mark.parametrize("forged, why", [
+    (lambda g, i2: {"attempt": 7, "instance": i2}, "it names attempt 7, which the job does "
+                                                   "not have"),
+    (lambda g, i2: {"attempt": 2, "instance": g.stranger(Name="prod-database")},
+     "which EC2 does not show with the job's tag"),
+    (lambda g, i2: {"attempt": 1, "instance": g.i1},
+     "attempt 2 of the job still runs on {i2} (final.json names attempt 1)"),
+    (lambda g, i2: {"attempt": None, "instance": None},
+     "a success that names no attempt or instance of the job"),
+], ids=["unknown-attempt", "stranger-instance", "later-attempt-runs", "anonymous-success"])
+def test_F41_a_forged_final_json_is_not_the_job_s_end(grouped, forged, why):
+    """F41: a forged final.json (state: succeeded) was taken as the job's end, so the
+    launching machine recorded a success for a job that had not finished. It is the end only
+    where it fits what EC2 and the attempts say; else it is passed over, said once, and the
+    job runs on (attempt 2 on the group's replacement, running)."""
+    g = grouped
+    i2 = g.replace(g.i1)
+    g.attempt(2, i2, T0 + 100)
+    g.final(state="succeeded", exit_code=0, **forged(g, i2))
+    assert autoscaled.learn(g.store, g.job) is None
+    assert autoscaled.learn(g.store, g.job) is None
+    [said] = passed_over(g)
+    assert said.startswith("final.json (succeeded) is not taken as the job's end: ")
+    assert why.format(i2=i2) in said
+    assert g.job.state == "running" and g.state_of(i2) == "running"
+
+
+def test_F41_an_end_nothing_contradicts_is_the_end_though_ec2_forgot_its_instances(grouped):
+    """The machine was off for longer than EC2 lists an ended instance (about an hour): the
+    agent's final.json names an attempt and an instance that can no longer be checked. With
+    the group deleted (the agent ends it) and no instance of the job live, nothing
+    contradicts it: it is the end, not a failure for want of one. A success that names
+    nothing is still refused."""
+    g = grouped
+    g.delete_group()  # moto keeps ended instances listed: these ids were never listed
+    g.final(state="succeeded", exit_code=0, attempt=4, instance="i-0444444444444444d")
+    assert autoscaled.learn(g.store, g.job)["state"] == "succeeded"
+    g.final(state="succeeded", exit_code=0, attempt=None, instance=None)
+    final = autoscaled.learn(g.store, g.job)
+    assert final["state"] == "failed" and "group was deleted" in final["reason"]
+
+
+def test_F41_true_ends_are_still_the_end(grouped):
+    """What the agent writes (its attempt and its own instance, still shutting down), what
+    an agent without CLOUDTRAIN_ATTEMPT writes (its instance only), and what a bootstrap
+    that could not start the job writes (failed, naming nothing) are each the end."""
+    g = grouped
+    i2 = g.replace(g.i1)
+    g.attempt(2, i2, T0 + 100)
+    for doc in ({"state": "succeeded", "attempt": 2, "instance": i2},
+                {"state": "succeeded", "attempt": None, "instance": i2},
+                {"state": "failed", "attempt": None, "instance": None}):
+        g.final(**doc)
+        final = autoscaled.learn(g.store, g.job)
+        assert final is not None and final["state"] == doc["state"], doc
+    assert passed_over(g) == []
+
+
+# -- C2: `status` and the supervisor learn the same attempts at once --------------------------
+
+def test_C2_recorders_learning_the_same_attempts_at_once_record_each_once(grouped):
+    """C2: the first `status` after the machine came back and the supervisor it had just
+    started both recorded the job store's attempts; the slower broke on "UNIQUE constraint
+    failed: instances.id". Four threads, each on its own connection to the real state.db,
+    learn the same five attempts at once, several times over: none fails, each attempt,
+    instance and event is recorded once."""
+    import threading
+
+    g = grouped
+    path = g.store.path
+    for rnd in range(3):
+        current = g.store.attempt(g.id)
+        latest = current.instance_id
+        for n in range(current.n + 1, current.n + 6):
+            latest = g.replace(latest)
+            g.attempt(n, latest, T0 + 100 * n)
+        start = threading.Barrier(4)
+        errors = []
+
+        def one() -> None:
+            with Store(path) as store:
+                job = store.job(g.id)
+                start.wait()
+                try:
+                    autoscaled.learn(store, job)
+                except Exception as exc:  # noqa: BLE001 - the test reports it
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == [], (rnd, errors)
+    found, instances, events = rows(g)
+    assert [a.n for a in found] == list(range(1, 17))
+    assert len(instances) == len(set(instances)) == 16
+    assert len(events) == 15 and len(set(events)) == 15
+    assert all(a.outcome == attempts.INTERRUPTED for a in found[:-1])
+
+
+# -- C1: the steps an attempt that AWS replaced had run ---------------------------------------
+
+def _stream(g: GroupJob, attempt: int, step: int) -> None:
+    """stream/latest.json and its slot, as the agent's checkpoint stream leaves them."""
+    import hashlib
+    import json
+
+    data = b"weights"
+    g.put("stream/a/checkpoints/last.pt", data)
+    g.put("stream/latest.json", json.dumps({
+        "version": 1, "job_id": g.id, "seq": 3, "slot": "a", "step": step, "epoch": 0,
+        "step_source": "checkpoint", "taken_at": T0, "uploaded_at": T0 + 1,
+        "upload_seconds": 1.0, "bytes": len(data), "attempt": attempt, "final": False,
+        "files": [{"path": "checkpoints/last.pt", "size": len(data),
+                   "sha256": hashlib.sha256(data).hexdigest()}]}).encode())
+
+
+def test_C1_an_attempt_aws_replaced_has_the_step_its_streamed_checkpoint_reached(grouped):
+    """C1: `status --json` showed last_step and redone_steps null for every attempt of an
+    Auto Scaling job. The last checkpoint attempt 1 streamed (its manifest names attempt 1)
+    is its last known step; attempt 2 resumed from step 86."""
+    g = grouped
+    _stream(g, attempt=1, step=120)
+    i2 = g.replace(g.i1)
+    g.attempt(2, i2, T0 + 100, resumed_step=86, resumed_seq=2)
+    autoscaled.learn(g.store, g.job)
+    one, two = g.store.attempts(g.id)
+    assert one.last_step == 120 and two.last_step is None
+    rows_ = attempts.summary(g.store, g.job)
+    assert (rows_[0]["last_step"], rows_[0]["redone_steps"]) == (120, 34)
+
+
+def test_C1_a_checkpoint_of_another_attempt_says_nothing_of_this_one(grouped):
+    g = grouped
+    _stream(g, attempt=2, step=300)  # attempt 2 streamed since: its step is not 1's
+    i2 = g.replace(g.i1)
+    g.attempt(2, i2, T0 + 100, resumed_step=86)
+    autoscaled.learn(g.store, g.job)
+    assert g.store.attempt(g.id, 1).last_step is None
+
+
+def test_C1_the_step_seen_here_on_the_attempt_s_own_instance_counts(grouped):
+    """This machine followed attempt 1's instance (its metrics were refreshed from there, to
+    step 131): that is attempt 1's last step, later than its streamed checkpoint's."""
+    import json
+
+    g = grouped
+    g.store.update_instance(g.i1, details=json.dumps({"auto_scaling_group": g.group,
+                                                       "address": "10.0.0.7"}))
+    g.store.update_job(g.id, host={"kind": "SSHHost", "host": "10.0.0.7"},
+                       metrics={"step": 131, "train_loss": 0.5})
+    _stream(g, attempt=1, step=120)
+    i2 = g.replace(g.i1)
+    g.attempt(2, i2, T0 + 100, resumed_step=120)
+    autoscaled.learn(g.store, g.job)
+    assert g.store.attempt(g.id, 1).last_step == 131
+    assert attempts.summary(g.store, g.job)[0]["redone_steps"] == 11

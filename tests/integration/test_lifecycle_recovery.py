@@ -163,8 +163,8 @@ def test_the_dry_run_says_who_relaunches_a_spot_job_and_where(cli, ct_home):
             "--dry-run", "--", "true")
     line = next(l for l in cli.ok(*args).stdout.splitlines()
                 if l.strip().startswith("recovery"))
-    assert "a supervisor on this machine does it, so only while this machine is on" in line
-    assert "no instance_profile in config.yaml" in line
+    assert "relaunched by a supervisor on this machine (only while it is on)" in line
+    assert "set `instance_profile:` in config.yaml to let AWS Auto Scaling do it" in line
     config = ct_home / "config.yaml"
     config.write_text(config.read_text() + "instance_profile: cloudtrain-instance\n")
     line = next(l for l in cli.ok(*args).stdout.splitlines()

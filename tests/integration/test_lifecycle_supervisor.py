@@ -106,3 +106,28 @@ def test_F31_expired_credentials_pause_recovery_and_say_so(ct_home, monkeypatch)
                                      "AWS refused the credentials (ExpiredToken)")
         assert "any cloudtrain command run with valid AWS credentials restarts" in job.reason
         assert store.instances(job.id) == []
+
+
+def test_U44_start_says_the_pid_of_the_supervisor_that_runs(ct_home):
+    """U44: a spot launch printed `recovery supervisor started (pid None, ...)`: start()
+    read supervisor.json before the new supervisor had written it (and a file left by one
+    killed with SIGKILL names a process that is gone). The pid said is the live process that
+    runs `cloudtrain supervisor run`, every time."""
+    import subprocess
+
+    from cloudtrain.lifecycle import supervisor
+    from cloudtrain.state import open_store
+
+    open_store(ct_home).close()  # it leaves at once where there is no state.db
+    for _ in range(4):
+        gone = subprocess.Popen(["true"])
+        gone.wait()  # a pid no process has now, as a SIGKILLed supervisor leaves it behind
+        (ct_home / supervisor.INFO).write_text(json.dumps({"pid": gone.pid, "started_at": 1.0}))
+        pid = supervisor.start(ct_home)
+        try:
+            assert isinstance(pid, int), pid
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            assert b"supervisor" in cmdline and b"run" in cmdline, cmdline
+            assert supervisor.state_of(ct_home)["pid"] == pid
+        finally:
+            assert supervisor.stop(ct_home)

@@ -5,6 +5,7 @@ never change a healthy job (F11), and a broken job directory never breaks them (
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -87,3 +88,34 @@ def test_a_job_that_answers_again_with_its_end_is_recorded_not_an_internal_error
                    what="the job's end recorded")
     assert job["exit_code"] == 3
     assert not (job["reason"] or "").startswith(watch.UNREACHABLE)
+
+
+def test_u49_a_job_s_setup_shows_as_setting_up_then_running(cli, ct_home):
+    """U49: while a job's `setup:` ran, `status` showed the job `running`: a 10-minute pip
+    install looked like training with no epochs. It is `setting-up` until run.sh says the
+    setup is done, then `running` from the setup's own end (the timeline and the cost's
+    setup phase with it); `--state setting-up` finds it; a failing setup's job still has
+    its log."""
+    job_id = cli.launch("--setup", "sleep 8", "--", "sleep", "1")
+    seen = cli.wait(job_id, states=("setting-up",), timeout=30)
+    assert seen["state"] == "setting-up", seen
+    # refreshed again from its host (the launch is over): still setting up, listed as that
+    assert job_id in cli.ok("status", "--state", "setting-up").stdout
+    cli.wait(job_id, states=("running", "succeeded"), timeout=30)
+    job = cli.wait(job_id, timeout=30)
+    assert job["state"] == "succeeded", job
+    phases = {p["name"]: p for p in job["timeline"]}
+    assert [p["name"] for p in job["timeline"]][-3:] == ["setting-up", "running", "succeeded"]
+    assert re.fullmatch(r"setup done in [0-9]+ s", phases["running"]["detail"]), phases
+    assert phases["running"]["start"] - phases["setting-up"]["start"] >= 7.5
+    # with data staged first: staging, then the setup, then the command
+    (ct_home / "mine").mkdir()
+    staged = cli.launch("--data", f"mine={ct_home / 'mine'}", "--setup", "sleep 2", "--",
+                        "true")
+    job = cli.wait(staged, timeout=60)
+    assert [p["name"] for p in job["timeline"]][-4:] == ["staging", "setting-up", "running",
+                                                        "succeeded"], job["timeline"]
+    failing = cli.launch("--setup", "exit 3", "--", "true")
+    job = cli.wait(failing, timeout=30)
+    assert job["state"] == "failed" and job["reason"].startswith("setup failed (exit code 3")
+    assert "cloudtrain: setup failed (exit code 3)" in cli.ok("logs", failing).stdout

@@ -73,7 +73,8 @@ def test_d1_dry_run_without_a_region_plans_in_the_default_one_and_says_so():
     proc = run("launch", "--recipe", "resnet9", "--instance", "g5.xlarge", "--spot", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     region = rows(proc.stdout)["region"]
-    assert region.startswith("us-east-1 (the default: no --region, AWS_REGION"), region
+    assert region.startswith("us-east-1 (the default: no --region, `region:` in config.yaml, "
+                             "AWS_REGION"), region
     assert "$0.4328/h" in rows(proc.stdout)["price"]
 
 
@@ -344,8 +345,11 @@ def test_u15_in_a_terminal_enter_means_no_to_a_run_predicted_to_fail(ct_home, sl
     code, shown = in_a_terminal(["launch", "--recipe", "slow"], "", env)
     lines = shown.splitlines()
     warning = next(i for i, line in enumerate(lines) if "no GPU here" in line)
-    assert lines[warning].startswith("WARNING: ") and "Proceed" not in lines[warning]
-    assert lines[warning + 1].startswith("Proceed? [y/N]"), shown
+    asked = next(i for i, line in enumerate(lines) if "Proceed?" in line)
+    # the warning, wrapped at the terminal's width (U42), then the question on its own line
+    assert lines[warning].startswith("WARNING: ") and asked > warning, shown
+    assert all(line.startswith("  ") for line in lines[warning + 1:asked]), shown
+    assert lines[asked].startswith("Proceed? [y/N]"), shown
     assert code == 1 and "not launched: nothing was created" in shown, shown
     assert no_jobs(ct_home)
     # within its max runtime (142 of 300 min): said, and Enter goes on
@@ -364,8 +368,9 @@ def test_d26_a_paid_launch_asks_with_its_price_and_yes_skips(ct_home, moto):
     assert "This launches a spot g5.xlarge in us-east-1, billed per second: $0.4328/h" in shown
     # U9: the question quotes the dry run's "at most": all 4 attempts (3 restarts by default)
     at_most = rows(run(*args, "--dry-run", env=env).stdout)["at most"]
-    assert ": 4 attempts (1 + 3 restarts) of up to 90 min each" in at_most
-    assert f"at most {at_most}. Proceed? [Y/n]" in shown.replace("\r\n", "")
+    assert ": 4 attempts (1 + 3 restarts) of up to 50 min each" in at_most  # smoke: 20 + 30
+    # wrapped at the terminal's width (U42): the same words
+    assert " ".join(f"at most {at_most}. Proceed? [Y/n]".split()) in " ".join(shown.split())
     assert "not launched: nothing was created" in shown
     assert no_jobs(ct_home)
     import boto3
@@ -434,3 +439,20 @@ def test_u24_a_file_here_that_is_not_a_command_is_refused_before_anything(ct_hom
     proc = run("launch", "-q", "--follow", "--workdir", ".", "--", "./run.sh", cwd=tmp_path,
                env=env)
     assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr
+
+
+def test_u58_a_smoke_profile_is_planned_with_its_own_disk_and_runtime():
+    """U58: `launch --recipe imagenet --profile smoke --instance g5.xlarge --dry-run` kept
+    the full recipe's 400 GB disk and 360-minute max runtime (`at most $7.00 ... 400 GB`)
+    for a run of seconds; the plan and the estimate now use the profile's own."""
+    proc = run("launch", "--recipe", "imagenet", "--profile", "smoke", "--instance",
+               "g5.xlarge", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    rows = dict(line.strip().split(None, 1) for line in proc.stdout.splitlines()[1:]
+                if line.startswith("  ") and len(line.split()) > 1)
+    assert rows["disk"].startswith("100 GB gp3"), rows["disk"]
+    assert "up to 50 min (the max runtime of 20 min + 30 until user-data powers it off)" in \
+        rows["at"], rows["at"]
+    full = run("launch", "--recipe", "imagenet", "--set", "variant=tiny", "--instance",
+               "g5.xlarge", "--dry-run", "--set", "data=synthetic")
+    assert "400 GB gp3" in full.stdout and "max runtime of 360 min" in full.stdout

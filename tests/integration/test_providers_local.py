@@ -214,9 +214,11 @@ def test_U30_ctrl_c_during_downs_grace_says_what_the_job_is_left_in(cli, ct_home
     out, err = down.communicate(timeout=30)
     assert down.returncode == 130, (out, err)
     assert "Traceback" not in err
-    assert err.strip() == (f"interrupted: job {job_id} may still be running: its stop had "
-                           "begun but not finished (it is not marked cancelled, and any "
-                           f"instance of it still runs); run `cloudtrain down {job_id}` again")
+    assert err.strip().splitlines() == [  # U43: the stop said as it began
+        f"stopping {job_id}: SIGTERM sent, SIGKILL in 60 s", "",
+        f"interrupted: job {job_id} may still be running: its stop had begun but not finished "
+        f"(it is not marked cancelled, and any instance of it still runs); run `cloudtrain "
+        f"down {job_id}` again"], err
     assert cli.job(job_id)["state"] == "running"  # which is what it said
     assert f"{job_id}: cancelled" in cli.ok("down", job_id, "--grace", "0").stdout
 

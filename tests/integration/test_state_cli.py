@@ -174,3 +174,27 @@ def test_F22_a_long_job_reference_is_not_found(cli):
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.splitlines()[0].startswith("Error: no job 'aaaa"), proc.stderr
         assert len(proc.stderr) < 300
+
+
+def test_C2_a_refused_change_in_a_sound_database_never_says_move_it_aside(cli, ct_home):
+    """C2: a constraint error mid-command (two processes recording the same row; here a
+    trigger of the real database refuses the deletion `rm` makes) is said as a refused change
+    in a sound database, with no advice to move state.db aside (which loses every job's
+    records); the database keeps every row. A database that really is unusable still gets
+    that advice (the F22 tests above)."""
+    job_id = ended_job(ct_home)
+    db = sqlite3.connect(ct_home / "state.db")
+    db.execute("CREATE TRIGGER refuse BEFORE DELETE ON jobs BEGIN "
+               "SELECT RAISE(ABORT, 'UNIQUE constraint failed: instances.id'); END")
+    db.commit()
+    db.close()
+    proc = cli("rm", job_id, "-y")
+    path = ct_home / "state.db"
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines()[-2:] == [
+        f"Error: {path} refused a change (UNIQUE constraint failed: instances.id); the "
+        "database itself is sound (PRAGMA quick_check: ok; cloudtrain's schema)",
+        "Hint: another cloudtrain process may have recorded the same thing at that moment: "
+        "run the command again (if it happens again, run it with --debug and report the "
+        "traceback)"], proc.stderr
+    assert json.loads(cli.ok("status", job_id, "--json").stdout)["id"] == job_id

@@ -18,6 +18,8 @@ rootdir-relative conftest, and the benchmarks put it there).
     pricing         a stand-in for the Price List Query API (fixture `price_list`)
     asg             moto's Auto Scaling groups made to behave as AWS's (instances boot as
                     namespace hosts and run their user-data, lost ones are replaced)
+    group_nodes     a job on several nodes of a group as processes here (no root): the real
+                    agents, regroup and bootstrap against moto, AWS's part and its faults
     moto_placement  placement groups, which moto lacks
     moto_quotas     EC2's Service Quotas, which moto lacks
     terminal        the real `cloudtrain` on a pseudo-terminal

@@ -33,7 +33,7 @@ from test_aws_user_data import Box, _job, _spec
 
 ATTEMPT_KEYS = {"attempt", "instance", "zone", "type", "lifecycle", "started_at", "by",
                 "resumed_step", "resumed_seq"}
-FINAL_KEYS = {"state", "exit_code", "reason", "ended_at", "attempt"}
+FINAL_KEYS = {"state", "exit_code", "reason", "ended_at", "attempt", "instance"}
 NOW = 1_760_000_000.0
 
 
@@ -83,9 +83,9 @@ def test_a_lifecycle_other_than_on_demand_is_spot():
 @pytest.mark.parametrize("state", ["succeeded", "failed", "cancelled", "preempted"])
 def test_a_final_record_of_an_end_is_taken(state):
     got = check_final({"state": state, "exit_code": 3, "reason": "  out of\n memory ",
-                       "ended_at": NOW, "attempt": 2})
+                       "ended_at": NOW, "attempt": 2, "instance": "i-0123456789abcdef0"})
     assert got == {"state": state, "exit_code": 3, "reason": "out of memory", "ended_at": NOW,
-                   "attempt": 2}
+                   "attempt": 2, "instance": "i-0123456789abcdef0"}
 
 
 @pytest.mark.parametrize("doc", [None, [], "succeeded", {"state": "running"}, {"state": None},
@@ -165,6 +165,7 @@ def test_any_final_record_is_refused_or_comes_back_well_typed(doc):
                                      and _one_clean_line(got["reason"]))
     assert _when(got["ended_at"])
     assert got["attempt"] is None or (_int(got["attempt"]) and 1 <= got["attempt"] <= MAX_ATTEMPTS)
+    assert got["instance"] is None or INSTANCE_ID.fullmatch(got["instance"])
     json.dumps(got, allow_nan=False)
 
 
@@ -341,7 +342,8 @@ GROUPED = dict(instance_profile="cloudtrain-instance")
     ({}, {"market": Market.ON_DEMAND}, "not a recovering spot job"),
     ({}, {"fallback": Market.ON_DEMAND}, "--fallback on-demand"),
     ({"regions": "us-east-1,us-west-2"}, {}, "more regions"),
-    ({"instance_profile": ""}, {}, "no instance_profile"),
+    ({"instance_profile": ""}, {}, "set `instance_profile:` in config.yaml to let AWS Auto "
+                                   "Scaling do it"),
     ({"job_store": False}, {}, "job_store: false"),
 ])
 def test_a_job_aws_cannot_relaunch_says_why(settings_over, spec_over, words):

@@ -39,6 +39,7 @@ class Store(QuietServer):
         super().__init__(*args, **kwargs)
         self.objects: dict[str, bytes] = {}
         self.posts: list[str] = []
+        self.history: list[tuple[str, bytes]] = []  # every object stored, in order
         self.fail = lambda key: None
         self.bytes_per_s = None
 
@@ -87,6 +88,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         status = self.server.fail(key)
         if status is None:
             self.server.objects[key] = form["file"]
+            self.server.history.append((key, form["file"]))
             status = 204
         self.send_response(status)
         self.send_header("Content-Length", "0")
@@ -174,25 +176,158 @@ def test_signature_lists_regular_checkpoints_only_and_sees_a_rename(tmp_path):
     assert checkpoint_manifest.signature(str(tmp_path / "nowhere")) == ()
 
 
-def test_a_checkpoint_is_taken_once_it_has_settled_and_only_once(tmp_path, store):
+def test_a_whole_checkpoint_is_taken_at_the_first_look_and_only_once(tmp_path, store):
     streamer = cs.Streamer(str(tmp_path), store.grant(), settle_s=2.0)
     assert streamer.poll_once(now=100.0) is None  # nothing there
-    _save(tmp_path, b"ckpt-1", step=10)
-    assert streamer.poll_once(now=101.0) is None  # first seen
-    assert streamer.poll_once(now=102.9) is None  # not still for 2 s yet
-    _save(tmp_path, b"ckpt-22", step=20)  # changed again: the clock starts over
-    assert streamer.poll_once(now=103.0) is None
-    assert streamer.poll_once(now=104.9) is None
-    rec = streamer.poll_once(now=105.0)
+    _save(tmp_path, b"ckpt-1", step=10)  # renamed into place: nobody writes to it any more
+    rec = streamer.poll_once(now=100.1)
     assert rec["ok"] is True and rec["error"] is None, rec
-    assert (rec["seq"], rec["slot"], rec["step"], rec["final"]) == (1, "a", 20, False)
+    assert (rec["seq"], rec["slot"], rec["step"], rec["final"]) == (1, "a", 10, False)
     assert streamer.last == rec and streamer.uploads == 1
     assert streamer.poll_once(now=200.0) is None  # unchanged since: nothing more
-    assert len([k for k in store.posts if k.endswith("latest.json")]) == 1
+    _save(tmp_path, b"ckpt-22", step=20)
+    assert streamer.poll_once(now=200.1)["step"] == 20
+    assert len([k for k in store.posts if k.endswith("latest.json")]) == 2
     # A removed checkpoint folder is nothing to upload either.
     for p in (tmp_path / "checkpoints").iterdir():
         p.unlink()
     assert streamer.poll_once(now=300.0) is None and streamer.poll_once(now=400.0) is None
+
+
+def test_a_file_open_for_writing_is_not_taken_until_its_writer_closes_it(tmp_path, store):
+    """A recipe that saves in place (torch.save(obj, path)): while it has the file open, a
+    look takes nothing, however long it has been since the file last changed."""
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    writer = open(folder / "model.pt", "wb")
+    writer.write(b"half of it")
+    writer.flush()
+    fd = os.open(folder / "model.pt", os.O_RDONLY)
+    try:
+        assert cs.open_for_writing(fd) is True
+    finally:
+        os.close(fd)
+    streamer = cs.Streamer(str(tmp_path), store.grant(), settle_s=0.0)
+    assert streamer.poll_once() is None and streamer.last is None
+    writer.write(b" and the rest")
+    writer.close()
+    rec = streamer.poll_once()
+    assert rec["ok"], rec
+    assert store.objects[PREFIX + "stream/a/checkpoints/model.pt"] == b"half of it and the rest"
+
+
+def test_where_writers_cannot_be_seen_a_file_must_be_still_for_settle_s(tmp_path, store,
+                                                                        monkeypatch):
+    """A file system without leases (NFS, FUSE): a file written to within settle_s may be
+    being written; older ones are taken."""
+    monkeypatch.setattr(cs, "open_for_writing", lambda fd: None)
+    path = _save(tmp_path, b"ckpt", step=1)
+    streamer = cs.Streamer(str(tmp_path), store.grant(), settle_s=30.0)
+    assert streamer.poll_once() is None and streamer.last is None
+    old = time.time() - 31
+    for p in (tmp_path / "checkpoints").iterdir():
+        os.utime(p, (old, old))
+    assert streamer.poll_once()["ok"]
+    assert store.objects[PREFIX + "stream/a/checkpoints/last.pt"] == path.read_bytes()
+
+
+def _version(k: int, size: int) -> bytes:
+    """Checkpoint version k: a header, a body, and the sha256 of both (whole or not)."""
+    body = b"version %d\n" % k + os.urandom(size)
+    return body + hashlib.sha256(body).digest()
+
+
+def _whole(data: bytes) -> int | None:
+    """The version a stored file is, when it is one whole; else None."""
+    body, digest = data[:-32], data[-32:]
+    if len(data) < 40 or hashlib.sha256(body).digest() != digest:
+        return None
+    return int(body.split(b"\n", 1)[0].split()[1])
+
+
+class Writer(threading.Thread):
+    """A job that writes checkpoint version 1, 2, ... every 0.2-1 s, with its
+    checkpoint-info.json: renamed into place (recipes/common/checkpoint.py) or written in place
+    in 64 KiB blocks over a while (torch.save(obj, path))."""
+
+    def __init__(self, jobdir: Path, in_place: bool, seconds: float, size: int = 1 << 20):
+        super().__init__(daemon=True)
+        self.jobdir, self.in_place, self.seconds, self.size = jobdir, in_place, seconds, size
+        self.versions: dict[int, float] = {}  # k -> when it was whole on disk
+        self.rnd = __import__("random").Random(7)
+
+    def run(self):
+        folder = self.jobdir / "checkpoints"
+        folder.mkdir(parents=True, exist_ok=True)
+        end, k = time.time() + self.seconds, 0
+        while time.time() < end:
+            k += 1
+            data = _version(k, self.size)
+            if self.in_place:
+                with open(folder / "last.pt", "wb") as f:
+                    for i in range(0, len(data), 1 << 16):
+                        f.write(data[i:i + (1 << 16)])
+                        f.flush()
+                        time.sleep(0.005)
+            else:
+                (folder / ".last.pt.tmp").write_bytes(data)
+                os.replace(folder / ".last.pt.tmp", folder / "last.pt")
+            (folder / ".info.tmp").write_text(json.dumps({"step": k, "epoch": None}))
+            os.replace(folder / ".info.tmp", folder / checkpoint_manifest.INFO)
+            self.versions[k] = time.time()
+            time.sleep(self.rnd.uniform(0.2, 1.0))
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["renamed", "in-place"])
+def test_C1_a_checkpoint_rewritten_every_fraction_of_a_second_is_streamed_while_written(
+        tmp_path, store, in_place):
+    """C1: a job that writes a checkpoint every 0.2-1 s, with the stream as the launch sets it
+    (settle_s 2, poll_s 1): the checkpoints are uploaded while they are written, one upload
+    at a time, each stored snapshot whole (never half of a file being written), and the stored
+    one is never far behind the newest. Before, none was uploaded until the writes stopped."""
+    uploads = []
+    original = cs.Streamer._send
+
+    def recorded(self, snap, final, deadline, rec):
+        uploads.append(("start", time.time()))
+        try:
+            return original(self, snap, final, deadline, rec)
+        finally:
+            uploads.append(("end", time.time()))
+
+    cs.Streamer._send = recorded
+    writer = Writer(tmp_path, in_place, seconds=8.0)
+    streamer = cs.Streamer(str(tmp_path), store.grant(), settle_s=2.0, poll_s=1.0)
+    lags = []
+    try:
+        writer.start()
+        streamer.start()
+        while writer.is_alive():
+            time.sleep(0.25)
+            if PREFIX + "stream/latest.json" in store.objects and writer.versions:
+                lags.append(max(writer.versions) - store.latest()["step"])
+        writer.join()
+        stored_while_writing = streamer.uploads
+        time.sleep(1.0)
+        streamer.stop(5)
+    finally:
+        cs.Streamer._send = original
+    assert stored_while_writing >= 4, (stored_while_writing, len(writer.versions))
+    assert max(lags) <= 3, lags  # the stored checkpoint trails the newest by a few at most
+    assert store.latest()["step"] == max(writer.versions)  # the last one, once it is still
+    # one upload at a time: every start is followed by its end before the next start
+    kinds = [kind for kind, _ in uploads]
+    assert kinds == ["start", "end"] * (len(kinds) // 2), kinds
+    # every manifest POSTed names a whole version, and the info beside it says that one
+    for key, data in store.history:
+        if key.endswith("latest.json"):
+            doc = json.loads(data)
+            files = {f["path"]: f["sha256"] for f in doc["files"]}
+            ckpt = [d for k, d in store.history
+                    if k == f"{PREFIX}stream/{doc['slot']}/checkpoints/last.pt"
+                    and _sha(d) == files["checkpoints/last.pt"]]
+            assert ckpt and _whole(ckpt[-1]) is not None, "a torn checkpoint was named"
+            assert doc["step"] <= _whole(ckpt[-1])  # its info is never ahead of the file
 
 
 def test_the_manifest_names_the_slot_once_every_file_is_stored(tmp_path, store):

@@ -96,3 +96,27 @@ def test_u3_the_hint_never_moves_a_launch_option_behind_the_double_dash(words):
         assert not any(OPTIONS.known(w) and (w in OPTIONS.flags or "=" in w or
                                              w in OPTIONS.valued) for w in after), advice.hint
         assert sorted(hinted[:cut] + after) == sorted(words)  # nothing lost, nothing added
+
+
+def test_u46_the_hint_adds_workdir_when_the_command_names_a_file_here(tmp_path, monkeypatch):
+    """U46: `launch python train.py --lr 0.1` with train.py here hinted `cloudtrain launch
+    -- python train.py --lr 0.1`, which then failed (`train.py is here, but without
+    --workdir the job runs in an empty directory`). The hint now has `--workdir .`, unless
+    a workdir is given already or the file is not here."""
+    from cloudtrain.preflight import script_here
+
+    monkeypatch.chdir(tmp_path)
+
+    def hint(line: str) -> str:
+        words = shlex.split(line)
+        unknown = next(w for w in words if w.startswith("-") and not OPTIONS.known(w))
+        return unknown_option(words, unknown, OPTIONS, is_job_file, script_here).hint
+
+    assert hint("python train.py --lr 0.1") == "cloudtrain launch -- python train.py --lr 0.1"
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    assert hint("python train.py --lr 0.1") == \
+        "cloudtrain launch --workdir . -- python train.py --lr 0.1"
+    assert hint("--spot python train.py --lr 0.1 --dry-run") == \
+        "cloudtrain launch --spot --dry-run --workdir . -- python train.py --lr 0.1"
+    assert hint("-w src python train.py --lr 0.1") == \
+        "cloudtrain launch -w src -- python train.py --lr 0.1"

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from cloudtrain import config, cost, datasets, datasources, estimate, ledger, recipes
 from cloudtrain.errors import ConfigError, UsageError
+from conftest import tiny_prepared_imagenet
 from cloudtrain.spec import JobSpec
 from cloudtrain.state import Instance, Store
 
@@ -347,3 +348,95 @@ def test_a_recipe_pointed_at_a_copy_on_the_host_stages_nothing():
                                          "dataset"):
         _resolve(_spec(data_dir="/data/imagenet"), config.Settings(),
                          datasources.parse_data_flags(("imagenet=s3://bkt/in",)))
+
+
+def test_u41_a_tree_without_the_variant_s_folders_is_refused_before_launch(tmp_path):
+    """U41: `data prepare` with its default sizes writes sz/160 and sz/352; the tiny variant
+    reads sz/40 and sz/88. That tree passed the launch and failed on the instance after
+    boot and staging. preflight (the launch and the dry run) now refuses it, naming what is
+    missing and the prepare command that makes exactly that; the tree it makes passes."""
+    tree = tiny_prepared_imagenet(tmp_path, seed=1, sizes=(160, 352), classes=2)
+    settings = config.Settings()
+    flags = datasources.parse_data_flags((f"imagenet={tree}",))
+    spec = _spec(variant="tiny")
+    spec.backend = "local"
+    spec.datasets = _resolve(spec, settings, flags)
+    with pytest.raises(datasets.MissingFolders) as err:
+        datasets.preflight(spec, settings, provider=None)
+    assert err.value.message == (
+        f"dataset imagenet at {tree} has no sz/40/train, sz/40/val, sz/88/train, sz/88/val, "
+        "which recipe imagenet with variant=tiny reads")
+    assert err.value.hint == f"cloudtrain data prepare imagenet SRC {tree} --sizes 40,88"
+    assert err.value.exit_code == 2
+    # dawn-1x8 reads sz/160, which is there: no refusal
+    dawn = _spec(variant="dawn-1x8")
+    dawn.backend = "local"
+    dawn.datasets = _resolve(dawn, settings, flags)
+    datasets.preflight(dawn, settings, provider=None)
+    # the hint's command, as `data prepare` runs it, makes what was missing
+    from cloudtrain import dataprep
+
+    dataprep.prepare("imagenet", tmp_path / "src", tree,
+                     sizes=dataprep.parse_sizes(err.value.hint.split("--sizes ")[1]), workers=1)
+    datasets.preflight(spec, settings, provider=None)
+
+
+def test_u41_an_s3_dataset_is_checked_by_its_manifest_s_folders_or_its_objects():
+    """U41 on S3: the manifest's folder list (or a plain prefix's objects) says what the tree
+    holds; a manifest pushed before folders were listed cannot tell, and is not refused."""
+    from cloudtrain.host import shards
+    from cloudtrain.providers.aws import datasets as s3_datasets
+
+    entry = shards.ShardEntry(shards.shard_name(0), 1, 2048, 100, "ab" * 32)
+    prepared = shards.folders_of(["train/n1/a.JPEG", "val/n1/b.JPEG", "sz/160/train/n1/a.JPEG",
+                                  "sz/160/val/n1/b.JPEG", "sz/352/train/n1/a.JPEG",
+                                  "sz/352/val/n1/b.JPEG"])
+
+    def provider(manifest=None, objects=()):
+        contents = s3_datasets.Contents("shards" if manifest else "objects", 1, 2048, 100,
+                                        "ab" * 32, manifest, objects=list(objects))
+        return SimpleNamespace(read_dataset=lambda spec, source: datasets.Staged(
+            source, contents, "r"))
+
+    settings = config.Settings()
+    flags = datasources.parse_data_flags(("imagenet=s3://bkt/imagenet",))
+    spec = _spec(variant="tiny")
+    spec.datasets = _resolve(spec, settings, flags)
+    listed = shards.Manifest.build(2048, [entry], prepared)
+    with pytest.raises(datasets.MissingFolders) as err:
+        datasets.preflight(spec, settings, provider(listed))
+    assert "has no sz/40/train, sz/40/val, sz/88/train, sz/88/val" in err.value.message
+    assert err.value.hint == ("cloudtrain data prepare imagenet SRC DEST --sizes 40,88, then "
+                              "cloudtrain data push DEST s3://bkt/imagenet")
+    objects = [{"key": f"imagenet/{p}", "path": p, "bytes": 1, "md5": None}
+               for p in ("train/n1/a.JPEG", "val/n1/b.JPEG")]
+    with pytest.raises(datasets.MissingFolders, match="has no sz/40/train"):
+        datasets.preflight(spec, settings, provider(objects=objects))
+    spec.datasets = _resolve(spec, settings, flags)
+    found = datasets.preflight(spec, settings, provider(shards.Manifest.build(2048, [entry])))
+    assert datasets.notes(spec, settings, found) == [
+        "dataset imagenet: its manifest lists no folders (pushed by an older cloudtrain), so "
+        "whether it has what the job reads is found out on the instance; `cloudtrain data "
+        "push DIR s3://bkt/imagenet` again lists them"]
+    machines4 = _spec(variant="machines-4")
+    machines4.datasets = _resolve(machines4, settings, flags)
+    datasets.preflight(machines4, settings, provider(listed))  # sz/160 and sz/352: all there
+    # a dataset with nothing but sz/40 lacks the full-size folders: any prepare makes those
+    only40 = shards.Manifest.build(2048, [entry], shards.folders_of(
+        ["sz/40/train/n/a", "sz/40/val/n/a", "sz/88/train/n/a", "sz/88/val/n/a"]))
+    spec.datasets = _resolve(spec, settings, flags)
+    with pytest.raises(datasets.MissingFolders) as err:
+        datasets.preflight(spec, settings, provider(only40))
+    assert "has no train, val, which" in err.value.message
+    assert "--sizes ''" in err.value.hint
+
+
+def test_u60_a_linked_path_is_said_as_linked_in_the_timeline():
+    """U60: a path on the host is linked, not copied: the timeline's staged line said
+    `imagenet 0.0 MB, 0 files` for it."""
+    from cloudtrain import hostdata
+
+    staging = hostdata.clean_staging({"state": "staged", "datasets": [
+        {"name": "imagenet", "kind": "path", "state": "staged", "bytes_total": 0,
+         "bytes_done": 0, "files_total": 0, "files_done": 0, "mb_s": 0.0, "seconds": 0.01}]})
+    assert datasets.staged_line(staging) == "data staged: imagenet linked, not copied"

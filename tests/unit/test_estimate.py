@@ -162,10 +162,18 @@ def test_u22_a_region_the_catalog_has_no_prices_for_says_which_it_has(cli):
     assert proc.stderr.splitlines() == [
         f"Error: the catalog has no prices for eu-north-1 (it has {have})",
         "Hint: cloudtrain catalog --refresh --region eu-north-1 fetches them"]
-    out = cli.ok("catalog", "--region", "eu-north-1").stdout
-    assert out.splitlines() == [f"the catalog has no prices for eu-north-1 (it has {have}): "
-                                "cloudtrain catalog --refresh --region eu-north-1 fetches them"]
-    assert cli.ok("catalog", "--region", "eu-north-1", "--gpu", "V100").stdout == out
+
+
+def test_u48_catalog_for_a_region_without_prices_exits_2_as_estimate_does(cli):
+    """U48: `catalog --region eu-north-1` said U22's message and exited 0, while `estimate`
+    exits 2 for the same message. Both now refuse it the same way (--json too)."""
+    est = cli("estimate", "--recipe", "resnet9", "--region", "eu-north-1")
+    for args in (("catalog", "--region", "eu-north-1"),
+                 ("catalog", "--region", "eu-north-1", "--gpu", "V100"),
+                 ("catalog", "--region", "eu-north-1", "--json")):
+        proc = cli(*args)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", est.stderr), args
+    assert cli.ok("catalog", "--region", "eu-west-1").stdout.startswith("TYPE")
 
 
 def test_launch_shows_the_estimate_of_what_it_starts(cli, pub):
@@ -310,3 +318,11 @@ def test_the_table_says_the_bound_in_words(cli):
                  "p4d.24xlarge", "--wide").stdout
     assert "data-bound: 96 vCPUs decoding at 226/s per core from full need 15.7 min, the " \
            "GPUs 14.9 min (published: not reachable with this data path)" in out
+
+
+def test_u58_the_estimate_bills_a_profile_s_own_disk():
+    """U58: a smoke run's estimate billed the full recipe's 400 GB disk too."""
+    imagenet = recipes.load("imagenet")
+    assert estimate._disk(imagenet, "us-east-1", None, 0, 0, "smoke")[0] == 100
+    assert estimate._disk(imagenet, "us-east-1", None, 0, 0)[0] == 400
+    assert estimate._disk(imagenet, "us-east-1", 50, 0, 0, "smoke")[0] == 50  # --disk-gb

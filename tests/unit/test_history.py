@@ -220,6 +220,21 @@ def test_an_unknown_state_is_one_line_listing_the_states():
                                                                             "cancelled")
 
 
+def test_u47_a_misspelt_state_gets_did_you_mean():
+    """U47: `status --state runing` said only `not a job state; the states are ...`, where
+    every other typo error has a "did you mean"."""
+    with pytest.raises(UsageError) as caught:
+        history.parse_filters(["runing"])
+    assert caught.value.message.startswith(
+        "--state 'runing': not a job state (did you mean running?); the states are pending, ")
+    with pytest.raises(UsageError) as caught:
+        history.parse_filters(["succeeded,canceled"])
+    assert "(did you mean cancelled?)" in caught.value.message
+    with pytest.raises(UsageError) as caught:
+        history.parse_filters(["bogus"])
+    assert "did you mean" not in caught.value.message
+
+
 def test_since_takes_a_duration_or_a_date():
     """issue 16: --since 2h, 3d, 1w (ledger's units) or a date (local midnight), or a date
     and time."""

@@ -55,17 +55,29 @@ staging_like = st.fixed_dictionaries({}, optional={
         "files_done": json_values, "mb_s": json_values, "seconds": json_values}) | json_values,
         max_size=4) | json_values})
 
+# run.sh's setup-status.json (U49)
+setup_like = st.fixed_dictionaries({}, optional={
+    "state": st.sampled_from(["running", "done", "failed", "bogus"]) | json_values,
+    "started_at": json_values, "ended_at": json_values, "exit_code": json_values})
+
 
 @FUZZ
 @given(report=st.fixed_dictionaries({}, optional={"status": status_like | json_values,
                                                    "now": json_values, "metrics": rows,
                                                    "target": rows, "runs": rows,
-                                                   "staging": staging_like | json_values}))
+                                                   "staging": staging_like | json_values,
+                                                   "setup": setup_like | json_values}))
 def test_F19_fuzz_clean_report_keeps_only_what_fits(report):
     """F19, and the stager's staging-status.json (issue 12): whatever the job directory
     holds, the report has known keys, known states, finite numbers and one clean line."""
     out = hostdata.clean_report(report)
-    assert set(out) == {"status", "now", "metrics", "target", "runs", "staging"}
+    assert set(out) == {"status", "now", "metrics", "target", "runs", "staging", "setup"}
+    setup = out["setup"]
+    if setup is not None:
+        assert set(setup) == {"state", "started_at", "ended_at"}
+        assert setup["state"] in hostdata.SETUP_STATES
+        assert all(setup[k] is None or math.isfinite(setup[k]) for k in ("started_at",
+                                                                          "ended_at"))
     staging = out["staging"]
     if staging is not None:
         assert staging["state"] in (None, *hostdata.STAGING_STATES)

@@ -369,6 +369,21 @@ FFCV_README = {16: (0.738, 0.908), 24: (0.756, 0.921), 32: (0.766, 0.927), 40: (
 FFCV_LOGS_TOP5 = {16: 0.9184, 24: 0.9270, 32: 0.9347, 40: 0.9371, 56: 0.9408, 88: 0.9426}
 
 
+def test_u41_recipe_yaml_reads_are_each_variant_s_sources():
+    """U41: the launch checks a dataset against the folders recipe.yaml says each variant
+    reads (cloudtrain does not import the recipe): they are Variant.sources(), each with
+    train/ and val/, the folders check_tree looks for on the instance."""
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "recipes" / "imagenet" /
+                          "recipe.yaml").read_text())
+    (entry,) = doc["data"]
+    reads = entry["reads"]
+    assert reads["by"] == "variant" and reads["within"] == ["train", "val"]
+    assert reads["folders"] == {name: v.sources() for name, v in VARIANTS.items()}
+    assert reads["prepare"] == "cloudtrain data prepare imagenet SRC DEST --sizes {sz}"
+
+
 def test_ffcv_targets_are_ffcvs_top1_with_top5_beside_it_in_phases_and_recipe_yaml():
     import yaml
 

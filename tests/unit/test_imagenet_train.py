@@ -219,6 +219,28 @@ def test_missing_data_is_one_line_naming_the_prepare_command(tmp_path):
     assert "sz/160" in message
 
 
+def test_u41_a_tree_prepared_with_other_sizes_names_the_sizes_that_make_it(tmp_path):
+    """U41: the tiny variant on a tree `data prepare` made with its default sizes (160, 352)
+    said `run cloudtrain data prepare imagenet SRC DEST`, which makes those again, not the
+    40 and 88 px copies the variant reads. The fix names them, and running it makes the
+    tree the variant reads."""
+    from phases import VARIANTS
+
+    files = train.imagenet_files
+    files.write_synthetic_official(tmp_path / "src", classes=2, train_per_class=2,
+                                   val_per_class=1, seed=3)
+    files.prepare_imagenet(tmp_path / "src", tmp_path / "tree", workers=1)  # 160, 352
+    with pytest.raises(SystemExit) as info:
+        train.check_tree(tmp_path / "tree", VARIANTS["tiny"])
+    message = str(info.value)
+    assert "\n" not in message and "no " + str(tmp_path / "tree" / "sz" / "40" / "train") in \
+        message
+    assert message.endswith(f"run `cloudtrain data prepare imagenet SRC {tmp_path / 'tree'} "
+                            "--sizes 40,88`")
+    files.prepare_imagenet(tmp_path / "src", tmp_path / "tree", sizes=(40, 88), workers=1)
+    assert set(train.check_tree(tmp_path / "tree", VARIANTS["tiny"])) == {"", "sz/40", "sz/88"}
+
+
 @pytest.mark.parametrize("argv, text", [
     (["--epochs", "0"], "epochs must be at least 1"),
     (["--workers", "-1"], "workers must be >= 0"),

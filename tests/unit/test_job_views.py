@@ -33,3 +33,87 @@ def test_the_startup_line_says_torchs_threads_and_why():
                                    "cores": "\x1b[2J", "procs": 1}).endswith("; torch threads 2")
     assert "threads" not in job_views.startup_text({**base, "threads": "\x1b[2J"})
     assert "threads" not in job_views.startup_text({**base, "threads": True})
+
+
+def _job(**over):
+    from cloudtrain.state import Job
+
+    fields = dict(id="a39620f2", name=None, kind="command", recipe=None, command="python t.py",
+                  backend="aws", state="running", created_at=1.8e9, started_at=1.8e9 + 60,
+                  ended_at=None, exit_code=None, reason=None, spec={}, host=None, jobdir=None,
+                  metrics=None, cost=None)
+    fields.update(over)
+    return Job(**fields)
+
+
+def _row(text: str, key: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"  {key} "))
+
+
+def test_u52_a_running_aws_jobs_jobdir_is_labelled_as_on_the_instance():
+    """U52: `status JOB` of a running AWS job showed `jobdir  <remote_root>/jobs/a39620f2`,
+    a path on the instance, under the label that shows the local copy once the job ends."""
+    remote = _job(host={"kind": "SSHHost", "host": "10.0.0.5", "user": "ubuntu"},
+                  jobdir="/home/ubuntu/.cloudtrain/jobs/a39620f2")
+    assert _row(job_views.job_detail(remote, [], b"", now=1.8e9 + 120), "jobdir") == \
+        "  jobdir    on the instance: /home/ubuntu/.cloudtrain/jobs/a39620f2"
+    home = _job(state="succeeded", ended_at=1.8e9 + 100, jobdir="/u/.cloudtrain/jobs/a39620f2",
+                host={"kind": "LocalHost", "collected_from": remote.host,
+                      "remote_jobdir": remote.jobdir})
+    assert _row(job_views.job_detail(home, [], b"", now=1.8e9 + 120), "jobdir") == \
+        "  jobdir    /u/.cloudtrain/jobs/a39620f2"
+    local = _job(backend="local", host={"kind": "LocalHost"}, jobdir="/u/.cloudtrain/jobs/x")
+    assert _row(job_views.job_detail(local, [], b"", now=1.8e9 + 120), "jobdir") == \
+        "  jobdir    /u/.cloudtrain/jobs/x"
+
+
+def test_u53_an_event_after_the_end_has_no_now_duration():
+    """U53: in an ended job's timeline the `outputs` event after `succeeded` showed its
+    duration as `(now)`; a running job's last phase still does."""
+    from cloudtrain.lifecycle.inspect import Phase
+
+    phases = [Phase("running", 1.8e9 + 60, 40.0), Phase("succeeded", 1.8e9 + 100, 0.0),
+              Phase("outputs", 1.8e9 + 100.5, None, "outputs: in /x; not found: missing.pt")]
+    ended = _job(backend="local", state="succeeded", ended_at=1.8e9 + 100)
+    lines = job_views.job_detail(ended, phases, b"", now=1.8e9 + 200).splitlines()
+    line = next(l for l in lines if l.startswith("    outputs "))
+    assert "(now)" not in line and line.endswith("outputs: in /x; not found: missing.pt"), line
+    running = _job(backend="local")
+    lines = job_views.job_detail(running, phases[:1] + [Phase("running", 1.8e9 + 100, None)],
+                                 b"", now=1.8e9 + 200).splitlines()
+    assert "(now)" in [l for l in lines if l.startswith("    running ")][-1]
+
+
+def test_u50_the_acc_column_is_the_recipe_s_target_metric():
+    """U50: for an imagenet job the list's ACC was test_acc (top-1, 87.50%) where the
+    recipe's target, `status JOB`'s trend and `plot` use top-5 (100.00%). A job keeps its
+    recipe's target for its arguments (spec.target) and the column shows that metric; a
+    job without one, or a row without that metric, shows test_acc as before."""
+    from cloudtrain import config
+    from cloudtrain.launch_options import LaunchOptions
+    from cloudtrain.spec import build_spec
+    from cloudtrain.state import Job
+
+    def job(spec, metrics):
+        return Job(id="a1b2c3d4", name=None, kind="recipe", recipe="imagenet",
+                   command="imagenet", backend="local", state="succeeded", created_at=1.8e9, started_at=1.8e9,
+                   ended_at=1.8e9 + 30, exit_code=0, reason=None, spec=spec, host=None,
+                   jobdir=None, metrics=metrics, cost=0.0)
+
+    def acc(table):
+        header, row = (line.split("  ") for line in table.splitlines()[:2])
+        cells_ = [c.strip() for c in row if c.strip()]
+        return cells_[[c.strip() for c in header if c.strip()].index("ACC")]
+
+    smoke = build_spec(LaunchOptions(recipe="imagenet", profile="smoke"), config.Settings())
+    assert smoke.target == {"metric": "top5", "value": 0.93}
+    ffcv = build_spec(LaunchOptions(recipe="imagenet", sets=("variant=ffcv-rn50-32",
+                                                      "data=synthetic")),
+                      config.Settings())
+    assert ffcv.target["metric"] == "top1"
+    row = {"epoch": 4, "epochs": 4, "test_acc": 0.875, "top5": 1.0, "train_loss": 1.5}
+    assert acc(job_views.status_table([job(smoke.to_dict(), row)], now=1.8e9 + 60)) == \
+        "100.00%"
+    assert acc(job_views.status_table([job({}, row)], now=1.8e9 + 60)) == "87.50%"
+    assert acc(job_views.status_table([job(ffcv.to_dict(), row)], now=1.8e9 + 60)) == \
+        "87.50%"  # FFCV's top-1 is test_acc: no `top1` key in the rows

@@ -59,7 +59,7 @@ LAYERS: list[tuple[str, ...]] = [
      "cloudtrain.cells"),
     ("cloudtrain.catalog", "cloudtrain.state", "cloudtrain.cost", "cloudtrain.gitignore",
      "cloudtrain.hostdata"),
-    ("cloudtrain.state_schema", "cloudtrain.state_columns"),
+    ("cloudtrain.state_schema", "cloudtrain.state_columns", "cloudtrain.state_check"),
     ("cloudtrain.config",),
     ("cloudtrain.datasources",),
     ("cloudtrain.errors", "cloudtrain.market"),

@@ -35,3 +35,44 @@ def test_u28_the_smoke_timings_say_on_what_machine():
     assert "torch import included" not in smoke
     assert "idle" in smoke and "loaded" in smoke
     assert "benchmarks/smoke_profiles.py" in README
+
+
+def _bash_blocks() -> list[str]:
+    return re.findall(r"```bash\n(.*?)\n```", README, re.S)
+
+
+def test_u27_the_cpu_install_is_two_pip_steps_and_names_no_package_index_but_torch_s():
+    """U27: the CPU-only install was "add --index-url ... --extra-index-url <the package
+    index> to that pip command". It is two steps: torch and torchvision (the pinned pair)
+    from torch's CPU wheel index, then the project from pip's default index, which the
+    README does not name."""
+    cpu = next(b for b in _bash_blocks() if "download.pytorch.org/whl/cpu" in b)
+    first, second = [line for line in cpu.splitlines() if "pip install" in line]
+    assert "--index-url https://download.pytorch.org/whl/cpu torch==2.14.1 " \
+        "torchvision==0.29.1" in first and "-e " not in first
+    assert "pip install -e '.[recipes]'" in second and "index" not in second
+    assert "extra-index-url" not in README and "pypi.org" not in README.lower()
+    assert _bash_blocks()[0] == _first_command()  # the first command stays first
+
+
+def test_u51_the_readme_s_gpu_timings_agree_with_what_recipes_shows():
+    """U51: the README said nothing had been timed on a GPU by us, while `recipes resnet9`
+    shows "measured with this code ... H100 ... torch 2.11". The recipes' own GPU records
+    are named in the README with their GPU and torch version, and that this is not the
+    pinned torch."""
+    import yaml
+
+    measured = {}
+    for path in sorted((REPO / "recipes").glob("*/recipe.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        for m in doc.get("measured") or []:
+            if m.get("gpu"):
+                measured.setdefault((m["gpu"], m["torch"]), []).append(doc["name"])
+    assert measured, "no GPU record: then the README may say none"
+    text = " ".join(README.split())
+    said = text[text.index("Times are the records' own."):text.index("Every recipe takes")]
+    assert "nothing here has been timed on a GPU by us yet" not in said
+    for (gpu, torch), names in measured.items():
+        assert gpu in said and torch in said, (gpu, torch, said)
+        assert all(re.sub(r"\d+$", "", n) in said for n in names), (names, said)
+    assert "not the torch 2.14.1 pinned above" in said

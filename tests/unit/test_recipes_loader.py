@@ -102,6 +102,16 @@ def test_bool_is_not_an_int(tmp_path):
     (lambda t: t + "target: {metric: top5, value: 0.93, per_variant: {a: {metric: top1, "
                    "value: x}}}\n", r"target.per_variant.a.value must be a finite number"),
     (lambda t: t + "data: {name: x}\n", "'data' must be a list of datasets"),
+    (lambda t: t + "data: [{name: x, reads: {by: nope, folders: {}}}]\n",
+     r"data\[0\]: reads.by must name an argument"),
+    (lambda t: t + "data: [{name: x, reads: {by: n, folders: {1: [../up]}}}]\n",
+     r"data\[0\]: reads.folders must map each value of n"),
+    (lambda t: t + "data: [{name: x, reads: {by: n, folders: {}, more: 1}}]\n",
+     r"data\[0\]: reads must be a mapping of by, folders, within and prepare"),
+    (lambda t: t.replace("set: {n: 2}", "set: {n: 2}, resources: {gpus_per_node: 2}"),
+     "profile 'smoke': resources may set disk_gb and max_runtime_minutes, not gpus_per_node"),
+    (lambda t: t.replace("set: {n: 2}", "set: {n: 2}, resources: {disk_gb: 4}"),
+     "profiles.smoke.resources.disk_gb must be at least 8"),
     (lambda t: t.replace("  n: {", "  'bad name': {"), "argument name 'bad name' must be a word"),
     (lambda t: t.replace("entry: train.py", "entry: ../../../../etc/hostname"),
      "entry '../../../../etc/hostname' is outside the recipe folder"),
@@ -172,3 +182,22 @@ def test_F23_one_broken_recipe_does_not_hide_the_others(tmp_path, monkeypatch):
     assert [e.message for e in broken] == [f"{bad}: 'profiles' must be a mapping of profile: "
                                            "settings, got ['x']"]
     assert good.exists()
+
+
+def test_u58_a_profile_is_planned_with_its_own_disk_and_runtime(tmp_path):
+    """U58: the imagenet smoke profile (seconds on generated images) was planned with the
+    full run's 400 GB disk and 360-minute max runtime. A profile's `resources:` are its own;
+    without them a profile plans as the recipe does."""
+    r = recipes.parse_recipe(_write(tmp_path, BASE.replace(
+        "set: {n: 2}", "set: {n: 2}, resources: {disk_gb: 30, max_runtime_minutes: 15}")
+        + "resources: {gpus_per_node: 1, disk_gb: 400, max_runtime_minutes: 360}\n"))
+    assert r.resources_for("smoke") == {"gpus_per_node": 1, "disk_gb": 30,
+                                        "max_runtime_minutes": 15}
+    assert r.resources_for(None) == r.resources == {"gpus_per_node": 1, "disk_gb": 400,
+                                                    "max_runtime_minutes": 360}
+    imagenet = recipes.load("imagenet")
+    assert imagenet.resources["disk_gb"] == 400
+    smoke = imagenet.resources_for("smoke")
+    assert (smoke["disk_gb"], smoke["max_runtime_minutes"]) == (100, 20)
+    for rec in recipes.load_all():  # every smoke run plans for minutes, not the full run
+        assert rec.resources_for("smoke")["max_runtime_minutes"] <= 20, rec.name

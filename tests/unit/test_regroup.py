@@ -88,6 +88,8 @@ NEAR = {  # values close to the ones a node writes, good and bad, to reach every
         ["i-0123", "i-0123456789abcdef0; rm", "I-0123456789", ""]) | JSON,
     "rank": st.none() | st.integers(-3, 70) | st.booleans() | st.floats() | JSON,
     "address": st.ip_addresses(v=4).map(str) | st.ip_addresses(v=6).map(str) |
+    st.ip_addresses(network="10.0.0.0/8").map(str) |
+    st.ip_addresses(network="172.16.0.0/12").map(str) |
     st.sampled_from(["10.0.0.1 ", "10.0.0", "localhost", "1.2.3.4/8"]) | st.integers() |
     st.booleans() | JSON,
     "port": st.integers(-2, 70000) | st.booleans() | st.sampled_from(["80", 80.0]) | JSON,
@@ -106,9 +108,11 @@ def test_a_record_from_the_job_store_is_kept_only_with_every_field_checked(doc, 
         return
     assert set(out) == FIELDS
     assert regroup.INSTANCE.fullmatch(out["instance"])
-    # the address is the IPv4 address the record wrote, as EC2 writes one
+    # the address is the IPv4 address the record wrote, as EC2 writes one, and a VPC's
     assert isinstance(doc["address"], str) and out["address"] == doc["address"]
     assert str(ipaddress.IPv4Address(out["address"])) == out["address"]
+    assert any(ipaddress.IPv4Address(out["address"]) in ipaddress.IPv4Network(n)
+               for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"))
     assert type(out["port"]) is int and 1 <= out["port"] <= 65535
     assert out["iface"] is None or (type(out["iface"]) is str
                                     and regroup.IFACE.fullmatch(out["iface"]))
@@ -145,7 +149,7 @@ RANKS = [{"instance": "i-0000000c", "rank": 0, "address": "10.0.0.3", "port": 29
 
 def test_rank_0_takes_the_jobs_results_prefix_and_the_checkpoint_stream():
     job = copy.deepcopy(JOB)
-    out = regroup.take_part(job, "jobs/o/j1/", 0, RANKS)
+    out = regroup.take_part(job, "jobs/o/j1/", 0, RANKS, "ens5")
     assert job == JOB  # the job.json read is not changed in place
     env = out["env"]
     assert (env["CLOUDTRAIN_NODE_RANK"], env["CLOUDTRAIN_NODES"]) == ("0", "3")
@@ -169,9 +173,35 @@ def test_another_rank_stores_below_nodes_k_streams_nothing_and_loses_a_stale_int
     assert out["results_store"]["prefix"] == "jobs/o/j1/nodes/1/"
     assert "checkpoint_stream" not in out
     assert out["auto_scaling"]["rank"] == 1
-    two = regroup.take_part(copy.deepcopy(JOB), "jobs/o/j1/", 2, RANKS)
+    two = regroup.take_part(copy.deepcopy(JOB), "jobs/o/j1/", 2, RANKS, "eth1")
     assert two["env"]["GLOO_SOCKET_IFNAME"] == "eth1"
     assert two["results_store"]["prefix"] == "jobs/o/j1/nodes/2/"
+
+
+def test_F42_a_node_takes_its_interface_from_itself_never_from_a_record():
+    """F42: node b rewrote c's record with `iface: lo`; before, c took GLOO_SOCKET_IFNAME=lo
+    from it. A node's interface is what it knows of itself (interface_of its own address),
+    passed by the caller; records' `iface` is never read into an environment."""
+    forged = [dict(m) for m in RANKS]
+    forged[2]["iface"] = "lo"
+    out = regroup.take_part(copy.deepcopy(JOB), "jobs/o/j1/", 2, forged, "ens5")
+    assert out["env"]["GLOO_SOCKET_IFNAME"] == out["env"]["NCCL_SOCKET_IFNAME"] == "ens5"
+    out = regroup.take_part(copy.deepcopy(JOB), "jobs/o/j1/", 2, forged)  # none known
+    assert "GLOO_SOCKET_IFNAME" not in out["env"] and "NCCL_SOCKET_IFNAME" not in out["env"]
+    bad = regroup.take_part(copy.deepcopy(JOB), "jobs/o/j1/", 2, RANKS, "eth0; rm -rf /")
+    assert "GLOO_SOCKET_IFNAME" not in bad["env"]
+
+
+def test_F42_only_an_address_a_vpc_may_give_is_a_members():
+    """F42: check_member took any IPv4 address: public, loopback, the IMDS, broadcast,
+    multicast. A VPC's instances have RFC 1918 (or RFC 6598) addresses."""
+    doc = {"instance": "i-0123456789abcdef0", "rank": 0, "port": 29500}
+    for good in ("10.0.1.7", "172.16.5.4", "172.31.255.254", "192.168.1.2", "100.64.3.3"):
+        assert regroup.check_member(dict(doc, address=good), 3)["address"] == good
+    for bad in ("8.8.8.8", "127.0.0.1", "169.254.169.254", "0.0.0.0", "255.255.255.255",
+                "224.0.0.1", "203.0.113.66", "198.51.100.7", "172.32.0.1", "10.0.0.0",
+                "10.255.255.255", "192.168.255.255"):
+        assert regroup.check_member(dict(doc, address=bad), 3) is None, bad
 
 
 def test_rank_0_without_a_stream_in_its_setting_streams_nothing():

@@ -286,6 +286,38 @@ def test_a_manifest_round_trips():
                                 "file_bytes": 1001, "sha256": "0" * 63 + "1"}
 
 
+def test_u41_a_manifest_lists_the_tree_s_folders_to_three_levels():
+    """U41: a launch checks the folders a job reads against the dataset's manifest before
+    anything is billed, so a push lists the tree's folders (sz/40/train, not the class
+    folders below it); a manifest pushed before that lists none, and still reads."""
+    paths = ["train/n01/a.JPEG", "val/n01/b.JPEG", "sz/160/train/n01/a.JPEG",
+             "sz/160/val/n01/b.JPEG", "README"]
+    folders = shards.folders_of(paths)
+    assert folders == ("sz", "sz/160", "sz/160/train", "sz/160/val", "train", "train/n01",
+                       "val", "val/n01")
+    m = Manifest.build(4096, list(_manifest().shards), folders)
+    back = Manifest.from_json(m.to_json())
+    assert back == m and back.folders == folders
+    assert back.has_folder("sz/160/train") and back.has_folder("sz/160/train/n01")
+    assert back.has_folder("sz/40/train") is False and back.has_folder("") is True
+    old = Manifest.from_json(_manifest().to_json())
+    assert old.folders is None and old.has_folder("sz/40/train") is None
+    assert shards.folders_of(f"d{i}/x" for i in range(shards.MAX_FOLDERS + 1)) is None
+
+
+@pytest.mark.parametrize("folders, why", [
+    ("sz", r"folders is not a list"),
+    (["b", "a"], r"folders\[1\] is out of order or repeated"),
+    (["a", "a"], r"folders\[1\] is out of order or repeated"),
+    (["../etc"], r"folders\[0\] is not a relative path"),
+    (["a/b/c/d"], r"folders\[0\] is not a relative path of at most 3 levels"),
+    ([3], r"folders\[0\] is not a relative path"),
+])
+def test_u41_a_bad_folder_list_is_refused_in_one_line(folders, why):
+    with pytest.raises(ValueError, match=r"^manifest: " + why):
+        Manifest.from_json(_edited(lambda d: d.update(folders=folders)))
+
+
 def _edited(change) -> str:
     doc = json.loads(_manifest().to_json())
     change(doc)
@@ -329,7 +361,7 @@ def test_non_json_numbers_deep_nesting_and_size_are_refused():
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
                     lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(max_size=12), inner, max_size=5), max_leaves=20)
-FIELDS = sorted(shards.MANIFEST_KEYS)
+FIELDS = sorted(shards.MANIFEST_KEYS | shards.OPTIONAL_KEYS)
 SHARD_FIELDS = sorted(shards.SHARD_KEYS)
 
 

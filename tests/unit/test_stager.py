@@ -634,9 +634,11 @@ def test_a_dataset_already_on_the_host_is_linked(tmp_path, capsys):
     dest = tmp_path / "data" / "imagenet"
     d = {"name": "imagenet", "dest": str(dest), "kind": "path", "path": str(src)}
     for _ in range(2):  # again: the link is there already
-        code, status, _ = _run(_plan([d]), tmp_path)
+        code, status, out = _run(_plan([d]), tmp_path)
         assert code == 0 and status["datasets"][0]["state"] == "staged"
         assert dest.is_symlink() and os.readlink(dest) == str(src)
+        # U60: it said `staging imagenet: 0.0 of 0.0 GB (100%), 0 of 0 files, 0 MB/s, staged`
+        assert out == f"cloudtrain staging imagenet: linked {src}\n"
     (dest.parent / "real").mkdir()
     d["dest"] = str(dest.parent / "real")
     code, _, _ = _run(_plan([d]), tmp_path)

@@ -205,3 +205,87 @@ def test_F22_rows_are_read_defensively(store):
         price_per_hour=None, details={"disk_gb": [1], "gp3_per_gb_month": "x", "keep": 1,
                                       "spot_history": [[1.0, 0.5], [1, "x"], "junk"]}))
     assert store.instances(job.id)[0].details == {"keep": 1, "spot_history": [[1.0, 0.5]]}
+
+
+def _racing(n: int, work) -> list:
+    """`work(store)` in n threads at once, each on its own connection to the same file (as
+    `status` and the supervisor each open theirs): what each returned or raised."""
+    import threading
+
+    path = _racing.path
+    start = threading.Barrier(n)
+    out: list = [None] * n
+
+    def one(i: int) -> None:
+        with Store(path) as store:
+            start.wait()
+            try:
+                out[i] = work(store)
+            except Exception as exc:  # noqa: BLE001 - the test reports it
+                out[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+def test_C2_processes_recording_the_same_instance_at_once_record_it_once(tmp_path):
+    """C2: `status` and the recovery supervisor it had just started both recorded the job
+    store's attempts; the slower one's INSERT broke on instances.id ("UNIQUE constraint
+    failed") and the command said the database was unusable. Eight recorders of one
+    instance at once: no error, one row, its event once."""
+    _racing.path = tmp_path / "state.db"
+    with Store(_racing.path) as store:
+        job = _job(store)
+    inst = state.Instance(
+        id="i-0aaaaaaaaaaaaaaa1", job_id=job.id, provider="aws", region="us-east-1",
+        zone="us-east-1b", instance_type="g5.xlarge", market="spot", state="running",
+        launched_at=1.0, terminated_at=None, price_per_hour=None, details={"attempt": 2})
+    got = _racing(8, lambda s: s.add_instance(inst))
+    assert not [g for g in got if isinstance(g, Exception)], got
+    assert got.count(True) == 1 and got.count(False) == 7
+    again = state.Instance(**{**inst.__dict__, "id": "i-0aaaaaaaaaaaaaaa2"})
+    said = _racing(8, lambda s: s.add_instance(again, event=("instance", "i-2 (attempt 3)")))
+    assert said.count(True) == 1, said
+    with Store(_racing.path) as store:
+        assert [i.id for i in store.instances(job.id)] == [inst.id, again.id]
+        assert [e.detail for e in store.events(job.id) if e.phase == "instance"] == \
+            ["i-2 (attempt 3)"]
+
+
+def test_C2_an_event_said_once_is_said_once_whoever_says_it(tmp_path):
+    _racing.path = tmp_path / "state.db"
+    with Store(_racing.path) as store:
+        job = _job(store)
+    got = _racing(8, lambda s: s.add_event(job.id, "passed-over", detail="x", once=True))
+    assert got.count(True) == 1 and got.count(False) == 7, got
+    with Store(_racing.path) as store:
+        assert store.add_event(job.id, "passed-over", detail="y", once=True)
+        assert store.add_event(job.id, "passed-over", detail="x")  # without once: always
+        assert [e.detail for e in store.events(job.id) if e.phase == "passed-over"] == \
+            ["x", "y", "x"]
+
+
+def test_C2_a_refused_change_in_a_sound_database_is_not_called_unusable(tmp_path):
+    """C2: the advice to move state.db aside (losing every job's records) only where a check
+    of the file finds it unusable; a constraint error in a sound database says so."""
+    path = tmp_path / "state.db"
+    Store(path).close()
+    err = state.database_error(path, sqlite3.IntegrityError("UNIQUE constraint failed: "
+                                                            "instances.id"))
+    assert "not a usable" not in err.message and "move it aside" not in (err.hint or "")
+    assert err.message == (f"{path} refused a change (UNIQUE constraint failed: "
+                           "instances.id); the database itself is sound (PRAGMA quick_check: "
+                           "ok; cloudtrain's schema)")
+    assert "run the command again" in err.hint
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE attempts RENAME TO attempts_old")  # no longer cloudtrain's schema
+    db.commit()
+    db.close()
+    err = state.database_error(path, sqlite3.OperationalError("no such table: attempts"))
+    assert err.message == f"{path} is not a usable cloudtrain database: no such table: attempts"
+    assert err.hint.startswith(f"move it aside (mv {path} {path}.broken)")
+    assert state.check_database(path) == "no table attempts"

@@ -1,5 +1,5 @@
-"""What the account is and may run: where the credentials came from, and EC2's vCPU quotas
-per instance family (Service Quotas)."""
+"""What the account is and may run: where the credentials came from, EC2's vCPU quotas per
+instance family (Service Quotas), and the instance profile a job's instances get."""
 
 from __future__ import annotations
 
@@ -93,3 +93,16 @@ class AccountMixin:
         with aws_errors(region, "servicequotas"):
             return float(client.get_aws_default_service_quota(ServiceCode="ec2",
                                                               QuotaCode=code)["Quota"]["Value"])
+
+    def instance_profile_roles(self, region: str, name: str) -> list[str] | None:
+        """Read-only (`check`): the roles of the instance profile `name` (the credentials an
+        instance launched with it gets), None where the account has no such profile."""
+        try:
+            with aws_errors(region, "iam"):
+                found = self.client("iam", region).get_instance_profile(
+                    InstanceProfileName=name)["InstanceProfile"]
+        except AWSError as exc:
+            if exc.code == "NoSuchEntity":
+                return None
+            raise
+        return [str(r.get("RoleName")) for r in found.get("Roles") or []]

@@ -121,7 +121,8 @@ def push(s3, root: Path, bucket: str, prefix: str, *, shard_bytes: int, workers:
     check_bucket(s3, bucket, region)
     entries = _upload_shards(_ShardUploader(s3, root, bucket, prefix), plans, workers, report,
                              progress)
-    manifest = shards.Manifest.build(shard_bytes, [entries[i] for i in range(len(plans))])
+    manifest = shards.Manifest.build(shard_bytes, [entries[i] for i in range(len(plans))],
+                                     shards.folders_of(f.path for f in files))
     s3.put_object(Bucket=bucket, Key=key(prefix, MANIFEST), Body=manifest.to_json().encode(),
                   ContentType="application/json")
     report.deleted = _delete_stale(s3, bucket, prefix, len(plans))
@@ -298,6 +299,14 @@ class Contents:
     manifest: shards.Manifest | None = None
     objects: list[dict] = field(default_factory=list)  # {key, path, bytes, md5}
     largest: int = 0  # the largest shard (object) as stored: what one download in flight takes
+
+    def has_folder(self, folder: str) -> bool | None:
+        """Whether the dataset holds `folder` (a relative path): its manifest's folder list,
+        or the objects' paths; None when the manifest lists no folders."""
+        if self.manifest is not None:
+            return self.manifest.has_folder(folder)
+        below = folder.strip("/") + "/"
+        return any(o["path"].startswith(below) for o in self.objects)
 
 
 def contents(s3, bucket: str, prefix: str) -> Contents:

@@ -115,6 +115,10 @@ def client_error(exc, region: str, service: str) -> AWSError:
     # EC2 appends a long "Encoded authorization failure message: ..." to UnauthorizedOperation.
     message = _message(exc).split(" Encoded authorization failure message:")[0]
     said = {"code": code, "aws_message": message}
+    if code.isdigit():  # no AWS error document: an HTTP status alone (foreign_answer's)
+        return AWSError(f"{operation} failed in {region} (HTTP {code}"
+                        + (f": {message}" if message.startswith(FOREIGN) else "") + ")",
+                        hint=FOREIGN_HINT if message.startswith(FOREIGN) else None, **said)
     if code in AUTH_ERRORS:
         return AWSCredentialsError(f"AWS refused the credentials ({code}): {message}",
                         hint="refresh them (aws sso login, or new access keys)", **said)
@@ -135,6 +139,86 @@ def client_error(exc, region: str, service: str) -> AWSError:
     return AWSError(f"AWS {operation} failed in {region}: {code or 'error'}: {message}", **said)
 
 
+# -- answers that are not AWS's ------------------------------------------------------------
+#
+# A proxy's or captive portal's error page, a load balancer's HTML 502, moto's HTML 500: an
+# answer in no AWS protocol. botocore parses an error body by the service's protocol, and
+# for one that is not in it either raises ResponseParserError with the whole page in its
+# message (the XML protocols: EC2, S3, STS, IAM, Auto Scaling), or makes the page the error's
+# message (the JSON ones: Service Quotas, SSM). foreign_answer, on botocore's before-parse
+# event of every client the provider makes, replaces such a body with an error document of
+# the service's own protocol: code the HTTP status, a message of a few words. botocore then
+# raises the usual ClientError, which its retry mode retries where the status is transient
+# (5xx), and client_error says in one line. A 2xx page is FOREIGN (nothing to retry).
+
+FOREIGN = "not an AWS reply"
+FOREIGN_HINT = ("something between you and AWS answered (a proxy, a captive portal, a wrong "
+                "AWS_ENDPOINT_URL), or the service failed; try again")
+XML_PROTOCOLS = ("ec2", "query", "rest-xml")
+JSON_PROTOCOLS = ("json", "rest-json")
+
+
+class ForeignAnswer(Exception):
+    """A 2xx answer that is a web page, not an AWS reply."""
+
+    def __init__(self, operation: str, status: int, kind: str):
+        super().__init__(f"{operation} answered HTTP {status} with {kind}")
+        self.operation, self.status, self.kind = operation, status, kind
+
+
+def foreign_answer(response_dict: dict, operation_model, **_) -> None:
+    """botocore's before-parse hook: an answer in no AWS protocol made an error document of
+    the service's own (or, with a 2xx status, ForeignAnswer)."""
+    body = response_dict.get("body")
+    model = operation_model.service_model
+    protocol = getattr(model, "resolved_protocol", None) or model.metadata.get("protocol")
+    if not isinstance(body, (bytes, bytearray)) or not body.strip() or \
+            protocol not in XML_PROTOCOLS + JSON_PROTOCOLS:
+        return  # a stream (S3 GetObject), nothing (botocore's own case), or CBOR
+    headers = {str(k).lower(): str(v) for k, v in (response_dict.get("headers") or {}).items()}
+    kind = headers.get("content-type", "").split(";")[0].strip() or "no content type"
+    status = int(response_dict.get("status_code") or 0)
+    page = "html" in kind or bytes(body[:64]).lstrip().lower().startswith((b"<!doctype",
+                                                                           b"<html"))
+    if status < 300:
+        if page:
+            raise ForeignAnswer(operation_model.name, status, kind)
+        return  # an S3 policy's JSON, say: the operation's own payload
+    if not page and _parses(protocol, bytes(body)):
+        return
+    message = f"{FOREIGN}: {kind}, {len(body):,} bytes"
+    response_dict["body"] = _error_document(protocol, str(status), message)
+
+
+def _parses(protocol: str, body: bytes) -> bool:
+    import json
+    from xml.etree import ElementTree
+
+    try:
+        if protocol in XML_PROTOCOLS:
+            ElementTree.fromstring(body)
+        else:
+            json.loads(body)
+    except (ElementTree.ParseError, ValueError):
+        return False
+    return True
+
+
+def _error_document(protocol: str, code: str, message: str) -> bytes:
+    """An error as the protocol's own services write one (what botocore's parsers read)."""
+    import json
+    from xml.sax.saxutils import escape
+
+    error = f"<Error><Code>{escape(code)}</Code><Message>{escape(message)}</Message></Error>"
+    if protocol == "ec2":
+        return f"<Response><Errors>{error}</Errors><RequestID/></Response>".encode()
+    if protocol == "query":
+        return f"<ErrorResponse>{error}</ErrorResponse>".encode()
+    if protocol == "rest-xml":
+        return error.encode()
+    return json.dumps({"__type": code, "message": message}).encode()
+
+
 def no_credentials() -> NoCredentials:
     """No credentials anywhere in botocore's chain (a launch adds that its dry run needs
     none: jobs.launch; other commands, data push, have no such way on, U21)."""
@@ -148,6 +232,7 @@ def no_credentials() -> NoCredentials:
 def aws_errors(region: str, service: str = "ec2"):
     """Every botocore failure, said once, as one of ours (never an "internal error")."""
     import botocore.exceptions
+    import botocore.parsers
 
     try:
         yield
@@ -167,6 +252,12 @@ def aws_errors(region: str, service: str = "ec2"):
                                   hint="refresh them (aws sso login, or new access keys)") from exc
     except botocore.exceptions.BotoCoreError as exc:
         raise AWSError(f"AWS call failed in {region}: {exc}") from exc
+    except ForeignAnswer as exc:
+        raise AWSError(f"{exc.operation} failed in {region} (HTTP {exc.status}: {FOREIGN}: "
+                       f"{exc.kind})", hint=FOREIGN_HINT) from exc
+    except botocore.parsers.ResponseParserError as exc:  # one foreign_answer let through
+        raise AWSError(f"AWS in {region} answered something botocore cannot read "
+                       f"({str(exc).splitlines()[0][:120]})", hint=FOREIGN_HINT) from exc
     except (KeyError, TypeError) as exc:
         # botocore parses any 200 answer, an HTML page included (a captive portal, a proxy,
         # a wrong AWS_ENDPOINT_URL), into a reply without the fields every AWS reply has.

@@ -121,21 +121,22 @@ class GroupLaunchMixin:
 
     def group_recovery(self, spec) -> str | None:
         """None where AWS Auto Scaling relaunches this job; else why the supervisor on this
-        machine does (said in the plan)."""
+        machine does, or what would let AWS do it (said in the plan)."""
         if not getattr(spec, "recover", False) or spec.market != Market.SPOT:
             return "not a recovering spot job"
         if spec.nodes > 1 and EFA_INTERFACES.get(spec.instance_type):
-            return (f"{spec.instance_type} has EFA, and the group's launch template does not "
-                    "give its instances EFA interfaces yet")
+            return (f"AWS Auto Scaling cannot: {spec.instance_type} has EFA, and the group's "
+                    "launch template does not give its instances EFA interfaces yet")
         if spec.fallback == Market.ON_DEMAND or self.settings.regions:
-            return ("--fallback on-demand or more regions (regions: in config.yaml), which "
-                    "AWS Auto Scaling cannot follow: it relaunches in the job's region and "
-                    "market only")
+            return ("AWS Auto Scaling cannot follow --fallback on-demand or more regions "
+                    "(regions: in config.yaml): it relaunches in the job's region and market "
+                    "only")
         if not self.settings.instance_profile:
-            return ("no instance_profile in config.yaml, the role a replacement instance "
-                    "reads the job's bundle with: infra/README.md")
+            return ("set `instance_profile:` in config.yaml to let AWS Auto Scaling do it (the "
+                    "role a replacement instance reads the job's bundle with: infra/README.md)")
         if not self.settings.job_store:
-            return "job_store: false, and a replacement starts the job from the job store"
+            return ("AWS Auto Scaling cannot with job_store: false: a replacement starts the "
+                    "job from the job store")
         return None
 
     def group_jobdir(self, job: Job) -> str:
@@ -445,10 +446,13 @@ def check_final(doc) -> dict | None:
     if not isinstance(doc, dict) or doc.get("state") not in ENDS:
         return None
     code, reason, attempt = doc.get("exit_code"), doc.get("reason"), doc.get("attempt")
+    inst = doc.get("instance")
     return {"state": doc["state"],
             "exit_code": code if isinstance(code, int) and not isinstance(code, bool)
             and -1024 < code < 1024 else None,
             "reason": _line(reason, 300) if isinstance(reason, str) else None,
             "ended_at": _time(doc.get("ended_at")),
             "attempt": attempt if isinstance(attempt, int) and not isinstance(attempt, bool)
-            and 1 <= attempt <= MAX_ATTEMPTS else None}
+            and 1 <= attempt <= MAX_ATTEMPTS else None,
+            # the instance that wrote it, whose word it is (autoscaled.ends_here checks it)
+            "instance": inst if isinstance(inst, str) and INSTANCE_ID.fullmatch(inst) else None}

@@ -15,7 +15,7 @@ from ...market import Market
 from ..base import Sweep
 from .errors import AWSError, aws_errors
 from .instances import UNANSWERED
-from .tags import LIVE_STATES, TAG_JOB, TAG_OWNER
+from .tags import LIVE_STATES, TAG_GROUP, TAG_JOB, TAG_OWNER
 
 # How long release() keeps looking by tag for the instance of an unanswered RunInstances.
 RELEASE_LOOKUP_S = 60.0
@@ -51,18 +51,25 @@ class InventoryMixin:
     price lookups)."""
 
     def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
-        """EC2's view of the job's instances: id -> {state, reason, terminated}."""
+        """EC2's view of the job's instances, those that carry its tag: id -> {state, reason,
+        message, group (the Auto Scaling group's tag, which only AWS sets, or None)}."""
         out = {}
-        for region in {i.region for i in store.instances(job.id) if i.region}:
+        regions = {i.region for i in store.instances(job.id) if i.region}
+        if (job.spec or {}).get("auto_scaling_group") and (job.spec or {}).get("region"):
+            regions.add(job.spec["region"])  # where its group's replacements are
+        for region in regions:
             for raw in self._query(region, {TAG_JOB: job.id}):
+                tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
                 out[raw["InstanceId"]] = {"state": raw["State"]["Name"],
                                           "reason": raw.get("StateReason", {}).get("Code", ""),
-                                          "message": raw.get("StateReason", {}).get("Message", "")}
+                                          "message": raw.get("StateReason", {}).get("Message", ""),
+                                          "group": tags.get(TAG_GROUP)}
         return out
 
-    def _query(self, region: str, tags: dict[str, str | None], client=None) -> list[dict]:
+    def _query(self, region: str, tags: dict[str, str | None], client=None,
+               filters: list[dict] | None = None) -> list[dict]:
         filters = [{"Name": f"tag:{k}", "Values": [v]} if v else {"Name": "tag-key", "Values": [k]}
-                   for k, v in tags.items()]
+                   for k, v in tags.items()] + list(filters or [])
         out = []
         paginator = (client or self.client("ec2", region)).get_paginator("describe_instances")
         with aws_errors(region):
@@ -102,7 +109,8 @@ class InventoryMixin:
         for region in regions:
             ids = {i.id for i in recorded if i.region == region and i.state != "terminated"}
             try:
-                ids |= self._find_by_tag(region, job.id, until)
+                tagged = self._find_by_tag(region, job.id, until)
+                ids = tagged | self._still_the_job_s(store, job, region, ids - tagged)
             except MissingDependency:
                 # No AWS credentials at all, nothing recorded and no request unanswered:
                 # this launch never reached EC2, there is nothing to look for.
@@ -132,6 +140,32 @@ class InventoryMixin:
         self.record_ends(store, job)
         if group_error is not None:
             raise group_error
+
+    def _still_the_job_s(self, store: Store, job: Job, region: str, ids: set[str]) -> set[str]:
+        """Of instances the store records for the job that a lookup by its tag did not
+        return, those still to terminate: each one EC2 shows with the job's tag, and each
+        one EC2 does not list at all (seconds old, not yet in DescribeInstances, which is
+        eventually consistent; or gone long ago: no other instance answers to its id). One
+        EC2 shows without the job's tag is not the job's, whatever the store says (a record
+        learnt from the job store, which the job's grant writes): left alone, and said."""
+        if not ids:
+            return set()
+        shown = {}
+        for raw in self._query(region, {}, filters=[{"Name": "instance-id",
+                                                      "Values": sorted(ids)}]):
+            shown[raw["InstanceId"]] = raw
+        keep = set()
+        for instance in sorted(ids):
+            raw = shown.get(instance)
+            tags = {t["Key"]: t["Value"] for t in (raw or {}).get("Tags", [])}
+            if raw is None or tags.get(TAG_JOB) == job.id:
+                keep.add(instance)
+                continue
+            other = f"job {tags[TAG_JOB]}'s tag" if tags.get(TAG_JOB) else "no cloudtrain:job tag"
+            store.add_event(job.id, "release", once=True, detail=(
+                f"{instance} NOT terminated: the job's record names it, but EC2 shows it with "
+                f"{other}, not this job's"))
+        return keep
 
     def _find_by_tag(self, region: str, job_id: str, until: float | None) -> set[str]:
         """The job's instances not yet terminated, by its tag; with `until`, asked again

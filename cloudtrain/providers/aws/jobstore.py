@@ -2,6 +2,7 @@
 
     bucket_name(account, region)          one bucket per account and region
     ensure_bucket(s3, bucket, ...)        create and lock it down on first use; later a HeadBucket
+    bucket_is_ours(s3, bucket, ...)       read-only: there and ours, or not there (`check`)
     upload_grant(s3, bucket, job, ...)    a presigned POST for one job's prefix, for the agent
     credential_expiry(session)            when the credentials that sign a grant end
     put(s3, bucket, job, name, data)      one object under the job's prefix
@@ -108,15 +109,8 @@ def ensure_bucket(s3, bucket: str, region: str, owner: str, expire_days: int = 3
     from botocore.exceptions import ClientError
 
     account, partition = _arn_account(owner), _arn_partition(owner)
-    try:
-        s3.list_objects_v2(Bucket=bucket, Prefix=PREFIX + _owner_key(owner_key) + "/",
-                           MaxKeys=1, **owner_check(account))
+    if bucket_is_ours(s3, bucket, owner, owner_key):
         return False
-    except ClientError as exc:
-        if error_code(exc) in FORBIDDEN:
-            raise _not_ours(bucket, account) from exc
-        if error_code(exc) not in MISSING:
-            raise
     params: dict = {"Bucket": bucket}
     if region != "us-east-1":  # us-east-1 refuses its own name as a LocationConstraint
         params["CreateBucketConfiguration"] = {"LocationConstraint": region}
@@ -144,6 +138,26 @@ def ensure_bucket(s3, bucket: str, region: str, owner: str, expire_days: int = 3
                 pass
         raise
     return created
+
+
+def bucket_is_ours(s3, bucket: str, owner: str, owner_key: str) -> bool:
+    """Read-only: True where `bucket` exists and the caller's account owns it (one listing
+    of the caller's own prefix, the only listing infra/iam-policy-cli.json allows), False
+    where there is no such bucket; a refusal is the bucket of another account, or one these
+    credentials may not use (_not_ours)."""
+    from botocore.exceptions import ClientError
+
+    account = _arn_account(owner)
+    try:
+        s3.list_objects_v2(Bucket=bucket, Prefix=PREFIX + _owner_key(owner_key) + "/",
+                           MaxKeys=1, **owner_check(account))
+        return True
+    except ClientError as exc:
+        if error_code(exc) in FORBIDDEN:
+            raise _not_ours(bucket, account) from exc
+        if error_code(exc) not in MISSING:
+            raise
+    return False
 
 
 def _configure(s3, bucket: str, owner: str, partition: str, expire_days: int) -> None:

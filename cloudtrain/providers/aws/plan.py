@@ -229,11 +229,12 @@ class PlanMixin:
                                          "on-demand (the supervisor here does that only for "
                                          "the jobs it relaunches)"))
             else:
+                # U42: who relaunches (the cause), then what would let AWS do it
                 rows.append(("recovery", f"on a spot interruption the job continues from its "
                                          f"last checkpoint (streamed to the job store) on {new},"
-                                         f" at most {spec.max_restarts} times: {where}; a "
-                                         "supervisor on this machine does it, so only while "
-                                         f"this machine is on: {grouped}"))
+                                         f" at most {spec.max_restarts} times, in {where}; "
+                                         "relaunched by a supervisor on this machine (only "
+                                         f"while it is on); {grouped}"))
         elif spec.market == Market.SPOT:
             why = "--max-restarts 0" if spec.max_restarts == 0 else "--no-recover"
             rows.append(("recovery", f"off ({why}): an interruption ends the job as "

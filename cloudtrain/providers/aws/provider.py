@@ -40,7 +40,7 @@ from .boot import BootMixin
 from .cache import CACHE_TTL_S, RegionCache
 from .cluster import ClusterMixin
 from .datasets import DatasetsMixin
-from .errors import AWSError, StaleCache, aws_errors, no_credentials
+from .errors import AWSError, StaleCache, aws_errors, foreign_answer, no_credentials
 from .group_launch import GroupLaunchMixin
 from .groups import GroupsMixin
 from .images import ImagesMixin
@@ -55,8 +55,8 @@ from .results import ResultsStoreMixin
 from .volumes import VolumesMixin
 
 DEFAULT_REGION = "us-east-1"  # where a job goes when no region is configured anywhere
-DEFAULT_SOURCE = ("the default: no --region, AWS_REGION, AWS_DEFAULT_REGION, `region:` in "
-                  "config.yaml or in the AWS profile")
+DEFAULT_SOURCE = ("the default: no --region, `region:` in config.yaml, AWS_REGION, "
+                  "AWS_DEFAULT_REGION or region in the AWS profile")  # config.REGION_DEFAULT's order
 
 
 # Variables through which boto3 finds credentials without a file (keys, a profile, a web
@@ -106,6 +106,7 @@ class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, GroupLaunchMixin, Instan
                     profile_name=self.settings.aws_profile or None,
                     region_name=region or self.settings.region
                     or os.environ.get("AWS_REGION") or None)
+                self._sessions[key].events.register("before-parse", foreign_answer)
             except botocore.exceptions.ProfileNotFound as exc:
                 raise UsageError(f"AWS profile not found: {exc}",
                                  hint="list yours with: aws configure list-profiles") from exc

@@ -79,6 +79,19 @@ class ResultsStoreMixin:
             raise client_error(exc, region, "s3") from exc
         return bucket, created
 
+    def job_store_found(self, region: str) -> tuple[str, bool]:
+        """Read-only (`check`): the job store's bucket in `region` and whether it is there and
+        ours (False: not made yet); one the account does not own, or these credentials may
+        not use, is a CloudtrainError."""
+        import botocore.exceptions
+
+        s3, bucket, _ = self._job_store(region)
+        try:
+            return bucket, jobstore.bucket_is_ours(s3, bucket, self.owner(region),
+                                                   self.owner_key(region))
+        except botocore.exceptions.ClientError as exc:
+            raise client_error(exc, region, "s3") from exc
+
     def put_stored_object(self, region: str, job_id: str, name: str, data: bytes) -> str:
         """Write one object under the job's prefix of the job store (`check --launch`: a file
         the instance then reads with its role); returns its s3:// URL."""
@@ -150,10 +163,10 @@ class ResultsStoreMixin:
             ends = jobstore.credential_expiry(self.session(region))
             if ends is not None and ends - time.time() < lifetime:
                 lifetime = max(60.0, ends - time.time())
-                note += (f"; your AWS credentials are temporary and end in "
-                         f"{lifetime / 60:.0f} min: a job ending after that cannot store its "
-                         f"results (keep `cloudtrain logs {job.id} -f` running, or use "
-                         "long-term credentials)")
+                note = (f"WARNING: {note}; your AWS credentials are temporary and end in "
+                        f"{lifetime / 60:.0f} min: a job ending after that cannot store its "
+                        f"results (keep `cloudtrain logs {job.id} -f` running, or use "
+                        "long-term credentials)")
             grant = jobstore.upload_grant(s3, bucket, job.id,
                                           int(min(lifetime, jobstore.GRANT_MAX_S)),
                                           jobstore.POST_MAX_BYTES, node=node,
