@@ -23,14 +23,16 @@ of the one of 2026-11-23 on request.
   --results  time from a job's end to its results being readable without the instance
              (benchmarks/job_store_roundtrip.py)
 
---inputs, --healthy and --orphans run by default (6 to 9 minutes on this 2-core machine, shared);
+--inputs, --healthy and --orphans run by default (6 to 9 minutes on this 2-core machine, shared,
+and about 6 more for the 2026-12-01 sets: --only jobfile2 ckpt images forged regroup took 340 s);
 --all adds --faults, --results and the old sets. Every program runs as a fresh process (a
 `python -m cloudtrain`, the stager, the checkpoint restore, a driver in audit_drivers.py) in
 its own temporary CLOUDTRAIN_HOME and HOME, on a private tmux socket killed afterwards, under
-a 2 GB address-space limit, with AWS_EC2_METADATA_DISABLED=true, fake credentials and
-AWS_ENDPOINT_URL on 127.0.0.1 (a closed port, a stub that answers AccessDenied / garbage /
-500, moto, or a lying HTTP "S3"): nothing leaves this machine and a user's own jobs are
-never touched. The corpus is in benchmarks/audit_cases.py.
+a 2 GB address-space limit (6 GB for those that import torch), with
+AWS_EC2_METADATA_DISABLED=true, fake credentials and AWS_ENDPOINT_URL on 127.0.0.1 (a closed
+port, a stub that answers AccessDenied / garbage / 500, moto, or a lying HTTP "S3"): nothing
+leaves this machine and a user's own jobs are never touched. The corpus is in
+benchmarks/audit_cases.py and audit_cases_1201.py.
 
 Each input is sorted as the audits did: TRACEBACK (a Python traceback, the CLI's catch-all
 "internal error", or an exception's name as the reason of a refusal), HANG (no exit within
