@@ -5,6 +5,7 @@ PYTHONPATH, never by hand.
     audit_drivers.py shard CASE DEST OUTSIDE        shards.extract_shard of a hostile tar
     audit_drivers.py manifest CASE                  shards.Manifest.from_json
     audit_drivers.py jobstore CASE LOCAL OUTSIDE    jobstore_fetch.fetch from moto's S3 (in-process)
+    audit_drivers.py KIND ARGS                      audit_drivers_1201.py's (the 2026-12-01 sets)
 
 A refusal the code designed (the reader's own exception) is one line `Error: ...` and exit
 1; anything else propagates as a traceback, which the runner counts as one. `FLAW: ...` on
@@ -307,8 +308,10 @@ def main(argv: list[str]) -> None:
         drive_manifest(*args)
     elif kind == "jobstore":
         drive_jobstore(*args)
-    else:
-        harness(f"no such driver {kind!r}")
+    else:  # the sets of the 2026-12-01 audit's new surfaces
+        import audit_drivers_1201
+
+        audit_drivers_1201.main(kind, args)
 
 
 if __name__ == "__main__":

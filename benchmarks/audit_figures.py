@@ -1,13 +1,18 @@
 """The hostile audits' figures, measured on today's code: the audit of 2026-11-27
-(/work/shared/findings/audit-2026-11-27.md, "Counts (as the last audit counted)") by default,
-and the sets of the one of 2026-11-23 on request.
+(/work/shared/findings/audit-2026-11-27.md, "Counts (as the last audit counted)") and the new
+surfaces of the one of 2026-12-01 (audit-2026-12-01.md, "Figures") by default, and the sets
+of the one of 2026-11-23 on request.
 
   --inputs   bad inputs tried -> tracebacks and hangs, per set, and what the sets' checks
              found: injected code that ran, secrets leaked (credential files a sync sent,
-             --secret values in files, ps or tmux), writes outside the job dir (a marker tree
-             beside it, checked before and after every store, restore, shard, stager and
-             rm/prune case). The 2026-11-27 sets by default (audit_surfaces.py); --only picks
-             sets, --old-sets adds the 2026-11-23 ones (CLI arguments, config.yaml, state.db,
+             --secret values in files, ps or tmux, a launching shell's values a job file
+             took), writes outside the job dir (a marker tree beside it, checked before and
+             after every store, restore, shard, stager, rm/prune and data prepare case),
+             instances terminated that were not the job's and forged records taken (forged
+             job store records), members accepted that EC2 does not list (regroup records).
+             The 2026-11-27 sets (audit_surfaces.py) and the 2026-12-01 ones (jobfile2, ckpt,
+             images, forged, regroup: audit_surfaces_1201.py) by default; --only picks sets,
+             --old-sets adds the 2026-11-23 ones (CLI arguments, config.yaml, state.db,
              CLOUDTRAIN_HOME, user recipes, job-side files, AWS stand-ins)
   --healthy  healthy local jobs killed by concurrent read-only `status`, half of them from
              another hostname (the audit: 0 of 30)
@@ -18,14 +23,16 @@ and the sets of the one of 2026-11-23 on request.
   --results  time from a job's end to its results being readable without the instance
              (benchmarks/job_store_roundtrip.py)
 
---inputs, --healthy and --orphans run by default (6 to 9 minutes on this 2-core machine, shared);
+--inputs, --healthy and --orphans run by default (6 to 9 minutes on this 2-core machine, shared,
+and about 6 more for the 2026-12-01 sets: --only jobfile2 ckpt images forged regroup took 340 s);
 --all adds --faults, --results and the old sets. Every program runs as a fresh process (a
 `python -m cloudtrain`, the stager, the checkpoint restore, a driver in audit_drivers.py) in
 its own temporary CLOUDTRAIN_HOME and HOME, on a private tmux socket killed afterwards, under
-a 2 GB address-space limit, with AWS_EC2_METADATA_DISABLED=true, fake credentials and
-AWS_ENDPOINT_URL on 127.0.0.1 (a closed port, a stub that answers AccessDenied / garbage /
-500, moto, or a lying HTTP "S3"): nothing leaves this machine and a user's own jobs are
-never touched. The corpus is in benchmarks/audit_cases.py.
+a 2 GB address-space limit (6 GB for those that import torch), with
+AWS_EC2_METADATA_DISABLED=true, fake credentials and AWS_ENDPOINT_URL on 127.0.0.1 (a closed
+port, a stub that answers AccessDenied / garbage / 500, moto, or a lying HTTP "S3"): nothing
+leaves this machine and a user's own jobs are never touched. The corpus is in
+benchmarks/audit_cases.py and audit_cases_1201.py.
 
 Each input is sorted as the audits did: TRACEBACK (a Python traceback, the CLI's catch-all
 "internal error", or an exception's name as the reason of a refusal), HANG (no exit within
@@ -68,6 +75,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent)]
 import audit_cases as corpus  # noqa: E402
 import audit_harness as harness  # noqa: E402
 import audit_surfaces as surfaces  # noqa: E402
+import audit_surfaces_1201 as surfaces_1201  # noqa: E402
 from audit_harness import (FLAW_KINDS, KINDS, PYTHON, ROOT, RUN_ID, Case, Outcome,  # noqa: E402
                            Result, Scratch, closed_port, cloudtrain, isolated_env, kill_tmux,
                            launch_in_case, make_template, replace_with, run_case, short,
@@ -354,11 +362,17 @@ OLD_SETS = {"cli": cli_cases, "config": config_cases, "state": state_cases, "hom
 # The 2026-11-27 audit's table, in its order; `relaunch` and `aws` are the lab's (--orphans).
 AUDIT_TABLE = ["job files", "injection launches", "metrics x commands", "shards and manifests",
                "stager plans", "restore plans", "job store", "completion", "rm/prune", "sync",
-               "secrets", "relaunch", "aws"]
+               "secrets", "relaunch", "aws", *surfaces_1201.TABLE]
+
+
+def new_sets(timeout: float) -> dict:
+    """{--only name: builder} of the audits' sets run by default: the 2026-11-27 audit's
+    and the new surfaces of the 2026-12-01 one."""
+    return {**surfaces.case_sets(timeout), **surfaces_1201.case_sets(timeout)}
 
 
 def case_sets(args) -> dict:
-    return {**surfaces.case_sets(args.timeout), **OLD_SETS}
+    return {**new_sets(args.timeout), **OLD_SETS}
 
 
 # -- part 1: bad inputs ---------------------------------------------------------------------
@@ -390,7 +404,7 @@ def cause(outcome: Outcome) -> str:
 def chosen_sets(args) -> list[str]:
     if args.only:
         return args.only
-    names = list(surfaces.case_sets(args.timeout))
+    names = list(new_sets(args.timeout))
     return names + list(OLD_SETS) if args.old_sets else names
 
 
@@ -660,11 +674,22 @@ def summary(inputs: InputFigures | None, lab, healthy: HealthyFigures | None) ->
             by_set[r.case.set][r.kind] += 1
         order = [s for s in AUDIT_TABLE if s in by_set] + \
             [s for s in by_set if s not in AUDIT_TABLE]
-        print(f"| {'set':22} | {'inputs':>6} | {'tracebacks':>10} | {'hangs':>5} |")
-        print(f"|{'-' * 24}|{'-' * 8}|{'-' * 12}|{'-' * 7}|")
+        flaws: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for r in results:
+            flaws[r.case.set].update(kind for kind, _ in r.flaws)
+        # the audit's columns, then what the checks count: secrets leaked, instances left
+        # billing, instances terminated that were not the job's, members EC2 does not list
+        extra = [("leak", "secrets leaked"), ("left", "left billing"),
+                 ("foreign", "not the job's, terminated"), ("member", "members EC2 does not list")]
+        print(f"| {'set':22} | {'inputs':>6} | {'tracebacks':>10} | {'hangs':>5} | "
+              + " | ".join(title for _, title in extra) + " |")
+        print(f"|{'-' * 24}|{'-' * 8}|{'-' * 12}|{'-' * 7}|"
+              + "|".join("-" * (len(title) + 2) for _, title in extra) + "|")
         for name in order:
             c = by_set[name]
-            print(f"| {name:22} | {sum(c.values()):6} | {c['TRACEBACK']:10} | {c['HANG']:5} |")
+            print(f"| {name:22} | {sum(c.values()):6} | {c['TRACEBACK']:10} | {c['HANG']:5} | "
+                  + " | ".join(f"{flaws[name][kind]:>{len(title)}}" for kind, title in extra)
+                  + " |")
         print()
         bad = [r for r in results if r.kind in ("TRACEBACK", "HANG")]
         extra = f" ({inputs.not_run} not run: budget spent)" if inputs and inputs.not_run else ""
@@ -692,6 +717,10 @@ def summary(inputs: InputFigures | None, lab, healthy: HealthyFigures | None) ->
     if results:
         for kind, title in (("leak", "Secrets leaked"), ("outside", "Writes outside the job dir"),
                             ("injection", "Injected code that ran"),
+                            ("foreign", "Instances terminated that were not the job's"),
+                            ("member", "Members accepted that EC2 does not list"),
+                            ("taken", "Forged records taken as the job's"),
+                            ("left", "Instances of a forged-records case left billing"),
                             ("broken", "Other checks failed")):
             found = [(r, text) for r in results for k, text in r.flaws if k == kind]
             print(f"{title}: {len(found)}")
@@ -714,7 +743,7 @@ def main() -> None:
     parser.add_argument("--all", action="store_true",
                         help="every part, and the 2026-11-23 sets with the inputs")
     parser.add_argument("--only", nargs="*", choices=sorted(
-        [*surfaces.case_sets(0), *OLD_SETS]), help="only these input sets")
+        [*new_sets(0), *OLD_SETS]), help="only these input sets")
     parser.add_argument("--old-sets", action="store_true",
                         help="the 2026-11-23 audit's input sets as well")
     parser.add_argument("--show", action="store_true",
@@ -768,7 +797,10 @@ def main() -> None:
     print(f"$ {shlex.join([Path(PYTHON).name, *sys.argv])}")
     print("the audit of 2026-11-27 counted: 532 bad inputs, 17 tracebacks, 1 hang; 10 orphan "
           "scenarios, 3 left billing;\n0 of 30 healthy jobs killed; secrets leaked: yes; "
-          "writes outside the job dir: no. Now:\n")
+          "writes outside the job dir: no.\nthe audit of 2026-12-01 counted on its new sets: "
+          "106 inputs, 5 tracebacks (ckpt), 1 hang (regroup, F43);\nsecrets leaked: yes (F39); "
+          "an instance terminated that was not the job's: yes (F41); members EC2 does not "
+          "list: yes (F42). Now:\n")
     summary(inputs, lab, healthy)
     if fault:
         now = (f"{fault.scenarios} / {fault.left}" if fault.scenarios is not None

@@ -35,7 +35,10 @@ DRIVERS = Path(__file__).resolve().parent / "audit_drivers.py"
 # worst first: the kind of an input that ran several commands is its worst command's
 KINDS = ("TRACEBACK", "HANG", "other", "error", "usage", "ok", "harness")
 FLAW_KINDS = {"leak": "secrets leaked", "outside": "writes outside the job dir",
-              "injection": "injected code ran", "broken": "other checks failed"}
+              "injection": "injected code ran", "broken": "other checks failed",
+              "foreign": "instances terminated that were not the job's",
+              "member": "members accepted that EC2 does not list",
+              "taken": "forged records taken as the job's", "left": "left billing"}
 
 
 # -- running one program ------------------------------------------------------------------
@@ -82,8 +85,10 @@ def masked_bug(text: str) -> bool:
 # could not ask (README: never "nothing running").
 DESIGNED = ("Error: ", "cloudtrain staging failed: ", "cloudtrain: checkpoint restore failed: ",
             "kept: ", "cloud: could not check ", "aws: could not check ")
-# launch --follow's and logs --follow's one line on a job that did not succeed (exit 1)
-FOLLOWED = re.compile(r"job [0-9a-f]{8} (failed|cancelled|preempted)\b")
+# launch --follow's and logs --follow's one line on a job that did not succeed (exit 1); a
+# recipe's refusal of a checkpoint (recipes/common/checkpoint.py: its path, or the recipe's name)
+FOLLOWED = re.compile(r"job [0-9a-f]{8} (failed|cancelled|preempted)\b|"
+                      r"\S.*: refused to (load the checkpoint|resume): ")
 
 
 def classify(returncode: int | None, stderr: str, stdout: str = "") -> str:
@@ -104,19 +109,22 @@ def classify(returncode: int | None, stderr: str, stdout: str = "") -> str:
     return "other"
 
 
-def limited(argv: list[str]) -> list[str]:
-    """argv under MEMORY_LIMIT bytes of address space (prlimit), where it can be."""
-    if MEMORY_LIMIT and shutil.which("prlimit"):
-        return ["prlimit", f"--as={MEMORY_LIMIT}", "--", *argv]
+def limited(argv: list[str], memory: int | None = None) -> list[str]:
+    """argv under MEMORY_LIMIT (or `memory`) bytes of address space (prlimit), where it can
+    be."""
+    memory = MEMORY_LIMIT if memory is None or not MEMORY_LIMIT else max(memory, MEMORY_LIMIT)
+    if memory and shutil.which("prlimit"):
+        return ["prlimit", f"--as={memory}", "--", *argv]
     return argv
 
 
 def run_process(argv: list[str], env: dict, cwd: Path, timeout: float,
-                shown: list[str] | None = None, stdin: bytes | None = None) -> Outcome:
+                shown: list[str] | None = None, stdin: bytes | None = None,
+                memory: int | None = None) -> Outcome:
     """Run argv in a process group of its own; at the timeout the whole group is killed
     (a stager's extraction pool, a probe) and the outcome is a HANG."""
     start = time.monotonic()
-    proc = subprocess.Popen(limited(argv), env=env, cwd=cwd, start_new_session=True,
+    proc = subprocess.Popen(limited(argv, memory), env=env, cwd=cwd, start_new_session=True,
                             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -201,6 +209,7 @@ class Scratch:
     flaws: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     outcomes: list[Outcome] = dataclasses.field(default_factory=list)
     extra: dict = dataclasses.field(default_factory=dict)  # anything a case keeps for later
+    memory: int | None = None  # Case.memory
 
     @property
     def outside(self) -> Path:
@@ -220,13 +229,13 @@ class Scratch:
         """Another program ({python} is this Python), in the case's environment."""
         argv = self.fill(argv)
         return run_process(argv, {**self.env, **(env or {})}, self.dir, self.timeout,
-                           stdin=stdin)
+                           stdin=stdin, memory=self.memory)
 
     def drive(self, argv: list[str]) -> Outcome:
         """benchmarks/audit_drivers.py KIND ARGS in the case's environment."""
         argv = self.fill(argv)
         return run_process([PYTHON, str(DRIVERS), *argv], self.env, self.dir, self.timeout,
-                           shown=[f"(driver) {argv[0]}", *argv[1:]])
+                           shown=[f"(driver) {argv[0]}", *argv[1:]], memory=self.memory)
 
     def fill(self, argv: list[str]) -> list[str]:
         values = {**self.ids, "dir": str(self.dir), "outside": str(self.outside),
@@ -272,6 +281,9 @@ class Case:
     allowed: tuple[str, ...] | None = None
     timeout: float | None = None  # seconds per command, when not the run's --timeout
     template: bool = True  # the case's CLOUDTRAIN_HOME starts as a copy of the template
+    # bytes of address space its programs get where MEMORY_LIMIT is less (torch's libraries
+    # alone map more than 2 GB); None: MEMORY_LIMIT
+    memory: int | None = None
 
 
 @dataclasses.dataclass
@@ -370,7 +382,8 @@ def run_case(case: Case, number: int, template: Template | None, root: Path, url
     home_value = case.home.replace("{dir}", str(scratch_dir)) if case.home else home
     env = isolated_env(scratch_dir, home_value, sock, urls[case.endpoint])
     ids = dict(template.ids) if template is not None else {}
-    scratch = Scratch(scratch_dir, home, sock, env, ids, case.timeout or timeout)
+    scratch = Scratch(scratch_dir, home, sock, env, ids, case.timeout or timeout,
+                      memory=case.memory)
     outcomes = scratch.outcomes
     before = None
     try:

@@ -1,8 +1,12 @@
-"""The audit benchmark (benchmarks/audit_harness.py, audit_surfaces.py, audit_figures.py)
-keeps working: every set's cases build, one of each set of the 2026-11-27 audit runs as the
-benchmark runs it, and its checks can find a flaw. (The bad inputs it found, F10, F19, F23
-and their kin, are tested with the code they reached: test_aws_errors.py,
-test_lifecycle_watch.py, test_recipes.py, test_cli_errors.py.)"""
+"""The audit benchmark (benchmarks/audit_harness.py, audit_surfaces.py, audit_surfaces_1201.py,
+audit_figures.py) keeps working: every set's cases build, one of each set of the 2026-11-27
+audit and a few of each set of the 2026-12-01 audit's new surfaces (jobfile2, ckpt, images,
+forged records, regroup members) run as the benchmark runs them, its checks can find a flaw,
+and its table keeps the audit's columns. (The bad inputs it found, F10, F19, F23, F39, F41,
+F42, F46, F48 and their kin, are tested with the code they reached: test_aws_errors.py,
+test_lifecycle_watch.py, test_recipes.py, test_cli_errors.py, test_cli_launching.py,
+test_lifecycle_autoscaled.py, test_regroup_s3.py, test_recipes_common.py,
+test_imagenet_files.py.)"""
 
 from __future__ import annotations
 
@@ -29,6 +33,29 @@ SAMPLE = [
     ("sync", "home as --workdir", "ok"),
     ("secrets", "--secret KEY=VALUE", "ok"),
 ]
+F39 = "the audit's F39 file: secrets AWS secret key, session token, GitHub token"
+ASKED = "secrets: {GITHUB_TOKEN: null} (not a cloud's: asked)"
+# A few cases of each set of the 2026-12-01 audit's new surfaces (F39, F46, F48, F41, F42):
+# the kind each ends as today, with no flaw found (values the shell holds reach nothing,
+# no code ran, no link reaches DEST, no instance but the job's ends, no member EC2 does not
+# list is met); the controls show that what is designed still works.
+SAMPLE_1201 = [
+    ("jobfile2", f"{F39} [no terminal, -y]", "error"),
+    ("jobfile2", f"{ASKED} [terminal, Enter]", "error"),
+    ("jobfile2", f"{ASKED} [terminal, answered y]", "ok"),
+    ("jobfile2", "YAML: a %TAG directive for python tags", "error"),
+    ("ckpt", "load: os.system reduce", "error"),
+    ("ckpt", "load: stride-0 view of 10^14", "error"),
+    ("ckpt", "resnet9 --resume: step 10^18", "error"),
+    ("images", "x.JPEG -> ~/.ssh/id_ed25519 in train", "ok"),
+    ("images", "a 144 Mpx PNG of about 100 KB", "error"),
+    ("forged", "attempts/2.json names an untagged instance (prod-database)", "ok"),
+    ("forged", "final.json (succeeded) naming prod-database", "ok"),
+    ("forged", "a true replacement by AWS (control)", "ok"),
+    ("regroup", "b overwrites rank 0's record with 203.0.113.66:4444", "error"),
+    ("regroup", "b rewrites c's record with iface lo", "ok"),
+    ("regroup", "three honest nodes (control)", "ok"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +70,13 @@ def audit():
     yield audit_harness, audit_surfaces, audit_figures
     audit_surfaces.stop_servers()
     sys.path.remove(str(BENCHMARKS))
+
+
+@pytest.fixture(scope="module")
+def new_surfaces(audit):
+    import audit_surfaces_1201
+
+    return audit_surfaces_1201
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +97,15 @@ def test_every_set_of_the_audit_benchmark_builds_its_cases(audit):
     """benchmarks/audit_figures.py: each set's builder makes its cases (nothing runs), every
     label is its set's once, and the 2026-11-27 audit's sets are all there."""
     _, surfaces, figures = audit
-    sets = {**surfaces.case_sets(60), **figures.OLD_SETS}
+    sets = {**figures.new_sets(60), **figures.OLD_SETS}
     assert set(surfaces.case_sets(60)) >= {s for s, _, _ in SAMPLE}
+    assert set(figures.new_sets(60)) >= {"jobfile2", "ckpt", "images", "forged", "regroup"}
     for name, build in sets.items():
         cases = build()
         assert cases, name
         labels = [c.label for c in cases]
         assert len(labels) == len(set(labels)), (name, [l for l in labels if labels.count(l) > 1])
-    for build in surfaces.case_sets(60).values():  # a row of the audit's table each
+    for build in figures.new_sets(60).values():  # a row of the audit's table each
         (row,) = {c.set for c in build()}
         assert row in figures.AUDIT_TABLE, row
 
@@ -83,6 +118,20 @@ def test_a_case_of_each_audit_set_runs_as_designed(audit, runner, name, label, k
     (case,) = [c for c in surfaces.case_sets(60)[name]() if c.label == label]
     result = runner(case)
     assert result.kind == kind, [(o.argv, o.returncode, o.stderr[-500:]) for o in result.outcomes]
+    assert result.flaws == []
+
+
+@pytest.mark.parametrize("name, label, kind", SAMPLE_1201,
+                         ids=[f"{s}: {l}" for s, l, _ in SAMPLE_1201])
+def test_a_few_cases_of_each_new_surface_run_as_designed(new_surfaces, runner, name, label,
+                                                         kind):
+    """F39, F46, F48, F41, F42: a few cases of each set the 2026-12-01 audit ran on its new
+    surfaces, run as the benchmark runs them: the kind the code answers today (never a
+    traceback or a hang) and no flaw its checks count."""
+    (case,) = [c for c in new_surfaces.case_sets(60)[name]() if c.label == label]
+    result = runner(case)
+    assert result.kind == kind, [(o.argv, o.returncode, o.stderr[-800:], o.stdout[-300:])
+                                 for o in result.outcomes]
     assert result.flaws == []
 
 
@@ -107,3 +156,70 @@ def test_the_audit_benchmark_sees_a_write_outside_an_injection_and_a_leak(audit,
                                     ("leak", ".npmrc reached the job's work dir"),
                                     ("outside", "PWN-1 written"),
                                     ("outside", "outside/victim.txt changed")]
+
+
+def test_the_new_checks_see_a_shells_value_an_instance_not_the_jobs_and_a_member(
+        audit, new_surfaces, runner):
+    """The checks of the new sets can fail: a launching shell's value in a job's log (a job
+    file's case), and a driver's FLAW lines (an instance not the job's terminated, a member
+    EC2 does not list) are counted, each as its kind; a line of no known kind is not."""
+    harness, _, _ = audit
+    import audit_cases_1201 as corpus
+
+    text, modes = corpus.SECRET_FILES[ASKED]
+    real = new_surfaces.secret_case(ASKED, text, modes[0])
+
+    def misbehave(s):
+        harness.write(s.home / "jobs" / "x" / "output.log",
+                      f"got {corpus.MARKERS['GITHUB_TOKEN']}\n")
+        return harness.Outcome("ok", ["(driver) forged"], 0, "", 0.0, stdout=(
+            "FLAW foreign: i-1 (us-east-1), not the job's, is terminated after release\n"
+            "FLAW member: rank 0: i-2 at 8.8.8.8\nFLAW unheard-of: x\nFLAW left\n"))
+
+    def check(s):
+        new_surfaces.driver_flaws(s)
+        real.check(s)
+
+    result = runner(harness.Case("test", "misbehaves", [misbehave], check=check))
+    assert sorted(result.flaws) == [
+        ("foreign", "i-1 (us-east-1), not the job's, is terminated after release"),
+        ("leak", "GITHUB_TOKEN's value is in home/jobs/x/output.log"),
+        ("member", "rank 0: i-2 at 8.8.8.8")]
+
+
+def test_the_table_keeps_the_audits_columns_and_adds_the_new_checks(audit, capsys):
+    """audit_figures.summary: the audit's columns (set, inputs, tracebacks, hangs), then the
+    counts of secrets leaked, instances left billing, instances terminated that were not the
+    job's and members EC2 does not list, a row per set in the audit's order; and a line for
+    each of those figures."""
+    harness, _, figures = audit
+
+    def result(set_name, kind, *flaws):
+        said = harness.Outcome(kind, ["status"], 1, f"{kind} said", 0.0)
+        return harness.Result(harness.Case(set_name, f"{set_name} {kind} {flaws}", []), kind,
+                              [said], list(flaws))
+
+    results = [result("regroup members", "ok", ("member", "rank 0: i-2")),
+               result("forged records", "ok", ("foreign", "i-1"), ("taken", "final.json")),
+               result("forged records", "error", ("left", "i-3")),
+               result("jobfile2", "TRACEBACK", ("leak", "A's value is in x")),
+               result("ckpt", "HANG")]
+    figures.summary(figures.InputFigures(results, 0), None, None)
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ")]
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "set", "jobfile2", "ckpt", "forged records", "regroup members"]
+    assert [c.strip() for c in rows[0].split("|")[1:-1]] == [
+        "set", "inputs", "tracebacks", "hangs", "secrets leaked", "left billing",
+        "not the job's, terminated", "members EC2 does not list"]
+    cells = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in rows[1:]}
+    assert cells == {"jobfile2": ["1", "1", "0", "1", "0", "0", "0"],
+                     "ckpt": ["1", "0", "1", "0", "0", "0", "0"],
+                     "forged records": ["2", "0", "0", "0", "1", "1", "0"],
+                     "regroup members": ["1", "0", "0", "0", "0", "0", "1"]}
+    for line in ("Bad inputs tried: 5. Tracebacks: 1. Hangs: 1.", "Secrets leaked: 1",
+                 "Instances terminated that were not the job's: 1",
+                 "Members accepted that EC2 does not list: 1",
+                 "Forged records taken as the job's: 1",
+                 "Instances of a forged-records case left billing: 1"):
+        assert line in out, (line, out)
