@@ -20,5 +20,6 @@ rootdir-relative conftest, and the benchmarks put it there).
                     namespace hosts and run their user-data, lost ones are replaced)
     moto_placement  placement groups, which moto lacks
     moto_quotas     EC2's Service Quotas, which moto lacks
+    moto_activities Auto Scaling's scaling activities, which moto does not keep
     terminal        the real `cloudtrain` on a pseudo-terminal
 """
