@@ -9,7 +9,8 @@ the other.
 
     grouped(job)                     whether the job runs in an Auto Scaling group
     learn(store, job)                the store's attempts recorded here; its final record
-    not_the_job_s(instance, ec2, job)  why EC2 does not bear out that an instance is the job's
+    not_the_job_s(instance, ec2, job, launched)  why AWS does not bear out that an instance
+                                     is the job's (EC2, or its group's scaling activities)
     ends_here(final, store, job, ec2)  final.json as the end, where it fits EC2 and attempts
     lost(store, job, states, why)    the recorded instance is gone: the job goes on elsewhere
                                      (None), or its end is known (the final record)
@@ -42,10 +43,13 @@ def learn(store: Store, job: Job) -> dict | None:
     with no final record, is the job's end too: nothing runs it any more.
 
     The job store is written through the job's grant, which any of its instances holds (and
-    anyone who read it): a record is believed only where EC2 agrees. An attempt is the
-    job's only if EC2 shows its instance with the job's tag (and in the job's group); any
-    other is passed over, said once, neither recorded nor priced (`release` would terminate
-    what is recorded). final.json is the end only if it fits what EC2 and the attempts say
+    anyone who read it): a record is believed only where AWS agrees. An attempt is the
+    job's only if EC2 shows its instance with the job's tag (and in the job's group), or,
+    where EC2 no longer lists it (it stops about an hour after an instance's end), if the
+    job's group's scaling activities show the group launched it: AWS Auto Scaling's own
+    record, kept 6 weeks, which gives its launch and end for the bill too. Any other is
+    passed over, said once, neither recorded nor priced (`release` would terminate what is
+    recorded). final.json is the end only if it fits what EC2 and the attempts say
     (ends_here). Recording is idempotent: `status` and the supervisor may learn the same
     attempts at the same moment."""
     provider = providers.get(job.backend)
@@ -61,6 +65,7 @@ def learn(store: Store, job: Job) -> dict | None:
     # EC2's view of the job's instances: only those that carry its tag are in it.
     ec2 = provider.instance_states(store, job) if fresh or record["final"] else {}
     manifest: list = []  # the latest streamed checkpoint's manifest, read once if needed
+    launched: list = []  # the group's own record of its launches, read once if needed
     for doc in record["attempts"]:
         n = doc["attempt"]
         if n in known and known[n].resumed_step is None and doc["resumed_step"] is not None \
@@ -69,7 +74,10 @@ def learn(store: Store, job: Job) -> dict | None:
                                  resumed_seq=doc["resumed_seq"])  # said after the restore
         if n == 1 or n in known:
             continue
-        why = not_the_job_s(doc["instance"], ec2, job)
+        seen = None
+        if doc["instance"] not in ec2:
+            seen = _launches(store, job, launched).get(doc["instance"])
+        why = not_the_job_s(doc["instance"], ec2, job, launched[0] if launched else None)
         if why is not None:
             store.add_event(job.id, PASSED_OVER, once=True, detail=(
                 f"attempts/{n}.json names {doc['instance']}, {why}: not taken as the job's "
@@ -82,13 +90,19 @@ def learn(store: Store, job: Job) -> dict | None:
                                  ended_at=started, outcome=attempts.INTERRUPTED,
                                  end_reason=REPLACED,
                                  last_step=_last_step(store, job, before, manifest))
+        # Where EC2 no longer lists the instance, the group's record of it has its times
+        # and AZ (AWS's, not the job store's) for the bill.
+        seen = seen or {}
         store.add_instance(Instance(
             id=doc["instance"], job_id=job.id, provider=job.backend, region=region,
-            zone=doc["zone"], instance_type=doc["type"] or spec.get("instance_type"),
+            zone=seen.get("zone") or doc["zone"],
+            instance_type=doc["type"] or spec.get("instance_type"),
             market=Market.ON_DEMAND if doc["lifecycle"] == "on-demand" else Market.SPOT,
-            state="running", launched_at=started, terminated_at=None,
-            price_per_hour=None,
-            details={"auto_scaling_group": spec.get("auto_scaling_group"), "attempt": n}),
+            state="terminated" if seen.get("terminated_at") else "running",
+            launched_at=seen.get("launched_at") or started,
+            terminated_at=seen.get("terminated_at"), price_per_hour=None,
+            details={"auto_scaling_group": spec.get("auto_scaling_group"), "attempt": n,
+                     **({"seen_in": "scaling activities"} if seen else {})}),
             event=("instance", f"{doc['instance']} in {doc['zone']} (attempt {n}, by AWS "
                                "Auto Scaling)"))
         store.add_attempt(job.id, n, started_at=started, instance_id=doc["instance"],
@@ -97,7 +111,11 @@ def learn(store: Store, job: Job) -> dict | None:
                           running_at=started, resumed_step=doc["resumed_step"],
                           resumed_seq=doc["resumed_seq"])
         known[n] = store.attempt(job.id, n)
-    final, why = ends_here(record["final"], store, job, ec2, record.get("group"))
+    named = (record["final"] or {}).get("instance")
+    if named and named not in ec2:
+        _launches(store, job, launched)
+    final, why = ends_here(record["final"], store, job, ec2, record.get("group"),
+                           launched[0] if launched else None)
     if why is not None:
         store.add_event(job.id, PASSED_OVER, once=True, detail=(
             f"final.json ({record['final']['state']}) is not taken as the job's end: {why}"))
@@ -108,17 +126,25 @@ PASSED_OVER = "passed-over"  # the event of a job store record that EC2 does not
 LIVE = ("pending", "running")
 
 
-def not_the_job_s(instance: str, ec2: dict, job: Job) -> str | None:
-    """Why `instance` is not the job's as EC2 sees it (`ec2`: instance_states, the instances
-    that carry the job's tag), or None where it is. The group's tag (which only AWS Auto
-    Scaling sets: no principal may write an aws: tag) must name the job's group on a live
-    instance; one that has left its group (detached, or ended by the group) may no longer
-    carry it."""
+def not_the_job_s(instance: str, ec2: dict, job: Job, launched: dict | None = None
+                  ) -> str | None:
+    """Why `instance` is not the job's as AWS sees it (`ec2`: instance_states, the instances
+    that carry the job's tag; `launched`: where it was read, group_launches, the instances
+    the job's group launched by its scaling activities), or None where it is. The group's
+    tag (which only AWS Auto Scaling sets: no principal may write an aws: tag) must name the
+    job's group on a live instance; one that has left its group (detached, or ended by the
+    group) may no longer carry it. An instance EC2 does not list with the job's tag is the
+    job's where its group's activities show it launched it (only AWS writes those): EC2
+    forgets an ended instance after about an hour, the activities after 6 weeks."""
     seen = ec2.get(instance)
-    if seen is None:
-        return (f"which EC2 does not show with the job's tag (cloudtrain:job={job.id}; it "
-                "stops listing an instance about an hour after its end)")
     group = (job.spec or {}).get("auto_scaling_group")
+    if seen is None:
+        if launched is not None and instance in launched:
+            return None
+        said = (f", nor the scaling activities of the job's group {group} (6 weeks of them) "
+                "as one it launched") if launched is not None else ""
+        return (f"which EC2 does not show with the job's tag (cloudtrain:job={job.id}; it "
+                f"stops listing an instance about an hour after its end){said}")
     if group and seen.get("group") != group and (
             seen.get("group") is not None or seen.get("state") in LIVE):
         where = f"Auto Scaling group {seen['group']}" if seen.get("group") else \
@@ -128,7 +154,8 @@ def not_the_job_s(instance: str, ec2: dict, job: Job) -> str | None:
 
 
 def ends_here(final: dict | None, store: Store, job: Job, ec2: dict,
-              group: dict | None = None) -> tuple[dict | None, str | None]:
+              group: dict | None = None, launched: dict | None = None
+              ) -> tuple[dict | None, str | None]:
     """final.json as the job's end where it fits what EC2 and the attempts say, else
     (None, why not). An agent's end names its attempt (or its instance, that attempt's); a
     bootstrap that found the restarts used up names the last attempt and itself; one that
@@ -140,7 +167,7 @@ def ends_here(final: dict | None, store: Store, job: Job, ec2: dict,
     machine was off for longer cannot be checked, and nothing contradicts them."""
     if final is None:
         return None, None
-    why = _final_unfit(final, store, job, ec2)
+    why = _final_unfit(final, store, job, ec2, launched)
     if why is None:
         return final, None
     stopped = (group or {}).get("gone") or (group or {}).get("desired") == 0
@@ -151,13 +178,14 @@ def ends_here(final: dict | None, store: Store, job: Job, ec2: dict,
     return None, why
 
 
-def _final_unfit(final: dict, store: Store, job: Job, ec2: dict) -> str | None:
+def _final_unfit(final: dict, store: Store, job: Job, ec2: dict,
+                 launched: dict | None) -> str | None:
     have = {a.n: a for a in store.attempts(job.id)}
     n, instance = final.get("attempt"), final.get("instance")
     if n is not None and n not in have:
         return f"it names attempt {n}, which the job does not have"
     if instance is not None:
-        why = not_the_job_s(instance, ec2, job)
+        why = not_the_job_s(instance, ec2, job, launched)
         if why is not None:
             return f"it names {instance}, {why}"
         if n is None:
@@ -170,6 +198,24 @@ def _final_unfit(final: dict, store: Store, job: Job, ec2: dict) -> str | None:
         return (f"attempt {later[-1].n} of the job still runs on {later[-1].instance_id} "
                 f"(final.json names attempt {n})")
     return None
+
+
+def _launches(store: Store, job: Job, launched: list) -> dict:
+    """The instances the job's group launched (provider.group_launches), read once per look
+    (`launched` caches it: [] until read). Where they cannot be read (AWS refuses the
+    policy's missing action, or fails), {}: the attempts that need them are passed over as
+    without them, and one WARNING line says why."""
+    if not launched:
+        try:
+            launched.append(providers.get(job.backend).group_launches(store, job))
+        except CloudtrainError as exc:
+            launched.append(None)  # unknown, not "none launched"
+            group = (job.spec or {}).get("auto_scaling_group")
+            store.add_event(job.id, PASSED_OVER, once=True, detail=(
+                f"WARNING: the scaling activities of the job's Auto Scaling group {group} could "
+                f"not be read ({' '.join(exc.message.split())}): an attempt whose instance EC2 "
+                "no longer lists is passed over (infra/iam-policy-autoscaling.json allows it)"))
+    return launched[0] or {}
 
 
 def _last_step(store: Store, job: Job, attempt, manifest: list) -> int | None:

@@ -156,6 +156,9 @@ class CloudProvider(Provider, Protocol):
         """Live instances of attempt n of a recovering job, by its attempt tag."""
     def recorded_groups(self, store: Store, job: Job) -> list[tuple[str, str]]:
         """(region, name) of the job's groups its timeline says exist (no cloud call)."""
+    def group_launches(self, store: Store, job: Job) -> dict[str, dict]:
+        """The instances the job's group launched, by the cloud's own record of the group
+        (kept after EC2 forgets them): id -> {launched_at, terminated_at, zone}."""
     def delete_job_groups(self, store: Store, job: Job) -> list[str]:
         """Delete the job's groups (by record and by tag) and templates: the names deleted."""
     def delete_job_group(self, region: str, name: str) -> bool:

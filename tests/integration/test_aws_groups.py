@@ -14,6 +14,7 @@ import pytest
 
 from labs.aws import ec2_provider  # noqa: F401  (fixture)
 from labs.credentials import REGION
+from labs.moto_activities import ScalingActivities
 from labs.moto_placement import PlacementGroups
 from test_aws_errors import _refuse
 from cloudtrain import config
@@ -424,3 +425,48 @@ def test_a_launch_without_auto_scaling_permissions_falls_back_to_the_supervisor(
     assert _live(job.id) == []
     assert p.group_settings(store, job, spec) == {}
     assert not (store.job(job.id).spec or {}).get("auto_scaling_group")
+
+
+def test_F41_the_instances_a_group_launched_are_read_from_its_activities_after_its_end(
+        cloud, monkeypatch):
+    """F41: what AWS Auto Scaling itself records of the job's group (its scaling activities,
+    kept 6 weeks, deleted groups included) says which instances the group launched, when,
+    in which AZ, and when it ended each: group_launches. An instance attached to the group
+    was not launched by it; a job without a group asks nothing; AWS's refusal is an AWSError
+    that names the action."""
+    import json
+
+    from test_aws_group_launch_moto import GroupJob
+    from cloudtrain.providers.aws.errors import AWSError
+
+    lab = ScalingActivities().install(monkeypatch)
+    provider, store, _ = cloud
+    g = GroupJob(provider, store)
+    [i1] = g.make_group(desired=1)
+    i2 = g.replace(i1)
+    attached = g.stranger(Name="attached by hand")
+    g.asg.update_auto_scaling_group(AutoScalingGroupName=g.group, MaxSize=2)
+    g.asg.attach_instances(AutoScalingGroupName=g.group, InstanceIds=[attached])
+    g.delete_group()
+    said = {(a["Description"].split(": ")[0], a["Description"].split(": ")[1]): a
+            for a in lab.activities(g.group)}
+    assert ("Attaching an existing EC2 instance", attached) in said
+
+    def at(verb, instance):
+        return said[(verb, instance)]["StartTime"].timestamp()
+
+    launched = "Launching a new EC2 instance"
+    ended = "Terminating EC2 instance"
+    assert provider.group_launches(store, g.job) == {
+        i: {"launched_at": at(launched, i), "terminated_at": at(ended, i),
+            "zone": json.loads(said[(launched, i)]["Details"])["Availability Zone"]}
+        for i in (i1, i2)}
+    assert lab.calls[-1]["include_deleted"] is True
+    lab.denied = True
+    with pytest.raises(AWSError) as refused:
+        provider.group_launches(store, g.job)
+    assert refused.value.denied and "autoscaling:DescribeScalingActivities" in \
+        refused.value.message
+    asked = len(lab.calls)
+    store.update_job(g.id, spec={**g.job.spec, "auto_scaling_group": None})
+    assert provider.group_launches(store, g.job) == {} and len(lab.calls) == asked

@@ -11,21 +11,30 @@ import pytest
 
 from labs.aws import ec2_provider  # noqa: F401  (fixture)
 from labs.credentials import REGION
+from labs.moto_activities import ScalingActivities, forget_instance
 from test_aws_group_launch_moto import T0, GroupJob
 from cloudtrain.lifecycle import attempts, autoscaled
 from cloudtrain.market import Market
 from cloudtrain.state import Instance, Store
 
 @pytest.fixture
-def grouped(ec2_provider, ct_home):
+def activities(monkeypatch) -> ScalingActivities:
+    """What AWS Auto Scaling records of what each group did (moto keeps nothing)."""
+    return ScalingActivities().install(monkeypatch)
+
+
+@pytest.fixture
+def grouped(activities, ec2_provider, ct_home):
     """A group's job as its launch recorded it: attempt 1 on the group's first instance (in
     moto, tagged with the job as groups.py tags them; `g.i1`); attempts/1.json in the job
-    store. Short waits for the provider that `providers.get` makes from config.yaml."""
+    store; the group's scaling activities (`g.activities`). Short waits for the provider that
+    `providers.get` makes from config.yaml."""
     with (ct_home / "config.yaml").open("a") as f:
         f.write(f"region: {REGION}\npoll_seconds: 0.05\ninstance_wait_seconds: 2\n"
                 "ssh_wait_seconds: 1\n")
     with Store(ct_home / "state.db") as store:
         g = GroupJob(ec2_provider, store)
+        g.activities = activities
         [g.i1] = g.make_group(desired=1)
         store.add_instance(Instance(
             id=g.i1, job_id=g.id, provider="aws", region=REGION, zone="us-east-1a",
@@ -252,11 +261,13 @@ def test_F41_a_forged_attempt_naming_an_instance_not_the_job_s_is_passed_over_an
     said = passed_over(g)
     assert said == [
         f"attempts/2.json names {prod}, which EC2 does not show with the job's tag "
-        f"(cloudtrain:job={g.id}; it stops listing an instance about an hour after its end): "
-        "not taken as the job's (neither recorded nor priced)",
+        f"(cloudtrain:job={g.id}; it stops listing an instance about an hour after its end), "
+        f"nor the scaling activities of the job's group {g.group} (6 weeks of them) as one it "
+        "launched: not taken as the job's (neither recorded nor priced)",
         f"attempts/3.json names {theirs}, which EC2 does not show with the job's tag "
-        f"(cloudtrain:job={g.id}; it stops listing an instance about an hour after its end): "
-        "not taken as the job's (neither recorded nor priced)"]
+        f"(cloudtrain:job={g.id}; it stops listing an instance about an hour after its end), "
+        f"nor the scaling activities of the job's group {g.group} (6 weeks of them) as one it "
+        "launched: not taken as the job's (neither recorded nor priced)"]
     g.provider.release(g.store, g.job)
     assert g.state_of(prod) == g.state_of(theirs) == "running"
     assert g.state_of(g.i1) == "terminated"
@@ -331,6 +342,166 @@ def test_F41_true_ends_are_still_the_end(grouped):
         final = autoscaled.learn(g.store, g.job)
         assert final is not None and final["state"] == doc["state"], doc
     assert passed_over(g) == []
+
+
+# -- F41: the witness AWS keeps: the group's scaling activities ------------------------------
+
+LAUNCH, END = "Launching a new EC2 instance", "Terminating EC2 instance"
+
+
+def activity(g: GroupJob, verb: str, instance: str, group: str | None = None) -> dict:
+    """The activity `verb` of `instance` in the job's group (or `group`), as AWS keeps it."""
+    [found] = [a for a in g.activities.activities(group or g.group)
+               if a["Description"] == f"{verb}: {instance}"]
+    return found
+
+
+def instance_row(g: GroupJob, instance: str):
+    return next(i for i in g.store.instances(g.id) if i.id == instance)
+
+
+def test_F41_a_replacement_ec2_has_forgotten_is_the_job_s_by_its_group_s_activities_and_billed(
+        grouped):
+    """F41's weakness: EC2 stops listing an ended instance about an hour after its end, so
+    with this machine off for longer, the attempts of that time were passed over and their
+    instances left out of the bill (too low). AWS Auto Scaling's own record of the job's
+    group (its scaling activities, kept 6 weeks, written by no principal) says the group
+    launched that instance: the attempt is the job's, and its instance is billed from the
+    group's launch of it to the group's termination of it."""
+    import json
+
+    from cloudtrain import cost, ledger
+
+    g = grouped
+    i2 = g.replace(g.i1)
+    i3 = g.replace(i2)
+    g.attempt(2, i2, T0 + 100)
+    g.attempt(3, i3, T0 + 250, zone="us-east-1b")
+    forget_instance(i2)  # an hour after its end
+    assert autoscaled.learn(g.store, g.job) is None
+    found, instances, events = rows(g)
+    assert [a.n for a in found] == [1, 2, 3] and sorted(instances) == sorted([g.i1, i2, i3])
+    assert passed_over(g) == [] and len(events) == 2
+    assert (found[0].ended_at, found[1].ended_at) == (T0 + 100, T0 + 250)
+    launched, ended = activity(g, LAUNCH, i2), activity(g, END, i2)
+    start, end = launched["StartTime"].timestamp(), ended["StartTime"].timestamp()
+    two = instance_row(g, i2)
+    assert (two.state, two.launched_at, two.terminated_at, two.zone) == (
+        "terminated", start, end, json.loads(launched["Details"])["Availability Zone"])
+    assert two.details["seen_in"] == "scaling activities"
+    assert instance_row(g, i3).state == "running"  # EC2 lists it: as before
+    g.provider.record_ends(g.store, g.job)  # the job's end: EC2 has no times for i2
+    [run] = [r for r in ledger.runs_of(g.store, g.job) if r.instance_id == i2]
+    assert (run.start, run.end) == (start, end)
+    assert run.spot_history  # its AZ's spot prices over its life
+    billed = cost.instance_cost(run)
+    assert billed.dollars > 0 and billed.billed_seconds == max(60.0, end - start)
+
+
+def test_F41_the_end_of_an_instance_ec2_forgot_is_its_group_s_termination_not_now(grouped):
+    """An attempt recorded while EC2 listed its instance, whose end came while this machine
+    was off for more than an hour: the bill took `now` as its termination (too high, by the
+    hours the machine was off). The group's termination of it is its end."""
+    g = grouped
+    i2 = g.replace(g.i1)
+    g.attempt(2, i2, T0 + 100)
+    autoscaled.learn(g.store, g.job)
+    assert instance_row(g, i2).state == "running"
+    g.replace(i2)
+    forget_instance(i2)
+    forget_instance(g.i1)
+    g.provider.record_ends(g.store, g.job)
+    for instance in (g.i1, i2):
+        row = instance_row(g, instance)
+        assert (row.state, row.terminated_at) == (
+            "terminated", activity(g, END, instance)["StartTime"].timestamp()), instance
+
+
+@pytest.mark.parametrize("whose", ["another-group", "no-group"])
+def test_F41_an_instance_ec2_forgot_that_the_job_s_group_did_not_launch_is_passed_over(
+        grouped, whose):
+    """A forged attempt naming an ended instance EC2 no longer lists, launched by another
+    job's group or by no group at all: the job's group's activities do not show it, so it is
+    passed over as before, neither recorded nor priced."""
+    g = grouped
+    if whose == "another-group":
+        other = GroupJob(g.provider, g.store)
+        [victim] = other.make_group(desired=1)
+        other.replace(victim)
+        assert activity(g, LAUNCH, victim, group=other.group)  # AWS knows whose it was
+    else:
+        victim = g.stranger(Name="prod-database")
+        g.ec2.terminate_instances(InstanceIds=[victim])
+    forget_instance(victim)
+    g.attempt(2, victim, T0 + 100)
+    assert autoscaled.learn(g.store, g.job) is None
+    assert [a.n for a in g.store.attempts(g.id)] == [1]
+    assert [i.id for i in g.store.instances(g.id)] == [g.i1]
+    assert passed_over(g) == [
+        f"attempts/2.json names {victim}, which EC2 does not show with the job's tag "
+        f"(cloudtrain:job={g.id}; it stops listing an instance about an hour after its end), "
+        f"nor the scaling activities of the job's group {g.group} (6 weeks of them) as one it "
+        "launched: not taken as the job's (neither recorded nor priced)"]
+
+
+def test_F41_an_end_naming_an_instance_only_the_group_s_activities_still_know_is_the_end(
+        grouped):
+    """The agent of attempt 2 recorded the job's success and its instance ended; its group
+    is still there (the agent could not delete it) and runs a replacement that started no
+    attempt. EC2 has forgotten attempt 2's instance; the group's activities show it launched
+    it: the end names the job's own attempt and instance, and is the end."""
+    g = grouped
+    i2 = g.replace(g.i1)
+    g.attempt(2, i2, T0 + 100)
+    g.replace(i2)
+    forget_instance(i2)
+    g.final(state="succeeded", exit_code=0, attempt=2, instance=i2)
+    assert autoscaled.learn(g.store, g.job)["state"] == "succeeded"
+    assert passed_over(g) == []
+
+
+def test_F41_the_group_s_activities_are_read_to_their_last_page(grouped):
+    """AWS gives at most 100 activities a page, newest first: the launch of the job's first
+    replacement, 110 activities back, is on the second page."""
+    g = grouped
+    first = latest = g.replace(g.i1)
+    for _ in range(54):
+        latest = g.replace(latest)
+    assert len(g.activities.activities(g.group)) > 100
+    g.attempt(2, first, T0 + 100)
+    forget_instance(first)
+    autoscaled.learn(g.store, g.job)
+    assert [a.n for a in g.store.attempts(g.id)] == [1, 2] and passed_over(g) == []
+    asked = [c for c in g.activities.calls if c["group"] == g.group]
+    assert [c["include_deleted"] for c in asked] == [True, True]
+    assert asked[0]["token"] is None and asked[1]["token"]
+
+
+def test_F41_without_the_permission_to_read_the_activities_one_warning_and_nothing_breaks(
+        grouped):
+    """The Auto Scaling policy without autoscaling:DescribeScalingActivities (attached before
+    it had the action): AWS refuses the read. One warning line says so, once; an attempt EC2
+    no longer lists is passed over as before; one EC2 lists is the job's as before."""
+    g = grouped
+    g.activities.denied = True
+    i2 = g.replace(g.i1)
+    i3 = g.replace(i2)
+    g.attempt(2, i2, T0 + 100)
+    g.attempt(3, i3, T0 + 250)
+    forget_instance(i2)
+    for _ in range(2):
+        assert autoscaled.learn(g.store, g.job) is None
+    assert [a.n for a in g.store.attempts(g.id)] == [1, 3]
+    warning, skipped = passed_over(g)
+    assert warning.startswith("WARNING: the scaling activities of the job's Auto Scaling group "
+                              f"{g.group} could not be read (not allowed: "
+                              "autoscaling:DescribeScalingActivities in us-east-1 "
+                              "(AccessDenied)")
+    assert warning.endswith("an attempt whose instance EC2 no longer lists is passed over "
+                            "(infra/iam-policy-autoscaling.json allows it)")
+    assert "\n" not in warning
+    assert skipped.startswith(f"attempts/2.json names {i2}, which EC2 does not show")
+    assert len(g.activities.calls) == 2  # asked at each look: the policy may be fixed since
 
 
 # -- C2: `status` and the supervisor learn the same attempts at once --------------------------

@@ -22,5 +22,6 @@ rootdir-relative conftest, and the benchmarks put it there).
                     agents, regroup and bootstrap against moto, AWS's part and its faults
     moto_placement  placement groups, which moto lacks
     moto_quotas     EC2's Service Quotas, which moto lacks
+    moto_activities Auto Scaling's scaling activities, which moto does not keep
     terminal        the real `cloudtrain` on a pseudo-terminal
 """

@@ -296,6 +296,22 @@ def test_issue27_every_group_and_template_call_is_in_the_autoscaling_policy():
     assert groups <= everyday, f"not in infra/iam-policy-autoscaling.json: {groups - everyday}"
 
 
+def test_F41_the_groups_scaling_activities_are_readable_as_the_other_group_lookups():
+    """F41: an attempt whose instance EC2 no longer lists is the job's where the job's group's
+    scaling activities show the group launched it (providers/aws/groups.py). The Service
+    Authorization Reference gives DescribeScalingActivities no resource type (Resource "*"
+    only): a read, in GroupsDiscovery beside DescribeAutoScalingGroups, with no condition."""
+    action = "autoscaling:DescribeScalingActivities"
+    assert "groups.py" in _calls().get(action, set())  # the code asks for them
+    (s,) = _group_statements(action)
+    assert s["Sid"] == "GroupsDiscovery" and s["Resource"] == "*" and "Condition" not in s
+    assert "autoscaling:DescribeAutoScalingGroups" in s["Action"]
+    missing = {a for a in _calls() if a not in _allowed({"Statement": [
+        {**x, "Action": [a for a in _listed(x["Action"]) if a != action]}
+        for x in AUTOSCALING["Statement"]]})}
+    assert missing == {action}  # the check above fails a policy without it
+
+
 @pytest.mark.parametrize("drop", ["all", "CreateGroupOwnerTag", "OwnGroupsDeadlineDelete",
                                   "CreateTemplateOwnerTag"])
 def test_issue27_a_policy_without_the_group_statements_fails_the_check(drop):

@@ -39,7 +39,7 @@ from ...state import Instance, Job, Store
 from . import jobstore
 from .cluster import EFA_INTERFACES
 from .errors import AWSError, aws_errors
-from .groups import group_name
+from .groups import INSTANCE_ID, ZONE, group_name
 
 HOST_DIR = Path(__file__).resolve().parent.parent.parent / "host"
 # The boot loader and what it imports, written into the user-data (read in this order).
@@ -389,8 +389,6 @@ class GroupLaunchMixin:
 ATTEMPTS, FINAL = auto_scaling.ATTEMPTS, auto_scaling.FINAL
 MAX_ATTEMPTS = 1000
 RECORD_MAX_BYTES = auto_scaling.RECORD_MAX_BYTES
-INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
-ZONE = re.compile(r"[a-z]{2}(-[a-z0-9]+){1,4}")
 TYPE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)?\.[a-z0-9]+")
 ENDS = auto_scaling.ENDED_STATES
 

@@ -3,6 +3,7 @@
     create_launch_template(region, job, spec, user_data)  the job's template (made once)
     create_job_group(store, job, spec, user_data)         template, group and its deadline
     recorded_groups(store, job)                           (region, name) the store says exist
+    group_launches(store, job)                            the instances the job's group launched
     delete_job_groups(store, job)                         by record and by tag, then templates
     delete_job_group(region, name)                            one group (ForceDelete) and template
     group_orphans(region, owner, client)                  groups and templates by owner tag
@@ -18,6 +19,8 @@ our words); each verb is safe to run again.
 from __future__ import annotations
 
 import base64
+import json
+import re
 import time
 
 from ...market import Market
@@ -37,11 +40,26 @@ GROUP_DELETE_WAIT_S = 120.0  # how long delete_job_group waits for the group's i
 GROUP_GONE = ("not found", "does not exist")
 TEMPLATE_GONE = {"InvalidLaunchTemplateName.NotFoundException",
                  "InvalidLaunchTemplateId.NotFound", "InvalidLaunchTemplateId.Malformed"}
+INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
+ZONE = re.compile(r"[a-z]{2}(-[a-z0-9]+){1,4}")
+# A group's scaling activities name what it did to an instance in their Description (an
+# instance attached by hand is "Attaching an existing EC2 instance", not launched by it).
+LAUNCHED = re.compile(rf"Launching a new EC2 instance: ({INSTANCE_ID.pattern})\b")
+TERMINATED = re.compile(rf"Terminating EC2 instance: ({INSTANCE_ID.pattern})\b")
 
 
 def group_name(job_id: str) -> str:
     """The job's Auto Scaling group and launch template (one of each per job)."""
     return f"cloudtrain-{job_id}"
+
+
+def _zone(details) -> str | None:
+    """The AZ an activity's Details (a JSON string: {"Subnet ID", "Availability Zone"}) names."""
+    try:
+        zone = json.loads(details).get("Availability Zone") if details else None
+    except (ValueError, AttributeError):
+        return None
+    return zone if isinstance(zone, str) and ZONE.fullmatch(zone) else None
 
 
 def _gone(exc: AWSError) -> bool:
@@ -209,6 +227,43 @@ class GroupsMixin:
                 name, region = event.detail.rsplit(" in ", 1)
                 made[(region, name)] = event.phase == GROUP_EVENT
         return [key for key, live in made.items() if live]
+
+    def group_launches(self, store: Store, job: Job) -> dict[str, dict]:
+        """The instances the job's Auto Scaling group launched, as AWS Auto Scaling itself
+        records them: id -> {launched_at, terminated_at (None while it runs), zone}; {} for a
+        job without a group. The record is the group's scaling activities, which only AWS
+        writes and keeps for 6 weeks, a deleted group's too (IncludeDeletedGroups), while
+        EC2 stops listing an instance about an hour after its end. launched_at is when the
+        group began its launch; terminated_at when the group began ending it (EC2 bills until
+        the instance is shutting down; for one that EC2 ended itself, a spot reclaim, the
+        group notices a little later: a bound, not the second). Raises AWSError where AWS
+        refuses (autoscaling:DescribeScalingActivities, infra/iam-policy-autoscaling.json)."""
+        name = (job.spec or {}).get("auto_scaling_group")
+        if not name:
+            return {}
+        region = self.region_of(job)
+        client = self.client("autoscaling", region)
+        out: dict[str, dict] = {}
+        ends: dict[str, float] = {}
+        with aws_errors(region, "autoscaling"):
+            for page in client.get_paginator("describe_scaling_activities").paginate(
+                    AutoScalingGroupName=name, IncludeDeletedGroups=True):
+                for activity in page.get("Activities") or []:
+                    if activity.get("AutoScalingGroupName") != name:
+                        continue
+                    text, at = activity.get("Description") or "", activity.get("StartTime")
+                    if not hasattr(at, "timestamp"):
+                        continue
+                    if found := LAUNCHED.match(text):
+                        out[found.group(1)] = {"launched_at": at.timestamp(),
+                                               "terminated_at": None,
+                                               "zone": _zone(activity.get("Details"))}
+                    elif found := TERMINATED.match(text):
+                        ends[found.group(1)] = at.timestamp()
+        for instance, at in ends.items():
+            if instance in out:
+                out[instance]["terminated_at"] = at
+        return out
 
     def _groups_by_tag(self, region: str, key: str, value: str, client=None) -> list[dict]:
         """Auto Scaling groups tagged key=value in the region (a paginated describe)."""

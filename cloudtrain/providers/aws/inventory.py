@@ -179,7 +179,11 @@ class InventoryMixin:
 
     def record_ends(self, store: Store, job: Job) -> None:
         """Termination times from EC2 (its state-transition reason carries the time), and for
-        spot instances the price history of their AZ over their life: what the bill uses."""
+        spot instances the price history of their AZ over their life: what the bill uses.
+        EC2 stops listing an instance about an hour after its end; for one of the job's Auto
+        Scaling group, the group's own record (its scaling activities, kept 6 weeks) still
+        has when the group ended it. Only where neither knows is the end taken as now."""
+        launched: dict | None = None  # the group's record, read once where EC2 has forgotten
         for inst in store.instances(job.id):
             if inst.state == "terminated" and inst.terminated_at and not (
                     inst.market == Market.SPOT and not (inst.details or {}).get("spot_history")):
@@ -189,7 +193,16 @@ class InventoryMixin:
                 raw = self._describe(inst.region, inst.id)
             except Exception:  # gone from EC2's view (about an hour after termination)
                 pass
-            ended = ec2_transition_time(raw.get("StateTransitionReason", "")) or time.time()
+            ended = ec2_transition_time(raw.get("StateTransitionReason", ""))
+            if not raw and not inst.terminated_at and (inst.details or {}).get(
+                    "auto_scaling_group"):
+                if launched is None:
+                    try:
+                        launched = self.group_launches(store, job)
+                    except CloudtrainError:
+                        launched = {}
+                ended = (launched.get(inst.id) or {}).get("terminated_at")
+            ended = ended or time.time()
             fields = {"state": "terminated", "terminated_at": inst.terminated_at or ended}
             if inst.market == Market.SPOT:
                 details = dict(inst.details or {})
