@@ -417,6 +417,60 @@ def test_F41_the_end_of_an_instance_ec2_forgot_is_its_group_s_termination_not_no
             "terminated", activity(g, END, instance)["StartTime"].timestamp()), instance
 
 
+def test_F41_down_after_hours_away_terminates_what_is_left_and_closes_what_ec2_forgot(grouped):
+    """With this machine off for more than an hour, the job's first instances are gone from
+    EC2's view, and TerminateInstances refuses the whole call when one id is unknown
+    (InvalidInstanceID.NotFound, naming the ids): `down` (release) failed on them and
+    terminated nothing, not even the replacement that still runs. The ids EC2 no longer
+    knows are closed at the group's termination of them; the rest are terminated."""
+    g = grouped
+    i2 = g.replace(g.i1)
+    g.attempt(2, i2, T0 + 100)
+    autoscaled.learn(g.store, g.job)
+    i3 = g.replace(i2)
+    g.attempt(3, i3, T0 + 200)
+    autoscaled.learn(g.store, g.job)
+    forget_instance(i2)
+    forget_instance(g.i1)
+    g.provider.release(g.store, g.job, force=True)
+    assert g.state_of(i3) in ("shutting-down", "terminated")
+    for instance in (g.i1, i2):
+        row = instance_row(g, instance)
+        assert (row.state, row.terminated_at) == (
+            "terminated", activity(g, END, instance)["StartTime"].timestamp()), instance
+
+
+def test_F41_an_instance_ec2_does_not_show_yet_is_asked_for_again_not_dropped(grouped):
+    """The other side of the same answer: a seconds-old instance EC2 does not show yet
+    (eventually consistent) is InvalidInstanceID.NotFound too, and must still be terminated:
+    asked again until EC2 knows it, not taken as long gone."""
+    import time
+
+    from botocore.awsrequest import AWSResponse
+
+    g = grouped
+    g.store.update_instance(g.i1, launched_at=time.time() - 5)
+    g.provider.settings.poll_seconds = 0.05
+    client = g.provider.client("ec2", REGION)
+
+    def not_yet(params, **_):  # the request as sent: InstanceId.1, ... in its query body
+        asked = [v for k, v in sorted(params["body"].items()) if k.startswith("InstanceId.")]
+        calls.append(asked)
+        if len(calls) == 1:
+            return (AWSResponse("https://ec2", 400, {}, None), {"Error": {
+                "Code": "InvalidInstanceID.NotFound",
+                "Message": f"The instance ID '{asked[0]}' does not exist"}})
+        return None
+
+    calls = []
+    client.meta.events.register("before-call.ec2.TerminateInstances", not_yet)
+    try:
+        g.provider.release(g.store, g.job, force=True)
+    finally:
+        client.meta.events.unregister("before-call.ec2.TerminateInstances", not_yet)
+    assert calls == [[g.i1], [g.i1]]  # asked again, and EC2 took it the second time
+
+
 @pytest.mark.parametrize("whose", ["another-group", "no-group"])
 def test_F41_an_instance_ec2_forgot_that_the_job_s_group_did_not_launch_is_passed_over(
         grouped, whose):

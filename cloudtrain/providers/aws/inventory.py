@@ -19,6 +19,8 @@ from .tags import LIVE_STATES, TAG_GROUP, TAG_JOB, TAG_OWNER
 
 # How long release() keeps looking by tag for the instance of an unanswered RunInstances.
 RELEASE_LOOKUP_S = 60.0
+# An instance recorded this recently that EC2 says does not exist may just not be visible yet.
+FRESH_S = 600.0
 
 
 def ec2_transition_time(reason: str) -> float | None:
@@ -117,7 +119,7 @@ class InventoryMixin:
                 if recorded or lost:
                     raise
             if ids:
-                self.call(region, "terminate_instances", InstanceIds=sorted(ids))
+                self._terminate(store, job, region, ids)
             if int((job.spec or {}).get("nodes") or 1) > 1:
                 # Deleted here if its instances are gone already, else by the next cleanup
                 # (`down`, the next multi-node launch): a group in use cannot be deleted.
@@ -140,6 +142,34 @@ class InventoryMixin:
         self.record_ends(store, job)
         if group_error is not None:
             raise group_error
+
+    def _terminate(self, store: Store, job: Job, region: str, ids: set[str]) -> None:
+        """TerminateInstances on `ids`. EC2 refuses the whole call when one id is unknown
+        (InvalidInstanceID.NotFound, "The instance IDs 'i-1, i-2' do not exist"): an id it
+        no longer knows whose record is older than FRESH_S ended long ago (EC2 forgets an
+        instance about an hour after its end) and is left to record_ends; a fresher one may
+        not be visible yet (EC2 is eventually consistent) and is asked again, for at most
+        RELEASE_LOOKUP_S. The rest are terminated either way."""
+        import re
+
+        launched = {i.id: i.launched_at for i in store.instances(job.id)}
+        left, until = set(ids), time.monotonic() + RELEASE_LOOKUP_S
+        while left:
+            try:
+                self.call(region, "terminate_instances", InstanceIds=sorted(left))
+                return
+            except AWSError as exc:
+                unknown = set(re.findall(r"\bi-[0-9a-f]{8,17}\b", exc.message)) & left \
+                    if exc.code == "InvalidInstanceID.NotFound" else set()
+                if not unknown:
+                    raise
+                fresh = {i for i in unknown
+                         if time.time() - (launched.get(i) or time.time()) < FRESH_S}
+                if fresh and time.monotonic() >= until:
+                    raise
+                left -= unknown - fresh
+                if fresh and left == fresh:
+                    time.sleep(self.settings.poll_seconds)
 
     def _still_the_job_s(self, store: Store, job: Job, region: str, ids: set[str]) -> set[str]:
         """Of instances the store records for the job that a lookup by its tag did not
