@@ -141,7 +141,7 @@ GAP = 2  # spaces between columns
 # State colours, used only when the caller says the output is a colour terminal.
 STATE_STYLES = {"succeeded": "green", "failed": "red", "running": "cyan", "staging": "cyan",
                 "provisioning": "yellow", "syncing": "yellow", "setting-up": "yellow",
-                "pending": "yellow", "recovering": "yellow", "preempted": "magenta",
+                "pending": "yellow", "recovering": "yellow", "queued": "yellow", "preempted": "magenta",
                 "cancelled": "dim"}
 
 

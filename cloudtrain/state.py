@@ -31,8 +31,12 @@ PENDING, PROVISIONING, SYNCING, SETTING_UP, STAGING, RUNNING = (
     "pending", "provisioning", "syncing", "setting-up", "staging", "running")
 # A spot job whose instance was interrupted, waiting for the supervisor to relaunch it.
 RECOVERING = "recovering"
+# A job ready on a kept instance, waiting there for the jobs ahead of it (`launch --on` while
+# one runs): the instance's agent starts it (lifecycle/kept.py, host/job_queue.py).
+QUEUED = "queued"
 SUCCEEDED, FAILED, PREEMPTED, CANCELLED = "succeeded", "failed", "preempted", "cancelled"
-ACTIVE_STATES = (PENDING, PROVISIONING, SYNCING, SETTING_UP, STAGING, RUNNING, RECOVERING)
+ACTIVE_STATES = (PENDING, PROVISIONING, SYNCING, SETTING_UP, QUEUED, STAGING, RUNNING,
+                 RECOVERING)
 TERMINAL_STATES = (SUCCEEDED, FAILED, PREEMPTED, CANCELLED)
 
 BUSY_TIMEOUT_S = 30.0

@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cloudtrain.lifecycle.sources",),
     ("cloudtrain.lifecycle.abort",),
     ("cloudtrain.lifecycle.watch",),
+    ("cloudtrain.lifecycle.kept",),
     ("cloudtrain.lifecycle.autoscaled",),
     ("cloudtrain.lifecycle.collect",),
     ("cloudtrain.lifecycle.scripts",),

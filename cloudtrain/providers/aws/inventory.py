@@ -51,18 +51,29 @@ class InventoryMixin:
     price lookups)."""
 
     def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
-        """EC2's view of the job's instances: id -> {state, reason, terminated}."""
+        """EC2's view of the job's instances: id -> {state, reason, terminated}. By the job's
+        tag, and by id for a recorded one tagged with another job's id: a kept instance that
+        `launch --on` handed over keeps the tag of the job that launched it (tags are set
+        only at creation)."""
         out = {}
-        for region in {i.region for i in store.instances(job.id) if i.region}:
-            for raw in self._query(region, {TAG_JOB: job.id}):
+        recorded = store.instances(job.id)
+        for region in {i.region for i in recorded if i.region}:
+            found = self._query(region, {TAG_JOB: job.id})
+            other = sorted({i.id for i in recorded if i.region == region and i.id.startswith("i-")}
+                           - {raw["InstanceId"] for raw in found})
+            if other:  # a filter, not InstanceIds: an id EC2 forgot is no error, just absent
+                found += self._query(region, {}, filters=[{"Name": "instance-id",
+                                                            "Values": other}])
+            for raw in found:
                 out[raw["InstanceId"]] = {"state": raw["State"]["Name"],
                                           "reason": raw.get("StateReason", {}).get("Code", ""),
                                           "message": raw.get("StateReason", {}).get("Message", "")}
         return out
 
-    def _query(self, region: str, tags: dict[str, str | None], client=None) -> list[dict]:
+    def _query(self, region: str, tags: dict[str, str | None], client=None,
+               filters: list[dict] | None = None) -> list[dict]:
         filters = [{"Name": f"tag:{k}", "Values": [v]} if v else {"Name": "tag-key", "Values": [k]}
-                   for k, v in tags.items()]
+                   for k, v in tags.items()] + list(filters or [])
         out = []
         paginator = (client or self.client("ec2", region)).get_paginator("describe_instances")
         with aws_errors(region):

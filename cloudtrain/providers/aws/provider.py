@@ -22,7 +22,6 @@ cloud itself can always tell what is ours, even with the local database lost.
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import time
@@ -461,12 +460,16 @@ class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, GroupLaunchMixin, Instan
         settings = {"rearm": {
             "argv": ["sudo", "-n", REARM_PATH],
             "start_minutes": power_off_minutes(spec.max_runtime_s),
-            "idle_minutes": (max(1, int(math.ceil(spec.idle_minutes))) if spec.keep
-                             and spec.idle_minutes is not None else None)}}
+            "idle_minutes": self.idle_minutes(spec) if spec.keep else None}}
         if spec.market == Market.SPOT:
             settings["imds_url"] = self.settings.imds_url
             settings["spot_poll_s"] = self.settings.spot_poll_seconds
         return settings
+
+    def idle_minutes(self, spec) -> int:
+        """A kept instance's idle time: whole minutes after its last job before it powers
+        itself off (the job's --idle-minutes, else config.yaml's keep_idle_minutes)."""
+        return self.settings.idle_minutes(spec.idle_minutes)
 
     def shutdown(self, spec) -> tuple[str | None, float]:
         """What the agent runs after the job, and after how long."""
