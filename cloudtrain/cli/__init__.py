@@ -27,6 +27,8 @@ OTHER_TOOLS_VERBS = {
     "kill": "cloudtrain down JOB", "terminate": "cloudtrain down JOB",
     "exec": "cloudtrain launch --on JOB -- CMD (a job on JOB's kept instance, queued behind "
             "the one running there); one command now: cloudtrain ssh JOB -- CMD",
+    "port-forward": "cloudtrain forward JOB PORT[:LOCAL]",
+    "tunnel": "cloudtrain forward JOB PORT[:LOCAL]",
     "run": "cloudtrain launch -- CMD, or cloudtrain launch job.yaml",
     "apply": "cloudtrain launch job.yaml", "start": "cloudtrain launch job.yaml",
     "show-gpus": "cloudtrain catalog", "gpus": "cloudtrain catalog",
@@ -67,7 +69,7 @@ def cli(ctx, debug: bool) -> None:
 
 # `cloudtrain --help` lists them by name; the order here is the modules'.
 for command in (launching.launch, inspection.status, inspection.logs, inspection.attach,
-                inspection.ssh, inspection.metrics, inspection.plot, removal.down, removal.rm,
+                inspection.ssh, inspection.forward, inspection.metrics, inspection.plot, removal.down, removal.rm,
                 removal.prune, planning.recipes, planning.catalog, planning.estimate,
                 planning.cost_report, planning.check, planning.init, data.data,
                 supervisor.supervisor_group):

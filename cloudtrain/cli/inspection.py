@@ -1,4 +1,4 @@
-"""Commands that read jobs: status, logs, attach, ssh, metrics, plot.
+"""Commands that read jobs: status, logs, attach, ssh, forward, metrics, plot.
 
 Imports the terminal helpers and the shared options of this package; history, curves and the
 lifecycle's inspect, watch and stop stages when a command runs."""
@@ -210,6 +210,41 @@ def ssh(job: str, node: int, command: tuple[str, ...]) -> None:
     if reach.kept is not None:  # U38: its job has ended, the instance bills on
         click.echo(job_views.kept_note(reach.kept), err=True)
     os.execvp(reach.argv[0], reach.argv)
+
+
+@click.command()
+@click.argument("job", shell_complete=completion.jobs)
+@click.argument("ports", metavar="PORT[:LOCAL]...", nargs=-1, required=True)
+def forward(job: str, ports: tuple[str, ...]) -> None:
+    """Open ports of a job's instance on this machine (localhost only), over the job's SSH
+    connection with its pinned host key, until Ctrl-C: TensorBoard, Jupyter, a dashboard.
+    PORT is the port on the instance; LOCAL, the one here (default: the same).
+
+    \b
+    Examples:
+      cloudtrain forward 3f2a1b9c 6006            TensorBoard at http://localhost:6006
+      cloudtrain forward 3f2a1b9c 8888:18888      Jupyter's 8888 at http://localhost:18888
+    """
+    import threading
+
+    from .. import port_forward
+    from ..lifecycle import inspect
+
+    wanted = [port_forward.parse(p) for p in ports]
+    settings = config.Settings.load()
+    with job_store() as store:
+        forwarder, where, held = inspect.forward(store, settings, store.find_job(job), wanted)
+    if held is not None:
+        click.echo(job_views.kept_note(held), err=True)
+    for f in forwarder.forwards:
+        click.echo(f"forwarding http://localhost:{f.local} to port {f.remote} on {where}")
+    click.echo("Ctrl-C stops", err=True)
+    stop = threading.Event()
+    try:
+        forwarder.serve(stop)
+    except KeyboardInterrupt:  # the way to stop it: not an interruption of something half done
+        stop.set()
+        click.echo("stopped forwarding", err=True)
 
 
 @click.command()

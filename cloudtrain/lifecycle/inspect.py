@@ -9,6 +9,7 @@ kept instance, after its job), collect, group and attempts.
     read_log / tail_log / follow          the job's output (a node's with `node`)
     for_logs(store, settings, ref)        the job whose output `logs` prints
     attach_argv / ssh_argv                tmux's and ssh's command lines to the job
+    forward(store, settings, job, ports)  its instance's ports, listening here (port_forward)
     metrics_file(job) / recipe_target(job)  for `plot`
 """
 
@@ -321,3 +322,20 @@ def ssh_argv(store: Store, settings: config.Settings, job: Job, node: int = 0,
     return Reach(host.ssh_argv(command[0] if len(command) == 1 else shlex.join(command),
                                tty=tty), facts)
 
+
+def forward(store: Store, settings: config.Settings, job: Job, ports: list) -> tuple:
+    """Ports of the job's instance (a running job's, or a kept one after its job), listening
+    on this machine's loopback over the job's SSH connection (port_forward.Forwarder, bound
+    already): (the forwarder, the host's name, kept.facts_of for a kept instance)."""
+    from ..port_forward import Forwarder
+
+    job = _on_its_host(store, settings, job, "forward")
+    facts = kept.facts_of(store, settings, job)
+    host = kept.instance_host(job) if facts is not None else _node_host(job, 0)
+    if isinstance(host, LocalHost):
+        if job.backend == "local":
+            raise UsageError(f"job {job.id} runs on this machine: its ports are here already "
+                             f"(http://localhost:{ports[0].remote})")
+        raise UsageError(_ended(job) + " and its instance is gone",
+                         hint=f"cloudtrain logs {job.id}")
+    return Forwarder(host.conn, ports), host.name, facts

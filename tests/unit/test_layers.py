@@ -54,7 +54,7 @@ LAYERS: list[tuple[str, ...]] = [
      "cloudtrain.curves", "cloudtrain.recipes", "cloudtrain.ledger"),
     ("cloudtrain.providers.",),
     ("cloudtrain.host_kinds",),
-    ("cloudtrain.local_host", "cloudtrain.ssh_host"),
+    ("cloudtrain.local_host", "cloudtrain.ssh_host", "cloudtrain.port_forward"),
     ("cloudtrain.hosts", "cloudtrain.ssh", "cloudtrain.nodes"),
     ("cloudtrain.datasets", "cloudtrain.preflight", "cloudtrain.progress",
      "cloudtrain.cells"),
