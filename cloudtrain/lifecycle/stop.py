@@ -109,7 +109,8 @@ def down_targets(store: Store) -> list[Job]:
 def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float) -> StopOutcome:
     """One job: a bounded graceful stop where it runs, then release whatever happens."""
     if job.state == state.QUEUED:  # on a kept instance, not started: out of its queue
-        note = kept.unqueue(store, job)
+        job = store.job(job.id)  # (`down --all`: the job ahead's `down` may have cancelled it)
+        note = kept.unqueue(store, job) if job.state == state.QUEUED else None
         if note is not None:
             return StopOutcome(job.id, store.job(job.id), True, note)
         job = store.job(job.id)  # started meanwhile: stopped as any running job

@@ -317,3 +317,14 @@ def test_launch_on_a_busy_instance_with_follow_waits_its_turn_then_follows(cli, 
     assert proc.returncode == 0, proc.stderr
     assert "followed" in proc.stdout and "queued job" in proc.stderr
     assert proc.stderr.rstrip().endswith("succeeded")
+
+
+def test_down_all_stops_a_busy_kept_instance_and_its_queue_once(cli, aws, tmp_path):
+    first = cli.launch("--instance", "g5.xlarge", "--keep", "--", *_gated(tmp_path))
+    wait_for(lambda: cli.job(first)["state"] == "running", timeout=30, what="the first job")
+    second = cli("launch", "--on", first, "--quiet", "--", "echo", "never").stdout.split()[-1]
+    started = time.monotonic()
+    out = cli.ok("down", "--all", "-y").stdout
+    assert time.monotonic() - started < 60
+    assert cli.job(first)["state"] == "cancelled" and cli.job(second)["state"] == "cancelled"
+    assert "could not be reached" not in out and _state(aws) == "terminated"

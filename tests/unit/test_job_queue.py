@@ -20,7 +20,14 @@ from cloudtrain.hosts import agent_files
 from labs.polling import wait_for
 
 SOCKET = os.environ.get("CLOUDTRAIN_TMUX_SOCKET", "cloudtrain")
-AHEAD, NEXT, THIRD = "aaaa0001", "bbbb0002", "cccc0003"
+
+
+@pytest.fixture
+def ids() -> tuple[str, str, str]:
+    """Job ids of the test's own: the tmux server (and its session names) is the session's."""
+    import secrets
+
+    return tuple(secrets.token_hex(4) for _ in range(3))
 
 
 @pytest.fixture
@@ -76,15 +83,16 @@ def _ended(jobdir: Path) -> dict | None:
     return status if status.get("state") in ("succeeded", "failed", "cancelled") else None
 
 
-def test_a_job_queued_behind_a_running_one_starts_there_when_it_ends(root):
+def test_a_job_queued_behind_a_running_one_starts_there_when_it_ends(root, ids):
     """The queue of a kept instance (issue 34, SkyPilot's `exec`): the next job's start is left
     on the instance, and the running job's agent starts it after its own job."""
+    AHEAD, NEXT, THIRD = ids
     ahead = _job(root, AHEAD, "sleep 1.5; echo first\n")
     nxt = _job(root, NEXT, "echo second\n")
     _start(root, AHEAD)
     assert _add(root, NEXT, AHEAD) == (0, {"queued": True})
     assert _cli("state", str(root), NEXT) == (0, {"state": "queued"})
-    wait_for(lambda: _ended(nxt), timeout=30, what="the queued job to run")
+    wait_for(lambda: _ended(nxt), timeout=60, what="the queued job to run")
     assert _ended(ahead)["state"] == "succeeded" and _ended(nxt)["state"] == "succeeded"
     assert json.loads((nxt / "status.json").read_text())["started_at"] >= \
         json.loads((ahead / "status.json").read_text())["ended_at"]  # one at a time
@@ -94,7 +102,8 @@ def test_a_job_queued_behind_a_running_one_starts_there_when_it_ends(root):
     assert job_queue._entries(str(root)) == []
 
 
-def test_jobs_start_in_the_order_they_were_queued(root):
+def test_jobs_start_in_the_order_they_were_queued(root, ids):
+    AHEAD, NEXT, THIRD = ids
     ahead = _job(root, AHEAD, "sleep 1.5\n")
     second, third = _job(root, NEXT, "date +%s.%N\n"), _job(root, THIRD, "date +%s.%N\n")
     _start(root, AHEAD)
@@ -106,37 +115,40 @@ def test_jobs_start_in_the_order_they_were_queued(root):
         float((third / "output.log").read_text().split()[0])
 
 
-def test_a_job_queued_after_the_one_ahead_looked_starts_at_once(root):
+def test_a_job_queued_after_the_one_ahead_looked_starts_at_once(root, ids):
     """The race: the agent ahead looked at the queue (found nothing) just before the CLI
     queued the next job. Under the queue's lock the CLI sees it looked, and starts the job
     itself rather than leave it for an agent that is gone."""
+    AHEAD, NEXT, THIRD = ids
     ahead = _job(root, AHEAD, "true\n")
     nxt = _job(root, NEXT, "echo late\n")
     (root / "queue").mkdir()
     _start(root, AHEAD)
-    wait_for(lambda: (ahead / job_queue.CHECKED).exists(), timeout=20, what="the agent to look")
+    wait_for(lambda: (ahead / job_queue.CHECKED).exists(), timeout=60, what="the agent to look")
     assert _add(root, NEXT, AHEAD) == (0, {"started": True})
-    wait_for(lambda: _ended(nxt), timeout=20, what="the job started at once")
+    wait_for(lambda: _ended(nxt), timeout=60, what="the job started at once")
     assert "late" in (nxt / "output.log").read_text()
 
 
-def test_removed_from_the_queue_it_never_runs(root):
+def test_removed_from_the_queue_it_never_runs(root, ids):
+    AHEAD, NEXT, THIRD = ids
     ahead = _job(root, AHEAD, "sleep 1\n")
     nxt = _job(root, NEXT, "echo should-not-run\n")
     _start(root, AHEAD)
     assert _add(root, NEXT, AHEAD)[1] == {"queued": True}
     assert _cli("remove", str(root), NEXT) == (0, {"removed": True})
     assert _cli("remove", str(root), NEXT) == (0, {"removed": False})
-    wait_for(lambda: _ended(ahead), timeout=20, what="the job ahead to end")
-    wait_for(lambda: (ahead / job_queue.CHECKED).exists(), timeout=20, what="its agent to look")
+    wait_for(lambda: _ended(ahead), timeout=60, what="the job ahead to end")
+    wait_for(lambda: (ahead / job_queue.CHECKED).exists(), timeout=60, what="its agent to look")
     time.sleep(0.5)
     assert not (nxt / "status.json").exists() and not (nxt / "output.log").exists()
     assert _cli("state", str(root), NEXT) == (0, {"state": "unknown"})
 
 
-def test_an_entry_that_cloudtrain_did_not_write_is_never_started(root, tmp_path):
+def test_an_entry_that_cloudtrain_did_not_write_is_never_started(root, tmp_path, ids):
     """A job runs as the instance's user and can write into the queue: an entry whose agent
     or job directory is not where cloudtrain puts them is dropped, not run."""
+    AHEAD, NEXT, THIRD = ids
     ahead = _job(root, AHEAD, "true\n")
     outside = tmp_path / "elsewhere" / "jobs" / NEXT
     outside.mkdir(parents=True)
@@ -146,7 +158,7 @@ def test_an_entry_that_cloudtrain_did_not_write_is_never_started(root, tmp_path)
                "argv": [sys.executable, _agent(root), "run", str(outside)]}
     (root / "queue" / f"{1:020d}-{NEXT}.json").write_text(json.dumps(planted))
     _start(root, AHEAD)
-    wait_for(lambda: (ahead / job_queue.CHECKED).exists(), timeout=20, what="the agent to look")
+    wait_for(lambda: (ahead / job_queue.CHECKED).exists(), timeout=60, what="the agent to look")
     time.sleep(0.5)
     assert not (outside / "ran").exists() and not (outside / "status.json").exists()
     assert job_queue._entries(str(root)) == []  # dropped
@@ -162,7 +174,8 @@ def test_an_entry_that_cloudtrain_did_not_write_is_never_started(root, tmp_path)
     assert code == 1 and "socket" in answer["error"]
 
 
-def test_a_start_that_fails_is_said_in_the_job_and_the_next_one_starts(root):
+def test_a_start_that_fails_is_said_in_the_job_and_the_next_one_starts(root, ids):
+    AHEAD, NEXT, THIRD = ids
     ahead = _job(root, AHEAD, "sleep 1\n")
     broken = _job(root, NEXT, "true\n")
     third = _job(root, THIRD, "echo third\n")
@@ -173,7 +186,7 @@ def test_a_start_that_fails_is_said_in_the_job_and_the_next_one_starts(root):
     subprocess.run(["tmux", "-L", SOCKET, "new-session", "-d", "-s", f"ct-{NEXT}", "sleep 30"],
                    check=True)
     try:
-        wait_for(lambda: _ended(third), timeout=30, what="the third job to run")
+        wait_for(lambda: _ended(third), timeout=60, what="the third job to run")
         code, answer = _cli("state", str(root), NEXT)
         assert answer["state"] == "failed" and "duplicate session" in answer["error"]
         assert not (broken / "status.json").exists()
@@ -182,9 +195,10 @@ def test_a_start_that_fails_is_said_in_the_job_and_the_next_one_starts(root):
                        capture_output=True)
 
 
-def test_a_host_where_nothing_was_queued_gets_no_queue(root):
+def test_a_host_where_nothing_was_queued_gets_no_queue(root, ids):
     """Every agent looks after its job (this machine's local jobs too): where nothing was
     ever queued it leaves only its own marker."""
+    AHEAD, NEXT, THIRD = ids
     jobdir = _job(root, AHEAD, "true\n")
     assert job_queue.next_job(str(jobdir)) is None
     assert (jobdir / job_queue.CHECKED).exists() and not (root / "queue").exists()
