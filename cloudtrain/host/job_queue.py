@@ -147,7 +147,8 @@ def start(doc):
 
 def _failed(jobdir, why):
     try:
-        safefile.write_json(os.path.join(jobdir, ERROR), {"error": str(why)[:500], "at": time.time()})
+        safefile.write_json(os.path.join(jobdir, ERROR),
+                            {"error": str(why)[:500], "at": time.time()})
     except OSError:
         pass
 

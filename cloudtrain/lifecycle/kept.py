@@ -199,7 +199,8 @@ def _queue_call(host: Host, jobdir: str, *args: str) -> dict:
         answer = {}
     if not isinstance(answer, dict) or not answer or "error" in answer or not out.ok:
         why = answer.get("error") if isinstance(answer, dict) else None
-        raise HostError(f"the job queue on {host.name}: {why or out.stderr.strip()[-300:] or 'no answer'}")
+        said = why or out.stderr.strip()[-300:] or "no answer"
+        raise HostError(f"the job queue on {host.name}: {said}")
     return answer
 
 
