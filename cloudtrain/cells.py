@@ -95,8 +95,9 @@ def iso_time(ts) -> str | None:
 
 def is_time_key(key) -> bool:
     """Whether a field holds a moment (unix seconds in cloudtrain's records): `*_at`, and
-    the launch lease's `lease_until`."""
-    return isinstance(key, str) and (key.endswith("_at") or key == "lease_until")
+    the launch lease's `lease_until`, a kept instance's `billing_since`."""
+    return isinstance(key, str) and (key.endswith("_at") or key in ("lease_until",
+                                                                   "billing_since"))
 
 
 def json_times(value, keys=is_time_key):
@@ -174,7 +175,7 @@ GAP = 2  # spaces between columns
 # State colours, used only when the caller says the output is a colour terminal.
 STATE_STYLES = {"succeeded": "green", "failed": "red", "running": "cyan", "staging": "cyan",
                 "provisioning": "yellow", "syncing": "yellow", "setting-up": "yellow",
-                "pending": "yellow", "recovering": "yellow", "preempted": "magenta",
+                "pending": "yellow", "recovering": "yellow", "queued": "yellow", "preempted": "magenta",
                 "cancelled": "dim"}
 
 

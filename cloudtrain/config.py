@@ -230,6 +230,9 @@ class Settings:
     remote_root: str = "~/.cloudtrain"  # job and data directories on instances
     shutdown_command: str = "sudo shutdown -h now"  # how an instance powers itself off
     shutdown_delay_seconds: float = 60.0  # after the job, before powering off
+    # A kept instance (--keep, and --on's by default) powers itself off this long after its
+    # last job ended, unless another `launch --on` job came first (--idle-minutes per job).
+    keep_idle_minutes: float = 60.0
     imds_url: str = "http://169.254.169.254"  # where spot hosts hear of their interruption
     spot_poll_seconds: float = 5.0  # how often a spot host asks it (AWS gives 2 min notice)
     instance_wait_seconds: float = 300.0  # bounded wait for "running"
@@ -312,6 +315,12 @@ class Settings:
             if os.environ.get(variable):
                 setattr(settings, key, os.environ[variable])
         return settings
+
+    def idle_minutes(self, given: float | None) -> int:
+        """A kept instance's idle time, in the whole minutes its power-off timer is armed for
+        after its last job: `given` (a job's --idle-minutes), else keep_idle_minutes."""
+        minutes = self.keep_idle_minutes if given is None else given
+        return max(1, int(math.ceil(minutes)))
 
     def check(self, source: str) -> None:
         """Refuse values that would misbehave later (a ConfigError naming `source`)."""
@@ -449,6 +458,7 @@ LIMITS = {
     "stale_after_seconds": (0, WEEK_S, True),
     "ssh_port": (1, 65535, False),
     "shutdown_delay_seconds": (0, WEEK_S, False),
+    "keep_idle_minutes": (0, WEEK_S / 60, False),
     "instance_wait_seconds": (0, WEEK_S, True),
     "ssh_wait_seconds": (0, WEEK_S, True),
     "poll_seconds": (0, 3600, True),

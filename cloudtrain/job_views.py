@@ -28,19 +28,27 @@ STATUS_HEADER = [c.header for c in STATUS_COLUMNS]
 
 
 def status_table(jobs: list[Job], now: float | None = None, *, width: int | None = None,
-                 color: bool = False) -> str:
+                 color: bool = False, kept: list[dict] | None = None) -> str:
+    """`status`: one row a job; `kept` (kept.survey's rows): a job whose kept instance runs
+    on says so in its STATE, and a line below the table says what it bills and when it
+    powers itself off (U40)."""
     now = time.time() if now is None else now
     if not jobs:
         return "no jobs yet: cloudtrain launch --recipe resnet9 --profile smoke --follow"
+    holding = {k["job"] for k in kept or [] if k["state"] == "kept"}
     rows = []
     for job in jobs:
         m = job.metrics if isinstance(job.metrics, dict) else {}
-        rows.append([job.id, job.name or "-", job.command, job.backend, state_text(job),
+        rows.append([job.id, job.name or "-", job.command, job.backend,
+                     state_text(job) + (KEPT_MARK if job.id in holding else ""),
                      age(job.created_at, now), duration(runtime(job, now)),
                      "data" if job.state == "staging" else epoch_text(m),
                      number(m.get("train_loss", m.get("loss"))),
                      pct(m.get(accuracy_key(job, m))), job_cost(job)])
-    return grid(STATUS_COLUMNS, rows, width=width, color=color, styles={"STATE": state_style})
+    table = grid(STATUS_COLUMNS, rows, width=width, color=color,
+                 styles={"STATE": _kept_style})
+    lines = kept_lines(kept or [], now, width)
+    return table + ("\n" + "\n".join(lines) if lines else "")
 
 
 def accuracy_key(job: Job, metrics: dict) -> str:
@@ -53,24 +61,105 @@ def accuracy_key(job: Job, metrics: dict) -> str:
     return "test_acc" if "test_acc" in metrics else "accuracy"
 
 
-def job_json(job: Job, now: float | None = None) -> dict:
+# -- a kept instance (U40): its STATE mark, its lines, its JSON --------------------------------
+
+KEPT_MARK = ", kept"  # `succeeded, kept`: the job ended, its instance runs and bills on
+
+
+def _kept_style(text: str) -> str | None:
+    return "bold yellow" if str(text).endswith(KEPT_MARK) else state_style(text)
+
+
+def _at(ts: float | None, now: float) -> str:
+    """A moment as this machine's clock says it, and how far off: `00:12 (in 47m)`."""
+    if _finite(ts) is None:
+        return "-"
+    when = time.strftime("%H:%M", time.localtime(ts))
+    return f"{when} (in {age(now, ts)})" if ts >= now else f"{when} ({age(ts, now)} ago)"
+
+
+def _price(k: dict) -> str:
+    return f"{money4(k['price_per_hour'])}/h" if _finite(k.get("price_per_hour")) is not None \
+        else "(price unknown)"
+
+
+def kept_words(k: dict, now: float) -> str:
+    """One kept instance in words: what bills, since when, and when it powers itself off."""
+    who = k["job"] + (f" ({cells.shown(k['name'])})" if k.get("name") else "")
+    where = ", ".join(cells.shown(v) for v in (k.get("type"), k.get("region")) if v)
+    head = f"{k['instance']} ({where})" if where else str(k["instance"])
+    if k["state"] == "busy":
+        return (f"{head} runs job {who}; queued behind it: " + ", ".join(k["queued"])
+                + " (each starts there when the one before it ends)")
+    text = (f"{head} of job {who}: running and billing {_price(k)} since "
+            f"{_at(k.get('billing_since'), now)}; ")
+    if k.get("queued"):
+        return text + "starting the job queued there: " + ", ".join(k["queued"])
+    if k.get("due"):
+        return text + (f"its power-off was due at {_at(k.get('power_off_at'), now)} "
+                       "(not confirmed yet: cloudtrain status --refresh asks EC2)")
+    return text + (f"powers itself off at {_at(k.get('power_off_at'), now)}, "
+                   f"{k.get('idle_minutes')} min after its last job, unless a job comes "
+                   f"(cloudtrain launch --on {k['job']}); cloudtrain down {k['job']} ends it now")
+
+
+def kept_lines(kept: list[dict], now: float | None = None, width: int | None = None) -> list[str]:
+    """The lines below `status`'s table: each kept instance, and each one with jobs queued."""
+    now = time.time() if now is None else now
+    out = []
+    for k in kept:
+        out += cells.wrapped(("kept: " if k["state"] == "kept" else "queue: ")
+                             + kept_words(k, now), width, "", "  ")
+    return out
+
+
+def kept_note(k: dict, now: float | None = None) -> str:
+    """What `ssh` says on its way to a kept instance (U38)."""
+    return "kept instance " + kept_words(k, time.time() if now is None else now)
+
+
+def queue_of(job: Job, kept: list[dict]) -> dict | None:
+    """A queued job's place: the instance, the job running there, its position (from 1)."""
+    for k in kept:
+        if job.id in k.get("queued", []):
+            return {"instance": k["instance"], "running": k["job"] if k["state"] == "busy"
+                    else None, "position": k["queued"].index(job.id) + 1}
+    return None
+
+
+def launched_line(job: Job) -> str:
+    """What `launch` says of the job it made: started, or queued on a kept instance."""
+    if job.state == "queued":
+        kept = (job.spec or {}).get("kept") or {}
+        ahead = kept.get("ahead") or []
+        return (f"queued job {job.id}: {job.command} on {job.backend}, on the kept instance "
+                f"{kept.get('instance')} behind job {ahead[-1] if ahead else '?'}: it starts "
+                "there when that one ends, whether or not this machine is on")
+    return f"launched job {job.id}: {job.command} on {job.backend}"
+
+
+def job_json(job: Job, now: float | None = None, kept: list[dict] | None = None) -> dict:
     """A job as --json gives it: its times in ISO 8601 UTC (U25); its metrics row as the job
-    wrote it."""
+    wrote it; its kept instance, or its place in one's queue (U40)."""
     now = time.time() if now is None else now
     data = dataclasses.asdict(job)
     data["runtime_s"] = runtime(job, now)
+    if kept is not None:
+        data["kept"] = next((k for k in kept if k["job"] == job.id and k["state"] == "kept"),
+                            None)
+        data["queue"] = queue_of(job, kept)
     return {**cells.json_times(data), "metrics": data["metrics"]}
 
 
-def jobs_json(jobs: list[Job]) -> str:
+def jobs_json(jobs: list[Job], kept: list[dict] | None = None) -> str:
     now = time.time()
-    return json.dumps([job_json(j, now) for j in jobs], indent=1)
+    return json.dumps([job_json(j, now, kept) for j in jobs], indent=1)
 
 
 def detail_json(job: Job, phases, log_tail: bytes, target: dict | None,
                 runs: dict | None = None, attempts: list[dict] | None = None,
-                recovery: dict | None = None) -> str:
-    data = job_json(job)
+                recovery: dict | None = None, kept: list[dict] | None = None) -> str:
+    data = job_json(job, kept=kept)
     data["timeline"] = [{**dataclasses.asdict(p), "start": cells.iso_time(p.start)}
                         for p in phases]
     data["target"] = target
@@ -91,9 +180,12 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                now: float | None = None, runs: dict | None = None,
                attempts: list[dict] | None = None, recovery: dict | None = None,
                width: int | None = None, trend: str | None = None,
-               startup: dict | None = None) -> str:
-    """`status JOB`; `width`: the terminal's, which its tables fit (None: full length)."""
+               startup: dict | None = None, kept: list[dict] | None = None) -> str:
+    """`status JOB`; `width`: the terminal's, which its tables fit (None: full length);
+    `kept` (kept.survey's rows): its kept instance, or its place in one's queue."""
     now = time.time() if now is None else now
+    holds = next((k for k in kept or [] if k["job"] == job.id and k["state"] == "kept"), None)
+    place = queue_of(job, kept or [])
     out = [f"job {job.id}" + (f" ({job.name})" if job.name else ""),
            f"  what      {job.command}",
            *args_lines(job, width),
@@ -106,7 +198,15 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
             f"  runtime   {duration(runtime(job, now))}",
             f"  cost      {job_cost(job)}" + (" (this machine: nothing billed)"
                                                   if job.backend == "local" else
+                                                  " (so far: its kept instance still bills)"
+                                                  if holds else
                                                   ("" if job.cost_settled else " (estimate)"))]
+    if holds:
+        out.append(f"  kept      {kept_words(holds, now)}")
+    if place:
+        out.append(f"  queue     number {place['position']} on the kept instance "
+                   f"{place['instance']}" + (f", behind job {place['running']} running there"
+                                             if place["running"] else ""))
     detail = job.cost_detail or {}
     by_phase = detail.get("phases")  # a dict as cloudtrain writes it; else the row is damaged
     billed_phases = ", ".join(f"{k} {money4(v)}" for k, v in by_phase.items()

@@ -20,7 +20,7 @@ from .market import Market
 # the market.
 PLACEMENT = ("instance_type", "gpus", "region", "ami", "disk_gb", "max_price", "keep",
              "idle_minutes", "on_job", "recover", "max_restarts", "fallback", "cpu_only")
-OFF_WHEN_FALSE = ("keep", "cpu_only")  # flags that only switch something on
+OFF_WHEN_FALSE = ("cpu_only",)  # flags that only switch something on (--no-keep says no)
 NO_PROFILE = "none"  # `--profile none`: the recipe's full run, whatever a job file says (U34)
 # Launch options that repeat: a job file's list first, then the flags'.
 REPEATED = ("sets", "envs", "secrets", "outputs", "include", "data")
@@ -84,7 +84,7 @@ class LaunchOptions:
 
     def placement(self) -> dict:
         """The cloud placement given, as JobSpec fields: `market` from spot; a flag that only
-        switches something on (--keep, --cpu-only) counts only when on."""
+        switches something on (--cpu-only) counts only when on."""
         out = {k: getattr(self, k) for k in PLACEMENT if getattr(self, k) is not None
                and not (k in OFF_WHEN_FALSE and getattr(self, k) is False)}
         if self.spot is not None:

@@ -71,6 +71,10 @@ class JobSpec:
     keep: bool = False  # leave the instance running after the job
     idle_minutes: float | None = None  # power off this long after the job ends
     on_job: str | None = None  # run on that (kept) job's instance instead of a new one
+    # `--on`: the kept instance as lifecycle.sources.kept_source found it: {instance, type,
+    # region, holder (the job on it now), ahead (the jobs this one waits behind, in order),
+    # wait_s (the most they may still run)}.
+    kept: dict | None = None
     cpu_only: bool = False  # an instance type without a GPU, on purpose (else refused)
     expected: dict | None = None  # the estimate shown before launch: train_s, total_s, usd
     # A recipe's target for these arguments ({metric, value}: imagenet's top5 0.93), kept with
@@ -383,6 +387,11 @@ def _placement(o: LaunchOptions, settings: config.Settings, origins: dict
         placement.setdefault("market", Market(settings.market))
         if on_job:
             placement["on_job"] = on_job
+            # U39: a job on a kept instance keeps it (--no-keep: powered off after it); its
+            # idle time is the instance's unless given (lifecycle.sources.kept_source).
+            placement.setdefault("keep", True)
+        elif placement.get("keep") and placement.get("idle_minutes") is None:
+            placement["idle_minutes"] = settings.keep_idle_minutes  # U40: a real idle stop
         placement.update(_recovery(recovery, placement["market"], on_job, origins))
     elif recovery:
         raise UsageError(f"{_flag(origins, sorted(recovery)[0])} applies to cloud backends "

@@ -33,8 +33,12 @@ PENDING, PROVISIONING, SYNCING, SETTING_UP, STAGING, RUNNING = (
     "pending", "provisioning", "syncing", "setting-up", "staging", "running")
 # A spot job whose instance was interrupted, waiting for the supervisor to relaunch it.
 RECOVERING = "recovering"
+# A job ready on a kept instance, waiting there for the jobs ahead of it (`launch --on` while
+# one runs): the instance's agent starts it (lifecycle/kept.py, host/job_queue.py).
+QUEUED = "queued"
 SUCCEEDED, FAILED, PREEMPTED, CANCELLED = "succeeded", "failed", "preempted", "cancelled"
-ACTIVE_STATES = (PENDING, PROVISIONING, SYNCING, SETTING_UP, STAGING, RUNNING, RECOVERING)
+ACTIVE_STATES = (PENDING, PROVISIONING, SYNCING, SETTING_UP, QUEUED, STAGING, RUNNING,
+                 RECOVERING)
 TERMINAL_STATES = (SUCCEEDED, FAILED, PREEMPTED, CANCELLED)
 
 BUSY_TIMEOUT_S = 30.0
@@ -488,6 +492,20 @@ class Store:
         with self.transaction() as db:
             db.execute(f"UPDATE instances SET {columns} WHERE id = ?",
                        (*(bindable(v) for v in fields.values()), instance_id))
+
+    def hand_over(self, instance: Instance, to_job: str) -> None:
+        """A kept instance's record moves to the job that runs on it now (`launch --on`, a
+        queued job starting), its billing with it, and each job's timeline says so. Its
+        details keep `tagged_job`: the job whose cloudtrain:job tag it wears (EC2 tags are
+        written at launch only), which is what `release` checks EC2's answer against."""
+        details = {**(instance.details or {}),
+                   "tagged_job": (instance.details or {}).get("tagged_job", instance.job_id)}
+        with self.transaction() as db:
+            db.execute("UPDATE instances SET job_id = ?, details = ? WHERE id = ?",
+                       (to_job, json.dumps(details), instance.id))
+        self.add_event(to_job, "instance", detail=f"{instance.id} taken over from job "
+                                                  f"{instance.job_id}")
+        self.add_event(instance.job_id, "handover", detail=f"{instance.id} to job {to_job}")
 
     def instances(self, job_id: str) -> list[Instance]:
         rows = self.db.execute(

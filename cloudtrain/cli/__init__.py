@@ -19,11 +19,16 @@ from .options import CONTEXT
 
 # U32: what SkyPilot, dstack and docker users type first, and what does it here.
 OTHER_TOOLS_VERBS = {
-    "queue": "cloudtrain status", "ps": "cloudtrain status", "ls": "cloudtrain status",
+    "queue": "cloudtrain status (a job queued on a kept instance shows as queued; "
+             "`cloudtrain launch --on JOB` queues one)",
+    "ps": "cloudtrain status", "ls": "cloudtrain status",
     "list": "cloudtrain status", "jobs": "cloudtrain status",
     "cancel": "cloudtrain down JOB", "stop": "cloudtrain down JOB",
     "kill": "cloudtrain down JOB", "terminate": "cloudtrain down JOB",
-    "exec": "cloudtrain ssh JOB -- CMD; a new job on a kept instance: cloudtrain launch --on JOB",
+    "exec": "cloudtrain launch --on JOB -- CMD (a job on JOB's kept instance, queued behind "
+            "the one running there); one command now: cloudtrain ssh JOB -- CMD",
+    "port-forward": "cloudtrain forward JOB PORT[:LOCAL]",
+    "tunnel": "cloudtrain forward JOB PORT[:LOCAL]",
     "run": "cloudtrain launch -- CMD, or cloudtrain launch job.yaml",
     "apply": "cloudtrain launch job.yaml", "start": "cloudtrain launch job.yaml",
     "show-gpus": "cloudtrain catalog", "gpus": "cloudtrain catalog",
@@ -64,7 +69,7 @@ def cli(ctx, debug: bool) -> None:
 
 # `cloudtrain --help` lists them by name; the order here is the modules'.
 for command in (launching.launch, inspection.status, inspection.logs, inspection.attach,
-                inspection.ssh, inspection.metrics, inspection.plot, removal.down, removal.rm,
+                inspection.ssh, inspection.forward, inspection.metrics, inspection.plot, removal.down, removal.rm,
                 removal.prune, planning.recipes, planning.catalog, planning.estimate,
                 planning.cost_report, planning.check, planning.init, data.data,
                 supervisor.supervisor_group):

@@ -1,4 +1,4 @@
-"""Commands that read jobs: status, logs, attach, ssh, metrics, plot.
+"""Commands that read jobs: status, logs, attach, ssh, forward, metrics, plot.
 
 Imports the terminal helpers and the shared options of this package; history, curves and the
 lifecycle's inspect, watch and stop stages when a command runs."""
@@ -80,33 +80,39 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
                            err=True)
 
         def view() -> str:
+            from ..lifecycle import kept
+
             if job is not None:  # U36: `status ''` is refused as `logs ''` is
                 from ..lifecycle import inspect
 
                 d = inspect.detail(store, settings, job)
+                held = kept.survey(store, settings)  # U40: a kept instance bills on
                 if as_json:
                     return job_views.detail_json(d.job, d.phases, d.log_tail, d.target, d.runs,
-                                              d.attempts, d.recovery)
+                                              d.attempts, d.recovery, kept=held)
                 return job_views.job_detail(d.job, d.phases, d.log_tail, d.target, runs=d.runs,
                                          attempts=d.attempts, recovery=d.recovery,
                                          width=table_width(wide), trend=d.trend,
-                                         startup=d.startup)
+                                         startup=d.startup, kept=held)
             active = store.jobs(active_only=True)
             if active:  # finished jobs need no refresh (nor the import of what does it)
                 from ..lifecycle.watch import refresh_active
 
                 refresh_active(store, settings, active)
+            held = kept.survey(store, settings)  # U40: kept instances, their queues
             # --json is for scripts: every job the filters match, as before issue 16
             shown, hidden = history.select(store, filters, all_=all_ or as_json,
                                            limit=rows_that_fit(limit) if watch else limit)
             if as_json:
-                return job_views.jobs_json(shown)
+                return job_views.jobs_json(shown, kept=held)
             if shown:
-                text = job_views.status_table(shown, width=table_width(wide), color=colored())
+                text = job_views.status_table(shown, width=table_width(wide), color=colored(),
+                                              kept=held)
                 note = history.footer(hidden, filters, all_=all_)
                 text += "\n" + note if note else ""
             else:  # U6: what matched nothing, and how many jobs there are (no footer again)
-                text = history.empty_view(store, filters)
+                text = "\n".join([history.empty_view(store, filters)]
+                                  + job_views.kept_lines(held, width=table_width(wide)))
             if active:
                 from ..lifecycle import supervisor
 
@@ -162,7 +168,8 @@ def logs(job: str, follow: bool, tail: int | None, raw: bool, node: int) -> None
 @click.argument("job", shell_complete=completion.jobs)
 @NODE
 def attach(job: str, node: int) -> None:
-    """Attach to a running job's tmux session (detach with Ctrl-b d).
+    """Attach to a running job's tmux session (detach with Ctrl-b d); after the job, on its
+    kept instance (--keep), to a tmux session there of its own.
 
     \b
     Example:
@@ -173,8 +180,10 @@ def attach(job: str, node: int) -> None:
     settings = config.Settings.load()
     terminal = sys.stdin.isatty() and sys.stdout.isatty()
     with job_store() as store:
-        argv = inspect.attach_argv(store, settings, store.find_job(job), terminal, node)
-    os.execvp(argv[0], argv)
+        reach = inspect.attach_argv(store, settings, store.find_job(job), terminal, node)
+    if reach.kept is not None:  # U38: its job has ended, the instance bills on
+        click.echo(job_views.kept_note(reach.kept), err=True)
+    os.execvp(reach.argv[0], reach.argv)
 
 
 @click.command(context_settings=CONTEXT)
@@ -183,7 +192,8 @@ def attach(job: str, node: int) -> None:
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def ssh(job: str, node: int, command: tuple[str, ...]) -> None:
     """Open a shell on a job's instance (with its pinned host key), or run one command there
-    (after --; its exit code is ssh's).
+    (after --; its exit code is ssh's). A kept instance (--keep) is reached after its job
+    ended, until it powers itself off or `cloudtrain down JOB`.
 
     \b
     Examples:
@@ -196,9 +206,46 @@ def ssh(job: str, node: int, command: tuple[str, ...]) -> None:
 
     settings = config.Settings.load()
     with job_store() as store:
-        argv = inspect.ssh_argv(store, settings, store.find_job(job), node, command,
-                                tty=sys.stdin.isatty())
-    os.execvp(argv[0], argv)
+        reach = inspect.ssh_argv(store, settings, store.find_job(job), node, command,
+                                 tty=sys.stdin.isatty())
+    if reach.kept is not None:  # U38: its job has ended, the instance bills on
+        click.echo(job_views.kept_note(reach.kept), err=True)
+    os.execvp(reach.argv[0], reach.argv)
+
+
+@click.command()
+@click.argument("job", shell_complete=completion.jobs)
+@click.argument("ports", metavar="PORT[:LOCAL]...", nargs=-1, required=True)
+def forward(job: str, ports: tuple[str, ...]) -> None:
+    """Open ports of a job's instance on this machine (localhost only), over the job's SSH
+    connection with its pinned host key, until Ctrl-C: TensorBoard, Jupyter, a dashboard.
+    PORT is the port on the instance; LOCAL, the one here (default: the same).
+
+    \b
+    Examples:
+      cloudtrain forward 3f2a1b9c 6006            TensorBoard at http://localhost:6006
+      cloudtrain forward 3f2a1b9c 8888:18888      Jupyter's 8888 at http://localhost:18888
+    """
+    import threading
+
+    from .. import port_forward
+    from ..lifecycle import inspect
+
+    wanted = [port_forward.parse(p) for p in ports]
+    settings = config.Settings.load()
+    with job_store() as store:
+        forwarder, where, held = inspect.forward(store, settings, store.find_job(job), wanted)
+    if held is not None:
+        click.echo(job_views.kept_note(held), err=True)
+    for f in forwarder.forwards:
+        click.echo(f"forwarding http://localhost:{f.local} to port {f.remote} on {where}")
+    click.echo("Ctrl-C stops", err=True)
+    stop = threading.Event()
+    try:
+        forwarder.serve(stop)
+    except KeyboardInterrupt:  # the way to stop it: not an interruption of something half done
+        stop.set()
+        click.echo("stopped forwarding", err=True)
 
 
 @click.command()

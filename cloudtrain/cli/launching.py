@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from .. import catalog_views, completion, config, errors
+from .. import catalog_views, completion, config, errors, job_views
 from .options import CONTEXT, duration
 from .terminal import confirm, follow_job, job_store, said, table_width
 
@@ -86,12 +86,16 @@ class _LaunchCommand(click.Command):
 @click.option("--disk-gb", type=click.IntRange(min=8, max=config.GP3_MAX_GB),
               help="Root volume size (default: the recipe's).")
 @click.option("--max-price", type=float, metavar="USD", help="Spot: the most to pay per hour.")
-@click.option("--keep", is_flag=True, default=None, help="Keep the instance after the job (stop it "
-              "with `cloudtrain down`).")
-@click.option("--idle-minutes", type=float, help="Power the instance off this long after the job.")
+@click.option("--keep/--no-keep", "keep", default=None, help="Keep the instance after the job "
+              "for `ssh` and `launch --on` (--on keeps by default): it bills until it powers "
+              "itself off after --idle-minutes idle (keep_idle_minutes: 60), or `cloudtrain "
+              "down JOB`. --no-keep: power it off after the job.")
+@click.option("--idle-minutes", type=float, help="A kept instance: power it off after this "
+              "many minutes with no job (each `launch --on` job re-arms it); else: wait this "
+              "long after the job before powering off.")
 @click.option("--on", "on_job", metavar="JOB", shell_complete=completion.jobs,
-              help="Run on that job's kept instance (--keep): "
-              "no provisioning, only changed files synced.")
+              help="Run on that job's kept instance (--keep): no provisioning, only changed "
+              "files synced; queued behind the job running there, if any.")
 @click.option("--include", "include", multiple=True, metavar="PATTERN", help="Sync these workdir "
               "paths too, though they look like credentials (.aws/, .ssh/, .env, *.pem), which "
               "are otherwise never synced (repeatable); asks first in a terminal, even with -y. "
@@ -180,7 +184,7 @@ def launch(dry_run: bool, yes: bool, follow: bool, quiet: bool, **flags) -> None
         if quiet:
             click.echo(job.id)
         else:
-            click.echo(f"launched job {job.id}: {job.command} on {job.backend}", err=follow)
+            click.echo(job_views.launched_line(job), err=follow)
         if follow:
             follow_job(store, settings, job)
         elif not quiet:

@@ -5,6 +5,8 @@ file) into `<root>/agent-<version>/` on the host (hosts.agent_files, Host.instal
 runs them there with the host's python3 as plain scripts:
 
     agent.py              runs one job in tmux, keeps its job directory truthful; probe, stop
+      job_queue.py        the jobs queued on a kept instance: the next one started after the
+                          job (also run as a command by the CLI: add, state, remove)
       job_status.py       status.json's states, guarded reads of what a job may write
       job_processes.py    the job's processes: alive, signalled, found below the agent, killed
       agent_store.py      the agent's uploads to the job store (checkpoints, results)

@@ -490,6 +490,19 @@ class Agent:
                 self.group_failed(step, line)
         self.write_status(group_ended=all(ok for _, ok, _ in steps))
 
+    def start_queued(self):
+        """Start the next job queued on this host (`launch --on` while this job ran), now that
+        this one has ended; whether one was started. A failure is logged: the power-off or
+        the idle re-arm still follows."""
+        try:
+            started = shipped("job_queue").next_job(self.jobdir)
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the host must not stay on
+            self.log_line("the job queue could not be read: %s: %s" % (type(exc).__name__, exc))
+            return False
+        if started:
+            self.log_line("started job %s, queued on this instance behind this one" % started)
+        return bool(started)
+
     def kept(self):
         """A host kept after the job: none was to power off, or `keep` was asked for later."""
         return not self.settings.get("shutdown_command") or os.path.exists(self.path("keep"))
@@ -498,7 +511,10 @@ class Agent:
         """Cloud hosts power themselves off after the job (shutdown behaviour: terminate).
         First they wait for the CLI to copy the results home (it writes `collected`): up to
         shutdown_delay_s when a stored copy exists, else collect_wait_s. A kept host re-arms
-        its power-off backstop for its idle time instead."""
+        its power-off backstop for its idle time instead. A job queued behind this one on the
+        host (job_queue) starts now instead of either: its own agent re-arms the timer."""
+        if self.start_queued():
+            return
         delay = as_time(self.settings.get("shutdown_delay_s"), 60.0)
         if stored is None or not stored.get("ok"):
             delay = as_time(self.settings.get("collect_wait_s"), delay)

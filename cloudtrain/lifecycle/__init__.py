@@ -19,6 +19,7 @@ Imports go one way only, down this list (inside functions too), with no cycle:
     sources      --on (a kept instance) and --resume-from
     abort        a launch that cannot finish, undone
     watch        refresh, probes, host lost, interrupted, launcher died
+    kept         kept instances: what they bill, their power-off, the jobs queued there
     autoscaled   a job AWS Auto Scaling relaunches: its attempts from the job store
     collect      files home, finish, cost settled, nodes stopped
     scripts      the host's files: run.sh, setup, job.json, environment

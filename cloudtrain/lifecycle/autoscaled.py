@@ -138,6 +138,8 @@ def not_the_job_s(instance: str, ec2: dict, job: Job, launched: dict | None = No
     forgets an ended instance after about an hour, the activities after 6 weeks."""
     seen = ec2.get(instance)
     group = (job.spec or {}).get("auto_scaling_group")
+    if seen is not None and seen.get("job") != job.id:  # a recorded one, looked up by id
+        seen = None
     if seen is None:
         if launched is not None and instance in launched:
             return None

@@ -1,8 +1,8 @@
 """Stage: inspect, what the commands that read a job show: its timeline and detail
 (`status JOB`), its log (`logs`, `logs --follow`), its metrics file (`plot`), and the command
 lines `attach` and `ssh` run. Every one refreshes the job first and answers from its current
-state. It may call stop (whether an ended job still holds its instance), watch, collect,
-group and attempts.
+state. It may call stop (whether an ended job still holds its instance), watch, kept (a
+kept instance, after its job), collect, group and attempts.
 
     timeline(store, job)                  the job's phases, from its events
     detail(store, settings, ref)          what `status JOB` shows
@@ -10,6 +10,7 @@ group and attempts.
     ending(store, job)                    what a followed job's end says
     for_logs(store, settings, ref)        the job whose output `logs` prints
     attach_argv / ssh_argv                tmux's and ssh's command lines to the job
+    forward(store, settings, job, ports)  its instance's ports, listening here (port_forward)
     metrics_file(job) / recipe_target(job)  for `plot`
 """
 
@@ -28,7 +29,7 @@ from ..local_host import LocalHost
 from ..nodes import jobdir as node_jobdir
 from ..nodes import records
 from ..state import Job, Store
-from . import attempts, group
+from . import attempts, group, kept
 from .collect import read_record
 from .stop import holds_instance
 from .watch import refresh
@@ -74,7 +75,9 @@ class Detail:
 def detail(store: Store, settings: config.Settings, ref: str, tail_lines: int = 10) -> Detail:
     job = refresh(store, settings, store.find_job(ref))
     probe, log_tail = {}, b""
-    if job.jobdir:
+    # A job queued on a kept instance has a directory there but no agent yet: a probe would
+    # take it for one whose agent never started (and say so in its status.json).
+    if job.jobdir and not _queued_only(store, job):
         host = group.host_of(job)
         try:
             probe = read_record(job, settings.stale_after_seconds)
@@ -169,7 +172,7 @@ def follow(store: Store, settings: config.Settings, job: Job, offset: int = 0,
             host, where = None, path
         if path and host is None:
             host = current
-        if host is not None:
+        if host is not None and job.state != state.QUEUED:  # a queued job has no log yet
             try:
                 chunk = host.read(path, offset)
             except (HostError, OSError):
@@ -222,6 +225,12 @@ def _ran(store: Store, job: Job) -> bool:
         e.phase in (state.RUNNING, state.STAGING) for e in store.events(job.id)))
 
 
+def _queued_only(store: Store, job: Job) -> bool:
+    """Whether the job is queued on a kept instance, or was and never started there."""
+    return job.state == state.QUEUED or (not _ran(store, job) and any(
+        e.phase == state.QUEUED for e in store.events(job.id)))
+
+
 def _why(job: Job) -> str:
     return job.reason or job.state
 
@@ -232,7 +241,8 @@ def _ended(job: Job) -> str:
 
 def _on_its_host(store: Store, settings: config.Settings, job: Job, action: str) -> Job:
     """The job, refreshed, if it is where `attach`/`ssh` can reach it; else the reason why
-    not (D8, D13): it never started, it has ended, or it has no host yet."""
+    not (D8, D13): it never started, it has ended (but for its kept instance, U38; one handed
+    over: the job that has it now), or it has no host yet."""
     job = refresh(store, settings, job)
     if not job.active and not _ran(store, job):
         if job.backend != "local":
@@ -240,7 +250,12 @@ def _on_its_host(store: Store, settings: config.Settings, job: Job, action: str)
                              hint=f"cloudtrain status {job.id}")
         raise UsageError(f"job {job.id} never started: {_why(job)}",
                          hint=f"cloudtrain status {job.id}")
-    if not job.active and not (action == "ssh" and holds_instance(store, job)):
+    if not job.active and not holds_instance(store, job):
+        later = kept.instance_of(store, job)
+        if later is not None and later.job_id != job.id:  # handed over to a later job
+            raise UsageError(_ended(job) + f"; its instance {later.id} went on to job "
+                                           f"{later.job_id}",
+                             hint=f"cloudtrain {action} {later.job_id}")
         raise UsageError(_ended(job), hint=f"cloudtrain logs {job.id}")
     if job.active and not state.on_host(job):
         raise UsageError(f"job {job.id} is {job.state}: nothing to {action} to yet",
@@ -260,27 +275,52 @@ def _node_host(job: Job, node: int) -> Host:
     return group.node_host(job, node)
 
 
+@dataclass
+class Reach:
+    """How `ssh` and `attach` reach a job's instance: the command line, and for an ended job's kept
+    instance (U38) what it bills and when it powers itself off (kept.facts_of)."""
+    argv: list[str]
+    kept: dict | None = None
+
+
 def attach_argv(store: Store, settings: config.Settings, job: Job,
-                terminal: bool = True, node: int = 0) -> list[str]:
+                terminal: bool = True, node: int = 0) -> Reach:
     """tmux's command line that attaches to the job's session (on node `node`). `terminal`:
     whether this process has one (tmux needs it: "open terminal failed: not a terminal",
-    D40)."""
+    D40). After the job, on its kept instance (U38): a tmux session of its own there
+    (`ct-<job>-kept`, made on the first attach), which outlives a dropped connection."""
     job = _on_its_host(store, settings, job, "attach")
     if not terminal:
         raise UsageError(f"attach needs a terminal; use cloudtrain logs {job.id} -f")
+    facts = kept.facts_of(store, settings, job)
+    if facts is not None:
+        if node:
+            raise UsageError(f"--node {node}: job {job.id} has ended; its kept instance is "
+                             "one machine", hint=f"cloudtrain attach {job.id}")
+        host = kept.instance_host(job)
+        return Reach(host.ssh_argv(host.tmux("new-session", "-A", "-s", f"ct-{job.id}-kept")),
+                     facts)
     host = _node_host(job, node)
     if not host.session_alive(job.id):
         raise UsageError(f"job {job.id} has no tmux session any more",
                          hint=f"cloudtrain status {job.id}")
-    return host.attach_argv(job.id)
+    return Reach(host.attach_argv(job.id))
 
 
 def ssh_argv(store: Store, settings: config.Settings, job: Job, node: int = 0,
-             command: tuple[str, ...] = (), tty: bool = True) -> list[str]:
+             command: tuple[str, ...] = (), tty: bool = True) -> Reach:
     """The ssh line to a job's instance: a shell, or `command` run there (one word: shell
-    code as written; several: each word quoted, as `launch -- CMD` treats them)."""
+    code as written; several: each word quoted, as `launch -- CMD` treats them). A kept
+    instance is reached after its job ended, until it is terminated (U38)."""
     job = _on_its_host(store, settings, job, "ssh")
-    host = _node_host(job, node)
+    facts = kept.facts_of(store, settings, job)
+    if facts is not None:  # its files came home, its instance runs on: reached as launched
+        if node:
+            raise UsageError(f"--node {node}: job {job.id} has ended; its kept instance is "
+                             "one machine", hint=f"cloudtrain ssh {job.id}")
+        host = kept.instance_host(job)
+    else:
+        host = _node_host(job, node)
     if job.backend == "local" and isinstance(host, LocalHost):
         raise UsageError(f"job {job.id} runs on this machine: use cloudtrain attach {job.id}",
                          hint=f"cloudtrain logs {job.id}")
@@ -288,5 +328,24 @@ def ssh_argv(store: Store, settings: config.Settings, job: Job, node: int = 0,
         raise UsageError(_ended(job) + " and its instance is gone",
                          hint=f"cloudtrain logs {job.id}")
     if not command:
-        return host.ssh_argv()
-    return host.ssh_argv(command[0] if len(command) == 1 else shlex.join(command), tty=tty)
+        return Reach(host.ssh_argv(), facts)
+    return Reach(host.ssh_argv(command[0] if len(command) == 1 else shlex.join(command),
+                               tty=tty), facts)
+
+
+def forward(store: Store, settings: config.Settings, job: Job, ports: list) -> tuple:
+    """Ports of the job's instance (a running job's, or a kept one after its job), listening
+    on this machine's loopback over the job's SSH connection (port_forward.Forwarder, bound
+    already): (the forwarder, the host's name, kept.facts_of for a kept instance)."""
+    from ..port_forward import Forwarder
+
+    job = _on_its_host(store, settings, job, "forward")
+    facts = kept.facts_of(store, settings, job)
+    host = kept.instance_host(job) if facts is not None else _node_host(job, 0)
+    if isinstance(host, LocalHost):
+        if job.backend == "local":
+            raise UsageError(f"job {job.id} runs on this machine: its ports are here already "
+                             f"(http://localhost:{ports[0].remote})")
+        raise UsageError(_ended(job) + " and its instance is gone",
+                         hint=f"cloudtrain logs {job.id}")
+    return Forwarder(host.conn, ports), host.name, facts

@@ -23,10 +23,11 @@ rendezvous and the node environment are for several only).
     job files       _write_files            setup.sh, secrets, run.sh, job.json
     bundle          _upload_bundle          a recovering job's files to its job store, for an
                                             instance that starts it by itself (issue 27)
-    start           _start                  the agent in tmux on every node
+    start           _start                  the agent in tmux on every node; a job --on a
+                                            busy kept instance: queued there (kept.enqueue)
 
-It may call abort, plan, sources (and below them), scripts, group, attempts, secrets, lease and
-supervisor; the hosts only through `Host`, the cloud only through the provider.
+It may call abort, plan, sources (and below them: kept), scripts, group, attempts, secrets,
+lease and supervisor; the hosts only through `Host`, the cloud only through the provider.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from ..state import Job, Store
 from . import attempts, group, lease, scripts, secrets, supervisor
 from .abort import LaunchCancelled, abort_launch
 from .group import NodeGroup
+from .kept import enqueue, instance_host
 from .plan import check_name, name_note, read_datasets, warn_about_workdir
 from .sources import copy_checkpoints, kept_source, remote_jobdir, resume_source
 
@@ -112,6 +114,10 @@ def start_attempt(store: Store, settings: config.Settings, spec: JobSpec, provid
     try:
         started, detail = _launch_steps(_Launch(store, settings, spec, provider, job, report,
                                                 found), source, kept)
+        if queued(spec):  # it starts when the jobs ahead of it on the instance have ended
+            _advance(store, job.id, state.QUEUED, detail=detail, at=started)
+            report.phase(f"queued job {job.id} {detail}")
+            return
         # With data to stage, the job runs once the stager says it is complete, and with a
         # job file's setup once that is done (refresh moves it on, at their own clocks).
         _advance(store, job.id, state.STAGING if found else
@@ -170,13 +176,24 @@ def _launch_steps(a: _Launch, source: Job | None, kept: Job | None
                  rendezvous)
     if a.spec.recover and grants[0] is not None and a.spec.attempt == 1:
         _upload_bundle(a, nodes, copies, stages[0] is not None, required=_grouped(a))
+    if queued(a.spec):  # the kept instance's agent starts it when the job ahead ends
+        a.report.phase("queuing the job on the kept instance")
+        return enqueue(a.store, a.job, nodes.hosts[0], nodes.jobdirs[0], a.spec)
     return _start(a, nodes, procs, rendezvous)
+
+
+def queued(spec: JobSpec) -> bool:
+    """Whether the job waits on a kept instance behind the jobs running or queued there."""
+    return bool((spec.kept or {}).get("ahead"))
 
 
 def _acquire(a: _Launch, kept: Job | None) -> NodeGroup:
     """Step provision: the job's hosts (`--on`: the kept instance, taken over), kept open
     for every later step, and recorded as the job's."""
-    if kept is not None:
+    if kept is not None and kept.active:  # it runs there now: this job is queued behind
+        a.report.phase(f"preparing the job on job {kept.id}'s instance, to wait its turn there")
+        hosts = [instance_host(kept)]
+    elif kept is not None:
         a.report.phase(f"taking over job {kept.id}'s instance")
         hosts = [a.provider.adopt(a.store, kept, a.job)]
         group.forget(kept.id)

@@ -1,9 +1,11 @@
 """Stage: a launch's sources, what a new job takes from an earlier one: `--on JOB` (the
-kept instance it runs on, its files the baseline of the sync) and `--resume-from JOB` (the
+kept instance it runs on, or waits for behind the job there, its files the baseline of the
+sync) and `--resume-from JOB` (the
 checkpoints it starts from). Both are checked before anything is launched (plan and launch
-call the same checks). It may call watch (to learn of an earlier job's end) and group.
+call the same checks). It may call watch (to learn of an earlier job's end), kept and group.
 
-    kept_source(store, spec)              the job whose kept instance `--on` reuses
+    kept_source(store, spec)              the job whose kept instance `--on` reuses, or
+                                          queues behind
     resume_source(store, settings, spec)  the job whose checkpoints `--resume-from` takes
     remote_jobdir(job)                    where a job's directory is on its host
     copy_checkpoints(source, host, jobdir)  the source's checkpoints into the new job
@@ -12,36 +14,80 @@ call the same checks). It may call watch (to learn of an earlier job's end) and 
 from __future__ import annotations
 
 import shlex
+import time
 from pathlib import Path
 
-from .. import config
+from .. import config, state
 from ..errors import UsageError
 from ..hosts import Host
 from ..local_host import LocalHost
+from ..market import Market
 from ..spec import JobSpec
 from ..state import Job, Store
-from . import group
+from . import group, kept
 from .watch import refresh
 
 CHECKPOINT_COPY_TIMEOUT_S = 3600.0  # `--on` with --resume-from: copying GBs on the host
 
 
 def kept_source(store: Store, spec: JobSpec) -> Job | None:
-    """The job whose kept instance `--on` reuses: ended, with its instance still running."""
+    """The job whose kept instance `--on` reuses: the one that holds it now (the job named,
+    or the later job it was handed over to). Ended: this job takes the instance over. Running
+    (U39, a queue as SkyPilot's `exec`): this job waits behind it, and behind the jobs queued
+    there already, on the instance. What was found goes in the spec: the instance, its
+    type, market, region and disk, the jobs ahead (spec.kept), and, unless given, the
+    instance's idle time (its holder's); --on keeps the instance unless --no-keep said."""
     if not spec.on_job:
         return None
-    source = store.find_job(spec.on_job)
-    if source.active:  # learn of an end nobody has seen yet (D29)
-        source = refresh(store, config.Settings.load(), source)
-    if source.backend != spec.backend:
-        raise UsageError(f"--on {source.id}: that job ran on {source.backend}, not {spec.backend}")
-    if source.active:
-        raise UsageError(f"--on {source.id}: the job is still {source.state}; wait for it, or "
-                         f"`cloudtrain down {source.id}`")
-    if not any(i.state != "terminated" for i in store.instances(source.id)):
-        raise UsageError(f"--on {source.id}: its instance is gone (launch it with --keep to reuse "
-                         "it)")
-    return source
+    settings = config.Settings.load()
+    named = store.find_job(spec.on_job)
+    if named.active:  # learn of an end nobody has seen yet (D29)
+        named = refresh(store, settings, named)
+    if named.backend != spec.backend:
+        raise UsageError(f"--on {named.id}: that job ran on {named.backend}, not {spec.backend}")
+    inst = kept.instance_of(store, named)
+    if inst is None:
+        if named.active:
+            raise UsageError(f"--on {named.id}: the job is still {named.state}; wait until it "
+                             f"runs, or `cloudtrain down {named.id}`")
+        raise UsageError(f"--on {named.id}: its instance is gone (launch it with --keep to "
+                         "reuse it)")
+    holder = store.job(inst.job_id)
+    if holder.active and holder.state != state.QUEUED:
+        holder = refresh(store, settings, holder)
+        inst = kept.instance_of(store, named) or inst
+        holder = store.job(inst.job_id)
+    ahead = []
+    if holder.active:
+        if holder.state not in (state.RUNNING, state.STAGING):
+            raise UsageError(f"--on {named.id}: job {holder.id} on its instance is still "
+                             f"{holder.state}; wait until it runs, or `cloudtrain down "
+                             f"{holder.id}`")
+        ahead = [holder] + kept.queued_on(store, inst.id)
+    _on_the_instance(spec, settings, inst, holder, ahead)
+    return holder
+
+
+def _on_the_instance(spec: JobSpec, settings: config.Settings, inst, holder: Job,
+                     ahead: list[Job]) -> None:
+    """The spec of a job `--on` an instance: where it runs, how long it may wait there."""
+    now = time.time()
+    wait = sum(max(0.0, (j.started_at or now) + float((j.spec or {}).get("max_runtime_s") or 0)
+                   - now) if j.state != state.QUEUED else
+               float((j.spec or {}).get("max_runtime_s") or 0) for j in ahead)
+    spec.kept = {"instance": inst.id, "type": inst.instance_type, "region": inst.region,
+                 "holder": holder.id, "ahead": [j.id for j in ahead], "wait_s": wait,
+                 "made_kept": [j.id for j in ahead if not (j.spec or {}).get("keep")]}
+    before = holder.spec or {}
+    spec.instance_type = inst.instance_type or before.get("instance_type")
+    spec.market = Market(inst.market or before.get("market") or Market.ON_DEMAND)
+    spec.region = inst.region or before.get("region")
+    spec.disk_gb = spec.disk_gb or before.get("disk_gb")
+    last = ahead[-1].spec if ahead else before
+    if spec.keep and spec.idle_minutes is None:
+        spec.idle_minutes = (last or {}).get("idle_minutes")
+        if spec.idle_minutes is None:
+            spec.idle_minutes = settings.keep_idle_minutes
 
 
 def resume_source(store: Store, settings: config.Settings, spec: JobSpec) -> Job | None:

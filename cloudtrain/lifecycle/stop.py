@@ -1,7 +1,8 @@
 """Stage: stop, `down` and its sweep: a job stopped gracefully where it runs (bounded), its
 instance terminated by record and by tag whatever the host does, the instances tagged as ours
 that no job here holds found and terminated, the clouds' unused shared resources removed.
-It may call watch, collect, group and lease.
+It may call watch, kept (a queued job; the queue of an instance it terminates), collect,
+group and lease.
 
     cancel(store, settings, refs, every)  stop jobs (and with --all, the untracked ones)
     down_targets(store)                   what `down --all` stops
@@ -21,7 +22,7 @@ from .. import config, providers, state
 from ..errors import CloudtrainError, Interrupted, MissingDependency, NotFound, UsageError
 from ..nodes import records
 from ..state import Job, Store
-from . import group, lease
+from . import group, kept, lease
 from .collect import STOP_MARGIN_S, bounded, finish, stop_nodes
 from .watch import UNREACHABLE, refresh
 
@@ -112,6 +113,12 @@ def down_targets(store: Store) -> list[Job]:
 def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float,
               say: Callable[[str], None] | None = None) -> StopOutcome:
     """One job: a bounded graceful stop where it runs, then release whatever happens."""
+    if job.state == state.QUEUED:  # on a kept instance, not started: out of its queue
+        job = store.job(job.id)  # (`down --all`: the job ahead's `down` may have cancelled it)
+        note = kept.unqueue(store, job) if job.state == state.QUEUED else None
+        if note is not None:
+            return StopOutcome(job.id, store.job(job.id), True, note)
+        job = store.job(job.id)  # started meanwhile: stopped as any running job
     if not job.active and holds_instance(store, job):
         return _release_outcome(store, job, True, f"{job.state}; its kept instance terminated")
     if not job.active and holds_group(store, job):  # an Auto Scaling group may start more
@@ -165,6 +172,7 @@ def _release_outcome(store: Store, job: Job, stopped: bool, note: str,
     next), then its instances released; a group that could not be deleted is said, and
     its instances are terminated all the same."""
     failed = None
+    held = {i.id for i in store.instances(job.id) if i.state != "terminated"}
     try:
         with lease.uninterruptible("deleting the job's auto scaling group"):
             deleted, failed = _delete_groups(store, job)
@@ -172,6 +180,9 @@ def _release_outcome(store: Store, job: Job, stopped: bool, note: str,
             note += f"; its auto scaling group {', '.join(deleted)} deleted"
         with lease.uninterruptible("terminating the job's instance"):
             finish(store, job, collect=collect, force=True)
+        dropped = kept.drop_queue(store, held, job.id)
+        if dropped:
+            note += f"; queued there, never run, cancelled: {', '.join(dropped)}"
     except Exception as exc:
         message = exc.message if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
         if message != failed:  # release says the group's failure again: once is enough

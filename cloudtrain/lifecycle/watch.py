@@ -1,8 +1,9 @@
 """Stage: watch, while a job runs: its record brought up to date from its host (one probe
 round trip a node), and what it means when a host does not answer (its instance gone: the
 job's end read from the job store; a spot instance taken: the attempt ends, interrupted),
-when the agent says the job ended (collect), or when the launcher died. It may call collect,
-scripts, group, attempts, secrets and supervisor (to start it for a relaunch).
+when the agent says the job ended (collect), or when the launcher died. It may call kept (a job
+queued on a kept instance), collect, scripts, group, attempts, secrets and supervisor (to start
+it for a relaunch).
 
     refresh(store, settings, job)         one job, brought up to date
     refresh_active(store, settings)       every active job, each one's trouble noted on it
@@ -22,7 +23,7 @@ from ..host.job_processes import pid_alive
 from ..errors import CloudtrainError, HostError
 from ..spec import JobSpec
 from ..state import Job, Store
-from . import attempts, autoscaled, group, supervisor
+from . import attempts, autoscaled, group, kept, supervisor
 from .collect import (collect_files, finish, from_job_store, mark_node_collected,
                       node_from_store, probe_files, record_node_agents, record_set_up,
                       record_staged, stop_nodes)
@@ -32,6 +33,10 @@ UNREACHABLE = "host unreachable"  # the reason a job has while its host does not
 
 def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
     """Bring an active job's record up to date from its host (one probe round trip)."""
+    if job.state == state.QUEUED:  # on a kept instance: started there since?
+        job = kept.refresh_queued(store, settings, job)
+        if job.state == state.QUEUED or not job.active:
+            return job
     if job.state == state.RECOVERING:  # the supervisor's to relaunch
         return job
     if job.active and not state.on_host(job):

@@ -253,8 +253,9 @@ def test_keep_then_launch_on_reuses_the_instance(cli, aws, ct_home, tmp_path):
     assert _timeline_detail(cli, first_id, "setting-up") == "5 files sent"
 
     (work / "m4.py").write_text("X = 'changed'\n")
-    proc = cli("launch", "--on", first_id, "--workdir", str(work), "--follow", "--quiet", "--",
-               "python", "-c", "import m4; print('second', m4.X)")
+    # --no-keep: without it the second job keeps the instance (U39, test_lifecycle_kept.py)
+    proc = cli("launch", "--on", first_id, "--no-keep", "--workdir", str(work), "--follow",
+               "--quiet", "--", "python", "-c", "import m4; print('second', m4.X)")
     assert proc.returncode == 0, proc.stderr
     second_id = proc.stdout.splitlines()[0]
     assert "second changed" in proc.stdout
@@ -262,7 +263,7 @@ def test_keep_then_launch_on_reuses_the_instance(cli, aws, ct_home, tmp_path):
     assert _timeline_detail(cli, second_id, "setting-up") == "1 files sent"
     rows = _instance_rows(ct_home, second_id)
     assert [r["id"] for r in rows] == [raw["InstanceId"]] and rows[0]["state"] == "terminated"
-    assert aws.instances()[0]["State"]["Name"] == "terminated"  # the second job was not kept
+    assert aws.instances()[0]["State"]["Name"] == "terminated"  # --no-keep: powered off
 
     proc = cli("launch", "--on", first_id, "--", "true")
     assert proc.returncode == 2 and "its instance is gone" in proc.stderr

@@ -366,7 +366,8 @@ def test_catch_all_still_reports_our_bugs(ct_home, monkeypatch, capsys):
 
 @pytest.mark.parametrize("verb, points_to", [
     ("queue", "cloudtrain status"), ("ps", "cloudtrain status"), ("cancel", "cloudtrain down JOB"),
-    ("stop", "cloudtrain down JOB"), ("exec", "cloudtrain ssh JOB -- CMD"),
+    ("stop", "cloudtrain down JOB"), ("exec", "cloudtrain launch --on JOB -- CMD"),
+    ("tunnel", "cloudtrain forward JOB PORT"),
     ("apply", "cloudtrain launch job.yaml")])
 def test_u32_other_tools_verbs_point_to_ours(cli, verb, points_to):
     """U32: SkyPilot's and dstack's verbs got click's `No such command` with no pointer."""

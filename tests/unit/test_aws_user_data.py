@@ -180,7 +180,11 @@ def test_F16_agent_settings_say_how_and_when_to_rearm():
     assert s == {"rearm": {"argv": ["sudo", "-n", "/usr/local/bin/cloudtrain-rearm"],
                            "start_minutes": 90, "idle_minutes": None}}
     assert p.agent_settings(_spec(keep=True, idle_minutes=7.5))["rearm"]["idle_minutes"] == 8
-    assert p.agent_settings(_spec(keep=True))["rearm"]["idle_minutes"] is None
+    # U40: a kept instance without --idle-minutes had no idle power-off (only the start's
+    # max runtime + 30 min); it has keep_idle_minutes' (60 unless config.yaml says)
+    assert p.agent_settings(_spec(keep=True))["rearm"]["idle_minutes"] == 60
+    assert AWSProvider(Settings(keep_idle_minutes=0.2)).agent_settings(
+        _spec(keep=True))["rearm"]["idle_minutes"] == 1
     assert "imds_url" in p.agent_settings(_spec(market="spot"))
 
 

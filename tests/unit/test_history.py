@@ -215,7 +215,8 @@ def test_an_unknown_state_is_one_line_listing_the_states():
         history.parse_filters(["running", "bogus"])
     assert exc.value.message == (
         "--state 'bogus': not a job state; the states are pending, provisioning, syncing, "
-        "setting-up, staging, running, recovering, succeeded, failed, preempted, cancelled")
+        "setting-up, queued, staging, running, recovering, succeeded, failed, preempted, "
+        "cancelled")
     assert history.parse_filters(["Failed,cancelled", "failed"]).states == ("failed",
                                                                             "cancelled")
 

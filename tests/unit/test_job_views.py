@@ -117,3 +117,68 @@ def test_u50_the_acc_column_is_the_recipe_s_target_metric():
     assert acc(job_views.status_table([job({}, row)], now=1.8e9 + 60)) == "87.50%"
     assert acc(job_views.status_table([job(ffcv.to_dict(), row)], now=1.8e9 + 60)) == \
         "87.50%"  # FFCV's top-1 is test_acc: no `top1` key in the rows
+
+
+def _kept_job(**fields):
+    from cloudtrain.state import Job
+
+    base = dict(id="fcade774", name="kept3", kind="command", recipe=None, command="sleep 15",
+                backend="aws", state="succeeded", created_at=1000.0, started_at=1010.0,
+                ended_at=1025.0, exit_code=0, reason=None, spec={}, host=None, jobdir=None,
+                metrics=None, cost=0.02, cost_settled=0)
+    return Job(**{**base, **fields})
+
+
+KEPT = {"job": "fcade774", "name": "kept3", "instance": "i-0abc", "type": "g5.xlarge",
+        "region": "us-east-1", "market": "on-demand", "price_per_hour": 1.006,
+        "billing_since": 1000.0, "state": "kept", "job_state": "succeeded", "idle_minutes": 60,
+        "power_off_at": 1025.0 + 3600, "due": False, "queued": []}
+
+
+def test_U40_a_kept_instance_is_marked_and_said_under_the_table():
+    """U40: the row said `succeeded ~$0.02` and nothing said that an instance still billed."""
+    import time
+
+    text = job_views.status_table([_kept_job()], now=1085.0, kept=[KEPT])
+    row = next(line for line in text.splitlines() if line.startswith("fcade774"))
+    assert "succeeded, kept" in row and "~$0.02" in row
+    off = time.strftime("%H:%M", time.localtime(1025.0 + 3600))
+    assert text.splitlines()[-1] == (
+        f"kept: i-0abc (g5.xlarge, us-east-1) of job fcade774 (kept3): running and billing "
+        f"$1.0060/h since {time.strftime('%H:%M', time.localtime(1000.0))} (1m ago); powers "
+        f"itself off at {off} (in 59m), 60 min after its last job, unless a job comes "
+        "(cloudtrain launch --on fcade774); cloudtrain down fcade774 ends it now")
+    assert job_views._kept_style("succeeded, kept") == "bold yellow"
+    assert job_views._kept_style("succeeded") == "green"
+    # fitted to a narrow terminal: wrapped, nothing lost
+    narrow = job_views.kept_lines([KEPT], now=1100.0, width=60)
+    assert all(len(line) <= 60 for line in narrow)
+    assert " ".join(" ".join(narrow).split()).endswith("cloudtrain down fcade774 ends it now")
+
+
+def test_U40_a_due_power_off_and_a_queue_are_said_as_such():
+    due = {**KEPT, "due": True}
+    assert "its power-off was due at" in job_views.kept_words(due, now=1025.0 + 4000)
+    busy = {**KEPT, "state": "busy", "idle_minutes": None, "power_off_at": None,
+            "queued": ["bbbb0002", "cccc0003"]}
+    line = job_views.kept_lines([busy], now=1100.0)[0]
+    assert line == ("queue: i-0abc (g5.xlarge, us-east-1) runs job fcade774 (kept3); queued "
+                    "behind it: bbbb0002, cccc0003 (each starts there when the one before it "
+                    "ends)")
+    queued = _kept_job(id="cccc0003", state="queued", name=None)
+    assert job_views.queue_of(queued, [busy]) == {"instance": "i-0abc", "running": "fcade774",
+                                                  "position": 2}
+
+
+def test_U40_json_and_detail_carry_the_kept_instance():
+    import json
+
+    from cloudtrain import cells
+
+    listed = json.loads(job_views.jobs_json([_kept_job()], kept=[KEPT]))[0]
+    assert listed["kept"] == cells.json_times(KEPT) and listed["queue"] is None  # U25
+    detail = job_views.job_detail(_kept_job(), [], b"", now=1100.0, kept=[KEPT])
+    assert "  cost      ~$0.02 (so far: its kept instance still bills)" in detail
+    assert "  kept      i-0abc (g5.xlarge, us-east-1) of job fcade774 (kept3): running" in detail
+    plain = job_views.job_detail(_kept_job(), [], b"", now=1100.0, kept=[])
+    assert "kept  " not in plain and "  cost      ~$0.02 (estimate)" in plain

@@ -76,3 +76,19 @@ def test_u51_the_readme_s_gpu_timings_agree_with_what_recipes_shows():
         assert gpu in said and torch in said, (gpu, torch, said)
         assert all(re.sub(r"\d+$", "", n) in said for n in names), (names, said)
     assert "not the torch 2.14.1 pinned above" in said
+
+
+def test_U39_U40_the_readme_says_what_happens_to_a_kept_instance():
+    """U39: the README's `--on` example (`... and run the next job on it`) did not say that
+    the instance was powered off after that job; U40: nowhere did it say how long a kept
+    instance lives. Both are said where the `--keep` and `--on` lines are."""
+    on = next(line for line in README.splitlines() if line.startswith("cloudtrain launch --on"))
+    assert "stays kept" in on and "--no-keep" in on
+    keep = next(line for line in README.splitlines()
+                if line.startswith("cloudtrain launch") and "--keep" in line)
+    assert "60 idle min" in keep
+    section = README.split("### A kept instance", 1)[1].split("\n### ", 1)[0]
+    for said in ("60 minutes after its last job", "keep_idle_minutes:", "--idle-minutes",
+                 "cloudtrain down JOB", "succeeded, kept", "--no-keep", "queued",
+                 "cloudtrain forward JOB"):
+        assert said in " ".join(section.split()), said

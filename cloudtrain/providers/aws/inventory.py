@@ -53,19 +53,28 @@ class InventoryMixin:
     price lookups)."""
 
     def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
-        """EC2's view of the job's instances, those that carry its tag: id -> {state, reason,
-        message, group (the Auto Scaling group's tag, which only AWS sets, or None)}."""
+        """EC2's view of the job's instances: id -> {state, reason, message, group (the Auto
+        Scaling group's tag, which only AWS sets, or None), job (its cloudtrain:job tag)}. By the job's tag, and by id for a
+        recorded one tagged with another job's id: a kept instance that `launch --on` handed
+        over keeps the tag of the job that launched it (tags are set only at creation)."""
         out = {}
-        regions = {i.region for i in store.instances(job.id) if i.region}
+        recorded = store.instances(job.id)
+        regions = {i.region for i in recorded if i.region}
         if (job.spec or {}).get("auto_scaling_group") and (job.spec or {}).get("region"):
             regions.add(job.spec["region"])  # where its group's replacements are
         for region in regions:
-            for raw in self._query(region, {TAG_JOB: job.id}):
+            found = self._query(region, {TAG_JOB: job.id})
+            other = sorted({i.id for i in recorded if i.region == region and i.id.startswith("i-")}
+                           - {raw["InstanceId"] for raw in found})
+            if other:  # a filter, not InstanceIds: an id EC2 forgot is no error, just absent
+                found += self._query(region, {}, filters=[{"Name": "instance-id",
+                                                            "Values": other}])
+            for raw in found:
                 tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
                 out[raw["InstanceId"]] = {"state": raw["State"]["Name"],
                                           "reason": raw.get("StateReason", {}).get("Code", ""),
                                           "message": raw.get("StateReason", {}).get("Message", ""),
-                                          "group": tags.get(TAG_GROUP)}
+                                          "group": tags.get(TAG_GROUP), "job": tags.get(TAG_JOB)}
         return out
 
     def _query(self, region: str, tags: dict[str, str | None], client=None,
@@ -184,11 +193,13 @@ class InventoryMixin:
         for raw in self._query(region, {}, filters=[{"Name": "instance-id",
                                                       "Values": sorted(ids)}]):
             shown[raw["InstanceId"]] = raw
+        # a kept instance handed over by `launch --on` wears the tag of the job that launched it
+        tagged = {i.id: (i.details or {}).get("tagged_job", job.id) for i in store.instances(job.id)}
         keep = set()
         for instance in sorted(ids):
             raw = shown.get(instance)
             tags = {t["Key"]: t["Value"] for t in (raw or {}).get("Tags", [])}
-            if raw is None or tags.get(TAG_JOB) == job.id:
+            if raw is None or tags.get(TAG_JOB) == tagged.get(instance, job.id):
                 keep.add(instance)
                 continue
             other = f"job {tags[TAG_JOB]}'s tag" if tags.get(TAG_JOB) else "no cloudtrain:job tag"

@@ -42,7 +42,7 @@ class PlanMixin:
         or --max-price; a relaunch: the dearest place it may go, on demand with --fallback),
         with its volumes (F29)."""
         n = max(1, int(spec.nodes or 1))
-        minutes = power_off_minutes(spec.max_runtime_s)
+        minutes = self.billed_minutes(spec)
         attempts = 1 + spec.max_restarts if spec.recover else 1
 
         def rate(where: str, market: str) -> float | None:  # an instance, USD/h
@@ -59,11 +59,13 @@ class PlanMixin:
         total = n * minutes / 60 * (first + volumes
                                     + (attempts - 1) * max(later, default=first + volumes))
         margin = minutes - int(spec.max_runtime_s // 60)
+        until = "until user-data powers it off" if minutes == power_off_minutes(
+            spec.max_runtime_s) else "idle until the kept instance powers itself off"
         text = (f"${total:.2f}: " + ("one instance" if attempts == 1 else
                                      f"{attempts} attempts (1 + {attempts - 1} restarts)")
                 + f" of up to {minutes} min" + (" each" if attempts > 1 else "")
-                + f" (the max runtime of {spec.max_runtime_s / 60:g} min + {margin} until "
-                  "user-data powers it off)" + (f" on each of {n} nodes" if n > 1 else ""))
+                + f" (the max runtime of {spec.max_runtime_s / 60:g} min + {margin} {until})"
+                + (f" on each of {n} nodes" if n > 1 else ""))
         if spec.market == Market.SPOT:
             spot = max([first] + [p for (_, m), p in priced.items() if m == Market.SPOT and p])
             text += (f", spot at up to ${spot:.4f}/h ("
@@ -80,6 +82,58 @@ class PlanMixin:
                        for name, gb in self.snapshot_volumes(spec))
         return (text + f", {'each ' if attempts > 1 else ''}with its "
                 f"{spec.root_gb(self.settings)} GB gp3 disk{vols} (${volumes:.4f}/h)")
+
+    def billed_minutes(self, spec) -> int:
+        """The most minutes an instance of the job bills, from the job's start: its max
+        runtime, then until user-data's timer powers it off (RUNTIME_MARGIN_MIN), or for a
+        kept instance until its idle time after the job has passed, whichever is later."""
+        minutes = power_off_minutes(spec.max_runtime_s)
+        if spec.keep:
+            minutes = max(minutes, int(spec.max_runtime_s // 60) + self.idle_minutes(spec))
+        return minutes
+
+    def shutdown_plan(self, spec) -> str:
+        """The plan's line on the instance's power-off after the job (kept or not)."""
+        if spec.keep:
+            return (f"kept after the job: it bills until it powers itself off "
+                    f"{self.idle_minutes(spec)} min after its last job ends (--idle-minutes; "
+                    f"each `launch --on` job re-arms it), or `cloudtrain down JOB`; "
+                    f"{power_off_minutes(spec.max_runtime_s)} min after a job's start if its "
+                    "agent dies")
+        if spec.on_job:
+            return (f"the agent powers the kept instance off after this job (--no-keep; "
+                    f"after {self.shutdown(spec)[1]:g} s)")
+        return (f"the agent powers the instance off after the job (after "
+                f"{self.shutdown(spec)[1]:g} s; --keep keeps it); user-data after "
+                f"{power_off_minutes(spec.max_runtime_s)} min regardless")
+
+    def kept_plan(self, spec) -> list[tuple[str, str]]:
+        """`--on`: the kept instance the job runs on (sources.kept_source put it in
+        spec.kept), the queue it waits in, what it bills and what happens to it after."""
+        kept = spec.kept or {}
+        t = catalog.get(spec.instance_type) if spec.instance_type else None
+        what = f"{t.name}: {t.gpus:g}x {t.gpu}" if t is not None else \
+            (spec.instance_type or "type unknown")
+        holder = kept.get("holder") or spec.on_job
+        rows = [("instance", f"{kept.get('instance') or 'the instance'} ({what}), kept by job "
+                             f"{holder} (--on): no provisioning, only changed files synced")]
+        ahead = list(kept.get("ahead") or [])
+        if ahead:
+            others = len(ahead) - 1
+            rows.append(("queue", f"job {ahead[0]} runs on it now"
+                         + (f" and {others} more {'is' if others == 1 else 'are'} queued"
+                            if others else "")
+                         + ": this job is queued behind, on the instance, and starts there when "
+                           "they have ended, whether or not this machine is on (they may take "
+                           f"up to {kept.get('wait_s', 0) / 60:.0f} min)"))
+        for job_id in kept.get("made_kept") or []:
+            rows.append(("note", f"job {job_id} was to power the instance off after it: it "
+                                 "keeps it for the queue now"))
+        rows.append(("market", spec.market))
+        if spec.instance_type:
+            rows += self.price_rows(spec)
+        rows.append(("shutdown", self.shutdown_plan(spec)))
+        return rows
 
     def snapshot_volumes(self, spec) -> list[tuple[str, float]]:
         """(dataset, GiB) of each volume made from an EBS snapshot for the job."""
@@ -136,9 +190,7 @@ class PlanMixin:
         rows = [("backend", "aws"),
                 ("region", region + ("" if source == "--region" else f" ({source})"))]
         if spec.on_job:
-            rows.append(("instance", f"the kept instance of job {spec.on_job} (--on): no "
-                                     "provisioning, only changed files synced"))
-            return rows
+            return rows + self.kept_plan(spec)
         t = catalog.get(spec.instance_type)
         rows += self._plan_machines(spec, facts, t)
         rows.append(("market", spec.market + (f", max price ${spec.max_price}/h"
@@ -202,10 +254,7 @@ class PlanMixin:
                     "/h)")
         rows.append(("disk", f"{disk} GB gp3{fast}, encrypted, deleted with the instance"
                      + (" (each node its own)" if spec.nodes > 1 else "")))
-        rows.append(("shutdown", "the agent powers the instance off after the job "
-                     + ("(no: --keep)" if spec.keep else f"(after {self.shutdown(spec)[1]:g} s)")
-                     + f"; user-data after {power_off_minutes(spec.max_runtime_s)} min"
-                     " regardless"))
+        rows.append(("shutdown", self.shutdown_plan(spec)))
         rows.append(("results", self.results_plan(spec, region)))
         if spec.recover:
             where = "the other AZs of the region (cheapest spot price now first)" + (

@@ -22,7 +22,6 @@ cloud itself can always tell what is ours, even with the local database lost.
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import time
@@ -394,9 +393,7 @@ class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, GroupLaunchMixin, Instan
         host.run("true")  # still there, and still the machine whose host key we pinned
         for inst in store.instances(kept.id):
             if inst.state != "terminated":
-                store.db.execute("UPDATE instances SET job_id = ? WHERE id = ?", (job.id, inst.id))
-                store.add_event(job.id, "instance", detail=f"{inst.id} taken over from job {kept.id}")
-                store.add_event(kept.id, "handover", detail=f"{inst.id} to job {job.id}")
+                store.hand_over(inst, job.id)
         return host
 
     def host_for(self, job: Job) -> SSHHost:
@@ -467,12 +464,16 @@ class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, GroupLaunchMixin, Instan
         settings = {"rearm": {
             "argv": ["sudo", "-n", REARM_PATH],
             "start_minutes": power_off_minutes(spec.max_runtime_s),
-            "idle_minutes": (max(1, int(math.ceil(spec.idle_minutes))) if spec.keep
-                             and spec.idle_minutes is not None else None)}}
+            "idle_minutes": self.idle_minutes(spec) if spec.keep else None}}
         if spec.market == Market.SPOT:
             settings["imds_url"] = self.settings.imds_url
             settings["spot_poll_s"] = self.settings.spot_poll_seconds
         return settings
+
+    def idle_minutes(self, spec) -> int:
+        """A kept instance's idle time: whole minutes after its last job before it powers
+        itself off (the job's --idle-minutes, else config.yaml's keep_idle_minutes)."""
+        return self.settings.idle_minutes(spec.idle_minutes)
 
     def shutdown(self, spec) -> tuple[str | None, float]:
         """What the agent runs after the job, and after how long."""

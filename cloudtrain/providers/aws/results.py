@@ -156,7 +156,9 @@ class ResultsStoreMixin:
             owner_key = self._store_owner(store, job, record=True, region=region)
             if node == 0:  # the other nodes' grants come right after node 0's, same bucket
                 self.ensure_job_store(region, owner_key)
-            lifetime = spec.max_runtime_s + RUNTIME_MARGIN_MIN * 60 + 3600
+            # A job queued on a kept instance first waits for the jobs ahead of it there.
+            waits = float((getattr(spec, "kept", None) or {}).get("wait_s") or 0)
+            lifetime = spec.max_runtime_s + waits + RUNTIME_MARGIN_MIN * 60 + 3600
             prefix = jobstore.job_prefix(job.id, owner_key=owner_key)
             note = (f"results: s3://{bucket}/{prefix} when the job ends, whoever is "
                     f"watching (kept {STORE_KEEP_DAYS} days)")
