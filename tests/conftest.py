@@ -326,6 +326,13 @@ def pytest_terminal_summary(terminalreporter):
           "anything billing")
 
 
+def unix_time(text: str) -> float:
+    """Unix seconds of a moment as every --json output gives it (ISO 8601 in UTC, `...Z`)."""
+    import datetime
+
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
 def tiny_prepared_imagenet(base: Path, seed: int, sizes=(40, 88), classes: int = 3) -> Path:
     """A small ImageNet tree in the prepared layout (train/, val/, sz/40/, sz/88/: what the
     imagenet recipe's tiny variant reads), made with the real prepare code: base/imagenet,

@@ -223,8 +223,8 @@ def forward(job: str, ports: tuple[str, ...]) -> None:
 
     \b
     Examples:
-      cloudtrain forward 3f2a1b9c 6006            TensorBoard at http://localhost:6006
-      cloudtrain forward 3f2a1b9c 8888:18888      Jupyter's 8888 at http://localhost:18888
+      cloudtrain forward 3f2a1b9c 6006        TensorBoard: http://localhost:6006
+      cloudtrain forward 3f2a1b9c 8888:18888  Jupyter: http://localhost:18888
     """
     import threading
 

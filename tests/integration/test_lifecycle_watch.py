@@ -17,6 +17,7 @@ import time
 import pytest
 
 from cloudtrain import config, state
+from conftest import unix_time
 from cloudtrain.lifecycle import watch
 from labs.polling import wait_for
 
@@ -107,7 +108,8 @@ def test_u49_a_job_s_setup_shows_as_setting_up_then_running(cli, ct_home):
     phases = {p["name"]: p for p in job["timeline"]}
     assert [p["name"] for p in job["timeline"]][-3:] == ["setting-up", "running", "succeeded"]
     assert re.fullmatch(r"setup done in [0-9]+ s", phases["running"]["detail"]), phases
-    assert phases["running"]["start"] - phases["setting-up"]["start"] >= 7.5
+    took = unix_time(phases["running"]["start"]) - unix_time(phases["setting-up"]["start"])
+    assert took >= 7.5, phases
     # with data staged first: staging, then the setup, then the command
     (ct_home / "mine").mkdir()
     staged = cli.launch("--data", f"mine={ct_home / 'mine'}", "--setup", "sleep 2", "--",
