@@ -21,6 +21,10 @@ without a notice or (--notice) 2 s after one. Prints, per recovery:
   redone     steps redone: the last step taken before the loss - the step resumed from
              (goal: at most the checkpoint interval, 5, whatever came before)
 
+and, under each, what `status --json` says of that attempt once the launching machine is
+back (issue 34: its last step from the job store, the next one's resumed step, the steps
+redone), and whether it agrees with the figures measured here.
+
     sudo .venv/bin/python benchmarks/autoscaled_recovery.py [--runs N] [--faults K] [--notice]
     sudo .venv/bin/python benchmarks/autoscaled_recovery.py --nodes 3 --lose 1 [--ddp]
 
@@ -196,6 +200,11 @@ def grouped(nodes: int = 1, faults: int = 3, notice: bool = False, lose: int = 0
             job = _job(cli, job_id)
             assert job["state"] == "succeeded", job["reason"]
             assert len(job["attempts"]) == faults + 1, job["attempts"]
+            shown = {a["attempt"]: a for a in job["attempts"]}
+            for got in out:  # attempt n was the one lost at fault n
+                row, after = shown.get(got["fault"], {}), shown.get(got["fault"] + 1, {})
+                got["status"] = {"last": row.get("last_step"), "redone": row.get("redone_steps"),
+                                 "resumed": after.get("resumed_step")}
             return out
 
 
@@ -224,6 +233,12 @@ def main() -> None:
         for g in run:
             print(f"{g['fault']:>8} {g['total_s']:>8.2f} {g['wait_s']:>7.2f} "
                   f"{g['overhead_s']:>10.2f} {g['redone']:>7} {g['resumed']:>8}")
+            st = g["status"]
+            print(f"         status --json, the laptop back: last step {st['last']}, resumed "
+                  f"{st['resumed']}, redone {st['redone']} (here: last {g['last']}, resumed "
+                  f"{g['resumed']}, redone {g['redone']}): "
+                  + ("agrees" if (st["last"], st["resumed"], st["redone"]) ==
+                     (g["last"], g["resumed"], g["redone"]) else "differs"))
             if args.nodes > 1:
                 print("         where the time went (s after the loss):",
                       json.dumps({k: (round(v, 2) if isinstance(v, float) else v)

@@ -46,7 +46,9 @@ job.json keys that switch on more (absent: nothing happens):
                     results, final.json goes to the job store; before the power-off the
                     group and its launch template are deleted, so that AWS relaunches
                     nothing. A signal without `agent.py stop`'s cancel file is then the
-                    instance going away (a reclaim without notice): preempted, not an end
+                    instance going away (a reclaim without notice): preempted, not an end.
+                    Rank 0 keeps how far the attempt got in the job store while it runs
+                    (agent_progress: at most every 30 s, at a spot notice, at the run's end)
 
 This module holds the agent's run and the command; probe and stop (the agent seen from outside)
 are agent_control's. It imports agent_control, job_status (states, guarded reads),
@@ -210,6 +212,7 @@ class Agent:
                 self.write_status(interruption=dict(notice, noticed_at=now()))
                 self.request_stop(PREEMPTED, "spot interruption notice: %s at %s"
                                   % (notice.get("action"), notice.get("time")))
+                self.store.noticed()  # how far the attempt got, for the launching machine
                 if self.team_now is not None:  # its peers learn it at once, not from EC2
                     self.team_now.leaving()
                 return
@@ -293,6 +296,7 @@ class Agent:
         if team is not None:
             team.start_watch()
         self.store.start_stream()
+        self.store.start_progress()
         if self.stop_reason is not None:  # a signal arrived before the job existed
             self.request_stop(self.stop_state, self.stop_reason, self.stop_grace)
         self.supervise(started)
@@ -449,9 +453,7 @@ class Agent:
             return None
         auto_scaling = shipped("auto_scaling")
         grant = self.settings.get("results_store")
-        env = self.settings.get("env") if isinstance(self.settings.get("env"), dict) else {}
-        attempt = str(env.get("CLOUDTRAIN_ATTEMPT", "")).strip()
-        attempt = int(attempt) if attempt.isdigit() and len(attempt) < 7 else None
+        attempt = auto_scaling.attempt_number(self.settings)
         ident = auto_scaling.identity(self.settings.get("imds_url") or auto_scaling.IMDS_URL)
         doc = auto_scaling.final_doc(self.status.get("state"), self.status.get("exit_code"),
                                      self.status.get("reason"), attempt, ident["instance"])

@@ -5,8 +5,9 @@ Standard library only, Python 3.8+; shipped beside agent.py. The uploaders thems
 asks for them (shipped). Imports job_status and nothing else of ours at the top.
 
     StoreUploads(agent)   the job.json keys results_store and checkpoint_stream, carried out
-                          for the agent, within their time limits; nothing here may stop the
-                          job or the power-off
+                          for the agent, within their time limits, and the attempt's
+                          progress for a job run by a group (agent_progress); nothing here
+                          may stop the job or the power-off
 """
 
 import os
@@ -19,6 +20,7 @@ except ImportError:
     from job_status import PREEMPTED, as_pid, as_time, fmt_duration, now
 
 SPOT_UPLOAD_S = 75.0  # after a spot notice: what is left of the two minutes, with a margin
+PROGRESS_END_S = 10.0  # of that, at most, for the attempt's progress at the run's end
 LOG_UPLOAD_S = 15.0  # of that, kept for status.json, the log and the metrics after the checkpoint
 UPLOAD_TIMEOUT_S = 1800.0  # the power-off must come even if the results store hangs
 
@@ -44,6 +46,7 @@ class StoreUploads:
         self.log_line, self.write_status = agent.log_line, agent.write_status
         self.streamer = None  # checkpoint_stream.Streamer, while the job runs
         self.stream_seen = None  # its last record as written to status.json
+        self.progress = None  # agent_progress.Progress, for rank 0 of a group's job
 
     def after_job(self):
         """The checkpoint first, then the status and logs (which then record how it went).
@@ -93,6 +96,25 @@ class StoreUploads:
         self.streamer = streamer
         return streamer
 
+    def start_progress(self):
+        """Start posting the attempt's progress (agent_progress) where this is rank 0 of a
+        job run by a group; kept as self.progress. It must never stop the job."""
+        try:
+            progress = shipped("agent_progress").Progress.for_job(
+                self.jobdir, self.settings, self.agent.group(),
+                checkpoint=lambda: self.streamer.last if self.streamer else None,
+                log=self.log_line)
+            self.progress = progress and progress.start()
+        except Exception as exc:  # noqa: BLE001 - ImportError, a bug: the job runs on
+            self.log_line("the attempt's progress is not recorded: %s: %s"
+                          % (type(exc).__name__, exc))
+        return self.progress
+
+    def noticed(self):
+        """A spot notice: the progress so far goes up at once."""
+        if self.progress is not None:
+            self.progress.now()
+
     def note_stream(self):
         """Record the streamer's last upload in status.json when it is a new one."""
         if self.streamer is None:
@@ -104,10 +126,18 @@ class StoreUploads:
         self.write_status(checkpoint_stream=dict(last, uploads=self.streamer.uploads))
 
     def finish_stream(self, limit):
-        """At the job's end: stop the streamer, then upload the checkpoints if they changed
+        """At the run's end: stop the streamer, then upload the checkpoints if they changed
         since its last upload (the one written on SIGTERM, after a spot notice), within
         `limit` less what the logs need after a notice. Recorded in status.json with
-        "final": true; returns that record (None without streaming)."""
+        "final": true; returns that record (None without streaming). Then the attempt's
+        progress, with the step the run reached and that checkpoint's."""
+        t0 = now()
+        rec = self._finish_stream(limit)
+        if self.progress is not None:
+            self.progress.finish(min(PROGRESS_END_S, max(0.0, limit - (now() - t0))))
+        return rec
+
+    def _finish_stream(self, limit):
         if self.streamer is None:
             return None
         if self.agent.stop_state == PREEMPTED:

@@ -20,10 +20,18 @@ Under the job's prefix in the job store:
                         written once the job has truly ended (not on a preemption); an
                         instance that finds it starts nothing and ends the group
     attempts/<n>.json   {"attempt", "instance", "zone", "type", "lifecycle", "started_at",
-                        "by"}: n = 1 written by the launch, n >= 2 by bootstrap.py
+                        "by"}: n = 1 written by the launch, n >= 2 by bootstrap.py, which
+                        writes it again after the restore with "resumed_step",
+                        "resumed_seq" and "resumed_attempt" (the checkpoint's attempt)
+    attempts/<n>/progress.json  {"attempt", "step", "checkpoint_step", "at"}: how far attempt n
+                        got, by its rank 0's agent (agent_progress.py): the step of the run's
+                        last metrics row and of the newest checkpoint it streamed; for the
+                        launching machine, which may be off while AWS replaces instances
 
     settings(job) -> dict or None           job.json's "auto_scaling", checked (Invalid)
+    attempt_number(job) -> int or None      the attempt job.json's env says this run is
     final_doc(...) / attempt_doc(...)       the records, as the contract above writes them
+    progress_doc(...) / check_progress(doc, n)   an attempt's progress, written; read back
     identity(imds) -> {instance, zone, type, lifecycle}   this instance, from IMDSv2
     end_group(conf, creds) -> [(step, ok, line)]          the group deleted (or set to 0),
                                                           then its launch template
@@ -51,9 +59,11 @@ except ImportError:
 
 FINAL = "final.json"
 ATTEMPTS = "attempts/"
+PROGRESS = "progress.json"  # below attempts/<n>/
 ENDED_STATES = ("succeeded", "failed", "cancelled", "preempted")
 RECORD_MAX_BYTES = 64 << 10  # a record bigger than this is not one of ours
 MAX_RESTARTS_LIMIT = 1000  # also bounds the GETs that count the attempts
+STEP_LIMIT = 1 << 53  # a step past this is no training step (nor exact in JSON's doubles)
 AUTOSCALING_VERSION = "2011-01-01"
 EC2_VERSION = "2016-11-15"
 CALL_TIMEOUT_S = 20.0
@@ -80,6 +90,10 @@ class Invalid(ValueError):
 
 def attempt_key(prefix, n):
     return "%s%s%d.json" % (prefix, ATTEMPTS, n)
+
+
+def progress_key(prefix, n):
+    return "%s%s%d/%s" % (prefix, ATTEMPTS, n, PROGRESS)
 
 
 def _count(value):
@@ -142,6 +156,38 @@ def attempt_doc(n, ident, by="bootstrap", started_at=None):
     return {"attempt": n, "instance": ident.get("instance"), "zone": ident.get("zone"),
             "type": ident.get("type"), "lifecycle": ident.get("lifecycle"),
             "started_at": time.time() if started_at is None else started_at, "by": by}
+
+
+def attempt_number(job):
+    """The attempt job.json's env says this run is (CLOUDTRAIN_ATTEMPT, which the launch and
+    bootstrap.py write), or None where it says none."""
+    env = job.get("env") if isinstance(job, dict) and isinstance(job.get("env"), dict) else {}
+    text = str(env.get("CLOUDTRAIN_ATTEMPT", "")).strip()
+    return int(text) if text.isdigit() and len(text) < 7 and int(text) > 0 else None
+
+
+def progress_doc(n, step, checkpoint_step, at=None):
+    return {"attempt": n, "step": step, "checkpoint_step": checkpoint_step,
+            "at": time.time() if at is None else at}
+
+
+def as_step(value):
+    """`value` where it is a training step (an int from 0 to STEP_LIMIT), else None."""
+    return value if _count(value) and value < STEP_LIMIT else None
+
+
+def check_progress(doc, n):
+    """Attempt n's progress record (at progress_key(prefix, n)) with every field checked, or
+    None where it is not one, or names another attempt than its key. A step that is not one
+    is None; so is a time that is not a time since the epoch."""
+    if not (isinstance(doc, dict) and _count(n) and 1 <= n <= MAX_RESTARTS_LIMIT + 1
+            and _count(doc.get("attempt")) and doc["attempt"] == n):
+        return None
+    at = doc.get("at")
+    at = float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) and \
+        1e9 < at < 1e11 else None  # NaN and infinities fall out here too
+    return {"attempt": n, "step": as_step(doc.get("step")),
+            "checkpoint_step": as_step(doc.get("checkpoint_step")), "at": at}
 
 
 def read_record(data):

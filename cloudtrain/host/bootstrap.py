@@ -120,7 +120,8 @@ def restore_latest(bundle, root):
     directory by checkpoint_restore.restore (the relaunch's restore step: every file checked
     against its size and sha256, swapped in only once all are), each GET signed with the role;
     job.json's checkpoint stream then goes on after it (its seq and slot), as a relaunch's
-    does. None when nothing was streamed yet: the job starts over."""
+    does. The restore's status, with "attempt": the attempt that streamed the checkpoint;
+    None when nothing was streamed yet: the job starts over."""
     stream = bundle.prefix + checkpoint_manifest.STREAM
     doc = bundle.get_json(stream + checkpoint_manifest.LATEST,
                           checkpoint_manifest.MANIFEST_MAX_BYTES, EXIT_RESTORE,
@@ -150,6 +151,7 @@ def restore_latest(bundle, root):
     if not status.get("ok"):
         raise Failed(EXIT_RESTORE, "restoring checkpoint %s failed: %s"
                      % (doc.get("seq"), status.get("error")))
+    status["attempt"] = doc.get("attempt")  # the attempt that streamed it (checked: int or null)
     stream_settings = job.get("checkpoint_stream")
     if isinstance(stream_settings, dict):
         job["checkpoint_stream"] = dict(stream_settings, start_seq=doc["seq"],
@@ -307,7 +309,8 @@ def set_attempt(root, job, n):
 def join_attempt(bundle, root, job, n, conf=None, record=None):
     """This node's part in attempt n: job.json written for it (CLOUDTRAIN_ATTEMPT=n), the
     latest streamed checkpoint restored and its RESUME marker left for run.sh; with `conf`
-    and this instance's attempt `record`, the record says where it resumed. The job.json
+    and this instance's attempt `record`, the record says where it resumed (the step, the
+    checkpoint's seq and the attempt that streamed it). The job.json
     now on disk and the checkpoint restored (None: nothing was streamed yet)."""
     try:
         if n is not None:
@@ -328,8 +331,8 @@ def join_attempt(bundle, root, job, n, conf=None, record=None):
             # table shows it); a failure to say so costs only that line
             try:
                 store_record(job, auto_scaling.attempt_key(conf["prefix"], n), dict(
-                    record, resumed_step=restored.get("step"), resumed_seq=restored.get("seq")),
-                    prefix=conf["prefix"])
+                    record, resumed_step=restored.get("step"), resumed_seq=restored.get("seq"),
+                    resumed_attempt=restored.get("attempt")), prefix=conf["prefix"])
             except Failed:
                 pass
     return safefile.read_json(os.path.join(root, "job.json"), FILE_MAX_BYTES), restored
@@ -424,7 +427,8 @@ def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, grou
     pid = start_agent(root, local[START])
     status = {"ok": True, "stage": "started", "agent_pane_pid": pid, "attempt": attempt,
               "restored": restored and {k: restored.get(k) for k in
-                                        ("seq", "slot", "step", "epoch", "files", "bytes")},
+                                        ("seq", "slot", "step", "epoch", "files", "bytes",
+                                         "attempt")},
               "files": len(members), "seconds": round(time.time() - started, 3),
               "error": None, "exit_code": 0, "at": time.time()}
     write_status(root, status)

@@ -111,6 +111,10 @@ def learn(store: Store, job: Job) -> dict | None:
                           running_at=started, resumed_step=doc["resumed_step"],
                           resumed_seq=doc["resumed_seq"])
         known[n] = store.attempt(job.id, n)
+    reached = record.get("reached") or {}  # how far each got, said by its own instances
+    for a in store.attempts(job.id):
+        if reached.get(a.n) is not None and (a.last_step or -1) < reached[a.n]:
+            store.update_attempt(job.id, a.n, last_step=reached[a.n])
     named = (record["final"] or {}).get("instance")
     if named and named not in ec2:
         _launches(store, job, launched)

@@ -150,6 +150,47 @@ def test_a_sigterm_without_a_cancel_is_the_instance_going_away_not_an_end(lab):
     assert len(offs) == 1
 
 
+# A job that trains `steps` steps (a metrics row each) and saves a checkpoint every 5, with
+# its checkpoint-info.json; with a 4th argument it then waits for the agent's SIGTERM.
+STEPS_JOB = """import json, os, sys, time
+steps, wait = int(sys.argv[1]), len(sys.argv) > 2
+os.makedirs("checkpoints", exist_ok=True)
+with open("metrics.jsonl", "a") as m:
+    for step in range(1, steps + 1):
+        m.write(json.dumps({"step": step, "time": time.time()}) + "\\n")
+        m.flush()
+        if step % 5 == 0:
+            for name, doc in (("last.pt", {"w": step}), ("checkpoint-info.json", {"step": step})):
+                with open("checkpoints/." + name, "w") as f:
+                    json.dump(doc, f)
+                os.replace("checkpoints/." + name, "checkpoints/" + name)
+        time.sleep(0.05)
+while wait:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("notice", [False, True])
+def test_C1_rank_0_keeps_how_far_its_attempt_got_in_the_job_store(lab, notice):
+    """C1 (issue 34): the launching machine, closed while AWS replaced instances, could not
+    tell how far an attempt got. The agent of a group's job (rank 0 of one node) posts
+    attempts/<n>/progress.json through the job's grant: at the run's end (here after a spot
+    notice, or the job's own end), the step of the run's last metrics row and of the newest
+    checkpoint it streamed, as the launching machine's checker reads them."""
+    (lab.tmp / "job.py").write_text(STEPS_JOB)
+    run_sh = f"exec {shlex.quote(sys.executable)} {lab.tmp / 'job.py'} 12" + \
+        (" wait\n" if notice else "\n")
+    jobdir, status, _ = run_agent(lab, run_sh, announce_after=4.0 if notice else None,
+                                  checkpoint_stream={"settle_s": 0.2, "poll_s": 0.2,
+                                                     "attempt": 2})
+    assert status["state"] == ("preempted" if notice else "succeeded")
+    got = auto_scaling.check_progress(stored(lab.s3, PREFIX + "attempts/2/progress.json"), 2)
+    assert got is not None, (jobdir / "output.log").read_text()
+    assert (got["step"], got["checkpoint_step"]) == (12, 10)
+    assert status["checkpoint_stream"]["step"] == 10  # what the stream stored last
+    assert abs(got["at"] - time.time()) < 60
+
+
 def test_a_store_that_does_not_answer_is_said_and_the_power_off_still_comes(lab):
     """final.json cannot be stored (nothing answers at the grant's URL): said in the log and
     status.json; the group is then left to the deadline's scheduled action (without a stored

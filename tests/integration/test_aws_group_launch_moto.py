@@ -20,7 +20,8 @@ from test_aws_errors import _refuse
 from test_aws_groups import cloud  # noqa: F401  (fixture)
 from cloudtrain.host import auto_scaling
 from cloudtrain.providers.aws import jobstore
-from cloudtrain.providers.aws.group_launch import MAX_ATTEMPTS, RECORD_MAX_BYTES
+from cloudtrain.providers.aws.group_launch import MAX_ATTEMPTS
+from cloudtrain.providers.aws.jobstore_attempts import RECORD_MAX_BYTES
 from cloudtrain.state import Store
 
 OWNER = "AIDAEXAMPLEOWNER0001"
@@ -137,7 +138,8 @@ def test_the_records_the_instances_left_come_back_checked_by_number(grouped):
     grouped.attempt(10, "i-0aaaaaaaaaaaaaaa0", T0 + 1000)  # "10" sorts before "2" as a key
     record = grouped.provider.group_record(grouped.store, grouped.job)
     assert numbers(record) == [1, 2, 10]
-    assert record["attempts"][0] == {**one, "resumed_step": None, "resumed_seq": None}
+    assert record["attempts"][0] == {**one, "resumed_step": None, "resumed_seq": None,
+                                     "resumed_attempt": None}
     assert (record["attempts"][1]["resumed_step"], record["attempts"][1]["resumed_seq"]) == \
         (40, 2)
     assert record["final"] is None and record["group"] == {"gone": True}
@@ -154,13 +156,29 @@ def test_the_records_the_instances_left_come_back_checked_by_number(grouped):
     ("3.json", {"attempt": 3, "instance": "i-0333; rm -rf /"}),
     ("sub/3.json", {"attempt": 3, "instance": "i-03333333333333333"}),
     ("3.json.bak", {"attempt": 3, "instance": "i-03333333333333333"}),
+    # C1: progress records (attempts/<n>/progress.json) that are not one
+    ("2/progress.json", b"\x00\xffnot json"),
+    ("2/progress.json", b"[" * 100_000),
+    ("2/progress.json", {"attempt": 2, "step": 5, "pad": "x" * RECORD_MAX_BYTES}),
+    ("2/progress.json", {"attempt": 3, "step": 500}),
+    ("2/progress.json", {"attempt": 2, "step": -5, "checkpoint_step": "500"}),
+    ("2/progress.json", {"attempt": 2, "step": True, "checkpoint_step": 1 << 60}),
+    ("7/progress.json", {"attempt": 7, "step": 500}),
+    ("2/x/progress.json", {"attempt": 2, "step": 500}),
+    ("2/progress.json.bak", {"attempt": 2, "step": 500}),
 ], ids=["garbage", "deep", "huge", "wrong-key-4-in-3", "wrong-key-3-in-4", "list",
-        "bad-instance", "nested", "suffix"])
+        "bad-instance", "nested", "suffix", "C1-progress-garbage", "C1-progress-deep",
+        "C1-progress-huge", "C1-progress-another-attempt-s", "C1-progress-bad-steps",
+        "C1-progress-bool-and-huge-steps", "C1-progress-of-no-recorded-attempt",
+        "C1-progress-nested", "C1-progress-suffix"])
 def test_a_record_not_an_attempt_under_its_own_name_is_left_out(grouped, name, body):
+    """A record that is not one counts as no attempt, and (C1) says nothing of how far one
+    got."""
     grouped.attempt(1, "i-0111111111111111a", T0)
     grouped.attempt(2, "i-0222222222222222b", T0 + 100)
     grouped.put(auto_scaling.ATTEMPTS + name, body)
-    assert numbers(grouped.provider.group_record(grouped.store, grouped.job)) == [1, 2]
+    record = grouped.provider.group_record(grouped.store, grouped.job)
+    assert numbers(record) == [1, 2] and record["reached"] == {}
 
 
 def test_an_attempt_record_s_bad_fields_are_dropped_and_escapes_never_come_back(grouped):
@@ -212,6 +230,68 @@ def test_at_most_max_attempts_are_read(grouped, monkeypatch):
         grouped.attempt(n, f"i-0{n:016x}", T0 + n)
     assert numbers(grouped.provider.group_record(grouped.store, grouped.job)) == [1, 2, 3]
     assert MAX_ATTEMPTS >= 100  # a real job's restarts are far fewer
+
+
+# -- C1: how far each attempt got ------------------------------------------------------------
+
+def progress(g: GroupJob, n: int, step, checkpoint_step, **over) -> None:
+    """attempts/<n>/progress.json as rank 0's agent posts it (agent_progress.py)."""
+    g.put(auto_scaling.progress_key("", n), {**auto_scaling.progress_doc(
+        n, step, checkpoint_step, at=T0 + 10 * n), **over})
+
+
+def test_C1_each_attempt_s_progress_record_says_how_far_it_got(grouped):
+    """C1 (issue 34): with the launching machine closed, only stream/latest.json was left
+    of how far attempts got. Each attempt's rank 0 keeps its own record: its last metrics
+    step and its newest streamed checkpoint's, the larger of which it reached."""
+    for n in (1, 2, 3):
+        grouped.attempt(n, f"i-0{n:016x}", T0 + 100 * n)
+    progress(grouped, 1, 120, 115)
+    progress(grouped, 2, 90, None)
+    progress(grouped, 3, 150, 200)  # a checkpoint named later than the last row read
+    record = grouped.provider.group_record(grouped.store, grouped.job)
+    assert numbers(record) == [1, 2, 3]
+    assert record["reached"] == {1: 120, 2: 90, 3: 200}
+
+
+def test_C1_the_step_a_later_attempt_resumed_from_is_reached_by_the_one_that_streamed_it(
+        grouped):
+    """Attempt 1 was taken back before it stored any progress, attempt 2 before it streamed
+    a checkpoint: both 2 and 3 resumed from attempt 1's (resumed_attempt, which bootstrap
+    writes after the restore), so attempt 1 reached step 86 at least. A resume that names
+    itself or a later attempt says nothing."""
+    grouped.attempt(1, "i-0111111111111111a", T0)
+    grouped.attempt(2, "i-0222222222222222b", T0 + 100, resumed_step=86, resumed_attempt=1)
+    grouped.attempt(3, "i-0333333333333333c", T0 + 200, resumed_step=86, resumed_attempt=1)
+    grouped.attempt(4, "i-0444444444444444d", T0 + 300, resumed_step=500, resumed_attempt=4)
+    progress(grouped, 1, 80, 75)  # an older record of attempt 1: the resume says more
+    record = grouped.provider.group_record(grouped.store, grouped.job)
+    assert [a["resumed_attempt"] for a in record["attempts"]] == [None, 1, 1, None]
+    assert record["reached"] == {1: 86}
+
+
+def test_C1_only_attempt_and_progress_records_are_read_and_the_listing_is_bounded(
+        grouped, monkeypatch):
+    """The nodes' records of a regroup (attempts/<n>/<instance>.json) and whatever else the
+    grant's holders put below attempts/ are listed, never fetched; a listing stops at
+    MAX_OBJECTS keys."""
+    from cloudtrain.providers.aws import jobstore_attempts
+
+    grouped.attempt(1, "i-0111111111111111a", T0)
+    grouped.attempt(2, "i-0222222222222222b", T0 + 100)
+    progress(grouped, 2, 40, 35)
+    for k in range(30):
+        grouped.put(f"{auto_scaling.ATTEMPTS}2/i-{k:017x}.json", {"instance": f"i-{k:017x}"})
+    s3, _, _ = grouped.provider._job_store(REGION)
+    got: list[str] = []
+    s3.meta.events.register("provide-client-params.s3.GetObject",
+                            lambda params, **kw: got.append(params["Key"]))
+    record = grouped.provider.group_record(grouped.store, grouped.job)
+    assert record["reached"] == {2: 40}
+    assert sorted(k[len(grouped.prefix):] for k in got) == [
+        "attempts/1.json", "attempts/2.json", "attempts/2/progress.json"]
+    monkeypatch.setattr(jobstore_attempts, "MAX_OBJECTS", 2)
+    assert len(jobstore_attempts.attempt_keys(s3, grouped.bucket, grouped.prefix, None)) == 2
 
 
 # -- the group's size -------------------------------------------------------------------------

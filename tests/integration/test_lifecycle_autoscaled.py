@@ -7,9 +7,11 @@ the deadline or deleted with no final record is the job's end, said with why; a 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from labs.aws import ec2_provider  # noqa: F401  (fixture)
+from labs.aws import ec2_provider, moto_endpoint  # noqa: F401  (fixtures)
 from labs.credentials import REGION
 from labs.moto_activities import ScalingActivities, forget_instance
 from test_aws_group_launch_moto import T0, GroupJob
@@ -658,3 +660,152 @@ def test_C1_the_step_seen_here_on_the_attempt_s_own_instance_counts(grouped):
     autoscaled.learn(g.store, g.job)
     assert g.store.attempt(g.id, 1).last_step == 131
     assert attempts.summary(g.store, g.job)[0]["redone_steps"] == 11
+
+
+def _progress(g: GroupJob, n: int, step, checkpoint_step=None) -> None:
+    """attempts/<n>/progress.json, as attempt n's rank 0 agent posts it (agent_progress)."""
+    from cloudtrain.host import auto_scaling
+
+    g.put(auto_scaling.progress_key("", n), auto_scaling.progress_doc(n, step, checkpoint_step))
+
+
+def test_C1_after_several_recoveries_unseen_each_attempt_has_the_step_it_reached(grouped):
+    """C1 (issue 34): the laptop was closed while AWS replaced the instance three times; only
+    the last streamed checkpoint's manifest was left, naming the last attempt. Each attempt's
+    own progress record (and where the next one resumed from its checkpoint) gives every
+    attempt its last step, and each recovery its steps redone."""
+    g = grouped
+    i2 = g.replace(g.i1)
+    i3 = g.replace(i2)
+    i4 = g.replace(i3)
+    g.attempt(2, i2, T0 + 100, resumed_step=86, resumed_seq=2, resumed_attempt=1)
+    g.attempt(3, i3, T0 + 200, resumed_step=170, resumed_seq=5, resumed_attempt=2)
+    g.attempt(4, i4, T0 + 300, resumed_step=250, resumed_seq=8, resumed_attempt=3)
+    _stream(g, attempt=4, step=255)
+    _progress(g, 1, 120, 86)
+    _progress(g, 2, 200, 170)
+    _progress(g, 3, 255, 250)
+    _progress(g, 4, 262, 255)
+    autoscaled.learn(g.store, g.job)
+    assert [a.last_step for a in g.store.attempts(g.id)] == [120, 200, 255, 262]
+    got = attempts.summary(g.store, g.job)
+    assert [(r["resumed_step"], r["last_step"], r["redone_steps"]) for r in got] == [
+        (None, 120, 34), (86, 200, 30), (170, 255, 5), (250, 262, None)]
+
+
+def test_C1_an_attempt_s_last_step_only_grows_as_its_records_come(grouped):
+    """Attempt 1 ended when attempt 2 was learnt, at its streamed checkpoint's step; its
+    progress record, posted at its run's end, says more, and a stale one less (never taken)."""
+    g = grouped
+    _stream(g, attempt=1, step=100)
+    i2 = g.replace(g.i1)
+    g.attempt(2, i2, T0 + 100, resumed_step=100)
+    autoscaled.learn(g.store, g.job)
+    assert g.store.attempt(g.id, 1).last_step == 100
+    _progress(g, 1, 104, 100)
+    autoscaled.learn(g.store, g.job)
+    assert g.store.attempt(g.id, 1).last_step == 104
+    _progress(g, 1, 90, None)
+    autoscaled.learn(g.store, g.job)
+    assert g.store.attempt(g.id, 1).last_step == 104
+    assert attempts.summary(g.store, g.job)[0]["redone_steps"] == 4
+
+
+def test_C1_an_attempt_that_said_nothing_reached_the_step_a_later_one_resumed_from(grouped):
+    """Attempt 1 was taken back before its first progress record; attempt 2 resumed from its
+    checkpoint at step 86 (resumed_attempt 1): attempt 1 reached 86 at least."""
+    g = grouped
+    i2 = g.replace(g.i1)
+    g.attempt(2, i2, T0 + 100, resumed_step=86, resumed_attempt=1)
+    autoscaled.learn(g.store, g.job)
+    assert g.store.attempt(g.id, 1).last_step == 86
+    assert attempts.summary(g.store, g.job)[0]["redone_steps"] == 0
+
+
+def _laptop_record(store: Store, lab, home) -> None:
+    """What the launching machine recorded of the lab's job (labs.group_nodes) before it was
+    closed: the job, running on the group's first instance (attempt 1), whose address no
+    longer answers SSH. Nothing more: every recovery happened while it was off."""
+    import getpass
+
+    from cloudtrain import state as state_module
+    from labs import group_nodes
+    from labs.loopback import free_port
+
+    first = lab.launched[0]
+    with pytest.MonkeyPatch.context() as m:  # the lab's job id, as the launch drew it
+        m.setattr(state_module.secrets, "token_hex", lambda n: group_nodes.JOB_ID)
+        job = store.create_job(name=None, kind="command", recipe=None, command="python3 job.py",
+                               backend="aws", spec={}, launcher="test:1", at=lab.events[0][0])
+    key = home / "id_ed25519"
+    key.write_text("not a key: the host never answers\n")
+    store.update_job(job.id, jobdir=str(lab.by_id[first].jobdir), spec={
+        "region": REGION, "store_owner": group_nodes.OWNER, "instance_type": "g5.xlarge",
+        "market": "spot", "auto_scaling_group": group_nodes.GROUP}, host={
+        "kind": "SSHHost", "host": "127.0.0.1", "port": free_port(), "user": getpass.getuser(),
+        "key_path": str(key)})
+    store.set_state(job.id, "running", at=lab.events[0][0])
+    store.add_instance(Instance(
+        id=first, job_id=job.id, provider="aws", region=REGION, zone="us-east-1a",
+        instance_type="g5.xlarge", market=Market.SPOT, state="running",
+        launched_at=lab.events[0][0], terminated_at=None, price_per_hour=None,
+        details={"auto_scaling_group": group_nodes.GROUP, "address": "127.0.0.1"}))
+    store.add_attempt(job.id, 1, started_at=lab.events[0][0], instance_id=first, region=REGION,
+                      zone="us-east-1a", market="spot", instance_type="g5.xlarge")
+
+
+def test_C1_status_after_three_attempts_with_the_laptop_closed_shows_each_one_s_steps(
+        moto_endpoint, tmp_path, monkeypatch, ct_home, cli):
+    """C1 (issue 34): a job of an Auto Scaling group (the real agent and bootstrap on each
+    instance, AWS's part played by labs.group_nodes against moto) is taken back without
+    notice, then after a spot notice: three attempts, the launching machine closed all along.
+    Back, `status --json` shows each attempt's last step: what its agent last said
+    (attempts/<n>/progress.json), which after a notice is the step it stopped at and after a
+    reclaim without notice at most PROGRESS_S (+ a look) behind it; and the steps each
+    recovery redid, last step - the next attempt's resumed step. Before, only the last
+    streamed checkpoint's manifest (attempt 3's at the end) was there: both were null."""
+    from labs import group_nodes
+
+    fast = {"agent_progress.PROGRESS_S": 0.1, "agent_progress.LOOK_S": 0.05}
+    with group_nodes.GroupNodes(moto_endpoint, tmp_path, monkeypatch, nodes=1, steps=60,
+                                every=5, step_s=0.1, max_restarts=4, timing=fast) as lab:
+        def at(step: int) -> None:
+            try:
+                lab.wait_step(step, timeout=90)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}:\n{lab.describe()}") from None
+
+        at(17)
+        lab.take_back(lab.node(0))  # no notice: its agent says nothing more
+        at(38)  # attempt 2, past the step attempt 1 reached
+        lab.take_back(lab.node(0), notice_s=4.0)  # the job stops and stores, then powers off
+        final = lab.wait_end(180)
+        assert final["state"] == "succeeded" and final["attempt"] == 3, lab.describe()
+        records = lab.attempts()
+        rows_of = {}  # attempt -> the steps its job took, from every instance's metrics
+        for node in lab.by_id.values():
+            path = node.jobdir / "metrics.jsonl"
+            for line in path.read_text().splitlines() if path.exists() else []:
+                row = json.loads(line)
+                rows_of.setdefault(int(row["attempt"]), set()).add(row["step"])
+    truth = {n: max(steps) for n, steps in rows_of.items()}
+    resumed = {r["attempt"]: r.get("resumed_step") for r in records}
+    assert [r.get("resumed_attempt") for r in records] == [None, 1, 2]  # bootstrap says so
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    with (ct_home / "config.yaml").open("a") as f:
+        f.write(f"region: {REGION}\npoll_seconds: 0.05\ninstance_wait_seconds: 2\n"
+                "ssh_wait_seconds: 1\n")
+    with Store(ct_home / "state.db") as store:
+        _laptop_record(store, lab, ct_home)
+    job = cli.job(group_nodes.JOB_ID)
+    got = {a["attempt"]: a for a in job["attempts"]}
+    said = f"truth {truth}, resumed {resumed}, status {job['attempts']}"
+    assert job["state"] == "succeeded" and sorted(got) == [1, 2, 3], said
+    slack = 10  # steps of 0.1 s: PROGRESS_S + a look + a POST, on a loaded machine
+    assert truth[1] - slack <= got[1]["last_step"] <= truth[1], said  # no notice
+    assert got[2]["last_step"] == truth[2], said  # a notice: its end said where it stopped
+    assert got[3]["last_step"] == truth[3] == 60, said
+    for n in (1, 2):
+        assert got[n + 1]["resumed_step"] == resumed[n + 1], said
+        assert got[n]["redone_steps"] == got[n]["last_step"] - resumed[n + 1] >= 0, said
+    assert got[2]["redone_steps"] == 0, said  # its checkpoint at the notice was the step

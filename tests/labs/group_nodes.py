@@ -66,7 +66,7 @@ NODE_MAIN = r"""
 import json, os, sys
 mode, here, root = sys.argv[1:4]
 sys.path.insert(0, here)
-import auto_scaling, bootstrap, bundle_reader, checkpoint_stream, regroup
+import agent_progress, auto_scaling, bootstrap, bundle_reader, checkpoint_stream, regroup
 for name, value in json.loads(os.environ["LAB_TIMING"]).items():
     module, attr = name.split(".")
     setattr(sys.modules[module], attr, value)
@@ -99,7 +99,8 @@ os.execv(sys.executable, [sys.executable, __file__, "agent", here, root])
 JOB = r"""
 import json, os, signal, sys, threading, time
 total, every, step_s, end_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-rank, nodes = int(os.environ["CLOUDTRAIN_NODE_RANK"]), int(os.environ["CLOUDTRAIN_NODES"])
+rank = int(os.environ.get("CLOUDTRAIN_NODE_RANK", "0"))  # a job on one node has no rank set
+nodes = int(os.environ.get("CLOUDTRAIN_NODES", "1"))
 attempt = os.environ["CLOUDTRAIN_ATTEMPT"]
 jobdir = os.environ["CLOUDTRAIN_JOB_DIR"]
 room = os.path.join(os.environ["LAB_SHARED"], "attempt-" + attempt)

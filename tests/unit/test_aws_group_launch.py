@@ -32,7 +32,7 @@ from cloudtrain.providers.aws.group_launch import (
 from test_aws_user_data import Box, _job, _spec
 
 ATTEMPT_KEYS = {"attempt", "instance", "zone", "type", "lifecycle", "started_at", "by",
-                "resumed_step", "resumed_seq"}
+                "resumed_step", "resumed_seq", "resumed_attempt"}
 FINAL_KEYS = {"state", "exit_code", "reason", "ended_at", "attempt", "instance"}
 NOW = 1_760_000_000.0
 
@@ -40,7 +40,7 @@ NOW = 1_760_000_000.0
 def good_attempt(**over) -> dict:
     return {"attempt": 2, "instance": "i-0123456789abcdef0", "zone": "us-east-1b",
             "type": "g5.xlarge", "lifecycle": "spot", "started_at": NOW, "by": "bootstrap",
-            "resumed_step": 1200, "resumed_seq": 7, **over}
+            "resumed_step": 1200, "resumed_seq": 7, "resumed_attempt": 1, **over}
 
 
 # -- the records, as untrusted input ---------------------------------------------------------
@@ -66,7 +66,8 @@ def test_an_attempt_without_its_number_or_instance_is_not_one(over):
     ("started_at", float("nan")), ("started_at", float("inf")), ("started_at", 5),
     ("started_at", 1e12), ("started_at", "1760000000"), ("resumed_step", -1),
     ("resumed_step", True), ("resumed_step", 1 << 53), ("resumed_step", 3.0),
-    ("resumed_seq", "7"),
+    ("resumed_seq", "7"), ("resumed_attempt", 2), ("resumed_attempt", 3),
+    ("resumed_attempt", 0), ("resumed_attempt", True), ("resumed_attempt", "1"),
 ])
 def test_a_bad_field_of_an_attempt_is_dropped_not_the_attempt(field, value):
     got = check_attempt(good_attempt(**{field: value}))
@@ -115,6 +116,7 @@ NEAR = {"attempt": st.integers(-3, MAX_ATTEMPTS + 3) | st.booleans() | ANY,
         "lifecycle": st.sampled_from(["spot", "on-demand"]) | ANY,
         "started_at": st.floats(0, 2e11) | ANY, "by": ANY,
         "resumed_step": st.integers(-5, 1 << 54) | ANY, "resumed_seq": ANY,
+        "resumed_attempt": st.integers(-2, MAX_ATTEMPTS + 2) | ANY,
         "state": st.sampled_from(["succeeded", "failed", "cancelled", "preempted"]) | ANY,
         "exit_code": st.integers(-2000, 2000) | ANY, "reason": st.text(max_size=400) | ANY,
         "ended_at": st.floats(allow_nan=True) | ANY}
@@ -149,6 +151,9 @@ def test_any_attempt_record_is_refused_or_comes_back_well_typed(doc):
     assert isinstance(got["by"], str) and len(got["by"]) <= 20 and _one_clean_line(got["by"])
     for key in ("resumed_step", "resumed_seq"):
         assert got[key] is None or (_int(got[key]) and 0 <= got[key] < 1 << 53)
+    # C1: the attempt whose checkpoint it resumed from, an earlier one
+    assert got["resumed_attempt"] is None or (_int(got["resumed_attempt"])
+                                              and 1 <= got["resumed_attempt"] < got["attempt"])
     json.dumps(got, allow_nan=False)  # what the store and status take
 
 

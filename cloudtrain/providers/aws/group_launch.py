@@ -36,10 +36,11 @@ from ...hostdata import clean_text
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store
-from . import jobstore
+from . import jobstore, jobstore_attempts
 from .cluster import EFA_INTERFACES
 from .errors import AWSError, aws_errors
 from .groups import INSTANCE_ID, ZONE, group_name
+from .jobstore_attempts import small_json
 
 HOST_DIR = Path(__file__).resolve().parent.parent.parent / "host"
 # The boot loader and what it imports, written into the user-data (read in this order).
@@ -284,9 +285,10 @@ class GroupLaunchMixin:
 
     def group_record(self, store: Store, job: Job) -> dict:
         """What the job's instances wrote to the job store while nobody here watched: each
-        attempt (attempts/<n>.json: instance, AZ, type, start) and the job's end (final.json),
-        checked as untrusted input: {"attempts": [doc, ...] by n, "final": doc or None,
-        "group": its size (_group_size)}."""
+        attempt (attempts/<n>.json: instance, AZ, type, start, where it resumed), how far
+        each got (jobstore_attempts.reached) and the job's end (final.json), checked as
+        untrusted input: {"attempts": [doc, ...] by n, "reached": {n: step}, "final": doc
+        or None, "group": its size (_group_size)}."""
         spec = job.spec or {}
         region = spec.get("store_region") or spec.get("region") or self.region_of(job)
         s3, bucket, account = self._job_store(region)
@@ -294,19 +296,22 @@ class GroupLaunchMixin:
         owner = account or None
         out: dict = {"attempts": [], "final": None}
         with aws_errors(region, "s3"):
-            keys = dict(jobstore.list_keys(s3, bucket, prefix + ATTEMPTS, owner))
+            keys = jobstore_attempts.attempt_keys(s3, bucket, prefix, owner)
             for key, size in sorted(keys.items()):
-                doc = _small_json(s3, bucket, key, size, owner)
-                attempt = check_attempt(doc)
+                if not jobstore_attempts.is_attempt_key(prefix, key):
+                    continue  # a progress record, a node's record of a regroup
+                attempt = check_attempt(small_json(s3, bucket, key, size, owner))
                 if attempt is not None and key == f"{prefix}{ATTEMPTS}{attempt['attempt']}.json":
                     out["attempts"].append(attempt)
                 if len(out["attempts"]) >= MAX_ATTEMPTS:
                     break
+            out["attempts"].sort(key=lambda a: a["attempt"])
+            out["reached"] = jobstore_attempts.reached(s3, bucket, prefix, keys, owner,
+                                                       out["attempts"])
             final = dict(jobstore.list_keys(s3, bucket, prefix + FINAL, owner))
             if prefix + FINAL in final:
-                out["final"] = check_final(_small_json(s3, bucket, prefix + FINAL,
-                                                       final[prefix + FINAL], owner))
-        out["attempts"].sort(key=lambda a: a["attempt"])
+                out["final"] = check_final(small_json(s3, bucket, prefix + FINAL,
+                                                      final[prefix + FINAL], owner))
         out["group"] = self._group_size(job)
         return out
 
@@ -354,7 +359,7 @@ class GroupLaunchMixin:
                                              account or None))
             for key, size in sorted(listed.items())[:MAX_ATTEMPTS]:
                 name = regroup.MEMBER.fullmatch(key[len(f"{prefix}{ATTEMPTS}{n}/"):])
-                doc = regroup.check_member(_small_json(s3, bucket, key, size, account or None),
+                doc = regroup.check_member(small_json(s3, bucket, key, size, account or None),
                                            len(recs)) if name else None
                 if doc is not None and doc["instance"] == name.group(1):
                     found.append(doc)
@@ -388,21 +393,8 @@ class GroupLaunchMixin:
 
 ATTEMPTS, FINAL = auto_scaling.ATTEMPTS, auto_scaling.FINAL
 MAX_ATTEMPTS = 1000
-RECORD_MAX_BYTES = auto_scaling.RECORD_MAX_BYTES
 TYPE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)?\.[a-z0-9]+")
 ENDS = auto_scaling.ENDED_STATES
-
-
-def _small_json(s3, bucket: str, key: str, size: int, owner: str | None):
-    """The JSON at `key`, or None where it is too large or not JSON."""
-    if size > RECORD_MAX_BYTES:
-        return None
-    body = s3.get_object(Bucket=bucket, Key=key, **jobstore.owner_check(owner))["Body"]
-    data = body.read(RECORD_MAX_BYTES + 1)
-    try:
-        return json.loads(data) if len(data) <= RECORD_MAX_BYTES else None
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
 
 
 def _time(value) -> float | None:
@@ -418,14 +410,16 @@ def check_attempt(doc) -> dict | None:
     if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_ATTEMPTS) \
             or not (isinstance(inst, str) and INSTANCE_ID.fullmatch(inst)):
         return None
-    zone, kind = doc.get("zone"), doc.get("type")
+    zone, kind, resumed = doc.get("zone"), doc.get("type"), doc.get("resumed_attempt")
     return {"attempt": n, "instance": inst,
             "zone": zone if isinstance(zone, str) and ZONE.fullmatch(zone) else None,
             "type": kind if isinstance(kind, str) and TYPE.fullmatch(kind) else None,
             "lifecycle": "on-demand" if doc.get("lifecycle") == "on-demand" else "spot",
             "started_at": _time(doc.get("started_at")), "by": _line(doc.get("by"), 20),
             "resumed_step": _count(doc.get("resumed_step")),
-            "resumed_seq": _count(doc.get("resumed_seq"))}
+            "resumed_seq": _count(doc.get("resumed_seq")),
+            # the attempt whose streamed checkpoint it resumed from: an earlier one
+            "resumed_attempt": resumed if _count(resumed) and 1 <= resumed < n else None}
 
 
 def _line(value, limit: int) -> str:
