@@ -1,9 +1,10 @@
 """Which files of a work directory a job gets: everything git would not ignore.
 
-`.gitignore` files are honoured at every level with git's rules for the common cases:
-comments, `!` negation, a trailing `/` for directories only, patterns with a slash anchored
-to their `.gitignore`'s directory, `*`, `?`, `[...]` and `**`. An ignored directory is not
-entered (git cannot re-include a file inside one either). `.git` itself is never synced.
+`.gitignore` files are honoured at every level with git's rules, their patterns read by
+pathspec: comments, `!` negation, a trailing `/` for directories only, patterns with a slash
+anchored to their `.gitignore`'s directory, `*`, `?`, `[...]`, `**` and escapes; a deeper
+`.gitignore` overrides the ones above it. An ignored directory is not entered (git cannot
+re-include a file inside one either). `.git` itself is never synced.
 
 Credentials are never synced either, whatever .gitignore says (audit F6: `--workdir ~` sent
 the AWS keys, SSH keys and cloudtrain's own state to the instance): CREDENTIAL_PATTERNS and
@@ -19,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 ALWAYS_IGNORED = {".git"}
@@ -113,95 +115,75 @@ CREDENTIAL_PATTERNS = (
 )
 
 
-@dataclass
-class Rule:
-    base: str  # the directory of the .gitignore, relative to the root ("" for the root)
-    regex: re.Pattern
-    negate: bool
-    dir_only: bool
-
-    def matches(self, rel: str, is_dir: bool) -> bool:
-        if self.dir_only and not is_dir:
-            return False
-        if self.base:
-            if not rel.startswith(self.base + "/"):
-                return False
-            rel = rel[len(self.base) + 1:]
-        return self.regex.fullmatch(rel) is not None
-
-
-def _glob_to_regex(pattern: str) -> str:
-    out, i, n = [], 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("/**", i) and i + 3 == n:
-            out.append("/.*")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif c == "*":
-            out.append("[^/]*")
-            i += 1
-        elif c == "?":
-            out.append("[^/]")
-            i += 1
-        elif c == "[":
-            end = pattern.find("]", i + 1)
-            if end == -1:
-                out.append(re.escape(c))
-                i += 1
-            else:
-                body = pattern[i + 1:end].replace("\\", "\\\\")
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append(f"[{body}]")
-                i = end + 1
-        elif c == "\\" and i + 1 < n:
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-        else:
-            out.append(re.escape(c))
-            i += 1
-    return "".join(out)
+# pathspec's GitIgnoreSpec answers for a file's whole path and differs from git for
+# directories (`a`, `!*`, `a` leaves `a/` in; pathspec issues 129 and 137), so the walk asks
+# git's question of each entry instead: the last pattern that names this file or directory
+# decides. A pattern names the entry when its regex matches the entry's path without going
+# through a parent directory (no directory mark), or, for a directory, with the mark on the
+# entry's own trailing `/` (`build/`). The walk has already let every parent through.
+@dataclass(frozen=True)
+class Patterns:
+    """One .gitignore's patterns (pathspec's GitIgnoreSpecPattern) and the name of their
+    directory-mark group; `any`: one regex that matches where any of them does, so that the
+    many entries no pattern names cost one search."""
+    patterns: tuple
+    mark: str
+    any: re.Pattern
 
 
-def parse(text: str, base: str = "") -> list[Rule]:
-    rules = []
-    for line in text.splitlines():
-        line = line.rstrip()
-        if not line or line.startswith("#"):
+Rules = list  # of (the .gitignore's directory relative to the root, "" for the root; Patterns)
+
+
+def _compile(lines) -> Patterns:
+    """A line git cannot use (a lone trailing backslash) matches nothing, as in git."""
+    import warnings
+
+    from pathspec.patterns.gitignore.spec import _DIR_MARK, GitIgnoreSpecPattern
+
+    patterns = []
+    with warnings.catch_warnings():  # `[[:alpha:]]` makes `re` warn of a nested set
+        warnings.simplefilter("ignore", FutureWarning)
+        for line in lines:
+            try:
+                pattern = GitIgnoreSpecPattern(line)
+            except ValueError:
+                continue
+            if pattern.include is not None:  # a comment or a blank line
+                patterns.append(pattern)
+        group = f"(?P<{_DIR_MARK}>"
+        either = "|".join(f"(?:{p.regex.pattern.replace(group, '(?:')})" for p in patterns)
+        try:
+            any_ = re.compile(either or "(?!)")
+        except re.error:  # then every entry is checked pattern by pattern
+            any_ = re.compile("")
+    return Patterns(tuple(patterns), _DIR_MARK, any_)
+
+
+def _names(pattern, mark: str, path: str, is_dir: bool) -> bool:
+    if any(found.groupdict().get(mark) is None for found in pattern.regex.finditer(path)):
+        return True
+    return is_dir and any(found.groupdict().get(mark) and found.end(mark) == len(path) + 1
+                          for found in pattern.regex.finditer(path + "/"))
+
+
+def _ignored(rules: Rules, rel: str, is_dir: bool) -> bool | None:
+    """True when the last pattern naming `rel` ignores it, False when it re-includes it, None
+    when none names it. A deeper .gitignore overrides the ones above it, as in git."""
+    for base, found in reversed(rules):
+        if base and not rel.startswith(base + "/"):
             continue
-        negate = line.startswith("!")
-        if negate:
-            line = line[1:]
-        elif line.startswith("\\"):
-            line = line[1:]
-        dir_only = line.endswith("/")
-        line = line.rstrip("/")
-        if not line:
+        path = rel[len(base) + 1:] if base else rel
+        if found.any.search(path) is None and not (is_dir and found.any.search(path + "/")):
             continue
-        anchored = "/" in line
-        line = line.lstrip("/")
-        regex = _glob_to_regex(line)
-        if not anchored:
-            regex = "(?:.*/)?" + regex
-        rules.append(Rule(base, re.compile(regex), negate, dir_only))
-    return rules
+        for pattern in reversed(found.patterns):
+            if _names(pattern, found.mark, path, is_dir):
+                return pattern.include
+    return None
 
 
-def _ignored(rules: list[Rule], rel: str, is_dir: bool) -> bool:
-    ignored = False
-    for rule in rules:  # the last matching rule decides, as in git
-        if rule.matches(rel, is_dir):
-            ignored = not rule.negate
-    return ignored
-
-
-CREDENTIAL_RULES = parse("\n".join(CREDENTIAL_PATTERNS))
+@lru_cache(maxsize=1)
+def _credential_rules() -> Rules:
+    return [("", _compile(CREDENTIAL_PATTERNS))]
 
 
 def _state_dir_in(root: Path) -> str | None:
@@ -232,17 +214,17 @@ def survey(root: Path, include: tuple[str, ...] | list[str] = ()) -> Survey:
     (counted inside held-back directories too) and those an include sent anyway."""
     root = Path(root)
     out = Survey(state_dir=_state_dir_in(root))
-    wanted = parse("\n".join(include))
+    wanted = [("", _compile(include))] if include else []
     if out.state_dir == "." and not wanted:
         return out  # the work directory is the state directory itself
 
-    def walk(directory: Path, rel_dir: str, rules: list[Rule], mode: str, named: bool) -> None:
+    def walk(directory: Path, rel_dir: str, rules: Rules, mode: str, named: bool) -> None:
         """`mode`: "open", "secret" (inside a credential directory: files held back unless
         named) or "state" (inside $CLOUDTRAIN_HOME: entered only for include patterns);
         `named`: an include pattern names a directory above."""
         ignore_file = directory / ".gitignore"
         if ignore_file.is_file():
-            rules = rules + parse(ignore_file.read_text(errors="replace"), rel_dir)
+            rules = rules + [(rel_dir, _compile(ignore_file.read_text(errors="replace").splitlines()))]
         with os.scandir(directory) as entries:
             for entry in sorted(entries, key=lambda e: e.name):
                 if entry.name in ALWAYS_IGNORED:
@@ -251,11 +233,11 @@ def survey(root: Path, include: tuple[str, ...] | list[str] = ()) -> Survey:
                 is_dir = entry.is_dir(follow_symlinks=False)
                 if _ignored(rules, rel, is_dir):
                     continue
-                here = named or (bool(wanted) and _ignored(wanted, rel, is_dir))
+                here = named or bool(wanted and _ignored(wanted, rel, is_dir))
                 kind = mode
                 if rel == out.state_dir:
                     kind = "state"
-                elif mode == "open" and _ignored(CREDENTIAL_RULES, rel, is_dir):
+                elif mode == "open" and _ignored(_credential_rules(), rel, is_dir):
                     kind = "secret"
                 if is_dir:
                     if kind != "state" or here or wanted:
