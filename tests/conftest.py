@@ -3,6 +3,7 @@ tmux server (killed at the end), so a developer's own jobs are never touched."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -23,6 +24,31 @@ TEST_CONFIG = {
     "heartbeat_seconds": 0.5,
     "stale_after_seconds": 5.0,
 }
+
+
+def _moto_with_its_default_images_only() -> None:
+    """moto's EC2 builds each region's backend on its first request after every reset (once
+    per test), and loading its images was nearly all of that: its 44 default AMIs plus about
+    1,250 per region (the latest Amazon Linux and ECS-optimised images), each with a
+    snapshot and a volume. A sweep of every region (`status --refresh`, `down --all`) then
+    cost 4 to 5 s of moto per test on this machine, 0.5 s with the 44 alone. No test uses
+    those per-region images (the labs register their own DLAMI; tests that take "an image
+    owned by amazon" or ami-12c6146b get them from the 44). MOTO_AMIS_PATH (moto's own
+    setting; read when moto.ec2 is imported, so here, before any test module imports moto)
+    names a file of the 44, made from moto's bundled list."""
+    if "MOTO_AMIS_PATH" in os.environ:
+        return
+    import tempfile
+
+    from moto.utilities.utils import load_resource
+
+    path = Path(tempfile.gettempdir()) / f"cloudtrain-tests-moto-amis-{os.getpid()}.json"
+    path.write_text(json.dumps(load_resource("ec2/resources/amis.json")))
+    os.environ["MOTO_AMIS_PATH"] = str(path)
+    atexit.register(path.unlink, missing_ok=True)
+
+
+_moto_with_its_default_images_only()
 
 
 # pytest-xdist's workers inherit COLUMNS=80 and LINES=24 from their pseudo-terminal; the
