@@ -311,11 +311,30 @@ def resume_refusals(resume, path: Path, checkpoints: list[dict]) -> list[str]:
 FAULT_TABLE: list[tuple[str, int, str, int]] = []
 
 
+def slow_seconds(item) -> float:
+    """About how long a test runs on the 2-core CI machine: `pytest.mark.slow(seconds=N)`, a
+    plain `slow` mark 20 s, any other test 0."""
+    mark = item.get_closest_marker("slow")
+    return 0.0 if mark is None else float(mark.kwargs.get("seconds", 20))
+
+
+def pytest_collection_modifyitems(config, items):
+    """In a pytest-xdist worker, the slow tests first, longest first (a stable sort: the rest
+    keep their order). The scheduler hands out units in this order, so the two workers start
+    on the long trainings and end on short tests together; before, the last tests collected
+    (tests/unit/test_wide_resnet.py's compile and torchrun runs) left one worker training for
+    a minute or more while the other had nothing left. A serial run keeps the file order."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=slow_seconds, reverse=True)
+
+
 def pytest_xdist_make_scheduler(config, log):
     """Under pytest-xdist (.ci/run: two workers), the end-to-end tests go to one worker as one
     unit: their network namespaces share 10.200.0.0/24 and one lab runs at a time anyway. Every
-    other test is a unit of its own. (Our own scheduler, not `--dist loadgroup`: that one marks
-    groups by rewriting Item._nodeid, which pytest 9 no longer reads, so groups were ignored.)"""
+    other test is a unit of its own, handed out in the workers' collection order (units of one
+    test keep it: pytest_collection_modifyitems puts the slow ones first). (Our own scheduler,
+    not `--dist loadgroup`: that one marks groups by rewriting Item._nodeid, which pytest 9 no
+    longer reads, so groups were ignored.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class EndToEndTogether(LoadScopeScheduling):
