@@ -95,23 +95,26 @@ def kill_processes_under(folder: Path) -> list[int]:
     tmp_path): the agents, probes and jobs that fault-injection tests leave hanging on
     purpose must not outlive the test (they did: `agent.py probe` of F4/F26, after a run).
     Not the tmux server the whole session shares: it keeps the command line of the client
-    that started it, which may name the test's job dir."""
-    mark = str(folder) + "/"
+    that started it, which may name the test's job dir. It runs after every test: a process's
+    name is read only where its command line matches (three times faster than reading both
+    of every process, with a hundred or more running)."""
+    mark = (str(folder) + "/").encode()
+    me = os.getpid()
     killed = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me:
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().decode("utf-8", "replace")
-            name = (entry / "comm").read_text().strip()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if mark not in f.read():
+                    continue
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().startswith("tmux"):
+                    continue
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(int(pid))
         except OSError:
             continue
-        if mark in cmdline and not name.startswith("tmux"):
-            try:
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
-            except OSError:
-                pass
     return killed
 
 
