@@ -3,6 +3,7 @@ tmux server (killed at the end), so a developer's own jobs are never touched."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -23,6 +24,31 @@ TEST_CONFIG = {
     "heartbeat_seconds": 0.5,
     "stale_after_seconds": 5.0,
 }
+
+
+def _moto_with_its_default_images_only() -> None:
+    """moto's EC2 builds each region's backend on its first request after every reset (once
+    per test), and loading its images was nearly all of that: its 44 default AMIs plus about
+    1,250 per region (the latest Amazon Linux and ECS-optimised images), each with a
+    snapshot and a volume. A sweep of every region (`status --refresh`, `down --all`) then
+    cost 4 to 5 s of moto per test on this machine, 0.5 s with the 44 alone. No test uses
+    those per-region images (the labs register their own DLAMI; tests that take "an image
+    owned by amazon" or ami-12c6146b get them from the 44). MOTO_AMIS_PATH (moto's own
+    setting; read when moto.ec2 is imported, so here, before any test module imports moto)
+    names a file of the 44, made from moto's bundled list."""
+    if "MOTO_AMIS_PATH" in os.environ:
+        return
+    import tempfile
+
+    from moto.utilities.utils import load_resource
+
+    path = Path(tempfile.gettempdir()) / f"cloudtrain-tests-moto-amis-{os.getpid()}.json"
+    path.write_text(json.dumps(load_resource("ec2/resources/amis.json")))
+    os.environ["MOTO_AMIS_PATH"] = str(path)
+    atexit.register(path.unlink, missing_ok=True)
+
+
+_moto_with_its_default_images_only()
 
 
 # pytest-xdist's workers inherit COLUMNS=80 and LINES=24 from their pseudo-terminal; the
@@ -69,23 +95,26 @@ def kill_processes_under(folder: Path) -> list[int]:
     tmp_path): the agents, probes and jobs that fault-injection tests leave hanging on
     purpose must not outlive the test (they did: `agent.py probe` of F4/F26, after a run).
     Not the tmux server the whole session shares: it keeps the command line of the client
-    that started it, which may name the test's job dir."""
-    mark = str(folder) + "/"
+    that started it, which may name the test's job dir. It runs after every test: a process's
+    name is read only where its command line matches (three times faster than reading both
+    of every process, with a hundred or more running)."""
+    mark = (str(folder) + "/").encode()
+    me = os.getpid()
     killed = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me:
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().decode("utf-8", "replace")
-            name = (entry / "comm").read_text().strip()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if mark not in f.read():
+                    continue
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().startswith("tmux"):
+                    continue
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(int(pid))
         except OSError:
             continue
-        if mark in cmdline and not name.startswith("tmux"):
-            try:
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
-            except OSError:
-                pass
     return killed
 
 
@@ -285,11 +314,30 @@ def resume_refusals(resume, path: Path, checkpoints: list[dict]) -> list[str]:
 FAULT_TABLE: list[tuple[str, int, str, int]] = []
 
 
+def slow_seconds(item) -> float:
+    """About how long a test runs on the 2-core CI machine: `pytest.mark.slow(seconds=N)`, a
+    plain `slow` mark 20 s, any other test 0."""
+    mark = item.get_closest_marker("slow")
+    return 0.0 if mark is None else float(mark.kwargs.get("seconds", 20))
+
+
+def pytest_collection_modifyitems(config, items):
+    """In a pytest-xdist worker, the slow tests first, longest first (a stable sort: the rest
+    keep their order). The scheduler hands out units in this order, so the two workers start
+    on the long trainings and end on short tests together; before, the last tests collected
+    (tests/unit/test_wide_resnet.py's compile and torchrun runs) left one worker training for
+    a minute or more while the other had nothing left. A serial run keeps the file order."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=slow_seconds, reverse=True)
+
+
 def pytest_xdist_make_scheduler(config, log):
     """Under pytest-xdist (.ci/run: two workers), the end-to-end tests go to one worker as one
     unit: their network namespaces share 10.200.0.0/24 and one lab runs at a time anyway. Every
-    other test is a unit of its own. (Our own scheduler, not `--dist loadgroup`: that one marks
-    groups by rewriting Item._nodeid, which pytest 9 no longer reads, so groups were ignored.)"""
+    other test is a unit of its own, handed out in the workers' collection order (units of one
+    test keep it: pytest_collection_modifyitems puts the slow ones first). (Our own scheduler,
+    not `--dist loadgroup`: that one marks groups by rewriting Item._nodeid, which pytest 9 no
+    longer reads, so groups were ignored.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class EndToEndTogether(LoadScopeScheduling):

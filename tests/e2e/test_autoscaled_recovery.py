@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from labs.cloud import cloud_lab
+from labs.cloud import cloud_lab, uninterrupted
 from labs.polling import wait_for
 from labs.netns import netns_available
 
@@ -60,19 +60,10 @@ def lab(cli, ct_home, tmp_path, monkeypatch):
         assert lab.asg.errors() == []
 
 
-_PLAIN: dict = {}
-
-
 def _uninterrupted(cli) -> tuple[int, dict]:
     """The same run on this machine, uninterrupted: (its steps, its final weights), run once
-    for the tests of this file (the recipe is deterministic on the CPU)."""
-    if not _PLAIN:
-        plain = cli.launch(*RESNET9, "--backend", "local")
-        assert cli.wait(plain, timeout=180)["state"] == "succeeded"
-        _PLAIN["steps"] = cli.job(plain)["metrics"]["step"]
-        _PLAIN["model"] = torch.load(Path(cli.job(plain)["jobdir"]) / "checkpoints" / "last.pt",
-                                     map_location="cpu", weights_only=False)["model"]
-    return _PLAIN["steps"], _PLAIN["model"]
+    for the tests of this file and test_spot_recovery.py (labs.cloud.uninterrupted)."""
+    return uninterrupted(cli, RESNET9)
 
 
 def _same_as_uninterrupted(ct_home: Path, job: dict, steps: int, theirs: dict,
@@ -236,19 +227,10 @@ def test_with_the_laptop_on_status_and_logs_follow_the_job_to_its_replacement(la
 # shards, 5 steps an epoch, 6 epochs (30 steps), a checkpoint each epoch.
 RESNET9_NODES = ("--recipe", "resnet9", "--profile", "smoke", "--set", "gpus=3",
                  "--set", "epochs=6")
-_PLAIN_NODES: dict = {}
-
-
 def _uninterrupted_nodes(cli, recipe: tuple = RESNET9_NODES) -> tuple[int, dict]:
     """The same 3-process run on this machine (torchrun, gloo), uninterrupted: its steps and
     final weights. The ranks, shards and reduction order are the 3 nodes'."""
-    if recipe not in _PLAIN_NODES:
-        plain = cli.launch(*recipe, "--procs", "3", "--backend", "local")
-        assert cli.wait(plain, timeout=300)["state"] == "succeeded"
-        _PLAIN_NODES[recipe] = (cli.job(plain)["metrics"]["step"], torch.load(
-            Path(cli.job(plain)["jobdir"]) / "checkpoints" / "last.pt", map_location="cpu",
-            weights_only=False)["model"])
-    return _PLAIN_NODES[recipe]
+    return uninterrupted(cli, (*recipe, "--procs", "3"), timeout=300)
 
 
 @pytest.mark.parametrize("lost, notice", [(0, False), (2, True)],

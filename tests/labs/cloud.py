@@ -58,6 +58,27 @@ def terminate_with_reason(instance_id: str, reason: tuple[str, str], stop: bool 
         backend.terminate_instances([instance_id])
 
 
+_UNINTERRUPTED: dict[tuple, tuple[int, dict]] = {}
+
+
+def uninterrupted(cli, launch: tuple[str, ...], timeout: float = 180) -> tuple[int, dict]:
+    """The job of `launch` (launch's arguments) run on this machine by the local backend,
+    uninterrupted: (its last step, its final weights), what a recovered run must end with.
+    Run once per test process for every test and file that compares with the same run (the
+    recipes are deterministic on the CPU): test_spot_recovery.py and
+    test_autoscaled_recovery.py each trained the same resnet9 reference of 64 steps."""
+    if launch not in _UNINTERRUPTED:
+        import torch
+
+        plain = cli.launch(*launch, "--backend", "local")
+        assert cli.wait(plain, timeout=timeout)["state"] == "succeeded"
+        job = cli.job(plain)
+        _UNINTERRUPTED[launch] = (job["metrics"]["step"], torch.load(
+            Path(job["jobdir"]) / "checkpoints" / "last.pt", map_location="cpu",
+            weights_only=False)["model"])
+    return _UNINTERRUPTED[launch]
+
+
 class CloudLab:
     """Namespace instances (`hosts`: their addresses, each in the AZ whose subnet holds it),
     moto on the bridge, the fake IMDS, and what the test does as EC2."""

@@ -530,6 +530,7 @@ def test_resume_refuses_a_damaged_checkpoint_or_counts_past_the_schedule_F46(tmp
     assert said[-1].startswith(f"{path}: refused to load the checkpoint: it is damaged")
 
 
+@pytest.mark.slow(seconds=15)
 def test_runs_write_a_summary_and_resume_between_runs(tmp_path, data_dir):
     one_epoch = ["--epochs", "1", "--runs", "2"]  # 5 steps per run
     assert _run(tmp_path, "two", *one_epoch, data=data_dir) == 0
@@ -563,6 +564,7 @@ def test_resume_refuses_a_checkpoint_from_other_arguments(tmp_path, capsys, data
     assert "no checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.slow(seconds=25)
 @pytest.mark.parametrize("variant", ["airbench95", "airbench96"])
 def test_smoke_configuration_learns(tmp_path, variant, data_dir):
     doc = yaml.safe_load((REPO / "recipes" / variant / "recipe.yaml").read_text())
@@ -584,6 +586,7 @@ def _env(job, data_dir):
             "PYTHONUNBUFFERED": "1"}
 
 
+@pytest.mark.slow(seconds=25)
 def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path, data_dir):
     job = recipe_job_dir(tmp_path, "airbench94")
     proc = subprocess.run(recipe_command("airbench94"), cwd=job, env=_env(job, data_dir),
@@ -634,6 +637,7 @@ def long_reference(tmp_path_factory, data_dir):
     return torch.load(tmp / "checkpoints" / "last.pt", weights_only=True)
 
 
+@pytest.mark.slow(seconds=30)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_signal_checkpoints_at_a_step_boundary_and_resumes_bit_for_bit(tmp_path, sig, data_dir,
                                                                         long_reference):
@@ -689,6 +693,7 @@ def test_recipe_yaml_loads_and_matches_the_script(variant):
     assert ab.variant_hyp(variant, defaults)["widths"] == hyp["widths"]
 
 
+@pytest.mark.slow(seconds=90)
 def test_compile_scope_all_really_compiles_and_trains_as_eager(tmp_path, monkeypatch):
     """issue 17, with torch.compile itself (its default mode on the CPU): the `all` scope
     compiles the model, the training forward + loss (a functools.partial) and the whole TTA

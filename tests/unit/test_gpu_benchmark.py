@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow(seconds=30)
 def test_the_gpu_benchmark_runs_on_the_cpu_and_its_table_parses():
     """issue 17: one row per recipe with the recipe's own train time, the first step's wall
     time, steps/s and the process's wall time; no GPU here, so no memory or compile."""
@@ -33,6 +36,7 @@ def test_the_gpu_benchmark_runs_on_the_cpu_and_its_table_parses():
     assert mem == "-" and compile_ == "-"
 
 
+@pytest.mark.slow(seconds=25)
 def test_airbench_writes_its_startup_breakdown(tmp_path):
     """issue 17: the job's startup (import, data, warm-up, first step) as a metrics row, the
     data cached ready to load on first use and read from it the next time."""
@@ -150,6 +154,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow(seconds=40)
 def test_U37_sigterm_to_the_benchmark_stops_its_recipe_and_the_recipes_loader_workers():
     """U37: `timeout` (SIGTERM to the benchmark alone here) left the recipe and its loader
     worker running, the recipe waiting on the worker for ever. The benchmark forwards the
@@ -182,6 +187,7 @@ def test_U37_sigterm_to_the_benchmark_stops_its_recipe_and_the_recipes_loader_wo
     assert [pid for pid in seen if _alive(pid)] == []
 
 
+@pytest.mark.slow(seconds=40)
 def test_U37_a_recipe_whose_output_pipe_is_gone_ends_with_its_workers(tmp_path):
     """U37, as `timeout` around the old benchmark did it: the reader of a recipe's output is
     gone and SIGTERM reaches the recipe's whole group. The recipe stops at a step boundary,

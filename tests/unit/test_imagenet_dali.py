@@ -237,6 +237,7 @@ def _rows(job_dir):
     return [r for r in rows if "event" not in r]
 
 
+@pytest.mark.slow(seconds=30)
 @needs_dali
 def test_the_tiny_schedule_trains_on_dali_through_every_phase_and_resumes_at_the_step(
         train, tmp_path, capsys, one_torch_thread):

@@ -76,6 +76,7 @@ def _assert_same_training(reference: Path, resumed: Path):
     assert [row[2:] for row in _tsv(resumed)] == [row[2:] for row in _tsv(reference)]
 
 
+@pytest.mark.slow(seconds=30)
 def test_tiny_schedule_runs_every_phase_and_resumes_exactly_around_the_switch(tmp_path):
     assert _run(tmp_path, "straight") == 0
     rows = _rows(tmp_path / "straight")
@@ -161,6 +162,7 @@ def test_too_few_images_or_an_uneven_batch_div_are_one_line(tmp_path):
         _run(tmp_path, "j", "--batch-div", "3")
 
 
+@pytest.mark.slow(seconds=20)
 def test_ffcv_variant_on_the_cpu(tmp_path):
     """FFCV rn50 (BlurPool, label smoothing, drop_last, 256 px validation with the 224/256
     crop and flip TTA) with its 512-image batch divided by 64: one epoch of 32 images."""
@@ -278,6 +280,7 @@ def _env(tmp_path, job):
             "CLOUDTRAIN_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
 
 
+@pytest.mark.slow(seconds=40)
 def test_sigterm_mid_epoch_as_the_orchestrator_runs_it_resumes_exactly(tmp_path):
     """The smoke profile's command line (8 training images a class instead of 16, to keep
     this quick): straight; SIGTERM'd during the second epoch (5 steps of 16), exit 143 with a
@@ -313,6 +316,7 @@ def test_sigterm_mid_epoch_as_the_orchestrator_runs_it_resumes_exactly(tmp_path)
     _assert_same_training(job, other)
 
 
+@pytest.mark.slow(seconds=40)
 def test_two_gloo_ranks_validate_every_image_once(tmp_path):
     """5 validation images a class x 4 = 20 over 2 ranks: at 32 px the DX batching gives rank 0
     one batch of 16 and rank 1 one of 4; rectangular validation at 72 px (chunks of 8) gives

@@ -422,6 +422,7 @@ def _rows(tmp_path, job):
             if "event" not in r]
 
 
+@pytest.mark.slow(seconds=20)
 @pytest.mark.parametrize("variant", ["bag-of-tricks", "dawn"])
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, variant):
     assert _run(tmp_path, "straight", "--variant", variant) == 0
@@ -489,6 +490,7 @@ def _summary(tmp_path, job):
             if r.get("event") == "runs_summary"]
 
 
+@pytest.mark.slow(seconds=25)
 def test_runs_summarise_and_compose_with_resume(tmp_path, capsys):
     assert _run(tmp_path, "straight", "--runs", "2") == 0
     rows = _rows(tmp_path, "straight")
@@ -529,6 +531,7 @@ def _env(tmp_path, job):
             "CLOUDTRAIN_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
 
 
+@pytest.mark.slow(seconds=30)
 def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
     job = recipe_job_dir(tmp_path, "resnet9")
     proc = subprocess.run(recipe_command("resnet9"), cwd=job, env=_env(tmp_path, job),
@@ -568,6 +571,7 @@ def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
             / "data_batch_1").is_file()
 
 
+@pytest.mark.slow(seconds=25)
 def test_d10_smoke_profile_ends_well_above_chance(tmp_path, one_torch_thread):
     """D10: the README's first command used to end at chance (test acc 0.1055 at both epochs,
     train acc 0.25): its 8 steps gave the evaluated EMA model (Page's 0.99 per step, a ~100
@@ -613,6 +617,7 @@ def test_d10_defaults_keep_every_published_variant_exactly(tmp_path):
         assert train.launch_problem(args, {}) == f"resnet9: {problem}"
 
 
+@pytest.mark.slow(seconds=30)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
 def test_signal_checkpoints_at_a_step_boundary_and_exits_143(tmp_path, sig):
     job = recipe_job_dir(tmp_path, "resnet9")
@@ -637,6 +642,7 @@ def test_signal_checkpoints_at_a_step_boundary_and_exits_143(tmp_path, sig):
                                                                         "last.pt"]
 
 
+@pytest.mark.slow(seconds=120)
 def test_compile_true_compiles_once_off_the_clock_and_trains_as_eager(tmp_path):
     """issue 17: compile=true (torch.compile's default mode on the CPU) compiles the training
     forward before the clock starts, says how long in the startup row, keeps the graphs for

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import import_recipe_file
 
@@ -113,6 +114,7 @@ def _reference_step(init: dict, x, y, order, splits: int, batch: int):
     return {k: p.detach() for k, p in params.items()}
 
 
+@pytest.mark.slow(seconds=45)
 def test_initial_weights_and_one_distributed_step(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
@@ -200,6 +202,7 @@ def _assert_same_run(tmp_path, job, reference):
         [tuple(r[k] for k in keys) for r in _epoch_rows(tmp_path, "straight")], job
 
 
+@pytest.mark.slow(seconds=60)
 def test_two_process_run_stopped_and_resumed_is_bit_for_bit(tmp_path):
     # The reference, started as the orchestrator starts it.
     proc = _torchrun(tmp_path, "straight")

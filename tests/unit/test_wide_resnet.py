@@ -343,6 +343,7 @@ def _dist_worker(rank: int, port: int, out: str) -> None:
         world.close()
 
 
+@pytest.mark.slow(seconds=30)
 def test_two_gloo_processes_weights_shards_and_one_ddp_step(tmp_path):
     import torch.multiprocessing as mp
 
@@ -406,6 +407,7 @@ def _torchrun(tmp_path, job, *extra):
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.slow(seconds=60)
 def test_two_process_run_stopped_mid_epoch_resumes_exactly(tmp_path):
     straight = _torchrun(tmp_path, "straight")
     assert straight.returncode == 0, straight.stdout + straight.stderr
@@ -461,6 +463,7 @@ def _assert_same_training(tmp_path, reference_job, job, steps, world_size):
         assert [r[key] for r in rows] == [r[key] for r in ref_rows], key
 
 
+@pytest.mark.slow(seconds=15)
 def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert _run(tmp_path, "straight") == 0
     assert _final(tmp_path, "straight")["train_time"] > 0
@@ -515,6 +518,7 @@ def _env(tmp_path, job):
             "CLOUDTRAIN_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
 
 
+@pytest.mark.slow(seconds=25)
 def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
     job = recipe_job_dir(tmp_path, "wide-resnet34")
     proc = subprocess.run(recipe_command("wide-resnet34"), cwd=job, env=_env(tmp_path, job),
@@ -550,6 +554,7 @@ def test_smoke_profile_as_the_orchestrator_runs_it(tmp_path):
     assert ckpt["epoch"] == 2 and ckpt["step"] == 16 and ckpt["args"]["widen"] == 1
 
 
+@pytest.mark.slow(seconds=25)
 def test_sigusr1_checkpoints_at_a_step_boundary_and_exits_143(tmp_path):
     job = recipe_job_dir(tmp_path, "wide-resnet34")
     command = recipe_command("wide-resnet34")
@@ -594,6 +599,7 @@ def test_the_project_loader_accepts_the_recipe():
                                      "resume", "fp16", "loss_scale", "clr"}
 
 
+@pytest.mark.slow(seconds=90)
 def test_compile_true_compiles_once_and_trains_exactly_as_eager_on_the_cpu(tmp_path, capsys,
                                                                           monkeypatch):
     """issue 17: compile=true compiles the training forward before run 0 (its seconds in the
