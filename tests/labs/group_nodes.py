@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +42,8 @@ import time
 from pathlib import Path
 
 import boto3
+
+from cloudtrain.hosts import write_host_files
 
 from .aws import instance_store
 from .imds import FakeIMDS
@@ -66,12 +67,13 @@ NODE_MAIN = r"""
 import json, os, sys
 mode, here, root = sys.argv[1:4]
 sys.path.insert(0, here)
-import agent_progress, auto_scaling, bootstrap, bundle_reader, checkpoint_stream, regroup
+from cloudtrain_host import (agent_progress, auto_scaling, bootstrap, bundle_reader,
+                             checkpoint_stream, regroup)
 for name, value in json.loads(os.environ["LAB_TIMING"]).items():
     module, attr = name.split(".")
-    setattr(sys.modules[module], attr, value)
+    setattr(sys.modules["cloudtrain_host." + module], attr, value)
 if mode == "agent":
-    import agent
+    from cloudtrain_host import agent
     sys.exit(agent.main(["run", root]))
 job = json.load(open(os.path.join(root, "job.json")))
 conf = auto_scaling.settings(job)
@@ -318,8 +320,7 @@ class GroupNodes:
         node = Node(self, ident, address)
         node.jobdir.mkdir(parents=True)
         (node.jobdir / "checkpoints").mkdir()
-        shutil.copytree(Path(__file__).resolve().parents[2] / "cloudtrain" / "host",
-                        node.agent_dir, ignore=shutil.ignore_patterns("__pycache__"))
+        write_host_files(node.agent_dir)
         (node.jobdir / "job.py").write_text(JOB)
         (node.jobdir / "run.sh").write_text(
             f"exec {sys.executable} job.py {self.steps} {self.every} {self.step_s} "
