@@ -398,7 +398,7 @@ class GroupNodes:
     def node(self, rank: int, running: bool = True) -> Node:
         """The live node that holds `rank` now (its job.json says), its part running (or
         not `running`: ended, waiting for the job's end)."""
-        for node in self.by_id.values():
+        for node in list(self.by_id.values()):
             if node.gone:
                 continue
             try:
@@ -413,7 +413,7 @@ class GroupNodes:
     def step(self) -> int:
         """The last step rank 0 took, on any node (metrics.jsonl)."""
         best = 0
-        for node in self.by_id.values():
+        for node in list(self.by_id.values()):
             path = node.jobdir / "metrics.jsonl"
             if path.exists():
                 rows = [json.loads(l) for l in path.read_text().splitlines() if l.endswith("}")]
@@ -449,7 +449,7 @@ class GroupNodes:
         """final.json, once the group is gone and no node of it runs."""
         try:
             wait_for(lambda: self.final() is not None and self.group_gone()
-                     and all(n.gone for n in self.by_id.values()), timeout=timeout,
+                     and all(n.gone for n in list(self.by_id.values())), timeout=timeout,
                      interval=0.2, what="the job's end")
         except AssertionError as exc:
             raise AssertionError(f"{exc}:\n{self.describe()}") from None
@@ -458,7 +458,7 @@ class GroupNodes:
     def describe(self) -> str:
         """Each node's state and its log's last lines (what a failed test shows)."""
         lines = [f"final: {self.final()}", f"attempts: {[a.get('instance') for a in self.attempts()]}"]
-        for node in self.by_id.values():
+        for node in list(self.by_id.values()):
             log = node.jobdir / "output.log"
             tail = log.read_text().splitlines()[-6:] if log.exists() else []
             boot = node.dir / "boot.log"
