@@ -339,7 +339,7 @@ def drive_regroup(case: str, marker: str) -> None:
 
     from cloudtrain.host import regroup
     from cloudtrain.host.bundle_reader import Bundle, Failed
-    from cloudtrain.host.stage_sigv4 import RoleCredentials
+    from cloudtrain.host.awsapi import RoleCredentials
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     job, bucket = "regroup01", "cloudtrain-123456789012-us-east-1"

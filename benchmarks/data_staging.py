@@ -43,13 +43,13 @@ from moto.server import ThreadedMotoServer  # noqa: E402
 from cloudtrain import config, datasets, datasources  # noqa: E402
 from cloudtrain.providers.aws import AWSProvider  # noqa: E402
 from cloudtrain.providers.aws import datasets as s3_datasets  # noqa: E402
+from cloudtrain.hosts import write_host_files  # noqa: E402
 from cloudtrain.spec import JobSpec  # noqa: E402
 from data_push import make_tree, rate  # noqa: E402
 from labs.imds import FakeIMDS  # noqa: E402
 from labs.loopback import free_port  # noqa: E402
 
 REGION, BUCKET = "eu-west-1", "bench-datasets"
-STAGER = ROOT / "cloudtrain" / "host" / "stager.py"
 
 
 def plan_for(prefix: str, auth: str, dest: Path, imds_url: str) -> dict:
@@ -66,9 +66,10 @@ def plan_for(prefix: str, auth: str, dest: Path, imds_url: str) -> dict:
 def run_stager(plan: dict, work: Path) -> tuple[float, float, dict]:
     """Wall seconds, the stager's CPU seconds, and its status file."""
     (work / "plan.json").write_text(json.dumps(plan))
+    write_host_files(work / "agent")  # what a host gets: the stager is one of its commands
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    subprocess.run([sys.executable, str(STAGER), str(work / "plan.json"),
+    subprocess.run([sys.executable, str(work / "agent" / "stager.py"), str(work / "plan.json"),
                     str(work / "status.json")], check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

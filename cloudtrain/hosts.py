@@ -31,12 +31,23 @@ from pathlib import Path
 from typing import Callable
 
 from . import hostdata
-from .host import agent as agent_module
+from . import host as host_package
 from .errors import HostError
 from .gitignore import list_files
 from .progress import Reporter, megabytes
 
-AGENT_SOURCE = Path(agent_module.__file__)
+HOST_DIR = Path(host_package.__file__).parent
+# cloudtrain/host/'s name on a host: a package of its own folder there, so that its modules
+# import each other as they do here (relatively) and nothing of an installed cloudtrain.
+HOST_PACKAGE = host_package.SHIPPED_AS
+# The host modules run as commands (`python3 <folder>/<name>.py ARGS`): each has a launcher
+# beside the package, so a command's path and its processes' command lines name the module.
+HOST_COMMANDS = ("agent", "bootstrap", "boot_loader", "checkpoint_stream", "job_queue", "stager")
+LAUNCHER = ('"""`python3 {name}.py ARGS`: {package}.{name}, of the package beside this file, '
+            'run as its main module (as `python3 -m` would)."""\n'
+            "import os\nimport runpy\nimport sys\n\n"
+            "sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I, -P too\n"
+            'runpy.run_module("{package}.{name}", run_name="__main__", alter_sys=True)\n')
 TMUX_INSTALL_HINT = ("install tmux: `apt-get install tmux` (Debian/Ubuntu), `dnf install tmux` "
                      "(Fedora/Amazon Linux) or `brew install tmux` (macOS)")
 
@@ -95,20 +106,34 @@ def session_name(job_id: str) -> str:
     return f"ct-{job_id}"
 
 
-def agent_files() -> list[Path]:
-    """The files the agent runs from: every module of cloudtrain/host/ (agent.py first), put
-    side by side in the host's agent directory, where they import each other by name."""
-    beside = sorted(p for p in AGENT_SOURCE.parent.glob("*.py")
-                    if p.name not in (AGENT_SOURCE.name, "__init__.py"))
-    return [AGENT_SOURCE] + beside
+def host_files(modules: tuple[str, ...] | None = None) -> list[tuple[str, bytes]]:
+    """What a host gets, as (path below its folder, bytes): the package HOST_PACKAGE/ (its
+    __init__.py and every module of cloudtrain/host/, or the `modules` named), then the
+    launcher of each command among them. Launchers last: one is there only once what it runs
+    is."""
+    names = sorted(p.stem for p in HOST_DIR.glob("*.py") if p.name != "__init__.py") \
+        if modules is None else list(modules)
+    files = [(f"{HOST_PACKAGE}/{name}.py", (HOST_DIR / f"{name}.py").read_bytes())
+             for name in ["__init__", *names]]
+    files += [(f"{name}.py", LAUNCHER.format(package=HOST_PACKAGE, name=name).encode())
+              for name in HOST_COMMANDS if name in names]
+    return files
+
+
+def write_host_files(folder: Path, files: list[tuple[str, bytes]] | None = None) -> None:
+    """host_files() (or `files`) written below a local folder, as a host has them."""
+    for name, data in host_files() if files is None else files:
+        path = Path(folder) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
 
 
 def agent_version() -> str:
     """12 hex digits of sha256 over the agent's files: a new agent gets a new directory, so a
     host running jobs of several versions keeps each one's agent intact."""
     digest = hashlib.sha256()
-    for path in agent_files():
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for name, data in host_files():
+        digest.update(name.encode() + b"\0" + data + b"\0")
     return digest.hexdigest()[:12]
 
 
@@ -279,16 +304,18 @@ class Host(ABC):
         `agent_dir(jobdir)`, skipped when that directory already holds the same files. The
         directories in `make` (the job's) are created in the same round trip."""
         directory = agent_dir(jobdir)
-        files = agent_files()
-        want = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
-        if self._make_and_hash(directory, list(want), make) == want:
+        files = host_files()
+        want = {name: hashlib.sha256(data).hexdigest() for name, data in files}
+        if self._make_and_hash(directory, list(want), (*make, f"{directory}/{HOST_PACKAGE}")
+                               ) == want:
             return
-        for path in files:
+        for name, data in files:
             # Under a temporary name, then renamed: a probe running the agent at this moment
             # sees the old file or the new one, never half of one.
-            tmp = f"{directory}/.{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-            self.put(path, tmp)
-            self._rename(tmp, f"{directory}/{path.name}")
+            folder, _, base = f"{directory}/{name}".rpartition("/")
+            tmp = f"{folder}/.{base}.{uuid.uuid4().hex[:8]}.tmp"
+            self.write_text(tmp, data.decode("utf-8"))
+            self._rename(tmp, f"{folder}/{base}")
 
     @abstractmethod
     def _make_and_hash(self, directory: str, names: list[str], make: tuple[str, ...] = ()

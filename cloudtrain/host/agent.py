@@ -24,8 +24,8 @@ Subcommands:
                     period), wait for it, and print the final status (`--nowait 1`: only
                     ask, and print the status as it is)
 
-The agent lives outside the job directory (`<root>/agent-<hash>/agent.py`, beside the other
-modules of cloudtrain/host/), so a job that writes into its own directory cannot replace the
+The agent lives outside the job directory (`<root>/agent-<hash>/agent.py`, the launcher of
+this module in the host package beside it: hosts.host_files), so a job that writes into its own directory cannot replace the
 code that probes and stops it. Everything read back from the job directory (status.json,
 metrics.jsonl, job.json) may have been written by the job: it is read under guard.
 
@@ -64,22 +64,13 @@ import sys
 import threading
 import time
 
-try:  # imported as cloudtrain.host.agent (the CLI, LocalHost)
-    from . import safefile
-    from .agent_control import POLL_S, STAGING_STATUS, probe, stop
-    from .agent_store import StoreUploads, shipped
-    from .job_processes import (MAX_RECORDED_PIDS, PR_SET_CHILD_SUBREAPER, describe_exit,
-                                descendants, prctl, proc_state, set_pdeathsig, signal_group)
-    from .job_status import (CANCELLED, FAILED, PREEMPTED, REGROUP, RUNNING, STARTING, SUCCEEDED,
-                             as_time, fmt_duration, now, read_json)
-except ImportError:  # run as a script on the host, its neighbours beside it
-    import safefile
-    from agent_control import POLL_S, STAGING_STATUS, probe, stop
-    from agent_store import StoreUploads, shipped
-    from job_processes import (MAX_RECORDED_PIDS, PR_SET_CHILD_SUBREAPER, describe_exit,
-                               descendants, prctl, proc_state, set_pdeathsig, signal_group)
-    from job_status import (CANCELLED, FAILED, PREEMPTED, REGROUP, RUNNING, STARTING, SUCCEEDED,
-                            as_time, fmt_duration, now, read_json)
+from . import safefile
+from .agent_control import POLL_S, STAGING_STATUS, probe, stop
+from .agent_store import StoreUploads, shipped
+from .job_processes import (MAX_RECORDED_PIDS, PR_SET_CHILD_SUBREAPER, describe_exit,
+                            descendants, prctl, proc_state, set_pdeathsig, signal_group)
+from .job_status import (CANCELLED, FAILED, PREEMPTED, REGROUP, RUNNING, STARTING, SUCCEEDED,
+                         as_time, fmt_duration, now, read_json)
 
 SPOT_POLL_S = 5.0  # AWS gives two minutes' notice; checking every 5 s leaves the job ~115 s
 REARM_TIMEOUT_S = 60.0
@@ -90,19 +81,12 @@ SETUP_STATUS = "setup-status.json"  # written by run.sh when the job file's setu
 def spot_notice(imds_url, timeout=1.0):
     """The spot interruption notice from the instance metadata service (IMDSv2), or None.
     404 on spot/instance-action means no interruption is scheduled."""
-    import urllib.error
-    import urllib.request
-
+    awsapi = shipped("awsapi")
     try:
-        req = urllib.request.Request(imds_url + "/latest/api/token", method="PUT",
-                                     headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            token = resp.read().decode()
-        req = urllib.request.Request(imds_url + "/latest/meta-data/spot/instance-action",
-                                     headers={"X-aws-ec2-metadata-token": token})
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read().decode())
-    except (urllib.error.URLError, OSError, ValueError):
+        token = awsapi.imds_token(imds_url, 300, timeout)
+        return json.loads(awsapi.imds_get(imds_url, "meta-data/spot/instance-action", token,
+                                            timeout).decode())
+    except (OSError, ValueError):
         return None
 
 
@@ -318,7 +302,7 @@ class Agent:
             imds = self.settings.get("imds_url") or shipped("auto_scaling").IMDS_URL
             return regroup.Team(self, conf, reader.Bundle(
                 conf["bucket"], conf["prefix"], conf["store_region"], conf["endpoint"], imds),
-                shipped("stage_sigv4").RoleCredentials(imds),
+                shipped("awsapi").RoleCredentials(imds),
                 shipped("auto_scaling").identity(imds), shipped("bootstrap").join_attempt)
         except Exception as exc:  # noqa: BLE001 - the job still runs, without regrouping
             self.group_failed("regroup", "this node cannot meet its peers again after a "
@@ -479,7 +463,7 @@ class Agent:
             return
         auto_scaling = shipped("auto_scaling")
         try:
-            creds = shipped("stage_sigv4").RoleCredentials(self.settings.get("imds_url")
+            creds = shipped("awsapi").RoleCredentials(self.settings.get("imds_url")
                                                     or auto_scaling.IMDS_URL)
             steps = auto_scaling.end_group(conf, creds)
         except Exception as exc:

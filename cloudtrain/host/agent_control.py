@@ -10,16 +10,10 @@ import signal
 import subprocess
 import time
 
-try:  # imported as cloudtrain.host.agent_control (the CLI, LocalHost)
-    from . import safefile
-    from .job_processes import group_alive, kill_recorded, pid_alive, signal_group
-    from .job_status import (ACTIVE, CANCELLED, FAILED, as_pid, as_time, fmt_duration,
-                             metrics_tail, now, read_json, save_status)
-except ImportError:  # run as a script on the host, its neighbours beside it
-    import safefile
-    from job_processes import group_alive, kill_recorded, pid_alive, signal_group
-    from job_status import (ACTIVE, CANCELLED, FAILED, as_pid, as_time, fmt_duration,
-                            metrics_tail, now, read_json, save_status)
+from . import safefile
+from .job_processes import group_alive, kill_recorded, pid_alive, signal_group
+from .job_status import (ACTIVE, CANCELLED, FAILED, as_pid, as_time, fmt_duration,
+                         metrics_tail, now, read_json, save_status)
 
 POLL_S = 0.1
 STAGING_STATUS = "staging-status.json"  # written by stager.py while the datasets are copied

@@ -28,12 +28,7 @@ import stat
 import threading
 import time
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import agent_upload, auto_scaling, safefile
-except ImportError:
-    import agent_upload
-    import auto_scaling
-    import safefile
+from . import agent_upload, auto_scaling, safefile
 
 # S3 bills each POST; one every 30 s is about 3,000 a day (well under a cent). An instance
 # taken back without notice loses at most this much of the record's figures.

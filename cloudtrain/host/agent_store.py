@@ -11,13 +11,9 @@ asks for them (shipped). Imports job_status and nothing else of ours at the top.
 """
 
 import os
-import sys
 import threading
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from .job_status import PREEMPTED, as_pid, as_time, fmt_duration, now
-except ImportError:
-    from job_status import PREEMPTED, as_pid, as_time, fmt_duration, now
+from .job_status import PREEMPTED, as_pid, as_time, fmt_duration, now
 
 SPOT_UPLOAD_S = 75.0  # after a spot notice: what is left of the two minutes, with a margin
 PROGRESS_END_S = 10.0  # of that, at most, for the attempt's progress at the run's end
@@ -26,14 +22,11 @@ UPLOAD_TIMEOUT_S = 1800.0  # the power-off must come even if the results store h
 
 
 def shipped(name):
-    """A module shipped beside this script (agent_upload, checkpoint_stream), imported by
-    name: they are ours, not the standard library's."""
+    """A module of this package (agent_upload, checkpoint_stream), imported by name when it is
+    needed, not with the agent."""
     import importlib
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    return importlib.import_module(name)
+    return importlib.import_module("." + name, __package__)
 
 
 class StoreUploads:
@@ -157,8 +150,8 @@ class StoreUploads:
         return rec
 
     def store_results(self, limit=None, include_checkpoints=True):
-        """Upload the job's results with `agent_upload.upload_job(jobdir, grant)` (the module
-        beside this script), before the host powers off, within `limit` seconds (default:
+        """Upload the job's results with `agent_upload.upload_job(jobdir, grant)` (a module
+        of this package), before the host powers off, within `limit` seconds (default:
         upload_limit()). Without `include_checkpoints` (the checkpoint stream stored them)
         checkpoints/ is left out. Whatever happens is recorded in status.json as
         `results_stored`; nothing here may stop the power-off."""

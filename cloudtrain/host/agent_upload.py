@@ -1,6 +1,7 @@
 """Upload a finished job's directory to the S3 job store, before the instance powers off.
 
-Standard library only, Python 3.8+: copied onto the host beside agent.py and imported by it.
+Standard library only, Python 3.8+: part of the host package, imported by the agent. Imports
+awsapi (retry) and nothing else of ours.
 The host holds no AWS keys. The orchestrator hands it a *grant*: an S3 presigned POST
 (cloudtrain/providers/aws/jobstore.py: upload_grant) that lets anyone holding it write objects under one
 job's key prefix, each at most `max_bytes`, until it expires. A POST carries one object, so
@@ -31,6 +32,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+
+from .awsapi import retry
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -263,7 +266,8 @@ def _post_with_retries(grant, key, path_or_file, size, deadline):
     """post_file from the start of the file (a path, or an open file object), up to TRIES
     times while the error is transient and time is left (1 s, then 2 s between tries)."""
     opened = isinstance(path_or_file, str)
-    for attempt in range(TRIES):
+
+    def once():
         try:
             source = open(path_or_file, "rb") if opened else path_or_file
         except OSError as exc:
@@ -271,14 +275,12 @@ def _post_with_retries(grant, key, path_or_file, size, deadline):
         try:
             source.seek(0)
             return post_file(grant, key, source, size, deadline)
-        except UploadError as exc:
-            delay = BACKOFF_S * 2 ** attempt
-            if not exc.retry or attempt == TRIES - 1 or time.time() + delay > deadline:
-                raise
-            time.sleep(delay)
         finally:
             if opened:
                 source.close()
+
+    return retry(once, lambda exc: isinstance(exc, UploadError) and exc.retry, TRIES,
+                 BACKOFF_S, deadline=deadline)
 
 
 def post_json(grant, key, doc, timeout_s=60.0):

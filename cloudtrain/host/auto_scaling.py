@@ -1,7 +1,7 @@
 """A job run by an Auto Scaling group, seen from its instance: the job store's records of its
 end and its attempts, and the end of its own group and launch template.
 
-Standard library only, Python 3.8+; shipped beside agent.py. Imports stage_sigv4 (the role's
+Standard library only, Python 3.8+; shipped beside agent.py. Imports awsapi (the role's
 credentials, SigV4), stage_plan (StageError), agent_upload (posts through the job's grant,
 AWS error bodies) and nothing else of ours. The orchestrator imports the key names from here.
 
@@ -39,7 +39,6 @@ Under the job's prefix in the job store:
     instance_states(conf, creds, ids) -> ({id: state}, why)
 """
 
-import datetime
 import json
 import re
 import time
@@ -48,14 +47,9 @@ import urllib.parse
 import urllib.request
 from xml.etree import ElementTree
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from .agent_upload import ERROR_BODY_BYTES, aws_error
-    from .stage_plan import StageError
-    from .stage_sigv4 import sign_request
-except ImportError:
-    from agent_upload import ERROR_BODY_BYTES, aws_error
-    from stage_plan import StageError
-    from stage_sigv4 import sign_request
+from .agent_upload import ERROR_BODY_BYTES, aws_error
+from .awsapi import IMDS_URL, imds_get, imds_token, retry, sign_request, utc_now
+from .stage_plan import StageError
 
 FINAL = "final.json"
 ATTEMPTS = "attempts/"
@@ -69,7 +63,6 @@ EC2_VERSION = "2016-11-15"
 CALL_TIMEOUT_S = 20.0
 TRIES = 3  # per call, on a connection error, 5xx or throttling only
 ANSWER_MAX_BYTES = 1 << 20  # of a call's answer, read
-IMDS_URL = "http://169.254.169.254"
 
 GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # also a launch template's name
 REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
@@ -214,20 +207,14 @@ def identity(imds=IMDS_URL, timeout=5.0):
     """{instance, zone, type, lifecycle, address} of this instance from IMDSv2; a value it did not
     give (or gave in a shape no EC2 value has) is None. Never raises."""
     out = dict.fromkeys(IDENTITY)
-    base = imds.rstrip("/")
     try:
-        req = urllib.request.Request(base + "/latest/api/token", method="PUT",
-                                     headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            token = resp.read(4096).decode("ascii", "replace").strip()
+        token = imds_token(imds, 300, timeout)
     except (OSError, ValueError):
         return out
     for name, path in IDENTITY.items():
-        req = urllib.request.Request(base + "/latest/meta-data/" + path,
-                                     headers={"X-aws-ec2-metadata-token": token})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                text = resp.read(256).decode("ascii", "replace").strip()
+            text = imds_get(imds, "meta-data/" + path, token, timeout, 256).decode(
+                "ascii", "replace").strip()
         except (OSError, ValueError):
             continue
         out[name] = text if IDENTITY_TEXT.fullmatch(text) else None
@@ -248,7 +235,7 @@ def endpoint_url(service, region, endpoint=None):
 def call(service, params, region, creds, endpoint=None, clock=time.sleep):
     """One Query API call (a signed GET, the parameters in its query string). Returns
     (True, "") or (False, "Code: Message"); a connection error, a 5xx or throttling is tried
-    TRIES times (1 s, then 2 s apart). `creds` is stage_sigv4.RoleCredentials."""
+    TRIES times (1 s, then 2 s apart). `creds` is awsapi.RoleCredentials."""
     ok, why, _ = ask(service, params, region, creds, endpoint, clock)
     return ok, why
 
@@ -258,29 +245,38 @@ def ask(service, params, region, creds, endpoint=None, clock=time.sleep):
     query = urllib.parse.urlencode(sorted(params.items()), quote_via=urllib.parse.quote,
                                    safe="-_.~")
     url = endpoint_url(service, region, endpoint) + "?" + query
-    why = ""
-    for attempt in range(TRIES):
+
+    def once():
         try:
-            now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
             req = urllib.request.Request(url, headers=sign_request(
-                "GET", url, region, creds.get(), now, service))
+                "GET", url, region, creds.get(), utc_now(), service))
         except StageError as exc:
-            return False, "no role credentials: %s" % exc, ""
+            raise _Refused("no role credentials: %s" % exc, False) from None
         try:
             with urllib.request.urlopen(req, timeout=CALL_TIMEOUT_S) as resp:
-                body = resp.read(ANSWER_MAX_BYTES)
-            return True, "", body.decode("utf-8", "replace")
+                return resp.read(ANSWER_MAX_BYTES).decode("utf-8", "replace")
         except urllib.error.HTTPError as exc:
             why = aws_error(exc.read(ERROR_BODY_BYTES) or b"") or "HTTP %d" % exc.code
             exc.close()
-            if exc.code < 500 and not why.startswith(TRANSIENT):
-                return False, why, ""
+            raise _Refused(why, exc.code >= 500 or why.startswith(TRANSIENT)) from None
         except (OSError, ValueError) as exc:
-            why = "cannot reach %s: %s" % (endpoint_url(service, region, endpoint),
-                                            getattr(exc, "reason", None) or exc)
-        if attempt < TRIES - 1:
-            clock(2 ** attempt)
-    return False, why, ""
+            raise _Refused("cannot reach %s: %s" % (endpoint_url(service, region, endpoint),
+                                                    getattr(exc, "reason", None) or exc),
+                           True) from None
+
+    try:
+        return True, "", retry(once, lambda exc: isinstance(exc, _Refused) and exc.transient,
+                               TRIES, 1.0, sleep=clock)
+    except _Refused as exc:
+        return False, exc.why, ""
+
+
+class _Refused(Exception):
+    """A call that failed: why (one line), and whether another try may succeed."""
+
+    def __init__(self, why, transient):
+        super().__init__(why)
+        self.why, self.transient = why, transient
 
 
 # The states in which an instance still runs, or is about to (EC2's instanceState name).

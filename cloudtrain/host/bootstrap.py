@@ -2,7 +2,7 @@
 
 Standard library only, Python 3.8+; shipped beside agent.py (and run from a copy fetched by the
 instance's user-data). Imports bundle_reader (the bundle read with the role and checked: its
-layout, manifest, objects and archive), stage_sigv4 (the role's credentials), auto_scaling and
+layout, manifest, objects and archive), awsapi (the role's credentials), auto_scaling and
 agent_upload (a group's records and end), safefile, checkpoint_manifest and checkpoint_restore
 (the latest checkpoint, restored as a relaunch's run.sh restores it), and nothing else of ours.
 
@@ -49,32 +49,17 @@ import subprocess
 import sys
 import time
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import (agent_upload, auto_scaling, checkpoint_manifest, checkpoint_restore, regroup,
-                   safefile)
-    from .bundle_reader import (  # noqa: F401 - the layout and codes are said from here too
-        AGENT_DIR, AGENT_START_S, ARCHIVE, BUNDLE, Bundle, EXIT_AGENT, EXIT_ARCHIVE,
-        EXIT_CREDENTIALS, EXIT_ENDED, EXIT_GRANT, EXIT_MANIFEST, EXIT_OBJECT, EXIT_RESTARTS,
-        EXIT_RESTORE, EXIT_STORE, EXIT_USAGE, EXIT_WRITE, FILE_MAX_BYTES, Failed,
-        IMDS_URL, JOB_DIR, MANIFEST, MANIFEST_MAX_BYTES, MANIFEST_POLL_S, PREFIX,
-        RESUME, STAGING, START, STATUS_FILE, VERSION, check_archive, check_manifest,
-        check_name, unpack)
-    from .stage_sigv4 import RoleCredentials, object_url
-except ImportError:
-    import agent_upload
-    import auto_scaling
-    import checkpoint_manifest
-    import checkpoint_restore
-    import regroup
-    import safefile
-    from bundle_reader import (  # noqa: F401
-        AGENT_DIR, AGENT_START_S, ARCHIVE, BUNDLE, Bundle, EXIT_AGENT, EXIT_ARCHIVE,
-        EXIT_CREDENTIALS, EXIT_ENDED, EXIT_GRANT, EXIT_MANIFEST, EXIT_OBJECT, EXIT_RESTARTS,
-        EXIT_RESTORE, EXIT_STORE, EXIT_USAGE, EXIT_WRITE, FILE_MAX_BYTES, Failed,
-        IMDS_URL, JOB_DIR, MANIFEST, MANIFEST_MAX_BYTES, MANIFEST_POLL_S, PREFIX,
-        RESUME, STAGING, START, STATUS_FILE, VERSION, check_archive, check_manifest,
-        check_name, unpack)
-    from stage_sigv4 import RoleCredentials, object_url
+from . import (agent_upload, auto_scaling, checkpoint_manifest, checkpoint_restore, regroup,
+               safefile)
+from .bundle_reader import (  # noqa: F401 - the layout and codes are said from here too
+    AGENT_DIR, AGENT_START_S, ARCHIVE, BUNDLE, Bundle, EXIT_AGENT, EXIT_ARCHIVE,
+    EXIT_CREDENTIALS, EXIT_ENDED, EXIT_GRANT, EXIT_MANIFEST, EXIT_OBJECT, EXIT_RESTARTS,
+    EXIT_RESTORE, EXIT_STORE, EXIT_USAGE, EXIT_WRITE, FILE_MAX_BYTES, Failed,
+    IMDS_URL, JOB_DIR, MANIFEST, MANIFEST_MAX_BYTES, MANIFEST_POLL_S, PREFIX,
+    RESUME, STAGING, START, STATUS_FILE, VERSION, check_archive, check_manifest,
+    check_name, unpack)
+from .awsapi import RoleCredentials, object_url
+
 
 def _job_root(jobdir):
     """The job directory, made (its parents with makedirs: they are the instance's own, named
@@ -419,9 +404,10 @@ def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, grou
         os.makedirs(agent_root, exist_ok=True)
         for name, path in local.items():
             if name.startswith(AGENT_DIR):
+                folder, _, base = name[len(AGENT_DIR):].rpartition("/")
+                into = safefile.make_folders(agent_root, [folder]) if folder else agent_root
                 with open(path, "rb") as f:
-                    safefile.write_atomic(os.path.join(agent_root, name[len(AGENT_DIR):]),
-                                          f.read())
+                    safefile.write_atomic(os.path.join(into, base), f.read())
     except OSError as exc:
         raise Failed(EXIT_WRITE, "cannot write the agent's files: %s" % exc) from None
     pid = start_agent(root, local[START])

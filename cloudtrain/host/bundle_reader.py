@@ -1,7 +1,7 @@
 """The job's bundle in the job store, read with the instance role and checked: its layout, its
 manifest, each object (size before and while it comes, sha256 after), the archive's members.
 
-Standard library only, Python 3.8+; shipped beside agent.py. Imports stage_sigv4 and
+Standard library only, Python 3.8+; shipped beside agent.py. Imports awsapi and
 stage_fetch (the role's signed GETs), stage_plan (StageError) and safefile, and nothing else of
 ours. bootstrap.py (an instance that starts its job by itself) is its user; the orchestrator
 (providers/aws/jobbundle.py) imports the layout from here. The exit codes (EXIT_*) are the
@@ -21,16 +21,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import safefile
-    from .stage_fetch import Fetcher, Source
-    from .stage_plan import StageError
-    from .stage_sigv4 import RoleCredentials, object_url, sign_get
-except ImportError:
-    import safefile
-    from stage_fetch import Fetcher, Source
-    from stage_plan import StageError
-    from stage_sigv4 import RoleCredentials, object_url, sign_get
+from . import safefile
+from .stage_fetch import Fetcher, Source
+from .stage_plan import StageError
+from . import SHIPPED_AS
+from .awsapi import IMDS_URL, RoleCredentials, object_url, sign_get, utc_now
 
 # The bundle's layout below the job's prefix (the orchestrator imports these).
 BUNDLE = "bundle/"
@@ -51,7 +46,6 @@ MAX_OBJECTS = 256
 NAME_MAX = 4096
 DEPTH_MAX = 64
 AGENT_START_S = 15.0  # the agent's first status.json, as Host.start_agent waits for it
-IMDS_URL = "http://169.254.169.254"
 MANIFEST_POLL_S = 2.0  # how often an instance waiting for the bundle asks for it
 
 EXIT_USAGE = 2
@@ -69,7 +63,8 @@ EXIT_GRANT = 13  # the job's upload grant has expired or is refused: no instance
 RESUME = ".cloudtrain-resume"  # in the job directory: a checkpoint was restored, run.sh resumes
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,100}")
-AGENT_NAME = re.compile(r"[a-z_][a-z0-9_]{0,60}\.py")
+# a launcher, or a module of the host package in its folder (hosts.host_files)
+AGENT_NAME = re.compile(r"(?:%s/)?[a-z_][a-z0-9_]{0,60}\.py" % SHIPPED_AS)
 AGENT_VERSION = re.compile(r"agent-[0-9a-f]{12}")
 PREFIX = re.compile(r"jobs/([A-Za-z0-9][A-Za-z0-9:+=,.@_-]{0,255}/)?"
                     r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}/")
@@ -179,10 +174,7 @@ class Bundle:
 
     def sign(self, url):
         """The headers that make a GET of `url` one of the role's (SigV4, now)."""
-        import datetime
-
-        now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
-        return sign_get(url, self.region, self.creds.get(), now)
+        return sign_get(url, self.region, self.creds.get(), utc_now())
 
     def manifest(self):
         """The bundle's manifest: Failed where there is none (an upload that did not finish)."""

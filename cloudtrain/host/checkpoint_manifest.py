@@ -18,10 +18,7 @@ import os
 import re
 import stat
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import agent_upload
-except ImportError:
-    import agent_upload
+from . import agent_upload
 
 STREAM = "stream/"
 LATEST = "latest.json"

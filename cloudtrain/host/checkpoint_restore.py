@@ -19,15 +19,10 @@ import time
 import urllib.error
 import urllib.request
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import agent_upload, safefile
-    from .checkpoint_manifest import (CHUNK, LOGS, RESTORE_STATUS, RESTORE_TIMEOUT_S,
-                                      check_manifest, is_time, signature)
-except ImportError:
-    import agent_upload
-    import safefile
-    from checkpoint_manifest import (CHUNK, LOGS, RESTORE_STATUS, RESTORE_TIMEOUT_S,
-                                     check_manifest, is_time, signature)
+from . import agent_upload, safefile
+from .awsapi import retry
+from .checkpoint_manifest import (CHUNK, LOGS, RESTORE_STATUS, RESTORE_TIMEOUT_S,
+                                  check_manifest, is_time, signature)
 
 PLAN_MAX_BYTES = 16 << 20  # a restore plan, and restore-status.json
 RESTORE_TRIES = 4  # per file, on connection errors and 5xx only
@@ -110,14 +105,10 @@ def _get(url, tmp, size, digest, deadline, rel, sign=None):
 
 
 def _download(url, tmp, size, digest, deadline, rel, sign=None):
-    for attempt in range(RESTORE_TRIES):
-        try:
-            return _get(url, tmp, size, digest, deadline, rel, sign)
-        except _Transient as exc:
-            delay = RESTORE_BACKOFF_S * 2 ** attempt
-            if attempt == RESTORE_TRIES - 1 or time.time() + delay > deadline:
-                raise RestoreError("%s (after %d tries)" % (exc, attempt + 1))
-            time.sleep(delay)
+    return retry(lambda: _get(url, tmp, size, digest, deadline, rel, sign),
+                 lambda exc: isinstance(exc, _Transient), RESTORE_TRIES, RESTORE_BACKOFF_S,
+                 deadline=deadline,
+                 give_up=lambda exc, made: RestoreError("%s (after %d tries)" % (exc, made)))
 
 
 def _append_into(tmp, target):

@@ -40,19 +40,11 @@ import sys
 import threading
 import time
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import agent_upload, safefile
-    from .checkpoint_manifest import (CHECKPOINTS, CHUNK, INFO, LATEST, LOGS, RESTORE_STATUS,
-                                      SLOTS, STREAM, VERSION, as_count, checkpoint_files,
-                                      is_time, signature, step_from_info, step_from_metrics)
-    from .checkpoint_restore import PLAN_MAX_BYTES, restore
-except ImportError:
-    import agent_upload
-    import safefile
-    from checkpoint_manifest import (CHECKPOINTS, CHUNK, INFO, LATEST, LOGS, RESTORE_STATUS,
-                                     SLOTS, STREAM, VERSION, as_count, checkpoint_files,
-                                     is_time, signature, step_from_info, step_from_metrics)
-    from checkpoint_restore import PLAN_MAX_BYTES, restore
+from . import agent_upload, safefile
+from .checkpoint_manifest import (CHECKPOINTS, CHUNK, INFO, LATEST, LOGS, RESTORE_STATUS,
+                                  SLOTS, STREAM, VERSION, as_count, checkpoint_files,
+                                  is_time, signature, step_from_info, step_from_metrics)
+from .checkpoint_restore import PLAN_MAX_BYTES, restore
 
 UPLOAD_TIMEOUT_S = 1800.0  # one snapshot from the background thread
 RETRY_AFTER_S = 30.0  # a snapshot S3 refused is tried again after this (or a newer one)

@@ -8,10 +8,7 @@ and nothing else of ours.
 import os
 import signal
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from .job_status import as_pid
-except ImportError:
-    from job_status import as_pid
+from .job_status import as_pid
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36

@@ -40,12 +40,8 @@ import subprocess
 import sys
 import time
 
-try:  # imported as cloudtrain.host.job_queue (tests, the CLI's checks)
-    from . import safefile
-    from .job_processes import pid_alive
-except ImportError:  # run as a script on the host, or imported by the agent beside it
-    import safefile
-    from job_processes import pid_alive
+from . import safefile
+from .job_processes import pid_alive
 
 QUEUE_DIR = "queue"
 CHECKED = "queue-checked"

@@ -17,10 +17,7 @@ import math
 import os
 import time
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import safefile
-except ImportError:
-    import safefile
+from . import safefile
 
 # Agent states as written to status.json. "starting" is before run.sh has a pid.
 STARTING, RUNNING = "starting", "running"

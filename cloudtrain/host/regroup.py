@@ -43,16 +43,9 @@ import struct
 import threading
 import time
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import agent_upload, auto_scaling, safefile
-    from .bundle_reader import EXIT_ENDED, EXIT_STORE, FILE_MAX_BYTES, Failed
-    from .job_status import CANCELLED, FAILED, PREEMPTED, REGROUP, RUNNING, now
-except ImportError:
-    import agent_upload
-    import auto_scaling
-    import safefile
-    from bundle_reader import EXIT_ENDED, EXIT_STORE, FILE_MAX_BYTES, Failed
-    from job_status import CANCELLED, FAILED, PREEMPTED, REGROUP, RUNNING, now
+from . import agent_upload, auto_scaling, safefile
+from .bundle_reader import EXIT_ENDED, EXIT_STORE, FILE_MAX_BYTES, Failed
+from .job_status import CANCELLED, FAILED, PREEMPTED, REGROUP, RUNNING, now
 
 MASTER_PORT = 29500  # torchrun's default; the rendezvous takes the first free port from here
 NODES_MAX = 64
@@ -326,7 +319,7 @@ class Team:
     """An agent's part in a job of an Auto Scaling group on several nodes (job.json's
     auto_scaling with nodes > 1): the watch for a newer attempt, the meeting after a loss,
     the waits at the end. `reader`: a bundle_reader.Bundle over the job store; `creds`: the
-    role's (stage_sigv4.RoleCredentials); `join`: bootstrap.join_attempt (the new attempt's
+    role's (awsapi.RoleCredentials); `join`: bootstrap.join_attempt (the new attempt's
     job.json written, its checkpoint restored, as on a replacement)."""
 
     def __init__(self, agent, conf, reader, creds, ident, join):

@@ -1,8 +1,7 @@
 """Reading and writing files where a job, an instance or a bucket may have planted things.
 
-Standard library only, Python 3.8+: shipped to the host beside agent.py (which imports it
-either way: as part of the package, or from its own folder), and used by the CLI for the same
-files once they are home.
+Standard library only, Python 3.8+: part of the host package (the agent imports it), and used
+by the CLI for the same files once they are home.
 
 A job owns its directory and can put anything where a reader expects its metrics or status:
 a FIFO (open() for reading then waits for a writer, for ever), a symlink to /dev/zero (a read

@@ -43,10 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import safefile
-except ImportError:
-    import safefile
+from . import safefile
 
 MANIFEST_VERSION = 1
 MAX_SHARDS = 100_000  # shard-%05d

@@ -1,7 +1,7 @@
 """How a failure on the host is said: StageError and reason(exc), one line each.
 
 Standard library only, Python 3.8+; imports nothing of ours. The lowest host module: the
-signer (stage_sigv4) needs only this, so the boot loader that an Auto Scaling instance's
+signer (awsapi) needs only this, so the boot loader that an Auto Scaling instance's
 user-data carries (boot_loader.py) stays small.
 """
 

@@ -1,7 +1,7 @@
 """Ranged GETs of S3 objects into a file, each range bounded in time and retried.
 
 Standard library only, Python 3.8+; shipped beside stager.py. Imports stage_plan (StageError,
-reason) and stage_sigv4 (signing, Host) and nothing else of ours.
+reason) and awsapi (signing, Host) and nothing else of ours.
 
     Source(bucket, key, url, region, creds, presigned)  where one object is read from
     Fetcher(stop, backoff_s).fetch(src, fd, start, length, size, counted)
@@ -12,7 +12,6 @@ Everything that comes back over the network is untrusted: status codes, Content-
 Content-Length and the body's size are checked.
 """
 
-import datetime
 import http.client
 import os
 import re
@@ -21,12 +20,8 @@ import threading
 import time
 import urllib.parse
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from .stage_plan import StageError, reason
-    from .stage_sigv4 import host_header, sign_get
-except ImportError:
-    from stage_plan import StageError, reason
-    from stage_sigv4 import host_header, sign_get
+from .awsapi import host_header, retry, sign_get, utc_now
+from .stage_plan import StageError, reason
 
 TIMEOUT_S = 60.0
 # A range that trickles in (audit F38: one byte a second kept one alive for ever, each read
@@ -89,8 +84,7 @@ class Source:
     def headers(self, extra: dict) -> dict:
         if self.presigned:
             return dict(extra)
-        now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
-        return sign_get(self.url, self.region, self.creds.get(), now, extra)
+        return sign_get(self.url, self.region, self.creds.get(), utc_now(), extra)
 
 
 class _Connections(threading.local):
@@ -147,21 +141,19 @@ class Fetcher:
     def fetch(self, src: Source, fd: int, start: int, length: int, size: int, counted) -> None:
         """Bytes [start, start+length) of the `size`-byte object into fd at `start`, retried
         on transient faults; StageError for anything final."""
-        attempt = 0
-        while True:
+        def once():
             if self.stop.is_set():
                 raise Stopped()
-            try:
-                self._fetch_once(src, fd, start, length, size, counted)
-                return
-            except Retry as exc:
-                if attempt >= RETRIES:
-                    raise StageError("reading %s failed %d times, last: %s" % (
-                        src.name, attempt + 1, exc)) from None
-                delay = min(self.backoff_s * (2 ** attempt), BACKOFF_CAP_S)
-                attempt += 1
-                if self.stop.wait(delay):
-                    raise Stopped() from None
+            self._fetch_once(src, fd, start, length, size, counted)
+
+        def wait(seconds):
+            if self.stop.wait(seconds):
+                raise Stopped()
+
+        retry(once, lambda exc: isinstance(exc, Retry), RETRIES + 1, self.backoff_s,
+              cap_s=BACKOFF_CAP_S, sleep=wait,
+              give_up=lambda exc, made: StageError("reading %s failed %d times, last: %s"
+                                                   % (src.name, made, exc)))
 
     def _fetch_once(self, src, fd, start, length, size, counted) -> None:
         parts = urllib.parse.urlsplit(src.url)

@@ -3,7 +3,7 @@
 Standard library only, Python 3.8+; shipped beside stager.py (see stager.py for the plan's
 shape and the command). Imports shards and stage_errors (StageError, reason: kept apart so that the
 signer needs nothing else) and nothing else of ours (stage_errors <- stage_plan <- stage_fetch
-<- stage_run <- stager; stage_errors <- stage_sigv4).
+<- stage_run <- stager; stage_errors <- awsapi).
 
     check_plan(plan) -> [dataset]   every field the stager reads checked; StageError otherwise
     StageError                      a one-line reason staging failed
@@ -14,12 +14,8 @@ import json
 import os
 import re
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import shards
-    from .stage_errors import StageError, reason  # noqa: F401 - said from here too
-except ImportError:
-    import shards
-    from stage_errors import StageError, reason  # noqa: F401 - said from here too
+from . import shards
+from .stage_errors import StageError, reason  # noqa: F401 - said from here too
 
 PLAN_VERSION = 1
 NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")

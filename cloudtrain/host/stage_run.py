@@ -2,7 +2,7 @@
 
 Standard library only, Python 3.8+; shipped beside stager.py, which runs a DatasetRun for each
 dataset of kind shards or objects. Imports safefile, shards and the stager's lower modules
-(stage_plan, stage_sigv4, stage_fetch), never stager itself: the stager is handed in.
+(stage_plan, awsapi, stage_fetch), never stager itself: the stager is handed in.
 
     DatasetRun(stager, dataset, rec, t0, staging).go()
 
@@ -20,17 +20,10 @@ import signal
 import threading
 import time
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import safefile, shards
-    from .stage_fetch import Source, Stopped
-    from .stage_plan import StageError, disk_reason
-    from .stage_sigv4 import object_url
-except ImportError:
-    import safefile
-    import shards
-    from stage_fetch import Source, Stopped
-    from stage_plan import StageError, disk_reason
-    from stage_sigv4 import object_url
+from . import safefile, shards
+from .stage_fetch import Source, Stopped
+from .stage_plan import StageError, disk_reason
+from .awsapi import object_url
 
 
 class Job:

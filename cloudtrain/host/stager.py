@@ -1,7 +1,7 @@
 """Stage a job's datasets onto the instance's disk before training, following a plan.
 
-Standard library only, Python 3.8+: copied beside agent.py and shards.py and run with the
-host's python3:
+Standard library only, Python 3.8+: part of the host package, run through its launcher with
+the host's python3:
 
     python3 stager.py PLAN_JSON STATUS_JSON
 
@@ -10,7 +10,7 @@ datasets; each is either already on the host (kind "path": dest becomes a link t
 shards in S3 with their manifest (kind "shards"), or a plain prefix of S3 objects (kind
 "objects"). S3 objects are read with ranged GETs by a pool of `workers` threads
 (stage_run.py, stage_fetch.py), through presigned URLs or signed with the instance role's
-credentials (IMDSv2, SigV4: stage_sigv4.py). Everything that comes back over the network is
+credentials (IMDSv2, SigV4: awsapi.py). Everything that comes back over the network is
 untrusted: sizes, bodies and status codes are checked; a shard's files appear in dest only
 once the whole shard matched its sha256 (shards.extract_shard).
 
@@ -38,19 +38,11 @@ import sys
 import threading
 import time
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from . import safefile, shards
-    from .stage_fetch import Fetcher
-    from .stage_plan import StageError, check_plan, disk_reason, reason
-    from .stage_run import DatasetRun
-    from .stage_sigv4 import RoleCredentials
-except ImportError:
-    import safefile
-    import shards
-    from stage_fetch import Fetcher
-    from stage_plan import StageError, check_plan, disk_reason, reason
-    from stage_run import DatasetRun
-    from stage_sigv4 import RoleCredentials
+from . import safefile, shards
+from .stage_fetch import Fetcher
+from .stage_plan import StageError, check_plan, disk_reason, reason
+from .stage_run import DatasetRun
+from .awsapi import RoleCredentials
 
 MARKER = ".cloudtrain-staged.json"
 STAGING = ".staging"

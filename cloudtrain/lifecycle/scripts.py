@@ -26,7 +26,7 @@ from pathlib import Path
 from .. import config, datasets
 from ..errors import UsageError
 from ..host import agent_control, bootstrap, checkpoint_manifest
-from ..hosts import Host, agent_dir, agent_files, bundle
+from ..hosts import Host, agent_dir, bundle, host_files
 from ..local_host import LocalHost
 from ..nodes import torchrun_argv
 from ..spec import RECIPE, JobSpec
@@ -277,7 +277,10 @@ def bundle_parts(host: Host, jobdir: str, job_id: str, copies: list, names: list
         local = into / f"job-{name}"
         local.write_bytes(host.read(f"{jobdir}/{name}"))
         parts.append((bootstrap.JOB_DIR + name, local))
-    parts += [(bootstrap.AGENT_DIR + p.name, p) for p in agent_files()]
+    for name, data in host_files():
+        local = into / f"agent-{name.replace('/', '~')}"
+        local.write_bytes(data)
+        parts.append((bootstrap.AGENT_DIR + name, local))
     start = into / bootstrap.START
     start.write_text("#!/bin/sh\n" + host.start_command(job_id, jobdir) + "\n")
     parts.append((bootstrap.START, start))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import time
 import pytest
 
 from cloudtrain.host import auto_scaling
-from cloudtrain.hosts import agent_files
+from cloudtrain.hosts import write_host_files
 from labs.aws import group_with_template, instance_store, moto_endpoint
 
 __all__ = ["moto_endpoint"]  # the lab's fixture
@@ -66,8 +65,7 @@ def run_agent(lab, run_sh: str, announce_after: float | None = None, **settings)
     job.json; no AWS keys in its environment. Returns (jobdir, status, power-offs)."""
     home = lab.tmp / "agent-x"
     home.mkdir()
-    for source in agent_files():
-        shutil.copy(source, home / source.name)
+    write_host_files(home)
     (lab.tmp / "rec.py").write_text(RECORDER)
     calls = lab.tmp / "calls.jsonl"
     jobdir = lab.tmp / "jobs" / JOB
@@ -231,7 +229,7 @@ def test_an_invalid_auto_scaling_setting_is_said_and_the_power_off_still_comes(l
 def test_end_group_goes_on_to_the_template_when_the_group_is_gone_already(lab):
     """A replacement that ends the group after the agent did: "not found" is done, not a
     failure; the Query calls are signed with the role's credentials (RoleCredentials)."""
-    from cloudtrain.host.stage_sigv4 import RoleCredentials
+    from cloudtrain.host.awsapi import RoleCredentials
 
     lab.asg.delete_auto_scaling_group(AutoScalingGroupName=GROUP, ForceDelete=True)
     steps = auto_scaling.end_group(group_conf(lab), RoleCredentials(lab.imds.url),
@@ -253,7 +251,7 @@ def test_end_group_sets_the_group_to_0_where_deleting_it_is_refused(lab, monkeyp
         return real(service, params, *a, **k)
 
     monkeypatch.setattr(auto_scaling, "call", refuse_delete)
-    from cloudtrain.host.stage_sigv4 import RoleCredentials
+    from cloudtrain.host.awsapi import RoleCredentials
 
     steps = auto_scaling.end_group(group_conf(lab), RoleCredentials(lab.imds.url))
     assert calls == ["DeleteAutoScalingGroup", "UpdateAutoScalingGroup", "DeleteLaunchTemplate"]
@@ -279,7 +277,7 @@ def test_instance_states_are_ec2s_asked_with_the_role(lab):
     """DescribeInstances signed with the role's credentials (the fake IMDS's, no AWS keys):
     a running peer and a terminated one, each with EC2's state name; ids EC2 does not know
     make the whole call an InvalidInstanceID.NotFound, which is "gone", not a failure."""
-    from cloudtrain.host.stage_sigv4 import RoleCredentials
+    from cloudtrain.host.awsapi import RoleCredentials
 
     (up, down), ec2 = _instances(lab, 2)
     ec2.terminate_instances(InstanceIds=[down])
@@ -294,7 +292,7 @@ def test_instance_states_are_ec2s_asked_with_the_role(lab):
 
 
 def test_instance_states_that_cannot_be_asked_are_none_and_why(lab):
-    from cloudtrain.host.stage_sigv4 import RoleCredentials
+    from cloudtrain.host.awsapi import RoleCredentials
 
     (up,), _ = _instances(lab, 1)
     lab.imds.roles["127.0.0.1"] = None  # no instance profile

@@ -25,7 +25,7 @@ import pytest
 
 from cloudtrain import config
 from cloudtrain.host import bootstrap
-from cloudtrain.hosts import AGENT_SOURCE
+from cloudtrain.hosts import host_files, write_host_files
 from cloudtrain.lifecycle import scripts
 from cloudtrain.local_host import LocalHost
 from cloudtrain.providers.aws import jobbundle
@@ -51,9 +51,7 @@ def lab(moto_endpoint, tmp_path, monkeypatch):
     # What the instance has: the host-side files in a folder of their own, nothing else.
     shipped = tmp_path / "shipped"
     shipped.mkdir()
-    for p in AGENT_SOURCE.parent.glob("*.py"):
-        if p.name != "__init__.py":
-            shutil.copy(p, shipped / p.name)
+    write_host_files(shipped)
     yield type("Lab", (), dict(s3=s3, imds=imds, socket=socket, endpoint=moto_endpoint,
                                shipped=shipped, tmp=tmp_path))
     subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
@@ -125,7 +123,7 @@ def test_a_replacement_instance_starts_the_job_from_its_bundle_alone(lab):
     assert os.access(jobdir / "work" / "train.sh", os.X_OK)  # modes kept
     assert not (jobdir / "work" / ".env").exists()  # exactly what a sync sends
     agent_dir = jobdir.parent.parent / b["meta"]["agent_dir"]
-    assert (agent_dir / "agent.py").read_bytes() == AGENT_SOURCE.read_bytes()
+    assert all((agent_dir / name).read_bytes() == data for name, data in host_files())
     # The agent started in tmux, ran setup and the job, which succeeded.
     status = wait_for(lambda: (s := json.loads((jobdir / "status.json").read_text()))
                       and s.get("state") == "succeeded" and s, timeout=30)

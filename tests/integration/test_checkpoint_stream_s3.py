@@ -14,7 +14,6 @@ import hashlib
 import http.server
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -304,10 +303,9 @@ def _agent(tmp_path, grant, settle_s: float, poll_s: float):
     killed at the end if it still runs."""
     home = tmp_path / "agent-x"
     home.mkdir()
-    from cloudtrain.hosts import agent_files
+    from cloudtrain.hosts import write_host_files
 
-    for source in agent_files():  # what a host gets
-        shutil.copy(source, home)
+    write_host_files(home)  # what a host gets
     jobdir = tmp_path / "jobs" / JOB
     jobdir.mkdir(parents=True)
     (jobdir / "job.py").write_text(JOB_SCRIPT)

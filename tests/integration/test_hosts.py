@@ -399,10 +399,14 @@ def test_agent_lives_outside_the_jobdir_and_is_installed_once(host, sshd, tmp_pa
     mtime = where.stat().st_mtime_ns
     host.install_agent(str(tmp_path / "jobs" / "other"))  # same files there: nothing sent
     assert where.stat().st_mtime_ns == mtime
-    assert not list(where.parent.glob(".*.tmp"))
-    where.write_text("# tampered\n")  # a different file there: replaced
+    assert not list(where.parent.rglob(".*.tmp"))
+    module = where.parent / hosts.HOST_PACKAGE / "agent.py"
+    for path in (where, module):  # a different file there: replaced
+        path.write_text("# tampered\n")
     host.install_agent(jobdir)
-    assert where.read_bytes() == hosts.AGENT_SOURCE.read_bytes()
+    shipped = dict(hosts.host_files())
+    assert where.read_bytes() == shipped["agent.py"]
+    assert module.read_bytes() == shipped[f"{hosts.HOST_PACKAGE}/agent.py"]
 
 
 @pytest.mark.parametrize("kind", ["local", "ssh"])

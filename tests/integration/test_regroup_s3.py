@@ -16,7 +16,7 @@ import pytest
 
 from cloudtrain.host import auto_scaling, regroup
 from cloudtrain.host.bundle_reader import EXIT_ENDED, EXIT_STORE, Bundle, Failed
-from cloudtrain.host.stage_sigv4 import RoleCredentials
+from cloudtrain.host.awsapi import RoleCredentials
 from labs.aws import instance_store, moto_endpoint
 from labs.polling import wait_for
 

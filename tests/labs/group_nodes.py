@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +42,8 @@ import time
 from pathlib import Path
 
 import boto3
+
+from cloudtrain.hosts import write_host_files
 
 from .aws import instance_store
 from .imds import FakeIMDS
@@ -66,12 +67,13 @@ NODE_MAIN = r"""
 import json, os, sys
 mode, here, root = sys.argv[1:4]
 sys.path.insert(0, here)
-import agent_progress, auto_scaling, bootstrap, bundle_reader, checkpoint_stream, regroup
+from cloudtrain_host import (agent_progress, auto_scaling, bootstrap, bundle_reader,
+                             checkpoint_stream, regroup)
 for name, value in json.loads(os.environ["LAB_TIMING"]).items():
     module, attr = name.split(".")
-    setattr(sys.modules[module], attr, value)
+    setattr(sys.modules["cloudtrain_host." + module], attr, value)
 if mode == "agent":
-    import agent
+    from cloudtrain_host import agent
     sys.exit(agent.main(["run", root]))
 job = json.load(open(os.path.join(root, "job.json")))
 conf = auto_scaling.settings(job)
@@ -318,8 +320,7 @@ class GroupNodes:
         node = Node(self, ident, address)
         node.jobdir.mkdir(parents=True)
         (node.jobdir / "checkpoints").mkdir()
-        shutil.copytree(Path(__file__).resolve().parents[2] / "cloudtrain" / "host",
-                        node.agent_dir, ignore=shutil.ignore_patterns("__pycache__"))
+        write_host_files(node.agent_dir)
         (node.jobdir / "job.py").write_text(JOB)
         (node.jobdir / "run.sh").write_text(
             f"exec {sys.executable} job.py {self.steps} {self.every} {self.step_s} "
@@ -397,7 +398,7 @@ class GroupNodes:
     def node(self, rank: int, running: bool = True) -> Node:
         """The live node that holds `rank` now (its job.json says), its part running (or
         not `running`: ended, waiting for the job's end)."""
-        for node in self.by_id.values():
+        for node in list(self.by_id.values()):
             if node.gone:
                 continue
             try:
@@ -412,7 +413,7 @@ class GroupNodes:
     def step(self) -> int:
         """The last step rank 0 took, on any node (metrics.jsonl)."""
         best = 0
-        for node in self.by_id.values():
+        for node in list(self.by_id.values()):
             path = node.jobdir / "metrics.jsonl"
             if path.exists():
                 rows = [json.loads(l) for l in path.read_text().splitlines() if l.endswith("}")]
@@ -448,7 +449,7 @@ class GroupNodes:
         """final.json, once the group is gone and no node of it runs."""
         try:
             wait_for(lambda: self.final() is not None and self.group_gone()
-                     and all(n.gone for n in self.by_id.values()), timeout=timeout,
+                     and all(n.gone for n in list(self.by_id.values())), timeout=timeout,
                      interval=0.2, what="the job's end")
         except AssertionError as exc:
             raise AssertionError(f"{exc}:\n{self.describe()}") from None
@@ -457,7 +458,7 @@ class GroupNodes:
     def describe(self) -> str:
         """Each node's state and its log's last lines (what a failed test shows)."""
         lines = [f"final: {self.final()}", f"attempts: {[a.get('instance') for a in self.attempts()]}"]
-        for node in self.by_id.values():
+        for node in list(self.by_id.values()):
             log = node.jobdir / "output.log"
             tail = log.read_text().splitlines()[-6:] if log.exists() else []
             boot = node.dir / "boot.log"

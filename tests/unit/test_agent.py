@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ import pytest
 
 from cloudtrain.host import agent, agent_store, job_processes, job_status
 from labs.loopback import serve
+from labs.shipped_host import command
 
 
 def _sleeper(*extra: str) -> subprocess.Popen:
@@ -99,7 +99,7 @@ def test_metrics_tail_finds_events_far_from_the_end(tmp_path, monkeypatch):
 def test_agent_run_records_success_and_output(tmp_path):
     (tmp_path / "run.sh").write_text("echo out; echo err >&2; echo $CLOUDTRAIN_JOB_DIR $FOO\n")
     (tmp_path / "job.json").write_text(json.dumps({"env": {"FOO": "bar"}, "heartbeat_s": 0.1}))
-    proc = subprocess.run([sys.executable, agent.__file__, "run", str(tmp_path)],
+    proc = subprocess.run([sys.executable, command("agent"), "run", str(tmp_path)],
                           capture_output=True, timeout=30)
     assert proc.returncode == 0
     status = json.loads((tmp_path / "status.json").read_text())
@@ -113,7 +113,7 @@ def test_agent_run_records_success_and_output(tmp_path):
 def test_agent_kills_leftover_background_processes(tmp_path):
     pidfile = tmp_path / "bg.pid"
     (tmp_path / "run.sh").write_text(f"sleep 60 & echo $! > {pidfile}\necho done\n")
-    subprocess.run([sys.executable, agent.__file__, "run", str(tmp_path)], timeout=30,
+    subprocess.run([sys.executable, command("agent"), "run", str(tmp_path)], timeout=30,
                    capture_output=True)
     bg = int(pidfile.read_text())
     time.sleep(0.2)
@@ -185,7 +185,7 @@ def test_spot_interruption_notice_stops_the_job_as_preempted(tmp_path):
             "while true; do sleep 0.05; done\n")
         (tmp_path / "job.json").write_text(json.dumps(
             {"imds_url": imds.url, "spot_poll_s": 0.1, "heartbeat_s": 0.1, "grace_s": 5}))
-        proc = subprocess.Popen([sys.executable, agent.__file__, "run", str(tmp_path)],
+        proc = subprocess.Popen([sys.executable, command("agent"), "run", str(tmp_path)],
                                 stdout=subprocess.DEVNULL)
         deadline = time.time() + 10
         while b"training" not in (tmp_path / "output.log").read_bytes() if (
@@ -352,13 +352,13 @@ def _after_job(tmp_path, settings: dict, upload: str | None = FAKE_UPLOAD, colle
     on `true`; returns the final status, the recorder's calls, and the seconds it took."""
     home = tmp_path / "agent-test"
     home.mkdir()
-    from cloudtrain.hosts import agent_files
+    from cloudtrain.hosts import HOST_PACKAGE, host_files, write_host_files
 
-    for source in agent_files():  # what a host gets, but for the uploader (a fake, or none)
-        if source.name != "agent_upload.py":
-            shutil.copy(source, home / source.name)
+    # what a host gets, but for the uploader (a fake, or none)
+    uploader = f"{HOST_PACKAGE}/agent_upload.py"
+    write_host_files(home, [(n, d) for n, d in host_files() if n != uploader])
     if upload is not None:
-        (home / "agent_upload.py").write_text(upload)
+        (home / uploader).write_text(upload)
     (tmp_path / "rec.py").write_text(RECORDER)
     jobdir = tmp_path / "jobs" / "j"
     jobdir.mkdir(parents=True, exist_ok=True)
@@ -426,7 +426,7 @@ def test_F16_a_failing_rearm_is_logged_not_fatal(tmp_path):
     (jobdir / "run.sh").write_text("echo job-ran\n")
     (jobdir / "job.json").write_text(json.dumps({"rearm": {
         "argv": ["/nonexistent/rearm"], "start_minutes": 5, "idle_minutes": 3}}))
-    subprocess.run([sys.executable, agent.__file__, "run", str(jobdir)], timeout=30, check=True,
+    subprocess.run([sys.executable, command("agent"), "run", str(jobdir)], timeout=30, check=True,
                    capture_output=True)
     log = (jobdir / "output.log").read_text()
     assert json.loads((jobdir / "status.json").read_text())["state"] == "succeeded"
@@ -459,7 +459,7 @@ def test_F34_the_probe_answers_at_once_whatever_the_job_planted(tmp_path, name, 
         (tmp_path / "metrics.jsonl").write_text(json.dumps({"epoch": 1}) + "\n")
         _plant(tmp_path / name, kind)
         started = time.monotonic()
-        proc = subprocess.Popen([sys.executable, agent.__file__, "probe", str(tmp_path)],
+        proc = subprocess.Popen([sys.executable, command("agent"), "probe", str(tmp_path)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             out, err = proc.communicate(timeout=15)

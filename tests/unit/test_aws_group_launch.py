@@ -26,9 +26,12 @@ from cloudtrain.host import boot_loader
 from cloudtrain.hostdata import HIDDEN
 from cloudtrain.market import Market
 from cloudtrain.providers.aws import AWSProvider, group_launch
+from cloudtrain.hosts import HOST_DIR, HOST_PACKAGE, host_files
 from cloudtrain.providers.aws.group_launch import (
-    HOST_DIR, INSTANCE_ID, LOADER_FILES, MAX_ATTEMPTS, TYPE, USER_DATA_MAX, ZONE,
-    boot_script, boot_tar, check_attempt, check_final)
+    INSTANCE_ID, LOADER_MODULES, MAX_ATTEMPTS, TYPE, USER_DATA_MAX, ZONE, boot_script, boot_tar,
+    check_attempt, check_final)
+
+LOADER_FILES = dict(host_files(LOADER_MODULES))  # what the user-data writes
 from test_aws_user_data import Box, _job, _spec
 
 ATTEMPT_KEYS = {"attempt", "instance", "zone", "type", "lifecycle", "started_at", "by",
@@ -183,11 +186,12 @@ def test_boot_tar_is_the_same_bytes_each_time_and_holds_every_host_module():
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         members = tar.getmembers()
         got = {m.name: tar.extractfile(m).read() for m in members}
-    want = {p.name: p.read_bytes() for p in HOST_DIR.glob("*.py") if p.name != "__init__.py"}
-    assert got == want and "bootstrap.py" in got and "agent.py" in got
+    want = {f"{HOST_PACKAGE}/{p.name}": p.read_bytes() for p in HOST_DIR.glob("*.py")}
+    assert {n: d for n, d in got.items() if "/" in n} == want
+    assert got == dict(host_files()) and "bootstrap.py" in got and "agent.py" in got
     assert all(m.isreg() and m.mtime == 0 and m.mode == 0o644 and m.uid == 0 and not m.uname
                for m in members)
-    assert [m.name for m in members] == sorted(got)
+    assert [m.name for m in members] == [name for name, _ in host_files()]
 
 
 def test_boot_tar_is_one_the_loader_takes(tmp_path):
@@ -195,9 +199,10 @@ def test_boot_tar_is_one_the_loader_takes(tmp_path):
     data, digest = boot_tar()
     assert len(data) < boot_loader.TAR_MAX_BYTES / 4
     names = boot_loader.unpack(data, digest, str(tmp_path))
-    assert sorted(names) == sorted(p.name for p in HOST_DIR.glob("*.py")
-                                   if p.name != "__init__.py")
-    assert (tmp_path / "bootstrap.py").read_bytes() == (HOST_DIR / "bootstrap.py").read_bytes()
+    assert names == [name for name, _ in host_files()]
+    assert (tmp_path / HOST_PACKAGE / "bootstrap.py").read_bytes() == \
+        (HOST_DIR / "bootstrap.py").read_bytes()
+    assert (tmp_path / "bootstrap.py").read_bytes() == dict(host_files())["bootstrap.py"]
 
 
 # -- the boot script --------------------------------------------------------------------------
@@ -252,15 +257,16 @@ class Shim:
             if self.calls.exists() else []
 
     def check_loader_files(self) -> None:
-        for name in LOADER_FILES:
-            assert (self.boot / name).read_bytes() == (HOST_DIR / name).read_bytes(), name
-        assert sorted(p.name for p in self.boot.iterdir()) == sorted(LOADER_FILES)
+        for name, data in LOADER_FILES.items():
+            assert (self.boot / name).read_bytes() == data, name
+        assert sorted(str(p.relative_to(self.boot)) for p in self.boot.rglob("*")
+                      if p.is_file()) == sorted(LOADER_FILES)
 
 
 def test_the_boot_script_writes_the_loader_byte_for_byte_and_runs_it_with_its_args(
         tmp_path, monkeypatch):
     """bash runs the script in a folder of its own, as a user that does not exist on this
-    machine (so never through runuser): the three files are the package's, and the loader
+    machine (so never through runuser): the loader's files are the package's, and the loader
     gets --dir, its args, `--` and bootstrap's args exactly, hostile ones included."""
     shim = Shim(tmp_path, monkeypatch)
     script = boot_script(LOADER_ARGS + HOSTILE, BOOT_ARGS + HOSTILE, "no-such-user-ct27")
@@ -314,17 +320,19 @@ def test_a_host_file_holding_the_here_document_marker_is_refused(tmp_path, monke
     end its here-document early (the rest run as bash), so it is refused, not written."""
     import types
 
+    from cloudtrain import hosts
+
     host = tmp_path / "host"
     host.mkdir()
-    for name in LOADER_FILES:
-        (host / name).write_text((HOST_DIR / name).read_text())
-    monkeypatch.setattr(group_launch, "HOST_DIR", host)
+    for name in ("__init__", *LOADER_MODULES):
+        (host / f"{name}.py").write_text((HOST_DIR / f"{name}.py").read_text())
+    monkeypatch.setattr(hosts, "HOST_DIR", host)
     assert boot_script([], [], "ubuntu").count("CLOUDTRAIN_FILE_") == 2 * len(LOADER_FILES)
     # A hash that does not depend on the text stands in for a file made to hold its own.
     fixed = hashlib.sha256(b"fixed")
     monkeypatch.setattr(group_launch, "hashlib", types.SimpleNamespace(sha256=lambda _: fixed))
-    (host / "stage_sigv4.py").write_text(f"x = 1\nCLOUDTRAIN_FILE_{fixed.hexdigest()[:16]}\n")
-    with pytest.raises(RuntimeError, match="stage_sigv4.py holds its own here-document"):
+    (host / "awsapi.py").write_text(f"x = 1\nCLOUDTRAIN_FILE_{fixed.hexdigest()[:16]}\n")
+    with pytest.raises(RuntimeError, match="awsapi.py holds its own here-document"):
         boot_script([], [], "ubuntu")
 
 

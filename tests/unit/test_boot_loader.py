@@ -1,5 +1,5 @@
 """host/boot_loader.py, the first thing an Auto Scaling instance of a job runs (issue 27): shipped
-alone with the two modules it imports (what the user-data writes: group_launch.LOADER_FILES)
+alone with the two modules it imports (what the user-data writes: group_launch.LOADER_MODULES)
 into a folder of its own and run as a real process with no AWS keys, it reads `<prefix>boot.tar`
 from moto's S3 with the fake IMDS's role credentials, checks the sha256 the user-data names,
 unpacks plain files and execs bootstrap.py with the arguments after `--` (a stub here that
@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -23,7 +22,8 @@ import time
 import pytest
 
 from cloudtrain.host import boot_loader
-from cloudtrain.providers.aws.group_launch import HOST_DIR, LOADER_FILES
+from cloudtrain.hosts import host_files, write_host_files
+from cloudtrain.providers.aws.group_launch import LOADER_MODULES
 from labs.aws import fresh_store, moto_endpoint
 from labs.imds import FakeIMDS
 
@@ -46,10 +46,8 @@ with open({out!r}, "w") as f:
 def lab(moto_endpoint, tmp_path, monkeypatch):
     s3 = fresh_store(moto_endpoint, monkeypatch, BUCKET, REGION)
     imds = FakeIMDS(role="ct-instance")
-    shipped = tmp_path / "shipped"  # what the user-data wrote: the loader's three files
-    shipped.mkdir()
-    for name in LOADER_FILES:
-        shutil.copy(HOST_DIR / name, shipped / name)
+    shipped = tmp_path / "shipped"  # what the user-data wrote: the loader's three modules
+    write_host_files(shipped, host_files(LOADER_MODULES))
     yield type("Lab", (), dict(s3=s3, imds=imds, endpoint=moto_endpoint, shipped=shipped,
                                tmp=tmp_path, out=tmp_path / "ran.json",
                                dir=tmp_path / "boot"))
@@ -183,7 +181,7 @@ def test_a_tar_that_is_not_a_tar_is_one_line(lab):
 
 
 SHORT_WAIT = """import sys
-import boot_loader
+from cloudtrain_host import boot_loader
 boot_loader.FETCH_WAIT_S, boot_loader.RETRY_S = {wait}, 0.2
 sys.exit(boot_loader.main(sys.argv[1:]))
 """
@@ -205,7 +203,7 @@ def test_a_missing_object_is_tried_until_the_wait_then_one_line(lab):
 def test_an_object_that_appears_during_the_wait_is_fetched(lab, monkeypatch):
     """An upload not yet visible (404 first) is read once it is there: fetch() tries again
     every RETRY_S, within `wait_s`."""
-    from cloudtrain.host.stage_sigv4 import RoleCredentials, object_url
+    from cloudtrain.host.awsapi import RoleCredentials, object_url
 
     monkeypatch.setattr(boot_loader, "RETRY_S", 0.1)
     data = tar_of(*good_members(lab))
@@ -221,7 +219,7 @@ def test_an_object_that_appears_during_the_wait_is_fetched(lab, monkeypatch):
 
 
 def test_fetch_gives_up_after_its_wait(lab, monkeypatch):
-    from cloudtrain.host.stage_sigv4 import RoleCredentials, object_url
+    from cloudtrain.host.awsapi import RoleCredentials, object_url
 
     monkeypatch.setattr(boot_loader, "RETRY_S", 0.1)
     started = time.monotonic()

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 from cloudtrain.errors import UsageError
 from cloudtrain.gitignore import list_files
 from cloudtrain.host import bootstrap, bundle_reader
-from cloudtrain.hosts import agent_dir, agent_files
+from cloudtrain.hosts import agent_dir, host_files
 from cloudtrain.lifecycle import scripts
 from cloudtrain.local_host import LocalHost
 from cloudtrain.providers.aws import jobbundle
@@ -204,7 +204,7 @@ def test_the_bundle_holds_what_a_sync_sends_the_job_files_the_agent_and_its_star
     names = [n for n, _ in parts]
     assert names[0] == "files.tar" and names[-1] == "start.sh"
     assert names[1:3] == ["job/run.sh", "job/job.json"]
-    assert names[3:-1] == [f"agent/{p.name}" for p in agent_files()]
+    assert names[3:-1] == [f"agent/{name}" for name, _ in host_files()]
     with tarfile.open(dict(parts)["files.tar"]) as tar:
         listed = sorted(tar.getnames())
     assert listed == sorted(f"work/{rel}" for rel in list_files(work))

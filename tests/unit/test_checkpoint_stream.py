@@ -23,6 +23,7 @@ from cloudtrain.host import agent_upload, checkpoint_manifest, checkpoint_restor
 from cloudtrain.host import checkpoint_stream as cs
 from cloudtrain.providers.aws import jobstore_fetch
 from labs.loopback import QuietServer, serve
+from labs.shipped_host import command
 
 PREFIX = "jobs/ab12cd34/"
 
@@ -133,7 +134,7 @@ def _sha(data: bytes) -> str:
 
 @pytest.mark.parametrize("module, ours", [
     (cs, {"agent_upload", "safefile", "checkpoint_manifest", "checkpoint_restore"}),
-    (checkpoint_restore, {"agent_upload", "safefile", "checkpoint_manifest"}),
+    (checkpoint_restore, {"agent_upload", "awsapi", "safefile", "checkpoint_manifest"}),
     (checkpoint_manifest, {"agent_upload"}),
 ], ids=lambda m: getattr(m, "__name__", "").rpartition(".")[2] or None)
 def test_runs_under_python38_with_the_standard_library_only(module, ours):
@@ -142,14 +143,18 @@ def test_runs_under_python38_with_the_standard_library_only(module, ours):
     imported = {n.names[0].name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree)
                  if isinstance(n, ast.ImportFrom) and n.module}
+    imported |= {a.name for n in ast.walk(tree)  # from . import x
+                 if isinstance(n, ast.ImportFrom) and n.level and not n.module for a in n.names}
     assert imported - set(sys.stdlib_module_names) == ours
 
 
 def test_shipped_with_the_agent():
-    from cloudtrain.hosts import agent_files
+    from cloudtrain.hosts import HOST_PACKAGE, host_files
 
-    shipped = [p.name for p in agent_files()]
-    assert {"checkpoint_stream.py", "checkpoint_manifest.py", "checkpoint_restore.py"} <= set(shipped)
+    shipped = [name for name, _ in host_files()]
+    assert {f"{HOST_PACKAGE}/{m}.py" for m in ("checkpoint_stream", "checkpoint_manifest",
+                                               "checkpoint_restore")} <= set(shipped)
+    assert "checkpoint_stream.py" in shipped  # its command
 
 
 # -- what a snapshot holds and when it is taken -----------------------------------------------
@@ -635,7 +640,7 @@ def test_restore_does_not_follow_a_link_in_the_job_directory(tmp_path, store):
 def test_restore_command_prints_one_line_and_exits_1_on_failure(tmp_path, store):
     plan = _stored(tmp_path, store, {"checkpoints/last.pt": b"x" * 2_500_000}, step=42)
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    run = [sys.executable, cs.__file__, "restore", str(tmp_path / "plan.json")]
+    run = [sys.executable, command("checkpoint_stream"), "restore", str(tmp_path / "plan.json")]
     ok = subprocess.run(run + [str(tmp_path / "job")], capture_output=True, text=True,
                         timeout=30)
     assert ok.returncode == 0, ok.stderr

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -16,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.host import job_queue
-from cloudtrain.hosts import agent_files
+from cloudtrain.hosts import write_host_files
 from labs.polling import wait_for
+from labs.shipped_host import command
 
 SOCKET = os.environ.get("CLOUDTRAIN_TMUX_SOCKET", "cloudtrain")
 
@@ -36,8 +36,7 @@ def root(tmp_path) -> Path:
     root = tmp_path / "root"
     agent = root / "agent-0123abcd"
     agent.mkdir(parents=True)
-    for source in agent_files():
-        shutil.copy(source, agent / source.name)
+    write_host_files(agent)
     (root / "jobs").mkdir()
     return root
 
@@ -65,7 +64,7 @@ def _start(root: Path, job: str) -> None:
 
 def _cli(*args: str) -> tuple[int, dict | str]:
     """job_queue.py run as the CLI runs it over SSH: a script, one JSON line out."""
-    proc = subprocess.run([sys.executable, job_queue.__file__, *args], capture_output=True,
+    proc = subprocess.run([sys.executable, command("job_queue"), *args], capture_output=True,
                           text=True, timeout=60)
     out = proc.stdout.strip()
     return proc.returncode, (json.loads(out) if out.startswith("{") else out)

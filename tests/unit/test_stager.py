@@ -39,7 +39,8 @@ from hypothesis import strategies as st
 from labs.aws import moto_endpoint
 from labs.imds import FakeIMDS
 from labs.loopback import serve
-from cloudtrain.host import shards, stage_fetch, stage_sigv4, stager
+from labs.shipped_host import command
+from cloudtrain.host import shards, stage_fetch, awsapi, stager
 from cloudtrain.providers.aws import datasets as s3_datasets
 from conftest import REPO
 from labs.credentials import CLIENT_CREDS
@@ -210,8 +211,8 @@ def _botocore_headers(url: str, creds: dict, when=WHEN, region=REGION) -> dict:
 def test_sign_get_gives_the_authorization_botocore_gives(token, bucket, endpoint):
     creds = dict(ROLE, Token=token)
     key = "imagenet/train/a file ünï+x=y&z~(1).jpg"
-    url = stage_sigv4.object_url(bucket, key, REGION, endpoint)
-    mine = stage_sigv4.sign_get(url, REGION, creds, WHEN, {"Range": "bytes=0-9"})
+    url = awsapi.object_url(bucket, key, REGION, endpoint)
+    mine = awsapi.sign_get(url, REGION, creds, WHEN, {"Range": "bytes=0-9"})
     theirs = _botocore_headers(url, creds)
     assert mine["Authorization"] == theirs["Authorization"]
     assert mine["X-Amz-Date"] == theirs["X-Amz-Date"] == "20261123T180509Z"
@@ -233,9 +234,9 @@ def test_sign_get_gives_the_authorization_botocore_gives(token, bucket, endpoint
 def test_sign_get_matches_botocore_for_any_key(key, token, second):
     when = datetime.datetime(2024, 1, 1) + datetime.timedelta(seconds=second)
     creds = dict(ROLE, Token=token)
-    url = stage_sigv4.object_url("stage-test", key, "eu-west-1")
+    url = awsapi.object_url("stage-test", key, "eu-west-1")
     assert url.split(".amazonaws.com/", 1)[1] == percent_encode(key, safe="/~")
-    mine = stage_sigv4.sign_get(url, "eu-west-1", creds, when)
+    mine = awsapi.sign_get(url, "eu-west-1", creds, when)
     assert mine["Authorization"] == _botocore_headers(url, creds, when, "eu-west-1")[
         "Authorization"]
 
@@ -477,7 +478,7 @@ def test_role_credentials_are_renewed_five_minutes_before_they_expire():
     expires = datetime.datetime(2030, 1, 1, 0, 10, tzinfo=datetime.timezone.utc).timestamp()
     now = [expires - 3600]
     try:
-        creds = stage_sigv4.RoleCredentials(imds.url, clock=lambda: now[0])
+        creds = awsapi.RoleCredentials(imds.url, clock=lambda: now[0])
         assert creds.get()["AccessKeyId"] == "ASIAROLEKEY"
         now[0] = expires - 301
         creds.get()
@@ -706,7 +707,7 @@ def test_sigterm_stops_a_slow_staging_promptly_and_cleans_up(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     status = tmp_path / "status.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.Popen([sys.executable, "cloudtrain/host/stager.py",
+    proc = subprocess.Popen([sys.executable, command("stager"),
                              str(tmp_path / "plan.json"), str(status)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -837,7 +838,7 @@ def test_sign_request_signs_a_query_api_call_as_botocore_does(name, token, servi
                                     "AutoScalingGroupName": name, "ForceDelete": "true"},
                                    quote_via=urllib.parse.quote, safe="-_.~")
     url = f"https://{service}.eu-west-1.amazonaws.com/?{query}"
-    mine = stage_sigv4.sign_request("GET", url, "eu-west-1", creds, WHEN, service)
+    mine = awsapi.sign_request("GET", url, "eu-west-1", creds, WHEN, service)
     req = AWSRequest(method="GET", url=url)
     auth = SigV4Auth(Credentials(creds["AccessKeyId"], creds["SecretAccessKey"],
                                  creds.get("Token")), service, "eu-west-1")

@@ -28,11 +28,11 @@ import re
 import shlex
 import tarfile
 import time
-from pathlib import Path
 
 from ...market import Market
 from ...host import auto_scaling
 from ...hostdata import clean_text
+from ...hosts import HOST_PACKAGE, host_files
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store
@@ -42,9 +42,9 @@ from .errors import AWSError, aws_errors
 from .groups import INSTANCE_ID, ZONE, group_name
 from .jobstore_attempts import small_json
 
-HOST_DIR = Path(__file__).resolve().parent.parent.parent / "host"
-# The boot loader and what it imports, written into the user-data (read in this order).
-LOADER_FILES = ("stage_errors.py", "stage_sigv4.py", "boot_loader.py")
+# The host modules of the boot loader (what it imports, and itself), written into the user-data
+# as the host package has them (hosts.host_files).
+LOADER_MODULES = ("stage_errors", "awsapi", "boot_loader")
 # below the job's prefix, with the bundle (the instance role reads bundle/*): bootstrap.py and
 # every host module
 BOOT_TAR = "bundle/boot.tar"
@@ -57,15 +57,12 @@ USER_DATA_MAX = 16384  # EC2's limit on user-data, in raw (here gzipped) form
 
 
 def boot_tar() -> tuple[bytes, str]:
-    """The host modules as one tar (names only, fixed times and modes: the same bytes for the
-    same files) and its sha256."""
+    """The host package and its launchers as one tar (hosts.host_files: names only, fixed
+    times and modes, the same bytes for the same files) and its sha256."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(HOST_DIR.glob("*.py")):
-            if path.name == "__init__.py":
-                continue
-            data = path.read_bytes()
-            info = tarfile.TarInfo(path.name)
+        for name, data in host_files():
+            info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tar.addfile(info, io.BytesIO(data))
     data = out.getvalue()
@@ -76,9 +73,9 @@ def boot_script(loader_args: list[str], bootstrap_args: list[str], run_as: str) 
     """The bash the user-data runs (detached) on every instance of the group: the loader's
     files written from here-documents, then the loader run as `run_as` where that user exists
     (the SSH user: the job's files are then that user's, as on a launch over SSH)."""
-    lines = ["set -u", f"DIR={shlex.quote(BOOT_DIR)}", 'mkdir -p "$DIR"']
-    for name in LOADER_FILES:
-        text = (HOST_DIR / name).read_text()
+    lines = ["set -u", f"DIR={shlex.quote(BOOT_DIR)}", f'mkdir -p "$DIR/{HOST_PACKAGE}"']
+    for name, data in host_files(LOADER_MODULES):
+        text = data.decode()
         end = "CLOUDTRAIN_FILE_" + hashlib.sha256(text.encode()).hexdigest()[:16]
         if end in text:  # never: the marker is the text's own hash
             raise RuntimeError(f"{name} holds its own here-document marker")

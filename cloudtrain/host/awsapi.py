@@ -1,15 +1,20 @@
-"""S3 addresses, SigV4 signing (an S3 GET, or any service's request), and the instance
-role's credentials (IMDSv2).
+"""What the host side asks of AWS with the standard library alone (an instance may have no
+boto3): the instance metadata service (IMDSv2), the instance role's credentials from it, S3
+addresses and SigV4-signed requests, and `retry`, the one retry loop every host module uses.
 
-Standard library only, Python 3.8+; shipped beside stager.py. Imports stage_errors (StageError,
-reason) and nothing else of ours.
+Standard library only, Python 3.8+. Imports stage_errors (StageError, reason) and nothing else
+of ours: the boot loader that an Auto Scaling instance's user-data carries needs only these two.
 
+    imds_token(imds, ttl_s, timeout) -> an IMDSv2 session token (PUT /latest/api/token)
+    imds_get(imds, path, token, timeout, limit) -> the bytes at /latest/<path>
+    RoleCredentials(imds_url).get() -> {AccessKeyId, SecretAccessKey, Token, Expiration}
     object_url(bucket, key, region, endpoint=None) -> url
     quote_key(key) -> the key URI-encoded as SigV4 wants it
     host_header(parts) -> the Host header for a urlsplit() result
     sign_get(url, region, creds, now, extra_headers=None) -> headers
     sign_request(method, url, region, creds, now, service, body) -> headers (any service)
-    RoleCredentials(imds_url).get() -> {AccessKeyId, SecretAccessKey, Token, Expiration}
+    utc_now() -> the naive UTC datetime the signers take
+    retry(call, transient, tries, delay_s, ...) -> call()'s result, tried again while transient
 """
 
 import datetime
@@ -23,16 +28,75 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-try:  # in the package (the orchestrator, tests), or shipped beside it on the host
-    from .stage_errors import StageError, reason
-except ImportError:
-    from stage_errors import StageError, reason
+from .stage_errors import StageError, reason
 
+
+IMDS_URL = "http://169.254.169.254"
 IMDS_TIMEOUT_S = 10.0
 REFRESH_S = 300.0  # credentials are renewed when fewer seconds than this remain
 UNSIGNED = "UNSIGNED-PAYLOAD"
 NO_PROFILE = ("the instance has no instance profile: set instance_profile in config.yaml "
               "(infra/README.md)")
+
+
+# -- retries ---------------------------------------------------------------------------------
+
+def retry(call, transient, tries=None, delay_s=1.0, factor=2.0, cap_s=None, deadline=None,
+          sleep=None, clock=None, give_up=None):
+    """call()'s result. An exception that transient(exc) says is worth another try is tried
+    again after delay_s, then delay_s * factor, ... (each at most cap_s), while fewer than
+    `tries` (None: no limit) were made and the wait would end by `deadline` (clock()'s
+    time; None: none); otherwise it is raised, or give_up(exc, tries made) is where given.
+    Any other exception is raised at once. `sleep(seconds)` waits (time.sleep); it may raise
+    to stop. `clock`: time.time."""
+    sleep, clock = sleep or time.sleep, clock or time.time
+    made = 0
+    while True:
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - transient() decides; the rest re-raised
+            if not transient(exc):
+                raise
+            delay = delay_s * factor ** made
+            if cap_s is not None:
+                delay = min(delay, cap_s)
+            made += 1
+            if (tries is not None and made >= tries) or \
+                    (deadline is not None and clock() + delay > deadline):
+                if give_up is None:
+                    raise
+                raise give_up(exc, made) from exc
+        sleep(delay)
+
+
+# -- the instance metadata service (IMDSv2) ----------------------------------------------------
+
+def _imds(imds, method, path, headers, timeout, limit):
+    req = urllib.request.Request(imds.rstrip("/") + path, method=method, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.read(limit)
+
+
+def imds_token(imds=IMDS_URL, ttl_s=300, timeout=IMDS_TIMEOUT_S):
+    """An IMDSv2 session token, good for `ttl_s`. Raises what urllib raises (HTTPError, an
+    OSError) or ValueError for a token that is not ASCII."""
+    return _imds(imds, "PUT", "/latest/api/token",
+                 {"X-aws-ec2-metadata-token-ttl-seconds": str(int(ttl_s))}, timeout,
+                 4096).decode("ascii").strip()
+
+
+def imds_get(imds, path, token, timeout=IMDS_TIMEOUT_S, limit=1 << 20):
+    """The bytes (at most `limit`) at /latest/<path> (meta-data/..., with the token of
+    imds_token). Raises what urllib raises: HTTPError 404 where IMDS has no such value."""
+    return _imds(imds, "GET", "/latest/" + path.lstrip("/"),
+                 {"X-aws-ec2-metadata-token": token}, timeout, limit)
+
+
+def utc_now():
+    return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+
+
+# -- S3 addresses and SigV4 --------------------------------------------------------------------
 
 
 def quote_key(key: str) -> str:
@@ -137,11 +201,10 @@ class RoleCredentials:
         self.creds = None
         self.expires = 0.0
 
-    def _call(self, method: str, path: str, headers: dict) -> bytes:
-        req = urllib.request.Request(self.imds + path, method=method, headers=headers)
+    def _ask(self, fn, *args):
+        """fn(self.imds, *args): an HTTPError raised as it is, no answer as a StageError."""
         try:
-            with urllib.request.urlopen(req, timeout=IMDS_TIMEOUT_S) as resp:
-                return resp.read(1 << 20)
+            return fn(self.imds, *args)
         except urllib.error.HTTPError as exc:
             exc.close()
             raise
@@ -151,12 +214,10 @@ class RoleCredentials:
 
     def _fetch(self) -> dict:
         try:
-            token = self._call("PUT", "/latest/api/token",
-                               {"X-aws-ec2-metadata-token-ttl-seconds": "21600"}).decode().strip()
-            auth = {"X-aws-ec2-metadata-token": token}
-            listing = "/latest/meta-data/iam/security-credentials/"
+            token = self._ask(imds_token, 21600)
+            listing = "meta-data/iam/security-credentials/"
             try:
-                roles = self._call("GET", listing, auth).decode("utf-8", "replace")
+                roles = self._ask(imds_get, listing, token).decode("utf-8", "replace")
             except urllib.error.HTTPError as exc:
                 if exc.code == 404:
                     raise StageError(NO_PROFILE) from None
@@ -164,7 +225,7 @@ class RoleCredentials:
             role = (roles.splitlines() or [""])[0].strip()
             if not role:
                 raise StageError(NO_PROFILE)
-            doc = json.loads(self._call("GET", listing + urllib.parse.quote(role), auth))
+            doc = json.loads(self._ask(imds_get, listing + urllib.parse.quote(role), token))
         except urllib.error.HTTPError as exc:
             raise StageError("the instance metadata service refused %s (HTTP %d)"
                              % (exc.url, exc.code)) from None
