@@ -17,6 +17,7 @@ from pathlib import Path
 import audit_cases_1201 as corpus
 from audit_drivers import harness, refused
 from audit_drivers_1201 import OWNER, REGION, TREE, flaw
+from cloudtrain.providers.aws import results
 
 
 # -- forged records (in-process moto) ------------------------------------------------------------
@@ -49,7 +50,7 @@ class GroupJob:
         self.s3 = boto3.client("s3", region_name=REGION)
         self.asg = boto3.client("autoscaling", region_name=REGION)
         self.ec2 = boto3.client("ec2", region_name=REGION)
-        _, self.bucket, _ = provider._job_store(REGION)
+        _, self.bucket, _ = results._job_store(provider.aws, REGION)
         self.s3.create_bucket(Bucket=self.bucket)
         self.t0 = time.time() - 600
         job = store.create_job(name=None, kind="command", recipe=None, command="true",

@@ -278,7 +278,8 @@ def test_the_labs_shutdown_command_on_an_instance_terminates_it(lab):
 def _rendered_user_data(shutdown_command: str = "sudo shutdown -h now") -> str:
     """infra/user-data.sh as the AWS provider renders it for a job of 60 min max runtime."""
     from cloudtrain.config import Settings
-    from cloudtrain.providers.aws import AWSProvider
+    from cloudtrain.providers.aws import instances
+    from cloudtrain.providers.aws.session import AwsSession
     from cloudtrain.spec import JobSpec
     from cloudtrain.state import Job
 
@@ -288,7 +289,7 @@ def _rendered_user_data(shutdown_command: str = "sudo shutdown -h now") -> str:
               metrics=None, cost=None)
     spec = JobSpec(kind="command", backend="aws", command="true", instance_type="g5.xlarge",
                    max_runtime_s=3600)
-    return AWSProvider(Settings(shutdown_command=shutdown_command)).user_data(job, spec)
+    return instances.user_data(AwsSession(Settings(shutdown_command=shutdown_command)), job, spec)
 
 
 def _watchdog(inst) -> int:

@@ -26,6 +26,7 @@ from labs.imds import FakeIMDS
 from labs.aws import aws, moto_endpoint, stored_as
 from labs.credentials import CLIENT_CREDS, REGION
 from cloudtrain.providers.aws import datasets as s3_datasets
+from cloudtrain.providers.aws import instances
 from conftest import error_line, lying_manifest, tiny_prepared_imagenet
 from labs.polling import wait_for
 
@@ -300,7 +301,7 @@ def test_ten_gb_of_data_gets_a_1000_mbps_root_volume_and_the_bill_prices_it(
               metrics=None, cost=None)
 
     def root(spec):
-        request = provider.run_request(job, spec, "subnet-1", "sg-1", "ami-12345678", "key",
+        request = instances.run_request(provider.aws, job, spec, "subnet-1", "sg-1", "ami-12345678", "key",
                                        "arn:aws:iam::1:user/me", 200, "/dev/sda1")
         (mapping,) = request["BlockDeviceMappings"]
         return mapping["Ebs"]

@@ -42,14 +42,14 @@ def _refuse(client, operation, code, message, status=403):
 
 
 def test_F10_unauthorized_run_instances_names_the_action_and_the_policy(provider):
-    ec2 = provider.client("ec2", "us-east-1")
+    ec2 = provider.aws.client("ec2", "us-east-1")
     _refuse(ec2, "DescribeKeyPairs", "UnauthorizedOperation",
             "You are not authorized to perform this operation. User: arn:aws:iam::1:user/me is "
             "not authorized to perform: ec2:DescribeKeyPairs because no identity-based policy "
             "allows the ec2:DescribeKeyPairs action. Encoded authorization failure message: "
             "AbCdEf0123456789")
     with pytest.raises(AWSError) as err:
-        provider.call("us-east-1", "describe_key_pairs")
+        provider.aws.call("us-east-1", "describe_key_pairs")
     e = err.value
     assert e.code == "UnauthorizedOperation"
     assert e.message.startswith("not allowed: ec2:DescribeKeyPairs in us-east-1")
@@ -58,7 +58,7 @@ def test_F10_unauthorized_run_instances_names_the_action_and_the_policy(provider
 
 
 def test_F10_access_denied_on_the_price_list_is_an_aws_error(provider):
-    pricing = provider.client("pricing", "us-east-1")
+    pricing = provider.aws.client("pricing", "us-east-1")
     _refuse(pricing, "GetProducts", "AccessDeniedException",
             "User: arn:aws:iam::1:user/me is not authorized to perform: pricing:GetProducts")
     with pytest.raises(AWSError) as err:
@@ -80,7 +80,7 @@ def test_F10_access_denied_without_the_action_in_the_message_names_the_operation
 
 
 def test_F10_opt_in_required_says_to_enable_the_region(provider):
-    ec2 = provider.client("ec2", "us-east-1")
+    ec2 = provider.aws.client("ec2", "us-east-1")
     _refuse(ec2, "DescribeSubnets", "OptInRequired",
             "You are not subscribed to this service. Please go to http://aws.amazon.com to "
             "subscribe.", status=401)
@@ -91,7 +91,7 @@ def test_F10_opt_in_required_says_to_enable_the_region(provider):
 
 
 def test_F10_any_other_client_error_is_one_line_not_internal(provider):
-    ec2 = provider.client("ec2", "us-east-1")
+    ec2 = provider.aws.client("ec2", "us-east-1")
     _refuse(ec2, "DescribeSecurityGroups", "InvalidParameterCombination", "odd", status=400)
     with pytest.raises(AWSError, match="AWS DescribeSecurityGroups failed in us-east-1: "
                                        "InvalidParameterCombination: odd"):
@@ -101,7 +101,7 @@ def test_F10_any_other_client_error_is_one_line_not_internal(provider):
 def test_F10_cleanup_keeps_going_on_dependency_violation(provider):
     """The one code cleanup tolerates still arrives as AWSError.code (a group still attached
     to an instance that is shutting down: EC2 answers DependencyViolation)."""
-    ec2 = provider.client("ec2", "us-east-1")
+    ec2 = provider.aws.client("ec2", "us-east-1")
     owner = provider.owner("us-east-1")
     vpc = ec2.describe_vpcs()["Vpcs"][0]["VpcId"]
     provider.ensure_group("us-east-1", vpc, owner)
@@ -126,7 +126,7 @@ def test_F24_bad_region_is_a_usage_error_before_any_session(region, monkeypatch)
     with pytest.raises(UsageError, match="^unknown AWS region .* .from --region"):
         provider.region(spec)
     with pytest.raises(UsageError, match="^unknown AWS region "):
-        provider.client("ec2", region or "?")
+        provider.aws.client("ec2", region or "?")
     with pytest.raises(UsageError, match="from `region:` in config.yaml"):
         AWSProvider(Settings(region=region or "?")).region()
 
@@ -157,11 +157,11 @@ def test_F24_cli_launch_with_a_bad_region_is_one_line(tmp_path):
 def test_F10_every_aws_failure_is_a_cloudtrain_error(provider):
     """botocore's own (non-HTTP) failures too: a bad parameter never escapes raw."""
     with pytest.raises(CloudtrainError):
-        provider.call("us-east-1", "describe_instances", InstanceIds="not-a-list")
+        provider.aws.call("us-east-1", "describe_instances", InstanceIds="not-a-list")
 
 
 def test_F10_ami_lookup_refused_by_ssm_falls_back_to_the_name_then_says_so(provider):
-    ssm = provider.client("ssm", "us-east-1")
+    ssm = provider.aws.client("ssm", "us-east-1")
     _refuse(ssm, "GetParameter", "AccessDeniedException",
             "User: arn:aws:iam::1:user/me is not authorized to perform: ssm:GetParameter")
     with pytest.raises(AWSError, match="no AWS Deep Learning PyTorch AMI found in us-east-1"):
@@ -174,10 +174,10 @@ def test_F10_unreadable_credentials_are_an_aws_error(provider, monkeypatch):
     def broken(*a, **k):
         raise botocore.exceptions.CredentialRetrievalError(provider="sso", error_msg="expired")
 
-    session = provider.session("us-east-1")
+    session = provider.aws.session("us-east-1")
     monkeypatch.setattr(session, "get_credentials", broken)
     with pytest.raises(AWSError, match="AWS credentials could not be loaded"):
-        provider.credentials("us-east-1")
+        provider.aws.credentials("us-east-1")
 
 
 # -- U59: answers that are not AWS's ---------------------------------------------------------
@@ -236,7 +236,7 @@ def foreign(monkeypatch, ct_home):
     provider = AWSProvider(Settings(region="us-east-1"))
 
     def client(service):
-        return provider.session("us-east-1").client(
+        return provider.aws.session("us-east-1").client(
             service, region_name="us-east-1", endpoint_url=url,
             config=Config(retries={"max_attempts": 1, "mode": "standard"}))
 

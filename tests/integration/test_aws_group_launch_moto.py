@@ -23,6 +23,7 @@ from cloudtrain.providers.aws import jobstore
 from cloudtrain.providers.aws.group_launch import MAX_ATTEMPTS
 from cloudtrain.providers.aws.jobstore_attempts import RECORD_MAX_BYTES
 from cloudtrain.state import Store
+from cloudtrain.providers.aws import group_launch, results
 
 OWNER = "AIDAEXAMPLEOWNER0001"
 GROUP_OF = "cloudtrain-{}"
@@ -39,7 +40,7 @@ class GroupJob:
         self.s3 = boto3.client("s3", region_name=REGION)
         self.asg = boto3.client("autoscaling", region_name=REGION)
         self.ec2 = boto3.client("ec2", region_name=REGION)
-        _, self.bucket, _ = provider._job_store(REGION)
+        _, self.bucket, _ = results._job_store(provider.aws, REGION)
         self.s3.create_bucket(Bucket=self.bucket)
         job = store.create_job(name=None, kind="command", recipe=None, command="true",
                                backend="aws", spec={}, launcher="test:1", at=T0)
@@ -282,7 +283,7 @@ def test_C1_only_attempt_and_progress_records_are_read_and_the_listing_is_bounde
     progress(grouped, 2, 40, 35)
     for k in range(30):
         grouped.put(f"{auto_scaling.ATTEMPTS}2/i-{k:017x}.json", {"instance": f"i-{k:017x}"})
-    s3, _, _ = grouped.provider._job_store(REGION)
+    s3, _, _ = results._job_store(grouped.provider.aws, REGION)
     got: list[str] = []
     s3.meta.events.register("provide-client-params.s3.GetObject",
                             lambda params, **kw: got.append(params["Key"]))
@@ -297,7 +298,7 @@ def test_C1_only_attempt_and_progress_records_are_read_and_the_listing_is_bounde
 # -- the group's size -------------------------------------------------------------------------
 
 def test_the_group_s_size_running_emptied_and_deleted(grouped):
-    size = lambda: grouped.provider._group_size(grouped.job)  # noqa: E731
+    size = lambda: group_launch._group_size(grouped.provider.aws, grouped.job)  # noqa: E731
     assert size() == {"gone": True}  # recorded, not there (deleted by hand before this)
     assert len(grouped.make_group(desired=1)) == 1
     assert size() == {"desired": 1}
@@ -310,13 +311,13 @@ def test_the_group_s_size_running_emptied_and_deleted(grouped):
 
 def test_a_job_without_a_group_or_a_caller_who_may_not_ask_has_no_size(grouped):
     grouped.make_group(desired=1)
-    _refuse(grouped.provider.client("autoscaling", REGION), "DescribeAutoScalingGroups",
+    _refuse(grouped.provider.aws.client("autoscaling", REGION), "DescribeAutoScalingGroups",
             "AccessDenied", "User: arn:aws:iam::123456789012:user/me is not authorized to "
             "perform: autoscaling:DescribeAutoScalingGroups")
-    assert grouped.provider._group_size(grouped.job) is None
+    assert group_launch._group_size(grouped.provider.aws, grouped.job) is None
     spec = {k: v for k, v in grouped.job.spec.items() if k != "auto_scaling_group"}
     grouped.store.update_job(grouped.id, spec=spec)
-    assert grouped.provider._group_size(grouped.job) is None
+    assert group_launch._group_size(grouped.provider.aws, grouped.job) is None
 
 
 # -- the launch through a group ---------------------------------------------------------------
@@ -339,15 +340,15 @@ def test_a_launch_through_its_group_leaves_what_a_replacement_boots_from(cloud, 
     p.settings.instance_profile = "cloudtrain-instance"
     spec = _spec(images[REGION])
     job = _job(store, spec)
-    assert p.group_recovery(spec) is None
-    (instance,) = p.acquire_from_group(store, job, spec)
+    assert group_launch.group_recovery(p.aws, spec) is None
+    (instance,) = group_launch.acquire_from_group(p.aws, store, job, spec)
     job = store.job(job.id)
     name = job.spec["auto_scaling_group"]
     assert name == GROUP_OF.format(job.id)
     [row] = store.instances(job.id)
     assert row.id == instance and row.details["auto_scaling_group"] == name
 
-    s3, bucket, _ = p._job_store(REGION)
+    s3, bucket, _ = results._job_store(p.aws, REGION)
     prefix = jobstore.job_prefix(job.id, owner_key=job.spec["store_owner"])
     data, digest = boot_tar()
     assert s3.get_object(Bucket=bucket, Key=prefix + BOOT_TAR)["Body"].read() == data
@@ -360,7 +361,7 @@ def test_a_launch_through_its_group_leaves_what_a_replacement_boots_from(cloud, 
     assert f"--group {name}" in text and f"--jobdir /home/ubuntu/.cloudtrain/jobs/{job.id}" \
         in text and f"--bucket {bucket}" in text
 
-    p.record_attempt(store, job, spec, 1, instance)
+    group_launch.record_attempt(p.aws, store, job, spec, 1, instance)
     [first] = p.group_record(store, job)["attempts"]
     assert (first["attempt"], first["instance"], first["zone"], first["type"], first["by"]) \
         == (1, instance, row.zone, "g5.xlarge", "launch")

@@ -24,6 +24,7 @@ from cloudtrain.market import Market
 from cloudtrain.providers.aws.instances import RUNTIME_MARGIN_MIN
 from cloudtrain.spec import JobSpec
 from cloudtrain.state import Store
+from cloudtrain.providers.aws import bootstrap, group_launch, groups, instances, results
 
 OTHER = "eu-west-1"
 USER_DATA = "#!/bin/bash\necho 'the bootstrap of the other slice' > /var/lib/ct-boot\n"
@@ -120,7 +121,7 @@ def test_a_one_node_group_is_spot_in_every_az_with_the_type_over_the_jobs_templa
     spec = _spec(images[REGION])
     job = _job(store, spec)
     before = time.time()
-    name = p.create_job_group(store, job, spec, USER_DATA)
+    name = groups.create_job_group(p.aws, store, job, spec, USER_DATA)
     after = time.time()
 
     group = _group(name)
@@ -149,7 +150,7 @@ def test_a_one_node_group_is_spot_in_every_az_with_the_type_over_the_jobs_templa
     data = _ec2().describe_launch_template_versions(
         LaunchTemplateId=template["LaunchTemplateId"])["LaunchTemplateVersions"][0][
         "LaunchTemplateData"]
-    boot = p.bootstrap(REGION, images[REGION])
+    boot = bootstrap.bootstrap(p.aws, REGION, images[REGION])
     assert data["ImageId"] == images[REGION] and data["InstanceType"] == "g5.xlarge"
     assert data["KeyName"] == boot["key_name"] and data["SecurityGroupIds"] == [boot["group"]]
     assert data["InstanceInitiatedShutdownBehavior"] == "terminate"
@@ -182,7 +183,7 @@ def test_the_template_names_the_instance_profile_when_one_is_configured(cloud):
     p.settings.instance_profile = "cloudtrain-instance"
     spec = _spec(images[REGION])
     job = _job(store, spec)
-    p.create_job_group(store, job, spec, USER_DATA)
+    groups.create_job_group(p.aws, store, job, spec, USER_DATA)
     (template,) = _templates(job.id)
     data = _ec2().describe_launch_template_versions(
         LaunchTemplateId=template["LaunchTemplateId"])["LaunchTemplateVersions"][0][
@@ -194,7 +195,7 @@ def test_a_three_node_group_is_in_the_jobs_placement_group_in_one_az(cloud):
     p, store, images = cloud
     spec = _spec(images[REGION], nodes=3, instance="g5.12xlarge")
     job = _job(store, spec)
-    name = p.create_job_group(store, job, spec, USER_DATA)
+    name = groups.create_job_group(p.aws, store, job, spec, USER_DATA)
     group = _group(name)
     assert group["MinSize"] == group["MaxSize"] == group["DesiredCapacity"] == 3
     placement = _ec2().describe_placement_groups(Filters=[
@@ -210,8 +211,8 @@ def test_creating_twice_is_one_group_and_one_template(cloud):
     p, store, images = cloud
     spec = _spec(images[REGION])
     job = _job(store, spec)
-    first = p.create_job_group(store, job, spec, USER_DATA)
-    assert p.create_job_group(store, job, spec, USER_DATA) == first
+    first = groups.create_job_group(p.aws, store, job, spec, USER_DATA)
+    assert groups.create_job_group(p.aws, store, job, spec, USER_DATA) == first
     assert len(_templates(job.id)) == 1
     assert len(_asg().describe_auto_scaling_groups()["AutoScalingGroups"]) == 1
     assert len(_asg().describe_scheduled_actions(
@@ -222,11 +223,11 @@ def test_access_denied_on_the_group_leaves_no_template_behind(cloud):
     p, store, images = cloud
     spec = _spec(images[REGION])
     job = _job(store, spec)
-    _refuse(p.client("autoscaling", REGION), "CreateAutoScalingGroup", "AccessDenied",
+    _refuse(p.aws.client("autoscaling", REGION), "CreateAutoScalingGroup", "AccessDenied",
             "User: arn:aws:iam::123456789012:user/u is not authorized to perform: "
             "autoscaling:CreateAutoScalingGroup")
     with pytest.raises(CloudtrainError) as caught:
-        p.create_job_group(store, job, spec, USER_DATA)
+        groups.create_job_group(p.aws, store, job, spec, USER_DATA)
     assert "\n" not in caught.value.message
     assert "autoscaling:CreateAutoScalingGroup" in caught.value.message
     assert "iam-policy-autoscaling.json" in caught.value.hint
@@ -239,10 +240,10 @@ def test_a_refused_scheduled_action_takes_the_group_down_with_it(cloud):
     p, store, images = cloud
     spec = _spec(images[REGION])
     job = _job(store, spec)
-    _refuse(p.client("autoscaling", REGION), "PutScheduledUpdateGroupAction", "AccessDenied",
+    _refuse(p.aws.client("autoscaling", REGION), "PutScheduledUpdateGroupAction", "AccessDenied",
             "not authorized")
     with pytest.raises(CloudtrainError):
-        p.create_job_group(store, job, spec, USER_DATA)
+        groups.create_job_group(p.aws, store, job, spec, USER_DATA)
     assert _asg().describe_auto_scaling_groups()["AutoScalingGroups"] == []
     assert _templates(job.id) == [] and _live(job.id) == []
 
@@ -253,7 +254,7 @@ def test_deleting_a_group_is_idempotent_and_ends_its_instances_and_template(clou
     p, store, images = cloud
     spec = _spec(images[REGION], nodes=3, instance="g5.12xlarge")
     job = _job(store, spec)
-    name = p.create_job_group(store, job, spec, USER_DATA)
+    name = groups.create_job_group(p.aws, store, job, spec, USER_DATA)
     assert len(_live(job.id)) == 3
     assert p.delete_job_groups(store, job) == [name]
     assert _group(name) is None and _templates(job.id) == [] and _live(job.id) == []
@@ -266,11 +267,11 @@ def test_groups_and_templates_are_found_by_tag_in_every_region(cloud, ct_home, t
     p, store, images = cloud
     here, there = _spec(images[REGION]), _spec(images[OTHER], region=OTHER)
     a, b = _job(store, here), _job(store, there)
-    name_a = p.create_job_group(store, a, here, USER_DATA)
-    name_b = p.create_job_group(store, b, there, USER_DATA)
+    name_a = groups.create_job_group(p.aws, store, a, here, USER_DATA)
+    name_b = groups.create_job_group(p.aws, store, b, there, USER_DATA)
     # A template whose group is already gone (a launcher killed between the two calls).
     p.delete_job_group(OTHER, name_b)
-    p.create_launch_template(OTHER, b, there, USER_DATA)
+    groups.create_launch_template(p.aws, OTHER, b, there, USER_DATA)
 
     with Store(tmp_path / "lost.db") as lost:  # the local state lost
         swept = p.orphans(lost)
@@ -294,9 +295,9 @@ def test_down_job_deletes_its_group_before_it_terminates(cloud, api_calls):
     p, store, images = cloud
     spec = _spec(images[REGION])
     job = _job(store, spec)
-    name = p.create_job_group(store, job, spec, USER_DATA)
+    name = groups.create_job_group(p.aws, store, job, spec, USER_DATA)
     (raw,) = _live(job.id)
-    p._record_found(store, job, REGION, raw, 1)  # the instance known to the store
+    instances._record_found(p.aws, store, job, REGION, raw, 1)  # the instance known to the store
     api_calls.clear()
     (outcome,) = stop.cancel(store, _settings(), (job.id,), False)
     assert outcome.ok, outcome.note
@@ -312,7 +313,7 @@ def test_down_all_with_the_local_state_lost_deletes_the_group_first(cloud, api_c
     p, store, images = cloud
     spec = _spec(images[REGION], nodes=3, instance="g5.12xlarge")
     job = _job(store, spec)
-    name = p.create_job_group(store, job, spec, USER_DATA)
+    name = groups.create_job_group(p.aws, store, job, spec, USER_DATA)
     api_calls.clear()
     with Store(tmp_path / "lost.db") as lost:
         outcomes = stop.cancel(lost, _settings(), (), True)
@@ -328,7 +329,7 @@ def test_down_says_a_group_it_cannot_delete(cloud, monkeypatch, tmp_path):
     p, store, images = cloud
     spec = _spec(images[REGION])
     job = _job(store, spec)
-    name = p.create_job_group(store, job, spec, USER_DATA)
+    name = groups.create_job_group(p.aws, store, job, spec, USER_DATA)
     from moto.autoscaling.models import AutoScalingBackend
     from moto.autoscaling.exceptions import AutoscalingClientError
 
@@ -352,7 +353,7 @@ def test_down_of_an_ended_job_whose_group_is_left_is_not_nothing_to_stop(cloud):
     p, store, images = cloud
     spec = _spec(images[REGION])
     job = _job(store, spec)
-    name = p.create_job_group(store, job, spec, USER_DATA)
+    name = groups.create_job_group(p.aws, store, job, spec, USER_DATA)
     store.set_state(job.id, "failed", only_if_active=False)
     for inst in store.instances(job.id):
         store.update_instance(inst.id, state="terminated")
@@ -380,7 +381,7 @@ def test_down_with_the_cli_policy_alone_skips_the_group_lookups_it_may_not_make(
                                    "ResourceType": "instance",
                                    "Tags": [{"Key": "cloudtrain:job", "Value": job.id}]}]
                                )["Instances"][0]
-    p._record_found(store, job, REGION, raw, 1)
+    instances._record_found(p.aws, store, job, REGION, raw, 1)
 
     def refused_groups(self, *args, **kwargs):
         raise AutoscalingClientError("AccessDenied", "User is not authorized to perform: "
@@ -406,18 +407,18 @@ def test_a_launch_without_auto_scaling_permissions_falls_back_to_the_supervisor(
     p, store, images = cloud
     p.settings.instance_profile = "cloudtrain-instance"
     spec = _spec(images[REGION])
-    assert p.group_recovery(spec) is None
+    assert group_launch.group_recovery(p.aws, spec) is None
     job = _job(store, spec)
     # in-process moto takes its own requests for plain HTTP: the store's DenyInsecureTransport
     # statement would refuse the boot files' upload, which on AWS (HTTPS) it allows
-    p.ensure_job_store(REGION, p.owner_key(REGION))
-    s3, bucket, _ = p._job_store(REGION)
+    p.ensure_job_store(REGION, p.aws.owner_key(REGION))
+    s3, bucket, _ = results._job_store(p.aws, REGION)
     s3.delete_bucket_policy(Bucket=bucket)
-    _refuse(p.client("ec2", REGION), "CreateLaunchTemplate", "UnauthorizedOperation",
+    _refuse(p.aws.client("ec2", REGION), "CreateLaunchTemplate", "UnauthorizedOperation",
             "You are not authorized to perform this operation. User: "
             "arn:aws:iam::123456789012:user/u is not authorized to perform: "
             "ec2:CreateLaunchTemplate")
-    assert p.acquire_from_group_or_say(store, job, spec) is None
+    assert group_launch.acquire_from_group_or_say(p.aws, store, job, spec) is None
     said = [e.detail for e in store.events(job.id) if e.phase == "recovery"]
     assert len(said) == 1 and said[0].startswith("WARNING: AWS refused the job's Auto Scaling")
     assert "the supervisor on this machine relaunches it" in said[0]

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from labs.aws import ec2_provider  # noqa: F401  (fixture)
 from cloudtrain.state import open_store
+from cloudtrain.providers.aws import network
 
 OWNER_TAG = "cloudtrain:owner"
 
 
 def _rules(provider, gid):
-    (group,) = provider.call("us-east-1", "describe_security_groups",
+    (group,) = provider.aws.call("us-east-1", "describe_security_groups",
                              GroupIds=[gid])["SecurityGroups"]
     return group["IpPermissions"]
 
@@ -23,18 +24,18 @@ def _ssh(provider, gid):
 
 
 def _vpc(provider):
-    return provider.call("us-east-1", "describe_vpcs")["Vpcs"][0]["VpcId"]
+    return provider.aws.call("us-east-1", "describe_vpcs")["Vpcs"][0]["VpcId"]
 
 
 def test_F9_the_ssh_rule_follows_this_machine_and_leaves_others(ec2_provider):
     p = ec2_provider
     owner, vpc = p.owner("us-east-1"), _vpc(p)
-    mine = p.ssh_rule_description()
+    mine = network.ssh_rule_description()
     assert mine.startswith("cloudtrain SSH ") and len(mine) == len("cloudtrain SSH ") + 12
     p.settings.ssh_cidr = "203.0.113.7/32"
     gid = p.ensure_group("us-east-1", vpc, owner)
     # another machine of the same user launched from its own address
-    p.call("us-east-1", "authorize_security_group_ingress", GroupId=gid, IpPermissions=[
+    p.aws.call("us-east-1", "authorize_security_group_ingress", GroupId=gid, IpPermissions=[
         {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
          "IpRanges": [{"CidrIp": "192.0.2.99/32", "Description": "cloudtrain SSH 0123456789ab"}]}])
     for cidr in ("198.51.100.23/32", "198.51.100.24/32"):  # cafe, then hotel
@@ -50,11 +51,11 @@ def test_F9_the_ssh_rule_follows_this_machine_and_leaves_others(ec2_provider):
 def test_F9_members_reach_each_other_over_tcp_only(ec2_provider):
     p = ec2_provider
     owner, vpc = p.owner("us-east-1"), _vpc(p)
-    gid = p.call("us-east-1", "create_security_group", GroupName="cloudtrain", VpcId=vpc,
+    gid = p.aws.call("us-east-1", "create_security_group", GroupName="cloudtrain", VpcId=vpc,
                  Description="old", TagSpecifications=[{"ResourceType": "security-group", "Tags": [
                      {"Key": OWNER_TAG, "Value": owner}]}])["GroupId"]
     # what earlier versions made: every protocol between members
-    p.call("us-east-1", "authorize_security_group_ingress", GroupId=gid, IpPermissions=[
+    p.aws.call("us-east-1", "authorize_security_group_ingress", GroupId=gid, IpPermissions=[
         {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid}]}])
     assert p.ensure_group("us-east-1", vpc, owner) == gid
     members = [r for r in _rules(p, gid) if r.get("UserIdGroupPairs")]
@@ -67,8 +68,8 @@ def test_F9_cleanup_with_nothing_active_removes_what_no_instance_uses(ec2_provid
     owner, vpc = p.owner("us-east-1"), _vpc(p)
     gid = p.ensure_group("us-east-1", vpc, owner)
     key, _ = p.ensure_key("us-east-1", owner)
-    ami = p.call("us-east-1", "describe_images", Owners=["amazon"])["Images"][0]["ImageId"]
-    (raw,) = p.call("us-east-1", "run_instances", ImageId=ami, MinCount=1, MaxCount=1,
+    ami = p.aws.call("us-east-1", "describe_images", Owners=["amazon"])["Images"][0]["ImageId"]
+    (raw,) = p.aws.call("us-east-1", "run_instances", ImageId=ami, MinCount=1, MaxCount=1,
                     InstanceType="g5.xlarge", KeyName=key, SecurityGroupIds=[gid],
                     TagSpecifications=[{"ResourceType": "instance", "Tags": [
                         {"Key": OWNER_TAG, "Value": owner}]}])["Instances"]
@@ -76,6 +77,6 @@ def test_F9_cleanup_with_nothing_active_removes_what_no_instance_uses(ec2_provid
     assert p.cleanup(store) == []  # a live instance still uses both
     p.terminate("us-east-1", [raw["InstanceId"]])
     assert sorted(p.cleanup(store)) == sorted([gid, key])  # regions: the configured one
-    assert p.call("us-east-1", "describe_key_pairs")["KeyPairs"] == []
-    assert p.call("us-east-1", "describe_security_groups", Filters=[
+    assert p.aws.call("us-east-1", "describe_key_pairs")["KeyPairs"] == []
+    assert p.aws.call("us-east-1", "describe_security_groups", Filters=[
         {"Name": "group-name", "Values": ["cloudtrain"]}])["SecurityGroups"] == []

@@ -14,6 +14,7 @@ from moto.ec2.models.instances import InstanceBackend
 
 from labs.aws import aws, ec2_provider, moto_endpoint  # noqa: F401  (fixtures)
 from cloudtrain.state import Instance, open_store
+from cloudtrain.providers.aws import boot
 from labs.credentials import CLIENT_CREDS
 from labs.aws import reset_moto
 
@@ -21,10 +22,10 @@ OWNER_TAG, JOB_TAG = "cloudtrain:owner", "cloudtrain:job"
 
 
 def _start(p, owner, job_id=None):
-    ami = p.call("us-east-1", "describe_images", Owners=["amazon"])["Images"][0]["ImageId"]
+    ami = p.aws.call("us-east-1", "describe_images", Owners=["amazon"])["Images"][0]["ImageId"]
     tags = [{"Key": OWNER_TAG, "Value": owner}] + (
         [{"Key": JOB_TAG, "Value": job_id}] if job_id else [])
-    (raw,) = p.call("us-east-1", "run_instances", ImageId=ami, MinCount=1, MaxCount=1,
+    (raw,) = p.aws.call("us-east-1", "run_instances", ImageId=ami, MinCount=1, MaxCount=1,
                     InstanceType="g5.xlarge", TagSpecifications=[
                         {"ResourceType": "instance", "Tags": tags}])["Instances"]
     return raw["InstanceId"]
@@ -48,7 +49,7 @@ def _record(store, job, instance_id, state="running"):
 
 
 def _state(p, instance_id):
-    return p._describe("us-east-1", instance_id)["State"]["Name"]
+    return boot._describe(p.aws, "us-east-1", instance_id)["State"]["Name"]
 
 
 def test_F12_orphans_are_live_owner_tagged_instances_no_job_holds(ec2_provider, ct_home):
@@ -309,7 +310,7 @@ def test_F41_release_terminates_by_record_only_what_ec2_shows_as_the_job_s(ec2_p
     store = open_store(ct_home)
     job = _job(store, "running", ran=True)
     mine = _start(p, me, job.id)
-    prod = p.call("us-east-1", "run_instances", ImageId=p.call(
+    prod = p.aws.call("us-east-1", "run_instances", ImageId=p.aws.call(
         "us-east-1", "describe_images", Owners=["amazon"])["Images"][0]["ImageId"],
         MinCount=1, MaxCount=1, InstanceType="t3.micro", TagSpecifications=[
             {"ResourceType": "instance", "Tags": [{"Key": "Name", "Value": "prod-database"}]}]

@@ -9,7 +9,7 @@ import json
 from labs.aws import ec2_provider  # noqa: F401  (fixture)
 from cloudtrain.config import Settings
 from cloudtrain.providers.aws import AWSProvider
-from cloudtrain.providers.aws.provider import assumed_role
+from cloudtrain.providers.aws.session import assumed_role
 
 
 def test_F8_assumed_role_session_arn_becomes_the_role_arn():

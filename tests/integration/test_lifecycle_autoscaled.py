@@ -453,7 +453,7 @@ def test_F41_an_instance_ec2_does_not_show_yet_is_asked_for_again_not_dropped(gr
     g = grouped
     g.store.update_instance(g.i1, launched_at=time.time() - 5)
     g.provider.settings.poll_seconds = 0.05
-    client = g.provider.client("ec2", REGION)
+    client = g.provider.aws.client("ec2", REGION)
 
     def not_yet(params, **_):  # the request as sent: InstanceId.1, ... in its query body
         asked = [v for k, v in sorted(params["body"].items()) if k.startswith("InstanceId.")]

@@ -20,6 +20,7 @@ from cloudtrain import catalog, cost
 from cloudtrain.errors import PlacementError
 from cloudtrain.spec import JobSpec
 from cloudtrain.state import Store
+from cloudtrain.providers.aws import bootstrap, cluster, placement
 from conftest import error_line
 from labs.moto_placement import PlacementGroups
 
@@ -57,7 +58,7 @@ def _spec(nodes=3, instance="g5.12xlarge", market="on-demand", ami=None, **kw) -
 
 
 def _boot(provider, ami):
-    return provider.bootstrap(REGION, ami)
+    return bootstrap.bootstrap(provider.aws, REGION, ami)
 
 
 def _live(ec2, job_id):
@@ -94,7 +95,7 @@ def test_nodes_come_from_one_request_in_one_placement_group(cloud, groups):
     provider, store, ec2, ami = cloud
     spec = _spec(ami=ami)
     job = _job(store, spec)
-    ids = provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), None,
+    ids = cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None,
                                 _silent())
     assert len(ids) == 3
     (launch,) = groups.launches
@@ -118,7 +119,7 @@ def test_a_node_lost_before_it_runs_releases_all_and_the_next_az_gets_the_job(
     lost = _lose_in_zone(monkeypatch, "us-east-1a", node=2)
     spec = _spec(ami=ami)
     job = _job(store, spec)
-    ids = provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), None,
+    ids = cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None,
                                 _silent())
     assert len(lost) == 1 and lost[0] not in ids
     first, second = groups.launches
@@ -157,7 +158,7 @@ def test_no_az_with_capacity_for_all_nodes_leaves_nothing(cloud, groups, monkeyp
     spec = _spec(ami=ami)
     job = _job(store, spec)
     with pytest.raises(PlacementError) as err:
-        provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), None, _silent())
+        cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None, _silent())
     message = err.value.message
     zones = [z for z in ("us-east-1a", "us-east-1b", "us-east-1c") if z in message]
     assert len(zones) >= 2 and "before it ran" in message and "nothing is left running" in message
@@ -170,7 +171,7 @@ def test_a_capacity_refusal_tries_the_next_az_before_anything_starts(cloud, grou
     """EC2 refuses the whole request (MinCount cannot be met: InsufficientInstanceCapacity):
     nothing was created there; the next AZ is asked."""
     provider, store, ec2, ami = cloud
-    client = provider.client("ec2", REGION, fail_fast=True)
+    client = provider.aws.client("ec2", REGION, fail_fast=True)
     calls = []
 
     def refuse_first(**kwargs):
@@ -187,7 +188,7 @@ def test_a_capacity_refusal_tries_the_next_az_before_anything_starts(cloud, grou
     client.meta.events.register("before-call.ec2.RunInstances", refuse_first)
     spec = _spec(ami=ami)
     job = _job(store, spec)
-    ids = provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), None,
+    ids = cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None,
                                 _silent())
     assert len(calls) == 2 and len(ids) == 3
     assert len(groups.launches) == 1  # the refused request never reached moto
@@ -202,9 +203,9 @@ def test_efa_types_get_efa_interfaces_and_the_efa_group(cloud, groups):
     provider.settings.connect = "private"
     spec = _spec(instance="p4d.24xlarge", ami=ami)
     job = _job(store, spec)
-    efa = provider.efa_plan(spec, REGION)
+    efa = cluster.efa_plan(provider.aws, spec, REGION)
     assert efa == {"supported": 4, "used": 4, "rdma": True, "why": ""}
-    provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), efa, _silent())
+    cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), efa, _silent())
     (launch,) = groups.launches
     interfaces = sorted(launch["interfaces"], key=lambda n: (n["NetworkCardIndex"],
                                                               n["DeviceIndex"]))
@@ -226,19 +227,19 @@ def test_efa_with_public_addresses_is_one_interface_and_says_why(ec2_provider):
     as the primary, and the plan says how to get all of them."""
     spec = _spec(instance="p5.48xlarge")
     ec2_provider.settings.connect = "public"
-    efa = ec2_provider.efa_plan(spec)
+    efa = cluster.efa_plan(ec2_provider.aws, spec)
     assert efa["used"] == 1 and efa["supported"] == 32 and "connect: private" in efa["why"]
-    (nic,) = ec2_provider.network_interfaces(spec, "subnet-1", ["sg-1", "sg-2"], efa)
+    (nic,) = cluster.network_interfaces(ec2_provider.aws, spec, "subnet-1", ["sg-1", "sg-2"], efa)
     assert nic["InterfaceType"] == "efa" and nic["AssociatePublicIpAddress"] is True
-    assert ec2_provider.efa_plan(_spec(instance="p3.16xlarge")) is None  # no EFA on p3
-    assert ec2_provider.efa_plan(_spec(nodes=1, instance="p4d.24xlarge")) is None
+    assert cluster.efa_plan(ec2_provider.aws, _spec(instance="p3.16xlarge")) is None  # no EFA on p3
+    assert cluster.efa_plan(ec2_provider.aws, _spec(nodes=1, instance="p4d.24xlarge")) is None
 
 
 def test_release_terminates_every_node_and_deletes_the_placement_group(cloud, groups):
     provider, store, ec2, ami = cloud
     spec = _spec(ami=ami)
     job = _job(store, spec)
-    provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), None, _silent())
+    cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None, _silent())
     assert len(_live(ec2, job.id)) == 3 and len(groups.live()) == 1
     provider.release(store, store.job(job.id), force=True)
     assert _live(ec2, job.id) == []
@@ -252,9 +253,9 @@ def test_a_placement_group_still_in_use_is_left_for_the_next_cleanup(cloud, grou
     provider, store, ec2, ami = cloud
     spec = _spec(ami=ami)
     job = _job(store, spec)
-    ids = provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), None,
+    ids = cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None,
                                 _silent())
-    assert provider.delete_placement_groups(REGION, job.id) == []  # in use: refused, kept
+    assert placement.delete_placement_groups(provider.aws, REGION, job.id) == []  # in use: refused, kept
     assert len(groups.live()) == 1
     ec2.terminate_instances(InstanceIds=ids)
     provider.cleanup(store, {REGION})
@@ -382,7 +383,7 @@ def test_cost_of_a_job_on_nodes_sums_every_node(cloud, groups):
     provider, store, ec2, ami = cloud
     spec = _spec(ami=ami)
     job = _job(store, spec)
-    provider._run_cluster(store, job, spec, REGION, _boot(provider, ami), None, _silent())
+    cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None, _silent())
     started = time.time() - 3600
     for inst in store.instances(job.id):
         store.update_instance(inst.id, launched_at=started, terminated_at=started + 600,

@@ -72,11 +72,11 @@ def killed_while_waiting(monkeypatch, no_capacity: set) -> list[str]:
     after it), in a cloud whose regions in `no_capacity` (the caller may change it) refuse
     RunInstances for capacity. Returns the ids it waited for, as it waits.
     (benchmarks/audit_lab.py runs the audit's relaunch scenarios with it.)"""
-    from cloudtrain.providers.aws import AWSProvider
+    from cloudtrain.providers.aws import boot
 
     waited: list[str] = []
 
-    def wait_then_die(self, region, instance_id, report=None):
+    def wait_then_die(aws, region, instance_id, report=None):
         waited.append(instance_id)
         raise Killed()
 
@@ -96,7 +96,7 @@ def killed_while_waiting(monkeypatch, no_capacity: set) -> list[str]:
         return original_run(self, *args, **kwargs)
 
     monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
-    monkeypatch.setattr(AWSProvider, "_wait_running", wait_then_die)
+    monkeypatch.setattr(boot, "_wait_running", wait_then_die)
     monkeypatch.setattr(launch, "abort_launch", no_cleanup)
     return waited
 

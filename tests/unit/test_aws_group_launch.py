@@ -25,8 +25,9 @@ from cloudtrain.config import Settings
 from cloudtrain.host import boot_loader
 from cloudtrain.hostdata import HIDDEN
 from cloudtrain.market import Market
-from cloudtrain.providers.aws import AWSProvider, group_launch
 from cloudtrain.hosts import HOST_DIR, HOST_PACKAGE, host_files
+from cloudtrain.providers.aws import AWSProvider, group_launch, instances
+from cloudtrain.providers.aws.session import AwsSession
 from cloudtrain.providers.aws.group_launch import (
     INSTANCE_ID, LOADER_MODULES, MAX_ATTEMPTS, TYPE, USER_DATA_MAX, ZONE, boot_script, boot_tar,
     check_attempt, check_final)
@@ -225,7 +226,7 @@ def test_the_user_data_with_the_boot_script_fits_ec2_s_limit_gzipped():
     9, no mtime). The figure is printed: what is left for more of the host side."""
     provider = AWSProvider(Settings())
     script = boot_script(LOADER_ARGS, BOOT_ARGS, "ubuntu")
-    text = provider.user_data(_job(), _spec(), script)
+    text = instances.user_data(provider.aws, _job(), _spec(), script)
     assert script in text and "@@" not in text.replace("@@*", "")
     packed = gzip.compress(text.encode(), 9, mtime=0)
     print(f"user-data: {len(text)} bytes, {len(packed)} gzipped of {USER_DATA_MAX}")
@@ -290,8 +291,8 @@ def test_the_rendered_user_data_starts_the_boot_script_detached(tmp_path, monkey
     box = Box(tmp_path)
     try:
         script = boot_script(LOADER_ARGS, BOOT_ARGS + HOSTILE, "no-such-user-ct27")
-        text = AWSProvider(Settings(shutdown_command=f"sudo {tmp_path}/fakebin/poweroff now")
-                           ).user_data(_job(), _spec(), script)
+        text = instances.user_data(AwsSession(Settings(
+            shutdown_command=f"sudo {tmp_path}/fakebin/poweroff now")), _job(), _spec(), script)
         (tmp_path / "ud.sh").write_text(text)
         env = {**box.env, "PATH": f"{shim.bin}:{box.env['PATH']}"}
         proc = box._run(["bash", str(tmp_path / "ud.sh")], env)
@@ -361,13 +362,13 @@ GROUPED = dict(instance_profile="cloudtrain-instance")
 ])
 def test_a_job_aws_cannot_relaunch_says_why(settings_over, spec_over, words):
     provider = AWSProvider(Settings(**{**GROUPED, **settings_over}))
-    why = provider.group_recovery(_recovering(**spec_over))
+    why = group_launch.group_recovery(provider.aws, _recovering(**spec_over))
     assert why is not None and words in why
 
 
 def test_a_recovering_spot_job_with_an_instance_role_runs_in_a_group():
-    assert AWSProvider(Settings(**GROUPED)).group_recovery(_recovering()) is None
+    assert group_launch.group_recovery(AWSProvider(Settings(**GROUPED)).aws, _recovering()) is None
     # issue 27: several nodes too (they meet again through the job store, host/regroup.py)
-    assert AWSProvider(Settings(**GROUPED)).group_recovery(_recovering(nodes=3)) is None
+    assert group_launch.group_recovery(AWSProvider(Settings(**GROUPED)).aws, _recovering(nodes=3)) is None
     assert AWSProvider(Settings(**GROUPED)).group_settings(None, None, _recovering(
         recover=False)) == {}

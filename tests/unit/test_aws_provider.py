@@ -10,6 +10,7 @@ from cloudtrain.config import Settings
 from cloudtrain.providers.aws import AWSProvider
 from cloudtrain.providers.aws.instances import power_off_minutes
 from cloudtrain.spec import JobSpec
+from cloudtrain.providers.aws import plan
 
 REGION = "us-east-1"
 G5 = catalog.get("g5.xlarge")
@@ -26,7 +27,7 @@ def _spec(**kw) -> JobSpec:
 
 
 def _rows(spec: JobSpec, **settings) -> dict:
-    return dict(AWSProvider(Settings(**settings)).price_rows(spec, REGION))
+    return dict(plan.price_rows(AWSProvider(Settings(**settings)).aws, spec, REGION))
 
 
 def _dollars(rows: dict) -> float:
@@ -117,5 +118,5 @@ def test_u9_every_node_is_counted():
 def test_u9_the_question_quotes_the_at_most():
     spec = _spec(market="spot", recover=True, max_restarts=5, fallback="on-demand")
     provider = AWSProvider(Settings())
-    rows = dict(provider.price_rows(spec, REGION))
+    rows = dict(plan.price_rows(provider.aws, spec, REGION))
     assert f"; at most {rows['at most']}." in provider.question(spec).text

@@ -6,6 +6,7 @@ from cloudtrain.config import Settings
 from cloudtrain.providers.aws import AWSProvider
 from cloudtrain.spec import JobSpec
 from cloudtrain.state import Job
+from cloudtrain.providers.aws import instances, network
 
 
 def _job():
@@ -19,7 +20,7 @@ def _request(**spec_fields):
     spec = JobSpec(kind="recipe", backend="aws", recipe="resnet9", instance_type="g5.xlarge",
                    max_runtime_s=3600, **spec_fields)
     provider = AWSProvider(Settings(shutdown_command="sudo shutdown -h now"))
-    return provider.run_request(_job(), spec, "subnet-1", "sg-1", "ami-1", "key-1",
+    return instances.run_request(provider.aws, _job(), spec, "subnet-1", "sg-1", "ami-1", "key-1",
                                 "arn:aws:iam::1:user/me", 60, "/dev/sda1")
 
 
@@ -72,10 +73,10 @@ def test_spot_tries_the_cheapest_az_of_the_snapshot_first():
     prices = catalog.get("g5.xlarge").spot_snapshot["us-east-1"]
     zones = [(f"us-east-1{c}", f"subnet-{c}", "vpc-1", zid)
              for c, zid in zip("abcdef", sorted(prices))] + [("us-east-1z", "subnet-z", "vpc-1", "")]
-    ordered = AWSProvider.order_zones(zones, "g5.xlarge", "us-east-1", "spot")
+    ordered = network.order_zones(zones, "g5.xlarge", "us-east-1", "spot")
     got = [prices[z[3]] for z in ordered if z[3]]
     assert got == sorted(got) and ordered[-1][0] == "us-east-1z"
-    assert AWSProvider.order_zones(zones, "g5.xlarge", "us-east-1", "on-demand") == zones
+    assert network.order_zones(zones, "g5.xlarge", "us-east-1", "on-demand") == zones
 
 
 def test_gpus_request_resolves_to_the_cheapest_type():

@@ -16,7 +16,8 @@ import pytest
 from cloudtrain.config import Settings
 from cloudtrain.errors import MissingDependency
 from cloudtrain.hosts import Result
-from cloudtrain.providers.aws import AWSProvider
+from cloudtrain.providers.aws import AWSProvider, instances
+from cloudtrain.providers.aws.session import AwsSession
 from cloudtrain.spec import JobSpec
 from cloudtrain.state import Job
 
@@ -61,8 +62,8 @@ class Box:
         self.started: list[int] = []
 
     def user_data(self, **env) -> subprocess.CompletedProcess:
-        script = AWSProvider(Settings(shutdown_command=f"sudo {self.root}/fakebin/poweroff now")
-                             ).user_data(_job(), _spec())
+        script = instances.user_data(AwsSession(Settings(
+            shutdown_command=f"sudo {self.root}/fakebin/poweroff now")), _job(), _spec())
         (self.root / "ud.sh").write_text(script)
         return self._run(["bash", str(self.root / "ud.sh")], env)
 
@@ -208,7 +209,7 @@ class ScriptedHost:
 
 
 def test_F16_setup_waits_for_user_data_when_tmux_is_missing(tmp_path, monkeypatch):
-    import cloudtrain.providers.aws.provider as provider_module
+    import cloudtrain.providers.aws.host_setup as provider_module
 
     done = tmp_path / "user-data-done"
     monkeypatch.setattr(provider_module, "USER_DATA_DONE", str(done))
@@ -223,7 +224,7 @@ def test_F16_setup_waits_for_user_data_when_tmux_is_missing(tmp_path, monkeypatc
 
 
 def test_F16_setup_gives_up_after_the_bounded_wait(tmp_path, monkeypatch):
-    import cloudtrain.providers.aws.provider as provider_module
+    import cloudtrain.providers.aws.host_setup as provider_module
 
     monkeypatch.setattr(provider_module, "USER_DATA_DONE", str(tmp_path / "never"))
     monkeypatch.setattr(provider_module, "USER_DATA_WAIT_S", 2.0)

@@ -9,7 +9,7 @@ import pytest
 from botocore.stub import Stubber
 
 from cloudtrain.errors import UsageError
-from cloudtrain.providers.aws.volumes import VolumesMixin
+from cloudtrain.providers.aws.volumes import _check_fsr
 
 SNAP, ZONE = "snap-0123456789abcdef0", "us-east-1a"
 
@@ -28,7 +28,7 @@ def _ec2(states: list[str]):
 
 def test_fsr_enabled_in_the_instances_az_passes():
     ec2, stub = _ec2(["enabled"])
-    VolumesMixin()._check_fsr(ec2, SNAP, ZONE)
+    _check_fsr(ec2, SNAP, ZONE)
     stub.assert_no_pending_responses()
 
 
@@ -36,7 +36,7 @@ def test_fsr_enabled_in_the_instances_az_passes():
 def test_fsr_not_enabled_there_stops_with_how_to_enable_it(states):
     ec2, _ = _ec2(states)
     with pytest.raises(UsageError) as err:
-        VolumesMixin()._check_fsr(ec2, SNAP, ZONE)
+        _check_fsr(ec2, SNAP, ZONE)
     assert err.value.message == (f"first_read: fsr, but fast snapshot restore is not enabled "
                                  f"for {SNAP} in {ZONE}")
     assert f"aws ec2 enable-fast-snapshot-restores --source-snapshot-ids {SNAP} " \

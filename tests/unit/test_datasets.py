@@ -16,6 +16,7 @@ from cloudtrain.errors import ConfigError, UsageError
 from conftest import tiny_prepared_imagenet
 from cloudtrain.spec import JobSpec
 from cloudtrain.state import Instance, Store
+from cloudtrain.providers.aws import datasets as aws_datasets
 
 
 def test_sources_of_each_kind_and_their_options():
@@ -240,8 +241,8 @@ def test_notes_on_a_cross_region_copy_and_links_that_die_with_a_session(monkeypa
         staging={"imagenet": {"kind": "shards", "bytes": 150 * 10**9, "region": "eu-west-1"}})
 
     def read():  # what preflight found: read with the credentials of the moment
-        return [datasets.Staged(spec.datasets[0], temporary=AWSProvider(
-            settings).temporary_credentials())]
+        return [datasets.Staged(spec.datasets[0], temporary=aws_datasets.temporary_credentials(
+            AWSProvider(settings).aws))]
 
     (note,) = datasets.notes(spec, settings, read())
     assert note == ("dataset imagenet: its bucket is in eu-west-1, the instance in us-east-1: "

@@ -53,6 +53,26 @@ LAYERS: list[tuple[str, ...]] = [
     ("cloudtrain.job_views", "cloudtrain.catalog_views", "cloudtrain.plots",
      "cloudtrain.curves", "cloudtrain.recipes", "cloudtrain.ledger"),
     ("cloudtrain.providers.",),
+    # the AWS wing inside: the thin provider on top, the session and the job store's records
+    # at the bottom (aws/__init__.py lists the same concerns)
+    ("cloudtrain.providers.aws.provider", "cloudtrain.providers.aws"),
+    ("cloudtrain.providers.aws.plan",),
+    ("cloudtrain.providers.aws.cluster", "cloudtrain.providers.aws.acquire"),
+    ("cloudtrain.providers.aws.group_launch", "cloudtrain.providers.aws.inventory"),
+    ("cloudtrain.providers.aws.groups", "cloudtrain.providers.aws.datasets",
+     "cloudtrain.providers.aws.results", "cloudtrain.providers.aws.boot",
+     "cloudtrain.providers.aws.volumes", "cloudtrain.providers.aws.host_setup",
+     "cloudtrain.providers.aws.instance_types"),
+    ("cloudtrain.providers.aws.instances", "cloudtrain.providers.aws.bootstrap",
+     "cloudtrain.providers.aws.placement"),
+    ("cloudtrain.providers.aws.network", "cloudtrain.providers.aws.images",
+     "cloudtrain.providers.aws.pricing", "cloudtrain.providers.aws.account"),
+    ("cloudtrain.providers.aws.session", "cloudtrain.providers.aws.jobbundle",
+     "cloudtrain.providers.aws.jobstore_fetch", "cloudtrain.providers.aws.jobstore_attempts"),
+    ("cloudtrain.providers.aws.jobstore", "cloudtrain.providers.aws.errors",
+     "cloudtrain.providers.aws.cache", "cloudtrain.providers.aws.hostkeys",
+     "cloudtrain.providers.aws.tags"),
+    ("cloudtrain.providers.base",),
     ("cloudtrain.host_kinds",),
     ("cloudtrain.local_host", "cloudtrain.ssh_host", "cloudtrain.port_forward"),
     ("cloudtrain.hosts", "cloudtrain.ssh", "cloudtrain.nodes"),
@@ -208,9 +228,13 @@ def test_every_layer_entry_names_a_module():
 
 def _drawn_as(entry: str) -> str:
     """How ARCHITECTURE.md names a LAYERS entry: a module by its last name, a package with /."""
-    special = {"cloudtrain": "cloudtrain/__init__", "cloudtrain.lifecycle": "lifecycle/__init__"}
+    special = {"cloudtrain": "cloudtrain/__init__", "cloudtrain.lifecycle": "lifecycle/__init__",
+               "cloudtrain.providers.aws": "aws/__init__",
+               "cloudtrain.providers.base": "providers/base"}
     if entry in special:
         return special[entry]
+    if entry.startswith("cloudtrain.providers.aws."):
+        return "aws/" + entry.rpartition(".")[2]
     name = entry.removeprefix("cloudtrain.").removeprefix("lifecycle.")
     return name[:-1] + "/" if name.endswith(".") else name
 
@@ -224,7 +248,7 @@ def test_architecture_md_draws_these_layers():
     where = {}
     for group in LAYERS:
         for entry in group:
-            found = re.search(rf"(?<![\w.]){re.escape(_drawn_as(entry))}(?!\w)", drawn)
+            found = re.search(rf"(?<![\w./]){re.escape(_drawn_as(entry))}(?!\w)", drawn)
             assert found, f"ARCHITECTURE.md does not draw {entry} as {_drawn_as(entry)}"
             where[entry] = found.start()
     above = -1
@@ -261,6 +285,13 @@ def plant(root: Path, module: str, line: str) -> None:
      "cloudtrain.providers.aws.tags:{n} imports cloudtrain.lifecycle.watch"),
     ("cloudtrain/lifecycle/group.py", "from . import launch",
      "cloudtrain.lifecycle.group:{n} imports cloudtrain.lifecycle.launch"),
+    # inside the AWS wing: the session asking a concern module, a concern asking the provider
+    ("cloudtrain/providers/aws/session.py", "from . import inventory",
+     "cloudtrain.providers.aws.session:{n} imports cloudtrain.providers.aws.inventory"),
+    ("cloudtrain/providers/aws/network.py", "from .provider import AWSProvider",
+     "cloudtrain.providers.aws.network:{n} imports cloudtrain.providers.aws.provider"),
+    ("cloudtrain/providers/aws/instances.py", "from .groups import group_members",
+     "cloudtrain.providers.aws.instances:{n} imports cloudtrain.providers.aws.groups"),
 ])
 def test_the_check_finds_an_upward_import(copy, module, line, expected):
     plant(copy, module, line)

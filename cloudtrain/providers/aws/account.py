@@ -7,6 +7,7 @@ import os
 import re
 
 from .errors import AWSError, aws_errors
+from .session import AwsSession
 
 # EC2 counts the vCPUs of running instances against one quota per family group, region and
 # market (EC2 User Guide, "On-Demand Instance quotas" and "Spot Instance quotas"; service code
@@ -51,58 +52,55 @@ def quota_console_url(region: str, code: str) -> str:
             f"{code}")
 
 
-class AccountMixin:
-    """AWSProvider's look at the account (needs self.session and self.client)."""
+def profile(aws: AwsSession) -> str:
+    """The AWS profile the session uses (config.yaml's `aws_profile:`, AWS_PROFILE, or
+    the default)."""
+    return aws.session().profile_name
 
-    vcpu_quota = staticmethod(vcpu_quota)
-    quota_console_url = staticmethod(quota_console_url)
 
-    def profile(self) -> str:
-        """The AWS profile the session uses (config.yaml's `aws_profile:`, AWS_PROFILE, or
-        the default)."""
-        return self.session().profile_name
+def credential_source(aws: AwsSession, region: str) -> dict | None:
+    """{source (in words), method (botocore's), profile, access_key (masked)} of the
+    credentials the session found; None without any."""
+    credentials = aws.credentials(region)
+    if credentials is None:
+        return None
+    profile = aws.session(region).profile_name
+    source = CREDENTIAL_SOURCES.get(credentials.method, credentials.method)
+    if credentials.method == "shared-credentials-file":
+        source += " " + os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")
+    elif credentials.method == "config-file":
+        source += " " + os.environ.get("AWS_CONFIG_FILE", "~/.aws/config")
+    key = credentials.access_key or ""
+    return {"source": source, "method": credentials.method, "profile": profile,
+            "access_key": "*" * max(len(key) - 4, 0) + key[-4:]}
 
-    def credential_source(self, region: str) -> dict | None:
-        """{source (in words), method (botocore's), profile, access_key (masked)} of the
-        credentials the session found; None without any."""
-        credentials = self.credentials(region)
-        if credentials is None:
-            return None
-        profile = self.session(region).profile_name
-        source = CREDENTIAL_SOURCES.get(credentials.method, credentials.method)
-        if credentials.method == "shared-credentials-file":
-            source += " " + os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")
-        elif credentials.method == "config-file":
-            source += " " + os.environ.get("AWS_CONFIG_FILE", "~/.aws/config")
-        key = credentials.access_key or ""
-        return {"source": source, "method": credentials.method, "profile": profile,
-                "access_key": "*" * max(len(key) - 4, 0) + key[-4:]}
 
-    def ec2_quota(self, region: str, code: str) -> float:
-        """An EC2 quota's value for this account in `region`: the applied value, else AWS's
-        default (GetServiceQuota answers NoSuchResourceException for a quota whose applied
-        value is not available, e.g. one never changed in the account)."""
-        client = self.client("service-quotas", region)
-        try:
-            with aws_errors(region, "servicequotas"):
-                return float(client.get_service_quota(ServiceCode="ec2",
-                                                      QuotaCode=code)["Quota"]["Value"])
-        except AWSError as exc:
-            if exc.code != "NoSuchResourceException":
-                raise
+def ec2_quota(aws: AwsSession, region: str, code: str) -> float:
+    """An EC2 quota's value for this account in `region`: the applied value, else AWS's
+    default (GetServiceQuota answers NoSuchResourceException for a quota whose applied
+    value is not available, e.g. one never changed in the account)."""
+    client = aws.client("service-quotas", region)
+    try:
         with aws_errors(region, "servicequotas"):
-            return float(client.get_aws_default_service_quota(ServiceCode="ec2",
-                                                              QuotaCode=code)["Quota"]["Value"])
-
-    def instance_profile_roles(self, region: str, name: str) -> list[str] | None:
-        """Read-only (`check`): the roles of the instance profile `name` (the credentials an
-        instance launched with it gets), None where the account has no such profile."""
-        try:
-            with aws_errors(region, "iam"):
-                found = self.client("iam", region).get_instance_profile(
-                    InstanceProfileName=name)["InstanceProfile"]
-        except AWSError as exc:
-            if exc.code == "NoSuchEntity":
-                return None
+            return float(client.get_service_quota(ServiceCode="ec2",
+                                                  QuotaCode=code)["Quota"]["Value"])
+    except AWSError as exc:
+        if exc.code != "NoSuchResourceException":
             raise
-        return [str(r.get("RoleName")) for r in found.get("Roles") or []]
+    with aws_errors(region, "servicequotas"):
+        return float(client.get_aws_default_service_quota(ServiceCode="ec2",
+                                                          QuotaCode=code)["Quota"]["Value"])
+
+
+def instance_profile_roles(aws: AwsSession, region: str, name: str) -> list[str] | None:
+    """Read-only (`check`): the roles of the instance profile `name` (the credentials an
+    instance launched with it gets), None where the account has no such profile."""
+    try:
+        with aws_errors(region, "iam"):
+            found = aws.client("iam", region).get_instance_profile(
+                InstanceProfileName=name)["InstanceProfile"]
+    except AWSError as exc:
+        if exc.code == "NoSuchEntity":
+            return None
+        raise
+    return [str(r.get("RoleName")) for r in found.get("Roles") or []]

@@ -11,153 +11,158 @@ from ...progress import SILENT, Reporter
 from ...ssh import Endpoint, not_up_reason
 from ...ssh_host import SSHHost
 from ...state import Job, Store
+from . import network
 from .errors import AUTH_ERRORS, AWSError, is_permission_error
 from .hostkeys import console_fingerprints, fingerprint, fingerprint_window
+from .session import AwsSession
 
 
+def _describe(aws: AwsSession, region: str, instance_id: str) -> dict:
+    reservations = aws.call(region, "describe_instances",
+                            InstanceIds=[instance_id])["Reservations"]
+    return reservations[0]["Instances"][0]
 
-class BootMixin:
-    """AWSProvider's waits for an instance (needs self.call and self.settings)."""
 
-    def _describe(self, region: str, instance_id: str) -> dict:
-        reservations = self.call(region, "describe_instances",
-                                 InstanceIds=[instance_id])["Reservations"]
-        return reservations[0]["Instances"][0]
+def _wait_running(aws: AwsSession, region: str, instance_id: str, report: Reporter = SILENT) -> str:
+    report.phase(f"instance {instance_id} requested, waiting for it to run")
+    deadline = time.monotonic() + aws.settings.instance_wait_seconds
+    while True:
+        raw = _describe(aws, region, instance_id)
+        state = raw["State"]["Name"]
+        if state == "running":
+            key = "PrivateIpAddress" if aws.settings.connect == "private" else "PublicIpAddress"
+            if raw.get(key):
+                report.phase(f"instance {instance_id} running ({raw[key]})")
+                return raw[key]
+            if aws.settings.connect != "private":
+                raise AWSError(f"{instance_id} has no public IP address",
+                               hint="set `connect: private` (VPN, peering) or use a subnet "
+                                    "that maps public IPs")
+        if state in ("shutting-down", "terminated", "stopping", "stopped"):
+            reason = raw.get("StateReason", {}).get("Message", state)
+            raise AWSError(f"{instance_id} went {state} while starting: {reason}")
+        if time.monotonic() > deadline:
+            raise AWSError(f"{instance_id} is still {state} after "
+                           f"{aws.settings.instance_wait_seconds:.0f} s",
+                           hint=f"aws ec2 describe-instances --instance-ids {instance_id} "
+                                f"--region {region}")
+        time.sleep(aws.settings.poll_seconds)
 
-    def _wait_running(self, region: str, instance_id: str, report: Reporter = SILENT) -> str:
-        report.phase(f"instance {instance_id} requested, waiting for it to run")
-        deadline = time.monotonic() + self.settings.instance_wait_seconds
-        while True:
-            raw = self._describe(region, instance_id)
-            state = raw["State"]["Name"]
-            if state == "running":
-                key = "PrivateIpAddress" if self.settings.connect == "private" else "PublicIpAddress"
-                if raw.get(key):
-                    report.phase(f"instance {instance_id} running ({raw[key]})")
-                    return raw[key]
-                if self.settings.connect != "private":
-                    raise AWSError(f"{instance_id} has no public IP address",
-                                   hint="set `connect: private` (VPN, peering) or use a subnet "
-                                        "that maps public IPs")
-            if state in ("shutting-down", "terminated", "stopping", "stopped"):
-                reason = raw.get("StateReason", {}).get("Message", state)
-                raise AWSError(f"{instance_id} went {state} while starting: {reason}")
-            if time.monotonic() > deadline:
-                raise AWSError(f"{instance_id} is still {state} after "
-                               f"{self.settings.instance_wait_seconds:.0f} s",
-                               hint=f"aws ec2 describe-instances --instance-ids {instance_id} "
-                                    f"--region {region}")
-            time.sleep(self.settings.poll_seconds)
 
-    def _wait_ssh(self, region: str, instance_id: str, endpoint: Endpoint,
-                  report: Reporter = SILENT) -> SSHHost:
-        deadline = time.monotonic() + self.settings.ssh_wait_seconds
-        last = None
-        report.phase(f"waiting for SSH on {endpoint.label()} (at most "
-                     f"{self.settings.ssh_wait_seconds:.0f} s)")
-        while time.monotonic() < deadline:
-            host = SSHHost(endpoint, default_tmux_socket(),
-                           python=self.settings.remote_python or "python3")
-            try:
-                host.conn  # connected and logged in; the caller checks the host key next
-                return host
-            except HostError as exc:
-                last = exc
-                host.close()
-                report.retry(f"SSH not up yet ({not_up_reason(exc)}), retrying")
-                time.sleep(self.settings.poll_seconds)
-        console = self.console_tail(region, instance_id)
-        raise AWSError(f"SSH to {instance_id} ({endpoint.label()}) did not answer in "
-                       f"{self.settings.ssh_wait_seconds:.0f} s: {last.message if last else ''}"
-                       + (f"; console output ends: {console}" if console else ""),
-                       hint=f"aws ec2 get-console-output --instance-id {instance_id} --region "
-                            f"{region} --latest; check the security group allows {self.ssh_cidr()}")
-
-    def _check_host_key(self, store: Store, job: Job, region: str, instance_id: str,
-                        host: SSHHost, instance_type: str | None,
-                        report: Reporter = SILENT) -> bool:
-        """Accept the key the SSH server presented only if the instance listed its
-        fingerprint on the console (F5). Called as SSH answers: the fingerprints are waited
-        for from then on (fingerprint_window, F37), then the key is trusted on first use, said
-        at launch as a WARNING, or with `host_key_policy: strict` refused (the instance is
-        then terminated like on any failed launch). Recorded in the job's timeline either
-        way; a key that is not on a list is refused before anything is sent to the host."""
-        seen = fingerprint(host.conn.host_key)
-        started = time.monotonic()
-        waited = fingerprint_window(instance_type, self.settings.ssh_wait_seconds, latest=True)
-        while True:
-            text, latest = self._console_read(region, instance_id)
-            if not latest:  # a snapshot console (Xen): it lags by minutes
-                waited = fingerprint_window(instance_type, self.settings.ssh_wait_seconds,
-                                            latest=False)
-            listed = console_fingerprints(text or "")
-            if listed or text is None or time.monotonic() >= started + waited:
-                break
-            time.sleep(self.settings.poll_seconds)
-        if listed and seen not in listed:
-            host.close()
-            store.add_event(job.id, "host-key", detail=f"REFUSED {seen}: not in {instance_id}'s "
-                                                      "console output")
-            raise AWSError(f"possible interception: the SSH server at {host.name} presented "
-                           f"host key {seen}, but {instance_id} printed "
-                           f"{', '.join(sorted(listed))} on its console; refusing to connect",
-                           hint="launch again; if it repeats, something between this machine "
-                                "and AWS answers SSH for the instance")
-        if listed:
-            store.add_event(job.id, "host-key", detail=f"verified {seen} against {instance_id}'s "
-                                                      "console output")
-            return True
-        why = ("the console output is not readable: ec2:GetConsoleOutput refused" if text is None
-               else f"no fingerprints in its console output after {waited:g} s")
-        if self.settings.host_key_policy == "strict":
-            host.close()
-            store.add_event(job.id, "host-key", detail=f"REFUSED {seen}: {why} "
-                                                      "(host_key_policy: strict)")
-            raise AWSError(f"host key of {instance_id} not checked: {why}, and "
-                           "host_key_policy is strict",
-                           hint="launch again (on Xen types such as p3 the console lags by "
-                                "minutes), allow ec2:GetConsoleOutput, or set host_key_policy: "
-                                "tofu in config.yaml")
-        store.add_event(job.id, "host-key", detail=f"trusted on first use: {seen} ({why})")
-        report.note(f"WARNING: host key of {instance_id} trusted on first use ({why})")
-        return False
-
-    def console_text(self, region: str, instance_id: str) -> str:
-        """The instance's console output as text; "" when EC2 has none yet or refuses."""
-        return self._console(region, instance_id) or ""
-
-    def _console(self, region: str, instance_id: str) -> str | None:
-        """The console output; "" when there is none (yet), None when it may not be read."""
-        return self._console_read(region, instance_id)[0]
-
-    def _console_read(self, region: str, instance_id: str) -> tuple[str | None, bool]:
-        """_console's answer, and whether it came from the live buffer (False: EC2's
-        snapshot, which lags)."""
-        import base64
-
-        latest = True
+def _wait_ssh(aws: AwsSession, region: str, instance_id: str, endpoint: Endpoint,
+              report: Reporter = SILENT) -> SSHHost:
+    deadline = time.monotonic() + aws.settings.ssh_wait_seconds
+    last = None
+    report.phase(f"waiting for SSH on {endpoint.label()} (at most "
+                 f"{aws.settings.ssh_wait_seconds:.0f} s)")
+    while time.monotonic() < deadline:
+        host = SSHHost(endpoint, default_tmux_socket(),
+                       python=aws.settings.remote_python or "python3")
         try:
-            # Latest=True: the live buffer instead of the snapshot EC2 refreshes every few
-            # minutes; only Nitro instances have it (p3 is Xen), so ask again without.
-            out = self.call(region, "get_console_output", InstanceId=instance_id,
-                            Latest=True).get("Output")
-        except AWSError as exc:
-            if is_permission_error(exc.code) or exc.code in AUTH_ERRORS:
-                return None, True  # asking again, without Latest, would be refused the same way
-            latest = False
-            try:
-                out = self.call(region, "get_console_output", InstanceId=instance_id).get("Output")
-            except CloudtrainError:
-                return "", latest
+            host.conn  # connected and logged in; the caller checks the host key next
+            return host
+        except HostError as exc:
+            last = exc
+            host.close()
+            report.retry(f"SSH not up yet ({not_up_reason(exc)}), retrying")
+            time.sleep(aws.settings.poll_seconds)
+    console = console_tail(aws, region, instance_id)
+    raise AWSError(f"SSH to {instance_id} ({endpoint.label()}) did not answer in "
+                   f"{aws.settings.ssh_wait_seconds:.0f} s: {last.message if last else ''}"
+                   + (f"; console output ends: {console}" if console else ""),
+                   hint=f"aws ec2 get-console-output --instance-id {instance_id} --region "
+                        f"{region} --latest; check the security group allows {network.ssh_cidr(aws)}")
+
+
+def _check_host_key(aws: AwsSession, store: Store, job: Job, region: str, instance_id: str,
+                    host: SSHHost, instance_type: str | None,
+                    report: Reporter = SILENT) -> bool:
+    """Accept the key the SSH server presented only if the instance listed its
+    fingerprint on the console (F5). Called as SSH answers: the fingerprints are waited
+    for from then on (fingerprint_window, F37), then the key is trusted on first use, said
+    at launch as a WARNING, or with `host_key_policy: strict` refused (the instance is
+    then terminated like on any failed launch). Recorded in the job's timeline either
+    way; a key that is not on a list is refused before anything is sent to the host."""
+    seen = fingerprint(host.conn.host_key)
+    started = time.monotonic()
+    waited = fingerprint_window(instance_type, aws.settings.ssh_wait_seconds, latest=True)
+    while True:
+        text, latest = _console_read(aws, region, instance_id)
+        if not latest:  # a snapshot console (Xen): it lags by minutes
+            waited = fingerprint_window(instance_type, aws.settings.ssh_wait_seconds,
+                                        latest=False)
+        listed = console_fingerprints(text or "")
+        if listed or text is None or time.monotonic() >= started + waited:
+            break
+        time.sleep(aws.settings.poll_seconds)
+    if listed and seen not in listed:
+        host.close()
+        store.add_event(job.id, "host-key", detail=f"REFUSED {seen}: not in {instance_id}'s "
+                                                  "console output")
+        raise AWSError(f"possible interception: the SSH server at {host.name} presented "
+                       f"host key {seen}, but {instance_id} printed "
+                       f"{', '.join(sorted(listed))} on its console; refusing to connect",
+                       hint="launch again; if it repeats, something between this machine "
+                            "and AWS answers SSH for the instance")
+    if listed:
+        store.add_event(job.id, "host-key", detail=f"verified {seen} against {instance_id}'s "
+                                                  "console output")
+        return True
+    why = ("the console output is not readable: ec2:GetConsoleOutput refused" if text is None
+           else f"no fingerprints in its console output after {waited:g} s")
+    if aws.settings.host_key_policy == "strict":
+        host.close()
+        store.add_event(job.id, "host-key", detail=f"REFUSED {seen}: {why} "
+                                                  "(host_key_policy: strict)")
+        raise AWSError(f"host key of {instance_id} not checked: {why}, and "
+                       "host_key_policy is strict",
+                       hint="launch again (on Xen types such as p3 the console lags by "
+                            "minutes), allow ec2:GetConsoleOutput, or set host_key_policy: "
+                            "tofu in config.yaml")
+    store.add_event(job.id, "host-key", detail=f"trusted on first use: {seen} ({why})")
+    report.note(f"WARNING: host key of {instance_id} trusted on first use ({why})")
+    return False
+
+
+def console_text(aws: AwsSession, region: str, instance_id: str) -> str:
+    """The instance's console output as text; "" when EC2 has none yet or refuses."""
+    return _console(aws, region, instance_id) or ""
+
+
+def _console(aws: AwsSession, region: str, instance_id: str) -> str | None:
+    """The console output; "" when there is none (yet), None when it may not be read."""
+    return _console_read(aws, region, instance_id)[0]
+
+
+def _console_read(aws: AwsSession, region: str, instance_id: str) -> tuple[str | None, bool]:
+    """_console's answer, and whether it came from the live buffer (False: EC2's
+    snapshot, which lags)."""
+    import base64
+
+    latest = True
+    try:
+        # Latest=True: the live buffer instead of the snapshot EC2 refreshes every few
+        # minutes; only Nitro instances have it (p3 is Xen), so ask again without.
+        out = aws.call(region, "get_console_output", InstanceId=instance_id,
+                       Latest=True).get("Output")
+    except AWSError as exc:
+        if is_permission_error(exc.code) or exc.code in AUTH_ERRORS:
+            return None, True  # asking again, without Latest, would be refused the same way
+        latest = False
+        try:
+            out = aws.call(region, "get_console_output", InstanceId=instance_id).get("Output")
         except CloudtrainError:
             return "", latest
-        if not out:
-            return "", latest
-        try:  # EC2 sends it base64-encoded (moto's server sends the plain text)
-            return base64.b64decode(out, validate=True).decode("utf-8", "replace"), latest
-        except ValueError:
-            return out, latest
+    except CloudtrainError:
+        return "", latest
+    if not out:
+        return "", latest
+    try:  # EC2 sends it base64-encoded (moto's server sends the plain text)
+        return base64.b64decode(out, validate=True).decode("utf-8", "replace"), latest
+    except ValueError:
+        return out, latest
 
-    def console_tail(self, region: str, instance_id: str) -> str:
-        text = self.console_text(region, instance_id)
-        return " | ".join(text.strip().splitlines()[-3:])
+
+def console_tail(aws: AwsSession, region: str, instance_id: str) -> str:
+    text = console_text(aws, region, instance_id)
+    return " | ".join(text.strip().splitlines()[-3:])

@@ -33,23 +33,13 @@ from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...ssh_host import SSHHost
 from ...state import Instance, Job, Store
+from . import boot as booting, bootstrap, group_launch, instances, placement, volumes
 from .errors import CAPACITY_ERRORS, QUOTA_ERRORS, AWSError, AWSPlacementError, StaleCache
 from .instances import Attempt
+from .placement import EFA_INTERFACES
+from .session import AwsSession
 from .tags import EFA_GROUP_NAME, TAG_ATTEMPT, TAG_JOB, TAG_OWNER
 
-# EFA interfaces per instance type (EC2 DescribeInstanceTypes NetworkInfo.EfaInfo, for the
-# catalog's GPU types; EC2 is asked where there are credentials). Types that are not here have
-# no EFA (p3.16xlarge, g5.xlarge).
-EFA_INTERFACES = {
-    "g4dn.8xlarge": 1, "g4dn.12xlarge": 1, "g4dn.16xlarge": 1, "g4dn.metal": 1,
-    "g5.8xlarge": 1, "g5.12xlarge": 1, "g5.16xlarge": 1, "g5.24xlarge": 1, "g5.48xlarge": 1,
-    "g6.8xlarge": 1, "g6.12xlarge": 1, "g6.16xlarge": 1, "g6.24xlarge": 1, "g6.48xlarge": 1,
-    "g6e.8xlarge": 1, "g6e.12xlarge": 1, "g6e.16xlarge": 1, "g6e.24xlarge": 2,
-    "g6e.48xlarge": 4, "g7e.8xlarge": 1, "g7e.12xlarge": 1, "g7e.24xlarge": 2,
-    "g7e.48xlarge": 4, "gr6.8xlarge": 1, "p3dn.24xlarge": 1, "p4d.24xlarge": 4,
-    "p4de.24xlarge": 4, "p5.4xlarge": 1, "p5.48xlarge": 32, "p5e.48xlarge": 32,
-    "p5en.48xlarge": 16, "p6-b200.48xlarge": 8, "p6-b300.48xlarge": 16,
-}
 # GPUDirect RDMA over EFA (FI_EFA_USE_DEVICE_RDMA=1): the p4 and later p families.
 EFA_RDMA_FAMILIES = ("p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300")
 # A node that went away before it ran, for this reason, means "no capacity here".
@@ -61,404 +51,362 @@ class NodeLost(AWSError):
     capacity after all): the whole cluster is released and the next AZ tried."""
 
 
-class ClusterMixin:
-    """AWSProvider's multi-node verbs (needs the instances, network and images mixins)."""
-
-    # -- EFA -------------------------------------------------------------------------------
-
-    def efa_interfaces(self, spec, region: str | None = None) -> int:
-        """EFA interfaces the type supports (0: none); EC2's answer where it can be asked."""
-        if spec.nodes < 2 or not spec.instance_type:
+def efa_interfaces(aws: AwsSession, spec, region: str | None = None) -> int:
+    """EFA interfaces the type supports (0: none); EC2's answer where it can be asked."""
+    if spec.nodes < 2 or not spec.instance_type:
+        return 0
+    known = EFA_INTERFACES.get(spec.instance_type)
+    if known is not None or region is None:
+        return known or 0
+    try:
+        if aws.credentials(region) is None:
             return 0
-        known = EFA_INTERFACES.get(spec.instance_type)
-        if known is not None or region is None:
-            return known or 0
+        found = aws.call(region, "describe_instance_types",
+                         InstanceTypes=[spec.instance_type])["InstanceTypes"]
+    except CloudtrainError:
+        return 0
+    info = (found[0].get("NetworkInfo") or {}) if found else {}
+    if not info.get("EfaSupported"):
+        return 0
+    return int((info.get("EfaInfo") or {}).get("MaximumEfaInterfaces") or 1)
+
+
+def efa_plan(aws: AwsSession, spec, region: str | None = None) -> dict | None:
+    """{supported, used, rdma, why} for a job on several nodes of an EFA type; None
+    otherwise."""
+    most = efa_interfaces(aws, spec, region)
+    if not most:
+        return None
+    used = most if aws.settings.connect == "private" else 1
+    family = spec.instance_type.split(".")[0]
+    why = "" if used == most else (
+        f"1 of {most} EFA interfaces: an instance with a public address gets one network "
+        f"interface at launch (set `connect: private` for all {most})")
+    return {"supported": most, "used": used, "rdma": family in EFA_RDMA_FAMILIES,
+            "why": why}
+
+
+def efa_environment(aws: AwsSession, spec) -> dict:
+    """What NCCL needs to go over EFA (the DLAMI's aws-ofi-nccl plugin reads them):
+    libfabric's EFA provider, forced, so a node without its EFA fails loudly instead of
+    falling back to TCP sockets; GPUDirect RDMA where the type has it; fork safety for
+    the DataLoader's workers."""
+    plan = efa_plan(aws, spec)
+    if plan is None:
+        return {}
+    env = {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1"}
+    if plan["rdma"]:
+        env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    return env
+
+
+def network_interfaces(aws: AwsSession, spec, subnet: str, groups: list[str], efa: dict) -> list[dict]:
+    """The RunInstances NetworkInterfaces of an EFA node (see the module's docstring)."""
+    public = aws.settings.connect != "private"
+    base = {"SubnetId": subnet, "Groups": groups, "DeleteOnTermination": True}
+    if efa["used"] == 1:
+        return [{**base, "DeviceIndex": 0, "NetworkCardIndex": 0, "InterfaceType": "efa",
+                 **({"AssociatePublicIpAddress": True} if public else {})}]
+    out = [{**base, "DeviceIndex": 0, "NetworkCardIndex": 0, "InterfaceType": "interface"},
+           {**base, "DeviceIndex": 1, "NetworkCardIndex": 0, "InterfaceType": "efa-only"}]
+    out += [{**base, "DeviceIndex": 0, "NetworkCardIndex": card, "InterfaceType": "efa-only"}
+            for card in range(1, efa["used"])]
+    return out
+
+
+def ensure_efa_group(aws: AwsSession, region: str, vpc: str, owner: str) -> str:
+    """The shared EFA security group of a VPC: all traffic from its own members (EFA's
+    OS-bypass needs every protocol; the default egress rule already allows all out)."""
+    found = aws.call(region, "describe_security_groups", Filters=[
+        {"Name": "group-name", "Values": [EFA_GROUP_NAME]},
+        {"Name": "vpc-id", "Values": [vpc]}])["SecurityGroups"]
+    if found:
+        group = found[0]
+    else:
+        gid = aws.call(region, "create_security_group", GroupName=EFA_GROUP_NAME,
+                       VpcId=vpc, Description="cloudtrain: EFA between a job's nodes",
+                       TagSpecifications=[{"ResourceType": "security-group", "Tags": [
+                           {"Key": TAG_OWNER, "Value": owner},
+                           {"Key": "Name", "Value": EFA_GROUP_NAME}]}])["GroupId"]
+        group = {"GroupId": gid, "IpPermissions": []}
+    gid = group["GroupId"]
+    if not any(p.get("IpProtocol") == "-1" and any(g.get("GroupId") == gid for g in
+                                                   p.get("UserIdGroupPairs", []))
+               for p in group.get("IpPermissions", [])):
+        aws.call(region, "authorize_security_group_ingress", GroupId=gid, IpPermissions=[
+            {"IpProtocol": "-1", "UserIdGroupPairs": [
+                {"GroupId": gid, "Description": "cloudtrain EFA"}]}])
+    return gid
+
+
+def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SILENT
+                  ) -> list[SSHHost]:
+    """spec.nodes instances, all in one AZ and placement group, reached over SSH with
+    verified host keys, in node order (EC2's launch index). Never a part of a cluster:
+    what did come up is terminated before the next AZ is tried."""
+    region = aws.region(spec)
+    boot = bootstrap.bootstrap(aws, region, spec.ami)
+    n = spec.nodes
+    placement.delete_placement_groups(aws, region, owner=boot["owner"])  # earlier jobs' empty ones
+    efa = efa_plan(aws, spec, region)
+    if efa is not None:
+        report.phase(f"EFA: {efa['used']} interface{'s' if efa['used'] > 1 else ''} per "
+                     f"node" + (f" ({efa['why']})" if efa["why"] else ""))
+    found = _attempt_nodes(aws, store, job, region, spec) if spec.attempt > 1 else None
+    # issue 27: a recovering spot job whose group AWS Auto Scaling keeps at N nodes
+    grouped = found is None and spec.attempt == 1 and group_launch.group_recovery(aws, spec) is None
+    ids = group_launch.acquire_from_group_or_say(aws, store, job, spec, report) if grouped else None
+    grouped = ids is not None
+    if found is not None:
+        ids = found
+    elif ids is None:
         try:
-            if self.credentials(region) is None:
-                return 0
-            found = self.call(region, "describe_instance_types",
-                              InstanceTypes=[spec.instance_type])["InstanceTypes"]
-        except CloudtrainError:
-            return 0
-        info = (found[0].get("NetworkInfo") or {}) if found else {}
-        if not info.get("EfaSupported"):
-            return 0
-        return int((info.get("EfaInfo") or {}).get("MaximumEfaInterfaces") or 1)
+            ids = _run_cluster(aws, store, job, spec, region, boot, efa, report)
+        except StaleCache:
+            from .cache import RegionCache
 
-    def efa_plan(self, spec, region: str | None = None) -> dict | None:
-        """{supported, used, rdma, why} for a job on several nodes of an EFA type; None
-        otherwise."""
-        most = self.efa_interfaces(spec, region)
-        if not most:
-            return None
-        used = most if self.settings.connect == "private" else 1
-        family = spec.instance_type.split(".")[0]
-        why = "" if used == most else (
-            f"1 of {most} EFA interfaces: an instance with a public address gets one network "
-            f"interface at launch (set `connect: private` for all {most})")
-        return {"supported": most, "used": used, "rdma": family in EFA_RDMA_FAMILIES,
-                "why": why}
-
-    def efa_environment(self, spec) -> dict:
-        """What NCCL needs to go over EFA (the DLAMI's aws-ofi-nccl plugin reads them):
-        libfabric's EFA provider, forced, so a node without its EFA fails loudly instead of
-        falling back to TCP sockets; GPUDirect RDMA where the type has it; fork safety for
-        the DataLoader's workers."""
-        plan = self.efa_plan(spec)
-        if plan is None:
-            return {}
-        env = {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1"}
-        if plan["rdma"]:
-            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
-        return env
-
-    def network_interfaces(self, spec, subnet: str, groups: list[str], efa: dict) -> list[dict]:
-        """The RunInstances NetworkInterfaces of an EFA node (see the module's docstring)."""
-        public = self.settings.connect != "private"
-        base = {"SubnetId": subnet, "Groups": groups, "DeleteOnTermination": True}
-        if efa["used"] == 1:
-            return [{**base, "DeviceIndex": 0, "NetworkCardIndex": 0, "InterfaceType": "efa",
-                     **({"AssociatePublicIpAddress": True} if public else {})}]
-        out = [{**base, "DeviceIndex": 0, "NetworkCardIndex": 0, "InterfaceType": "interface"},
-               {**base, "DeviceIndex": 1, "NetworkCardIndex": 0, "InterfaceType": "efa-only"}]
-        out += [{**base, "DeviceIndex": 0, "NetworkCardIndex": card, "InterfaceType": "efa-only"}
-                for card in range(1, efa["used"])]
-        return out
-
-    def ensure_efa_group(self, region: str, vpc: str, owner: str) -> str:
-        """The shared EFA security group of a VPC: all traffic from its own members (EFA's
-        OS-bypass needs every protocol; the default egress rule already allows all out)."""
-        found = self.call(region, "describe_security_groups", Filters=[
-            {"Name": "group-name", "Values": [EFA_GROUP_NAME]},
-            {"Name": "vpc-id", "Values": [vpc]}])["SecurityGroups"]
-        if found:
-            group = found[0]
-        else:
-            gid = self.call(region, "create_security_group", GroupName=EFA_GROUP_NAME,
-                            VpcId=vpc, Description="cloudtrain: EFA between a job's nodes",
-                            TagSpecifications=[{"ResourceType": "security-group", "Tags": [
-                                {"Key": TAG_OWNER, "Value": owner},
-                                {"Key": "Name", "Value": EFA_GROUP_NAME}]}])["GroupId"]
-            group = {"GroupId": gid, "IpPermissions": []}
-        gid = group["GroupId"]
-        if not any(p.get("IpProtocol") == "-1" and any(g.get("GroupId") == gid for g in
-                                                       p.get("UserIdGroupPairs", []))
-                   for p in group.get("IpPermissions", [])):
-            self.call(region, "authorize_security_group_ingress", GroupId=gid, IpPermissions=[
-                {"IpProtocol": "-1", "UserIdGroupPairs": [
-                    {"GroupId": gid, "Description": "cloudtrain EFA"}]}])
-        return gid
-
-    # -- placement groups ------------------------------------------------------------------
-
-    def placement_group_name(self, job: Job, spec, try_n: int) -> str:
-        return f"cloudtrain-{job.id}-a{int(getattr(spec, 'attempt', 1) or 1)}-{try_n}"
-
-    def create_placement_group(self, region: str, job: Job, spec, try_n: int,
-                               owner: str) -> str:
-        """A cluster placement group for one try at the job's nodes (a group is tied to the
-        AZ of its first instance: each AZ tried gets its own), tagged like the instances."""
-        name = self.placement_group_name(job, spec, try_n)
-        try:
-            self.call(region, "create_placement_group", GroupName=name, Strategy="cluster",
-                      TagSpecifications=[{"ResourceType": "placement-group", "Tags": [
-                          {"Key": TAG_JOB, "Value": job.id}, {"Key": TAG_OWNER, "Value": owner},
-                          {"Key": "Name", "Value": name}]}])
-        except AWSError as exc:
-            if exc.code != "InvalidPlacementGroup.Duplicate":  # a retried launch made it
-                raise
-        return name
-
-    def delete_placement_groups(self, region: str, job_id: str | None = None,
-                                owner: str | None = None) -> list[str]:
-        """Delete the job's placement groups (or, with `owner`, every one of ours) that no
-        instance is in any more; one still in use (instances shutting down) is left for the
-        next cleanup (`down`, the next launch on several nodes). Placement groups do not
-        bill; they count against a limit per region."""
-        filters = [{"Name": f"tag:{TAG_JOB}", "Values": [job_id]}] if job_id else \
-            [{"Name": f"tag:{TAG_OWNER}", "Values": [owner]}]
-        import botocore.exceptions
-
-        try:
-            groups = self.call(region, "describe_placement_groups",
-                               Filters=filters)["PlacementGroups"]
-        except (CloudtrainError, botocore.exceptions.BotoCoreError):
-            return []  # not allowed to look, or no answer: the next cleanup looks again
-        removed = []
-        for g in groups:
-            if g.get("State") in ("deleting", "deleted"):
-                continue
-            try:  # EC2 refuses one that an instance not yet terminated is in: InUse
-                self.call(region, "delete_placement_group", GroupName=g["GroupName"])
-                removed.append(g["GroupName"])
-            except AWSError as exc:
-                if exc.code not in ("InvalidPlacementGroup.InUse",
-                                    "InvalidPlacementGroup.Unknown"):
-                    raise
-        return removed
-
-    # -- acquisition -----------------------------------------------------------------------
-
-    def acquire_nodes(self, store: Store, job: Job, spec, report: Reporter = SILENT
-                      ) -> list[SSHHost]:
-        """spec.nodes instances, all in one AZ and placement group, reached over SSH with
-        verified host keys, in node order (EC2's launch index). Never a part of a cluster:
-        what did come up is terminated before the next AZ is tried."""
-        region = self.region(spec)
-        boot = self.bootstrap(region, spec.ami)
-        n = spec.nodes
-        self.delete_placement_groups(region, owner=boot["owner"])  # earlier jobs' empty ones
-        efa = self.efa_plan(spec, region)
-        if efa is not None:
-            report.phase(f"EFA: {efa['used']} interface{'s' if efa['used'] > 1 else ''} per "
-                         f"node" + (f" ({efa['why']})" if efa["why"] else ""))
-        found = self._attempt_nodes(store, job, region, spec) if spec.attempt > 1 else None
-        # issue 27: a recovering spot job whose group AWS Auto Scaling keeps at N nodes
-        grouped = found is None and spec.attempt == 1 and self.group_recovery(spec) is None
-        ids = self.acquire_from_group_or_say(store, job, spec, report) if grouped else None
-        grouped = ids is not None
-        if found is not None:
-            ids = found
-        elif ids is None:
-            try:
-                ids = self._run_cluster(store, job, spec, region, boot, efa, report)
-            except StaleCache:
-                from .cache import RegionCache
-
-                RegionCache(self.settings.aws_profile, region).clear()
-                boot = self.bootstrap(region, spec.ami, cached=False)
-                ids = self._run_cluster(store, job, spec, region, boot, efa, report)
-        addresses, privates = self._wait_cluster(region, ids, report)
-        zones = {i.id: i.zone for i in store.instances(job.id)}
-        if found is None:
-            for instance in ids:
-                self.attach_snapshots(store, job, spec, region, instance, zones.get(instance),
-                                      boot["owner"])
-        from ... import nodes
-
-        report.phase(f"waiting for SSH on {n} nodes (at most "
-                     f"{self.settings.ssh_wait_seconds:.0f} s)")
-        warnings: list[str] = []  # said once every node is reached: no display from threads
-
-        def reach(i: int) -> SSHHost:
-            endpoint = Endpoint(addresses[i], self.settings.ssh_port, self.settings.ssh_user,
-                                str(boot["key_path"]))
-            host = self._wait_ssh(region, ids[i], endpoint)
-            with Store(store.path) as mine:  # a connection of this thread's own
-                verified = self._check_host_key(mine, job, region, ids[i], host,
-                                                spec.instance_type, Reporter(warnings.append))
-                host.home()
-                host.peer_address = privates[i]
-                mine.update_instance(ids[i], state="running", details=json.dumps(
-                    {**self._details(mine, ids[i]), "address": addresses[i],
-                     "private_address": privates[i], "host_key": endpoint.host_key,
-                     "host_key_verified": verified, "node": i}))
-            return host
-
-        try:
-            hosts = nodes.each(reach, n)
-        finally:
-            for line in warnings:
-                report.note(line)
-        report.phase(f"{n} nodes up: " + ", ".join(h.name for h in hosts))
-        if grouped:
-            self.check_group_jobdir(job, hosts[0], ids[0])
-            self.record_attempt(store, job, spec, 1, ids[0])
-        return hosts
-
-    def node_address(self, host: SSHHost) -> str:
-        """The address a node's peers reach it at: its private IP (the rendezvous, gloo's
-        and NCCL's sockets stay inside the VPC and its security group)."""
-        return host.peer_address or host.endpoint.host
-
-    def node_instances(self, store: Store, job: Job, hosts: list) -> list[str | None]:
-        """The instance id of each node's host, in node order."""
-        by_node = {}
-        for inst in store.instances(job.id):
-            node = (inst.details or {}).get("node")
-            if inst.state != "terminated" and isinstance(node, int):
-                by_node[node] = inst.id
-        return [by_node.get(i) for i in range(len(hosts))]
-
-    def _run_cluster(self, store: Store, job: Job, spec, region: str, boot: dict,
-                     efa: dict | None, report: Reporter) -> list[str]:
-        """One RunInstances of spec.nodes instances per AZ, in AZ order, until one AZ gives
-        all of them and none dies before it runs; their ids in launch order."""
-        zones = self.relaunch_order(boot["zones"], spec, region)
-        disk = spec.root_gb(self.settings)
-        attempts: list[Attempt] = []
-        n = spec.nodes
-        for k, (zone, subnet, vpc, _zone_id) in enumerate(zones):
-            group = self.create_placement_group(region, job, spec, k, boot["owner"])
-            store.add_event(job.id, "placement-group", detail=f"{group} (cluster) for {zone}")
-            groups = [boot["group"]]
-            if efa is not None:
-                groups.append(self.ensure_efa_group(region, vpc, boot["owner"]))
-            request = self.run_request(job, spec, subnet, boot["group"], boot["ami"],
-                                       boot["key_name"], boot["owner"], disk,
-                                       boot["root_device"])
-            request.update(MinCount=n, MaxCount=n, Placement={"GroupName": group})
-            if efa is not None:
-                del request["SubnetId"], request["SecurityGroupIds"]
-                request["NetworkInterfaces"] = self.network_interfaces(spec, subnet, groups, efa)
-            attempt = int(getattr(spec, "attempt", 1) or 1)
-            token = f"{job.id}-n{n}-{k}" if attempt == 1 else f"{job.id}-a{attempt}-n{n}-{k}"
-            report.phase(f"requesting {n} {spec.market} {spec.instance_type} in {zone}, "
-                         f"placement group {group}"
-                         + (f" ({attempts[-1].zone}: {attempts[-1].error.split(':')[0]})"
-                            if attempts else ""))
-            try:
-                response = self.call(region, "run_instances", fail_fast=True,
-                                     ClientToken=token, **request)
-            except BaseException as exc:
-                if self.run_failed(store, job, token, zone, exc,
-                                   first=not attempts) in CAPACITY_ERRORS:
-                    attempts.append(Attempt(zone, subnet, f"{exc.code}: {exc.aws_message}"))
-                    self.delete_placement_groups(region, job.id)
-                    continue
-                if exc.code in QUOTA_ERRORS:
-                    raise AWSPlacementError(
-                        f"{n} x {spec.instance_type} ({spec.market}) in {region}: {exc.code}: "
-                        f"{exc.aws_message}",
-                        hint=f"{n} nodes need {n} times the vCPU quota of one: ask AWS for "
-                             "more (Service Quotas), or use fewer --nodes") from exc
-                if exc.code and not exc.hint:
-                    raise AWSError(f"run_instances of {n} nodes failed in {zone}: {exc.code}: "
-                                   f"{exc.aws_message}", code=exc.code) from exc
-                raise
-            ids = self._record_cluster(store, job, spec, region, response["Instances"], {
-                "zone": zone, "subnet": subnet, "group": group, "disk": disk, "boot": boot,
-                "attempt": attempt, "efa": efa, "attempts": attempts})
-            if len(ids) != n:  # EC2 honours MinCount; never go on with part of a cluster
-                self._give_back(store, region, ids)
-                raise AWSError(f"EC2 started {len(ids)} of the {n} instances asked for")
-            try:
-                self._wait_cluster(region, ids, report, only_check=True)
-            except NodeLost as lost:
-                attempts.append(Attempt(zone, subnet, lost.message))
-                self._give_back(store, region, ids)
-                self.delete_placement_groups(region, job.id)  # else the next cleanup's
-                report.phase(f"{zone}: {lost.message}; all {n} released")
-                continue
-            return ids
-        tried = "; ".join(f"{a.zone}: {a.error}" for a in attempts)
-        raise AWSPlacementError(
-            f"no capacity for {n} x {spec.instance_type} ({spec.market}) in one AZ of {region}, "
-            f"every AZ tried (nothing is left running): {tried}",
-            hint="try later, fewer --nodes, --on-demand / --spot, or another --region")
-
-    def _record_cluster(self, store: Store, job: Job, spec, region: str, raws: list[dict],
-                        where: dict) -> list[str]:
-        """The instances one RunInstances started, recorded before any waiting (every path
-        ends them), each with its node rank in launch order; their ids. `where`: the zone,
-        subnet, placement group, disk, bootstrap, attempt, EFA and the AZs tried before."""
-        raws = sorted(raws, key=lambda r: r.get("AmiLaunchIndex", 0))
-        ids = [r["InstanceId"] for r in raws]
-        boot, efa = where["boot"], where["efa"]
-        price = (catalog.get(spec.instance_type).price(region, "on-demand")
-                 if catalog.get(spec.instance_type) else None)
-        for i, raw in enumerate(raws):
-            store.add_instance(Instance(
-                id=raw["InstanceId"], job_id=job.id, provider=self.name, region=region,
-                zone=where["zone"], instance_type=spec.instance_type, market=spec.market,
-                state="requested",
-                launched_at=raw["LaunchTime"].timestamp() if raw.get("LaunchTime")
-                else time.time(), terminated_at=None,
-                price_per_hour=price if spec.market == Market.ON_DEMAND else None,
-                details={"subnet": where["subnet"], "ami": boot["ami"],
-                         "key_name": boot["key_name"], "group": boot["group"],
-                         "disk_gb": where["disk"], "disk_mbps": spec.disk_mbps, "node": i,
-                         "attempt": where["attempt"], "placement_group": where["group"],
-                         "efa_interfaces": efa["used"] if efa else 0,
-                         "attempts": [a.__dict__ for a in where["attempts"]]}))
-        store.add_event(job.id, "instance", detail=f"{spec.nodes} nodes in {where['zone']} "
-                        f"({where['group']}): " + ", ".join(ids))
-        return ids
-
-    def _give_back(self, store: Store, region: str, ids: list[str]) -> None:
-        """Terminate a part of a cluster at once (it bills while the next AZ is tried)."""
-        self.call(region, "terminate_instances", InstanceIds=sorted(ids))
+            RegionCache(aws.settings.aws_profile, region).clear()
+            boot = bootstrap.bootstrap(aws, region, spec.ami, cached=False)
+            ids = _run_cluster(aws, store, job, spec, region, boot, efa, report)
+    addresses, privates = _wait_cluster(aws, region, ids, report)
+    zones = {i.id: i.zone for i in store.instances(job.id)}
+    if found is None:
         for instance in ids:
-            store.update_instance(instance, state="terminated", terminated_at=time.time())
+            volumes.attach_snapshots(aws, store, job, spec, region, instance, zones.get(instance),
+                                     boot["owner"])
+    from ... import nodes
 
-    def _cluster_describe(self, region: str, ids: list[str]) -> list[dict]:
-        out = []
-        for res in self.call(region, "describe_instances", InstanceIds=ids)["Reservations"]:
-            out.extend(res["Instances"])
-        return out
+    report.phase(f"waiting for SSH on {n} nodes (at most "
+                 f"{aws.settings.ssh_wait_seconds:.0f} s)")
+    warnings: list[str] = []  # said once every node is reached: no display from threads
 
-    def _wait_cluster(self, region: str, ids: list[str], report: Reporter = SILENT,
-                      only_check: bool = False) -> tuple[list[str], list[str]]:
-        """Until every instance runs: the addresses to connect to and their private ones,
-        in the order of `ids`.
-        One that goes away first raises NodeLost (its reason said); one still pending after
-        instance_wait_seconds is an AWSError. `only_check`: one look, no waiting (right after
-        RunInstances, for a node that is already gone)."""
-        deadline = time.monotonic() + self.settings.instance_wait_seconds
-        key = "PrivateIpAddress" if self.settings.connect == "private" else "PublicIpAddress"
-        if not only_check:
-            report.phase(f"{len(ids)} instances requested, waiting for them to run")
-        while True:
-            raws = {r["InstanceId"]: r for r in self._cluster_describe(region, ids)}
-            for instance in ids:
-                raw = raws.get(instance) or {}
-                state = (raw.get("State") or {}).get("Name", "unknown")
-                if state in LOST_WHILE_STARTING:
-                    reason = (raw.get("StateReason") or {}).get("Message") or state
-                    raise NodeLost(f"node {ids.index(instance)} ({instance}) went {state} "
-                                   f"before it ran: {reason}")
-            if only_check:
-                return [], []
-            running = [raws[i] for i in ids if raws.get(i, {}).get("State", {}).get("Name")
-                       == "running"]
-            if len(running) == len(ids):
-                missing = [r["InstanceId"] for r in running if not r.get(key)]
-                if missing and self.settings.connect != "private":
-                    raise AWSError(f"{missing[0]} has no public IP address",
-                                   hint="set `connect: private` (VPN, peering) or use a subnet "
-                                        "that maps public IPs")
-                if not missing:
-                    addresses = [r[key] for r in running]
-                    report.phase(f"{len(ids)} instances running: " + ", ".join(addresses))
-                    return addresses, [r.get("PrivateIpAddress") or r[key] for r in running]
-            if time.monotonic() > deadline:
-                waiting = [i for i in ids if raws.get(i, {}).get("State", {}).get("Name")
-                           != "running"]
-                raise AWSError(f"{', '.join(waiting)} still not running after "
-                               f"{self.settings.instance_wait_seconds:.0f} s",
-                               hint=f"aws ec2 describe-instances --region {region} "
-                                    f"--instance-ids {' '.join(waiting)}")
-            time.sleep(self.settings.poll_seconds)
+    def reach(i: int) -> SSHHost:
+        endpoint = Endpoint(addresses[i], aws.settings.ssh_port, aws.settings.ssh_user,
+                            str(boot["key_path"]))
+        host = booting._wait_ssh(aws, region, ids[i], endpoint)
+        with Store(store.path) as mine:  # a connection of this thread's own
+            verified = booting._check_host_key(aws, mine, job, region, ids[i], host,
+                                               spec.instance_type, Reporter(warnings.append))
+            host.home()
+            host.peer_address = privates[i]
+            mine.update_instance(ids[i], state="running", details=json.dumps(
+                {**instances._details(mine, ids[i]), "address": addresses[i],
+                 "private_address": privates[i], "host_key": endpoint.host_key,
+                 "host_key_verified": verified, "node": i}))
+        return host
 
-    def _attempt_nodes(self, store: Store, job: Job, region: str, spec) -> list[str] | None:
-        """A relaunch whose supervisor was killed after RunInstances: that attempt's live
-        instances, if they are the whole cluster (recorded if the store did not know them);
-        a part of one is terminated, and None returned (a new cluster is requested)."""
-        live = [r for r in self._query(region, {TAG_JOB: job.id,
-                                                TAG_ATTEMPT: str(spec.attempt)})
-                if r["State"]["Name"] in ("pending", "running")]
-        if not live:
-            return None
-        live.sort(key=lambda r: r.get("AmiLaunchIndex", 0))
-        ids = [r["InstanceId"] for r in live]
-        if len(ids) != spec.nodes:
-            self.call(region, "terminate_instances", InstanceIds=sorted(ids))
-            store.add_event(job.id, "instance", detail=f"{len(ids)} of {spec.nodes} nodes of "
-                            f"attempt {spec.attempt} found by their tags: terminated")
-            return None
-        known = {i.id for i in store.instances(job.id)}
-        for i, raw in enumerate(live):
-            if raw["InstanceId"] in known:
+    try:
+        hosts = nodes.each(reach, n)
+    finally:
+        for line in warnings:
+            report.note(line)
+    report.phase(f"{n} nodes up: " + ", ".join(h.name for h in hosts))
+    if grouped:
+        group_launch.check_group_jobdir(aws, job, hosts[0], ids[0])
+        group_launch.record_attempt(aws, store, job, spec, 1, ids[0])
+    return hosts
+
+
+def node_address(host: SSHHost) -> str:
+    """The address a node's peers reach it at: its private IP (the rendezvous, gloo's
+    and NCCL's sockets stay inside the VPC and its security group)."""
+    return host.peer_address or host.endpoint.host
+
+
+def node_instances(store: Store, job: Job, hosts: list) -> list[str | None]:
+    """The instance id of each node's host, in node order."""
+    by_node = {}
+    for inst in store.instances(job.id):
+        node = (inst.details or {}).get("node")
+        if inst.state != "terminated" and isinstance(node, int):
+            by_node[node] = inst.id
+    return [by_node.get(i) for i in range(len(hosts))]
+
+
+def _run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot: dict,
+                 efa: dict | None, report: Reporter) -> list[str]:
+    """One RunInstances of spec.nodes instances per AZ, in AZ order, until one AZ gives
+    all of them and none dies before it runs; their ids in launch order."""
+    zones = instances.relaunch_order(aws, boot["zones"], spec, region)
+    disk = spec.root_gb(aws.settings)
+    attempts: list[Attempt] = []
+    n = spec.nodes
+    for k, (zone, subnet, vpc, _zone_id) in enumerate(zones):
+        group = placement.create_placement_group(aws, region, job, spec, k, boot["owner"])
+        store.add_event(job.id, "placement-group", detail=f"{group} (cluster) for {zone}")
+        groups = [boot["group"]]
+        if efa is not None:
+            groups.append(ensure_efa_group(aws, region, vpc, boot["owner"]))
+        request = instances.run_request(aws, job, spec, subnet, boot["group"], boot["ami"],
+                                        boot["key_name"], boot["owner"], disk,
+                                        boot["root_device"])
+        request.update(MinCount=n, MaxCount=n, Placement={"GroupName": group})
+        if efa is not None:
+            del request["SubnetId"], request["SecurityGroupIds"]
+            request["NetworkInterfaces"] = network_interfaces(aws, spec, subnet, groups, efa)
+        attempt = int(getattr(spec, "attempt", 1) or 1)
+        token = f"{job.id}-n{n}-{k}" if attempt == 1 else f"{job.id}-a{attempt}-n{n}-{k}"
+        report.phase(f"requesting {n} {spec.market} {spec.instance_type} in {zone}, "
+                     f"placement group {group}"
+                     + (f" ({attempts[-1].zone}: {attempts[-1].error.split(':')[0]})"
+                        if attempts else ""))
+        try:
+            response = aws.call(region, "run_instances", fail_fast=True,
+                                ClientToken=token, **request)
+        except BaseException as exc:
+            if instances.run_failed(store, job, token, zone, exc,
+                               first=not attempts) in CAPACITY_ERRORS:
+                attempts.append(Attempt(zone, subnet, f"{exc.code}: {exc.aws_message}"))
+                placement.delete_placement_groups(aws, region, job.id)
                 continue
-            spot = raw.get("InstanceLifecycle") == "spot"
-            store.add_instance(Instance(
-                id=raw["InstanceId"], job_id=job.id, provider=self.name, region=region,
-                zone=raw.get("Placement", {}).get("AvailabilityZone"),
-                instance_type=raw.get("InstanceType"), market=Market.SPOT if spot else Market.ON_DEMAND,
-                state="requested", launched_at=raw["LaunchTime"].timestamp(),
-                terminated_at=None, price_per_hour=None,
-                details={"found_by_tag": True, "node": i, "attempt": spec.attempt}))
-        store.add_event(job.id, "instance", detail=f"attempt {spec.attempt}'s {len(ids)} nodes "
-                                                   "found by their tags: " + ", ".join(ids))
+            if exc.code in QUOTA_ERRORS:
+                raise AWSPlacementError(
+                    f"{n} x {spec.instance_type} ({spec.market}) in {region}: {exc.code}: "
+                    f"{exc.aws_message}",
+                    hint=f"{n} nodes need {n} times the vCPU quota of one: ask AWS for "
+                         "more (Service Quotas), or use fewer --nodes") from exc
+            if exc.code and not exc.hint:
+                raise AWSError(f"run_instances of {n} nodes failed in {zone}: {exc.code}: "
+                               f"{exc.aws_message}", code=exc.code) from exc
+            raise
+        ids = _record_cluster(aws, store, job, spec, region, response["Instances"], {
+            "zone": zone, "subnet": subnet, "group": group, "disk": disk, "boot": boot,
+            "attempt": attempt, "efa": efa, "attempts": attempts})
+        if len(ids) != n:  # EC2 honours MinCount; never go on with part of a cluster
+            _give_back(aws, store, region, ids)
+            raise AWSError(f"EC2 started {len(ids)} of the {n} instances asked for")
+        try:
+            _wait_cluster(aws, region, ids, report, only_check=True)
+        except NodeLost as lost:
+            attempts.append(Attempt(zone, subnet, lost.message))
+            _give_back(aws, store, region, ids)
+            placement.delete_placement_groups(aws, region, job.id)  # else the next cleanup's
+            report.phase(f"{zone}: {lost.message}; all {n} released")
+            continue
         return ids
+    tried = "; ".join(f"{a.zone}: {a.error}" for a in attempts)
+    raise AWSPlacementError(
+        f"no capacity for {n} x {spec.instance_type} ({spec.market}) in one AZ of {region}, "
+        f"every AZ tried (nothing is left running): {tried}",
+        hint="try later, fewer --nodes, --on-demand / --spot, or another --region")
+
+
+def _record_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, raws: list[dict],
+                    where: dict) -> list[str]:
+    """The instances one RunInstances started, recorded before any waiting (every path
+    ends them), each with its node rank in launch order; their ids. `where`: the zone,
+    subnet, placement group, disk, bootstrap, attempt, EFA and the AZs tried before."""
+    raws = sorted(raws, key=lambda r: r.get("AmiLaunchIndex", 0))
+    ids = [r["InstanceId"] for r in raws]
+    boot, efa = where["boot"], where["efa"]
+    price = (catalog.get(spec.instance_type).price(region, "on-demand")
+             if catalog.get(spec.instance_type) else None)
+    for i, raw in enumerate(raws):
+        store.add_instance(Instance(
+            id=raw["InstanceId"], job_id=job.id, provider=aws.name, region=region,
+            zone=where["zone"], instance_type=spec.instance_type, market=spec.market,
+            state="requested",
+            launched_at=raw["LaunchTime"].timestamp() if raw.get("LaunchTime")
+            else time.time(), terminated_at=None,
+            price_per_hour=price if spec.market == Market.ON_DEMAND else None,
+            details={"subnet": where["subnet"], "ami": boot["ami"],
+                     "key_name": boot["key_name"], "group": boot["group"],
+                     "disk_gb": where["disk"], "disk_mbps": spec.disk_mbps, "node": i,
+                     "attempt": where["attempt"], "placement_group": where["group"],
+                     "efa_interfaces": efa["used"] if efa else 0,
+                     "attempts": [a.__dict__ for a in where["attempts"]]}))
+    store.add_event(job.id, "instance", detail=f"{spec.nodes} nodes in {where['zone']} "
+                    f"({where['group']}): " + ", ".join(ids))
+    return ids
+
+
+def _give_back(aws: AwsSession, store: Store, region: str, ids: list[str]) -> None:
+    """Terminate a part of a cluster at once (it bills while the next AZ is tried)."""
+    aws.call(region, "terminate_instances", InstanceIds=sorted(ids))
+    for instance in ids:
+        store.update_instance(instance, state="terminated", terminated_at=time.time())
+
+
+def _cluster_describe(aws: AwsSession, region: str, ids: list[str]) -> list[dict]:
+    out = []
+    for res in aws.call(region, "describe_instances", InstanceIds=ids)["Reservations"]:
+        out.extend(res["Instances"])
+    return out
+
+
+def _wait_cluster(aws: AwsSession, region: str, ids: list[str], report: Reporter = SILENT,
+                  only_check: bool = False) -> tuple[list[str], list[str]]:
+    """Until every instance runs: the addresses to connect to and their private ones,
+    in the order of `ids`.
+    One that goes away first raises NodeLost (its reason said); one still pending after
+    instance_wait_seconds is an AWSError. `only_check`: one look, no waiting (right after
+    RunInstances, for a node that is already gone)."""
+    deadline = time.monotonic() + aws.settings.instance_wait_seconds
+    key = "PrivateIpAddress" if aws.settings.connect == "private" else "PublicIpAddress"
+    if not only_check:
+        report.phase(f"{len(ids)} instances requested, waiting for them to run")
+    while True:
+        raws = {r["InstanceId"]: r for r in _cluster_describe(aws, region, ids)}
+        for instance in ids:
+            raw = raws.get(instance) or {}
+            state = (raw.get("State") or {}).get("Name", "unknown")
+            if state in LOST_WHILE_STARTING:
+                reason = (raw.get("StateReason") or {}).get("Message") or state
+                raise NodeLost(f"node {ids.index(instance)} ({instance}) went {state} "
+                               f"before it ran: {reason}")
+        if only_check:
+            return [], []
+        running = [raws[i] for i in ids if raws.get(i, {}).get("State", {}).get("Name")
+                   == "running"]
+        if len(running) == len(ids):
+            missing = [r["InstanceId"] for r in running if not r.get(key)]
+            if missing and aws.settings.connect != "private":
+                raise AWSError(f"{missing[0]} has no public IP address",
+                               hint="set `connect: private` (VPN, peering) or use a subnet "
+                                    "that maps public IPs")
+            if not missing:
+                addresses = [r[key] for r in running]
+                report.phase(f"{len(ids)} instances running: " + ", ".join(addresses))
+                return addresses, [r.get("PrivateIpAddress") or r[key] for r in running]
+        if time.monotonic() > deadline:
+            waiting = [i for i in ids if raws.get(i, {}).get("State", {}).get("Name")
+                       != "running"]
+            raise AWSError(f"{', '.join(waiting)} still not running after "
+                           f"{aws.settings.instance_wait_seconds:.0f} s",
+                           hint=f"aws ec2 describe-instances --region {region} "
+                                f"--instance-ids {' '.join(waiting)}")
+        time.sleep(aws.settings.poll_seconds)
+
+
+def _attempt_nodes(aws: AwsSession, store: Store, job: Job, region: str, spec) -> list[str] | None:
+    """A relaunch whose supervisor was killed after RunInstances: that attempt's live
+    instances, if they are the whole cluster (recorded if the store did not know them);
+    a part of one is terminated, and None returned (a new cluster is requested)."""
+    live = [r for r in instances._query(aws, region, {TAG_JOB: job.id,
+                                                      TAG_ATTEMPT: str(spec.attempt)})
+                      if r["State"]["Name"] in ("pending", "running")]
+    if not live:
+        return None
+    live.sort(key=lambda r: r.get("AmiLaunchIndex", 0))
+    ids = [r["InstanceId"] for r in live]
+    if len(ids) != spec.nodes:
+        aws.call(region, "terminate_instances", InstanceIds=sorted(ids))
+        store.add_event(job.id, "instance", detail=f"{len(ids)} of {spec.nodes} nodes of "
+                        f"attempt {spec.attempt} found by their tags: terminated")
+        return None
+    known = {i.id for i in store.instances(job.id)}
+    for i, raw in enumerate(live):
+        if raw["InstanceId"] in known:
+            continue
+        spot = raw.get("InstanceLifecycle") == "spot"
+        store.add_instance(Instance(
+            id=raw["InstanceId"], job_id=job.id, provider=aws.name, region=region,
+            zone=raw.get("Placement", {}).get("AvailabilityZone"),
+            instance_type=raw.get("InstanceType"), market=Market.SPOT if spot else Market.ON_DEMAND,
+            state="requested", launched_at=raw["LaunchTime"].timestamp(),
+            terminated_at=None, price_per_hour=None,
+            details={"found_by_tag": True, "node": i, "attempt": spec.attempt}))
+    store.add_event(job.id, "instance", detail=f"attempt {spec.attempt}'s {len(ids)} nodes "
+                                               "found by their tags: " + ", ".join(ids))
+    return ids
 

@@ -40,7 +40,9 @@ from ...datasets import Staged
 from ...datasources import parse_s3_url
 from ...host import shards
 from ...errors import CloudtrainError, NotFound
+from . import volumes
 from .errors import AWSError, _code, aws_errors
+from .session import AwsSession
 
 MANIFEST = "manifest.json"
 PART_BYTES = 64 << 20
@@ -397,63 +399,61 @@ def presign(s3, bucket: str, object_key: str, seconds: int = PRESIGN_SECONDS) ->
                                      ExpiresIn=seconds)
 
 
-class DatasetsMixin:
-    """AWSProvider's datasets (needs self.session, self.region, self.settings, and
-    snapshot_size from volumes.py). Credentials and profile are the provider's (config.yaml's
-    `aws_profile:`, then the AWS chain); AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL points the
-    client elsewhere (moto in the tests), as for the job store."""
+def _dataset_client(aws: AwsSession, region: str | None, workers: int = 8):
+    """(S3 client, its region, the endpoint it talks to: None for AWS itself)."""
+    region = region or aws.region()  # the same chain as every command's
+    session = aws.session(region)
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return client(session, region, endpoint, workers * PART_THREADS), region, endpoint
 
-    def _dataset_client(self, region: str | None, workers: int = 8):
-        """(S3 client, its region, the endpoint it talks to: None for AWS itself)."""
-        region = region or self.region()  # the same chain as every command's
-        session = self.session(region)
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        return client(session, region, endpoint, workers * PART_THREADS), region, endpoint
 
-    def push_dataset(self, root: Path, bucket: str, prefix: str, *, shard_mb: int = 256,
-                     workers: int = 8, region: str | None = None, progress=None) -> PushReport:
-        """`cloudtrain data push` (its arguments checked: datasets.check_push): the tree at
-        `root` as shards under s3://bucket/prefix (resumable: run it again after an
-        interruption, it uploads only the shards not already stored)."""
-        s3, region, _ = self._dataset_client(region, workers)
-        with aws_errors(region, "s3"):
-            return push(s3, root, bucket, prefix, shard_bytes=shard_mb << 20,
-                        workers=workers, progress=progress, region=region)
+def push_dataset(aws: AwsSession, root: Path, bucket: str, prefix: str, *, shard_mb: int = 256,
+                 workers: int = 8, region: str | None = None, progress=None) -> PushReport:
+    """`cloudtrain data push` (its arguments checked: datasets.check_push): the tree at
+    `root` as shards under s3://bucket/prefix (resumable: run it again after an
+    interruption, it uploads only the shards not already stored)."""
+    s3, region, _ = _dataset_client(aws, region, workers)
+    with aws_errors(region, "s3"):
+        return push(s3, root, bucket, prefix, shard_bytes=shard_mb << 20,
+                    workers=workers, progress=progress, region=region)
 
-    def read_dataset(self, spec, source: dict) -> Staged:
-        """What one of the job's datasets holds, read before launch (datasets.preflight): an
-        S3 prefix with the user's credentials, from the bucket's own region; a snapshot's
-        size."""
-        if source["kind"] == "snapshot":
-            return Staged(source, None, snapshot_gb=self.snapshot_size(spec, source["location"]))
-        bucket, prefix = parse_s3_url(source["location"])
-        region = spec.region if spec.backend == "aws" and spec.region else None
-        s3, region, endpoint = self._dataset_client(region)
-        with aws_errors(region, "s3"):
-            where = _bucket_region(s3, bucket) or region
-            if where != region:
-                s3, _, endpoint = self._dataset_client(where)
-            found = contents(s3, bucket, prefix)
-        return Staged(source, found, where, temporary=self.temporary_credentials(),
-                      entry=lambda role: _stager_entry(s3, endpoint, bucket, prefix, where,
-                                                       found, role))
 
-    def dataset_size(self, location: str) -> dict:
-        """`data ls --check`: what the S3 prefix at `location` holds now."""
-        bucket, prefix = parse_s3_url(location)
-        s3, region, _ = self._dataset_client(None)
-        with aws_errors(region, "s3"):
-            c = contents(s3, bucket, prefix)
-        return {"kind": c.kind, "files": c.files, "bytes": c.bytes, "file_bytes": c.file_bytes}
+def read_dataset(aws: AwsSession, spec, source: dict) -> Staged:
+    """What one of the job's datasets holds, read before launch (datasets.preflight): an
+    S3 prefix with the user's credentials, from the bucket's own region; a snapshot's
+    size."""
+    if source["kind"] == "snapshot":
+        return Staged(source, None, snapshot_gb=volumes.snapshot_size(aws, spec, source["location"]))
+    bucket, prefix = parse_s3_url(source["location"])
+    region = spec.region if spec.backend == "aws" and spec.region else None
+    s3, region, endpoint = _dataset_client(aws, region)
+    with aws_errors(region, "s3"):
+        where = _bucket_region(s3, bucket) or region
+        if where != region:
+            s3, _, endpoint = _dataset_client(aws, where)
+        found = contents(s3, bucket, prefix)
+    return Staged(source, found, where, temporary=temporary_credentials(aws),
+                  entry=lambda role: _stager_entry(s3, endpoint, bucket, prefix, where,
+                                                   found, role))
 
-    def temporary_credentials(self) -> bool:
-        """Whether the user's AWS credentials are a temporary session's (SSO, an assumed
-        role): links signed with them die with the session."""
-        try:
-            creds = self.session(None).get_credentials()
-            return bool(creds is not None and creds.get_frozen_credentials().token)
-        except Exception:  # no credentials, no profile: nothing to warn of
-            return False
+
+def dataset_size(aws: AwsSession, location: str) -> dict:
+    """`data ls --check`: what the S3 prefix at `location` holds now."""
+    bucket, prefix = parse_s3_url(location)
+    s3, region, _ = _dataset_client(aws, None)
+    with aws_errors(region, "s3"):
+        c = contents(s3, bucket, prefix)
+    return {"kind": c.kind, "files": c.files, "bytes": c.bytes, "file_bytes": c.file_bytes}
+
+
+def temporary_credentials(aws: AwsSession) -> bool:
+    """Whether the user's AWS credentials are a temporary session's (SSO, an assumed
+    role): links signed with them die with the session."""
+    try:
+        creds = aws.session(None).get_credentials()
+        return bool(creds is not None and creds.get_frozen_credentials().token)
+    except Exception:  # no credentials, no profile: nothing to warn of
+        return False
 
 
 def _bucket_region(s3, bucket: str) -> str | None:

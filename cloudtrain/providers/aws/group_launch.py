@@ -36,11 +36,12 @@ from ...hosts import HOST_PACKAGE, host_files
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store
-from . import jobstore, jobstore_attempts
-from .cluster import EFA_INTERFACES
+from . import boot as booting, groups, host_setup, instances, jobstore, jobstore_attempts, results
+from .placement import EFA_INTERFACES
 from .errors import AWSError, aws_errors
 from .groups import INSTANCE_ID, ZONE, group_name
 from .jobstore_attempts import small_json
+from .session import AwsSession
 
 # The host modules of the boot loader (what it imports, and itself), written into the user-data
 # as the host package has them (hosts.host_files).
@@ -113,279 +114,288 @@ def instance_home(user: str) -> str:
     return "/root" if user == "root" else f"/home/{user}"
 
 
-class GroupLaunchMixin:
-    """AWSProvider's launch through an Auto Scaling group (needs GroupsMixin, the job store of
-    ResultsStoreMixin, InstancesMixin's user_data and the call/bootstrap of the provider)."""
+def group_recovery(aws: AwsSession, spec) -> str | None:
+    """None where AWS Auto Scaling relaunches this job; else why the supervisor on this
+    machine does, or what would let AWS do it (said in the plan)."""
+    if not getattr(spec, "recover", False) or spec.market != Market.SPOT:
+        return "not a recovering spot job"
+    if spec.nodes > 1 and EFA_INTERFACES.get(spec.instance_type):
+        return (f"AWS Auto Scaling cannot: {spec.instance_type} has EFA, and the group's "
+                "launch template does not give its instances EFA interfaces yet")
+    if spec.fallback == Market.ON_DEMAND or aws.settings.regions:
+        return ("AWS Auto Scaling cannot follow --fallback on-demand or more regions "
+                "(regions: in config.yaml): it relaunches in the job's region and market "
+                "only")
+    if not aws.settings.instance_profile:
+        return ("set `instance_profile:` in config.yaml to let AWS Auto Scaling do it (the "
+                "role a replacement instance reads the job's bundle with: infra/README.md)")
+    if not aws.settings.job_store:
+        return ("AWS Auto Scaling cannot with job_store: false: a replacement starts the "
+                "job from the job store")
+    return None
 
-    def group_recovery(self, spec) -> str | None:
-        """None where AWS Auto Scaling relaunches this job; else why the supervisor on this
-        machine does, or what would let AWS do it (said in the plan)."""
-        if not getattr(spec, "recover", False) or spec.market != Market.SPOT:
-            return "not a recovering spot job"
-        if spec.nodes > 1 and EFA_INTERFACES.get(spec.instance_type):
-            return (f"AWS Auto Scaling cannot: {spec.instance_type} has EFA, and the group's "
-                    "launch template does not give its instances EFA interfaces yet")
-        if spec.fallback == Market.ON_DEMAND or self.settings.regions:
-            return ("AWS Auto Scaling cannot follow --fallback on-demand or more regions "
-                    "(regions: in config.yaml): it relaunches in the job's region and market "
-                    "only")
-        if not self.settings.instance_profile:
-            return ("set `instance_profile:` in config.yaml to let AWS Auto Scaling do it (the "
-                    "role a replacement instance reads the job's bundle with: infra/README.md)")
-        if not self.settings.job_store:
-            return ("AWS Auto Scaling cannot with job_store: false: a replacement starts the "
-                    "job from the job store")
+
+def group_jobdir(aws: AwsSession, job: Job) -> str:
+    """The job directory on every instance of its group."""
+    root = aws.settings.remote_root
+    home = instance_home(aws.settings.ssh_user)
+    root = home + root[1:] if root.startswith("~") else root
+    return f"{root}/jobs/{job.id}"
+
+
+def check_group_jobdir(aws: AwsSession, job: Job, host, instance: str, home: str | None = None
+                       ) -> None:
+    """The job directory over SSH is the one every instance of the group starts it in."""
+    if host_setup.jobdir(aws, job.id, host) != group_jobdir(aws, job):
+        raise AWSError(f"{instance}'s home is {home or host.home()}, not "
+                       f"{group_jobdir(aws, job)}'s: a replacement instance would not "
+                       "find the job's files",
+                       hint="set ssh_user in config.yaml to the AMI's user")
+
+
+def _store_place(aws: AwsSession, store: Store, job: Job, spec) -> tuple[str, str, str]:
+    """(region, bucket, job prefix) of the job's job store, made ready."""
+    region = getattr(spec, "store_region", None) or spec.region or aws.region_of(job)
+    _, bucket, _ = results._job_store(aws, region)
+    owner_key = results._store_owner(aws, store, job, record=True, region=region)
+    ready = ("job-store-ready", region, owner_key)  # one check a launch, not one a call
+    if ready not in aws.clients:
+        results.ensure_job_store(aws, region, owner_key)
+        aws.clients[ready] = True
+    return region, bucket, jobstore.job_prefix(job.id, owner_key=owner_key)
+
+
+def _store_put(aws: AwsSession, store: Store, job: Job, region: str, name: str, data: bytes) -> None:
+    """One object under the job's prefix (jobstore.put: encrypted, the bucket's owner
+    checked)."""
+    s3, bucket, account = results._job_store(aws, region)
+    with aws_errors(region, "s3"):
+        jobstore.put(s3, bucket, job.id, name, data, expected_owner=account or None,
+                     owner_key=results._store_owner(aws, store, job))
+
+
+def acquire_from_group(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SILENT
+                       ) -> list[str]:
+    """The boot files to the job store, the group (groups.create_job_group) with the
+    user-data that starts the job on any instance, and the group's first instances (one
+    per node), recorded as the job's (from here on every failure path deletes the
+    group)."""
+    import gzip
+
+    region = aws.region(spec)
+    store_region, bucket, prefix = _store_place(aws, store, job, spec)
+    data, digest = boot_tar()
+    _store_put(aws, store, job, store_region, BOOT_TAR, data)
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    where = ["--region", store_region] + (["--endpoint", endpoint] if endpoint else [])
+    loader = ["--bucket", bucket, "--key", prefix + BOOT_TAR, "--sha256", digest, *where,
+              "--imds", aws.settings.imds_url]
+    boot = ["--bucket", bucket, "--prefix", prefix, "--jobdir", group_jobdir(aws, job),
+            *where, "--imds", aws.settings.imds_url, "--wait-s", str(BUNDLE_WAIT_S),
+            "--group", group_name(job.id), "--max-restarts", str(spec.max_restarts)]
+    script = boot_script(loader, boot, aws.settings.ssh_user)
+    user_data = gzip.compress(instances.user_data(aws, job, spec, script).encode(), 9, mtime=0)
+    if len(user_data) > USER_DATA_MAX:
+        raise AWSError(f"the job's user-data is {len(user_data)} bytes gzipped, more than "
+                       f"EC2's {USER_DATA_MAX}")
+    report.phase(f"creating the job's Auto Scaling group in {region}")
+    name = groups.create_job_group(aws, store, job, spec, user_data)
+    store.update_job(job.id, spec={**store.job(job.id).spec, "auto_scaling_group": name})
+    report.phase("waiting for AWS Auto Scaling to launch the instance"
+                 + (f"s of {spec.nodes} nodes" if spec.nodes > 1 else ""))
+    return _group_instances(aws, store, job, spec, region, name)
+
+
+def acquire_from_group_or_say(aws: AwsSession, store: Store, job: Job, spec,
+                              report: Reporter = SILENT) -> list[str] | None:
+    """acquire_from_group; None where AWS refuses it for want of permissions (the
+    Auto Scaling policy, infra/iam-policy-autoscaling.json, is not attached): the job is
+    then launched as any other and the supervisor here relaunches it, said as a WARNING
+    (nothing of the group is left: create_job_group deletes what it made)."""
+    try:
+        return acquire_from_group(aws, store, job, spec, report)
+    except AWSError as exc:
+        if not exc.denied:
+            raise
+        note = (f"WARNING: AWS refused the job's Auto Scaling group ({exc.message}): the "
+                "supervisor on this machine relaunches it instead, only while this machine "
+                "is on (infra/iam-policy-autoscaling.json lets AWS do it)")
+        store.add_event(job.id, "recovery", detail=note)
+        report.note(note)
         return None
 
-    def group_jobdir(self, job: Job) -> str:
-        """The job directory on every instance of its group."""
-        root = self.settings.remote_root
-        home = instance_home(self.settings.ssh_user)
-        root = home + root[1:] if root.startswith("~") else root
-        return f"{root}/jobs/{job.id}"
 
-    def check_group_jobdir(self, job: Job, host, instance: str, home: str | None = None
-                           ) -> None:
-        """The job directory over SSH is the one every instance of the group starts it in."""
-        if self.jobdir(job.id, host) != self.group_jobdir(job):
-            raise AWSError(f"{instance}'s home is {home or host.home()}, not "
-                           f"{self.group_jobdir(job)}'s: a replacement instance would not "
-                           "find the job's files",
-                           hint="set ssh_user in config.yaml to the AMI's user")
+def _group_instances(aws: AwsSession, store: Store, job: Job, spec, region: str, name: str
+                     ) -> list[str]:
+    """The group's first instances, one per node (in instance-id order: node 0 first),
+    recorded (the job's instances from now on)."""
+    deadline = time.monotonic() + GROUP_START_WAIT_S
+    while True:
+        _, ids = groups.group_members(aws, region, name)
+        if len(ids) >= spec.nodes:
+            break
+        if time.monotonic() >= deadline:
+            raise AWSError(f"the Auto Scaling group {name} launched {len(ids)} of "
+                           f"{spec.nodes} instances in {GROUP_START_WAIT_S:.0f} s",
+                           hint=f"cloudtrain down {job.id}")
+        time.sleep(aws.settings.poll_seconds)
+    ids = sorted(ids)[:spec.nodes]
+    raw = aws.call(region, "describe_instances", InstanceIds=ids)
+    found = {i["InstanceId"]: i for r in raw["Reservations"] for i in r["Instances"]}
+    for node, instance_id in enumerate(ids):
+        inst = found.get(instance_id) or {}
+        zone = inst.get("Placement", {}).get("AvailabilityZone")
+        launched = inst.get("LaunchTime")
+        store.add_instance(Instance(
+            id=instance_id, job_id=job.id, provider=aws.name, region=region, zone=zone,
+            instance_type=spec.instance_type, market=spec.market, state="requested",
+            launched_at=launched.timestamp() if launched else time.time(),
+            terminated_at=None, price_per_hour=None,
+            details={"subnet": inst.get("SubnetId"), "ami": inst.get("ImageId"),
+                     "key_name": inst.get("KeyName"), "auto_scaling_group": name,
+                     "disk_gb": spec.root_gb(aws.settings), "disk_mbps": spec.disk_mbps,
+                     **({"node": node} if spec.nodes > 1 else {})}))
+        store.add_event(job.id, "instance", detail=f"{instance_id} in {zone} "
+                        f"(Auto Scaling group {name}" +
+                        (f", node {node})" if spec.nodes > 1 else ")"))
+    return ids
 
-    def _store_place(self, store: Store, job: Job, spec) -> tuple[str, str, str]:
-        """(region, bucket, job prefix) of the job's job store, made ready."""
-        region = getattr(spec, "store_region", None) or spec.region or self.region_of(job)
-        _, bucket, _ = self._job_store(region)
-        owner_key = self._store_owner(store, job, record=True, region=region)
-        ready = ("job-store-ready", region, owner_key)  # one check a launch, not one a call
-        if ready not in self._clients:
-            self.ensure_job_store(region, owner_key)
-            self._clients[ready] = True
-        return region, bucket, jobstore.job_prefix(job.id, owner_key=owner_key)
 
-    def _store_put(self, store: Store, job: Job, region: str, name: str, data: bytes) -> None:
-        """One object under the job's prefix (jobstore.put: encrypted, the bucket's owner
-        checked)."""
-        s3, bucket, account = self._job_store(region)
-        with aws_errors(region, "s3"):
-            jobstore.put(s3, bucket, job.id, name, data, expected_owner=account or None,
-                         owner_key=self._store_owner(store, job))
+def group_settings(aws: AwsSession, store: Store, job: Job, spec) -> dict:
+    """job.json's "auto_scaling" for a job of a group (the agent ends its group with the
+    job; bootstrap.py counts the restarts): {} for any other job."""
+    if group_recovery(aws, spec) is not None \
+            or not (store.job(job.id).spec or {}).get("auto_scaling_group"):
+        return {}  # not run by a group (or AWS refused to make one)
+    store_region, bucket, prefix = _store_place(aws, store, job, spec)
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    return {"auto_scaling": {"group": group_name(job.id), "region": aws.region(spec),
+                             "endpoint": endpoint, "max_restarts": spec.max_restarts,
+                             "prefix": prefix, "bucket": bucket,
+                             "store_region": store_region, "nodes": spec.nodes}}
 
-    def acquire_from_group(self, store: Store, job: Job, spec, report: Reporter = SILENT
-                           ) -> list[str]:
-        """The boot files to the job store, the group (groups.create_job_group) with the
-        user-data that starts the job on any instance, and the group's first instances (one
-        per node), recorded as the job's (from here on every failure path deletes the
-        group)."""
-        import gzip
 
-        region = self.region(spec)
-        store_region, bucket, prefix = self._store_place(store, job, spec)
-        data, digest = boot_tar()
-        self._store_put(store, job, store_region, BOOT_TAR, data)
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        where = ["--region", store_region] + (["--endpoint", endpoint] if endpoint else [])
-        loader = ["--bucket", bucket, "--key", prefix + BOOT_TAR, "--sha256", digest, *where,
-                  "--imds", self.settings.imds_url]
-        boot = ["--bucket", bucket, "--prefix", prefix, "--jobdir", self.group_jobdir(job),
-                *where, "--imds", self.settings.imds_url, "--wait-s", str(BUNDLE_WAIT_S),
-                "--group", group_name(job.id), "--max-restarts", str(spec.max_restarts)]
-        script = boot_script(loader, boot, self.settings.ssh_user)
-        user_data = gzip.compress(self.user_data(job, spec, script).encode(), 9, mtime=0)
-        if len(user_data) > USER_DATA_MAX:
-            raise AWSError(f"the job's user-data is {len(user_data)} bytes gzipped, more than "
-                           f"EC2's {USER_DATA_MAX}")
-        report.phase(f"creating the job's Auto Scaling group in {region}")
-        name = self.create_job_group(store, job, spec, user_data)
-        store.update_job(job.id, spec={**store.job(job.id).spec, "auto_scaling_group": name})
-        report.phase("waiting for AWS Auto Scaling to launch the instance"
-                     + (f"s of {spec.nodes} nodes" if spec.nodes > 1 else ""))
-        return self._group_instances(store, job, spec, region, name)
+def record_attempt(aws: AwsSession, store: Store, job: Job, spec, n: int, instance_id: str) -> None:
+    """attempts/<n>.json in the job store: the attempt that this machine started (a
+    replacement's is written by its bootstrap.py), so that counting starts at 1."""
+    store_region, _, _ = _store_place(aws, store, job, spec)
+    inst = next((i for i in store.instances(job.id) if i.id == instance_id), None)
+    doc = {"attempt": n, "instance": instance_id, "zone": inst and inst.zone,
+           "type": spec.instance_type, "lifecycle": "spot", "started_at": time.time(),
+           "by": "launch"}
+    _store_put(aws, store, job, store_region, f"{ATTEMPTS}{n}.json",
+                    json.dumps(doc).encode())
 
-    def acquire_from_group_or_say(self, store: Store, job: Job, spec,
-                                  report: Reporter = SILENT) -> list[str] | None:
-        """acquire_from_group; None where AWS refuses it for want of permissions (the
-        Auto Scaling policy, infra/iam-policy-autoscaling.json, is not attached): the job is
-        then launched as any other and the supervisor here relaunches it, said as a WARNING
-        (nothing of the group is left: create_job_group deletes what it made)."""
-        try:
-            return self.acquire_from_group(store, job, spec, report)
-        except AWSError as exc:
-            if not exc.denied:
-                raise
-            note = (f"WARNING: AWS refused the job's Auto Scaling group ({exc.message}): the "
-                    "supervisor on this machine relaunches it instead, only while this machine "
-                    "is on (infra/iam-policy-autoscaling.json lets AWS do it)")
-            store.add_event(job.id, "recovery", detail=note)
-            report.note(note)
-            return None
 
-    def _group_instances(self, store: Store, job: Job, spec, region: str, name: str
-                         ) -> list[str]:
-        """The group's first instances, one per node (in instance-id order: node 0 first),
-        recorded (the job's instances from now on)."""
-        deadline = time.monotonic() + GROUP_START_WAIT_S
-        while True:
-            _, ids = self.group_members(region, name)
-            if len(ids) >= spec.nodes:
+def group_record(aws: AwsSession, store: Store, job: Job) -> dict:
+    """What the job's instances wrote to the job store while nobody here watched: each
+    attempt (attempts/<n>.json: instance, AZ, type, start, where it resumed), how far
+    each got (jobstore_attempts.reached) and the job's end (final.json), checked as
+    untrusted input: {"attempts": [doc, ...] by n, "reached": {n: step}, "final": doc
+    or None, "group": its size (_group_size)}."""
+    spec = job.spec or {}
+    region = spec.get("store_region") or spec.get("region") or aws.region_of(job)
+    s3, bucket, account = results._job_store(aws, region)
+    prefix = jobstore.job_prefix(job.id, owner_key=results._store_owner(aws, store, job))
+    owner = account or None
+    out: dict = {"attempts": [], "final": None}
+    with aws_errors(region, "s3"):
+        keys = jobstore_attempts.attempt_keys(s3, bucket, prefix, owner)
+        for key, size in sorted(keys.items()):
+            if not jobstore_attempts.is_attempt_key(prefix, key):
+                continue  # a progress record, a node's record of a regroup
+            attempt = check_attempt(small_json(s3, bucket, key, size, owner))
+            if attempt is not None and key == f"{prefix}{ATTEMPTS}{attempt['attempt']}.json":
+                out["attempts"].append(attempt)
+            if len(out["attempts"]) >= MAX_ATTEMPTS:
                 break
-            if time.monotonic() >= deadline:
-                raise AWSError(f"the Auto Scaling group {name} launched {len(ids)} of "
-                               f"{spec.nodes} instances in {GROUP_START_WAIT_S:.0f} s",
-                               hint=f"cloudtrain down {job.id}")
-            time.sleep(self.settings.poll_seconds)
-        ids = sorted(ids)[:spec.nodes]
-        raw = self.call(region, "describe_instances", InstanceIds=ids)
-        found = {i["InstanceId"]: i for r in raw["Reservations"] for i in r["Instances"]}
-        for node, instance_id in enumerate(ids):
-            inst = found.get(instance_id) or {}
-            zone = inst.get("Placement", {}).get("AvailabilityZone")
-            launched = inst.get("LaunchTime")
-            store.add_instance(Instance(
-                id=instance_id, job_id=job.id, provider=self.name, region=region, zone=zone,
-                instance_type=spec.instance_type, market=spec.market, state="requested",
-                launched_at=launched.timestamp() if launched else time.time(),
-                terminated_at=None, price_per_hour=None,
-                details={"subnet": inst.get("SubnetId"), "ami": inst.get("ImageId"),
-                         "key_name": inst.get("KeyName"), "auto_scaling_group": name,
-                         "disk_gb": spec.root_gb(self.settings), "disk_mbps": spec.disk_mbps,
-                         **({"node": node} if spec.nodes > 1 else {})}))
-            store.add_event(job.id, "instance", detail=f"{instance_id} in {zone} "
-                            f"(Auto Scaling group {name}" +
-                            (f", node {node})" if spec.nodes > 1 else ")"))
-        return ids
+        out["attempts"].sort(key=lambda a: a["attempt"])
+        out["reached"] = jobstore_attempts.reached(s3, bucket, prefix, keys, owner,
+                                                   out["attempts"])
+        final = dict(jobstore.list_keys(s3, bucket, prefix + FINAL, owner))
+        if prefix + FINAL in final:
+            out["final"] = check_final(small_json(s3, bucket, prefix + FINAL,
+                                                  final[prefix + FINAL], owner))
+    out["group"] = _group_size(aws, job)
+    return out
 
-    def group_settings(self, store: Store, job: Job, spec) -> dict:
-        """job.json's "auto_scaling" for a job of a group (the agent ends its group with the
-        job; bootstrap.py counts the restarts): {} for any other job."""
-        if self.group_recovery(spec) is not None \
-                or not (store.job(job.id).spec or {}).get("auto_scaling_group"):
-            return {}  # not run by a group (or AWS refused to make one)
-        store_region, bucket, prefix = self._store_place(store, job, spec)
-        endpoint = os.environ.get("AWS_ENDPOINT_URL")
-        return {"auto_scaling": {"group": group_name(job.id), "region": self.region(spec),
-                                 "endpoint": endpoint, "max_restarts": spec.max_restarts,
-                                 "prefix": prefix, "bucket": bucket,
-                                 "store_region": store_region, "nodes": spec.nodes}}
 
-    def record_attempt(self, store: Store, job: Job, spec, n: int, instance_id: str) -> None:
-        """attempts/<n>.json in the job store: the attempt that this machine started (a
-        replacement's is written by its bootstrap.py), so that counting starts at 1."""
-        store_region, _, _ = self._store_place(store, job, spec)
-        inst = next((i for i in store.instances(job.id) if i.id == instance_id), None)
-        doc = {"attempt": n, "instance": instance_id, "zone": inst and inst.zone,
-               "type": spec.instance_type, "lifecycle": "spot", "started_at": time.time(),
-               "by": "launch"}
-        self._store_put(store, job, store_region, f"{ATTEMPTS}{n}.json",
-                        json.dumps(doc).encode())
+def follow_replacement(aws: AwsSession, store: Store, job: Job, instance_id: str) -> dict:
+    """The job's host record for the instance AWS Auto Scaling put in place of its own:
+    its address, and its host key checked against its console output as at launch
+    (boot.py; refused on a mismatch). The job's other settings (user, key, python, tmux
+    socket) are the first instance's: the same launch template."""
+    region = aws.region_of(job)
+    info = dict(job.host or {})
+    address = booting._wait_running(aws, region, instance_id)
+    endpoint = Endpoint(address, info.get("port", aws.settings.ssh_port),
+                        info.get("user", aws.settings.ssh_user), info.get("key_path"))
+    host = booting._wait_ssh(aws, region, instance_id, endpoint)
+    try:
+        verified = booting._check_host_key(aws, store, job, region, instance_id, host,
+                                           (job.spec or {}).get("instance_type"))
+    finally:
+        host.close()
+    store.update_instance(instance_id, details=json.dumps(
+        {**instances._details(store, instance_id), "address": address,
+         "host_key": endpoint.host_key, "host_key_verified": verified}))
+    return {**info, "host": address, "host_key": endpoint.host_key}
 
-    def group_record(self, store: Store, job: Job) -> dict:
-        """What the job's instances wrote to the job store while nobody here watched: each
-        attempt (attempts/<n>.json: instance, AZ, type, start, where it resumed), how far
-        each got (jobstore_attempts.reached) and the job's end (final.json), checked as
-        untrusted input: {"attempts": [doc, ...] by n, "reached": {n: step}, "final": doc
-        or None, "group": its size (_group_size)}."""
-        spec = job.spec or {}
-        region = spec.get("store_region") or spec.get("region") or self.region_of(job)
-        s3, bucket, account = self._job_store(region)
-        prefix = jobstore.job_prefix(job.id, owner_key=self._store_owner(store, job))
-        owner = account or None
-        out: dict = {"attempts": [], "final": None}
-        with aws_errors(region, "s3"):
-            keys = jobstore_attempts.attempt_keys(s3, bucket, prefix, owner)
-            for key, size in sorted(keys.items()):
-                if not jobstore_attempts.is_attempt_key(prefix, key):
-                    continue  # a progress record, a node's record of a regroup
-                attempt = check_attempt(small_json(s3, bucket, key, size, owner))
-                if attempt is not None and key == f"{prefix}{ATTEMPTS}{attempt['attempt']}.json":
-                    out["attempts"].append(attempt)
-                if len(out["attempts"]) >= MAX_ATTEMPTS:
-                    break
-            out["attempts"].sort(key=lambda a: a["attempt"])
-            out["reached"] = jobstore_attempts.reached(s3, bucket, prefix, keys, owner,
-                                                       out["attempts"])
-            final = dict(jobstore.list_keys(s3, bucket, prefix + FINAL, owner))
-            if prefix + FINAL in final:
-                out["final"] = check_final(small_json(s3, bucket, prefix + FINAL,
-                                                      final[prefix + FINAL], owner))
-        out["group"] = self._group_size(job)
-        return out
 
-    def follow_replacement(self, store: Store, job: Job, instance_id: str) -> dict:
-        """The job's host record for the instance AWS Auto Scaling put in place of its own:
-        its address, and its host key checked against its console output as at launch
-        (boot.py; refused on a mismatch). The job's other settings (user, key, python, tmux
-        socket) are the first instance's: the same launch template."""
-        region = self.region_of(job)
-        info = dict(job.host or {})
-        address = self._wait_running(region, instance_id)
-        endpoint = Endpoint(address, info.get("port", self.settings.ssh_port),
-                            info.get("user", self.settings.ssh_user), info.get("key_path"))
-        host = self._wait_ssh(region, instance_id, endpoint)
-        try:
-            verified = self._check_host_key(store, job, region, instance_id, host,
-                                            (job.spec or {}).get("instance_type"))
-        finally:
-            host.close()
-        store.update_instance(instance_id, details=json.dumps(
-            {**self._details(store, instance_id), "address": address,
-             "host_key": endpoint.host_key, "host_key_verified": verified}))
-        return {**info, "host": address, "host_key": endpoint.host_key}
+def follow_nodes(aws: AwsSession, store: Store, job: Job) -> dict | None:
+    """A job on several nodes of its group, after AWS replaced one: its host record for
+    the nodes of the newest attempt once they have met (attempts/<n>/<instance>.json,
+    each record checked and ranked as the nodes rank them, host/regroup.py), a node now
+    on another instance reached at that instance's address with its host key checked
+    against its console (follow_replacement). None until all of them have met."""
+    from ...host import regroup
 
-    def follow_nodes(self, store: Store, job: Job) -> dict | None:
-        """A job on several nodes of its group, after AWS replaced one: its host record for
-        the nodes of the newest attempt once they have met (attempts/<n>/<instance>.json,
-        each record checked and ranked as the nodes rank them, host/regroup.py), a node now
-        on another instance reached at that instance's address with its host key checked
-        against its console (follow_replacement). None until all of them have met."""
-        from ...host import regroup
+    spec = job.spec or {}
+    recs = [dict(r) for r in (job.host or {}).get("nodes") or []]
+    record = group_record(aws, store, job)
+    if not recs or not record["attempts"]:
+        return None
+    n = record["attempts"][-1]["attempt"]
+    region = spec.get("store_region") or spec.get("region") or aws.region_of(job)
+    s3, bucket, account = results._job_store(aws, region)
+    prefix = jobstore.job_prefix(job.id, owner_key=results._store_owner(aws, store, job))
+    found = []
+    with aws_errors(region, "s3"):
+        listed = dict(jobstore.list_keys(s3, bucket, f"{prefix}{ATTEMPTS}{n}/",
+                                         account or None))
+        for key, size in sorted(listed.items())[:MAX_ATTEMPTS]:
+            name = regroup.MEMBER.fullmatch(key[len(f"{prefix}{ATTEMPTS}{n}/"):])
+            doc = regroup.check_member(small_json(s3, bucket, key, size, account or None),
+                                       len(recs)) if name else None
+            if doc is not None and doc["instance"] == name.group(1):
+                found.append(doc)
+    ranks = regroup.ranked(found, len(recs))
+    if ranks is None:
+        return None
+    for m in ranks:
+        rec = recs[m["rank"]]
+        if rec.get("instance") == m["instance"]:
+            continue
+        moved = follow_replacement(aws, store, job, m["instance"])
+        store.update_instance(m["instance"], details=json.dumps(
+            {**instances._details(store, m["instance"]), "node": m["rank"]}))
+        rec.update(host=moved["host"], host_key=moved["host_key"], instance=m["instance"],
+                   address=m["address"], iface=m["iface"])
+    return {**(job.host or {}), "host": recs[0]["host"], "host_key": recs[0].get("host_key"),
+            "nodes": recs}
 
-        spec = job.spec or {}
-        recs = [dict(r) for r in (job.host or {}).get("nodes") or []]
-        record = self.group_record(store, job)
-        if not recs or not record["attempts"]:
-            return None
-        n = record["attempts"][-1]["attempt"]
-        region = spec.get("store_region") or spec.get("region") or self.region_of(job)
-        s3, bucket, account = self._job_store(region)
-        prefix = jobstore.job_prefix(job.id, owner_key=self._store_owner(store, job))
-        found = []
-        with aws_errors(region, "s3"):
-            listed = dict(jobstore.list_keys(s3, bucket, f"{prefix}{ATTEMPTS}{n}/",
-                                             account or None))
-            for key, size in sorted(listed.items())[:MAX_ATTEMPTS]:
-                name = regroup.MEMBER.fullmatch(key[len(f"{prefix}{ATTEMPTS}{n}/"):])
-                doc = regroup.check_member(small_json(s3, bucket, key, size, account or None),
-                                           len(recs)) if name else None
-                if doc is not None and doc["instance"] == name.group(1):
-                    found.append(doc)
-        ranks = regroup.ranked(found, len(recs))
-        if ranks is None:
-            return None
-        for m in ranks:
-            rec = recs[m["rank"]]
-            if rec.get("instance") == m["instance"]:
-                continue
-            moved = self.follow_replacement(store, job, m["instance"])
-            store.update_instance(m["instance"], details=json.dumps(
-                {**self._details(store, m["instance"]), "node": m["rank"]}))
-            rec.update(host=moved["host"], host_key=moved["host_key"], instance=m["instance"],
-                       address=m["address"], iface=m["iface"])
-        return {**(job.host or {}), "host": recs[0]["host"], "host_key": recs[0].get("host_key"),
-                "nodes": recs}
 
-    def _group_size(self, job: Job) -> dict | None:
-        """{"desired": n} of the job's group, {"gone": True} where there is none, None where
-        Auto Scaling cannot be asked (the CLI policy alone)."""
-        name = (job.spec or {}).get("auto_scaling_group")
-        if not name:
-            return None
-        try:
-            found, _ = self.group_members(self.region_of(job), name)
-        except AWSError:
-            return None
-        return {"desired": int(found[0].get("DesiredCapacity") or 0)} if found else {"gone": True}
+def _group_size(aws: AwsSession, job: Job) -> dict | None:
+    """{"desired": n} of the job's group, {"gone": True} where there is none, None where
+    Auto Scaling cannot be asked (the CLI policy alone)."""
+    name = (job.spec or {}).get("auto_scaling_group")
+    if not name:
+        return None
+    try:
+        found, _ = groups.group_members(aws, aws.region_of(job), name)
+    except AWSError:
+        return None
+    return {"desired": int(found[0].get("DesiredCapacity") or 0)} if found else {"gone": True}
 
 
 ATTEMPTS, FINAL = auto_scaling.ATTEMPTS, auto_scaling.FINAL

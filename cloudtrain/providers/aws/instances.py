@@ -14,9 +14,12 @@ from ...errors import CloudtrainError
 from ...market import Market
 from ...progress import SILENT, Reporter
 from ...state import Instance, Job, Store
+from . import network, pricing
 from .errors import (
-    CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, AWSPlacementError, StaleCache)
-from .tags import LIVE_STATES, TAG_ATTEMPT, TAG_JOB, TAG_OWNER, TAG_RECIPE
+    CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, AWSPlacementError, StaleCache,
+    aws_errors)
+from .session import AwsSession
+from .tags import LIVE_STATES, TAG_ATTEMPT, TAG_JOB, job_tags
 
 
 USER_DATA = Path(__file__).resolve().parents[3] / "infra" / "user-data.sh"
@@ -41,7 +44,6 @@ class Attempt:
     error: str | None  # None: it worked
 
 
-
 def power_off_minutes(max_runtime_s: float) -> int:
     """Minutes from now (boot, or job start) to the hard power-off for a job of this
     max runtime."""
@@ -56,207 +58,215 @@ def user_data_wait_command(marker: str, seconds: float) -> str:
             f"sleep 2; i=$((i+2)); done; [ -e {shlex.quote(marker)} ]")
 
 
-class InstancesMixin:
-    """AWSProvider's instances (needs self.call, self.client, self.settings, self.region and
-    the price lookups)."""
+def _details(store: Store, instance_id: str) -> dict:
+    row = store.db.execute("SELECT details FROM instances WHERE id = ?",
+                           (instance_id,)).fetchone()
+    return json.loads(row["details"]) if row and row["details"] else {}
 
-    power_off_minutes = staticmethod(power_off_minutes)
 
-    def _details(self, store: Store, instance_id: str) -> dict:
-        row = store.db.execute("SELECT details FROM instances WHERE id = ?",
-                               (instance_id,)).fetchone()
-        return json.loads(row["details"]) if row and row["details"] else {}
+def user_data(aws: AwsSession, job: Job, spec, boot_script: str = "") -> str:
+    """infra/user-data.sh rendered for the job; `boot_script`: what an Auto Scaling
+    group's instance runs to start the job by itself (group_launch.py), last, so that
+    nothing in it is taken for a placeholder."""
+    minutes = power_off_minutes(spec.max_runtime_s)
+    command = aws.settings.shutdown_command.replace("sudo ", "")  # user-data runs as root
+    return (USER_DATA.read_text().replace("@@JOB_ID@@", job.id)
+            .replace("@@MAX_RUNTIME_MINUTES@@", str(minutes))
+            .replace("@@SHUTDOWN_COMMAND@@", command)
+            .replace("@@BOOT_SCRIPT@@", boot_script))
 
-    def _tags(self, job: Job, spec, owner: str) -> list[dict]:
-        return [{"Key": TAG_JOB, "Value": job.id}, {"Key": TAG_OWNER, "Value": owner},
-                {"Key": TAG_RECIPE, "Value": spec.recipe or "command"},
-                {"Key": TAG_ATTEMPT, "Value": str(getattr(spec, "attempt", 1) or 1)},
-                {"Key": "Name", "Value": f"cloudtrain-{job.id}" + (f"-{job.name}" if job.name else "")}]
 
-    def user_data(self, job: Job, spec, boot_script: str = "") -> str:
-        """infra/user-data.sh rendered for the job; `boot_script`: what an Auto Scaling
-        group's instance runs to start the job by itself (group_launch.py), last, so that
-        nothing in it is taken for a placeholder."""
-        minutes = power_off_minutes(spec.max_runtime_s)
-        command = self.settings.shutdown_command.replace("sudo ", "")  # user-data runs as root
-        return (USER_DATA.read_text().replace("@@JOB_ID@@", job.id)
-                .replace("@@MAX_RUNTIME_MINUTES@@", str(minutes))
-                .replace("@@SHUTDOWN_COMMAND@@", command)
-                .replace("@@BOOT_SCRIPT@@", boot_script))
+def _performance(spec) -> dict:
+    """Provisioned gp3 throughput for a job that copies its datasets onto the disk
+    (datasets.preflight sets spec.disk_mbps); the volume's own 125 MB/s otherwise."""
+    from ...cost import GP3_BASE_MBPS, gp3_iops_for
 
-    @staticmethod
-    def _performance(spec) -> dict:
-        """Provisioned gp3 throughput for a job that copies its datasets onto the disk
-        (datasets.preflight sets spec.disk_mbps); the volume's own 125 MB/s otherwise."""
-        from ...cost import GP3_BASE_MBPS, gp3_iops_for
+    mbps = int(getattr(spec, "disk_mbps", 0) or 0)
+    return {"Throughput": mbps, "Iops": gp3_iops_for(mbps)} if mbps > GP3_BASE_MBPS else {}
 
-        mbps = int(getattr(spec, "disk_mbps", 0) or 0)
-        return {"Throughput": mbps, "Iops": gp3_iops_for(mbps)} if mbps > GP3_BASE_MBPS else {}
 
-    def run_request(self, job: Job, spec, subnet: str, group: str, ami: str, key_name: str,
-                    owner: str, disk_gb: int, root_device: str) -> dict:
-        tags = self._tags(job, spec, owner)
-        request = dict(
-            ImageId=ami, InstanceType=spec.instance_type, MinCount=1, MaxCount=1,
-            KeyName=key_name, SubnetId=subnet, SecurityGroupIds=[group],
-            InstanceInitiatedShutdownBehavior="terminate",
-            MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled",
-                             # 1: only the instance itself reaches IMDS (and the instance
-                             # role's credentials), not containers behind a bridge on it.
-                             "HttpPutResponseHopLimit": 1},
-            BlockDeviceMappings=[{"DeviceName": root_device, "Ebs": {
-                "VolumeSize": disk_gb, "VolumeType": "gp3", "Encrypted": True,
-                "DeleteOnTermination": True, **self._performance(spec)}}],
-            TagSpecifications=[{"ResourceType": kind, "Tags": tags}
-                               for kind in ("instance", "volume", "network-interface")],
-            UserData=self.user_data(job, spec),
-        )
-        if self.settings.instance_profile:
-            request["IamInstanceProfile"] = {"Name": self.settings.instance_profile}
-        if spec.market == Market.SPOT:
-            options = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
-            if spec.max_price is not None:
-                options["MaxPrice"] = f"{spec.max_price:.4f}"
-            request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
-            # Only a spot launch creates a spot request; EC2 rejects this resource type
-            # otherwise.
-            request["TagSpecifications"].append({"ResourceType": "spot-instances-request",
-                                                 "Tags": tags})
-        return request
+def run_request(aws: AwsSession, job: Job, spec, subnet: str, group: str, ami: str, key_name: str,
+                owner: str, disk_gb: int, root_device: str) -> dict:
+    tags = job_tags(job, spec, owner)
+    request = dict(
+        ImageId=ami, InstanceType=spec.instance_type, MinCount=1, MaxCount=1,
+        KeyName=key_name, SubnetId=subnet, SecurityGroupIds=[group],
+        InstanceInitiatedShutdownBehavior="terminate",
+        MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled",
+                         # 1: only the instance itself reaches IMDS (and the instance
+                         # role's credentials), not containers behind a bridge on it.
+                         "HttpPutResponseHopLimit": 1},
+        BlockDeviceMappings=[{"DeviceName": root_device, "Ebs": {
+            "VolumeSize": disk_gb, "VolumeType": "gp3", "Encrypted": True,
+            "DeleteOnTermination": True, **_performance(spec)}}],
+        TagSpecifications=[{"ResourceType": kind, "Tags": tags}
+                           for kind in ("instance", "volume", "network-interface")],
+        UserData=user_data(aws, job, spec),
+    )
+    if aws.settings.instance_profile:
+        request["IamInstanceProfile"] = {"Name": aws.settings.instance_profile}
+    if spec.market == Market.SPOT:
+        options = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+        if spec.max_price is not None:
+            options["MaxPrice"] = f"{spec.max_price:.4f}"
+        request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
+        # Only a spot launch creates a spot request; EC2 rejects this resource type
+        # otherwise.
+        request["TagSpecifications"].append({"ResourceType": "spot-instances-request",
+                                             "Tags": tags})
+    return request
 
-    def _run(self, store, job, spec, region, boot: dict, report: Reporter = SILENT) -> str:
-        zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
-                                              boot["key_name"], boot["owner"])
-        zones = self.relaunch_order(zones, spec, region)
-        root_device = boot["root_device"]
-        disk = spec.root_gb(self.settings)
-        attempts: list[Attempt] = []
-        for n, (zone, subnet, _vpc, _zone_id) in enumerate(zones):
-            request = self.run_request(job, spec, subnet, group, ami, key_name, owner, disk,
-                                       root_device)
-            attempt = int(getattr(spec, "attempt", 1) or 1)
-            token = f"{job.id}-{n}" if attempt == 1 else f"{job.id}-a{attempt}-{n}"
-            report.phase(f"requesting {spec.market} {spec.instance_type} in {zone}"
-                         + (f" ({attempts[-1].zone}: no capacity)" if attempts else ""))
-            try:
-                # ClientToken: a retried request can never start a second instance.
-                response = self.call(region, "run_instances", fail_fast=True,
-                                     ClientToken=token, **request)
-            except BaseException as exc:
-                code = self.run_failed(store, job, token, zone, exc, first=not attempts)
-                if code in CAPACITY_ERRORS:
-                    attempts.append(Attempt(zone, subnet, f"{code}: {exc.aws_message}"))
-                    continue
-                tried = ", ".join(a.zone for a in attempts + [Attempt(zone, subnet, code)])
-                if code in QUOTA_ERRORS:
-                    raise AWSPlacementError(f"{spec.instance_type} ({spec.market}) in {region}: {code}: "
-                                   f"{exc.aws_message} (AZs tried: {tried})",
-                                   hint="ask AWS for a higher quota (Service Quotas console: "
-                                        "'Running On-Demand G and VT instances' / 'All G and VT "
-                                        "Spot Instance Requests'), or use a smaller instance") from exc
-                if code in ("InvalidParameterValue", "InvalidInstanceType") and \
-                        spec.instance_type in exc.aws_message:
-                    raise AWSError(f"{spec.instance_type} is not offered in {region}: "
-                                   f"{exc.aws_message}", hint="cloudtrain catalog lists types and "
-                                                              "regions") from exc
-                if code and not exc.hint:
-                    raise AWSError(f"run_instances failed in {zone}: {code}: {exc.aws_message}",
-                                   code=code) from exc
-                raise  # permissions, credentials, unreachable: already said in words
-            raw = response["Instances"][0]
-            instance_id = raw["InstanceId"]
-            price = (catalog.get(spec.instance_type).price(region, "on-demand")
-                     if catalog.get(spec.instance_type) else None)
-            # Recorded before any waiting: from here on, every failure path can terminate it.
-            store.add_instance(Instance(
-                id=instance_id, job_id=job.id, provider=self.name, region=region, zone=zone,
-                instance_type=spec.instance_type, market=spec.market, state="requested",
-                launched_at=raw["LaunchTime"].timestamp() if raw.get("LaunchTime") else time.time(),
-                terminated_at=None, price_per_hour=price if spec.market == Market.ON_DEMAND else None,
-                details={"subnet": subnet, "ami": ami, "key_name": key_name, "group": group,
-                         "disk_gb": disk, "disk_mbps": spec.disk_mbps,
-                         "attempts": [a.__dict__ for a in attempts]}))
-            store.add_event(job.id, "instance", detail=f"{instance_id} in {zone}")
-            return instance_id
-        tried = "; ".join(f"{a.zone}: {a.error}" for a in attempts)
-        what = f"{spec.instance_type} ({spec.market})"
-        hint = ("try --spot / --on-demand, another --instance or --region, or later"
-                if spec.market == Market.ON_DEMAND else
-                "try --on-demand, a higher --max-price, another --instance or --region")
-        raise AWSPlacementError(f"no capacity for {what} in {region}, every AZ tried: {tried}",
-                                hint=hint)
 
-    @staticmethod
-    def run_failed(store: Store, job: Job, token: str, zone: str, exc: BaseException,
-                   first: bool) -> str:
-        """A RunInstances that raised: AWS's error code for the caller to decide on (capacity:
-        the next AZ). No answer, or AWS failed half-way (5xx): EC2 may have started instances
-        all the same, so the timeline says so and release() looks for them by tag, for
-        longer than usual. Anything but an AWSError is raised again; a cached resource that
-        is gone (the first AZ's try) raises StaleCache."""
-        if not isinstance(exc, AWSError) or not exc.code or exc.code in SERVER_ERRORS:
-            store.add_event(job.id, UNANSWERED, detail=f"ClientToken {token} in {zone}: "
-                            f"{getattr(exc, 'message', None) or type(exc).__name__}")
-        if not isinstance(exc, AWSError):
-            raise exc
-        if exc.code in STALE_ERRORS and first:
-            raise StaleCache(exc.code) from exc
-        return exc.code
-
-    def relaunch_order(self, zones: list[tuple], spec, region: str) -> list[tuple]:
-        """The AZs in the order a launch tries them: the catalog's cheapest spot AZ first (the
-        first launch); a relaunch asks EC2 for the spot prices now, and the AZs that were
-        just interrupted (spec.avoid_zones) come last."""
-        ordered = self.order_zones(zones, spec.instance_type, region, spec.market)
-        if int(getattr(spec, "attempt", 1) or 1) > 1 and spec.market == Market.SPOT:
-            try:
-                now = self.current_spot_prices(region, [spec.instance_type]).get(
-                    spec.instance_type) or {}
-            except CloudtrainError:  # no permission for the price history: the snapshot's order
-                now = {}
-            if now:
-                ordered = sorted(ordered, key=lambda z: (z[0] not in now, now.get(z[0], 0.0)))
-        avoid = set(getattr(spec, "avoid_zones", None) or ())
-        return [z for z in ordered if z[0] not in avoid] + [z for z in ordered if z[0] in avoid]
-
-    def attempt_instance(self, store: Store, job: Job, region: str, attempt: int) -> str | None:
-        """A live instance already started for this attempt of the job (by its tags): the
-        supervisor that started it was killed before it could go on. Recorded if the store
-        did not know it."""
-        for raw in self._query(region, {TAG_JOB: job.id, TAG_ATTEMPT: str(attempt)}):
-            if raw["State"]["Name"] not in ("pending", "running"):
+def _run(aws: AwsSession, store, job, spec, region, boot: dict, report: Reporter = SILENT) -> str:
+    zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
+                                          boot["key_name"], boot["owner"])
+    zones = relaunch_order(aws, zones, spec, region)
+    root_device = boot["root_device"]
+    disk = spec.root_gb(aws.settings)
+    attempts: list[Attempt] = []
+    for n, (zone, subnet, _vpc, _zone_id) in enumerate(zones):
+        request = run_request(aws, job, spec, subnet, group, ami, key_name, owner, disk,
+                              root_device)
+        attempt = int(getattr(spec, "attempt", 1) or 1)
+        token = f"{job.id}-{n}" if attempt == 1 else f"{job.id}-a{attempt}-{n}"
+        report.phase(f"requesting {spec.market} {spec.instance_type} in {zone}"
+                     + (f" ({attempts[-1].zone}: no capacity)" if attempts else ""))
+        try:
+            # ClientToken: a retried request can never start a second instance.
+            response = aws.call(region, "run_instances", fail_fast=True,
+                                ClientToken=token, **request)
+        except BaseException as exc:
+            code = run_failed(store, job, token, zone, exc, first=not attempts)
+            if code in CAPACITY_ERRORS:
+                attempts.append(Attempt(zone, subnet, f"{code}: {exc.aws_message}"))
                 continue
-            self._record_found(store, job, region, raw, attempt)
-            return raw["InstanceId"]
-        return None
-
-    def attempt_instances(self, store: Store, job: Job, attempt: int,
-                          regions: list[str]) -> dict[str, list[str]]:
-        """Every live instance of this attempt of the job, by region, found by its attempt tag
-        in each of `regions` and in every region the store has a live instance of the job
-        in: a supervisor killed mid-relaunch may have left one in any place it tried (F30).
-        Recorded if the store did not know them."""
-        where = set(regions) | {i.region for i in store.instances(job.id)
-                                if i.region and i.state != "terminated"}
-        out: dict[str, list[str]] = {}
-        for region in sorted(where):
-            for raw in self._query(region, {TAG_JOB: job.id, TAG_ATTEMPT: str(attempt)}):
-                if raw["State"]["Name"] in LIVE_STATES:
-                    self._record_found(store, job, region, raw, attempt)
-                    out.setdefault(region, []).append(raw["InstanceId"])
-        return out
-
-    def _record_found(self, store: Store, job: Job, region: str, raw: dict, attempt: int) -> None:
-        """An instance of the attempt found by its tags: recorded if the store did not know
-        it (its minutes are billed like any other)."""
-        if raw["InstanceId"] in {i.id for i in store.instances(job.id)}:
-            return
-        spot = raw.get("InstanceLifecycle") == "spot"
-        zone = raw.get("Placement", {}).get("AvailabilityZone")
+            tried = ", ".join(a.zone for a in attempts + [Attempt(zone, subnet, code)])
+            if code in QUOTA_ERRORS:
+                raise AWSPlacementError(f"{spec.instance_type} ({spec.market}) in {region}: {code}: "
+                               f"{exc.aws_message} (AZs tried: {tried})",
+                               hint="ask AWS for a higher quota (Service Quotas console: "
+                                    "'Running On-Demand G and VT instances' / 'All G and VT "
+                                    "Spot Instance Requests'), or use a smaller instance") from exc
+            if code in ("InvalidParameterValue", "InvalidInstanceType") and \
+                    spec.instance_type in exc.aws_message:
+                raise AWSError(f"{spec.instance_type} is not offered in {region}: "
+                               f"{exc.aws_message}", hint="cloudtrain catalog lists types and "
+                                                          "regions") from exc
+            if code and not exc.hint:
+                raise AWSError(f"run_instances failed in {zone}: {code}: {exc.aws_message}",
+                               code=code) from exc
+            raise  # permissions, credentials, unreachable: already said in words
+        raw = response["Instances"][0]
+        instance_id = raw["InstanceId"]
+        price = (catalog.get(spec.instance_type).price(region, "on-demand")
+                 if catalog.get(spec.instance_type) else None)
+        # Recorded before any waiting: from here on, every failure path can terminate it.
         store.add_instance(Instance(
-            id=raw["InstanceId"], job_id=job.id, provider=self.name, region=region, zone=zone,
-            instance_type=raw.get("InstanceType"), market=Market.SPOT if spot else Market.ON_DEMAND,
-            state="requested", launched_at=raw["LaunchTime"].timestamp(), terminated_at=None,
-            price_per_hour=None, details={"found_by_tag": True}))
-        store.add_event(job.id, "instance", detail=f"{raw['InstanceId']} in {zone} (attempt "
-                        f"{attempt}, found by its tags)")
+            id=instance_id, job_id=job.id, provider=aws.name, region=region, zone=zone,
+            instance_type=spec.instance_type, market=spec.market, state="requested",
+            launched_at=raw["LaunchTime"].timestamp() if raw.get("LaunchTime") else time.time(),
+            terminated_at=None, price_per_hour=price if spec.market == Market.ON_DEMAND else None,
+            details={"subnet": subnet, "ami": ami, "key_name": key_name, "group": group,
+                     "disk_gb": disk, "disk_mbps": spec.disk_mbps,
+                     "attempts": [a.__dict__ for a in attempts]}))
+        store.add_event(job.id, "instance", detail=f"{instance_id} in {zone}")
+        return instance_id
+    tried = "; ".join(f"{a.zone}: {a.error}" for a in attempts)
+    what = f"{spec.instance_type} ({spec.market})"
+    hint = ("try --spot / --on-demand, another --instance or --region, or later"
+            if spec.market == Market.ON_DEMAND else
+            "try --on-demand, a higher --max-price, another --instance or --region")
+    raise AWSPlacementError(f"no capacity for {what} in {region}, every AZ tried: {tried}",
+                            hint=hint)
+
+
+def run_failed(store: Store, job: Job, token: str, zone: str, exc: BaseException,
+               first: bool) -> str:
+    """A RunInstances that raised: AWS's error code for the caller to decide on (capacity:
+    the next AZ). No answer, or AWS failed half-way (5xx): EC2 may have started instances
+    all the same, so the timeline says so and release() looks for them by tag, for
+    longer than usual. Anything but an AWSError is raised again; a cached resource that
+    is gone (the first AZ's try) raises StaleCache."""
+    if not isinstance(exc, AWSError) or not exc.code or exc.code in SERVER_ERRORS:
+        store.add_event(job.id, UNANSWERED, detail=f"ClientToken {token} in {zone}: "
+                        f"{getattr(exc, 'message', None) or type(exc).__name__}")
+    if not isinstance(exc, AWSError):
+        raise exc
+    if exc.code in STALE_ERRORS and first:
+        raise StaleCache(exc.code) from exc
+    return exc.code
+
+
+def relaunch_order(aws: AwsSession, zones: list[tuple], spec, region: str) -> list[tuple]:
+    """The AZs in the order a launch tries them: the catalog's cheapest spot AZ first (the
+    first launch); a relaunch asks EC2 for the spot prices now, and the AZs that were
+    just interrupted (spec.avoid_zones) come last."""
+    ordered = network.order_zones(zones, spec.instance_type, region, spec.market)
+    if int(getattr(spec, "attempt", 1) or 1) > 1 and spec.market == Market.SPOT:
+        try:
+            now = pricing.current_spot_prices(aws, region, [spec.instance_type]).get(
+                spec.instance_type) or {}
+        except CloudtrainError:  # no permission for the price history: the snapshot's order
+            now = {}
+        if now:
+            ordered = sorted(ordered, key=lambda z: (z[0] not in now, now.get(z[0], 0.0)))
+    avoid = set(getattr(spec, "avoid_zones", None) or ())
+    return [z for z in ordered if z[0] not in avoid] + [z for z in ordered if z[0] in avoid]
+
+
+def attempt_instance(aws: AwsSession, store: Store, job: Job, region: str, attempt: int) -> str | None:
+    """A live instance already started for this attempt of the job (by its tags): the
+    supervisor that started it was killed before it could go on. Recorded if the store
+    did not know it."""
+    for raw in _query(aws, region, {TAG_JOB: job.id, TAG_ATTEMPT: str(attempt)}):
+        if raw["State"]["Name"] not in ("pending", "running"):
+            continue
+        _record_found(aws, store, job, region, raw, attempt)
+        return raw["InstanceId"]
+    return None
+
+
+def attempt_instances(aws: AwsSession, store: Store, job: Job, attempt: int,
+                      regions: list[str]) -> dict[str, list[str]]:
+    """Every live instance of this attempt of the job, by region, found by its attempt tag
+    in each of `regions` and in every region the store has a live instance of the job
+    in: a supervisor killed mid-relaunch may have left one in any place it tried (F30).
+    Recorded if the store did not know them."""
+    where = set(regions) | {i.region for i in store.instances(job.id)
+                            if i.region and i.state != "terminated"}
+    out: dict[str, list[str]] = {}
+    for region in sorted(where):
+        for raw in _query(aws, region, {TAG_JOB: job.id, TAG_ATTEMPT: str(attempt)}):
+            if raw["State"]["Name"] in LIVE_STATES:
+                _record_found(aws, store, job, region, raw, attempt)
+                out.setdefault(region, []).append(raw["InstanceId"])
+    return out
+
+
+def _record_found(aws: AwsSession, store: Store, job: Job, region: str, raw: dict, attempt: int) -> None:
+    """An instance of the attempt found by its tags: recorded if the store did not know
+    it (its minutes are billed like any other)."""
+    if raw["InstanceId"] in {i.id for i in store.instances(job.id)}:
+        return
+    spot = raw.get("InstanceLifecycle") == "spot"
+    zone = raw.get("Placement", {}).get("AvailabilityZone")
+    store.add_instance(Instance(
+        id=raw["InstanceId"], job_id=job.id, provider=aws.name, region=region, zone=zone,
+        instance_type=raw.get("InstanceType"), market=Market.SPOT if spot else Market.ON_DEMAND,
+        state="requested", launched_at=raw["LaunchTime"].timestamp(), terminated_at=None,
+        price_per_hour=None, details={"found_by_tag": True}))
+    store.add_event(job.id, "instance", detail=f"{raw['InstanceId']} in {zone} (attempt "
+                    f"{attempt}, found by its tags)")
+
+
+def _query(aws: AwsSession, region: str, tags: dict[str, str | None], client=None,
+           filters: list[dict] | None = None) -> list[dict]:
+    filters = [{"Name": f"tag:{k}", "Values": [v]} if v else {"Name": "tag-key", "Values": [k]}
+               for k, v in tags.items()] + list(filters or [])
+    out = []
+    paginator = (client or aws.client("ec2", region)).get_paginator("describe_instances")
+    with aws_errors(region):
+        for page in paginator.paginate(Filters=filters):
+            for res in page["Reservations"]:
+                out.extend(res["Instances"])
+    return out

@@ -8,322 +8,330 @@ from ... import catalog, cost
 from ...errors import CloudtrainError
 from ...market import Market
 from ..base import Question
+from . import cluster, group_launch, host_setup, images, instance_types, network, results
 from .cluster import EFA_GROUP_NAME
 from .errors import POLICY_FILE, AWSError
 from .images import DLAMI_PARAMETER
 from .instances import power_off_minutes
+from .session import AwsSession
 
 
-class PlanMixin:
-    """AWSProvider's dry run and price question (needs self.settings, self.preflight,
-    self.region_and_source, self.call and the network and image lookups)."""
+def price_rows(aws: AwsSession, spec, region: str | None = None) -> list[tuple[str, str]]:
+    """The instances' price and the most the job can cost, as the plan shows them and
+    `launch` asks about them."""
+    region = region or aws.region(spec)
+    t = catalog.get(spec.instance_type) if spec.instance_type else None
+    price = t.price(region, spec.market) if t else None
+    if price is None:
+        return [("price", f"no {spec.market} price for {spec.instance_type} in {region} in "
+                          "the catalog")]
+    basis = catalog.on_demand_source(region) if spec.market == Market.ON_DEMAND \
+        else f"cheapest AZ: {catalog.spot_source(region)}"
+    n = max(1, int(spec.nodes or 1))
+    each = f"${price:.4f}/h ({basis})" if n == 1 else \
+        f"${price * n:.4f}/h for {n} nodes (${price:.4f}/h each; {basis})"
+    return [("price", each), ("at most", at_most(aws, spec, t, region))]
 
-    def price_rows(self, spec, region: str | None = None) -> list[tuple[str, str]]:
-        """The instances' price and the most the job can cost, as the plan shows them and
-        `launch` asks about them."""
-        region = region or self.region(spec)
-        t = catalog.get(spec.instance_type) if spec.instance_type else None
-        price = t.price(region, spec.market) if t else None
-        if price is None:
-            return [("price", f"no {spec.market} price for {spec.instance_type} in {region} in "
-                              "the catalog")]
-        basis = catalog.on_demand_source(region) if spec.market == Market.ON_DEMAND \
-            else f"cheapest AZ: {catalog.spot_source(region)}"
-        n = max(1, int(spec.nodes or 1))
-        each = f"${price:.4f}/h ({basis})" if n == 1 else \
-            f"${price * n:.4f}/h for {n} nodes (${price:.4f}/h each; {basis})"
-        return [("price", each), ("at most", self.at_most(spec, t, region))]
 
-    def at_most(self, spec, t: catalog.InstanceType, region: str) -> str:
-        """The most the job can cost (U9), and what that assumes: every attempt (1 +
-        --max-restarts for a recovering spot job), each of its instances billed until
-        user-data powers it off (the max runtime + RUNTIME_MARGIN_MIN, whatever the agent
-        does), at the dearest price it may get (spot: the region's dearest AZ in the catalog,
-        or --max-price; a relaunch: the dearest place it may go, on demand with --fallback),
-        with its volumes (F29)."""
-        n = max(1, int(spec.nodes or 1))
-        minutes = self.billed_minutes(spec)
-        attempts = 1 + spec.max_restarts if spec.recover else 1
+def at_most(aws: AwsSession, spec, t: catalog.InstanceType, region: str) -> str:
+    """The most the job can cost (U9), and what that assumes: every attempt (1 +
+    --max-restarts for a recovering spot job), each of its instances billed until
+    user-data powers it off (the max runtime + RUNTIME_MARGIN_MIN, whatever the agent
+    does), at the dearest price it may get (spot: the region's dearest AZ in the catalog,
+    or --max-price; a relaunch: the dearest place it may go, on demand with --fallback),
+    with its volumes (F29)."""
+    n = max(1, int(spec.nodes or 1))
+    minutes = billed_minutes(aws, spec)
+    attempts = 1 + spec.max_restarts if spec.recover else 1
 
-        def rate(where: str, market: str) -> float | None:  # an instance, USD/h
-            if market == Market.SPOT and spec.max_price is not None:  # never billed above it
-                return min(spec.max_price, t.on_demand.get(where) or spec.max_price)
-            return t.dearest(where, market)
+    def rate(where: str, market: str) -> float | None:  # an instance, USD/h
+        if market == Market.SPOT and spec.max_price is not None:  # never billed above it
+            return min(spec.max_price, t.on_demand.get(where) or spec.max_price)
+        return t.dearest(where, market)
 
-        first = rate(region, spec.market)
-        places = spec.relaunch_places(self.settings, region) if attempts > 1 else []
-        priced = {(r, m): rate(r, m) for r, m in places}
-        later = [p + self.volumes_per_hour(spec, r) for (r, m), p in priced.items()
-                 if p is not None]
-        volumes = self.volumes_per_hour(spec, region)
-        total = n * minutes / 60 * (first + volumes
-                                    + (attempts - 1) * max(later, default=first + volumes))
-        margin = minutes - int(spec.max_runtime_s // 60)
-        until = "until user-data powers it off" if minutes == power_off_minutes(
-            spec.max_runtime_s) else "idle until the kept instance powers itself off"
-        text = (f"${total:.2f}: " + ("one instance" if attempts == 1 else
-                                     f"{attempts} attempts (1 + {attempts - 1} restarts)")
-                + f" of up to {minutes} min" + (" each" if attempts > 1 else "")
-                + f" (the max runtime of {spec.max_runtime_s / 60:g} min + {margin} {until})"
-                + (f" on each of {n} nodes" if n > 1 else ""))
-        if spec.market == Market.SPOT:
-            spot = max([first] + [p for (_, m), p in priced.items() if m == Market.SPOT and p])
-            text += (f", spot at up to ${spot:.4f}/h ("
-                     + ("--max-price" if spec.max_price is not None else
-                        "the dearest AZ in the catalog") + ")")
-            on_demand = [p for (_, m), p in priced.items() if m == Market.ON_DEMAND and p]
-            if on_demand:
-                text += (f", on-demand ({'up to ' if len(on_demand) > 1 else ''}"
-                         f"${max(on_demand):.4f}/h) after spot runs out")
-        unpriced = sorted({r for (r, _), p in priced.items() if p is None})
-        if unpriced:
-            text += f", relaunches in {', '.join(unpriced)} not counted (no catalog price)"
-        vols = "".join(f" and the {gb:g} GB volume of dataset {name}"
-                       for name, gb in self.snapshot_volumes(spec))
-        return (text + f", {'each ' if attempts > 1 else ''}with its "
-                f"{spec.root_gb(self.settings)} GB gp3 disk{vols} (${volumes:.4f}/h)")
+    first = rate(region, spec.market)
+    places = spec.relaunch_places(aws.settings, region) if attempts > 1 else []
+    priced = {(r, m): rate(r, m) for r, m in places}
+    later = [p + volumes_per_hour(aws, spec, r) for (r, m), p in priced.items()
+             if p is not None]
+    volumes = volumes_per_hour(aws, spec, region)
+    total = n * minutes / 60 * (first + volumes
+                                + (attempts - 1) * max(later, default=first + volumes))
+    margin = minutes - int(spec.max_runtime_s // 60)
+    until = "until user-data powers it off" if minutes == power_off_minutes(
+        spec.max_runtime_s) else "idle until the kept instance powers itself off"
+    text = (f"${total:.2f}: " + ("one instance" if attempts == 1 else
+                                 f"{attempts} attempts (1 + {attempts - 1} restarts)")
+            + f" of up to {minutes} min" + (" each" if attempts > 1 else "")
+            + f" (the max runtime of {spec.max_runtime_s / 60:g} min + {margin} {until})"
+            + (f" on each of {n} nodes" if n > 1 else ""))
+    if spec.market == Market.SPOT:
+        spot = max([first] + [p for (_, m), p in priced.items() if m == Market.SPOT and p])
+        text += (f", spot at up to ${spot:.4f}/h ("
+                 + ("--max-price" if spec.max_price is not None else
+                    "the dearest AZ in the catalog") + ")")
+        on_demand = [p for (_, m), p in priced.items() if m == Market.ON_DEMAND and p]
+        if on_demand:
+            text += (f", on-demand ({'up to ' if len(on_demand) > 1 else ''}"
+                     f"${max(on_demand):.4f}/h) after spot runs out")
+    unpriced = sorted({r for (r, _), p in priced.items() if p is None})
+    if unpriced:
+        text += f", relaunches in {', '.join(unpriced)} not counted (no catalog price)"
+    vols = "".join(f" and the {gb:g} GB volume of dataset {name}"
+                   for name, gb in snapshot_volumes(spec))
+    return (text + f", {'each ' if attempts > 1 else ''}with its "
+            f"{spec.root_gb(aws.settings)} GB gp3 disk{vols} (${volumes:.4f}/h)")
 
-    def billed_minutes(self, spec) -> int:
-        """The most minutes an instance of the job bills, from the job's start: its max
-        runtime, then until user-data's timer powers it off (RUNTIME_MARGIN_MIN), or for a
-        kept instance until its idle time after the job has passed, whichever is later."""
-        minutes = power_off_minutes(spec.max_runtime_s)
-        if spec.keep:
-            minutes = max(minutes, int(spec.max_runtime_s // 60) + self.idle_minutes(spec))
-        return minutes
 
-    def shutdown_plan(self, spec) -> str:
-        """The plan's line on the instance's power-off after the job (kept or not)."""
-        if spec.keep:
-            return (f"kept after the job: it bills until it powers itself off "
-                    f"{self.idle_minutes(spec)} min after its last job ends (--idle-minutes; "
-                    f"each `launch --on` job re-arms it), or `cloudtrain down JOB`; "
-                    f"{power_off_minutes(spec.max_runtime_s)} min after a job's start if its "
-                    "agent dies")
-        if spec.on_job:
-            return (f"the agent powers the kept instance off after this job (--no-keep; "
-                    f"after {self.shutdown(spec)[1]:g} s)")
-        return (f"the agent powers the instance off after the job (after "
-                f"{self.shutdown(spec)[1]:g} s; --keep keeps it); user-data after "
-                f"{power_off_minutes(spec.max_runtime_s)} min regardless")
+def billed_minutes(aws: AwsSession, spec) -> int:
+    """The most minutes an instance of the job bills, from the job's start: its max
+    runtime, then until user-data's timer powers it off (RUNTIME_MARGIN_MIN), or for a
+    kept instance until its idle time after the job has passed, whichever is later."""
+    minutes = power_off_minutes(spec.max_runtime_s)
+    if spec.keep:
+        minutes = max(minutes, int(spec.max_runtime_s // 60) + host_setup.idle_minutes(aws, spec))
+    return minutes
 
-    def kept_plan(self, spec) -> list[tuple[str, str]]:
-        """`--on`: the kept instance the job runs on (sources.kept_source put it in
-        spec.kept), the queue it waits in, what it bills and what happens to it after."""
-        kept = spec.kept or {}
-        t = catalog.get(spec.instance_type) if spec.instance_type else None
-        what = f"{t.name}: {t.gpus:g}x {t.gpu}" if t is not None else \
-            (spec.instance_type or "type unknown")
-        holder = kept.get("holder") or spec.on_job
-        rows = [("instance", f"{kept.get('instance') or 'the instance'} ({what}), kept by job "
-                             f"{holder} (--on): no provisioning, only changed files synced")]
-        ahead = list(kept.get("ahead") or [])
-        if ahead:
-            others = len(ahead) - 1
-            rows.append(("queue", f"job {ahead[0]} runs on it now"
-                         + (f" and {others} more {'is' if others == 1 else 'are'} queued"
-                            if others else "")
-                         + ": this job is queued behind, on the instance, and starts there when "
-                           "they have ended, whether or not this machine is on (they may take "
-                           f"up to {kept.get('wait_s', 0) / 60:.0f} min)"))
-        for job_id in kept.get("made_kept") or []:
-            rows.append(("note", f"job {job_id} was to power the instance off after it: it "
-                                 "keeps it for the queue now"))
-        rows.append(("market", spec.market))
-        if spec.instance_type:
-            rows += self.price_rows(spec)
-        rows.append(("shutdown", self.shutdown_plan(spec)))
-        return rows
 
-    def snapshot_volumes(self, spec) -> list[tuple[str, float]]:
-        """(dataset, GiB) of each volume made from an EBS snapshot for the job."""
-        return [(d["name"], int(((spec.staging or {}).get(d["name"]) or {}).get("bytes") or 0)
-                 / (1 << 30)) for d in spec.datasets if d["kind"] == "snapshot"]
+def shutdown_plan(aws: AwsSession, spec) -> str:
+    """The plan's line on the instance's power-off after the job (kept or not)."""
+    if spec.keep:
+        return (f"kept after the job: it bills until it powers itself off "
+                f"{host_setup.idle_minutes(aws, spec)} min after its last job ends (--idle-minutes; "
+                f"each `launch --on` job re-arms it), or `cloudtrain down JOB`; "
+                f"{power_off_minutes(spec.max_runtime_s)} min after a job's start if its "
+                "agent dies")
+    if spec.on_job:
+        return (f"the agent powers the kept instance off after this job (--no-keep; "
+                f"after {host_setup.shutdown(aws, spec)[1]:g} s)")
+    return (f"the agent powers the instance off after the job (after "
+            f"{host_setup.shutdown(aws, spec)[1]:g} s; --keep keeps it); user-data after "
+            f"{power_off_minutes(spec.max_runtime_s)} min regardless")
 
-    def volumes_per_hour(self, spec, region: str) -> float:
-        """USD per hour of an instance's EBS volumes in `region`: the gp3 root volume with
-        its provisioned throughput and IOPS, and each dataset's snapshot volume with its."""
-        gp3 = catalog.gp3_price(region).per_gb_month
-        month = spec.root_gb(self.settings) * gp3 + (
-            cost.gp3_performance_per_month(spec.disk_mbps) if spec.disk_mbps else 0.0)
-        by_name = {d["name"]: d for d in spec.datasets}
-        for name, gb in self.snapshot_volumes(spec):
-            d = by_name[name]
-            month += gb * gp3 + cost.gp3_performance_per_month(
-                int(d.get("throughput") or cost.GP3_BASE_MBPS),
-                int(d.get("iops") or cost.GP3_BASE_IOPS))
-        return month / cost.HOURS_PER_MONTH
 
-    def question(self, spec) -> Question | None:
-        """What `launch` asks before creating paid resources (none for --on: the kept instance
-        bills already)."""
-        if spec.on_job:
-            return None
-        rows = dict(self.price_rows(spec))
-        at_most = f"; at most {rows['at most']}" if "at most" in rows else ""
-        what = f"a {spec.market} {spec.instance_type}" if spec.nodes <= 1 else \
-            f"{spec.nodes} {spec.market} {spec.instance_type} instances"
-        return Question(f"This launches {what} in {self.region(spec)}, "
-                        f"billed per second: {rows['price']}{at_most}.",
-                        self.warnings(spec, self.region(spec)))
+def kept_plan(aws: AwsSession, spec) -> list[tuple[str, str]]:
+    """`--on`: the kept instance the job runs on (sources.kept_source put it in
+    spec.kept), the queue it waits in, what it bills and what happens to it after."""
+    kept = spec.kept or {}
+    t = catalog.get(spec.instance_type) if spec.instance_type else None
+    what = f"{t.name}: {t.gpus:g}x {t.gpu}" if t is not None else \
+        (spec.instance_type or "type unknown")
+    holder = kept.get("holder") or spec.on_job
+    rows = [("instance", f"{kept.get('instance') or 'the instance'} ({what}), kept by job "
+                         f"{holder} (--on): no provisioning, only changed files synced")]
+    ahead = list(kept.get("ahead") or [])
+    if ahead:
+        others = len(ahead) - 1
+        rows.append(("queue", f"job {ahead[0]} runs on it now"
+                     + (f" and {others} more {'is' if others == 1 else 'are'} queued"
+                        if others else "")
+                     + ": this job is queued behind, on the instance, and starts there when "
+                       "they have ended, whether or not this machine is on (they may take "
+                       f"up to {kept.get('wait_s', 0) / 60:.0f} min)"))
+    for job_id in kept.get("made_kept") or []:
+        rows.append(("note", f"job {job_id} was to power the instance off after it: it "
+                             "keeps it for the queue now"))
+    rows.append(("market", spec.market))
+    if spec.instance_type:
+        rows += price_rows(aws, spec)
+    rows.append(("shutdown", shutdown_plan(aws, spec)))
+    return rows
 
-    def warnings(self, spec, region: str) -> list[str]:
-        """What the plan and the launch say before anything is bought (U23): a --max-price
-        below the catalog's cheapest spot price of the type there."""
-        t = catalog.get(spec.instance_type) if spec.instance_type else None
-        cheapest = t.price(region, "spot") if t is not None else None
-        if spec.market != Market.SPOT or spec.max_price is None or cheapest is None or \
-                spec.max_price >= cheapest:
-            return []
-        return [f"--max-price ${spec.max_price:g}/h is below the cheapest spot price of "
-                f"{t.name} in {region} (${cheapest:.4f}/h in the catalog): EC2 starts no "
-                "instance while spot costs more"]
 
-    # -- dry run ---------------------------------------------------------------------------------
+def snapshot_volumes(spec) -> list[tuple[str, float]]:
+    """(dataset, GiB) of each volume made from an EBS snapshot for the job."""
+    return [(d["name"], int(((spec.staging or {}).get(d["name"]) or {}).get("bytes") or 0)
+             / (1 << 30)) for d in spec.datasets if d["kind"] == "snapshot"]
 
-    def plan(self, spec) -> list[tuple[str, str]]:
-        """What launch would do, as (what, value) rows; creates nothing, bills nothing. With
-        credentials it also resolves AZs and AMI and asks EC2 (DryRun=True) whether
-        RunInstances would be allowed."""
-        facts = self.preflight(spec)
-        region, source = self.region_and_source(spec)
-        rows = [("backend", "aws"),
-                ("region", region + ("" if source == "--region" else f" ({source})"))]
-        if spec.on_job:
-            return rows + self.kept_plan(spec)
-        t = catalog.get(spec.instance_type)
-        rows += self._plan_machines(spec, facts, t)
-        rows.append(("market", spec.market + (f", max price ${spec.max_price}/h"
-                                              if spec.max_price is not None else "")))
-        rows += [("WARNING", warning) for warning in self.warnings(spec, region)]
-        rows += self.price_rows(spec, region)
-        rows += self._plan_lifecycle(spec, region)
-        return rows + self._plan_checks(spec, region)
 
-    def _plan_machines(self, spec, facts, t) -> list[tuple[str, str]]:
-        """The plan's rows about the machines: the instance type, each node and the
-        network between them, the processes on each."""
-        rows: list[tuple[str, str]] = []
-        if t is None:
-            gpus = f"{facts.gpus:g}x {facts.gpu}" if facts.gpus else "no GPU (--cpu-only)"
-            rows.append(("instance", f"{spec.instance_type}: {gpus} (not in the bundled "
-                                     "catalog: price unknown)"))
-        else:
-            rows.append(("instance", f"{t.name}: {t.gpus:g}x {t.gpu}, {t.vcpus:g} vCPU, "
-                                     f"{t.memory_gib:g} GiB"))
-        if facts.note:
-            rows.append(("note", facts.note))
+def volumes_per_hour(aws: AwsSession, spec, region: str) -> float:
+    """USD per hour of an instance's EBS volumes in `region`: the gp3 root volume with
+    its provisioned throughput and IOPS, and each dataset's snapshot volume with its."""
+    gp3 = catalog.gp3_price(region).per_gb_month
+    month = spec.root_gb(aws.settings) * gp3 + (
+        cost.gp3_performance_per_month(spec.disk_mbps) if spec.disk_mbps else 0.0)
+    by_name = {d["name"]: d for d in spec.datasets}
+    for name, gb in snapshot_volumes(spec):
+        d = by_name[name]
+        month += gb * gp3 + cost.gp3_performance_per_month(
+            int(d.get("throughput") or cost.GP3_BASE_MBPS),
+            int(d.get("iops") or cost.GP3_BASE_IOPS))
+    return month / cost.HOURS_PER_MONTH
+
+
+def question(aws: AwsSession, spec) -> Question | None:
+    """What `launch` asks before creating paid resources (none for --on: the kept instance
+    bills already)."""
+    if spec.on_job:
+        return None
+    rows = dict(price_rows(aws, spec))
+    at_most = f"; at most {rows['at most']}" if "at most" in rows else ""
+    what = f"a {spec.market} {spec.instance_type}" if spec.nodes <= 1 else \
+        f"{spec.nodes} {spec.market} {spec.instance_type} instances"
+    return Question(f"This launches {what} in {aws.region(spec)}, "
+                    f"billed per second: {rows['price']}{at_most}.",
+                    warnings(spec, aws.region(spec)))
+
+
+def warnings(spec, region: str) -> list[str]:
+    """What the plan and the launch say before anything is bought (U23): a --max-price
+    below the catalog's cheapest spot price of the type there."""
+    t = catalog.get(spec.instance_type) if spec.instance_type else None
+    cheapest = t.price(region, "spot") if t is not None else None
+    if spec.market != Market.SPOT or spec.max_price is None or cheapest is None or \
+            spec.max_price >= cheapest:
+        return []
+    return [f"--max-price ${spec.max_price:g}/h is below the cheapest spot price of "
+            f"{t.name} in {region} (${cheapest:.4f}/h in the catalog): EC2 starts no "
+            "instance while spot costs more"]
+
+
+def plan(aws: AwsSession, spec) -> list[tuple[str, str]]:
+    """What launch would do, as (what, value) rows; creates nothing, bills nothing. With
+    credentials it also resolves AZs and AMI and asks EC2 (DryRun=True) whether
+    RunInstances would be allowed."""
+    facts = instance_types.preflight(aws, spec)
+    region, source = aws.region_and_source(spec)
+    rows = [("backend", "aws"),
+            ("region", region + ("" if source == "--region" else f" ({source})"))]
+    if spec.on_job:
+        return rows + kept_plan(aws, spec)
+    t = catalog.get(spec.instance_type)
+    rows += _plan_machines(aws, spec, facts, t)
+    rows.append(("market", spec.market + (f", max price ${spec.max_price}/h"
+                                          if spec.max_price is not None else "")))
+    rows += [("WARNING", warning) for warning in warnings(spec, region)]
+    rows += price_rows(aws, spec, region)
+    rows += _plan_lifecycle(aws, spec, region)
+    return rows + _plan_checks(aws, spec, region)
+
+
+def _plan_machines(aws: AwsSession, spec, facts, t) -> list[tuple[str, str]]:
+    """The plan's rows about the machines: the instance type, each node and the
+    network between them, the processes on each."""
+    rows: list[tuple[str, str]] = []
+    if t is None:
+        gpus = f"{facts.gpus:g}x {facts.gpu}" if facts.gpus else "no GPU (--cpu-only)"
+        rows.append(("instance", f"{spec.instance_type}: {gpus} (not in the bundled "
+                                 "catalog: price unknown)"))
+    else:
+        rows.append(("instance", f"{t.name}: {t.gpus:g}x {t.gpu}, {t.vcpus:g} vCPU, "
+                                 f"{t.memory_gib:g} GiB"))
+    if facts.note:
+        rows.append(("note", facts.note))
+    if spec.nodes > 1:
+        rows.append(("nodes", f"{spec.nodes} instances in one AZ, one cluster placement "
+                              f"group (created for the job, deleted after), all or none: "
+                              f"a node that cannot be had releases the others and the "
+                              f"next AZ is tried"))
+        efa = cluster.efa_plan(aws, spec)
+        rows.append(("network", "TCP between the nodes (security group cloudtrain admits "
+                                "its members); no EFA on " + spec.instance_type
+                     if efa is None else
+                     f"EFA, {efa['used']} interface{'s' if efa['used'] > 1 else ''} per "
+                     f"node (security group {EFA_GROUP_NAME}); NCCL over libfabric: "
+                     + " ".join(f"{k}={v}" for k, v in cluster.efa_environment(aws, spec).items())
+                     + (f"; {efa['why']}" if efa["why"] else "")))
+    if spec.kind == "recipe" and (t is not None or facts.source == "EC2"):
+        procs = spec.processes(int(facts.gpus))
         if spec.nodes > 1:
-            rows.append(("nodes", f"{spec.nodes} instances in one AZ, one cluster placement "
-                                  f"group (created for the job, deleted after), all or none: "
-                                  f"a node that cannot be had releases the others and the "
-                                  f"next AZ is tried"))
-            efa = self.efa_plan(spec)
-            rows.append(("network", "TCP between the nodes (security group cloudtrain admits "
-                                    "its members); no EFA on " + spec.instance_type
-                         if efa is None else
-                         f"EFA, {efa['used']} interface{'s' if efa['used'] > 1 else ''} per "
-                         f"node (security group {EFA_GROUP_NAME}); NCCL over libfabric: "
-                         + " ".join(f"{k}={v}" for k, v in self.efa_environment(spec).items())
-                         + (f"; {efa['why']}" if efa["why"] else "")))
-        if spec.kind == "recipe" and (t is not None or facts.source == "EC2"):
-            procs = spec.processes(int(facts.gpus))
-            if spec.nodes > 1:
-                rows.append(("processes", f"{procs} per node x {spec.nodes} nodes = "
-                                          f"{procs * spec.nodes} (torchrun --nnodes "
-                                          f"{spec.nodes}, rendezvous at node 0)"))
-            else:
-                rows.append(("processes", f"{procs}" + (" (torchrun, one per GPU)" if procs > 1
-                                                        else "")))
-        elif spec.nodes > 1:
-            rows.append(("processes", f"your command on each of {spec.nodes} nodes, with "
-                                      "CLOUDTRAIN_NODES, CLOUDTRAIN_NODE_RANK, MASTER_ADDR and "
-                                      "MASTER_PORT set (start torchrun with them)"))
-        return rows
+            rows.append(("processes", f"{procs} per node x {spec.nodes} nodes = "
+                                      f"{procs * spec.nodes} (torchrun --nnodes "
+                                      f"{spec.nodes}, rendezvous at node 0)"))
+        else:
+            rows.append(("processes", f"{procs}" + (" (torchrun, one per GPU)" if procs > 1
+                                                    else "")))
+    elif spec.nodes > 1:
+        rows.append(("processes", f"your command on each of {spec.nodes} nodes, with "
+                                  "CLOUDTRAIN_NODES, CLOUDTRAIN_NODE_RANK, MASTER_ADDR and "
+                                  "MASTER_PORT set (start torchrun with them)"))
+    return rows
 
-    def _plan_lifecycle(self, spec, region: str) -> list[tuple[str, str]]:
-        """The plan's rows about the instance's life: its disk, when it powers off, where
-        the results go, what a spot interruption does."""
-        rows: list[tuple[str, str]] = []
-        disk = spec.root_gb(self.settings)
-        fast = ""
-        if spec.disk_mbps and spec.disk_mbps > cost.GP3_BASE_MBPS:  # for the data copy
-            fast = (f", {spec.disk_mbps} MB/s and {cost.gp3_iops_for(spec.disk_mbps)} IOPS "
-                    f"provisioned for the data copy (+$"
-                    f"{cost.gp3_performance_per_month(spec.disk_mbps) / cost.HOURS_PER_MONTH:.4f}"
-                    "/h)")
-        rows.append(("disk", f"{disk} GB gp3{fast}, encrypted, deleted with the instance"
-                     + (" (each node its own)" if spec.nodes > 1 else "")))
-        rows.append(("shutdown", self.shutdown_plan(spec)))
-        rows.append(("results", self.results_plan(spec, region)))
-        if spec.recover:
-            where = "the other AZs of the region (cheapest spot price now first)" + (
-                ", then " + self.settings.regions if self.settings.regions else "") + (
-                ", then on-demand" if spec.fallback == Market.ON_DEMAND else "")
-            new = "a new instance" if spec.nodes <= 1 else \
-                f"{spec.nodes} new instances (an interruption of any node relaunches all)"
-            grouped = self.group_recovery(spec)
-            if grouped is None:
-                place = "the region's AZs" if spec.nodes <= 1 else \
-                    "the job's placement group"
-                lost = "a new instance" if spec.nodes <= 1 else (
-                    "a new instance in place of the lost node (the other nodes stay; all "
-                    f"{spec.nodes} meet again through the job store and resume together)")
-                rows.append(("recovery", f"on a spot interruption the job continues from its "
-                                         f"last checkpoint (streamed to the job store) on "
-                                         f"{lost}, at most {spec.max_restarts} times: "
-                                         f"relaunched by AWS Auto Scaling in {place} "
-                                         "(the job's group), this machine needed for nothing "
-                                         "after the launch; no move to another region or to "
-                                         "on-demand (the supervisor here does that only for "
-                                         "the jobs it relaunches)"))
-            else:
-                # U42: who relaunches (the cause), then what would let AWS do it
-                rows.append(("recovery", f"on a spot interruption the job continues from its "
-                                         f"last checkpoint (streamed to the job store) on {new},"
-                                         f" at most {spec.max_restarts} times, in {where}; "
-                                         "relaunched by a supervisor on this machine (only "
-                                         f"while it is on); {grouped}"))
-        elif spec.market == Market.SPOT:
-            why = "--max-restarts 0" if spec.max_restarts == 0 else "--no-recover"
-            rows.append(("recovery", f"off ({why}): an interruption ends the job as "
-                                     "preempted"))
-        return rows
 
-    def _plan_checks(self, spec, region: str) -> list[tuple[str, str]]:
-        """The plan's rows that ask AWS (with credentials): the AZs to try, the AMI, and
-        whether RunInstances would be allowed (EC2 DryRun)."""
-        rows: list[tuple[str, str]] = []
-        if self.credentials(region) is None:
-            rows.append(("AMI", f"resolved at launch from SSM {DLAMI_PARAMETER}"
-                         if not spec.ami else spec.ami))
-            rows.append(("permissions", "not checked: no AWS credentials (this plan needs none)"))
-            return rows
-        step = "AZs to try"  # D31: a failure is said under the row it is about
+def _plan_lifecycle(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]:
+    """The plan's rows about the instance's life: its disk, when it powers off, where
+    the results go, what a spot interruption does."""
+    rows: list[tuple[str, str]] = []
+    disk = spec.root_gb(aws.settings)
+    fast = ""
+    if spec.disk_mbps and spec.disk_mbps > cost.GP3_BASE_MBPS:  # for the data copy
+        fast = (f", {spec.disk_mbps} MB/s and {cost.gp3_iops_for(spec.disk_mbps)} IOPS "
+                f"provisioned for the data copy (+$"
+                f"{cost.gp3_performance_per_month(spec.disk_mbps) / cost.HOURS_PER_MONTH:.4f}"
+                "/h)")
+    rows.append(("disk", f"{disk} GB gp3{fast}, encrypted, deleted with the instance"
+                 + (" (each node its own)" if spec.nodes > 1 else "")))
+    rows.append(("shutdown", shutdown_plan(aws, spec)))
+    rows.append(("results", results.results_plan(aws, spec, region)))
+    if spec.recover:
+        where = "the other AZs of the region (cheapest spot price now first)" + (
+            ", then " + aws.settings.regions if aws.settings.regions else "") + (
+            ", then on-demand" if spec.fallback == Market.ON_DEMAND else "")
+        new = "a new instance" if spec.nodes <= 1 else \
+            f"{spec.nodes} new instances (an interruption of any node relaunches all)"
+        grouped = group_launch.group_recovery(aws, spec)
+        if grouped is None:
+            place = "the region's AZs" if spec.nodes <= 1 else \
+                "the job's placement group"
+            lost = "a new instance" if spec.nodes <= 1 else (
+                "a new instance in place of the lost node (the other nodes stay; all "
+                f"{spec.nodes} meet again through the job store and resume together)")
+            rows.append(("recovery", f"on a spot interruption the job continues from its "
+                                     f"last checkpoint (streamed to the job store) on "
+                                     f"{lost}, at most {spec.max_restarts} times: "
+                                     f"relaunched by AWS Auto Scaling in {place} "
+                                     "(the job's group), this machine needed for nothing "
+                                     "after the launch; no move to another region or to "
+                                     "on-demand (the supervisor here does that only for "
+                                     "the jobs it relaunches)"))
+        else:
+            # U42: who relaunches (the cause), then what would let AWS do it
+            rows.append(("recovery", f"on a spot interruption the job continues from its "
+                                     f"last checkpoint (streamed to the job store) on {new},"
+                                     f" at most {spec.max_restarts} times, in {where}; "
+                                     "relaunched by a supervisor on this machine (only "
+                                     f"while it is on); {grouped}"))
+    elif spec.market == Market.SPOT:
+        why = "--max-restarts 0" if spec.max_restarts == 0 else "--no-recover"
+        rows.append(("recovery", f"off ({why}): an interruption ends the job as "
+                                 "preempted"))
+    return rows
+
+
+def _plan_checks(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]:
+    """The plan's rows that ask AWS (with credentials): the AZs to try, the AMI, and
+    whether RunInstances would be allowed (EC2 DryRun)."""
+    rows: list[tuple[str, str]] = []
+    if aws.credentials(region) is None:
+        rows.append(("AMI", f"resolved at launch from SSM {DLAMI_PARAMETER}"
+                     if not spec.ami else spec.ami))
+        rows.append(("permissions", "not checked: no AWS credentials (this plan needs none)"))
+        return rows
+    step = "AZs to try"  # D31: a failure is said under the row it is about
+    try:
+        zones = network.subnets(aws, region)
+        zones = network.order_zones(zones, spec.instance_type, region, spec.market)
+        rows.append((step, ", ".join(z[0] for z in zones)))
+        step = "AMI"
+        ami = images.resolve_ami(aws, region, spec.ami)
+        rows.append((step, ami))
+        step = "permissions"
+        request = dict(ImageId=ami, InstanceType=spec.instance_type,
+                       MinCount=spec.nodes, MaxCount=spec.nodes,
+                       SubnetId=zones[0][1], DryRun=True)
+        if spec.market == Market.SPOT:
+            request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
         try:
-            zones = self.subnets(region)
-            zones = self.order_zones(zones, spec.instance_type, region, spec.market)
-            rows.append((step, ", ".join(z[0] for z in zones)))
-            step = "AMI"
-            ami = self.resolve_ami(region, spec.ami)
-            rows.append((step, ami))
-            step = "permissions"
-            request = dict(ImageId=ami, InstanceType=spec.instance_type,
-                           MinCount=spec.nodes, MaxCount=spec.nodes,
-                           SubnetId=zones[0][1], DryRun=True)
-            if spec.market == Market.SPOT:
-                request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
-                    "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
-            try:
-                self.call(region, "run_instances", fail_fast=True, **request)
-                rows.append((step, "RunInstances: EC2 answered without DryRunOperation"))
-            except AWSError as exc:
-                if exc.code == "DryRunOperation":
-                    rows.append((step, "RunInstances allowed (EC2 DryRun)"))
-                elif exc.code == "UnauthorizedOperation":
-                    rows.append((step, f"RunInstances DENIED: attach {POLICY_FILE}"))
-                else:
-                    rows.append((step, f"RunInstances: {exc.code}: {exc.aws_message}"))
-        except CloudtrainError as exc:
-            rows.append((step, exc.message))
-        return rows
+            aws.call(region, "run_instances", fail_fast=True, **request)
+            rows.append((step, "RunInstances: EC2 answered without DryRunOperation"))
+        except AWSError as exc:
+            if exc.code == "DryRunOperation":
+                rows.append((step, "RunInstances allowed (EC2 DryRun)"))
+            elif exc.code == "UnauthorizedOperation":
+                rows.append((step, f"RunInstances DENIED: attach {POLICY_FILE}"))
+            else:
+                rows.append((step, f"RunInstances: {exc.code}: {exc.aws_message}"))
+    except CloudtrainError as exc:
+        rows.append((step, exc.message))
+    return rows

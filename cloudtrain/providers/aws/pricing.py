@@ -8,6 +8,7 @@ import time
 
 from ... import catalog
 from .errors import aws_errors
+from .session import AwsSession
 
 # The Price List Query API answers from us-east-1 (also eu-central-1, ap-south-1) for every
 # region; the region asked about is a filter.
@@ -34,104 +35,106 @@ def price_per_unit(item: str, unit: str) -> float | None:
     return min(prices) if prices else None
 
 
+def _products(aws: AwsSession, filters: dict[str, str]) -> list[str]:
+    """GetProducts for AmazonEC2 with TERM_MATCH filters: the PriceList items (JSON text)."""
+    items: list[str] = []
+    paginator = aws.client("pricing", PRICING_REGION).get_paginator("get_products")
+    with aws_errors(PRICING_REGION, "pricing"):
+        for page in paginator.paginate(
+                ServiceCode="AmazonEC2", FormatVersion="aws_v1", Filters=[
+                    {"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in filters.items()]):
+            items.extend(page.get("PriceList") or [])
+    return items
 
-class PricingMixin:
-    """AWSProvider's price lookups (needs self.client)."""
 
-    def _products(self, filters: dict[str, str]) -> list[str]:
-        """GetProducts for AmazonEC2 with TERM_MATCH filters: the PriceList items (JSON text)."""
-        items: list[str] = []
-        paginator = self.client("pricing", PRICING_REGION).get_paginator("get_products")
-        with aws_errors(PRICING_REGION, "pricing"):
-            for page in paginator.paginate(
-                    ServiceCode="AmazonEC2", FormatVersion="aws_v1", Filters=[
-                        {"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in filters.items()]):
-                items.extend(page.get("PriceList") or [])
-        return items
+def on_demand_prices(aws: AwsSession, region: str, instance_types: list[str]) -> dict[str, float]:
+    """Linux on-demand USD/h per type in `region`, from AWS's public price list: shared
+    tenancy, no pre-installed software, capacity "Used" (the rows a plain RunInstances is
+    billed at). One query per type, a few at a time."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    def on_demand_prices(self, region: str, instance_types: list[str]) -> dict[str, float]:
-        """Linux on-demand USD/h per type in `region`, from AWS's public price list: shared
-        tenancy, no pre-installed software, capacity "Used" (the rows a plain RunInstances is
-        billed at). One query per type, a few at a time."""
-        from concurrent.futures import ThreadPoolExecutor
+    def one(name: str) -> tuple[str, float | None]:
+        items = _products(aws, {**EC2_PRICE_FILTERS, "regionCode": region,
+                                "instanceType": name})
+        prices = [p for p in (price_per_unit(item, "Hrs") for item in items) if p]
+        return name, (min(prices) if prices else None)
 
-        def one(name: str) -> tuple[str, float | None]:
-            items = self._products({**EC2_PRICE_FILTERS, "regionCode": region,
-                                    "instanceType": name})
-            prices = [p for p in (price_per_unit(item, "Hrs") for item in items) if p]
-            return name, (min(prices) if prices else None)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        found = dict(pool.map(one, instance_types))
+    return {name: price for name, price in found.items() if price is not None}
 
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            found = dict(pool.map(one, instance_types))
-        return {name: price for name, price in found.items() if price is not None}
 
-    def gp3_price(self, region: str) -> float | None:
-        """gp3 storage, USD per GB-month in `region`, from the price list."""
-        items = self._products({"productFamily": "Storage", "volumeApiName": "gp3",
-                                "regionCode": region})
-        prices = [p for p in (price_per_unit(item, "GB-Mo") for item in items) if p]
-        return min(prices) if prices else None
+def gp3_price(aws: AwsSession, region: str) -> float | None:
+    """gp3 storage, USD per GB-month in `region`, from the price list."""
+    items = _products(aws, {"productFamily": "Storage", "volumeApiName": "gp3",
+                            "regionCode": region})
+    prices = [p for p in (price_per_unit(item, "GB-Mo") for item in items) if p]
+    return min(prices) if prices else None
 
-    def current_spot_prices(self, region: str, instance_types: list[str]) -> dict[str, dict[str, float]]:
-        """The spot price now, per type and AZ (Linux/UNIX): the newest history row of each."""
-        import datetime
 
-        latest: dict[str, dict[str, tuple[float, float]]] = {}
-        paginator = self.client("ec2", region).get_paginator("describe_spot_price_history")
-        with aws_errors(region):
-            for page in paginator.paginate(
-                    InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"],
-                    StartTime=datetime.datetime.now(datetime.timezone.utc)):
-                for p in page["SpotPriceHistory"]:
-                    at = p["Timestamp"].timestamp()
-                    zones = latest.setdefault(p["InstanceType"], {})
-                    if p["AvailabilityZone"] not in zones or zones[p["AvailabilityZone"]][0] < at:
-                        zones[p["AvailabilityZone"]] = (at, float(p["SpotPrice"]))
-        return {t: {z: price for z, (_, price) in zones.items()} for t, zones in latest.items()}
+def current_spot_prices(aws: AwsSession, region: str, instance_types: list[str]) -> dict[str, dict[str, float]]:
+    """The spot price now, per type and AZ (Linux/UNIX): the newest history row of each."""
+    import datetime
 
-    def refresh_spot(self, region: str) -> str:
-        """Ask EC2 for the current spot price of every catalog type offered in `region`; keep
-        them (per AZ name) for the catalog, --gpus and dry-run estimates. Returns a summary."""
-        types = _offered(region)
-        prices: dict[str, dict[str, float]] = {}
-        for i in range(0, len(types), 50):  # keep each request's filter list modest
-            prices.update(self.current_spot_prices(region, types[i:i + 50]))
-        path = catalog.save_live_spot(region, prices, time.time())
-        zones = sum(len(z) for z in prices.values())
-        return (f"spot prices for {len(prices)} of {len(types)} types ({zones} AZ prices) in "
-                f"{region}, from EC2 now; kept in {path}")
+    latest: dict[str, dict[str, tuple[float, float]]] = {}
+    paginator = aws.client("ec2", region).get_paginator("describe_spot_price_history")
+    with aws_errors(region):
+        for page in paginator.paginate(
+                InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"],
+                StartTime=datetime.datetime.now(datetime.timezone.utc)):
+            for p in page["SpotPriceHistory"]:
+                at = p["Timestamp"].timestamp()
+                zones = latest.setdefault(p["InstanceType"], {})
+                if p["AvailabilityZone"] not in zones or zones[p["AvailabilityZone"]][0] < at:
+                    zones[p["AvailabilityZone"]] = (at, float(p["SpotPrice"]))
+    return {t: {z: price for z, (_, price) in zones.items()} for t, zones in latest.items()}
 
-    def refresh_list_prices(self, region: str) -> str:
-        """Ask the AWS price list for the on-demand price of every catalog type offered in
-        `region`, and for gp3 storage; keep them for the catalog, estimates and costs."""
-        types = _offered(region)
-        prices = self.on_demand_prices(region, types)
-        gp3 = self.gp3_price(region)
-        changed = sum(1 for name, price in prices.items()
-                      if catalog.get(name).on_demand.get(region) != price)
-        path = catalog.save_list_prices(region, prices, gp3, time.time())
-        return (f"on-demand prices for {len(prices)} of {len(types)} types in {region} "
-                f"({changed} differ from before)"
-                + (f", gp3 ${gp3:g}/GB-month" if gp3 is not None else ", no gp3 price")
-                + f", from the AWS price list; kept in {path}")
 
-    def spot_history(self, region: str, zone: str, instance_type: str, start: float,
-                     end: float) -> list[list[float]]:
-        """[(at, USD/h)] for Linux/UNIX in that AZ, from the last change before `start`."""
-        import datetime
+def refresh_spot(aws: AwsSession, region: str) -> str:
+    """Ask EC2 for the current spot price of every catalog type offered in `region`; keep
+    them (per AZ name) for the catalog, --gpus and dry-run estimates. Returns a summary."""
+    types = _offered(region)
+    prices: dict[str, dict[str, float]] = {}
+    for i in range(0, len(types), 50):  # keep each request's filter list modest
+        prices.update(current_spot_prices(aws, region, types[i:i + 50]))
+    path = catalog.save_live_spot(region, prices, time.time())
+    zones = sum(len(z) for z in prices.values())
+    return (f"spot prices for {len(prices)} of {len(types)} types ({zones} AZ prices) in "
+            f"{region}, from EC2 now; kept in {path}")
 
-        def ts(t):
-            return datetime.datetime.fromtimestamp(t, datetime.timezone.utc)
 
-        points = []
-        paginator = self.client("ec2", region).get_paginator("describe_spot_price_history")
-        with aws_errors(region):
-            for page in paginator.paginate(
-                    AvailabilityZone=zone, InstanceTypes=[instance_type],
-                    ProductDescriptions=["Linux/UNIX"], StartTime=ts(start), EndTime=ts(end)):
-                for p in page["SpotPriceHistory"]:
-                    points.append([p["Timestamp"].timestamp(), float(p["SpotPrice"])])
-        return sorted(points)
+def refresh_list_prices(aws: AwsSession, region: str) -> str:
+    """Ask the AWS price list for the on-demand price of every catalog type offered in
+    `region`, and for gp3 storage; keep them for the catalog, estimates and costs."""
+    types = _offered(region)
+    prices = on_demand_prices(aws, region, types)
+    gp3 = gp3_price(aws, region)
+    changed = sum(1 for name, price in prices.items()
+                  if catalog.get(name).on_demand.get(region) != price)
+    path = catalog.save_list_prices(region, prices, gp3, time.time())
+    return (f"on-demand prices for {len(prices)} of {len(types)} types in {region} "
+            f"({changed} differ from before)"
+            + (f", gp3 ${gp3:g}/GB-month" if gp3 is not None else ", no gp3 price")
+            + f", from the AWS price list; kept in {path}")
+
+
+def spot_history(aws: AwsSession, region: str, zone: str, instance_type: str, start: float,
+                 end: float) -> list[list[float]]:
+    """[(at, USD/h)] for Linux/UNIX in that AZ, from the last change before `start`."""
+    import datetime
+
+    def ts(t):
+        return datetime.datetime.fromtimestamp(t, datetime.timezone.utc)
+
+    points = []
+    paginator = aws.client("ec2", region).get_paginator("describe_spot_price_history")
+    with aws_errors(region):
+        for page in paginator.paginate(
+                AvailabilityZone=zone, InstanceTypes=[instance_type],
+                ProductDescriptions=["Linux/UNIX"], StartTime=ts(start), EndTime=ts(end)):
+            for p in page["SpotPriceHistory"]:
+                points.append([p["Timestamp"].timestamp(), float(p["SpotPrice"])])
+    return sorted(points)
 
 
 def _offered(region: str) -> list[str]:

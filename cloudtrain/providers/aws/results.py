@@ -23,218 +23,228 @@ import time
 from pathlib import Path
 
 from ... import catalog
-from . import jobbundle, jobstore, jobstore_fetch
 from ...errors import CloudtrainError
 from ...state import Job, Store
+from . import jobbundle, jobstore, jobstore_fetch
 from .errors import _code, _message, aws_errors, client_error
 from .instances import RUNTIME_MARGIN_MIN
+from .session import AwsSession
 
 STORE_KEEP_DAYS = 30  # the bucket's lifecycle rule deletes a job's objects after this
 LOG_ALLOWANCE_BYTES = 512 << 20  # log, metrics and status, on top of the checkpoint limit
 
 
-class ResultsStoreMixin:
-    def _job_store(self, region: str):
-        """(S3 client, bucket, account) of this account's job store in `region`; the client
-        is made once per region (a launch asks for it several times)."""
-        key = ("job-store", region)
-        if key not in self._clients:
-            arn = self.owner(region)
-            account = arn.split(":")[4] if arn.count(":") >= 5 else ""
-            bucket = self.settings.job_store_bucket or jobstore.bucket_name(account, region)
-            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
-                "AWS_ENDPOINT_URL")
-            self._clients[key] = (jobstore.s3_client(self.session(region), region, endpoint),
-                                  bucket, account)
-        return self._clients[key]
+def _job_store(aws: AwsSession, region: str):
+    """(S3 client, bucket, account) of this account's job store in `region`; the client
+    is made once per region (a launch asks for it several times)."""
+    key = ("job-store", region)
+    if key not in aws.clients:
+        arn = aws.owner(region)
+        account = arn.split(":")[4] if arn.count(":") >= 5 else ""
+        bucket = aws.settings.job_store_bucket or jobstore.bucket_name(account, region)
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
+            "AWS_ENDPOINT_URL")
+        aws.clients[key] = (jobstore.s3_client(aws.session(region), region, endpoint),
+                            bucket, account)
+    return aws.clients[key]
 
-    def upload_bundle(self, store: Store, job: Job, spec, parts: list[tuple[str, Path]],
-                      meta: dict) -> str:
-        """The job's bundle (jobbundle.py) under its prefix in the job store, with the
-        caller's credentials, the manifest last; where it went and its size, in words."""
-        region = getattr(spec, "store_region", None) or spec.region or self.region_of(job)
-        s3, bucket, account = self._job_store(region)
-        prefix = jobstore.job_prefix(job.id, owner_key=self._store_owner(store, job))
-        with aws_errors(region, "s3"):
-            doc = jobbundle.upload(s3, bucket, prefix, parts, meta,
-                                   expected_owner=account or None)
-        size = sum(o["size"] for o in doc["objects"])
-        return (f"bundle: {len(doc['objects'])} objects, {size / 1e6:.1f} MB "
-                f"({meta['archive']['files']} synced files) to "
-                f"s3://{bucket}/{prefix}bundle/, for an instance that starts the job by itself")
 
-    def ensure_job_store(self, region: str, owner_key: str | None = None) -> tuple[str, bool]:
-        """The job store's bucket in `region`, checked with one listing of the caller's own
-        prefix (`owner_key`: the job's, by default the caller's), or created and locked down
-        by whoever may (F32: a one-time administrator's step): (bucket, created now). S3's
-        refusals are said with the action refused (AWSError)."""
-        import botocore.exceptions
+def upload_bundle(aws: AwsSession, store: Store, job: Job, spec, parts: list[tuple[str, Path]],
+                  meta: dict) -> str:
+    """The job's bundle (jobbundle.py) under its prefix in the job store, with the
+    caller's credentials, the manifest last; where it went and its size, in words."""
+    region = getattr(spec, "store_region", None) or spec.region or aws.region_of(job)
+    s3, bucket, account = _job_store(aws, region)
+    prefix = jobstore.job_prefix(job.id, owner_key=_store_owner(aws, store, job))
+    with aws_errors(region, "s3"):
+        doc = jobbundle.upload(s3, bucket, prefix, parts, meta,
+                               expected_owner=account or None)
+    size = sum(o["size"] for o in doc["objects"])
+    return (f"bundle: {len(doc['objects'])} objects, {size / 1e6:.1f} MB "
+            f"({meta['archive']['files']} synced files) to "
+            f"s3://{bucket}/{prefix}bundle/, for an instance that starts the job by itself")
 
-        s3, bucket, _ = self._job_store(region)
-        owner_key = owner_key if owner_key is not None else self.owner_key(region)
-        try:
-            created = jobstore.ensure_bucket(s3, bucket, region, self.owner(region),
-                                             expire_days=STORE_KEEP_DAYS, owner_key=owner_key)
-        except botocore.exceptions.ClientError as exc:
-            raise client_error(exc, region, "s3") from exc
-        return bucket, created
 
-    def job_store_found(self, region: str) -> tuple[str, bool]:
-        """Read-only (`check`): the job store's bucket in `region` and whether it is there and
-        ours (False: not made yet); one the account does not own, or these credentials may
-        not use, is a CloudtrainError."""
-        import botocore.exceptions
+def ensure_job_store(aws: AwsSession, region: str, owner_key: str | None = None) -> tuple[str, bool]:
+    """The job store's bucket in `region`, checked with one listing of the caller's own
+    prefix (`owner_key`: the job's, by default the caller's), or created and locked down
+    by whoever may (F32: a one-time administrator's step): (bucket, created now). S3's
+    refusals are said with the action refused (AWSError)."""
+    import botocore.exceptions
 
-        s3, bucket, _ = self._job_store(region)
-        try:
-            return bucket, jobstore.bucket_is_ours(s3, bucket, self.owner(region),
-                                                   self.owner_key(region))
-        except botocore.exceptions.ClientError as exc:
-            raise client_error(exc, region, "s3") from exc
+    s3, bucket, _ = _job_store(aws, region)
+    owner_key = owner_key if owner_key is not None else aws.owner_key(region)
+    try:
+        created = jobstore.ensure_bucket(s3, bucket, region, aws.owner(region),
+                                         expire_days=STORE_KEEP_DAYS, owner_key=owner_key)
+    except botocore.exceptions.ClientError as exc:
+        raise client_error(exc, region, "s3") from exc
+    return bucket, created
 
-    def put_stored_object(self, region: str, job_id: str, name: str, data: bytes) -> str:
-        """Write one object under the job's prefix of the job store (`check --launch`: a file
-        the instance then reads with its role); returns its s3:// URL."""
-        s3, bucket, account = self._job_store(region)
-        with aws_errors(region, "s3"):
-            key = jobstore.put(s3, bucket, job_id, name, data, expected_owner=account or None,
-                               owner_key=self.owner_key(region))
-        return f"s3://{bucket}/{key}"
 
-    def delete_results(self, region: str, job_id: str) -> int:
-        """Delete what the job store holds for the job (every object under the caller's
-        jobs/<owner>/<id>/); returns how many there were."""
-        s3, bucket, account = self._job_store(region)
-        with aws_errors(region, "s3"):
-            return jobstore.delete_job(s3, bucket, job_id, expected_owner=account or None,
-                                       owner_key=self.owner_key(region))
+def job_store_found(aws: AwsSession, region: str) -> tuple[str, bool]:
+    """Read-only (`check`): the job store's bucket in `region` and whether it is there and
+    ours (False: not made yet); one the account does not own, or these credentials may
+    not use, is a CloudtrainError."""
+    import botocore.exceptions
 
-    def _store_owner(self, store: Store, job: Job, record: bool = False,
-                     region: str | None = None) -> str | None:
-        """The owner key of the job's prefix, as kept with the job; None for a job recorded
-        before owner prefixes (jobs/<id>/). `record`: a job without one takes the caller's
-        (the first grant: from then on the job writes, and is read, there)."""
-        kept = (store.job(job.id).spec or {}).get("store_owner")
-        if kept is not None or not record:
-            return kept
-        owner_key = self.owner_key(region)
-        store.update_job(job.id, spec={**store.job(job.id).spec, "store_owner": owner_key})
-        return owner_key
+    s3, bucket, _ = _job_store(aws, region)
+    try:
+        return bucket, jobstore.bucket_is_ours(s3, bucket, aws.owner(region),
+                                               aws.owner_key(region))
+    except botocore.exceptions.ClientError as exc:
+        raise client_error(exc, region, "s3") from exc
 
-    def results_plan(self, spec, region: str) -> str:
-        """The dry run's line: where the results go, or what waiting for the CLI costs."""
-        if not self.settings.job_store:
-            wait = self.settings.collect_wait_minutes
-            t = catalog.get(spec.instance_type) if spec.instance_type else None
-            price = t.price(region, spec.market) if t else None
-            cost = f", up to ${price * wait / 60:.2f}" if price else ""
-            return (f"no S3 job store (job_store: false): the instance waits up to {wait:g} "
-                    f"min after the job for the CLI to collect (billed{cost})")
-        bucket = self.settings.job_store_bucket or f"cloudtrain-<account>-{region}"
-        return (f"s3://{bucket}/jobs/<your user id>/<job>/ before the power-off (log, metrics, "
-                f"checkpoints; kept {STORE_KEEP_DAYS} days; the instance gets a presigned POST, "
-                "no keys)")
 
-    def results_grant(self, store: Store, job: Job, spec, node: int = 0
-                      ) -> tuple[dict | None, str | None]:
-        """The agent's upload grant, valid for the job's whole life (its max runtime plus the
-        power-off margin and an hour), and one line for the user. Without S3 permissions
-        the launch goes on, and the line says what is lost. `node`: node i > 0 of a job on
-        several machines stores under its own prefix (jobs/<id>/nodes/<i>/)."""
-        import botocore.exceptions
+def put_stored_object(aws: AwsSession, region: str, job_id: str, name: str, data: bytes) -> str:
+    """Write one object under the job's prefix of the job store (`check --launch`: a file
+    the instance then reads with its role); returns its s3:// URL."""
+    s3, bucket, account = _job_store(aws, region)
+    with aws_errors(region, "s3"):
+        key = jobstore.put(s3, bucket, job_id, name, data, expected_owner=account or None,
+                           owner_key=aws.owner_key(region))
+    return f"s3://{bucket}/{key}"
 
-        if not self.settings.job_store:
-            return None, (f"no S3 job store (job_store: false): after the job the instance "
-                          f"waits up to {self.settings.collect_wait_minutes:g} min (billed) for "
-                          f"`cloudtrain status {job.id}` to bring the results home; after "
-                          "that they are lost")
-        # Every attempt of a recovering job stores into the first attempt's bucket, where the
-        # next one finds its checkpoint (spec.store_region, set by the relaunch).
-        region = getattr(spec, "store_region", None) or spec.region or self.region_of(job)
-        try:
-            s3, bucket, _ = self._job_store(region)
-            owner_key = self._store_owner(store, job, record=True, region=region)
-            if node == 0:  # the other nodes' grants come right after node 0's, same bucket
-                self.ensure_job_store(region, owner_key)
-            # A job queued on a kept instance first waits for the jobs ahead of it there.
-            waits = float((getattr(spec, "kept", None) or {}).get("wait_s") or 0)
-            lifetime = spec.max_runtime_s + waits + RUNTIME_MARGIN_MIN * 60 + 3600
-            prefix = jobstore.job_prefix(job.id, owner_key=owner_key)
-            note = (f"results: s3://{bucket}/{prefix} when the job ends, whoever is "
-                    f"watching (kept {STORE_KEEP_DAYS} days)")
-            ends = jobstore.credential_expiry(self.session(region))
-            if ends is not None and ends - time.time() < lifetime:
-                lifetime = max(60.0, ends - time.time())
-                note = (f"WARNING: {note}; your AWS credentials are temporary and end in "
-                        f"{lifetime / 60:.0f} min: a job ending after that cannot store its "
-                        f"results (keep `cloudtrain logs {job.id} -f` running, or use "
-                        "long-term credentials)")
-            grant = jobstore.upload_grant(s3, bucket, job.id,
-                                          int(min(lifetime, jobstore.GRANT_MAX_S)),
-                                          jobstore.POST_MAX_BYTES, node=node,
-                                          owner_key=owner_key)
-            return grant, note
-        except (CloudtrainError, botocore.exceptions.ClientError,
-                botocore.exceptions.BotoCoreError) as exc:
-            why = exc.message if isinstance(exc, CloudtrainError) else \
-                f"{_code(exc) or type(exc).__name__}: {_message(exc)}"
-            return None, (f"WARNING: no S3 job store ({why}). After the job the instance "
-                          f"waits up to {self.settings.collect_wait_minutes:g} min (billed) for "
-                          f"`cloudtrain status {job.id}` to bring the results home; after that "
-                          "they are lost (collect_wait_minutes: in config.yaml)")
 
-    def checkpoint_plan(self, store: Store, job: Job, expires_s: float) -> dict | None:
-        """The job's latest checkpoint in the job store (streamed there by the agent as it was
-        written, jobstore_fetch.latest_checkpoint) as a restore plan for the new host: presigned
-        GETs, so the host needs no AWS credentials. None when none was stored; a manifest or
-        object that does not check out raises (the relaunch says why)."""
-        import botocore.exceptions
+def delete_results(aws: AwsSession, region: str, job_id: str) -> int:
+    """Delete what the job store holds for the job (every object under the caller's
+    jobs/<owner>/<id>/); returns how many there were."""
+    s3, bucket, account = _job_store(aws, region)
+    with aws_errors(region, "s3"):
+        return jobstore.delete_job(s3, bucket, job_id, expected_owner=account or None,
+                                   owner_key=aws.owner_key(region))
 
-        if not self.settings.job_store:
-            return None
-        first = store.attempt(job.id, 1)
-        region = (first.region if first and first.region else None) or \
-            (job.spec or {}).get("store_region") or self.region_of(job)
-        try:
-            s3, bucket, account = self._job_store(region)
-            owner_key = self._store_owner(store, job)
-            manifest = jobstore_fetch.latest_checkpoint(s3, bucket, job.id,
-                                                  expected_owner=account or None,
-                                                  owner_key=owner_key)
-            if manifest is None:
-                return None
-            return jobstore_fetch.restore_plan(s3, bucket, job.id, manifest,
-                                         int(min(expires_s, jobstore.GRANT_MAX_S)),
-                                         owner_key=owner_key)
-        except botocore.exceptions.ClientError as exc:
-            raise CloudtrainError(f"the job store's checkpoint of job {job.id} could not be "
-                                  f"read: {_code(exc)}: {_message(exc)}") from exc
-        except botocore.exceptions.BotoCoreError as exc:
-            raise CloudtrainError(f"the job store could not be read: {exc}") from exc
 
-    def fetch_results(self, store: Store, job: Job, local: Path, node: int = 0
-                      ) -> dict | None:
-        """What the agent stored for the job (for node `node` of a job on several machines),
-        brought into `local` (checked as untrusted: paths, sizes, the manifest's sha256).
-        None when nothing was stored."""
-        import boto3.exceptions
-        import botocore.exceptions
+def _store_owner(aws: AwsSession, store: Store, job: Job, record: bool = False,
+                 region: str | None = None) -> str | None:
+    """The owner key of the job's prefix, as kept with the job; None for a job recorded
+    before owner prefixes (jobs/<id>/). `record`: a job without one takes the caller's
+    (the first grant: from then on the job writes, and is read, there)."""
+    kept = (store.job(job.id).spec or {}).get("store_owner")
+    if kept is not None or not record:
+        return kept
+    owner_key = aws.owner_key(region)
+    store.update_job(job.id, spec={**store.job(job.id).spec, "store_owner": owner_key})
+    return owner_key
 
-        regions = {i.region for i in store.instances(job.id) if i.region} or {self.region_of(job)}
-        limit = int(self.settings.collect_checkpoints_mb * 1e6) + LOG_ALLOWANCE_BYTES
-        owner_key = self._store_owner(store, job)
-        for region in sorted(regions):
-            try:
-                s3, bucket, account = self._job_store(region)
-                got = jobstore_fetch.fetch(s3, bucket, job.id, Path(local), limit,
-                                     expected_owner=account or None, node=node,
-                                     owner_key=owner_key)
-            except botocore.exceptions.ClientError as exc:
-                raise CloudtrainError(f"the job store s3://.../{job.id}/ could not be read: "
-                                      f"{_code(exc)}: {_message(exc)}") from exc
-            except (botocore.exceptions.BotoCoreError, boto3.exceptions.Boto3Error) as exc:
-                raise CloudtrainError(f"the job store could not be read: {exc}") from exc
-            if got.found:
-                return {"files": len(got.files), "bytes": got.bytes, "complete": got.complete,
-                        "skipped": got.skipped}
+
+def results_plan(aws: AwsSession, spec, region: str) -> str:
+    """The dry run's line: where the results go, or what waiting for the CLI costs."""
+    if not aws.settings.job_store:
+        wait = aws.settings.collect_wait_minutes
+        t = catalog.get(spec.instance_type) if spec.instance_type else None
+        price = t.price(region, spec.market) if t else None
+        cost = f", up to ${price * wait / 60:.2f}" if price else ""
+        return (f"no S3 job store (job_store: false): the instance waits up to {wait:g} "
+                f"min after the job for the CLI to collect (billed{cost})")
+    bucket = aws.settings.job_store_bucket or f"cloudtrain-<account>-{region}"
+    return (f"s3://{bucket}/jobs/<your user id>/<job>/ before the power-off (log, metrics, "
+            f"checkpoints; kept {STORE_KEEP_DAYS} days; the instance gets a presigned POST, "
+            "no keys)")
+
+
+def results_grant(aws: AwsSession, store: Store, job: Job, spec, node: int = 0
+                  ) -> tuple[dict | None, str | None]:
+    """The agent's upload grant, valid for the job's whole life (its max runtime plus the
+    power-off margin and an hour), and one line for the user. Without S3 permissions
+    the launch goes on, and the line says what is lost. `node`: node i > 0 of a job on
+    several machines stores under its own prefix (jobs/<id>/nodes/<i>/)."""
+    import botocore.exceptions
+
+    if not aws.settings.job_store:
+        return None, (f"no S3 job store (job_store: false): after the job the instance "
+                      f"waits up to {aws.settings.collect_wait_minutes:g} min (billed) for "
+                      f"`cloudtrain status {job.id}` to bring the results home; after "
+                      "that they are lost")
+    # Every attempt of a recovering job stores into the first attempt's bucket, where the
+    # next one finds its checkpoint (spec.store_region, set by the relaunch).
+    region = getattr(spec, "store_region", None) or spec.region or aws.region_of(job)
+    try:
+        s3, bucket, _ = _job_store(aws, region)
+        owner_key = _store_owner(aws, store, job, record=True, region=region)
+        if node == 0:  # the other nodes' grants come right after node 0's, same bucket
+            ensure_job_store(aws, region, owner_key)
+        # A job queued on a kept instance first waits for the jobs ahead of it there.
+        waits = float((getattr(spec, "kept", None) or {}).get("wait_s") or 0)
+        lifetime = spec.max_runtime_s + waits + RUNTIME_MARGIN_MIN * 60 + 3600
+        prefix = jobstore.job_prefix(job.id, owner_key=owner_key)
+        note = (f"results: s3://{bucket}/{prefix} when the job ends, whoever is "
+                f"watching (kept {STORE_KEEP_DAYS} days)")
+        ends = jobstore.credential_expiry(aws.session(region))
+        if ends is not None and ends - time.time() < lifetime:
+            lifetime = max(60.0, ends - time.time())
+            note = (f"WARNING: {note}; your AWS credentials are temporary and end in "
+                    f"{lifetime / 60:.0f} min: a job ending after that cannot store its "
+                    f"results (keep `cloudtrain logs {job.id} -f` running, or use "
+                    "long-term credentials)")
+        grant = jobstore.upload_grant(s3, bucket, job.id,
+                                      int(min(lifetime, jobstore.GRANT_MAX_S)),
+                                      jobstore.POST_MAX_BYTES, node=node,
+                                      owner_key=owner_key)
+        return grant, note
+    except (CloudtrainError, botocore.exceptions.ClientError,
+            botocore.exceptions.BotoCoreError) as exc:
+        why = exc.message if isinstance(exc, CloudtrainError) else \
+            f"{_code(exc) or type(exc).__name__}: {_message(exc)}"
+        return None, (f"WARNING: no S3 job store ({why}). After the job the instance "
+                      f"waits up to {aws.settings.collect_wait_minutes:g} min (billed) for "
+                      f"`cloudtrain status {job.id}` to bring the results home; after that "
+                      "they are lost (collect_wait_minutes: in config.yaml)")
+
+
+def checkpoint_plan(aws: AwsSession, store: Store, job: Job, expires_s: float) -> dict | None:
+    """The job's latest checkpoint in the job store (streamed there by the agent as it was
+    written, jobstore_fetch.latest_checkpoint) as a restore plan for the new host: presigned
+    GETs, so the host needs no AWS credentials. None when none was stored; a manifest or
+    object that does not check out raises (the relaunch says why)."""
+    import botocore.exceptions
+
+    if not aws.settings.job_store:
         return None
+    first = store.attempt(job.id, 1)
+    region = (first.region if first and first.region else None) or \
+        (job.spec or {}).get("store_region") or aws.region_of(job)
+    try:
+        s3, bucket, account = _job_store(aws, region)
+        owner_key = _store_owner(aws, store, job)
+        manifest = jobstore_fetch.latest_checkpoint(s3, bucket, job.id,
+                                              expected_owner=account or None,
+                                              owner_key=owner_key)
+        if manifest is None:
+            return None
+        return jobstore_fetch.restore_plan(s3, bucket, job.id, manifest,
+                                     int(min(expires_s, jobstore.GRANT_MAX_S)),
+                                     owner_key=owner_key)
+    except botocore.exceptions.ClientError as exc:
+        raise CloudtrainError(f"the job store's checkpoint of job {job.id} could not be "
+                              f"read: {_code(exc)}: {_message(exc)}") from exc
+    except botocore.exceptions.BotoCoreError as exc:
+        raise CloudtrainError(f"the job store could not be read: {exc}") from exc
+
+
+def fetch_results(aws: AwsSession, store: Store, job: Job, local: Path, node: int = 0
+                  ) -> dict | None:
+    """What the agent stored for the job (for node `node` of a job on several machines),
+    brought into `local` (checked as untrusted: paths, sizes, the manifest's sha256).
+    None when nothing was stored."""
+    import boto3.exceptions
+    import botocore.exceptions
+
+    regions = {i.region for i in store.instances(job.id) if i.region} or {aws.region_of(job)}
+    limit = int(aws.settings.collect_checkpoints_mb * 1e6) + LOG_ALLOWANCE_BYTES
+    owner_key = _store_owner(aws, store, job)
+    for region in sorted(regions):
+        try:
+            s3, bucket, account = _job_store(aws, region)
+            got = jobstore_fetch.fetch(s3, bucket, job.id, Path(local), limit,
+                                 expected_owner=account or None, node=node,
+                                 owner_key=owner_key)
+        except botocore.exceptions.ClientError as exc:
+            raise CloudtrainError(f"the job store s3://.../{job.id}/ could not be read: "
+                                  f"{_code(exc)}: {_message(exc)}") from exc
+        except (botocore.exceptions.BotoCoreError, boto3.exceptions.Boto3Error) as exc:
+            raise CloudtrainError(f"the job store could not be read: {exc}") from exc
+        if got.found:
+            return {"files": len(got.files), "bytes": got.bytes, "complete": got.complete,
+                    "skipped": got.skipped}
+    return None

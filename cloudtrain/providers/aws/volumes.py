@@ -29,8 +29,10 @@ import time
 
 from ...errors import CloudtrainError, NotFound, UsageError
 from ...state import Job, Store
+from . import host_setup
 from .errors import _code, aws_errors
-from .tags import TAG_JOB, TAG_OWNER
+from .session import AwsSession
+from .tags import TAG_JOB, TAG_OWNER, job_tags
 
 DEVICES = ("/dev/sdf", "/dev/sdg", "/dev/sdh", "/dev/sdi", "/dev/sdj", "/dev/sdk")
 VOLUME_WAIT_S = 600.0  # a large volume from a snapshot can take minutes to be available
@@ -61,180 +63,188 @@ fi
 """
 
 
-class VolumesMixin:
-    def snapshot_size(self, spec, snapshot_id: str) -> int:
-        """The snapshot's size in GiB (what the volume made from it needs at least)."""
-        from botocore.exceptions import ClientError
+def snapshot_size(aws: AwsSession, spec, snapshot_id: str) -> int:
+    """The snapshot's size in GiB (what the volume made from it needs at least)."""
+    from botocore.exceptions import ClientError
 
-        region = self.region(spec)
+    region = aws.region(spec)
+    try:
+        found = aws.client("ec2", region).describe_snapshots(SnapshotIds=[snapshot_id])
+    except ClientError as exc:
+        if _code(exc) in ("InvalidSnapshot.NotFound", "InvalidSnapshotID.Malformed"):
+            raise NotFound(f"no EBS snapshot {snapshot_id} in {region} (snapshots belong to "
+                           "one region)",
+                           hint=f"copy it: aws ec2 copy-snapshot --source-snapshot-id "
+                                f"{snapshot_id} --source-region SRC --region {region}"
+                           ) from None
+        raise
+    snaps = found.get("Snapshots") or []
+    if not snaps:
+        raise NotFound(f"no EBS snapshot {snapshot_id} in {region}")
+    snap = snaps[0]
+    if snap.get("State") != "completed":
+        raise UsageError(f"EBS snapshot {snapshot_id} is {snap.get('State')} "
+                         f"({snap.get('Progress') or '?'}): a volume can be made from it "
+                         "once it is completed")
+    size = snap.get("VolumeSize")
+    if not isinstance(size, int) or size <= 0:
+        raise CloudtrainError(f"EBS snapshot {snapshot_id}: EC2 gave no size ({size!r})")
+    return size
+
+
+def attach_snapshots(aws: AwsSession, store: Store, job: Job, spec, region: str, instance_id: str,
+                     zone: str, owner: str) -> list[dict]:
+    """A volume from each snapshot dataset, in the instance's AZ, attached to it and set
+    to go with it; each recorded with the instance (for the bill and for release)."""
+    sources = [d for d in spec.datasets if d["kind"] == "snapshot"]
+    if not sources:
+        return []
+    if len(sources) > len(DEVICES):
+        raise UsageError(f"at most {len(DEVICES)} snapshot datasets per job")
+    with aws_errors(region):
+        return _attach(aws, store, job, spec, sources, aws.client("ec2", region),
+                       instance_id, zone, owner)
+
+
+def _attach(aws: AwsSession, store, job, spec, sources, ec2, instance_id, zone, owner) -> list[dict]:
+    made: list[dict] = []
+    tags = job_tags(job, spec, owner)
+    for source, device in zip(sources, DEVICES):
+        size = int((spec.staging or {}).get(source["name"], {}).get("bytes", 0) // (1 << 30))
+        if source.get("first_read") == "fsr":
+            _check_fsr(ec2, source["location"], zone)
+        vol = ec2.create_volume(
+            SnapshotId=source["location"], AvailabilityZone=zone, VolumeType="gp3",
+            Throughput=int(source.get("throughput") or 125),
+            Iops=int(source.get("iops") or 3000), Encrypted=True,
+            TagSpecifications=[{"ResourceType": "volume", "Tags": tags + [
+                {"Key": "cloudtrain:dataset", "Value": source["name"]}]}])
+        entry = {"name": source["name"], "volume": vol["VolumeId"], "device": device,
+                 "gb": int(vol.get("Size") or size), "mbps": source.get("throughput"),
+                 "iops": source.get("iops"), "snapshot": source["location"]}
+        made.append(entry)
+        _record_volumes(store, instance_id, made)
+        store.add_event(job.id, "volume", detail=(
+            f"{entry['volume']} ({entry['gb']} GiB gp3, {entry['mbps']} MB/s, "
+            f"{entry['iops']} IOPS) from {source['location']} in {zone} for {source['name']}"))
+        _wait_volume(aws, ec2, entry["volume"], "available")
+        ec2.attach_volume(VolumeId=entry["volume"], InstanceId=instance_id, Device=device)
+        _wait_volume(aws, ec2, entry["volume"], "in-use")
+        # From here the volume goes with the instance; until here, release deletes it
+        # by its tag (delete_job_volumes), attached or not.
+        ec2.modify_instance_attribute(InstanceId=instance_id, BlockDeviceMappings=[
+            {"DeviceName": device, "Ebs": {"DeleteOnTermination": True}}])
+    return made
+
+
+def _check_fsr(ec2, snapshot_id: str, zone: str) -> None:
+    found = ec2.describe_fast_snapshot_restores(Filters=[
+        {"Name": "snapshot-id", "Values": [snapshot_id]},
+        {"Name": "availability-zone", "Values": [zone]}]).get("FastSnapshotRestores") or []
+    if not any(f.get("State") == "enabled" for f in found):
+        raise UsageError(f"first_read: fsr, but fast snapshot restore is not enabled for "
+                         f"{snapshot_id} in {zone}",
+                         hint=f"aws ec2 enable-fast-snapshot-restores --source-snapshot-ids "
+                              f"{snapshot_id} --availability-zones {zone} (billed per hour "
+                              "while enabled), or first_read: preread")
+
+
+def _wait_volume(aws: AwsSession, ec2, volume_id: str, state: str) -> None:
+    deadline = time.monotonic() + VOLUME_WAIT_S
+    while True:
+        vols = ec2.describe_volumes(VolumeIds=[volume_id]).get("Volumes") or []
+        now = vols[0].get("State") if vols else None
+        if now == state:
+            return
+        if now == "error" or time.monotonic() > deadline:
+            raise CloudtrainError(f"volume {volume_id} is {now}, not {state}, after "
+                                  f"{VOLUME_WAIT_S:.0f} s")
+        time.sleep(aws.settings.poll_seconds)
+
+
+def _record_volumes(store: Store, instance_id: str, volumes: list[dict]) -> None:
+    row = store.db.execute("SELECT details FROM instances WHERE id = ?",
+                           (instance_id,)).fetchone()
+    details = json.loads(row["details"]) if row and row["details"] else {}
+    details["data_volumes"] = volumes
+    store.update_instance(instance_id, details=json.dumps(details))
+
+
+def mount_snapshots(aws: AwsSession, store: Store, job: Job, host,
+                    instance: str | None = None) -> dict[str, str]:
+    """Mount each snapshot volume attached to the job's instance (`instance`: that node's
+    of a job on several) read-only below the host's root: {dataset name: mountpoint}."""
+    mounts: dict[str, str] = {}
+    for inst in store.instances(job.id):
+        if instance is not None and inst.id != instance:
+            continue
+        if inst.state == "terminated":  # an earlier attempt's instance
+            continue
+        for v in (inst.details or {}).get("data_volumes") or []:
+            mountpoint = f"{host_setup.root(aws, host)}/volumes/{v['name']}"
+            xen = v["device"].replace("/dev/sd", "/dev/xvd")
+            result = host.run("bash -c " + shlex.quote(MOUNT_SCRIPT) + " mount " + shlex.join(
+                [v["volume"].replace("-", ""), xen, mountpoint, str(int(MOUNT_WAIT_S))]),
+                check=False, timeout=MOUNT_WAIT_S + 60)
+            if not result.ok:
+                why = (result.stderr.strip().splitlines() or ["no output"])[-1][:300]
+                raise CloudtrainError(f"dataset {v['name']}: mounting volume {v['volume']} "
+                                      f"on the instance failed: {why}")
+            mounts[v["name"]] = mountpoint
+    return mounts
+
+
+def dataset_volumes(aws: AwsSession, region: str, owner: str, client=None) -> list[dict]:
+    """This owner's dataset volumes in the region that no instance has attached."""
+    with aws_errors(region):
+        return (client or aws.client("ec2", region)).describe_volumes(Filters=[
+            {"Name": f"tag:{TAG_OWNER}", "Values": [owner]},
+            {"Name": "tag-key", "Values": ["cloudtrain:dataset"]},
+            {"Name": "status", "Values": ["available"]}]).get("Volumes") or []
+
+
+def orphan_volumes(store: Store, region: str, volumes: list[dict]) -> list[dict]:
+    """Of those `volumes` (dataset_volumes), the ones whose job is not being launched (a
+    launcher killed between CreateVolume and AttachVolume): what `down --all` deletes,
+    in the shape of `orphans()`' instances."""
+    out = []
+    for v in volumes:
+        tags = {t["Key"]: t["Value"] for t in v.get("Tags", [])}
         try:
-            found = self.client("ec2", region).describe_snapshots(SnapshotIds=[snapshot_id])
-        except ClientError as exc:
-            if _code(exc) in ("InvalidSnapshot.NotFound", "InvalidSnapshotID.Malformed"):
-                raise NotFound(f"no EBS snapshot {snapshot_id} in {region} (snapshots belong to "
-                               "one region)",
-                               hint=f"copy it: aws ec2 copy-snapshot --source-snapshot-id "
-                                    f"{snapshot_id} --source-region SRC --region {region}"
-                               ) from None
-            raise
-        snaps = found.get("Snapshots") or []
-        if not snaps:
-            raise NotFound(f"no EBS snapshot {snapshot_id} in {region}")
-        snap = snaps[0]
-        if snap.get("State") != "completed":
-            raise UsageError(f"EBS snapshot {snapshot_id} is {snap.get('State')} "
-                             f"({snap.get('Progress') or '?'}): a volume can be made from it "
-                             "once it is completed")
-        size = snap.get("VolumeSize")
-        if not isinstance(size, int) or size <= 0:
-            raise CloudtrainError(f"EBS snapshot {snapshot_id}: EC2 gave no size ({size!r})")
-        return size
+            active = store.job(tags.get(TAG_JOB, "")).active
+        except CloudtrainError:
+            active = False
+        if not active:
+            out.append({"id": v["VolumeId"], "region": region, "job": tags.get(TAG_JOB),
+                        "type": f"volume {v.get('Size')} GiB", "state": v.get("State"),
+                        "launched_at": v["CreateTime"].timestamp()
+                        if hasattr(v.get("CreateTime"), "timestamp") else None})
+    return out
 
-    def attach_snapshots(self, store: Store, job: Job, spec, region: str, instance_id: str,
-                         zone: str, owner: str) -> list[dict]:
-        """A volume from each snapshot dataset, in the instance's AZ, attached to it and set
-        to go with it; each recorded with the instance (for the bill and for release)."""
-        sources = [d for d in spec.datasets if d["kind"] == "snapshot"]
-        if not sources:
-            return []
-        if len(sources) > len(DEVICES):
-            raise UsageError(f"at most {len(DEVICES)} snapshot datasets per job")
-        with aws_errors(region):
-            return self._attach(store, job, spec, sources, self.client("ec2", region),
-                                instance_id, zone, owner)
 
-    def _attach(self, store, job, spec, sources, ec2, instance_id, zone, owner) -> list[dict]:
-        made: list[dict] = []
-        tags = self._tags(job, spec, owner)
-        for source, device in zip(sources, DEVICES):
-            size = int((spec.staging or {}).get(source["name"], {}).get("bytes", 0) // (1 << 30))
-            if source.get("first_read") == "fsr":
-                self._check_fsr(ec2, source["location"], zone)
-            vol = ec2.create_volume(
-                SnapshotId=source["location"], AvailabilityZone=zone, VolumeType="gp3",
-                Throughput=int(source.get("throughput") or 125),
-                Iops=int(source.get("iops") or 3000), Encrypted=True,
-                TagSpecifications=[{"ResourceType": "volume", "Tags": tags + [
-                    {"Key": "cloudtrain:dataset", "Value": source["name"]}]}])
-            entry = {"name": source["name"], "volume": vol["VolumeId"], "device": device,
-                     "gb": int(vol.get("Size") or size), "mbps": source.get("throughput"),
-                     "iops": source.get("iops"), "snapshot": source["location"]}
-            made.append(entry)
-            self._record_volumes(store, instance_id, made)
-            store.add_event(job.id, "volume", detail=(
-                f"{entry['volume']} ({entry['gb']} GiB gp3, {entry['mbps']} MB/s, "
-                f"{entry['iops']} IOPS) from {source['location']} in {zone} for {source['name']}"))
-            self._wait_volume(ec2, entry["volume"], "available")
-            ec2.attach_volume(VolumeId=entry["volume"], InstanceId=instance_id, Device=device)
-            self._wait_volume(ec2, entry["volume"], "in-use")
-            # From here the volume goes with the instance; until here, release deletes it
-            # by its tag (delete_job_volumes), attached or not.
-            ec2.modify_instance_attribute(InstanceId=instance_id, BlockDeviceMappings=[
-                {"DeviceName": device, "Ebs": {"DeleteOnTermination": True}}])
-        return made
+def delete_job_volumes(aws: AwsSession, region: str, job_id: str) -> int:
+    """Delete the job's volumes that are not attached (made, then the launch failed
+    before or while attaching): attached ones go with their instance."""
+    with aws_errors(region):
+        return _delete_job_volumes(aws, aws.client("ec2", region), job_id)
 
-    def _check_fsr(self, ec2, snapshot_id: str, zone: str) -> None:
-        found = ec2.describe_fast_snapshot_restores(Filters=[
-            {"Name": "snapshot-id", "Values": [snapshot_id]},
-            {"Name": "availability-zone", "Values": [zone]}]).get("FastSnapshotRestores") or []
-        if not any(f.get("State") == "enabled" for f in found):
-            raise UsageError(f"first_read: fsr, but fast snapshot restore is not enabled for "
-                             f"{snapshot_id} in {zone}",
-                             hint=f"aws ec2 enable-fast-snapshot-restores --source-snapshot-ids "
-                                  f"{snapshot_id} --availability-zones {zone} (billed per hour "
-                                  "while enabled), or first_read: preread")
 
-    def _wait_volume(self, ec2, volume_id: str, state: str) -> None:
-        deadline = time.monotonic() + VOLUME_WAIT_S
-        while True:
-            vols = ec2.describe_volumes(VolumeIds=[volume_id]).get("Volumes") or []
-            now = vols[0].get("State") if vols else None
-            if now == state:
-                return
-            if now == "error" or time.monotonic() > deadline:
-                raise CloudtrainError(f"volume {volume_id} is {now}, not {state}, after "
-                                      f"{VOLUME_WAIT_S:.0f} s")
-            time.sleep(self.settings.poll_seconds)
-
-    @staticmethod
-    def _record_volumes(store: Store, instance_id: str, volumes: list[dict]) -> None:
-        row = store.db.execute("SELECT details FROM instances WHERE id = ?",
-                               (instance_id,)).fetchone()
-        details = json.loads(row["details"]) if row and row["details"] else {}
-        details["data_volumes"] = volumes
-        store.update_instance(instance_id, details=json.dumps(details))
-
-    def mount_snapshots(self, store: Store, job: Job, host,
-                        instance: str | None = None) -> dict[str, str]:
-        """Mount each snapshot volume attached to the job's instance (`instance`: that node's
-        of a job on several) read-only below the host's root: {dataset name: mountpoint}."""
-        mounts: dict[str, str] = {}
-        for inst in store.instances(job.id):
-            if instance is not None and inst.id != instance:
-                continue
-            if inst.state == "terminated":  # an earlier attempt's instance
-                continue
-            for v in (inst.details or {}).get("data_volumes") or []:
-                mountpoint = f"{self.root(host)}/volumes/{v['name']}"
-                xen = v["device"].replace("/dev/sd", "/dev/xvd")
-                result = host.run("bash -c " + shlex.quote(MOUNT_SCRIPT) + " mount " + shlex.join(
-                    [v["volume"].replace("-", ""), xen, mountpoint, str(int(MOUNT_WAIT_S))]),
-                    check=False, timeout=MOUNT_WAIT_S + 60)
-                if not result.ok:
-                    why = (result.stderr.strip().splitlines() or ["no output"])[-1][:300]
-                    raise CloudtrainError(f"dataset {v['name']}: mounting volume {v['volume']} "
-                                          f"on the instance failed: {why}")
-                mounts[v["name"]] = mountpoint
-        return mounts
-
-    def dataset_volumes(self, region: str, owner: str, client=None) -> list[dict]:
-        """This owner's dataset volumes in the region that no instance has attached."""
-        with aws_errors(region):
-            return (client or self.client("ec2", region)).describe_volumes(Filters=[
-                {"Name": f"tag:{TAG_OWNER}", "Values": [owner]},
-                {"Name": "tag-key", "Values": ["cloudtrain:dataset"]},
-                {"Name": "status", "Values": ["available"]}]).get("Volumes") or []
-
-    def orphan_volumes(self, store: Store, region: str, volumes: list[dict]) -> list[dict]:
-        """Of those `volumes` (dataset_volumes), the ones whose job is not being launched (a
-        launcher killed between CreateVolume and AttachVolume): what `down --all` deletes,
-        in the shape of `orphans()`' instances."""
-        out = []
-        for v in volumes:
-            tags = {t["Key"]: t["Value"] for t in v.get("Tags", [])}
-            try:
-                active = store.job(tags.get(TAG_JOB, "")).active
-            except CloudtrainError:
-                active = False
-            if not active:
-                out.append({"id": v["VolumeId"], "region": region, "job": tags.get(TAG_JOB),
-                            "type": f"volume {v.get('Size')} GiB", "state": v.get("State"),
-                            "launched_at": v["CreateTime"].timestamp()
-                            if hasattr(v.get("CreateTime"), "timestamp") else None})
-        return out
-
-    def delete_job_volumes(self, region: str, job_id: str) -> int:
-        """Delete the job's volumes that are not attached (made, then the launch failed
-        before or while attaching): attached ones go with their instance."""
-        with aws_errors(region):
-            return self._delete_job_volumes(self.client("ec2", region), job_id)
-
-    def _delete_job_volumes(self, ec2, job_id: str) -> int:
-        """Every volume tagged with the job that would outlive its instance: unattached ones
-        at once; one still attached without DeleteOnTermination (the launch stopped between
-        AttachVolume and ModifyInstanceAttribute) once the terminating instance lets it go.
-        Volumes set to go with their instance are left to EC2."""
-        vols = ec2.describe_volumes(Filters=[
-            {"Name": f"tag:{TAG_JOB}", "Values": [job_id]},
-            {"Name": "status", "Values": ["available", "creating", "in-use"]}])
-        deleted = 0
-        for v in vols.get("Volumes") or []:
-            attached = [a for a in v.get("Attachments") or []
-                        if a.get("State") in ("attaching", "attached", "detaching")]
-            if attached and all(a.get("DeleteOnTermination") for a in attached):
-                continue
-            if v.get("State") != "available":
-                self._wait_volume(ec2, v["VolumeId"], "available")
-            ec2.delete_volume(VolumeId=v["VolumeId"])
-            deleted += 1
-        return deleted
+def _delete_job_volumes(aws: AwsSession, ec2, job_id: str) -> int:
+    """Every volume tagged with the job that would outlive its instance: unattached ones
+    at once; one still attached without DeleteOnTermination (the launch stopped between
+    AttachVolume and ModifyInstanceAttribute) once the terminating instance lets it go.
+    Volumes set to go with their instance are left to EC2."""
+    vols = ec2.describe_volumes(Filters=[
+        {"Name": f"tag:{TAG_JOB}", "Values": [job_id]},
+        {"Name": "status", "Values": ["available", "creating", "in-use"]}])
+    deleted = 0
+    for v in vols.get("Volumes") or []:
+        attached = [a for a in v.get("Attachments") or []
+                    if a.get("State") in ("attaching", "attached", "detaching")]
+        if attached and all(a.get("DeleteOnTermination") for a in attached):
+            continue
+        if v.get("State") != "available":
+            _wait_volume(aws, ec2, v["VolumeId"], "available")
+        ec2.delete_volume(VolumeId=v["VolumeId"])
+        deleted += 1
+    return deleted

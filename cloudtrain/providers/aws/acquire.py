@@ -1,0 +1,77 @@
+"""A job's one instance: run it (or take the one its Auto Scaling group started), wait for it,
+its host key checked, and a kept job's instance taken over (`launch --on`)."""
+
+from __future__ import annotations
+
+import json
+
+from ...errors import UsageError
+from ...progress import SILENT, Reporter
+from ...ssh import Endpoint
+from ...ssh_host import SSHHost
+from ...state import Job, Store
+from . import boot as booting, bootstrap, group_launch, instances, volumes
+from .cache import RegionCache
+from .errors import StaleCache
+from .session import AwsSession
+
+
+def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SILENT) -> SSHHost:
+    region = aws.region(spec)
+    boot = bootstrap.bootstrap(aws, region, spec.ami)
+    # A relaunch whose supervisor was killed after RunInstances goes on with that instance.
+    found = instances.attempt_instance(aws, store, job, region, spec.attempt) \
+        if spec.attempt > 1 else None
+    instance = found
+    grouped = group_launch.group_recovery(aws, spec) is None and spec.attempt == 1
+    if instance is None and grouped:  # issue 27: AWS Auto Scaling relaunches this one
+        ids = group_launch.acquire_from_group_or_say(aws, store, job, spec, report)
+        instance, grouped = ids and ids[0], ids is not None
+    if instance is None:
+        try:
+            instance = instances._run(aws, store, job, spec, region, boot, report)
+        except StaleCache:
+            RegionCache(aws.settings.aws_profile, region).clear()
+            boot = bootstrap.bootstrap(aws, region, spec.ami, cached=False)
+            instance = instances._run(aws, store, job, spec, region, boot, report)
+    key_path = boot["key_path"]
+    address = booting._wait_running(aws, region, instance, report)
+    zone = next((i.zone for i in store.instances(job.id) if i.id == instance), None)
+    if found is None:
+        volumes.attach_snapshots(aws, store, job, spec, region, instance, zone, boot["owner"])
+    endpoint = Endpoint(address, aws.settings.ssh_port, aws.settings.ssh_user, str(key_path))
+    host = booting._wait_ssh(aws, region, instance, endpoint, report)
+    report.phase(f"checking {instance}'s host key against its console output")
+    verified = booting._check_host_key(aws, store, job, region, instance, host, spec.instance_type,
+                                       report)
+    home = host.home()  # the first command, only now that the key is settled
+    store.update_instance(instance, state="running", details=json.dumps(
+        {**instances._details(store, instance), "address": address, "host_key": endpoint.host_key,
+         "host_key_verified": verified}))
+    if grouped:
+        group_launch.check_group_jobdir(aws, job, host, instance, home)
+        group_launch.record_attempt(aws, store, job, spec, 1, instance)
+    return host
+
+
+def adopt(aws: AwsSession, store: Store, kept: Job, job: Job) -> SSHHost:
+    """`launch --on`: the new job takes over the kept job's instance (and from now on
+    its billing) without provisioning anything; the host is reached the same way."""
+    info = (kept.host or {}).get("collected_from") or kept.host or {}
+    host = host_for(Job(**{**kept.__dict__, "host": info}))
+    host.run("true")  # still there, and still the machine whose host key we pinned
+    for inst in store.instances(kept.id):
+        if inst.state != "terminated":
+            store.hand_over(inst, job.id)
+    return host
+
+
+def host_for(job: Job) -> SSHHost:
+    info = job.host or {}
+    if not info.get("host"):  # the launch never got as far as an instance's address (D8)
+        raise UsageError(f"job {job.id} has no instance" + (f" ({job.reason})"
+                                                             if job.reason else ""),
+                         hint=f"cloudtrain status {job.id}")
+    endpoint = Endpoint(info["host"], info.get("port", 22), info.get("user", "ubuntu"),
+                        info.get("key_path"), info.get("host_key"))
+    return SSHHost(endpoint, info.get("tmux_socket", "cloudtrain"), info.get("python", "python3"))

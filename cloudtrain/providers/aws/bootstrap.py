@@ -1,0 +1,54 @@
+"""Owner, key pair, subnets, security group and AMI of a region, reused across jobs and
+kept in $CLOUDTRAIN_HOME/aws-cache.json (cache.py)."""
+
+from __future__ import annotations
+
+import time
+
+from . import images, network
+from .cache import CACHE_TTL_S, RegionCache
+from .session import AwsSession
+
+
+def bootstrap(aws: AwsSession, region: str, ami: str | None, cached: bool = True) -> dict:
+    """Owner, key pair, subnets, security group, AMI and its root device for a region.
+    What was set up before is taken from $CLOUDTRAIN_HOME/aws-cache.json (AMI and subnets
+    for a day), so a warm launch makes no describe calls; a stale entry shows up as a
+    *.NotFound from RunInstances, and the caller bootstraps again uncached."""
+    cache = RegionCache(aws.settings.aws_profile, region)
+    entry = cache.load() if cached else {}
+    credentials = aws.credentials(region)
+    access_key = credentials.access_key if credentials else None
+    if entry.get("access_key") == access_key and entry.get("owner"):
+        aws.remember(entry["owner"], entry.get("owner_key"))
+    owner = aws.owner(region)
+    key_path = network.key_path(region)
+    if entry.get("key_name") and key_path.exists():
+        key_name = entry["key_name"]
+    else:
+        key_name, key_path = network.ensure_key(aws, region, owner)
+    now = time.time()
+    if now - entry.get("zones_at", 0) < CACHE_TTL_S and entry.get("zones"):
+        zones = [tuple(z) + ("",) * (4 - len(z)) for z in entry["zones"]]
+    else:
+        zones = network.subnets(aws, region)
+        entry.update(zones=[list(z) for z in zones], zones_at=now)
+    group_key = f"{zones[0][2]}|{network.ssh_cidr(aws)}|{aws.settings.ssh_port}"
+    if entry.get("group_key") == group_key:
+        group = entry["group"]
+    else:
+        group = network.ensure_group(aws, region, zones[0][2], owner)
+        entry.update(group_key=group_key, group=group)
+    if ami is not None:  # the user's own: resolved each time, never cached as the default
+        root_device = images.root_device(aws, region, ami)
+    elif now - entry.get("ami_at", 0) < CACHE_TTL_S and entry.get("ami"):
+        ami, root_device = entry["ami"], entry["root_device"]
+    else:
+        ami = images.resolve_ami(aws, region, None)
+        root_device = images.root_device(aws, region, ami)
+        entry.update(ami=ami, root_device=root_device, ami_at=now)
+    entry.update(access_key=access_key, owner=owner, owner_key=aws.owner_key(region),
+                 key_name=key_name)
+    cache.save(entry)
+    return {"owner": owner, "key_name": key_name, "key_path": key_path, "zones": zones,
+            "group": group, "ami": ami, "root_device": root_device}

@@ -1,0 +1,101 @@
+"""What the launch checks of the instance type before anything is created (preflight), and
+what a real launch needs beyond the dry run (ready): EC2's answers where the catalog has none."""
+
+from __future__ import annotations
+
+from ... import catalog
+from ... import preflight as type_checks
+from ...errors import CloudtrainError, UsageError, named_at
+from ...market import Market
+from .errors import AWSError, no_credentials
+from .session import AwsSession
+
+
+def preflight(aws: AwsSession, spec):
+    """What the launch checks before anything is created, and the dry run with it: the
+    options, the region, and the instance type (exists, offered in the region, runs the
+    AMI's architecture, has a GPU unless --cpu-only). Returns the type's facts (None for
+    --on, which reuses a kept job's instance: jobs checks that one)."""
+    if not spec.instance_type and not spec.on_job:  # --on: the kept job's instance
+        raise UsageError("which instance? pass --instance (e.g. g5.xlarge)")
+    if spec.market not in tuple(Market):
+        raise UsageError(f"market must be on-demand or spot, not {spec.market!r}")
+    if spec.max_price is not None and spec.market != Market.SPOT:
+        raise UsageError("--max-price applies to --spot")
+    if spec.on_job:
+        return None
+    return check_type(aws, spec, aws.region(spec))
+
+
+def ready(aws: AwsSession, spec) -> None:
+    """What a real launch needs beyond the dry run, checked before it asks or records
+    anything (U5): credentials to launch with. The dry run works without them."""
+    if spec.on_job:
+        return
+    region = aws.region(spec)
+    if aws.credentials(region) is None:
+        exc = no_credentials()
+        exc.hint = f"{exc.hint}; `cloudtrain launch --dry-run` works without"  # U21
+        raise exc
+
+
+def check_type(aws: AwsSession, spec, region: str) -> type_checks.TypeFacts:
+    """preflight.instance_type with EC2's answers where the bundled catalog has none and
+    there are credentials to ask with (DescribeInstanceTypes, ...TypeOfferings, the
+    --ami's architecture)."""
+    describe = offered = None
+    ami_arch = None if spec.ami else catalog.DEFAULT_ARCH
+    try:
+        credentials = aws.credentials(region)
+    except CloudtrainError:
+        credentials = None  # said where it matters: the plan's permissions row, the launch
+    if credentials is not None:
+        describe = lambda name: describe_type(aws, region, name)  # noqa: E731
+        offered = lambda name: type_offered(aws, region, name)  # noqa: E731
+        if spec.ami:
+            ami_arch = ami_architecture(aws, region, spec.ami)
+    try:
+        return type_checks.instance_type(spec.instance_type, region, cpu_ok=spec.cpu_only,
+                                       ami_arch=ami_arch, describe=describe,
+                                       offered=offered)
+    except UsageError as exc:  # U11: a job file's `instance:` is named where it is
+        raise named_at(exc, getattr(spec, "origins", {}).get("instance_type"),
+                       "--instance") from None
+
+
+def describe_type(aws: AwsSession, region: str, name: str) -> dict | None:
+    """{gpus, gpu, arch} of an instance type from EC2; None when EC2 has no such type; {}
+    when EC2 could not be asked (no permission, unreachable)."""
+    try:
+        found = aws.call(region, "describe_instance_types",
+                         InstanceTypes=[name])["InstanceTypes"]
+    except AWSError as exc:
+        return None if exc.code in ("InvalidInstanceType", "InvalidParameterValue") else {}
+    if not found:
+        return None
+    gpus = (found[0].get("GpuInfo") or {}).get("Gpus") or []
+    arches = found[0].get("ProcessorInfo", {}).get("SupportedArchitectures") or []
+    return {"gpus": sum(g.get("Count", 0) for g in gpus),
+            "gpu": gpus[0].get("Name") if gpus else None,
+            "arch": catalog.DEFAULT_ARCH if catalog.DEFAULT_ARCH in arches
+            else (arches[0] if arches else catalog.DEFAULT_ARCH)}
+
+
+def type_offered(aws: AwsSession, region: str, name: str) -> bool | None:
+    """Whether EC2 offers the type in the region; None when it could not be asked."""
+    try:
+        found = aws.call(region, "describe_instance_type_offerings", LocationType="region",
+                         Filters=[{"Name": "instance-type", "Values": [name]}])
+    except AWSError:
+        return None
+    return bool(found.get("InstanceTypeOfferings"))
+
+
+def ami_architecture(aws: AwsSession, region: str, ami: str) -> str | None:
+    """The --ami's architecture (x86_64, arm64); None when it cannot be read here (the
+    launch then says what is wrong with the AMI)."""
+    try:
+        images = aws.call(region, "describe_images", ImageIds=[ami])["Images"]
+    except AWSError:
+        return None
+    return images[0].get("Architecture") if images else None
