@@ -13,7 +13,7 @@ The orchestrator (providers/aws/jobbundle.py) uploads at launch, under the job's
 
     bundle/files.tar        the files launch syncs (recipe, shared code, workdir), one tar
     bundle/job/<name>       run.sh, job.json, setup.sh, the stager's plan, as launch wrote them
-    bundle/agent/<name>.py  the host-side files (hosts.agent_files())
+    bundle/agent/<name>.py  the host-side files (hosts.host_files())
     bundle/start.sh         the line that starts the agent in tmux (Host.start_command)
     bundle/manifest.json    last: each object's name, size and sha256, the archive's file count
                             and bytes, the job directory the scripts were written for

@@ -126,7 +126,7 @@ def test_agent_runs_under_python38_syntax():
 
     from cloudtrain.host import agent_control, safefile
 
-    # shipped with it (hosts.agent_files), each itself standard library only
+    # shipped with it (hosts.host_files), each itself standard library only
     beside = {"safefile", "agent_control", "agent_store", "job_processes", "job_status"}
     for module in (agent, agent_control, agent_store, job_processes, job_status, safefile):
         source = open(module.__file__).read()
