@@ -433,7 +433,7 @@ def listing(store, settings, provider=None) -> list[dict]:
     staged it: when, where, how fast."""
     last: dict[str, dict] = {}
     for job in store.jobs():  # newest first
-        for d in (job.spec or {}).get("datasets") or []:
+        for d in job.spec.datasets or []:
             name = d.get("name") if isinstance(d, dict) else None
             if not isinstance(name, str) or name in last:
                 continue
@@ -441,11 +441,11 @@ def listing(store, settings, provider=None) -> list[dict]:
                            and (ev.detail or "").startswith("data staged")), None)
             if staged is None:
                 continue
-            inst = (job.spec or {}).get("instance_type") or job.backend
-            region = (job.spec or {}).get("region") or ""
+            inst = job.spec.instance_type or job.backend
+            region = job.spec.region or ""
             last[name] = {"job": job.id, "at": staged.at, "where": f"{inst} {region}".strip(),
                           "detail": staged.detail,
-                          "size": ((job.spec or {}).get("staging") or {}).get(name)}
+                          "size": (job.spec.staging or {}).get(name)}
     rows = []
     for name, source in sorted(settings.datasets.items()):
         seen = last.get(name) or {}

@@ -33,7 +33,7 @@ REPLACED = "taken back; relaunched by AWS Auto Scaling"
 
 
 def grouped(job: Job) -> bool:
-    return bool((job.spec or {}).get("auto_scaling_group"))
+    return bool(job.facts.auto_scaling_group)
 
 
 def learn(store: Store, job: Job) -> dict | None:
@@ -141,7 +141,7 @@ def not_the_job_s(instance: str, ec2: dict, job: Job, launched: dict | None = No
     job's where its group's activities show it launched it (only AWS writes those): EC2
     forgets an ended instance after about an hour, the activities after 6 weeks."""
     seen = ec2.get(instance)
-    group = (job.spec or {}).get("auto_scaling_group")
+    group = job.facts.auto_scaling_group
     if seen is not None and seen.get("job") != job.id:  # a recorded one, looked up by id
         seen = None
     if seen is None:
@@ -216,7 +216,7 @@ def _launches(store: Store, job: Job, launched: list) -> dict:
             launched.append(providers.get(job.backend).group_launches(store, job))
         except CloudtrainError as exc:
             launched.append(None)  # unknown, not "none launched"
-            group = (job.spec or {}).get("auto_scaling_group")
+            group = job.facts.auto_scaling_group
             store.add_event(job.id, PASSED_OVER, once=True, detail=(
                 f"WARNING: the scaling activities of the job's Auto Scaling group {group} could "
                 f"not be read ({' '.join(exc.message.split())}): an attempt whose instance EC2 "

@@ -72,20 +72,20 @@ def _on_the_instance(spec: JobSpec, settings: config.Settings, inst, holder: Job
                      ahead: list[Job]) -> None:
     """The spec of a job `--on` an instance: where it runs, how long it may wait there."""
     now = time.time()
-    wait = sum(max(0.0, (j.started_at or now) + float((j.spec or {}).get("max_runtime_s") or 0)
+    wait = sum(max(0.0, (j.started_at or now) + float(j.spec.max_runtime_s or 0)
                    - now) if j.state != state.QUEUED else
-               float((j.spec or {}).get("max_runtime_s") or 0) for j in ahead)
+               float(j.spec.max_runtime_s or 0) for j in ahead)
     spec.kept = {"instance": inst.id, "type": inst.instance_type, "region": inst.region,
                  "holder": holder.id, "ahead": [j.id for j in ahead], "wait_s": wait,
-                 "made_kept": [j.id for j in ahead if not (j.spec or {}).get("keep")]}
-    before = holder.spec or {}
-    spec.instance_type = inst.instance_type or before.get("instance_type")
-    spec.market = Market(inst.market or before.get("market") or Market.ON_DEMAND)
-    spec.region = inst.region or before.get("region")
-    spec.disk_gb = spec.disk_gb or before.get("disk_gb")
+                 "made_kept": [j.id for j in ahead if not j.keeps_instance]}
+    before = holder.spec
+    spec.instance_type = inst.instance_type or before.instance_type
+    spec.market = Market(inst.market or before.market or Market.ON_DEMAND)
+    spec.region = inst.region or before.region
+    spec.disk_gb = spec.disk_gb or before.disk_gb
     last = ahead[-1].spec if ahead else before
     if spec.keep and spec.idle_minutes is None:
-        spec.idle_minutes = (last or {}).get("idle_minutes")
+        spec.idle_minutes = last.idle_minutes
         if spec.idle_minutes is None:
             spec.idle_minutes = settings.keep_idle_minutes
 
@@ -119,7 +119,7 @@ def _check_resumable(source: Job, spec: JobSpec) -> None:
     from .. import recipes
 
     rec = recipes.load(spec.recipe)
-    before = (source.spec or {}).get("args") or {}
+    before = source.spec.args or {}
     for key in rec.resume_must_match:
         old, new = before.get(key), spec.args.get(key)
         if old != new:

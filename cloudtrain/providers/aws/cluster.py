@@ -152,7 +152,7 @@ class ClusterMixin:
     # -- placement groups ------------------------------------------------------------------
 
     def placement_group_name(self, job: Job, spec, try_n: int) -> str:
-        return f"cloudtrain-{job.id}-a{int(getattr(spec, 'attempt', 1) or 1)}-{try_n}"
+        return f"cloudtrain-{job.id}-a{job.facts.attempt}-{try_n}"
 
     def create_placement_group(self, region: str, job: Job, spec, try_n: int,
                                owner: str) -> str:
@@ -212,9 +212,9 @@ class ClusterMixin:
         if efa is not None:
             report.phase(f"EFA: {efa['used']} interface{'s' if efa['used'] > 1 else ''} per "
                          f"node" + (f" ({efa['why']})" if efa["why"] else ""))
-        found = self._attempt_nodes(store, job, region, spec) if spec.attempt > 1 else None
+        found = self._attempt_nodes(store, job, region, spec) if job.facts.attempt > 1 else None
         # issue 27: a recovering spot job whose group AWS Auto Scaling keeps at N nodes
-        grouped = found is None and spec.attempt == 1 and self.group_recovery(spec) is None
+        grouped = found is None and job.facts.attempt == 1 and self.group_recovery(spec) is None
         ids = self.acquire_from_group_or_say(store, job, spec, report) if grouped else None
         grouped = ids is not None
         if found is not None:
@@ -284,7 +284,7 @@ class ClusterMixin:
                      efa: dict | None, report: Reporter) -> list[str]:
         """One RunInstances of spec.nodes instances per AZ, in AZ order, until one AZ gives
         all of them and none dies before it runs; their ids in launch order."""
-        zones = self.relaunch_order(boot["zones"], spec, region)
+        zones = self.relaunch_order(boot["zones"], spec, region, job.facts)
         disk = spec.root_gb(self.settings)
         attempts: list[Attempt] = []
         n = spec.nodes
@@ -301,7 +301,7 @@ class ClusterMixin:
             if efa is not None:
                 del request["SubnetId"], request["SecurityGroupIds"]
                 request["NetworkInterfaces"] = self.network_interfaces(spec, subnet, groups, efa)
-            attempt = int(getattr(spec, "attempt", 1) or 1)
+            attempt = job.facts.attempt
             token = f"{job.id}-n{n}-{k}" if attempt == 1 else f"{job.id}-a{attempt}-n{n}-{k}"
             report.phase(f"requesting {n} {spec.market} {spec.instance_type} in {zone}, "
                          f"placement group {group}"
@@ -435,7 +435,7 @@ class ClusterMixin:
         instances, if they are the whole cluster (recorded if the store did not know them);
         a part of one is terminated, and None returned (a new cluster is requested)."""
         live = [r for r in self._query(region, {TAG_JOB: job.id,
-                                                TAG_ATTEMPT: str(spec.attempt)})
+                                                TAG_ATTEMPT: str(job.facts.attempt)})
                 if r["State"]["Name"] in ("pending", "running")]
         if not live:
             return None
@@ -444,7 +444,7 @@ class ClusterMixin:
         if len(ids) != spec.nodes:
             self.call(region, "terminate_instances", InstanceIds=sorted(ids))
             store.add_event(job.id, "instance", detail=f"{len(ids)} of {spec.nodes} nodes of "
-                            f"attempt {spec.attempt} found by their tags: terminated")
+                            f"attempt {job.facts.attempt} found by their tags: terminated")
             return None
         known = {i.id for i in store.instances(job.id)}
         for i, raw in enumerate(live):
@@ -457,8 +457,8 @@ class ClusterMixin:
                 instance_type=raw.get("InstanceType"), market=Market.SPOT if spot else Market.ON_DEMAND,
                 state="requested", launched_at=raw["LaunchTime"].timestamp(),
                 terminated_at=None, price_per_hour=None,
-                details={"found_by_tag": True, "node": i, "attempt": spec.attempt}))
-        store.add_event(job.id, "instance", detail=f"attempt {spec.attempt}'s {len(ids)} nodes "
-                                                   "found by their tags: " + ", ".join(ids))
+                details={"found_by_tag": True, "node": i, "attempt": job.facts.attempt}))
+        store.add_event(job.id, "instance", detail=f"attempt {job.facts.attempt}'s {len(ids)} "
+                                                   "nodes found by their tags: " + ", ".join(ids))
         return ids
 

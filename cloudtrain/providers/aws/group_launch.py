@@ -158,7 +158,7 @@ class GroupLaunchMixin:
 
     def _store_place(self, store: Store, job: Job, spec) -> tuple[str, str, str]:
         """(region, bucket, job prefix) of the job's job store, made ready."""
-        region = getattr(spec, "store_region", None) or spec.region or self.region_of(job)
+        region = job.facts.store_region or spec.region or self.region_of(job)
         _, bucket, _ = self._job_store(region)
         owner_key = self._store_owner(store, job, record=True, region=region)
         ready = ("job-store-ready", region, owner_key)  # one check a launch, not one a call
@@ -201,7 +201,7 @@ class GroupLaunchMixin:
                            f"EC2's {USER_DATA_MAX}")
         report.phase(f"creating the job's Auto Scaling group in {region}")
         name = self.create_job_group(store, job, spec, user_data)
-        store.update_job(job.id, spec={**store.job(job.id).spec, "auto_scaling_group": name})
+        store.record_facts(job.id, auto_scaling_group=name)
         report.phase("waiting for AWS Auto Scaling to launch the instance"
                      + (f"s of {spec.nodes} nodes" if spec.nodes > 1 else ""))
         return self._group_instances(store, job, spec, region, name)
@@ -263,7 +263,7 @@ class GroupLaunchMixin:
         """job.json's "auto_scaling" for a job of a group (the agent ends its group with the
         job; bootstrap.py counts the restarts): {} for any other job."""
         if self.group_recovery(spec) is not None \
-                or not (store.job(job.id).spec or {}).get("auto_scaling_group"):
+                or not store.job(job.id).facts.auto_scaling_group:
             return {}  # not run by a group (or AWS refused to make one)
         store_region, bucket, prefix = self._store_place(store, job, spec)
         endpoint = os.environ.get("AWS_ENDPOINT_URL")
@@ -289,8 +289,7 @@ class GroupLaunchMixin:
         each got (jobstore_attempts.reached) and the job's end (final.json), checked as
         untrusted input: {"attempts": [doc, ...] by n, "reached": {n: step}, "final": doc
         or None, "group": its size (_group_size)}."""
-        spec = job.spec or {}
-        region = spec.get("store_region") or spec.get("region") or self.region_of(job)
+        region = job.facts.store_region or job.spec.region or self.region_of(job)
         s3, bucket, account = self._job_store(region)
         prefix = jobstore.job_prefix(job.id, owner_key=self._store_owner(store, job))
         owner = account or None
@@ -328,7 +327,7 @@ class GroupLaunchMixin:
         host = self._wait_ssh(region, instance_id, endpoint)
         try:
             verified = self._check_host_key(store, job, region, instance_id, host,
-                                            (job.spec or {}).get("instance_type"))
+                                            job.spec.instance_type)
         finally:
             host.close()
         store.update_instance(instance_id, details=json.dumps(
@@ -344,13 +343,12 @@ class GroupLaunchMixin:
         against its console (follow_replacement). None until all of them have met."""
         from ...host import regroup
 
-        spec = job.spec or {}
         recs = [dict(r) for r in (job.host or {}).get("nodes") or []]
         record = self.group_record(store, job)
         if not recs or not record["attempts"]:
             return None
         n = record["attempts"][-1]["attempt"]
-        region = spec.get("store_region") or spec.get("region") or self.region_of(job)
+        region = job.facts.store_region or job.spec.region or self.region_of(job)
         s3, bucket, account = self._job_store(region)
         prefix = jobstore.job_prefix(job.id, owner_key=self._store_owner(store, job))
         found = []
@@ -381,7 +379,7 @@ class GroupLaunchMixin:
     def _group_size(self, job: Job) -> dict | None:
         """{"desired": n} of the job's group, {"gone": True} where there is none, None where
         Auto Scaling cannot be asked (the CLI policy alone)."""
-        name = (job.spec or {}).get("auto_scaling_group")
+        name = job.facts.auto_scaling_group
         if not name:
             return None
         try:

@@ -70,7 +70,7 @@ class InstancesMixin:
     def _tags(self, job: Job, spec, owner: str) -> list[dict]:
         return [{"Key": TAG_JOB, "Value": job.id}, {"Key": TAG_OWNER, "Value": owner},
                 {"Key": TAG_RECIPE, "Value": spec.recipe or "command"},
-                {"Key": TAG_ATTEMPT, "Value": str(getattr(spec, "attempt", 1) or 1)},
+                {"Key": TAG_ATTEMPT, "Value": str(job.facts.attempt)},
                 {"Key": "Name", "Value": f"cloudtrain-{job.id}" + (f"-{job.name}" if job.name else "")}]
 
     def user_data(self, job: Job, spec, boot_script: str = "") -> str:
@@ -127,14 +127,14 @@ class InstancesMixin:
     def _run(self, store, job, spec, region, boot: dict, report: Reporter = SILENT) -> str:
         zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
                                               boot["key_name"], boot["owner"])
-        zones = self.relaunch_order(zones, spec, region)
+        zones = self.relaunch_order(zones, spec, region, job.facts)
         root_device = boot["root_device"]
         disk = spec.root_gb(self.settings)
         attempts: list[Attempt] = []
         for n, (zone, subnet, _vpc, _zone_id) in enumerate(zones):
             request = self.run_request(job, spec, subnet, group, ami, key_name, owner, disk,
                                        root_device)
-            attempt = int(getattr(spec, "attempt", 1) or 1)
+            attempt = job.facts.attempt
             token = f"{job.id}-{n}" if attempt == 1 else f"{job.id}-a{attempt}-{n}"
             report.phase(f"requesting {spec.market} {spec.instance_type} in {zone}"
                          + (f" ({attempts[-1].zone}: no capacity)" if attempts else ""))
@@ -203,12 +203,12 @@ class InstancesMixin:
             raise StaleCache(exc.code) from exc
         return exc.code
 
-    def relaunch_order(self, zones: list[tuple], spec, region: str) -> list[tuple]:
+    def relaunch_order(self, zones: list[tuple], spec, region: str, facts) -> list[tuple]:
         """The AZs in the order a launch tries them: the catalog's cheapest spot AZ first (the
         first launch); a relaunch asks EC2 for the spot prices now, and the AZs that were
-        just interrupted (spec.avoid_zones) come last."""
+        just interrupted (facts.avoid_zones) come last."""
         ordered = self.order_zones(zones, spec.instance_type, region, spec.market)
-        if int(getattr(spec, "attempt", 1) or 1) > 1 and spec.market == Market.SPOT:
+        if facts.attempt > 1 and spec.market == Market.SPOT:
             try:
                 now = self.current_spot_prices(region, [spec.instance_type]).get(
                     spec.instance_type) or {}
@@ -216,7 +216,7 @@ class InstancesMixin:
                 now = {}
             if now:
                 ordered = sorted(ordered, key=lambda z: (z[0] not in now, now.get(z[0], 0.0)))
-        avoid = set(getattr(spec, "avoid_zones", None) or ())
+        avoid = set(facts.avoid_zones)
         return [z for z in ordered if z[0] not in avoid] + [z for z in ordered if z[0] in avoid]
 
     def attempt_instance(self, store: Store, job: Job, region: str, attempt: int) -> str | None:

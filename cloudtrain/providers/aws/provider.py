@@ -352,10 +352,10 @@ class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, GroupLaunchMixin, Instan
         region = self.region(spec)
         boot = self.bootstrap(region, spec.ami)
         # A relaunch whose supervisor was killed after RunInstances goes on with that instance.
-        found = self.attempt_instance(store, job, region, spec.attempt) \
-            if spec.attempt > 1 else None
+        found = self.attempt_instance(store, job, region, job.facts.attempt) \
+            if job.facts.attempt > 1 else None
         instance = found
-        grouped = self.group_recovery(spec) is None and spec.attempt == 1
+        grouped = self.group_recovery(spec) is None and job.facts.attempt == 1
         if instance is None and grouped:  # issue 27: AWS Auto Scaling relaunches this one
             ids = self.acquire_from_group_or_say(store, job, spec, report)
             instance, grouped = ids and ids[0], ids is not None
@@ -484,4 +484,4 @@ class AWSProvider(PlanMixin, ClusterMixin, GroupsMixin, GroupLaunchMixin, Instan
         return self.settings.shutdown_command, delay
 
     def region_of(self, job: Job) -> str:
-        return (job.spec or {}).get("region") or self.region()
+        return job.spec.region or self.region()

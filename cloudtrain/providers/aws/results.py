@@ -52,7 +52,7 @@ class ResultsStoreMixin:
                       meta: dict) -> str:
         """The job's bundle (jobbundle.py) under its prefix in the job store, with the
         caller's credentials, the manifest last; where it went and its size, in words."""
-        region = getattr(spec, "store_region", None) or spec.region or self.region_of(job)
+        region = job.facts.store_region or spec.region or self.region_of(job)
         s3, bucket, account = self._job_store(region)
         prefix = jobstore.job_prefix(job.id, owner_key=self._store_owner(store, job))
         with aws_errors(region, "s3"):
@@ -114,11 +114,11 @@ class ResultsStoreMixin:
         """The owner key of the job's prefix, as kept with the job; None for a job recorded
         before owner prefixes (jobs/<id>/). `record`: a job without one takes the caller's
         (the first grant: from then on the job writes, and is read, there)."""
-        kept = (store.job(job.id).spec or {}).get("store_owner")
+        kept = store.job(job.id).facts.store_owner
         if kept is not None or not record:
             return kept
         owner_key = self.owner_key(region)
-        store.update_job(job.id, spec={**store.job(job.id).spec, "store_owner": owner_key})
+        store.record_facts(job.id, store_owner=owner_key)
         return owner_key
 
     def results_plan(self, spec, region: str) -> str:
@@ -150,7 +150,7 @@ class ResultsStoreMixin:
                           "that they are lost")
         # Every attempt of a recovering job stores into the first attempt's bucket, where the
         # next one finds its checkpoint (spec.store_region, set by the relaunch).
-        region = getattr(spec, "store_region", None) or spec.region or self.region_of(job)
+        region = job.facts.store_region or spec.region or self.region_of(job)
         try:
             s3, bucket, _ = self._job_store(region)
             owner_key = self._store_owner(store, job, record=True, region=region)
@@ -194,7 +194,7 @@ class ResultsStoreMixin:
             return None
         first = store.attempt(job.id, 1)
         region = (first.region if first and first.region else None) or \
-            (job.spec or {}).get("store_region") or self.region_of(job)
+            job.facts.store_region or self.region_of(job)
         try:
             s3, bucket, account = self._job_store(region)
             owner_key = self._store_owner(store, job)
