@@ -19,7 +19,7 @@ from .market import Market
 RECIPE, COMMAND = "recipe", "command"
 
 
-@dataclass
+@dataclass(frozen=True)
 class JobSpec:
     kind: str  # RECIPE or COMMAND
     backend: str  # a provider name: "local", ...

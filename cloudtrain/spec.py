@@ -64,12 +64,11 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
         raise UsageError(f"{origins.get('nodes', '--nodes')} must be a whole number from 1 to "
                          f"{MAX_NODES}, got {shown(nodes)}")
     flags = datasources.parse_data_flags(o.data, items(origins, "data"))
-    spec = _build_spec(o, settings, origins)
-    spec.origins = origins
+    spec = dataclasses.replace(_build_spec(o, settings, origins), origins=origins)
     _check_nodes(spec)
     try:
-        spec.datasets = datasets.resolve(spec, settings, flags,
-                                         recipes.load(spec.recipe).data if spec.recipe else [])
+        spec = dataclasses.replace(spec, datasets=datasets.resolve(
+            spec, settings, flags, recipes.load(spec.recipe).data if spec.recipe else []))
     except UsageError as exc:  # U11: `--data NAME: ...` about a job file's datasets.NAME
         name = exc.message.split(":", 1)[0].removeprefix("--data ")
         raise named_at(exc, origins.get(f"data.{name}"), f"--data {name}") from None
@@ -77,18 +76,18 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
         if not o.setup.strip() or "\0" in o.setup:
             raise UsageError(f"{origins.get('setup', '--setup')} needs shell code, e.g. --setup "
                              "'pip install -r requirements.txt'")
-        spec.setup = o.setup
-    spec.from_shell = from_shell
-    spec.envs = environment(o.envs, "--env", named=items(origins, "envs"))
-    spec.secret_values = environment(o.secrets, "--secret", named=items(origins, "secrets"))
-    overlap = set(spec.envs) & set(spec.secret_values)
+        spec = dataclasses.replace(spec, setup=o.setup)
+    envs = environment(o.envs, "--env", named=items(origins, "envs"))
+    secret_values = environment(o.secrets, "--secret", named=items(origins, "secrets"))
+    overlap = set(envs) & set(secret_values)
     if overlap:
         raise UsageError(f"{sorted(overlap)[0]} is given both as an environment variable and "
                          "as a secret: keep it in one")
-    spec.secrets = sorted(spec.secret_values)
     named = items(origins, "outputs")
-    spec.outputs = [check_output(p, named.get(p, "--output")) for p in o.outputs]
-    return spec
+    return dataclasses.replace(
+        spec, from_shell=from_shell, envs=envs, secret_values=secret_values,
+        secrets=sorted(secret_values),
+        outputs=[check_output(p, named.get(p, "--output")) for p in o.outputs])
 
 
 def items(origins: dict, option: str) -> dict[str, str]:

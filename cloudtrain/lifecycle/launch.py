@@ -33,6 +33,7 @@ lease and supervisor; the hosts only through `Host`, the cloud only through the 
 from __future__ import annotations
 
 import json
+import dataclasses
 import os
 import socket
 import tempfile
@@ -70,9 +71,10 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
     provider.preflight(spec)
     provider.ready(spec)  # U5: nothing is recorded for a launch that cannot start
     # The datasets are read before anything is created: a missing prefix stops here.
-    found = read_datasets(spec, settings) if found is None else found
+    if found is None:
+        spec, found = read_datasets(spec, settings)
     source = resume_source(store, settings, spec)
-    kept = kept_source(store, spec)
+    spec, kept = kept_source(store, spec)
     job = store.create_job(name=spec.name, kind=spec.kind, recipe=spec.recipe,
                            command=spec.display(), backend=spec.backend, spec=spec.to_dict(),
                            launcher=f"{socket.gethostname()}:{os.getpid()}")
@@ -361,7 +363,7 @@ def _restore(a: _Launch, nodes: NodeGroup) -> dict | None:
     nodes.each(lambda i: nodes.hosts[i].write_text(f"{nodes.jobdirs[i]}/{scripts.RESTORE_PLAN}",
                                                    json.dumps(plan if i == 0 else others)))
     if attempts.resumable(spec):
-        spec.args = {**spec.args, "resume": True}
+        a.spec = dataclasses.replace(spec, args={**spec.args, "resume": True})
     attempts.resuming(a.store, a.job.id, a.job.facts.attempt, plan)
     return plan
 

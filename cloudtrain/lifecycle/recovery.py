@@ -89,7 +89,7 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
     # leaves the job recovering (the supervisor says so), not failed by a half-done launch.
     provider.check_credentials(home)
     try:
-        found = read_datasets(spec, settings)
+        spec, found = read_datasets(spec, settings)
     except CloudtrainError as exc:
         return _give_up(store, job, f"its datasets cannot be read for the relaunch: "
                                     f"{exc.message}")
