@@ -180,26 +180,32 @@ class JobSpec:
         """A spec as stored (state.db's jobs.spec), of this version or an older one: keys it
         no longer has (the per-attempt facts older versions wrote in, now JobFacts) are
         left out; a market no version wrote reads as on-demand."""
-        values = {k: v for k, v in data.items() if k in STORED and _fits(v, STORED[k])}
+        values = {k: v for k, v in data.items() if type(v) in STORED.get(k, ())}
         market = values.get("market")
         values["market"] = Market(market) if market in MARKETS else Market.ON_DEMAND
-        return cls(**values)
+        if "kind" not in values or "backend" not in values:
+            return cls(**values)  # the error a spec without them gets
+        # `status` loads every job it lists: filled in directly, as __init__ would (a frozen
+        # dataclass's __init__ sets each of its fields through object.__setattr__, 3x slower)
+        spec = object.__new__(cls)
+        spec.__dict__.update(_DEFAULTS)
+        spec.__dict__.update({k: f() for k, f in _FACTORIES.items() if k not in values})
+        spec.__dict__.update(values)
+        return spec
 
 
 MARKETS = frozenset(m.value for m in Market)
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobSpec)
+             if f.default is not dataclasses.MISSING}
+_FACTORIES = {f.name: f.default_factory for f in dataclasses.fields(JobSpec)
+              if f.default_factory is not dataclasses.MISSING}
 _TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "dict": (dict,),
           "list": (list,), "None": (type(None),), "Market": (str,)}
 # The JSON types each field may hold, from its annotation (`str | None`: a string or null);
 # a stored value of another type (a hand-edited or damaged row) reads as the default.
-STORED = {f.name: tuple(t for part in str(f.type).split("|")
-                        for t in _TYPES[part.strip().split("[")[0]])
+STORED = {f.name: frozenset(t for part in str(f.type).split("|")
+                            for t in _TYPES[part.strip().split("[")[0]])
           for f in dataclasses.fields(JobSpec) if f.init}
-
-
-def _fits(value, types: tuple) -> bool:
-    if isinstance(value, bool) and bool not in types:
-        return False
-    return isinstance(value, types)
 
 
 @dataclass(frozen=True)
@@ -224,11 +230,13 @@ class JobFacts:
     def load(cls, details: dict | None, legacy: dict | None = None) -> "JobFacts":
         """The facts as stored in `details`; those a job launched by an older version kept in
         its spec (`legacy`, its stored JSON) are found there, unless `details` has them."""
+        if not details and not (legacy and FACTS & legacy.keys()):
+            return _NO_FACTS
         values = {}
-        for f in dataclasses.fields(cls):
+        for name in FACTS:
             for source in (details or {}, legacy or {}):
-                if f.name in source:
-                    values[f.name] = source[f.name]
+                if name in source:
+                    values[name] = source[name]
                     break
         try:
             values["attempt"] = max(1, int(values.get("attempt") or 1))
@@ -237,7 +245,7 @@ class JobFacts:
         zones = values.get("avoid_zones")
         values["avoid_zones"] = tuple(z for z in zones if isinstance(z, str)) \
             if isinstance(zones, (list, tuple)) else ()
-        for name in ("store_region", "store_owner", "auto_scaling_group", "kept_for_queue"):
+        for name in FACTS - {"attempt", "avoid_zones"}:
             if not isinstance(values.get(name), (str, type(None))):
                 values[name] = None
         return cls(**values)
@@ -248,3 +256,4 @@ class JobFacts:
 
 
 FACTS = frozenset(f.name for f in dataclasses.fields(JobFacts))
+_NO_FACTS = JobFacts()
