@@ -17,6 +17,7 @@ credentials, in its datasets module).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -153,13 +154,13 @@ class Staged:
     entry: Callable[[bool], dict] | None = None
 
 
-def preflight(spec, settings, provider) -> list[Staged]:
+def preflight(spec, settings, provider) -> tuple:
     """Read what each of the job's datasets holds, before anything is created: a missing
     prefix, a refused read or a snapshot that does not exist stops the launch here. `provider`:
-    the job's (its read_dataset). Records the sizes in `spec.staging` (shown by the
-    dry run, `status JOB` and `data ls`), and sizes the instance's disk to hold the copies
-    when the user did not. The sizes are those S3 stores (a manifest's own numbers are only
-    checked against them: F29)."""
+    the job's (its read_dataset). Returns the spec with the sizes in `staging` (shown by the
+    dry run, `status JOB` and `data ls`), and the instance's disk sized to hold the copies
+    when the user did not; and what was read (Staged, one a dataset). The sizes are those S3
+    stores (a manifest's own numbers are only checked against them: F29)."""
     found: list[Staged] = []
     for source in spec.datasets:
         if source["kind"] == "snapshot" and spec.on_job:
@@ -168,7 +169,7 @@ def preflight(spec, settings, provider) -> list[Staged]:
         found.append(Staged(source) if source["kind"] == "path" else
                      provider.read_dataset(spec, source))
         check_folders(found[-1], spec)
-    spec.staging = {s.source["name"]: _summary(s) for s in found}
+    spec = dataclasses.replace(spec, staging={s.source["name"]: _summary(s) for s in found})
     # The copy runs inside the job's clock (the agent's max runtime, the instance's power-off
     # timer, the upload grant): it gets time of its own on top, at a pessimistic rate, as
     # far as the one-week limit leaves room; past it, from the job's own time.
@@ -181,8 +182,8 @@ def preflight(spec, settings, provider) -> list[Staged]:
                          hint="stage less data, or give the job a copy already on the host "
                               "(--data NAME=/path, or an EBS snapshot: --data NAME=snap-...)")
     base = spec.max_runtime_s - spec.staging_allowance_s
-    spec.staging_allowance_s = max(0.0, min(needed, config.WEEK_S - base))
-    spec.max_runtime_s = base + spec.staging_allowance_s
+    allowance = max(0.0, min(needed, config.WEEK_S - base))
+    spec = dataclasses.replace(spec, staging_allowance_s=allowance, max_runtime_s=base + allowance)
     copied = sum(s.contents.file_bytes for s in found if s.contents is not None)
     if spec.backend != "local" and copied and not spec.on_job:
         sharded = [s.contents for s in found if s.contents is not None
@@ -199,10 +200,10 @@ def preflight(spec, settings, provider) -> list[Staged]:
         if spec.disk_gb and spec.disk_gb < need:
             raise UsageError(f"--disk-gb {spec.disk_gb}: the datasets take {copied / 1e9:.1f} "
                              f"GB on disk; give at least {need}", hint=f"--disk-gb {need}")
-        spec.disk_gb = max(spec.root_gb(settings), need)
+        spec = dataclasses.replace(spec, disk_gb=max(spec.root_gb(settings), need))
         if copied >= STAGING_FAST_DISK_GB * 1e9:  # the copy writes at the volume's speed
-            spec.disk_mbps = settings.staging_disk_mbps
-    return found
+            spec = dataclasses.replace(spec, disk_mbps=settings.staging_disk_mbps)
+    return spec, found
 
 
 class MissingFolders(UsageError):
@@ -433,7 +434,7 @@ def listing(store, settings, provider=None) -> list[dict]:
     staged it: when, where, how fast."""
     last: dict[str, dict] = {}
     for job in store.jobs():  # newest first
-        for d in (job.spec or {}).get("datasets") or []:
+        for d in job.spec.datasets or []:
             name = d.get("name") if isinstance(d, dict) else None
             if not isinstance(name, str) or name in last:
                 continue
@@ -441,11 +442,11 @@ def listing(store, settings, provider=None) -> list[dict]:
                            and (ev.detail or "").startswith("data staged")), None)
             if staged is None:
                 continue
-            inst = (job.spec or {}).get("instance_type") or job.backend
-            region = (job.spec or {}).get("region") or ""
+            inst = job.spec.instance_type or job.backend
+            region = job.spec.region or ""
             last[name] = {"job": job.id, "at": staged.at, "where": f"{inst} {region}".strip(),
                           "detail": staged.detail,
-                          "size": ((job.spec or {}).get("staging") or {}).get(name)}
+                          "size": (job.spec.staging or {}).get(name)}
     rows = []
     for name, source in sorted(settings.datasets.items()):
         seen = last.get(name) or {}

@@ -299,7 +299,7 @@ def why_kept(store: Store, job: Job, active: list[Job] | None = None) -> Refusal
                        f"{live[0].state} and may still bill",
                        f"terminate it first: cloudtrain down {job.id}")
     for other in store.find_jobs(JobQuery(finished=False)) if active is None else active:
-        ref = (other.spec or {}).get("resume_from")
+        ref = other.spec.resume_from
         if isinstance(ref, str) and ref and (
                 job.id.startswith(ref) or ref == job.name):
             return Refusal(job.id, f"job {job.id}: job {other.id} ({other.state}) resumes from "

@@ -54,7 +54,7 @@ def status_table(jobs: list[Job], now: float | None = None, *, width: int | None
 def accuracy_key(job: Job, metrics: dict) -> str:
     """The ACC column's metric: the recipe's target metric where the row has it (imagenet's
     top5, as `status JOB` and `plot` show), else test_acc, else accuracy."""
-    target = (job.spec or {}).get("target")
+    target = job.spec.target
     metric = target.get("metric") if isinstance(target, dict) else None
     if isinstance(metric, str) and metric in metrics:
         return metric
@@ -130,7 +130,7 @@ def queue_of(job: Job, kept: list[dict]) -> dict | None:
 def launched_line(job: Job) -> str:
     """What `launch` says of the job it made: started, or queued on a kept instance."""
     if job.state == "queued":
-        kept = (job.spec or {}).get("kept") or {}
+        kept = job.spec.kept or {}
         ahead = kept.get("ahead") or []
         return (f"queued job {job.id}: {job.command} on {job.backend}, on the kept instance "
                 f"{kept.get('instance')} behind job {ahead[-1] if ahead else '?'}: it starts "
@@ -142,7 +142,8 @@ def job_json(job: Job, now: float | None = None, kept: list[dict] | None = None)
     """A job as --json gives it: its times in ISO 8601 UTC (U25); its metrics row as the job
     wrote it; its kept instance, or its place in one's queue (U40)."""
     now = time.time() if now is None else now
-    data = dataclasses.asdict(job)
+    data = {**dataclasses.asdict(job), "spec": job.spec.to_dict(), "facts": job.facts.to_dict()}
+    data.pop("details")
     data["runtime_s"] = runtime(job, now)
     if kept is not None:
         data["kept"] = next((k for k in kept if k["job"] == job.id and k["state"] == "kept"),
@@ -215,7 +216,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
         out.append("  by phase  " + billed_phases)
     if detail.get("to_target") is not None and job.backend != "local":  # U29: nothing billed
         out.append(f"  to target {money4(detail['to_target'])}")
-    expected = (job.spec or {}).get("expected")
+    expected = job.spec.expected
     if expected:
         out.append(f"  estimated {money4(expected.get('usd'))} before launch: training "
                    f"{duration(expected.get('train_s'))} ({expected.get('basis')}), "
@@ -223,7 +224,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
     notes = detail.get("notes")
     for note in notes if isinstance(notes, list) else []:
         out.append(f"  cost note {note}")
-    for name, info in ((job.spec or {}).get("staging") or {}).items():
+    for name, info in (job.spec.staging or {}).items():
         out.append(f"  data      {cells.shown(name)}: {cells.staged_size(info)}")
     metrics = job.metrics if isinstance(job.metrics, dict) else {}
     if metrics.get("staging"):
@@ -250,7 +251,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
     if job.jobdir:  # U52: a path on the instance until the job's files come home
         remote = isinstance(job.host, dict) and job.host.get("kind") not in (None, "LocalHost")
         out.append(f"  jobdir    {'on the instance: ' if remote else ''}{job.jobdir}")
-    if attempts and (len(attempts) > 1 or (job.spec or {}).get("recover")):
+    if attempts and (len(attempts) > 1 or job.spec.recover):
         out += attempts_lines(attempts, recovery or {}, width=width)
     out += nodes_lines(job, width=width)
     out.append("  timeline")
@@ -473,7 +474,7 @@ def stop_outcomes(outcomes: list, listed: bool = False) -> str:
 def args_lines(job: Job, width: int | None = None) -> list[str]:
     """`status JOB`: a recipe job's arguments as its script got them, all of them (D18),
     wrapped at `width` (U31)."""
-    args = (job.spec or {}).get("args") if isinstance(job.spec, dict) else None
+    args = job.spec.args
     if not isinstance(args, dict) or not args:
         return []
     import shlex

@@ -47,10 +47,7 @@ _WORST = ("preempted", "failed", "cancelled")
 
 def count(job_or_spec) -> int:
     spec = job_or_spec.spec if isinstance(job_or_spec, Job) else job_or_spec
-    if isinstance(spec, dict):
-        n = spec.get("nodes", 1)
-    else:
-        n = getattr(spec, "nodes", 1)
+    n = getattr(spec, "nodes", 1)
     return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
 
 

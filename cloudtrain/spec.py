@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import config, providers
 from .config import INSTANCE_PATTERN, check_known_region, check_region, finite, shown
 from .errors import UsageError, named_at
+from .job_spec import COMMAND, RECIPE, JobFacts, JobSpec  # noqa: F401  (the lifecycle's)
 from .launch_options import LaunchOptions
 from .market import Market
 
-RECIPE, COMMAND = "recipe", "command"
 
 MAX_RUNTIME_MINUTES = config.LIMITS["max_runtime_minutes"][1]  # a week
 MAX_PROCS = 1024
@@ -39,181 +37,6 @@ FLAGS = {"instance_type": "--instance", "region": "--region", "ami": "--ami",
          "nodes": "--nodes"}
 MAX_RESTARTS = 100
 FALLBACKS = (Market.ON_DEMAND,)
-
-
-@dataclass
-class JobSpec:
-    kind: str  # RECIPE or COMMAND
-    backend: str  # a provider name: "local", ...
-    name: str | None = None
-    recipe: str | None = None
-    profile: str | None = None
-    args: dict = field(default_factory=dict)  # recipe arguments after profile and --set
-    command: list[str] = field(default_factory=list)  # the user's command (kind COMMAND)
-    workdir: str | None = None  # absolute path on this machine, synced into the job
-    max_runtime_s: float = 12 * 3600.0  # the agent stops the job after this long
-    resources: dict = field(default_factory=dict)  # gpus_per_node, nodes, disk_gb
-    requires: list[str] = field(default_factory=list)  # Python modules the job imports
-    resume_from: str | None = None  # a job id whose checkpoints this job starts from
-    procs: int | None = None  # processes per host (torchrun recipes); None: the host's GPUs
-    gpus_needed: int = 0  # GPUs on one host the recipe's arguments require (0: no requirement)
-    gpus_exact: bool = True  # False: gpus_needed is a default that --procs may override
-    # Machines the job spans (nodes.py): one torchrun job over all of them, node 0 the
-    # rendezvous; every node gets the same files, setup and command.
-    nodes: int = 1
-    # Cloud placement (ignored by the local backend)
-    instance_type: str | None = None
-    market: Market = Market.ON_DEMAND
-    region: str | None = None
-    ami: str | None = None  # None: the current AWS Deep Learning PyTorch AMI
-    disk_gb: int | None = None
-    max_price: float | None = None  # spot only, USD/h
-    keep: bool = False  # leave the instance running after the job
-    idle_minutes: float | None = None  # power off this long after the job ends
-    on_job: str | None = None  # run on that (kept) job's instance instead of a new one
-    # `--on`: the kept instance as lifecycle.sources.kept_source found it: {instance, type,
-    # region, holder (the job on it now), ahead (the jobs this one waits behind, in order),
-    # wait_s (the most they may still run)}.
-    kept: dict | None = None
-    cpu_only: bool = False  # an instance type without a GPU, on purpose (else refused)
-    expected: dict | None = None  # the estimate shown before launch: train_s, total_s, usd
-    # A recipe's target for these arguments ({metric, value}: imagenet's top5 0.93), kept with
-    # the job so that `status` shows that metric without reading the recipe again.
-    target: dict | None = None
-    # Workdir paths (gitignore-style patterns) synced although they look like credentials
-    # (.aws/, .ssh/, .env, *.pem, $CLOUDTRAIN_HOME), which the sync otherwise always leaves out.
-    include: list[str] = field(default_factory=list)
-    # The datasets staged before the job starts (datasets.resolve): [{name, dir, kind,
-    # location, ...}]; what they hold once read (datasets.preflight) goes in `staging`.
-    datasets: list[dict] = field(default_factory=list)
-    staging: dict = field(default_factory=dict)
-    disk_mbps: int | None = None  # the root volume's provisioned gp3 MB/s (None: its own 125)
-    staging_allowance_s: float = 0.0  # added to max_runtime_s for the data copy (preflight)
-    # Spot recovery (lifecycle/recovery.py): on an interruption the job continues on a new instance
-    # from its last checkpoint, at most max_restarts times; `fallback` "on-demand" lets a
-    # relaunch that finds no spot capacity anywhere take an on-demand instance.
-    recover: bool = False
-    max_restarts: int = 3
-    fallback: str | None = None
-    # Set for each (re)launch, not by the user: the attempt's number and the AZs it tries
-    # last (the one that was just interrupted).
-    attempt: int = 1
-    avoid_zones: list[str] = field(default_factory=list)
-    store_region: str | None = None  # the job store's region: the first attempt's
-    # The job store's owner key (jobs/<store_owner>/<id>/), kept with the job at its first
-    # upload grant; None for a job stored before owner prefixes (jobs/<id>/).
-    store_owner: str | None = None
-    # The job's Auto Scaling group (issue 27), kept with the job once it is made: AWS
-    # relaunches the job, not the supervisor (lifecycle/autoscaled.py reads its attempts).
-    auto_scaling_group: str | None = None
-    # Job files (jobfile.py) and their flags: `setup` (shell, once per instance before the
-    # job), the job's environment `envs`, the names of its `secrets` (their values never go
-    # in the spec: lifecycle/secrets.py), and `outputs` brought home after the job (paths relative
-    # to the workdir for own code, to the job directory for recipes).
-    setup: str | None = None
-    envs: dict = field(default_factory=dict)
-    secrets: list[str] = field(default_factory=list)
-    outputs: list[str] = field(default_factory=list)
-    # The secrets' values, in memory only: to_dict() leaves them out, lifecycle.launch hands
-    # them to lifecycle.secrets (a private file for relaunches) and to the host (read, then
-    # deleted).
-    secret_values: dict = field(default_factory=dict, repr=False, compare=False)
-    # U11: where the options given in a job file came from, {option: "job.yaml:7:
-    # resources.disk_gb"} (LaunchOptions.origins): checks name that instead of the flag, which
-    # nobody typed. In memory only, for the checks of this launch.
-    origins: dict = field(default_factory=dict, repr=False, compare=False)
-    # The values taken from this shell's environment (job_env.Taken: names and where a job
-    # file named them, never a value), for the launch's question and the dry run. In memory.
-    from_shell: list = field(default_factory=list, repr=False, compare=False)
-
-    def display(self) -> str:
-        """One line saying what runs: the recipe, its profile and the arguments that differ
-        from what the profile (or the recipe) sets, `resnet9 (smoke) variant=dawn epochs=4`
-        (D18); or the command (shell code's lines joined by `; `, without the newline a job
-        file's `run: |` ends with)."""
-        if self.kind == RECIPE:
-            from . import recipes
-
-            what = [f"{self.recipe} ({self.profile})" if self.profile else str(self.recipe)]
-            try:
-                rec = recipes.load(self.recipe)
-                base = rec.resolve(self.profile if self.profile in rec.profiles else None)
-            except UsageError:  # the recipe is gone or changed: nothing to compare with
-                rec, base = None, {}
-            for k, v in self.args.items():
-                if base.get(k) != v:
-                    text = rec.arguments[k].render(v) if rec and k in rec.arguments else str(v)
-                    what.append(f"{k}={shlex.quote(text)}")
-            return " ".join(what) + self._on_nodes()
-        if len(self.command) == 1:  # shell code (a job file's run: |): one line (U12)
-            lines = [line.strip() for line in self.command[0].splitlines() if line.strip()]
-            return "; ".join(lines) + self._on_nodes()
-        return shlex.join(self.command) + self._on_nodes()
-
-    def _on_nodes(self) -> str:
-        return f" [{self.nodes} nodes]" if self.nodes > 1 else ""
-
-    def processes(self, gpus: int) -> int:
-        """How many processes the job starts on a host with `gpus` GPUs: --procs if given;
-        else, for a recipe whose arguments are set up for N GPUs, N (refused on a host with
-        fewer); else one per GPU for torchrun recipes (one on a host without GPUs); else one.
-        On several nodes a recipe's `gpus` argument counts the processes of all of them:
-        each node starts its share."""
-        n = self.gpus_needed
-        if self.nodes > 1 and self.gpus_exact and n > 1 and n % self.nodes == 0:
-            n //= self.nodes
-        if self.procs:
-            procs = self.procs
-        elif n:
-            procs = n
-            if n > max(gpus, 1):
-                what = f"with gpus={n}" if self.gpus_exact else \
-                    f"variant {self.args.get('variant')}"
-                other = f"pass --procs {n} to run {n} processes anyway (gloo on CPU)" \
-                    if self.gpus_exact else "pass --procs N to run it on N processes (a " \
-                                            "different global batch from the published run)"
-                raise UsageError(f"recipe {self.recipe} {what} runs one process per GPU on {n} "
-                                 f"GPUs, but this host has {gpus} GPU(s)",
-                                 hint=f"launch on an instance with {n} GPUs (--gpus "
-                                      f"{self.resources.get('gpu', 'V100')}:{n}), or {other}")
-        else:
-            torchrun = self.kind == RECIPE and self.resources.get("launcher") == "torchrun"
-            procs = max(gpus, 1) if torchrun else 1
-        if n > 1 and procs != n and self.gpus_exact:
-            raise UsageError(f"recipe {self.recipe} with gpus={n} needs {n} processes, not "
-                             f"--procs {procs}", hint=f"pass --procs {n}, or --set gpus={procs}")
-        return procs
-
-    def relaunch_places(self, settings, home: str | None) -> list[tuple[str, str]]:
-        """(region, market) in the order a relaunch tries them (lifecycle/recovery.py): the
-        home region, then `regions:` from config.yaml (not for data on an EBS snapshot, which
-        lives in one region; an S3 source is reachable from any), spot first, then on-demand
-        with --fallback on-demand."""
-        regions = [home] if home else []
-        if not any(d.get("kind") == "snapshot" for d in self.datasets or []):
-            regions += [r.strip() for r in settings.regions.split(",")
-                        if r.strip() and r.strip() not in regions]
-        markets = [Market.SPOT] + ([Market.ON_DEMAND] if self.fallback == Market.ON_DEMAND else [])
-        return [(region, market) for market in markets for region in regions]
-
-    def root_gb(self, settings) -> int:
-        """The root volume's size: --disk-gb (or what preflight sized for the datasets),
-        else config.yaml's disk_gb, else the recipe's, else 100 GB."""
-        return int(self.disk_gb or settings.disk_gb or self.resources.get("disk_gb") or 100)
-
-    def to_dict(self) -> dict:
-        data = dataclasses.asdict(self)
-        data.pop("secret_values")  # never stored: job.json, state.db and logs get names only
-        data.pop("origins")
-        data.pop("from_shell")
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "JobSpec":
-        names = {f.name for f in dataclasses.fields(cls)}
-        spec = cls(**{k: v for k, v in data.items() if k in names})
-        spec.market = Market(spec.market)
-        return spec
 
 
 # -- from what the user typed ----------------------------------------------------------------
@@ -241,12 +64,11 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
         raise UsageError(f"{origins.get('nodes', '--nodes')} must be a whole number from 1 to "
                          f"{MAX_NODES}, got {shown(nodes)}")
     flags = datasources.parse_data_flags(o.data, items(origins, "data"))
-    spec = _build_spec(o, settings, origins)
-    spec.origins = origins
+    spec = dataclasses.replace(_build_spec(o, settings, origins), origins=origins)
     _check_nodes(spec)
     try:
-        spec.datasets = datasets.resolve(spec, settings, flags,
-                                         recipes.load(spec.recipe).data if spec.recipe else [])
+        spec = dataclasses.replace(spec, datasets=datasets.resolve(
+            spec, settings, flags, recipes.load(spec.recipe).data if spec.recipe else []))
     except UsageError as exc:  # U11: `--data NAME: ...` about a job file's datasets.NAME
         name = exc.message.split(":", 1)[0].removeprefix("--data ")
         raise named_at(exc, origins.get(f"data.{name}"), f"--data {name}") from None
@@ -254,18 +76,18 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
         if not o.setup.strip() or "\0" in o.setup:
             raise UsageError(f"{origins.get('setup', '--setup')} needs shell code, e.g. --setup "
                              "'pip install -r requirements.txt'")
-        spec.setup = o.setup
-    spec.from_shell = from_shell
-    spec.envs = environment(o.envs, "--env", named=items(origins, "envs"))
-    spec.secret_values = environment(o.secrets, "--secret", named=items(origins, "secrets"))
-    overlap = set(spec.envs) & set(spec.secret_values)
+        spec = dataclasses.replace(spec, setup=o.setup)
+    envs = environment(o.envs, "--env", named=items(origins, "envs"))
+    secret_values = environment(o.secrets, "--secret", named=items(origins, "secrets"))
+    overlap = set(envs) & set(secret_values)
     if overlap:
         raise UsageError(f"{sorted(overlap)[0]} is given both as an environment variable and "
                          "as a secret: keep it in one")
-    spec.secrets = sorted(spec.secret_values)
     named = items(origins, "outputs")
-    spec.outputs = [check_output(p, named.get(p, "--output")) for p in o.outputs]
-    return spec
+    return dataclasses.replace(
+        spec, from_shell=from_shell, envs=envs, secret_values=secret_values,
+        secrets=sorted(secret_values),
+        outputs=[check_output(p, named.get(p, "--output")) for p in o.outputs])
 
 
 def items(origins: dict, option: str) -> dict[str, str]:

@@ -8,7 +8,8 @@ that many `cloudtrain` processes can read while one writes; every write is a sho
 This module holds the job states, the records (Job, Instance, Attempt, Event, JobQuery) and
 the Store that reads and writes them; the schema's migrations are in state_schema, how a
 column's value is read and written in state_columns, whether a failing file is unusable in
-state_check. It imports only those, config and errors.
+state_check. A job's spec and facts are parsed where it is loaded (job_spec). It imports
+only those, config and errors.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from .config import private_file, shown
 from .errors import NotFound, UsageError
+from .job_spec import FACTS, JobFacts, JobSpec
 from .state_columns import bindable, cached_metrics, json_column, read_row
 from .state_check import check_database, database_error  # noqa: F401  (the CLI's too)
 from .state_schema import MIGRATIONS, SCHEMA_VERSION
@@ -91,7 +93,7 @@ class Job:
     ended_at: float | None
     exit_code: int | None
     reason: str | None
-    spec: dict
+    spec: JobSpec  # what the user asked; a dict given (a row, a test) is parsed
     host: dict | None
     jobdir: str | None
     metrics: dict | None
@@ -100,16 +102,33 @@ class Job:
     cost_settled: int = 0
     cost_detail: dict | None = None
     lease_until: float | None = None  # launch lease (see _migration_4)
+    details: dict | None = None  # the facts as stored (_migration_7)
+    facts: JobFacts | None = None  # None: read from details (and from an older spec)
+
+    def __post_init__(self) -> None:
+        # A spec as stored: kind and backend are the row's own; older versions kept the
+        # per-attempt facts in it, which JobFacts finds there.
+        raw = self.spec if isinstance(self.spec, dict) else None
+        if raw is not None:
+            self.spec = JobSpec.from_dict({"kind": self.kind, "backend": self.backend, **raw})
+        if self.facts is None:
+            self.facts = JobFacts.load(self.details, raw)
 
     @property
     def active(self) -> bool:
         return self.state in ACTIVE_STATES
 
+    @property
+    def keeps_instance(self) -> bool:
+        """Whether the job's instance stays after it: asked (--keep), or kept for a job
+        queued behind it."""
+        return bool(self.spec.keep or self.facts.kept_for_queue)
+
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> "Job":
         values = dict(row)
-        for key in ("spec", "host", "metrics", "cost_detail"):
-            values[key] = json_column(values[key]) or ({} if key == "spec" else None)
+        for key in ("spec", "host", "metrics", "cost_detail", "details"):
+            values[key] = json_column(values.get(key)) or ({} if key == "spec" else None)
         if values["metrics"]:
             values["metrics"] = cached_metrics(values["metrics"])
         names = {f.name for f in dataclasses.fields(cls)}
@@ -248,7 +267,7 @@ class Store:
     # -- jobs ---------------------------------------------------------------------------
 
     def create_job(self, *, name: str | None, kind: str, recipe: str | None, command: str,
-                   backend: str, spec: dict, at: float | None = None,
+                   backend: str, spec: dict | JobSpec, at: float | None = None,
                    launcher: str | None = None) -> Job:
         at = time.time() if at is None else at
         for _ in range(10):
@@ -259,7 +278,8 @@ class Store:
                         "INSERT INTO jobs (id, name, kind, recipe, command, backend, state,"
                         " created_at, spec, launcher) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (job_id, name, kind, recipe, command, backend, PENDING, at,
-                         json.dumps(spec), launcher))
+                         json.dumps(spec.to_dict() if isinstance(spec, JobSpec) else spec),
+                         launcher))
                     db.execute("INSERT INTO events (job_id, phase, at) VALUES (?, ?, ?)",
                                (job_id, PENDING, at))
                 return self.job(job_id)
@@ -431,6 +451,18 @@ class Store:
             db.execute("INSERT INTO events (job_id, phase, at, detail) VALUES (?, ?, ?, ?)",
                        (job_id, state, at, detail))
         return True
+
+    def record_facts(self, job_id: str, **facts) -> None:
+        """Keep what was learnt about a job (JobFacts' fields) with it, beside those it has."""
+        unknown = set(facts) - FACTS
+        if unknown:
+            raise ValueError(f"not job facts: {sorted(unknown)}")
+        with self.transaction() as db:
+            row = db.execute("SELECT details FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no job '{job_id}'")
+            details = {**(json_column(row["details"]) or {}), **facts}
+            self._update(db, job_id, {"details": details})
 
     @staticmethod
     def _update(db: sqlite3.Connection, job_id: str, fields: dict) -> None:

@@ -111,4 +111,6 @@ def bindable(value):
         return value if -(1 << 63) <= value < (1 << 63) else float(value)
     if isinstance(value, (dict, list, tuple)):
         return json.dumps(value, default=str)
+    if hasattr(value, "to_dict"):  # a record (job_spec.JobSpec)
+        return json.dumps(value.to_dict(), default=str)
     return str(value)

@@ -132,9 +132,16 @@ def _migration_6(db: sqlite3.Connection) -> None:
         """)
 
 
+def _migration_7(db: sqlite3.Connection) -> None:
+    # What was learnt about a job as it ran (job_spec.JobFacts: its attempt, its job store's
+    # owner, the cloud's group made for it), JSON, apart from its spec (what the user asked).
+    # Jobs of older versions keep theirs in the spec, where JobFacts.load finds them.
+    db.execute("ALTER TABLE jobs ADD COLUMN details TEXT")
+
+
 # Schema migrations, applied in order; the schema version is PRAGMA user_version.
 MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5,
-              _migration_6]
+              _migration_6, _migration_7]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

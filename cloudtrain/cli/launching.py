@@ -177,8 +177,8 @@ def launch(dry_run: bool, yes: bool, follow: bool, quiet: bool, **flags) -> None
             click.echo(catalog_views.plan(plan.plan(spec, store, settings),
                                           width=table_width(False)))
             return
-        found = plan.read_datasets(spec, settings)  # a missing dataset stops the launch here
-        ask_first(spec, store, yes, quiet)
+        spec, found = plan.read_datasets(spec, settings)  # a missing dataset stops it here
+        spec = ask_first(spec, store, yes, quiet)
         with phases(quiet, lambda line: click.echo(line, err=True)) as report:  # on stderr
             job = launching.launch(store, settings, spec, say=report, found=found)
         if quiet:
@@ -193,13 +193,13 @@ def launch(dry_run: bool, yes: bool, follow: bool, quiet: bool, **flags) -> None
                        f"  stop:    cloudtrain down {job.id}")
 
 
-def ask_first(spec, store, yes: bool, quiet: bool) -> None:
+def ask_first(spec, store, yes: bool, quiet: bool):
     """Before a launch: its expected time and cost, its warnings, and the questions a
     terminal is asked (a price, the values a job file takes from this shell, the
-    credential-looking files --include sends)."""
+    credential-looking files --include sends). Returns the spec that keeps the estimate."""
     from ..lifecycle import plan
 
-    row = plan.expected(spec, store)
+    spec, row = plan.expected(spec, store)
     if row is not None and not quiet:
         click.echo(said(catalog_views.estimate_line(row, spec.market)), err=True)
     question = plan.question(spec, warn=lambda line: click.echo(said(f"WARNING: {line}"),
@@ -212,6 +212,7 @@ def ask_first(spec, store, yes: bool, quiet: bool) -> None:
     sending = plan.credentials_sent(spec)
     if sending:
         confirm_sending(sending)
+    return spec
 
 
 def confirm_sending(line: str, ask: str = "Send them?",

@@ -52,7 +52,7 @@ def abort_launch(store, settings, provider, job, host, exc) -> str | None:
                                                    state.SYNCING)
         if host is not None and jobdir and started:
             _stop_agents(store.job(job.id), settings, host)
-        if (store.job(job.id).spec or {}).get("secrets"):
+        if store.job(job.id).spec.secrets:
             _drop_secrets(store.job(job.id), host)
         released = True
         try:

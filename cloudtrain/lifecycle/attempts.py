@@ -31,7 +31,7 @@ INTERRUPTED = "interrupted"
 
 
 def recoverable(job: Job) -> bool:
-    return job.active and job.backend != "local" and bool((job.spec or {}).get("recover"))
+    return job.active and job.backend != "local" and bool(job.spec.recover)
 
 
 def begin(store: Store, job: Job, spec: JobSpec) -> None:

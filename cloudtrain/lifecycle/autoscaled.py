@@ -33,7 +33,7 @@ REPLACED = "taken back; relaunched by AWS Auto Scaling"
 
 
 def grouped(job: Job) -> bool:
-    return bool((job.spec or {}).get("auto_scaling_group"))
+    return bool(job.facts.auto_scaling_group)
 
 
 def learn(store: Store, job: Job) -> dict | None:
@@ -58,8 +58,8 @@ def learn(store: Store, job: Job) -> dict | None:
     if not known:
         store.add_attempt(job.id, 1, started_at=job.created_at)
         known = {a.n: a for a in store.attempts(job.id)}
-    spec = job.spec or {}
-    region = spec.get("region") or next((i.region for i in store.instances(job.id)
+    spec = job.spec
+    region = spec.region or next((i.region for i in store.instances(job.id)
                                          if i.region), None)
     fresh = [d for d in record["attempts"] if d["attempt"] != 1 and d["attempt"] not in known]
     # EC2's view of the job's instances: only those that carry its tag are in it.
@@ -96,18 +96,18 @@ def learn(store: Store, job: Job) -> dict | None:
         store.add_instance(Instance(
             id=doc["instance"], job_id=job.id, provider=job.backend, region=region,
             zone=seen.get("zone") or doc["zone"],
-            instance_type=doc["type"] or spec.get("instance_type"),
+            instance_type=doc["type"] or spec.instance_type,
             market=Market.ON_DEMAND if doc["lifecycle"] == "on-demand" else Market.SPOT,
             state="terminated" if seen.get("terminated_at") else "running",
             launched_at=seen.get("launched_at") or started,
             terminated_at=seen.get("terminated_at"), price_per_hour=None,
-            details={"auto_scaling_group": spec.get("auto_scaling_group"), "attempt": n,
+            details={"auto_scaling_group": job.facts.auto_scaling_group, "attempt": n,
                      **({"seen_in": "scaling activities"} if seen else {})}),
             event=("instance", f"{doc['instance']} in {doc['zone']} (attempt {n}, by AWS "
                                "Auto Scaling)"))
         store.add_attempt(job.id, n, started_at=started, instance_id=doc["instance"],
                           region=region, zone=doc["zone"], market=doc["lifecycle"],
-                          instance_type=doc["type"] or spec.get("instance_type"),
+                          instance_type=doc["type"] or spec.instance_type,
                           running_at=started, resumed_step=doc["resumed_step"],
                           resumed_seq=doc["resumed_seq"])
         known[n] = store.attempt(job.id, n)
@@ -141,7 +141,7 @@ def not_the_job_s(instance: str, ec2: dict, job: Job, launched: dict | None = No
     job's where its group's activities show it launched it (only AWS writes those): EC2
     forgets an ended instance after about an hour, the activities after 6 weeks."""
     seen = ec2.get(instance)
-    group = (job.spec or {}).get("auto_scaling_group")
+    group = job.facts.auto_scaling_group
     if seen is not None and seen.get("job") != job.id:  # a recorded one, looked up by id
         seen = None
     if seen is None:
@@ -216,7 +216,7 @@ def _launches(store: Store, job: Job, launched: list) -> dict:
             launched.append(providers.get(job.backend).group_launches(store, job))
         except CloudtrainError as exc:
             launched.append(None)  # unknown, not "none launched"
-            group = (job.spec or {}).get("auto_scaling_group")
+            group = job.facts.auto_scaling_group
             store.add_event(job.id, PASSED_OVER, once=True, detail=(
                 f"WARNING: the scaling activities of the job's Auto Scaling group {group} could "
                 f"not be read ({' '.join(exc.message.split())}): an attempt whose instance EC2 "

@@ -23,7 +23,6 @@ from ..host import agent_control
 from ..host.job_status import metrics_tail, read_json
 from ..errors import CloudtrainError, HostError, NotRegularFile
 from ..local_host import LocalHost
-from ..spec import JobSpec
 from ..state import Job, Store
 from . import attempts, group, secrets
 from .scripts import output_paths
@@ -55,8 +54,7 @@ def collect_files(store: Store, job: Job) -> bool:
             config.write_private(local / name, data)
         pulled = host.pull_tree(f"{job.jobdir}/checkpoints", local / "checkpoints",
                                 settings.collect_checkpoints_mb * 1e6)
-        outputs = output_paths(JobSpec.from_dict(job.spec or {"kind": "command",
-                                                               "backend": job.backend}))
+        outputs = output_paths(job.spec)
         got = host.pull_paths(job.jobdir, outputs, local, settings.collect_checkpoints_mb * 1e6) \
             if outputs else None
         # The agent waits (bounded) for this before it powers the instance off.
@@ -80,8 +78,7 @@ def collect_files(store: Store, job: Job) -> bool:
 def _note_local_outputs(store: Store, job: Job) -> None:
     """A job on this machine wrote its named outputs in place: say where, and which are not
     there (once: a job is collected once)."""
-    outputs = output_paths(JobSpec.from_dict(job.spec or {"kind": "command",
-                                                           "backend": job.backend}))
+    outputs = output_paths(job.spec)
     if not outputs or any(e.phase == "outputs" for e in store.events(job.id)):
         return
     missing = [o for o in outputs if not os.path.lexists(Path(job.jobdir, o))]
@@ -256,7 +253,7 @@ def record_staged(store: Store, job: Job, staging: dict | None) -> bool:
     the copy and of the training split there."""
     if job.state != state.STAGING or not staging or staging.get("state") != "staged":
         return False
-    return store.set_state(job.id, state.SETTING_UP if (job.spec or {}).get("setup") else
+    return store.set_state(job.id, state.SETTING_UP if job.spec.setup else
                            state.RUNNING, at=staging.get("ended_at") or time.time(),
                            detail=datasets.staged_line(staging), expect=state.STAGING)
 

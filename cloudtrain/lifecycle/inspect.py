@@ -132,7 +132,7 @@ def recipe_target(job: Job) -> tuple[float | None, str | None]:
     from .. import recipes
 
     try:
-        target = recipes.load(job.recipe).target_for((job.spec or {}).get("args") or {})
+        target = recipes.load(job.recipe).target_for(job.spec.args or {})
     except CloudtrainError:  # the recipe is gone or changed
         return None, None
     return target.get("value"), target.get("metric")

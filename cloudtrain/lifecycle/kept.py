@@ -70,7 +70,7 @@ def instance_of(store: Store, job: Job) -> Instance | None:
     found = held(store, job)
     if found is not None:
         return found
-    wanted = (job.spec or {}).get("kept", {}) or {}
+    wanted = job.spec.kept or {}
     ids = [wanted.get("instance")] if job.state == state.QUEUED else []
     ids += [m.group(1) for e in reversed(store.events(job.id)) if e.phase == "handover"
             for m in [HANDOVER.match(e.detail or "")] if m]
@@ -84,24 +84,23 @@ def instance_of(store: Store, job: Job) -> Instance | None:
 def queued_on(store: Store, instance_id: str) -> list[Job]:
     """The jobs queued on an instance, in the order they start."""
     jobs = [j for j in store.jobs(active_only=True) if j.state == state.QUEUED
-            and ((j.spec or {}).get("kept") or {}).get("instance") == instance_id]
+            and (j.spec.kept or {}).get("instance") == instance_id]
     return sorted(jobs, key=lambda j: j.created_at)
 
 
 def idle_minutes(job: Job, settings: config.Settings) -> int:
-    return settings.idle_minutes((job.spec or {}).get("idle_minutes"))
+    return settings.idle_minutes(job.spec.idle_minutes)
 
 
 def power_off_at(job: Job, settings: config.Settings) -> float | None:
     """When the instance of an ended kept job powers itself off: its idle time after the
     job's end (the agent re-armed the timer then). A job kept only for a queue that then went
     away had no idle time: its start's timer (the max runtime + the margin) stands."""
-    spec = job.spec or {}
     if job.ended_at is None:
         return None
-    if spec.get("kept_for_queue") and spec.get("idle_minutes") is None and job.started_at:
+    if job.facts.kept_for_queue and job.spec.idle_minutes is None and job.started_at:
         minutes = providers.get(job.backend).power_off_minutes(
-            float(spec.get("max_runtime_s") or 0))
+            float(job.spec.max_runtime_s or 0))
         return job.started_at + minutes * 60
     return job.ended_at + idle_minutes(job, settings) * 60
 
@@ -220,7 +219,7 @@ def enqueue(store: Store, job: Job, host: Host, jobdir: str, spec) -> tuple[floa
         remote = (before.host or {}).get("remote_jobdir") or before.jobdir
         if before.active and remote:
             host.write_text(f"{remote}/keep", f"kept for job {job.id}\n")
-        store.update_job(job_id, spec={**before.spec, "keep": True, "kept_for_queue": job.id})
+        store.record_facts(job_id, kept_for_queue=job.id)
         store.add_event(job_id, "kept", detail=f"keeps its instance for job {job.id}, queued "
                                                "behind it")
     agent = f"{agent_dir(jobdir)}/agent.py"
@@ -251,7 +250,7 @@ def refresh_queued(store: Store, settings: config.Settings, job: Job) -> Job:
         return store.job(job.id)
     if where == "started":
         _take_over(store, job)
-        new = state.STAGING if (job.spec or {}).get("datasets") else state.RUNNING
+        new = state.STAGING if job.spec.datasets else state.RUNNING
         store.set_state(job.id, new, expect=state.QUEUED, reason=None,
                         detail="started on the kept instance as the job before it ended")
         return store.job(job.id)
@@ -263,7 +262,7 @@ def refresh_queued(store: Store, settings: config.Settings, job: Job) -> Job:
 
 def _take_over(store: Store, job: Job) -> None:
     """The instance's record moves to the job that runs on it now (its billing with it)."""
-    instance_id = ((job.spec or {}).get("kept") or {}).get("instance")
+    instance_id = (job.spec.kept or {}).get("instance")
     inst = _instance(store, instance_id) if instance_id else None
     if inst is None or inst.job_id == job.id:
         return
@@ -273,7 +272,7 @@ def _take_over(store: Store, job: Job) -> None:
 def _queue_unreachable(store: Store, job: Job, exc: HostError) -> Job:
     """The instance of a queued job does not answer: gone (the job fails, it never ran), or
     only unreachable now."""
-    instance_id = ((job.spec or {}).get("kept") or {}).get("instance")
+    instance_id = (job.spec.kept or {}).get("instance")
     inst = _instance(store, instance_id) if instance_id else None
     gone = inst is None or inst.state == "terminated"
     if not gone:

@@ -33,6 +33,7 @@ lease and supervisor; the hosts only through `Host`, the cloud only through the 
 from __future__ import annotations
 
 import json
+import dataclasses
 import os
 import socket
 import tempfile
@@ -70,9 +71,10 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
     provider.preflight(spec)
     provider.ready(spec)  # U5: nothing is recorded for a launch that cannot start
     # The datasets are read before anything is created: a missing prefix stops here.
-    found = read_datasets(spec, settings) if found is None else found
+    if found is None:
+        spec, found = read_datasets(spec, settings)
     source = resume_source(store, settings, spec)
-    kept = kept_source(store, spec)
+    spec, kept = kept_source(store, spec)
     job = store.create_job(name=spec.name, kind=spec.kind, recipe=spec.recipe,
                            command=spec.display(), backend=spec.backend, spec=spec.to_dict(),
                            launcher=f"{socket.gethostname()}:{os.getpid()}")
@@ -124,11 +126,11 @@ def start_attempt(store: Store, settings: config.Settings, spec: JobSpec, provid
                  state.SETTING_UP if spec.setup else state.RUNNING,
                  detail=datasets.staging_line(spec) if found else detail, at=started)
         if spec.recover:
-            attempts.started(store, job.id, spec.attempt, started)
+            attempts.started(store, job.id, job.facts.attempt, started)
         report.phase(f"started job {job.id}" + (": its data is staged first" if found else
                                                 ": its setup runs first" if spec.setup else ""))
     except BaseException as exc:
-        if isinstance(exc, PlacementError) and spec.attempt > 1:
+        if isinstance(exc, PlacementError) and job.facts.attempt > 1:
             raise  # nothing was created here; the relaunch tries its next place
         recovering = abort_launch(store, settings, provider, job, group.opened(job.id), exc)
         if recovering:
@@ -174,7 +176,7 @@ def _launch_steps(a: _Launch, source: Job | None, kept: Job | None
                                            "checkpoint_stream": True})
     _write_files(a, nodes, gpus, procs, stages, stream_from is not None, grants, stream,
                  rendezvous)
-    if a.spec.recover and grants[0] is not None and a.spec.attempt == 1:
+    if a.spec.recover and grants[0] is not None and a.job.facts.attempt == 1:
         _upload_bundle(a, nodes, copies, stages[0] is not None, required=_grouped(a))
     if queued(a.spec):  # the kept instance's agent starts it when the job ahead ends
         a.report.phase("queuing the job on the kept instance")
@@ -204,7 +206,7 @@ def _acquire(a: _Launch, kept: Job | None) -> NodeGroup:
     for i, h in enumerate(hosts):
         group.keep(a.job.id, i, h)
     if a.spec.recover:
-        attempts.placed(a.store, a.job.id, a.spec.attempt)
+        attempts.placed(a.store, a.job.id, a.job.facts.attempt)
     return NodeGroup.open(a.store, a.provider, a.job, hosts)
 
 
@@ -345,12 +347,13 @@ def _restore(a: _Launch, nodes: NodeGroup) -> dict | None:
     when there is nothing to restore: the job starts over. Every node gets it (each rank
     resumes from its own disk)."""
     spec = a.spec
-    if not spec.recover or spec.attempt < 2:
+    if not spec.recover or a.job.facts.attempt < 2:
         return None
     plan = a.provider.checkpoint_plan(a.store, a.job, spec.max_runtime_s + 3600)
     if not plan:
-        a.store.add_event(a.job.id, "restore", detail=f"attempt {spec.attempt}: no checkpoint "
-                                                      "in the job store, the job starts over")
+        a.store.add_event(a.job.id, "restore", detail=f"attempt {a.job.facts.attempt}: no "
+                                                      "checkpoint in the job store, the job "
+                                                      "starts over")
         return None
     from ..host.checkpoint_manifest import LOGS
 
@@ -360,8 +363,8 @@ def _restore(a: _Launch, nodes: NodeGroup) -> dict | None:
     nodes.each(lambda i: nodes.hosts[i].write_text(f"{nodes.jobdirs[i]}/{scripts.RESTORE_PLAN}",
                                                    json.dumps(plan if i == 0 else others)))
     if attempts.resumable(spec):
-        spec.args = {**spec.args, "resume": True}
-    attempts.resuming(a.store, a.job.id, spec.attempt, plan)
+        a.spec = dataclasses.replace(spec, args={**spec.args, "resume": True})
+    attempts.resuming(a.store, a.job.id, a.job.facts.attempt, plan)
     return plan
 
 
@@ -386,7 +389,7 @@ def _grants(a: _Launch, nodes: NodeGroup) -> list[dict | None]:
 
 def _grouped(a: _Launch) -> bool:
     """Whether the job runs in its Auto Scaling group (AWS relaunches it, issue 27)."""
-    return bool((a.store.job(a.job.id).spec or {}).get("auto_scaling_group"))
+    return bool(a.store.job(a.job.id).facts.auto_scaling_group)
 
 
 def _stream_settings(a: _Launch, grant: dict | None, stream_from: dict | None) -> dict | None:
@@ -404,7 +407,7 @@ def _stream_settings(a: _Launch, grant: dict | None, stream_from: dict | None) -
     settle_s = a.settings.checkpoint_settle_seconds
     return {"settle_s": settle_s, "poll_s": min(1.0, max(0.05, settle_s / 2)),
             "start_seq": (stream_from or {}).get("seq") or 0,
-            "start_slot": (stream_from or {}).get("slot"), "attempt": a.spec.attempt}
+            "start_slot": (stream_from or {}).get("slot"), "attempt": a.job.facts.attempt}
 
 
 def _write_files(a: _Launch, nodes: NodeGroup, gpus: int, procs: int,
@@ -443,7 +446,8 @@ def _write_files(a: _Launch, nodes: NodeGroup, gpus: int, procs: int,
             job_id=a.job.id, setup_once=scripts.setup_once(host)))
         host.write_text(f"{jobdir}/job.json", json.dumps({**scripts.job_settings(
             a.settings, a.spec, a.provider, a.job.id, host, jobdir, nodes.data_dirs[i], gpus,
-            procs, grants[i], stream if i == 0 else None, env), **group_part(i)}, indent=1))
+            procs, grants[i], stream if i == 0 else None, env, a.job.facts.attempt),
+            **group_part(i)}, indent=1))
 
     nodes.each(write)
 

@@ -15,6 +15,7 @@ workdir and the sources a launch makes before it records anything. It may call s
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
@@ -39,7 +40,7 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
     if spec.datasets:
         try:
             settings = settings or config.Settings.load()
-            found = read_datasets(spec, settings)
+            spec, found = read_datasets(spec, settings)
             data_rows = [("data", datasets.staging_line(spec))] + [
                 ("note", note) for note in datasets.notes(spec, settings, found)]
         except datasets.MissingFolders:
@@ -49,14 +50,14 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
     renamed = None
     if store is not None:  # D18, D29: the checks the launch makes on the name, --on, --resume-from
         renamed = check_name(store, spec)
-        kept_source(store, spec)
+        spec, _ = kept_source(store, spec)
         resume_source(store, settings or config.Settings.load(), spec)
     rows = [("job", spec.display()), *_given_rows(spec),
             *providers.get(spec.backend).plan(spec), *data_rows]
     if renamed is not None:  # U4: the name row says whose name it takes
         rows = [("name", name_note(spec, renamed, launched=False)) if key == "name" else
                 (key, value) for key, value in rows]
-    row = expected(spec, store)
+    _, row = expected(spec, store)
     if row is not None:
         from ..catalog_views import estimate_line
 
@@ -127,23 +128,25 @@ def question(spec: JobSpec, warn: Callable[[str], None] | None = None
     return asked
 
 
-def expected(spec: JobSpec, store: Store | None = None):
+def expected(spec: JobSpec, store: Store | None = None) -> tuple[JobSpec, object]:
     """The estimate (time and cost) of a cloud recipe job on its instance type, from the
-    recipe's published result (estimate.py); None where there is no basis for one."""
+    recipe's published result (estimate.py), or None where there is no basis for one; and
+    the spec that keeps it (`expected`), so that `status JOB` can set it against the bill."""
     if spec.backend != "aws" or spec.on_job:
-        return None
+        return spec, None
     from .. import estimate
 
     try:
         region = providers.get(spec.backend).region(spec)
     except CloudtrainError:
-        return None
+        return spec, None
     row = estimate.for_spec(spec, region, store)
-    if row is not None:  # kept with the job, so `status JOB` can set it against the bill
-        spec.expected = {"train_s": row.train_s, "total_s": row.total_s, "market": spec.market,
-                         "usd": row.spot if spec.market == Market.SPOT else row.on_demand,
-                         "basis": row.scaling}
-    return row
+    if row is not None:
+        spec = dataclasses.replace(spec, expected={
+            "train_s": row.train_s, "total_s": row.total_s, "market": spec.market,
+            "usd": row.spot if spec.market == Market.SPOT else row.on_demand,
+            "basis": row.scaling})
+    return spec, row
 
 
 def check_name(store: Store, spec: JobSpec) -> Job | None:
@@ -174,8 +177,9 @@ def name_note(spec: JobSpec, taken: Job | None, launched: bool) -> str | None:
     return f"{spec.name} now names job {taken.id} ({taken.state}); this job takes the name"
 
 
-def read_datasets(spec: JobSpec, settings: config.Settings) -> list:
-    """Read what the job's datasets hold (datasets.preflight), before anything is created."""
+def read_datasets(spec: JobSpec, settings: config.Settings) -> tuple[JobSpec, list]:
+    """Read what the job's datasets hold (datasets.preflight), before anything is created:
+    the spec with their sizes (and the disk and time they need), and what was read."""
     return datasets.preflight(spec, settings, providers.get(spec.backend, settings))
 
 

@@ -4,7 +4,7 @@ path, the checkpoint restored. The top of the lifecycle: it may call every other
 (launch, plan, collect, watch, attempts, lease, supervisor).
 
     places(spec, settings, home)          where a relaunch tries, in order
-    attempt_spec(spec, n, region, ..)     the spec of attempt n in one place
+    attempt_spec(spec, n, region, ..)     the spec and facts of attempt n in one place
     relaunch(store, settings, job, say)   the supervisor's step: the next place, a new
                                           instance, the checkpoint restored
     round_(store, settings, job, ..)      one supervisor round on one job: refresh it,
@@ -28,6 +28,7 @@ This module never imports boto3 or paramiko: the provider and the hosts do that.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -36,7 +37,7 @@ from pathlib import Path
 from .. import config, providers, state
 from ..errors import CloudtrainError, CredentialsError, PlacementError
 from ..market import Market
-from ..spec import JobSpec
+from ..spec import JobFacts, JobSpec
 from ..state import Attempt, Job, Store
 from . import lease, supervisor
 from .collect import finish
@@ -51,14 +52,16 @@ def places(spec: JobSpec, settings: config.Settings, home: str | None) -> list[t
 
 
 def attempt_spec(spec: JobSpec, n: int, region: str, market: str,
-                 interrupted_attempt: Attempt | None, store_region: str | None) -> JobSpec:
-    data = spec.to_dict()
-    data.update(attempt=n, region=region, market=market, store_region=store_region,
-                avoid_zones=[interrupted_attempt.zone] if interrupted_attempt
-                and interrupted_attempt.zone and interrupted_attempt.region == region else [])
-    if market != Market.SPOT:
-        data["max_price"] = None
-    return JobSpec.from_dict(data)
+                 interrupted_attempt: Attempt | None, store_region: str | None
+                 ) -> tuple[JobSpec, JobFacts]:
+    """Attempt n in one place: the job's spec there (no spot price cap on demand), and the
+    attempt's facts (its number, the zone just interrupted if in that region, the job
+    store's region), which the relaunch keeps with the job before it launches."""
+    avoid = (interrupted_attempt.zone,) if interrupted_attempt and interrupted_attempt.zone \
+        and interrupted_attempt.region == region else ()
+    there = dataclasses.replace(spec, region=region, market=Market(market),
+                                max_price=spec.max_price if market == Market.SPOT else None)
+    return there, JobFacts(attempt=n, avoid_zones=avoid, store_region=store_region)
 
 
 def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job:
@@ -69,7 +72,7 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
     job = store.job(job.id)
     if job.state != state.RECOVERING:
         return job
-    spec = JobSpec.from_dict(job.spec)
+    spec = job.spec
     provider = providers.get(job.backend)
     attempts = store.attempts(job.id)
     done = [a for a in attempts if a.ended_at is not None]
@@ -86,7 +89,7 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
     # leaves the job recovering (the supervisor says so), not failed by a half-done launch.
     provider.check_credentials(home)
     try:
-        found = read_datasets(spec, settings)
+        spec, found = read_datasets(spec, settings)
     except CloudtrainError as exc:
         return _give_up(store, job, f"its datasets cannot be read for the relaunch: "
                                     f"{exc.message}")
@@ -95,7 +98,7 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
         order = _open_attempt_first(store, provider, job, last, order)
     failures = []
     for region, market in order:
-        attempt = attempt_spec(spec, n, region, market, before, store_region)
+        attempt, facts = attempt_spec(spec, n, region, market, before, store_region)
         if not store.set_state(job.id, state.PROVISIONING, expect=state.RECOVERING,
                                detail=f"attempt {n}: {market} {attempt.instance_type} in "
                                       f"{region}"):
@@ -108,8 +111,10 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
         if say is not None:
             say(f"job {job.id}: attempt {n}, {market} {attempt.instance_type} in {region}")
         try:
+            store.record_facts(job.id, attempt=facts.attempt, avoid_zones=list(facts.avoid_zones),
+                               store_region=facts.store_region)
             with lease.renewing(store.path, job.id):
-                start_attempt(store, settings, attempt, provider, job, say, found)
+                start_attempt(store, settings, attempt, provider, store.job(job.id), say, found)
             return store.job(job.id)
         except PlacementError as exc:
             failures.append(f"{market} in {region}: {exc.message}")

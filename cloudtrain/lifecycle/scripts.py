@@ -219,10 +219,10 @@ def job_environment(job_id: str, data_dir: str, host: Host, gpus: int = 0, procs
 
 def job_settings(settings: config.Settings, spec: JobSpec, provider, job_id: str, host: Host,
                  jobdir: str, data_dir: str, gpus: int, procs: int, grant: dict | None,
-                 stream: dict | None, node_env: dict | None = None) -> dict:
+                 stream: dict | None, node_env: dict | None = None, attempt: int = 1) -> dict:
     """The host's job.json: what the agent enforces and the job's environment."""
     shutdown_command, shutdown_delay = provider.shutdown(spec)
-    env = job_environment(job_id, data_dir, host, gpus, procs, jobdir, spec.attempt)
+    env = job_environment(job_id, data_dir, host, gpus, procs, jobdir, attempt)
     return {
         "job_id": job_id,
         "max_runtime_s": spec.max_runtime_s,

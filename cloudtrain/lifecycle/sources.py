@@ -13,6 +13,7 @@ call the same checks). It may call watch (to learn of an earlier job's end), kep
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 from pathlib import Path
@@ -30,15 +31,16 @@ from .watch import refresh
 CHECKPOINT_COPY_TIMEOUT_S = 3600.0  # `--on` with --resume-from: copying GBs on the host
 
 
-def kept_source(store: Store, spec: JobSpec) -> Job | None:
+def kept_source(store: Store, spec: JobSpec) -> tuple[JobSpec, Job | None]:
     """The job whose kept instance `--on` reuses: the one that holds it now (the job named,
     or the later job it was handed over to). Ended: this job takes the instance over. Running
     (U39, a queue as SkyPilot's `exec`): this job waits behind it, and behind the jobs queued
     there already, on the instance. What was found goes in the spec: the instance, its
     type, market, region and disk, the jobs ahead (spec.kept), and, unless given, the
-    instance's idle time (its holder's); --on keeps the instance unless --no-keep said."""
+    instance's idle time (its holder's); --on keeps the instance unless --no-keep said.
+    Returns that spec and the job."""
     if not spec.on_job:
-        return None
+        return spec, None
     settings = config.Settings.load()
     named = store.find_job(spec.on_job)
     if named.active:  # learn of an end nobody has seen yet (D29)
@@ -64,30 +66,30 @@ def kept_source(store: Store, spec: JobSpec) -> Job | None:
                              f"{holder.state}; wait until it runs, or `cloudtrain down "
                              f"{holder.id}`")
         ahead = [holder] + kept.queued_on(store, inst.id)
-    _on_the_instance(spec, settings, inst, holder, ahead)
-    return holder
+    return _on_the_instance(spec, settings, inst, holder, ahead), holder
 
 
 def _on_the_instance(spec: JobSpec, settings: config.Settings, inst, holder: Job,
-                     ahead: list[Job]) -> None:
+                     ahead: list[Job]) -> JobSpec:
     """The spec of a job `--on` an instance: where it runs, how long it may wait there."""
     now = time.time()
-    wait = sum(max(0.0, (j.started_at or now) + float((j.spec or {}).get("max_runtime_s") or 0)
+    wait = sum(max(0.0, (j.started_at or now) + float(j.spec.max_runtime_s or 0)
                    - now) if j.state != state.QUEUED else
-               float((j.spec or {}).get("max_runtime_s") or 0) for j in ahead)
-    spec.kept = {"instance": inst.id, "type": inst.instance_type, "region": inst.region,
-                 "holder": holder.id, "ahead": [j.id for j in ahead], "wait_s": wait,
-                 "made_kept": [j.id for j in ahead if not (j.spec or {}).get("keep")]}
-    before = holder.spec or {}
-    spec.instance_type = inst.instance_type or before.get("instance_type")
-    spec.market = Market(inst.market or before.get("market") or Market.ON_DEMAND)
-    spec.region = inst.region or before.get("region")
-    spec.disk_gb = spec.disk_gb or before.get("disk_gb")
+               float(j.spec.max_runtime_s or 0) for j in ahead)
+    before = holder.spec
     last = ahead[-1].spec if ahead else before
-    if spec.keep and spec.idle_minutes is None:
-        spec.idle_minutes = (last or {}).get("idle_minutes")
-        if spec.idle_minutes is None:
-            spec.idle_minutes = settings.keep_idle_minutes
+    idle = spec.idle_minutes
+    if spec.keep and idle is None:
+        idle = last.idle_minutes if last.idle_minutes is not None else \
+            settings.keep_idle_minutes
+    return dataclasses.replace(
+        spec, kept={"instance": inst.id, "type": inst.instance_type, "region": inst.region,
+                    "holder": holder.id, "ahead": [j.id for j in ahead], "wait_s": wait,
+                    "made_kept": [j.id for j in ahead if not j.keeps_instance]},
+        instance_type=inst.instance_type or before.instance_type,
+        market=Market(inst.market or before.market or Market.ON_DEMAND),
+        region=inst.region or before.region, disk_gb=spec.disk_gb or before.disk_gb,
+        idle_minutes=idle)
 
 
 def resume_source(store: Store, settings: config.Settings, spec: JobSpec) -> Job | None:
@@ -119,7 +121,7 @@ def _check_resumable(source: Job, spec: JobSpec) -> None:
     from .. import recipes
 
     rec = recipes.load(spec.recipe)
-    before = (source.spec or {}).get("args") or {}
+    before = source.spec.args or {}
     for key in rec.resume_must_match:
         old, new = before.get(key), spec.args.get(key)
         if old != new:

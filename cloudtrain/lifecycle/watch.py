@@ -21,7 +21,6 @@ import time
 from .. import config, datasets, ledger, nodes, providers, state
 from ..host.job_processes import pid_alive
 from ..errors import CloudtrainError, HostError
-from ..spec import JobSpec
 from ..state import Job, Store
 from . import attempts, autoscaled, group, kept, supervisor
 from .collect import (collect_files, finish, from_job_store, mark_node_collected,
@@ -72,7 +71,7 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
                                         "job store, AWS Auto Scaling relaunches the job",
                          **fields)
         return store.job(job.id)
-    if agent_state == state.PREEMPTED and (job.spec or {}).get("recover"):
+    if agent_state == state.PREEMPTED and job.spec.recover:
         if not attempts.drained(job, status):  # the notice's checkpoint is on its way up
             stop_nodes(job, settings, wait=False)  # the other nodes' jobs checkpoint too
             store.update_job(job.id, reason="spot interruption notice: uploading the "
@@ -218,7 +217,7 @@ def _host_lost(store: Store, settings: config.Settings, job: Job, exc: HostError
                            for s in states.values())):
         store.update_job(job.id, reason=f"{UNREACHABLE}: {exc.message}")
         return store.job(job.id)
-    if (job.spec or {}).get("recover") and store.job(job.id).state != job.state:
+    if job.spec.recover and store.job(job.id).state != job.state:
         return store.job(job.id)  # another process saw the loss first and acted on it
     try:
         status = from_job_store(store, job) or {}
@@ -227,7 +226,7 @@ def _host_lost(store: Store, settings: config.Settings, job: Job, exc: HostError
                                         f"({store_exc.message}): status tries again")
         return store.job(job.id)
     spot = spot_reason(states)
-    if (job.spec or {}).get("recover") and (status.get("state") == state.PREEMPTED or (
+    if job.spec.recover and (status.get("state") == state.PREEMPTED or (
             spot and status.get("state") != state.SUCCEEDED)):
         why = "spot interruption notice" if status.get("state") == state.PREEMPTED else \
             "spot instance interrupted without a notice"
@@ -366,7 +365,7 @@ def interrupted(store: Store, settings: config.Settings, job: Job, status: dict 
     in that state (compare-and-set), and, with `gone` (the instances the cloud says are
     gone), still on one of those, is anything done: two processes noticing the same loss,
     or one noticing it late, never end the next attempt."""
-    spec = JobSpec.from_dict(job.spec)
+    spec = job.spec
     current = store.attempt(job.id)
     if current is None:  # a job launched before attempts were recorded
         store.add_attempt(job.id, 1, started_at=job.created_at)

@@ -283,8 +283,8 @@ def test_ten_gb_of_data_gets_a_1000_mbps_root_volume_and_the_bill_prices_it(
                        instance_type="g5.xlarge", region=REGION, datasets=[{
                            "name": "imagenet", "kind": "s3", "dir": "imagenet",
                            "location": f"s3://{BUCKET}/imagenet"}])
-        datasets.preflight(spec, settings, AWSProvider(settings))
-        return spec
+        sized, _ = datasets.preflight(spec, settings, AWSProvider(settings))
+        return sized
 
     big, small = spec_with(12 * 10**9), spec_with(9 * 10**9)
     assert big.disk_mbps == settings.staging_disk_mbps == 1000

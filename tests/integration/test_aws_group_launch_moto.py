@@ -46,9 +46,9 @@ class GroupJob:
                                backend="aws", spec={}, launcher="test:1", at=T0)
         self.id = job.id
         self.group = GROUP_OF.format(job.id)
-        store.update_job(job.id, spec={"region": REGION, "store_owner": OWNER,
-                                       "instance_type": "g5.xlarge", "market": "spot",
-                                       "auto_scaling_group": self.group})
+        store.update_job(job.id, spec={"region": REGION, "instance_type": "g5.xlarge",
+                                       "market": "spot"})
+        store.record_facts(job.id, store_owner=OWNER, auto_scaling_group=self.group)
         store.set_state(job.id, "running")
         self.prefix = jobstore.job_prefix(job.id, owner_key=OWNER)
 
@@ -315,8 +315,7 @@ def test_a_job_without_a_group_or_a_caller_who_may_not_ask_has_no_size(grouped):
             "AccessDenied", "User: arn:aws:iam::123456789012:user/me is not authorized to "
             "perform: autoscaling:DescribeAutoScalingGroups")
     assert group_launch._group_size(grouped.provider.aws, grouped.job) is None
-    spec = {k: v for k, v in grouped.job.spec.items() if k != "auto_scaling_group"}
-    grouped.store.update_job(grouped.id, spec=spec)
+    grouped.store.record_facts(grouped.id, auto_scaling_group=None)
     assert group_launch._group_size(grouped.provider.aws, grouped.job) is None
 
 
@@ -343,13 +342,13 @@ def test_a_launch_through_its_group_leaves_what_a_replacement_boots_from(cloud, 
     assert group_launch.group_recovery(p.aws, spec) is None
     (instance,) = group_launch.acquire_from_group(p.aws, store, job, spec)
     job = store.job(job.id)
-    name = job.spec["auto_scaling_group"]
+    name = job.facts.auto_scaling_group
     assert name == GROUP_OF.format(job.id)
     [row] = store.instances(job.id)
     assert row.id == instance and row.details["auto_scaling_group"] == name
 
     s3, bucket, _ = results._job_store(p.aws, REGION)
-    prefix = jobstore.job_prefix(job.id, owner_key=job.spec["store_owner"])
+    prefix = jobstore.job_prefix(job.id, owner_key=job.facts.store_owner)
     data, digest = boot_tar()
     assert s3.get_object(Bucket=bucket, Key=prefix + BOOT_TAR)["Body"].read() == data
 

@@ -308,6 +308,37 @@ def test_down_job_deletes_its_group_before_it_terminates(cloud, api_calls):
     assert _group(name) is None and _templates(job.id) == [] and _live(job.id) == []
 
 
+def test_a_job_of_the_previous_version_shows_and_down_deletes_the_group_its_spec_names(
+        cloud, api_calls):
+    """issue 35: a job stored by the version before jobs.details (its group's name and its job
+    store's owner in its spec, no details): status shows it, and `down` finds its group there
+    and deletes it before it terminates the instance."""
+    import json
+
+    from cloudtrain import job_views
+
+    p, store, images = cloud
+    spec = _spec(images[REGION])
+    job = _job(store, spec)
+    name = p.create_job_group(store, job, spec, USER_DATA)
+    (raw,) = _live(job.id)
+    p._record_found(store, job, REGION, raw, 1)
+    old = {**spec.to_dict(), "attempt": 1, "avoid_zones": [], "store_region": None,
+           "store_owner": p.owner_key(REGION), "auto_scaling_group": name}
+    store.db.execute("UPDATE jobs SET spec = ?, details = NULL WHERE id = ?",
+                     (json.dumps(old), job.id))
+    shown = store.job(job.id)
+    assert shown.facts.auto_scaling_group == name and shown.spec == spec
+    assert job.id in job_views.status_table([shown], width=200)
+    api_calls.clear()
+    (outcome,) = stop.cancel(store, _settings(), (job.id,), False)
+    assert outcome.ok, outcome.note
+    assert f"auto scaling group {name} deleted" in outcome.note
+    assert api_calls.index("autoscaling.DeleteAutoScalingGroup") < api_calls.index(
+        "ec2.TerminateInstances")
+    assert _group(name) is None and _live(job.id) == []
+
+
 def test_down_all_with_the_local_state_lost_deletes_the_group_first(cloud, api_calls,
                                                                    tmp_path):
     p, store, images = cloud
@@ -425,7 +456,7 @@ def test_a_launch_without_auto_scaling_permissions_falls_back_to_the_supervisor(
     assert _templates(job.id) == [] and _group(f"cloudtrain-{job.id}") is None
     assert _live(job.id) == []
     assert p.group_settings(store, job, spec) == {}
-    assert not (store.job(job.id).spec or {}).get("auto_scaling_group")
+    assert not store.job(job.id).facts.auto_scaling_group
 
 
 def test_F41_the_instances_a_group_launched_are_read_from_its_activities_after_its_end(
@@ -469,5 +500,5 @@ def test_F41_the_instances_a_group_launched_are_read_from_its_activities_after_i
     assert refused.value.denied and "autoscaling:DescribeScalingActivities" in \
         refused.value.message
     asked = len(lab.calls)
-    store.update_job(g.id, spec={**g.job.spec, "auto_scaling_group": None})
+    store.record_facts(g.id, auto_scaling_group=None)
     assert provider.group_launches(store, g.job) == {} and len(lab.calls) == asked

@@ -244,7 +244,7 @@ def test_a_recovering_spot_launch_uploads_its_bundle_and_says_so(cli, aws, ct_ho
     (event,) = [e for e in store.events(job_id) if e.phase == "bundle"]
     assert "MB (1 synced files) to s3://" in event.detail
     s3 = boto3.client("s3", region_name=REGION, endpoint_url=aws.endpoint)
-    owner = store.job(job_id).spec["store_owner"]
+    owner = store.job(job_id).facts.store_owner
     base = f"jobs/{owner}/{job_id}/bundle/"
     doc = json.loads(s3.get_object(Bucket=event.detail.split("s3://")[1].split("/")[0],
                                    Key=base + "manifest.json")["Body"].read())
@@ -277,7 +277,7 @@ def test_a_bundle_that_cannot_be_made_is_said_and_the_launch_goes_on(cli, aws, c
     assert proc.returncode == 0, proc.stderr
     assert "no bundle in the job store" in proc.stderr
     store = open_store(ct_home)
-    (job,) = [j for j in store.jobs() if j.spec.get("workdir") == str(work)]
+    (job,) = [j for j in store.jobs() if j.spec.workdir == str(work)]
     assert job.state == "succeeded"
     (event,) = [e for e in store.events(job.id) if e.phase == "bundle"]
     assert "is a link" in event.detail and "cannot start the job by itself" in event.detail

@@ -118,14 +118,15 @@ def test_F13_relaunch_places_other_regions_then_on_demand():
 
 def test_F13_a_relaunch_tries_the_interrupted_zone_last_and_keeps_the_job_store_region():
     before = Attempt(job_id="j", n=1, started_at=0.0, region="us-east-1", zone="us-east-1b")
-    spec = recovery.attempt_spec(_spec(max_price=0.5), 2, "us-east-1", "spot", before,
-                                 "us-east-1")
-    assert (spec.attempt, spec.avoid_zones, spec.store_region) == (2, ["us-east-1b"],
-                                                                   "us-east-1")
-    elsewhere = recovery.attempt_spec(_spec(max_price=0.5), 2, "us-west-2", "on-demand",
-                                      before, "us-east-1")
-    assert elsewhere.avoid_zones == [] and elsewhere.max_price is None
-    assert elsewhere.store_region == "us-east-1"
+    spec, facts = recovery.attempt_spec(_spec(max_price=0.5), 2, "us-east-1", "spot", before,
+                                        "us-east-1")
+    assert (facts.attempt, facts.avoid_zones, facts.store_region) == (2, ("us-east-1b",),
+                                                                      "us-east-1")
+    assert spec.max_price == 0.5
+    elsewhere, facts = recovery.attempt_spec(_spec(max_price=0.5), 2, "us-west-2", "on-demand",
+                                             before, "us-east-1")
+    assert facts.avoid_zones == () and elsewhere.max_price is None
+    assert facts.store_region == "us-east-1"
 
 
 def test_F13_redone_steps_and_their_price_per_attempt(ct_home):

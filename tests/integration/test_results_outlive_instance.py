@@ -106,9 +106,10 @@ def test_results_are_kept_under_the_owners_prefix_and_a_job_from_before_reads_it
     own = f"jobs/{user_id}/{job_id}/"
     assert f"{own}manifest.json" in keys and all(k.startswith(own) for k in keys), keys
     with Store(ct_home / "state.db") as store:
-        spec = store.job(job_id).spec
-        assert spec["store_owner"] == user_id
-        store.update_job(job_id, spec={k: v for k, v in spec.items() if k != "store_owner"})
+        job = store.job(job_id)
+        assert job.facts.store_owner == user_id
+        store.update_job(job_id, details={k: v for k, v in job.details.items()
+                                          if k != "store_owner"})
     for key in keys:  # where a job launched before F32 stored the same files
         s3.copy_object(Bucket=bucket, Key=f"jobs/{job_id}/{key[len(own):]}",
                        CopySource={"Bucket": bucket, "Key": key})

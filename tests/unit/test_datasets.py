@@ -4,6 +4,7 @@ estimate and the bill."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -264,10 +265,11 @@ def test_the_copy_gets_time_of_its_own_in_the_max_runtime():
         source, s3_datasets.Contents("shards", 10, 50 * 10**9, 50 * 10**9, "ab" * 32), "r"))
     spec = JobSpec(kind="command", backend="aws", max_runtime_s=3600.0, datasets=[
         {"name": "d", "kind": "s3", "location": "s3://bkt/d", "dir": "d"}])
-    datasets.preflight(spec, config.Settings(), provider)
+    spec, _ = datasets.preflight(spec, config.Settings(), provider)
     assert spec.staging_allowance_s == 600 + 500  # 10 min + 50 GB at 100 MB/s
     assert spec.max_runtime_s == 3600 + 1100
-    datasets.preflight(spec, config.Settings(), provider)  # read again (a dry run, then the launch)
+    # read again (a dry run, then the launch)
+    spec, _ = datasets.preflight(spec, config.Settings(), provider)
     assert spec.max_runtime_s == 3600 + 1100
     assert datasets.staging_line(spec).endswith("; max runtime +18 min for it")
 
@@ -292,16 +294,17 @@ def test_f29_the_copy_s_allowance_keeps_the_max_runtime_within_the_week():
     upload grant: with the copy's allowance added it stays within the one-week limit."""
     provider = _stored(50 * 10**9)  # 10 min + 500 s at 100 MB/s: 1100 s
     spec = _staging_spec(config.WEEK_S / 60 - 10)
-    datasets.preflight(spec, config.Settings(), provider)
+    spec, _ = datasets.preflight(spec, config.Settings(), provider)
     assert spec.staging_allowance_s == 600  # capped: ten minutes were left of the week
     assert spec.max_runtime_s == config.WEEK_S
     assert datasets.staging_line(spec).endswith(
         "; max runtime +10 min for it (the one-week limit: the copy may take up to 18 min, "
         "the rest from the job's own time)")
-    datasets.preflight(spec, config.Settings(), provider)  # read again (a dry run, then the launch)
+    # read again (a dry run, then the launch)
+    spec, _ = datasets.preflight(spec, config.Settings(), provider)
     assert spec.max_runtime_s == config.WEEK_S
     full = _staging_spec(config.WEEK_S / 60)
-    datasets.preflight(full, config.Settings(), provider)
+    full, _ = datasets.preflight(full, config.Settings(), provider)
     assert full.max_runtime_s == config.WEEK_S and full.staging_allowance_s == 0
 
 
@@ -325,7 +328,7 @@ def test_f29_a_root_volume_past_gp3_s_64_tib_is_refused():
                                  f"the copies in flight the root volume would be {need:,} GB, "
                                  "past gp3's largest (65,536 GiB)")
     provider = _stored(60 * 10**12, largest=5 << 30)  # 63,000 + 100 + 10 x 5.4 GB fits
-    datasets.preflight(spec, config.Settings(), provider)
+    spec, _ = datasets.preflight(spec, config.Settings(), provider)
     assert spec.disk_gb == datasets.disk_needed(60 * 10**12, 5 << 30) <= config.GP3_MAX_GB
 
 
@@ -338,7 +341,7 @@ def test_f29_the_shards_in_flight_are_the_largest_stored_and_no_more_than_there_
         shards.shard_name(i), 1, 10**9, 10**9 - 3 * 512, "ab" * 32) for i in range(2)])
     provider = _stored(2 * 10**9, largest=10**9, manifest=two)
     spec = _staging_spec(60)
-    datasets.preflight(spec, config.Settings(), provider)
+    spec, _ = datasets.preflight(spec, config.Settings(), provider)
     assert spec.disk_gb == datasets.disk_needed(2 * 10**9, 10**9, in_flight=2) == 105
 
 
@@ -360,8 +363,8 @@ def test_u41_a_tree_without_the_variant_s_folders_is_refused_before_launch(tmp_p
     settings = config.Settings()
     flags = datasources.parse_data_flags((f"imagenet={tree}",))
     spec = _spec(variant="tiny")
-    spec.backend = "local"
-    spec.datasets = _resolve(spec, settings, flags)
+    spec = dataclasses.replace(spec, backend="local")
+    spec = dataclasses.replace(spec, datasets=_resolve(spec, settings, flags))
     with pytest.raises(datasets.MissingFolders) as err:
         datasets.preflight(spec, settings, provider=None)
     assert err.value.message == (
@@ -371,15 +374,15 @@ def test_u41_a_tree_without_the_variant_s_folders_is_refused_before_launch(tmp_p
     assert err.value.exit_code == 2
     # dawn-1x8 reads sz/160, which is there: no refusal
     dawn = _spec(variant="dawn-1x8")
-    dawn.backend = "local"
-    dawn.datasets = _resolve(dawn, settings, flags)
-    datasets.preflight(dawn, settings, provider=None)
+    dawn = dataclasses.replace(dawn, backend="local")
+    dawn = dataclasses.replace(dawn, datasets=_resolve(dawn, settings, flags))
+    dawn, _ = datasets.preflight(dawn, settings, provider=None)
     # the hint's command, as `data prepare` runs it, makes what was missing
     from cloudtrain import dataprep
 
     dataprep.prepare("imagenet", tmp_path / "src", tree,
                      sizes=dataprep.parse_sizes(err.value.hint.split("--sizes ")[1]), workers=1)
-    datasets.preflight(spec, settings, provider=None)
+    spec, _ = datasets.preflight(spec, settings, provider=None)
 
 
 def test_u41_an_s3_dataset_is_checked_by_its_manifest_s_folders_or_its_objects():
@@ -402,7 +405,7 @@ def test_u41_an_s3_dataset_is_checked_by_its_manifest_s_folders_or_its_objects()
     settings = config.Settings()
     flags = datasources.parse_data_flags(("imagenet=s3://bkt/imagenet",))
     spec = _spec(variant="tiny")
-    spec.datasets = _resolve(spec, settings, flags)
+    spec = dataclasses.replace(spec, datasets=_resolve(spec, settings, flags))
     listed = shards.Manifest.build(2048, [entry], prepared)
     with pytest.raises(datasets.MissingFolders) as err:
         datasets.preflight(spec, settings, provider(listed))
@@ -413,19 +416,21 @@ def test_u41_an_s3_dataset_is_checked_by_its_manifest_s_folders_or_its_objects()
                for p in ("train/n1/a.JPEG", "val/n1/b.JPEG")]
     with pytest.raises(datasets.MissingFolders, match="has no sz/40/train"):
         datasets.preflight(spec, settings, provider(objects=objects))
-    spec.datasets = _resolve(spec, settings, flags)
-    found = datasets.preflight(spec, settings, provider(shards.Manifest.build(2048, [entry])))
+    spec = dataclasses.replace(spec, datasets=_resolve(spec, settings, flags))
+    spec, found = datasets.preflight(spec, settings,
+                                     provider(shards.Manifest.build(2048, [entry])))
     assert datasets.notes(spec, settings, found) == [
         "dataset imagenet: its manifest lists no folders (pushed by an older cloudtrain), so "
         "whether it has what the job reads is found out on the instance; `cloudtrain data "
         "push DIR s3://bkt/imagenet` again lists them"]
     machines4 = _spec(variant="machines-4")
-    machines4.datasets = _resolve(machines4, settings, flags)
-    datasets.preflight(machines4, settings, provider(listed))  # sz/160 and sz/352: all there
+    machines4 = dataclasses.replace(machines4, datasets=_resolve(machines4, settings, flags))
+    # sz/160 and sz/352: all there
+    machines4, _ = datasets.preflight(machines4, settings, provider(listed))
     # a dataset with nothing but sz/40 lacks the full-size folders: any prepare makes those
     only40 = shards.Manifest.build(2048, [entry], shards.folders_of(
         ["sz/40/train/n/a", "sz/40/val/n/a", "sz/88/train/n/a", "sz/88/val/n/a"]))
-    spec.datasets = _resolve(spec, settings, flags)
+    spec = dataclasses.replace(spec, datasets=_resolve(spec, settings, flags))
     with pytest.raises(datasets.MissingFolders) as err:
         datasets.preflight(spec, settings, provider(only40))
     assert "has no train, val, which" in err.value.message

@@ -51,7 +51,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cloudtrain.launch_options", "cloudtrain.job_env"),
     # what the commands print; the recipes; the cost ledger
     ("cloudtrain.job_views", "cloudtrain.catalog_views", "cloudtrain.plots",
-     "cloudtrain.curves", "cloudtrain.recipes", "cloudtrain.ledger"),
+     "cloudtrain.curves", "cloudtrain.ledger"),
     ("cloudtrain.providers.",),
     # the AWS wing inside: the thin provider on top, the session and the job store's records
     # at the bottom (aws/__init__.py lists the same concerns)
@@ -78,8 +78,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("cloudtrain.hosts", "cloudtrain.ssh", "cloudtrain.nodes"),
     ("cloudtrain.datasets", "cloudtrain.preflight", "cloudtrain.progress",
      "cloudtrain.cells"),
-    ("cloudtrain.catalog", "cloudtrain.state", "cloudtrain.cost", "cloudtrain.gitignore",
-     "cloudtrain.hostdata"),
+    ("cloudtrain.state",),
+    ("cloudtrain.job_spec",),
+    ("cloudtrain.recipes",),
+    ("cloudtrain.catalog", "cloudtrain.cost", "cloudtrain.gitignore", "cloudtrain.hostdata"),
     ("cloudtrain.state_schema", "cloudtrain.state_columns", "cloudtrain.state_check"),
     ("cloudtrain.config",),
     ("cloudtrain.datasources",),

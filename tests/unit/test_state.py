@@ -7,6 +7,8 @@ import pytest
 
 from cloudtrain import state, state_schema
 from cloudtrain.errors import NotFound, UsageError
+from cloudtrain.job_spec import JobFacts, JobSpec
+from cloudtrain.market import Market
 from cloudtrain.state import Store
 
 
@@ -100,6 +102,79 @@ def test_migrating_a_version_1_store_keeps_its_jobs(tmp_path):
     store.close()
 
 
+# A job's spec as the version before jobs.details stored it (schema 6): JobSpec.to_dict() with
+# the per-attempt facts in it, and what its provider and lifecycle wrote in since.
+OLD_SPEC = {
+    "kind": "command", "backend": "aws", "name": "old", "recipe": None, "profile": None,
+    "args": {}, "command": ["python", "train.py"], "workdir": "/home/me/work",
+    "max_runtime_s": 43200.0, "resources": {}, "requires": [], "resume_from": None,
+    "procs": None, "gpus_needed": 0, "gpus_exact": True, "nodes": 1,
+    "instance_type": "g5.xlarge", "market": "spot", "region": "us-east-1", "ami": None,
+    "disk_gb": None, "max_price": None, "keep": False, "idle_minutes": None, "on_job": None,
+    "kept": None, "cpu_only": False, "expected": None, "target": None, "include": [],
+    "datasets": [], "staging": {}, "disk_mbps": None, "staging_allowance_s": 0.0,
+    "recover": True, "max_restarts": 3, "fallback": None, "attempt": 1, "avoid_zones": [],
+    "store_region": None, "store_owner": "AIDAEXAMPLE", "auto_scaling_group":
+    "cloudtrain-abcd1234", "setup": None, "envs": {"SEED": "1"}, "secrets": [],
+    "outputs": [], "kept_for_queue": "beef0001"}
+
+
+def test_a_job_stored_by_the_previous_version_loads_with_its_facts_found_in_its_spec(tmp_path):
+    """issue 35: a store of schema 6 whose job kept the per-attempt facts in its spec opens;
+    the spec reads as what the user asked, and the facts (the job store's owner, the Auto
+    Scaling group, the queued job it keeps its instance for) are found where it kept them."""
+    path = tmp_path / "v6.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    for migration in state_schema.MIGRATIONS[:6]:
+        migration(db)
+    db.execute("PRAGMA user_version = 6")
+    db.execute("INSERT INTO jobs (id, name, kind, command, backend, state, created_at, spec) "
+               "VALUES ('abcd1234', 'old', 'command', 'python train.py', 'aws', 'running', "
+               "1.0, ?)", (json.dumps(OLD_SPEC),))
+    db.close()
+    with Store(path) as store:
+        job = store.job("abcd1234")
+        assert isinstance(job.spec, JobSpec) and job.spec.market is Market.SPOT
+        assert (job.spec.command, job.spec.envs, job.spec.recover, job.spec.keep) == (
+            ["python", "train.py"], {"SEED": "1"}, True, False)
+        assert job.facts == JobFacts(attempt=1, store_owner="AIDAEXAMPLE",
+                                     auto_scaling_group="cloudtrain-abcd1234",
+                                     kept_for_queue="beef0001")
+        assert job.keeps_instance
+        # what is learnt from now on is kept beside the spec, never in it
+        store.record_facts(job.id, attempt=2, avoid_zones=["us-east-1b"])
+        again = store.job(job.id)
+        assert (again.facts.attempt, again.facts.avoid_zones, again.facts.store_owner) == (
+            2, ("us-east-1b",), "AIDAEXAMPLE")
+        assert json.loads(store.db.execute("SELECT spec FROM jobs").fetchone()[0]) == OLD_SPEC
+
+
+def test_a_new_job_keeps_its_facts_apart_from_its_spec(store):
+    """issue 35: the stored spec holds only what the user asked; facts never go into it, and
+    a fact recorded as None hides the one an older version wrote in the spec."""
+    spec = JobSpec(kind="command", backend="local", command=["true"], keep=True)
+    job = store.create_job(name=None, kind="command", recipe=None, command="true",
+                           backend="local", spec=spec)
+    assert store.job(job.id).spec == spec and store.job(job.id).facts == JobFacts()
+    store.record_facts(job.id, store_owner="me", auto_scaling_group="g")
+    stored = json.loads(store.db.execute("SELECT spec FROM jobs").fetchone()[0])
+    assert stored == spec.to_dict() and not {"store_owner", "auto_scaling_group",
+                                             "attempt", "avoid_zones"} & set(stored)
+    store.update_job(job.id, spec={**stored, "auto_scaling_group": "old"})
+    store.record_facts(job.id, auto_scaling_group=None)
+    assert store.job(job.id).facts.auto_scaling_group is None
+    with pytest.raises(ValueError):
+        store.record_facts(job.id, region="us-east-1")  # what the user asked is the spec's
+
+
+@pytest.mark.parametrize("stored", [{"nodes": "two", "args": [1], "keep": "yes"},
+                                    {"market": "reserved", "datasets": {"x": 1}}])
+def test_F22_a_spec_value_of_another_type_reads_as_its_default(store, stored):
+    job = store.create_job(name=None, kind="command", recipe=None, command="true",
+                           backend="local", spec=stored)
+    assert store.job(job.id).spec == JobSpec(kind="command", backend="local")
+
+
 def test_cost_phases_stay_in_order_when_a_job_ends_before_its_running_event(store):
     """The agent's end can precede the launcher's 'running' event for a job that exits at
     once (two clocks): the split per phase must still work, and add up."""
@@ -191,7 +266,8 @@ def test_F22_rows_are_read_defensively(store):
                      (json.dumps({"train_loss": "abc", "loss": 0.5, "note": "ok",
                                   "test_acc": float("nan")}), job.id))
     got = store.job(job.id)
-    assert got.spec == {} and got.host is None and got.cost_detail is None
+    assert got.spec == JobSpec(kind="command", backend="local") and got.host is None \
+        and got.cost_detail is None
     assert got.created_at is None and got.exit_code is None
     assert got.metrics == {"loss": 0.5, "note": "ok"}
     # Times past year 9999 (time.localtime fails), negative dollars, a relative job directory.

@@ -20,10 +20,10 @@ def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SI
     region = aws.region(spec)
     boot = bootstrap.bootstrap(aws, region, spec.ami)
     # A relaunch whose supervisor was killed after RunInstances goes on with that instance.
-    found = instances.attempt_instance(aws, store, job, region, spec.attempt) \
-        if spec.attempt > 1 else None
+    found = instances.attempt_instance(aws, store, job, region, job.facts.attempt) \
+        if job.facts.attempt > 1 else None
     instance = found
-    grouped = group_launch.group_recovery(aws, spec) is None and spec.attempt == 1
+    grouped = group_launch.group_recovery(aws, spec) is None and job.facts.attempt == 1
     if instance is None and grouped:  # issue 27: AWS Auto Scaling relaunches this one
         ids = group_launch.acquire_from_group_or_say(aws, store, job, spec, report)
         instance, grouped = ids and ids[0], ids is not None

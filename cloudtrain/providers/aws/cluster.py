@@ -152,9 +152,9 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
     if efa is not None:
         report.phase(f"EFA: {efa['used']} interface{'s' if efa['used'] > 1 else ''} per "
                      f"node" + (f" ({efa['why']})" if efa["why"] else ""))
-    found = _attempt_nodes(aws, store, job, region, spec) if spec.attempt > 1 else None
+    found = _attempt_nodes(aws, store, job, region, spec) if job.facts.attempt > 1 else None
     # issue 27: a recovering spot job whose group AWS Auto Scaling keeps at N nodes
-    grouped = found is None and spec.attempt == 1 and group_launch.group_recovery(aws, spec) is None
+    grouped = found is None and job.facts.attempt == 1 and group_launch.group_recovery(aws, spec) is None
     ids = group_launch.acquire_from_group_or_say(aws, store, job, spec, report) if grouped else None
     grouped = ids is not None
     if found is not None:
@@ -227,7 +227,7 @@ def _run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boo
                  efa: dict | None, report: Reporter) -> list[str]:
     """One RunInstances of spec.nodes instances per AZ, in AZ order, until one AZ gives
     all of them and none dies before it runs; their ids in launch order."""
-    zones = instances.relaunch_order(aws, boot["zones"], spec, region)
+    zones = instances.relaunch_order(aws, boot["zones"], spec, region, job.facts)
     disk = spec.root_gb(aws.settings)
     attempts: list[Attempt] = []
     n = spec.nodes
@@ -244,7 +244,7 @@ def _run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boo
         if efa is not None:
             del request["SubnetId"], request["SecurityGroupIds"]
             request["NetworkInterfaces"] = network_interfaces(aws, spec, subnet, groups, efa)
-        attempt = int(getattr(spec, "attempt", 1) or 1)
+        attempt = job.facts.attempt
         token = f"{job.id}-n{n}-{k}" if attempt == 1 else f"{job.id}-a{attempt}-n{n}-{k}"
         report.phase(f"requesting {n} {spec.market} {spec.instance_type} in {zone}, "
                      f"placement group {group}"
@@ -383,7 +383,7 @@ def _attempt_nodes(aws: AwsSession, store: Store, job: Job, region: str, spec) -
     instances, if they are the whole cluster (recorded if the store did not know them);
     a part of one is terminated, and None returned (a new cluster is requested)."""
     live = [r for r in instances._query(aws, region, {TAG_JOB: job.id,
-                                                      TAG_ATTEMPT: str(spec.attempt)})
+                                                      TAG_ATTEMPT: str(job.facts.attempt)})
                       if r["State"]["Name"] in ("pending", "running")]
     if not live:
         return None
@@ -392,7 +392,7 @@ def _attempt_nodes(aws: AwsSession, store: Store, job: Job, region: str, spec) -
     if len(ids) != spec.nodes:
         aws.call(region, "terminate_instances", InstanceIds=sorted(ids))
         store.add_event(job.id, "instance", detail=f"{len(ids)} of {spec.nodes} nodes of "
-                        f"attempt {spec.attempt} found by their tags: terminated")
+                        f"attempt {job.facts.attempt} found by their tags: terminated")
         return None
     known = {i.id for i in store.instances(job.id)}
     for i, raw in enumerate(live):
@@ -405,8 +405,8 @@ def _attempt_nodes(aws: AwsSession, store: Store, job: Job, region: str, spec) -
             instance_type=raw.get("InstanceType"), market=Market.SPOT if spot else Market.ON_DEMAND,
             state="requested", launched_at=raw["LaunchTime"].timestamp(),
             terminated_at=None, price_per_hour=None,
-            details={"found_by_tag": True, "node": i, "attempt": spec.attempt}))
-    store.add_event(job.id, "instance", detail=f"attempt {spec.attempt}'s {len(ids)} nodes "
+            details={"found_by_tag": True, "node": i, "attempt": job.facts.attempt}))
+    store.add_event(job.id, "instance", detail=f"attempt {job.facts.attempt}'s {len(ids)} "
                                                "found by their tags: " + ", ".join(ids))
     return ids
 

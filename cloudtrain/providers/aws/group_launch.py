@@ -155,7 +155,7 @@ def check_group_jobdir(aws: AwsSession, job: Job, host, instance: str, home: str
 
 def _store_place(aws: AwsSession, store: Store, job: Job, spec) -> tuple[str, str, str]:
     """(region, bucket, job prefix) of the job's job store, made ready."""
-    region = getattr(spec, "store_region", None) or spec.region or aws.region_of(job)
+    region = job.facts.store_region or spec.region or aws.region_of(job)
     _, bucket, _ = results._job_store(aws, region)
     owner_key = results._store_owner(aws, store, job, record=True, region=region)
     ready = ("job-store-ready", region, owner_key)  # one check a launch, not one a call
@@ -200,7 +200,7 @@ def acquire_from_group(aws: AwsSession, store: Store, job: Job, spec, report: Re
                        f"EC2's {USER_DATA_MAX}")
     report.phase(f"creating the job's Auto Scaling group in {region}")
     name = groups.create_job_group(aws, store, job, spec, user_data)
-    store.update_job(job.id, spec={**store.job(job.id).spec, "auto_scaling_group": name})
+    store.record_facts(job.id, auto_scaling_group=name)
     report.phase("waiting for AWS Auto Scaling to launch the instance"
                  + (f"s of {spec.nodes} nodes" if spec.nodes > 1 else ""))
     return _group_instances(aws, store, job, spec, region, name)
@@ -265,7 +265,7 @@ def group_settings(aws: AwsSession, store: Store, job: Job, spec) -> dict:
     """job.json's "auto_scaling" for a job of a group (the agent ends its group with the
     job; bootstrap.py counts the restarts): {} for any other job."""
     if group_recovery(aws, spec) is not None \
-            or not (store.job(job.id).spec or {}).get("auto_scaling_group"):
+            or not store.job(job.id).facts.auto_scaling_group:
         return {}  # not run by a group (or AWS refused to make one)
     store_region, bucket, prefix = _store_place(aws, store, job, spec)
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
@@ -293,8 +293,7 @@ def group_record(aws: AwsSession, store: Store, job: Job) -> dict:
     each got (jobstore_attempts.reached) and the job's end (final.json), checked as
     untrusted input: {"attempts": [doc, ...] by n, "reached": {n: step}, "final": doc
     or None, "group": its size (_group_size)}."""
-    spec = job.spec or {}
-    region = spec.get("store_region") or spec.get("region") or aws.region_of(job)
+    region = job.facts.store_region or job.spec.region or aws.region_of(job)
     s3, bucket, account = results._job_store(aws, region)
     prefix = jobstore.job_prefix(job.id, owner_key=results._store_owner(aws, store, job))
     owner = account or None
@@ -333,7 +332,7 @@ def follow_replacement(aws: AwsSession, store: Store, job: Job, instance_id: str
     host = booting._wait_ssh(aws, region, instance_id, endpoint)
     try:
         verified = booting._check_host_key(aws, store, job, region, instance_id, host,
-                                           (job.spec or {}).get("instance_type"))
+                                           job.spec.instance_type)
     finally:
         host.close()
     store.update_instance(instance_id, details=json.dumps(
@@ -350,13 +349,12 @@ def follow_nodes(aws: AwsSession, store: Store, job: Job) -> dict | None:
     against its console (follow_replacement). None until all of them have met."""
     from ...host import regroup
 
-    spec = job.spec or {}
     recs = [dict(r) for r in (job.host or {}).get("nodes") or []]
     record = group_record(aws, store, job)
     if not recs or not record["attempts"]:
         return None
     n = record["attempts"][-1]["attempt"]
-    region = spec.get("store_region") or spec.get("region") or aws.region_of(job)
+    region = job.facts.store_region or job.spec.region or aws.region_of(job)
     s3, bucket, account = results._job_store(aws, region)
     prefix = jobstore.job_prefix(job.id, owner_key=results._store_owner(aws, store, job))
     found = []
@@ -388,7 +386,7 @@ def follow_nodes(aws: AwsSession, store: Store, job: Job) -> dict | None:
 def _group_size(aws: AwsSession, job: Job) -> dict | None:
     """{"desired": n} of the job's group, {"gone": True} where there is none, None where
     Auto Scaling cannot be asked (the CLI policy alone)."""
-    name = (job.spec or {}).get("auto_scaling_group")
+    name = job.facts.auto_scaling_group
     if not name:
         return None
     try:

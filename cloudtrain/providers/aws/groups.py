@@ -237,7 +237,7 @@ def group_launches(aws: AwsSession, store: Store, job: Job) -> dict[str, dict]:
     the instance is shutting down; for one that EC2 ended itself, a spot reclaim, the
     group notices a little later: a bound, not the second). Raises AWSError where AWS
     refuses (autoscaling:DescribeScalingActivities, infra/iam-policy-autoscaling.json)."""
-    name = (job.spec or {}).get("auto_scaling_group")
+    name = job.facts.auto_scaling_group
     if not name:
         return {}
     region = aws.region_of(job)

@@ -120,14 +120,14 @@ def run_request(aws: AwsSession, job: Job, spec, subnet: str, group: str, ami: s
 def _run(aws: AwsSession, store, job, spec, region, boot: dict, report: Reporter = SILENT) -> str:
     zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
                                           boot["key_name"], boot["owner"])
-    zones = relaunch_order(aws, zones, spec, region)
+    zones = relaunch_order(aws, zones, spec, region, job.facts)
     root_device = boot["root_device"]
     disk = spec.root_gb(aws.settings)
     attempts: list[Attempt] = []
     for n, (zone, subnet, _vpc, _zone_id) in enumerate(zones):
         request = run_request(aws, job, spec, subnet, group, ami, key_name, owner, disk,
                               root_device)
-        attempt = int(getattr(spec, "attempt", 1) or 1)
+        attempt = job.facts.attempt
         token = f"{job.id}-{n}" if attempt == 1 else f"{job.id}-a{attempt}-{n}"
         report.phase(f"requesting {spec.market} {spec.instance_type} in {zone}"
                      + (f" ({attempts[-1].zone}: no capacity)" if attempts else ""))
@@ -197,12 +197,13 @@ def run_failed(store: Store, job: Job, token: str, zone: str, exc: BaseException
     return exc.code
 
 
-def relaunch_order(aws: AwsSession, zones: list[tuple], spec, region: str) -> list[tuple]:
+def relaunch_order(aws: AwsSession, zones: list[tuple], spec, region: str,
+                   facts) -> list[tuple]:
     """The AZs in the order a launch tries them: the catalog's cheapest spot AZ first (the
     first launch); a relaunch asks EC2 for the spot prices now, and the AZs that were
-    just interrupted (spec.avoid_zones) come last."""
+    just interrupted (facts.avoid_zones) come last."""
     ordered = network.order_zones(zones, spec.instance_type, region, spec.market)
-    if int(getattr(spec, "attempt", 1) or 1) > 1 and spec.market == Market.SPOT:
+    if facts.attempt > 1 and spec.market == Market.SPOT:
         try:
             now = pricing.current_spot_prices(aws, region, [spec.instance_type]).get(
                 spec.instance_type) or {}
@@ -210,7 +211,7 @@ def relaunch_order(aws: AwsSession, zones: list[tuple], spec, region: str) -> li
             now = {}
         if now:
             ordered = sorted(ordered, key=lambda z: (z[0] not in now, now.get(z[0], 0.0)))
-    avoid = set(getattr(spec, "avoid_zones", None) or ())
+    avoid = set(facts.avoid_zones)
     return [z for z in ordered if z[0] not in avoid] + [z for z in ordered if z[0] in avoid]
 
 

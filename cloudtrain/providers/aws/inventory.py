@@ -58,8 +58,8 @@ def instance_states(aws: AwsSession, store: Store, job: Job) -> dict[str, dict]:
     out = {}
     recorded = store.instances(job.id)
     regions = {i.region for i in recorded if i.region}
-    if (job.spec or {}).get("auto_scaling_group") and (job.spec or {}).get("region"):
-        regions.add(job.spec["region"])  # where its group's replacements are
+    if job.facts.auto_scaling_group and job.spec.region:
+        regions.add(job.spec.region)  # where its group's replacements are
     for region in regions:
         found = ec2._query(aws, region, {TAG_JOB: job.id})
         other = sorted({i.id for i in recorded if i.region == region and i.id.startswith("i-")}
@@ -84,7 +84,7 @@ def release(aws: AwsSession, store: Store, job: Job, force: bool = False) -> Non
     events = [e.phase for e in store.events(job.id)]
     # --keep keeps an instance that ran the job; one that never did (the launch failed or
     # its launcher died, F14) goes like any other.
-    if (job.spec or {}).get("keep") and not force and job.state != "cancelled" \
+    if job.keeps_instance and not force and job.state != "cancelled" \
             and "running" in events:
         return
     # The job's Auto Scaling group first: it would replace what is terminated below. Its
@@ -116,11 +116,11 @@ def release(aws: AwsSession, store: Store, job: Job, force: bool = False) -> Non
                 raise
         if ids:
             _terminate(aws, store, job, region, ids)
-        if int((job.spec or {}).get("nodes") or 1) > 1:
+        if int(job.spec.nodes or 1) > 1:
             # Deleted here if its instances are gone already, else by the next cleanup
             # (`down`, the next multi-node launch): a group in use cannot be deleted.
             placement.delete_placement_groups(aws, region, job.id)
-        if any(d.get("kind") == "snapshot" for d in (job.spec or {}).get("datasets") or []):
+        if any(d.get("kind") == "snapshot" for d in job.spec.datasets or []):
             # Attached volumes go with their instance; one the launch made but never
             # attached (or attached without DeleteOnTermination) would bill on alone.
             # By tag, not by record: a launcher killed right after CreateVolume
@@ -132,7 +132,7 @@ def release(aws: AwsSession, store: Store, job: Job, force: bool = False) -> Non
                 store.add_instance(Instance(
                     id=raw["InstanceId"], job_id=job.id, provider=aws.name, region=region,
                     zone=raw.get("Placement", {}).get("AvailabilityZone"),
-                    instance_type=raw.get("InstanceType"), market=(job.spec or {}).get("market"),
+                    instance_type=raw.get("InstanceType"), market=job.spec.market,
                     state="requested", launched_at=raw["LaunchTime"].timestamp(),
                     terminated_at=None, price_per_hour=None, details={"found_by_tag": True}))
     record_ends(aws, store, job)
@@ -383,7 +383,7 @@ def orphans(aws: AwsSession, store: Store) -> Sweep:
 def _holds(job: Job, store: Store) -> bool:
     """Whether the job still holds its instance: it is active, or it ran with --keep
     (kept for `launch --on` until `down`)."""
-    return job.active or (bool((job.spec or {}).get("keep"))
+    return job.active or (job.keeps_instance
                           and "running" in [e.phase for e in store.events(job.id)])
 
 

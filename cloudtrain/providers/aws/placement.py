@@ -25,7 +25,7 @@ EFA_INTERFACES = {
 }
 
 def placement_group_name(job: Job, spec, try_n: int) -> str:
-    return f"cloudtrain-{job.id}-a{int(getattr(spec, 'attempt', 1) or 1)}-{try_n}"
+    return f"cloudtrain-{job.id}-a{job.facts.attempt}-{try_n}"
 
 
 def create_placement_group(aws: AwsSession, region: str, job: Job, spec, try_n: int,

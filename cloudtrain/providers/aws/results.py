@@ -53,7 +53,7 @@ def upload_bundle(aws: AwsSession, store: Store, job: Job, spec, parts: list[tup
                   meta: dict) -> str:
     """The job's bundle (jobbundle.py) under its prefix in the job store, with the
     caller's credentials, the manifest last; where it went and its size, in words."""
-    region = getattr(spec, "store_region", None) or spec.region or aws.region_of(job)
+    region = job.facts.store_region or spec.region or aws.region_of(job)
     s3, bucket, account = _job_store(aws, region)
     prefix = jobstore.job_prefix(job.id, owner_key=_store_owner(aws, store, job))
     with aws_errors(region, "s3"):
@@ -120,11 +120,11 @@ def _store_owner(aws: AwsSession, store: Store, job: Job, record: bool = False,
     """The owner key of the job's prefix, as kept with the job; None for a job recorded
     before owner prefixes (jobs/<id>/). `record`: a job without one takes the caller's
     (the first grant: from then on the job writes, and is read, there)."""
-    kept = (store.job(job.id).spec or {}).get("store_owner")
+    kept = store.job(job.id).facts.store_owner
     if kept is not None or not record:
         return kept
     owner_key = aws.owner_key(region)
-    store.update_job(job.id, spec={**store.job(job.id).spec, "store_owner": owner_key})
+    store.record_facts(job.id, store_owner=owner_key)
     return owner_key
 
 
@@ -158,7 +158,7 @@ def results_grant(aws: AwsSession, store: Store, job: Job, spec, node: int = 0
                       "that they are lost")
     # Every attempt of a recovering job stores into the first attempt's bucket, where the
     # next one finds its checkpoint (spec.store_region, set by the relaunch).
-    region = getattr(spec, "store_region", None) or spec.region or aws.region_of(job)
+    region = job.facts.store_region or spec.region or aws.region_of(job)
     try:
         s3, bucket, _ = _job_store(aws, region)
         owner_key = _store_owner(aws, store, job, record=True, region=region)
@@ -203,7 +203,7 @@ def checkpoint_plan(aws: AwsSession, store: Store, job: Job, expires_s: float) -
         return None
     first = store.attempt(job.id, 1)
     region = (first.region if first and first.region else None) or \
-        (job.spec or {}).get("store_region") or aws.region_of(job)
+        job.facts.store_region or aws.region_of(job)
     try:
         s3, bucket, account = _job_store(aws, region)
         owner_key = _store_owner(aws, store, job)

@@ -194,7 +194,7 @@ class AwsSession:
             return self.clients[key]
 
     def region_of(self, job: Job) -> str:
-        return (job.spec or {}).get("region") or self.region()
+        return job.spec.region or self.region()
     def remember(self, owner: str, owner_key: str | None) -> None:
         """The identity bootstrap's cache holds for these credentials: no STS call for it."""
         self._owner = owner

@@ -24,5 +24,5 @@ def job_tags(job: Job, spec, owner: str) -> list[dict]:
     """The tags of everything made for the job (instances, volumes, templates)."""
     return [{"Key": TAG_JOB, "Value": job.id}, {"Key": TAG_OWNER, "Value": owner},
             {"Key": TAG_RECIPE, "Value": spec.recipe or "command"},
-            {"Key": TAG_ATTEMPT, "Value": str(getattr(spec, "attempt", 1) or 1)},
+            {"Key": TAG_ATTEMPT, "Value": str(job.facts.attempt)},
             {"Key": "Name", "Value": f"cloudtrain-{job.id}" + (f"-{job.name}" if job.name else "")}]
