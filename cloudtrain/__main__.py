@@ -3,7 +3,7 @@
 
 def main() -> None:
     """Load the CLI and run it. A Ctrl-C while it loads (the first fraction of a second) is
-    the same one line as later, not a traceback (U30)."""
+    the same one line as later, not a traceback."""
     import sys
 
     try:

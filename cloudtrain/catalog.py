@@ -110,7 +110,7 @@ def priced_regions() -> list[str]:
 
 def no_prices(region: str):
     """None where the catalog has prices for `region`; else the UsageError that says which
-    regions it has, and how to fetch this one's (U22). A region that is none is refused."""
+    regions it has, and how to fetch this one's. A region that is none is refused."""
     from .errors import UsageError
 
     check_region(region)
@@ -122,7 +122,7 @@ def no_prices(region: str):
 
 
 def gpus_error(gpu: str, count: float, regions: list[str], market: str | None = None):
-    """The UsageError for `--gpus GPU:N` that no type has where asked (U21): which counts
+    """The UsageError for `--gpus GPU:N` that no type has where asked: which counts
     the GPU comes in there, and its types (its larger-memory kin, A100-80GB beside A100,
     named too); the one count to ask for where there is only one."""
     from .errors import UsageError
@@ -236,7 +236,7 @@ def cheapest(gpu: str, count: float, regions: list[str], market: str = "on-deman
                          hint="choose another GPU (cloudtrain catalog), or pass --instance TYPE "
                               f"with an {other_arch[0]} --ami")
     for t in found:
-        if t.arch != DEFAULT_ARCH:  # the Deep Learning AMI is x86_64 (D21)
+        if t.arch != DEFAULT_ARCH:  # the Deep Learning AMI is x86_64
             continue
         for region in regions:
             if market == Market.SPOT:

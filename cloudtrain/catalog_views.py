@@ -26,7 +26,7 @@ def whole(number):
 
 def catalog_json(types, region: str, snapshot: str, on_demand_source: str,
                  spot_source: str) -> str:
-    """`catalog --json`: each type under `instance_type`, as estimate --json names it (U25)."""
+    """`catalog --json`: each type under `instance_type`, as estimate --json names it."""
     out = []
     for t in types:
         data = dataclasses.asdict(t)
@@ -53,7 +53,7 @@ def recipes_table(recipes, *, width: int | None = None) -> str:
 
 
 def recipes_json(recipes) -> str:
-    """`recipes --json`: one object per recipe (D37)."""
+    """`recipes --json`: one object per recipe."""
     return json.dumps([{"name": r.name, "gpus": r.gpus, "description": r.description,
                         "published": r.published, "profiles": sorted(r.profiles)}
                        for r in recipes], indent=1)
@@ -177,7 +177,7 @@ def _compile_cost_text(m: dict) -> str:
 
 
 def plan(rows: list[tuple[str, str]], *, width: int | None = None) -> str:
-    """The dry run's rows, each value wrapped at `width` under its column (U42: an 80-column
+    """The dry run's rows, each value wrapped at `width` under its column (an 80-column
     terminal split its 300-character rows mid-word); None: a row a line."""
     keys = max(len(k) for k, _ in rows)
     hang = " " * (keys + 4)
@@ -186,7 +186,7 @@ def plan(rows: list[tuple[str, str]], *, width: int | None = None) -> str:
 
 
 def catalog_table(types, region: str, *, width: int | None = None) -> str:
-    """Prices per hour (`$/H`), where `estimate` shows dollars per run (`$/RUN`) (D24)."""
+    """Prices per hour (`$/H`), where `estimate` shows dollars per run (`$/RUN`)."""
     if not types:
         return f"no instance types match in {region}"
     rows = []
@@ -209,12 +209,12 @@ def catalog_sources(region: str, on_demand: str, spot: str, *, width: int | None
 
 
 def _estimated(dollars, settled: bool) -> str:
-    """Settled money as it is, an estimate with ~ (D20)."""
+    """Settled money as it is, an estimate with ~."""
     return money4(dollars) if settled else "~" + money4(dollars)
 
 
 def cost_report(rows, total, by: str, *, width: int | None = None) -> str:
-    """`cost-report`: a row per group and the total. By job (U29): each cloud job with its
+    """`cost-report`: a row per group and the total. By job: each cloud job with its
     name, date, what it ran and its instance types (JOBS would always be 1); the jobs run on
     this machine, which cost nothing, as one row."""
     if not rows:
@@ -254,7 +254,7 @@ def cost_report(rows, total, by: str, *, width: int | None = None) -> str:
 
 def estimate_table(est, *, width: int | None = None) -> str:
     """`cloudtrain estimate`: one row per instance type, then the basis and the overheads.
-    Money is per run (`$/RUN`), where `catalog` shows per hour (`$/H`) (D24)."""
+    Money is per run (`$/RUN`), where `catalog` shows per hour (`$/H`)."""
     rows = []
     for r in est.rows:
         row = [r.instance_type if r.nodes == 1 else f"{r.nodes} x {r.instance_type}",
@@ -265,7 +265,7 @@ def estimate_table(est, *, width: int | None = None) -> str:
             share = f" ({r.staging_s / r.total_s:.0%})" if r.total_s else ""
             row[3:3] = [duration(r.staging_s) + share if r.total_s else "-"]
         rows.append(row)
-    # U31: in a narrow terminal TRAINING goes, then GPUS (the type's name says them)
+    # In a narrow terminal TRAINING goes, then GPUS (the type's name says them)
     cols = [Col("TYPE"), Col("GPUS", drop=5), Col("TRAINING", drop=4), Col("TOTAL"),
             Col("$/RUN ON-DEMAND"), Col("$/RUN SPOT"), Col("", cut=8, drop=2),
             Col("BASIS", cut=12, drop=1)]
@@ -388,6 +388,6 @@ def datasets_table(rows: list[dict], *, width: int | None = None) -> str:
 
 
 def datasets_json(rows: list[dict]) -> str:
-    """`data ls --json`: when a dataset was last staged (`at`) in ISO 8601 UTC (U25)."""
+    """`data ls --json`: when a dataset was last staged (`at`) in ISO 8601 UTC."""
     return json.dumps(cells.json_times(rows, lambda k: cells.is_time_key(k) or k == "at"),
                       indent=1)

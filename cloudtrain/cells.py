@@ -17,7 +17,7 @@ from .host.job_status import fmt_duration
 from .state import Job
 
 
-# Values shown here can come from a job's own metrics rows and status.json (audit F19: a
+# Values shown here can come from a job's own metrics rows and status.json (a
 # string accuracy, NaN or Infinity took `status` away). Every formatter takes anything and
 # answers with text; what is not a finite number is shown as "-" or as short plain text.
 MAX_SHOWN = 40
@@ -40,7 +40,7 @@ def printable(text: str) -> str:
 
 def error_line(text: str) -> str:
     """An error's message (or hint) as one line: a newline, an escape or another control
-    character it quotes from the input is shown as \\n, \\x1b, ..., never acted on (B2: an env
+    character it quotes from the input is shown as \\n, \\x1b, ..., never acted on (an env
     name holding a newline split its error over two lines)."""
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
                    for c in str(text))

@@ -1,13 +1,13 @@
 """launch's command line when click finds an option it does not know: what the user most
-likely meant, as a hint that never changes what runs (U3, D15).
+likely meant, as a hint that never changes what runs.
 
 `cloudtrain launch python train.py --epochs 1` is the user's own command given without `--`:
 the hint puts `--` before the command and keeps launch's own options (`--dry-run`, `--spot`,
 wherever they were typed) in front of it, so a dry run stays a dry run. With a recipe, an
 unknown `--epochs 3` is a recipe argument: the hint is `--set epochs=3`, when the recipe has
 that argument. An unknown option before any command word is just not an option of launch:
-no `--` is suggested there; a script the command names that is here adds `--workdir .`
-(U46). Pure functions of the words; no click, no I/O but the recipe's arguments and what
+no `--` is suggested there; a script the command names that is here adds `--workdir .`.
+Pure functions of the words; no click, no I/O but the recipe's arguments and what
 the caller's `script_here` looks at.
 """
 
@@ -114,7 +114,7 @@ def unknown_option(words: list[str], option: str, options: Options,
     """What to say of `option`, which click does not know, in launch's `words` (everything
     after `launch`, no `--` among them). None: click's own message is as good.
     `script_here(command)`: a script of the command that is in this directory
-    (preflight.script_here), which the hint adds `--workdir .` for (U46)."""
+    (preflight.script_here), which the hint adds `--workdir .` for."""
     at = next((i for i, w in enumerate(words) if w == option or w.startswith(option + "=")),
               None)
     if at is None:

@@ -5,7 +5,7 @@ Enable it in bash, zsh or fish as the README says (`_CLOUDTRAIN_COMPLETE=bash_so
 cloudtrain`, ...). Each callback runs at every Tab: it reads the local store and the bundled
 files only (never the cloud), and answers nothing rather than raise, since anything it
 printed would land in the user's command line. A candidate's help text (zsh and fish show
-it) is one clean line: it may hold what a job file said (audit F35).
+it) is one clean line: it may hold what a job file said.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ WORDBREAKS = "=:"
 
 
 class _BashLine(BashComplete):
-    """click's bash completion, reading the line as it was typed (U16). Bash splits the word
+    """click's bash completion, reading the line as it was typed. Bash splits the word
     being completed at COMP_WORDBREAKS: for `--set variant=da` COMP_WORDS holds `variant`,
     `=`, `da`, so click took `variant` for --set's value and completed nothing. The script
     also passes COMP_LINE and COMP_POINT; the words are split from those (as the shell will
@@ -65,7 +65,7 @@ add_completion_class(_BashLine)
 
 
 def _help(text: str) -> str:
-    """A candidate's help: one line, no control characters (F35)."""
+    """A candidate's help: one line, no control characters."""
     from .hostdata import clean_text
 
     return clean_text(text, HELP_LEN)

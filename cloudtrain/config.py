@@ -126,7 +126,7 @@ REGION_DEFAULT = ("`region:` in config.yaml, then AWS_REGION, AWS_DEFAULT_REGION
 
 
 def region_error(region, source: str = "") -> UsageError:
-    """The one wording, whatever the command, of a region that is not one (U20): shaped
+    """The one wording, whatever the command, of a region that is not one: shaped
     wrong (check_region) or unknown to EC2 (check_known_region); the nearest
     real one where there is one. The hint names no command: any may have been given it."""
     said = [f"from {source}"] if source else []
@@ -224,7 +224,7 @@ class Settings:
     ssh_cidr: str = ""  # who may reach port 22 ("" = this machine's public address /32)
     # An instance's SSH host key is checked against the fingerprints it prints on its
     # console; without them in time: "tofu" trusts it on first use (said at launch),
-    # "strict" refuses the instance (F37).
+    # "strict" refuses the instance.
     host_key_policy: str = "tofu"
     remote_python: str = ""  # "" = /opt/pytorch/bin/python where the AMI has it, else python3
     remote_root: str = "~/.cloudtrain"  # job and data directories on instances
@@ -266,7 +266,7 @@ class Settings:
     def load(cls) -> "Settings":
         """The settings in force. A config.yaml mistake is a ConfigError naming its line
         (and the setting meant, for a typo); inside tolerating() it is a warning
-        instead, said once, and that setting keeps its built-in default (U7)."""
+        instead, said once, and that setting keeps its built-in default."""
         path = home() / "config.yaml"
         settings = cls()
         try:
@@ -380,7 +380,7 @@ def tolerating(warn):
     """Inside this block a config.yaml mistake is said once through `warn` (as a
     `WARNING: ...` line) and that setting keeps its built-in default, rather than refusing
     the command: for what must work whatever config.yaml says (down, status, logs, the
-    recovery supervisor; U7). `check` and `launch` still refuse."""
+    recovery supervisor). `check` and `launch` still refuse."""
     before = dict(_tolerant)
     _tolerant.update(warn=warn, said=set())
     try:

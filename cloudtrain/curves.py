@@ -2,7 +2,7 @@
 CSV, JSON) and as a one-line sparkline; plots.py draws it.
 
 Pure functions: a `JobMetrics` in, text or a file out. Everything in metrics.jsonl was written
-by the job's own code or by whoever controls its host (audit F19), so it is read under guard:
+by the job's own code or by whoever controls its host, so it is read under guard:
 a line that is not a JSON object, a value that is not a finite number, bool or short string,
 a partial last line, a file past MAX_BYTES: each is dropped, never raised. Each row is cut
 to the schema `hostdata.clean_row` keeps.
@@ -93,7 +93,7 @@ class JobMetrics:
         win over earlier ones, key by key (airbench's final row, its TTA accuracy, completes
         the last epoch's row; a resumed job's redone epoch replaces the first try) and the row
         moves to where the later one was written. Rows without an epoch stay as they are.
-        What the table, the plot and the sparkline show (U19); --csv and --json keep every
+        What the table, the plot and the sparkline show; --csv and --json keep every
         row as written."""
         out: list[dict] = []
         where: dict[tuple, int] = {}
@@ -138,7 +138,7 @@ def metrics_path(job_id: str) -> Path:
 
 def _read(path) -> tuple[list[dict], list[dict], list[str]]:
     """(rows, events, notes) of a metrics.jsonl; never raises."""
-    try:  # a job may leave a FIFO or a link to /dev/zero there (F34): refused at once
+    try:  # a job may leave a FIFO or a link to /dev/zero there: refused at once
         fd = safefile.open_regular(path)
     except FileNotFoundError:
         return [], [], [f"no metrics.jsonl yet ({path})"]
@@ -196,8 +196,8 @@ def read_rows(path) -> tuple[list[dict], list[dict]]:
 def read_job(job_id: str, name: str | None = None, path=None, *,
              started_at: float | None = None, finished: bool = False) -> JobMetrics:
     """A job's metrics: from `path`, by default its copy at home (`metrics_path`).
-    `started_at`: when the job started (ELAPSED and the plot's clock count from it, U10);
-    `finished`: the job has ended, so a missing file will not come (U19)."""
+    `started_at`: when the job started (ELAPSED and the plot's clock count from it);
+    `finished`: the job has ended, so a missing file will not come."""
     rows, events, notes = _read(metrics_path(job_id) if path is None else path)
     if finished and notes and notes[0].startswith("no metrics.jsonl yet"):
         notes[0] = "the job wrote no metrics.jsonl"
@@ -251,7 +251,7 @@ def loss_keys(rows: list[dict]) -> list[str]:
 def _ordered(rows: list[dict], clock: bool = False) -> tuple[list[str], list[str]]:
     """(main columns, the rest) of the numeric keys, in table order. `clock`: the table has
     its ELAPSED column, so the recipes' own clocks (wall_time, elapsed: since their process
-    started, which a resumed job restarts) are left to --csv and --json (U10: one time
+    started, which a resumed job restarts) are left to --csv and --json (one time
     column, not two that disagree)."""
     hidden = ("time", "epochs") + (("wall_time", "elapsed") if clock else ())
     keys = [k for k in numeric_keys(rows) if k not in hidden]
@@ -265,7 +265,7 @@ def _ordered(rows: list[dict], clock: bool = False) -> tuple[list[str], list[str
 
 # -- the table --------------------------------------------------------------------------------
 
-# Beyond these a finite number is no accuracy, duration or time a job meant (audit F38: 1e308
+# Beyond these a finite number is no accuracy, duration or time a job meant (1e308
 # showed as `inf%`, -1e308 seconds as 300 digits): shown as "-".
 MAX_ACCURACY = 100.0  # a fraction, or a percentage some scripts write
 MAX_SECONDS = 1e9  # about 30 years
@@ -291,7 +291,7 @@ def cell(key: str, value) -> str:
 
 
 def _drop_order(main: list[str], rows: list[dict], after: int) -> dict[str, int]:
-    """In a terminal too narrow for every column (U31: ELAPSED wrapped at 60 columns), the
+    """In a terminal too narrow for every column (ELAPSED wrapped at 60 columns), the
     main columns go after the `after` others: the other losses first, then the training
     accuracies, train_loss, ELAPSED and the other accuracies; the epoch (and run) and the
     first accuracy stay."""
@@ -310,7 +310,7 @@ def _job_table(job: JobMetrics, width: int | None) -> list[str]:
     rows = job.epochs
     if rows:
         times = [_within(finite(r.get("time")), *TIMES) for r in rows]
-        t0 = job.start()  # ELAPSED: since the job started (U10)
+        t0 = job.start()  # ELAPSED: since the job started
         main, rest = _ordered(rows, clock=t0 is not None)
         runs = {r.get("run") for r in rows}
         if len(runs) < 2 and "run" in main:
@@ -335,7 +335,7 @@ def _job_table(job: JobMetrics, width: int | None) -> list[str]:
         detail = ", ".join(f"{cells.printable(k)} {cell(k, v)}" for k, v in event.items()
                            if k not in ("event", "time"))
         out += cells.wrapped(f"event {cells.shown(event.get('event'))}"
-                               + (f": {detail}" if detail else ""), width, "", "  ")  # U31
+                               + (f": {detail}" if detail else ""), width, "", "  ")
     if len(job.events) > MAX_EVENTS_SHOWN:
         out.append(f"... and {len(job.events) - MAX_EVENTS_SHOWN} more events (--json)")
     if not rows:
@@ -389,7 +389,7 @@ def to_csv(jobs: list[JobMetrics]) -> str:
 
 def to_json(jobs: list[JobMetrics]) -> str:
     """`metrics --json`: [{id, name, rows, events, notes}], rows as read (cleaned); the job's
-    id is `id`, as in status --json (U25)."""
+    id is `id`, as in status --json."""
     return json.dumps([{"id": j.job, "name": j.name, "rows": j.rows, "events": j.events,
                         "notes": j.notes} for j in jobs], indent=1)
 

@@ -160,7 +160,7 @@ def preflight(spec, settings, provider) -> tuple:
     the job's (its read_dataset). Returns the spec with the sizes in `staging` (shown by the
     dry run, `status JOB` and `data ls`), and the instance's disk sized to hold the copies
     when the user did not; and what was read (Staged, one a dataset). The sizes are those S3
-    stores (a manifest's own numbers are only checked against them: F29)."""
+    stores (a manifest's own numbers are only checked against them)."""
     found: list[Staged] = []
     for source in spec.datasets:
         if source["kind"] == "snapshot" and spec.on_job:

@@ -164,7 +164,7 @@ def parse_declarations(value, where: str) -> dict[str, Source]:
 def parse_data_flags(values, named: dict | None = None) -> dict[str, Source | None]:
     """`--data NAME=SOURCE` (this job reads NAME from SOURCE) or `--data NAME` (the declared
     source of NAME): {name: Source or None}. `named`: {NAME: "job.yaml:6: datasets.NAME"} for
-    those a job file gave, which messages name instead of the flag (U11)."""
+    those a job file gave, which messages name instead of the flag."""
     named = named or {}
     found: dict[str, Source | None] = {}
     for text in values or ():

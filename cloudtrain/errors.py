@@ -36,7 +36,7 @@ class UsageError(CloudtrainError):
 
 
 def named_at(exc: UsageError, origin: str | None, flag: str) -> UsageError:
-    """U11: an error a check raised about a value a job file gave, named at the file's line
+    """An error a check raised about a value a job file gave, named at the file's line
     and key (`origin`: `job.yaml:4: resources.gpus`) rather than by `flag` (`--gpus`), which
     nobody typed; a hint that is the flag with a value becomes the key with it. Without an
     origin (the flag was typed), `exc` as it is."""
@@ -81,7 +81,7 @@ class HostError(CloudtrainError):
 
 
 class NotRegularFile(HostError):
-    """What is at a path a job writes to is a FIFO, a link, a device or a folder (F34): not
+    """What is at a path a job writes to is a FIFO, a link, a device or a folder: not
     read, and not a reason to give up on the job's other files."""
 
 
@@ -124,8 +124,8 @@ class Interrupted(KeyboardInterrupt):
 
 class _Shown(reprlib.Repr):
     def repr_int(self, x: int, level: int) -> str:
-        """repr() of an integer over sys.get_int_max_str_digits() digits raises ValueError
-        (audit F38): its length instead."""
+        """repr() of an integer over sys.get_int_max_str_digits() digits raises ValueError:
+        its length instead."""
         if x.bit_length() > 14000:  # about 4200 digits: well inside the limit below it
             return f"<a number of {int(math.log10(abs(x))) + 1} digits>"
         return super().repr_int(x, level)

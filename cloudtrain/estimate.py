@@ -138,7 +138,7 @@ class Estimate:
     disk_mbps: int = 0
     preread_s: float = 0.0
     profile: str | None = None  # the --profile asked for
-    profile_note: str = ""  # what the figures are for when not for that profile (D23)
+    profile_note: str = ""  # what the figures are for when not for that profile
     nodes: int = 1  # instances per run (a job on several machines)
 
 
@@ -303,7 +303,7 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     the arguments came from (the figures say whose they are); `nodes`: instances per run,
     each billed (with its disk) for the whole run."""
     unpriced = catalog.no_prices(region)
-    if unpriced is not None:  # U22: nothing here could be priced; say where it could
+    if unpriced is not None:  # nothing here could be priced; say where it could
         raise unpriced
     basis = published_basis(recipe, args, profile)
     note = profile_note(recipe, profile)
@@ -428,7 +428,7 @@ def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: st
     rec = recipes.load(name)
     args = rec.resolve(profile, sets)
     nodes = nodes or rec.nodes_published(args)
-    check_recipe_nodes(rec, args, nodes)  # U8: what the launch would refuse is not priced
+    check_recipe_nodes(rec, args, nodes)  # what the launch would refuse is not priced
     settings = config.Settings.load()
     staged = staged_bytes(rec, args, settings)
     if not region:  # the region launch resolves, else us-east-1: the same for every command

@@ -6,11 +6,11 @@ anchored to their `.gitignore`'s directory, `*`, `?`, `[...]`, `**` and escapes;
 `.gitignore` overrides the ones above it. An ignored directory is not entered (git cannot
 re-include a file inside one either). `.git` itself is never synced.
 
-Credentials are never synced either, whatever .gitignore says (audit F6: `--workdir ~` sent
+Credentials are never synced either, whatever .gitignore says (`--workdir ~` sent
 the AWS keys, SSH keys and cloudtrain's own state to the instance): CREDENTIAL_PATTERNS and
 $CLOUDTRAIN_HOME when it lies inside the work directory, unless an `include` pattern (same
 syntax) names the path. Only the `--include` flag gives such patterns, and the launch asks
-before it sends what they name (audit F27: a job file from someone else's repository could
+before it sends what they name (a job file from someone else's repository could
 otherwise send the keys to an instance its own code runs on). survey() says what was held
 back and what an include sent anyway, for the launch's warnings and the dry run.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 ALWAYS_IGNORED = {".git"}
 
 # Well-known places for secrets, in .gitignore syntax (unanchored: at any depth). The README
-# quotes this list. Audit F27: the keys F6 named were not all: cloud CLIs, package registries,
+# quotes this list. The keys first listed were not all: cloud CLIs, package registries,
 # model hubs and shell histories keep tokens in a home directory too.
 CREDENTIAL_PATTERNS = (
     # SSH, GPG, git and the generic ones

@@ -84,7 +84,7 @@ def parse_filters(states: tuple[str, ...] | list[str] = (),
                   name: str | None = None, since: str | None = None, *,
                   now: float | None = None) -> Filters:
     """Filters from `status` options as typed: --state and --recipe (each repeatable, or
-    comma-separated: any of them, U18), --name (exact or shell glob), --since (a duration ago
+    comma-separated: any of them), --name (exact or shell glob), --since (a duration ago
     or a date). Anything that cannot be meant is a UsageError of one line."""
     wanted: list[str] = []
     for given in states:
@@ -121,7 +121,7 @@ def parse_time(text: str, flag: str, now: float, *, destructive: bool = False) -
     """A point in the past as epoch seconds: a duration ago (30min, 2h, 3d, 2w, 6mo: ledger's
     units) or a date (2026-11-01, 2026-11-01T14:30; local time unless it says). With
     `destructive` (prune), `6m` is refused: it reads as minutes, and a cron line meant six
-    months would remove everything older than six minutes (U14)."""
+    months would remove everything older than six minutes."""
     from .ledger import duration_seconds, parse_since
 
     text = (text or "").strip()
@@ -184,7 +184,7 @@ def footer(hidden: int, filters: Filters | None = None, *, all_: bool = False) -
 
 
 def empty_view(store: Store, filters: Filters | None = None) -> str:
-    """What `status` says when it shows no job (U6): "no jobs yet" only when there is none;
+    """What `status` says when it shows no job: "no jobs yet" only when there is none;
     else what matched nothing, out of how many, and the command that lists them all (an
     unknown recipe name said as such)."""
     filters = filters or Filters()
@@ -264,7 +264,7 @@ def plan_removal(store: Store, refs: tuple[str, ...] | list[str] = (), *,
     if refs:
         jobs: list[Job] = []
         for ref in refs:
-            # U26: a reference that names no job (or an ambiguous prefix) is a usage error,
+            # A reference that names no job (or an ambiguous prefix) is a usage error,
             # raised before anything is removed, as every other command refuses it
             job = store.find_job(ref)
             if all(j.id != job.id for j in jobs):

@@ -2,7 +2,7 @@
 
 Everything `probe_job` and `stop_job` bring back was written by the agent, the job or
 whoever controls the host: status.json and metrics.jsonl live in the job's own directory, so
-a training script (or an attacker on the instance) can put anything there. Audit F19 saw
+a training script (or an attacker on the instance) can put anything there. An audit saw
 one string accuracy ("94.1%"), a NaN, a status.json that was a list or a deep nesting break
 `cloudtrain status` for every job, for good. So the answer is parsed under guard and then
 cut down to a schema: what fits is kept, anything else is dropped, never raised.
@@ -202,7 +202,7 @@ _SGR = re.compile("\x1b\\[[0-9;:]{0,64}m")
 class TerminalText:
     """A job's output (from the host or the job store), made safe for the user's terminal,
     chunk by chunk (`logs -f`): a sequence or a UTF-8 character split across chunks is
-    handled whole. Audit F36: `logs` wrote a hostile log's escapes as they were: the window
+    handled whole. `logs` wrote a hostile log's escapes as they were: the window
     title (OSC 0/2), the clipboard (OSC 52), a cleared screen (CSI 2J).
 
     Kept: text, newline, carriage return, tab, and SGR colour sequences (`ESC [ params m`).

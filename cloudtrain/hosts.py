@@ -74,7 +74,7 @@ class CommandFailed(HostError):
 
 
 TAIL_WINDOW = 1 << 20  # `logs --tail` looks at most this far back
-# Deadlines for remote calls (audit F26: one hung host hung `status`, `down` and `down --all`).
+# Deadlines for remote calls (one hung host hung `status`, `down` and `down --all`).
 PROBE_TIMEOUT_S = 20.0  # `agent.py probe` reads two small files
 STOP_EXTRA_S = 30.0  # `agent.py stop` waits the grace period, then this long at most
 AGENT_START_TIMEOUT_S = 15.0  # from tmux new-session to the agent's first status.json
@@ -139,7 +139,7 @@ def agent_version() -> str:
 
 def agent_dir(jobdir: str) -> str:
     """`<root>/agent-<version>` for jobdir `<root>/jobs/<id>`: outside every job directory,
-    so a job cannot replace the code that probes and stops it (audit F19)."""
+    so a job cannot replace the code that probes and stops it."""
     return f"{Path(jobdir).parent.parent}/agent-{agent_version()}"
 
 
@@ -340,7 +340,7 @@ class Host(ABC):
 
     def start_agent(self, job_id: str, jobdir: str) -> None:
         """Start `agent.py run <jobdir>` as the command of a new detached tmux session, and
-        wait until the agent proves it runs: a status.json with its pid (audit F20: a tmux
+        wait until the agent proves it runs: a status.json with its pid (a tmux
         session whose python did not exist counted as a started job, shown running for ever).
         The agent's own early stderr (python missing, a syntax error on an old python) goes
         to <jobdir>/agent.err, whose tail the error shows.
@@ -440,7 +440,7 @@ class Host(ABC):
     def pull_tree(self, remote: str, local: Path, limit_bytes: float) -> PullResult:
         """Copy the regular files below `remote` into `local`, at most limit_bytes in all.
 
-        Audit F2: names and sizes from the host once let code on an instance write any file
+        Names and sizes from the host once let code on an instance write any file
         of the user's (`../`, absolute names, a newline that forged a listing line). So the
         walk is over SFTP-style listings (lstat: symlinks, devices and FIFOs are skipped and
         counted), every name component is checked, the local path must resolve inside

@@ -2,9 +2,9 @@
 `envs:` / `secrets:` read into values, and what a job file may take from this shell.
 
 A null value in a job file (`secrets: {WANDB_API_KEY: null}`) takes the launching shell's
-value. A job file is code from a repository, perhaps someone else's (audit F27), and the
+value. A job file is code from a repository, perhaps someone else's, and the
 shell may hold AWS keys (aws-vault, an SSO export, CI) or a GitHub token: the file must not
-carry them off unasked (audit F39). So:
+carry them off unasked. So:
 
 - a cloud's credential variables (`cloud_credential`) that a job file names are refused;
 - any other value a job file takes from this shell is named in a question that `-y` does
@@ -58,7 +58,7 @@ def credential_like(name: str) -> bool:
 def environment(words, what: str, environ=None, named: dict | None = None) -> dict[str, str]:
     """`--env KEY=VALUE` / `--env KEY` (this shell's value) words as {KEY: VALUE}; the last
     word for a key wins. `what` is the flag, for messages; `named`: {KEY: "job.yaml:5:
-    envs.KEY"} for the keys a job file gave, which messages name instead (U11)."""
+    envs.KEY"} for the keys a job file gave, which messages name instead."""
     environ = os.environ if environ is None else environ
     named = named or {}
     given: dict[str, str | None] = {}  # the last word for a name wins, a value or not

@@ -85,7 +85,7 @@ class JobSpec:
     # them to lifecycle.secrets (a private file for relaunches) and to the host (read, then
     # deleted).
     secret_values: dict = field(default_factory=dict, repr=False, compare=False)
-    # U11: where the options given in a job file came from, {option: "job.yaml:7:
+    # Where the options given in a job file came from, {option: "job.yaml:7:
     # resources.disk_gb"} (LaunchOptions.origins): checks name that instead of the flag, which
     # nobody typed. In memory only, for the checks of this launch.
     origins: dict = field(default_factory=dict, repr=False, compare=False)
@@ -95,8 +95,8 @@ class JobSpec:
 
     def display(self) -> str:
         """One line saying what runs: the recipe, its profile and the arguments that differ
-        from what the profile (or the recipe) sets, `resnet9 (smoke) variant=dawn epochs=4`
-        (D18); or the command (shell code's lines joined by `; `, without the newline a job
+        from what the profile (or the recipe) sets, `resnet9 (smoke) variant=dawn epochs=4`;
+        or the command (shell code's lines joined by `; `, without the newline a job
         file's `run: |` ends with)."""
         if self.kind == RECIPE:
             from . import recipes
@@ -112,7 +112,7 @@ class JobSpec:
                     text = rec.arguments[k].render(v) if rec and k in rec.arguments else str(v)
                     what.append(f"{k}={shlex.quote(text)}")
             return " ".join(what) + self._on_nodes()
-        if len(self.command) == 1:  # shell code (a job file's run: |): one line (U12)
+        if len(self.command) == 1:  # shell code (a job file's run: |): one line
             lines = [line.strip() for line in self.command[0].splitlines() if line.strip()]
             return "; ".join(lines) + self._on_nodes()
         return shlex.join(self.command) + self._on_nodes()

@@ -31,7 +31,7 @@ def status_table(jobs: list[Job], now: float | None = None, *, width: int | None
                  color: bool = False, kept: list[dict] | None = None) -> str:
     """`status`: one row a job; `kept` (kept.survey's rows): a job whose kept instance runs
     on says so in its STATE, and a line below the table says what it bills and when it
-    powers itself off (U40)."""
+    powers itself off."""
     now = time.time() if now is None else now
     if not jobs:
         return "no jobs yet: cloudtrain launch --recipe resnet9 --profile smoke --follow"
@@ -61,7 +61,7 @@ def accuracy_key(job: Job, metrics: dict) -> str:
     return "test_acc" if "test_acc" in metrics else "accuracy"
 
 
-# -- a kept instance (U40): its STATE mark, its lines, its JSON --------------------------------
+# -- a kept instance: its STATE mark, its lines, its JSON --------------------------------
 
 KEPT_MARK = ", kept"  # `succeeded, kept`: the job ended, its instance runs and bills on
 
@@ -114,7 +114,7 @@ def kept_lines(kept: list[dict], now: float | None = None, width: int | None = N
 
 
 def kept_note(k: dict, now: float | None = None) -> str:
-    """What `ssh` says on its way to a kept instance (U38)."""
+    """What `ssh` says on its way to a kept instance."""
     return "kept instance " + kept_words(k, time.time() if now is None else now)
 
 
@@ -139,8 +139,8 @@ def launched_line(job: Job) -> str:
 
 
 def job_json(job: Job, now: float | None = None, kept: list[dict] | None = None) -> dict:
-    """A job as --json gives it: its times in ISO 8601 UTC (U25); its metrics row as the job
-    wrote it; its kept instance, or its place in one's queue (U40)."""
+    """A job as --json gives it: its times in ISO 8601 UTC; its metrics row as the job
+    wrote it; its kept instance, or its place in one's queue."""
     now = time.time() if now is None else now
     data = {**dataclasses.asdict(job), "spec": job.spec.to_dict(), "facts": job.facts.to_dict()}
     data.pop("details")
@@ -212,9 +212,9 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
     by_phase = detail.get("phases")  # a dict as cloudtrain writes it; else the row is damaged
     billed_phases = ", ".join(f"{k} {money4(v)}" for k, v in by_phase.items()
                               if v) if isinstance(by_phase, dict) else ""
-    if billed_phases:  # a local job's phases cost nothing: no empty line (D35)
+    if billed_phases:  # a local job's phases cost nothing: no empty line
         out.append("  by phase  " + billed_phases)
-    if detail.get("to_target") is not None and job.backend != "local":  # U29: nothing billed
+    if detail.get("to_target") is not None and job.backend != "local":  # nothing billed
         out.append(f"  to target {money4(detail['to_target'])}")
     expected = job.spec.expected
     if expected:
@@ -248,14 +248,14 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
         out.append(f"  runs      {runs.get('runs')}: mean {pct(runs.get('mean_acc'))} (sd "
                    f"{pct(runs.get('std_acc'))}), {runs.get('reached')} of {runs.get('runs')} "
                    f"reached {pct(runs.get('target'))}")
-    if job.jobdir:  # U52: a path on the instance until the job's files come home
+    if job.jobdir:  # a path on the instance until the job's files come home
         remote = isinstance(job.host, dict) and job.host.get("kind") not in (None, "LocalHost")
         out.append(f"  jobdir    {'on the instance: ' if remote else ''}{job.jobdir}")
     if attempts and (len(attempts) > 1 or job.spec.recover):
         out += attempts_lines(attempts, recovery or {}, width=width)
     out += nodes_lines(job, width=width)
     out.append("  timeline")
-    for ph in phases:  # U53: after the job's end nothing is "(now)" (its outputs, collected)
+    for ph in phases:  # after the job's end nothing is "(now)" (its outputs, collected)
         took = "" if ph.name in ("succeeded", "failed", "cancelled", "preempted") else (
             duration(ph.duration) if ph.duration is not None else
             "(now)" if job.active else "")
@@ -269,7 +269,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
 
 
 def _fitted(lines: list[str], width: int | None) -> list[str]:
-    """`status JOB`'s lines wrapped at `width` (U31): a `  key       value` line under its
+    """`status JOB`'s lines wrapped at `width`: a `  key       value` line under its
     value's column, a timeline or output line two spaces in; tables (fitted already) and
     short lines as they are."""
     if width is None:
@@ -383,7 +383,7 @@ def _shown_long(text) -> str:
 
 def supervisor_line(info: dict, needed: bool = True) -> str:
     """The supervisor in one line; "NOT running" in capitals only when a recovering job needs
-    it (U35: with nothing to watch, not running is how it should be)."""
+    it (with nothing to watch, not running is how it should be)."""
     if not info.get("running"):
         if not needed:
             return "supervisor: not running (no recovering spot job needs it)"
@@ -420,8 +420,8 @@ def cloud_instances(found: list[dict], now: float | None = None, width: int | No
                     sweep=None, listed: bool = False) -> str:
     """`status --refresh`: the instances tagged cloudtrain, then (with the Sweep that found
     them) each region that could not be checked and how many were; `listed` (--wide): which
-    (U54: 34 names on every refresh). "No instance is running" is said only when every
-    region answered (F28)."""
+    (34 names on every refresh). "No instance is running" is said only when every
+    region answered."""
     now = time.time() if now is None else now
     live = [f for f in found if f["state"] != "terminated"]
     unchecked = dict(getattr(sweep, "unchecked", None) or {})
@@ -459,8 +459,8 @@ def cloud_instances(found: list[dict], now: float | None = None, width: int | No
 
 def stop_outcomes(outcomes: list, listed: bool = False) -> str:
     """`down`: one line per job or instance, then where the cloud was looked at: how many
-    regions, and with `listed` (--wide) which (U54). "no active jobs" is an all-clear only
-    when every region could be checked (F28)."""
+    regions, and with `listed` (--wide) which. "no active jobs" is an all-clear only
+    when every region could be checked."""
     lines = [f"{o.ref}: {o.note}" + (f": {', '.join(o.regions)}"
                                      if listed and getattr(o, "regions", ()) else "")
              for o in outcomes]
@@ -472,8 +472,8 @@ def stop_outcomes(outcomes: list, listed: bool = False) -> str:
 
 
 def args_lines(job: Job, width: int | None = None) -> list[str]:
-    """`status JOB`: a recipe job's arguments as its script got them, all of them (D18),
-    wrapped at `width` (U31)."""
+    """`status JOB`: a recipe job's arguments as its script got them, all of them,
+    wrapped at `width`."""
     args = job.spec.args
     if not isinstance(args, dict) or not args:
         return []
@@ -496,7 +496,7 @@ def removal_size(n: int) -> str:
 
 def removal_plan(plan, verb: str = "remove", now: float | None = None) -> str:
     """What will go (each job, its files, in aligned columns) and what is kept and why; for
-    prune, first the moment it cuts at, as a date and an age (U14)."""
+    prune, first the moment it cuts at, as a date and an age."""
     # a name or a link's target may hold terminal escapes: _printable
     out = []
     if getattr(plan, "cutoff", None) is not None:

@@ -20,11 +20,11 @@ flag, --set, --env, --data, adds to the file's list, later winning). An error na
 the line and the key, and suggests the nearest valid key, in one line (exit 2); so does a
 check after this one on a value from the file (LaunchOptions.origins).
 
-A job file is code from a repository, perhaps someone else's (audit F27): its workdir is read
+A job file is code from a repository, perhaps someone else's: its workdir is read
 from the file's own directory and must stay inside it, it cannot `include` credential-looking
 files, and a secret's value cannot be written in it; a value it takes from this shell
-(`KEY: null`) is refused for a cloud's credentials and asked about otherwise (job_env.py,
-audit F39). YAML anchors and aliases are refused before anything expands them (audit F33).
+(`KEY: null`) is refused for a cloud's credentials and asked about otherwise (job_env.py). YAML
+anchors and aliases are refused before anything expands them.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def parse(text: str, where: str = "job.yaml", base: Path | None = None,
     """load() for the text of a job file; `where` names it in errors, `base` is its
     directory (default: where's). The options' `origins` say where each value came
     from (`job.yaml:7: resources.disk_gb`; `envs.NAME` for one item of a list option), for
-    the checks after this one to name the file, the line and the key (U11)."""
+    the checks after this one to name the file, the line and the key."""
     tree, data = _read(text, where)
     if data is None:
         raise UsageError(f"{where}: empty job file",
@@ -213,7 +213,7 @@ MAX_DIGITS = 4300
 
 class _Loader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses anchors and aliases where it meets them, before anything
-    expands them (audit F33: a 489-byte file of nested aliases was a 10^9-item value in an
+    expands them (a 489-byte file of nested aliases was a 10^9-item value in an
     error message). A job file is a page of keys: nothing in it needs one."""
 
     where = "job.yaml"
@@ -258,7 +258,7 @@ BUILT = {f"tag:yaml.org,2002:{t}" for t in ("int", "float", "timestamp")}
 def _build_values(loader: yaml.SafeLoader, tree: yaml.Node, where: str) -> None:
     """Build every scalar once, in the file's order, naming the key of one that fails:
     YAML reads `2001-13-45` as a date and fails, and an integer past MAX_DIGITS digits
-    (audit F38) would fail every message that shows it. A merge key is refused: building
+    would fail every message that shows it. A merge key is refused: building
     merges it into its mapping, and envs: and secrets: as written could no longer line up
     with the values."""
     stack: list[tuple[yaml.Node, str]] = [(tree, "")]
@@ -401,7 +401,7 @@ class _File:
         if value is None:  # `key:` with nothing: as if not given
             return
         at = self.at(path)
-        if path == "include":  # audit F27: the file may come from someone else's repository
+        if path == "include":  # the file may come from someone else's repository
             raise UsageError(f"{at}: a job file cannot send credential-looking files (it may "
                              "come from someone else's repository)",
                              hint="type --include PATTERN on the command line to send one "
@@ -434,7 +434,7 @@ class _File:
                 raise bad("a whole number" if kind == "int" else
                           "minutes, or a duration like 90m or 2h" if kind == "minutes" else
                           "a number")
-            if kind == "minutes" and number <= 0:  # U23: not "out of range (0 to 10080)"
+            if kind == "minutes" and number <= 0:  # not "out of range (0 to 10080)"
                 raise UsageError(f"{at}: must be more than 0 minutes, got {shown(value)}")
             if number != number or (key.low is not None and number < key.low) or \
                     (key.high is not None and number > key.high):
@@ -446,7 +446,7 @@ class _File:
             if not isinstance(items, list) or not all(isinstance(i, str) and i.strip()
                                                       for i in items):
                 raise bad("a list of text")
-            if path == "resources.regions":  # audit F38: checked as --region is
+            if path == "resources.regions":  # checked as --region is
                 for item in items:
                     try:
                         check_region(item)
@@ -474,7 +474,7 @@ class _File:
                                  "and _, not starting with a digit)")
             if isinstance(v, (dict, list)):
                 raise UsageError(f"{at}: expected a single value, got {_kind_of(v)}")
-            if key.option == "secrets" and v is not None:  # audit F38: never shown
+            if key.option == "secrets" and v is not None:  # never shown
                 raise UsageError(f"{at}: a secret's value does not belong in a job file (the "
                                  "file travels with the workdir)",
                                  hint=f"write `{name}: null` and export {name}, or pass "
@@ -494,7 +494,7 @@ class _File:
 
 def _workdir(value: str, base: Path, at: str) -> str:
     """A job file's workdir as an absolute path: read from the file's directory `base`, and
-    inside it once links are resolved (audit F27: `workdir: ../..` or a link out of the
+    inside it once links are resolved (`workdir: ../..` or a link out of the
     repository sent the home directory it was cloned into, keys and tokens with it). `at`:
     the key's place, `job.yaml:2: workdir`."""
     try:

@@ -21,7 +21,7 @@ from .market import Market
 PLACEMENT = ("instance_type", "gpus", "region", "ami", "disk_gb", "max_price", "keep",
              "idle_minutes", "on_job", "recover", "max_restarts", "fallback", "cpu_only")
 OFF_WHEN_FALSE = ("cpu_only",)  # flags that only switch something on (--no-keep says no)
-NO_PROFILE = "none"  # `--profile none`: the recipe's full run, whatever a job file says (U34)
+NO_PROFILE = "none"  # `--profile none`: the recipe's full run, whatever a job file says
 # Launch options that repeat: a job file's list first, then the flags'.
 REPEATED = ("sets", "envs", "secrets", "outputs", "include", "data")
 
@@ -60,7 +60,7 @@ class LaunchOptions:
     resume_from: str | None = None
     command: tuple[str, ...] = ()  # the user's command; a job file's run: is one word of shell
     regions: tuple[str, ...] = ()  # a job file's: where --gpus looks (config.yaml's regions)
-    # U11: where the options a job file gave came from, {option: "job.yaml:7:
+    # Where the options a job file gave came from, {option: "job.yaml:7:
     # resources.disk_gb"}, and {"": "job.yaml"} for the file; `envs.NAME` for one item.
     origins: dict = field(default_factory=dict)
 

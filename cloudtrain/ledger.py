@@ -129,7 +129,7 @@ class Row:
     settled: bool  # every contribution settled
     to_target: float | None = None
     staging: float = 0.0  # of `dollars`: copying datasets onto the disk before training
-    # By job (U29): what the job was; `local`: the one row of every job run on this machine,
+    # By job: what the job was; `local`: the one row of every job run on this machine,
     # which costs nothing (a row each buried the cloud jobs).
     name: str | None = None
     created_at: float | None = None
@@ -184,7 +184,7 @@ def report(store: Store, by: str = "job", since: str | None = None,
         for r in inst:
             i = Instance(**{k: r[k] for k in Instance.__dataclass_fields__ if k != "details"},
                          details=json_column(r["details"]))
-            if i.provider == "local":  # U29: this machine is one row, not one per job
+            if i.provider == "local":  # this machine is one row, not one per job
                 row = rows.setdefault(LOCAL, Row(LOCAL, 0, 0.0, True, local=True))
                 row.jobs += 1
                 continue
@@ -199,7 +199,7 @@ def report(store: Store, by: str = "job", since: str | None = None,
         types = _instance_types(store, [j["id"] for j in jobs]) if by == "job" else {}
         for j in jobs:
             if by == "job" and j["backend"] == "local":
-                key = LOCAL  # U29: the jobs of this machine, which cost nothing, as one row
+                key = LOCAL  # the jobs of this machine, which cost nothing, as one row
             elif by == "job":
                 key = j["id"]
             elif by == "recipe":
@@ -221,7 +221,7 @@ def report(store: Store, by: str = "job", since: str | None = None,
             row.settled = row.settled and bool(j["cost_settled"])
             detail = json_column(j["cost_detail"]) or {}
             phases = detail.get("phases") if isinstance(detail, dict) else None
-            staging = phases.get("staging") if isinstance(phases, dict) else None  # F22
+            staging = phases.get("staging") if isinstance(phases, dict) else None
             if isinstance(staging, (int, float)) and staging == staging:
                 row.staging += staging
             if by == "job" and not row.local:
@@ -255,7 +255,7 @@ def unrecorded_cost(store: Store, job_id: str, now: float) -> float | None:
     """The estimate of a job no cost was recorded for, from its instances' own times (60 s
     minimum; up to now for one still running) and the catalog's prices: a launch that failed
     waiting for SSH terminates its instance without settling, and its 26 s of EC2 were shown
-    as $0.0000 (D20). None where there is nothing to bill or it cannot be priced."""
+    as $0.0000. None where there is nothing to bill or it cannot be priced."""
     runs = [run_of(i) for i in store.instances(job_id)]
     if not runs:
         return None
@@ -265,7 +265,7 @@ def unrecorded_cost(store: Store, job_id: str, now: float) -> float | None:
         return None
 
 
-# The JSON name of what a row groups by: a job is "id" as in every other --json (U25).
+# The JSON name of what a row groups by: a job is "id" as in every other --json.
 JSON_KEYS = {"job": "id"}
 
 
@@ -287,7 +287,7 @@ def report_json(rows: list[Row], total: Row, by: str) -> str:
             data.pop("local")
         return {name: data.pop("key"), **data}
 
-    from .cells import json_times  # a job's created_at in ISO 8601 UTC (U25)
+    from .cells import json_times  # a job's created_at in ISO 8601 UTC
 
     return json.dumps(json_times({"by": by, "rows": [row(r) for r in rows],
                                   "total": row(total)}), indent=1)

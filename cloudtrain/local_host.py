@@ -99,7 +99,7 @@ class LocalHost(Host):
         return copied
 
     def read(self, path: str, offset: int = 0, end: int | None = None) -> bytes:
-        # A job's files: a FIFO or a link to /dev/zero in their place is refused at once (F34).
+        # A job's files: a FIFO or a link to /dev/zero in their place is refused at once.
         try:
             return safefile.read_regular(path, offset, end)
         except FileNotFoundError:

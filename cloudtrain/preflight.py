@@ -34,9 +34,9 @@ SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".ipynb")
 
 
 def unknown_instance_type(name, why: str = "", origin: str | None = None) -> UsageError:
-    """The one wording, whatever the command, of an instance type that is not one (U20):
+    """The one wording, whatever the command, of an instance type that is not one:
     the nearest name in the catalog whatever the case, and why it is not one; `origin`: the
-    job file's `file:line: resources.instance` it came from (U11)."""
+    job file's `file:line: resources.instance` it came from."""
     return UsageError(f"{origin + ': ' if origin else ''}unknown instance type "
                       f"{shown(name)}{suggest(name, catalog.load())}"
                       + (f": {why}" if why else ""),
@@ -135,7 +135,7 @@ def own_command(command: list[str], workdir: str | None, cwd: str | None = None,
     (`launch notjob.txt`: the shell looks commands up on PATH, not here), and a script path
     relative to the job's directory that is not in the synced workdir (with none given, the
     job runs in an empty directory). `origin`: the job file's `file:line: run` it came from,
-    which the message names (U11); `is_job_file`: whether a word names one of ours
+    which the message names; `is_job_file`: whether a word names one of ours
     (jobfile.is_job_file)."""
     if not command:
         return
@@ -160,7 +160,7 @@ def own_command(command: list[str], workdir: str | None, cwd: str | None = None,
                                                  "python train.py")
     _not_a_command(first, [Path(cwd)] + ([Path(workdir)] if workdir else []), at)
     base = Path(workdir) if workdir else None
-    # U11: a job file's user is told the key to write, a typed command's the flag
+    # A job file's user is told the key to write, a typed command's the flag
     flag, file = ("workdir:", origin.split(":", 1)[0]) if origin else ("--workdir", None)
     for word in words:
         if not _script_path(word):
@@ -213,7 +213,7 @@ def script_here(command: list[str], cwd: str | None = None) -> str | None:
 
 
 def _not_a_command(word: str, places: list[Path], at: str) -> None:
-    """U24: a file name here in command position (`notjob.txt`, `train.py`, `run.sh`) that
+    """A file name here in command position (`notjob.txt`, `train.py`, `run.sh`) that
     is no command on PATH: the shell would answer `command not found` (exit 127), on a cloud
     only once the instance is up. Only names with a suffix are looked at: shell builtins
     (`cd`, `test`) have none."""

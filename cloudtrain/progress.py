@@ -1,4 +1,4 @@
-"""What a launch says while it works (D3): each phase as it starts (requesting spot g5.xlarge
+"""What a launch says while it works: each phase as it starts (requesting spot g5.xlarge
 in us-east-1b, instance i-... running, waiting for SSH, syncing N files, setting up, started).
 
 Piped, each phase is one plain line on stderr, with no carriage returns. In a terminal the
@@ -182,7 +182,7 @@ class Live(Lines):
 
 class Quiet(Reporter):
     """`launch -q`: the warnings and remarks that matter are said through `say`; a note
-    only for information is not (U45: -q printed where the results go on AWS)."""
+    only for information is not (-q printed where the results go on AWS)."""
 
     def info(self, line: str) -> None:
         pass

@@ -195,7 +195,7 @@ class Recipe:
                 origins: dict | None = None) -> dict:
         """The arguments the script gets: defaults, then the profile, then each --set.
         `origins`: where a job file gave the profile or an argument (jobfile.ORIGINS:
-        `profile`, `sets.NAME`), which messages name instead of the flag (U11)."""
+        `profile`, `sets.NAME`), which messages name instead of the flag."""
         origins = origins or {}
         values = {name: arg.default for name, arg in self.arguments.items()}
         if profile is not None:

@@ -48,14 +48,14 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
     (datasources.py). `nodes`: `--nodes N`; else a cloud recipe job gets the machines its
     variant was published on (recipe.yaml `resources.nodes_per_variant`), anything else one.
     `regions` (job files) narrows where --gpus looks. `origins`: where the options a job
-    file gave came from (U11); a message about one names that, not the flag."""
+    file gave came from; a message about one names that, not the flag."""
     from . import datasets, datasources, job_env, recipes
     from .job_env import environment
 
     if o.regions:
         settings = dataclasses.replace(settings, regions=",".join(o.regions))
     origins = dict(o.origins)
-    # F39: a job file that names a cloud's credentials is refused before anything else
+    # A job file that names a cloud's credentials is refused before anything else
     from_shell = job_env.taken(o.envs, o.secrets, origins)
     job_env.refuse_cloud_credentials(from_shell)
     nodes = o.nodes
@@ -69,7 +69,7 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
     try:
         spec = dataclasses.replace(spec, datasets=datasets.resolve(
             spec, settings, flags, recipes.load(spec.recipe).data if spec.recipe else []))
-    except UsageError as exc:  # U11: `--data NAME: ...` about a job file's datasets.NAME
+    except UsageError as exc:  # `--data NAME: ...` about a job file's datasets.NAME
         name = exc.message.split(":", 1)[0].removeprefix("--data ")
         raise named_at(exc, origins.get(f"data.{name}"), f"--data {name}") from None
     if o.setup is not None:
@@ -129,7 +129,7 @@ def check_recipe_nodes(rec, args: dict, nodes: int, what: str | None = None) -> 
     `estimate --nodes`): a recipe that is one process, or one whose `gpus` argument (its
     processes in all: WORLD_SIZE must equal it, resnet9 stops at once otherwise) does not
     split evenly over the nodes, each of which starts at least one. `what`: where the node
-    count came from (`--nodes N`, or the job file's `file:line: resources.nodes`, U11)."""
+    count came from (`--nodes N`, or the job file's `file:line: resources.nodes`)."""
     from . import recipes
 
     if nodes == 1:
@@ -170,7 +170,7 @@ def _build_spec(o: LaunchOptions, settings: config.Settings, origins: dict) -> J
     from .jobfile import is_job_file
     from .preflight import own_command
 
-    # D14, D16, U24: before anything is created
+    # Before anything is created
     # a job file's run: reads its scripts from its own directory (workdir: . is that one)
     own_command(list(o.command), workdir, origin=origins.get("command"),
                 cwd=str(Path(origins[""]).parent) if "command" in origins else None,
@@ -202,18 +202,18 @@ def _placement(o: LaunchOptions, settings: config.Settings, origins: dict
         raise UsageError("--on JOB reuses that job's instance: leave out --instance, --spot, "
                          "--region, --ami, --disk-gb and --max-price")
     # Any cloud placement option (--instance, --gpus, --spot, --region, --ami, ...) says which
-    # backend is meant, as --instance always did (D27).
+    # backend is meant, as --instance always did.
     cloud = on_job or set(placement) - {"keep"}
     backend = o.backend or ("aws" if cloud else settings.backend)
     if backend == "aws":
         placement.setdefault("market", Market(settings.market))
         if on_job:
             placement["on_job"] = on_job
-            # U39: a job on a kept instance keeps it (--no-keep: powered off after it); its
+            # A job on a kept instance keeps it (--no-keep: powered off after it); its
             # idle time is the instance's unless given (lifecycle.sources.kept_source).
             placement.setdefault("keep", True)
         elif placement.get("keep") and placement.get("idle_minutes") is None:
-            placement["idle_minutes"] = settings.keep_idle_minutes  # U40: a real idle stop
+            placement["idle_minutes"] = settings.keep_idle_minutes  # a real idle stop
         placement.update(_recovery(recovery, placement["market"], on_job, origins))
     elif recovery:
         raise UsageError(f"{_flag(origins, sorted(recovery)[0])} applies to cloud backends "
@@ -335,13 +335,13 @@ def _recovery(given: dict, market: Market, on_job: str | None, origins: dict) ->
     if fallback is not None and fallback not in FALLBACKS:
         raise UsageError(f"{_flag(origins, 'fallback')} must be one of {', '.join(FALLBACKS)}, "
                          f"got {shown(fallback)}")
-    # No restart is no recovery (U23): nothing relaunches, so no supervisor and no stream.
+    # No restart is no recovery: nothing relaunches, so no supervisor and no stream.
     return {"recover": enabled and restarts > 0, "max_restarts": restarts, "fallback": fallback}
 
 
 def _flag(origins: dict, key: str) -> str:
     """How a message names a launch option: the job file's `file:line: key` where the value
-    came from one (U11), else the flag (FLAGS, or the option's own name as a flag)."""
+    came from one, else the flag (FLAGS, or the option's own name as a flag)."""
     return origins.get(key) or FLAGS.get(key) or "--" + key.replace("_", "-")
 
 
@@ -421,14 +421,14 @@ def _resolve_gpus(request: str, placement: dict, settings: config.Settings,
         gpu, count = catalog.parse_gpus(request)
         finite(count, f"{origin or '--gpus'} {request}: the count", low=0, low_open=True,
                high=64)
-        # D28: the region chain every command uses (AWS_REGION, the profile, ...), as
+        # The region chain every command uses (AWS_REGION, the profile, ...), as
         # --instance
         regions = [placement["region"]] if placement.get("region") else \
             [r.strip() for r in settings.regions.split(",") if r.strip()] or \
             [providers.get("aws").region()]
         market = placement.get("market") or Market(settings.market)
         chosen, region, _ = catalog.cheapest(gpu, count, regions, market)
-    except UsageError as exc:  # U11: a job file's `gpus:` is named where it is
+    except UsageError as exc:  # a job file's `gpus:` is named where it is
         if origin and exc.message.startswith(origin):
             raise
         raise named_at(exc, origin, "--gpus") from None

@@ -36,7 +36,7 @@ MAX_OUTPUT_BYTES = 64 << 20  # a command's stdout + stderr; more is a runaway ho
 
 # paramiko logs each failed handshake from its transport thread with a 20-line traceback
 # ("Exception (client): Error reading SSH protocol banner"); with no handler configured,
-# Python's last-resort handler printed them all to stderr while an instance booted (D4).
+# Python's last-resort handler printed them all to stderr while an instance booted.
 # A handler of our own keeps them out; `--debug` configures the root logger, which still
 # gets them (the records propagate).
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -113,7 +113,7 @@ class Connection:
         except BaseException as exc:
             # Close the Transport, not only the socket: its thread otherwise keeps reading
             # the closed socket and prints "Socket exception: Bad file descriptor (9)" to
-            # stderr until the process ends (audit F7: 31 lines in one failed launch).
+            # stderr until the process ends (31 lines in one failed launch).
             if transport is not None:
                 transport.close()
             sock.close()

@@ -18,7 +18,7 @@ from .errors import HostError, NotRegularFile
 from .gitignore import list_files
 from .hosts import CommandFailed, Host, Result, file_sizes, session_name
 
-# Deadlines for remote calls (audit F26: one hung host hung `status`, `down` and `down --all`).
+# Deadlines for remote calls (one hung host hung `status`, `down` and `down --all`).
 RUN_TIMEOUT_S = 300.0  # any command that does not say otherwise
 STREAM_IDLE_S = 120.0  # a tar stream that moves no byte for this long is dead
 
@@ -118,7 +118,7 @@ class SSHHost(Host):
         self._into_dir(remote, write)
 
     def read(self, path: str, offset: int = 0, end: int | None = None) -> bytes:
-        # A job's files (F34): LSTAT first, so that a FIFO (whose open would hang the host's
+        # A job's files: LSTAT first, so that a FIFO (whose open would hang the host's
         # sftp-server) or a link to /dev/zero (a read without end) is refused, not opened;
         # then FSTAT on the handle, and no read past the size it had.
         try:
@@ -180,7 +180,7 @@ class SSHHost(Host):
             f = sftp.open(path, "rb")
             # FSTAT on the open handle: what was opened, whatever the listing said. (A symlink
             # swapped in would be followed on the host, but only to a file the host's own
-            # user can read anyway; the local side is what F2 protects.)
+            # user can read anyway; the local side is what the pull-back's own checks protect.)
             if not stat.S_ISREG(f.stat().st_mode or 0):
                 f.close()
                 return None
@@ -206,7 +206,7 @@ class SSHHost(Host):
         relay = self.conn.relay()
         extra = [f"--link-dest={like}"] if like else []
         sizes = file_sizes(local_dir, files) if sent is not None else {}
-        # NUL-separated names (git allows a newline in a name; audit F3 saw "ok\nsecret.txt"
+        # NUL-separated names (git allows a newline in a name; an audit saw "ok\nsecret.txt"
         # split into two entries and a gitignored secret.txt uploaded), and --protect-args so
         # the remote shell never sees the paths. rsync names each file (--out-format) as it
         # sends it: that is the progress.

@@ -295,7 +295,7 @@ class Store:
 
     def find_job(self, ref: str) -> Job:
         """A job by id, name (the newest job of that name), or unique id prefix. An exact
-        name comes before an id prefix (D19): `logs 19a3` means the job named 19a3, if one
+        name comes before an id prefix: `logs 19a3` means the job named 19a3, if one
         is, not job 19a3f0fe."""
         if not ref:
             raise UsageError("give a job id, id prefix or name",

@@ -17,7 +17,7 @@ from . import data, inspection, launching, planning, removal, supervisor
 from .options import CONTEXT
 
 
-# U32: what SkyPilot, dstack and docker users type first, and what does it here.
+# What SkyPilot, dstack and docker users type first, and what does it here.
 OTHER_TOOLS_VERBS = {
     "queue": "cloudtrain status (a job queued on a kept instance shows as queued; "
              "`cloudtrain launch --on JOB` queues one)",
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: one place where errors become a line of text and an exit code."""
     argv = sys.argv[1:] if argv is None else argv
     argv, debug = _debug_first(argv)
-    if debug:  # libraries' logs too (paramiko's handshake failures, D4), else kept quiet
+    if debug:  # libraries' logs too (paramiko's handshake failures), else kept quiet
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(levelname)s: %(message)s")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.NoArgsIsHelpError as exc:  # `cloudtrain data`: its help
         exc.show()
         sys.exit(errors.EXIT_USAGE)
-    except click.UsageError as exc:  # U20: one line, as every error of ours, not click's four
+    except click.UsageError as exc:  # one line, as every error of ours, not click's four
         command = exc.ctx.command_path if exc.ctx is not None else "cloudtrain"
         _fail(errors.UsageError(" ".join(exc.format_message().split()),
                                 hint=f"{command} --help"))
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     except (click.exceptions.Abort, KeyboardInterrupt) as exc:
         # click turns a KeyboardInterrupt into Abort (after a newline of its own)
         cause = exc.__cause__ if isinstance(exc, click.exceptions.Abort) else exc
-        if isinstance(cause, errors.Interrupted):  # what it left behind (U30)
+        if isinstance(cause, errors.Interrupted):  # what it left behind
             click.echo(f"interrupted: {cause.message}", err=True)
         else:
             click.echo("\ninterrupted", err=True)
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _debug_first(argv: list[str]) -> tuple[list[str], bool]:
-    """--debug anywhere before `--` (D32: `cloudtrain ssh JOB --debug`, as the internal-error
+    """--debug anywhere before `--` (`cloudtrain ssh JOB --debug`, as the internal-error
     line suggests) moved to where the group's option is parsed; after `--` it is the job's."""
     end = argv.index("--") if "--" in argv else len(argv)
     if "--debug" not in argv[:end]:

@@ -82,11 +82,11 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
         def view() -> str:
             from ..lifecycle import kept
 
-            if job is not None:  # U36: `status ''` is refused as `logs ''` is
+            if job is not None:  # `status ''` is refused as `logs ''` is
                 from ..lifecycle import inspect
 
                 d = inspect.detail(store, settings, job)
-                held = kept.survey(store, settings)  # U40: a kept instance bills on
+                held = kept.survey(store, settings)  # a kept instance bills on
                 if as_json:
                     return job_views.detail_json(d.job, d.phases, d.log_tail, d.target, d.runs,
                                               d.attempts, d.recovery, kept=held)
@@ -99,7 +99,7 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
                 from ..lifecycle.watch import refresh_active
 
                 refresh_active(store, settings, active)
-            held = kept.survey(store, settings)  # U40: kept instances, their queues
+            held = kept.survey(store, settings)  # kept instances, their queues
             # --json is for scripts: every job the filters match, as before issue 16
             shown, hidden = history.select(store, filters, all_=all_ or as_json,
                                            limit=rows_that_fit(limit) if watch else limit)
@@ -110,7 +110,7 @@ def status(job: str | None, as_json: bool, all_: bool, states: tuple[str, ...],
                                               kept=held)
                 note = history.footer(hidden, filters, all_=all_)
                 text += "\n" + note if note else ""
-            else:  # U6: what matched nothing, and how many jobs there are (no footer again)
+            else:  # what matched nothing, and how many jobs there are (no footer again)
                 text = "\n".join([history.empty_view(store, filters)]
                                   + job_views.kept_lines(held, width=table_width(wide)))
             if active:
@@ -181,7 +181,7 @@ def attach(job: str, node: int) -> None:
     terminal = sys.stdin.isatty() and sys.stdout.isatty()
     with job_store() as store:
         reach = inspect.attach_argv(store, settings, store.find_job(job), terminal, node)
-    if reach.kept is not None:  # U38: its job has ended, the instance bills on
+    if reach.kept is not None:  # its job has ended, the instance bills on
         click.echo(job_views.kept_note(reach.kept), err=True)
     os.execvp(reach.argv[0], reach.argv)
 
@@ -208,7 +208,7 @@ def ssh(job: str, node: int, command: tuple[str, ...]) -> None:
     with job_store() as store:
         reach = inspect.ssh_argv(store, settings, store.find_job(job), node, command,
                                  tty=sys.stdin.isatty())
-    if reach.kept is not None:  # U38: its job has ended, the instance bills on
+    if reach.kept is not None:  # its job has ended, the instance bills on
         click.echo(job_views.kept_note(reach.kept), err=True)
     os.execvp(reach.argv[0], reach.argv)
 

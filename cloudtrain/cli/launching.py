@@ -16,7 +16,7 @@ from .terminal import confirm, follow_job, job_store, said, table_width
 
 class _LaunchCommand(click.Command):
     """`launch`: an option click does not know, after words of a command given without `--`
-    (`cloudtrain launch python train.py --epochs 1`), is the user's own option (D15)."""
+    (`cloudtrain launch python train.py --epochs 1`), is the user's own option."""
 
     def parse_args(self, ctx, args):
         typed = list(args)  # click consumes the list it parses
@@ -217,7 +217,7 @@ def ask_first(spec, store, yes: bool, quiet: bool):
 
 def confirm_sending(line: str, ask: str = "Send them?",
                     refusal: errors.UsageError | None = None) -> None:
-    """F27, F39: what would send credentials (files --include sends, values a job file takes
+    """What would send credentials (files --include sends, values a job file takes
     from this shell): asked in a terminal whatever -y says (default no); without one, the
     `refusal`, or else said in a WARNING."""
     if not (sys.stdin.isatty() and sys.stderr.isatty()):

@@ -46,7 +46,7 @@ WIDE = click.option("--wide", is_flag=True, help="Every column at full length. W
 
 
 def duration(ctx, param, value: str | None) -> float | None:
-    """--max-runtime: minutes, or 90m, 2h, 1d, 45s, read as a job file's max_runtime (U17)."""
+    """--max-runtime: minutes, or 90m, 2h, 1d, 45s, read as a job file's max_runtime."""
     if value is None:
         return None
     from ..jobfile import flag_minutes

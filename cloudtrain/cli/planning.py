@@ -77,7 +77,7 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
         click.echo(provider.refresh_spot(region), err=True)
 
     unpriced = catalog_module.no_prices(region)
-    if unpriced is not None:  # U48: exit 2 with the error, as estimate does (U22's words)
+    if unpriced is not None:  # exit 2 with the error, as estimate does
         raise unpriced
     types = catalog_module.matching(gpu, None, region)
     if as_json:

@@ -28,7 +28,7 @@ def echo_bytes(data: bytes, screen=None, last: bool = False) -> None:
 
 
 def output_screen(raw: bool = False):
-    """F36: on a terminal a job's output goes through hostdata.TerminalText (its escapes
+    """On a terminal a job's output goes through hostdata.TerminalText (its escapes
     dropped, colours kept); piped, or with --raw, it is the bytes as they are."""
     if raw or not sys.stdout.isatty():
         return None
@@ -53,7 +53,7 @@ def table_width(wide: bool) -> int | None:
 
 
 def rows_that_fit(limit: int | None) -> int | None:
-    """status --watch in a terminal: at most the jobs that fit its height (U31: a 20-line
+    """status --watch in a terminal: at most the jobs that fit its height (a 20-line
     terminal got 23 lines and scrolled), with the header, the footer and the supervisor's
     line; piped, `limit` as given."""
     if not sys.stdout.isatty():
@@ -72,7 +72,7 @@ def colored() -> bool:
 
 def settings_whatever_config_says():
     """The settings for a command that must work whatever config.yaml says (down, status,
-    logs; U7): a mistake there is a WARNING line on stderr, once, and that setting keeps its
+    logs): a mistake there is a WARNING line on stderr, once, and that setting keeps its
     default."""
     click.get_current_context().with_resource(
         config.tolerating(lambda line: click.echo(line, err=True)))
@@ -80,7 +80,7 @@ def settings_whatever_config_says():
 
 
 def confirm(question, yes: bool) -> None:
-    """The warnings, on stderr whether or not anyone is there (U15); then, D26: ask in a
+    """The warnings, on stderr whether or not anyone is there; then, ask in a
     terminal (unless --yes); without one (scripts, CI) go on."""
     for warning in question.warnings:
         click.echo(said(f"WARNING: {warning}"), err=True)
@@ -93,7 +93,7 @@ def confirm(question, yes: bool) -> None:
 
 def said(text: str, room: int = 0) -> str:
     """A line said on stderr before a launch (its estimate, a warning, the question): in a
-    terminal, wrapped at its width with later lines indented (U42: a 500-character question
+    terminal, wrapped at its width with later lines indented (a 500-character question
     split words at the terminal's edge), `room` left for what follows (click's ` [Y/n]: `);
     piped, one line as it is."""
     if not sys.stderr.isatty():
@@ -128,7 +128,7 @@ def follow_job(store, settings, job, offset: int = 0, node: int = 0, screen=None
                    f"Stop it with: cloudtrain down {job.id}", err=True)
         raise SystemExit(errors.EXIT_INTERRUPTED)
     job = store.job(job.id)
-    for line in inspect.ending(store, job):  # the outcome (D38), a declared output not found
+    for line in inspect.ending(store, job):  # the outcome, a declared output not found
         click.echo(line, err=True)
     if job.state != "succeeded":
         raise SystemExit(errors.EXIT_FAILED)
@@ -141,7 +141,7 @@ def can_ask() -> bool:
 
 
 def nobody_to_ask(what: str, example: str) -> errors.UsageError:
-    """U13: what destroys is refused without a terminal to ask, unless -y says go on."""
+    """What destroys is refused without a terminal to ask, unless -y says go on."""
     return errors.UsageError(f"{what} and there is no terminal to ask",
                              hint=f"add -y to go on without asking: {example}")
 

@@ -175,7 +175,7 @@ class Agent:
                     pass
 
     def cancel_grace(self):
-        """The grace period `stop` was given (`cloudtrain down --grace`, U2), written into the
+        """The grace period `stop` was given (`cloudtrain down --grace`), written into the
         cancel file; None: the launch's (job.json)."""
         request = read_json(self.path("cancel"))
         grace = as_time(request.get("grace_s")) if isinstance(request, dict) else None
@@ -385,7 +385,7 @@ class Agent:
 
     def rearm(self, key):
         """Run the host's power-off re-arm command (`rearm.argv` + [minutes], no shell): the
-        user-data timer was armed for the instance's first job only (audit F16). A failure is
+        user-data timer was armed for the instance's first job only. A failure is
         logged, never fatal: the agent's own power-off still follows the job."""
         spec = self.settings.get("rearm")
         if not isinstance(spec, dict) or spec.get(key) is None:

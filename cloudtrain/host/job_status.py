@@ -83,7 +83,7 @@ def metrics_tail(jobdir):
     last runs_summary event. Rows come from the tail; the events from the whole file (up to
     METRICS_SCAN_BYTES), since a target reached early in a long run is far from the end."""
     path = os.path.join(jobdir, "metrics.jsonl")
-    try:  # a FIFO or a link to /dev/zero planted there is refused at once (F34)
+    try:  # a FIFO or a link to /dev/zero planted there is refused at once
         data, _ = safefile.read_tail(path, METRICS_SCAN_BYTES)
     except OSError:
         return None, None, None

@@ -24,7 +24,7 @@ from .awsapi import host_header, retry, sign_get, utc_now
 from .stage_plan import StageError, reason
 
 TIMEOUT_S = 60.0
-# A range that trickles in (audit F38: one byte a second kept one alive for ever, each read
+# A range that trickles in (one byte a second kept one alive for ever, each read
 # inside TIMEOUT_S) is cut and retried: when fewer than STALL_BYTES came in STALL_S (or
 # nothing did), or when it takes longer than RANGE_MIN_S plus its bytes at FLOOR_RATE. S3
 # serves one connection at tens of MB/s; a middlebox holding it open does not.

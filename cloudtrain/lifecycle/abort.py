@@ -29,7 +29,7 @@ class LaunchCancelled(CloudtrainError):
 
 def abort_launch(store, settings, provider, job, host, exc) -> str | None:
     """Undo a launch that cannot finish: stop the agent if it started, release the host
-    (terminating any instance), and record why. Nothing interrupts this (F15: a second
+    (terminating any instance), and record why. Nothing interrupts this (a second
     Ctrl-C once stopped the termination half-way); a failure to release is recorded and
     raised, naming the command that finishes the job. Returns what to say when the job goes
     on: a spot interruption took the instance of a recovering job (during sync, say), which
@@ -62,7 +62,7 @@ def abort_launch(store, settings, provider, job, host, exc) -> str | None:
             reason += f"; RELEASE FAILED: {release_exc}"
         store.set_state(job.id, state.CANCELLED if cancelled else state.FAILED,
                         reason=reason.splitlines()[0])
-        try:  # D20: what the instance's minutes cost, shown by status, not "-"
+        try:  # what the instance's minutes cost, shown by status, not "-"
             settle_cost(store, store.job(job.id))
         except Exception:  # a price lookup is not worth failing the cleanup over
             pass

@@ -49,7 +49,7 @@ def collect_files(store: Store, job: Job) -> bool:
             try:
                 data = host.read(f"{job.jobdir}/{name}")
             except NotRegularFile:
-                continue  # a FIFO or a link the job put there (F34): the rest comes home
+                continue  # a FIFO or a link the job put there: the rest comes home
             local.mkdir(parents=True, exist_ok=True)
             config.write_private(local / name, data)
         pulled = host.pull_tree(f"{job.jobdir}/checkpoints", local / "checkpoints",
@@ -90,7 +90,7 @@ def _note_local_outputs(store: Store, job: Job) -> None:
 
 
 def outputs_note(got, local: Path, settings: config.Settings) -> str:
-    """What came home of the job's named outputs (D39: a limit hit or a path not found is
+    """What came home of the job's named outputs (a limit hit or a path not found is
     said, never skipped silently)."""
     note = f"outputs: {got.files} files ({got.bytes / 1e6:.1f} MB) brought home to {local}"
     if got.over_limit:
@@ -124,7 +124,7 @@ def _collect_nodes(store: Store, job: Job) -> None:
                 try:
                     data = h.read(f"{jd}/{name}")
                 except NotRegularFile:
-                    continue  # a FIFO or a link the job put there (F34)
+                    continue  # a FIFO or a link the job put there
                 local.mkdir(parents=True, exist_ok=True)
                 config.write_private(local / name, data)
             h.write_text(f"{jd}/collected", str(time.time()))

@@ -197,9 +197,9 @@ def follow(store: Store, settings: config.Settings, job: Job, offset: int = 0,
 
 
 def ending(store: Store, job: Job) -> list[str]:
-    """What a followed job's end says (`launch -f`, `logs -f`): the one line on its outcome
-    (D38), and the job's outputs note where a declared output was not found or not brought
-    home (U53: it was only in `status JOB`'s timeline)."""
+    """What a followed job's end says (`launch -f`, `logs -f`): the one line on its outcome,
+    and the job's outputs note where a declared output was not found or not brought
+    home (it was only in `status JOB`'s timeline)."""
     lines = [f"job {job.id} {job.state}" + (f": {job.reason}" if job.reason else "")]
     note = next((e.detail for e in reversed(store.events(job.id)) if e.phase == "outputs"),
                 None)
@@ -210,7 +210,7 @@ def ending(store: Store, job: Job) -> list[str]:
 
 def for_logs(store: Store, settings: config.Settings, ref: str) -> Job:
     """The job whose output `logs` prints, refreshed (a job whose instance is gone is then
-    read from where its files went). One that never started has no output: why (D9)."""
+    read from where its files went). One that never started has no output: why."""
     job = refresh(store, settings, store.find_job(ref))
     if not job.active and not _ran(store, job):
         raise CloudtrainError(f"job {job.id} never started: {_why(job)}",
@@ -241,7 +241,7 @@ def _ended(job: Job) -> str:
 
 def _on_its_host(store: Store, settings: config.Settings, job: Job, action: str) -> Job:
     """The job, refreshed, if it is where `attach`/`ssh` can reach it; else the reason why
-    not (D8, D13): it never started, it has ended (but for its kept instance, U38; one handed
+    not: it never started, it has ended (but for its kept instance; one handed
     over: the job that has it now), or it has no host yet."""
     job = refresh(store, settings, job)
     if not job.active and not _ran(store, job):
@@ -278,7 +278,7 @@ def _node_host(job: Job, node: int) -> Host:
 @dataclass
 class Reach:
     """How `ssh` and `attach` reach a job's instance: the command line, and for an ended job's kept
-    instance (U38) what it bills and when it powers itself off (kept.facts_of)."""
+    instance what it bills and when it powers itself off (kept.facts_of)."""
     argv: list[str]
     kept: dict | None = None
 
@@ -286,8 +286,8 @@ class Reach:
 def attach_argv(store: Store, settings: config.Settings, job: Job,
                 terminal: bool = True, node: int = 0) -> Reach:
     """tmux's command line that attaches to the job's session (on node `node`). `terminal`:
-    whether this process has one (tmux needs it: "open terminal failed: not a terminal",
-    D40). After the job, on its kept instance (U38): a tmux session of its own there
+    whether this process has one (tmux needs it: "open terminal failed: not a terminal"). After the
+    job, on its kept instance: a tmux session of its own there
     (`ct-<job>-kept`, made on the first attach), which outlives a dropped connection."""
     job = _on_its_host(store, settings, job, "attach")
     if not terminal:
@@ -311,7 +311,7 @@ def ssh_argv(store: Store, settings: config.Settings, job: Job, node: int = 0,
              command: tuple[str, ...] = (), tty: bool = True) -> Reach:
     """The ssh line to a job's instance: a shell, or `command` run there (one word: shell
     code as written; several: each word quoted, as `launch -- CMD` treats them). A kept
-    instance is reached after its job ended, until it is terminated (U38)."""
+    instance is reached after its job ended, until it is terminated."""
     job = _on_its_host(store, settings, job, "ssh")
     facts = kept.facts_of(store, settings, job)
     if facts is not None:  # its files came home, its instance runs on: reached as launched

@@ -69,7 +69,7 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
     report = progress.of(say)
     provider = providers.get(spec.backend)
     provider.preflight(spec)
-    provider.ready(spec)  # U5: nothing is recorded for a launch that cannot start
+    provider.ready(spec)  # nothing is recorded for a launch that cannot start
     # The datasets are read before anything is created: a missing prefix stops here.
     if found is None:
         spec, found = read_datasets(spec, settings)
@@ -90,7 +90,7 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
         # from the first signal to the end of the cleanup.
         with lease.renewing(store.path, job.id), lease.signals_interrupt():
             start_attempt(store, settings, spec, provider, job, report, found, source, kept)
-    except NoCredentials as exc:  # U21: the way on that only a launch has
+    except NoCredentials as exc:  # the way on that only a launch has
         exc.hint = f"{exc.hint}; `cloudtrain launch --dry-run` works without"
         raise
     finally:

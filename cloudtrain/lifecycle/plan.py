@@ -48,13 +48,13 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
         except CloudtrainError as exc:
             data_rows = [("data", f"cannot be read, the launch would stop: {exc.message}")]
     renamed = None
-    if store is not None:  # D18, D29: the checks the launch makes on the name, --on, --resume-from
+    if store is not None:  # the checks the launch makes on the name, --on, --resume-from
         renamed = check_name(store, spec)
         spec, _ = kept_source(store, spec)
         resume_source(store, settings or config.Settings.load(), spec)
     rows = [("job", spec.display()), *_given_rows(spec),
             *providers.get(spec.backend).plan(spec), *data_rows]
-    if renamed is not None:  # U4: the name row says whose name it takes
+    if renamed is not None:  # the name row says whose name it takes
         rows = [("name", name_note(spec, renamed, launched=False)) if key == "name" else
                 (key, value) for key, value in rows]
     _, row = expected(spec, store)
@@ -66,7 +66,7 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
 
 
 def _given_rows(spec: JobSpec) -> list[tuple[str, str]]:
-    """U12: what the job takes besides its command, as the plan's rows: its name, the
+    """What the job takes besides its command, as the plan's rows: its name, the
     workdir's files (and those held back), setup's first line, the names of its envs and
     secrets (never a secret's value), its outputs; warnings on what the workdir sends."""
     rows = [("name", spec.name)] if spec.name else []
@@ -95,7 +95,7 @@ def _given_rows(spec: JobSpec) -> list[tuple[str, str]]:
 
 
 def _from_shell(taken) -> str:
-    """F39: what the dry run says of a value that comes from your environment (its name
+    """What the dry run says of a value that comes from your environment (its name
     only): and whether the launch asks first (a job file's, not one you typed)."""
     if taken is None:
         return ""
@@ -104,7 +104,7 @@ def _from_shell(taken) -> str:
 
 
 def taken_from_shell(spec: JobSpec):
-    """F39: the values a job file takes from this shell, as the question the launch asks in a
+    """The values a job file takes from this shell, as the question the launch asks in a
     terminal whatever -y says, and the error without one (job_env.Consent); None when the
     job file takes none (a typed --secret NAME is the user's own)."""
     return consent(spec.from_shell, spec.origins.get(""))
@@ -115,7 +115,7 @@ def question(spec: JobSpec, warn: Callable[[str], None] | None = None
     """What `launch` says and asks before it goes on: the price of the paid resources it
     creates, or why a run here would not finish (a GPU recipe on a machine without a GPU).
     `warn`: the plan's warnings are said through it at once (and left out of the question),
-    before the check that there are credentials to launch with (U5: before anything is asked
+    before the check that there are credentials to launch with (before anything is asked
     or recorded; a warning is neither)."""
     provider = providers.get(spec.backend)
     provider.preflight(spec)  # what cannot work is refused before anything is asked
@@ -124,7 +124,7 @@ def question(spec: JobSpec, warn: Callable[[str], None] | None = None
         for line in asked.warnings:
             warn(line)
         asked.warnings = []
-    provider.ready(spec)  # U5: nor is a launch asked about that cannot start (no credentials)
+    provider.ready(spec)  # nor is a launch asked about that cannot start (no credentials)
     return asked
 
 
@@ -150,7 +150,7 @@ def expected(spec: JobSpec, store: Store | None = None) -> tuple[JobSpec, object
 
 
 def check_name(store: Store, spec: JobSpec) -> Job | None:
-    """A name refers to one job (D18), the newest of that name (U4): a name held by a job
+    """A name refers to one job, the newest of that name: a name held by a job
     that has not finished is refused (`down NAME` would not know which); one held by a
     finished job moves to the new launch, so a job file with `name:` runs again and again.
     Returns the finished job that gives up the name, if any."""
@@ -168,7 +168,7 @@ def check_name(store: Store, spec: JobSpec) -> Job | None:
 
 
 def name_note(spec: JobSpec, taken: Job | None, launched: bool) -> str | None:
-    """What a launch says of a name it takes over from a finished job (U4)."""
+    """What a launch says of a name it takes over from a finished job."""
     if taken is None:
         return None
     if launched:
@@ -185,14 +185,14 @@ def read_datasets(spec: JobSpec, settings: config.Settings) -> tuple[JobSpec, li
 
 def warn_about_workdir(workdir: Path, include: tuple[str, ...],
                        say: Callable[[str], None] | None) -> None:
-    """F6, F27: a workdir that is the home directory, holds it, or holds cloudtrain's own is
+    """A workdir that is the home directory, holds it, or holds cloudtrain's own is
     synced without the credential-looking files (gitignore.CREDENTIAL_PATTERNS) but is almost
     surely a mistake: said with what is actually sent, what was held back, and what an
     --include sent anyway. Of any other workdir, the credential-looking files held back."""
     if say is None:
         return
     line = workdir_warning(workdir, include)
-    if line is None:  # any other workdir: what the sync leaves out, said (F27)
+    if line is None:  # any other workdir: what the sync leaves out, said
         held = survey(workdir, include).held_back
         line = f"{_held_back(held)} from the workdir (--include PATTERN sends one)" \
             if held else None
@@ -232,7 +232,7 @@ def _held_back(files: list[str], shown: int = 5) -> str:
 
 
 def credentials_sent(spec: JobSpec) -> str | None:
-    """F27: what `--include` sends that the sync would otherwise hold back, as the line the
+    """What `--include` sends that the sync would otherwise hold back, as the line the
     launch asks (in a terminal, whatever -y says) or warns with: each file named."""
     if not spec.workdir or not spec.include:
         return None

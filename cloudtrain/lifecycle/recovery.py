@@ -21,7 +21,7 @@ is skipped; with none anywhere the job waits in `recovering` and is tried again 
 Who does it: the supervisor (supervisor.py), a process of its own on the launching machine.
 Everything it knows is in the store (the job's state and attempts, attempts.py) and in EC2's
 tags (the attempt's instance), so a supervisor killed half-way is restarted and goes on: with
-the instance it had started, in whichever region that was, never beside it (F30).
+the instance it had started, in whichever region that was, never beside it.
 
 This module never imports boto3 or paramiko: the provider and the hosts do that.
 """
@@ -134,7 +134,7 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
 
 def _open_attempt_first(store: Store, provider, job: Job, attempt: Attempt,
                         order: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """F30: a supervisor killed mid-relaunch may have started the open attempt's instance in
+    """A supervisor killed mid-relaunch may have started the open attempt's instance in
     any place it tried, the first place or not. Before any place is tried again, those
     instances are looked up everywhere (by the attempt's tag, and where the store has the
     job's live instances); the relaunch goes on in the region of the one it started last

@@ -50,7 +50,7 @@ def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
     A job's secrets are read first, from a file that is then deleted (secrets.py). A
     recovering job's resumable recipe resumes where bootstrap.py left its RESUME marker (a
     replacement instance that restored a checkpoint)."""
-    # F1: nothing the user typed reaches this file outside shlex.quote; the one line that
+    # Nothing the user typed reaches this file outside shlex.quote; the one line that
     # names the job is JSON (newlines and control characters escaped) inside a comment.
     lines = ["#!/usr/bin/env bash", "set -e",
              "# cloudtrain job: " + json.dumps(spec.display())]

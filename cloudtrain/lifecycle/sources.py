@@ -34,7 +34,7 @@ CHECKPOINT_COPY_TIMEOUT_S = 3600.0  # `--on` with --resume-from: copying GBs on 
 def kept_source(store: Store, spec: JobSpec) -> tuple[JobSpec, Job | None]:
     """The job whose kept instance `--on` reuses: the one that holds it now (the job named,
     or the later job it was handed over to). Ended: this job takes the instance over. Running
-    (U39, a queue as SkyPilot's `exec`): this job waits behind it, and behind the jobs queued
+    (a queue as SkyPilot's `exec`): this job waits behind it, and behind the jobs queued
     there already, on the instance. What was found goes in the spec: the instance, its
     type, market, region and disk, the jobs ahead (spec.kept), and, unless given, the
     instance's idle time (its holder's); --on keeps the instance unless --no-keep said.
@@ -43,7 +43,7 @@ def kept_source(store: Store, spec: JobSpec) -> tuple[JobSpec, Job | None]:
         return spec, None
     settings = config.Settings.load()
     named = store.find_job(spec.on_job)
-    if named.active:  # learn of an end nobody has seen yet (D29)
+    if named.active:  # learn of an end nobody has seen yet
         named = refresh(store, settings, named)
     if named.backend != spec.backend:
         raise UsageError(f"--on {named.id}: that job ran on {named.backend}, not {spec.backend}")
@@ -94,13 +94,13 @@ def _on_the_instance(spec: JobSpec, settings: config.Settings, inst, holder: Job
 
 def resume_source(store: Store, settings: config.Settings, spec: JobSpec) -> Job | None:
     """The job whose checkpoints `--resume-from` takes: ended, the same recipe, started,
-    its checkpoint written with the arguments this run has (D33)."""
+    its checkpoint written with the arguments this run has."""
     if not spec.resume_from:
         return None
     # Refreshed first: a job whose instance went away unseen has its checkpoints in the job
     # store, and its end is learnt (and its files brought home) here.
     source = refresh(store, settings, store.find_job(spec.resume_from))
-    if source.active:  # refreshed just now (D12): it really is still running
+    if source.active:  # refreshed just now: it really is still running
         raise UsageError(f"--resume-from {source.id}: the job is still {source.state}",
                          hint=f"wait for its end (cloudtrain logs {source.id} --follow), or "
                               f"stop it: cloudtrain down {source.id}")
@@ -115,7 +115,7 @@ def resume_source(store: Store, settings: config.Settings, spec: JobSpec) -> Job
 
 def _check_resumable(source: Job, spec: JobSpec) -> None:
     """The arguments the recipe's checkpoint is tied to (recipe.yaml `resume_must_match`)
-    are the same in both jobs, checked before anything is launched (D33): the recipe itself
+    are the same in both jobs, checked before anything is launched: the recipe itself
     would refuse only once its instance is up, e.g. resnet9's "checkpoints/last.pt is for 2
     epochs, this run asks for 4"."""
     from .. import recipes

@@ -46,10 +46,10 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
     """Stop jobs: SIGTERM to the job, SIGKILL after the grace period; mark them cancelled and
     terminate their instances.
 
-    `down` is the kill switch, so it works whatever the host does (F4, F26): the graceful stop
+    `down` is the kill switch, so it works whatever the host does: the graceful stop
     is bounded, and the instance is then terminated by record and by tag through the cloud's
     API whether or not the stop worked. One job's failure never stops the others. `--all`
-    also terminates instances tagged as ours that no job in the store holds (F12: a lost or
+    also terminates instances tagged as ours that no job in the store holds (a lost or
     other machine's state), and a reference that is no job here may name such an instance's
     job. `say`: each graceful stop as it begins (the grace period can be minutes of silence).
     """
@@ -76,7 +76,7 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
         seen.add(job.id)
         try:
             outcomes.append(_stop_one(store, settings, job, grace, say))
-        except KeyboardInterrupt:  # U30: say what is left as it is
+        except KeyboardInterrupt:  # say what is left as it is
             rest = [j.id for j in targets if j.id not in seen]
             raise Interrupted(
                 f"job {job.id} may still be running: its stop had begun but not finished (it "
@@ -211,7 +211,7 @@ def _delete_groups(store: Store, job: Job) -> tuple[list[str], str | None]:
 def _stop_orphans(store: Store, refs: list[str] | None) -> list[tuple[str, StopOutcome]]:
     """Terminate live instances tagged as ours that no job in the store holds (all of them,
     or those whose job tag starts with one of `refs`), in every region the owner can have
-    one (F28: the store and config.yaml may be a fresh machine's). Without any AWS
+    one (the store and config.yaml may be a fresh machine's). Without any AWS
     configuration or credentials there is nothing to find, unless this store used AWS.
     Besides the instances: "sweep" outcomes that say which regions were checked, and each
     region that could not be (ok False: something may bill there)."""

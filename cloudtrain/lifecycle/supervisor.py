@@ -50,7 +50,7 @@ LOG = "supervisor.log"
 # command deletes it too once the supervisor holds its lock, or gives up. The tmux server it
 # runs under may be older than that shell, and have none of it.
 HANDOVER = ".supervisor-start-"
-LEGACY_ENV = "supervisor.env"  # where versions before F31 left it, secrets and all, for good
+LEGACY_ENV = "supervisor.env"  # where earlier versions left it, secrets and all, for good
 START_WAIT_S = 10.0
 IDLE_EXIT_S = 30.0  # with nothing to watch for this long, it leaves
 ENV_PREFIXES = ("AWS_", "CLOUDTRAIN_")
@@ -147,7 +147,7 @@ def start(home: Path | None = None) -> int | None:
     it holds the lock. Returns its pid, once it has said it (None if it has not within the
     wait: only a pid it wrote is a true one). What it needs of this process's environment (AWS
     settings, and credentials kept only there) is handed over in a private file that it
-    deletes at once; nothing of it stays on disk (F31)."""
+    deletes at once; nothing of it stays on disk."""
     import secrets
 
     from ..hosts import default_tmux_socket
@@ -300,7 +300,7 @@ def run(home: Path | None, handover: Path | None, round_: Round) -> int:
     say(f"supervisor {os.getpid()} watching {home}")
     try:
         # A config.yaml mistake made while it runs must not end the recovery: said in its
-        # log (once), that setting at its default (U7).
+        # log (once), that setting at its default.
         with config.tolerating(say):
             _loop(home, started, stopping, credentials, round_)
     except Stop:

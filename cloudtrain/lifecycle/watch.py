@@ -327,7 +327,7 @@ def _check_launcher(store: Store, job: Job) -> Job:
     release what it holds. Gone means its lease ran out (seen from any machine), or, on the
     launching machine itself, that its process no longer exists (seen at once).
 
-    F11: `job` is a snapshot, perhaps seconds old (status refreshes jobs one by one); the
+    `job` is a snapshot, perhaps seconds old (status refreshes jobs one by one); the
     launcher may since have finished the launch and exited. The job is failed only if it is
     still in the state the snapshot saw (compare-and-set), so a job that reached RUNNING is
     never touched here."""
@@ -345,7 +345,7 @@ def _check_launcher(store: Store, job: Job) -> Job:
     reason = f"the launching process died during {job.state}" if died else \
         f"the launch stopped answering during {job.state} (its lease expired)"
     if store.set_state(job.id, state.FAILED, reason=reason, detail=reason, expect=job.state):
-        # F14: it never ran, so even a --keep instance goes; it wrote nothing to collect.
+        # It never ran, so even a --keep instance goes; it wrote nothing to collect.
         finish(store, store.job(job.id), collect=False, force=True)
     return store.job(job.id)
 

@@ -243,7 +243,7 @@ class LocalProvider:
             rows.append(("nodes", f"{spec.nodes}: this machine (node 0, the rendezvous) and "
                                   + ", ".join(f"{u}@{h}:{p}" for u, h, p in
                                               listed[:spec.nodes - 1]) + " over SSH"))
-        if spec.kind == "recipe":  # D30: refused here as the launch refuses it
+        if spec.kind == "recipe":  # refused here as the launch refuses it
             gpus = self._host().gpu_count()
             procs = spec.processes(gpus)
             rows.append(("processes", f"{procs} ({gpus} GPU(s) here)" + (
@@ -253,9 +253,9 @@ class LocalProvider:
         return rows + [("max runtime", f"{spec.max_runtime_s / 60:g} min"), ("cost", "$0.00")]
 
     def question(self, spec) -> Question | None:
-        """D17: a GPU recipe's full run on a machine without a GPU would take hours (and be
+        """A GPU recipe's full run on a machine without a GPU would take hours (and be
         stopped at its max runtime): said, and asked, before it starts; Enter says no where
-        the run is predicted to fail (U15)."""
+        the run is predicted to fail."""
         from ..preflight import cpu_warning
 
         if spec.kind != "recipe" or spec.profile or self._host().gpu_count():

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "tests" / "review-codes.md"
@@ -54,7 +53,6 @@ def test_tests_readme_points_at_the_page():
     assert "review-codes.md" in (REPO / "tests" / "README.md").read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="stripped after the issue-35 merges")
 def test_no_review_code_in_the_source():
     """Codes belong in the tests' names and docstrings; cloudtrain/ says what it does and why."""
     found = _codes("cloudtrain", IN_SOURCE)

@@ -68,7 +68,7 @@ def adopt(aws: AwsSession, store: Store, kept: Job, job: Job) -> SSHHost:
 
 def host_for(job: Job) -> SSHHost:
     info = job.host or {}
-    if not info.get("host"):  # the launch never got as far as an instance's address (D8)
+    if not info.get("host"):  # the launch never got as far as an instance's address
         raise UsageError(f"job {job.id} has no instance" + (f" ({job.reason})"
                                                              if job.reason else ""),
                          hint=f"cloudtrain status {job.id}")

@@ -1,5 +1,5 @@
 """Boot: waiting for a requested instance to run and answer SSH, and its SSH host key
-checked against the fingerprints it printed on its console (F5, F37)."""
+checked against the fingerprints it printed on its console."""
 
 from __future__ import annotations
 
@@ -78,8 +78,8 @@ def _check_host_key(aws: AwsSession, store: Store, job: Job, region: str, instan
                     host: SSHHost, instance_type: str | None,
                     report: Reporter = SILENT) -> bool:
     """Accept the key the SSH server presented only if the instance listed its
-    fingerprint on the console (F5). Called as SSH answers: the fingerprints are waited
-    for from then on (fingerprint_window, F37), then the key is trusted on first use, said
+    fingerprint on the console. Called as SSH answers: the fingerprints are waited
+    for from then on (fingerprint_window), then the key is trusted on first use, said
     at launch as a WARNING, or with `host_key_policy: strict` refused (the instance is
     then terminated like on any failed launch). Recorded in the job's timeline either
     way; a key that is not on a list is refused before anything is sent to the host."""

@@ -366,7 +366,7 @@ def contents(s3, bucket: str, prefix: str) -> Contents:
 def _stored_shards(s3, bucket: str, prefix: str, manifest: shards.Manifest) -> list[int]:
     """The manifest's shards' sizes as S3 lists them, in its order; a CloudtrainError when one
     is missing or not the size the manifest gives it. The manifest is bucket content, and
-    whoever can write the bucket can write any numbers in it (F29): a disk, a max runtime
+    whoever can write the bucket can write any numbers in it: a disk, a max runtime
     and a power-off timer sized from them would be whatever they say."""
     folder = shard_key(prefix.strip("/"), "")
     listed: dict[str, int] = {}

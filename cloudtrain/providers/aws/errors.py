@@ -221,7 +221,7 @@ def _error_document(protocol: str, code: str, message: str) -> bytes:
 
 def no_credentials() -> NoCredentials:
     """No credentials anywhere in botocore's chain (a launch adds that its dry run needs
-    none: jobs.launch; other commands, data push, have no such way on, U21)."""
+    none: jobs.launch; other commands, data push, have no such way on)."""
     return NoCredentials(
         "no AWS credentials found",
         hint="run `aws configure`, or set AWS_PROFILE (or AWS_ACCESS_KEY_ID and "

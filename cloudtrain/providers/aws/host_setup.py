@@ -15,7 +15,7 @@ from .session import AwsSession
 def setup(aws: AwsSession, host: SSHHost) -> None:
     """The host has what the agent needs: python3 (3.8+) and tmux. Without tmux, wait
     (bounded) for user-data to finish installing it rather than race its apt-get: SSH
-    answers long before cloud-init's final stage has run user-data (F16)."""
+    answers long before cloud-init's final stage has run user-data."""
     probe = ("command -v /opt/pytorch/bin/python || command -v python3; "
              "printf 'tmux:'; command -v tmux")
     found = host.run(probe, check=False).stdout.splitlines()
@@ -64,7 +64,7 @@ def data_dir(aws: AwsSession, host: SSHHost | None = None) -> str:
 def agent_settings(aws: AwsSession, spec) -> dict:
     """What the agent on this host does beyond the job: watch the spot interruption
     notice (spot only), and move the instance's power-off timer (user-data armed it for
-    the first job only, F16): `argv + [start_minutes]` at job start, and on a kept
+    the first job only): `argv + [start_minutes]` at job start, and on a kept
     instance `argv + [idle_minutes]` at job end."""
     settings = {"rearm": {
         "argv": ["sudo", "-n", REARM_PATH],

@@ -1,4 +1,4 @@
-"""The instance's SSH host key, checked against what the instance itself printed (F5).
+"""The instance's SSH host key, checked against what the instance itself printed.
 
 cloud-init's keys-to-console module prints the host key fingerprints to the serial console at
 first boot, which EC2 serves through GetConsoleOutput (base64) to whoever may call it for that
@@ -21,7 +21,7 @@ import hashlib
 import re
 
 # How long acquire waits for the fingerprints to appear in the console output, counted from
-# the moment SSH answers (F37): keys-to-console runs in cloud-final after user-data
+# the moment SSH answers: keys-to-console runs in cloud-final after user-data
 # (scripts-user), so sshd is up before the keys are printed. Never longer than the SSH wait.
 FINGERPRINT_WAIT_S = 120.0
 # Xen instances have no live console buffer (GetConsoleOutput's Latest is Nitro-only): EC2

@@ -29,13 +29,13 @@ def preflight(aws: AwsSession, spec):
 
 def ready(aws: AwsSession, spec) -> None:
     """What a real launch needs beyond the dry run, checked before it asks or records
-    anything (U5): credentials to launch with. The dry run works without them."""
+    anything: credentials to launch with. The dry run works without them."""
     if spec.on_job:
         return
     region = aws.region(spec)
     if aws.credentials(region) is None:
         exc = no_credentials()
-        exc.hint = f"{exc.hint}; `cloudtrain launch --dry-run` works without"  # U21
+        exc.hint = f"{exc.hint}; `cloudtrain launch --dry-run` works without"
         raise exc
 
 
@@ -58,7 +58,7 @@ def check_type(aws: AwsSession, spec, region: str) -> type_checks.TypeFacts:
         return type_checks.instance_type(spec.instance_type, region, cpu_ok=spec.cpu_only,
                                        ami_arch=ami_arch, describe=describe,
                                        offered=offered)
-    except UsageError as exc:  # U11: a job file's `instance:` is named where it is
+    except UsageError as exc:  # a job file's `instance:` is named where it is
         raise named_at(exc, getattr(spec, "origins", {}).get("instance_type"),
                        "--instance") from None
 

@@ -231,7 +231,7 @@ def attempt_instances(aws: AwsSession, store: Store, job: Job, attempt: int,
                       regions: list[str]) -> dict[str, list[str]]:
     """Every live instance of this attempt of the job, by region, found by its attempt tag
     in each of `regions` and in every region the store has a live instance of the job
-    in: a supervisor killed mid-relaunch may have left one in any place it tried (F30).
+    in: a supervisor killed mid-relaunch may have left one in any place it tried.
     Recorded if the store did not know them."""
     where = set(regions) | {i.region for i in store.instances(job.id)
                             if i.region and i.state != "terminated"}

@@ -38,7 +38,7 @@ def ec2_transition_time(reason: str) -> float | None:
     return float(calendar.timegm(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")))
 
 
-# A sweep asks every region the owner can have instances in (F28): this many at once, and
+# A sweep asks every region the owner can have instances in: this many at once, and
 # for at most this long in all (a region that has not answered by then is said unchecked).
 SWEEP_WORKERS = 16
 SWEEP_WAIT_S = 60.0
@@ -83,7 +83,7 @@ def release(aws: AwsSession, store: Store, job: Job, force: bool = False) -> Non
     stays until `cloudtrain down` (force)."""
     events = [e.phase for e in store.events(job.id)]
     # --keep keeps an instance that ran the job; one that never did (the launch failed or
-    # its launcher died, F14) goes like any other.
+    # its launcher died) goes like any other.
     if job.keeps_instance and not force and job.state != "cancelled" \
             and "running" in events:
         return
@@ -101,7 +101,7 @@ def release(aws: AwsSession, store: Store, job: Job, force: bool = False) -> Non
     # RunInstances went unanswered (timeout, dropped connection, 5xx, interrupted): an
     # instance may exist that the store never heard of, and DescribeInstances is
     # eventually consistent, so a seconds-old instance can be missing from a tag lookup.
-    # Look again, bounded, until it shows up (F12).
+    # Look again, bounded, until it shows up.
     lost = UNANSWERED in events and not recorded
     until = time.monotonic() + RELEASE_LOOKUP_S if lost else None
     for region in regions:
@@ -250,7 +250,7 @@ def record_ends(aws: AwsSession, store: Store, job: Job) -> None:
 
 def regions_in_use(aws: AwsSession, store: Store | None) -> set[str]:
     """The regions the store has instances in, plus the one launches use (the built-in
-    default included: it is where a job goes when nothing names a region, F28)."""
+    default included: it is where a job goes when nothing names a region)."""
     regions = {r["region"] for r in store.db.execute(
         "SELECT DISTINCT region FROM instances WHERE provider = 'aws' AND region IS NOT NULL")
     } if store is not None else set()
@@ -340,8 +340,8 @@ def orphans(aws: AwsSession, store: Store) -> Sweep:
     instance is kept on purpose), its dataset volumes left unattached, and the Auto
     Scaling groups and launch templates of jobs that hold none (kind "group",
     "launch-template"; groups.py): what `down
-    --all` terminates when the local state was lost or never learned of an instance
-    (F12, F28). Sweep.found is the list; Sweep.unchecked the regions not asked."""
+    --all` terminates when the local state was lost or never learned of an instance.
+    Sweep.found is the list; Sweep.unchecked the regions not asked."""
     rows = store.db.execute(
         "SELECT id, job_id FROM instances WHERE provider = 'aws' AND state != 'terminated'")
     held_rows = [r for r in rows if _holds(store.job(r["job_id"]), store)]

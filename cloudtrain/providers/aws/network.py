@@ -55,7 +55,7 @@ def ssh_cidr(aws: AwsSession) -> str:
 
 def ssh_rule_description() -> str:
     """The description of this machine's SSH rule: one rule per launching machine, so a
-    new address replaces the machine's old rule instead of piling up beside it (F9)."""
+    new address replaces the machine's old rule instead of piling up beside it."""
     machine = hashlib.sha256(f"{socket.gethostname()}|{config.home()}".encode()).hexdigest()
     return f"cloudtrain SSH {machine[:12]}"
 

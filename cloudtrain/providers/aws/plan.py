@@ -34,12 +34,12 @@ def price_rows(aws: AwsSession, spec, region: str | None = None) -> list[tuple[s
 
 
 def at_most(aws: AwsSession, spec, t: catalog.InstanceType, region: str) -> str:
-    """The most the job can cost (U9), and what that assumes: every attempt (1 +
+    """The most the job can cost, and what that assumes: every attempt (1 +
     --max-restarts for a recovering spot job), each of its instances billed until
     user-data powers it off (the max runtime + RUNTIME_MARGIN_MIN, whatever the agent
     does), at the dearest price it may get (spot: the region's dearest AZ in the catalog,
     or --max-price; a relaunch: the dearest place it may go, on demand with --fallback),
-    with its volumes (F29)."""
+    with its volumes."""
     n = max(1, int(spec.nodes or 1))
     minutes = billed_minutes(aws, spec)
     attempts = 1 + spec.max_restarts if spec.recover else 1
@@ -174,7 +174,7 @@ def question(aws: AwsSession, spec) -> Question | None:
 
 
 def warnings(spec, region: str) -> list[str]:
-    """What the plan and the launch say before anything is bought (U23): a --max-price
+    """What the plan and the launch say before anything is bought: a --max-price
     below the catalog's cheapest spot price of the type there."""
     t = catalog.get(spec.instance_type) if spec.instance_type else None
     cheapest = t.price(region, "spot") if t is not None else None
@@ -285,7 +285,7 @@ def _plan_lifecycle(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]
                                      "on-demand (the supervisor here does that only for "
                                      "the jobs it relaunches)"))
         else:
-            # U42: who relaunches (the cause), then what would let AWS do it
+            # Who relaunches (the cause), then what would let AWS do it
             rows.append(("recovery", f"on a spot interruption the job continues from its "
                                      f"last checkpoint (streamed to the job store) on {new},"
                                      f" at most {spec.max_restarts} times, in {where}; "
@@ -307,7 +307,7 @@ def _plan_checks(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]:
                      if not spec.ami else spec.ami))
         rows.append(("permissions", "not checked: no AWS credentials (this plan needs none)"))
         return rows
-    step = "AZs to try"  # D31: a failure is said under the row it is about
+    step = "AZs to try"  # a failure is said under the row it is about
     try:
         zones = network.subnets(aws, region)
         zones = network.order_zones(zones, spec.instance_type, region, spec.market)

@@ -68,7 +68,7 @@ def upload_bundle(aws: AwsSession, store: Store, job: Job, spec, parts: list[tup
 def ensure_job_store(aws: AwsSession, region: str, owner_key: str | None = None) -> tuple[str, bool]:
     """The job store's bucket in `region`, checked with one listing of the caller's own
     prefix (`owner_key`: the job's, by default the caller's), or created and locked down
-    by whoever may (F32: a one-time administrator's step): (bucket, created now). S3's
+    by whoever may (a one-time administrator's step): (bucket, created now). S3's
     refusals are said with the action refused (AWSError)."""
     import botocore.exceptions
 

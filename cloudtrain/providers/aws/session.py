@@ -79,7 +79,7 @@ class AwsSession:
         """The job's region and where it came from, the same way for every command: --region,
         `region:` in config.yaml, AWS_REGION, AWS_DEFAULT_REGION, the AWS profile's; else
         us-east-1 (the catalog's and estimate's default), said as such. botocore itself reads
-        AWS_DEFAULT_REGION only (D2), so AWS_REGION is read here."""
+        AWS_DEFAULT_REGION only, so AWS_REGION is read here."""
         if spec is not None and spec.region:
             source = "--region"
             region = spec.region
