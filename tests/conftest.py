@@ -374,6 +374,22 @@ def pytest_terminal_summary(terminalreporter):
           "anything billing")
 
 
+def store_of_version(path: Path, version: int, job_row: str, *params):
+    """A cloudtrain store at schema `version` (its first migrations only) holding one job,
+    inserted by the SQL `job_row` with `params`: what an earlier cloudtrain left."""
+    import sqlite3
+
+    from cloudtrain import state_schema
+
+    db = sqlite3.connect(path, isolation_level=None)
+    for migration in state_schema.MIGRATIONS[:version]:
+        migration(db)
+    db.execute(f"PRAGMA user_version = {int(version)}")
+    db.execute(job_row, params)
+    db.close()
+    return path
+
+
 def unix_time(text: str) -> float:
     """Unix seconds of a moment as every --json output gives it (ISO 8601 in UTC, `...Z`)."""
     import datetime

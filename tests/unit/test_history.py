@@ -9,13 +9,13 @@ import json
 import os
 import random
 import shutil
-import sqlite3
 
 import pytest
 
 from cloudtrain import history, job_views, state, state_schema
 from cloudtrain.errors import UsageError
 from cloudtrain.state import Instance, Store
+from conftest import store_of_version
 
 NOW = 2_000_000_000.0  # a fixed "now" (2033): every age below is relative to it
 DAY = 86400.0
@@ -666,14 +666,10 @@ def test_plan_and_summary_text(store, ct_home):
 
 def test_migration_6_keeps_a_version_5_store(tmp_path):
     """issue 16: a store of schema 5 opens with the history indexes added and its jobs kept."""
-    path = tmp_path / "v5.db"
-    db = sqlite3.connect(path, isolation_level=None)
-    for migration in state_schema.MIGRATIONS[:5]:
-        migration(db)
-    db.execute("PRAGMA user_version = 5")
-    db.execute("INSERT INTO jobs (id, kind, command, backend, state, created_at, spec) "
-               "VALUES ('abcd1234', 'command', 'true', 'local', 'running', 1.0, '{}')")
-    db.close()
+    path = store_of_version(
+        tmp_path / "v5.db", 5,
+        "INSERT INTO jobs (id, kind, command, backend, state, created_at, spec) "
+        "VALUES ('abcd1234', 'command', 'true', 'local', 'running', 1.0, '{}')")
     store = Store(path)
     assert store.db.execute("PRAGMA user_version").fetchone()[0] == state_schema.SCHEMA_VERSION
     assert _ids(history.select(store, now=NOW)[0]) == ["abcd1234"]

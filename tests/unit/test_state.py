@@ -10,6 +10,7 @@ from cloudtrain.errors import NotFound, UsageError
 from cloudtrain.job_spec import JobFacts, JobSpec
 from cloudtrain.market import Market
 from cloudtrain.state import Store
+from conftest import store_of_version
 
 
 @pytest.fixture
@@ -123,15 +124,11 @@ def test_a_job_stored_by_the_previous_version_loads_with_its_facts_found_in_its_
     """issue 35: a store of schema 6 whose job kept the per-attempt facts in its spec opens;
     the spec reads as what the user asked, and the facts (the job store's owner, the Auto
     Scaling group, the queued job it keeps its instance for) are found where it kept them."""
-    path = tmp_path / "v6.db"
-    db = sqlite3.connect(path, isolation_level=None)
-    for migration in state_schema.MIGRATIONS[:6]:
-        migration(db)
-    db.execute("PRAGMA user_version = 6")
-    db.execute("INSERT INTO jobs (id, name, kind, command, backend, state, created_at, spec) "
-               "VALUES ('abcd1234', 'old', 'command', 'python train.py', 'aws', 'running', "
-               "1.0, ?)", (json.dumps(OLD_SPEC),))
-    db.close()
+    path = store_of_version(
+        tmp_path / "v6.db", 6,
+        "INSERT INTO jobs (id, name, kind, command, backend, state, created_at, spec) "
+        "VALUES ('abcd1234', 'old', 'command', 'python train.py', 'aws', 'running', 1.0, ?)",
+        json.dumps(OLD_SPEC))
     with Store(path) as store:
         job = store.job("abcd1234")
         assert isinstance(job.spec, JobSpec) and job.spec.market is Market.SPOT
