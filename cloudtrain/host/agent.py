@@ -167,6 +167,7 @@ class Agent:
     def reap_orphans(self):
         """Collect the exit status of re-parented orphans (not the job's own bash, which
         Popen waits for), so none stays a zombie."""
+        assert self.proc is not None  # called once run.sh started
         for pid in descendants(os.getpid()):
             if pid != self.proc.pid and "zombie" in proc_state(pid):
                 try:
@@ -333,6 +334,7 @@ class Agent:
         """Until run.sh ends: the maximum runtime, the SIGKILL after the grace period, the
         heartbeat and the checkpoint stream's record."""
         next_beat = started + self.heartbeat_s
+        assert self.proc is not None  # run.sh started
         while self.proc.poll() is None:
             t = now()
             if (self.max_runtime_s and self.stop_reason is None
@@ -354,7 +356,7 @@ class Agent:
         deadline = now() + 5
         while now() < deadline:
             self.reap_orphans()
-            if not [p for p in descendants(os.getpid()) if p != self.proc.pid]:
+            if not [p for p in descendants(os.getpid()) if self.proc is None or p != self.proc.pid]:
                 break
             time.sleep(POLL_S)
 
@@ -364,6 +366,7 @@ class Agent:
         a job on several nodes of a group): a run left to meet the others, or failed with
         nobody asking, is kept in self.held_end and status.json still says running, until
         regroup.Team.again decides whether a lost peer was the cause."""
+        assert self.proc is not None  # run.sh ended
         exit_code, exit_reason = describe_exit(self.proc.returncode)
         if self.stop_reason is not None:
             state, reason = self.stop_state, self.stop_reason

@@ -159,7 +159,7 @@ class StoreUploads:
         if grant is None:
             return None
         box = {}
-        options = {} if include_checkpoints else {"include_checkpoints": False}
+        options: dict[str, object] = {} if include_checkpoints else {"include_checkpoints": False}
         outputs = self.settings.get("outputs")
         if isinstance(outputs, list) and outputs:
             options["outputs"] = [str(o) for o in outputs]
@@ -177,6 +177,7 @@ class StoreUploads:
         worker.start()
         worker.join(timeout=limit)
         result = box.get("result")
+        error: str | None
         if worker.is_alive():
             error = "the upload did not finish in %s" % fmt_duration(limit)
         elif "error" in box:

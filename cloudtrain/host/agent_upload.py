@@ -221,7 +221,7 @@ class _HTTPHandler(urllib.request.HTTPHandler):
 class _HTTPSHandler(urllib.request.HTTPSHandler):
     def https_open(self, req):
         return self.do_open(functools.partial(http.client.HTTPSConnection, blocksize=CHUNK),
-                            req, context=self._context)
+                            req, context=self._context)  # type: ignore[attr-defined]  # HTTPSHandler's own, not in its stub
 
 
 # http.client sends a file body in 8 KiB blocks by default: 1 MiB blocks send a checkpoint
@@ -301,7 +301,8 @@ def upload_job(jobdir, grant, timeout_s=60.0, include_checkpoints=True, outputs=
     stream/latest.json names it); the manifest then says "checkpoints_in_stream": true.
     `outputs`: the job's named outputs, uploaded after the checkpoints (job_files)."""
     started = time.time()
-    result = {"ok": False, "files": 0, "bytes": 0, "error": None, "seconds": 0.0}
+    result: dict[str, object] = {"ok": False, "files": 0, "bytes": 0, "error": None,
+                                 "seconds": 0.0}
     try:
         _upload(jobdir, grant, started + float(timeout_s), result, include_checkpoints,
                 outputs)
@@ -315,7 +316,7 @@ def _upload(jobdir, grant, deadline, result, include_checkpoints=True, outputs=(
     prefix = grant["prefix"]
     limit = min(POST_MAX_BYTES, int(grant.get("max_bytes") or POST_MAX_BYTES))
     files, not_sent = job_files(jobdir, include_checkpoints, outputs)
-    manifest = {"version": MANIFEST_VERSION, "files": [],
+    manifest: dict = {"version": MANIFEST_VERSION, "files": [],
                 "skipped": [{"path": rel, "reason": why} for rel, why in not_sent]}
     if not include_checkpoints:
         manifest["checkpoints_in_stream"] = True

@@ -46,10 +46,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from xml.etree import ElementTree
+from typing import TYPE_CHECKING
 
 from .agent_upload import ERROR_BODY_BYTES, aws_error
 from .awsapi import IMDS_URL, imds_get, imds_token, retry, sign_request, utc_now
 from .stage_plan import StageError
+
+if TYPE_CHECKING:  # 3.10's; the instance's Python may be older
+    from typing import TypeGuard
 
 FINAL = "final.json"
 ATTEMPTS = "attempts/"
@@ -89,7 +93,7 @@ def progress_key(prefix, n):
     return "%s%s%d/%s" % (prefix, ATTEMPTS, n, PROGRESS)
 
 
-def _count(value):
+def _count(value) -> "TypeGuard[int]":
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -154,7 +158,8 @@ def attempt_doc(n, ident, by="bootstrap", started_at=None):
 def attempt_number(job):
     """The attempt job.json's env says this run is (CLOUDTRAIN_ATTEMPT, which the launch and
     bootstrap.py write), or None where it says none."""
-    env = job.get("env") if isinstance(job, dict) and isinstance(job.get("env"), dict) else {}
+    env = job.get("env") if isinstance(job, dict) else None
+    env = env if isinstance(env, dict) else {}
     text = str(env.get("CLOUDTRAIN_ATTEMPT", "")).strip()
     return int(text) if text.isdigit() and len(text) < 7 and int(text) > 0 else None
 

@@ -198,7 +198,7 @@ class RoleCredentials:
         self.imds = imds_url.rstrip("/")
         self.clock = clock
         self.lock = threading.Lock()
-        self.creds = None
+        self.creds: dict | None = None
         self.expires = 0.0
 
     def _ask(self, fn, *args):
@@ -244,6 +244,7 @@ class RoleCredentials:
     def get(self) -> dict:
         with self.lock:
             if self.creds is None or self.expires - self.clock() < REFRESH_S:
-                self.creds = self._fetch()
-                self.expires = self.creds["Expiration"]
+                creds = self.creds = self._fetch()
+                self.expires = creds["Expiration"]
+                return creds
             return self.creds

@@ -91,7 +91,9 @@ def unpack(data, digest, folder):
             if not member.isreg() or not _plain(parts[-1]) \
                     or parts[:-1] not in ([], [SHIPPED_AS]):
                 raise BootError("the boot files hold %r: not a plain file" % member.name[:80])
-            body = tar.extractfile(member).read()
+            f = tar.extractfile(member)
+            assert f is not None  # a regular file, checked above
+            body = f.read()
             if len(parts) == 2:
                 os.makedirs(os.path.join(folder, SHIPPED_AS), mode=0o700, exist_ok=True)
             path = os.path.join(folder, *parts)

@@ -20,12 +20,16 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import TYPE_CHECKING
 
 from . import safefile
 from .stage_fetch import Fetcher, Source
 from .stage_plan import StageError
 from . import SHIPPED_AS
 from .awsapi import IMDS_URL, RoleCredentials, object_url, sign_get, utc_now
+
+if TYPE_CHECKING:  # 3.10's; the instance's Python may be older
+    from typing import TypeGuard
 
 # The bundle's layout below the job's prefix (the orchestrator imports these).
 BUNDLE = "bundle/"
@@ -83,7 +87,7 @@ class Failed(Exception):
         self.code = code
 
 
-def _size(value):
+def _size(value) -> "TypeGuard[int]":
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -250,9 +254,9 @@ class Bundle:
         text = body.decode("utf-8", "replace")
         found = {}
         for item in re.findall(r"<Contents>(.*?)</Contents>", text, re.S)[:limit]:
-            key = re.search(r"<Key>([^<]*)</Key>", item)
+            named = re.search(r"<Key>([^<]*)</Key>", item)
             size = re.search(r"<Size>([0-9]{1,15})</Size>", item)
-            key = key and html.unescape(key.group(1))
+            key = named and html.unescape(named.group(1))
             if key and size and key.startswith(prefix) and KEY.fullmatch(key):
                 found[key] = int(size.group(1))
         return found

@@ -17,8 +17,12 @@ import math
 import os
 import re
 import stat
+from typing import TYPE_CHECKING
 
 from . import agent_upload
+
+if TYPE_CHECKING:  # 3.10's; the instance's Python may be older
+    from typing import TypeGuard
 
 STREAM = "stream/"
 LATEST = "latest.json"
@@ -46,7 +50,7 @@ def checkpoint_files(jobdir):
     writes `.last.pt.tmp-<pid>`), not entered through links, with portable names. Whether each
     is a regular file is for the caller's lstat/fstat to say."""
     root = os.path.join(jobdir, CHECKPOINTS)
-    found = []
+    found: list[tuple[str, str]] = []
     if os.path.islink(root) or not os.path.isdir(root):
         return found
     for top, dirs, names in os.walk(root):  # followlinks=False
@@ -115,7 +119,7 @@ def step_from_metrics(data):
     return None
 
 
-def is_int(value, low=None):
+def is_int(value, low=None) -> "TypeGuard[int]":
     """An int (not a bool), at least `low` when given."""
     return (isinstance(value, int) and not isinstance(value, bool)
             and (low is None or value >= low))
@@ -153,7 +157,8 @@ def check_manifest(doc):
     files = doc.get("files")
     if not isinstance(files, list) or len(files) > MAX_FILES:
         return "files is not a list of at most %d entries" % MAX_FILES
-    seen, total = set(), 0
+    seen: set[str] = set()
+    total = 0
     for item in files:
         if not isinstance(item, dict):
             return "a files entry is not an object"

@@ -141,7 +141,7 @@ class _Snapshot(object):
 
     def __init__(self, jobdir):
         self.taken_at = time.time()
-        self.files = []
+        self.files: list[tuple] = []
         self.checkpoints = 0
         try:
             for rel, path in checkpoint_files(jobdir):
@@ -243,7 +243,7 @@ class Streamer(object):
         self._slot = start_slot if start_slot in SLOTS else None
         self._good = None  # the record of that snapshot, and the checkpoints it holds
         self._good_sig = None
-        self._pending = None  # a manifest whose POST failed: S3 may or may not have it
+        self._pending: tuple | None = None  # a manifest whose POST failed: S3 may or may not have it
         self._failed_sig, self._retry_at = None, 0.0
         self._inflight = None  # the signature being uploaded
         self._moved = False  # the last upload failed only because a file was written to
@@ -467,6 +467,7 @@ class Streamer(object):
         """POST latest.json for a snapshot whose files are all stored. Until that succeeds
         neither slot is written: S3 may have taken a manifest whose answer was lost, so
         either slot may be the one it names."""
+        assert self._pending is not None  # called with one pending
         manifest, sig, rec = self._pending
         data = json.dumps(manifest, sort_keys=True).encode("utf-8")
         agent_upload._post_with_retries(self.grant, self.grant["prefix"] + STREAM + LATEST,

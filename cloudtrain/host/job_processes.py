@@ -108,7 +108,8 @@ def proc_stat(pid):
 def descendants(root, with_start=False):
     """Every process below `root` in the process tree (from /proc; [] without it); with
     `with_start`, [pid, start time] pairs."""
-    children, start = {}, {}
+    children: dict[int, list[int]] = {}
+    start: dict[int, int] = {}
     try:
         names = os.listdir("/proc")
     except OSError:

@@ -195,7 +195,7 @@ def mine(ident, rank):
 def group_peers(conf, creds, say=None):
     """meet's `peers`: {instance: private address} of what EC2 lists in the job's group now
     (auto_scaling.group_instances), or None, said once, when it cannot be asked."""
-    said = []
+    said: list[str] = []
 
     def peers():
         listed, why = auto_scaling.group_instances(conf, creds)
@@ -251,7 +251,7 @@ def meet(reader, grant, prefix, at_least, nodes, me, peers, wait_s=REPLACE_WAIT_
     Failed(EXIT_ENDED) once final.json is there; Failed(EXIT_STORE) after `wait_s` without
     the attempt, or `meet_s` without all of its nodes."""
     say = say or (lambda line: None)
-    start, joined, since, n = time.time(), None, None, at_least - 1
+    start, joined, since, n = time.time(), None, 0.0, at_least - 1  # since: set on joining
     while True:
         if ended(reader, prefix):
             raise Failed(EXIT_ENDED, "the job has ended (final.json) while its nodes met")

@@ -104,7 +104,7 @@ def shard_name(index: int) -> str:
 # -- planning -----------------------------------------------------------------------------
 
 
-def scan(root: Path) -> tuple[list[FileEntry], list[tuple[str, str]]]:
+def scan(root: str | Path) -> tuple[list[FileEntry], list[tuple[str, str]]]:
     """Every regular file below `root` (sorted by relative path; a link to a file inside root
     counts as that file), and (path, why) for what is left out. A link that points outside
     root is refused: the tree would not be what the user sees."""
@@ -205,7 +205,8 @@ def write_shard(root: Path, shard: ShardPlan, fileobj=None) -> ShardEntry:
     """The shard's tar into `fileobj` (None: only hashed), streamed a megabyte at a time.
     A file that changed size since the plan is a ValueError: the push would not be the tree."""
     out = _Hashing(fileobj)
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT,
+    # A stream mode writes only: the stub's file type also asks for read, seek and tell.
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT,  # type: ignore[call-overload]
                       encoding="utf-8", bufsize=CHUNK) as tar:
         for f in shard.files:
             info = tarfile.TarInfo(f.path)
@@ -449,7 +450,7 @@ class _ShardMember(tarfile.TarInfo):
         if self.type in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME) and \
                 self.size > MAX_PAX_HEADER:
             raise tarfile.HeaderError("an extended header of %d bytes" % self.size)
-        return super()._proc_member(tarfile_)
+        return super()._proc_member(tarfile_)  # type: ignore[misc]  # tarfile's private hook
 
 
 def _unpack(src, work: str, entry: ShardEntry) -> list[tuple[str, int]]:
@@ -459,7 +460,8 @@ def _unpack(src, work: str, entry: ShardEntry) -> list[tuple[str, int]]:
     seen: set[str] = set()
     data = 0
     try:
-        with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", errors="strict",
+        # A stream mode reads only: the stub's file type also asks for write, seek and tell.
+        with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", errors="strict",  # type: ignore[call-overload]
                           bufsize=CHUNK, tarinfo=_ShardMember) as tar:
             for member in tar:
                 if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
@@ -552,7 +554,7 @@ def _place(work: str, root: str, names: list[tuple[str, int]]) -> None:
         raise
 
 
-def extract_shard(fileobj, dest: Path, entry: ShardEntry) -> int:
+def extract_shard(fileobj, dest: str | Path, entry: ShardEntry) -> int:
     """Read the shard from `fileobj` into `dest` (files only appear once the whole shard
     matched entry's bytes and sha256); returns the number of files. On a mismatch nothing of
     the shard remains and a ValueError names it. Existing files of the same names are
@@ -570,7 +572,7 @@ def extract_shard(fileobj, dest: Path, entry: ShardEntry) -> int:
     return len(names)
 
 
-def verify_tree(dest: Path, manifest: Manifest) -> None:
+def verify_tree(dest: str | Path, manifest: Manifest) -> None:
     """The staged tree holds exactly the manifest's number of files and bytes (a stat per
     file; the contents were checked shard by shard as they came in). ValueError otherwise."""
     files, _ = scan(dest)

@@ -102,7 +102,7 @@ class Fetcher:
         self.stop = stop
         self.backoff_s = backoff_s
         self.local = _Connections()
-        self.active = set()  # connections in use, shut down to stop promptly
+        self.active: set = set()  # connections in use, shut down to stop promptly
         self.active_lock = threading.Lock()
 
     # - connections --------------------------------------------------------------------

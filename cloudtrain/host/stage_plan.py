@@ -123,7 +123,7 @@ def _check_objects(d: dict, where: str) -> None:
     objs = d.get("objects")
     _need(isinstance(objs, list), where + "objects is not a list")
     seen = set()
-    for j, o in enumerate(objs):
+    for j, o in enumerate(objs or ()):  # a list: checked above
         w = where + "object %d: " % j
         _need(isinstance(o, dict), w + "not an object")
         _need(isinstance(o.get("key"), str) and o["key"] != "", w + "key is not a string")
@@ -142,7 +142,7 @@ def _check_objects(d: dict, where: str) -> None:
             _need(isinstance(o.get("url"), str)
                   and o["url"].startswith(("http://", "https://")),
                   w + "url is not an http(s) URL")
-    _file_and_folder(where, d["bucket"], objs)
+    _file_and_folder(where, d["bucket"], objs or [])
 
 
 def _file_and_folder(where: str, bucket: str, objects: list) -> None:

@@ -14,6 +14,7 @@ and renamed into place.
 import errno
 import hashlib
 import multiprocessing
+import multiprocessing.pool
 import os
 import queue
 import signal
@@ -31,7 +32,7 @@ class Job:
 
     def __init__(self, index: int, src: Source, size: int, tmp: str, item):
         self.index, self.src, self.size, self.tmp, self.item = index, src, size, tmp, item
-        self.fd = None
+        self.fd: int | None = None
         self.left = 0
 
 
@@ -46,14 +47,14 @@ class DatasetRun:
         self.dest = d["dest"]
         self.shown = d.get("_shown_dest", self.dest)  # the folder the user knows it by
         self.cond = threading.Condition()
-        self.error = None
-        self.tasks = queue.Queue()
-        self.finish_q = queue.Queue()
+        self.error: BaseException | None = None
+        self.tasks: queue.Queue = queue.Queue()
+        self.finish_q: queue.Queue = queue.Queue()
         self.queued = 0  # range tasks not yet taken by a worker
         self.unfinished = 0  # downloaded jobs not yet extracted / placed
         self.open_jobs = 0
-        self.opened = []
-        self.pool = None  # extraction processes (shards)
+        self.opened: list = []
+        self.pool: multiprocessing.pool.Pool | None = None  # extraction processes (shards)
         self.root = os.path.realpath(self.dest)
 
     def fail(self, exc: BaseException) -> None:
@@ -242,6 +243,7 @@ class DatasetRun:
 
     def finish(self, job: Job) -> int:
         if self.d["kind"] == "shards":  # in the pool; make_folders takes folders made meanwhile
+            assert self.pool is not None  # made in run() for shards
             pending = self.pool.apply_async(_extract, (job.tmp, self.dest, job.item))
             # A pool replaces a worker that died (killed, out of memory) but not its task:
             # never wait for ever. A shard extracts at tens of MB/s at the very least.

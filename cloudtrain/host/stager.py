@@ -67,9 +67,9 @@ class Stager:
         self.stop = threading.Event()
         self.fetcher = Fetcher(self.stop, backoff_s)
         self.signum = None
-        self.role = None
+        self.role: RoleCredentials | None = None
         self.started = time.time()
-        self.status = {"state": "staging", "started_at": self.started, "ended_at": None,
+        self.status: dict = {"state": "staging", "started_at": self.started, "ended_at": None,
                        "error": None, "datasets": []}
 
     # - status and progress ------------------------------------------------------------
@@ -212,7 +212,7 @@ class Stager:
                             sync=False)
         if d["auth"] == "role" and self.role is None:
             self.role = RoleCredentials(self.plan["imds_url"])
-        if d["auth"] == "role":
+        if d["auth"] == "role" and self.role is not None:  # made just above
             self.role.get()  # no instance profile: say so before any worker starts
         staging = os.path.join(partial, STAGING)
         shutil.rmtree(staging, ignore_errors=True)
@@ -249,7 +249,7 @@ class Stager:
         rec["files_total"], rec["bytes_total"] = len(files), sum(n for _, n in files)
         lock = threading.Lock()
         todo = iter(files)
-        errors = []
+        errors: list = []
         last = [time.time()]
 
         def reader():
@@ -314,19 +314,21 @@ class _Lock:
     """An exclusive flock on `path` for the staging of one folder; says so while it waits."""
 
     def __init__(self, path: str, out, name: str):
-        self.path, self.out, self.name, self.fd = path, out, name, None
+        self.path, self.out, self.name = path, out, name
+        self.fd: int | None = None
 
     def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.fd = fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             print("cloudtrain staging %s: waiting for another job staging it on this host"
                   % self.name, file=self.out, flush=True)
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         return self
 
     def __exit__(self, *exc):
+        assert self.fd is not None  # opened by __enter__
         os.close(self.fd)  # releases the lock
 
 
