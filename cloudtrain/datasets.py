@@ -22,13 +22,14 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from . import config
 from .errors import CloudtrainError, UsageError
 
 if TYPE_CHECKING:  # parsed only on the paths that read sources (status does not)
     from .datasources import Source
+    from .host.shards import Manifest
 
 MAX_SHARD_MB = 100_000  # 10,000 parts of 64 MB make 640 GB: far below S3's part limit
 MAX_WORKERS = 64
@@ -99,9 +100,9 @@ def resolve(spec, settings, flags: dict[str, Source | None],
             raise UsageError(f"dataset {name}: {source.location} is not a folder on this machine")
         out.append({**source.to_dict(), "dir": entry.get("dir") or name,
                     "size_mb": entry.get("size_mb")})
-        reads = _reads(entry, spec)
-        if reads:
-            out[-1]["reads"] = reads
+        read = _reads(entry, spec)
+        if read:
+            out[-1]["reads"] = read
     return out
 
 
@@ -139,13 +140,26 @@ def disk_needed(copied_bytes: float, shard_bytes: int = 0,
                      + min(in_flight, IN_FLIGHT_SHARDS) * shard_bytes / 1e9)
 
 
+class Contents(Protocol):
+    """What an S3 dataset prefix holds, as the provider found it."""
+    kind: str  # "shards" or "objects"
+    files: int
+    bytes: int  # what a staging downloads
+    file_bytes: int  # what it takes on disk
+    identity: str  # changes whenever the contents do
+    manifest: Manifest | None
+    largest: int  # the largest shard (object) as stored
+
+    def has_folder(self, folder: str) -> bool | None: ...
+
+
 @dataclass
 class Staged:
     """One dataset of a job, read before launch: its source and what it holds."""
     source: dict  # an entry of JobSpec.datasets
     # s3: what the prefix holds, as the provider found it (kind "shards" or "objects", files,
     # bytes, file_bytes, identity, largest, manifest, objects); None otherwise
-    contents: object = None
+    contents: Contents | None = None
     region: str = ""  # the bucket's region (s3)
     snapshot_gb: int = 0  # the snapshot's size (snapshot)
     temporary: bool = False  # s3: read with temporary (session) credentials
@@ -345,6 +359,7 @@ def host_plan(found: list[Staged], spec, settings, data_dir: str,
             entry.update(kind="path", path=(mounts or {})[src["name"]],
                          preread=src.get("first_read") == "preread")
         else:
+            assert s.entry is not None  # an s3 dataset's, made by its provider
             entry.update(s.entry(role))
         entries.append(entry)
     return {"version": 1, "workers": STAGING_WORKERS, "part_bytes": STAGING_PART_BYTES,

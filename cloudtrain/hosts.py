@@ -203,8 +203,10 @@ def sync_many(host: "Host", copies: list[tuple[Path, str, str | None, tuple[str,
     report.transfer(sum(b for _, b in sizes))
     sent = base = 0
     for (local, remote, like, include), (_, size) in zip(copies, sizes):
-        sent += host.sync(local, remote, like, include=include,
-                          sent=lambda done, base=base: report.sent(base + done))
+        def said(done: int, base: int = base) -> None:
+            report.sent(base + done)
+
+        sent += host.sync(local, remote, like, include=include, sent=said)
         base += size
         report.sent(base)
     return sent
@@ -270,6 +272,12 @@ class Host(ABC):
     def write_text(self, remote: str, text: str, private: bool = False) -> None:
         """Write a file on the host; `private`: readable by its owner only (0600) before
         any of `text` is in it (a job's secrets)."""
+
+    def unpack(self, tar_path: Path, remote_dir: str,
+               sent: Callable[[int], None] | None = None) -> None:
+        """Extract a bundle() (a tar file here) into remote_dir; `sent` is told the bytes
+        sent so far."""
+        raise NotImplementedError(f"{type(self).__name__} cannot unpack a bundle")
 
     # -- built on them ----------------------------------------------------------------------------
 

@@ -103,7 +103,9 @@ class Job:
     cost_detail: dict | None = None
     lease_until: float | None = None  # launch lease (see _migration_4)
     details: dict | None = None  # the facts as stored (_migration_7)
-    facts: JobFacts | None = None  # None: read from details (and from an older spec)
+    # None given: read from details (and from an older spec) in __post_init__, so a Job's
+    # facts are always there once it is made.
+    facts: JobFacts = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         # A spec as stored: kind and backend are the row's own; older versions kept the
@@ -342,7 +344,8 @@ class Store:
     # -- history (issue 16): jobs by filter, and forgetting a job ----------------------
 
     def _where(self, query: JobQuery) -> tuple[str, list]:
-        terms, params = [], []
+        terms: list[str] = []
+        params: list[object] = []
         if query.states:
             terms.append("state IN (%s)" % ",".join("?" * len(query.states)))
             params += query.states

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..datasets import Staged
 from ..hosts import Host
@@ -38,7 +38,7 @@ class Sweep:
     """A look for what is tagged ours in every region: what was found, the regions that
     answered, those that could not be asked (region -> why), and how the regions were
     chosen. Nothing may be called "all clear" while `unchecked` is not empty."""
-    found: object  # per region while sweeping; the caller's list afterwards
+    found: Any  # per region while sweeping (a dict); the caller's list afterwards
     regions: list[str]
     unchecked: dict[str, str]
     chosen_by: str

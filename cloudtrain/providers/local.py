@@ -118,17 +118,18 @@ class LocalProvider:
 
         hosts = nodes.each(reach, spec.nodes)
         self._pin(known, hosts[1:], listed)
+        remote = [h for h in hosts[1:] if isinstance(h, SSHHost)]  # every node but 0 (reach)
         hosts[0].peer_address = self.settings.node_address or self._address_towards(
-            hosts[1].endpoint.host, hosts[1].endpoint.port)
-        for h in hosts[1:]:
+            remote[0].endpoint.host, remote[0].endpoint.port)
+        for h in remote:
             h.peer_address = h.endpoint.host
         now = time.time()
-        for i, h in enumerate(hosts):
+        for i, node in enumerate(hosts):
             store.add_instance(Instance(
                 id=f"local-{job.id}" + (f"-n{i}" if i else ""), job_id=job.id,
                 provider=self.name, region=None, zone=None, instance_type="local",
                 market="local", state="running", launched_at=now, terminated_at=None,
-                price_per_hour=0.0, details={"node": i, "host": h.name}))
+                price_per_hour=0.0, details={"node": i, "host": node.name}))
         return hosts
 
     def _known_nodes(self) -> dict:

@@ -42,7 +42,9 @@ def vcpu_quota(instance_type: str, market: str) -> tuple[str, str, str] | None:
     `instance_type` in `market` counts against; None for a family not listed here."""
     family = re.match(r"[a-z]+", instance_type or "")
     group = FAMILY_GROUPS.get(family.group()) if family else None
-    found = VCPU_QUOTAS.get((group, market)) if group else None
+    if not group:
+        return None
+    found = VCPU_QUOTAS.get((group, market))
     return (*found, group) if found else None
 
 

@@ -26,7 +26,7 @@ def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SI
     grouped = group_launch.group_recovery(aws, spec) is None and job.facts.attempt == 1
     if instance is None and grouped:  # issue 27: AWS Auto Scaling relaunches this one
         ids = group_launch.acquire_from_group_or_say(aws, store, job, spec, report)
-        instance, grouped = ids and ids[0], ids is not None
+        instance, grouped = ids[0] if ids else None, ids is not None  # one per node
     if instance is None:
         try:
             instance = instances._run(aws, store, job, spec, region, boot, report)

@@ -249,13 +249,14 @@ def _run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boo
         report.phase(f"requesting {n} {spec.market} {spec.instance_type} in {zone}, "
                      f"placement group {group}"
                      + (f" ({attempts[-1].zone}: {attempts[-1].error.split(':')[0]})"
-                        if attempts else ""))
+                        if attempts and attempts[-1].error else ""))
         try:
             response = aws.call(region, "run_instances", fail_fast=True,
                                 ClientToken=token, **request)
         except BaseException as exc:
-            if instances.run_failed(store, job, token, zone, exc,
-                               first=not attempts) in CAPACITY_ERRORS:
+            code = instances.run_failed(store, job, token, zone, exc, first=not attempts)
+            assert isinstance(exc, AWSError)  # run_failed raised anything else again
+            if code in CAPACITY_ERRORS:
                 attempts.append(Attempt(zone, subnet, f"{exc.code}: {exc.aws_message}"))
                 placement.delete_placement_groups(aws, region, job.id)
                 continue
@@ -299,8 +300,8 @@ def _record_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, 
     raws = sorted(raws, key=lambda r: r.get("AmiLaunchIndex", 0))
     ids = [r["InstanceId"] for r in raws]
     boot, efa = where["boot"], where["efa"]
-    price = (catalog.get(spec.instance_type).price(region, "on-demand")
-             if catalog.get(spec.instance_type) else None)
+    known = catalog.get(spec.instance_type)
+    price = known.price(region, "on-demand") if known else None
     for i, raw in enumerate(raws):
         store.add_instance(Instance(
             id=raw["InstanceId"], job_id=job.id, provider=aws.name, region=region,

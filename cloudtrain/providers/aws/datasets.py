@@ -478,10 +478,11 @@ def _stager_entry(s3, endpoint: str | None, bucket: str, prefix: str, region: st
     """The stager's entry for an S3 dataset (cloudtrain/stager.py): with `role` the instance
     signs its own requests with its role's credentials; otherwise each object gets a
     presigned link (the user's credentials never leave this machine either way)."""
-    entry = {"kind": c.kind, "bucket": bucket, "prefix": prefix, "region": region,
+    entry: dict = {"kind": c.kind, "bucket": bucket, "prefix": prefix, "region": region,
              "endpoint": endpoint, "auth": "role" if role else "presigned",
              "identity": c.identity}
     if c.kind == "shards":
+        assert c.manifest is not None  # shards come with their manifest (contents())
         entry["manifest"] = json.loads(c.manifest.to_json())
         if not role:
             entry["shard_urls"] = [presign(s3, bucket, shard_key(prefix, sh.name))

@@ -107,7 +107,7 @@ def denied_action(exc, service: str) -> str:
     return found.group(1) if found else iam_action(service, getattr(exc, "operation_name", "?"))
 
 
-def client_error(exc, region: str, service: str) -> AWSError:
+def client_error(exc, region: str | None, service: str) -> AWSError:
     """Any ClientError as an AWSError: permissions point at the policy, credentials at a
     refresh, the rest say the call, the code and AWS's message."""
     code = _code(exc)
@@ -229,7 +229,7 @@ def no_credentials() -> NoCredentials:
 
 
 @contextlib.contextmanager
-def aws_errors(region: str, service: str = "ec2"):
+def aws_errors(region: str | None, service: str = "ec2"):
     """Every botocore failure, said once, as one of ours (never an "internal error")."""
     import botocore.exceptions
     import botocore.parsers

@@ -365,7 +365,7 @@ def follow_nodes(aws: AwsSession, store: Store, job: Job) -> dict | None:
             name = regroup.MEMBER.fullmatch(key[len(f"{prefix}{ATTEMPTS}{n}/"):])
             doc = regroup.check_member(small_json(s3, bucket, key, size, account or None),
                                        len(recs)) if name else None
-            if doc is not None and doc["instance"] == name.group(1):
+            if doc is not None and name is not None and doc["instance"] == name.group(1):
                 found.append(doc)
     ranks = regroup.ranked(found, len(recs))
     if ranks is None:
@@ -424,13 +424,17 @@ def check_attempt(doc) -> dict | None:
             "resumed_step": _count(doc.get("resumed_step")),
             "resumed_seq": _count(doc.get("resumed_seq")),
             # the attempt whose streamed checkpoint it resumed from: an earlier one
-            "resumed_attempt": resumed if _count(resumed) and 1 <= resumed < n else None}
+            "resumed_attempt": _earlier(_count(resumed), n)}
 
 
 def _line(value, limit: int) -> str:
     """`value` as one line of at most `limit` characters, without control characters
     (a terminal escape in a record must not reach `status`)."""
     return " ".join(clean_text(str(value), limit * 4).split())[:limit]
+
+
+def _earlier(attempt: int | None, n: int) -> int | None:
+    return attempt if attempt and 1 <= attempt < n else None
 
 
 def _count(value) -> int | None:

@@ -221,8 +221,9 @@ def recorded_groups(store: Store, job: Job) -> list[tuple[str, str]]:
     """(region, name) of the groups the job's timeline says were made and not deleted."""
     made: dict[tuple[str, str], bool] = {}
     for event in store.events(job.id):
-        if event.phase in (GROUP_EVENT, GROUP_DELETED_EVENT) and " in " in (event.detail or ""):
-            name, region = event.detail.rsplit(" in ", 1)
+        detail = event.detail or ""
+        if event.phase in (GROUP_EVENT, GROUP_DELETED_EVENT) and " in " in detail:
+            name, region = detail.rsplit(" in ", 1)
             made[(region, name)] = event.phase == GROUP_EVENT
     return [key for key, live in made.items() if live]
 

@@ -48,9 +48,12 @@ def gpus(spec, host: SSHHost) -> int:
     return int(t.gpus) if t is not None else host.gpu_count()
 
 
-def root(aws: AwsSession, host: SSHHost) -> str:
+def root(aws: AwsSession, host: SSHHost | None) -> str:
     root = aws.settings.remote_root
-    return host.home() + root[1:] if root.startswith("~") else root
+    if not root.startswith("~"):
+        return root
+    assert host is not None  # a root below the home directory is asked of a host
+    return host.home() + root[1:]
 
 
 def jobdir(aws: AwsSession, job_id: str, host: SSHHost | None = None) -> str:
@@ -66,7 +69,7 @@ def agent_settings(aws: AwsSession, spec) -> dict:
     notice (spot only), and move the instance's power-off timer (user-data armed it for
     the first job only): `argv + [start_minutes]` at job start, and on a kept
     instance `argv + [idle_minutes]` at job end."""
-    settings = {"rearm": {
+    settings: dict[str, object] = {"rearm": {
         "argv": ["sudo", "-n", REARM_PATH],
         "start_minutes": power_off_minutes(spec.max_runtime_s),
         "idle_minutes": idle_minutes(aws, spec) if spec.keep else None}}

@@ -137,6 +137,7 @@ def _run(aws: AwsSession, store, job, spec, region, boot: dict, report: Reporter
                                 ClientToken=token, **request)
         except BaseException as exc:
             code = run_failed(store, job, token, zone, exc, first=not attempts)
+            assert isinstance(exc, AWSError)  # run_failed raised anything else again
             if code in CAPACITY_ERRORS:
                 attempts.append(Attempt(zone, subnet, f"{code}: {exc.aws_message}"))
                 continue
@@ -158,8 +159,8 @@ def _run(aws: AwsSession, store, job, spec, region, boot: dict, report: Reporter
             raise  # permissions, credentials, unreachable: already said in words
         raw = response["Instances"][0]
         instance_id = raw["InstanceId"]
-        price = (catalog.get(spec.instance_type).price(region, "on-demand")
-                 if catalog.get(spec.instance_type) else None)
+        known = catalog.get(spec.instance_type)
+        price = known.price(region, "on-demand") if known else None
         # Recorded before any waiting: from here on, every failure path can terminate it.
         store.add_instance(Instance(
             id=instance_id, job_id=job.id, provider=aws.name, region=region, zone=zone,

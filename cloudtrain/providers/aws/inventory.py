@@ -89,6 +89,7 @@ def release(aws: AwsSession, store: Store, job: Job, force: bool = False) -> Non
         return
     # The job's Auto Scaling group first: it would replace what is terminated below. Its
     # instances are terminated even if it cannot be deleted; that is said at the end.
+    group_error: CloudtrainError | None
     try:
         job_groups.delete_job_groups(aws, store, job)
         group_error = None
@@ -179,9 +180,9 @@ def _still_the_job_s(aws: AwsSession, store: Store, job: Job, region: str, ids: 
     if not ids:
         return set()
     shown = {}
-    for raw in ec2._query(aws, region, {}, filters=[{"Name": "instance-id",
+    for one in ec2._query(aws, region, {}, filters=[{"Name": "instance-id",
                                                      "Values": sorted(ids)}]):
-        shown[raw["InstanceId"]] = raw
+        shown[one["InstanceId"]] = one
     # a kept instance handed over by `launch --on` wears the tag of the job that launched it
     tagged = {i.id: (i.details or {}).get("tagged_job", job.id) for i in store.instances(job.id)}
     keep = set()
@@ -220,6 +221,7 @@ def record_ends(aws: AwsSession, store: Store, job: Job) -> None:
         if inst.state == "terminated" and inst.terminated_at and not (
                 inst.market == Market.SPOT and not (inst.details or {}).get("spot_history")):
             continue
+        assert inst.region is not None  # an EC2 instance is recorded with its region
         raw = {}
         try:
             raw = boot._describe(aws, inst.region, inst.id)
@@ -235,13 +237,14 @@ def record_ends(aws: AwsSession, store: Store, job: Job) -> None:
                     launched = {}
             ended = (launched.get(inst.id) or {}).get("terminated_at")
         ended = ended or time.time()
-        fields = {"state": "terminated", "terminated_at": inst.terminated_at or ended}
+        end = inst.terminated_at or ended
+        fields: dict[str, object] = {"state": "terminated", "terminated_at": end}
         if inst.market == Market.SPOT:
             details = dict(inst.details or {})
+            zone = raw.get("Placement", {}).get("AvailabilityZone") or inst.zone
             try:
-                details["spot_history"] = pricing.spot_history(aws, 
-                    inst.region, raw.get("Placement", {}).get("AvailabilityZone") or inst.zone,
-                    inst.instance_type, inst.launched_at, fields["terminated_at"])
+                details["spot_history"] = pricing.spot_history(
+                    aws, inst.region, zone, inst.instance_type, inst.launched_at, end)
             except CloudtrainError:
                 pass  # the cost stays an estimate; `cost-report --refresh` asks again
             fields["details"] = json.dumps(details)

@@ -22,7 +22,7 @@ def price_rows(aws: AwsSession, spec, region: str | None = None) -> list[tuple[s
     region = region or aws.region(spec)
     t = catalog.get(spec.instance_type) if spec.instance_type else None
     price = t.price(region, spec.market) if t else None
-    if price is None:
+    if t is None or price is None:
         return [("price", f"no {spec.market} price for {spec.instance_type} in {region} in "
                           "the catalog")]
     basis = catalog.on_demand_source(region) if spec.market == Market.ON_DEMAND \
@@ -50,6 +50,7 @@ def at_most(aws: AwsSession, spec, t: catalog.InstanceType, region: str) -> str:
         return t.dearest(where, market)
 
     first = rate(region, spec.market)
+    assert first is not None  # asked only where the catalog prices the type (prices)
     places = spec.relaunch_places(aws.settings, region) if attempts > 1 else []
     priced = {(r, m): rate(r, m) for r, m in places}
     later = [p + volumes_per_hour(aws, spec, r) for (r, m), p in priced.items()
@@ -178,7 +179,7 @@ def warnings(spec, region: str) -> list[str]:
     below the catalog's cheapest spot price of the type there."""
     t = catalog.get(spec.instance_type) if spec.instance_type else None
     cheapest = t.price(region, "spot") if t is not None else None
-    if spec.market != Market.SPOT or spec.max_price is None or cheapest is None or \
+    if t is None or spec.market != Market.SPOT or spec.max_price is None or cheapest is None or \
             spec.max_price >= cheapest:
         return []
     return [f"--max-price ${spec.max_price:g}/h is below the cheapest spot price of "

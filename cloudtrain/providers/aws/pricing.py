@@ -109,8 +109,9 @@ def refresh_list_prices(aws: AwsSession, region: str) -> str:
     types = _offered(region)
     prices = on_demand_prices(aws, region, types)
     gp3 = gp3_price(aws, region)
+    known = catalog.load()  # the types asked are the catalog's (_offered)
     changed = sum(1 for name, price in prices.items()
-                  if catalog.get(name).on_demand.get(region) != price)
+                  if known[name].on_demand.get(region) != price)
     path = catalog.save_list_prices(region, prices, gp3, time.time())
     return (f"on-demand prices for {len(prices)} of {len(types)} types in {region} "
             f"({changed} differ from before)"
@@ -118,8 +119,8 @@ def refresh_list_prices(aws: AwsSession, region: str) -> str:
             + f", from the AWS price list; kept in {path}")
 
 
-def spot_history(aws: AwsSession, region: str, zone: str, instance_type: str, start: float,
-                 end: float) -> list[list[float]]:
+def spot_history(aws: AwsSession, region: str, zone: str | None, instance_type: str | None,
+                 start: float | None, end: float) -> list[list[float]]:
     """[(at, USD/h)] for Linux/UNIX in that AZ, from the last change before `start`."""
     import datetime
 

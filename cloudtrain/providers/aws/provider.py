@@ -23,11 +23,13 @@ cloud itself can always tell what is ours, even with the local database lost.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from ... import config
 from ...datasets import Staged
 from ...hosts import Host
 from ...progress import SILENT, Reporter
+from ...ssh_host import SSHHost
 from ...state import Job, Store
 from ..base import Question, Sweep
 from . import (
@@ -67,13 +69,13 @@ class AWSProvider:
 
     def acquire_nodes(self, store: Store, job: Job, spec, report: Reporter = SILENT
                       ) -> list[Host]:
-        return cluster.acquire_nodes(self.aws, store, job, spec, report)
+        return list(cluster.acquire_nodes(self.aws, store, job, spec, report))
 
     def host_for(self, job: Job) -> Host:
         return acquire.host_for(job)
 
     def node_address(self, host: Host) -> str:
-        return cluster.node_address(host)
+        return cluster.node_address(_ssh(host))
 
     def node_instances(self, store: Store, job: Job, hosts: list) -> list[str | None]:
         return cluster.node_instances(store, job, hosts)
@@ -82,16 +84,16 @@ class AWSProvider:
         return cluster.efa_environment(self.aws, spec)
 
     def setup(self, host: Host) -> None:
-        return host_setup.setup(self.aws, host)
+        return host_setup.setup(self.aws, _ssh(host))
 
     def gpus(self, spec, host: Host) -> int:
-        return host_setup.gpus(spec, host)
+        return host_setup.gpus(spec, _ssh(host))
 
     def jobdir(self, job_id: str, host: Host | None = None) -> str:
-        return host_setup.jobdir(self.aws, job_id, host)
+        return host_setup.jobdir(self.aws, job_id, _ssh(host) if host is not None else None)
 
     def data_dir(self, host: Host | None = None) -> str:
-        return host_setup.data_dir(self.aws, host)
+        return host_setup.data_dir(self.aws, _ssh(host) if host is not None else None)
 
     def data_mounts(self, store: Store, job: Job, host: Host, instance: str | None = None
                     ) -> dict[str, str]:
@@ -262,3 +264,8 @@ class AWSProvider:
 
     def shared_resources(self, region: str) -> dict[str, list[str]]:
         return network.shared_resources(self.aws, region)
+
+
+def _ssh(host: Host) -> SSHHost:
+    """An instance's host: this provider's hosts are all reached over SSH (acquire, host_for)."""
+    return cast(SSHHost, host)

@@ -62,11 +62,11 @@ class AwsSession:
         key = region or ""
         if key not in self._sessions:
             try:
-                self._sessions[key] = boto3.Session(
+                session = self._sessions[key] = boto3.Session(
                     profile_name=self.settings.aws_profile or None,
                     region_name=region or self.settings.region
                     or os.environ.get("AWS_REGION") or None)
-                self._sessions[key].events.register("before-parse", foreign_answer)
+                session.events.register("before-parse", foreign_answer)
             except botocore.exceptions.ProfileNotFound as exc:
                 raise UsageError(f"AWS profile not found: {exc}",
                                  hint="list yours with: aws configure list-profiles") from exc
@@ -162,7 +162,7 @@ class AwsSession:
             self._owner = arn
         return self._owner
 
-    def owner_key(self, region: str) -> str:
+    def owner_key(self, region: str | None) -> str:
         """The caller's aws:userid (GetCallerIdentity's UserId: an IAM user's unique id, or
         `<role id>:<session name>`): the job store keeps each principal's jobs under
         `jobs/<owner_key>/`, the prefix infra/iam-policy-cli.json names `${aws:userid}`."""
@@ -170,7 +170,7 @@ class AwsSession:
             self._owner_key = self._identity(region)["UserId"]
         return self._owner_key
 
-    def _identity(self, region: str) -> dict:
+    def _identity(self, region: str | None) -> dict:
         """STS GetCallerIdentity, asked once."""
         if not hasattr(self, "_caller"):
             with aws_errors(region, "sts"):

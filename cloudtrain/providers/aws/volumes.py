@@ -93,7 +93,7 @@ def snapshot_size(aws: AwsSession, spec, snapshot_id: str) -> int:
 
 
 def attach_snapshots(aws: AwsSession, store: Store, job: Job, spec, region: str, instance_id: str,
-                     zone: str, owner: str) -> list[dict]:
+                     zone: str | None, owner: str) -> list[dict]:
     """A volume from each snapshot dataset, in the instance's AZ, attached to it and set
     to go with it; each recorded with the instance (for the bill and for release)."""
     sources = [d for d in spec.datasets if d["kind"] == "snapshot"]
