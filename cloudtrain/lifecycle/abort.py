@@ -83,6 +83,7 @@ def _stop_agents(job: Job, settings: config.Settings, host: Host) -> None:
     def stop_node(i: int) -> None:
         h = group.node_host(job, i) if many else host
         jd = node_jobdir(job, i) if many else job.jobdir
+        assert jd is not None  # a started job's nodes each have one
         try:
             h.stop_job(jd, settings.stop_grace_seconds)
             h.run(h.tmux("kill-session", "-t", session_name(job.id)), check=False, timeout=30)

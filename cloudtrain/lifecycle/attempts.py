@@ -157,7 +157,8 @@ def summary(store: Store, job: Job) -> list[dict]:
                     per_s = (end - a.running_at) / steps
         redone_usd = None
         if redone is not None and per_s is not None:  # every node redid those steps
-            redone_usd = redone * per_s * (run.price_per_hour or 0.0) / 3600 * \
+            price = run.price_per_hour if run is not None else None  # per_s: run is set
+            redone_usd = redone * per_s * (price or 0.0) / 3600 * \
                 max(1, len(instances_of(store, job.id, a)))
         rows.append({"attempt": a.n, "instance": a.instance_id, "region": a.region,
                      "zone": a.zone, "market": a.market, "started_at": a.started_at,
@@ -186,4 +187,5 @@ def resumable(spec: JobSpec) -> bool:
         return False
     from .. import recipes
 
+    assert spec.recipe is not None  # asked of a recipe job
     return "resume" in recipes.load(spec.recipe).arguments

@@ -110,7 +110,9 @@ def learn(store: Store, job: Job) -> dict | None:
                           instance_type=doc["type"] or spec.instance_type,
                           running_at=started, resumed_step=doc["resumed_step"],
                           resumed_seq=doc["resumed_seq"])
-        known[n] = store.attempt(job.id, n)
+        added = store.attempt(job.id, n)
+        assert added is not None  # added just above
+        known[n] = added
     reached = record.get("reached") or {}  # how far each got, said by its own instances
     for a in store.attempts(job.id):
         if reached.get(a.n) is not None and (a.last_step or -1) < reached[a.n]:

@@ -81,6 +81,7 @@ def _note_local_outputs(store: Store, job: Job) -> None:
     outputs = output_paths(job.spec)
     if not outputs or any(e.phase == "outputs" for e in store.events(job.id)):
         return
+    assert job.jobdir is not None  # a job that ran here
     missing = [o for o in outputs if not os.path.lexists(Path(job.jobdir, o))]
     note = f"outputs: in {job.jobdir}"
     if missing:
@@ -116,6 +117,7 @@ def _collect_nodes(store: Store, job: Job) -> None:
         if recs[i].get("collected"):
             return
         h, jd = group.node_host(job, i), nodes.jobdir(job, i)
+        assert jd is not None  # each node of several has its own (nodes.records)
         local = nodes.local_dir(job.id, i)
         if isinstance(h, LocalHost) and Path(jd) == local:
             return
@@ -218,6 +220,7 @@ def read_record(job: Job, stale_after_s: float = 1e9) -> dict:
     """The job's status and metrics, the way a probe reports them. A job whose files were
     brought home is read without the probe's reaping: a status.json that came from an instance
     names process groups there, and nothing here may be signalled because of it."""
+    assert job.jobdir is not None  # a job that started
     if (job.host or {}).get("collected_from") is not None:
         return probe_files(job.jobdir)
     return group.host_of(job).probe_job(job.jobdir, stale_after_s)
@@ -311,8 +314,10 @@ def stop_nodes(job: Job, settings: config.Settings, wait: bool = True,
     def stop(i: int):
         if recs[i].get("collected") or (i == 0 and (job.host or {}).get("collected_from")):
             return None
+        jd = nodes.jobdir(job, i)
+        assert jd is not None  # each node of several has its own (nodes.records)
         result, problem = bounded(
-            lambda: group.node_host(job, i).stop_job(nodes.jobdir(job, i), grace, wait=wait),
+            lambda: group.node_host(job, i).stop_job(jd, grace, wait=wait),
             grace + STOP_MARGIN_S)
         return problem if problem is not None else result
 

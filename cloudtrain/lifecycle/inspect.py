@@ -20,7 +20,7 @@ import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator, cast
 
 from .. import config, state
 from ..errors import CloudtrainError, HostError, UsageError
@@ -33,6 +33,9 @@ from . import attempts, group, kept
 from .collect import read_record
 from .stop import holds_instance
 from .watch import refresh
+
+if TYPE_CHECKING:
+    from ..ssh_host import SSHHost
 
 FOLLOW_POLL_S = 0.2
 REFRESH_EVERY_S = 1.0
@@ -149,14 +152,14 @@ def _log_of(job: Job, node: int) -> tuple[Host | None, str | None]:
 
 def read_log(job: Job, offset: int = 0, node: int = 0) -> bytes:
     host, path = _log_of(job, node)
-    return host.read(path, offset) if host is not None else b""
+    return host.read(path, offset) if host is not None and path is not None else b""
 
 
 def tail_log(job: Job, lines: int, node: int = 0) -> tuple[bytes, int]:
     """The last `lines` lines of the job's output (of node `node`) and the offset where the
     file ended."""
     host, path = _log_of(job, node)
-    return host.tail(path, lines) if host is not None else (b"", 0)
+    return host.tail(path, lines) if host is not None and path is not None else (b"", 0)
 
 
 def follow(store: Store, settings: config.Settings, job: Job, offset: int = 0,
@@ -172,7 +175,7 @@ def follow(store: Store, settings: config.Settings, job: Job, offset: int = 0,
             host, where = None, path
         if path and host is None:
             host = current
-        if host is not None and job.state != state.QUEUED:  # a queued job has no log yet
+        if host is not None and path is not None and job.state != state.QUEUED:  # a queued job has no log yet
             try:
                 chunk = host.read(path, offset)
             except (HostError, OSError):
@@ -297,8 +300,8 @@ def attach_argv(store: Store, settings: config.Settings, job: Job,
         if node:
             raise UsageError(f"--node {node}: job {job.id} has ended; its kept instance is "
                              "one machine", hint=f"cloudtrain attach {job.id}")
-        host = kept.instance_host(job)
-        return Reach(host.ssh_argv(host.tmux("new-session", "-A", "-s", f"ct-{job.id}-kept")),
+        on = cast("SSHHost", kept.instance_host(job))  # an instance's, over SSH
+        return Reach(on.ssh_argv(on.tmux("new-session", "-A", "-s", f"ct-{job.id}-kept")),
                      facts)
     host = _node_host(job, node)
     if not host.session_alive(job.id):
@@ -327,10 +330,11 @@ def ssh_argv(store: Store, settings: config.Settings, job: Job, node: int = 0,
     if isinstance(host, LocalHost):  # its files were brought home: the instance is gone
         raise UsageError(_ended(job) + " and its instance is gone",
                          hint=f"cloudtrain logs {job.id}")
+    ssh = cast("SSHHost", host)  # not this machine: an instance's, over SSH
     if not command:
-        return Reach(host.ssh_argv(), facts)
-    return Reach(host.ssh_argv(command[0] if len(command) == 1 else shlex.join(command),
-                               tty=tty), facts)
+        return Reach(ssh.ssh_argv(), facts)
+    return Reach(ssh.ssh_argv(command[0] if len(command) == 1 else shlex.join(command),
+                              tty=tty), facts)
 
 
 def forward(store: Store, settings: config.Settings, job: Job, ports: list) -> tuple:
@@ -348,4 +352,5 @@ def forward(store: Store, settings: config.Settings, job: Job, ports: list) -> t
                              f"(http://localhost:{ports[0].remote})")
         raise UsageError(_ended(job) + " and its instance is gone",
                          hint=f"cloudtrain logs {job.id}")
-    return Forwarder(host.conn, ports), host.name, facts
+    ssh = cast("SSHHost", host)  # not this machine: an instance's, over SSH
+    return Forwarder(ssh.conn, ports), ssh.name, facts

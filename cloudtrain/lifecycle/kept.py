@@ -275,7 +275,7 @@ def _queue_unreachable(store: Store, job: Job, exc: HostError) -> Job:
     instance_id = (job.spec.kept or {}).get("instance")
     inst = _instance(store, instance_id) if instance_id else None
     gone = inst is None or inst.state == "terminated"
-    if not gone:
+    if inst is not None and not gone:
         try:
             states = providers.get(job.backend).instance_states(store, store.job(inst.job_id))
             gone = states.get(inst.id, {}).get("state", "terminated") in ("shutting-down",

@@ -41,7 +41,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, cast
 
 from .. import config, datasets, progress, providers, state
 from ..errors import CloudtrainError, NoCredentials, PlacementError
@@ -55,6 +55,9 @@ from .group import NodeGroup
 from .kept import enqueue, instance_host
 from .plan import check_name, name_note, read_datasets, warn_about_workdir
 from .sources import copy_checkpoints, kept_source, remote_jobdir, resume_source
+
+if TYPE_CHECKING:
+    from ..providers.base import CloudProvider, Provider
 
 
 def launch(store: Store, settings: config.Settings, spec: JobSpec,
@@ -79,8 +82,9 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
                            command=spec.display(), backend=spec.backend, spec=spec.to_dict(),
                            launcher=f"{socket.gethostname()}:{os.getpid()}")
     report.phase(f"launching job {job.id}: waiting until it starts (Ctrl-C cancels the launch)")
-    if renamed is not None:
-        report.note(name_note(spec, renamed, launched=True))
+    note = name_note(spec, renamed, launched=True)  # None: no name was taken over
+    if note is not None:
+        report.note(note)
     if spec.secret_values and spec.recover:  # a relaunch needs them when nobody is here
         secrets.save(job.id, spec.secret_values)
     if spec.recover:
@@ -148,7 +152,7 @@ class _Launch:
     store: Store
     settings: config.Settings
     spec: JobSpec
-    provider: object
+    provider: Provider
     job: Job
     report: progress.Reporter
     found: list | None  # the datasets read (read_datasets); empty or None: no data
@@ -172,7 +176,7 @@ def _launch_steps(a: _Launch, source: Job | None, kept: Job | None
     grants = _grants(a, nodes)
     stream = _stream_settings(a, grants[0], stream_from)
     if stream:
-        a.store.update_job(a.job.id, host={**a.store.job(a.job.id).host,
+        a.store.update_job(a.job.id, host={**(a.store.job(a.job.id).host or {}),
                                            "checkpoint_stream": True})
     _write_files(a, nodes, gpus, procs, stages, stream_from is not None, grants, stream,
                  rendezvous)
@@ -197,7 +201,8 @@ def _acquire(a: _Launch, kept: Job | None) -> NodeGroup:
         hosts = [instance_host(kept)]
     elif kept is not None:
         a.report.phase(f"taking over job {kept.id}'s instance")
-        hosts = [a.provider.adopt(a.store, kept, a.job)]
+        cloud_provider = cast("CloudProvider", a.provider)  # --on: a kept cloud instance
+        hosts = [cloud_provider.adopt(a.store, kept, a.job)]
         group.forget(kept.id)
     elif a.spec.nodes > 1:  # all of them at once, or none
         hosts = a.provider.acquire_nodes(a.store, a.job, a.spec, a.report)
@@ -247,6 +252,7 @@ def _copies(a: _Launch) -> list[tuple[Path, str, tuple[str, ...]]]:
     if spec.kind == RECIPE:
         from .. import recipes
 
+        assert spec.recipe is not None  # a recipe job names its recipe
         rec = recipes.load(spec.recipe)
         copies.append((rec.path, f"recipes/{rec.name}", ()))
         shared = rec.path.parent / recipes.SHARED_DIR
@@ -309,7 +315,9 @@ def _set_up(a: _Launch, nodes: NodeGroup) -> tuple[int, tuple[str, int] | None]:
         gpus = a.provider.gpus(a.spec, host)
         if n == 1:
             return gpus, None, None
-        out = host.run(rendezvous_script(host.python, nodes.addresses[i],
+        address = nodes.addresses[i]
+        assert address is not None  # every node of several has its address (NodeGroup.open)
+        out = host.run(rendezvous_script(host.python, address,
                                          MASTER_PORT if i == 0 else 0), check=False).stdout
         return (gpus, *read_rendezvous(out))
 
@@ -317,7 +325,8 @@ def _set_up(a: _Launch, nodes: NodeGroup) -> tuple[int, tuple[str, int] | None]:
     if n > 1:
         nodes.ifaces = [iface for _, iface, _ in found]
     a.store.update_job(a.job.id, host=nodes.record())
-    rendezvous = (nodes.addresses[0], found[0][2] or MASTER_PORT) if n > 1 else None
+    master = nodes.addresses[0]
+    rendezvous = (master, found[0][2] or MASTER_PORT) if master is not None and n > 1 else None
     return min(gpus for gpus, _, _ in found), rendezvous
 
 
@@ -371,12 +380,13 @@ def _restore(a: _Launch, nodes: NodeGroup) -> dict | None:
 def _grants(a: _Launch, nodes: NodeGroup) -> list[dict | None]:
     """Step results grant: where each node's agent stores the job's results (node i > 0
     under its own prefix); the line about it is said once."""
-    grants = []
+    grants: list[dict | None] = []
     for i in range(nodes.n):
-        if i and grants[0] is not None and _grouped(a):
+        first = grants[0] if grants else None
+        if i and first is not None and _grouped(a):
             # The nodes of a group hold the job's one grant, each storing below nodes/<i>/
             # (any node may come to hold any rank: host/regroup.py).
-            grants.append({**grants[0], "prefix": grants[0]["prefix"] + f"nodes/{i}/"})
+            grants.append({**first, "prefix": first["prefix"] + f"nodes/{i}/"})
             continue
         grant, note = a.provider.results_grant(a.store, a.job, a.spec, node=i)
         if note and i == 0:  # where the results go when nobody is watching, or what is lost
@@ -438,6 +448,7 @@ def _write_files(a: _Launch, nodes: NodeGroup, gpus: int, procs: int,
             master, port = rendezvous
             node = {"nodes": nodes.n, "rank": i, "master": master, "port": port,
                     "from_env": bool(grouped)}
+            assert nodes.ifaces is not None  # set by _set_up on several nodes
             env = environment(nodes.n, i, master, port, nodes.ifaces[i], efa)
         scripts.write_job_scripts(host, jobdir, a.spec, a.job.id)
         host.write_text(f"{jobdir}/run.sh", scripts.run_script(

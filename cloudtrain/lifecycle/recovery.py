@@ -143,7 +143,8 @@ def _open_attempt_first(store: Store, provider, job: Job, attempt: Attempt,
     live = provider.attempt_instances(store, job, attempt.n, [r for r, _ in order])
     if not live:
         return order
-    keep = attempt.region if attempt.region in live else sorted(live)[0]
+    keep = attempt.region if attempt.region is not None and attempt.region in live \
+        else sorted(live)[0]
     for region, ids in sorted(live.items()):
         if region == keep:
             continue

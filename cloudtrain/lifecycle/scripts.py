@@ -65,6 +65,7 @@ def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
     if spec.kind == RECIPE:
         from .. import recipes
 
+        assert spec.recipe is not None  # a recipe job names its recipe
         rec = recipes.load(spec.recipe)
         lines.append(f"cd {shlex.quote(jobdir)}")
         lines.append(threads_line(procs))
@@ -142,7 +143,7 @@ def setup_lines(spec: JobSpec, jobdir: str, once: bool) -> list[str]:
     work = jobdir + "/work" if spec.kind != RECIPE or spec.workdir else jobdir
     q = shlex.quote
     marker = f"{jobdir.rsplit('/', 2)[0]}/setup-done/" + \
-        hashlib.sha256(spec.setup.encode()).hexdigest()[:32]
+        hashlib.sha256((spec.setup or "").encode()).hexdigest()[:32]  # asked with a setup
     status = q(f"{jobdir}/{agent_control.SETUP_STATUS}")
 
     def said(state: str) -> str:

@@ -120,6 +120,7 @@ def _check_resumable(source: Job, spec: JobSpec) -> None:
     epochs, this run asks for 4"."""
     from .. import recipes
 
+    assert spec.recipe is not None  # a recipe job's resume
     rec = recipes.load(spec.recipe)
     before = source.spec.args or {}
     for key in rec.resume_must_match:

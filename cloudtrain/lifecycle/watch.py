@@ -121,8 +121,9 @@ def _probe_nodes(store: Store, settings: config.Settings, job: Job) -> dict | Jo
 
     def probe(i: int):
         try:
-            return group.node_host(job, i).probe_job(nodes.jobdir(job, i),
-                                                     settings.stale_after_seconds)
+            jd = nodes.jobdir(job, i)
+            assert jd is not None  # each node of several has its own (nodes.records)
+            return group.node_host(job, i).probe_job(jd, settings.stale_after_seconds)
         except HostError as exc:
             return exc
 
@@ -135,7 +136,8 @@ def _probe_nodes(store: Store, settings: config.Settings, job: Job) -> dict | Jo
             return verdict
     job = store.job(job.id)
     report = dict(reports[0]) if isinstance(reports[0], dict) else \
-        probe_files(job.jobdir) if (job.host or {}).get("collected_from") is not None else {}
+        probe_files(job.jobdir) if job.jobdir is not None and \
+        (job.host or {}).get("collected_from") is not None else {}
     report["status"] = nodes.combine(statuses)
     stagings = [r.get("staging") if isinstance(r, dict) else None for r in reports]
     report["staging"] = next((st for st in stagings if not st or st.get("state") != "staged"),
@@ -164,10 +166,10 @@ def _nodes_lost(store: Store, settings: config.Settings, job: Job, lost: dict,
     for i, exc in lost.items():
         inst = recs[i].get("instance")
         seen = states.get(inst) if inst else None
-        gone = bool(inst) and ((seen is None and inst in recorded and job.backend != "local")
-                               or (seen is not None and seen["state"] in ("shutting-down",
-                                                                            "terminated")))
-        if not gone:
+        ended = bool(inst) and ((seen is None and inst in recorded and job.backend != "local")
+                                or (seen is not None and seen["state"] in ("shutting-down",
+                                                                             "terminated")))
+        if not ended:
             unreachable.append(f"node {i}: {exc.message}")
             continue
         spot = spot_reason({inst: seen}) if seen else False
@@ -175,10 +177,10 @@ def _nodes_lost(store: Store, settings: config.Settings, job: Job, lost: dict,
             if i == 0:
                 stored = from_job_store(store, job) or {}
             else:
-                stored = node_from_store(store, job, i)
-                if stored is not None:
+                from_node = node_from_store(store, job, i)
+                if from_node is not None:
                     mark_node_collected(store, job.id, i)
-                stored = stored or {}
+                stored = from_node or {}
         except CloudtrainError as store_exc:
             unreachable.append(f"node {i}: the job store could not be read "
                                f"({store_exc.message})")
@@ -371,6 +373,7 @@ def interrupted(store: Store, settings: config.Settings, job: Job, status: dict 
         store.add_attempt(job.id, 1, started_at=job.created_at)
         current = store.attempt(job.id)
     mine = {i.id for i in attempts.instances_of(store, job.id, current)}
+    assert current is not None  # recorded just above where there was none
     if current.ended_at is not None or (gone is not None and mine and not mine & gone):
         return store.job(job.id)
     if host_alive:  # its logs and last files, while it still answers
