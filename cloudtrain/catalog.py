@@ -226,7 +226,7 @@ def cheapest(gpu: str, count: float, regions: list[str], market: str = "on-deman
     An impossible request is a UsageError that lists what exists."""
     from .errors import UsageError
 
-    best = None
+    best: tuple[float, InstanceType, str, str | None] | None = None
     found = matching(gpu, count, source="--gpus")
     other_arch = sorted({t.arch for t in found if t.arch != DEFAULT_ARCH})
     if found and len(other_arch) == 1 and all(t.arch != DEFAULT_ARCH for t in found):
@@ -245,9 +245,9 @@ def cheapest(gpu: str, count: float, regions: list[str], market: str = "on-deman
                     if best is None or price < best[0]:
                         best = (price, t, region, zone)
             else:
-                price = t.on_demand.get(region)
-                if price is not None and (best is None or price < best[0]):
-                    best = (price, t, region, None)
+                listed = t.on_demand.get(region)
+                if listed is not None and (best is None or listed < best[0]):
+                    best = (listed, t, region, None)
     if best is None:
         raise gpus_error(check_gpu(gpu, "--gpus"), count, regions, market)
     return best[1], best[2], best[3]

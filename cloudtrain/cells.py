@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from typing import Callable
 
 from .host.job_status import as_time as _finite  # a finite float, else None
 from .host.job_status import fmt_duration
@@ -33,7 +34,7 @@ def shown(value) -> str:
     return text[:MAX_SHOWN - 3] + "..." if len(text) > MAX_SHOWN else text
 
 
-def printable(text: str) -> str:
+def printable(text: object) -> str:
     """A file name as one line that cannot steer the terminal (a name may hold escapes)."""
     return "".join(c if c.isprintable() else "?" for c in str(text))
 
@@ -243,7 +244,7 @@ def _plain_grid(cols: list[Col], body: list[list[str]], shown: list[int],
 
 
 def grid(cols: list[Col], rows: list[list], *, width: int | None = None, color: bool = False,
-         styles: dict[str, object] | None = None) -> str:
+         styles: dict[str, Callable[[str], str | None]] | None = None) -> str:
     """Rows under a header, fitted to `width` (None: full length); `styles` maps a header to
     a function giving a cell's rich style (used only with `color`)."""
     from rich.cells import cell_len  # rich's console and table only where they are needed:
@@ -275,11 +276,12 @@ def grid(cols: list[Col], rows: list[list], *, width: int | None = None, color: 
             cells.append(Text(row[i], style=(fn(row[i]) or "") if fn else ""))
         t.add_row(*cells)
     total = sum(widths[i] for i in shown) + GAP * len(shown)
-    console = Console(file=io.StringIO(), width=total, color_system="standard" if color else None,
+    out = io.StringIO()
+    console = Console(file=out, width=total, color_system="standard" if color else None,
                       force_terminal=color, no_color=not color, highlight=False, emoji=False,
                       markup=False, legacy_windows=False)
     console.print(t)
-    return "\n".join(line.rstrip() for line in console.file.getvalue().rstrip("\n").split("\n"))
+    return "\n".join(line.rstrip() for line in out.getvalue().rstrip("\n").split("\n"))
 
 
 def staged_size(info) -> str:

@@ -243,6 +243,7 @@ def _recovery(provider, settings: config.Settings, region: str, checks: list[Che
     instance profile looked up in IAM, read-only."""
     name = settings.instance_profile
     off = " and AWS Auto Scaling relaunches it with this machine off"
+    why: str | None
     if not name:
         why, hint = "no instance_profile in config.yaml", PROFILE_HINT + off
     else:

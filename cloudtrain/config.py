@@ -305,10 +305,10 @@ class Settings:
                 _warn(f"{exc.message}; " + ("ignored" if "unknown setting" in exc.message
                                             or "setting names" in exc.message
                                             else "using its default"))
-        for keys, exc in settings.problems(str(path), lines):
+        for keys, problem in settings.problems(str(path), lines):
             if not _tolerant:
-                raise exc
-            _warn(f"{exc.message}; using the default")
+                raise problem
+            _warn(f"{problem.message}; using the default")
             for key in keys:
                 setattr(settings, key, getattr(cls(), key))
         for key, variable in ENVIRONMENT.items():

@@ -158,6 +158,7 @@ def _nonneg(name: str, value: float) -> float:
 def _interval(start: float, end: float | None, now: float | None) -> tuple[float, float, tuple[str, ...]]:
     """The interval to bill, and the note if it is still open."""
     start = _finite("start", start)
+    notes: tuple[str, ...]
     if end is None:
         if now is None:
             raise ValueError("end is None (still running): pass now= to bill up to it")

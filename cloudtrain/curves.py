@@ -95,7 +95,7 @@ class JobMetrics:
         moves to where the later one was written. Rows without an epoch stay as they are.
         What the table, the plot and the sparkline show; --csv and --json keep every
         row as written."""
-        out: list[dict] = []
+        out: list[dict | None] = []  # None: merged into a later row
         where: dict[tuple, int] = {}
         for row in self.rows:
             epoch = finite(row.get("epoch"))
@@ -104,7 +104,7 @@ class JobMetrics:
                 continue
             key = (row.get("run"), epoch)
             if key in where:
-                merged = {**out[where[key]], **row}
+                merged = {**(out[where[key]] or {}), **row}  # the row kept there
                 out[where[key]] = None
                 row = merged
             where[key] = len(out)
@@ -161,7 +161,9 @@ def _read(path) -> tuple[list[dict], list[dict], list[str]]:
         data = data[:MAX_BYTES]
     lines = data.split(b"\n")
     lines.pop()  # after the last newline: b"" or a partial line still being written
-    rows, events, junk = [], [], 0
+    rows: list[dict] = []
+    events: list[dict] = []
+    junk = 0
     for line in lines:
         if not line.strip():
             continue

@@ -41,7 +41,7 @@ def _imagenet_files(opencv: bool = False):
     return imagenet_files
 
 
-def _one_line(text: str) -> str:
+def _one_line(text: object) -> str:
     return (str(text).splitlines() or [""])[0]
 
 

@@ -68,7 +68,8 @@ class Source:
     first_read: str = "preread"  # snapshot: how the fresh volume's first-read penalty is paid
 
     def to_dict(self) -> dict:
-        doc = {"name": self.name, "kind": self.kind, "location": self.location}
+        doc: dict[str, object] = {"name": self.name, "kind": self.kind,
+                                  "location": self.location}
         if self.kind == "snapshot":
             doc.update(throughput=self.throughput, iops=self.iops, first_read=self.first_read)
         return doc

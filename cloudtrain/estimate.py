@@ -403,10 +403,10 @@ def _rank(rows: list[Row], market: str) -> None:
 
     priced = [r for r in rows if price(r) is not None]
     if priced:
-        min(priced, key=price).marks.append("cheapest")
+        min(priced, key=lambda r: price(r) or 0.0).marks.append("cheapest")  # all priced
     timed = [r for r in rows if r.total_s is not None]
     if timed:
-        min(timed, key=lambda r: r.total_s).marks.append("fastest")
+        min(timed, key=lambda r: r.total_s or 0.0).marks.append("fastest")  # all timed
     rows.sort(key=lambda r: (r.total_s is None,
                              price(r) if price(r) is not None else float("inf"),
                              r.instance_type))

@@ -151,7 +151,8 @@ def _compile(lines) -> Patterns:
             if pattern.include is not None:  # a comment or a blank line
                 patterns.append(pattern)
         group = f"(?P<{_DIR_MARK}>"
-        either = "|".join(f"(?:{p.regex.pattern.replace(group, '(?:')})" for p in patterns)
+        either = "|".join(f"(?:{p.regex.pattern.replace(group, '(?:')})" for p in patterns
+                          if p.regex is not None)  # every pattern kept has one (include set)
         try:
             any_ = re.compile(either or "(?!)")
         except re.error:  # then every entry is checked pattern by pattern

@@ -101,15 +101,15 @@ def parse_filters(states: tuple[str, ...] | list[str] = (),
         if not value.strip():
             raise UsageError(f"--recipe needs a value, got {value!r}")
         recipes += [r.strip() for r in value.split(",") if r.strip() and r.strip() not in recipes]
-    for flag, value in [*(("--recipe", r) for r in given_recipes), ("--name", name)]:
-        if value is None:
+    for flag, text in [*(("--recipe", r) for r in given_recipes), ("--name", name)]:
+        if text is None:
             continue
-        if not value.strip():
-            raise UsageError(f"{flag} needs a value, got {value!r}")
+        if not text.strip():
+            raise UsageError(f"{flag} needs a value, got {text!r}")
         try:
-            value.encode("utf-8")
+            text.encode("utf-8")
         except UnicodeEncodeError:  # bytes that are not UTF-8 on the command line
-            raise UsageError(f"{flag} {shown(value)} is not UTF-8 text") from None
+            raise UsageError(f"{flag} {shown(text)} is not UTF-8 text") from None
     start = None
     if since is not None:
         start = parse_time(since, "--since", time.time() if now is None else now)
@@ -270,6 +270,7 @@ def plan_removal(store: Store, refs: tuple[str, ...] | list[str] = (), *,
             if all(j.id != job.id for j in jobs):
                 jobs.append(job)
     else:
+        assert older_than is not None  # refs or older_than, checked above
         cutoff = parse_time(older_than, "--older-than", now, destructive=True)
         jobs = store.find_jobs(JobQuery(finished=True, ended_before=cutoff))
     removals = []
@@ -330,7 +331,7 @@ def _measure(job: Job, home: Path) -> Removal:
         info = None
     except OSError:  # there, but not ours to read: remove() tries, and says what failed
         return Removal(job, path, 0, 0)
-    if info is None:
+    if info is None or path is None:  # no path: no info
         return Removal(job, None, 0, 0)
     if stat.S_ISLNK(info.st_mode):
         try:
@@ -376,7 +377,8 @@ def remove(store: Store, plan: Plan, *, home: Path | None = None) -> Summary:
     size = rows = 0
     todo = list(plan.removals)
     while todo:
-        started, batch, batch_rows = time.monotonic(), [], 0
+        started, batch_rows = time.monotonic(), 0
+        batch: list[Removal] = []
         with store.transaction() as db:
             # Nothing can change while this transaction holds the write lock: the active jobs
             # read here stay the active jobs until its commit.

@@ -15,6 +15,8 @@ import math
 import re
 import unicodedata
 
+from typing import TypeGuard, overload
+
 from .errors import HostError
 from .host.job_status import ACTIVE, CANCELLED, FAILED, PREEMPTED, SUCCEEDED
 from .host.job_status import as_pid as pid
@@ -99,7 +101,8 @@ def clean_staging(value: object) -> dict | None:
         return None
     state = value.get("state")
     error = value.get("error")
-    rows = value.get("datasets") if isinstance(value.get("datasets"), list) else []
+    rows = value.get("datasets")
+    rows = rows if isinstance(rows, list) else []
     datasets = []
     for row in rows[:MAX_STAGED_DATASETS]:
         if not isinstance(row, dict):
@@ -155,6 +158,10 @@ def _results_stored(value: object) -> dict | None:
             "error": clean_text(error, MAX_REASON_LEN) if isinstance(error, str) else None}
 
 
+@overload
+def clean_row(row: dict) -> dict: ...
+@overload
+def clean_row(row: object) -> dict | None: ...
 def clean_row(row: object) -> dict | None:
     """A metrics row (or an event row): a flat object of short str keys to finite numbers,
     bools and short strings; nested values, NaN, infinities and the rest are dropped."""
@@ -245,7 +252,7 @@ class TerminalText:
                     i = colour.end()
                     continue
                 i = end
-            c = text[i]
+            c: str | None = text[i]
             while c is not None:
                 c = self._step(c, out)
             i += 1
@@ -309,5 +316,5 @@ def _count(value: object) -> int | None:
     return value if _is_int(value) and 0 <= value < INT64 else None
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -72,16 +72,16 @@ def environment(words, what: str, environ=None, named: dict | None = None) -> di
                              "are set by cloudtrain for the job", hint="pick another name")
         given[name] = value if eq else None
     out: dict[str, str] = {}
-    for name, value in given.items():
+    for name, maybe in given.items():
         said = named.get(name) or f"{what} {name}"
-        if value is None:
+        if maybe is None:
             if name not in environ:
                 raise UsageError(f"{said}: no value given and {name} is not set here",
                                  hint=f"{what} {name}=VALUE, or export {name} first")
-            value = environ[name]
-        if "\0" in value:
+            maybe = environ[name]
+        if "\0" in maybe:
             raise UsageError(f"{said}: a value cannot hold a NUL character")
-        out[name] = value
+        out[name] = maybe
     return out
 
 
@@ -139,7 +139,7 @@ def consent(values: list[Taken], job_file: str | None) -> Consent | None:
     if not asked:
         return None
     n = len(asked)
-    where = job_file or asked[0].at.split(":", 1)[0]
+    where = job_file or (asked[0].at or "").split(":", 1)[0]
     them = "it" if n == 1 else "them"
     what = f"{where} takes {'a value' if n == 1 else f'{n} values'} from your environment"
     listed = ", ".join(f"{t.name} ({_line(t)}"
@@ -156,5 +156,5 @@ def consent(values: list[Taken], job_file: str | None) -> Consent | None:
 
 def _line(t: Taken) -> str:
     """`secrets, line 7` for a value at `job.yaml:7: secrets.NAME`."""
-    place, _, key = t.at.partition(": ")
+    place, _, key = (t.at or "").partition(": ")
     return f"{key.split('.', 1)[0]}, line {place.rsplit(':', 1)[-1]}"

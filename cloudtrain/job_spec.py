@@ -102,6 +102,7 @@ class JobSpec:
             from . import recipes
 
             what = [f"{self.recipe} ({self.profile})" if self.profile else str(self.recipe)]
+            assert self.recipe is not None  # a recipe job names its recipe
             try:
                 rec = recipes.load(self.recipe)
                 base = rec.resolve(self.profile if self.profile in rec.profiles else None)

@@ -72,7 +72,7 @@ def _kept_style(text: str) -> str | None:
 
 def _at(ts: float | None, now: float) -> str:
     """A moment as this machine's clock says it, and how far off: `00:12 (in 47m)`."""
-    if _finite(ts) is None:
+    if ts is None or _finite(ts) is None:
         return "-"
     when = time.strftime("%H:%M", time.localtime(ts))
     return f"{when} (in {age(now, ts)})" if ts >= now else f"{when} ({age(ts, now)} ago)"
@@ -365,7 +365,8 @@ def nodes_lines(job: Job, width: int | None = None) -> list[str]:
         return []
     rows = []
     for i, rec in enumerate(recs):
-        agent = rec.get("agent") if isinstance(rec.get("agent"), dict) else {}
+        agent = rec.get("agent")
+        agent = agent if isinstance(agent, dict) else {}
         where = rec.get("host") or ("this machine" if rec.get("kind") == "LocalHost" else "-")
         rows.append([str(i) + (" (rendezvous)" if i == 0 else ""), cells.shown(rec.get("instance")),
                      cells.shown(rec.get("address")), cells.shown(where),
@@ -462,7 +463,7 @@ def stop_outcomes(outcomes: list, listed: bool = False) -> str:
     regions, and with `listed` (--wide) which. "no active jobs" is an all-clear only
     when every region could be checked."""
     lines = [f"{o.ref}: {o.note}" + (f": {', '.join(o.regions)}"
-                                     if listed and getattr(o, "regions", ()) else "")
+                                     if listed and getattr(o, "regions", None) else "")
              for o in outcomes]
     if not any(o.kind != "sweep" for o in outcomes):
         lines.insert(0, "no active jobs" if all(o.ok for o in outcomes) else

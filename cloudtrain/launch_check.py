@@ -270,6 +270,7 @@ def _run_job(c: Check, steps: Steps, report: Report) -> None:
             s.detail, s.data = _round_trip(c, job, status)
     if c.role_probe:
         with steps.step("instance role") as s:
+            assert c.workdir is not None  # made when the job was launched
             got = (Path(c.workdir) / "from-store" / "output.log")
             if c.role_line.encode() not in (got.read_bytes() if got.exists() else b""):
                 raise CloudtrainError("the job's output lacks the object the instance was to "
@@ -348,7 +349,8 @@ def _round_trip(c: Check, job, status: dict) -> tuple[str, dict]:
     credentials) and the same files fetched back here, checked against the manifest."""
     stored = status.get("results_stored")
     if stored is None and not status.get("instance_gone"):
-        notes = [e.detail for e in c.store.events(job.id) if e.phase == "results-store"]
+        notes = [e.detail for e in c.store.events(job.id)
+                 if e.phase == "results-store" and e.detail is not None]
         raise CloudtrainError("the instance uploaded nothing to the job store: "
                               + (notes[-1] if notes else "it had no upload grant"))
     if stored is not None and not stored.get("ok"):
@@ -362,6 +364,7 @@ def _round_trip(c: Check, job, status: dict) -> tuple[str, dict]:
                      "infra/iam-policy-cli.json; infra/README.md)")
         raise CloudtrainError(f"the instance's upload to s3://{c.bucket}/jobs/{job.id}/ "
                               f"failed: {error}")
+    assert c.workdir is not None  # made when the job was launched
     local = Path(c.workdir) / "from-store"
     got = c.provider.fetch_results(c.store, job, local)
     if not got or not got.get("complete"):

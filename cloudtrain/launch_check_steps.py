@@ -13,10 +13,13 @@ import re
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from . import config, state
 from .errors import CloudError, CloudtrainError
+
+if TYPE_CHECKING:
+    from .providers.base import CloudProvider
 
 
 @dataclasses.dataclass
@@ -101,7 +104,7 @@ def failed(name: str, seconds: float, exc: BaseException) -> Step:
 class Check:
     """What the steps found and made, for the later steps and the teardown."""
     settings: config.Settings
-    provider: object
+    provider: CloudProvider
     store: state.Store
     gpu: bool
     nonce: str

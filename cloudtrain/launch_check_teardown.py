@@ -139,6 +139,7 @@ def _bill(c: Check, job, report: Report) -> tuple[str, dict]:
 def record_price(c: Check, price: float | None) -> None:
     """The catalog knows GPU types only: a t3.micro is recorded without a price. The check's
     price goes on its record, so that status and cost-report bill it too."""
+    assert c.job_id is not None  # the check's job was made
     for inst in c.store.instances(c.job_id):
         if inst.price_per_hour is None and price is not None:
             c.store.update_instance(inst.id, price_per_hour=price)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from .market import Market
 
@@ -69,7 +70,7 @@ class LaunchOptions:
         """The options among `values` ({option: value}, e.g. click's parameters: the others,
         --dry-run or --yes, are not launch options), a repeatable one as a tuple."""
         names = {f.name for f in dataclasses.fields(cls)} - {"origins"}
-        given = {k: tuple(v or ()) if k in REPEATED or k in ("command", "regions") else v
+        given: dict[str, Any] = {k: tuple(v or ()) if k in REPEATED or k in ("command", "regions") else v
                  for k, v in values.items() if k in names}
         return cls(**given, origins=dict(origins or {}))
 
@@ -100,7 +101,7 @@ class LaunchOptions:
         Repeated options add up, the file's first. The file's origins stay only for what the
         flags left to it."""
         origins = dict(from_file.origins)
-        merged = {}
+        merged: dict[str, Any] = {}  # each option's value, of its field's type
         for option, value in self.given().items():
             if option in REPEATED:
                 merged[option] = tuple(getattr(from_file, option)) + tuple(value)

@@ -10,6 +10,7 @@ import io
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from . import cost
 from .state import Instance, Job, Store
@@ -84,7 +85,7 @@ def phases_of(store: Store, job: Job) -> list[cost.Phase]:
         marks.append(("teardown", job.ended_at))
     # The marks come from two clocks (the launching process's events, the agent's end), and
     # a short job can end before its launcher records "running": keep them in order.
-    ordered = []
+    ordered: list[tuple[str, float]] = []
     for name, at in marks:
         ordered.append((name, max(at, ordered[-1][1]) if ordered else at))
     return [cost.Phase(name, at, ordered[i + 1][1] if i + 1 < len(ordered) else None)
@@ -102,7 +103,8 @@ def settle(store: Store, job: Job, target_time: float | None = None,
         store.update_job(job.id, cost=None, cost_settled=0,
                          cost_detail={"notes": [f"cost unknown: {exc}"]})
         return cost.Billed(0.0, 0.0, False, (f"cost unknown: {exc}",))
-    detail = {"notes": list(billed.notes), "billed_seconds": billed.billed_seconds}
+    detail: dict[str, Any] = {"notes": list(billed.notes),
+                              "billed_seconds": billed.billed_seconds}
     if runs:
         try:
             detail["phases"] = cost.cost_by_phase(runs, phases_of(store, job), now=now)
@@ -302,7 +304,7 @@ def report_csv(rows: list[Row], total: Row, by: str) -> str:
     w.writerow([by, *(("name", "created", "what", "instances") if described else ()),
                 "jobs", "usd", "settled", "usd_to_target", "usd_data_copy"])
     for r in [*rows, total]:
-        extra = ()
+        extra: tuple[str, ...] = ()
         if described:
             created = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(r.created_at)) \
                 if r.created_at is not None else ""

@@ -16,4 +16,6 @@ class Market(str, enum.Enum):
 
     # What is printed or formatted is the word, as before (not "Market.SPOT").
     __str__ = str.__str__
-    __format__ = str.__format__
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)

@@ -54,9 +54,10 @@ def count(job_or_spec) -> int:
 def records(job: Job) -> list[dict]:
     """Each node's record, node 0 first; [] for a job on one machine (or one whose nodes
     were never all acquired)."""
-    found = (job.host or {}).get("nodes")
-    if (job.host or {}).get("collected_from") is not None:
-        found = (job.host["collected_from"] or {}).get("nodes")
+    host = job.host or {}
+    found = host.get("nodes")
+    if host.get("collected_from") is not None:
+        found = (host["collected_from"] or {}).get("nodes")
     return [n for n in found if isinstance(n, dict)] if isinstance(found, list) else []
 
 
@@ -161,17 +162,18 @@ def read_rendezvous(stdout: str) -> tuple[str | None, int | None]:
     import re
 
     lines = (stdout or "").splitlines() + ["", ""]
-    iface = lines[0].strip()
-    iface = iface if re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", iface) else None
+    said = lines[0].strip()
+    iface = said if re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", said) else None
     port = lines[1].strip()
     port_n = int(port) if port.isdigit() and 0 < int(port) < 65536 else None
     return iface, port_n
 
 
-def torchrun_argv(python: str, nodes: int, rank: int, procs: int, master: str, port: int,
-                  job_id: str) -> list[str]:
+def torchrun_argv(python: str, nodes: int, rank: int | str, procs: int, master: str,
+                  port: int | str, job_id: str) -> list[str]:
     """Node `rank`'s torchrun: static rendezvous (the c10d TCPStore on node 0 at
-    master:port), so node ranks are the nodes' own and global rank 0 runs on node 0."""
+    master:port), so node ranks are the nodes' own and global rank 0 runs on node 0. Rank
+    and port may be placeholders that the node fills in (scripts.NODE_RANK_VAR)."""
     return [python, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--node-rank={rank}",
             f"--nproc-per-node={procs}", f"--master-addr={master}", f"--master-port={port}",
             f"--rdzv-id={job_id}"]
@@ -207,7 +209,7 @@ def combine(statuses: list[dict | None]) -> dict:
             combined["interruption"] = worst["interruption"]
         return combined
     if statuses and all(s and s.get("state") == "succeeded" for s in statuses):
-        return {**first, "ended_at": max(s.get("ended_at") or 0 for s in statuses) or
+        return {**first, "ended_at": max((s or {}).get("ended_at") or 0 for s in statuses) or
                 first.get("ended_at")}
     if first.get("state") == "succeeded":  # node 0 is done, the others are still finishing
         first.update(state="running", ended_at=None, exit_code=None)

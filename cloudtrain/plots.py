@@ -158,33 +158,33 @@ def plot(jobs: list[JobMetrics], out, *, target: float | None = None,
     import matplotlib
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no display, no globals
 
-    colours = matplotlib.colormaps["tab10"].colors
+    colours = matplotlib.colormaps["tab10"].colors  # type: ignore[attr-defined]  # a ListedColormap
     styles = ("-", "--", ":", "-.")
-    plotted = {"loss": [], "acc": []}
+    plotted: dict[str, list] = {"loss": [], "acc": []}
     with matplotlib.rc_context({"svg.hashsalt": "cloudtrain"}):  # the same job, the same SVG
         fig = Figure(figsize=(12, 8), dpi=100, layout="constrained")
         (loss_e, acc_e), (loss_t, acc_t) = fig.subplots(2, 2)
-        for n, job in enumerate(prepared):
+        for n, drawn_job in enumerate(prepared):
             colour = colours[n % len(colours)]
-            runs = f" ({len(job.curves)} runs)" if len(job.curves) > 1 else ""
-            for i, curve in enumerate(job.curves):
-                line = dict(color=colour, lw=1.5, alpha=1.0 if len(job.curves) == 1 else 0.6)
-                for ax_e, ax_t, keys, kind in ((loss_e, loss_t, job.losses, "loss"),
-                                               (acc_e, acc_t, [job.acc] if job.acc else [],
+            runs = f" ({len(drawn_job.curves)} runs)" if len(drawn_job.curves) > 1 else ""
+            for i, curve in enumerate(drawn_job.curves):
+                line = dict(color=colour, lw=1.5, alpha=1.0 if len(drawn_job.curves) == 1 else 0.6)
+                for ax_e, ax_t, keys, kind in ((loss_e, loss_t, drawn_job.losses, "loss"),
+                                               (acc_e, acc_t, [drawn_job.acc] if drawn_job.acc else [],
                                                 "acc")):
                     for j, key in enumerate(keys):
-                        base = job.label if kind == "acc" else f"{job.label} {key}"
+                        base = drawn_job.label if kind == "acc" else f"{drawn_job.label} {key}"
                         label = _legend_text(base + runs) if i == 0 else "_nolegend_"
                         xs, ys = curve.by_epoch[key]
                         if xs:
                             ax_e.plot(xs, ys, label=label, ls=styles[j % len(styles)],
                                       marker="o" if len(xs) <= 30 else None, ms=3, **line)
                             plotted[kind] += ys
-                        xs, ys = curve.by_time.get(key, ((), ()))
-                        if xs:
-                            ax_t.plot([x / 60 for x in xs] if hours else xs, ys, label=label,
+                        txs, tys = curve.by_time.get(key, ((), ()))
+                        if txs:
+                            ax_t.plot([x / 60 for x in txs] if hours else txs, tys, label=label,
                                       ls=styles[j % len(styles)], **line)
-                            plotted[kind] += ys
+                            plotted[kind] += tys
         _finish((loss_e, acc_e, loss_t, acc_t), prepared, plotted, target, hours)
         if title is not None:
             fig.suptitle(_text(title))

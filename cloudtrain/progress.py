@@ -127,10 +127,11 @@ class _Status:
     def __rich__(self):
         from rich.progress_bar import ProgressBar
         from rich.table import Table
+        from rich.console import RenderableType
         from rich.text import Text
 
         row = Table.grid(padding=(0, 1))
-        cells = [self.spinner, Text(self.text, overflow="ellipsis", no_wrap=True)]
+        cells: list[RenderableType] = [self.spinner, Text(self.text, overflow="ellipsis", no_wrap=True)]
         if self.total:
             cells += [ProgressBar(total=self.total, completed=self.done, width=30),
                       Text(f"{megabytes(self.done)} / {megabytes(self.total)}")]

@@ -92,12 +92,12 @@ class Argument:
             if isinstance(raw, bool):
                 raise bad("a number")
             try:
-                value = float(text)
+                number = float(text)
             except ValueError:
                 raise bad("a number") from None
-            if not math.isfinite(value):
+            if not math.isfinite(number):
                 raise bad("a finite number")
-            return self._in_range(value, source)
+            return self._in_range(number, source)
         if self.type == "choice":
             if text not in [str(c) for c in self.choices or []]:
                 raise bad("one of " + ", ".join(str(c) for c in self.choices or []))

@@ -121,6 +121,7 @@ def _check_nodes(spec: JobSpec) -> None:
     if spec.kind == RECIPE:
         from . import recipes
 
+        assert spec.recipe is not None  # a recipe job names its recipe
         check_recipe_nodes(recipes.load(spec.recipe), spec.args, n, what)
 
 
@@ -279,6 +280,7 @@ def _recipe_spec(o: LaunchOptions, backend: str, placement: dict, workdir: str |
     a cloud, its instance type."""
     from . import recipes
 
+    assert o.recipe is not None  # asked for a recipe job (--recipe)
     try:
         rec = recipes.load(o.recipe)
     except UsageError as exc:

@@ -156,8 +156,11 @@ class Connection:
         expired = threading.Event()
         timer = None
         if deadline is not None:
-            timer = threading.Timer(max(deadline - time.monotonic(), 0),
-                                    lambda: (expired.set(), chan.close()))
+            def expire() -> None:
+                expired.set()
+                chan.close()
+
+            timer = threading.Timer(max(deadline - time.monotonic(), 0), expire)
             timer.daemon = True
             timer.start()
 

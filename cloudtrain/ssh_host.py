@@ -11,12 +11,15 @@ import stat
 import subprocess
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .host import safefile
 from .errors import HostError, NotRegularFile
 from .gitignore import list_files
 from .hosts import CommandFailed, Host, Result, file_sizes, session_name
+
+if TYPE_CHECKING:
+    from .ssh import Connection
 
 # Deadlines for remote calls (one hung host hung `status`, `down` and `down --all`).
 RUN_TIMEOUT_S = 300.0  # any command that does not say otherwise
@@ -51,7 +54,7 @@ class SSHHost(Host):
         self.endpoint = endpoint
         self.python = python
         self.name = endpoint.label()
-        self._conn = None
+        self._conn: Connection | None = None
         self._home: str | None = None
         self._has_rsync: bool | None = None
 
@@ -60,8 +63,8 @@ class SSHHost(Host):
         if self._conn is None:
             from .ssh import Connection
 
-            self._conn = Connection(self.endpoint)
-            self.endpoint.host_key = self._conn.host_key  # pinned from now on
+            conn = self._conn = Connection(self.endpoint)
+            self.endpoint.host_key = conn.host_key  # pinned from now on
         return self._conn
 
     def close(self) -> None:
@@ -217,16 +220,18 @@ class SSHHost(Host):
                 ["rsync", "-a", "--protect-args", *extra, "--from0", "--files-from=-",
                  "--out-format=%n", "-e", relay.rsh(), f"{local_dir}/", f"remote:{remote_dir}/"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            p_in, p_out, p_err = proc.stdin, proc.stdout, proc.stderr
+            assert p_in is not None and p_out is not None and p_err is not None  # PIPEs
 
             def feed() -> None:
                 try:
-                    proc.stdin.write(names)
-                    proc.stdin.close()
+                    p_in.write(names)
+                    p_in.close()
                 except OSError:  # rsync ended early: its exit code says why
                     pass
 
             threads = [threading.Thread(target=feed, daemon=True),
-                       threading.Thread(target=lambda: err.append(proc.stderr.read()),
+                       threading.Thread(target=lambda: err.append(p_err.read()),
                                         daemon=True)]
             for t in threads:
                 t.start()
@@ -235,7 +240,7 @@ class SSHHost(Host):
             timer.start()
             count = done = 0
             try:
-                for raw in proc.stdout:
+                for raw in p_out:
                     line = raw.decode("utf-8", "replace").rstrip("\n")
                     if line and not line.endswith("/"):
                         count += 1

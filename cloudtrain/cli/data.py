@@ -135,13 +135,14 @@ def progress_bars():
     """A `progress(done, total, stage)` callback drawing one rich bar per stage on stderr when
     it is a terminal (drawn from the caller's thread: no refresh thread beside worker forks)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID,
+                               TimeRemainingColumn)
 
     console = Console(stderr=True)
     bars = Progress("{task.description}", BarColumn(), MofNCompleteColumn(),
                     TimeRemainingColumn(), console=console, auto_refresh=False,
                     disable=not console.is_terminal)
-    tasks: dict[str, int] = {}
+    tasks: dict[str, TaskID] = {}
 
     def progress(done: int, total: int, stage: str) -> None:
         if stage not in tasks:

@@ -219,10 +219,10 @@ def check(region: str | None, as_json: bool, wide: bool, launch: bool, gpu: bool
         sys.exit(launch_check.exit_code(report))
     from .. import check as checks
 
-    report = checks.run(region=region)
-    click.echo(checks.to_json(report) if as_json else
-               checks.render(report, width=table_width(wide), color=colored()))
-    sys.exit(checks.exit_code(report))
+    checked = checks.run(region=region)
+    click.echo(checks.to_json(checked) if as_json else
+               checks.render(checked, width=table_width(wide), color=colored()))
+    sys.exit(checks.exit_code(checked))
 
 
 @click.command()
