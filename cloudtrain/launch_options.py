@@ -70,8 +70,9 @@ class LaunchOptions:
         """The options among `values` ({option: value}, e.g. click's parameters: the others,
         --dry-run or --yes, are not launch options), a repeatable one as a tuple."""
         names = {f.name for f in dataclasses.fields(cls)} - {"origins"}
-        given: dict[str, Any] = {k: tuple(v or ()) if k in REPEATED or k in ("command", "regions") else v
-                 for k, v in values.items() if k in names}
+        given: dict[str, Any] = {  # each option's value, of its field's type
+            k: tuple(v or ()) if k in REPEATED or k in ("command", "regions") else v
+            for k, v in values.items() if k in names}
         return cls(**given, origins=dict(origins or {}))
 
     def given(self) -> dict:

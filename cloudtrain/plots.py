@@ -169,9 +169,9 @@ def plot(jobs: list[JobMetrics], out, *, target: float | None = None,
             runs = f" ({len(drawn_job.curves)} runs)" if len(drawn_job.curves) > 1 else ""
             for i, curve in enumerate(drawn_job.curves):
                 line = dict(color=colour, lw=1.5, alpha=1.0 if len(drawn_job.curves) == 1 else 0.6)
+                accs = [drawn_job.acc] if drawn_job.acc else []
                 for ax_e, ax_t, keys, kind in ((loss_e, loss_t, drawn_job.losses, "loss"),
-                                               (acc_e, acc_t, [drawn_job.acc] if drawn_job.acc else [],
-                                                "acc")):
+                                               (acc_e, acc_t, accs, "acc")):
                     for j, key in enumerate(keys):
                         base = drawn_job.label if kind == "acc" else f"{drawn_job.label} {key}"
                         label = _legend_text(base + runs) if i == 0 else "_nolegend_"

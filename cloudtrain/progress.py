@@ -131,7 +131,8 @@ class _Status:
         from rich.text import Text
 
         row = Table.grid(padding=(0, 1))
-        cells: list[RenderableType] = [self.spinner, Text(self.text, overflow="ellipsis", no_wrap=True)]
+        cells: list[RenderableType] = [self.spinner,
+                                       Text(self.text, overflow="ellipsis", no_wrap=True)]
         if self.total:
             cells += [ProgressBar(total=self.total, completed=self.done, width=30),
                       Text(f"{megabytes(self.done)} / {megabytes(self.total)}")]

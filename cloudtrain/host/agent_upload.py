@@ -220,8 +220,9 @@ class _HTTPHandler(urllib.request.HTTPHandler):
 
 class _HTTPSHandler(urllib.request.HTTPSHandler):
     def https_open(self, req):
+        context = self._context  # type: ignore[attr-defined]  # HTTPSHandler's, not in its stub
         return self.do_open(functools.partial(http.client.HTTPSConnection, blocksize=CHUNK),
-                            req, context=self._context)  # type: ignore[attr-defined]  # HTTPSHandler's own, not in its stub
+                            req, context=context)
 
 
 # http.client sends a file body in 8 KiB blocks by default: 1 MiB blocks send a checkpoint

@@ -141,8 +141,9 @@ def restore(plan_path, jobdir, sign=None):
     "error"}, plus "slot", "at" and the restored checkpoints' "signature" (the Streamer does
     not upload them again)."""
     started = time.time()
-    status: dict[str, object] = {"ok": False, "seq": None, "step": None, "epoch": None, "files": 0, "bytes": 0,
-              "seconds": 0.0, "error": None, "slot": None, "signature": None}
+    status: dict[str, object] = {
+        "ok": False, "seq": None, "step": None, "epoch": None, "files": 0, "bytes": 0,
+        "seconds": 0.0, "error": None, "slot": None, "signature": None}
     staged = []
     try:
         plan, timeout = _load_plan(plan_path)

@@ -243,7 +243,8 @@ class Streamer(object):
         self._slot = start_slot if start_slot in SLOTS else None
         self._good = None  # the record of that snapshot, and the checkpoints it holds
         self._good_sig = None
-        self._pending: tuple | None = None  # a manifest whose POST failed: S3 may or may not have it
+        # a manifest whose POST failed: S3 may or may not have it
+        self._pending: tuple | None = None
         self._failed_sig, self._retry_at = None, 0.0
         self._inflight = None  # the signature being uploaded
         self._moved = False  # the last upload failed only because a file was written to

@@ -268,8 +268,8 @@ def remove(root, job):
 def main(argv):
     usage = ("usage: job_queue.py add ROOT JOB ORDER PYTHON AGENT SOCKET AHEAD | next JOBDIR | "
              "state ROOT JOB | remove ROOT JOB")
-    commands: dict[str, tuple[Callable[..., dict], int]] = {"add": (add, 7), "next": (next_job, 1), "state": (state, 2),
-                "remove": (remove, 2)}
+    commands: dict[str, tuple[Callable[..., dict], int]] = {
+        "add": (add, 7), "next": (next_job, 1), "state": (state, 2), "remove": (remove, 2)}
     if not argv or argv[0] not in commands or len(argv) - 1 != commands[argv[0]][1]:
         print(usage, file=sys.stderr)
         return 2

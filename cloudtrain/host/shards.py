@@ -206,8 +206,9 @@ def write_shard(root: Path, shard: ShardPlan, fileobj=None) -> ShardEntry:
     A file that changed size since the plan is a ValueError: the push would not be the tree."""
     out = _Hashing(fileobj)
     # A stream mode writes only: the stub's file type also asks for read, seek and tell.
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT,  # type: ignore[call-overload]
-                      encoding="utf-8", bufsize=CHUNK) as tar:
+    with tarfile.open(  # type: ignore[call-overload]
+            fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8",
+            bufsize=CHUNK) as tar:
         for f in shard.files:
             info = tarfile.TarInfo(f.path)
             info.size, info.mtime, info.mode = f.size, f.mtime, 0o644
@@ -461,8 +462,9 @@ def _unpack(src, work: str, entry: ShardEntry) -> list[tuple[str, int]]:
     data = 0
     try:
         # A stream mode reads only: the stub's file type also asks for write, seek and tell.
-        with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", errors="strict",  # type: ignore[call-overload]
-                          bufsize=CHUNK, tarinfo=_ShardMember) as tar:
+        with tarfile.open(  # type: ignore[call-overload]
+                fileobj=reader, mode="r|", encoding="utf-8", errors="strict",
+                bufsize=CHUNK, tarinfo=_ShardMember) as tar:
             for member in tar:
                 if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
                     raise _Bad(f"member {member.name[:200]!r} is not a regular file")

@@ -175,7 +175,8 @@ def follow(store: Store, settings: config.Settings, job: Job, offset: int = 0,
             host, where = None, path
         if path and host is None:
             host = current
-        if host is not None and path is not None and job.state != state.QUEUED:  # a queued job has no log yet
+        # a queued job has no log yet
+        if host is not None and path is not None and job.state != state.QUEUED:
             try:
                 chunk = host.read(path, offset)
             except (HostError, OSError):

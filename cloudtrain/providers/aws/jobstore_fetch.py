@@ -77,7 +77,8 @@ def fetch(s3, bucket: str, job_id: str, local_dir: Path, limit_bytes: int, *,
     if not stored:
         return result
     wanted = stored
-    keys: dict[str, str] = {}  # relative path -> its key, where that is not prefix + path (a streamed one)
+    # relative path -> its key, where that is not prefix + path (a streamed one)
+    keys: dict[str, str] = {}
     if MANIFEST in stored:
         listed, in_stream = _read_manifest(s3, bucket, prefix, stored.pop(MANIFEST),
                                            expected_owner, result)
