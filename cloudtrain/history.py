@@ -25,7 +25,8 @@ from pathlib import Path
 from . import state
 from .config import shown, suggest
 from .errors import NotFound, UsageError
-from .state import Job, JobQuery, Store
+from .state import Job, Store
+from .state_query import JobQuery
 
 STATES = state.ACTIVE_STATES + state.TERMINAL_STATES
 

@@ -273,11 +273,11 @@ class Host(ABC):
         """Write a file on the host; `private`: readable by its owner only (0600) before
         any of `text` is in it (a job's secrets)."""
 
+    @abstractmethod
     def unpack(self, tar_path: Path, remote_dir: str,
                sent: Callable[[int], None] | None = None) -> None:
         """Extract a bundle() (a tar file here) into remote_dir; `sent` is told the bytes
         sent so far."""
-        raise NotImplementedError(f"{type(self).__name__} cannot unpack a bundle")
 
     # -- built on them ----------------------------------------------------------------------------
 

@@ -5,11 +5,11 @@ tags) are the truth about what runs. One file, `$CLOUDTRAIN_HOME/state.db`, in W
 that many `cloudtrain` processes can read while one writes; every write is a short
 `BEGIN IMMEDIATE` transaction with a generous busy timeout.
 
-This module holds the job states, the records (Job, Instance, Attempt, Event, JobQuery) and
-the Store that reads and writes them; the schema's migrations are in state_schema, how a
-column's value is read and written in state_columns, whether a failing file is unusable in
-state_check. A job's spec and facts are parsed where it is loaded (job_spec). It imports
-only those, config and errors.
+This module holds the job states, the records (Job, Instance, Attempt, Event) and
+the Store that reads and writes them; which jobs a JobQuery means is in state_query, the
+schema's migrations in state_schema, how a column's value is read and written in
+state_columns, whether a failing file is unusable in state_check. A job's spec and facts
+are parsed where it is loaded (job_spec). It imports only those, config and errors.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from pathlib import Path
 from .config import private_file, shown
 from .errors import NotFound, UsageError
 from .job_spec import FACTS, JobFacts, JobSpec
-from .state_columns import bindable, cached_metrics, json_column, read_row
 from .state_check import check_database, database_error  # noqa: F401  (the CLI's too)
+from .state_columns import bindable, cached_metrics, json_column, read_row
+from .state_query import FINISHED_AT, JobQuery, sql_where
 from .state_schema import MIGRATIONS, SCHEMA_VERSION
 
 # Job states, in lifecycle order. A job is "active" until it reaches a terminal state.
@@ -53,30 +54,6 @@ def on_host(job) -> bool:
     return job.state in (STAGING, RUNNING) or (
         job.state == SETTING_UP and job.lease_until is None and bool(job.jobdir))
 
-
-# When a job finished: its end, else (a row without one) its creation (index jobs_finished_at).
-FINISHED_AT = "coalesce(ended_at, created_at)"
-TERMINAL_SQL = "(%s)" % ", ".join(f"'{s}'" for s in TERMINAL_STATES)
-
-
-def _fnmatchcase(name, pattern) -> int:
-    import fnmatch
-
-    return isinstance(name, str) and isinstance(pattern, str) and \
-        fnmatch.fnmatchcase(name, pattern)
-
-
-@dataclasses.dataclass(frozen=True)
-class JobQuery:
-    """Which jobs Store.find_jobs and count_jobs mean: every condition given holds."""
-    states: tuple[str, ...] = ()        # the job is in one of these states (empty: any)
-    recipes: tuple[str, ...] = ()       # the job ran one of these recipes (empty: any)
-    name: str | None = None             # the job has this name (with name_glob:
-    name_glob: str | None = None        # or one this shell glob, fnmatch, matches)
-    created_since: float | None = None  # created at or after this time (epoch seconds)
-    finished: bool | None = None        # True: in a terminal state; False: any other state
-    ended_since: float | None = None    # finished (FINISHED_AT) at or after this time
-    ended_before: float | None = None   # finished before this time
 
 
 @dataclasses.dataclass
@@ -343,45 +320,11 @@ class Store:
 
     # -- history (issue 16): jobs by filter, and forgetting a job ----------------------
 
-    def _where(self, query: JobQuery) -> tuple[str, list]:
-        terms: list[str] = []
-        params: list[object] = []
-        if query.states:
-            terms.append("state IN (%s)" % ",".join("?" * len(query.states)))
-            params += query.states
-        if query.finished is not None:  # a state no version wrote counts as not finished
-            # Constants written out, not bound: SQLite matches a partial index's condition
-            # (jobs_unfinished) only against the same literal terms. `+state` keeps the state
-            # index out of the finished query: by when they finished (jobs_finished_at) a
-            # few rows are read, by state nearly all of them.
-            terms.append(("+state IN %s" if query.finished else "state NOT IN %s")
-                         % TERMINAL_SQL)
-        if query.recipes:
-            terms.append("recipe IN (%s)" % ",".join("?" * len(query.recipes)))
-            params += query.recipes
-        if query.name is not None or query.name_glob is not None:
-            glob = "name GLOB ?"
-            if query.name_glob is not None and "[" in query.name_glob:
-                # Sets differ: the shell's [!a] is SQLite's [^a], whose ^ is the shell's
-                # literal. Python's fnmatch decides those (a function call per row).
-                self.db.create_function("fnmatchcase", 2, _fnmatchcase, deterministic=True)
-                glob = "fnmatchcase(name, ?)"
-            names = [("name = ?", query.name), (glob, query.name_glob)]
-            terms.append("(%s)" % " OR ".join(t for t, v in names if v is not None))
-            params += [v for _, v in names if v is not None]
-        for column, op, value in (("created_at", ">=", query.created_since),
-                                  (FINISHED_AT, ">=", query.ended_since),
-                                  (FINISHED_AT, "<", query.ended_before)):
-            if value is not None:
-                terms.append(f"{column} {op} ?")
-                params.append(float(value))
-        return (" WHERE " + " AND ".join(terms)) if terms else "", params
-
     def find_jobs(self, query: JobQuery, *, by_end: bool = False,
                   limit: int | None = None) -> list[Job]:
         """The jobs `query` matches, newest first: by creation, or with `by_end` by when they
         finished (for finished jobs)."""
-        where, params = self._where(query)
+        where, params = sql_where(self.db, query, TERMINAL_STATES)
         order = f"{FINISHED_AT} DESC, id" if by_end else "created_at DESC, id"
         sql = f"SELECT * FROM jobs{where} ORDER BY {order}"
         if limit is not None:
@@ -389,7 +332,7 @@ class Store:
         return [Job.from_row(r) for r in self.db.execute(sql, params).fetchall()]
 
     def count_jobs(self, query: JobQuery) -> int:
-        where, params = self._where(query)
+        where, params = sql_where(self.db, query, TERMINAL_STATES)
         return self.db.execute(f"SELECT count(*) FROM jobs{where}", params).fetchone()[0]
 
     def job_tables(self) -> list[str]:
