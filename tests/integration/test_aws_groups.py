@@ -320,11 +320,11 @@ def test_a_job_of_the_previous_version_shows_and_down_deletes_the_group_its_spec
     p, store, images = cloud
     spec = _spec(images[REGION])
     job = _job(store, spec)
-    name = p.create_job_group(store, job, spec, USER_DATA)
+    name = groups.create_job_group(p.aws, store, job, spec, USER_DATA)
     (raw,) = _live(job.id)
-    p._record_found(store, job, REGION, raw, 1)
+    instances._record_found(p.aws, store, job, REGION, raw, 1)
     old = {**spec.to_dict(), "attempt": 1, "avoid_zones": [], "store_region": None,
-           "store_owner": p.owner_key(REGION), "auto_scaling_group": name}
+           "store_owner": p.aws.owner_key(REGION), "auto_scaling_group": name}
     store.db.execute("UPDATE jobs SET spec = ?, details = NULL WHERE id = ?",
                      (json.dumps(old), job.id))
     shown = store.job(job.id)
