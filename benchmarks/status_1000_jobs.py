@@ -81,17 +81,24 @@ def main() -> None:
     args = ap.parse_args()
     trees = [t.resolve() for t in args.tree or [ROOT]]
     with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp)
-        fill(home, args.jobs)
         # the warm-up run writes each tree's bytecode, as an installed package has it
         env = {k: v for k, v in os.environ.items()
                if k not in ("PYTHONPATH", "PYTHONSAFEPATH", "PYTHONDONTWRITEBYTECODE")}
-        env.update(CLOUDTRAIN_HOME=str(home), NO_COLOR="1")
+        env["NO_COLOR"] = "1"
+        # A store of its own for each tree, filled alike: a newer tree's schema is refused
+        # by an older tree.
+        homes = {tree: Path(tmp) / str(i) for i, tree in enumerate(trees)}
+        for tree, home in homes.items():  # by the tree's own code, at its own schema
+            subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                            "sys.path.insert(0, 'benchmarks'); from status_1000_jobs import fill; "
+                            f"fill(Path({str(home)!r}), {int(args.jobs)})"],
+                           cwd=tree, env=env, check=True)
         cpu: dict[tuple[Path, str], list[float]] = {}
         for run in range(args.runs + 1):
             for tree in trees:
                 for what, argv in COMMANDS.items():
-                    took = cpu_of([sys.executable, *argv], tree, env)
+                    took = cpu_of([sys.executable, *argv], tree,
+                                  {**env, "CLOUDTRAIN_HOME": str(homes[tree])})
                     if run:  # the first run warms the page cache
                         cpu.setdefault((tree, what), []).append(took)
         print(f"{args.jobs} jobs, CPU seconds (user+sys) of the whole process, median of "
