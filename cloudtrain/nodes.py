@@ -194,12 +194,16 @@ def environment(nodes: int, rank: int, master: str, port: int, iface: str | None
 def combine(statuses: list[dict | None]) -> dict:
     """The job's status from its nodes' agents (None: a node not heard from). Node 0's
     record (its pid, metrics, checkpoint uploads) with the job's state: the worst node's
-    end once any node has ended badly (its reason names the node), succeeded once every
+    end once any node has ended badly (its reason names the node; of failures, a node whose
+    instance is gone (`instance_lost`) first, then the earliest), succeeded once every
     node has, else running."""
     first = dict(statuses[0] or {})
     ended = [(i, s) for i, s in enumerate(statuses) if s and s.get("state") in _WORST]
     if ended:
-        ended.sort(key=lambda p: (_WORST.index(p[1]["state"]), p[1].get("ended_at") or 0, p[0]))
+        # A node whose instance is gone is the cause of the others' failures, though its end
+        # is only found after theirs (when a probe cannot reach it and EC2 says it is gone).
+        ended.sort(key=lambda p: (_WORST.index(p[1]["state"]), not p[1].get("instance_lost"),
+                                  p[1].get("ended_at") or 0, p[0]))
         i, worst = ended[0]
         reason = worst.get("reason") or worst["state"]
         combined = {**first, "state": worst["state"], "exit_code": worst.get("exit_code"),

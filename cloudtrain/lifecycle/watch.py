@@ -191,7 +191,7 @@ def _nodes_lost(store: Store, settings: config.Settings, job: Job, lost: dict,
         else:
             why = (seen or {}).get("message") or (seen or {}).get("state") or "no longer listed"
             statuses[i] = {"state": state.PREEMPTED if spot else state.FAILED,
-                           "ended_at": time.time(), "exit_code": None,
+                           "ended_at": time.time(), "exit_code": None, "instance_lost": True,
                            "reason": ("spot instance interrupted" if spot else
                                       f"its instance {inst} was terminated ({why})")}
     ended = any(s and s.get("state") in state.TERMINAL_STATES and s.get("state") !=

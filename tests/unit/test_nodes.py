@@ -40,6 +40,19 @@ def test_the_first_node_to_fail_is_the_cause_and_is_named():
     assert combined["exit_code"] == 137
 
 
+def test_a_node_whose_instance_is_gone_is_the_cause_though_found_after_the_others_fail():
+    """Issue 15: node 2's instance dies; node 1's collective calls fail at once (exit 1),
+    and node 2's end is known only when a probe cannot reach it and EC2 says it is gone,
+    later. The job names node 2, not the failure its loss caused (a loaded machine made
+    the probe slower than gloo, and the reason named node 1)."""
+    combined = nodes.combine([_status("running"),
+                              _status("failed", 20.0, "exited with code 1", 1),
+                              _status("failed", 26.0, "its instance i-2 was terminated",
+                                      instance_lost=True)])
+    assert combined["reason"] == "node 2: its instance i-2 was terminated"
+    assert combined["exit_code"] is None
+
+
 def test_an_interruption_wins_over_the_failures_it_causes():
     """A spot node taken back: the others fail or are cancelled because of it; the job is
     interrupted (so a recovering job is relaunched, not failed)."""
