@@ -109,7 +109,9 @@ def test_u49_a_job_s_setup_shows_as_setting_up_then_running(cli, ct_home):
     assert [p["name"] for p in job["timeline"]][-3:] == ["setting-up", "running", "succeeded"]
     assert re.fullmatch(r"setup done in [0-9]+ s", phases["running"]["detail"]), phases
     took = unix_time(phases["running"]["start"]) - unix_time(phases["setting-up"]["start"])
-    assert took >= 7.5, phases
+    # The setup's end is run.sh's `date +%s` (whole seconds, portable), so an 8 s setup
+    # shows as at least 7 s after the launcher's start; a loaded machine saw 7.2-7.4 s.
+    assert 7.0 <= took < 30, phases
     # with data staged first: staging, then the setup, then the command
     (ct_home / "mine").mkdir()
     staged = cli.launch("--data", f"mine={ct_home / 'mine'}", "--setup", "sleep 2", "--",
