@@ -477,7 +477,7 @@ def simulate_relaunch(where: str) -> dict:
     cloud = lab.__wrapped__(patch, ct_home)  # the fixture's generator: moto, both regions
     ec2s = next(cloud)
     try:
-        from cloudtrain.lifecycle import recovery
+        from cloudtrain.lifecycle import recovery, watch
         from cloudtrain.config import Settings
         from cloudtrain.state import open_store
 
@@ -490,7 +490,7 @@ def simulate_relaunch(where: str) -> dict:
         except Killed:
             pass
         after_fault = len(_live(ec2s, job.id))
-        recovery.launcher_died(store, store.job(job.id))
+        watch.launcher_died(store, store.job(job.id))
         no_capacity.clear()
         try:
             recovery.relaunch(store, Settings.load(), store.job(job.id))

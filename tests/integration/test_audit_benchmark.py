@@ -223,3 +223,24 @@ def test_the_table_keeps_the_audits_columns_and_adds_the_new_checks(audit, capsy
                  "Forged records taken as the job's: 1",
                  "Instances of a forged-records case left billing: 1"):
         assert line in out, (line, out)
+
+
+def test_the_orphan_lab_relaunch_simulation_runs_against_todays_lifecycle():
+    """audit_lab.py's F30 scenario (a supervisor killed mid-relaunch in a second region) runs
+    the lifecycle's own functions in a process of its own; after they moved (launcher_died to
+    watch.py) it printed NOT MEASURED with a traceback and the benchmark still exited 0. Here
+    it measures: one live instance after the fault, and after the next supervisor only the
+    job's attempt 2."""
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CLOUDTRAIN_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"),
+                                         str(REPO / "tests" / "integration")])
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "audit_lab.py"), "relaunch",
+                           "other"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert figures["after_fault"] == 1
+    assert [(region, attempt) for region, _, attempt in figures["live"]] == [("us-west-2", "2")]
