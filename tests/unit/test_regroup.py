@@ -11,7 +11,7 @@ import json
 
 from hypothesis import given, settings, strategies as st
 
-from cloudtrain.host import regroup
+from cloudtrain.host import job_records, regroup
 
 FIELDS = {"instance", "rank", "address", "port", "iface"}
 
@@ -103,11 +103,11 @@ RECORDS = JSON | st.fixed_dictionaries(NEAR, optional={"at": JSON, "extra": JSON
 @settings(max_examples=800, deadline=None)
 @given(RECORDS, st.integers(1, 64))
 def test_a_record_from_the_job_store_is_kept_only_with_every_field_checked(doc, nodes):
-    out = regroup.check_member(doc, nodes)  # never raises
+    out = job_records.check_member(doc, nodes)  # never raises
     if out is None:
         return
     assert set(out) == FIELDS
-    assert regroup.INSTANCE.fullmatch(out["instance"])
+    assert job_records.INSTANCE.fullmatch(out["instance"])
     # the address is the IPv4 address the record wrote, as EC2 writes one, and a VPC's
     assert isinstance(doc["address"], str) and out["address"] == doc["address"]
     assert str(ipaddress.IPv4Address(out["address"])) == out["address"]
@@ -115,7 +115,7 @@ def test_a_record_from_the_job_store_is_kept_only_with_every_field_checked(doc, 
                for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"))
     assert type(out["port"]) is int and 1 <= out["port"] <= 65535
     assert out["iface"] is None or (type(out["iface"]) is str
-                                    and regroup.IFACE.fullmatch(out["iface"]))
+                                    and job_records.IFACE.fullmatch(out["iface"]))
     assert out["rank"] is None or (type(out["rank"]) is int and 0 <= out["rank"] < nodes)
     json.dumps(out)
 
@@ -123,12 +123,12 @@ def test_a_record_from_the_job_store_is_kept_only_with_every_field_checked(doc, 
 def test_a_good_record_is_kept_and_a_bad_rank_or_interface_only_forgotten():
     doc = {"instance": "i-0123456789abcdef0", "rank": 2, "address": "10.0.1.7",
            "port": 29501, "iface": "ens5", "at": 1.0}
-    assert regroup.check_member(doc, 3) == {k: doc[k] for k in FIELDS}
-    assert regroup.check_member(dict(doc, rank=3), 3)["rank"] is None  # not a rank of 3
-    assert regroup.check_member(dict(doc, iface="ens5; rm"), 3)["iface"] is None
+    assert job_records.check_member(doc, 3) == {k: doc[k] for k in FIELDS}
+    assert job_records.check_member(dict(doc, rank=3), 3)["rank"] is None  # not a rank of 3
+    assert job_records.check_member(dict(doc, iface="ens5; rm"), 3)["iface"] is None
     for bad in ({"port": 0}, {"port": True}, {"address": 167837959}, {"address": "::1"},
                 {"instance": "i-xyz"}):
-        assert regroup.check_member(dict(doc, **bad), 3) is None, bad
+        assert job_records.check_member(dict(doc, **bad), 3) is None, bad
 
 
 GRANT = {"url": "https://b.s3.amazonaws.com/", "fields": {"policy": "p"},
@@ -197,11 +197,11 @@ def test_F42_only_an_address_a_vpc_may_give_is_a_members():
     multicast. A VPC's instances have RFC 1918 (or RFC 6598) addresses."""
     doc = {"instance": "i-0123456789abcdef0", "rank": 0, "port": 29500}
     for good in ("10.0.1.7", "172.16.5.4", "172.31.255.254", "192.168.1.2", "100.64.3.3"):
-        assert regroup.check_member(dict(doc, address=good), 3)["address"] == good
+        assert job_records.check_member(dict(doc, address=good), 3)["address"] == good
     for bad in ("8.8.8.8", "127.0.0.1", "169.254.169.254", "0.0.0.0", "255.255.255.255",
                 "224.0.0.1", "203.0.113.66", "198.51.100.7", "172.32.0.1", "10.0.0.0",
                 "10.255.255.255", "192.168.255.255"):
-        assert regroup.check_member(dict(doc, address=bad), 3) is None, bad
+        assert job_records.check_member(dict(doc, address=bad), 3) is None, bad
 
 
 def test_rank_0_without_a_stream_in_its_setting_streams_nothing():
@@ -211,8 +211,8 @@ def test_rank_0_without_a_stream_in_its_setting_streams_nothing():
 
 
 def test_the_records_keys_are_below_the_attempt():
-    assert regroup.member_key("jobs/o/j1/", 4, "i-0000000a") == \
+    assert job_records.member_key("jobs/o/j1/", 4, "i-0000000a") == \
         "jobs/o/j1/attempts/4/i-0000000a.json"
-    assert regroup.ended_key("jobs/o/j1/", 4, 2) == "jobs/o/j1/attempts/4/ended-2.json"
-    assert regroup.MEMBER.fullmatch("i-0000000a.json") and not regroup.MEMBER.fullmatch(
+    assert job_records.ended_key("jobs/o/j1/", 4, 2) == "jobs/o/j1/attempts/4/ended-2.json"
+    assert job_records.MEMBER_NAME.fullmatch("i-0000000a.json") and not job_records.MEMBER_NAME.fullmatch(
         "ended-2.json")
