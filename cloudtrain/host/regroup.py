@@ -9,7 +9,8 @@ The group holds N instances; AWS knows no ranks. When it replaces a lost one, th
 bootstrap.py records the next attempt (attempts/<n>.json) and meets the others; each other
 node's agent sees the new attempt (Team.watch: one GET every WATCH_S) or a peer gone in EC2
 (every PEERS_S), or finds its part of the job failed with a peer gone (Team.look_for_loss),
-stops its part (the collective calls hang or fail without the lost node) and meets them too:
+stops its part (the collective calls hang or fail without the lost node) and meets them too,
+through these records (each one's key, writer and checker are job_records.py's):
 
     attempts/<n>/<instance>.json   {"instance", "rank", "address", "iface", "port", "at"}: a
                                    node of attempt n (rank: its rank before; null: new)

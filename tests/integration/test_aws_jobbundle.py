@@ -502,6 +502,26 @@ def test_attempts_are_counted_by_gets_bounded_by_max_restarts(group_lab):
     assert record(lab, "attempts/4.json")["instance"] == INSTANCE
 
 
+@pytest.mark.parametrize("forged", [
+    {"attempt": 2, "instance": INSTANCE, "by": "launch"},       # another attempt's, under 1
+    {"attempt": "1", "instance": INSTANCE, "by": "launch"},     # not a number
+    {"attempt": True, "instance": INSTANCE, "by": "launch"},    # true == 1 in Python
+], ids=["another-attempt-s", "mistyped", "a-bool"])
+def test_a_record_of_this_instance_that_the_checker_refuses_is_not_its_attempt(group_lab,
+                                                                             forged):
+    """Issue 35: the attempt record read back goes through job_records.check_attempt, under
+    its own key: a record naming this instance that is not attempt 1's own record (written
+    by whoever holds the grant) still counts as an attempt, but not as this instance's, so it
+    records attempt 2 rather than take the forged one as its own."""
+    lab = group_lab
+    b = group_bundle(lab)
+    put_record(lab, "attempts/1.json", forged)
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args())
+    assert done.returncode == 0, done.stderr
+    assert record(lab, "attempts/2.json")["instance"] == INSTANCE
+    assert record(lab, "attempts/2.json")["attempt"] == 2
+
+
 def test_a_store_that_refuses_the_attempt_record_stops_the_start(group_lab):
     """The grant cannot write (nothing answers at its URL): one line, EXIT_STORE, no agent;
     the group stays (a transient failure must not end the job)."""
