@@ -21,6 +21,7 @@ from .errors import HostError
 from .host.job_status import ACTIVE, CANCELLED, FAILED, PREEMPTED, SUCCEEDED
 from .host.job_status import as_pid as pid
 from .host.job_status import as_time as finite
+from .host.job_status import HIDDEN, clean_text  # noqa: F401 - HIDDEN: said from here too
 
 AGENT_STATES = (*ACTIVE, SUCCEEDED, FAILED, CANCELLED, PREEMPTED)
 MAX_ANSWER_BYTES = 4 << 20  # a probe answer is a few KB; more is not an agent talking
@@ -189,17 +190,6 @@ def clean_row(row: object) -> dict | None:
     return out
 
 
-# Unicode categories dropped from host text: controls (terminal escapes), format characters
-# (bidi overrides), surrogates, and line/paragraph separators.
-HIDDEN = ("Cc", "Cf", "Cs", "Zl", "Zp")
-
-
-def clean_text(text: str, limit: int) -> str:
-    """One line, no control characters (terminal escapes included), at most `limit` chars."""
-    text = text[:limit * 4]
-    text = "".join(" " if c in "\r\n\t" else c for c in text
-                   if c in "\r\n\t" or unicodedata.category(c) not in HIDDEN)
-    return text[:limit]
 
 
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # all Cc but \t \n \r

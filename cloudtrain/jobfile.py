@@ -41,6 +41,7 @@ import yaml
 
 from .config import GP3_MAX_GB, check_region, shown
 from .errors import UsageError
+from .host.job_records import MAX_RESTARTS
 from .job_env import ENV_NAME
 from .launch_options import LaunchOptions
 
@@ -110,7 +111,8 @@ KEYS: tuple[Key, ...] = (
     Key("resources.recover", "recover", "bool", "spot: continue on a new instance after an "
                                                 "interruption (--recover)"),
     Key("resources.max_restarts", "max_restarts", "int", "spot recovery: at most this many "
-                                                         "relaunches (--max-restarts)", 0, 100),
+                                                         "relaunches (--max-restarts)", 0,
+        MAX_RESTARTS),
     Key("resources.fallback", "fallback", "choice", "spot recovery: on-demand when no spot "
                                                     "capacity is left (--fallback)",
         choices=("on-demand",)),

@@ -15,6 +15,7 @@ from pathlib import Path
 from . import config, providers
 from .config import INSTANCE_PATTERN, check_known_region, check_region, finite, shown
 from .errors import UsageError, named_at
+from .host.job_records import MAX_RESTARTS
 from .job_spec import COMMAND, RECIPE, JobFacts, JobSpec  # noqa: F401  (the lifecycle's)
 from .launch_options import LaunchOptions
 from .market import Market
@@ -35,7 +36,6 @@ FLAGS = {"instance_type": "--instance", "region": "--region", "ami": "--ami",
          "recover": "--recover/--no-recover", "max_restarts": "--max-restarts",
          "fallback": "--fallback", "cpu_only": "--cpu-only", "market": "--spot/--on-demand",
          "nodes": "--nodes"}
-MAX_RESTARTS = 100
 FALLBACKS = (Market.ON_DEMAND,)
 
 

@@ -438,22 +438,22 @@ class Agent:
         conf = self.group()
         if conf is None or self.status.get("state") == PREEMPTED:
             return None
-        auto_scaling = shipped("auto_scaling")
+        auto_scaling, records = shipped("auto_scaling"), shipped("job_records")
         grant = self.settings.get("results_store")
         attempt = auto_scaling.attempt_number(self.settings)
         ident = auto_scaling.identity(self.settings.get("imds_url") or auto_scaling.IMDS_URL)
-        doc = auto_scaling.final_doc(self.status.get("state"), self.status.get("exit_code"),
-                                     self.status.get("reason"), attempt, ident["instance"])
+        doc = records.final_doc(self.status.get("state"), self.status.get("exit_code"),
+                                self.status.get("reason"), attempt, ident["instance"])
         try:
             if not isinstance(grant, dict):
                 raise ValueError("no results_store grant in job.json")
-            shipped("agent_upload").post_json(grant, conf["prefix"] + auto_scaling.FINAL, doc)
+            shipped("agent_upload").post_json(grant, records.final_key(conf["prefix"]), doc)
         except Exception as exc:  # UploadError, a bad grant: said, and the power-off goes on
             self.group_failed("final.json", "final.json was not stored: %s" % exc)
             return None
         self.write_status(final_stored=dict(doc, at=now()))
-        self.log_line("the job's end is in the job store (%s%s)" % (conf["prefix"],
-                                                                    auto_scaling.FINAL))
+        self.log_line("the job's end is in the job store (%s)"
+                      % records.final_key(conf["prefix"]))
         return doc
 
     def end_group(self):

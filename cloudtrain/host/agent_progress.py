@@ -1,17 +1,17 @@
 """How far the job's attempt has got, kept in the job store for the launching machine.
 
 Standard library only, Python 3.8+; shipped beside agent.py. Imports auto_scaling (the
-record: progress_doc, progress_key), agent_upload (posts through the job's grant), safefile
-(bounded reads) and nothing else of ours.
+attempt job.json says), job_records (the record: progress_doc, progress_key), agent_upload
+(posts through the job's grant), safefile (bounded reads) and nothing else of ours.
 
 A job run by an Auto Scaling group goes on while the laptop that launched it is closed: AWS
 replaces a reclaimed instance and the replacement resumes from the last streamed checkpoint.
 Only stream/latest.json is kept of the checkpoints, and an instance taken back without notice
 says nothing more, so the launching machine, back later, cannot tell how far each attempt got
 (how many steps the next one redid). Rank 0's agent says it while it can, in
-attempts/<n>/progress.json (auto_scaling.py): the step of this run's last metrics row and of
-the newest checkpoint it streamed. One writer (Progress.post), one checker
-(auto_scaling.check_progress, where the launching machine reads it).
+attempts/<n>/progress.json (job_records.py): the step of this run's last metrics row and of
+the newest checkpoint it streamed. One writer (job_records.progress_doc, posted by
+Progress.post), one checker (job_records.check_progress, where the launching machine reads it).
 
     Progress.for_job(jobdir, settings, conf, checkpoint, log)   rank 0 of a group's job, or None
     start()            a thread that posts when the figures changed, at most every PROGRESS_S
@@ -28,7 +28,7 @@ import stat
 import threading
 import time
 
-from . import agent_upload, auto_scaling, safefile
+from . import agent_upload, auto_scaling, job_records, safefile
 
 # S3 bills each POST; one every 30 s is about 3,000 a day (well under a cent). An instance
 # taken back without notice loses at most this much of the record's figures.
@@ -68,7 +68,7 @@ def last_step(path, start=0):
         except (ValueError, RecursionError):  # a line being written, or cut by the window
             continue
         if isinstance(row, dict) and "event" not in row and \
-                auto_scaling.as_step(row.get("step")) is not None:
+                job_records.as_step(row.get("step")) is not None:
             return row["step"]
     return None
 
@@ -103,12 +103,12 @@ class Progress:
                 isinstance(grant, dict) and isinstance(grant.get("url"), str)):
             return None
         return cls(jobdir, dict(grant, prefix=conf["prefix"]),
-                   auto_scaling.progress_key(conf["prefix"], n), n, checkpoint, log)
+                   job_records.progress_key(conf["prefix"], n), n, checkpoint, log)
 
     def figures(self):
         """(the step of this run's last metrics row, the newest checkpoint step streamed)."""
         rec = self.checkpoint()
-        step = auto_scaling.as_step(rec.get("step")) if isinstance(rec, dict) and \
+        step = job_records.as_step(rec.get("step")) if isinstance(rec, dict) and \
             rec.get("ok") is True else None
         if step is not None and (self.checkpoint_step is None or step > self.checkpoint_step):
             self.checkpoint_step = step
@@ -123,7 +123,7 @@ class Progress:
             if figures == self.posted or figures == (None, None):
                 return False
             self.tried_at = time.time()
-            doc = auto_scaling.progress_doc(self.attempt, figures[0], figures[1])
+            doc = job_records.progress_doc(self.attempt, figures[0], figures[1])
             try:
                 agent_upload.post_json(self.grant, self.key, doc, max(1.0, timeout_s))
             except Exception as exc:  # noqa: BLE001 - UploadError, a bad grant: said once

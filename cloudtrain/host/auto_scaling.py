@@ -1,9 +1,9 @@
-"""A job run by an Auto Scaling group, seen from its instance: the job store's records of its
-end and its attempts, and the end of its own group and launch template.
+"""A job run by an Auto Scaling group, seen from its instance: its settings in job.json, this
+instance's identity, its group's instances, and the end of its own group and launch template.
 
 Standard library only, Python 3.8+; shipped beside agent.py. Imports awsapi (the role's
-credentials, SigV4), stage_plan (StageError), agent_upload (posts through the job's grant,
-AWS error bodies) and nothing else of ours. The orchestrator imports the key names from here.
+credentials, SigV4), stage_plan (StageError), agent_upload (AWS error bodies), job_records
+(the limits and patterns job.json's settings are checked with) and nothing else of ours.
 
 job.json's "auto_scaling" (written by the launch, provider.agent_settings):
 
@@ -14,24 +14,10 @@ job.json's "auto_scaling" (written by the launch, provider.agent_settings):
 (the last four for a job on several nodes, host/regroup.py: this node's rank, the attempt's
 nodes, and the checkpoint stream that rank 0 runs)
 
-Under the job's prefix in the job store:
-
-    final.json          {"state", "exit_code", "reason", "ended_at", "attempt", "instance"}:
-                        written once the job has truly ended (not on a preemption); an
-                        instance that finds it starts nothing and ends the group
-    attempts/<n>.json   {"attempt", "instance", "zone", "type", "lifecycle", "started_at",
-                        "by"}: n = 1 written by the launch, n >= 2 by bootstrap.py, which
-                        writes it again after the restore with "resumed_step",
-                        "resumed_seq" and "resumed_attempt" (the checkpoint's attempt)
-    attempts/<n>/progress.json  {"attempt", "step", "checkpoint_step", "at"}: how far attempt n
-                        got, by its rank 0's agent (agent_progress.py): the step of the run's
-                        last metrics row and of the newest checkpoint it streamed; for the
-                        launching machine, which may be off while AWS replaces instances
+Its records in the job store (final.json, attempts/...) are job_records.py's.
 
     settings(job) -> dict or None           job.json's "auto_scaling", checked (Invalid)
     attempt_number(job) -> int or None      the attempt job.json's env says this run is
-    final_doc(...) / attempt_doc(...)       the records, as the contract above writes them
-    progress_doc(...) / check_progress(doc, n)   an attempt's progress, written; read back
     identity(imds) -> {instance, zone, type, lifecycle}   this instance, from IMDSv2
     end_group(conf, creds) -> [(step, ok, line)]          the group deleted (or set to 0),
                                                           then its launch template
@@ -39,7 +25,6 @@ Under the job's prefix in the job store:
     instance_states(conf, creds, ids) -> ({id: state}, why)
 """
 
-import json
 import re
 import time
 import urllib.error
@@ -49,19 +34,13 @@ from xml.etree import ElementTree
 from typing import TYPE_CHECKING
 
 from .agent_upload import ERROR_BODY_BYTES, aws_error
+from .job_records import INSTANCE, MAX_RESTARTS, NODES_MAX, attempt_in
 from .awsapi import IMDS_URL, imds_get, imds_token, retry, sign_request, utc_now
 from .stage_plan import StageError
 
 if TYPE_CHECKING:  # 3.10's; the instance's Python may be older
     from typing import TypeGuard
 
-FINAL = "final.json"
-ATTEMPTS = "attempts/"
-PROGRESS = "progress.json"  # below attempts/<n>/
-ENDED_STATES = ("succeeded", "failed", "cancelled", "preempted")
-RECORD_MAX_BYTES = 64 << 10  # a record bigger than this is not one of ours
-MAX_RESTARTS_LIMIT = 1000  # also bounds the GETs that count the attempts
-STEP_LIMIT = 1 << 53  # a step past this is no training step (nor exact in JSON's doubles)
 AUTOSCALING_VERSION = "2011-01-01"
 EC2_VERSION = "2016-11-15"
 CALL_TIMEOUT_S = 20.0
@@ -73,8 +52,6 @@ REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
 PREFIX = re.compile(r"jobs/([A-Za-z0-9][A-Za-z0-9:+=,.@_-]{0,255}/)?"
                     r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}/")
 BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-INSTANCE = re.compile(r"i-[0-9a-f]{8,17}")
-NODES_MAX = 64  # the most nodes of one job's group
 # Answers that mean "already gone": nothing left to delete.
 GROUP_GONE = re.compile(r"not found|does not exist", re.I)
 TEMPLATE_GONE = "InvalidLaunchTemplateName.NotFoundException"
@@ -83,14 +60,6 @@ TRANSIENT = ("Throttling", "RequestLimitExceeded", "ServiceUnavailable", "Intern
 
 class Invalid(ValueError):
     """job.json's auto_scaling is not one the launch writes."""
-
-
-def attempt_key(prefix, n):
-    return "%s%s%d.json" % (prefix, ATTEMPTS, n)
-
-
-def progress_key(prefix, n):
-    return "%s%s%d/%s" % (prefix, ATTEMPTS, n, PROGRESS)
 
 
 def _count(value) -> "TypeGuard[int]":
@@ -114,9 +83,8 @@ def settings(job):
                                      and endpoint.startswith(("http://", "https://"))):
         raise Invalid("auto_scaling.endpoint is neither null nor an http(s) URL")
     restarts = conf.get("max_restarts")
-    if not _count(restarts) or restarts > MAX_RESTARTS_LIMIT:
-        raise Invalid("auto_scaling.max_restarts is not a number from 0 to %d"
-                      % MAX_RESTARTS_LIMIT)
+    if not _count(restarts) or restarts > MAX_RESTARTS:
+        raise Invalid("auto_scaling.max_restarts is not a number from 0 to %d" % MAX_RESTARTS)
     nodes = conf.get("nodes", 1)
     if not _count(nodes) or not 1 <= nodes <= NODES_MAX:
         raise Invalid("auto_scaling.nodes is not a number from 1 to %d" % NODES_MAX)
@@ -141,63 +109,12 @@ def settings(job):
             "stream": stream}
 
 
-def final_doc(state, exit_code, reason, attempt, instance, ended_at=None):
-    int_code = isinstance(exit_code, int) and not isinstance(exit_code, bool)
-    return {"state": state, "exit_code": exit_code if int_code else None,
-            "reason": None if reason is None else str(reason)[:2000],
-            "ended_at": time.time() if ended_at is None else ended_at,
-            "attempt": attempt, "instance": instance}
-
-
-def attempt_doc(n, ident, by="bootstrap", started_at=None):
-    return {"attempt": n, "instance": ident.get("instance"), "zone": ident.get("zone"),
-            "type": ident.get("type"), "lifecycle": ident.get("lifecycle"),
-            "started_at": time.time() if started_at is None else started_at, "by": by}
-
-
 def attempt_number(job):
     """The attempt job.json's env says this run is (CLOUDTRAIN_ATTEMPT, which the launch and
     bootstrap.py write), or None where it says none."""
     env = job.get("env") if isinstance(job, dict) else None
     env = env if isinstance(env, dict) else {}
-    text = str(env.get("CLOUDTRAIN_ATTEMPT", "")).strip()
-    return int(text) if text.isdigit() and len(text) < 7 and int(text) > 0 else None
-
-
-def progress_doc(n, step, checkpoint_step, at=None):
-    return {"attempt": n, "step": step, "checkpoint_step": checkpoint_step,
-            "at": time.time() if at is None else at}
-
-
-def as_step(value):
-    """`value` where it is a training step (an int from 0 to STEP_LIMIT), else None."""
-    return value if _count(value) and value < STEP_LIMIT else None
-
-
-def check_progress(doc, n):
-    """Attempt n's progress record (at progress_key(prefix, n)) with every field checked, or
-    None where it is not one, or names another attempt than its key. A step that is not one
-    is None; so is a time that is not a time since the epoch."""
-    if not (isinstance(doc, dict) and _count(n) and 1 <= n <= MAX_RESTARTS_LIMIT + 1
-            and _count(doc.get("attempt")) and doc["attempt"] == n):
-        return None
-    at = doc.get("at")
-    at = float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) and \
-        1e9 < at < 1e11 else None  # NaN and infinities fall out here too
-    return {"attempt": n, "step": as_step(doc.get("step")),
-            "checkpoint_step": as_step(doc.get("checkpoint_step")), "at": at}
-
-
-def read_record(data):
-    """A stored record's bytes (at most RECORD_MAX_BYTES + 1 read) as a dict, or None when
-    they are not one: too large, not UTF-8, not JSON, not an object. Never raises."""
-    if data is None or len(data) > RECORD_MAX_BYTES:
-        return None
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    return doc if isinstance(doc, dict) else None
+    return attempt_in(env.get("CLOUDTRAIN_ATTEMPT", ""))
 
 
 # -- this instance ---------------------------------------------------------------------------

@@ -4,10 +4,11 @@ Standard library only, Python 3.8+; shipped beside agent.py (and run from a copy
 instance's user-data). Imports bundle_reader (the bundle read with the role and checked: its
 layout, manifest, objects and archive), awsapi (the role's credentials), auto_scaling and
 agent_upload (a group's records and end), safefile, checkpoint_manifest and checkpoint_restore
-(the latest checkpoint, restored as a relaunch's run.sh restores it), and nothing else of ours.
+(the latest checkpoint, restored as a relaunch's run.sh restores it), job_records (the job
+store's records of a group's job: each one's writer and checker), and nothing else of ours.
 
     python3 bootstrap.py --bucket B --prefix jobs/<owner>/<job>/ --jobdir DIR --region R
-                         [--endpoint URL] [--imds URL] [--group NAME --max-restarts N]
+                         [--endpoint URL] [--imds URL] [--group NAME]
 
 The orchestrator (providers/aws/jobbundle.py) uploads at launch, under the job's prefix:
 
@@ -33,10 +34,10 @@ written anything there.
 A job run by an Auto Scaling group (job.json's "auto_scaling", host/auto_scaling.py): before
 the restore, final.json in the job store means the job has ended: the group and its launch
 template are deleted, the instance powers off, and nothing runs (EXIT_ENDED). Else the attempts
-recorded there are counted; past --max-restarts, final.json says preempted and the same end
-follows (EXIT_RESTARTS); otherwise attempts/<n>.json records this instance, the job's env says
-CLOUDTRAIN_ATTEMPT=n, and a restored checkpoint leaves the RESUME marker that run.sh turns into
-the recipe's resume argument.
+recorded there are counted; past job.json's max_restarts, final.json says preempted and the
+same end follows (EXIT_RESTARTS); otherwise attempts/<n>.json records this instance, the job's
+env says CLOUDTRAIN_ATTEMPT=n, and a restored checkpoint leaves the RESUME marker that run.sh
+turns into the recipe's resume argument.
 
 Every failure prints one line on stderr, writes <jobdir>/bootstrap-status.json saying why, and
 exits with its own code (EXIT_*); the agent is never started on a partial or unverified bundle.
@@ -49,8 +50,8 @@ import subprocess
 import sys
 import time
 
-from . import (agent_upload, auto_scaling, checkpoint_manifest, checkpoint_restore, regroup,
-               safefile)
+from . import (agent_upload, auto_scaling, checkpoint_manifest, checkpoint_restore,
+               job_records, regroup, safefile)
 from .bundle_reader import (  # noqa: F401 - the layout and codes are said from here too
     AGENT_DIR, AGENT_START_S, ARCHIVE, BUNDLE, Bundle, EXIT_AGENT, EXIT_ARCHIVE,
     EXIT_CREDENTIALS, EXIT_ENDED, EXIT_GRANT, EXIT_MANIFEST, EXIT_OBJECT, EXIT_RESTARTS,
@@ -160,10 +161,10 @@ def wait_for_manifest(bundle, wait_s):
         time.sleep(MANIFEST_POLL_S)
 
 
-def group_settings(root, bucket, prefix, group=None, max_restarts=None):
+def group_settings(root, bucket, prefix, group=None):
     """(job.json, its auto_scaling checked) of the unpacked bundle; (job, None) for a job not
-    run by a group. `group`/`max_restarts` (user-data's --group, --max-restarts) must agree
-    with it; --max-restarts, where given, is the count."""
+    run by a group. `group` (user-data's --group, which names the group to end where the
+    bundle cannot be read) must agree with it; its max_restarts is the count."""
     job = safefile.read_json(os.path.join(root, "job.json"), FILE_MAX_BYTES)
     if not isinstance(job, dict):
         raise Failed(EXIT_MANIFEST, "the bundle's job.json is not a JSON object")
@@ -180,8 +181,6 @@ def group_settings(root, bucket, prefix, group=None, max_restarts=None):
         if given is not None and conf[name] != given:
             raise Failed(EXIT_USAGE, "--%s %s, but the bundle's job.json says %s"
                          % (name, given, conf[name]))
-    if max_restarts is not None:
-        conf["max_restarts"] = max_restarts
     return job, conf
 
 
@@ -245,35 +244,36 @@ def take_attempt(bundle, conf, job, root, imds):
     off. Else the attempt recorded (attempts/<n>.json, read back: a role that cannot read it
     would count 1 for ever) and (n, its record) returned. Attempts are counted by GETs of 1, 2, ... until
     one is missing (403 too: the role may not list), at most max_restarts + 1 of them."""
-    prefix, limit = conf["prefix"], auto_scaling.RECORD_MAX_BYTES
+    prefix, limit = conf["prefix"], job_records.RECORD_MAX_BYTES
     where = "s3://%s/%s" % (conf["bucket"], prefix)
-    data = bundle.get_bytes(prefix + auto_scaling.FINAL, limit, EXIT_STORE,
+    data = bundle.get_bytes(job_records.final_key(prefix), limit, EXIT_STORE,
                             denied_is_missing=True)
     if data is not None:
-        doc = auto_scaling.read_record(data) or {}
-        state = doc.get("state") if doc.get("state") in auto_scaling.ENDED_STATES else \
-            "its record unreadable"
+        final = job_records.check_final(job_records.read_record(data))
         end_here(bundle, conf, job, root, EXIT_ENDED, "the job has ended (%s, %s%s): nothing "
-                 "to run" % (state, where, auto_scaling.FINAL))
+                 "to run" % (final["state"] if final else "its record unreadable", where,
+                             job_records.FINAL))
     ident = auto_scaling.identity(imds)
     last, last_doc, most = 0, None, conf["max_restarts"] + 1
     while last < most:
-        data = bundle.get_bytes(auto_scaling.attempt_key(prefix, last + 1), limit, EXIT_STORE,
+        data = bundle.get_bytes(job_records.attempt_key(prefix, last + 1), limit, EXIT_STORE,
                                 denied_is_missing=True)
         if data is None:
             break
-        last, last_doc = last + 1, auto_scaling.read_record(data)
-    if last and ident["instance"] and (last_doc or {}).get("instance") == ident["instance"]:
+        last, last_doc = last + 1, job_records.check_attempt(job_records.read_record(data),
+                                                             last + 1)
+    if last and ident["instance"] and last_doc is not None \
+            and last_doc["instance"] == ident["instance"]:
         return last, last_doc  # this instance's own, recorded already (the launch's, a reboot's)
     n = last + 1
     if n - 1 > conf["max_restarts"]:
         reason = "all %d restarts used (--max-restarts %d)" % (n - 2, conf["max_restarts"])
-        store_record(job, prefix + auto_scaling.FINAL, auto_scaling.final_doc(
+        store_record(job, job_records.final_key(prefix), job_records.final_doc(
             "preempted", None, reason, n - 1, ident["instance"]))
         end_here(bundle, conf, job, root, EXIT_RESTARTS, "the job is over: %s; final.json "
                  "says preempted" % reason)
-    key = auto_scaling.attempt_key(prefix, n)
-    doc = auto_scaling.attempt_doc(n, ident)
+    key = job_records.attempt_key(prefix, n)
+    doc = job_records.attempt_doc(n, ident)
     store_record(job, key, doc)
     bundle.get_bytes(key, limit, EXIT_STORE, "written just now, but the instance role cannot "
                      "read it back: it needs s3:GetObject on jobs/*/attempts/* "
@@ -315,9 +315,10 @@ def join_attempt(bundle, root, job, n, conf=None, record=None):
             # the attempt's record says where it resumed (the launching machine's attempts
             # table shows it); a failure to say so costs only that line
             try:
-                store_record(job, auto_scaling.attempt_key(conf["prefix"], n), dict(
-                    record, resumed_step=restored.get("step"), resumed_seq=restored.get("seq"),
-                    resumed_attempt=restored.get("attempt")), prefix=conf["prefix"])
+                store_record(job, job_records.attempt_key(conf["prefix"], n),
+                             job_records.attempt_doc(n, record, record.get("by"),
+                                                     record.get("started_at"), restored),
+                             prefix=conf["prefix"])
             except Failed:
                 pass
     return safefile.read_json(os.path.join(root, "job.json"), FILE_MAX_BYTES), restored
@@ -349,7 +350,7 @@ def enter_job(bundle, root, job, conf, imds):
 
 
 def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, group=None,
-              max_restarts=None, wait_s=0):
+              wait_s=0):
     """Fetch, verify and unpack the job's bundle into `jobdir`; for a job run by a group
     (job.json's auto_scaling), take this instance's attempt (take_attempt); then restore the
     latest checkpoint and start the agent. Returns the status written to
@@ -397,7 +398,7 @@ def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, grou
             jobdir, exc.filename, exc.what)) from None
     except OSError as exc:
         raise Failed(EXIT_WRITE, "cannot write the job's files: %s" % exc) from None
-    job, conf = group_settings(root, bucket, prefix, group, max_restarts)
+    job, conf = group_settings(root, bucket, prefix, group)
     attempt, restored = enter_job(bundle, root, job, conf, imds)
     try:  # last, outside the job directory: hosts.agent_dir, <root>/agent-<version>
         agent_root = os.path.join(os.path.dirname(os.path.dirname(root)), agent_dir)
@@ -430,7 +431,6 @@ def main(argv=None):
     parser.add_argument("--endpoint", default=None, help="an S3 endpoint URL (tests)")
     parser.add_argument("--imds", default=IMDS_URL, help="the metadata service (tests)")
     parser.add_argument("--group", default=None, help="the job's Auto Scaling group")
-    parser.add_argument("--max-restarts", default=None, help="replacements allowed")
     parser.add_argument("--wait-s", type=float, default=0.0,
                         help="wait this long for the bundle (an Auto Scaling instance)")
     try:
@@ -445,14 +445,8 @@ def main(argv=None):
             raise Failed(EXIT_USAGE, "--prefix must be jobs/<owner>/<job>/")
         if args.group is not None and not auto_scaling.GROUP.fullmatch(args.group):
             raise Failed(EXIT_USAGE, "--group must be an Auto Scaling group's name")
-        restarts = args.max_restarts
-        if restarts is not None:
-            if not restarts.isdigit() or int(restarts) > auto_scaling.MAX_RESTARTS_LIMIT:
-                raise Failed(EXIT_USAGE, "--max-restarts must be a number from 0 to %d"
-                             % auto_scaling.MAX_RESTARTS_LIMIT)
-            restarts = int(restarts)
         bootstrap(args.bucket, args.prefix, os.path.normpath(jobdir), args.region,
-                  args.endpoint, args.imds, args.group, restarts, max(0.0, args.wait_s))
+                  args.endpoint, args.imds, args.group, max(0.0, args.wait_s))
         return 0
     except Failed as exc:
         line = " ".join(str(exc).split())[:500]
@@ -493,7 +487,7 @@ def give_up(args, jobdir, line, code):
         job = safefile.read_json(os.path.join(jobdir, "job.json"), FILE_MAX_BYTES)
     if isinstance(job, dict):
         try:
-            store_record(job, args.prefix + auto_scaling.FINAL, auto_scaling.final_doc(
+            store_record(job, job_records.final_key(args.prefix), job_records.final_doc(
                 "failed", None, "an instance of the job's Auto Scaling group could not start "
                 "it: %s" % line, None, None))
         except Failed as exc:

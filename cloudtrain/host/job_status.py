@@ -7,6 +7,7 @@ else of ours.
     STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED, PREEMPTED; ACTIVE   status.json's states
     read_json(path, default)   a JSON object from the job directory, bounded, no link followed
     as_pid(v), as_time(v)      a value read back from there, checked
+    clean_text(text, limit)    text read back (a job's, a record's) as one line to show
     save_status(path, status)  a status decided from outside the agent, written atomically
     metrics_tail(jobdir)       the latest metrics row and the events that matter
     fmt_duration(seconds)      1h02m03s, as reasons and messages say it
@@ -16,6 +17,7 @@ import json
 import math
 import os
 import time
+import unicodedata
 
 from . import safefile
 
@@ -59,6 +61,19 @@ def as_time(value, default=None):
     except OverflowError:
         return default
     return value if math.isfinite(value) else default
+
+
+# Unicode categories dropped from text read back: controls (terminal escapes), format
+# characters (bidi overrides), surrogates, and line/paragraph separators.
+HIDDEN = ("Cc", "Cf", "Cs", "Zl", "Zp")
+
+
+def clean_text(text, limit):
+    """One line, no control characters (terminal escapes included), at most `limit` chars."""
+    text = text[:limit * 4]
+    text = "".join(" " if c in "\r\n\t" else c for c in text
+                   if c in "\r\n\t" or unicodedata.category(c) not in HIDDEN)
+    return text[:limit]
 
 
 def save_status(path, status):

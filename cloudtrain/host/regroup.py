@@ -2,13 +2,15 @@
 through the job store, and every one resumes from the last streamed checkpoint.
 
 Standard library only, Python 3.8+; shipped beside agent.py. Imports auto_scaling, agent_upload,
-bundle_reader, job_status and safefile, and nothing else of ours.
+bundle_reader, job_records (the records below, their keys, writers and checkers), job_status
+and safefile, and nothing else of ours.
 
 The group holds N instances; AWS knows no ranks. When it replaces a lost one, the replacement's
 bootstrap.py records the next attempt (attempts/<n>.json) and meets the others; each other
 node's agent sees the new attempt (Team.watch: one GET every WATCH_S) or a peer gone in EC2
 (every PEERS_S), or finds its part of the job failed with a peer gone (Team.look_for_loss),
-stops its part (the collective calls hang or fail without the lost node) and meets them too:
+stops its part (the collective calls hang or fail without the lost node) and meets them too,
+through these records (each one's key, writer and checker are job_records.py's):
 
     attempts/<n>/<instance>.json   {"instance", "rank", "address", "iface", "port", "at"}: a
                                    node of attempt n (rank: its rank before; null: new)
@@ -35,20 +37,17 @@ back to meet its replacement (Team.rejoin): one attempt per lost node.
 """
 
 import fcntl
-import ipaddress
 import os
-import re
 import socket
 import struct
 import threading
 import time
 
-from . import agent_upload, auto_scaling, safefile
+from . import agent_upload, auto_scaling, job_records, safefile
 from .bundle_reader import EXIT_ENDED, EXIT_STORE, FILE_MAX_BYTES, Failed
 from .job_status import CANCELLED, FAILED, PREEMPTED, REGROUP, RUNNING, now
 
 MASTER_PORT = 29500  # torchrun's default; the rendezvous takes the first free port from here
-NODES_MAX = 64
 WATCH_S = 2.0  # how often a running node asks for a newer attempt
 MEET_POLL_S = 0.5  # how often a meeting node lists the attempt's records
 REPLACE_WAIT_S = 1800.0  # a node whose peer is lost waits this long for AWS to replace it
@@ -65,21 +64,7 @@ GONE = ("shutting-down", "terminated", "stopping", "stopped")  # EC2's, of a los
 # in the stream already.
 STOP_GRACE_S = 3.0
 END_WAIT_S = 300.0  # rank 0 for the others' results; the others for final.json
-INSTANCE = auto_scaling.INSTANCE
-MEMBER = re.compile(r"(i-[0-9a-f]{8,17})\.json")
-IFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
-
-
-def member_key(prefix, n, instance):
-    return "%s%s%d/%s.json" % (prefix, auto_scaling.ATTEMPTS, n, instance)
-
-
-def ended_key(prefix, n, rank):
-    return "%s%s%d/ended-%d.json" % (prefix, auto_scaling.ATTEMPTS, n, rank)
-
-
-def leaving_key(prefix, n, rank):
-    return "%s%s%d/leaving-%d.json" % (prefix, auto_scaling.ATTEMPTS, n, rank)
+RECORD_MAX_BYTES = job_records.RECORD_MAX_BYTES
 
 
 def records_grant(job, prefix):
@@ -89,47 +74,6 @@ def records_grant(job, prefix):
         raise Failed(EXIT_STORE, "no results_store grant in job.json to write the job's "
                      "records with")
     return dict(grant, prefix=prefix)
-
-
-# The addresses a VPC's instances may have: RFC 1918, and the shared range AWS lets a VPC
-# use (RFC 6598). Never loopback, link-local (the IMDS), multicast, broadcast or public.
-PRIVATE = tuple(ipaddress.IPv4Network(n) for n in
-                ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"))
-
-
-def private(address):
-    """Whether `address` (an IPv4Address) may be an instance's private address in a VPC."""
-    return any(address in net for net in PRIVATE) and address not in (
-        net.network_address for net in PRIVATE) and address not in (
-        net.broadcast_address for net in PRIVATE)
-
-
-def check_member(doc, nodes):
-    """A node's record with every field checked, or None (not one): its address must be one
-    a VPC may give (`private`). `iface` is what the writer says of its own interface: no
-    node ever takes it for itself (take_part)."""
-    if not isinstance(doc, dict):
-        return None
-    inst, rank, address = doc.get("instance"), doc.get("rank"), doc.get("address")
-    port, iface = doc.get("port"), doc.get("iface")
-    if not (isinstance(inst, str) and INSTANCE.fullmatch(inst)):
-        return None
-    if rank is not None and not (isinstance(rank, int) and not isinstance(rank, bool)
-                                 and 0 <= rank < nodes):
-        rank = None
-    if not isinstance(address, str):  # IPv4Address takes a number too: 167837959 is 10.1.1.7
-        return None
-    try:
-        parsed = ipaddress.IPv4Address(address)
-    except (ipaddress.AddressValueError, ValueError, TypeError):
-        return None
-    if not private(parsed):
-        return None
-    address = str(parsed)
-    if not (isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536):
-        return None
-    iface = iface if isinstance(iface, str) and IFACE.fullmatch(iface) else None
-    return {"instance": inst, "rank": rank, "address": address, "port": port, "iface": iface}
 
 
 def ranked(found, nodes):
@@ -188,8 +132,8 @@ def mine(ident, rank):
     if not ident.get("instance") or not address:
         raise Failed(EXIT_STORE, "IMDS gave no instance id or private address: this node "
                      "cannot meet the others")
-    return {"instance": ident["instance"], "rank": rank, "address": address,
-            "iface": interface_of(address), "port": free_port(), "at": time.time()}
+    return job_records.member_doc(ident["instance"], rank, address, interface_of(address),
+                                  free_port())
 
 
 def group_peers(conf, creds, say=None):
@@ -210,10 +154,9 @@ def group_peers(conf, creds, say=None):
 def newest(reader, prefix, n):
     """The newest attempt recorded from n on (GETs of attempts/<n+1>.json, ... until one is
     missing)."""
-    for _ in range(auto_scaling.MAX_RESTARTS_LIMIT):
-        data = reader.get_bytes(auto_scaling.attempt_key(prefix, n + 1),
-                                auto_scaling.RECORD_MAX_BYTES, EXIT_STORE,
-                                denied_is_missing=True)
+    for _ in range(job_records.MAX_ATTEMPTS):
+        data = reader.get_bytes(job_records.attempt_key(prefix, n + 1), RECORD_MAX_BYTES,
+                                EXIT_STORE, denied_is_missing=True)
         if data is None:
             return n
         n += 1
@@ -222,22 +165,22 @@ def newest(reader, prefix, n):
 
 def ended(reader, prefix):
     """Whether final.json is there (the job has ended, whatever it says)."""
-    return reader.get_bytes(prefix + auto_scaling.FINAL, auto_scaling.RECORD_MAX_BYTES,
-                            EXIT_STORE, denied_is_missing=True) is not None
+    return reader.get_bytes(job_records.final_key(prefix), RECORD_MAX_BYTES, EXIT_STORE,
+                            denied_is_missing=True) is not None
 
 
 def members(reader, prefix, n, nodes):
     """Attempt n's nodes as their records say (listed, each read and checked). Any node of
     the group can write any record: meet keeps only those EC2 agrees with."""
-    found, folder = [], "%s%s%d/" % (prefix, auto_scaling.ATTEMPTS, n)
+    found, folder = [], job_records.attempt_folder(prefix, n)
     listed = reader.list_keys(folder, EXIT_STORE)
     for key, size in sorted(listed.items()):
-        name = MEMBER.fullmatch(key[len(folder):])  # directly in the folder: not sub/<id>.json
-        if name is None or size > auto_scaling.RECORD_MAX_BYTES:
+        named = job_records.member_of(folder, key)  # directly in the folder: not sub/<id>.json
+        if named is None or size > RECORD_MAX_BYTES:
             continue
-        doc = check_member(auto_scaling.read_record(reader.get_bytes(
-            key, auto_scaling.RECORD_MAX_BYTES, EXIT_STORE, denied_is_missing=True)), nodes)
-        if doc is not None and doc["instance"] == name.group(1):
+        doc = job_records.check_member(job_records.read_record(reader.get_bytes(
+            key, RECORD_MAX_BYTES, EXIT_STORE, denied_is_missing=True)), nodes)
+        if doc is not None and doc["instance"] == named:
             found.append(doc)
     return found
 
@@ -259,7 +202,8 @@ def meet(reader, grant, prefix, at_least, nodes, me, peers, wait_s=REPLACE_WAIT_
         if n >= at_least:
             if joined != n:
                 try:
-                    agent_upload.post_json(grant, member_key(prefix, n, me["instance"]), me)
+                    agent_upload.post_json(grant, job_records.member_key(
+                        prefix, n, me["instance"]), me)
                 except (agent_upload.UploadError, agent_upload.FileUnreadable) as exc:
                     raise Failed(EXIT_STORE, "this node's record of attempt %d could not be "
                                  "written: %s" % (n, exc)) from None
@@ -294,7 +238,7 @@ def take_part(job, prefix, rank, ranks, iface=None):
     env = dict(job.get("env") or {})
     env.update(CLOUDTRAIN_NODES=str(len(ranks)), CLOUDTRAIN_NODE_RANK=str(rank),
                MASTER_ADDR=master["address"], MASTER_PORT=str(master["port"]))
-    iface = iface if isinstance(iface, str) and IFACE.fullmatch(iface) else None
+    iface = iface if isinstance(iface, str) and job_records.IFACE.fullmatch(iface) else None
     for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         if iface:
             env[key] = iface
@@ -342,8 +286,7 @@ class Team:
 
     def attempt(self):
         env = self.agent.settings.get("env") or {}
-        text = str(env.get("CLOUDTRAIN_ATTEMPT", "1"))
-        return int(text) if text.isdigit() and len(text) < 7 else 1
+        return job_records.attempt_in(env.get("CLOUDTRAIN_ATTEMPT", "1")) or 1
 
     def watch(self):
         """While run.sh runs: a newer attempt recorded (AWS replaced a node), or a peer EC2
@@ -393,9 +336,11 @@ class Team:
                 if newest(self.reader, prefix, n) > n:
                     return n + 1
                 for m in members:
-                    if isinstance(m.get("rank"), int) and self.reader.get_bytes(
-                            leaving_key(prefix, n, m["rank"]), 4096, EXIT_STORE,
-                            denied_is_missing=True) is not None:
+                    if isinstance(m.get("rank"), int) and job_records.check_leaving(
+                            job_records.read_record(self.reader.get_bytes(
+                                job_records.leaving_key(prefix, n, m["rank"]),
+                                RECORD_MAX_BYTES, EXIT_STORE, denied_is_missing=True)),
+                            m["rank"]) is not None:
                         self.agent.log_line("node %s had a spot notice: the job goes on "
                                             "after AWS replaces it" % m["instance"])
                         return n + 1
@@ -420,9 +365,9 @@ class Team:
         prefix = self.conf["prefix"]
         try:
             agent_upload.post_json(records_grant(self.agent.settings, prefix),
-                                   leaving_key(prefix, self.attempt(), self.rank),
-                                   {"rank": self.rank, "instance": self.ident.get("instance"),
-                                    "at": time.time()})
+                                   job_records.leaving_key(prefix, self.attempt(), self.rank),
+                                   job_records.leaving_doc(self.rank,
+                                                           self.ident.get("instance")))
         except Exception as exc:  # noqa: BLE001 - its peers then learn it from EC2
             self.agent.log_line("could not tell the other nodes of the notice: %s" % exc)
 
@@ -494,9 +439,9 @@ class Team:
         if self.rank != 0:
             try:
                 agent_upload.post_json(records_grant(self.agent.settings, prefix),
-                                       ended_key(prefix, n, self.rank),
-                                       {"rank": self.rank, "state": self.agent.status.get(
-                                           "state"), "instance": self.ident.get("instance")})
+                                       job_records.ended_key(prefix, n, self.rank),
+                                       job_records.ended_doc(self.rank, self.agent.status.get(
+                                           "state"), self.ident.get("instance")))
             except Exception as exc:  # noqa: BLE001 - said; rank 0's wait is bounded
                 self.agent.log_line("could not mark this node's end: %s" % exc)
             return
@@ -505,8 +450,9 @@ class Team:
         while waiting and now() < deadline:
             for k in sorted(waiting):
                 try:
-                    if self.reader.get_bytes(ended_key(prefix, n, k), 4096, EXIT_STORE,
-                                             denied_is_missing=True) is not None:
+                    if job_records.check_ended(job_records.read_record(self.reader.get_bytes(
+                            job_records.ended_key(prefix, n, k), RECORD_MAX_BYTES, EXIT_STORE,
+                            denied_is_missing=True)), k) is not None:
                         waiting.discard(k)
                 except Failed:
                     pass

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from cloudtrain.host import auto_scaling
+from cloudtrain.host import auto_scaling, job_records
 from cloudtrain.hosts import write_host_files
 from labs.aws import group_with_template, instance_store, moto_endpoint
 
@@ -97,7 +97,7 @@ def test_a_job_that_ends_stores_its_end_then_deletes_its_group_and_template(
         lab, run_sh, state, code):
     assert lab.present() == ([GROUP], [GROUP])
     jobdir, status, offs = run_agent(lab, run_sh)
-    final = stored(lab.s3, PREFIX + auto_scaling.FINAL)
+    final = stored(lab.s3, PREFIX + job_records.FINAL)
     assert final is not None and final["state"] == state and final["exit_code"] == code
     assert (final["attempt"], final["instance"]) == (2, INSTANCE)
     assert lab.present() == ([], [])  # AWS relaunches nothing after the end
@@ -117,7 +117,7 @@ def test_a_preempted_end_leaves_the_group_for_its_replacement(lab):
     stay (AWS's replacement resumes the job), and the instance still powers off."""
     jobdir, status, offs = run_agent(lab, "sleep 30\n", announce_after=1.0)
     assert status["state"] == "preempted"
-    assert stored(lab.s3, PREFIX + auto_scaling.FINAL) is None
+    assert stored(lab.s3, PREFIX + job_records.FINAL) is None
     assert lab.present() == ([GROUP], [GROUP])
     assert len(offs) == 1 and "group_ended" not in status
 
@@ -143,7 +143,7 @@ def test_a_sigterm_without_a_cancel_is_the_instance_going_away_not_an_end(lab):
     _, status, offs = run_agent(lab, "sleep 30\n")
     assert home.exists()
     assert status["state"] == "preempted" and "without a cancel" in status["reason"]
-    assert stored(lab.s3, PREFIX + auto_scaling.FINAL) is None
+    assert stored(lab.s3, PREFIX + job_records.FINAL) is None
     assert lab.present() == ([GROUP], [GROUP])
     assert len(offs) == 1
 
@@ -182,7 +182,7 @@ def test_C1_rank_0_keeps_how_far_its_attempt_got_in_the_job_store(lab, notice):
                                   checkpoint_stream={"settle_s": 0.2, "poll_s": 0.2,
                                                      "attempt": 2})
     assert status["state"] == ("preempted" if notice else "succeeded")
-    got = auto_scaling.check_progress(stored(lab.s3, PREFIX + "attempts/2/progress.json"), 2)
+    got = job_records.check_progress(stored(lab.s3, PREFIX + "attempts/2/progress.json"), 2)
     assert got is not None, (jobdir / "output.log").read_text()
     assert (got["step"], got["checkpoint_step"]) == (12, 10)
     assert status["checkpoint_stream"]["step"] == 10  # what the stream stored last
@@ -208,7 +208,7 @@ def test_a_role_that_cannot_end_the_group_is_said_and_the_power_off_still_comes(
     of the group's calls fails with its line, and the power-off comes all the same."""
     lab.imds.roles["127.0.0.1"] = None
     jobdir, status, offs = run_agent(lab, "exit 0\n")
-    assert stored(lab.s3, PREFIX + auto_scaling.FINAL)["state"] == "succeeded"
+    assert stored(lab.s3, PREFIX + job_records.FINAL)["state"] == "succeeded"
     assert len(offs) == 1 and status["group_ended"] is False
     errors = status["auto_scaling_errors"]
     assert [e["step"] for e in errors] == ["delete group", "set group to 0",

@@ -18,9 +18,9 @@ from labs.aws import _plain_http_stands_in_for_tls, ec2_provider  # noqa: F401  
 from labs.credentials import REGION
 from test_aws_errors import _refuse
 from test_aws_groups import cloud  # noqa: F401  (fixture)
-from cloudtrain.host import auto_scaling
+from cloudtrain.host import job_records
 from cloudtrain.providers.aws import jobstore
-from cloudtrain.providers.aws.group_launch import MAX_ATTEMPTS
+from cloudtrain.host.job_records import MAX_ATTEMPTS
 from cloudtrain.providers.aws.jobstore_attempts import RECORD_MAX_BYTES
 from cloudtrain.state import Store
 from cloudtrain.providers.aws import group_launch, results
@@ -65,13 +65,13 @@ class GroupJob:
         doc = {"attempt": n, "instance": instance, "zone": "us-east-1b", "type": "g5.xlarge",
                "lifecycle": "spot", "started_at": started_at,
                "by": "launch" if n == 1 else "bootstrap", **over}
-        self.put(f"{auto_scaling.ATTEMPTS}{n}.json", doc)
+        self.put(f"{job_records.ATTEMPTS}{n}.json", doc)
         return doc
 
     def final(self, **over) -> dict:
         doc = {"state": "succeeded", "exit_code": 0, "reason": None, "ended_at": T0 + 900,
                "attempt": 3, "instance": "i-0333333333333333c", **over}
-        self.put(auto_scaling.FINAL, doc)
+        self.put(job_records.FINAL, doc)
         return doc
 
     def make_group(self, desired: int = 1) -> list[str]:
@@ -177,7 +177,7 @@ def test_a_record_not_an_attempt_under_its_own_name_is_left_out(grouped, name, b
     got."""
     grouped.attempt(1, "i-0111111111111111a", T0)
     grouped.attempt(2, "i-0222222222222222b", T0 + 100)
-    grouped.put(auto_scaling.ATTEMPTS + name, body)
+    grouped.put(job_records.ATTEMPTS + name, body)
     record = grouped.provider.group_record(grouped.store, grouped.job)
     assert numbers(record) == [1, 2] and record["reached"] == {}
 
@@ -206,7 +206,7 @@ def test_an_attempt_record_s_bad_fields_are_dropped_and_escapes_never_come_back(
     (b'{"state": "failed", "reason": "' + b"y" * RECORD_MAX_BYTES + b'"}', None),
 ], ids=["good", "bad-fields", "not-an-end", "garbage", "huge"])
 def test_the_final_record_comes_back_checked(grouped, body, want):
-    grouped.put(auto_scaling.FINAL, body)
+    grouped.put(job_records.FINAL, body)
     assert grouped.provider.group_record(grouped.store, grouped.job)["final"] == want
 
 
@@ -217,16 +217,14 @@ def test_another_job_s_records_are_not_this_job_s(grouped):
         grouped.s3.put_object(Bucket=grouped.bucket, Key=prefix + "attempts/2.json",
                               Body=json.dumps({"attempt": 2,
                                                "instance": "i-0222222222222222b"}).encode())
-        grouped.s3.put_object(Bucket=grouped.bucket, Key=prefix + auto_scaling.FINAL,
+        grouped.s3.put_object(Bucket=grouped.bucket, Key=prefix + job_records.FINAL,
                               Body=json.dumps({"state": "failed"}).encode())
     record = grouped.provider.group_record(grouped.store, grouped.job)
     assert record["attempts"] == [] and record["final"] is None
 
 
 def test_at_most_max_attempts_are_read(grouped, monkeypatch):
-    from cloudtrain.providers.aws import group_launch
-
-    monkeypatch.setattr(group_launch, "MAX_ATTEMPTS", 3)
+    monkeypatch.setattr(job_records, "MAX_ATTEMPTS", 3)
     for n in range(1, 6):
         grouped.attempt(n, f"i-0{n:016x}", T0 + n)
     assert numbers(grouped.provider.group_record(grouped.store, grouped.job)) == [1, 2, 3]
@@ -237,7 +235,7 @@ def test_at_most_max_attempts_are_read(grouped, monkeypatch):
 
 def progress(g: GroupJob, n: int, step, checkpoint_step, **over) -> None:
     """attempts/<n>/progress.json as rank 0's agent posts it (agent_progress.py)."""
-    g.put(auto_scaling.progress_key("", n), {**auto_scaling.progress_doc(
+    g.put(job_records.progress_key("", n), {**job_records.progress_doc(
         n, step, checkpoint_step, at=T0 + 10 * n), **over})
 
 
@@ -282,7 +280,7 @@ def test_C1_only_attempt_and_progress_records_are_read_and_the_listing_is_bounde
     grouped.attempt(2, "i-0222222222222222b", T0 + 100)
     progress(grouped, 2, 40, 35)
     for k in range(30):
-        grouped.put(f"{auto_scaling.ATTEMPTS}2/i-{k:017x}.json", {"instance": f"i-{k:017x}"})
+        grouped.put(f"{job_records.ATTEMPTS}2/i-{k:017x}.json", {"instance": f"i-{k:017x}"})
     s3, _, _ = results._job_store(grouped.provider.aws, REGION)
     got: list[str] = []
     s3.meta.events.register("provide-client-params.s3.GetObject",

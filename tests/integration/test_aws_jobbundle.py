@@ -344,7 +344,7 @@ def test_a_stored_checkpoint_that_does_not_check_out_stops_the_start(lab):
 # -- a job run by an Auto Scaling group (issue 27, item 3): the end, the count, the resume ---
 
 GROUP = f"cloudtrain-{JOB}"
-INSTANCE = "i-0replacement0002"
+INSTANCE = "i-0eeee00000000002"  # an EC2 id: the records' checker takes no other
 ARGS_STUB = """#!/bin/sh
 # stands in for python3 in run.sh: prints the recipe's arguments and the attempt
 echo "attempt=$CLOUDTRAIN_ATTEMPT args=$*" >> "$CLOUDTRAIN_JOB_DIR/ran.txt"
@@ -402,8 +402,9 @@ def record(lab, name: str) -> dict | None:
         return None
 
 
-def group_args(max_restarts: int = 3) -> tuple[str, ...]:
-    return ("--group", GROUP, "--max-restarts", str(max_restarts))
+def group_args() -> tuple[str, ...]:
+    """The user-data's arguments; its max_restarts is the bundle's job.json's alone."""
+    return ("--group", GROUP)
 
 
 def powered_off(lab) -> int:
@@ -476,7 +477,7 @@ def test_past_max_restarts_the_job_ends_preempted_and_the_group_goes(group_lab):
     b = group_bundle(lab, max_restarts=1)
     put_record(lab, "attempts/1.json", {"attempt": 1, "instance": "i-0first"})
     put_record(lab, "attempts/2.json", b"\xff garbage, still an attempt")
-    done = run_bootstrap(lab, b["jobdir"], 60, *group_args(1))
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args())
     assert done.returncode == bootstrap.EXIT_RESTARTS, done.stderr
     assert "all 1 restarts used (--max-restarts 1)" in done.stderr
     final = record(lab, "final.json")
@@ -496,9 +497,29 @@ def test_attempts_are_counted_by_gets_bounded_by_max_restarts(group_lab):
     for n in range(1, 4):
         put_record(lab, f"attempts/{n}.json", {"attempt": n})
     put_record(lab, "attempts/9.json", {"attempt": 9})  # after a gap: not counted
-    done = run_bootstrap(lab, b["jobdir"], 60, *group_args(5))
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args())
     assert done.returncode == 0, done.stderr
     assert record(lab, "attempts/4.json")["instance"] == INSTANCE
+
+
+@pytest.mark.parametrize("forged", [
+    {"attempt": 2, "instance": INSTANCE, "by": "launch"},       # another attempt's, under 1
+    {"attempt": "1", "instance": INSTANCE, "by": "launch"},     # not a number
+    {"attempt": True, "instance": INSTANCE, "by": "launch"},    # true == 1 in Python
+], ids=["another-attempt-s", "mistyped", "a-bool"])
+def test_a_record_of_this_instance_that_the_checker_refuses_is_not_its_attempt(group_lab,
+                                                                             forged):
+    """Issue 35: the attempt record read back goes through job_records.check_attempt, under
+    its own key: a record naming this instance that is not attempt 1's own record (written
+    by whoever holds the grant) still counts as an attempt, but not as this instance's, so it
+    records attempt 2 rather than take the forged one as its own."""
+    lab = group_lab
+    b = group_bundle(lab)
+    put_record(lab, "attempts/1.json", forged)
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args())
+    assert done.returncode == 0, done.stderr
+    assert record(lab, "attempts/2.json")["instance"] == INSTANCE
+    assert record(lab, "attempts/2.json")["attempt"] == 2
 
 
 def test_a_store_that_refuses_the_attempt_record_stops_the_start(group_lab):
@@ -519,7 +540,7 @@ def test_a_store_that_refuses_the_attempt_record_stops_the_start(group_lab):
 @pytest.mark.parametrize("extra, words", [
     (("--group", "cloudtrain-other"), "--group cloudtrain-other, but"),
     (("--group", "a b"), "--group must be"),
-    (("--group", GROUP, "--max-restarts", "-1"), "--max-restarts must be"),
+    (("--group", "a" * 200), "--group must be"),
 ])
 def test_group_arguments_that_do_not_fit_the_bundle_end_in_one_line(group_lab, extra, words):
     b = group_bundle(group_lab)

@@ -664,9 +664,9 @@ def test_C1_the_step_seen_here_on_the_attempt_s_own_instance_counts(grouped):
 
 def _progress(g: GroupJob, n: int, step, checkpoint_step=None) -> None:
     """attempts/<n>/progress.json, as attempt n's rank 0 agent posts it (agent_progress)."""
-    from cloudtrain.host import auto_scaling
+    from cloudtrain.host import job_records
 
-    g.put(auto_scaling.progress_key("", n), auto_scaling.progress_doc(n, step, checkpoint_step))
+    g.put(job_records.progress_key("", n), job_records.progress_doc(n, step, checkpoint_step))
 
 
 def test_C1_after_several_recoveries_unseen_each_attempt_has_the_step_it_reached(grouped):

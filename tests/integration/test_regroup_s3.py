@@ -14,7 +14,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from cloudtrain.host import auto_scaling, regroup
+from cloudtrain.host import auto_scaling, job_records, regroup
 from cloudtrain.host.bundle_reader import EXIT_ENDED, EXIT_STORE, Bundle, Failed
 from cloudtrain.host.awsapi import RoleCredentials
 from labs.aws import instance_store, moto_endpoint
@@ -167,7 +167,7 @@ def test_the_jobs_end_recorded_while_a_node_waits_ends_its_wait(lab):
     meeting = Meeting(lab, 2)
     meeting.join(me, 2)
     assert wait_for(lambda: stored_keys(lab, "attempts/2/"), timeout=30)
-    put(lab, auto_scaling.FINAL, {"state": "succeeded"})
+    put(lab, job_records.FINAL, {"state": "succeeded"})
     exc = meeting.results(timeout=15)[me["instance"]]
     assert isinstance(exc, Failed) and exc.code == EXIT_ENDED, exc
 
@@ -195,7 +195,7 @@ def test_junk_among_an_attempts_records_is_passed_over_not_fatal(lab):
     put(lab, "attempts/2/i-00000000000000f1.json", b"{not json")
     put(lab, "attempts/2/i-00000000000000f2.json",
         dict(good, instance="i-00000000000000f2",
-             pad="x" * (auto_scaling.RECORD_MAX_BYTES + 1)))
+             pad="x" * (job_records.RECORD_MAX_BYTES + 1)))
     put(lab, "attempts/2/i-00000000000000f3.json", dict(good, instance="i-00000000000000f4"))
     put(lab, "attempts/2/notaninstance.json", dict(good, instance="i-00000000000000f5"))
     put(lab, "attempts/2/i-00000000000000f6 x.json", dict(good, instance="i-00000000000000f6"))
@@ -351,7 +351,7 @@ def test_a_peer_with_a_spot_notice_says_so_and_its_peers_go_on_at_once(lab, monk
     assert mine["rank"] == 0 and mine["instance"] == me
     assert team.look_for_loss() is None  # its own marker is not a peer's (LOST_WAIT_S 1 s)
     monkeypatch.setattr(shipped_regroup(), "LOST_WAIT_S", 30.0)
-    put(lab, regroup.leaving_key(PREFIX, 2, 2)[len(PREFIX):], {"rank": 2, "instance": p2})
+    put(lab, job_records.leaving_key(PREFIX, 2, 2)[len(PREFIX):], {"rank": 2, "instance": p2})
     started = time.monotonic()
     assert team.look_for_loss() == 3
     assert time.monotonic() - started < 10  # not LOST_WAIT_S

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.host import agent_progress, agent_upload, auto_scaling
+from cloudtrain.host import agent_progress, agent_upload, job_records
 from labs.loopback import serve
 from labs.polling import wait_for
 from test_checkpoint_stream import PREFIX, Store, _Handler
@@ -113,7 +113,7 @@ def test_C1_the_first_figures_go_up_at_once_then_at_most_every_progress_s(tmp_pa
     rows(metrics, 41)
     first = wait_for(lambda: stored(store), timeout=5, interval=0.02, what="the first record")
     assert [(d["attempt"], d["step"], d["checkpoint_step"]) for d in first] == [(3, 41, None)]
-    assert auto_scaling.check_progress(first[0], 3) is not None  # the checker takes it
+    assert job_records.check_progress(first[0], 3) is not None  # the checker takes it
     posted = time.monotonic()
     rows(metrics, 42, 43)
     wait_for(lambda: len(stored(store)) == 2, timeout=5, interval=0.02, what="the second")

@@ -1,9 +1,8 @@
-"""host/auto_scaling.py alone: job.json's auto_scaling checked field by field, the stored
-records read under guard (whatever is in the job store), the Query calls' retries."""
+"""host/auto_scaling.py alone: job.json's auto_scaling checked field by field, the attempt its
+env says, the Query calls' retries (the job store's records: test_job_records.py)."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -65,92 +64,6 @@ def test_any_json_as_auto_scaling_is_read_or_refused_never_a_crash(value):
     except auto_scaling.Invalid:
         return
     assert conf is None or set(conf) == set(GOOD)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.one_of(st.binary(max_size=200), st.just(b"{" * 50_000), st.just(b"x" * 70_000),
-                 st.recursive(st.none() | st.integers() | st.text(max_size=20),
-                              lambda c: st.lists(c, max_size=3)
-                              | st.dictionaries(st.text(max_size=8), c, max_size=4))
-                 .map(lambda v: json.dumps(v).encode())))
-def test_a_stored_record_is_a_dict_or_none_whatever_its_bytes(data):
-    doc = auto_scaling.read_record(data)
-    assert doc is None or isinstance(doc, dict)
-    if len(data) > auto_scaling.RECORD_MAX_BYTES:
-        assert doc is None
-
-
-def test_the_records_have_the_contracts_fields():
-    ident = {"instance": "i-1", "zone": "us-east-1a", "type": "g5.xlarge", "lifecycle": "spot"}
-    assert set(auto_scaling.attempt_doc(2, ident)) == {
-        "attempt", "instance", "zone", "type", "lifecycle", "started_at", "by"}
-    final = auto_scaling.final_doc("failed", True, "x" * 5000, 2, "i-1")
-    assert set(final) == {"state", "exit_code", "reason", "ended_at", "attempt", "instance"}
-    assert final["exit_code"] is None and len(final["reason"]) == 2000
-    assert auto_scaling.attempt_key("jobs/o/j/", 3) == "jobs/o/j/attempts/3.json"
-
-
-# -- C1: an attempt's progress, for the launching machine ---------------------------------------
-
-def test_C1_the_progress_record_written_is_read_back_as_written():
-    """C1 (issue 34): attempts/<n>/progress.json, written by rank 0's agent (progress_doc) and
-    checked where the launching machine reads it (check_progress): one shape, both sides."""
-    doc = auto_scaling.progress_doc(3, 120, 115, at=1_760_000_000.5)
-    assert json.loads(json.dumps(doc)) == doc
-    assert auto_scaling.check_progress(doc, 3) == {
-        "attempt": 3, "step": 120, "checkpoint_step": 115, "at": 1_760_000_000.5}
-    assert auto_scaling.progress_key("jobs/o/j/", 3) == "jobs/o/j/attempts/3/progress.json"
-    # no step yet, or no checkpoint streamed yet: null, still the attempt's record
-    assert auto_scaling.check_progress(auto_scaling.progress_doc(2, None, 7), 2)["step"] is None
-
-
-@pytest.mark.parametrize("over", [
-    {"attempt": 4},                 # another attempt's, under attempt 3's key
-    {"attempt": "3"}, {"attempt": True}, {"attempt": None},
-])
-def test_C1_a_progress_record_not_the_attempt_s_is_none(over):
-    assert auto_scaling.check_progress(dict(auto_scaling.progress_doc(3, 1, 1), **over), 3) \
-        is None
-
-
-@pytest.mark.parametrize("field, value", [
-    ("step", -1), ("step", True), ("step", 1.5), ("step", "120"), ("step", 1 << 53),
-    ("checkpoint_step", [1]), ("checkpoint_step", float("nan")),
-    ("at", float("inf")), ("at", "now"), ("at", 5), ("at", True),
-])
-def test_C1_a_field_that_is_not_one_is_null_and_the_others_stand(field, value):
-    got = auto_scaling.check_progress(dict(auto_scaling.progress_doc(
-        3, 120, 115, at=1_760_000_000.0), **{field: value}), 3)
-    assert got[field] is None
-    assert {k: v for k, v in got.items() if k != field} == {k: v for k, v in {
-        "attempt": 3, "step": 120, "checkpoint_step": 115, "at": 1_760_000_000.0}.items()
-        if k != field}
-
-
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats()
-                    | st.text(max_size=20),
-                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=16),
-                                                                        c, max_size=5))
-FIELDS = st.fixed_dictionaries({}, optional={
-    "attempt": st.integers(-2, 5) | JSON, "step": st.integers(-5, 1 << 54) | JSON,
-    "checkpoint_step": st.integers(-5, 1 << 54) | JSON,
-    "at": st.floats(allow_nan=True, allow_infinity=True) | JSON}) | JSON
-
-
-@settings(max_examples=400, deadline=None)
-@given(FIELDS, st.integers(-1, 1002) | st.booleans())
-def test_C1_any_json_is_a_checked_progress_record_or_none_never_a_crash(doc, n):
-    """C1: the record comes from the job store, which anyone holding the job's grant could
-    write: whatever JSON it holds, the checker returns None or the fields of the contract,
-    each one what it says or null."""
-    got = auto_scaling.check_progress(doc, n)
-    if got is None:
-        return
-    assert set(got) == {"attempt", "step", "checkpoint_step", "at"}
-    assert got["attempt"] == n and type(n) is int and 1 <= n <= 1001
-    for key in ("step", "checkpoint_step"):
-        assert got[key] is None or (type(got[key]) is int and 0 <= got[key] < 1 << 53)
-    assert got["at"] is None or (type(got["at"]) is float and 1e9 < got["at"] < 1e11)
 
 
 @pytest.mark.parametrize("env, n", [({"CLOUDTRAIN_ATTEMPT": "3"}, 3), ({}, None),

@@ -456,9 +456,9 @@ def test_issue27_several_nodes_list_only_attempts_and_see_their_peers():
     """A node of a job on several nodes lists attempts/<n>/ (who has joined) and asks EC2
     whether a peer still runs: nothing else listed, and nothing but DescribeInstances."""
     assert _peer_problems(ROLE) == []
-    from cloudtrain.host import regroup
+    from cloudtrain.host import job_records
 
-    assert regroup.member_key("jobs/o/j/", 2, "i-0123456789abcdef0").startswith(
+    assert job_records.member_key("jobs/o/j/", 2, "i-0123456789abcdef0").startswith(
         "jobs/o/j/attempts/")
 
 
@@ -510,10 +510,10 @@ def test_issue27_the_instance_role_ends_only_tagged_job_groups_and_reads_their_r
     """The agent at a job's end and a replacement that finds it over delete (or set to 0)
     the job's group and delete its launch template (host/auto_scaling.end_group); bootstrap
     reads final.json and attempts/ (host/bootstrap.take_attempt): nothing more."""
-    from cloudtrain.host import auto_scaling
+    from cloudtrain.host import job_records
 
     assert _group_end_problems(ROLE) == [] and _bundle_problems(ROLE) == []
-    assert auto_scaling.FINAL == "final.json" and auto_scaling.ATTEMPTS == "attempts/"
+    assert job_records.FINAL == "final.json" and job_records.ATTEMPTS == "attempts/"
 
 
 @pytest.mark.parametrize("change", ["without-groups", "without-templates", "without-records",

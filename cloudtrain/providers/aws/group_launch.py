@@ -22,16 +22,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import math
 import os
-import re
 import shlex
 import tarfile
 import time
 
 from ...market import Market
-from ...host import auto_scaling
-from ...hostdata import clean_text
+from ...host import job_records
 from ...hosts import HOST_PACKAGE, host_files
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
@@ -39,8 +36,7 @@ from ...state import Instance, Job, Store
 from . import boot as booting, groups, host_setup, instances, jobstore, jobstore_attempts, results
 from .placement import EFA_INTERFACES
 from .errors import AWSError, aws_errors
-from .groups import INSTANCE_ID, ZONE, group_name
-from .jobstore_attempts import small_json
+from .groups import group_name
 from .session import AwsSession
 
 # The host modules of the boot loader (what it imports, and itself), written into the user-data
@@ -192,7 +188,7 @@ def acquire_from_group(aws: AwsSession, store: Store, job: Job, spec, report: Re
               "--imds", aws.settings.imds_url]
     boot = ["--bucket", bucket, "--prefix", prefix, "--jobdir", group_jobdir(aws, job),
             *where, "--imds", aws.settings.imds_url, "--wait-s", str(BUNDLE_WAIT_S),
-            "--group", group_name(job.id), "--max-restarts", str(spec.max_restarts)]
+            "--group", group_name(job.id)]  # max_restarts: job.json's, in the bundle
     script = boot_script(loader, boot, aws.settings.ssh_user)
     user_data = gzip.compress(instances.user_data(aws, job, spec, script).encode(), 9, mtime=0)
     if len(user_data) > USER_DATA_MAX:
@@ -280,41 +276,24 @@ def record_attempt(aws: AwsSession, store: Store, job: Job, spec, n: int, instan
     replacement's is written by its bootstrap.py), so that counting starts at 1."""
     store_region, _, _ = _store_place(aws, store, job, spec)
     inst = next((i for i in store.instances(job.id) if i.id == instance_id), None)
-    doc = {"attempt": n, "instance": instance_id, "zone": inst and inst.zone,
-           "type": spec.instance_type, "lifecycle": "spot", "started_at": time.time(),
-           "by": "launch"}
-    _store_put(aws, store, job, store_region, f"{ATTEMPTS}{n}.json",
-                    json.dumps(doc).encode())
+    doc = job_records.attempt_doc(n, {"instance": instance_id, "zone": inst and inst.zone,
+                                      "type": spec.instance_type, "lifecycle": "spot"},
+                                  by="launch")
+    _store_put(aws, store, job, store_region, job_records.attempt_key("", n),
+               json.dumps(doc).encode())
 
 
 def group_record(aws: AwsSession, store: Store, job: Job) -> dict:
     """What the job's instances wrote to the job store while nobody here watched: each
     attempt (attempts/<n>.json: instance, AZ, type, start, where it resumed), how far
-    each got (jobstore_attempts.reached) and the job's end (final.json), checked as
-    untrusted input: {"attempts": [doc, ...] by n, "reached": {n: step}, "final": doc
-    or None, "group": its size (_group_size)}."""
+    each got and the job's end (final.json), each checked as untrusted input
+    (jobstore_attempts.records): {"attempts": [doc, ...] by n, "reached": {n: step},
+    "final": doc or None, "group": its size (_group_size)}."""
     region = job.facts.store_region or job.spec.region or aws.region_of(job)
     s3, bucket, account = results._job_store(aws, region)
     prefix = jobstore.job_prefix(job.id, owner_key=results._store_owner(aws, store, job))
-    owner = account or None
-    out: dict = {"attempts": [], "final": None}
     with aws_errors(region, "s3"):
-        keys = jobstore_attempts.attempt_keys(s3, bucket, prefix, owner)
-        for key, size in sorted(keys.items()):
-            if not jobstore_attempts.is_attempt_key(prefix, key):
-                continue  # a progress record, a node's record of a regroup
-            attempt = check_attempt(small_json(s3, bucket, key, size, owner))
-            if attempt is not None and key == f"{prefix}{ATTEMPTS}{attempt['attempt']}.json":
-                out["attempts"].append(attempt)
-            if len(out["attempts"]) >= MAX_ATTEMPTS:
-                break
-        out["attempts"].sort(key=lambda a: a["attempt"])
-        out["reached"] = jobstore_attempts.reached(s3, bucket, prefix, keys, owner,
-                                                   out["attempts"])
-        final = dict(jobstore.list_keys(s3, bucket, prefix + FINAL, owner))
-        if prefix + FINAL in final:
-            out["final"] = check_final(small_json(s3, bucket, prefix + FINAL,
-                                                  final[prefix + FINAL], owner))
+        out = jobstore_attempts.records(s3, bucket, prefix, account or None)
     out["group"] = _group_size(aws, job)
     return out
 
@@ -357,16 +336,8 @@ def follow_nodes(aws: AwsSession, store: Store, job: Job) -> dict | None:
     region = job.facts.store_region or job.spec.region or aws.region_of(job)
     s3, bucket, account = results._job_store(aws, region)
     prefix = jobstore.job_prefix(job.id, owner_key=results._store_owner(aws, store, job))
-    found = []
     with aws_errors(region, "s3"):
-        listed = dict(jobstore.list_keys(s3, bucket, f"{prefix}{ATTEMPTS}{n}/",
-                                         account or None))
-        for key, size in sorted(listed.items())[:MAX_ATTEMPTS]:
-            name = regroup.MEMBER.fullmatch(key[len(f"{prefix}{ATTEMPTS}{n}/"):])
-            doc = regroup.check_member(small_json(s3, bucket, key, size, account or None),
-                                       len(recs)) if name else None
-            if doc is not None and name is not None and doc["instance"] == name.group(1):
-                found.append(doc)
+        found = jobstore_attempts.members(s3, bucket, prefix, n, len(recs), account or None)
     ranks = regroup.ranked(found, len(recs))
     if ranks is None:
         return None
@@ -394,66 +365,3 @@ def _group_size(aws: AwsSession, job: Job) -> dict | None:
     except AWSError:
         return None
     return {"desired": int(found[0].get("DesiredCapacity") or 0)} if found else {"gone": True}
-
-
-ATTEMPTS, FINAL = auto_scaling.ATTEMPTS, auto_scaling.FINAL
-MAX_ATTEMPTS = 1000
-TYPE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)?\.[a-z0-9]+")
-ENDS = auto_scaling.ENDED_STATES
-
-
-def _time(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value) and 1e9 < value < 1e11 else None
-
-
-def check_attempt(doc) -> dict | None:
-    """An attempt's record with every field checked (None: not one)."""
-    if not isinstance(doc, dict):
-        return None
-    n, inst = doc.get("attempt"), doc.get("instance")
-    if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_ATTEMPTS) \
-            or not (isinstance(inst, str) and INSTANCE_ID.fullmatch(inst)):
-        return None
-    zone, kind, resumed = doc.get("zone"), doc.get("type"), doc.get("resumed_attempt")
-    return {"attempt": n, "instance": inst,
-            "zone": zone if isinstance(zone, str) and ZONE.fullmatch(zone) else None,
-            "type": kind if isinstance(kind, str) and TYPE.fullmatch(kind) else None,
-            "lifecycle": "on-demand" if doc.get("lifecycle") == "on-demand" else "spot",
-            "started_at": _time(doc.get("started_at")), "by": _line(doc.get("by"), 20),
-            "resumed_step": _count(doc.get("resumed_step")),
-            "resumed_seq": _count(doc.get("resumed_seq")),
-            # the attempt whose streamed checkpoint it resumed from: an earlier one
-            "resumed_attempt": _earlier(_count(resumed), n)}
-
-
-def _line(value, limit: int) -> str:
-    """`value` as one line of at most `limit` characters, without control characters
-    (a terminal escape in a record must not reach `status`)."""
-    return " ".join(clean_text(str(value), limit * 4).split())[:limit]
-
-
-def _earlier(attempt: int | None, n: int) -> int | None:
-    return attempt if attempt and 1 <= attempt < n else None
-
-
-def _count(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) \
-        and 0 <= value < 1 << 53 else None
-
-
-def check_final(doc) -> dict | None:
-    """The job's end as its agent (or a bootstrap that gave up) recorded it (None: not one)."""
-    if not isinstance(doc, dict) or doc.get("state") not in ENDS:
-        return None
-    code, reason, attempt = doc.get("exit_code"), doc.get("reason"), doc.get("attempt")
-    inst = doc.get("instance")
-    return {"state": doc["state"],
-            "exit_code": code if isinstance(code, int) and not isinstance(code, bool)
-            and -1024 < code < 1024 else None,
-            "reason": _line(reason, 300) if isinstance(reason, str) else None,
-            "ended_at": _time(doc.get("ended_at")),
-            "attempt": attempt if isinstance(attempt, int) and not isinstance(attempt, bool)
-            and 1 <= attempt <= MAX_ATTEMPTS else None,
-            # the instance that wrote it, whose word it is (autoscaled.ends_here checks it)
-            "instance": inst if isinstance(inst, str) and INSTANCE_ID.fullmatch(inst) else None}
