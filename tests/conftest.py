@@ -198,12 +198,13 @@ class CLI:
     def job(self, job_id: str) -> dict:
         return json.loads(self.ok("status", job_id, "--json").stdout)
 
-    def wait(self, job_id: str, states=("succeeded", "failed", "cancelled"), timeout=60) -> dict:
+    def wait(self, job_id: str, states=("succeeded", "failed", "cancelled"), timeout=60,
+             interval=0.2) -> dict:
         def ended():
             job = self.job(job_id)
             return job if job["state"] in states else None
 
-        return wait_for(ended, timeout=timeout, interval=0.2,
+        return wait_for(ended, timeout=timeout, interval=interval,
                         what=f"job {job_id} to be {' or '.join(states)}")
 
 

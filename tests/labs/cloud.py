@@ -71,7 +71,9 @@ def uninterrupted(cli, launch: tuple[str, ...], timeout: float = 180) -> tuple[i
         import torch
 
         plain = cli.launch(*launch, "--backend", "local")
-        assert cli.wait(plain, timeout=timeout)["state"] == "succeeded"
+        # a status a second: each is a process that imports cloudtrain, which at the default
+        # 0.2 s took about 40% of a core from the training it waits for
+        assert cli.wait(plain, timeout=timeout, interval=1.0)["state"] == "succeeded"
         job = cli.job(plain)
         _UNINTERRUPTED[launch] = (job["metrics"]["step"], torch.load(
             Path(job["jobdir"]) / "checkpoints" / "last.pt", map_location="cpu",
@@ -90,6 +92,7 @@ class CloudLab:
         self.aws = self._moto.enter_context(moto_lab(BRIDGE, ct_home, tmp / "lab", monkeypatch,
                                                      "10.200.0.0/16", ZONES))
         self.endpoint = self.aws.endpoint
+        self._store = None  # stored_checkpoint's S3 client and owner key, made on first use
         _plain_http_stands_in_for_tls(monkeypatch)
         self.imds = FakeIMDS(host=BRIDGE, role=None)
         self.hosts, self.sshds, self.homes = {}, {}, {}
@@ -180,11 +183,17 @@ class CloudLab:
             return []
 
     def stored_checkpoint(self, job_id: str) -> dict | None:
-        import boto3
+        """The job's latest.json in the job store (None while there is none). Tests poll it
+        every 0.1 s for minutes: its S3 client and the owner's key are made once per lab (a
+        new client and a GetCallerIdentity per poll took a fifth of a core from the
+        instances' training on a 2-core machine)."""
+        if self._store is None:
+            import boto3
 
-        creds = {"endpoint_url": self.endpoint, "region_name": REGION, **CLIENT_CREDS}
-        owner_key = boto3.client("sts", **creds).get_caller_identity()["UserId"]  # aws:userid
-        s3 = boto3.client("s3", **creds)
+            creds = {"endpoint_url": self.endpoint, "region_name": REGION, **CLIENT_CREDS}
+            owner_key = boto3.client("sts", **creds).get_caller_identity()["UserId"]  # aws:userid
+            self._store = (boto3.client("s3", **creds), owner_key)
+        s3, owner_key = self._store
         try:
             body = s3.get_object(Bucket=f"cloudtrain-123456789012-{REGION}",
                                  Key=f"jobs/{owner_key}/{job_id}/stream/latest.json"
