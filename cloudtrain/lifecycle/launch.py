@@ -431,8 +431,9 @@ def _write_files(a: _Launch, nodes: NodeGroup, gpus: int, procs: int,
     stager's and the restore's commands; on several nodes, torchrun with the node's rank and
     the rendezvous) and job.json (node 0's with the checkpoint stream; on several nodes, the
     node's environment)."""
-    fast = None if not rendezvous else a.provider.network_environment(a.spec) \
-        if isinstance(a.provider, CloudHosts) else {}
+    # The environment of the nodes' fast network (EFA on AWS), for a job on several nodes.
+    fast = a.provider.network_environment(a.spec) \
+        if rendezvous and isinstance(a.provider, CloudHosts) else {}
     # A job of an Auto Scaling group: node 0's agent ends the group with the job; on several
     # nodes each agent knows its rank, the attempt's nodes and rank 0's checkpoint stream (a
     # node meets the others again after AWS replaced one: host/regroup.py).
