@@ -50,7 +50,7 @@ class GroupJob:
         self.s3 = boto3.client("s3", region_name=REGION)
         self.asg = boto3.client("autoscaling", region_name=REGION)
         self.ec2 = boto3.client("ec2", region_name=REGION)
-        _, self.bucket, _ = results._job_store(provider.aws, REGION)
+        _, self.bucket, _ = results.job_store_client(provider.aws, REGION)
         self.s3.create_bucket(Bucket=self.bucket)
         self.t0 = time.time() - 600
         job = store.create_job(name=None, kind="command", recipe=None, command="true",

@@ -123,42 +123,42 @@ def _configuration(checks: list[Check]) -> tuple[config.Settings, list[Setting],
 def _aws(settings: config.Settings, region_flag: str | None, checks: list[Check]) -> None:
     from . import providers
 
-    provider = providers.get("aws", settings)
-    region = _region(provider, region_flag, checks)
-    if not _credentials(provider, settings, region or provider.DEFAULT_REGION, checks) or \
+    cloud = providers.get("aws", settings).account
+    region = _region(cloud, region_flag, checks)
+    if not _credentials(cloud, settings, region or cloud.DEFAULT_REGION, checks) or \
             not region:
         return
-    if _account(provider, region, checks) is None:
+    if _account(cloud, region, checks) is None:
         return  # AWS refused the credentials, or cannot be reached: nothing more will answer
-    _image(provider, region, checks)
-    _job_store(provider, settings, region, checks)
-    _recovery(provider, settings, region, checks)
+    _image(cloud, region, checks)
+    _job_store(cloud, settings, region, checks)
+    _recovery(cloud, settings, region, checks)
     try:
         needs = _recipe_needs(settings, region, checks)
     except CloudtrainError as exc:  # the catalog's prices under an unusable CLOUDTRAIN_HOME
         checks.append(Check("recipes", PROBLEM, exc.message, exc.hint or ISSUE_HINT))
         return
-    _quotas(provider, settings, region, needs, checks)
+    _quotas(cloud, settings, region, needs, checks)
 
 
-def _region(provider, region_flag: str | None, checks: list[Check]) -> str | None:
+def _region(cloud, region_flag: str | None, checks: list[Check]) -> str | None:
     try:
-        region, source = provider.region_and_source(SimpleNamespace(region=region_flag))
+        region, source = cloud.region_and_source(SimpleNamespace(region=region_flag))
     except CloudtrainError as exc:
         checks.append(Check("region", PROBLEM, exc.message,
                             exc.hint or "cloudtrain check --region us-east-1"))
         return None
     if source == "the AWS profile":
-        source += f" {provider.profile()}"
+        source += f" {cloud.profile()}"
     checks.append(Check("region", OK, f"{region} (from {source})",
                         data={"region": region, "source": source}))
     return region
 
 
-def _credentials(provider, settings: config.Settings, region: str,
+def _credentials(cloud, settings: config.Settings, region: str,
                  checks: list[Check]) -> bool:
     try:
-        found = provider.credential_source(region)
+        found = cloud.credential_source(region)
     except CloudtrainError as exc:  # a profile that is not there, an SSO token expired, ...
         checks.append(Check("credentials", PROBLEM, exc.message, exc.hint or ISSUE_HINT))
         return False
@@ -178,11 +178,11 @@ def _credentials(provider, settings: config.Settings, region: str,
     return True
 
 
-def _account(provider, region: str, checks: list[Check]) -> str | None:
+def _account(cloud, region: str, checks: list[Check]) -> str | None:
     """The caller's ARN; "" when a permission hid it (the other checks still run), None when
     AWS refused the credentials or could not be reached."""
     try:
-        arn = provider.owner(region)
+        arn = cloud.owner(region)
     except CloudtrainError as exc:
         checks.append(_failed("account", exc, "AWS STS GetCallerIdentity"))
         return "" if checks[-1].verdict == WARNING else None
@@ -193,10 +193,10 @@ def _account(provider, region: str, checks: list[Check]) -> str | None:
     return arn
 
 
-def _image(provider, region: str, checks: list[Check]) -> None:
+def _image(cloud, region: str, checks: list[Check]) -> None:
     try:
-        ami = provider.resolve_ami(region)
-        facts = provider.image_facts(region, ami)
+        ami = cloud.resolve_image(region)
+        facts = cloud.image_facts(region, ami)
     except CloudtrainError as exc:
         checks.append(_failed("AMI", exc, "the Deep Learning AMI lookup"))
         return
@@ -210,7 +210,7 @@ PROFILE_HINT = ("set instance_profile: in config.yaml to a profile with the role
                 "infra/instance-role-policy.json (infra/README.md)")
 
 
-def _job_store(provider, settings: config.Settings, region: str, checks: list[Check]) -> None:
+def _job_store(cloud, settings: config.Settings, region: str, checks: list[Check]) -> None:
     """The job store's bucket, looked at without changing anything: there and ours, not made
     yet (the first launch makes it, where the credentials may), or one a launch cannot use."""
     if not settings.job_store:
@@ -221,7 +221,7 @@ def _job_store(provider, settings: config.Settings, region: str, checks: list[Ch
                             {"job_store": False}))
         return
     try:
-        bucket, there = provider.job_store_found(region)
+        bucket, there = cloud.job_store_found(region)
     except CloudtrainError as exc:
         checks.append(_failed("job store", exc, "the job store bucket"))
         return
@@ -236,7 +236,7 @@ def _job_store(provider, settings: config.Settings, region: str, checks: list[Ch
                         {"bucket": bucket, "exists": False}))
 
 
-def _recovery(provider, settings: config.Settings, region: str, checks: list[Check]) -> None:
+def _recovery(cloud, settings: config.Settings, region: str, checks: list[Check]) -> None:
     """Whether an interrupted spot job is relaunched without this machine (AWS Auto Scaling,
     which needs the instance profile a replacement reads the job's bundle with, and the job
     store it reads it from) or only while this machine is on (the supervisor here): the
@@ -247,7 +247,7 @@ def _recovery(provider, settings: config.Settings, region: str, checks: list[Che
     if not name:
         why, hint = "no instance_profile in config.yaml", PROFILE_HINT + off
     else:
-        why, hint = _profile(provider, region, name, checks), PROFILE_HINT + off
+        why, hint = _profile(cloud, region, name, checks), PROFILE_HINT + off
     if why is None and not settings.job_store:
         why, hint = ("job_store: false, and a replacement starts the job from the job store",
                      "remove job_store: false from config.yaml" + off)
@@ -264,10 +264,10 @@ def _recovery(provider, settings: config.Settings, region: str, checks: list[Che
                         {"without_this_machine": False}))
 
 
-def _profile(provider, region: str, name: str, checks: list[Check]) -> str | None:
+def _profile(cloud, region: str, name: str, checks: list[Check]) -> str | None:
     """The instance profile's row; why AWS cannot relaunch with it, or None where it can."""
     try:
-        roles = provider.instance_profile_roles(region, name)
+        roles = cloud.instance_profile_roles(region, name)
     except CloudtrainError as exc:
         checks.append(_failed("instance profile", exc, f"instance profile {name}"))
         return f"instance profile {name} not looked at"
@@ -348,21 +348,21 @@ def _recipe_needs(settings: config.Settings, region: str, checks: list[Check]) -
     return needs
 
 
-def _quotas(provider, settings: config.Settings, region: str, needs: list[Need],
+def _quotas(cloud, settings: config.Settings, region: str, needs: list[Need],
             checks: list[Check]) -> None:
     """One row per vCPU quota the needs count against, the configured market first: below the
     smallest need is a problem (a warning for the other market), below the largest a
     warning naming what does not fit."""
     quotas: dict[tuple, list[Need]] = {}
     for need in needs:
-        quota = provider.vcpu_quota(need.instance_type, need.market)
+        quota = cloud.vcpu_quota(need.instance_type, need.market)
         if quota is not None:
             quotas.setdefault((need.market, quota), []).append(need)
     order = sorted(quotas, key=lambda k: (k[0] != settings.market, k[1][2], k[0]))
     for market, (code, quota_name, group) in order:
         name = f"quota {group} {market}"
         try:
-            value = provider.ec2_quota(region, code)
+            value = cloud.quota_value(region, code)
         except CloudError as exc:
             if exc.denied:
                 action = exc.refused_action("servicequotas") or "servicequotas:GetServiceQuota"
@@ -371,7 +371,7 @@ def _quotas(provider, settings: config.Settings, region: str, needs: list[Need],
                                     f"allow servicequotas:GetServiceQuota and "
                                     f"servicequotas:GetAWSDefaultServiceQuota to see them (a "
                                     f"launch does not need them), or look in the console: "
-                                    f"{provider.quota_console_url(region, code)}",
+                                    f"{cloud.quota_console_url(region, code)}",
                                     {"code": exc.code}))
                 return
             checks.append(Check(name, WARNING, f"{quota_name} ({code}) not checked: "
@@ -379,7 +379,7 @@ def _quotas(provider, settings: config.Settings, region: str, needs: list[Need],
             continue
         checks.append(_quota_check(name, code, quota_name, value, quotas[(market, (code,
                                    quota_name, group))], region, market == settings.market,
-                                   provider.quota_console_url(region, code)))
+                                   cloud.quota_console_url(region, code)))
 
 
 def _quota_check(name: str, code: str, quota_name: str, value: float, needs: list[Need],

@@ -7,7 +7,7 @@ launch, the stager's plan, and the lines that say so.
                                           (and whether it has the folders the job reads)
     host_plan(found, spec, ...)           the stager's plan for the host
     notes(spec, settings, found)          what to know before paying for the copies
-    listing(store, settings, provider)    `data ls`
+    listing(store, settings, account)     `data ls`
 
 The shard format is cloudtrain/host/shards.py. How a SOURCE is written and parsed is
 datasources.py. Nothing here talks to a cloud: what a source holds is read by the provider
@@ -443,9 +443,9 @@ def staged_line(staging: dict) -> str:
 # -- `cloudtrain data ls` ------------------------------------------------------------------------
 
 
-def listing(store, settings, provider=None) -> list[dict]:
+def listing(store, settings, account=None) -> list[dict]:
     """The declared datasets (config.yaml), each with its source, its size (as last read at
-    a launch, or now by `provider`: the AWS provider's dataset_size), and the last job that
+    a launch, or now by `account`: the AWS account's dataset_size), and the last job that
     staged it: when, where, how fast."""
     last: dict[str, dict] = {}
     for job in store.jobs():  # newest first
@@ -469,9 +469,9 @@ def listing(store, settings, provider=None) -> list[dict]:
                "size": seen.get("size"), "last_staged": {k: seen[k] for k in
                                                          ("job", "at", "where", "detail")
                                                          if k in seen} or None}
-        if provider is not None and source.kind == "s3":
+        if account is not None and source.kind == "s3":
             try:
-                row["size"] = provider.dataset_size(source.location)
+                row["size"] = account.dataset_size(source.location)
             except CloudtrainError as exc:
                 row["size"] = {"error": exc.message}
         rows.append(row)

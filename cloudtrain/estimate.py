@@ -434,7 +434,7 @@ def for_recipe(name: str, profile: str | None, sets: tuple[str, ...], region: st
     if not region:  # the region launch resolves, else us-east-1: the same for every command
         from . import providers
 
-        region = providers.get("aws").region()
+        region = providers.get("aws").account.region()
     return estimate(rec, args, region, market=market,
                     types=types, gpu_request=gpu_request, disk_gb=disk_gb, store=store,
                     staging_bytes=staged, disk_mbps=_disk_mbps(staged, settings),

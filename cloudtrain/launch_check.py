@@ -122,10 +122,10 @@ def run(region: str | None = None, gpu: bool = False,
 def _read_only(c: Check, steps: Steps, report: Report, region_flag: str | None) -> None:
     """Who and where, and what it will launch at what price: nothing is created yet."""
     with steps.step("credentials") as s:
-        c.region, source = c.provider.region_and_source(SimpleNamespace(region=region_flag))
+        c.region, source = c.provider.account.region_and_source(SimpleNamespace(region=region_flag))
         report.region = c.region
-        c.owner = c.provider.owner(c.region)  # without credentials: how to get some
-        found = c.provider.credential_source(c.region) or {"source": "?"}
+        c.owner = c.provider.account.owner(c.region)  # without credentials: how to get some
+        found = c.provider.account.credential_source(c.region) or {"source": "?"}
         parts = c.owner.split(":")
         account = parts[4] if len(parts) > 4 else "?"
         s.detail = (f"account {account} as {c.owner}, credentials from {found['source']}; "
@@ -156,15 +156,15 @@ def _instance_type(c: Check) -> tuple[str, float, str]:
                              hint=f"cloudtrain catalog --refresh --region {region} (it "
                                   "fetches them), then check again")
         for t in types:
-            if c.provider.type_offered(region, t.name) is not False:
+            if c.provider.account.type_offered(region, t.name) is not False:
                 return t.name, t.on_demand[region], catalog.on_demand_source(region)
         raise CloudError(f"EC2 offers none of the GPU types the catalog prices in {region}",
                        hint="cloudtrain check --launch --gpu --region us-east-1")
-    if c.provider.type_offered(region, CHECK_TYPE) is False:
+    if c.provider.account.type_offered(region, CHECK_TYPE) is False:
         raise CloudError(f"EC2 does not offer {CHECK_TYPE} in {region}",
                        hint="cloudtrain check --launch --region us-east-1")
     try:
-        price = c.provider.on_demand_prices(region, [CHECK_TYPE]).get(CHECK_TYPE)
+        price = c.provider.account.on_demand_prices(region, [CHECK_TYPE]).get(CHECK_TYPE)
     except CloudtrainError:  # no pricing:GetProducts, or no answer: the bundled figure
         price = None
     if price is not None:
@@ -184,19 +184,19 @@ def _question(c: Check, report: Report) -> str:
 def _launch(c: Check, steps: Steps, report: Report) -> None:
     """The resources a launch needs, then the job through the real lifecycle, then what it
     left in the job store and what came home."""
-    provider, region = c.provider, c.region
+    account, region = c.provider.account, c.region
     c.launched = True
     with steps.step("key pair") as s:
-        c.key_name, path = provider.ensure_key(region, c.owner)
+        c.key_name, path = account.ensure_key(region, c.owner)
         s.detail = f"{c.key_name} (its private key: {path})"
     with steps.step("security group") as s:
-        zones = provider.subnets(region)
-        c.group = provider.ensure_group(region, zones[0][2], c.owner)
+        zones = account.subnets(region)
+        c.group = account.ensure_group(region, zones[0][2], c.owner)
         s.detail = (f"{c.group} in {zones[0][2]}: SSH (port {c.settings.ssh_port}) from "
-                    f"{provider.ssh_cidr()} only; subnets in {', '.join(z[0] for z in zones)}")
+                    f"{account.ssh_cidr()} only; subnets in {', '.join(z[0] for z in zones)}")
     with steps.step("AMI") as s:
-        ami = provider.resolve_ami(region, None)
-        facts = provider.image_facts(region, ami)
+        ami = account.resolve_image(region, None)
+        facts = account.image_facts(region, ami)
         c.disk_gb = facts.get("root_gb") or None
         s.detail = f"{ami} {facts['name']}" + (f", root volume {c.disk_gb} GB"
                                                if c.disk_gb else "")
@@ -205,14 +205,14 @@ def _launch(c: Check, steps: Steps, report: Report) -> None:
         if not c.settings.job_store:
             s.detail = "not checked: job_store is false in config.yaml"
         else:
-            c.bucket, created = provider.ensure_job_store(region)
+            c.bucket, created = account.ensure_job_store(region)
             s.detail = f"s3://{c.bucket}" + (": created now (private, encrypted, TLS only)"
                                              if created else ": there, and ours")
     if c.settings.instance_profile and c.bucket:
         with steps.step("role test object") as s:
             c.role_probe = f"{c.name}-role"
-            c.role_url = provider.put_stored_object(region, c.role_probe, ROLE_FILE,
-                                                    (c.role_line + "\n").encode())
+            c.role_url = account.put_stored_object(region, c.role_probe, ROLE_FILE,
+                                                   (c.role_line + "\n").encode())
             s.detail = (f"{c.role_url}: the instance reads it with its role "
                         f"({c.settings.instance_profile})")
     _run_job(c, steps, report)
@@ -445,7 +445,7 @@ class _LaunchSteps(progress.Reporter):
         if step.data.get("quota") and not self.c.gpu:  # the launch's hint is the GPU quotas'
             code, quota = STANDARD_QUOTA
             step.hint = (f"ask AWS for more vCPUs of '{quota}' ({code}) in {self.c.region}: "
-                         f"{self.c.provider.quota_console_url(self.c.region, code)}")
+                         f"{self.c.provider.account.quota_console_url(self.c.region, code)}")
         self.steps.add(step)
         self.name = None
 

@@ -19,7 +19,7 @@ from . import config, state
 from .errors import CloudError, CloudtrainError
 
 if TYPE_CHECKING:
-    from .providers.base import CloudProvider
+    from .providers.aws import AWSProvider
 
 
 @dataclasses.dataclass
@@ -104,7 +104,7 @@ def failed(name: str, seconds: float, exc: BaseException) -> Step:
 class Check:
     """What the steps found and made, for the later steps and the teardown."""
     settings: config.Settings
-    provider: CloudProvider
+    provider: AWSProvider
     store: state.Store
     gpu: bool
     nonce: str

@@ -58,13 +58,13 @@ def _terminated(c: Check, job) -> str:
 def _cleaned(c: Check, job) -> tuple[str, dict]:
     """Nothing of the job left in EC2 (by its tag: instances, volumes, placement groups) or in
     the job store; the key pair and the security group stay, as after every launch."""
-    provider, region = c.provider, c.region
+    account, region = c.provider.account, c.region
     left: dict = {}
     if job is not None:
         deadline = time.monotonic() + GONE_WAIT_S
         while True:  # a terminated instance's volume takes a moment to go
             try:
-                left = {k: v for k, v in provider.leftovers(region, job.id).items() if v}
+                left = {k: v for k, v in account.leftovers(region, job.id).items() if v}
             except CloudtrainError as exc:  # AWS could not be asked: said, then the bill
                 raise CloudtrainError(f"could not verify the cleanup: {exc.message}",
                                       hint="cloudtrain down --all finds and stops what is left "
@@ -74,14 +74,14 @@ def _cleaned(c: Check, job) -> tuple[str, dict]:
             time.sleep(min(c.settings.poll_seconds, 5.0))
     deleted = 0
     for prefix in [x for x in (c.job_id, c.role_probe) if x and c.bucket]:
-        deleted += provider.delete_results(region, prefix)
-        if provider.delete_results(region, prefix):  # none may be left (nothing uploads any more)
+        deleted += account.delete_results(region, prefix)
+        if account.delete_results(region, prefix):  # none may be left (nothing uploads any more)
             left.setdefault("job store objects", []).append(f"jobs/{prefix}/")
     if left:
         raise CloudtrainError("still there: " + "; ".join(f"{k}: {', '.join(v)}"
                                                           for k, v in left.items()),
                               hint="cloudtrain down --all (it finds them by their tags)")
-    shared = provider.shared_resources(region)
+    shared = account.shared_resources(region)
     stay = []
     if c.key_name and c.key_name in shared["key pairs"]:
         stay.append(f"key pair {c.key_name}")

@@ -427,7 +427,7 @@ def _resolve_gpus(request: str, placement: dict, settings: config.Settings,
         # --instance
         regions = [placement["region"]] if placement.get("region") else \
             [r.strip() for r in settings.regions.split(",") if r.strip()] or \
-            [providers.get("aws").region()]
+            [providers.get("aws").account.region()]
         market = placement.get("market") or Market(settings.market)
         chosen, region, _ = catalog.cheapest(gpu, count, regions, market)
     except UsageError as exc:  # a job file's `gpus:` is named where it is

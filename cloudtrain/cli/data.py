@@ -37,7 +37,8 @@ def data_ls(check, as_json, wide) -> None:
 
     settings = config.Settings.load()
     with job_store() as store:
-        rows = datasets.listing(store, settings, providers.get("aws", settings) if check else None)
+        account = providers.get("aws", settings).account if check else None
+        rows = datasets.listing(store, settings, account)
     click.echo(catalog_views.datasets_json(rows) if as_json else
                catalog_views.datasets_table(rows, width=table_width(wide)))
 
@@ -124,9 +125,9 @@ def data_push(directory, url, shard_mb, workers, region) -> None:
 
     with progress_bars() as progress:
         root, bucket, prefix = datasets.check_push(directory, url, shard_mb, workers, region)
-        report = providers.get("aws").push_dataset(root, bucket, prefix, shard_mb=shard_mb,
-                                                   workers=workers, region=region,
-                                                   progress=progress)
+        report = providers.get("aws").account.push_dataset(
+            root, bucket, prefix, shard_mb=shard_mb, workers=workers, region=region,
+            progress=progress)
     click.echo(catalog_views.push_report(report))
 
 

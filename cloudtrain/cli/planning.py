@@ -70,11 +70,11 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
 
     # --region, else the region launch resolves (config.yaml, AWS_REGION, AWS_DEFAULT_REGION,
     # the AWS profile), else us-east-1: the same for every command
-    region = region or providers.get("aws").region()
+    region = region or providers.get("aws").account.region()
     if refresh:
-        provider = providers.get("aws")
-        click.echo(provider.refresh_list_prices(region), err=True)
-        click.echo(provider.refresh_spot(region), err=True)
+        account = providers.get("aws").account
+        click.echo(account.refresh_list_prices(region), err=True)
+        click.echo(account.refresh_spot(region), err=True)
 
     unpriced = catalog_module.no_prices(region)
     if unpriced is not None:  # exit 2 with the error, as estimate does

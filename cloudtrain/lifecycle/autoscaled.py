@@ -24,8 +24,9 @@ from __future__ import annotations
 import time
 
 from .. import providers
-from ..errors import CloudtrainError
+from ..errors import CloudtrainError, UsageError
 from ..market import Market
+from ..providers.base import CloudRecovery
 from ..state import SUCCEEDED, Instance, Job, Store
 from . import attempts, group
 
@@ -34,6 +35,15 @@ REPLACED = "taken back; relaunched by AWS Auto Scaling"
 
 def grouped(job: Job) -> bool:
     return bool(job.facts.auto_scaling_group)
+
+
+def recovery_of(job: Job, provider=None) -> CloudRecovery:
+    """The provider of a job its cloud relaunches by itself (`provider`: the job's, already
+    at hand): only a CloudRecovery makes the group such a job runs in."""
+    provider = provider or providers.get(job.backend)
+    if not isinstance(provider, CloudRecovery):
+        raise UsageError(f"job {job.id}: the {job.backend} backend relaunches no job by itself")
+    return provider
 
 
 def learn(store: Store, job: Job) -> dict | None:
@@ -53,7 +63,8 @@ def learn(store: Store, job: Job) -> dict | None:
     (ends_here). Recording is idempotent: `status` and the supervisor may learn the same
     attempts at the same moment."""
     provider = providers.get(job.backend)
-    record = provider.group_record(store, job)
+    group_provider = recovery_of(job, provider)
+    record = group_provider.group_record(store, job)
     known = {a.n: a for a in store.attempts(job.id)}
     if not known:
         store.add_attempt(job.id, 1, started_at=job.created_at)
@@ -215,7 +226,8 @@ def _launches(store: Store, job: Job, launched: list) -> dict:
     without them, and one WARNING line says why."""
     if not launched:
         try:
-            launched.append(providers.get(job.backend).group_launches(store, job))
+            provider = recovery_of(job)
+            launched.append(provider.group_launches(store, job))
         except CloudtrainError as exc:
             launched.append(None)  # unknown, not "none launched"
             group = job.facts.auto_scaling_group
@@ -272,12 +284,13 @@ def lost(store: Store, job: Job, states: dict, why: str) -> dict | None:
         return final
     live = [i for i, s in states.items() if s["state"] in ("pending", "running")]
     current = store.attempt(job.id)
-    if live and current is not None and current.instance_id in live:
+    if live and current is not None and current.instance_id is not None \
+            and current.instance_id in live:
         line = (f"{why}; AWS Auto Scaling relaunched it: attempt {current.n} on "
                 f"{current.instance_id}")
         try:  # from now on status, logs and down reach the job there
-            host = providers.get(job.backend).follow_replacement(store, job,
-                                                                 current.instance_id)
+            provider = recovery_of(job)
+            host = provider.follow_replacement(store, job, current.instance_id)
         except CloudtrainError as exc:
             line += f" (not reachable yet: {exc.message})"
         else:

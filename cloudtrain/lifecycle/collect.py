@@ -23,6 +23,7 @@ from ..host import agent_control
 from ..host.job_status import metrics_tail, read_json
 from ..errors import CloudtrainError, HostError, NotRegularFile
 from ..local_host import LocalHost
+from ..providers.base import CloudHosts, ResultStore
 from ..state import Job, Store
 from . import attempts, group, secrets
 from .scripts import output_paths
@@ -198,7 +199,9 @@ def settle_all(store: Store) -> int:
     for job in store.jobs():
         if job.cost_settled or job.active:
             continue
-        providers.get(job.backend).record_ends(store, job)
+        provider = providers.get(job.backend)
+        if isinstance(provider, CloudHosts):  # else nothing to ask: release() recorded it
+            provider.record_ends(store, job)
         settle_cost(store, store.job(job.id))
         done += store.job(job.id).cost_settled
     return done
@@ -231,7 +234,9 @@ def from_job_store(store: Store, job: Job) -> dict | None:
     status (untrusted, checked like a probe's answer), or None when nothing was stored. A
     store that cannot be read now raises (CloudtrainError): the caller decides nothing."""
     local = config.home() / "jobs" / job.id
-    fetched = providers.get(job.backend).fetch_results(store, job, local)
+    provider = providers.get(job.backend)
+    fetched = provider.fetch_results(store, job, local) \
+        if isinstance(provider, ResultStore) else None
     if not fetched:
         return None
     store.add_event(job.id, "results", detail=(
@@ -282,7 +287,9 @@ def node_from_store(store: Store, job: Job, node: int) -> dict | None:
     brought to jobs/<id>/nodes/<i>/; its stored status, or None when nothing was stored. The
     caller records the node as collected (_mark_node_collected)."""
     local = nodes.local_dir(job.id, node)
-    fetched = providers.get(job.backend).fetch_results(store, job, local, node=node)
+    provider = providers.get(job.backend)
+    fetched = provider.fetch_results(store, job, local, node=node) \
+        if isinstance(provider, ResultStore) else None
     if not fetched:
         return None
     return hostdata.clean_status(read_json(str(local / "status.json")))

@@ -29,6 +29,7 @@ from ..errors import CloudtrainError
 from ..host_kinds import from_description
 from ..hosts import Host, close_quietly
 from ..local_host import LocalHost
+from ..ssh_host import SSHHost
 from ..state import Job, Store
 
 T = TypeVar("T")
@@ -59,8 +60,8 @@ class NodeGroup:
         jobdirs = nodes.each(lambda i: provider.jobdir(job.id, hosts[i]), n)
         many = n > 1
         group = cls(job.id, hosts, jobdirs, [provider.data_dir(h) for h in hosts],
-                    [provider.node_address(h) for h in hosts] if many else [None],
-                    provider.node_instances(store, job, hosts) if many else [None])
+                    [node_address(h) for h in hosts] if many else [None],
+                    node_instances(store, job, n) if many else [None])
         store.update_job(job.id, host=group.record(), jobdir=jobdirs[0])
         if many:
             store.add_event(job.id, "nodes", detail=", ".join(
@@ -98,6 +99,26 @@ class NodeGroup:
             return
         with Store(store.path) as mine:
             yield mine
+
+
+def node_address(host: Host) -> str:
+    """Where the other nodes reach this one (the torchrun rendezvous): the address its
+    provider found for it (a cloud instance's private IP, this machine's on the route to the
+    others), else the address it is reached at."""
+    if host.peer_address:
+        return host.peer_address
+    return host.endpoint.host if isinstance(host, SSHHost) else "127.0.0.1"
+
+
+def node_instances(store: Store, job: Job, n: int) -> list[str | None]:
+    """The instance id of each of the job's n nodes, in node order, by the node each live
+    instance of the job records (None: no instance for that node)."""
+    by_node = {}
+    for inst in store.instances(job.id):
+        node = (inst.details or {}).get("node")
+        if inst.state != "terminated" and isinstance(node, int):
+            by_node[node] = inst.id
+    return [by_node.get(i) for i in range(n)]
 
 
 def host_of(job: Job) -> Host:

@@ -35,6 +35,7 @@ from pathlib import PurePosixPath
 from .. import config, ledger, providers, state
 from ..errors import CloudtrainError, HostError
 from ..hosts import Host, agent_dir
+from ..providers.base import CloudHosts
 from ..state import Instance, Job, Store
 from ..state_columns import json_column
 from . import group, secrets
@@ -98,9 +99,10 @@ def power_off_at(job: Job, settings: config.Settings) -> float | None:
     away had no idle time: its start's timer (the max runtime + the margin) stands."""
     if job.ended_at is None:
         return None
-    if job.facts.kept_for_queue and job.spec.idle_minutes is None and job.started_at:
-        minutes = providers.get(job.backend).power_off_minutes(
-            float(job.spec.max_runtime_s or 0))
+    provider = providers.get(job.backend)
+    if job.facts.kept_for_queue and job.spec.idle_minutes is None and job.started_at \
+            and isinstance(provider, CloudHosts):
+        minutes = provider.power_off_minutes(float(job.spec.max_runtime_s or 0))
         return job.started_at + minutes * 60
     return job.ended_at + idle_minutes(job, settings) * 60
 
@@ -165,7 +167,8 @@ def _confirm_power_off(store: Store, job: Job, inst: Instance, now: float) -> bo
         states = provider.instance_states(store, job)
         if states.get(inst.id, {}).get("state", "terminated") in ("shutting-down",
                                                                   "terminated"):
-            provider.record_ends(store, job)
+            if isinstance(provider, CloudHosts):
+                provider.record_ends(store, job)
             return True
     except CloudtrainError:
         pass  # offline, no credentials: asked again later; the row says it is due

@@ -41,12 +41,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, cast
+from typing import TYPE_CHECKING, Callable
 
 from .. import config, datasets, progress, providers, state
 from ..errors import CloudtrainError, NoCredentials, PlacementError
 from ..hosts import bundle, sync_many
 from ..nodes import MASTER_PORT, environment, read_rendezvous, rendezvous_script
+from ..providers.base import Account, CloudHosts, CloudRecovery, ResultStore
 from ..spec import RECIPE, JobSpec
 from ..state import Job, Store
 from . import attempts, group, lease, scripts, secrets, supervisor
@@ -57,7 +58,7 @@ from .plan import check_name, name_note, read_datasets, warn_about_workdir
 from .sources import copy_checkpoints, kept_source, remote_jobdir, resume_source
 
 if TYPE_CHECKING:
-    from ..providers.base import CloudProvider, Provider
+    from ..providers.base import Provider
 
 
 def launch(store: Store, settings: config.Settings, spec: JobSpec,
@@ -72,7 +73,8 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
     report = progress.of(say)
     provider = providers.get(spec.backend)
     provider.preflight(spec)
-    provider.ready(spec)  # nothing is recorded for a launch that cannot start
+    if isinstance(provider, Account):
+        provider.ready(spec)  # nothing is recorded for a launch that cannot start
     # The datasets are read before anything is created: a missing prefix stops here.
     if found is None:
         spec, found = read_datasets(spec, settings)
@@ -180,8 +182,10 @@ def _launch_steps(a: _Launch, source: Job | None, kept: Job | None
                                            "checkpoint_stream": True})
     _write_files(a, nodes, gpus, procs, stages, stream_from is not None, grants, stream,
                  rendezvous)
-    if a.spec.recover and grants[0] is not None and a.job.facts.attempt == 1:
-        _upload_bundle(a, nodes, copies, stages[0] is not None, required=_grouped(a))
+    if a.spec.recover and grants[0] is not None and a.job.facts.attempt == 1 \
+            and isinstance(a.provider, ResultStore):
+        _upload_bundle(a, a.provider, nodes, copies, stages[0] is not None,
+                       required=_grouped(a))
     if queued(a.spec):  # the kept instance's agent starts it when the job ahead ends
         a.report.phase("queuing the job on the kept instance")
         return enqueue(a.store, a.job, nodes.hosts[0], nodes.jobdirs[0], a.spec)
@@ -201,13 +205,11 @@ def _acquire(a: _Launch, kept: Job | None) -> NodeGroup:
         hosts = [instance_host(kept)]
     elif kept is not None:
         a.report.phase(f"taking over job {kept.id}'s instance")
-        cloud_provider = cast("CloudProvider", a.provider)  # --on: a kept cloud instance
-        hosts = [cloud_provider.adopt(a.store, kept, a.job)]
+        assert isinstance(a.provider, CloudHosts)  # --on: a kept cloud instance
+        hosts = [a.provider.adopt(a.store, kept, a.job)]
         group.forget(kept.id)
-    elif a.spec.nodes > 1:  # all of them at once, or none
-        hosts = a.provider.acquire_nodes(a.store, a.job, a.spec, a.report)
-    else:
-        hosts = [a.provider.acquire(a.store, a.job, a.spec, a.report)]
+    else:  # all of them at once, or none
+        hosts = a.provider.acquire(a.store, a.job, a.spec, a.report)
     for i, h in enumerate(hosts):
         group.keep(a.job.id, i, h)
     if a.spec.recover:
@@ -345,6 +347,8 @@ def _stage(a: _Launch, nodes: NodeGroup) -> list[list[str] | None]:
 
 
 def _mounts(a: _Launch, nodes: NodeGroup, i: int) -> dict:
+    if not isinstance(a.provider, CloudHosts):
+        return {}  # no volumes: a dataset there is a path
     with nodes.store_for(a.store) as store:
         return a.provider.data_mounts(store, a.job, nodes.hosts[i], nodes.instances[i])
 
@@ -427,11 +431,14 @@ def _write_files(a: _Launch, nodes: NodeGroup, gpus: int, procs: int,
     stager's and the restore's commands; on several nodes, torchrun with the node's rank and
     the rendezvous) and job.json (node 0's with the checkpoint stream; on several nodes, the
     node's environment)."""
-    efa = a.provider.efa_environment(a.spec) if rendezvous else None
+    # The environment of the nodes' fast network (EFA on AWS), for a job on several nodes.
+    fast = a.provider.network_environment(a.spec) \
+        if rendezvous and isinstance(a.provider, CloudHosts) else {}
     # A job of an Auto Scaling group: node 0's agent ends the group with the job; on several
     # nodes each agent knows its rank, the attempt's nodes and rank 0's checkpoint stream (a
     # node meets the others again after AWS replaced one: host/regroup.py).
-    grouped = a.provider.group_settings(a.store, a.job, a.spec)
+    grouped = a.provider.group_settings(a.store, a.job, a.spec) \
+        if isinstance(a.provider, CloudRecovery) else {}
     members = [{"rank": i, "instance": nodes.instances[i], "address": nodes.addresses[i]}
                for i in range(nodes.n)]
 
@@ -449,7 +456,7 @@ def _write_files(a: _Launch, nodes: NodeGroup, gpus: int, procs: int,
             node = {"nodes": nodes.n, "rank": i, "master": master, "port": port,
                     "from_env": bool(grouped)}
             assert nodes.ifaces is not None  # set by _set_up on several nodes
-            env = environment(nodes.n, i, master, port, nodes.ifaces[i], efa)
+            env = environment(nodes.n, i, master, port, nodes.ifaces[i], fast)
         scripts.write_job_scripts(host, jobdir, a.spec, a.job.id)
         host.write_text(f"{jobdir}/run.sh", scripts.run_script(
             a.spec, jobdir, host.python, procs, stages[i],
@@ -463,7 +470,7 @@ def _write_files(a: _Launch, nodes: NodeGroup, gpus: int, procs: int,
     nodes.each(write)
 
 
-def _upload_bundle(a: _Launch, nodes: NodeGroup,
+def _upload_bundle(a: _Launch, provider: ResultStore, nodes: NodeGroup,
                    copies: list[tuple[Path, str, tuple[str, ...]]], staged: bool,
                    required: bool = False) -> None:
     """Step bundle: a recovering job with a job store gets its bundle there (the first
@@ -479,7 +486,7 @@ def _upload_bundle(a: _Launch, nodes: NodeGroup,
         with tempfile.TemporaryDirectory(prefix="cloudtrain-bundle-") as tmp:
             parts, meta = scripts.bundle_parts(nodes.hosts[0], nodes.jobdirs[0], a.job.id,
                                                copies, names, Path(tmp))
-            line = a.provider.upload_bundle(a.store, a.job, a.spec, parts, meta)
+            line = provider.upload_bundle(a.store, a.job, a.spec, parts, meta)
     except CloudtrainError as exc:
         if required:
             raise

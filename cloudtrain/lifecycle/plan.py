@@ -25,7 +25,7 @@ from ..gitignore import survey
 from ..hosts import measure
 from ..job_env import consent
 from ..market import Market
-from ..providers.base import Question
+from ..providers.base import Account, Question
 from ..spec import JobSpec
 from ..state import Job, Store
 from .sources import kept_source, resume_source
@@ -124,7 +124,8 @@ def question(spec: JobSpec, warn: Callable[[str], None] | None = None
         for line in asked.warnings:
             warn(line)
         asked.warnings = []
-    provider.ready(spec)  # nor is a launch asked about that cannot start (no credentials)
+    if isinstance(provider, Account):  # nor is a launch asked about that cannot start
+        provider.ready(spec)  # (no credentials)
     return asked
 
 
@@ -137,7 +138,7 @@ def expected(spec: JobSpec, store: Store | None = None) -> tuple[JobSpec, object
     from .. import estimate
 
     try:
-        region = providers.get(spec.backend).region(spec)
+        region = providers.get(spec.backend).account.region(spec)
     except CloudtrainError:
         return spec, None
     row = estimate.for_spec(spec, region, store)
@@ -180,7 +181,7 @@ def name_note(spec: JobSpec, taken: Job | None, launched: bool) -> str | None:
 def read_datasets(spec: JobSpec, settings: config.Settings) -> tuple[JobSpec, list]:
     """Read what the job's datasets hold (datasets.preflight), before anything is created:
     the spec with their sizes (and the disk and time they need), and what was read."""
-    return datasets.preflight(spec, settings, providers.get(spec.backend, settings))
+    return datasets.preflight(spec, settings, providers.DatasetReader(settings))
 
 
 def warn_about_workdir(workdir: Path, include: tuple[str, ...],

@@ -83,11 +83,11 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
         return _give_up(store, job, f"--max-restarts {spec.max_restarts} used up")
     first = attempts[0] if attempts and attempts[0].n == 1 else None
     home = (before.region if before else None) or (first.region if first else None) or \
-        provider.region(spec)
+        provider.account.region(spec)
     store_region = first.region if first and first.region else home
     # Temporary credentials may have expired while it waited: a CredentialsError here
     # leaves the job recovering (the supervisor says so), not failed by a half-done launch.
-    provider.check_credentials(home)
+    provider.account.check_credentials(home)
     try:
         spec, found = read_datasets(spec, settings)
     except CloudtrainError as exc:

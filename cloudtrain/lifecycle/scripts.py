@@ -29,6 +29,7 @@ from ..host import agent_control, bootstrap, checkpoint_manifest
 from ..hosts import Host, agent_dir, bundle, host_files
 from ..local_host import LocalHost
 from ..nodes import torchrun_argv
+from ..providers.base import CloudHosts
 from ..spec import RECIPE, JobSpec
 from . import secrets
 
@@ -222,7 +223,8 @@ def job_settings(settings: config.Settings, spec: JobSpec, provider, job_id: str
                  jobdir: str, data_dir: str, gpus: int, procs: int, grant: dict | None,
                  stream: dict | None, node_env: dict | None = None, attempt: int = 1) -> dict:
     """The host's job.json: what the agent enforces and the job's environment."""
-    shutdown_command, shutdown_delay = provider.shutdown(spec)
+    cloud = isinstance(provider, CloudHosts)  # else never power off the user's own machine
+    shutdown_command, shutdown_delay = provider.shutdown(spec) if cloud else (None, 0.0)
     env = job_environment(job_id, data_dir, host, gpus, procs, jobdir, attempt)
     return {
         "job_id": job_id,
@@ -239,7 +241,7 @@ def job_settings(settings: config.Settings, spec: JobSpec, provider, job_id: str
         "outputs": output_paths(spec),
         "results_store": grant,
         **({"checkpoint_stream": stream} if stream else {}),
-        **provider.agent_settings(spec),
+        **(provider.agent_settings(spec) if cloud else {}),
     }
 
 

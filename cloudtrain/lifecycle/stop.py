@@ -218,7 +218,7 @@ def _stop_orphans(store: Store, refs: list[str] | None) -> list[tuple[str, StopO
     backend = "aws"
     used = _cloud_used(store, backend)
     provider = providers.get(backend)
-    if not (used or provider.configured()):  # no AWS on this machine: nothing to look with
+    if not (used or provider.account.configured()):  # no AWS on this machine: nothing to look with
         return []
     try:
         swept = provider.orphans(store)

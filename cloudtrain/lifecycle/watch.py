@@ -307,7 +307,8 @@ def _follow_nodes(store: Store, job: Job, why: str) -> Job:
     met again, its record follows them (status, logs and down reach them there); until then
     its reason says so."""
     try:
-        host = providers.get(job.backend).follow_nodes(store, job)
+        provider = autoscaled.recovery_of(job)
+        host = provider.follow_nodes(store, job)
     except CloudtrainError as exc:
         host, why = None, f"{why} (the new node is not reachable yet: {exc.message})"
     if host is None:

@@ -2,19 +2,22 @@
 
     get(name, settings=None)    the provider of a backend: "local" (this machine, local.py) or
                                 "aws" (EC2, S3 and the rest of AWS, aws/)
+    DatasetReader(settings)     reads a job's datasets with the provider that can
 
 The contract, every verb the rest of cloudtrain calls on a provider with one line each, is
-base.py: `Provider` (any backend) and `CloudProvider` (what only a cloud adds). Nothing
-outside aws/ imports the AWS SDK or talks to AWS: what the lifecycle and the commands need
-of the cloud is a verb there.
+base.py: `Provider` (any backend) and the capabilities only some have. Nothing outside aws/
+imports the AWS SDK or talks to AWS: what the lifecycle and the commands need of the cloud is
+a verb there.
 """
 
 from __future__ import annotations
 
 from ..config import BACKENDS
+from ..datasets import Staged
 from ..errors import UsageError
+from .base import Datasets
 
-__all__ = ["get"]
+__all__ = ["DatasetReader", "get"]
 
 
 def get(name: str, settings=None):
@@ -28,3 +31,25 @@ def get(name: str, settings=None):
 
         return AWSProvider(settings)
     raise UsageError(f"unknown backend '{name}'; known backends: {', '.join(BACKENDS)}")
+
+
+
+class DatasetReader:
+    """Reads a job's datasets before launch (datasets.preflight) with the provider that can:
+    the job's own where it reads datasets itself (a Datasets), else (the local backend) an S3
+    dataset with the user's AWS credentials as the AWS provider reads it (the host fetches it
+    with presigned links); an EBS snapshot needs an AWS instance."""
+
+    def __init__(self, settings=None):
+        self.settings = settings
+
+    def read_dataset(self, spec, source: dict) -> Staged:
+        provider = get(spec.backend, self.settings)
+        if isinstance(provider, Datasets):
+            return provider.read_dataset(spec, source)
+        if source["kind"] == "snapshot":
+            raise UsageError(f"dataset {source['name']}: an EBS snapshot "
+                             f"({source['location']}) becomes a volume on an AWS instance; the "
+                             f"{spec.backend} backend cannot use it",
+                             hint="use --backend aws, or a path: on this machine")
+        return get("aws", self.settings).read_dataset(spec, source)

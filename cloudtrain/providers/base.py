@@ -1,12 +1,21 @@
 """The provider contract: every verb the rest of cloudtrain calls on a provider, one line each.
 
-`Provider` is what a job's provider does, whatever the backend: the lifecycle calls these on
-`providers.get(spec.backend)`. `CloudProvider` adds what only a cloud has (regions,
-credentials, sweeps for what is tagged ours, datasets in S3, prices and quotas, and the
-steps `check --launch` walks one by one); the lifecycle and the commands call those on a
-cloud job's provider or on `providers.get("aws")`. LocalProvider is a Provider; AWSProvider
-is a CloudProvider (tests/unit/test_providers.py checks both, and that every provider verb
-called in cloudtrain/ is listed here).
+`Provider` is the core, what a job's provider does whatever the backend: the lifecycle calls
+these on `providers.get(spec.backend)`. What only some backends can do is a capability, a
+Protocol of its own that the lifecycle asks for with isinstance(provider, Capability):
+
+    Account        a cloud account: credentials before a launch, and `account` (CloudAccount:
+                   region, prices, quotas, stored datasets, what a launch makes, step by step)
+    CloudHosts     hosts that power themselves off, have volumes and a fast network, are
+                   billed until their end and can be kept
+    ResultStore    a store that outlives the hosts: the job's bundle, its results
+    CloudRecovery  a job the cloud relaunches by itself (its Auto Scaling group)
+    Sweeps         looks for what is tagged ours, held by a job or lost
+    Datasets       datasets the backend reads itself
+
+LocalProvider is a Provider and nothing more; AWSProvider is a Provider with every capability
+(tests/unit/test_providers.py checks both, that every provider verb called in cloudtrain/ is
+listed here, and the contract's size).
 
 Beside the contract, the two records it passes: Question (what launch asks) and Sweep (what a
 look for what is tagged ours found).
@@ -16,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..datasets import Staged
 from ..hosts import Host
@@ -44,35 +53,26 @@ class Sweep:
     chosen_by: str
 
 
+@runtime_checkable
 class Provider(Protocol):
+    """The core: what every backend does for a job, from the dry run to giving the hosts back.
+    Anything more is a capability below, asked for with isinstance(provider, Capability)."""
+    name: str  # the backend's name ("local", "aws")
+
     # -- before anything is created
-    def preflight(self, spec) -> None:
-        """Refuse early (MissingDependency, UsageError) what cannot run."""
-    def ready(self, spec) -> None:
-        """What a real launch needs beyond the dry run (credentials), before it asks."""
     def plan(self, spec) -> list[tuple[str, str]]:
         """What launch would do, as (what, value) rows; creates nothing."""
     def question(self, spec) -> Question | None:
         """What launch says and asks before it goes on."""
-    def read_dataset(self, spec, source: dict) -> Staged:
-        """What one of the job's datasets (s3, snapshot) holds, read before launch."""
+    def preflight(self, spec) -> None:
+        """Refuse early (MissingDependency, UsageError) what cannot run."""
 
-    # -- getting hosts
-    def acquire(self, store: Store, job: Job, spec, report: Reporter = SILENT) -> Host:
-        """A host for the job, its instances recorded."""
-    def acquire_nodes(self, store: Store, job: Job, spec, report: Reporter = SILENT
-                      ) -> list[Host]:
-        """The job's spec.nodes hosts, node 0 first."""
+    # -- getting hosts and setting them up
+    def acquire(self, store: Store, job: Job, spec, report: Reporter = SILENT) -> list[Host]:
+        """The job's spec.nodes hosts (one for a job on one machine), node 0 first, all or
+        none, their instances recorded."""
     def host_for(self, job: Job) -> Host:
         """The host of a job launched earlier, from the store's record."""
-    def node_address(self, host: Host) -> str:
-        """Where the other nodes reach this one (the torchrun rendezvous)."""
-    def node_instances(self, store: Store, job: Job, hosts: list) -> list[str | None]:
-        """The instance id of each node's host (None: not an instance)."""
-    def efa_environment(self, spec) -> dict:
-        """Environment variables for the nodes' fast network (EFA), {} without one."""
-
-    # -- setting a host up for the job
     def setup(self, host: Host) -> None:
         """Make the host ready for the agent (python3, tmux)."""
     def gpus(self, spec, host: Host) -> int:
@@ -81,56 +81,127 @@ class Provider(Protocol):
         """Where the job's directory is on that host."""
     def data_dir(self, host: Host | None = None) -> str:
         """Where datasets are cached on that host."""
+    def results_grant(self, store: Store, job: Job, spec, node: int = 0
+                      ) -> tuple[dict | None, str | None]:
+        """(the agent's upload grant to the result store or None, a line for the user)."""
+    def checkpoint_plan(self, store: Store, job: Job, expires_s: float) -> dict | None:
+        """The latest checkpoint the job streamed to its result store, as a restore plan;
+        None where the job keeps its checkpoints on its host."""
+
+    # -- after the job
+    def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
+        """The backend's view of the job's instances (when its host is lost); {}: none lost."""
+    def release(self, store: Store, job: Job, force: bool = False) -> None:
+        """Give the hosts back: nothing may keep billing afterwards."""
+    def cleanup(self, store: Store, regions: set[str] | None = None) -> list[str]:
+        """Remove shared resources that nothing uses any more; what was removed."""
+
+
+@runtime_checkable
+class Account(Protocol):
+    """A cloud account: the job needs its credentials (`ready`); `account` is the account
+    itself (region, credentials, prices, quotas, what a launch makes, step by step)."""
+    account: CloudAccount
+
+    def ready(self, spec) -> None:
+        """What a real launch needs beyond the dry run (credentials), before it asks."""
+
+
+@runtime_checkable
+class CloudHosts(Protocol):
+    """Hosts that are cloud instances: they power themselves off, may be spot, have volumes
+    and a fast network, are billed until their end, and can be kept for the next job."""
+    def network_environment(self, spec) -> dict:
+        """Environment variables for the nodes' fast network, {} without one."""
     def data_mounts(self, store: Store, job: Job, host: Host, instance: str | None = None
                     ) -> dict[str, str]:
         """{dataset name: path on the host} of the snapshot volumes attached for the job."""
     def shutdown(self, spec) -> tuple[str | None, float]:
         """(command, delay): how the host powers itself off after the job."""
     def agent_settings(self, spec) -> dict:
-        """Extra job.json settings for the agent (the spot notice watch)."""
-    def results_grant(self, store: Store, job: Job, spec, node: int = 0
-                      ) -> tuple[dict | None, str | None]:
-        """(the agent's upload grant to the job store or None, a line for the user)."""
-    def checkpoint_plan(self, store: Store, job: Job, expires_s: float) -> dict | None:
-        """The latest checkpoint the job streamed to its job store, as a restore plan."""
+        """Extra job.json settings for the agent (the spot notice watch, the power-off timer)."""
+    def power_off_minutes(self, max_runtime_s: float) -> int:
+        """Minutes from boot to the instance's own hard power-off, for that max runtime."""
+    def record_ends(self, store: Store, job: Job) -> None:
+        """Termination times and prices from the cloud, for the bill."""
+    def adopt(self, store: Store, kept: Job, job: Job) -> Host:
+        """The host of a kept job, taken over by a new job (`launch --on`)."""
 
+
+@runtime_checkable
+class ResultStore(Protocol):
+    """A store beside the hosts that outlives them: the job's bundle goes there (an instance
+    starts the job from it by itself), its results and checkpoints come home from it."""
     def upload_bundle(self, store: Store, job: Job, spec, parts: list[tuple[str, Path]],
                       meta: dict) -> str | None:
-        """The job's bundle to its job store (what an instance starts it from by itself);
-        a line saying where and how much, None without a job store."""
+        """The job's bundle to its result store; a line saying where and how much."""
+    def fetch_results(self, store: Store, job: Job, local: Path, node: int = 0
+                      ) -> dict | None:
+        """The result store's files of the job into `local`; None when nothing is stored."""
+
+
+@runtime_checkable
+class CloudRecovery(Protocol):
+    """A job the cloud relaunches by itself (an Auto Scaling group that replaces a lost
+    instance), which the supervisor follows and `down` ends."""
     def group_settings(self, store: Store, job: Job, spec) -> dict:
-        """job.json's settings for a job that AWS Auto Scaling relaunches (the agent ends
-        the job's group with the job); {} for any other job."""
+        """job.json's settings for a job the cloud relaunches (the agent ends the job's
+        group with the job); {} for any other job."""
     def follow_replacement(self, store: Store, job: Job, instance_id: str) -> dict:
-        """The job's host record for the instance its Auto Scaling group put in place of
-        the recorded one (its host key checked as at launch)."""
+        """The job's host record for the instance its group put in place of the recorded
+        one (its host key checked as at launch)."""
     def follow_nodes(self, store: Store, job: Job) -> dict | None:
         """A job on several nodes of a group: its host record for the nodes of its newest
         attempt once they have met again (None until then)."""
     def group_record(self, store: Store, job: Job) -> dict:
-        """What the instances of a job's Auto Scaling group wrote to its job store:
+        """What the instances of a job's group wrote to its result store:
         {"attempts": [...], "final": the job's end or None}."""
-
-    # -- after the job
-    def fetch_results(self, store: Store, job: Job, local: Path, node: int = 0
-                      ) -> dict | None:
-        """The job store's files of the job into `local`; None when nothing is stored."""
-    def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
-        """The cloud's view of the job's instances (when its host is lost)."""
-    def record_ends(self, store: Store, job: Job) -> None:
-        """Termination times and prices from the cloud, for the bill."""
-    def release(self, store: Store, job: Job, force: bool = False) -> None:
-        """Give the host back: nothing may keep billing afterwards."""
-    def cleanup(self, store: Store, regions: set[str] | None = None) -> list[str]:
-        """Remove shared resources (group, key pair) that nothing uses."""
+    def group_launches(self, store: Store, job: Job) -> dict[str, dict]:
+        """The instances the job's group launched, by the cloud's own record of the group:
+        id -> {launched_at, terminated_at, zone}."""
+    def recorded_groups(self, store: Store, job: Job) -> list[tuple[str, str]]:
+        """(region, name) of the job's groups its timeline says exist (no cloud call)."""
+    def delete_job_groups(self, store: Store, job: Job) -> list[str]:
+        """Delete the job's groups (by record and by tag) and templates: the names deleted."""
 
 
-class CloudProvider(Provider, Protocol):
+@runtime_checkable
+class Sweeps(Protocol):
+    """Looks for what is tagged ours wherever it is, held by a job or lost."""
+    def reconcile(self, store: Store) -> Sweep:
+        """Every instance tagged ours, in every region the owner can have one."""
+    def orphans(self, store: Store) -> Sweep:
+        """Live instances (and groups) of this owner that no active or kept job holds."""
+    def terminate(self, region: str, ids: list[str]) -> None:
+        """Terminate those instances (and delete those volumes)."""
+    def delete_job_group(self, region: str, name: str) -> bool:
+        """Delete one group a sweep found (its instances end with it) and its template."""
+    def attempt_instances(self, store: Store, job: Job, attempt: int, regions: list[str]
+                          ) -> dict[str, list[str]]:
+        """Live instances of attempt n of a recovering job, by its attempt tag."""
+
+
+@runtime_checkable
+class Datasets(Protocol):
+    """Datasets the backend reads itself (a bucket, a snapshot); a backend without reads
+    its jobs' bucket datasets through providers.read_dataset."""
+    def read_dataset(self, spec, source: dict) -> Staged:
+        """What one of the job's datasets holds, read before launch."""
+
+
+CAPABILITIES = (Account, CloudHosts, ResultStore, CloudRecovery, Sweeps, Datasets)
+
+
+@runtime_checkable
+class CloudAccount(Protocol):
+    """The account a cloud provider works in (`provider.account`): where and as whom, its
+    prices and quotas, the datasets it stores, and each thing a launch makes there, one at a
+    time (`check`, `check --launch`, `catalog --refresh`, `data push`, `data ls --check`)."""
     DEFAULT_REGION: str  # where a job goes when no region is configured anywhere
 
     # -- where, and as whom
     def region(self, spec=None) -> str:
-        """The job's region (--region, config.yaml, AWS_REGION, the profile, the default)."""
+        """The job's region (--region, config.yaml, the environment, the profile, the default)."""
     def region_and_source(self, spec=None) -> tuple[str, str]:
         """The region and where it came from, in words."""
     def profile(self) -> str:
@@ -144,38 +215,9 @@ class CloudProvider(Provider, Protocol):
     def owner(self, region: str) -> str:
         """The caller's principal: the owner tag of everything it creates."""
 
-    # -- what is tagged ours, wherever it is
-    def reconcile(self, store: Store) -> Sweep:
-        """Every instance tagged ours, in every region the owner can have one."""
-    def orphans(self, store: Store) -> Sweep:
-        """Live instances of this owner that no active or kept job holds."""
-    def terminate(self, region: str, ids: list[str]) -> None:
-        """Terminate those instances (and delete those volumes)."""
-    def attempt_instances(self, store: Store, job: Job, attempt: int, regions: list[str]
-                          ) -> dict[str, list[str]]:
-        """Live instances of attempt n of a recovering job, by its attempt tag."""
-    def recorded_groups(self, store: Store, job: Job) -> list[tuple[str, str]]:
-        """(region, name) of the job's groups its timeline says exist (no cloud call)."""
-    def group_launches(self, store: Store, job: Job) -> dict[str, dict]:
-        """The instances the job's group launched, by the cloud's own record of the group
-        (kept after EC2 forgets them): id -> {launched_at, terminated_at, zone}."""
-    def delete_job_groups(self, store: Store, job: Job) -> list[str]:
-        """Delete the job's groups (by record and by tag) and templates: the names deleted."""
-    def delete_job_group(self, region: str, name: str) -> bool:
-        """Delete one group (its instances end with it) and its template; whether it was."""
-    def adopt(self, store: Store, kept: Job, job: Job) -> Host:
-        """The host of a kept job, taken over by a new job (`launch --on`)."""
-
-    # -- datasets in S3 (`data push`, `data ls --check`)
-    def push_dataset(self, root: Path, bucket: str, prefix: str, *, shard_mb: int = 256,
-                     workers: int = 8, region: str | None = None, progress=None) -> object:
-        """A folder (datasets.check_push) as shards and a manifest in S3: a PushReport."""
-    def dataset_size(self, location: str) -> dict:
-        """What the S3 prefix at `location` holds now (kind, files, bytes, file_bytes)."""
-
-    # -- prices and quotas (`catalog --refresh`, `check`)
+    # -- prices and quotas
     def refresh_list_prices(self, region: str) -> str:
-        """Fetch and keep the region's on-demand and gp3 list prices; a summary line."""
+        """Fetch and keep the region's on-demand and disk list prices; a summary line."""
     def refresh_spot(self, region: str) -> str:
         """Fetch and keep the region's current spot prices; a summary line."""
     def on_demand_prices(self, region: str, instance_types: list[str]) -> dict[str, float]:
@@ -184,36 +226,41 @@ class CloudProvider(Provider, Protocol):
         """Whether the region offers that instance type (None: cannot tell)."""
     def vcpu_quota(self, instance_type: str, market: str) -> tuple[str, str, str] | None:
         """(code, name, family group) of the vCPU quota a launch of that type counts against."""
-    def ec2_quota(self, region: str, code: str) -> float:
+    def quota_value(self, region: str, code: str) -> float:
         """That quota's value for the account in the region."""
-    def instance_profile_roles(self, region: str, name: str) -> list[str] | None:
-        """Read-only: the roles of that instance profile; None where there is none."""
     def quota_console_url(self, region: str, code: str) -> str:
         """Where that quota's increase is asked for."""
-    def power_off_minutes(self, max_runtime_s: float) -> int:
-        """Minutes from boot to the instance's own hard power-off, for that max runtime."""
+    def instance_profile_roles(self, region: str, name: str) -> list[str] | None:
+        """Read-only: the roles of that instance profile; None where there is none."""
+
+    # -- datasets the account stores
+    def push_dataset(self, root: Path, bucket: str, prefix: str, *, shard_mb: int = 256,
+                     workers: int = 8, region: str | None = None, progress=None) -> object:
+        """A folder (datasets.check_push) as shards and a manifest in a bucket: a PushReport."""
+    def dataset_size(self, location: str) -> dict:
+        """What the bucket prefix at `location` holds now (kind, files, bytes, file_bytes)."""
 
     # -- what a launch makes, one step at a time (`check --launch`)
     def ensure_key(self, region: str, owner: str) -> tuple[str, Path]:
         """The region's key pair, imported on first use: (name, private key file)."""
     def subnets(self, region: str) -> list[tuple[str, str, str, str]]:
-        """(zone, subnet, vpc, zone id) to try, one per AZ."""
+        """(zone, subnet, vpc, zone id) to try, one per zone."""
     def ensure_group(self, region: str, vpc: str, owner: str) -> str:
-        """The VPC's security group, made on first use: SSH from ssh_cidr() only."""
+        """The network's security group, made on first use: SSH from ssh_cidr() only."""
     def ssh_cidr(self) -> str:
         """Who may reach port 22 (this machine's public address /32, or the setting)."""
-    def resolve_ami(self, region: str, ami: str | None = None) -> str:
-        """The image a launch boots: `ami`, else the current Deep Learning AMI."""
-    def image_facts(self, region: str, ami: str) -> dict:
+    def resolve_image(self, region: str, image: str | None = None) -> str:
+        """The image a launch boots: `image`, else the current deep learning image."""
+    def image_facts(self, region: str, image: str) -> dict:
         """{id, name, created, architecture, root_gb} of that image."""
     def ensure_job_store(self, region: str, owner_key: str | None = None) -> tuple[str, bool]:
-        """The job store's bucket, made on first use: (bucket, made now)."""
+        """The result store's bucket, made on first use: (bucket, made now)."""
     def job_store_found(self, region: str) -> tuple[str, bool]:
-        """Read-only: the job store's bucket, and whether it is there and ours."""
+        """Read-only: the result store's bucket, and whether it is there and ours."""
     def put_stored_object(self, region: str, job_id: str, name: str, data: bytes) -> str:
-        """One object under the job's prefix of the job store; its s3:// URL."""
+        """One object under the job's prefix of the result store; its URL."""
     def delete_results(self, region: str, job_id: str) -> int:
-        """Delete what the job store holds for the job; how many objects there were."""
+        """Delete what the result store holds for the job; how many objects there were."""
     def leftovers(self, region: str, job_id: str) -> dict[str, list[str]]:
         """What still exists of the job, by its tag (instances, volumes, placement groups)."""
     def shared_resources(self, region: str) -> dict[str, list[str]]:

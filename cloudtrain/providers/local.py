@@ -12,10 +12,8 @@ import os
 import re
 import socket
 import time
-from pathlib import Path
 
 from .. import config
-from ..datasets import Staged
 from ..errors import ConfigError, HostError, MissingDependency, UsageError
 from ..hosts import Host, default_tmux_socket
 from ..local_host import LocalHost
@@ -76,23 +74,18 @@ class LocalProvider:
                     hint="pip install 'cloudtrain[recipes]' (torch and torchvision) into this "
                          "environment, or set `python:` in config.yaml to one that has them")
 
-    def ready(self, spec) -> None:
-        """Nothing beyond preflight: this machine needs no credentials."""
-
-    def acquire(self, store: Store, job: Job, spec, report: Reporter = SILENT) -> LocalHost:
-        report.phase("running on this machine (local backend)")
-        host = self._host()
-        store.add_instance(Instance(
-            id=f"local-{job.id}", job_id=job.id, provider=self.name, region=None, zone=None,
-            instance_type="local", market="local", state="running", launched_at=time.time(),
-            terminated_at=None, price_per_hour=0.0, details=None))
-        return host
-
-    def acquire_nodes(self, store: Store, job: Job, spec, report: Reporter = SILENT
-                      ) -> list[Host]:
-        """This machine as node 0 and the first spec.nodes - 1 hosts of local_nodes, each
-        reached over SSH once (its host key pinned in $CLOUDTRAIN_HOME/known_nodes.json on
-        first contact, refused if it changes) and recorded as the job's instances."""
+    def acquire(self, store: Store, job: Job, spec, report: Reporter = SILENT) -> list[Host]:
+        """This machine; for a job on several, this machine as node 0 and the first
+        spec.nodes - 1 hosts of local_nodes, each reached over SSH once (its host key pinned
+        in $CLOUDTRAIN_HOME/known_nodes.json on first contact, refused if it changes) and
+        recorded as the job's instances."""
+        if getattr(spec, "nodes", 1) <= 1:
+            report.phase("running on this machine (local backend)")
+            store.add_instance(Instance(
+                id=f"local-{job.id}", job_id=job.id, provider=self.name, region=None,
+                zone=None, instance_type="local", market="local", state="running",
+                launched_at=time.time(), terminated_at=None, price_per_hour=0.0, details=None))
+            return [self._host()]
         from .. import nodes
         from ..ssh import Endpoint
 
@@ -157,16 +150,6 @@ class LocalProvider:
             s.connect((address, port))
             return s.getsockname()[0]
 
-    def node_address(self, host: Host) -> str:
-        return host.peer_address or "127.0.0.1"
-
-    def node_instances(self, store: Store, job: Job, hosts: list) -> list[str | None]:
-        by_node = {(i.details or {}).get("node"): i.id for i in store.instances(job.id)}
-        return [by_node.get(i) for i in range(len(hosts))]
-
-    def efa_environment(self, spec) -> dict:
-        return {}
-
     def host_for(self, job: Job) -> LocalHost:
         info = job.host or {}
         return self._host(info.get("tmux_socket"), info.get("python"))
@@ -200,41 +183,12 @@ class LocalProvider:
             return f"{host.home()}/.cloudtrain/data"
         return str(config.home() / "data")
 
-    def data_mounts(self, store: Store, job: Job, host: LocalHost,
-                    instance: str | None = None) -> dict[str, str]:
-        return {}  # no volumes here: a dataset on this machine is a path
-
-    def agent_settings(self, spec) -> dict:
-        return {}
-
-    def shutdown(self, spec) -> tuple[str | None, float]:
-        return None, 0.0  # never power off the user's own machine
-
     def results_grant(self, store: Store, job: Job, spec, node: int = 0
                       ) -> tuple[dict | None, str | None]:
         return None, None  # the job directory is here already, and outlives nothing
 
     def checkpoint_plan(self, store: Store, job: Job, expires_s: float) -> dict | None:
         return None  # a job here is never relaunched elsewhere: its checkpoints stay put
-
-    def upload_bundle(self, store: Store, job: Job, spec, parts: list[tuple[str, Path]],
-                      meta: dict) -> str | None:
-        return None  # no job store here: a job on this machine is never started elsewhere
-
-    def group_settings(self, store: Store, job: Job, spec) -> dict:
-        return {}  # nothing here is relaunched by anyone but the supervisor
-
-    def follow_replacement(self, store: Store, job: Job, instance_id: str) -> dict:
-        raise UsageError("a job on this machine has no Auto Scaling group")
-
-    def follow_nodes(self, store: Store, job: Job) -> dict | None:
-        raise UsageError("a job on this machine has no Auto Scaling group")
-
-    def group_record(self, store: Store, job: Job) -> dict:
-        return {"attempts": [], "final": None}  # no group here
-
-    def fetch_results(self, store: Store, job: Job, local, node: int = 0) -> dict | None:
-        return None
 
     def plan(self, spec) -> list[tuple[str, str]]:
         self.preflight(spec)
@@ -264,22 +218,8 @@ class LocalProvider:
         found = cpu_warning(spec)
         return None if found is None else Question(None, [found[0]], default=not found[1])
 
-    def read_dataset(self, spec, source: dict) -> Staged:
-        """An S3 dataset is read with the user's AWS credentials whatever the backend (the
-        host fetches it with presigned links); an EBS snapshot needs an AWS instance."""
-        if source["kind"] == "snapshot":
-            raise UsageError(f"dataset {source['name']}: an EBS snapshot ({source['location']}) "
-                             f"becomes a volume on an AWS instance; the {spec.backend} backend "
-                             "cannot use it", hint="use --backend aws, or a path: on this machine")
-        from .aws import AWSProvider
-
-        return AWSProvider(self.settings).read_dataset(spec, source)
-
     def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
         return {}  # this machine is always there
-
-    def record_ends(self, store: Store, job: Job) -> None:
-        """Nothing to ask: release() recorded the end, and nothing here is billed."""
 
     def cleanup(self, store: Store, regions: set[str] | None = None) -> list[str]:
         return []  # no shared cloud resources

@@ -62,7 +62,7 @@ def test_F10_access_denied_on_the_price_list_is_an_aws_error(provider):
     _refuse(pricing, "GetProducts", "AccessDeniedException",
             "User: arn:aws:iam::1:user/me is not authorized to perform: pricing:GetProducts")
     with pytest.raises(AWSError) as err:
-        provider.on_demand_prices("us-east-1", ["g5.xlarge"])
+        provider.account.on_demand_prices("us-east-1", ["g5.xlarge"])
     assert "not allowed: pricing:GetProducts" in err.value.message
     assert "infra/iam-policy-cli.json" in err.value.hint
 
@@ -85,7 +85,7 @@ def test_F10_opt_in_required_says_to_enable_the_region(provider):
             "You are not subscribed to this service. Please go to http://aws.amazon.com to "
             "subscribe.", status=401)
     with pytest.raises(AWSError) as err:
-        provider.subnets("us-east-1")
+        provider.account.subnets("us-east-1")
     assert "OptInRequired" in err.value.message and "ec2:DescribeSubnets" in err.value.message
     assert "enable the region" in err.value.hint and "iam-policy-cli.json" in err.value.hint
 
@@ -95,16 +95,16 @@ def test_F10_any_other_client_error_is_one_line_not_internal(provider):
     _refuse(ec2, "DescribeSecurityGroups", "InvalidParameterCombination", "odd", status=400)
     with pytest.raises(AWSError, match="AWS DescribeSecurityGroups failed in us-east-1: "
                                        "InvalidParameterCombination: odd"):
-        provider.ensure_group("us-east-1", "vpc-1", "arn:aws:iam::1:user/me")
+        provider.account.ensure_group("us-east-1", "vpc-1", "arn:aws:iam::1:user/me")
 
 
 def test_F10_cleanup_keeps_going_on_dependency_violation(provider):
     """The one code cleanup tolerates still arrives as AWSError.code (a group still attached
     to an instance that is shutting down: EC2 answers DependencyViolation)."""
     ec2 = provider.aws.client("ec2", "us-east-1")
-    owner = provider.owner("us-east-1")
+    owner = provider.account.owner("us-east-1")
     vpc = ec2.describe_vpcs()["Vpcs"][0]["VpcId"]
-    provider.ensure_group("us-east-1", vpc, owner)
+    provider.account.ensure_group("us-east-1", vpc, owner)
     _refuse(ec2, "DeleteSecurityGroup", "DependencyViolation", "resource has a dependent object",
             status=400)
     provider.cleanup(None, {"us-east-1"})  # no exception
@@ -124,11 +124,11 @@ def test_F24_bad_region_is_a_usage_error_before_any_session(region, monkeypatch)
     spec = JobSpec(kind="command", backend="aws", command="true", instance_type="g5.xlarge",
                    region=region or "x")
     with pytest.raises(UsageError, match="^unknown AWS region .* .from --region"):
-        provider.region(spec)
+        provider.account.region(spec)
     with pytest.raises(UsageError, match="^unknown AWS region "):
         provider.aws.client("ec2", region or "?")
     with pytest.raises(UsageError, match="from `region:` in config.yaml"):
-        AWSProvider(Settings(region=region or "?")).region()
+        AWSProvider(Settings(region=region or "?")).account.region()
 
 
 def test_F24_region_from_the_aws_chain_is_checked(monkeypatch):
@@ -137,10 +137,10 @@ def test_F24_region_from_the_aws_chain_is_checked(monkeypatch):
     monkeypatch.setenv("AWS_REGION", "../../x")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "../../x")
     with pytest.raises(UsageError, match="from AWS_REGION"):  # the variable it came from
-        AWSProvider(Settings()).region()
+        AWSProvider(Settings()).account.region()
     monkeypatch.setenv("AWS_REGION", "us-gov-west-1")  # GovCloud names pass
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-gov-west-1")
-    assert AWSProvider(Settings()).region() == "us-gov-west-1"
+    assert AWSProvider(Settings()).account.region() == "us-gov-west-1"
 
 
 def test_F24_cli_launch_with_a_bad_region_is_one_line(tmp_path):
@@ -165,7 +165,7 @@ def test_F10_ami_lookup_refused_by_ssm_falls_back_to_the_name_then_says_so(provi
     _refuse(ssm, "GetParameter", "AccessDeniedException",
             "User: arn:aws:iam::1:user/me is not authorized to perform: ssm:GetParameter")
     with pytest.raises(AWSError, match="no AWS Deep Learning PyTorch AMI found in us-east-1"):
-        provider.resolve_ami("us-east-1")
+        provider.account.resolve_image("us-east-1")
 
 
 def test_F10_unreadable_credentials_are_an_aws_error(provider, monkeypatch):

@@ -3,7 +3,7 @@ tests/unit/test_aws_group_launch.py): the launch through a group (boot.tar, the 
 user-data, the first instance, attempts/1.json); group_record reads what a job's instances
 left in the job store while nobody watched (attempts/<n>.json and final.json, put here with
 boto3, garbage, oversized and misnamed ones among them) and gives back only checked records;
-_group_size tells a running group from an emptied, a deleted and an unaskable one. The
+group_size tells a running group from an emptied, a deleted and an unaskable one. The
 helpers here (a job of a group, its records, its group) serve test_lifecycle_autoscaled.py
 too."""
 
@@ -40,7 +40,7 @@ class GroupJob:
         self.s3 = boto3.client("s3", region_name=REGION)
         self.asg = boto3.client("autoscaling", region_name=REGION)
         self.ec2 = boto3.client("ec2", region_name=REGION)
-        _, self.bucket, _ = results._job_store(provider.aws, REGION)
+        _, self.bucket, _ = results.job_store_client(provider.aws, REGION)
         self.s3.create_bucket(Bucket=self.bucket)
         job = store.create_job(name=None, kind="command", recipe=None, command="true",
                                backend="aws", spec={}, launcher="test:1", at=T0)
@@ -281,7 +281,7 @@ def test_C1_only_attempt_and_progress_records_are_read_and_the_listing_is_bounde
     progress(grouped, 2, 40, 35)
     for k in range(30):
         grouped.put(f"{job_records.ATTEMPTS}2/i-{k:017x}.json", {"instance": f"i-{k:017x}"})
-    s3, _, _ = results._job_store(grouped.provider.aws, REGION)
+    s3, _, _ = results.job_store_client(grouped.provider.aws, REGION)
     got: list[str] = []
     s3.meta.events.register("provide-client-params.s3.GetObject",
                             lambda params, **kw: got.append(params["Key"]))
@@ -296,7 +296,7 @@ def test_C1_only_attempt_and_progress_records_are_read_and_the_listing_is_bounde
 # -- the group's size -------------------------------------------------------------------------
 
 def test_the_group_s_size_running_emptied_and_deleted(grouped):
-    size = lambda: group_launch._group_size(grouped.provider.aws, grouped.job)  # noqa: E731
+    size = lambda: group_launch.group_size(grouped.provider.aws, grouped.job)  # noqa: E731
     assert size() == {"gone": True}  # recorded, not there (deleted by hand before this)
     assert len(grouped.make_group(desired=1)) == 1
     assert size() == {"desired": 1}
@@ -312,9 +312,9 @@ def test_a_job_without_a_group_or_a_caller_who_may_not_ask_has_no_size(grouped):
     _refuse(grouped.provider.aws.client("autoscaling", REGION), "DescribeAutoScalingGroups",
             "AccessDenied", "User: arn:aws:iam::123456789012:user/me is not authorized to "
             "perform: autoscaling:DescribeAutoScalingGroups")
-    assert group_launch._group_size(grouped.provider.aws, grouped.job) is None
+    assert group_launch.group_size(grouped.provider.aws, grouped.job) is None
     grouped.store.record_facts(grouped.id, auto_scaling_group=None)
-    assert group_launch._group_size(grouped.provider.aws, grouped.job) is None
+    assert group_launch.group_size(grouped.provider.aws, grouped.job) is None
 
 
 # -- the launch through a group ---------------------------------------------------------------
@@ -345,7 +345,7 @@ def test_a_launch_through_its_group_leaves_what_a_replacement_boots_from(cloud, 
     [row] = store.instances(job.id)
     assert row.id == instance and row.details["auto_scaling_group"] == name
 
-    s3, bucket, _ = results._job_store(p.aws, REGION)
+    s3, bucket, _ = results.job_store_client(p.aws, REGION)
     prefix = jobstore.job_prefix(job.id, owner_key=job.facts.store_owner)
     data, digest = boot_tar()
     assert s3.get_object(Bucket=bucket, Key=prefix + BOOT_TAR)["Body"].read() == data

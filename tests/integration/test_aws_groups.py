@@ -137,7 +137,7 @@ def test_a_one_node_group_is_spot_in_every_az_with_the_type_over_the_jobs_templa
     assert policy["LaunchTemplate"]["LaunchTemplateSpecification"]["LaunchTemplateName"] == name
     tags = {t["Key"]: t for t in group["Tags"]}
     assert tags["cloudtrain:job"]["Value"] == job.id
-    assert tags["cloudtrain:owner"]["Value"] == p.owner(REGION)
+    assert tags["cloudtrain:owner"]["Value"] == p.account.owner(REGION)
     assert all(t["PropagateAtLaunch"] for t in tags.values())
     assert "cloudtrain:attempt" not in tags  # a replacement is no attempt of the launch's
     assert group["NewInstancesProtectedFromScaleIn"] is False
@@ -146,7 +146,7 @@ def test_a_one_node_group_is_spot_in_every_az_with_the_type_over_the_jobs_templa
 
     (template,) = _templates(job.id)
     assert template["LaunchTemplateName"] == name
-    assert _tags(template["Tags"])["cloudtrain:owner"] == p.owner(REGION)
+    assert _tags(template["Tags"])["cloudtrain:owner"] == p.account.owner(REGION)
     data = _ec2().describe_launch_template_versions(
         LaunchTemplateId=template["LaunchTemplateId"])["LaunchTemplateVersions"][0][
         "LaunchTemplateData"]
@@ -297,7 +297,7 @@ def test_down_job_deletes_its_group_before_it_terminates(cloud, api_calls):
     job = _job(store, spec)
     name = groups.create_job_group(p.aws, store, job, spec, USER_DATA)
     (raw,) = _live(job.id)
-    instances._record_found(p.aws, store, job, REGION, raw, 1)  # the instance known to the store
+    instances.record_found(p.aws, store, job, REGION, raw, 1)  # the instance known to the store
     api_calls.clear()
     (outcome,) = stop.cancel(store, _settings(), (job.id,), False)
     assert outcome.ok, outcome.note
@@ -322,7 +322,7 @@ def test_a_job_of_the_previous_version_shows_and_down_deletes_the_group_its_spec
     job = _job(store, spec)
     name = groups.create_job_group(p.aws, store, job, spec, USER_DATA)
     (raw,) = _live(job.id)
-    instances._record_found(p.aws, store, job, REGION, raw, 1)
+    instances.record_found(p.aws, store, job, REGION, raw, 1)
     old = {**spec.to_dict(), "attempt": 1, "avoid_zones": [], "store_region": None,
            "store_owner": p.aws.owner_key(REGION), "auto_scaling_group": name}
     store.db.execute("UPDATE jobs SET spec = ?, details = NULL WHERE id = ?",
@@ -412,7 +412,7 @@ def test_down_with_the_cli_policy_alone_skips_the_group_lookups_it_may_not_make(
                                    "ResourceType": "instance",
                                    "Tags": [{"Key": "cloudtrain:job", "Value": job.id}]}]
                                )["Instances"][0]
-    instances._record_found(p.aws, store, job, REGION, raw, 1)
+    instances.record_found(p.aws, store, job, REGION, raw, 1)
 
     def refused_groups(self, *args, **kwargs):
         raise AutoscalingClientError("AccessDenied", "User is not authorized to perform: "
@@ -442,8 +442,8 @@ def test_a_launch_without_auto_scaling_permissions_falls_back_to_the_supervisor(
     job = _job(store, spec)
     # in-process moto takes its own requests for plain HTTP: the store's DenyInsecureTransport
     # statement would refuse the boot files' upload, which on AWS (HTTPS) it allows
-    p.ensure_job_store(REGION, p.aws.owner_key(REGION))
-    s3, bucket, _ = results._job_store(p.aws, REGION)
+    p.account.ensure_job_store(REGION, p.aws.owner_key(REGION))
+    s3, bucket, _ = results.job_store_client(p.aws, REGION)
     s3.delete_bucket_policy(Bucket=bucket)
     _refuse(p.aws.client("ec2", REGION), "CreateLaunchTemplate", "UnauthorizedOperation",
             "You are not authorized to perform this operation. User: "

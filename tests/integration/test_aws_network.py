@@ -29,35 +29,35 @@ def _vpc(provider):
 
 def test_F9_the_ssh_rule_follows_this_machine_and_leaves_others(ec2_provider):
     p = ec2_provider
-    owner, vpc = p.owner("us-east-1"), _vpc(p)
+    owner, vpc = p.account.owner("us-east-1"), _vpc(p)
     mine = network.ssh_rule_description()
     assert mine.startswith("cloudtrain SSH ") and len(mine) == len("cloudtrain SSH ") + 12
     p.settings.ssh_cidr = "203.0.113.7/32"
-    gid = p.ensure_group("us-east-1", vpc, owner)
+    gid = p.account.ensure_group("us-east-1", vpc, owner)
     # another machine of the same user launched from its own address
     p.aws.call("us-east-1", "authorize_security_group_ingress", GroupId=gid, IpPermissions=[
         {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
          "IpRanges": [{"CidrIp": "192.0.2.99/32", "Description": "cloudtrain SSH 0123456789ab"}]}])
     for cidr in ("198.51.100.23/32", "198.51.100.24/32"):  # cafe, then hotel
         p.settings.ssh_cidr = cidr
-        assert p.ensure_group("us-east-1", vpc, owner) == gid
+        assert p.account.ensure_group("us-east-1", vpc, owner) == gid
     assert _ssh(p, gid) == [("192.0.2.99/32", "cloudtrain SSH 0123456789ab"),
                             ("198.51.100.24/32", mine)]
-    p.ensure_group("us-east-1", vpc, owner)  # same address again: nothing changes
+    p.account.ensure_group("us-east-1", vpc, owner)  # same address again: nothing changes
     assert _ssh(p, gid) == [("192.0.2.99/32", "cloudtrain SSH 0123456789ab"),
                             ("198.51.100.24/32", mine)]
 
 
 def test_F9_members_reach_each_other_over_tcp_only(ec2_provider):
     p = ec2_provider
-    owner, vpc = p.owner("us-east-1"), _vpc(p)
+    owner, vpc = p.account.owner("us-east-1"), _vpc(p)
     gid = p.aws.call("us-east-1", "create_security_group", GroupName="cloudtrain", VpcId=vpc,
                  Description="old", TagSpecifications=[{"ResourceType": "security-group", "Tags": [
                      {"Key": OWNER_TAG, "Value": owner}]}])["GroupId"]
     # what earlier versions made: every protocol between members
     p.aws.call("us-east-1", "authorize_security_group_ingress", GroupId=gid, IpPermissions=[
         {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid}]}])
-    assert p.ensure_group("us-east-1", vpc, owner) == gid
+    assert p.account.ensure_group("us-east-1", vpc, owner) == gid
     members = [r for r in _rules(p, gid) if r.get("UserIdGroupPairs")]
     assert [(r["IpProtocol"], r["FromPort"], r["ToPort"]) for r in members] == [("tcp", 0, 65535)]
     assert all(r["IpProtocol"] != "-1" for r in _rules(p, gid))
@@ -65,9 +65,9 @@ def test_F9_members_reach_each_other_over_tcp_only(ec2_provider):
 
 def test_F9_cleanup_with_nothing_active_removes_what_no_instance_uses(ec2_provider, ct_home):
     p = ec2_provider
-    owner, vpc = p.owner("us-east-1"), _vpc(p)
-    gid = p.ensure_group("us-east-1", vpc, owner)
-    key, _ = p.ensure_key("us-east-1", owner)
+    owner, vpc = p.account.owner("us-east-1"), _vpc(p)
+    gid = p.account.ensure_group("us-east-1", vpc, owner)
+    key, _ = p.account.ensure_key("us-east-1", owner)
     ami = p.aws.call("us-east-1", "describe_images", Owners=["amazon"])["Images"][0]["ImageId"]
     (raw,) = p.aws.call("us-east-1", "run_instances", ImageId=ami, MinCount=1, MaxCount=1,
                     InstanceType="g5.xlarge", KeyName=key, SecurityGroupIds=[gid],

@@ -49,12 +49,12 @@ def _record(store, job, instance_id, state="running"):
 
 
 def _state(p, instance_id):
-    return boot._describe(p.aws, "us-east-1", instance_id)["State"]["Name"]
+    return boot.describe_instance(p.aws, "us-east-1", instance_id)["State"]["Name"]
 
 
 def test_F12_orphans_are_live_owner_tagged_instances_no_job_holds(ec2_provider, ct_home):
     p = ec2_provider
-    me = p.owner("us-east-1")
+    me = p.account.owner("us-east-1")
     store = open_store(ct_home)
     active = _job(store, "running", ran=True)
     ended = _job(store, "succeeded", ran=True)
@@ -83,7 +83,7 @@ def test_F12_orphans_are_live_owner_tagged_instances_no_job_holds(ec2_provider, 
 
 def test_F14_a_keep_job_that_never_ran_does_not_keep_its_instance(ec2_provider, ct_home):
     p = ec2_provider
-    me = p.owner("us-east-1")
+    me = p.account.owner("us-east-1")
     store = open_store(ct_home)
     never_ran = _job(store, "failed", keep=True)
     ran = _job(store, "succeeded", keep=True, ran=True)
@@ -306,7 +306,7 @@ def test_F41_release_terminates_by_record_only_what_ec2_shows_as_the_job_s(ec2_p
     shows with the job's tag are terminated (by record or found by tag); the others stay,
     each said once in the job's events."""
     p = ec2_provider
-    me = p.owner("us-east-1")
+    me = p.account.owner("us-east-1")
     store = open_store(ct_home)
     job = _job(store, "running", ran=True)
     mine = _start(p, me, job.id)

@@ -31,7 +31,7 @@ def test_F8_owner_of_an_sso_session_is_its_role_with_the_path(ec2_provider, monk
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", creds["AccessKeyId"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", creds["SecretAccessKey"])
     monkeypatch.setenv("AWS_SESSION_TOKEN", creds["SessionToken"])
-    owner = AWSProvider(Settings(region="us-east-1")).owner("us-east-1")
+    owner = AWSProvider(Settings(region="us-east-1")).account.owner("us-east-1")
     assert owner == role["Arn"]
     assert owner.endswith(":role/aws-reserved/sso.amazonaws.com/AWSReservedSSO_Admin_0123")
-    assert ec2_provider.owner("us-east-1").startswith("arn:aws:iam::")  # a plain user: as is
+    assert ec2_provider.account.owner("us-east-1").startswith("arn:aws:iam::")  # a plain user: as is

@@ -190,7 +190,7 @@ def test_down_all_deletes_a_dataset_volume_no_job_holds(cli, aws, snap, ct_home)
     deletes it; an unrelated volume stays, and one of a job being launched is no orphan."""
     from cloudtrain.providers.aws import AWSProvider
 
-    owner = AWSProvider().owner(REGION)
+    owner = AWSProvider().account.owner(REGION)
     tags = [{"Key": "cloudtrain:owner", "Value": owner}, {"Key": "cloudtrain:job",
                                                            "Value": "deadbeef"},
             {"Key": "cloudtrain:dataset", "Value": "imagenet"}]

@@ -838,7 +838,7 @@ def test_everything_check_launch_asks_of_aws_is_allowed_by_the_cli_policy(launch
     from cloudtrain.providers.aws.errors import iam_action
 
     admin = providers.get("aws")
-    admin.ensure_job_store(admin.region())  # the administrator's step, before the user's
+    admin.account.ensure_job_store(admin.account.region())  # the administrator's step, before the user's
 
     made: set[str] = set()
     original = botocore.client.BaseClient._make_api_call

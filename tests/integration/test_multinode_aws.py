@@ -95,7 +95,7 @@ def test_nodes_come_from_one_request_in_one_placement_group(cloud, groups):
     provider, store, ec2, ami = cloud
     spec = _spec(ami=ami)
     job = _job(store, spec)
-    ids = cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None,
+    ids = cluster.run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None,
                                 _silent())
     assert len(ids) == 3
     (launch,) = groups.launches
@@ -103,7 +103,7 @@ def test_nodes_come_from_one_request_in_one_placement_group(cloud, groups):
     (group,) = [groups.groups[n] for n in groups.live()]
     tags = {t["Key"]: t["Value"] for t in group["Tags"]}
     assert group["Strategy"] == "cluster" and tags["cloudtrain:job"] == job.id
-    assert tags["cloudtrain:owner"] == provider.owner(REGION)
+    assert tags["cloudtrain:owner"] == provider.account.owner(REGION)
     recorded = {i.id: i for i in store.instances(job.id)}
     assert [recorded[i].details["node"] for i in ids] == [0, 1, 2]
     assert {recorded[i].zone for i in ids} == {"us-east-1a"}
@@ -119,7 +119,7 @@ def test_a_node_lost_before_it_runs_releases_all_and_the_next_az_gets_the_job(
     lost = _lose_in_zone(monkeypatch, "us-east-1a", node=2)
     spec = _spec(ami=ami)
     job = _job(store, spec)
-    ids = cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None,
+    ids = cluster.run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None,
                                 _silent())
     assert len(lost) == 1 and lost[0] not in ids
     first, second = groups.launches
@@ -158,7 +158,7 @@ def test_no_az_with_capacity_for_all_nodes_leaves_nothing(cloud, groups, monkeyp
     spec = _spec(ami=ami)
     job = _job(store, spec)
     with pytest.raises(PlacementError) as err:
-        cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None, _silent())
+        cluster.run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None, _silent())
     message = err.value.message
     zones = [z for z in ("us-east-1a", "us-east-1b", "us-east-1c") if z in message]
     assert len(zones) >= 2 and "before it ran" in message and "nothing is left running" in message
@@ -188,7 +188,7 @@ def test_a_capacity_refusal_tries_the_next_az_before_anything_starts(cloud, grou
     client.meta.events.register("before-call.ec2.RunInstances", refuse_first)
     spec = _spec(ami=ami)
     job = _job(store, spec)
-    ids = cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None,
+    ids = cluster.run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None,
                                 _silent())
     assert len(calls) == 2 and len(ids) == 3
     assert len(groups.launches) == 1  # the refused request never reached moto
@@ -205,7 +205,7 @@ def test_efa_types_get_efa_interfaces_and_the_efa_group(cloud, groups):
     job = _job(store, spec)
     efa = cluster.efa_plan(provider.aws, spec, REGION)
     assert efa == {"supported": 4, "used": 4, "rdma": True, "why": ""}
-    cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), efa, _silent())
+    cluster.run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), efa, _silent())
     (launch,) = groups.launches
     interfaces = sorted(launch["interfaces"], key=lambda n: (n["NetworkCardIndex"],
                                                               n["DeviceIndex"]))
@@ -218,7 +218,7 @@ def test_efa_types_get_efa_interfaces_and_the_efa_group(cloud, groups):
     (rule,) = efa_group["IpPermissions"]
     assert rule["IpProtocol"] == "-1"
     assert rule["UserIdGroupPairs"][0]["GroupId"] == efa_group["GroupId"]
-    assert provider.efa_environment(spec) == {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1",
+    assert provider.network_environment(spec) == {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1",
                                               "FI_EFA_USE_DEVICE_RDMA": "1"}
 
 
@@ -239,7 +239,7 @@ def test_release_terminates_every_node_and_deletes_the_placement_group(cloud, gr
     provider, store, ec2, ami = cloud
     spec = _spec(ami=ami)
     job = _job(store, spec)
-    cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None, _silent())
+    cluster.run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None, _silent())
     assert len(_live(ec2, job.id)) == 3 and len(groups.live()) == 1
     provider.release(store, store.job(job.id), force=True)
     assert _live(ec2, job.id) == []
@@ -253,7 +253,7 @@ def test_a_placement_group_still_in_use_is_left_for_the_next_cleanup(cloud, grou
     provider, store, ec2, ami = cloud
     spec = _spec(ami=ami)
     job = _job(store, spec)
-    ids = cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None,
+    ids = cluster.run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None,
                                 _silent())
     assert placement.delete_placement_groups(provider.aws, REGION, job.id) == []  # in use: refused, kept
     assert len(groups.live()) == 1
@@ -383,7 +383,7 @@ def test_cost_of_a_job_on_nodes_sums_every_node(cloud, groups):
     provider, store, ec2, ami = cloud
     spec = _spec(ami=ami)
     job = _job(store, spec)
-    cluster._run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None, _silent())
+    cluster.run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), None, _silent())
     started = time.time() - 3600
     for inst in store.instances(job.id):
         store.update_instance(inst.id, launched_at=started, terminated_at=started + 600,

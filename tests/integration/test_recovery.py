@@ -96,7 +96,7 @@ def killed_while_waiting(monkeypatch, no_capacity: set) -> list[str]:
         return original_run(self, *args, **kwargs)
 
     monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
-    monkeypatch.setattr(boot, "_wait_running", wait_then_die)
+    monkeypatch.setattr(boot, "wait_running", wait_then_die)
     monkeypatch.setattr(launch, "abort_launch", no_cleanup)
     return waited
 

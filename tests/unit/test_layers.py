@@ -56,7 +56,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the AWS wing inside: the thin provider on top, the session and the job store's records
     # at the bottom (aws/__init__.py lists the same concerns)
     ("cloudtrain.providers.aws.provider", "cloudtrain.providers.aws"),
-    ("cloudtrain.providers.aws.plan",),
+    ("cloudtrain.providers.aws.plan", "cloudtrain.providers.aws.cloud_account"),
     ("cloudtrain.providers.aws.cluster", "cloudtrain.providers.aws.acquire"),
     ("cloudtrain.providers.aws.group_launch", "cloudtrain.providers.aws.inventory"),
     ("cloudtrain.providers.aws.groups", "cloudtrain.providers.aws.datasets",

@@ -1,7 +1,10 @@
-"""The provider contract (cloudtrain/providers/base.py, issue 26): LocalProvider is a Provider
-and AWSProvider a CloudProvider, verb by verb, with the same parameters and compatible types;
-every verb called on a provider anywhere in cloudtrain/ is in the contract, and the contract
-lists nothing that nobody calls."""
+"""The provider contract (cloudtrain/providers/base.py, issues 26 and 35): LocalProvider is a
+Provider, AWSProvider a Provider with every capability and its account a CloudAccount, verb by
+verb, with the same parameters and compatible types; every verb called on a provider (or an
+account) anywhere in cloudtrain/ is in the contract, and the contract lists nothing that nobody
+calls. The contract stays small: a core of at most 15 verbs that name no AWS service or
+concept, no class in cloudtrain/ with more than 40 methods, no mixins in providers/, and a
+local backend that claims no capability it does not have."""
 
 from __future__ import annotations
 
@@ -79,8 +82,9 @@ def test_compatible_refuses_what_does_not_fit():
 @pytest.mark.parametrize("provider, protocol", [
     (LocalProvider(config.Settings()), base.Provider),
     (AWSProvider(config.Settings()), base.Provider),
-    (AWSProvider(config.Settings()), base.CloudProvider),
-], ids=["local", "aws", "aws-cloud"])
+    *[(AWSProvider(config.Settings()), cap) for cap in base.CAPABILITIES],
+    (AWSProvider(config.Settings()).account, base.CloudAccount),
+], ids=["local", "aws", *[f"aws-{cap.__name__}" for cap in base.CAPABILITIES], "aws-account"])
 def test_each_provider_has_every_verb_of_its_contract_with_compatible_signatures(provider,
                                                                                  protocol):
     problems = []
@@ -106,6 +110,14 @@ def test_each_provider_has_every_verb_of_its_contract_with_compatible_signatures
     assert not problems, "\n".join(problems)
 
 
+def _is_account(node: ast.AST) -> bool:
+    """A value that is a cloud provider's account: `account`, `cloud` (check.py), or
+    `<anything>.account` itself."""
+    if isinstance(node, ast.Name):
+        return node.id in ("account", "cloud")
+    return isinstance(node, ast.Attribute) and node.attr == "account"
+
+
 def _is_provider(node: ast.AST) -> bool:
     """A value that is a provider, by how cloudtrain names one: `provider`, `c.provider`,
     `aws_provider`, or `providers.get(...)` itself."""
@@ -118,14 +130,15 @@ def _is_provider(node: ast.AST) -> bool:
         node.func.value.id == "providers"
 
 
-def called_verbs() -> dict[str, list[str]]:
-    """Every attribute used on a provider in cloudtrain/ outside providers/: {verb: [where]}."""
+def called_verbs(on=_is_provider) -> dict[str, list[str]]:
+    """Every attribute used on a provider (`on`: or an account) in cloudtrain/ outside
+    providers/: {verb: [where]}."""
     found: dict[str, list[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         if "providers" in path.relative_to(PACKAGE).parts:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and _is_provider(node.value):
+            if isinstance(node, ast.Attribute) and on(node.value):
                 where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
                 found.setdefault(node.attr, []).append(where)
     return found
@@ -136,11 +149,155 @@ def called_verbs() -> dict[str, list[str]]:
 NOT_YET_CALLED: dict[str, str] = {}
 
 
+def provider_members() -> dict[str, object]:
+    """The verbs and attributes of the core and of every capability."""
+    found = members(base.Provider)
+    for cap in base.CAPABILITIES:
+        found.update(members(cap))
+    return found
+
+
 def test_every_verb_called_on_a_provider_is_in_the_contract_and_no_other():
     called = called_verbs()
-    assert {"acquire", "release", "read_dataset", "orphans"} <= set(called)  # the scan sees
-    listed = members(base.CloudProvider)
+    assert {"acquire", "release", "orphans", "shutdown", "account"} <= set(called)  # the scan
+    listed = provider_members()
     unknown = {verb: where for verb, where in called.items() if verb not in listed}
     assert not unknown, f"called on a provider, not in providers/base.py: {unknown}"
-    unused = sorted(set(listed) - set(called) - set(NOT_YET_CALLED))
+    unused = sorted(set(listed) - set(called) - set(NOT_YET_CALLED) - {"name"})
     assert not unused, f"in providers/base.py, used nowhere: {unused}"
+
+
+def test_every_verb_called_on_an_account_is_in_the_contract_and_no_other():
+    called = called_verbs(_is_account)
+    assert {"region", "owner", "ensure_key", "dataset_size"} <= set(called)  # the scan sees
+    listed = members(base.CloudAccount)
+    unknown = {verb: where for verb, where in called.items() if verb not in listed}
+    assert not unknown, f"called on an account, not in providers/base.py: {unknown}"
+    unused = sorted(set(listed) - set(called))
+    assert not unused, f"CloudAccount in providers/base.py, used nowhere: {unused}"
+
+
+# -- the contract's size and shape (issue 35) ------------------------------------------------
+
+CORE_MAX = 15
+METHODS_MAX = 40
+# Names of AWS services and concepts, as words of a verb's name (split at "_").
+AWS_WORDS = {"aws", "ec2", "s3", "efa", "iam", "ebs", "ami", "asg", "sts", "autoscaling",
+             "auto", "scaling", "ssm", "vpc", "arn", "imds"}
+
+
+def verbs(protocol) -> list[str]:
+    """A Protocol's own verbs (its functions, not its attributes)."""
+    return [n for n, f in members(protocol).items() if inspect.isfunction(f)]
+
+
+def aws_words(name: str) -> list[str]:
+    return [w for w in name.lower().split("_") if w in AWS_WORDS]
+
+
+def test_the_core_provider_has_at_most_15_verbs():
+    core = verbs(base.Provider)
+    assert {"plan", "preflight", "acquire", "release", "cleanup"} <= set(core)
+    assert len(core) <= CORE_MAX, f"Provider has {len(core)} verbs: {sorted(core)}"
+    assert "acquire_nodes" not in core  # one verb acquires 1..N nodes
+
+
+def test_no_verb_of_the_contract_names_an_aws_service_or_concept():
+    assert aws_words("ec2_quota") == ["ec2"] and aws_words("efa_environment") == ["efa"]
+    assert aws_words("delete_auto_scaling_group") and not aws_words("instance_states")
+    named = {f"{proto.__name__}.{verb}": aws_words(verb)
+             for proto in (base.Provider, *base.CAPABILITIES, base.CloudAccount)
+             for verb in verbs(proto)}
+    assert len(named) > 40  # the check saw every Protocol
+    bad = {verb: words for verb, words in named.items() if words}
+    assert not bad, f"verbs that name AWS: {bad}"
+
+
+def test_capabilities_are_runtime_checkable_protocols_and_aws_has_each():
+    aws = AWSProvider(config.Settings())
+    for cap in base.CAPABILITIES:
+        assert getattr(cap, "_is_runtime_protocol", False), cap
+        assert not set(verbs(cap)) & set(verbs(base.Provider)), cap  # none repeats the core
+        assert isinstance(aws, cap), cap.__name__
+    assert isinstance(aws, base.Provider) and isinstance(aws.account, base.CloudAccount)
+
+
+def test_the_local_provider_implements_the_core_and_no_capability():
+    local = LocalProvider(config.Settings())
+    assert isinstance(local, base.Provider)
+    claimed = [cap.__name__ for cap in base.CAPABILITIES if isinstance(local, cap)]
+    assert not claimed, f"LocalProvider claims {claimed}"
+    public = {n for n, f in inspect.getmembers(LocalProvider, inspect.isfunction)
+              if not n.startswith("_")}
+    assert public <= set(verbs(base.Provider)), public - set(verbs(base.Provider))
+    # No verb there only refuses: nothing says "not supported" or has no Auto Scaling group.
+    source = inspect.getsource(LocalProvider)
+    for refusal in ("not supported", "no Auto Scaling", "AWSProvider", "from .aws"):
+        assert refusal not in source, refusal
+
+
+def class_methods(root: Path) -> dict[str, int]:
+    """{path:class: its methods, its own and those of its bases defined in the package}, by
+    the AST of every module under `root` (a base is found by its name)."""
+    defined: dict[str, list[tuple[str, set[str], list[str]]]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                own = {n.name for n in node.body
+                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                bases = [b.id if isinstance(b, ast.Name) else b.attr
+                         if isinstance(b, ast.Attribute) else "" for b in node.bases]
+                defined.setdefault(node.name, []).append((str(path), own, bases))
+
+    def methods(name: str, seen: tuple = ()) -> set[str]:
+        out: set[str] = set()
+        for _, own, bases in defined.get(name, []):
+            out |= own
+            for b in bases:
+                if b in defined and b not in seen:
+                    out |= methods(b, seen + (name,))
+        return out
+
+    return {f"{path}:{name}": len(methods(name)) for name, found in defined.items()
+            for path, _, _ in found}
+
+
+def test_no_class_in_cloudtrain_has_more_than_40_methods(tmp_path):
+    big = "class Big:\n" + "".join(f"    def m{i}(self): pass\n" for i in range(30))
+    (tmp_path / "big.py").write_text(big + "class Bigger(Big):\n" + "".join(
+        f"    def n{i}(self): pass\n" for i in range(11)))
+    assert class_methods(tmp_path)[f"{tmp_path / 'big.py'}:Bigger"] == 41  # the check can fail
+    counted = class_methods(PACKAGE)
+    assert counted[f"{PACKAGE / 'providers/aws/provider.py'}:AWSProvider"] > 15  # it sees them
+    over = {name: n for name, n in counted.items() if n > METHODS_MAX}
+    assert not over, f"classes with more than {METHODS_MAX} methods: {over}"
+    # By introspection too, with what the providers inherit.
+    for cls in (AWSProvider, LocalProvider, type(AWSProvider(config.Settings()).account)):
+        n = len([m for m in dir(cls) if inspect.isfunction(getattr(cls, m))
+                 and getattr(cls, m).__module__.startswith("cloudtrain")])
+        assert n <= METHODS_MAX, (cls.__name__, n)
+
+
+def test_no_mixin_classes_in_providers():
+    """A class in providers/ is a Protocol, an exception, or stands alone: none gets its
+    verbs from another class (AWSProvider delegates to modules, not to bases)."""
+    import importlib
+    import pkgutil
+
+    import cloudtrain.providers as providers_pkg
+
+    checked, bad = 0, []
+    for info in pkgutil.walk_packages(providers_pkg.__path__, "cloudtrain.providers."):
+        module = importlib.import_module(info.name)
+        for cls in vars(module).values():
+            if not isinstance(cls, type) or cls.__module__ != module.__name__:
+                continue
+            checked += 1
+            if "mixin" in cls.__name__.lower():
+                bad.append(cls.__name__)
+            elif getattr(cls, "_is_protocol", False) or issubclass(cls, BaseException):
+                continue
+            elif cls.__bases__ != (object,):
+                bad.append(f"{cls.__name__}{cls.__bases__}")
+    assert checked > 15
+    assert not bad, f"mixins in providers/: {bad}"

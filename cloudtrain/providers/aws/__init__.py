@@ -2,6 +2,8 @@
 AwsSession (session.py) as their first argument; AWSProvider only delegates to them.
 
     provider.py        AWSProvider: the contract's verbs (providers/base.py), one line each
+    cloud_account.py   AwsAccount: the provider's `account` (region, credentials, prices,
+                       quotas, S3 datasets, what a launch makes), one line each
     session.py         AwsSession: settings, boto3 sessions and clients, region, owner
     plan.py            the dry run, the price rows and the question launch asks
     instance_types.py  preflight: the instance type, from the catalog or EC2
@@ -33,9 +35,9 @@ AwsSession (session.py) as their first argument; AWSProvider only delegates to t
     tags.py            the tags every resource carries
 
 Which module may import which is tests/unit/test_layers.py's LAYERS (ARCHITECTURE.md draws
-it): provider on top, then plan, the launch paths, the concerns, session at the bottom with
-the job store's layout. Raw boto dicts stay inside this package; what leaves it is the store's
-records and Hosts.
+it): provider on top, then plan and the account, the launch paths, the concerns, session at
+the bottom with the job store's layout. Raw boto dicts stay inside this package; what leaves
+it is the store's records and Hosts.
 """
 from .errors import AWSError, aws_errors
 from .provider import AWSProvider

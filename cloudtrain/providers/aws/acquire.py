@@ -29,24 +29,24 @@ def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SI
         instance, grouped = ids[0] if ids else None, ids is not None  # one per node
     if instance is None:
         try:
-            instance = instances._run(aws, store, job, spec, region, boot, report)
+            instance = instances.run_instance(aws, store, job, spec, region, boot, report)
         except StaleCache:
             RegionCache(aws.settings.aws_profile, region).clear()
             boot = bootstrap.bootstrap(aws, region, spec.ami, cached=False)
-            instance = instances._run(aws, store, job, spec, region, boot, report)
+            instance = instances.run_instance(aws, store, job, spec, region, boot, report)
     key_path = boot["key_path"]
-    address = booting._wait_running(aws, region, instance, report)
+    address = booting.wait_running(aws, region, instance, report)
     zone = next((i.zone for i in store.instances(job.id) if i.id == instance), None)
     if found is None:
         volumes.attach_snapshots(aws, store, job, spec, region, instance, zone, boot["owner"])
     endpoint = Endpoint(address, aws.settings.ssh_port, aws.settings.ssh_user, str(key_path))
-    host = booting._wait_ssh(aws, region, instance, endpoint, report)
+    host = booting.wait_ssh(aws, region, instance, endpoint, report)
     report.phase(f"checking {instance}'s host key against its console output")
-    verified = booting._check_host_key(aws, store, job, region, instance, host, spec.instance_type,
+    verified = booting.check_host_key(aws, store, job, region, instance, host, spec.instance_type,
                                        report)
     home = host.home()  # the first command, only now that the key is settled
     store.update_instance(instance, state="running", details=json.dumps(
-        {**instances._details(store, instance), "address": address, "host_key": endpoint.host_key,
+        {**instances.instance_details(store, instance), "address": address, "host_key": endpoint.host_key,
          "host_key_verified": verified}))
     if grouped:
         group_launch.check_group_jobdir(aws, job, host, instance, home)

@@ -17,17 +17,17 @@ from .hostkeys import console_fingerprints, fingerprint, fingerprint_window
 from .session import AwsSession
 
 
-def _describe(aws: AwsSession, region: str, instance_id: str) -> dict:
+def describe_instance(aws: AwsSession, region: str, instance_id: str) -> dict:
     reservations = aws.call(region, "describe_instances",
                             InstanceIds=[instance_id])["Reservations"]
     return reservations[0]["Instances"][0]
 
 
-def _wait_running(aws: AwsSession, region: str, instance_id: str, report: Reporter = SILENT) -> str:
+def wait_running(aws: AwsSession, region: str, instance_id: str, report: Reporter = SILENT) -> str:
     report.phase(f"instance {instance_id} requested, waiting for it to run")
     deadline = time.monotonic() + aws.settings.instance_wait_seconds
     while True:
-        raw = _describe(aws, region, instance_id)
+        raw = describe_instance(aws, region, instance_id)
         state = raw["State"]["Name"]
         if state == "running":
             key = "PrivateIpAddress" if aws.settings.connect == "private" else "PublicIpAddress"
@@ -49,7 +49,7 @@ def _wait_running(aws: AwsSession, region: str, instance_id: str, report: Report
         time.sleep(aws.settings.poll_seconds)
 
 
-def _wait_ssh(aws: AwsSession, region: str, instance_id: str, endpoint: Endpoint,
+def wait_ssh(aws: AwsSession, region: str, instance_id: str, endpoint: Endpoint,
               report: Reporter = SILENT) -> SSHHost:
     deadline = time.monotonic() + aws.settings.ssh_wait_seconds
     last = None
@@ -74,7 +74,7 @@ def _wait_ssh(aws: AwsSession, region: str, instance_id: str, endpoint: Endpoint
                         f"{region} --latest; check the security group allows {network.ssh_cidr(aws)}")
 
 
-def _check_host_key(aws: AwsSession, store: Store, job: Job, region: str, instance_id: str,
+def check_host_key(aws: AwsSession, store: Store, job: Job, region: str, instance_id: str,
                     host: SSHHost, instance_type: str | None,
                     report: Reporter = SILENT) -> bool:
     """Accept the key the SSH server presented only if the instance listed its

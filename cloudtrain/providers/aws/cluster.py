@@ -161,13 +161,13 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
         ids = found
     elif ids is None:
         try:
-            ids = _run_cluster(aws, store, job, spec, region, boot, efa, report)
+            ids = run_cluster(aws, store, job, spec, region, boot, efa, report)
         except StaleCache:
             from .cache import RegionCache
 
             RegionCache(aws.settings.aws_profile, region).clear()
             boot = bootstrap.bootstrap(aws, region, spec.ami, cached=False)
-            ids = _run_cluster(aws, store, job, spec, region, boot, efa, report)
+            ids = run_cluster(aws, store, job, spec, region, boot, efa, report)
     addresses, privates = _wait_cluster(aws, region, ids, report)
     zones = {i.id: i.zone for i in store.instances(job.id)}
     if found is None:
@@ -183,14 +183,14 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
     def reach(i: int) -> SSHHost:
         endpoint = Endpoint(addresses[i], aws.settings.ssh_port, aws.settings.ssh_user,
                             str(boot["key_path"]))
-        host = booting._wait_ssh(aws, region, ids[i], endpoint)
+        host = booting.wait_ssh(aws, region, ids[i], endpoint)
         with Store(store.path) as mine:  # a connection of this thread's own
-            verified = booting._check_host_key(aws, mine, job, region, ids[i], host,
+            verified = booting.check_host_key(aws, mine, job, region, ids[i], host,
                                                spec.instance_type, Reporter(warnings.append))
             host.home()
             host.peer_address = privates[i]
             mine.update_instance(ids[i], state="running", details=json.dumps(
-                {**instances._details(mine, ids[i]), "address": addresses[i],
+                {**instances.instance_details(mine, ids[i]), "address": addresses[i],
                  "private_address": privates[i], "host_key": endpoint.host_key,
                  "host_key_verified": verified, "node": i}))
         return host
@@ -207,23 +207,7 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
     return hosts
 
 
-def node_address(host: SSHHost) -> str:
-    """The address a node's peers reach it at: its private IP (the rendezvous, gloo's
-    and NCCL's sockets stay inside the VPC and its security group)."""
-    return host.peer_address or host.endpoint.host
-
-
-def node_instances(store: Store, job: Job, hosts: list) -> list[str | None]:
-    """The instance id of each node's host, in node order."""
-    by_node = {}
-    for inst in store.instances(job.id):
-        node = (inst.details or {}).get("node")
-        if inst.state != "terminated" and isinstance(node, int):
-            by_node[node] = inst.id
-    return [by_node.get(i) for i in range(len(hosts))]
-
-
-def _run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot: dict,
+def run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot: dict,
                  efa: dict | None, report: Reporter) -> list[str]:
     """One RunInstances of spec.nodes instances per AZ, in AZ order, until one AZ gives
     all of them and none dies before it runs; their ids in launch order."""
@@ -383,7 +367,7 @@ def _attempt_nodes(aws: AwsSession, store: Store, job: Job, region: str, spec) -
     """A relaunch whose supervisor was killed after RunInstances: that attempt's live
     instances, if they are the whole cluster (recorded if the store did not know them);
     a part of one is terminated, and None returned (a new cluster is requested)."""
-    live = [r for r in instances._query(aws, region, {TAG_JOB: job.id,
+    live = [r for r in instances.query_tagged(aws, region, {TAG_JOB: job.id,
                                                       TAG_ATTEMPT: str(job.facts.attempt)})
                       if r["State"]["Name"] in ("pending", "running")]
     if not live:

@@ -41,7 +41,7 @@ from ...datasources import parse_s3_url
 from ...host import shards
 from ...errors import CloudtrainError, NotFound
 from . import volumes
-from .errors import AWSError, _code, aws_errors
+from .errors import AWSError, aws_errors, code_of
 from .session import AwsSession
 
 MANIFEST = "manifest.json"
@@ -95,7 +95,7 @@ def check_bucket(s3, bucket: str, region: str) -> None:
     try:
         s3.head_bucket(Bucket=bucket)
     except ClientError as exc:
-        code = _code(exc)
+        code = code_of(exc)
         if code in ("404", "NoSuchBucket", "NotFound"):
             raise NotFound(f"no S3 bucket named {bucket}",
                            hint=f"create it: aws s3 mb s3://{bucket} --region {region}") from exc
@@ -232,7 +232,7 @@ def _head(s3, bucket: str, target: str) -> tuple[int, str] | None:
     try:
         head = s3.head_object(Bucket=bucket, Key=target)
     except ClientError as exc:
-        if _code(exc) in ("404", "NoSuchKey", "NotFound"):
+        if code_of(exc) in ("404", "NoSuchKey", "NotFound"):
             return None
         raise
     return int(head.get("ContentLength", -1)), head.get("Metadata", {}).get("sha256", "")
@@ -265,7 +265,7 @@ def read_manifest(s3, bucket: str, prefix: str,
     try:
         got = s3.get_object(Bucket=bucket, Key=key(prefix, MANIFEST))
     except ClientError as exc:
-        if _code(exc) in ("404", "NoSuchKey", "NoSuchBucket"):
+        if code_of(exc) in ("404", "NoSuchKey", "NoSuchBucket"):
             raise NotFound(f"no dataset at s3://{bucket}/{prefix}: {url} is missing",
                            hint="a push that did not finish, or the wrong prefix: run "
                                 "`cloudtrain data push DIR s3://...` (again)") from exc

@@ -68,11 +68,11 @@ class AWSPlacementError(AWSError, PlacementError):
     the recovery (PlacementError) without it knowing about AWS."""
 
 
-def _code(exc) -> str:
+def code_of(exc) -> str:
     return getattr(exc, "response", {}).get("Error", {}).get("Code", "")
 
 
-def _message(exc) -> str:
+def message_of(exc) -> str:
     return getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
 
 
@@ -103,17 +103,17 @@ def denied_action(exc, service: str) -> str:
     """The IAM action AWS refused: AWS names it ("... is not authorized to perform:
     ec2:RunInstances on resource ..."); otherwise (S3 says only "Access Denied") the action
     of the operation that was refused."""
-    found = re.search(r"perform: ([\w-]+:\w+)", _message(exc))
+    found = re.search(r"perform: ([\w-]+:\w+)", message_of(exc))
     return found.group(1) if found else iam_action(service, getattr(exc, "operation_name", "?"))
 
 
 def client_error(exc, region: str | None, service: str) -> AWSError:
     """Any ClientError as an AWSError: permissions point at the policy, credentials at a
     refresh, the rest say the call, the code and AWS's message."""
-    code = _code(exc)
+    code = code_of(exc)
     operation = getattr(exc, "operation_name", "") or "call"
     # EC2 appends a long "Encoded authorization failure message: ..." to UnauthorizedOperation.
-    message = _message(exc).split(" Encoded authorization failure message:")[0]
+    message = message_of(exc).split(" Encoded authorization failure message:")[0]
     said = {"code": code, "aws_message": message}
     if code.isdigit():  # no AWS error document: an HTTP status alone (foreign_answer's)
         return AWSError(f"{operation} failed in {region} (HTTP {code}"

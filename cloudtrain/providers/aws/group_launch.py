@@ -152,8 +152,8 @@ def check_group_jobdir(aws: AwsSession, job: Job, host, instance: str, home: str
 def _store_place(aws: AwsSession, store: Store, job: Job, spec) -> tuple[str, str, str]:
     """(region, bucket, job prefix) of the job's job store, made ready."""
     region = job.facts.store_region or spec.region or aws.region_of(job)
-    _, bucket, _ = results._job_store(aws, region)
-    owner_key = results._store_owner(aws, store, job, record=True, region=region)
+    _, bucket, _ = results.job_store_client(aws, region)
+    owner_key = results.job_store_owner(aws, store, job, record=True, region=region)
     ready = ("job-store-ready", region, owner_key)  # one check a launch, not one a call
     if ready not in aws.clients:
         results.ensure_job_store(aws, region, owner_key)
@@ -164,10 +164,10 @@ def _store_place(aws: AwsSession, store: Store, job: Job, spec) -> tuple[str, st
 def _store_put(aws: AwsSession, store: Store, job: Job, region: str, name: str, data: bytes) -> None:
     """One object under the job's prefix (jobstore.put: encrypted, the bucket's owner
     checked)."""
-    s3, bucket, account = results._job_store(aws, region)
+    s3, bucket, account = results.job_store_client(aws, region)
     with aws_errors(region, "s3"):
         jobstore.put(s3, bucket, job.id, name, data, expected_owner=account or None,
-                     owner_key=results._store_owner(aws, store, job))
+                     owner_key=results.job_store_owner(aws, store, job))
 
 
 def acquire_from_group(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SILENT
@@ -288,13 +288,13 @@ def group_record(aws: AwsSession, store: Store, job: Job) -> dict:
     attempt (attempts/<n>.json: instance, AZ, type, start, where it resumed), how far
     each got and the job's end (final.json), each checked as untrusted input
     (jobstore_attempts.records): {"attempts": [doc, ...] by n, "reached": {n: step},
-    "final": doc or None, "group": its size (_group_size)}."""
+    "final": doc or None, "group": its size (group_size)}."""
     region = job.facts.store_region or job.spec.region or aws.region_of(job)
-    s3, bucket, account = results._job_store(aws, region)
-    prefix = jobstore.job_prefix(job.id, owner_key=results._store_owner(aws, store, job))
+    s3, bucket, account = results.job_store_client(aws, region)
+    prefix = jobstore.job_prefix(job.id, owner_key=results.job_store_owner(aws, store, job))
     with aws_errors(region, "s3"):
         out = jobstore_attempts.records(s3, bucket, prefix, account or None)
-    out["group"] = _group_size(aws, job)
+    out["group"] = group_size(aws, job)
     return out
 
 
@@ -305,17 +305,17 @@ def follow_replacement(aws: AwsSession, store: Store, job: Job, instance_id: str
     socket) are the first instance's: the same launch template."""
     region = aws.region_of(job)
     info = dict(job.host or {})
-    address = booting._wait_running(aws, region, instance_id)
+    address = booting.wait_running(aws, region, instance_id)
     endpoint = Endpoint(address, info.get("port", aws.settings.ssh_port),
                         info.get("user", aws.settings.ssh_user), info.get("key_path"))
-    host = booting._wait_ssh(aws, region, instance_id, endpoint)
+    host = booting.wait_ssh(aws, region, instance_id, endpoint)
     try:
-        verified = booting._check_host_key(aws, store, job, region, instance_id, host,
+        verified = booting.check_host_key(aws, store, job, region, instance_id, host,
                                            job.spec.instance_type)
     finally:
         host.close()
     store.update_instance(instance_id, details=json.dumps(
-        {**instances._details(store, instance_id), "address": address,
+        {**instances.instance_details(store, instance_id), "address": address,
          "host_key": endpoint.host_key, "host_key_verified": verified}))
     return {**info, "host": address, "host_key": endpoint.host_key}
 
@@ -334,8 +334,8 @@ def follow_nodes(aws: AwsSession, store: Store, job: Job) -> dict | None:
         return None
     n = record["attempts"][-1]["attempt"]
     region = job.facts.store_region or job.spec.region or aws.region_of(job)
-    s3, bucket, account = results._job_store(aws, region)
-    prefix = jobstore.job_prefix(job.id, owner_key=results._store_owner(aws, store, job))
+    s3, bucket, account = results.job_store_client(aws, region)
+    prefix = jobstore.job_prefix(job.id, owner_key=results.job_store_owner(aws, store, job))
     with aws_errors(region, "s3"):
         found = jobstore_attempts.members(s3, bucket, prefix, n, len(recs), account or None)
     ranks = regroup.ranked(found, len(recs))
@@ -347,14 +347,14 @@ def follow_nodes(aws: AwsSession, store: Store, job: Job) -> dict | None:
             continue
         moved = follow_replacement(aws, store, job, m["instance"])
         store.update_instance(m["instance"], details=json.dumps(
-            {**instances._details(store, m["instance"]), "node": m["rank"]}))
+            {**instances.instance_details(store, m["instance"]), "node": m["rank"]}))
         rec.update(host=moved["host"], host_key=moved["host_key"], instance=m["instance"],
                    address=m["address"], iface=m["iface"])
     return {**(job.host or {}), "host": recs[0]["host"], "host_key": recs[0].get("host_key"),
             "nodes": recs}
 
 
-def _group_size(aws: AwsSession, job: Job) -> dict | None:
+def group_size(aws: AwsSession, job: Job) -> dict | None:
     """{"desired": n} of the job's group, {"gone": True} where there is none, None where
     Auto Scaling cannot be asked (the CLI policy alone)."""
     name = job.facts.auto_scaling_group

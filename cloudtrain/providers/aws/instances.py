@@ -58,7 +58,7 @@ def user_data_wait_command(marker: str, seconds: float) -> str:
             f"sleep 2; i=$((i+2)); done; [ -e {shlex.quote(marker)} ]")
 
 
-def _details(store: Store, instance_id: str) -> dict:
+def instance_details(store: Store, instance_id: str) -> dict:
     row = store.db.execute("SELECT details FROM instances WHERE id = ?",
                            (instance_id,)).fetchone()
     return json.loads(row["details"]) if row and row["details"] else {}
@@ -117,7 +117,7 @@ def run_request(aws: AwsSession, job: Job, spec, subnet: str, group: str, ami: s
     return request
 
 
-def _run(aws: AwsSession, store, job, spec, region, boot: dict, report: Reporter = SILENT) -> str:
+def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: Reporter = SILENT) -> str:
     zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
                                           boot["key_name"], boot["owner"])
     zones = relaunch_order(aws, zones, spec, region, job.facts)
@@ -220,10 +220,10 @@ def attempt_instance(aws: AwsSession, store: Store, job: Job, region: str, attem
     """A live instance already started for this attempt of the job (by its tags): the
     supervisor that started it was killed before it could go on. Recorded if the store
     did not know it."""
-    for raw in _query(aws, region, {TAG_JOB: job.id, TAG_ATTEMPT: str(attempt)}):
+    for raw in query_tagged(aws, region, {TAG_JOB: job.id, TAG_ATTEMPT: str(attempt)}):
         if raw["State"]["Name"] not in ("pending", "running"):
             continue
-        _record_found(aws, store, job, region, raw, attempt)
+        record_found(aws, store, job, region, raw, attempt)
         return raw["InstanceId"]
     return None
 
@@ -238,14 +238,14 @@ def attempt_instances(aws: AwsSession, store: Store, job: Job, attempt: int,
                             if i.region and i.state != "terminated"}
     out: dict[str, list[str]] = {}
     for region in sorted(where):
-        for raw in _query(aws, region, {TAG_JOB: job.id, TAG_ATTEMPT: str(attempt)}):
+        for raw in query_tagged(aws, region, {TAG_JOB: job.id, TAG_ATTEMPT: str(attempt)}):
             if raw["State"]["Name"] in LIVE_STATES:
-                _record_found(aws, store, job, region, raw, attempt)
+                record_found(aws, store, job, region, raw, attempt)
                 out.setdefault(region, []).append(raw["InstanceId"])
     return out
 
 
-def _record_found(aws: AwsSession, store: Store, job: Job, region: str, raw: dict, attempt: int) -> None:
+def record_found(aws: AwsSession, store: Store, job: Job, region: str, raw: dict, attempt: int) -> None:
     """An instance of the attempt found by its tags: recorded if the store did not know
     it (its minutes are billed like any other)."""
     if raw["InstanceId"] in {i.id for i in store.instances(job.id)}:
@@ -261,7 +261,7 @@ def _record_found(aws: AwsSession, store: Store, job: Job, region: str, raw: dic
                     f"{attempt}, found by its tags)")
 
 
-def _query(aws: AwsSession, region: str, tags: dict[str, str | None], client=None,
+def query_tagged(aws: AwsSession, region: str, tags: dict[str, str | None], client=None,
            filters: list[dict] | None = None) -> list[dict]:
     filters = [{"Name": f"tag:{k}", "Values": [v]} if v else {"Name": "tag-key", "Values": [k]}
                for k, v in tags.items()] + list(filters or [])

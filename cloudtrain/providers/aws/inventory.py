@@ -61,11 +61,11 @@ def instance_states(aws: AwsSession, store: Store, job: Job) -> dict[str, dict]:
     if job.facts.auto_scaling_group and job.spec.region:
         regions.add(job.spec.region)  # where its group's replacements are
     for region in regions:
-        found = ec2._query(aws, region, {TAG_JOB: job.id})
+        found = ec2.query_tagged(aws, region, {TAG_JOB: job.id})
         other = sorted({i.id for i in recorded if i.region == region and i.id.startswith("i-")}
                        - {raw["InstanceId"] for raw in found})
         if other:  # a filter, not InstanceIds: an id EC2 forgot is no error, just absent
-            found += ec2._query(aws, region, {}, filters=[{"Name": "instance-id",
+            found += ec2.query_tagged(aws, region, {}, filters=[{"Name": "instance-id",
                                                            "Values": other}])
         for raw in found:
             tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
@@ -127,7 +127,7 @@ def release(aws: AwsSession, store: Store, job: Job, force: bool = False) -> Non
             # By tag, not by record: a launcher killed right after CreateVolume
             # recorded nothing.
             ebs.delete_job_volumes(aws, region, job.id)
-        for raw in ec2._query(aws, region, {TAG_JOB: job.id}) if ids else []:
+        for raw in ec2.query_tagged(aws, region, {TAG_JOB: job.id}) if ids else []:
             known = {i.id for i in store.instances(job.id)}
             if raw["InstanceId"] not in known:  # found by tag only: record it now
                 store.add_instance(Instance(
@@ -180,7 +180,7 @@ def _still_the_job_s(aws: AwsSession, store: Store, job: Job, region: str, ids: 
     if not ids:
         return set()
     shown = {}
-    for one in ec2._query(aws, region, {}, filters=[{"Name": "instance-id",
+    for one in ec2.query_tagged(aws, region, {}, filters=[{"Name": "instance-id",
                                                      "Values": sorted(ids)}]):
         shown[one["InstanceId"]] = one
     # a kept instance handed over by `launch --on` wears the tag of the job that launched it
@@ -203,7 +203,7 @@ def _find_by_tag(aws: AwsSession, region: str, job_id: str, until: float | None)
     """The job's instances not yet terminated, by its tag; with `until`, asked again
     every poll_seconds until one shows up or that time passes."""
     while True:
-        found = {r["InstanceId"] for r in ec2._query(aws, region, {TAG_JOB: job_id})
+        found = {r["InstanceId"] for r in ec2.query_tagged(aws, region, {TAG_JOB: job_id})
                  if r["State"]["Name"] != "terminated"}
         if found or until is None or time.monotonic() >= until:
             return found
@@ -224,7 +224,7 @@ def record_ends(aws: AwsSession, store: Store, job: Job) -> None:
         assert inst.region is not None  # an EC2 instance is recorded with its region
         raw = {}
         try:
-            raw = boot._describe(aws, inst.region, inst.id)
+            raw = boot.describe_instance(aws, inst.region, inst.id)
         except Exception:  # gone from EC2's view (about an hour after termination)
             pass
         ended = ec2_transition_time(raw.get("StateTransitionReason", ""))
@@ -333,8 +333,8 @@ def sweep(aws: AwsSession, store: Store | None, ask) -> Sweep:
 
 
 def _tagged(aws: AwsSession, region: str, tags: dict[str, str | None]) -> list[dict]:
-    """_query for a sweep (its own clients)."""
-    return ec2._query(aws, region, tags, aws.sweep_client(region))
+    """query_tagged for a sweep (its own clients)."""
+    return ec2.query_tagged(aws, region, tags, aws.sweep_client(region))
 
 
 def orphans(aws: AwsSession, store: Store) -> Sweep:
@@ -439,7 +439,7 @@ def cleanup(aws: AwsSession, store: Store, regions: set[str] | None = None) -> l
             placement.delete_placement_groups(aws, region, owner=owner)  # of jobs on several nodes
         shared = network.shared_resources(aws, region)
         for gid in shared["security groups"]:
-            if network._live(aws, region, "instance.group-id", gid):
+            if network.in_use(aws, region, "instance.group-id", gid):
                 continue
             try:
                 aws.call(region, "delete_security_group", GroupId=gid)
@@ -449,7 +449,7 @@ def cleanup(aws: AwsSession, store: Store, regions: set[str] | None = None) -> l
                 if exc.code != "DependencyViolation":
                     raise
         for name in shared["key pairs"]:
-            if network._live(aws, region, "key-name", name):
+            if network.in_use(aws, region, "key-name", name):
                 continue
             aws.call(region, "delete_key_pair", KeyName=name)
             removed.append(name)
@@ -464,7 +464,7 @@ def leftovers(aws: AwsSession, region: str, job_id: str) -> dict[str, list[str]]
     pair and security group are not the job's: they are shared and reused."""
     tag = [{"Name": f"tag:{TAG_JOB}", "Values": [job_id]}]
     instances = [f"{r['InstanceId']} ({r['State']['Name']})"
-                 for r in ec2._query(aws, region, {TAG_JOB: job_id})
+                 for r in ec2.query_tagged(aws, region, {TAG_JOB: job_id})
                  if r["State"]["Name"] != "terminated"]
     volumes = [f"{v['VolumeId']} ({v.get('State')})" for v in aws.call(
         region, "describe_volumes", Filters=tag)["Volumes"]

@@ -162,7 +162,7 @@ def shared_resources(aws: AwsSession, region: str) -> dict[str, list[str]]:
             "key pairs": [k["KeyName"] for k in keys]}
 
 
-def _live(aws: AwsSession, region: str, name: str, value: str) -> bool:
+def in_use(aws: AwsSession, region: str, name: str, value: str) -> bool:
     """Whether an instance not yet terminated matches the filter `name` = `value`."""
     found = aws.call(region, "describe_instances", Filters=[
         {"Name": name, "Values": [value]},

@@ -1,11 +1,12 @@
 """AWSProvider: the provider contract (providers/base.py) over EC2 and the rest of AWS, each
 verb one line handing its AwsSession (session.py) to the concern module that does the work.
+It is a Provider with every capability; `account` (cloud_account.py) is the AWS account.
 
-    preflight(spec)             credentials and instance type, before anything is created
-                                (instance_types.py)
-    acquire(store, job, spec)   run_instances in each AZ in turn, record, wait, SSH -> SSHHost
-                                (acquire.py, after bootstrap.py's key pair, group and AMI)
-    acquire_nodes(store, job, spec)  N of them in one AZ and placement group (cluster.py)
+    preflight(spec)             instance type, before anything is created (instance_types.py)
+    acquire(store, job, spec)   one instance: run_instances in each AZ in turn, record, wait,
+                                SSH -> SSHHost (acquire.py, after bootstrap.py's key pair,
+                                group and AMI); N of them in one AZ and placement group
+                                (cluster.py)
     host_for(job)               SSHHost from the stored endpoint (host key pinned)
     release(store, job)         delete its Auto Scaling group, then terminate by record and
                                 by tag: nothing bills afterwards (inventory.py)
@@ -33,27 +34,22 @@ from ...ssh_host import SSHHost
 from ...state import Job, Store
 from ..base import Question, Sweep
 from . import (
-    account, acquire, cluster, datasets, group_launch, groups, host_setup, images, instance_types,
-    instances, inventory, network, plan, pricing, results, volumes)
-from .session import DEFAULT_REGION, DEFAULT_SOURCE, AwsSession
+    acquire, cluster, datasets, group_launch, groups, host_setup, instance_types, instances,
+    inventory, plan, results, volumes)
+from .cloud_account import AwsAccount
+from .session import AwsSession
 
 
 class AWSProvider:
     """The contract's verbs, by delegation; `aws` is the session every module is handed."""
     name = "aws"
-    DEFAULT_REGION, DEFAULT_SOURCE = DEFAULT_REGION, DEFAULT_SOURCE
 
     def __init__(self, settings: config.Settings | None = None):
         self.aws = AwsSession(settings)
         self.settings = self.aws.settings
+        self.account = AwsAccount(self.aws)
 
-    # -- Provider: any backend
-
-    def preflight(self, spec) -> None:
-        return instance_types.preflight(self.aws, spec)
-
-    def ready(self, spec) -> None:
-        return instance_types.ready(self.aws, spec)
+    # -- Provider: the core
 
     def plan(self, spec) -> list[tuple[str, str]]:
         return plan.plan(self.aws, spec)
@@ -61,27 +57,16 @@ class AWSProvider:
     def question(self, spec) -> Question | None:
         return plan.question(self.aws, spec)
 
-    def read_dataset(self, spec, source: dict) -> Staged:
-        return datasets.read_dataset(self.aws, spec, source)
+    def preflight(self, spec) -> None:
+        return instance_types.preflight(self.aws, spec)
 
-    def acquire(self, store: Store, job: Job, spec, report: Reporter = SILENT) -> Host:
-        return acquire.acquire(self.aws, store, job, spec, report)
-
-    def acquire_nodes(self, store: Store, job: Job, spec, report: Reporter = SILENT
-                      ) -> list[Host]:
-        return list(cluster.acquire_nodes(self.aws, store, job, spec, report))
+    def acquire(self, store: Store, job: Job, spec, report: Reporter = SILENT) -> list[Host]:
+        if spec.nodes > 1:  # all of them at once, or none
+            return list(cluster.acquire_nodes(self.aws, store, job, spec, report))
+        return [acquire.acquire(self.aws, store, job, spec, report)]
 
     def host_for(self, job: Job) -> Host:
         return acquire.host_for(job)
-
-    def node_address(self, host: Host) -> str:
-        return cluster.node_address(_ssh(host))
-
-    def node_instances(self, store: Store, job: Job, hosts: list) -> list[str | None]:
-        return cluster.node_instances(store, job, hosts)
-
-    def efa_environment(self, spec) -> dict:
-        return cluster.efa_environment(self.aws, spec)
 
     def setup(self, host: Host) -> None:
         return host_setup.setup(self.aws, _ssh(host))
@@ -95,6 +80,32 @@ class AWSProvider:
     def data_dir(self, host: Host | None = None) -> str:
         return host_setup.data_dir(self.aws, _ssh(host) if host is not None else None)
 
+    def results_grant(self, store: Store, job: Job, spec, node: int = 0
+                      ) -> tuple[dict | None, str | None]:
+        return results.results_grant(self.aws, store, job, spec, node)
+
+    def checkpoint_plan(self, store: Store, job: Job, expires_s: float) -> dict | None:
+        return results.checkpoint_plan(self.aws, store, job, expires_s)
+
+    def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
+        return inventory.instance_states(self.aws, store, job)
+
+    def release(self, store: Store, job: Job, force: bool = False) -> None:
+        return inventory.release(self.aws, store, job, force)
+
+    def cleanup(self, store: Store, regions: set[str] | None = None) -> list[str]:
+        return inventory.cleanup(self.aws, store, regions)
+
+    # -- Account
+
+    def ready(self, spec) -> None:
+        return instance_types.ready(self.aws, spec)
+
+    # -- CloudHosts
+
+    def network_environment(self, spec) -> dict:
+        return cluster.efa_environment(self.aws, spec)
+
     def data_mounts(self, store: Store, job: Job, host: Host, instance: str | None = None
                     ) -> dict[str, str]:
         return volumes.mount_snapshots(self.aws, store, job, host, instance)
@@ -105,16 +116,26 @@ class AWSProvider:
     def agent_settings(self, spec) -> dict:
         return host_setup.agent_settings(self.aws, spec)
 
-    def results_grant(self, store: Store, job: Job, spec, node: int = 0
-                      ) -> tuple[dict | None, str | None]:
-        return results.results_grant(self.aws, store, job, spec, node)
+    def power_off_minutes(self, max_runtime_s: float) -> int:
+        return instances.power_off_minutes(max_runtime_s)
 
-    def checkpoint_plan(self, store: Store, job: Job, expires_s: float) -> dict | None:
-        return results.checkpoint_plan(self.aws, store, job, expires_s)
+    def record_ends(self, store: Store, job: Job) -> None:
+        return inventory.record_ends(self.aws, store, job)
+
+    def adopt(self, store: Store, kept: Job, job: Job) -> Host:
+        return acquire.adopt(self.aws, store, kept, job)
+
+    # -- ResultStore
 
     def upload_bundle(self, store: Store, job: Job, spec, parts: list[tuple[str, Path]],
                       meta: dict) -> str | None:
         return results.upload_bundle(self.aws, store, job, spec, parts, meta)
+
+    def fetch_results(self, store: Store, job: Job, local: Path, node: int = 0
+                      ) -> dict | None:
+        return results.fetch_results(self.aws, store, job, local, node)
+
+    # -- CloudRecovery
 
     def group_settings(self, store: Store, job: Job, spec) -> dict:
         return group_launch.group_settings(self.aws, store, job, spec)
@@ -128,44 +149,16 @@ class AWSProvider:
     def group_record(self, store: Store, job: Job) -> dict:
         return group_launch.group_record(self.aws, store, job)
 
-    def fetch_results(self, store: Store, job: Job, local: Path, node: int = 0
-                      ) -> dict | None:
-        return results.fetch_results(self.aws, store, job, local, node)
+    def group_launches(self, store: Store, job: Job) -> dict[str, dict]:
+        return groups.group_launches(self.aws, store, job)
 
-    def instance_states(self, store: Store, job: Job) -> dict[str, dict]:
-        return inventory.instance_states(self.aws, store, job)
+    def recorded_groups(self, store: Store, job: Job) -> list[tuple[str, str]]:
+        return groups.recorded_groups(store, job)
 
-    def record_ends(self, store: Store, job: Job) -> None:
-        return inventory.record_ends(self.aws, store, job)
+    def delete_job_groups(self, store: Store, job: Job) -> list[str]:
+        return groups.delete_job_groups(self.aws, store, job)
 
-    def release(self, store: Store, job: Job, force: bool = False) -> None:
-        return inventory.release(self.aws, store, job, force)
-
-    def cleanup(self, store: Store, regions: set[str] | None = None) -> list[str]:
-        return inventory.cleanup(self.aws, store, regions)
-
-    # -- CloudProvider: what only a cloud adds
-
-    def region(self, spec=None) -> str:
-        return self.aws.region(spec)
-
-    def region_and_source(self, spec=None) -> tuple[str, str]:
-        return self.aws.region_and_source(spec)
-
-    def profile(self) -> str:
-        return account.profile(self.aws)
-
-    def configured(self) -> bool:
-        return self.aws.configured()
-
-    def credential_source(self, region: str) -> dict | None:
-        return account.credential_source(self.aws, region)
-
-    def check_credentials(self, region: str) -> None:
-        return self.aws.check_credentials(region)
-
-    def owner(self, region: str) -> str:
-        return self.aws.owner(region)
+    # -- Sweeps
 
     def reconcile(self, store: Store) -> Sweep:
         return inventory.reconcile(self.aws, store)
@@ -176,94 +169,17 @@ class AWSProvider:
     def terminate(self, region: str, ids: list[str]) -> None:
         return inventory.terminate(self.aws, region, ids)
 
+    def delete_job_group(self, region: str, name: str) -> bool:
+        return groups.delete_job_group(self.aws, region, name)
+
     def attempt_instances(self, store: Store, job: Job, attempt: int, regions: list[str]
                           ) -> dict[str, list[str]]:
         return instances.attempt_instances(self.aws, store, job, attempt, regions)
 
-    def recorded_groups(self, store: Store, job: Job) -> list[tuple[str, str]]:
-        return groups.recorded_groups(store, job)
+    # -- Datasets
 
-    def group_launches(self, store: Store, job: Job) -> dict[str, dict]:
-        return groups.group_launches(self.aws, store, job)
-
-    def delete_job_groups(self, store: Store, job: Job) -> list[str]:
-        return groups.delete_job_groups(self.aws, store, job)
-
-    def delete_job_group(self, region: str, name: str) -> bool:
-        return groups.delete_job_group(self.aws, region, name)
-
-    def adopt(self, store: Store, kept: Job, job: Job) -> Host:
-        return acquire.adopt(self.aws, store, kept, job)
-
-    def push_dataset(self, root: Path, bucket: str, prefix: str, *, shard_mb: int = 256,
-                     workers: int = 8, region: str | None = None, progress=None) -> object:
-        return datasets.push_dataset(self.aws, root, bucket, prefix, shard_mb=shard_mb, workers=workers, region=region, progress=progress)
-
-    def dataset_size(self, location: str) -> dict:
-        return datasets.dataset_size(self.aws, location)
-
-    def refresh_list_prices(self, region: str) -> str:
-        return pricing.refresh_list_prices(self.aws, region)
-
-    def refresh_spot(self, region: str) -> str:
-        return pricing.refresh_spot(self.aws, region)
-
-    def on_demand_prices(self, region: str, instance_types: list[str]) -> dict[str, float]:
-        return pricing.on_demand_prices(self.aws, region, instance_types)
-
-    def type_offered(self, region: str, name: str) -> bool | None:
-        return instance_types.type_offered(self.aws, region, name)
-
-    def vcpu_quota(self, instance_type: str, market: str) -> tuple[str, str, str] | None:
-        return account.vcpu_quota(instance_type, market)
-
-    def ec2_quota(self, region: str, code: str) -> float:
-        return account.ec2_quota(self.aws, region, code)
-
-    def instance_profile_roles(self, region: str, name: str) -> list[str] | None:
-        return account.instance_profile_roles(self.aws, region, name)
-
-    def quota_console_url(self, region: str, code: str) -> str:
-        return account.quota_console_url(region, code)
-
-    def power_off_minutes(self, max_runtime_s: float) -> int:
-        return instances.power_off_minutes(max_runtime_s)
-
-    def ensure_key(self, region: str, owner: str) -> tuple[str, Path]:
-        return network.ensure_key(self.aws, region, owner)
-
-    def subnets(self, region: str) -> list[tuple[str, str, str, str]]:
-        return network.subnets(self.aws, region)
-
-    def ensure_group(self, region: str, vpc: str, owner: str) -> str:
-        return network.ensure_group(self.aws, region, vpc, owner)
-
-    def ssh_cidr(self) -> str:
-        return network.ssh_cidr(self.aws)
-
-    def resolve_ami(self, region: str, ami: str | None = None) -> str:
-        return images.resolve_ami(self.aws, region, ami)
-
-    def image_facts(self, region: str, ami: str) -> dict:
-        return images.image_facts(self.aws, region, ami)
-
-    def ensure_job_store(self, region: str, owner_key: str | None = None) -> tuple[str, bool]:
-        return results.ensure_job_store(self.aws, region, owner_key)
-
-    def job_store_found(self, region: str) -> tuple[str, bool]:
-        return results.job_store_found(self.aws, region)
-
-    def put_stored_object(self, region: str, job_id: str, name: str, data: bytes) -> str:
-        return results.put_stored_object(self.aws, region, job_id, name, data)
-
-    def delete_results(self, region: str, job_id: str) -> int:
-        return results.delete_results(self.aws, region, job_id)
-
-    def leftovers(self, region: str, job_id: str) -> dict[str, list[str]]:
-        return inventory.leftovers(self.aws, region, job_id)
-
-    def shared_resources(self, region: str) -> dict[str, list[str]]:
-        return network.shared_resources(self.aws, region)
+    def read_dataset(self, spec, source: dict) -> Staged:
+        return datasets.read_dataset(self.aws, spec, source)
 
 
 def _ssh(host: Host) -> SSHHost:

@@ -26,7 +26,7 @@ from ... import catalog
 from ...errors import CloudtrainError
 from ...state import Job, Store
 from . import jobbundle, jobstore, jobstore_fetch
-from .errors import _code, _message, aws_errors, client_error
+from .errors import aws_errors, client_error, code_of, message_of
 from .instances import RUNTIME_MARGIN_MIN
 from .session import AwsSession
 
@@ -34,7 +34,7 @@ STORE_KEEP_DAYS = 30  # the bucket's lifecycle rule deletes a job's objects afte
 LOG_ALLOWANCE_BYTES = 512 << 20  # log, metrics and status, on top of the checkpoint limit
 
 
-def _job_store(aws: AwsSession, region: str):
+def job_store_client(aws: AwsSession, region: str):
     """(S3 client, bucket, account) of this account's job store in `region`; the client
     is made once per region (a launch asks for it several times)."""
     key = ("job-store", region)
@@ -54,8 +54,8 @@ def upload_bundle(aws: AwsSession, store: Store, job: Job, spec, parts: list[tup
     """The job's bundle (jobbundle.py) under its prefix in the job store, with the
     caller's credentials, the manifest last; where it went and its size, in words."""
     region = job.facts.store_region or spec.region or aws.region_of(job)
-    s3, bucket, account = _job_store(aws, region)
-    prefix = jobstore.job_prefix(job.id, owner_key=_store_owner(aws, store, job))
+    s3, bucket, account = job_store_client(aws, region)
+    prefix = jobstore.job_prefix(job.id, owner_key=job_store_owner(aws, store, job))
     with aws_errors(region, "s3"):
         doc = jobbundle.upload(s3, bucket, prefix, parts, meta,
                                expected_owner=account or None)
@@ -72,7 +72,7 @@ def ensure_job_store(aws: AwsSession, region: str, owner_key: str | None = None)
     refusals are said with the action refused (AWSError)."""
     import botocore.exceptions
 
-    s3, bucket, _ = _job_store(aws, region)
+    s3, bucket, _ = job_store_client(aws, region)
     owner_key = owner_key if owner_key is not None else aws.owner_key(region)
     try:
         created = jobstore.ensure_bucket(s3, bucket, region, aws.owner(region),
@@ -88,7 +88,7 @@ def job_store_found(aws: AwsSession, region: str) -> tuple[str, bool]:
     not use, is a CloudtrainError."""
     import botocore.exceptions
 
-    s3, bucket, _ = _job_store(aws, region)
+    s3, bucket, _ = job_store_client(aws, region)
     try:
         return bucket, jobstore.bucket_is_ours(s3, bucket, aws.owner(region),
                                                aws.owner_key(region))
@@ -99,7 +99,7 @@ def job_store_found(aws: AwsSession, region: str) -> tuple[str, bool]:
 def put_stored_object(aws: AwsSession, region: str, job_id: str, name: str, data: bytes) -> str:
     """Write one object under the job's prefix of the job store (`check --launch`: a file
     the instance then reads with its role); returns its s3:// URL."""
-    s3, bucket, account = _job_store(aws, region)
+    s3, bucket, account = job_store_client(aws, region)
     with aws_errors(region, "s3"):
         key = jobstore.put(s3, bucket, job_id, name, data, expected_owner=account or None,
                            owner_key=aws.owner_key(region))
@@ -109,13 +109,13 @@ def put_stored_object(aws: AwsSession, region: str, job_id: str, name: str, data
 def delete_results(aws: AwsSession, region: str, job_id: str) -> int:
     """Delete what the job store holds for the job (every object under the caller's
     jobs/<owner>/<id>/); returns how many there were."""
-    s3, bucket, account = _job_store(aws, region)
+    s3, bucket, account = job_store_client(aws, region)
     with aws_errors(region, "s3"):
         return jobstore.delete_job(s3, bucket, job_id, expected_owner=account or None,
                                    owner_key=aws.owner_key(region))
 
 
-def _store_owner(aws: AwsSession, store: Store, job: Job, record: bool = False,
+def job_store_owner(aws: AwsSession, store: Store, job: Job, record: bool = False,
                  region: str | None = None) -> str | None:
     """The owner key of the job's prefix, as kept with the job; None for a job recorded
     before owner prefixes (jobs/<id>/). `record`: a job without one takes the caller's
@@ -160,8 +160,8 @@ def results_grant(aws: AwsSession, store: Store, job: Job, spec, node: int = 0
     # next one finds its checkpoint (spec.store_region, set by the relaunch).
     region = job.facts.store_region or spec.region or aws.region_of(job)
     try:
-        s3, bucket, _ = _job_store(aws, region)
-        owner_key = _store_owner(aws, store, job, record=True, region=region)
+        s3, bucket, _ = job_store_client(aws, region)
+        owner_key = job_store_owner(aws, store, job, record=True, region=region)
         if node == 0:  # the other nodes' grants come right after node 0's, same bucket
             ensure_job_store(aws, region, owner_key)
         # A job queued on a kept instance first waits for the jobs ahead of it there.
@@ -185,7 +185,7 @@ def results_grant(aws: AwsSession, store: Store, job: Job, spec, node: int = 0
     except (CloudtrainError, botocore.exceptions.ClientError,
             botocore.exceptions.BotoCoreError) as exc:
         why = exc.message if isinstance(exc, CloudtrainError) else \
-            f"{_code(exc) or type(exc).__name__}: {_message(exc)}"
+            f"{code_of(exc) or type(exc).__name__}: {message_of(exc)}"
         return None, (f"WARNING: no S3 job store ({why}). After the job the instance "
                       f"waits up to {aws.settings.collect_wait_minutes:g} min (billed) for "
                       f"`cloudtrain status {job.id}` to bring the results home; after that "
@@ -205,8 +205,8 @@ def checkpoint_plan(aws: AwsSession, store: Store, job: Job, expires_s: float) -
     region = (first.region if first and first.region else None) or \
         job.facts.store_region or aws.region_of(job)
     try:
-        s3, bucket, account = _job_store(aws, region)
-        owner_key = _store_owner(aws, store, job)
+        s3, bucket, account = job_store_client(aws, region)
+        owner_key = job_store_owner(aws, store, job)
         manifest = jobstore_fetch.latest_checkpoint(s3, bucket, job.id,
                                               expected_owner=account or None,
                                               owner_key=owner_key)
@@ -217,7 +217,7 @@ def checkpoint_plan(aws: AwsSession, store: Store, job: Job, expires_s: float) -
                                      owner_key=owner_key)
     except botocore.exceptions.ClientError as exc:
         raise CloudtrainError(f"the job store's checkpoint of job {job.id} could not be "
-                              f"read: {_code(exc)}: {_message(exc)}") from exc
+                              f"read: {code_of(exc)}: {message_of(exc)}") from exc
     except botocore.exceptions.BotoCoreError as exc:
         raise CloudtrainError(f"the job store could not be read: {exc}") from exc
 
@@ -232,16 +232,16 @@ def fetch_results(aws: AwsSession, store: Store, job: Job, local: Path, node: in
 
     regions = {i.region for i in store.instances(job.id) if i.region} or {aws.region_of(job)}
     limit = int(aws.settings.collect_checkpoints_mb * 1e6) + LOG_ALLOWANCE_BYTES
-    owner_key = _store_owner(aws, store, job)
+    owner_key = job_store_owner(aws, store, job)
     for region in sorted(regions):
         try:
-            s3, bucket, account = _job_store(aws, region)
+            s3, bucket, account = job_store_client(aws, region)
             got = jobstore_fetch.fetch(s3, bucket, job.id, Path(local), limit,
                                  expected_owner=account or None, node=node,
                                  owner_key=owner_key)
         except botocore.exceptions.ClientError as exc:
             raise CloudtrainError(f"the job store s3://.../{job.id}/ could not be read: "
-                                  f"{_code(exc)}: {_message(exc)}") from exc
+                                  f"{code_of(exc)}: {message_of(exc)}") from exc
         except (botocore.exceptions.BotoCoreError, boto3.exceptions.Boto3Error) as exc:
             raise CloudtrainError(f"the job store could not be read: {exc}") from exc
         if got.found:

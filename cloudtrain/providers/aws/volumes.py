@@ -30,7 +30,7 @@ import time
 from ...errors import CloudtrainError, NotFound, UsageError
 from ...state import Job, Store
 from . import host_setup
-from .errors import _code, aws_errors
+from .errors import aws_errors, code_of
 from .session import AwsSession
 from .tags import TAG_JOB, TAG_OWNER, job_tags
 
@@ -71,7 +71,7 @@ def snapshot_size(aws: AwsSession, spec, snapshot_id: str) -> int:
     try:
         found = aws.client("ec2", region).describe_snapshots(SnapshotIds=[snapshot_id])
     except ClientError as exc:
-        if _code(exc) in ("InvalidSnapshot.NotFound", "InvalidSnapshotID.Malformed"):
+        if code_of(exc) in ("InvalidSnapshot.NotFound", "InvalidSnapshotID.Malformed"):
             raise NotFound(f"no EBS snapshot {snapshot_id} in {region} (snapshots belong to "
                            "one region)",
                            hint=f"copy it: aws ec2 copy-snapshot --source-snapshot-id "
