@@ -42,11 +42,11 @@ class GroupJob:
     def __init__(self, provider, store):
         import boto3
 
-        from cloudtrain.host import auto_scaling
+        from cloudtrain.host import job_records
         from cloudtrain.providers.aws import jobstore
         from cloudtrain.state import Instance
 
-        self.provider, self.store, self.auto_scaling = provider, store, auto_scaling
+        self.provider, self.store, self.records = provider, store, job_records
         self.s3 = boto3.client("s3", region_name=REGION)
         self.asg = boto3.client("autoscaling", region_name=REGION)
         self.ec2 = boto3.client("ec2", region_name=REGION)
@@ -97,13 +97,13 @@ class GroupJob:
         self.s3.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=data)
 
     def attempt(self, n: int, instance: str, started_at: float, **over) -> None:
-        self.put(f"{self.auto_scaling.ATTEMPTS}{n}.json", {
+        self.put(f"{self.records.ATTEMPTS}{n}.json", {
             "attempt": n, "instance": instance, "zone": f"{REGION}a", "type": "g5.xlarge",
             "lifecycle": "spot", "started_at": started_at,
             "by": "launch" if n == 1 else "bootstrap", **over})
 
     def final(self, **over) -> None:
-        self.put(self.auto_scaling.FINAL, {"state": "succeeded", "exit_code": 0, "reason": None,
+        self.put(self.records.FINAL, {"state": "succeeded", "exit_code": 0, "reason": None,
                                            "ended_at": time.time(), **over})
 
     def replace(self) -> str:
@@ -174,11 +174,11 @@ def forge(g: GroupJob, case: str) -> dict:
     elif case == "attempts/2.json names the job's own first instance again":
         g.attempt(2, g.i1, t)
     elif case == "attempts/2.json garbage bytes":
-        g.put(f"{g.auto_scaling.ATTEMPTS}2.json", b"\x00\xff{garbage")
+        g.put(f"{g.records.ATTEMPTS}2.json", b"\x00\xff{garbage")
     elif case == "attempts/2.json a record of 1 MB":
         g.attempt(2, prod(), t, pad="x" * (1 << 20))
     elif case == "attempts/2.json holding attempt 3":
-        g.put(f"{g.auto_scaling.ATTEMPTS}2.json", {"attempt": 3, "instance": prod(),
+        g.put(f"{g.records.ATTEMPTS}2.json", {"attempt": 3, "instance": prod(),
                                                    "started_at": t})
     elif case == "final.json (succeeded) naming attempt 7, which the job does not have":
         i2 = g.replace()
