@@ -21,6 +21,7 @@ from typing import Callable
 from .. import config, providers, state
 from ..errors import CloudtrainError, Interrupted, MissingDependency, NotFound, UsageError
 from ..nodes import records
+from ..providers.base import Account, CloudRecovery, Sweep, Sweeps
 from ..state import Job, Store
 from . import group, kept, lease
 from .collect import STOP_MARGIN_S, bounded, finish, stop_nodes
@@ -104,10 +105,11 @@ def cancel(store: Store, settings: config.Settings, refs: tuple[str, ...], every
 def down_targets(store: Store) -> list[Job]:
     """What `down --all` stops: every active job, and --keep jobs that ended but still hold
     an instance."""
-    aws_provider = providers.get("aws")  # one, not one per job: each loads config.yaml
+    recovering = dict(providers.able(CloudRecovery))  # once, not per job: each loads config
     return store.jobs(active_only=True) + [
-        j for j in store.jobs() if not j.active and (holds_instance(store, j)
-                                                     or holds_group(store, j, aws_provider))]
+        j for j in store.jobs() if not j.active and (
+            holds_instance(store, j)
+            or (j.backend in recovering and holds_group(store, j, recovering[j.backend])))]
 
 
 def _stop_one(store: Store, settings: config.Settings, job: Job, grace: float,
@@ -200,10 +202,11 @@ def _group_failure(failed: str | None) -> str:
 def _delete_groups(store: Store, job: Job) -> tuple[list[str], str | None]:
     """Delete a cloud job's Auto Scaling groups (by record and by tag): (the names deleted,
     why it failed or None)."""
-    if job.backend != "aws":
+    provider = providers.get(job.backend)
+    if not isinstance(provider, CloudRecovery):
         return [], None
     try:
-        return providers.get(job.backend).delete_job_groups(store, job), None
+        return provider.delete_job_groups(store, job), None
     except CloudtrainError as exc:
         return [], exc.message
 
@@ -211,14 +214,21 @@ def _delete_groups(store: Store, job: Job) -> tuple[list[str], str | None]:
 def _stop_orphans(store: Store, refs: list[str] | None) -> list[tuple[str, StopOutcome]]:
     """Terminate live instances tagged as ours that no job in the store holds (all of them,
     or those whose job tag starts with one of `refs`), in every region the owner can have
-    one (the store and config.yaml may be a fresh machine's). Without any AWS
-    configuration or credentials there is nothing to find, unless this store used AWS.
+    one, in each cloud backend that sweeps (the store and config.yaml may be a fresh
+    machine's). Without an account configured there is nothing to find, unless this store
+    used that cloud.
     Besides the instances: "sweep" outcomes that say which regions were checked, and each
     region that could not be (ok False: something may bill there)."""
-    backend = "aws"
+    return [found for backend, provider in providers.able(Sweeps)
+            for found in _sweep(store, refs, backend, provider)]
+
+
+def _sweep(store: Store, refs: list[str] | None, backend: str, provider: Sweeps
+           ) -> list[tuple[str, StopOutcome]]:
+    """_stop_orphans in one cloud backend."""
     used = _cloud_used(store, backend)
-    provider = providers.get(backend)
-    if not (used or provider.account.configured()):  # no AWS on this machine: nothing to look with
+    configured = isinstance(provider, Account) and provider.account.configured()
+    if not (used or configured):  # no account on this machine: nothing to look with
         return []
     try:
         swept = provider.orphans(store)
@@ -297,10 +307,8 @@ def _cloud_configured(settings: config.Settings, backend: str) -> bool:
 def holds_group(store: Store, job: Job, provider=None) -> bool:
     """Whether the store says a cloud job has an Auto Scaling group not yet deleted (which
     may start instances; read from the job's timeline, no cloud call)."""
-    if job.backend != "aws":
-        return False
     provider = provider or providers.get(job.backend)
-    return bool(provider.recorded_groups(store, job))
+    return isinstance(provider, CloudRecovery) and bool(provider.recorded_groups(store, job))
 
 
 def holds_instance(store: Store, job: Job) -> bool:
@@ -317,8 +325,9 @@ def _cleanup_clouds(store: Store, settings: config.Settings, jobs: list[Job],
         for inst in store.instances(job.id):
             if inst.region:
                 by_backend.setdefault(job.backend, set()).add(inst.region)
-    if every and (_cloud_used(store, "aws") or _cloud_configured(settings, "aws")):
-        by_backend["aws"] = set()  # every region the store knows, and the configured one
+    for backend, _ in providers.able(Sweeps) if every else []:
+        if _cloud_used(store, backend) or _cloud_configured(settings, backend):
+            by_backend[backend] = set()  # every region the store knows, the configured one
     for backend, regions in by_backend.items():
         try:
             providers.get(backend).cleanup(store, regions or None)
@@ -330,4 +339,9 @@ def reconcile(store: Store):
     """Every instance the cloud has tagged as ours, in every region the owner can have one,
     and whether the store knows it: a providers.base.Sweep whose `found` is the list, and
     `unchecked` the regions that could not be asked."""
-    return providers.get("aws").reconcile(store)
+    sweeps = [provider.reconcile(store) for _, provider in providers.able(Sweeps)]
+    if len(sweeps) == 1:
+        return sweeps[0]
+    return Sweep([f for s in sweeps for f in s.found], [r for s in sweeps for r in s.regions],
+                 {r: why for s in sweeps for r, why in s.unchecked.items()},
+                 "; ".join(s.chosen_by for s in sweeps))

@@ -3,6 +3,7 @@
     get(name, settings=None)    the provider of a backend: "local" (this machine, local.py) or
                                 "aws" (EC2, S3 and the rest of AWS, aws/)
     DatasetReader(settings)     reads a job's datasets with the provider that can
+    able(capability, settings)  (name, provider) of each backend that has a capability
 
 The contract, every verb the rest of cloudtrain calls on a provider with one line each, is
 base.py: `Provider` (any backend) and the capabilities only some have. Nothing outside aws/
@@ -12,12 +13,14 @@ a verb there.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..config import BACKENDS
 from ..datasets import Staged
 from ..errors import UsageError
 from .base import Datasets
 
-__all__ = ["DatasetReader", "get"]
+__all__ = ["DatasetReader", "able", "get"]
 
 
 def get(name: str, settings=None):
@@ -31,6 +34,14 @@ def get(name: str, settings=None):
 
         return AWSProvider(settings)
     raise UsageError(f"unknown backend '{name}'; known backends: {', '.join(BACKENDS)}")
+
+
+def able(capability, settings=None) -> list[tuple[str, Any]]:
+    """(name, provider) of each backend whose provider has `capability` (a Protocol of
+    base.py: Sweeps, CloudRecovery, ...), in BACKENDS order: what `down --all` sweeps and
+    `status --refresh` asks, with no backend named."""
+    found = [(name, get(name, settings)) for name in BACKENDS]
+    return [(name, p) for name, p in found if isinstance(p, capability)]
 
 
 

@@ -236,6 +236,21 @@ def test_the_local_provider_implements_the_core_and_no_capability():
         assert refusal not in source, refusal
 
 
+def test_able_finds_the_backends_with_a_capability_and_names_none_itself():
+    """What `down --all` sweeps, `status --refresh` asks and `down` deletes groups with is
+    chosen by capability (providers.able), not by a backend's name in the lifecycle."""
+    from cloudtrain import providers
+
+    settings = config.Settings()
+    assert [name for name, _ in providers.able(base.Provider, settings)] == list(config.BACKENDS)
+    for cap in (base.Sweeps, base.CloudRecovery):
+        found = providers.able(cap, settings)
+        assert [name for name, _ in found] == ["aws"], cap.__name__
+        assert all(isinstance(p, cap) for _, p in found)
+    stop_source = (Path(cloudtrain.__file__).parent / "lifecycle" / "stop.py").read_text()
+    assert '"aws"' not in stop_source
+
+
 def class_methods(root: Path) -> dict[str, int]:
     """{path:class: its methods, its own and those of its bases defined in the package}, by
     the AST of every module under `root` (a base is found by its name)."""
