@@ -94,8 +94,7 @@ class DatasetRun:
             # Forked before any thread of this run starts (a fork copies no lock held by
             # another thread); `fork` also works where the script runs as __main__.
             finishers = s.extractors
-            self.pool = multiprocessing.get_context("fork").Pool(
-                finishers, initializer=_extractor_signals)
+            self.pool = extraction_pool(finishers)
         threads = [threading.Thread(target=self.worker, name="stage-get-%d" % i, daemon=True)
                    for i in range(s.workers)]
         threads += [threading.Thread(target=self.finisher, name="stage-put-%d" % i,
@@ -281,11 +280,30 @@ class DatasetRun:
         return 1
 
 
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
+def extraction_pool(processes: int) -> multiprocessing.pool.Pool:
+    """`processes` extraction processes, each born with SIGINT and SIGTERM blocked until
+    _extractor_signals has set them. A forked process starts with the stager's handlers
+    (they only note the signal): a Pool.terminate() that reached one before its initializer
+    ran was noted and dropped, and the process then waited for work forever on a queue lock
+    terminate() held, while the stager waited to join it (a stage stopped or failed at its
+    start hung). Blocked, the SIGTERM waits until the default action is back, and kills."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    try:  # the pool's threads (which start its later processes) inherit the mask
+        return multiprocessing.get_context("fork").Pool(processes,
+                                                        initializer=_extractor_signals)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def _extractor_signals() -> None:
-    """An extraction process leaves SIGTERM and SIGINT (sent to the whole group) to the
-    stager, which stops it itself."""
+    """An extraction process leaves SIGINT (sent to the whole group) to the stager, which
+    stops it itself, and dies of a SIGTERM (the stager's terminate())."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
 
 
 def _extract(tmp: str, dest: str, entry) -> int:
