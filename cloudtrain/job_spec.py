@@ -121,6 +121,12 @@ class JobSpec:
     def _on_nodes(self) -> str:
         return f" [{self.nodes} nodes]" if self.nodes > 1 else ""
 
+    def output_paths(self) -> list[str]:
+        """The job's named outputs relative to its directory on the host: own code's below its
+        working directory (work/), a recipe's below the job directory."""
+        base = "work/" if self.kind != RECIPE or self.workdir else ""
+        return [base + p for p in self.outputs]
+
     def processes(self, gpus: int) -> int:
         """How many processes the job starts on a host with `gpus` GPUs: --procs if given;
         else, for a recipe whose arguments are set up for N GPUs, N (refused on a host with

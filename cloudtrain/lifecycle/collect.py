@@ -26,7 +26,6 @@ from ..local_host import LocalHost
 from ..providers.base import CloudHosts, ResultStore
 from ..state import Job, Store
 from . import attempts, group, secrets
-from .scripts import output_paths
 
 STOP_MARGIN_S = 30.0  # beyond the grace period, how long a graceful stop may take
 NODE_FILES = ("output.log", "status.json", "job.json", "run.sh", datasets.STATUS_FILE)
@@ -55,7 +54,7 @@ def collect_files(store: Store, job: Job) -> bool:
             config.write_private(local / name, data)
         pulled = host.pull_tree(f"{job.jobdir}/checkpoints", local / "checkpoints",
                                 settings.collect_checkpoints_mb * 1e6)
-        outputs = output_paths(job.spec)
+        outputs = job.spec.output_paths()
         got = host.pull_paths(job.jobdir, outputs, local, settings.collect_checkpoints_mb * 1e6) \
             if outputs else None
         # The agent waits (bounded) for this before it powers the instance off.
@@ -79,7 +78,7 @@ def collect_files(store: Store, job: Job) -> bool:
 def _note_local_outputs(store: Store, job: Job) -> None:
     """A job on this machine wrote its named outputs in place: say where, and which are not
     there (once: a job is collected once)."""
-    outputs = output_paths(job.spec)
+    outputs = job.spec.output_paths()
     if not outputs or any(e.phase == "outputs" for e in store.events(job.id)):
         return
     assert job.jobdir is not None  # a job that ran here

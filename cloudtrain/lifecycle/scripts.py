@@ -9,7 +9,6 @@ Only text and the host's verbs; it calls secrets, nothing else of the lifecycle.
     write_job_scripts(host, ..)       beside run.sh: setup.sh and the secrets' private file
     job_settings(...)                 job.json
     job_environment(...)              the job's CLOUDTRAIN_* environment
-    output_paths(spec)                the job's named outputs, relative to its directory
     stage_plan(...)                   the stager's plan on the host, and its command
     restore_argv(host, jobdir)        the command that fetches a relaunch's checkpoint
     bundle_parts(host, jobdir, ...)   the job's bundle: what an instance starts it from alone
@@ -191,13 +190,6 @@ def write_job_scripts(host: Host, jobdir: str, spec: JobSpec, job_id: str) -> No
             {k: values[k] for k in spec.secrets}), private=True)
 
 
-def output_paths(spec: JobSpec) -> list[str]:
-    """The job's named outputs relative to its directory on the host: own code's below its
-    working directory (work/), a recipe's below the job directory."""
-    base = "work/" if spec.kind != RECIPE or spec.workdir else ""
-    return [base + p for p in spec.outputs]
-
-
 def job_environment(job_id: str, data_dir: str, host: Host, gpus: int = 0, procs: int = 1,
                     jobdir: str | None = None, attempt: int = 1) -> dict:
     """Environment for the job. On this machine the tmux server may be older than this
@@ -238,7 +230,7 @@ def job_settings(settings: config.Settings, spec: JobSpec, provider, job_id: str
         # The job file's envs over cloudtrain's environment (CLOUDTRAIN_* are refused
         # there), the node's rendezvous over both.
         "env": {**env, **spec.envs, **(node_env or {})},
-        "outputs": output_paths(spec),
+        "outputs": spec.output_paths(),
         "results_store": grant,
         **({"checkpoint_stream": stream} if stream else {}),
         **(provider.agent_settings(spec) if cloud else {}),
