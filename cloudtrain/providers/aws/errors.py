@@ -69,7 +69,8 @@ class AWSPlacementError(AWSError, PlacementError):
 
 
 def code_of(exc) -> str:
-    return getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+    """The AWS error code of a botocore ClientError ("" for anything else)."""
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
 
 
 def message_of(exc) -> str:

@@ -47,6 +47,7 @@ from pathlib import Path
 from ...errors import CloudtrainError, UsageError
 from ...host import checkpoint_manifest
 from ...host.agent_upload import POST_MAX_BYTES
+from .errors import code_of
 
 PREFIX = "jobs/"
 STREAM = checkpoint_manifest.STREAM  # "stream/": the checkpoint stream, below the job's prefix
@@ -118,14 +119,14 @@ def ensure_bucket(s3, bucket: str, region: str, owner: str, expire_days: int = 3
     try:
         s3.create_bucket(**params)
     except ClientError as exc:
-        if error_code(exc) in FORBIDDEN:
+        if code_of(exc) in FORBIDDEN:
             raise CloudtrainError(
                 f"the job store bucket {bucket} does not exist, and creating it is a one-time "
                 "administrator's step", hint="see 'The job store' in infra/README.md "
                 "(infra/iam-policy-store-admin.json)") from exc
-        if error_code(exc) == "BucketAlreadyExists":
+        if code_of(exc) == "BucketAlreadyExists":
             raise _not_ours(bucket, account) from exc
-        if error_code(exc) != "BucketAlreadyOwnedByYou":  # another cloudtrain of ours, just now
+        if code_of(exc) != "BucketAlreadyOwnedByYou":  # another cloudtrain of ours, just now
             raise
         created = False
     try:
@@ -153,9 +154,9 @@ def bucket_is_ours(s3, bucket: str, owner: str, owner_key: str) -> bool:
                            MaxKeys=1, **owner_check(account))
         return True
     except ClientError as exc:
-        if error_code(exc) in FORBIDDEN:
+        if code_of(exc) in FORBIDDEN:
             raise _not_ours(bucket, account) from exc
-        if error_code(exc) not in MISSING:
+        if code_of(exc) not in MISSING:
             raise
     return False
 
@@ -315,10 +316,6 @@ def _arn_account(arn: str) -> str | None:
 def _arn_partition(arn: str) -> str:
     parts = (arn or "").split(":")
     return parts[1] if len(parts) > 5 and parts[1] else "aws"
-
-
-def error_code(exc) -> str:
-    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
 
 
 def sha256_of(path: Path | str) -> tuple[int, str]:

@@ -22,8 +22,9 @@ from pathlib import Path
 from ...errors import CloudtrainError
 from ...host import checkpoint_manifest
 from ...host.agent_upload import CHECKPOINTS, MANIFEST, safe_relpath
+from .errors import code_of
 from .jobstore import (
-    GRANT_MAX_S, LATEST_MAX_BYTES, MANIFEST_MAX_BYTES, MAX_OBJECTS, STREAM, error_code,
+    GRANT_MAX_S, LATEST_MAX_BYTES, MANIFEST_MAX_BYTES, MAX_OBJECTS, STREAM,
     job_prefix, list_keys, owner_check, sha256_of)
 
 
@@ -158,7 +159,7 @@ def _list(s3, bucket, prefix, expected_owner, result: FetchResult) -> dict[str, 
                 break
             stored[rel] = (size, None)
     except ClientError as exc:
-        if error_code(exc) != "NoSuchBucket":
+        if code_of(exc) != "NoSuchBucket":
             raise
     return stored
 
@@ -232,7 +233,7 @@ def latest_checkpoint(s3, bucket: str, job_id: str, expected_owner: str | None =
         obj = s3.get_object(Bucket=bucket, Key=stream + checkpoint_manifest.LATEST,
                             **owner_check(expected_owner))
     except ClientError as exc:
-        if error_code(exc) in ("NoSuchKey", "NoSuchBucket", "404", "NotFound"):
+        if code_of(exc) in ("NoSuchKey", "NoSuchBucket", "404", "NotFound"):
             return None
         raise
     body = obj["Body"]
