@@ -261,6 +261,14 @@ class Settings:
     recovery_wait_minutes: float = 60.0
     recovery_retry_seconds: float = 60.0
     checkpoint_settle_seconds: float = 2.0
+    # A job of an Auto Scaling group on several nodes (host/regroup.py): how often a running
+    # node asks the job store for a newer attempt, how often it asks EC2 whether its peers
+    # run, how long a failed run looks for a lost peer before the failure is the job's own,
+    # and the job's grace when its node stops its part to meet the others.
+    regroup_watch_seconds: float = 2.0
+    regroup_peers_seconds: float = 10.0
+    regroup_lost_wait_seconds: float = 30.0
+    regroup_stop_grace_seconds: float = 3.0
 
     @classmethod
     def load(cls) -> "Settings":
@@ -471,6 +479,10 @@ LIMITS = {
     "recovery_wait_minutes": (0, WEEK_S / 60, False),
     "recovery_retry_seconds": (0, 86400, False),
     "checkpoint_settle_seconds": (0, 3600, False),
+    "regroup_watch_seconds": (0, 3600, True),
+    "regroup_peers_seconds": (0, 3600, True),
+    "regroup_lost_wait_seconds": (0, 86400, True),
+    "regroup_stop_grace_seconds": (0, 3600, False),
 }
 
 

@@ -58,6 +58,12 @@ TEMPLATE_GONE = "InvalidLaunchTemplateName.NotFoundException"
 TRANSIENT = ("Throttling", "RequestLimitExceeded", "ServiceUnavailable", "InternalFailure")
 
 
+# auto_scaling.timing: regroup.py's waits a launch may set (config.yaml's regroup_*_seconds);
+# one it leaves out keeps regroup.py's default.
+TIMING = ("watch_s", "peers_s", "lost_wait_s", "stop_grace_s")
+TIMING_MAX_S = 86400
+
+
 class Invalid(ValueError):
     """job.json's auto_scaling is not one the launch writes."""
 
@@ -99,6 +105,13 @@ def settings(job):
     stream = conf.get("stream")
     if stream is not None and not isinstance(stream, dict):
         raise Invalid("auto_scaling.stream is not an object")
+    timing = conf.get("timing")
+    timing = {} if timing is None else timing
+    if not isinstance(timing, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= TIMING_MAX_S
+            for v in timing.values()):
+        raise Invalid("auto_scaling.timing is not an object of seconds from 0 to %d"
+                      % TIMING_MAX_S)
     store_region = conf.get("store_region") or conf["region"]
     if not isinstance(store_region, str) or not REGION.fullmatch(store_region):
         raise Invalid("auto_scaling.store_region is not a region")
@@ -106,7 +119,7 @@ def settings(job):
             "bucket": conf["bucket"], "endpoint": endpoint, "max_restarts": restarts,
             "nodes": nodes, "rank": rank, "store_region": store_region,
             "members": [{"instance": m["instance"], "rank": m.get("rank")} for m in members],
-            "stream": stream}
+            "stream": stream, "timing": {k: float(timing[k]) for k in TIMING if k in timing}}
 
 
 def attempt_number(job):

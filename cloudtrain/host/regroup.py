@@ -284,6 +284,12 @@ class Team:
     def rank(self):
         return self.conf.get("rank") or 0
 
+    def timing(self, name, default):
+        """One of regroup's waits in seconds: job.json's auto_scaling.timing[name] (the
+        launch's config.yaml), else `default`, this module's."""
+        value = (self.conf.get("timing") or {}).get(name)
+        return default if value is None else value
+
     def attempt(self):
         env = self.agent.settings.get("env") or {}
         return job_records.attempt_in(env.get("CLOUDTRAIN_ATTEMPT", "1")) or 1
@@ -306,7 +312,7 @@ class Team:
                 found = n  # the store did not answer: asked again next time
             if found > n:
                 why = "attempt %d recorded: AWS replaced a node of the job" % found
-            elif peers and now() - asked >= PEERS_S:
+            elif peers and now() - asked >= self.timing("peers_s", PEERS_S):
                 asked = now()
                 states, _ = auto_scaling.instance_states(self.conf, self.creds, peers)
                 gone = [p for p in peers if (states or {}).get(p) in GONE]
@@ -316,9 +322,9 @@ class Team:
             if why is not None and agent.stop_reason is None:
                 self.newer, self.seen_at = found, now()
                 agent.log_line("%s; this node stops its part and meets the others" % why)
-                agent.request_stop(REGROUP, why, STOP_GRACE_S)
+                agent.request_stop(REGROUP, why, self.timing("stop_grace_s", STOP_GRACE_S))
                 return
-            time.sleep(WATCH_S)
+            time.sleep(self.timing("watch_s", WATCH_S))
 
     def start_watch(self):
         threading.Thread(target=self.watch, daemon=True).start()
@@ -330,7 +336,7 @@ class Team:
         n, mine_id, prefix = self.attempt(), self.ident.get("instance"), self.conf["prefix"]
         members = [m for m in self.conf.get("members") or [] if m.get("instance") != mine_id]
         peers = [m["instance"] for m in members]
-        deadline = now() + LOST_WAIT_S
+        deadline = now() + self.timing("lost_wait_s", LOST_WAIT_S)
         while True:
             try:
                 if newest(self.reader, prefix, n) > n:
@@ -357,7 +363,7 @@ class Team:
                 if states is None:
                     self.agent.log_line("the peers' state could not be asked (%s)" % why)
                 return None
-            time.sleep(WATCH_S)
+            time.sleep(self.timing("watch_s", WATCH_S))
 
     def leaving(self):
         """A spot notice on this node: its peers are told at once (their runs fail with it
@@ -461,7 +467,7 @@ class Team:
                                     "stored what they could" % sorted(waiting))
                 return
             if waiting:
-                time.sleep(WATCH_S)
+                time.sleep(self.timing("watch_s", WATCH_S))
         if waiting:
             self.agent.log_line("ranks %s did not say they stored their results in %.0f s"
                                 % (sorted(waiting), END_WAIT_S))
@@ -500,7 +506,7 @@ class Team:
                     return True
                 agent.write_status(**end)  # its part stands as it ended
                 return False
-            time.sleep(WATCH_S)
+            time.sleep(self.timing("watch_s", WATCH_S))
         self.end_seen = True  # waited long enough: the power-off need not wait again
         return False
 
@@ -517,7 +523,7 @@ class Team:
                     break
             except Failed:
                 pass
-            time.sleep(WATCH_S)
+            time.sleep(self.timing("watch_s", WATCH_S))
         time.sleep(min(120.0, max(0.0, deadline - now())))
 
     def writes_final(self):

@@ -119,7 +119,11 @@ class CloudLab:
             shutdown_command=str(recorder), shutdown_delay_seconds=0.0,
             imds_url=self.imds.url, spot_poll_seconds=0.2, checkpoint_settle_seconds=0.2,
             supervisor_poll_seconds=0.3, recovery_retry_seconds=1.0,
-            stale_after_seconds=20.0)
+            stale_after_seconds=20.0,
+            # a group's nodes regroup (host/regroup.py) at the lab's pace: EC2 here says a
+            # taken-back instance is gone at once, not within AWS's seconds
+            regroup_watch_seconds=0.5, regroup_peers_seconds=2.0,
+            regroup_lost_wait_seconds=5.0, regroup_stop_grace_seconds=1.0)
 
     def _path_without_tmux(self) -> Path:
         """A PATH for an instance whose user-data has not installed tmux yet."""

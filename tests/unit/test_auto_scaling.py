@@ -15,7 +15,7 @@ GOOD = {"group": "cloudtrain-j1", "region": "us-east-1", "endpoint": None, "max_
 
 
 ONE_NODE = {"nodes": 1, "rank": 0, "members": [], "stream": None,
-            "store_region": "us-east-1"}
+            "store_region": "us-east-1", "timing": {}}
 
 
 def test_a_good_setting_is_read_and_none_is_not_a_group():
@@ -23,6 +23,10 @@ def test_a_good_setting_is_read_and_none_is_not_a_group():
     assert auto_scaling.settings({"auto_scaling": dict(GOOD, endpoint="http://127.0.0.1:5")}
                                  )["endpoint"] == "http://127.0.0.1:5"
     assert auto_scaling.settings({}) is None and auto_scaling.settings(None) is None
+    # regroup's waits (config.yaml's regroup_*_seconds): the ones it knows, as seconds
+    assert auto_scaling.settings({"auto_scaling": dict(GOOD, timing={
+        "watch_s": 1, "lost_wait_s": 2.5, "other_s": 9})})["timing"] == {
+        "watch_s": 1.0, "lost_wait_s": 2.5}
 
 
 @pytest.mark.parametrize("field, value, words", [
@@ -36,6 +40,9 @@ def test_a_good_setting_is_read_and_none_is_not_a_group():
     ("rank", 1, "rank"), ("rank", -1, "rank"), ("members", [{"instance": "x; y"}], "members"),
     ("members", "i-0123456789abcdef0", "members"), ("stream", [], "stream"),
     ("store_region", "us east", "store_region"),
+    ("timing", [], "timing"), ("timing", {"watch_s": -1}, "timing"),
+    ("timing", {"watch_s": "2"}, "timing"), ("timing", {"peers_s": float("nan")}, "timing"),
+    ("timing", {"lost_wait_s": True}, "timing"), ("timing", {"watch_s": 10 ** 9}, "timing"),
 ])
 def test_a_setting_not_the_launchs_is_refused_naming_its_field(field, value, words):
     with pytest.raises(auto_scaling.Invalid, match=words):

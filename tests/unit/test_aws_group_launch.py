@@ -223,3 +223,15 @@ def test_a_recovering_spot_job_with_an_instance_role_runs_in_a_group():
     assert group_launch.group_recovery(AWSProvider(Settings(**GROUPED)).aws, _recovering(nodes=3)) is None
     assert AWSProvider(Settings(**GROUPED)).group_settings(None, None, _recovering(
         recover=False)) == {}
+
+
+def test_regroup_timing_is_config_yamls_and_its_defaults_are_the_hosts_own():
+    """job.json's auto_scaling.timing carries config.yaml's regroup_*_seconds, whose
+    defaults are host/regroup.py's own waits: a config that sets none changes nothing."""
+    from cloudtrain.host import regroup
+
+    assert group_launch.regroup_timing(Settings()) == {
+        "watch_s": regroup.WATCH_S, "peers_s": regroup.PEERS_S,
+        "lost_wait_s": regroup.LOST_WAIT_S, "stop_grace_s": regroup.STOP_GRACE_S}
+    assert group_launch.regroup_timing(Settings(regroup_lost_wait_seconds=5.0))[
+        "lost_wait_s"] == 5.0

@@ -140,3 +140,21 @@ def test_rank_0_without_a_stream_in_its_setting_streams_nothing():
     job = copy.deepcopy(JOB)
     del job["auto_scaling"]["stream"]
     assert "checkpoint_stream" not in regroup.take_part(job, "jobs/o/j1/", 0, RANKS)
+
+
+def test_a_teams_waits_are_job_jsons_timing_else_this_modules():
+    """auto_scaling.timing (config.yaml's regroup_*_seconds) sets a Team's waits; one it
+    leaves out, or a job.json without it, keeps regroup.py's own."""
+    class Agent:
+        def __init__(self, conf):
+            self.conf = conf
+
+        def group(self):
+            return self.conf
+
+    team = regroup.Team(Agent({"nodes": 3, "timing": {"lost_wait_s": 5.0}}), None, None, None,
+                        {}, None)
+    assert team.timing("lost_wait_s", regroup.LOST_WAIT_S) == 5.0
+    assert team.timing("watch_s", regroup.WATCH_S) == regroup.WATCH_S
+    team = regroup.Team(Agent(None), {"nodes": 3}, None, None, {}, None)
+    assert team.timing("peers_s", regroup.PEERS_S) == regroup.PEERS_S

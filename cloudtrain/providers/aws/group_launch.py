@@ -268,7 +268,16 @@ def group_settings(aws: AwsSession, store: Store, job: Job, spec) -> dict:
     return {"auto_scaling": {"group": group_name(job.id), "region": aws.region(spec),
                              "endpoint": endpoint, "max_restarts": spec.max_restarts,
                              "prefix": prefix, "bucket": bucket,
-                             "store_region": store_region, "nodes": spec.nodes}}
+                             "store_region": store_region, "nodes": spec.nodes,
+                             "timing": regroup_timing(aws.settings)}}
+
+
+def regroup_timing(settings) -> dict:
+    """job.json's auto_scaling.timing: host/regroup.py's waits, from config.yaml."""
+    return {"watch_s": settings.regroup_watch_seconds,
+            "peers_s": settings.regroup_peers_seconds,
+            "lost_wait_s": settings.regroup_lost_wait_seconds,
+            "stop_grace_s": settings.regroup_stop_grace_seconds}
 
 
 def record_attempt(aws: AwsSession, store: Store, job: Job, spec, n: int, instance_id: str) -> None:
