@@ -58,7 +58,7 @@ def plan_for(prefix: str, auth: str, dest: Path, imds_url: str) -> dict:
     settings = config.Settings(imds_url=imds_url,
                                instance_profile="bench" if auth == "role" else "")
     staged = AWSProvider(settings).read_dataset(  # as a launch reads it, from REGION
-        JobSpec(kind="command", backend="aws", region=REGION), {**source, "dir": dest.name})
+        JobSpec.of(kind="command", backend="aws", region=REGION), {**source, "dir": dest.name})
     spec = JobSpec(kind="command", backend="aws" if auth == "role" else "local")
     return datasets.host_plan([staged], spec, settings, str(dest.parent))
 

@@ -24,7 +24,6 @@ import dataclasses
 import json
 import textwrap
 from pathlib import Path
-from types import SimpleNamespace
 
 from . import config
 from .cells import json_times
@@ -143,7 +142,7 @@ def _aws(settings: config.Settings, region_flag: str | None, checks: list[Check]
 
 def _region(cloud, region_flag: str | None, checks: list[Check]) -> str | None:
     try:
-        region, source = cloud.region_and_source(SimpleNamespace(region=region_flag))
+        region, source = cloud.region_and_source(region_flag)
     except CloudtrainError as exc:
         checks.append(Check("region", PROBLEM, exc.message,
                             exc.hint or "cloudtrain check --region us-east-1"))

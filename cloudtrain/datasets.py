@@ -176,14 +176,14 @@ def preflight(spec, settings, provider) -> tuple:
     when the user did not; and what was read (Staged, one a dataset). The sizes are those S3
     stores (a manifest's own numbers are only checked against them)."""
     found: list[Staged] = []
-    for source in spec.datasets:
+    for source in spec.data.datasets:
         if source["kind"] == "snapshot" and spec.on_job:
             raise UsageError(f"dataset {source['name']}: an EBS snapshot becomes a volume of a "
                              "new instance; --on reuses one", hint="launch without --on")
         found.append(Staged(source) if source["kind"] == "path" else
                      provider.read_dataset(spec, source))
         check_folders(found[-1], spec)
-    spec = dataclasses.replace(spec, staging={s.source["name"]: _summary(s) for s in found})
+    spec = spec.changed(staging={s.source["name"]: _summary(s) for s in found})
     # The copy runs inside the job's clock (the agent's max runtime, the instance's power-off
     # timer, the upload grant): it gets time of its own on top, at a pessimistic rate, as
     # far as the one-week limit leaves room; past it, from the job's own time.
@@ -195,9 +195,9 @@ def preflight(spec, settings, provider) -> tuple:
                          f"({config.WEEK_S / 60:,.0f} min)",
                          hint="stage less data, or give the job a copy already on the host "
                               "(--data NAME=/path, or an EBS snapshot: --data NAME=snap-...)")
-    base = spec.max_runtime_s - spec.staging_allowance_s
+    base = spec.max_runtime_s - spec.data.staging_allowance_s
     allowance = max(0.0, min(needed, config.WEEK_S - base))
-    spec = dataclasses.replace(spec, staging_allowance_s=allowance, max_runtime_s=base + allowance)
+    spec = spec.changed(staging_allowance_s=allowance, max_runtime_s=base + allowance)
     copied = sum(s.contents.file_bytes for s in found if s.contents is not None)
     if spec.backend != "local" and copied and not spec.on_job:
         sharded = [s.contents for s in found if s.contents is not None
@@ -211,12 +211,13 @@ def preflight(spec, settings, provider) -> tuple:
                              f"{need:,} GB, past gp3's largest ({config.GP3_MAX_GB:,} GiB)",
                              hint="stage less data, or give it as an EBS snapshot (--data "
                                   "NAME=snap-...), a volume of its own")
-        if spec.disk_gb and spec.disk_gb < need:
-            raise UsageError(f"--disk-gb {spec.disk_gb}: the datasets take {copied / 1e9:.1f} "
-                             f"GB on disk; give at least {need}", hint=f"--disk-gb {need}")
-        spec = dataclasses.replace(spec, disk_gb=max(spec.root_gb(settings), need))
+        if spec.placement.disk_gb and spec.placement.disk_gb < need:
+            raise UsageError(f"--disk-gb {spec.placement.disk_gb}: the datasets take "
+                             f"{copied / 1e9:.1f} GB on disk; give at least {need}",
+                             hint=f"--disk-gb {need}")
+        spec = spec.changed(disk_gb=max(spec.root_gb(settings), need))
         if copied >= STAGING_FAST_DISK_GB * 1e9:  # the copy writes at the volume's speed
-            spec = dataclasses.replace(spec, disk_mbps=settings.staging_disk_mbps)
+            spec = spec.changed(disk_mbps=settings.staging_disk_mbps)
     return spec, found
 
 
@@ -284,9 +285,9 @@ def _prepare_hint(template: str, lacking: list[str], source: dict) -> str | None
 
 def copy_bytes(spec) -> int:
     """Bytes the staging reads before the job starts: each S3 dataset, and each snapshot
-    volume read once (first_read: preread), as preflight recorded them in spec.staging."""
-    return sum(int(((spec.staging or {}).get(d["name"]) or {}).get("bytes") or 0)
-               for d in spec.datasets if d["kind"] == "s3" or
+    volume read once (first_read: preread), as preflight recorded them in spec.data.staging."""
+    return sum(int(((spec.data.staging or {}).get(d["name"]) or {}).get("bytes") or 0)
+               for d in spec.data.datasets if d["kind"] == "s3" or
                (d["kind"] == "snapshot" and d.get("first_read") == "preread"))
 
 
@@ -314,9 +315,9 @@ def notes(spec, settings, found: list[Staged]) -> list[str]:
     region (slower, and billed per GB), presigned links that die with a session (`found`:
     what preflight read)."""
     out = []
-    instance_region = spec.region or settings.region
-    for d in spec.datasets:
-        info = (spec.staging or {}).get(d["name"]) or {}
+    instance_region = spec.placement.region or settings.region
+    for d in spec.data.datasets:
+        info = (spec.data.staging or {}).get(d["name"]) or {}
         if d["kind"] == "s3" and spec.backend == "aws" and info.get("region") and \
                 instance_region and info["region"] != instance_region:
             gb = (info.get("bytes") or 0) / 1e9
@@ -330,7 +331,7 @@ def notes(spec, settings, found: list[Staged]) -> list[str]:
                        "by an older cloudtrain), so whether it has what the job reads is "
                        f"found out on the instance; `cloudtrain data push DIR "
                        f"{s.source['location']}` again lists them")
-    if any(d["kind"] == "s3" for d in spec.datasets) and not (
+    if any(d["kind"] == "s3" for d in spec.data.datasets) and not (
             spec.backend == "aws" and settings.instance_profile) and \
             any(s.temporary for s in found):
         out.append("the instance reads the datasets through links signed with your temporary "
@@ -379,8 +380,8 @@ def _gb(n) -> str:
 def staging_line(spec) -> str:
     """The timeline's word on what the staging phase copies or mounts."""
     parts = []
-    for d in spec.datasets:
-        info = (spec.staging or {}).get(d["name"], {})
+    for d in spec.data.datasets:
+        info = (spec.data.staging or {}).get(d["name"], {})
         if d["kind"] == "path":
             parts.append(f"{d['name']} at {d['location']} (on the host)")
         elif d["kind"] == "snapshot":
@@ -389,15 +390,15 @@ def staging_line(spec) -> str:
             parts.append(f"{d['name']} from {d['location']} ({_gb(info.get('bytes'))}, "
                          f"{info.get('files', 0):,} files, {info.get('kind', 's3')})")
     nodes = int(getattr(spec, "nodes", 1) or 1)
-    if nodes > 1 and any(d["kind"] != "path" for d in spec.datasets):
-        copied = sum(int(((spec.staging or {}).get(d["name"]) or {}).get("bytes") or 0)
-                     for d in spec.datasets if d["kind"] not in ("path", "snapshot"))
+    if nodes > 1 and any(d["kind"] != "path" for d in spec.data.datasets):
+        copied = sum(int(((spec.data.staging or {}).get(d["name"]) or {}).get("bytes") or 0)
+                     for d in spec.data.datasets if d["kind"] not in ("path", "snapshot"))
         parts.append(f"on each of {nodes} nodes, at the same time (its own disk"
                      + (f"; {_gb(copied * nodes)} read in all" if copied else "") + ")")
     needed = copy_seconds(spec)
-    if spec.staging_allowance_s or needed:  # the copy runs inside the job's clock
-        text = f"max runtime +{spec.staging_allowance_s / 60:.0f} min for it"
-        if spec.staging_allowance_s < needed and spec.max_runtime_s >= config.WEEK_S:
+    if spec.data.staging_allowance_s or needed:  # the copy runs inside the job's clock
+        text = f"max runtime +{spec.data.staging_allowance_s / 60:.0f} min for it"
+        if spec.data.staging_allowance_s < needed and spec.max_runtime_s >= config.WEEK_S:
             text += (f" (the one-week limit: the copy may take up to {needed / 60:.0f} min, the "
                      "rest from the job's own time)")
         parts.append(text)
@@ -449,7 +450,7 @@ def listing(store, settings, account=None) -> list[dict]:
     staged it: when, where, how fast."""
     last: dict[str, dict] = {}
     for job in store.jobs():  # newest first
-        for d in job.spec.datasets or []:
+        for d in job.spec.data.datasets or []:
             name = d.get("name") if isinstance(d, dict) else None
             if not isinstance(name, str) or name in last:
                 continue
@@ -457,11 +458,11 @@ def listing(store, settings, account=None) -> list[dict]:
                            and (ev.detail or "").startswith("data staged")), None)
             if staged is None:
                 continue
-            inst = job.spec.instance_type or job.backend
-            region = job.spec.region or ""
+            inst = job.spec.placement.instance_type or job.backend
+            region = job.spec.placement.region or ""
             last[name] = {"job": job.id, "at": staged.at, "where": f"{inst} {region}".strip(),
                           "detail": staged.detail,
-                          "size": (job.spec.staging or {}).get(name)}
+                          "size": (job.spec.data.staging or {}).get(name)}
     rows = []
     for name, source in sorted(settings.datasets.items()):
         seen = last.get(name) or {}

@@ -479,19 +479,20 @@ def _disk_mbps(staged: int, settings) -> int:
 def for_spec(spec, region: str, store=None) -> Row | None:
     """The estimate for what a cloud launch is about to start, or None where there is no
     basis (your own command, a recipe without a published time, an unknown GPU)."""
+    place = spec.placement
     from . import recipes
 
-    if spec.kind != "recipe" or not spec.instance_type:
+    if spec.kind != "recipe" or not place.instance_type:
         return None
     try:
-        staged = sum(int(info.get("bytes") or 0) for info in (spec.staging or {}).values()
+        staged = sum(int(info.get("bytes") or 0) for info in (spec.data.staging or {}).values()
                      if info.get("kind") in ("shards", "objects"))
-        preread = sum((spec.staging or {}).get(d["name"], {}).get("bytes", 0) / 1e6
-                      / int(d.get("throughput") or 125) for d in spec.datasets
+        preread = sum((spec.data.staging or {}).get(d["name"], {}).get("bytes", 0) / 1e6
+                      / int(d.get("throughput") or 125) for d in spec.data.datasets
                       if d["kind"] == "snapshot" and d.get("first_read") == "preread")
-        est = estimate(recipes.load(spec.recipe), spec.args, region, market=spec.market,
-                       types=[spec.instance_type], disk_gb=spec.disk_gb, store=store,
-                       staging_bytes=staged, disk_mbps=spec.disk_mbps or 0,
+        est = estimate(recipes.load(spec.recipe), spec.args, region, market=place.market,
+                       types=[place.instance_type], disk_gb=place.disk_gb, store=store,
+                       staging_bytes=staged, disk_mbps=spec.data.disk_mbps or 0,
                        preread_s=preread, profile=spec.profile, nodes=spec.nodes)
     except UsageError:
         return None

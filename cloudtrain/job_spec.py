@@ -20,7 +20,45 @@ RECIPE, COMMAND = "recipe", "command"
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where and how the cloud runs the job's instances (ignored by the local backend)."""
+    instance_type: str | None = None
+    market: Market = Market.ON_DEMAND
+    region: str | None = None
+    ami: str | None = None  # None: the current AWS Deep Learning PyTorch AMI
+    disk_gb: int | None = None
+    max_price: float | None = None  # spot only, USD/h
+    cpu_only: bool = False  # an instance type without a GPU, on purpose (else refused)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """Spot recovery (lifecycle/recovery.py): on an interruption the job continues on a new
+    instance from its last checkpoint, at most max_restarts times; `fallback` "on-demand" lets
+    a relaunch that finds no spot capacity anywhere take an on-demand instance."""
+    recover: bool = False
+    max_restarts: int = 3
+    fallback: str | None = None
+
+
+@dataclass(frozen=True)
+class Data:
+    """The datasets staged before the job starts (datasets.resolve): [{name, dir, kind,
+    location, ...}]; what they hold once read (datasets.preflight) goes in `staging`, with the
+    root volume's throughput and the time allowed for the copy that preflight sized for them."""
+    datasets: list[dict] = field(default_factory=list)
+    staging: dict = field(default_factory=dict)
+    disk_mbps: int | None = None  # the root volume's provisioned gp3 MB/s (None: its own 125)
+    staging_allowance_s: float = 0.0  # added to max_runtime_s for the data copy (preflight)
+
+
+@dataclass(frozen=True)
 class JobSpec:
+    """What the user asked: what runs, where (`placement`), how it recovers (`recovery`) and
+    with which data (`data`). Stored flat (to_dict, from_dict: each part's fields under their
+    own names, as every version wrote them), so older jobs load and `status --json` keeps its
+    keys; made from flat names with JobSpec.of() and changed with changed(), which put each
+    name in its part."""
     kind: str  # RECIPE or COMMAND
     backend: str  # a provider name: "local", ...
     name: str | None = None
@@ -39,13 +77,9 @@ class JobSpec:
     # Machines the job spans (nodes.py): one torchrun job over all of them, node 0 the
     # rendezvous; every node gets the same files, setup and command.
     nodes: int = 1
-    # Cloud placement (ignored by the local backend)
-    instance_type: str | None = None
-    market: Market = Market.ON_DEMAND
-    region: str | None = None
-    ami: str | None = None  # None: the current AWS Deep Learning PyTorch AMI
-    disk_gb: int | None = None
-    max_price: float | None = None  # spot only, USD/h
+    placement: Placement = field(default_factory=Placement)
+    recovery: Recovery = field(default_factory=Recovery)
+    data: Data = field(default_factory=Data)
     keep: bool = False  # leave the instance running after the job
     idle_minutes: float | None = None  # power off this long after the job ends
     on_job: str | None = None  # run on that (kept) job's instance instead of a new one
@@ -53,7 +87,6 @@ class JobSpec:
     # region, holder (the job on it now), ahead (the jobs this one waits behind, in order),
     # wait_s (the most they may still run)}.
     kept: dict | None = None
-    cpu_only: bool = False  # an instance type without a GPU, on purpose (else refused)
     expected: dict | None = None  # the estimate shown before launch: train_s, total_s, usd
     # A recipe's target for these arguments ({metric, value}: imagenet's top5 0.93), kept with
     # the job so that `status` shows that metric without reading the recipe again.
@@ -61,18 +94,6 @@ class JobSpec:
     # Workdir paths (gitignore-style patterns) synced although they look like credentials
     # (.aws/, .ssh/, .env, *.pem, $CLOUDTRAIN_HOME), which the sync otherwise always leaves out.
     include: list[str] = field(default_factory=list)
-    # The datasets staged before the job starts (datasets.resolve): [{name, dir, kind,
-    # location, ...}]; what they hold once read (datasets.preflight) goes in `staging`.
-    datasets: list[dict] = field(default_factory=list)
-    staging: dict = field(default_factory=dict)
-    disk_mbps: int | None = None  # the root volume's provisioned gp3 MB/s (None: its own 125)
-    staging_allowance_s: float = 0.0  # added to max_runtime_s for the data copy (preflight)
-    # Spot recovery (lifecycle/recovery.py): on an interruption the job continues on a new instance
-    # from its last checkpoint, at most max_restarts times; `fallback` "on-demand" lets a
-    # relaunch that finds no spot capacity anywhere take an on-demand instance.
-    recover: bool = False
-    max_restarts: int = 3
-    fallback: str | None = None
     # Job files (jobfile.py) and their flags: `setup` (shell, once per instance before the
     # job), the job's environment `envs`, the names of its `secrets` (their values never go
     # in the spec: lifecycle/secrets.py), and `outputs` brought home after the job (paths relative
@@ -164,19 +185,34 @@ class JobSpec:
         lives in one region; an S3 source is reachable from any), spot first, then on-demand
         with --fallback on-demand."""
         regions = [home] if home else []
-        if not any(d.get("kind") == "snapshot" for d in self.datasets or []):
+        if not any(d.get("kind") == "snapshot" for d in self.data.datasets or []):
             regions += [r.strip() for r in settings.regions.split(",")
                         if r.strip() and r.strip() not in regions]
-        markets = [Market.SPOT] + ([Market.ON_DEMAND] if self.fallback == Market.ON_DEMAND else [])
+        markets = [Market.SPOT] + ([Market.ON_DEMAND] if self.recovery.fallback == Market.ON_DEMAND
+                                   else [])
         return [(region, market) for market in markets for region in regions]
 
     def root_gb(self, settings) -> int:
         """The root volume's size: --disk-gb (or what preflight sized for the datasets),
         else config.yaml's disk_gb, else the recipe's, else 100 GB."""
-        return int(self.disk_gb or settings.disk_gb or self.resources.get("disk_gb") or 100)
+        return int(self.placement.disk_gb or settings.disk_gb or self.resources.get("disk_gb")
+                   or 100)
+
+    @classmethod
+    def of(cls, **fields) -> "JobSpec":
+        """A spec from flat names (`instance_type=`, `max_restarts=`, `datasets=`, ...): each
+        part's fields go into that part."""
+        return cls(**_grouped(fields, None))
+
+    def changed(self, **changes) -> "JobSpec":
+        """This spec with `changes` (flat names, as of() takes them) made."""
+        return dataclasses.replace(self, **_grouped(changes, self))
 
     def to_dict(self) -> dict:
+        """The stored form: flat, each part's fields under their own names."""
         data = dataclasses.asdict(self)
+        for part in PARTS:
+            data.update(data.pop(part))
         data.pop("secret_values")  # never stored: job.json, state.db and logs get names only
         data.pop("origins")
         data.pop("from_shell")
@@ -191,28 +227,65 @@ class JobSpec:
         market = values.get("market")
         values["market"] = Market(market) if market in MARKETS else Market.ON_DEMAND
         if "kind" not in values or "backend" not in values:
-            return cls(**values)  # the error a spec without them gets
+            return cls.of(**values)  # the error a spec without them gets
         # `status` loads every job it lists: filled in directly, as __init__ would (a frozen
         # dataclass's __init__ sets each of its fields through object.__setattr__, 3x slower)
+        parts = {}
+        for part, part_cls in PARTS.items():
+            obj: object = object.__new__(part_cls)
+            obj.__dict__.update(_DEFAULTS[part_cls])
+            obj.__dict__.update({k: f() for k, f in _FACTORIES[part_cls].items()
+                                 if k not in values})
+            obj.__dict__.update({k: values.pop(k) for k in _FIELDS[part_cls] if k in values})
+            parts[part] = obj
         spec = object.__new__(cls)
-        spec.__dict__.update(_DEFAULTS)
-        spec.__dict__.update({k: f() for k, f in _FACTORIES.items() if k not in values})
+        spec.__dict__.update(_DEFAULTS[cls])
+        spec.__dict__.update({k: f() for k, f in _FACTORIES[cls].items() if k not in values})
         spec.__dict__.update(values)
+        spec.__dict__.update(parts)
         return spec
 
 
+PARTS = {"placement": Placement, "recovery": Recovery, "data": Data}
+# Each flat name of a part's field, and the part it belongs to.
+PART_OF = {f.name: part for part, part_cls in PARTS.items() for f in dataclasses.fields(part_cls)}
+
+
+def _grouped(fields: dict, base: JobSpec | None) -> dict:
+    """JobSpec's own fields from flat names: a part's fields go into that part (made anew, or
+    changed from base's)."""
+    out: dict = {}
+    changes: dict[str, dict] = {}
+    for name, value in fields.items():
+        part = PART_OF.get(name)
+        if part is None:
+            out[name] = value
+        else:
+            changes.setdefault(part, {})[name] = value
+    for part, values in changes.items():
+        if part in out:
+            raise TypeError(f"{part} given both whole and by its fields {sorted(values)}")
+        out[part] = dataclasses.replace(getattr(base, part), **values) if base is not None \
+            else PARTS[part](**values)
+    return out
+
+
 MARKETS = frozenset(m.value for m in Market)
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobSpec)
-             if f.default is not dataclasses.MISSING}
-_FACTORIES = {f.name: f.default_factory for f in dataclasses.fields(JobSpec)
-              if f.default_factory is not dataclasses.MISSING}
+_ALL = (JobSpec, *PARTS.values())
+_FIELDS = {c: frozenset(f.name for f in dataclasses.fields(c)) for c in _ALL}
+_DEFAULTS = {c: {f.name: f.default for f in dataclasses.fields(c)
+                 if f.default is not dataclasses.MISSING} for c in _ALL}
+_FACTORIES = {c: {f.name: f.default_factory for f in dataclasses.fields(c)
+                  if f.default_factory is not dataclasses.MISSING and f.name not in PARTS}
+              for c in _ALL}
 _TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "dict": (dict,),
           "list": (list,), "None": (type(None),), "Market": (str,)}
-# The JSON types each field may hold, from its annotation (`str | None`: a string or null);
-# a stored value of another type (a hand-edited or damaged row) reads as the default.
+# The JSON types each stored (flat) field may hold, from its annotation (`str | None`: a
+# string or null); a stored value of another type (a hand-edited or damaged row) reads as the
+# default.
 STORED = {f.name: frozenset(t for part in str(f.type).split("|")
                             for t in _TYPES[part.strip().split("[")[0]])
-          for f in dataclasses.fields(JobSpec) if f.init}
+          for c in _ALL for f in dataclasses.fields(c) if f.init and f.name not in PARTS}
 
 
 @dataclass(frozen=True)

@@ -224,7 +224,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
     notes = detail.get("notes")
     for note in notes if isinstance(notes, list) else []:
         out.append(f"  cost note {note}")
-    for name, info in (job.spec.staging or {}).items():
+    for name, info in (job.spec.data.staging or {}).items():
         out.append(f"  data      {cells.shown(name)}: {cells.staged_size(info)}")
     metrics = job.metrics if isinstance(job.metrics, dict) else {}
     if metrics.get("staging"):
@@ -251,7 +251,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
     if job.jobdir:  # a path on the instance until the job's files come home
         remote = isinstance(job.host, dict) and job.host.get("kind") not in (None, "LocalHost")
         out.append(f"  jobdir    {'on the instance: ' if remote else ''}{job.jobdir}")
-    if attempts and (len(attempts) > 1 or job.spec.recover):
+    if attempts and (len(attempts) > 1 or job.spec.recovery.recover):
         out += attempts_lines(attempts, recovery or {}, width=width)
     out += nodes_lines(job, width=width)
     out.append("  timeline")

@@ -35,7 +35,6 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable
 
 from . import config, progress, state
@@ -122,7 +121,7 @@ def run(region: str | None = None, gpu: bool = False,
 def _read_only(c: Check, steps: Steps, report: Report, region_flag: str | None) -> None:
     """Who and where, and what it will launch at what price: nothing is created yet."""
     with steps.step("credentials") as s:
-        c.region, source = c.provider.account.region_and_source(SimpleNamespace(region=region_flag))
+        c.region, source = c.provider.account.region_and_source(region_flag)
         report.region = c.region
         c.owner = c.provider.account.owner(c.region)  # without credentials: how to get some
         found = c.provider.account.credential_source(c.region) or {"source": "?"}

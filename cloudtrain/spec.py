@@ -67,7 +67,7 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
     spec = dataclasses.replace(_build_spec(o, settings, origins), origins=origins)
     _check_nodes(spec)
     try:
-        spec = dataclasses.replace(spec, datasets=datasets.resolve(
+        spec = spec.changed(datasets=datasets.resolve(
             spec, settings, flags, recipes.load(spec.recipe).data if spec.recipe else []))
     except UsageError as exc:  # `--data NAME: ...` about a job file's datasets.NAME
         name = exc.message.split(":", 1)[0].removeprefix("--data ")
@@ -177,9 +177,9 @@ def _build_spec(o: LaunchOptions, settings: config.Settings, origins: dict) -> J
                 cwd=str(Path(origins[""]).parent) if "command" in origins else None,
                 is_job_file=is_job_file)
     minutes = o.max_runtime or settings.max_runtime_minutes
-    return JobSpec(kind=COMMAND, backend=backend, name=o.name, command=list(o.command),
-                   workdir=workdir, max_runtime_s=float(minutes) * 60,
-                   include=list(o.include), nodes=o.nodes or 1, **placement)
+    return JobSpec.of(kind=COMMAND, backend=backend, name=o.name, command=list(o.command),
+                      workdir=workdir, max_runtime_s=float(minutes) * 60,
+                      include=list(o.include), nodes=o.nodes or 1, **placement)
 
 
 def _placement(o: LaunchOptions, settings: config.Settings, origins: dict
@@ -303,13 +303,13 @@ def _recipe_spec(o: LaunchOptions, backend: str, placement: dict, workdir: str |
     resources = rec.resources_for(profile)  # a smoke run plans with its own disk and time
     minutes = o.max_runtime or resources.get("max_runtime_minutes") \
         or settings.max_runtime_minutes
-    return JobSpec(kind=RECIPE, backend=backend, name=o.name, recipe=rec.name, profile=profile,
-                   args=args, workdir=workdir, max_runtime_s=float(minutes) * 60,
-                   resources=resources, requires=list(rec.requires),
-                   target=rec.target_for(args) or None,
-                   resume_from=o.resume_from, procs=procs, gpus_needed=needed,
-                   gpus_exact=rec.gpus_exact(args), include=list(o.include), nodes=nodes,
-                   **placement)
+    return JobSpec.of(kind=RECIPE, backend=backend, name=o.name, recipe=rec.name, profile=profile,
+                      args=args, workdir=workdir, max_runtime_s=float(minutes) * 60,
+                      resources=resources, requires=list(rec.requires),
+                      target=rec.target_for(args) or None,
+                      resume_from=o.resume_from, procs=procs, gpus_needed=needed,
+                      gpus_exact=rec.gpus_exact(args), include=list(o.include), nodes=nodes,
+                      **placement)
 
 
 def _recovery(given: dict, market: Market, on_job: str | None, origins: dict) -> dict:

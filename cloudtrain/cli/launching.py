@@ -201,7 +201,7 @@ def ask_first(spec, store, yes: bool, quiet: bool):
 
     spec, row = plan.expected(spec, store)
     if row is not None and not quiet:
-        click.echo(said(catalog_views.estimate_line(row, spec.market)), err=True)
+        click.echo(said(catalog_views.estimate_line(row, spec.placement.market)), err=True)
     question = plan.question(spec, warn=lambda line: click.echo(said(f"WARNING: {line}"),
                                                                 err=True))
     taking = plan.taken_from_shell(spec)

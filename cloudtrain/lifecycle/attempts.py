@@ -31,12 +31,13 @@ INTERRUPTED = "interrupted"
 
 
 def recoverable(job: Job) -> bool:
-    return job.active and job.backend != "local" and bool(job.spec.recover)
+    return job.active and job.backend != "local" and bool(job.spec.recovery.recover)
 
 
 def begin(store: Store, job: Job, spec: JobSpec) -> None:
-    store.add_attempt(job.id, 1, market=spec.market, instance_type=spec.instance_type,
-                      region=spec.region)
+    place = spec.placement
+    store.add_attempt(job.id, 1, market=place.market, instance_type=place.instance_type,
+                      region=place.region)
 
 
 def instances_of(store: Store, job_id: str, attempt: Attempt | None) -> list:

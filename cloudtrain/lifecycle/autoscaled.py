@@ -70,7 +70,7 @@ def learn(store: Store, job: Job) -> dict | None:
         store.add_attempt(job.id, 1, started_at=job.created_at)
         known = {a.n: a for a in store.attempts(job.id)}
     spec = job.spec
-    region = spec.region or next((i.region for i in store.instances(job.id)
+    region = spec.placement.region or next((i.region for i in store.instances(job.id)
                                          if i.region), None)
     fresh = [d for d in record["attempts"] if d["attempt"] != 1 and d["attempt"] not in known]
     # EC2's view of the job's instances: only those that carry its tag are in it.
@@ -107,7 +107,7 @@ def learn(store: Store, job: Job) -> dict | None:
         store.add_instance(Instance(
             id=doc["instance"], job_id=job.id, provider=job.backend, region=region,
             zone=seen.get("zone") or doc["zone"],
-            instance_type=doc["type"] or spec.instance_type,
+            instance_type=doc["type"] or spec.placement.instance_type,
             market=Market.ON_DEMAND if doc["lifecycle"] == "on-demand" else Market.SPOT,
             state="terminated" if seen.get("terminated_at") else "running",
             launched_at=seen.get("launched_at") or started,
@@ -118,7 +118,7 @@ def learn(store: Store, job: Job) -> dict | None:
                                "Auto Scaling)"))
         store.add_attempt(job.id, n, started_at=started, instance_id=doc["instance"],
                           region=region, zone=doc["zone"], market=doc["lifecycle"],
-                          instance_type=doc["type"] or spec.instance_type,
+                          instance_type=doc["type"] or spec.placement.instance_type,
                           running_at=started, resumed_step=doc["resumed_step"],
                           resumed_seq=doc["resumed_seq"])
         added = store.attempt(job.id, n)

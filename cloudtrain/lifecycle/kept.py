@@ -253,7 +253,7 @@ def refresh_queued(store: Store, settings: config.Settings, job: Job) -> Job:
         return store.job(job.id)
     if where == "started":
         _take_over(store, job)
-        new = state.STAGING if job.spec.datasets else state.RUNNING
+        new = state.STAGING if job.spec.data.datasets else state.RUNNING
         store.set_state(job.id, new, expect=state.QUEUED, reason=None,
                         detail="started on the kept instance as the job before it ended")
         return store.job(job.id)

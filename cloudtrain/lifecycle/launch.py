@@ -87,9 +87,9 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
     note = name_note(spec, renamed, launched=True)  # None: no name was taken over
     if note is not None:
         report.note(note)
-    if spec.secret_values and spec.recover:  # a relaunch needs them when nobody is here
+    if spec.secret_values and spec.recovery.recover:  # a relaunch needs them when nobody is here
         secrets.save(job.id, spec.secret_values)
-    if spec.recover:
+    if spec.recovery.recover:
         attempts.begin(store, job, spec)
     try:
         # The cleanup runs inside the signal guard too: a second SIGTERM is noted, not obeyed,
@@ -102,7 +102,7 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
     finally:
         store.update_job(job.id, lease_until=None)
     job = store.job(job.id)
-    if spec.recover and job.active:
+    if spec.recovery.recover and job.active:
         line = supervisor.ensure(store, settings)
         if line:
             report.note(line)
@@ -131,7 +131,7 @@ def start_attempt(store: Store, settings: config.Settings, spec: JobSpec, provid
         _advance(store, job.id, state.STAGING if found else
                  state.SETTING_UP if spec.setup else state.RUNNING,
                  detail=datasets.staging_line(spec) if found else detail, at=started)
-        if spec.recover:
+        if spec.recovery.recover:
             attempts.started(store, job.id, job.facts.attempt, started)
         report.phase(f"started job {job.id}" + (": its data is staged first" if found else
                                                 ": its setup runs first" if spec.setup else ""))
@@ -182,7 +182,7 @@ def _launch_steps(a: _Launch, source: Job | None, kept: Job | None
                                            "checkpoint_stream": True})
     _write_files(a, nodes, gpus, procs, stages, stream_from is not None, grants, stream,
                  rendezvous)
-    if a.spec.recover and grants[0] is not None and a.job.facts.attempt == 1 \
+    if a.spec.recovery.recover and grants[0] is not None and a.job.facts.attempt == 1 \
             and isinstance(a.provider, ResultStore):
         _upload_bundle(a, a.provider, nodes, copies, stages[0] is not None,
                        required=_grouped(a))
@@ -212,7 +212,7 @@ def _acquire(a: _Launch, kept: Job | None) -> NodeGroup:
         hosts = a.provider.acquire(a.store, a.job, a.spec, a.report)
     for i, h in enumerate(hosts):
         group.keep(a.job.id, i, h)
-    if a.spec.recover:
+    if a.spec.recovery.recover:
         attempts.placed(a.store, a.job.id, a.job.facts.attempt)
     return NodeGroup.open(a.store, a.provider, a.job, hosts)
 
@@ -360,7 +360,7 @@ def _restore(a: _Launch, nodes: NodeGroup) -> dict | None:
     when there is nothing to restore: the job starts over. Every node gets it (each rank
     resumes from its own disk)."""
     spec = a.spec
-    if not spec.recover or a.job.facts.attempt < 2:
+    if not spec.recovery.recover or a.job.facts.attempt < 2:
         return None
     plan = a.provider.checkpoint_plan(a.store, a.job, spec.max_runtime_s + 3600)
     if not plan:
@@ -410,7 +410,7 @@ def _stream_settings(a: _Launch, grant: dict | None, stream_from: dict | None) -
     """Step stream: a recovering job's checkpoint stream (the agent uploads each new
     checkpoint to the job store as it is written), or None: no recovery, or no job store to
     stream to (said)."""
-    if not a.spec.recover:
+    if not a.spec.recovery.recover:
         return None
     if grant is None:
         warning = ("WARNING: no job store, so no checkpoint outlives the instance: a "

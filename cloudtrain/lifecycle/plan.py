@@ -37,7 +37,7 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
     datasets are read (with the user's credentials) for their sizes; one that cannot be read
     is said, as the launch would stop on it."""
     data_rows = []
-    if spec.datasets:
+    if spec.data.datasets:
         try:
             settings = settings or config.Settings.load()
             spec, found = read_datasets(spec, settings)
@@ -61,7 +61,7 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
     if row is not None:
         from ..catalog_views import estimate_line
 
-        rows.append(("estimate", estimate_line(row, spec.market)[len("estimate: "):]))
+        rows.append(("estimate", estimate_line(row, spec.placement.market)[len("estimate: "):]))
     return rows
 
 
@@ -144,8 +144,8 @@ def expected(spec: JobSpec, store: Store | None = None) -> tuple[JobSpec, object
     row = estimate.for_spec(spec, region, store)
     if row is not None:
         spec = dataclasses.replace(spec, expected={
-            "train_s": row.train_s, "total_s": row.total_s, "market": spec.market,
-            "usd": row.spot if spec.market == Market.SPOT else row.on_demand,
+            "train_s": row.train_s, "total_s": row.total_s, "market": spec.placement.market,
+            "usd": row.spot if spec.placement.market == Market.SPOT else row.on_demand,
             "basis": row.scaling})
     return spec, row
 

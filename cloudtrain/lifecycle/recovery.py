@@ -59,8 +59,8 @@ def attempt_spec(spec: JobSpec, n: int, region: str, market: str,
     store's region), which the relaunch keeps with the job before it launches."""
     avoid = (interrupted_attempt.zone,) if interrupted_attempt and interrupted_attempt.zone \
         and interrupted_attempt.region == region else ()
-    there = dataclasses.replace(spec, region=region, market=Market(market),
-                                max_price=spec.max_price if market == Market.SPOT else None)
+    there = spec.changed(region=region, market=Market(market),
+                         max_price=spec.placement.max_price if market == Market.SPOT else None)
     return there, JobFacts(attempt=n, avoid_zones=avoid, store_region=store_region)
 
 
@@ -79,8 +79,8 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
     last = attempts[-1] if attempts else None
     n = last.n if last is not None and last.ended_at is None else (last.n + 1 if last else 1)
     before = done[-1] if done else None
-    if n - 1 > spec.max_restarts:
-        return _give_up(store, job, f"--max-restarts {spec.max_restarts} used up")
+    if n - 1 > spec.recovery.max_restarts:
+        return _give_up(store, job, f"--max-restarts {spec.recovery.max_restarts} used up")
     first = attempts[0] if attempts and attempts[0].n == 1 else None
     home = (before.region if before else None) or (first.region if first else None) or \
         provider.account.region(spec)
@@ -100,16 +100,17 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
     for region, market in order:
         attempt, facts = attempt_spec(spec, n, region, market, before, store_region)
         if not store.set_state(job.id, state.PROVISIONING, expect=state.RECOVERING,
-                               detail=f"attempt {n}: {market} {attempt.instance_type} in "
+                               detail=f"attempt {n}: {market} {attempt.placement.instance_type} in "
                                       f"{region}"):
             return store.job(job.id)  # `down` came first
         if not store.add_attempt(job.id, n, region=region, market=market,
-                                 instance_type=attempt.instance_type):
+                                 instance_type=attempt.placement.instance_type):
             store.update_attempt(job.id, n, region=region, market=market)
         store.update_job(job.id, launcher=f"{socket.gethostname()}:{os.getpid()}",
                          reason=None)
         if say is not None:
-            say(f"job {job.id}: attempt {n}, {market} {attempt.instance_type} in {region}")
+            say(f"job {job.id}: attempt {n}, {market} {attempt.placement.instance_type} in "
+                f"{region}")
         try:
             store.record_facts(job.id, attempt=facts.attempt, avoid_zones=list(facts.avoid_zones),
                                store_region=facts.store_region)
@@ -119,7 +120,7 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
         except PlacementError as exc:
             failures.append(f"{market} in {region}: {exc.message}")
             store.set_state(job.id, state.RECOVERING, expect=state.PROVISIONING,
-                            detail=f"no {market} {attempt.instance_type} in {region}")
+                            detail=f"no {market} {attempt.placement.instance_type} in {region}")
         finally:
             store.update_job(job.id, lease_until=None)
     since = before.ended_at if before and before.ended_at else time.time()

@@ -82,7 +82,7 @@ def run_script(spec: JobSpec, jobdir: str, python: str, procs: int = 1,
         elif procs > 1:
             starter = [python, "-m", "torch.distributed.run", "--standalone",
                        f"--nproc_per_node={procs}"]
-        if spec.recover and "resume" in rec.arguments and not spec.args.get("resume"):
+        if spec.recovery.recover and "resume" in rec.arguments and not spec.args.get("resume"):
             # The bundle holds attempt 1's run.sh; a replacement whose bootstrap restored a
             # checkpoint leaves its marker, and the same run.sh then resumes from it.
             args = {k: v for k, v in spec.args.items() if k != "resume"}

@@ -82,14 +82,14 @@ def _on_the_instance(spec: JobSpec, settings: config.Settings, inst, holder: Job
     if spec.keep and idle is None:
         idle = last.idle_minutes if last.idle_minutes is not None else \
             settings.keep_idle_minutes
-    return dataclasses.replace(
-        spec, kept={"instance": inst.id, "type": inst.instance_type, "region": inst.region,
-                    "holder": holder.id, "ahead": [j.id for j in ahead], "wait_s": wait,
-                    "made_kept": [j.id for j in ahead if not j.keeps_instance]},
-        instance_type=inst.instance_type or before.instance_type,
-        market=Market(inst.market or before.market or Market.ON_DEMAND),
-        region=inst.region or before.region, disk_gb=spec.disk_gb or before.disk_gb,
-        idle_minutes=idle)
+    return spec.changed(
+        kept={"instance": inst.id, "type": inst.instance_type, "region": inst.region,
+              "holder": holder.id, "ahead": [j.id for j in ahead], "wait_s": wait,
+              "made_kept": [j.id for j in ahead if not j.keeps_instance]},
+        instance_type=inst.instance_type or before.placement.instance_type,
+        market=Market(inst.market or before.placement.market or Market.ON_DEMAND),
+        region=inst.region or before.placement.region,
+        disk_gb=spec.placement.disk_gb or before.placement.disk_gb, idle_minutes=idle)
 
 
 def resume_source(store: Store, settings: config.Settings, spec: JobSpec) -> Job | None:

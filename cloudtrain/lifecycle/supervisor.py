@@ -105,7 +105,7 @@ def state_of(home: Path) -> dict:
 def watched(store: state.Store) -> list[state.Job]:
     """The jobs the supervisor looks after: active, launched to recover."""
     return [j for j in store.jobs(active_only=True)
-            if j.backend != "local" and j.spec.recover]
+            if j.backend != "local" and j.spec.recovery.recover]
 
 
 def needed(store: state.Store) -> bool:

@@ -71,7 +71,7 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
                                         "job store, AWS Auto Scaling relaunches the job",
                          **fields)
         return store.job(job.id)
-    if agent_state == state.PREEMPTED and job.spec.recover:
+    if agent_state == state.PREEMPTED and job.spec.recovery.recover:
         if not attempts.drained(job, status):  # the notice's checkpoint is on its way up
             stop_nodes(job, settings, wait=False)  # the other nodes' jobs checkpoint too
             store.update_job(job.id, reason="spot interruption notice: uploading the "
@@ -219,7 +219,7 @@ def _host_lost(store: Store, settings: config.Settings, job: Job, exc: HostError
                            for s in states.values())):
         store.update_job(job.id, reason=f"{UNREACHABLE}: {exc.message}")
         return store.job(job.id)
-    if job.spec.recover and store.job(job.id).state != job.state:
+    if job.spec.recovery.recover and store.job(job.id).state != job.state:
         return store.job(job.id)  # another process saw the loss first and acted on it
     try:
         status = from_job_store(store, job) or {}
@@ -228,7 +228,7 @@ def _host_lost(store: Store, settings: config.Settings, job: Job, exc: HostError
                                         f"({store_exc.message}): status tries again")
         return store.job(job.id)
     spot = spot_reason(states)
-    if job.spec.recover and (status.get("state") == state.PREEMPTED or (
+    if job.spec.recovery.recover and (status.get("state") == state.PREEMPTED or (
             spot and status.get("state") != state.SUCCEEDED)):
         why = "spot interruption notice" if status.get("state") == state.PREEMPTED else \
             "spot instance interrupted without a notice"
@@ -384,14 +384,14 @@ def interrupted(store: Store, settings: config.Settings, job: Job, status: dict 
             pass
     ended = ((status or {}).get("ended_at")) or time.time()
     ckpt = (status or {}).get("checkpoint_stream")
-    if current.n - 1 >= spec.max_restarts:
+    if current.n - 1 >= spec.recovery.max_restarts:
         new_state = state.FAILED
-        reason = (f"{why}; --max-restarts {spec.max_restarts} used up after {current.n} "
+        reason = (f"{why}; --max-restarts {spec.recovery.max_restarts} used up after {current.n} "
                   f"attempt{'s' if current.n > 1 else ''}")
     else:
         new_state = state.RECOVERING
         reason = f"{why}; relaunching (attempt {current.n + 1} of at most " \
-                 f"{spec.max_restarts + 1})"
+                 f"{spec.recovery.max_restarts + 1})"
     if not store.set_state(job.id, new_state, reason=reason, detail=reason, expect=job.state):
         return store.job(job.id)  # someone else acted first (another process, or `down`)
     store.update_attempt(job.id, current.n, only_if_open=True, ended_at=ended,

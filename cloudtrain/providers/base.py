@@ -202,8 +202,8 @@ class CloudAccount(Protocol):
     # -- where, and as whom
     def region(self, spec=None) -> str:
         """The job's region (--region, config.yaml, the environment, the profile, the default)."""
-    def region_and_source(self, spec=None) -> tuple[str, str]:
-        """The region and where it came from, in words."""
+    def region_and_source(self, asked: str | None = None) -> tuple[str, str]:
+        """The region (`asked`: --region's) and where it came from, in words."""
     def profile(self) -> str:
         """The profile of the cloud's credentials in use."""
     def configured(self) -> bool:

@@ -287,7 +287,7 @@ def _rendered_user_data(shutdown_command: str = "sudo shutdown -h now") -> str:
               backend="aws", state="provisioning", created_at=0.0, started_at=None,
               ended_at=None, exit_code=None, reason=None, spec={}, host=None, jobdir=None,
               metrics=None, cost=None)
-    spec = JobSpec(kind="command", backend="aws", command="true", instance_type="g5.xlarge",
+    spec = JobSpec.of(kind="command", backend="aws", command="true", instance_type="g5.xlarge",
                    max_runtime_s=3600)
     return instances.user_data(AwsSession(Settings(shutdown_command=shutdown_command)), job, spec)
 

@@ -279,7 +279,7 @@ def test_ten_gb_of_data_gets_a_1000_mbps_root_volume_and_the_bill_prices_it(
         monkeypatch.setattr(s3_datasets, "contents", lambda c, b, p: s3_datasets.Contents(
             kind="objects", files=1, bytes=file_bytes, file_bytes=file_bytes,
             identity="ab" * 32, objects=[]))
-        spec = JobSpec(kind="command", backend="aws", command=["true"],
+        spec = JobSpec.of(kind="command", backend="aws", command=["true"],
                        instance_type="g5.xlarge", region=REGION, datasets=[{
                            "name": "imagenet", "kind": "s3", "dir": "imagenet",
                            "location": f"s3://{BUCKET}/imagenet"}])
@@ -287,12 +287,13 @@ def test_ten_gb_of_data_gets_a_1000_mbps_root_volume_and_the_bill_prices_it(
         return sized
 
     big, small = spec_with(12 * 10**9), spec_with(9 * 10**9)
-    assert big.disk_mbps == settings.staging_disk_mbps == 1000
+    assert big.data.disk_mbps == settings.staging_disk_mbps == 1000
     # the copy, 5 % for the file system, the 100 GB margin (the AMI, checkpoints) and the
     # shards in flight: more than the default 100 GB
-    assert big.disk_gb == datasets.disk_needed(12 * 10**9) > 100  # plain objects: no shards
-    assert small.disk_gb == datasets.disk_needed(9 * 10**9)
-    assert small.disk_mbps is None
+    # plain objects: no shards
+    assert big.placement.disk_gb == datasets.disk_needed(12 * 10**9) > 100
+    assert small.placement.disk_gb == datasets.disk_needed(9 * 10**9)
+    assert small.data.disk_mbps is None
 
     provider = AWSProvider(settings)
     job = Job(id="0123abcd", name=None, kind="command", recipe=None, command="true",
@@ -306,11 +307,11 @@ def test_ten_gb_of_data_gets_a_1000_mbps_root_volume_and_the_bill_prices_it(
         (mapping,) = request["BlockDeviceMappings"]
         return mapping["Ebs"]
 
-    fast = root(JobSpec(kind="command", backend="aws", command=["true"],
+    fast = root(JobSpec.of(kind="command", backend="aws", command=["true"],
                         instance_type="g5.xlarge", disk_mbps=1000))
     assert fast["Throughput"] == 1000 and fast["Iops"] == 4000
     assert fast["VolumeType"] == "gp3" and fast["VolumeSize"] == 200
-    plain = root(JobSpec(kind="command", backend="aws", command=["true"],
+    plain = root(JobSpec.of(kind="command", backend="aws", command=["true"],
                          instance_type="g5.xlarge"))
     assert "Throughput" not in plain and "Iops" not in plain
     assert root(big)["Throughput"] == 1000

@@ -121,7 +121,7 @@ def test_F24_bad_region_is_a_usage_error_before_any_session(region, monkeypatch)
 
     monkeypatch.setattr(boto3, "Session", no_session)
     provider = AWSProvider(Settings())
-    spec = JobSpec(kind="command", backend="aws", command="true", instance_type="g5.xlarge",
+    spec = JobSpec.of(kind="command", backend="aws", command="true", instance_type="g5.xlarge",
                    region=region or "x")
     with pytest.raises(UsageError, match="^unknown AWS region .* .from --region"):
         provider.account.region(spec)

@@ -365,4 +365,4 @@ def test_a_launch_through_its_group_leaves_what_a_replacement_boots_from(cloud, 
     assert first["started_at"] is not None
     conf = p.group_settings(store, job, spec)["auto_scaling"]
     assert (conf["group"], conf["bucket"], conf["prefix"], conf["max_restarts"]) == \
-        (name, bucket, prefix, spec.max_restarts)
+        (name, bucket, prefix, spec.recovery.max_restarts)

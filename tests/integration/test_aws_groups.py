@@ -45,7 +45,7 @@ def cloud(ec2_provider, monkeypatch, ct_home):
 
 
 def _spec(image, nodes=1, region=REGION, instance="g5.xlarge", **kw) -> JobSpec:
-    return JobSpec(kind="command", backend="aws", command=["true"], instance_type=instance,
+    return JobSpec.of(kind="command", backend="aws", command=["true"], instance_type=instance,
                    market=Market.SPOT, nodes=nodes, region=region, ami=image,
                    max_runtime_s=3600, recover=True, **kw)
 

@@ -379,7 +379,7 @@ def group_bundle(lab, max_restarts: int = 3, stream: dict | None = None) -> dict
     with the group's job.json; run.sh's interpreter prints what it was given."""
     from cloudtrain.spec import RECIPE
 
-    spec = JobSpec(kind=RECIPE, backend="aws", recipe="resnet9", args={"epochs": 2},
+    spec = JobSpec.of(kind=RECIPE, backend="aws", recipe="resnet9", args={"epochs": 2},
                    recover=True, max_restarts=max_restarts)
     extra = {"auto_scaling": {"group": GROUP, "region": REGION, "endpoint": lab.endpoint,
                               "max_restarts": max_restarts, "prefix": PREFIX,

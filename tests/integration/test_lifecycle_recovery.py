@@ -102,7 +102,7 @@ def test_u23_a_max_price_below_the_cheapest_spot_price_is_warned_of(cli):
 
 
 def _spec(**kw) -> JobSpec:
-    return JobSpec(kind="command", backend="aws", command=["true"], instance_type="g5.xlarge",
+    return JobSpec.of(kind="command", backend="aws", command=["true"], instance_type="g5.xlarge",
                    market="spot", recover=True, **kw)
 
 
@@ -122,10 +122,10 @@ def test_F13_a_relaunch_tries_the_interrupted_zone_last_and_keeps_the_job_store_
                                         "us-east-1")
     assert (facts.attempt, facts.avoid_zones, facts.store_region) == (2, ("us-east-1b",),
                                                                       "us-east-1")
-    assert spec.max_price == 0.5
+    assert spec.placement.max_price == 0.5
     elsewhere, facts = recovery.attempt_spec(_spec(max_price=0.5), 2, "us-west-2", "on-demand",
                                              before, "us-east-1")
-    assert facts.avoid_zones == () and elsewhere.max_price is None
+    assert facts.avoid_zones == () and elsewhere.placement.max_price is None
     assert facts.store_region == "us-east-1"
 
 

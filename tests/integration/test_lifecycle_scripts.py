@@ -65,7 +65,7 @@ def test_a_recovering_recipe_resumes_where_bootstrap_restored_a_checkpoint(tmp_p
     argument, once; without the marker it runs as before and says nothing."""
     from cloudtrain.spec import RECIPE, JobSpec
 
-    spec = JobSpec(kind=RECIPE, backend="aws", recipe="resnet9",
+    spec = JobSpec.of(kind=RECIPE, backend="aws", recipe="resnet9",
                    args={"epochs": 2, "resume": False}, recover=True)
     first = _run_sh_args(tmp_path, spec, marker=False)
     assert first == "recipes/resnet9/train.py --epochs 2 --resume false\n"
@@ -73,7 +73,7 @@ def test_a_recovering_recipe_resumes_where_bootstrap_restored_a_checkpoint(tmp_p
     assert resumed == "recipes/resnet9/train.py --epochs 2 --resume true\n"
     # Not recovering, or resuming already (the local supervisor's relaunch): no marker test.
     for other in (JobSpec(kind=RECIPE, backend="aws", recipe="resnet9", args={"epochs": 2}),
-                  JobSpec(kind=RECIPE, backend="aws", recipe="resnet9", recover=True,
+                  JobSpec.of(kind=RECIPE, backend="aws", recipe="resnet9", recover=True,
                           args={"epochs": 2, "resume": True})):
         with_marker = _run_sh_args(tmp_path, other, marker=True)
         assert with_marker == _run_sh_args(tmp_path, other, marker=False)

@@ -52,7 +52,7 @@ def _job(store: Store, spec: JobSpec):
 
 
 def _spec(nodes=3, instance="g5.12xlarge", market="on-demand", ami=None, **kw) -> JobSpec:
-    return JobSpec(kind="command", backend="aws", command=["true"], instance_type=instance,
+    return JobSpec.of(kind="command", backend="aws", command=["true"], instance_type=instance,
                    market=market, nodes=nodes, region=REGION, ami=ami, max_runtime_s=3600,
                    **kw)
 

@@ -55,7 +55,7 @@ def two_regions(monkeypatch, ct_home):
 
 def _recovering_job(store) -> state.Job:
     """A spot job whose first instance (in the home region) was interrupted."""
-    spec = JobSpec(kind="command", backend="aws", command=["sleep", "600"],
+    spec = JobSpec.of(kind="command", backend="aws", command=["sleep", "600"],
                    instance_type="g5.xlarge", market="spot", recover=True, max_restarts=3,
                    region=HOME)
     job = store.create_job(name=None, kind="command", recipe=None, command="sleep 600",

@@ -196,7 +196,7 @@ def _recovering(**over):
     fields = dict(kind="command", backend="aws", command=["true"], instance_type="g5.xlarge",
                   market=Market.SPOT, recover=True, max_runtime_s=3600)
     fields.update(over)
-    return JobSpec(**fields)
+    return JobSpec.of(**fields)
 
 
 GROUPED = dict(instance_profile="cloudtrain-instance")

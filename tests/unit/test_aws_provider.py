@@ -23,7 +23,7 @@ def _spec(**kw) -> JobSpec:
     fields = dict(kind="command", backend="aws", command=["true"], instance_type="g5.xlarge",
                   region=REGION, max_runtime_s=3600.0, disk_gb=60)
     fields.update(kw)
-    return JobSpec(**fields)
+    return JobSpec.of(**fields)
 
 
 def _rows(spec: JobSpec, **settings) -> dict:

@@ -17,7 +17,7 @@ def _job():
 
 
 def _request(**spec_fields):
-    spec = JobSpec(kind="recipe", backend="aws", recipe="resnet9", instance_type="g5.xlarge",
+    spec = JobSpec.of(kind="recipe", backend="aws", recipe="resnet9", instance_type="g5.xlarge",
                    max_runtime_s=3600, **spec_fields)
     provider = AWSProvider(Settings(shutdown_command="sudo shutdown -h now"))
     return instances.run_request(provider.aws, _job(), spec, "subnet-1", "sg-1", "ami-1", "key-1",

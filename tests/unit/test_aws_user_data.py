@@ -34,7 +34,7 @@ def _job():
 
 
 def _spec(**fields):
-    return JobSpec(kind="command", backend="aws", command="true", instance_type="g5.xlarge",
+    return JobSpec.of(kind="command", backend="aws", command="true", instance_type="g5.xlarge",
                    max_runtime_s=3600, **fields)
 
 

@@ -237,19 +237,19 @@ def test_notes_on_a_cross_region_copy_and_links_that_die_with_a_session(monkeypa
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
     settings = config.Settings(region="us-east-1")
-    spec = JobSpec(kind="command", backend="aws", region="us-east-1", datasets=[
+    spec = JobSpec.of(kind="command", backend="aws", region="us-east-1", datasets=[
         {"name": "imagenet", "kind": "s3", "location": "s3://bkt/in", "dir": "imagenet"}],
         staging={"imagenet": {"kind": "shards", "bytes": 150 * 10**9, "region": "eu-west-1"}})
 
     def read():  # what preflight found: read with the credentials of the moment
-        return [datasets.Staged(spec.datasets[0], temporary=aws_datasets.temporary_credentials(
+        return [datasets.Staged(spec.data.datasets[0], temporary=aws_datasets.temporary_credentials(
             AWSProvider(settings).aws))]
 
     (note,) = datasets.notes(spec, settings, read())
     assert note == ("dataset imagenet: its bucket is in eu-west-1, the instance in us-east-1: "
                     "the copy crosses regions (slower, and about $3.00 of transfer for "
                     "150.0 GB)")
-    spec.staging["imagenet"]["region"] = "us-east-1"
+    spec.data.staging["imagenet"]["region"] = "us-east-1"
     assert datasets.notes(spec, settings, read()) == []
     monkeypatch.setenv("AWS_SESSION_TOKEN", "a-session")
     (note,) = datasets.notes(spec, settings, read())
@@ -263,10 +263,10 @@ def test_the_copy_gets_time_of_its_own_in_the_max_runtime():
 
     provider = SimpleNamespace(read_dataset=lambda spec, source: datasets.Staged(
         source, s3_datasets.Contents("shards", 10, 50 * 10**9, 50 * 10**9, "ab" * 32), "r"))
-    spec = JobSpec(kind="command", backend="aws", max_runtime_s=3600.0, datasets=[
+    spec = JobSpec.of(kind="command", backend="aws", max_runtime_s=3600.0, datasets=[
         {"name": "d", "kind": "s3", "location": "s3://bkt/d", "dir": "d"}])
     spec, _ = datasets.preflight(spec, config.Settings(), provider)
-    assert spec.staging_allowance_s == 600 + 500  # 10 min + 50 GB at 100 MB/s
+    assert spec.data.staging_allowance_s == 600 + 500  # 10 min + 50 GB at 100 MB/s
     assert spec.max_runtime_s == 3600 + 1100
     # read again (a dry run, then the launch)
     spec, _ = datasets.preflight(spec, config.Settings(), provider)
@@ -285,7 +285,7 @@ def _stored(size: int, largest: int = 256 << 20, manifest=None) -> SimpleNamespa
 
 
 def _staging_spec(minutes: float, backend: str = "aws") -> JobSpec:
-    return JobSpec(kind="command", backend=backend, max_runtime_s=minutes * 60, datasets=[
+    return JobSpec.of(kind="command", backend=backend, max_runtime_s=minutes * 60, datasets=[
         {"name": "d", "kind": "s3", "location": "s3://bkt/d", "dir": "d"}])
 
 
@@ -295,7 +295,7 @@ def test_f29_the_copy_s_allowance_keeps_the_max_runtime_within_the_week():
     provider = _stored(50 * 10**9)  # 10 min + 500 s at 100 MB/s: 1100 s
     spec = _staging_spec(config.WEEK_S / 60 - 10)
     spec, _ = datasets.preflight(spec, config.Settings(), provider)
-    assert spec.staging_allowance_s == 600  # capped: ten minutes were left of the week
+    assert spec.data.staging_allowance_s == 600  # capped: ten minutes were left of the week
     assert spec.max_runtime_s == config.WEEK_S
     assert datasets.staging_line(spec).endswith(
         "; max runtime +10 min for it (the one-week limit: the copy may take up to 18 min, "
@@ -305,7 +305,7 @@ def test_f29_the_copy_s_allowance_keeps_the_max_runtime_within_the_week():
     assert spec.max_runtime_s == config.WEEK_S
     full = _staging_spec(config.WEEK_S / 60)
     full, _ = datasets.preflight(full, config.Settings(), provider)
-    assert full.max_runtime_s == config.WEEK_S and full.staging_allowance_s == 0
+    assert full.max_runtime_s == config.WEEK_S and full.data.staging_allowance_s == 0
 
 
 def test_f29_data_that_cannot_be_copied_within_the_week_is_refused():
@@ -329,7 +329,7 @@ def test_f29_a_root_volume_past_gp3_s_64_tib_is_refused():
                                  "past gp3's largest (65,536 GiB)")
     provider = _stored(60 * 10**12, largest=5 << 30)  # 63,000 + 100 + 10 x 5.4 GB fits
     spec, _ = datasets.preflight(spec, config.Settings(), provider)
-    assert spec.disk_gb == datasets.disk_needed(60 * 10**12, 5 << 30) <= config.GP3_MAX_GB
+    assert spec.placement.disk_gb == datasets.disk_needed(60 * 10**12, 5 << 30) <= config.GP3_MAX_GB
 
 
 def test_f29_the_shards_in_flight_are_the_largest_stored_and_no_more_than_there_are():
@@ -342,7 +342,7 @@ def test_f29_the_shards_in_flight_are_the_largest_stored_and_no_more_than_there_
     provider = _stored(2 * 10**9, largest=10**9, manifest=two)
     spec = _staging_spec(60)
     spec, _ = datasets.preflight(spec, config.Settings(), provider)
-    assert spec.disk_gb == datasets.disk_needed(2 * 10**9, 10**9, in_flight=2) == 105
+    assert spec.placement.disk_gb == datasets.disk_needed(2 * 10**9, 10**9, in_flight=2) == 105
 
 
 def test_a_recipe_pointed_at_a_copy_on_the_host_stages_nothing():
@@ -364,7 +364,7 @@ def test_u41_a_tree_without_the_variant_s_folders_is_refused_before_launch(tmp_p
     flags = datasources.parse_data_flags((f"imagenet={tree}",))
     spec = _spec(variant="tiny")
     spec = dataclasses.replace(spec, backend="local")
-    spec = dataclasses.replace(spec, datasets=_resolve(spec, settings, flags))
+    spec = spec.changed(datasets=_resolve(spec, settings, flags))
     with pytest.raises(datasets.MissingFolders) as err:
         datasets.preflight(spec, settings, provider=None)
     assert err.value.message == (
@@ -375,7 +375,7 @@ def test_u41_a_tree_without_the_variant_s_folders_is_refused_before_launch(tmp_p
     # dawn-1x8 reads sz/160, which is there: no refusal
     dawn = _spec(variant="dawn-1x8")
     dawn = dataclasses.replace(dawn, backend="local")
-    dawn = dataclasses.replace(dawn, datasets=_resolve(dawn, settings, flags))
+    dawn = dawn.changed(datasets=_resolve(dawn, settings, flags))
     dawn, _ = datasets.preflight(dawn, settings, provider=None)
     # the hint's command, as `data prepare` runs it, makes what was missing
     from cloudtrain import dataprep
@@ -405,7 +405,7 @@ def test_u41_an_s3_dataset_is_checked_by_its_manifest_s_folders_or_its_objects()
     settings = config.Settings()
     flags = datasources.parse_data_flags(("imagenet=s3://bkt/imagenet",))
     spec = _spec(variant="tiny")
-    spec = dataclasses.replace(spec, datasets=_resolve(spec, settings, flags))
+    spec = spec.changed(datasets=_resolve(spec, settings, flags))
     listed = shards.Manifest.build(2048, [entry], prepared)
     with pytest.raises(datasets.MissingFolders) as err:
         datasets.preflight(spec, settings, provider(listed))
@@ -416,7 +416,7 @@ def test_u41_an_s3_dataset_is_checked_by_its_manifest_s_folders_or_its_objects()
                for p in ("train/n1/a.JPEG", "val/n1/b.JPEG")]
     with pytest.raises(datasets.MissingFolders, match="has no sz/40/train"):
         datasets.preflight(spec, settings, provider(objects=objects))
-    spec = dataclasses.replace(spec, datasets=_resolve(spec, settings, flags))
+    spec = spec.changed(datasets=_resolve(spec, settings, flags))
     spec, found = datasets.preflight(spec, settings,
                                      provider(shards.Manifest.build(2048, [entry])))
     assert datasets.notes(spec, settings, found) == [
@@ -424,13 +424,13 @@ def test_u41_an_s3_dataset_is_checked_by_its_manifest_s_folders_or_its_objects()
         "whether it has what the job reads is found out on the instance; `cloudtrain data "
         "push DIR s3://bkt/imagenet` again lists them"]
     machines4 = _spec(variant="machines-4")
-    machines4 = dataclasses.replace(machines4, datasets=_resolve(machines4, settings, flags))
+    machines4 = machines4.changed(datasets=_resolve(machines4, settings, flags))
     # sz/160 and sz/352: all there
     machines4, _ = datasets.preflight(machines4, settings, provider(listed))
     # a dataset with nothing but sz/40 lacks the full-size folders: any prepare makes those
     only40 = shards.Manifest.build(2048, [entry], shards.folders_of(
         ["sz/40/train/n/a", "sz/40/val/n/a", "sz/88/train/n/a", "sz/88/val/n/a"]))
-    spec = dataclasses.replace(spec, datasets=_resolve(spec, settings, flags))
+    spec = spec.changed(datasets=_resolve(spec, settings, flags))
     with pytest.raises(datasets.MissingFolders) as err:
         datasets.preflight(spec, settings, provider(only40))
     assert "has no train, val, which" in err.value.message

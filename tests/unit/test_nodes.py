@@ -147,7 +147,7 @@ def test_each_runs_every_node_and_names_the_first_that_failed():
 def test_the_data_copy_is_said_per_node():
     from cloudtrain import datasets
 
-    spec = JobSpec(kind="recipe", backend="aws", recipe="imagenet", nodes=4,
+    spec = JobSpec.of(kind="recipe", backend="aws", recipe="imagenet", nodes=4,
                    datasets=[{"name": "imagenet", "kind": "shards",
                               "location": "s3://b/imagenet"}],
                    staging={"imagenet": {"bytes": 150 * 10 ** 9, "files": 1000,

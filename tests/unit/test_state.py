@@ -131,8 +131,8 @@ def test_a_job_stored_by_the_previous_version_loads_with_its_facts_found_in_its_
         json.dumps(OLD_SPEC))
     with Store(path) as store:
         job = store.job("abcd1234")
-        assert isinstance(job.spec, JobSpec) and job.spec.market is Market.SPOT
-        assert (job.spec.command, job.spec.envs, job.spec.recover, job.spec.keep) == (
+        assert isinstance(job.spec, JobSpec) and job.spec.placement.market is Market.SPOT
+        assert (job.spec.command, job.spec.envs, job.spec.recovery.recover, job.spec.keep) == (
             ["python", "train.py"], {"SEED": "1"}, True, False)
         assert job.facts == JobFacts(attempt=1, store_owner="AIDAEXAMPLE",
                                      auto_scaling_group="cloudtrain-abcd1234",

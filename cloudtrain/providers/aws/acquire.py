@@ -17,8 +17,9 @@ from .session import AwsSession
 
 
 def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SILENT) -> SSHHost:
+    place = spec.placement
     region = aws.region(spec)
-    boot = bootstrap.bootstrap(aws, region, spec.ami)
+    boot = bootstrap.bootstrap(aws, region, place.ami)
     # A relaunch whose supervisor was killed after RunInstances goes on with that instance.
     found = instances.attempt_instance(aws, store, job, region, job.facts.attempt) \
         if job.facts.attempt > 1 else None
@@ -32,7 +33,7 @@ def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SI
             instance = instances.run_instance(aws, store, job, spec, region, boot, report)
         except StaleCache:
             RegionCache(aws.settings.aws_profile, region).clear()
-            boot = bootstrap.bootstrap(aws, region, spec.ami, cached=False)
+            boot = bootstrap.bootstrap(aws, region, place.ami, cached=False)
             instance = instances.run_instance(aws, store, job, spec, region, boot, report)
     key_path = boot["key_path"]
     address = booting.wait_running(aws, region, instance, report)
@@ -42,7 +43,7 @@ def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SI
     endpoint = Endpoint(address, aws.settings.ssh_port, aws.settings.ssh_user, str(key_path))
     host = booting.wait_ssh(aws, region, instance, endpoint, report)
     report.phase(f"checking {instance}'s host key against its console output")
-    verified = booting.check_host_key(aws, store, job, region, instance, host, spec.instance_type,
+    verified = booting.check_host_key(aws, store, job, region, instance, host, place.instance_type,
                                        report)
     home = host.home()  # the first command, only now that the key is settled
     store.update_instance(instance, state="running", details=json.dumps(

@@ -25,8 +25,8 @@ class AwsAccount:
     def region(self, spec=None) -> str:
         return self.aws.region(spec)
 
-    def region_and_source(self, spec=None) -> tuple[str, str]:
-        return self.aws.region_and_source(spec)
+    def region_and_source(self, asked: str | None = None) -> tuple[str, str]:
+        return self.aws.region_and_source(asked)
 
     def profile(self) -> str:
         return account.profile(self.aws)

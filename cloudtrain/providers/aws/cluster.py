@@ -53,16 +53,16 @@ class NodeLost(AWSError):
 
 def efa_interfaces(aws: AwsSession, spec, region: str | None = None) -> int:
     """EFA interfaces the type supports (0: none); EC2's answer where it can be asked."""
-    if spec.nodes < 2 or not spec.instance_type:
+    if spec.nodes < 2 or not spec.placement.instance_type:
         return 0
-    known = EFA_INTERFACES.get(spec.instance_type)
+    known = EFA_INTERFACES.get(spec.placement.instance_type)
     if known is not None or region is None:
         return known or 0
     try:
         if aws.credentials(region) is None:
             return 0
         found = aws.call(region, "describe_instance_types",
-                         InstanceTypes=[spec.instance_type])["InstanceTypes"]
+                         InstanceTypes=[spec.placement.instance_type])["InstanceTypes"]
     except CloudtrainError:
         return 0
     info = (found[0].get("NetworkInfo") or {}) if found else {}
@@ -78,7 +78,7 @@ def efa_plan(aws: AwsSession, spec, region: str | None = None) -> dict | None:
     if not most:
         return None
     used = most if aws.settings.connect == "private" else 1
-    family = spec.instance_type.split(".")[0]
+    family = spec.placement.instance_type.split(".")[0]
     why = "" if used == most else (
         f"1 of {most} EFA interfaces: an instance with a public address gets one network "
         f"interface at launch (set `connect: private` for all {most})")
@@ -144,8 +144,9 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
     """spec.nodes instances, all in one AZ and placement group, reached over SSH with
     verified host keys, in node order (EC2's launch index). Never a part of a cluster:
     what did come up is terminated before the next AZ is tried."""
+    place = spec.placement
     region = aws.region(spec)
-    boot = bootstrap.bootstrap(aws, region, spec.ami)
+    boot = bootstrap.bootstrap(aws, region, place.ami)
     n = spec.nodes
     placement.delete_placement_groups(aws, region, owner=boot["owner"])  # earlier jobs' empty ones
     efa = efa_plan(aws, spec, region)
@@ -166,7 +167,7 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
             from .cache import RegionCache
 
             RegionCache(aws.settings.aws_profile, region).clear()
-            boot = bootstrap.bootstrap(aws, region, spec.ami, cached=False)
+            boot = bootstrap.bootstrap(aws, region, place.ami, cached=False)
             ids = run_cluster(aws, store, job, spec, region, boot, efa, report)
     addresses, privates = _wait_cluster(aws, region, ids, report)
     zones = {i.id: i.zone for i in store.instances(job.id)}
@@ -186,7 +187,7 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
         host = booting.wait_ssh(aws, region, ids[i], endpoint)
         with Store(store.path) as mine:  # a connection of this thread's own
             verified = booting.check_host_key(aws, mine, job, region, ids[i], host,
-                                               spec.instance_type, Reporter(warnings.append))
+                                               place.instance_type, Reporter(warnings.append))
             host.home()
             host.peer_address = privates[i]
             mine.update_instance(ids[i], state="running", details=json.dumps(
@@ -211,6 +212,7 @@ def run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot
                  efa: dict | None, report: Reporter) -> list[str]:
     """One RunInstances of spec.nodes instances per AZ, in AZ order, until one AZ gives
     all of them and none dies before it runs; their ids in launch order."""
+    place = spec.placement
     zones = instances.relaunch_order(aws, boot["zones"], spec, region, job.facts)
     disk = spec.root_gb(aws.settings)
     attempts: list[Attempt] = []
@@ -230,7 +232,7 @@ def run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot
             request["NetworkInterfaces"] = network_interfaces(aws, spec, subnet, groups, efa)
         attempt = job.facts.attempt
         token = f"{job.id}-n{n}-{k}" if attempt == 1 else f"{job.id}-a{attempt}-n{n}-{k}"
-        report.phase(f"requesting {n} {spec.market} {spec.instance_type} in {zone}, "
+        report.phase(f"requesting {n} {place.market} {place.instance_type} in {zone}, "
                      f"placement group {group}"
                      + (f" ({attempts[-1].zone}: {attempts[-1].error.split(':')[0]})"
                         if attempts and attempts[-1].error else ""))
@@ -246,7 +248,7 @@ def run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot
                 continue
             if exc.code in QUOTA_ERRORS:
                 raise AWSPlacementError(
-                    f"{n} x {spec.instance_type} ({spec.market}) in {region}: {exc.code}: "
+                    f"{n} x {place.instance_type} ({place.market}) in {region}: {exc.code}: "
                     f"{exc.aws_message}",
                     hint=f"{n} nodes need {n} times the vCPU quota of one: ask AWS for "
                          "more (Service Quotas), or use fewer --nodes") from exc
@@ -271,7 +273,7 @@ def run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot
         return ids
     tried = "; ".join(f"{a.zone}: {a.error}" for a in attempts)
     raise AWSPlacementError(
-        f"no capacity for {n} x {spec.instance_type} ({spec.market}) in one AZ of {region}, "
+        f"no capacity for {n} x {place.instance_type} ({place.market}) in one AZ of {region}, "
         f"every AZ tried (nothing is left running): {tried}",
         hint="try later, fewer --nodes, --on-demand / --spot, or another --region")
 
@@ -281,22 +283,23 @@ def _record_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, 
     """The instances one RunInstances started, recorded before any waiting (every path
     ends them), each with its node rank in launch order; their ids. `where`: the zone,
     subnet, placement group, disk, bootstrap, attempt, EFA and the AZs tried before."""
+    place = spec.placement
     raws = sorted(raws, key=lambda r: r.get("AmiLaunchIndex", 0))
     ids = [r["InstanceId"] for r in raws]
     boot, efa = where["boot"], where["efa"]
-    known = catalog.get(spec.instance_type)
+    known = catalog.get(place.instance_type)
     price = known.price(region, "on-demand") if known else None
     for i, raw in enumerate(raws):
         store.add_instance(Instance(
             id=raw["InstanceId"], job_id=job.id, provider=aws.name, region=region,
-            zone=where["zone"], instance_type=spec.instance_type, market=spec.market,
+            zone=where["zone"], instance_type=place.instance_type, market=place.market,
             state="requested",
             launched_at=raw["LaunchTime"].timestamp() if raw.get("LaunchTime")
             else time.time(), terminated_at=None,
-            price_per_hour=price if spec.market == Market.ON_DEMAND else None,
+            price_per_hour=price if place.market == Market.ON_DEMAND else None,
             details={"subnet": where["subnet"], "ami": boot["ami"],
                      "key_name": boot["key_name"], "group": boot["group"],
-                     "disk_gb": where["disk"], "disk_mbps": spec.disk_mbps, "node": i,
+                     "disk_gb": where["disk"], "disk_mbps": spec.data.disk_mbps, "node": i,
                      "attempt": where["attempt"], "placement_group": where["group"],
                      "efa_interfaces": efa["used"] if efa else 0,
                      "attempts": [a.__dict__ for a in where["attempts"]]}))

@@ -425,7 +425,7 @@ def read_dataset(aws: AwsSession, spec, source: dict) -> Staged:
     if source["kind"] == "snapshot":
         return Staged(source, None, snapshot_gb=volumes.snapshot_size(aws, spec, source["location"]))
     bucket, prefix = parse_s3_url(source["location"])
-    region = spec.region if spec.backend == "aws" and spec.region else None
+    region = spec.placement.region if spec.backend == "aws" and spec.placement.region else None
     s3, region, endpoint = _dataset_client(aws, region)
     with aws_errors(region, "s3"):
         where = _bucket_region(s3, bucket) or region

@@ -27,6 +27,7 @@ import shlex
 import tarfile
 import time
 
+from ...job_spec import JobSpec
 from ...market import Market
 from ...host import job_records
 from ...hosts import HOST_PACKAGE, host_files
@@ -110,15 +111,15 @@ def instance_home(user: str) -> str:
     return "/root" if user == "root" else f"/home/{user}"
 
 
-def group_recovery(aws: AwsSession, spec) -> str | None:
+def group_recovery(aws: AwsSession, spec: JobSpec) -> str | None:
     """None where AWS Auto Scaling relaunches this job; else why the supervisor on this
     machine does, or what would let AWS do it (said in the plan)."""
-    if not getattr(spec, "recover", False) or spec.market != Market.SPOT:
+    if not spec.recovery.recover or spec.placement.market != Market.SPOT:
         return "not a recovering spot job"
-    if spec.nodes > 1 and EFA_INTERFACES.get(spec.instance_type):
-        return (f"AWS Auto Scaling cannot: {spec.instance_type} has EFA, and the group's "
+    if spec.nodes > 1 and EFA_INTERFACES.get(spec.placement.instance_type or ""):
+        return (f"AWS Auto Scaling cannot: {spec.placement.instance_type} has EFA, and the group's "
                 "launch template does not give its instances EFA interfaces yet")
-    if spec.fallback == Market.ON_DEMAND or aws.settings.regions:
+    if spec.recovery.fallback == Market.ON_DEMAND or aws.settings.regions:
         return ("AWS Auto Scaling cannot follow --fallback on-demand or more regions "
                 "(regions: in config.yaml): it relaunches in the job's region and market "
                 "only")
@@ -151,7 +152,7 @@ def check_group_jobdir(aws: AwsSession, job: Job, host, instance: str, home: str
 
 def _store_place(aws: AwsSession, store: Store, job: Job, spec) -> tuple[str, str, str]:
     """(region, bucket, job prefix) of the job's job store, made ready."""
-    region = job.facts.store_region or spec.region or aws.region_of(job)
+    region = job.facts.store_region or spec.placement.region or aws.region_of(job)
     _, bucket, _ = results.job_store_client(aws, region)
     owner_key = results.job_store_owner(aws, store, job, record=True, region=region)
     ready = ("job-store-ready", region, owner_key)  # one check a launch, not one a call
@@ -225,6 +226,7 @@ def _group_instances(aws: AwsSession, store: Store, job: Job, spec, region: str,
                      ) -> list[str]:
     """The group's first instances, one per node (in instance-id order: node 0 first),
     recorded (the job's instances from now on)."""
+    place = spec.placement
     deadline = time.monotonic() + GROUP_START_WAIT_S
     while True:
         _, ids = groups.group_members(aws, region, name)
@@ -244,12 +246,12 @@ def _group_instances(aws: AwsSession, store: Store, job: Job, spec, region: str,
         launched = inst.get("LaunchTime")
         store.add_instance(Instance(
             id=instance_id, job_id=job.id, provider=aws.name, region=region, zone=zone,
-            instance_type=spec.instance_type, market=spec.market, state="requested",
+            instance_type=place.instance_type, market=place.market, state="requested",
             launched_at=launched.timestamp() if launched else time.time(),
             terminated_at=None, price_per_hour=None,
             details={"subnet": inst.get("SubnetId"), "ami": inst.get("ImageId"),
                      "key_name": inst.get("KeyName"), "auto_scaling_group": name,
-                     "disk_gb": spec.root_gb(aws.settings), "disk_mbps": spec.disk_mbps,
+                     "disk_gb": spec.root_gb(aws.settings), "disk_mbps": spec.data.disk_mbps,
                      **({"node": node} if spec.nodes > 1 else {})}))
         store.add_event(job.id, "instance", detail=f"{instance_id} in {zone} "
                         f"(Auto Scaling group {name}" +
@@ -266,7 +268,7 @@ def group_settings(aws: AwsSession, store: Store, job: Job, spec) -> dict:
     store_region, bucket, prefix = _store_place(aws, store, job, spec)
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     return {"auto_scaling": {"group": group_name(job.id), "region": aws.region(spec),
-                             "endpoint": endpoint, "max_restarts": spec.max_restarts,
+                             "endpoint": endpoint, "max_restarts": spec.recovery.max_restarts,
                              "prefix": prefix, "bucket": bucket,
                              "store_region": store_region, "nodes": spec.nodes,
                              "timing": regroup_timing(aws.settings)}}
@@ -286,7 +288,7 @@ def record_attempt(aws: AwsSession, store: Store, job: Job, spec, n: int, instan
     store_region, _, _ = _store_place(aws, store, job, spec)
     inst = next((i for i in store.instances(job.id) if i.id == instance_id), None)
     doc = job_records.attempt_doc(n, {"instance": instance_id, "zone": inst and inst.zone,
-                                      "type": spec.instance_type, "lifecycle": "spot"},
+                                      "type": spec.placement.instance_type, "lifecycle": "spot"},
                                   by="launch")
     _store_put(aws, store, job, store_region, job_records.attempt_key("", n),
                json.dumps(doc).encode())
@@ -298,7 +300,7 @@ def group_record(aws: AwsSession, store: Store, job: Job) -> dict:
     each got and the job's end (final.json), each checked as untrusted input
     (jobstore_attempts.records): {"attempts": [doc, ...] by n, "reached": {n: step},
     "final": doc or None, "group": its size (group_size)}."""
-    region = job.facts.store_region or job.spec.region or aws.region_of(job)
+    region = job.facts.store_region or job.spec.placement.region or aws.region_of(job)
     s3, bucket, account = results.job_store_client(aws, region)
     prefix = jobstore.job_prefix(job.id, owner_key=results.job_store_owner(aws, store, job))
     with aws_errors(region, "s3"):
@@ -320,7 +322,7 @@ def follow_replacement(aws: AwsSession, store: Store, job: Job, instance_id: str
     host = booting.wait_ssh(aws, region, instance_id, endpoint)
     try:
         verified = booting.check_host_key(aws, store, job, region, instance_id, host,
-                                           job.spec.instance_type)
+                                           job.spec.placement.instance_type)
     finally:
         host.close()
     store.update_instance(instance_id, details=json.dumps(
@@ -342,7 +344,7 @@ def follow_nodes(aws: AwsSession, store: Store, job: Job) -> dict | None:
     if not recs or not record["attempts"]:
         return None
     n = record["attempts"][-1]["attempt"]
-    region = job.facts.store_region or job.spec.region or aws.region_of(job)
+    region = job.facts.store_region or job.spec.placement.region or aws.region_of(job)
     s3, bucket, account = results.job_store_client(aws, region)
     prefix = jobstore.job_prefix(job.id, owner_key=results.job_store_owner(aws, store, job))
     with aws_errors(region, "s3"):

@@ -78,7 +78,7 @@ def create_launch_template(aws: AwsSession, region: str, job: Job, spec, user_da
     user-data, and instance-metadata tags on, so an instance can read its own job id.
     No market options: a mixed-instances group refuses a template that asks for spot
     (the group's InstancesDistribution does). Returns its id."""
-    boot = bootstrap.bootstrap(aws, region, spec.ami)
+    boot = bootstrap.bootstrap(aws, region, spec.placement.ami)
     request = instances.run_request(aws, job, spec, "", boot["group"], boot["ami"], boot["key_name"],
                                     boot["owner"], spec.root_gb(aws.settings),
                                     boot["root_device"])
@@ -126,7 +126,7 @@ def create_job_group(aws: AwsSession, store: Store, job: Job, spec, user_data: s
     On any failure nothing is left: the group (if made) and the template are deleted,
     then the error is raised. Safe to run again: an existing group is kept."""
     region = aws.region(spec)
-    boot = bootstrap.bootstrap(aws, region, spec.ami)
+    boot = bootstrap.bootstrap(aws, region, spec.placement.ami)
     zones = group_zones(aws, region, boot["zones"], spec)
     name = group_name(job.id)
     store.add_event(job.id, GROUP_EVENT, detail=f"{name} in {region}")
@@ -180,18 +180,19 @@ def group_zones(aws: AwsSession, region: str, zones: list[tuple], spec) -> list[
     that offer the type, in launch's order (the catalog's cheapest spot AZ first); the
     first only for a job on several nodes. All of them when EC2 cannot be asked which AZs
     offer it: the group then skips an AZ without the type by itself."""
+    place = spec.placement
     try:
         offered = {o["Location"] for o in aws.call(
             region, "describe_instance_type_offerings", LocationType="availability-zone",
-            Filters=[{"Name": "instance-type", "Values": [spec.instance_type]}]
+            Filters=[{"Name": "instance-type", "Values": [place.instance_type]}]
         )["InstanceTypeOfferings"]}
     except AWSError:
         offered = set()
-    usable = network.order_zones(zones, spec.instance_type, region, spec.market)
+    usable = network.order_zones(zones, place.instance_type, region, place.market)
     if offered:
         usable = [z for z in usable if z[0] in offered]
         if not usable:
-            raise AWSError(f"{spec.instance_type} is offered in no AZ of {region} that the "
+            raise AWSError(f"{place.instance_type} is offered in no AZ of {region} that the "
                            "subnets cover", hint="cloudtrain catalog lists types and regions")
     return usable[:1] if spec.nodes > 1 else usable
 
@@ -199,16 +200,16 @@ def group_zones(aws: AwsSession, region: str, zones: list[tuple], spec) -> list[
 def group_types(spec) -> list[str]:
     """The instance types the group may launch: the job's own (one GPU model, the
     processes per node the job was planned for)."""
-    return [spec.instance_type]
+    return [spec.placement.instance_type]
 
 
 def _distribution(spec) -> dict:
-    spot = spec.market == Market.SPOT
+    spot = spec.placement.market == Market.SPOT
     out = {"OnDemandBaseCapacity": 0,
            "OnDemandPercentageAboveBaseCapacity": 0 if spot else 100,
            "SpotAllocationStrategy": SPOT_STRATEGY}
-    if spot and spec.max_price is not None:
-        out["SpotMaxPrice"] = f"{spec.max_price:.4f}"
+    if spot and spec.placement.max_price is not None:
+        out["SpotMaxPrice"] = f"{spec.placement.max_price:.4f}"
     return out
 
 

@@ -44,7 +44,7 @@ def gpus(spec, host: SSHHost) -> int:
     """The instance type's GPU count (what is paid for), not what the driver shows now:
     a driver still loading must not quietly turn an 8-GPU job into one process. A type
     the catalog does not know (or `--on` a kept instance): ask the host."""
-    t = catalog.get(spec.instance_type) if spec.instance_type else None
+    t = catalog.get(spec.placement.instance_type) if spec.placement.instance_type else None
     return int(t.gpus) if t is not None else host.gpu_count()
 
 
@@ -73,7 +73,7 @@ def agent_settings(aws: AwsSession, spec) -> dict:
         "argv": ["sudo", "-n", REARM_PATH],
         "start_minutes": power_off_minutes(spec.max_runtime_s),
         "idle_minutes": idle_minutes(aws, spec) if spec.keep else None}}
-    if spec.market == Market.SPOT:
+    if spec.placement.market == Market.SPOT:
         settings["imds_url"] = aws.settings.imds_url
         settings["spot_poll_s"] = aws.settings.spot_poll_seconds
     return settings

@@ -16,11 +16,11 @@ def preflight(aws: AwsSession, spec):
     options, the region, and the instance type (exists, offered in the region, runs the
     AMI's architecture, has a GPU unless --cpu-only). Returns the type's facts (None for
     --on, which reuses a kept job's instance: jobs checks that one)."""
-    if not spec.instance_type and not spec.on_job:  # --on: the kept job's instance
+    if not spec.placement.instance_type and not spec.on_job:  # --on: the kept job's instance
         raise UsageError("which instance? pass --instance (e.g. g5.xlarge)")
-    if spec.market not in tuple(Market):
-        raise UsageError(f"market must be on-demand or spot, not {spec.market!r}")
-    if spec.max_price is not None and spec.market != Market.SPOT:
+    if spec.placement.market not in tuple(Market):
+        raise UsageError(f"market must be on-demand or spot, not {spec.placement.market!r}")
+    if spec.placement.max_price is not None and spec.placement.market != Market.SPOT:
         raise UsageError("--max-price applies to --spot")
     if spec.on_job:
         return None
@@ -43,8 +43,9 @@ def check_type(aws: AwsSession, spec, region: str) -> type_checks.TypeFacts:
     """preflight.instance_type with EC2's answers where the bundled catalog has none and
     there are credentials to ask with (DescribeInstanceTypes, ...TypeOfferings, the
     --ami's architecture)."""
+    place = spec.placement
     describe = offered = None
-    ami_arch = None if spec.ami else catalog.DEFAULT_ARCH
+    ami_arch = None if place.ami else catalog.DEFAULT_ARCH
     try:
         credentials = aws.credentials(region)
     except CloudtrainError:
@@ -52,10 +53,10 @@ def check_type(aws: AwsSession, spec, region: str) -> type_checks.TypeFacts:
     if credentials is not None:
         describe = lambda name: describe_type(aws, region, name)  # noqa: E731
         offered = lambda name: type_offered(aws, region, name)  # noqa: E731
-        if spec.ami:
-            ami_arch = ami_architecture(aws, region, spec.ami)
+        if place.ami:
+            ami_arch = ami_architecture(aws, region, place.ami)
     try:
-        return type_checks.instance_type(spec.instance_type, region, cpu_ok=spec.cpu_only,
+        return type_checks.instance_type(place.instance_type, region, cpu_ok=place.cpu_only,
                                        ami_arch=ami_arch, describe=describe,
                                        offered=offered)
     except UsageError as exc:  # a job file's `instance:` is named where it is

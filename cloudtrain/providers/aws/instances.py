@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ... import catalog
 from ...errors import CloudtrainError
+from ...job_spec import JobSpec
 from ...market import Market
 from ...progress import SILENT, Reporter
 from ...state import Instance, Job, Store
@@ -76,12 +77,12 @@ def user_data(aws: AwsSession, job: Job, spec, boot_script: str = "") -> str:
             .replace("@@BOOT_SCRIPT@@", boot_script))
 
 
-def _performance(spec) -> dict:
+def _performance(spec: JobSpec) -> dict:
     """Provisioned gp3 throughput for a job that copies its datasets onto the disk
-    (datasets.preflight sets spec.disk_mbps); the volume's own 125 MB/s otherwise."""
+    (datasets.preflight sets spec.data.disk_mbps); the volume's own 125 MB/s otherwise."""
     from ...cost import GP3_BASE_MBPS, gp3_iops_for
 
-    mbps = int(getattr(spec, "disk_mbps", 0) or 0)
+    mbps = int(spec.data.disk_mbps or 0)
     return {"Throughput": mbps, "Iops": gp3_iops_for(mbps)} if mbps > GP3_BASE_MBPS else {}
 
 
@@ -89,7 +90,7 @@ def run_request(aws: AwsSession, job: Job, spec, subnet: str, group: str, ami: s
                 owner: str, disk_gb: int, root_device: str) -> dict:
     tags = job_tags(job, spec, owner)
     request = dict(
-        ImageId=ami, InstanceType=spec.instance_type, MinCount=1, MaxCount=1,
+        ImageId=ami, InstanceType=spec.placement.instance_type, MinCount=1, MaxCount=1,
         KeyName=key_name, SubnetId=subnet, SecurityGroupIds=[group],
         InstanceInitiatedShutdownBehavior="terminate",
         MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled",
@@ -105,10 +106,10 @@ def run_request(aws: AwsSession, job: Job, spec, subnet: str, group: str, ami: s
     )
     if aws.settings.instance_profile:
         request["IamInstanceProfile"] = {"Name": aws.settings.instance_profile}
-    if spec.market == Market.SPOT:
+    if spec.placement.market == Market.SPOT:
         options = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
-        if spec.max_price is not None:
-            options["MaxPrice"] = f"{spec.max_price:.4f}"
+        if spec.placement.max_price is not None:
+            options["MaxPrice"] = f"{spec.placement.max_price:.4f}"
         request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
         # Only a spot launch creates a spot request; EC2 rejects this resource type
         # otherwise.
@@ -118,6 +119,7 @@ def run_request(aws: AwsSession, job: Job, spec, subnet: str, group: str, ami: s
 
 
 def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: Reporter = SILENT) -> str:
+    place = spec.placement
     zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
                                           boot["key_name"], boot["owner"])
     zones = relaunch_order(aws, zones, spec, region, job.facts)
@@ -129,7 +131,7 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
                               root_device)
         attempt = job.facts.attempt
         token = f"{job.id}-{n}" if attempt == 1 else f"{job.id}-a{attempt}-{n}"
-        report.phase(f"requesting {spec.market} {spec.instance_type} in {zone}"
+        report.phase(f"requesting {place.market} {place.instance_type} in {zone}"
                      + (f" ({attempts[-1].zone}: no capacity)" if attempts else ""))
         try:
             # ClientToken: a retried request can never start a second instance.
@@ -143,14 +145,14 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
                 continue
             tried = ", ".join(a.zone for a in attempts + [Attempt(zone, subnet, code)])
             if code in QUOTA_ERRORS:
-                raise AWSPlacementError(f"{spec.instance_type} ({spec.market}) in {region}: {code}: "
-                               f"{exc.aws_message} (AZs tried: {tried})",
+                raise AWSPlacementError(f"{place.instance_type} ({place.market}) in {region}: "
+                               f"{code}: {exc.aws_message} (AZs tried: {tried})",
                                hint="ask AWS for a higher quota (Service Quotas console: "
                                     "'Running On-Demand G and VT instances' / 'All G and VT "
                                     "Spot Instance Requests'), or use a smaller instance") from exc
             if code in ("InvalidParameterValue", "InvalidInstanceType") and \
-                    spec.instance_type in exc.aws_message:
-                raise AWSError(f"{spec.instance_type} is not offered in {region}: "
+                    place.instance_type in exc.aws_message:
+                raise AWSError(f"{place.instance_type} is not offered in {region}: "
                                f"{exc.aws_message}", hint="cloudtrain catalog lists types and "
                                                           "regions") from exc
             if code and not exc.hint:
@@ -159,23 +161,23 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
             raise  # permissions, credentials, unreachable: already said in words
         raw = response["Instances"][0]
         instance_id = raw["InstanceId"]
-        known = catalog.get(spec.instance_type)
+        known = catalog.get(place.instance_type)
         price = known.price(region, "on-demand") if known else None
         # Recorded before any waiting: from here on, every failure path can terminate it.
         store.add_instance(Instance(
             id=instance_id, job_id=job.id, provider=aws.name, region=region, zone=zone,
-            instance_type=spec.instance_type, market=spec.market, state="requested",
+            instance_type=place.instance_type, market=place.market, state="requested",
             launched_at=raw["LaunchTime"].timestamp() if raw.get("LaunchTime") else time.time(),
-            terminated_at=None, price_per_hour=price if spec.market == Market.ON_DEMAND else None,
+            terminated_at=None, price_per_hour=price if place.market == Market.ON_DEMAND else None,
             details={"subnet": subnet, "ami": ami, "key_name": key_name, "group": group,
-                     "disk_gb": disk, "disk_mbps": spec.disk_mbps,
+                     "disk_gb": disk, "disk_mbps": spec.data.disk_mbps,
                      "attempts": [a.__dict__ for a in attempts]}))
         store.add_event(job.id, "instance", detail=f"{instance_id} in {zone}")
         return instance_id
     tried = "; ".join(f"{a.zone}: {a.error}" for a in attempts)
-    what = f"{spec.instance_type} ({spec.market})"
+    what = f"{place.instance_type} ({place.market})"
     hint = ("try --spot / --on-demand, another --instance or --region, or later"
-            if spec.market == Market.ON_DEMAND else
+            if place.market == Market.ON_DEMAND else
             "try --on-demand, a higher --max-price, another --instance or --region")
     raise AWSPlacementError(f"no capacity for {what} in {region}, every AZ tried: {tried}",
                             hint=hint)
@@ -203,11 +205,12 @@ def relaunch_order(aws: AwsSession, zones: list[tuple], spec, region: str,
     """The AZs in the order a launch tries them: the catalog's cheapest spot AZ first (the
     first launch); a relaunch asks EC2 for the spot prices now, and the AZs that were
     just interrupted (facts.avoid_zones) come last."""
-    ordered = network.order_zones(zones, spec.instance_type, region, spec.market)
-    if facts.attempt > 1 and spec.market == Market.SPOT:
+    place = spec.placement
+    ordered = network.order_zones(zones, place.instance_type, region, place.market)
+    if facts.attempt > 1 and place.market == Market.SPOT:
         try:
-            now = pricing.current_spot_prices(aws, region, [spec.instance_type]).get(
-                spec.instance_type) or {}
+            now = pricing.current_spot_prices(aws, region, [place.instance_type]).get(
+                place.instance_type) or {}
         except CloudtrainError:  # no permission for the price history: the snapshot's order
             now = {}
         if now:

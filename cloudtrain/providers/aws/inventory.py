@@ -58,8 +58,8 @@ def instance_states(aws: AwsSession, store: Store, job: Job) -> dict[str, dict]:
     out = {}
     recorded = store.instances(job.id)
     regions = {i.region for i in recorded if i.region}
-    if job.facts.auto_scaling_group and job.spec.region:
-        regions.add(job.spec.region)  # where its group's replacements are
+    if job.facts.auto_scaling_group and job.spec.placement.region:
+        regions.add(job.spec.placement.region)  # where its group's replacements are
     for region in regions:
         found = ec2.query_tagged(aws, region, {TAG_JOB: job.id})
         other = sorted({i.id for i in recorded if i.region == region and i.id.startswith("i-")}
@@ -121,7 +121,7 @@ def release(aws: AwsSession, store: Store, job: Job, force: bool = False) -> Non
             # Deleted here if its instances are gone already, else by the next cleanup
             # (`down`, the next multi-node launch): a group in use cannot be deleted.
             placement.delete_placement_groups(aws, region, job.id)
-        if any(d.get("kind") == "snapshot" for d in job.spec.datasets or []):
+        if any(d.get("kind") == "snapshot" for d in job.spec.data.datasets or []):
             # Attached volumes go with their instance; one the launch made but never
             # attached (or attached without DeleteOnTermination) would bill on alone.
             # By tag, not by record: a launcher killed right after CreateVolume
@@ -133,7 +133,7 @@ def release(aws: AwsSession, store: Store, job: Job, force: bool = False) -> Non
                 store.add_instance(Instance(
                     id=raw["InstanceId"], job_id=job.id, provider=aws.name, region=region,
                     zone=raw.get("Placement", {}).get("AvailabilityZone"),
-                    instance_type=raw.get("InstanceType"), market=job.spec.market,
+                    instance_type=raw.get("InstanceType"), market=job.spec.placement.market,
                     state="requested", launched_at=raw["LaunchTime"].timestamp(),
                     terminated_at=None, price_per_hour=None, details={"found_by_tag": True}))
     record_ends(aws, store, job)

@@ -19,13 +19,14 @@ from .session import AwsSession
 def price_rows(aws: AwsSession, spec, region: str | None = None) -> list[tuple[str, str]]:
     """The instances' price and the most the job can cost, as the plan shows them and
     `launch` asks about them."""
+    place = spec.placement
     region = region or aws.region(spec)
-    t = catalog.get(spec.instance_type) if spec.instance_type else None
-    price = t.price(region, spec.market) if t else None
+    t = catalog.get(place.instance_type) if place.instance_type else None
+    price = t.price(region, place.market) if t else None
     if t is None or price is None:
-        return [("price", f"no {spec.market} price for {spec.instance_type} in {region} in "
+        return [("price", f"no {place.market} price for {place.instance_type} in {region} in "
                           "the catalog")]
-    basis = catalog.on_demand_source(region) if spec.market == Market.ON_DEMAND \
+    basis = catalog.on_demand_source(region) if place.market == Market.ON_DEMAND \
         else f"cheapest AZ: {catalog.spot_source(region)}"
     n = max(1, int(spec.nodes or 1))
     each = f"${price:.4f}/h ({basis})" if n == 1 else \
@@ -42,14 +43,14 @@ def at_most(aws: AwsSession, spec, t: catalog.InstanceType, region: str) -> str:
     with its volumes."""
     n = max(1, int(spec.nodes or 1))
     minutes = billed_minutes(aws, spec)
-    attempts = 1 + spec.max_restarts if spec.recover else 1
+    attempts = 1 + spec.recovery.max_restarts if spec.recovery.recover else 1
 
     def rate(where: str, market: str) -> float | None:  # an instance, USD/h
-        if market == Market.SPOT and spec.max_price is not None:  # never billed above it
-            return min(spec.max_price, t.on_demand.get(where) or spec.max_price)
+        if market == Market.SPOT and spec.placement.max_price is not None:  # never billed above it
+            return min(spec.placement.max_price, t.on_demand.get(where) or spec.placement.max_price)
         return t.dearest(where, market)
 
-    first = rate(region, spec.market)
+    first = rate(region, spec.placement.market)
     assert first is not None  # asked only where the catalog prices the type (prices)
     places = spec.relaunch_places(aws.settings, region) if attempts > 1 else []
     priced = {(r, m): rate(r, m) for r, m in places}
@@ -66,10 +67,10 @@ def at_most(aws: AwsSession, spec, t: catalog.InstanceType, region: str) -> str:
             + f" of up to {minutes} min" + (" each" if attempts > 1 else "")
             + f" (the max runtime of {spec.max_runtime_s / 60:g} min + {margin} {until})"
             + (f" on each of {n} nodes" if n > 1 else ""))
-    if spec.market == Market.SPOT:
+    if spec.placement.market == Market.SPOT:
         spot = max([first] + [p for (_, m), p in priced.items() if m == Market.SPOT and p])
         text += (f", spot at up to ${spot:.4f}/h ("
-                 + ("--max-price" if spec.max_price is not None else
+                 + ("--max-price" if spec.placement.max_price is not None else
                     "the dearest AZ in the catalog") + ")")
         on_demand = [p for (_, m), p in priced.items() if m == Market.ON_DEMAND and p]
         if on_demand:
@@ -114,9 +115,9 @@ def kept_plan(aws: AwsSession, spec) -> list[tuple[str, str]]:
     """`--on`: the kept instance the job runs on (sources.kept_source put it in
     spec.kept), the queue it waits in, what it bills and what happens to it after."""
     kept = spec.kept or {}
-    t = catalog.get(spec.instance_type) if spec.instance_type else None
+    t = catalog.get(spec.placement.instance_type) if spec.placement.instance_type else None
     what = f"{t.name}: {t.gpus:g}x {t.gpu}" if t is not None else \
-        (spec.instance_type or "type unknown")
+        (spec.placement.instance_type or "type unknown")
     holder = kept.get("holder") or spec.on_job
     rows = [("instance", f"{kept.get('instance') or 'the instance'} ({what}), kept by job "
                          f"{holder} (--on): no provisioning, only changed files synced")]
@@ -132,8 +133,8 @@ def kept_plan(aws: AwsSession, spec) -> list[tuple[str, str]]:
     for job_id in kept.get("made_kept") or []:
         rows.append(("note", f"job {job_id} was to power the instance off after it: it "
                              "keeps it for the queue now"))
-    rows.append(("market", spec.market))
-    if spec.instance_type:
+    rows.append(("market", spec.placement.market))
+    if spec.placement.instance_type:
         rows += price_rows(aws, spec)
     rows.append(("shutdown", shutdown_plan(aws, spec)))
     return rows
@@ -141,8 +142,8 @@ def kept_plan(aws: AwsSession, spec) -> list[tuple[str, str]]:
 
 def snapshot_volumes(spec) -> list[tuple[str, float]]:
     """(dataset, GiB) of each volume made from an EBS snapshot for the job."""
-    return [(d["name"], int(((spec.staging or {}).get(d["name"]) or {}).get("bytes") or 0)
-             / (1 << 30)) for d in spec.datasets if d["kind"] == "snapshot"]
+    return [(d["name"], int(((spec.data.staging or {}).get(d["name"]) or {}).get("bytes") or 0)
+             / (1 << 30)) for d in spec.data.datasets if d["kind"] == "snapshot"]
 
 
 def volumes_per_hour(aws: AwsSession, spec, region: str) -> float:
@@ -150,8 +151,8 @@ def volumes_per_hour(aws: AwsSession, spec, region: str) -> float:
     its provisioned throughput and IOPS, and each dataset's snapshot volume with its."""
     gp3 = catalog.gp3_price(region).per_gb_month
     month = spec.root_gb(aws.settings) * gp3 + (
-        cost.gp3_performance_per_month(spec.disk_mbps) if spec.disk_mbps else 0.0)
-    by_name = {d["name"]: d for d in spec.datasets}
+        cost.gp3_performance_per_month(spec.data.disk_mbps) if spec.data.disk_mbps else 0.0)
+    by_name = {d["name"]: d for d in spec.data.datasets}
     for name, gb in snapshot_volumes(spec):
         d = by_name[name]
         month += gb * gp3 + cost.gp3_performance_per_month(
@@ -167,8 +168,8 @@ def question(aws: AwsSession, spec) -> Question | None:
         return None
     rows = dict(price_rows(aws, spec))
     at_most = f"; at most {rows['at most']}" if "at most" in rows else ""
-    what = f"a {spec.market} {spec.instance_type}" if spec.nodes <= 1 else \
-        f"{spec.nodes} {spec.market} {spec.instance_type} instances"
+    what = f"a {spec.placement.market} {spec.placement.instance_type}" if spec.nodes <= 1 else \
+        f"{spec.nodes} {spec.placement.market} {spec.placement.instance_type} instances"
     return Question(f"This launches {what} in {aws.region(spec)}, "
                     f"billed per second: {rows['price']}{at_most}.",
                     warnings(spec, aws.region(spec)))
@@ -177,12 +178,13 @@ def question(aws: AwsSession, spec) -> Question | None:
 def warnings(spec, region: str) -> list[str]:
     """What the plan and the launch say before anything is bought: a --max-price
     below the catalog's cheapest spot price of the type there."""
-    t = catalog.get(spec.instance_type) if spec.instance_type else None
+    place = spec.placement
+    t = catalog.get(place.instance_type) if place.instance_type else None
     cheapest = t.price(region, "spot") if t is not None else None
-    if t is None or spec.market != Market.SPOT or spec.max_price is None or cheapest is None or \
-            spec.max_price >= cheapest:
+    if t is None or place.market != Market.SPOT or place.max_price is None or cheapest is None or \
+            place.max_price >= cheapest:
         return []
-    return [f"--max-price ${spec.max_price:g}/h is below the cheapest spot price of "
+    return [f"--max-price ${place.max_price:g}/h is below the cheapest spot price of "
             f"{t.name} in {region} (${cheapest:.4f}/h in the catalog): EC2 starts no "
             "instance while spot costs more"]
 
@@ -192,15 +194,15 @@ def plan(aws: AwsSession, spec) -> list[tuple[str, str]]:
     credentials it also resolves AZs and AMI and asks EC2 (DryRun=True) whether
     RunInstances would be allowed."""
     facts = instance_types.preflight(aws, spec)
-    region, source = aws.region_and_source(spec)
+    region, source = aws.region_and_source(spec.placement.region)
     rows = [("backend", "aws"),
             ("region", region + ("" if source == "--region" else f" ({source})"))]
     if spec.on_job:
         return rows + kept_plan(aws, spec)
-    t = catalog.get(spec.instance_type)
+    t = catalog.get(spec.placement.instance_type)
     rows += _plan_machines(aws, spec, facts, t)
-    rows.append(("market", spec.market + (f", max price ${spec.max_price}/h"
-                                          if spec.max_price is not None else "")))
+    rows.append(("market", spec.placement.market + (f", max price ${spec.placement.max_price}/h"
+                                          if spec.placement.max_price is not None else "")))
     rows += [("WARNING", warning) for warning in warnings(spec, region)]
     rows += price_rows(aws, spec, region)
     rows += _plan_lifecycle(aws, spec, region)
@@ -213,7 +215,7 @@ def _plan_machines(aws: AwsSession, spec, facts, t) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     if t is None:
         gpus = f"{facts.gpus:g}x {facts.gpu}" if facts.gpus else "no GPU (--cpu-only)"
-        rows.append(("instance", f"{spec.instance_type}: {gpus} (not in the bundled "
+        rows.append(("instance", f"{spec.placement.instance_type}: {gpus} (not in the bundled "
                                  "catalog: price unknown)"))
     else:
         rows.append(("instance", f"{t.name}: {t.gpus:g}x {t.gpu}, {t.vcpus:g} vCPU, "
@@ -227,7 +229,7 @@ def _plan_machines(aws: AwsSession, spec, facts, t) -> list[tuple[str, str]]:
                               f"next AZ is tried"))
         efa = cluster.efa_plan(aws, spec)
         rows.append(("network", "TCP between the nodes (security group cloudtrain admits "
-                                "its members); no EFA on " + spec.instance_type
+                                "its members); no EFA on " + spec.placement.instance_type
                      if efa is None else
                      f"EFA, {efa['used']} interface{'s' if efa['used'] > 1 else ''} per "
                      f"node (security group {EFA_GROUP_NAME}); NCCL over libfabric: "
@@ -255,19 +257,19 @@ def _plan_lifecycle(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]
     rows: list[tuple[str, str]] = []
     disk = spec.root_gb(aws.settings)
     fast = ""
-    if spec.disk_mbps and spec.disk_mbps > cost.GP3_BASE_MBPS:  # for the data copy
-        fast = (f", {spec.disk_mbps} MB/s and {cost.gp3_iops_for(spec.disk_mbps)} IOPS "
+    if spec.data.disk_mbps and spec.data.disk_mbps > cost.GP3_BASE_MBPS:  # for the data copy
+        fast = (f", {spec.data.disk_mbps} MB/s and {cost.gp3_iops_for(spec.data.disk_mbps)} IOPS "
                 f"provisioned for the data copy (+$"
-                f"{cost.gp3_performance_per_month(spec.disk_mbps) / cost.HOURS_PER_MONTH:.4f}"
+                f"{cost.gp3_performance_per_month(spec.data.disk_mbps) / cost.HOURS_PER_MONTH:.4f}"
                 "/h)")
     rows.append(("disk", f"{disk} GB gp3{fast}, encrypted, deleted with the instance"
                  + (" (each node its own)" if spec.nodes > 1 else "")))
     rows.append(("shutdown", shutdown_plan(aws, spec)))
     rows.append(("results", results.results_plan(aws, spec, region)))
-    if spec.recover:
+    if spec.recovery.recover:
         where = "the other AZs of the region (cheapest spot price now first)" + (
             ", then " + aws.settings.regions if aws.settings.regions else "") + (
-            ", then on-demand" if spec.fallback == Market.ON_DEMAND else "")
+            ", then on-demand" if spec.recovery.fallback == Market.ON_DEMAND else "")
         new = "a new instance" if spec.nodes <= 1 else \
             f"{spec.nodes} new instances (an interruption of any node relaunches all)"
         grouped = group_launch.group_recovery(aws, spec)
@@ -279,7 +281,7 @@ def _plan_lifecycle(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]
                 f"{spec.nodes} meet again through the job store and resume together)")
             rows.append(("recovery", f"on a spot interruption the job continues from its "
                                      f"last checkpoint (streamed to the job store) on "
-                                     f"{lost}, at most {spec.max_restarts} times: "
+                                     f"{lost}, at most {spec.recovery.max_restarts} times: "
                                      f"relaunched by AWS Auto Scaling in {place} "
                                      "(the job's group), this machine needed for nothing "
                                      "after the launch; no move to another region or to "
@@ -289,11 +291,11 @@ def _plan_lifecycle(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]
             # Who relaunches (the cause), then what would let AWS do it
             rows.append(("recovery", f"on a spot interruption the job continues from its "
                                      f"last checkpoint (streamed to the job store) on {new},"
-                                     f" at most {spec.max_restarts} times, in {where}; "
+                                     f" at most {spec.recovery.max_restarts} times, in {where}; "
                                      "relaunched by a supervisor on this machine (only "
                                      f"while it is on); {grouped}"))
-    elif spec.market == Market.SPOT:
-        why = "--max-restarts 0" if spec.max_restarts == 0 else "--no-recover"
+    elif spec.placement.market == Market.SPOT:
+        why = "--max-restarts 0" if spec.recovery.max_restarts == 0 else "--no-recover"
         rows.append(("recovery", f"off ({why}): an interruption ends the job as "
                                  "preempted"))
     return rows
@@ -302,25 +304,26 @@ def _plan_lifecycle(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]
 def _plan_checks(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]:
     """The plan's rows that ask AWS (with credentials): the AZs to try, the AMI, and
     whether RunInstances would be allowed (EC2 DryRun)."""
+    place = spec.placement
     rows: list[tuple[str, str]] = []
     if aws.credentials(region) is None:
         rows.append(("AMI", f"resolved at launch from SSM {DLAMI_PARAMETER}"
-                     if not spec.ami else spec.ami))
+                     if not place.ami else place.ami))
         rows.append(("permissions", "not checked: no AWS credentials (this plan needs none)"))
         return rows
     step = "AZs to try"  # a failure is said under the row it is about
     try:
         zones = network.subnets(aws, region)
-        zones = network.order_zones(zones, spec.instance_type, region, spec.market)
+        zones = network.order_zones(zones, place.instance_type, region, place.market)
         rows.append((step, ", ".join(z[0] for z in zones)))
         step = "AMI"
-        ami = images.resolve_ami(aws, region, spec.ami)
+        ami = images.resolve_ami(aws, region, place.ami)
         rows.append((step, ami))
         step = "permissions"
-        request = dict(ImageId=ami, InstanceType=spec.instance_type,
+        request = dict(ImageId=ami, InstanceType=place.instance_type,
                        MinCount=spec.nodes, MaxCount=spec.nodes,
                        SubnetId=zones[0][1], DryRun=True)
-        if spec.market == Market.SPOT:
+        if place.market == Market.SPOT:
             request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
                 "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
         try:

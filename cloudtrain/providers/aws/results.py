@@ -53,7 +53,7 @@ def upload_bundle(aws: AwsSession, store: Store, job: Job, spec, parts: list[tup
                   meta: dict) -> str:
     """The job's bundle (jobbundle.py) under its prefix in the job store, with the
     caller's credentials, the manifest last; where it went and its size, in words."""
-    region = job.facts.store_region or spec.region or aws.region_of(job)
+    region = job.facts.store_region or spec.placement.region or aws.region_of(job)
     s3, bucket, account = job_store_client(aws, region)
     prefix = jobstore.job_prefix(job.id, owner_key=job_store_owner(aws, store, job))
     with aws_errors(region, "s3"):
@@ -132,8 +132,8 @@ def results_plan(aws: AwsSession, spec, region: str) -> str:
     """The dry run's line: where the results go, or what waiting for the CLI costs."""
     if not aws.settings.job_store:
         wait = aws.settings.collect_wait_minutes
-        t = catalog.get(spec.instance_type) if spec.instance_type else None
-        price = t.price(region, spec.market) if t else None
+        t = catalog.get(spec.placement.instance_type) if spec.placement.instance_type else None
+        price = t.price(region, spec.placement.market) if t else None
         cost = f", up to ${price * wait / 60:.2f}" if price else ""
         return (f"no S3 job store (job_store: false): the instance waits up to {wait:g} "
                 f"min after the job for the CLI to collect (billed{cost})")
@@ -158,7 +158,7 @@ def results_grant(aws: AwsSession, store: Store, job: Job, spec, node: int = 0
                       "that they are lost")
     # Every attempt of a recovering job stores into the first attempt's bucket, where the
     # next one finds its checkpoint (spec.store_region, set by the relaunch).
-    region = job.facts.store_region or spec.region or aws.region_of(job)
+    region = job.facts.store_region or spec.placement.region or aws.region_of(job)
     try:
         s3, bucket, _ = job_store_client(aws, region)
         owner_key = job_store_owner(aws, store, job, record=True, region=region)

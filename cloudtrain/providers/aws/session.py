@@ -73,16 +73,16 @@ class AwsSession:
         return self._sessions[key]
 
     def region(self, spec=None) -> str:
-        return self.region_and_source(spec)[0]
+        return self.region_and_source(spec.placement.region if spec is not None else None)[0]
 
-    def region_and_source(self, spec=None) -> tuple[str, str]:
-        """The job's region and where it came from, the same way for every command: --region,
-        `region:` in config.yaml, AWS_REGION, AWS_DEFAULT_REGION, the AWS profile's; else
-        us-east-1 (the catalog's and estimate's default), said as such. botocore itself reads
-        AWS_DEFAULT_REGION only, so AWS_REGION is read here."""
-        if spec is not None and spec.region:
+    def region_and_source(self, asked: str | None = None) -> tuple[str, str]:
+        """The job's region and where it came from, the same way for every command: --region
+        (`asked`), `region:` in config.yaml, AWS_REGION, AWS_DEFAULT_REGION, the AWS profile's;
+        else us-east-1 (the catalog's and estimate's default), said as such. botocore itself
+        reads AWS_DEFAULT_REGION only, so AWS_REGION is read here."""
+        if asked:
             source = "--region"
-            region = spec.region
+            region = asked
         elif self.settings.region:
             source, region = "`region:` in config.yaml", self.settings.region
         elif os.environ.get("AWS_REGION"):
@@ -194,7 +194,7 @@ class AwsSession:
             return self.clients[key]
 
     def region_of(self, job: Job) -> str:
-        return job.spec.region or self.region()
+        return job.spec.placement.region or self.region()
     def remember(self, owner: str, owner_key: str | None) -> None:
         """The identity bootstrap's cache holds for these credentials: no STS call for it."""
         self._owner = owner

@@ -96,7 +96,7 @@ def attach_snapshots(aws: AwsSession, store: Store, job: Job, spec, region: str,
                      zone: str | None, owner: str) -> list[dict]:
     """A volume from each snapshot dataset, in the instance's AZ, attached to it and set
     to go with it; each recorded with the instance (for the bill and for release)."""
-    sources = [d for d in spec.datasets if d["kind"] == "snapshot"]
+    sources = [d for d in spec.data.datasets if d["kind"] == "snapshot"]
     if not sources:
         return []
     if len(sources) > len(DEVICES):
@@ -110,7 +110,7 @@ def _attach(aws: AwsSession, store, job, spec, sources, ec2, instance_id, zone, 
     made: list[dict] = []
     tags = job_tags(job, spec, owner)
     for source, device in zip(sources, DEVICES):
-        size = int((spec.staging or {}).get(source["name"], {}).get("bytes", 0) // (1 << 30))
+        size = int((spec.data.staging or {}).get(source["name"], {}).get("bytes", 0) // (1 << 30))
         if source.get("first_read") == "fsr":
             _check_fsr(ec2, source["location"], zone)
         vol = ec2.create_volume(
