@@ -102,11 +102,12 @@ def refresh_active(store: Store, settings: config.Settings,
     """Refresh every active job (`active`: those already read), each one's trouble noted on
     it rather than hiding the others'. Reads no finished job: `status` lists 10,000 of
     those in a fraction of a second (history.select)."""
-    for job in store.jobs(active_only=True) if active is None else active:
-        try:
-            refresh(store, settings, job)
-        except CloudtrainError as exc:  # one job's cloud or host trouble never hides the rest
-            store.update_job(job.id, reason=f"could not refresh: {exc.message}")
+    with providers.shared():  # one session per cloud for all of them
+        for job in store.jobs(active_only=True) if active is None else active:
+            try:
+                refresh(store, settings, job)
+            except CloudtrainError as exc:  # one job's trouble never hides the rest
+                store.update_job(job.id, reason=f"could not refresh: {exc.message}")
 
 
 def _probe_nodes(store: Store, settings: config.Settings, job: Job) -> dict | Job:

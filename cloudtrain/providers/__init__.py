@@ -2,6 +2,7 @@
 
     get(name, settings=None)    the provider of a backend: "local" (this machine, local.py) or
                                 "aws" (EC2, S3 and the rest of AWS, aws/)
+    shared()                    within it, get() gives one provider per backend and settings
     DatasetReader(settings)     reads a job's datasets with the provider that can
     able(capability, settings)  (name, provider) of each backend that has a capability
 
@@ -13,6 +14,7 @@ a verb there.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ..config import BACKENDS
@@ -20,11 +22,39 @@ from ..datasets import Staged
 from ..errors import UsageError
 from .base import Datasets
 
-__all__ = ["DatasetReader", "able", "get"]
+__all__ = ["DatasetReader", "able", "get", "shared"]
+
+# Within shared(): the providers made, by (backend, id of the settings given).
+_SHARED: dict[tuple[str, int], Any] | None = None
+
+
+@contextlib.contextmanager
+def shared():
+    """Within it, get() gives the provider it gave before for the same backend and settings:
+    `status` refreshes every active job with one AWS session (its credentials resolved once,
+    a role assumed once, its clients and their connections kept) rather than one per job."""
+    global _SHARED
+    if _SHARED is not None:  # already within: the outer one keeps them
+        yield
+        return
+    _SHARED = {}
+    try:
+        yield
+    finally:
+        _SHARED = None
 
 
 def get(name: str, settings=None):
     """The provider of backend `name`, with `settings` (None: config.yaml's, loaded now)."""
+    if _SHARED is None:
+        return _made(name, settings)
+    key = (name, id(settings))
+    if key not in _SHARED:
+        _SHARED[key] = (_made(name, settings), settings)  # settings kept: its id stays its own
+    return _SHARED[key][0]
+
+
+def _made(name: str, settings):
     if name == "local":
         from .local import LocalProvider
 

@@ -123,3 +123,34 @@ def test_u49_a_job_s_setup_shows_as_setting_up_then_running(cli, ct_home):
     job = cli.wait(failing, timeout=30)
     assert job["state"] == "failed" and job["reason"].startswith("setup failed (exit code 3")
     assert "cloudtrain: setup failed (exit code 3)" in cli.ok("logs", failing).stdout
+
+
+def test_status_refreshes_every_job_with_one_provider_per_backend(ct_home, monkeypatch):
+    """`status` with several jobs whose hosts are gone (the laptop reopened after a night of
+    recoveries) asked the cloud about each with a provider of its own: on AWS a session each,
+    its credentials resolved (a role assumed) and its clients made again. One per backend
+    now, for the whole refresh."""
+    from cloudtrain import providers
+
+    made = []
+    real = providers._made
+
+    def counting(name, settings):
+        made.append(name)
+        return real(name, settings)
+
+    monkeypatch.setattr(providers, "_made", counting)
+    settings = config.Settings.load()
+    with state.open_store(config.home()) as store:
+        ids = []
+        for _ in range(3):
+            job = store.create_job(name=None, kind="command", recipe=None, command="true",
+                                   backend="local", spec={})
+            store.update_job(job.id, host={"kind": "a host nobody can reach"},
+                             jobdir=str(ct_home / "gone"))
+            store.set_state(job.id, state.RUNNING)
+            ids.append(job.id)
+        watch.refresh_active(store, settings)
+        assert made == ["local"]
+        # each was looked up with it: no instance of its is left, so each job has ended
+        assert [store.job(i).state for i in ids] == [state.FAILED] * 3

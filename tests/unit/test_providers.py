@@ -316,3 +316,23 @@ def test_no_mixin_classes_in_providers():
                 bad.append(f"{cls.__name__}{cls.__bases__}")
     assert checked > 15
     assert not bad, f"mixins in providers/: {bad}"
+
+
+def test_shared_gives_one_provider_per_backend_and_settings_and_only_within():
+    """providers.shared(): `status` refreshes every job with the same provider (on AWS, one
+    session: credentials resolved once); outside it each get() is a provider of its own, so
+    nothing a command made lingers into the next (a test's moto, changed credentials)."""
+    from cloudtrain import providers
+    from cloudtrain.config import Settings
+
+    assert providers.get("local") is not providers.get("local")
+    mine, other = Settings(), Settings()
+    with providers.shared():
+        first = providers.get("local")
+        assert providers.get("local") is first
+        assert providers.get("local", mine) is providers.get("local", mine) is not first
+        assert providers.get("local", other) is not providers.get("local", mine)
+        with providers.shared():  # within another: the outer one's providers
+            assert providers.get("local") is first
+        assert providers.get("local") is first
+    assert providers.get("local") is not first
