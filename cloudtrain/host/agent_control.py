@@ -12,7 +12,7 @@ import time
 
 from . import safefile
 from .job_processes import group_alive, kill_recorded, pid_alive, signal_group
-from .job_status import (ACTIVE, CANCELLED, FAILED, as_pid, as_time, fmt_duration,
+from .job_status import (ACTIVE, BOOT_STATUS, CANCELLED, FAILED, as_pid, as_time, fmt_duration,
                          metrics_tail, now, read_json, save_status)
 
 POLL_S = 0.1
@@ -72,9 +72,17 @@ def probe(jobdir, stale_after_s=30.0, session=None, tmux_socket=None):
     status = read_json(status_path)
     t = now()
     if status is None and not agent_running(jobdir, session, tmux_socket):
+        boot = read_json(os.path.join(jobdir, BOOT_STATUS))
+        boot = boot if isinstance(boot, dict) else {}
+        if boot.get("stage") == "booting" and pid_alive(boot.get("pid"), "python"):
+            # The instance's bootstrap is still restoring the job; its agent comes next.
+            return _report(jobdir, None, t)
         # Nothing readable and no agent: it never started (python missing, a crash before
-        # its first write, a full disk), or the job destroyed status.json after it died.
-        reason = ("the agent never started" if not os.path.exists(status_path) else
+        # its first write, a full disk, a bootstrap that failed or died), or the job
+        # destroyed status.json after it died.
+        reason = ("the instance could not start the job: %s" % str(boot.get("error"))[:300]
+                  if boot.get("stage") == "failed" else
+                  "the agent never started" if not os.path.exists(status_path) else
                   "status.json is unreadable and the agent is gone")
         err = _tail_text(os.path.join(jobdir, "agent.err"))
         status = {"state": FAILED, "ended_at": t, "reason": reason + (": " + err if err else "")}
@@ -86,6 +94,10 @@ def probe(jobdir, stale_after_s=30.0, session=None, tmux_socket=None):
         elif t - beat > stale_after_s:
             status = reap(jobdir, status, "no heartbeat from the agent for %s"
                           % fmt_duration(min(t - beat, 1e9)))
+    return _report(jobdir, status, t)
+
+
+def _report(jobdir, status, t):
     latest, target, summary = metrics_tail(jobdir)
     return {"status": status, "now": t, "metrics": latest, "target": target, "runs": summary,
             "staging": read_json(os.path.join(jobdir, STAGING_STATUS)),

@@ -362,6 +362,10 @@ def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, grou
         root = _job_root(jobdir)
     except OSError as exc:
         raise Failed(EXIT_WRITE, "cannot make %s: %s" % (jobdir, exc)) from None
+    # Until the agent runs, this says the job directory is being filled, and by whom: a
+    # probe from the launching machine (its `status`) must not take the job for one whose
+    # agent never started while the checkpoint is restored (agent_control.probe).
+    write_status(root, {"ok": None, "stage": "booting", "pid": os.getpid(), "at": started})
     bundle = Bundle(bucket, prefix, region, endpoint, imds)
     bundle.credentials()
     doc = bundle.manifest() if not wait_s else wait_for_manifest(bundle, wait_s)

@@ -27,6 +27,7 @@ from .stage_fetch import Fetcher, Source
 from .stage_plan import StageError
 from . import SHIPPED_AS
 from .awsapi import IMDS_URL, RoleCredentials, object_url, sign_get, utc_now
+from .job_status import BOOT_STATUS
 
 if TYPE_CHECKING:  # 3.10's; the instance's Python may be older
     from typing import TypeGuard
@@ -39,7 +40,7 @@ START = "start.sh"
 JOB_DIR = "job/"
 AGENT_DIR = "agent/"
 VERSION = 1
-STATUS_FILE = "bootstrap-status.json"  # in the job directory: how the bootstrap ended
+STATUS_FILE = BOOT_STATUS  # in the job directory: booting, then how the bootstrap ended
 STAGING = ".bundle"  # in the job directory: the objects while they are checked
 
 MANIFEST_MAX_BYTES = 1 << 20

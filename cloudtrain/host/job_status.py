@@ -21,6 +21,10 @@ import unicodedata
 
 from . import safefile
 
+# In a job directory an instance fills itself (bootstrap.py, an Auto Scaling replacement's):
+# {"stage": "booting", "pid"} while it restores the job, then how it ended.
+BOOT_STATUS = "bootstrap-status.json"
+
 # Agent states as written to status.json. "starting" is before run.sh has a pid.
 STARTING, RUNNING = "starting", "running"
 SUCCEEDED, FAILED, CANCELLED, PREEMPTED = "succeeded", "failed", "cancelled", "preempted"

@@ -313,6 +313,32 @@ def store_checkpoint(lab, files: dict[str, bytes], seq: int = 3, slot: str = "b"
     return doc
 
 
+def test_F13_while_it_boots_the_job_directory_says_so_and_a_probe_waits(lab):
+    """A replacement's bootstrap marks the job directory `booting` (its pid) before anything
+    else, so that a `status` probing it meanwhile (the launching machine follows the job to
+    the attempt it took) does not fail a job whose agent has simply not started yet: here it
+    waits for a bundle that is not there yet."""
+    from cloudtrain.local_host import LocalHost
+
+    jobdir = lab.tmp / "jobs" / "booting1"
+    env = {"PATH": os.environ["PATH"], "HOME": str(lab.tmp), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(lab.shipped / "bootstrap.py"), "--bucket", BUCKET, "--prefix",
+         PREFIX, "--jobdir", str(jobdir), "--region", REGION, "--endpoint", lab.endpoint,
+         "--imds", lab.imds.url, "--wait-s", "60"], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        marker = jobdir / bootstrap.STATUS_FILE
+        wait_for(marker.exists, timeout=30, what="the bootstrap's marker")
+        said = json.loads(marker.read_text())
+        assert (said["stage"], said["pid"], said["ok"]) == ("booting", proc.pid, None)
+        report = LocalHost(lab.socket).probe_job(str(jobdir), 30)
+        assert report["status"] is None and not (jobdir / "status.json").exists()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_the_latest_stored_checkpoint_is_restored_before_the_agent_starts(lab):
     b = make_bundle(lab, lab.tmp, stream={"settle_s": 2.0, "poll_s": 1.0, "start_seq": 0,
                                           "start_slot": None, "attempt": 1})

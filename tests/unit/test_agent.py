@@ -272,6 +272,39 @@ def test_F20_an_agent_that_cannot_start_fails_the_start_and_the_probe(tmp_path):
     assert status["reason"].startswith("the agent never started")
 
 
+def test_F13_a_replacement_still_booting_is_not_a_job_whose_agent_never_started(tmp_path):
+    """The CI run of this stop (and two of the last): after a spot instance was taken back
+    without a notice, AWS Auto Scaling's replacement took its attempt (so `status` on the
+    launching machine followed it there) and was still restoring the checkpoint when that
+    `status` probed it: no status.json and no agent yet, so the probe wrote `failed: the
+    agent never started` and the job ended
+    (test_F13_termination_without_notice_resumes_from_the_last_upload). While the instance's
+    bootstrap runs (bootstrap-status.json: booting, and its process alive) the probe reports
+    nothing yet; a bootstrap that died or failed still ends the job, saying why."""
+    host, jobdir = _local_job(tmp_path, "boot1", "true\n")
+    booting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    boot_status = jobdir / job_status.BOOT_STATUS
+    try:
+        boot_status.write_text(json.dumps({"ok": None, "stage": "booting", "pid": booting.pid,
+                                           "at": time.time()}))
+        report = host.probe_job(str(jobdir), 30)
+        assert report["status"] is None and not (jobdir / "status.json").exists()
+    finally:
+        booting.kill()
+        booting.wait()
+    status = host.probe_job(str(jobdir), 30)["status"]  # it died before starting the agent
+    assert status["state"] == "failed"
+    assert status["reason"].startswith("the agent never started")
+    (jobdir / "status.json").unlink()
+    boot_status.write_text(json.dumps({"ok": False, "stage": "failed", "exit_code": 5,
+                                       "error": "checkpoint slot 1: files.tar does not match "
+                                                "its manifest"}))
+    status = host.probe_job(str(jobdir), 30)["status"]
+    assert status["state"] == "failed"
+    assert status["reason"] == ("the instance could not start the job: checkpoint slot 1: "
+                                "files.tar does not match its manifest")
+
+
 def test_F20_a_started_agent_is_waited_for(tmp_path):
     host, jobdir = _local_job(tmp_path, "started1", "true\n")
     host.start_agent("started1", str(jobdir))  # returns only once status.json names the agent
