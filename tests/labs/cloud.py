@@ -167,17 +167,25 @@ class CloudLab:
         its processes and disk go, it is terminated with that reason."""
         terminate_with_reason(instance["InstanceId"], reason)
         ip = instance["PrivateIpAddress"]
-        self.hosts[ip].close()  # sshd, agent, job, its tmux: every process in the namespace
+        # The group's lab may be terminating it at the same moment (its agent powered it off
+        # after a notice): whatever of it is gone already is simply not there to end.
+        host, home = self.hosts.get(ip), self.homes.get(ip)
+        if host is not None:
+            host.close()  # sshd, agent, job, its tmux: every process in the namespace
         for socket in (self.tmux_root / ip).glob("tmux-*/*"):  # and its tmux server
             subprocess.run(["tmux", "-S", str(socket), "kill-server"], capture_output=True)
-        for status in self.homes[ip].glob(".cloudtrain/jobs/*/status.json"):
-            doc = json.loads(status.read_text() or "{}")
+        for status in home.glob(".cloudtrain/jobs/*/status.json") if home else []:
+            try:
+                doc = json.loads(status.read_text() or "{}")
+            except (OSError, ValueError):
+                continue
             for pid in [doc.get("agent_pid")] + [p for p, _ in doc.get("descendants") or []]:
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except (TypeError, ValueError, ProcessLookupError):
                     pass
-        shutil.rmtree(self.homes[ip], ignore_errors=True)
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)
 
     def metrics(self, ip: str, job_id: str) -> list[dict]:
         path = self.homes[ip] / ".cloudtrain" / "jobs" / job_id / "metrics.jsonl"
