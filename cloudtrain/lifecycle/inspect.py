@@ -78,12 +78,14 @@ class Detail:
 def detail(store: Store, settings: config.Settings, ref: str, tail_lines: int = 10) -> Detail:
     job = refresh(store, settings, store.find_job(ref))
     probe, log_tail = {}, b""
-    # A job queued on a kept instance has a directory there but no agent yet: a probe would
-    # take it for one whose agent never started (and say so in its status.json).
+    # A probe of a directory with no agent yet takes it for one whose agent never started
+    # (and says so in its status.json): only a job that runs there, or ran, is probed. Not
+    # one queued on a kept instance, nor one a launcher is still copying and setting up (F13).
     if job.jobdir and not _queued_only(store, job):
         host = group.host_of(job)
         try:
-            probe = read_record(job, settings.stale_after_seconds)
+            if not job.active or state.on_host(job):
+                probe = read_record(job, settings.stale_after_seconds)
             log_tail, _ = host.tail(f"{job.jobdir}/output.log", tail_lines)
         except HostError as exc:  # the instance is gone and its files were not collected
             log_tail = f"(output not available: {exc.message})\n".encode()

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from cloudtrain.lifecycle.inspect import recipe_target
+import json
+import os
+import socket
+import time
+
+import pytest
+
+from cloudtrain import config, state
+from cloudtrain.lifecycle.inspect import detail, recipe_target
 from cloudtrain.state import Job
 
 
@@ -21,3 +29,33 @@ def test_a_variant_with_its_own_target_is_held_to_it():
     assert recipe_target(_job("imagenet", {"variant": "dawn-1x8"})) == (0.93, "top5")
     assert recipe_target(_job("imagenet", {})) == (0.93, "top5")
     assert recipe_target(_job(None, {})) == (None, None)
+
+
+@pytest.mark.parametrize("phase", [state.SYNCING, state.SETTING_UP, state.RECOVERING])
+def test_F13_a_status_during_a_launch_writes_nothing_on_its_host(ct_home, phase):
+    """F13: `status <id>` while a launcher (or a relaunch) is still copying and setting up
+    the job's directory must only read: probing it then found no status.json and no agent,
+    wrote "the agent never started" into the directory, and the agent started a moment later
+    into a job already failed (the e2e termination-without-notice run ended that way under
+    load)."""
+    settings = config.Settings.load()
+    with state.open_store(config.home()) as store:
+        job = store.create_job(name=None, kind="command", recipe=None, command="true",
+                               backend="local", spec={},
+                               launcher=f"{socket.gethostname()}:{os.getpid()}")
+        jobdir = ct_home / "jobs" / job.id
+        (jobdir / "work").mkdir(parents=True)
+        store.update_job(job.id, jobdir=str(jobdir), host={"kind": "LocalHost"},
+                         lease_until=time.time() + 60)
+        store.set_state(job.id, state.SYNCING)
+        if phase != state.SYNCING:
+            store.set_state(job.id, phase)
+        seen = detail(store, settings, job.id)
+        assert not (jobdir / "status.json").exists()
+        assert seen.job.state == phase and store.job(job.id).state == phase
+        # Once the job runs there, the same call reads (and reaps) what is on the host.
+        store.update_job(job.id, lease_until=None)
+        store.set_state(job.id, state.RUNNING)
+        assert detail(store, settings, job.id).job.state == state.FAILED
+        assert json.loads((jobdir / "status.json").read_text())["reason"] == \
+            "the agent never started"
