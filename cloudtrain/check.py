@@ -227,12 +227,31 @@ def _job_store(cloud, settings: config.Settings, region: str, checks: list[Check
     if there:
         checks.append(Check("job store", OK, f"s3://{bucket}: there, and ours",
                             data={"bucket": bucket, "exists": True}))
+    else:
+        checks.append(Check("job store", WARNING, f"s3://{bucket} does not exist yet: the "
+                            "first launch creates it where your credentials may (else it is "
+                            "an administrator's one-time step)",
+                            "cloudtrain check --launch makes it and tries it; " + STORE_HINT,
+                            {"bucket": bucket, "exists": False}))
+    _owner_prefix(cloud, region, checks)
+
+
+def _owner_prefix(cloud, region: str, checks: list[Check]) -> None:
+    """Whose part of the job store this caller's jobs go to, and whether the same user finds
+    it again from the next process (RE2: a role session named after its start time does not)."""
+    try:
+        found = cloud.owner_prefix(region)
+    except CloudtrainError as exc:
+        checks.append(_failed("jobs prefix", exc, "AWS STS GetCallerIdentity"))
         return
-    checks.append(Check("job store", WARNING, f"s3://{bucket} does not exist yet: the first "
-                        "launch creates it where your credentials may (else it is an "
-                        "administrator's one-time step)",
-                        "cloudtrain check --launch makes it and tries it; " + STORE_HINT,
-                        {"bucket": bucket, "exists": False}))
+    detail = f"jobs/{found['key']}/: {found['kind']}"
+    if found["stable"]:
+        checks.append(Check("jobs prefix", OK, detail + ", the same in every process",
+                            data=dict(found)))
+    else:
+        checks.append(Check("jobs prefix", WARNING, detail + ": another process of yours gets "
+                            "another prefix, and the jobs under this one are out of its reach",
+                            found["hint"], dict(found)))
 
 
 def _recovery(cloud, settings: config.Settings, region: str, checks: list[Check]) -> None:

@@ -214,6 +214,9 @@ class CloudAccount(Protocol):
         """A CredentialsError if the cloud no longer accepts the credentials."""
     def owner(self, region: str) -> str:
         """The caller's principal: the owner tag of everything it creates."""
+    def owner_prefix(self, region: str) -> dict:
+        """{key, kind, stable, hint}: the caller's own part of the result store, and whether
+        the same user finds it again from another process or login."""
 
     # -- prices and quotas
     def refresh_list_prices(self, region: str) -> str:

@@ -198,6 +198,84 @@ def test_credentials_from_a_profile_in_the_shared_file(moto, monkeypatch, tmp_pa
                             "access key ****************1234")
 
 
+def _role(name: str = "trainer") -> dict:
+    import boto3
+
+    return boto3.client("iam", region_name=REGION, **CLIENT_CREDS).create_role(
+        RoleName=name, AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17",
+                                                             "Statement": []}))["Role"]
+
+
+def _role_profile(monkeypatch, tmp_path, role: dict, session_name: str | None = None) -> None:
+    """AWS_PROFILE `ci`: role_arn on `role` from the keys of profile `base` (and the session
+    name given, if any), as `aws configure` writes it; no credentials in the environment."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "credentials").write_text("[base]\naws_access_key_id = AKIABASE000000000001\n"
+                                         "aws_secret_access_key = secret\n")
+    (tmp_path / "config").write_text(
+        f"[profile ci]\nrole_arn = {role['Arn']}\nsource_profile = base\n"
+        + (f"role_session_name = {session_name}\n" if session_name else ""))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "ci")
+
+
+def test_RE2_a_role_arn_profile_keeps_one_jobs_prefix_from_process_to_process(
+        moto, dlami, monkeypatch, tmp_path):
+    """RE2: botocore names the session of a `role_arn` profile without `role_session_name`
+    `botocore-session-<unix time>`, so each process was a new aws:userid, a new job-store
+    prefix (jobs/${aws:userid}/), and the jobs under the last one were out of its reach.
+    cloudtrain names the session once per local user; `check` says whose prefix it is."""
+    import getpass
+
+    from cloudtrain.providers.aws.session import AwsSession
+
+    role = _role()
+    _role_profile(monkeypatch, tmp_path, role)
+    first = AwsSession(Settings()).owner_key(REGION)
+    time.sleep(1.1)  # botocore's name would change with the second
+    assert AwsSession(Settings()).owner_key(REGION) == first == \
+        f"{role['RoleId']}:cloudtrain-{getpass.getuser()}"
+    row = by_name(check.run())["jobs prefix"]
+    assert (row.verdict, row.detail) == ("ok", (
+        f"jobs/{first}/: role trainer, session cloudtrain-{getpass.getuser()} (named by "
+        "cloudtrain: the profile names no role_session_name), the same in every process"))
+    # A profile's own session name is kept as it is.
+    _role_profile(monkeypatch, tmp_path, role, session_name="jane")
+    assert AwsSession(Settings()).owner_key(REGION) == f"{role['RoleId']}:jane"
+
+
+def test_RE2_a_session_named_after_its_start_time_is_a_warning(moto, dlami, monkeypatch):
+    """Credentials of a role session that someone else named after its start time (keys in
+    the environment, from a script's AssumeRole): the next session is another prefix, said."""
+    import boto3
+
+    role = _role()
+    creds = boto3.client("sts", region_name=REGION, **CLIENT_CREDS).assume_role(
+        RoleArn=role["Arn"], RoleSessionName="botocore-session-1796277998")["Credentials"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", creds["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", creds["SecretAccessKey"])
+    monkeypatch.setenv("AWS_SESSION_TOKEN", creds["SessionToken"])
+    report = check.run()
+    row = by_name(report)["jobs prefix"]
+    assert row.verdict == "warning" and row.detail == (
+        f"jobs/{role['RoleId']}:botocore-session-1796277998/: role trainer, session "
+        "botocore-session-1796277998: another process of yours gets another prefix, and the "
+        "jobs under this one are out of its reach")
+    assert "role_session_name" in row.hint and "AWS_ROLE_SESSION_NAME" in row.hint
+
+
+def test_RE2_an_iam_users_jobs_prefix_is_its_user_id(moto, dlami):
+    import boto3
+
+    user_id = boto3.client("sts", region_name=REGION, **CLIENT_CREDS).get_caller_identity()[
+        "UserId"]
+    row = by_name(check.run())["jobs prefix"]
+    assert (row.verdict, row.detail, row.data["stable"]) == (
+        "ok", f"jobs/{user_id}/: IAM user moto, the same in every process", True)
+
+
 # -- the Deep Learning AMI ---------------------------------------------------------------------
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import botocore.loaders
 import pytest
 
@@ -65,3 +67,22 @@ def test_sessions_keep_their_own_profile_credentials_and_region(two_profiles):
     # the loader's search path does not grow with each session made
     paths = alice.session()._loader.search_paths
     assert len(paths) == len(set(paths))
+
+
+def test_RE2_every_role_arn_profile_without_a_session_name_gets_the_stable_one():
+    """RE2: name_role_sessions names the sessions botocore would name after their start time,
+    and leaves every other profile (and a session name the user chose) as it is."""
+    from cloudtrain.providers.aws.session import name_role_sessions, stable_session_name
+
+    config = {"profiles": {
+        "ci": {"role_arn": "arn:aws:iam::1:role/r", "source_profile": "base"},
+        "named": {"role_arn": "arn:aws:iam::1:role/r", "role_session_name": "jane"},
+        "base": {"aws_access_key_id": "AKIA"},
+        "chained": {"role_arn": "arn:aws:iam::1:role/s", "source_profile": "ci"}}}
+    assert name_role_sessions(config) == ["ci", "chained"]
+    assert config["profiles"]["ci"]["role_session_name"] == stable_session_name()
+    assert config["profiles"]["chained"]["role_session_name"] == stable_session_name()
+    assert config["profiles"]["named"]["role_session_name"] == "jane"
+    assert "role_session_name" not in config["profiles"]["base"]
+    assert name_role_sessions({}) == []
+    assert re.fullmatch(r"cloudtrain-[\w+=,.@-]{1,53}", stable_session_name(), re.ASCII)

@@ -7,7 +7,7 @@ import os
 import re
 
 from .errors import AWSError, aws_errors
-from .session import AwsSession
+from .session import AwsSession, assumed_role
 
 # EC2 counts the vCPUs of running instances against one quota per family group, region and
 # market (EC2 User Guide, "On-Demand Instance quotas" and "Spot Instance quotas"; service code
@@ -75,6 +75,40 @@ def credential_source(aws: AwsSession, region: str) -> dict | None:
     key = credentials.access_key or ""
     return {"source": source, "method": credentials.method, "profile": profile,
             "access_key": "*" * max(len(key) - 4, 0) + key[-4:]}
+
+
+# The session names AWS gives that are one per process, instance or login (RE2).
+BOTOCORE_SESSION = re.compile(r"botocore-session-\d+$")
+INSTANCE_SESSION = re.compile(r"i-[0-9a-f]{8,17}$")
+
+
+def owner_prefix(aws: AwsSession, region: str) -> dict:
+    """{key, kind, stable, hint} of the caller's job-store prefix (`jobs/<key>/`, the caller's
+    aws:userid): which kind of principal it is, and whether the next process, login or
+    laptop of the same user finds the same prefix (jobs under another prefix are denied to
+    it: infra/iam-policy-cli.json names `${aws:userid}`)."""
+    found = aws.identity(region)
+    key, arn = str(found.get("UserId") or ""), str(found.get("Arn") or "")
+    role = assumed_role(arn)
+    if role is None:
+        kind = "the account's root user" if arn.endswith(":root") else \
+            f"IAM user {arn.rsplit('/', 1)[-1]}"
+        return {"key": key, "kind": kind, "stable": True, "hint": None}
+    session = arn.rsplit("/", 1)[-1]
+    if role[1].startswith("AWSReservedSSO_"):
+        kind = f"IAM Identity Center user {session} (permission set {role[1]})"
+    elif INSTANCE_SESSION.match(session):  # EC2 names an instance role's session after it
+        kind = f"role {role[1]} of instance {session} (its own prefix: another instance's " \
+               "processes get another)"
+    elif BOTOCORE_SESSION.match(session):
+        return {"key": key, "kind": f"role {role[1]}, session {session}", "stable": False,
+                "hint": "botocore names each session after its start time: set "
+                        "role_session_name in the profile (or AWS_ROLE_SESSION_NAME)"}
+    else:
+        kind = f"role {role[1]}, session {session}" + (
+            " (named by cloudtrain: the profile names no role_session_name)"
+            if aws.named_sessions else "")
+    return {"key": key, "kind": kind, "stable": True, "hint": None}
 
 
 def ec2_quota(aws: AwsSession, region: str, code: str) -> float:

@@ -43,6 +43,9 @@ class AwsAccount:
     def owner(self, region: str) -> str:
         return self.aws.owner(region)
 
+    def owner_prefix(self, region: str) -> dict:
+        return account.owner_prefix(self.aws, region)
+
     # -- prices and quotas
 
     def refresh_list_prices(self, region: str) -> str:

@@ -8,7 +8,9 @@ and `status` never load them.
 
 from __future__ import annotations
 
+import getpass
 import os
+import re
 import threading
 from typing import Any
 
@@ -51,6 +53,31 @@ def _with_shared_models() -> tuple:
     return session, loader
 
 
+def stable_session_name() -> str:
+    """The session name cloudtrain gives a `role_arn` profile that names none: one per local
+    user, the same in every process. botocore's own is `botocore-session-<unix time>`, so each
+    process was a new `aws:userid` (`<role id>:<session>`), a new job-store prefix, and the
+    jobs recorded under the last one were denied to it (RE2). STS allows 2-64 characters of
+    [\\w+=,.@-]."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = str(os.getuid())
+    return ("cloudtrain-" + re.sub(r"[^\w+=,.@-]", "-", user, flags=re.ASCII))[:64]
+
+
+def name_role_sessions(full_config: dict) -> list[str]:
+    """Give every `role_arn` profile of the AWS config that names no `role_session_name` the
+    stable one (stable_session_name), before botocore assumes any role: the profiles changed."""
+    named = []
+    for name, profile in (full_config.get("profiles") or {}).items():
+        if isinstance(profile, dict) and profile.get("role_arn") and \
+                not profile.get("role_session_name"):
+            profile["role_session_name"] = stable_session_name()
+            named.append(name)
+    return named
+
+
 def assumed_role(arn: str) -> tuple[str, str] | None:
     """(role ARN without a path, role name) for an STS assumed-role session ARN, else None."""
     parts = arn.split(":", 5)
@@ -70,6 +97,7 @@ class AwsSession:
         self._sessions: dict[str, object] = {}
         self.clients: dict[tuple, object] = {}
         self.sweep_lock = threading.Lock()  # sweep threads make their clients one at a time
+        self.named_sessions: list[str] = []  # role_arn profiles given a session name (RE2)
 
     def session(self, region: str | None = None):
         """A boto3 session; with no region, the AWS chain's (AWS_REGION, AWS_DEFAULT_REGION,
@@ -92,6 +120,7 @@ class AwsSession:
                     or os.environ.get("AWS_REGION") or None)
                 # boto3 adds its data directory to the loader's path with each session
                 loader.search_paths[:] = list(dict.fromkeys(loader.search_paths))
+                self.named_sessions = name_role_sessions(core.full_config)
                 session.events.register("before-parse", foreign_answer)
             except botocore.exceptions.ProfileNotFound as exc:
                 raise UsageError(f"AWS profile not found: {exc}",
@@ -176,7 +205,7 @@ class AwsSession:
         role itself, path included (arn:aws:iam::A:role/PATH/R): asked of IAM (GetRole on
         one's own role), else the role without a path."""
         if not hasattr(self, "_owner"):
-            arn = self._identity(region)["Arn"]
+            arn = self.identity(region)["Arn"]
             role = assumed_role(arn)
             if role is not None:
                 try:
@@ -193,11 +222,11 @@ class AwsSession:
         `<role id>:<session name>`): the job store keeps each principal's jobs under
         `jobs/<owner_key>/`, the prefix infra/iam-policy-cli.json names `${aws:userid}`."""
         if not hasattr(self, "_owner_key"):
-            self._owner_key = self._identity(region)["UserId"]
+            self._owner_key = self.identity(region)["UserId"]
         return self._owner_key
 
-    def _identity(self, region: str | None) -> dict:
-        """STS GetCallerIdentity, asked once."""
+    def identity(self, region: str | None) -> dict:
+        """STS GetCallerIdentity (UserId, Account, Arn), asked once."""
         if not hasattr(self, "_caller"):
             with aws_errors(region, "sts"):
                 sts = self.session(region).client("sts", region_name=region)
