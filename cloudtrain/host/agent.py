@@ -106,6 +106,8 @@ class Agent:
         self.kill_at = None
         self.proc = None
         self.held_end = None  # a run's end while regroup.Team decides what it means
+        self.first_run_at = None  # the max runtime counts from here, across regroups (F43)
+        self.restarts_used = False  # a regroup found --max-restarts used: preempted, and over
         self.team_now = None  # regroup.Team, for a node of a job on several nodes of a group
         self.lock = threading.Lock()
         self.store = StoreUploads(self)  # checkpoints and results to the job store
@@ -273,6 +275,8 @@ class Agent:
                               reason="could not start run.sh: %s" % exc)
             return 1
         started = now()
+        if self.first_run_at is None:
+            self.first_run_at = started
         self.write_status(state=RUNNING, pid=self.proc.pid, pgid=self.proc.pid, started_at=started)
         self.beat()
         pump = threading.Thread(target=self.pump, args=(self.proc.stdout, log), daemon=True)
@@ -332,13 +336,15 @@ class Agent:
 
     def supervise(self, started):
         """Until run.sh ends: the maximum runtime, the SIGKILL after the grace period, the
-        heartbeat and the checkpoint stream's record."""
+        heartbeat and the checkpoint stream's record. The maximum runtime counts from the
+        first run: a regroup's run goes on the same clock (F43)."""
         next_beat = started + self.heartbeat_s
+        clock_from = self.first_run_at if self.first_run_at is not None else started
         assert self.proc is not None  # run.sh started
         while self.proc.poll() is None:
             t = now()
             if (self.max_runtime_s and self.stop_reason is None
-                    and t - started > float(self.max_runtime_s)):
+                    and t - clock_from > float(self.max_runtime_s)):
                 self.request_stop(FAILED, "exceeded the maximum runtime of %s"
                                   % fmt_duration(float(self.max_runtime_s)))
             if self.kill_at is not None and t >= self.kill_at:
@@ -432,11 +438,12 @@ class Agent:
         self.write_status(auto_scaling_errors=failures + [{"step": step, "error": line[:500]}])
 
     def record_final(self):
-        """A job run by a group that has truly ended (any end but preempted): its final.json
+        """A job run by a group that has truly ended (any end but preempted, unless its
+        restarts are used up: regroup.Team.again): its final.json
         in the job store, through the results grant, so that a replacement that boots anyway
         starts nothing (bootstrap.py reads it). Recorded in status.json as `final_stored`."""
         conf = self.group()
-        if conf is None or self.status.get("state") == PREEMPTED:
+        if conf is None or (self.status.get("state") == PREEMPTED and not self.restarts_used):
             return None
         auto_scaling, records = shipped("auto_scaling"), shipped("job_records")
         grant = self.settings.get("results_store")

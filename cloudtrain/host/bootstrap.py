@@ -267,7 +267,7 @@ def take_attempt(bundle, conf, job, root, imds):
         return last, last_doc  # this instance's own, recorded already (the launch's, a reboot's)
     n = last + 1
     if n - 1 > conf["max_restarts"]:
-        reason = "all %d restarts used (--max-restarts %d)" % (n - 2, conf["max_restarts"])
+        reason = job_records.restarts_used(conf["max_restarts"])
         store_record(job, job_records.final_key(prefix), job_records.final_doc(
             "preempted", None, reason, n - 1, ident["instance"]))
         end_here(bundle, conf, job, root, EXIT_RESTARTS, "the job is over: %s; final.json "

@@ -228,6 +228,12 @@ def _now(at):
 
 # -- final.json ------------------------------------------------------------------------------
 
+def restarts_used(max_restarts):
+    """final.json's reason when a job is past --max-restarts (a replacement's bootstrap, or
+    its nodes meeting again after a loss)."""
+    return "all %d restarts used (--max-restarts %d)" % (max_restarts, max_restarts)
+
+
 def final_doc(state, exit_code, reason, attempt, instance, ended_at=None):
     """The job's end: its state (ENDED_STATES), the job's exit code, why, the attempt and the
     instance whose word it is (None where the writer has none)."""

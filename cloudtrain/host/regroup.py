@@ -44,7 +44,7 @@ import threading
 import time
 
 from . import agent_upload, auto_scaling, job_records, safefile
-from .bundle_reader import EXIT_ENDED, EXIT_STORE, FILE_MAX_BYTES, Failed
+from .bundle_reader import EXIT_ENDED, EXIT_RESTARTS, EXIT_STORE, FILE_MAX_BYTES, Failed
 from .job_status import CANCELLED, FAILED, PREEMPTED, REGROUP, RUNNING, now
 
 MASTER_PORT = 29500  # torchrun's default; the rendezvous takes the first free port from here
@@ -186,19 +186,24 @@ def members(reader, prefix, n, nodes):
 
 
 def meet(reader, grant, prefix, at_least, nodes, me, peers, wait_s=REPLACE_WAIT_S,
-         meet_s=MEET_WAIT_S, poll_s=MEET_POLL_S, say=None):
+         meet_s=MEET_WAIT_S, poll_s=MEET_POLL_S, say=None, max_restarts=None):
     """Wait for attempt `at_least` (or a newer one) to be recorded, join the newest, and wait
     for all `nodes` of it; (n, the nodes ranked). A record counts only where `peers()` (EC2:
     {instance: private address} of the job's group, or None when it cannot be asked) lists
     that instance at that address; EC2 is asked once `nodes` records are there.
-    Failed(EXIT_ENDED) once final.json is there; Failed(EXIT_STORE) after `wait_s` without
-    the attempt, or `meet_s` without all of its nodes."""
+    Failed(EXIT_ENDED) once final.json is there; Failed(EXIT_RESTARTS) for an attempt past
+    `max_restarts` (each regroup is a restart); Failed(EXIT_STORE) after `wait_s` without
+    the attempt, or `meet_s` from the first join without all of its nodes: newer attempts
+    recorded meanwhile move the meeting on, not its clock (F43: a writer adding attempts
+    kept every node waiting, billing, for as long as it wrote)."""
     say = say or (lambda line: None)
-    start, joined, since, n = time.time(), None, 0.0, at_least - 1  # since: set on joining
+    start, joined, since, n = time.time(), None, None, at_least - 1  # since: the first join
     while True:
         if ended(reader, prefix):
             raise Failed(EXIT_ENDED, "the job has ended (final.json) while its nodes met")
         n = newest(reader, prefix, n)
+        if max_restarts is not None and n - 1 > max_restarts:
+            raise Failed(EXIT_RESTARTS, job_records.restarts_used(max_restarts))
         if n >= at_least:
             if joined != n:
                 try:
@@ -207,7 +212,7 @@ def meet(reader, grant, prefix, at_least, nodes, me, peers, wait_s=REPLACE_WAIT_
                 except (agent_upload.UploadError, agent_upload.FileUnreadable) as exc:
                     raise Failed(EXIT_STORE, "this node's record of attempt %d could not be "
                                  "written: %s" % (n, exc)) from None
-                joined, since = n, time.time()
+                joined, since = n, time.time() if since is None else since
                 say("attempt %d: joined as %s (rank before: %s); waiting for %d nodes"
                     % (n, me["instance"], me["rank"], nodes))
             found = members(reader, prefix, n, nodes)
@@ -219,7 +224,7 @@ def meet(reader, grant, prefix, at_least, nodes, me, peers, wait_s=REPLACE_WAIT_
                     if ranks is not None and any(m["instance"] == me["instance"]
                                                  for m in ranks):
                         return n, ranks
-            if time.time() - since > meet_s:
+            if since is not None and time.time() - since > meet_s:
                 raise Failed(EXIT_STORE, "attempt %d: not all %d nodes met in %.0f s"
                              % (n, nodes, meet_s))
         elif time.time() - start > wait_s:
@@ -404,6 +409,10 @@ class Team:
             job = self.meet_again(at_least, timeline)
         except Failed as exc:
             self.final_seen = exc.code == EXIT_ENDED
+            if exc.code == EXIT_RESTARTS:  # as a replacement's bootstrap ends such a job:
+                agent.restarts_used = True  # final.json says preempted, the group ends
+                agent.write_status(state=PREEMPTED, ended_at=now(), reason=str(exc))
+                return False
             agent.write_status(state=CANCELLED if self.final_seen else FAILED, ended_at=now(),
                                reason="meeting the other nodes: %s" % exc)
             return False
@@ -427,7 +436,7 @@ class Team:
         n, ranks = meet(self.reader, records_grant(job, prefix), prefix, at_least,
                         self.conf["nodes"], me, group_peers(self.conf, self.creds,
                                                             self.agent.log_line),
-                        say=self.agent.log_line)
+                        say=self.agent.log_line, max_restarts=self.conf.get("max_restarts"))
         rank = next(m["rank"] for m in ranks if m["instance"] == me["instance"])
         timeline.update(met=now(), attempt=n)
         self.agent.log_line("attempt %d: rank %d of %d, rendezvous %s:%d"

@@ -187,6 +187,59 @@ def test_a_node_left_alone_stops_waiting_with_a_store_failure(lab):
     assert stored_keys(lab, "attempts/3/") == []  # nothing joined an attempt not recorded
 
 
+def test_F43_a_writer_adding_attempts_does_not_hold_the_meeting_open(lab):
+    """F43: meet moved to each newer attempt and started its clock again, so a writer adding
+    attempts every 0.2 s kept the node waiting (its GPUs billing) for as long as it wrote.
+    Newer attempts still move the meeting on, but its clock runs from the first join."""
+    from cloudtrain.host.bundle_reader import EXIT_STORE
+
+    put(lab, "attempts/2.json", {"attempt": 2})
+    writing = threading.Event()
+    writing.set()
+
+    def forge():
+        n = 3
+        while writing.is_set() and n < job_records.MAX_ATTEMPTS:
+            put(lab, f"attempts/{n}.json", {"attempt": n})
+            n += 1
+            time.sleep(0.2)
+
+    meeting = Meeting(lab, 2)
+    me = node(lab, 0, 0)
+    meeting.join(me, 2, meet_s=1.5)
+    assert wait_for(lambda: stored_keys(lab, "attempts/2/"), timeout=30)
+    forger = threading.Thread(target=forge, daemon=True)
+    began = time.time()
+    forger.start()
+    try:
+        out = meeting.results(timeout=20)[me["instance"]]
+    finally:
+        writing.clear()
+        forger.join(5)
+    assert isinstance(out, Failed) and out.code == EXIT_STORE, out
+    assert "not all 2 nodes met in 2 s" in str(out)
+    assert time.time() - began < 8, "the meeting waited on past its 1.5 s"
+
+
+def test_F43_a_regroup_past_max_restarts_ends_the_job_as_a_replacement_would(lab):
+    """F43: regroups counted no restart: each one is an attempt, and past --max-restarts the
+    nodes stop meeting with the end a replacement's bootstrap gives (final.json preempted)."""
+    from cloudtrain.host.bundle_reader import EXIT_RESTARTS
+
+    for n in (2, 3):
+        put(lab, f"attempts/{n}.json", {"attempt": n})
+    meeting = Meeting(lab, 2)
+    me = node(lab, 0, 0)
+    meeting.join(me, 2, max_restarts=1)
+    out = meeting.results(timeout=20)[me["instance"]]
+    assert isinstance(out, Failed) and out.code == EXIT_RESTARTS, out
+    assert str(out) == "all 1 restarts used (--max-restarts 1)"
+    assert stored_keys(lab, "attempts/3/") == []  # it joined no attempt past the limit
+    within = Meeting(lab, 1)
+    within.join(node(lab, 1, 0), 2, max_restarts=2)
+    assert within.results(timeout=20)[lab.ids[1]][0] == 3
+
+
 def test_junk_among_an_attempts_records_is_passed_over_not_fatal(lab):
     """Whatever else is under attempts/2/ (the grant lets any node write there) is not a
     node: two real nodes still meet as two."""

@@ -521,3 +521,26 @@ def test_F34_job_files_are_read_bounded(tmp_path):
     assert job_status.read_json(str(tmp_path / "status.json"), "too big") == "too big"
     _plant(tmp_path / "status.json", "dev-zero")
     assert job_status.read_json(str(tmp_path / "status.json"), "not a file") == "not a file"
+
+
+def test_F43_a_second_run_of_the_same_agent_keeps_the_max_runtime_clock(tmp_path):
+    """F43: each run (a regroup's run again after AWS replaced a peer) started the agent's
+    max-runtime clock again, so a job that kept regrouping was never stopped by it. The
+    second run here is stopped at the job's max runtime counted from the first run's start,
+    not from its own."""
+    (tmp_path / "job.json").write_text(json.dumps({"max_runtime_s": 3, "heartbeat_s": 0.2,
+                                                   "grace_s": 2}))
+    runner = agent.Agent(str(tmp_path))
+    done = threading.Thread(target=lambda: None)
+    done.start()
+    (tmp_path / "run.sh").write_text("sleep 2\n")
+    began = time.monotonic()
+    assert runner.run_once(None, done) is None
+    assert runner.status["state"] == "succeeded"
+    (tmp_path / "run.sh").write_text("sleep 30\n")
+    again = time.monotonic()
+    assert runner.run_once(None, done) is None
+    assert runner.status["state"] == "failed", runner.status
+    assert runner.status["reason"].startswith("exceeded the maximum runtime of 3s"), \
+        runner.status["reason"]
+    assert time.monotonic() - again < 2.5 and time.monotonic() - began < 5.5

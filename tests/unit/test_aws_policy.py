@@ -398,6 +398,10 @@ GROUP_END = {"autoscaling:DeleteAutoScalingGroup", "autoscaling:UpdateAutoScalin
 GROUP_RESOURCES = {"autoscaling": GROUP_ARN, "ec2": TEMPLATE_ARN}
 
 
+# The sizes host/auto_scaling.end_group sets a group to, each 0: all the role may set (F44).
+EMPTY_GROUP = ("MinSize", "MaxSize", "DesiredCapacity")
+
+
 def _group_end_problems(role: dict) -> list[str]:
     """Why an instance role cannot end its job's group (host/auto_scaling.end_group), or may
     change more than groups and launch templates tagged as cloudtrain's jobs'."""
@@ -415,6 +419,10 @@ def _group_end_problems(role: dict) -> list[str]:
         if tags.get("aws:ResourceTag/cloudtrain:owner") != "false" or \
                 tags.get("aws:ResourceTag/cloudtrain:job") != "false":
             problems.append(f"{s.get('Sid')}: not only resources tagged with an owner and a job")
+        sizes = (s.get("Condition") or {}).get("NumericEquals") or {}
+        if "autoscaling:UpdateAutoScalingGroup" in actions and any(
+                sizes.get(f"autoscaling:{k}") != "0" for k in EMPTY_GROUP):
+            problems.append(f"{s.get('Sid')}: UpdateAutoScalingGroup to sizes other than 0 (F44)")
         found |= actions & GROUP_END
     if GROUP_END - found:
         problems.append(f"not allowed: {sorted(GROUP_END - found)}")
@@ -517,12 +525,19 @@ def test_issue27_the_instance_role_ends_only_tagged_job_groups_and_reads_their_r
 
 
 @pytest.mark.parametrize("change", ["without-groups", "without-templates", "without-records",
-                                    "untagged", "any-group", "more-actions"])
+                                    "untagged", "any-group", "more-actions", "resize-upward",
+                                    "resize-unbounded"])
 def test_issue27_the_check_fails_a_role_without_the_group_statements_or_with_more(change):
+    """F44 among them: the role may set a group's sizes to 0 only; before, it could resize
+    any cloudtrain group upward, or revive one its deadline had emptied."""
     role = json.loads(json.dumps(ROLE))
     by_sid = {s["Sid"]: s for s in role["Statement"]}
     groups, templates = by_sid["EndJobGroups"], by_sid["DeleteJobLaunchTemplates"]
-    if change == "without-groups":
+    if change == "resize-upward":
+        by_sid["EmptyJobGroups"]["Condition"]["NumericEquals"]["autoscaling:MaxSize"] = "16"
+    elif change == "resize-unbounded":
+        del by_sid["EmptyJobGroups"]["Condition"]["NumericEquals"]
+    elif change == "without-groups":
         role["Statement"].remove(groups)
     elif change == "without-templates":
         role["Statement"].remove(templates)
@@ -533,5 +548,5 @@ def test_issue27_the_check_fails_a_role_without_the_group_statements_or_with_mor
     elif change == "any-group":
         groups["Resource"] = "*"
     else:
-        groups["Action"] = groups["Action"] + ["autoscaling:CreateAutoScalingGroup"]
+        groups["Action"] = _listed(groups["Action"]) + ["autoscaling:CreateAutoScalingGroup"]
     assert _group_end_problems(role) or _bundle_problems(role)
