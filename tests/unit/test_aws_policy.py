@@ -550,3 +550,29 @@ def test_issue27_the_check_fails_a_role_without_the_group_statements_or_with_mor
     else:
         groups["Action"] = _listed(groups["Action"]) + ["autoscaling:CreateAutoScalingGroup"]
     assert _group_end_problems(role) or _bundle_problems(role)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "infra").glob("*.json")))
+def test_RE5_every_shipped_policy_is_one_iam_creates(name, monkeypatch):
+    """RE5: the CLI policy as shipped could not be created: a Resource that is a bare policy
+    variable (`${aws:PrincipalArn}`) is not an ARN, and IAM's validation (moto's follows it)
+    refused the document, so none of its statements ever reached an account. Each shipped
+    document goes through IAM's CreatePolicy (the trust policy through CreateRole), and fits
+    a managed policy's 6,144 characters (whitespace not counted)."""
+    import boto3
+    from moto import mock_aws
+
+    for var, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_SESSION_TOKEN": "testing"}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    text = (REPO / "infra" / name).read_text()
+    with mock_aws():
+        iam = boto3.client("iam", region_name="us-east-1")
+        if "trust" in name:
+            made = iam.create_role(RoleName="cloudtrain-instance",
+                                   AssumeRolePolicyDocument=text)["Role"]
+        else:
+            made = iam.create_policy(PolicyName=name[:-5], PolicyDocument=text)["Policy"]
+        assert made["Arn"].startswith("arn:aws:iam::123456789012:")
+    assert len(json.dumps(json.loads(text), separators=(",", ":"))) <= 6144
