@@ -198,7 +198,8 @@ def test_a_capacity_refusal_tries_the_next_az_before_anything_starts(cloud, grou
 def test_efa_types_get_efa_interfaces_and_the_efa_group(cloud, groups):
     """p4d.24xlarge supports 4 EFA interfaces: with `connect: private` each node gets the
     primary ENA interface, an EFA-only one beside it and one on each further network card, in
-    the cloudtrain and cloudtrain-efa groups; cloudtrain-efa admits all traffic from itself."""
+    the cloudtrain and cloudtrain-efa groups; cloudtrain-efa admits all traffic from itself,
+    and lets all out to itself (RG1: EFA's traffic matches no 0.0.0.0/0 egress rule)."""
     provider, store, ec2, ami = cloud
     provider.settings.connect = "private"
     spec = _spec(instance="p4d.24xlarge", ami=ami)
@@ -218,6 +219,11 @@ def test_efa_types_get_efa_interfaces_and_the_efa_group(cloud, groups):
     (rule,) = efa_group["IpPermissions"]
     assert rule["IpProtocol"] == "-1"
     assert rule["UserIdGroupPairs"][0]["GroupId"] == efa_group["GroupId"]
+    assert [p["UserIdGroupPairs"][0]["GroupId"] for p in efa_group["IpPermissionsEgress"]
+            if p["IpProtocol"] == "-1" and p["UserIdGroupPairs"]] == [efa_group["GroupId"]]
+    # A second job's launch finds both rules there and adds neither again.
+    assert cluster.ensure_efa_group(provider.aws, REGION, efa_group["VpcId"], "me") == \
+        efa_group["GroupId"]
     assert provider.network_environment(spec) == {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1",
                                               "FI_EFA_USE_DEVICE_RDMA": "1"}
 

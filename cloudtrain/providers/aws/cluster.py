@@ -115,8 +115,11 @@ def network_interfaces(aws: AwsSession, spec, subnet: str, groups: list[str], ef
 
 
 def ensure_efa_group(aws: AwsSession, region: str, vpc: str, owner: str) -> str:
-    """The shared EFA security group of a VPC: all traffic from its own members (EFA's
-    OS-bypass needs every protocol; the default egress rule already allows all out)."""
+    """The shared EFA security group of a VPC: all traffic from and to its own members. EFA's
+    OS-bypass needs every protocol, and an outbound rule naming the group itself: its
+    traffic is neither IPv4 nor IPv6, so the default egress rule (0.0.0.0/0) does not match
+    it, and NCCL then fails with unresponsive receivers (RG1; AWS's EFA security group
+    recipe adds both rules)."""
     found = aws.call(region, "describe_security_groups", Filters=[
         {"Name": "group-name", "Values": [EFA_GROUP_NAME]},
         {"Name": "vpc-id", "Values": [vpc]}])["SecurityGroups"]
@@ -128,15 +131,22 @@ def ensure_efa_group(aws: AwsSession, region: str, vpc: str, owner: str) -> str:
                        TagSpecifications=[{"ResourceType": "security-group", "Tags": [
                            {"Key": TAG_OWNER, "Value": owner},
                            {"Key": "Name", "Value": EFA_GROUP_NAME}]}])["GroupId"]
-        group = {"GroupId": gid, "IpPermissions": []}
+        group = {"GroupId": gid, "IpPermissions": [], "IpPermissionsEgress": []}
     gid = group["GroupId"]
-    if not any(p.get("IpProtocol") == "-1" and any(g.get("GroupId") == gid for g in
-                                                   p.get("UserIdGroupPairs", []))
-               for p in group.get("IpPermissions", [])):
-        aws.call(region, "authorize_security_group_ingress", GroupId=gid, IpPermissions=[
-            {"IpProtocol": "-1", "UserIdGroupPairs": [
-                {"GroupId": gid, "Description": "cloudtrain EFA"}]}])
+    rule = [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid,
+                                                        "Description": "cloudtrain EFA"}]}]
+    if not _to_itself(gid, group.get("IpPermissions")):
+        aws.call(region, "authorize_security_group_ingress", GroupId=gid, IpPermissions=rule)
+    if not _to_itself(gid, group.get("IpPermissionsEgress")):
+        aws.call(region, "authorize_security_group_egress", GroupId=gid, IpPermissions=rule)
     return gid
+
+
+def _to_itself(gid: str, rules: list | None) -> bool:
+    """Whether `rules` hold one for every protocol with the group `gid` itself."""
+    return any(p.get("IpProtocol") == "-1" and any(g.get("GroupId") == gid for g in
+                                                   p.get("UserIdGroupPairs", []))
+               for p in rules or [])
 
 
 def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SILENT
