@@ -15,6 +15,7 @@ import pytest
 from labs.aws import ec2_provider  # noqa: F401  (fixture)
 from labs.credentials import REGION
 from labs.moto_activities import ScalingActivities
+from labs.moto_images import ImageRoots
 from labs.moto_placement import PlacementGroups
 from test_aws_errors import _refuse
 from cloudtrain import config
@@ -502,3 +503,60 @@ def test_F41_the_instances_a_group_launched_are_read_from_its_activities_after_i
     asked = len(lab.calls)
     store.record_facts(g.id, auto_scaling_group=None)
     assert provider.group_launches(store, g.job) == {} and len(lab.calls) == asked
+
+
+@pytest.mark.parametrize("how", ["one instance", "a group's template"])
+def test_RB1_a_root_volume_below_the_images_snapshot_is_raised_to_it(cloud, monkeypatch, how):
+    """RB1: airbench asks for a 20 GB root and resnet9 for 60, and EC2 refuses a root volume
+    smaller than the image's snapshot (InvalidBlockDeviceMapping; the lab refuses it the same
+    way, labs/moto_images.py). The launch asks for the snapshot's size, says so, and records
+    the size it got (its cost counts it)."""
+    p, store, images = cloud
+    roots = ImageRoots().install(monkeypatch)
+    roots.sizes[images[REGION]] = 75
+    spec = _spec(images[REGION], disk_gb=20)
+    job = _job(store, spec)
+    boot = bootstrap.bootstrap(p.aws, REGION, images[REGION], cached=False)
+    assert boot["root_gb"] == 75
+    assert instances.root_volume_gb(p.aws, spec, boot) == 75
+    assert instances.root_volume_line(p.aws, spec, boot) == (
+        "root volume 75 GB, not the 20 GB asked: the image's snapshot is 75 GB, the smallest "
+        "EC2 accepts")
+    assert instances.root_volume_gb(p.aws, spec.changed(disk_gb=200), boot) == 200
+    if how == "one instance":
+        said = []
+        report = type("Said", (), {"note": lambda self, line: said.append(line),
+                                   "phase": lambda self, line: None})()
+        instance_id = instances.run_instance(p.aws, store, job, spec, REGION, boot, report)
+        assert said == [instances.root_volume_line(p.aws, spec, boot)]
+        (volume,) = _ec2().describe_volumes(Filters=[
+            {"Name": "attachment.instance-id", "Values": [instance_id]}])["Volumes"]
+        assert volume["Size"] == 75
+        assert store.instances(job.id)[0].details["disk_gb"] == 75
+    else:
+        groups.create_launch_template(p.aws, REGION, job, spec, USER_DATA)
+        (template,) = _templates(job.id)
+        data = _ec2().describe_launch_template_versions(
+            LaunchTemplateId=template["LaunchTemplateId"])["LaunchTemplateVersions"][0][
+            "LaunchTemplateData"]
+        assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 75
+    # What EC2 (and the lab) does with the size asked as it was:
+    with pytest.raises(Exception, match="InvalidBlockDeviceMapping"):
+        _ec2().run_instances(ImageId=images[REGION], MinCount=1, MaxCount=1,
+                             InstanceType="g5.xlarge", BlockDeviceMappings=[{
+                                 "DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 20}}])
+    assert roots.refused[-1].endswith("expect size >= 75GB")
+
+
+def test_RB1_the_plan_says_when_the_image_raises_the_disk(cloud, monkeypatch):
+    """RB1: the dry run, which resolves the AMI with credentials, says the root volume the
+    launch will ask for when the image's snapshot is larger than the size asked."""
+    from cloudtrain.providers.aws import plan
+
+    p, _, images = cloud
+    ImageRoots().install(monkeypatch).sizes[images[REGION]] = 75
+    rows = plan.plan(p.aws, _spec(images[REGION], disk_gb=20))
+    assert ("disk", "75 GB, not 20: the image's root snapshot is 75 GB, the smallest root "
+                    "volume EC2 accepts") in rows
+    assert [v for k, v in plan.plan(p.aws, _spec(images[REGION], disk_gb=80))
+            if k == "disk"] == ["80 GB gp3, encrypted, deleted with the instance"]

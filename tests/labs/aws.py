@@ -29,6 +29,7 @@ from cloudtrain.ssh import generate_ed25519
 
 from .credentials import AWS_ENV, CLIENT_CREDS, REGION
 from .loopback import free_port
+from .moto_images import ImageRoots
 from .sshd import SSHD
 
 SUBNETS = {"us-east-1a": "127.0.1.0/28", "us-east-1b": "127.0.2.0/28"}
@@ -240,8 +241,10 @@ def reset_moto(endpoint: str) -> None:
 
 def use_moto(endpoint: str, monkeypatch) -> None:
     """A fresh moto (reset) and this process's AWS (its environment, so the `cloudtrain`
-    processes it starts too) pointed at it, as the fake account."""
+    processes it starts too) pointed at it, as the fake account, with EC2's rule for a
+    root volume (labs/moto_images.py) that moto leaves out."""
     reset_moto(endpoint)
+    ImageRoots().install(monkeypatch)
     for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
         monkeypatch.setenv(k, v)
 
@@ -329,6 +332,7 @@ def ec2_provider(monkeypatch, ct_home):
         monkeypatch.setenv(k, v)
     for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(k, raising=False)
+    ImageRoots().install(monkeypatch)
     with mock_aws():
         yield AWSProvider(Settings(region=REGION, ssh_cidr="127.0.0.1/32", poll_seconds=0.05))
 

@@ -11,7 +11,8 @@ from .session import AwsSession
 
 
 def bootstrap(aws: AwsSession, region: str, ami: str | None, cached: bool = True) -> dict:
-    """Owner, key pair, subnets, security group, AMI and its root device for a region.
+    """Owner, key pair, subnets, security group, AMI and its root device (name and snapshot
+    size) for a region.
     What was set up before is taken from $CLOUDTRAIN_HOME/aws-cache.json (AMI and subnets
     for a day), so a warm launch makes no describe calls; a stale entry shows up as a
     *.NotFound from RunInstances, and the caller bootstraps again uncached."""
@@ -40,15 +41,18 @@ def bootstrap(aws: AwsSession, region: str, ami: str | None, cached: bool = True
         group = network.ensure_group(aws, region, zones[0][2], owner)
         entry.update(group_key=group_key, group=group)
     if ami is not None:  # the user's own: resolved each time, never cached as the default
-        root_device = images.root_device(aws, region, ami)
-    elif now - entry.get("ami_at", 0) < CACHE_TTL_S and entry.get("ami"):
-        ami, root_device = entry["ami"], entry["root_device"]
+        facts = images.image_facts(aws, region, ami)
+        root_device, root_gb = facts["root_device"], facts["root_gb"]
+    elif now - entry.get("ami_at", 0) < CACHE_TTL_S and entry.get("ami") \
+            and "root_gb" in entry:
+        ami, root_device, root_gb = entry["ami"], entry["root_device"], entry["root_gb"]
     else:
         ami = images.resolve_ami(aws, region, None)
-        root_device = images.root_device(aws, region, ami)
-        entry.update(ami=ami, root_device=root_device, ami_at=now)
+        facts = images.image_facts(aws, region, ami)
+        root_device, root_gb = facts["root_device"], facts["root_gb"]
+        entry.update(ami=ami, root_device=root_device, root_gb=root_gb, ami_at=now)
     entry.update(access_key=access_key, owner=owner, owner_key=aws.owner_key(region),
                  key_name=key_name)
     cache.save(entry)
     return {"owner": owner, "key_name": key_name, "key_path": key_path, "zones": zones,
-            "group": group, "ami": ami, "root_device": root_device}
+            "group": group, "ami": ami, "root_device": root_device, "root_gb": root_gb}

@@ -224,7 +224,9 @@ def run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot
     all of them and none dies before it runs; their ids in launch order."""
     place = spec.placement
     zones = instances.relaunch_order(aws, boot["zones"], spec, region, job.facts)
-    disk = spec.root_gb(aws.settings)
+    disk = instances.root_volume_gb(aws, spec, boot)
+    if instances.root_volume_line(aws, spec, boot):
+        report.note(str(instances.root_volume_line(aws, spec, boot)))
     attempts: list[Attempt] = []
     n = spec.nodes
     for k, (zone, subnet, vpc, _zone_id) in enumerate(zones):

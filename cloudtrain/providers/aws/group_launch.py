@@ -34,7 +34,8 @@ from ...hosts import HOST_PACKAGE, host_files
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store
-from . import boot as booting, groups, host_setup, instances, jobstore, jobstore_attempts, results
+from . import boot as booting, bootstrap, groups, host_setup, instances, jobstore, \
+    jobstore_attempts, results
 from .placement import EFA_INTERFACES
 from .errors import AWSError, aws_errors
 from .groups import group_name
@@ -238,6 +239,9 @@ def _group_instances(aws: AwsSession, store: Store, job: Job, spec, region: str,
                            hint=f"cloudtrain down {job.id}")
         time.sleep(aws.settings.poll_seconds)
     ids = sorted(ids)[:spec.nodes]
+    # the size the group's template asked for (bootstrap's answer is cached: no call)
+    disk = instances.root_volume_gb(aws, spec, bootstrap.bootstrap(aws, region,
+                                                                   spec.placement.ami))
     raw = aws.call(region, "describe_instances", InstanceIds=ids)
     found = {i["InstanceId"]: i for r in raw["Reservations"] for i in r["Instances"]}
     for node, instance_id in enumerate(ids):
@@ -251,7 +255,7 @@ def _group_instances(aws: AwsSession, store: Store, job: Job, spec, region: str,
             terminated_at=None, price_per_hour=None,
             details={"subnet": inst.get("SubnetId"), "ami": inst.get("ImageId"),
                      "key_name": inst.get("KeyName"), "auto_scaling_group": name,
-                     "disk_gb": spec.root_gb(aws.settings), "disk_mbps": spec.data.disk_mbps,
+                     "disk_gb": disk, "disk_mbps": spec.data.disk_mbps,
                      **({"node": node} if spec.nodes > 1 else {})}))
         store.add_event(job.id, "instance", detail=f"{instance_id} in {zone} "
                         f"(Auto Scaling group {name}" +

@@ -79,9 +79,9 @@ def create_launch_template(aws: AwsSession, region: str, job: Job, spec, user_da
     No market options: a mixed-instances group refuses a template that asks for spot
     (the group's InstancesDistribution does). Returns its id."""
     boot = bootstrap.bootstrap(aws, region, spec.placement.ami)
-    request = instances.run_request(aws, job, spec, "", boot["group"], boot["ami"], boot["key_name"],
-                                    boot["owner"], spec.root_gb(aws.settings),
-                                    boot["root_device"])
+    request = instances.run_request(aws, job, spec, "", boot["group"], boot["ami"],
+                                    boot["key_name"], boot["owner"],
+                                    instances.root_volume_gb(aws, spec, boot), boot["root_device"])
     tags = _group_tags(aws, job, spec, boot["owner"])
     data = {k: request[k] for k in (
         "ImageId", "InstanceType", "KeyName", "SecurityGroupIds",

@@ -34,28 +34,21 @@ def resolve_ami(aws: AwsSession, region: str, ami: str | None = None) -> str:
 
 
 def image_facts(aws: AwsSession, region: str, ami: str) -> dict:
-    """{id, name, created, architecture, root_gb} of an AMI (`created`: AWS's
-    CreationDate, ISO 8601; `root_gb`: its root snapshot's size, the smallest root volume
-    RunInstances accepts for it, None where the image does not say); an AWSError when it
-    does not exist in the region."""
+    """{id, name, created, architecture, root_device, root_gb} of an AMI (`created`: AWS's
+    CreationDate, ISO 8601; `root_device`: its root device's name, /dev/sda1 on Ubuntu,
+    /dev/xvda on Amazon Linux: a mapping's size and type apply only under that name;
+    `root_gb`: its root snapshot's size, the smallest root volume RunInstances accepts for
+    it, None where the image does not say); an AWSError when it does not exist there."""
     images = aws.call(region, "describe_images", ImageIds=[ami])["Images"]
     if not images:
         raise AWSError(f"AMI {ami} does not exist in {region}",
                        hint="check --ami, or leave it out for the Deep Learning AMI")
     image = images[0]
+    device = image.get("RootDeviceName") or "/dev/sda1"
     root = next((m.get("Ebs") or {} for m in image.get("BlockDeviceMappings") or []
-                 if m.get("DeviceName") == image.get("RootDeviceName")), {})
+                 if m.get("DeviceName") == device), {})
+    size = root.get("VolumeSize")
     return {"id": image["ImageId"], "name": image.get("Name", ""),
             "created": image.get("CreationDate", ""),
-            "architecture": image.get("Architecture", ""),
-            "root_gb": root.get("VolumeSize")}
-
-
-def root_device(aws: AwsSession, region: str, ami: str) -> str:
-    """The AMI's root device name (/dev/sda1 on Ubuntu, /dev/xvda on Amazon Linux): the
-    volume size and type only apply when the mapping names the real root device."""
-    images = aws.call(region, "describe_images", ImageIds=[ami])["Images"]
-    if not images:
-        raise AWSError(f"AMI {ami} does not exist in {region}",
-                       hint="check --ami, or leave it out for the Deep Learning AMI")
-    return images[0].get("RootDeviceName") or "/dev/sda1"
+            "architecture": image.get("Architecture", ""), "root_device": device,
+            "root_gb": size if isinstance(size, int) and not isinstance(size, bool) else None}

@@ -118,13 +118,32 @@ def run_request(aws: AwsSession, job: Job, spec, subnet: str, group: str, ami: s
     return request
 
 
+def root_volume_gb(aws: AwsSession, spec, boot: dict) -> int:
+    """The root volume a launch asks for: the job's size (JobSpec.root_gb), raised to the
+    image's root snapshot where that is larger: RunInstances refuses a smaller one with
+    InvalidBlockDeviceMapping (RB1: the recipes' 20 and 60 GB are below a Deep Learning
+    AMI's snapshot)."""
+    return max(spec.root_gb(aws.settings), int(boot.get("root_gb") or 0))
+
+
+def root_volume_line(aws: AwsSession, spec, boot: dict) -> str | None:
+    """What the launch says when the image raised the root volume, else None."""
+    asked, used = spec.root_gb(aws.settings), root_volume_gb(aws, spec, boot)
+    if used == asked:
+        return None
+    return (f"root volume {used} GB, not the {asked} GB asked: the image's snapshot is "
+            f"{used} GB, the smallest EC2 accepts")
+
+
 def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: Reporter = SILENT) -> str:
     place = spec.placement
     zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
                                           boot["key_name"], boot["owner"])
     zones = relaunch_order(aws, zones, spec, region, job.facts)
     root_device = boot["root_device"]
-    disk = spec.root_gb(aws.settings)
+    disk = root_volume_gb(aws, spec, boot)
+    if root_volume_line(aws, spec, boot):
+        report.note(str(root_volume_line(aws, spec, boot)))
     attempts: list[Attempt] = []
     for n, (zone, subnet, _vpc, _zone_id) in enumerate(zones):
         request = run_request(aws, job, spec, subnet, group, ami, key_name, owner, disk,
