@@ -68,6 +68,9 @@ STANDARD_QUOTA = ("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R
 CHECK_MAX_RUNTIME_MINUTES = 5
 CHECK_FILE = "check.txt"  # the one file the sync sends; the job prints it
 ROLE_DATASET, ROLE_FILE = "cloudtrain-check", "role-check.txt"  # read with the instance role
+# The probe goes below its job's bundle/, where the shipped instance role may read (its
+# ReadJobBundlesAndCheckpoints statement); anywhere else a least-privilege role is refused (RB4).
+ROLE_KEY = "bundle/" + ROLE_FILE
 JOB_END_WAIT_S = 600.0  # from the agent's start to the job's end and its upload
 NAME_WIDTH = 21
 
@@ -210,7 +213,7 @@ def _launch(c: Check, steps: Steps, report: Report) -> None:
     if c.settings.instance_profile and c.bucket:
         with steps.step("role test object") as s:
             c.role_probe = f"{c.name}-role"
-            c.role_url = account.put_stored_object(region, c.role_probe, ROLE_FILE,
+            c.role_url = account.put_stored_object(region, c.role_probe, ROLE_KEY,
                                                    (c.role_line + "\n").encode())
             s.detail = (f"{c.role_url}: the instance reads it with its role "
                         f"({c.settings.instance_profile})")
@@ -274,8 +277,7 @@ def _run_job(c: Check, steps: Steps, report: Report) -> None:
             if c.role_line.encode() not in (got.read_bytes() if got.exists() else b""):
                 raise CloudtrainError("the job's output lacks the object the instance was to "
                                       "read with its role")
-            s.detail = (f"the instance read s3://{c.bucket}/jobs/{c.role_probe}/{ROLE_FILE} "
-                        f"with the role of instance profile {settings.instance_profile} "
+            s.detail = (f"the instance read {c.role_url} with the role of instance profile {settings.instance_profile} "
                         "(credentials from IMDSv2)")
     with steps.step("collect") as s:
         job = _finish(c, job)
@@ -330,8 +332,9 @@ def _job_failed(c: Check, status: dict) -> CloudtrainError:
         return CloudtrainError(
             f"the instance could not read the test object with its role: {reason}",
             hint=f"the role of instance profile {c.settings.instance_profile} needs "
-                 f"s3:GetObject on arn:aws:s3:::{c.bucket}/* (infra/instance-role-policy.json, "
-                 "infra/README.md); check imds_url in config.yaml if it is not EC2's")
+                 "infra/instance-role-policy.json's ReadJobBundlesAndCheckpoints (s3:GetObject "
+                 "on arn:aws:s3:::cloudtrain-*/jobs/*/bundle/*: infra/README.md);"
+                 " check imds_url in config.yaml if it is not EC2's")
     return CloudtrainError(f"the job {status.get('state') or 'did not end'}: {reason}",
                            hint=f"cloudtrain logs {c.job_id} shows its output")
 

@@ -848,7 +848,8 @@ def test_check_launch_reads_with_the_instance_role_when_one_is_configured(
         assert [s["name"] for s in bad] == ["instance role"]
         assert "could not read the test object with its role" in bad[0]["detail"]
         assert "instance role: the role of instance profile cloudtrain-instance needs " \
-               "s3:GetObject on arn:aws:s3:::cloudtrain-123456789012-us-east-1/*" in proc.stdout
+               "infra/instance-role-policy.json's ReadJobBundlesAndCheckpoints (s3:GetObject " \
+               "on arn:aws:s3:::cloudtrain-*/jobs/*/bundle/*" in proc.stdout
         assert _live(aws) == [] and _stored(aws) == []
         return
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -576,3 +576,27 @@ def test_RE5_every_shipped_policy_is_one_iam_creates(name, monkeypatch):
             made = iam.create_policy(PolicyName=name[:-5], PolicyDocument=text)["Policy"]
         assert made["Arn"].startswith("arn:aws:iam::123456789012:")
     assert len(json.dumps(json.loads(text), separators=(",", ":"))) <= 6144
+
+
+def test_RB4_the_launch_checks_role_probe_is_a_key_the_shipped_role_may_read():
+    """RB4: `check --launch` put its role probe at jobs/<owner>/<name>-role/role-check.txt,
+    which no GetObject statement of the shipped role names, so a least-privilege role was
+    refused and the hint told the user to grant the whole bucket. The probe's key (as
+    jobstore.put makes it) must match the role's own read statements (IAM's wildcards: `*`
+    spans slashes), in the role's own account."""
+    import fnmatch
+
+    from cloudtrain import launch_check
+    from cloudtrain.providers.aws import jobstore
+
+    key = jobstore.job_prefix("check-20261203-1a2b-role", owner_key="AIDAEXAMPLEOWNER0001") \
+        + launch_check.ROLE_KEY
+    arn = f"arn:aws:s3:::cloudtrain-123456789012-us-east-1/{key}"
+    reads = [s for s in ROLE["Statement"] if s["Effect"] == "Allow"
+             and "s3:GetObject" in _listed(s["Action"])]
+    matching = [s["Sid"] for s in reads
+                if any(fnmatch.fnmatchcase(arn, r) for r in _listed(s["Resource"]))]
+    assert matching == ["ReadJobBundlesAndCheckpoints"], (arn, matching)
+    old = arn.replace("/bundle/", "/")  # where it was: no statement of the role reads it
+    assert not [s for s in reads if any(fnmatch.fnmatchcase(old, r)
+                                        for r in _listed(s["Resource"]))]
