@@ -88,10 +88,16 @@ def _fail_in(zones, code, message="no"):
     return run_instances
 
 
-def test_capacity_error_in_first_az_then_success_in_the_second(cli, aws, ct_home, monkeypatch):
+@pytest.mark.parametrize("code, message", [
+    ("InsufficientInstanceCapacity", "We currently do not have sufficient g5.xlarge capacity"),
+    # RC2: a subnet out of addresses is the AZ's trouble too; the next AZ's subnet has its own
+    ("InsufficientFreeAddressesInSubnet", "There are not enough free addresses in subnet "
+                                          "'subnet-1' to satisfy the requested number of "
+                                          "instances.")])
+def test_capacity_error_in_first_az_then_success_in_the_second(cli, aws, ct_home, monkeypatch,
+                                                               code, message):
     monkeypatch.setattr(InstanceBackend, "run_instances",
-                        _fail_in({"us-east-1a"}, "InsufficientInstanceCapacity",
-                                 "We currently do not have sufficient g5.xlarge capacity"))
+                        _fail_in({"us-east-1a"}, code, message))
     proc = cli("launch", "--instance", "g5.xlarge", "--follow", "--quiet", "--", "echo", "hi")
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.splitlines()[0]

@@ -8,10 +8,11 @@ import re
 
 from ...errors import CloudError, CredentialsError, NoCredentials, PlacementError, UsageError
 
-# Errors that mean "not here, maybe in another AZ" (tried once per AZ, never retried blindly).
+# Errors that mean "not here, maybe in another AZ" (tried once per AZ, never retried blindly);
+# a subnet out of free addresses too: each AZ is tried through its own subnet (RC2).
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity",
                    "Unsupported", "SpotMaxPriceTooLow", "InsufficientHostCapacity",
-                   "InsufficientReservedInstanceCapacity"}
+                   "InsufficientReservedInstanceCapacity", "InsufficientFreeAddressesInSubnet"}
 # Errors that no other AZ will fix.
 QUOTA_ERRORS = {"VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded",
                 "PendingVerification"}
