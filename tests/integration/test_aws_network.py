@@ -80,3 +80,38 @@ def test_F9_cleanup_with_nothing_active_removes_what_no_instance_uses(ec2_provid
     assert p.aws.call("us-east-1", "describe_key_pairs")["KeyPairs"] == []
     assert p.aws.call("us-east-1", "describe_security_groups", Filters=[
         {"Name": "group-name", "Values": ["cloudtrain"]}])["SecurityGroups"] == []
+
+
+def test_RE3_another_principals_group_of_the_same_name_is_left_alone(ec2_provider):
+    """RE3: the group was found by name alone, so a second principal of the account (a
+    colleague, CI) in the same VPC took the first one's `cloudtrain` group: IAM refuses it
+    the changes (they are owner-conditioned), and creating its own failed with
+    InvalidGroup.Duplicate. Each owner now gets a group of its own, the plain name while it
+    is free, another name where it is not; the other's group is not touched. The EFA group
+    follows the same rule."""
+    from cloudtrain.providers.aws import cluster
+
+    p = ec2_provider
+    owner, vpc = p.account.owner("us-east-1"), _vpc(p)
+    colleague = "arn:aws:iam::123456789012:user/colleague"
+    theirs = {}
+    for name in ("cloudtrain", "cloudtrain-efa"):
+        theirs[name] = p.aws.call("us-east-1", "create_security_group", GroupName=name,
+                                  VpcId=vpc, Description="the colleague's",
+                                  TagSpecifications=[{"ResourceType": "security-group", "Tags": [
+                                      {"Key": OWNER_TAG, "Value": colleague}]}])["GroupId"]
+    before = {g: _rules(p, g) for g in theirs.values()}
+    gid = p.account.ensure_group("us-east-1", vpc, owner)
+    efa = cluster.ensure_efa_group(p.aws, "us-east-1", vpc, owner)
+    assert gid not in theirs.values() and efa not in theirs.values()
+    groups = {g["GroupId"]: g for g in p.aws.call("us-east-1", "describe_security_groups",
+                                                  GroupIds=[gid, efa])["SecurityGroups"]}
+    assert groups[gid]["GroupName"] == network.owned_name("cloudtrain", owner)
+    assert groups[efa]["GroupName"] == network.owned_name("cloudtrain-efa", owner)
+    assert all({"Key": OWNER_TAG, "Value": owner} in g["Tags"] for g in groups.values())
+    assert {g: _rules(p, g) for g in theirs.values()} == before
+    # found again by its owner tag, not made twice; and counted among the owner's own
+    assert p.account.ensure_group("us-east-1", vpc, owner) == gid
+    assert cluster.ensure_efa_group(p.aws, "us-east-1", vpc, owner) == efa
+    assert sorted(network.shared_resources(p.aws, "us-east-1")["security groups"]) == \
+        sorted([gid, efa])

@@ -33,7 +33,7 @@ from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...ssh_host import SSHHost
 from ...state import Instance, Job, Store
-from . import boot as booting, bootstrap, group_launch, instances, placement, volumes
+from . import boot as booting, bootstrap, group_launch, instances, network, placement, volumes
 from .errors import CAPACITY_ERRORS, QUOTA_ERRORS, AWSError, AWSPlacementError, StaleCache
 from .instances import Attempt
 from .placement import EFA_INTERFACES
@@ -120,18 +120,8 @@ def ensure_efa_group(aws: AwsSession, region: str, vpc: str, owner: str) -> str:
     traffic is neither IPv4 nor IPv6, so the default egress rule (0.0.0.0/0) does not match
     it, and NCCL then fails with unresponsive receivers (RG1; AWS's EFA security group
     recipe adds both rules)."""
-    found = aws.call(region, "describe_security_groups", Filters=[
-        {"Name": "group-name", "Values": [EFA_GROUP_NAME]},
-        {"Name": "vpc-id", "Values": [vpc]}])["SecurityGroups"]
-    if found:
-        group = found[0]
-    else:
-        gid = aws.call(region, "create_security_group", GroupName=EFA_GROUP_NAME,
-                       VpcId=vpc, Description="cloudtrain: EFA between a job's nodes",
-                       TagSpecifications=[{"ResourceType": "security-group", "Tags": [
-                           {"Key": TAG_OWNER, "Value": owner},
-                           {"Key": "Name", "Value": EFA_GROUP_NAME}]}])["GroupId"]
-        group = {"GroupId": gid, "IpPermissions": [], "IpPermissionsEgress": []}
+    group = network.own_group(aws, region, vpc, owner, EFA_GROUP_NAME,
+                              "cloudtrain: EFA between a job's nodes")
     gid = group["GroupId"]
     rule = [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid,
                                                         "Description": "cloudtrain EFA"}]}]

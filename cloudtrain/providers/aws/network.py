@@ -60,21 +60,40 @@ def ssh_rule_description() -> str:
     return f"cloudtrain SSH {machine[:12]}"
 
 
-def ensure_group(aws: AwsSession, region: str, vpc: str, owner: str) -> str:
-    """One security group per VPC, reused: SSH from ssh_cidr only (one rule per launching
-    machine, its old address revoked), plus TCP between members (multi-node jobs)."""
+def owned_name(base: str, owner: str) -> str:
+    """The name an owner's group takes where another owner's group has `base` in the VPC."""
+    return f"{base}-{hashlib.sha256(owner.encode()).hexdigest()[:10]}"
+
+
+def own_group(aws: AwsSession, region: str, vpc: str, owner: str, base: str,
+              description: str) -> dict:
+    """The owner's security group `base` in the VPC, made on first use: the one named
+    `base` (or owned_name's) that carries the owner's tag. Names are one per VPC, so where
+    another principal of the account made `base` first, this owner's is named apart (RE3:
+    the first user's group was found by name, and the second user's launch was refused
+    changing it, or failed to create its own with InvalidGroup.Duplicate)."""
+    names = [base, owned_name(base, owner)]
     found = aws.call(region, "describe_security_groups", Filters=[
-        {"Name": "group-name", "Values": [GROUP_NAME]}, {"Name": "vpc-id", "Values": [vpc]}
+        {"Name": "group-name", "Values": names}, {"Name": "vpc-id", "Values": [vpc]}
     ])["SecurityGroups"]
-    if found:
-        group = found[0]
-    else:
-        gid = aws.call(region, "create_security_group", GroupName=GROUP_NAME, VpcId=vpc,
-                       Description="cloudtrain: SSH from the launching machine only",
-                       TagSpecifications=[{"ResourceType": "security-group", "Tags": [
-                           {"Key": TAG_OWNER, "Value": owner},
-                           {"Key": "Name", "Value": GROUP_NAME}]}])["GroupId"]
-        group = {"GroupId": gid, "IpPermissions": []}
+    mine = [g for g in found if {"Key": TAG_OWNER, "Value": owner} in (g.get("Tags") or [])]
+    if mine:
+        return min(mine, key=lambda g: names.index(g.get("GroupName")))
+    name = names[1] if any(g.get("GroupName") == base for g in found) else base
+    gid = aws.call(region, "create_security_group", GroupName=name, VpcId=vpc,
+                   Description=description,
+                   TagSpecifications=[{"ResourceType": "security-group", "Tags": [
+                       {"Key": TAG_OWNER, "Value": owner},
+                       {"Key": "Name", "Value": name}]}])["GroupId"]
+    return {"GroupId": gid, "GroupName": name, "IpPermissions": [], "IpPermissionsEgress": []}
+
+
+def ensure_group(aws: AwsSession, region: str, vpc: str, owner: str) -> str:
+    """The owner's security group of the VPC (own_group), reused: SSH from ssh_cidr only
+    (one rule per launching machine, its old address revoked), plus TCP between members
+    (multi-node jobs)."""
+    group = own_group(aws, region, vpc, owner, GROUP_NAME,
+                      "cloudtrain: SSH from the launching machine only")
     gid = group["GroupId"]
     cidr = ssh_cidr(aws)
     port = aws.settings.ssh_port
@@ -153,8 +172,9 @@ def shared_resources(aws: AwsSession, region: str) -> dict[str, list[str]]:
     """This owner's resources that every job in `region` reuses: {"security groups":
     [ids] (cloudtrain, cloudtrain-efa), "key pairs": [names]}."""
     owner = aws.owner(region)
+    names = [GROUP_NAME, EFA_GROUP_NAME]
     groups = aws.call(region, "describe_security_groups", Filters=[
-        {"Name": "group-name", "Values": [GROUP_NAME, EFA_GROUP_NAME]},
+        {"Name": "group-name", "Values": names + [owned_name(n, owner) for n in names]},
         {"Name": f"tag:{TAG_OWNER}", "Values": [owner]}])["SecurityGroups"]
     keys = aws.call(region, "describe_key_pairs", Filters=[
         {"Name": f"tag:{TAG_OWNER}", "Values": [owner]}])["KeyPairs"]
