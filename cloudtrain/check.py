@@ -238,7 +238,7 @@ def _job_store(cloud, settings: config.Settings, region: str, checks: list[Check
 
 def _owner_prefix(cloud, region: str, checks: list[Check]) -> None:
     """Whose part of the job store this caller's jobs go to, and whether the same user finds
-    it again from the next process (RE2: a role session named after its start time does not)."""
+    it again from the next process (a role session named after its start time does not)."""
     try:
         found = cloud.owner_prefix(region)
     except CloudtrainError as exc:

@@ -69,7 +69,7 @@ CHECK_MAX_RUNTIME_MINUTES = 5
 CHECK_FILE = "check.txt"  # the one file the sync sends; the job prints it
 ROLE_DATASET, ROLE_FILE = "cloudtrain-check", "role-check.txt"  # read with the instance role
 # The probe goes below its job's bundle/, where the shipped instance role may read (its
-# ReadJobBundlesAndCheckpoints statement); anywhere else a least-privilege role is refused (RB4).
+# ReadJobBundlesAndCheckpoints statement); anywhere else a least-privilege role is refused.
 ROLE_KEY = "bundle/" + ROLE_FILE
 JOB_END_WAIT_S = 600.0  # from the agent's start to the job's end and its upload
 NAME_WIDTH = 21

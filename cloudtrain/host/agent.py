@@ -106,7 +106,7 @@ class Agent:
         self.kill_at = None
         self.proc = None
         self.held_end = None  # a run's end while regroup.Team decides what it means
-        self.first_run_at = None  # the max runtime counts from here, across regroups (F43)
+        self.first_run_at = None  # the max runtime counts from here, across regroups
         self.restarts_used = False  # a regroup found --max-restarts used: preempted, and over
         self.team_now = None  # regroup.Team, for a node of a job on several nodes of a group
         self.lock = threading.Lock()
@@ -337,7 +337,7 @@ class Agent:
     def supervise(self, started):
         """Until run.sh ends: the maximum runtime, the SIGKILL after the grace period, the
         heartbeat and the checkpoint stream's record. The maximum runtime counts from the
-        first run: a regroup's run goes on the same clock (F43)."""
+        first run: a regroup's run goes on the same clock."""
         next_beat = started + self.heartbeat_s
         clock_from = self.first_run_at if self.first_run_at is not None else started
         assert self.proc is not None  # run.sh started

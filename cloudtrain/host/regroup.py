@@ -194,7 +194,7 @@ def meet(reader, grant, prefix, at_least, nodes, me, peers, wait_s=REPLACE_WAIT_
     Failed(EXIT_ENDED) once final.json is there; Failed(EXIT_RESTARTS) for an attempt past
     `max_restarts` (each regroup is a restart); Failed(EXIT_STORE) after `wait_s` without
     the attempt, or `meet_s` from the first join without all of its nodes: newer attempts
-    recorded meanwhile move the meeting on, not its clock (F43: a writer adding attempts
+    recorded meanwhile move the meeting on, not its clock (a writer adding attempts
     kept every node waiting, billing, for as long as it wrote)."""
     say = say or (lambda line: None)
     start, joined, since, n = time.time(), None, None, at_least - 1  # since: the first join

@@ -80,7 +80,7 @@ def detail(store: Store, settings: config.Settings, ref: str, tail_lines: int = 
     probe, log_tail = {}, b""
     # A probe of a directory with no agent yet takes it for one whose agent never started
     # (and says so in its status.json): only a job that runs there, or ran, is probed. Not
-    # one queued on a kept instance, nor one a launcher is still copying and setting up (F13).
+    # one queued on a kept instance, nor one a launcher is still copying and setting up.
     if job.jobdir and not _queued_only(store, job):
         host = group.host_of(job)
         try:

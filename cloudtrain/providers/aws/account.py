@@ -77,7 +77,7 @@ def credential_source(aws: AwsSession, region: str) -> dict | None:
             "access_key": "*" * max(len(key) - 4, 0) + key[-4:]}
 
 
-# The session names AWS gives that are one per process, instance or login (RE2).
+# The session names AWS gives that are one per process, instance or login.
 BOTOCORE_SESSION = re.compile(r"botocore-session-\d+$")
 INSTANCE_SESSION = re.compile(r"i-[0-9a-f]{8,17}$")
 

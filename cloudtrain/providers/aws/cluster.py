@@ -118,7 +118,7 @@ def ensure_efa_group(aws: AwsSession, region: str, vpc: str, owner: str) -> str:
     """The shared EFA security group of a VPC: all traffic from and to its own members. EFA's
     OS-bypass needs every protocol, and an outbound rule naming the group itself: its
     traffic is neither IPv4 nor IPv6, so the default egress rule (0.0.0.0/0) does not match
-    it, and NCCL then fails with unresponsive receivers (RG1; AWS's EFA security group
+    it, and NCCL then fails with unresponsive receivers (AWS's EFA security group
     recipe adds both rules)."""
     group = network.own_group(aws, region, vpc, owner, EFA_GROUP_NAME,
                               "cloudtrain: EFA between a job's nodes")

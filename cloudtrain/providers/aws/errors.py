@@ -9,7 +9,7 @@ import re
 from ...errors import CloudError, CredentialsError, NoCredentials, PlacementError, UsageError
 
 # Errors that mean "not here, maybe in another AZ" (tried once per AZ, never retried blindly);
-# a subnet out of free addresses too: each AZ is tried through its own subnet (RC2).
+# a subnet out of free addresses too: each AZ is tried through its own subnet.
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity",
                    "Unsupported", "SpotMaxPriceTooLow", "InsufficientHostCapacity",
                    "InsufficientReservedInstanceCapacity", "InsufficientFreeAddressesInSubnet"}

@@ -121,7 +121,7 @@ def run_request(aws: AwsSession, job: Job, spec, subnet: str, group: str, ami: s
 def root_volume_gb(aws: AwsSession, spec, boot: dict) -> int:
     """The root volume a launch asks for: the job's size (JobSpec.root_gb), raised to the
     image's root snapshot where that is larger: RunInstances refuses a smaller one with
-    InvalidBlockDeviceMapping (RB1: the recipes' 20 and 60 GB are below a Deep Learning
+    InvalidBlockDeviceMapping (the recipes' 20 and 60 GB are below a Deep Learning
     AMI's snapshot)."""
     return max(spec.root_gb(aws.settings), int(boot.get("root_gb") or 0))
 

@@ -69,9 +69,9 @@ def own_group(aws: AwsSession, region: str, vpc: str, owner: str, base: str,
               description: str) -> dict:
     """The owner's security group `base` in the VPC, made on first use: the one named
     `base` (or owned_name's) that carries the owner's tag. Names are one per VPC, so where
-    another principal of the account made `base` first, this owner's is named apart (RE3:
-    the first user's group was found by name, and the second user's launch was refused
-    changing it, or failed to create its own with InvalidGroup.Duplicate)."""
+    another principal of the account made `base` first, this owner's is named apart. (Found
+    by name alone, the first user's group was the second's too: IAM refused it the changes,
+    and creating its own failed with InvalidGroup.Duplicate.)"""
     names = [base, owned_name(base, owner)]
     found = aws.call(region, "describe_security_groups", Filters=[
         {"Name": "group-name", "Values": names}, {"Name": "vpc-id", "Values": [vpc]}

@@ -320,7 +320,7 @@ def _plan_checks(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]:
         ami = images.resolve_ami(aws, region, place.ami)
         rows.append((step, ami))
         snapshot = images.image_facts(aws, region, ami)["root_gb"] or 0
-        if snapshot > spec.root_gb(aws.settings):  # RB1: the launch asks for the snapshot's
+        if snapshot > spec.root_gb(aws.settings):  # the launch asks for the snapshot's
             rows.append(("disk", f"{snapshot} GB, not {spec.root_gb(aws.settings)}: the "
                                  f"image's root snapshot is {snapshot} GB, the smallest "
                                  "root volume EC2 accepts"))

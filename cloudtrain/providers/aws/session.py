@@ -57,7 +57,7 @@ def stable_session_name() -> str:
     """The session name cloudtrain gives a `role_arn` profile that names none: one per local
     user, the same in every process. botocore's own is `botocore-session-<unix time>`, so each
     process was a new `aws:userid` (`<role id>:<session>`), a new job-store prefix, and the
-    jobs recorded under the last one were denied to it (RE2). STS allows 2-64 characters of
+    jobs recorded under the last one were denied to it. STS allows 2-64 characters of
     [\\w+=,.@-]."""
     try:
         user = getpass.getuser()
@@ -97,7 +97,7 @@ class AwsSession:
         self._sessions: dict[str, object] = {}
         self.clients: dict[tuple, object] = {}
         self.sweep_lock = threading.Lock()  # sweep threads make their clients one at a time
-        self.named_sessions: list[str] = []  # role_arn profiles given a session name (RE2)
+        self.named_sessions: list[str] = []  # role_arn profiles given a session name
 
     def session(self, region: str | None = None):
         """A boto3 session; with no region, the AWS chain's (AWS_REGION, AWS_DEFAULT_REGION,
