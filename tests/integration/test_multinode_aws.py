@@ -222,7 +222,8 @@ def test_efa_types_get_efa_interfaces_and_the_efa_group(cloud, groups):
     assert [p["UserIdGroupPairs"][0]["GroupId"] for p in efa_group["IpPermissionsEgress"]
             if p["IpProtocol"] == "-1" and p["UserIdGroupPairs"]] == [efa_group["GroupId"]]
     # A second job's launch finds both rules there and adds neither again.
-    assert cluster.ensure_efa_group(provider.aws, REGION, efa_group["VpcId"], "me") == \
+    assert cluster.ensure_efa_group(provider.aws, REGION, efa_group["VpcId"],
+                                    provider.account.owner(REGION)) == \
         efa_group["GroupId"]
     assert provider.network_environment(spec) == {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1",
                                               "FI_EFA_USE_DEVICE_RDMA": "1"}
