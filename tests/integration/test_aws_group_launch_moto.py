@@ -366,3 +366,26 @@ def test_a_launch_through_its_group_leaves_what_a_replacement_boots_from(cloud, 
     conf = p.group_settings(store, job, spec)["auto_scaling"]
     assert (conf["group"], conf["bucket"], conf["prefix"], conf["max_restarts"]) == \
         (name, bucket, prefix, spec.recovery.max_restarts)
+
+
+def test_RB1_a_launch_through_its_group_asks_for_the_images_snapshot_and_says_so(
+        cloud, monkeypatch):
+    """RB1 on the group's path: the template asks for the image's root snapshot where the
+    job asked for less, the launch says so, and the group's instance is recorded with the
+    size it got (what its cost counts)."""
+    from labs.moto_images import ImageRoots
+    from test_aws_groups import _job, _spec
+
+    _plain_http_stands_in_for_tls(monkeypatch)
+    p, store, images = cloud
+    ImageRoots().install(monkeypatch).sizes[images[REGION]] = 75
+    spec = _spec(images[REGION], disk_gb=20)
+    job = _job(store, spec)
+    said = []
+    report = type("Said", (), {"note": lambda self, line: said.append(line),
+                               "phase": lambda self, line: None})()
+    group_launch.acquire_from_group(p.aws, store, job, spec, report)
+    assert said == ["root volume 75 GB, not the 20 GB asked: the image's snapshot is 75 GB, "
+                    "the smallest EC2 accepts"]
+    [row] = store.instances(job.id)
+    assert row.details["disk_gb"] == 75

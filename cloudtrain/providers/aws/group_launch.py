@@ -197,11 +197,16 @@ def acquire_from_group(aws: AwsSession, store: Store, job: Job, spec, report: Re
         raise AWSError(f"the job's user-data is {len(user_data)} bytes gzipped, more than "
                        f"EC2's {USER_DATA_MAX}")
     report.phase(f"creating the job's Auto Scaling group in {region}")
+    # the region's set-up as the group's template will take it (bootstrap caches it)
+    set_up = bootstrap.bootstrap(aws, region, spec.placement.ami)
+    if instances.root_volume_line(aws, spec, set_up):
+        report.note(str(instances.root_volume_line(aws, spec, set_up)))
     name = groups.create_job_group(aws, store, job, spec, user_data)
     store.record_facts(job.id, auto_scaling_group=name)
     report.phase("waiting for AWS Auto Scaling to launch the instance"
                  + (f"s of {spec.nodes} nodes" if spec.nodes > 1 else ""))
-    return _group_instances(aws, store, job, spec, region, name)
+    return _group_instances(aws, store, job, spec, region, name,
+                            instances.root_volume_gb(aws, spec, set_up))
 
 
 def acquire_from_group_or_say(aws: AwsSession, store: Store, job: Job, spec,
@@ -223,10 +228,10 @@ def acquire_from_group_or_say(aws: AwsSession, store: Store, job: Job, spec,
         return None
 
 
-def _group_instances(aws: AwsSession, store: Store, job: Job, spec, region: str, name: str
-                     ) -> list[str]:
+def _group_instances(aws: AwsSession, store: Store, job: Job, spec, region: str, name: str,
+                     disk: int) -> list[str]:
     """The group's first instances, one per node (in instance-id order: node 0 first),
-    recorded (the job's instances from now on)."""
+    recorded (the job's instances from now on) with the root volume's size, `disk` GB."""
     place = spec.placement
     deadline = time.monotonic() + GROUP_START_WAIT_S
     while True:
@@ -239,9 +244,6 @@ def _group_instances(aws: AwsSession, store: Store, job: Job, spec, region: str,
                            hint=f"cloudtrain down {job.id}")
         time.sleep(aws.settings.poll_seconds)
     ids = sorted(ids)[:spec.nodes]
-    # the size the group's template asked for (bootstrap's answer is cached: no call)
-    disk = instances.root_volume_gb(aws, spec, bootstrap.bootstrap(aws, region,
-                                                                   spec.placement.ami))
     raw = aws.call(region, "describe_instances", InstanceIds=ids)
     found = {i["InstanceId"]: i for r in raw["Reservations"] for i in r["Instances"]}
     for node, instance_id in enumerate(ids):
