@@ -215,8 +215,9 @@ def run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot
     place = spec.placement
     zones = instances.relaunch_order(aws, boot["zones"], spec, region, job.facts)
     disk = instances.root_volume_gb(aws, spec, boot)
-    if instances.root_volume_line(aws, spec, boot):
-        report.note(str(instances.root_volume_line(aws, spec, boot)))
+    raised = instances.root_volume_line(aws, spec, boot)
+    if raised:
+        report.note(raised)
     attempts: list[Attempt] = []
     n = spec.nodes
     for k, (zone, subnet, vpc, _zone_id) in enumerate(zones):

@@ -199,8 +199,9 @@ def acquire_from_group(aws: AwsSession, store: Store, job: Job, spec, report: Re
     report.phase(f"creating the job's Auto Scaling group in {region}")
     # the region's set-up as the group's template will take it (bootstrap caches it)
     set_up = bootstrap.bootstrap(aws, region, spec.placement.ami)
-    if instances.root_volume_line(aws, spec, set_up):
-        report.note(str(instances.root_volume_line(aws, spec, set_up)))
+    raised = instances.root_volume_line(aws, spec, set_up)
+    if raised:
+        report.note(raised)
     name = groups.create_job_group(aws, store, job, spec, user_data)
     store.record_facts(job.id, auto_scaling_group=name)
     report.phase("waiting for AWS Auto Scaling to launch the instance"

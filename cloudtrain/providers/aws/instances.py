@@ -142,8 +142,9 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
     zones = relaunch_order(aws, zones, spec, region, job.facts)
     root_device = boot["root_device"]
     disk = root_volume_gb(aws, spec, boot)
-    if root_volume_line(aws, spec, boot):
-        report.note(str(root_volume_line(aws, spec, boot)))
+    raised = root_volume_line(aws, spec, boot)
+    if raised:
+        report.note(raised)
     attempts: list[Attempt] = []
     for n, (zone, subnet, _vpc, _zone_id) in enumerate(zones):
         request = run_request(aws, job, spec, subnet, group, ami, key_name, owner, disk,
