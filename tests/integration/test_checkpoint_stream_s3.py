@@ -68,7 +68,15 @@ def grant(s3, bucket):
 
 
 def _save(jobdir: Path, files: dict[str, bytes], step: int) -> None:
-    """Checkpoint files renamed into place, then checkpoint-info.json, as save_atomic does."""
+    """The step's log lines, then checkpoint files renamed into place, then
+    checkpoint-info.json, as save_atomic does. The logs come first: checkpoint-info.json is what
+    starts a snapshot, and lines appended after it may or may not be in that one (under load
+    the upload can begin first), which is right, but would make the comparison below a race."""
+    jobdir.mkdir(parents=True, exist_ok=True)
+    with open(jobdir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": step}) + "\n")
+    with open(jobdir / "output.log", "a") as f:
+        f.write(f"saved step {step}\n")
     for rel, data in {**files, checkpoint_manifest.INFO: json.dumps({"step": step, "epoch": step // 10}
                                                    ).encode()}.items():
         path = jobdir / "checkpoints" / rel
@@ -76,10 +84,6 @@ def _save(jobdir: Path, files: dict[str, bytes], step: int) -> None:
         tmp = path.with_name("." + path.name + ".tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
-    with open(jobdir / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"step": step}) + "\n")
-    with open(jobdir / "output.log", "a") as f:
-        f.write(f"saved step {step}\n")
 
 
 def _tree(root: Path, under: str = "") -> dict[str, bytes]:
