@@ -51,6 +51,20 @@ def _moto_with_its_default_images_only() -> None:
 _moto_with_its_default_images_only()
 
 
+def _one_torch_thread_per_process() -> None:
+    """Every torch in the suite (the workers' own, the jobs they start, the lab's hosts: see
+    labs/cloud.py) runs one intra-op thread, and inductor compiles in its own process. The
+    suite runs two workers on two cores, each starting trainings; torch's default is a thread
+    per core in each process, and OpenMP's threads wait for each other at every operation, so
+    a thread the kernel has put aside holds up the rest: the resnet9 compile test took 206 s in
+    the suite against 39 s alone. A test that wants another count says so (monkeypatch)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+
+
+_one_torch_thread_per_process()
+
+
 # pytest-xdist's workers inherit COLUMNS=80 and LINES=24 from their pseudo-terminal; the
 # commands under test size their tables by COLUMNS, so a test that wants a width says so.
 for _name in ("COLUMNS", "LINES"):

@@ -249,7 +249,6 @@ def test_three_nodes_laptop_closed_a_node_taken_back_the_nodes_meet_again_and_su
     from labs.moto_placement import PlacementGroups
 
     lab.asg.placement = PlacementGroups().install(monkeypatch)
-    lab.host_env["OMP_NUM_THREADS"] = "1"  # 3 nodes share 2 cores
     job_id = cli.launch(*RESNET9_NODES, "--nodes", "3", "--instance", "g5.xlarge", "--spot",
                         timeout=300)
     name = f"cloudtrain-{job_id}"
@@ -307,7 +306,6 @@ def test_C3_three_nodes_lose_node_1_then_the_rendezvous_after_a_notice_and_succe
     from labs.moto_placement import PlacementGroups
 
     lab.asg.placement = PlacementGroups().install(monkeypatch)
-    lab.host_env["OMP_NUM_THREADS"] = "1"  # 3 nodes share 2 cores
     job_id = cli.launch(*RESNET9_NODES_LONG, "--nodes", "3", "--instance", "g5.xlarge",
                         "--spot", "--max-restarts", "3", timeout=300)
     name = f"cloudtrain-{job_id}"

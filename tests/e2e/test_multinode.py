@@ -41,8 +41,6 @@ def lab(cli, ct_home, tmp_path, monkeypatch):
     with cloud_lab(cli, ct_home, tmp_path, monkeypatch, ZONE_A + ZONE_B,
                    f"ct-e2e-nodes-{os.getpid()}") as lab:
         lab.groups = groups
-        # Every namespace host shares this machine's 2 cores: one torch thread each, not 2.
-        lab.host_env["OMP_NUM_THREADS"] = "1"
         yield lab
 
 

@@ -96,7 +96,9 @@ class CloudLab:
         _plain_http_stands_in_for_tls(monkeypatch)
         self.imds = FakeIMDS(host=BRIDGE, role=None)
         self.hosts, self.sshds, self.homes = {}, {}, {}
-        self.host_env: dict[str, str] = {}  # more of each host's environment (start())
+        # more of each host's environment (start()); every host shares this machine's cores,
+        # so its torch takes one thread (tests/conftest.py says why)
+        self.host_env: dict[str, str] = {"OMP_NUM_THREADS": "1"}
         self.asg = None  # the AutoScalingLab, when cloud_lab(autoscaling=True) made one
         # tmux's socket path must fit a Unix socket's 108 bytes: a short folder under /tmp
         self.tmux_root = Path(tempfile.mkdtemp(prefix="ctr-", dir="/tmp"))
