@@ -8,11 +8,26 @@ import socket
 import threading
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on at `host` right now."""
+def free_port(host: str = "127.0.0.1", *more: str) -> int:
+    """A TCP port nobody listens on right now at `host` nor at any of `more` (a server that
+    listens on several addresses: each of them must be free, e.g. the other pytest worker's
+    lab may hold the same loopback addresses on some port)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if all(_free(other, port) for other in more):
+            return port
+    raise OSError(f"no port free at {host} and {len(more)} more addresses in 50 tries")
+
+
+def _free(host: str, port: int) -> bool:
     with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 class QuietServer(http.server.ThreadingHTTPServer):

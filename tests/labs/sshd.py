@@ -58,21 +58,46 @@ class SSHD:
         cmd = [SSHD_BIN, "-D", "-e", "-f", str(self.config)]
         return ["ip", "netns", "exec", self.netns, *cmd] if self.netns else cmd
 
-    def start(self) -> "SSHD":
-        os.makedirs("/run/sshd", exist_ok=True)
-        self.log = open(self.dir / "sshd.log", "wb")
-        self.proc = subprocess.Popen(self.argv(), stdout=self.log, stderr=subprocess.STDOUT)
-        wait_for(self._listening, timeout=10, interval=0.05, what="sshd to start listening")
-        return self
+    def addresses(self) -> list[str]:
+        return [l.split()[1] for l in self.config.read_text().splitlines()
+                if l.startswith("ListenAddress ")]
 
-    def _listening(self) -> bool:
+    def start(self) -> "SSHD":
+        """Started, and listening on each of its addresses itself. Where another process took
+        its port meanwhile (the other pytest worker's lab listens on the same loopback
+        addresses), it moves to a free port and starts again: a connection to the port
+        alone would have reached that other sshd (which refuses our key)."""
+        os.makedirs("/run/sshd", exist_ok=True)
+        for _ in range(5):
+            self.log = open(self.dir / "sshd.log", "wb")
+            self.proc = subprocess.Popen(self.argv(), stdout=self.log, stderr=subprocess.STDOUT)
+            if wait_for(self._listening, timeout=10, interval=0.05,
+                        what="sshd to start listening") == "listening":
+                return self
+            self.stop()
+            if self.netns:  # its own network: the port was not taken by anyone else
+                break
+            self.port = free_port(*self.addresses())
+            self.config.write_text("".join(
+                f"Port {self.port}\n" if l.startswith("Port ") else l + "\n"
+                for l in self.config.read_text().splitlines()))
+        raise RuntimeError("sshd could not listen: " + (self.dir / "sshd.log").read_text())
+
+    def _listening(self) -> str | None:
+        """"listening" once sshd says it listens on every address; "port taken" when one of
+        them was in use (it may still listen on the rest: stop it); None before."""
+        said = (self.dir / "sshd.log").read_text(errors="replace")
+        if "Address already in use" in said:
+            return "port taken"
         if self.proc.poll() is not None:
-            raise RuntimeError("sshd exited: " + (self.dir / "sshd.log").read_text())
-        try:
-            with socket.create_connection((self.host, self.port), timeout=0.2):
-                return True
-        except OSError:
-            return False
+            raise RuntimeError("sshd exited: " + said)
+        if all(f"Server listening on {a} port {self.port}." in said for a in self.addresses()):
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.2):
+                    return "listening"
+            except OSError:
+                return None
+        return None
 
     def connections(self) -> int:
         """How many SSH logins this server accepted (from its log)."""
