@@ -29,7 +29,10 @@ files put beside it, the agent's files in its directory; then the latest checkpo
 streamed (stream/latest.json) is restored (checkpoint_restore.restore, each GET signed with the
 role) and job.json's checkpoint stream goes on from it; then start.sh runs. Nothing of the
 bundle is trusted until its sha256 matches: whoever can write under the job's prefix could have
-written anything there.
+written anything there. An instance of a group is told the manifest's own sha256 by its user-data
+(--manifest-sha256; the launch adds it to the group's template once the bundle is up, and only
+the launching principal may change the template), so such a writer cannot change the code a
+replacement runs either: another manifest ends the job (EXIT_MANIFEST) and nothing of it runs.
 
 A job run by an Auto Scaling group (job.json's "auto_scaling", host/auto_scaling.py): before
 the restore, final.json in the job store means the job has ended: the group and its launch
@@ -57,7 +60,7 @@ from .bundle_reader import (  # noqa: F401 - the layout and codes are said from 
     EXIT_CREDENTIALS, EXIT_ENDED, EXIT_GRANT, EXIT_MANIFEST, EXIT_OBJECT, EXIT_RESTARTS,
     EXIT_RESTORE, EXIT_STORE, EXIT_USAGE, EXIT_WRITE, FILE_MAX_BYTES, Failed,
     IMDS_URL, JOB_DIR, MANIFEST, MANIFEST_MAX_BYTES, MANIFEST_POLL_S, PREFIX,
-    RESUME, STAGING, START, STATUS_FILE, VERSION, check_archive, check_manifest,
+    RESUME, SHA256, STAGING, START, STATUS_FILE, VERSION, check_archive, check_manifest,
     check_name, unpack)
 from .awsapi import RoleCredentials, object_url
 
@@ -146,13 +149,13 @@ def restore_latest(bundle, root):
     return status
 
 
-def wait_for_manifest(bundle, wait_s):
+def wait_for_manifest(bundle, wait_s, pin=None):
     """The bundle's manifest once it is there (the launch uploads it once the job's files are
-    written), asked every MANIFEST_POLL_S for up to `wait_s`; Failed after that."""
+    written), asked every MANIFEST_POLL_S for up to `wait_s`; Failed after that, or at once
+    for one whose sha256 is not `pin`."""
     deadline = time.time() + wait_s
     while True:
-        doc = bundle.get_json(bundle.key(MANIFEST), MANIFEST_MAX_BYTES, EXIT_MANIFEST,
-                              denied_is_missing=True)
+        doc = bundle.manifest(pin, missing=None)
         if doc is not None:
             return doc
         if time.time() >= deadline:
@@ -350,8 +353,9 @@ def enter_job(bundle, root, job, conf, imds):
 
 
 def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, group=None,
-              wait_s=0):
-    """Fetch, verify and unpack the job's bundle into `jobdir`; for a job run by a group
+              wait_s=0, pin=None):
+    """Fetch, verify and unpack the job's bundle into `jobdir` (`pin`: the sha256 its manifest
+    must have, so that a writer of the job's prefix cannot change what runs); for a job run by a group
     (job.json's auto_scaling), take this instance's attempt (take_attempt); then restore the
     latest checkpoint and start the agent. Returns the status written to
     <jobdir>/bootstrap-status.json; Failed on any failure. `wait_s`: an instance of the
@@ -368,7 +372,7 @@ def bootstrap(bucket, prefix, jobdir, region, endpoint=None, imds=IMDS_URL, grou
     write_status(root, {"ok": None, "stage": "booting", "pid": os.getpid(), "at": started})
     bundle = Bundle(bucket, prefix, region, endpoint, imds)
     bundle.credentials()
-    doc = bundle.manifest() if not wait_s else wait_for_manifest(bundle, wait_s)
+    doc = bundle.manifest(pin) if not wait_s else wait_for_manifest(bundle, wait_s, pin)
     if wait_s and os.path.exists(os.path.join(root, "job.json")):
         # The group's first instance: the launching machine wrote the job's files here over
         # SSH before it uploaded the bundle, and starts the agent itself.
@@ -437,6 +441,8 @@ def main(argv=None):
     parser.add_argument("--group", default=None, help="the job's Auto Scaling group")
     parser.add_argument("--wait-s", type=float, default=0.0,
                         help="wait this long for the bundle (an Auto Scaling instance)")
+    parser.add_argument("--manifest-sha256", default=None,
+                        help="the sha256 of the bundle's manifest as launched")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse printed its one usage line
@@ -449,8 +455,11 @@ def main(argv=None):
             raise Failed(EXIT_USAGE, "--prefix must be jobs/<owner>/<job>/")
         if args.group is not None and not auto_scaling.GROUP.fullmatch(args.group):
             raise Failed(EXIT_USAGE, "--group must be an Auto Scaling group's name")
+        pin = args.manifest_sha256
+        if pin is not None and not SHA256.fullmatch(pin):
+            raise Failed(EXIT_USAGE, "--manifest-sha256 must be 64 lowercase hex digits")
         bootstrap(args.bucket, args.prefix, os.path.normpath(jobdir), args.region,
-                  args.endpoint, args.imds, args.group, max(0.0, args.wait_s))
+                  args.endpoint, args.imds, args.group, max(0.0, args.wait_s), pin)
         return 0
     except Failed as exc:
         line = " ".join(str(exc).split())[:500]

@@ -181,20 +181,28 @@ class Bundle:
         """The headers that make a GET of `url` one of the role's (SigV4, now)."""
         return sign_get(url, self.region, self.creds.get(), utc_now())
 
-    def manifest(self):
-        """The bundle's manifest: Failed where there is none (an upload that did not finish)."""
-        return self.get_json(self.key(MANIFEST), MANIFEST_MAX_BYTES, EXIT_MANIFEST,
-                             "the bundle was never uploaded, or its upload did not finish")
+    def manifest(self, pin=None, missing="the bundle was never uploaded, or its upload did "
+                 "not finish"):
+        """The bundle's manifest: Failed where there is none (an upload that did not finish;
+        `missing` None: None then, for a caller that waits for it). `pin`: the sha256 its
+        bytes must have (the launch template's user-data says it), or Failed."""
+        return self.get_json(self.key(MANIFEST), MANIFEST_MAX_BYTES, EXIT_MANIFEST, missing,
+                             denied_is_missing=missing is None, sha256=pin)
 
-    def get_json(self, key, limit, code, missing=None, denied_is_missing=False):
+    def get_json(self, key, limit, code, missing=None, denied_is_missing=False, sha256=None):
         """The JSON object at `key`, read to at most `limit` bytes (one byte more refuses
-        it); None where there is none and `missing` is None, else Failed(code)."""
+        it); None where there is none and `missing` is None, else Failed(code). `sha256`:
+        what its bytes must hash to, else Failed(code)."""
         data = self.get_bytes(key, limit, code, missing, denied_is_missing)
         if data is None:
             return None
         where = "s3://%s/%s" % (self.bucket, key)
         if len(data) > limit:
             raise Failed(code, "%s is larger than %d bytes: refused" % (where, limit))
+        if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+            raise Failed(code, "%s is not the one the job was launched with (its sha256 is "
+                         "not the %s the instance's user-data names): someone rewrote the "
+                         "job's bundle; refused" % (where, sha256))
         try:
             return json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):

@@ -389,3 +389,66 @@ def test_RB1_a_launch_through_its_group_asks_for_the_images_snapshot_and_says_so
                     "the smallest EC2 accepts"]
     [row] = store.instances(job.id)
     assert row.details["disk_gb"] == 75
+
+
+def _but_user_data(version: dict) -> dict:
+    """A template version's data but its user-data (and the template's own tags, which moto
+    copies into its first version's TagSpecifications)."""
+    data = {k: v for k, v in version["LaunchTemplateData"].items() if k != "UserData"}
+    data["TagSpecifications"] = [t for t in data.get("TagSpecifications", [])
+                                 if t["ResourceType"] != "launch-template"]
+    return data
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_F40_the_uploaded_bundle_is_pinned_in_a_new_version_of_the_groups_template(
+        cloud, monkeypatch, tmp_path, allowed):
+    """F40: once the bundle is up, the group's template gets a version whose user-data names
+    the sha256 of the manifest as stored (--manifest-sha256), the rest as the first version
+    (made whole: moto drops what AWS's SourceVersion would inherit); the group launches
+    $Latest, so every replacement checks it. AWS refusing the version (a policy from before
+    it) is a WARNING in the launch's words, and the job goes on unpinned."""
+    import base64
+    import gzip
+    import hashlib
+
+    from test_aws_groups import _job, _spec
+
+    _plain_http_stands_in_for_tls(monkeypatch)
+    p, store, images = cloud
+    p.settings.instance_profile = "cloudtrain-instance"
+    spec = _spec(images[REGION])
+    job = _job(store, spec)
+    group_launch.acquire_from_group(p.aws, store, job, spec)
+    job = store.job(job.id)
+    ec2 = boto3.client("ec2", region_name=REGION)
+    if not allowed:
+        _refuse(p.aws.client("ec2", REGION), "CreateLaunchTemplateVersion",
+                "UnauthorizedOperation", "You are not authorized to perform this operation.")
+    part = tmp_path / "files.tar"
+    part.write_bytes(b"x" * 100)
+    line = p.upload_bundle(store, job, spec, [("files.tar", part)],
+                           {"archive": {"files": 1, "bytes": 100}})
+    versions = ec2.describe_launch_template_versions(
+        LaunchTemplateName=job.facts.auto_scaling_group)["LaunchTemplateVersions"]
+    if not allowed:
+        assert len(versions) == 1
+        assert "WARNING: the bundle is not pinned" in line and "ec2:CreateLaunchTemplateVersion" \
+            in line, line
+        return
+    s3, bucket, _ = results.job_store_client(p.aws, REGION)
+    prefix = jobstore.job_prefix(job.id, owner_key=job.facts.store_owner)
+    stored = s3.get_object(Bucket=bucket, Key=prefix + "bundle/manifest.json")["Body"].read()
+    pin = hashlib.sha256(stored).hexdigest()
+    first, latest = sorted(versions, key=lambda v: v["VersionNumber"])
+    assert latest["VersionNumber"] == 2
+    assert f"replacements start only this bundle (its manifest's sha256 {pin[:12]}" in line
+    text = gzip.decompress(base64.b64decode(latest["LaunchTemplateData"]["UserData"])).decode()
+    old = gzip.decompress(base64.b64decode(first["LaunchTemplateData"]["UserData"])).decode()
+    assert f"--manifest-sha256 {pin}" in text and "--manifest-sha256" not in old
+    assert text.replace(f" --manifest-sha256 {pin}", "") == old
+    assert _but_user_data(latest) == _but_user_data(first)
+    group = boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups(
+        AutoScalingGroupNames=[job.facts.auto_scaling_group])["AutoScalingGroups"][0]
+    assert group["MixedInstancesPolicy"]["LaunchTemplate"]["LaunchTemplateSpecification"][
+        "Version"] == "$Latest"

@@ -659,3 +659,67 @@ def test_a_passing_failure_leaves_the_group_for_the_next_instance(group_lab):
     assert done.returncode == bootstrap.EXIT_CREDENTIALS, done.stderr
     assert "the job is ended" not in done.stderr
     assert lab.present() == ([GROUP], [GROUP]) and record(lab, "final.json") is None
+
+
+def _rewrite_start(lab, script: bytes) -> None:
+    """F40's attack: whoever can write the job's prefix (its upload grant, read from its
+    bundle's job.json) puts their own start.sh and a manifest that agrees with it."""
+    import hashlib
+
+    key = PREFIX + "bundle/"
+    lab.s3.put_object(Bucket=BUCKET, Key=key + "start.sh", Body=script)
+    doc = json.loads(lab.s3.get_object(Bucket=BUCKET, Key=key + "manifest.json")["Body"].read())
+    for obj in doc["objects"]:
+        if obj["name"] == "start.sh":
+            obj["size"], obj["sha256"] = len(script), hashlib.sha256(script).hexdigest()
+    lab.s3.put_object(Bucket=BUCKET, Key=key + "manifest.json", Body=json.dumps(doc).encode())
+
+
+def _stored_manifest_sha256(lab) -> str:
+    import hashlib
+
+    return hashlib.sha256(lab.s3.get_object(Bucket=BUCKET, Key=PREFIX + "bundle/manifest.json")
+                          ["Body"].read()).hexdigest()
+
+
+def test_F40_a_rewritten_bundle_runs_nowhere_its_manifest_pinned_by_the_user_data(group_lab):
+    """F40: an instance of job A read job B's upload grant from B's bundle, rewrote B's
+    start.sh and manifest (consistent with each other), and B's next replacement ran it.
+    The launch now pins the manifest's sha256 in the group's user-data (--manifest-sha256):
+    the replacement refuses the rewritten bundle, nothing of it runs, and the job ends
+    rather than AWS starting one instance after another on it. Without the pin (a group
+    launched before it) the attack is what the audit found: the marker is written."""
+    lab = group_lab
+    b = group_bundle(lab)
+    pin = _stored_manifest_sha256(lab)
+    put_record(lab, "attempts/1.json", {"attempt": 1, "instance": "i-0first", "by": "launch"})
+    marker = lab.tmp / "pwned"
+    _rewrite_start(lab, f"#!/bin/sh\ntouch {shlex.quote(str(marker))}\nexit 3\n".encode())
+
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args(), "--manifest-sha256", pin)
+    assert done.returncode == bootstrap.EXIT_MANIFEST, done.stderr
+    assert done.stderr.count("\n") == 1 and "not the one the job was launched with" in \
+        done.stderr and "the job is ended" in done.stderr, done.stderr
+    assert not marker.exists() and not (Path(b["jobdir"]) / "status.json").exists()
+    assert lab.present() == ([], [])  # the group and its template are gone
+
+    unpinned = run_bootstrap(lab, b["jobdir"], 60, *group_args())
+    wait_for(marker.exists, timeout=15, what="the rewritten start.sh to run unpinned")
+    assert unpinned.returncode != 0
+
+
+def test_F40_the_pinned_bundle_as_launched_starts(group_lab):
+    lab = group_lab
+    b = group_bundle(lab)
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args(), "--manifest-sha256",
+                         _stored_manifest_sha256(lab))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((Path(b["jobdir"]) / bootstrap.STATUS_FILE).read_text())["ok"] is True
+
+
+@pytest.mark.parametrize("pin", ["abc", "A" * 64, "0" * 63 + "g"])
+def test_F40_a_pin_that_is_not_a_sha256_is_a_usage_error(group_lab, pin):
+    lab = group_lab
+    b = group_bundle(lab)
+    done = run_bootstrap(lab, b["jobdir"], 60, *group_args(), "--manifest-sha256", pin)
+    assert done.returncode == bootstrap.EXIT_USAGE and "--manifest-sha256" in done.stderr

@@ -338,7 +338,8 @@ def test_issue27_groups_and_templates_are_created_with_the_callers_owner_and_a_j
 @pytest.mark.parametrize("action,resource", [
     ("autoscaling:DeleteAutoScalingGroup", GROUP_ARN),
     ("autoscaling:PutScheduledUpdateGroupAction", GROUP_ARN),
-    ("ec2:DeleteLaunchTemplate", TEMPLATE_ARN), ("ec2:RunInstances", TEMPLATE_ARN)])
+    ("ec2:DeleteLaunchTemplate", TEMPLATE_ARN), ("ec2:RunInstances", TEMPLATE_ARN),
+    ("ec2:CreateLaunchTemplateVersion", TEMPLATE_ARN)])
 def test_issue27_only_the_callers_own_groups_and_templates_change(action, resource):
     (s,) = _group_statements(action)
     assert _listed(s["Resource"]) == [resource]
@@ -526,10 +527,11 @@ def test_issue27_the_instance_role_ends_only_tagged_job_groups_and_reads_their_r
 
 @pytest.mark.parametrize("change", ["without-groups", "without-templates", "without-records",
                                     "untagged", "any-group", "more-actions", "resize-upward",
-                                    "resize-unbounded"])
+                                    "resize-unbounded", "template-versions"])
 def test_issue27_the_check_fails_a_role_without_the_group_statements_or_with_more(change):
     """F44 among them: the role may set a group's sizes to 0 only; before, it could resize
-    any cloudtrain group upward, or revive one its deadline had emptied."""
+    any cloudtrain group upward, or revive one its deadline had emptied. F40: a role that
+    may add a version to a job's template could unpin the code its replacements run."""
     role = json.loads(json.dumps(ROLE))
     by_sid = {s["Sid"]: s for s in role["Statement"]}
     groups, templates = by_sid["EndJobGroups"], by_sid["DeleteJobLaunchTemplates"]
@@ -547,6 +549,8 @@ def test_issue27_the_check_fails_a_role_without_the_group_statements_or_with_mor
         del templates["Condition"]
     elif change == "any-group":
         groups["Resource"] = "*"
+    elif change == "template-versions":
+        templates["Action"] = _listed(templates["Action"]) + ["ec2:CreateLaunchTemplateVersion"]
     else:
         groups["Action"] = _listed(groups["Action"]) + ["autoscaling:CreateAutoScalingGroup"]
     assert _group_end_problems(role) or _bundle_problems(role)

@@ -2,6 +2,7 @@
 
     group_recovery(spec)                      None where the job runs in a group, else why not
     acquire_from_group(store, job, spec, boot, report)   boot files, group, its first instance
+    pin_bundle(store, job, spec, pin)         the template's new version: the bundle's sha256
     group_settings(store, job, spec)          job.json's "auto_scaling" (what the agent ends)
     record_attempt(store, job, spec, n, instance)        attempts/<n>.json in the job store
 
@@ -178,24 +179,11 @@ def acquire_from_group(aws: AwsSession, store: Store, job: Job, spec, report: Re
     user-data that starts the job on any instance, and the group's first instances (one
     per node), recorded as the job's (from here on every failure path deletes the
     group)."""
-    import gzip
-
     region = aws.region(spec)
-    store_region, bucket, prefix = _store_place(aws, store, job, spec)
-    data, digest = boot_tar()
+    store_region = _store_place(aws, store, job, spec)[0]
+    data, _ = boot_tar()
     _store_put(aws, store, job, store_region, BOOT_TAR, data)
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    where = ["--region", store_region] + (["--endpoint", endpoint] if endpoint else [])
-    loader = ["--bucket", bucket, "--key", prefix + BOOT_TAR, "--sha256", digest, *where,
-              "--imds", aws.settings.imds_url]
-    boot = ["--bucket", bucket, "--prefix", prefix, "--jobdir", group_jobdir(aws, job),
-            *where, "--imds", aws.settings.imds_url, "--wait-s", str(BUNDLE_WAIT_S),
-            "--group", group_name(job.id)]  # max_restarts: job.json's, in the bundle
-    script = boot_script(loader, boot, aws.settings.ssh_user)
-    user_data = gzip.compress(instances.user_data(aws, job, spec, script).encode(), 9, mtime=0)
-    if len(user_data) > USER_DATA_MAX:
-        raise AWSError(f"the job's user-data is {len(user_data)} bytes gzipped, more than "
-                       f"EC2's {USER_DATA_MAX}")
+    user_data = group_user_data(aws, store, job, spec)
     report.phase(f"creating the job's Auto Scaling group in {region}")
     # the region's set-up as the group's template will take it (bootstrap caches it)
     set_up = bootstrap.bootstrap(aws, region, spec.placement.ami)
@@ -208,6 +196,54 @@ def acquire_from_group(aws: AwsSession, store: Store, job: Job, spec, report: Re
                  + (f"s of {spec.nodes} nodes" if spec.nodes > 1 else ""))
     return _group_instances(aws, store, job, spec, region, name,
                             instances.root_volume_gb(aws, spec, set_up))
+
+
+def group_user_data(aws: AwsSession, store: Store, job: Job, spec, pin: str | None = None
+                    ) -> bytes:
+    """The user-data (gzipped) of every instance of the job's group: the boot loader with
+    boot.tar's place and sha256, bootstrap's arguments (the job's store, directory and
+    group; `pin`: the sha256 of the bundle's manifest, once it is uploaded)."""
+    import gzip
+
+    store_region, bucket, prefix = _store_place(aws, store, job, spec)
+    _, digest = boot_tar()
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    where = ["--region", store_region] + (["--endpoint", endpoint] if endpoint else [])
+    loader = ["--bucket", bucket, "--key", prefix + BOOT_TAR, "--sha256", digest, *where,
+              "--imds", aws.settings.imds_url]
+    boot = ["--bucket", bucket, "--prefix", prefix, "--jobdir", group_jobdir(aws, job),
+            *where, "--imds", aws.settings.imds_url, "--wait-s", str(BUNDLE_WAIT_S),
+            "--group", group_name(job.id)]  # max_restarts: job.json's, in the bundle
+    if pin:
+        boot += ["--manifest-sha256", pin]
+    script = boot_script(loader, boot, aws.settings.ssh_user)
+    user_data = gzip.compress(instances.user_data(aws, job, spec, script).encode(), 9, mtime=0)
+    if len(user_data) > USER_DATA_MAX:
+        raise AWSError(f"the job's user-data is {len(user_data)} bytes gzipped, more than "
+                       f"EC2's {USER_DATA_MAX}")
+    return user_data
+
+
+def pin_bundle(aws: AwsSession, store: Store, job: Job, spec, pin: str) -> str | None:
+    """For a job of an Auto Scaling group, once its bundle is uploaded: a new version of the
+    group's launch template whose user-data names the sha256 of the bundle's manifest
+    (`pin`), which the group launches from then on ($Latest). A writer of the job's prefix
+    (any holder of its instances' credentials or its upload grant) may then rewrite the
+    bundle, but a replacement refuses it rather than run it; only the user's principal may
+    change the template. What it did, in words; None for a job without a group. AWS refusing
+    it is a WARNING, not a failed launch: the job recovers as before, unpinned."""
+    name = store.job(job.id).facts.auto_scaling_group
+    if not name:
+        return None
+    try:
+        version = groups.new_template_version(aws, aws.region(spec), job, spec,
+                                              group_user_data(aws, store, job, spec, pin))
+    except AWSError as exc:
+        return (f"WARNING: the bundle is not pinned in the group's launch template "
+                f"({' '.join(exc.message.split())}): a replacement runs whatever the job's "
+                "bundle holds when it starts")
+    return (f"the group's replacements start only this bundle (its manifest's sha256 "
+            f"{pin[:12]}..., launch template version {version})")
 
 
 def acquire_from_group_or_say(aws: AwsSession, store: Store, job: Job, spec,

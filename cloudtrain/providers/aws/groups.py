@@ -1,6 +1,7 @@
 """EC2 Auto Scaling groups: a recovering spot job's instances kept running by AWS itself.
 
     create_launch_template(region, job, spec, user_data)  the job's template (made once)
+    new_template_version(region, job, spec, user_data)    its version with the pinned bundle
     create_job_group(store, job, spec, user_data)         template, group and its deadline
     recorded_groups(store, job)                           (region, name) the store says exist
     group_launches(store, job)                            the instances the job's group launched
@@ -78,6 +79,25 @@ def create_launch_template(aws: AwsSession, region: str, job: Job, spec, user_da
     user-data, and instance-metadata tags on, so an instance can read its own job id.
     No market options: a mixed-instances group refuses a template that asks for spot
     (the group's InstancesDistribution does). Returns its id."""
+    data, tags = _template_data(aws, region, job, spec, user_data)
+    name = group_name(job.id)
+    try:
+        made = aws.call(region, "create_launch_template", LaunchTemplateName=name,
+                        ClientToken=f"{job.id}-template", LaunchTemplateData=data,
+                        TagSpecifications=[{"ResourceType": "launch-template",
+                                            "Tags": tags}])
+        return made["LaunchTemplate"]["LaunchTemplateId"]
+    except AWSError as exc:
+        if "AlreadyExists" not in exc.code:
+            raise
+    (found,) = aws.call(region, "describe_launch_templates",
+                        LaunchTemplateNames=[name])["LaunchTemplates"]
+    return found["LaunchTemplateId"]
+
+
+def _template_data(aws: AwsSession, region: str, job: Job, spec, user_data: str | bytes
+                   ) -> tuple[dict, list[dict]]:
+    """(LaunchTemplateData, the job's tags) for the job's template with `user_data`."""
     boot = bootstrap.bootstrap(aws, region, spec.placement.ami)
     request = instances.run_request(aws, job, spec, "", boot["group"], boot["ami"],
                                     boot["key_name"], boot["owner"],
@@ -92,19 +112,19 @@ def create_launch_template(aws: AwsSession, region: str, job: Job, spec, user_da
                                  for kind in ("instance", "volume")]
     raw = user_data if isinstance(user_data, bytes) else user_data.encode()  # gzip: bytes
     data["UserData"] = base64.b64encode(raw).decode()
-    name = group_name(job.id)
-    try:
-        made = aws.call(region, "create_launch_template", LaunchTemplateName=name,
-                        ClientToken=f"{job.id}-template", LaunchTemplateData=data,
-                        TagSpecifications=[{"ResourceType": "launch-template",
-                                            "Tags": tags}])
-        return made["LaunchTemplate"]["LaunchTemplateId"]
-    except AWSError as exc:
-        if "AlreadyExists" not in exc.code:
-            raise
-    (found,) = aws.call(region, "describe_launch_templates",
-                        LaunchTemplateNames=[name])["LaunchTemplates"]
-    return found["LaunchTemplateId"]
+    return data, tags
+
+
+def new_template_version(aws: AwsSession, region: str, job: Job, spec, user_data: bytes) -> int:
+    """A new version of the job's launch template with `user_data`, the rest as the first
+    (made whole again, not from SourceVersion: what AWS inherits from it, moto drops), which
+    the group launches from then on (it asks for $Latest); its number. One per job
+    (ClientToken): a second call returns the same version."""
+    data, _ = _template_data(aws, region, job, spec, user_data)
+    made = aws.call(region, "create_launch_template_version",
+                    LaunchTemplateName=group_name(job.id), ClientToken=f"{job.id}-pinned",
+                    LaunchTemplateData=data)
+    return int(made["LaunchTemplateVersion"]["VersionNumber"])
 
 
 def create_job_group(aws: AwsSession, store: Store, job: Job, spec, user_data: str | bytes) -> str:

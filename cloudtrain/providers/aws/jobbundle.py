@@ -1,6 +1,7 @@
 """A job's bundle in the job store: what an instance needs to start the job by itself.
 
     upload(s3, bucket, prefix, parts, meta)   every part, then bundle/manifest.json last
+    manifest_bytes(doc)                       the manifest as stored (its sha256 pins it)
 
 Layout (below the job's prefix `jobs/<owner_key>/<job_id>/`, cloudtrain/host/bootstrap.py
 reads it on the instance with its role): `bundle/files.tar` (the synced files), `bundle/job/*`
@@ -32,6 +33,12 @@ def manifest(parts: list[tuple[str, Path]], meta: dict) -> dict:
     return {"version": bundle_reader.VERSION, **meta, "objects": objects}
 
 
+def manifest_bytes(doc: dict) -> bytes:
+    """The manifest as it is stored (what an instance of the job's group checks against the
+    sha256 its user-data names)."""
+    return json.dumps(doc, indent=1).encode()
+
+
 def upload(s3, bucket: str, prefix: str, parts: list[tuple[str, Path]], meta: dict,
            expected_owner: str | None = None) -> dict:
     """Upload each (name, local file) to `<prefix>bundle/<name>`, then the manifest; returns
@@ -47,7 +54,7 @@ def upload(s3, bucket: str, prefix: str, parts: list[tuple[str, Path]], meta: di
     for name, path in parts:
         with open(path, "rb") as f:
             s3.upload_fileobj(f, bucket, base + name, ExtraArgs=dict(owner), Config=config)
-    body = json.dumps(doc, indent=1).encode()
+    body = manifest_bytes(doc)
     if len(body) > bundle_reader.MANIFEST_MAX_BYTES:
         raise ValueError(f"the bundle's manifest is {len(body)} bytes, more than the "
                          f"{bundle_reader.MANIFEST_MAX_BYTES} an instance reads")

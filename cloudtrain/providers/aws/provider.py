@@ -129,7 +129,9 @@ class AWSProvider:
 
     def upload_bundle(self, store: Store, job: Job, spec, parts: list[tuple[str, Path]],
                       meta: dict) -> str | None:
-        return results.upload_bundle(self.aws, store, job, spec, parts, meta)
+        line, pin = results.upload_bundle(self.aws, store, job, spec, parts, meta)
+        return "; ".join(filter(None, [line, group_launch.pin_bundle(self.aws, store, job,
+                                                                     spec, pin)]))
 
     def fetch_results(self, store: Store, job: Job, local: Path, node: int = 0
                       ) -> dict | None:

@@ -4,7 +4,7 @@ powers off, and how they come home after it is gone (jobstore.py beside it does 
     results_grant(store, job, spec)   a presigned POST for the agent, and what to tell the user
     fetch_results(store, job, local)  the stored files into `local`; None when nothing is stored
     upload_bundle(store, job, spec, parts, meta)   what an instance starts the job from
-                                      (jobbundle.py), under the job's prefix
+                                      (jobbundle.py), under the job's prefix; its pin
 
 Why a presigned POST and not an instance role: no IAM role or iam:PassRole is needed, the
 grant is scoped to one job's key prefix (`jobs/<owner key>/<id>/`) and expires, and no AWS
@@ -18,6 +18,7 @@ read from `jobs/<id>/`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -50,9 +51,10 @@ def job_store_client(aws: AwsSession, region: str):
 
 
 def upload_bundle(aws: AwsSession, store: Store, job: Job, spec, parts: list[tuple[str, Path]],
-                  meta: dict) -> str:
+                  meta: dict) -> tuple[str, str]:
     """The job's bundle (jobbundle.py) under its prefix in the job store, with the
-    caller's credentials, the manifest last; where it went and its size, in words."""
+    caller's credentials, the manifest last: (where it went and its size, in words; the
+    sha256 of its manifest as stored)."""
     region = job.facts.store_region or spec.placement.region or aws.region_of(job)
     s3, bucket, account = job_store_client(aws, region)
     prefix = jobstore.job_prefix(job.id, owner_key=job_store_owner(aws, store, job))
@@ -62,7 +64,8 @@ def upload_bundle(aws: AwsSession, store: Store, job: Job, spec, parts: list[tup
     size = sum(o["size"] for o in doc["objects"])
     return (f"bundle: {len(doc['objects'])} objects, {size / 1e6:.1f} MB "
             f"({meta['archive']['files']} synced files) to "
-            f"s3://{bucket}/{prefix}bundle/, for an instance that starts the job by itself")
+            f"s3://{bucket}/{prefix}bundle/, for an instance that starts the job by itself",
+            hashlib.sha256(jobbundle.manifest_bytes(doc)).hexdigest())
 
 
 def ensure_job_store(aws: AwsSession, region: str, owner_key: str | None = None) -> tuple[str, bool]:
