@@ -560,3 +560,37 @@ def test_RB1_the_plan_says_when_the_image_raises_the_disk(cloud, monkeypatch):
                     "volume EC2 accepts") in rows
     assert [v for k, v in plan.plan(p.aws, _spec(images[REGION], disk_gb=80))
             if k == "disk"] == ["80 GB gp3, encrypted, deleted with the instance"]
+
+
+def test_RD1_the_template_tags_every_resource_the_cli_policy_wants_tagged_at_launch(cloud):
+    """RD1: creating a group checks the caller's ec2:RunInstances against its template, and
+    the CLI policy allows RunInstances only where the owner tag is requested on the instance,
+    its volume, its network interface and its spot request. The template tagged the first
+    two only, so on a real account with that policy the group was refused (and the job fell
+    back to the supervisor on the laptop). The resource types are read from the policy
+    itself, so one it adds is asked of the template too."""
+    import json
+    from pathlib import Path
+
+    POLICY = json.loads((Path(__file__).resolve().parents[2] / "infra" / "iam-policy-cli.json")
+                        .read_text())
+    wanted = set()
+    for s in POLICY["Statement"]:
+        if s["Effect"] == "Allow" and s["Action"] == "ec2:RunInstances" and \
+                "aws:RequestTag/cloudtrain:owner" in s.get("Condition", {}).get(
+                    "StringEquals", {}):
+            res = s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]]
+            wanted |= {r.split(":")[5].split("/")[0] for r in res}
+    assert wanted == {"instance", "volume", "network-interface", "spot-instances-request"}
+    p, store, images = cloud
+    spec = _spec(images[REGION])
+    job = _job(store, spec)
+    groups.create_launch_template(p.aws, REGION, job, spec, USER_DATA)
+    (template,) = _templates(job.id)
+    data = _ec2().describe_launch_template_versions(
+        LaunchTemplateId=template["LaunchTemplateId"])["LaunchTemplateVersions"][0][
+        "LaunchTemplateData"]
+    owner = p.aws.owner(REGION)
+    tagged = {t["ResourceType"] for t in data["TagSpecifications"]
+              if {"Key": "cloudtrain:owner", "Value": owner} in t["Tags"]}
+    assert wanted <= tagged, json.dumps(data["TagSpecifications"])

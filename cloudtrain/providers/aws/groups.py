@@ -108,8 +108,11 @@ def _template_data(aws: AwsSession, region: str, job: Job, spec, user_data: str 
         "InstanceInitiatedShutdownBehavior", "BlockDeviceMappings", "IamInstanceProfile")
         if k in request}
     data["MetadataOptions"] = {**request["MetadataOptions"], "InstanceMetadataTags": "enabled"}
-    data["TagSpecifications"] = [{"ResourceType": kind, "Tags": tags}
-                                 for kind in ("instance", "volume")]
+    # Every resource RunInstances tags (the instance, its volume and network interface, its
+    # spot request): creating the group checks the caller's ec2:RunInstances against the
+    # template, and the CLI policy wants the owner tag on each of them.
+    data["TagSpecifications"] = [{"ResourceType": t["ResourceType"], "Tags": tags}
+                                 for t in request["TagSpecifications"]]
     raw = user_data if isinstance(user_data, bytes) else user_data.encode()  # gzip: bytes
     data["UserData"] = base64.b64encode(raw).decode()
     return data, tags
