@@ -23,5 +23,7 @@ rootdir-relative conftest, and the benchmarks put it there).
     moto_placement  placement groups, which moto lacks
     moto_quotas     EC2's Service Quotas, which moto lacks
     moto_activities Auto Scaling's scaling activities, which moto does not keep
+    moto_images     an image's root snapshot size, and EC2's refusal of a smaller root volume
+    moto_templates  launch template versions kept as moto keeps a template's first one
     terminal        the real `cloudtrain` on a pseudo-terminal
 """

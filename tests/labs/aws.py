@@ -30,6 +30,7 @@ from cloudtrain.ssh import generate_ed25519
 from .credentials import AWS_ENV, CLIENT_CREDS, REGION
 from .loopback import free_port
 from .moto_images import ImageRoots
+from .moto_templates import TemplateVersions
 from .sshd import SSHD
 
 SUBNETS = {"us-east-1a": "127.0.1.0/28", "us-east-1b": "127.0.2.0/28"}
@@ -245,6 +246,7 @@ def use_moto(endpoint: str, monkeypatch) -> None:
     root volume (labs/moto_images.py) that moto leaves out."""
     reset_moto(endpoint)
     ImageRoots().install(monkeypatch)
+    TemplateVersions().install(monkeypatch)
     for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
         monkeypatch.setenv(k, v)
 
@@ -333,6 +335,7 @@ def ec2_provider(monkeypatch, ct_home):
     for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(k, raising=False)
     ImageRoots().install(monkeypatch)
+    TemplateVersions().install(monkeypatch)
     with mock_aws():
         yield AWSProvider(Settings(region=REGION, ssh_cidr="127.0.0.1/32", poll_seconds=0.05))
 
