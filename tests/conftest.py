@@ -54,7 +54,7 @@ _moto_with_its_default_images_only()
 def _one_torch_thread_per_process() -> None:
     """Every torch in the suite (the workers' own, the jobs they start, the lab's hosts: see
     labs/cloud.py) runs one intra-op thread, and inductor compiles in its own process. The
-    suite runs two workers on two cores, each starting trainings; torch's default is a thread
+    suite runs several workers on two cores, each starting trainings; torch's default is a thread
     per core in each process, and OpenMP's threads wait for each other at every operation, so
     a thread the kernel has put aside holds up the rest: the resnet9 compile test took 206 s in
     the suite against 39 s alone. A test that wants another count says so (monkeypatch)."""
@@ -338,7 +338,7 @@ def slow_seconds(item) -> float:
 
 def pytest_collection_modifyitems(config, items):
     """In a pytest-xdist worker, the slow tests first, longest first (a stable sort: the rest
-    keep their order). The scheduler hands out units in this order, so the two workers start
+    keep their order). The scheduler hands out units in this order, so the workers start
     on the long trainings and end on short tests together; before, the last tests collected
     (tests/unit/test_wide_resnet.py's compile and torchrun runs) left one worker training for
     a minute or more while the other had nothing left. A serial run keeps the file order."""
@@ -347,7 +347,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Under pytest-xdist (.ci/run: two workers), the end-to-end tests go to one worker as one
+    """Under pytest-xdist (.ci/run: three workers), the end-to-end tests go to one worker as one
     unit: their network namespaces share 10.200.0.0/24 and one lab runs at a time anyway. Every
     other test is a unit of its own, handed out in the workers' collection order (units of one
     test keep it: pytest_collection_modifyitems puts the slow ones first). (Our own scheduler,
