@@ -41,7 +41,7 @@ def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SI
     if found is None:
         volumes.attach_snapshots(aws, store, job, spec, region, instance, zone, boot["owner"])
     endpoint = Endpoint(address, aws.settings.ssh_port, aws.settings.ssh_user, str(key_path))
-    host = booting.wait_ssh(aws, region, instance, endpoint, report)
+    host = booting.wait_ssh(aws, region, instance, endpoint, place.instance_type, 1, report)
     report.phase(f"checking {instance}'s host key against its console output")
     verified = booting.check_host_key(aws, store, job, region, instance, host, place.instance_type,
                                        report)

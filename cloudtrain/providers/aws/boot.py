@@ -49,12 +49,37 @@ def wait_running(aws: AwsSession, region: str, instance_id: str, report: Reporte
         time.sleep(aws.settings.poll_seconds)
 
 
+# The types whose first boot takes longest: a Deep Learning AMI on a p4d, p5 or p6 also
+# assembles the local NVMe array and starts EFA and the driver before SSH answers (dstack saw
+# 10 to 25 minutes to provision such hosts; SkyPilot waits 600 s for SSH on AWS).
+SLOW_BOOT_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300"})
+SLOW_BOOT_SSH_S = 600.0
+NODES_SSH_S = 900.0  # a job on several nodes: the slowest of them
+
+
+def ssh_wait_s(aws: AwsSession, instance_type: str | None, nodes: int = 1) -> float:
+    """How long a launch waits for an instance's SSH to answer: config.yaml's
+    ssh_wait_seconds where it says another value than the built-in one; else that (300 s),
+    raised to NODES_SSH_S for a job on several nodes and to SLOW_BOOT_SSH_S for a type of
+    SLOW_BOOT_FAMILIES. Only a launch that fails waits the whole bound."""
+    said = aws.settings.ssh_wait_seconds
+    if said != type(aws.settings).ssh_wait_seconds:
+        return said
+    if nodes > 1:
+        return max(said, NODES_SSH_S)
+    if (instance_type or "").split(".")[0] in SLOW_BOOT_FAMILIES:
+        return max(said, SLOW_BOOT_SSH_S)
+    return said
+
+
 def wait_ssh(aws: AwsSession, region: str, instance_id: str, endpoint: Endpoint,
-              report: Reporter = SILENT) -> SSHHost:
-    deadline = time.monotonic() + aws.settings.ssh_wait_seconds
+             instance_type: str | None, nodes: int = 1, report: Reporter = SILENT) -> SSHHost:
+    """The instance's SSH host once it answers, within ssh_wait_s (for `instance_type`, one
+    of `nodes`); AWSError with the console's last lines after that."""
+    wait_s = ssh_wait_s(aws, instance_type, nodes)
+    deadline = time.monotonic() + wait_s
     last = None
-    report.phase(f"waiting for SSH on {endpoint.label()} (at most "
-                 f"{aws.settings.ssh_wait_seconds:.0f} s)")
+    report.phase(f"waiting for SSH on {endpoint.label()} (at most {wait_s:.0f} s)")
     while time.monotonic() < deadline:
         host = SSHHost(endpoint, default_tmux_socket(),
                        python=aws.settings.remote_python or "python3")
@@ -68,7 +93,7 @@ def wait_ssh(aws: AwsSession, region: str, instance_id: str, endpoint: Endpoint,
             time.sleep(aws.settings.poll_seconds)
     console = console_tail(aws, region, instance_id)
     raise AWSError(f"SSH to {instance_id} ({endpoint.label()}) did not answer in "
-                   f"{aws.settings.ssh_wait_seconds:.0f} s: {last.message if last else ''}"
+                   f"{wait_s:.0f} s: {last.message if last else ''}"
                    + (f"; console output ends: {console}" if console else ""),
                    hint=f"aws ec2 get-console-output --instance-id {instance_id} --region "
                         f"{region} --latest; check the security group allows {network.ssh_cidr(aws)}")

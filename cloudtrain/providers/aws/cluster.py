@@ -178,13 +178,13 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
     from ... import nodes
 
     report.phase(f"waiting for SSH on {n} nodes (at most "
-                 f"{aws.settings.ssh_wait_seconds:.0f} s)")
+                 f"{booting.ssh_wait_s(aws, place.instance_type, n):.0f} s)")
     warnings: list[str] = []  # said once every node is reached: no display from threads
 
     def reach(i: int) -> SSHHost:
         endpoint = Endpoint(addresses[i], aws.settings.ssh_port, aws.settings.ssh_user,
                             str(boot["key_path"]))
-        host = booting.wait_ssh(aws, region, ids[i], endpoint)
+        host = booting.wait_ssh(aws, region, ids[i], endpoint, place.instance_type, n)
         with Store(store.path) as mine:  # a connection of this thread's own
             verified = booting.check_host_key(aws, mine, job, region, ids[i], host,
                                                place.instance_type, Reporter(warnings.append))

@@ -362,7 +362,8 @@ def follow_replacement(aws: AwsSession, store: Store, job: Job, instance_id: str
     address = booting.wait_running(aws, region, instance_id)
     endpoint = Endpoint(address, info.get("port", aws.settings.ssh_port),
                         info.get("user", aws.settings.ssh_user), info.get("key_path"))
-    host = booting.wait_ssh(aws, region, instance_id, endpoint)
+    host = booting.wait_ssh(aws, region, instance_id, endpoint,
+                            job.spec.placement.instance_type, job.spec.nodes)
     try:
         verified = booting.check_host_key(aws, store, job, region, instance_id, host,
                                            job.spec.placement.instance_type)
