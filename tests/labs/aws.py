@@ -157,17 +157,7 @@ class AWSLab:
             Name="Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.9 (Ubuntu 24.04) 20261101",
             RootDeviceName="/dev/sda1")["ImageId"]
         self.ami = image
-        # AWS's public /aws/service/... parameters cannot be put through the API (moto refuses
-        # reserved names as AWS does), so the DLAMI's parameter goes into moto's backend.
-        import datetime
-
-        from moto.core import DEFAULT_ACCOUNT_ID
-        from moto.ssm.models import Parameter, ssm_backends
-
-        ssm_backends[DEFAULT_ACCOUNT_ID][REGION]._parameters[DLAMI_PARAMETER].append(Parameter(
-            account_id=DEFAULT_ACCOUNT_ID, name=DLAMI_PARAMETER, value=image,
-            parameter_type="String", description=None, allowed_pattern=None, keyid=None,
-            last_modified_date=datetime.datetime.now(), version=1, data_type="text"))
+        publish_parameter(DLAMI_PARAMETER, image)
         # cloudtrain's own key, made where it looks for it, so the sshd can trust it.
         key = self.home / "keys" / REGION / "cloudtrain_ed25519"
         key.parent.mkdir(parents=True, exist_ok=True)
@@ -238,6 +228,21 @@ RESET_TIMEOUT_S = 120
 def reset_moto(endpoint: str) -> None:
     """moto's server at `endpoint` emptied (every backend, every region)."""
     requests.post(f"{endpoint}/moto-api/reset", timeout=RESET_TIMEOUT_S)
+
+
+def publish_parameter(name: str, value: str, region: str = REGION) -> None:
+    """One of AWS's public /aws/service/... parameters (the DLAMI's id), as AWS publishes it:
+    they cannot be put through the API (moto refuses reserved names as AWS does), so it goes
+    into moto's backend of this process."""
+    import datetime
+
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ssm.models import Parameter, ssm_backends
+
+    ssm_backends[DEFAULT_ACCOUNT_ID][region]._parameters[name].append(Parameter(
+        account_id=DEFAULT_ACCOUNT_ID, name=name, value=value, parameter_type="String",
+        description=None, allowed_pattern=None, keyid=None,
+        last_modified_date=datetime.datetime.now(), version=1, data_type="text"))
 
 
 def use_moto(endpoint: str, monkeypatch) -> None:

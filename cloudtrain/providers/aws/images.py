@@ -2,26 +2,61 @@
 
 from __future__ import annotations
 
+import re
+
 from .errors import AWSError, aws_errors
 from .session import AwsSession
 
-# The AWS Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.9 (Ubuntu 24.04) by its SSM public
-# parameter; its Python is /opt/pytorch/bin/python (DLAMI release notes). The newest image
-# matching the name is the fallback when SSM is not reachable.
-DLAMI_PARAMETER = ("/aws/service/deeplearning/ami/x86_64/"
-                   "oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id")
+# The AWS Deep Learning OSS Nvidia Driver AMI GPU PyTorch X.Y (Ubuntu 24.04): the newest X.Y
+# that AWS publishes under DLAMI_PATH (SSM public parameters, one per PyTorch version; each
+# version gets patches for a year, then none: a pinned one ages into an unpatched image). Its
+# Python is /opt/pytorch/bin/python (DLAMI release notes). Where the listing is refused (a
+# policy from before ssm:GetParametersByPath), the 2.9 parameter; where SSM is not reachable
+# at all, the newest image matching the name.
+DLAMI_PATH = "/aws/service/deeplearning/ami/x86_64/"
+DLAMI_FAMILY = re.compile(r"oss-nvidia-driver-gpu-pytorch-(\d{1,3})\.(\d{1,3})-ubuntu-24\.04"
+                          r"/latest/ami-id")
+DLAMI_PARAMETER = DLAMI_PATH + "oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id"
 DLAMI_NAME = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 24.04) *"
+AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
+
+
+def newest_dlami(aws: AwsSession, region: str) -> tuple[str, str] | None:
+    """(SSM parameter, AMI id) of the newest PyTorch DLAMI under DLAMI_PATH in `region` (the
+    highest PyTorch version), None where none is published there; AWSError where SSM refuses
+    or cannot be reached."""
+    best: tuple[tuple[int, int], str, str] | None = None
+    with aws_errors(region, "ssm"):
+        pages = aws.client("ssm", region).get_paginator("get_parameters_by_path").paginate(
+            Path=DLAMI_PATH, Recursive=True, PaginationConfig={"PageSize": 10})
+        for page in pages:
+            for parameter in page.get("Parameters") or []:
+                name, value = parameter.get("Name") or "", parameter.get("Value") or ""
+                found = DLAMI_FAMILY.fullmatch(name[len(DLAMI_PATH):]) \
+                    if name.startswith(DLAMI_PATH) else None
+                if found and AMI_ID.fullmatch(value):
+                    version = (int(found[1]), int(found[2]))
+                    if best is None or version > best[0]:
+                        best = (version, name, value)
+    return (best[1], best[2]) if best else None
 
 
 def resolve_ami(aws: AwsSession, region: str, ami: str | None = None) -> str:
     if ami:
         return ami
     try:
+        newest = newest_dlami(aws, region)
+        if newest:
+            return newest[1]
+    except AWSError as exc:
+        if not exc.code:  # unreachable, not refused: every lookup would fail the same
+            raise
+    try:
         with aws_errors(region, "ssm"):
             return aws.client("ssm", region).get_parameter(
                 Name=DLAMI_PARAMETER)["Parameter"]["Value"]
     except AWSError as exc:
-        if not exc.code:  # unreachable, not refused: the name lookup would fail the same
+        if not exc.code:
             raise
         # ParameterNotFound (not published in this region) or not allowed: by name.
     images = aws.call(region, "describe_images", Owners=["amazon"], Filters=[

@@ -11,7 +11,7 @@ from ..base import Question
 from . import cluster, group_launch, host_setup, images, instance_types, network, results
 from .cluster import EFA_GROUP_NAME
 from .errors import POLICY_FILE, AWSError
-from .images import DLAMI_PARAMETER
+from .images import DLAMI_PATH
 from .instances import power_off_minutes
 from .session import AwsSession
 
@@ -307,7 +307,8 @@ def _plan_checks(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]:
     place = spec.placement
     rows: list[tuple[str, str]] = []
     if aws.credentials(region) is None:
-        rows.append(("AMI", f"resolved at launch from SSM {DLAMI_PARAMETER}"
+        rows.append(("AMI", f"the newest PyTorch Deep Learning AMI, resolved at launch from "
+                            f"SSM {DLAMI_PATH}oss-nvidia-driver-gpu-pytorch-X.Y-ubuntu-24.04"
                      if not place.ami else place.ami))
         rows.append(("permissions", "not checked: no AWS credentials (this plan needs none)"))
         return rows
