@@ -135,13 +135,16 @@ def start_attempt(store: Store, settings: config.Settings, spec: JobSpec, provid
             attempts.started(store, job.id, job.facts.attempt, started)
         report.phase(f"started job {job.id}" + (": its data is staged first" if found else
                                                 ": its setup runs first" if spec.setup else ""))
-    except BaseException as exc:
+    except BaseException as raised:
+        exc = lease.interruption(raised)
         if isinstance(exc, PlacementError) and job.facts.attempt > 1:
             raise  # nothing was created here; the relaunch tries its next place
         recovering = abort_launch(store, settings, provider, job, group.opened(job.id), exc)
         if recovering:
             report.note(f"job {job.id}: {recovering}")
             return
+        if exc is not raised:
+            raise exc from raised
         if isinstance(exc, (KeyboardInterrupt, CloudtrainError)):
             raise
         raise CloudtrainError(f"launch of job {job.id} failed: {exc}") from exc

@@ -72,22 +72,44 @@ def renewing(db_path: Path, job_id: str):
         thread.join(RENEW_JOIN_S)  # no renewal may land after the launch cleared the lease
 
 
+# The stop signals the running signals_interrupt block received (the main thread's only).
+_fired: list[int] = []
+
+
+def _raised(signum: int) -> KeyboardInterrupt:
+    return KeyboardInterrupt() if signum == signal.SIGINT else LaunchInterrupted(signum)
+
+
+def interruption(exc: BaseException) -> BaseException:
+    """What ended the launch: `exc`, or the stop signal it stands for. A signal raises its
+    KeyboardInterrupt inside whatever code runs at that moment, and some code turns it into
+    another error (CPython's import machinery, interrupted mid-import, raises TypeError
+    "expected a message argument"); once the block got a signal, the signal is the end."""
+    if _fired and not isinstance(exc, KeyboardInterrupt):
+        interrupted = _raised(_fired[0])
+        interrupted.__cause__ = exc
+        return interrupted
+    return exc
+
+
 @contextlib.contextmanager
 def signals_interrupt():
     """SIGTERM and SIGHUP raise LaunchInterrupted (a KeyboardInterrupt) in the block, as
-    Ctrl-C raises KeyboardInterrupt; any signal after the first is only noted."""
+    Ctrl-C raises KeyboardInterrupt; any signal after the first is only noted (and
+    `interruption` says the first ended the launch, whatever error it became)."""
     if not _in_main_thread():
         yield
         return
 
-    fired: list[int] = []
+    fired = _fired
+    fired.clear()
 
     def handler(signum, frame):
         # The first signal interrupts; later ones (before the cleanup takes them over) are
         # noted only, so that nothing can cut the cleanup itself short.
         fired.append(signum)
         if len(fired) == 1:
-            raise KeyboardInterrupt() if signum == signal.SIGINT else LaunchInterrupted(signum)
+            raise _raised(signum)
 
     old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
@@ -95,6 +117,7 @@ def signals_interrupt():
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        fired.clear()
 
 
 @contextlib.contextmanager
