@@ -347,7 +347,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Under pytest-xdist (.ci/run: three workers), the end-to-end tests go to one worker as one
+    """Under pytest-xdist (.ci/run: two workers), the end-to-end tests go to one worker as one
     unit: their network namespaces share 10.200.0.0/24 and one lab runs at a time anyway. Every
     other test is a unit of its own, handed out in the workers' collection order (units of one
     test keep it: pytest_collection_modifyitems puts the slow ones first). (Our own scheduler,
