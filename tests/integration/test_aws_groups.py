@@ -77,6 +77,14 @@ def _templates(job_id, region=REGION) -> list[dict]:
         {"Name": "tag:cloudtrain:job", "Values": [job_id]}])["LaunchTemplates"]
 
 
+def _template_data(job_id, region=REGION) -> dict:
+    """The LaunchTemplateData of the job's one template's first version."""
+    (template,) = _templates(job_id, region)
+    return _ec2(region).describe_launch_template_versions(
+        LaunchTemplateId=template["LaunchTemplateId"])["LaunchTemplateVersions"][0][
+        "LaunchTemplateData"]
+
+
 def _live(job_id, region=REGION) -> list[dict]:
     return [i for r in _ec2(region).describe_instances(Filters=[
         {"Name": "tag:cloudtrain:job", "Values": [job_id]}])["Reservations"]
@@ -185,10 +193,7 @@ def test_the_template_names_the_instance_profile_when_one_is_configured(cloud):
     spec = _spec(images[REGION])
     job = _job(store, spec)
     groups.create_job_group(p.aws, store, job, spec, USER_DATA)
-    (template,) = _templates(job.id)
-    data = _ec2().describe_launch_template_versions(
-        LaunchTemplateId=template["LaunchTemplateId"])["LaunchTemplateVersions"][0][
-        "LaunchTemplateData"]
+    data = _template_data(job.id)
     assert data["IamInstanceProfile"] == {"Name": "cloudtrain-instance"}
 
 
@@ -535,10 +540,7 @@ def test_RB1_a_root_volume_below_the_images_snapshot_is_raised_to_it(cloud, monk
         assert store.instances(job.id)[0].details["disk_gb"] == 75
     else:
         groups.create_launch_template(p.aws, REGION, job, spec, USER_DATA)
-        (template,) = _templates(job.id)
-        data = _ec2().describe_launch_template_versions(
-            LaunchTemplateId=template["LaunchTemplateId"])["LaunchTemplateVersions"][0][
-            "LaunchTemplateData"]
+        data = _template_data(job.id)
         assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 75
     # What EC2 (and the lab) does with the size asked as it was:
     with pytest.raises(Exception, match="InvalidBlockDeviceMapping"):
@@ -586,10 +588,7 @@ def test_RD1_the_template_tags_every_resource_the_cli_policy_wants_tagged_at_lau
     spec = _spec(images[REGION])
     job = _job(store, spec)
     groups.create_launch_template(p.aws, REGION, job, spec, USER_DATA)
-    (template,) = _templates(job.id)
-    data = _ec2().describe_launch_template_versions(
-        LaunchTemplateId=template["LaunchTemplateId"])["LaunchTemplateVersions"][0][
-        "LaunchTemplateData"]
+    data = _template_data(job.id)
     owner = p.aws.owner(REGION)
     tagged = {t["ResourceType"] for t in data["TagSpecifications"]
               if {"Key": "cloudtrain:owner", "Value": owner} in t["Tags"]}
