@@ -25,5 +25,6 @@ rootdir-relative conftest, and the benchmarks put it there).
     moto_activities Auto Scaling's scaling activities, which moto does not keep
     moto_images     an image's root snapshot size, and EC2's refusal of a smaller root volume
     moto_templates  launch template versions kept as moto keeps a template's first one
+    moto_regions    DescribeRegions: the enabled regions of the endpoint's partition
     terminal        the real `cloudtrain` on a pseudo-terminal
 """

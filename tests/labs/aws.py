@@ -30,6 +30,7 @@ from cloudtrain.ssh import generate_ed25519
 from .credentials import AWS_ENV, CLIENT_CREDS, REGION
 from .loopback import free_port
 from .moto_images import ImageRoots
+from .moto_regions import EnabledRegions
 from .moto_templates import TemplateVersions
 from .sshd import SSHD
 
@@ -245,13 +246,21 @@ def publish_parameter(name: str, value: str, region: str = REGION) -> None:
         last_modified_date=datetime.datetime.now(), version=1, data_type="text"))
 
 
-def use_moto(endpoint: str, monkeypatch) -> None:
-    """A fresh moto (reset) and this process's AWS (its environment, so the `cloudtrain`
-    processes it starts too) pointed at it, as the fake account, with EC2's rule for a
-    root volume (labs/moto_images.py) that moto leaves out."""
-    reset_moto(endpoint)
+def ec2_as_aws(monkeypatch) -> None:
+    """EC2's behaviour that moto leaves out, for this test: a root volume no smaller than
+    its image's snapshot (labs/moto_images.py), a launch template's later versions
+    (labs/moto_templates.py), the regions enabled for the account (labs/moto_regions.py)."""
     ImageRoots().install(monkeypatch)
     TemplateVersions().install(monkeypatch)
+    EnabledRegions().install(monkeypatch)
+
+
+def use_moto(endpoint: str, monkeypatch) -> None:
+    """A fresh moto (reset) and this process's AWS (its environment, so the `cloudtrain`
+    processes it starts too) pointed at it, as the fake account, with EC2's rules that moto
+    leaves out (ec2_as_aws)."""
+    reset_moto(endpoint)
+    ec2_as_aws(monkeypatch)
     for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
         monkeypatch.setenv(k, v)
 
@@ -339,8 +348,7 @@ def ec2_provider(monkeypatch, ct_home):
         monkeypatch.setenv(k, v)
     for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(k, raising=False)
-    ImageRoots().install(monkeypatch)
-    TemplateVersions().install(monkeypatch)
+    ec2_as_aws(monkeypatch)
     with mock_aws():
         yield AWSProvider(Settings(region=REGION, ssh_cidr="127.0.0.1/32", poll_seconds=0.05))
 
