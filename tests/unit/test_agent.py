@@ -24,6 +24,14 @@ def _sleeper(*extra: str) -> subprocess.Popen:
                             start_new_session=True)
 
 
+def _cmdline(proc: subprocess.Popen) -> bytes:
+    """What /proc says `proc` runs (b"" once it is gone): for a failure's message."""
+    try:
+        return Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _write_status(jobdir, **fields):
     (jobdir / "status.json").write_text(json.dumps(fields))
 
@@ -50,7 +58,8 @@ def test_probe_leaves_a_healthy_job_alone(tmp_path):
     try:
         _write_status(tmp_path, state="running", agent_pid=live_agent.pid, pid=job.pid,
                       pgid=job.pid, heartbeat_at=time.time())
-        assert agent.probe(str(tmp_path), stale_after_s=30)["status"]["state"] == "running"
+        status = agent.probe(str(tmp_path), stale_after_s=30)["status"]
+        assert status["state"] == "running", (status, live_agent.poll(), _cmdline(live_agent))
         assert job.poll() is None
     finally:
         for p in (live_agent, job):
