@@ -322,7 +322,9 @@ def test_F11_a_concurrent_status_never_kills_a_launched_job(cli, aws, ct_home):
     for t in pollers:
         t.start()
     try:
-        ids = [cli.launch("--instance", "g5.xlarge", "--", "sleep", "30") for _ in range(3)]
+        # Long enough to outlast three launches beside three pollers on a loaded machine
+        # (30 s did not: the first job had ended by the check); `down --all` ends them.
+        ids = [cli.launch("--instance", "g5.xlarge", "--", "sleep", "600") for _ in range(3)]
     finally:
         stop.set()
         for t in pollers:
