@@ -298,9 +298,20 @@ def _group_went_on(store: Store, job: Job, learn, why: str) -> Job:
     ended = final["ended_at"] or status.get("ended_at") or time.time()
     code = final["exit_code"] if final["exit_code"] is not None else status.get("exit_code")
     if store.set_state(job.id, final["state"], at=ended, detail=final["reason"],
-                       exit_code=code, reason=final["reason"], expect=job.state):
+                       exit_code=code, reason=final["reason"], expect=_moved_on(store, job)):
         finish(store, store.job(job.id), collect=False, force=True)  # it is gone anyway
     return store.job(job.id)
+
+
+def _moved_on(store: Store, job: Job) -> str:
+    """The state `job` (a snapshot) is in now, where only its own stored files moved it on
+    since (from_job_store: the stager's end, then the setup's, recorded at their own times);
+    else the snapshot's. A compare-and-set on the snapshot's state alone failed against
+    those steps, and the job stayed `running` after its end."""
+    now = store.job(job.id).state
+    steps = {state.STAGING: (state.SETTING_UP, state.RUNNING),
+             state.SETTING_UP: (state.RUNNING,)}
+    return now if now in steps.get(job.state, ()) else job.state
 
 
 def _follow_nodes(store: Store, job: Job, why: str) -> Job:

@@ -19,7 +19,9 @@ import pytest
 from cloudtrain import config, state
 from conftest import unix_time
 from cloudtrain.lifecycle import watch
+from labs.aws import ec2_provider, moto_endpoint  # noqa: F401  (fixtures)
 from labs.polling import wait_for
+from test_lifecycle_autoscaled import activities, grouped  # noqa: F401  (fixtures)
 
 
 def test_F11_a_status_acting_on_an_old_snapshot_never_fails_a_job_that_moved_on(ct_home):
@@ -154,3 +156,39 @@ def test_status_refreshes_every_job_with_one_provider_per_backend(ct_home, monke
         assert made == ["local"]
         # each was looked up with it: no instance of its is left, so each job has ended
         assert [store.job(i).state for i in ids] == [state.FAILED] * 3
+
+
+def test_a_group_job_closed_on_while_staging_ends_at_the_first_look(grouped, ct_home):
+    """A job of an Auto Scaling group whose launching machine closed while it was `staging`:
+    it staged, trained and ended on its instance, which stored its files and final.json,
+    and the agent deleted the group. The first `status` after reads the stored files (the
+    stager's end moves the job to `running` at that time) and then the end: the job is
+    succeeded at once. (The end was a compare-and-set on the snapshot's `staging`, which the
+    files' own step had just moved on: the job stayed `running` until a second look, and
+    the e2e test of a laptop closed mid-staging saw it.)"""
+    import getpass
+
+    from cloudtrain.host import agent_control
+    from labs.loopback import free_port
+
+    g = grouped
+    key = ct_home / "id_ed25519"
+    key.write_text("not a key: the host never answers\n")
+    g.store.update_job(g.id, jobdir="/home/ubuntu/.cloudtrain/jobs/" + g.id, host={
+        "kind": "SSHHost", "host": "127.0.0.1", "port": free_port(), "user": getpass.getuser(),
+        "key_path": str(key)})
+    g.store.update_instance(g.i1, details={"auto_scaling_group": g.group,
+                                           "address": "127.0.0.1"})
+    g.store.set_state(g.id, state.STAGING)
+    staged_at = time.time() - 60
+    g.put(agent_control.STAGING_STATUS, {"state": "staged", "ended_at": staged_at,
+                                         "bytes": 10, "total_bytes": 10})
+    g.put("status.json", {"state": "succeeded", "exit_code": 0, "ended_at": staged_at + 30})
+    g.final(state="succeeded", exit_code=0, attempt=1, instance=g.i1, ended_at=staged_at + 30)
+    g.ec2.terminate_instances(InstanceIds=[g.i1])
+    g.delete_group()
+    settings = config.Settings.load()
+    job = watch.refresh(g.store, settings, g.job)
+    assert job.state == state.SUCCEEDED, (job.state, job.reason)
+    phases = [e.phase for e in g.store.events(g.id)]
+    assert phases.index(state.RUNNING) < phases.index(state.SUCCEEDED), phases
