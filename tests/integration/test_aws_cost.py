@@ -123,6 +123,47 @@ def test_catalog_refresh_takes_current_spot_prices_from_ec2(cli, aws, price_list
     assert "$0.3900/h (cheapest AZ: EC2 spot price fetched " in out
 
 
+def test_RC6_a_price_ec2_lists_for_amazon_vpc_only_counts_and_linux_unix_wins_over_it(
+        cli, aws, ct_home, monkeypatch):
+    """RC6: an account from before EC2-VPC became the default may see its instances' spot
+    prices as "Linux/UNIX (Amazon VPC)". Both descriptions are asked for (the lab answers
+    only those asked, as EC2 does); where EC2 has both for a type and AZ, "Linux/UNIX" is
+    the price, never a mix of the two series. Checked for the catalog's current prices and
+    for the history a bill is priced from."""
+    from cloudtrain.config import Settings
+    from cloudtrain.providers.aws import pricing
+    from cloudtrain.providers.aws.session import AwsSession
+
+    now = time.time()
+    vpc = "Linux/UNIX (Amazon VPC)"
+    rows = [("us-east-1a", vpc, now - 600, "0.3900"), ("us-east-1a", vpc, now - 60, "0.4100"),
+            ("us-east-1b", "Linux/UNIX", now - 300, "0.4700"),
+            ("us-east-1b", vpc, now - 30, "0.9900")]
+    asked = []
+
+    def spot_price_history(self):
+        wanted = self._get_param("ProductDescriptions", [])
+        zone = self._get_param("AvailabilityZone")
+        asked.append(sorted(wanted))
+        return ActionResult({"SpotPriceHistory": [
+            {"InstanceType": "g5.xlarge", "ProductDescription": what, "SpotPrice": price,
+             "AvailabilityZone": z,
+             "Timestamp": datetime.datetime.fromtimestamp(at, datetime.timezone.utc)}
+            for z, what, at, price in rows if what in wanted and zone in (None, z)]})
+
+    monkeypatch.setattr(SpotInstances, "describe_spot_price_history", spot_price_history)
+    aws_session = AwsSession(Settings.load())
+    assert pricing.current_spot_prices(aws_session, "us-east-1", ["g5.xlarge"]) == {
+        "g5.xlarge": {"us-east-1a": 0.41, "us-east-1b": 0.47}}
+    assert asked[-1] == sorted(pricing.LINUX)
+    history = pricing.spot_history(aws_session, "us-east-1", "us-east-1a", "g5.xlarge",
+                                   now - 3600, now)
+    assert [p[1] for p in history] == [0.39, 0.41]
+    history = pricing.spot_history(aws_session, "us-east-1", "us-east-1b", "g5.xlarge",
+                                   now - 3600, now)
+    assert [p[1] for p in history] == [0.47]
+
+
 def test_a_running_job_shows_its_cost_so_far_as_an_estimate(cli, aws, ct_home):
     from labs.polling import wait_for
 

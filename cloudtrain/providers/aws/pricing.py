@@ -72,21 +72,43 @@ def gp3_price(aws: AwsSession, region: str) -> float | None:
     return min(prices) if prices else None
 
 
+# The product descriptions of a Linux instance's spot price. EC2 lists one in a VPC as
+# "Linux/UNIX"; an account from before EC2-VPC became the default (2013-12-04) saw its VPC
+# instances' prices as "Linux/UNIX (Amazon VPC)", which the history may still carry (Karpenter
+# asks for both). Both are asked for; the first wins where EC2 has both for a type and AZ.
+LINUX = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
+
+
+def _one_description(rows: list[dict]) -> list[dict]:
+    """The history rows of one product description per type and AZ: LINUX's first where EC2
+    listed it, else the other (one price each: the two series are never mixed)."""
+    best: dict[tuple, int] = {}
+    for p in rows:
+        rank = LINUX.index(p["ProductDescription"]) if p.get("ProductDescription") in LINUX \
+            else len(LINUX)
+        key = (p.get("InstanceType"), p.get("AvailabilityZone"))
+        best[key] = min(best.get(key, rank), rank)
+    return [p for p in rows if p.get("ProductDescription") in LINUX and LINUX.index(
+        p["ProductDescription"]) == best[(p.get("InstanceType"), p.get("AvailabilityZone"))]]
+
+
 def current_spot_prices(aws: AwsSession, region: str, instance_types: list[str]) -> dict[str, dict[str, float]]:
-    """The spot price now, per type and AZ (Linux/UNIX): the newest history row of each."""
+    """The spot price now, per type and AZ (Linux, LINUX): the newest history row of each."""
     import datetime
 
     latest: dict[str, dict[str, tuple[float, float]]] = {}
+    rows: list[dict] = []
     paginator = aws.client("ec2", region).get_paginator("describe_spot_price_history")
     with aws_errors(region):
         for page in paginator.paginate(
-                InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"],
+                InstanceTypes=instance_types, ProductDescriptions=list(LINUX),
                 StartTime=datetime.datetime.now(datetime.timezone.utc)):
-            for p in page["SpotPriceHistory"]:
-                at = p["Timestamp"].timestamp()
-                zones = latest.setdefault(p["InstanceType"], {})
-                if p["AvailabilityZone"] not in zones or zones[p["AvailabilityZone"]][0] < at:
-                    zones[p["AvailabilityZone"]] = (at, float(p["SpotPrice"]))
+            rows.extend(page["SpotPriceHistory"])
+    for p in _one_description(rows):
+        at = p["Timestamp"].timestamp()
+        zones = latest.setdefault(p["InstanceType"], {})
+        if p["AvailabilityZone"] not in zones or zones[p["AvailabilityZone"]][0] < at:
+            zones[p["AvailabilityZone"]] = (at, float(p["SpotPrice"]))
     return {t: {z: price for z, (_, price) in zones.items()} for t, zones in latest.items()}
 
 
@@ -121,21 +143,21 @@ def refresh_list_prices(aws: AwsSession, region: str) -> str:
 
 def spot_history(aws: AwsSession, region: str, zone: str | None, instance_type: str | None,
                  start: float | None, end: float) -> list[list[float]]:
-    """[(at, USD/h)] for Linux/UNIX in that AZ, from the last change before `start`."""
+    """[(at, USD/h)] for Linux (LINUX) in that AZ, from the last change before `start`."""
     import datetime
 
     def ts(t):
         return datetime.datetime.fromtimestamp(t, datetime.timezone.utc)
 
-    points = []
+    rows: list[dict] = []
     paginator = aws.client("ec2", region).get_paginator("describe_spot_price_history")
     with aws_errors(region):
         for page in paginator.paginate(
                 AvailabilityZone=zone, InstanceTypes=[instance_type],
-                ProductDescriptions=["Linux/UNIX"], StartTime=ts(start), EndTime=ts(end)):
-            for p in page["SpotPriceHistory"]:
-                points.append([p["Timestamp"].timestamp(), float(p["SpotPrice"])])
-    return sorted(points)
+                ProductDescriptions=list(LINUX), StartTime=ts(start), EndTime=ts(end)):
+            rows.extend(page["SpotPriceHistory"])
+    return sorted([p["Timestamp"].timestamp(), float(p["SpotPrice"])]
+                  for p in _one_description(rows))
 
 
 def _offered(region: str) -> list[str]:
