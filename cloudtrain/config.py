@@ -235,6 +235,10 @@ class Settings:
     # last job ended, unless another `launch --on` job came first (--idle-minutes per job).
     keep_idle_minutes: float = 60.0
     imds_url: str = "http://169.254.169.254"  # where spot hosts hear of their interruption
+    # IMDSv2's hop limit on instances: 1 lets only processes on the instance itself reach the
+    # metadata service and the instance role's credentials; 2 lets a container behind a
+    # bridge (Docker's default network) reach them too, for a job that runs one.
+    imds_hop_limit: int = 1
     spot_poll_seconds: float = 5.0  # how often a spot host asks it (AWS gives 2 min notice)
     instance_wait_seconds: float = 300.0  # bounded wait for "running"
     ssh_wait_seconds: float = 300.0  # bounded wait for SSH to answer
@@ -466,6 +470,7 @@ LIMITS = {
     "heartbeat_seconds": (0, 3600, True),
     "stale_after_seconds": (0, WEEK_S, True),
     "ssh_port": (1, 65535, False),
+    "imds_hop_limit": (1, 64, False),  # EC2's HttpPutResponseHopLimit: 1 to 64
     "shutdown_delay_seconds": (0, WEEK_S, False),
     "keep_idle_minutes": (0, WEEK_S / 60, False),
     "instance_wait_seconds": (0, WEEK_S, True),

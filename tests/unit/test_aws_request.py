@@ -16,10 +16,10 @@ def _job():
                metrics=None, cost=None)
 
 
-def _request(**spec_fields):
+def _request(settings: dict | None = None, **spec_fields):
     spec = JobSpec.of(kind="recipe", backend="aws", recipe="resnet9", instance_type="g5.xlarge",
                    max_runtime_s=3600, **spec_fields)
-    provider = AWSProvider(Settings(shutdown_command="sudo shutdown -h now"))
+    provider = AWSProvider(Settings(shutdown_command="sudo shutdown -h now", **(settings or {})))
     return instances.run_request(provider.aws, _job(), spec, "subnet-1", "sg-1", "ami-1", "key-1",
                                 "arn:aws:iam::1:user/me", 60, "/dev/sda1")
 
@@ -44,6 +44,14 @@ def test_on_demand_request():
         "Name": "cloudtrain-abcd1234-exp"}
     assert (r["SubnetId"], r["SecurityGroupIds"], r["KeyName"], r["ImageId"]) == \
         ("subnet-1", ["sg-1"], "key-1", "ami-1")
+
+
+def test_RH1_a_job_that_runs_a_container_may_let_it_reach_imds_with_a_hop_limit_of_2():
+    """RH1: with hop limit 1 a container on a bridge network (Docker's default) cannot reach
+    the metadata service nor the instance role; `imds_hop_limit: 2` in config.yaml lets it,
+    and EC2's range (1 to 64) is checked where the setting is read."""
+    assert _request({"imds_hop_limit": 2})["MetadataOptions"]["HttpPutResponseHopLimit"] == 2
+    assert _request()["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
 
 
 def test_spot_request_is_one_time_and_terminates():

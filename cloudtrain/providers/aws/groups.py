@@ -74,8 +74,8 @@ def create_launch_template(aws: AwsSession, region: str, job: Job, spec, user_da
                            ) -> str:
     """The job's launch template, made once (a second call finds it): what launch's
     RunInstances request holds today (AMI, type, key, security group, the encrypted gp3
-    root volume, shutdown behaviour terminate, IMDSv2 with hop limit 1, the instance
-    profile when configured, the job's tags on instance and volume) with the caller's
+    root volume, shutdown behaviour terminate, IMDSv2 with the configured hop limit, the
+    instance profile when configured, the job's tags on instance and volume) with the caller's
     user-data, and instance-metadata tags on, so an instance can read its own job id.
     No market options: a mixed-instances group refuses a template that asks for spot
     (the group's InstancesDistribution does). Returns its id."""

@@ -94,9 +94,9 @@ def run_request(aws: AwsSession, job: Job, spec, subnet: str, group: str, ami: s
         KeyName=key_name, SubnetId=subnet, SecurityGroupIds=[group],
         InstanceInitiatedShutdownBehavior="terminate",
         MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled",
-                         # 1: only the instance itself reaches IMDS (and the instance
-                         # role's credentials), not containers behind a bridge on it.
-                         "HttpPutResponseHopLimit": 1},
+                         # 1 (the default): only the instance itself reaches IMDS (and the
+                         # instance role's credentials), not containers behind a bridge.
+                         "HttpPutResponseHopLimit": aws.settings.imds_hop_limit},
         BlockDeviceMappings=[{"DeviceName": root_device, "Ebs": {
             "VolumeSize": disk_gb, "VolumeType": "gp3", "Encrypted": True,
             "DeleteOnTermination": True, **_performance(spec)}}],
