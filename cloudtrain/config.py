@@ -220,7 +220,7 @@ class Settings:
     subnet_id: str = ""  # launch only into this subnet ("" = the default VPC, every AZ)
     vpc_id: str = ""  # "" = the subnet's VPC, or the default VPC
     connect: str = "public"  # reach instances at their "public" or "private" IP
-    ssh_user: str = "ubuntu"
+    ssh_user: str = ""  # "" = the image's: ubuntu on the DLAMI, by its name for --ami
     ssh_port: int = 22
     ssh_cidr: str = ""  # who may reach port 22 ("" = this machine's public address /32)
     # An instance's SSH host key is checked against the fingerprints it prints on its

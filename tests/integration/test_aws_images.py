@@ -69,3 +69,32 @@ def test_RA1_with_nothing_published_and_no_image_by_name_it_says_what_to_pass(
         images.resolve_ami(ec2_provider.aws, REGION)
     assert err.value.message == f"no AWS Deep Learning PyTorch AMI found in {REGION}"
     assert "--ami" in err.value.hint
+
+
+@pytest.mark.parametrize("name, user", [
+    ("al2023-ami-2023.6.20261101.0-kernel-6.1-x86_64", "ec2-user"),
+    ("Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.10 (Amazon Linux 2023) 20261101",
+     "ec2-user"),
+    ("amzn2-ami-kernel-5.10-hvm-2.0.20261101.0-x86_64-gp2", "ec2-user"),
+    ("ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20261101", "ubuntu"),
+    ("debian-12-amd64-20261101-1923", "admin"),
+    ("RHEL-9.4.0_HVM-20261101-x86_64-0-Hourly2-GP3", "ec2-user"),
+    ("Rocky-9-EC2-Base-9.4-20261101.0.x86_64", "rocky"),
+])
+def test_RA5_an_image_of_the_user_s_own_is_logged_in_to_as_its_distribution_s_user(
+        ec2_provider, name, user):  # noqa: F811
+    """RA5: every instance was logged in to as ubuntu, the DLAMI's user; an Amazon Linux
+    image (--ami, the AL2023 DLAMI) lets in ec2-user, Debian's admin (AWS's list of default
+    user names). The image's name says which; the plan says the user and why."""
+    got, why = images.login_user(ec2_provider.aws, REGION, _image(name))
+    assert got == user and name in why
+
+
+def test_RA5_the_default_image_an_unknown_one_and_ssh_user_in_config(ec2_provider):  # noqa: F811
+    aws = ec2_provider.aws
+    assert images.login_user(aws, REGION, None) == ("ubuntu", "the Deep Learning AMI's")
+    mine = _image("my-golden-image-7")
+    user, why = images.login_user(aws, REGION, mine)
+    assert user == "ubuntu" and "set ssh_user in config.yaml" in why
+    aws.settings.ssh_user = "researcher"
+    assert images.login_user(aws, REGION, mine) == ("researcher", "ssh_user in config.yaml")

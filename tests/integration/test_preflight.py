@@ -186,6 +186,22 @@ def test_d31_a_missing_deep_learning_ami_is_said_under_ami(moto):
     assert "credentials" not in plan
 
 
+def test_RA5_the_plan_says_which_user_an_image_of_the_user_s_own_lets_in(moto):
+    """RA5: with --ami naming an Amazon Linux image, the plan's SSH user is ec2-user and says
+    why (the image's own name); without --ami, the Deep Learning AMI's ubuntu."""
+    import boto3
+
+    ec2 = boto3.client("ec2", endpoint_url=moto["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                       **CLIENT_CREDS)
+    ami = ec2.register_image(Name="al2023-ami-2023.6.20261101.0-kernel-6.1-x86_64",
+                             RootDeviceName="/dev/xvda")["ImageId"]
+    proc = run("launch", "--recipe", "resnet9", "--instance", "g5.xlarge", "--region",
+               "us-east-1", "--ami", ami, "--dry-run", env=moto)
+    assert proc.returncode == 0, proc.stderr
+    assert rows(proc.stdout)["SSH user"].startswith(f"ec2-user: the default user of {ami} "
+                                                   "(al2023-ami-"), proc.stdout
+
+
 # -- what runs -------------------------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...ssh_host import SSHHost
 from ...state import Job, Store
-from . import boot as booting, bootstrap, group_launch, instances, volumes
+from . import boot as booting, bootstrap, group_launch, images, instances, volumes
 from .cache import RegionCache
 from .errors import StaleCache
 from .session import AwsSession
@@ -40,7 +40,8 @@ def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SI
     zone = next((i.zone for i in store.instances(job.id) if i.id == instance), None)
     if found is None:
         volumes.attach_snapshots(aws, store, job, spec, region, instance, zone, boot["owner"])
-    endpoint = Endpoint(address, aws.settings.ssh_port, aws.settings.ssh_user, str(key_path))
+    endpoint = Endpoint(address, aws.settings.ssh_port,
+                        images.login_user(aws, region, place.ami)[0], str(key_path))
     host = booting.wait_ssh(aws, region, instance, endpoint, place.instance_type, 1, report)
     report.phase(f"checking {instance}'s host key against its console output")
     verified = booting.check_host_key(aws, store, job, region, instance, host, place.instance_type,

@@ -33,7 +33,8 @@ from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...ssh_host import SSHHost
 from ...state import Instance, Job, Store
-from . import boot as booting, bootstrap, group_launch, instances, network, placement, volumes
+from . import boot as booting, bootstrap, group_launch, images, instances, network, placement, \
+    volumes
 from .errors import CAPACITY_ERRORS, QUOTA_ERRORS, AWSError, AWSPlacementError, StaleCache
 from .instances import Attempt
 from .placement import EFA_INTERFACES
@@ -180,10 +181,10 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
     report.phase(f"waiting for SSH on {n} nodes (at most "
                  f"{booting.ssh_wait_s(aws, place.instance_type, n):.0f} s)")
     warnings: list[str] = []  # said once every node is reached: no display from threads
+    user = images.login_user(aws, region, place.ami)[0]  # before the threads: read once
 
     def reach(i: int) -> SSHHost:
-        endpoint = Endpoint(addresses[i], aws.settings.ssh_port, aws.settings.ssh_user,
-                            str(boot["key_path"]))
+        endpoint = Endpoint(addresses[i], aws.settings.ssh_port, user, str(boot["key_path"]))
         host = booting.wait_ssh(aws, region, ids[i], endpoint, place.instance_type, n)
         with Store(store.path) as mine:  # a connection of this thread's own
             verified = booting.check_host_key(aws, mine, job, region, ids[i], host,

@@ -35,7 +35,7 @@ from ...hosts import HOST_PACKAGE, host_files
 from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...state import Instance, Job, Store
-from . import boot as booting, bootstrap, groups, host_setup, instances, jobstore, \
+from . import boot as booting, bootstrap, groups, host_setup, images, instances, jobstore, \
     jobstore_attempts, results
 from .placement import EFA_INTERFACES
 from .errors import AWSError, aws_errors
@@ -134,10 +134,15 @@ def group_recovery(aws: AwsSession, spec: JobSpec) -> str | None:
     return None
 
 
+def login_user(aws: AwsSession, job: Job) -> str:
+    """The user the job's instances are logged in to as (images.login_user)."""
+    return images.login_user(aws, aws.region_of(job), job.spec.placement.ami)[0]
+
+
 def group_jobdir(aws: AwsSession, job: Job) -> str:
     """The job directory on every instance of its group."""
     root = aws.settings.remote_root
-    home = instance_home(aws.settings.ssh_user)
+    home = instance_home(login_user(aws, job))
     root = home + root[1:] if root.startswith("~") else root
     return f"{root}/jobs/{job.id}"
 
@@ -216,7 +221,7 @@ def group_user_data(aws: AwsSession, store: Store, job: Job, spec, pin: str | No
             "--group", group_name(job.id)]  # max_restarts: job.json's, in the bundle
     if pin:
         boot += ["--manifest-sha256", pin]
-    script = boot_script(loader, boot, aws.settings.ssh_user)
+    script = boot_script(loader, boot, login_user(aws, job))
     user_data = gzip.compress(instances.user_data(aws, job, spec, script).encode(), 9, mtime=0)
     if len(user_data) > USER_DATA_MAX:
         raise AWSError(f"the job's user-data is {len(user_data)} bytes gzipped, more than "
@@ -361,7 +366,7 @@ def follow_replacement(aws: AwsSession, store: Store, job: Job, instance_id: str
     info = dict(job.host or {})
     address = booting.wait_running(aws, region, instance_id)
     endpoint = Endpoint(address, info.get("port", aws.settings.ssh_port),
-                        info.get("user", aws.settings.ssh_user), info.get("key_path"))
+                        info.get("user") or login_user(aws, job), info.get("key_path"))
     host = booting.wait_ssh(aws, region, instance_id, endpoint,
                             job.spec.placement.instance_type, job.spec.nodes)
     try:

@@ -87,3 +87,40 @@ def image_facts(aws: AwsSession, region: str, ami: str) -> dict:
             "created": image.get("CreationDate", ""),
             "architecture": image.get("Architecture", ""), "root_device": device,
             "root_gb": size if isinstance(size, int) and not isinstance(size, bool) else None}
+
+
+# The user an image lets in over SSH, by the distribution its name says (AWS's list of
+# default user names for Linux AMIs, in the EC2 user guide: "Connect to your Linux instance
+# using SSH"). Checked in this order: "Ubuntu" before "Amazon Linux" where a name has both.
+IMAGE_USERS = (
+    (re.compile(r"ubuntu", re.I), "ubuntu"),
+    (re.compile(r"debian", re.I), "admin"),
+    (re.compile(r"amazon linux|\bamzn|\bal20(23|22)\b|al2023-ami", re.I), "ec2-user"),
+    (re.compile(r"\brhel\b|red ?hat", re.I), "ec2-user"),
+    (re.compile(r"\bsuse\b|\bsles\b", re.I), "ec2-user"),
+    (re.compile(r"rocky", re.I), "rocky"),
+    (re.compile(r"centos", re.I), "centos"),
+    (re.compile(r"fedora", re.I), "fedora"),
+)
+DLAMI_USER = "ubuntu"  # the default image: the Ubuntu 24.04 PyTorch DLAMI
+
+
+def login_user(aws: AwsSession, region: str, ami: str | None) -> tuple[str, str]:
+    """(user, why) cloudtrain logs in to an instance of `ami` as: `ssh_user` in config.yaml
+    where it is set; for the default image (None) the DLAMI's ubuntu; for the user's own
+    image, its distribution's default user by the image's name, read once per process; an
+    image whose name names none gets ubuntu, and `why` says to set ssh_user."""
+    if aws.settings.ssh_user:
+        return aws.settings.ssh_user, "ssh_user in config.yaml"
+    if ami is None:
+        return DLAMI_USER, "the Deep Learning AMI's"
+    key = ("image name", region, ami)
+    if key not in aws.clients:
+        aws.clients[key] = image_facts(aws, region, ami)["name"]
+    name = str(aws.clients[key])
+    for pattern, user in IMAGE_USERS:
+        if pattern.search(name):
+            return user, f"the default user of {ami} ({name})"
+    return DLAMI_USER, (f"{ami}'s name ({name or 'none'}) names no distribution this knows: "
+                        "set ssh_user in config.yaml if its user is not ubuntu")
+

@@ -320,6 +320,8 @@ def _plan_checks(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]:
         step = "AMI"
         ami = images.resolve_ami(aws, region, place.ami)
         rows.append((step, ami))
+        user, why = images.login_user(aws, region, place.ami)
+        rows.append(("SSH user", f"{user}: {why}"))
         snapshot = images.image_facts(aws, region, ami)["root_gb"] or 0
         if snapshot > spec.root_gb(aws.settings):  # the launch asks for the snapshot's
             rows.append(("disk", f"{snapshot} GB, not {spec.root_gb(aws.settings)}: the "
