@@ -604,3 +604,33 @@ def test_RB4_the_launch_checks_role_probe_is_a_key_the_shipped_role_may_read():
     old = arn.replace("/bundle/", "/")  # where it was: no statement of the role reads it
     assert not [s for s in reads if any(fnmatch.fnmatchcase(old, r)
                                         for r in _listed(s["Resource"]))]
+
+
+def test_RE4_the_cli_policy_lets_the_launch_list_and_read_the_dlami_parameters():
+    """RE4: the DLAMI's SSM parameters are public, owned by no account
+    (arn:aws:ssm:REGION::parameter/aws/service/...); the launch reads the newest one by
+    path (RA1: GetParametersByPath) and falls back to one by name (GetParameter): the CLI
+    policy allows both on that ARN, and the paths the code reads are under it."""
+    from cloudtrain.providers.aws import images
+
+    wanted = "arn:aws:ssm:*::parameter/aws/service/deeplearning/*"
+    allowed = [s for s in POLICY["Statement"] if s["Effect"] == "Allow"
+               and wanted in ([s["Resource"]] if isinstance(s["Resource"], str)
+                              else s["Resource"])]
+    actions = {a for s in allowed for a in ([s["Action"]] if isinstance(s["Action"], str)
+                                            else s["Action"])}
+    assert {"ssm:GetParameter", "ssm:GetParametersByPath"} <= actions, allowed
+    for path in (images.DLAMI_PATH, images.DLAMI_PARAMETER):
+        assert path.startswith("/aws/service/deeplearning/"), path
+
+
+def test_RD2_infra_readme_says_a_group_s_later_launches_are_its_service_linked_role_s():
+    """RD2: infra/README said the group's instances were checked against the CLI policy's
+    RunInstances statements as if the user had launched them; AWS checks the caller's
+    permissions when the group is created or updated, and the group launches with its
+    service-linked role (AWSServiceRoleForAutoScaling)."""
+    text = " ".join((REPO / "infra" / "README.md").read_text().split())
+    assert "as if you had launched them" not in text
+    assert "When you create the group, AWS checks **your** `ec2:RunInstances`" in text
+    assert "launched by Auto Scaling's service-linked role, not checked against your policy " \
+           "again" in text
