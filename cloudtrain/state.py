@@ -114,6 +114,21 @@ class Job:
         return cls(**{k: v for k, v in values.items() if k in names})
 
 
+def ran_on(host: dict | None) -> dict | None:
+    """The record of the machine a job runs or ran on: a job whose files were brought home
+    keeps it as `collected_from` (its host record is this machine's from then on)."""
+    while host is not None and host.get("collected_from") is not None:
+        host = host["collected_from"]
+    return host
+
+
+def _same_run(now: Job, snapshot: Job) -> bool:
+    """Whether `now` (the job as stored) is still the run `snapshot` saw: the same attempt on
+    the same machine, its files brought home since or not."""
+    return ran_on(now.host) == ran_on(snapshot.host) and \
+        now.facts.attempt == snapshot.facts.attempt
+
+
 @dataclasses.dataclass
 class Event:
     job_id: str
@@ -360,31 +375,49 @@ class Store:
                                     (job_id,)).rowcount
         return rows + self.db.execute("DELETE FROM jobs WHERE id = ?", (job_id,)).rowcount
 
-    def update_job(self, job_id: str, **fields) -> None:
-        """Set columns of a job (dicts are stored as JSON)."""
+    def update_job(self, job_id: str, *, same_run: Job | None = None, **fields) -> bool:
+        """Set columns of a job (dicts are stored as JSON). With `same_run` (a snapshot of
+        the job), only if it is still in the snapshot's state on the snapshot's run (see
+        set_state): what a snapshot's process learnt never lands on the run after it.
+        Returns whether the job changed."""
         if not fields:
-            return
+            return False
         with self.transaction() as db:
+            if same_run is not None:
+                row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+                if row is None:
+                    raise NotFound(f"no job '{job_id}'")
+                now = Job.from_row(row)
+                if now.state != same_run.state or not _same_run(now, same_run):
+                    return False
             self._update(db, job_id, fields)
+        return True
 
     def set_state(self, job_id: str, state: str, *, at: float | None = None,
                   detail: str | None = None, only_if_active: bool = True,
-                  expect: str | None = None, **fields) -> bool:
+                  expect: str | None = None, same_run: Job | None = None,
+                  **fields) -> bool:
         """Move a job to `state` and record the event, atomically.
 
         With `only_if_active`, a job that has already ended is left as it is (two processes
         may notice the same end; the first one wins). With `expect`, the change is made only
         if the job is still in that state (compare-and-set: a decision taken on a snapshot
-        never overrides what happened since). Returns whether the job changed.
+        never overrides what happened since). With `same_run` (a snapshot of the job), only
+        if it still runs where the snapshot saw it: the same host record and attempt (a
+        relaunch may land at the same address, in the same state, under another instance).
+        Returns whether the job changed.
         """
         at = time.time() if at is None else at
         with self.transaction() as db:
-            row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            row = db.execute("SELECT %s FROM jobs WHERE id = ?" % ("*" if same_run else "state"),
+                             (job_id,)).fetchone()
             if row is None:
                 raise NotFound(f"no job '{job_id}'")
             if only_if_active and row["state"] in TERMINAL_STATES:
                 return False
             if expect is not None and row["state"] != expect:
+                return False
+            if same_run is not None and not _same_run(Job.from_row(row), same_run):
                 return False
             if row["state"] == state:
                 if fields:

@@ -238,12 +238,17 @@ def from_job_store(store: Store, job: Job) -> dict | None:
         if isinstance(provider, ResultStore) else None
     if not fetched:
         return None
+    host = job.host or {}
+    # Only onto the run `job` saw: another process may have decided on the same loss first,
+    # and the job be on its next attempt now (whose record this must not replace).
+    if not store.update_job(job.id, same_run=job, jobdir=str(local), host={
+            "kind": "LocalHost", "collected_from": state.ran_on(job.host),  # home again:
+            "remote_jobdir": host.get("remote_jobdir", job.jobdir)     # from where first
+            if host.get("collected_from") is not None else job.jobdir, "from_store": True}):
+        return probe_files(str(local)).get("status")
     store.add_event(job.id, "results", detail=(
         f"{fetched['files']} files ({fetched['bytes'] / 1e6:.1f} MB) from the job store"
         + ("" if fetched.get("complete") else "; the upload was not complete")))
-    store.update_job(job.id, jobdir=str(local), host={
-        "kind": "LocalHost", "collected_from": job.host, "remote_jobdir": job.jobdir,
-        "from_store": True})
     group.forget(job.id)
     report = read_record(store.job(job.id))
     if report.get("metrics"):

@@ -42,6 +42,12 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
         return _check_launcher(store, job)
     if not job.active or not job.jobdir:
         return job
+    if (job.host or {}).get("collected_from") is not None:
+        # Its files came home from the job store (from_job_store, by a process that saw its
+        # instance gone and had not decided yet): no agent runs here to probe (a probe would
+        # take the copy for a job whose agent never started); the end is the lost host's.
+        return _host_lost(store, settings, job, HostError(
+            f"job {job.id}: its instance is gone (its files were read from the job store)"))
     if len(nodes.records(job)) > 1:
         report = _probe_nodes(store, settings, job)
         if isinstance(report, Job):  # a node is lost, and what that means was decided
@@ -83,9 +89,11 @@ def refresh(store: Store, settings: config.Settings, job: Job) -> Job:
     if agent_state in state.TERMINAL_STATES:
         # Only the process that records the end collects and releases: two collecting at
         # once would race on the same files, and one releasing under the other cut it short.
+        # The answer is of the run this snapshot saw: a relaunch since (at the same address,
+        # its agent not started yet) is no job that ended.
         if store.set_state(job.id, agent_state, at=status.get("ended_at") or time.time(),
                            detail=status.get("reason"), exit_code=status.get("exit_code"),
-                           reason=status.get("reason"), **fields):
+                           reason=status.get("reason"), same_run=job, **fields):
             finish(store, job)
         return store.job(job.id)
     if (job.reason or "").startswith(UNREACHABLE):  # it answers again (an end above
@@ -241,16 +249,18 @@ def _host_lost(store: Store, settings: config.Settings, job: Job, exc: HostError
     # SIGHUP as tmux went) and EC2 knows why.
     if status.get("state") in state.TERMINAL_STATES and not (
             spot and status["state"] not in (state.SUCCEEDED, state.PREEMPTED)):
-        store.set_state(job.id, status["state"], at=status.get("ended_at") or time.time(),
-                        detail=status.get("reason"), exit_code=status.get("exit_code"),
-                        reason=status.get("reason"))
+        ended = store.set_state(job.id, status["state"],
+                                at=status.get("ended_at") or time.time(),
+                                detail=status.get("reason"), exit_code=status.get("exit_code"),
+                                reason=status.get("reason"), same_run=job)
     else:
         reason = "spot instance interrupted" if spot else \
             "instance terminated before the job's end was seen: " + \
             "; ".join(f"{i}: {s['message'] or s['state']}" for i, s in states.items())
-        store.set_state(job.id, state.PREEMPTED if spot else state.FAILED, reason=reason,
-                        detail=reason)
-    finish(store, store.job(job.id), collect=False, force=True)  # it is gone anyway
+        ended = store.set_state(job.id, state.PREEMPTED if spot else state.FAILED,
+                                reason=reason, detail=reason, same_run=job)
+    if ended or not store.job(job.id).active:
+        finish(store, store.job(job.id), collect=False, force=True)  # it is gone anyway
     return store.job(job.id)
 
 
@@ -404,7 +414,8 @@ def interrupted(store: Store, settings: config.Settings, job: Job, status: dict 
         new_state = state.RECOVERING
         reason = f"{why}; relaunching (attempt {current.n + 1} of at most " \
                  f"{spec.recovery.max_restarts + 1})"
-    if not store.set_state(job.id, new_state, reason=reason, detail=reason, expect=job.state):
+    if not store.set_state(job.id, new_state, reason=reason, detail=reason, expect=job.state,
+                           same_run=job):
         return store.job(job.id)  # someone else acted first (another process, or `down`)
     store.update_attempt(job.id, current.n, only_if_open=True, ended_at=ended,
                          outcome=attempts.INTERRUPTED, end_reason=why,

@@ -161,7 +161,8 @@ def test_F13_termination_without_notice_resumes_from_the_last_upload(lab, cli, t
     time.sleep(0.4)  # a few steps past it
     lab.take_back(first)
     job = _wait_state(cli, job_id, ("succeeded", "failed", "cancelled"))
-    assert job["state"] == "succeeded", job["reason"]
+    assert job["state"] == "succeeded", json.dumps([job["reason"], job["attempts"],
+                                                     job["timeline"]], indent=0)
     assert len(job["attempts"]) == 2, json.dumps([job["attempts"], job["timeline"], job["reason"]], indent=0)
     a1, a2 = job["attempts"]
     assert a1["outcome"] == "interrupted" and "without a notice" in a1["reason"]

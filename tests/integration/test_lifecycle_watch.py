@@ -49,6 +49,46 @@ def test_F11_a_status_acting_on_an_old_snapshot_never_fails_a_job_that_moved_on(
         assert watch.refresh(store, settings, store.job(other.id)).state == state.FAILED
 
 
+@pytest.mark.parametrize("moved", ["attempt", "host"])
+def test_F13_a_status_acting_on_the_run_before_a_relaunch_never_ends_the_next(cli, ct_home,
+                                                                                moved):
+    """CI, test_F13_termination_without_notice_resumes_from_the_last_upload: `status` listed
+    a spot job running on attempt 1; its instance was taken back and the supervisor relaunched
+    the job at the same address (moto, like a subnet, hands a terminated instance's address
+    to the next). That `status` then probed the new instance before its agent started and
+    ended the job with "the agent never started": the compare-and-set was on the state alone,
+    and the job was `running` again. A decision on a probe's answer holds only for the run the
+    snapshot saw: the same attempt and host record."""
+    settings = config.Settings.load()
+    job_id = cli.launch("--", "sleep", "30")
+    jobdir = ct_home / "jobs" / job_id
+    status = wait_for(lambda: json.loads((jobdir / "status.json").read_text())
+                      if (jobdir / "status.json").exists() else None, what="status.json")
+    with state.open_store(config.home()) as store:
+        snapshot = store.job(job_id)  # what `status` listed: attempt 1, running
+        assert snapshot.state == state.RUNNING
+        # The instance is gone; the relaunch's instance, at the same address, has the job's
+        # files but no agent yet.
+        os.killpg(status["pgid"], signal.SIGKILL)
+        os.kill(status["agent_pid"], signal.SIGKILL)
+        subprocess.run(["tmux", "-L", (snapshot.host or {}).get("tmux_socket", "cloudtrain"),
+                        "kill-session", "-t", f"ct-{job_id}"],
+                       capture_output=True)
+        time.sleep(0.3)
+        (jobdir / "status.json").unlink()
+        if moved == "attempt":
+            store.record_facts(job_id, attempt=2)
+        else:  # AWS Auto Scaling's replacement: the record follows it (another host key)
+            store.update_job(job_id, host={**(snapshot.host or {}), "host_key": "another"})
+        after = watch.refresh(store, settings, snapshot)
+        assert after.state == state.RUNNING, after.reason
+        assert store.job(job_id).state == state.RUNNING
+        # The same probe for the run the store holds does end it: the check can fail.
+        (jobdir / "status.json").unlink(missing_ok=True)
+        ended = watch.refresh(store, settings, store.job(job_id))
+        assert ended.state == state.FAILED and "the agent never started" in ended.reason
+
+
 @pytest.fixture
 def dead_agent_job(cli, ct_home):
     """A running local job whose agent was killed: the next status reaps it."""
@@ -192,3 +232,83 @@ def test_a_group_job_closed_on_while_staging_ends_at_the_first_look(grouped, ct_
     assert job.state == state.SUCCEEDED, (job.state, job.reason)
     phases = [e.phase for e in g.store.events(g.id)]
     assert phases.index(state.RUNNING) < phases.index(state.SUCCEEDED), phases
+
+
+def _spot_job_taken_back(g) -> None:
+    """`grouped`'s job as one this machine's supervisor relaunches, its instance taken back
+    without a notice after it streamed some metrics (and no status.json)."""
+    from labs.cloud import SPOT_REASON, terminate_with_reason
+    from labs.loopback import free_port
+
+    g.store.record_facts(g.id, auto_scaling_group=None)
+    g.store.update_job(g.id, jobdir="/home/ubuntu/.cloudtrain/jobs/" + g.id,
+                       spec={**g.job.spec.to_dict(), "recover": True, "max_restarts": 3},
+                       host={"kind": "SSHHost", "host": "127.0.0.1", "port": free_port(),
+                             "user": "ubuntu"})  # nothing answers there
+    g.put("metrics.jsonl", b'{"step": 12, "time": 1}\n')
+    terminate_with_reason(g.i1, SPOT_REASON)
+
+
+@pytest.mark.parametrize("looks", ["another look first", "the same look"])
+def test_F13_a_job_whose_files_came_home_from_the_store_is_decided_not_probed(grouped, ct_home,
+                                                                               looks):
+    """CI, and every run of test_F13_termination_without_notice_resumes_from_the_last_upload
+    on a fresh machine: a spot instance taken back without a notice. One look at the job (a
+    `status`) read its files from the job store, so its host record became this machine's
+    copy, and had not decided yet; the supervisor's look then probed that copy as if an agent
+    ran here: no status.json (the upload was cut short) and no agent, "the agent never
+    started", and the job failed instead of recovering. A job whose files came home is
+    decided as a lost host; the first look, going on from its snapshot, changes nothing more
+    (and alone, it decides: the files' coming home is no other run)."""
+    from cloudtrain.lifecycle import collect
+
+    g = grouped
+    _spot_job_taken_back(g)
+    settings = config.Settings.load()
+    snapshot = g.job  # the first look's
+    assert collect.from_job_store(g.store, snapshot) is None  # ... cut short here
+    assert g.job.host["collected_from"] == snapshot.host
+    if looks == "another look first":
+        job = watch.refresh(g.store, settings, g.job)
+        assert job.state == state.RECOVERING, (job.state, job.reason)
+    job = watch.interrupted(g.store, settings, snapshot, {}, "spot instance interrupted "
+                            "without a notice", host_alive=False, gone={g.i1})
+    assert job.state == state.RECOVERING, (job.state, job.reason)
+    assert "without a notice" in job.reason and "never started" not in job.reason
+    assert [e.phase for e in g.store.events(g.id)].count(state.RECOVERING) == 1
+    [first] = g.store.attempts(g.id)
+    assert first.outcome == "interrupted" and first.ended_at is not None
+    # Brought home twice, the record still says from where (not from this machine's copy).
+    collect.from_job_store(g.store, g.job)
+    assert g.job.host["collected_from"] == snapshot.host
+    assert g.job.host["remote_jobdir"] == "/home/ubuntu/.cloudtrain/jobs/" + g.id
+
+
+def test_F13_a_look_at_the_lost_run_never_rewrites_the_relaunch_s_record(grouped, ct_home):
+    """The same CI test, its next failure: `status` and the supervisor both saw the instance
+    gone while the job was `running`; the supervisor decided first and relaunched, and the
+    `status` then brought the files home from the job store and pointed the job's record
+    (host, job directory) at this machine's copy, under the relaunch that was syncing. The
+    relaunch set its host again but not its directory, and the next probe of the new
+    instance asked for this machine's path there: "the agent never started". What a look
+    learnt about one run lands only on that run, in the state it saw."""
+    from cloudtrain.lifecycle import collect
+
+    g = grouped
+    _spot_job_taken_back(g)
+    settings = config.Settings.load()
+    late = g.job  # the `status`'s snapshot: running, attempt 1
+    first = watch.refresh(g.store, settings, g.job)  # the supervisor's look decides
+    assert first.state == state.RECOVERING, (first.state, first.reason)
+    # The relaunch: attempt 2 on a new instance (what recovery and launch record).
+    g.store.set_state(g.id, state.SYNCING)
+    g.store.record_facts(g.id, attempt=2)
+    relaunch = {"kind": "SSHHost", "host": "10.0.0.10", "port": 22, "user": "ubuntu"}
+    g.store.update_job(g.id, host=relaunch, jobdir="/home/ubuntu/.cloudtrain/jobs/" + g.id)
+    # The late look goes on from its snapshot.
+    collect.from_job_store(g.store, late)
+    job = watch.interrupted(g.store, settings, late, {}, "spot instance interrupted without "
+                            "a notice", host_alive=False, gone={g.i1})
+    assert (job.state, job.host, job.jobdir) == (
+        state.SYNCING, relaunch, "/home/ubuntu/.cloudtrain/jobs/" + g.id)
+    assert [e.phase for e in g.store.events(g.id)].count("results") == 1  # the first look's
