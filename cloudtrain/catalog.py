@@ -178,22 +178,42 @@ def check_region(region: str, source: str = "--region") -> str:
     return check_known_region(region, source)
 
 
+# GPUs that no current Deep Learning AMI runs: NVIDIA's open kernel modules (the DLAMI's
+# driver) support Turing and newer, and current torch wheels carry no Volta code (sm_70).
+NO_DLAMI_GPUS = frozenset({"V100", "V100-32GB"})
+
+
+def default_gpu(count: int) -> str:
+    """The GPU a job asks for when it names neither an instance nor a GPU and needs `count`
+    on one host: a part every current DLAMI and torch wheel runs. The A10G of the default
+    type (g5.xlarge) up to 4 (g5.12xlarge), A100 beyond (8: p4d.24xlarge)."""
+    return "A10G" if count <= 4 else "A100"
+
+
 def gpu_request(resources: dict, needed: int) -> str:
-    """`V100:8`: what a cloud job asks for when no instance is given, from a recipe's
-    `resources:` and the GPUs its arguments need on one host (0: no requirement)."""
-    count = max(needed, int(resources.get("gpus_per_node", 1)))
-    return f"{resources.get('gpu', 'V100')}:{count}"
+    """`A100:8`: what a cloud job asks for when no instance is given, from a recipe's
+    `resources:` (its `gpu`, else default_gpu) and the GPUs its arguments need on one host
+    (0: no requirement: its `gpus_per_node`). A variant set up for fewer GPUs than the
+    recipe's default one asks for that many, not the default's instance."""
+    count = needed or int(resources.get("gpus_per_node", 1))
+    return f"{resources.get('gpu') or default_gpu(count)}:{count}"
+
+
+def no_dlami_note(name: str, gpu: str) -> str:
+    """Why `name` cannot run the Deep Learning AMI (its GPU is in NO_DLAMI_GPUS)."""
+    return (f"{name}'s {gpu} (Volta) runs on no current Deep Learning AMI: its NVIDIA driver "
+            "supports Turing and newer GPUs, and current torch wheels have no Volta code")
 
 
 def parse_gpus(request: str) -> tuple[str, float]:
-    """`V100:1` -> ("V100", 1); `A100` -> ("A100", 1). Names as the catalog spells them."""
+    """`A10G:1` -> ("A10G", 1); `A100` -> ("A100", 1). Names as the catalog spells them."""
     from .errors import UsageError
 
     name, _, count = request.partition(":")
     try:
         n = float(count) if count else 1.0
     except ValueError:
-        raise UsageError(f"--gpus {request}: expected NAME:COUNT, e.g. V100:1") from None
+        raise UsageError(f"--gpus {request}: expected NAME:COUNT, e.g. A10G:1") from None
     if not math.isfinite(n) or n < 1 or n != int(n):
         raise UsageError(f"--gpus {request}: the count must be a whole number of at least 1")
     return name.strip(), n

@@ -13,6 +13,7 @@ import dataclasses
 import shlex
 from dataclasses import dataclass, field
 
+from . import catalog
 from .errors import UsageError
 from .market import Market
 
@@ -170,7 +171,7 @@ class JobSpec:
                 raise UsageError(f"recipe {self.recipe} {what} runs one process per GPU on {n} "
                                  f"GPUs, but this host has {gpus} GPU(s)",
                                  hint=f"launch on an instance with {n} GPUs (--gpus "
-                                      f"{self.resources.get('gpu', 'V100')}:{n}), or {other}")
+                                      f"{catalog.gpu_request(self.resources, n)}), or {other}")
         else:
             torchrun = self.kind == RECIPE and self.resources.get("launcher") == "torchrun"
             procs = max(gpus, 1) if torchrun else 1

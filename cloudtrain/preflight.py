@@ -50,6 +50,11 @@ def instance_type_error(name, origin: str | None = None) -> UsageError:
                                  "expected an EC2 instance type, e.g. g5.xlarge", origin)
 
 
+# What to take instead of a type with a GPU the DLAMI does not run, by its GPU count.
+_NEWER = {1: "g5.xlarge (A10G) or g6.xlarge (L4)", 4: "g5.12xlarge (4 A10G)",
+          8: "p4d.24xlarge (8 A100) or g6e.48xlarge (8 L40S)"}
+
+
 @dataclass
 class TypeFacts:
     """What the checks found out about an instance type."""
@@ -65,13 +70,15 @@ class TypeFacts:
 def instance_type(name: str, region: str, *, cpu_ok: bool = False,
                   ami_arch: str | None = DEFAULT_ARCH,
                   describe: Callable[[str], dict | None] | None = None,
-                  offered: Callable[[str], bool | None] | None = None) -> TypeFacts:
+                  offered: Callable[[str], bool | None] | None = None,
+                  dlami: bool = True) -> TypeFacts:
     """Check `name` for a job in `region`. From the bundled catalog where it knows the type
     (and the region), else from EC2 (`describe(name)` -> {gpus, gpu, arch} or None when EC2
     has no such type; `offered(name)` -> whether it is offered in the region, None if unknown).
-    `ami_arch`: the AMI's architecture (None: not known without credentials). UsageError for
-    a type that does not exist, is not offered there, cannot run the AMI, or has no GPU when
-    `cpu_ok` is not set."""
+    `ami_arch`: the AMI's architecture (None: not known without credentials); `dlami`:
+    whether the job runs the Deep Learning AMI (no --ami). UsageError for a type that does
+    not exist, is not offered there, cannot run the AMI (its architecture, or a GPU the DLAMI
+    does not support), or has no GPU when `cpu_ok` is not set."""
     types = catalog.load()
     t = types.get(name)
     note = None
@@ -117,6 +124,11 @@ def instance_type(name: str, region: str, *, cpu_ok: bool = False,
     if not facts.gpus and not cpu_ok:
         raise UsageError(f"{name} has no GPU", hint="pick a GPU type (cloudtrain catalog), or "
                                                     "add --cpu-only to run on it on purpose")
+    if dlami and facts.gpu in catalog.NO_DLAMI_GPUS:
+        raise UsageError(catalog.no_dlami_note(name, facts.gpu),
+                         hint=f"pick a newer GPU type, e.g. {_NEWER.get(int(facts.gpus), _NEWER[1])}; "
+                              "or pass --ami with an image that has NVIDIA's proprietary "
+                              "driver and a torch built for CUDA 12.6 (2.14 or older)")
     if ami_arch and facts.arch != ami_arch:
         what = "the Deep Learning AMI" if ami_arch == DEFAULT_ARCH else "the AMI"
         raise UsageError(f"{name} is {facts.arch} but {what} is {ami_arch}: RunInstances would "

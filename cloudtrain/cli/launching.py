@@ -64,7 +64,7 @@ class _LaunchCommand(click.Command):
               help="EC2 instance type, e.g. g5.xlarge (implies --backend aws).")
 @click.option("--gpus", metavar="GPU:N", shell_complete=completion.gpus,
               help="Instead of --instance: the cheapest type with N of "
-              "that GPU (e.g. V100:1, A100:8) in the allowed regions.")
+              "that GPU (e.g. A10G:1, A100:8) in the allowed regions.")
 @click.option("--procs", type=int, metavar="N", help="Processes per host for torchrun recipes "
               "(default: one per GPU on the host, one without GPUs).")
 @click.option("--nodes", type=int, metavar="N", help="Machines the job spans: one torchrun job "
@@ -138,11 +138,11 @@ def launch(dry_run: bool, yes: bool, follow: bool, quiet: bool, **flags) -> None
       cloudtrain launch --recipe resnet9 --resume-from 3f2a1b9c
       cloudtrain launch --workdir . -- python train.py --lr 0.1
       cloudtrain launch --recipe resnet9 --instance g5.xlarge --spot --dry-run
-      cloudtrain launch --recipe resnet9 --set gpus=8 --gpus V100:8
-      cloudtrain launch --recipe imagenet --gpus V100:8 \\
+      cloudtrain launch --recipe resnet9 --set gpus=8 --gpus A100:8
+      cloudtrain launch --recipe imagenet --gpus A100:8 \\
           --data imagenet=s3://bkt/imagenet
       cloudtrain launch --recipe imagenet --set variant=machines-4 \\
-          --instance p3.16xlarge --spot
+          --instance p4d.24xlarge --spot
       cloudtrain launch --nodes 2 --instance g5.12xlarge --workdir . \\
           -- bash train.sh
       cloudtrain launch --workdir . --setup 'pip install -r requirements.txt' \\

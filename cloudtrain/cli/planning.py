@@ -62,7 +62,7 @@ def catalog(gpu: str | None, region: str, as_json: bool, refresh: bool, wide: bo
 
     \b
     Examples:
-      cloudtrain catalog --gpu V100
+      cloudtrain catalog --gpu A100
       cloudtrain catalog --region eu-west-1 --json
       cloudtrain catalog --refresh --region us-east-1
     """

@@ -358,20 +358,27 @@ def test_ssh_and_attach_reach_the_instance_with_the_pinned_key(cli, aws, ct_home
 
 def test_dry_run_with_no_aws_account_at_all(cli, tmp_path):
     """No credentials, no config, no endpoint: the plan still comes, priced from the catalog;
-    p3.2xlarge is accepted (moto lacks it, real AWS has it)."""
+    g6.xlarge is accepted (moto lacks it, real AWS has it). p3.2xlarge, whose V100 no current
+    Deep Learning AMI runs, is refused before anything (RA2), unless --ami names an image."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"))
     proc = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", "--recipe", "resnet9",
-                           "--instance", "p3.2xlarge", "--region", "us-east-1", "--dry-run"],
+                           "--instance", "g6.xlarge", "--region", "us-east-1", "--dry-run"],
                           cwd=REPO, capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "p3.2xlarge: 1x V100, 8 vCPU, 61 GiB" in proc.stdout
-    assert "$3.0600/h (on-demand list price" in proc.stdout
-    assert "at most      $4.60: one instance of up to 90 min (the max runtime of 60 min + 30 " \
+    assert "g6.xlarge: 1x L4, 4 vCPU, 16 GiB" in proc.stdout
+    assert "$0.8048/h (on-demand list price" in proc.stdout
+    assert "at most      $1.22: one instance of up to 90 min (the max runtime of 60 min + 30 " \
         "until user-data powers it off), with its 60 GB gp3 disk ($0.0066/h)" in proc.stdout
     assert "not checked: no AWS credentials" in proc.stdout
+    volta = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", "--recipe", "resnet9",
+                            "--instance", "p3.2xlarge", "--dry-run"], cwd=REPO,
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert (volta.returncode, volta.stdout) == (2, "")
+    assert volta.stderr.startswith("Error: p3.2xlarge's V100 (Volta) runs on no current Deep "
+                                   "Learning AMI"), volta.stderr
     proc = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", "--instance",
-                           "p3.2xlarge", "--dry-run", "--", "true"], cwd=REPO, capture_output=True,
+                           "g6.xlarge", "--dry-run", "--", "true"], cwd=REPO, capture_output=True,
                           text=True, env=env, timeout=60)
     # D1: no region anywhere is the default region, said as such (the plan and the launch
     # resolve it the same way), not a refusal whose hint did not work.

@@ -212,7 +212,7 @@ def test_d37_recipes_json(cli):
     args = {a["name"]: a for a in one["arguments"]}
     assert args["variant"]["choices"] == ["bag-of-tricks", "dawn", "apple-8gpu"]
     assert args["variant"]["default"] is None and "smoke" in one["profiles"]
-    assert one["resources"]["gpu"] == "V100"
+    assert one["resources"]["gpus_per_node"] == 1 and "gpu" not in one["resources"]  # RA2
 
 
 def test_d24_headers_say_per_run_and_per_hour(cli):

@@ -416,7 +416,7 @@ def test_quotas_that_cover_every_recipe_are_ok(moto, dlami, quotas, ct_home):
     """Issue 16: each vCPU quota the recipes' instances count against (G and P, on-demand and
     spot) is read from Service Quotas and is ok when it covers the largest need; exit 0
     (and, with the job store and an instance profile there, nothing else to say: U57)."""
-    quotas.set_all(on_demand_g=64, on_demand_p=1024, spot_g=64, spot_p=1024)
+    quotas.set_all(on_demand_g=64, on_demand_p=1536, spot_g=64, spot_p=1536)
     _store_and_profile(ct_home)
     report = check.run()
     found = by_name(report)
@@ -424,8 +424,9 @@ def test_quotas_that_cover_every_recipe_are_ok(moto, dlami, quotas, ct_home):
     assert all(found[n].verdict == "ok" for n in QUOTA_ROWS), report.checks
     assert found["quota G on-demand"].detail.startswith(
         "Running On-Demand G and VT instances (L-DB2E81BA): 64 vCPUs: enough for every recipe")
-    # The largest need: imagenet's 16-machine variant, 16 x p3.16xlarge (64 vCPUs each).
-    assert "the most: 16 x p3.16xlarge needs 1024 (imagenet machines-16)" in \
+    # The largest need: imagenet's 16-machine variant, 16 x p4d.24xlarge (96 vCPUs each: 8
+    # A100, the default for 8 GPUs since no current DLAMI runs p3's V100s, RA2).
+    assert "the most: 16 x p4d.24xlarge needs 1536 (imagenet machines-16)" in \
         found["quota P on-demand"].detail
     assert {(a, c) for a, _, c in quotas.calls} == {
         ("GetServiceQuota", c) for c in ("L-DB2E81BA", "L-417A185B", "L-3819A6DF", "L-7212CCBC")}
@@ -453,15 +454,15 @@ def test_a_zero_quota_is_a_problem_with_a_hint(moto, dlami, quotas):
 
 
 def test_a_quota_below_the_largest_variant_is_a_warning_naming_it(moto, dlami, quotas):
-    """Issue 16: a P quota of 64 runs the one-machine 8-GPU variants but not imagenet's
+    """Issue 16: a P quota of 96 runs the one-machine 8-GPU variants but not imagenet's
     multi-machine ones: a warning naming them, exit 0."""
-    quotas.set_all(on_demand_g=64, on_demand_p=64, spot_g=64, spot_p=1024)
+    quotas.set_all(on_demand_g=64, on_demand_p=96, spot_g=64, spot_p=1536)
     report = check.run()
     p = by_name(report)["quota P on-demand"]
     assert p.verdict == "warning", p
-    assert "64 vCPUs: too few where 4 x p3.16xlarge needs 256 (imagenet machines-4); 8 x " \
-           "p3.16xlarge needs 512 (imagenet machines-8); 16 x p3.16xlarge needs 1024" in p.detail
-    assert "request an increase to 1024" in p.hint
+    assert "96 vCPUs: too few where 4 x p4d.24xlarge needs 384 (imagenet machines-4); 8 x " \
+           "p4d.24xlarge needs 768 (imagenet machines-8); 16 x p4d.24xlarge needs 1536" in p.detail
+    assert "request an increase to 1536" in p.hint
     assert check.exit_code(report) == 0
 
 
@@ -469,7 +470,7 @@ def test_a_quota_never_changed_is_read_as_the_aws_default(moto, dlami, quotas):
     """Issue 16: GetServiceQuota has no applied value for a quota never changed
     (NoSuchResourceException); AWS's default value is read instead."""
     quotas.set_all(on_demand_g=0, on_demand_p=0, spot_g=0, spot_p=0, applied=False)
-    quotas.applied["L-417A185B"] = 1024  # raised once, in this account
+    quotas.applied["L-417A185B"] = 1536  # raised once, in this account
     report = check.run()
     found = by_name(report)
     assert found["quota G on-demand"].verdict == "problem"
@@ -571,7 +572,7 @@ def test_a_config_yaml_refused_is_a_problem_and_the_rest_still_runs(no_aws, ct_h
 def test_text_fits_the_width_and_json_carries_the_same(moto, dlami, quotas):
     """Issue 16: the text fits the width it is given; --json has the settings, every check
     with its verdict and facts, and the exit code."""
-    quotas.set_all(on_demand_g=0, on_demand_p=64, spot_g=64, spot_p=1024)
+    quotas.set_all(on_demand_g=0, on_demand_p=96, spot_g=64, spot_p=1536)
     report = check.run()
     text = check.render(report, width=80)
     # Every line fits, but a console URL (88 characters) or a path (pytest's temporary home)

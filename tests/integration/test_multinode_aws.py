@@ -273,9 +273,10 @@ def test_a_placement_group_still_in_use_is_left_for_the_next_cleanup(cloud, grou
 
 
 def test_dry_run_16_nodes_without_an_account(cli, monkeypatch):
-    """Issue 15: the dry run of the published 16-machine ImageNet run on p3.16xlarge, with no
-    AWS account: 16 instances in a placement group, 8 processes on each, and the price of all
-    of them per hour and at most."""
+    """Issue 15: the dry run of the published 16-machine ImageNet run on p3.16xlarge (with an
+    --ami that runs its V100s: no current Deep Learning AMI does, RA2), with no AWS account:
+    16 instances in a placement group, 8 processes on each, and the price of all of them per
+    hour and at most."""
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
@@ -283,7 +284,7 @@ def test_dry_run_16_nodes_without_an_account(cli, monkeypatch):
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     out = cli.ok("launch", "--recipe", "imagenet", "--set", "variant=machines-16", "--set",
                  "data_dir=/data/imagenet", "--instance", "p3.16xlarge", "--spot", "--dry-run",
-                 "--region", "us-east-1").stdout
+                 "--region", "us-east-1", "--ami", "ami-0123456789abcdef0").stdout
     rows = {line[2:15].strip(): line[15:] for line in out.splitlines()[1:]}
     assert "[16 nodes]" in rows["job"]
     assert rows["nodes"].startswith("16 instances in one AZ, one cluster placement group")
@@ -300,7 +301,7 @@ def test_dry_run_16_nodes_without_an_account(cli, monkeypatch):
         "each (the max runtime of 360 min + 30 until user-data powers it off) on each of 16 "
         "nodes"), rows["at most"]
     assert "on 16 nodes" in rows["estimate"]
-    explicit = cli.ok("launch", "--nodes", "16", "--instance", "p3.16xlarge", "--dry-run",
+    explicit = cli.ok("launch", "--nodes", "16", "--instance", "p4d.24xlarge", "--dry-run",
                       "--region", "us-east-1", "--", "bash", "-c", "echo hi").stdout
     assert "your command on each of 16 nodes" in explicit
 
@@ -308,10 +309,10 @@ def test_dry_run_16_nodes_without_an_account(cli, monkeypatch):
 def test_the_recipe_variant_says_how_many_nodes_and_nodes_1_overrides(cli, monkeypatch):
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     four = cli.ok("launch", "--recipe", "imagenet", "--set", "variant=machines-4", "--set",
-                  "data_dir=/d", "--instance", "p3.16xlarge", "--dry-run").stdout
+                  "data_dir=/d", "--instance", "p4d.24xlarge", "--dry-run").stdout
     assert "[4 nodes]" in four and "8 per node x 4 nodes = 32" in four
     one = cli.ok("launch", "--recipe", "imagenet", "--set", "variant=machines-4", "--set",
-                 "data_dir=/d", "--instance", "p3.16xlarge", "--nodes", "1", "--dry-run").stdout
+                 "data_dir=/d", "--instance", "p4d.24xlarge", "--nodes", "1", "--dry-run").stdout
     assert "nodes" not in [line[2:15].strip() for line in one.splitlines()]
 
 

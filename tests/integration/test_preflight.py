@@ -92,11 +92,11 @@ def test_d2_aws_region_is_read_as_the_aws_cli_reads_it():
 
 # D28
 def test_d28_gpus_looks_in_the_aws_chains_region():
-    proc = run("launch", "--recipe", "resnet9", "--gpus", "V100:1", "--dry-run",
+    proc = run("launch", "--recipe", "resnet9", "--gpus", "L4:1", "--dry-run",
                env={"AWS_DEFAULT_REGION": "us-east-1"})
     assert proc.returncode == 0, proc.stderr
     plan = rows(proc.stdout)
-    assert plan["region"] == "us-east-1" and plan["instance"].startswith("p3.2xlarge")
+    assert plan["region"] == "us-east-1" and plan["instance"].startswith("g6.xlarge")
 
 
 # D6
@@ -162,9 +162,46 @@ def test_d6_a_type_not_offered_in_the_region_is_refused(moto):
     refused(run("launch", "--recipe", "resnet9", "--instance", "p3.2xlarge", "--region",
                 "eu-north-1", "--dry-run", env=moto), "p3.2xlarge is not offered in eu-north-1")
     # without credentials it cannot be known: said in the plan, not approved silently
-    proc = run("launch", "--recipe", "resnet9", "--instance", "p3.2xlarge", "--region",
+    proc = run("launch", "--recipe", "resnet9", "--instance", "g6.xlarge", "--region",
                "eu-north-1", "--dry-run")
     assert proc.returncode == 0 and "EC2 checks at launch" in rows(proc.stdout)["note"]
+
+
+@pytest.mark.parametrize("instance, instead", [
+    ("p3.2xlarge", "g5.xlarge (A10G) or g6.xlarge (L4)"), ("p3.8xlarge", "g5.12xlarge (4 A10G)"),
+    ("p3.16xlarge", "p4d.24xlarge (8 A100)"), ("p3dn.24xlarge", "p4d.24xlarge (8 A100)")])
+def test_RA2_a_volta_type_is_refused_on_the_dlami_and_taken_with_an_ami(instance, instead):
+    """RA2: no current Deep Learning AMI runs a V100 (its open-kernel-module driver supports
+    Turing and newer; its torch is CUDA 13, no sm_70), so RunInstances would succeed and the
+    job fail on the instance, billed. Refused before anything, saying what to take instead by
+    GPU count; an --ami (an image with the proprietary driver) is the user's to vouch for."""
+    error = refused(run("launch", "--recipe", "resnet9", "--instance", instance,
+                        "--region", "us-east-1", "--dry-run"),
+                    f"{instance}'s V100", "(Volta) runs on no current Deep Learning AMI",
+                    f"pick a newer GPU type, e.g. {instead}", "--ami")
+    assert len(error.splitlines()) == 2 and "Traceback" not in error  # the error, its hint
+    proc = run("launch", "--recipe", "resnet9", "--instance", instance, "--region",
+               "us-east-1", "--ami", "ami-0123456789abcdef0", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert rows(proc.stdout)["instance"].startswith(f"{instance}: ")
+
+
+def test_RA2_gpus_v100_is_refused_and_ec2s_word_on_a_type_counts_too():
+    """--gpus V100:1 finds p3.2xlarge, which is refused as above; a type the catalog lacks
+    is judged by the GPU EC2 says it has (DescribeInstanceTypes), the same way."""
+    from cloudtrain import preflight
+    from cloudtrain.errors import UsageError
+
+    refused(run("launch", "--recipe", "resnet9", "--gpus", "V100:1", "--region", "us-east-1",
+                "--dry-run"), "p3.2xlarge's V100 (Volta)")
+    volta = {"gpus": 4, "gpu": "V100", "arch": "x86_64"}
+    with pytest.raises(UsageError, match="p3.9xlarge's V100 ") as info:
+        preflight.instance_type("p3.9xlarge", "us-east-1", describe=lambda name: volta,
+                                offered=lambda name: True)
+    assert "e.g. g5.12xlarge (4 A10G)" in info.value.hint
+    facts = preflight.instance_type("p3.9xlarge", "us-east-1", describe=lambda name: volta,
+                                    offered=lambda name: True, dlami=False)
+    assert (facts.gpu, facts.gpus, facts.source) == ("V100", 4, "EC2")
 
 
 # D21
@@ -330,7 +367,7 @@ def test_d17_a_gpu_recipe_on_this_cpu_says_what_it_would_take(ct_home, slow_reci
     warning = rows(proc.stdout)["WARNING"]
     assert "no GPU here: slow would take about 2.4 h on this CPU" in warning
     assert "past its max runtime of 60 min" in warning
-    assert "--profile smoke" in warning and "--gpus V100:1" in warning
+    assert "--profile smoke" in warning and "--gpus A10G:1" in warning
     code, shown = in_a_terminal(["launch", "--recipe", "slow"], "n", env)
     assert code == 1 and "Proceed? [y/N]" in shown and "not launched" in shown, shown
     assert no_jobs(ct_home)

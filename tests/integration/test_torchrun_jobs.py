@@ -24,7 +24,7 @@ arguments:
   gpus: {type: int, default: null, help: "ranks the arguments are set up for (null: any)"}
   seconds: {type: float, default: 0, help: "stay alive this long after the all-reduce"}
   stubborn: {type: bool, default: false, help: "ignore SIGTERM (be killed after the grace)"}
-resources: {gpus_per_node: 1, gpu: V100, launcher: torchrun}
+resources: {gpus_per_node: 1, launcher: torchrun}
 """
 
 DIST_TRAIN = """\
@@ -149,7 +149,7 @@ def test_a_recipe_set_up_for_more_gpus_than_the_host_runs_is_refused(cli, dist_r
 
 def test_a_recipe_set_up_for_fewer_gpus_than_the_host_has_runs_that_many(cli, dist_recipe, aws):
     """gpus=2 on a 4-GPU type: 2 ranks, as the arguments say (not 4 that would all fail)."""
-    proc = cli("launch", "--recipe", "dist", "--set", "gpus=2", "--instance", "p3.8xlarge",
+    proc = cli("launch", "--recipe", "dist", "--set", "gpus=2", "--instance", "g5.12xlarge",
                "--follow", "--quiet", timeout=180)
     job_id = proc.stdout.splitlines()[0]
     assert proc.returncode == 0, cli("logs", job_id).stdout + proc.stderr
@@ -177,24 +177,25 @@ def test_procs_on_a_single_process_recipe_is_refused(cli, toy_recipes):
 
 
 def test_cloud_placement_follows_the_recipes_gpus(cli, dist_recipe):
-    """No --instance: a recipe set up for 8 GPUs gets the cheapest type with 8 of its GPU;
-    an instance with too few GPUs is refused before anything is created."""
+    """No --instance: a recipe set up for 8 GPUs gets the cheapest type with 8 of its GPU
+    (none named: A100, which every current Deep Learning AMI runs, not p3's V100: RA2); an
+    instance with too few GPUs is refused before anything is created."""
     plan = cli.ok("launch", "--recipe", "dist", "--set", "gpus=8", "--backend", "aws",
                   "--region", "us-east-1", "--dry-run").stdout
-    assert "p3.16xlarge: 8x V100" in plan
+    assert "p4d.24xlarge: 8x A100" in plan
     assert "processes" in plan and "8 (torchrun, one per GPU)" in plan
     proc = cli("launch", "--recipe", "dist", "--set", "gpus=8", "--instance", "g5.xlarge",
                "--dry-run")
     assert proc.returncode == 2
     assert "needs 8 GPUs on one host; g5.xlarge has 1" in proc.stderr
-    assert "--gpus V100:8" in proc.stderr
+    assert "--gpus A100:8" in proc.stderr
     assert os.environ.get("AWS_EC2_METADATA_DISABLED") == "true"
 
 
 def test_on_aws_the_process_count_comes_from_the_instance_type(cli, dist_recipe, aws):
-    """p3.8xlarge has 4 V100s: torchrun starts 4 ranks (on the lab's CPU-only host, whose
+    """g5.12xlarge has 4 A10Gs: torchrun starts 4 ranks (on the lab's CPU-only host, whose
     nvidia-smi sees nothing: the type, not the driver, decides), and they all join."""
-    proc = cli("launch", "--recipe", "dist", "--instance", "p3.8xlarge", "--follow", "--quiet",
+    proc = cli("launch", "--recipe", "dist", "--instance", "g5.12xlarge", "--follow", "--quiet",
                timeout=180)
     job_id = proc.stdout.splitlines()[0]
     assert proc.returncode == 0, cli("logs", job_id).stdout + proc.stderr
@@ -208,7 +209,7 @@ def test_a_variants_gpu_count_is_the_default_that_procs_may_override(cli, tmp_pa
     (root / "dp" / "recipe.yaml").write_text(
         "name: dp\ndescription: data-parallel\nentry: train.py\n"
         "arguments:\n  variant: {type: choice, choices: [eight, one], default: eight}\n"
-        "resources: {gpu: V100, launcher: torchrun, gpus_per_variant: {eight: 8, one: 1}}\n")
+        "resources: {gpu: L4, launcher: torchrun, gpus_per_variant: {eight: 8, one: 1}}\n")
     (root / "dp" / "train.py").write_text(DIST_TRAIN)
     monkeypatch.setenv("CLOUDTRAIN_RECIPES", str(root))
     proc = cli("launch", "--recipe", "dp")
@@ -226,7 +227,7 @@ def test_resnet9_on_two_gpus_runs_under_torchrun_through_the_aws_path(cli, aws):
     """The real recipe, Apple's multi-GPU form at gpus=2, on a 4-GPU type: two ranks (gloo on
     the lab's CPU), one process group, rank 0's metrics and checkpoint come home."""
     proc = cli("launch", "--recipe", "resnet9", "--profile", "smoke", "--set", "gpus=2",
-               "--instance", "p3.8xlarge", "--follow", "--quiet", timeout=300)
+               "--instance", "g5.12xlarge", "--follow", "--quiet", timeout=300)
     job_id = proc.stdout.splitlines()[0]
     assert proc.returncode == 0, cli("logs", job_id).stdout[-3000:] + proc.stderr
     job = cli.job(job_id)

@@ -56,6 +56,19 @@ def test_scaling_by_tensor_throughput():
     assert estimate.scaled_seconds(basis, "RTXPRO6000")[0] is None
 
 
+def test_RA2_the_types_compared_by_default_are_ones_a_launch_takes(pub):
+    """RA2: `estimate` without --instance compared every 1-GPU type, p3.2xlarge among them
+    (and, on its published V100 figure, often the fastest), which a launch now refuses. The
+    default comparison leaves out types whose GPU no current DLAMI runs; asked by name, a p3
+    is still priced (the published figure's own hardware)."""
+    args = {"variant": "fast", "gpus": 1}
+    names = [r.instance_type for r in estimate.estimate(pub, args, "us-east-1").rows]
+    assert names and "g5.xlarge" in names and "g6.xlarge" in names
+    assert not [n for n in names if n.startswith("p3")], names
+    asked = estimate.estimate(pub, args, "us-east-1", types=["p3.2xlarge"]).rows
+    assert [(r.instance_type, r.train_s) for r in asked] == [("p3.2xlarge", 26)]
+
+
 def test_cost_rows_equal_hand_computed_figures(pub):
     est = estimate.estimate(pub, {"variant": "fast", "gpus": 1}, "us-east-1",
                             types=["p3.2xlarge", "g4dn.xlarge", "p3.8xlarge"])
@@ -177,12 +190,13 @@ def test_u48_catalog_for_a_region_without_prices_exits_2_as_estimate_does(cli):
 
 
 def test_launch_shows_the_estimate_of_what_it_starts(cli, pub):
+    # On the published figure's own GPU (a V100: with an image that runs it, RA2).
     plan = cli.ok("launch", "--recipe", "pub", "--instance", "p3.2xlarge", "--region",
-                  "us-east-1", "--dry-run").stdout
+                  "us-east-1", "--ami", "ami-0123456789abcdef0", "--dry-run").stdout
     line = [l for l in plan.splitlines() if l.strip().startswith("estimate")][0]
     assert "training 26s (published)" in line and "$0.24 on-demand" in line
     # No basis (your own command): no estimate row rather than a made-up one.
-    plan = cli.ok("launch", "--instance", "p3.2xlarge", "--region", "us-east-1", "--dry-run",
+    plan = cli.ok("launch", "--instance", "g5.xlarge", "--region", "us-east-1", "--dry-run",
                   "--", "python", "-c", "pass").stdout
     assert "estimate" not in plan
 

@@ -582,7 +582,7 @@ def test_the_project_loader_accepts_the_recipe():
     from cloudtrain import recipes
 
     recipe = recipes.load("wide-resnet34")
-    assert recipe.launcher == "torchrun" and recipe.gpus == 8 and recipe.gpu_request({}) == "V100:8"
+    assert recipe.launcher == "torchrun" and recipe.gpus == 8 and recipe.gpu_request({}) == "A100:8"  # RA2
     smoke = recipe.resolve("smoke")
     assert smoke["depth"] == 10 and smoke["workers"] == 0 and smoke["data"] == "synthetic"
     assert recipe.resolve(None, ("depth=34",))["depth"] == 34

@@ -58,7 +58,7 @@ def check_type(aws: AwsSession, spec, region: str) -> type_checks.TypeFacts:
     try:
         return type_checks.instance_type(place.instance_type, region, cpu_ok=place.cpu_only,
                                        ami_arch=ami_arch, describe=describe,
-                                       offered=offered)
+                                       offered=offered, dlami=not place.ami)
     except UsageError as exc:  # a job file's `instance:` is named where it is
         raise named_at(exc, getattr(spec, "origins", {}).get("instance_type"),
                        "--instance") from None

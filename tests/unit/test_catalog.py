@@ -1,0 +1,50 @@
+"""cloudtrain/catalog.py: the GPU a job asks for when it names none (RA2: never one that no
+current Deep Learning AMI runs), and the cheapest type for it in the bundled catalog."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloudtrain import catalog, recipes
+
+
+def test_RA2_no_default_request_names_a_gpu_the_dlami_cannot_run():
+    """RA2: the multi-GPU recipes asked for V100:8 (p3.16xlarge), which no current DLAMI,
+    driver branch or torch wheel runs. Every bundled recipe and variant now asks for a
+    Turing-or-later GPU that the catalog has in us-east-1, in the count it needs."""
+    asked = {}
+    for name in recipes.names():
+        rec = recipes.load(name)
+        variants = (rec.arguments.get("variant").choices if "variant" in rec.arguments
+                    else None) or [None]
+        for variant in variants:
+            values = rec.resolve(None, (f"variant={variant}",) if variant else ())
+            request = rec.gpu_request(values)
+            gpu, count = catalog.parse_gpus(request)
+            assert gpu not in catalog.NO_DLAMI_GPUS, (name, variant, request)
+            chosen, region, _ = catalog.cheapest(gpu, count, ["us-east-1"], "on-demand")
+            assert chosen.gpus == count and region == "us-east-1"
+            asked[(name, variant)] = (request, chosen.name)
+    assert asked[("wide-resnet34", "8gpu")] == ("A100:8", "p4d.24xlarge")
+    assert asked[("imagenet", "dawn-1x8")] == ("A100:8", "p4d.24xlarge")
+    resnet9 = recipes.load("resnet9")  # Apple's 8-GPU form: gpus=8
+    assert resnet9.gpu_request(resnet9.resolve(None, ("gpus=8",))) == "A100:8"
+    assert asked[("wide-resnet34", "1gpu")] == ("A10G:1", "g5.xlarge")
+
+
+@pytest.mark.parametrize("count, gpu", [(1, "A10G"), (4, "A10G"), (8, "A100")])
+def test_RA2_the_default_gpu_by_count(count, gpu):
+    assert catalog.default_gpu(count) == gpu
+    assert catalog.gpu_request({"gpus_per_node": count}, 0) == f"{gpu}:{count}"
+
+
+def test_a_recipe_s_own_gpu_is_kept():
+    assert catalog.gpu_request({"gpus_per_node": 1, "gpu": "L4"}, 4) == "L4:4"
+
+
+def test_RA2_the_volta_types_are_the_ones_said_unrunnable():
+    """Every catalog type whose GPU is in NO_DLAMI_GPUS is a p3 or p3dn, and no other is."""
+    volta = sorted(t.name for t in catalog.load().values() if t.gpu in catalog.NO_DLAMI_GPUS)
+    assert volta == ["p3.16xlarge", "p3.2xlarge", "p3.8xlarge", "p3dn.24xlarge"]
+    note = catalog.no_dlami_note("p3.2xlarge", "V100")
+    assert note.startswith("p3.2xlarge's V100 (Volta) runs on no current Deep Learning AMI")
