@@ -181,6 +181,11 @@ def check_region(region: str, source: str = "--region") -> str:
 # GPUs that no current Deep Learning AMI runs: NVIDIA's open kernel modules (the DLAMI's
 # driver) support Turing and newer, and current torch wheels carry no Volta code (sm_70).
 NO_DLAMI_GPUS = frozenset({"V100", "V100-32GB"})
+# The GPU instance families the default image (the Ubuntu 24.04 PyTorch DLAMI) supports, as
+# its release notes list them: not p3/p3dn (above), nor g7e and p6-b300 (newer Blackwell parts
+# its driver is not released for), nor the fractional-GPU g6f/gr6f (an AL2023 image's).
+DLAMI_FAMILIES = ("g4dn", "g5", "g6", "gr6", "g6e", "p4d", "p4de", "p5", "p5e", "p5en",
+                  "p6-b200")
 
 
 def default_gpu(count: int) -> str:
@@ -199,10 +204,20 @@ def gpu_request(resources: dict, needed: int) -> str:
     return f"{resources.get('gpu') or default_gpu(count)}:{count}"
 
 
-def no_dlami_note(name: str, gpu: str) -> str:
-    """Why `name` cannot run the Deep Learning AMI (its GPU is in NO_DLAMI_GPUS)."""
-    return (f"{name}'s {gpu} (Volta) runs on no current Deep Learning AMI: its NVIDIA driver "
-            "supports Turing and newer GPUs, and current torch wheels have no Volta code")
+def dlami_runs(name: str) -> bool:
+    """Whether the default image supports GPU instance type `name` (DLAMI_FAMILIES)."""
+    return name.split(".")[0] in DLAMI_FAMILIES
+
+
+def no_dlami_note(name: str, gpu: str | None) -> str:
+    """Why the Deep Learning AMI does not run GPU type `name` (not dlami_runs)."""
+    if gpu in NO_DLAMI_GPUS:
+        return (f"{name}'s {gpu} (Volta) runs on no current Deep Learning AMI: its NVIDIA "
+                "driver supports Turing and newer GPUs, and current torch wheels have no Volta "
+                "code")
+    families = ", ".join(f.upper() for f in DLAMI_FAMILIES)
+    return (f"{name} is not among the GPU types the Deep Learning AMI supports (its release "
+            f"notes list {families})")
 
 
 def parse_gpus(request: str) -> tuple[str, float]:

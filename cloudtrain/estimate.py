@@ -267,8 +267,8 @@ def overheads(store=None) -> Overheads:
 def candidates(basis: Basis, region: str, types: list[str] | None, gpu_request: str | None,
                nodes: int = 1) -> list[catalog.InstanceType]:
     """--instance types as given; --gpus: the matching types; else every x86 type in the
-    region with the basis's GPU count (per node, on several nodes) that a launch takes (not
-    one whose GPU no Deep Learning AMI runs: catalog.NO_DLAMI_GPUS)."""
+    region with the basis's GPU count (per node, on several nodes) that a launch takes on the
+    Deep Learning AMI (catalog.dlami_runs)."""
     if types:
         out = []
         for name in types:
@@ -291,7 +291,7 @@ def candidates(basis: Basis, region: str, types: list[str] | None, gpu_request: 
         return found
     per_node = max(1, basis.gpus // max(1, nodes))
     return [t for t in catalog.matching(None, per_node, region)
-            if t.arch == "x86_64" and t.gpu not in catalog.NO_DLAMI_GPUS]
+            if t.arch == "x86_64" and catalog.dlami_runs(t.name)]
 
 
 def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",

@@ -151,7 +151,8 @@ def _instance_type(c: Check) -> tuple[str, float, str]:
     region = c.region
     if c.gpu:
         types = sorted((t for t in catalog.load().values() if t.gpus >= 1
-                        and t.arch == catalog.DEFAULT_ARCH and t.on_demand.get(region)),
+                        and t.arch == catalog.DEFAULT_ARCH and catalog.dlami_runs(t.name)
+                        and t.on_demand.get(region)),
                        key=lambda t: (t.on_demand[region], t.name))
         if not types:
             raise UsageError(f"the catalog has no on-demand GPU prices for {region}",

@@ -124,11 +124,6 @@ def instance_type(name: str, region: str, *, cpu_ok: bool = False,
     if not facts.gpus and not cpu_ok:
         raise UsageError(f"{name} has no GPU", hint="pick a GPU type (cloudtrain catalog), or "
                                                     "add --cpu-only to run on it on purpose")
-    if dlami and facts.gpu in catalog.NO_DLAMI_GPUS:
-        raise UsageError(catalog.no_dlami_note(name, facts.gpu),
-                         hint=f"pick a newer GPU type, e.g. {_NEWER.get(int(facts.gpus), _NEWER[1])}; "
-                              "or pass --ami with an image that has NVIDIA's proprietary "
-                              "driver and a torch built for CUDA 12.6 (2.14 or older)")
     if ami_arch and facts.arch != ami_arch:
         what = "the Deep Learning AMI" if ami_arch == DEFAULT_ARCH else "the AMI"
         raise UsageError(f"{name} is {facts.arch} but {what} is {ami_arch}: RunInstances would "
@@ -136,6 +131,13 @@ def instance_type(name: str, region: str, *, cpu_ok: bool = False,
                          hint=("choose an x86_64 type (cloudtrain catalog), or pass --ami with "
                                f"an {facts.arch} image") if ami_arch == DEFAULT_ARCH else
                          f"pass an --ami built for {facts.arch}")
+    if dlami and facts.gpus and not catalog.dlami_runs(name):
+        instead = f"pick a GPU type it runs, e.g. {_NEWER.get(int(facts.gpus), _NEWER[1])}"
+        raise UsageError(catalog.no_dlami_note(name, facts.gpu),
+                         hint=(f"{instead}; or pass --ami with an image that has NVIDIA's "
+                               "proprietary driver and a torch built for CUDA 12.6 (2.14 or "
+                               "older)") if facts.gpu in catalog.NO_DLAMI_GPUS else
+                         f"{instead}; or pass --ami with an image that supports {name}")
     facts.note = note
     return facts
 

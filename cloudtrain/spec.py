@@ -401,7 +401,8 @@ def _place_recipe(rec, args: dict, placement: dict, settings: config.Settings,
         if t is not None and needed > t.gpus:
             raise UsageError(f"recipe {rec.name} with gpus={needed} needs {needed} GPUs on one "
                              f"host; {t.name} has {t.gpus:g}",
-                             hint=f"use --gpus {rec.gpu_request(args)}, or --set gpus={t.gpus:g}")
+                             hint=f"use --gpus {rec.gpu_request(args)}" + (
+                                 f", or --set gpus={t.gpus:g}" if t.gpus >= 1 else ""))
         return
     request = rec.gpu_request(args)
     if needed != rec.gpus_needed(args):  # split over the nodes

@@ -178,12 +178,37 @@ def test_RA2_a_volta_type_is_refused_on_the_dlami_and_taken_with_an_ami(instance
     error = refused(run("launch", "--recipe", "resnet9", "--instance", instance,
                         "--region", "us-east-1", "--dry-run"),
                     f"{instance}'s V100", "(Volta) runs on no current Deep Learning AMI",
-                    f"pick a newer GPU type, e.g. {instead}", "--ami")
+                    f"pick a GPU type it runs, e.g. {instead}", "--ami")
     assert len(error.splitlines()) == 2 and "Traceback" not in error  # the error, its hint
     proc = run("launch", "--recipe", "resnet9", "--instance", instance, "--region",
                "us-east-1", "--ami", "ami-0123456789abcdef0", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert rows(proc.stdout)["instance"].startswith(f"{instance}: ")
+
+
+@pytest.mark.parametrize("instance, region", [
+    ("g7e.2xlarge", "us-east-1"), ("p6-b300.48xlarge", "us-west-2"), ("g6f.large", "us-east-1"),
+    ("gr6f.4xlarge", "us-east-1")])
+def test_RA3_a_gpu_type_the_dlami_does_not_list_is_refused_unless_an_ami_is_given(instance,
+                                                                                   region):
+    """RA3: the catalog offered g7e, p6-b300 (Blackwell parts the Ubuntu PyTorch DLAMI's
+    driver is not released for) and the fractional g6f/gr6f (an AL2023 image's) as equals of
+    the types the DLAMI lists. A GPU type outside its list is refused before anything, naming
+    the list; with --ami the image is the user's to vouch for."""
+    error = refused(run("launch", "--instance", instance, "--region", region, "--dry-run",
+                        "--", "true"),
+                    f"{instance} is not among the GPU types the Deep Learning AMI supports",
+                    "G4DN, G5, G6, GR6, G6E, P4D, P4DE, P5, P5E, P5EN, P6-B200",
+                    f"or pass --ami with an image that supports {instance}")
+    assert len(error.splitlines()) == 2
+    proc = run("launch", "--instance", instance, "--region", region, "--ami",
+               "ami-0123456789abcdef0", "--dry-run", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    # The types it lists, and a CPU type run on purpose, are taken as before.
+    for ok in (("--instance", "g4dn.xlarge"), ("--instance", "p5.4xlarge"),
+               ("--instance", "t3.micro", "--cpu-only")):
+        proc = run("launch", "--recipe", "resnet9", *ok, "--region", "us-east-1", "--dry-run")
+        assert proc.returncode == 0, (ok, proc.stderr)
 
 
 def test_RA2_gpus_v100_is_refused_and_ec2s_word_on_a_type_counts_too():

@@ -48,3 +48,17 @@ def test_RA2_the_volta_types_are_the_ones_said_unrunnable():
     assert volta == ["p3.16xlarge", "p3.2xlarge", "p3.8xlarge", "p3dn.24xlarge"]
     note = catalog.no_dlami_note("p3.2xlarge", "V100")
     assert note.startswith("p3.2xlarge's V100 (Volta) runs on no current Deep Learning AMI")
+
+
+def test_RA3_the_types_the_dlami_runs_are_the_families_its_release_notes_list():
+    """RA3: of the catalog's GPU types, those outside the default DLAMI's supported list are
+    p3/p3dn (Volta), g7e and p6-b300 (Blackwell parts it is not released for) and the
+    fractional g6f/gr6f; every other family the catalog has is on the list."""
+    outside = {t.name.split(".")[0] for t in catalog.load().values()
+               if not catalog.dlami_runs(t.name)}
+    assert outside == {"p3", "p3dn", "g7e", "p6-b300", "g6f", "gr6f", "g5g"}
+    inside = {t.name.split(".")[0] for t in catalog.load().values() if catalog.dlami_runs(t.name)}
+    assert inside == set(catalog.DLAMI_FAMILIES)
+    assert catalog.no_dlami_note("g7e.2xlarge", "RTXPRO6000").startswith(
+        "g7e.2xlarge is not among the GPU types the Deep Learning AMI supports (its release "
+        "notes list G4DN, G5, G6, GR6, G6E, P4D")
