@@ -98,10 +98,23 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+# The device node NVIDIA's driver makes for the first GPU: a host that has one has a GPU.
+NVIDIA_DEVICE = "/dev/nvidia0"
+
+
 def pick_device(requested: str, local_rank: int = 0) -> torch.device:
-    """auto: cuda:LOCAL_RANK when CUDA is available, else the CPU."""
+    """auto: cuda:LOCAL_RANK when CUDA is available, else the CPU. Not silently the CPU on a
+    host that has paid-for GPUs (CLOUDTRAIN_GPUS) and an NVIDIA device torch cannot use (a
+    wheel built for another CUDA than the driver's): that would bill GPU hours for a CPU run."""
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
+        paid = int(os.environ.get("CLOUDTRAIN_GPUS") or 0)
+        if requested == "cpu" and paid and os.path.exists(NVIDIA_DEVICE):
+            raise SystemExit(
+                f"this host has {paid} GPU(s) and an NVIDIA device ({NVIDIA_DEVICE}), but torch "
+                f"{torch.__version__} (CUDA {torch.version.cuda or 'none'}) sees no CUDA device: "
+                "its CUDA build and the driver do not match (nvidia-smi says the driver's). "
+                "Not training on the CPU at GPU prices; --set device=cpu runs it there anyway")
     if requested == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("--device cuda but torch sees no CUDA device")

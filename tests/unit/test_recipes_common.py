@@ -472,3 +472,34 @@ def test_the_startup_row_says_the_threads_torch_was_given(one_torch_thread):
                                                        "loader_workers": 2}
     assert startup.describe(row).endswith(
         "; torch threads 1 (6 cores / 2 processes, less 2 loader workers)")
+
+
+# ---------------------------------------------------------------------------------------------
+# distributed.pick_device
+
+def test_RA4_a_gpu_host_whose_torch_sees_no_cuda_fails_instead_of_training_on_the_cpu(
+        monkeypatch, tmp_path):
+    """RA4: the instance runs the image's torch, not the one tested here; a torch whose CUDA
+    build the driver does not run sees no device, and `device=auto` trained on the CPU at
+    GPU prices without a word (SkyPilot's #9406). With GPUs paid for (CLOUDTRAIN_GPUS) and
+    the driver's device node there, the recipe stops at once saying why; without either (this
+    machine, the lab's hosts) auto is the CPU as before, and device=cpu is always the CPU."""
+    from common import distributed
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: nothing to fall back from")
+    node = tmp_path / "nvidia0"
+    node.write_text("")
+    monkeypatch.setattr(distributed, "NVIDIA_DEVICE", str(node))
+    monkeypatch.setenv("CLOUDTRAIN_GPUS", "4")
+    with pytest.raises(SystemExit) as info:
+        distributed.pick_device("auto")
+    said = str(info.value)
+    assert said.startswith(f"this host has 4 GPU(s) and an NVIDIA device ({node}), but torch ")
+    assert "sees no CUDA device" in said and "--set device=cpu" in said and "\n" not in said
+    assert distributed.pick_device("cpu") == torch.device("cpu")
+    monkeypatch.setenv("CLOUDTRAIN_GPUS", "0")  # a CPU type (--cpu-only)
+    assert distributed.pick_device("auto") == torch.device("cpu")
+    monkeypatch.setenv("CLOUDTRAIN_GPUS", "4")
+    node.unlink()  # no driver device: the lab's CPU hosts, a laptop
+    assert distributed.pick_device("auto") == torch.device("cpu")
