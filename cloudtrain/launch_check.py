@@ -364,7 +364,7 @@ def _round_trip(c: Check, job, status: dict) -> tuple[str, dict]:
                 f"s3://{c.bucket}/jobs/{job.id}/ ({error})",
                 hint="the presigned POST the instance uploads with is signed with your "
                      "credentials: allow s3:PutObject on arn:aws:s3:::cloudtrain-*/* (attach "
-                     "infra/iam-policy-cli.json; infra/README.md)")
+                     "infra/iam-policy-cli-account.json; infra/README.md)")
         raise CloudtrainError(f"the instance's upload to s3://{c.bucket}/jobs/{job.id}/ "
                               f"failed: {error}")
     assert c.workdir is not None  # made when the job was launched

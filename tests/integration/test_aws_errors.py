@@ -64,7 +64,7 @@ def test_F10_access_denied_on_the_price_list_is_an_aws_error(provider):
     with pytest.raises(AWSError) as err:
         provider.account.on_demand_prices("us-east-1", ["g5.xlarge"])
     assert "not allowed: pricing:GetProducts" in err.value.message
-    assert "infra/iam-policy-cli.json" in err.value.hint
+    assert "infra/iam-policy-cli-account.json" in err.value.hint  # RE1: the file that has it
 
 
 def test_F10_access_denied_without_the_action_in_the_message_names_the_operation(provider):

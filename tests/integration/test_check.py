@@ -767,7 +767,9 @@ def test_check_launch_stops_at_a_refusal_naming_the_action_and_leaves_nothing(
     names = [s["name"] for s in steps]
     bad = [s for s in steps if not s["ok"]]
     assert [s["name"] for s in bad] == [step], steps
-    assert action in bad[0]["detail"] and "iam-policy-cli.json" in bad[0]["hint"]
+    assert action in bad[0]["detail"] and (  # RE1: the file that allows it
+        "iam-policy-cli-account.json" if action.startswith("s3:") else "iam-policy-cli.json"
+    ) in bad[0]["hint"]
     # It went no further than the refusal, then took down what it had started.
     assert names[names.index(step) + 1:] == (["terminate"] if launched else []) + \
         ["cleanup", "bill"]
@@ -905,8 +907,8 @@ def test_everything_check_launch_asks_of_aws_is_allowed_by_the_cli_policy(launch
                                                                           monkeypatch):
     """Issue 25: every AWS call `check --launch` makes (recorded as botocore makes it), and
     the instance's presigned POST (s3:PutObject, signed with the user's credentials), is
-    allowed by infra/iam-policy-cli.json alone, its instance type included: the policy a new
-    user attaches is all the check needs, once the job store's bucket exists (F32: creating
+    allowed by infra/iam-policy-cli.json and iam-policy-cli-account.json alone, its instance type
+    included: the policies a new user attaches are all the check needs, once the job store's bucket exists (F32: creating
     it is the administrator's one-time step, infra/iam-policy-store-admin.json, made here
     before the calls are recorded)."""
     import fnmatch
@@ -930,10 +932,11 @@ def test_everything_check_launch_asks_of_aws_is_allowed_by_the_cli_policy(launch
     monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", recorded)
     report = launch_check.run()
     assert report.ok, [launch_check.render_step(s) for s in report.steps]
-    policy = json.loads((Path(launch_check.__file__).parents[1] / "infra" /
-                         "iam-policy-cli.json").read_text())
+    infra = Path(launch_check.__file__).parents[1] / "infra"
+    statements = [s for name in ("iam-policy-cli.json", "iam-policy-cli-account.json")
+                  for s in json.loads((infra / name).read_text())["Statement"]]  # RE1: both
     allowed, types = set(), []
-    for s in policy["Statement"]:
+    for s in statements:
         actions = s["Action"] if isinstance(s["Action"], list) else [s["Action"]]
         allowed |= set(actions)
         if "ec2:RunInstances" in actions:

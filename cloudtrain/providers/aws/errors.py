@@ -23,15 +23,27 @@ STALE_ERRORS = {"InvalidKeyPair.NotFound", "InvalidGroup.NotFound", "InvalidAMII
                 "InvalidAMIID.Unavailable", "InvalidSubnetID.NotFound"}
 
 
-POLICY_FILE = "infra/iam-policy-cli.json"
-# Auto Scaling groups and their launch templates (issue 27): a second policy beside it.
+POLICY_FILE = "infra/iam-policy-cli.json"  # EC2
+# Beyond EC2 (who calls, prices, the DLAMI's id, the instance role, the job store's objects): a
+# second policy beside it (one managed policy holds 6,144 characters, and one was near them).
+ACCOUNT_POLICY_FILE = "infra/iam-policy-cli-account.json"
+# Auto Scaling groups and their launch templates (issue 27): a third.
 GROUPS_POLICY_FILE = "infra/iam-policy-autoscaling.json"
+# The job store's bucket, made and locked down once by an administrator.
+STORE_ADMIN_POLICY_FILE = "infra/iam-policy-store-admin.json"
+ACCOUNT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket", "sts:",
+                   "iam:", "pricing:", "ssm:")
 
 
 def policy_file(action: str) -> str:
     """The policy file that allows an IAM action cloudtrain calls."""
-    return GROUPS_POLICY_FILE if action.startswith("autoscaling:") or \
-        "LaunchTemplate" in action else POLICY_FILE
+    if action.startswith("autoscaling:") or "LaunchTemplate" in action:
+        return GROUPS_POLICY_FILE
+    if action.startswith(ACCOUNT_ACTIONS):
+        return ACCOUNT_POLICY_FILE
+    if action.startswith("s3:"):  # the bucket's own settings
+        return STORE_ADMIN_POLICY_FILE
+    return POLICY_FILE
 # The region names boto accepts, checked before any client is made: botocore's own check
 # (InvalidRegionError, "Provided region_name ... doesn't match a supported format") fires
 # late, deep inside client creation, and the name is also a path component (keys/<region>).
@@ -129,7 +141,7 @@ def client_error(exc, region: str | None, service: str) -> AWSError:
                         f"{message}",
                         hint=f"enable the region or subscribe the account (AWS console: Account "
                              f"> AWS Regions), or use another --region; the permissions cloudtrain "
-                             f"needs are in {POLICY_FILE}", **said)
+                             f"needs are in {POLICY_FILE} and {ACCOUNT_POLICY_FILE}", **said)
     if is_permission_error(code):
         action = denied_action(exc, service)
         return AWSError(f"not allowed: {action} in {region} ({code}): {message}",
