@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import ipaddress
 import math
 import os
 import re
@@ -195,6 +196,11 @@ def finite(value, source: str, *, low: float | None = None, high: float | None =
     return number
 
 
+def ssh_cidrs(value: str) -> list[str]:
+    """`ssh_cidr:`'s CIDRs, in order, once each (commas or spaces between them)."""
+    return list(dict.fromkeys(c for c in value.replace(",", " ").split() if c))
+
+
 @dataclasses.dataclass
 class Settings:
     backend: str = "local"  # where `launch` runs a job when --backend is not given
@@ -222,7 +228,9 @@ class Settings:
     connect: str = "public"  # reach instances at their "public" or "private" IP
     ssh_user: str = ""  # "" = the image's: ubuntu on the DLAMI, by its name for --ami
     ssh_port: int = 22
-    ssh_cidr: str = ""  # who may reach port 22 ("" = this machine's public address /32)
+    # Who may reach port 22: CIDRs, IPv4 or IPv6, comma-separated (a network with several NAT
+    # egress addresses, an IPv6 client); "" = this machine's public IPv4 address /32.
+    ssh_cidr: str = ""
     # An instance's SSH host key is checked against the fingerprints it prints on its
     # console; without them in time: "tofu" trusts it on first use (said at launch),
     # "strict" refuses the instance.
@@ -371,6 +379,12 @@ class Settings:
         if not INSTANCE_PATTERN.fullmatch(self.instance_type):
             bad(("instance_type",), "'instance_type' must be an EC2 instance type, e.g. "
                                     f"g5.xlarge, got {shown(self.instance_type)}")
+        for cidr in ssh_cidrs(self.ssh_cidr):
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                bad(("ssh_cidr",), f"'ssh_cidr' must be CIDRs (e.g. 203.0.113.7/32, "
+                                   f"2001:db8::/64), comma-separated; {shown(cidr)} is not one")
         if not self.remote_root.startswith(("/", "~")):
             bad(("remote_root",), "'remote_root' must be an absolute path or start with ~, got "
                                   f"{shown(self.remote_root)}")

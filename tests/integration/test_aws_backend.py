@@ -64,6 +64,16 @@ def test_recipe_runs_on_an_instance_and_nothing_is_left(cli, aws, ct_home, toy_r
     assert row["market"] == "on-demand" and row["price_per_hour"] == pytest.approx(1.006)
 
 
+def test_RH3_a_launch_says_whom_it_opened_the_ssh_port_to(cli, aws, ct_home):
+    """RH3: the launch opened SSH to this machine's address (or `ssh_cidr:`'s networks)
+    without a word; it now says which, once, before the instance is asked for."""
+    proc = cli("launch", "--instance", "g5.xlarge", "--follow", "--", "echo", "hi",
+               timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "SSH port" in line]
+    assert said == ["SSH port open to 127.0.0.1/32 only"], said
+
+
 def test_spot_launch(cli, aws, toy_recipes, ct_home):
     proc = cli("launch", "--recipe", "toy", "--instance", "g5.xlarge", "--spot",
                "--max-price", "0.5", "--follow", "--quiet", timeout=120)

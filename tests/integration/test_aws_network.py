@@ -115,3 +115,39 @@ def test_RE3_another_principals_group_of_the_same_name_is_left_alone(ec2_provide
     assert cluster.ensure_efa_group(p.aws, "us-east-1", vpc, owner) == efa
     assert sorted(network.shared_resources(p.aws, "us-east-1")["security groups"]) == \
         sorted([gid, efa])
+
+
+def _ssh_v6(provider, gid):
+    return sorted((r["CidrIpv6"], r.get("Description")) for p in _rules(provider, gid)
+                  if p.get("FromPort") == 22 and p["IpProtocol"] == "tcp"
+                  for r in p.get("Ipv6Ranges", []))
+
+
+def test_RH3_ssh_from_several_networks_and_ipv6_follows_the_list(ec2_provider):
+    """RH3: one /32 from checkip.amazonaws.com locks out a network with several NAT egress
+    addresses, and an IPv6-only client. `ssh_cidr:` takes CIDRs, IPv4 and IPv6, comma-
+    separated: each is a rule of this machine's, IPv6 ones as Ipv6Ranges; a CIDR dropped from
+    the list is revoked, one another machine added stays, and the same list again changes
+    nothing (EC2 writes 2001:DB8:: back as 2001:db8::, which is the same network)."""
+    p = ec2_provider
+    owner, vpc = p.account.owner("us-east-1"), _vpc(p)
+    mine = network.ssh_rule_description()
+    p.settings.ssh_cidr = "198.51.100.0/28, 2001:DB8:1::/64,198.51.100.0/28"
+    gid = p.account.ensure_group("us-east-1", vpc, owner)
+    assert _ssh(p, gid) == [("198.51.100.0/28", mine)]
+    assert [c.lower() for c, _ in _ssh_v6(p, gid)] == ["2001:db8:1::/64"]
+    p.aws.call("us-east-1", "authorize_security_group_ingress", GroupId=gid, IpPermissions=[
+        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+         "IpRanges": [{"CidrIp": "192.0.2.99/32", "Description": "cloudtrain SSH 0123456789ab"}]}])
+    p.settings.ssh_cidr = "203.0.113.7/32 2001:db8:1::/64"  # the office's other egress; v6 kept
+    assert p.account.ensure_group("us-east-1", vpc, owner) == gid
+    assert _ssh(p, gid) == [("192.0.2.99/32", "cloudtrain SSH 0123456789ab"),
+                            ("203.0.113.7/32", mine)]
+    assert [c.lower() for c, _ in _ssh_v6(p, gid)] == ["2001:db8:1::/64"]
+    before = _rules(p, gid)
+    p.account.ensure_group("us-east-1", vpc, owner)
+    assert _rules(p, gid) == before
+    p.settings.ssh_cidr = "203.0.113.7/32"  # IPv6 dropped: its rule goes
+    p.account.ensure_group("us-east-1", vpc, owner)
+    assert _ssh_v6(p, gid) == []
+    assert p.account.ssh_cidr() == "203.0.113.7/32"

@@ -46,6 +46,8 @@ def _one_error(proc, *fragments: str) -> None:
     ("ssh_port: 22.5\n", "'ssh_port' must be a whole number"),
     ("imds_hop_limit: 0\n", "'imds_hop_limit' must be at least 1"),  # RH1: EC2's 1-64
     ("imds_hop_limit: 65\n", "'imds_hop_limit' must be at most 64"),
+    ("ssh_cidr: 10.0.0.0/8, my-office\n", "'ssh_cidr' must be CIDRs"),  # RH3: a list
+    ("ssh_cidr: 2001:db8::/129\n", "'2001:db8::/129' is not one"),
     ("poll_seconds: 0\n", "'poll_seconds' must be more than 0"),
     ("collect_checkpoints_mb: -1\n", "'collect_checkpoints_mb' must be at least 0"),
     ("disk_gb: 3\n", "'disk_gb' must be 0 (the recipe's) or at least 8"),

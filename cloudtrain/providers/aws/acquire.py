@@ -20,6 +20,7 @@ def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SI
     place = spec.placement
     region = aws.region(spec)
     boot = bootstrap.bootstrap(aws, region, place.ami)
+    report.info(f"SSH port open to {boot['ssh_from']} only")
     # A relaunch whose supervisor was killed after RunInstances goes on with that instance.
     found = instances.attempt_instance(aws, store, job, region, job.facts.attempt) \
         if job.facts.attempt > 1 else None

@@ -34,7 +34,8 @@ def bootstrap(aws: AwsSession, region: str, ami: str | None, cached: bool = True
     else:
         zones = network.subnets(aws, region)
         entry.update(zones=[list(z) for z in zones], zones_at=now)
-    group_key = f"{zones[0][2]}|{network.ssh_cidr(aws)}|{aws.settings.ssh_port}"
+    ssh_from = network.ssh_cidr(aws)
+    group_key = f"{zones[0][2]}|{ssh_from}|{aws.settings.ssh_port}"
     if entry.get("group_key") == group_key:
         group = entry["group"]
     else:
@@ -55,4 +56,5 @@ def bootstrap(aws: AwsSession, region: str, ami: str | None, cached: bool = True
                  key_name=key_name)
     cache.save(entry)
     return {"owner": owner, "key_name": key_name, "key_path": key_path, "zones": zones,
-            "group": group, "ami": ami, "root_device": root_device, "root_gb": root_gb}
+            "group": group, "ami": ami, "root_device": root_device, "root_gb": root_gb,
+            "ssh_from": ssh_from}

@@ -148,6 +148,7 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
     place = spec.placement
     region = aws.region(spec)
     boot = bootstrap.bootstrap(aws, region, place.ami)
+    report.info(f"SSH port open to {boot['ssh_from']} only")
     n = spec.nodes
     placement.delete_placement_groups(aws, region, owner=boot["owner"])  # earlier jobs' empty ones
     efa = efa_plan(aws, spec, region)

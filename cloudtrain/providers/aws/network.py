@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import ipaddress
 import os
 import socket
 import urllib.request
@@ -40,17 +42,34 @@ def ensure_key(aws: AwsSession, region: str, owner: str) -> tuple[str, Path]:
     return name, path
 
 
-def ssh_cidr(aws: AwsSession) -> str:
+def ssh_cidrs(aws: AwsSession) -> list[str]:
+    """Who may reach the instances' SSH port: `ssh_cidr:` (IPv4 and IPv6 CIDRs), else this
+    machine's public IPv4 address as checkip.amazonaws.com sees it, /32."""
     if aws.settings.ssh_cidr:
-        return aws.settings.ssh_cidr
+        return config.ssh_cidrs(aws.settings.ssh_cidr)
     try:
-        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=5) as resp:
-            ip = resp.read().decode().strip()
-        socket.inet_aton(ip)
+        ip = _public_address()
     except (OSError, ValueError) as exc:
         raise AWSError(f"could not find this machine's public address ({exc}) to allow SSH "
-                       "from it", hint="set `ssh_cidr: <your address>/32` in config.yaml") from exc
-    return f"{ip}/32"
+                       "from it", hint="set `ssh_cidr: <your address>/32` in config.yaml (an "
+                                       "IPv6 network, or several: comma-separated)") from exc
+    return [f"{ip}/32"]
+
+
+@functools.lru_cache(maxsize=1)
+def _public_address() -> str:
+    """This machine's public IPv4 address, asked once per process."""
+    with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=5) as resp:
+        ip = resp.read().decode().strip()
+    socket.inet_aton(ip)
+    return ip
+
+
+def ssh_cidr(aws: AwsSession) -> str:
+    """ssh_cidrs as one line, and where they came from: what the plan and hints say."""
+    cidrs = ", ".join(ssh_cidrs(aws))
+    return cidrs if aws.settings.ssh_cidr else \
+        f"{cidrs} (this machine's public address, from checkip.amazonaws.com)"
 
 
 def ssh_rule_description() -> str:
@@ -95,10 +114,11 @@ def ensure_group(aws: AwsSession, region: str, vpc: str, owner: str) -> str:
     group = own_group(aws, region, vpc, owner, GROUP_NAME,
                       "cloudtrain: SSH from the launching machine only")
     gid = group["GroupId"]
-    cidr = ssh_cidr(aws)
+    wanted = ssh_cidrs(aws)
     port = aws.settings.ssh_port
     mine = ssh_rule_description()
-    have_ssh, have_members, revoke = False, False, []
+    have: set[str] = set()
+    have_members, revoke = False, []
     for p in group.get("IpPermissions", []):
         members = [g for g in p.get("UserIdGroupPairs", []) if g.get("GroupId") == gid]
         if members and p.get("IpProtocol") == "tcp" and (p.get("FromPort"), p.get("ToPort")) \
@@ -109,20 +129,24 @@ def ensure_group(aws: AwsSession, region: str, vpc: str, owner: str) -> str:
                            "UserIdGroupPairs": [{"GroupId": gid}]})
         if p.get("IpProtocol") != "tcp" or p.get("FromPort") != port:
             continue
-        for r in p.get("IpRanges", []):
-            if r.get("CidrIp") == cidr:
-                # EC2 refuses a second rule for the same CIDR and port whatever its
-                # description (InvalidPermission.Duplicate): one there already will do.
-                have_ssh = True
-            elif r.get("Description") == mine:  # this machine's previous address
-                revoke.append({"IpProtocol": "tcp", "FromPort": port, "ToPort": port,
-                               "IpRanges": [{"CidrIp": r["CidrIp"]}]})
+        for ranges, key in (("IpRanges", "CidrIp"), ("Ipv6Ranges", "CidrIpv6")):
+            for r in p.get(ranges, []):
+                same = _same_network(r.get(key), wanted)
+                if same is not None:
+                    # EC2 refuses a second rule for the same CIDR and port whatever its
+                    # description (InvalidPermission.Duplicate): one there already will do.
+                    have.add(same)
+                elif r.get("Description") == mine:  # this machine's earlier addresses
+                    revoke.append({"IpProtocol": "tcp", "FromPort": port, "ToPort": port,
+                                   ranges: [{key: r[key]}]})
     if revoke:
         aws.call(region, "revoke_security_group_ingress", GroupId=gid, IpPermissions=revoke)
     perms = []
-    if not have_ssh:
+    for cidr in (c for c in wanted if c not in have):
+        v6 = ipaddress.ip_network(cidr, strict=False).version == 6
         perms.append({"IpProtocol": "tcp", "FromPort": port, "ToPort": port,
-                      "IpRanges": [{"CidrIp": cidr, "Description": mine}]})
+                      ("Ipv6Ranges" if v6 else "IpRanges"): [
+                          {("CidrIpv6" if v6 else "CidrIp"): cidr, "Description": mine}]})
     if not have_members:
         # torchrun's rendezvous (29500) and NCCL's sockets use ephemeral TCP ports, so
         # members get every TCP port from each other and nothing else (no UDP, no ICMP;
@@ -133,6 +157,16 @@ def ensure_group(aws: AwsSession, region: str, vpc: str, owner: str) -> str:
     if perms:
         aws.call(region, "authorize_security_group_ingress", GroupId=gid, IpPermissions=perms)
     return gid
+
+
+def _same_network(rule: str | None, wanted: list[str]) -> str | None:
+    """The one of `wanted` that is the network of a rule's CIDR (EC2 writes it normalised:
+    2001:DB8::/64 comes back as 2001:db8::/64), or None."""
+    try:
+        net = ipaddress.ip_network(rule or "", strict=False)
+    except ValueError:
+        return None
+    return next((c for c in wanted if ipaddress.ip_network(c, strict=False) == net), None)
 
 
 def subnets(aws: AwsSession, region: str) -> list[tuple[str, str, str, str]]:
