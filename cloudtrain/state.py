@@ -122,10 +122,19 @@ def ran_on(host: dict | None) -> dict | None:
     return host
 
 
+def _machine(host: dict | None) -> tuple:
+    """Which machine a host record reaches (ran_on's): its address, port and host key. Not
+    what else the record keeps of the run (its nodes' files brought home, the checkpoint
+    stream), which changes while the run goes on."""
+    h = ran_on(host) or {}
+    return h.get("kind"), h.get("host"), h.get("port"), h.get("host_key")
+
+
 def _same_run(now: Job, snapshot: Job) -> bool:
     """Whether `now` (the job as stored) is still the run `snapshot` saw: the same attempt on
-    the same machine, its files brought home since or not."""
-    return ran_on(now.host) == ran_on(snapshot.host) and \
+    the same machine (AWS Auto Scaling's replacement is another; its attempt is counted in
+    the job store), its files brought home since or not."""
+    return _machine(now.host) == _machine(snapshot.host) and \
         now.facts.attempt == snapshot.facts.attempt
 
 
