@@ -666,11 +666,14 @@ def test_compile_true_compiles_once_off_the_clock_and_trains_as_eager(tmp_path):
     assert [(r["run"], r["epoch"]) for r in compiled] == [(r["run"], r["epoch"]) for r in eager]
     for a, b in zip(compiled, eager):
         assert a["train_time"] < a["wall_time"] - starts[0]["compile"]
-    # Fused float32 kernels round differently, and training amplifies it (seed 1's first
-    # epoch: 2.213 against 2.218; seed 0's: 2.1011 against 2.1010): close in the first epoch.
+    # Fused float32 kernels round differently, and training amplifies it, by how much
+    # depends on the CPU's vector units (compiled against eager, first epoch: on an AVX2
+    # machine seed 0 2.1011 against 2.1010, seed 1 2.213 against 2.218; on an AVX-512/AMX
+    # Xeon, the same torch, seed 0 2.1635 against 2.1091, seed 1 2.2216 against 2.2131):
+    # close in the first epoch, where a wrong model (a lost layer, other weights) is far.
     first = [(a["train_loss"], b["train_loss"]) for a, b in zip(compiled, eager)
              if a["epoch"] == 1]
-    assert len(first) == 2 and all(abs(a - b) < 0.02 for a, b in first), first
+    assert len(first) == 2 and all(abs(a - b) < 0.08 for a, b in first), first
     assert compiled[-1]["train_loss"] < compiled[-3]["train_loss"] - 0.3  # run 2 learns
     ckpt = torch.load(tmp_path / "job-true" / "checkpoints" / "last.pt", weights_only=True)
     assert not [k for k in ckpt["model"] if "_orig_mod" in k]
