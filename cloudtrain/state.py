@@ -29,6 +29,7 @@ from .job_spec import FACTS, JobFacts, JobSpec
 from .state_check import check_database, database_error  # noqa: F401  (the CLI's too)
 from .state_columns import bindable, cached_metrics, json_column, read_row
 from .state_query import FINISHED_AT, JobQuery, sql_where
+from .state_runs import same_run_of
 from .state_schema import MIGRATIONS, SCHEMA_VERSION
 
 # Job states, in lifecycle order. A job is "active" until it reaches a terminal state.
@@ -112,30 +113,6 @@ class Job:
             values["metrics"] = cached_metrics(values["metrics"])
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
-
-
-def ran_on(host: dict | None) -> dict | None:
-    """The record of the machine a job runs or ran on: a job whose files were brought home
-    keeps it as `collected_from` (its host record is this machine's from then on)."""
-    while host is not None and host.get("collected_from") is not None:
-        host = host["collected_from"]
-    return host
-
-
-def _machine(host: dict | None) -> tuple:
-    """Which machine a host record reaches (ran_on's): its address, port and host key. Not
-    what else the record keeps of the run (its nodes' files brought home, the checkpoint
-    stream), which changes while the run goes on."""
-    h = ran_on(host) or {}
-    return h.get("kind"), h.get("host"), h.get("port"), h.get("host_key")
-
-
-def _same_run(now: Job, snapshot: Job) -> bool:
-    """Whether `now` (the job as stored) is still the run `snapshot` saw: the same attempt on
-    the same machine (AWS Auto Scaling's replacement is another; its attempt is counted in
-    the job store), its files brought home since or not."""
-    return _machine(now.host) == _machine(snapshot.host) and \
-        now.facts.attempt == snapshot.facts.attempt
 
 
 @dataclasses.dataclass
@@ -397,7 +374,7 @@ class Store:
                 if row is None:
                     raise NotFound(f"no job '{job_id}'")
                 now = Job.from_row(row)
-                if now.state != same_run.state or not _same_run(now, same_run):
+                if now.state != same_run.state or not same_run_of(now, same_run):
                     return False
             self._update(db, job_id, fields)
         return True
@@ -426,7 +403,7 @@ class Store:
                 return False
             if expect is not None and row["state"] != expect:
                 return False
-            if same_run is not None and not _same_run(Job.from_row(row), same_run):
+            if same_run is not None and not same_run_of(Job.from_row(row), same_run):
                 return False
             if row["state"] == state:
                 if fields:

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from .. import config, datasets, hostdata, ledger, nodes, providers, state
+from .. import config, datasets, hostdata, ledger, nodes, providers, state, state_runs
 from ..host import agent_control
 from ..host.job_status import metrics_tail, read_json
 from ..errors import CloudtrainError, HostError, NotRegularFile
@@ -242,7 +242,7 @@ def from_job_store(store: Store, job: Job) -> dict | None:
     # Only onto the run `job` saw: another process may have decided on the same loss first,
     # and the job be on its next attempt now (whose record this must not replace).
     if not store.update_job(job.id, same_run=job, jobdir=str(local), host={
-            "kind": "LocalHost", "collected_from": state.ran_on(job.host),  # home again:
+            "kind": "LocalHost", "collected_from": state_runs.ran_on(job.host),  # home again:
             "remote_jobdir": host.get("remote_jobdir", job.jobdir)     # from where first
             if host.get("collected_from") is not None else job.jobdir, "from_store": True}):
         return probe_files(str(local)).get("status")

@@ -83,7 +83,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cloudtrain.recipes",),
     ("cloudtrain.catalog", "cloudtrain.cost", "cloudtrain.gitignore", "cloudtrain.hostdata"),
     ("cloudtrain.state_schema", "cloudtrain.state_columns", "cloudtrain.state_check",
-     "cloudtrain.state_query"),
+     "cloudtrain.state_query", "cloudtrain.state_runs"),
     ("cloudtrain.config",),
     ("cloudtrain.datasources",),
     ("cloudtrain.errors", "cloudtrain.market"),
