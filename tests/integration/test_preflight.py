@@ -174,7 +174,9 @@ def test_RA2_a_volta_type_is_refused_on_the_dlami_and_taken_with_an_ami(instance
     """RA2: no current Deep Learning AMI runs a V100 (its open-kernel-module driver supports
     Turing and newer; its torch is CUDA 13, no sm_70), so RunInstances would succeed and the
     job fail on the instance, billed. Refused before anything, saying what to take instead by
-    GPU count; an --ami (an image with the proprietary driver) is the user's to vouch for."""
+    GPU count; an --ami (an image with the proprietary driver) is the user's to vouch for.
+    RH4 (the host key read from the live console, which only Nitro types have; p3 was Xen)
+    goes with it: no Xen GPU type launches on the default image any more."""
     error = refused(run("launch", "--recipe", "resnet9", "--instance", instance,
                         "--region", "us-east-1", "--dry-run"),
                     f"{instance}'s V100", "(Volta) runs on no current Deep Learning AMI",
