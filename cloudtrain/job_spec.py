@@ -306,6 +306,9 @@ class JobFacts:
     auto_scaling_group: str | None = None
     # The queued job this one keeps its instance for (lifecycle/kept.py), though not kept.
     kept_for_queue: str | None = None
+    # The job's own IAM role and instance profile (issue 36: `instance_profile: per-job`),
+    # kept before they are made, so that whatever ends the job deletes them.
+    job_role: str | None = None
 
     @classmethod
     def load(cls, details: dict | None, legacy: dict | None = None) -> "JobFacts":

@@ -1,14 +1,19 @@
 """Upload a finished job's directory to the S3 job store, before the instance powers off.
 
 Standard library only, Python 3.8+: part of the host package, imported by the agent. Imports
-awsapi (retry) and nothing else of ours.
-The host holds no AWS keys. The orchestrator hands it a *grant*: an S3 presigned POST
-(cloudtrain/providers/aws/jobstore.py: upload_grant) that lets anyone holding it write objects under one
-job's key prefix, each at most `max_bytes`, until it expires. A POST carries one object, so
-each file is its own request:
+awsapi (retry, the role's credentials and SigV4) and stage_errors, nothing else of ours.
+The host holds no AWS keys. The orchestrator hands it a *grant*, one of two kinds:
 
-    multipart/form-data: the grant's fields, then key = prefix + relative path, then the
-    file (last: S3 ignores fields after it), streamed from disk
+- an S3 presigned POST (cloudtrain/providers/aws/jobstore.py: upload_grant) that lets anyone
+  holding it write objects under one job's key prefix, each at most `max_bytes`, until it
+  expires (and no longer than the session that signed it). A POST carries one object, so
+  each file is its own request: multipart/form-data, the grant's fields, then key = prefix +
+  relative path, then the file (last: S3 ignores fields after it), streamed from disk;
+- `{"signer": "role", "bucket", "region", "endpoint", "imds", "prefix", "max_bytes"}` for a
+  job that runs on its own IAM role (providers/aws/job_role.py): each file is a PUT signed
+  with the role's credentials from the instance metadata service (awsapi.RoleCredentials,
+  renewed before they expire), so the writes last as long as the instance; the role's
+  policy, not the grant, holds them to the job's prefix.
 
 Order: the small files first (status.json, job.json, metrics.jsonl, output.log), then
 checkpoints/** (regular files, no symlinks), so that a spot notice or the time limit cutting
@@ -33,7 +38,8 @@ import urllib.error
 import urllib.request
 import uuid
 
-from .awsapi import retry
+from .awsapi import IMDS_URL, RoleCredentials, object_url, retry, sign_request, utc_now
+from .stage_errors import StageError
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -230,31 +236,57 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
 _OPENER = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
 
 
+# One RoleCredentials per metadata service address: every upload of the process shares the
+# role's credentials and their renewal.
+_ROLES = {}  # type: dict
+
+
+def _role(imds):
+    if imds not in _ROLES:
+        _ROLES[imds] = RoleCredentials(imds)
+    return _ROLES[imds]
+
+
 def post_file(grant, key, source, size, deadline):
-    """POST `size` bytes of the file object `source` to the grant's URL under `key`; returns
-    their sha256 (hex), computed on the bytes as they were sent."""
-    boundary = "cloudtrain" + uuid.uuid4().hex
-    fields = list((grant.get("fields") or {}).items()) + [("key", key)]
-    head, tail = _form(fields, key.rsplit("/", 1)[-1], boundary)
-    body = _Body(head, source, size, tail, deadline)
-    request = urllib.request.Request(grant["url"], data=body, method="POST", headers={
-        "Content-Type": "multipart/form-data; boundary=%s" % boundary,
-        "Content-Length": str(len(body))})
+    """Send `size` bytes of the file object `source` under `key` through the grant (a POST,
+    or a PUT signed with the job's role); returns their sha256 (hex), computed on the bytes
+    as they were sent."""
+    if grant.get("signer") == "role":
+        body = _Body(b"", source, size, b"", deadline)
+        url = object_url(grant["bucket"], key, grant["region"], grant.get("endpoint"))
+        try:
+            creds = _role(grant.get("imds") or IMDS_URL).get()
+        except StageError as exc:  # no role, or no metadata service
+            raise UploadError("no credentials of the job's role: %s" % exc, retry=True)
+        headers = sign_request("PUT", url, grant["region"], creds, utc_now(), "s3",
+                               extra_headers={"Content-Length": str(size),
+                                              "Content-Type": "application/octet-stream"})
+        headers.pop("Host", None)  # urllib sends it
+        request = urllib.request.Request(url, data=body, method="PUT", headers=headers)
+        refused = "S3 refused the job's role (403 {}) for {}"
+    else:
+        boundary = "cloudtrain" + uuid.uuid4().hex
+        fields = list((grant.get("fields") or {}).items()) + [("key", key)]
+        head, tail = _form(fields, key.rsplit("/", 1)[-1], boundary)
+        body = _Body(head, source, size, tail, deadline)
+        url = grant["url"]
+        request = urllib.request.Request(url, data=body, method="POST", headers={
+            "Content-Type": "multipart/form-data; boundary=%s" % boundary,
+            "Content-Length": str(len(body))})
+        refused = "S3 refused the upload grant (403 {}): it has expired or does not cover {}"
     try:
         with _OPENER.open(request, timeout=_socket_timeout(deadline)) as resp:
             resp.read(ERROR_BODY_BYTES)
     except urllib.error.HTTPError as exc:
         detail = aws_error(exc.read(ERROR_BODY_BYTES) or b"")
         if exc.code == 403:
-            raise UploadError(
-                "S3 refused the upload grant (403 %s): it has expired or does not cover %s"
-                % (detail, key), retry=False)
+            raise UploadError(refused.format(detail, key), retry=False)
         raise UploadError("HTTP %d from S3 for %s: %s" % (exc.code, key, detail),
                           retry=exc.code >= 500)
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         # URLError wraps refused and reset connections; socket.timeout is an OSError.
         reason = getattr(exc, "reason", None) or exc
-        raise UploadError("cannot reach %s: %s" % (grant["url"], reason), retry=True)
+        raise UploadError("cannot reach %s: %s" % (url, reason), retry=True)
     return body.sha256.hexdigest()
 
 

@@ -242,7 +242,7 @@ def _sweep(store: Store, refs: list[str] | None, backend: str, provider: Sweeps
         return []
     outcomes = []
     # Groups first (a group replaces an instance terminated before it), templates last.
-    order = {"group": 0, "launch-template": 2}
+    order = {"group": 0, "launch-template": 2, "role": 3}  # a job's IAM role after all
     for orphan in sorted(swept.found, key=lambda o: order.get(o.get("kind"), 1)):
         tag = orphan.get("job") or ""
         if refs is not None and not any(tag.startswith(r) for r in refs if r):
@@ -269,9 +269,13 @@ def _sweep(store: Store, refs: list[str] | None, backend: str, provider: Sweeps
 def _delete_orphan_group(provider, orphan: dict, tag: str) -> StopOutcome:
     """An Auto Scaling group (and its template), or a template left alone, of a job the
     store does not hold: deleted."""
-    what = "auto scaling group" if orphan["kind"] == "group" else "launch template"
+    what = {"group": "auto scaling group", "role": "IAM role"}.get(orphan["kind"],
+                                                                    "launch template")
     try:
-        provider.delete_job_group(orphan["region"], orphan["id"])
+        if orphan["kind"] == "role":
+            provider.delete_job_role(orphan["region"], orphan["id"])
+        else:
+            provider.delete_job_group(orphan["region"], orphan["id"])
     except CloudtrainError as exc:
         return StopOutcome(orphan["id"], None, False, f"job {tag or '?'}: GROUP DELETE FAILED, "
                            f"it may start instances again: {exc.message}", False, kind="orphan")

@@ -176,6 +176,9 @@ class Sweeps(Protocol):
         """Terminate those instances (and delete those volumes)."""
     def delete_job_group(self, region: str, name: str) -> bool:
         """Delete one group a sweep found (its instances end with it) and its template."""
+
+    def delete_job_role(self, region: str, name: str) -> bool:
+        """Delete one job's own role a sweep found (and its instance profile)."""
     def attempt_instances(self, store: Store, job: Job, attempt: int, regions: list[str]
                           ) -> dict[str, list[str]]:
         """Live instances of attempt n of a recovering job, by its attempt tag."""

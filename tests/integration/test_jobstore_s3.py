@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import time
 from pathlib import Path
 
 import boto3
@@ -490,3 +491,109 @@ def test_named_outputs_go_up_after_the_checkpoints_and_come_back(s3, bucket, tmp
     assert (out / "work" / "results" / "sub" / "a.csv").read_text() == "x,y\n1,2\n"
     assert (out / "work" / "model.bin").read_bytes() == (job / "work" / "model.bin").read_bytes()
     assert not (out / "work" / "ignored.txt").exists()
+
+
+# -- a job on its own IAM role (issue 36): PUTs signed with the role's renewed credentials ----
+
+
+@pytest.fixture
+def puts(monkeypatch):
+    """(key path, the Authorization header) of every object PUT moto's S3 carries out."""
+    from moto.s3.responses import S3Response
+
+    seen: list[tuple[str, str]] = []
+    original = S3Response.put_object
+
+    def put_object(self):
+        seen.append((str(getattr(self, "path", "")), self.headers.get("Authorization") or ""))
+        return original(self)
+
+    monkeypatch.setattr(S3Response, "put_object", put_object)
+    return seen
+
+
+def _role_grant(bucket, endpoint, imds) -> dict:
+    from cloudtrain.providers.aws.results import role_grant
+    from cloudtrain.config import Settings
+    from types import SimpleNamespace
+
+    aws = SimpleNamespace(settings=Settings(imds_url=imds.url))
+    grant = role_grant(aws, bucket, REGION, PREFIX)
+    return json.loads(json.dumps({**grant, "endpoint": endpoint}))
+
+
+def test_RF1_a_job_on_its_role_stores_its_files_with_puts_signed_by_the_role(
+        s3, bucket, tmp_path, moto_endpoint, puts, monkeypatch):  # noqa: F811
+    """RF1: every write of an instance rode on one presigned POST signed with the user's
+    credentials, dead with their session (an SSO hour). A job on its own role stores the
+    same files, manifest last, each a PUT signed (SigV4, with the session token) with the
+    role's credentials from the metadata service (IMDSv2), none of the user's."""
+    from labs.imds import FakeIMDS
+
+    monkeypatch.setattr(agent_upload, "_ROLES", {})
+    imds = FakeIMDS(creds={"AccessKeyId": "ASIAJOBROLE1", "SecretAccessKey": "role/secret/1",
+                           "Token": "session-1"})
+    try:
+        job = _job(tmp_path)
+        expected = _tree(job)
+        result = agent_upload.upload_job(str(job), _role_grant(bucket, moto_endpoint, imds),
+                                         timeout_s=30)
+    finally:
+        imds.close()
+    assert result["ok"] is True and result["error"] is None, result
+    stored = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert stored == {f"{PREFIX}{rel}" for rel in expected} | {f"{PREFIX}manifest.json"}
+    assert [p.rsplit("/", 1)[-1] for p, _ in puts][-1] == "manifest.json"
+    assert len(puts) == len(stored)
+    assert all(auth.startswith("AWS4-HMAC-SHA256 Credential=ASIAJOBROLE1/") for _, auth in puts)
+    fetched = jobstore_fetch.fetch(s3, bucket, JOB, tmp_path / "back", limit_bytes=1 << 30,
+                                   owner_key=KEY)
+    assert fetched.complete and _tree(tmp_path / "back") == expected
+
+
+def test_RF1_the_role_s_credentials_are_renewed_as_they_near_their_end(
+        s3, bucket, tmp_path, moto_endpoint, puts, monkeypatch):  # noqa: F811
+    """Days-long jobs: the metadata service hands out new role credentials before the old
+    ones end, and each write asks for them again when fewer than five minutes remain: the
+    writes after a renewal carry the new key."""
+    from labs.imds import FakeIMDS
+
+    monkeypatch.setattr(agent_upload, "_ROLES", {})
+    soon = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
+    imds = FakeIMDS(creds={"AccessKeyId": "ASIAJOBROLE1", "SecretAccessKey": "s1",
+                           "Token": "t1"}, expiration=soon)
+    grant = _role_grant(bucket, moto_endpoint, imds)
+    try:
+        agent_upload.post_json(grant, PREFIX + "attempts/1.json", {"attempt": 1})
+        imds.creds = {"AccessKeyId": "ASIAJOBROLE2", "SecretAccessKey": "s2", "Token": "t2"}
+        imds.expiration = "2099-01-01T00:00:00Z"
+        agent_upload.post_json(grant, PREFIX + "final.json", {"state": "succeeded"})
+        agent_upload.post_json(grant, PREFIX + "attempts/2.json", {"attempt": 2})
+    finally:
+        imds.close()
+    assert [auth.split("/", 1)[0].rsplit("=", 1)[-1] for _, auth in puts] == [
+        "ASIAJOBROLE1", "ASIAJOBROLE2", "ASIAJOBROLE2"]
+    # asked for once more at the renewal, not at every write once renewed
+    asked = [p for method, p, _ in imds.seen if method == "GET" and p.endswith("/")]
+    assert len(asked) == 2
+    assert json.loads(s3.get_object(Bucket=bucket, Key=PREFIX + "final.json")["Body"].read()) \
+        == {"state": "succeeded"}
+
+
+def test_RF1_without_a_role_on_the_instance_the_write_fails_in_one_line(
+        bucket, tmp_path, moto_endpoint, monkeypatch):  # noqa: F811
+    """An instance launched without the job's profile (or whose metadata service is off)
+    has no credentials to sign with: upload_job says so in its error, never a traceback."""
+    from labs.imds import FakeIMDS
+
+    monkeypatch.setattr(agent_upload, "_ROLES", {})
+    monkeypatch.setattr(agent_upload, "BACKOFF_S", 0.01)
+    imds = FakeIMDS(role=None)
+    try:
+        result = agent_upload.upload_job(str(_job(tmp_path)),
+                                         _role_grant(bucket, moto_endpoint, imds), timeout_s=10)
+    finally:
+        imds.close()
+    assert result["ok"] is False
+    assert "no credentials of the job's role" in result["error"]
+    assert "no instance profile" in result["error"]

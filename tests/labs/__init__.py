@@ -27,4 +27,7 @@ rootdir-relative conftest, and the benchmarks put it there).
     moto_templates  launch template versions kept as moto keeps a template's first one
     moto_regions    DescribeRegions: the enabled regions of the endpoint's partition
     terminal        the real `cloudtrain` on a pseudo-terminal
+    iam             IAM's evaluation of identity policies and permissions boundaries (explicit
+                    deny, default deny, conditions, policy variables), written from AWS's
+                    documentation: what moto does not evaluate
 """

@@ -35,8 +35,10 @@ class FakeIMDS:
         self.metadata: dict[str, dict[str, str]] = {}
         self.clients: list[str] = []  # in step with `seen`
         lock = threading.Lock()
-        creds = creds or {"AccessKeyId": "ASIAROLEKEY", "SecretAccessKey": "role/secret",
-                          "Token": "role-session-token"}
+        # What the role's credentials are now (a test may renew them: set another dict)
+        self.creds = creds or {"AccessKeyId": "ASIAROLEKEY", "SecretAccessKey": "role/secret",
+                               "Token": "role-session-token"}
+        self.expiration = expiration
         imds = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -77,8 +79,8 @@ class FakeIMDS:
                     return self.answer(200, host_role.encode() + b"\n")
                 if host_role and self.path == CREDS_PATH + host_role:
                     return self.answer(200, json.dumps(dict(
-                        creds, Code="Success", Type="AWS-HMAC",
-                        Expiration=expiration)).encode())
+                        imds.creds, Code="Success", Type="AWS-HMAC",
+                        Expiration=imds.expiration)).encode())
                 text = imds.metadata.get(client, {}).get(self.path)
                 if text is not None:
                     return self.answer(200, text.encode())

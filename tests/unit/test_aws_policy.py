@@ -23,6 +23,9 @@ POLICY = {"Version": CLI["Version"], "Statement": CLI["Statement"] + CLI_ACCOUNT
 DATASETS = json.loads((REPO / "infra" / "iam-policy-datasets.json").read_text())
 # Auto Scaling groups and their launch templates (issue 27): a third, beside the two.
 AUTOSCALING = json.loads((REPO / "infra" / "iam-policy-autoscaling.json").read_text())
+# A job's own IAM role (issue 36, `instance_profile: per-job`): made and deleted by the CLI
+# under the permissions boundary; attached beside the others by whoever uses it.
+JOB_ROLES = json.loads((REPO / "infra" / "iam-policy-job-roles.json").read_text())
 OWNER = "${aws:PrincipalArn}"
 # The code the policy is for: the AWS provider package (the S3 job store is in it).
 SOURCES = sorted((REPO / "cloudtrain" / "providers" / "aws").glob("*.py"))
@@ -62,7 +65,7 @@ def _allowed(groups: dict | None = None) -> set[str]:
     admin's (F32), the rest everyday; `groups` in place of the Auto Scaling policy."""
     groups = AUTOSCALING if groups is None else groups
     return {a for s in POLICY["Statement"] + DATASETS["Statement"] + STORE_ADMIN["Statement"]
-            + groups["Statement"] if s["Effect"] == "Allow"
+            + groups["Statement"] + JOB_ROLES["Statement"] if s["Effect"] == "Allow"
             for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])}
 
 
@@ -426,7 +429,10 @@ GROUP_RESOURCES = {"autoscaling": GROUP_ARN, "ec2": TEMPLATE_ARN}
 
 
 # The sizes host/auto_scaling.end_group sets a group to, each 0: all the role may set (F44).
-EMPTY_GROUP = ("MinSize", "MaxSize", "DesiredCapacity")
+# AWS has condition keys for the minimum and maximum only (autoscaling:MinSize, MaxSize; the
+# Service Authorization Reference lists no DesiredCapacity, and a condition on a key that is
+# never in the request never holds); a desired capacity above the maximum is refused.
+EMPTY_GROUP = ("MinSize", "MaxSize")
 
 
 def _group_end_problems(role: dict) -> list[str]:
@@ -660,3 +666,80 @@ def test_RD2_infra_readme_says_a_group_s_later_launches_are_its_service_linked_r
     assert "When you create the group, AWS checks **your** `ec2:RunInstances`" in text
     assert "launched by Auto Scaling's service-linked role, not checked against your policy " \
            "again" in text
+
+
+# -- issue 36: every policy linted with parliament ---------------------------------------------
+
+# What parliament (1.6) reports on the shipped policies that is as intended, each said once:
+# (file, finding) -> (how many, why it is right).
+PER_RESOURCE_TYPE = ("one statement per resource type of the call (its conditions apply to that "
+                     "type only: a single statement with them on every type would deny the "
+                     "call), where parliament wants each statement to name every type")
+LINT_EXPLAINED = {
+    ("iam-policy-cli.json", "RESOURCE_MISMATCH"): (8, PER_RESOURCE_TYPE),
+    ("iam-policy-autoscaling.json", "RESOURCE_MISMATCH"): (1, PER_RESOURCE_TYPE),
+    ("iam-policy-datasets.json", "RESOURCE_MISMATCH"): (3, PER_RESOURCE_TYPE),
+    ("iam-policy-cli-account.json", "RESOURCE_MISMATCH"): (
+        1, "AWS's public SSM parameters have an ARN with no account "
+           "(arn:aws:ssm:REGION::parameter/aws/service/...), which parliament's format lacks"),
+    ("iam-policy-job-boundary.json", "RESOURCE_MISMATCH"): (
+        1, "the object ARN holds policy variables whose names contain ':' "
+           "(${aws:PrincipalTag/cloudtrain:owner-key}), which parliament splits as ARN parts"),
+    ("iam-policy-store-admin.json", "RESOURCE_POLICY_PRIVILEGE_ESCALATION"): (
+        4, "the administrator's one-time step sets the bucket's own policy and lifecycle "
+           "(TLS only, expiry): the power to write a bucket policy is the point of it"),
+}
+
+
+def _lint() -> dict[tuple[str, str], int]:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # parliament imports pkg_resources
+        import parliament
+    found: dict[tuple[str, str], int] = {}
+    for path in sorted((REPO / "infra").glob("*.json")):
+        if "trust" in path.name:  # a trust policy (Principal): not an identity policy
+            continue
+        for finding in parliament.analyze_policy_string(path.read_text()).findings:
+            key = (path.name, finding.issue)
+            found[key] = found.get(key, 0) + 1
+    return found
+
+
+def test_issue36_every_policy_passes_parliament_or_each_finding_is_explained():
+    """Every policy cloudtrain ships, linted with parliament: no finding beyond those said
+    above. Its first run found a real one: `autoscaling:DesiredCapacity` is no condition
+    key of AWS's (the Service Authorization Reference has MinSize and MaxSize only), so the
+    instance role's statement emptying its group, conditioned on it, could never apply on
+    AWS; it now asks MinSize and MaxSize 0 (AWS refuses a desired capacity above the
+    maximum)."""
+    assert _lint() == {k: n for k, (n, _) in LINT_EXPLAINED.items()}
+
+
+def test_issue36_the_lint_is_not_vacuous():
+    """A policy with a condition key AWS does not have is found (the DesiredCapacity
+    mistake), and so is an action that does not exist."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import parliament
+    bad = {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "autoscaling:UpdateAutoScalingGroup",
+         "Resource": "arn:aws:autoscaling:*:*:autoScalingGroup:*:autoScalingGroupName/x",
+         "Condition": {"NumericEquals": {"autoscaling:DesiredCapacity": "0"}}},
+        {"Effect": "Allow", "Action": "s3:GetObjekt", "Resource": "arn:aws:s3:::b/*"}]}
+    issues = {f.issue for f in parliament.analyze_policy_string(json.dumps(bad)).findings}
+    assert {"UNKNOWN_CONDITION_FOR_ACTION", "UNKNOWN_ACTION"} <= issues
+
+
+def test_issue36_a_refused_job_role_action_names_the_job_roles_policy():
+    """The hint of a refused call names the file that allows it. iam:PassRole is in both
+    (the shared role's and the job roles'): its hint stays the CLI policy's, and a user
+    without the job roles' policy is refused CreateRole, named here, before any PassRole."""
+    from cloudtrain.providers.aws.errors import policy_file
+
+    for st in JOB_ROLES["Statement"]:
+        for action in set(_listed(st["Action"])) - {"iam:PassRole"}:
+            assert policy_file(action) == "infra/iam-policy-job-roles.json", action

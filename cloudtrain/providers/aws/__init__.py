@@ -20,6 +20,7 @@ AwsSession (session.py) as their first argument; AWSProvider only delegates to t
     groups.py          a recovering spot job's Auto Scaling group, template and deadline
     group_launch.py    a job that its Auto Scaling group starts and relaunches by itself
     network.py         key pair, security group, subnets
+    job_role.py        a job's own IAM role and instance profile (`instance_profile: per-job`)
     images.py          the Deep Learning AMI and its root device
     volumes.py         datasets on EBS snapshots, as volumes of the job's instances
     datasets.py        datasets in S3 as tar shards: data push, and what a launch reads

@@ -1,5 +1,6 @@
 """A job's one instance: run it (or take the one its Auto Scaling group started), wait for it,
-its host key checked, and a kept job's instance taken over (`launch --on`)."""
+its host key checked, and a kept job's instance taken over (`launch --on`); before any
+instance, the job's own IAM role where it takes one (job_role.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,32 @@ from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...ssh_host import SSHHost
 from ...state import Job, Store
-from . import boot as booting, bootstrap, group_launch, images, instances, volumes
+from . import boot as booting, bootstrap, group_launch, images, instances, job_role, volumes
 from .cache import RegionCache
 from .errors import StaleCache
 from .session import AwsSession
+
+
+def own_role(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SILENT) -> None:
+    """The job's own IAM role and instance profile (`instance_profile: per-job`), made
+    before its instances (one node or many, a group's or not), scoped to its job store
+    prefix, datasets and group. IAM needs seconds before EC2 accepts a new profile: the
+    launch's other steps (security group, key pair, image) run meanwhile, and the launch
+    retries what still finds it unknown (job_role.launch_retry)."""
+    if not job_role.job_role(aws, job):
+        return
+    if not aws.settings.job_store:
+        raise UsageError("instance_profile: per-job needs the S3 job store, and config.yaml "
+                         "has job_store: false",
+                         hint="set job_store: true, or name a shared instance profile")
+    report.phase("making the job's own IAM role")
+    place = group_launch.store_place(aws, store, job, spec)
+    datasets = [tuple((d["location"][len("s3://"):] + "/").split("/", 1))
+                for d in spec.data.datasets or [] if d.get("kind") == "s3"]
+    name = job_role.prepare(aws, store, job, spec, place, datasets,
+                            group_launch.group_name(job.id))
+    report.info(f"IAM role {name}: the job's instances read and write s3://{place[1]}/"
+                f"{place[2]} only, with credentials AWS renews (none of yours on them)")
 
 
 def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SILENT) -> SSHHost:

@@ -33,8 +33,8 @@ from ...progress import SILENT, Reporter
 from ...ssh import Endpoint
 from ...ssh_host import SSHHost
 from ...state import Instance, Job, Store
-from . import boot as booting, bootstrap, group_launch, images, instances, network, placement, \
-    volumes
+from . import boot as booting, bootstrap, group_launch, images, instances, job_role, network, \
+    placement, volumes
 from .errors import CAPACITY_ERRORS, QUOTA_ERRORS, AWSError, AWSPlacementError, StaleCache
 from .instances import Attempt
 from .placement import EFA_INTERFACES
@@ -242,8 +242,8 @@ def run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot
                      + (f" ({attempts[-1].zone}: {attempts[-1].error.split(':')[0]})"
                         if attempts and attempts[-1].error else ""))
         try:
-            response = aws.call(region, "run_instances", fail_fast=True,
-                                ClientToken=token, **request)
+            response = job_role.launch_retry(aws, job, lambda: aws.call(
+                region, "run_instances", fail_fast=True, ClientToken=token, **request))
         except BaseException as exc:
             code = instances.run_failed(store, job, token, zone, exc, first=not attempts)
             assert isinstance(exc, AWSError)  # run_failed raised anything else again

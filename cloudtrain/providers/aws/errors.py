@@ -29,6 +29,13 @@ POLICY_FILE = "infra/iam-policy-cli.json"  # EC2
 ACCOUNT_POLICY_FILE = "infra/iam-policy-cli-account.json"
 # Auto Scaling groups and their launch templates (issue 27): a third.
 GROUPS_POLICY_FILE = "infra/iam-policy-autoscaling.json"
+# A job's own IAM role (`instance_profile: per-job`, job_role.py): made and deleted under
+# the permissions boundary.
+JOB_ROLES_POLICY_FILE = "infra/iam-policy-job-roles.json"
+JOB_ROLE_ACTIONS = ("iam:CreateRole", "iam:TagRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy",
+                    "iam:DeleteRole", "iam:CreateInstanceProfile", "iam:TagInstanceProfile",
+                    "iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile",
+                    "iam:DeleteInstanceProfile", "iam:ListRoles")
 # The job store's bucket, made and locked down once by an administrator.
 STORE_ADMIN_POLICY_FILE = "infra/iam-policy-store-admin.json"
 ACCOUNT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket", "sts:",
@@ -39,6 +46,8 @@ def policy_file(action: str) -> str:
     """The policy file that allows an IAM action cloudtrain calls."""
     if action.startswith("autoscaling:") or "LaunchTemplate" in action:
         return GROUPS_POLICY_FILE
+    if action in JOB_ROLE_ACTIONS:
+        return JOB_ROLES_POLICY_FILE
     if action.startswith(ACCOUNT_ACTIONS):
         return ACCOUNT_POLICY_FILE
     if action.startswith("s3:"):  # the bucket's own settings

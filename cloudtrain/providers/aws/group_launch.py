@@ -157,7 +157,7 @@ def check_group_jobdir(aws: AwsSession, job: Job, host, instance: str, home: str
                        hint="set ssh_user in config.yaml to the AMI's user")
 
 
-def _store_place(aws: AwsSession, store: Store, job: Job, spec) -> tuple[str, str, str]:
+def store_place(aws: AwsSession, store: Store, job: Job, spec) -> tuple[str, str, str]:
     """(region, bucket, job prefix) of the job's job store, made ready."""
     region = job.facts.store_region or spec.placement.region or aws.region_of(job)
     _, bucket, _ = results.job_store_client(aws, region)
@@ -185,7 +185,7 @@ def acquire_from_group(aws: AwsSession, store: Store, job: Job, spec, report: Re
     per node), recorded as the job's (from here on every failure path deletes the
     group)."""
     region = aws.region(spec)
-    store_region = _store_place(aws, store, job, spec)[0]
+    store_region = store_place(aws, store, job, spec)[0]
     data, _ = boot_tar()
     _store_put(aws, store, job, store_region, BOOT_TAR, data)
     user_data = group_user_data(aws, store, job, spec)
@@ -210,9 +210,9 @@ def group_user_data(aws: AwsSession, store: Store, job: Job, spec, pin: str | No
     group; `pin`: the sha256 of the bundle's manifest, once it is uploaded)."""
     import gzip
 
-    store_region, bucket, prefix = _store_place(aws, store, job, spec)
+    store_region, bucket, prefix = store_place(aws, store, job, spec)
     _, digest = boot_tar()
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = results.store_endpoint()
     where = ["--region", store_region] + (["--endpoint", endpoint] if endpoint else [])
     loader = ["--bucket", bucket, "--key", prefix + BOOT_TAR, "--sha256", digest, *where,
               "--imds", aws.settings.imds_url]
@@ -313,7 +313,7 @@ def group_settings(aws: AwsSession, store: Store, job: Job, spec) -> dict:
     if group_recovery(aws, spec) is not None \
             or not store.job(job.id).facts.auto_scaling_group:
         return {}  # not run by a group (or AWS refused to make one)
-    store_region, bucket, prefix = _store_place(aws, store, job, spec)
+    store_region, bucket, prefix = store_place(aws, store, job, spec)
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     return {"auto_scaling": {"group": group_name(job.id), "region": aws.region(spec),
                              "endpoint": endpoint, "max_restarts": spec.recovery.max_restarts,
@@ -333,7 +333,7 @@ def regroup_timing(settings) -> dict:
 def record_attempt(aws: AwsSession, store: Store, job: Job, spec, n: int, instance_id: str) -> None:
     """attempts/<n>.json in the job store: the attempt that this machine started (a
     replacement's is written by its bootstrap.py), so that counting starts at 1."""
-    store_region, _, _ = _store_place(aws, store, job, spec)
+    store_region, _, _ = store_place(aws, store, job, spec)
     inst = next((i for i in store.instances(job.id) if i.id == instance_id), None)
     doc = job_records.attempt_doc(n, {"instance": instance_id, "zone": inst and inst.zone,
                                       "type": spec.placement.instance_type, "lifecycle": "spot"},

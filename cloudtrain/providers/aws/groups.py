@@ -26,7 +26,7 @@ import time
 
 from ...market import Market
 from ...state import Job, Store
-from . import bootstrap, instances, network, placement
+from . import bootstrap, instances, job_role, network, placement
 from .errors import AWSError, aws_errors
 from .instances import RUNTIME_MARGIN_MIN
 from .session import AwsSession
@@ -174,8 +174,8 @@ def create_job_group(aws: AwsSession, store: Store, job: Job, spec, user_data: s
             request["PlacementGroup"] = placement.create_placement_group(aws, region, job, spec, 0,
                                                                          boot["owner"])
         try:
-            aws.call(region, "create_auto_scaling_group", service="autoscaling",
-                     **request)
+            job_role.launch_retry(aws, job, lambda: aws.call(
+                region, "create_auto_scaling_group", service="autoscaling", **request))
         except AWSError as exc:
             if exc.code != "AlreadyExists":  # a re-run: the group is there
                 raise

@@ -15,7 +15,7 @@ from ...job_spec import JobSpec
 from ...market import Market
 from ...progress import SILENT, Reporter
 from ...state import Instance, Job, Store
-from . import network, pricing
+from . import job_role, network, pricing
 from .errors import (
     CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, AWSPlacementError, StaleCache,
     aws_errors)
@@ -104,8 +104,9 @@ def run_request(aws: AwsSession, job: Job, spec, subnet: str, group: str, ami: s
                            for kind in ("instance", "volume", "network-interface")],
         UserData=user_data(aws, job, spec),
     )
-    if aws.settings.instance_profile:
-        request["IamInstanceProfile"] = {"Name": aws.settings.instance_profile}
+    profile = job_role.profile_name(aws, job)
+    if profile:
+        request["IamInstanceProfile"] = {"Name": profile}
     if spec.placement.market == Market.SPOT:
         options = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
         if spec.placement.max_price is not None:
@@ -155,8 +156,8 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
                      + (f" ({attempts[-1].zone}: no capacity)" if attempts else ""))
         try:
             # ClientToken: a retried request can never start a second instance.
-            response = aws.call(region, "run_instances", fail_fast=True,
-                                ClientToken=token, **request)
+            response = job_role.launch_retry(aws, job, lambda: aws.call(
+                region, "run_instances", fail_fast=True, ClientToken=token, **request))
         except BaseException as exc:
             code = run_failed(store, job, token, zone, exc, first=not attempts)
             assert isinstance(exc, AWSError)  # run_failed raised anything else again

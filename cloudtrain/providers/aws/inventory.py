@@ -13,12 +13,15 @@ from ...errors import CloudtrainError, MissingDependency, UsageError
 from ...state import Instance, Job, Store
 from ...market import Market
 from ..base import Sweep
-from . import boot, groups as job_groups, instances as ec2, network, placement, pricing, volumes as ebs
+from . import boot, groups as job_groups, instances as ec2, job_role, network, placement, pricing, \
+    volumes as ebs
 from .cache import RegionCache
 from .errors import AWSError
 from .instances import UNANSWERED
 from .session import AwsSession
 from .tags import LIVE_STATES, TAG_GROUP, TAG_JOB, TAG_OWNER
+
+ROLE_DELETED_EVENT = "job-role-deleted"  # the timeline row of the job's IAM role's end
 
 # How long release() keeps looking by tag for the instance of an unanswered RunInstances.
 RELEASE_LOOKUP_S = 60.0
@@ -137,6 +140,12 @@ def release(aws: AwsSession, store: Store, job: Job, force: bool = False) -> Non
                     state="requested", launched_at=raw["LaunchTime"].timestamp(),
                     terminated_at=None, price_per_hour=None, details={"found_by_tag": True}))
     record_ends(aws, store, job)
+    # The job's own IAM role last: its instances are gone (a role deleted under a running
+    # instance ends that instance's writes, and a group could still start one with it).
+    role = store.job(job.id).facts.job_role
+    if role and group_error is None:
+        if job_role.delete(aws, aws.region_of(job), role):
+            store.add_event(job.id, ROLE_DELETED_EVENT, detail=role)
     if group_error is not None:
         raise group_error
 
@@ -367,6 +376,16 @@ def orphans(aws: AwsSession, store: Store) -> Sweep:
 
     swept = sweep(aws, store, ask)
     out = []
+    if aws.settings.instance_profile == job_role.PER_JOB or store.db.execute(
+            "SELECT 1 FROM jobs WHERE backend = 'aws' AND "
+            "json_extract(details, '$.job_role') IS NOT NULL LIMIT 1").fetchone():
+        # IAM is global: asked once, not per region. Roles bill nothing: without the
+        # permission to list them (no per-job roles were made), none is looked for.
+        try:
+            out += job_role.orphans(aws, aws.region(), aws.owner_key(aws.region()), held_jobs)
+        except AWSError as exc:
+            if not exc.denied:
+                raise
     for region in swept.regions:
         instances, volumes, groups = swept.found[region]
         out += groups

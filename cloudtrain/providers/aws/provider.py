@@ -35,7 +35,7 @@ from ...state import Job, Store
 from ..base import Question, Sweep
 from . import (
     acquire, cluster, datasets, group_launch, groups, host_setup, instance_types, instances,
-    inventory, plan, results, volumes)
+    inventory, job_role, plan, results, volumes)
 from .cloud_account import AwsAccount
 from .session import AwsSession
 
@@ -61,6 +61,7 @@ class AWSProvider:
         return instance_types.preflight(self.aws, spec)
 
     def acquire(self, store: Store, job: Job, spec, report: Reporter = SILENT) -> list[Host]:
+        acquire.own_role(self.aws, store, job, spec, report)
         if spec.nodes > 1:  # all of them at once, or none
             return list(cluster.acquire_nodes(self.aws, store, job, spec, report))
         return [acquire.acquire(self.aws, store, job, spec, report)]
@@ -173,6 +174,9 @@ class AWSProvider:
 
     def delete_job_group(self, region: str, name: str) -> bool:
         return groups.delete_job_group(self.aws, region, name)
+
+    def delete_job_role(self, region: str, name: str) -> bool:
+        return job_role.delete(self.aws, region, name)
 
     def attempt_instances(self, store: Store, job: Job, attempt: int, regions: list[str]
                           ) -> dict[str, list[str]]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from ... import catalog
 from ...errors import CloudtrainError
 from ...state import Job, Store
-from . import jobbundle, jobstore, jobstore_fetch
+from . import jobbundle, job_role, jobstore, jobstore_fetch
 from .errors import aws_errors, client_error, code_of, message_of
 from .instances import RUNTIME_MARGIN_MIN
 from .session import AwsSession
@@ -43,11 +43,15 @@ def job_store_client(aws: AwsSession, region: str):
         arn = aws.owner(region)
         account = arn.split(":")[4] if arn.count(":") >= 5 else ""
         bucket = aws.settings.job_store_bucket or jobstore.bucket_name(account, region)
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
-            "AWS_ENDPOINT_URL")
-        aws.clients[key] = (jobstore.s3_client(aws.session(region), region, endpoint),
+        aws.clients[key] = (jobstore.s3_client(aws.session(region), region, store_endpoint()),
                             bucket, account)
     return aws.clients[key]
+
+
+def store_endpoint() -> str | None:
+    """The S3 endpoint this machine and the job's instances use: AWS's own (None), or the
+    one AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL names (the tests' moto)."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
 
 def upload_bundle(aws: AwsSession, store: Store, job: Job, spec, parts: list[tuple[str, Path]],
@@ -173,6 +177,10 @@ def results_grant(aws: AwsSession, store: Store, job: Job, spec, node: int = 0
         prefix = jobstore.job_prefix(job.id, owner_key=owner_key)
         note = (f"results: s3://{bucket}/{prefix} when the job ends, whoever is "
                 f"watching (kept {STORE_KEEP_DAYS} days)")
+        if store.job(job.id).facts.job_role and job_role.job_role(aws, job):
+            return role_grant(aws, bucket, region, jobstore.job_prefix(
+                job.id, node, owner_key=owner_key)), note + (
+                "; written with the job's own IAM role, whose credentials AWS renews")
         ends = jobstore.credential_expiry(aws.session(region))
         if ends is not None and ends - time.time() < lifetime:
             lifetime = max(60.0, ends - time.time())
@@ -193,6 +201,15 @@ def results_grant(aws: AwsSession, store: Store, job: Job, spec, node: int = 0
                       f"waits up to {aws.settings.collect_wait_minutes:g} min (billed) for "
                       f"`cloudtrain status {job.id}` to bring the results home; after that "
                       "they are lost (collect_wait_minutes: in config.yaml)")
+
+
+def role_grant(aws: AwsSession, bucket: str, region: str, prefix: str) -> dict:
+    """The grant of a job that runs on its own IAM role (job_role.py): no signature, only
+    where to write; the instance signs each PUT with the role's credentials from its
+    metadata service (host/agent_upload.py), which AWS renews for as long as it runs."""
+    return {"signer": "role", "bucket": bucket, "region": region, "endpoint": store_endpoint(),
+            "imds": aws.settings.imds_url, "prefix": prefix,
+            "max_bytes": jobstore.POST_MAX_BYTES}
 
 
 def checkpoint_plan(aws: AwsSession, store: Store, job: Job, expires_s: float) -> dict | None:
