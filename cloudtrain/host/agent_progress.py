@@ -99,8 +99,7 @@ class Progress:
         its auto_scaling, checked) with a grant and an attempt; None otherwise."""
         grant = settings.get("results_store")
         n = auto_scaling.attempt_number(settings)
-        if conf is None or conf.get("rank") or n is None or not (
-                isinstance(grant, dict) and isinstance(grant.get("url"), str)):
+        if conf is None or conf.get("rank") or n is None or not agent_upload.writable(grant):
             return None
         return cls(jobdir, dict(grant, prefix=conf["prefix"]),
                    job_records.progress_key(conf["prefix"], n), n, checkpoint, log)

@@ -236,6 +236,17 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
 _OPENER = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
 
 
+def writable(grant):
+    """Whether `grant` is one this module writes through: a presigned POST's (url, prefix)
+    or a role's (bucket, region, prefix). What the instance reads from job.json is checked
+    here, the one place that knows both kinds."""
+    if not isinstance(grant, dict) or not isinstance(grant.get("prefix"), str):
+        return False
+    if grant.get("signer") == "role":
+        return isinstance(grant.get("bucket"), str) and isinstance(grant.get("region"), str)
+    return isinstance(grant.get("url"), str)
+
+
 # One RoleCredentials per metadata service address: every upload of the process shares the
 # role's credentials and their renewal.
 _ROLES = {}  # type: dict

@@ -223,7 +223,7 @@ def store_record(job, key, doc, prefix=None):
     does not answer, EXIT_STORE. `prefix`: the job's, for a node of rank k > 0 whose grant
     says nodes/<k>/ (every node of a group holds the job-wide grant: host/regroup.py)."""
     grant = job.get("results_store")
-    if not isinstance(grant, dict) or not isinstance(grant.get("url"), str):
+    if not agent_upload.writable(grant):
         raise Failed(EXIT_STORE, "no results_store grant in job.json to write %s with" % key)
     if prefix is not None:
         grant = dict(grant, prefix=prefix)

@@ -229,9 +229,8 @@ class Streamer(object):
 
     def __init__(self, jobdir, grant, settle_s=2.0, poll_s=1.0, start_seq=0, start_slot=None,
                  attempt=None):
-        if not (isinstance(grant, dict) and isinstance(grant.get("url"), str)
-                and isinstance(grant.get("prefix"), str)):
-            raise ValueError("the grant has no url and prefix")
+        if not agent_upload.writable(grant):
+            raise ValueError("the grant says neither where to post nor which role writes")
         self.jobdir = os.path.abspath(jobdir)
         self.grant = grant
         self.settle_s = float(settle_s)

@@ -70,7 +70,7 @@ RECORD_MAX_BYTES = job_records.RECORD_MAX_BYTES
 def records_grant(job, prefix):
     """The job's grant (every node of a group holds the job-wide one), for its records."""
     grant = job.get("results_store")
-    if not isinstance(grant, dict) or not isinstance(grant.get("url"), str):
+    if not agent_upload.writable(grant):
         raise Failed(EXIT_STORE, "no results_store grant in job.json to write the job's "
                      "records with")
     return dict(grant, prefix=prefix)

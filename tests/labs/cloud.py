@@ -100,6 +100,7 @@ class CloudLab:
         # so its torch takes one thread (tests/conftest.py says why)
         self.host_env: dict[str, str] = {"OMP_NUM_THREADS": "1"}
         self.asg = None  # the AutoScalingLab, when cloud_lab(autoscaling=True) made one
+        self.iam = None  # labs.moto_iam.RoleSessions, when cloud_lab(iam=True) made one
         # tmux's socket path must fit a Unix socket's 108 bytes: a short folder under /tmp
         self.tmux_root = Path(tempfile.mkdtemp(prefix="ctr-", dir="/tmp"))
         no_tmux = self._path_without_tmux()
@@ -237,13 +238,20 @@ class CloudLab:
 
 @contextlib.contextmanager
 def cloud_lab(cli, ct_home: Path, tmp: Path, monkeypatch, hosts: list[str], tmux_socket: str,
-              autoscaling: bool = False):
+              autoscaling: bool = False, iam: bool = False):
     """A CloudLab of `hosts` for one test or benchmark run, jobs on their own tmux server
     here; everything it made is gone afterwards. With `autoscaling`, `lab.asg` makes moto's
-    Auto Scaling groups behave as AWS's (tests/labs/asg.py)."""
+    Auto Scaling groups behave as AWS's (tests/labs/asg.py). With `iam`, `lab.iam` hands each
+    instance its role's own credentials and refuses what IAM would refuse them, and any key
+    it revokes (tests/labs/moto_iam.py)."""
     monkeypatch.setenv("CLOUDTRAIN_TMUX_SOCKET", tmux_socket)
     with NetnsLab(tmp / "netns") as net:
         lab = CloudLab(net, tmp, cli, ct_home, monkeypatch, hosts)
+        if iam:
+            from labs.moto_iam import RoleSessions
+
+            lab.iam = RoleSessions().install(monkeypatch)
+            lab.imds.issuer = lab.iam.issue
         try:
             if autoscaling:
                 from labs.asg import AutoScalingLab

@@ -39,6 +39,9 @@ class FakeIMDS:
         self.creds = creds or {"AccessKeyId": "ASIAROLEKEY", "SecretAccessKey": "role/secret",
                                "Token": "role-session-token"}
         self.expiration = expiration
+        # role -> its credentials {AccessKeyId, SecretAccessKey, Token, Expiration} as AWS
+        # issues them now (labs.moto_iam.RoleSessions.issue); None: `creds` for every role
+        self.issuer = None
         imds = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -78,9 +81,10 @@ class FakeIMDS:
                 if host_role and self.path == CREDS_PATH:
                     return self.answer(200, host_role.encode() + b"\n")
                 if host_role and self.path == CREDS_PATH + host_role:
+                    issued = imds.issuer(host_role) if imds.issuer else dict(
+                        imds.creds, Expiration=imds.expiration)
                     return self.answer(200, json.dumps(dict(
-                        imds.creds, Code="Success", Type="AWS-HMAC",
-                        Expiration=imds.expiration)).encode())
+                        issued, Code="Success", Type="AWS-HMAC")).encode())
                 text = imds.metadata.get(client, {}).get(self.path)
                 if text is not None:
                     return self.answer(200, text.encode())
