@@ -284,6 +284,8 @@ def _recovery(cloud, settings: config.Settings, region: str, checks: list[Check]
 
 def _profile(cloud, region: str, name: str, checks: list[Check]) -> str | None:
     """The instance profile's row; why AWS cannot relaunch with it, or None where it can."""
+    if name == config.PER_JOB_PROFILE:
+        return _per_job(cloud, region, checks)
     try:
         roles = cloud.instance_profile_roles(region, name)
     except CloudtrainError as exc:
@@ -303,6 +305,28 @@ def _profile(cloud, region: str, name: str, checks: list[Check]) -> str | None:
         return f"instance profile {name} has no role"
     checks.append(Check("instance profile", OK, f"{name}, role {', '.join(roles)}",
                         data={"name": name, "roles": roles}))
+    return None
+
+
+def _per_job(cloud, region: str, checks: list[Check]) -> str | None:
+    """`instance_profile: per-job`: each job makes its own role under the boundary, which an
+    administrator creates once; its row, and why AWS cannot relaunch, or None."""
+    try:
+        there = cloud.job_role_boundary(region)
+    except CloudtrainError as exc:
+        checks.append(_failed("instance profile", exc, "the per-job roles' boundary"))
+        return "the per-job roles' boundary not looked at"
+    if not there:
+        checks.append(Check("instance profile", PROBLEM, "per-job: the permissions boundary "
+                            "cloudtrain-job-boundary does not exist in this account, and IAM "
+                            "refuses a job role without it",
+                            "an administrator creates it once: infra/README.md section 2a",
+                            {"name": config.PER_JOB_PROFILE, "boundary": False}))
+        return "the per-job roles' boundary does not exist"
+    checks.append(Check("instance profile", OK, "per-job: each job gets its own IAM role "
+                        "(scoped to it, under cloudtrain-job-boundary), whose credentials AWS "
+                        "renews for as long as the job runs",
+                        data={"name": config.PER_JOB_PROFILE, "boundary": True}))
     return None
 
 

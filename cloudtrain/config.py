@@ -201,6 +201,11 @@ def ssh_cidrs(value: str) -> list[str]:
     return list(dict.fromkeys(c for c in value.replace(",", " ").split() if c))
 
 
+# `instance_profile: per-job`: each job that starts its own instances gets an IAM role and
+# instance profile of its own (providers/aws/job_role.py), not a shared one.
+PER_JOB_PROFILE = "per-job"
+
+
 @dataclasses.dataclass
 class Settings:
     backend: str = "local"  # where `launch` runs a job when --backend is not given
@@ -253,7 +258,9 @@ class Settings:
     poll_seconds: float = 2.0  # how often those waits ask
     disk_gb: int = 0  # root volume (0 = the recipe's disk_gb, else 100)
     collect_checkpoints_mb: float = 2048.0  # bring a cloud job's checkpoints home up to this
-    instance_profile: str = ""  # e.g. cloudtrain-instance (infra/README.md); "" = none
+    # e.g. cloudtrain-instance (infra/README.md); "" = none; PER_JOB_PROFILE: each job a role
+    # of its own (infra/README.md section 2a)
+    instance_profile: str = ""
     # Where a cloud job's results go before its instance powers off (the S3 job store):
     job_store: bool = True  # false: no bucket; results come home only while the CLI watches
     job_store_bucket: str = ""  # "" = cloudtrain-<account>-<region>, created on first use

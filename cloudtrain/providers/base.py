@@ -238,6 +238,8 @@ class CloudAccount(Protocol):
         """Where that quota's increase is asked for."""
     def instance_profile_roles(self, region: str, name: str) -> list[str] | None:
         """Read-only: the roles of that instance profile; None where there is none."""
+    def job_role_boundary(self, region: str) -> bool:
+        """Read-only: whether the permissions boundary that per-job roles carry exists."""
 
     # -- datasets the account stores
     def push_dataset(self, root: Path, bucket: str, prefix: str, *, shard_mb: int = 256,

@@ -363,6 +363,35 @@ def test_u57_an_instance_profile_a_launch_cannot_use_is_a_problem(moto, dlami, c
     assert check.exit_code(report) == 1
 
 
+@pytest.mark.parametrize("boundary", [True, False], ids=["boundary", "no-boundary"])
+def test_issue36_per_job_roles_are_checked_by_their_boundary(moto, dlami, ct_home, boundary):
+    """`instance_profile: per-job` names no profile: each job makes its own role, which IAM
+    refuses without the boundary an administrator creates once. check looks for that
+    boundary (read-only): there, AWS relaunches with this machine off; missing, a problem
+    with where the setup is said."""
+    import boto3
+
+    from conftest import REPO
+
+    _store_and_profile(ct_home, "per-job")
+    if boundary:
+        boto3.client("iam", region_name=REGION, **CLIENT_CREDS).create_policy(
+            PolicyName="cloudtrain-job-boundary",
+            PolicyDocument=(REPO / "infra" / "iam-policy-job-boundary.json").read_text())
+    report = check.run()
+    found = by_name(report)
+    row = found["instance profile"]
+    if boundary:
+        assert row.verdict == "ok" and row.detail.startswith(
+            "per-job: each job gets its own IAM role")
+        assert found["spot recovery"].verdict == "ok"
+    else:
+        assert row.verdict == "problem" and "cloudtrain-job-boundary does not exist" in \
+            row.detail and row.hint.endswith("infra/README.md section 2a")
+        assert found["spot recovery"].verdict == "warning"
+        assert check.exit_code(report) == 1
+
+
 def test_u57_job_store_off_is_said_with_what_it_costs(moto, dlami, ct_home):
     _store_and_profile(ct_home, bucket=False)
     with open(ct_home / "config.yaml", "a") as f:

@@ -118,7 +118,10 @@ class RoleSessions:
 
         from moto.iam.models import iam_backends
 
-        role = self._role(name)
+        try:
+            role = self._role(name)
+        except Exception:  # noqa: BLE001 - deleted: its sessions are worth nothing
+            return [], None
         docs = [json.loads(d) if isinstance(d, str) else d for d in role.policies.values()]
         for managed in role.managed_policies.values():
             docs.append(json.loads(_default(managed).document))
@@ -130,7 +133,11 @@ class RoleSessions:
         return docs, boundary
 
     def _principal(self, name: str) -> dict:
-        role = self._role(name)
+        try:
+            role = self._role(name)
+        except Exception:  # noqa: BLE001 - deleted: no tags, no id
+            return {"aws:PrincipalAccount": self.account, "aws:PrincipalArn":
+                    f"arn:aws:iam::{self.account}:role/{name}"}
         tags = role.tags.values() if isinstance(role.tags, dict) else role.tags
         context = {"aws:PrincipalAccount": self.account, "aws:PrincipalArn": role.arn,
                    "aws:userid": f"{role.id}:i-lab"}

@@ -132,8 +132,10 @@ def test_F40_job_a_s_role_reads_nothing_of_job_b_or_another_owner(key):
     assert evaluate([WIDE], _s3("s3:GetObject", key), _boundary()) == "implicit-deny"
 
 
-@pytest.mark.parametrize("key", _writes(_prefix(B)) + [_prefix(B) + BUNDLE + "start.sh"])
+@pytest.mark.parametrize("key", _writes(_prefix(B)) + [_prefix(B) + BUNDLE + "start.sh"]
+                         + _writes(_prefix(A, "AIDABOB000000000001")))
 def test_F40_job_a_s_role_writes_nothing_under_job_b_s_prefix(key):
+    """... nor under another owner's job of the same id."""
     assert _decide(_s3("s3:PutObject", key)) == "implicit-deny"
     assert _decide(_s3("s3:PutObject", key), boundary=False) == "implicit-deny"
 

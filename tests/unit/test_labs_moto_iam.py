@@ -117,3 +117,15 @@ def test_revoked_and_expired_keys_are_refused_and_others_pass_as_before(lab):
     new = sessions.issue("job-role")
     assert new["AccessKeyId"] != old["AccessKeyId"]
     assert _as(new, "s3", endpoint).get_object(Bucket="lab-bucket", Key="a/x")["Body"].read()
+
+
+def test_a_deleted_role_s_sessions_are_refused_everything(lab):
+    """IAM evaluates a session's role's policies at each request: once the role is gone
+    (a job's role deleted with the job), its credentials, though not expired, get nothing."""
+    sessions, admin, endpoint = lab
+    s3 = _as(sessions.issue("job-role"), "s3", endpoint)
+    assert s3.get_object(Bucket="lab-bucket", Key="a/x")["Body"].read() == b"data"
+    iam = boto3.client("iam", **admin)
+    iam.delete_role_policy(RoleName="job-role", PolicyName="p")
+    iam.delete_role(RoleName="job-role")
+    assert _code(lambda: s3.get_object(Bucket="lab-bucket", Key="a/x")) == ("AccessDenied", 403)

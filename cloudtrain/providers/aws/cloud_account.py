@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import account, datasets, images, instance_types, inventory, network, pricing, results
+from . import (account, datasets, images, instance_types, inventory, job_role, network, pricing,
+               results)
 from .session import DEFAULT_REGION, DEFAULT_SOURCE, AwsSession
 
 
@@ -71,6 +72,9 @@ class AwsAccount:
 
     def instance_profile_roles(self, region: str, name: str) -> list[str] | None:
         return account.instance_profile_roles(self.aws, region, name)
+
+    def job_role_boundary(self, region: str) -> bool:
+        return job_role.boundary_exists(self.aws, region)
 
     # -- datasets in S3
 

@@ -34,7 +34,7 @@ GROUPS_POLICY_FILE = "infra/iam-policy-autoscaling.json"
 JOB_ROLES_POLICY_FILE = "infra/iam-policy-job-roles.json"
 JOB_ROLE_ACTIONS = ("iam:CreateRole", "iam:TagRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy",
                     "iam:DeleteRole", "iam:CreateInstanceProfile", "iam:TagInstanceProfile",
-                    "iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile",
+                    "iam:AddRoleToInstanceProfile", "iam:GetPolicy", "iam:RemoveRoleFromInstanceProfile",
                     "iam:DeleteInstanceProfile", "iam:ListRoles")
 # The job store's bucket, made and locked down once by an administrator.
 STORE_ADMIN_POLICY_FILE = "infra/iam-policy-store-admin.json"

@@ -10,6 +10,7 @@ job's power only.
     trust_policy(partition)              EC2 may assume it
     role_policy(...)                     its inline policy: the job's prefix, group, template
     boundary_arn(partition, account)     the permissions boundary every such role carries
+    boundary_exists(aws, region)         whether the account has it (`check`)
     prepare(aws, store, job, spec)       made (again: safe), its name kept with the job first
     delete(aws, region, name)            the role and its profile gone; whether any was there
     orphans(aws, region, owner_key, held)   the owner's job roles of no job in `held`
@@ -32,13 +33,14 @@ from __future__ import annotations
 import json
 import time
 
+from ...config import PER_JOB_PROFILE
 from ...errors import CloudtrainError
 from ...state import Job, Store
 from .errors import AWSError, aws_errors
 from .session import AwsSession
 from .tags import TAG_JOB, TAG_OWNER
 
-PER_JOB = "per-job"
+PER_JOB = PER_JOB_PROFILE
 ROLE_PATH = "/cloudtrain-jobs/"
 ROLE_PREFIX = "cloudtrain-job-"
 BOUNDARY_NAME = "cloudtrain-job-boundary"
@@ -81,6 +83,20 @@ def profile_name(aws: AwsSession, job: Job) -> str | None:
 
 def boundary_arn(partition: str, account: str) -> str:
     return f"arn:{partition}:iam::{account}:policy/{BOUNDARY_NAME}"
+
+
+def boundary_exists(aws: AwsSession, region: str) -> bool:
+    """Read-only (`check`): whether the account has the boundary every job role carries
+    (an administrator's one-time step: CreateRole refuses a boundary that is not there)."""
+    partition, account = _arn_parts(aws.owner(region))
+    try:
+        with aws_errors(region, "iam"):
+            aws.client("iam", region).get_policy(PolicyArn=boundary_arn(partition, account))
+    except AWSError as exc:
+        if exc.code == GONE:
+            return False
+        raise
+    return True
 
 
 def trust_policy() -> dict:
