@@ -222,3 +222,38 @@ def test_issue36_without_the_job_store_a_per_job_role_is_a_usage_error(per_job):
     with pytest.raises(UsageError, match="needs the S3 job store"):
         acquire.own_role(p.aws, store, job, spec)
     assert _iam().list_roles(PathPrefix="/cloudtrain-jobs/")["Roles"] == []
+
+
+def test_RF1_the_plan_says_who_writes_the_results_and_when_a_post_dies_first(
+        per_job, tmp_path, monkeypatch):
+    """The dry run's results line: a job on its own role writes with credentials AWS renews;
+    a job on the presigned POST signed with temporary credentials that end before its max
+    runtime is told so, with when, and what gives it credentials of its own."""
+    import sys
+    import time
+
+    p, _ = per_job
+    spec = _spec()
+    assert results.results_plan(p.aws, spec, REGION).endswith(
+        "the job's own IAM role writes them, with credentials AWS renews for its whole run)")
+    p.settings.instance_profile = "cloudtrain-instance"
+    assert results.results_plan(p.aws, spec, REGION).endswith("presigned POST, no keys)")
+    # temporary credentials that end in 30 min (botocore's real provider chain: a
+    # credential_process with an Expiration, as SSO and assumed roles have)
+    script = tmp_path / "creds.py"
+    script.write_text("import json\nprint(json.dumps({'Version': 1, 'AccessKeyId': 'ASIAX', "
+                      "'SecretAccessKey': 's', 'SessionToken': 't', 'Expiration': %r}))\n"
+                      % time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 1800)))
+    config = tmp_path / "config"
+    config.write_text(f"[profile temp]\ncredential_process = {sys.executable} {script}\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    from cloudtrain.config import Settings
+    from cloudtrain.providers.aws import AWSProvider
+
+    temp = AWSProvider(Settings(region=REGION, aws_profile="temp",
+                                instance_profile="cloudtrain-instance"))
+    line = results.results_plan(temp.aws, spec, REGION)
+    assert line.startswith("WARNING: s3://") and "end in 30 min, before the job's 1 h max " \
+        "runtime" in line and "instance_profile: per-job" in line, line

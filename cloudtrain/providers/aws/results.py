@@ -145,9 +145,24 @@ def results_plan(aws: AwsSession, spec, region: str) -> str:
         return (f"no S3 job store (job_store: false): the instance waits up to {wait:g} "
                 f"min after the job for the CLI to collect (billed{cost})")
     bucket = aws.settings.job_store_bucket or f"cloudtrain-<account>-{region}"
-    return (f"s3://{bucket}/jobs/<your user id>/<job>/ before the power-off (log, metrics, "
-            f"checkpoints; kept {STORE_KEEP_DAYS} days; the instance gets a presigned POST, "
-            "no keys)")
+    where = (f"s3://{bucket}/jobs/<your user id>/<job>/ before the power-off (log, metrics, "
+             f"checkpoints; kept {STORE_KEEP_DAYS} days; ")
+    if aws.settings.instance_profile == job_role.PER_JOB and not spec.keep:
+        return where + ("the job's own IAM role writes them, with credentials AWS renews for "
+                        "its whole run)")
+    line = where + "the instance gets a presigned POST, no keys)"
+    try:
+        ends = jobstore.credential_expiry(aws.session(region))
+    except Exception:  # noqa: BLE001 - no credentials: the launch says so itself
+        ends = None
+    lifetime = spec.max_runtime_s + RUNTIME_MARGIN_MIN * 60
+    if ends is not None and ends - time.time() < lifetime:
+        line = (f"WARNING: {line}; that POST is signed with your temporary credentials, which "
+                f"end in {max(0.0, ends - time.time()) / 60:.0f} min, before the job's "
+                f"{spec.max_runtime_s / 3600:g} h max runtime: its checkpoints and results "
+                "stop reaching the store then (instance_profile: per-job gives the job "
+                "credentials of its own: infra/README.md)")
+    return line
 
 
 def results_grant(aws: AwsSession, store: Store, job: Job, spec, node: int = 0
