@@ -217,6 +217,12 @@ def _supervisor_pid(ct_home: Path) -> int:
     return json.loads((ct_home / "supervisor.json").read_text())["pid"]
 
 
+def _held_lock(ct_home: Path) -> bool:
+    from cloudtrain.lifecycle.supervisor import state_of
+
+    return state_of(ct_home)["running"]
+
+
 def test_F13_supervisor_killed_mid_recovery_no_duplicate_no_lost_attempt(lab, cli, ct_home,
                                                                           tmp_path):
     """SIGKILL the supervisor while it waits for the relaunched instance's SSH: the next
@@ -237,6 +243,10 @@ def test_F13_supervisor_killed_mid_recovery_no_duplicate_no_lost_attempt(lab, cl
              cli.job(job_id)["state"] == "provisioning", timeout=60,
              what="the relaunch waiting for SSH")
     os.kill(_supervisor_pid(ct_home), signal.SIGKILL)
+    # kill() returns before the process is gone (and its lock with it): on a loaded machine
+    # `status` could still find it holding the lock and, rightly, start none
+    wait_for(lambda: not _held_lock(ct_home), timeout=30, interval=0.05,
+             what="the killed supervisor to be gone")
     proc = cli.ok("status")  # notices the dead relaunch, restarts the supervisor
     assert "recovery supervisor started" in proc.stderr
     lab.start(other)

@@ -15,21 +15,19 @@ import pytest
 
 from cloudtrain.host import agent, agent_store, job_processes, job_status
 from labs.loopback import serve
+from labs.polling import wait_for
 from labs.shipped_host import command
 
 
 def _sleeper(*extra: str) -> subprocess.Popen:
-    """A process in its own group whose command line mentions agent.py, like an agent's."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *extra],
+    """A process in its own group whose command line mentions agent.py, like an agent's;
+    returned once it runs that command (between fork and exec /proc shows the parent's, or
+    nothing: on a loaded machine a probe could read it then)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *extra],
                             start_new_session=True)
-
-
-def _cmdline(proc: subprocess.Popen) -> bytes:
-    """What /proc says `proc` runs (b"" once it is gone): for a failure's message."""
-    try:
-        return Path(f"/proc/{proc.pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
+    wait_for(lambda: "time.sleep(60)" in _cmdline(proc.pid), timeout=30, interval=0.01,
+             what="the sleeper to run")
+    return proc
 
 
 def _write_status(jobdir, **fields):
@@ -59,7 +57,7 @@ def test_probe_leaves_a_healthy_job_alone(tmp_path):
         _write_status(tmp_path, state="running", agent_pid=live_agent.pid, pid=job.pid,
                       pgid=job.pid, heartbeat_at=time.time())
         status = agent.probe(str(tmp_path), stale_after_s=30)["status"]
-        assert status["state"] == "running", (status, live_agent.poll(), _cmdline(live_agent))
+        assert status["state"] == "running", (status, live_agent.poll(), _cmdline(live_agent.pid))
         assert job.poll() is None
     finally:
         for p in (live_agent, job):
