@@ -303,9 +303,19 @@ def _profile(cloud, region: str, name: str, checks: list[Check]) -> str | None:
                             "add the role of infra/instance-role-policy.json to it "
                             "(infra/README.md)", {"name": name, "roles": []}))
         return f"instance profile {name} has no role"
-    checks.append(Check("instance profile", OK, f"{name}, role {', '.join(roles)}",
-                        data={"name": name, "roles": roles}))
+    # Works, and AWS relaunches with it; but one role for every job (section 2 of
+    # infra/README.md says what that lets a compromised instance do).
+    checks.append(Check("instance profile", WARNING, f"{name}, role {', '.join(roles)}: "
+                        "shared by every job, whose instances can read every job's bundle "
+                        "and checkpoints; a job's writes end with your session",
+                        SHARED_PROFILE_HINT, data={"name": name, "roles": roles}))
     return None
+
+
+# A shared profile's role reads every job's bundle and checkpoints, and a job's writes go
+# through a presigned POST that ends with the session that signed it (infra/README.md 2, 2a).
+SHARED_PROFILE_HINT = ("set instance_profile: per-job: each job a role of its own, scoped to "
+                       "it, whose credentials AWS renews (infra/README.md section 2a)")
 
 
 def _per_job(cloud, region: str, checks: list[Check]) -> str | None:

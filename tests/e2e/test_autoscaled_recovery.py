@@ -93,6 +93,26 @@ def _everything_gone(lab) -> dict:
     return {k: v for k, v in left.items() if v}
 
 
+def _until_everything_gone(lab, job_id: str, timeout: float) -> None:
+    """Wait for the job to end and its group to go; on a timeout, say what each live node
+    of the job last logged and reported (its status.json, the tail of its output.log), so
+    that a run which hangs in CI says where."""
+    try:
+        wait_for(lambda: not _everything_gone(lab), timeout=timeout, interval=1.0,
+                 what="the job to end and its group to go")
+    except AssertionError as exc:
+        told = [f"{exc}: {lab.asg.leftovers()}"]
+        for inst in lab.asg.live(f"cloudtrain-{job_id}"):
+            jobdir = lab.homes.get(inst.ip, Path("/nonexistent")) / ".cloudtrain" / "jobs" / job_id
+            for name, lines in (("status.json", 1), ("output.log", 25)):
+                try:
+                    text = (jobdir / name).read_text(errors="replace").splitlines()[-lines:]
+                except OSError as why:
+                    text = [f"({why.strerror})"]
+                told.append(f"--- {inst.id} {inst.ip} {name}\n" + "\n".join(text))
+        raise AssertionError("\n".join(told)) from None
+
+
 @pytest.mark.parametrize("notice", [False, True], ids=["no-notice", "notice"])
 def test_laptop_closed_instance_taken_back_the_group_relaunches_and_the_job_succeeds(
         lab, cli, ct_home, tmp_path, notice):
@@ -114,8 +134,7 @@ def test_laptop_closed_instance_taken_back_the_group_relaunches_and_the_job_succ
     _take_back(lab, name, first, notice)
     replacement = wait_for(lambda: next((i for i in lab.asg.live(name) if i.id != first.id),
                                         None), timeout=120, what="the replacement")
-    wait_for(lambda: not _everything_gone(lab), timeout=400, interval=1.0,
-             what=f"the job to end and its group to go: {lab.asg.leftovers()}")
+    _until_everything_gone(lab, job_id, 400)
     assert replacement.user_data_exit == 0
 
     job = cli.job(job_id)  # the first cloudtrain command since the laptop closed
@@ -263,8 +282,7 @@ def test_three_nodes_laptop_closed_a_node_taken_back_the_nodes_meet_again_and_su
     replacement = wait_for(lambda: next((i for i in lab.asg.live(name)
                                          if i.id not in {f.id for f in first}), None),
                            timeout=120, what="the replacement")
-    wait_for(lambda: not _everything_gone(lab), timeout=600, interval=1.0,
-             what=f"the job to end and its group to go: {lab.asg.leftovers()}")
+    _until_everything_gone(lab, job_id, 600)
     assert replacement.user_data_exit == 0
     assert lab.asg.log("launch")[-1]["instance"] == replacement.id  # no launch after it
 
@@ -326,8 +344,7 @@ def test_C3_three_nodes_lose_node_1_then_the_rendezvous_after_a_notice_and_succe
     time.sleep(15)
     if zero.id in [i.id for i in lab.asg.live(name)]:
         lab.take_back({"InstanceId": zero.id, "PrivateIpAddress": zero.ip})
-    wait_for(lambda: not _everything_gone(lab), timeout=900, interval=1.0,
-             what=f"the job to end and its group to go: {lab.asg.leftovers()}")
+    _until_everything_gone(lab, job_id, 900)
 
     job = cli.job(job_id)
     assert job["state"] == "succeeded", (job["reason"], job["timeline"])
@@ -356,8 +373,7 @@ def test_three_nodes_whose_job_fails_end_failed_with_nothing_left(lab, cli, tmp_
     name = f"cloudtrain-{job_id}"
     first = lab.asg.wait_for_group(name, 3)
     lab.asg.kill_launching_machine()
-    wait_for(lambda: not _everything_gone(lab), timeout=240, interval=1.0,
-             what=f"the job to end and its group to go: {lab.asg.leftovers()}")
+    _until_everything_gone(lab, job_id, 240)
     # nothing relaunched: the group launched its 3 nodes and no more
     assert sorted(e["instance"] for e in lab.asg.log("launch")) == sorted(i.id for i in first)
     job = cli.job(job_id)

@@ -308,6 +308,17 @@ def _store_and_profile(ct_home, profile: str | None = "cloudtrain-instance",
         (ct_home / "config.yaml").write_text(f"instance_profile: {profile}\n")
 
 
+def _job_boundary() -> None:
+    """The administrator's one-time step of `instance_profile: per-job`, in moto."""
+    import boto3
+
+    from conftest import REPO
+
+    boto3.client("iam", region_name=REGION, **CLIENT_CREDS).create_policy(
+        PolicyName="cloudtrain-job-boundary",
+        PolicyDocument=(REPO / "infra" / "iam-policy-job-boundary.json").read_text())
+
+
 def test_u57_check_looks_at_the_job_store_and_says_spot_recovery_needs_this_machine(
         moto, dlami, ct_home):
     """U57: plain `check` said "no problem" without looking at the job store bucket or
@@ -340,8 +351,12 @@ def test_u57_with_the_bucket_and_an_instance_profile_aws_relaunches_without_this
     found = by_name(check.run())
     assert (found["job store"].verdict, found["job store"].detail) == (
         "ok", f"s3://cloudtrain-123456789012-{REGION}: there, and ours")
+    # issue 36: it works, but one role serves every job: said, with the way out
     assert (found["instance profile"].verdict, found["instance profile"].detail) == (
-        "ok", "cloudtrain-instance, role cloudtrain-instance")
+        "warning", "cloudtrain-instance, role cloudtrain-instance: shared by every job, whose "
+        "instances can read every job's bundle and checkpoints; a job's writes end with your "
+        "session")
+    assert found["instance profile"].hint.startswith("set instance_profile: per-job")
     assert found["spot recovery"].verdict == "ok" and found["spot recovery"].detail.startswith(
         "AWS Auto Scaling relaunches an interrupted spot job: this machine may be off")
 
@@ -375,9 +390,7 @@ def test_issue36_per_job_roles_are_checked_by_their_boundary(moto, dlami, ct_hom
 
     _store_and_profile(ct_home, "per-job")
     if boundary:
-        boto3.client("iam", region_name=REGION, **CLIENT_CREDS).create_policy(
-            PolicyName="cloudtrain-job-boundary",
-            PolicyDocument=(REPO / "infra" / "iam-policy-job-boundary.json").read_text())
+        _job_boundary()
     report = check.run()
     found = by_name(report)
     row = found["instance profile"]
@@ -446,7 +459,8 @@ def test_quotas_that_cover_every_recipe_are_ok(moto, dlami, quotas, ct_home):
     spot) is read from Service Quotas and is ok when it covers the largest need; exit 0
     (and, with the job store and an instance profile there, nothing else to say: U57)."""
     quotas.set_all(on_demand_g=64, on_demand_p=1536, spot_g=64, spot_p=1536)
-    _store_and_profile(ct_home)
+    _store_and_profile(ct_home, "per-job")  # the recommended setup: a role per job (issue 36)
+    _job_boundary()
     report = check.run()
     found = by_name(report)
     assert [c.name for c in report.checks if c.name.startswith("quota")] == QUOTA_ROWS
