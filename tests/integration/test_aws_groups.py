@@ -198,6 +198,9 @@ def test_the_template_names_the_instance_profile_when_one_is_configured(cloud):
 
 
 def test_a_three_node_group_is_in_the_jobs_placement_group_in_one_az(cloud):
+    """RD4 (confirmed against AWS's CreateAutoScalingGroup reference: a cluster placement
+    group takes one AZ only): the group of a job on several nodes is in its placement group,
+    over the subnets of one AZ that offers the type."""
     p, store, images = cloud
     spec = _spec(images[REGION], nodes=3, instance="g5.12xlarge")
     job = _job(store, spec)

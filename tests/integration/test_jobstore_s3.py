@@ -101,6 +101,10 @@ def _upload(s3, bucket, job: Path, max_bytes: int = 1 << 30, timeout_s: float = 
 
 
 def test_new_bucket_is_private_encrypted_tls_only_expiring_and_tagged(s3):
+    """RF4 (confirmed correct by the review of our AWS assumptions): the job store's bucket,
+    named for the account and region, is private (Block Public Access), encrypted (SSE-S3
+    with a bucket key), TLS only, expiring, and tagged; the owner check on every call is the
+    defence against a squatted name."""
     name = jobstore.bucket_name(ACCOUNT, REGION)
     assert jobstore.ensure_bucket(s3, name, REGION, OWNER, expire_days=14, owner_key=KEY) is True
 

@@ -376,6 +376,9 @@ def test_issue27_only_the_callers_own_groups_and_templates_change(action, resour
 
 
 def test_issue27_template_tags_only_at_creation_and_the_role_only_to_ec2():
+    """Template tags only in the call that makes it; RD8 (confirmed against the Auto Scaling
+    API permissions page): passing the instance role to EC2 only is what a group's template
+    naming its profile needs, and the first group's service-linked role is Auto Scaling's."""
     (tags,) = _group_statements("ec2:CreateTags")
     assert tags["Condition"]["StringEquals"]["ec2:CreateAction"] == "CreateLaunchTemplate"
     assert tags["Condition"]["StringEquals"]["aws:RequestTag/cloudtrain:owner"] == OWNER
