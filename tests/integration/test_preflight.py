@@ -213,6 +213,21 @@ def test_RA3_a_gpu_type_the_dlami_does_not_list_is_refused_unless_an_ami_is_give
         assert proc.returncode == 0, (ok, proc.stderr)
 
 
+@pytest.mark.parametrize("region", ["cn-north-1", "cn-northwest-1"])
+def test_RF3_a_china_region_is_refused_before_anything(region):
+    """RF3: an instance signs its own S3 and Auto Scaling requests to amazonaws.com
+    addresses; the China partition's are amazonaws.com.cn, so its uploads, bootstrap and
+    group ending would fail on the instance, billed. Refused before anything, in one line
+    and a hint; a GovCloud region (amazonaws.com too) goes on to the type check."""
+    error = refused(run("launch", "--recipe", "resnet9", "--instance", "g5.xlarge",
+                        "--region", region, "--dry-run"),
+                    f"{region} is in AWS's China partition", "--region")
+    assert len(error.splitlines()) == 2
+    proc = run("launch", "--recipe", "resnet9", "--instance", "g5.xlarge", "--region",
+               "us-gov-west-1", "--dry-run")
+    assert "China partition" not in proc.stdout + proc.stderr
+
+
 def test_RA2_gpus_v100_is_refused_and_ec2s_word_on_a_type_counts_too():
     """--gpus V100:1 finds p3.2xlarge, which is refused as above; a type the catalog lacks
     is judged by the GPU EC2 says it has (DescribeInstanceTypes), the same way."""

@@ -8,7 +8,7 @@ from ... import preflight as type_checks
 from ...errors import CloudtrainError, UsageError, named_at
 from ...market import Market
 from .errors import AWSError, no_credentials
-from .session import AwsSession
+from .session import AwsSession, partition
 
 
 def preflight(aws: AwsSession, spec):
@@ -24,7 +24,14 @@ def preflight(aws: AwsSession, spec):
         raise UsageError("--max-price applies to --spot")
     if spec.on_job:
         return None
-    return check_type(aws, spec, aws.region(spec))
+    region = aws.region(spec)
+    if partition(region) == "aws-cn":
+        # An instance signs its own S3 and Auto Scaling requests (host/awsapi.py) to
+        # amazonaws.com addresses; the China regions' are amazonaws.com.cn
+        raise UsageError(f"{region} is in AWS's China partition, which cloudtrain's "
+                         "instances cannot reach yet (they address amazonaws.com)",
+                         hint="launch in another region (--region)")
+    return check_type(aws, spec, region)
 
 
 def ready(aws: AwsSession, spec) -> None:

@@ -18,7 +18,7 @@ from . import boot, groups as job_groups, instances as ec2, job_role, network, p
 from .cache import RegionCache
 from .errors import AWSError
 from .instances import UNANSWERED
-from .session import AwsSession
+from .session import AwsSession, partition
 from .tags import LIVE_STATES, TAG_GROUP, TAG_JOB, TAG_OWNER
 
 ROLE_DELETED_EVENT = "job-role-deleted"  # the timeline row of the job's IAM role's end
@@ -45,12 +45,6 @@ def ec2_transition_time(reason: str) -> float | None:
 # for at most this long in all (a region that has not answered by then is said unchecked).
 SWEEP_WORKERS = 16
 SWEEP_WAIT_S = 60.0
-
-
-def _partition(region: str) -> str:
-    """The AWS partition a region is in: credentials of one never work in another."""
-    return "aws-cn" if region.startswith("cn-") else \
-        "aws-us-gov" if region.startswith("us-gov-") else "aws"
 
 
 def instance_states(aws: AwsSession, store: Store, job: Job) -> dict[str, dict]:
@@ -284,7 +278,7 @@ def sweep_regions(aws: AwsSession, store: Store | None) -> tuple[list[str], str]
         answer = aws.call(home, "describe_regions")
         named = [r.get("RegionName") for r in answer.get("Regions") or []]
         regions = {r for r in named if isinstance(r, str) and REGION_PATTERN.fullmatch(r)
-                   and _partition(r) == _partition(home)}
+                   and partition(r) == partition(home)}
         if regions:
             return sorted(regions | {home}), "the regions enabled for the account"
         why = "it listed none"

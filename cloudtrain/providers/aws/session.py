@@ -53,6 +53,12 @@ def _with_shared_models() -> tuple:
     return session, loader
 
 
+def partition(region: str) -> str:
+    """The AWS partition a region is in: credentials of one never work in another."""
+    return "aws-cn" if region.startswith("cn-") else \
+        "aws-us-gov" if region.startswith("us-gov-") else "aws"
+
+
 def stable_session_name() -> str:
     """The session name cloudtrain gives a `role_arn` profile that names none: one per local
     user, the same in every process. botocore's own is `botocore-session-<unix time>`, so each
