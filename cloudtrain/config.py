@@ -261,6 +261,9 @@ class Settings:
     # e.g. cloudtrain-instance (infra/README.md); "" = none; PER_JOB_PROFILE: each job a role
     # of its own (infra/README.md section 2a)
     instance_profile: str = ""
+    # The IAM role AWS Fault Injection Service acts with when `check --launch --recovery`
+    # interrupts its spot instance (infra/README.md section 2b).
+    fis_role: str = "cloudtrain-fis"
     # Where a cloud job's results go before its instance powers off (the S3 job store):
     job_store: bool = True  # false: no bucket; results come home only while the CLI watches
     job_store_bucket: str = ""  # "" = cloudtrain-<account>-<region>, created on first use

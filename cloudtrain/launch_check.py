@@ -41,7 +41,7 @@ from . import config, progress, state
 from .cells import json_times
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CloudError, CloudtrainError, \
     HostError, UsageError
-from .launch_check_steps import Check, Report, Step, Steps, Stopped, failed
+from .launch_check_steps import Check, Flow, Report, Step, Steps, Stopped, failed
 from .launch_check_teardown import record_price, teardown
 from .lifecycle import group, inspect, launch, lease, watch
 
@@ -66,7 +66,7 @@ STANDARD_QUOTA = ("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R
 # The job's maximum runtime: the agent stops it after this, and user-data powers the
 # instance off this long plus its 30-minute margin after boot even if this command dies.
 CHECK_MAX_RUNTIME_MINUTES = 5
-CHECK_FILE = "check.txt"  # the one file the sync sends; the job prints it
+CHECK_FILE = Check.synced  # the one file the sync sends; the job prints it
 ROLE_DATASET, ROLE_FILE = "cloudtrain-check", "role-check.txt"  # read with the instance role
 # The probe goes below its job's bundle/, where the shipped instance role may read (its
 # ReadJobBundlesAndCheckpoints statement); anywhere else a least-privilege role is refused.
@@ -86,10 +86,11 @@ def exit_code(report: Report) -> int:
 
 def run(region: str | None = None, gpu: bool = False,
         say: Callable[[Step], None] | None = None,
-        confirm: Callable[[str], None] | None = None) -> Report:
+        confirm: Callable[[str], None] | None = None, flow: Flow | None = None) -> Report:
     """Launch, exercise and take down one tiny job; each step said with `say` as it ends.
     `gpu`: on the region's cheapest GPU type instead of t3.micro. `confirm(question)` is
-    asked (and may raise) once the price is known, before anything is created."""
+    asked (and may raise) once the price is known, before anything is created. `flow`:
+    another job and steps between the launch and the teardown (--recovery)."""
     from . import providers
     from .state import open_store
 
@@ -97,13 +98,14 @@ def run(region: str | None = None, gpu: bool = False,
     steps = Steps(report, say)
     settings = config.Settings.load()
     with open_store(config.home()) as store:
-        c = Check(settings, providers.get("aws", settings), store, gpu, secrets.token_hex(8))
+        c = Check(settings, providers.get("aws", settings), store, gpu, secrets.token_hex(8),
+                  flow=flow)
         try:
             _read_only(c, steps, report, region)
         except Stopped:
             return report
         if confirm is not None:
-            confirm(_question(c, report))
+            confirm(flow.question(c, report) if flow else _question(c, report))
         try:
             with lease.signals_interrupt():
                 try:
@@ -138,7 +140,13 @@ def _read_only(c: Check, steps: Steps, report: Report, region_flag: str | None) 
         itype, price, basis = _instance_type(c)
         report.instance_type, report.price_per_hour = itype, price
         s.detail = f"{itype} on-demand in {c.region}: ${price:.4f}/h ({basis})"
+        if c.flow is not None and c.flow.spot:
+            s.detail = (f"{itype} spot in {c.region}: at most ${price:.4f}/h, its on-demand "
+                        f"price ({basis})")
         s.data = {"instance_type": itype, "price_per_hour": price, "price_source": basis}
+    if c.flow is not None:
+        with steps.step(c.flow.name) as s:
+            s.detail = c.flow.requires(c)
 
 
 def _instance_type(c: Check) -> tuple[str, float, str]:
@@ -211,7 +219,7 @@ def _launch(c: Check, steps: Steps, report: Report) -> None:
             c.bucket, created = account.ensure_job_store(region)
             s.detail = f"s3://{c.bucket}" + (": created now (private, encrypted, TLS only)"
                                              if created else ": there, and ours")
-    if c.settings.instance_profile and c.bucket:
+    if c.settings.instance_profile and c.bucket and c.flow is None:
         with steps.step("role test object") as s:
             c.role_probe = f"{c.name}-role"
             c.role_url = account.put_stored_object(region, c.role_probe, ROLE_KEY,
@@ -226,6 +234,11 @@ def _spec(c: Check, report: Report):
     from .spec import build_spec
 
     c.workdir = Path(tempfile.mkdtemp(prefix="cloudtrain-check-"))
+    if c.flow is not None:
+        return build_spec(LaunchOptions(
+            workdir=str(c.workdir), name=c.name, backend="aws",
+            instance_type=report.instance_type, region=c.region,
+            cpu_only=None if c.gpu else True, disk_gb=c.disk_gb, **c.flow.job(c)), c.settings)
     (c.workdir / CHECK_FILE).write_text(c.line + "\n")
     command = f"cat {CHECK_FILE}"
     data: tuple[str, ...] = ()
@@ -254,6 +267,13 @@ def _run_job(c: Check, steps: Steps, report: Report) -> None:
             raise Stopped() from exc
         raise
     _note_job(c, report)
+    if c.flow is not None:
+        job = c.flow.steps(c, steps, job)
+        with steps.step("collect") as s:
+            local = config.home() / "jobs" / job.id / "output.log"
+            where = "from the job store" if (job.host or {}).get("from_store") else "over SSH"
+            s.detail = f"the job's log, status and settings {where} into {local.parent}"
+        return
     with steps.step("job") as s:
         status = _wait_for_end(c, job)
         job = store.job(job.id)
@@ -426,6 +446,7 @@ class _LaunchSteps(progress.Reporter):
         self.name: str | None = "RunInstances"
         self.started = time.monotonic()
         self.texts: list[str] = []
+        self.said = False  # a step said the launch's failure itself
 
     def phase(self, text: str) -> None:
         name = next((n for pattern, n in _PHASES if pattern.match(text)), self.name)
@@ -442,9 +463,9 @@ class _LaunchSteps(progress.Reporter):
 
     def fail(self, exc: BaseException) -> None:
         """The launch raised: the step under way failed (unless it said so itself)."""
-        if self.name is None:
+        if self.said:
             return
-        step = failed(self.name, time.monotonic() - self.started, exc)
+        step = failed(self.name or "launch", time.monotonic() - self.started, exc)
         if step.data.get("quota") and not self.c.gpu:  # the launch's hint is the GPU quotas'
             code, quota = STANDARD_QUOTA
             step.hint = (f"ask AWS for more vCPUs of '{quota}' ({code}) in {self.c.region}: "
@@ -461,6 +482,7 @@ class _LaunchSteps(progress.Reporter):
             detail = self._detail(name)
         except CloudtrainError as exc:
             self.steps.add(failed(name, seconds, exc))
+            self.said = True
             raise
         self.steps.add(Step(name, seconds, True, detail, data={
             "phases": self.texts, **({"notes": self.notes} if self.notes else {})}))
@@ -473,7 +495,8 @@ class _LaunchSteps(progress.Reporter):
         job = store.find_job(c.name)
         if name == "RunInstances":
             inst = store.instances(job.id)[-1]
-            return (f"{inst.id} {inst.instance_type} on-demand in {inst.zone}, tagged "
+            market = "spot" if c.flow is not None and c.flow.spot else "on-demand"
+            return (f"{inst.id} {inst.instance_type} {market} in {inst.zone}, tagged "
                     f"cloudtrain:job={job.id} with its volume, shutdown behaviour terminate, "
                     f"IMDSv2 only; it powers itself off after "
                     f"{c.provider.power_off_minutes(self.spec.max_runtime_s)} min at the latest")
@@ -494,7 +517,7 @@ class _LaunchSteps(progress.Reporter):
                          "first key it is shown")
             return said
         if name == "sync":
-            return last.replace("syncing ", "", 1) + f" ({CHECK_FILE}), by rsync over SSH"
+            return last.replace("syncing ", "", 1) + f" ({c.synced}), by rsync over SSH"
         if name == "setup":
             python = (store.job(job.id).host or {}).get("python") or "python3"
             return f"python ({python}) and tmux found"

@@ -100,6 +100,20 @@ def failed(name: str, seconds: float, exc: BaseException) -> Step:
     return Step(name, seconds, False, " ".join(exc.message.split()), hint, data)
 
 
+@dataclasses.dataclass(frozen=True)
+class Flow:
+    """Another check on the same resources and teardown (launch_check_recovery's): what it
+    needs of the settings (a read-only step, its detail), the question before launching,
+    the job's launch options, and the steps after the launch (returning the job as it
+    ended). `spot`: its instance is a spot one."""
+    name: str
+    spot: bool
+    requires: Callable[["Check"], str]
+    question: Callable[["Check", "Report"], str]
+    job: Callable[["Check"], dict]
+    steps: Callable[["Check", Steps, state.Job], state.Job]
+
+
 @dataclasses.dataclass
 class Check:
     """What the steps found and made, for the later steps and the teardown."""
@@ -119,6 +133,9 @@ class Check:
     workdir: Path | None = None
     job_id: str | None = None
     launched: bool = False  # the teardown has something to look at
+    flow: Flow | None = None  # another job and steps (--recovery); None: the plain one
+    fis: tuple[str, str] | None = None  # (experiment template, experiment) a flow started
+    synced: str = "check.txt"  # the one file the job's sync sends
 
     @property
     def name(self) -> str:

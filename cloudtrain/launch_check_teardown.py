@@ -8,6 +8,7 @@ Called by launch_check once its steps end; imports the steps' bookkeeping
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 from .errors import CloudtrainError
@@ -60,18 +61,29 @@ def _cleaned(c: Check, job) -> tuple[str, dict]:
     the job store; the key pair and the security group stay, as after every launch."""
     account, region = c.provider.account, c.region
     left: dict = {}
+    unended: dict = {}
+    if c.fis is not None:  # the experiment ended, its template deleted
+        try:
+            account.end_interruption(region, *c.fis)
+        except CloudtrainError as exc:
+            unended["experiment templates"] = [f"{c.fis[0]} ({exc.message})"]
     if job is not None:
         deadline = time.monotonic() + GONE_WAIT_S
         while True:  # a terminated instance's volume takes a moment to go
             try:
                 left = {k: v for k, v in account.leftovers(region, job.id).items() if v}
+                if c.flow is not None:
+                    left.update({k: v for k, v in account.recovery_leftovers(
+                        region, job.id).items() if v})
             except CloudtrainError as exc:  # AWS could not be asked: said, then the bill
                 raise CloudtrainError(f"could not verify the cleanup: {exc.message}",
                                       hint="cloudtrain down --all finds and stops what is left "
                                            "by its tags") from exc
+            left.update(unended)
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(min(c.settings.poll_seconds, 5.0))
+    left.update(unended)
     deleted = 0
     for prefix in [x for x in (c.job_id, c.role_probe) if x and c.bucket]:
         deleted += account.delete_results(region, prefix)
@@ -92,7 +104,9 @@ def _cleaned(c: Check, job) -> tuple[str, dict]:
     if job is None:
         return "nothing was launched" + (f"; {kept}" if kept else ""), {}
     stored = f"{deleted} job-store objects deleted" if c.bucket else "no job store"
-    return (f"nothing of job {job.id} is left: no instance, volume or placement group; "
+    more = ", Auto Scaling group, launch template, job role or experiment template" \
+        if c.flow is not None else " or placement group"
+    return (f"nothing of job {job.id} is left: no instance, volume{more}; "
             f"{stored}" + (f"; {kept}" if kept else ""), {"job_store_objects_deleted": deleted})
 
 
@@ -120,9 +134,16 @@ def _bill(c: Check, job, report: Report) -> tuple[str, dict]:
             if run_.disk_gb and run_.gp3_per_gb_month is not None else None
         usd = cost.instance_cost(run_, now=now).dollars  # what the job's record says
         total += usd
+        rate = f" x ${run_.price_per_hour or 0:.4f}/h = ${compute.dollars:.6f}"
+        if run_.market == "spot" and run_.spot_history:  # billed at the spot price in force
+            compute = dataclasses.replace(compute, dollars=usd - (disk.dollars if disk else 0.0))
+            low, high = (f(p.price for p in run_.spot_history) for f in (min, max))
+            rate = (f" at EC2's spot price (${low:.4f}/h" + (f" to ${high:.4f}/h" if high > low
+                                                              else "")
+                    + f" in its AZ then) = ${compute.dollars:.6f}")
         text = (f"{inst.id}: {billed:.0f} s billed" + (f" (the 60-second minimum; it ran "
                                                         f"{ran:.0f} s)" if ran < billed else "")
-                + f" x ${run_.price_per_hour or 0:.4f}/h = ${compute.dollars:.6f}")
+                + rate)
         if disk:
             text += (f"; its {run_.disk_gb:g} GB gp3 root volume ${disk.dollars:.6f}")
         parts.append(text)

@@ -191,9 +191,13 @@ def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh
               "terminated and the bill shown (a cent or less).")
 @click.option("--gpu", is_flag=True, help="With --launch: on the region's cheapest GPU type "
               "instead (g4dn.xlarge: a few cents).")
+@click.option("--recovery", is_flag=True, help="With --launch: prove spot recovery instead: a "
+              "spot t3.micro in an Auto Scaling group, interrupted by AWS Fault Injection "
+              "Service, replaced by the group and resumed from its checkpoint (a few cents; "
+              "infra/README.md section 2b).")
 @click.option("--yes", "-y", is_flag=True, help="With --launch: do not ask before launching.")
 def check(region: str | None, as_json: bool, wide: bool, launch: bool, gpu: bool,
-          yes: bool) -> None:
+          recovery: bool, yes: bool) -> None:
     """Every setting and where it came from, and whether AWS is ready: credentials, account,
     region, Deep Learning AMI, GPU quotas for the recipes' instance types. Exit code 1 when
     a launch would fail. With --launch, one real launch, each step on one line with its
@@ -205,16 +209,22 @@ def check(region: str | None, as_json: bool, wide: bool, launch: bool, gpu: bool
       cloudtrain check --region eu-west-1 --json
       cloudtrain check --launch
       cloudtrain check --launch --gpu --region us-west-2
+      cloudtrain check --launch --recovery
     """
-    if (gpu or yes) and not launch:
-        raise errors.UsageError(f"{'--gpu' if gpu else '--yes'} applies to --launch",
-                                hint="cloudtrain check --launch" + (" --gpu" if gpu else ""))
+    flag = "--gpu" if gpu else "--recovery" if recovery else "--yes"
+    if (gpu or yes or recovery) and not launch:
+        raise errors.UsageError(f"{flag} applies to --launch",
+                                hint=f"cloudtrain check --launch{'' if yes else ' ' + flag}")
+    if gpu and recovery:
+        raise errors.UsageError("--gpu and --recovery are two checks: run one, then the other",
+                                hint="cloudtrain check --launch --recovery")
     if launch:
-        from .. import launch_check
+        from .. import launch_check, launch_check_recovery
 
-        report = launch_check.run(
-            region=region, gpu=gpu, confirm=None if yes else confirm_text,
-            say=None if as_json else lambda step: click.echo(launch_check.render_step(step)))
+        say = None if as_json else lambda step: click.echo(launch_check.render_step(step))
+        ask = None if yes else confirm_text
+        report = launch_check_recovery.run(region=region, say=say, confirm=ask) if recovery \
+            else launch_check.run(region=region, gpu=gpu, confirm=ask, say=say)
         click.echo(launch_check.to_json(report) if as_json else launch_check.render_end(report))
         sys.exit(launch_check.exit_code(report))
     from .. import check as checks

@@ -271,5 +271,16 @@ class CloudAccount(Protocol):
         """Delete what the result store holds for the job; how many objects there were."""
     def leftovers(self, region: str, job_id: str) -> dict[str, list[str]]:
         """What still exists of the job, by its tag (instances, volumes, placement groups)."""
+    def recovery_leftovers(self, region: str, job_id: str) -> dict[str, list[str]]:
+        """What still exists of a recovering job beyond its instances: its Auto Scaling
+        groups, launch templates, own role, fault-injection experiment templates."""
+    def interrupt_spot(self, region: str, instance_id: str, job_id: str, owner: str
+                       ) -> tuple[str, str]:
+        """The cloud's own spot interruption sent to one instance: (template, experiment)."""
+    def interruption(self, region: str, experiment_id: str) -> dict:
+        """That experiment's {"status", "reason"}."""
+    def end_interruption(self, region: str, template_id: str | None,
+                         experiment_id: str | None) -> None:
+        """The experiment stopped if it runs, its template deleted."""
     def shared_resources(self, region: str) -> dict[str, list[str]]:
         """This owner's key pairs and security groups that every job in the region reuses."""

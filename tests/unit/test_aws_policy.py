@@ -26,10 +26,14 @@ AUTOSCALING = json.loads((REPO / "infra" / "iam-policy-autoscaling.json").read_t
 # A job's own IAM role (issue 36, `instance_profile: per-job`): made and deleted by the CLI
 # under the permissions boundary; attached beside the others by whoever uses it.
 JOB_ROLES = json.loads((REPO / "infra" / "iam-policy-job-roles.json").read_text())
+# check --launch --recovery's AWS FIS experiments, and the role FIS acts with.
+RECOVERY_CHECK = json.loads((REPO / "infra" / "iam-policy-recovery-check.json").read_text())
+FIS_ROLE = json.loads((REPO / "infra" / "iam-policy-fis-role.json").read_text())
 OWNER = "${aws:PrincipalArn}"
 # The code the policy is for: the AWS provider package (the S3 job store is in it).
 SOURCES = sorted((REPO / "cloudtrain" / "providers" / "aws").glob("*.py"))
-SERVICES = ("ec2", "pricing", "sts", "ssm", "iam", "s3", "service-quotas", "autoscaling")
+SERVICES = ("ec2", "pricing", "sts", "ssm", "iam", "s3", "service-quotas", "autoscaling",
+            "fis")
 # Where AWS names the IAM action differently from the API operation (Service Authorization
 # Reference), and boto3 helpers that are not operations.
 ACTION_OF = {
@@ -65,7 +69,8 @@ def _allowed(groups: dict | None = None) -> set[str]:
     admin's (F32), the rest everyday; `groups` in place of the Auto Scaling policy."""
     groups = AUTOSCALING if groups is None else groups
     return {a for s in POLICY["Statement"] + DATASETS["Statement"] + STORE_ADMIN["Statement"]
-            + groups["Statement"] + JOB_ROLES["Statement"] if s["Effect"] == "Allow"
+            + groups["Statement"] + JOB_ROLES["Statement"] + RECOVERY_CHECK["Statement"]
+            if s["Effect"] == "Allow"
             for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])}
 
 
@@ -682,6 +687,7 @@ LINT_EXPLAINED = {
     ("iam-policy-cli.json", "RESOURCE_MISMATCH"): (8, PER_RESOURCE_TYPE),
     ("iam-policy-autoscaling.json", "RESOURCE_MISMATCH"): (1, PER_RESOURCE_TYPE),
     ("iam-policy-datasets.json", "RESOURCE_MISMATCH"): (3, PER_RESOURCE_TYPE),
+    ("iam-policy-recovery-check.json", "RESOURCE_MISMATCH"): (3, PER_RESOURCE_TYPE),
     ("iam-policy-cli-account.json", "RESOURCE_MISMATCH"): (
         1, "AWS's public SSM parameters have an ARN with no account "
            "(arn:aws:ssm:REGION::parameter/aws/service/...), which parliament's format lacks"),
@@ -746,3 +752,80 @@ def test_issue36_a_refused_job_role_action_names_the_job_roles_policy():
     for st in JOB_ROLES["Statement"]:
         for action in set(_listed(st["Action"])) - {"iam:PassRole"}:
             assert policy_file(action) == "infra/iam-policy-job-roles.json", action
+
+
+# -- check --launch --recovery: AWS FIS on one's own spot instances ------------------------------
+
+FIS_ME = "arn:aws:iam::123456789012:user/alice"
+FIS_OTHER = "arn:aws:iam::123456789012:user/bob"
+
+
+def _fis(action: str, resource: str, **context) -> str:
+    from labs.iam import Request, evaluate
+
+    return evaluate([RECOVERY_CHECK], Request(action, resource, dict(
+        {"aws:PrincipalArn": FIS_ME}, **context)))
+
+
+def _fis_calls(owner_tags: dict) -> list[tuple[str, str, dict]]:
+    """The requests the check makes (providers/aws/fis.py), in IAM's terms: the action, the
+    resource and the condition keys AWS sets (the Service Authorization Reference for FIS)."""
+    request_tags = {f"aws:RequestTag/{k}": v for k, v in owner_tags.items()}
+    request_tags["aws:TagKeys"] = sorted(owner_tags)
+    mine = {f"aws:ResourceTag/{k}": v for k, v in owner_tags.items()}
+    template = "arn:aws:fis:us-east-1:123456789012:experiment-template/EXT1"
+    experiment = "arn:aws:fis:us-east-1:123456789012:experiment/EXP1"
+    action = "arn:aws:fis:us-east-1::action/aws:ec2:send-spot-instance-interruptions"
+    return [("fis:CreateExperimentTemplate", template, request_tags),
+            ("fis:CreateExperimentTemplate", action, request_tags),
+            ("fis:TagResource", template, request_tags),
+            ("fis:StartExperiment", template, mine),
+            ("fis:StartExperiment", experiment, request_tags),
+            ("fis:TagResource", experiment, request_tags),
+            ("fis:GetExperiment", experiment, mine),
+            ("fis:StopExperiment", experiment, mine),
+            ("fis:DeleteExperimentTemplate", template, mine),
+            ("fis:ListExperimentTemplates", "*", {}),
+            ("iam:PassRole", "arn:aws:iam::123456789012:role/cloudtrain-fis",
+             {"iam:PassedToService": "fis.amazonaws.com"})]
+
+
+def test_issue37_the_recovery_check_may_run_fis_on_its_own_templates_and_experiments():
+    """Issue 37 (★): every request `check --launch --recovery` makes of FIS (and the PassRole
+    of its role) is allowed by infra/iam-policy-recovery-check.json, evaluated as IAM does
+    (tests/labs/iam.py), with the owner and job tags the code sends."""
+    tags = {"cloudtrain:owner": FIS_ME, "cloudtrain:job": "abc123"}
+    refused = [(a, r) for a, r, ctx in _fis_calls(tags) if _fis(a, r, **ctx) != "allow"]
+    assert refused == []
+
+
+def test_issue37_the_recovery_check_cannot_touch_another_owners_experiments_or_pass_roles():
+    """Issue 37 (★): someone else's experiment templates and experiments (their owner tag),
+    a template without a job tag, and passing the FIS role to any other service, or any
+    other role to FIS, are refused."""
+    theirs = {"cloudtrain:owner": FIS_OTHER, "cloudtrain:job": "abc123"}
+    allowed = [(a, r) for a, r, ctx in _fis_calls(theirs)
+               if _fis(a, r, **ctx) == "allow" and a not in ("fis:ListExperimentTemplates",
+                                                             "iam:PassRole")]
+    assert allowed == []
+    no_job = {"aws:RequestTag/cloudtrain:owner": FIS_ME, "aws:TagKeys": ["cloudtrain:owner"]}
+    assert _fis("fis:CreateExperimentTemplate",
+                "arn:aws:fis:us-east-1:123456789012:experiment-template/X", **no_job) != "allow"
+    assert _fis("iam:PassRole", "arn:aws:iam::123456789012:role/cloudtrain-fis",
+                **{"iam:PassedToService": "ec2.amazonaws.com"}) != "allow"
+    assert _fis("iam:PassRole", "arn:aws:iam::123456789012:role/admin",
+                **{"iam:PassedToService": "fis.amazonaws.com"}) != "allow"
+
+
+def test_issue37_the_fis_role_interrupts_only_cloudtrain_job_instances():
+    """Issue 37 (★): the role FIS acts with (infra/iam-policy-fis-role.json) may send a spot
+    interruption only to an instance tagged with a cloudtrain job, and do nothing else."""
+    from labs.iam import Request, evaluate
+
+    instance = "arn:aws:ec2:us-east-1:123456789012:instance/i-0abc"
+    job = evaluate([FIS_ROLE], Request("ec2:SendSpotInstanceInterruptions", instance,
+                                       {"aws:ResourceTag/cloudtrain:job": "abc123"}))
+    other = evaluate([FIS_ROLE], Request("ec2:SendSpotInstanceInterruptions", instance, {}))
+    terminate = evaluate([FIS_ROLE], Request("ec2:TerminateInstances", instance,
+                                             {"aws:ResourceTag/cloudtrain:job": "abc123"}))
+    assert (job, other, terminate) == ("allow", "implicit-deny", "implicit-deny")

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # __init__), unless a longer name places one of them elsewhere.
 LAYERS: list[tuple[str, ...]] = [
     ("cloudtrain.__main__", "cloudtrain.cli."),
+    ("cloudtrain.launch_check_recovery",),
     ("cloudtrain.launch_check", "cloudtrain.check", "cloudtrain.job_template"),
     ("cloudtrain.launch_check_teardown",),
     ("cloudtrain.launch_check_steps",),
@@ -67,7 +68,7 @@ LAYERS: list[tuple[str, ...]] = [
      "cloudtrain.providers.aws.placement"),
     ("cloudtrain.providers.aws.network", "cloudtrain.providers.aws.images",
      "cloudtrain.providers.aws.pricing", "cloudtrain.providers.aws.account",
-     "cloudtrain.providers.aws.job_role"),
+     "cloudtrain.providers.aws.job_role", "cloudtrain.providers.aws.fis"),
     ("cloudtrain.providers.aws.session", "cloudtrain.providers.aws.jobbundle",
      "cloudtrain.providers.aws.jobstore_fetch", "cloudtrain.providers.aws.jobstore_attempts"),
     ("cloudtrain.providers.aws.jobstore", "cloudtrain.providers.aws.errors",

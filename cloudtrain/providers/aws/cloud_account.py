@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import (account, datasets, images, instance_types, inventory, job_role, network, pricing,
+from . import (account, datasets, fis, images, instance_types, inventory, job_role, network, pricing,
                results)
 from .session import DEFAULT_REGION, DEFAULT_SOURCE, AwsSession
 
@@ -120,6 +120,23 @@ class AwsAccount:
 
     def leftovers(self, region: str, job_id: str) -> dict[str, list[str]]:
         return inventory.leftovers(self.aws, region, job_id)
+
+    def recovery_leftovers(self, region: str, job_id: str) -> dict[str, list[str]]:
+        return inventory.recovery_leftovers(self.aws, region, job_id)
+
+    # -- a spot interruption on demand (check --launch --recovery)
+
+    def interrupt_spot(self, region: str, instance_id: str, job_id: str, owner: str
+                       ) -> tuple[str, str]:
+        return fis.interrupt(self.aws, region, instance_id, job_id, owner,
+                             self.aws.settings.fis_role)
+
+    def interruption(self, region: str, experiment_id: str) -> dict:
+        return fis.experiment(self.aws, region, experiment_id)
+
+    def end_interruption(self, region: str, template_id: str | None,
+                         experiment_id: str | None) -> None:
+        fis.end(self.aws, region, template_id, experiment_id)
 
     def shared_resources(self, region: str) -> dict[str, list[str]]:
         return network.shared_resources(self.aws, region)

@@ -36,6 +36,9 @@ JOB_ROLE_ACTIONS = ("iam:CreateRole", "iam:TagRole", "iam:PutRolePolicy", "iam:D
                     "iam:DeleteRole", "iam:CreateInstanceProfile", "iam:TagInstanceProfile",
                     "iam:AddRoleToInstanceProfile", "iam:GetPolicy", "iam:RemoveRoleFromInstanceProfile",
                     "iam:DeleteInstanceProfile", "iam:ListRoles")
+# check --launch --recovery: AWS FIS experiments on one's own spot instances, with the
+# role FIS acts with (infra/iam-policy-fis-role.json).
+RECOVERY_CHECK_POLICY_FILE = "infra/iam-policy-recovery-check.json"
 # The job store's bucket, made and locked down once by an administrator.
 STORE_ADMIN_POLICY_FILE = "infra/iam-policy-store-admin.json"
 ACCOUNT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket", "sts:",
@@ -44,6 +47,8 @@ ACCOUNT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBu
 
 def policy_file(action: str) -> str:
     """The policy file that allows an IAM action cloudtrain calls."""
+    if action.startswith("fis:"):
+        return RECOVERY_CHECK_POLICY_FILE
     if action.startswith("autoscaling:") or "LaunchTemplate" in action:
         return GROUPS_POLICY_FILE
     if action in JOB_ROLE_ACTIONS:

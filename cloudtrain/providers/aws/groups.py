@@ -290,7 +290,7 @@ def group_launches(aws: AwsSession, store: Store, job: Job) -> dict[str, dict]:
     return out
 
 
-def _groups_by_tag(aws: AwsSession, region: str, key: str, value: str, client=None) -> list[dict]:
+def groups_by_tag(aws: AwsSession, region: str, key: str, value: str, client=None) -> list[dict]:
     """Auto Scaling groups tagged key=value in the region (a paginated describe)."""
     client = client or aws.client("autoscaling", region)
     out = []
@@ -301,7 +301,7 @@ def _groups_by_tag(aws: AwsSession, region: str, key: str, value: str, client=No
     return out
 
 
-def _templates_by_tag(aws: AwsSession, region: str, key: str, value: str, client=None) -> list[dict]:
+def templates_by_tag(aws: AwsSession, region: str, key: str, value: str, client=None) -> list[dict]:
     """Launch templates tagged key=value in the region."""
     client = client or aws.client("ec2", region)
     out = []
@@ -318,7 +318,7 @@ def group_orphans(aws: AwsSession, region: str, owner: str, held: set[str]) -> l
     Each {id: name, region, job, kind: "group" | "launch-template"}. Made with the
     sweep's clients (sweep threads share nothing else)."""
     out = []
-    groups = _groups_by_tag(aws, region, TAG_OWNER, owner,
+    groups = groups_by_tag(aws, region, TAG_OWNER, owner,
                             aws.sweep_client(region, "autoscaling"))
     names = set()
     for g in groups:
@@ -327,7 +327,7 @@ def group_orphans(aws: AwsSession, region: str, owner: str, held: set[str]) -> l
         if tags.get(TAG_JOB) not in held:
             out.append({"id": g["AutoScalingGroupName"], "region": region,
                         "job": tags.get(TAG_JOB), "kind": "group"})
-    for t in _templates_by_tag(aws, region, TAG_OWNER, owner, aws.sweep_client(region)):
+    for t in templates_by_tag(aws, region, TAG_OWNER, owner, aws.sweep_client(region)):
         tags = {x["Key"]: x["Value"] for x in t.get("Tags", [])}
         if t["LaunchTemplateName"] not in names and tags.get(TAG_JOB) not in held:
             out.append({"id": t["LaunchTemplateName"], "region": region,
@@ -348,9 +348,9 @@ def delete_job_groups(aws: AwsSession, store: Store, job: Job) -> list[str]:
         names = {n for r, n in recorded if r == region}
         try:
             names |= {g["AutoScalingGroupName"]
-                      for g in _groups_by_tag(aws, region, TAG_JOB, job.id)}
+                      for g in groups_by_tag(aws, region, TAG_JOB, job.id)}
             names |= {t["LaunchTemplateName"]
-                      for t in _templates_by_tag(aws, region, TAG_JOB, job.id)}
+                      for t in templates_by_tag(aws, region, TAG_JOB, job.id)}
         except AWSError as exc:
             if names or not exc.denied:
                 raise

@@ -486,3 +486,18 @@ def leftovers(aws: AwsSession, region: str, job_id: str) -> dict[str, list[str]]
         region, "describe_placement_groups", Filters=tag)["PlacementGroups"]
         if g.get("State") not in ("deleting", "deleted")]
     return {"instances": instances, "volumes": volumes, "placement groups": groups}
+
+
+def recovery_leftovers(aws: AwsSession, region: str, job_id: str) -> dict[str, list[str]]:
+    """What a recovering job makes beyond its instances, by its tag or name: Auto Scaling
+    groups, launch templates, its own IAM role, FIS experiment templates."""
+    from . import fis
+
+    found = {"auto scaling groups": [g["AutoScalingGroupName"] for g in job_groups.groups_by_tag(
+                 aws, region, TAG_JOB, job_id)],
+             "launch templates": [t["LaunchTemplateName"] for t in job_groups.templates_by_tag(
+                 aws, region, TAG_JOB, job_id)],
+             "experiment templates": fis.templates(aws, region, job_id)}
+    found["job roles"] = [job_role.role_name(job_id)] if job_role.exists(
+        aws, region, job_role.role_name(job_id)) else []
+    return found

@@ -13,6 +13,7 @@ job's power only.
     boundary_exists(aws, region)         whether the account has it (`check`)
     prepare(aws, store, job, spec)       made (again: safe), its name kept with the job first
     delete(aws, region, name)            the role and its profile gone; whether any was there
+    exists(aws, region, name)            whether the role is there
     orphans(aws, region, owner_key, held)   the owner's job roles of no job in `held`
 
 Why a role per job (infra/README.md says it for the person who sets it up): an EC2 role's
@@ -230,6 +231,18 @@ def delete(aws: AwsSession, region: str, name: str) -> bool:
             except Exception as exc:  # noqa: BLE001
                 _raise_unless_gone(exc)
     return found
+
+
+def exists(aws: AwsSession, region: str, name: str) -> bool:
+    """Whether the role is there (a check's cleanup asks)."""
+    try:
+        with aws_errors(region, "iam"):
+            aws.client("iam", region).get_role(RoleName=name)
+        return True
+    except AWSError as exc:
+        if exc.code == GONE:
+            return False
+        raise
 
 
 def _raise_unless_gone(exc: Exception) -> None:
