@@ -217,7 +217,8 @@ def preflight(spec, settings, provider) -> tuple:
                              hint=f"--disk-gb {need}")
         spec = spec.changed(disk_gb=max(spec.root_gb(settings), need))
         if copied >= STAGING_FAST_DISK_GB * 1e9:  # the copy writes at the volume's speed
-            spec = spec.changed(disk_mbps=settings.staging_disk_mbps)
+            spec = spec.changed(disk_mbps=provider.staging_throughput(
+                spec, settings.staging_disk_mbps))
     return spec, found
 
 
@@ -331,6 +332,11 @@ def notes(spec, settings, found: list[Staged]) -> list[str]:
                        "by an older cloudtrain), so whether it has what the job reads is "
                        f"found out on the instance; `cloudtrain data push DIR "
                        f"{s.source['location']}` again lists them")
+    if spec.data.disk_mbps is not None and spec.data.disk_mbps < settings.staging_disk_mbps:
+        out.append(f"the root volume takes the copy at {spec.data.disk_mbps} MB/s, not "
+                   f"staging_disk_mbps's {settings.staging_disk_mbps}: "
+                   f"{spec.placement.instance_type}'s link to EBS takes no more, so more is "
+                   "not bought")
     if any(d["kind"] == "s3" for d in spec.data.datasets) and not (
             spec.backend == "aws" and settings.instance_profile) and \
             any(s.temporary for s in found):

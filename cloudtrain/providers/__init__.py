@@ -94,3 +94,10 @@ class DatasetReader:
                              f"{spec.backend} backend cannot use it",
                              hint="use --backend aws, or a path: on this machine")
         return get("aws", self.settings).read_dataset(spec, source)
+
+    def staging_throughput(self, spec, wanted: int) -> int:
+        """The root volume's MB/s for the copy: what the job's provider buys of `wanted`
+        (a provider that reads no datasets itself has no volume to buy it for)."""
+        provider = get(spec.backend, self.settings)
+        return provider.staging_throughput(spec, wanted) if isinstance(provider, Datasets) \
+            else wanted

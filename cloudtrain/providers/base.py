@@ -190,6 +190,9 @@ class Datasets(Protocol):
     its jobs' bucket datasets through providers.read_dataset."""
     def read_dataset(self, spec, source: dict) -> Staged:
         """What one of the job's datasets holds, read before launch."""
+    def staging_throughput(self, spec, wanted: int) -> int:
+        """The root volume's MB/s for the copy: `wanted`, or less where the instance cannot
+        take more (what it could not use is not bought)."""
 
 
 CAPABILITIES = (Account, CloudHosts, ResultStore, CloudRecovery, Sweeps, Datasets)

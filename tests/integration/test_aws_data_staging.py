@@ -265,8 +265,11 @@ def test_a_corrupt_shard_fails_the_job_with_that_reason_and_terminates_the_insta
 # -- 5. a faster root volume for a large copy, and its price ------------------------------------
 
 
-def test_ten_gb_of_data_gets_a_1000_mbps_root_volume_and_the_bill_prices_it(
+def test_ten_gb_of_data_gets_a_faster_root_volume_up_to_the_instances_ebs_link_and_its_price(
         aws, s3, monkeypatch):
+    """Issue 12, and RG4: a copy of 10 GB or more gets staging_disk_mbps of gp3 throughput,
+    but never more than the instance's link to EBS carries (EC2's
+    EbsOptimizedInfo.MaximumThroughputInMBps): what it could not use would be billed."""
     from cloudtrain import cost, datasets, ledger
     from cloudtrain.config import Settings
     from cloudtrain.providers.aws import AWSProvider
@@ -287,7 +290,9 @@ def test_ten_gb_of_data_gets_a_1000_mbps_root_volume_and_the_bill_prices_it(
         return sized
 
     big, small = spec_with(12 * 10**9), spec_with(9 * 10**9)
-    assert big.data.disk_mbps == settings.staging_disk_mbps == 1000
+    # RG4: g5.xlarge's link to EBS carries at most 437.5 MB/s (EC2's EbsOptimizedInfo): the
+    # 1000 MB/s staging_disk_mbps asks would be billed and never used
+    assert settings.staging_disk_mbps == 1000 and big.data.disk_mbps == 437
     # the copy, 5 % for the file system, the 100 GB margin (the AMI, checkpoints) and the
     # shards in flight: more than the default 100 GB
     # plain objects: no shards
@@ -314,7 +319,7 @@ def test_ten_gb_of_data_gets_a_1000_mbps_root_volume_and_the_bill_prices_it(
     plain = root(JobSpec.of(kind="command", backend="aws", command=["true"],
                          instance_type="g5.xlarge"))
     assert "Throughput" not in plain and "Iops" not in plain
-    assert root(big)["Throughput"] == 1000
+    assert root(big)["Throughput"] == 437  # g5.xlarge takes no more (RG4)
 
     # The bill: the same instance for an hour, with and without the provisioned throughput.
     def billed(details):
@@ -382,7 +387,7 @@ def _big_manifest_dry_run(cli, s3, stored_as) -> dict:
     _store_shards(s3, stored_as, "big", 12, 10**9)
     dry = cli.ok("launch", "--recipe", "imagenet", *TINY, "--data", f"imagenet=s3://{BUCKET}/big",
                  "--instance", "g5.xlarge", "--dry-run", env=ENV).stdout
-    return _rows(dry)
+    return dict(_rows(dry), text=" ".join(dry.split()))
 
 
 def test_the_dry_run_of_a_12_gb_dataset_sizes_the_disk_for_the_copy(cli, aws, s3, stored_as):
@@ -402,10 +407,13 @@ def test_the_dry_run_states_the_faster_root_volume_a_large_copy_gets(cli, aws, s
                                                                      stored_as):
     aws.write_config(disk_gb=8)
     rows = _big_manifest_dry_run(cli, s3, stored_as)
-    # launch would provision 1000 MB/s and 4000 IOPS (run_request, test above) and bill
-    # $40/month more for them: the dry run, "what launch would do", should say so
-    assert "1000 MB/s and 4000 IOPS provisioned for the data copy (+$0.0548/h)" in \
+    # launch would provision 437 MB/s (RG4: the most g5.xlarge's link to EBS carries, not
+    # staging_disk_mbps's 1000) and bill $12.48/month more for it: the dry run, "what launch
+    # would do", should say so, and why not the 1000
+    assert "437 MB/s and 3000 IOPS provisioned for the data copy (+$0.0171/h)" in \
         rows["disk"], rows["disk"]
+    assert ("takes the copy at 437 MB/s, not staging_disk_mbps's 1000: g5.xlarge's link to "
+            "EBS takes no more, so more is not bought") in rows["text"], rows["text"]
 
 
 def test_u41_a_pushed_tree_without_the_variant_s_folders_is_refused_before_any_instance(

@@ -261,7 +261,8 @@ def test_notes_on_a_cross_region_copy_and_links_that_die_with_a_session(monkeypa
 def test_the_copy_gets_time_of_its_own_in_the_max_runtime():
     from cloudtrain.providers.aws import datasets as s3_datasets
 
-    provider = SimpleNamespace(read_dataset=lambda spec, source: datasets.Staged(
+    provider = SimpleNamespace(staging_throughput=lambda spec, wanted: wanted,
+                           read_dataset=lambda spec, source: datasets.Staged(
         source, s3_datasets.Contents("shards", 10, 50 * 10**9, 50 * 10**9, "ab" * 32), "r"))
     spec = JobSpec.of(kind="command", backend="aws", max_runtime_s=3600.0, datasets=[
         {"name": "d", "kind": "s3", "location": "s3://bkt/d", "dir": "d"}])
@@ -279,7 +280,8 @@ def _stored(size: int, largest: int = 256 << 20, manifest=None) -> SimpleNamespa
     manifest against that listing: test_data_push_s3.py)."""
     from cloudtrain.providers.aws import datasets as s3_datasets
 
-    return SimpleNamespace(read_dataset=lambda spec, source: datasets.Staged(
+    return SimpleNamespace(staging_throughput=lambda spec, wanted: wanted,
+                           read_dataset=lambda spec, source: datasets.Staged(
         source, s3_datasets.Contents("shards", 10, size, size, "ab" * 32, manifest,
                                      largest=largest), "r"))
 
@@ -399,7 +401,8 @@ def test_u41_an_s3_dataset_is_checked_by_its_manifest_s_folders_or_its_objects()
     def provider(manifest=None, objects=()):
         contents = s3_datasets.Contents("shards" if manifest else "objects", 1, 2048, 100,
                                         "ab" * 32, manifest, objects=list(objects))
-        return SimpleNamespace(read_dataset=lambda spec, source: datasets.Staged(
+        return SimpleNamespace(staging_throughput=lambda spec, wanted: wanted,
+                           read_dataset=lambda spec, source: datasets.Staged(
             source, contents, "r"))
 
     settings = config.Settings()

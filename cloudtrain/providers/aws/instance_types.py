@@ -89,6 +89,32 @@ def describe_type(aws: AwsSession, region: str, name: str) -> dict | None:
             else (arches[0] if arches else catalog.DEFAULT_ARCH)}
 
 
+def ebs_throughput_cap(aws: AwsSession, spec, wanted: int) -> int:
+    """The root volume's MB/s for a data copy: `wanted`, capped at the most the instance's
+    link to EBS carries (DescribeInstanceTypes' EbsOptimizedInfo.MaximumThroughputInMBps:
+    the burst smaller types hold for 30 minutes a day, which a copy fits in; their baseline
+    is often below gp3's free 125 MB/s). gp3 throughput past it would be billed and never
+    used. `wanted` where EC2 cannot be asked."""
+    from ...cost import GP3_BASE_MBPS
+
+    name = spec.placement.instance_type
+    if not name:
+        return wanted
+    region = aws.region(spec)
+    try:
+        if aws.credentials(region) is None:
+            return wanted
+        found = aws.call(region, "describe_instance_types", InstanceTypes=[name])
+    except CloudtrainError:
+        return wanted
+    info = ((found.get("InstanceTypes") or [{}])[0].get("EbsInfo") or {}).get(
+        "EbsOptimizedInfo") or {}
+    most = info.get("MaximumThroughputInMBps")
+    if not isinstance(most, (int, float)) or most <= 0:
+        return wanted
+    return max(GP3_BASE_MBPS, min(int(wanted), int(most)))
+
+
 def type_offered(aws: AwsSession, region: str, name: str) -> bool | None:
     """Whether EC2 offers the type in the region; None when it could not be asked."""
     try:

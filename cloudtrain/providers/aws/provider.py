@@ -187,6 +187,9 @@ class AWSProvider:
     def read_dataset(self, spec, source: dict) -> Staged:
         return datasets.read_dataset(self.aws, spec, source)
 
+    def staging_throughput(self, spec, wanted: int) -> int:
+        return instance_types.ebs_throughput_cap(self.aws, spec, wanted)
+
 
 def _ssh(host: Host) -> SSHHost:
     """An instance's host: this provider's hosts are all reached over SSH (acquire, host_for)."""
