@@ -129,6 +129,7 @@ def _aws(settings: config.Settings, region_flag: str | None, checks: list[Check]
         return
     if _account(cloud, region, checks) is None:
         return  # AWS refused the credentials, or cannot be reached: nothing more will answer
+    _plan(cloud, checks)
     _image(cloud, region, checks)
     _job_store(cloud, settings, region, checks)
     _recovery(cloud, settings, region, checks)
@@ -190,6 +191,42 @@ def _account(cloud, region: str, checks: list[Check]) -> str | None:
     checks.append(Check("account", OK, f"{account or '?'}: {arn}",
                         data={"account": account, "arn": arn}))
     return arn
+
+
+PAID_PLAN_HINT = ("upgrade the account to the Paid plan: the AWS console's Billing and Cost "
+                  "Management, Free Tier, Upgrade plan (or `aws freetier upgrade-account-plan "
+                  "--account-plan-type PAID`); the Free plan's credits stay")
+
+
+def _plan(cloud, checks: list[Check]) -> None:
+    """The account's plan: on the Free plan (accounts opened since 15 July 2025 start on it)
+    EC2 launches only some small types, so a GPU launch fails however the quotas read."""
+    try:
+        plan = cloud.account_plan()
+    except CloudtrainError as exc:
+        said = _failed("account plan", exc, "AWS Free Tier GetAccountPlanState")
+        if said.verdict == PROBLEM:  # AWS failed: no launch depends on this answer
+            said = dataclasses.replace(said, verdict=WARNING, detail=f"not checked: {said.detail}")
+        checks.append(said)
+        return
+    if plan is None:
+        checks.append(Check("account plan", OK, "no Free plan: every instance type your "
+                                                "quotas allow", data={"plan": None}))
+        return
+    extra = ", ".join(x for x in (plan["credits"] and f"{plan['credits']} of credits left",
+                                  plan["expires"] and f"until {plan['expires']}") if x)
+    if plan["type"] == "FREE":
+        ended = plan["status"] == "EXPIRED"
+        checks.append(Check(
+            "account plan", PROBLEM,
+            ("the Free plan has ended: " if ended else "Free plan" + (f" ({extra})" if extra
+                                                                     else "") + ": ")
+            + "EC2 launches only some small instance types on it, no GPU type, so every GPU "
+              "launch fails until the account is on the Paid plan", PAID_PLAN_HINT,
+            data={"plan": plan}))
+        return
+    checks.append(Check("account plan", OK, f"{plan['type'].title()} plan: every instance "
+                                            "type your quotas allow", data={"plan": plan}))
 
 
 def _image(cloud, region: str, checks: list[Check]) -> None:

@@ -214,6 +214,9 @@ class CloudAccount(Protocol):
         """The profile of the cloud's credentials in use."""
     def configured(self) -> bool:
         """Whether this machine may have credentials for it, told without a network call."""
+    def account_plan(self) -> dict | None:
+        """The account's plan ({"type": FREE or PAID, "status", "expires", "credits"}); None
+        where the cloud holds none for it."""
     def credential_source(self, region: str) -> dict | None:
         """Where the credentials came from (source, method, profile, masked key); None."""
     def check_credentials(self, region: str) -> None:

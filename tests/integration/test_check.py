@@ -10,6 +10,7 @@ import json
 import re
 import time
 
+import botocore.endpoint
 import pytest
 from moto import mock_aws
 
@@ -28,6 +29,9 @@ QUOTA_ROWS = ["quota G on-demand", "quota P on-demand", "quota G spot", "quota P
 
 def by_name(report: check.Report) -> dict[str, check.Check]:
     return {c.name: c for c in report.checks}
+
+
+_REAL_SEND = botocore.endpoint.Endpoint._send
 
 
 def _no_network(self, request):
@@ -58,8 +62,19 @@ def quotas(monkeypatch) -> EC2Quotas:
 def moto(no_aws, monkeypatch, quotas):
     """In-process moto with the lab's test credentials in the environment and us-east-1
     (no_aws's guard stays: moto answers before a request would be sent)."""
+    from labs.freetier import free_tier
+
     for k, v in AWS_ENV.items():
         monkeypatch.setenv(k, v)
+    tier = free_tier()  # moto has no Free Tier API: the lab's stand-in, on loopback
+    monkeypatch.setenv("AWS_ENDPOINT_URL_FREETIER", tier.url)
+
+    def only_the_stand_in(self, request):  # no_aws's guard, but for the stand-in
+        if not request.url.startswith(tier.url):
+            _no_network(self, request)
+        return _REAL_SEND(self, request)
+
+    monkeypatch.setattr("botocore.endpoint.Endpoint._send", only_the_stand_in)
     with mock_aws(config=MOTO):
         yield quotas
 
@@ -277,6 +292,49 @@ def test_RE2_an_iam_users_jobs_prefix_is_its_user_id(moto, dlami):
 
 
 # -- the Deep Learning AMI ---------------------------------------------------------------------
+
+
+def _plan_check(plan=None, denied=False) -> check.Check:
+    from labs.freetier import free_tier
+
+    tier = free_tier()
+    tier.plan, tier.denied = plan, denied
+    report = check.run()
+    assert tier.calls == ["AWSFreeTierService.GetAccountPlanState"]
+    return by_name(report)["account plan"], report
+
+
+def test_RB5_an_account_on_the_free_plan_is_a_problem_before_any_gpu_launch(moto, dlami):
+    """RB5: accounts opened since 15 July 2025 start on AWS's Free plan, on which EC2
+    launches only some small types: `check --launch` passed on its t3.micro and the first GPU
+    job failed. `check` asks the Free Tier API for the plan and says so, with how to upgrade;
+    exit 1."""
+    row, report = _plan_check({"accountId": "123456789012", "accountPlanType": "FREE",
+                               "accountPlanStatus": "ACTIVE",
+                               "accountPlanRemainingCredits": {"amount": 87.5, "unit": "USD"},
+                               "accountPlanExpirationDate": 1800000000})
+    assert row.verdict == check.PROBLEM
+    assert row.detail.startswith("Free plan (USD 87.50 of credits left, until 2027-01-15): EC2 "
+                                 "launches only some small instance types on it, no GPU type")
+    assert "Paid plan" in row.hint and "upgrade-account-plan" in row.hint
+    assert check.exit_code(report) == 1
+    ended, _ = _plan_check({"accountPlanType": "FREE", "accountPlanStatus": "EXPIRED"})
+    assert ended.verdict == check.PROBLEM and ended.detail.startswith("the Free plan has ended")
+
+
+def test_RB5_a_paid_account_or_one_on_no_plan_is_ok(moto, dlami):
+    paid, _ = _plan_check({"accountPlanType": "PAID", "accountPlanStatus": "ACTIVE"})
+    assert (paid.verdict, paid.detail) == (
+        check.OK, "Paid plan: every instance type your quotas allow")
+    none, _ = _plan_check(None)
+    assert none.verdict == check.OK and none.detail.startswith("no Free plan")
+
+
+def test_RB5_the_plan_not_allowed_is_a_warning_naming_the_action(moto, dlami):
+    row, report = _plan_check(denied=True)
+    assert row.verdict == check.WARNING
+    assert "freetier:GetAccountPlanState" in row.detail
+    assert by_name(report)["AMI"].verdict == check.OK  # the other checks still ran
 
 
 def test_the_deep_learning_ami_found_in_the_region(moto, dlami):

@@ -259,9 +259,14 @@ def use_moto(endpoint: str, monkeypatch) -> None:
     """A fresh moto (reset) and this process's AWS (its environment, so the `cloudtrain`
     processes it starts too) pointed at it, as the fake account, with EC2's rules that moto
     leaves out (ec2_as_aws)."""
+    from .freetier import free_tier
+
     reset_moto(endpoint)
     ec2_as_aws(monkeypatch)
-    for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
+    for k, v in {**AWS_ENV, "AWS_ENDPOINT_URL": endpoint,
+                 # moto has no Free Tier API: the lab's stand-in, a Paid plan unless a test
+                 # says otherwise (labs/freetier.py)
+                 "AWS_ENDPOINT_URL_FREETIER": free_tier().url}.items():
         monkeypatch.setenv(k, v)
 
 

@@ -33,7 +33,7 @@ OWNER = "${aws:PrincipalArn}"
 # The code the policy is for: the AWS provider package (the S3 job store is in it).
 SOURCES = sorted((REPO / "cloudtrain" / "providers" / "aws").glob("*.py"))
 SERVICES = ("ec2", "pricing", "sts", "ssm", "iam", "s3", "service-quotas", "autoscaling",
-            "fis")
+            "fis", "freetier")
 # Where AWS names the IAM action differently from the API operation (Service Authorization
 # Reference), and boto3 helpers that are not operations.
 ACTION_OF = {
@@ -688,6 +688,10 @@ LINT_EXPLAINED = {
     ("iam-policy-autoscaling.json", "RESOURCE_MISMATCH"): (1, PER_RESOURCE_TYPE),
     ("iam-policy-datasets.json", "RESOURCE_MISMATCH"): (3, PER_RESOURCE_TYPE),
     ("iam-policy-recovery-check.json", "RESOURCE_MISMATCH"): (3, PER_RESOURCE_TYPE),
+    ("iam-policy-cli-account.json", "UNKNOWN_ACTION"): (
+        1, "freetier:GetAccountPlanState (RB5) is newer than parliament's action database: the "
+           "Free Tier API's account plans came with the Free plan of July 2025 (botocore's "
+           "freetier model has the operation)"),
     ("iam-policy-cli-account.json", "RESOURCE_MISMATCH"): (
         1, "AWS's public SSM parameters have an ARN with no account "
            "(arn:aws:ssm:REGION::parameter/aws/service/...), which parliament's format lacks"),

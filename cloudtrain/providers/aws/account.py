@@ -1,5 +1,6 @@
-"""What the account is and may run: where the credentials came from, EC2's vCPU quotas per
-instance family (Service Quotas), and the instance profile a job's instances get."""
+"""What the account is and may run: where the credentials came from, its plan (Free or
+Paid), EC2's vCPU quotas per instance family (Service Quotas), and the instance profile a
+job's instances get."""
 
 from __future__ import annotations
 
@@ -109,6 +110,33 @@ def owner_prefix(aws: AwsSession, region: str) -> dict:
             " (named by cloudtrain: the profile names no role_session_name)"
             if aws.named_sessions else "")
     return {"key": key, "kind": kind, "stable": True, "hint": None}
+
+
+# The Free Tier API is global: its one endpoint is in us-east-1 (freetier.us-east-1.api.aws).
+FREE_TIER_REGION = "us-east-1"
+
+
+def account_plan(aws: AwsSession) -> dict | None:
+    """The account's plan (AWS Free Tier API, GetAccountPlanState): {"type": FREE or PAID,
+    "status": NOT_STARTED, ACTIVE or EXPIRED, "expires": ISO date or None, "credits":
+    "USD 100.00" or None}; None where AWS holds no plan for it (ResourceNotFoundException:
+    an account on no Free plan). Accounts opened since 15 July 2025 start on the Free plan,
+    on which EC2 launches only some small instance types: no GPU type until the account is
+    upgraded to the Paid plan."""
+    try:
+        with aws_errors(FREE_TIER_REGION, "freetier"):
+            got = aws.client("freetier", FREE_TIER_REGION).get_account_plan_state()
+    except AWSError as exc:
+        if exc.code == "ResourceNotFoundException":
+            return None
+        raise
+    credits = got.get("accountPlanRemainingCredits") or {}
+    expires = got.get("accountPlanExpirationDate")
+    return {"type": str(got.get("accountPlanType") or "?"),
+            "status": str(got.get("accountPlanStatus") or "?"),
+            "expires": expires.date().isoformat() if hasattr(expires, "date") else None,
+            "credits": f"{credits.get('unit') or 'USD'} {float(credits['amount']):.2f}"
+            if isinstance(credits.get("amount"), (int, float)) else None}
 
 
 def ec2_quota(aws: AwsSession, region: str, code: str) -> float:

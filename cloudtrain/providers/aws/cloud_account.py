@@ -49,6 +49,9 @@ class AwsAccount:
 
     # -- prices and quotas
 
+    def account_plan(self) -> dict | None:
+        return account.account_plan(self.aws)
+
     def refresh_list_prices(self, region: str) -> str:
         return pricing.refresh_list_prices(self.aws, region)
 
