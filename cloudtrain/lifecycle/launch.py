@@ -316,7 +316,10 @@ def _set_up(a: _Launch, nodes: NodeGroup) -> tuple[int, tuple[str, int] | None]:
 
     def set_up(i: int) -> tuple[int, str | None, int | None]:
         host = nodes.hosts[i]
-        a.provider.setup(host)
+        software = a.provider.setup(host)
+        if software:  # the image's torch, CUDA build and driver, which the job will meet
+            a.store.add_event(a.job.id, "software",
+                              detail=software if n == 1 else f"node {i}: {software}")
         gpus = a.provider.gpus(a.spec, host)
         if n == 1:
             return gpus, None, None

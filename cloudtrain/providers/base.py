@@ -73,8 +73,9 @@ class Provider(Protocol):
         none, their instances recorded."""
     def host_for(self, job: Job) -> Host:
         """The host of a job launched earlier, from the store's record."""
-    def setup(self, host: Host) -> None:
-        """Make the host ready for the agent (python3, tmux)."""
+    def setup(self, host: Host) -> str | None:
+        """Make the host ready for the agent (python3, tmux); what the job's software is
+        there (torch, its CUDA, the driver), a line for the timeline, where it was read."""
     def gpus(self, spec, host: Host) -> int:
         """GPUs the job's host has (torchrun starts one process each)."""
     def jobdir(self, job_id: str, host: Host | None = None) -> str:

@@ -154,12 +154,12 @@ class LocalProvider:
         info = job.host or {}
         return self._host(info.get("tmux_socket"), info.get("python"))
 
-    def setup(self, host: Host) -> None:
+    def setup(self, host: Host) -> str | None:
         """Nothing to install here: preflight checked tmux and the Python modules. A local
         node over SSH must have python3 and tmux itself (`remote_python:` for one with the
         job's modules)."""
         if not isinstance(host, SSHHost):
-            return
+            return None
         found = host.run("command -v python3; printf 'tmux:'; command -v tmux",
                          check=False).stdout.splitlines()
         if "tmux:" in found or not found or found[0].startswith("tmux:"):
@@ -169,6 +169,7 @@ class LocalProvider:
                                     hint=TMUX_INSTALL_HINT)
         # `remote_python:` names the interpreter with torch there, as for cloud instances.
         host.python = self.settings.remote_python or found[0]
+        return None
 
     def gpus(self, spec, host: Host) -> int:
         return host.gpu_count()

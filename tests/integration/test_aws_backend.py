@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -38,6 +39,15 @@ def test_recipe_runs_on_an_instance_and_nothing_is_left(cli, aws, ct_home, toy_r
     assert job["metrics"]["epoch"] == 2
     phases = [p["name"] for p in job["timeline"]]
     assert phases[:3] == ["pending", "provisioning", "instance"] and phases[-1] == "succeeded"
+    # RA4: the instance's torch, its CUDA build and the driver, read at setup (here the lab
+    # host's Python: this venv's torch, no NVIDIA driver), in the timeline
+    import importlib.metadata
+
+    db = sqlite3.connect(ct_home / "state.db")
+    (software,) = [r[0] for r in db.execute(
+        "SELECT detail FROM events WHERE job_id = ? AND phase = 'software'", (job_id,))]
+    assert f"torch {importlib.metadata.version('torch')} built for CUDA " in software
+    assert software.endswith("; no NVIDIA driver loaded")
     # Logs and metrics came home before the instance went.
     local = ct_home / "jobs" / job_id
     assert "args {" in (local / "output.log").read_text()
@@ -411,3 +421,21 @@ def test_checkpoints_come_home_and_resume_on_a_new_instance(cli, aws, ct_home, t
     assert proc.returncode == 0, proc.stderr
     assert "resuming from epoch 2" in proc.stdout
     assert len(aws.instances()) == 2
+
+
+def test_RA4_the_dry_run_says_the_image_its_torch_driver_and_the_disk(cli, aws, toy_recipes):
+    """RA4, issue 37: with credentials the plan names the image it resolved, what its name
+    says of its software (the DLAMI's torch, where its Python is, NVIDIA's open driver and
+    the GPUs it runs), that this machine's torch differs, and the disk."""
+    import importlib.metadata
+
+    proc = cli("launch", "--recipe", "toy", "--instance", "g5.xlarge", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert f"AMI {aws.ami} Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.9 (Ubuntu 24.04)" \
+        in text, proc.stdout
+    assert ("torch 2.9 at /opt/pytorch/bin/python, built for the CUDA of NVIDIA's open driver "
+            "it carries (Turing and newer GPUs); this machine has torch "
+            f"{importlib.metadata.version('torch')}; the exact torch, CUDA and driver are read "
+            "at setup") in text, proc.stdout
+    assert re.search(r"disk \d+ GB gp3", text), proc.stdout

@@ -3,19 +3,58 @@ what the agent does beyond the job (spot notice, power-off timer) and after it."
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
+
 from ... import catalog
 from ...errors import MissingDependency
 from ...market import Market
 from ...ssh_host import SSHHost
+from .images import local_torch
 from .instances import (
     REARM_PATH, USER_DATA_DONE, USER_DATA_WAIT_S, power_off_minutes, user_data_wait_command)
 from .session import AwsSession
 
 
-def setup(aws: AwsSession, host: SSHHost) -> None:
+# What the instance's Python carries, read without importing torch (an import reads the
+# CUDA libraries from a root volume AWS restores lazily from its snapshot: seconds, which the
+# job's own import pays): torch's version from its package metadata, the CUDA it was built
+# for from torch/version.py, the NVIDIA driver the kernel loaded from /proc. Standard library
+# only; one JSON line, read back as untrusted.
+SOFTWARE_PROBE = r"""
+import json, os, re
+out = {}
+try:
+    import importlib.metadata as metadata
+    out["torch"] = metadata.version("torch")
+except Exception:
+    pass
+try:
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
+        found = re.search(r"^cuda(?:: [^=]+)? = ['\"]([^'\"]+)['\"]", f.read(), re.M)
+    out["cuda"] = found.group(1) if found else None
+except Exception:
+    pass
+try:
+    with open("/proc/driver/nvidia/version") as f:
+        found = re.search(r"Kernel Module(?: for \S+)?\s+([0-9][0-9.]*)", f.read())
+    out["driver"] = found.group(1) if found else None
+except Exception:
+    pass
+print(json.dumps(out))
+"""
+SOFTWARE_FIELD = re.compile(r"[0-9A-Za-z.+_-]{1,40}")
+SOFTWARE_MAX_BYTES = 1024
+
+
+def setup(aws: AwsSession, host: SSHHost) -> str:
     """The host has what the agent needs: python3 (3.8+) and tmux. Without tmux, wait
     (bounded) for user-data to finish installing it rather than race its apt-get: SSH
-    answers long before cloud-init's final stage has run user-data."""
+    answers long before cloud-init's final stage has run user-data. Returns what the job's
+    Python carries (software_line), for the job's timeline."""
     probe = ("command -v /opt/pytorch/bin/python || command -v python3; "
              "printf 'tmux:'; command -v tmux")
     found = host.run(probe, check=False).stdout.splitlines()
@@ -38,6 +77,32 @@ def setup(aws: AwsSession, host: SSHHost) -> None:
         raise MissingDependency(f"tmux is not installed on {host.name}" + (
             "" if finished else f" (user-data had not finished after {USER_DATA_WAIT_S:.0f}"
                                 " s)"), hint=TMUX_INSTALL_HINT)
+    got = host.run(f"{shlex.quote(host.python)} -c {shlex.quote(SOFTWARE_PROBE)}",
+                   check=False, timeout=60)
+    return software_line(host.python, got.stdout if got.ok else "")
+
+
+def software_line(python: str, answer: str) -> str:
+    """The timeline's line for the job's software: torch, the CUDA it was built for, the
+    NVIDIA driver loaded, and this machine's torch where it differs (the recipes are tested
+    here). `answer` is the probe's output: untrusted, each field checked."""
+    try:
+        doc = json.loads(answer[:SOFTWARE_MAX_BYTES]) if answer else {}
+    except ValueError:
+        doc = {}
+    facts = {k: v for k, v in (doc.items() if isinstance(doc, dict) else ())
+             if k in ("torch", "cuda", "driver") and isinstance(v, str)
+             and SOFTWARE_FIELD.fullmatch(v)}
+    torch = facts.get("torch")
+    line = (f"{python}: torch {torch}" if torch else f"{python}: no torch")
+    line += f" built for CUDA {facts['cuda']}" if facts.get("cuda") else (
+        ", a CPU build" if torch else "")
+    line += (f"; NVIDIA driver {facts['driver']}" if facts.get("driver")
+             else "; no NVIDIA driver loaded")
+    here = local_torch()
+    if torch and here and torch.split("+")[0].split(".")[:2] != here.split("+")[0].split(".")[:2]:
+        line += f" (this machine has torch {here}: the recipes are tested here on it)"
+    return line
 
 
 def gpus(spec, host: SSHHost) -> int:

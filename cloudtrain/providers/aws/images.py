@@ -41,6 +41,37 @@ def newest_dlami(aws: AwsSession, region: str) -> tuple[str, str] | None:
     return (best[1], best[2]) if best else None
 
 
+DLAMI_TORCH = re.compile(r"PyTorch (\d{1,3})\.(\d{1,3})")
+
+
+def local_torch() -> str | None:
+    """This machine's torch version (where the recipes are tested), None without one."""
+    try:
+        import importlib.metadata
+
+        return importlib.metadata.version("torch")
+    except Exception:  # not installed here: nothing to compare with
+        return None
+
+
+def software_said(name: str, asked: str | None) -> str:
+    """What the plan can say of an image's software before it boots: for the PyTorch DLAMI,
+    its torch (by its name), where the job's Python is, NVIDIA's open driver (Turing and
+    newer) and that the instance reads the exact versions at setup; for --ami, only that."""
+    found = DLAMI_TORCH.search(name or "")
+    if asked or not found:
+        return (": your image; the job's torch, CUDA build and driver are read at setup "
+                "(the timeline's software line)")
+    torch = f"{found[1]}.{found[2]}"
+    here = local_torch()
+    differs = f"; this machine has torch {here}" if here and ".".join(
+        here.split("+")[0].split(".")[:2]) != torch else ""
+    return (f": torch {torch} at /opt/pytorch/bin/python, built for the CUDA of NVIDIA's "
+            f"open driver it carries (Turing and newer GPUs){differs}; the exact torch, CUDA "
+            "and driver are read at setup (the timeline's software line), and the job stops "
+            "if torch sees no GPU")
+
+
 def resolve_ami(aws: AwsSession, region: str, ami: str | None = None) -> str:
     if ami:
         return ami

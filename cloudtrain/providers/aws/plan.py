@@ -308,7 +308,10 @@ def _plan_checks(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     if aws.credentials(region) is None:
         rows.append(("AMI", f"the newest PyTorch Deep Learning AMI, resolved at launch from "
-                            f"SSM {DLAMI_PATH}oss-nvidia-driver-gpu-pytorch-X.Y-ubuntu-24.04"
+                            f"SSM {DLAMI_PATH}oss-nvidia-driver-gpu-pytorch-X.Y-ubuntu-24.04 "
+                            "(its torch X.Y at /opt/pytorch/bin/python, NVIDIA's open driver: "
+                            "Turing and newer GPUs); the exact torch, CUDA and driver are read "
+                            "at setup (the timeline's software line)"
                      if not place.ami else place.ami))
         rows.append(("permissions", "not checked: no AWS credentials (this plan needs none)"))
         return rows
@@ -319,10 +322,12 @@ def _plan_checks(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]:
         rows.append((step, ", ".join(z[0] for z in zones)))
         step = "AMI"
         ami = images.resolve_ami(aws, region, place.ami)
-        rows.append((step, ami))
+        facts = images.image_facts(aws, region, ami)
+        rows.append((step, f"{ami} {facts['name']}".strip() + images.software_said(
+            facts["name"], place.ami)))
         user, why = images.login_user(aws, region, place.ami)
         rows.append(("SSH user", f"{user}: {why}"))
-        snapshot = images.image_facts(aws, region, ami)["root_gb"] or 0
+        snapshot = facts["root_gb"] or 0
         if snapshot > spec.root_gb(aws.settings):  # the launch asks for the snapshot's
             rows.append(("disk", f"{snapshot} GB, not {spec.root_gb(aws.settings)}: the "
                                  f"image's root snapshot is {snapshot} GB, the smallest "

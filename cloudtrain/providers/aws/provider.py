@@ -69,7 +69,7 @@ class AWSProvider:
     def host_for(self, job: Job) -> Host:
         return acquire.host_for(job)
 
-    def setup(self, host: Host) -> None:
+    def setup(self, host: Host) -> str | None:
         return host_setup.setup(self.aws, _ssh(host))
 
     def gpus(self, spec, host: Host) -> int:
