@@ -306,6 +306,28 @@ def test_dry_run_16_nodes_without_an_account(cli, monkeypatch):
     assert "your command on each of 16 nodes" in explicit
 
 
+def test_RG6_several_spot_nodes_of_the_largest_types_are_said_to_wait(cli, monkeypatch):
+    """RG6: several spot p5 (or p4d, p6) nodes in one AZ at once are rare outside Capacity
+    Blocks: the plan says the launch may wait or fail for capacity; not for one node, nor
+    on-demand, nor smaller types."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+
+    def plan(*args):
+        return " ".join(cli.ok("launch", "--dry-run", "--region", "us-east-1", *args, "--",
+                               "bash", "-c", "echo hi").stdout.split())
+
+    said = "2 spot p5.48xlarge in one AZ at once is rare outside Capacity Blocks for ML"
+    assert said in plan("--nodes", "2", "--instance", "p5.48xlarge", "--spot")
+    assert "rare outside Capacity Blocks" not in plan("--nodes", "2", "--instance",
+                                                      "p5.48xlarge", "--on-demand")
+    assert "rare outside Capacity Blocks" not in plan("--instance", "p5.48xlarge", "--spot")
+    assert "rare outside Capacity Blocks" not in plan("--nodes", "2", "--instance",
+                                                      "g5.12xlarge", "--spot")
+
+
 def test_the_recipe_variant_says_how_many_nodes_and_nodes_1_overrides(cli, monkeypatch):
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     four = cli.ok("launch", "--recipe", "imagenet", "--set", "variant=machines-4", "--set",

@@ -189,6 +189,22 @@ def warnings(spec, region: str) -> list[str]:
             "instance while spot costs more"]
 
 
+# The largest training types (8 GPUs, EFA), which AWS sells in practice through Capacity
+# Blocks for ML and reservations: several of them free at once in one AZ is rare on spot.
+SCARCE_FAMILIES = ("p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300")
+
+
+def scarce_together(spec) -> str | None:
+    """What the plan says of N spot instances of the largest types in one AZ at once."""
+    name = spec.placement.instance_type or ""
+    if spec.nodes <= 1 or spec.placement.market != Market.SPOT or \
+            name.split(".")[0] not in SCARCE_FAMILIES:
+        return None
+    return (f"{spec.nodes} spot {name} in one AZ at once is rare outside Capacity Blocks for "
+            f"ML: expect the launch to wait for capacity (each AZ is tried; a relaunch waits "
+            f"up to recovery_wait_minutes), or fail for it; on-demand starts sooner")
+
+
 def plan(aws: AwsSession, spec) -> list[tuple[str, str]]:
     """What launch would do, as (what, value) rows; creates nothing, bills nothing. With
     credentials it also resolves AZs and AMI and asks EC2 (DryRun=True) whether
@@ -227,6 +243,9 @@ def _plan_machines(aws: AwsSession, spec, facts, t) -> list[tuple[str, str]]:
                               f"group (created for the job, deleted after), all or none: "
                               f"a node that cannot be had releases the others and the "
                               f"next AZ is tried"))
+        scarce = scarce_together(spec)
+        if scarce:
+            rows.append(("note", scarce))
         efa = cluster.efa_plan(aws, spec)
         rows.append(("network", "TCP between the nodes (security group cloudtrain admits "
                                 "its members); no EFA on " + spec.placement.instance_type
