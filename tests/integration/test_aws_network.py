@@ -151,3 +151,20 @@ def test_RH3_ssh_from_several_networks_and_ipv6_follows_the_list(ec2_provider):
     p.account.ensure_group("us-east-1", vpc, owner)
     assert _ssh_v6(p, gid) == []
     assert p.account.ssh_cidr() == "203.0.113.7/32"
+
+
+def test_RH2_the_key_ec2_imports_is_ed25519_and_paramiko_signs_with_it(ec2_provider):
+    """RH2 (confirmed by the review): EC2 ImportKeyPair takes the ed25519 key cloudtrain makes,
+    tagged with its owner, and paramiko (>= 3.4) loads the private key to log in with it."""
+    import paramiko
+
+    p = ec2_provider
+    owner = p.account.owner("us-east-1")
+    name, path = p.account.ensure_key("us-east-1", owner)
+    (pair,) = p.aws.call("us-east-1", "describe_key_pairs", KeyNames=[name])["KeyPairs"]
+    assert pair["KeyType"] == "ed25519"
+    assert {t["Key"]: t["Value"] for t in pair.get("Tags", [])}.get(OWNER_TAG) == owner
+    key = paramiko.Ed25519Key.from_private_key_file(str(path))
+    assert key.get_name() == "ssh-ed25519"
+    public = paramiko.Ed25519Key(data=key.asbytes())
+    assert public.verify_ssh_sig(b"x", paramiko.Message(key.sign_ssh_data(b"x").asbytes()))

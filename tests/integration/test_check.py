@@ -513,8 +513,10 @@ def test_describe_images_denied_is_a_warning_naming_the_permission(moto, dlami, 
 
 
 def test_quotas_that_cover_every_recipe_are_ok(moto, dlami, quotas, ct_home):
-    """Issue 16: each vCPU quota the recipes' instances count against (G and P, on-demand and
-    spot) is read from Service Quotas and is ok when it covers the largest need; exit 0
+    """Issue 16, RC3 (the codes confirmed by the review, the same dstack reads): each vCPU
+    quota the recipes' instances count against (G and P, on-demand and spot: L-DB2E81BA,
+    L-417A185B, L-3819A6DF, L-7212CCBC) is read from Service Quotas and is ok when it
+    covers the largest need; exit 0
     (and, with the job store and an instance profile there, nothing else to say: U57)."""
     quotas.set_all(on_demand_g=64, on_demand_p=1536, spot_g=64, spot_p=1536)
     _store_and_profile(ct_home, "per-job")  # the recommended setup: a role per job (issue 36)
