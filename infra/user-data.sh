@@ -115,6 +115,16 @@ MINUTES=$((10#$MINUTES))
 [ "$MINUTES" -ge 1 ] || MINUTES=1
 SHUTDOWN_CMD=$(cat "$STATE_DIR/shutdown-command" 2>/dev/null)
 [ -n "$SHUTDOWN_CMD" ] || SHUTDOWN_CMD='shutdown -h now'
+# An instance of an Auto Scaling group: the watchdog ends the job's group before the
+# power-off (the boot script wrote watchdog-command), or the group would start a replacement
+# into the same timer; systemd's power-off then comes 5 min later, as the backstop.
+WATCHDOG_CMD=$(cat "$STATE_DIR/watchdog-command" 2>/dev/null)
+SYSTEMD_MINUTES=$MINUTES
+if [ -n "$WATCHDOG_CMD" ]; then
+    SYSTEMD_MINUTES=$((MINUTES + 5))
+else
+    WATCHDOG_CMD=$SHUTDOWN_CMD
+fi
 DELAY_S=${CLOUDTRAIN_UD_WATCHDOG_SECONDS:-$((MINUTES * 60))}
 case $DELAY_S in ''|*[!0-9]*) DELAY_S=$((MINUTES * 60)) ;; esac
 OLD_PID=$(sed -n 's/^watchdog_pid=\([0-9][0-9]*\)$/\1/p' "$MARKER" 2>/dev/null | tail -n 1)
@@ -128,7 +138,7 @@ WATCHDOG_OUT=/dev/null
 SETSID=$(command -v setsid 2>/dev/null)
 # shellcheck disable=SC2086,SC2016  # $SETSID may be empty; $1/$2 belong to the inner sh
 nohup $SETSID sh -c 'sleep "$1"; echo "cloudtrain watchdog: max runtime reached, powering off"; eval "$2"' \
-    cloudtrain-watchdog "$DELAY_S" "$SHUTDOWN_CMD" </dev/null >>"$WATCHDOG_OUT" 2>&1 &
+    cloudtrain-watchdog "$DELAY_S" "$WATCHDOG_CMD" </dev/null >>"$WATCHDOG_OUT" 2>&1 &
 NEW_PID=$!
 log "watchdog pid $NEW_PID fires in ${DELAY_S}s"
 if [ -f "$MARKER" ]; then
@@ -143,10 +153,10 @@ fi
 #     systemd). Side effect: non-root SSH logins are refused in the last 5 min.
 if [ -d "$SYSTEMD_DIR" ] && command -v shutdown >/dev/null 2>&1; then
     shutdown -c 2>/dev/null  # nothing pending is fine
-    if shutdown -h "+$MINUTES" "cloudtrain: power-off in $MINUTES min"; then
-        log "scheduled: shutdown -h +$MINUTES"
+    if shutdown -h "+$SYSTEMD_MINUTES" "cloudtrain: power-off in $SYSTEMD_MINUTES min"; then
+        log "scheduled: shutdown -h +$SYSTEMD_MINUTES"
     else
-        log "WARNING: shutdown -h +$MINUTES failed; relying on the watchdog"
+        log "WARNING: shutdown -h +$SYSTEMD_MINUTES failed; relying on the watchdog"
     fi
 fi
 

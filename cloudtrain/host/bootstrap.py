@@ -443,6 +443,9 @@ def main(argv=None):
                         help="wait this long for the bundle (an Auto Scaling instance)")
     parser.add_argument("--manifest-sha256", default=None,
                         help="the sha256 of the bundle's manifest as launched")
+    parser.add_argument("--end-group", action="store_true",
+                        help="start nothing: the instance's power-off timer fired; record the "
+                             "job's end and end its group (run by the watchdog, as root)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse printed its one usage line
@@ -458,6 +461,14 @@ def main(argv=None):
         pin = args.manifest_sha256
         if pin is not None and not SHA256.fullmatch(pin):
             raise Failed(EXIT_USAGE, "--manifest-sha256 must be 64 lowercase hex digits")
+        if args.end_group:
+            if args.group is None:
+                raise Failed(EXIT_USAGE, "--end-group needs --group")
+            here = os.path.isdir(jobdir) and not os.path.islink(jobdir)
+            left = give_up(args, jobdir if here else None, WATCHDOG_REASON)
+            sys.stderr.write("bootstrap: %s\n" % "; ".join(
+                ["the power-off timer fired: the job's group is ended"] + left))
+            return EXIT_STORE if left else 0
         bootstrap(args.bucket, args.prefix, os.path.normpath(jobdir), args.region,
                   args.endpoint, args.imds, args.group, max(0.0, args.wait_s), pin)
         return 0
@@ -470,7 +481,7 @@ def main(argv=None):
     here = os.path.isabs(jobdir) and os.path.isdir(jobdir) and not os.path.islink(jobdir)
     if args.group is not None and code in GIVE_UP and auto_scaling.GROUP.fullmatch(args.group):
         try:
-            left = give_up(args, jobdir if here else None, line, code)
+            left = give_up(args, jobdir if here else None, COULD_NOT_START % line)
         except Exception as exc:  # noqa: BLE001 - the power-off (the boot script's) still comes
             left = ["giving up failed: %s: %s" % (type(exc).__name__, exc)]
         line = "; ".join([line, "the job is ended: no instance of its group can start it"]
@@ -489,11 +500,20 @@ def main(argv=None):
 GIVE_UP = (EXIT_MANIFEST, EXIT_OBJECT, EXIT_ARCHIVE, EXIT_RESTORE, EXIT_GRANT)
 
 
-def give_up(args, jobdir, line, code):
-    """An instance of a job's group that cannot start it, for a reason in GIVE_UP: the job
-    recorded failed (final.json, through the bundle's grant where its job.json was unpacked
-    here), then its group and launch template deleted with the role. The power-off is the
-    boot script's. Returns what of that failed, in words."""
+# What final.json says when an instance of a group cannot start the job (GIVE_UP)
+COULD_NOT_START = "an instance of the job's Auto Scaling group could not start it: %s"
+# What final.json says when the user-data's power-off timer fires on an instance of a group
+# (RD7): the agent, which ends the job at its max runtime, did not.
+WATCHDOG_REASON = ("the max runtime passed and the instance's power-off timer fired (its agent "
+                   "had not ended the job): the group is ended so that no replacement starts")
+
+
+def give_up(args, jobdir, reason):
+    """An instance of a job's group that cannot start it (a reason in GIVE_UP), or whose
+    power-off timer fired (--end-group): the job recorded failed with `reason` (final.json,
+    through the bundle's grant where its job.json was unpacked here), then its group and
+    launch template deleted with the role. The power-off is the caller's. Returns what of
+    that failed, in words."""
     left = []
     job = None
     if jobdir is not None and os.path.isfile(os.path.join(jobdir, "job.json")):
@@ -501,8 +521,7 @@ def give_up(args, jobdir, line, code):
     if isinstance(job, dict):
         try:
             store_record(job, job_records.final_key(args.prefix), job_records.final_doc(
-                "failed", None, "an instance of the job's Auto Scaling group could not start "
-                "it: %s" % line, None, None))
+                "failed", None, reason, None, None))
         except Failed as exc:
             left.append(str(exc))
     conf = {"group": args.group, "region": args.region, "endpoint": args.endpoint}

@@ -316,10 +316,7 @@ def _set_up(a: _Launch, nodes: NodeGroup) -> tuple[int, tuple[str, int] | None]:
 
     def set_up(i: int) -> tuple[int, str | None, int | None]:
         host = nodes.hosts[i]
-        software = a.provider.setup(host)
-        if software:  # the image's torch, CUDA build and driver, which the job will meet
-            a.store.add_event(a.job.id, "software",
-                              detail=software if n == 1 else f"node {i}: {software}")
+        software[i] = a.provider.setup(host)  # recorded below: the store is this thread's
         gpus = a.provider.gpus(a.spec, host)
         if n == 1:
             return gpus, None, None
@@ -329,7 +326,11 @@ def _set_up(a: _Launch, nodes: NodeGroup) -> tuple[int, tuple[str, int] | None]:
                                          MASTER_PORT if i == 0 else 0), check=False).stdout
         return (gpus, *read_rendezvous(out))
 
+    software: dict[int, str | None] = {}
     found = nodes.each(set_up)
+    for i, line in sorted(software.items()):
+        if line:  # the image's torch, CUDA build and driver, which the job will meet
+            a.store.add_event(a.job.id, "software", detail=line if n == 1 else f"node {i}: {line}")
     if n > 1:
         nodes.ifaces = [iface for _, iface, _ in found]
     a.store.update_job(a.job.id, host=nodes.record())

@@ -210,6 +210,46 @@ def test_an_agent_that_never_reports_stops_billing_at_the_deadline(lab, cli, tmp
     assert _everything_gone(lab) == {}, lab.asg.leftovers()
 
 
+def test_RD7_the_power_off_timer_of_a_group_instance_ends_the_group_before_powering_off(
+        lab, cli, tmp_path):
+    """RD7: the user-data's power-off timer (for an agent that never ended its job) powered
+    a group's instance off and nothing more: AWS Auto Scaling then started a replacement into
+    the same end, and another, until the group's deadline. Now, on an instance of a group, the
+    timer first records the job failed and ends its group with the instance's role; the
+    power-off follows; no replacement starts; `status` says why; nothing is left."""
+    import subprocess
+
+    work = tmp_path / "own"
+    work.mkdir()
+    (work / "job.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(3600)\n")
+    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--workdir", str(work), "--",
+                        "python3", "job.py", timeout=300)
+    name = f"cloudtrain-{job_id}"
+    (inst,) = lab.asg.wait_for_group(name, 1)
+    status = lab.homes[inst.ip] / ".cloudtrain" / "jobs" / job_id / "status.json"
+    wait_for(lambda: status.exists() and json.loads(status.read_text()).get("pid"),
+             timeout=60, what="the job to run")
+    watch = inst.path("/var/lib/cloudtrain/watchdog-command").read_text()
+    assert "bootstrap.py --end-group" in watch and f"--group {name}" in watch
+    lab.asg.kill_launching_machine()
+    # The agent and its job hang (killed here: nothing of them will end the job); the timer
+    # is what is left, re-armed to fire in 2 s (its test hook) instead of at the max runtime.
+    doc = json.loads(status.read_text())
+    for pid in (doc["agent_pid"], doc.get("pid")):
+        for kill in (lambda p: os.killpg(p, 9), lambda p: os.kill(p, 9)):
+            try:
+                kill(int(pid))
+            except (TypeError, ValueError, ProcessLookupError, PermissionError):
+                pass
+    subprocess.run([*inst.enter(), "env", "CLOUDTRAIN_UD_WATCHDOG_SECONDS=2",
+                    "/usr/local/bin/cloudtrain-rearm", "1"], check=True, capture_output=True)
+    _until_everything_gone(lab, job_id, 120)
+    assert len(lab.asg.log("launch")) == 1, lab.asg.log("launch")  # no replacement
+    job = cli.job(job_id)
+    assert job["state"] == "failed", (job["reason"], job["timeline"])
+    assert "the instance's power-off timer fired" in job["reason"], job["reason"]
+
+
 def test_with_the_laptop_on_status_and_logs_follow_the_job_to_its_replacement(lab, cli, tmp_path):
     """The laptop stays on (its supervisor too): once AWS Auto Scaling has replaced the
     taken instance, the job's record follows it there (the replacement's host key checked

@@ -88,6 +88,15 @@ def test_three_nodes_train_one_resnet9_and_agree(lab, cli, ct_home):
     job = cli.job(job_id)
     assert job["state"] == "succeeded", job
     assert "resnet9: 3 ranks on 3 node(s) agree: identical weights" in proc.stdout
+    # RA4: each node's torch, CUDA build and driver, read at setup (in the setup's threads,
+    # recorded after them: the store is the launch thread's)
+    import sqlite3
+
+    db = sqlite3.connect(ct_home / "state.db")
+    software = [r[0] for r in db.execute(
+        "SELECT detail FROM events WHERE job_id = ? AND phase = 'software' ORDER BY id", (job_id,))]
+    assert [line.split(":", 1)[0] for line in software] == ["node 0", "node 1", "node 2"]
+    assert all(" torch " in line for line in software), software
 
     (ranks,) = [r for r in _metrics(ct_home, job_id) if r.get("event") == "ranks"]
     assert ranks["world_size"] == 3 and ranks["nodes"] == 3 and ranks["identical"] is True

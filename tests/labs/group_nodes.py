@@ -90,7 +90,8 @@ except bundle_reader.Failed as exc:
         args = type("Args", (), {"prefix": conf["prefix"], "group": conf["group"],
                                  "region": conf["region"], "endpoint": conf["endpoint"],
                                  "imds": imds})
-        print("bootstrap: %s" % bootstrap.give_up(args, root, line, exc.code), flush=True)
+        print("bootstrap: %s" % bootstrap.give_up(args, root, bootstrap.COULD_NOT_START % line),
+              flush=True)
     if exc.code not in (bundle_reader.EXIT_ENDED, bundle_reader.EXIT_RESTARTS):
         bootstrap.power_off(job, root)  # the boot script's power-off
     sys.exit(exc.code)

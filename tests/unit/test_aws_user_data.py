@@ -151,6 +151,23 @@ def test_F16_the_rearmed_watchdog_powers_off_and_the_old_one_never_does(box):
     assert box.poweroffs.read_text().splitlines() == ["now"]
 
 
+def test_RD7_on_a_group_instance_the_watchdog_runs_its_command_and_systemd_waits_5_min(box):
+    """RD7: where the boot script of a group's instance wrote watchdog-command (end the group,
+    then power off), the re-armed watchdog runs that, and systemd's power-off, which cannot
+    run a command first, is scheduled 5 minutes later as the backstop."""
+    box.user_data()
+    ended = box.root / "group-ended"
+    (box.state / "watchdog-command").write_text(
+        f"touch {ended}; {box.root}/fakebin/poweroff now\n")
+    proc = box.run_rearm("1", CLOUDTRAIN_UD_WATCHDOG_SECONDS="1")
+    assert proc.returncode == 0, proc.stderr
+    assert box.calls()[-2:] == ["-c", "-h +6 cloudtrain: power-off in 6 min"]
+    deadline = time.monotonic() + 10
+    while not box.poweroffs.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ended.exists() and box.poweroffs.read_text().splitlines() == ["now"]
+
+
 def test_F16_rearm_refuses_a_bad_argument_and_changes_nothing(box):
     box.user_data()
     before = box.watchdog_pid()
@@ -220,7 +237,8 @@ def test_F16_setup_waits_for_user_data_when_tmux_is_missing(tmp_path, monkeypatc
     started = time.monotonic()
     AWSProvider(Settings()).setup(host)
     assert time.monotonic() - started >= 0.9  # it waited for user-data, then found tmux
-    assert host.python == "/usr/bin/python3" and len(host.commands) == 3
+    assert host.python == "/usr/bin/python3" and len(host.commands) == 4
+    assert host.commands[-1].startswith("/usr/bin/python3 -c ")  # what its Python carries (RA4)
 
 
 def test_F16_setup_gives_up_after_the_bounded_wait(tmp_path, monkeypatch):

@@ -177,8 +177,13 @@ def test_bad_arguments_end_in_one_line_and_a_usage_exit(capsys, tmp_path):
                            str(tmp_path / "j"), "--region", "us-east-1"]) == bootstrap.EXIT_USAGE
     assert bootstrap.main(["--bucket", "b", "--prefix", "jobs/o/j/", "--jobdir", "rel/j",
                            "--region", "us-east-1"]) == bootstrap.EXIT_USAGE
+    # RD7: the watchdog's --end-group names the group it ends
+    assert bootstrap.main(["--bucket", "b", "--prefix", "jobs/o/j/", "--jobdir",
+                           str(tmp_path / "j"), "--region", "us-east-1", "--end-group"]
+                          ) == bootstrap.EXIT_USAGE
     err = capsys.readouterr().err
-    assert err.count("\n") == 2 and err.startswith("bootstrap: ")
+    assert err.count("\n") == 3 and err.startswith("bootstrap: ")
+    assert "--end-group needs --group" in err
 
 
 # -- what the orchestrator puts in it ----------------------------------------------------------

@@ -49,6 +49,7 @@ LOADER_MODULES = ("stage_errors", "awsapi", "boot_loader")
 # every host module
 BOOT_TAR = "bundle/boot.tar"
 BOOT_DIR = "/var/lib/cloudtrain/boot"  # on the instance, where the loader puts them
+WATCHDOG_MARK = "CLOUDTRAIN_WATCHDOG_END"  # the here-document of the watchdog's arguments
 # How long bootstrap.py on the group's first instance waits for the bundle: the launch's sync
 # and setup (a replacement finds it there at once).
 BUNDLE_WAIT_S = 3600
@@ -91,6 +92,20 @@ def boot_script(loader_args: list[str], bootstrap_args: list[str], run_as: str) 
         '    chown -R "$RUN_AS" "$DIR"',
         '    AS="runuser -u $RUN_AS -- env HOME=$(getent passwd "$RUN_AS" | cut -d: -f6)"',
         "fi",
+        # RD7: the user-data's power-off timer, should it fire (the agent ends the job at its
+        # max runtime; this is for an agent that did not), ends the job's group first, or
+        # the group would start a replacement into the same end. The re-arm script runs
+        # this instead of the bare power-off from now on (watchdog-command).
+        f"END_ARGS=$(cat <<'{WATCHDOG_MARK}'",
+        " ".join(shlex.quote(a) for a in ["--end-group", *bootstrap_args]),
+        WATCHDOG_MARK,
+        ")",
+        'SHUTDOWN=$(cat /var/lib/cloudtrain/shutdown-command 2>/dev/null)',
+        f'printf \'%s\\n\' "$AS python3 {shlex.quote(BOOT_DIR + "/bootstrap.py")} $END_ARGS; '
+        '${SHUTDOWN:-shutdown -h now}" >/var/lib/cloudtrain/watchdog-command',
+        "MINUTES=$(sed -n 's/^max_runtime_minutes=\\([0-9][0-9]*\\)$/\\1/p' "
+        "/var/lib/cloudtrain/user-data-ran 2>/dev/null | tail -n 1)",
+        f'[ -n "$MINUTES" ] && {instances.REARM_PATH} "$MINUTES"',
         f'$AS python3 "$DIR/boot_loader.py" {argv}',
         "CODE=$?",
         # 0: the job runs (or the launching machine starts it); 10, 11: bootstrap ended the
