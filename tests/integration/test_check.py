@@ -1082,6 +1082,15 @@ def test_gpu_without_launch_is_a_usage_error(cli):
     proc = cli("check", "--gpu")
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[0] == "Error: --gpu applies to --launch"
+    # issue 37: so does --recovery, which is a check of its own (not with --gpu)
+    proc = cli("check", "--recovery")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[:2] == ["Error: --recovery applies to --launch",
+                                            "Hint: cloudtrain check --launch --recovery"]
+    proc = cli("check", "--launch", "--gpu", "--recovery")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == ("Error: --gpu and --recovery are two checks: run "
+                                           "one, then the other")
 
 
 def test_check_launch_gpu_takes_the_regions_cheapest_whole_gpu_type(cli, launch_lab):
