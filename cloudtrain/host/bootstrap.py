@@ -503,7 +503,8 @@ GIVE_UP = (EXIT_MANIFEST, EXIT_OBJECT, EXIT_ARCHIVE, EXIT_RESTORE, EXIT_GRANT)
 # What final.json says when an instance of a group cannot start the job (GIVE_UP)
 COULD_NOT_START = "an instance of the job's Auto Scaling group could not start it: %s"
 # What final.json says when the user-data's power-off timer fires on an instance of a group
-# (RD7): the agent, which ends the job at its max runtime, did not.
+# (a group that would otherwise start replacements into the same end): the agent, which ends
+# the job at its max runtime, did not.
 WATCHDOG_REASON = ("the max runtime passed and the instance's power-off timer fired (its agent "
                    "had not ended the job): the group is ended so that no replacement starts")
 

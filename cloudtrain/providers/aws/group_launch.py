@@ -92,7 +92,7 @@ def boot_script(loader_args: list[str], bootstrap_args: list[str], run_as: str) 
         '    chown -R "$RUN_AS" "$DIR"',
         '    AS="runuser -u $RUN_AS -- env HOME=$(getent passwd "$RUN_AS" | cut -d: -f6)"',
         "fi",
-        # RD7: the user-data's power-off timer, should it fire (the agent ends the job at its
+        # The user-data's power-off timer, should it fire (the agent ends the job at its
         # max runtime; this is for an agent that did not), ends the job's group first, or
         # the group would start a replacement into the same end. The re-arm script runs
         # this instead of the bare power-off from now on (watchdog-command).
