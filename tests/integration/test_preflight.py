@@ -229,8 +229,9 @@ def test_RF3_a_china_region_is_refused_before_anything(region):
 
 
 def test_RA2_gpus_v100_is_refused_and_ec2s_word_on_a_type_counts_too():
-    """--gpus V100:1 finds p3.2xlarge, which is refused as above; a type the catalog lacks
-    is judged by the GPU EC2 says it has (DescribeInstanceTypes), the same way."""
+    """RA2, RG3 (p3/p3dn offered to --gpus as equals): --gpus V100:1 finds p3.2xlarge, which
+    is refused as above, naming what to take; a type the catalog lacks is judged by the GPU
+    EC2 says it has (DescribeInstanceTypes), the same way."""
     from cloudtrain import preflight
     from cloudtrain.errors import UsageError
 
