@@ -181,6 +181,13 @@ def check_region(region: str, source: str = "--region") -> str:
 # GPUs that no current Deep Learning AMI runs: NVIDIA's open kernel modules (the DLAMI's
 # driver) support Turing and newer, and current torch wheels carry no Volta code (sm_70).
 NO_DLAMI_GPUS = frozenset({"V100", "V100-32GB"})
+# Their instance families: a job there gets Ubuntu 24.04 with NVIDIA's proprietary driver
+# (branch 580, the last that runs Volta) and a torch built for CUDA 12.6 (which still has
+# sm_70), installed at boot (providers/aws/images.py).
+VOLTA_FAMILIES = ("p3", "p3dn")
+# What that install adds before the job starts: the driver's packages and torch's wheels
+# (about 3 GB) downloaded and unpacked. Estimated from their sizes, not measured.
+VOLTA_INSTALL_S = 360.0
 # The GPU instance families the default image (the Ubuntu 24.04 PyTorch DLAMI) supports, as
 # its release notes list them: not p3/p3dn (above), nor g7e and p6-b300 (newer Blackwell parts
 # its driver is not released for), nor the fractional-GPU g6f/gr6f (an AL2023 image's).
@@ -209,15 +216,23 @@ def dlami_runs(name: str) -> bool:
     return name.split(".")[0] in DLAMI_FAMILIES
 
 
+def volta(name: str) -> bool:
+    """Whether `name` is a Volta type (VOLTA_FAMILIES): its own image and software."""
+    return name.split(".")[0] in VOLTA_FAMILIES
+
+
+def default_image_runs(name: str) -> bool:
+    """Whether a job on GPU type `name` gets a default image that runs it: the DLAMI, or
+    for Volta the Ubuntu image with the software installed at boot."""
+    return dlami_runs(name) or volta(name)
+
+
 def no_dlami_note(name: str, gpu: str | None) -> str:
-    """Why the Deep Learning AMI does not run GPU type `name` (not dlami_runs)."""
-    if gpu in NO_DLAMI_GPUS:
-        return (f"{name}'s {gpu} (Volta) runs on no current Deep Learning AMI: its NVIDIA "
-                "driver supports Turing and newer GPUs, and current torch wheels have no Volta "
-                "code")
+    """Why no default image runs GPU type `name` (not default_image_runs)."""
     families = ", ".join(f.upper() for f in DLAMI_FAMILIES)
-    return (f"{name} is not among the GPU types the Deep Learning AMI supports (its release "
-            f"notes list {families})")
+    return (f"{name} is not among the GPU types cloudtrain's default images support (the "
+            f"Deep Learning AMI's release notes list {families}; P3 and P3DN get Ubuntu with "
+            "NVIDIA's proprietary driver)")
 
 
 def parse_gpus(request: str) -> tuple[str, float]:

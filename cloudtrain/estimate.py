@@ -298,12 +298,13 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
              types: list[str] | None = None, gpu_request: str | None = None,
              disk_gb: int | None = None, store=None, staging_bytes: int = 0,
              disk_mbps: int = 0, preread_s: float = 0.0, profile: str | None = None,
-             nodes: int = 1) -> Estimate:
+             nodes: int = 1, own_image: bool = False) -> Estimate:
     """`staging_bytes`: copied from S3 onto the root volume (at staging_rate; on several
     nodes each copies its own, at the same time); `preread_s`: reading snapshot volumes once
     before the job (first_read: preread), at their own rate; `profile`: the recipe profile
     the arguments came from (the figures say whose they are); `nodes`: instances per run,
-    each billed (with its disk) for the whole run."""
+    each billed (with its disk) for the whole run; `own_image`: the job brings its own AMI
+    (--ami), which installs nothing at boot (a Volta type's default image does)."""
     unpriced = catalog.no_prices(region)
     if unpriced is not None:  # nothing here could be priced; say where it could
         raise unpriced
@@ -352,6 +353,10 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
             rate, staging_basis = staging_rate(t.name, disk_mbps or cost.GP3_BASE_MBPS)
             staging_s += staging_bytes / 1e6 / rate
         total = train_s + over.total + staging_s
+        if catalog.volta(t.name) and not own_image:  # its image installs them at boot
+            total += catalog.VOLTA_INSTALL_S
+            scaling += (f"; +{catalog.VOLTA_INSTALL_S / 60:.0f} min boot-time install of the "
+                        "driver and torch (Volta; estimated)")
         disk_usd = cost.ebs_cost(0.0, total, disk, gp3_month).dollars
 
         def dollars(price):
@@ -495,7 +500,8 @@ def for_spec(spec, region: str, store=None) -> Row | None:
         est = estimate(recipes.load(spec.recipe), spec.args, region, market=place.market,
                        types=[place.instance_type], disk_gb=place.disk_gb, store=store,
                        staging_bytes=staged, disk_mbps=spec.data.disk_mbps or 0,
-                       preread_s=preread, profile=spec.profile, nodes=spec.nodes)
+                       preread_s=preread, profile=spec.profile, nodes=spec.nodes,
+                       own_image=bool(place.ami))
     except UsageError:
         return None
     row = est.rows[0]

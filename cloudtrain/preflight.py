@@ -50,7 +50,12 @@ def instance_type_error(name, origin: str | None = None) -> UsageError:
                                  "expected an EC2 instance type, e.g. g5.xlarge", origin)
 
 
-# What to take instead of a type with a GPU the DLAMI does not run, by its GPU count.
+# What a Volta type's job gets instead of the Deep Learning AMI (providers/aws/images.py).
+VOLTA_NOTE = ("{name}'s {gpu} (Volta) runs on no current Deep Learning AMI; the job gets "
+              "Ubuntu 24.04 and installs NVIDIA's proprietary driver and a torch built for "
+              "CUDA 12.6 at boot (a few minutes more, billed); current types such as "
+              "g6.xlarge (L4) start sooner")
+# What to take instead of a type with a GPU no default image runs, by its GPU count.
 _NEWER = {1: "g5.xlarge (A10G) or g6.xlarge (L4)", 4: "g5.12xlarge (4 A10G)",
           8: "p4d.24xlarge (8 A100) or g6e.48xlarge (8 L40S)"}
 
@@ -131,13 +136,12 @@ def instance_type(name: str, region: str, *, cpu_ok: bool = False,
                          hint=("choose an x86_64 type (cloudtrain catalog), or pass --ami with "
                                f"an {facts.arch} image") if ami_arch == DEFAULT_ARCH else
                          f"pass an --ami built for {facts.arch}")
-    if dlami and facts.gpus and not catalog.dlami_runs(name):
+    if dlami and facts.gpus and not catalog.default_image_runs(name):
         instead = f"pick a GPU type it runs, e.g. {_NEWER.get(int(facts.gpus), _NEWER[1])}"
         raise UsageError(catalog.no_dlami_note(name, facts.gpu),
-                         hint=(f"{instead}; or pass --ami with an image that has NVIDIA's "
-                               "proprietary driver and a torch built for CUDA 12.6 (2.14 or "
-                               "older)") if facts.gpu in catalog.NO_DLAMI_GPUS else
-                         f"{instead}; or pass --ami with an image that supports {name}")
+                         hint=f"{instead}; or pass --ami with an image that supports {name}")
+    if dlami and facts.gpus and catalog.volta(name):
+        note = "; ".join(filter(None, [note, VOLTA_NOTE.format(name=name, gpu=facts.gpu)]))
     facts.note = note
     return facts
 

@@ -53,6 +53,9 @@ class SSHHost(Host):
         super().__init__(tmux_socket)
         self.endpoint = endpoint
         self.python = python
+        # A file the machine's boot writes once what the job needs is installed (None:
+        # nothing is installed at boot); setup waits for it.
+        self.ready_file: str | None = None
         self.name = endpoint.label()
         self._conn: Connection | None = None
         self._home: str | None = None

@@ -4,12 +4,14 @@
 #
 # THIS FILE IS A TEMPLATE. cloudtrain's AWS provider renders it with plain Python
 # str.replace() and sends the result as UserData. The placeholders are these names,
-# each wrapped in two at-signs on both sides, and they occur only in the four
+# each wrapped in two at-signs on both sides, and they occur only in the five
 # here-documents below (never in comments, so a multi-line value cannot escape one):
 #   JOB_ID               the cloudtrain job id
 #   MAX_RUNTIME_MINUTES  integer minutes: the job's max runtime plus a safety margin
 #   SHUTDOWN_COMMAND     shell command that powers the machine off
 #                        (production: "shutdown -h now"; user-data already runs as root)
+#   GPU_SOFTWARE         empty, or (a Volta type's Ubuntu) the script that installs the
+#                        NVIDIA driver and torch (infra/volta-software.sh, rendered)
 #   BOOT_SCRIPT          empty, or (a job of an Auto Scaling group) a bash script that
 #                        writes the boot loader and runs it (providers/aws/group_launch.py)
 # No other templating and no escaping: the here-documents are quoted, so any
@@ -26,6 +28,7 @@
 #   CLOUDTRAIN_UD_WATCHDOG_SECONDS fallback watchdog delay in seconds (default minutes*60)
 #   CLOUDTRAIN_UD_REARM            where the re-arm script goes (default /usr/local/bin/cloudtrain-rearm)
 #   CLOUDTRAIN_UD_SYSTEMD_DIR      present when systemd runs the machine (default /run/systemd/system)
+#   CLOUDTRAIN_UD_WARM_DIR         the image's Python, read once at boot (default /opt/pytorch)
 
 # -u catches typos; no -e: nothing below may stop the power-off timers from being armed.
 set -u
@@ -206,7 +209,46 @@ if [ "${#MISSING[@]}" -gt 0 ]; then
     done
 fi
 
-# Second marker: setup steps that need tmux/rsync can wait for this file.
+# --- 4. The GPU software the image lacks (a Volta type's Ubuntu: the driver and torch),
+#     empty for every other job. A failure is logged and its exit code kept in
+#     software-failed, where cloudtrain's setup reads it; never fatal here (the timers stand).
+SOFTWARE=$(cat <<'CLOUDTRAIN_SOFTWARE_EOF'
+@@GPU_SOFTWARE@@
+CLOUDTRAIN_SOFTWARE_EOF
+)
+case $SOFTWARE in
+    ''|@@*) ;;
+    *)
+        rm -f "$STATE_DIR/software-failed"
+        if printf '%s\n' "$SOFTWARE" >"$STATE_DIR/software.sh" &&
+                bash "$STATE_DIR/software.sh"; then
+            log "software: installed"
+        else
+            CODE=$?
+            log "WARNING: the software install failed (exit $CODE)"
+            printf 'exit=%s\n' "$CODE" >"$STATE_DIR/software-failed"
+        fi ;;
+esac
+
+# --- 5. The image's shared libraries read once, in the background: a root volume restored
+#     from the image's snapshot fetches each block from S3 the first time it is read, and
+#     torch's and CUDA's libraries (GBs) would otherwise be fetched at the job's first
+#     `import torch`, on the clock. How long it took is kept in warm-read for the timeline.
+WARM_DIR=${CLOUDTRAIN_UD_WARM_DIR:-/opt/pytorch}
+if [ -d "$WARM_DIR" ] && [ -d "$STATE_DIR" ]; then
+    (
+        START=$(date +%s)
+        BYTES=$(find "$WARM_DIR" -type f -name '*.so*' -printf '%s\n' 2>/dev/null |
+                awk '{ s += $1 } END { printf "%d", s }')
+        find "$WARM_DIR" -type f -name '*.so*' -print0 2>/dev/null |
+            xargs -0 -r -n 32 -P 4 cat >/dev/null 2>&1
+        printf 'seconds=%s\nbytes=%s\n' "$(($(date +%s) - START))" "${BYTES:-0}" \
+            >"$STATE_DIR/warm-read.tmp" && mv -f "$STATE_DIR/warm-read.tmp" "$STATE_DIR/warm-read"
+    ) </dev/null >/dev/null 2>&1 &
+    log "reading $WARM_DIR's shared libraries once, in the background"
+fi
+
+# Second marker: setup steps that need tmux/rsync (and the software) wait for this file.
 [ -d "$STATE_DIR" ] && now_utc >"$STATE_DIR/user-data-done"
 
 # A job of an Auto Scaling group (a recovering spot job): every instance of the group starts the

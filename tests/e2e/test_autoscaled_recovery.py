@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from labs.asg import instance_profile_config
 from labs.cloud import cloud_lab, uninterrupted
 from labs.polling import wait_for
 from labs.netns import netns_available
@@ -37,25 +38,7 @@ RESNET9 = ("--recipe", "resnet9", "--profile", "smoke", "--set", "epochs=4",
 def lab(cli, ct_home, tmp_path, monkeypatch):
     with cloud_lab(cli, ct_home, tmp_path, monkeypatch, [], f"ct-e2e-autoscaled-{os.getpid()}",
                    autoscaling=True) as lab:
-        import boto3
-
-        from labs.credentials import CLIENT_CREDS, REGION
-
-        iam = boto3.client("iam", endpoint_url=lab.endpoint, region_name=REGION, **CLIENT_CREDS)
-        iam.create_role(RoleName="ct-instance-role", AssumeRolePolicyDocument=json.dumps({
-            "Version": "2012-10-17", "Statement": [{
-                "Effect": "Allow", "Action": "sts:AssumeRole",
-                "Principal": {"Service": "ec2.amazonaws.com"}}]}))
-        iam.create_instance_profile(InstanceProfileName=PROFILE)
-        iam.add_role_to_instance_profile(InstanceProfileName=PROFILE, RoleName="ct-instance-role")
-        config = ct_home / "config.yaml"
-        # The job directory is the same path on every instance of the group, as
-        # ~/.cloudtrain is on AWS (/home/ubuntu on the DLAMI): each lab instance has its
-        # home there too.
-        text = "".join(line for line in config.read_text().splitlines(keepends=True)
-                       if not line.startswith("remote_root:"))
-        config.write_text(text + f"instance_profile: {PROFILE}\n"
-                          "remote_root: /home/ubuntu/.cloudtrain\n")
+        instance_profile_config(lab, ct_home, PROFILE)
         yield lab
         assert lab.asg.errors() == []
 

@@ -92,7 +92,8 @@ def test_RA5_an_image_of_the_user_s_own_is_logged_in_to_as_its_distribution_s_us
 
 def test_RA5_the_default_image_an_unknown_one_and_ssh_user_in_config(ec2_provider):  # noqa: F811
     aws = ec2_provider.aws
-    assert images.login_user(aws, REGION, None) == ("ubuntu", "the Deep Learning AMI's")
+    assert images.login_user(aws, REGION, None) == ("ubuntu",
+                                                    "the default image's (Ubuntu 24.04)")
     mine = _image("my-golden-image-7")
     user, why = images.login_user(aws, REGION, mine)
     assert user == "ubuntu" and "set ssh_user in config.yaml" in why

@@ -167,25 +167,88 @@ def test_d6_a_type_not_offered_in_the_region_is_refused(moto):
     assert proc.returncode == 0 and "EC2 checks at launch" in rows(proc.stdout)["note"]
 
 
-@pytest.mark.parametrize("instance, instead", [
-    ("p3.2xlarge", "g5.xlarge (A10G) or g6.xlarge (L4)"), ("p3.8xlarge", "g5.12xlarge (4 A10G)"),
-    ("p3.16xlarge", "p4d.24xlarge (8 A100)"), ("p3dn.24xlarge", "p4d.24xlarge (8 A100)")])
-def test_RA2_a_volta_type_is_refused_on_the_dlami_and_taken_with_an_ami(instance, instead):
+@pytest.mark.parametrize("instance", ["p3.2xlarge", "p3.8xlarge", "p3.16xlarge",
+                                      "p3dn.24xlarge"])
+def test_RA2_a_volta_type_gets_ubuntu_with_the_proprietary_driver_and_a_cuda_12_6_torch(instance):
     """RA2: no current Deep Learning AMI runs a V100 (its open-kernel-module driver supports
-    Turing and newer; its torch is CUDA 13, no sm_70), so RunInstances would succeed and the
-    job fail on the instance, billed. Refused before anything, saying what to take instead by
-    GPU count; an --ami (an image with the proprietary driver) is the user's to vouch for.
-    RH4 (the host key read from the live console, which only Nitro types have; p3 was Xen)
-    goes with it: no Xen GPU type launches on the default image any more."""
-    error = refused(run("launch", "--recipe", "resnet9", "--instance", instance,
-                        "--region", "us-east-1", "--dry-run"),
-                    f"{instance}'s V100", "(Volta) runs on no current Deep Learning AMI",
-                    f"pick a GPU type it runs, e.g. {instead}", "--ami")
-    assert len(error.splitlines()) == 2 and "Traceback" not in error  # the error, its hint
+    Turing and newer; its torch is CUDA 13, no sm_70), so the mission's own `--instance
+    p3.2xlarge` would boot and fail, billed. A Volta type's dry run now names what it gets
+    instead, and why: Canonical's Ubuntu 24.04 by its SSM parameter, NVIDIA's proprietary
+    driver 580 (the last branch that runs Volta) and torch 2.14.1 built for CUDA 12.6 (sm_70)
+    installed at boot, the minutes that costs in the estimate, and the disk; the note says
+    that a current type starts sooner. RH4 (the host key of a Xen type, read from a lagging
+    console) applies to p3 again."""
+    proc = run("launch", "--recipe", "resnet9", "--instance", instance, "--spot",
+               "--region", "us-east-1", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    plan = rows(proc.stdout)
+    assert plan["instance"].startswith(f"{instance}: ")
+    assert plan["note"].startswith(f"{instance}'s V100") and "(Volta)" in plan["note"]
+    assert "g6.xlarge (L4) start sooner" in plan["note"]
+    ami = plan["AMI"]
+    for said in ("Ubuntu 24.04", "/aws/service/canonical/ubuntu/server/24.04/stable/current/"
+                 "amd64/hvm/ebs-gp3/ami-id", "NVIDIA's proprietary driver 580-server",
+                 "the last branch that runs Volta", "torch 2.14.1 + torchvision 0.29.1",
+                 "CUDA 12.6", "sm_70", "/opt/cloudtrain/torch", "about 6 min more",
+                 "the job stops if torch sees no GPU"):
+        assert said in ami, (said, ami)
+    assert plan["disk"].startswith("60 GB gp3")
+    assert "+6 min boot-time install of the driver and torch" in plan["estimate"]
+    # with --ami the image is the user's: nothing is installed, and the plan says so
     proc = run("launch", "--recipe", "resnet9", "--instance", instance, "--region",
                "us-east-1", "--ami", "ami-0123456789abcdef0", "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert rows(proc.stdout)["instance"].startswith(f"{instance}: ")
+    assert rows(proc.stdout)["AMI"] == "ami-0123456789abcdef0"
+    assert "note" not in rows(proc.stdout)
+
+
+def test_RA2_an_image_on_a_type_it_does_not_boot_on_is_refused_by_ec2_and_before_anything(
+        moto, monkeypatch):
+    """RA2 (the lab refuses an image on a type it does not support): EC2's RunInstances
+    refuses an image of another architecture, a UEFI-only image on a type that boots only
+    legacy BIOS (p3, a Xen type) and an image without ENA on a type that requires it; the
+    lab (labs/moto_images.py ImageFits, with the p3 types moto lacks: labs/moto_types.py)
+    refuses them the same way, and a uefi-preferred image boots on p3. cloudtrain refuses
+    each such --ami before anything is created, in one line, naming why."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    from labs.moto_images import ImageFits
+    from labs.moto_types import MotoTypes
+
+    MotoTypes().install(monkeypatch)
+    fits = ImageFits().install(monkeypatch)
+    ec2 = boto3.client("ec2", endpoint_url=moto["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                       **CLIENT_CREDS)
+    uefi = ec2.register_image(Name="uefi-only", BootMode="uefi", EnaSupport=True)["ImageId"]
+    arm = ec2.register_image(Name="arm-image", Architecture="arm64", EnaSupport=True)["ImageId"]
+    no_ena = ec2.register_image(Name="no-ena", EnaSupport=False)["ImageId"]
+    both = ec2.register_image(Name="both-modes", BootMode="uefi-preferred",
+                              EnaSupport=True)["ImageId"]
+    for ami, kind, code in ((uefi, "p3.2xlarge", "InvalidParameterCombination"),
+                            (arm, "g5.xlarge", "InvalidParameterValue"),
+                            (no_ena, "g5.xlarge", "InvalidParameterCombination")):
+        with pytest.raises(ClientError, match=code):
+            ec2.run_instances(ImageId=ami, InstanceType=kind, MinCount=1, MaxCount=1)
+    assert "does not match the architecture 'arm64'" in fits.refused[1]
+    assert "(ENA) is required for the 'g5.xlarge' instance type" in fits.refused[2]
+    for ami, kind in ((both, "p3.2xlarge"), (no_ena, "p3.2xlarge"), (uefi, "g5.xlarge")):
+        ec2.run_instances(ImageId=ami, InstanceType=kind, MinCount=1, MaxCount=1)
+    assert len(fits.refused) == 3
+
+    def launch(ami, kind):
+        return run("launch", "--recipe", "resnet9", "--instance", kind, "--ami", ami,
+                   "--region", "us-east-1", "--dry-run", env=moto)
+
+    for ami, kind, words in (
+            (uefi, "p3.2xlarge", (f"{uefi} boots only with UEFI", "p3.2xlarge boots only "
+                                  "legacy-bios", "RunInstances would refuse it")),
+            (no_ena, "g5.xlarge", ("g5.xlarge requires ENA", f"{no_ena} is not enabled")),
+            (arm, "g5.xlarge", ("g5.xlarge is x86_64 but the AMI is arm64",))):
+        error = refused(launch(ami, kind), *words)
+        assert len(error.splitlines()) == 2, error
+    for ami, kind in ((both, "p3.2xlarge"), (uefi, "g5.xlarge")):
+        assert launch(ami, kind).returncode == 0
 
 
 @pytest.mark.parametrize("instance, region", [
@@ -199,7 +262,7 @@ def test_RA3_a_gpu_type_the_dlami_does_not_list_is_refused_unless_an_ami_is_give
     the list; with --ami the image is the user's to vouch for."""
     error = refused(run("launch", "--instance", instance, "--region", region, "--dry-run",
                         "--", "true"),
-                    f"{instance} is not among the GPU types the Deep Learning AMI supports",
+                    f"{instance} is not among the GPU types cloudtrain's default images support",
                     "G4DN, G5, G6, GR6, G6E, P4D, P4DE, P5, P5E, P5EN, P6-B200",
                     f"or pass --ami with an image that supports {instance}")
     assert len(error.splitlines()) == 2
@@ -228,23 +291,33 @@ def test_RF3_a_china_region_is_refused_before_anything(region):
     assert "China partition" not in proc.stdout + proc.stderr
 
 
-def test_RA2_gpus_v100_is_refused_and_ec2s_word_on_a_type_counts_too():
+def test_RA2_gpus_v100_finds_a_p3_with_its_own_image_and_ec2s_word_on_a_type_counts_too():
     """RA2, RG3 (p3/p3dn offered to --gpus as equals): --gpus V100:1 finds p3.2xlarge, which
-    is refused as above, naming what to take; a type the catalog lacks is judged by the GPU
-    EC2 says it has (DescribeInstanceTypes), the same way."""
+    gets the Volta image as above; a type the catalog lacks is judged by the GPU and family
+    EC2 says it has (DescribeInstanceTypes), the same way; a GPU type no default image runs
+    is refused naming what to take instead."""
     from cloudtrain import preflight
     from cloudtrain.errors import UsageError
 
-    refused(run("launch", "--recipe", "resnet9", "--gpus", "V100:1", "--region", "us-east-1",
-                "--dry-run"), "p3.2xlarge's V100 (Volta)")
+    proc = run("launch", "--recipe", "resnet9", "--gpus", "V100:1", "--region", "us-east-1",
+               "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert rows(proc.stdout)["instance"].startswith("p3.2xlarge: ")
+    assert "NVIDIA's proprietary driver 580-server" in rows(proc.stdout)["AMI"]
     volta = {"gpus": 4, "gpu": "V100", "arch": "x86_64"}
-    with pytest.raises(UsageError, match="p3.9xlarge's V100 ") as info:
-        preflight.instance_type("p3.9xlarge", "us-east-1", describe=lambda name: volta,
+    facts = preflight.instance_type("p3.9xlarge", "us-east-1", describe=lambda name: volta,
+                                    offered=lambda name: True)
+    assert (facts.gpu, facts.gpus, facts.source) == ("V100", 4, "EC2")
+    assert facts.note and facts.note.startswith("p3.9xlarge's V100 (Volta)")
+    blackwell = {"gpus": 4, "gpu": "RTXPRO6000", "arch": "x86_64"}
+    with pytest.raises(UsageError, match="g7e.24xlarge is not among") as info:
+        preflight.instance_type("g7e.24xlarge", "us-east-1", describe=lambda name: blackwell,
                                 offered=lambda name: True)
     assert "e.g. g5.12xlarge (4 A10G)" in info.value.hint
-    facts = preflight.instance_type("p3.9xlarge", "us-east-1", describe=lambda name: volta,
+    facts = preflight.instance_type("g7e.24xlarge", "us-east-1",
+                                    describe=lambda name: blackwell,
                                     offered=lambda name: True, dlami=False)
-    assert (facts.gpu, facts.gpus, facts.source) == ("V100", 4, "EC2")
+    assert facts.note is None
 
 
 # D21

@@ -23,7 +23,12 @@ rootdir-relative conftest, and the benchmarks put it there).
     moto_placement  placement groups, which moto lacks
     moto_quotas     EC2's Service Quotas, which moto lacks
     moto_activities Auto Scaling's scaling activities, which moto does not keep
-    moto_images     an image's root snapshot size, and EC2's refusal of a smaller root volume
+    moto_images     an image's root snapshot size, and EC2's refusal of a smaller root volume;
+                    an image's architecture, boot mode and ENA, and EC2's refusal of an image
+                    on a type it does not boot on
+    moto_types      the Volta types moto lacks (p3.2xlarge, p3.8xlarge, p3.16xlarge)
+    ubuntu_image    what a Volta instance's boot-time install reaches: Ubuntu's archive, the
+                    kernel's modules, nvidia-smi, PyTorch's index (stand-ins)
     moto_templates  launch template versions kept as moto keeps a template's first one
     moto_regions    DescribeRegions: the enabled regions of the endpoint's partition
     terminal        the real `cloudtrain` on a pseudo-terminal

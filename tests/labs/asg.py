@@ -1075,3 +1075,28 @@ def _is_cloudtrain(argv: list[str]) -> bool:
         if arg == "-m" and argv[i + 1].split(".")[0] == "cloudtrain":
             return True
     return any(os.path.basename(arg) == "cloudtrain" for arg in argv[:2])
+
+
+def instance_profile_config(lab, ct_home: Path, profile: str = "ct-instance",
+                            drop: tuple[str, ...] = ()) -> None:
+    """An instance profile for the job's group (its role trusts EC2) and config.yaml naming
+    it, with remote_root where the job directory is on every instance of the group (as
+    ~/.cloudtrain is on AWS: /home/ubuntu on the default images; each lab instance has its
+    home there too); the config lines starting with `drop` go."""
+    import boto3
+
+    from labs.credentials import CLIENT_CREDS, REGION
+
+    iam = boto3.client("iam", endpoint_url=lab.endpoint, region_name=REGION, **CLIENT_CREDS)
+    iam.create_role(RoleName=f"{profile}-role", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{
+            "Effect": "Allow", "Action": "sts:AssumeRole",
+            "Principal": {"Service": "ec2.amazonaws.com"}}]}))
+    iam.create_instance_profile(InstanceProfileName=profile)
+    iam.add_role_to_instance_profile(InstanceProfileName=profile, RoleName=f"{profile}-role")
+    config = ct_home / "config.yaml"
+    text = "".join(line for line in config.read_text().splitlines(keepends=True)
+                   if not line.startswith(("remote_root:", *drop)))
+    config.write_text(text + f"instance_profile: {profile}\n"
+                      "remote_root: /home/ubuntu/.cloudtrain\n")
+

@@ -29,7 +29,8 @@ from cloudtrain.ssh import generate_ed25519
 
 from .credentials import AWS_ENV, CLIENT_CREDS, REGION
 from .loopback import free_port
-from .moto_images import ImageRoots
+from .moto_images import ImageFits, ImageRoots
+from .moto_types import MotoTypes
 from .moto_regions import EnabledRegions
 from .moto_templates import TemplateVersions
 from .sshd import SSHD
@@ -37,6 +38,8 @@ from .sshd import SSHD
 SUBNETS = {"us-east-1a": "127.0.1.0/28", "us-east-1b": "127.0.2.0/28"}
 DLAMI_PARAMETER = ("/aws/service/deeplearning/ami/x86_64/"
                    "oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id")
+UBUNTU_PARAMETER = ("/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/"
+                    "ebs-gp3/ami-id")
 
 SHUTDOWN_RECORDER = """#!{python}
 # Stands in for `sudo shutdown -h now` on an instance launched with shutdown behaviour
@@ -156,9 +159,15 @@ class AWSLab:
                 VpcId=vpc, CidrBlock=cidr, AvailabilityZone=zone)["Subnet"]["SubnetId"]
         image = self.ec2.register_image(
             Name="Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.9 (Ubuntu 24.04) 20261101",
-            RootDeviceName="/dev/sda1")["ImageId"]
+            RootDeviceName="/dev/sda1", Architecture="x86_64", EnaSupport=True)["ImageId"]
         self.ami = image
         publish_parameter(DLAMI_PARAMETER, image)
+        # Canonical's Ubuntu 24.04, the image of a Volta type's job (providers/aws/images.py)
+        self.ubuntu_ami = self.ec2.register_image(
+            Name="ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20261120",
+            RootDeviceName="/dev/sda1", Architecture="x86_64", BootMode="uefi-preferred",
+            EnaSupport=True)["ImageId"]
+        publish_parameter(UBUNTU_PARAMETER, self.ubuntu_ami)
         # cloudtrain's own key, made where it looks for it, so the sshd can trust it.
         key = self.home / "keys" / REGION / "cloudtrain_ed25519"
         key.parent.mkdir(parents=True, exist_ok=True)
@@ -248,9 +257,12 @@ def publish_parameter(name: str, value: str, region: str = REGION) -> None:
 
 def ec2_as_aws(monkeypatch) -> None:
     """EC2's behaviour that moto leaves out, for this test: a root volume no smaller than
-    its image's snapshot (labs/moto_images.py), a launch template's later versions
+    its image's snapshot, an image only on a type it boots on (labs/moto_images.py), the
+    Volta types moto lacks (labs/moto_types.py), a launch template's later versions
     (labs/moto_templates.py), the regions enabled for the account (labs/moto_regions.py)."""
+    MotoTypes().install(monkeypatch)
     ImageRoots().install(monkeypatch)
+    ImageFits().install(monkeypatch)
     TemplateVersions().install(monkeypatch)
     EnabledRegions().install(monkeypatch)
 

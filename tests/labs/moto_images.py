@@ -1,5 +1,6 @@
-"""The root snapshot of moto's images, and EC2's rule for the root volume a launch asks for
-(RB1), which moto does not enforce:
+"""The root snapshot of moto's images and EC2's rule for the root volume a launch asks for
+(RB1); what an image is (architecture, boot mode, ENA) and EC2's rules for the types it
+launches on (ImageFits); neither of which moto enforces:
 
     DescribeImages    the root device's mapping says its snapshot's size: moto's 15 GB, or
                       what the test set in `ImageRoots.sizes[ami]`
@@ -7,6 +8,21 @@
                       smaller than that snapshot is refused, as EC2 refuses it:
                       InvalidBlockDeviceMapping "Volume of size 20GB is smaller than
                       snapshot 'snap-...', expect size >= 75GB"
+
+ImageFits:
+
+    RegisterImage     keeps Architecture (x86_64 where a test gives none: AWS's default for an
+                      EBS-backed image is i386, and no image here is one), BootMode (none
+                      where none is given, as AWS: the type's default then) and EnaSupport
+    RunInstances      refused as EC2 refuses it (EC2 user guide: "Instance launch behavior
+                      with Amazon EC2 boot modes"; "Enable enhanced networking with ENA"):
+                      an image whose architecture the type does not have
+                      (InvalidParameterValue, EC2's wording); an image whose boot mode is
+                      uefi on a type that boots only legacy BIOS (the Xen types: p3, ...;
+                      InvalidParameterCombination, in the lab's words); an image registered
+                      without ENA on a type that requires it (InvalidParameterCombination,
+                      EC2's wording). Only RunInstances: an Auto Scaling group's launches
+                      (tests/labs/asg.py) are not checked.
 
 Installed with monkeypatch on moto's classes (labs.aws.use_moto and the ec2_provider fixture
 install it for every test), so it serves in-process `mock_aws()` and a ThreadedMotoServer
@@ -60,3 +76,66 @@ class ImageRoots:
         monkeypatch.setattr(Ami, "block_device_mappings", property(block_device_mappings))
         monkeypatch.setattr(InstanceResponse, "run_instances", run_instances)
         return self
+
+
+class ImageFits:
+    def __init__(self):
+        self.refused: list[str] = []  # every RunInstances refused, its message
+
+    def install(self, monkeypatch) -> "ImageFits":
+        from moto.ec2.exceptions import EC2ClientError
+        from moto.ec2.models.instance_types import INSTANCE_TYPES
+        from moto.ec2.responses.amis import AmisResponse
+        from moto.ec2.responses.instances import InstanceResponse
+
+        lab = self
+        register = AmisResponse.register_image
+
+        def register_image(self):
+            result = register(self)
+            image = self.ec2_backend.amis[result.result["ImageId"]]
+            image.architecture = self._get_param("Architecture") or "x86_64"
+            image.boot_mode = self._get_param("BootMode")
+            ena = self._get_param("EnaSupport")
+            image.ena_support = None if ena is None else str(ena).lower() == "true"
+            return result
+
+        run = InstanceResponse.run_instances
+
+        def run_instances(self):
+            image_id = self._get_param("ImageId")
+            name = self._get_param("InstanceType")
+            images = self.ec2_backend.describe_images(ami_ids=[image_id]) if image_id else []
+            kind = INSTANCE_TYPES.get(name) or {}
+            for image in images[:1]:
+                why = _refusal(image, name, kind)
+                if why:
+                    lab.refused.append(why[1])
+                    raise EC2ClientError(*why)
+            return run(self)
+
+        monkeypatch.setattr(AmisResponse, "register_image", register_image)
+        monkeypatch.setattr(InstanceResponse, "run_instances", run_instances)
+        return self
+
+
+def _refusal(image, name: str, kind: dict) -> tuple[str, str] | None:
+    arches = (kind.get("ProcessorInfo") or {}).get("SupportedArchitectures") or []
+    arch = getattr(image, "architecture", None) or "x86_64"
+    if arches and arch not in arches:
+        return ("InvalidParameterValue",
+                f"The architecture '{arches[0]}' of the specified instance type does not match "
+                f"the architecture '{arch}' of the specified AMI. Specify an instance type and "
+                "an AMI that have matching architectures, and try again.")
+    modes = kind.get("SupportedBootModes") or []
+    if getattr(image, "boot_mode", None) == "uefi" and modes and "uefi" not in modes:
+        return ("InvalidParameterCombination",
+                f"The instance type {name} does not support the boot mode uefi of {image.id}")
+    ena = (kind.get("NetworkInfo") or {}).get("EnaSupport")
+    if ena == "required" and getattr(image, "ena_support", None) is False:
+        return ("InvalidParameterCombination",
+                f"Enhanced networking with the Elastic Network Adapter (ENA) is required for "
+                f"the '{name}' instance type. Ensure that you are using an AMI that is "
+                "enabled for ENA.")
+    return None
+

@@ -664,6 +664,21 @@ def test_RE4_the_cli_policy_lets_the_launch_list_and_read_the_dlami_parameters()
         assert path.startswith("/aws/service/deeplearning/"), path
 
 
+def test_RA2_the_cli_policy_lets_the_launch_read_canonicals_ubuntu_parameter():
+    """RA2: a Volta type's job takes Canonical's Ubuntu 24.04 by its public SSM parameter
+    (owned by no account, like the DLAMI's); the CLI policy allows GetParameter on it, and
+    the path the code reads is under the ARN allowed."""
+    import fnmatch
+
+    from cloudtrain.providers.aws import images
+
+    arn = f"arn:aws:ssm:us-east-1::parameter{images.UBUNTU_PARAMETER}"
+    allowed = [s for s in POLICY["Statement"] if s["Effect"] == "Allow"
+               and "ssm:GetParameter" in _listed(s["Action"])
+               and any(fnmatch.fnmatchcase(arn, r) for r in _listed(s["Resource"]))]
+    assert [s["Sid"] for s in allowed] == ["UbuntuIdFromSsm"]
+
+
 def test_RD2_infra_readme_says_a_group_s_later_launches_are_its_service_linked_role_s():
     """RD2: infra/README said the group's instances were checked against the CLI policy's
     RunInstances statements as if the user had launched them; AWS checks the caller's
@@ -693,8 +708,9 @@ LINT_EXPLAINED = {
            "Free Tier API's account plans came with the Free plan of July 2025 (botocore's "
            "freetier model has the operation)"),
     ("iam-policy-cli-account.json", "RESOURCE_MISMATCH"): (
-        1, "AWS's public SSM parameters have an ARN with no account "
-           "(arn:aws:ssm:REGION::parameter/aws/service/...), which parliament's format lacks"),
+        2, "AWS's public SSM parameters (the DLAMI's, Canonical's Ubuntu's) have an ARN with "
+           "no account (arn:aws:ssm:REGION::parameter/aws/service/...), which parliament's "
+           "format lacks"),
     ("iam-policy-job-boundary.json", "RESOURCE_MISMATCH"): (
         1, "the object ARN holds policy variables whose names contain ':' "
            "(${aws:PrincipalTag/cloudtrain:owner-key}), which parliament splits as ARN parts"),

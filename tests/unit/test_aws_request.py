@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+
 from cloudtrain.config import Settings
 from cloudtrain.providers.aws import AWSProvider
 from cloudtrain.spec import JobSpec
@@ -66,7 +68,7 @@ def test_spot_request_is_one_time_and_terminates():
 
 def test_user_data_powers_off_after_the_max_runtime_plus_margin():
     r = _request()
-    ud = r["UserData"]
+    ud = gzip.decompress(r["UserData"]).decode()  # gzipped, as cloud-init takes it
     for placeholder in ("@@JOB_ID@@", "@@MAX_RUNTIME_MINUTES@@", "@@SHUTDOWN_COMMAND@@"):
         assert placeholder not in ud
     assert "\n90\n" in ud  # 60 min runtime + 30 min margin (F16 addendum)

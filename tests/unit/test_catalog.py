@@ -42,12 +42,15 @@ def test_a_recipe_s_own_gpu_is_kept():
     assert catalog.gpu_request({"gpus_per_node": 1, "gpu": "L4"}, 4) == "L4:4"
 
 
-def test_RA2_the_volta_types_are_the_ones_said_unrunnable():
-    """Every catalog type whose GPU is in NO_DLAMI_GPUS is a p3 or p3dn, and no other is."""
+def test_RA2_the_volta_types_are_the_ones_that_get_their_own_image():
+    """RA2: every catalog type whose GPU is in NO_DLAMI_GPUS is a p3 or p3dn (VOLTA_FAMILIES),
+    and no other is: those, and only those, get the Ubuntu image with the proprietary driver;
+    every other GPU type a default image runs is the DLAMI's."""
     volta = sorted(t.name for t in catalog.load().values() if t.gpu in catalog.NO_DLAMI_GPUS)
     assert volta == ["p3.16xlarge", "p3.2xlarge", "p3.8xlarge", "p3dn.24xlarge"]
-    note = catalog.no_dlami_note("p3.2xlarge", "V100")
-    assert note.startswith("p3.2xlarge's V100 (Volta) runs on no current Deep Learning AMI")
+    assert sorted(t.name for t in catalog.load().values() if catalog.volta(t.name)) == volta
+    assert all(catalog.default_image_runs(name) and not catalog.dlami_runs(name)
+               for name in volta)
 
 
 def test_RA3_the_types_the_dlami_runs_are_the_families_its_release_notes_list():
@@ -60,5 +63,6 @@ def test_RA3_the_types_the_dlami_runs_are_the_families_its_release_notes_list():
     inside = {t.name.split(".")[0] for t in catalog.load().values() if catalog.dlami_runs(t.name)}
     assert inside == set(catalog.DLAMI_FAMILIES)
     assert catalog.no_dlami_note("g7e.2xlarge", "RTXPRO6000").startswith(
-        "g7e.2xlarge is not among the GPU types the Deep Learning AMI supports (its release "
-        "notes list G4DN, G5, G6, GR6, G6E, P4D")
+        "g7e.2xlarge is not among the GPU types cloudtrain's default images support (the Deep "
+        "Learning AMI's release notes list G4DN, G5, G6, GR6, G6E, P4D")
+    assert not catalog.default_image_runs("g7e.2xlarge")

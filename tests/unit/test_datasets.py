@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloudtrain import config, cost, datasets, datasources, estimate, ledger, recipes
+from cloudtrain import catalog, config, cost, datasets, datasources, estimate, ledger, recipes
 from cloudtrain.errors import ConfigError, UsageError
 from conftest import tiny_prepared_imagenet
 from cloudtrain.spec import JobSpec
@@ -159,7 +159,9 @@ def test_the_estimate_counts_the_copy_at_the_slower_of_disk_and_network():
                               staging_bytes=160 * 10**9, disk_mbps=0)
     (row,), (slow,) = est.rows, plain.rows
     assert row.staging_s == pytest.approx(160.0) and slow.staging_s == pytest.approx(1280.0)
-    assert row.total_s - row.train_s - est.overheads.total == pytest.approx(160.0)
+    # p3 installs the driver and torch at boot: that too is in the total, beside the copy
+    assert row.total_s - row.train_s - est.overheads.total == pytest.approx(
+        160.0 + catalog.VOLTA_INSTALL_S)
     assert est.disk_gb >= 160 * 1.05 + datasets.DISK_MARGIN_GB
 
 
@@ -221,7 +223,8 @@ def test_a_snapshot_read_once_before_training_is_in_the_estimate(ct_home):
     assert est.staging_bytes == 0  # nothing is copied from S3
     assert est.preread_s == pytest.approx(160_000 / 500)  # the recipe's 160 GB at 500 MB/s
     assert row.staging_s == pytest.approx(320.0)
-    assert row.total_s == pytest.approx(row.train_s + est.overheads.total + 320.0)
+    assert row.total_s == pytest.approx(row.train_s + est.overheads.total + 320.0
+                                        + catalog.VOLTA_INSTALL_S)  # p3's boot-time install
     from cloudtrain import catalog_views
 
     assert "reading the snapshot volumes once before training, 5m20s" in \

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from cloudtrain import estimate, recipes, state
+from cloudtrain import catalog, estimate, recipes, state
 from cloudtrain.errors import UsageError
 
 RECIPE = """\
@@ -71,7 +71,7 @@ def test_RA2_the_types_compared_by_default_are_ones_a_launch_takes(pub):
 
 def test_cost_rows_equal_hand_computed_figures(pub):
     est = estimate.estimate(pub, {"variant": "fast", "gpus": 1}, "us-east-1",
-                            types=["p3.2xlarge", "g4dn.xlarge", "p3.8xlarge"])
+                            types=["p3.2xlarge", "g4dn.xlarge", "p3.8xlarge"], own_image=True)
     rows = {r.instance_type: r for r in est.rows}
     over = sum(estimate.ASSUMED.values())  # 255 s: nothing measured in an empty store
     disk = 60 * 0.08 / 730  # gp3 $0.08/GB-month in us-east-1, per hour
@@ -96,11 +96,24 @@ def test_an_instance_with_fewer_gpus_than_the_published_run_gets_no_figure(pub):
     assert rows["p3.16xlarge"].train_s == 9.43
 
 
+def test_RA2_a_volta_type_on_its_default_image_pays_the_boot_time_install(pub, monkeypatch):
+    """RA2: a p3 on the default image installs the driver and torch at boot; those minutes
+    are billed and in the estimate (with --ami, an image that has them, they are not)."""
+    monkeypatch.setattr(estimate, "ASSUMED", {"boot": 1.0, "setup": 1.0, "startup": 1.0,
+                                              "teardown": 1.0})
+    row = estimate.estimate(pub, {"variant": "fast", "gpus": 1}, "us-east-1",
+                            types=["p3.2xlarge", "g5.xlarge"])
+    by = {r.instance_type: r for r in row.rows}
+    assert by["p3.2xlarge"].total_s == 30 + catalog.VOLTA_INSTALL_S
+    assert "+6 min boot-time install of the driver and torch" in by["p3.2xlarge"].scaling
+    assert "install" not in by["g5.xlarge"].scaling
+
+
 def test_the_60_second_minimum_applies(pub, monkeypatch):
     monkeypatch.setattr(estimate, "ASSUMED", {"boot": 1.0, "setup": 1.0, "startup": 1.0,
                                               "teardown": 1.0})
     row = estimate.estimate(pub, {"variant": "fast", "gpus": 1}, "us-east-1",
-                            types=["p3.2xlarge"]).rows[0]
+                            types=["p3.2xlarge"], own_image=True).rows[0]
     assert row.total_s == 30
     assert row.on_demand == pytest.approx(3.06 * 60 / 3600 + 60 * 0.08 / 730 * 60 / 3600)
 

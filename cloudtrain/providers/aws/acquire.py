@@ -42,7 +42,7 @@ def own_role(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = S
 def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SILENT) -> SSHHost:
     place = spec.placement
     region = aws.region(spec)
-    boot = bootstrap.bootstrap(aws, region, place.ami)
+    boot = bootstrap.for_placement(aws, region, place)
     report.info(f"SSH port open to {boot['ssh_from']} only")
     # A relaunch whose supervisor was killed after RunInstances goes on with that instance.
     found = instances.attempt_instance(aws, store, job, region, job.facts.attempt) \
@@ -57,7 +57,7 @@ def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SI
             instance = instances.run_instance(aws, store, job, spec, region, boot, report)
         except StaleCache:
             RegionCache(aws.settings.aws_profile, region).clear()
-            boot = bootstrap.bootstrap(aws, region, place.ami, cached=False)
+            boot = bootstrap.for_placement(aws, region, place, cached=False)
             instance = instances.run_instance(aws, store, job, spec, region, boot, report)
     key_path = boot["key_path"]
     address = booting.wait_running(aws, region, instance, report)
@@ -67,6 +67,7 @@ def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SI
     endpoint = Endpoint(address, aws.settings.ssh_port,
                         images.login_user(aws, region, place.ami)[0], str(key_path))
     host = booting.wait_ssh(aws, region, instance, endpoint, place.instance_type, 1, report)
+    host.ready_file = images.ready_file(place.instance_type, place.ami)
     report.phase(f"checking {instance}'s host key against its console output")
     verified = booting.check_host_key(aws, store, job, region, instance, host, place.instance_type,
                                        report)

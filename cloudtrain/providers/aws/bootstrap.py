@@ -10,9 +10,17 @@ from .cache import CACHE_TTL_S, RegionCache
 from .session import AwsSession
 
 
-def bootstrap(aws: AwsSession, region: str, ami: str | None, cached: bool = True) -> dict:
+def for_placement(aws: AwsSession, region: str, place, cached: bool = True) -> dict:
+    """bootstrap for a job's placement: its --ami, else its type's default image."""
+    return bootstrap(aws, region, place.ami, cached,
+                     images.image_kind(place.instance_type, place.ami))
+
+
+def bootstrap(aws: AwsSession, region: str, ami: str | None, cached: bool = True,
+              kind: str | None = images.DLAMI) -> dict:
     """Owner, key pair, subnets, security group, AMI and its root device (name and snapshot
-    size) for a region.
+    size) for a region; the AMI `ami` as given, else the default image of `kind`
+    (images.image_kind: the DLAMI, or a Volta type's Ubuntu).
     What was set up before is taken from $CLOUDTRAIN_HOME/aws-cache.json (AMI and subnets
     for a day), so a warm launch makes no describe calls; a stale entry shows up as a
     *.NotFound from RunInstances, and the caller bootstraps again uncached."""
@@ -44,14 +52,18 @@ def bootstrap(aws: AwsSession, region: str, ami: str | None, cached: bool = True
     if ami is not None:  # the user's own: resolved each time, never cached as the default
         facts = images.image_facts(aws, region, ami)
         root_device, root_gb = facts["root_device"], facts["root_gb"]
-    elif now - entry.get("ami_at", 0) < CACHE_TTL_S and entry.get("ami") \
-            and "root_gb" in entry:
-        ami, root_device, root_gb = entry["ami"], entry["root_device"], entry["root_gb"]
-    else:
-        ami = images.resolve_ami(aws, region, None)
-        facts = images.image_facts(aws, region, ami)
-        root_device, root_gb = facts["root_device"], facts["root_gb"]
-        entry.update(ami=ami, root_device=root_device, root_gb=root_gb, ami_at=now)
+    else:  # each default image under its own keys (the DLAMI's: ami, ...; Volta: volta_ami)
+        at = "" if kind in (None, images.DLAMI) else f"{kind}_"
+        if now - entry.get(f"{at}ami_at", 0) < CACHE_TTL_S and entry.get(f"{at}ami") \
+                and f"{at}root_gb" in entry:
+            ami, root_device, root_gb = (entry[f"{at}ami"], entry[f"{at}root_device"],
+                                         entry[f"{at}root_gb"])
+        else:
+            ami = images.resolve_ami(aws, region, None, kind)
+            facts = images.image_facts(aws, region, ami)
+            root_device, root_gb = facts["root_device"], facts["root_gb"]
+            entry.update({f"{at}ami": ami, f"{at}root_device": root_device,
+                          f"{at}root_gb": root_gb, f"{at}ami_at": now})
     entry.update(access_key=access_key, owner=owner, owner_key=aws.owner_key(region),
                  key_name=key_name)
     cache.save(entry)

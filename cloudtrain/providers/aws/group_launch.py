@@ -206,7 +206,7 @@ def acquire_from_group(aws: AwsSession, store: Store, job: Job, spec, report: Re
     user_data = group_user_data(aws, store, job, spec)
     report.phase(f"creating the job's Auto Scaling group in {region}")
     # the region's set-up as the group's template will take it (bootstrap caches it)
-    set_up = bootstrap.bootstrap(aws, region, spec.placement.ami)
+    set_up = bootstrap.for_placement(aws, region, spec.placement)
     raised = instances.root_volume_line(aws, spec, set_up)
     if raised:
         report.note(raised)

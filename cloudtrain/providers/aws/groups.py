@@ -98,7 +98,7 @@ def create_launch_template(aws: AwsSession, region: str, job: Job, spec, user_da
 def _template_data(aws: AwsSession, region: str, job: Job, spec, user_data: str | bytes
                    ) -> tuple[dict, list[dict]]:
     """(LaunchTemplateData, the job's tags) for the job's template with `user_data`."""
-    boot = bootstrap.bootstrap(aws, region, spec.placement.ami)
+    boot = bootstrap.for_placement(aws, region, spec.placement)
     request = instances.run_request(aws, job, spec, "", boot["group"], boot["ami"],
                                     boot["key_name"], boot["owner"],
                                     instances.root_volume_gb(aws, spec, boot), boot["root_device"])
@@ -149,7 +149,7 @@ def create_job_group(aws: AwsSession, store: Store, job: Job, spec, user_data: s
     On any failure nothing is left: the group (if made) and the template are deleted,
     then the error is raised. Safe to run again: an existing group is kept."""
     region = aws.region(spec)
-    boot = bootstrap.bootstrap(aws, region, spec.placement.ami)
+    boot = bootstrap.for_placement(aws, region, spec.placement)
     zones = group_zones(aws, region, boot["zones"], spec)
     name = group_name(job.id)
     store.add_event(job.id, GROUP_EVENT, detail=f"{name} in {region}")

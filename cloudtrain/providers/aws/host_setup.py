@@ -11,7 +11,8 @@ from ... import catalog
 from ...errors import MissingDependency
 from ...market import Market
 from ...ssh_host import SSHHost
-from .images import local_torch
+from .images import (
+    SOFTWARE_FAILED, USER_DATA_LOG, VOLTA_VENV, local_torch, software_failure)
 from .instances import (
     REARM_PATH, USER_DATA_DONE, USER_DATA_WAIT_S, power_off_minutes, user_data_wait_command)
 from .session import AwsSession
@@ -47,6 +48,7 @@ except Exception:
 print(json.dumps(out))
 """
 SOFTWARE_FIELD = re.compile(r"[0-9A-Za-z.+_-]{1,40}")
+WARM_READ = "/var/lib/cloudtrain/warm-read"  # user-data's first read of the image's libraries
 SOFTWARE_MAX_BYTES = 1024
 
 
@@ -55,8 +57,23 @@ def setup(aws: AwsSession, host: SSHHost) -> str:
     (bounded) for user-data to finish installing it rather than race its apt-get: SSH
     answers long before cloud-init's final stage has run user-data. Returns what the job's
     Python carries (software_line), for the job's timeline."""
-    probe = ("command -v /opt/pytorch/bin/python || command -v python3; "
-             "printf 'tmux:'; command -v tmux")
+    if host.ready_file:  # its image installs the job's software at boot (a Volta type's)
+        ready = host.run(user_data_wait_command(host.ready_file, USER_DATA_WAIT_S),
+                         check=False, timeout=USER_DATA_WAIT_S + 60).ok
+        if not ready:
+            raise MissingDependency(f"{host.name}: the GPU software its image lacks had not "
+                                    f"installed after {USER_DATA_WAIT_S:.0f} s",
+                                    hint=f"its log: {USER_DATA_LOG} there")
+        told = host.run(f"cat {shlex.quote(SOFTWARE_FAILED)} 2>/dev/null && grep -v "
+                        f"' cloudtrain-user-data: ' {shlex.quote(USER_DATA_LOG)} | tail -n 5",
+                        check=False)
+        failure = software_failure(host.name, told.stdout if told.ok else "")
+        if failure:
+            raise MissingDependency(failure, hint="launch again (a package mirror or "
+                                    "PyTorch's index may have failed), or pass --ami with "
+                                    "an image that has the driver and torch")
+    probe = (f"command -v {VOLTA_VENV}/bin/python || command -v /opt/pytorch/bin/python || "
+             "command -v python3; printf 'tmux:'; command -v tmux")
     found = host.run(probe, check=False).stdout.splitlines()
     finished = True
     if "tmux:" in found:  # `command -v tmux` printed nothing
@@ -79,7 +96,23 @@ def setup(aws: AwsSession, host: SSHHost) -> str:
                                 " s)"), hint=TMUX_INSTALL_HINT)
     got = host.run(f"{shlex.quote(host.python)} -c {shlex.quote(SOFTWARE_PROBE)}",
                    check=False, timeout=60)
-    return software_line(host.python, got.stdout if got.ok else "")
+    warm = host.run(f"cat {shlex.quote(WARM_READ)} 2>/dev/null || true", check=False)
+    return software_line(host.python, got.stdout if got.ok else "") + warm_said(
+        warm.stdout if warm.ok else "")
+
+
+def warm_said(answer: str) -> str:
+    """What the timeline says of the image's shared libraries, read once at boot by
+    user-data (a root volume restored from a snapshot fetches each block from S3 the first
+    time): how many GB in how many seconds; "" where there is no such record (an image
+    without /opt/pytorch, or a read not ended by setup). `answer`: warm-read's lines, from
+    the instance: untrusted, only whole numbers taken."""
+    found = dict(re.findall(r"^(seconds|bytes)=(\d{1,15})$", answer[:200], re.M))
+    if not found:
+        return ""
+    return (f"; its root volume's first reads (the image's shared libraries, "
+            f"{int(found.get('bytes', 0)) / 1e9:.1f} GB, fetched from the snapshot) took "
+            f"{int(found['seconds'])} s at boot, before the job's import")
 
 
 def software_line(python: str, answer: str) -> str:

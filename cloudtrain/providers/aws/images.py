@@ -1,9 +1,12 @@
-"""The AMI: the Deep Learning AMI by its SSM parameter (or newest by name), and its root device."""
+"""The AMI: the Deep Learning AMI by its SSM parameter (or newest by name), and its root
+device; for a Volta type, Ubuntu 24.04 and the GPU software its instance installs at boot."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+from ... import catalog
 from .errors import AWSError, aws_errors
 from .session import AwsSession
 
@@ -19,6 +22,91 @@ DLAMI_FAMILY = re.compile(r"oss-nvidia-driver-gpu-pytorch-(\d{1,3})\.(\d{1,3})-u
 DLAMI_PARAMETER = DLAMI_PATH + "oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id"
 DLAMI_NAME = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 24.04) *"
 AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
+
+# The image of a Volta type's job (p3, p3dn: catalog.VOLTA_FAMILIES), which no current DLAMI
+# runs: Canonical's Ubuntu 24.04 server, by the SSM public parameter Canonical publishes for
+# it (Ubuntu's "Find Ubuntu images on AWS"; 24.04's images are gp3), else the newest by name
+# from Canonical's account. Its instance installs at boot (infra/volta-software.sh, run by
+# user-data): NVIDIA's proprietary driver of branch 580, the last that runs Volta (NVIDIA's
+# Unix driver deprecation schedule), as Ubuntu's signed prebuilt modules for the running
+# kernel (no DKMS build), and torch built for CUDA 12.6, the newest CUDA with Volta code
+# (sm_70; CUDA 13 dropped it), from PyTorch's own index into VOLTA_VENV. The pair is the one
+# the recipes are tested with here.
+DLAMI, VOLTA = "dlami", "volta"
+UBUNTU_PARAMETER = ("/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/"
+                    "ebs-gp3/ami-id")
+UBUNTU_NAME = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"
+CANONICAL_OWNER = "099720109477"
+VOLTA_DRIVER = "580"
+VOLTA_CUDA = "12.6"
+VOLTA_TORCH = ("torch==2.14.1", "torchvision==0.29.1")
+VOLTA_INDEX = "https://download.pytorch.org/whl/cu126"
+VOLTA_VENV = "/opt/cloudtrain/torch"
+USER_DATA_DONE = "/var/lib/cloudtrain/user-data-done"  # user-data's last act
+USER_DATA_LOG = "/var/log/cloudtrain-user-data.log"  # user-data's own log, the install's too
+VOLTA_SOFTWARE = Path(__file__).resolve().parents[3] / "infra" / "volta-software.sh"
+
+
+def image_kind(instance_type: str | None, ami: str | None) -> str | None:
+    """The default image a job gets: VOLTA on a Volta type, else DLAMI; None for the
+    user's own (--ami), which cloudtrain installs nothing on."""
+    if ami:
+        return None
+    return VOLTA if instance_type and catalog.volta(instance_type) else DLAMI
+
+
+def ready_file(instance_type: str | None, ami: str | None) -> str | None:
+    """The file whose existence says a new instance's boot-time install has ended (user-data's
+    last marker), where its image has one to wait for; None where it has none."""
+    if image_kind(instance_type, ami) != VOLTA:
+        return None
+    return USER_DATA_DONE
+
+
+def boot_software(kind: str | None) -> str:
+    """The script a job's instance runs at boot to install what its image lacks (user-data
+    runs it before it says it is done): for VOLTA, the driver and torch; else nothing."""
+    if kind != VOLTA:
+        return ""
+    return (VOLTA_SOFTWARE.read_text().replace("@@DRIVER_BRANCH@@", VOLTA_DRIVER)
+            .replace("@@TORCH_INDEX@@", VOLTA_INDEX).replace("@@VENV@@", VOLTA_VENV)
+            .replace("@@TORCH_PACKAGES@@", " ".join(VOLTA_TORCH)))
+
+
+# infra/volta-software.sh's exit codes: the step that failed.
+VOLTA_STEPS = {11: "apt-get update", 12: "installing NVIDIA's driver {branch}-server",
+               13: "loading the nvidia kernel module", 14: "making the virtual environment",
+               15: "installing torch"}
+SOFTWARE_FAILED = "/var/lib/cloudtrain/software-failed"  # user-data writes `exit=N` there
+
+
+def software_failure(name: str, answer: str) -> str | None:
+    """What setup says when an instance's boot-time install failed (None: it did not).
+    `answer`: software-failed's `exit=N` line, then the last lines of the install's output
+    (user-data's log without its own lines), from the instance: untrusted, only printable
+    text of it is repeated."""
+    lines = answer.splitlines()
+    found = re.fullmatch(r"exit=(\d{1,3})", lines[0].strip()) if lines else None
+    if not found:
+        return None
+    code = int(found[1])
+    tail = [re.sub(r"[^\x20-\x7e]", "?", line)[:200] for line in lines[1:] if line.strip()]
+    return (f"{name}: the GPU software its image lacks did not install at boot: "
+            f"{VOLTA_STEPS.get(code, 'the install').format(branch=VOLTA_DRIVER)} failed "
+            f"(exit {code})"
+            + (f"; its last line: {tail[-1]}" if tail else ""))
+
+
+def volta_software() -> str:
+    """What the plan says a Volta job's instance installs at boot, and why."""
+    return (f"at boot the instance installs NVIDIA's proprietary driver {VOLTA_DRIVER}-server "
+            f"(the last branch that runs Volta; the DLAMI's open driver needs Turing or "
+            f"newer) and {' + '.join(p.replace('==', ' ') for p in VOLTA_TORCH)} built for "
+            f"CUDA {VOLTA_CUDA} (the newest CUDA with Volta code, sm_70) into "
+            f"{VOLTA_VENV}: about {catalog.VOLTA_INSTALL_S / 60:.0f} min more before the job "
+            "starts (estimated), billed; "
+            "the exact torch, CUDA and driver are read at setup (the timeline's software "
+            "line), and the job stops if torch sees no GPU")
 
 
 def newest_dlami(aws: AwsSession, region: str) -> tuple[str, str] | None:
@@ -54,10 +142,13 @@ def local_torch() -> str | None:
         return None
 
 
-def software_said(name: str, asked: str | None) -> str:
+def software_said(name: str, asked: str | None, kind: str | None = DLAMI) -> str:
     """What the plan can say of an image's software before it boots: for the PyTorch DLAMI,
     its torch (by its name), where the job's Python is, NVIDIA's open driver (Turing and
-    newer) and that the instance reads the exact versions at setup; for --ami, only that."""
+    newer) and that the instance reads the exact versions at setup; for a Volta type's
+    Ubuntu, what its instance installs at boot; for --ami, only that it is read at setup."""
+    if kind == VOLTA and not asked:
+        return f" (Canonical's Ubuntu 24.04); {volta_software()}"
     found = DLAMI_TORCH.search(name or "")
     if asked or not found:
         return (": your image; the job's torch, CUDA build and driver are read at setup "
@@ -72,9 +163,14 @@ def software_said(name: str, asked: str | None) -> str:
             "if torch sees no GPU")
 
 
-def resolve_ami(aws: AwsSession, region: str, ami: str | None = None) -> str:
+def resolve_ami(aws: AwsSession, region: str, ami: str | None = None,
+                kind: str | None = DLAMI) -> str:
+    """The AMI a job launches: `ami` as given; for VOLTA, Ubuntu 24.04 (newest_ubuntu);
+    else the newest PyTorch DLAMI."""
     if ami:
         return ami
+    if kind == VOLTA:
+        return newest_ubuntu(aws, region)
     try:
         newest = newest_dlami(aws, region)
         if newest:
@@ -96,6 +192,28 @@ def resolve_ami(aws: AwsSession, region: str, ami: str | None = None) -> str:
     if not images:
         raise AWSError(f"no AWS Deep Learning PyTorch AMI found in {region}",
                        hint="pass --ami ami-... (an Ubuntu image with NVIDIA drivers and PyTorch)")
+    return max(images, key=lambda i: i.get("CreationDate", ""))["ImageId"]
+
+
+def newest_ubuntu(aws: AwsSession, region: str) -> str:
+    """Canonical's current Ubuntu 24.04 server image for x86_64 in `region`: by its SSM
+    parameter, else (not published there, or not allowed) the newest by name."""
+    try:
+        with aws_errors(region, "ssm"):
+            found = aws.client("ssm", region).get_parameter(
+                Name=UBUNTU_PARAMETER)["Parameter"]["Value"]
+        if AMI_ID.fullmatch(found or ""):
+            return found
+    except AWSError as exc:
+        if not exc.code:  # unreachable, not refused
+            raise
+    images = aws.call(region, "describe_images", Owners=[CANONICAL_OWNER], Filters=[
+        {"Name": "name", "Values": [UBUNTU_NAME]}, {"Name": "state", "Values": ["available"]}
+    ])["Images"]
+    if not images:
+        raise AWSError(f"no Ubuntu 24.04 image of Canonical's found in {region}",
+                       hint="pass --ami ami-... (an Ubuntu image with NVIDIA's proprietary "
+                            "driver and a torch built for CUDA 12.6)")
     return max(images, key=lambda i: i.get("CreationDate", ""))["ImageId"]
 
 
@@ -144,7 +262,7 @@ def login_user(aws: AwsSession, region: str, ami: str | None) -> tuple[str, str]
     if aws.settings.ssh_user:
         return aws.settings.ssh_user, "ssh_user in config.yaml"
     if ami is None:
-        return DLAMI_USER, "the Deep Learning AMI's"
+        return DLAMI_USER, "the default image's (Ubuntu 24.04)"
     key = ("image name", region, ami)
     if key not in aws.clients:
         aws.clients[key] = image_facts(aws, region, ami)["name"]

@@ -51,7 +51,7 @@ def check_type(aws: AwsSession, spec, region: str) -> type_checks.TypeFacts:
     there are credentials to ask with (DescribeInstanceTypes, ...TypeOfferings, the
     --ami's architecture)."""
     place = spec.placement
-    describe = offered = None
+    describe = offered = image = None
     ami_arch = None if place.ami else catalog.DEFAULT_ARCH
     try:
         credentials = aws.credentials(region)
@@ -61,11 +61,19 @@ def check_type(aws: AwsSession, spec, region: str) -> type_checks.TypeFacts:
         describe = lambda name: describe_type(aws, region, name)  # noqa: E731
         offered = lambda name: type_offered(aws, region, name)  # noqa: E731
         if place.ami:
-            ami_arch = ami_architecture(aws, region, place.ami)
+            image = ami_facts(aws, region, place.ami)
+            ami_arch = image.get("Architecture")
     try:
-        return type_checks.instance_type(place.instance_type, region, cpu_ok=place.cpu_only,
-                                       ami_arch=ami_arch, describe=describe,
-                                       offered=offered, dlami=not place.ami)
+        facts = type_checks.instance_type(place.instance_type, region, cpu_ok=place.cpu_only,
+                                          ami_arch=ami_arch, describe=describe,
+                                          offered=offered, dlami=not place.ami)
+        if image:
+            refused = image_refusal(place.ami, image, place.instance_type,
+                                    _ec2_type(aws, region, place.instance_type))
+            if refused:
+                raise UsageError(refused, hint="pass an --ami that boots on it, or pick "
+                                               "another type (cloudtrain catalog)")
+        return facts
     except UsageError as exc:  # a job file's `instance:` is named where it is
         raise named_at(exc, getattr(spec, "origins", {}).get("instance_type"),
                        "--instance") from None
@@ -125,11 +133,37 @@ def type_offered(aws: AwsSession, region: str, name: str) -> bool | None:
     return bool(found.get("InstanceTypeOfferings"))
 
 
-def ami_architecture(aws: AwsSession, region: str, ami: str) -> str | None:
-    """The --ami's architecture (x86_64, arm64); None when it cannot be read here (the
-    launch then says what is wrong with the AMI)."""
+def ami_facts(aws: AwsSession, region: str, ami: str) -> dict:
+    """The --ami as DescribeImages gives it ({} when it cannot be read here: the launch then
+    says what is wrong with the AMI)."""
     try:
         images = aws.call(region, "describe_images", ImageIds=[ami])["Images"]
     except AWSError:
-        return None
-    return images[0].get("Architecture") if images else None
+        return {}
+    return images[0] if images else {}
+
+
+def _ec2_type(aws: AwsSession, region: str, name: str) -> dict:
+    """The type as DescribeInstanceTypes gives it; {} when EC2 cannot be asked."""
+    try:
+        found = aws.call(region, "describe_instance_types", InstanceTypes=[name])
+    except AWSError:
+        return {}
+    return (found.get("InstanceTypes") or [{}])[0]
+
+
+def image_refusal(ami: str, image: dict, name: str, ec2_type: dict) -> str | None:
+    """Why RunInstances would refuse image `ami` on type `name` (EC2's user guide: "Instance
+    launch behavior with Amazon EC2 boot modes", and ENA's "Enable enhanced networking"),
+    None where it would not or a fact is missing: an image whose boot mode is uefi on a type
+    that boots only legacy BIOS (the Xen types: p3, ...; uefi-preferred, legacy-bios or none
+    boots there), an image without ENA on a type that requires it (every Nitro type)."""
+    modes = ec2_type.get("SupportedBootModes") or []
+    if image.get("BootMode") == "uefi" and modes and "uefi" not in modes:
+        return (f"{ami} boots only with UEFI (its boot mode is uefi), and {name} boots only "
+                f"{' or '.join(modes)}: RunInstances would refuse it")
+    ena = (ec2_type.get("NetworkInfo") or {}).get("EnaSupport")
+    if ena == "required" and image.get("EnaSupport") is False:
+        return (f"{name} requires ENA (enhanced networking), and {ami} is not enabled for "
+                "it: RunInstances would refuse it")
+    return None

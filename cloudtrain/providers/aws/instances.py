@@ -4,6 +4,7 @@ boot.py; finding, sweeping and terminating them is inventory.py."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from dataclasses import dataclass
@@ -15,10 +16,11 @@ from ...job_spec import JobSpec
 from ...market import Market
 from ...progress import SILENT, Reporter
 from ...state import Instance, Job, Store
-from . import job_role, network, pricing
+from . import images, job_role, network, pricing
 from .errors import (
     CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, AWSPlacementError, StaleCache,
     aws_errors)
+from .images import USER_DATA_DONE
 from .session import AwsSession
 from .tags import LIVE_STATES, TAG_ATTEMPT, TAG_JOB, job_tags
 
@@ -30,7 +32,6 @@ USER_DATA = Path(__file__).resolve().parents[3] / "infra" / "user-data.sh"
 # max runtime even then. The agent re-arms them at job start with the same margin.
 RUNTIME_MARGIN_MIN = 30
 REARM_PATH = "/usr/local/bin/cloudtrain-rearm"  # installed by user-data; run as root
-USER_DATA_DONE = "/var/lib/cloudtrain/user-data-done"  # user-data's last act
 USER_DATA_WAIT_S = 1560.0  # setup waits this long for it: the apt budget plus a minute
 # The timeline phase that says a RunInstances call got no answer (the instance may exist).
 UNANSWERED = "run-instances-unanswered"
@@ -66,14 +67,18 @@ def instance_details(store: Store, instance_id: str) -> dict:
 
 
 def user_data(aws: AwsSession, job: Job, spec, boot_script: str = "") -> str:
-    """infra/user-data.sh rendered for the job; `boot_script`: what an Auto Scaling
+    """infra/user-data.sh rendered for the job, with the GPU software its image lacks
+    (images.boot_software: a Volta type's driver and torch); `boot_script`: what an Auto Scaling
     group's instance runs to start the job by itself (group_launch.py), last, so that
     nothing in it is taken for a placeholder."""
     minutes = power_off_minutes(spec.max_runtime_s)
     command = aws.settings.shutdown_command.replace("sudo ", "")  # user-data runs as root
+    software = images.boot_software(images.image_kind(spec.placement.instance_type,
+                                                      spec.placement.ami))
     return (USER_DATA.read_text().replace("@@JOB_ID@@", job.id)
             .replace("@@MAX_RUNTIME_MINUTES@@", str(minutes))
             .replace("@@SHUTDOWN_COMMAND@@", command)
+            .replace("@@GPU_SOFTWARE@@", software)
             .replace("@@BOOT_SCRIPT@@", boot_script))
 
 
@@ -102,7 +107,9 @@ def run_request(aws: AwsSession, job: Job, spec, subnet: str, group: str, ami: s
             "DeleteOnTermination": True, **_performance(spec)}}],
         TagSpecifications=[{"ResourceType": kind, "Tags": tags}
                            for kind in ("instance", "volume", "network-interface")],
-        UserData=user_data(aws, job, spec),
+        # gzipped, as cloud-init takes it: EC2 takes 16 KB of user-data, and a Volta type's
+        # (with the driver and torch install) is close to that as text
+        UserData=gzip.compress(user_data(aws, job, spec).encode(), 9, mtime=0),
     )
     profile = job_role.profile_name(aws, job)
     if profile:

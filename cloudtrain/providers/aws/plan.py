@@ -249,7 +249,11 @@ def _plan_machines(aws: AwsSession, spec, facts, t) -> list[tuple[str, str]]:
         efa = cluster.efa_plan(aws, spec)
         rows.append(("network", "TCP between the nodes (security group cloudtrain admits "
                                 "its members); no EFA on " + spec.placement.instance_type
+                     + (": its Ubuntu image has no EFA software" if images.image_kind(
+                         spec.placement.instance_type, spec.placement.ami) == images.VOLTA
+                        else "")
                      if efa is None else
+                     "TCP between the nodes; " + efa["why"] if not efa["used"] else
                      f"EFA, {efa['used']} interface{'s' if efa['used'] > 1 else ''} per "
                      f"node (security group {EFA_GROUP_NAME}); NCCL over libfabric: "
                      + " ".join(f"{k}={v}" for k, v in cluster.efa_environment(aws, spec).items())
@@ -325,13 +329,16 @@ def _plan_checks(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]:
     whether RunInstances would be allowed (EC2 DryRun)."""
     place = spec.placement
     rows: list[tuple[str, str]] = []
+    kind = images.image_kind(place.instance_type, place.ami)
     if aws.credentials(region) is None:
-        rows.append(("AMI", f"the newest PyTorch Deep Learning AMI, resolved at launch from "
-                            f"SSM {DLAMI_PATH}oss-nvidia-driver-gpu-pytorch-X.Y-ubuntu-24.04 "
-                            "(its torch X.Y at /opt/pytorch/bin/python, NVIDIA's open driver: "
-                            "Turing and newer GPUs); the exact torch, CUDA and driver are read "
-                            "at setup (the timeline's software line)"
-                     if not place.ami else place.ami))
+        rows.append(("AMI", place.ami if not kind else (
+            f"Ubuntu 24.04, Canonical's, resolved at launch from SSM "
+            f"{images.UBUNTU_PARAMETER}; {images.volta_software()}" if kind == images.VOLTA
+            else f"the newest PyTorch Deep Learning AMI, resolved at launch from "
+                 f"SSM {DLAMI_PATH}oss-nvidia-driver-gpu-pytorch-X.Y-ubuntu-24.04 "
+                 "(its torch X.Y at /opt/pytorch/bin/python, NVIDIA's open driver: "
+                 "Turing and newer GPUs); the exact torch, CUDA and driver are read "
+                 "at setup (the timeline's software line)")))
         rows.append(("permissions", "not checked: no AWS credentials (this plan needs none)"))
         return rows
     step = "AZs to try"  # a failure is said under the row it is about
@@ -340,10 +347,10 @@ def _plan_checks(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]:
         zones = network.order_zones(zones, place.instance_type, region, place.market)
         rows.append((step, ", ".join(z[0] for z in zones)))
         step = "AMI"
-        ami = images.resolve_ami(aws, region, place.ami)
+        ami = images.resolve_ami(aws, region, place.ami, kind)
         facts = images.image_facts(aws, region, ami)
         rows.append((step, f"{ami} {facts['name']}".strip() + images.software_said(
-            facts["name"], place.ami)))
+            facts["name"], place.ami, kind)))
         user, why = images.login_user(aws, region, place.ami)
         rows.append(("SSH user", f"{user}: {why}"))
         snapshot = facts["root_gb"] or 0
