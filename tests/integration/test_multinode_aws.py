@@ -205,7 +205,7 @@ def test_efa_types_get_efa_interfaces_and_the_efa_group(cloud, groups):
     spec = _spec(instance="p4d.24xlarge", ami=ami)
     job = _job(store, spec)
     efa = cluster.efa_plan(provider.aws, spec, REGION)
-    assert efa == {"supported": 4, "used": 4, "rdma": True, "why": ""}
+    assert (efa["supported"], efa["used"], efa["rdma"], efa["why"]) == (4, 4, True, "")
     cluster.run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), efa, _silent())
     (launch,) = groups.launches
     interfaces = sorted(launch["interfaces"], key=lambda n: (n["NetworkCardIndex"],
@@ -240,6 +240,226 @@ def test_efa_with_public_addresses_is_one_interface_and_says_why(ec2_provider):
     assert nic["InterfaceType"] == "efa" and nic["AssociatePublicIpAddress"] is True
     assert cluster.efa_plan(ec2_provider.aws, _spec(instance="p3.16xlarge")) is None  # no EFA on p3
     assert cluster.efa_plan(ec2_provider.aws, _spec(nodes=1, instance="p4d.24xlarge")) is None
+
+
+def _ec2_refuses(ec2, instance_type: str, interfaces: list[dict]) -> list[str]:
+    """What EC2 would refuse in the NetworkInterfaces of a RunInstances of `instance_type`
+    ([] for nothing), checked against its DescribeInstanceTypes NetworkInfo (moto's copy of
+    EC2's answer) by the rules of EC2's documentation: the primary interface (device 0 on
+    the default network card) is not EFA-only; each interface sits on a card of the type,
+    of a kind that card takes (NetworkCards[].InterfaceTypes), at most
+    MaximumNetworkInterfaces a card, one per (card, device); at most MaximumEfaInterfaces
+    EFA; a public address only where the request has one interface."""
+    (found,) = ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
+    info = found["NetworkInfo"]
+    cards = {c["NetworkCardIndex"]: c for c in info["NetworkCards"]}
+    wrong = []
+    default = info.get("DefaultNetworkCardIndex", 0)
+    primary = [n for n in interfaces if (n["NetworkCardIndex"], n["DeviceIndex"]) == (default, 0)]
+    if len(primary) != 1 or primary[0].get("InterfaceType") == "efa-only":
+        wrong.append(f"no primary interface that carries IP on card {default}: {primary}")
+    places = [(n["NetworkCardIndex"], n["DeviceIndex"]) for n in interfaces]
+    if len(set(places)) != len(places):
+        wrong.append(f"two interfaces at one (card, device): {places}")
+    for n in interfaces:
+        card = cards.get(n["NetworkCardIndex"])
+        kind = n.get("InterfaceType", "interface")
+        if card is None:
+            wrong.append(f"no network card {n['NetworkCardIndex']}")
+        elif kind not in card.get("InterfaceTypes", [kind]):
+            wrong.append(f"card {n['NetworkCardIndex']} takes {card['InterfaceTypes']}, not {kind}")
+    for index, card in cards.items():
+        if places and sum(c == index for c, _ in places) > card["MaximumNetworkInterfaces"]:
+            wrong.append(f"more than {card['MaximumNetworkInterfaces']} interfaces on card {index}")
+    efa = sum(n.get("InterfaceType") in ("efa", "efa-only") for n in interfaces)
+    if efa > (info.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0):
+        wrong.append(f"{efa} EFA interfaces")
+    if len(interfaces) > 1 and any(n.get("AssociatePublicIpAddress") for n in interfaces):
+        wrong.append("a public address with more than one network interface")
+    return wrong
+
+
+def _layout(interfaces: list[dict]) -> list[tuple]:
+    return [(n["NetworkCardIndex"], n["DeviceIndex"], n["InterfaceType"]) for n in interfaces]
+
+
+def test_RG2_p6_b300_gets_efa_on_cards_1_to_16_its_primary_card_takes_ena_only(cloud, groups):
+    """RG2: p6-b300.48xlarge has 17 network cards, and its primary one (card 0) takes ENA
+    only (EC2's NetworkCards[0].InterfaceTypes is ["interface"]). With `connect: private`
+    each node gets the primary ENA interface on card 0 and one EFA-only interface on each of
+    cards 1..16: all 16 EFA, none on card 0, a request EC2 accepts (it refused the old
+    layout's EFA-only interface on card 0)."""
+    provider, store, ec2, ami = cloud
+    provider.settings.connect = "private"
+    spec = _spec(nodes=2, instance="p6-b300.48xlarge", ami=ami)
+    job = _job(store, spec)
+    efa = cluster.efa_plan(provider.aws, spec, REGION)
+    assert (efa["supported"], efa["used"], efa["rdma"], efa["why"]) == (16, 16, True, "")
+    cluster.run_cluster(provider.aws, store, job, spec, REGION, _boot(provider, ami), efa, _silent())
+    (launch,) = groups.launches
+    assert _layout(launch["interfaces"]) == \
+        [(0, 0, "interface")] + [(card, 0, "efa-only") for card in range(1, 17)]
+    assert _ec2_refuses(ec2, "p6-b300.48xlarge", launch["interfaces"]) == []
+    assert all(i.details["efa_interfaces"] == 16 for i in store.instances(job.id))
+
+
+def test_RG2_p5_and_p4d_layouts_follow_ec2s_network_cards(ec2_provider):
+    """RG2: where every card takes EFA (p5.48xlarge: 32 cards, p4d.24xlarge: 4), `connect:
+    private` gives the primary ENA interface at card 0 device 0, an EFA-only one beside it
+    at device 1 and one EFA-only interface on each further card, as AWS recommends; with a
+    public address one EFA (with ENA) interface, the primary, carries it. EC2 accepts each."""
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name=REGION)
+    aws = ec2_provider.aws
+    aws.settings.connect = "private"
+    for instance, cards in (("p5.48xlarge", 32), ("p4d.24xlarge", 4)):
+        spec = _spec(instance=instance)
+        efa = cluster.efa_plan(aws, spec, REGION)
+        assert (efa["supported"], efa["used"], efa["why"]) == (cards, cards, "")
+        nics = cluster.network_interfaces(aws, spec, "subnet-1", ["sg-1"], efa)
+        assert _layout(nics) == [(0, 0, "interface"), (0, 1, "efa-only")] + \
+            [(card, 0, "efa-only") for card in range(1, cards)]
+        assert not any(n.get("AssociatePublicIpAddress") for n in nics)
+        assert _ec2_refuses(ec2, instance, nics) == []
+    aws.settings.connect = "public"
+    spec = _spec(instance="p5.48xlarge")
+    efa = cluster.efa_plan(aws, spec, REGION)
+    assert (efa["supported"], efa["used"]) == (32, 1) and "connect: private" in efa["why"]
+    (nic,) = cluster.network_interfaces(aws, spec, "subnet-1", ["sg-1"], efa)
+    assert _layout([nic]) == [(0, 0, "efa")] and nic["AssociatePublicIpAddress"] is True
+    assert _ec2_refuses(ec2, "p5.48xlarge", [nic]) == []
+
+
+def test_RG2_p6_b300_with_a_public_address_gets_one_ena_interface_and_the_plan_says_why(
+        ec2_provider):
+    """RG2: an instance with a public address gets one network interface at launch, the
+    primary, on card 0; p6-b300's card 0 takes no EFA, so that interface is ENA (an EFA one
+    there is a request EC2 refuses) and the plan says the node gets no EFA, and that
+    `connect: private` gives all 16."""
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name=REGION)
+    aws = ec2_provider.aws
+    aws.settings.connect = "public"
+    spec = _spec(instance="p6-b300.48xlarge")
+    for region in (REGION, None):  # EC2's answer, and the bundled table's
+        efa = cluster.efa_plan(aws, spec, region)
+        assert (efa["supported"], efa["used"]) == (16, 0)
+        assert "ENA only" in efa["why"] and "connect: private" in efa["why"] \
+            and "16" in efa["why"]
+        (nic,) = cluster.network_interfaces(aws, spec, "subnet-1", ["sg-1", "sg-2"], efa)
+        assert _layout([nic]) == [(0, 0, "interface")]
+        assert nic["AssociatePublicIpAddress"] is True and nic["Groups"] == ["sg-1", "sg-2"]
+        assert _ec2_refuses(ec2, "p6-b300.48xlarge", [nic]) == []
+    assert cluster.efa_environment(aws, spec) == {}  # no EFA: NCCL is not forced onto it
+
+
+def test_RA2_volta_nodes_talk_tcp_their_ubuntu_image_has_no_efa_software(ec2_provider):
+    """RA2, RG2: p3dn.24xlarge supports EFA, but a Volta type's job gets Ubuntu with the
+    driver and torch installed at boot and no libfabric or aws-ofi-nccl: NCCL forced onto
+    EFA there would fail. Its nodes get no EFA interface and no EFA settings (TCP), and the
+    plan says why; with --ami (an image that may have them) EFA is planned as before."""
+    aws = ec2_provider.aws
+    aws.settings.connect = "private"
+    spec = _spec(nodes=2, instance="p3dn.24xlarge")
+    assert cluster.efa_plan(aws, spec, REGION) is None
+    assert cluster.efa_environment(aws, spec) == {}
+    own = _spec(nodes=2, instance="p3dn.24xlarge", ami="ami-0123456789abcdef0")
+    assert cluster.efa_plan(aws, own, REGION)["used"] == 1
+    assert cluster.efa_environment(aws, own)["FI_PROVIDER"] == "efa"
+
+
+def test_RG2_ec2s_network_cards_win_over_the_bundled_table(ec2_provider, monkeypatch):
+    """RG2: where EC2 can be asked, its DescribeInstanceTypes answer makes the layout, not
+    the bundled table: moto here answers p4d.24xlarge with an ENA-only card 0 (as EC2 does
+    for p6-b300), and g5.12xlarge without EFA; the layout follows (no EFA on card 0: 3 EFA
+    interfaces, on cards 1..3; no EFA plan for g5.12xlarge), where the table says 4 and 1."""
+    import copy
+
+    from moto.ec2.models.instance_types import InstanceTypeBackend
+
+    answers = {t["InstanceType"]: t for t in InstanceTypeBackend.instance_types}
+    p4d = copy.deepcopy(answers["p4d.24xlarge"]["NetworkInfo"])
+    p4d["NetworkCards"][0]["InterfaceTypes"] = ["interface"]
+    monkeypatch.setitem(answers["p4d.24xlarge"], "NetworkInfo", p4d)
+    g5 = copy.deepcopy(answers["g5.12xlarge"]["NetworkInfo"])
+    g5["EfaSupported"] = False
+    g5.pop("EfaInfo", None)
+    monkeypatch.setitem(answers["g5.12xlarge"], "NetworkInfo", g5)
+    aws = ec2_provider.aws
+    aws.settings.connect = "private"
+    spec = _spec(instance="p4d.24xlarge")
+    efa = cluster.efa_plan(aws, spec, REGION)
+    assert (efa["supported"], efa["used"]) == (3, 3)
+    assert _layout(cluster.network_interfaces(aws, spec, "subnet-1", ["sg-1"], efa)) == \
+        [(0, 0, "interface"), (1, 0, "efa-only"), (2, 0, "efa-only"), (3, 0, "efa-only")]
+    assert cluster.efa_plan(aws, _spec(instance="g5.12xlarge"), REGION) is None
+    # Without a region (no EC2 question) the bundled table answers as before.
+    assert cluster.efa_plan(aws, spec)["used"] == 4
+    assert cluster.efa_plan(aws, _spec(instance="g5.12xlarge"))["used"] == 1
+
+
+@pytest.fixture
+def uncredentialed(monkeypatch, ct_home):
+    """An AWSProvider where botocore finds no credentials, and any request that would leave
+    botocore fails the test."""
+    import os
+
+    from labs.credentials import NO_AWS_FILES
+    from cloudtrain.config import Settings
+    from cloudtrain.providers.aws import AWSProvider
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    for name, value in {**NO_AWS_FILES, "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(name, value)
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a request left botocore")
+
+    monkeypatch.setattr("botocore.endpoint.Endpoint._send", no_network)
+    return AWSProvider(Settings(region=REGION, ssh_cidr="127.0.0.1/32"))
+
+
+def test_RG2_without_credentials_the_bundled_table_knows_p6_b300s_ena_only_primary_card(
+        uncredentialed):
+    """RG2: without credentials EC2 cannot be asked, and the bundled table is the fallback:
+    it says p6-b300.48xlarge has 17 cards, the primary (card 0) ENA only, and 16 EFA
+    interfaces; the layout it gives puts them on cards 1..16. p5.48xlarge's primary card
+    takes EFA: an EFA-only interface beside the primary one on card 0."""
+    aws = uncredentialed.aws
+    aws.settings.connect = "private"
+    assert aws.credentials(REGION) is None
+    b300 = placement.EFA_INTERFACES["p6-b300.48xlarge"]
+    assert (b300.efa, b300.cards, b300.primary, b300.primary_efa) == (16, 17, 0, False)
+    spec = _spec(instance="p6-b300.48xlarge")
+    efa = cluster.efa_plan(aws, spec, REGION)
+    assert (efa["supported"], efa["used"]) == (16, 16)
+    assert _layout(cluster.network_interfaces(aws, spec, "subnet-1", ["sg-1"], efa)) == \
+        [(0, 0, "interface")] + [(card, 0, "efa-only") for card in range(1, 17)]
+    spec = _spec(instance="p5.48xlarge")
+    efa = cluster.efa_plan(aws, spec, REGION)
+    assert _layout(cluster.network_interfaces(aws, spec, "subnet-1", ["sg-1"], efa)) == \
+        [(0, 0, "interface"), (0, 1, "efa-only")] + [(c, 0, "efa-only") for c in range(1, 32)]
+    assert cluster.efa_plan(aws, _spec(instance="p3.16xlarge"), REGION) is None
+
+
+def test_RG2_the_bundled_table_agrees_with_ec2s_network_cards(ec2_provider):
+    """RG2: the fallback table holds, for each type, what DescribeInstanceTypes answers
+    (moto's copy of EC2's data): EfaInfo.MaximumEfaInterfaces, the number of network cards,
+    DefaultNetworkCardIndex, and whether that card takes EFA-only interfaces."""
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name=REGION)
+    for name, known in placement.EFA_INTERFACES.items():
+        (found,) = ec2.describe_instance_types(InstanceTypes=[name])["InstanceTypes"]
+        info = found["NetworkInfo"]
+        primary = info["DefaultNetworkCardIndex"]
+        (card,) = [c for c in info["NetworkCards"] if c["NetworkCardIndex"] == primary]
+        assert (known.efa, known.cards, known.primary, known.primary_efa) == (
+            info["EfaInfo"]["MaximumEfaInterfaces"], len(info["NetworkCards"]), primary,
+            "efa-only" in card["InterfaceTypes"]), name
 
 
 def test_release_terminates_every_node_and_deletes_the_placement_group(cloud, groups):

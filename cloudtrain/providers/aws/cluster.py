@@ -13,12 +13,16 @@ in a single request ("launch the number of instances that you need in the placem
 a single launch request"), and MinCount makes the capacity check all-or-nothing. A spot
 instance can still be taken back while it is pending; the wait treats that as no capacity.
 
-Why EFA only where the type has it, and how many: a network interface with a public address
-must be the only one at launch, so with `connect: public` a node gets one EFA (EFA with ENA,
-the primary interface); with `connect: private` it gets the type's maximum (the primary ENA
-interface, an EFA-only interface beside it on network card 0, and one EFA-only interface on
-each further card: AWS's recommended layout for p5 and the like). EFA needs a security group
-that admits all traffic from itself: `cloudtrain-efa`, shared like `cloudtrain`.
+Why EFA only where the type has it, and how many: the layout follows the type's network cards
+as EC2 describes them (DescribeInstanceTypes' NetworkCards; the bundled table without
+credentials). A network interface with a public address must be the only one at launch, so
+with `connect: public` a node gets one interface: EFA (with ENA) where its primary card takes
+EFA, else plain ENA and no EFA (p6-b300's card 0 takes ENA only). With `connect: private` it
+gets the type's maximum: the primary ENA interface, an EFA-only interface beside it on the
+primary card where that card takes EFA, and one EFA-only interface on each further card that
+does (AWS's recommended layout for p5, p6-b300 and the like). A Volta type's Ubuntu image has
+no EFA software: its nodes talk TCP. EFA needs a security group that admits all traffic from
+itself: `cloudtrain-efa`, shared like `cloudtrain`.
 """
 
 from __future__ import annotations
@@ -52,39 +56,102 @@ class NodeLost(AWSError):
     capacity after all): the whole cluster is released and the next AZ tried."""
 
 
-def efa_interfaces(aws: AwsSession, spec, region: str | None = None) -> int:
-    """EFA interfaces the type supports (0: none); EC2's answer where it can be asked."""
+def efa_interfaces(aws: AwsSession, spec, region: str | None = None) -> dict | None:
+    """The EFA of the type of a job on several nodes, None where it has none: {efa: the EFA
+    interfaces it supports, primary: its default network card (the primary interface's),
+    cards: [(index, the interface types it takes, its most interfaces or None), ...]}.
+    EC2's DescribeInstanceTypes NetworkInfo where `region` is given and there are
+    credentials (NetworkCards, each card's InterfaceTypes where EC2 gives them); the bundled
+    table (placement.EFA_INTERFACES) without credentials, without a region, or where EC2
+    could not be asked or does not know the type."""
     if spec.nodes < 2 or not spec.placement.instance_type:
-        return 0
-    known = EFA_INTERFACES.get(spec.placement.instance_type)
-    if known is not None or region is None:
-        return known or 0
-    try:
-        if aws.credentials(region) is None:
-            return 0
-        found = aws.call(region, "describe_instance_types",
-                         InstanceTypes=[spec.placement.instance_type])["InstanceTypes"]
-    except CloudtrainError:
-        return 0
-    info = (found[0].get("NetworkInfo") or {}) if found else {}
+        return None
+    if images.image_kind(spec.placement.instance_type, spec.placement.ami) == images.VOLTA:
+        return None  # p3dn's Ubuntu image has no EFA software (libfabric, aws-ofi-nccl)
+    name = spec.placement.instance_type
+    known = EFA_INTERFACES.get(name)
+    every = ("interface", "efa", "efa-only")
+
+    def table_cards(cards: int, primary: int, primary_efa: bool) -> list[tuple]:
+        return [(i, every if i != primary or primary_efa else ("interface",), None)
+                for i in range(cards)]
+
+    info = None
+    if region is not None:
+        try:
+            if aws.credentials(region) is not None:
+                found = aws.call(region, "describe_instance_types",
+                                 InstanceTypes=[name])["InstanceTypes"]
+                info = (found[0].get("NetworkInfo") or {}) if found else None
+        except CloudtrainError:
+            info = None
+    if info is None:
+        if known is None:
+            return None
+        return {"efa": known.efa, "primary": known.primary,
+                "cards": table_cards(known.cards, known.primary, known.primary_efa)}
     if not info.get("EfaSupported"):
-        return 0
-    return int((info.get("EfaInfo") or {}).get("MaximumEfaInterfaces") or 1)
+        return None
+    most = int((info.get("EfaInfo") or {}).get("MaximumEfaInterfaces") or 1)
+    primary = int(info.get("DefaultNetworkCardIndex") or 0)
+    primary_efa = known.primary_efa if known is not None else True
+    cards = []
+    for card in info.get("NetworkCards") or []:
+        index = int(card.get("NetworkCardIndex") or 0)
+        kinds = card.get("InterfaceTypes")  # not given: as the table says, else every kind
+        if kinds is None:
+            kinds = every if index != primary or primary_efa else ("interface",)
+        cards.append((index, tuple(kinds), card.get("MaximumNetworkInterfaces")))
+    if not cards:  # no NetworkCards in the answer: the table's cards, else one per EFA
+        cards = table_cards(known.cards if known is not None else most, primary, primary_efa)
+    return {"efa": most, "primary": primary, "cards": cards}
 
 
 def efa_plan(aws: AwsSession, spec, region: str | None = None) -> dict | None:
-    """{supported, used, rdma, why} for a job on several nodes of an EFA type; None
-    otherwise."""
+    """{supported, used, rdma, why, interfaces} for a job on several nodes of an EFA type
+    (`interfaces`: (network card, device index, InterfaceType) of each, the primary first;
+    `used` 0: no EFA at launch, `why` says why); None otherwise."""
     most = efa_interfaces(aws, spec, region)
     if not most:
         return None
-    used = most if aws.settings.connect == "private" else 1
-    family = spec.placement.instance_type.split(".")[0]
-    why = "" if used == most else (
-        f"1 of {most} EFA interfaces: an instance with a public address gets one network "
-        f"interface at launch (set `connect: private` for all {most})")
-    return {"supported": most, "used": used, "rdma": family in EFA_RDMA_FAMILIES,
-            "why": why}
+    # interfaces: (network card, device index, InterfaceType) of each, the primary first
+    cards = {index: (kinds, room) for index, kinds, room in most["cards"]}
+    primary = most["primary"]
+    kinds, room = cards.get(primary, (("interface",), None))
+    # `connect: private`: the primary ENA interface; an EFA-only one beside it where its card
+    # takes EFA; one EFA-only interface on each further card that does; as many as the type
+    # supports
+    private = [(primary, 0, "interface")]
+    if "efa-only" in kinds and (room is None or room > 1):
+        private.append((primary, 1, "efa-only"))
+    private += [(index, 0, "efa-only") for index, (takes, space) in sorted(cards.items())
+                if index != primary and "efa-only" in takes and (space is None or space > 0)]
+    private = private[:1 + most["efa"]]
+    supported = len(private) - 1
+    if supported == 1 and "efa" in kinds:  # one EFA (with ENA) as the primary does
+        private = [(primary, 0, "efa")]
+    if not supported:
+        return None
+    if aws.settings.connect == "private":
+        interfaces = private
+    else:  # a public address: the primary interface alone, EFA (with ENA) where its card can
+        interfaces = [(primary, 0, "efa" if "efa" in kinds else "interface")]
+    used = sum(kind != "interface" for _card, _device, kind in interfaces)
+    name = spec.placement.instance_type
+    family = name.split(".")[0]
+    why = ""
+    if not used:
+        takes = "no EFA (with ENA) interface" if "efa-only" in kinds else "ENA only"
+        why = (f"no EFA: the primary network card of {name} (card {primary}) takes {takes}, "
+               f"and an instance with a public address gets one network interface at launch "
+               f"(set `connect: private` for all {supported} EFA interfaces, on its other "
+               f"cards)")
+    elif used < supported:
+        why = (f"{used} of {supported} EFA interfaces: an instance with a public address gets "
+               f"one network interface at launch (set `connect: private` for all "
+               f"{supported})")
+    return {"supported": supported, "used": used, "rdma": family in EFA_RDMA_FAMILIES,
+            "why": why, "interfaces": interfaces}
 
 
 def efa_environment(aws: AwsSession, spec) -> dict:
@@ -93,7 +160,7 @@ def efa_environment(aws: AwsSession, spec) -> dict:
     falling back to TCP sockets; GPUDirect RDMA where the type has it; fork safety for
     the DataLoader's workers."""
     plan = efa_plan(aws, spec)
-    if plan is None:
+    if plan is None or not plan["used"]:  # no EFA at launch: NCCL over TCP
         return {}
     env = {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1"}
     if plan["rdma"]:
@@ -102,16 +169,16 @@ def efa_environment(aws: AwsSession, spec) -> dict:
 
 
 def network_interfaces(aws: AwsSession, spec, subnet: str, groups: list[str], efa: dict) -> list[dict]:
-    """The RunInstances NetworkInterfaces of an EFA node (see the module's docstring)."""
+    """The RunInstances NetworkInterfaces of an EFA node: efa_plan's `interfaces` (network
+    card, device index and type of each: the primary interface on the default card first),
+    each new in `subnet` with `groups`, deleted with the instance; with a public address
+    (then efa_plan gives one interface) that one asks for it."""
     public = aws.settings.connect != "private"
     base = {"SubnetId": subnet, "Groups": groups, "DeleteOnTermination": True}
-    if efa["used"] == 1:
-        return [{**base, "DeviceIndex": 0, "NetworkCardIndex": 0, "InterfaceType": "efa",
-                 **({"AssociatePublicIpAddress": True} if public else {})}]
-    out = [{**base, "DeviceIndex": 0, "NetworkCardIndex": 0, "InterfaceType": "interface"},
-           {**base, "DeviceIndex": 1, "NetworkCardIndex": 0, "InterfaceType": "efa-only"}]
-    out += [{**base, "DeviceIndex": 0, "NetworkCardIndex": card, "InterfaceType": "efa-only"}
-            for card in range(1, efa["used"])]
+    out = [{**base, "DeviceIndex": device, "NetworkCardIndex": card, "InterfaceType": kind}
+           for card, device, kind in efa["interfaces"]]
+    if public and len(out) == 1:
+        out[0]["AssociatePublicIpAddress"] = True
     return out
 
 
@@ -147,7 +214,7 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
     what did come up is terminated before the next AZ is tried."""
     place = spec.placement
     region = aws.region(spec)
-    boot = bootstrap.bootstrap(aws, region, place.ami)
+    boot = bootstrap.for_placement(aws, region, place)
     report.info(f"SSH port open to {boot['ssh_from']} only")
     n = spec.nodes
     placement.delete_placement_groups(aws, region, owner=boot["owner"])  # earlier jobs' empty ones
@@ -169,7 +236,7 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
             from .cache import RegionCache
 
             RegionCache(aws.settings.aws_profile, region).clear()
-            boot = bootstrap.bootstrap(aws, region, place.ami, cached=False)
+            boot = bootstrap.for_placement(aws, region, place, cached=False)
             ids = run_cluster(aws, store, job, spec, region, boot, efa, report)
     addresses, privates = _wait_cluster(aws, region, ids, report)
     zones = {i.id: i.zone for i in store.instances(job.id)}
@@ -187,6 +254,7 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
     def reach(i: int) -> SSHHost:
         endpoint = Endpoint(addresses[i], aws.settings.ssh_port, user, str(boot["key_path"]))
         host = booting.wait_ssh(aws, region, ids[i], endpoint, place.instance_type, n)
+        host.ready_file = images.ready_file(place.instance_type, place.ami)
         with Store(store.path) as mine:  # a connection of this thread's own
             verified = booting.check_host_key(aws, mine, job, region, ids[i], host,
                                                place.instance_type, Reporter(warnings.append))

@@ -3,6 +3,8 @@ with it; and which instance types have EFA interfaces for them."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ...errors import CloudtrainError
 from ...state import Job
 from .errors import AWSError
@@ -10,19 +12,37 @@ from .session import AwsSession
 from .tags import TAG_JOB, TAG_OWNER
 
 
-# EFA interfaces per instance type (EC2 DescribeInstanceTypes NetworkInfo.EfaInfo, for the
-# catalog's GPU types; EC2 is asked where there are credentials). Types that are not here have
-# no EFA (p3.16xlarge, g5.xlarge).
-EFA_INTERFACES = {
-    "g4dn.8xlarge": 1, "g4dn.12xlarge": 1, "g4dn.16xlarge": 1, "g4dn.metal": 1,
-    "g5.8xlarge": 1, "g5.12xlarge": 1, "g5.16xlarge": 1, "g5.24xlarge": 1, "g5.48xlarge": 1,
-    "g6.8xlarge": 1, "g6.12xlarge": 1, "g6.16xlarge": 1, "g6.24xlarge": 1, "g6.48xlarge": 1,
-    "g6e.8xlarge": 1, "g6e.12xlarge": 1, "g6e.16xlarge": 1, "g6e.24xlarge": 2,
-    "g6e.48xlarge": 4, "g7e.8xlarge": 1, "g7e.12xlarge": 1, "g7e.24xlarge": 2,
-    "g7e.48xlarge": 4, "gr6.8xlarge": 1, "p3dn.24xlarge": 1, "p4d.24xlarge": 4,
-    "p4de.24xlarge": 4, "p5.4xlarge": 1, "p5.48xlarge": 32, "p5e.48xlarge": 32,
-    "p5en.48xlarge": 16, "p6-b200.48xlarge": 8, "p6-b300.48xlarge": 16,
+@dataclass(frozen=True)
+class EfaCards:
+    """An instance type's EFA as EC2's DescribeInstanceTypes NetworkInfo gives it: how many
+    EFA interfaces (EfaInfo.MaximumEfaInterfaces), how many network cards (0 .. cards - 1),
+    which one is the primary (DefaultNetworkCardIndex: the primary network interface's),
+    and whether that one takes EFA; each further card takes an EFA-only interface."""
+    efa: int
+    cards: int
+    primary: int = 0
+    primary_efa: bool = True
+
+
+# EFA per instance type, for the catalog's GPU types: the fallback where EC2 cannot be asked
+# (no credentials); EC2 is asked where there are. Types that are not here have no EFA
+# (p3.16xlarge, g5.xlarge). p6-b300.48xlarge: 17 cards, the primary one ENA only, EFA on
+# cards 1..16.
+EFA_INTERFACES: dict[str, EfaCards] = {
+    **{name: EfaCards(1, 1) for name in (
+        "g4dn.8xlarge", "g4dn.12xlarge", "g4dn.16xlarge", "g4dn.metal", "g5.8xlarge",
+        "g5.12xlarge", "g5.16xlarge", "g5.24xlarge", "g5.48xlarge", "g6.8xlarge", "g6.12xlarge",
+        "g6.16xlarge", "g6.24xlarge", "g6.48xlarge", "g6e.8xlarge", "g6e.12xlarge",
+        "g6e.16xlarge", "g7e.8xlarge", "g7e.12xlarge", "gr6.8xlarge", "p3dn.24xlarge",
+        "p5.4xlarge")},
+    "g6e.24xlarge": EfaCards(2, 2), "g6e.48xlarge": EfaCards(4, 4),
+    "g7e.24xlarge": EfaCards(2, 2), "g7e.48xlarge": EfaCards(4, 4),
+    "p4d.24xlarge": EfaCards(4, 4), "p4de.24xlarge": EfaCards(4, 4),
+    "p5.48xlarge": EfaCards(32, 32), "p5e.48xlarge": EfaCards(32, 32),
+    "p5en.48xlarge": EfaCards(16, 16), "p6-b200.48xlarge": EfaCards(8, 8),
+    "p6-b300.48xlarge": EfaCards(16, 17, primary=0, primary_efa=False),
 }
+
 
 def placement_group_name(job: Job, spec, try_n: int) -> str:
     return f"cloudtrain-{job.id}-a{job.facts.attempt}-{try_n}"
