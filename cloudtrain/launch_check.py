@@ -137,7 +137,8 @@ def _read_only(c: Check, steps: Steps, report: Report, region_flag: str | None) 
         s.data = {"account": account, "arn": c.owner, "region": c.region,
                   "region_source": source, **found}
     with steps.step("instance type") as s:
-        itype, price, basis = _instance_type(c)
+        itype, price, basis = c.flow.instance_type(c) if c.flow is not None and \
+            c.flow.instance_type is not None else _instance_type(c)
         report.instance_type, report.price_per_hour = itype, price
         s.detail = f"{itype} on-demand in {c.region}: ${price:.4f}/h ({basis})"
         if c.flow is not None and c.flow.spot:
@@ -171,17 +172,25 @@ def _instance_type(c: Check) -> tuple[str, float, str]:
                 return t.name, t.on_demand[region], catalog.on_demand_source(region)
         raise CloudError(f"EC2 offers none of the GPU types the catalog prices in {region}",
                        hint="cloudtrain check --launch --gpu --region us-east-1")
-    if c.provider.account.type_offered(region, CHECK_TYPE) is False:
-        raise CloudError(f"EC2 does not offer {CHECK_TYPE} in {region}",
-                       hint="cloudtrain check --launch --region us-east-1")
+    return priced_type(c, CHECK_TYPE, CHECK_TYPE_PRICE)
+
+
+def priced_type(c: Check, name: str, fallback: tuple[str, float]) -> tuple[str, float, str]:
+    """(name, on-demand USD/h, where the price came from) of a type a check launches: EC2
+    must offer it in the region; its price from the Price List API, else `fallback`'s
+    (region, USD/h), said as such."""
+    region = c.region
+    if c.provider.account.type_offered(region, name) is False:
+        raise CloudError(f"EC2 does not offer {name} in {region}",
+                         hint="cloudtrain check --launch --region us-east-1")
     try:
-        price = c.provider.account.on_demand_prices(region, [CHECK_TYPE]).get(CHECK_TYPE)
+        price = c.provider.account.on_demand_prices(region, [name]).get(name)
     except CloudtrainError:  # no pricing:GetProducts, or no answer: the bundled figure
         price = None
     if price is not None:
-        return CHECK_TYPE, price, "AWS price list"
-    where, fallback = CHECK_TYPE_PRICE
-    return CHECK_TYPE, fallback, f"the {where} list price; the Price List API did not answer" + (
+        return name, price, "AWS price list"
+    where, figure = fallback
+    return name, figure, f"the {where} list price; the Price List API did not answer" + (
         "" if region == where else f", and {region}'s may differ")
 
 
@@ -400,6 +409,33 @@ def _round_trip(c: Check, job, status: dict) -> tuple[str, dict]:
     return (f"the instance POSTed {sent} to s3://{c.bucket}/jobs/{job.id}/ (a presigned "
             f"POST: no AWS keys on it); {got['files']} fetched back here, each matching the "
             f"manifest's sha256", {"uploaded": stored, "fetched": got})
+
+
+def wait_for_job(found, timeout: float, what: str, c: Check, job):
+    """found() until it gives something, the job refreshed between looks (the lifecycle
+    learns the replacement and the end, and collects)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = found()
+        if got:
+            return got
+        current = c.store.job(job.id)
+        if current.active:
+            watch.refresh(c.store, c.settings, current)
+        elif not found():
+            raise CloudtrainError(f"the job {current.state} while waiting for {what}: "
+                                  f"{current.reason or 'no reason given'}",
+                                  hint=f"cloudtrain status {job.id}; cloudtrain logs {job.id}")
+        if time.monotonic() > deadline:
+            raise CloudtrainError(f"no {what} within {timeout:.0f} s",
+                                  hint=f"cloudtrain status {job.id}")
+        time.sleep(min(c.settings.poll_seconds, 2.0))
+
+
+def ended_job(c: Check, job):
+    """The job once it has ended (the lifecycle has collected it), else None."""
+    current = c.store.job(job.id)
+    return None if current.active else current
 
 
 def _finish(c: Check, job):

@@ -36,7 +36,7 @@ from typing import Callable
 
 from . import config, state
 from .errors import CloudtrainError
-from .launch_check import JOB_END_WAIT_S, run as run_check
+from .launch_check import JOB_END_WAIT_S, ended_job, run as run_check, wait_for_job
 from .launch_check_steps import Check, Flow, Report, Step, Steps
 from .lifecycle import watch
 
@@ -89,7 +89,9 @@ def run(region: str | None = None, say: Callable[[Step], None] | None = None,
         confirm: Callable[[str], None] | None = None) -> Report:
     return run_check(region=region, say=say, confirm=confirm, flow=Flow(
         name="recovery", spot=True, requires=_requires, job=_spec_args, steps=_steps,
-        question=_question))
+        question=_question,
+        leftovers=lambda c, job_id: c.provider.account.recovery_leftovers(c.region, job_id),
+        left_words=", Auto Scaling group, launch template, job role or experiment template"))
 
 
 def _requires(c: Check) -> str:
@@ -140,8 +142,9 @@ def _steps(c: Check, steps: Steps, job) -> state.Job:
         s.detail = (f"{job.facts.auto_scaling_group}: AWS relaunches the job without this "
                     "machine")
     with steps.step("first checkpoint") as s:
-        plan = _wait(lambda: _stepped(c.provider.checkpoint_plan(store, store.job(job.id), 60)),
-                     CHECKPOINT_WAIT_S, "the job's first checkpoint in the job store", c, job)
+        plan = wait_for_job(
+            lambda: _stepped(c.provider.checkpoint_plan(store, store.job(job.id), 60)),
+            CHECKPOINT_WAIT_S, "the job's first checkpoint in the job store", c, job)
         first_step = plan["step"]
         s.detail = (f"step {first_step} streamed to s3://{c.bucket}/ (checkpoint "
                     f"{plan.get('seq')}, {len(plan.get('files') or [])} file(s))")
@@ -158,7 +161,7 @@ def _steps(c: Check, steps: Steps, job) -> state.Job:
                      "(infra/iam-role-fis-trust.json, infra/iam-policy-fis-role.json); you "
                      "need the fis: actions and iam:PassRole for it (infra/README.md section "
                      "2b)") from exc
-        ended = _wait(lambda: _ended(c, job, instance), INTERRUPTED_WAIT_S,
+        ended = wait_for_job(lambda: _ended(c, job, instance), INTERRUPTED_WAIT_S,
                       f"EC2 to interrupt {instance}", c, job)
         experiment = c.provider.account.interruption(c.region, c.fis[1])
         s.detail = (f"AWS FIS experiment {c.fis[1]} sent {instance} the rebalance "
@@ -167,13 +170,13 @@ def _steps(c: Check, steps: Steps, job) -> state.Job:
         s.data = {"instance": instance, "experiment": c.fis[1], "ended": ended,
                   "experiment_state": experiment}
     with steps.step("replacement") as s:
-        attempt = _wait(lambda: _second_attempt(c, job), REPLACEMENT_WAIT_S,
+        attempt = wait_for_job(lambda: _second_attempt(c, job), REPLACEMENT_WAIT_S,
                         "the group's replacement", c, job)
         s.detail = (f"attempt {attempt.n}: the group launched {attempt.instance_id or '?'}"
                     + (f" in {attempt.zone}" if getattr(attempt, "zone", None) else "")
                     + ", which started the job from the job store")
     with steps.step("resume") as s:
-        job = _wait(lambda: _ended_job(c, job), JOB_END_WAIT_S, "the job's end", c, job)
+        job = wait_for_job(lambda: ended_job(c, job), JOB_END_WAIT_S, "the job's end", c, job)
         if job.state != state.SUCCEEDED:
             raise CloudtrainError(f"the replacement ran the job, and it {job.state}: "
                                   f"{job.reason or 'no reason given'}",
@@ -192,27 +195,6 @@ def _steps(c: Check, steps: Steps, job) -> state.Job:
                     f"succeeded ({len(store.attempts(job.id))} attempts)")
         s.data = {"resumed_from": resumed, "attempts": len(store.attempts(job.id))}
     return job
-
-
-def _wait(found, timeout: float, what: str, c: Check, job):
-    """found() until it gives something, the job refreshed between looks (the lifecycle
-    learns the replacement and the end, and collects)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = found()
-        if got:
-            return got
-        current = c.store.job(job.id)
-        if current.active:
-            watch.refresh(c.store, c.settings, current)
-        elif not found():
-            raise CloudtrainError(f"the job {current.state} while waiting for {what}: "
-                                  f"{current.reason or 'no reason given'}",
-                                  hint=f"cloudtrain status {job.id}; cloudtrain logs {job.id}")
-        if time.monotonic() > deadline:
-            raise CloudtrainError(f"no {what} within {timeout:.0f} s",
-                                  hint=f"cloudtrain status {job.id}")
-        time.sleep(min(c.settings.poll_seconds, 2.0))
 
 
 def _stepped(plan: dict | None) -> dict | None:
@@ -240,8 +222,3 @@ def _second_attempt(c: Check, job):
     attempts = c.store.attempts(job.id)
     return next((a for a in attempts if a.n >= 2 and a.instance_id), None) if attempts \
         else None
-
-
-def _ended_job(c: Check, job):
-    current = c.store.job(job.id)
-    return None if current.active else current

@@ -105,13 +105,19 @@ class Flow:
     """Another check on the same resources and teardown (launch_check_recovery's): what it
     needs of the settings (a read-only step, its detail), the question before launching,
     the job's launch options, and the steps after the launch (returning the job as it
-    ended). `spot`: its instance is a spot one."""
+    ended). `spot`: its instance is a spot one; `instance_type`: (type, on-demand USD/h,
+    where the price came from) where it needs another type than the plain check's;
+    `leftovers`: what else of the job the cleanup must find gone ({kind: [names]}), and
+    `left_words` those kinds in the cleanup's line."""
     name: str
     spot: bool
     requires: Callable[["Check"], str]
     question: Callable[["Check", "Report"], str]
     job: Callable[["Check"], dict]
     steps: Callable[["Check", Steps, state.Job], state.Job]
+    instance_type: Callable[["Check"], tuple[str, float, str]] | None = None
+    leftovers: Callable[["Check", str], dict] | None = None
+    left_words: str = ""
 
 
 @dataclasses.dataclass

@@ -72,9 +72,8 @@ def _cleaned(c: Check, job) -> tuple[str, dict]:
         while True:  # a terminated instance's volume takes a moment to go
             try:
                 left = {k: v for k, v in account.leftovers(region, job.id).items() if v}
-                if c.flow is not None:
-                    left.update({k: v for k, v in account.recovery_leftovers(
-                        region, job.id).items() if v})
+                if c.flow is not None and c.flow.leftovers is not None:
+                    left.update({k: v for k, v in c.flow.leftovers(c, job.id).items() if v})
             except CloudtrainError as exc:  # AWS could not be asked: said, then the bill
                 raise CloudtrainError(f"could not verify the cleanup: {exc.message}",
                                       hint="cloudtrain down --all finds and stops what is left "
@@ -104,15 +103,16 @@ def _cleaned(c: Check, job) -> tuple[str, dict]:
     if job is None:
         return "nothing was launched" + (f"; {kept}" if kept else ""), {}
     stored = f"{deleted} job-store objects deleted" if c.bucket else "no job store"
-    more = ", Auto Scaling group, launch template, job role or experiment template" \
-        if c.flow is not None else " or placement group"
+    more = c.flow.left_words if c.flow is not None and c.flow.left_words else \
+        " or placement group"
     return (f"nothing of job {job.id} is left: no instance, volume{more}; "
             f"{stored}" + (f"; {kept}" if kept else ""), {"job_store_objects_deleted": deleted})
 
 
 def _bill(c: Check, job, report: Report) -> tuple[str, dict]:
-    """Seconds billed (60 s minimum) x the price, and the root volume's seconds, per
-    instance, from EC2's launch and termination times: the job's recorded cost."""
+    """Seconds billed (60 s minimum) x the price, the root volume's seconds and its public
+    IPv4 address's, per instance, from EC2's launch and termination times: the job's
+    recorded cost."""
     from . import cost, ledger
 
     if job is None or not c.store.instances(job.id):
@@ -133,10 +133,12 @@ def _bill(c: Check, job, report: Report) -> tuple[str, dict]:
         disk = cost.ebs_cost(run_.start, end, run_.disk_gb, run_.gp3_per_gb_month) \
             if run_.disk_gb and run_.gp3_per_gb_month is not None else None
         usd = cost.instance_cost(run_, now=now).dollars  # what the job's record says
+        ipv4 = run_.public_ipv4 * cost.PUBLIC_IPV4_PER_HOUR * ran / 3600  # no minimum
         total += usd
         rate = f" x ${run_.price_per_hour or 0:.4f}/h = ${compute.dollars:.6f}"
         if run_.market == "spot" and run_.spot_history:  # billed at the spot price in force
-            compute = dataclasses.replace(compute, dollars=usd - (disk.dollars if disk else 0.0))
+            compute = dataclasses.replace(compute, dollars=usd - ipv4 - (
+                disk.dollars if disk else 0.0))
             low, high = (f(p.price for p in run_.spot_history) for f in (min, max))
             rate = (f" at EC2's spot price (${low:.4f}/h" + (f" to ${high:.4f}/h" if high > low
                                                               else "")
@@ -146,11 +148,13 @@ def _bill(c: Check, job, report: Report) -> tuple[str, dict]:
                 + rate)
         if disk:
             text += (f"; its {run_.disk_gb:g} GB gp3 root volume ${disk.dollars:.6f}")
+        if run_.public_ipv4:
+            text += f"; its public IPv4 address ${ipv4:.6f}"
         parts.append(text)
         rows.append({"instance": inst.id, "ran_seconds": ran, "billed_seconds": billed,
                      "price_per_hour": run_.price_per_hour, "compute_usd": compute.dollars,
                      "disk_gb": run_.disk_gb, "disk_usd": disk.dollars if disk else 0.0,
-                     "usd": usd, "settled": run_.end is not None})
+                     "public_ipv4_usd": ipv4, "usd": usd, "settled": run_.end is not None})
     report.cost_usd = total
     return ("; ".join(parts) + f"; total ${total:.6f}"
             + ("" if all(r["settled"] for r in rows) else " so far (not yet terminated)"),

@@ -195,9 +195,12 @@ def cost_report(since: str | None, by: str, as_json: bool, as_csv: bool, refresh
               "spot t3.micro in an Auto Scaling group, interrupted by AWS Fault Injection "
               "Service, replaced by the group and resumed from its checkpoint (a few cents; "
               "infra/README.md section 2b).")
+@click.option("--nodes", type=int, metavar="N", help="With --launch: prove a job on N nodes "
+              "(2 to 4) instead: N c6a.large in one cluster placement group meet at the "
+              "rendezvous and on a second port (a cent or so).")
 @click.option("--yes", "-y", is_flag=True, help="With --launch: do not ask before launching.")
 def check(region: str | None, as_json: bool, wide: bool, launch: bool, gpu: bool,
-          recovery: bool, yes: bool) -> None:
+          recovery: bool, nodes: int | None, yes: bool) -> None:
     """Every setting and where it came from, and whether AWS is ready: credentials, account,
     region, Deep Learning AMI, GPU quotas for the recipes' instance types. Exit code 1 when
     a launch would fail. With --launch, one real launch, each step on one line with its
@@ -210,21 +213,29 @@ def check(region: str | None, as_json: bool, wide: bool, launch: bool, gpu: bool
       cloudtrain check --launch
       cloudtrain check --launch --gpu --region us-west-2
       cloudtrain check --launch --recovery
+      cloudtrain check --launch --nodes 2
     """
-    flag = "--gpu" if gpu else "--recovery" if recovery else "--yes"
-    if (gpu or yes or recovery) and not launch:
-        raise errors.UsageError(f"{flag} applies to --launch",
+    chosen = [f for f, on in (("--gpu", gpu), ("--recovery", recovery),
+                              (f"--nodes {nodes}", nodes is not None)) if on]
+    flag = chosen[0] if chosen else "--yes"
+    if (chosen or yes) and not launch:
+        raise errors.UsageError(f"{flag.split()[0]} applies to --launch",
                                 hint=f"cloudtrain check --launch{'' if yes else ' ' + flag}")
-    if gpu and recovery:
-        raise errors.UsageError("--gpu and --recovery are two checks: run one, then the other",
-                                hint="cloudtrain check --launch --recovery")
+    if len(chosen) > 1:
+        raise errors.UsageError(f"{' and '.join(f.split()[0] for f in chosen)} are separate "
+                                "checks: run one, then the other",
+                                hint=f"cloudtrain check --launch {chosen[-1]}")
     if launch:
-        from .. import launch_check, launch_check_recovery
+        from .. import launch_check, launch_check_nodes, launch_check_recovery
 
         say = None if as_json else lambda step: click.echo(launch_check.render_step(step))
         ask = None if yes else confirm_text
-        report = launch_check_recovery.run(region=region, say=say, confirm=ask) if recovery \
-            else launch_check.run(region=region, gpu=gpu, confirm=ask, say=say)
+        if recovery:
+            report = launch_check_recovery.run(region=region, say=say, confirm=ask)
+        elif nodes is not None:
+            report = launch_check_nodes.run(nodes, region=region, say=say, confirm=ask)
+        else:
+            report = launch_check.run(region=region, gpu=gpu, confirm=ask, say=say)
         click.echo(launch_check.to_json(report) if as_json else launch_check.render_end(report))
         sys.exit(launch_check.exit_code(report))
     from .. import check as checks

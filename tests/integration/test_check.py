@@ -1089,8 +1089,22 @@ def test_gpu_without_launch_is_a_usage_error(cli):
                                             "Hint: cloudtrain check --launch --recovery"]
     proc = cli("check", "--launch", "--gpu", "--recovery")
     assert proc.returncode == 2
-    assert proc.stderr.splitlines()[0] == ("Error: --gpu and --recovery are two checks: run "
-                                           "one, then the other")
+    assert proc.stderr.splitlines()[0] == ("Error: --gpu and --recovery are separate checks: "
+                                           "run one, then the other")
+    # and --nodes N (issue 37's two nodes meeting), on 2 to 4 nodes
+    proc = cli("check", "--nodes", "2")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[:2] == ["Error: --nodes applies to --launch",
+                                            "Hint: cloudtrain check --launch --nodes 2"]
+    proc = cli("check", "--launch", "--recovery", "--nodes", "2")
+    assert proc.returncode == 2 and "--recovery and --nodes are separate checks" in proc.stderr
+    for n in ("1", "5"):
+        proc = cli("check", "--launch", "--nodes", n, "--yes")
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.splitlines()[0] == f"Error: --nodes {n}: the check runs on 2 to 4 " \
+                                              "nodes", proc.stderr
+    proc = cli("check", "--launch", "--nodes", "two")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
 
 
 def test_check_launch_gpu_takes_the_regions_cheapest_whole_gpu_type(cli, launch_lab):

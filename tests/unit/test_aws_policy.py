@@ -107,11 +107,13 @@ def test_F8_run_instances_requires_imdsv2_gpu_types_and_the_owner_tag():
     assert cond["NumericLessThanEquals"]["ec2:MetadataHttpPutResponseHopLimit"] == "1"
     with (REPO / "cloudtrain" / "data" / "aws-gpu-vms.csv").open() as f:
         families = {row["InstanceType"].split(".")[0] for row in csv.DictReader(f)}
-    # The GPU families, and the one small type `cloudtrain check --launch` starts (issue 25).
+    # The GPU families, the one small type `cloudtrain check --launch` starts (issue 25), and
+    # the one its --nodes check starts (issue 37: a type a cluster placement group takes).
     from cloudtrain.launch_check import CHECK_TYPE
+    from cloudtrain.launch_check_nodes import NODES_TYPE
 
     assert set(cond["StringLike"]["ec2:InstanceType"]) == {f"{f}.*" for f in families} | \
-        {CHECK_TYPE}
+        {CHECK_TYPE, NODES_TYPE}
     assert not any(t in ("*", "*.*") for t in cond["StringLike"]["ec2:InstanceType"])
 
 
@@ -133,7 +135,27 @@ def test_F8_images_are_amazons_or_listed_by_id():
     assert all(r.split("/")[-1].startswith("ami-") for s in unconditioned
                for r in (s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]]))
     (owned,) = [s for s in found if "Condition" in s]
-    assert owned["Condition"]["StringEquals"]["ec2:Owner"] == "amazon"
+    from cloudtrain.providers.aws import images
+
+    # Amazon's (the DLAMI), and Canonical's account's (a Volta type's Ubuntu 24.04: RA2)
+    assert owned["Condition"]["StringEquals"]["ec2:Owner"] == ["amazon",
+                                                              images.CANONICAL_OWNER]
+
+
+def test_RA2_the_cli_policy_lets_a_volta_job_run_canonicals_image_and_no_one_elses():
+    """RA2: a p3 job runs Canonical's Ubuntu image; the shipped policy allowed only Amazon's
+    images, so AWS would have refused the launch. Evaluated as IAM does (tests/labs/iam.py):
+    RunInstances on an image owned by Canonical's account is allowed, one owned by another
+    account is not."""
+    from labs.iam import Request, evaluate
+
+    from cloudtrain.providers.aws import images
+
+    image = "arn:aws:ec2:us-east-1::image/ami-0123456789abcdef0"
+    assert evaluate([POLICY], Request("ec2:RunInstances", image, {
+        "ec2:Owner": images.CANONICAL_OWNER})) == "allow"
+    assert evaluate([POLICY], Request("ec2:RunInstances", image, {
+        "ec2:Owner": "111122223333"})) == "implicit-deny"
 
 
 @pytest.mark.parametrize("action,kind", [
