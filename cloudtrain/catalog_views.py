@@ -12,7 +12,7 @@ import dataclasses
 import json
 import time
 
-from . import cells
+from . import cells, cost
 from .cells import Col, age, duration, grid, money, money4, table
 from .host.job_status import as_time as _finite  # a finite float, else None
 from .market import Market
@@ -285,6 +285,7 @@ def estimate_table(est, *, width: int | None = None) -> str:
                   for k, v in est.overheads.seconds.items()),
               f"cost: per-second billing (60 s minimum) + {est.disk_gb} GB gp3 root volume"
               + (f" at {est.disk_mbps} MB/s" if est.disk_mbps else "")
+              + f" + a public IPv4 address (${cost.PUBLIC_IPV4_PER_HOUR}/h)"
               + (f", for each of {est.nodes} instances (one cluster placement group)"
                  if est.nodes > 1 else "")]
     if est.preread_s:

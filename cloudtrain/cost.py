@@ -15,6 +15,8 @@ AWS rules relied on (Linux instances, the only kind cloudtrain launches):
   28-day month ... 744 h in a 31-day month); we use the yearly average of 730 h
   (``HOURS_PER_MONTH``), so our volume figure is ~1.9 % above the invoice's in a 31-day month
   and ~7.9 % below it in February. Pass ``hours_per_month`` to ``ebs_cost`` for the exact month.
+* Public IPv4 addresses: $0.005 per address per hour, in use or not (Amazon VPC pricing, since
+  2024-02-01); an instance with a public address pays it for as long as it runs.
 
 Choices of ours, where AWS does not say:
 
@@ -24,12 +26,14 @@ Choices of ours, where AWS does not say:
   Billing "60 s at the price in force at start" instead would make the cost fall when a
   59 s run becomes a 60 s one across a price drop; ours is monotone in the end time.
 * A still-running instance (``end=None``) is billed up to ``now`` and marked unsettled.
+* A public IPv4 address is prorated by the second with no minimum (AWS states an hourly rate).
 * Money is a float in USD, summed with ``math.fsum``; round only for display.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -38,12 +42,15 @@ from typing import Iterable, Sequence
 from .market import Market
 
 __all__ = [
-    "MIN_BILLED_SECONDS", "HOURS_PER_MONTH", "GP3_PRICE_PER_GB_MONTH", "PricePoint", "Billed",
+    "MIN_BILLED_SECONDS", "HOURS_PER_MONTH", "GP3_PRICE_PER_GB_MONTH", "PUBLIC_IPV4_PER_HOUR", "PricePoint", "Billed",
     "Gp3Price", "InstanceRun", "Phase", "billed_seconds", "on_demand_cost", "spot_cost",
     "ebs_cost", "gp3_price", "instance_cost", "job_cost", "cost_by_phase", "cost_to_target",
 ]
 
 MIN_BILLED_SECONDS = 60.0
+# Every public IPv4 address, in use or idle: $0.005 an hour since 2024-02-01 (Amazon VPC
+# pricing); prorated by the second here, with no minimum (AWS states an hourly rate only).
+PUBLIC_IPV4_PER_HOUR = 0.005
 HOURS_PER_MONTH = 730.0          # 365 * 24 / 12, the month of AWS's pricing calculator
 GP3_PRICE_PER_GB_MONTH: dict[str, float] = {
     # Only figures with a source we trust (see shared/data/README.md, "EBS gp3"): AWS's own
@@ -104,6 +111,7 @@ class InstanceRun:
     spot_history: tuple[PricePoint, ...] = ()
     disk_gb: float = 0.0
     gp3_per_gb_month: float | None = None
+    public_ipv4: int = 0              # public IPv4 addresses it held (PUBLIC_IPV4_PER_HOUR)
 
 
 @dataclass(frozen=True)
@@ -248,6 +256,11 @@ def _run_charges(run: InstanceRun, now) -> tuple[list[_Charge], tuple[str, ...]]
             notes += (f"no gp3 price recorded, used the {_DEFAULT_GP3_REGION} figure "
                       f"${price}/GB-month",)
         charges.append(_ebs_charge(run.start, run.end, run.disk_gb, price, now, HOURS_PER_MONTH))
+    if run.public_ipv4:
+        ipv4 = _constant_charge(run.start, run.end,
+                                _nonneg("public_ipv4", run.public_ipv4) * PUBLIC_IPV4_PER_HOUR,
+                                now)
+        charges.append(dataclasses.replace(ipv4, extra=0.0, short=False))  # no 60 s minimum
     return charges, notes
 
 
@@ -305,7 +318,8 @@ def gp3_price(region: str) -> Gp3Price:
 
 
 def instance_cost(run: InstanceRun, *, now: float | None = None) -> Billed:
-    """Compute (on-demand or spot) plus the root volume (``disk_gb`` of gp3) over the run.
+    """Compute (on-demand or spot) plus the root volume (``disk_gb`` of gp3) and its public
+    IPv4 addresses (``public_ipv4``) over the run.
 
     ``billed_seconds`` is the compute's. A spot run with no history but a recorded
     ``price_per_hour`` is billed at that price, not settled; a volume without

@@ -358,10 +358,11 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
             scaling += (f"; +{catalog.VOLTA_INSTALL_S / 60:.0f} min boot-time install of the "
                         "driver and torch (Volta; estimated)")
         disk_usd = cost.ebs_cost(0.0, total, disk, gp3_month).dollars
+        ipv4_usd = total / 3600 * cost.PUBLIC_IPV4_PER_HOUR  # its public address
 
         def dollars(price):
             return None if price is None else nodes * (
-                cost.on_demand_cost(0.0, total, price).dollars + disk_usd)
+                cost.on_demand_cost(0.0, total, price).dollars + disk_usd + ipv4_usd)
 
         rows.append(Row(t.name, t.gpu, t.gpus, train_s, total,
                         dollars(t.price(region, "on-demand")), dollars(t.price(region, "spot")),

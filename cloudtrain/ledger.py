@@ -68,7 +68,9 @@ def run_of(inst: Instance) -> cost.InstanceRun:
         instance_id=inst.id, market=market,
         start=inst.launched_at or 0.0, end=inst.terminated_at,
         price_per_hour=price, spot_history=history,
-        disk_gb=disk_gb, gp3_per_gb_month=gp3)
+        disk_gb=disk_gb, gp3_per_gb_month=gp3,
+        public_ipv4=int(details.get("public_ipv4") or 0) if isinstance(
+            details.get("public_ipv4"), (int, bool)) else 0)
 
 
 def phases_of(store: Store, job: Job) -> list[cost.Phase]:

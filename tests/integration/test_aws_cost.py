@@ -52,6 +52,33 @@ def test_on_demand_job_costs_price_times_billed_seconds(cli, aws, ct_home):
     assert cli.ok("status").stdout.splitlines()[1].endswith("$0.02")
 
 
+def test_RH5_a_public_ipv4_address_is_in_the_bill(cli, aws, ct_home):
+    """RH5: every public IPv4 address bills $0.005 an hour (since 2024-02-01), and the cost
+    left it out. An instance in a subnet that maps public addresses holds one: its record
+    says so (from DescribeInstances), and the job's cost counts it for as long as the
+    instance ran, by the second, with no 60 s minimum; without one nothing is added."""
+    from cloudtrain.providers.aws import instances
+
+    for subnet in aws.subnets.values():
+        aws.ec2.modify_subnet_attribute(SubnetId=subnet, MapPublicIpOnLaunch={"Value": True})
+    proc = cli("launch", "--instance", "g5.xlarge", "--disk-gb", "100", "--follow", "--quiet",
+               "--", "echo", "hi")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    inst = _instance(ct_home, job_id)
+    assert json.loads(inst["details"])["public_ipv4"] == 1  # read while it ran
+    ran = inst["terminated_at"] - inst["launched_at"]
+    billed = max(60.0, ran)
+    expected = 1.006 * billed / 3600 + 100 * GP3 * billed + 0.005 * ran / 3600
+    report = _report(cli)
+    assert report["rows"][0]["dollars"] == pytest.approx(expected, abs=1e-9)
+    # DescribeInstances' shapes: none, the instance's one, one per interface that has one
+    assert instances.public_ipv4s({}) == 0
+    assert instances.public_ipv4s({"NetworkInterfaces": [
+        {"Association": {"PublicIp": "3.3.3.3"}}, {"Association": {"PublicIp": "4.4.4.4"}},
+        {}]}) == 2
+
+
 def test_spot_job_pays_the_price_history_including_a_change(cli, aws, ct_home, monkeypatch):
     change = time.time() + 3  # the price rises while the instance runs
     history = [(change - 3600, "0.4000"), (change, "0.5500")]

@@ -450,3 +450,20 @@ def test_u29_cost_report_by_job_shows_cloud_jobs_and_this_machine_as_one_row(tmp
         assert data["rows"][0]["id"] == cloud.id and data["rows"][0]["name"] == "big"
         assert data["rows"][1] == {"id": "local", "jobs": 5, "dollars": 0.0, "settled": True,
                                    "to_target": None, "staging": 0.0, "local": True}
+
+
+def test_RH5_a_public_ipv4_address_bills_by_the_second_with_no_minimum():
+    """RH5: $0.005 an hour per public IPv4 address, for as long as the instance runs; the
+    60 s minimum is EC2's compute's and EBS's, not the address's; none without one."""
+    from cloudtrain.cost import PUBLIC_IPV4_PER_HOUR
+
+    base = InstanceRun("i-1", "on-demand", 0.0, 30.0, 3.6)
+    with_ip = replace(base, public_ipv4=1)
+    extra = instance_cost(with_ip).dollars - instance_cost(base).dollars
+    assert extra == pytest.approx(PUBLIC_IPV4_PER_HOUR * 30 / 3600)  # 30 s, not 60
+    hour = replace(with_ip, end=3600.0)
+    assert instance_cost(hour).dollars - instance_cost(replace(hour, public_ipv4=0)).dollars \
+        == pytest.approx(0.005)
+    assert instance_cost(replace(base, public_ipv4=2)).dollars - instance_cost(base).dollars \
+        == pytest.approx(2 * extra)
+    assert instance_cost(with_ip).billed_seconds == 60.0  # the compute's minimum still

@@ -75,15 +75,16 @@ def test_cost_rows_equal_hand_computed_figures(pub):
     rows = {r.instance_type: r for r in est.rows}
     over = sum(estimate.ASSUMED.values())  # 255 s: nothing measured in an empty store
     disk = 60 * 0.08 / 730  # gp3 $0.08/GB-month in us-east-1, per hour
+    ip = 0.005  # its public IPv4 address, per hour (RH5)
     p3 = rows["p3.2xlarge"]
     assert p3.train_s == 26 and p3.total_s == 26 + over
-    assert p3.on_demand == pytest.approx((3.06 + disk) * (26 + over) / 3600)
+    assert p3.on_demand == pytest.approx((3.06 + disk + ip) * (26 + over) / 3600)
     t4 = rows["g4dn.xlarge"]
     assert t4.train_s == pytest.approx(50.0)  # 26 s x 125/65
-    assert t4.on_demand == pytest.approx((0.526 + disk) * (50 + over) / 3600)
+    assert t4.on_demand == pytest.approx((0.526 + disk + ip) * (50 + over) / 3600)
     p38 = rows["p3.8xlarge"]  # 4 GPUs: the recipe uses one, all four are billed
     assert p38.train_s == 26 and p38.scaling == "published; uses 1 of 4 GPUs"
-    assert p38.on_demand == pytest.approx((12.24 + disk) * (26 + over) / 3600)
+    assert p38.on_demand == pytest.approx((12.24 + disk + ip) * (26 + over) / 3600)
     assert "cheapest" in t4.marks and "fastest" in p3.marks
 
 
@@ -115,7 +116,10 @@ def test_the_60_second_minimum_applies(pub, monkeypatch):
     row = estimate.estimate(pub, {"variant": "fast", "gpus": 1}, "us-east-1",
                             types=["p3.2xlarge"], own_image=True).rows[0]
     assert row.total_s == 30
-    assert row.on_demand == pytest.approx(3.06 * 60 / 3600 + 60 * 0.08 / 730 * 60 / 3600)
+    # the compute and the disk at their 60 s minimum; the public IPv4 address (RH5) for the
+    # 30 s it ran: it has none
+    assert row.on_demand == pytest.approx(3.06 * 60 / 3600 + 60 * 0.08 / 730 * 60 / 3600
+                                          + 0.005 * 30 / 3600)
 
 
 def test_overheads_are_measured_from_past_aws_jobs(ct_home):

@@ -60,7 +60,8 @@ def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SI
             boot = bootstrap.for_placement(aws, region, place, cached=False)
             instance = instances.run_instance(aws, store, job, spec, region, boot, report)
     key_path = boot["key_path"]
-    address = booting.wait_running(aws, region, instance, report)
+    public: list = []
+    address = booting.wait_running(aws, region, instance, report, public)
     zone = next((i.zone for i in store.instances(job.id) if i.id == instance), None)
     if found is None:
         volumes.attach_snapshots(aws, store, job, spec, region, instance, zone, boot["owner"])
@@ -74,7 +75,7 @@ def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SI
     home = host.home()  # the first command, only now that the key is settled
     store.update_instance(instance, state="running", details=json.dumps(
         {**instances.instance_details(store, instance), "address": address, "host_key": endpoint.host_key,
-         "host_key_verified": verified}))
+         "host_key_verified": verified, "public_ipv4": public[0] if public else 0}))
     if grouped:
         group_launch.check_group_jobdir(aws, job, host, instance, home)
         group_launch.record_attempt(aws, store, job, spec, 1, instance)

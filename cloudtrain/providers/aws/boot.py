@@ -11,7 +11,7 @@ from ...progress import SILENT, Reporter
 from ...ssh import Endpoint, not_up_reason
 from ...ssh_host import SSHHost
 from ...state import Job, Store
-from . import network
+from . import instances, network
 from .errors import AUTH_ERRORS, AWSError, is_permission_error
 from .hostkeys import console_fingerprints, fingerprint, fingerprint_window
 from .session import AwsSession
@@ -23,7 +23,10 @@ def describe_instance(aws: AwsSession, region: str, instance_id: str) -> dict:
     return reservations[0]["Instances"][0]
 
 
-def wait_running(aws: AwsSession, region: str, instance_id: str, report: Reporter = SILENT) -> str:
+def wait_running(aws: AwsSession, region: str, instance_id: str, report: Reporter = SILENT,
+                 public: list | None = None) -> str:
+    """The address to reach the instance at once it runs; `public` (a list) gets the number
+    of public IPv4 addresses it holds (each billed by the hour: cost.PUBLIC_IPV4_PER_HOUR)."""
     report.phase(f"instance {instance_id} requested, waiting for it to run")
     deadline = time.monotonic() + aws.settings.instance_wait_seconds
     while True:
@@ -31,6 +34,8 @@ def wait_running(aws: AwsSession, region: str, instance_id: str, report: Reporte
         state = raw["State"]["Name"]
         if state == "running":
             key = "PrivateIpAddress" if aws.settings.connect == "private" else "PublicIpAddress"
+            if public is not None:
+                public[:] = [instances.public_ipv4s(raw)]
             if raw.get(key):
                 report.phase(f"instance {instance_id} running ({raw[key]})")
                 return raw[key]

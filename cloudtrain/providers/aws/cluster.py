@@ -238,7 +238,7 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
             RegionCache(aws.settings.aws_profile, region).clear()
             boot = bootstrap.for_placement(aws, region, place, cached=False)
             ids = run_cluster(aws, store, job, spec, region, boot, efa, report)
-    addresses, privates = _wait_cluster(aws, region, ids, report)
+    addresses, privates, publics = _wait_cluster(aws, region, ids, report)
     zones = {i.id: i.zone for i in store.instances(job.id)}
     if found is None:
         for instance in ids:
@@ -263,7 +263,7 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
             mine.update_instance(ids[i], state="running", details=json.dumps(
                 {**instances.instance_details(mine, ids[i]), "address": addresses[i],
                  "private_address": privates[i], "host_key": endpoint.host_key,
-                 "host_key_verified": verified, "node": i}))
+                 "host_key_verified": verified, "node": i, "public_ipv4": publics[i]}))
         return host
 
     try:
@@ -396,9 +396,9 @@ def _cluster_describe(aws: AwsSession, region: str, ids: list[str]) -> list[dict
 
 
 def _wait_cluster(aws: AwsSession, region: str, ids: list[str], report: Reporter = SILENT,
-                  only_check: bool = False) -> tuple[list[str], list[str]]:
-    """Until every instance runs: the addresses to connect to and their private ones,
-    in the order of `ids`.
+                  only_check: bool = False) -> tuple[list[str], list[str], list[int]]:
+    """Until every instance runs: the addresses to connect to, their private ones and how
+    many public IPv4 addresses each holds (billed by the hour), in the order of `ids`.
     One that goes away first raises NodeLost (its reason said); one still pending after
     instance_wait_seconds is an AWSError. `only_check`: one look, no waiting (right after
     RunInstances, for a node that is already gone)."""
@@ -416,7 +416,7 @@ def _wait_cluster(aws: AwsSession, region: str, ids: list[str], report: Reporter
                 raise NodeLost(f"node {ids.index(instance)} ({instance}) went {state} "
                                f"before it ran: {reason}")
         if only_check:
-            return [], []
+            return [], [], []
         running = [raws[i] for i in ids if raws.get(i, {}).get("State", {}).get("Name")
                    == "running"]
         if len(running) == len(ids):
@@ -428,7 +428,8 @@ def _wait_cluster(aws: AwsSession, region: str, ids: list[str], report: Reporter
             if not missing:
                 addresses = [r[key] for r in running]
                 report.phase(f"{len(ids)} instances running: " + ", ".join(addresses))
-                return addresses, [r.get("PrivateIpAddress") or r[key] for r in running]
+                return (addresses, [r.get("PrivateIpAddress") or r[key] for r in running],
+                        [instances.public_ipv4s(r) for r in running])
         if time.monotonic() > deadline:
             waiting = [i for i in ids if raws.get(i, {}).get("State", {}).get("Name")
                        != "running"]

@@ -379,7 +379,8 @@ def follow_replacement(aws: AwsSession, store: Store, job: Job, instance_id: str
     socket) are the first instance's: the same launch template."""
     region = aws.region_of(job)
     info = dict(job.host or {})
-    address = booting.wait_running(aws, region, instance_id)
+    public: list = []
+    address = booting.wait_running(aws, region, instance_id, public=public)
     endpoint = Endpoint(address, info.get("port", aws.settings.ssh_port),
                         info.get("user") or login_user(aws, job), info.get("key_path"))
     host = booting.wait_ssh(aws, region, instance_id, endpoint,
@@ -391,7 +392,8 @@ def follow_replacement(aws: AwsSession, store: Store, job: Job, instance_id: str
         host.close()
     store.update_instance(instance_id, details=json.dumps(
         {**instances.instance_details(store, instance_id), "address": address,
-         "host_key": endpoint.host_key, "host_key_verified": verified}))
+         "host_key": endpoint.host_key, "host_key_verified": verified,
+         "public_ipv4": public[0] if public else 0}))
     return {**info, "host": address, "host_key": endpoint.host_key}
 
 

@@ -276,6 +276,14 @@ def attempt_instances(aws: AwsSession, store: Store, job: Job, attempt: int,
     return out
 
 
+def public_ipv4s(raw: dict) -> int:
+    """How many public IPv4 addresses an instance (DescribeInstances' record) holds: one
+    per network interface with a public address (one at most at launch, cluster.py)."""
+    found = {(i.get("Association") or {}).get("PublicIp")
+             for i in raw.get("NetworkInterfaces") or []} - {None, ""}
+    return max(len(found), 1 if raw.get("PublicIpAddress") else 0)
+
+
 def record_found(aws: AwsSession, store: Store, job: Job, region: str, raw: dict, attempt: int) -> None:
     """An instance of the attempt found by its tags: recorded if the store did not know
     it (its minutes are billed like any other)."""
@@ -287,7 +295,8 @@ def record_found(aws: AwsSession, store: Store, job: Job, region: str, raw: dict
         id=raw["InstanceId"], job_id=job.id, provider=aws.name, region=region, zone=zone,
         instance_type=raw.get("InstanceType"), market=Market.SPOT if spot else Market.ON_DEMAND,
         state="requested", launched_at=raw["LaunchTime"].timestamp(), terminated_at=None,
-        price_per_hour=None, details={"found_by_tag": True}))
+        price_per_hour=None, details={"found_by_tag": True,
+                                      "public_ipv4": public_ipv4s(raw)}))
     store.add_event(job.id, "instance", detail=f"{raw['InstanceId']} in {zone} (attempt "
                     f"{attempt}, found by its tags)")
 

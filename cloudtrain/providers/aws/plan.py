@@ -54,9 +54,10 @@ def at_most(aws: AwsSession, spec, t: catalog.InstanceType, region: str) -> str:
     assert first is not None  # asked only where the catalog prices the type (prices)
     places = spec.relaunch_places(aws.settings, region) if attempts > 1 else []
     priced = {(r, m): rate(r, m) for r, m in places}
-    later = [p + volumes_per_hour(aws, spec, r) for (r, m), p in priced.items()
+    ipv4 = public_ipv4_per_hour(aws)
+    later = [p + volumes_per_hour(aws, spec, r) + ipv4 for (r, m), p in priced.items()
              if p is not None]
-    volumes = volumes_per_hour(aws, spec, region)
+    volumes = volumes_per_hour(aws, spec, region) + ipv4
     total = n * minutes / 60 * (first + volumes
                                 + (attempts - 1) * max(later, default=first + volumes))
     margin = minutes - int(spec.max_runtime_s // 60)
@@ -82,7 +83,15 @@ def at_most(aws: AwsSession, spec, t: catalog.InstanceType, region: str) -> str:
     vols = "".join(f" and the {gb:g} GB volume of dataset {name}"
                    for name, gb in snapshot_volumes(spec))
     return (text + f", {'each ' if attempts > 1 else ''}with its "
-            f"{spec.root_gb(aws.settings)} GB gp3 disk{vols} (${volumes:.4f}/h)")
+            f"{spec.root_gb(aws.settings)} GB gp3 disk{vols} (${volumes - ipv4:.4f}/h)"
+            + (f" and its public IPv4 address (${ipv4:.4f}/h)" if ipv4 else ""))
+
+
+def public_ipv4_per_hour(aws: AwsSession) -> float:
+    """USD per hour of an instance's public IPv4 address: one with `connect: public` (the
+    launch needs it); with `connect: private` none is asked for (a subnet that maps public
+    addresses still gives one, which the bill then counts)."""
+    return cost.PUBLIC_IPV4_PER_HOUR if aws.settings.connect != "private" else 0.0
 
 
 def billed_minutes(aws: AwsSession, spec) -> int:
