@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from .aws import _plain_http_stands_in_for_tls, moto_lab
@@ -128,6 +129,27 @@ class CloudLab:
             regroup_watch_seconds=0.5, regroup_peers_seconds=2.0,
             regroup_lost_wait_seconds=5.0, regroup_stop_grace_seconds=1.0)
 
+    def _end_supervisor(self) -> None:
+        """The supervisor goes with the lab: asked (SIGTERM), then killed after 2 s. It
+        finishes its current step first, and at the lab's end that step may be an SSH probe
+        of an instance whose namespace is gone, which waits out its connect timeout (15 s,
+        as an address nobody answers on AWS does): every autoscaled test paid it."""
+        from cloudtrain.lifecycle import supervisor
+
+        pid = supervisor.state_of(self.home).get("pid")
+        if not isinstance(pid, int):
+            return
+        for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + wait_s
+            while supervisor.state_of(self.home)["running"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not supervisor.state_of(self.home)["running"]:
+                return
+
     def _path_without_tmux(self) -> Path:
         """A PATH for an instance whose user-data has not installed tmux yet."""
         shim = self.tmp / "bin-no-tmux"
@@ -230,7 +252,7 @@ class CloudLab:
         return {"instances": running, "volumes": volumes, "spot_requests": spot}
 
     def close(self) -> None:
-        self.cli("supervisor", "stop", timeout=60)
+        self._end_supervisor()
         self.imds.close()
         self._moto.close()
         shutil.rmtree(self.tmux_root, ignore_errors=True)
