@@ -32,6 +32,10 @@ class InstanceType:
     arch: str
     on_demand: dict[str, float] = field(default_factory=dict)  # region -> USD/h
     spot_snapshot: dict[str, dict[str, float]] = field(default_factory=dict)  # region -> az id -> USD/h
+    # Its NVMe instance store (LocalDiskCount x LocalDiskSize GB where NVMeSupported): free
+    # with the type, lost with the instance; 0 where it has none.
+    nvme_disks: int = 0
+    nvme_disk_gb: float = 0.0
 
     def price(self, region: str, market: str = "on-demand") -> float | None:
         if market == Market.SPOT:
@@ -83,6 +87,10 @@ def _load_bundled() -> dict[str, InstanceType]:
                 t = types[row["InstanceType"]] = InstanceType(
                     row["InstanceType"], row["AcceleratorName"], float(row["AcceleratorCount"]),
                     float(row["vCPUs"]), float(row["MemoryGiB"]), row["Arch"])
+                if row.get("NVMeSupported") == "True" and row.get("LocalDiskCount") and \
+                        row.get("LocalDiskSize"):
+                    t.nvme_disks = int(float(row["LocalDiskCount"]))
+                    t.nvme_disk_gb = float(row["LocalDiskSize"])
             if row["Price"]:
                 t.on_demand[row["Region"]] = float(row["Price"])
             if row["SpotPrice"]:
@@ -193,6 +201,15 @@ VOLTA_INSTALL_S = 360.0
 # its driver is not released for), nor the fractional-GPU g6f/gr6f (an AL2023 image's).
 DLAMI_FAMILIES = ("g4dn", "g5", "g6", "gr6", "g6e", "p4d", "p4de", "p5", "p5e", "p5en",
                   "p6-b200")
+
+
+def instance_store(name: str) -> tuple[int, float] | None:
+    """(disks, GB each) of type `name`'s NVMe instance store, as the bundled catalog lists it;
+    None where it has none, or the catalog does not know the type."""
+    t = get(name)
+    if t is None or not t.nvme_disks or t.nvme_disk_gb <= 0:
+        return None
+    return t.nvme_disks, t.nvme_disk_gb
 
 
 def default_gpu(count: int) -> str:

@@ -271,6 +271,7 @@ def estimate_table(est, *, width: int | None = None) -> str:
             Col("BASIS", cut=12, drop=1)]
     if est.staging_bytes or est.preread_s:
         cols[3:3] = [Col("DATA COPY", drop=3)]
+    nvme = [r.instance_type for r in est.rows if r.on_nvme]
     texts = [f"{est.recipe}{f' (profile {est.profile})' if est.profile else ''} in {est.region}: "
              f"expected time and cost per run on each instance type ({est.market} decides "
              f"'cheapest')"]
@@ -283,8 +284,12 @@ def estimate_table(est, *, width: int | None = None) -> str:
               "overheads (in TOTAL and billed): " + ", ".join(
                   f"{k} {duration(v)} ({est.overheads.source[k]})"
                   for k, v in est.overheads.seconds.items()),
-              f"cost: per-second billing (60 s minimum) + {est.disk_gb} GB gp3 root volume"
-              + (f" at {est.disk_mbps} MB/s" if est.disk_mbps else "")
+              f"cost: per-second billing (60 s minimum) + "
+              + (f"{est.plain_disk_gb} GB gp3 root volume" if nvme and len(nvme) == len(est.rows)
+                 else f"{est.disk_gb} GB gp3 root volume"
+                 + (f" at {est.disk_mbps} MB/s" if est.disk_mbps else "")
+                 + (f" ({est.plain_disk_gb} GB, no throughput bought, on the types that copy "
+                    "onto their local NVMe)" if nvme else ""))
               + f" + a public IPv4 address (${cost.PUBLIC_IPV4_PER_HOUR}/h)"
               + (f", for each of {est.nodes} instances (one cluster placement group)"
                  if est.nodes > 1 else "")]
@@ -297,6 +302,11 @@ def estimate_table(est, *, width: int | None = None) -> str:
                      f"onto the disk before training, at the slower of the disk and the network "
                      f"({'; '.join(limits)}); the instance's own EBS bandwidth and S3 may be "
                      "slower on small types")
+        if nvme:
+            later.append("data copy onto the local NVMe (free, lost with the instance; no root "
+                         "volume space or gp3 throughput bought for it): " + ", ".join(nvme)
+                         + ("; the other types copy onto the root volume, sized for it"
+                            if len(nvme) < len(est.rows) else ""))
     later += [f"note: {n}" for n in est.notes]
     out = [line for text in texts for line in cells.wrapped(text, width, "", "  ")]
     out.append(grid(cols, rows, width=width))

@@ -132,12 +132,19 @@ DISK_MARGIN_GB = 100
 IN_FLIGHT_SHARDS = 10
 
 
+def copy_room(copied_bytes: float, shard_bytes: int = 0,
+              in_flight: int = IN_FLIGHT_SHARDS) -> float:
+    """GB a copy of `copied_bytes` of files takes on the disk it lands on: 5 % more for the
+    file system, and `in_flight` shards of `shard_bytes` downloaded beside their extracted
+    files."""
+    return copied_bytes / 1e9 * 1.05 + min(in_flight, IN_FLIGHT_SHARDS) * shard_bytes / 1e9
+
+
 def disk_needed(copied_bytes: float, shard_bytes: int = 0,
                 in_flight: int = IN_FLIGHT_SHARDS) -> int:
-    """GB of root volume a job copying `copied_bytes` of data onto it needs at least, with
-    `in_flight` shards of `shard_bytes` downloaded beside their extracted files."""
-    return math.ceil(copied_bytes / 1e9 * 1.05 + DISK_MARGIN_GB
-                     + min(in_flight, IN_FLIGHT_SHARDS) * shard_bytes / 1e9)
+    """GB of root volume a job copying `copied_bytes` of data onto it needs at least: the
+    copy's room, and the system's (DISK_MARGIN_GB)."""
+    return math.ceil(copy_room(copied_bytes, shard_bytes, in_flight) + DISK_MARGIN_GB)
 
 
 class Contents(Protocol):
@@ -202,9 +209,16 @@ def preflight(spec, settings, provider) -> tuple:
     if spec.backend != "local" and copied and not spec.on_job:
         sharded = [s.contents for s in found if s.contents is not None
                    and s.contents.kind == "shards"]
-        need = disk_needed(copied, max((c.largest for c in sharded), default=0), max(
+        in_flight = (max((c.largest for c in sharded), default=0), max(
             (len(c.manifest.shards) if c.manifest else IN_FLIGHT_SHARDS for c in sharded),
             default=0))
+        fast = copied >= STAGING_FAST_DISK_GB * 1e9  # the copy writes at the volume's speed
+        disks = provider.staging_disk(spec, settings.staging_disk_mbps if fast else 0)
+        local = _local_disk(spec, disks["local"], copy_room(copied, *in_flight))
+        spec = spec.changed(local_disk=local)
+        if local is not None and local["used"]:  # the root volume stays as the job asked
+            return spec, found
+        need = disk_needed(copied, *in_flight)
         if need > config.GP3_MAX_GB:
             raise UsageError(f"the datasets take {copied / 1e9:,.0f} GB on disk: with the "
                              f"system and the copies in flight the root volume would be "
@@ -216,10 +230,26 @@ def preflight(spec, settings, provider) -> tuple:
                              f"{copied / 1e9:.1f} GB on disk; give at least {need}",
                              hint=f"--disk-gb {need}")
         spec = spec.changed(disk_gb=max(spec.root_gb(settings), need))
-        if copied >= STAGING_FAST_DISK_GB * 1e9:  # the copy writes at the volume's speed
-            spec = spec.changed(disk_mbps=provider.staging_throughput(
-                spec, settings.staging_disk_mbps))
+        if fast:
+            spec = spec.changed(disk_mbps=disks["mbps"])
     return spec, found
+
+
+def _local_disk(spec, disk: dict | None, room: float) -> dict | None:
+    """Where the copies go, for the spec (Data.local_disk): the instance's local disk (the
+    provider's `disk`: the NVMe its image mounts) where it holds the copy's `room` GB, free
+    and lost with the instance; else the root volume, and why."""
+    if disk is None:
+        return None
+    if not disk.get("path"):
+        return {"used": False, "why": disk["why"]}
+    if room > disk["gb"]:
+        return {"used": False, "why": (
+            f"{spec.placement.instance_type}'s local NVMe ({disk['gb']:,.0f} GB at "
+            f"{disk['path']}) is smaller than the {math.ceil(room):,} GB the copy needs (the "
+            "files, 5% for the file system, the shards in flight)")}
+    return {"used": True, "path": disk["path"], "dir": disk["dir"], "disks": disk["disks"],
+            "gb": disk["gb"], "need_gb": math.ceil(room)}
 
 
 class MissingFolders(UsageError):
@@ -351,10 +381,16 @@ def host_plan(found: list[Staged], spec, settings, data_dir: str,
     """The stager's plan (cloudtrain/host/stager.py) for the copies onto the host, or None when
     the job stages nothing. With an instance profile the instance signs its own requests
     with the role's credentials; otherwise each object gets a presigned link (the user's
-    credentials never leave this machine either way)."""
+    credentials never leave this machine either way). Where preflight put the copies on
+    the instance's local disk (Data.local_disk), the plan's `scratch` says where it should
+    be mounted, and each S3 dataset's `scratch_dest` (its copy there: dest becomes a link to
+    it) and `need_bytes`; the stager takes the root volume (dest) where the disk is not
+    there, not writable or too full. Every node of a job gets the same plan: each copies
+    onto its own disk."""
     if not found:
         return None
     role = spec.backend == "aws" and bool(settings.instance_profile)
+    local = spec.data.local_disk if (spec.data.local_disk or {}).get("used") else None
     entries = []
     for s in found:
         src = s.source
@@ -368,9 +404,18 @@ def host_plan(found: list[Staged], spec, settings, data_dir: str,
         else:
             assert s.entry is not None  # an s3 dataset's, made by its provider
             entry.update(s.entry(role))
+            if local is not None and s.contents is not None:  # onto the local disk, linked
+                c = s.contents
+                shard = c.largest if c.kind == "shards" else 0
+                flying = len(c.manifest.shards) if c.manifest else IN_FLIGHT_SHARDS
+                entry.update(scratch_dest=f"{local['dir']}/{src['dir']}",
+                             need_bytes=int(copy_room(c.file_bytes, shard, flying) * 1e9))
         entries.append(entry)
-    return {"version": 1, "workers": STAGING_WORKERS, "part_bytes": STAGING_PART_BYTES,
+    plan = {"version": 1, "workers": STAGING_WORKERS, "part_bytes": STAGING_PART_BYTES,
             "progress_s": 5, "imds_url": settings.imds_url, "datasets": entries}
+    if local is not None:  # the stager checks it is there, writable and roomy, else says so
+        plan["scratch"] = {"mount": local["path"], "dir": local["dir"]}
+    return plan
 
 
 # -- on the host: the plan file run.sh hands the stager, and what it reports back ----------------
@@ -444,6 +489,11 @@ def staged_line(staging: dict) -> str:
         if secs:
             text += f" in {secs:.0f} s ({(d.get('bytes_done') or 0) / 1e6 / max(secs, 1e-3):.0f} MB/s)"
         parts.append(text)
+    disk = staging.get("disk")
+    if disk:  # where the copies went, where the plan had a local disk for them
+        parts.append(f"onto the local NVMe ({disk['path']})" if disk["local"] else
+                     f"onto the root volume ({disk['path']}), not the local NVMe: "
+                     f"{disk['note']}")
     return "data staged: " + ("; ".join(parts) or "nothing to copy")
 
 

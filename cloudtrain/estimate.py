@@ -22,9 +22,11 @@ default, and labelled as which:
   startup   imports, data download, cuDNN warm-up: inside the job but outside the recipe's
             timer (assumed; the published timers exclude it)
   staging   copying the job's datasets from S3 onto the instance's disk before training:
-            their size over the slower of the root volume's provisioned gp3 throughput
-            (config.yaml `staging_disk_mbps`) and the instance type's stated network
-            bandwidth (NETWORK_GBPS); the extra gp3 throughput is priced in
+            their size over the slower of the disk's writes and the instance type's stated
+            network bandwidth (NETWORK_GBPS). The disk is the type's local NVMe where its
+            default image mounts one that holds the copy (free; its writes assumed at
+            NVME_WRITE_MBPS a disk), else the root volume with its provisioned gp3
+            throughput (config.yaml `staging_disk_mbps`), sized for the copy, both priced in
   teardown  from the job's end until EC2 stops billing (the agent powers off)
 Cost = per-second billing with the 60 s minimum over boot..teardown at the on-demand price
 (or the cheapest AZ's spot price), plus the gp3 root volume, with the same arithmetic
@@ -71,10 +73,37 @@ NETWORK_GBPS: dict[str, float] = {
 }
 
 
-def staging_rate(instance_type: str, disk_mbps: int) -> tuple[float, str]:
-    """MB/s a staging copy is expected to reach on this type, and what limits it."""
+# What one disk of an instance's NVMe instance store is taken to write, MB/s: assumed (AWS
+# states the instance store's IOPS per type, not its MB/s; NVMe SSDs write sequentially at
+# 1 to 3 GB/s), the optimistic side no more than the network's figures are.
+NVME_WRITE_MBPS = 1000
+
+
+def local_nvme(name: str, own_image: bool = False) -> tuple[int, float] | None:
+    """(disks, GB in all) of the local NVMe the default image mounts on type `name`, which a
+    copy can go onto (the AWS provider decides the same by its image: images.local_nvme);
+    None with an image of your own (nothing is known of it), on a Volta type (its Ubuntu
+    image mounts nothing) or a type without instance store."""
+    if own_image or catalog.volta(name):
+        return None
+    found = catalog.instance_store(name)
+    return None if found is None else (found[0], found[0] * found[1])
+
+
+def staging_rate(instance_type: str, disk_mbps: int, nvme_disks: int = 0
+                 ) -> tuple[float, str]:
+    """MB/s a staging copy is expected to reach on this type, and what limits it: the
+    network, or the disk it lands on (the root volume's provisioned gp3 MB/s, or with
+    `nvme_disks` the local NVMe's writes)."""
     net = NETWORK_GBPS.get(instance_type)
     net_mbps = net * 1000 / 8 if net else float("inf")
+    if nvme_disks:
+        disk = float(NVME_WRITE_MBPS * nvme_disks)
+        if net_mbps < disk:
+            return net_mbps, f"{net:g} Gbit/s network (onto the local NVMe)"
+        several = nvme_disks > 1
+        return disk, (f"the local NVMe's writes ({nvme_disks} disk{'s' if several else ''} at "
+                      f"~{NVME_WRITE_MBPS} MB/s{' each' if several else ''}, assumed)")
     if net_mbps < disk_mbps:
         return net_mbps, f"{net:g} Gbit/s network"
     return float(disk_mbps), f"{disk_mbps} MB/s gp3 root volume"
@@ -122,6 +151,8 @@ class Row:
     gpu_bound_s: float | None = None  # training seconds the GPUs alone need
     data_bound_s: float | None = None  # seconds the type's CPUs need to decode the run's images
     bound: str = ""  # "gpu" | "data": which of the two train_s is; "" where no data bound
+    on_nvme: bool = False  # the copy goes onto the type's local NVMe, not the root volume
+    disk_gb: int = 0  # its root volume (raised for the copy unless on_nvme)
 
 
 @dataclass
@@ -140,6 +171,7 @@ class Estimate:
     profile: str | None = None  # the --profile asked for
     profile_note: str = ""  # what the figures are for when not for that profile
     nodes: int = 1  # instances per run (a job on several machines)
+    plain_disk_gb: int = 0  # the root volume where the copy goes onto a type's local NVMe
 
 
 def profile_note(recipe, profile: str | None) -> str:
@@ -298,9 +330,13 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
              types: list[str] | None = None, gpu_request: str | None = None,
              disk_gb: int | None = None, store=None, staging_bytes: int = 0,
              disk_mbps: int = 0, preread_s: float = 0.0, profile: str | None = None,
-             nodes: int = 1, own_image: bool = False) -> Estimate:
-    """`staging_bytes`: copied from S3 onto the root volume (at staging_rate; on several
-    nodes each copies its own, at the same time); `preread_s`: reading snapshot volumes once
+             nodes: int = 1, own_image: bool = False,
+             local_disk: bool | None = None) -> Estimate:
+    """`staging_bytes`: copied from S3 before the job (at staging_rate; on several nodes each
+    copies its own, at the same time): onto the type's local NVMe where its default image
+    mounts one that holds it (local_nvme; `local_disk`, a launch's own decision, overrides),
+    which needs no root volume space nor `disk_mbps`; else onto the root volume, sized for
+    it and given `disk_mbps`; `preread_s`: reading snapshot volumes once
     before the job (first_read: preread), at their own rate; `profile`: the recipe profile
     the arguments came from (the figures say whose they are); `nodes`: instances per run,
     each billed (with its disk) for the whole run; `own_image`: the job brings its own AMI
@@ -312,6 +348,7 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
     note = profile_note(recipe, profile)
     over = overheads(store)
     disk, gp3_month, notes = _disk(recipe, region, disk_gb, staging_bytes, disk_mbps, profile)
+    plain, plain_month, _ = _disk(recipe, region, disk_gb, 0, 0, profile)  # copy elsewhere
     rows, unmeasured_compile = [], []
     nodes = max(1, int(nodes or 1))
     on = f"{nodes} x {{}}" if nodes > 1 else "{}"
@@ -349,15 +386,18 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
         elif args.get("compile"):
             unmeasured_compile.append(t.gpu)
         staging_s, staging_basis = preread_s, "snapshot volume pre-read" if preread_s else ""
+        nvme = _nvme_for_copy(t.name, staging_bytes, own_image, local_disk)
+        row_disk, row_month = (plain, plain_month) if nvme else (disk, gp3_month)
         if staging_bytes:
-            rate, staging_basis = staging_rate(t.name, disk_mbps or cost.GP3_BASE_MBPS)
+            rate, staging_basis = staging_rate(t.name, disk_mbps or cost.GP3_BASE_MBPS,
+                                               nvme_disks=nvme)
             staging_s += staging_bytes / 1e6 / rate
         total = train_s + over.total + staging_s
         if catalog.volta(t.name) and not own_image:  # its image installs them at boot
             total += catalog.VOLTA_INSTALL_S
             scaling += (f"; +{catalog.VOLTA_INSTALL_S / 60:.0f} min boot-time install of the "
                         "driver and torch (Volta; estimated)")
-        disk_usd = cost.ebs_cost(0.0, total, disk, gp3_month).dollars
+        disk_usd = cost.ebs_cost(0.0, total, row_disk, row_month).dollars
         ipv4_usd = total / 3600 * cost.PUBLIC_IPV4_PER_HOUR  # its public address
 
         def dollars(price):
@@ -368,7 +408,8 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
                         dollars(t.price(region, "on-demand")), dollars(t.price(region, "spot")),
                         scaling, staging_s=staging_s, staging_basis=staging_basis,
                         profile_note=note, nodes=nodes, gpu_bound_s=gpu_s,
-                        data_bound_s=data_s, bound=bound))
+                        data_bound_s=data_s, bound=bound, on_nvme=bool(nvme),
+                        disk_gb=row_disk))
         if t.gpu in TFLOPS_NOTES and TFLOPS_NOTES[t.gpu] not in notes:
             notes.append(TFLOPS_NOTES[t.gpu])
     _rank(rows, market)
@@ -381,7 +422,22 @@ def estimate(recipe, args: dict, region: str, *, market: str = "on-demand",
                        " known, `python benchmarks/gpu.py --compile` measures it)")
     return Estimate(recipe.name, region, market, basis, over, disk, rows, notes,
                     staging_bytes=staging_bytes, disk_mbps=disk_mbps, preread_s=preread_s,
-                    profile=profile, profile_note=note, nodes=nodes)
+                    profile=profile, profile_note=note, nodes=nodes, plain_disk_gb=plain)
+
+
+def _nvme_for_copy(name: str, staging_bytes: int, own_image: bool,
+                   decided: bool | None) -> int:
+    """The disks of type `name`'s local NVMe the copy goes onto (0: the root volume): where
+    the default image mounts one that holds the copy's room (datasets.copy_room, as preflight
+    reckons it, with `data push`'s shards), unless a launch `decided`."""
+    from .datasets import copy_room
+
+    if not staging_bytes or decided is False:
+        return 0
+    found = local_nvme(name, own_image)
+    if decided:
+        return found[0] if found else 1
+    return found[0] if found and copy_room(staging_bytes, 256 << 20) <= found[1] else 0
 
 
 def _minutes(seconds: float) -> str:
@@ -502,7 +558,9 @@ def for_spec(spec, region: str, store=None) -> Row | None:
                        types=[place.instance_type], disk_gb=place.disk_gb, store=store,
                        staging_bytes=staged, disk_mbps=spec.data.disk_mbps or 0,
                        preread_s=preread, profile=spec.profile, nodes=spec.nodes,
-                       own_image=bool(place.ami))
+                       own_image=bool(place.ami), local_disk=(
+                           bool(spec.data.local_disk.get("used")) if spec.data.local_disk
+                           else None))
     except UsageError:
         return None
     row = est.rows[0]

@@ -116,11 +116,27 @@ def clean_staging(value: object) -> dict | None:
             **{k: _count(row.get(k)) for k in ("bytes_total", "bytes_done", "files_total",
                                                 "files_done")},
             "mb_s": finite(row.get("mb_s")), "seconds": finite(row.get("seconds"))})
-    return {"state": state if state in STAGING_STATES else None,
-            "started_at": finite(value.get("started_at")),
-            "ended_at": finite(value.get("ended_at")),
-            "error": clean_text(error, MAX_REASON_LEN) if isinstance(error, str) else None,
-            "datasets": datasets}
+    out = {"state": state if state in STAGING_STATES else None,
+           "started_at": finite(value.get("started_at")),
+           "ended_at": finite(value.get("ended_at")),
+           "error": clean_text(error, MAX_REASON_LEN) if isinstance(error, str) else None,
+           "datasets": datasets}
+    if "disk" in value:
+        out["disk"] = _staging_disk(value.get("disk"))
+    return out
+
+
+def _staging_disk(disk: object) -> dict | None:
+    """The stager's word on where the copies went ({local, path, note}: the local disk the
+    plan named, or the root volume and why not), or None where it is not that."""
+    if not isinstance(disk, dict) or not isinstance(disk.get("local"), bool) or \
+            not isinstance(disk.get("path"), str):
+        return None
+    note = disk.get("note")
+    if not disk["local"] and not isinstance(note, str):
+        return None
+    return {"local": disk["local"], "path": clean_text(disk["path"], 300),
+            "note": clean_text(note, MAX_REASON_LEN) if isinstance(note, str) else None}
 
 
 def clean_status(status: object) -> dict | None:

@@ -51,6 +51,10 @@ class Data:
     staging: dict = field(default_factory=dict)
     disk_mbps: int | None = None  # the root volume's provisioned gp3 MB/s (None: its own 125)
     staging_allowance_s: float = 0.0  # added to max_runtime_s for the data copy (preflight)
+    # Where the copies go (preflight): {used: True, path, dir, disks, gb, need_gb}, the
+    # instance's local NVMe; {used: False, why}, the root volume; None: nothing said (no copy,
+    # or a backend without such disks).
+    local_disk: dict | None = None
 
 
 @dataclass(frozen=True)

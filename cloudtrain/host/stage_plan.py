@@ -3,7 +3,7 @@
 Standard library only, Python 3.8+; shipped beside stager.py (see stager.py for the plan's
 shape and the command). Imports shards and stage_errors (StageError, reason: kept apart so that the
 signer needs nothing else) and nothing else of ours (stage_errors <- stage_plan <- stage_fetch
-<- stage_run <- stager; stage_errors <- awsapi).
+<- stage_run <- stager; stage_plan <- stage_disk <- stager; stage_errors <- awsapi).
 
     check_plan(plan) -> [dataset]   every field the stager reads checked; StageError otherwise
     StageError                      a one-line reason staging failed
@@ -51,6 +51,7 @@ def check_plan(plan) -> list:
           "part_bytes is not an integer of at least 1048576")
     p = plan.get("progress_s", 5)
     _need(type(p) in (int, float) and 0 < p <= 86400, "progress_s is not a positive number")
+    scratch = _check_scratch(plan.get("scratch"))
     datasets = plan.get("datasets")
     _need(isinstance(datasets, list), "datasets is not a list")
     names = set()
@@ -77,11 +78,40 @@ def check_plan(plan) -> list:
             _need(isinstance(d.get("preread", False), bool), where + "preread is not true/false")
             continue
         _check_s3(plan, d, where)
+        _check_scratch_dest(scratch, d, where)
         if kind == "shards":
             _check_shards(d, where)
         else:
             _check_objects(d, where)
     return checked
+
+
+def _below(path, folder: str) -> bool:
+    return isinstance(path, str) and os.path.isabs(path) and "\x00" not in path and \
+        os.path.normpath(path).startswith(os.path.normpath(folder) + "/")
+
+
+def _check_scratch(scratch):
+    """The plan's local disk for the copies ({mount, dir}: the folder below the mount), or
+    None."""
+    if scratch is None:
+        return None
+    _need(isinstance(scratch, dict), "scratch is not an object")
+    mount = scratch.get("mount")
+    _need(isinstance(mount, str) and os.path.isabs(mount) and "\x00" not in mount
+          and os.path.normpath(mount) != "/", "scratch mount is not an absolute path")
+    _need(_below(scratch.get("dir"), mount), "scratch dir is not a folder below its mount")
+    return scratch
+
+
+def _check_scratch_dest(scratch, d: dict, where: str) -> None:
+    """An S3 dataset's copy on the plan's local disk (scratch_dest, need_bytes), if any."""
+    if "scratch_dest" in d:
+        _need(scratch is not None, where + "scratch_dest without a scratch")
+        _need(_below(d["scratch_dest"], scratch["dir"]),
+              where + "scratch_dest is not a folder below the scratch dir")
+    if "need_bytes" in d:
+        _need(_is_int(d["need_bytes"], 0, 1 << 62), where + "need_bytes is not a size")
 
 
 def _check_s3(plan: dict, d: dict, where: str) -> None:

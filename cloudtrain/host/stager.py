@@ -17,8 +17,10 @@ once the whole shard matched its sha256 (shards.extract_shard).
     stage(plan, status_path, out=sys.stdout, backoff_s=0.5) -> exit code
 
 This module holds the run over the plan's datasets (each staged into a partial copy that
-replaces dest whole), the status file and the progress lines, and the command; it imports
-the stage_* modules, safefile and shards.
+replaces dest whole; where the plan names a local disk, the instance's NVMe, the copy is made
+there and dest becomes a link to it, or, the disk missing, not writable or too full, at dest
+as before: stage_disk.py), the status file and the progress lines, and the command; it
+imports the stage_* modules, safefile and shards.
 
 Exit 0 when every dataset is staged; 1 after one line `cloudtrain staging failed: <reason>`
 on stderr; 143 / 130 after SIGTERM / SIGINT. STATUS_JSON is rewritten (atomically) every
@@ -38,7 +40,7 @@ import sys
 import threading
 import time
 
-from . import safefile, shards
+from . import safefile, shards, stage_disk
 from .stage_fetch import Fetcher
 from .stage_plan import StageError, check_plan, disk_reason, reason
 from .stage_run import DatasetRun
@@ -68,6 +70,7 @@ class Stager:
         self.fetcher = Fetcher(self.stop, backoff_s)
         self.signum = None
         self.role: RoleCredentials | None = None
+        self.scratch: str | None = None  # the local disk's folder the copies go to, if any
         self.started = time.time()
         self.status: dict = {"state": "staging", "started_at": self.started, "ended_at": None,
                        "error": None, "datasets": []}
@@ -122,6 +125,7 @@ class Stager:
                     "name": d["name"], "kind": d["kind"], "state": "waiting",
                     "bytes_total": 0, "bytes_done": 0, "files_total": 0, "files_done": 0,
                     "mb_s": 0.0, "seconds": 0.0})
+            self.choose_disk(datasets)
             self.write_status()
             for d, rec in zip(datasets, self.status["datasets"]):
                 self.check_signal()
@@ -154,6 +158,30 @@ class Stager:
             return 130 if self.signum == signal.SIGINT else 143
         return 1
 
+    def choose_disk(self, datasets: list) -> None:
+        """Where the plan puts the copies on the local disk: that disk if it is mounted,
+        writable and roomy; else the root volume's data dir (where it can hold the files),
+        said in the log and the status."""
+        scratch = self.plan.get("scratch")
+        if not scratch:
+            return
+        wanted = sum(d.get("need_bytes", 0) for d in datasets if d.get("scratch_dest") and
+                     _marker_identity(os.path.join(d["scratch_dest"], MARKER)) != d["identity"])
+        self.scratch, why = stage_disk.choose(scratch, wanted)
+        if self.scratch is not None:
+            self.status["disk"] = {"local": True, "path": self.scratch, "note": None}
+            print("cloudtrain staging: onto the local NVMe at %s (%s free)" % (
+                self.scratch, stage_disk.size(stage_disk.free_bytes(self.scratch))),
+                file=self.out, flush=True)
+            return
+        stage_disk.check_root([d for d in datasets if _marker_identity(
+            os.path.join(d["dest"], MARKER)) != d.get("identity")], why)
+        roots = sorted({os.path.dirname(d["dest"].rstrip("/")) for d in datasets
+                        if d.get("scratch_dest")})
+        self.status["disk"] = {"local": False, "path": ", ".join(roots), "note": why}
+        print("cloudtrain staging: not onto the local NVMe (%s): onto the root volume at %s "
+              "instead" % (why, ", ".join(roots)), file=self.out, flush=True)
+
     def on_signal(self, signum, frame) -> None:
         if self.signum is None:
             self.signum = signum
@@ -183,22 +211,38 @@ class Stager:
         else:
             rec["bytes_total"] = sum(o["bytes"] for o in d["objects"])
             rec["files_total"] = len(d["objects"])
-        parent, base = os.path.split(dest)
+        # On the local disk (choose_disk), the copy goes there and dest becomes a link to it;
+        # a copy of this version at dest already (followed through a link) is kept.
+        target = d["scratch_dest"].rstrip("/") if self.scratch and d.get("scratch_dest") \
+            else dest
+        if target != dest:
+            if _marker_identity(os.path.join(dest, MARKER)) == d["identity"]:
+                self._skipped(rec, t0)
+                return
+            _check_replaceable(dest)
+        parent, base = os.path.split(target)
         os.makedirs(parent, exist_ok=True)
         # One staging of a folder at a time (two jobs on one host, the local backend's shared
         # data dir): the second waits, then finds the copy made.
         with _Lock(os.path.join(parent, ".%s.cloudtrain-lock" % base), self.out, d["name"]):
-            if _marker_identity(os.path.join(dest, MARKER)) == d["identity"]:
-                rec["state"] = "skipped"
-                rec["bytes_done"], rec["files_done"] = rec["bytes_total"], rec["files_total"]
-                self.progress(rec, t0)
+            if _marker_identity(os.path.join(target, MARKER)) == d["identity"]:
+                if target != dest:
+                    _link_to(dest, target)
+                self._skipped(rec, t0)
                 return
-            _check_replaceable(dest)
+            _check_replaceable(target)
             rec["state"] = "staging"
             self._copy(d, rec, t0, os.path.join(parent, ".%s.cloudtrain-partial" % base))
-            _swap_in(os.path.join(parent, ".%s.cloudtrain-partial" % base), dest,
+            _swap_in(os.path.join(parent, ".%s.cloudtrain-partial" % base), target,
                      os.path.join(parent, ".%s.cloudtrain-old" % base))
+            if target != dest:
+                _link_to(dest, target)
         rec["state"] = "staged"
+        self.progress(rec, t0)
+
+    def _skipped(self, rec: dict, t0: float) -> None:
+        rec["state"] = "skipped"
+        rec["bytes_done"], rec["files_done"] = rec["bytes_total"], rec["files_total"]
         self.progress(rec, t0)
 
     def _copy(self, d: dict, rec: dict, t0: float, partial: str) -> None:
@@ -355,6 +399,25 @@ def _check_replaceable(dest: str) -> None:
         return
     raise StageError("%s already holds files cloudtrain did not stage: move them away, or "
                      "read them as they are with --data NAME=%s" % (dest, dest))
+
+
+def _link_to(dest: str, target: str) -> None:
+    """dest (absent, a link, or an earlier copy of ours: _check_replaceable) becomes a link to
+    the copy at target, in one rename; an earlier copy there is deleted after."""
+    if os.path.islink(dest) and os.readlink(dest) == target:
+        return
+    parent, base = os.path.split(dest)
+    os.makedirs(parent, exist_ok=True)
+    tmp = "%s.cloudtrain-link.%d" % (dest, os.getpid())
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    old = os.path.join(parent, ".%s.cloudtrain-old" % base)
+    if os.path.lexists(dest) and not os.path.islink(dest):
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(dest, old)
+    os.replace(tmp, dest)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _swap_in(partial: str, dest: str, old: str) -> None:

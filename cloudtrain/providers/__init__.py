@@ -95,9 +95,10 @@ class DatasetReader:
                              hint="use --backend aws, or a path: on this machine")
         return get("aws", self.settings).read_dataset(spec, source)
 
-    def staging_throughput(self, spec, wanted: int) -> int:
-        """The root volume's MB/s for the copy: what the job's provider buys of `wanted`
-        (a provider that reads no datasets itself has no volume to buy it for)."""
+    def staging_disk(self, spec, wanted: int) -> dict:
+        """The disks the copy can go onto (base.Datasets.staging_disk), as the job's provider
+        has them; a provider that reads no datasets itself has no local disk to say and no
+        volume to buy throughput for (this machine: the data dir is the disk)."""
         provider = get(spec.backend, self.settings)
-        return provider.staging_throughput(spec, wanted) if isinstance(provider, Datasets) \
-            else wanted
+        return provider.staging_disk(spec, wanted) if isinstance(provider, Datasets) \
+            else {"local": None, "mbps": wanted or None}

@@ -191,9 +191,13 @@ class Datasets(Protocol):
     its jobs' bucket datasets through providers.read_dataset."""
     def read_dataset(self, spec, source: dict) -> Staged:
         """What one of the job's datasets holds, read before launch."""
-    def staging_throughput(self, spec, wanted: int) -> int:
-        """The root volume's MB/s for the copy: `wanted`, or less where the instance cannot
-        take more (what it could not use is not bought)."""
+    def staging_disk(self, spec, wanted: int) -> dict:
+        """The disks a copy onto the job's instance can go onto: {local, mbps}. `local`: the
+        instance's own disk, free with it and lost with it ({path, dir (the copies' folder
+        there), disks, gb}), or {path: None, why} where it has none (said in the plan), None
+        where the backend knows of no such disk; `mbps`: the root volume's MB/s for the copy,
+        `wanted` or less where the instance cannot take more (what it could not use is not
+        bought); None where none is `wanted` (0)."""
 
 
 CAPABILITIES = (Account, CloudHosts, ResultStore, CloudRecovery, Sweeps, Datasets)

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from labs.asg import instance_profile_config
-from labs.cloud import cloud_lab, uninterrupted
+from labs.cloud import autoscaled_lab, uninterrupted
 from labs.polling import wait_for
 from labs.netns import netns_available
 
@@ -36,11 +35,9 @@ RESNET9 = ("--recipe", "resnet9", "--profile", "smoke", "--set", "epochs=4",
 
 @pytest.fixture
 def lab(cli, ct_home, tmp_path, monkeypatch):
-    with cloud_lab(cli, ct_home, tmp_path, monkeypatch, [], f"ct-e2e-autoscaled-{os.getpid()}",
-                   autoscaling=True) as lab:
-        instance_profile_config(lab, ct_home, PROFILE)
+    with autoscaled_lab(cli, ct_home, tmp_path, monkeypatch, "ct-e2e-autoscaled",
+                        PROFILE) as lab:
         yield lab
-        assert lab.asg.errors() == []
 
 
 def _uninterrupted(cli) -> tuple[int, dict]:

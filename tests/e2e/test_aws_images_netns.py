@@ -13,8 +13,8 @@ import sqlite3
 
 import pytest
 
-from labs.asg import CLOUD_INIT_PATH, instance_profile_config
-from labs.cloud import cloud_lab
+from labs.asg import CLOUD_INIT_PATH
+from labs.cloud import autoscaled_lab
 from labs.netns import netns_available
 from labs.polling import wait_for
 from labs.ubuntu_image import UbuntuImage
@@ -31,15 +31,13 @@ RESNET9 = ("--recipe", "resnet9", "--profile", "smoke")
 
 @pytest.fixture
 def lab(cli, ct_home, tmp_path, monkeypatch):
-    with cloud_lab(cli, ct_home, tmp_path, monkeypatch, [], f"ct-e2e-volta-{os.getpid()}",
-                   autoscaling=True) as lab:
-        # The job's Python is the one the instance installs, not this machine's: no
-        # remote_python (the lab's other tests set it).
-        instance_profile_config(lab, ct_home, PROFILE, drop=("remote_python:",))
+    # The job's Python is the one the instance installs, not this machine's: no
+    # remote_python (the lab's other tests set it).
+    with autoscaled_lab(cli, ct_home, tmp_path, monkeypatch, "ct-e2e-volta", PROFILE,
+                        drop=("remote_python:",)) as lab:
         lab.ubuntu = UbuntuImage(tmp_path / "ubuntu")
         lab.asg.user_data_env.update(lab.ubuntu.env(CLOUD_INIT_PATH))
         yield lab
-        assert lab.asg.errors() == []
 
 
 def test_RA2_the_missions_p3_command_runs_on_the_volta_image_end_to_end(lab, cli, ct_home):

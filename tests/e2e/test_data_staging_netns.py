@@ -24,6 +24,7 @@ from labs.credentials import CLIENT_CREDS, REGION
 from conftest import tiny_prepared_imagenet
 from labs.imds import FakeIMDS
 from labs.netns import GATEWAY, NetnsLab, netns_available
+from labs.polling import wait_for
 
 reason = netns_available()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
@@ -146,3 +147,58 @@ def test_a_namespace_host_stages_s3_data_with_its_role_credentials_then_reads_it
             subprocess.run(["tmux", "-L", tmux_socket, "kill-server"], capture_output=True)
             if imds is not None:
                 imds.close()
+
+
+# -- RG5: onto the local NVMe of an instance Auto Scaling starts ----------------------------------
+
+ASG_PROFILE = "ct-instance"
+# what the job reads: where its data dir's imagenet leads, and the JPEGs through it
+READ_DATA = ("echo \"link: $(readlink \"$CLOUDTRAIN_DATA_DIR/imagenet\" || echo none)\"; "
+             "find \"$CLOUDTRAIN_DATA_DIR/imagenet/\" -name '*.JPEG' | wc -l")
+
+
+@pytest.fixture
+def asg_lab(cli, ct_home, tmp_path, monkeypatch):
+    from labs.cloud import autoscaled_lab
+
+    with autoscaled_lab(cli, ct_home, tmp_path, monkeypatch, "ct-e2e-nvme", ASG_PROFILE) as lab:
+        yield lab
+
+
+@pytest.mark.parametrize("nvme", ["mounted", "missing"])
+def test_RG5_a_group_instance_stages_onto_its_local_nvme_or_says_why_not(
+        asg_lab, cli, tmp_path, nvme):
+    """RG5 end to end: a spot g5.xlarge job in its Auto Scaling group (the lab's instance
+    runs in a mount namespace of its own, as an instance's disks are its own). Where the
+    Deep Learning AMI mounted the NVMe at /opt/dlami/nvme (the lab mounts a folder of its own
+    there), the copy lands on it, $CLOUDTRAIN_DATA_DIR/imagenet links to it and the job reads
+    it through the link; where nothing is mounted there, the copy goes onto the root volume's
+    data dir as before, and the timeline says why."""
+    lab = asg_lab
+    lab.asg.local_nvme = nvme
+    prepared = tiny_prepared_imagenet(tmp_path / "data", seed=7)
+    source = _tree(prepared)
+    boto3.client("s3", endpoint_url=lab.endpoint, region_name=REGION,
+                 **CLIENT_CREDS).create_bucket(Bucket=BUCKET)
+    cli.ok("data", "push", str(prepared), f"s3://{BUCKET}/imagenet", "--shard-mb", "1")
+    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--data",
+                        f"imagenet=s3://{BUCKET}/imagenet", "--", "bash", "-c", READ_DATA,
+                        timeout=300)
+    job = wait_for(lambda: (lambda j: j if j["state"] in ("succeeded", "failed") else None)(
+        cli.job(job_id)), timeout=300, what="the job to end")
+    assert job["state"] == "succeeded", (job["reason"], job["timeline"])
+    (inst,) = [i for i in lab.asg.instances.values() if i.group == f"cloudtrain-{job_id}"]
+    log = cli.ok("logs", job_id).stdout
+    assert str(sum(1 for _ in prepared.rglob("*.JPEG"))) in log.splitlines(), log[-2000:]
+    staged = {p["name"]: p for p in job["timeline"]}["running"]["detail"]
+    on_nvme = inst.dir / "nvme" / "cloudtrain" / "data" / "imagenet"  # the instance store
+    if nvme == "mounted":
+        assert staged.endswith("; onto the local NVMe (/opt/dlami/nvme/cloudtrain/data)"), staged
+        assert _tree(on_nvme) == source
+        assert "link: /opt/dlami/nvme/cloudtrain/data/imagenet" in log.splitlines()
+    else:
+        assert staged.endswith(
+            "; onto the root volume (/home/ubuntu/.cloudtrain/data), not the local NVMe: "
+            "/opt/dlami/nvme is not there (the image did not mount the local NVMe)"), staged
+        assert "link: none" in log.splitlines()
+        assert not on_nvme.exists()

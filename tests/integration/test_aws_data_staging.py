@@ -43,6 +43,9 @@ ENV = {"OMP_NUM_THREADS": "1"}
 # What the fake IMDS hands out as the role's credentials (never the user's "testing").
 ROLE_KEY, ROLE_SECRET, ROLE_TOKEN = "ASIAFAKEROLEKEY00001", "role-secret-not-users", "role-token+/="
 IMDS_TOKEN = "imds-v2-token-abc"
+# An image of the user's own, of which nothing is known (RG5): the copy goes onto the root
+# volume, sized and sped up for it, whatever local NVMe the type has.
+OWN_IMAGE = ("--ami", "ami-0123456789abcdef0")
 
 
 # -- a fake IMDSv2 --------------------------------------------------------------------------
@@ -282,8 +285,10 @@ def test_ten_gb_of_data_gets_a_faster_root_volume_up_to_the_instances_ebs_link_a
         monkeypatch.setattr(s3_datasets, "contents", lambda c, b, p: s3_datasets.Contents(
             kind="objects", files=1, bytes=file_bytes, file_bytes=file_bytes,
             identity="ab" * 32, objects=[]))
+        # RG5: --ami (nothing is known of its disks): the copy goes onto the root volume
         spec = JobSpec.of(kind="command", backend="aws", command=["true"],
-                       instance_type="g5.xlarge", region=REGION, datasets=[{
+                       instance_type="g5.xlarge", region=REGION, ami="ami-0123456789abcdef0",
+                       datasets=[{
                            "name": "imagenet", "kind": "s3", "dir": "imagenet",
                            "location": f"s3://{BUCKET}/imagenet"}])
         sized, _ = datasets.preflight(spec, settings, AWSProvider(settings))
@@ -347,7 +352,7 @@ def test_the_dry_run_shows_the_data_and_a_disk_sized_to_hold_it(
     aws.write_config(disk_gb=8)  # smaller than the copy and its margin need
     dry = cli.ok("launch", "--recipe", "imagenet", *TINY, "--data",
                  f"imagenet=s3://{BUCKET}/imagenet", "--instance", "g5.xlarge", "--dry-run",
-                 env=ENV).stdout
+                 *OWN_IMAGE, env=ENV).stdout
     rows = {line.split()[0]: line.split(None, 1)[1] for line in dry.splitlines()[1:]
             if line.startswith("  ") and len(line.split()) > 1}
     assert rows["data"].startswith(f"imagenet from s3://{BUCKET}/imagenet (")
@@ -383,10 +388,10 @@ def _store_shards(s3, stored_as, prefix: str, entries: int, size: int) -> None:
 
 def _big_manifest_dry_run(cli, s3, stored_as) -> dict:
     """The dry run's rows for a 12 GB dataset (twelve 1 GB shards as S3 lists them), with
-    config.yaml's disk_gb 8."""
+    config.yaml's disk_gb 8, on an image of the user's own (onto the root volume: RG5)."""
     _store_shards(s3, stored_as, "big", 12, 10**9)
     dry = cli.ok("launch", "--recipe", "imagenet", *TINY, "--data", f"imagenet=s3://{BUCKET}/big",
-                 "--instance", "g5.xlarge", "--dry-run", env=ENV).stdout
+                 "--instance", "g5.xlarge", "--dry-run", *OWN_IMAGE, env=ENV).stdout
     return dict(_rows(dry), text=" ".join(dry.split()))
 
 
@@ -516,3 +521,51 @@ def test_a_staging_job_that_ends_unwatched_still_splits_copy_and_training(
     assert took.total_seconds() >= 3.0
     by_phase = job["cost_detail"]["phases"]
     assert by_phase["training"] > by_phase["staging"] >= 0
+
+
+# -- RG5: the copy onto the local NVMe the Deep Learning AMI mounts -------------------------------
+
+
+def _dry_run_150_gb(cli, s3, stored_as, instance_type: str, *extra: str) -> dict:
+    """The dry run's rows for 150 GB of ImageNet (150 shards of 1 GB as S3 lists them) on
+    `instance_type`."""
+    if "imagenet150/shards/shard-00000.tar" not in stored_as:
+        _store_shards(s3, stored_as, "imagenet150", 150, 10**9)
+    dry = cli.ok("launch", "--data", f"imagenet=s3://{BUCKET}/imagenet150", "--instance",
+                 instance_type, "--dry-run", *extra, "--", "true", env=ENV).stdout
+    return dict(_rows(dry), text=" ".join(dry.split()))
+
+
+@pytest.mark.parametrize("instance_type, disks", [
+    ("g5.xlarge", "1 disk, 250 GB"), ("g6e.xlarge", "1 disk, 250 GB"),
+    ("p4d.24xlarge", "8 disks, 8,000 GB")])
+def test_RG5_the_dry_run_puts_a_150_gb_copy_on_the_local_nvme_and_buys_no_disk_for_it(
+        cli, aws, s3, stored_as, instance_type, disks):
+    """RG5: 150 GB of ImageNet on a type whose Deep Learning AMI mounts NVMe big enough: the
+    dry run's root volume is the default's (not raised for the copy), no gp3 throughput is
+    provisioned or noted, and its staging row says where the copy goes and why."""
+    rows = _dry_run_150_gb(cli, s3, stored_as, instance_type)
+    assert rows["disk"] == "100 GB gp3, encrypted, deleted with the instance", rows["disk"]
+    assert rows["staging"].startswith(
+        "the datasets are copied onto the local NVMe the Deep Learning AMI mounts at "
+        f"/opt/dlami/nvme ({disks}; the copy needs 168 GB): free with {instance_type}, and "
+        "lost with the instance as the root volume is"), rows["staging"]
+    assert "provisioned" not in rows["text"] and "staging_disk_mbps" not in rows["text"]
+    assert rows["data"].startswith(f"imagenet from s3://{BUCKET}/imagenet150 (150.0 GB, ")
+
+
+def test_RG5_the_dry_run_says_why_a_copy_goes_onto_the_root_volume(cli, aws, s3, stored_as):
+    """RG5: where the NVMe cannot take it (too small, none mounted by the image, an image of
+    the user's own) the root volume is sized and sped up as before, and the plan says why."""
+    too_big = _dry_run_150_gb(cli, s3, stored_as, "g4dn.xlarge")
+    assert too_big["staging"] == (
+        "the datasets are copied onto the root volume (sized for them above): g4dn.xlarge's "
+        "local NVMe (125 GB at /opt/dlami/nvme) is smaller than the 168 GB the copy needs "
+        "(the files, 5% for the file system, the shards in flight)")
+    assert too_big["disk"].startswith("268 GB gp3, ") and "provisioned for the data copy" in \
+        too_big["disk"]
+    own = _dry_run_150_gb(cli, s3, stored_as, "g5.xlarge", *OWN_IMAGE)
+    assert own["staging"] == ("the datasets are copied onto the root volume (sized for them "
+                              "above): --ami: cloudtrain knows of no local NVMe your image "
+                              "mounts")
+    assert "437 MB/s and 3000 IOPS provisioned for the data copy" in own["disk"]

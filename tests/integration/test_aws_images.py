@@ -99,3 +99,45 @@ def test_RA5_the_default_image_an_unknown_one_and_ssh_user_in_config(ec2_provide
     assert user == "ubuntu" and "set ssh_user in config.yaml" in why
     aws.settings.ssh_user = "researcher"
     assert images.login_user(aws, REGION, mine) == ("researcher", "ssh_user in config.yaml")
+
+
+# -- RG5: the local NVMe the default image mounts ------------------------------------------------
+
+
+def test_RG5_the_deep_learning_ami_mounts_the_type_s_nvme_at_opt_dlami_nvme():
+    """RG5: the DLAMI's release notes give nvme_location /opt/dlami/nvme: a job on the default
+    image of a type with NVMe instance store has it there, every disk of it (the catalog's
+    count x size); the copies go to a folder of cloudtrain's below it."""
+    assert images.NVME_MOUNT == "/opt/dlami/nvme"
+    g5 = images.local_nvme("g5.xlarge", None)
+    assert g5 == {"path": "/opt/dlami/nvme", "dir": "/opt/dlami/nvme/cloudtrain/data",
+                  "disks": 1, "gb": 250.0}
+    assert images.local_nvme("p4d.24xlarge", None)["gb"] == 8000.0
+    assert images.local_nvme("p4d.24xlarge", None)["disks"] == 8
+
+
+@pytest.mark.parametrize("name, ami, why", [
+    ("p3.2xlarge", None, "p3.2xlarge's image (Ubuntu 24.04, for Volta) mounts no local NVMe"),
+    ("p3dn.24xlarge", None,
+     "p3dn.24xlarge's image (Ubuntu 24.04, for Volta) mounts no local NVMe"),
+    ("g5.xlarge", "ami-0123456789abcdef0",
+     "--ami: cloudtrain knows of no local NVMe your image mounts"),
+    ("g5g.xlarge", None, "g5g.xlarge has no local NVMe instance store"),
+    ("zz9.huge", None, "zz9.huge is not in the bundled catalog: its local disks are unknown"),
+])
+def test_RG5_no_local_nvme_on_volta_s_ubuntu_your_own_image_or_a_type_without(name, ami, why):
+    """RG5: p3dn has NVMe, but its Ubuntu image (image_kind VOLTA) mounts nothing; --ami is the
+    user's image, of which nothing is known; g5g has no instance store."""
+    assert images.local_nvme(name, ami) == {"path": None, "why": why}
+
+
+def test_RG5_the_estimate_s_rule_is_the_provider_s_for_every_type():
+    """RG5: the estimate (above the providers) decides by the catalog what the AWS provider
+    decides by image_kind: the same answer for every type, with and without --ami."""
+    from cloudtrain import catalog, estimate
+
+    for name in catalog.load():
+        for ami in (None, "ami-0123456789abcdef0"):
+            mounted = images.local_nvme(name, ami)
+            assert estimate.local_nvme(name, own_image=bool(ami)) == (
+                (mounted["disks"], mounted["gb"]) if mounted["path"] else None), (name, ami)

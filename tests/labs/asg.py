@@ -16,7 +16,11 @@ that make a group do what AWS does for what cloudtrain relies on:
   (a fresh host key), whose fingerprints its console prints
   as cloud-init's keys-to-console does; the fake IMDS at 169.254.169.254 (a forwarder in the
   namespace) with its instance's metadata and its role's credentials when the launch template
-  names an instance profile; `sudo` (as on the DLAMI: root may do anything).
+  names an instance profile; `sudo` (as on the DLAMI: root may do anything); and, where its
+  type has NVMe instance store (the bundled catalog) and its image is the Deep Learning AMI
+  (not a Volta type's Ubuntu), a folder of the lab's (`inst.dir / "nvme"`) mounted at
+  /opt/dlami/nvme as the DLAMI mounts the instance store there (`local_nvme = "missing"`:
+  none, an image whose mount failed).
 - **The launch template's user-data runs once at boot, as root, in the instance**, after its
   sshd is up, with a cloud-init-like environment plus `user_data_env` (AWS_ENDPOINT_URL: the
   lab's moto). Its output is the instance's console output, then the SSH host key
@@ -112,6 +116,7 @@ USER_DATA_LIMIT = 16384  # EC2: "User data is limited to 16 KB, in raw form"
 CONSOLE_LIMIT = 65536  # GetConsoleOutput: the last 64 KB
 OVERLAID = ("/etc", "/var", "/opt", "/usr", "/run", "/root", "/home", "/mnt", "/srv")
 USER_HOME = "/home/ubuntu"  # the DLAMI's default user's home: the instance's home dir
+NVME_MOUNT = "/opt/dlami/nvme"  # where the DLAMI mounts the instance store (its release notes)
 ROOT_HOME = "/root"  # root's: user-data's HOME
 IMDS_ADDRESS = "169.254.169.254"
 SHUTDOWN_REASON = ("Client.InstanceInitiatedShutdown",
@@ -268,6 +273,10 @@ class AutoScalingLab:
         # True: the fingerprint block comes before the user-data's output (not cloud-init's
         # order; for a test that wants the keys while a user-data still runs)
         self.keys_first = False
+        # "mounted": an instance of a type with NVMe instance store, on the DLAMI, has a folder
+        # of its own mounted at /opt/dlami/nvme, as the DLAMI mounts the store there (RG5);
+        # "missing": none is (the mount failed, or an image that makes none)
+        self.local_nvme = "mounted"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="asg-lab", daemon=True)
         self._install(monkeypatch)
@@ -823,6 +832,11 @@ class AutoScalingLab:
                          f"workdir={d / 'work'} overlay {target}")
         lines.append(f"mkdir -p {USER_HOME}")
         lines.append(f"mount --bind {shlex.quote(str(home))} {USER_HOME}")
+        if self.local_nvme == "mounted" and self._has_nvme(inst):
+            nvme = inst.dir / "nvme"  # the instance store, as the test sees it
+            nvme.mkdir(parents=True, exist_ok=True)
+            lines.append(f"mkdir -p {NVME_MOUNT}")
+            lines.append(f"mount --bind {shlex.quote(str(nvme))} {NVME_MOUNT}")
         lab_recorder = self.cloud.tmp / "shutdown"  # cloud_lab.RECORDER
         if lab_recorder.exists():
             lines.append(f"mount --bind {shlex.quote(str(power_off))} "
@@ -832,6 +846,17 @@ class AutoScalingLab:
         boot = inst.dir / "init.sh"
         boot.write_text("\n".join(lines) + "\n")
         return boot
+
+    @staticmethod
+    def _has_nvme(inst: LabInstance) -> bool:
+        """Its type has NVMe instance store (the catalog's) and its image is the Deep Learning
+        AMI, which mounts it (not Canonical's Ubuntu of a Volta type, nor an image of the
+        user's own)."""
+        from cloudtrain import catalog
+
+        image = inst.moto.ec2_backend.amis.get(inst.moto.image_id)
+        return "Deep Learning" in (getattr(image, "name", "") or "") and \
+            catalog.instance_store(inst.moto.instance_type) is not None
 
     def _metadata(self, inst: LabInstance) -> None:
         """What the instance reads from IMDS: its role (from its instance profile) and its

@@ -288,6 +288,21 @@ def cloud_lab(cli, ct_home: Path, tmp: Path, monkeypatch, hosts: list[str], tmux
 
 
 @contextlib.contextmanager
+def autoscaled_lab(cli, ct_home: Path, tmp: Path, monkeypatch, name: str,
+                   profile: str = "ct-instance", drop: tuple[str, ...] = ()):
+    """cloud_lab with Auto Scaling and no pre-declared hosts, the job's instance profile and
+    remote_root set (labs.asg.instance_profile_config; `drop`: config lines to remove); the
+    lab itself made no error by the end."""
+    from labs.asg import instance_profile_config
+
+    with cloud_lab(cli, ct_home, tmp, monkeypatch, [], f"{name}-{os.getpid()}",
+                   autoscaling=True) as lab:
+        instance_profile_config(lab, ct_home, profile, drop=drop)
+        yield lab
+        assert lab.asg.errors() == []
+
+
+@contextlib.contextmanager
 def bench_home(label: str):
     """A benchmark's own CLOUDTRAIN_HOME (the tests' settings), MonkeyPatch and CLI."""
     import pytest

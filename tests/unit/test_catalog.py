@@ -66,3 +66,20 @@ def test_RA3_the_types_the_dlami_runs_are_the_families_its_release_notes_list():
         "g7e.2xlarge is not among the GPU types cloudtrain's default images support (the Deep "
         "Learning AMI's release notes list G4DN, G5, G6, GR6, G6E, P4D")
     assert not catalog.default_image_runs("g7e.2xlarge")
+
+
+def test_RG5_each_type_s_local_nvme_is_the_catalog_s_instance_store():
+    """RG5: the bundled catalog's LocalDiskCount x LocalDiskSize of NVMe instance store, per
+    type (AWS's instance type pages: g5.xlarge 1 x 250 GB, p4d.24xlarge 8 x 1,000 GB); none
+    on a type without (p3, g5g), nor on one the catalog does not know."""
+    assert catalog.instance_store("g5.xlarge") == (1, 250.0)
+    assert catalog.instance_store("g6e.xlarge") == (1, 250.0)
+    assert catalog.instance_store("g6e.2xlarge") == (1, 450.0)
+    assert catalog.instance_store("p4d.24xlarge") == (8, 1000.0)
+    assert catalog.instance_store("p5.48xlarge") == (8, 3800.0)
+    assert catalog.instance_store("g6.48xlarge") == (8, 940.0)
+    for none in ("p3.2xlarge", "p3.16xlarge", "g5g.xlarge", "m5.large", "nosuch.type"):
+        assert catalog.instance_store(none) is None, none
+    # every GPU type the default image runs has some (so the rule below decides by size)
+    assert all(catalog.instance_store(t.name) for t in catalog.load().values()
+               if catalog.dlami_runs(t.name))

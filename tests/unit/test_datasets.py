@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -261,11 +262,16 @@ def test_notes_on_a_cross_region_copy_and_links_that_die_with_a_session(monkeypa
     assert datasets.notes(spec, settings, read()) == []
 
 
+def _root_only(spec, wanted: int) -> dict:
+    """A provider's disks for the copy: no local disk, `wanted` MB/s of the root volume."""
+    return {"local": None, "mbps": wanted or None}
+
+
 def test_the_copy_gets_time_of_its_own_in_the_max_runtime():
     from cloudtrain.providers.aws import datasets as s3_datasets
 
-    provider = SimpleNamespace(staging_throughput=lambda spec, wanted: wanted,
-                           read_dataset=lambda spec, source: datasets.Staged(
+    provider = SimpleNamespace(staging_disk=_root_only,
+                               read_dataset=lambda spec, source: datasets.Staged(
         source, s3_datasets.Contents("shards", 10, 50 * 10**9, 50 * 10**9, "ab" * 32), "r"))
     spec = JobSpec.of(kind="command", backend="aws", max_runtime_s=3600.0, datasets=[
         {"name": "d", "kind": "s3", "location": "s3://bkt/d", "dir": "d"}])
@@ -283,7 +289,7 @@ def _stored(size: int, largest: int = 256 << 20, manifest=None) -> SimpleNamespa
     manifest against that listing: test_data_push_s3.py)."""
     from cloudtrain.providers.aws import datasets as s3_datasets
 
-    return SimpleNamespace(staging_throughput=lambda spec, wanted: wanted,
+    return SimpleNamespace(staging_disk=_root_only,
                            read_dataset=lambda spec, source: datasets.Staged(
         source, s3_datasets.Contents("shards", 10, size, size, "ab" * 32, manifest,
                                      largest=largest), "r"))
@@ -404,7 +410,7 @@ def test_u41_an_s3_dataset_is_checked_by_its_manifest_s_folders_or_its_objects()
     def provider(manifest=None, objects=()):
         contents = s3_datasets.Contents("shards" if manifest else "objects", 1, 2048, 100,
                                         "ab" * 32, manifest, objects=list(objects))
-        return SimpleNamespace(staging_throughput=lambda spec, wanted: wanted,
+        return SimpleNamespace(staging_disk=_root_only,
                            read_dataset=lambda spec, source: datasets.Staged(
             source, contents, "r"))
 
@@ -452,3 +458,162 @@ def test_u60_a_linked_path_is_said_as_linked_in_the_timeline():
         {"name": "imagenet", "kind": "path", "state": "staged", "bytes_total": 0,
          "bytes_done": 0, "files_total": 0, "files_done": 0, "mb_s": 0.0, "seconds": 0.01}]})
     assert datasets.staged_line(staging) == "data staged: imagenet linked, not copied"
+
+
+# -- RG5: the copy onto the local NVMe the image mounts ------------------------------------------
+
+GB = 10**9
+
+
+def _nvme_provider(size: int, largest: int = 256 << 20, shards_count: int = 600,
+                   ebs_cap: int = 437) -> SimpleNamespace:
+    """The AWS provider's rules offline: the local NVMe the default image mounts on the job's
+    type (images.local_nvme), gp3 throughput capped at `ebs_cap` MB/s; an S3 dataset of `size`
+    bytes in `shards_count` shards, the largest `largest` bytes."""
+    from cloudtrain.host import shards
+    from cloudtrain.providers.aws import images
+
+    manifest = SimpleNamespace(shards=[None] * shards_count)
+    return SimpleNamespace(
+        staging_disk=lambda spec, wanted: {
+            "local": images.local_nvme(spec.placement.instance_type, spec.placement.ami),
+            "mbps": min(wanted, ebs_cap) if wanted else None},
+        read_dataset=lambda spec, source: datasets.Staged(source, aws_datasets.Contents(
+            "shards", 1_281_167, size, size, "ab" * 32, manifest, largest=largest), "us-east-1"))
+
+
+def _imagenet_copy(instance_type: str, **placement) -> JobSpec:
+    return JobSpec.of(kind="command", backend="aws", command=["true"], region="us-east-1",
+                      instance_type=instance_type, max_runtime_s=3600.0, datasets=[
+                          {"name": "imagenet", "kind": "s3", "dir": "imagenet",
+                           "location": "s3://bkt/imagenet"}], **placement)
+
+
+def test_RG5_the_copy_room_is_the_root_volume_s_sizing_without_the_system():
+    """RG5: what a copy takes on whatever disk it lands on, the same arithmetic the root
+    volume is sized with (the files, 5 % for the file system, the shards in flight), less
+    the root volume's own allowance for the AMI, caches and checkpoints."""
+    assert datasets.copy_room(150 * GB, 256 << 20) == pytest.approx(157.5 + 10 * 0.268435456)
+    assert datasets.disk_needed(150 * GB, 256 << 20) == math.ceil(
+        datasets.copy_room(150 * GB, 256 << 20) + datasets.DISK_MARGIN_GB)
+    assert datasets.copy_room(2 * GB, GB, in_flight=2) == pytest.approx(2.1 + 2)
+
+
+@pytest.mark.parametrize("instance_type, disks, gb", [
+    ("g5.xlarge", 1, 250.0), ("g6e.xlarge", 1, 250.0), ("p4d.24xlarge", 8, 8000.0)])
+def test_RG5_a_copy_the_local_nvme_holds_goes_there_and_buys_no_disk(instance_type, disks, gb):
+    """RG5: 150 GB of ImageNet on a type whose default image mounts NVMe big enough: the copy
+    goes there; the root volume stays what the job asked (not raised for the copy) and no gp3
+    throughput is bought; the spec says where and why, for the plan and the stager."""
+    spec, _ = datasets.preflight(_imagenet_copy(instance_type), config.Settings(),
+                                 _nvme_provider(150 * GB))
+    room = datasets.copy_room(150 * GB, 256 << 20)
+    assert spec.data.local_disk == {"used": True, "path": "/opt/dlami/nvme",
+                                    "dir": "/opt/dlami/nvme/cloudtrain/data", "disks": disks,
+                                    "gb": gb, "need_gb": math.ceil(room)}
+    assert spec.placement.disk_gb is None and spec.root_gb(config.Settings()) == 100
+    assert spec.data.disk_mbps is None
+    assert datasets.notes(spec, config.Settings(), []) == []  # no throughput to explain
+    # the copy's time of its own is the same wherever it lands (a pessimistic 100 MB/s)
+    assert spec.data.staging_allowance_s == 600 + 1500
+    # read again (the dry run, then the launch): the same
+    again, _ = datasets.preflight(spec, config.Settings(), _nvme_provider(150 * GB))
+    assert again.data == spec.data and again.placement == spec.placement
+
+
+def test_RG5_a_copy_too_big_for_the_nvme_goes_to_the_root_volume_as_before_and_says_why():
+    """RG5: 300 GB on g5.xlarge (250 GB of NVMe): the root volume is sized and given
+    throughput as before, and the spec says why not the NVMe."""
+    spec, _ = datasets.preflight(_imagenet_copy("g5.xlarge"), config.Settings(),
+                                 _nvme_provider(300 * GB))
+    need = math.ceil(datasets.copy_room(300 * GB, 256 << 20))
+    assert spec.data.local_disk == {"used": False, "why": (
+        f"g5.xlarge's local NVMe (250 GB at /opt/dlami/nvme) is smaller than the {need} GB "
+        "the copy needs (the files, 5% for the file system, the shards in flight)")}
+    assert spec.placement.disk_gb == datasets.disk_needed(300 * GB, 256 << 20)
+    assert spec.data.disk_mbps == 437
+
+
+@pytest.mark.parametrize("instance_type, placement, why", [
+    ("p3.2xlarge", {}, "p3.2xlarge's image (Ubuntu 24.04, for Volta) mounts no local NVMe"),
+    ("g5.xlarge", {"ami": "ami-0123456789abcdef0"},
+     "--ami: cloudtrain knows of no local NVMe your image mounts"),
+])
+def test_RG5_no_nvme_on_volta_s_image_or_your_own_the_root_volume_as_before(
+        instance_type, placement, why):
+    spec, _ = datasets.preflight(_imagenet_copy(instance_type, **placement), config.Settings(),
+                                 _nvme_provider(150 * GB))
+    assert spec.data.local_disk == {"used": False, "why": why}
+    assert spec.placement.disk_gb == datasets.disk_needed(150 * GB, 256 << 20)
+    assert spec.data.disk_mbps == 437
+
+
+def test_RG5_a_small_copy_says_nothing_of_disks_and_the_local_backend_has_none():
+    """Nothing copied (a path on the host), the local backend (the provider knows no local
+    disk): no word of an NVMe, and nothing changes."""
+    spec, _ = datasets.preflight(_imagenet_copy("g5.xlarge").changed(backend="local"),
+                                 config.Settings(), SimpleNamespace(
+                                     staging_disk=_root_only,
+                                     read_dataset=_nvme_provider(GB).read_dataset))
+    assert spec.data.local_disk is None and spec.placement.disk_gb is None
+
+
+def test_RG5_the_stager_s_plan_names_the_nvme_folder_and_each_copy_s_room():
+    """RG5: the host's plan says where the local NVMe should be (the stager checks it there),
+    and for each S3 dataset the folder its copy goes to there and the room it needs; a
+    dataset already on the host (a path) is linked as before. Each node of a job on several
+    machines gets this same plan and stages its own copy on its own NVMe."""
+    provider = _nvme_provider(150 * GB)
+    spec = _imagenet_copy("g5.xlarge")
+    spec = spec.changed(datasets=[*spec.data.datasets, {"name": "mine", "kind": "path",
+                                                        "location": "/data/mine", "dir": "mine"}])
+    provider.read_dataset = (lambda read: lambda spec, source: read(spec, source)
+                             if source["kind"] == "s3" else datasets.Staged(source))(
+        provider.read_dataset)
+    spec, found = datasets.preflight(spec, config.Settings(), provider)
+    for staged in found:
+        if staged.contents is not None:
+            staged.entry = lambda role: {"kind": "shards", "auth": "presigned"}
+    plan = datasets.host_plan(found, spec, config.Settings(), "/home/ubuntu/cloudtrain/data")
+    assert plan["scratch"] == {"mount": "/opt/dlami/nvme",
+                               "dir": "/opt/dlami/nvme/cloudtrain/data"}
+    imagenet, mine = plan["datasets"]
+    assert imagenet["dest"] == "/home/ubuntu/cloudtrain/data/imagenet"
+    assert imagenet["scratch_dest"] == "/opt/dlami/nvme/cloudtrain/data/imagenet"
+    assert imagenet["need_bytes"] == int(datasets.copy_room(150 * GB, 256 << 20) * 1e9)
+    assert "scratch_dest" not in mine and mine["kind"] == "path"
+    # the root volume: no scratch in the plan, the copies go to dest as before
+    root_spec, root_found = datasets.preflight(
+        _imagenet_copy("g5.xlarge", ami="ami-0123456789abcdef0"), config.Settings(),
+        _nvme_provider(150 * GB))
+    root_found[0].entry = lambda role: {"kind": "shards", "auth": "presigned"}
+    root_plan = datasets.host_plan(root_found, root_spec, config.Settings(), "/d")
+    assert "scratch" not in root_plan and "scratch_dest" not in root_plan["datasets"][0]
+
+
+def test_RG5_the_timeline_says_which_disk_took_the_copy_and_why_not_the_nvme():
+    """RG5: the stager's word on the disk (its status's `disk`, untrusted) ends the staged
+    line: the local NVMe, or the root volume and why (a mount missing at run time)."""
+    from cloudtrain import hostdata
+
+    row = {"name": "imagenet", "kind": "shards", "state": "staged", "bytes_total": 150 * GB,
+           "bytes_done": 150 * GB, "files_total": 10, "files_done": 10, "mb_s": 500.0,
+           "seconds": 300.0}
+    on_nvme = hostdata.clean_staging({"state": "staged", "datasets": [row], "disk": {
+        "local": True, "path": "/opt/dlami/nvme/cloudtrain/data", "note": None}})
+    assert datasets.staged_line(on_nvme) == (
+        "data staged: imagenet 150.0 GB, 10 files in 300 s (500 MB/s); onto the local NVMe "
+        "(/opt/dlami/nvme/cloudtrain/data)")
+    fallback = hostdata.clean_staging({"state": "staged", "datasets": [row], "disk": {
+        "local": False, "path": "/home/ubuntu/cloudtrain/data",
+        "note": "/opt/dlami/nvme is not there\x1b (the image did not mount the local NVMe)"}})
+    assert datasets.staged_line(fallback) == (
+        "data staged: imagenet 150.0 GB, 10 files in 300 s (500 MB/s); onto the root volume "
+        "(/home/ubuntu/cloudtrain/data), not the local NVMe: /opt/dlami/nvme is not there "
+        "(the image did not mount the local NVMe)")
+    for junk in ("no", {"local": "yes", "path": 5}, {"local": True}, {"path": "/x"}):
+        assert hostdata.clean_staging({"state": "staged", "datasets": [row],
+                                       "disk": junk}).get("disk") is None, junk
+    # without a word on the disk (no NVMe planned), the line is as it was
+    assert datasets.staged_line(hostdata.clean_staging({"state": "staged", "datasets": [row]})
+                                ) == "data staged: imagenet 150.0 GB, 10 files in 300 s (500 MB/s)"

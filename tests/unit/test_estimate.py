@@ -357,3 +357,70 @@ def test_u58_the_estimate_bills_a_profile_s_own_disk():
     assert estimate._disk(imagenet, "us-east-1", None, 0, 0, "smoke")[0] == 100
     assert estimate._disk(imagenet, "us-east-1", None, 0, 0)[0] == 400
     assert estimate._disk(imagenet, "us-east-1", 50, 0, 0, "smoke")[0] == 50  # --disk-gb
+
+
+# -- RG5: the copy onto the local NVMe ------------------------------------------------------------
+
+
+def test_RG5_a_copy_onto_the_nvme_runs_at_the_slower_of_its_writes_and_the_network():
+    """RG5: onto the local NVMe the copy is bound by the network or by the NVMe's writes (a
+    figure assumed per disk: AWS states the instance store's IOPS, not its MB/s), whichever
+    is slower, and the basis says which; no gp3 throughput enters it."""
+    per_disk = estimate.NVME_WRITE_MBPS
+    assert estimate.staging_rate("p4d.24xlarge", 1000, nvme_disks=8) == (
+        8.0 * per_disk, f"the local NVMe's writes (8 disks at ~{per_disk} MB/s each, assumed)")
+    assert estimate.staging_rate("g5.xlarge", 125, nvme_disks=1) == (
+        float(per_disk), f"the local NVMe's writes (1 disk at ~{per_disk} MB/s, assumed)")
+    # 10 Gbit/s is 1250 MB/s: slower than two disks
+    assert estimate.staging_rate("p3.8xlarge", 1000, nvme_disks=2) == (
+        1250.0, "10 Gbit/s network (onto the local NVMe)")
+    # the root volume as before
+    assert estimate.staging_rate("p4d.24xlarge", 1000) == (1000.0, "1000 MB/s gp3 root volume")
+
+
+def test_RG5_the_estimate_puts_the_copy_on_each_type_s_nvme_and_bills_no_disk_for_it(pub):
+    """RG5: 150 GB copied: on g5.xlarge's NVMe (250 GB) the root volume stays the recipe's
+    60 GB with no throughput bought, the copy at the NVMe's writes; with --ami (nothing known
+    of its disks) the root volume is sized for the copy and its throughput bought, as before.
+    300 GB does not fit g5.xlarge's NVMe but fits g6e.2xlarge's (450 GB)."""
+    args = {"variant": "fast", "gpus": 1}
+    kw = dict(types=["g5.xlarge"], staging_bytes=150 * 10**9, disk_mbps=1000)
+    (nvme,) = estimate.estimate(pub, args, "us-east-1", **kw).rows
+    (root,) = estimate.estimate(pub, args, "us-east-1", own_image=True, **kw).rows
+    assert (nvme.on_nvme, nvme.disk_gb) == (True, 60)
+    assert nvme.staging_s == pytest.approx(150e9 / 1e6 / estimate.NVME_WRITE_MBPS)
+    assert nvme.staging_basis.startswith("the local NVMe's writes")
+    from cloudtrain import datasets
+
+    assert (root.on_nvme, root.disk_gb) == (False, datasets.disk_needed(150 * 10**9, 256 << 20))
+    assert root.staging_basis == "1000 MB/s gp3 root volume"
+    from cloudtrain import cost
+
+    gp3 = catalog.gp3_price("us-east-1").per_gb_month
+    price = catalog.get("g5.xlarge").price("us-east-1")
+    # on the NVMe: the instance and the recipe's 60 GB root volume at gp3's price, nothing more
+    assert nvme.on_demand == pytest.approx(
+        cost.on_demand_cost(0.0, nvme.total_s, price).dollars
+        + cost.ebs_cost(0.0, nvme.total_s, 60, gp3).dollars
+        + nvme.total_s / 3600 * cost.PUBLIC_IPV4_PER_HOUR, rel=1e-9)
+    assert root.on_demand > nvme.on_demand
+    big = estimate.estimate(pub, args, "us-east-1", types=["g5.xlarge", "g6e.2xlarge"],
+                            staging_bytes=300 * 10**9, disk_mbps=1000)
+    rows = {r.instance_type: r for r in big.rows}
+    assert not rows["g5.xlarge"].on_nvme and rows["g6e.2xlarge"].on_nvme
+    # the launch's own decision (the spec's) wins over the catalog's rule
+    (told,) = estimate.estimate(pub, args, "us-east-1", local_disk=False, **kw).rows
+    assert not told.on_nvme and told.disk_gb == root.disk_gb
+
+
+def test_RG5_the_estimate_table_says_which_types_copy_onto_their_nvme(pub, monkeypatch):
+    from cloudtrain import catalog_views
+
+    args = {"variant": "fast", "gpus": 1}
+    est = estimate.estimate(pub, args, "us-east-1", types=["g5.xlarge", "g4dn.xlarge"],
+                            staging_bytes=150 * 10**9, disk_mbps=1000)
+    text = " ".join(catalog_views.estimate_table(est, width=200).split())
+    assert ("data copy onto the local NVMe (free, lost with the instance; no root volume "
+            "space or gp3 throughput bought for it): g5.xlarge") in text, text
+    # g4dn.xlarge's 125 GB cannot hold it: its root volume is sized and sped up
+    assert "g4dn.xlarge" not in text.split("data copy onto the local NVMe")[1].split(";")[0]

@@ -46,8 +46,8 @@ STORED_KEYS = {
     "max_runtime_s", "resources", "requires", "resume_from", "procs", "gpus_needed",
     "gpus_exact", "nodes", "instance_type", "market", "region", "ami", "disk_gb", "max_price",
     "cpu_only", "keep", "idle_minutes", "on_job", "kept", "expected", "target", "include",
-    "datasets", "staging", "disk_mbps", "staging_allowance_s", "recover", "max_restarts",
-    "fallback", "setup", "envs", "secrets", "outputs"}
+    "datasets", "staging", "disk_mbps", "staging_allowance_s", "local_disk", "recover",
+    "max_restarts", "fallback", "setup", "envs", "secrets", "outputs"}
 
 
 def test_placement_recovery_and_data_are_typed_parts_of_the_spec():
@@ -105,3 +105,17 @@ def test_the_stored_spec_stays_flat_and_older_rows_load_into_the_parts():
     other = JobSpec.from_dict({"kind": "command", "backend": "aws"})
     assert other.data.datasets == [] and other.data.datasets is not \
         JobSpec.from_dict({"kind": "command", "backend": "aws"}).data.datasets
+
+
+def test_RG5_a_stored_spec_keeps_where_its_copies_went_and_older_rows_had_no_word():
+    """RG5: preflight's word on the disk the copies go onto (the local NVMe or the root
+    volume, and why) is kept with the job; a row from before it loads with none."""
+    nvme = {"used": True, "path": "/opt/dlami/nvme", "dir": "/opt/dlami/nvme/cloudtrain/data",
+            "disks": 1, "gb": 250.0, "need_gb": 161}
+    spec = JobSpec.of(kind=COMMAND, backend="aws", command=["true"], local_disk=nvme)
+    assert spec.data.local_disk == nvme
+    stored = json.loads(json.dumps(spec.to_dict()))
+    assert stored["local_disk"] == nvme and JobSpec.from_dict(stored) == spec
+    assert JobSpec.from_dict({"kind": "command", "backend": "aws"}).data.local_disk is None
+    assert JobSpec.from_dict({"kind": "command", "backend": "aws",
+                              "local_disk": "nvme"}).data.local_disk is None

@@ -846,3 +846,205 @@ def test_sign_request_signs_a_query_api_call_as_botocore_does(name, token, servi
         auth.add_auth(req)
     assert mine["Authorization"] == req.headers["Authorization"]
     assert "X-Amz-Content-SHA256" not in mine
+
+
+# -- 12. RG5: onto the local NVMe the image mounts, or back onto the root volume -------------------
+
+can_mount = pytest.mark.skipif(
+    os.geteuid() != 0 or subprocess.run(["unshare", "-m", "true"],
+                                        capture_output=True).returncode != 0,
+    reason="mounts a folder in a mount namespace of its own (root, unshare)")
+
+
+def _nvme_plan(s3, pushed, tmp_path, endpoint, mount: Path, need_bytes: int = 1 << 20) -> dict:
+    """A plan that copies the pushed tree onto the NVMe mounted at `mount` (as the Deep
+    Learning AMI's is at /opt/dlami/nvme), linked from its dest in the root volume's data dir."""
+    dest = tmp_path / "data" / "imagenet"
+    d = _shards_dataset(s3, pushed, dest, endpoint)
+    d.update(scratch_dest=str(mount / "cloudtrain" / "data" / "imagenet"), need_bytes=need_bytes)
+    return _plan([d], scratch={"mount": str(mount), "dir": str(mount / "cloudtrain" / "data")})
+
+
+def _run_mounted(plan: dict, tmp_path: Path, disk: Path, mount: Path, read_only=False):
+    """The stager as a host runs it, in a mount namespace where `disk` is mounted at `mount`
+    (read-only if asked): (exit code, status, stdout, stderr). What it wrote through the mount
+    is in `disk` afterwards."""
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    status = tmp_path / "status.json"
+    mounts = f"mount --bind {disk} {mount}" + (
+        f" && mount -o remount,bind,ro {mount}" if read_only else "")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", f"{mounts} && exec \"$@\"", "sh",
+                           sys.executable, command("stager"), str(tmp_path / "plan.json"),
+                           str(status)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    return proc.returncode, json.loads(status.read_text()), proc.stdout, proc.stderr
+
+
+@can_mount
+def test_RG5_the_copy_goes_onto_the_mounted_nvme_and_the_data_dir_links_to_it(
+        s3, tree, pushed, moto_endpoint, tmp_path):
+    """RG5: with the local NVMe mounted where the plan says, the copy lands on it (the disk
+    behind the mount holds every file) and the dataset's place in the data dir (what
+    $CLOUDTRAIN_DATA_DIR/imagenet names) is a link to it; the status and the log say so.
+    A second run finds it there, through the link, and copies nothing."""
+    disk, mount = tmp_path / "nvme-disk", tmp_path / "opt-dlami-nvme"
+    disk.mkdir()
+    mount.mkdir()
+    plan = _nvme_plan(s3, pushed, tmp_path, moto_endpoint, mount)
+    code, status, out, err = _run_mounted(plan, tmp_path, disk, mount)
+    assert code == 0, err
+    on_disk = disk / "cloudtrain" / "data" / "imagenet"
+    assert _files(on_disk) == _files(tree)
+    dest = tmp_path / "data" / "imagenet"
+    assert dest.is_symlink() and os.readlink(dest) == str(mount / "cloudtrain/data/imagenet")
+    assert not (tmp_path / "data" / ".imagenet.cloudtrain-partial").exists()
+    assert status["disk"] == {"local": True, "path": str(mount / "cloudtrain" / "data"),
+                              "note": None}
+    assert out.startswith(f"cloudtrain staging: onto the local NVMe at {mount}/cloudtrain/data"
+                          " ("), out
+    assert status["datasets"][0]["state"] == "staged"
+    for e in pushed.shards:  # the run after reads nothing: the objects are gone
+        s3.delete_object(Bucket=BUCKET, Key=f"imagenet/shards/{e.name}")
+    code, status, out, err = _run_mounted(plan, tmp_path, disk, mount)
+    assert code == 0 and status["datasets"][0]["state"] == "skipped", err
+
+
+@can_mount
+@pytest.mark.parametrize("read_only, need, said", [
+    (True, 1 << 20, "cannot make {dir}: Read-only file system"),
+    (False, 10**18, "{mount} has {free} GB free, the copy needs 1000000000.0 GB"),
+])
+def test_RG5_an_nvme_that_cannot_take_the_copy_falls_back_to_the_root_volume_and_says_why(
+        s3, tree, pushed, moto_endpoint, tmp_path, read_only, need, said):
+    """RG5: mounted but read-only, or without the room the copy needs: the copy goes into
+    the root volume's data dir as it did before, and the log and the status say why."""
+    disk, mount = tmp_path / "nvme-disk", tmp_path / "opt-dlami-nvme"
+    disk.mkdir()
+    mount.mkdir()
+    plan = _nvme_plan(s3, pushed, tmp_path, moto_endpoint, mount, need_bytes=need)
+    code, status, out, err = _run_mounted(plan, tmp_path, disk, mount, read_only=read_only)
+    assert code == 0, err
+    dest = tmp_path / "data" / "imagenet"
+    assert not dest.is_symlink() and _files(dest) == _files(tree)
+    assert not (disk / "cloudtrain" / "data" / "imagenet").exists()
+    note = status["disk"]["note"]
+    free = re.search(r"has ([0-9.,]+) GB free", note).group(1) if not read_only else ""
+    assert note == said.format(dir=mount / "cloudtrain" / "data", mount=mount, free=free), note
+    assert status["disk"] == {"local": False, "path": str(tmp_path / "data"), "note": note}
+    assert (f"cloudtrain staging: not onto the local NVMe ({note}): onto the root volume at "
+            f"{tmp_path / 'data'} instead") in out, out
+
+
+@pytest.mark.parametrize("mount_is, said", [
+    ("absent", "{mount} is not there (the image did not mount the local NVMe)"),
+    ("a plain folder", "{mount} is not a mounted volume (the image did not mount the local "
+                       "NVMe there): a copy there would fill the root volume"),
+])
+def test_RG5_no_nvme_mounted_at_run_time_the_copy_goes_onto_the_root_volume(
+        s3, tree, pushed, moto_endpoint, tmp_path, mount_is, said):
+    """RG5: the plan expected the DLAMI's NVMe, and the instance has none mounted there (the
+    folder missing, or a folder of the root volume's own): the copy goes to the data dir as
+    before, said; nothing is written below the would-be mount."""
+    mount = tmp_path / "opt-dlami-nvme"
+    if mount_is == "a plain folder":
+        mount.mkdir()
+    code, status, out = _run(_nvme_plan(s3, pushed, tmp_path, moto_endpoint, mount), tmp_path)
+    assert code == 0
+    dest = tmp_path / "data" / "imagenet"
+    assert not dest.is_symlink() and _files(dest) == _files(tree)
+    assert status["disk"]["note"] == said.format(mount=mount)
+    assert not (mount / "cloudtrain").exists()
+    assert "onto the root volume at" in out
+
+
+def test_RG5_a_root_volume_too_small_for_the_fallback_fails_before_downloading(
+        s3, pushed, moto_endpoint, tmp_path, capsys, monkeypatch):
+    """RG5: the root volume was not sized for a copy planned onto the NVMe: when the NVMe is
+    missing and the root volume cannot hold even the files, the staging fails at once,
+    saying both, rather than after filling the disk."""
+    from cloudtrain.host import stage_disk
+
+    monkeypatch.setattr(stage_disk, "free_bytes", lambda path: 1000)
+    mount = tmp_path / "opt-dlami-nvme"
+    plan = _nvme_plan(s3, pushed, tmp_path, moto_endpoint, mount)
+    code, status, _ = _run(plan, tmp_path)
+    assert code == 1 and status["state"] == "failed"
+    assert _failure(capsys) == (
+        f"not onto the local NVMe ({mount} is not there (the image did not mount the local "
+        f"NVMe)), and the root volume has 0.0 MB free at {tmp_path / 'data'} for the "
+        f"{pushed.file_bytes / 1e6:.1f} MB of files: launch on a type whose local NVMe holds "
+        "them, or with a --disk-gb that does")
+    assert not (tmp_path / "data" / "imagenet").exists()
+
+
+def test_RG5_a_root_owned_nvme_is_made_writable_with_sudo_or_left(
+        s3, tree, pushed, moto_endpoint, tmp_path, monkeypatch):
+    """RG5: the job's user may not write to the mount's root (who owns it is the image's
+    choice): the stager makes its folder there with `sudo -n install -d -o USER`, as the
+    DLAMI's default user may; where sudo refuses, the copy goes onto the root volume."""
+    from cloudtrain.host import stage_disk
+
+    calls = tmp_path / "sudo-calls"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sudo").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {calls}\n"
+                               "[ \"$CT_SUDO\" = yes ] || { echo 'sudo: a password is "
+                               "required' >&2; exit 1; }\nshift; exec \"$@\"\n")
+    (fake / "sudo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    mount = Path("/dev/shm")  # a real mount point, writable, standing in for the NVMe
+    assert os.path.ismount(mount)
+    scratch = mount / f"ct-test-{os.getpid()}-{random.randrange(1 << 30)}"
+    real_makedirs = os.makedirs
+
+    def refused(path, *a, **kw):  # the job's user may not write below the mount's root
+        if str(path) in (str(scratch), str(scratch / "data")) and not os.path.isdir(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_makedirs(path, *a, **kw)
+
+    monkeypatch.setattr(stage_disk.os, "makedirs", refused)
+    try:
+        plan = _nvme_plan(s3, pushed, tmp_path, moto_endpoint, mount)
+        plan["scratch"]["dir"] = str(scratch / "data")
+        plan["datasets"][0]["scratch_dest"] = str(scratch / "data" / "imagenet")
+        code, status, out = _run(plan, tmp_path)
+        assert code == 0 and status["disk"]["local"] is False
+        assert status["disk"]["note"] == (f"cannot make {scratch / 'data'}: Permission denied "
+                                          "(sudo -n: sudo: a password is required)")
+        uid, gid = os.getuid(), os.getgid()
+        assert calls.read_text().split() == ["-n", "install", "-d", "-o", str(uid), "-g",
+                                             str(gid), "-m", "0755", str(scratch / "data")]
+        monkeypatch.setenv("CT_SUDO", "yes")
+        (tmp_path / "data" / "imagenet").rename(tmp_path / "older")  # not this test's point
+        code, status, out = _run(plan, tmp_path)
+        assert code == 0 and status["disk"] == {"local": True, "path": str(scratch / "data"),
+                                                "note": None}
+        assert _files(scratch / "data" / "imagenet") == _files(tree)
+    finally:
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"scratch": {"mount": "opt/dlami/nvme", "dir": "/opt/dlami/nvme/x"}},
+     "plan: scratch mount is not an absolute path"),
+    ({"scratch": {"mount": "/opt/dlami/nvme", "dir": "/opt/other"}},
+     "plan: scratch dir is not a folder below its mount"),
+    ({"dataset": {"scratch_dest": "/elsewhere/imagenet"}},
+     "plan: dataset imagenet: scratch_dest is not a folder below the scratch dir"),
+    ({"dataset": {"need_bytes": -1}}, "plan: dataset imagenet: need_bytes is not a size"),
+    ({"no scratch": True}, "plan: dataset imagenet: scratch_dest without a scratch"),
+])
+def test_RG5_the_plan_s_scratch_fields_are_checked(s3, pushed, moto_endpoint, tmp_path, capsys,
+                                                   change, said):
+    plan = _nvme_plan(s3, pushed, tmp_path, moto_endpoint, Path("/opt/dlami/nvme"))
+    plan["datasets"][0]["scratch_dest"] = "/opt/dlami/nvme/cloudtrain/data/imagenet"
+    if "scratch" in change:
+        plan["scratch"] = change["scratch"]
+    plan["datasets"][0].update(change.get("dataset", {}))
+    if "no scratch" in change:
+        del plan["scratch"]
+    code, status, _ = _run(plan, tmp_path)
+    assert code == 1 and _failure(capsys) == said

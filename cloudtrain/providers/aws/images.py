@@ -55,6 +55,38 @@ def image_kind(instance_type: str | None, ami: str | None) -> str | None:
     return VOLTA if instance_type and catalog.volta(instance_type) else DLAMI
 
 
+# Where the Deep Learning AMI mounts the type's NVMe instance store: its release notes give
+# nvme_location /opt/dlami/nvme (those of "Deep Learning OSS Nvidia Driver AMI GPU PyTorch
+# 2.9 (Ubuntu 24.04)", docs.amazonaws.cn/dlami/latest/devguide/
+# aws-deep-learning-ami-gpupt29oss-ul2404-2026-03-20.html, and every later one). They do not
+# say whether several disks become one volume, nor who owns its root: the plan counts every
+# disk of the type (the catalog's count x size), and the stager checks the mount, its free
+# space and whether it can write there (host/stage_disk.py) before the copy, else takes the
+# root volume. Free with the type, lost with the instance, as the root volume is.
+NVME_MOUNT = "/opt/dlami/nvme"
+NVME_DATA = NVME_MOUNT + "/cloudtrain/data"  # the copies' folder there, the job's user's
+
+
+def local_nvme(instance_type: str | None, ami: str | None) -> dict:
+    """The local NVMe a job's default image mounts: {path, dir (the copies' folder), disks, gb
+    (all of them)}; or {path: None, why} where there is none to copy onto (the user's own
+    image, a Volta type's Ubuntu image, a type without instance store)."""
+    kind = image_kind(instance_type, ami)
+    if kind is None:
+        return {"path": None, "why": "--ami: cloudtrain knows of no local NVMe your image mounts"}
+    if kind == VOLTA:
+        return {"path": None, "why": f"{instance_type}'s image (Ubuntu 24.04, for Volta) mounts "
+                                     "no local NVMe"}
+    if not instance_type or catalog.get(instance_type) is None:
+        return {"path": None, "why": f"{instance_type} is not in the bundled catalog: its local "
+                                     "disks are unknown"}
+    found = catalog.instance_store(instance_type)
+    if found is None:
+        return {"path": None, "why": f"{instance_type} has no local NVMe instance store"}
+    disks, each = found
+    return {"path": NVME_MOUNT, "dir": NVME_DATA, "disks": disks, "gb": disks * each}
+
+
 def ready_file(instance_type: str | None, ami: str | None) -> str | None:
     """The file whose existence says a new instance's boot-time install has ended (user-data's
     last marker), where its image has one to wait for; None where it has none."""

@@ -283,6 +283,28 @@ def _plan_machines(aws: AwsSession, spec, facts, t) -> list[tuple[str, str]]:
     return rows
 
 
+def staging_plan(aws: AwsSession, spec) -> str | None:
+    """The dry run's word on where the data copy goes (datasets.preflight's Data.local_disk):
+    the local NVMe the image mounts, free with the type and lost with the instance as its root
+    volume is; or the root volume, and why. None where nothing is copied."""
+    local = spec.data.local_disk
+    if not local:
+        return None
+    if not local.get("used"):
+        return ("the datasets are copied onto the root volume (sized for them above): "
+                + local["why"])
+    disks = local["disks"]
+    kept = " (checkpoints are kept in the job store)" if aws.settings.job_store else ""
+    return (f"the datasets are copied onto the local NVMe the Deep Learning AMI mounts at "
+            f"{local['path']} ({disks} disk{'' if disks == 1 else 's'}, {local['gb']:,.0f} GB;"
+            f" the copy needs {local['need_gb']:,} GB)"
+            + (" (each node its own copy on its own NVMe)" if spec.nodes > 1 else "")
+            + f": free with {spec.placement.instance_type}, and lost with the instance as the "
+              f"root volume is{kept}, so no root volume space or gp3 throughput is bought for "
+              "it; should the image not have mounted it, the copy goes onto the root volume "
+              "instead, and the timeline says so")
+
+
 def _plan_lifecycle(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]:
     """The plan's rows about the instance's life: its disk, when it powers off, where
     the results go, what a spot interruption does."""
@@ -296,6 +318,9 @@ def _plan_lifecycle(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]
                 "/h)")
     rows.append(("disk", f"{disk} GB gp3{fast}, encrypted, deleted with the instance"
                  + (" (each node its own)" if spec.nodes > 1 else "")))
+    staging = staging_plan(aws, spec)
+    if staging:
+        rows.append(("staging", staging))
     rows.append(("shutdown", shutdown_plan(aws, spec)))
     rows.append(("results", results.results_plan(aws, spec, region)))
     if spec.recovery.recover:

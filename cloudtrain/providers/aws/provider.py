@@ -34,8 +34,8 @@ from ...ssh_host import SSHHost
 from ...state import Job, Store
 from ..base import Question, Sweep
 from . import (
-    acquire, cluster, datasets, group_launch, groups, host_setup, instance_types, instances,
-    inventory, job_role, plan, results, volumes)
+    acquire, cluster, datasets, group_launch, groups, host_setup, images, instance_types,
+    instances, inventory, job_role, plan, results, volumes)
 from .cloud_account import AwsAccount
 from .session import AwsSession
 
@@ -187,8 +187,11 @@ class AWSProvider:
     def read_dataset(self, spec, source: dict) -> Staged:
         return datasets.read_dataset(self.aws, spec, source)
 
-    def staging_throughput(self, spec, wanted: int) -> int:
-        return instance_types.ebs_throughput_cap(self.aws, spec, wanted)
+    def staging_disk(self, spec, wanted: int) -> dict:
+        local = images.local_nvme(spec.placement.instance_type, spec.placement.ami) \
+            if spec.placement.instance_type else None
+        return {"local": local, "mbps": instance_types.ebs_throughput_cap(self.aws, spec, wanted)
+                if wanted else None}
 
 
 def _ssh(host: Host) -> SSHHost:
