@@ -516,8 +516,9 @@ def test_dry_run_16_nodes_without_an_account(cli, monkeypatch):
     # its power-off 390 min after it starts, in the dearest AZ, with its 400 GB disk
     dearest = catalog.get("p3.16xlarge").dearest("us-east-1", "spot")
     disk = 400 * catalog.gp3_price("us-east-1").per_gb_month / cost.HOURS_PER_MONTH
+    ip = cost.PUBLIC_IPV4_PER_HOUR  # each node's public IPv4 address (RH5)
     assert rows["at most"].startswith(
-        f"${4 * 16 * 6.5 * (dearest + disk):.2f}: 4 attempts (1 + 3 restarts) of up to 390 min "
+        f"${4 * 16 * 6.5 * (dearest + disk + ip):.2f}: 4 attempts (1 + 3 restarts) of up to 390 min "
         "each (the max runtime of 360 min + 30 until user-data powers it off) on each of 16 "
         "nodes"), rows["at most"]
     assert "on 16 nodes" in rows["estimate"]
