@@ -61,13 +61,15 @@ def test_u9_the_dry_run_s_at_most_covers_every_attempt_and_the_fallback(cli):
     row = next(l for l in out.splitlines() if l.strip().startswith("at most"))
     g5 = catalog.get("g5.xlarge")
     disk = 60 * catalog.gp3_price("us-east-1").per_gb_month / cost.HOURS_PER_MONTH
-    most = 1.5 * (g5.dearest("us-east-1", "spot") + disk) \
-        + 5 * 1.5 * (g5.price("us-east-1", "on-demand") + disk)
+    ip = cost.PUBLIC_IPV4_PER_HOUR  # each instance's public IPv4 address (RH5)
+    most = 1.5 * (g5.dearest("us-east-1", "spot") + disk + ip) \
+        + 5 * 1.5 * (g5.price("us-east-1", "on-demand") + disk + ip)
     assert row.split(None, 2)[2] == (
         f"${most:.2f}: 6 attempts (1 + 5 restarts) of up to 90 min each (the max runtime of "
         f"60 min + 30 until user-data powers it off), spot at up to "
         f"${g5.dearest('us-east-1', 'spot'):.4f}/h (the dearest AZ in the catalog), on-demand "
-        f"($1.0060/h) after spot runs out, each with its 60 GB gp3 disk (${disk:.4f}/h)")
+        f"($1.0060/h) after spot runs out, each with its 60 GB gp3 disk (${disk:.4f}/h) and its "
+        f"public IPv4 address (${ip:.4f}/h)")
 
 
 def test_u23_no_restarts_is_recovery_off_and_said_so(cli):
