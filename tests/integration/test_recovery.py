@@ -76,7 +76,7 @@ def killed_while_waiting(monkeypatch, no_capacity: set) -> list[str]:
 
     waited: list[str] = []
 
-    def wait_then_die(aws, region, instance_id, report=None):
+    def wait_then_die(aws, region, instance_id, report=None, public=None):
         waited.append(instance_id)
         raise Killed()
 
