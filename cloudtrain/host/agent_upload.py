@@ -13,7 +13,9 @@ The host holds no AWS keys. The orchestrator hands it a *grant*, one of two kind
   job that runs on its own IAM role (providers/aws/job_role.py): each file is a PUT signed
   with the role's credentials from the instance metadata service (awsapi.RoleCredentials,
   renewed before they expire), so the writes last as long as the instance; the role's
-  policy, not the grant, holds them to the job's prefix.
+  policy, not the grant, holds them to the job's prefix. A file over S3's largest PUT
+  (5 GB) goes as a multipart upload (an LLM-sized checkpoint), each part retried on
+  its own and the upload aborted when it cannot be finished.
 
 Order: the small files first (status.json, job.json, metrics.jsonl, output.log), then
 checkpoints/** (regular files, no symlinks), so that a spot notice or the time limit cutting
@@ -35,8 +37,10 @@ import re
 import stat
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
+from xml.sax.saxutils import escape as xml_escape
 
 from .awsapi import IMDS_URL, RoleCredentials, object_url, retry, sign_request, utc_now
 from .stage_errors import StageError
@@ -50,6 +54,12 @@ CHECKPOINTS = "checkpoints"
 # "The maximum allowed object size for a POST upload is 5 GB" (S3 POST Object docs); larger
 # objects need a multipart upload, which a presigned POST cannot do.
 POST_MAX_BYTES = 5 * 1024 ** 3
+# A single PUT carries at most 5 GB too; a multipart upload at most 10,000 parts of at most
+# 5 GB each (S3's multipart upload limits), the parts of one upload at least 5 MB but the
+# last. Parts of PART_BYTES, or larger where 10,000 of those would not hold the file.
+PUT_MAX_BYTES = 5 * 1024 ** 3
+PART_BYTES = 512 * 1024 ** 2
+MAX_PARTS = 10000
 TRIES = 3  # per file, on connection errors and 5xx only
 BACKOFF_S = 1.0  # 1 s, then 2 s
 CHUNK = 1 << 20
@@ -164,11 +174,11 @@ class _Body(object):
     on the way), then the tail. http.client reads it in blocks, so a multi-GB checkpoint is
     never held in memory. Past `deadline` it stops the request."""
 
-    def __init__(self, head, source, size, tail, deadline):
+    def __init__(self, head, source, size, tail, deadline, sha256=None):
         self.head, self.source, self.size, self.tail = head, source, size, tail
         self.deadline = deadline
         self.left = size
-        self.sha256 = hashlib.sha256()
+        self.sha256 = sha256 if sha256 is not None else hashlib.sha256()
         self.length = len(head) + size + len(tail)
 
     def __len__(self):
@@ -258,36 +268,70 @@ def _role(imds):
     return _ROLES[imds]
 
 
+def upload_limit(grant):
+    """The largest file the grant can carry: one POST's 5 GB, or with the job's role a
+    multipart upload's 10,000 parts of 5 GB; never above the grant's own max_bytes."""
+    most = MAX_PARTS * PUT_MAX_BYTES if grant.get("signer") == "role" else POST_MAX_BYTES
+    try:
+        asked = int(grant.get("max_bytes") or most)
+    except (TypeError, ValueError):
+        asked = most
+    return max(0, min(most, asked))
+
+
+def part_bytes(size):
+    """The part size of a multipart upload of `size` bytes: PART_BYTES, or the MiB multiple
+    that keeps the upload within MAX_PARTS parts."""
+    need = -(-size // MAX_PARTS)
+    return max(PART_BYTES, -(-need // (1 << 20)) * (1 << 20))
+
+
 def post_file(grant, key, source, size, deadline):
     """Send `size` bytes of the file object `source` under `key` through the grant (a POST,
-    or a PUT signed with the job's role); returns their sha256 (hex), computed on the bytes
-    as they were sent."""
+    or a PUT signed with the job's role: a multipart upload over PUT_MAX_BYTES); returns their
+    sha256 (hex), computed on the bytes as they were sent."""
     if grant.get("signer") == "role":
+        if size > PUT_MAX_BYTES:
+            return _role_multipart(grant, key, source, size, deadline)
         body = _Body(b"", source, size, b"", deadline)
-        url = object_url(grant["bucket"], key, grant["region"], grant.get("endpoint"))
-        try:
-            creds = _role(grant.get("imds") or IMDS_URL).get()
-        except StageError as exc:  # no role, or no metadata service
-            raise UploadError("no credentials of the job's role: %s" % exc, retry=True)
-        headers = sign_request("PUT", url, grant["region"], creds, utc_now(), "s3",
-                               extra_headers={"Content-Length": str(size),
-                                              "Content-Type": "application/octet-stream"})
-        headers.pop("Host", None)  # urllib sends it
-        request = urllib.request.Request(url, data=body, method="PUT", headers=headers)
-        refused = "S3 refused the job's role (403 {}) for {}"
-    else:
-        boundary = "cloudtrain" + uuid.uuid4().hex
-        fields = list((grant.get("fields") or {}).items()) + [("key", key)]
-        head, tail = _form(fields, key.rsplit("/", 1)[-1], boundary)
-        body = _Body(head, source, size, tail, deadline)
-        url = grant["url"]
-        request = urllib.request.Request(url, data=body, method="POST", headers={
-            "Content-Type": "multipart/form-data; boundary=%s" % boundary,
-            "Content-Length": str(len(body))})
-        refused = "S3 refused the upload grant (403 {}): it has expired or does not cover {}"
+        _role_send(grant, "PUT", key, "", body, size, deadline)
+        return body.sha256.hexdigest()
+    boundary = "cloudtrain" + uuid.uuid4().hex
+    fields = list((grant.get("fields") or {}).items()) + [("key", key)]
+    head, tail = _form(fields, key.rsplit("/", 1)[-1], boundary)
+    body = _Body(head, source, size, tail, deadline)
+    request = urllib.request.Request(grant["url"], data=body, method="POST", headers={
+        "Content-Type": "multipart/form-data; boundary=%s" % boundary,
+        "Content-Length": str(len(body))})
+    _send(request, "S3 refused the upload grant (403 {}): it has expired or does not cover {}",
+          key, deadline)
+    return body.sha256.hexdigest()
+
+
+def _role_send(grant, method, key, query, body, size, deadline):
+    """One request on the object `key` (with `query`, e.g. "uploads"), signed with the job's
+    role's credentials: (the answer's headers, up to ERROR_BODY_BYTES of its body)."""
+    url = object_url(grant["bucket"], key, grant["region"], grant.get("endpoint"))
+    if query:
+        url += "?" + query
+    try:
+        creds = _role(grant.get("imds") or IMDS_URL).get()
+    except StageError as exc:  # no role, or no metadata service
+        raise UploadError("no credentials of the job's role: %s" % exc, retry=True)
+    headers = sign_request(method, url, grant["region"], creds, utc_now(), "s3",
+                           extra_headers={"Content-Length": str(size),
+                                          "Content-Type": "application/octet-stream"})
+    headers.pop("Host", None)  # urllib sends it
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
+    return _send(request, "S3 refused the job's role (403 {}) for {}", key, deadline)
+
+
+def _send(request, refused, key, deadline):
+    """Carry out `request`: (the answer's headers, up to ERROR_BODY_BYTES of its body), or
+    UploadError saying why not (`refused` formatted with S3's error and the key on a 403)."""
     try:
         with _OPENER.open(request, timeout=_socket_timeout(deadline)) as resp:
-            resp.read(ERROR_BODY_BYTES)
+            return resp.headers, resp.read(ERROR_BODY_BYTES)
     except urllib.error.HTTPError as exc:
         detail = aws_error(exc.read(ERROR_BODY_BYTES) or b"")
         if exc.code == 403:
@@ -297,8 +341,62 @@ def post_file(grant, key, source, size, deadline):
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         # URLError wraps refused and reset connections; socket.timeout is an OSError.
         reason = getattr(exc, "reason", None) or exc
-        raise UploadError("cannot reach %s: %s" % (url, reason), retry=True)
-    return body.sha256.hexdigest()
+        raise UploadError("cannot reach %s: %s" % (request.full_url, reason), retry=True)
+
+
+def _xml_value(answer, name):
+    """The text of the first <name> element of S3's XML answer, or None."""
+    found = re.search(r"<%s>([^<]*)</%s>" % (name, name), answer.decode("utf-8", "replace"))
+    return found.group(1) if found else None
+
+
+def _role_multipart(grant, key, source, size, deadline):
+    """`size` bytes of the seekable `source` as one S3 multipart upload signed with the job's
+    role: CreateMultipartUpload, UploadPart for each part (each tried again on its own on a
+    transient error, from its offset), CompleteMultipartUpload; AbortMultipartUpload when it
+    cannot be finished, so no parts are left billing (the bucket's lifecycle rule is the
+    backstop). Returns the sha256 (hex) of the whole file as sent."""
+    _, answer = _role_send(grant, "POST", key, "uploads", b"", 0, deadline)
+    upload_id = _xml_value(answer, "UploadId")
+    if not upload_id:
+        raise UploadError("S3 answered the multipart upload of %s with no UploadId" % key,
+                          retry=True)
+    upload = "uploadId=" + urllib.parse.quote(upload_id, safe="")
+    step = part_bytes(size)
+    whole = hashlib.sha256()
+    etags = []
+    try:
+        for number, offset in enumerate(range(0, size, step), 1):
+            length = min(step, size - offset)
+
+            def once():
+                source.seek(offset)
+                hashed = whole.copy()  # a part tried again hashes its bytes once
+                body = _Body(b"", source, length, b"", deadline, sha256=hashed)
+                headers, _ = _role_send(grant, "PUT", key, "partNumber=%d&%s" % (number, upload),
+                                        body, length, deadline)
+                return headers.get("ETag"), hashed
+
+            etag, whole = retry(once, lambda exc: isinstance(exc, UploadError) and exc.retry,
+                                TRIES, BACKOFF_S, deadline=deadline)
+            if not etag:
+                raise UploadError("S3 gave part %d of %s no ETag" % (number, key), retry=False)
+            etags.append(etag)
+        parts = "".join("<Part><PartNumber>%d</PartNumber><ETag>%s</ETag></Part>"
+                        % (n, xml_escape(e)) for n, e in enumerate(etags, 1))
+        done = ("<CompleteMultipartUpload>%s</CompleteMultipartUpload>" % parts).encode()
+        _, answer = _role_send(grant, "POST", key, upload, io.BytesIO(done), len(done),
+                               deadline)
+        if b"<Error>" in answer:  # S3 can fail a completion inside a 200 answer
+            raise UploadError("S3 did not complete the multipart upload of %s: %s"
+                              % (key, aws_error(answer)), retry=False)
+    except BaseException:
+        try:
+            _role_send(grant, "DELETE", key, upload, b"", 0, min(deadline, time.time() + 30))
+        except UploadError:
+            pass  # the bucket's rule aborts incomplete uploads after a day
+        raise
+    return whole.hexdigest()
 
 
 def _socket_timeout(deadline):
@@ -358,7 +456,7 @@ def upload_job(jobdir, grant, timeout_s=60.0, include_checkpoints=True, outputs=
 
 def _upload(jobdir, grant, deadline, result, include_checkpoints=True, outputs=()):
     prefix = grant["prefix"]
-    limit = min(POST_MAX_BYTES, int(grant.get("max_bytes") or POST_MAX_BYTES))
+    limit = upload_limit(grant)
     files, not_sent = job_files(jobdir, include_checkpoints, outputs)
     manifest: dict = {"version": MANIFEST_VERSION, "files": [],
                 "skipped": [{"path": rel, "reason": why} for rel, why in not_sent]}

@@ -428,8 +428,7 @@ class Streamer(object):
         seq, slot = self._seq + 1, other_slot(self._slot)
         step, epoch, source = snap.step()
         rec.update(seq=seq, slot=slot, step=step, epoch=epoch)
-        limit = min(agent_upload.POST_MAX_BYTES,
-                    int(self.grant.get("max_bytes") or agent_upload.POST_MAX_BYTES))
+        limit = agent_upload.upload_limit(self.grant)
         for rel, _, size, _ in snap.files[:snap.checkpoints]:
             if size > limit:
                 raise SnapshotError("%s is %d bytes, over the %d-byte upload limit"

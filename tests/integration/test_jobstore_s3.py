@@ -9,6 +9,7 @@ uploader's handling of S3's answers, against a small HTTP server that answers as
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import json
 import os
@@ -601,3 +602,110 @@ def test_RF1_without_a_role_on_the_instance_the_write_fails_in_one_line(
     assert result["ok"] is False
     assert "no credentials of the job's role" in result["error"]
     assert "no instance profile" in result["error"]
+
+
+# -- RF2: a file over S3's largest PUT, written with the job's role as a multipart upload -----
+
+
+@pytest.fixture
+def small_parts(monkeypatch):
+    """S3's limits scaled down (a PUT over 6 MiB goes in parts of 5 MiB, S3's smallest), so a
+    13 MiB checkpoint takes the path a 13 GB one would; moto holds parts to S3's 5 MiB."""
+    monkeypatch.setattr(agent_upload, "PUT_MAX_BYTES", 6 << 20)
+    monkeypatch.setattr(agent_upload, "PART_BYTES", 5 << 20)
+    monkeypatch.setattr(agent_upload, "_ROLES", {})
+    monkeypatch.setattr(agent_upload, "BACKOFF_S", 0.01)
+
+
+@pytest.fixture
+def parts(monkeypatch):
+    """The part numbers moto's S3 stored, in order; `parts.fail` holds part numbers whose
+    next upload fails with a 500 (once each)."""
+    from moto.s3.models import S3Backend
+
+    seen: list[int] = []
+    fail: set[int] = set()
+    original = S3Backend.upload_part
+
+    def upload_part(self, bucket_name, multipart_id, part_id, value):
+        if int(part_id) in fail:
+            fail.discard(int(part_id))
+            raise RuntimeError("a part lost on the way (the lab's fault)")
+        seen.append(int(part_id))
+        return original(self, bucket_name, multipart_id, part_id, value)
+
+    monkeypatch.setattr(S3Backend, "upload_part", upload_part)
+    return type("Parts", (), {"seen": seen, "fail": fail})()
+
+
+def test_RF2_a_checkpoint_over_s3_s_largest_put_goes_in_parts_signed_by_the_role(
+        s3, bucket, tmp_path, moto_endpoint, small_parts, parts):  # noqa: F811
+    """RF2: one checkpoint file over 5 GB could not be stored at all (one POST or PUT carries
+    5 GB), and was skipped: an LLM-sized checkpoint lost. On the job's role it goes as a
+    multipart upload: the object whole, its sha256 in the manifest, a part that failed once
+    tried again alone, no upload left open."""
+    from labs.imds import FakeIMDS
+
+    size = (13 << 20) + 3
+    job = _job(tmp_path, checkpoint_bytes=size)
+    expected = _tree(job)
+    parts.fail.add(2)
+    imds = FakeIMDS(creds={"AccessKeyId": "ASIAJOBROLE1", "SecretAccessKey": "s1", "Token": "t"})
+    try:
+        result = agent_upload.upload_job(str(job), _role_grant(bucket, moto_endpoint, imds),
+                                         timeout_s=60)
+    finally:
+        imds.close()
+    assert result["ok"] is True and result["error"] is None, result
+    assert parts.seen == [1, 2, 3] and not parts.fail  # part 2 again, not the whole file
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=PREFIX + "manifest.json")["Body"]
+                          .read())
+    assert all(s["path"] != "checkpoints/epoch_2/model.pt" for s in manifest["skipped"])
+    model = next(f for f in manifest["files"] if f["path"] == "checkpoints/epoch_2/model.pt")
+    assert model["size"] == size
+    assert model["sha256"] == hashlib.sha256(expected["checkpoints/epoch_2/model.pt"]).hexdigest()
+    assert "Uploads" not in s3.list_multipart_uploads(Bucket=bucket)
+    fetched = jobstore_fetch.fetch(s3, bucket, JOB, tmp_path / "back", limit_bytes=1 << 30,
+                                   owner_key=KEY)
+    assert fetched.complete and _tree(tmp_path / "back") == expected
+
+
+def test_RF2_a_multipart_upload_that_cannot_be_completed_is_aborted(
+        s3, bucket, tmp_path, moto_endpoint, small_parts, parts, monkeypatch):  # noqa: F811
+    """S3 refusing the completion (here InvalidPart, a 400: not worth another try) leaves no
+    open upload whose parts would bill until the bucket's rule ends them: the agent aborts it
+    and says why, and the manifest is not written (the reader trusts nothing without it)."""
+    from moto.s3.exceptions import InvalidPart
+    from moto.s3.models import S3Backend
+    from labs.imds import FakeIMDS
+
+    def refuse(self, *args, **kwargs):
+        raise InvalidPart()
+
+    monkeypatch.setattr(S3Backend, "complete_multipart_upload", refuse)
+    imds = FakeIMDS(creds={"AccessKeyId": "ASIAJOBROLE1", "SecretAccessKey": "s1", "Token": "t"})
+    try:
+        result = agent_upload.upload_job(str(_job(tmp_path, checkpoint_bytes=11 << 20)),
+                                         _role_grant(bucket, moto_endpoint, imds), timeout_s=60)
+    finally:
+        imds.close()
+    assert result["ok"] is False and "InvalidPart" in result["error"], result
+    assert parts.seen == [1, 2, 3]
+    assert "Uploads" not in s3.list_multipart_uploads(Bucket=bucket)
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])}
+    assert PREFIX + "manifest.json" not in keys
+    assert PREFIX + "checkpoints/epoch_2/model.pt" not in keys
+
+
+def test_RF2_a_presigned_post_still_skips_a_file_over_5_gb_and_says_why(tmp_path):
+    """Without the job's role there is no multipart upload (a POST carries one object of at
+    most 5 GB): the limit each grant carries, and the grant's own max_bytes below it."""
+    post = {"url": "https://b.s3.amazonaws.com/", "prefix": PREFIX, "fields": {}}
+    role = {"signer": "role", "bucket": "b", "region": REGION, "prefix": PREFIX}
+    assert agent_upload.upload_limit(post) == 5 * 1024 ** 3
+    # the grant a job on its role is given carries no POST's limit
+    assert agent_upload.upload_limit(_role_grant("b", None, type("I", (), {"url": "x"}))) \
+        == 10000 * 5 * 1024 ** 3
+    assert agent_upload.upload_limit(role) == 10000 * 5 * 1024 ** 3
+    assert agent_upload.upload_limit({**role, "max_bytes": 7}) == 7
+    assert agent_upload.upload_limit({**post, "max_bytes": "junk"}) == 5 * 1024 ** 3

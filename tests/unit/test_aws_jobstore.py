@@ -14,6 +14,7 @@ import time
 
 import boto3
 import pytest
+from hypothesis import given, strategies as st
 
 from cloudtrain.host import agent_upload
 from cloudtrain.providers.aws import jobstore
@@ -186,3 +187,13 @@ def test_upload_to_nowhere_reports_and_never_raises(tmp_path):
     for broken in ({}, {"url": 5}, None, {"url": "ftp://x/", "prefix": "p/", "fields": {}}):
         result = agent_upload.upload_job(job, broken, timeout_s=1.0)
         assert result["ok"] is False and result["error"]
+
+
+@given(st.integers(min_value=1, max_value=10000 * 5 * 1024 ** 3))
+def test_RF2_a_multipart_upload_s_parts_hold_the_file_within_s3_s_limits(size):
+    """RF2: whatever the file's size up to the role's limit, its parts are whole MiB of at
+    least 512 MiB (so at most 10,000 of them hold it) and none over S3's 5 GB part."""
+    part = agent_upload.part_bytes(size)
+    assert part % (1 << 20) == 0 and part >= agent_upload.PART_BYTES
+    assert part <= agent_upload.PUT_MAX_BYTES
+    assert -(-size // part) <= agent_upload.MAX_PARTS

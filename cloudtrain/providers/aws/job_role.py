@@ -117,7 +117,9 @@ def role_policy(*, partition: str, account: str, region: str, bucket: str, prefi
     statements: list[dict] = [
         {"Sid": "ReadItsJob", "Effect": "Allow", "Action": "s3:GetObject",
          "Resource": f"{store}/{prefix}*"},
-        {"Sid": "WriteItsJob", "Effect": "Allow", "Action": "s3:PutObject",
+        # PutObject covers a multipart upload's parts; its abort is an action of its own.
+        {"Sid": "WriteItsJob", "Effect": "Allow",
+         "Action": ["s3:PutObject", "s3:AbortMultipartUpload"],
          "Resource": f"{store}/{prefix}*"},
         # The bundle is the code every replacement runs: written by the launch only.
         {"Sid": "NeverItsBundle", "Effect": "Deny", "Action": ["s3:PutObject", "s3:DeleteObject"],

@@ -221,10 +221,10 @@ def results_grant(aws: AwsSession, store: Store, job: Job, spec, node: int = 0
 def role_grant(aws: AwsSession, bucket: str, region: str, prefix: str) -> dict:
     """The grant of a job that runs on its own IAM role (job_role.py): no signature, only
     where to write; the instance signs each PUT with the role's credentials from its
-    metadata service (host/agent_upload.py), which AWS renews for as long as it runs."""
+    metadata service (host/agent_upload.py), which AWS renews for as long as it runs. No
+    max_bytes: a file over one PUT's 5 GB goes as a multipart upload."""
     return {"signer": "role", "bucket": bucket, "region": region, "endpoint": store_endpoint(),
-            "imds": aws.settings.imds_url, "prefix": prefix,
-            "max_bytes": jobstore.POST_MAX_BYTES}
+            "imds": aws.settings.imds_url, "prefix": prefix}
 
 
 def checkpoint_plan(aws: AwsSession, store: Store, job: Job, expires_s: float) -> dict | None:
