@@ -177,7 +177,7 @@ GAP = 2  # spaces between columns
 STATE_STYLES = {"succeeded": "green", "failed": "red", "running": "cyan", "staging": "cyan",
                 "provisioning": "yellow", "syncing": "yellow", "setting-up": "yellow",
                 "pending": "yellow", "recovering": "yellow", "queued": "yellow", "preempted": "magenta",
-                "cancelled": "dim"}
+                "cancelled": "dim", "stopped": "magenta"}
 
 
 @dataclasses.dataclass(frozen=True)

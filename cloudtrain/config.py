@@ -28,6 +28,8 @@ INSTANCE_PATTERN = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")  # g5.xlarge, u-6t
 # Amazon EBS gp3 volumes", re:Invent 2025 STG320). A region that still refuses it answers
 # RunInstances with InvalidParameterValue, said as the launch's error.
 GP3_MAX_GB = 65536
+# The largest --budget taken: above it, a typo (a missing point) is likelier than a plan.
+BUDGET_MAX_USD = 100_000.0
 
 
 def home() -> Path:

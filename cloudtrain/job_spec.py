@@ -73,6 +73,9 @@ class JobSpec:
     command: list[str] = field(default_factory=list)  # the user's command (kind COMMAND)
     workdir: str | None = None  # absolute path on this machine, synced into the job
     max_runtime_s: float = 12 * 3600.0  # the agent stops the job after this long
+    # The most the job may cost, USD, every attempt, volume and staging included (--budget):
+    # its instances stop it before they cross it (host/budget.py). None: no budget.
+    budget_usd: float | None = None
     resources: dict = field(default_factory=dict)  # gpus_per_node, nodes, disk_gb
     requires: list[str] = field(default_factory=list)  # Python modules the job imports
     resume_from: str | None = None  # a job id whose checkpoints this job starts from

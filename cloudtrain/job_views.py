@@ -15,7 +15,7 @@ from . import cells
 from .cells import (Col, age, clock, duration, epoch_text, grid, job_cost, money4, number, pct,
                     runtime, state_style, state_text)
 from .host.job_status import as_time as _finite  # a finite float, else None
-from .state import Job
+from .state import TERMINAL_STATES, Job
 
 
 
@@ -256,7 +256,7 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
     out += nodes_lines(job, width=width)
     out.append("  timeline")
     for ph in phases:  # after the job's end nothing is "(now)" (its outputs, collected)
-        took = "" if ph.name in ("succeeded", "failed", "cancelled", "preempted") else (
+        took = "" if ph.name in TERMINAL_STATES else (
             duration(ph.duration) if ph.duration is not None else
             "(now)" if job.active else "")
         out.append(f"    {ph.name:<13} {clock(ph.start)}  {took:<8} {ph.detail or ''}".rstrip())
@@ -334,7 +334,7 @@ def attempts_lines(rows: list[dict], totals: dict, width: int | None = None) -> 
     for r in rows:
         step = r.get("resumed_step")
         table_rows.append([
-            str(r.get("attempt")), cells.shown(r.get("instance")), cells.shown(r.get("zone")),
+            str(r.get("attempt")), cells.shown(r.get("instance")), _zone_cell(r),
             cells.shown(r.get("market")), clock(r.get("started_at")),
             clock(r.get("ended_at")) if r.get("ended_at") else "-",
             cells.shown(r.get("outcome")),
@@ -348,6 +348,12 @@ def attempts_lines(rows: list[dict], totals: dict, width: int | None = None) -> 
         if r.get("reason") and r.get("outcome") == "interrupted":
             lines.append(f"    {r['attempt']}: {_shown_long(r['reason'])}")
     return lines
+
+
+def _zone_cell(row: dict) -> str:
+    """An attempt's AZ, with the spot placement score EC2 gave it at launch: 'us-east-1d 9/10'."""
+    score = row.get("score")
+    return cells.shown(row.get("zone")) + (f" {score}/10" if type(score) is int else "")
 
 
 NODES_COLS = [Col("NODE"), Col("INSTANCE", cut=10), Col("ADDRESS", drop=2),

@@ -39,7 +39,7 @@ from typing import Collection
 
 import yaml
 
-from .config import GP3_MAX_GB, check_region, shown
+from .config import BUDGET_MAX_USD, GP3_MAX_GB, check_region, shown
 from .errors import UsageError
 from .host.job_records import MAX_RESTARTS
 from .job_env import ENV_NAME
@@ -55,7 +55,7 @@ class Key:
     """One key of a job file: where it sits, the launch option it sets, what it holds."""
     path: str  # "name", "resources.spot", ...
     option: str  # the `launch` parameter it sets (the click name)
-    kind: str  # str, int, number, bool, script, minutes, strings, mapping, choice
+    kind: str  # str, int, number, bool, script, minutes, usd, strings, mapping, choice
     help: str
     low: float | None = None
     high: float | None = None
@@ -98,6 +98,8 @@ KEYS: tuple[Key, ...] = (
     Key("resources.max_runtime", "max_runtime", "minutes", "stop the job after this long: "
                                                            "minutes, or 90m, 2h, 1d "
                                                            "(--max-runtime)", 0, 7 * 1440),
+    Key("budget", "budget", "usd", "the most the job may cost, USD, every attempt, volume and "
+                                   "staging included: 25 or $25 (--budget)", 0, BUDGET_MAX_USD),
     Key("resources.max_price", "max_price", "number", "spot: the most to pay per hour, USD "
                                                       "(--max-price)", 0, 1000),
     Key("resources.nodes", "nodes", "int", "machines the job spans (--nodes)", 1, 64),
@@ -429,15 +431,18 @@ class _File:
         elif kind == "bool":
             if not isinstance(value, bool):
                 raise bad("true or false")
-        elif kind in ("int", "number", "minutes"):
-            number = minutes(value) if kind == "minutes" and isinstance(value, str) else value
+        elif kind in ("int", "number", "minutes", "usd"):
+            number = minutes(value) if kind == "minutes" and isinstance(value, str) else \
+                dollars(value) if kind == "usd" and isinstance(value, str) else value
             if isinstance(number, bool) or not isinstance(number, (int, float)) or \
                     (kind == "int" and not isinstance(number, int)):
                 raise bad("a whole number" if kind == "int" else
                           "minutes, or a duration like 90m or 2h" if kind == "minutes" else
-                          "a number")
+                          "US dollars, e.g. 25 or $25" if kind == "usd" else "a number")
             if kind == "minutes" and number <= 0:  # not "out of range (0 to 10080)"
                 raise UsageError(f"{at}: must be more than 0 minutes, got {shown(value)}")
+            if kind == "usd" and number <= 0:
+                raise UsageError(f"{at}: must be more than $0, got {shown(value)}")
             if number != number or (key.low is not None and number < key.low) or \
                     (key.high is not None and number > key.high):
                 raise UsageError(f"{at}: {shown(value)} is out of range ({key.low:g} to "
@@ -521,6 +526,22 @@ def minutes(text: str):
     if not m:
         return text
     return float(m.group(1)) * MINUTES[m.group(2) or "m"]
+
+
+def dollars(text: str):
+    """'25', '$25', '12.50', '$0.75 ' -> dollars; anything else is returned unchanged. The
+    job file's budget and the --budget flag read the same."""
+    m = re.fullmatch(r"\s*\$?\s*([0-9]{1,9}(?:\.[0-9]{1,6})?)\s*", text)
+    return float(m.group(1)) if m else text
+
+
+def flag_dollars(text: str, flag: str) -> float:
+    """A money flag's dollars (dollars(): `--budget $25`), or a UsageError naming it; the
+    range is the spec's to check."""
+    value = dollars(text)
+    if isinstance(value, str):
+        raise UsageError(f"{flag} {shown(text)}: expected US dollars, e.g. 25 or $25")
+    return value
 
 
 def flag_minutes(text: str, flag: str) -> float:

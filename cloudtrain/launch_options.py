@@ -36,6 +36,7 @@ class LaunchOptions:
     backend: str | None = None
     workdir: str | None = None
     max_runtime: float | None = None  # minutes
+    budget: float | None = None  # USD, every attempt of the job
     instance_type: str | None = None
     gpus: str | None = None  # "GPU:N": the cheapest type with them
     procs: int | None = None

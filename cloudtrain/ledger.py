@@ -25,6 +25,17 @@ def runs_of(store: Store, job: Job) -> list[cost.InstanceRun]:
     return [run_of(i) for i in store.instances(job.id)]
 
 
+def spent_before(store: Store, job: Job, current: int, now: float | None = None) -> float:
+    """USD the job's earlier attempts cost (their instances; a run not yet seen ending is
+    billed to `now`, erring on the side of a budget): all its instances but the `current`
+    newest, which are the attempt being launched."""
+    instances = sorted(store.instances(job.id), key=lambda i: i.launched_at or 0.0)
+    earlier = instances[:max(0, len(instances) - current)]
+    if not earlier:
+        return 0.0
+    return cost.job_cost([run_of(i) for i in earlier], now=now).dollars
+
+
 def run_of(inst: Instance) -> cost.InstanceRun:
     details = inst.details or {}
     history = tuple(cost.PricePoint(float(at), float(price))

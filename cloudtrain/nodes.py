@@ -41,8 +41,8 @@ NODES_DIR = "nodes"  # jobs/<id>/nodes/<i>/: node i's files, once brought home
 MASTER_PORT = 29500  # torchrun's default; node 0 takes the first free port from here
 # The agent states a node ends in, worst first: an interruption decides a recovering job's
 # fate, then a failure (the node whose job failed first is the cause; the others' collective
-# calls fail after it), then a cancel.
-_WORST = ("preempted", "failed", "cancelled")
+# calls fail after it), then a stop at the job's budget (every node asks it), then a cancel.
+_WORST = ("preempted", "failed", "stopped", "cancelled")
 
 
 def count(job_or_spec) -> int:

@@ -72,6 +72,10 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
     except UsageError as exc:  # `--data NAME: ...` about a job file's datasets.NAME
         name = exc.message.split(":", 1)[0].removeprefix("--data ")
         raise named_at(exc, origins.get(f"data.{name}"), f"--data {name}") from None
+    if o.budget is not None:
+        spec = dataclasses.replace(spec, budget_usd=finite(
+            o.budget, origins.get("budget", "--budget (USD)"), low=0, low_open=True,
+            high=config.BUDGET_MAX_USD))
     if o.setup is not None:
         if not o.setup.strip() or "\0" in o.setup:
             raise UsageError(f"{origins.get('setup', '--setup')} needs shell code, e.g. --setup "

@@ -41,9 +41,12 @@ RECOVERING = "recovering"
 # one runs): the instance's agent starts it (lifecycle/kept.py, host/job_queue.py).
 QUEUED = "queued"
 SUCCEEDED, FAILED, PREEMPTED, CANCELLED = "succeeded", "failed", "preempted", "cancelled"
+# Ended by its own instances at a limit the job set before it could cross it (--budget): its
+# last checkpoint kept, nothing started after it. The reason says which.
+STOPPED = "stopped"
 ACTIVE_STATES = (PENDING, PROVISIONING, SYNCING, SETTING_UP, QUEUED, STAGING, RUNNING,
                  RECOVERING)
-TERMINAL_STATES = (SUCCEEDED, FAILED, PREEMPTED, CANCELLED)
+TERMINAL_STATES = (SUCCEEDED, FAILED, PREEMPTED, CANCELLED, STOPPED)
 
 BUSY_TIMEOUT_S = 30.0
 

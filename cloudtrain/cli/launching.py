@@ -10,7 +10,7 @@ import sys
 import click
 
 from .. import catalog_views, completion, config, errors, job_views
-from .options import CONTEXT, duration
+from .options import CONTEXT, duration, money
 from .terminal import confirm, follow_job, job_store, said, table_width
 
 
@@ -86,6 +86,10 @@ class _LaunchCommand(click.Command):
 @click.option("--disk-gb", type=click.IntRange(min=8, max=config.GP3_MAX_GB),
               help="Root volume size (default: the recipe's).")
 @click.option("--max-price", type=float, metavar="USD", help="Spot: the most to pay per hour.")
+@click.option("--budget", callback=money, metavar="USD", help="The most the job may "
+              "cost, every attempt, volume and staging included (25 or $25). Its own "
+              "instances keep it, laptop closed or not: before the next checkpoint would cross "
+              "it they save, upload and end the job (stopped: budget); no replacement starts.")
 @click.option("--keep/--no-keep", "keep", default=None, help="Keep the instance after the job "
               "for `ssh` and `launch --on` (--on keeps by default): it bills until it powers "
               "itself off after --idle-minutes idle (keep_idle_minutes: 60), or `cloudtrain "

@@ -54,6 +54,15 @@ def duration(ctx, param, value: str | None) -> float | None:
     return flag_minutes(value, param.opts[0])
 
 
+def money(ctx, param, value: str | None) -> float | None:
+    """--budget: US dollars, 25 or $25, read as a job file's budget."""
+    if value is None:
+        return None
+    from ..jobfile import flag_dollars
+
+    return flag_dollars(value, param.opts[0])
+
+
 def grace(ctx, param, value: float | None) -> float | None:
     return None if value is None else config.finite(value, "--grace (seconds)", low=0, high=3600)
 

@@ -69,7 +69,8 @@ from .agent_control import POLL_S, STAGING_STATUS, probe, stop
 from .agent_store import StoreUploads, shipped
 from .job_processes import (MAX_RECORDED_PIDS, PR_SET_CHILD_SUBREAPER, describe_exit,
                             descendants, prctl, proc_state, set_pdeathsig, signal_group)
-from .job_status import (CANCELLED, FAILED, PREEMPTED, REGROUP, RUNNING, STARTING, SUCCEEDED,
+from .job_status import (CANCELLED, FAILED, PREEMPTED, REGROUP, RUNNING, STARTING, STOPPED,
+                         SUCCEEDED,
                          as_time, fmt_duration, now, read_json)
 
 SPOT_POLL_S = 5.0  # AWS gives two minutes' notice; checking every 5 s leaves the job ~115 s
@@ -111,6 +112,7 @@ class Agent:
         self.team_now = None  # regroup.Team, for a node of a job on several nodes of a group
         self.lock = threading.Lock()
         self.store = StoreUploads(self)  # checkpoints and results to the job store
+        self.budget = None  # budget.Keeper, where job.json sets a budget
 
     def path(self, name):
         return os.path.join(self.jobdir, name)
@@ -205,6 +207,33 @@ class Agent:
                 return
             time.sleep(float(self.settings.get("spot_poll_s", SPOT_POLL_S)))
 
+    def keep_budget(self):
+        """A job with a budget (job.json's, host/budget.py): stop it, stopped: budget, once
+        what it has spent, all attempts and nodes, and what the stop will take (its last
+        checkpoint, upload and power-off) reach the budget. status.json shows the spend."""
+        if self.budget is None:
+            try:
+                self.budget = shipped("budget").Keeper.for_job(self.settings, self.group(),
+                                                               self.log_line)
+            except Exception as exc:  # noqa: BLE001 - the job is never stopped by a bug here
+                self.log_line("the budget cannot be kept: %s: %s" % (type(exc).__name__, exc))
+                return
+        keeper = self.budget
+        next_note = 0.0
+        while keeper is not None and self.proc is not None and self.proc.poll() is None:
+            keeper.check_price()
+            t = now()
+            if t >= next_note:
+                self.write_status(budget={"usd": keeper.meter.conf["usd"],
+                                          "spent": round(keeper.meter.spent(t), 6),
+                                          "rate": round(keeper.meter.rate(t), 6)})
+                next_note = t + self.heartbeat_s
+            if self.stop_reason is None and keeper.meter.over(t):
+                self.request_stop(STOPPED, keeper.reason(t))
+                self.log_line(keeper.reason(t))
+                return
+            time.sleep(POLL_S)
+
     # -- output -----------------------------------------------------------------------------
 
     def pump(self, stream, log):
@@ -282,6 +311,7 @@ class Agent:
         pump = threading.Thread(target=self.pump, args=(self.proc.stdout, log), daemon=True)
         pump.start()
         threading.Thread(target=self.watch_spot, daemon=True).start()
+        threading.Thread(target=self.keep_budget, daemon=True).start()
         if team is not None:
             team.start_watch()
         self.store.start_stream()

@@ -78,11 +78,15 @@ class Progress:
     `checkpoint()` returns the checkpoint stream's last upload record ({"ok", "step", ...})
     or None; `log(line)` says a failure in output.log."""
 
-    def __init__(self, jobdir, grant, key, attempt, checkpoint=None, log=None):
+    def __init__(self, jobdir, grant, key, attempt, checkpoint=None, log=None, spend=None):
         self.metrics = os.path.join(jobdir, METRICS)
         self.since = file_size(self.metrics)  # rows before this are runs before (a restore)
         self.grant, self.key, self.attempt = grant, key, attempt
         self.checkpoint = checkpoint or (lambda: None)
+        # A job with a budget: spend(final) is the attempt's {"usd", "rate", "final"}
+        # (host/budget.py), posted with the figures; None without one.
+        self.spend = spend or (lambda final=False: None)
+        self.final = False  # the run has ended: its spend runs to the power-off
         self.log = log or (lambda line: None)
         self.checkpoint_step = None  # of the newest checkpoint streamed in this run
         self.posted = None  # the figures last stored
@@ -94,7 +98,7 @@ class Progress:
         self.thread = None
 
     @classmethod
-    def for_job(cls, jobdir, settings, conf, checkpoint=None, log=None):
+    def for_job(cls, jobdir, settings, conf, checkpoint=None, log=None, spend=None):
         """The run's Progress where job.json is rank 0's of a job run by a group (`conf`:
         its auto_scaling, checked) with a grant and an attempt; None otherwise."""
         grant = settings.get("results_store")
@@ -102,16 +106,18 @@ class Progress:
         if conf is None or conf.get("rank") or n is None or not agent_upload.writable(grant):
             return None
         return cls(jobdir, dict(grant, prefix=conf["prefix"]),
-                   job_records.progress_key(conf["prefix"], n), n, checkpoint, log)
+                   job_records.progress_key(conf["prefix"], n), n, checkpoint, log, spend)
 
     def figures(self):
-        """(the step of this run's last metrics row, the newest checkpoint step streamed)."""
+        """(the step of this run's last metrics row, the newest checkpoint step streamed, the
+        attempt's spend or None)."""
         rec = self.checkpoint()
         step = job_records.as_step(rec.get("step")) if isinstance(rec, dict) and \
             rec.get("ok") is True else None
         if step is not None and (self.checkpoint_step is None or step > self.checkpoint_step):
             self.checkpoint_step = step
-        return last_step(self.metrics, self.since), self.checkpoint_step
+        spend = self.spend(self.final)
+        return last_step(self.metrics, self.since), self.checkpoint_step, spend
 
     def post(self, timeout_s=POST_TIMEOUT_S):
         """Store the figures where they changed since the last post; whether it did."""
@@ -119,10 +125,11 @@ class Progress:
             return False
         try:
             figures = self.figures()
-            if figures == self.posted or figures == (None, None):
+            if figures == self.posted or figures == (None, None, None):
                 return False
             self.tried_at = time.time()
-            doc = job_records.progress_doc(self.attempt, figures[0], figures[1])
+            doc = job_records.progress_doc(self.attempt, figures[0], figures[1],
+                                           usd=figures[2])
             try:
                 agent_upload.post_json(self.grant, self.key, doc, max(1.0, timeout_s))
             except Exception as exc:  # noqa: BLE001 - UploadError, a bad grant: said once
@@ -158,9 +165,10 @@ class Progress:
         """The run has ended: the thread stopped, the figures as they are now posted within
         `timeout_s`. Whether they are stored."""
         deadline = time.time() + max(0.0, timeout_s)
+        self.final = True
         self.stopping.set()
         self.wake.set()
         if self.thread is not None:
             self.thread.join(max(0.0, deadline - time.time()))
-        self.post(deadline - time.time())
-        return self.posted == self.figures()
+        # A spend changes with every second: a post that went up is the answer.
+        return self.post(deadline - time.time()) or self.posted == self.figures()

@@ -96,12 +96,17 @@ class StoreUploads:
             progress = shipped("agent_progress").Progress.for_job(
                 self.jobdir, self.settings, self.agent.group(),
                 checkpoint=lambda: self.streamer.last if self.streamer else None,
-                log=self.log_line)
+                log=self.log_line, spend=self.spend)
             self.progress = progress and progress.start()
         except Exception as exc:  # noqa: BLE001 - ImportError, a bug: the job runs on
             self.log_line("the attempt's progress is not recorded: %s: %s"
                           % (type(exc).__name__, exc))
         return self.progress
+
+    def spend(self, final=False):
+        """This attempt's spend for its progress record (a job with a budget), or None."""
+        keeper = self.agent.budget
+        return keeper.figure(final) if keeper is not None else None
 
     def noticed(self):
         """A spot notice: the progress so far goes up at once."""

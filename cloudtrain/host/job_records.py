@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Optional
 from .job_status import clean_text
 
 if TYPE_CHECKING:  # 3.8's typing has TypedDict; only the type checker needs these
-    from typing import TypedDict
+    from typing import NotRequired, TypedDict
 
     class Final(TypedDict):
         state: str
@@ -78,6 +78,7 @@ if TYPE_CHECKING:  # 3.8's typing has TypedDict; only the type checker needs the
         step: Optional[int]
         checkpoint_step: Optional[int]
         at: Optional[float]
+        usd: "NotRequired[dict]"
 
     class Member(TypedDict):
         instance: str
@@ -93,7 +94,8 @@ if TYPE_CHECKING:  # 3.8's typing has TypedDict; only the type checker needs the
 FINAL = "final.json"
 ATTEMPTS = "attempts/"
 PROGRESS = "progress.json"  # below attempts/<n>/
-ENDED_STATES = ("succeeded", "failed", "cancelled", "preempted")
+USD_MAX = 1e7  # a figure of spend above this is not one (the largest --budget is 1e5)
+ENDED_STATES = ("succeeded", "failed", "cancelled", "preempted", "stopped")
 
 # The limits, each said once: the launch (spec.py, jobfile.py) takes --max-restarts up to
 # MAX_RESTARTS, the instance counts at most MAX_ATTEMPTS records, and no reader takes more.
@@ -298,8 +300,27 @@ def check_attempt(doc, n=None):
 
 # -- attempts/<n>/progress.json --------------------------------------------------------------
 
-def progress_doc(n, step, checkpoint_step, at=None):
-    return {"attempt": n, "step": step, "checkpoint_step": checkpoint_step, "at": _now(at)}
+def progress_doc(n, step, checkpoint_step, at=None, usd=None):
+    """`usd` (a job with a budget: host/budget.py): {"usd": what the attempt's instances
+    have spent by `at`, "rate": USD/h they bill, "final": whether usd runs to their end}."""
+    doc = {"attempt": n, "step": step, "checkpoint_step": checkpoint_step, "at": _now(at)}
+    if usd is not None:
+        doc["usd"] = usd
+    return doc
+
+
+def check_spend(value):
+    """A progress record's `usd` with each figure checked (finite, not negative, under
+    USD_MAX), or None."""
+    if not isinstance(value, dict):
+        return None
+    figures = []
+    for v in (value.get("usd"), value.get("rate")):
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and 0 <= v <= USD_MAX):
+            return None
+        figures.append(float(v))
+    return {"usd": figures[0], "rate": figures[1], "final": value.get("final") is True}
 
 
 def check_progress(doc, n):
@@ -310,8 +331,13 @@ def check_progress(doc, n):
     if not (isinstance(doc, dict) and as_attempt(n) is not None
             and as_attempt(doc.get("attempt")) == n):
         return None
-    return {"attempt": n, "step": as_step(doc.get("step")),
-            "checkpoint_step": as_step(doc.get("checkpoint_step")), "at": _time(doc.get("at"))}
+    out = {"attempt": n, "step": as_step(doc.get("step")),
+           "checkpoint_step": as_step(doc.get("checkpoint_step")),
+           "at": _time(doc.get("at"))}  # type: Progress
+    spend = check_spend(doc.get("usd"))
+    if spend is not None:  # a job with a budget
+        out["usd"] = spend
+    return out
 
 
 # -- attempts/<n>/<instance>.json ------------------------------------------------------------

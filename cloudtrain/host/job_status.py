@@ -28,6 +28,7 @@ BOOT_STATUS = "bootstrap-status.json"
 # Agent states as written to status.json. "starting" is before run.sh has a pid.
 STARTING, RUNNING = "starting", "running"
 SUCCEEDED, FAILED, CANCELLED, PREEMPTED = "succeeded", "failed", "cancelled", "preempted"
+STOPPED = "stopped"  # ended by a limit of the job's own before it could cross it: its budget
 ACTIVE = (STARTING, RUNNING)
 # A node of a job on several nodes that leaves its part to meet the others (host/regroup.py):
 # the stop's state, never written to status.json (which says running meanwhile).

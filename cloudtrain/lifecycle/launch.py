@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .. import config, datasets, progress, providers, state
+from .. import config, datasets, ledger, progress, providers, state
 from ..errors import CloudtrainError, NoCredentials, PlacementError
 from ..hosts import bundle, sync_many
 from ..nodes import MASTER_PORT, environment, read_rendezvous, rendezvous_script
@@ -469,10 +469,13 @@ def _write_files(a: _Launch, nodes: NodeGroup, gpus: int, procs: int,
             a.spec, jobdir, host.python, procs, stages[i],
             scripts.restore_argv(host, jobdir) if restore else None, node=node,
             job_id=a.job.id, setup_once=scripts.setup_once(host)))
-        host.write_text(f"{jobdir}/job.json", json.dumps({**scripts.job_settings(
+        settings = scripts.job_settings(
             a.settings, a.spec, a.provider, a.job.id, host, jobdir, nodes.data_dirs[i], gpus,
-            procs, grants[i], stream if i == 0 else None, env, a.job.facts.attempt),
-            **group_part(i)}, indent=1))
+            procs, grants[i], stream if i == 0 else None, env, a.job.facts.attempt)
+        if "budget" in settings and a.job.facts.attempt > 1:  # a relaunch: what came before
+            settings["budget"]["spent_before_usd"] = ledger.spent_before(a.store, a.job, nodes.n)
+        host.write_text(f"{jobdir}/job.json", json.dumps({**settings, **group_part(i)},
+                                                         indent=1))
 
     nodes.each(write)
 

@@ -57,7 +57,8 @@ LAYERS: list[tuple[str, ...]] = [
     # the AWS wing inside: the thin provider on top, the session and the job store's records
     # at the bottom (aws/__init__.py lists the same concerns)
     ("cloudtrain.providers.aws.provider", "cloudtrain.providers.aws"),
-    ("cloudtrain.providers.aws.plan", "cloudtrain.providers.aws.cloud_account"),
+    ("cloudtrain.providers.aws.plan", "cloudtrain.providers.aws.cloud_account",
+     "cloudtrain.providers.aws.budget_plan"),
     ("cloudtrain.providers.aws.cluster", "cloudtrain.providers.aws.acquire"),
     ("cloudtrain.providers.aws.group_launch", "cloudtrain.providers.aws.inventory"),
     ("cloudtrain.providers.aws.groups", "cloudtrain.providers.aws.datasets",
@@ -68,7 +69,8 @@ LAYERS: list[tuple[str, ...]] = [
      "cloudtrain.providers.aws.placement"),
     ("cloudtrain.providers.aws.network", "cloudtrain.providers.aws.images",
      "cloudtrain.providers.aws.pricing", "cloudtrain.providers.aws.account",
-     "cloudtrain.providers.aws.job_role", "cloudtrain.providers.aws.fis"),
+     "cloudtrain.providers.aws.job_role", "cloudtrain.providers.aws.fis",
+     "cloudtrain.providers.aws.spot_scores"),
     ("cloudtrain.providers.aws.session", "cloudtrain.providers.aws.jobbundle",
      "cloudtrain.providers.aws.jobstore_fetch", "cloudtrain.providers.aws.jobstore_attempts"),
     ("cloudtrain.providers.aws.jobstore", "cloudtrain.providers.aws.errors",

@@ -34,7 +34,7 @@ from ...ssh_host import SSHHost
 from ...state import Job, Store
 from ..base import Question, Sweep
 from . import (
-    acquire, cluster, datasets, group_launch, groups, host_setup, images, instance_types,
+    acquire, budget_plan, cluster, datasets, group_launch, groups, host_setup, images, instance_types,
     instances, inventory, job_role, plan, results, volumes)
 from .cloud_account import AwsAccount
 from .session import AwsSession
@@ -52,9 +52,10 @@ class AWSProvider:
     # -- Provider: the core
 
     def plan(self, spec) -> list[tuple[str, str]]:
-        return plan.plan(self.aws, spec)
+        return budget_plan.with_budget(self.aws, spec, plan.plan(self.aws, spec))
 
     def question(self, spec) -> Question | None:
+        budget_plan.with_budget(self.aws, spec, [])  # one attempt must fit: refused first
         return plan.question(self.aws, spec)
 
     def preflight(self, spec) -> None:
@@ -115,7 +116,9 @@ class AWSProvider:
         return host_setup.shutdown(self.aws, spec)
 
     def agent_settings(self, spec) -> dict:
-        return host_setup.agent_settings(self.aws, spec)
+        meter = budget_plan.meter_settings(self.aws, spec, self.aws.region(spec))
+        return {**host_setup.agent_settings(self.aws, spec),
+                **({"budget": meter} if meter else {})}
 
     def power_off_minutes(self, max_runtime_s: float) -> int:
         return instances.power_off_minutes(max_runtime_s)
