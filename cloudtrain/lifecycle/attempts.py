@@ -11,7 +11,8 @@ and collect record into it; it calls nothing of the lifecycle.
     drained(job, status)                  a noticed interruption's checkpoint is uploaded
     last_step(job, status)                the last step an attempt is known to have run
     close(store, job)                     the job ended: its open attempt ends with it
-    summary(store, job)                   each attempt's place, outcome, work redone, cost
+    summary(store, job)                   each attempt's place (and its AZ's placement score),
+                                          outcome, work redone, cost
     recovery_cost(rows)                   what the interruptions cost, in all
 
 What ends an attempt early (an interruption) is watch.interrupted; what starts the next one
@@ -162,7 +163,8 @@ def summary(store: Store, job: Job) -> list[dict]:
             redone_usd = redone * per_s * (price or 0.0) / 3600 * \
                 max(1, len(instances_of(store, job.id, a)))
         rows.append({"attempt": a.n, "instance": a.instance_id, "region": a.region,
-                     "zone": a.zone, "market": a.market, "started_at": a.started_at,
+                     "zone": a.zone, "score": _score(inst), "market": a.market,
+                     "started_at": a.started_at,
                      "running_at": a.running_at, "ended_at": a.ended_at,
                      "outcome": a.outcome or ("running" if job.active else job.state),
                      "reason": a.end_reason, "resumed_step": a.resumed_step,
@@ -170,6 +172,12 @@ def summary(store: Store, job: Job) -> list[dict]:
                      "redone_steps": redone, "redone_usd": redone_usd, "usd": usd,
                      "checkpoint": a.checkpoint})
     return rows
+
+
+def _score(inst) -> int | None:
+    """The spot placement score EC2 gave the attempt's AZ when it was launched, if any."""
+    score = ((inst.details or {}) if inst is not None else {}).get("placement_score")
+    return score if type(score) is int else None
 
 
 def recovery_cost(rows: list[dict]) -> dict:

@@ -243,12 +243,78 @@ def test_dry_run_creates_nothing_and_checks_permissions(cli, aws):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "g5.xlarge: 1x A10G" in out and "market       spot" in out
-    # spot: the AZ whose id the catalog's snapshot prices lowest comes first
-    assert "AZs to try   us-east-1b, us-east-1a" in out
+    # spot: the AZ whose id the catalog's snapshot prices lowest comes first (moto has no
+    # spot placement scores: RC5's fallback, said)
+    assert re.search(r"AZs to try   us-east-1b use1-az1 \(\$[0-9.]+/h\), us-east-1a use1-az6 "
+                     r"\(\$[0-9.]+/h\); by price: ", out), out
     assert f"AMI          {aws.ami}" in out
     assert "RunInstances allowed (EC2 DryRun)" in out
     assert aws.instances() == []
     assert json.loads(cli.ok("status", "--json").stdout) == []
+
+
+def test_RC5_the_dry_run_says_the_azs_a_spot_job_tries_first_by_score(cli, aws, monkeypatch):
+    """RC5: the plan asks EC2 for the spot placement scores (the job's node count, three
+    types of its GPUs) and lists the AZs by score, then price, each with both: here the AZ
+    the catalog prices higher is scored 9 and comes first."""
+    from labs.moto_spot_scores import SpotScores
+
+    lab = SpotScores().install(monkeypatch)
+    lab.scores.update({"use1-az6": 9, "use1-az1": 3})  # us-east-1a, us-east-1b
+    out = cli.ok("launch", "--instance", "g5.xlarge", "--spot", "--nodes", "2", "--dry-run",
+                 "--", "true").stdout
+    assert re.search(r"AZs to try   us-east-1a use1-az6 \(score 9, \$[0-9.]+/h\), "
+                     r"us-east-1b use1-az1 \(score 3, \$[0-9.]+/h\); by EC2's spot placement "
+                     r"score for 3 types of the same GPUs \(g5.xlarge, g5.2xlarge, g5.4xlarge\)"
+                     r", then price", out), out
+    assert [c["TargetCapacity"] for c in lab.calls] == [2]
+    assert aws.instances() == []
+
+
+def test_RC5_a_spot_launch_tries_the_best_scored_az_and_keeps_its_score(cli, aws, ct_home,
+                                                                       monkeypatch):
+    """RC5: the launch goes to the AZ EC2 scores highest (not the catalog's cheapest,
+    us-east-1b), the instance's record keeps the score and the types scored, and the
+    timeline says the order and why."""
+    from labs.moto_spot_scores import SpotScores
+
+    lab = SpotScores().install(monkeypatch)
+    lab.scores.update({"use1-az6": 9, "use1-az1": 3})
+    proc = cli("launch", "--instance", "g5.xlarge", "--spot", "--follow", "--quiet", "--",
+               "echo", "hi", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    (row,) = _instance_rows(ct_home, job_id)
+    details = json.loads(row["details"])
+    assert row["zone"] == "us-east-1a" and details["placement_score"] == 9
+    assert details["placement_score_types"] == ["g5.xlarge", "g5.2xlarge", "g5.4xlarge"]
+    zones = [p for p in cli.job(job_id)["timeline"] if p["name"] == "zones"]
+    assert len(zones) == 1 and zones[0]["detail"].startswith(
+        "us-east-1a use1-az6 (score 9, "), zones
+
+
+def test_RC5_the_dry_run_without_credentials_says_the_scores_come_at_launch(tmp_path):
+    """RC5: the dry run needs no credentials: for a spot job it asks EC2 nothing, lists the
+    AZs by the catalog's price and says the placement scores are asked at launch; for a type
+    with no two others of its GPUs, that the order will stay the price's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               CLOUDTRAIN_HOME=str(tmp_path / "home"))
+
+    def plan(instance: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", "--instance",
+                               instance, "--spot", "--region", "us-east-1", "--dry-run", "--",
+                               "true"], cwd=REPO, capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    out = plan("g5.xlarge")
+    assert "not checked: no AWS credentials" in out
+    assert re.search(r"AZs to try   use1-az\d \(\$[0-9.]+/h\), ", out), out
+    assert "by the catalog's price for now; EC2's spot placement scores for 1 instance of "         "g5.xlarge, g5.2xlarge, g5.4xlarge are asked at launch" in " ".join(out.split())
+    assert "by price: placement scores need 3 types of the same GPUs and the catalog has 1 "         "(p4d.24xlarge)" in " ".join(plan("p4d.24xlarge").split())
 
 
 def test_missing_credentials_is_one_line(cli, aws):

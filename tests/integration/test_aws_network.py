@@ -168,3 +168,17 @@ def test_RH2_the_key_ec2_imports_is_ed25519_and_paramiko_signs_with_it(ec2_provi
     assert key.get_name() == "ssh-ed25519"
     public = paramiko.Ed25519Key(data=key.asbytes())
     assert public.verify_ssh_sig(b"x", paramiko.Message(key.sign_ssh_data(b"x").asbytes()))
+
+
+def test_RC5_spot_azs_go_by_placement_score_then_price_and_on_demand_keeps_its_order():
+    """RC5: order_zones put the catalog's cheapest spot AZ first whatever its capacity; with
+    EC2's placement scores the highest scored comes first, equal scores by price, unscored
+    AZs after the scored ones; on-demand is not reordered."""
+    zones = [("us-east-1a", "s-a", "v", "use1-az1"), ("us-east-1b", "s-b", "v", "use1-az2"),
+             ("us-east-1c", "s-c", "v", "use1-az4"), ("us-east-1z", "s-z", "v", "")]
+    scores = {"use1-az4": 9, "use1-az1": 3, "use1-az2": 3}
+    ordered = network.order_zones(zones, "g5.xlarge", "us-east-1", "spot", scores)
+    assert ordered[0][0] == "us-east-1c" and ordered[-1][0] == "us-east-1z"
+    by_price = network.order_zones(zones[:2], "g5.xlarge", "us-east-1", "spot")
+    assert ordered[1:3] == by_price  # the two scored 3: the snapshot's cheaper first
+    assert network.order_zones(zones, "g5.xlarge", "us-east-1", "on-demand", scores) == zones

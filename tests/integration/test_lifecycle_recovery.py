@@ -157,6 +157,26 @@ def test_F13_redone_steps_and_their_price_per_attempt(ct_home):
     assert json.dumps(rows)  # what `status --json` prints
 
 
+def test_RC5_each_attempt_row_carries_its_azs_placement_score(ct_home):
+    """RC5: the attempts summary carries the score the launch recorded on the attempt's
+    instance (placement_score), so `status JOB` can show it beside the AZ; none where the
+    record has none (or something that is not a whole number)."""
+    from cloudtrain.state import Instance, open_store
+
+    store = open_store(ct_home)
+    job = store.create_job(name=None, kind="command", recipe=None, command="x", backend="aws",
+                           spec={"recover": True})
+    for n, details in enumerate([{"placement_score": 9}, {"placement_score": "9"}, {}], 1):
+        store.add_instance(Instance(id=f"i-{n}", job_id=job.id, provider="aws",
+                                    region="us-east-1", zone="us-east-1a",
+                                    instance_type="g5.xlarge", market="spot", state="terminated",
+                                    launched_at=1000.0 * n, terminated_at=1000.0 * n + 500,
+                                    price_per_hour=1.0, details=details))
+        store.add_attempt(job.id, n, started_at=1000.0 * n, instance_id=f"i-{n}")
+    rows = attempts.summary(store, store.job(job.id))
+    assert [r["score"] for r in rows] == [9, None, None]
+
+
 def test_the_dry_run_says_who_relaunches_a_spot_job_and_where(cli, ct_home):
     """Issue 27: with an instance profile (a replacement reads the job's bundle with it) a
     recovering spot job is relaunched by AWS Auto Scaling, and the plan says so and what it

@@ -22,6 +22,7 @@ rootdir-relative conftest, and the benchmarks put it there).
                     agents, regroup and bootstrap against moto, AWS's part and its faults
     moto_placement  placement groups, which moto lacks
     moto_quotas     EC2's Service Quotas, which moto lacks
+    moto_spot_scores EC2's spot placement scores (GetSpotPlacementScores), which moto lacks
     moto_activities Auto Scaling's scaling activities, which moto does not keep
     moto_images     an image's root snapshot size, and EC2's refusal of a smaller root volume;
                     an image's architecture, boot mode and ENA, and EC2's refusal of an image

@@ -182,3 +182,17 @@ def test_U40_json_and_detail_carry_the_kept_instance():
     assert "  kept      i-0abc (g5.xlarge, us-east-1) of job fcade774 (kept3): running" in detail
     plain = job_views.job_detail(_kept_job(), [], b"", now=1100.0, kept=[])
     assert "kept  " not in plain and "  cost      ~$0.02 (estimate)" in plain
+
+
+def test_RC5_an_attempts_az_shows_the_placement_score_ec2_gave_it():
+    """RC5: an attempt's AZ is shown with the spot placement score EC2 gave it at launch, so
+    that interruptions can be read against it; an attempt without one shows the AZ alone."""
+    rows = [{"attempt": 1, "instance": "i-1", "zone": "us-east-1a", "score": 9,
+             "market": "spot", "outcome": "interrupted"},
+            {"attempt": 2, "instance": "i-2", "zone": "us-east-1b", "score": None,
+             "market": "spot", "outcome": "running"}]
+    lines = job_views.attempts_lines(rows, {"interruptions": 1}, width=None)
+    first = next(line for line in lines if "i-1" in line)
+    second = next(line for line in lines if "i-2" in line)
+    assert "us-east-1a 9/10" in first
+    assert "us-east-1b" in second and "/10" not in second

@@ -31,6 +31,7 @@ AwsSession (session.py) as their first argument; AWSProvider only delegates to t
     jobbundle.py       the job's bundle in the job store
     account.py         where the credentials came from; EC2 vCPU quotas (Service Quotas)
     pricing.py         price list (on-demand, gp3) and spot price history
+    spot_scores.py     EC2's spot placement score per AZ: a spot job's AZ order before price
     errors.py          AWS error codes in our words (AWSError)
     cache.py           what bootstrap found, per profile and region
     tags.py            the tags every resource carries

@@ -283,14 +283,17 @@ def run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot
     """One RunInstances of spec.nodes instances per AZ, in AZ order, until one AZ gives
     all of them and none dies before it runs; their ids in launch order."""
     place = spec.placement
-    zones = instances.relaunch_order(aws, boot["zones"], spec, region, job.facts)
+    scores = instances.zone_order_scores(aws, spec, region)
+    zones = instances.relaunch_order(aws, boot["zones"], spec, region, job.facts, scores)
+    instances.record_zone_order(store, job, spec, region, zones, scores)
     disk = instances.root_volume_gb(aws, spec, boot)
     raised = instances.root_volume_line(aws, spec, boot)
     if raised:
         report.note(raised)
     attempts: list[Attempt] = []
     n = spec.nodes
-    for k, (zone, subnet, vpc, _zone_id) in enumerate(zones):
+    for k, (zone, subnet, vpc, zone_id) in enumerate(zones):
+        score = scores.of(zone_id) if scores else None
         group = placement.create_placement_group(aws, region, job, spec, k, boot["owner"])
         store.add_event(job.id, "placement-group", detail=f"{group} (cluster) for {zone}")
         groups = [boot["group"]]
@@ -316,7 +319,7 @@ def run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot
             code = instances.run_failed(store, job, token, zone, exc, first=not attempts)
             assert isinstance(exc, AWSError)  # run_failed raised anything else again
             if code in CAPACITY_ERRORS:
-                attempts.append(Attempt(zone, subnet, f"{exc.code}: {exc.aws_message}"))
+                attempts.append(Attempt(zone, subnet, f"{exc.code}: {exc.aws_message}", score))
                 placement.delete_placement_groups(aws, region, job.id)
                 continue
             if exc.code in QUOTA_ERRORS:
@@ -331,14 +334,15 @@ def run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot
             raise
         ids = _record_cluster(aws, store, job, spec, region, response["Instances"], {
             "zone": zone, "subnet": subnet, "group": group, "disk": disk, "boot": boot,
-            "attempt": attempt, "efa": efa, "attempts": attempts})
+            "attempt": attempt, "efa": efa, "attempts": attempts,
+            "score": instances.placement_score(scores, zone_id)})
         if len(ids) != n:  # EC2 honours MinCount; never go on with part of a cluster
             _give_back(aws, store, region, ids)
             raise AWSError(f"EC2 started {len(ids)} of the {n} instances asked for")
         try:
             _wait_cluster(aws, region, ids, report, only_check=True)
         except NodeLost as lost:
-            attempts.append(Attempt(zone, subnet, lost.message))
+            attempts.append(Attempt(zone, subnet, lost.message, score))
             _give_back(aws, store, region, ids)
             placement.delete_placement_groups(aws, region, job.id)  # else the next cleanup's
             report.phase(f"{zone}: {lost.message}; all {n} released")
@@ -375,7 +379,8 @@ def _record_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, 
                      "disk_gb": where["disk"], "disk_mbps": spec.data.disk_mbps, "node": i,
                      "attempt": where["attempt"], "placement_group": where["group"],
                      "efa_interfaces": efa["used"] if efa else 0,
-                     "attempts": [a.__dict__ for a in where["attempts"]]}))
+                     "attempts": [a.__dict__ for a in where["attempts"]],
+                     **where["score"]}))
     store.add_event(job.id, "instance", detail=f"{spec.nodes} nodes in {where['zone']} "
                     f"({where['group']}): " + ", ".join(ids))
     return ids

@@ -150,7 +150,9 @@ def create_job_group(aws: AwsSession, store: Store, job: Job, spec, user_data: s
     then the error is raised. Safe to run again: an existing group is kept."""
     region = aws.region(spec)
     boot = bootstrap.for_placement(aws, region, spec.placement)
-    zones = group_zones(aws, region, boot["zones"], spec)
+    scores = instances.zone_order_scores(aws, spec, region)
+    zones = group_zones(aws, region, boot["zones"], spec, scores)
+    instances.record_zone_order(store, job, spec, region, zones, scores)
     name = group_name(job.id)
     store.add_event(job.id, GROUP_EVENT, detail=f"{name} in {region}")
     try:
@@ -198,10 +200,12 @@ def create_job_group(aws: AwsSession, store: Store, job: Job, spec, user_data: s
     return name
 
 
-def group_zones(aws: AwsSession, region: str, zones: list[tuple], spec) -> list[tuple]:
+def group_zones(aws: AwsSession, region: str, zones: list[tuple], spec,
+                scores=None) -> list[tuple]:
     """The (zone, subnet, vpc, zone id) rows of launch's subnets (bootstrap's) in the AZs
-    that offer the type, in launch's order (the catalog's cheapest spot AZ first); the
-    first only for a job on several nodes. All of them when EC2 cannot be asked which AZs
+    that offer the type, in launch's order (the AZ of the highest spot placement score,
+    `scores`, then the catalog's cheapest spot AZ first); the first only for a job on
+    several nodes. All of them when EC2 cannot be asked which AZs
     offer it: the group then skips an AZ without the type by itself."""
     place = spec.placement
     try:
@@ -211,7 +215,8 @@ def group_zones(aws: AwsSession, region: str, zones: list[tuple], spec) -> list[
         )["InstanceTypeOfferings"]}
     except AWSError:
         offered = set()
-    usable = network.order_zones(zones, place.instance_type, region, place.market)
+    usable = network.order_zones(zones, place.instance_type, region, place.market,
+                                 scores.scores if scores else None)
     if offered:
         usable = [z for z in usable if z[0] in offered]
         if not usable:

@@ -16,7 +16,7 @@ from ...job_spec import JobSpec
 from ...market import Market
 from ...progress import SILENT, Reporter
 from ...state import Instance, Job, Store
-from . import images, job_role, network, pricing
+from . import images, job_role, network, pricing, spot_scores
 from .errors import (
     CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, AWSPlacementError, StaleCache,
     aws_errors)
@@ -35,6 +35,8 @@ REARM_PATH = "/usr/local/bin/cloudtrain-rearm"  # installed by user-data; run as
 USER_DATA_WAIT_S = 1560.0  # setup waits this long for it: the apt budget plus a minute
 # The timeline phase that says a RunInstances call got no answer (the instance may exist).
 UNANSWERED = "run-instances-unanswered"
+# The timeline phase that says which AZs a spot launch tries first, and why.
+ZONES_EVENT = "zones"
 # AWS failed while handling the request: it may have been carried out.
 SERVER_ERRORS = {"InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable"}
 
@@ -44,6 +46,7 @@ class Attempt:
     zone: str
     subnet: str
     error: str | None  # None: it worked
+    score: int | None = None  # the AZ's spot placement score when it was tried
 
 
 def power_off_minutes(max_runtime_s: float) -> int:
@@ -147,14 +150,17 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
     place = spec.placement
     zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
                                           boot["key_name"], boot["owner"])
-    zones = relaunch_order(aws, zones, spec, region, job.facts)
+    scores = zone_order_scores(aws, spec, region)
+    zones = relaunch_order(aws, zones, spec, region, job.facts, scores)
+    record_zone_order(store, job, spec, region, zones, scores)
     root_device = boot["root_device"]
     disk = root_volume_gb(aws, spec, boot)
     raised = root_volume_line(aws, spec, boot)
     if raised:
         report.note(raised)
     attempts: list[Attempt] = []
-    for n, (zone, subnet, _vpc, _zone_id) in enumerate(zones):
+    for n, (zone, subnet, _vpc, zone_id) in enumerate(zones):
+        score = scores.of(zone_id) if scores else None
         request = run_request(aws, job, spec, subnet, group, ami, key_name, owner, disk,
                               root_device)
         attempt = job.facts.attempt
@@ -169,7 +175,7 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
             code = run_failed(store, job, token, zone, exc, first=not attempts)
             assert isinstance(exc, AWSError)  # run_failed raised anything else again
             if code in CAPACITY_ERRORS:
-                attempts.append(Attempt(zone, subnet, f"{code}: {exc.aws_message}"))
+                attempts.append(Attempt(zone, subnet, f"{code}: {exc.aws_message}", score))
                 continue
             tried = ", ".join(a.zone for a in attempts + [Attempt(zone, subnet, code)])
             if code in QUOTA_ERRORS:
@@ -199,7 +205,8 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
             terminated_at=None, price_per_hour=price if place.market == Market.ON_DEMAND else None,
             details={"subnet": subnet, "ami": ami, "key_name": key_name, "group": group,
                      "disk_gb": disk, "disk_mbps": spec.data.disk_mbps,
-                     "attempts": [a.__dict__ for a in attempts]}))
+                     "attempts": [a.__dict__ for a in attempts],
+                     **placement_score(scores, zone_id)}))
         store.add_event(job.id, "instance", detail=f"{instance_id} in {zone}")
         return instance_id
     tried = "; ".join(f"{a.zone}: {a.error}" for a in attempts)
@@ -228,13 +235,41 @@ def run_failed(store: Store, job: Job, token: str, zone: str, exc: BaseException
     return exc.code
 
 
-def relaunch_order(aws: AwsSession, zones: list[tuple], spec, region: str,
-                   facts) -> list[tuple]:
-    """The AZs in the order a launch tries them: the catalog's cheapest spot AZ first (the
-    first launch); a relaunch asks EC2 for the spot prices now, and the AZs that were
-    just interrupted (facts.avoid_zones) come last."""
+def zone_order_scores(aws: AwsSession, spec, region: str) -> spot_scores.ZoneScores | None:
+    """A spot job's AZ scores for its node count (spot_scores.py); None for on-demand."""
     place = spec.placement
-    ordered = network.order_zones(zones, place.instance_type, region, place.market)
+    return spot_scores.zone_scores(aws, region, place.instance_type, spec.nodes, place.market)
+
+
+def record_zone_order(store: Store, job: Job, spec, region: str, zones: list[tuple],
+                      scores: spot_scores.ZoneScores | None) -> None:
+    """The timeline's line of the AZs a spot launch tries, in order, and what the order
+    follows (scores, or price and why)."""
+    if scores is not None:
+        store.add_event(job.id, ZONES_EVENT, detail=spot_scores.said(
+            zones, scores, spec.placement.instance_type, region))
+
+
+def placement_score(scores: spot_scores.ZoneScores | None, zone_id: str) -> dict:
+    """What an instance's record keeps of its AZ's score: {"placement_score": n, and the
+    types scored}, or {"placement_score_why": ...} where there was none; {} on-demand."""
+    if scores is None:
+        return {}
+    score = scores.of(zone_id)
+    if score is None:
+        return {"placement_score_why": scores.why or "EC2 did not score this AZ"}
+    return {"placement_score": score, "placement_score_types": list(scores.types)}
+
+
+def relaunch_order(aws: AwsSession, zones: list[tuple], spec, region: str,
+                   facts, scores: spot_scores.ZoneScores | None = None) -> list[tuple]:
+    """The AZs in the order a launch tries them: the AZ EC2's spot placement score rates
+    highest first (`scores`), then the catalog's cheapest spot AZ (the first launch); a
+    relaunch asks EC2 for the spot prices now, and the AZs that were just interrupted
+    (facts.avoid_zones) come last."""
+    place = spec.placement
+    by_zone = scores.scores if scores else None
+    ordered = network.order_zones(zones, place.instance_type, region, place.market, by_zone)
     if facts.attempt > 1 and place.market == Market.SPOT:
         try:
             now = pricing.current_spot_prices(aws, region, [place.instance_type]).get(
@@ -242,7 +277,8 @@ def relaunch_order(aws: AwsSession, zones: list[tuple], spec, region: str,
         except CloudtrainError:  # no permission for the price history: the snapshot's order
             now = {}
         if now:
-            ordered = sorted(ordered, key=lambda z: (z[0] not in now, now.get(z[0], 0.0)))
+            ordered = sorted(ordered, key=lambda z: network.score_key(z, by_zone) + (
+                z[0] not in now, now.get(z[0], 0.0)))
     avoid = set(facts.avoid_zones)
     return [z for z in ordered if z[0] not in avoid] + [z for z in ordered if z[0] in avoid]
 

@@ -192,14 +192,25 @@ def subnets(aws: AwsSession, region: str) -> list[tuple[str, str, str, str]]:
     return list(by_zone.values())
 
 
-def order_zones(zones: list[tuple], instance_type: str, region: str, market: str) -> list:
-    """Spot: the AZ the catalog's snapshot prices lowest first (AZ ids, which differ from
-    AZ names per account); AZs without a known price keep their order, after those."""
+def order_zones(zones: list[tuple], instance_type: str, region: str, market: str,
+                scores: dict[str, int] | None = None) -> list:
+    """Spot: the AZs EC2 scores highest for the job's capacity first (`scores`: AZ id -> its
+    spot placement score, spot_scores.py), then the one the catalog's snapshot prices lowest
+    (AZ ids, which differ from AZ names per account); AZs without a known score or price keep
+    their order, after those."""
     t = catalog.get(instance_type)
     prices = (t.spot_snapshot.get(region) or {}) if t and market == Market.SPOT else {}
-    if not prices:
+    if market != Market.SPOT or not (prices or scores):
         return list(zones)
-    return sorted(zones, key=lambda z: (z[3] not in prices, prices.get(z[3], 0.0)))
+    return sorted(zones, key=lambda z: score_key(z, scores) + (
+        z[3] not in prices, prices.get(z[3], 0.0)))
+
+
+def score_key(zone: tuple, scores: dict[str, int] | None) -> tuple[bool, int]:
+    """The part of an AZ's sort key that its spot placement score makes: scored first, the
+    highest first."""
+    score = (scores or {}).get(zone[3])
+    return score is None, -(score or 0)
 
 
 def shared_resources(aws: AwsSession, region: str) -> dict[str, list[str]]:

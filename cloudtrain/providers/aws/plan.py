@@ -8,7 +8,8 @@ from ... import catalog, cost
 from ...errors import CloudtrainError
 from ...market import Market
 from ..base import Question
-from . import cluster, group_launch, host_setup, images, instance_types, network, results
+from . import (
+    cluster, group_launch, host_setup, images, instance_types, network, results, spot_scores)
 from .cluster import EFA_GROUP_NAME
 from .errors import POLICY_FILE, AWSError
 from .images import DLAMI_PATH
@@ -358,6 +359,19 @@ def _plan_lifecycle(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]
     return rows
 
 
+def _offline_zones(aws: AwsSession, spec, region: str) -> str:
+    """The dry run's AZ line without credentials: EC2 is not asked, so the scores are said
+    to come at launch (or why there will be none), and the AZs go by the catalog's price."""
+    place = spec.placement
+    t = catalog.get(place.instance_type)
+    prices = (t.spot_snapshot.get(region) or {}) if t else {}
+    scores = spot_scores.zone_scores(aws, region, place.instance_type, spec.nodes,
+                                     place.market, ask=False)
+    zones = network.order_zones([(z, "", "", z) for z in sorted(prices)], place.instance_type,
+                                region, place.market, scores.scores if scores else None)
+    return spot_scores.said(zones, scores, place.instance_type, region)
+
+
 def _plan_checks(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]:
     """The plan's rows that ask AWS (with credentials): the AZs to try, the AMI, and
     whether RunInstances would be allowed (EC2 DryRun)."""
@@ -374,12 +388,17 @@ def _plan_checks(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]:
                  "Turing and newer GPUs); the exact torch, CUDA and driver are read "
                  "at setup (the timeline's software line)")))
         rows.append(("permissions", "not checked: no AWS credentials (this plan needs none)"))
+        if place.market == Market.SPOT:
+            rows.append(("AZs to try", _offline_zones(aws, spec, region)))
         return rows
     step = "AZs to try"  # a failure is said under the row it is about
     try:
         zones = network.subnets(aws, region)
-        zones = network.order_zones(zones, place.instance_type, region, place.market)
-        rows.append((step, ", ".join(z[0] for z in zones)))
+        scores = spot_scores.zone_scores(aws, region, place.instance_type, spec.nodes,
+                                         place.market)
+        zones = network.order_zones(zones, place.instance_type, region, place.market,
+                                    scores.scores if scores else None)
+        rows.append((step, spot_scores.said(zones, scores, place.instance_type, region)))
         step = "AMI"
         ami = images.resolve_ami(aws, region, place.ami, kind)
         facts = images.image_facts(aws, region, ami)
