@@ -213,6 +213,13 @@ def _estimated(dollars, settled: bool) -> str:
     return money4(dollars) if settled else "~" + money4(dollars)
 
 
+def _of_budget(r) -> str:
+    """A job's budget and the share of it spent: `$5.00 (64%)`."""
+    if r.budget is None:
+        return ""
+    return f"{money(r.budget)} ({r.dollars / r.budget:.0%})" if r.budget > 0 else money(r.budget)
+
+
 def cost_report(rows, total, by: str, *, width: int | None = None) -> str:
     """`cost-report`: a row per group and the total. By job: each cloud job with its
     name, date, what it ran and its instance types (JOBS would always be 1); the jobs run on
@@ -220,11 +227,14 @@ def cost_report(rows, total, by: str, *, width: int | None = None) -> str:
     if not rows:
         return "no jobs in that period"
     copies = total.staging > 0  # the data copy's share, where any job staged data
+    budgets = by == "job" and any(r.budget is not None for r in rows)
     tail = lambda r: ([_estimated(r.dollars, r.settled), "" if r.settled else "estimate",  # noqa: E731
                        money4(r.to_target) if r.to_target is not None else ""]
-                      + ([money4(r.staging) if r.staging else ""] if copies else []))
+                      + ([money4(r.staging) if r.staging else ""] if copies else [])
+                      + ([_of_budget(r)] if budgets else []))
     money_cols = [Col("COST"), Col("", cut=8, drop=3), Col("TO TARGET", drop=2)] + \
-        ([Col("OF WHICH DATA COPY", drop=1)] if copies else [])
+        ([Col("OF WHICH DATA COPY", drop=1)] if copies else []) + \
+        ([Col("BUDGET", drop=2)] if budgets else [])
     if by == "job":
         body = []
         for r in rows:
@@ -240,7 +250,7 @@ def cost_report(rows, total, by: str, *, width: int | None = None) -> str:
         body.append(["TOTAL", f"{total.jobs} job{'s' if total.jobs != 1 else ''}", "", "", ""]
                     + [_estimated(total.dollars, total.settled),
                        "" if total.settled else "includes estimates", ""]
-                    + ([money4(total.staging)] if copies else []))
+                    + ([money4(total.staging)] if copies else []) + ([""] if budgets else []))
         cols = [Col("ID"), Col("NAME", cut=12, drop=5), Col("DATE", drop=6),
                 Col("WHAT", cut=16, drop=4), Col("INSTANCE", cut=14, drop=7)] + money_cols
         return grid(cols, body, width=width)

@@ -27,6 +27,17 @@ STATUS_COLUMNS = [Col("ID"), Col("NAME", cut=10), Col("WHAT", cut=14), Col("BACK
 STATUS_HEADER = [c.header for c in STATUS_COLUMNS]
 
 
+def budget_words(job: Job) -> str:
+    """The budget beside what the job has spent: `$5.00: ~$3.20 spent (64%)`, and whether its
+    instances stopped it there."""
+    budget = float(job.spec.budget_usd or 0.0)
+    spent = job_cost(job)
+    share = f" ({job.cost / budget:.0%})" if job.cost is not None and budget > 0 else ""
+    ended = "; its instances stopped it there (stopped: budget)" if job.state == "stopped" \
+        else ""
+    return f"{cells.money(budget)}: {spent} spent{share}{ended}"
+
+
 def status_table(jobs: list[Job], now: float | None = None, *, width: int | None = None,
                  color: bool = False, kept: list[dict] | None = None) -> str:
     """`status`: one row a job; `kept` (kept.survey's rows): a job whose kept instance runs
@@ -202,6 +213,8 @@ def job_detail(job: Job, phases, log_tail: bytes, target: dict | None = None,
                                                   " (so far: its kept instance still bills)"
                                                   if holds else
                                                   ("" if job.cost_settled else " (estimate)"))]
+    if job.spec.budget_usd is not None:
+        out.append(f"  budget    {budget_words(job)}")
     if holds:
         out.append(f"  kept      {kept_words(holds, now)}")
     if place:

@@ -6,6 +6,7 @@ pure cost arithmetic in cost.py. Reports read only the store, so they work offli
 from __future__ import annotations
 
 import csv
+import math
 import io
 import re
 import time
@@ -151,6 +152,7 @@ class Row:
     what: str | None = None  # what it ran, as status's WHAT: the recipe and its arguments
     instances: str | None = None  # instance types, e.g. "g5.xlarge" or "2 x p3.16xlarge"
     local: bool = False
+    budget: float | None = None  # by job: its --budget, USD
 
 
 # A duration's units, in seconds: m is minutes (30m), as `status --since` has always read it;
@@ -188,7 +190,7 @@ def report(store: Store, by: str = "job", since: str | None = None,
     where, params = ("WHERE created_at >= ?", (start,)) if start is not None else ("", ())
     jobs = store.db.execute(
         f"SELECT id, name, recipe, command, backend, created_at, cost, cost_settled, "
-        f"cost_detail FROM jobs {where} ORDER BY created_at DESC, id", params).fetchall()
+        f"cost_detail, spec FROM jobs {where} ORDER BY created_at DESC, id", params).fetchall()
     rows: dict[str, Row] = {}
     if by == "instance":
         ids = [j["id"] for j in jobs]
@@ -228,6 +230,10 @@ def report(store: Store, by: str = "job", since: str | None = None,
                 row.name, row.created_at = j["name"], j["created_at"]
                 row.what = j["command"]
                 row.instances = types.get(j["id"])
+                spec = json_column(j["spec"])
+                budget = spec.get("budget_usd") if isinstance(spec, dict) else None
+                row.budget = float(budget) if isinstance(budget, (int, float)) and \
+                    not isinstance(budget, bool) and math.isfinite(budget) else None
             row.jobs += 1
             dollars = j["cost"]
             if dollars is None:  # never settled (a launch that failed before the job ran)

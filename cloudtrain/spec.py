@@ -73,6 +73,10 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
         name = exc.message.split(":", 1)[0].removeprefix("--data ")
         raise named_at(exc, origins.get(f"data.{name}"), f"--data {name}") from None
     if o.budget is not None:
+        if spec.backend == "local":
+            raise UsageError(f"{origins.get('budget', '--budget')}: the local backend bills "
+                             "nothing; a budget holds a cloud job's instances",
+                             hint="leave out --budget, or launch on aws (--instance, --gpus)")
         spec = dataclasses.replace(spec, budget_usd=finite(
             o.budget, origins.get("budget", "--budget (USD)"), low=0, low_open=True,
             high=config.BUDGET_MAX_USD))

@@ -36,6 +36,11 @@ def price_rows(aws: AwsSession, spec, region: str | None = None) -> list[tuple[s
 
 
 def at_most(aws: AwsSession, spec, t: catalog.InstanceType, region: str) -> str:
+    return most_and_why(aws, spec, t, region)[1]
+
+
+def most_and_why(aws: AwsSession, spec, t: catalog.InstanceType, region: str
+                 ) -> tuple[float, str]:
     """The most the job can cost, and what that assumes: every attempt (1 +
     --max-restarts for a recovering spot job), each of its instances billed until
     user-data powers it off (the max runtime + RUNTIME_MARGIN_MIN, whatever the agent
@@ -83,9 +88,9 @@ def at_most(aws: AwsSession, spec, t: catalog.InstanceType, region: str) -> str:
         text += f", relaunches in {', '.join(unpriced)} not counted (no catalog price)"
     vols = "".join(f" and the {gb:g} GB volume of dataset {name}"
                    for name, gb in snapshot_volumes(spec))
-    return (text + f", {'each ' if attempts > 1 else ''}with its "
-            f"{spec.root_gb(aws.settings)} GB gp3 disk{vols} (${volumes - ipv4:.4f}/h)"
-            + (f" and its public IPv4 address (${ipv4:.4f}/h)" if ipv4 else ""))
+    return total, (text + f", {'each ' if attempts > 1 else ''}with its "
+                   f"{spec.root_gb(aws.settings)} GB gp3 disk{vols} (${volumes - ipv4:.4f}/h)"
+                   + (f" and its public IPv4 address (${ipv4:.4f}/h)" if ipv4 else ""))
 
 
 def public_ipv4_per_hour(aws: AwsSession) -> float:
