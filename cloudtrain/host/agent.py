@@ -211,12 +211,17 @@ class Agent:
         """A job with a budget (job.json's, host/budget.py): stop it, stopped: budget, once
         what it has spent, all attempts and nodes, and what the stop will take (its last
         checkpoint, upload and power-off) reach the budget. status.json shows the spend."""
+        if self.settings.get("budget") is None:
+            return
         if self.budget is None:
             try:
                 self.budget = shipped("budget").Keeper.for_job(self.settings, self.group(),
                                                                self.log_line)
-            except Exception as exc:  # noqa: BLE001 - the job is never stopped by a bug here
-                self.log_line("the budget cannot be kept: %s: %s" % (type(exc).__name__, exc))
+            except Exception as exc:  # noqa: BLE001 - a budget that cannot be kept stops the job
+                why = "the budget cannot be kept: %s: %s" % (type(exc).__name__, exc)
+                self.log_line(why)
+                if self.stop_reason is None:  # its checkpoint is saved as at any stop
+                    self.request_stop(FAILED, why)
                 return
         keeper = self.budget
         next_note = 0.0
@@ -544,6 +549,8 @@ class Agent:
         delay = as_time(self.settings.get("shutdown_delay_s"), 60.0)
         if stored is None or not stored.get("ok"):
             delay = as_time(self.settings.get("collect_wait_s"), delay)
+        elif self.status.get("state") == STOPPED:  # at its budget: every second bills
+            delay = 0.0
         deadline = now() + delay
         while not self.kept() and now() < deadline and not os.path.exists(self.path("collected")):
             time.sleep(min(WAIT_POLL_S, max(deadline - now(), 0)))

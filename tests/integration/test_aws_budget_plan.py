@@ -44,7 +44,7 @@ def test_issue38_the_plan_sets_the_budget_beside_at_most(offline):
     line = " ".join(proc.stdout.split("  budget ", 1)[1].split("\n  ")[0].split())
     assert line.startswith("$0.40, every attempt, volume and staging included; its instances "
                            "keep it with this machine off")
-    assert "(about 180 s: the last checkpoint, its upload, the power-off)" in line
+    assert "(about 50 s: the last checkpoint, its upload, the power-off)" in line
     assert re.search(r"at most \$0\.80\d\d/h; it binds before 'at most' \(\$\d+\.\d\d\)", line)
     roomy = offline("--recipe", "resnet9", "--instance", "g6.xlarge", "--spot", "--budget",
                     "500", "--region", "us-east-1", "--dry-run")
@@ -52,7 +52,7 @@ def test_issue38_the_plan_sets_the_budget_beside_at_most(offline):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (("--budget", "$0.02"), "Error: --budget $0.02: one attempt costs about $0.08 before its "
+    (("--budget", "$0.02"), "Error: --budget $0.02: one attempt costs about $0.05 before its "
                             "job could save a checkpoint"),
     (("--budget", "abc"), "Error: --budget 'abc': expected US dollars, e.g. 25 or $25"),
     (("--budget", "0"), "Error: --budget (USD) must be more than 0, got 0.0"),
@@ -100,7 +100,7 @@ def test_issue38_the_instance_gets_the_figures_and_status_sets_the_spend_against
     meter = settings["budget"]
     assert meter["usd"] == 3.0 and meter["nodes"] == 1 and meter["spot"] is False
     assert meter["instance_per_h"] == pytest.approx(1.006)  # the catalog's us-east-1 price
-    assert 0 < meter["other_per_h"] < 0.05 and meter["reserve_s"] >= 90
+    assert 0 < meter["other_per_h"] < 0.05 and 30 < meter["reserve_s"] <= 50  # grace: the lab's
     assert meter["spent_before_usd"] == 0.0
     status = cli.ok("status", job_id).stdout
     assert re.search(r"  budget    \$3\.00: ~?\$0\.\d\d spent \(\d+%\)", status), status

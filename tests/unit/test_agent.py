@@ -387,7 +387,8 @@ def upload_job(jobdir, grant, timeout_s=60.0):
 """
 
 
-def _after_job(tmp_path, settings: dict, upload: str | None = FAKE_UPLOAD, collect_after=None):
+def _after_job(tmp_path, settings: dict, upload: str | None = FAKE_UPLOAD, collect_after=None,
+               run_sh: str = "echo job-ran\n"):
     """Run the agent (from its own directory, with a fake agent_upload beside it when given)
     on `true`; returns the final status, the recorder's calls, and the seconds it took."""
     home = tmp_path / "agent-test"
@@ -402,7 +403,7 @@ def _after_job(tmp_path, settings: dict, upload: str | None = FAKE_UPLOAD, colle
     (tmp_path / "rec.py").write_text(RECORDER)
     jobdir = tmp_path / "jobs" / "j"
     jobdir.mkdir(parents=True, exist_ok=True)
-    (jobdir / "run.sh").write_text("echo job-ran\n")
+    (jobdir / "run.sh").write_text(run_sh)
     calls = tmp_path / "calls.jsonl"
     rearm = [sys.executable, str(tmp_path / "rec.py"), str(calls), "rearm"]
     off = f"{shlex.quote(sys.executable)} {tmp_path / 'rec.py'} {calls} poweroff"

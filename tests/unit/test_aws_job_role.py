@@ -394,3 +394,23 @@ def test_issue36_an_owner_that_cannot_be_an_iam_path_is_said_in_one_line():
     for bad in ("", "a/b", "caf\u00e9", "a b"):
         with pytest.raises(CloudtrainError, match="cannot make an IAM path"):
             job_role.role_path(bad)
+
+
+def test_issue38_a_spot_job_with_a_budget_may_read_the_spot_price_and_no_other_job_may():
+    """A spot job whose instances keep a budget read their AZ's spot price
+    (DescribeSpotPriceHistory, which IAM cannot narrow to resources); the boundary allows it;
+    a job without a budget, or on demand, is not given it."""
+    from cloudtrain.providers.aws.job_role import role_policy
+
+    def actions(**kw) -> set:
+        doc = role_policy(partition="aws", account="123456789012", region="us-east-1",
+                          bucket="cloudtrain-b", prefix="jobs/K/ab12cd34/", job_id="ab12cd34",
+                          group="cloudtrain-ab12cd34", datasets=[], nodes=1, **kw)
+        return {a for st in doc["Statement"] for a in (
+            st["Action"] if isinstance(st["Action"], list) else [st["Action"]])}
+
+    assert "ec2:DescribeSpotPriceHistory" in actions(spot_budget=True)
+    assert "ec2:DescribeSpotPriceHistory" not in actions()
+    boundary = json.loads((REPO / "infra" / "iam-policy-job-boundary.json").read_text())
+    assert any(st.get("Action") == "ec2:DescribeSpotPriceHistory" and st["Effect"] == "Allow"
+               for st in boundary["Statement"])

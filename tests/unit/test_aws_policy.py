@@ -272,10 +272,10 @@ def test_F32_bucket_settings_are_a_one_time_admin_step():
 def test_F32_the_instance_role_has_no_bucket_grant():
     role = json.loads((REPO / "infra" / "instance-role-policy.json").read_text())
     assert "CLOUDTRAIN_BUCKET" not in json.dumps(role)
-    # In S3 it only reads; besides, it only ends its job's group (issue 27, GROUP_END) and
-    # sees its peers (PEERS).
+    # In S3 it only reads; besides, it only ends its job's group (issue 27, GROUP_END), sees
+    # its peers (PEERS) and reads the spot price a budget is counted with (issue 38).
     assert {a for s in role["Statement"] for a in _listed(s["Action"])} - GROUP_END - PEERS == \
-        {"s3:GetObject"}
+        {"s3:GetObject", "ec2:DescribeSpotPriceHistory"}
 
 
 def test_F8_policy_fits_a_managed_policy():

@@ -186,3 +186,36 @@ def test_issue38_the_agent_stops_a_job_at_its_budget_as_stopped(tmp_path, imds):
     assert time.time() - launched >= 70
     log = (tmp_path / "output.log").read_text()
     assert "checkpoint-saved" in log and "budget $0.90: spent $0.6" in log
+
+
+def test_issue38_a_job_stopped_at_its_budget_powers_off_without_the_shutdown_delay(tmp_path):
+    """Every second after the stop bills against the budget: once the results are stored,
+    the agent powers off at once rather than wait its 30 s shutdown delay for a collect."""
+    from test_agent import FAKE_UPLOAD, _after_job
+    from cloudtrain.host import agent_upload
+
+    # the real uploader's module, its upload_job a stand-in that stores nothing
+    uploader = open(agent_upload.__file__).read() + "\n" + FAKE_UPLOAD
+    jobdir, status, _, offs, took = _after_job(
+        tmp_path, {"results_store": {"url": "https://bucket/x"}, "shutdown_delay_s": 30,
+                   "budget": dict(conf(usd=0.5), imds_url="http://127.0.0.1:9")},
+        upload=uploader, run_sh="trap 'exit 143' TERM\nwhile true; do sleep 0.05; done\n")
+    # (EC2's first minute alone is $0.60, over the $0.50)
+    assert status["state"] == "stopped" and status["reason"].startswith("budget: $0.6000")
+    assert status["results_stored"]["ok"] is True
+    assert len(offs) == 1 and took < 15
+
+
+def test_issue38_a_budget_that_cannot_be_kept_stops_the_job_rather_than_let_it_spend(tmp_path):
+    """An instance whose agent cannot keep the budget (here its host package lacks what the
+    meter needs) does not run on unmetered: the job is stopped (its checkpoint saved as at any
+    stop), failed, saying why."""
+    from test_agent import _after_job
+
+    jobdir, status, _, offs, _ = _after_job(
+        tmp_path, {"results_store": {"url": "https://bucket/x"}, "shutdown_delay_s": 0,
+                   "budget": conf(usd=50.0)},
+        run_sh="trap 'echo checkpoint-saved; exit 143' TERM\nwhile true; do sleep 0.05; done\n")
+    assert status["state"] == "failed", status
+    assert status["reason"].startswith("the budget cannot be kept: ImportError")
+    assert "checkpoint-saved" in (jobdir / "output.log").read_text() and len(offs) == 1

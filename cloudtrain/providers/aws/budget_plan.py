@@ -15,7 +15,6 @@ from __future__ import annotations
 from ... import catalog
 from ...errors import UsageError
 from ...market import Market
-from .host_setup import shutdown
 from .images import VOLTA, image_kind
 from .plan import most_and_why, public_ipv4_per_hour, volumes_per_hour
 from .results import store_endpoint
@@ -25,15 +24,18 @@ from .session import AwsSession
 # plan sets against a budget: an instance's boot and the agent's setup, and on a Volta type
 # the driver and torch it installs (images.VOLTA_INSTALL_S).
 BOOT_S = 180.0
-# What a stop takes besides the grace period: the last upload, then the power-off until EC2
-# has terminated the instance (seconds; the user-data timer and the agent's own delay are
-# added from the settings).
-UPLOAD_S, POWER_OFF_S = 60.0, 30.0
+# What a stop takes, from its request to the end of billing (seconds): the recipe's next step
+# boundary and its checkpoint (SIGTERM; the grace period is only its limit), the upload of
+# what changed since the checkpoint stream's last, the power-off until EC2 stops billing
+# ("as soon as its state changes to shutting-down"). An agent stopped at its budget powers
+# off without the shutdown delay once its results are stored (host/agent.py). A smaller
+# reserve would end jobs over their budget; a larger one, further below it.
+STOP_S, UPLOAD_S, POWER_OFF_S = 20.0, 20.0, 10.0
 
 
 def reserve_s(aws: AwsSession, spec) -> float:
     """Seconds from a stop's request to the end of billing."""
-    return aws.settings.stop_grace_seconds + UPLOAD_S + shutdown(aws, spec)[1] + POWER_OFF_S
+    return min(float(aws.settings.stop_grace_seconds), STOP_S) + UPLOAD_S + POWER_OFF_S
 
 
 def bound_per_hour(spec, region: str) -> float:

@@ -36,6 +36,7 @@ import time
 
 from ...config import PER_JOB_PROFILE
 from ...errors import CloudtrainError
+from ...market import Market
 from ...state import Job, Store
 from .errors import AWSError, aws_errors
 from .session import AwsSession
@@ -107,12 +108,14 @@ def trust_policy() -> dict:
 
 
 def role_policy(*, partition: str, account: str, region: str, bucket: str, prefix: str,
-                job_id: str, group: str, datasets: list[tuple[str, str]], nodes: int) -> dict:
+                job_id: str, group: str, datasets: list[tuple[str, str]], nodes: int,
+                spot_budget: bool = False) -> dict:
     """The role's inline policy: read and write the job's own prefix of the job store (its
     bundle read only), list its attempts, read its datasets (bucket, key prefix), end
     (delete, or set to 0) its own group, delete its own launch template; a job on several
     nodes also asks EC2 which of its peers run (DescribeInstances, which IAM cannot narrow
-    to resources)."""
+    to resources); a spot job with a budget reads its AZ's spot price (DescribeSpotPriceHistory,
+    which neither can be narrowed), to count what it spends (host/budget.py)."""
     store = f"arn:{partition}:s3:::{bucket}"
     statements: list[dict] = [
         {"Sid": "ReadItsJob", "Effect": "Allow", "Action": "s3:GetObject",
@@ -147,6 +150,9 @@ def role_policy(*, partition: str, account: str, region: str, bucket: str, prefi
     if nodes > 1:
         statements.append({"Sid": "SeeItsPeers", "Effect": "Allow",
                            "Action": "ec2:DescribeInstances", "Resource": "*"})
+    if spot_budget:
+        statements.append({"Sid": "ReadItsSpotPrice", "Effect": "Allow",
+                           "Action": "ec2:DescribeSpotPriceHistory", "Resource": "*"})
     return {"Version": "2012-10-17", "Statement": statements}
 
 
@@ -175,7 +181,9 @@ def prepare(aws: AwsSession, store: Store, job: Job, spec, store_place: tuple[st
             {"Key": TAG_JOB, "Value": job.id}]
     policy = role_policy(partition=partition, account=account, region=aws.region(spec),
                          bucket=bucket, prefix=prefix, job_id=job.id, group=group,
-                         datasets=datasets, nodes=int(spec.nodes or 1))
+                         datasets=datasets, nodes=int(spec.nodes or 1),
+                         spot_budget=spec.budget_usd is not None
+                         and spec.placement.market == Market.SPOT)
     iam = aws.client("iam", region)
     with aws_errors(region, "iam"):
         _made(lambda: iam.create_role(
