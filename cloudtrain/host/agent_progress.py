@@ -36,6 +36,7 @@ PROGRESS_S = 30.0
 LOOK_S = 1.0  # how often the thread reads the metrics' tail (a local read)
 TAIL_BYTES = 65536  # of metrics.jsonl, read from its end: the last row is in there
 POST_TIMEOUT_S = 20.0
+FINAL_S = 5.0  # the least a run's last record gets, where it carries a spend
 METRICS = "metrics.jsonl"
 
 
@@ -170,5 +171,8 @@ class Progress:
         self.wake.set()
         if self.thread is not None:
             self.thread.join(max(0.0, deadline - time.time()))
-        # A spend changes with every second: a post that went up is the answer.
-        return self.post(deadline - time.time()) or self.posted == self.figures()
+        # A spend changes with every second: a post that went up is the answer. The last one
+        # gets a few seconds even when the checkpoint's upload took the time (a budget counts
+        # an attempt without its end as running on).
+        return self.post(max(deadline - time.time(), FINAL_S if self.spend() else 0.0)) \
+            or self.posted == self.figures()

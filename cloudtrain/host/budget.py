@@ -200,26 +200,29 @@ class Meter:
                                       self.clock() - self.read_at >= PRICE_S)
 
 
-def earlier(reader, prefix, n, limit=4096):
+def earlier(reader, prefix, n, launched_at=None, limit=4096):
     """USD the attempts 1..n-1 spent, from their progress records (job_records: `usd`, the
-    spend at `at`; `usd_final`, the spend to the instance's end once it was known). An attempt
-    with a spend but no end known is counted UNSEEN_S longer at its last rate; one with no
-    record at all, as nothing (it cannot have got far: its first post comes within
-    PROGRESS_S of its start). Returns (usd, attempts seen)."""
-    total, seen = [], 0
+    spend at `at`, `final` once it runs to the instance's end). An attempt whose end is not
+    known is counted on at its last rate until the next attempt's instance was launched (AWS
+    Auto Scaling replaces an instance once it is gone; `launched_at`: this attempt's), at most
+    UNSEEN_S; one with no record at all, as nothing (it cannot have got far: its first post
+    comes within PROGRESS_S of its start). Returns (usd, attempts seen)."""
+    spends = {}
     for k in range(1, n):
         data = reader.get_bytes(job_records.progress_key(prefix, k), limit, 0,
                                 denied_is_missing=True)
         doc = job_records.check_progress(job_records.read_record(data), k) if data else None
-        spend = doc and doc.get("usd")
-        if not spend:
+        if doc and doc.get("usd"):
+            spends[k] = (doc["usd"], doc["at"])
+    total = []
+    for k, (spend, at) in sorted(spends.items()):
+        total.append(spend["usd"])
+        if spend["final"]:
             continue
-        seen += 1
-        if spend.get("final"):
-            total.append(spend["usd"])
-        else:
-            total.append(spend["usd"] + spend["rate"] * UNSEEN_S / 3600.0)
-    return math.fsum(total), seen
+        after = spends.get(k + 1, ({}, None))[0].get("since") if k + 1 < n else launched_at
+        unseen = UNSEEN_S if after is None or at is None else min(UNSEEN_S, max(0.0, after - at))
+        total.append(spend["rate"] * unseen / 3600.0)
+    return math.fsum(total), len(spends)
 
 
 class Keeper:
@@ -256,7 +259,7 @@ class Keeper:
             try:
                 reader = bundle_reader.Bundle(group["bucket"], group["prefix"],
                                               group["store_region"], group["endpoint"], imds)
-                earlier_usd, seen = earlier(reader, group["prefix"], n)
+                earlier_usd, seen = earlier(reader, group["prefix"], n, launched)
                 note = "; attempts before this one: $%.4f (%d of %d recorded)" % (
                     earlier_usd, seen, n - 1)
             except Exception as exc:  # noqa: BLE001 - counted as nothing, and said
@@ -299,4 +302,4 @@ class Keeper:
         now = m.clock() if now is None else now
         end = now + (m.conf["reserve_s"] if final else 0.0)
         return {"usd": round(m.spent(end) - m.earlier_usd, 6), "rate": round(m.rate(now), 6),
-                "final": bool(final)}
+                "final": bool(final), "since": m.launched_at}

@@ -302,7 +302,8 @@ def check_attempt(doc, n=None):
 
 def progress_doc(n, step, checkpoint_step, at=None, usd=None):
     """`usd` (a job with a budget: host/budget.py): {"usd": what the attempt's instances
-    have spent by `at`, "rate": USD/h they bill, "final": whether usd runs to their end}."""
+    have spent by `at`, "rate": USD/h they bill, "final": whether usd runs to their end,
+    "since": when its instance was launched}."""
     doc = {"attempt": n, "step": step, "checkpoint_step": checkpoint_step, "at": _now(at)}
     if usd is not None:
         doc["usd"] = usd
@@ -320,7 +321,8 @@ def check_spend(value):
                 and 0 <= v <= USD_MAX):
             return None
         figures.append(float(v))
-    return {"usd": figures[0], "rate": figures[1], "final": value.get("final") is True}
+    return {"usd": figures[0], "rate": figures[1], "final": value.get("final") is True,
+            "since": _time(value.get("since"))}
 
 
 def check_progress(doc, n):

@@ -259,12 +259,31 @@ def ec2_as_aws(monkeypatch) -> None:
     """EC2's behaviour that moto leaves out, for this test: a root volume no smaller than
     its image's snapshot, an image only on a type it boots on (labs/moto_images.py), the
     Volta types moto lacks (labs/moto_types.py), a launch template's later versions
-    (labs/moto_templates.py), the regions enabled for the account (labs/moto_regions.py)."""
+    (labs/moto_templates.py), the regions enabled for the account (labs/moto_regions.py), a
+    terminated instance that stays as it ended (terminated_stays_ended)."""
+    terminated_stays_ended(monkeypatch)
     MotoTypes().install(monkeypatch)
     ImageRoots().install(monkeypatch)
     ImageFits().install(monkeypatch)
     TemplateVersions().install(monkeypatch)
     EnabledRegions().install(monkeypatch)
+
+
+def terminated_stays_ended(monkeypatch) -> None:
+    """TerminateInstances of an instance EC2 has terminated already changes nothing there
+    (it answers with the state it is in); moto terminated it again, writing "User initiated
+    (<now>)" over the time of its end, which the bill reads: a spot instance reclaimed
+    minutes before `down` swept the job's instances was billed up to the sweep."""
+    from moto.ec2.models.instances import Instance
+
+    terminate = Instance.terminate
+
+    def once(instance, *args, **kwargs):
+        if instance._state.name == "terminated":
+            return None
+        return terminate(instance, *args, **kwargs)
+
+    monkeypatch.setattr(Instance, "terminate", once)
 
 
 def use_moto(endpoint: str, monkeypatch) -> None:

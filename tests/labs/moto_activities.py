@@ -181,6 +181,11 @@ class ScalingActivities:
 
         def ended(instance):
             was = instance._state.name
+            if was == "terminated":
+                # EC2: terminating a terminated instance changes nothing; moto wrote a new
+                # "User initiated (<now>)" over the time of its end, which the bill reads
+                # (a group deleted after its lost instance billed that one to the deletion).
+                return None
             result = terminate(instance)
             with lab.lock:
                 group = lab.members.pop(instance.id, None) if was != "terminated" else None

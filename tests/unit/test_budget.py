@@ -219,3 +219,21 @@ def test_issue38_a_budget_that_cannot_be_kept_stops_the_job_rather_than_let_it_s
     assert status["state"] == "failed", status
     assert status["reason"].startswith("the budget cannot be kept: ImportError")
     assert "checkpoint-saved" in (jobdir / "output.log").read_text() and len(offs) == 1
+
+
+def test_issue38_an_attempt_without_its_end_runs_on_only_until_the_next_was_launched(
+        moto_endpoint, imds):  # noqa: F811
+    """AWS Auto Scaling replaces an instance once it is gone: an attempt whose last record is
+    not its end is counted on until the next attempt's launch (its record's `since`, or this
+    attempt's own), not the whole UNSEEN_S."""
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint, **CLIENT_CREDS)
+    s3.create_bucket(Bucket="cloudtrain-lab")
+    prefix = "jobs/KEY/ab12cd34/"
+    for n, at, since in ((1, T0 + 100, T0), (2, T0 + 400, T0 + 130)):
+        s3.put_object(Bucket="cloudtrain-lab", Key=job_records.progress_key(prefix, n),
+                      Body=json.dumps(job_records.progress_doc(n, 1, 1, at=at, usd={
+                          "usd": 1.0, "rate": 36.0, "since": since})).encode())
+    reader = bundle_reader.Bundle("cloudtrain-lab", prefix, REGION, moto_endpoint, imds.url)
+    usd, seen = budget.earlier(reader, prefix, 3, launched_at=T0 + 410)
+    assert seen == 2
+    assert usd == pytest.approx(2.0 + 30 * 0.01 + 10 * 0.01)  # 30 s to attempt 2, 10 s to 3

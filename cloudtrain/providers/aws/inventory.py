@@ -218,7 +218,8 @@ def record_ends(aws: AwsSession, store: Store, job: Job) -> None:
     spot instances the price history of their AZ over their life: what the bill uses.
     EC2 stops listing an instance about an hour after its end; for one of the job's Auto
     Scaling group, the group's own record (its scaling activities, kept 6 weeks) still
-    has when the group ended it. Only where neither knows is the end taken as now."""
+    has when the group ended it, and is read too where EC2's reason has no time. Only where
+    neither knows is the end taken as now."""
     launched: dict | None = None  # the group's record, read once where EC2 has forgotten
     for inst in store.instances(job.id):
         if inst.state == "terminated" and inst.terminated_at and not (
@@ -231,7 +232,9 @@ def record_ends(aws: AwsSession, store: Store, job: Job) -> None:
         except Exception:  # gone from EC2's view (about an hour after termination)
             pass
         ended = ec2_transition_time(raw.get("StateTransitionReason", ""))
-        if not raw and not inst.terminated_at and (inst.details or {}).get(
+        # Where EC2 has forgotten the instance, or gives no time for its end (a spot
+        # interruption's reason need not carry one), the group's record of it has the time.
+        if not ended and not inst.terminated_at and (inst.details or {}).get(
                 "auto_scaling_group"):
             if launched is None:
                 try:
