@@ -224,9 +224,20 @@ class Agent:
                     self.request_stop(FAILED, why)
                 return
         keeper = self.budget
+        if keeper is None:
+            return
+
+        def running():
+            return self.proc is not None and self.proc.poll() is None
+
+        def read_prices():  # a slow or hung price read must not hold back the check below
+            while running():
+                keeper.check_price()
+                time.sleep(POLL_S)
+
+        threading.Thread(target=read_prices, name="spot-price", daemon=True).start()
         next_note = 0.0
-        while keeper is not None and self.proc is not None and self.proc.poll() is None:
-            keeper.check_price()
+        while running():
             t = now()
             if t >= next_note:
                 self.write_status(budget={"usd": keeper.meter.conf["usd"],
