@@ -76,6 +76,9 @@ class JobSpec:
     # The most the job may cost, USD, every attempt, volume and staging included (--budget):
     # its instances stop it before they cross it (host/budget.py). None: no budget.
     budget_usd: float | None = None
+    # When the job must have finished (seconds since the epoch; --deadline): spot while the
+    # work left fits before it, on-demand once the slack runs out. None: no deadline.
+    deadline_at: float | None = None
     resources: dict = field(default_factory=dict)  # gpus_per_node, nodes, disk_gb
     requires: list[str] = field(default_factory=list)  # Python modules the job imports
     resume_from: str | None = None  # a job id whose checkpoints this job starts from

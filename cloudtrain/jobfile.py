@@ -55,7 +55,7 @@ class Key:
     """One key of a job file: where it sits, the launch option it sets, what it holds."""
     path: str  # "name", "resources.spot", ...
     option: str  # the `launch` parameter it sets (the click name)
-    kind: str  # str, int, number, bool, script, minutes, usd, strings, mapping, choice
+    kind: str  # str, int, number, bool, script, minutes, usd, time, strings, mapping, choice
     help: str
     low: float | None = None
     high: float | None = None
@@ -100,6 +100,9 @@ KEYS: tuple[Key, ...] = (
                                                            "(--max-runtime)", 0, 7 * 1440),
     Key("budget", "budget", "usd", "the most the job may cost, USD, every attempt, volume and "
                                    "staging included: 25 or $25 (--budget)", 0, BUDGET_MAX_USD),
+    Key("deadline", "deadline", "time", "when the job must have finished: 2026-12-05 09:00 "
+                                       "(local time), with a zone (2026-12-05T09:00Z), or "
+                                       "+6h from the launch (--deadline)"),
     Key("resources.max_price", "max_price", "number", "spot: the most to pay per hour, USD "
                                                       "(--max-price)", 0, 1000),
     Key("resources.nodes", "nodes", "int", "machines the job spans (--nodes)", 1, 64),
@@ -431,6 +434,11 @@ class _File:
         elif kind == "bool":
             if not isinstance(value, bool):
                 raise bad("true or false")
+        elif kind == "time":  # YAML reads 2026-12-05T09:00:00Z as a datetime itself
+            moment = deadline_time(value)
+            if moment is None:
+                raise bad("a time: 2026-12-05 09:00, 2026-12-05T09:00Z or +6h")
+            value = moment
         elif kind in ("int", "number", "minutes", "usd"):
             number = minutes(value) if kind == "minutes" and isinstance(value, str) else \
                 dollars(value) if kind == "usd" and isinstance(value, str) else value
@@ -526,6 +534,40 @@ def minutes(text: str):
     if not m:
         return text
     return float(m.group(1)) * MINUTES[m.group(2) or "m"]
+
+
+def deadline_time(value, now: float | None = None) -> float | None:
+    """A deadline as seconds since the epoch, or None where `value` is not one: a datetime
+    (YAML's own), ISO 8601 text (2026-12-05 09:00 in this machine's local time where it
+    names no zone, 2026-12-05T09:00Z, 2026-12-05T09:00+01:00), or +6h / +90m / +1.5d from
+    `now`. The spec checks it is in the future."""
+    import time as time_
+
+    now = time_.time() if now is None else now
+    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+        value = datetime.datetime.combine(value, datetime.time())
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()  # a naive one is local time, as the text form
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if text.startswith("+"):
+        ahead = minutes(text[1:])
+        return None if isinstance(ahead, str) else now + ahead * 60
+    try:
+        parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed.timestamp()
+
+
+def flag_deadline(text: str, flag: str) -> float:
+    """--deadline's time (deadline_time), or a UsageError naming it."""
+    at = deadline_time(text)
+    if at is None:
+        raise UsageError(f"{flag} {shown(text)}: expected a time, e.g. '2026-12-05 09:00' "
+                         "(local), 2026-12-05T09:00Z, or +6h from now")
+    return at
 
 
 def dollars(text: str):

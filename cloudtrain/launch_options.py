@@ -37,6 +37,7 @@ class LaunchOptions:
     workdir: str | None = None
     max_runtime: float | None = None  # minutes
     budget: float | None = None  # USD, every attempt of the job
+    deadline: float | None = None  # seconds since the epoch: when the job must have finished
     instance_type: str | None = None
     gpus: str | None = None  # "GPU:N": the cheapest type with them
     procs: int | None = None

@@ -9,6 +9,7 @@ builds.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from pathlib import Path
 
@@ -80,6 +81,8 @@ def build_spec(o: LaunchOptions, settings: config.Settings) -> JobSpec:
         spec = dataclasses.replace(spec, budget_usd=finite(
             o.budget, origins.get("budget", "--budget (USD)"), low=0, low_open=True,
             high=config.BUDGET_MAX_USD))
+    if o.deadline is not None:
+        spec = dataclasses.replace(spec, deadline_at=check_deadline(spec, o.deadline, origins))
     if o.setup is not None:
         if not o.setup.strip() or "\0" in o.setup:
             raise UsageError(f"{origins.get('setup', '--setup')} needs shell code, e.g. --setup "
@@ -115,6 +118,29 @@ def check_output(path: str, what: str = "--output") -> str:
         raise UsageError(f"{what} {shown(path)}: expected a path relative to the job's "
                          "working directory, e.g. results/ or model.pt")
     return str(Path(*parts))
+
+
+DEADLINE_MIN_S = 10 * 60  # sooner than this, not even an instance's boot fits
+DEADLINE_MAX_S = 30 * 86400
+
+
+def check_deadline(spec: JobSpec, at: float, origins: dict) -> float:
+    """A --deadline the job can have: a cloud job's, at least DEADLINE_MIN_S and at most
+    DEADLINE_MAX_S from now (UsageError otherwise)."""
+    import time
+
+    what = origins.get("deadline", "--deadline")
+    if spec.backend == "local":
+        raise UsageError(f"{what}: a deadline moves a cloud job from spot to on-demand; the "
+                         "local backend has neither", hint="leave out --deadline")
+    ahead = at - time.time()
+    if not DEADLINE_MIN_S <= ahead <= DEADLINE_MAX_S:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if math.isfinite(at) \
+            and abs(at) < 1e11 else "that time"
+        raise UsageError(f"{what}: {when} is " + (
+            "past" if ahead < 0 else f"{ahead / 60:.0f} min from now" if ahead < 3600 else
+            f"{ahead / 86400:.0f} days from now") + "; a deadline is 10 min to 30 days ahead")
+    return at
 
 
 def _check_nodes(spec: JobSpec) -> None:

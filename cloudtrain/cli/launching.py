@@ -10,7 +10,7 @@ import sys
 import click
 
 from .. import catalog_views, completion, config, errors, job_views
-from .options import CONTEXT, duration, money
+from .options import CONTEXT, duration, money, when
 from .terminal import confirm, follow_job, job_store, said, table_width
 
 
@@ -90,6 +90,10 @@ class _LaunchCommand(click.Command):
               "cost, every attempt, volume and staging included (25 or $25). Its own "
               "instances keep it, laptop closed or not: before the next checkpoint would cross "
               "it they save, upload and end the job (stopped: budget); no replacement starts.")
+@click.option("--deadline", callback=when, metavar="TIME", help="When the job must have "
+              "finished: '2026-12-05 09:00' (local), 2026-12-05T09:00Z, or +6h. A spot job "
+              "stays on spot while its work left fits before it, then goes on-demand; the "
+              "plan says when and why.")
 @click.option("--keep/--no-keep", "keep", default=None, help="Keep the instance after the job "
               "for `ssh` and `launch --on` (--on keeps by default): it bills until it powers "
               "itself off after --idle-minutes idle (keep_idle_minutes: 60), or `cloudtrain "

@@ -63,6 +63,15 @@ def money(ctx, param, value: str | None) -> float | None:
     return flag_dollars(value, param.opts[0])
 
 
+def when(ctx, param, value: str | None) -> float | None:
+    """--deadline: a time, read as a job file's deadline."""
+    if value is None:
+        return None
+    from ..jobfile import flag_deadline
+
+    return flag_deadline(value, param.opts[0])
+
+
 def grace(ctx, param, value: float | None) -> float | None:
     return None if value is None else config.finite(value, "--grace (seconds)", low=0, high=3600)
 

@@ -106,3 +106,36 @@ def test_issue38_the_instance_gets_the_figures_and_status_sets_the_spend_against
     assert re.search(r"  budget    \$3\.00: ~?\$0\.\d\d spent \(\d+%\)", status), status
     report = cli.ok("cost-report").stdout
     assert "BUDGET" in report and re.search(r"\$3\.00 \(\d+%\)", report), report
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("+6h", "ok"), ("2020-01-01 09:00", "Error: --deadline: 2020-01-01 09:00 is past"),
+    ("+5m", "Error: --deadline: "), ("+40d", "Error: --deadline: "),
+    ("soon", "Error: --deadline 'soon': expected a time"),
+])
+def test_issue38_a_deadline_is_a_time_10_minutes_to_30_days_ahead(offline, given, expected):
+    proc = offline("--recipe", "resnet9", "--instance", "g6.xlarge", "--spot",
+                   "--region", "us-east-1", "--dry-run", "--deadline", given)
+    if expected == "ok":
+        assert proc.returncode == 0, proc.stderr
+    else:
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert error_line(proc.stderr).startswith(expected), proc.stderr
+
+
+def test_issue38_a_job_file_s_deadline_reads_as_the_flag_s(tmp_path):
+    """YAML reads a zoned ISO time as a datetime itself; text, a naive time (local) and +6h
+    read as the flag's; anything else is a one-line error naming the file and line."""
+    import datetime
+    import time
+
+    from cloudtrain.jobfile import deadline_time
+
+    utc = datetime.datetime(2027, 1, 15, 8, 0, tzinfo=datetime.timezone.utc)
+    assert deadline_time(utc) == utc.timestamp()
+    assert deadline_time("2027-01-15T08:00Z") == utc.timestamp()
+    assert deadline_time("2027-01-15 09:00+01:00") == utc.timestamp()
+    assert deadline_time("2027-01-15 08:00") == time.mktime((2027, 1, 15, 8, 0, 0, 0, 0, -1))
+    assert deadline_time("+1.5h", now=1000.0) == 1000.0 + 5400
+    for bad in ("tomorrow", "+", "+x", 7, None, ["2027-01-15"]):
+        assert deadline_time(bad) is None

@@ -43,7 +43,7 @@ def test_reading_jobs_loads_none_of_the_instances_code():
 # The flat keys every version has stored (state.db's jobs.spec, `status --json`'s "spec").
 STORED_KEYS = {
     "kind", "backend", "name", "recipe", "profile", "args", "command", "workdir",
-    "max_runtime_s", "budget_usd", "resources", "requires", "resume_from", "procs", "gpus_needed",
+    "max_runtime_s", "budget_usd", "deadline_at", "resources", "requires", "resume_from", "procs", "gpus_needed",
     "gpus_exact", "nodes", "instance_type", "market", "region", "ami", "disk_gb", "max_price",
     "cpu_only", "keep", "idle_minutes", "on_job", "kept", "expected", "target", "include",
     "datasets", "staging", "disk_mbps", "staging_allowance_s", "local_disk", "recover",
