@@ -84,6 +84,9 @@ def launch(store: Store, settings: config.Settings, spec: JobSpec,
                            command=spec.display(), backend=spec.backend, spec=spec.to_dict(),
                            launcher=f"{socket.gethostname()}:{os.getpid()}")
     report.phase(f"launching job {job.id}: waiting until it starts (Ctrl-C cancels the launch)")
+    decided = (spec.expected or {}).get("deadline")
+    if isinstance(decided, dict) and decided.get("why"):  # the plan's word, in the timeline
+        store.add_event(job.id, "deadline", detail=str(decided["why"])[:500])
     note = name_note(spec, renamed, launched=True)  # None: no name was taken over
     if note is not None:
         report.note(note)

@@ -16,6 +16,7 @@ workdir and the sources a launch makes before it records anything. It may call s
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -52,17 +53,17 @@ def plan(spec: JobSpec, store: Store | None = None, settings: config.Settings | 
         renamed = check_name(store, spec)
         spec, _ = kept_source(store, spec)
         resume_source(store, settings or config.Settings.load(), spec)
+    spec, row = expected(spec, store)  # a deadline may move the market before anything
     rows = [("job", spec.display()), *_given_rows(spec),
             *providers.get(spec.backend).plan(spec), *data_rows]
     if renamed is not None:  # the name row says whose name it takes
         rows = [("name", name_note(spec, renamed, launched=False)) if key == "name" else
                 (key, value) for key, value in rows]
-    _, row = expected(spec, store)
     if row is not None:
         from ..catalog_views import estimate_line
 
         rows.append(("estimate", estimate_line(row, spec.placement.market)[len("estimate: "):]))
-    return rows
+    return rows + deadline_rows(spec)
 
 
 def _given_rows(spec: JobSpec) -> list[tuple[str, str]]:
@@ -142,12 +143,70 @@ def expected(spec: JobSpec, store: Store | None = None) -> tuple[JobSpec, object
     except CloudtrainError:
         return spec, None
     row = estimate.for_spec(spec, region, store)
+    decided = deadline_decision(spec, row)
+    if decided is not None and spec.placement.market == Market.SPOT and \
+            decided.market == Market.ON_DEMAND:  # the slack is out before the first attempt
+        spec = spec.changed(market=Market.ON_DEMAND, max_price=None, recover=False,
+                            fallback=None)
     if row is not None:
         spec = dataclasses.replace(spec, expected={
             "train_s": row.train_s, "total_s": row.total_s, "market": spec.placement.market,
             "usd": row.spot if spec.placement.market == Market.SPOT else row.on_demand,
             "basis": row.scaling})
+    if decided is not None:
+        kept = {"why": decided.why, "switch_at": decided.switch_at,
+                "market": str(decided.market)}
+        if spec.budget_usd is not None and row is not None and row.spot and \
+                row.on_demand and row.total_s:
+            from .. import deadline
+
+            hours = max(float(row.total_s), 1.0) / 3600.0  # the estimate's run, per hour
+            kept["binds"] = deadline.weigh(decided, spec.budget_usd, row.spot / hours,
+                                           row.on_demand / hours).line
+        spec = dataclasses.replace(spec, expected={**(spec.expected or {}), "deadline": kept})
     return spec, row
+
+
+# Before a first launch nothing is measured: an own command's work is bounded by its max
+# runtime, its start by a typical boot and setup, its checkpoint interval by ten minutes.
+LAUNCH_S, CHECKPOINT_S = 300.0, 600.0
+
+
+def deadline_decision(spec: JobSpec, row=None, now: float | None = None,
+                      work_s: float | None = None, interruptions: int = 0,
+                      spot_hours: float = 0.0):
+    """deadline.decide for the job's next attempt, or None without a deadline: the work
+    left (`work_s`, else the estimate's training time, else the max runtime), the launch
+    (the estimate's boot and setup), the checkpoint interval (a recipe's epoch), the
+    interruptions seen so far."""
+    if spec.deadline_at is None:
+        return None
+    from .. import deadline
+
+    train = float(row.train_s) if row is not None and row.train_s else spec.max_runtime_s
+    launch = float(row.total_s - row.train_s) if row is not None and row.total_s and \
+        row.train_s else LAUNCH_S
+    epochs = spec.args.get("epochs")
+    checkpoint = train / epochs if isinstance(epochs, int) and not isinstance(epochs, bool) \
+        and epochs > 0 else min(train, CHECKPOINT_S)
+    return deadline.decide(deadline.Situation(
+        work_s=max(0.0, train if work_s is None else work_s),
+        now=time.time() if now is None else now, deadline=spec.deadline_at,
+        launch_s=max(0.0, launch), checkpoint_s=checkpoint, interruptions=interruptions,
+        spot_hours=spot_hours))
+
+
+def deadline_rows(spec: JobSpec) -> list[tuple[str, str]]:
+    """The plan's line on the deadline: the market it decided and why, and with a budget
+    which of the two binds (as `expected` kept them)."""
+    kept = (spec.expected or {}).get("deadline")
+    if spec.deadline_at is None or not isinstance(kept, dict):
+        return []
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(spec.deadline_at))
+    rows = [("deadline", f"{when}: {kept['why']}")]
+    if kept.get("binds"):
+        rows.append(("binds", kept["binds"]))
+    return rows
 
 
 def check_name(store: Store, spec: JobSpec) -> Job | None:

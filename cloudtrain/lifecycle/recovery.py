@@ -42,13 +42,46 @@ from ..state import Attempt, Job, Store
 from . import lease, supervisor
 from .collect import finish
 from .launch import start_attempt
-from .plan import read_datasets
+from .plan import deadline_decision, read_datasets
 from .watch import refresh
 
 
 def places(spec: JobSpec, settings: config.Settings, home: str | None) -> list[tuple[str, str]]:
     """(region, market) in the order a relaunch tries them."""
     return spec.relaunch_places(settings, home)
+
+
+def deadline_places(store: Store, job: Job, order: list[tuple[str, str]], now: float | None = None
+                    ) -> list[tuple[str, str]]:
+    """A job with a deadline: its relaunch stays on spot while the work left, with the
+    interruptions seen so far, fits before the deadline (deadline.py); once the slack is out,
+    on-demand in the same regions. Said in the timeline either way."""
+    now = time.time() if now is None else now
+    seen = [a for a in store.attempts(job.id) if a.ended_at is not None and a.market == Market.SPOT]
+    hours = sum(max(0.0, a.ended_at - (a.running_at or a.started_at or a.ended_at))
+                for a in seen if a.ended_at is not None) / 3600.0
+    decided = deadline_decision(job.spec, now=now, work_s=work_left(job), spot_hours=hours,
+                                interruptions=len(seen))
+    if decided is None:
+        return order
+    store.add_event(job.id, "deadline", detail=decided.why[:500])
+    if decided.market == Market.SPOT:
+        return order
+    regions = list(dict.fromkeys(region for region, _ in order))
+    return [(region, Market.ON_DEMAND) for region in regions]
+
+
+def work_left(job: Job) -> float | None:
+    """Training seconds the job has left, from its estimate and how far it got (its last
+    epoch of its epochs); None where neither is known (the max runtime then bounds it)."""
+    train = (job.spec.expected or {}).get("train_s")
+    epochs = job.spec.args.get("epochs")
+    done = (job.metrics or {}).get("epoch") if isinstance(job.metrics, dict) else None
+    if not isinstance(train, (int, float)) or train <= 0:
+        return None
+    if isinstance(epochs, int) and epochs > 0 and isinstance(done, (int, float)) and done >= 0:
+        return train * max(0.0, 1.0 - min(float(done), float(epochs)) / epochs)
+    return float(train)
 
 
 def attempt_spec(spec: JobSpec, n: int, region: str, market: str,
@@ -93,7 +126,7 @@ def relaunch(store: Store, settings: config.Settings, job: Job, say=None) -> Job
     except CloudtrainError as exc:
         return _give_up(store, job, f"its datasets cannot be read for the relaunch: "
                                     f"{exc.message}")
-    order = places(spec, settings, home)
+    order = deadline_places(store, job, places(spec, settings, home))
     if last is not None and last.ended_at is None and n > 1:  # a relaunch begun before
         order = _open_attempt_first(store, provider, job, last, order)
     failures = []

@@ -197,3 +197,47 @@ def test_the_dry_run_says_who_relaunches_a_spot_job_and_where(cli, ct_home):
     fallback = cli.ok(*args[:-3], "--fallback", "on-demand", "--dry-run", "--", "true").stdout
     line = next(l for l in fallback.splitlines() if l.strip().startswith("recovery"))
     assert "then on-demand" in line and "--fallback on-demand or more regions" in line
+
+
+def test_issue38_a_relaunch_after_the_deadline_s_slack_runs_out_goes_on_demand(ct_home):
+    """A spot job with a deadline: its relaunch stays on spot while the work left, with the
+    interruptions seen, fits before the deadline (the timeline says until when); once the
+    slack is out, the relaunch tries on-demand in the same regions, and says why."""
+    from cloudtrain.state import open_store
+
+    store = open_store(ct_home)
+    now = 1_800_000_000.0
+    spec = _spec(max_restarts=3, args={"epochs": 10}, expected={"train_s": 3600.0},
+                 deadline_at=now + 5 * 3600)
+    job = store.create_job(name=None, kind="command", recipe=None, command="x", backend="aws",
+                           spec=spec.to_dict())
+    store.add_attempt(job.id, 1, started_at=now - 1200, running_at=now - 1100)
+    store.update_attempt(job.id, 1, ended_at=now - 100, outcome="interrupted", market="spot")
+    store.update_job(job.id, metrics={"epoch": 2})
+    order = [("us-east-1", "spot"), ("us-west-2", "spot"), ("us-east-1", "on-demand")]
+    job = store.job(job.id)
+    assert recovery.work_left(job) == pytest.approx(3600.0 * 0.8)
+    assert recovery.deadline_places(store, job, order, now=now) == order
+    said = [e.detail for e in store.events(job.id) if e.phase == "deadline"]
+    assert said and said[-1].startswith("spot until ")
+    # An hour before it, 48 min of work and the restarts no longer fit on spot.
+    late = now + 4 * 3600
+    assert recovery.deadline_places(store, job, order, now=late) == [
+        ("us-east-1", "on-demand"), ("us-west-2", "on-demand")]
+    said = [e.detail for e in store.events(job.id) if e.phase == "deadline"]
+    assert said[-1].startswith("on-demand: the switch was at "), said[-1]
+
+
+def test_issue38_a_job_whose_deadline_spot_cannot_meet_launches_on_demand(cli):
+    """Before anything is paid: an hour of work (the max runtime bounds an own command's)
+    and the restarts interruptions would cost do not fit in 70 minutes on spot; on-demand
+    does: the plan's market is on-demand, and its deadline line says why."""
+    out = cli.ok("launch", "--instance", "g5.xlarge", "--spot", "--max-runtime", "60",
+                 "--deadline", "+70m", "--dry-run", "--", "sleep", "1").stdout
+    assert "  market       on-demand" in out, out
+    line = " ".join(out.split("  deadline ", 1)[1].split("\n  ")[0].split())
+    assert ": on-demand: the switch was at " in line and "no longer fits before the " \
+        "deadline, on-demand does" in line, line
+    roomy = cli.ok("launch", "--instance", "g5.xlarge", "--spot", "--max-runtime", "60",
+                   "--deadline", "+12h", "--dry-run", "--", "sleep", "1").stdout
+    assert "  market       spot" in roomy and ": spot until " in roomy

@@ -136,6 +136,9 @@ def group_recovery(aws: AwsSession, spec: JobSpec) -> str | None:
     if spec.nodes > 1 and EFA_INTERFACES.get(spec.placement.instance_type or ""):
         return (f"AWS Auto Scaling cannot: {spec.placement.instance_type} has EFA, and the group's "
                 "launch template does not give its instances EFA interfaces yet")
+    if spec.deadline_at is not None:
+        return ("AWS Auto Scaling relaunches spot with spot: a deadline's move to on-demand is "
+                "made by the supervisor on this machine, which must stay on for it")
     if spec.recovery.fallback == Market.ON_DEMAND or aws.settings.regions:
         return ("AWS Auto Scaling cannot follow --fallback on-demand or more regions "
                 "(regions: in config.yaml): it relaunches in the job's region and market "
