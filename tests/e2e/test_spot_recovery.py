@@ -301,3 +301,35 @@ def test_F13_down_during_recovery_terminates_and_nothing_launches_after(lab, cli
     job = cli.job(job_id)
     assert job["state"] == "cancelled"
     _nothing_left(lab)
+
+
+def test_issue38_a_deadline_spot_can_no_longer_meet_sends_the_relaunch_on_demand(
+        lab, cli, tmp_path):
+    """Issue 38's deadline: a spot job of at most 2 min of work, due in 15 min. The plan says
+    spot until a minute after the launch (the work, a launch, one restart and the switch's
+    own restart must fit); the instance is taken back after that moment, and the supervisor
+    relaunches it on-demand, saying the switch was at the minute the plan gave. The job
+    resumes there and succeeds; nothing is left."""
+    for ip in HOSTS.values():
+        lab.start(ip)
+    work = _own_job(tmp_path, 600)
+    args = ("--instance", "g5.xlarge", "--spot", "--max-runtime", "2", "--deadline", "+15m",
+            "--workdir", str(work), "--", "python3", "job.py", "600")
+    plan = cli.ok("launch", *args[:-4], "--dry-run", *args[-4:]).stdout
+    predicted = plan.split("  deadline ", 1)[1].split("spot until ", 1)[1][:5]
+    job_id = cli.launch(*args)
+    first = lab.current(job_id)
+    switch = time.mktime(time.strptime(time.strftime("%Y-%m-%d ") + predicted,
+                                       "%Y-%m-%d %H:%M")) + 60
+    wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("step", 0) >= 100
+             and time.time() >= switch, timeout=240, what="a checkpoint after the switch")
+    lab.take_back(first)
+    job = _wait_state(cli, job_id, ("succeeded", "failed", "cancelled"))
+    assert job["state"] == "succeeded", json.dumps([job["reason"], job["timeline"]], indent=0)
+    a1, a2 = job["attempts"]
+    assert (a1["market"], a2["market"]) == ("spot", "on-demand"), job["attempts"]
+    said = [e["detail"] for e in job["timeline"] if e["name"] == "deadline"]
+    assert said[0].startswith(f"spot until {predicted}"), said
+    assert said[-1].startswith(f"on-demand: the switch was at {predicted}"), said
+    assert job["metrics"]["step"] == 600
+    _nothing_left(lab)
