@@ -140,8 +140,19 @@ def _migration_7(db: sqlite3.Connection) -> None:
 
 
 # Schema migrations, applied in order; the schema version is PRAGMA user_version.
+def _migration_8(db: sqlite3.Connection) -> None:
+    # A job stopped by its own instances at its budget (issue 38) is finished: the partial
+    # index of the unfinished jobs says so, term for term as Store.find_jobs writes it.
+    _execute_script(db,
+        """
+        DROP INDEX IF EXISTS jobs_unfinished;
+        CREATE INDEX jobs_unfinished ON jobs(created_at)
+            WHERE state NOT IN ('succeeded', 'failed', 'preempted', 'cancelled', 'stopped')
+        """)
+
+
 MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5,
-              _migration_6, _migration_7]
+              _migration_6, _migration_7, _migration_8]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

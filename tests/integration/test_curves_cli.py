@@ -92,7 +92,8 @@ def test_u25_every_json_names_a_job_id_and_an_instance_type_the_same_way(cli, th
     cost = json.loads(cli.ok("cost-report", "--json").stdout)
     assert status["id"] == metrics["id"] == job
     assert cost["rows"] == [{"id": "local", "jobs": 3, "dollars": 0.0, "settled": True,
-                             "to_target": None, "staging": 0.0, "local": True}]  # U29
+                             "to_target": None, "staging": 0.0, "local": True,
+                             "budget": None}]  # U29
     catalog = json.loads(cli.ok("catalog", "--gpu", "A10G", "--json").stdout)["types"]
     estimate = json.loads(cli.ok("estimate", "--recipe", "resnet9", "--gpus", "A10G:1",
                                  "--json").stdout)

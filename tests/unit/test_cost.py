@@ -449,7 +449,8 @@ def test_u29_cost_report_by_job_shows_cloud_jobs_and_this_machine_as_one_row(tmp
         data = json.loads(ledger.report_json(rows, total, "job"))
         assert data["rows"][0]["id"] == cloud.id and data["rows"][0]["name"] == "big"
         assert data["rows"][1] == {"id": "local", "jobs": 5, "dollars": 0.0, "settled": True,
-                                   "to_target": None, "staging": 0.0, "local": True}
+                                   "to_target": None, "staging": 0.0, "local": True,
+                                   "budget": None}
 
 
 def test_RH5_a_public_ipv4_address_bills_by_the_second_with_no_minimum():

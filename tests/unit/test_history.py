@@ -216,7 +216,7 @@ def test_an_unknown_state_is_one_line_listing_the_states():
     assert exc.value.message == (
         "--state 'bogus': not a job state; the states are pending, provisioning, syncing, "
         "setting-up, queued, staging, running, recovering, succeeded, failed, preempted, "
-        "cancelled")
+        "cancelled, stopped")
     assert history.parse_filters(["Failed,cancelled", "failed"]).states == ("failed",
                                                                             "cancelled")
 
