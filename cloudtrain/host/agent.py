@@ -208,47 +208,10 @@ class Agent:
             time.sleep(float(self.settings.get("spot_poll_s", SPOT_POLL_S)))
 
     def keep_budget(self):
-        """A job with a budget (job.json's, host/budget.py): stop it, stopped: budget, once
-        what it has spent, all attempts and nodes, and what the stop will take (its last
-        checkpoint, upload and power-off) reach the budget. status.json shows the spend."""
-        if self.settings.get("budget") is None:
-            return
-        if self.budget is None:
-            try:
-                self.budget = shipped("budget").Keeper.for_job(self.settings, self.group(),
-                                                               self.log_line)
-            except Exception as exc:  # noqa: BLE001 - a budget that cannot be kept stops the job
-                why = "the budget cannot be kept: %s: %s" % (type(exc).__name__, exc)
-                self.log_line(why)
-                if self.stop_reason is None:  # its checkpoint is saved as at any stop
-                    self.request_stop(FAILED, why)
-                return
-        keeper = self.budget
-        if keeper is None:
-            return
-
-        def running():
-            return self.proc is not None and self.proc.poll() is None
-
-        def read_prices():  # a slow or hung price read must not hold back the check below
-            while running():
-                keeper.check_price()
-                time.sleep(POLL_S)
-
-        threading.Thread(target=read_prices, name="spot-price", daemon=True).start()
-        next_note = 0.0
-        while running():
-            t = now()
-            if t >= next_note:
-                self.write_status(budget={"usd": keeper.meter.conf["usd"],
-                                          "spent": round(keeper.meter.spent(t), 6),
-                                          "rate": round(keeper.meter.rate(t), 6)})
-                next_note = t + self.heartbeat_s
-            if self.stop_reason is None and keeper.meter.over(t):
-                self.request_stop(STOPPED, keeper.reason(t))
-                self.log_line(keeper.reason(t))
-                return
-            time.sleep(POLL_S)
+        """A job with a budget: stopped (stopped: budget) before it crosses it (host/budget.py
+        keeps it: budget.keep)."""
+        if self.settings.get("budget") is not None:
+            shipped("budget").keep(self, STOPPED, FAILED)
 
     # -- output -----------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ instance's launch (the identity document's pendingTime), a spot second at the sp
 force then. The agent asks over(now) as it supervises: True once what has been spent, plus
 what the stop itself will cost at the present rate, reaches the budget.
 
+    keep(agent, stopped, failed)         the agent's budget thread
     Meter(conf, identity, earlier_usd)   this attempt's meter
     Meter.spent(now), Meter.rate(), Meter.over(now), Meter.refresh(ask)
     pending_at(imds)                     the instance's launch, from its identity document
@@ -38,11 +39,13 @@ what the stop itself will cost at the present rate, reaches the budget.
 import json
 import math
 import re
+import threading
 import time
 
 from . import job_records
 from .awsapi import imds_get, imds_token
 
+POLL_S = 0.5  # how often the agent's budget thread checks the spend (its reserve is 50 s)
 PRICE_S = 300.0  # how often a spot instance reads its price (EC2 changes it gradually)
 # A record's figure is at most PROGRESS_S old (agent_progress.py), and an instance taken back
 # without notice bills until EC2 has terminated it: an attempt whose record is not its last
@@ -303,3 +306,46 @@ class Keeper:
         end = now + (m.conf["reserve_s"] if final else 0.0)
         return {"usd": round(m.spent(end) - m.earlier_usd, 6), "rate": round(m.rate(now), 6),
                 "final": bool(final), "since": m.launched_at}
+
+
+def keep(agent, stopped, failed):
+    """The agent's budget thread (host/agent.py: Agent.keep_budget) while its job runs: the
+    Keeper made once (a budget that cannot be kept stops the job, `failed`, saying why), the
+    spot price read in a thread of its own (a hung read must not hold back the check), the
+    spend in status.json each heartbeat, and the stop, `stopped`, once the spend and the
+    stop's reserve reach the budget."""
+    if agent.budget is None:
+        try:
+            agent.budget = Keeper.for_job(agent.settings, agent.group(), agent.log_line)
+        except Exception as exc:  # noqa: BLE001 - a budget that cannot be kept stops the job
+            why = "the budget cannot be kept: %s: %s" % (type(exc).__name__, exc)
+            agent.log_line(why)
+            if agent.stop_reason is None:  # its checkpoint is saved as at any stop
+                agent.request_stop(failed, why)
+            return
+    keeper = agent.budget
+    if keeper is None:
+        return
+
+    def running():
+        return agent.proc is not None and agent.proc.poll() is None
+
+    def read_prices():
+        while running():
+            keeper.check_price()
+            time.sleep(POLL_S)
+
+    threading.Thread(target=read_prices, name="spot-price", daemon=True).start()
+    next_note = 0.0
+    while running():
+        t = time.time()
+        if t >= next_note:
+            agent.write_status(budget={"usd": keeper.meter.conf["usd"],
+                                       "spent": round(keeper.meter.spent(t), 6),
+                                       "rate": round(keeper.meter.rate(t), 6)})
+            next_note = t + agent.heartbeat_s
+        if agent.stop_reason is None and keeper.meter.over(t):
+            agent.request_stop(stopped, keeper.reason(t))
+            agent.log_line(keeper.reason(t))
+            return
+        time.sleep(POLL_S)
