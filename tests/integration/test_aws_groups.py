@@ -126,6 +126,8 @@ def api_calls(monkeypatch) -> list[str]:
 # -- making a group -----------------------------------------------------------------------------
 
 def test_a_one_node_group_is_spot_in_every_az_with_the_type_over_the_jobs_template(cloud):
+    """The group, its template and its deadline: RD5 (confirmed) is the last part, a one-time
+    scheduled action setting 0/0/0 at the max runtime + RUNTIME_MARGIN_MIN."""
     p, store, images = cloud
     spec = _spec(images[REGION])
     job = _job(store, spec)

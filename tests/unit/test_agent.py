@@ -185,6 +185,8 @@ class _FakeIMDS:
 
 
 def test_spot_interruption_notice_stops_the_job_as_preempted(tmp_path):
+    """RC4 (confirmed path): the agent acts on spot/instance-action read with IMDSv2, two
+    minutes ahead (the rebalance recommendation is not acted on: see the issue 37 note)."""
     imds = _FakeIMDS()
     try:
         (tmp_path / "run.sh").write_text(
