@@ -309,4 +309,4 @@ def test_store_is_wal_with_schema_version(cli, ct_home):
     cli.launch("--", "true")
     db = sqlite3.connect(ct_home / "state.db")
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 7 == state_schema.SCHEMA_VERSION
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 8 == state_schema.SCHEMA_VERSION
