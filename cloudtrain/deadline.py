@@ -127,7 +127,7 @@ def _spot_plan(s: Situation, rate: float) -> tuple[int, float]:
         k = nxt
 
 
-def _hm(t: float, tz: tzinfo | None = None) -> str:
+def hm(t: float, tz: tzinfo | None = None) -> str:
     return datetime.fromtimestamp(t, tz).strftime("%H:%M")
 
 
@@ -155,12 +155,12 @@ def decide(s: Situation, tz: tzinfo | None = None) -> Decision:
                f"needed, {_span(s.deadline - s.now)} left; on-demand is the fastest")
         market = Market.ON_DEMAND
     elif s.now <= switch_at:
-        why = f"spot until {_hm(switch_at, tz)}: {plan} fits before the deadline, with time " \
+        why = f"spot until {hm(switch_at, tz)}: {plan} fits before the deadline, with time " \
               "to switch"
         market = Market.SPOT
     else:
-        why = (f"on-demand: the switch was at {_hm(switch_at, tz)}; {plan} no longer fits "
-               f"before the deadline, on-demand does (by {_hm(s.now + s.launch_s + s.work_s, tz)})")
+        why = (f"on-demand: the switch was at {hm(switch_at, tz)}; {plan} no longer fits "
+               f"before the deadline, on-demand does (by {hm(s.now + s.launch_s + s.work_s, tz)})")
         market = Market.ON_DEMAND
     return Decision(market, switch_at, last_od, feasible, k, rate, spot_s, why, s)
 
@@ -177,7 +177,7 @@ def weigh(d: Decision, budget_usd: float, spot_per_h: float, on_demand_per_h: fl
     from_t = max(s.now, d.switch_at)
     od_usd = spent_usd + spot_per_h * max(0.0, d.switch_at - s.now) / 3600.0 + \
         on_demand_per_h * (s.launch_s + s.work_s) / 3600.0
-    when = "now" if from_t <= s.now else _hm(from_t, tz)
+    when = "now" if from_t <= s.now else hm(from_t, tz)
     if not d.feasible:
         return Weighing("deadline", spot_usd, od_usd, d.why)
     if spot_usd > budget_usd:

@@ -448,9 +448,9 @@ class Agent:
 
     def record_final(self):
         """A job run by a group that has truly ended (any end but preempted, unless its
-        restarts are used up: regroup.Team.again): its final.json
-        in the job store, through the results grant, so that a replacement that boots anyway
-        starts nothing (bootstrap.py reads it). Recorded in status.json as `final_stored`."""
+        restarts are used up: regroup.Team.again): its final.json in the job store, through
+        the results grant, so that a replacement that boots anyway starts nothing
+        (bootstrap.py reads it). Recorded in status.json as `final_stored`."""
         conf = self.group()
         if conf is None or (self.status.get("state") == PREEMPTED and not self.restarts_used):
             return None
@@ -495,6 +495,19 @@ class Agent:
                 self.group_failed(step, line)
         self.write_status(group_ended=all(ok for _, ok, _ in steps))
 
+    def switch_group(self):
+        """A spot instance of a group whose job stopped at a notice past its deadline's switch
+        sets the group to on-demand at once, before any wait: AWS's replacement is then
+        on-demand (auto_scaling.switch_for_deadline; said in output.log)."""
+        conf = self.group()
+        if conf is None or self.status.get("state") != PREEMPTED or self.restarts_used:
+            return
+        auto_scaling = shipped("auto_scaling")
+        switched = auto_scaling.switch_for_deadline(conf, self.settings)
+        if switched:  # (ok, line)
+            self.log_line(switched[1]) if switched[0] else self.group_failed("on-demand",
+                                                                             switched[1])
+
     def start_queued(self):
         """Start the next job queued on this host (`launch --on` while this job ran), now that
         this one has ended; whether one was started. A failure is logged: the power-off or
@@ -520,6 +533,7 @@ class Agent:
         host (job_queue) starts now instead of either: its own agent re-arms the timer."""
         if self.start_queued():
             return
+        self.switch_group()
         delay = as_time(self.settings.get("shutdown_delay_s"), 60.0)
         if stored is None or not stored.get("ok"):
             delay = as_time(self.settings.get("collect_wait_s"), delay)

@@ -9,7 +9,11 @@ job.json's "auto_scaling" (written by the launch, provider.agent_settings):
 
     {"group": "cloudtrain-<job>", "region": R, "endpoint": URL or null, "max_restarts": N,
      "prefix": "jobs/<owner>/<job>/", "bucket": B, "store_region": R,
-     "nodes": N, "rank": r, "members": [{"rank", "instance", "address"}], "stream": {...}}
+     "nodes": N, "rank": r, "members": [{"rank", "instance", "address"}], "stream": {...},
+     "on_demand_at": T or null}
+
+(on_demand_at: a job with a deadline, the moment after which its next attempt must be
+on-demand: the instance that stops past it sets its group to on-demand, to_on_demand)
 
 (the last four for a job on several nodes, host/regroup.py: this node's rank, the attempt's
 nodes, and the checkpoint stream that rank 0 runs)
@@ -21,6 +25,9 @@ Its records in the job store (final.json, attempts/...) are job_records.py's.
     identity(imds) -> {instance, zone, type, lifecycle}   this instance, from IMDSv2
     end_group(conf, creds) -> [(step, ok, line)]          the group deleted (or set to 0),
                                                           then its launch template
+    switch_due(conf, lifecycle, at) -> bool               the deadline wants on-demand now
+    to_on_demand(conf, creds) -> (ok, line)               the group launches on-demand
+    switch_for_deadline(conf, job, n, imds) -> (ok, line) or None   that, where due, recorded
     group_instances(conf, creds) -> ({id: address}, why)  what EC2 lists in the job's group
     instance_states(conf, creds, ids) -> ({id: state}, why)
 """
@@ -33,9 +40,12 @@ import urllib.request
 from xml.etree import ElementTree
 from typing import TYPE_CHECKING
 
-from .agent_upload import ERROR_BODY_BYTES, aws_error
-from .job_records import INSTANCE, MAX_RESTARTS, NODES_MAX, attempt_in
-from .awsapi import IMDS_URL, imds_get, imds_token, retry, sign_request, utc_now
+from .agent_upload import (ERROR_BODY_BYTES, FileUnreadable, UploadError, aws_error,
+                           post_json, writable)
+from .job_records import (INSTANCE, MAX_RESTARTS, NODES_MAX, attempt_in, switch_doc,
+                          switch_key)
+from .awsapi import (IMDS_URL, RoleCredentials, imds_get, imds_token, retry, sign_request,
+                     utc_now)
 from .stage_plan import StageError
 
 if TYPE_CHECKING:  # 3.10's; the instance's Python may be older
@@ -115,11 +125,17 @@ def settings(job):
     store_region = conf.get("store_region") or conf["region"]
     if not isinstance(store_region, str) or not REGION.fullmatch(store_region):
         raise Invalid("auto_scaling.store_region is not a region")
+    on_demand_at = conf.get("on_demand_at")
+    if on_demand_at is not None and not (isinstance(on_demand_at, (int, float))
+                                         and not isinstance(on_demand_at, bool)
+                                         and 0 < on_demand_at < 1e10):
+        raise Invalid("auto_scaling.on_demand_at is neither null nor a time in seconds")
     return {"group": conf["group"], "region": conf["region"], "prefix": conf["prefix"],
             "bucket": conf["bucket"], "endpoint": endpoint, "max_restarts": restarts,
             "nodes": nodes, "rank": rank, "store_region": store_region,
             "members": [{"instance": m["instance"], "rank": m.get("rank")} for m in members],
-            "stream": stream, "timing": {k: float(timing[k]) for k in TIMING if k in timing}}
+            "stream": stream, "timing": {k: float(timing[k]) for k in TIMING if k in timing},
+            "on_demand_at": None if on_demand_at is None else float(on_demand_at)}
 
 
 def attempt_number(job):
@@ -292,6 +308,54 @@ def group_instances(conf, creds, clock=time.sleep):
             return found, ""
         params["NextToken"] = token
     return found, ""
+
+
+def switch_due(conf, lifecycle, at):
+    """Whether the job's deadline wants its group on-demand now: job.json's on_demand_at
+    (the plan's switch, the latest moment a next attempt may start on spot) has passed and
+    this instance is spot (an on-demand one is what the switch asks for)."""
+    return conf.get("on_demand_at") is not None and at >= conf["on_demand_at"] \
+        and lifecycle == "spot"
+
+
+def to_on_demand(conf, creds, clock=time.sleep):
+    """The job's group set to launch on-demand from now on (its instances distribution:
+    100% on-demand above a base of 0), nothing else of it changed: AWS keeps every property
+    an update does not name. AWS then replaces the group's spot instances, a new one
+    launched before the old one is terminated, so this is for an instance whose job has
+    stopped (a notice, a spot replacement past the switch). (ok, line)."""
+    name = conf["group"]
+    ok, why = call("autoscaling", {
+        "Action": "UpdateAutoScalingGroup", "Version": AUTOSCALING_VERSION,
+        "AutoScalingGroupName": name,
+        "MixedInstancesPolicy.InstancesDistribution.OnDemandBaseCapacity": "0",
+        "MixedInstancesPolicy.InstancesDistribution.OnDemandPercentageAboveBaseCapacity": "100"},
+        conf["region"], creds, conf["endpoint"], clock)
+    return ok, ("group %s set to on-demand: the deadline's switch was at %s" % (
+        name, time.strftime("%H:%M:%S UTC", time.gmtime(conf["on_demand_at"])))
+        if ok else "setting group %s to on-demand failed: %s" % (name, why))
+
+
+def switch_for_deadline(conf, job, n=None, imds=None, clock=time.sleep):
+    """Attempt n's spot instance (n: job.json's attempt_number where not given), stopping
+    past the deadline's switch, sets the job's group to on-demand (to_on_demand) and records
+    it in the job store (switched.json, through job.json's results grant). None where no
+    switch is due (no deadline, not yet, or this instance is on-demand); else (ok, line)."""
+    n = attempt_number(job) if n is None else n
+    imds = imds or job.get("imds_url") or IMDS_URL
+    ident = identity(imds)
+    if not switch_due(conf, ident["lifecycle"], time.time()):
+        return None
+    ok, line = to_on_demand(conf, RoleCredentials(imds), clock)
+    grant = job.get("results_store") if isinstance(job, dict) else None
+    if n is None or not writable(grant):
+        return ok, line + "; not recorded in the job store: no attempt or grant"
+    try:
+        post_json(grant, switch_key(conf["prefix"], n), switch_doc(n, ident["instance"], ok,
+                                                                    line))
+    except (UploadError, FileUnreadable) as exc:
+        line += "; not recorded in the job store: %s" % exc
+    return ok, line
 
 
 def end_group(conf, creds, clock=time.sleep):

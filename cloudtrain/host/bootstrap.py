@@ -58,7 +58,7 @@ from . import (agent_upload, auto_scaling, checkpoint_manifest, checkpoint_resto
 from .bundle_reader import (  # noqa: F401 - the layout and codes are said from here too
     AGENT_DIR, AGENT_START_S, ARCHIVE, BUNDLE, Bundle, EXIT_AGENT, EXIT_ARCHIVE,
     EXIT_CREDENTIALS, EXIT_ENDED, EXIT_GRANT, EXIT_MANIFEST, EXIT_OBJECT, EXIT_RESTARTS,
-    EXIT_RESTORE, EXIT_STORE, EXIT_USAGE, EXIT_WRITE, FILE_MAX_BYTES, Failed,
+    EXIT_RESTORE, EXIT_STORE, EXIT_SWITCHED, EXIT_USAGE, EXIT_WRITE, FILE_MAX_BYTES, Failed,
     IMDS_URL, JOB_DIR, MANIFEST, MANIFEST_MAX_BYTES, MANIFEST_POLL_S, PREFIX,
     RESUME, SHA256, STAGING, START, STATUS_FILE, VERSION, check_archive, check_manifest,
     check_name, unpack)
@@ -338,6 +338,25 @@ def meet_others(bundle, conf, job, n, imds):
     return regroup.take_part(job, prefix, rank, ranks, me["iface"]), n
 
 
+def switch_here(conf, job, root, n, imds):
+    """A spot instance of the group past its deadline's switch (one that replaced an instance
+    lost without a notice, or whose switch failed) runs nothing: its group set to on-demand
+    (AWS then replaces it with an on-demand instance), the switch recorded as attempt n's,
+    the power-off, and Failed(EXIT_SWITCHED). Where the switch is refused, the job runs
+    here on spot rather than this instance and each replacement powering off in turn."""
+    switched = auto_scaling.switch_for_deadline(conf, job, n, imds)
+    if switched is None:
+        return
+    ok, line = switched
+    if not ok:
+        print("cloudtrain bootstrap: %s; the job runs on this spot instance" % line,
+              file=sys.stderr)
+        return
+    off = power_off(job, root)
+    raise Failed(EXIT_SWITCHED, "; ".join(
+        [line + ": this spot instance runs nothing and powers off"] + ([off] if off else [])))
+
+
 def enter_job(bundle, root, job, conf, imds):
     """This instance's part in the job whose files are in `root`: for a job run by a group
     (`conf`), its attempt taken (take_attempt) and, on several nodes, the others met; then
@@ -346,6 +365,7 @@ def enter_job(bundle, root, job, conf, imds):
     attempt = record = None
     if conf is not None:
         attempt, record = take_attempt(bundle, conf, job, root, imds)
+        switch_here(conf, job, root, attempt, imds)
         if conf["nodes"] > 1:
             job, attempt = meet_others(bundle, conf, job, attempt, imds)
     _, restored = join_attempt(bundle, root, job, attempt, conf, record)

@@ -65,6 +65,8 @@ EXIT_ENDED = 10  # the job has ended (final.json): nothing to run; its group end
 EXIT_RESTARTS = 11  # past --max-restarts: final.json says preempted; group ended, power-off
 EXIT_STORE = 12  # the job store's records (final.json, attempts/) could not be read or written
 EXIT_GRANT = 13  # the job's upload grant has expired or is refused: no instance can record
+EXIT_SWITCHED = 14  # a spot replacement past the deadline's switch: the group set to on-demand,
+                   # this instance runs nothing and powers off (AWS launches an on-demand one)
 RESUME = ".cloudtrain-resume"  # in the job directory: a checkpoint was restored, run.sh resumes
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,100}")

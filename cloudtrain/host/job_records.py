@@ -23,6 +23,9 @@ Under the job's prefix in the job store:
     attempts/<n>/ended-<rank>.json  {"rank", "state", "instance"}: rank k > 0 has stored its
                           results at the job's end
     attempts/<n>/leaving-<rank>.json  {"rank", "instance", "at"}: that node had a spot notice
+    attempts/<n>/switched.json      {"attempt", "instance", "at", "ok", "line"}: attempt n's
+                          instance set the job's group to on-demand, the deadline's switch
+                          being past (agent.py at a notice, bootstrap.py on a spot replacement)
 
 Everything below a job's prefix may have been written by any instance of the job, or anyone
 who read its grant: a checker takes nothing on trust (sizes, types, ranges, name patterns, text
@@ -38,6 +41,7 @@ rank or instance than its key.
     member_doc / check_member(doc, nodes)  a node of a regrouping attempt
     ended_doc / check_ended(doc, rank)     a rank's results stored at the job's end
     leaving_doc / check_leaving(doc, rank) a rank's spot notice
+    switch_key / switch_doc / check_switch(doc, n)   the group set to on-demand by attempt n
     as_attempt(v), attempt_in(text), as_step(v)   an attempt's number, a step, checked
 """
 
@@ -94,6 +98,7 @@ if TYPE_CHECKING:  # 3.8's typing has TypedDict; only the type checker needs the
 FINAL = "final.json"
 ATTEMPTS = "attempts/"
 PROGRESS = "progress.json"  # below attempts/<n>/
+SWITCHED = "switched.json"  # below attempts/<n>/
 USD_MAX = 1e7  # a figure of spend above this is not one (the largest --budget is 1e5)
 ENDED_STATES = ("succeeded", "failed", "cancelled", "preempted", "stopped")
 
@@ -163,6 +168,10 @@ def ended_key(prefix, n, rank):
 
 def leaving_key(prefix, n, rank):
     return "%sleaving-%d.json" % (attempt_folder(prefix, n), rank)
+
+
+def switch_key(prefix, n):
+    return attempt_folder(prefix, n) + SWITCHED
 
 
 def attempt_of(prefix, key):
@@ -413,3 +422,24 @@ def check_leaving(doc, rank):
     """Rank `rank`'s spot notice (at leaving_key(prefix, n, rank)), or None: not one, or
     one of another rank."""
     return _check_mark(doc, rank)
+
+
+# -- attempts/<n>/switched.json --------------------------------------------------------------
+
+def switch_doc(n, instance, ok, line, at=None):
+    """Attempt n's instance set the job's group to on-demand (ok), or tried to (the line
+    says why not): auto_scaling.to_on_demand's answer."""
+    return {"attempt": n, "instance": instance, "at": _now(at), "ok": bool(ok),
+            "line": _text(line, REASON_MAX_CHARS)}
+
+
+def check_switch(doc, n):
+    """Attempt n's switch of the group to on-demand, or None: not one, or another attempt's."""
+    if not isinstance(doc, dict) or as_attempt(doc.get("attempt")) != n or n is None:
+        return None
+    at, line = _time(doc.get("at")), doc.get("line")
+    if at is None or not isinstance(doc.get("ok"), bool):
+        return None
+    return {"attempt": n, "instance": _instance(doc.get("instance")), "at": at,
+            "ok": doc["ok"], "line": _text(line, REASON_MAX_CHARS) if isinstance(line, str)
+            else ""}

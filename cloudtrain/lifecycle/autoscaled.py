@@ -14,6 +14,8 @@ the other.
     ends_here(final, store, job, ec2)  final.json as the end, where it fits EC2 and attempts
     lost(store, job, states, why)    the recorded instance is gone: the job goes on elsewhere
                                      (None), or its end is known (the final record)
+    switch_words(spec, doc)          the timeline's word for an instance that set the job's
+                                     group to on-demand (a deadline)
 
 It calls attempts (the ledger) and group (the hosts this process keeps open), and nothing
 else of the lifecycle.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import time
 
-from .. import providers
+from .. import deadline, providers
 from ..errors import CloudtrainError, UsageError
 from ..market import Market
 from ..providers.base import CloudRecovery
@@ -124,6 +126,9 @@ def learn(store: Store, job: Job) -> dict | None:
         added = store.attempt(job.id, n)
         assert added is not None  # added just above
         known[n] = added
+    for n, doc in sorted((record.get("switched") or {}).items()):
+        if known.get(n) is not None and known[n].instance_id == doc["instance"]:
+            store.add_event(job.id, "deadline", once=True, detail=switch_words(spec, doc))
     reached = record.get("reached") or {}  # how far each got, said by its own instances
     for a in store.attempts(job.id):
         if reached.get(a.n) is not None and (a.last_step or -1) < reached[a.n]:
@@ -141,6 +146,20 @@ def learn(store: Store, job: Job) -> dict | None:
 
 PASSED_OVER = "passed-over"  # the event of a job store record that EC2 does not bear out
 LIVE = ("pending", "running")
+
+
+def switch_words(spec, doc: dict) -> str:
+    """The timeline's word for an attempt's instance that set the job's group to on-demand
+    (attempts/<n>/switched.json, from the job's own recorded instance): when the plan's
+    switch was, and when the group took it; or why it could not."""
+    switch_at = ((spec.expected or {}).get("deadline") or {}).get("switch_at")
+    planned = f"the switch was at {deadline.hm(switch_at)}; " \
+        if isinstance(switch_at, (int, float)) else ""
+    if doc["ok"]:
+        return (f"on-demand: {planned}attempt {doc['attempt']}'s spot instance "
+                f"{doc['instance']} set its group to on-demand at {deadline.hm(doc['at'])}")
+    return (f"spot still: {planned}attempt {doc['attempt']}'s instance {doc['instance']} could "
+            f"not set its group to on-demand: {doc['line']}")[:500]
 
 
 def not_the_job_s(instance: str, ec2: dict, job: Job, launched: dict | None = None

@@ -441,3 +441,46 @@ def test_a_group_as_cloudtrain_makes_it_launches_spot_with_its_template(lab, mon
     assert lab.asg.leftovers() == {"instances": [], "volumes": [], "spot_requests": [],
                                    "groups": [], "launch_templates": [], "hosts": []}
     assert ec2.describe_volumes()["Volumes"] == []
+
+
+def test_a_new_distribution_keeps_the_rest_and_replaces_spot_launching_first(lab):
+    """Issue 38's switch as AWS plays it: an update that names only the instances
+    distribution (100% on-demand) keeps the group's template and overrides ("any
+    properties that you don't specify are not changed"), and the group's spot instance is
+    replaced: an on-demand one launched first, then the spot one terminated once the new one
+    runs ("launches new instances before terminating the previous ones"); nothing more."""
+    ec2, asg = _client(lab, "ec2"), _client(lab, "autoscaling")
+    ec2.create_launch_template(LaunchTemplateName="g11-lt", LaunchTemplateData={
+        "ImageId": lab.aws.ami, "InstanceInitiatedShutdownBehavior": "terminate",
+        "UserData": base64.b64encode(SLEEPER.encode()).decode()})
+    asg.create_auto_scaling_group(
+        AutoScalingGroupName="g11", MinSize=1, MaxSize=1, DesiredCapacity=1,
+        VPCZoneIdentifier=",".join(lab.aws.subnets[z] for z in ZONES),
+        MixedInstancesPolicy={
+            "LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateName": "g11-lt",
+                                                               "Version": "$Latest"},
+                               "Overrides": [{"InstanceType": "g5.xlarge"}]},
+            "InstancesDistribution": {"OnDemandBaseCapacity": 0,
+                                      "OnDemandPercentageAboveBaseCapacity": 0}})
+    (spot,) = lab.asg.wait_for_group("g11", 1)
+    assert _moto_state(lab, spot.id).get("InstanceLifecycle") == "spot"
+    asg.update_auto_scaling_group(AutoScalingGroupName="g11", MixedInstancesPolicy={
+        "InstancesDistribution": {"OnDemandPercentageAboveBaseCapacity": 100}})
+    new = wait_for(lambda: next((i for i in lab.asg.live("g11") if i.id != spot.id), None),
+                   timeout=30, what="the on-demand replacement")
+    found = _moto_state(lab, new.id)
+    assert found.get("InstanceLifecycle") is None and found["InstanceType"] == "g5.xlarge"
+    wait_for(lambda: _moto_state(lab, spot.id)["State"]["Name"] == "terminated", timeout=30,
+             what="the spot instance terminated")
+    launched = next(e["t"] for e in lab.asg.log("launch") if e["instance"] == new.id)
+    ended = next(e["t"] for e in lab.asg.log("rebalance-terminate") if e["instance"] == spot.id)
+    assert launched < ended
+    time.sleep(0.5)  # nothing more is launched
+    assert [e["instance"] for e in lab.asg.log("launch")] == [spot.id, new.id]
+    assert [i.id for i in lab.asg.wait_for_group("g11", 1)] == [new.id]
+    (group,) = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["g11"])[
+        "AutoScalingGroups"]
+    policy = group["MixedInstancesPolicy"]
+    assert policy["LaunchTemplate"]["LaunchTemplateSpecification"]["LaunchTemplateName"] == \
+        "g11-lt" and policy["LaunchTemplate"]["Overrides"] == [{"InstanceType": "g5.xlarge"}]
+    assert policy["InstancesDistribution"]["OnDemandPercentageAboveBaseCapacity"] == 100

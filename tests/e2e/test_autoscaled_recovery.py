@@ -10,6 +10,7 @@ then does `cloudtrain status` run, and it learns the attempts from the job store
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import time
@@ -260,6 +261,57 @@ def test_with_the_laptop_on_status_and_logs_follow_the_job_to_its_replacement(la
         job["attempts"][1]["outcome"] == "succeeded"
     assert "done at step 60" in cli.ok("logs", job_id).stdout
     wait_for(lambda: _everything_gone(lab) == {}, timeout=60, what="nothing left")
+
+
+@pytest.mark.parametrize("notice", [True, False], ids=["notice", "no-notice"])
+def test_issue38_laptop_closed_past_the_deadline_s_switch_the_group_goes_on_demand(
+        lab, cli, tmp_path, notice):
+    """Issue 38 with the laptop closed: a spot job of at most 132 s of work, due in 15 min,
+    run by its Auto Scaling group; its plan says spot until about 36 s after the launch. The
+    launching machine is closed, and past that moment the instance is taken back: with a
+    notice, its agent stores the checkpoint and sets the group to on-demand before it powers
+    off; without one, the group's spot replacement finds the switch past, sets the group to
+    on-demand and powers off without running anything. Either way AWS's next instance is
+    on-demand (the lab replaces spot by on-demand as AWS does on a new distribution), the
+    job resumes there and succeeds; nothing is left. Then `status` shows the attempts'
+    markets and the timeline says the switch, at the minute the plan gave."""
+    from test_spot_recovery import _own_job
+
+    work = _own_job(tmp_path, 400)
+    due = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 900))
+    job_id = cli.launch("--instance", "g5.xlarge", "--spot", "--max-runtime", "2.2",
+                        "--deadline", due, "--workdir", str(work), "--", "python3", "job.py",
+                        "400", timeout=300)
+    name = f"cloudtrain-{job_id}"
+    (first,) = lab.asg.wait_for_group(name, 1)
+    switch = cli.job(job_id)["spec"]["expected"]["deadline"]["switch_at"]
+    switch = datetime.datetime.fromisoformat(switch.replace("Z", "+00:00")).timestamp()
+    planned = time.strftime("%H:%M", time.localtime(switch))
+    wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("step", 0) >= 50
+             and time.time() > switch + 1, timeout=240, what="a checkpoint after the switch")
+    lab.asg.kill_launching_machine()
+    if notice:  # EC2 takes it back at the notice's time; the agent powers off before that
+        lab.imds.announce(first.ip)
+        wait_for(lambda: first.id not in [i.id for i in lab.asg.live(name)], timeout=120,
+                 what="the agent to store its checkpoint and power off")
+    else:
+        lab.take_back({"InstanceId": first.id, "PrivateIpAddress": first.ip})
+    _until_everything_gone(lab, job_id, 400)
+    spot = [e["spot"] for e in lab.asg.log("launch") if e["group"] == name]
+    assert spot == ([True, False] if notice else [True, True, False]), lab.asg.log("launch")
+    assert lab.asg.log("policy-updated"), "the group's distribution was never updated"
+
+    job = cli.job(job_id)  # the first cloudtrain command since the laptop closed
+    assert job["state"] == "succeeded", (job["reason"], job["timeline"])
+    markets = [a["market"] for a in job["attempts"]]
+    assert markets == (["spot", "on-demand"] if notice else ["spot", "spot", "on-demand"])
+    said = [e["detail"] for e in job["timeline"] if e["name"] == "deadline"]
+    assert said[0].startswith(f"spot until {planned}"), said
+    n = 1 if notice else 2
+    assert said[-1].startswith(f"on-demand: the switch was at {planned}; attempt {n}'s spot "
+                               "instance"), said
+    assert job["metrics"]["step"] == 400
+    assert all(a["usd"] is not None and a["usd"] > 0 for a in job["attempts"]), job["attempts"]
 
 
 # resnet9's smoke run over 3 processes, one per node (gloo on the CPU): 512 images in 3

@@ -400,6 +400,28 @@ def test_F41_a_replacement_ec2_has_forgotten_is_the_job_s_by_its_group_s_activit
     assert billed.dollars > 0 and billed.billed_seconds == max(60.0, end - start)
 
 
+def test_issue38_an_instance_ended_within_its_first_second_is_billed_not_refused(grouped):
+    """Issue 38 (the laptop-closed deadline test found it): a spot replacement past the
+    deadline's switch powers off within the second it started. The group's record gives
+    whole seconds, so its end came before its recorded start (its attempt's started_at,
+    fractional), and `status` failed with "interval ends before it starts". Its end is its
+    start: billed AWS's 60-second minimum."""
+    from cloudtrain import cost, ledger
+
+    g = grouped
+    i2 = g.replace(g.i1)
+    g.replace(i2)
+    ended = activity(g, END, i2)["StartTime"].timestamp()
+    forget_instance(i2)
+    g.attempt(2, i2, T0 + 100)
+    autoscaled.learn(g.store, g.job)
+    g.store.update_instance(i2, launched_at=ended + 0.68, terminated_at=None, state="running")
+    g.provider.record_ends(g.store, g.job)
+    assert instance_row(g, i2).terminated_at == ended + 0.68
+    [run] = [r for r in ledger.runs_of(g.store, g.job) if r.instance_id == i2]
+    assert cost.instance_cost(run).billed_seconds == 60.0
+
+
 def test_F41_the_end_of_an_instance_ec2_forgot_is_its_group_s_termination_not_now(grouped):
     """An attempt recorded while EC2 listed its instance, whose end came while this machine
     was off for more than an hour: the bill took `now` as its termination (too high, by the

@@ -197,6 +197,16 @@ def test_the_dry_run_says_who_relaunches_a_spot_job_and_where(cli, ct_home):
     fallback = cli.ok(*args[:-3], "--fallback", "on-demand", "--dry-run", "--", "true").stdout
     line = next(l for l in fallback.splitlines() if l.strip().startswith("recovery"))
     assert "then on-demand" in line and "--fallback on-demand or more regions" in line
+    # Issue 38: a deadline's switch is made by the job's own instances, laptop closed
+    due = cli.ok(*args[:-3], "--max-runtime", "60", "--deadline", "+12h", "--dry-run", "--",
+                 "true").stdout
+    line = " ".join(due.split("  recovery ", 1)[1].split("\n  ")[0].split())
+    assert "relaunched by AWS Auto Scaling" in line and "past the deadline's switch, the " \
+        "instance that stops sets the group to on-demand, so AWS's next one is" in line, line
+    nodes = cli.ok(*args[:-3], "--nodes", "2", "--max-runtime", "60", "--deadline", "+12h",
+                   "--dry-run", "--", "true").stdout
+    line = " ".join(nodes.split("  recovery ", 1)[1].split("\n  ")[0].split())
+    assert "relaunched by a supervisor on this machine" in line and "on several nodes" in line
 
 
 def test_issue38_a_relaunch_after_the_deadline_s_slack_runs_out_goes_on_demand(ct_home):

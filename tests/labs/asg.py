@@ -43,6 +43,12 @@ that make a group do what AWS does for what cloudtrain relies on:
   shutdown behaviour, metadata options, block devices (without moto's extra default volume)
   and volume tags, the MixedInstancesPolicy's spot share and first override's type, the
   group's placement group.
+- **Updates keep what they do not name** (AWS: "Any properties that you don't specify are not
+  changed"): a MixedInstancesPolicy of only an InstancesDistribution keeps the group's launch
+  template and overrides (moto replaced the whole policy). **A new instances distribution is
+  met by replacement**: a group with fewer on-demand instances than its distribution asks for
+  launches one above its desired capacity, then terminates a spot one once the new one runs
+  (AWS: "launches new instances before terminating the previous ones").
 - **Scheduled actions** (one-time, StartTime) are applied at their time (min, max, desired;
   instances terminated when desired drops) and then removed, as AWS does; recurring ones are
   not run (an event says so). Actions are kept per group (moto keys them by name alone, so two
@@ -53,7 +59,7 @@ that make a group do what AWS does for what cloudtrain relies on:
   and their namespaces' processes killed.
 - **Everything the thread does is an event** (`events`): launch, launch-failed, boot,
   boot-failed, user-data-start, user-data-exit, power-off-request, power-off, lost, terminated,
-  scheduled-action, group-deleted, error.
+  scheduled-action, group-deleted, policy-updated, rebalance-launch, rebalance-terminate, error.
 
 Start it with `cloud_lab(..., autoscaling=True)`: `lab.asg`, an AutoScalingLab. For tests:
 
@@ -90,6 +96,7 @@ import dataclasses
 import datetime
 import gzip
 import json
+import math
 import os
 import re
 import shlex
@@ -122,6 +129,9 @@ IMDS_ADDRESS = "169.254.169.254"
 SHUTDOWN_REASON = ("Client.InstanceInitiatedShutdown",
                    "Client.InstanceInitiatedShutdown: Instance initiated shutdown")
 # a stopped instance, terminated by its group's health check (a TerminateInstances of AWS's)
+# What EC2 says of an instance that its group terminated to meet a new instances distribution
+REBALANCE_REASON = ("Client.UserInitiatedShutdown",
+                    "Client.UserInitiatedShutdown: User initiated shutdown")
 HEALTH_REASON = ("Client.UserInitiatedShutdown",
                  "Client.UserInitiatedShutdown: User initiated shutdown")
 CLOUD_INIT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -394,6 +404,39 @@ class AutoScalingLab:
                      "batch_delete_scheduled_action"):
             mp.setattr(AutoScalingBackend, name, locked(getattr(AutoScalingBackend, name)))
 
+        update_group = AutoScalingBackend.update_auto_scaling_group
+
+        def update_auto_scaling_group(backend, name, *args, mixed_instances_policy=None, **kw):
+            # AWS: "Any properties that you don't specify are not changed by this update
+            # request"; moto replaced the whole policy with the part the request named.
+            with lab.lock:
+                group = backend.autoscaling_groups.get(name)
+                if mixed_instances_policy and group is not None \
+                        and group.mixed_instances_policy:
+                    kept = dict(group.mixed_instances_policy)
+                    for part, value in mixed_instances_policy.items():
+                        if isinstance(value, dict) and isinstance(kept.get(part), dict):
+                            kept[part] = {**kept[part], **value}
+                        else:
+                            kept[part] = value
+                    if "LaunchTemplate" not in mixed_instances_policy:
+                        # moto keeps the template's id beside the name it was given, and
+                        # refuses a policy that names both: the kept one, as it was made
+                        template = dict(kept["LaunchTemplate"])
+                        spec = dict(template["LaunchTemplateSpecification"])
+                        if spec.get("LaunchTemplateName"):
+                            spec.pop("LaunchTemplateId", None)
+                        kept["LaunchTemplate"] = dict(template, LaunchTemplateSpecification=spec)
+                    mixed_instances_policy = kept
+                result = update_group(backend, name, *args,
+                                      mixed_instances_policy=mixed_instances_policy, **kw)
+                if mixed_instances_policy and group is not None:
+                    lab.event("policy-updated", group=name,
+                              distribution=mixed_instances_policy.get("InstancesDistribution"))
+            return result
+
+        mp.setattr(AutoScalingBackend, "update_auto_scaling_group", update_auto_scaling_group)
+
         def replace(group, count_needed, propagated_tags):
             # moto's only way to launch a group's instances (at creation, on a capacity
             # change): the lab's launch instead
@@ -627,6 +670,7 @@ class AutoScalingLab:
             self._scheduled_actions(backend, now + self.clock_ahead_s)
             self._reap(backend, now)
             self._replace(backend, now)
+            self._rebalance(backend, now)
             gone = [i for i in self.instances.values() if i.host is not None
                     and i.terminated_at is None and i.state in IN_SERVICE_GONE]
             new = [i for i in self.instances.values() if i.host is None
@@ -672,6 +716,39 @@ class AutoScalingLab:
             if missing <= 0 or now < self._retry_at.get(group.name, 0):
                 continue
             self._launch(group, missing, replaces=self._unreplaced.get(group.name))
+
+    def _rebalance(self, backend, now: float) -> None:
+        """A group with fewer on-demand instances than its instances distribution asks for
+        (an update of OnDemandBaseCapacity or OnDemandPercentageAboveBaseCapacity) replaces
+        a spot one, as AWS does: "an update to this setting means a gradual replacement of
+        instances ... Amazon EC2 Auto Scaling launches new instances before terminating the
+        previous ones": one on-demand instance launched above the desired capacity, the
+        spot one terminated once the new one runs. (The other way, spot wanted where
+        on-demand runs, is not needed by cloudtrain and not played.)"""
+        for group in list(backend.autoscaling_groups.values()):
+            dist = (group.mixed_instances_policy or {}).get("InstancesDistribution") or {}
+            desired = group.desired_capacity or 0
+            if not dist or not desired or now < self._retry_at.get(group.name, 0):
+                continue
+            base = min(desired, int(dist.get("OnDemandBaseCapacity") or 0))
+            share = int(dist.get("OnDemandPercentageAboveBaseCapacity", 100))
+            wanted = base + math.ceil((desired - base) * share / 100)
+            live = [m.instance for m in group.instance_states
+                    if m.instance.state not in IN_SERVICE_GONE]
+            spot = [i for i in live if i.lifecycle == "spot"]
+            on_demand = len(live) - len(spot)
+            if not spot:
+                continue
+            if len(live) > desired:  # launched first: the spot one goes once the new one runs
+                newest = max((self.instances[i.id] for i in live if i.id in self.instances
+                              and i.lifecycle != "spot"), key=lambda i: i.launched_at,
+                             default=None)
+                if newest is not None and newest.host is not None:
+                    terminate_with_reason(spot[0].id, REBALANCE_REASON)
+                    self.event("rebalance-terminate", group=group.name, instance=spot[0].id)
+            elif on_demand < wanted:
+                self._launch(group, 1)
+                self.event("rebalance-launch", group=group.name, replacing=spot[0].id)
 
     def _scheduled_actions(self, backend, now: float) -> None:
         for key, action in list(backend.scheduled_actions.items()):

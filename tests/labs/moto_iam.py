@@ -17,7 +17,9 @@ What the request context holds (labs.iam.Request): the role session's principal 
 (aws:PrincipalAccount, aws:PrincipalArn, aws:userid, aws:PrincipalTag/<its role's tags>),
 aws:ResourceAccount for S3, s3:prefix for a listing, and for the resources whose calls carry
 them the resource's tags (aws:ResourceTag/...) and the sizes an update sets
-(autoscaling:MinSize, MaxSize): the keys the shipped policies use. An action the lab cannot
+(autoscaling:MinSize, MaxSize) and what else it names (autoscaling:InstanceTypes,
+VPCZoneIdentifiers, LaunchTemplateVersionSpecified, LaunchConfigurationName, each present only
+where the request names it): the keys the shipped policies use. An action the lab cannot
 give a resource for is evaluated on "*".
 """
 
@@ -170,6 +172,7 @@ class RoleSessions:
             for size in ("MinSize", "MaxSize"):
                 if _param(response, size) is not None:
                     context[f"autoscaling:{size}"] = _param(response, size)
+            context.update(_group_update_keys(response))
             return [Request(action, arn, context)]
         if action == "ec2:DeleteLaunchTemplate":
             from moto.ec2.models import ec2_backends
@@ -264,3 +267,29 @@ def _refuse(s3: bool, code: str, message: str, status: int):
 
     Refused.code = status
     raise Refused(code, message)
+
+
+def _group_update_keys(response) -> dict:
+    """AWS's condition keys of CreateAutoScalingGroup and UpdateAutoScalingGroup (Service
+    Authorization Reference, Amazon EC2 Auto Scaling) beyond the sizes, each in the context
+    only where the request names what it is about: the instance types of its launch template
+    overrides, its subnets, whether it names a launch template (with a version other than
+    $Latest or $Default), and its launch configuration."""
+    keys: dict = {}
+    policy = response._get_param("MixedInstancesPolicy") or {}
+    template = response._get_param("LaunchTemplate") or \
+        (policy.get("LaunchTemplate") or {}).get("LaunchTemplateSpecification")
+    overrides = (policy.get("LaunchTemplate") or {}).get("Overrides") or []
+    types = [o["InstanceType"] for o in overrides if isinstance(o, dict) and o.get("InstanceType")]
+    if types:
+        keys["autoscaling:InstanceTypes"] = types
+    subnets = response._get_param("VPCZoneIdentifier")
+    if subnets:
+        keys["autoscaling:VPCZoneIdentifiers"] = [s.strip() for s in subnets.split(",")]
+    if template:
+        keys["autoscaling:LaunchTemplateVersionSpecified"] = str(
+            template.get("Version") not in (None, "$Latest", "$Default")).lower()
+    if response._get_param("LaunchConfigurationName"):
+        keys["autoscaling:LaunchConfigurationName"] = response._get_param(
+            "LaunchConfigurationName")
+    return keys

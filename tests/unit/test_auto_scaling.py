@@ -15,7 +15,7 @@ GOOD = {"group": "cloudtrain-j1", "region": "us-east-1", "endpoint": None, "max_
 
 
 ONE_NODE = {"nodes": 1, "rank": 0, "members": [], "stream": None,
-            "store_region": "us-east-1", "timing": {}}
+            "store_region": "us-east-1", "timing": {}, "on_demand_at": None}
 
 
 def test_a_good_setting_is_read_and_none_is_not_a_group():
@@ -43,6 +43,8 @@ def test_a_good_setting_is_read_and_none_is_not_a_group():
     ("timing", [], "timing"), ("timing", {"watch_s": -1}, "timing"),
     ("timing", {"watch_s": "2"}, "timing"), ("timing", {"peers_s": float("nan")}, "timing"),
     ("timing", {"lost_wait_s": True}, "timing"), ("timing", {"watch_s": 10 ** 9}, "timing"),
+    ("on_demand_at", "soon", "on_demand_at"), ("on_demand_at", True, "on_demand_at"),
+    ("on_demand_at", float("nan"), "on_demand_at"), ("on_demand_at", -5, "on_demand_at"),
 ])
 def test_a_setting_not_the_launchs_is_refused_naming_its_field(field, value, words):
     with pytest.raises(auto_scaling.Invalid, match=words):
@@ -123,6 +125,40 @@ def test_the_group_is_set_to_0_where_deleting_it_is_refused_and_the_template_goe
     assert [(s, ok) for s, ok, _ in steps] == [
         ("delete group", False), ("set group to 0", True), ("delete launch template", True)]
     assert "already" in steps[2][2]
+
+
+@pytest.mark.parametrize("on_demand_at, lifecycle, at, due", [
+    (None, "spot", 2e9, False),          # no deadline: never
+    (1.7e9, "spot", 1.7e9 - 1, False),   # before the plan's switch: spot stays
+    (1.7e9, "spot", 1.7e9, True),        # at it and after: the group goes on-demand
+    (1.7e9, "on-demand", 1.8e9, False),  # an on-demand instance is what the switch asks for
+    (1.7e9, None, 1.8e9, False),         # IMDS said nothing: nothing is changed on a guess
+])
+def test_a_switch_is_due_past_the_deadline_s_moment_on_a_spot_instance_only(
+        on_demand_at, lifecycle, at, due):
+    """Issue 38: job.json's on_demand_at is the plan's switch."""
+    conf = auto_scaling.settings({"auto_scaling": dict(GOOD, on_demand_at=on_demand_at)})
+    assert auto_scaling.switch_due(conf, lifecycle, at) is due
+
+
+def test_the_switch_to_on_demand_names_the_distribution_only():
+    """Issue 38: the update names the group and its instances distribution and nothing else
+    (no size, type, subnet or template: the role may make no other update, job_role.py), so
+    AWS keeps the rest of the group; a refusal is a line that says so."""
+    conf = auto_scaling.settings({"auto_scaling": dict(GOOD, on_demand_at=1.7e9)})
+    url, server, seen = answering((200, b""), (403, _error("AccessDenied")))
+    try:
+        ok, line = auto_scaling.to_on_demand(dict(conf, endpoint=url), _Creds(), lambda s: None)
+        refused = auto_scaling.to_on_demand(dict(conf, endpoint=url), _Creds(), lambda s: None)
+    finally:
+        server.close()
+    assert ok and line.startswith("group cloudtrain-j1 set to on-demand"), line
+    assert seen[0] == {
+        "Action": "UpdateAutoScalingGroup", "Version": auto_scaling.AUTOSCALING_VERSION,
+        "AutoScalingGroupName": "cloudtrain-j1",
+        "MixedInstancesPolicy.InstancesDistribution.OnDemandBaseCapacity": "0",
+        "MixedInstancesPolicy.InstancesDistribution.OnDemandPercentageAboveBaseCapacity": "100"}
+    assert refused == (False, "setting group cloudtrain-j1 to on-demand failed: AccessDenied: m")
 
 
 def test_instance_states_read_only_the_asked_ids_and_a_refusal_is_none_and_why():

@@ -179,6 +179,26 @@ def test_F44_job_a_s_role_cannot_touch_job_b_s_group(action):
     assert _decide(_group(B, action, **sizes), boundary=False) == "implicit-deny"
 
 
+@pytest.mark.parametrize("named", [
+    {"MinSize": 1, "MaxSize": 4}, {"MaxSize": 8}, {"InstanceTypes": ["p5.48xlarge"]},
+    {"VPCZoneIdentifiers": ["subnet-0123"]}, {"LaunchTemplateVersionSpecified": "true"},
+    {"LaunchTemplateVersionSpecified": "false"}, {"LaunchConfigurationName": "other"}])
+def test_issue38_a_deadline_job_s_role_sets_its_own_group_to_on_demand_and_nothing_more(named):
+    """Issue 38: the role of a spot job with a deadline may update its own group where the
+    update names no size, type, subnet, launch template or configuration (the switch to
+    on-demand names only the instances distribution); any update that names one of them is
+    refused, so the instance cannot grow the group, change its type or send it elsewhere.
+    Without a deadline (job_role's default) there is no such update; job B's group never."""
+    policy = job_role.role_policy(partition="aws", account=ACCOUNT, region=REGION,
+                                  bucket=BUCKET, prefix=_prefix(A), job_id=A,
+                                  group=f"cloudtrain-{A}", datasets=[], nodes=1, deadline=True)
+    update = "autoscaling:UpdateAutoScalingGroup"
+    assert _decide(_group(A, update), policy) == "allow"
+    assert _decide(_group(A, update, **named), policy) != "allow", named
+    assert _decide(_group(A, update)) != "allow"  # the policy of a job without a deadline
+    assert _decide(_group(B, update), policy) == "implicit-deny"
+
+
 def test_issue36_the_role_deletes_its_own_launch_template_only():
     def template(job: str, owner: str = OWNER) -> Request:
         return Request("ec2:DeleteLaunchTemplate",

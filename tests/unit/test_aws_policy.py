@@ -11,6 +11,7 @@ import botocore.session
 import pytest
 
 from conftest import REPO
+from cloudtrain.providers.aws import job_role
 
 # RE1: the CLI's policy is two managed policies (one holds 6,144 characters, and the first
 # was near them): EC2 and the rest, and who calls and the job store's objects. A user attaches
@@ -483,7 +484,10 @@ def _group_end_problems(role: dict) -> list[str]:
                 tags.get("aws:ResourceTag/cloudtrain:job") != "false":
             problems.append(f"{s.get('Sid')}: not only resources tagged with an owner and a job")
         sizes = (s.get("Condition") or {}).get("NumericEquals") or {}
-        if "autoscaling:UpdateAutoScalingGroup" in actions and any(
+        # an update to sizes 0 (the end), or one that names no size, type, subnet or
+        # template (issue 38: the switch to on-demand, which names only the distribution)
+        switch = all(tags.get(k) == "true" for k in job_role.SWITCH_KEYS_ABSENT)
+        if "autoscaling:UpdateAutoScalingGroup" in actions and not switch and any(
                 sizes.get(f"autoscaling:{k}") != "0" for k in EMPTY_GROUP):
             problems.append(f"{s.get('Sid')}: UpdateAutoScalingGroup to sizes other than 0 (F44)")
         found |= actions & GROUP_END
@@ -589,7 +593,8 @@ def test_issue27_the_instance_role_ends_only_tagged_job_groups_and_reads_their_r
 
 @pytest.mark.parametrize("change", ["without-groups", "without-templates", "without-records",
                                     "untagged", "any-group", "more-actions", "resize-upward",
-                                    "resize-unbounded", "template-versions"])
+                                    "resize-unbounded", "template-versions", "switch-resizes",
+                                    "switch-retypes", "switch-untagged"])
 def test_issue27_the_check_fails_a_role_without_the_group_statements_or_with_more(change):
     """F44 among them: the role may set a group's sizes to 0 only; before, it could resize
     any cloudtrain group upward, or revive one its deadline had emptied. F40: a role that
@@ -611,6 +616,11 @@ def test_issue27_the_check_fails_a_role_without_the_group_statements_or_with_mor
         del templates["Condition"]
     elif change == "any-group":
         groups["Resource"] = "*"
+    elif change.startswith("switch-"):  # issue 38: the switch to on-demand may do no more
+        null = by_sid["SwitchJobGroupsToOnDemand"]["Condition"]["Null"]
+        del null[{"switch-resizes": "autoscaling:MaxSize", "switch-retypes":
+                  "autoscaling:InstanceTypes", "switch-untagged":
+                  "aws:ResourceTag/cloudtrain:job"}[change]]
     elif change == "template-versions":
         templates["Action"] = _listed(templates["Action"]) + ["ec2:CreateLaunchTemplateVersion"]
     else:

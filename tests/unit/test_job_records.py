@@ -454,3 +454,32 @@ def test_the_records_keys_are_below_the_attempt():
     assert job_records.ended_key("jobs/o/j1/", 4, 2) == "jobs/o/j1/attempts/4/ended-2.json"
     assert job_records.MEMBER_NAME.fullmatch("i-0000000a.json")
     assert not job_records.MEMBER_NAME.fullmatch("ended-2.json")
+
+
+def test_issue38_a_switch_to_on_demand_comes_back_as_written_or_not_at_all():
+    """attempts/<n>/switched.json: attempt n's instance set the group to on-demand. Read
+    back as written; another attempt's, or one without its time or outcome, is none; its
+    line is one line without escapes (it reaches the timeline)."""
+    doc = job_records.switch_doc(2, "i-0123456789abcdef0", True, "group g set\n\x1b[31mred",
+                                 at=1.8e9)
+    got = job_records.check_switch(json.loads(json.dumps(doc)), 2)
+    assert got == {"attempt": 2, "instance": "i-0123456789abcdef0", "at": 1.8e9, "ok": True,
+                   "line": got["line"]}
+    assert "\n" not in got["line"] and "\x1b" not in got["line"] and "group g set" in got["line"]
+    assert job_records.check_switch(doc, 3) is None
+    for bad in ({"ok": "yes"}, {"at": "now"}, {"attempt": True}):
+        assert job_records.check_switch(dict(doc, **bad), 2) is None, bad
+    assert job_records.switch_key("jobs/o/j/", 2) == "jobs/o/j/attempts/2/switched.json"
+
+
+SWITCHES = ANY | st.fixed_dictionaries({}, optional={
+    **NEAR, "ok": st.booleans() | ANY, "line": st.text(max_size=600) | ANY,
+    "at": st.floats(allow_nan=True) | st.floats(1e9, 2e9) | ANY})
+
+
+@given(SWITCHES, st.integers(-1, MAX_ATTEMPTS + 2))
+def test_issue38_any_json_is_a_checked_switch_or_none_never_a_crash(doc, n):
+    got = job_records.check_switch(doc, n)
+    assert got is None or (got["attempt"] == n and isinstance(got["ok"], bool)
+                           and _one_clean_line(got["line"]) and _when(got["at"])
+                           and got["instance"] in (None, doc.get("instance")))

@@ -97,6 +97,37 @@ def test_a_query_api_call_is_decided_on_its_resource_s_tags(lab):
     assert left == ["theirs"]
 
 
+def test_issue38_an_update_s_keys_are_in_the_context_only_where_it_names_them(lab):
+    """The keys AWS gives UpdateAutoScalingGroup beyond the sizes (autoscaling:InstanceTypes,
+    VPCZoneIdentifiers, LaunchTemplateVersionSpecified, LaunchConfigurationName) are in the
+    request context only where the request names their parts, so a policy's Null test on
+    them tells the switch to on-demand (the distribution only) from an update that retypes,
+    moves, resizes or re-templates the group."""
+    from cloudtrain.providers.aws.job_role import SWITCH_KEYS_ABSENT
+
+    sessions, admin, endpoint = lab
+    iam = boto3.client("iam", **admin)
+    iam.put_role_policy(RoleName="job-role", PolicyName="switch", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{
+            "Effect": "Allow", "Action": "autoscaling:UpdateAutoScalingGroup", "Resource": "*",
+            "Condition": {"Null": {k: "true" for k in SWITCH_KEYS_ABSENT}}}]}))
+    mine = _as(sessions.issue("job-role"), "autoscaling", endpoint)
+    distribution = {"InstancesDistribution": {"OnDemandPercentageAboveBaseCapacity": 100}}
+    template = {"LaunchTemplateSpecification": {"LaunchTemplateName": "lab-t", "Version": "3"}}
+    for kwargs in ({"MixedInstancesPolicy": distribution},
+                   {"MixedInstancesPolicy": {**distribution, "LaunchTemplate": {
+                       "Overrides": [{"InstanceType": "p5.48xlarge"}]}}},
+                   {"MixedInstancesPolicy": {**distribution, "LaunchTemplate": template}},
+                   {"VPCZoneIdentifier": "subnet-1,subnet-2"}, {"MaxSize": 4},
+                   {"LaunchConfigurationName": "other"}):
+        try:
+            mine.update_auto_scaling_group(AutoScalingGroupName="g", **kwargs)
+        except ClientError:
+            pass  # the group does not exist: IAM's decision came first
+    assert [d for _, a, _, d in sessions.decisions
+            if a == "autoscaling:UpdateAutoScalingGroup"] == ["allow"] + ["implicit-deny"] * 5
+
+
 def test_revoked_and_expired_keys_are_refused_and_others_pass_as_before(lab):
     """An access key deleted (or a session ended) is refused as AWS refuses it; a role
     session past its Expiration answers ExpiredToken, and IMDS then hands out new

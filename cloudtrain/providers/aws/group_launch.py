@@ -109,10 +109,11 @@ def boot_script(loader_args: list[str], bootstrap_args: list[str], run_as: str) 
         f'$AS python3 "$DIR/boot_loader.py" {argv}',
         "CODE=$?",
         # 0: the job runs (or the launching machine starts it); 10, 11: bootstrap ended the
-        # group and powered off. Anything else: this instance cannot run the job, so it
+        # group and powered off; 14: it set the group to on-demand (a deadline) and powered
+        # off. Anything else: this instance cannot run the job, so it
         # does not stay up billing (bootstrap ended the job where it could).
         'case $CODE in',
-        '    0|10|11) ;;',
+        '    0|10|11|14) ;;',
         '    *) echo "cloudtrain boot: exit $CODE: this instance cannot run the job; '
         'powering off"',
         '       SHUTDOWN=$(cat /var/lib/cloudtrain/shutdown-command 2>/dev/null)',
@@ -136,9 +137,10 @@ def group_recovery(aws: AwsSession, spec: JobSpec) -> str | None:
     if spec.nodes > 1 and EFA_INTERFACES.get(spec.placement.instance_type or ""):
         return (f"AWS Auto Scaling cannot: {spec.placement.instance_type} has EFA, and the group's "
                 "launch template does not give its instances EFA interfaces yet")
-    if spec.deadline_at is not None:
-        return ("AWS Auto Scaling relaunches spot with spot: a deadline's move to on-demand is "
-                "made by the supervisor on this machine, which must stay on for it")
+    if spec.deadline_at is not None and spec.nodes > 1:
+        return ("a deadline's move to on-demand on several nodes is made by the supervisor on "
+                "this machine, which must stay on for it (an instance of a group sets it to "
+                "on-demand for a job on one node only)")
     if spec.recovery.fallback == Market.ON_DEMAND or aws.settings.regions:
         return ("AWS Auto Scaling cannot follow --fallback on-demand or more regions "
                 "(regions: in config.yaml): it relaunches in the job's region and market "
@@ -337,7 +339,18 @@ def group_settings(aws: AwsSession, store: Store, job: Job, spec) -> dict:
                              "endpoint": endpoint, "max_restarts": spec.recovery.max_restarts,
                              "prefix": prefix, "bucket": bucket,
                              "store_region": store_region, "nodes": spec.nodes,
-                             "timing": regroup_timing(aws.settings)}}
+                             "timing": regroup_timing(aws.settings),
+                             "on_demand_at": on_demand_at(spec)}}
+
+
+def on_demand_at(spec) -> float | None:
+    """job.json's auto_scaling.on_demand_at: the moment the plan said spot stops fitting the
+    deadline (lifecycle/plan.py's expected "deadline"), after which the instance that stops
+    sets the group to on-demand (host/auto_scaling.py); None without a deadline on spot."""
+    decided = (spec.expected or {}).get("deadline") or {}
+    at = decided.get("switch_at")
+    return float(at) if spec.deadline_at is not None and decided.get("market") == "spot" \
+        and isinstance(at, (int, float)) else None
 
 
 def regroup_timing(settings) -> dict:

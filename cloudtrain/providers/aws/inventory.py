@@ -243,7 +243,10 @@ def record_ends(aws: AwsSession, store: Store, job: Job) -> None:
                     launched = {}
             ended = (launched.get(inst.id) or {}).get("terminated_at")
         ended = ended or time.time()
-        end = inst.terminated_at or ended
+        # EC2's reason and the group's record give whole seconds: an instance that powered
+        # off within the second it started (a spot replacement past a deadline's switch)
+        # would end before its recorded start.
+        end = max(inst.terminated_at or ended, inst.launched_at or 0.0)
         fields: dict[str, object] = {"state": "terminated", "terminated_at": end}
         if inst.market == Market.SPOT:
             details = dict(inst.details or {})

@@ -107,15 +107,26 @@ def trust_policy() -> dict:
         "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
 
 
+# AWS's condition keys of UpdateAutoScalingGroup that a request naming sizes, types, subnets,
+# a launch template or a launch configuration carries: the switch to on-demand names none.
+SWITCH_KEYS_ABSENT = ("autoscaling:MinSize", "autoscaling:MaxSize", "autoscaling:InstanceTypes",
+                      "autoscaling:VPCZoneIdentifiers", "autoscaling:LaunchTemplateVersionSpecified",
+                      "autoscaling:LaunchConfigurationName")
+
+
 def role_policy(*, partition: str, account: str, region: str, bucket: str, prefix: str,
                 job_id: str, group: str, datasets: list[tuple[str, str]], nodes: int,
-                spot_budget: bool = False) -> dict:
+                spot_budget: bool = False, deadline: bool = False) -> dict:
     """The role's inline policy: read and write the job's own prefix of the job store (its
     bundle read only), list its attempts, read its datasets (bucket, key prefix), end
     (delete, or set to 0) its own group, delete its own launch template; a job on several
     nodes also asks EC2 which of its peers run (DescribeInstances, which IAM cannot narrow
     to resources); a spot job with a budget reads its AZ's spot price (DescribeSpotPriceHistory,
-    which neither can be narrowed), to count what it spends (host/budget.py)."""
+    which neither can be narrowed), to count what it spends (host/budget.py); a spot job with
+    a deadline sets its own group to on-demand once the switch is past (host/auto_scaling.py):
+    an update that names no size, type, subnet, launch template or configuration (IAM's
+    Null test on AWS's condition keys for UpdateAutoScalingGroup), so all it can change is
+    how the group's own type is bought."""
     store = f"arn:{partition}:s3:::{bucket}"
     statements: list[dict] = [
         {"Sid": "ReadItsJob", "Effect": "Allow", "Action": "s3:GetObject",
@@ -150,6 +161,12 @@ def role_policy(*, partition: str, account: str, region: str, bucket: str, prefi
     if nodes > 1:
         statements.append({"Sid": "SeeItsPeers", "Effect": "Allow",
                            "Action": "ec2:DescribeInstances", "Resource": "*"})
+    if deadline:
+        statements.append({
+            "Sid": "SwitchItsGroupToOnDemand", "Effect": "Allow",
+            "Action": "autoscaling:UpdateAutoScalingGroup",
+            "Resource": _group_arn(partition, region, account, group),
+            "Condition": {"Null": {k: "true" for k in SWITCH_KEYS_ABSENT}}})
     if spot_budget:
         statements.append({"Sid": "ReadItsSpotPrice", "Effect": "Allow",
                            "Action": "ec2:DescribeSpotPriceHistory", "Resource": "*"})
@@ -183,7 +200,9 @@ def prepare(aws: AwsSession, store: Store, job: Job, spec, store_place: tuple[st
                          bucket=bucket, prefix=prefix, job_id=job.id, group=group,
                          datasets=datasets, nodes=int(spec.nodes or 1),
                          spot_budget=spec.budget_usd is not None
-                         and spec.placement.market == Market.SPOT)
+                         and spec.placement.market == Market.SPOT,
+                         deadline=spec.deadline_at is not None
+                         and spec.placement.market == Market.SPOT and int(spec.nodes or 1) == 1)
     iam = aws.client("iam", region)
     with aws_errors(region, "iam"):
         _made(lambda: iam.create_role(

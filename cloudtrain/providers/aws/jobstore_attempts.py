@@ -3,7 +3,8 @@ in the S3 job store (the records, their keys, writers and checkers are host/job_
 the same on the instance; group_launch.py's group_record and follow_nodes read them here for
 lifecycle/autoscaled.py):
 
-    records(s3, bucket, prefix, owner)          {"attempts", "reached", "final"}, all checked
+    records(s3, bucket, prefix, owner)          {"attempts", "reached", "switched", "final"},
+                                                all checked
     members(s3, bucket, prefix, n, nodes, owner)    attempt n's nodes as their records say
     attempt_keys(s3, bucket, prefix, owner)     {key: size} below the job's attempts/, bounded
     small_json(s3, bucket, key, size, owner)    one record, at most RECORD_MAX_BYTES, or None
@@ -39,7 +40,8 @@ def attempt_keys(s3, bucket: str, prefix: str, owner: str | None) -> dict[str, i
 
 def records(s3, bucket: str, prefix: str, owner: str | None) -> dict:
     """What the job's instances recorded: {"attempts": [each attempt's record, checked, by
-    n], "reached": {n: step} (reached), "final": the job's end, checked, or None}."""
+    n], "reached": {n: step} (reached), "switched": {n: attempt n's switch of the group to
+    on-demand}, "final": the job's end, checked, or None}."""
     keys = attempt_keys(s3, bucket, prefix, owner)
     found = []
     for key, size in sorted(keys.items()):
@@ -54,7 +56,16 @@ def records(s3, bucket: str, prefix: str, owner: str | None) -> dict:
     found.sort(key=lambda a: a["attempt"])
     final_key = job_records.final_key(prefix)
     final = dict(list_keys(s3, bucket, final_key, owner))
+    switched = {}
+    for a in found:  # an attempt's instance that set the group to on-demand (a deadline)
+        key = job_records.switch_key(prefix, a["attempt"])
+        if key in keys:
+            doc = job_records.check_switch(small_json(s3, bucket, key, keys[key], owner),
+                                           a["attempt"])
+            if doc is not None:
+                switched[a["attempt"]] = doc
     return {"attempts": found, "reached": reached(s3, bucket, prefix, keys, owner, found),
+            "switched": switched,
             "final": job_records.check_final(small_json(s3, bucket, final_key,
                                                         final[final_key], owner))
             if final_key in final else None}

@@ -347,9 +347,12 @@ def _plan_lifecycle(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]
                                      f"{lost}, at most {spec.recovery.max_restarts} times: "
                                      f"relaunched by AWS Auto Scaling in {place} "
                                      "(the job's group), this machine needed for nothing "
-                                     "after the launch; no move to another region or to "
-                                     "on-demand (the supervisor here does that only for "
-                                     "the jobs it relaunches)"))
+                                     "after the launch; no move to another region" + (
+                                         "; past the deadline's switch, the instance that "
+                                         "stops sets the group to on-demand, so AWS's next "
+                                         "one is" if group_launch.on_demand_at(spec)
+                                         else " or to on-demand (the supervisor here does "
+                                         "that only for the jobs it relaunches)")))
         else:
             # Who relaunches (the cause), then what would let AWS do it
             rows.append(("recovery", f"on a spot interruption the job continues from its "
