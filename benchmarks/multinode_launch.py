@@ -74,10 +74,10 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from labs.netns import require_netns
+    from labs.netns import lab_ip, require_netns
 
     require_netns()
-    hosts = [f"10.200.0.{4 + i}" for i in range(args.nodes)]  # moto's order in us-east-1a
+    hosts = [lab_ip(4 + i) for i in range(args.nodes)]  # moto's order in us-east-1a
     rows = {}
     for n in (1, args.nodes):
         got = [one(n, hosts) for _ in range(args.runs)]

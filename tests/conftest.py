@@ -347,19 +347,21 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Under pytest-xdist (.ci/run: two workers), the end-to-end tests go to one worker as one
-    unit: their network namespaces share 10.200.0.0/24 and one lab runs at a time anyway. Every
-    other test is a unit of its own, handed out in the workers' collection order (units of one
-    test keep it: pytest_collection_modifyitems puts the slow ones first). (Our own scheduler,
-    not `--dist loadgroup`: that one marks groups by rewriting Item._nodeid, which pytest 9 no
-    longer reads, so groups were ignored.)"""
+    """Under pytest-xdist (.ci/run: three workers), each end-to-end test file goes to one
+    worker as one unit (its tests share module fixtures and run in their order); the files
+    spread over the workers, whose labs run side by side: each worker's namespaces have a
+    subnet of their own (labs/netns.py: lab_net, 10.200.<worker>.0/24), and one worker's
+    labs take turns. Every other test is a unit of its own, handed out in the workers'
+    collection order (units of one test keep it: pytest_collection_modifyitems puts the slow
+    ones first). (Our own scheduler, not `--dist loadgroup`: that one marks groups by
+    rewriting Item._nodeid, which pytest 9 no longer reads, so groups were ignored.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class EndToEndTogether(LoadScopeScheduling):
+    class EndToEndByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "tests/e2e" if nodeid.startswith("tests/e2e/") else nodeid
+            return nodeid.split("::", 1)[0] if nodeid.startswith("tests/e2e/") else nodeid
 
-    return EndToEndTogether(config, log)
+    return EndToEndByFile(config, log)
 
 
 def fault_rows(terminalreporter) -> list:

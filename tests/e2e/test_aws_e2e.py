@@ -11,14 +11,14 @@ import subprocess
 import pytest
 
 from labs.aws import moto_lab
-from labs.netns import GATEWAY, NetnsLab, netns_available
+from labs.netns import GATEWAY, SUBNET, NetnsLab, lab_ip, netns_available
 
 reason = netns_available()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
               pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs sshd")]
 pytest.importorskip("torch")
 
-HOST_IP = "10.200.0.4"  # the first address moto hands out in 10.200.0.0/24
+HOST_IP = lab_ip(4)  # the first address moto hands out in the lab's subnet
 
 
 def test_resnet9_smoke_through_the_aws_path_on_a_namespace_host(cli, ct_home, tmp_path,
@@ -27,7 +27,7 @@ def test_resnet9_smoke_through_the_aws_path_on_a_namespace_host(cli, ct_home, tm
     monkeypatch.setenv("CLOUDTRAIN_TMUX_SOCKET", tmux_socket)
     # moto listens on the bridge, so the host's shutdown shim can reach it too.
     with NetnsLab(tmp_path / "netns") as net, \
-            moto_lab(str(GATEWAY), ct_home, tmp_path / "lab", monkeypatch, "10.200.0.0/16", {"us-east-1a": "10.200.0.0/24"}) as lab:
+            moto_lab(str(GATEWAY), ct_home, tmp_path / "lab", monkeypatch, "10.200.0.0/16", {"us-east-1a": str(SUBNET)}) as lab:
         host = net.add_host(HOST_IP)
         try:
             sshd = host.start_sshd(client_key=lab.key)

@@ -23,7 +23,7 @@ from labs.aws import moto_lab
 from labs.credentials import CLIENT_CREDS, REGION
 from conftest import tiny_prepared_imagenet
 from labs.imds import FakeIMDS
-from labs.netns import GATEWAY, NetnsLab, netns_available
+from labs.netns import GATEWAY, SUBNET, NetnsLab, lab_ip, netns_available
 from labs.polling import wait_for
 
 reason = netns_available()
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
               pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs sshd")]
 pytest.importorskip("torch")
 
-HOST_IP = "10.200.0.4"  # the first address moto hands out in 10.200.0.0/24
+HOST_IP = lab_ip(4)  # the first address moto hands out in the lab's subnet
 BRIDGE = str(GATEWAY)
 BUCKET = "datasets-netns-e2e"
 PROFILE = "cloudtrain-instance"
@@ -69,7 +69,7 @@ def test_a_namespace_host_stages_s3_data_with_its_role_credentials_then_reads_it
     tmux_socket = f"ct-e2e-staging-{os.getpid()}"
     monkeypatch.setenv("CLOUDTRAIN_TMUX_SOCKET", tmux_socket)
     with NetnsLab(tmp_path / "netns") as net, \
-            moto_lab(BRIDGE, ct_home, tmp_path / "lab", monkeypatch, "10.200.0.0/16", {"us-east-1a": "10.200.0.0/24"}) as lab:
+            moto_lab(BRIDGE, ct_home, tmp_path / "lab", monkeypatch, "10.200.0.0/16", {"us-east-1a": str(SUBNET)}) as lab:
         host = net.add_host(HOST_IP)
         imds = None
         try:

@@ -12,7 +12,7 @@ import pytest
 
 from labs.cloud import cloud_lab
 from labs.moto_placement import PlacementGroups
-from labs.netns import netns_available
+from labs.netns import lab_ip, netns_available
 from labs.polling import wait_for
 
 reason = netns_available()
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
               pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs sshd"),
               pytest.mark.slow]
 
-ZONE_A = ["10.200.0.4", "10.200.0.5", "10.200.0.6"]  # moto's first three in us-east-1a
+ZONE_A = [lab_ip(4), lab_ip(5), lab_ip(6)]  # moto's first three in us-east-1a
 STEP_LINE = re.compile(r"^(?P<name>\S.{0,19}?) +(?P<seconds>\d+\.\d) s  "
                        r"(?P<verdict>ok  |FAILED: )(?P<detail>.*)$")
 

@@ -16,13 +16,13 @@ import pytest
 from labs.aws import moto_lab
 from labs.terminal import run_in_terminal
 from conftest import REPO
-from labs.netns import GATEWAY, NetnsLab, netns_available
+from labs.netns import GATEWAY, SUBNET, NetnsLab, lab_ip, netns_available
 
 reason = netns_available()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
               pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs sshd")]
 
-HOST_IPS = ("10.200.0.4", "10.200.0.5", "10.200.0.6")  # moto hands these out first, in order
+HOST_IPS = (lab_ip(4), lab_ip(5), lab_ip(6))  # moto hands these out first, in order
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -57,7 +57,7 @@ def test_d3_launch_phases_in_a_terminal_and_piped(ct_home, tmp_path, monkeypatch
     (work / "a.bin").write_bytes(b"a" * 1_000_000)
     (work / "b.bin").write_bytes(b"b" * 500_000)
     with NetnsLab(tmp_path / "netns") as net, \
-            moto_lab(str(GATEWAY), ct_home, tmp_path / "lab", monkeypatch, "10.200.0.0/16", {"us-east-1a": "10.200.0.0/24"}) as lab:
+            moto_lab(str(GATEWAY), ct_home, tmp_path / "lab", monkeypatch, "10.200.0.0/16", {"us-east-1a": str(SUBNET)}) as lab:
         hosts = [net.add_host(ip) for ip in HOST_IPS]
         try:
             lab.serve_hosts(*[h.start_sshd(client_key=lab.key) for h in hosts])

@@ -19,7 +19,7 @@ import pytest
 from labs.cloud import BRIDGE, cloud_lab
 from labs.polling import wait_for
 from labs.moto_placement import PlacementGroups
-from labs.netns import netns_available
+from labs.netns import lab_ip, netns_available
 
 reason = netns_available()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
@@ -27,8 +27,8 @@ pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
               pytest.mark.slow]
 torch = pytest.importorskip("torch")
 
-ZONE_A = ["10.200.0.4", "10.200.0.5", "10.200.0.6"]  # moto's first three in us-east-1a
-ZONE_B = ["10.200.0.132", "10.200.0.133", "10.200.0.134"]
+ZONE_A = [lab_ip(4), lab_ip(5), lab_ip(6)]  # moto's first three in us-east-1a
+ZONE_B = [lab_ip(132), lab_ip(133), lab_ip(134)]
 # resnet9's smoke run as Apple's variant over 3 processes, one per node (gloo on the CPU):
 # 512 images in 3 strided shards of 170, 5 steps an epoch.
 RESNET9 = ("--recipe", "resnet9", "--profile", "smoke", "--set", "gpus=3")

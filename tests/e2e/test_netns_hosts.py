@@ -11,7 +11,7 @@ import pytest
 from cloudtrain.ssh_host import SSHHost
 from cloudtrain.ssh import Endpoint
 from labs.polling import wait_for
-from labs.netns import NetnsLab, cleanup_stale, netns_available
+from labs.netns import GATEWAY, NET, NetnsLab, cleanup_stale, lab_ip, netns_available
 
 REASON = netns_available()
 pytestmark = [
@@ -19,7 +19,7 @@ pytestmark = [
     pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server"),
 ]
 
-IPS = ("10.200.0.11", "10.200.0.12")
+IPS = (lab_ip(11), lab_ip(12))
 REACH = "import socket, sys; socket.create_connection((sys.argv[1], 22), 2).close()"
 
 
@@ -60,17 +60,17 @@ def test_two_hosts_each_with_its_own_sshd(tmp_path):
         with pytest.raises(ValueError):
             lab.add_host("10.201.0.5")
         with pytest.raises(ValueError):
-            lab.add_host("10.200.0.1")
+            lab.add_host(str(GATEWAY))
     assert all(s.proc.poll() is not None for s in servers) and sleeper.poll() is not None
     assert leftovers(lab.prefix) == []
-    assert "10.200.0." not in subprocess.run(["ip", "-4", "addr"], capture_output=True,
+    assert f"10.200.{NET}." not in subprocess.run(["ip", "-4", "addr"], capture_output=True,
                                              text=True).stdout
 
 
 def test_cleanup_stale_removes_a_crashed_labs_leftovers(tmp_path):
     lab = NetnsLab(workdir=tmp_path / "lab").start()
     try:
-        host = lab.add_host("10.200.0.11")
+        host = lab.add_host(lab_ip(11))
         server = host.start_sshd()
         assert cleanup_stale(lab.prefix) == []  # its owner (this process) is alive: kept
         removed = cleanup_stale(lab.prefix, skip_live=False)  # as if it had crashed

@@ -27,7 +27,7 @@ import pytest
 
 from labs.cloud import cloud_lab, uninterrupted
 from labs.polling import wait_for
-from labs.netns import netns_available
+from labs.netns import lab_ip, netns_available
 
 reason = netns_available()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.skipif(reason is not None, reason=reason or ""),
               pytest.mark.slow]
 torch = pytest.importorskip("torch")
 
-HOSTS = {"us-east-1a": "10.200.0.4", "us-east-1b": "10.200.0.132"}  # moto's first address
+HOSTS = {"us-east-1a": lab_ip(4), "us-east-1b": lab_ip(132)}  # moto's first address
 # The smoke profile, longer: 16 steps an epoch, so an interruption lands mid-epoch.
 # The smoke profile at the batch it had when these step counts were set (64 steps of 128).
 RESNET9 = ("--recipe", "resnet9", "--profile", "smoke", "--set", "epochs=4",

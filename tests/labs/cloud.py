@@ -4,7 +4,8 @@ namespace an instance with its own sshd, home directory (its disk) and tmux, a f
 for spot notices, and what a test does as EC2 (take an instance back).
 
 moto hands out a subnet's addresses in order after the three AWS reserves: in us-east-1a
-10.200.0.4, .5, .6, ...; in us-east-1b 10.200.0.132, .133, ...
+10.200.<n>.4, .5, .6, ...; in us-east-1b 10.200.<n>.132, .133, ... (n: the worker's lab net,
+labs/netns.py's lab_ip builds them)
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from pathlib import Path
 from .aws import _plain_http_stands_in_for_tls, moto_lab
 from .credentials import CLIENT_CREDS, REGION
 from .imds import FakeIMDS
-from .netns import GATEWAY, NetnsLab
+from .netns import GATEWAY, NET, NetnsLab
 from .polling import wait_for
 from .sshd import SSHD
 
 BRIDGE = str(GATEWAY)
-ZONES = {"us-east-1a": "10.200.0.0/25", "us-east-1b": "10.200.0.128/25"}
+ZONES = {"us-east-1a": f"10.200.{NET}.0/25", "us-east-1b": f"10.200.{NET}.128/25"}
 SPOT_REASON = ("Server.SpotInstanceTermination", "Server.SpotInstanceTermination: Spot "
                                                  "instance termination")
 

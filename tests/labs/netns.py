@@ -20,8 +20,10 @@ land on this machine, and a tmux server is found through its socket in /tmp whic
 namespace asks, so give each host its own tmux socket name if what runs there must stay in
 that host's namespace.
 
-Only one lab runs at a time on a machine (they all use 10.200.0.0/24): a second one waits
-on a lock file, up to ``lock_timeout`` seconds.
+Labs share a subnet per pytest-xdist worker (lab_net: 10.200.<n>.0/24, n the worker's
+number, so the end-to-end tests of two workers run side by side): only one lab of a subnet
+runs at a time, a second one waits on its lock file, up to ``lock_timeout`` seconds. The
+addresses in this docstring are worker 0's.
 """
 
 from __future__ import annotations
@@ -44,9 +46,30 @@ from pathlib import Path
 from .sshd import SSHD
 
 PREFIX = "ctl"
-SUBNET = ipaddress.ip_network("10.200.0.0/24")
-GATEWAY = ipaddress.ip_address("10.200.0.1")
-LOCK_FILE = "/run/cloudtrain-netns-lab.lock"
+
+
+def lab_net() -> int:
+    """n of the 10.200.<n>.0/24 this process's labs use: CT_LAB_NET, else the pytest-xdist
+    worker's number (gw0: 0, gw1: 1, ...), else 0. Labs of different nets run side by side
+    (their own bridge, addresses, moto and lock); labs of one net take turns (LOCK_FILE)."""
+    given = os.environ.get("CT_LAB_NET")
+    if given is None:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        given = worker[2:] if worker.startswith("gw") else "0"
+    n = int(given) if given.isascii() and given.isdigit() else 0
+    return n if n <= 254 else 0
+
+
+NET = lab_net()
+SUBNET = ipaddress.ip_network(f"10.200.{NET}.0/24")
+GATEWAY = SUBNET.network_address + 1
+LOCK_FILE = f"/run/cloudtrain-netns-lab-{NET}.lock"
+
+
+def lab_ip(last: int) -> str:
+    """The lab's address ending in `last` (moto hands out .4, .5, ... in us-east-1a, .132,
+    ... in us-east-1b: labs/cloud.py's ZONES)."""
+    return str(SUBNET.network_address + last)
 _labs = itertools.count()
 _OWNER = re.compile(rf"^{PREFIX}([0-9a-f]{{6}})[0-9a-f]{{2}}(?:br|v\d+|-\d+|-probe)$")
 
@@ -240,7 +263,8 @@ class NetnsHost:
 
 
 class NetnsLab:
-    """A bridge 10.200.0.1/24 plus one namespace per add_host(); all removed on exit."""
+    """A bridge holding GATEWAY (10.200.<n>.1/24) plus one namespace per add_host(); all
+    removed on exit."""
 
     def __init__(self, workdir: Path | str | None = None, lock_timeout: float = 120.0,
                  clean_stale: bool = True):
@@ -296,7 +320,7 @@ class NetnsLab:
                 time.sleep(0.1)
 
     def _check_subnet_free(self) -> None:
-        """Refuse (touching nothing) if the root namespace already routes part of 10.200.0.0/24."""
+        """Refuse (touching nothing) if the root namespace already routes part of SUBNET."""
         for line in _ip("-4", "route", "show").stdout.splitlines():
             dst = line.split()[0]
             if dst == "default":
