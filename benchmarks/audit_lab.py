@@ -474,6 +474,9 @@ def simulate_relaunch(where: str) -> dict:
     (ct_home / "config.yaml").write_text("")
     patch = pytest.MonkeyPatch()
     patch.setenv("CLOUDTRAIN_HOME", str(ct_home))
+    from labs.moto_spot_scores import SpotScores
+
+    SpotScores().install(patch)  # as tests/conftest.py does for every test
     cloud = lab.__wrapped__(patch, ct_home)  # the fixture's generator: moto, both regions
     ec2s = next(cloud)
     try:

@@ -82,6 +82,16 @@ def _signals_as_a_shell_leaves_them():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _spot_placement_scores(monkeypatch):
+    """moto answers EC2's GetSpotPlacementScores in every test, as EC2 does (labs/
+    moto_spot_scores.py; moto has none): every AZ scores the same unless a test sets scores
+    (its own SpotScores, installed after this one, answers instead)."""
+    from labs.moto_spot_scores import SpotScores
+
+    yield SpotScores().install(monkeypatch)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _tmux_server():
     os.environ["CLOUDTRAIN_TMUX_SOCKET"] = TMUX_SOCKET

@@ -243,10 +243,10 @@ def test_dry_run_creates_nothing_and_checks_permissions(cli, aws):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "g5.xlarge: 1x A10G" in out and "market       spot" in out
-    # spot: the AZ whose id the catalog's snapshot prices lowest comes first (moto has no
-    # spot placement scores: RC5's fallback, said)
-    assert re.search(r"AZs to try   us-east-1b use1-az1 \(\$[0-9.]+/h\), us-east-1a use1-az6 "
-                     r"\(\$[0-9.]+/h\); by price: ", out), out
+    # spot: EC2 scores both AZs alike (the lab's default), so the AZ whose id the catalog's
+    # snapshot prices lowest comes first
+    assert re.search(r"AZs to try   us-east-1b use1-az1 \(score 5, \$[0-9.]+/h\), us-east-1a "
+                     r"use1-az6 \(score 5, \$[0-9.]+/h\); by EC2's spot placement score", out), out
     assert f"AMI          {aws.ami}" in out
     assert "RunInstances allowed (EC2 DryRun)" in out
     assert aws.instances() == []

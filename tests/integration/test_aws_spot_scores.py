@@ -1,7 +1,7 @@
 """EC2's spot placement scores order a spot job's AZs (issue 38): asked for one AZ, the job's
 node count and three types of the same GPUs, kept a while, and where EC2 cannot or will not
 score, the AZs go by price with the reason said. In-process moto with labs/moto_spot_scores.py
-(moto has no GetSpotPlacementScores)."""
+(moto has no GetSpotPlacementScores; tests/conftest.py installs it for every test)."""
 
 from __future__ import annotations
 
@@ -135,11 +135,13 @@ def test_RC5_an_answer_is_kept_and_a_refusal_falls_back_to_price(ec2_provider, s
     assert len(scores.calls) == 3
 
 
-def test_RC5_moto_without_the_lab_falls_back_to_price(ec2_provider):
-    """RC5: an endpoint that does not implement the call (moto itself) leaves the AZs in
-    price order, with the reason."""
+def test_RC5_a_region_without_the_call_falls_back_to_price(ec2_provider, scores):
+    """RC5: a region (or endpoint) that does not offer the call leaves the AZs in price
+    order, with EC2's reason."""
+    scores.unsupported = True
     got = spot_scores.zone_scores(ec2_provider.aws, REGION, "g5.xlarge", 1, "spot")
-    assert got.scores == {} and "no GetSpotPlacementScores" in got.why
+    assert got.scores == {} and "EC2 refused the placement scores (UnsupportedOperation" in \
+        got.why, got.why
     zones = _zones(ec2_provider)
     assert network.order_zones(zones, "g5.xlarge", REGION, "spot", got.scores) == \
         network.order_zones(zones, "g5.xlarge", REGION, "spot")

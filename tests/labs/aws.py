@@ -32,6 +32,7 @@ from .loopback import free_port
 from .moto_images import ImageFits, ImageRoots
 from .moto_types import MotoTypes
 from .moto_regions import EnabledRegions
+from .moto_spot_scores import SpotScores
 from .moto_templates import TemplateVersions
 from .sshd import SSHD
 
@@ -308,9 +309,11 @@ def moto_lab(host: str, home: Path, work: Path, monkeypatch, vpc_cidr: str,
     at it, and an AWSLab (in `work`) with a VPC of `subnets` ({zone: cidr}), the DLAMI,
     cloudtrain's key and the shutdown recorder. The caller starts its hosts' sshds trusting
     `lab.key` and passes them to `lab.serve_hosts`; moto stops and its console text is put
-    back on exit."""
+    back on exit. EC2's spot placement scores are answered (labs/moto_spot_scores.py: every
+    AZ alike), as tests/conftest.py does for every test, for a benchmark's lab too."""
     with moto_server(host) as endpoint:
         use_moto(endpoint, monkeypatch)
+        SpotScores().install(monkeypatch)
         lab = AWSLab(endpoint, home, work)
         lab.work.mkdir()
         lab.build_cloud(vpc_cidr, subnets)

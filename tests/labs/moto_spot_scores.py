@@ -15,7 +15,8 @@ the call a spot launch makes to order its AZs (issue 38), answered as EC2 docume
                              not know: InvalidParameterValue "The request contains instance
                              types that are not valid" (as EC2 answers, redhat-developer/mapt
                              #902); TargetCapacity below 1: InvalidParameterValue
-    refusals                 `denied`: UnauthorizedOperation, as EC2 answers an action the
+    refusals                 `unsupported`: UnsupportedOperation, as EC2 answers an action a
+                             region does not offer; `denied`: UnauthorizedOperation, as EC2 answers an action the
                              caller's policies do not allow; `config_limit`: past that many
                              distinct request configurations, MaxConfigLimitExceeded (a
                              configuration already asked is answered again, as the User
@@ -36,6 +37,7 @@ class SpotScores:
         self.scores: dict[str, int] = {}  # AZ id ("use1-az4") -> 1..10
         self.default = default  # an AZ the test set no score for
         self.denied = False
+        self.unsupported = False  # UnsupportedOperation: a region or endpoint without the call
         self.config_limit: int | None = None  # distinct configurations answered, at most
         self.configs: list[str] = []  # the distinct configurations answered so far
         self.calls: list[dict] = []  # every request, as parsed: InstanceTypes, ...
@@ -60,6 +62,10 @@ class SpotScores:
                        "RegionNames": regions, "requirements": requirements is not None}
             with lab.lock:
                 lab.calls.append(request)
+                if lab.unsupported:
+                    raise EC2ClientError(
+                        "UnsupportedOperation", "The operation GetSpotPlacementScores is not "
+                        "supported in this region")
                 if lab.denied:
                     raise EC2ClientError(
                         "UnauthorizedOperation", "You are not authorized to perform this "

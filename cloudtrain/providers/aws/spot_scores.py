@@ -124,8 +124,6 @@ def _ask(aws: AwsSession, region: str, params: dict) -> tuple[dict[str, int], st
             token = page.get("NextToken")
             if not token:
                 break
-    except NotImplementedError:  # moto in-process: the call is not implemented
-        return {}, "this AWS endpoint has no GetSpotPlacementScores", True
     except AWSError as exc:
         if exc.code and is_permission_error(exc.code):
             return {}, f"{ACTION} is not allowed ({exc.code}): attach {POLICY_FILE}", True
