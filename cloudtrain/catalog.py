@@ -287,6 +287,26 @@ def matching(gpu: str | None = None, count: float | None = None,
     return sorted(out, key=lambda t: (t.gpu, t.gpus, t.price(region or "us-east-1") or 1e9, t.name))
 
 
+# How many other types a job chosen by --gpus may also run on in its Auto Scaling group (RD3):
+# a replacement that finds no capacity for one type takes another; each more is a pool more,
+# and a price more that the plan's "at most" must bound.
+EQUIVALENTS = 2
+
+
+def equivalents(t: InstanceType, region: str, most: int = EQUIVALENTS) -> list[InstanceType]:
+    """Types a job planned for `t` runs on as well (an Auto Scaling group's overrides, RD3):
+    the same GPU model, count and architecture, at least its vCPUs, memory and NVMe
+    instance store (the job's data staging and loaders were planned for those), priced
+    on-demand in `region`; the `most` cheapest by on-demand price."""
+    own = t.nvme_disks * t.nvme_disk_gb
+    found = [o for o in load().values()
+             if o.name != t.name and o.gpu == t.gpu and o.gpus == t.gpus and o.arch == t.arch
+             and o.vcpus >= t.vcpus and o.memory_gib >= t.memory_gib
+             and o.nvme_disks * o.nvme_disk_gb >= own and o.on_demand.get(region) is not None]
+    found.sort(key=lambda o: (o.on_demand[region], o.name))
+    return found[:most]
+
+
 def cheapest(gpu: str, count: float, regions: list[str], market: str = "on-demand"
              ) -> tuple[InstanceType, str, str | None]:
     """The cheapest type with `count` x `gpu` in `regions`: (type, region, spot AZ id or None).

@@ -30,6 +30,9 @@ class Placement:
     disk_gb: int | None = None
     max_price: float | None = None  # spot only, USD/h
     cpu_only: bool = False  # an instance type without a GPU, on purpose (else refused)
+    # Types of the same GPUs the job may also run on, where --gpus chose its type (not
+    # --instance): an Auto Scaling group's other overrides (catalog.equivalents, RD3).
+    alternatives: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

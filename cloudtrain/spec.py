@@ -450,7 +450,8 @@ def _place_recipe(rec, args: dict, placement: dict, settings: config.Settings,
 def _resolve_gpus(request: str, placement: dict, settings: config.Settings,
                   origins: dict | None = None) -> dict:
     """`--gpus V100:1`: the cheapest matching type (and region) among the allowed regions:
-    --region, else `regions:` from config.yaml, else the configured region."""
+    --region, else `regions:` from config.yaml, else the configured region; and the types of
+    the same GPUs it may also run on (catalog.equivalents)."""
     from . import catalog
 
     origin = (origins or {}).get("gpus")
@@ -469,4 +470,5 @@ def _resolve_gpus(request: str, placement: dict, settings: config.Settings,
         if origin and exc.message.startswith(origin):
             raise
         raise named_at(exc, origin, "--gpus") from None
-    return {"instance_type": chosen.name, "region": region}
+    return {"instance_type": chosen.name, "region": region,
+            "alternatives": [o.name for o in catalog.equivalents(chosen, region)]}

@@ -17,6 +17,9 @@ job.json's "budget" (written by the launching machine: providers/aws/budget_plan
     instance_per_h    the type's on-demand price per hour: what an on-demand instance bills,
                       and a spot instance's bound (its default maximum price is the on-demand
                       price: EC2 interrupts it rather than bill more)
+    bounds            {type: its on-demand price per hour} of each type the job's group may
+                      launch (several types of the same GPUs): an instance counts with its
+                      own type's (of_type); instance_per_h is the dearest
     other_per_h       per instance: its volumes and public IPv4 address, per hour
     spot, type, zone  spot: the price is read from EC2 (DescribeSpotPriceHistory with the
                       instance's role, every PRICE_S) for the instance's own AZ and type;
@@ -30,6 +33,7 @@ force then. The agent asks over(now) as it supervises: True once what has been s
 what the stop itself will cost at the present rate, reaches the budget.
 
     keep(agent, stopped, failed)         the agent's budget thread
+    check(conf), of_type(conf, type)     job.json's budget checked; an instance type's
     Meter(conf, identity, earlier_usd)   this attempt's meter
     Meter.spent(now), Meter.rate(), Meter.over(now), Meter.refresh(ask)
     pending_at(imds)                     the instance's launch, from its identity document
@@ -76,7 +80,19 @@ def check(conf):
     out["spot"] = conf.get("spot") is True
     for k in ("type", "region", "endpoint", "imds_url"):
         out[k] = conf.get(k) if isinstance(conf.get(k), str) else None
+    given = conf.get("bounds")
+    given = given if isinstance(given, dict) else {}
+    out["bounds"] = {k: v for k, v in ((str(k), _number(v)) for k, v in given.items())
+                     if v is not None}
     return out
+
+
+def of_type(conf, instance_type):
+    """The budget of an instance of `instance_type`, one of its group's types (bounds: each
+    one's on-demand price), or conf as it is."""
+    if instance_type in conf["bounds"]:
+        return dict(conf, type=instance_type, instance_per_h=conf["bounds"][instance_type])
+    return conf
 
 
 def iso_time(text):
@@ -274,7 +290,8 @@ class Keeper:
         def ask(params):
             return auto_scaling.ask("ec2", params, region, creds, endpoint)
 
-        meter = Meter(conf, ident.get("zone"), launched, earlier_usd)
+        meter = Meter(of_type(conf, ident.get("type")), ident.get("zone"), launched,
+                      earlier_usd)
         log("budget $%.2f: spent $%.4f so far%s%s" % (
             conf["usd"], meter.spent(), note,
             "" if launched else " (the launch time is unknown: counted from now)"))

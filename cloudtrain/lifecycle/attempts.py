@@ -163,7 +163,9 @@ def summary(store: Store, job: Job) -> list[dict]:
             redone_usd = redone * per_s * (price or 0.0) / 3600 * \
                 max(1, len(instances_of(store, job.id, a)))
         rows.append({"attempt": a.n, "instance": a.instance_id, "region": a.region,
-                     "zone": a.zone, "score": _score(inst), "market": a.market,
+                     "zone": a.zone, "type": a.instance_type or (inst.instance_type if inst
+                                                                 else None),
+                     "score": _score(inst), "market": a.market,
                      "started_at": a.started_at,
                      "running_at": a.running_at, "ended_at": a.ended_at,
                      "outcome": a.outcome or ("running" if job.active else job.state),

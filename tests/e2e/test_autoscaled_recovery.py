@@ -314,6 +314,41 @@ def test_issue38_laptop_closed_past_the_deadline_s_switch_the_group_goes_on_dema
     assert all(a["usd"] is not None and a["usd"] > 0 for a in job["attempts"]), job["attempts"]
 
 
+def test_RD3_a_gpus_job_s_group_takes_another_type_of_its_gpus_when_its_own_has_none(
+        lab, cli, tmp_path):
+    """RD3: a spot job whose type --gpus A10G:1 chose (g5.xlarge) is run by a group that may
+    launch g5.2xlarge and g5.4xlarge too (the same GPU, at least its vCPUs, memory and
+    instance store). With the laptop closed, its instance is taken back while AWS has no
+    g5.xlarge capacity left: the group launches a g5.2xlarge, the job resumes there and
+    succeeds, nothing is left; `status` shows each attempt on its own type, each priced."""
+    from test_spot_recovery import _own_job
+
+    work = _own_job(tmp_path, 200)
+    args = ("--gpus", "A10G:1", "--spot", "--workdir", str(work), "--", "python3", "job.py",
+            "200")
+    plan = " ".join(cli.ok("launch", *args[:3], "--dry-run", *args[3:]).stdout.split())
+    assert "(the job's group, on g5.xlarge or g5.2xlarge, g5.4xlarge: the same GPUs" in plan, \
+        plan
+    job_id = cli.launch(*args, timeout=300)
+    name = f"cloudtrain-{job_id}"
+    (first,) = lab.asg.wait_for_group(name, 1)
+    assert first.moto.instance_type == "g5.xlarge"
+    wait_for(lambda: (lab.stored_checkpoint(job_id) or {}).get("step", 0) >= 30, timeout=120,
+             what="a streamed checkpoint at step 30")
+    lab.asg.kill_launching_machine()
+    lab.asg.no_capacity.add("g5.xlarge")
+    lab.take_back({"InstanceId": first.id, "PrivateIpAddress": first.ip})
+    _until_everything_gone(lab, job_id, 300)
+    launched = [e["instance_type"] for e in lab.asg.log("launch") if e["group"] == name]
+    assert launched == ["g5.xlarge", "g5.2xlarge"], launched
+
+    job = cli.job(job_id)  # the first cloudtrain command since the laptop closed
+    assert job["state"] == "succeeded", (job["reason"], job["timeline"])
+    assert [a["type"] for a in job["attempts"]] == ["g5.xlarge", "g5.2xlarge"], job["attempts"]
+    assert all(a["usd"] is not None and a["usd"] > 0 for a in job["attempts"]), job["attempts"]
+    assert job["metrics"]["step"] == 200
+
+
 # resnet9's smoke run over 3 processes, one per node (gloo on the CPU): 512 images in 3
 # shards, 5 steps an epoch, 6 epochs (30 steps), a checkpoint each epoch.
 RESNET9_NODES = ("--recipe", "resnet9", "--profile", "smoke", "--set", "gpus=3",

@@ -209,6 +209,37 @@ def test_the_dry_run_says_who_relaunches_a_spot_job_and_where(cli, ct_home):
     assert "relaunched by a supervisor on this machine" in line and "on several nodes" in line
 
 
+def test_RD3_a_gpus_job_s_group_may_take_the_same_gpus_and_at_most_bounds_the_dearest(
+        cli, ct_home):
+    """RD3: where --gpus chose the type and AWS Auto Scaling relaunches, the group may take
+    the types of the same GPUs with at least its resources, said in the plan, and 'at most'
+    and the budget's bound are the dearest of them; --instance keeps its one type."""
+    import re
+
+    config = ct_home / "config.yaml"
+    config.write_text(config.read_text() + "instance_profile: cloudtrain-instance\n")
+    base = ("launch", "--region", "us-east-1", "--spot", "--max-runtime", "60")
+
+    def plan(*args: str) -> str:
+        return " ".join(cli.ok(*base, *args, "--dry-run", "--", "true").stdout.split())
+
+    gpus, instance = plan("--gpus", "A10G:1"), plan("--instance", "g5.xlarge")
+    assert "instance g5.xlarge:" in gpus
+    assert "(the job's group, on g5.xlarge or g5.2xlarge, g5.4xlarge: the same GPUs" in gpus
+    assert "(the job's group)," in instance and "on g5.xlarge or" not in instance
+
+    def most(text: str) -> float:
+        return float(re.search(r"at most \$([0-9.]+):", text).group(1))
+
+    assert most(gpus) > most(instance)
+    budget = plan("--gpus", "A10G:1", "--budget", "30")
+    from cloudtrain import catalog
+
+    dearest = catalog.get("g5.4xlarge").on_demand["us-east-1"]
+    assert f"spot counted at the price EC2 reads in the instance's AZ, at most ${dearest:.4f}/h" \
+        in budget, budget
+
+
 def test_issue38_a_relaunch_after_the_deadline_s_slack_runs_out_goes_on_demand(ct_home):
     """A spot job with a deadline: its relaunch stays on spot while the work left, with the
     interruptions seen, fits before the deadline (the timeline says until when); once the

@@ -41,8 +41,8 @@ that make a group do what AWS does for what cloudtrain relies on:
   with the fewest live instances, and among equals to one that did not just lose an instance.
   The launch applies what moto's group launch leaves out: the template's instance profile,
   shutdown behaviour, metadata options, block devices (without moto's extra default volume)
-  and volume tags, the MixedInstancesPolicy's spot share and first override's type, the
-  group's placement group.
+  and volume tags, the MixedInstancesPolicy's spot share and the first of its overrides that
+  has capacity (`no_capacity`: the types a test emptied), the group's placement group.
 - **Updates keep what they do not name** (AWS: "Any properties that you don't specify are not
   changed"): a MixedInstancesPolicy of only an InstancesDistribution keeps the group's launch
   template and overrides (moto replaced the whole policy). **A new instances distribution is
@@ -287,6 +287,9 @@ class AutoScalingLab:
         # of its own mounted at /opt/dlami/nvme, as the DLAMI mounts the store there (RG5);
         # "missing": none is (the mount failed, or an image that makes none)
         self.local_nvme = "mounted"
+        # instance types with no capacity now: a group launches the first of its overrides
+        # not named here, and fails its launch (and tries again) where all are
+        self.no_capacity: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="asg-lab", daemon=True)
         self._install(monkeypatch)
@@ -578,8 +581,13 @@ class AutoScalingLab:
         zone, subnet = self._pick_zone(group)
         policy = group.mixed_instances_policy or {}
         overrides = (policy.get("LaunchTemplate") or {}).get("Overrides") or []
-        instance_type = next((o["InstanceType"] for o in overrides if o.get("InstanceType")),
-                             None) or group.instance_type or "m1.small"
+        types = [o["InstanceType"] for o in overrides if o.get("InstanceType")] or \
+            [group.instance_type or "m1.small"]
+        # AWS takes the pools it finds capacity in (price-capacity-optimized): here the first
+        # override a test has not emptied (no_capacity)
+        instance_type = next((t for t in types if t not in self.no_capacity), None)
+        if instance_type is None:
+            raise LaunchError(f"InsufficientInstanceCapacity: no capacity for {', '.join(types)}")
         tags = {**group.get_propagated_tags(), ASG_NAME_TAG: group.name, **group.instance_tags}
         kwargs = dict(
             instance_type=instance_type, placement=zone, subnet_id=subnet,

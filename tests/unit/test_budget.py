@@ -237,3 +237,18 @@ def test_issue38_an_attempt_without_its_end_runs_on_only_until_the_next_was_laun
     usd, seen = budget.earlier(reader, prefix, 3, launched_at=T0 + 410)
     assert seen == 2
     assert usd == pytest.approx(2.0 + 30 * 0.01 + 10 * 0.01)  # 30 s to attempt 2, 10 s to 3
+
+
+def test_RD3_an_instance_of_another_of_its_group_s_types_counts_with_that_type_s_bound():
+    """RD3: a group of several types of the same GPUs: job.json's budget names each type's
+    bound (its on-demand price); an instance counts with its own type's, reads its own
+    type's spot price, and a type not named (or a bound that is not a number) keeps the
+    job's."""
+    c = conf(instance_per_h=1.624, bounds={"g5.xlarge": 1.006, "g5.2xlarge": 1.212,
+                                            "g5.4xlarge": 1.624, "g5.8xlarge": "x"})
+    assert c["bounds"] == {"g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.4xlarge": 1.624}
+    two = budget.of_type(c, "g5.2xlarge")
+    assert (two["type"], two["instance_per_h"]) == ("g5.2xlarge", 1.212)
+    assert budget.of_type(c, "g5.8xlarge") == c and budget.of_type(c, None) == c
+    meter = budget.Meter(two, launched_at=T0, clock=lambda: T0 + 3600)
+    assert meter.spent() == pytest.approx(1.212)

@@ -83,3 +83,19 @@ def test_RG5_each_type_s_local_nvme_is_the_catalog_s_instance_store():
     # every GPU type the default image runs has some (so the rule below decides by size)
     assert all(catalog.instance_store(t.name) for t in catalog.load().values()
                if catalog.dlami_runs(t.name))
+
+
+def test_RD3_a_type_s_equivalents_have_its_gpus_and_at_least_its_resources():
+    """RD3: the types a --gpus job's group may also launch: the same GPU model, count and
+    architecture, at least its vCPUs, memory and NVMe instance store, priced in the region,
+    the cheapest first; none where no larger type has the same GPUs."""
+    t = catalog.get("g5.xlarge")
+    found = catalog.equivalents(t, "us-east-1")
+    assert [o.name for o in found] == ["g5.2xlarge", "g5.4xlarge"]
+    for o in found:
+        assert (o.gpu, o.gpus, o.arch) == (t.gpu, t.gpus, t.arch)
+        assert o.vcpus >= t.vcpus and o.memory_gib >= t.memory_gib
+        assert o.nvme_disks * o.nvme_disk_gb >= t.nvme_disks * t.nvme_disk_gb
+        assert o.on_demand["us-east-1"] >= t.on_demand["us-east-1"]
+    assert catalog.equivalents(catalog.get("p4d.24xlarge"), "us-east-1") == []
+    assert len(catalog.equivalents(catalog.get("g6.xlarge"), "us-east-1", most=5)) > 2

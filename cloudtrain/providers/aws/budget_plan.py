@@ -15,6 +15,7 @@ from __future__ import annotations
 from ... import catalog
 from ...errors import UsageError
 from ...market import Market
+from . import group_launch
 from .images import VOLTA, image_kind
 from .plan import most_and_why, public_ipv4_per_hour, volumes_per_hour
 from .results import store_endpoint
@@ -38,18 +39,25 @@ def reserve_s(aws: AwsSession, spec) -> float:
     return min(float(aws.settings.stop_grace_seconds), STOP_S) + UPLOAD_S + POWER_OFF_S
 
 
-def bound_per_hour(spec, region: str) -> float:
-    """An instance's price per hour, at most: on-demand's list price (spot never bills above
-    it, nor above --max-price). UsageError where the catalog has no price for the type."""
-    t = catalog.get(spec.placement.instance_type or "")
+def bound_per_hour(spec, region: str, instance_type: str | None = None) -> float:
+    """An instance's price per hour, at most: on-demand's list price of its type (the job's,
+    or `instance_type`: another of its group's), as spot never bills above it, nor above
+    --max-price. UsageError where the catalog has no price for the type."""
+    name = instance_type or spec.placement.instance_type or ""
+    t = catalog.get(name)
     price = t.on_demand.get(region) if t is not None else None
     if price is None:
-        raise UsageError(f"--budget: no on-demand price for {spec.placement.instance_type} in "
-                         f"{region} to keep a budget with",
-                         hint="`cloudtrain prices --refresh` reads AWS's price list")
+        raise UsageError(f"--budget: no on-demand price for {name} in {region} to keep a "
+                         "budget with", hint="`cloudtrain prices --refresh` reads AWS's price list")
     if spec.placement.market == Market.SPOT and spec.placement.max_price is not None:
         price = min(price, spec.placement.max_price)
     return price
+
+
+def bounds(aws: AwsSession, spec, region: str) -> dict[str, float]:
+    """bound_per_hour of each type the job's instances may be (group_launch.launch_types)."""
+    return {name: bound_per_hour(spec, region, name)
+            for name in group_launch.launch_types(aws, spec)}
 
 
 def meter_settings(aws: AwsSession, spec, region: str) -> dict | None:
@@ -58,7 +66,8 @@ def meter_settings(aws: AwsSession, spec, region: str) -> dict | None:
         return None
     return {"usd": float(spec.budget_usd), "spent_before_usd": 0.0,
             "nodes": max(1, int(spec.nodes or 1)),
-            "instance_per_h": bound_per_hour(spec, region),
+            "instance_per_h": max(bounds(aws, spec, region).values()),
+            "bounds": bounds(aws, spec, region),
             "other_per_h": volumes_per_hour(aws, spec, region) + public_ipv4_per_hour(aws),
             "spot": spec.placement.market == Market.SPOT,
             "type": spec.placement.instance_type, "region": region,
@@ -70,7 +79,7 @@ def first_attempt_usd(aws: AwsSession, spec, region: str, boot_s: float) -> floa
     """The least one attempt costs before its job could checkpoint: its boot and setup
     (`boot_s`, the estimate's), EC2's 60-second minimum, and the stop, at the bound."""
     rate = max(1, int(spec.nodes or 1)) * (
-        bound_per_hour(spec, region) + volumes_per_hour(aws, spec, region)
+        max(bounds(aws, spec, region).values()) + volumes_per_hour(aws, spec, region)
         + public_ipv4_per_hour(aws))
     return rate * (max(boot_s, 60.0) + reserve_s(aws, spec)) / 3600.0
 
@@ -105,7 +114,8 @@ def budget_rows(aws: AwsSession, spec, region: str, at_most: float | None,
     if floor >= budget:
         raise UsageError(f"--budget ${budget:.2f}: one attempt costs about ${floor:.2f} before "
                          f"its job could save a checkpoint (boot and setup, EC2's first "
-                         f"minute, the stop), at up to ${bound_per_hour(spec, region):.4f}/h",
+                         f"minute, the stop), at up to "
+                         f"${max(bounds(aws, spec, region).values()):.4f}/h",
                          hint=f"--budget ${floor * 2:.2f} or more, or a cheaper type "
                               "(`cloudtrain estimate` compares them)")
     text = (f"${budget:.2f}, every attempt, volume and staging included; its instances keep it "
@@ -114,7 +124,7 @@ def budget_rows(aws: AwsSession, spec, region: str, at_most: float | None,
             "its upload, the power-off) would reach it, and nothing starts after")
     if spec.placement.market == Market.SPOT:
         text += (f"; spot counted at the price EC2 reads in the instance's AZ, at most "
-                 f"${bound_per_hour(spec, region):.4f}/h")
+                 f"${max(bounds(aws, spec, region).values()):.4f}/h")
     if at_most is not None:
         text += (f"; 'at most' (${at_most:.2f}) is below it: it cannot bind"
                  if at_most <= budget else f"; it binds before 'at most' (${at_most:.2f})")

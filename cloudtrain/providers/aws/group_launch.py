@@ -4,6 +4,7 @@
     acquire_from_group(store, job, spec, boot, report)   boot files, group, its first instance
     pin_bundle(store, job, spec, pin)         the template's new version: the bundle's sha256
     group_settings(store, job, spec)          job.json's "auto_scaling" (what the agent ends)
+    launch_types(spec)                        the types its instances may be (the overrides)
     record_attempt(store, job, spec, n, instance)        attempts/<n>.json in the job store
 
 The launch of such a job (issue 27) differs from RunInstances' in where its instance comes from
@@ -152,6 +153,14 @@ def group_recovery(aws: AwsSession, spec: JobSpec) -> str | None:
         return ("AWS Auto Scaling cannot with job_store: false: a replacement starts the "
                 "job from the job store")
     return None
+
+
+def launch_types(aws: AwsSession, spec: JobSpec) -> list[str]:
+    """The instance types the job's instances may be: its group's overrides where AWS Auto
+    Scaling launches them (groups.group_types), else its own type."""
+    if group_recovery(aws, spec) is None:
+        return groups.group_types(spec)
+    return [spec.placement.instance_type or ""]
 
 
 def login_user(aws: AwsSession, job: Job) -> str:
@@ -314,7 +323,9 @@ def _group_instances(aws: AwsSession, store: Store, job: Job, spec, region: str,
         launched = inst.get("LaunchTime")
         store.add_instance(Instance(
             id=instance_id, job_id=job.id, provider=aws.name, region=region, zone=zone,
-            instance_type=place.instance_type, market=place.market, state="requested",
+            # the type EC2 launched: one of the group's overrides (groups.group_types)
+            instance_type=inst.get("InstanceType") or place.instance_type,
+            market=place.market, state="requested",
             launched_at=launched.timestamp() if launched else time.time(),
             terminated_at=None, price_per_hour=None,
             details={"subnet": inst.get("SubnetId"), "ami": inst.get("ImageId"),
@@ -367,7 +378,8 @@ def record_attempt(aws: AwsSession, store: Store, job: Job, spec, n: int, instan
     store_region, _, _ = store_place(aws, store, job, spec)
     inst = next((i for i in store.instances(job.id) if i.id == instance_id), None)
     doc = job_records.attempt_doc(n, {"instance": instance_id, "zone": inst and inst.zone,
-                                      "type": spec.placement.instance_type, "lifecycle": "spot"},
+                                      "type": inst.instance_type if inst else
+                                      spec.placement.instance_type, "lifecycle": "spot"},
                                   by="launch")
     _store_put(aws, store, job, store_region, job_records.attempt_key("", n),
                json.dumps(doc).encode())

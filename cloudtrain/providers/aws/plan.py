@@ -9,7 +9,8 @@ from ...errors import CloudtrainError
 from ...market import Market
 from ..base import Question
 from . import (
-    cluster, group_launch, host_setup, images, instance_types, network, results, spot_scores)
+    cluster, group_launch, groups, host_setup, images, instance_types, network, results,
+    spot_scores)
 from .cluster import EFA_GROUP_NAME
 from .errors import POLICY_FILE, AWSError
 from .images import DLAMI_PATH
@@ -51,10 +52,18 @@ def most_and_why(aws: AwsSession, spec, t: catalog.InstanceType, region: str
     minutes = billed_minutes(aws, spec)
     attempts = 1 + spec.recovery.max_restarts if spec.recovery.recover else 1
 
-    def rate(where: str, market: str) -> float | None:  # an instance, USD/h
+    # the job's type, and the others of its group (group_launch.launch_types): the dearest
+    kinds = [t] + [k for name in group_launch.launch_types(aws, spec)[1:]
+                   if (k := catalog.get(name)) is not None]
+
+    def one(k: catalog.InstanceType, where: str, market: str) -> float | None:
         if market == Market.SPOT and spec.placement.max_price is not None:  # never billed above it
-            return min(spec.placement.max_price, t.on_demand.get(where) or spec.placement.max_price)
-        return t.dearest(where, market)
+            return min(spec.placement.max_price, k.on_demand.get(where) or spec.placement.max_price)
+        return k.dearest(where, market)
+
+    def rate(where: str, market: str) -> float | None:  # an instance, USD/h
+        found = [p for k in kinds if (p := one(k, where, market)) is not None]
+        return max(found) if found else None
 
     first = rate(region, spec.placement.market)
     assert first is not None  # asked only where the catalog prices the type (prices)
@@ -91,6 +100,15 @@ def most_and_why(aws: AwsSession, spec, t: catalog.InstanceType, region: str
     return total, (text + f", {'each ' if attempts > 1 else ''}with its "
                    f"{spec.root_gb(aws.settings)} GB gp3 disk{vols} (${volumes - ipv4:.4f}/h)"
                    + (f" and its public IPv4 address (${ipv4:.4f}/h)" if ipv4 else ""))
+
+
+def _group_types(spec) -> str:
+    """The recovery line's word on a group of several types (RD3), or ""."""
+    types = groups.group_types(spec)
+    if len(types) < 2:
+        return ""
+    return (f", on {types[0]} or {', '.join(types[1:])}: the same GPUs, at least its vCPUs, "
+            "memory and instance store, wherever AWS finds capacity first")
 
 
 def public_ipv4_per_hour(aws: AwsSession) -> float:
@@ -346,7 +364,8 @@ def _plan_lifecycle(aws: AwsSession, spec, region: str) -> list[tuple[str, str]]
                                      f"last checkpoint (streamed to the job store) on "
                                      f"{lost}, at most {spec.recovery.max_restarts} times: "
                                      f"relaunched by AWS Auto Scaling in {place} "
-                                     "(the job's group), this machine needed for nothing "
+                                     f"(the job's group{_group_types(spec)}), this machine "
+                                     "needed for nothing "
                                      "after the launch; no move to another region" + (
                                          "; past the deadline's switch, the instance that "
                                          "stops sets the group to on-demand, so AWS's next "
