@@ -31,8 +31,14 @@ class Placement:
     max_price: float | None = None  # spot only, USD/h
     cpu_only: bool = False  # an instance type without a GPU, on purpose (else refused)
     # Types of the same GPUs the job may also run on, where --gpus chose its type (not
-    # --instance): an Auto Scaling group's other overrides (catalog.equivalents, RD3).
+    # --instance): tried after its own type in every AZ (RC1), an Auto Scaling group's other
+    # overrides (RD3); catalog.equivalents.
     alternatives: list[str] = field(default_factory=list)
+
+    def types(self) -> list[str]:
+        """The types the job's instances may be: its own, then its alternatives (a launch
+        that finds no capacity for one takes the next; a group's overrides)."""
+        return [self.instance_type or "", *self.alternatives]
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,38 @@ def test_no_capacity_anywhere_names_every_az(cli, aws, monkeypatch):
     assert job["state"] == "failed" and "no capacity" in job["reason"]
 
 
+def test_RC1_a_gpus_job_takes_another_type_of_its_gpus_where_no_az_has_its_own(
+        cli, aws, ct_home, monkeypatch):
+    """RC1: a job whose type --gpus chose (g5.xlarge) tries it in every AZ, then the types
+    of the same GPUs it may also run on (g5.2xlarge, ...), in the same AZ order: here no AZ
+    has g5.xlarge, and the instance is a g5.2xlarge, recorded (and priced) as one; the
+    timeline says why. A job given --instance keeps its one type and fails naming it."""
+    original = InstanceBackend.run_instances
+
+    def run_instances(self, image_id, count, user_data, security_group_names, **kwargs):
+        if kwargs.get("instance_type") == "g5.xlarge":
+            raise EC2ClientError("InsufficientInstanceCapacity",
+                                 "We currently do not have sufficient g5.xlarge capacity")
+        return original(self, image_id, count, user_data, security_group_names, **kwargs)
+
+    monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
+    proc = cli("launch", "--gpus", "A10G:1", "--region", "us-east-1", "--follow", "--quiet",
+               "--", "echo", "hi")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    (row,) = _instance_rows(ct_home, job_id)
+    assert row["instance_type"] == "g5.2xlarge"
+    tried = json.loads(row["details"])["attempts"]
+    assert [a["error"].split(":")[0] for a in tried] == ["InsufficientInstanceCapacity"] * 2
+    (raw,) = aws.instances(**{"tag:cloudtrain:job": job_id})
+    assert raw["InstanceType"] == "g5.2xlarge"
+    said = [p["detail"] for p in cli.job(job_id)["timeline"] if p["name"] == "instance"]
+    assert "(g5.2xlarge: no capacity for g5.xlarge in any AZ)" in said[0], said
+    proc = cli("launch", "--instance", "g5.xlarge", "--", "true")
+    assert proc.returncode == 1
+    assert "no capacity for g5.xlarge (on-demand) in us-east-1" in error_line(proc.stderr)
+
+
 def test_quota_error_stops_at_once(cli, aws, monkeypatch):
     monkeypatch.setattr(InstanceBackend, "run_instances",
                         _fail_in("all", "VcpuLimitExceeded", "You have requested more vCPU"))

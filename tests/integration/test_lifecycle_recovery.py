@@ -211,9 +211,10 @@ def test_the_dry_run_says_who_relaunches_a_spot_job_and_where(cli, ct_home):
 
 def test_RD3_a_gpus_job_s_group_may_take_the_same_gpus_and_at_most_bounds_the_dearest(
         cli, ct_home):
-    """RD3: where --gpus chose the type and AWS Auto Scaling relaunches, the group may take
-    the types of the same GPUs with at least its resources, said in the plan, and 'at most'
-    and the budget's bound are the dearest of them; --instance keeps its one type."""
+    """RD3, RC1: where --gpus chose the type, the launch tries the types of the same GPUs
+    with at least its resources after its own, and AWS Auto Scaling's group may take them,
+    said in the plan; 'at most' and the budget's bound are the dearest of them; --instance
+    keeps its one type."""
     import re
 
     config = ct_home / "config.yaml"
@@ -224,7 +225,8 @@ def test_RD3_a_gpus_job_s_group_may_take_the_same_gpus_and_at_most_bounds_the_de
         return " ".join(cli.ok(*base, *args, "--dry-run", "--", "true").stdout.split())
 
     gpus, instance = plan("--gpus", "A10G:1"), plan("--instance", "g5.xlarge")
-    assert "instance g5.xlarge:" in gpus
+    assert "instance g5.xlarge:" in gpus and "; then g5.2xlarge, g5.4xlarge (the same GPUs, " \
+        "at least its vCPUs, memory and instance store) where no AZ has capacity for it" in gpus
     assert "(the job's group, on g5.xlarge or g5.2xlarge, g5.4xlarge: the same GPUs" in gpus
     assert "(the job's group)," in instance and "on g5.xlarge or" not in instance
 

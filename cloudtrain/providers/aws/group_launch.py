@@ -4,7 +4,6 @@
     acquire_from_group(store, job, spec, boot, report)   boot files, group, its first instance
     pin_bundle(store, job, spec, pin)         the template's new version: the bundle's sha256
     group_settings(store, job, spec)          job.json's "auto_scaling" (what the agent ends)
-    launch_types(spec)                        the types its instances may be (the overrides)
     record_attempt(store, job, spec, n, instance)        attempts/<n>.json in the job store
 
 The launch of such a job (issue 27) differs from RunInstances' in where its instance comes from
@@ -153,14 +152,6 @@ def group_recovery(aws: AwsSession, spec: JobSpec) -> str | None:
         return ("AWS Auto Scaling cannot with job_store: false: a replacement starts the "
                 "job from the job store")
     return None
-
-
-def launch_types(aws: AwsSession, spec: JobSpec) -> list[str]:
-    """The instance types the job's instances may be: its group's overrides where AWS Auto
-    Scaling launches them (groups.group_types), else its own type."""
-    if group_recovery(aws, spec) is None:
-        return groups.group_types(spec)
-    return [spec.placement.instance_type or ""]
 
 
 def login_user(aws: AwsSession, job: Job) -> str:

@@ -159,13 +159,17 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
     if raised:
         report.note(raised)
     attempts: list[Attempt] = []
-    for n, (zone, subnet, _vpc, zone_id) in enumerate(zones):
+    # The job's type in every AZ, then each type of the same GPUs it may also run on
+    # (Placement.types: a --gpus job's), in the same AZ order (RC1).
+    tries = [(kind, z) for kind in place.types() for z in zones]
+    for n, (kind, (zone, subnet, _vpc, zone_id)) in enumerate(tries):
         score = scores.of(zone_id) if scores else None
-        request = run_request(aws, job, spec, subnet, group, ami, key_name, owner, disk,
-                              root_device)
+        request = dict(run_request(aws, job, spec, subnet, group, ami, key_name, owner, disk,
+                                   root_device), InstanceType=kind)
         attempt = job.facts.attempt
         token = f"{job.id}-{n}" if attempt == 1 else f"{job.id}-a{attempt}-{n}"
-        report.phase(f"requesting {place.market} {place.instance_type} in {zone}"
+        where = zone if kind == place.instance_type else f"{kind} in {zone}"
+        report.phase(f"requesting {place.market} {kind} in {zone}"
                      + (f" ({attempts[-1].zone}: no capacity)" if attempts else ""))
         try:
             # ClientToken: a retried request can never start a second instance.
@@ -174,8 +178,9 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
         except BaseException as exc:
             code = run_failed(store, job, token, zone, exc, first=not attempts)
             assert isinstance(exc, AWSError)  # run_failed raised anything else again
-            if code in CAPACITY_ERRORS:
-                attempts.append(Attempt(zone, subnet, f"{code}: {exc.aws_message}", score))
+            if code in CAPACITY_ERRORS or (kind != place.instance_type and code in (
+                    "InvalidParameterValue", "InvalidInstanceType", "Unsupported")):
+                attempts.append(Attempt(where, subnet, f"{code}: {exc.aws_message}", score))
                 continue
             tried = ", ".join(a.zone for a in attempts + [Attempt(zone, subnet, code)])
             if code in QUOTA_ERRORS:
@@ -195,22 +200,24 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
             raise  # permissions, credentials, unreachable: already said in words
         raw = response["Instances"][0]
         instance_id = raw["InstanceId"]
-        known = catalog.get(place.instance_type)
+        known = catalog.get(kind)
         price = known.price(region, "on-demand") if known else None
         # Recorded before any waiting: from here on, every failure path can terminate it.
         store.add_instance(Instance(
             id=instance_id, job_id=job.id, provider=aws.name, region=region, zone=zone,
-            instance_type=place.instance_type, market=place.market, state="requested",
+            instance_type=kind, market=place.market, state="requested",
             launched_at=raw["LaunchTime"].timestamp() if raw.get("LaunchTime") else time.time(),
             terminated_at=None, price_per_hour=price if place.market == Market.ON_DEMAND else None,
             details={"subnet": subnet, "ami": ami, "key_name": key_name, "group": group,
                      "disk_gb": disk, "disk_mbps": spec.data.disk_mbps,
                      "attempts": [a.__dict__ for a in attempts],
                      **placement_score(scores, zone_id)}))
-        store.add_event(job.id, "instance", detail=f"{instance_id} in {zone}")
+        store.add_event(job.id, "instance", detail=f"{instance_id} in {zone}" + (
+            f" ({kind}: no capacity for {place.instance_type} in any AZ)"
+            if kind != place.instance_type else ""))
         return instance_id
     tried = "; ".join(f"{a.zone}: {a.error}" for a in attempts)
-    what = f"{place.instance_type} ({place.market})"
+    what = f"{' or '.join(place.types())} ({place.market})"
     hint = ("try --spot / --on-demand, another --instance or --region, or later"
             if place.market == Market.ON_DEMAND else
             "try --on-demand, a higher --max-price, another --instance or --region")

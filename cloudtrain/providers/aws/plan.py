@@ -52,8 +52,8 @@ def most_and_why(aws: AwsSession, spec, t: catalog.InstanceType, region: str
     minutes = billed_minutes(aws, spec)
     attempts = 1 + spec.recovery.max_restarts if spec.recovery.recover else 1
 
-    # the job's type, and the others of its group (group_launch.launch_types): the dearest
-    kinds = [t] + [k for name in group_launch.launch_types(aws, spec)[1:]
+    # the job's type, and the others it may run on (Placement.types): the dearest
+    kinds = [t] + [k for name in spec.placement.alternatives
                    if (k := catalog.get(name)) is not None]
 
     def one(k: catalog.InstanceType, where: str, market: str) -> float | None:
@@ -268,7 +268,12 @@ def _plan_machines(aws: AwsSession, spec, facts, t) -> list[tuple[str, str]]:
                                  "catalog: price unknown)"))
     else:
         rows.append(("instance", f"{t.name}: {t.gpus:g}x {t.gpu}, {t.vcpus:g} vCPU, "
-                                 f"{t.memory_gib:g} GiB"))
+                                 f"{t.memory_gib:g} GiB" + (
+                                     f"; then {', '.join(spec.placement.alternatives)} (the "
+                                     "same GPUs, at least its vCPUs, memory and instance "
+                                     "store) where no AZ has capacity for it"
+                                     if spec.placement.alternatives and spec.nodes == 1
+                                     else "")))
     if facts.note:
         rows.append(("note", facts.note))
     if spec.nodes > 1:
