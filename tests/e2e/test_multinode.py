@@ -65,6 +65,25 @@ def _alive(pid) -> bool:
         Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
+def _ended(lab, cli, job_id: str, timeout: float) -> dict:
+    """The job once it has ended; on a timeout, what it and each host's copy of it last said
+    (its state, timeline tail, each output.log's tail), so that a hang says where."""
+    try:
+        return wait_for(lambda: (lambda j: j if j["state"] in ("succeeded", "failed",
+                                                                "cancelled") else None)(
+            cli.job(job_id)), timeout=timeout, interval=1.0, what="the job's end")
+    except AssertionError as exc:
+        job = cli.job(job_id)
+        told = [f"{exc}: state {job['state']}, {job.get('reason')}",
+                json.dumps(job["timeline"][-12:], indent=0)[-3000:]]
+        for ip, home in sorted(lab.homes.items()):
+            log = home / ".cloudtrain" / "jobs" / job_id / "output.log"
+            if log.exists():
+                told.append(f"--- {ip} output.log\n" + "\n".join(
+                    log.read_text(errors="replace").splitlines()[-15:]))
+        raise AssertionError("\n".join(told)) from None
+
+
 def _metrics(ct_home: Path, job_id: str) -> list[dict]:
     path = ct_home / "jobs" / job_id / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -218,9 +237,7 @@ def test_spot_node_taken_back_relaunches_the_whole_job_elsewhere(lab, cli, ct_ho
     before = cli.job(job_id)["nodes"]
     (second,) = [i for i in lab.live(job_id) if i["InstanceId"] == before[1]["instance"]]
     lab.take_back(second)
-    job = wait_for(lambda: (lambda j: j if j["state"] in ("succeeded", "failed", "cancelled")
-                            else None)(cli.job(job_id)), timeout=480, interval=1.0,
-                   what="the job's end")
+    job = _ended(lab, cli, job_id, timeout=480)
     assert job["state"] == "succeeded", (job["reason"], job["timeline"])
     first, again = job["attempts"]
     assert first["outcome"] == "interrupted" and again["outcome"] == "succeeded"
