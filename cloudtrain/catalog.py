@@ -287,14 +287,14 @@ def matching(gpu: str | None = None, count: float | None = None,
     return sorted(out, key=lambda t: (t.gpu, t.gpus, t.price(region or "us-east-1") or 1e9, t.name))
 
 
-# How many other types a job chosen by --gpus may also run on in its Auto Scaling group (RD3):
+# How many other types a job chosen by --gpus may also run on in its Auto Scaling group:
 # a replacement that finds no capacity for one type takes another; each more is a pool more,
 # and a price more that the plan's "at most" must bound.
 EQUIVALENTS = 2
 
 
 def equivalents(t: InstanceType, region: str, most: int = EQUIVALENTS) -> list[InstanceType]:
-    """Types a job planned for `t` runs on as well (an Auto Scaling group's overrides, RD3):
+    """Types a job planned for `t` runs on as well (an Auto Scaling group's overrides):
     the same GPU model, count and architecture, at least its vCPUs, memory and NVMe
     instance store (the job's data staging and loaders were planned for those), priced
     on-demand in `region`; the `most` cheapest by on-demand price."""

@@ -31,8 +31,8 @@ class Placement:
     max_price: float | None = None  # spot only, USD/h
     cpu_only: bool = False  # an instance type without a GPU, on purpose (else refused)
     # Types of the same GPUs the job may also run on, where --gpus chose its type (not
-    # --instance): tried after its own type in every AZ (RC1), an Auto Scaling group's other
-    # overrides (RD3); catalog.equivalents.
+    # --instance): tried after its own type in every AZ, an Auto Scaling group's other
+    # overrides; catalog.equivalents.
     alternatives: list[str] = field(default_factory=list)
 
     def types(self) -> list[str]:

@@ -229,7 +229,7 @@ def group_types(spec) -> list[str]:
     """The instance types the group may launch: the job's own, then, for a job whose type
     --gpus chose, the types of the same GPUs it may also run on (Placement.types: at least
     its vCPUs, memory and instance store), so that a replacement that finds no capacity for
-    one type takes another (RD3). One GPU model and count: the processes per node the job
+    one type takes another. One GPU model and count: the processes per node the job
     was planned for."""
     return spec.placement.types()
 

@@ -160,7 +160,7 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
         report.note(raised)
     attempts: list[Attempt] = []
     # The job's type in every AZ, then each type of the same GPUs it may also run on
-    # (Placement.types: a --gpus job's), in the same AZ order (RC1).
+    # (Placement.types: a --gpus job's), in the same AZ order.
     tries = [(kind, z) for kind in place.types() for z in zones]
     for n, (kind, (zone, subnet, _vpc, zone_id)) in enumerate(tries):
         score = scores.of(zone_id) if scores else None

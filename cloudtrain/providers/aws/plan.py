@@ -103,7 +103,7 @@ def most_and_why(aws: AwsSession, spec, t: catalog.InstanceType, region: str
 
 
 def _group_types(spec) -> str:
-    """The recovery line's word on a group of several types (RD3), or ""."""
+    """The recovery line's word on a group of several types, or ""."""
     types = groups.group_types(spec)
     if len(types) < 2:
         return ""
