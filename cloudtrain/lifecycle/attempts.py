@@ -74,6 +74,12 @@ def resuming(store: Store, job_id: str, n: int, plan: dict) -> None:
     step = plan.get("step")
     store.update_attempt(job_id, n, resumed_seq=plan.get("seq"),
                          resumed_step=step if isinstance(step, int) else None)
+    before = store.attempt(job_id, n - 1) if n > 1 else None
+    if before is not None and isinstance(step, int) and before.last_step is not None \
+            and before.last_step < step:
+        # It ran at least to the checkpoint it resumed from or streamed: the last step seen
+        # here (its metrics, read every few seconds) can lag behind the stream's.
+        store.update_attempt(job_id, n - 1, last_step=step)
     store.add_event(job_id, "restore", detail=(
         f"attempt {n} resumes from checkpoint {plan.get('seq')}"
         + (f" (step {step})" if isinstance(step, int) else "")

@@ -284,3 +284,26 @@ def test_issue38_a_job_whose_deadline_spot_cannot_meet_launches_on_demand(cli):
     roomy = cli.ok("launch", "--instance", "g5.xlarge", "--spot", "--max-runtime", "60",
                    "--deadline", "+12h", "--dry-run", "--", "sleep", "1").stdout
     assert "  market       spot" in roomy and ": spot until " in roomy
+
+
+def test_F13_an_attempt_reached_at_least_the_step_the_next_one_resumes_from(ct_home):
+    """F13 (CI found the race): the last step seen here of an interrupted attempt comes from
+    its metrics, read every few seconds, and can lag behind the checkpoint it streamed: the
+    next attempt resumed from step 10 while attempt 1's last step read 8, and its redone
+    steps came out negative. An attempt ran at least to the step the next one resumes from."""
+    from cloudtrain.lifecycle import attempts
+    from cloudtrain.state import open_store
+
+    store = open_store(ct_home)
+    job = store.create_job(name=None, kind="command", recipe=None, command="x", backend="aws",
+                           spec=_spec().to_dict())
+    store.add_attempt(job.id, 1, started_at=1.0)
+    store.update_attempt(job.id, 1, last_step=8, outcome="interrupted")
+    store.add_attempt(job.id, 2, started_at=2.0)
+    attempts.resuming(store, job.id, 2, {"seq": 2, "step": 10})
+    assert store.attempt(job.id, 1).last_step == 10
+    store.update_attempt(job.id, 1, last_step=12)  # seen further than the checkpoint: kept
+    attempts.resuming(store, job.id, 2, {"seq": 2, "step": 10})
+    assert store.attempt(job.id, 1).last_step == 12
+    row = attempts.summary(store, store.job(job.id))[0]
+    assert row["redone_steps"] == 2
