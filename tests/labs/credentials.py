@@ -24,3 +24,15 @@ def aws_env(region: str = REGION) -> dict[str, str]:
 
 
 AWS_ENV = aws_env(REGION)
+
+
+def in_moto(monkeypatch, lab):
+    """A lab installed on in-process moto (`mock_aws`) under the fake account's keys, for a
+    lab's own tests: yields `lab` (an object with install(monkeypatch)), installed."""
+    from moto import mock_aws
+
+    for name, value in KEYS_ENV.items():
+        monkeypatch.setenv(name, value)
+    installed = lab.install(monkeypatch)
+    with mock_aws():
+        yield installed

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from moto import mock_aws
 
+from labs.credentials import in_moto
 from labs.moto_regions import ENABLED_BY_DEFAULT, EnabledRegions
 
 
 @pytest.fixture
 def regions(monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    lab = EnabledRegions().install(monkeypatch)
-    with mock_aws():
-        yield lab
+    yield from in_moto(monkeypatch, EnabledRegions())
 
 
 def _listed(region="us-east-1", **kw) -> dict[str, str]:
