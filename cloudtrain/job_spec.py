@@ -34,6 +34,11 @@ class Placement:
     # --instance): tried after its own type in every AZ, an Auto Scaling group's other
     # overrides; catalog.equivalents.
     alternatives: list[str] = field(default_factory=list)
+    # Capacity the user holds (--reservation cr-…): an On-Demand Capacity Reservation or a
+    # Capacity Block the job's instances launch into (providers/aws/reservations.py), and
+    # what a block cost (--block-fee, USD: EC2 does not show it after the purchase).
+    reservation: str | None = None
+    block_fee: float | None = None
 
     def types(self) -> list[str]:
         """The types the job's instances may be: its own, then its alternatives (a launch

@@ -105,6 +105,10 @@ KEYS: tuple[Key, ...] = (
                                        "+6h from the launch (--deadline)"),
     Key("resources.max_price", "max_price", "number", "spot: the most to pay per hour, USD "
                                                       "(--max-price)", 0, 1000),
+    Key("resources.reservation", "reservation", "str", "a capacity reservation or Capacity "
+                                                       "Block you hold, cr-… (--reservation)"),
+    Key("resources.block_fee", "block_fee", "usd", "what that Capacity Block cost, USD "
+                                                   "(--block-fee)", 0, BUDGET_MAX_USD),
     Key("resources.nodes", "nodes", "int", "machines the job spans (--nodes)", 1, 64),
     Key("resources.procs", "procs", "int", "processes per host for torchrun recipes "
                                            "(--procs)", 1, 1024),

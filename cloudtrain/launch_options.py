@@ -20,7 +20,8 @@ from .market import Market
 # The options that place a job on a cloud (JobSpec's fields of the same names); `spot` gives
 # the market.
 PLACEMENT = ("instance_type", "gpus", "region", "ami", "disk_gb", "max_price", "keep",
-             "idle_minutes", "on_job", "recover", "max_restarts", "fallback", "cpu_only")
+             "idle_minutes", "on_job", "recover", "max_restarts", "fallback", "cpu_only",
+             "reservation", "block_fee")
 OFF_WHEN_FALSE = ("cpu_only",)  # flags that only switch something on (--no-keep says no)
 NO_PROFILE = "none"  # `--profile none`: the recipe's full run, whatever a job file says
 # Launch options that repeat: a job file's list first, then the flags'.
@@ -50,6 +51,8 @@ class LaunchOptions:
     ami: str | None = None
     disk_gb: int | None = None
     max_price: float | None = None
+    reservation: str | None = None  # cr-…: capacity the user holds
+    block_fee: float | None = None  # USD: what that Capacity Block cost
     keep: bool | None = None
     idle_minutes: float | None = None
     on_job: str | None = None

@@ -226,6 +226,10 @@ def _placement(o: LaunchOptions, settings: config.Settings, origins: dict
                   placement, o.include, origins)
     recovery = {k: placement.pop(k) for k in ("recover", "max_restarts", "fallback")
                 if k in placement}
+    if "reservation" in placement or "block_fee" in placement:
+        if o.backend not in (None, "aws"):
+            raise UsageError(f"{_flag(origins, 'reservation')} applies to aws, not {o.backend}")
+        _reserved(placement, origins, deadline=o.deadline is not None)
     gpus = placement.pop("gpus", None)
     if gpus:
         if placement.get("instance_type"):
@@ -373,6 +377,42 @@ def _recovery(given: dict, market: Market, on_job: str | None, origins: dict) ->
                          f"got {shown(fallback)}")
     # No restart is no recovery: nothing relaunches, so no supervisor and no stream.
     return {"recover": enabled and restarts > 0, "max_restarts": restarts, "fallback": fallback}
+
+
+RESERVATION_ID = re.compile(r"cr-[0-9a-f]{8,17}")
+BLOCK_FEE_MAX_USD = 10_000_000.0  # 64 p5 instances for 182 days cost about that
+
+
+def _reserved(placement: dict, origins: dict, deadline: bool) -> None:
+    """--reservation cr-… (and --block-fee): capacity the user holds, bought on-demand or as
+    a Capacity Block, so not spot; with --spot and a --deadline, where the job goes once spot
+    cannot make the deadline. Its instance type is the reservation's, read from EC2 where no
+    --instance was given."""
+    flag = _flag(origins, "reservation")
+    rid = placement.get("reservation")
+    if rid is None:
+        raise UsageError(f"{_flag(origins, 'block_fee')} is what a Capacity Block cost: give "
+                         "--reservation with it")
+    if not isinstance(rid, str) or not RESERVATION_ID.fullmatch(rid.strip()):
+        raise UsageError(f"{flag} {shown(rid)}: expected a capacity reservation id, cr- and 17 "
+                         "hex digits (cr-0123456789abcdef0)")
+    rid = placement["reservation"] = rid.strip()
+    if placement.get("market") == Market.SPOT and not deadline:
+        raise UsageError(f"{flag}: an instance in capacity you hold is not spot",
+                         hint="leave out --spot, or give a --deadline: spot until its slack "
+                              "is out, then the reservation")
+    for key in ("gpus", "on_job"):
+        if placement.get(key):
+            raise UsageError(f"{_flag(origins, key)} and {flag}: the reservation says the "
+                             "instance type and the price; give one, not both")
+    if placement.get("block_fee") is not None:
+        placement["block_fee"] = finite(placement["block_fee"], _flag(origins, "block_fee"),
+                                        low=0, low_open=True, high=BLOCK_FEE_MAX_USD)
+    placement.setdefault("market", Market.ON_DEMAND)
+    if not placement.get("instance_type"):  # the reservation's own
+        account = providers.get("aws").account
+        region = account.region_and_source(placement.get("region"))[0]
+        placement["instance_type"] = account.reserved_type(region, rid)
 
 
 def _flag(origins: dict, key: str) -> str:

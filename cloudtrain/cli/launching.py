@@ -86,6 +86,12 @@ class _LaunchCommand(click.Command):
 @click.option("--disk-gb", type=click.IntRange(min=8, max=config.GP3_MAX_GB),
               help="Root volume size (default: the recipe's).")
 @click.option("--max-price", type=float, metavar="USD", help="Spot: the most to pay per hour.")
+@click.option("--reservation", metavar="CR-ID", help="Launch into capacity you hold: an "
+              "On-Demand Capacity Reservation (priced on-demand) or a Capacity Block for ML "
+              "(priced from its fee; its instances end 30 min before the block does), cr-…; "
+              "its type unless --instance.")
+@click.option("--block-fee", callback=money, metavar="USD", help="What that Capacity Block "
+              "cost (EC2 does not show it after the purchase; else today's offering is used).")
 @click.option("--budget", callback=money, metavar="USD", help="The most the job may "
               "cost, every attempt, volume and staging included (25 or $25). Its own "
               "instances keep it, laptop closed or not: before the next checkpoint would cross "

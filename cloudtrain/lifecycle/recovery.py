@@ -68,6 +68,8 @@ def deadline_places(store: Store, job: Job, order: list[tuple[str, str]], now: f
     if decided.market == Market.SPOT:
         return order
     regions = list(dict.fromkeys(region for region, _ in order))
+    if job.spec.placement.reservation:  # on-demand in the reservation: in its region only
+        regions = regions[:1]
     return [(region, Market.ON_DEMAND) for region in regions]
 
 

@@ -241,6 +241,8 @@ class CloudAccount(Protocol):
         """USD/h per type from the price list."""
     def type_offered(self, region: str, name: str) -> bool | None:
         """Whether the region offers that instance type (None: cannot tell)."""
+    def reserved_type(self, region: str, reservation: str) -> str:
+        """The instance type a capacity reservation the user holds is for."""
     def vcpu_quota(self, instance_type: str, market: str) -> tuple[str, str, str] | None:
         """(code, name, family group) of the vCPU quota a launch of that type counts against."""
     def quota_value(self, region: str, code: str) -> float:

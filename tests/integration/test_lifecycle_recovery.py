@@ -269,6 +269,14 @@ def test_issue38_a_relaunch_after_the_deadline_s_slack_runs_out_goes_on_demand(c
         ("us-east-1", "on-demand"), ("us-west-2", "on-demand")]
     said = [e.detail for e in store.events(job.id) if e.phase == "deadline"]
     assert said[-1].startswith("on-demand: the switch was at "), said[-1]
+    # RC7: with a reservation, on-demand is the reservation: its region only
+    held = store.create_job(name=None, kind="command", recipe=None, command="x", backend="aws",
+                            spec=spec.changed(reservation="cr-0123456789abcdef0").to_dict())
+    store.add_attempt(held.id, 1, started_at=now - 1200, running_at=now - 1100)
+    store.update_attempt(held.id, 1, ended_at=now - 100, outcome="interrupted", market="spot")
+    store.update_job(held.id, metrics={"epoch": 2})
+    assert recovery.deadline_places(store, store.job(held.id), order, now=late) == [
+        ("us-east-1", "on-demand")]
 
 
 def test_issue38_a_job_whose_deadline_spot_cannot_meet_launches_on_demand(cli):

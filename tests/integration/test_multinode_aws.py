@@ -642,3 +642,36 @@ def test_cost_of_a_job_on_nodes_sums_every_node(cloud, groups):
     ledger.settle(store, store.job(job.id))
     assert store.job(job.id).cost == pytest.approx(3 * 5.672 * 600 / 3600, rel=0.02)
     assert json.dumps(store.job(job.id).cost_detail)  # priced per phase, serialisable
+
+
+def test_RC7_nodes_go_into_their_capacity_block_without_a_placement_group_of_their_own(
+        cloud, groups, monkeypatch):
+    """RC7: a job's N nodes in a Capacity Block are one RunInstances of N into the block, in
+    its AZ (us-east-1b, though us-east-1a comes first otherwise), with no cluster placement
+    group of the job's own (EC2 puts a targeted instance in one only where the reservation
+    was made in it; a block's instances are placed close together already), each recorded
+    at the block's price; a block with fewer free instances than nodes is refused first."""
+    from labs.moto_capacity import Reservations
+    from cloudtrain.errors import UsageError
+    from cloudtrain.providers.aws import reservations
+
+    lab = Reservations().install(monkeypatch)
+    start = time.time() - 60
+    cr = lab.add(instance_type="g5.12xlarge", az="us-east-1b", count=3, kind="capacity-block",
+                 start=start, end=start + 24 * 3600, fee=720.0)
+    provider, store, ec2, ami = cloud
+    spec = _spec(ami=ami, reservation=cr, block_fee=720.0)
+    job = _job(store, spec)
+    boot = dict(_boot(provider, ami), reservation=reservations.held(provider.aws, spec, REGION))
+    ids = cluster.run_cluster(provider.aws, store, job, spec, REGION, boot, None, _silent())
+    assert len(ids) == 3 and sorted(lab.instances(cr)) == sorted(ids)
+    assert groups.live() == [] and [g["group"] for g in groups.launches] == [None]
+    (launch,) = lab.launches
+    assert launch["count"] == 3 and launch["market type"] == "capacity-block"
+    recorded = store.instances(job.id)
+    assert {i.zone for i in recorded} == {"us-east-1b"}
+    assert [i.price_per_hour for i in recorded] == pytest.approx([720.0 / (3 * 24)] * 3)
+    assert {i.details["reservation"] for i in recorded} == {cr}
+    with pytest.raises(UsageError, match=f"--reservation {cr} has 0 of its 3 g5.12xlarge "
+                                         "free; the job needs 3"):
+        reservations.held(provider.aws, spec, REGION)

@@ -148,3 +148,43 @@ def test_F30_a_supervisor_killed_mid_relaunch_elsewhere_leaves_one_instance(
     assert recorded[stray["InstanceId"]].state == "terminated"  # billed until now, recorded
     assert any(e.phase == "instance" and stray["InstanceId"] in (e.detail or "")
                and "terminated" in e.detail for e in store.events(job.id))
+
+
+def test_RC7_a_relaunch_past_the_deadline_s_slack_goes_into_the_reservation(
+        two_regions, ct_home, monkeypatch):
+    """RC7 with --deadline: a recovering spot job whose deadline spot can no longer make is
+    relaunched on-demand into its reservation: in the reservation's region and AZ only (not
+    the other region's on-demand), RunInstances naming it, the attempt on-demand and the
+    instance priced as the reservation bills."""
+    import time
+
+    from labs.moto_capacity import Reservations
+    from cloudtrain import catalog
+
+    lab = Reservations().install(monkeypatch)
+    cr = lab.add(instance_type="g5.xlarge", az=f"{HOME}b", count=1, kind="default",
+                 region=HOME)
+    store = open_store(ct_home)
+    spec = JobSpec.of(kind="command", backend="aws", command=["sleep", "600"],
+                      instance_type="g5.xlarge", market="spot", recover=True, max_restarts=3,
+                      region=HOME, reservation=cr, deadline_at=time.time() + 80 * 60,
+                      expected={"train_s": 3600.0})
+    job = store.create_job(name=None, kind="command", recipe=None, command="sleep 600",
+                           backend="aws", spec=spec.to_dict())
+    store.add_attempt(job.id, 1, region=HOME, zone=f"{HOME}a", market="spot",
+                      instance_type="g5.xlarge")
+    store.update_attempt(job.id, 1, ended_at=time.time() - 60, outcome=attempts.INTERRUPTED)
+    store.set_state(job.id, state.RECOVERING, reason="spot interruption")
+    waited = killed_while_waiting(monkeypatch, set())
+    with pytest.raises(Killed):
+        recovery.relaunch(store, Settings.load(), store.job(job.id))
+    (live,) = _live(two_regions, job.id)
+    assert live[0] == HOME and waited == [live[1]] and lab.instances(cr) == [live[1]]
+    (launch_,) = lab.launches
+    assert launch_["reservation id"] == cr and launch_["refused"] is None
+    assert store.attempt(job.id).market == "on-demand"
+    (inst,) = [i for i in store.instances(job.id) if i.id == live[1]]
+    assert inst.zone == f"{HOME}b" and inst.details["reservation"] == cr
+    assert inst.price_per_hour == catalog.get("g5.xlarge").on_demand[HOME]
+    said = [e.detail for e in store.events(job.id) if e.phase == "deadline"]
+    assert said and said[-1].startswith("on-demand: the switch was at "), said

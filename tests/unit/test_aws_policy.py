@@ -159,6 +159,23 @@ def test_RA2_the_cli_policy_lets_a_volta_job_run_canonicals_image_and_no_one_els
         "ec2:Owner": "111122223333"})) == "implicit-deny"
 
 
+def test_RC7_the_cli_policy_lets_a_launch_go_into_a_reservation_and_read_it():
+    """RC7: RunInstances into a capacity reservation is authorized on the reservation too
+    (the capacity-reservation resource of RunInstances in EC2's service authorization
+    reference); the launch reads the reservation (DescribeCapacityReservations) and, for a
+    Capacity Block without --block-fee, today's offerings. Evaluated as IAM does."""
+    from labs.iam import Request, evaluate
+
+    reservation = "arn:aws:ec2:us-east-1:123456789012:capacity-reservation/cr-0123456789abcdef0"
+    assert evaluate([POLICY], Request("ec2:RunInstances", reservation, {})) == "allow"
+    for action in ("ec2:DescribeCapacityReservations", "ec2:DescribeCapacityBlockOfferings"):
+        assert evaluate([POLICY], Request(action, "*", {})) == "allow"
+    # nothing else is done to a reservation: no purchase, change or cancel
+    for action in ("ec2:PurchaseCapacityBlock", "ec2:CancelCapacityReservation",
+                   "ec2:ModifyCapacityReservation", "ec2:CreateCapacityReservation"):
+        assert evaluate([POLICY], Request(action, reservation, {})) == "implicit-deny"
+
+
 @pytest.mark.parametrize("action,kind", [
     ("ec2:TerminateInstances", "instance"), ("ec2:GetConsoleOutput", "instance"),
     ("ec2:DeleteSecurityGroup", "security-group"),

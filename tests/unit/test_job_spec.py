@@ -45,7 +45,7 @@ STORED_KEYS = {
     "kind", "backend", "name", "recipe", "profile", "args", "command", "workdir",
     "max_runtime_s", "budget_usd", "deadline_at", "resources", "requires", "resume_from", "procs", "gpus_needed",
     "gpus_exact", "nodes", "instance_type", "market", "region", "ami", "disk_gb", "max_price",
-    "cpu_only", "alternatives", "keep", "idle_minutes", "on_job", "kept", "expected", "target", "include",
+    "cpu_only", "alternatives", "reservation", "block_fee", "keep", "idle_minutes", "on_job", "kept", "expected", "target", "include",
     "datasets", "staging", "disk_mbps", "staging_allowance_s", "local_disk", "recover",
     "max_restarts", "fallback", "setup", "envs", "secrets", "outputs"}
 

@@ -70,7 +70,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cloudtrain.providers.aws.network", "cloudtrain.providers.aws.images",
      "cloudtrain.providers.aws.pricing", "cloudtrain.providers.aws.account",
      "cloudtrain.providers.aws.job_role", "cloudtrain.providers.aws.fis",
-     "cloudtrain.providers.aws.spot_scores"),
+     "cloudtrain.providers.aws.spot_scores", "cloudtrain.providers.aws.reservations"),
     ("cloudtrain.providers.aws.session", "cloudtrain.providers.aws.jobbundle",
      "cloudtrain.providers.aws.jobstore_fetch", "cloudtrain.providers.aws.jobstore_attempts"),
     ("cloudtrain.providers.aws.jobstore", "cloudtrain.providers.aws.errors",

@@ -42,7 +42,7 @@ def own_role(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = S
 def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SILENT) -> SSHHost:
     place = spec.placement
     region = aws.region(spec)
-    boot = bootstrap.for_placement(aws, region, place)
+    boot = bootstrap.for_placement(aws, region, place, spec=spec)
     report.info(f"SSH port open to {boot['ssh_from']} only")
     # A relaunch whose supervisor was killed after RunInstances goes on with that instance.
     found = instances.attempt_instance(aws, store, job, region, job.facts.attempt) \
@@ -57,7 +57,7 @@ def acquire(aws: AwsSession, store: Store, job: Job, spec, report: Reporter = SI
             instance = instances.run_instance(aws, store, job, spec, region, boot, report)
         except StaleCache:
             RegionCache(aws.settings.aws_profile, region).clear()
-            boot = bootstrap.for_placement(aws, region, place, cached=False)
+            boot = bootstrap.for_placement(aws, region, place, cached=False, spec=spec)
             instance = instances.run_instance(aws, store, job, spec, region, boot, report)
     key_path = boot["key_path"]
     public: list = []

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import time
 
-from . import images, network
+from . import images, network, reservations
 from .cache import CACHE_TTL_S, RegionCache
 from .session import AwsSession
 
 
-def for_placement(aws: AwsSession, region: str, place, cached: bool = True) -> dict:
-    """bootstrap for a job's placement: its --ami, else its type's default image."""
-    return bootstrap(aws, region, place.ami, cached,
+def for_placement(aws: AwsSession, region: str, place, cached: bool = True, spec=None) -> dict:
+    """bootstrap for a job's placement: its --ami, else its type's default image; with the
+    job's `spec`, its --reservation too, read now (never cached), checked and priced."""
+    boot = bootstrap(aws, region, place.ami, cached,
                      images.image_kind(place.instance_type, place.ami))
+    if spec is not None:
+        boot["reservation"] = reservations.held(aws, spec, region)
+    return boot
 
 
 def bootstrap(aws: AwsSession, region: str, ami: str | None, cached: bool = True,

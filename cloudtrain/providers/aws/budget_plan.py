@@ -16,6 +16,7 @@ from ... import catalog
 from ...errors import UsageError
 from ...market import Market
 from .images import VOLTA, image_kind
+from . import reservations
 from .plan import most_and_why, public_ipv4_per_hour, volumes_per_hour
 from .results import store_endpoint
 from .session import AwsSession
@@ -53,8 +54,13 @@ def bound_per_hour(spec, region: str, instance_type: str | None = None) -> float
     return price
 
 
-def bounds(spec, region: str) -> dict[str, float]:
-    """bound_per_hour of each type the job's instances may be (Placement.types)."""
+def bounds(aws: AwsSession, spec, region: str) -> dict[str, float]:
+    """bound_per_hour of each type the job's instances may be (Placement.types); in a
+    reservation, its type at the reservation's price (reservations.priced)."""
+    held = reservations.planned(aws, spec, region)
+    if held is not None and held.usd_per_hour is not None and \
+            spec.placement.market != Market.SPOT:
+        return {held.instance_type: held.usd_per_hour}
     return {name: bound_per_hour(spec, region, name) for name in spec.placement.types()}
 
 
@@ -64,8 +70,8 @@ def meter_settings(aws: AwsSession, spec, region: str) -> dict | None:
         return None
     return {"usd": float(spec.budget_usd), "spent_before_usd": 0.0,
             "nodes": max(1, int(spec.nodes or 1)),
-            "instance_per_h": max(bounds(spec, region).values()),
-            "bounds": bounds(spec, region),
+            "instance_per_h": max(bounds(aws, spec, region).values()),
+            "bounds": bounds(aws, spec, region),
             "other_per_h": volumes_per_hour(aws, spec, region) + public_ipv4_per_hour(aws),
             "spot": spec.placement.market == Market.SPOT,
             "type": spec.placement.instance_type, "region": region,
@@ -77,7 +83,7 @@ def first_attempt_usd(aws: AwsSession, spec, region: str, boot_s: float) -> floa
     """The least one attempt costs before its job could checkpoint: its boot and setup
     (`boot_s`, the estimate's), EC2's 60-second minimum, and the stop, at the bound."""
     rate = max(1, int(spec.nodes or 1)) * (
-        max(bounds(spec, region).values()) + volumes_per_hour(aws, spec, region)
+        max(bounds(aws, spec, region).values()) + volumes_per_hour(aws, spec, region)
         + public_ipv4_per_hour(aws))
     return rate * (max(boot_s, 60.0) + reserve_s(aws, spec)) / 3600.0
 
@@ -113,7 +119,7 @@ def budget_rows(aws: AwsSession, spec, region: str, at_most: float | None,
         raise UsageError(f"--budget ${budget:.2f}: one attempt costs about ${floor:.2f} before "
                          f"its job could save a checkpoint (boot and setup, EC2's first "
                          f"minute, the stop), at up to "
-                         f"${max(bounds(spec, region).values()):.4f}/h",
+                         f"${max(bounds(aws, spec, region).values()):.4f}/h",
                          hint=f"--budget ${floor * 2:.2f} or more, or a cheaper type "
                               "(`cloudtrain estimate` compares them)")
     text = (f"${budget:.2f}, every attempt, volume and staging included; its instances keep it "
@@ -122,7 +128,7 @@ def budget_rows(aws: AwsSession, spec, region: str, at_most: float | None,
             "its upload, the power-off) would reach it, and nothing starts after")
     if spec.placement.market == Market.SPOT:
         text += (f"; spot counted at the price EC2 reads in the instance's AZ, at most "
-                 f"${max(bounds(spec, region).values()):.4f}/h")
+                 f"${max(bounds(aws, spec, region).values()):.4f}/h")
     if at_most is not None:
         text += (f"; 'at most' (${at_most:.2f}) is below it: it cannot bind"
                  if at_most <= budget else f"; it binds before 'at most' (${at_most:.2f})")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import (account, datasets, fis, images, instance_types, inventory, job_role, network, pricing,
-               results)
+               reservations, results)
 from .session import DEFAULT_REGION, DEFAULT_SOURCE, AwsSession
 
 
@@ -63,6 +63,9 @@ class AwsAccount:
 
     def type_offered(self, region: str, name: str) -> bool | None:
         return instance_types.type_offered(self.aws, region, name)
+
+    def reserved_type(self, region: str, reservation: str) -> str:
+        return reservations.read(self.aws, region, reservation).instance_type
 
     def vcpu_quota(self, instance_type: str, market: str) -> tuple[str, str, str] | None:
         return account.vcpu_quota(instance_type, market)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import time
 
-from ... import catalog
 from ...errors import CloudtrainError
 from ...market import Market
 from ...progress import SILENT, Reporter
@@ -38,7 +37,7 @@ from ...ssh import Endpoint
 from ...ssh_host import SSHHost
 from ...state import Instance, Job, Store
 from . import boot as booting, bootstrap, group_launch, images, instances, job_role, network, \
-    placement, volumes
+    placement, reservations, volumes
 from .errors import CAPACITY_ERRORS, QUOTA_ERRORS, AWSError, AWSPlacementError, StaleCache
 from .instances import Attempt
 from .placement import EFA_INTERFACES
@@ -214,7 +213,7 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
     what did come up is terminated before the next AZ is tried."""
     place = spec.placement
     region = aws.region(spec)
-    boot = bootstrap.for_placement(aws, region, place)
+    boot = bootstrap.for_placement(aws, region, place, spec=spec)
     report.info(f"SSH port open to {boot['ssh_from']} only")
     n = spec.nodes
     placement.delete_placement_groups(aws, region, owner=boot["owner"])  # earlier jobs' empty ones
@@ -236,7 +235,7 @@ def acquire_nodes(aws: AwsSession, store: Store, job: Job, spec, report: Reporte
             from .cache import RegionCache
 
             RegionCache(aws.settings.aws_profile, region).clear()
-            boot = bootstrap.for_placement(aws, region, place, cached=False)
+            boot = bootstrap.for_placement(aws, region, place, cached=False, spec=spec)
             ids = run_cluster(aws, store, job, spec, region, boot, efa, report)
     addresses, privates, publics = _wait_cluster(aws, region, ids, report)
     zones = {i.id: i.zone for i in store.instances(job.id)}
@@ -284,7 +283,9 @@ def run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot
     all of them and none dies before it runs; their ids in launch order."""
     place = spec.placement
     scores = instances.zone_order_scores(aws, spec, region)
-    zones = instances.relaunch_order(aws, boot["zones"], spec, region, job.facts, scores)
+    held = boot.get("reservation")
+    zones = reservations.zones(held, instances.relaunch_order(aws, boot["zones"], spec, region,
+                                                              job.facts, scores))
     instances.record_zone_order(store, job, spec, region, zones, scores)
     disk = instances.root_volume_gb(aws, spec, boot)
     raised = instances.root_volume_line(aws, spec, boot)
@@ -294,22 +295,29 @@ def run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot
     n = spec.nodes
     for k, (zone, subnet, vpc, zone_id) in enumerate(zones):
         score = scores.of(zone_id) if scores else None
-        group = placement.create_placement_group(aws, region, job, spec, k, boot["owner"])
-        store.add_event(job.id, "placement-group", detail=f"{group} (cluster) for {zone}")
+        # A reservation's instances go where it is (a Capacity Block's are placed close
+        # together already); EC2 puts a targeted instance in a cluster placement group only
+        # where the reservation was made in it.
+        group = None if held else placement.create_placement_group(aws, region, job, spec, k,
+                                                                    boot["owner"])
+        if group:
+            store.add_event(job.id, "placement-group", detail=f"{group} (cluster) for {zone}")
         groups = [boot["group"]]
         if efa is not None:
             groups.append(ensure_efa_group(aws, region, vpc, boot["owner"]))
         request = instances.run_request(aws, job, spec, subnet, boot["group"], boot["ami"],
                                         boot["key_name"], boot["owner"], disk,
-                                        boot["root_device"])
-        request.update(MinCount=n, MaxCount=n, Placement={"GroupName": group})
+                                        boot["root_device"], held)
+        request.update(MinCount=n, MaxCount=n)
+        if group:
+            request["Placement"] = {"GroupName": group}
         if efa is not None:
             del request["SubnetId"], request["SecurityGroupIds"]
             request["NetworkInterfaces"] = network_interfaces(aws, spec, subnet, groups, efa)
         attempt = job.facts.attempt
         token = f"{job.id}-n{n}-{k}" if attempt == 1 else f"{job.id}-a{attempt}-n{n}-{k}"
         report.phase(f"requesting {n} {place.market} {place.instance_type} in {zone}, "
-                     f"placement group {group}"
+                     + (f"reservation {held.id}" if held else f"placement group {group}")
                      + (f" ({attempts[-1].zone}: {attempts[-1].error.split(':')[0]})"
                         if attempts and attempts[-1].error else ""))
         try:
@@ -335,7 +343,7 @@ def run_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, boot
         ids = _record_cluster(aws, store, job, spec, region, response["Instances"], {
             "zone": zone, "subnet": subnet, "group": group, "disk": disk, "boot": boot,
             "attempt": attempt, "efa": efa, "attempts": attempts,
-            "score": instances.placement_score(scores, zone_id)})
+            "score": instances.placement_score(scores, zone_id), "reservation": held})
         if len(ids) != n:  # EC2 honours MinCount; never go on with part of a cluster
             _give_back(aws, store, region, ids)
             raise AWSError(f"EC2 started {len(ids)} of the {n} instances asked for")
@@ -364,8 +372,7 @@ def _record_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, 
     raws = sorted(raws, key=lambda r: r.get("AmiLaunchIndex", 0))
     ids = [r["InstanceId"] for r in raws]
     boot, efa = where["boot"], where["efa"]
-    known = catalog.get(place.instance_type)
-    price = known.price(region, "on-demand") if known else None
+    price = reservations.instance_price(where["reservation"], place.instance_type, region)
     for i, raw in enumerate(raws):
         store.add_instance(Instance(
             id=raw["InstanceId"], job_id=job.id, provider=aws.name, region=region,
@@ -380,9 +387,9 @@ def _record_cluster(aws: AwsSession, store: Store, job: Job, spec, region: str, 
                      "attempt": where["attempt"], "placement_group": where["group"],
                      "efa_interfaces": efa["used"] if efa else 0,
                      "attempts": [a.__dict__ for a in where["attempts"]],
-                     **where["score"]}))
+                     **reservations.record(where["reservation"]), **where["score"]}))
     store.add_event(job.id, "instance", detail=f"{spec.nodes} nodes in {where['zone']} "
-                    f"({where['group']}): " + ", ".join(ids))
+                    f"({where['group'] or where['reservation'].id}): " + ", ".join(ids))
     return ids
 
 

@@ -42,7 +42,8 @@ RECOVERY_CHECK_POLICY_FILE = "infra/iam-policy-recovery-check.json"
 # The job store's bucket, made and locked down once by an administrator.
 STORE_ADMIN_POLICY_FILE = "infra/iam-policy-store-admin.json"
 ACCOUNT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket", "sts:",
-                   "iam:", "pricing:", "ssm:", "freetier:")
+                   "iam:", "pricing:", "ssm:", "freetier:", "servicequotas:",
+                   "ec2:DescribeCapacity")
 
 
 def policy_file(action: str) -> str:

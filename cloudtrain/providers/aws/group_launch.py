@@ -141,6 +141,10 @@ def group_recovery(aws: AwsSession, spec: JobSpec) -> str | None:
         return ("a deadline's move to on-demand on several nodes is made by the supervisor on "
                 "this machine, which must stay on for it (an instance of a group sets it to "
                 "on-demand for a job on one node only)")
+    if spec.placement.reservation:
+        return (f"a deadline's move into reservation {spec.placement.reservation} is made by "
+                "the supervisor on this machine, which must stay on for it (an Auto Scaling "
+                "group's on-demand instances do not go into it)")
     if spec.recovery.fallback == Market.ON_DEMAND or aws.settings.regions:
         return ("AWS Auto Scaling cannot follow --fallback on-demand or more regions "
                 "(regions: in config.yaml): it relaunches in the job's region and market "

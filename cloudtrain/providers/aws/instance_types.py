@@ -7,6 +7,7 @@ from ... import catalog
 from ... import preflight as type_checks
 from ...errors import CloudtrainError, UsageError, named_at
 from ...market import Market
+from . import reservations
 from .errors import AWSError, no_credentials
 from .session import AwsSession, partition
 
@@ -31,7 +32,9 @@ def preflight(aws: AwsSession, spec):
         raise UsageError(f"{region} is in AWS's China partition, which cloudtrain's "
                          "instances cannot reach yet (they address amazonaws.com)",
                          hint="launch in another region (--region)")
-    return check_type(aws, spec, region)
+    facts = check_type(aws, spec, region)
+    reservations.planned(aws, spec, region)  # one the job cannot run in: refused here
+    return facts
 
 
 def ready(aws: AwsSession, spec) -> None:

@@ -10,13 +10,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ... import catalog
 from ...errors import CloudtrainError
 from ...job_spec import JobSpec
 from ...market import Market
 from ...progress import SILENT, Reporter
 from ...state import Instance, Job, Store
-from . import images, job_role, network, pricing, spot_scores
+from . import images, job_role, network, pricing, reservations, spot_scores
 from .errors import (
     CAPACITY_ERRORS, QUOTA_ERRORS, STALE_ERRORS, AWSError, AWSPlacementError, StaleCache,
     aws_errors)
@@ -95,7 +94,8 @@ def _performance(spec: JobSpec) -> dict:
 
 
 def run_request(aws: AwsSession, job: Job, spec, subnet: str, group: str, ami: str, key_name: str,
-                owner: str, disk_gb: int, root_device: str) -> dict:
+                owner: str, disk_gb: int, root_device: str,
+                held: reservations.Reservation | None = None) -> dict:
     tags = job_tags(job, spec, owner)
     request = dict(
         ImageId=ami, InstanceType=spec.placement.instance_type, MinCount=1, MaxCount=1,
@@ -126,6 +126,7 @@ def run_request(aws: AwsSession, job: Job, spec, subnet: str, group: str, ami: s
         # otherwise.
         request["TagSpecifications"].append({"ResourceType": "spot-instances-request",
                                              "Tags": tags})
+    request.update(reservations.run_options(held))  # --reservation: into it, in its AZ
     return request
 
 
@@ -151,7 +152,8 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
     zones, group, ami, key_name, owner = (boot["zones"], boot["group"], boot["ami"],
                                           boot["key_name"], boot["owner"])
     scores = zone_order_scores(aws, spec, region)
-    zones = relaunch_order(aws, zones, spec, region, job.facts, scores)
+    held = boot.get("reservation")
+    zones = reservations.zones(held, relaunch_order(aws, zones, spec, region, job.facts, scores))
     record_zone_order(store, job, spec, region, zones, scores)
     root_device = boot["root_device"]
     disk = root_volume_gb(aws, spec, boot)
@@ -165,7 +167,7 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
     for n, (kind, (zone, subnet, _vpc, zone_id)) in enumerate(tries):
         score = scores.of(zone_id) if scores else None
         request = dict(run_request(aws, job, spec, subnet, group, ami, key_name, owner, disk,
-                                   root_device), InstanceType=kind)
+                                   root_device, held), InstanceType=kind)
         attempt = job.facts.attempt
         token = f"{job.id}-{n}" if attempt == 1 else f"{job.id}-a{attempt}-{n}"
         where = zone if kind == place.instance_type else f"{kind} in {zone}"
@@ -200,8 +202,7 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
             raise  # permissions, credentials, unreachable: already said in words
         raw = response["Instances"][0]
         instance_id = raw["InstanceId"]
-        known = catalog.get(kind)
-        price = known.price(region, "on-demand") if known else None
+        price = reservations.instance_price(held, kind, region)
         # Recorded before any waiting: from here on, every failure path can terminate it.
         store.add_instance(Instance(
             id=instance_id, job_id=job.id, provider=aws.name, region=region, zone=zone,
@@ -211,10 +212,12 @@ def run_instance(aws: AwsSession, store, job, spec, region, boot: dict, report: 
             details={"subnet": subnet, "ami": ami, "key_name": key_name, "group": group,
                      "disk_gb": disk, "disk_mbps": spec.data.disk_mbps,
                      "attempts": [a.__dict__ for a in attempts],
-                     **placement_score(scores, zone_id)}))
+                     **reservations.record(held), **placement_score(scores, zone_id)}))
         store.add_event(job.id, "instance", detail=f"{instance_id} in {zone}" + (
             f" ({kind}: no capacity for {place.instance_type} in any AZ)"
-            if kind != place.instance_type else ""))
+            if kind != place.instance_type else "") + (
+            f", in reservation {held.id} at ${price:.4f}/h ({held.basis})"
+            if held and price is not None else ""))
         return instance_id
     tried = "; ".join(f"{a.zone}: {a.error}" for a in attempts)
     what = f"{' or '.join(place.types())} ({place.market})"

@@ -9,8 +9,8 @@ from ...errors import CloudtrainError
 from ...market import Market
 from ..base import Question
 from . import (
-    cluster, group_launch, groups, host_setup, images, instance_types, network, results,
-    spot_scores)
+    cluster, group_launch, groups, host_setup, images, instance_types, network, reservations,
+    results, spot_scores)
 from .cluster import EFA_GROUP_NAME
 from .errors import POLICY_FILE, AWSError
 from .images import DLAMI_PATH
@@ -25,11 +25,14 @@ def price_rows(aws: AwsSession, spec, region: str | None = None) -> list[tuple[s
     region = region or aws.region(spec)
     t = catalog.get(place.instance_type) if place.instance_type else None
     price = t.price(region, place.market) if t else None
+    held = reservations.planned(aws, spec, region) if place.market != Market.SPOT else None
+    if held is not None:
+        price = held.usd_per_hour
     if t is None or price is None:
         return [("price", f"no {place.market} price for {place.instance_type} in {region} in "
                           "the catalog")]
-    basis = catalog.on_demand_source(region) if place.market == Market.ON_DEMAND \
-        else f"cheapest AZ: {catalog.spot_source(region)}"
+    basis = held.basis if held is not None else catalog.on_demand_source(region) \
+        if place.market == Market.ON_DEMAND else f"cheapest AZ: {catalog.spot_source(region)}"
     n = max(1, int(spec.nodes or 1))
     each = f"${price:.4f}/h ({basis})" if n == 1 else \
         f"${price * n:.4f}/h for {n} nodes (${price:.4f}/h each; {basis})"
@@ -56,7 +59,11 @@ def most_and_why(aws: AwsSession, spec, t: catalog.InstanceType, region: str
     kinds = [t] + [k for name in spec.placement.alternatives
                    if (k := catalog.get(name)) is not None]
 
+    held = reservations.planned(aws, spec, region)
+
     def one(k: catalog.InstanceType, where: str, market: str) -> float | None:
+        if held is not None and held.usd_per_hour is not None and market != Market.SPOT:
+            return held.usd_per_hour  # the reservation's share
         if market == Market.SPOT and spec.placement.max_price is not None:  # never billed above it
             return min(spec.placement.max_price, k.on_demand.get(where) or spec.placement.max_price)
         return k.dearest(where, market)
@@ -250,12 +257,24 @@ def plan(aws: AwsSession, spec) -> list[tuple[str, str]]:
         return rows + kept_plan(aws, spec)
     t = catalog.get(spec.placement.instance_type)
     rows += _plan_machines(aws, spec, facts, t)
-    rows.append(("market", spec.placement.market + (f", max price ${spec.placement.max_price}/h"
-                                          if spec.placement.max_price is not None else "")))
+    rows.append(("market", market_line(aws, spec, region)))
     rows += [("WARNING", warning) for warning in warnings(spec, region)]
     rows += price_rows(aws, spec, region)
     rows += _plan_lifecycle(aws, spec, region)
     return rows + _plan_checks(aws, spec, region)
+
+
+def market_line(aws: AwsSession, spec, region: str) -> str:
+    """The plan's market row: spot (and its --max-price), on-demand, or the reservation the
+    job's instances go into."""
+    place = spec.placement
+    if place.reservation:
+        held = reservations.planned(aws, spec, region)
+        return (f"{place.market}, in reservation " if place.market != Market.SPOT else
+                "spot, then on-demand once the deadline's slack is out, in reservation ") + (
+            reservations.said(held) if held is not None else reservations.unread(spec))
+    return place.market + (f", max price ${place.max_price}/h" if place.max_price is not None
+                           else "")
 
 
 def _plan_machines(aws: AwsSession, spec, facts, t) -> list[tuple[str, str]]:
@@ -277,10 +296,11 @@ def _plan_machines(aws: AwsSession, spec, facts, t) -> list[tuple[str, str]]:
     if facts.note:
         rows.append(("note", facts.note))
     if spec.nodes > 1:
-        rows.append(("nodes", f"{spec.nodes} instances in one AZ, one cluster placement "
-                              f"group (created for the job, deleted after), all or none: "
-                              f"a node that cannot be had releases the others and the "
-                              f"next AZ is tried"))
+        rows.append(("nodes", f"{spec.nodes} instances in one AZ, " + (
+            "the reservation's (its own placement), all or none" if spec.placement.reservation
+            else "one cluster placement group (created for the job, deleted after), all or "
+                 "none: a node that cannot be had releases the others and the next AZ is "
+                 "tried")))
         scarce = scarce_together(spec)
         if scarce:
             rows.append(("note", scarce))
