@@ -325,14 +325,14 @@ class Store:
     # -- history (issue 16): jobs by filter, and forgetting a job ----------------------
 
     def find_jobs(self, query: JobQuery, *, by_end: bool = False,
-                  limit: int | None = None) -> list[Job]:
+                  limit: int | None = None, offset: int = 0) -> list[Job]:
         """The jobs `query` matches, newest first: by creation, or with `by_end` by when they
-        finished (for finished jobs)."""
+        finished (for finished jobs); `offset` of them skipped (a page of them)."""
         where, params = sql_where(self.db, query, TERMINAL_STATES)
         order = f"{FINISHED_AT} DESC, id" if by_end else "created_at DESC, id"
         sql = f"SELECT * FROM jobs{where} ORDER BY {order}"
-        if limit is not None:
-            sql += f" LIMIT {int(limit)}"
+        if limit is not None or offset:
+            sql += f" LIMIT {int(limit) if limit is not None else -1} OFFSET {max(0, int(offset))}"
         return [Job.from_row(r) for r in self.db.execute(sql, params).fetchall()]
 
     def count_jobs(self, query: JobQuery) -> int:

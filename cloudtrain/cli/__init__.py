@@ -69,7 +69,8 @@ def cli(ctx, debug: bool) -> None:
 
 # `cloudtrain --help` lists them by name; the order here is the modules'.
 for command in (launching.launch, inspection.status, inspection.logs, inspection.attach,
-                inspection.ssh, inspection.forward, inspection.metrics, inspection.plot, removal.down, removal.rm,
+                inspection.ssh, inspection.forward, inspection.metrics, inspection.plot, inspection.ui,
+                removal.down, removal.rm,
                 removal.prune, planning.recipes, planning.catalog, planning.estimate,
                 planning.cost_report, planning.check, planning.init, data.data,
                 supervisor.supervisor_group):

@@ -1,4 +1,4 @@
-"""Commands that read jobs: status, logs, attach, ssh, forward, metrics, plot.
+"""Commands that read jobs: status, logs, attach, ssh, forward, metrics, plot, ui.
 
 Imports the terminal helpers and the shared options of this package; history, curves and the
 lifecycle's inspect, watch and stop stages when a command runs."""
@@ -311,3 +311,35 @@ def metric_jobs(refs: tuple[str, ...]) -> list:
     with job_store() as store:
         found = [store.find_job(r) for r in refs]
     return [(j, inspect.metrics_file(j), inspect.recipe_target(j)) for j in found]
+
+
+@click.command()
+@click.option("--port", type=click.IntRange(min=0, max=65535), default=0,
+              help="The port to listen on (default: a free one, printed).")
+@click.option("--no-browser", is_flag=True, help="Print the address only; open no browser.")
+def ui(port: int, no_browser: bool) -> None:
+    """A page in the browser with every job, its curves, cost and log, live (Ctrl-C stops).
+
+    \b
+    Served on 127.0.0.1 only, from the state `status` reads; the address it prints holds a
+    token that every request needs, so other users of this machine cannot read it.
+    Examples:
+      cloudtrain ui
+      cloudtrain ui --port 8765 --no-browser
+    """
+    from .. import dashboard
+
+    def ready(url: str) -> None:
+        click.echo(f"cloudtrain ui: {url}  (Ctrl-C stops it)", err=True)
+        if not no_browser:
+            import webbrowser
+
+            try:
+                webbrowser.open(url)
+            except Exception:  # noqa: BLE001  (no browser here: the address is printed)
+                pass
+
+    try:
+        dashboard.serve(config.home(), settings_whatever_config_says(), port=port, ready=ready)
+    except KeyboardInterrupt:
+        click.echo("cloudtrain ui: stopped", err=True)

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # __init__), unless a longer name places one of them elsewhere.
 LAYERS: list[tuple[str, ...]] = [
     ("cloudtrain.__main__", "cloudtrain.cli."),
+    ("cloudtrain.dashboard",),
     ("cloudtrain.launch_check_recovery", "cloudtrain.launch_check_nodes"),
     ("cloudtrain.launch_check", "cloudtrain.check", "cloudtrain.job_template"),
     ("cloudtrain.launch_check_teardown",),
