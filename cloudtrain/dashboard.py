@@ -153,7 +153,8 @@ class Dashboard:
             raise UsageError(f"by: job, recipe, instance, day or month, not {by!r}")
         with self.store() as store:
             rows, total = ledger.report(store, by, since)
-        return json.loads(ledger.report_json(rows, total, by))
+            spot = ledger.spot_savings(store, since)
+        return {**json.loads(ledger.report_json(rows, total, by)), "spot": spot}
 
     def stop(self, ref: str) -> dict:
         """`down JOB`: the job stopped and its instances terminated."""

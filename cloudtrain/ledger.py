@@ -332,3 +332,41 @@ def report_csv(rows: list[Row], total: Row, by: str) -> str:
                     "yes" if r.settled else "estimate",
                     "" if r.to_target is None else f"{r.to_target:.6f}", f"{r.staging:.6f}"])
     return out.getvalue()
+
+
+def spot_savings(store: Store, since: str | None = None, now: float | None = None) -> dict:
+    """What the spot instances of the jobs created since `since` cost, what the same hours
+    would have cost on-demand (the catalog's price of each type and region), and the
+    difference: the dashboard's spot savings. Instances the catalog cannot price on-demand
+    are counted apart."""
+    import dataclasses
+
+    from . import catalog
+
+    now = time.time() if now is None else now
+    start = parse_since(since, now)
+    spent = on_demand = 0.0
+    counted = unpriced = 0
+    rows = store.db.execute(
+        "SELECT i.* FROM instances i JOIN jobs j ON j.id = i.job_id WHERE i.market = 'spot'"
+        + (" AND j.created_at >= ?" if start is not None else ""),
+        (start,) if start is not None else ()).fetchall()
+    for r in rows:
+        inst = Instance(**{**dict(r), "details": json_column(r["details"])})
+        t = catalog.get(inst.instance_type or "")
+        price = t.price(inst.region, "on-demand") if t and inst.region else None
+        if price is None:
+            unpriced += 1
+            continue
+        run = run_of(inst)
+        try:
+            spent += cost.instance_cost(run, now=now).dollars
+            on_demand += cost.instance_cost(dataclasses.replace(
+                run, market="on-demand", price_per_hour=price, spot_history=()),
+                now=now).dollars
+        except ValueError:  # a run the cost model cannot price
+            unpriced += 1
+            continue
+        counted += 1
+    return {"spot_usd": spent, "on_demand_usd": on_demand, "saved_usd": on_demand - spent,
+            "instances": counted, "unpriced": unpriced}

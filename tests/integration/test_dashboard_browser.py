@@ -167,3 +167,15 @@ def test_issue39_a_hostile_log_cannot_inject_markup(ui, page, cli, ct_home):
     assert page.evaluate("window.pwned") is None
     assert page.locator("h2").inner_text().startswith(f"{job} <b>bold</b>")
     assert page.locator("h2 b").count() == 0
+
+
+def test_issue39_the_cost_page_charts_the_cost_report(toy_recipes, ui, page, cli):
+    """Issue 39: the cost page draws cost-report by day, recipe and instance type, and what
+    spot saved, from the same ledger."""
+    cli.wait(cli.launch("--recipe", "toy", "--name", "cheap"))
+    page.goto(ui + "#/cost")
+    for by in ("day", "recipe", "instance", "spot"):
+        page.wait_for_selector(f"[data-by='{by}'] .main-svg")
+    recipes = page.evaluate("() => document.querySelector(\"[data-by='recipe']\").data[0].x")
+    assert recipes == ["toy"]
+    assert "spot saved $0.0000 over 0 instances" in page.inner_text("[data-by='spot']")

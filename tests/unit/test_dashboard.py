@@ -141,3 +141,32 @@ def test_issue39_a_job_s_page_has_its_plan_commands_and_curves(web, ct_home):
     missing = _get(web, "/api/jobs/nosuchjob")
     assert missing.status_code == 400 and "nosuchjob" in missing.json["error"]
     assert _get(web, "/api/metrics?jobs=").status_code == 400
+
+
+def test_issue39_the_cost_page_says_what_spot_saved(web, ct_home):
+    """Issue 39: the cost page's spot savings (ledger.spot_savings): a spot instance's hour
+    at its price history against the same hour on-demand at the catalog's price; an
+    on-demand instance is not counted, a type the catalog has no price for is counted apart."""
+    from cloudtrain import catalog
+    from cloudtrain.state import Instance
+
+    store = open_store(ct_home)
+    job = store.create_job(name="s", kind="command", recipe=None, command="x", backend="aws",
+                           spec={"kind": "command"})
+    t0 = 1_800_000_000.0
+    for n, (market, kind, history) in enumerate([
+            ("spot", "g5.xlarge", [[t0 - 60, 0.40]]), ("on-demand", "g5.xlarge", None),
+            ("spot", "x9.unknown", [[t0 - 60, 0.10]])]):
+        store.add_instance(Instance(
+            id=f"i-{n}", job_id=job.id, provider="aws", region="us-east-1", zone="us-east-1a",
+            instance_type=kind, market=market, state="terminated", launched_at=t0,
+            terminated_at=t0 + 3600, price_per_hour=1.006 if market == "on-demand" else None,
+            details={"spot_history": history} if history else {}))
+    store.close()
+    spot = _get(web, "/api/cost?by=day").json["spot"]
+    on_demand = catalog.get("g5.xlarge").on_demand["us-east-1"]
+    assert spot["instances"] == 1 and spot["unpriced"] == 1
+    assert spot["spot_usd"] == pytest.approx(0.40)
+    assert spot["on_demand_usd"] == pytest.approx(on_demand)
+    assert spot["saved_usd"] == pytest.approx(on_demand - 0.40)
+    assert _get(web, "/api/cost?by=week").status_code == 400

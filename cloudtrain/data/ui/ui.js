@@ -272,7 +272,8 @@ function compareView(view, ids) {
 function costView(view) {
   const boxes = ["day", "recipe", "instance"].map(by => el("div", {class: "chart", "data-by": by}));
   const since = el("input", {placeholder: "since (30d)", onchange: () => refresh()});
-  view.append(el("div", {class: "bar"}, since), el("div", {class: "charts"}, boxes));
+  const saved = el("div", {class: "chart", "data-by": "spot"});
+  view.append(el("div", {class: "bar"}, since), el("div", {class: "charts"}, boxes, saved));
   async function refresh() {
     await plotly();
     for (const box of boxes) {
@@ -285,6 +286,13 @@ function costView(view) {
                           y: rows.map(x => x.dollars ?? 0), name: "USD"}],
                    {...LAYOUT, title: {text: `by ${by}: total ${money((r.total || {}).dollars)}`}},
                    CONFIG);
+      if (by === "day" && r.spot) {
+        const s = r.spot;
+        Plotly.react(saved, [{type: "bar", x: ["spot, as billed", "the same hours on-demand"],
+                              y: [s.spot_usd, s.on_demand_usd]}],
+                     {...LAYOUT, title: {text: `spot saved ${money(s.saved_usd)} over ${s.instances} instance${s.instances === 1 ? "" : "s"}`
+                                               + (s.unpriced ? ` (${s.unpriced} not priced)` : "")}}, CONFIG);
+      }
     }
   }
   refresh().catch(e => say(e.message));
