@@ -320,9 +320,10 @@ def metric_jobs(refs: tuple[str, ...]) -> list:
 def ui(port: int, no_browser: bool) -> None:
     """A page in the browser with every job, its curves, cost and log, live (Ctrl-C stops).
 
-    \b
     Served on 127.0.0.1 only, from the state `status` reads; the address it prints holds a
     token that every request needs, so other users of this machine cannot read it.
+
+    \b
     Examples:
       cloudtrain ui
       cloudtrain ui --port 8765 --no-browser
