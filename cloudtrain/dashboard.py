@@ -266,6 +266,7 @@ def app(board: Dashboard, key: str, hosts: set[str]):
     from flask import Flask, Response, abort, request
 
     web = Flask(__name__, static_folder=None)
+    web.url_map.merge_slashes = False  # /api/jobs//log is no job's log: 404, not a redirect
 
     def answer(data, status: int = 200) -> Response:
         return Response(json.dumps(data), status=status, mimetype="application/json",

@@ -170,3 +170,32 @@ def test_issue39_the_cost_page_says_what_spot_saved(web, ct_home):
     assert spot["on_demand_usd"] == pytest.approx(on_demand)
     assert spot["saved_usd"] == pytest.approx(on_demand - 0.40)
     assert _get(web, "/api/cost?by=week").status_code == 400
+
+
+def test_issue39_fuzzed_queries_are_answered_or_refused_in_one_line(web, ct_home):
+    """Issue 39: whatever the query (filters, page, job reference, cost grouping), the API
+    answers 200 or refuses with 400 and one line; never a 500 or a traceback."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    from urllib.parse import quote
+
+    _jobs(ct_home, 3)
+    text = st.text(max_size=30)
+
+    @settings(max_examples=60, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(state=text, recipe=text, name=text, since=text, offset=text, limit=text, ref=text,
+           by=text)
+    def check(state, recipe, name, since, offset, limit, ref, by):
+        q = "&".join(f"{k}={quote(v)}" for k, v in (
+            ("state", state), ("recipe", recipe), ("name", name), ("since", since),
+            ("offset", offset), ("limit", limit)))
+        for path in (f"/api/jobs?{q}", f"/api/jobs/{quote(ref, safe='')}",
+                     f"/api/jobs/{quote(ref, safe='')}/log?offset={quote(offset)}",
+                     f"/api/metrics?jobs={quote(ref)}", f"/api/cost?by={quote(by)}&since="
+                     f"{quote(since)}"):
+            got = _get(web, path)
+            assert got.status_code in (200, 400, 404), (path, got.status_code, got.data[:300])
+            if got.status_code == 400:
+                assert "\n" not in got.json["error"], (path, got.json)
+
+    check()
