@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import config, providers
 from .config import INSTANCE_PATTERN, check_known_region, check_region, finite, shown
-from .errors import UsageError, named_at
+from .errors import CredentialsError, NoCredentials, UsageError, named_at
 from .host.job_records import MAX_RESTARTS
 from .job_spec import COMMAND, RECIPE, JobFacts, JobSpec  # noqa: F401  (the lifecycle's)
 from .launch_options import LaunchOptions
@@ -412,7 +412,12 @@ def _reserved(placement: dict, origins: dict, deadline: bool) -> None:
     if not placement.get("instance_type"):  # the reservation's own
         account = providers.get("aws").account
         region = account.region_and_source(placement.get("region"))[0]
-        placement["instance_type"] = account.reserved_type(region, rid)
+        try:
+            placement["instance_type"] = account.reserved_type(region, rid)
+        except (CredentialsError, NoCredentials) as exc:  # its type is read from EC2
+            exc.hint = (f"{exc.hint}; or give --instance too (the type {rid} holds) for a "
+                        "dry run without them")
+            raise
 
 
 def _flag(origins: dict, key: str) -> str:

@@ -159,3 +159,31 @@ def test_RC7_a_budget_is_kept_at_the_reservation_s_price(cli, aws, held):
     line = error_line(proc.stderr)
     assert line.startswith("Error: --budget $0.20: one attempt costs about $") and \
         "at up to $4.0000/h" in line, line
+
+
+def test_RC7_the_dry_run_without_credentials_says_the_reservation_is_read_at_launch(tmp_path):
+    """RC7: the dry run needs no credentials: with --instance it plans the job and says the
+    reservation is read and checked at launch; without, its type cannot be read, which the
+    error says, with the way round it."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               CLOUDTRAIN_HOME=str(tmp_path / "home"))
+
+    def plan(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "cloudtrain", "launch", "--reservation",
+                               "cr-0123456789abcdef0", *args, "--dry-run", "--", "true"],
+                              cwd=REPO, capture_output=True, text=True, env=env, timeout=60)
+
+    out = " ".join(plan("--instance", "g5.xlarge").stdout.split())
+    assert "market on-demand, in reservation cr-0123456789abcdef0: not read (no " \
+           "credentials): the launch reads it, and refuses what does not fit it" in out, out
+    proc = plan()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "or give --instance too (the type cr-0123456789abcdef0 holds) for a dry run " \
+           "without them" in proc.stderr, proc.stderr
