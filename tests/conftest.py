@@ -356,35 +356,23 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=slow_seconds, reverse=True)
 
 
-# End-to-end files whose labs are one instance at a time and no several-node rendezvous:
-# a unit of their own, beside the others' (about 6 of the ~20 minutes the end-to-end tests
-# take in one worker), so the suite keeps under 20 minutes. The several-node labs stay
-# together, never beside each other.
-ONE_NODE_LABS = ("test_budget_netns.py", "test_aws_job_role_netns.py",
-                 "test_aws_images_netns.py", "test_launch_check_recovery_netns.py",
-                 "test_spot_recovery.py")
-
-
 def pytest_xdist_make_scheduler(config, log):
-    """Under pytest-xdist (.ci/run: three workers), the end-to-end tests go to workers as two
-    units, ONE_NODE_LABS and the rest, one lab after another in each. (Each worker's labs
-    have a subnet of their own, labs/netns.py's lab_net, so files can run side by side:
-    `-n 3 tests/e2e` passes in 510 s against about 20 minutes in one worker. But a 3-node
-    relaunch once hung past its 8 minutes (test_multinode.py's spot node test) with two other
-    labs and the unit tests' compiles on two cores: the several-node labs stay in one unit,
-    beside at most one one-node lab.) Every other test is a unit of its own, handed out in
-    the workers' collection order (units of one test keep it: pytest_collection_modifyitems
-    puts the slow ones first). (Our own scheduler, not `--dist loadgroup`: that one marks
-    groups by rewriting Item._nodeid, which pytest 9 no longer reads, so groups were
-    ignored.)"""
+    """Under pytest-xdist (.ci/run: three workers), the end-to-end tests go to one worker as
+    one unit, one lab after another. (Each worker's labs have a subnet of their own, labs/
+    netns.py's lab_net, so files can run side by side: `-n 3 tests/e2e` passes in 510 s
+    against about 20 minutes in one worker. In the whole suite that brought it to about 19
+    minutes, but a 3-node relaunch there hung once past its 8 minutes (test_multinode.py's
+    spot node test) with two other labs and the unit tests' compiles on two cores; until
+    that is understood the suite keeps them in one worker.) Every other test is a unit of
+    its own, handed out in the workers' collection order (units of one test keep it:
+    pytest_collection_modifyitems puts the slow ones first). (Our own scheduler, not
+    `--dist loadgroup`: that one marks groups by rewriting Item._nodeid, which pytest 9 no
+    longer reads, so groups were ignored.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class EndToEndTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if not nodeid.startswith("tests/e2e/"):
-                return nodeid
-            return "tests/e2e (one node)" if nodeid.split("::")[0].rsplit("/", 1)[-1] in \
-                ONE_NODE_LABS else "tests/e2e"
+            return "tests/e2e" if nodeid.startswith("tests/e2e/") else nodeid
 
     return EndToEndTogether(config, log)
 
