@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from . import config, curves, history, job_views, ledger
+from .cells import runtime
 from .errors import CloudtrainError, UsageError
 from .hostdata import TerminalText
 from .state import Job, Store, open_store
@@ -177,19 +178,13 @@ def row(store: Store, job: Job, now: float) -> dict:
         "what": job.command, "recipe": job.recipe, "backend": job.backend,
         "instance": spec.placement.instance_type if job.backend != "local" else None,
         "market": str(spec.placement.market) if job.backend != "local" else None,
-        "nodes": spec.nodes, "created_at": job.created_at, "runtime_s": _runtime(job, now),
+        "nodes": spec.nodes, "created_at": job.created_at, "runtime_s": runtime(job, now),
         "epoch": metrics.get("epoch"), "epochs": spec.args.get("epochs"),
         "loss": _last(metrics, curves.is_loss),
         "accuracy": _last(metrics, curves.is_accuracy),
         "cost": job.cost, "settled": bool(job.cost_settled),
         "expected_usd": expected.get("usd"), "budget_usd": spec.budget_usd,
         "attempts": len(attempts), "recoveries": max(0, len(attempts) - 1)}
-
-
-def _runtime(job: Job, now: float) -> float | None:
-    from .cells import runtime
-
-    return runtime(job, now)
 
 
 def _last(metrics: dict, kind) -> float | None:

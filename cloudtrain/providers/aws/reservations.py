@@ -23,9 +23,10 @@ What EC2 documents and this follows:
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ... import catalog
 from ...errors import CloudtrainError, UsageError
@@ -146,18 +147,17 @@ def offered_fee(aws: AwsSession, region: str, r: Reservation) -> float | None:
     fees = []
     for row in rows:
         try:
-            fees.append(float(row.get("UpfrontFee")))
+            fee = float(row.get("UpfrontFee"))
         except (TypeError, ValueError):  # an answer we cannot read is not a price
             continue
-    fees = [f for f in fees if f >= 0 and f == f and f != float("inf")]
+        if math.isfinite(fee) and fee >= 0:
+            fees.append(fee)
     return min(fees) if fees else None
 
 
 def priced(aws: AwsSession, spec, region: str, r: Reservation) -> Reservation:
     """`r` with the price of an instance-hour in it and its basis; a UsageError where a
     block's fee is neither given nor offered."""
-    from dataclasses import replace
-
     if not r.block:
         t = catalog.get(r.instance_type)
         price = t.price(region, "on-demand") if t else None
