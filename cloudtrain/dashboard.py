@@ -129,15 +129,16 @@ class Dashboard:
     def log(self, ref: str, offset: int) -> dict:
         """The job's output from `offset` (its last LOG_BYTES where that is further back),
         made harmless: escapes as `logs` drops them, colours too."""
-        from .lifecycle import inspect
+        from .lifecycle import collect, inspect
 
         with self.store() as store:
             job = store.find_job(ref)
-        try:
-            data = inspect.read_log(job, max(0, offset))
-        except CloudtrainError as exc:
-            return {"text": f"(output not available: {exc.message})\n", "offset": offset,
-                    "active": job.active}
+            try:  # an ended job's files not home yet: from the job store
+                job = collect.files_home(store, job)
+                data = inspect.read_log(job, max(0, offset))
+            except CloudtrainError as exc:
+                return {"text": f"(output not available: {exc.message})\n", "offset": offset,
+                        "active": job.active}
         start = offset
         if len(data) > LOG_BYTES:
             start = offset + len(data) - LOG_BYTES

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 from .errors import HostError
@@ -158,7 +158,10 @@ class Connection:
         if deadline is not None:
             def expire() -> None:
                 expired.set()
-                chan.close()
+                # a connection that broke meanwhile cannot send the close: the waits wake
+                # on the broken transport all the same
+                with suppress(Exception):
+                    chan.close()
 
             timer = threading.Timer(max(deadline - time.monotonic(), 0), expire)
             timer.daemon = True

@@ -203,9 +203,21 @@ class CLI:
 
     def __call__(self, *args: str, env: dict | None = None, timeout: float = 120,
                  input: str | None = None) -> subprocess.CompletedProcess:
-        full_env = {**os.environ, **(env or {})}
-        proc = subprocess.run([sys.executable, "-m", "cloudtrain", *args], capture_output=True,
-                              text=True, env=full_env, timeout=timeout, input=input, cwd=REPO)
+        # PYTHONFAULTHANDLER: a command that outlives its timeout is sent SIGABRT and prints
+        # where each of its threads stood, so a hang says where it hung.
+        full_env = {**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})}
+        with subprocess.Popen([sys.executable, "-m", "cloudtrain", *args], text=True,
+                              env=full_env, cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE,
+                              stdin=subprocess.PIPE if input is not None else None) as child:
+            try:
+                out, err = child.communicate(input, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                child.send_signal(signal.SIGABRT)
+                out, err = child.communicate()
+                raise AssertionError(f"`cloudtrain {' '.join(args)}` still ran after {timeout} s"
+                                     f"\n--- stdout\n{out}\n--- stderr\n{err}") from None
+        proc = subprocess.CompletedProcess(child.args, child.returncode, out, err)
         # Whatever happened, the user never sees a traceback.
         assert "Traceback" not in proc.stderr, proc.stderr
         return proc

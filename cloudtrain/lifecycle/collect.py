@@ -175,6 +175,18 @@ def _collect_from_store(store: Store, job: Job) -> None:
         store.add_event(job.id, "results", detail=f"job store not readable: {exc.message}")
 
 
+def files_home(store: Store, job: Job) -> Job:
+    """An ended job whose files did not come home (its instance went before the copy, and
+    the job store had none of them yet: the Auto Scaling lab once stored an attempt's end
+    before its files): from the job store now, where they are by then. The job as it is
+    after; a job store that cannot be read raises (CloudtrainError)."""
+    if job.active or not job.jobdir or (job.host or {}).get("collected_from") is not None \
+            or isinstance(group.host_of(job), LocalHost):
+        return job
+    from_job_store(store, job)
+    return store.job(job.id)
+
+
 def settle_cost(store: Store, job: Job) -> None:
     """Record the job's cost (settled once every instance is terminated and priced), with
     the cost at which it first reached its target."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, cast
@@ -30,7 +31,7 @@ from ..nodes import jobdir as node_jobdir
 from ..nodes import records
 from ..state import Job, Store
 from . import attempts, group, kept
-from .collect import read_record
+from .collect import files_home, read_record
 from .stop import holds_instance
 from .watch import refresh
 
@@ -154,14 +155,36 @@ def _log_of(job: Job, node: int) -> tuple[Host | None, str | None]:
 
 def read_log(job: Job, offset: int = 0, node: int = 0) -> bytes:
     host, path = _log_of(job, node)
-    return host.read(path, offset) if host is not None and path is not None else b""
+    if host is None or path is None:
+        return b""
+    with _left_behind(job):
+        return host.read(path, offset)
 
 
 def tail_log(job: Job, lines: int, node: int = 0) -> tuple[bytes, int]:
     """The last `lines` lines of the job's output (of node `node`) and the offset where the
     file ended."""
     host, path = _log_of(job, node)
-    return host.tail(path, lines) if host is not None and path is not None else (b"", 0)
+    if host is None or path is None:
+        return b"", 0
+    with _left_behind(job):
+        return host.tail(path, lines)
+
+
+@contextmanager
+def _left_behind(job: Job) -> Iterator[None]:
+    """An ended job's files still on its instance (for_logs found none in the job store),
+    and the instance does not answer: what that means, not only the connection's error."""
+    try:
+        yield
+    except HostError as exc:
+        if job.active:
+            raise
+        raise CloudtrainError(
+            f"job {job.id} has ended and its instance is gone; its files are not in the job "
+            f"store (yet), and its instance does not answer: {exc.message}",
+            hint=f"its agent stores them as the job ends: try again in a minute; "
+                 f"cloudtrain status {job.id}") from exc
 
 
 def follow(store: Store, settings: config.Settings, job: Job, offset: int = 0,
@@ -221,7 +244,7 @@ def for_logs(store: Store, settings: config.Settings, ref: str) -> Job:
     if not job.active and not _ran(store, job):
         raise CloudtrainError(f"job {job.id} never started: {_why(job)}",
                               hint=f"cloudtrain status {job.id}")
-    return job
+    return files_home(store, job)
 
 
 def _ran(store: Store, job: Job) -> bool:

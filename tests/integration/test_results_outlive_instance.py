@@ -241,3 +241,37 @@ def test_a_job_store_that_cannot_be_read_now_is_asked_again_later(cli, aws, ct_h
     assert job["state"] == "running" and "job store could not be read" in job["reason"], job
     monkeypatch.setattr(FakeBucket, "get_permission", allowed)
     assert cli.job(job_id)["state"] == "succeeded"
+
+
+def test_logs_of_a_job_that_ended_before_its_files_were_stored_reads_them_once_stored(
+        cli, aws, ct_home, job_script):
+    """A job whose end was recorded while its files were not in the job store yet (the
+    instance gone, the upload not landed: seen once in the Auto Scaling lab, where the
+    attempt's end is stored before its files) kept its instance's address as where its log
+    is; `logs` then failed for ever with `cannot reach ...`. Now `logs` of an ended job whose
+    files are not home reads the job store again, and until they are there it says so."""
+    import boto3
+
+    job_id = _launch_and_let_it_end_alone(cli, aws, job_script)
+    s3 = boto3.client("s3", **CLIENT_CREDS, region_name=REGION, endpoint_url=aws.endpoint)
+    (bucket,) = [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
+    for key in keys:  # not there yet
+        s3.copy_object(Bucket=bucket, Key=f"aside/{key}", CopySource={"Bucket": bucket,
+                                                                       "Key": key})
+        s3.delete_object(Bucket=bucket, Key=key)
+    job = cli.job(job_id)
+    assert job["state"] == "failed", job  # nothing said how it ended
+
+    early = cli("logs", job_id)
+    assert early.returncode == 1, early.stderr
+    assert early.stderr.startswith(f"Error: job {job_id} has ended and its instance is gone; "
+                                   "its files are not in the job store (yet)"), early.stderr
+
+    for key in keys:  # the upload lands
+        s3.copy_object(Bucket=bucket, Key=key, CopySource={"Bucket": bucket,
+                                                           "Key": f"aside/{key}"})
+    log = cli.ok("logs", job_id).stdout
+    assert log.splitlines()[0] == "epoch 1 of 3" and log.splitlines()[-1] == "the last line"
+    assert (ct_home / "jobs" / job_id / "output.log").read_text() == log
+    assert cli.ok("logs", job_id, "--tail", "1").stdout == "the last line\n"
