@@ -57,9 +57,8 @@ def bound_per_hour(spec, region: str, instance_type: str | None = None) -> float
 def bounds(aws: AwsSession, spec, region: str) -> dict[str, float]:
     """bound_per_hour of each type the job's instances may be (Placement.types); in a
     reservation, its type at the reservation's price (reservations.priced)."""
-    held = reservations.planned(aws, spec, region)
-    if held is not None and held.usd_per_hour is not None and \
-            spec.placement.market != Market.SPOT:
+    held = reservations.planned_for(aws, spec, region, spec.placement.market)
+    if held is not None and held.usd_per_hour is not None:
         return {held.instance_type: held.usd_per_hour}
     return {name: bound_per_hour(spec, region, name) for name in spec.placement.types()}
 

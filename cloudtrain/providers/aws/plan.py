@@ -25,7 +25,7 @@ def price_rows(aws: AwsSession, spec, region: str | None = None) -> list[tuple[s
     region = region or aws.region(spec)
     t = catalog.get(place.instance_type) if place.instance_type else None
     price = t.price(region, place.market) if t else None
-    held = reservations.planned(aws, spec, region) if place.market != Market.SPOT else None
+    held = reservations.planned_for(aws, spec, region, place.market)
     if held is not None:
         price = held.usd_per_hour
     if t is None or price is None:
@@ -59,10 +59,9 @@ def most_and_why(aws: AwsSession, spec, t: catalog.InstanceType, region: str
     kinds = [t] + [k for name in spec.placement.alternatives
                    if (k := catalog.get(name)) is not None]
 
-    held = reservations.planned(aws, spec, region)
-
     def one(k: catalog.InstanceType, where: str, market: str) -> float | None:
-        if held is not None and held.usd_per_hour is not None and market != Market.SPOT:
+        held = reservations.planned_for(aws, spec, region, market)
+        if held is not None and held.usd_per_hour is not None:
             return held.usd_per_hour  # the reservation's share
         if market == Market.SPOT and spec.placement.max_price is not None:  # never billed above it
             return min(spec.placement.max_price, k.on_demand.get(where) or spec.placement.max_price)

@@ -224,6 +224,13 @@ def planned(aws: AwsSession, spec, region: str) -> Reservation | None:
     return seen[key]
 
 
+def planned_for(aws: AwsSession, spec, region: str, market: str) -> Reservation | None:
+    """planned(), where an attempt on `market` runs in it and it is priced: a spot attempt
+    never does (only a deadline's on-demand attempts go into it)."""
+    held = planned(aws, spec, region) if market != Market.SPOT else None
+    return held if held is not None and held.usd_per_hour is not None else None
+
+
 def unread(spec) -> str:
     """The plan's line on a reservation it could not read."""
     return (f"{spec.placement.reservation}: not read (no credentials): the launch reads it, "
