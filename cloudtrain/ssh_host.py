@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 # Deadlines for remote calls (one hung host hung `status`, `down` and `down --all`).
 RUN_TIMEOUT_S = 300.0  # any command that does not say otherwise
-STREAM_IDLE_S = 120.0  # a tar stream that moves no byte for this long is dead
+STREAM_IDLE_S = 120.0  # a tar stream or rsync that moves no byte for this long is dead
+RSYNC_TIMED_OUT = 30  # rsync's exit code for its --timeout ("Timeout in data send/receive")
 
 
 class _SFTPReader:
@@ -220,7 +221,8 @@ class SSHHost(Host):
         err: list[bytes] = []
         try:
             proc = subprocess.Popen(
-                ["rsync", "-a", "--protect-args", *extra, "--from0", "--files-from=-",
+                ["rsync", "-a", "--protect-args", f"--timeout={max(1, round(STREAM_IDLE_S))}",
+                 *extra, "--from0", "--files-from=-",
                  "--out-format=%n", "-e", relay.rsh(), f"{local_dir}/", f"remote:{remote_dir}/"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             p_in, p_out, p_err = proc.stdin, proc.stdout, proc.stderr
@@ -260,6 +262,10 @@ class SSHHost(Host):
                 t.join(5)
         finally:
             relay.close()
+        if code == RSYNC_TIMED_OUT:
+            raise HostError(f"rsync to {self.name}:{remote_dir} stalled: nothing moved for "
+                            f"{STREAM_IDLE_S:.0f} s", hint="the connection or the instance hung; "
+                            "launch again")
         if code != 0:
             stderr = b"".join(err).decode("utf-8", "replace")
             raise HostError(f"rsync to {self.name}:{remote_dir} failed ({code}): "

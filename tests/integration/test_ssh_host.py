@@ -168,3 +168,37 @@ def test_U2_the_grace_of_a_stop_over_ssh_is_the_one_given(host, sshd, tmp_path):
             assert final["exit_code"] == 0 and 3.0 <= took < grace + 5, took
         else:
             assert final["exit_code"] == 137 and 1.0 <= took < 6.0, took
+
+
+def test_an_rsync_that_stalls_fails_once_nothing_moved_for_the_idle_bound(tmp_path,
+                                                                         monkeypatch):
+    """A sync whose other end hangs (the instance froze, the relay stalled) waited up to an
+    hour for rsync; rsync now gets --timeout, STREAM_IDLE_S as the tar stream has it, and a
+    stall is a HostError that says so, in that time."""
+    import time
+
+    from cloudtrain import ssh_host
+
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "rsync").write_text("#!/bin/sh\nexec sleep 60\n")  # the far end: never answers
+    (shims / "rsync").chmod(0o755)
+    server = SSHD(tmp_path / "sshd")
+    with open(server.config, "a") as f:
+        f.write(f"SetEnv PATH={shims}:/usr/bin:/bin\n")
+    server.start()
+    monkeypatch.setattr(ssh_host, "STREAM_IDLE_S", 2.0)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text("print(1)\n")
+    h = SSHHost(Endpoint(server.host, server.port, server.user, str(server.client_key)),
+                TMUX_SOCKET, python=shutil.which("python3") or "python3")
+    try:
+        h._has_rsync = True
+        started = time.monotonic()
+        with pytest.raises(HostError, match=r"rsync to .* stalled: nothing moved for 2 s"):
+            h.sync(src, str(tmp_path / "dest"))
+        assert time.monotonic() - started < 30
+    finally:
+        h.close()
+        server.stop()
