@@ -139,6 +139,19 @@ def _aws(settings: config.Settings, region_flag: str | None, checks: list[Check]
         checks.append(Check("recipes", PROBLEM, exc.message, exc.hint or ISSUE_HINT))
         return
     _quotas(cloud, settings, region, needs, checks)
+    _reservations(cloud, region, checks)
+
+
+def _reservations(cloud, region: str, checks: list[Check]) -> None:
+    """The capacity the account holds in the region (RC7): what --reservation can name."""
+    try:
+        held = cloud.usable_reservations(region)
+    except CloudtrainError as exc:
+        checks.append(_failed("reservations", exc, "capacity reservations"))
+        return
+    checks.append(Check("reservations", OK, "; ".join(held) + " (launch into one with "
+                        "--reservation ID)" if held else f"none active or scheduled in {region}",
+                        data={"reservations": held}))
 
 
 def _region(cloud, region_flag: str | None, checks: list[Check]) -> str | None:

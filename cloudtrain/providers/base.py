@@ -243,6 +243,8 @@ class CloudAccount(Protocol):
         """Whether the region offers that instance type (None: cannot tell)."""
     def reserved_type(self, region: str, reservation: str) -> str:
         """The instance type a capacity reservation the user holds is for."""
+    def usable_reservations(self, region: str) -> list[str]:
+        """A line for each capacity reservation or Capacity Block a job could go into."""
     def vcpu_quota(self, instance_type: str, market: str) -> tuple[str, str, str] | None:
         """(code, name, family group) of the vCPU quota a launch of that type counts against."""
     def quota_value(self, region: str, code: str) -> float:

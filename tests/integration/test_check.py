@@ -59,7 +59,15 @@ def quotas(monkeypatch) -> EC2Quotas:
 
 
 @pytest.fixture
-def moto(no_aws, monkeypatch, quotas):
+def capacity(monkeypatch):
+    """The account's capacity reservations (moto has no DescribeCapacityReservations)."""
+    from labs.moto_capacity import Reservations
+
+    return Reservations().install(monkeypatch)
+
+
+@pytest.fixture
+def moto(no_aws, monkeypatch, quotas, capacity):
     """In-process moto with the lab's test credentials in the environment and us-east-1
     (no_aws's guard stays: moto answers before a request would be sent)."""
     from labs.freetier import free_tier
@@ -595,6 +603,44 @@ def test_quotas_denied_is_one_warning_naming_the_permission(moto, dlami, quotas)
                         "us-east-1 (AccessDeniedException)")
     assert "servicequotas:GetServiceQuota" in q.hint and "console.aws.amazon.com" in q.hint
     assert check.exit_code(report) == 0
+
+
+def test_RC7_the_reservations_a_job_could_go_into_are_listed_soonest_end_first(
+        moto, dlami, capacity):
+    """RC7: `check` lists the capacity the account holds in the region (what --reservation
+    can name): active and scheduled ones, for Linux and default tenancy, each with its free
+    instances and, for a Capacity Block, when EC2 begins to terminate its instances (30 min
+    before its end); not an expired one, nor one for another platform or tenancy."""
+    held = capacity
+    assert by_name(check.run())["reservations"].detail == "none active or scheduled in us-east-1"
+    now = time.time()
+    odcr = held.add("g5.xlarge", "us-east-1a", 2)
+    block = held.add("p5.48xlarge", "us-east-1b", 1, kind="capacity-block",
+                     start=now + 86400, end=now + 86400 + 24 * 3600)
+    gone = held.add("g5.xlarge", "us-east-1a", 1)
+    held.expire(gone)
+    held.add("g5.xlarge", "us-east-1a", 1, platform="Windows")
+    held.add("g5.xlarge", "us-east-1a", 1, tenancy="dedicated")
+    held.add("g5.xlarge", "us-west-2a", 1, region="us-west-2")
+    row = by_name(check.run())["reservations"]
+    assert row.verdict == "ok", row
+
+    def when(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+    assert row.data["reservations"] == [
+        f"{block}: Capacity Block, 1 p5.48xlarge in us-east-1b from "
+        f"{when(now + 86400)}, EC2 terminates its instances from "
+        f"{when(now + 86400 + 24 * 3600 - 1800)}",
+        f"{odcr}: capacity reservation, 2 of 2 g5.xlarge free in us-east-1a"], row.data
+    assert row.detail == "; ".join(row.data["reservations"]) + \
+        " (launch into one with --reservation ID)"
+
+    held.denied = True  # the account policy not attached: a warning naming the action
+    row = by_name(check.run())["reservations"]
+    assert row.verdict == "warning" and row.detail.startswith(
+        "capacity reservations not checked: ") and \
+        "ec2:DescribeCapacityReservations" in row.detail + row.hint, row
 
 
 def test_u59_quota_rows_say_an_html_answer_in_one_line(moto, dlami, quotas, monkeypatch):

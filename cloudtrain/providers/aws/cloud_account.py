@@ -67,6 +67,9 @@ class AwsAccount:
     def reserved_type(self, region: str, reservation: str) -> str:
         return reservations.read(self.aws, region, reservation).instance_type
 
+    def usable_reservations(self, region: str) -> list[str]:
+        return reservations.usable(self.aws, region)
+
     def vcpu_quota(self, instance_type: str, market: str) -> tuple[str, str, str] | None:
         return account.vcpu_quota(instance_type, market)
 

@@ -84,7 +84,37 @@ def read(aws: AwsSession, region: str, rid: str) -> Reservation:
         raise
     if not rows:
         raise UsageError(f"--reservation {rid}: no such capacity reservation in {region}")
-    r = rows[0]
+    return _reservation(rows[0], rid)
+
+
+def usable(aws: AwsSession, region: str) -> list[str]:
+    """A line for each reservation of the account's in `region` a job could go into now or
+    later (active or scheduled, for Linux, default tenancy), soonest end first: what
+    `check` shows as --reservation's choices."""
+    found: list[Reservation] = []
+    token = None
+    while True:
+        page = aws.call(region, "describe_capacity_reservations", Filters=[
+            {"Name": "state", "Values": ["active", "scheduled"]}],
+            **({"NextToken": token} if token else {}))
+        found += [_reservation(r, str(r.get("CapacityReservationId")))
+                  for r in page.get("CapacityReservations", [])]
+        token = page.get("NextToken")
+        if not token:
+            break
+    found = [r for r in found if r.platform in ("", LINUX) and r.tenancy == "default"]
+    found.sort(key=lambda r: (r.end is None, r.end or 0.0, r.id))
+    # a scheduled one has none free until it starts (EC2 counts 0 available until then)
+    return [f"{r.id}: {r.kind()}, "
+            + (f"{r.total} {r.instance_type} in {r.zone} from {_when(r.start or 0.0)}"
+               if r.state == "scheduled" else
+               f"{r.available} of {r.total} {r.instance_type} free in {r.zone}")
+            + (f", EC2 terminates its instances from {_when(stops)}"
+               if (stops := r.stops_at()) is not None
+               else f", until {_when(r.end)}" if r.end else "") for r in found]
+
+
+def _reservation(r: dict, rid: str) -> Reservation:
     return Reservation(
         id=rid, block=r.get("ReservationType") == BLOCK, zone=str(r.get("AvailabilityZone")),
         instance_type=str(r.get("InstanceType")), state=str(r.get("State")),
