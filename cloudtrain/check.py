@@ -143,7 +143,7 @@ def _aws(settings: config.Settings, region_flag: str | None, checks: list[Check]
 
 
 def _reservations(cloud, region: str, checks: list[Check]) -> None:
-    """The capacity the account holds in the region (RC7): what --reservation can name."""
+    """The capacity the account holds in the region: what --reservation can name."""
     try:
         held = cloud.usable_reservations(region)
     except CloudtrainError as exc:
