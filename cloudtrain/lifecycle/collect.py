@@ -179,11 +179,15 @@ def files_home(store: Store, job: Job) -> Job:
     """An ended job whose files did not come home (its instance went before the copy, and
     the job store had none of them yet: the Auto Scaling lab once stored an attempt's end
     before its files): from the job store now, where they are by then. The job as it is
-    after; a job store that cannot be read raises (CloudtrainError)."""
+    after; as it was where the job store cannot be read now (none, credentials expired):
+    its instance is asked next, as before."""
     if job.active or not job.jobdir or (job.host or {}).get("collected_from") is not None \
             or isinstance(group.host_of(job), LocalHost):
         return job
-    from_job_store(store, job)
+    try:
+        from_job_store(store, job)
+    except CloudtrainError:
+        return job
     return store.job(job.id)
 
 
